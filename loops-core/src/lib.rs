@@ -1,14 +1,30 @@
 //! loops-core: the runtime, the redb store and the traits of loops.
+//!
+//! Users depend on the facade crate `loops`, which re-exports everything here together with
+//! `#[derive(Workflow)]`; see its documentation for a runnable example.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod context;
+pub mod error;
 pub mod record;
+pub mod retry;
+pub mod runtime;
 pub mod schema;
+pub mod store;
 pub mod workflow;
 
-pub use context::Context;
+#[cfg(test)]
+mod tests;
+
+pub use context::{Context, StepOptions};
+pub use error::{Error, Result};
+pub use record::{FailureRecord, FailureSource, StepRecord, Transition, TransitionRecord};
+pub use retry::RetryPolicy;
+pub use runtime::{Runtime, RuntimeBuilder};
 pub use schema::SchemaHash;
+pub use store::{RedbStore, RunInfo, RunStatus};
 pub use workflow::{BoxError, Dispatch, StateId, Workflow};
 
 /// Items used by code that `#[derive(Workflow)]` generates. Not a public API: no stability

@@ -1,4 +1,175 @@
-//! The on-disk record format.
+//! The on-disk record format: what one transition, one step and one failed attempt store.
+//!
+//! Every record is a JSON object (serde_json), so that a store can be read without the
+//! workflow's Rust types (by the `loops` CLI, by `jq` over its output, by a human). The state
+//! or step output is embedded as raw JSON, encoded once by the caller and never re-parsed on
+//! the write path. See `docs/design.md` for the key layout.
 
-/// Version of loops' on-disk record format, folded into every stored schema hash.
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use crate::error::{Error, Result};
+use crate::schema::SchemaHash;
+use crate::workflow::{StateId, Workflow};
+
+/// Version of loops' on-disk record format, folded into every stored schema hash
+/// ([`SchemaHash::pinned`]): a build with another format refuses old runs instead of
+/// misreading them.
 pub const FORMAT_VERSION: u32 = 1;
+
+/// One immutable transition record: the run entered `state` at sequence number `seq`.
+///
+/// Stored under the key `(run id, seq)`; `seq` 0 is the initial state.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TransitionRecord {
+    /// Sequence number within the run, from 0, without gaps.
+    pub seq: u64,
+    /// The state's name (`"Planned"`).
+    pub state: String,
+    /// Wall-clock time of the commit, in ms since the Unix epoch.
+    pub at_ms: u64,
+    /// The pinned schema hash of the build that wrote it.
+    pub schema: SchemaHash,
+    /// The whole workflow value (the enum, serialized by serde_json).
+    pub payload: Box<RawValue>,
+}
+
+impl TransitionRecord {
+    /// Builds the record of `value` entering at `seq`.
+    ///
+    /// # Errors
+    /// [`Error::Encode`] if `value` does not serialize.
+    pub fn encode<W: Workflow>(run_id: &str, seq: u64, value: &W, at_ms: u64) -> Result<Self> {
+        let state = value.state();
+        let json = serde_json::to_string(value).map_err(|source| Error::Encode {
+            run_id: run_id.to_owned(),
+            state: state.name().to_owned(),
+            seq,
+            source,
+        })?;
+        let payload = RawValue::from_string(json).map_err(|source| Error::Encode {
+            run_id: run_id.to_owned(),
+            state: state.name().to_owned(),
+            seq,
+            source,
+        })?;
+        Ok(TransitionRecord {
+            seq,
+            state: state.name().to_owned(),
+            at_ms,
+            schema: W::SCHEMA_HASH.pinned(),
+            payload,
+        })
+    }
+
+    /// Decodes the payload as the workflow `W`.
+    ///
+    /// # Errors
+    /// [`Error::Decode`] (naming run, seq and state) if the payload is not a `W`.
+    pub fn decode<W: Workflow>(&self, run_id: &str) -> Result<W> {
+        serde_json::from_str(self.payload.get()).map_err(|source| Error::Decode {
+            run_id: run_id.to_owned(),
+            seq: self.seq,
+            state: self.state.clone(),
+            source,
+        })
+    }
+
+    pub(crate) fn to_bytes(&self) -> Vec<u8> {
+        to_vec(self)
+    }
+
+    pub(crate) fn from_bytes(run_id: &str, seq: u64, bytes: &[u8]) -> Result<Self> {
+        serde_json::from_slice(bytes).map_err(|source| Error::Decode {
+            run_id: run_id.to_owned(),
+            seq,
+            state: "?".to_owned(),
+            source,
+        })
+    }
+}
+
+/// A transition record decoded as its workflow type.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Transition<W: Workflow> {
+    /// Sequence number within the run, from 0.
+    pub seq: u64,
+    /// The state entered.
+    pub state: W::State,
+    /// Wall-clock time of the commit, in ms since the Unix epoch.
+    pub at_ms: u64,
+    /// The workflow value (state and data).
+    pub value: W,
+}
+
+/// One immutable step record: the output of a journaled step that succeeded.
+///
+/// Stored under the key `(run id, seq, step name, occurrence)`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StepRecord {
+    /// The attempt of the state's handler that ran the step, from 1.
+    pub attempt: u32,
+    /// Wall-clock time of the commit, in ms since the Unix epoch.
+    pub at_ms: u64,
+    /// How long the step's closure ran, in ms.
+    pub duration_ms: u64,
+    /// The step's output, serialized by serde_json.
+    pub output: Box<RawValue>,
+}
+
+/// What a failed attempt was doing when it failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum FailureSource {
+    /// A journaled step returned an error (or timed out).
+    Step {
+        /// The step name.
+        name: String,
+        /// Which use of the name, from 0.
+        occurrence: u32,
+    },
+    /// The state's handler returned an error (or timed out).
+    Handler,
+    /// The process stopped while the attempt ran (found on resume); there is no error text.
+    Interrupted,
+}
+
+/// One immutable record of a failed attempt, kept for inspection; it never replays.
+///
+/// Stored under the key `(run id, seq, attempt, index)`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailureRecord {
+    /// The attempt, from 1.
+    pub attempt: u32,
+    /// Wall-clock time, in ms since the Unix epoch.
+    pub at_ms: u64,
+    /// What failed.
+    pub source: FailureSource,
+    /// The error and its `source()` chain, outermost first.
+    pub errors: Vec<String>,
+}
+
+/// The error and its `source()` chain as text, outermost first.
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> Vec<String> {
+    let mut out = vec![err.to_string()];
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        out.push(e.to_string());
+        cur = e.source();
+    }
+    out
+}
+
+pub(crate) fn to_vec<T: Serialize>(value: &T) -> Vec<u8> {
+    // Our record types hold only strings, integers and already-valid raw JSON: they cannot
+    // fail to serialize. Fall back to an empty object rather than panicking all the same.
+    serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec())
+}
+
+/// Milliseconds since the Unix epoch, by the system clock (0 if the clock is before 1970).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}

@@ -103,6 +103,37 @@ impl TryFrom<String> for SchemaHash {
     }
 }
 
+/// Compares two schema descriptions (as stored with runs, and as compiled) and says what
+/// changed, one line per change: states added or removed, and states whose line differs.
+///
+/// A description has one line per state, starting with the state's name; other lines (the
+/// workflow's header) are compared whole.
+pub fn diff_descriptions(stored: &str, compiled: &str) -> Vec<String> {
+    fn key(line: &str) -> &str {
+        line.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .next()
+            .unwrap_or(line)
+    }
+    let old: Vec<&str> = stored.lines().filter(|l| !l.trim().is_empty()).collect();
+    let new: Vec<&str> = compiled.lines().filter(|l| !l.trim().is_empty()).collect();
+    let mut changes = Vec::new();
+    for line in &old {
+        match new.iter().find(|n| key(n) == key(line)) {
+            None => changes.push(format!("removed: {}", line.trim())),
+            Some(n) if n != line => {
+                changes.push(format!("changed: {} (was: {})", n.trim(), line.trim()));
+            }
+            Some(_) => {}
+        }
+    }
+    for line in &new {
+        if !old.iter().any(|o| key(o) == key(line)) {
+            changes.push(format!("added: {}", line.trim()));
+        }
+    }
+    changes
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -126,7 +157,10 @@ mod tests {
             xxhash_rust::xxh3::xxh3_64(b"loops"),
             "const and runtime XXH3 agree"
         );
-        assert_ne!(H.combine(SchemaHash::of(b"a")), SchemaHash::of(b"a").combine(H));
+        assert_ne!(
+            H.combine(SchemaHash::of(b"a")),
+            SchemaHash::of(b"a").combine(H)
+        );
         assert_ne!(H.pinned(), H);
     }
 }

@@ -1,0 +1,407 @@
+//! The one error type of loops-core.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::schema::SchemaHash;
+use crate::store::RunStatus;
+use crate::workflow::BoxError;
+
+/// Everything loops-core can fail with. Each variant names the run, the state and the sequence
+/// number involved, where there is one, so that a log line is enough to find the record.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The store file is open in this or another process (redb holds an exclusive file lock,
+    /// released by the OS when the holder exits, even on SIGKILL).
+    #[error("store {path} is already open in this or another process")]
+    StoreLocked {
+        /// The store file.
+        path: PathBuf,
+    },
+
+    /// The store file could not be opened: not a redb file, corrupt, or an I/O error.
+    #[error("cannot open store {path}: {source}")]
+    Open {
+        /// The store file.
+        path: PathBuf,
+        /// What went wrong.
+        #[source]
+        source: BoxError,
+    },
+
+    /// A read or a commit of the store failed (I/O error, full disk, corruption).
+    #[error("store error while {action}: {source}")]
+    Storage {
+        /// What the store was doing ("committing 3 records", "reading run `r1`").
+        action: String,
+        /// The underlying redb error (shared: one failed commit fails every write in it).
+        #[source]
+        source: Arc<redb::Error>,
+    },
+
+    /// The run id is empty, too long or contains control characters.
+    #[error("invalid run id {run_id:?}: {reason}")]
+    InvalidRunId {
+        /// The rejected id (escaped when printed).
+        run_id: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+
+    /// A step or event name is empty, too long or contains control characters.
+    #[error("run `{run_id}`: invalid name {name:?}: {reason}")]
+    InvalidName {
+        /// The run.
+        run_id: String,
+        /// The rejected name.
+        name: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+
+    /// No run has this id.
+    #[error("run `{run_id}` does not exist")]
+    RunNotFound {
+        /// The run.
+        run_id: String,
+    },
+
+    /// The run exists as another workflow type.
+    #[error("run `{run_id}` is a `{stored}` run, not a `{requested}` run")]
+    WorkflowMismatch {
+        /// The run.
+        run_id: String,
+        /// The workflow the run was started as.
+        stored: String,
+        /// The workflow it was driven as now.
+        requested: &'static str,
+    },
+
+    /// The stored schema hash differs from the compiled one: the workflow enum (or loops'
+    /// record format) changed since the run was recorded. Nothing was written.
+    #[error(
+        "run `{run_id}` of workflow `{workflow}` was recorded with schema {stored} but this build has {compiled}; refusing to resume{}",
+        describe_changes(changes)
+    )]
+    SchemaMismatch {
+        /// The run.
+        run_id: String,
+        /// The workflow name.
+        workflow: String,
+        /// The hash stored with the run's records.
+        stored: SchemaHash,
+        /// The hash compiled into this build.
+        compiled: SchemaHash,
+        /// What changed, one line each, when the stored schema description was available.
+        changes: Vec<String>,
+    },
+
+    /// The run is being driven already, by this process.
+    #[error("run `{run_id}` is already being driven")]
+    RunActive {
+        /// The run.
+        run_id: String,
+    },
+
+    /// A new run must start in the workflow's initial state.
+    #[error(
+        "run `{run_id}`: a new `{workflow}` run must start in state `{initial}`, not `{given}`"
+    )]
+    NotInitial {
+        /// The run.
+        run_id: String,
+        /// The workflow name.
+        workflow: &'static str,
+        /// The declared initial state.
+        initial: &'static str,
+        /// The state that was given.
+        given: &'static str,
+    },
+
+    /// A record at this sequence number exists already; records are never overwritten.
+    #[error("run `{run_id}`: a record at seq {seq} exists already (records are immutable)")]
+    SequenceConflict {
+        /// The run.
+        run_id: String,
+        /// The sequence number that was taken.
+        seq: u64,
+    },
+
+    /// The run's row points at a sequence number that has no record: the store was altered
+    /// outside loops.
+    #[error("run `{run_id}`: its row points at seq {seq} but no record exists there")]
+    RecordMissing {
+        /// The run.
+        run_id: String,
+        /// The sequence number without a record.
+        seq: u64,
+    },
+
+    /// A step record exists already under this key; step records are immutable.
+    #[error("run `{run_id}`: step `{step}`#{occurrence} of seq {seq} is recorded already")]
+    StepExists {
+        /// The run.
+        run_id: String,
+        /// The state's sequence number.
+        seq: u64,
+        /// The step name.
+        step: String,
+        /// Which use of the name, from 0.
+        occurrence: u32,
+    },
+
+    /// A write for a state the run has already left (or a run that has ended) was refused:
+    /// only the driver of the current state may write.
+    #[error("run `{run_id}`: write for seq {seq} refused: the run is at seq {current} ({status})")]
+    Fenced {
+        /// The run.
+        run_id: String,
+        /// The sequence number the write was for.
+        seq: u64,
+        /// The run's current sequence number.
+        current: u64,
+        /// The run's status.
+        status: RunStatus,
+    },
+
+    /// A handler returned a state that is not an allowed next state. The derive makes this a
+    /// compile error; the runtime checks again before committing.
+    #[error("run `{run_id}`: state `{from}` (seq {seq}) may not move to `{to}`")]
+    IllegalTransition {
+        /// The run.
+        run_id: String,
+        /// The current state.
+        from: &'static str,
+        /// The rejected next state.
+        to: &'static str,
+        /// The current state's sequence number.
+        seq: u64,
+    },
+
+    /// A state could not be serialized.
+    #[error("run `{run_id}`: cannot encode state `{state}` (seq {seq}): {source}")]
+    Encode {
+        /// The run.
+        run_id: String,
+        /// The state.
+        state: String,
+        /// Its sequence number.
+        seq: u64,
+        /// The serde error.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// A stored record does not decode.
+    #[error("run `{run_id}`: record at seq {seq} (state `{state}`) does not decode: {source}")]
+    Decode {
+        /// The run.
+        run_id: String,
+        /// The record's sequence number.
+        seq: u64,
+        /// The state named in the record (or `?` if the envelope itself is unreadable).
+        state: String,
+        /// The serde error.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// A serialized payload exceeds the configured limit; nothing was written.
+    #[error("run `{run_id}`: {what} at seq {seq} is {bytes} bytes, over the {limit}-byte limit")]
+    PayloadTooLarge {
+        /// The run.
+        run_id: String,
+        /// What was too large ("state `Planned`", "step `plan`").
+        what: String,
+        /// The sequence number it belonged to.
+        seq: u64,
+        /// Its size in bytes.
+        bytes: usize,
+        /// The limit in bytes.
+        limit: usize,
+    },
+
+    /// A handler failed. `source` is the handler's own error.
+    #[error(
+        "run `{run_id}`: handler of state `{state}` (seq {seq}, attempt {attempt}) failed: {source}"
+    )]
+    Handler {
+        /// The run.
+        run_id: String,
+        /// The state being handled.
+        state: &'static str,
+        /// Its sequence number.
+        seq: u64,
+        /// The attempt, from 1.
+        attempt: u32,
+        /// The handler's error.
+        #[source]
+        source: BoxError,
+    },
+
+    /// The run failed: its retry policy ran out of attempts. `last_error` is the error
+    /// chain of the last attempt, outermost first.
+    #[error("run `{run_id}` failed in state `{state}` (seq {seq}) after {attempts} attempts: {}", last_error.join(": "))]
+    RunFailed {
+        /// The run.
+        run_id: String,
+        /// The state it failed in.
+        state: String,
+        /// That state's sequence number.
+        seq: u64,
+        /// Attempts made.
+        attempts: u32,
+        /// The last attempt's error chain, outermost first.
+        last_error: Vec<String>,
+        /// The last attempt's error itself, when it failed in this process.
+        #[source]
+        source: Option<BoxError>,
+    },
+
+    /// The run was cancelled.
+    #[error("run `{run_id}` was cancelled in state `{state}` (seq {seq}): {reason}")]
+    RunCancelled {
+        /// The run.
+        run_id: String,
+        /// The state it was in.
+        state: String,
+        /// That state's sequence number.
+        seq: u64,
+        /// The reason given to `cancel`.
+        reason: String,
+    },
+
+    /// The operation needs a run that has not ended.
+    #[error("run `{run_id}` has ended ({status}); {action} is not possible")]
+    RunEnded {
+        /// The run.
+        run_id: String,
+        /// Its final status.
+        status: RunStatus,
+        /// What was attempted ("cancel").
+        action: &'static str,
+    },
+
+    /// The operation needs a failed run.
+    #[error("run `{run_id}` is {status}, not failed; only a failed run can be retried")]
+    NotFailed {
+        /// The run.
+        run_id: String,
+        /// Its status.
+        status: RunStatus,
+    },
+
+    /// A recorded step's output does not decode as the type the handler asks for now:
+    /// the handler's code changed between the record and this execution.
+    #[error(
+        "run `{run_id}`: step `{step}`#{occurrence} of state `{state}` (seq {seq}) was recorded in a form that does not decode as the requested type: {source}"
+    )]
+    StepDecode {
+        /// The run.
+        run_id: String,
+        /// The state whose handler ran the step.
+        state: &'static str,
+        /// That state's sequence number.
+        seq: u64,
+        /// The step name.
+        step: String,
+        /// Which use of the name within the state's execution, from 0.
+        occurrence: u32,
+        /// The serde error.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// A step's output could not be serialized; the step's effect happened but is not recorded.
+    #[error(
+        "run `{run_id}`: output of step `{step}`#{occurrence} of state `{state}` (seq {seq}) cannot be encoded: {source}"
+    )]
+    StepEncode {
+        /// The run.
+        run_id: String,
+        /// The state whose handler ran the step.
+        state: &'static str,
+        /// That state's sequence number.
+        seq: u64,
+        /// The step name.
+        step: String,
+        /// Which use of the name, from 0.
+        occurrence: u32,
+        /// The serde error.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// A step ran longer than its time-out and was abandoned.
+    #[error(
+        "run `{run_id}`: step `{step}`#{occurrence} of state `{state}` (seq {seq}) timed out after {after_ms} ms"
+    )]
+    StepTimeout {
+        /// The run.
+        run_id: String,
+        /// The state.
+        state: &'static str,
+        /// Its sequence number.
+        seq: u64,
+        /// The step name.
+        step: String,
+        /// Which use of the name, from 0.
+        occurrence: u32,
+        /// The time-out in ms.
+        after_ms: u64,
+    },
+
+    /// A state's handler ran longer than its time-out and was abandoned.
+    #[error(
+        "run `{run_id}`: handler of state `{state}` (seq {seq}, attempt {attempt}) timed out after {after_ms} ms"
+    )]
+    StateTimeout {
+        /// The run.
+        run_id: String,
+        /// The state.
+        state: &'static str,
+        /// Its sequence number.
+        seq: u64,
+        /// The attempt, from 1.
+        attempt: u32,
+        /// The time-out in ms.
+        after_ms: u64,
+    },
+
+    /// The run was cancelled while its handler was running; returned by steps started after
+    /// the cancellation.
+    #[error("run `{run_id}`: cancelled during state `{state}` (seq {seq})")]
+    Cancelled {
+        /// The run.
+        run_id: String,
+        /// The state.
+        state: &'static str,
+        /// Its sequence number.
+        seq: u64,
+    },
+
+    /// The runtime is shutting down; the store's writer has stopped.
+    #[error("the store is closed")]
+    Closed,
+}
+
+fn describe_changes(changes: &[String]) -> String {
+    if changes.is_empty() {
+        String::new()
+    } else {
+        format!("; changes: {}", changes.join("; "))
+    }
+}
+
+/// `Result` with loops' [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub(crate) fn storage(action: impl Into<String>, source: impl Into<redb::Error>) -> Self {
+        Error::Storage {
+            action: action.into(),
+            source: Arc::new(source.into()),
+        }
+    }
+}

@@ -1,0 +1,935 @@
+//! The embedded store: one redb file, written by one writer thread with group commit.
+//!
+//! # Key layout
+//! | table      | key                                   | value                          |
+//! |------------|---------------------------------------|--------------------------------|
+//! | `runs`     | run id                                | [`RunInfo`] (JSON), mutable    |
+//! | `journal`  | (run id, seq)                         | [`TransitionRecord`] (JSON)    |
+//! | `steps`    | (run id, seq, step name, occurrence)  | [`StepRecord`] (JSON)          |
+//! | `failures` | (run id, seq, attempt, index)         | [`FailureRecord`] (JSON)       |
+//! | `status`   | (status code, workflow, run id)       | `()`: the index runs are listed and resumed from |
+//! | `schemas`  | schema hash (hex)                     | schema description             |
+//!
+//! Records in `journal`, `steps` and `failures` are immutable: every write checks that its key
+//! is free and is refused otherwise. The `runs` row and the `status` index change in the same
+//! write transaction as the record that changes them.
+//!
+//! # Commit path
+//! Writers send their write to one thread that owns redb's single write transaction. The thread
+//! takes the first write that arrives, adds every write that queued up meanwhile (up to
+//! [`MAX_BATCH`]), applies them in one write transaction and commits it with
+//! `Durability::Immediate` (one fdatasync), then acknowledges each caller. A lone write is
+//! committed at once; under load, writes that arrive during a commit share the next one, as in
+//! PostgreSQL's group commit. A write that fails its checks is answered with its error and
+//! leaves no trace; a failed commit fails every write in it.
+
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use redb::backends::FileBackend;
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
+use tokio::sync::{mpsc, oneshot};
+
+use super::{RunInfo, RunStatus};
+use crate::error::{Error, Result};
+use crate::record::{FailureRecord, StepRecord, TransitionRecord, to_vec};
+
+pub(crate) const RUNS: TableDefinition<&str, &[u8]> = TableDefinition::new("runs");
+pub(crate) const JOURNAL: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("journal");
+pub(crate) const STEPS: TableDefinition<(&str, u64, &str, u32), &[u8]> =
+    TableDefinition::new("steps");
+pub(crate) const FAILURES: TableDefinition<(&str, u64, u32, u32), &[u8]> =
+    TableDefinition::new("failures");
+pub(crate) const STATUS: TableDefinition<(u8, &str, &str), ()> = TableDefinition::new("status");
+pub(crate) const SCHEMAS: TableDefinition<&str, &str> = TableDefinition::new("schemas");
+
+/// Most writes committed in one write transaction.
+pub const MAX_BATCH: usize = 1024;
+
+/// Writes waiting for the writer thread before senders wait (backpressure).
+const QUEUE: usize = 4096;
+
+/// The embedded store: a redb file that one process owns.
+///
+/// Cheap to clone (an `Arc`). Reads run on the caller's thread in their own read transaction;
+/// writes go through the writer thread (see the module docs). The file is closed, and its
+/// lock released, when the last clone is dropped.
+#[derive(Clone)]
+pub struct RedbStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    db: Arc<Database>,
+    path: PathBuf,
+    tx: Option<mpsc::Sender<Request>>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Close the queue, let the writer finish what it holds, and wait for it so that the
+        // file lock is released when the store is dropped.
+        self.tx.take();
+        if let Ok(mut guard) = self.writer.lock()
+            && let Some(handle) = guard.take()
+        {
+            let _ = handle.join();
+        }
+    }
+}
+
+impl std::fmt::Debug for RedbStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedbStore")
+            .field("path", &self.inner.path)
+            .finish()
+    }
+}
+
+/// One write, applied by the writer thread inside a batch.
+#[derive(Debug)]
+pub(crate) enum Write {
+    /// Create a run with its initial record (seq 0).
+    Create {
+        info: RunInfo,
+        record: Vec<u8>,
+        schema_text: &'static str,
+    },
+    /// Append the record of `seq` (the run's next sequence number) and move the run to it.
+    Transition {
+        run_id: String,
+        seq: u64,
+        state: String,
+        record: Vec<u8>,
+        terminal: bool,
+        at_ms: u64,
+    },
+    /// Record a step's output.
+    Step {
+        run_id: String,
+        seq: u64,
+        name: String,
+        occurrence: u32,
+        record: Vec<u8>,
+    },
+    /// Record a failed attempt (or a failed step) and what follows from it.
+    Failure {
+        run_id: String,
+        seq: u64,
+        record: FailureRecord,
+        then: AfterFailure,
+    },
+    /// Start the next attempt at the current state, or fail the run if attempts ran out.
+    BeginAttempt {
+        run_id: String,
+        seq: u64,
+        max_attempts: u32,
+        at_ms: u64,
+    },
+    /// Ask for the run to be cancelled; end it at once if `end_now`.
+    Cancel {
+        run_id: String,
+        reason: String,
+        end_now: bool,
+        at_ms: u64,
+    },
+    /// End a run whose cancellation was asked for.
+    EndCancelled { run_id: String, at_ms: u64 },
+    /// Make a failed run running again, with a fresh count of attempts.
+    Retry { run_id: String, at_ms: u64 },
+}
+
+/// What a [`Write::Failure`] does to the run besides keeping the record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AfterFailure {
+    /// Nothing (a step failed; the handler decides).
+    Nothing,
+    /// The next attempt may start at this time (ms since the Unix epoch).
+    RetryAt(u64),
+    /// The run fails.
+    GiveUp,
+}
+
+struct Request {
+    write: Write,
+    reply: oneshot::Sender<Result<Option<RunInfo>>>,
+}
+
+impl RedbStore {
+    /// Opens the store file at `path`, creating it (mode 0600) and its parent directory
+    /// (mode 0700) if they do not exist.
+    ///
+    /// # Errors
+    /// - [`Error::StoreLocked`] at once if this or another process has the file open;
+    /// - [`Error::Open`] if the file is not a redb file, is corrupt, or cannot be read.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let open_err = |source: crate::BoxError| Error::Open {
+            path: path.clone(),
+            source,
+        };
+        if let Some(dir) = path.parent()
+            && !dir.as_os_str().is_empty()
+            && !dir.exists()
+        {
+            create_private_dir(dir).map_err(|e| open_err(e.into()))?;
+        }
+        let mut options = OpenOptions::new();
+        options.read(true).write(true).create(true).truncate(false);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let file = options.open(&path).map_err(|e| open_err(e.into()))?;
+        let backend = FileBackend::new(file).map_err(|e| open_err(e.into()))?;
+        let db = match Database::builder().create_with_backend(backend) {
+            Ok(db) => db,
+            Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
+                return Err(Error::StoreLocked { path });
+            }
+            Err(e) => return Err(open_err(e.into())),
+        };
+        ensure_tables(&db).map_err(|e| open_err(e.into()))?;
+        let db = Arc::new(db);
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let writer_db = Arc::clone(&db);
+        let writer = std::thread::Builder::new()
+            .name("loops-writer".into())
+            .spawn(move || writer_loop(&writer_db, rx))
+            .map_err(|e| open_err(e.into()))?;
+        Ok(RedbStore {
+            inner: Arc::new(Inner {
+                db,
+                path,
+                tx: Some(tx),
+                writer: Mutex::new(Some(writer)),
+            }),
+        })
+    }
+
+    /// The store file's path.
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// Commits `write` (batched with concurrent writes) and returns the run's new row.
+    pub(crate) async fn write(&self, write: Write) -> Result<Option<RunInfo>> {
+        let (reply, rx) = oneshot::channel();
+        let tx = self.inner.tx.as_ref().ok_or(Error::Closed)?;
+        tx.send(Request { write, reply })
+            .await
+            .map_err(|_| Error::Closed)?;
+        rx.await.map_err(|_| Error::Closed)?
+    }
+
+    fn read<T>(
+        &self,
+        action: impl Fn() -> String,
+        f: impl FnOnce(&redb::ReadTransaction) -> std::result::Result<T, ReadError>,
+    ) -> Result<T> {
+        let txn = self
+            .inner
+            .db
+            .begin_read()
+            .map_err(|e| Error::storage(action(), e))?;
+        f(&txn).map_err(|e| match e {
+            ReadError::Storage(e) => Error::storage(action(), e),
+            ReadError::Loops(e) => e,
+        })
+    }
+
+    /// The run's current row, or `None` if no run has this id.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on a read error; [`Error::Decode`] if the row is unreadable.
+    pub fn run(&self, run_id: &str) -> Result<Option<RunInfo>> {
+        self.read(
+            || format!("reading run `{run_id}`"),
+            |txn| {
+                let runs = txn.open_table(RUNS)?;
+                read_info(&runs, run_id)
+            },
+        )
+    }
+
+    /// The run's row and its latest transition record, read through the run's row: the cost
+    /// does not depend on the length of the history.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on a read error; [`Error::Decode`] if a record is unreadable.
+    pub fn latest(&self, run_id: &str) -> Result<Option<(RunInfo, TransitionRecord)>> {
+        self.read(
+            || format!("reading run `{run_id}`"),
+            |txn| {
+                let runs = txn.open_table(RUNS)?;
+                let Some(info) = read_info(&runs, run_id)? else {
+                    return Ok(None);
+                };
+                let journal = txn.open_table(JOURNAL)?;
+                let bytes = journal.get((run_id, info.seq))?.ok_or_else(|| {
+                    ReadError::Loops(Error::RecordMissing {
+                        run_id: run_id.to_owned(),
+                        seq: info.seq,
+                    })
+                })?;
+                let record = TransitionRecord::from_bytes(run_id, info.seq, bytes.value())?;
+                Ok(Some((info, record)))
+            },
+        )
+    }
+
+    /// Every transition record of the run, by sequence number (empty if the run does not
+    /// exist).
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on a read error; [`Error::Decode`] if a record is unreadable.
+    pub fn history(&self, run_id: &str) -> Result<Vec<TransitionRecord>> {
+        self.read(
+            || format!("reading the history of run `{run_id}`"),
+            |txn| {
+                let journal = txn.open_table(JOURNAL)?;
+                let mut out = Vec::new();
+                for entry in journal.range((run_id, 0)..=(run_id, u64::MAX))? {
+                    let (key, value) = entry?;
+                    let seq = key.value().1;
+                    out.push(TransitionRecord::from_bytes(run_id, seq, value.value())?);
+                }
+                Ok(out)
+            },
+        )
+    }
+
+    /// The step records of the run's state at `seq`, as `(name, occurrence, record)`, ordered
+    /// by name then occurrence.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on a read error; [`Error::Decode`] if a record is unreadable.
+    pub fn steps(&self, run_id: &str, seq: u64) -> Result<Vec<(String, u32, StepRecord)>> {
+        self.read(
+            || format!("reading the steps of run `{run_id}` seq {seq}"),
+            |txn| {
+                let steps = txn.open_table(STEPS)?;
+                let mut out = Vec::new();
+                for entry in steps.range((run_id, seq, "", 0)..(run_id, seq + 1, "", 0))? {
+                    let (key, value) = entry?;
+                    let (_, _, name, occurrence) = key.value();
+                    let record: StepRecord =
+                        serde_json::from_slice(value.value()).map_err(|source| Error::Decode {
+                            run_id: run_id.to_owned(),
+                            seq,
+                            state: format!("step `{name}`#{occurrence}"),
+                            source,
+                        })?;
+                    out.push((name.to_owned(), occurrence, record));
+                }
+                Ok(out)
+            },
+        )
+    }
+
+    /// Every failed attempt of the run, as `(seq, record)`, by seq, attempt and order.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on a read error; [`Error::Decode`] if a record is unreadable.
+    pub fn failures(&self, run_id: &str) -> Result<Vec<(u64, FailureRecord)>> {
+        self.read(
+            || format!("reading the failures of run `{run_id}`"),
+            |txn| {
+                let failures = txn.open_table(FAILURES)?;
+                let mut out = Vec::new();
+                for entry in
+                    failures.range((run_id, 0, 0, 0)..=(run_id, u64::MAX, u32::MAX, u32::MAX))?
+                {
+                    let (key, value) = entry?;
+                    let seq = key.value().1;
+                    let record: FailureRecord =
+                        serde_json::from_slice(value.value()).map_err(|source| Error::Decode {
+                            run_id: run_id.to_owned(),
+                            seq,
+                            state: "failure record".to_owned(),
+                            source,
+                        })?;
+                    out.push((seq, record));
+                }
+                Ok(out)
+            },
+        )
+    }
+
+    /// The runs with `status`, optionally only those of `workflow`, ordered by workflow then
+    /// run id. Reads the status index and each listed run's row, never a history.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on a read error; [`Error::Decode`] if a row is unreadable.
+    pub fn list(&self, status: RunStatus, workflow: Option<&str>) -> Result<Vec<RunInfo>> {
+        self.read(
+            || format!("listing {status} runs"),
+            |txn| {
+                let index = txn.open_table(STATUS)?;
+                let runs = txn.open_table(RUNS)?;
+                let code = status.code();
+                let range = match workflow {
+                    Some(w) => index.range((code, w, "")..)?,
+                    None => index.range((code, "", "")..)?,
+                };
+                let mut out = Vec::new();
+                for entry in range {
+                    let (key, _) = entry?;
+                    let (c, w, run_id) = key.value();
+                    if c != code || workflow.is_some_and(|want| want != w) {
+                        break;
+                    }
+                    if let Some(info) = read_info(&runs, run_id)? {
+                        out.push(info);
+                    }
+                }
+                Ok(out)
+            },
+        )
+    }
+
+    /// The schema description stored for `hash` (written once per hash when a run starts).
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on a read error.
+    pub fn schema(&self, hash: crate::SchemaHash) -> Result<Option<String>> {
+        self.read(
+            || format!("reading schema {hash}"),
+            |txn| {
+                let schemas = txn.open_table(SCHEMAS)?;
+                Ok(schemas
+                    .get(hash.to_string().as_str())?
+                    .map(|v| v.value().to_owned()))
+            },
+        )
+    }
+}
+
+/// A workflow whose unfinished runs must match the compiled schema for the store to open.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SchemaCheck {
+    pub(crate) workflow: &'static str,
+    pub(crate) pinned: crate::SchemaHash,
+    pub(crate) schema: &'static str,
+}
+
+/// Before the file is opened for writing: refuses, leaving the file's bytes as they are, if an
+/// unfinished run of a checked workflow was recorded with another schema.
+///
+/// The check opens the file read-only. A file that needs redb's crash repair (it was not
+/// closed cleanly) cannot be opened read-only; it is not checked here, and each run is
+/// checked when it is driven.
+pub(crate) fn precheck(path: &Path, checks: &[SchemaCheck]) -> Result<()> {
+    if checks.is_empty() || !path.exists() {
+        return Ok(());
+    }
+    let db = match redb::Builder::new().open_read_only(path) {
+        Ok(db) => db,
+        Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
+            return Err(Error::StoreLocked {
+                path: path.to_path_buf(),
+            });
+        }
+        Err(_) => return Ok(()),
+    };
+    let found: std::result::Result<Option<(RunInfo, SchemaCheck, Option<String>)>, ReadError> =
+        (|| {
+            let txn = db.begin_read()?;
+            let (index, runs, schemas) = match (
+                txn.open_table(STATUS),
+                txn.open_table(RUNS),
+                txn.open_table(SCHEMAS),
+            ) {
+                (Ok(i), Ok(r), Ok(s)) => (i, r, s),
+                _ => return Ok(None),
+            };
+            let code = RunStatus::Running.code();
+            for check in checks {
+                for entry in index.range((code, check.workflow, "")..)? {
+                    let (key, _) = entry?;
+                    let (c, w, run_id) = key.value();
+                    if c != code || w != check.workflow {
+                        break;
+                    }
+                    if let Some(info) = read_info(&runs, run_id)?
+                        && info.schema != check.pinned
+                    {
+                        let stored = schemas
+                            .get(info.schema.to_string().as_str())?
+                            .map(|v| v.value().to_owned());
+                        return Ok(Some((info, *check, stored)));
+                    }
+                }
+            }
+            Ok(None)
+        })();
+    match found {
+        Ok(None) => Ok(()),
+        Ok(Some((info, check, stored))) => Err(Error::SchemaMismatch {
+            changes: stored
+                .map(|old| crate::schema::diff_descriptions(&old, check.schema))
+                .unwrap_or_default(),
+            run_id: info.run_id,
+            workflow: info.workflow,
+            stored: info.schema,
+            compiled: check.pinned,
+        }),
+        Err(ReadError::Loops(e)) => Err(e),
+        Err(ReadError::Storage(e)) => Err(Error::storage("checking schemas before opening", e)),
+    }
+}
+
+enum ReadError {
+    Storage(redb::Error),
+    Loops(Error),
+}
+
+impl<E: Into<redb::Error>> From<E> for ReadError {
+    fn from(e: E) -> Self {
+        ReadError::Storage(e.into())
+    }
+}
+
+impl From<Error> for ReadError {
+    fn from(e: Error) -> Self {
+        ReadError::Loops(e)
+    }
+}
+
+fn read_info(
+    runs: &impl ReadableTable<&'static str, &'static [u8]>,
+    run_id: &str,
+) -> std::result::Result<Option<RunInfo>, ReadError> {
+    let Some(bytes) = runs.get(run_id)? else {
+        return Ok(None);
+    };
+    decode_info(run_id, bytes.value())
+        .map(Some)
+        .map_err(ReadError::Loops)
+}
+
+fn decode_info(run_id: &str, bytes: &[u8]) -> Result<RunInfo> {
+    let mut info: RunInfo = serde_json::from_slice(bytes).map_err(|source| Error::Decode {
+        run_id: run_id.to_owned(),
+        seq: 0,
+        state: "run row".to_owned(),
+        source,
+    })?;
+    info.run_id = run_id.to_owned();
+    Ok(info)
+}
+
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder.create(dir)
+}
+
+/// Creates the tables a new file lacks; writes nothing to a file that has them all.
+fn ensure_tables(db: &Database) -> std::result::Result<(), redb::Error> {
+    let present: Vec<String> = {
+        let txn = db.begin_read()?;
+        txn.list_tables()?.map(|t| t.name().to_owned()).collect()
+    };
+    let wanted = ["runs", "journal", "steps", "failures", "status", "schemas"];
+    if wanted.iter().all(|w| present.iter().any(|p| p == w)) {
+        return Ok(());
+    }
+    let txn = db.begin_write()?;
+    txn.open_table(RUNS)?;
+    txn.open_table(JOURNAL)?;
+    txn.open_table(STEPS)?;
+    txn.open_table(FAILURES)?;
+    txn.open_table(STATUS)?;
+    txn.open_table(SCHEMAS)?;
+    txn.commit()?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The writer thread.
+
+fn writer_loop(db: &Database, mut rx: mpsc::Receiver<Request>) {
+    let mut batch: Vec<Request> = Vec::with_capacity(MAX_BATCH);
+    while let Some(first) = rx.blocking_recv() {
+        batch.push(first);
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(request) => batch.push(request),
+                Err(_) => break,
+            }
+        }
+        let results = commit_batch(db, batch.iter().map(|r| &r.write));
+        for (request, result) in batch.drain(..).zip(results) {
+            // The caller may have stopped waiting (its task was dropped); the write stands.
+            let _ = request.reply.send(result);
+        }
+    }
+}
+
+/// An outcome of applying one write inside the batch's transaction.
+enum Applied {
+    /// Written; reply with this.
+    Wrote(Option<RunInfo>),
+    /// Nothing to write; reply with this.
+    Unchanged(Option<RunInfo>),
+}
+
+enum ApplyError {
+    /// The write failed its checks and wrote nothing.
+    Rejected(Error),
+    /// The transaction failed; the whole batch fails.
+    Storage(redb::Error),
+}
+
+impl<E: Into<redb::Error>> From<E> for ApplyError {
+    fn from(e: E) -> Self {
+        ApplyError::Storage(e.into())
+    }
+}
+
+fn reject<T>(e: Error) -> std::result::Result<T, ApplyError> {
+    Err(ApplyError::Rejected(e))
+}
+
+struct Tables<'t> {
+    runs: redb::Table<'t, &'static str, &'static [u8]>,
+    journal: redb::Table<'t, (&'static str, u64), &'static [u8]>,
+    steps: redb::Table<'t, (&'static str, u64, &'static str, u32), &'static [u8]>,
+    failures: redb::Table<'t, (&'static str, u64, u32, u32), &'static [u8]>,
+    status: redb::Table<'t, (u8, &'static str, &'static str), ()>,
+    schemas: redb::Table<'t, &'static str, &'static str>,
+}
+
+fn commit_batch<'a>(
+    db: &Database,
+    writes: impl ExactSizeIterator<Item = &'a Write>,
+) -> Vec<Result<Option<RunInfo>>> {
+    let n = writes.len();
+    let fail_all = |action: String, e: redb::Error| -> Vec<Result<Option<RunInfo>>> {
+        let shared = Arc::new(e);
+        (0..n)
+            .map(|_| {
+                Err(Error::Storage {
+                    action: action.clone(),
+                    source: Arc::clone(&shared),
+                })
+            })
+            .collect()
+    };
+    let txn = match db.begin_write() {
+        Ok(txn) => txn,
+        Err(e) => return fail_all(format!("beginning a commit of {n} writes"), e.into()),
+    };
+    let mut results = Vec::with_capacity(n);
+    let mut wrote = false;
+    let outcome: std::result::Result<(), redb::Error> = (|| {
+        let mut t = Tables {
+            runs: txn.open_table(RUNS)?,
+            journal: txn.open_table(JOURNAL)?,
+            steps: txn.open_table(STEPS)?,
+            failures: txn.open_table(FAILURES)?,
+            status: txn.open_table(STATUS)?,
+            schemas: txn.open_table(SCHEMAS)?,
+        };
+        for write in writes {
+            match apply(&mut t, write) {
+                Ok(Applied::Wrote(info)) => {
+                    wrote = true;
+                    results.push(Ok(info));
+                }
+                Ok(Applied::Unchanged(info)) => results.push(Ok(info)),
+                Err(ApplyError::Rejected(e)) => results.push(Err(e)),
+                Err(ApplyError::Storage(e)) => return Err(e),
+            }
+        }
+        Ok(())
+    })();
+    if let Err(e) = outcome {
+        let _ = txn.abort();
+        return fail_all(format!("applying a commit of {n} writes"), e);
+    }
+    if !wrote {
+        // Nothing changed: leave the file untouched (no commit, no fsync).
+        let _ = txn.abort();
+        return results;
+    }
+    match txn.commit() {
+        Ok(()) => results,
+        Err(e) => fail_all(format!("committing {n} writes"), e.into()),
+    }
+}
+
+fn load_info(t: &Tables<'_>, run_id: &str) -> std::result::Result<RunInfo, ApplyError> {
+    match t.runs.get(run_id)? {
+        Some(bytes) => decode_info(run_id, bytes.value()).map_err(ApplyError::Rejected),
+        None => reject(Error::RunNotFound {
+            run_id: run_id.to_owned(),
+        }),
+    }
+}
+
+/// Writes `info` as the run's row, moving its status index entry if the status changed.
+fn store_info(
+    t: &mut Tables<'_>,
+    old_status: Option<RunStatus>,
+    info: &RunInfo,
+) -> std::result::Result<(), ApplyError> {
+    t.runs
+        .insert(info.run_id.as_str(), to_vec(info).as_slice())?;
+    if old_status != Some(info.status) {
+        if let Some(old) = old_status {
+            t.status
+                .remove((old.code(), info.workflow.as_str(), info.run_id.as_str()))?;
+        }
+        t.status.insert(
+            (
+                info.status.code(),
+                info.workflow.as_str(),
+                info.run_id.as_str(),
+            ),
+            (),
+        )?;
+    }
+    Ok(())
+}
+
+/// Refuses a write for `seq` unless the run is at `seq` and has not ended.
+fn fence(info: &RunInfo, seq: u64) -> std::result::Result<(), ApplyError> {
+    if info.seq != seq || info.status.is_ended() {
+        return reject(Error::Fenced {
+            run_id: info.run_id.clone(),
+            seq,
+            current: info.seq,
+            status: info.status,
+        });
+    }
+    Ok(())
+}
+
+fn apply(t: &mut Tables<'_>, write: &Write) -> std::result::Result<Applied, ApplyError> {
+    match write {
+        Write::Create {
+            info,
+            record,
+            schema_text,
+        } => {
+            if t.runs.get(info.run_id.as_str())?.is_some()
+                || t.journal.get((info.run_id.as_str(), 0))?.is_some()
+            {
+                return reject(Error::SequenceConflict {
+                    run_id: info.run_id.clone(),
+                    seq: 0,
+                });
+            }
+            t.journal
+                .insert((info.run_id.as_str(), 0), record.as_slice())?;
+            let hash = info.schema.to_string();
+            if t.schemas.get(hash.as_str())?.is_none() {
+                t.schemas.insert(hash.as_str(), *schema_text)?;
+            }
+            store_info(t, None, info)?;
+            Ok(Applied::Wrote(Some(info.clone())))
+        }
+        Write::Transition {
+            run_id,
+            seq,
+            state,
+            record,
+            terminal,
+            at_ms,
+        } => {
+            let mut info = load_info(t, run_id)?;
+            let old = info.status;
+            fence(&info, seq.wrapping_sub(1))?;
+            if t.journal.get((run_id.as_str(), *seq))?.is_some() {
+                return reject(Error::SequenceConflict {
+                    run_id: run_id.clone(),
+                    seq: *seq,
+                });
+            }
+            t.journal
+                .insert((run_id.as_str(), *seq), record.as_slice())?;
+            info.seq = *seq;
+            info.state.clone_from(state);
+            info.attempt = 1;
+            info.attempt_base = 0;
+            info.updated_ms = *at_ms;
+            info.retry_at_ms = None;
+            info.error = None;
+            if *terminal {
+                info.status = RunStatus::Completed;
+            }
+            store_info(t, Some(old), &info)?;
+            Ok(Applied::Wrote(Some(info)))
+        }
+        Write::Step {
+            run_id,
+            seq,
+            name,
+            occurrence,
+            record,
+        } => {
+            let info = load_info(t, run_id)?;
+            fence(&info, *seq)?;
+            let key = (run_id.as_str(), *seq, name.as_str(), *occurrence);
+            if t.steps.get(key)?.is_some() {
+                return reject(Error::StepExists {
+                    run_id: run_id.clone(),
+                    seq: *seq,
+                    step: name.clone(),
+                    occurrence: *occurrence,
+                });
+            }
+            t.steps.insert(key, record.as_slice())?;
+            Ok(Applied::Wrote(None))
+        }
+        Write::Failure {
+            run_id,
+            seq,
+            record,
+            then,
+        } => {
+            let mut info = load_info(t, run_id)?;
+            let old = info.status;
+            fence(&info, *seq)?;
+            let attempt = record.attempt;
+            let index = next_failure_index(t, run_id, *seq, attempt)?;
+            t.failures.insert(
+                (run_id.as_str(), *seq, attempt, index),
+                to_vec(record).as_slice(),
+            )?;
+            info.error = Some(record.errors.clone());
+            info.updated_ms = record.at_ms;
+            match then {
+                AfterFailure::Nothing => {}
+                AfterFailure::RetryAt(at) => info.retry_at_ms = Some(*at),
+                AfterFailure::GiveUp => {
+                    info.status = RunStatus::Failed;
+                    info.retry_at_ms = None;
+                }
+            }
+            store_info(t, Some(old), &info)?;
+            Ok(Applied::Wrote(Some(info)))
+        }
+        Write::BeginAttempt {
+            run_id,
+            seq,
+            max_attempts,
+            at_ms,
+        } => {
+            let mut info = load_info(t, run_id)?;
+            if info.status != RunStatus::Running {
+                return Ok(Applied::Unchanged(Some(info)));
+            }
+            fence(&info, *seq)?;
+            let old = info.status;
+            // An attempt that left no failure record was cut short by the process stopping.
+            if info.attempt > 0 && !has_failure(t, run_id, *seq, info.attempt)? {
+                let record = FailureRecord {
+                    attempt: info.attempt,
+                    at_ms: *at_ms,
+                    source: crate::record::FailureSource::Interrupted,
+                    errors: vec!["the process stopped while this attempt ran".to_owned()],
+                };
+                t.failures.insert(
+                    (run_id.as_str(), *seq, info.attempt, 0),
+                    to_vec(&record).as_slice(),
+                )?;
+                info.error = Some(record.errors);
+            }
+            if info.attempt.saturating_sub(info.attempt_base) >= *max_attempts {
+                info.status = RunStatus::Failed;
+                info.retry_at_ms = None;
+            } else {
+                info.attempt += 1;
+            }
+            info.updated_ms = *at_ms;
+            store_info(t, Some(old), &info)?;
+            Ok(Applied::Wrote(Some(info)))
+        }
+        Write::Cancel {
+            run_id,
+            reason,
+            end_now,
+            at_ms,
+        } => {
+            let mut info = load_info(t, run_id)?;
+            if info.status.is_ended() {
+                return reject(Error::RunEnded {
+                    run_id: run_id.clone(),
+                    status: info.status,
+                    action: "cancel",
+                });
+            }
+            let old = info.status;
+            info.cancel = Some(reason.clone());
+            if *end_now {
+                info.status = RunStatus::Cancelled;
+            }
+            info.updated_ms = *at_ms;
+            store_info(t, Some(old), &info)?;
+            Ok(Applied::Wrote(Some(info)))
+        }
+        Write::EndCancelled { run_id, at_ms } => {
+            let mut info = load_info(t, run_id)?;
+            if info.status.is_ended() || info.cancel.is_none() {
+                return Ok(Applied::Unchanged(Some(info)));
+            }
+            let old = info.status;
+            info.status = RunStatus::Cancelled;
+            info.updated_ms = *at_ms;
+            store_info(t, Some(old), &info)?;
+            Ok(Applied::Wrote(Some(info)))
+        }
+        Write::Retry { run_id, at_ms } => {
+            let mut info = load_info(t, run_id)?;
+            if info.status != RunStatus::Failed {
+                return reject(Error::NotFailed {
+                    run_id: run_id.clone(),
+                    status: info.status,
+                });
+            }
+            let old = info.status;
+            info.status = RunStatus::Running;
+            // The retry policy's budget counts afresh from here; attempt numbers (and the
+            // failure records keyed by them) go on.
+            info.attempt_base = info.attempt;
+            info.retry_at_ms = None;
+            info.updated_ms = *at_ms;
+            store_info(t, Some(old), &info)?;
+            Ok(Applied::Wrote(Some(info)))
+        }
+    }
+}
+
+fn has_failure(
+    t: &Tables<'_>,
+    run_id: &str,
+    seq: u64,
+    attempt: u32,
+) -> std::result::Result<bool, ApplyError> {
+    Ok(t.failures
+        .range((run_id, seq, attempt, 0)..=(run_id, seq, attempt, u32::MAX))?
+        .next()
+        .is_some())
+}
+
+fn next_failure_index(
+    t: &Tables<'_>,
+    run_id: &str,
+    seq: u64,
+    attempt: u32,
+) -> std::result::Result<u32, ApplyError> {
+    match t
+        .failures
+        .range((run_id, seq, attempt, 0)..=(run_id, seq, attempt, u32::MAX))?
+        .next_back()
+    {
+        Some(entry) => Ok(entry?.0.value().3 + 1),
+        None => Ok(0),
+    }
+}

@@ -1,0 +1,788 @@
+//! Unit tests of the runtime and the store, on a hand-written workflow (the derive has its own
+//! tests in the `loops` package).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::*;
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+enum Job {
+    Start { n: u32 },
+    Work { n: u32, acc: u64 },
+    Done { acc: u64 },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+enum JobState {
+    Start,
+    Work,
+    Done,
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl StateId for JobState {
+    const ALL: &'static [Self] = &[JobState::Start, JobState::Work, JobState::Done];
+    const INITIAL: Self = JobState::Start;
+    fn name(self) -> &'static str {
+        match self {
+            JobState::Start => "Start",
+            JobState::Work => "Work",
+            JobState::Done => "Done",
+        }
+    }
+    fn next(self) -> &'static [Self] {
+        match self {
+            JobState::Start => &[JobState::Work],
+            JobState::Work => &[JobState::Work, JobState::Done],
+            JobState::Done => &[],
+        }
+    }
+    fn is_terminal(self) -> bool {
+        self == JobState::Done
+    }
+}
+
+impl Workflow for Job {
+    type State = JobState;
+    const NAME: &'static str = "job";
+    const VERSION: u32 = 1;
+    const SCHEMA_HASH: SchemaHash = SchemaHash::of(b"job v1");
+    const SCHEMA: &'static str = "workflow job v1\nStart { n: u32 } -> Work\nWork { n: u32, acc: u64 } -> Work | Done\nDone { acc: u64 }";
+    fn state(&self) -> JobState {
+        match self {
+            Job::Start { .. } => JobState::Start,
+            Job::Work { .. } => JobState::Work,
+            Job::Done { .. } => JobState::Done,
+        }
+    }
+}
+
+/// The same workflow name with another shape (a field type changed).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+enum JobV2 {
+    Start { n: u64 },
+    Work { n: u32, acc: u64 },
+    Done { acc: u64 },
+}
+
+impl Workflow for JobV2 {
+    type State = JobState;
+    const NAME: &'static str = "job";
+    const VERSION: u32 = 1;
+    const SCHEMA_HASH: SchemaHash = SchemaHash::of(b"job v2");
+    const SCHEMA: &'static str = "workflow job v1\nStart { n: u64 } -> Work\nWork { n: u32, acc: u64 } -> Work | Done\nDone { acc: u64 }";
+    fn state(&self) -> JobState {
+        match self {
+            JobV2::Start { .. } => JobState::Start,
+            JobV2::Work { .. } => JobState::Work,
+            JobV2::Done { .. } => JobState::Done,
+        }
+    }
+}
+
+impl Dispatch<Worker> for JobV2 {
+    async fn dispatch(self, _: &Worker, _: &Context) -> Result<Self, BoxError> {
+        Err("JobV2 is never driven in these tests".into())
+    }
+}
+
+#[derive(Default)]
+struct Worker {
+    /// (state, seq, attempt) of every handler call.
+    calls: Mutex<Vec<(&'static str, u64, u32)>>,
+    /// Runs of the `effect` step's closure.
+    effects: AtomicU32,
+    /// `Work` fails on its first `fail_work` attempts, after its step.
+    fail_work: u32,
+    /// `Work` waits this long before returning (for cancellation and time-outs).
+    work_delay: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum WorkError {
+    #[error("work failed on attempt {0}")]
+    Flaky(u32),
+    #[error(transparent)]
+    Loops(#[from] Error),
+}
+
+impl Worker {
+    fn calls(&self) -> Vec<(&'static str, u64, u32)> {
+        self.calls.lock().unwrap().clone()
+    }
+
+    async fn work(&self, ctx: &Context, n: u32, acc: u64) -> Result<Job, WorkError> {
+        let add: u64 = ctx
+            .step("effect", || async {
+                self.effects.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, WorkError>(u64::from(n) * 10)
+            })
+            .await?;
+        if !self.work_delay.is_zero() {
+            tokio::time::sleep(self.work_delay).await;
+        }
+        if ctx.attempt() <= self.fail_work {
+            return Err(WorkError::Flaky(ctx.attempt()));
+        }
+        Ok(if n == 0 {
+            Job::Done { acc: acc + add }
+        } else {
+            Job::Work {
+                n: n - 1,
+                acc: acc + add,
+            }
+        })
+    }
+}
+
+impl Dispatch<Worker> for Job {
+    async fn dispatch(self, h: &Worker, ctx: &Context) -> Result<Self, BoxError> {
+        h.calls
+            .lock()
+            .unwrap()
+            .push((ctx.state(), ctx.seq(), ctx.attempt()));
+        match self {
+            Job::Start { n } => Ok(Job::Work { n, acc: 0 }),
+            Job::Work { n, acc } => h.work(ctx, n, acc).await.map_err(Into::into),
+            Job::Done { .. } => Err(__private::terminal_dispatched("job", "Done")),
+        }
+    }
+}
+
+fn temp_store() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    (dir, path)
+}
+
+fn fast_retry(attempts: u32) -> RetryPolicy {
+    RetryPolicy::attempts(attempts).with_delays(Duration::from_millis(1), Duration::from_millis(5))
+}
+
+#[tokio::test]
+async fn new_run_completes_with_exact_history() {
+    let (_dir, path) = temp_store();
+    let rt = Runtime::open(&path).unwrap();
+    let worker = Worker::default();
+    let done = rt.run("r1", Job::Start { n: 2 }, &worker).await.unwrap();
+    assert_eq!(done, Job::Done { acc: 30 });
+    let states: Vec<(u64, JobState, Job)> = rt
+        .history::<Job>("r1")
+        .unwrap()
+        .into_iter()
+        .map(|t| (t.seq, t.state, t.value))
+        .collect();
+    assert_eq!(
+        states,
+        vec![
+            (0, JobState::Start, Job::Start { n: 2 }),
+            (1, JobState::Work, Job::Work { n: 2, acc: 0 }),
+            (2, JobState::Work, Job::Work { n: 1, acc: 20 }),
+            (3, JobState::Work, Job::Work { n: 0, acc: 30 }),
+            (4, JobState::Done, Job::Done { acc: 30 }),
+        ]
+    );
+    assert_eq!(
+        worker.calls(),
+        vec![
+            ("Start", 0, 1),
+            ("Work", 1, 1),
+            ("Work", 2, 1),
+            ("Work", 3, 1)
+        ]
+    );
+    assert_eq!(worker.effects.load(Ordering::SeqCst), 3);
+    let info = rt.run_info("r1").unwrap().unwrap();
+    assert_eq!(info.status, RunStatus::Completed);
+    assert_eq!(
+        (info.state.as_str(), info.seq, info.attempt),
+        ("Done", 4, 1)
+    );
+    assert_eq!(
+        rt.list_runs(RunStatus::Completed, Some("job"))
+            .unwrap()
+            .len(),
+        1
+    );
+    assert!(rt.list_runs(RunStatus::Running, None).unwrap().is_empty());
+
+    // Driving a completed run again returns its final state and calls nothing.
+    let again = rt.run("r1", Job::Start { n: 9 }, &worker).await.unwrap();
+    assert_eq!(again, Job::Done { acc: 30 });
+    assert_eq!(worker.calls().len(), 4);
+}
+
+#[tokio::test]
+async fn failed_attempts_retry_and_steps_replay() {
+    let (_dir, path) = temp_store();
+    let rt = Runtime::builder().retry(fast_retry(3)).open(&path).unwrap();
+    let worker = Worker {
+        fail_work: 2,
+        ..Worker::default()
+    };
+    let done = rt.run("r", Job::Start { n: 0 }, &worker).await.unwrap();
+    assert_eq!(done, Job::Done { acc: 0 });
+    assert_eq!(
+        worker.calls(),
+        vec![
+            ("Start", 0, 1),
+            ("Work", 1, 1),
+            ("Work", 1, 2),
+            ("Work", 1, 3)
+        ]
+    );
+    // The step succeeded on attempt 1 and was replayed from its record on attempts 2 and 3.
+    assert_eq!(worker.effects.load(Ordering::SeqCst), 1);
+    let failures = rt.store().failures("r").unwrap();
+    assert_eq!(failures.len(), 2);
+    assert_eq!(failures[0].0, 1);
+    assert_eq!(failures[0].1.attempt, 1);
+    assert_eq!(failures[0].1.source, FailureSource::Handler);
+    assert_eq!(
+        failures[0].1.errors,
+        vec!["work failed on attempt 1".to_owned()]
+    );
+    assert_eq!(
+        failures[1].1.errors,
+        vec!["work failed on attempt 2".to_owned()]
+    );
+    let steps = rt.store().steps("r", 1).unwrap();
+    assert_eq!(steps.len(), 1);
+    assert_eq!(
+        (steps[0].0.as_str(), steps[0].1, steps[0].2.attempt),
+        ("effect", 0, 1)
+    );
+    assert_eq!(steps[0].2.output.get(), "0");
+}
+
+#[tokio::test]
+async fn attempts_run_out_then_explicit_retry_resumes() {
+    let (_dir, path) = temp_store();
+    let rt = Runtime::builder().retry(fast_retry(2)).open(&path).unwrap();
+    let worker = Worker {
+        fail_work: 5,
+        ..Worker::default()
+    };
+    let err = rt.run("r", Job::Start { n: 0 }, &worker).await.unwrap_err();
+    match &err {
+        Error::RunFailed {
+            run_id,
+            state,
+            seq,
+            attempts,
+            last_error,
+            source,
+        } => {
+            assert_eq!(
+                (run_id.as_str(), state.as_str(), *seq, *attempts),
+                ("r", "Work", 1, 2)
+            );
+            assert_eq!(last_error, &vec!["work failed on attempt 2".to_owned()]);
+            assert_eq!(
+                source.as_ref().unwrap().to_string(),
+                "work failed on attempt 2"
+            );
+        }
+        other => panic!("expected RunFailed, got {other:?}"),
+    }
+    let info = rt.run_info("r").unwrap().unwrap();
+    assert_eq!(info.status, RunStatus::Failed);
+    assert_eq!(
+        rt.list_runs(RunStatus::Failed, None).unwrap()[0].run_id,
+        "r"
+    );
+
+    // A failed run stays failed until retried explicitly.
+    let again = rt.run("r", Job::Start { n: 0 }, &worker).await.unwrap_err();
+    assert!(matches!(
+        again,
+        Error::RunFailed {
+            attempts: 2,
+            source: None,
+            ..
+        }
+    ));
+    assert_eq!(worker.calls().len(), 3);
+
+    let worker2 = Worker {
+        fail_work: 3,
+        ..Worker::default()
+    };
+    rt.retry("r").await.unwrap();
+    assert!(matches!(
+        rt.retry("r").await,
+        Err(Error::NotFailed {
+            status: RunStatus::Running,
+            ..
+        })
+    ));
+    let done = rt.run("r", Job::Start { n: 0 }, &worker2).await.unwrap();
+    assert_eq!(done, Job::Done { acc: 0 });
+    // Attempt numbers go on after the retry (3 and 4); attempt 4 passes `fail_work: 3`.
+    assert_eq!(worker2.calls(), vec![("Work", 1, 3), ("Work", 1, 4)]);
+    assert_eq!(
+        worker2.effects.load(Ordering::SeqCst),
+        0,
+        "the step replays from attempt 1"
+    );
+    let seqs: Vec<u64> = rt
+        .store()
+        .history("r")
+        .unwrap()
+        .iter()
+        .map(|r| r.seq)
+        .collect();
+    assert_eq!(seqs, vec![0, 1, 2]);
+}
+
+#[tokio::test]
+async fn interrupted_attempts_are_counted_durably() {
+    let (_dir, path) = temp_store();
+    let rt = Runtime::builder().retry(fast_retry(2)).open(&path).unwrap();
+    let slow = Worker {
+        work_delay: Duration::from_secs(60),
+        ..Worker::default()
+    };
+    // Drop the driver while `Work` runs: its attempt is cut short, as by a crash.
+    for _ in 0..2 {
+        let run = rt.run("r", Job::Start { n: 0 }, &slow);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), run)
+                .await
+                .is_err()
+        );
+    }
+    let err = rt.run("r", Job::Start { n: 0 }, &slow).await.unwrap_err();
+    assert!(
+        matches!(err, Error::RunFailed { attempts: 2, .. }),
+        "{err:?}"
+    );
+    let failures = rt.store().failures("r").unwrap();
+    assert_eq!(failures.len(), 2);
+    assert!(
+        failures
+            .iter()
+            .all(|(_, f)| f.source == FailureSource::Interrupted)
+    );
+    assert_eq!(
+        failures.iter().map(|(_, f)| f.attempt).collect::<Vec<_>>(),
+        vec![1, 2]
+    );
+}
+
+#[tokio::test]
+async fn schema_change_is_refused_and_writes_nothing() {
+    let (_dir, path) = temp_store();
+    {
+        // Leave the run unfinished: stop driving it while `Work` runs.
+        let rt = Runtime::open(&path).unwrap();
+        let slow = Worker {
+            work_delay: Duration::from_secs(60),
+            ..Worker::default()
+        };
+        let run = rt.run("r", Job::Start { n: 1 }, &slow);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), run)
+                .await
+                .is_err()
+        );
+    }
+    let before = std::fs::read(&path).unwrap();
+    // Declared at open: refused before the file is opened for writing.
+    let err = Runtime::builder()
+        .workflow::<JobV2>()
+        .open(&path)
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::SchemaMismatch { run_id, changes, .. } if run_id == "r" && changes.len() == 1),
+        "{err:?}"
+    );
+    assert!(
+        std::fs::read(&path).unwrap() == before,
+        "the refusal changed the file"
+    );
+    // Not declared: refused when driven, and no record or row changes (redb itself rewrites
+    // its header when a writable handle closes, so compare the content).
+    let content_before = dump(&path);
+    {
+        let rt = Runtime::open(&path).unwrap();
+        let err = rt
+            .run("r", JobV2::Start { n: 1 }, &Worker::default())
+            .await
+            .unwrap_err();
+        match err {
+            Error::SchemaMismatch {
+                run_id,
+                workflow,
+                stored,
+                compiled,
+                changes,
+            } => {
+                assert_eq!((run_id.as_str(), workflow.as_str()), ("r", "job"));
+                assert_eq!(stored, Job::SCHEMA_HASH.pinned());
+                assert_eq!(compiled, JobV2::SCHEMA_HASH.pinned());
+                assert_eq!(
+                    changes,
+                    vec![
+                        "changed: Start { n: u64 } -> Work (was: Start { n: u32 } -> Work)"
+                            .to_owned()
+                    ]
+                );
+            }
+            other => panic!("expected SchemaMismatch, got {other:?}"),
+        }
+    }
+    assert_eq!(dump(&path), content_before);
+}
+
+/// Every key and value of every table, as text.
+fn dump(path: &std::path::Path) -> Vec<String> {
+    use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata, TableHandle};
+    let db = redb::Database::open(path).unwrap();
+    let txn = db.begin_read().unwrap();
+    let mut out = Vec::new();
+    for handle in txn.list_tables().unwrap() {
+        let name = handle.name().to_owned();
+        let table = txn.open_untyped_table(handle).unwrap();
+        out.push(format!("{name}: {} entries", table.len().unwrap()));
+    }
+    let runs = txn.open_table(crate::store::redb::RUNS).unwrap();
+    for e in runs.iter().unwrap() {
+        let (k, v) = e.unwrap();
+        out.push(format!(
+            "{} = {}",
+            k.value(),
+            String::from_utf8_lossy(v.value())
+        ));
+    }
+    out
+}
+
+#[tokio::test]
+async fn wrong_workflow_and_bad_input_are_refused() {
+    let (_dir, path) = temp_store();
+    let rt = Runtime::open(&path).unwrap();
+    let worker = Worker::default();
+    rt.run("r", Job::Start { n: 0 }, &worker).await.unwrap();
+    assert!(matches!(
+        rt.history::<Other>("r"),
+        Err(Error::WorkflowMismatch {
+            requested: "other",
+            ..
+        })
+    ));
+    for (id, reason) in [
+        ("", "empty"),
+        ("a\nb", "contains control characters"),
+        (&"x".repeat(257)[..], "longer than 256 bytes"),
+    ] {
+        match rt.run(id, Job::Start { n: 0 }, &worker).await {
+            Err(Error::InvalidRunId { reason: r, .. }) => assert_eq!(r, reason),
+            other => panic!("expected InvalidRunId for {id:?}, got {other:?}"),
+        }
+    }
+    assert!(matches!(
+        rt.run("new", Job::Work { n: 0, acc: 0 }, &worker).await,
+        Err(Error::NotInitial {
+            initial: "Start",
+            given: "Work",
+            ..
+        })
+    ));
+    assert!(rt.run_info("new").unwrap().is_none());
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+enum Other {
+    Only,
+}
+
+impl Workflow for Other {
+    type State = JobState;
+    const NAME: &'static str = "other";
+    const VERSION: u32 = 1;
+    const SCHEMA_HASH: SchemaHash = SchemaHash::of(b"other");
+    const SCHEMA: &'static str = "workflow other v1";
+    fn state(&self) -> JobState {
+        JobState::Done
+    }
+}
+
+#[tokio::test]
+async fn second_open_is_refused_at_once() {
+    let (_dir, path) = temp_store();
+    let _rt = Runtime::open(&path).unwrap();
+    match Runtime::open(&path) {
+        Err(Error::StoreLocked { path: p }) => assert_eq!(p, path),
+        other => panic!("expected StoreLocked, got {other:?}"),
+    }
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn store_file_is_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nested/deeper/store.redb");
+    drop(Runtime::open(&path).unwrap());
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&path), 0o600);
+    assert_eq!(mode(path.parent().unwrap()), 0o700);
+}
+
+#[tokio::test]
+async fn cancel_ends_idle_runs_at_once_and_running_runs_at_a_boundary() {
+    let (_dir, path) = temp_store();
+    let rt = Runtime::builder()
+        .retry(RetryPolicy::never())
+        .open(&path)
+        .unwrap();
+    let failing = Worker {
+        fail_work: 1,
+        ..Worker::default()
+    };
+    rt.run("idle", Job::Start { n: 0 }, &failing)
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        rt.cancel("idle", "no longer needed").await,
+        Err(Error::RunEnded {
+            status: RunStatus::Failed,
+            ..
+        })
+    ));
+    assert!(matches!(
+        rt.cancel("nope", "x").await,
+        Err(Error::RunNotFound { .. })
+    ));
+
+    let slow = Worker {
+        work_delay: Duration::from_millis(300),
+        ..Worker::default()
+    };
+    let driver = {
+        let rt = rt.clone();
+        tokio::spawn(async move { rt.run("busy", Job::Start { n: 5 }, &slow).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let info = rt.cancel("busy", "operator said so").await.unwrap();
+    assert_eq!(
+        info.status,
+        RunStatus::Running,
+        "a driven run ends at its next boundary"
+    );
+    match driver.await.unwrap() {
+        Err(Error::RunCancelled { run_id, reason, .. }) => {
+            assert_eq!(
+                (run_id.as_str(), reason.as_str()),
+                ("busy", "operator said so")
+            );
+        }
+        other => panic!("expected RunCancelled, got {other:?}"),
+    }
+    let info = rt.run_info("busy").unwrap().unwrap();
+    assert_eq!(info.status, RunStatus::Cancelled);
+    // The attempt in flight finished its state; no later state was started.
+    assert_eq!((info.state.as_str(), info.seq), ("Work", 2));
+    assert!(matches!(
+        rt.cancel("busy", "again").await,
+        Err(Error::RunEnded {
+            status: RunStatus::Cancelled,
+            ..
+        })
+    ));
+}
+
+#[tokio::test]
+async fn a_run_is_driven_once_at_a_time() {
+    let (_dir, path) = temp_store();
+    let rt = Runtime::open(&path).unwrap();
+    let slow = Worker {
+        work_delay: Duration::from_millis(200),
+        ..Worker::default()
+    };
+    let first = rt.run("r", Job::Start { n: 0 }, &slow);
+    let second = async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        rt.run("r", Job::Start { n: 0 }, &slow).await
+    };
+    let (a, b) = tokio::join!(first, second);
+    assert_eq!(a.unwrap(), Job::Done { acc: 0 });
+    assert!(matches!(b, Err(Error::RunActive { .. })));
+}
+
+#[tokio::test]
+async fn state_time_out_is_a_failed_attempt() {
+    let (_dir, path) = temp_store();
+    let rt = Runtime::builder()
+        .retry(fast_retry(2))
+        .state_timeout(JobState::Work, Duration::from_millis(50))
+        .open(&path)
+        .unwrap();
+    let slow = Worker {
+        work_delay: Duration::from_secs(10),
+        ..Worker::default()
+    };
+    let err = rt.run("r", Job::Start { n: 0 }, &slow).await.unwrap_err();
+    match err {
+        Error::RunFailed {
+            attempts,
+            last_error,
+            ..
+        } => {
+            assert_eq!(attempts, 2);
+            assert_eq!(
+                last_error,
+                vec![
+                    "run `r`: handler of state `Work` (seq 1, attempt 2) timed out after 50 ms"
+                        .to_owned()
+                ]
+            );
+        }
+        other => panic!("expected RunFailed, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn oversized_state_is_refused_before_writing() {
+    let (_dir, path) = temp_store();
+    let rt = Runtime::builder().max_payload_bytes(8).open(&path).unwrap();
+    let err = rt
+        .run("r", Job::Start { n: 1 }, &Worker::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::PayloadTooLarge {
+                bytes: 17,
+                limit: 8,
+                seq: 0,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(rt.run_info("r").unwrap().is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_concurrent_runs_share_commits() {
+    let (_dir, path) = temp_store();
+    let rt = Runtime::open(&path).unwrap();
+    let worker = std::sync::Arc::new(Worker::default());
+    let mut tasks = Vec::new();
+    for i in 0..64u32 {
+        let rt = rt.clone();
+        let worker = worker.clone();
+        tasks.push(tokio::spawn(async move {
+            rt.run(&format!("run-{i}"), Job::Start { n: i % 4 }, &*worker)
+                .await
+        }));
+    }
+    let mut finals = HashMap::new();
+    for (i, t) in tasks.into_iter().enumerate() {
+        finals.insert(i as u32, t.await.unwrap().unwrap());
+    }
+    for i in 0..64u32 {
+        let n = u64::from(i % 4);
+        let expect = (0..=n).map(|k| k * 10).sum::<u64>();
+        assert_eq!(finals[&i], Job::Done { acc: expect });
+        let seqs: Vec<u64> = rt
+            .store()
+            .history(&format!("run-{i}"))
+            .unwrap()
+            .iter()
+            .map(|r| r.seq)
+            .collect();
+        assert_eq!(seqs, (0..=n + 2).collect::<Vec<_>>());
+    }
+    assert_eq!(
+        rt.list_runs(RunStatus::Completed, Some("job"))
+            .unwrap()
+            .len(),
+        64
+    );
+}
+
+#[tokio::test]
+async fn a_step_whose_type_changed_is_a_typed_error() {
+    let (_dir, path) = temp_store();
+    let rt = Runtime::builder()
+        .retry(RetryPolicy::never())
+        .open(&path)
+        .unwrap();
+    let worker = Worker {
+        fail_work: 1,
+        ..Worker::default()
+    };
+    rt.run("r", Job::Start { n: 0 }, &worker).await.unwrap_err();
+    rt.retry("r").await.unwrap();
+    // Drive the run with a handler whose `effect` step now returns a String.
+    let err = rt
+        .run("r", Job::Start { n: 0 }, &Changed)
+        .await
+        .unwrap_err();
+    let Error::RunFailed { source, .. } = err else {
+        panic!("expected RunFailed, got {err:?}");
+    };
+    let source = source.unwrap();
+    let inner = source.downcast_ref::<Error>().unwrap();
+    assert!(
+        matches!(inner, Error::StepDecode { step, occurrence: 0, seq: 1, state: "Work", .. } if step == "effect"),
+        "{inner:?}"
+    );
+}
+
+struct Changed;
+
+impl Dispatch<Changed> for Job {
+    async fn dispatch(self, _: &Changed, ctx: &Context) -> Result<Self, BoxError> {
+        let s: String = ctx
+            .step("effect", || async { Ok::<_, Error>("new".to_owned()) })
+            .await?;
+        Err(format!("unreachable: {s}").into())
+    }
+}
+
+#[tokio::test]
+async fn idempotency_keys_are_stable_and_distinct() {
+    let (_dir, path) = temp_store();
+    let rt = Runtime::builder().retry(fast_retry(2)).open(&path).unwrap();
+    let keys = Mutex::new(Vec::new());
+    let probe = KeyProbe(&keys);
+    rt.run("r", Job::Start { n: 0 }, &probe).await.unwrap_err();
+    let k = keys.lock().unwrap().clone();
+    assert_eq!(k.len(), 6, "two attempts, three keys each");
+    assert_eq!(k[..3], k[3..], "every attempt gets the same keys");
+    assert!(k[0].starts_with("lk-") && k[0].len() == 35);
+    assert_ne!(k[0], k[1], "the second use of a name gets its own key");
+    assert_ne!(k[0], k[2]);
+    // Another run gets other keys.
+    rt.run("r2", Job::Start { n: 0 }, &probe).await.unwrap_err();
+    assert_ne!(keys.lock().unwrap()[6], k[0]);
+}
+
+struct KeyProbe<'a>(&'a Mutex<Vec<String>>);
+
+impl Dispatch<KeyProbe<'_>> for Job {
+    async fn dispatch(self, p: &KeyProbe<'_>, ctx: &Context) -> Result<Self, BoxError> {
+        let mut keys = p.0.lock().unwrap();
+        keys.push(ctx.idempotency_key("push")?);
+        keys.push(ctx.idempotency_key("push")?);
+        keys.push(ctx.idempotency_key("pr")?);
+        assert!(ctx.idempotency_key("").is_err());
+        Err("stop".into())
+    }
+}
