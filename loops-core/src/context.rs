@@ -4,18 +4,20 @@
 use std::collections::HashMap;
 use std::fmt::Display;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
 use crate::record::{FailureRecord, FailureSource, StepRecord, now_ms};
 use crate::store::RedbStore;
-use crate::store::redb::{AfterFailure, Write};
+use crate::store::redb::{AfterFailure, Reply, WaitOutcome, Write};
 
 /// Longest step or event name, in bytes.
 pub const MAX_NAME_BYTES: usize = 256;
@@ -31,7 +33,13 @@ pub struct Context {
     seq: u64,
     attempt: u32,
     journal: Mutex<Journal>,
+    parked: AtomicBool,
+    park_signal: Notify,
 }
+
+/// Prefix of the step names loops records for sleeps and waits; user step names may not start
+/// with it.
+pub const RESERVED_PREFIX: &str = "loops:";
 
 /// What all contexts of one driven run share.
 pub(crate) struct RunScope {
@@ -40,6 +48,7 @@ pub(crate) struct RunScope {
     pub(crate) store: RedbStore,
     pub(crate) cancel: CancellationToken,
     pub(crate) max_payload_bytes: usize,
+    pub(crate) park_threshold: Duration,
 }
 
 #[derive(Default)]
@@ -102,7 +111,27 @@ impl Context {
                 recorded,
                 ..Journal::default()
             }),
+            parked: AtomicBool::new(false),
+            park_signal: Notify::new(),
         }
+    }
+
+    /// Resolves when the handler parked the run (a wait with nothing to deliver yet); the
+    /// runtime then drops the handler's future.
+    pub(crate) async fn parked(&self) {
+        loop {
+            if self.parked.load(Ordering::Acquire) {
+                return;
+            }
+            self.park_signal.notified().await;
+        }
+    }
+
+    /// Marks the run parked and never resolves: the runtime drops the handler's future.
+    async fn park<T>(&self) -> T {
+        self.parked.store(true, Ordering::Release);
+        self.park_signal.notify_one();
+        std::future::pending::<T>().await
     }
 
     /// The run being driven.
@@ -190,15 +219,8 @@ impl Context {
         F: FnOnce() -> Fut + Send,
         Fut: Future<Output = Result<T, E>> + Send,
     {
-        self.check_name(name)?;
-        let (occurrence, recorded) = {
-            let mut journal = self.journal.lock().unwrap_or_else(PoisonError::into_inner);
-            let next = journal.next_occurrence.entry(name.to_owned()).or_insert(0);
-            let occurrence = *next;
-            *next += 1;
-            let recorded = journal.recorded.remove(&(name.to_owned(), occurrence));
-            (occurrence, recorded)
-        };
+        self.check_user_name(name)?;
+        let (occurrence, recorded) = self.next_occurrence(name);
         if let Some(output) = recorded {
             tracing::debug!(step = name, occurrence, "step replayed from the journal");
             return serde_json::from_str(output.get()).map_err(|source| {
@@ -213,11 +235,7 @@ impl Context {
             });
         }
         if self.is_cancelled() {
-            return Err(E::from(Error::Cancelled {
-                run_id: self.run.run_id.clone(),
-                state: self.state,
-                seq: self.seq,
-            }));
+            return Err(E::from(self.cancelled_error()));
         }
         let started = Instant::now();
         let outcome = match options.timeout {
@@ -320,6 +338,231 @@ impl Context {
         Ok(())
     }
 
+    /// Takes the next occurrence of `name` and its recorded output, if any.
+    fn next_occurrence(&self, name: &str) -> (u32, Option<Box<RawValue>>) {
+        let mut journal = self.journal.lock().unwrap_or_else(PoisonError::into_inner);
+        let next = journal.next_occurrence.entry(name.to_owned()).or_insert(0);
+        let occurrence = *next;
+        *next += 1;
+        let recorded = journal.recorded.remove(&(name.to_owned(), occurrence));
+        (occurrence, recorded)
+    }
+
+    /// Records `value` as the step `(name, occurrence)` unless it was recorded already, and
+    /// returns the recorded value: what the first execution decided stands.
+    async fn journaled_u64(&self, name: &str, value: u64) -> Result<u64> {
+        let (occurrence, recorded) = self.next_occurrence(name);
+        if let Some(output) = recorded {
+            return serde_json::from_str(output.get()).map_err(|source| Error::StepDecode {
+                run_id: self.run.run_id.clone(),
+                state: self.state,
+                seq: self.seq,
+                step: name.to_owned(),
+                occurrence,
+                source,
+            });
+        }
+        self.record_step(name, occurrence, &value, 0).await?;
+        Ok(value)
+    }
+
+    /// Sleeps durably for `duration`: see [`sleep_until`](Self::sleep_until).
+    ///
+    /// # Errors
+    /// As [`sleep_until`](Self::sleep_until).
+    pub async fn sleep(&self, duration: Duration) -> Result<()> {
+        self.sleep_until(SystemTime::now() + duration).await
+    }
+
+    /// Sleeps durably until `wake` (wall-clock time).
+    ///
+    /// The wake-up time is recorded the first time the handler gets here; a re-execution
+    /// (after a restart, or a retry) waits for the recorded time, so a run sleeps only the
+    /// time that remains, and continues at once if it passed while the process was down.
+    /// Sleeps shorter than the runtime's park threshold (1 s by default,
+    /// [`RuntimeBuilder::park_threshold`](crate::RuntimeBuilder::park_threshold)) wait in
+    /// place; longer ones park the run: its status becomes
+    /// [`Waiting`](crate::RunStatus::Waiting), the handler's future is dropped, and the
+    /// handler runs again at the wake-up time (recorded steps replay from the journal).
+    ///
+    /// # Errors
+    /// [`Error::Cancelled`] if the run is cancelled while it sleeps in place;
+    /// [`Error::Storage`] if the wake-up time could not be recorded.
+    pub async fn sleep_until(&self, wake: SystemTime) -> Result<()> {
+        let wanted = wake
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let wake_ms = self.journaled_u64("loops:sleep", wanted).await?;
+        let remaining = Duration::from_millis(wake_ms.saturating_sub(now_ms()));
+        if remaining.is_zero() {
+            return Ok(());
+        }
+        if remaining < self.run.park_threshold {
+            tokio::select! {
+                () = tokio::time::sleep(remaining) => return Ok(()),
+                () = self.run.cancel.cancelled() => return Err(self.cancelled_error()),
+            }
+        }
+        let reply = self
+            .run
+            .store
+            .write(Write::Wait {
+                run_id: self.run.run_id.clone(),
+                seq: self.seq,
+                attempt: self.attempt,
+                step: None,
+                event: None,
+                until_ms: Some(wake_ms),
+                at_ms: now_ms(),
+            })
+            .await?;
+        match reply {
+            Reply::Waited(WaitOutcome::Parked, _) => {
+                tracing::info!(wake_ms, "run parked until its wake-up time");
+                self.park().await
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Waits durably for the event `event`, sent by
+    /// [`Runtime::send`](crate::Runtime::send), and returns its payload: see
+    /// [`wait_for_timeout`](Self::wait_for_timeout), without a time-out.
+    ///
+    /// # Errors
+    /// As [`wait_for_timeout`](Self::wait_for_timeout).
+    pub async fn wait_for<T: DeserializeOwned>(&self, event: &str) -> Result<T> {
+        match self.wait_inner(event, None).await? {
+            Some(value) => Ok(value),
+            None => Err(Error::Decode {
+                run_id: self.run.run_id.clone(),
+                seq: self.seq,
+                state: format!("wait for `{event}` recorded as timed out without a time-out"),
+                source: serde::de::Error::custom("unexpected time-out"),
+            }),
+        }
+    }
+
+    /// Waits durably for the event `event` for at most `timeout`; returns its payload, or
+    /// `None` if the time-out passed first.
+    ///
+    /// Events sent before the handler gets here are kept and delivered; each event is
+    /// delivered exactly once, to one wait, oldest first. The delivery (or the time-out) is
+    /// recorded like a step, in the same transaction that takes the event from the inbox, so a
+    /// re-execution of the handler gets the same answer. The deadline is recorded the first
+    /// time, so a restart does not extend it. With nothing to deliver the run parks: its
+    /// status becomes [`Waiting`](crate::RunStatus::Waiting) with the event and deadline, the
+    /// handler's future is dropped, and the handler runs again when the event arrives or the
+    /// deadline passes (recorded steps replay from the journal). Code of the handler between
+    /// its last step and the wait therefore runs again: keep it free of side effects.
+    ///
+    /// # Errors
+    /// - [`Error::InvalidName`] for an empty, over-long or control-character name;
+    /// - [`Error::EventDecode`] if the payload does not decode as `T`;
+    /// - [`Error::Storage`] if the wait could not be recorded.
+    pub async fn wait_for_timeout<T: DeserializeOwned>(
+        &self,
+        event: &str,
+        timeout: Duration,
+    ) -> Result<Option<T>> {
+        self.wait_inner(event, Some(timeout)).await
+    }
+
+    async fn wait_inner<T: DeserializeOwned>(
+        &self,
+        event: &str,
+        timeout: Option<Duration>,
+    ) -> Result<Option<T>> {
+        self.check_name(event)?;
+        let step_name = format!("{RESERVED_PREFIX}wait:{event}");
+        let (occurrence, recorded) = self.next_occurrence(&step_name);
+        let decode = |output: &str| -> Result<Option<T>> {
+            #[derive(serde::Deserialize)]
+            #[serde(rename_all = "snake_case")]
+            enum Outcome<'a> {
+                Due,
+                Event {
+                    seq: u64,
+                    #[serde(borrow)]
+                    payload: &'a RawValue,
+                },
+            }
+            let outcome: Outcome<'_> =
+                serde_json::from_str(output).map_err(|source| Error::StepDecode {
+                    run_id: self.run.run_id.clone(),
+                    state: self.state,
+                    seq: self.seq,
+                    step: step_name.clone(),
+                    occurrence,
+                    source,
+                })?;
+            match outcome {
+                Outcome::Due => Ok(None),
+                Outcome::Event { seq, payload } => serde_json::from_str(payload.get())
+                    .map(Some)
+                    .map_err(|source| Error::EventDecode {
+                        run_id: self.run.run_id.clone(),
+                        state: self.state,
+                        seq: self.seq,
+                        event: event.to_owned(),
+                        event_seq: seq,
+                        source,
+                    }),
+            }
+        };
+        if let Some(output) = recorded {
+            return decode(output.get());
+        }
+        let until_ms = match timeout {
+            Some(timeout) => {
+                let deadline = now_ms().saturating_add(timeout.as_millis() as u64);
+                Some(
+                    self.journaled_u64(&format!("{RESERVED_PREFIX}deadline:{event}"), deadline)
+                        .await?,
+                )
+            }
+            None => None,
+        };
+        let reply = self
+            .run
+            .store
+            .write(Write::Wait {
+                run_id: self.run.run_id.clone(),
+                seq: self.seq,
+                attempt: self.attempt,
+                step: Some((step_name.clone(), occurrence)),
+                event: Some(event.to_owned()),
+                until_ms,
+                at_ms: now_ms(),
+            })
+            .await?;
+        match reply {
+            Reply::Waited(WaitOutcome::Delivered { event_seq, payload }, _) => {
+                tracing::info!(event, event_seq, "event delivered");
+                decode(&format!(
+                    r#"{{"event":{{"seq":{event_seq},"payload":{payload}}}}}"#
+                ))
+            }
+            Reply::Waited(WaitOutcome::Due, _) => {
+                tracing::info!(event, "wait timed out");
+                Ok(None)
+            }
+            _ => {
+                tracing::info!(event, until_ms, "run parked until an event arrives");
+                self.park().await
+            }
+        }
+    }
+
+    fn cancelled_error(&self) -> Error {
+        Error::Cancelled {
+            run_id: self.run.run_id.clone(),
+            state: self.state,
+            seq: self.seq,
+        }
+    }
+
     /// A key that names one side effect of this state, the same on every execution of the
     /// handler (every retry, every resume after a crash), and different for every other
     /// run, state, name and use.
@@ -334,7 +577,7 @@ impl Context {
     /// [`Error::InvalidName`] for an empty name, one longer than [`MAX_NAME_BYTES`] or with
     /// control characters.
     pub fn idempotency_key(&self, name: &str) -> Result<String> {
-        self.check_name(name)?;
+        self.check_user_name(name)?;
         let n = {
             let mut journal = self.journal.lock().unwrap_or_else(PoisonError::into_inner);
             let next = journal.next_key.entry(name.to_owned()).or_insert(0);
@@ -357,6 +600,17 @@ impl Context {
             "lk-{:032x}",
             xxhash_rust::xxh3::xxh3_128(&material)
         ))
+    }
+
+    fn check_user_name(&self, name: &str) -> Result<()> {
+        if name.starts_with(RESERVED_PREFIX) {
+            return Err(Error::InvalidName {
+                run_id: self.run.run_id.clone(),
+                name: name.to_owned(),
+                reason: "starts with the reserved prefix `loops:`",
+            });
+        }
+        self.check_name(name)
     }
 
     fn check_name(&self, name: &str) -> Result<()> {

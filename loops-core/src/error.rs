@@ -313,6 +313,26 @@ pub enum Error {
         source: serde_json::Error,
     },
 
+    /// An event's payload does not decode as the type the waiting handler asks for.
+    #[error(
+        "run `{run_id}`: event `{event}` (event seq {event_seq}) delivered to state `{state}` (seq {seq}) does not decode as the requested type: {source}"
+    )]
+    EventDecode {
+        /// The run.
+        run_id: String,
+        /// The state whose handler waited.
+        state: &'static str,
+        /// That state's sequence number.
+        seq: u64,
+        /// The event name.
+        event: String,
+        /// The event's sequence number in the run's inbox.
+        event_seq: u64,
+        /// The serde error.
+        #[source]
+        source: serde_json::Error,
+    },
+
     /// A step's output could not be serialized; the step's effect happened but is not recorded.
     #[error(
         "run `{run_id}`: output of step `{step}`#{occurrence} of state `{state}` (seq {seq}) cannot be encoded: {source}"
@@ -379,6 +399,13 @@ pub enum Error {
         state: &'static str,
         /// Its sequence number.
         seq: u64,
+    },
+
+    /// No handler is registered for the workflow ([`Runtime::register`](crate::Runtime::register)).
+    #[error("no handler is registered for workflow `{workflow}`")]
+    NotRegistered {
+        /// The workflow name.
+        workflow: String,
     },
 
     /// The runtime is shutting down; the store's writer has stopped.

@@ -7,10 +7,12 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod context;
+mod driver;
 pub mod error;
 pub mod record;
 pub mod retry;
 pub mod runtime;
+mod scheduler;
 pub mod schema;
 pub mod store;
 pub mod workflow;
@@ -22,9 +24,9 @@ pub use context::{Context, StepOptions};
 pub use error::{Error, Result};
 pub use record::{FailureRecord, FailureSource, StepRecord, Transition, TransitionRecord};
 pub use retry::RetryPolicy;
-pub use runtime::{Runtime, RuntimeBuilder};
+pub use runtime::{Runtime, RuntimeBuilder, Sent};
 pub use schema::SchemaHash;
-pub use store::{RedbStore, RunInfo, RunStatus};
+pub use store::{EventRecord, RedbStore, RunInfo, RunStatus, WaitInfo};
 pub use workflow::{BoxError, Dispatch, StateId, Workflow};
 
 /// Items used by code that `#[derive(Workflow)]` generates. Not a public API: no stability

@@ -6,55 +6,66 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use serde::Serialize;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::context::{Context, RunScope};
+use crate::driver::{Driven, Mode};
 use crate::error::{Error, Result};
-use crate::record::{
-    FailureRecord, FailureSource, Transition, TransitionRecord, error_chain, now_ms,
-};
+use crate::record::{Transition, TransitionRecord, now_ms};
 use crate::retry::RetryPolicy;
-use crate::store::redb::{AfterFailure, SchemaCheck, Write, precheck};
+use crate::scheduler::{Background, Driver, Registered};
+use crate::store::redb::{Reply, SchemaCheck, Write, precheck};
 use crate::store::{RedbStore, RunInfo, RunStatus};
 use crate::workflow::{Dispatch, StateId, Workflow};
 
 /// Longest run id, in bytes.
 pub const MAX_RUN_ID_BYTES: usize = 256;
 
-/// Default limit of one serialized state or step output: 2 MiB (as Temporal's payload cap).
+/// Default limit of one serialized state, step output or event payload: 2 MiB (Temporal's
+/// payload cap).
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 2 * 1024 * 1024;
+
+/// Default park threshold: sleeps shorter than this wait in place.
+pub const DEFAULT_PARK_THRESHOLD: Duration = Duration::from_secs(1);
 
 /// Drives workflow runs and keeps their records in a store.
 ///
-/// Cheap to clone (an `Arc`): one runtime serves any number of concurrent runs. The store
-/// file is closed when the last clone is dropped.
-///
-/// ```no_run
-/// # async fn demo() -> Result<(), loops_core::Error> {
-/// let runtime = loops_core::Runtime::open("target/agent.redb")?;
-/// // runtime.run("issue-42", Deliver::Received { .. }, &agent).await?;
-/// # Ok(()) }
-/// ```
+/// Cheap to clone (an `Arc`): one runtime serves any number of concurrent runs. Drive one run
+/// and await its end with [`run`](Self::run); or [`register`](Self::register) a handler for a
+/// workflow and let the runtime drive its runs in the background ([`start`](Self::start),
+/// [`resume_all`](Self::resume_all)), parking waiting runs so that they hold no task. The
+/// store file is closed when the last clone is dropped.
 #[derive(Clone)]
 pub struct Runtime {
-    inner: Arc<Inner>,
+    pub(crate) inner: Arc<Inner>,
 }
 
-struct Inner {
+pub(crate) struct Inner {
     store: RedbStore,
     config: Config,
-    active: Mutex<HashMap<String, CancellationToken>>,
+    active: Mutex<HashMap<String, Signals>>,
+    pub(crate) background: Background,
 }
 
 #[derive(Clone)]
-struct Config {
+pub(crate) struct Config {
     retry: RetryPolicy,
     state_retry: HashMap<(TypeId, &'static str), RetryPolicy>,
     timeout: Option<Duration>,
     state_timeout: HashMap<(TypeId, &'static str), Duration>,
-    max_payload_bytes: usize,
+    pub(crate) max_payload_bytes: usize,
+    pub(crate) park_threshold: Duration,
     checks: Vec<SchemaCheck>,
+    drivers: Vec<(&'static str, Arc<dyn Driver>)>,
+}
+
+/// What a driven run listens to.
+#[derive(Clone)]
+pub(crate) struct Signals {
+    pub(crate) cancel: CancellationToken,
+    pub(crate) wake: Arc<Notify>,
 }
 
 impl std::fmt::Debug for Runtime {
@@ -65,8 +76,8 @@ impl std::fmt::Debug for Runtime {
     }
 }
 
-/// Configures a [`Runtime`]: retry policies, time-outs and limits. Every setting has a
-/// default; `Runtime::open(path)` is `Runtime::builder().open(path)`.
+/// Configures a [`Runtime`]: retry policies, time-outs, limits and registered workflows.
+/// Every setting has a default; `Runtime::open(path)` is `Runtime::builder().open(path)`.
 #[derive(Clone)]
 pub struct RuntimeBuilder {
     config: Config,
@@ -81,7 +92,9 @@ impl Default for RuntimeBuilder {
                 timeout: None,
                 state_timeout: HashMap::new(),
                 max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+                park_threshold: DEFAULT_PARK_THRESHOLD,
                 checks: Vec::new(),
+                drivers: Vec::new(),
             },
         }
     }
@@ -101,7 +114,8 @@ impl RuntimeBuilder {
         self
     }
 
-    /// The retry policy of one state of one workflow.
+    /// The retry policy of one state of one workflow (`state` is a value of the generated
+    /// `{Enum}State` type).
     pub fn state_retry<S: StateId>(mut self, state: S, policy: RetryPolicy) -> Self {
         self.config
             .state_retry
@@ -111,7 +125,7 @@ impl RuntimeBuilder {
 
     /// A time-out for every state's handler that has none of its own (default: none). A
     /// handler that runs longer is abandoned, and the attempt fails with
-    /// [`Error::StateTimeout`].
+    /// [`Error::StateTimeout`]. Time spent parked (waiting) does not count.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.config.timeout = Some(timeout);
         self
@@ -125,11 +139,18 @@ impl RuntimeBuilder {
         self
     }
 
-    /// The largest serialized state or step output, in bytes (default
+    /// The largest serialized state, step output or event payload, in bytes (default
     /// [`DEFAULT_MAX_PAYLOAD_BYTES`], 2 MiB). Larger ones fail with
     /// [`Error::PayloadTooLarge`] before anything is written.
     pub fn max_payload_bytes(mut self, bytes: usize) -> Self {
         self.config.max_payload_bytes = bytes;
+        self
+    }
+
+    /// Sleeps shorter than this wait in place; longer ones park the run (default
+    /// [`DEFAULT_PARK_THRESHOLD`], 1 s).
+    pub fn park_threshold(mut self, threshold: Duration) -> Self {
+        self.config.park_threshold = threshold;
         self
     }
 
@@ -147,34 +168,62 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Registers `handler` as the driver of workflow `W`'s runs, as
+    /// [`Runtime::register`] does, and declares `W` as [`workflow`](Self::workflow) does.
+    pub fn register<W, H>(self, handler: H) -> Self
+    where
+        W: Dispatch<H>,
+        H: Send + Sync + 'static,
+    {
+        let mut this = self.workflow::<W>();
+        this.config
+            .drivers
+            .push((W::NAME, Arc::new(Registered::<W, H>::new(handler))));
+        this
+    }
+
     /// Opens (or creates) the store file at `path` and returns the runtime.
     ///
     /// # Errors
     /// - [`Error::SchemaMismatch`] if an unfinished run of a workflow declared with
-    ///   [`workflow`](Self::workflow) has another schema (the file is not opened for writing);
+    ///   [`workflow`](Self::workflow) or [`register`](Self::register) has another schema (the
+    ///   file is not opened for writing);
     /// - as [`RedbStore::open`]: [`Error::StoreLocked`] if the file is open elsewhere,
     ///   [`Error::Open`] if it is not a loops store or cannot be read.
     pub fn open(self, path: impl AsRef<Path>) -> Result<Runtime> {
         precheck(path.as_ref(), &self.config.checks)?;
         let store = RedbStore::open(path)?;
+        let background = Background::new(self.config.drivers.iter().cloned());
         Ok(Runtime {
             inner: Arc::new(Inner {
                 store,
                 config: self.config,
                 active: Mutex::new(HashMap::new()),
+                background,
             }),
         })
     }
 }
 
-/// Removes a run from the active set when its driver stops, however it stops.
-struct Claim<'a> {
-    runtime: &'a Runtime,
+/// The right to drive one run: at most one per run id per runtime. Removed from the active
+/// set when dropped, however the driver stops.
+pub(crate) struct Claim {
+    runtime: Runtime,
     run_id: String,
-    token: CancellationToken,
+    signals: Signals,
 }
 
-impl Drop for Claim<'_> {
+impl Claim {
+    pub(crate) fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    pub(crate) fn signals(&self) -> &Signals {
+        &self.signals
+    }
+}
+
+impl Drop for Claim {
     fn drop(&mut self) {
         self.runtime
             .inner
@@ -183,6 +232,16 @@ impl Drop for Claim<'_> {
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&self.run_id);
     }
+}
+
+/// The receipt of [`Runtime::send`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sent {
+    /// The event's sequence number in the run's inbox, from 0.
+    pub event_seq: u64,
+    /// Whether an event with the same idempotency key had been sent already (nothing was
+    /// written; `event_seq` is that event's).
+    pub duplicate: bool,
 }
 
 impl Runtime {
@@ -195,7 +254,8 @@ impl Runtime {
         RuntimeBuilder::default().open(path)
     }
 
-    /// A builder for a runtime with non-default retry policies, time-outs or limits.
+    /// A builder for a runtime with non-default retry policies, time-outs, limits or
+    /// registered workflows.
     pub fn builder() -> RuntimeBuilder {
         RuntimeBuilder::default()
     }
@@ -203,6 +263,10 @@ impl Runtime {
     /// The store this runtime keeps its records in.
     pub fn store(&self) -> &RedbStore {
         &self.inner.store
+    }
+
+    pub(crate) fn config(&self) -> &Config {
+        &self.inner.config
     }
 
     /// Drives the run `run_id` to a terminal state and returns that state.
@@ -215,7 +279,9 @@ impl Runtime {
     ///
     /// Each transition is one durable commit (alone, or batched with other runs' commits).
     /// A failing handler is tried again under its retry policy; when the attempts run out
-    /// the run ends as failed.
+    /// the run ends as failed. A run that waits (for an event or a time) waits inside this
+    /// call; to let waiting runs hold no task, [`register`](Self::register) the workflow
+    /// and use [`start`](Self::start).
     ///
     /// # Errors
     /// - [`Error::InvalidRunId`]; [`Error::RunActive`] if this runtime drives the run already;
@@ -236,10 +302,258 @@ impl Runtime {
         validate_run_id(run_id)?;
         let claim = self.claim(run_id)?;
         let span = tracing::info_span!("run", run_id, workflow = W::NAME);
-        self.drive(&claim, initial, handler).instrument(span).await
+        let result = async {
+            let entered = self.enter(run_id, Some(initial)).await?;
+            self.drive_loop(&claim, entered, handler, Mode::Attached)
+                .await
+        }
+        .instrument(span)
+        .await;
+        drop(claim);
+        self.inner.background.notify_ended();
+        match result? {
+            Driven::Ended(value) => Ok(value),
+            Driven::Parked(info) => Err(Error::RunNotFound {
+                // Attached drivers wait in place and never park.
+                run_id: info.run_id,
+            }),
+        }
     }
 
-    fn claim(&self, run_id: &str) -> Result<Claim<'_>> {
+    /// Registers `handler` as the driver of workflow `W`'s runs: [`start`](Self::start),
+    /// [`resume_all`](Self::resume_all), [`send`](Self::send) and the timer of a parked run
+    /// then drive `W`'s runs in the background with it. Registering `W` again replaces the
+    /// handler for runs started afterwards.
+    pub fn register<W, H>(&self, handler: H)
+    where
+        W: Dispatch<H>,
+        H: Send + Sync + 'static,
+    {
+        self.inner
+            .background
+            .register(W::NAME, Arc::new(Registered::<W, H>::new(handler)));
+    }
+
+    /// Starts the run `run_id` in `initial` (or finds it, if it exists) and drives it in the
+    /// background with the handler registered for `W`; returns once the run is durably
+    /// recorded. Await its end with [`wait`](Self::wait).
+    ///
+    /// # Errors
+    /// [`Error::NotRegistered`] if no handler is registered for `W`; otherwise as
+    /// [`run`](Self::run) for everything that happens before the first handler runs.
+    pub async fn start<W: Workflow>(&self, run_id: &str, initial: W) -> Result<RunInfo> {
+        validate_run_id(run_id)?;
+        let driver = self.inner.background.driver(W::NAME)?;
+        let claim = self.claim(run_id)?;
+        let entered = self
+            .enter(run_id, Some(initial))
+            .instrument(tracing::info_span!("run", run_id, workflow = W::NAME))
+            .await?;
+        let info = entered.info.clone();
+        driver.spawn(self.clone(), claim, Some(entered));
+        Ok(info)
+    }
+
+    /// Waits until the run `run_id` has ended and returns its terminal state.
+    ///
+    /// # Errors
+    /// [`Error::RunNotFound`]; [`Error::WorkflowMismatch`]; [`Error::RunFailed`] or
+    /// [`Error::RunCancelled`] if it ended so; [`Error::Decode`]; [`Error::Storage`].
+    pub async fn wait<W: Workflow>(&self, run_id: &str) -> Result<W> {
+        loop {
+            let ended = self.inner.background.ended();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            let Some((info, record)) = self.store().latest(run_id)? else {
+                return Err(Error::RunNotFound {
+                    run_id: run_id.to_owned(),
+                });
+            };
+            check_workflow::<W>(&info)?;
+            match info.status {
+                RunStatus::Completed => return record.decode(run_id),
+                RunStatus::Failed => {
+                    return Err(Error::RunFailed {
+                        run_id: run_id.to_owned(),
+                        state: info.state,
+                        seq: info.seq,
+                        attempts: info.attempt.saturating_sub(info.attempt_base),
+                        last_error: info.error.unwrap_or_default(),
+                        source: None,
+                    });
+                }
+                RunStatus::Cancelled => {
+                    return Err(Error::RunCancelled {
+                        run_id: run_id.to_owned(),
+                        state: info.state,
+                        seq: info.seq,
+                        reason: info.cancel.unwrap_or_default(),
+                    });
+                }
+                RunStatus::Running | RunStatus::Waiting => ended.await,
+            }
+        }
+    }
+
+    /// Resumes every unfinished run of the registered workflows, reading the status index
+    /// (never a history): running runs get a background driver at once; waiting runs whose
+    /// event arrived or whose time passed too; the others stay parked until then. Call it
+    /// once at startup.
+    ///
+    /// Returns the unfinished runs found, by workflow then run id.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] or [`Error::Decode`] if the index cannot be read.
+    pub async fn resume_all(&self) -> Result<Vec<RunInfo>> {
+        let mut found = Vec::new();
+        for workflow in self.inner.background.workflows() {
+            for status in [RunStatus::Running, RunStatus::Waiting] {
+                found.extend(self.store().list(status, Some(&workflow))?);
+            }
+        }
+        for info in &found {
+            self.schedule(info)?;
+        }
+        tracing::info!(runs = found.len(), "resumed unfinished runs");
+        Ok(found)
+    }
+
+    /// Drives `info`'s run in the background now if it can move, or arms its timer.
+    pub(crate) fn schedule(&self, info: &RunInfo) -> Result<()> {
+        if info.status == RunStatus::Waiting && !self.wait_is_over(info)? {
+            if let Some(until) = info.wait.as_ref().and_then(|w| w.until_ms) {
+                self.inner
+                    .background
+                    .add_timer(self, until, &info.workflow, &info.run_id);
+            }
+            return Ok(());
+        }
+        self.spawn_driver(&info.workflow, &info.run_id);
+        Ok(())
+    }
+
+    /// Starts a background driver for the run unless one drives it already.
+    pub(crate) fn spawn_driver(&self, workflow: &str, run_id: &str) {
+        let Ok(driver) = self.inner.background.driver(workflow) else {
+            return;
+        };
+        if let Ok(claim) = self.claim(run_id) {
+            driver.spawn(self.clone(), claim, None);
+        }
+    }
+
+    /// Sends the event `event` with `payload` to the run `run_id`: appended durably to the
+    /// run's inbox, delivered to the run's next (or current) wait for `event`, once.
+    ///
+    /// # Errors
+    /// [`Error::RunNotFound`] for an unknown run; [`Error::RunEnded`] for a run that has
+    /// ended; [`Error::InvalidName`]; [`Error::Encode`] or [`Error::PayloadTooLarge`] for a
+    /// payload that cannot be stored; [`Error::Storage`].
+    pub async fn send<T: Serialize + ?Sized>(
+        &self,
+        run_id: &str,
+        event: &str,
+        payload: &T,
+    ) -> Result<Sent> {
+        self.send_inner(run_id, event, None, payload).await
+    }
+
+    /// As [`send`](Self::send), once per `key`: a second send with the same key for the same
+    /// run writes nothing and returns the first event's receipt with `duplicate: true`.
+    ///
+    /// # Errors
+    /// As [`send`](Self::send); [`Error::InvalidName`] for an invalid key.
+    pub async fn send_with_key<T: Serialize + ?Sized>(
+        &self,
+        run_id: &str,
+        event: &str,
+        key: &str,
+        payload: &T,
+    ) -> Result<Sent> {
+        self.send_inner(run_id, event, Some(key), payload).await
+    }
+
+    async fn send_inner<T: Serialize + ?Sized>(
+        &self,
+        run_id: &str,
+        event: &str,
+        key: Option<&str>,
+        payload: &T,
+    ) -> Result<Sent> {
+        validate_run_id(run_id)?;
+        for name in std::iter::once(event).chain(key) {
+            crate::context::validate_name(name).map_err(|reason| Error::InvalidName {
+                run_id: run_id.to_owned(),
+                name: name.to_owned(),
+                reason,
+            })?;
+        }
+        let json = serde_json::to_string(payload).map_err(|source| Error::Encode {
+            run_id: run_id.to_owned(),
+            state: format!("event `{event}`"),
+            seq: 0,
+            source,
+        })?;
+        let limit = self.inner.config.max_payload_bytes;
+        if json.len() > limit {
+            return Err(Error::PayloadTooLarge {
+                run_id: run_id.to_owned(),
+                what: format!("payload of event `{event}`"),
+                seq: 0,
+                bytes: json.len(),
+                limit,
+            });
+        }
+        let reply = self
+            .store()
+            .write(Write::Send {
+                run_id: run_id.to_owned(),
+                name: event.to_owned(),
+                payload: json,
+                key: key.map(str::to_owned),
+                at_ms: now_ms(),
+            })
+            .await?;
+        let Reply::Sent {
+            event_seq,
+            duplicate,
+            info,
+        } = reply
+        else {
+            return Err(Error::RunNotFound {
+                run_id: run_id.to_owned(),
+            });
+        };
+        tracing::info!(run_id, event, event_seq, duplicate, "event sent");
+        if !duplicate {
+            self.wake(&info);
+        }
+        Ok(Sent {
+            event_seq,
+            duplicate,
+        })
+    }
+
+    /// Tells whoever drives the run that its wait may be over: the driver in this process,
+    /// or a new background driver for a parked run of a registered workflow.
+    fn wake(&self, info: &RunInfo) {
+        let active = self
+            .inner
+            .active
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&info.run_id)
+            .cloned();
+        match active {
+            Some(signals) => signals.wake.notify_one(),
+            None if info.status == RunStatus::Waiting => {
+                self.spawn_driver(&info.workflow, &info.run_id);
+            }
+            None => {}
+        }
+    }
+
+    pub(crate) fn claim(&self, run_id: &str) -> Result<Claim> {
         let mut active = self
             .inner
             .active
@@ -250,16 +564,19 @@ impl Runtime {
                 run_id: run_id.to_owned(),
             });
         }
-        let token = CancellationToken::new();
-        active.insert(run_id.to_owned(), token.clone());
+        let signals = Signals {
+            cancel: CancellationToken::new(),
+            wake: Arc::new(Notify::new()),
+        };
+        active.insert(run_id.to_owned(), signals.clone());
         Ok(Claim {
-            runtime: self,
+            runtime: self.clone(),
             run_id: run_id.to_owned(),
-            token,
+            signals,
         })
     }
 
-    fn retry_policy<W: Workflow>(&self, state: W::State) -> RetryPolicy {
+    pub(crate) fn retry_policy<W: Workflow>(&self, state: W::State) -> RetryPolicy {
         let config = &self.inner.config;
         config
             .state_retry
@@ -268,7 +585,7 @@ impl Runtime {
             .unwrap_or(config.retry)
     }
 
-    fn state_timeout<W: Workflow>(&self, state: W::State) -> Option<Duration> {
+    pub(crate) fn state_timeout<W: Workflow>(&self, state: W::State) -> Option<Duration> {
         let config = &self.inner.config;
         config
             .state_timeout
@@ -277,96 +594,16 @@ impl Runtime {
             .or(config.timeout)
     }
 
-    /// Finds the run or creates it; refuses a run of another workflow or schema.
-    async fn enter<W: Workflow>(
-        &self,
-        run_id: &str,
-        initial: W,
-    ) -> Result<(RunInfo, TransitionRecord, bool)> {
-        let store = &self.inner.store;
-        let compiled = W::SCHEMA_HASH.pinned();
-        if let Some((info, record)) = store.latest(run_id)? {
-            if info.workflow != W::NAME {
-                return Err(Error::WorkflowMismatch {
-                    run_id: run_id.to_owned(),
-                    stored: info.workflow,
-                    requested: W::NAME,
-                });
-            }
-            if info.schema != compiled || record.schema != compiled {
-                let stored = if info.schema != compiled {
-                    info.schema
-                } else {
-                    record.schema
-                };
-                return Err(Error::SchemaMismatch {
-                    run_id: run_id.to_owned(),
-                    workflow: W::NAME.to_owned(),
-                    stored,
-                    compiled,
-                    changes: self.schema_changes::<W>(stored),
-                });
-            }
-            tracing::info!(
-                state = %record.state,
-                seq = info.seq,
-                status = %info.status,
-                "resuming run"
-            );
-            return Ok((info, record, false));
-        }
-        let given = initial.state();
-        if given != <W::State as StateId>::INITIAL {
-            return Err(Error::NotInitial {
-                run_id: run_id.to_owned(),
-                workflow: W::NAME,
-                initial: <W::State as StateId>::INITIAL.name(),
-                given: given.name(),
-            });
-        }
-        let now = now_ms();
-        let record = TransitionRecord::encode(run_id, 0, &initial, now)?;
-        self.check_size(run_id, &record)?;
-        let info = RunInfo {
-            run_id: run_id.to_owned(),
-            workflow: W::NAME.to_owned(),
-            schema: compiled,
-            status: if given.is_terminal() {
-                RunStatus::Completed
-            } else {
-                RunStatus::Running
-            },
-            state: given.name().to_owned(),
-            seq: 0,
-            attempt: 1,
-            attempt_base: 0,
-            created_ms: now,
-            updated_ms: now,
-            retry_at_ms: None,
-            error: None,
-            cancel: None,
-        };
-        store
-            .write(Write::Create {
-                info: info.clone(),
-                record: record.to_bytes(),
-                schema_text: W::SCHEMA,
-            })
-            .await?;
-        tracing::info!(state = given.name(), seq = 0, "run started");
-        Ok((info, record, true))
-    }
-
     /// What changed between the stored schema description and the compiled one, one line
     /// each; empty when the stored description is unavailable.
-    fn schema_changes<W: Workflow>(&self, stored: crate::SchemaHash) -> Vec<String> {
+    pub(crate) fn schema_changes<W: Workflow>(&self, stored: crate::SchemaHash) -> Vec<String> {
         match self.inner.store.schema(stored) {
             Ok(Some(old)) => crate::schema::diff_descriptions(&old, W::SCHEMA),
             _ => Vec::new(),
         }
     }
 
-    fn check_size(&self, run_id: &str, record: &TransitionRecord) -> Result<()> {
+    pub(crate) fn check_size(&self, run_id: &str, record: &TransitionRecord) -> Result<()> {
         let bytes = record.payload.get().len();
         let limit = self.inner.config.max_payload_bytes;
         if bytes > limit {
@@ -381,269 +618,69 @@ impl Runtime {
         Ok(())
     }
 
-    async fn drive<W, H>(&self, claim: &Claim<'_>, initial: W, handler: &H) -> Result<W>
-    where
-        W: Dispatch<H>,
-        H: ?Sized + Sync,
-    {
-        let run_id = claim.run_id.as_str();
-        let store = &self.inner.store;
-        let (mut info, mut record, mut fresh) = self.enter(run_id, initial).await?;
-        let scope = Arc::new(RunScope {
-            run_id: run_id.to_owned(),
-            workflow: W::NAME,
-            store: store.clone(),
-            cancel: claim.token.clone(),
-            max_payload_bytes: self.inner.config.max_payload_bytes,
-        });
-        let mut last_error: Option<crate::BoxError> = None;
-        loop {
-            match info.status {
-                RunStatus::Completed => return record.decode(run_id),
-                RunStatus::Failed => {
-                    return Err(Error::RunFailed {
-                        run_id: run_id.to_owned(),
-                        state: info.state,
-                        seq: info.seq,
-                        attempts: info.attempt.saturating_sub(info.attempt_base),
-                        last_error: info.error.unwrap_or_default(),
-                        source: last_error,
-                    });
-                }
-                RunStatus::Cancelled => {
-                    return Err(Error::RunCancelled {
-                        run_id: run_id.to_owned(),
-                        state: info.state,
-                        seq: info.seq,
-                        reason: info.cancel.unwrap_or_default(),
-                    });
-                }
-                RunStatus::Running => {}
-            }
-            if info.cancel.is_some() || claim.token.is_cancelled() {
-                info = self.end_cancelled(run_id).await?;
-                continue;
-            }
-            let value: W = record.decode(run_id)?;
-            let state = value.state();
-            let policy = self.retry_policy::<W>(state);
-            if !fresh {
-                // Every execution but the first after an in-process commit starts a new,
-                // durably counted attempt: a state that crashes the process on every attempt
-                // stops after `max_attempts` too.
-                if let Some(at) = info.retry_at_ms {
-                    let wait = Duration::from_millis(at.saturating_sub(now_ms()));
-                    if !wait.is_zero() {
-                        tracing::info!(
-                            state = state.name(),
-                            wait_ms = wait.as_millis() as u64,
-                            "waiting before the next attempt"
-                        );
-                        tokio::select! {
-                            () = tokio::time::sleep(wait) => {}
-                            () = claim.token.cancelled() => continue,
-                        }
-                    }
-                }
-                info = expect_info(
-                    store
-                        .write(Write::BeginAttempt {
-                            run_id: run_id.to_owned(),
-                            seq: info.seq,
-                            max_attempts: policy.max_attempts,
-                            at_ms: now_ms(),
-                        })
-                        .await?,
-                    run_id,
-                )?;
-                if info.status != RunStatus::Running {
-                    continue;
-                }
-            }
-            fresh = false;
-            let seq = info.seq;
-            let attempt = info.attempt;
-            let ctx = Context::new(
-                Arc::clone(&scope),
-                state.name(),
-                seq,
-                attempt,
-                store.steps(run_id, seq)?,
-            );
-            let span = tracing::info_span!("state", state = state.name(), seq, attempt);
-            let outcome = async {
-                tracing::debug!("handler started");
-                let fut = value.dispatch(handler, &ctx);
-                match self.state_timeout::<W>(state) {
-                    None => fut.await.map_err(Failure::Handler),
-                    Some(limit) => match tokio::time::timeout(limit, fut).await {
-                        Ok(result) => result.map_err(Failure::Handler),
-                        Err(_) => Err(Failure::Timeout(limit)),
-                    },
-                }
-            }
-            .instrument(span)
-            .await;
-            drop(ctx);
-            match outcome {
-                Ok(next) => {
-                    let to = next.state();
-                    if !state.can_move_to(to) {
-                        return Err(Error::IllegalTransition {
-                            run_id: run_id.to_owned(),
-                            from: state.name(),
-                            to: to.name(),
-                            seq,
-                        });
-                    }
-                    let now = now_ms();
-                    let next_record = TransitionRecord::encode(run_id, seq + 1, &next, now)?;
-                    self.check_size(run_id, &next_record)?;
-                    info = expect_info(
-                        store
-                            .write(Write::Transition {
-                                run_id: run_id.to_owned(),
-                                seq: seq + 1,
-                                state: to.name().to_owned(),
-                                record: next_record.to_bytes(),
-                                terminal: to.is_terminal(),
-                                at_ms: now,
-                            })
-                            .await?,
-                        run_id,
-                    )?;
-                    tracing::info!(
-                        from = state.name(),
-                        to = to.name(),
-                        seq = seq + 1,
-                        "transition committed"
-                    );
-                    record = next_record;
-                    fresh = true;
-                    last_error = None;
-                }
-                Err(failure) => {
-                    if claim.token.is_cancelled() {
-                        continue;
-                    }
-                    let err: crate::BoxError = match failure {
-                        Failure::Handler(e) => e,
-                        Failure::Timeout(limit) => Box::new(Error::StateTimeout {
-                            run_id: run_id.to_owned(),
-                            state: state.name(),
-                            seq,
-                            attempt,
-                            after_ms: limit.as_millis() as u64,
-                        }),
-                    };
-                    let errors = error_chain(&*err);
-                    let used = attempt.saturating_sub(info.attempt_base);
-                    let now = now_ms();
-                    let then = if used >= policy.max_attempts {
-                        AfterFailure::GiveUp
-                    } else {
-                        let unit = jitter_unit(run_id, seq, attempt, now);
-                        let delay = policy.delay_after(used, unit);
-                        AfterFailure::RetryAt(now + delay.as_millis() as u64)
-                    };
-                    tracing::warn!(
-                        state = state.name(),
-                        seq,
-                        attempt,
-                        error = %errors.join(": "),
-                        gave_up = then == AfterFailure::GiveUp,
-                        "handler failed"
-                    );
-                    info = expect_info(
-                        store
-                            .write(Write::Failure {
-                                run_id: run_id.to_owned(),
-                                seq,
-                                record: FailureRecord {
-                                    attempt,
-                                    at_ms: now,
-                                    source: FailureSource::Handler,
-                                    errors,
-                                },
-                                then,
-                            })
-                            .await?,
-                        run_id,
-                    )?;
-                    last_error = Some(err);
-                }
-            }
-        }
-    }
-
-    async fn end_cancelled(&self, run_id: &str) -> Result<RunInfo> {
-        let info = expect_info(
-            self.inner
-                .store
-                .write(Write::EndCancelled {
-                    run_id: run_id.to_owned(),
-                    at_ms: now_ms(),
-                })
-                .await?,
-            run_id,
-        )?;
-        tracing::info!(state = %info.state, seq = info.seq, "run cancelled");
-        Ok(info)
-    }
-
     /// Cancels the run `run_id`, durably. A run this runtime is driving sees the cancellation
-    /// through its [`Context`] and ends as cancelled at its next step or state boundary; a run
-    /// nobody drives ends as cancelled at once.
+    /// through its [`Context`](crate::Context) and ends as cancelled at its next step or state
+    /// boundary; a run nobody drives (parked, or not resumed since a crash) ends as cancelled
+    /// at once.
     ///
     /// # Errors
     /// [`Error::RunNotFound`]; [`Error::RunEnded`] if the run has ended already;
     /// [`Error::Storage`] if the request could not be committed.
     pub async fn cancel(&self, run_id: &str, reason: &str) -> Result<RunInfo> {
         validate_run_id(run_id)?;
-        let token = self
+        let signals = self
             .inner
             .active
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .get(run_id)
             .cloned();
-        let info = expect_info(
-            self.inner
-                .store
-                .write(Write::Cancel {
-                    run_id: run_id.to_owned(),
-                    reason: reason.to_owned(),
-                    end_now: token.is_none(),
-                    at_ms: now_ms(),
-                })
-                .await?,
-            run_id,
-        )?;
-        if let Some(token) = token {
-            token.cancel();
+        let info = self
+            .store()
+            .write(Write::Cancel {
+                run_id: run_id.to_owned(),
+                reason: reason.to_owned(),
+                end_now: signals.is_none(),
+                at_ms: now_ms(),
+            })
+            .await?
+            .into_run(run_id)?;
+        if let Some(signals) = signals {
+            signals.cancel.cancel();
+        } else {
+            self.inner.background.notify_ended();
         }
         tracing::info!(run_id, reason, "cancellation requested");
         Ok(info)
     }
 
     /// Makes a failed run running again with a fresh budget of attempts; drive it again with
-    /// [`run`](Self::run).
+    /// [`run`](Self::run) (a registered workflow's run is driven in the background at once).
     ///
     /// # Errors
     /// [`Error::RunNotFound`]; [`Error::NotFailed`] if the run is not failed;
     /// [`Error::Storage`] if the change could not be committed.
     pub async fn retry(&self, run_id: &str) -> Result<RunInfo> {
         validate_run_id(run_id)?;
-        expect_info(
-            self.inner
-                .store
-                .write(Write::Retry {
-                    run_id: run_id.to_owned(),
-                    at_ms: now_ms(),
-                })
-                .await?,
-            run_id,
-        )
+        let info = self
+            .store()
+            .write(Write::Retry {
+                run_id: run_id.to_owned(),
+                at_ms: now_ms(),
+            })
+            .await?
+            .into_run(run_id)?;
+        if self.inner.background.driver(&info.workflow).is_ok() {
+            self.spawn_driver(&info.workflow, run_id);
+        }
+        Ok(info)
+    }
+
+    /// Stops every background driver (their handlers' futures are dropped at their next
+    /// await, as a crash would stop them; what they recorded stands) and the timer task.
+    /// Runs stay as they are, to be resumed by the next [`resume_all`](Self::resume_all).
+    pub async fn shutdown(&self) {
+        self.inner.background.shutdown().await;
     }
 
     /// The run's current standing, or `None` if no run has this id.
@@ -703,11 +740,6 @@ impl Runtime {
     }
 }
 
-enum Failure {
-    Handler(crate::BoxError),
-    Timeout(Duration),
-}
-
 fn check_workflow<W: Workflow>(info: &RunInfo) -> Result<()> {
     if info.workflow != W::NAME {
         return Err(Error::WorkflowMismatch {
@@ -717,22 +749,6 @@ fn check_workflow<W: Workflow>(info: &RunInfo) -> Result<()> {
         });
     }
     Ok(())
-}
-
-fn expect_info(info: Option<RunInfo>, run_id: &str) -> Result<RunInfo> {
-    info.ok_or_else(|| Error::RunNotFound {
-        run_id: run_id.to_owned(),
-    })
-}
-
-/// A number in `0.0..1.0` for retry jitter, from the run, state, attempt and clock.
-fn jitter_unit(run_id: &str, seq: u64, attempt: u32, now: u64) -> f64 {
-    let mut material = Vec::with_capacity(run_id.len() + 20);
-    material.extend_from_slice(run_id.as_bytes());
-    material.extend_from_slice(&seq.to_le_bytes());
-    material.extend_from_slice(&attempt.to_le_bytes());
-    material.extend_from_slice(&now.to_le_bytes());
-    (xxhash_rust::xxh3::xxh3_64(&material) >> 11) as f64 / (1u64 << 53) as f64
 }
 
 /// Checks a run id: not empty, at most [`MAX_RUN_ID_BYTES`] bytes, no control characters.

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::record::now_ms;
 use crate::*;
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -785,4 +786,392 @@ impl Dispatch<KeyProbe<'_>> for Job {
         assert!(ctx.idempotency_key("").is_err());
         Err("stop".into())
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Waits, events and background driving.
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+enum Gate {
+    Ask { doc: String },
+    Sleep { by: String },
+    Done { by: String, note: Option<String> },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+enum GateState {
+    Ask,
+    Sleep,
+    Done,
+}
+
+impl fmt::Display for GateState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl StateId for GateState {
+    const ALL: &'static [Self] = &[GateState::Ask, GateState::Sleep, GateState::Done];
+    const INITIAL: Self = GateState::Ask;
+    fn name(self) -> &'static str {
+        match self {
+            GateState::Ask => "Ask",
+            GateState::Sleep => "Sleep",
+            GateState::Done => "Done",
+        }
+    }
+    fn next(self) -> &'static [Self] {
+        match self {
+            GateState::Ask => &[GateState::Sleep],
+            GateState::Sleep => &[GateState::Done],
+            GateState::Done => &[],
+        }
+    }
+    fn is_terminal(self) -> bool {
+        self == GateState::Done
+    }
+}
+
+impl Workflow for Gate {
+    type State = GateState;
+    const NAME: &'static str = "gate";
+    const VERSION: u32 = 1;
+    const SCHEMA_HASH: SchemaHash = SchemaHash::of(b"gate v1");
+    const SCHEMA: &'static str = "workflow gate v1";
+    fn state(&self) -> GateState {
+        match self {
+            Gate::Ask { .. } => GateState::Ask,
+            Gate::Sleep { .. } => GateState::Sleep,
+            Gate::Done { .. } => GateState::Done,
+        }
+    }
+}
+
+struct Gatekeeper {
+    sleep: Duration,
+    note_timeout: Duration,
+    /// (state, seq) of every handler entry.
+    entries: Mutex<Vec<(&'static str, u64)>>,
+}
+
+impl Gatekeeper {
+    fn new(sleep: Duration, note_timeout: Duration) -> Self {
+        Gatekeeper {
+            sleep,
+            note_timeout,
+            entries: Mutex::new(Vec::new()),
+        }
+    }
+    fn entries(&self) -> Vec<(&'static str, u64)> {
+        self.entries.lock().unwrap().clone()
+    }
+}
+
+impl Dispatch<Gatekeeper> for Gate {
+    async fn dispatch(self, h: &Gatekeeper, ctx: &Context) -> Result<Self, BoxError> {
+        h.entries.lock().unwrap().push((ctx.state(), ctx.seq()));
+        match self {
+            Gate::Ask { .. } => {
+                let by: String = ctx.wait_for("approval").await?;
+                Ok(Gate::Sleep { by })
+            }
+            Gate::Sleep { by } => {
+                ctx.sleep(h.sleep).await?;
+                let note: Option<String> = ctx.wait_for_timeout("note", h.note_timeout).await?;
+                Ok(Gate::Done { by, note })
+            }
+            Gate::Done { .. } => Err(__private::terminal_dispatched("gate", "Done")),
+        }
+    }
+}
+
+async fn until_status(rt: &Runtime, run_id: &str, status: RunStatus) -> RunInfo {
+    for _ in 0..500 {
+        if let Some(info) = rt.run_info(run_id).unwrap()
+            && info.status == status
+        {
+            return info;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("run {run_id} never reached {status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attached_run_waits_for_its_event() {
+    let (_dir, path) = temp_store();
+    let rt = Runtime::open(&path).unwrap();
+    let keeper = std::sync::Arc::new(Gatekeeper::new(Duration::ZERO, Duration::from_millis(50)));
+    let driver = {
+        let (rt, keeper) = (rt.clone(), keeper.clone());
+        tokio::spawn(async move { rt.run("g", Gate::Ask { doc: "d".into() }, &*keeper).await })
+    };
+    let info = until_status(&rt, "g", RunStatus::Waiting).await;
+    assert_eq!(
+        info.wait,
+        Some(WaitInfo {
+            event: Some("approval".into()),
+            until_ms: None
+        })
+    );
+    let sent = rt.send("g", "approval", "alice").await.unwrap();
+    assert_eq!(
+        sent,
+        Sent {
+            event_seq: 0,
+            duplicate: false
+        }
+    );
+    let done = driver.await.unwrap().unwrap();
+    assert_eq!(
+        done,
+        Gate::Done {
+            by: "alice".into(),
+            note: None
+        }
+    );
+    // Ask was entered twice: once to park, once to take the event. Sleep's zero sleep returns
+    // at once; its note wait parks and its time-out wakes it: two entries.
+    assert_eq!(
+        keeper.entries(),
+        vec![("Ask", 0), ("Ask", 0), ("Sleep", 1), ("Sleep", 1)]
+    );
+    let events = rt.store().events("g").unwrap();
+    assert_eq!(events.len(), 1);
+    assert!(events[0].2, "delivered");
+    assert_eq!(events[0].1.payload.get(), "\"alice\"");
+    assert!(matches!(
+        rt.send("g", "approval", "bob").await,
+        Err(Error::RunEnded {
+            status: RunStatus::Completed,
+            ..
+        })
+    ));
+    assert!(matches!(
+        rt.send("nope", "approval", "bob").await,
+        Err(Error::RunNotFound { .. })
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_sent_early_wait_in_order_and_duplicates_are_dropped() {
+    let (_dir, path) = temp_store();
+    let keeper = Gatekeeper::new(Duration::ZERO, Duration::from_secs(30));
+    let rt = Runtime::builder()
+        .register::<Gate, _>(keeper)
+        .open(&path)
+        .unwrap();
+    rt.start("g", Gate::Ask { doc: "d".into() }).await.unwrap();
+    let a = rt
+        .send_with_key("g", "note", "k1", "first note")
+        .await
+        .unwrap();
+    let b = rt
+        .send_with_key("g", "note", "k1", "first note again")
+        .await
+        .unwrap();
+    assert_eq!(
+        a,
+        Sent {
+            event_seq: 0,
+            duplicate: false
+        }
+    );
+    assert_eq!(
+        b,
+        Sent {
+            event_seq: 0,
+            duplicate: true
+        }
+    );
+    rt.send("g", "note", "second note").await.unwrap();
+    rt.send("g", "approval", "carol").await.unwrap();
+    let done: Gate = rt.wait("g").await.unwrap();
+    assert_eq!(
+        done,
+        Gate::Done {
+            by: "carol".into(),
+            note: Some("first note".into())
+        }
+    );
+    let events = rt.store().events("g").unwrap();
+    let summary: Vec<(u64, &str, bool)> = events
+        .iter()
+        .map(|(seq, e, delivered)| (*seq, e.name.as_str(), *delivered))
+        .collect();
+    assert_eq!(
+        summary,
+        vec![(0, "note", true), (1, "note", false), (2, "approval", true)]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_runs_hold_no_task_and_wake_on_events() {
+    let (_dir, path) = temp_store();
+    let keeper = Gatekeeper::new(Duration::ZERO, Duration::from_millis(1));
+    let rt = Runtime::builder()
+        .register::<Gate, _>(keeper)
+        .open(&path)
+        .unwrap();
+    for i in 0..200 {
+        rt.start(&format!("g{i}"), Gate::Ask { doc: "d".into() })
+            .await
+            .unwrap();
+    }
+    for i in 0..200 {
+        until_status(&rt, &format!("g{i}"), RunStatus::Waiting).await;
+    }
+    // Give the parked drivers a moment to return, then count live tasks.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let live = {
+        let mut tasks = rt.inner.background.tasks();
+        while tasks.try_join_next().is_some() {}
+        tasks.len()
+    };
+    assert_eq!(live, 0, "a waiting run holds no task");
+    assert_eq!(
+        rt.list_runs(RunStatus::Waiting, Some("gate"))
+            .unwrap()
+            .len(),
+        200
+    );
+    for i in 0..200 {
+        rt.send(&format!("g{i}"), "approval", &format!("user{i}"))
+            .await
+            .unwrap();
+    }
+    for i in 0..200 {
+        let done: Gate = rt.wait(&format!("g{i}")).await.unwrap();
+        assert_eq!(
+            done,
+            Gate::Done {
+                by: format!("user{i}"),
+                note: None
+            }
+        );
+    }
+    assert_eq!(
+        rt.list_runs(RunStatus::Completed, Some("gate"))
+            .unwrap()
+            .len(),
+        200
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sleep_survives_a_restart_and_sleeps_only_the_remainder() {
+    let (_dir, path) = temp_store();
+    let sleep = Duration::from_millis(1500);
+    let started = std::time::Instant::now();
+    {
+        let rt = Runtime::builder()
+            .park_threshold(Duration::from_millis(100))
+            .register::<Gate, _>(Gatekeeper::new(sleep, Duration::from_millis(1)))
+            .open(&path)
+            .unwrap();
+        rt.start("g", Gate::Ask { doc: "d".into() }).await.unwrap();
+        rt.send("g", "approval", "dan").await.unwrap();
+        let info = until_status(&rt, "g", RunStatus::Waiting).await;
+        if info.state == "Ask" {
+            // Still parked on the approval for a moment: wait for the sleep.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let info = rt.run_info("g").unwrap().unwrap();
+        assert_eq!(info.state, "Sleep");
+        let wait = info.wait.unwrap();
+        assert_eq!(wait.event, None);
+        let until = wait.until_ms.unwrap();
+        assert!(
+            until > now_ms() + 1000,
+            "the wake-up is recorded about 1.5 s ahead"
+        );
+        rt.shutdown().await;
+    }
+    // A new process: the run waits only for what remains of its sleep.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let keeper = Gatekeeper::new(sleep, Duration::from_millis(1));
+    let rt = Runtime::builder()
+        .park_threshold(Duration::from_millis(100))
+        .register::<Gate, _>(keeper)
+        .open(&path)
+        .unwrap();
+    let found = rt.resume_all().await.unwrap();
+    assert_eq!(found.len(), 1);
+    let done: Gate = rt.wait("g").await.unwrap();
+    assert_eq!(
+        done,
+        Gate::Done {
+            by: "dan".into(),
+            note: None
+        }
+    );
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed < Duration::from_millis(1500 + 500 + 1500),
+        "slept {elapsed:?}: the sleep started over"
+    );
+    assert!(elapsed >= sleep, "woke early: {elapsed:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_sent_while_no_runtime_drives_the_run_is_delivered_once() {
+    let (_dir, path) = temp_store();
+    {
+        let rt = Runtime::builder()
+            .register::<Gate, _>(Gatekeeper::new(Duration::ZERO, Duration::from_millis(1)))
+            .open(&path)
+            .unwrap();
+        rt.start("g", Gate::Ask { doc: "d".into() }).await.unwrap();
+        until_status(&rt, "g", RunStatus::Waiting).await;
+        rt.shutdown().await;
+    }
+    {
+        // An operator's process with no handler registered: the event is only recorded.
+        let rt = Runtime::open(&path).unwrap();
+        rt.send("g", "approval", "erin").await.unwrap();
+        assert_eq!(
+            rt.run_info("g").unwrap().unwrap().status,
+            RunStatus::Waiting
+        );
+    }
+    let keeper = std::sync::Arc::new(Gatekeeper::new(Duration::ZERO, Duration::from_millis(1)));
+    let rt = Runtime::open(&path).unwrap();
+    let done = rt
+        .run(
+            "g",
+            Gate::Ask {
+                doc: "ignored".into(),
+            },
+            &*keeper,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        done,
+        Gate::Done {
+            by: "erin".into(),
+            note: None
+        }
+    );
+    assert_eq!(keeper.entries()[0], ("Ask", 0));
+    assert_eq!(rt.store().events("g").unwrap().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_parked_run_ends_it() {
+    let (_dir, path) = temp_store();
+    let rt = Runtime::builder()
+        .register::<Gate, _>(Gatekeeper::new(Duration::ZERO, Duration::from_millis(1)))
+        .open(&path)
+        .unwrap();
+    rt.start("g", Gate::Ask { doc: "d".into() }).await.unwrap();
+    until_status(&rt, "g", RunStatus::Waiting).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let info = rt.cancel("g", "not needed").await.unwrap();
+    assert_eq!(info.status, RunStatus::Cancelled);
+    assert!(matches!(
+        rt.wait::<Gate>("g").await,
+        Err(Error::RunCancelled { reason, .. }) if reason == "not needed"
+    ));
 }

@@ -11,7 +11,7 @@ use crate::schema::SchemaHash;
 
 pub mod redb;
 
-pub use self::redb::RedbStore;
+pub use self::redb::{EventRecord, RedbStore};
 
 /// Where a run stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -19,6 +19,9 @@ pub use self::redb::RedbStore;
 pub enum RunStatus {
     /// The run has not ended: it is being driven, or will be when it is next resumed.
     Running,
+    /// The run is parked until an event arrives or a time passes ([`RunInfo::wait`] says
+    /// which); it holds no task while it waits.
+    Waiting,
     /// The run reached a terminal state.
     Completed,
     /// The run's retry policy ran out of attempts; [`Runtime::retry`](crate::Runtime::retry)
@@ -30,8 +33,9 @@ pub enum RunStatus {
 
 impl RunStatus {
     /// Every status, in index order.
-    pub const ALL: [RunStatus; 4] = [
+    pub const ALL: [RunStatus; 5] = [
         RunStatus::Running,
+        RunStatus::Waiting,
         RunStatus::Completed,
         RunStatus::Failed,
         RunStatus::Cancelled,
@@ -39,13 +43,14 @@ impl RunStatus {
 
     /// Whether the run has ended (completed, failed or cancelled).
     pub fn is_ended(self) -> bool {
-        !matches!(self, RunStatus::Running)
+        !matches!(self, RunStatus::Running | RunStatus::Waiting)
     }
 
     /// The lowercase name (`"running"`).
     pub fn as_str(self) -> &'static str {
         match self {
             RunStatus::Running => "running",
+            RunStatus::Waiting => "waiting",
             RunStatus::Completed => "completed",
             RunStatus::Failed => "failed",
             RunStatus::Cancelled => "cancelled",
@@ -58,6 +63,7 @@ impl RunStatus {
             RunStatus::Completed => 1,
             RunStatus::Failed => 2,
             RunStatus::Cancelled => 3,
+            RunStatus::Waiting => 4,
         }
     }
 }
@@ -105,6 +111,22 @@ pub struct RunInfo {
     /// The reason given when the run was cancelled (or asked to be).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cancel: Option<String>,
+    /// What a waiting run waits for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait: Option<WaitInfo>,
+}
+
+/// What a [waiting](RunStatus::Waiting) run waits for: an event, a time, or an event until a
+/// time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaitInfo {
+    /// The event's name, when it waits for one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<String>,
+    /// When the wait ends on its own (a sleep's wake-up or a wait's time-out), in ms since
+    /// the Unix epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until_ms: Option<u64>,
 }
 
 fn is_zero(n: &u32) -> bool {

@@ -9,6 +9,9 @@
 //! | `failures` | (run id, seq, attempt, index)         | [`FailureRecord`] (JSON)       |
 //! | `status`   | (status code, workflow, run id)       | `()`: the index runs are listed and resumed from |
 //! | `schemas`  | schema hash (hex)                     | schema description             |
+//! | `inbox`    | (run id, event seq)                   | [`EventRecord`] (JSON)         |
+//! | `pending`  | (run id, event name, event seq)       | `()`: events not yet delivered |
+//! | `event_keys` | (run id, idempotency key)           | event seq: duplicate sends     |
 //!
 //! Records in `journal`, `steps` and `failures` are immutable: every write checks that its key
 //! is free and is refused otherwise. The `runs` row and the `status` index change in the same
@@ -32,7 +35,9 @@ use redb::backends::FileBackend;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{RunInfo, RunStatus};
+use serde::{Deserialize, Serialize};
+
+use super::{RunInfo, RunStatus, WaitInfo};
 use crate::error::{Error, Result};
 use crate::record::{FailureRecord, StepRecord, TransitionRecord, to_vec};
 
@@ -44,6 +49,22 @@ pub(crate) const FAILURES: TableDefinition<(&str, u64, u32, u32), &[u8]> =
     TableDefinition::new("failures");
 pub(crate) const STATUS: TableDefinition<(u8, &str, &str), ()> = TableDefinition::new("status");
 pub(crate) const SCHEMAS: TableDefinition<&str, &str> = TableDefinition::new("schemas");
+pub(crate) const INBOX: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("inbox");
+pub(crate) const PENDING: TableDefinition<(&str, &str, u64), ()> = TableDefinition::new("pending");
+pub(crate) const EVENT_KEYS: TableDefinition<(&str, &str), u64> =
+    TableDefinition::new("event_keys");
+
+const TABLES: [&str; 9] = [
+    "runs",
+    "journal",
+    "steps",
+    "failures",
+    "status",
+    "schemas",
+    "inbox",
+    "pending",
+    "event_keys",
+];
 
 /// Most writes committed in one write transaction.
 pub const MAX_BATCH: usize = 1024;
@@ -140,6 +161,33 @@ pub(crate) enum Write {
     EndCancelled { run_id: String, at_ms: u64 },
     /// Make a failed run running again, with a fresh count of attempts.
     Retry { run_id: String, at_ms: u64 },
+    /// A wait of the handler at `seq`, recorded as the step `(name, occurrence)`: deliver the
+    /// oldest undelivered `event` (if one is named), or end the wait if `until_ms` passed, or
+    /// park the run (status waiting). One transaction, so no event sent meanwhile is missed.
+    Wait {
+        run_id: String,
+        seq: u64,
+        attempt: u32,
+        /// The step the outcome is recorded as (event waits); sleeps record nothing here.
+        step: Option<(String, u32)>,
+        event: Option<String>,
+        until_ms: Option<u64>,
+        at_ms: u64,
+    },
+    /// Append an event to a run's inbox (once per idempotency key).
+    Send {
+        run_id: String,
+        name: String,
+        payload: String,
+        key: Option<String>,
+        at_ms: u64,
+    },
+    /// A waiting run is being driven again.
+    Wake {
+        run_id: String,
+        seq: u64,
+        at_ms: u64,
+    },
 }
 
 /// What a [`Write::Failure`] does to the run besides keeping the record.
@@ -153,9 +201,63 @@ pub(crate) enum AfterFailure {
     GiveUp,
 }
 
+/// What the writer answers to one write.
+#[derive(Debug)]
+pub(crate) enum Reply {
+    /// The run's row after the write.
+    Run(RunInfo),
+    /// Written; nothing to report.
+    Done,
+    /// The outcome of a [`Write::Wait`], with the run's row after it.
+    Waited(WaitOutcome, RunInfo),
+    /// An event was appended (or was a duplicate of `event_seq`), with the run's row.
+    Sent {
+        event_seq: u64,
+        duplicate: bool,
+        info: RunInfo,
+    },
+}
+
+/// The outcome of a [`Write::Wait`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum WaitOutcome {
+    /// The oldest undelivered event of the name was delivered to the wait (its payload JSON).
+    Delivered { event_seq: u64, payload: String },
+    /// The wait's time passed (and, for an event, none came): recorded as timed out.
+    Due,
+    /// Nothing yet: the run is now waiting.
+    Parked,
+}
+
+impl Reply {
+    pub(crate) fn into_run(self, run_id: &str) -> Result<RunInfo> {
+        match self {
+            Reply::Run(info) | Reply::Waited(_, info) | Reply::Sent { info, .. } => Ok(info),
+            Reply::Done => Err(Error::RunNotFound {
+                run_id: run_id.to_owned(),
+            }),
+        }
+    }
+}
+
+/// One event sent to a run, kept in its inbox until a wait takes it (and after, for
+/// inspection).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EventRecord {
+    /// The event's name.
+    pub name: String,
+    /// The idempotency key the sender gave, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// When it was sent, in ms since the Unix epoch.
+    pub at_ms: u64,
+    /// The payload, serialized by serde_json.
+    pub payload: Box<serde_json::value::RawValue>,
+}
+
 struct Request {
     write: Write,
-    reply: oneshot::Sender<Result<Option<RunInfo>>>,
+    reply: oneshot::Sender<Result<Reply>>,
 }
 
 impl RedbStore {
@@ -213,8 +315,8 @@ impl RedbStore {
         &self.inner.path
     }
 
-    /// Commits `write` (batched with concurrent writes) and returns the run's new row.
-    pub(crate) async fn write(&self, write: Write) -> Result<Option<RunInfo>> {
+    /// Commits `write` (batched with concurrent writes) and returns the writer's answer.
+    pub(crate) async fn write(&self, write: Write) -> Result<Reply> {
         let (reply, rx) = oneshot::channel();
         let tx = self.inner.tx.as_ref().ok_or(Error::Closed)?;
         tx.send(Request { write, reply })
@@ -389,6 +491,54 @@ impl RedbStore {
         )
     }
 
+    /// Every event sent to the run, as `(event seq, record, delivered)`, by event seq.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on a read error; [`Error::Decode`] if a record is unreadable.
+    pub fn events(&self, run_id: &str) -> Result<Vec<(u64, EventRecord, bool)>> {
+        self.read(
+            || format!("reading the inbox of run `{run_id}`"),
+            |txn| {
+                let inbox = txn.open_table(INBOX)?;
+                let pending = txn.open_table(PENDING)?;
+                let mut out = Vec::new();
+                for entry in inbox.range((run_id, 0)..=(run_id, u64::MAX))? {
+                    let (key, value) = entry?;
+                    let event_seq = key.value().1;
+                    let record: EventRecord =
+                        serde_json::from_slice(value.value()).map_err(|source| Error::Decode {
+                            run_id: run_id.to_owned(),
+                            seq: event_seq,
+                            state: "event".to_owned(),
+                            source,
+                        })?;
+                    let waiting = pending
+                        .get((run_id, record.name.as_str(), event_seq))?
+                        .is_some();
+                    out.push((event_seq, record, !waiting));
+                }
+                Ok(out)
+            },
+        )
+    }
+
+    /// Whether an event named `event` waits undelivered in the run's inbox.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on a read error.
+    pub fn has_pending(&self, run_id: &str, event: &str) -> Result<bool> {
+        self.read(
+            || format!("reading the inbox of run `{run_id}`"),
+            |txn| {
+                let pending = txn.open_table(PENDING)?;
+                Ok(pending
+                    .range((run_id, event, 0)..=(run_id, event, u64::MAX))?
+                    .next()
+                    .is_some())
+            },
+        )
+    }
+
     /// The schema description stored for `hash` (written once per hash when a run starts).
     ///
     /// # Errors
@@ -534,8 +684,7 @@ fn ensure_tables(db: &Database) -> std::result::Result<(), redb::Error> {
         let txn = db.begin_read()?;
         txn.list_tables()?.map(|t| t.name().to_owned()).collect()
     };
-    let wanted = ["runs", "journal", "steps", "failures", "status", "schemas"];
-    if wanted.iter().all(|w| present.iter().any(|p| p == w)) {
+    if TABLES.iter().all(|w| present.iter().any(|p| p == w)) {
         return Ok(());
     }
     let txn = db.begin_write()?;
@@ -545,6 +694,9 @@ fn ensure_tables(db: &Database) -> std::result::Result<(), redb::Error> {
     txn.open_table(FAILURES)?;
     txn.open_table(STATUS)?;
     txn.open_table(SCHEMAS)?;
+    txn.open_table(INBOX)?;
+    txn.open_table(PENDING)?;
+    txn.open_table(EVENT_KEYS)?;
     txn.commit()?;
     Ok(())
 }
@@ -573,9 +725,9 @@ fn writer_loop(db: &Database, mut rx: mpsc::Receiver<Request>) {
 /// An outcome of applying one write inside the batch's transaction.
 enum Applied {
     /// Written; reply with this.
-    Wrote(Option<RunInfo>),
+    Wrote(Reply),
     /// Nothing to write; reply with this.
-    Unchanged(Option<RunInfo>),
+    Unchanged(Reply),
 }
 
 enum ApplyError {
@@ -602,14 +754,17 @@ struct Tables<'t> {
     failures: redb::Table<'t, (&'static str, u64, u32, u32), &'static [u8]>,
     status: redb::Table<'t, (u8, &'static str, &'static str), ()>,
     schemas: redb::Table<'t, &'static str, &'static str>,
+    inbox: redb::Table<'t, (&'static str, u64), &'static [u8]>,
+    pending: redb::Table<'t, (&'static str, &'static str, u64), ()>,
+    event_keys: redb::Table<'t, (&'static str, &'static str), u64>,
 }
 
 fn commit_batch<'a>(
     db: &Database,
     writes: impl ExactSizeIterator<Item = &'a Write>,
-) -> Vec<Result<Option<RunInfo>>> {
+) -> Vec<Result<Reply>> {
     let n = writes.len();
-    let fail_all = |action: String, e: redb::Error| -> Vec<Result<Option<RunInfo>>> {
+    let fail_all = |action: String, e: redb::Error| -> Vec<Result<Reply>> {
         let shared = Arc::new(e);
         (0..n)
             .map(|_| {
@@ -634,6 +789,9 @@ fn commit_batch<'a>(
             failures: txn.open_table(FAILURES)?,
             status: txn.open_table(STATUS)?,
             schemas: txn.open_table(SCHEMAS)?,
+            inbox: txn.open_table(INBOX)?,
+            pending: txn.open_table(PENDING)?,
+            event_keys: txn.open_table(EVENT_KEYS)?,
         };
         for write in writes {
             match apply(&mut t, write) {
@@ -732,7 +890,7 @@ fn apply(t: &mut Tables<'_>, write: &Write) -> std::result::Result<Applied, Appl
                 t.schemas.insert(hash.as_str(), *schema_text)?;
             }
             store_info(t, None, info)?;
-            Ok(Applied::Wrote(Some(info.clone())))
+            Ok(Applied::Wrote(Reply::Run(info.clone())))
         }
         Write::Transition {
             run_id,
@@ -764,7 +922,7 @@ fn apply(t: &mut Tables<'_>, write: &Write) -> std::result::Result<Applied, Appl
                 info.status = RunStatus::Completed;
             }
             store_info(t, Some(old), &info)?;
-            Ok(Applied::Wrote(Some(info)))
+            Ok(Applied::Wrote(Reply::Run(info)))
         }
         Write::Step {
             run_id,
@@ -785,7 +943,7 @@ fn apply(t: &mut Tables<'_>, write: &Write) -> std::result::Result<Applied, Appl
                 });
             }
             t.steps.insert(key, record.as_slice())?;
-            Ok(Applied::Wrote(None))
+            Ok(Applied::Wrote(Reply::Done))
         }
         Write::Failure {
             run_id,
@@ -813,7 +971,7 @@ fn apply(t: &mut Tables<'_>, write: &Write) -> std::result::Result<Applied, Appl
                 }
             }
             store_info(t, Some(old), &info)?;
-            Ok(Applied::Wrote(Some(info)))
+            Ok(Applied::Wrote(Reply::Run(info)))
         }
         Write::BeginAttempt {
             run_id,
@@ -823,7 +981,7 @@ fn apply(t: &mut Tables<'_>, write: &Write) -> std::result::Result<Applied, Appl
         } => {
             let mut info = load_info(t, run_id)?;
             if info.status != RunStatus::Running {
-                return Ok(Applied::Unchanged(Some(info)));
+                return Ok(Applied::Unchanged(Reply::Run(info)));
             }
             fence(&info, *seq)?;
             let old = info.status;
@@ -849,7 +1007,7 @@ fn apply(t: &mut Tables<'_>, write: &Write) -> std::result::Result<Applied, Appl
             }
             info.updated_ms = *at_ms;
             store_info(t, Some(old), &info)?;
-            Ok(Applied::Wrote(Some(info)))
+            Ok(Applied::Wrote(Reply::Run(info)))
         }
         Write::Cancel {
             run_id,
@@ -872,18 +1030,18 @@ fn apply(t: &mut Tables<'_>, write: &Write) -> std::result::Result<Applied, Appl
             }
             info.updated_ms = *at_ms;
             store_info(t, Some(old), &info)?;
-            Ok(Applied::Wrote(Some(info)))
+            Ok(Applied::Wrote(Reply::Run(info)))
         }
         Write::EndCancelled { run_id, at_ms } => {
             let mut info = load_info(t, run_id)?;
             if info.status.is_ended() || info.cancel.is_none() {
-                return Ok(Applied::Unchanged(Some(info)));
+                return Ok(Applied::Unchanged(Reply::Run(info)));
             }
             let old = info.status;
             info.status = RunStatus::Cancelled;
             info.updated_ms = *at_ms;
             store_info(t, Some(old), &info)?;
-            Ok(Applied::Wrote(Some(info)))
+            Ok(Applied::Wrote(Reply::Run(info)))
         }
         Write::Retry { run_id, at_ms } => {
             let mut info = load_info(t, run_id)?;
@@ -901,9 +1059,197 @@ fn apply(t: &mut Tables<'_>, write: &Write) -> std::result::Result<Applied, Appl
             info.retry_at_ms = None;
             info.updated_ms = *at_ms;
             store_info(t, Some(old), &info)?;
-            Ok(Applied::Wrote(Some(info)))
+            Ok(Applied::Wrote(Reply::Run(info)))
+        }
+        Write::Wait {
+            run_id,
+            seq,
+            attempt,
+            step,
+            event,
+            until_ms,
+            at_ms,
+        } => {
+            let mut info = load_info(t, run_id)?;
+            fence(&info, *seq)?;
+            let old = info.status;
+            let step_key = step
+                .as_ref()
+                .map(|(name, occurrence)| (run_id.as_str(), *seq, name.as_str(), *occurrence));
+            if let Some(key) = step_key
+                && t.steps.get(key)?.is_some()
+            {
+                return reject(Error::StepExists {
+                    run_id: run_id.clone(),
+                    seq: *seq,
+                    step: key.2.to_owned(),
+                    occurrence: key.3,
+                });
+            }
+            let delivered = match event {
+                Some(event) => first_pending(t, run_id, event)?,
+                None => None,
+            };
+            let outcome = if let Some((event_seq, payload)) = delivered {
+                if let Some(key) = step_key {
+                    let output =
+                        format!(r#"{{"event":{{"seq":{event_seq},"payload":{payload}}}}}"#);
+                    write_wait_step(t, key, *attempt, *at_ms, output)?;
+                }
+                t.pending.remove((
+                    run_id.as_str(),
+                    event.as_deref().unwrap_or_default(),
+                    event_seq,
+                ))?;
+                WaitOutcome::Delivered { event_seq, payload }
+            } else if until_ms.is_some_and(|until| until <= *at_ms) {
+                if let Some(key) = step_key {
+                    write_wait_step(t, key, *attempt, *at_ms, r#""due""#.to_owned())?;
+                }
+                WaitOutcome::Due
+            } else {
+                WaitOutcome::Parked
+            };
+            if outcome == WaitOutcome::Parked {
+                info.status = RunStatus::Waiting;
+                info.wait = Some(WaitInfo {
+                    event: event.clone(),
+                    until_ms: *until_ms,
+                });
+            } else {
+                info.status = RunStatus::Running;
+                info.wait = None;
+            }
+            info.updated_ms = *at_ms;
+            store_info(t, Some(old), &info)?;
+            Ok(Applied::Wrote(Reply::Waited(outcome, info)))
+        }
+        Write::Send {
+            run_id,
+            name,
+            payload,
+            key,
+            at_ms,
+        } => {
+            let info = load_info(t, run_id)?;
+            if info.status.is_ended() {
+                return reject(Error::RunEnded {
+                    run_id: run_id.clone(),
+                    status: info.status,
+                    action: "sending an event",
+                });
+            }
+            if let Some(key) = key
+                && let Some(existing) = t.event_keys.get((run_id.as_str(), key.as_str()))?
+            {
+                return Ok(Applied::Unchanged(Reply::Sent {
+                    event_seq: existing.value(),
+                    duplicate: true,
+                    info,
+                }));
+            }
+            let event_seq = match t
+                .inbox
+                .range((run_id.as_str(), 0)..=(run_id.as_str(), u64::MAX))?
+                .next_back()
+            {
+                Some(entry) => entry?.0.value().1 + 1,
+                None => 0,
+            };
+            let record = format!(
+                r#"{{"name":{},{}"at_ms":{at_ms},"payload":{payload}}}"#,
+                json_string(name),
+                key.as_ref()
+                    .map(|k| format!(r#""key":{},"#, json_string(k)))
+                    .unwrap_or_default(),
+            );
+            t.inbox
+                .insert((run_id.as_str(), event_seq), record.as_bytes())?;
+            t.pending
+                .insert((run_id.as_str(), name.as_str(), event_seq), ())?;
+            if let Some(key) = key {
+                t.event_keys
+                    .insert((run_id.as_str(), key.as_str()), event_seq)?;
+            }
+            Ok(Applied::Wrote(Reply::Sent {
+                event_seq,
+                duplicate: false,
+                info,
+            }))
+        }
+        Write::Wake { run_id, seq, at_ms } => {
+            let mut info = load_info(t, run_id)?;
+            if info.status != RunStatus::Waiting || info.seq != *seq {
+                return Ok(Applied::Unchanged(Reply::Run(info)));
+            }
+            let old = info.status;
+            info.status = RunStatus::Running;
+            info.wait = None;
+            info.updated_ms = *at_ms;
+            store_info(t, Some(old), &info)?;
+            Ok(Applied::Wrote(Reply::Run(info)))
         }
     }
+}
+
+/// The oldest undelivered event named `event`: its sequence number and payload JSON.
+fn first_pending(
+    t: &Tables<'_>,
+    run_id: &str,
+    event: &str,
+) -> std::result::Result<Option<(u64, String)>, ApplyError> {
+    let Some(entry) = t
+        .pending
+        .range((run_id, event, 0)..=(run_id, event, u64::MAX))?
+        .next()
+    else {
+        return Ok(None);
+    };
+    let event_seq = entry?.0.value().2;
+    let Some(bytes) = t.inbox.get((run_id, event_seq))? else {
+        return reject(Error::RecordMissing {
+            run_id: run_id.to_owned(),
+            seq: event_seq,
+        });
+    };
+    let record: EventRecord = serde_json::from_slice(bytes.value()).map_err(|source| {
+        ApplyError::Rejected(Error::Decode {
+            run_id: run_id.to_owned(),
+            seq: event_seq,
+            state: format!("event `{event}`"),
+            source,
+        })
+    })?;
+    Ok(Some((event_seq, record.payload.get().to_owned())))
+}
+
+fn write_wait_step(
+    t: &mut Tables<'_>,
+    key: (&str, u64, &str, u32),
+    attempt: u32,
+    at_ms: u64,
+    output: String,
+) -> std::result::Result<(), ApplyError> {
+    let output = serde_json::value::RawValue::from_string(output).map_err(|source| {
+        ApplyError::Rejected(Error::Decode {
+            run_id: key.0.to_owned(),
+            seq: key.1,
+            state: format!("wait `{}`", key.2),
+            source,
+        })
+    })?;
+    let record = StepRecord {
+        attempt,
+        at_ms,
+        duration_ms: 0,
+        output,
+    };
+    t.steps.insert(key, to_vec(&record).as_slice())?;
+    Ok(())
+}
+
+fn json_string(s: &str) -> String {
+    serde_json::Value::String(s.to_owned()).to_string()
 }
 
 fn has_failure(
