@@ -126,7 +126,10 @@ mod tests {
             xxhash_rust::xxh3::xxh3_64(b"loops"),
             "const and runtime XXH3 agree"
         );
-        assert_ne!(H.combine(SchemaHash::of(b"a")), SchemaHash::of(b"a").combine(H));
+        assert_ne!(
+            H.combine(SchemaHash::of(b"a")),
+            SchemaHash::of(b"a").combine(H)
+        );
         assert_ne!(H.pinned(), H);
     }
 }
