@@ -106,9 +106,16 @@ impl<'a> Workflow<'a> {
             vis: &input.vis,
             attrs,
             states,
-            state_ident: format_ident!("{}State", ident),
-            handler_ident: format_ident!("{}Handler", ident),
+            // Spanned at the enum's name: "defined here" notes point at it.
+            state_ident: format_ident!("{}State", ident, span = ident.span()),
+            handler_ident: format_ident!("{}Handler", ident, span = ident.span()),
         })
+    }
+
+    /// Whether the enum has generic parameters (not supported).
+    pub(crate) fn is_generic(&self) -> bool {
+        let generics = &self.original.generics;
+        !generics.params.is_empty() || generics.where_clause.is_some()
     }
 
     /// The index of the initial state: the first `#[initial]` variant, else the first

@@ -34,6 +34,9 @@ pub(crate) struct Next<'a> {
     /// The states as written, in order (duplicates and unknown names included: `valid`
     /// reports them).
     pub targets: Vec<Ident>,
+    /// Whether the attribute had a syntax error (already reported): `valid` then skips the
+    /// checks that would only repeat it.
+    pub malformed: bool,
 }
 
 /// Where an attribute was found, for "belongs on ..." errors.
@@ -167,8 +170,15 @@ fn version_of(cx: &Errors, value: &Expr) -> Option<u32> {
                 None
             }
         },
+        Expr::Unary(syn::ExprUnary {
+            op: syn::UnOp::Neg(_),
+            ..
+        }) => {
+            cx.spanned(value, "`version` cannot be negative: it is a `u32`");
+            None
+        }
         _ => {
-            cx.spanned(value, "`version` must be an integer literal: `version = 2`");
+            cx.spanned(value, "`version` must be an integer, like `version = 2`");
             None
         }
     }
@@ -221,40 +231,42 @@ fn flag<'a>(cx: &Errors, attr: &'a Attribute, name: &str, slot: &mut Option<&'a 
 }
 
 fn parse_next<'a>(cx: &Errors, attr: &'a Attribute) -> Option<Next<'a>> {
+    let mut next = Next {
+        original: attr,
+        span: attr.bracket_token.span.join(),
+        targets: Vec::new(),
+        malformed: false,
+    };
     let Meta::List(list) = &attr.meta else {
         cx.spanned(
             attr,
             "expected the list of next states: `#[next(State, ...)]`",
         );
-        return None;
+        next.malformed = true;
+        return Some(next);
     };
     let paths = match list.parse_args_with(Punctuated::<Path, Token![,]>::parse_terminated) {
         Ok(paths) => paths,
         Err(error) => {
             cx.push(error);
-            return None;
+            next.malformed = true;
+            return Some(next);
         }
     };
-    let mut targets = Vec::new();
     for path in paths {
-        match path.get_ident() {
-            Some(ident) => targets.push(ident.clone()),
-            None => cx.spanned(
+        let Some(last) = path.segments.last() else {
+            continue;
+        };
+        if path.get_ident().is_none() {
+            cx.spanned(
                 &path,
-                format!(
-                    "name the state alone, without a path: `{}`",
-                    path.segments
-                        .last()
-                        .map_or_else(String::new, |s| s.ident.to_string())
-                ),
-            ),
+                format!("name the state alone, without a path: `{}`", last.ident),
+            );
         }
+        // `Deliver::Done` still counts as `Done`, so that nothing else is reported about it.
+        next.targets.push(last.ident.clone());
     }
-    Some(Next {
-        original: attr,
-        span: attr.bracket_token.span.join(),
-        targets,
-    })
+    Some(next)
 }
 
 fn path_text(path: &Path) -> String {

@@ -123,7 +123,8 @@ fn state_enum(w: &Workflow) -> TokenStream {
         let docs = variant_docs(w, s);
         quote!(#docs #v)
     });
-    quote! {
+    // Spanned at the enum's name: "the enum `DeliverState` is defined here" points at it.
+    quote_spanned! {ident.span()=>
         #[doc = #doc]
         #[doc = ""]
         #[doc = " [`StateId`]: ::loops::StateId"]
@@ -328,12 +329,15 @@ fn handler_trait(w: &Workflow) -> TokenStream {
          `loops::Dispatch`) and stores the state it returns. A method can only return the \
          states listed in its state's `#[next(...)]`."
     );
+    // Two states whose methods would share a name were reported by `valid`; declaring the
+    // method once keeps the compiler from reporting it again.
     let methods = w
         .states
         .iter()
-        .filter(|s| !s.is_terminal())
-        .map(|s| handler_method(w, s));
-    quote! {
+        .enumerate()
+        .filter(|&(i, s)| !s.is_terminal() && !w.states[..i].iter().any(|e| e.method == s.method))
+        .map(|(_, s)| handler_method(w, s));
+    quote_spanned! {ident.span()=>
         #[doc = #doc]
         #[allow(clippy::too_many_arguments)]
         #vis trait #handler: ::core::marker::Send + ::core::marker::Sync {
@@ -427,5 +431,80 @@ fn dispatch_body(w: &Workflow) -> TokenStream {
                 #(#arms,)*
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use syn::parse_quote;
+
+    /// The expansion as text, with the spacing `quote` gives it.
+    fn expand(input: syn::DeriveInput) -> String {
+        super::derive(&input).to_string()
+    }
+
+    #[test]
+    fn docs_are_carried_to_generated_items() {
+        let out = expand(parse_quote! {
+            pub(crate) enum Deliver {
+                /// An issue arrived.
+                #[initial]
+                #[next(Planned)]
+                Received { issue: String },
+                /// Work is planned.
+                #[next(Done)]
+                Planned {
+                    /// The plan as written.
+                    plan: String,
+                },
+                #[terminal]
+                Done,
+            }
+        });
+        // On the state enum's variant, the handler method, and the `{V}Next` variant.
+        assert_eq!(out.matches(" An issue arrived.\"").count(), 2, "{out}");
+        assert_eq!(out.matches(" Work is planned.\"").count(), 3, "{out}");
+        // Field docs go with the copied fields.
+        assert!(
+            out.contains(" The plan as written.\"] plan : String"),
+            "{out}"
+        );
+        // States without docs get one naming them.
+        assert!(out.contains("\" The state [`Deliver::Done`].\""), "{out}");
+        // Methods list where the state may go.
+        assert!(
+            out.contains("\" Returns the next state, a [`ReceivedNext`]: `Planned`.\""),
+            "{out}"
+        );
+        // The visibility is carried to every generated item.
+        for item in [
+            "enum DeliverState",
+            "enum ReceivedNext",
+            "enum PlannedNext",
+            "trait DeliverHandler",
+        ] {
+            assert!(
+                out.contains(&format!("pub (crate) {item}")),
+                "{item}: {out}"
+            );
+        }
+    }
+
+    #[test]
+    fn fallback_still_emits_the_types() {
+        let out = expand(parse_quote! {
+            enum Deliver {
+                #[initial]
+                #[next(Nowhere)]
+                Received,
+                #[terminal]
+                Done,
+            }
+        });
+        assert!(out.contains("compile_error !"), "{out}");
+        assert!(out.contains("no state named `Nowhere`"), "{out}");
+        assert!(out.contains("enum DeliverState"), "{out}");
+        assert!(out.contains("trait DeliverHandler"), "{out}");
+        assert!(out.contains(":: core :: future :: pending ()"), "{out}");
     }
 }

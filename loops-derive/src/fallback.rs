@@ -10,14 +10,15 @@ use crate::expand;
 
 pub(crate) fn expand(workflow: Option<&Workflow>, error: syn::Error) -> TokenStream {
     let error = error.to_compile_error();
-    let Some(w) = workflow.filter(|w| !w.states.is_empty()) else {
+    // A generic enum's fields name type parameters the generated items would not declare.
+    let Some(w) = workflow.filter(|w| !w.states.is_empty() && !w.is_generic()) else {
         return error;
     };
     let types = expand::types(w);
     // Stubs for what could fail in turn: the dispatch (calls handler methods) and the schema
     // constants (which, in an invalid enum, describe nothing meaningful).
     let dispatch = quote! {
-        ::core::future::ready(::core::unreachable!())
+        ::core::future::pending()
     };
     let schema = quote! {
         const SCHEMA_HASH: ::loops::SchemaHash = ::loops::SchemaHash::from_u64(0);

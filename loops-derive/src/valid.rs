@@ -9,10 +9,9 @@ use crate::ctxt::Errors;
 
 impl Workflow<'_> {
     pub(crate) fn validate(&self, cx: &Errors) {
-        let generics = &self.original.generics;
-        if !generics.params.is_empty() || generics.where_clause.is_some() {
+        if self.is_generic() {
             cx.spanned(
-                generics,
+                &self.original.generics,
                 "generic workflows are not supported: the stored state must have one fixed \
                  shape; use concrete types in the variants",
             );
@@ -77,6 +76,8 @@ impl Workflow<'_> {
                         ),
                     );
                 }
+                // A malformed `#[next]` was reported when parsing it.
+                (Some(next), _) if next.malformed => graph_ok = false,
                 (Some(next), None) if next.targets.is_empty() => {
                     graph_ok = false;
                     cx.spanned(
