@@ -634,3 +634,14 @@ pub(crate) fn validate_name(name: &str) -> std::result::Result<(), &'static str>
         Ok(())
     }
 }
+
+/// A context for tests outside loops-core, which cannot build one otherwise: re-exported as
+/// `loops::__private::__for_tests`. Not a public API.
+#[doc(hidden)]
+pub fn __for_tests(run_id: impl Into<String>, seq: u64, attempt: u32) -> Context {
+    Context {
+        run_id: run_id.into(),
+        seq,
+        attempt,
+    }
+}

@@ -35,6 +35,8 @@ pub use workflow::{BoxError, Dispatch, StateId, Workflow};
 pub mod __private {
     pub use serde;
 
+    pub use crate::context::__for_tests;
+
     /// The error a dispatch of a terminal state returns (the runtime never dispatches one).
     pub fn terminal_dispatched(workflow: &'static str, state: &'static str) -> crate::BoxError {
         format!("workflow `{workflow}`: state `{state}` is terminal and has no handler").into()

@@ -1,0 +1,278 @@
+//! The typed model of the derive's attributes: `#[workflow(...)]` on the enum, `#[initial]`,
+//! `#[terminal]` and `#[next(...)]` on variants. Parsing reports syntax mistakes (unknown,
+//! duplicate or malformed keys, attributes in the wrong place); what the values mean is
+//! checked in `valid`.
+
+use proc_macro2::Span;
+use syn::punctuated::Punctuated;
+use syn::spanned::Spanned;
+use syn::{Attribute, Expr, ExprLit, Ident, Lit, LitStr, Meta, Path, Token};
+
+use crate::ctxt::Errors;
+
+/// `#[workflow(name = "...", version = N)]`, possibly split over several attributes.
+#[derive(Default)]
+pub(crate) struct WorkflowAttrs {
+    pub name: Option<LitStr>,
+    pub version: Option<(u32, Span)>,
+}
+
+/// The attributes of one variant.
+#[derive(Default)]
+pub(crate) struct StateAttrs<'a> {
+    pub initial: Option<&'a Attribute>,
+    pub terminal: Option<&'a Attribute>,
+    pub next: Option<Next<'a>>,
+}
+
+/// `#[next(A, B)]`.
+pub(crate) struct Next<'a> {
+    pub original: &'a Attribute,
+    /// The span of `[next(...)]`: generated `{V}Next` enums are spanned here, so that the
+    /// compiler's "no variant named ..." points at the list of allowed states.
+    pub span: Span,
+    /// The states as written, in order (duplicates and unknown names included: `valid`
+    /// reports them).
+    pub targets: Vec<Ident>,
+    /// Whether the attribute had a syntax error (already reported): `valid` then skips the
+    /// checks that would only repeat it.
+    pub malformed: bool,
+}
+
+/// Where an attribute was found, for "belongs on ..." errors.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Place {
+    Enum,
+    Variant,
+    Field,
+}
+
+const WORKFLOW: &str = "workflow";
+const INITIAL: &str = "initial";
+const TERMINAL: &str = "terminal";
+const NEXT: &str = "next";
+
+fn is_ours(attr: &Attribute) -> Option<&'static str> {
+    [WORKFLOW, INITIAL, TERMINAL, NEXT]
+        .into_iter()
+        .find(|name| attr.path().is_ident(name))
+}
+
+/// Reports an attribute of ours used where it means nothing.
+fn misplaced(cx: &Errors, attr: &Attribute, name: &str, place: Place) {
+    let what = match place {
+        Place::Enum => "the enum",
+        Place::Variant => "a variant",
+        Place::Field => "a field",
+    };
+    let message = if name == WORKFLOW {
+        format!("`#[workflow(...)]` belongs on the enum, not on {what}")
+    } else {
+        format!("`#[{name}]` belongs on a variant (a state), not on {what}")
+    };
+    cx.spanned(attr, message);
+}
+
+/// The doc comments (`#[doc = "..."]`) among `attrs`.
+pub(crate) fn docs(attrs: &[Attribute]) -> Vec<&Attribute> {
+    attrs.iter().filter(|a| a.path().is_ident("doc")).collect()
+}
+
+/// Parses the enum's attributes.
+pub(crate) fn workflow(cx: &Errors, attrs: &[Attribute]) -> WorkflowAttrs {
+    let mut out = WorkflowAttrs::default();
+    for attr in attrs {
+        match is_ours(attr) {
+            Some(WORKFLOW) => parse_workflow(cx, attr, &mut out),
+            Some(other) => misplaced(cx, attr, other, Place::Enum),
+            None => {}
+        }
+    }
+    out
+}
+
+fn parse_workflow(cx: &Errors, attr: &Attribute, out: &mut WorkflowAttrs) {
+    if !matches!(attr.meta, Meta::List(_)) {
+        cx.spanned(attr, "expected `#[workflow(name = \"...\", version = N)]`");
+        return;
+    }
+    let result = attr.parse_nested_meta(|meta| {
+        let key = meta.path.clone();
+        let value = if meta.input.peek(Token![=]) {
+            Some(meta.value()?.parse::<Expr>()?)
+        } else {
+            None
+        };
+        if key.is_ident("name") {
+            let Some(value) = value else {
+                cx.spanned(&key, "expected `name = \"...\"`");
+                return Ok(());
+            };
+            let Expr::Lit(ExprLit {
+                lit: Lit::Str(lit), ..
+            }) = value
+            else {
+                cx.spanned(&value, "`name` must be a string literal: `name = \"...\"`");
+                return Ok(());
+            };
+            if out.name.is_some() {
+                cx.spanned(&key, "duplicate `name` in `#[workflow(...)]`");
+            } else {
+                out.name = Some(lit);
+            }
+        } else if key.is_ident("version") {
+            let Some(value) = value else {
+                cx.spanned(&key, "expected `version = N`");
+                return Ok(());
+            };
+            let Some(version) = version_of(cx, &value) else {
+                return Ok(());
+            };
+            if out.version.is_some() {
+                cx.spanned(&key, "duplicate `version` in `#[workflow(...)]`");
+            } else {
+                out.version = Some((version, value.span()));
+            }
+        } else {
+            // Skip a parenthesized value so that the keys after it are still checked.
+            if value.is_none() && meta.input.peek(syn::token::Paren) {
+                let _ = meta.input.step(|cursor| match cursor.token_tree() {
+                    Some((_, rest)) => Ok(((), rest)),
+                    None => Err(cursor.error("expected a value")),
+                });
+            }
+            cx.spanned(
+                &key,
+                format!(
+                    "unknown key `{}` in `#[workflow(...)]`: expected `name` or `version`",
+                    path_text(&key)
+                ),
+            );
+        }
+        Ok(())
+    });
+    if let Err(error) = result {
+        cx.push(error);
+    }
+}
+
+fn version_of(cx: &Errors, value: &Expr) -> Option<u32> {
+    match value {
+        Expr::Lit(ExprLit {
+            lit: Lit::Int(int), ..
+        }) => match int.base10_parse::<u32>() {
+            Ok(v) => Some(v),
+            Err(_) => {
+                cx.spanned(
+                    int,
+                    "`version` must be an integer from 0 to 4294967295 (a `u32`)",
+                );
+                None
+            }
+        },
+        Expr::Unary(syn::ExprUnary {
+            op: syn::UnOp::Neg(_),
+            ..
+        }) => {
+            cx.spanned(value, "`version` cannot be negative: it is a `u32`");
+            None
+        }
+        _ => {
+            cx.spanned(value, "`version` must be an integer, like `version = 2`");
+            None
+        }
+    }
+}
+
+/// Parses a variant's attributes.
+pub(crate) fn state<'a>(cx: &Errors, attrs: &'a [Attribute]) -> StateAttrs<'a> {
+    let mut out = StateAttrs::default();
+    for attr in attrs {
+        match is_ours(attr) {
+            Some(INITIAL) => flag(cx, attr, INITIAL, &mut out.initial),
+            Some(TERMINAL) => flag(cx, attr, TERMINAL, &mut out.terminal),
+            Some(NEXT) => {
+                if let Some(next) = parse_next(cx, attr) {
+                    if out.next.is_some() {
+                        cx.spanned(
+                            attr,
+                            "duplicate `#[next(...)]`: list all the next states in one attribute",
+                        );
+                    } else {
+                        out.next = Some(next);
+                    }
+                }
+            }
+            Some(other) => misplaced(cx, attr, other, Place::Variant),
+            None => {}
+        }
+    }
+    out
+}
+
+/// Reports any attribute of ours on a field.
+pub(crate) fn field(cx: &Errors, attrs: &[Attribute]) {
+    for attr in attrs {
+        if let Some(name) = is_ours(attr) {
+            misplaced(cx, attr, name, Place::Field);
+        }
+    }
+}
+
+fn flag<'a>(cx: &Errors, attr: &'a Attribute, name: &str, slot: &mut Option<&'a Attribute>) {
+    if !matches!(attr.meta, Meta::Path(_)) {
+        cx.spanned(attr, format!("`#[{name}]` takes no arguments"));
+    }
+    if slot.is_some() {
+        cx.spanned(attr, format!("duplicate `#[{name}]`"));
+    } else {
+        *slot = Some(attr);
+    }
+}
+
+fn parse_next<'a>(cx: &Errors, attr: &'a Attribute) -> Option<Next<'a>> {
+    let mut next = Next {
+        original: attr,
+        span: attr.bracket_token.span.join(),
+        targets: Vec::new(),
+        malformed: false,
+    };
+    let Meta::List(list) = &attr.meta else {
+        cx.spanned(
+            attr,
+            "expected the list of next states: `#[next(State, ...)]`",
+        );
+        next.malformed = true;
+        return Some(next);
+    };
+    let paths = match list.parse_args_with(Punctuated::<Path, Token![,]>::parse_terminated) {
+        Ok(paths) => paths,
+        Err(error) => {
+            cx.push(error);
+            next.malformed = true;
+            return Some(next);
+        }
+    };
+    for path in paths {
+        let Some(last) = path.segments.last() else {
+            continue;
+        };
+        if path.get_ident().is_none() {
+            cx.spanned(
+                &path,
+                format!("name the state alone, without a path: `{}`", last.ident),
+            );
+        }
+        // `Deliver::Done` still counts as `Done`, so that nothing else is reported about it.
+        next.targets.push(last.ident.clone());
+    }
+    Some(next)
+}
+
+fn path_text(path: &Path) -> String {
+    path.segments
+        .iter()
+        .map(|s| s.ident.to_string())
+        .collect::<Vec<_>>()
+        .join("::")
+}

@@ -1,0 +1,247 @@
+//! What `#[derive(Workflow)]` generates: the state table, names, transitions, `Display`, and
+//! when the schema hash changes.
+
+use loops::{StateId, Workflow};
+use serde::{Deserialize, Serialize};
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Issue {
+    pub number: u64,
+    pub title: String,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Plan {
+    pub steps: Vec<String>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct TestReport {
+    pub passed: bool,
+}
+
+#[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(name = "deliver", version = 1)]
+pub enum Deliver {
+    /// An issue arrived.
+    #[initial]
+    #[next(Planned, Abandoned)]
+    Received { issue: Issue },
+    #[next(Edited)]
+    Planned { issue: Issue, plan: Plan },
+    #[next(Tested)]
+    Edited { issue: Issue, commit: String },
+    #[next(Edited, PrOpened)] // the fix loop
+    Tested {
+        issue: Issue,
+        commit: String,
+        report: TestReport,
+    },
+    #[terminal]
+    PrOpened { url: String },
+    #[terminal]
+    Abandoned { reason: String },
+}
+
+#[test]
+fn state_table() {
+    use DeliverState::*;
+    assert_eq!(
+        DeliverState::ALL,
+        &[Received, Planned, Edited, Tested, PrOpened, Abandoned]
+    );
+    assert_eq!(DeliverState::INITIAL, Received);
+    assert_eq!(Received.next(), &[Planned, Abandoned]);
+    assert_eq!(Planned.next(), &[Edited]);
+    assert_eq!(Edited.next(), &[Tested]);
+    assert_eq!(Tested.next(), &[Edited, PrOpened]);
+    assert_eq!(PrOpened.next(), &[] as &[DeliverState]);
+    assert_eq!(Abandoned.next(), &[] as &[DeliverState]);
+    let terminal: Vec<_> = DeliverState::ALL.iter().map(|s| s.is_terminal()).collect();
+    assert_eq!(terminal, [false, false, false, false, true, true]);
+    assert!(Tested.can_move_to(Edited));
+    assert!(!Received.can_move_to(Edited));
+}
+
+#[test]
+fn names_and_display() {
+    let names: Vec<_> = DeliverState::ALL.iter().map(|s| s.name()).collect();
+    assert_eq!(
+        names,
+        [
+            "Received",
+            "Planned",
+            "Edited",
+            "Tested",
+            "PrOpened",
+            "Abandoned"
+        ]
+    );
+    let displayed: Vec<_> = DeliverState::ALL.iter().map(|s| s.to_string()).collect();
+    assert_eq!(displayed, names);
+    assert_eq!(
+        DeliverState::from_name("PrOpened"),
+        Some(DeliverState::PrOpened)
+    );
+    assert_eq!(DeliverState::from_name("Merged"), None);
+    assert_eq!(format!("{:?}", DeliverState::Tested), "Tested");
+}
+
+#[test]
+fn workflow_constants() {
+    assert_eq!(Deliver::NAME, "deliver");
+    assert_eq!(Deliver::VERSION, 1);
+    let value = Deliver::PrOpened { url: "u".into() };
+    assert_eq!(value.state(), DeliverState::PrOpened);
+    println!("{}", Deliver::SCHEMA);
+    println!("{}", Deliver::SCHEMA_HASH);
+}
+
+#[test]
+fn next_converts_into_the_workflow() {
+    let issue = Issue {
+        number: 7,
+        title: "t".into(),
+    };
+    let next: Deliver = ReceivedNext::Abandoned {
+        reason: "dup".into(),
+    }
+    .into();
+    assert_eq!(
+        next,
+        Deliver::Abandoned {
+            reason: "dup".into()
+        }
+    );
+    let next: Deliver = TestedNext::Edited {
+        issue: issue.clone(),
+        commit: "c".into(),
+    }
+    .into();
+    assert_eq!(next.state(), DeliverState::Edited);
+}
+
+/// The same small workflow, five times over, each differing from `base` in one way.
+mod hash {
+    use loops::Workflow;
+    use serde::{Deserialize, Serialize};
+
+    pub mod base {
+        use super::*;
+        #[derive(Workflow, Serialize, Deserialize)]
+        pub enum Review {
+            #[initial]
+            #[next(Approved, Rejected)]
+            Open { pr: u64, author: String },
+            #[terminal]
+            Approved { by: String },
+            #[terminal]
+            Rejected,
+        }
+    }
+
+    /// Only doc comments and formatting differ.
+    pub mod docs {
+        use super::*;
+        /// A code review.
+        #[derive(Workflow, Serialize, Deserialize)]
+        pub enum Review {
+            /// Waiting for a reviewer.
+            #[initial]
+            #[next(Approved, Rejected)]
+            Open {
+                /// The pull request.
+                pr: u64,
+                author: String,
+            },
+            /// Merged.
+            #[terminal]
+            Approved { by: String },
+            #[terminal]
+            Rejected,
+        }
+    }
+
+    /// `pr: u64` became `pr: u32`.
+    pub mod field_type {
+        use super::*;
+        #[derive(Workflow, Serialize, Deserialize)]
+        pub enum Review {
+            #[initial]
+            #[next(Approved, Rejected)]
+            Open { pr: u32, author: String },
+            #[terminal]
+            Approved { by: String },
+            #[terminal]
+            Rejected,
+        }
+    }
+
+    /// `Open` may also move to itself.
+    pub mod transition {
+        use super::*;
+        #[derive(Workflow, Serialize, Deserialize)]
+        pub enum Review {
+            #[initial]
+            #[next(Approved, Rejected, Open)]
+            Open { pr: u64, author: String },
+            #[terminal]
+            Approved { by: String },
+            #[terminal]
+            Rejected,
+        }
+    }
+
+    /// `version = 2`.
+    pub mod version {
+        use super::*;
+        #[derive(Workflow, Serialize, Deserialize)]
+        #[workflow(version = 2)]
+        pub enum Review {
+            #[initial]
+            #[next(Approved, Rejected)]
+            Open { pr: u64, author: String },
+            #[terminal]
+            Approved { by: String },
+            #[terminal]
+            Rejected,
+        }
+    }
+
+    #[test]
+    fn unchanged_by_docs_and_formatting() {
+        assert_eq!(docs::Review::SCHEMA_HASH, base::Review::SCHEMA_HASH);
+        assert_eq!(docs::Review::SCHEMA, base::Review::SCHEMA);
+    }
+
+    #[test]
+    fn changed_by_a_field_type() {
+        assert_ne!(field_type::Review::SCHEMA_HASH, base::Review::SCHEMA_HASH);
+    }
+
+    #[test]
+    fn changed_by_a_transition() {
+        assert_ne!(transition::Review::SCHEMA_HASH, base::Review::SCHEMA_HASH);
+    }
+
+    #[test]
+    fn changed_by_the_version() {
+        assert_ne!(version::Review::SCHEMA_HASH, base::Review::SCHEMA_HASH);
+        assert_eq!(version::Review::VERSION, 2);
+    }
+
+    #[test]
+    fn the_hash_is_the_xxh3_of_the_schema_text() {
+        assert_eq!(
+            base::Review::SCHEMA,
+            "workflow review version 1\n\
+             Open { pr: u64, author: String } -> Approved | Rejected (initial)\n\
+             Approved { by: String } (terminal)\n\
+             Rejected (terminal)\n"
+        );
+        assert_eq!(
+            base::Review::SCHEMA_HASH,
+            loops::SchemaHash::of(base::Review::SCHEMA.as_bytes())
+        );
+    }
+}
