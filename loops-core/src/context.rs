@@ -636,12 +636,22 @@ pub(crate) fn validate_name(name: &str) -> std::result::Result<(), &'static str>
 }
 
 /// A context for tests outside loops-core, which cannot build one otherwise: re-exported as
-/// `loops::__private::__for_tests`. Not a public API.
+/// `loops::__private::__for_tests`. Its store is in memory and holds no run, so steps fail
+/// with [`Error::RunNotFound`]. Not a public API.
+///
+/// # Panics
+/// If redb cannot create an in-memory database (it allocates nothing up front).
 #[doc(hidden)]
+#[allow(clippy::expect_used)]
 pub fn __for_tests(run_id: impl Into<String>, seq: u64, attempt: u32) -> Context {
-    Context {
+    let store = RedbStore::in_memory().expect("an in-memory redb database");
+    let scope = RunScope {
         run_id: run_id.into(),
-        seq,
-        attempt,
-    }
+        workflow: "test",
+        store,
+        cancel: CancellationToken::new(),
+        max_payload_bytes: crate::runtime::DEFAULT_MAX_PAYLOAD_BYTES,
+        park_threshold: crate::runtime::DEFAULT_PARK_THRESHOLD,
+    };
+    Context::new(Arc::new(scope), "test", seq, attempt, Vec::new())
 }

@@ -285,6 +285,26 @@ impl RedbStore {
         std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
         let file = options.open(&path).map_err(|e| open_err(e.into()))?;
         let backend = FileBackend::new(file).map_err(|e| open_err(e.into()))?;
+        Self::with_backend(backend, path)
+    }
+
+    /// A store kept in memory only: nothing survives the process. For tests of workflows
+    /// and handlers, never for real runs.
+    ///
+    /// # Errors
+    /// [`Error::Open`] if redb cannot initialize the memory backend.
+    pub fn in_memory() -> Result<Self> {
+        Self::with_backend(
+            redb::backends::InMemoryBackend::new(),
+            PathBuf::from(":memory:"),
+        )
+    }
+
+    fn with_backend(backend: impl redb::StorageBackend, path: PathBuf) -> Result<Self> {
+        let open_err = |source: crate::BoxError| Error::Open {
+            path: path.clone(),
+            source,
+        };
         let db = match Database::builder().create_with_backend(backend) {
             Ok(db) => db,
             Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
