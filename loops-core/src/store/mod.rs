@@ -1,7 +1,7 @@
 //! Run metadata and the store that keeps runs' records.
 //!
 //! [`RedbStore`] is the embedded store: one redb file, owned by one process. Its commit path
-//! (group commit on a writer thread) is in [`redb`](self::redb).
+//! (group commit on a writer thread) is in [`redb`].
 
 use std::fmt;
 
