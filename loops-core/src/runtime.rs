@@ -53,6 +53,7 @@ pub(crate) struct Inner {
 pub(crate) struct Config {
     retry: RetryPolicy,
     state_retry: HashMap<(TypeId, &'static str), RetryPolicy>,
+    workflow_retry: HashMap<TypeId, RetryPolicy>,
     timeout: Option<Duration>,
     state_timeout: HashMap<(TypeId, &'static str), Duration>,
     pub(crate) max_payload_bytes: usize,
@@ -89,6 +90,7 @@ impl Default for RuntimeBuilder {
             config: Config {
                 retry: RetryPolicy::default(),
                 state_retry: HashMap::new(),
+                workflow_retry: HashMap::new(),
                 timeout: None,
                 state_timeout: HashMap::new(),
                 max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
@@ -107,10 +109,20 @@ impl std::fmt::Debug for RuntimeBuilder {
 }
 
 impl RuntimeBuilder {
-    /// The retry policy of every state that has none of its own (default:
-    /// [`RetryPolicy::default`], 3 attempts).
+    /// The retry policy of every state that has none of its own, neither for the state
+    /// ([`state_retry`](Self::state_retry)) nor for its workflow
+    /// ([`workflow_retry`](Self::workflow_retry)). Default: [`RetryPolicy::default`],
+    /// 3 attempts.
     pub fn retry(mut self, policy: RetryPolicy) -> Self {
         self.config.retry = policy;
+        self
+    }
+
+    /// The retry policy of every state of workflow `W` that has none of its own.
+    pub fn workflow_retry<W: Workflow>(mut self, policy: RetryPolicy) -> Self {
+        self.config
+            .workflow_retry
+            .insert(TypeId::of::<W::State>(), policy);
         self
     }
 
@@ -581,6 +593,7 @@ impl Runtime {
         config
             .state_retry
             .get(&(TypeId::of::<W::State>(), state.name()))
+            .or_else(|| config.workflow_retry.get(&TypeId::of::<W::State>()))
             .copied()
             .unwrap_or(config.retry)
     }

@@ -348,6 +348,20 @@ async fn attempts_run_out_then_explicit_retry_resumes() {
 }
 
 #[tokio::test]
+async fn retry_policies_are_chosen_per_state_then_workflow_then_runtime() {
+    let (_dir, path) = temp_store();
+    let rt = Runtime::builder()
+        .retry(RetryPolicy::attempts(9))
+        .workflow_retry::<Job>(RetryPolicy::attempts(5))
+        .state_retry(JobState::Work, RetryPolicy::attempts(2))
+        .open(&path)
+        .unwrap();
+    assert_eq!(rt.retry_policy::<Job>(JobState::Work).max_attempts, 2);
+    assert_eq!(rt.retry_policy::<Job>(JobState::Start).max_attempts, 5);
+    assert_eq!(rt.retry_policy::<Gate>(GateState::Ask).max_attempts, 9);
+}
+
+#[tokio::test]
 async fn interrupted_attempts_are_counted_durably() {
     let (_dir, path) = temp_store();
     let rt = Runtime::builder().retry(fast_retry(2)).open(&path).unwrap();
