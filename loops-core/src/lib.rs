@@ -10,6 +10,7 @@ pub mod context;
 mod driver;
 pub mod error;
 pub mod record;
+pub mod retention;
 pub mod retry;
 pub mod runtime;
 mod scheduler;
@@ -23,10 +24,11 @@ mod tests;
 pub use context::{Context, StepOptions};
 pub use error::{Error, Result};
 pub use record::{FailureRecord, FailureSource, StepRecord, Transition, TransitionRecord};
+pub use retention::RetentionPolicy;
 pub use retry::RetryPolicy;
 pub use runtime::{Runtime, RuntimeBuilder, Sent};
 pub use schema::SchemaHash;
-pub use store::{EventRecord, RedbStore, RunInfo, RunStatus, WaitInfo};
+pub use store::{Compacted, EventRecord, Pruned, RedbStore, RunInfo, RunStatus, WaitInfo};
 pub use workflow::{BoxError, Dispatch, StateId, Workflow};
 
 /// Items used by code that `#[derive(Workflow)]` generates. Not a public API: no stability

@@ -14,10 +14,11 @@ use tracing::Instrument;
 use crate::driver::{Driven, Mode};
 use crate::error::{Error, Result};
 use crate::record::{Transition, TransitionRecord, now_ms};
+use crate::retention::RetentionPolicy;
 use crate::retry::RetryPolicy;
 use crate::scheduler::{Background, Driver, Registered};
 use crate::store::redb::{Reply, SchemaCheck, Write, precheck};
-use crate::store::{RedbStore, RunInfo, RunStatus};
+use crate::store::{Compacted, Pruned, RedbStore, RunInfo, RunStatus};
 use crate::workflow::{Dispatch, StateId, Workflow};
 
 /// Longest run id, in bytes.
@@ -59,6 +60,7 @@ pub(crate) struct Config {
     pub(crate) max_payload_bytes: usize,
     pub(crate) park_threshold: Duration,
     checks: Vec<SchemaCheck>,
+    retention: RetentionPolicy,
     drivers: Vec<(&'static str, Arc<dyn Driver>)>,
 }
 
@@ -96,6 +98,7 @@ impl Default for RuntimeBuilder {
                 max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
                 park_threshold: DEFAULT_PARK_THRESHOLD,
                 checks: Vec::new(),
+                retention: RetentionPolicy::default(),
                 drivers: Vec::new(),
             },
         }
@@ -163,6 +166,12 @@ impl RuntimeBuilder {
     /// [`DEFAULT_PARK_THRESHOLD`], 1 s).
     pub fn park_threshold(mut self, threshold: Duration) -> Self {
         self.config.park_threshold = threshold;
+        self
+    }
+
+    /// The retention policy [`Runtime::prune`] applies (default: keep everything).
+    pub fn retention(mut self, policy: RetentionPolicy) -> Self {
+        self.config.retention = policy;
         self
     }
 
@@ -694,6 +703,45 @@ impl Runtime {
     /// Runs stay as they are, to be resumed by the next [`resume_all`](Self::resume_all).
     pub async fn shutdown(&self) {
         self.inner.background.shutdown().await;
+    }
+
+    /// Removes the ended runs that the configured retention policy
+    /// ([`RuntimeBuilder::retention`]) expires now: their records, rows and events.
+    ///
+    /// # Errors
+    /// As [`RedbStore::prune`].
+    pub async fn prune(&self) -> Result<Pruned> {
+        self.prune_with(&self.inner.config.retention, false).await
+    }
+
+    /// Removes (or, with `dry_run`, only lists) the ended runs `policy` expires now.
+    ///
+    /// # Errors
+    /// As [`RedbStore::prune`].
+    pub async fn prune_with(&self, policy: &RetentionPolicy, dry_run: bool) -> Result<Pruned> {
+        let report = self.store().prune(policy, now_ms(), dry_run).await?;
+        tracing::info!(
+            runs = report.runs,
+            records = report.records,
+            dry_run,
+            "pruned ended runs"
+        );
+        Ok(report)
+    }
+
+    /// Compacts the store file (see [`RedbStore::compact`]) on a blocking thread; reads and
+    /// commits wait until it is done.
+    ///
+    /// # Errors
+    /// As [`RedbStore::compact`].
+    pub async fn compact(&self) -> Result<Compacted> {
+        let store = self.store().clone();
+        tokio::task::spawn_blocking(move || store.compact())
+            .await
+            .map_err(|e| Error::Open {
+                path: self.store().path().to_path_buf(),
+                source: e.into(),
+            })?
     }
 
     /// The run's current standing, or `None` if no run has this id.

@@ -28,7 +28,7 @@
 
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::thread::JoinHandle;
 
 use redb::backends::FileBackend;
@@ -66,6 +66,29 @@ const TABLES: [&str; 9] = [
     "event_keys",
 ];
 
+/// Most runs deleted in one write transaction by [`RedbStore::prune`].
+pub const PRUNE_BATCH: usize = 256;
+
+/// What [`RedbStore::prune`] removed (or, in a dry run, would remove).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct Pruned {
+    /// Runs removed.
+    pub runs: u64,
+    /// Transition records removed (step, failure and event records go with them).
+    pub records: u64,
+    /// The ids of the runs removed.
+    pub run_ids: Vec<String>,
+}
+
+/// What [`RedbStore::compact`] reclaimed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Compacted {
+    /// File size before, in bytes.
+    pub bytes_before: u64,
+    /// File size after, in bytes.
+    pub bytes_after: u64,
+}
+
 /// Most writes committed in one write transaction.
 pub const MAX_BATCH: usize = 1024;
 
@@ -83,7 +106,9 @@ pub struct RedbStore {
 }
 
 struct Inner {
-    db: Arc<Database>,
+    /// Read transactions and commit batches hold the lock shared; compaction and the
+    /// integrity check, which need redb's `&mut Database`, hold it exclusively.
+    db: Arc<RwLock<Db>>,
     path: PathBuf,
     tx: Option<mpsc::Sender<Request>>,
     writer: Mutex<Option<JoinHandle<()>>>,
@@ -98,6 +123,21 @@ impl Drop for Inner {
             && let Some(handle) = guard.take()
         {
             let _ = handle.join();
+        }
+    }
+}
+
+/// A writable database, or a read-only handle (CLI inspection).
+enum Db {
+    Writable(Database),
+    ReadOnly(redb::ReadOnlyDatabase),
+}
+
+impl Db {
+    fn begin_read(&self) -> std::result::Result<redb::ReadTransaction, redb::TransactionError> {
+        match self {
+            Db::Writable(db) => db.begin_read(),
+            Db::ReadOnly(db) => db.begin_read(),
         }
     }
 }
@@ -188,6 +228,8 @@ pub(crate) enum Write {
         seq: u64,
         at_ms: u64,
     },
+    /// Delete every record, row, index entry and event of these ended runs.
+    Prune { run_ids: Vec<String> },
 }
 
 /// What a [`Write::Failure`] does to the run besides keeping the record.
@@ -210,6 +252,8 @@ pub(crate) enum Reply {
     Done,
     /// The outcome of a [`Write::Wait`], with the run's row after it.
     Waited(WaitOutcome, RunInfo),
+    /// Runs were pruned; this many transition records went with them.
+    Pruned { records: u64 },
     /// An event was appended (or was a duplicate of `event_seq`), with the run's row.
     Sent {
         event_seq: u64,
@@ -233,7 +277,7 @@ impl Reply {
     pub(crate) fn into_run(self, run_id: &str) -> Result<RunInfo> {
         match self {
             Reply::Run(info) | Reply::Waited(_, info) | Reply::Sent { info, .. } => Ok(info),
-            Reply::Done => Err(Error::RunNotFound {
+            Reply::Done | Reply::Pruned { .. } => Err(Error::RunNotFound {
                 run_id: run_id.to_owned(),
             }),
         }
@@ -313,7 +357,7 @@ impl RedbStore {
             Err(e) => return Err(open_err(e.into())),
         };
         ensure_tables(&db).map_err(|e| open_err(e.into()))?;
-        let db = Arc::new(db);
+        let db = Arc::new(RwLock::new(Db::Writable(db)));
         let (tx, rx) = mpsc::channel(QUEUE);
         let writer_db = Arc::clone(&db);
         let writer = std::thread::Builder::new()
@@ -330,15 +374,167 @@ impl RedbStore {
         })
     }
 
+    /// Opens the store file at `path` for reading only: for inspection (the `loops` CLI)
+    /// while no process drives it. Every write returns [`Error::ReadOnly`].
+    ///
+    /// # Errors
+    /// - [`Error::StoreLocked`] if a process has the file open for writing;
+    /// - [`Error::NeedsRecovery`] if the file was not closed cleanly (a crash): redb repairs
+    ///   it on the next writable open ([`RedbStore::open`]);
+    /// - [`Error::Open`] if it does not exist, is not a redb file, or cannot be read.
+    pub fn open_read_only(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let db = match redb::Builder::new().open_read_only(&path) {
+            Ok(db) => db,
+            Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
+                return Err(Error::StoreLocked { path });
+            }
+            Err(redb::DatabaseError::RepairAborted) => {
+                return Err(Error::NeedsRecovery { path });
+            }
+            Err(e) => {
+                return Err(Error::Open {
+                    path,
+                    source: e.into(),
+                });
+            }
+        };
+        Ok(RedbStore {
+            inner: Arc::new(Inner {
+                db: Arc::new(RwLock::new(Db::ReadOnly(db))),
+                path,
+                tx: None,
+                writer: Mutex::new(None),
+            }),
+        })
+    }
+
     /// The store file's path.
     pub fn path(&self) -> &Path {
         &self.inner.path
     }
 
+    /// The store file's size on disk, in bytes (0 for an in-memory store).
+    ///
+    /// # Errors
+    /// [`Error::Open`] if the file's metadata cannot be read.
+    pub fn file_bytes(&self) -> Result<u64> {
+        if self.inner.path == Path::new(":memory:") {
+            return Ok(0);
+        }
+        std::fs::metadata(&self.inner.path)
+            .map(|m| m.len())
+            .map_err(|e| Error::Open {
+                path: self.inner.path.clone(),
+                source: e.into(),
+            })
+    }
+
+    /// Compacts the file: moves pages to the front and truncates the free space at its end.
+    /// Reads and commits wait while it runs (it needs the file to itself). Blocking: call it
+    /// from a blocking thread ([`Runtime::compact`](crate::Runtime::compact) does).
+    ///
+    /// # Errors
+    /// [`Error::ReadOnly`] for a read-only store; [`Error::Storage`] if redb fails.
+    pub fn compact(&self) -> Result<Compacted> {
+        let bytes_before = self.file_bytes()?;
+        {
+            let mut guard = self
+                .inner
+                .db
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
+            let Db::Writable(db) = &mut *guard else {
+                return Err(Error::ReadOnly {
+                    path: self.inner.path.clone(),
+                });
+            };
+            // Each pass moves what it can; a few passes reach the fixed point.
+            for _ in 0..8 {
+                if !db
+                    .compact()
+                    .map_err(|e| Error::storage("compacting the store", e))?
+                {
+                    break;
+                }
+            }
+        }
+        Ok(Compacted {
+            bytes_before,
+            bytes_after: self.file_bytes()?,
+        })
+    }
+
+    /// Verifies the checksum of every page of the file and repairs redb's allocator state if
+    /// needed. Returns `true` if the file was intact. Blocking, and exclusive like
+    /// [`compact`](Self::compact).
+    ///
+    /// # Errors
+    /// [`Error::ReadOnly`] for a read-only store; [`Error::Storage`] if the file is corrupt
+    /// beyond repair or cannot be read.
+    pub fn check_integrity(&self) -> Result<bool> {
+        let mut guard = self
+            .inner
+            .db
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        let Db::Writable(db) = &mut *guard else {
+            return Err(Error::ReadOnly {
+                path: self.inner.path.clone(),
+            });
+        };
+        db.check_integrity()
+            .map_err(|e| Error::storage("checking the store's integrity", e))
+    }
+
+    /// Selects the ended runs `policy` expires at `now_ms` and, unless `dry_run`, deletes
+    /// their records, rows, index entries and events, in write transactions of at most
+    /// [`PRUNE_BATCH`] runs. Runs that have not ended are never touched.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] if a read or a commit fails (runs deleted by earlier batches stay
+    /// deleted); [`Error::ReadOnly`] for a read-only store unless `dry_run`.
+    pub async fn prune(
+        &self,
+        policy: &crate::retention::RetentionPolicy,
+        now_ms: u64,
+        dry_run: bool,
+    ) -> Result<Pruned> {
+        let mut ended = Vec::new();
+        for status in policy.statuses() {
+            ended.extend(self.list(status, None)?);
+        }
+        let expired = policy.select(ended, now_ms);
+        let mut report = Pruned {
+            runs: expired.len() as u64,
+            records: 0,
+            run_ids: expired.clone(),
+        };
+        if dry_run {
+            for run_id in &expired {
+                report.records += self.history(run_id)?.len() as u64;
+            }
+            return Ok(report);
+        }
+        for chunk in expired.chunks(PRUNE_BATCH) {
+            if let Reply::Pruned { records } = self
+                .write(Write::Prune {
+                    run_ids: chunk.to_vec(),
+                })
+                .await?
+            {
+                report.records += records;
+            }
+        }
+        Ok(report)
+    }
+
     /// Commits `write` (batched with concurrent writes) and returns the writer's answer.
     pub(crate) async fn write(&self, write: Write) -> Result<Reply> {
         let (reply, rx) = oneshot::channel();
-        let tx = self.inner.tx.as_ref().ok_or(Error::Closed)?;
+        let tx = self.inner.tx.as_ref().ok_or_else(|| Error::ReadOnly {
+            path: self.inner.path.clone(),
+        })?;
         tx.send(Request { write, reply })
             .await
             .map_err(|_| Error::Closed)?;
@@ -350,11 +546,9 @@ impl RedbStore {
         action: impl Fn() -> String,
         f: impl FnOnce(&redb::ReadTransaction) -> std::result::Result<T, ReadError>,
     ) -> Result<T> {
-        let txn = self
-            .inner
-            .db
-            .begin_read()
-            .map_err(|e| Error::storage(action(), e))?;
+        // Held for the read, so that compaction waits for it.
+        let db = self.inner.db.read().unwrap_or_else(PoisonError::into_inner);
+        let txn = db.begin_read().map_err(|e| Error::storage(action(), e))?;
         f(&txn).map_err(|e| match e {
             ReadError::Storage(e) => Error::storage(action(), e),
             ReadError::Loops(e) => e,
@@ -724,7 +918,7 @@ fn ensure_tables(db: &Database) -> std::result::Result<(), redb::Error> {
 // ---------------------------------------------------------------------------------------------
 // The writer thread.
 
-fn writer_loop(db: &Database, mut rx: mpsc::Receiver<Request>) {
+fn writer_loop(db: &RwLock<Db>, mut rx: mpsc::Receiver<Request>) {
     let mut batch: Vec<Request> = Vec::with_capacity(MAX_BATCH);
     while let Some(first) = rx.blocking_recv() {
         batch.push(first);
@@ -734,7 +928,13 @@ fn writer_loop(db: &Database, mut rx: mpsc::Receiver<Request>) {
                 Err(_) => break,
             }
         }
-        let results = commit_batch(db, batch.iter().map(|r| &r.write));
+        let results = {
+            let guard = db.read().unwrap_or_else(PoisonError::into_inner);
+            match &*guard {
+                Db::Writable(db) => commit_batch(db, batch.iter().map(|r| &r.write)),
+                Db::ReadOnly(_) => batch.iter().map(|_| Err(Error::Closed)).collect(),
+            }
+        };
         for (request, result) in batch.drain(..).zip(results) {
             // The caller may have stopped waiting (its task was dropped); the write stands.
             let _ = request.reply.send(result);
@@ -1197,6 +1397,47 @@ fn apply(t: &mut Tables<'_>, write: &Write) -> std::result::Result<Applied, Appl
                 info,
             }))
         }
+        Write::Prune { run_ids } => {
+            let mut records = 0u64;
+            let mut wrote = false;
+            for run_id in run_ids {
+                let id = run_id.as_str();
+                let Some(bytes) = t.runs.get(id)? else {
+                    continue;
+                };
+                let info = decode_info(id, bytes.value()).map_err(ApplyError::Rejected)?;
+                drop(bytes);
+                if !info.status.is_ended() {
+                    continue;
+                }
+                wrote = true;
+                t.runs.remove(id)?;
+                t.status
+                    .remove((info.status.code(), info.workflow.as_str(), id))?;
+                t.journal.retain_in((id, 0)..=(id, u64::MAX), |_, _| {
+                    records += 1;
+                    false
+                })?;
+                t.steps
+                    .retain_in((id, 0, "", 0)..(id, u64::MAX, "", 0), |_, _| false)?;
+                t.failures.retain_in(
+                    (id, 0, 0, 0)..=(id, u64::MAX, u32::MAX, u32::MAX),
+                    |_, _| false,
+                )?;
+                t.inbox.retain_in((id, 0)..=(id, u64::MAX), |_, _| false)?;
+                let top = name_upper_bound();
+                t.pending
+                    .retain_in((id, "", 0)..(id, top.as_str(), 0), |_, _| false)?;
+                t.event_keys
+                    .retain_in((id, "")..(id, top.as_str()), |_, _| false)?;
+            }
+            let reply = Reply::Pruned { records };
+            Ok(if wrote {
+                Applied::Wrote(reply)
+            } else {
+                Applied::Unchanged(reply)
+            })
+        }
         Write::Wake { run_id, seq, at_ms } => {
             let mut info = load_info(t, run_id)?;
             if info.status != RunStatus::Waiting || info.seq != *seq {
@@ -1266,6 +1507,12 @@ fn write_wait_step(
     };
     t.steps.insert(key, to_vec(&record).as_slice())?;
     Ok(())
+}
+
+/// A string above every valid event name or idempotency key (at most 256 bytes): 65 times
+/// the highest code point, 260 bytes. Bounds range scans over `(run id, name, ..)` keys.
+fn name_upper_bound() -> String {
+    char::MAX.to_string().repeat(65)
 }
 
 fn json_string(s: &str) -> String {
