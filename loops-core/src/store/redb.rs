@@ -517,16 +517,49 @@ impl RedbStore {
             return Ok(report);
         }
         for chunk in expired.chunks(PRUNE_BATCH) {
-            if let Reply::Pruned { records } = self
-                .write(Write::Prune {
-                    run_ids: chunk.to_vec(),
-                })
-                .await?
-            {
-                report.records += records;
-            }
+            report.records += self.delete_ended_runs(chunk).await?;
         }
         Ok(report)
+    }
+
+    /// Deletes the records, rows, index entries and events of the runs in `run_ids` that have
+    /// ended, in one write transaction; runs that have not ended, or do not exist, are
+    /// skipped. Returns the number of transition records deleted. For callers that select runs
+    /// themselves (and show progress); [`prune`](Self::prune) selects by policy.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] if the commit fails; [`Error::ReadOnly`] for a read-only store.
+    pub async fn delete_ended_runs(&self, run_ids: &[String]) -> Result<u64> {
+        match self
+            .write(Write::Prune {
+                run_ids: run_ids.to_vec(),
+            })
+            .await?
+        {
+            Reply::Pruned { records } => Ok(records),
+            _ => Ok(0),
+        }
+    }
+
+    /// Every stored schema description, as `(hash, description)`, by hash.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on a read error.
+    pub fn schemas(&self) -> Result<Vec<(crate::SchemaHash, String)>> {
+        self.read(
+            || "reading schemas".to_owned(),
+            |txn| {
+                let schemas = txn.open_table(SCHEMAS)?;
+                let mut out = Vec::new();
+                for entry in schemas.iter()? {
+                    let (key, value) = entry?;
+                    if let Ok(hash) = key.value().parse() {
+                        out.push((hash, value.value().to_owned()));
+                    }
+                }
+                Ok(out)
+            },
+        )
     }
 
     /// Commits `write` (batched with concurrent writes) and returns the writer's answer.
