@@ -113,6 +113,8 @@ impl JobHandler for Agent {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "run by the other tests of this file as their child process"]
 async fn child_process() {
+    // Reads FAILPOINTS (fault points exist with the `failpoints` feature only).
+    let _scenario = fail::FailScenario::setup();
     let dir = PathBuf::from(std::env::var("LOOPS_DIR").expect("LOOPS_DIR"));
     let hold = std::env::var("LOOPS_HOLD").unwrap_or_default();
     let runtime = Runtime::builder()
@@ -133,6 +135,12 @@ async fn child_process() {
 
 /// Starts the child; returns it and a channel of its stdout lines.
 fn spawn_child(dir: &Path, hold: &str) -> (Child, mpsc::Receiver<String>) {
+    spawn_child_with(dir, hold, "")
+}
+
+/// Starts the child with `FAILPOINTS` set to `failpoints`.
+#[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
+fn spawn_child_with(dir: &Path, hold: &str, failpoints: &str) -> (Child, mpsc::Receiver<String>) {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "child_process",
@@ -143,6 +151,7 @@ fn spawn_child(dir: &Path, hold: &str) -> (Child, mpsc::Receiver<String>) {
         ])
         .env("LOOPS_DIR", dir)
         .env("LOOPS_HOLD", hold)
+        .env("FAILPOINTS", failpoints)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -461,4 +470,136 @@ async fn a_parked_sleep_killed_midway_sleeps_only_the_remainder() {
         elapsed < Duration::from_millis(2500 + 1500),
         "slept again: {elapsed:?}"
     );
+}
+
+/// One test per fault point of the commit path: the child aborts there (as a crash would stop
+/// it), the approval is sent while it is down, and a restart finishes the run. Each asserts the
+/// exact recovery: history, handler entries and side effects.
+#[cfg(feature = "failpoints")]
+mod failpoints {
+    use std::os::unix::process::ExitStatusExt;
+
+    use super::*;
+
+    /// Runs the child until the fault point aborts it.
+    fn abort_at(dir: &Path, failpoints: &str) {
+        let (child, _rx) = spawn_child_with(dir, "", failpoints);
+        let mut child = Killed(child);
+        let status = child.0.wait().unwrap();
+        assert_eq!(
+            status.signal(),
+            Some(6),
+            "{failpoints}: expected SIGABRT, got {status:?}"
+        );
+    }
+
+    async fn recover(dir: &Path) {
+        approve(dir, "fp").await;
+        let end = finish(dir, "");
+        assert_eq!(
+            end,
+            r#"ended {"Done":{"receipt":"receipt-7","approver":"fp"}}"#
+        );
+        assert_eq!(history(dir), full_history());
+    }
+
+    #[tokio::test]
+    async fn before_a_step_runs_its_effect() {
+        let dir = tempfile::tempdir().unwrap();
+        abort_at(dir.path(), "loops::step::before_effect=return");
+        assert!(lines(dir.path(), "ledger").is_empty());
+        recover(dir.path()).await;
+        assert_eq!(lines(dir.path(), "ledger").len(), 1);
+        assert_eq!(
+            entries(dir.path()),
+            counts(&[("Start 0", 1), ("Effect 1", 2), ("Approval 2", 1)])
+        );
+    }
+
+    #[tokio::test]
+    async fn after_a_step_effect_before_its_record() {
+        let dir = tempfile::tempdir().unwrap();
+        abort_at(dir.path(), "loops::step::after_effect=return");
+        recover(dir.path()).await;
+        let ledger = lines(dir.path(), "ledger");
+        assert_eq!(ledger.len(), 2, "the one window: the effect ran again");
+        assert_eq!(ledger[0], ledger[1], "with the same idempotency key");
+        assert_eq!(
+            entries(dir.path()),
+            counts(&[("Start 0", 1), ("Effect 1", 2), ("Approval 2", 1)])
+        );
+    }
+
+    #[tokio::test]
+    async fn after_a_step_record() {
+        let dir = tempfile::tempdir().unwrap();
+        abort_at(dir.path(), "loops::step::after_record=return");
+        recover(dir.path()).await;
+        assert_eq!(
+            lines(dir.path(), "ledger").len(),
+            1,
+            "the recorded step replayed"
+        );
+        assert_eq!(
+            entries(dir.path()),
+            counts(&[("Start 0", 1), ("Effect 1", 2), ("Approval 2", 1)])
+        );
+    }
+
+    #[tokio::test]
+    async fn before_a_transition_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        // The first transition (Start -> Effect) commits; the second aborts before its commit.
+        abort_at(dir.path(), "loops::transition::before_commit=1*off->return");
+        recover(dir.path()).await;
+        assert_eq!(lines(dir.path(), "ledger").len(), 1);
+        assert_eq!(
+            entries(dir.path()),
+            counts(&[("Start 0", 1), ("Effect 1", 2), ("Approval 2", 1)])
+        );
+    }
+
+    #[tokio::test]
+    async fn after_a_transition_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        abort_at(dir.path(), "loops::transition::after_commit=1*off->return");
+        recover(dir.path()).await;
+        assert_eq!(lines(dir.path(), "ledger").len(), 1);
+        // Effect's transition committed before the abort: Effect is not handled again.
+        assert_eq!(
+            entries(dir.path()),
+            counts(&[("Start 0", 1), ("Effect 1", 1), ("Approval 2", 1)])
+        );
+    }
+
+    #[tokio::test]
+    async fn during_a_resume() {
+        let dir = tempfile::tempdir().unwrap();
+        kill_at(dir.path(), "after_step");
+        abort_at(dir.path(), "loops::resume::after_read=return");
+        recover(dir.path()).await;
+        assert_eq!(lines(dir.path(), "ledger").len(), 1);
+        assert_eq!(
+            entries(dir.path()),
+            counts(&[("Start 0", 1), ("Effect 1", 2), ("Approval 2", 1)])
+        );
+    }
+
+    #[tokio::test]
+    async fn after_the_writer_commits_before_it_answers() {
+        let dir = tempfile::tempdir().unwrap();
+        // Commits: the run's creation, Start -> Effect, then the step's record, whose caller
+        // never hears back.
+        abort_at(dir.path(), "loops::writer::after_commit=2*off->return");
+        recover(dir.path()).await;
+        assert_eq!(
+            lines(dir.path(), "ledger").len(),
+            1,
+            "the step's record was durable"
+        );
+        assert_eq!(
+            entries(dir.path()),
+            counts(&[("Start 0", 1), ("Effect 1", 2), ("Approval 2", 1)])
+        );
+    }
 }

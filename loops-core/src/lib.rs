@@ -9,6 +9,7 @@
 pub mod context;
 mod driver;
 pub mod error;
+mod failpoint;
 pub mod record;
 pub mod retention;
 pub mod retry;
@@ -28,7 +29,9 @@ pub use retention::RetentionPolicy;
 pub use retry::RetryPolicy;
 pub use runtime::{Runtime, RuntimeBuilder, Sent};
 pub use schema::SchemaHash;
-pub use store::{Compacted, EventRecord, Pruned, RedbStore, RunInfo, RunStatus, WaitInfo};
+pub use store::{
+    Compacted, EventRecord, Pruned, RedbStore, RunInfo, RunStatus, StoreOptions, WaitInfo,
+};
 pub use workflow::{BoxError, Dispatch, StateId, Workflow};
 
 /// Items used by code that `#[derive(Workflow)]` generates. Not a public API: no stability

@@ -17,7 +17,7 @@ use crate::record::{Transition, TransitionRecord, now_ms};
 use crate::retention::RetentionPolicy;
 use crate::retry::RetryPolicy;
 use crate::scheduler::{Background, Driver, Registered};
-use crate::store::redb::{Reply, SchemaCheck, Write, precheck};
+use crate::store::redb::{Reply, SchemaCheck, StoreOptions, Write, precheck};
 use crate::store::{Compacted, Pruned, RedbStore, RunInfo, RunStatus};
 use crate::workflow::{Dispatch, StateId, Workflow};
 
@@ -84,11 +84,13 @@ impl std::fmt::Debug for Runtime {
 #[derive(Clone)]
 pub struct RuntimeBuilder {
     config: Config,
+    store_options: StoreOptions,
 }
 
 impl Default for RuntimeBuilder {
     fn default() -> Self {
         RuntimeBuilder {
+            store_options: StoreOptions::default(),
             config: Config {
                 retry: RetryPolicy::default(),
                 state_retry: HashMap::new(),
@@ -213,16 +215,30 @@ impl RuntimeBuilder {
     ///   [`Error::Open`] if it is not a loops store or cannot be read.
     pub fn open(self, path: impl AsRef<Path>) -> Result<Runtime> {
         precheck(path.as_ref(), &self.config.checks)?;
-        let store = RedbStore::open(path)?;
+        let store = RedbStore::open_with(path, self.store_options)?;
+        Ok(self.build(store))
+    }
+
+    /// Verify every page's checksum when the store opens (default: on). See
+    /// [`StoreOptions::verify_on_open`].
+    pub fn verify_on_open(mut self, verify: bool) -> Self {
+        self.store_options.verify_on_open = verify;
+        self
+    }
+
+    /// Builds the runtime on a store opened elsewhere ([`RedbStore::with_storage`],
+    /// [`RedbStore::in_memory`]). The schema checks of [`workflow`](Self::workflow) are not made
+    /// before such a store opens; each run is still checked when it is driven.
+    pub fn build(self, store: RedbStore) -> Runtime {
         let background = Background::new(self.config.drivers.iter().cloned());
-        Ok(Runtime {
+        Runtime {
             inner: Arc::new(Inner {
                 store,
                 config: self.config,
                 active: Mutex::new(HashMap::new()),
                 background,
             }),
-        })
+        }
     }
 }
 

@@ -11,7 +11,7 @@ use crate::schema::SchemaHash;
 
 pub mod redb;
 
-pub use self::redb::{Compacted, EventRecord, Pruned, RedbStore};
+pub use self::redb::{Compacted, EventRecord, Pruned, RedbStore, StoreOptions};
 
 /// Where a run stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

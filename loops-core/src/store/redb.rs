@@ -110,6 +110,8 @@ struct Inner {
     /// integrity check, which need redb's `&mut Database`, hold it exclusively.
     db: Arc<RwLock<Db>>,
     path: PathBuf,
+    /// Opens the database again after an I/O error closed it (none when read-only).
+    opener: Option<Opener>,
     tx: Option<mpsc::Sender<Request>>,
     writer: Mutex<Option<JoinHandle<()>>>,
 }
@@ -127,17 +129,43 @@ impl Drop for Inner {
     }
 }
 
-/// A writable database, or a read-only handle (CLI inspection).
+/// A writable database, or a read-only handle (CLI inspection), or nothing while the writer
+/// reopens the file after an I/O error.
 enum Db {
     Writable(Database),
     ReadOnly(redb::ReadOnlyDatabase),
+    Reopening(Arc<redb::Error>),
 }
 
 impl Db {
-    fn begin_read(&self) -> std::result::Result<redb::ReadTransaction, redb::TransactionError> {
+    fn begin_read(&self) -> std::result::Result<redb::ReadTransaction, redb::Error> {
         match self {
-            Db::Writable(db) => db.begin_read(),
-            Db::ReadOnly(db) => db.begin_read(),
+            Db::Writable(db) => db.begin_read().map_err(Into::into),
+            Db::ReadOnly(db) => db.begin_read().map_err(Into::into),
+            Db::Reopening(e) => Err(redb::Error::Io(std::io::Error::other(format!(
+                "the store is being reopened after an I/O error: {e}"
+            )))),
+        }
+    }
+}
+
+/// Opens the database again: after an I/O error redb refuses every further transaction until
+/// the database is closed and opened again.
+type Opener = Arc<dyn Fn() -> std::result::Result<Database, redb::DatabaseError> + Send + Sync>;
+
+/// How a store opens its file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// Verify the checksum of every page when the file is opened, so that a file altered
+    /// outside redb (flipped bytes, a bad disk) fails to open with [`Error::Open`] instead of
+    /// being read. Reads the whole file: see `docs/benchmarks.md` for the cost. Default: on.
+    pub verify_on_open: bool,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            verify_on_open: true,
         }
     }
 }
@@ -312,6 +340,14 @@ impl RedbStore {
     /// - [`Error::StoreLocked`] at once if this or another process has the file open;
     /// - [`Error::Open`] if the file is not a redb file, is corrupt, or cannot be read.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        Self::open_with(path, StoreOptions::default())
+    }
+
+    /// As [`open`](Self::open), with `options`.
+    ///
+    /// # Errors
+    /// As [`open`](Self::open).
+    pub fn open_with(path: impl AsRef<Path>, store_options: StoreOptions) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
         let open_err = |source: crate::BoxError| Error::Open {
             path: path.clone(),
@@ -327,9 +363,13 @@ impl RedbStore {
         options.read(true).write(true).create(true).truncate(false);
         #[cfg(unix)]
         std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-        let file = options.open(&path).map_err(|e| open_err(e.into()))?;
-        let backend = FileBackend::new(file).map_err(|e| open_err(e.into()))?;
-        Self::with_backend(backend, path)
+        // Create the file (0600) before redb opens it; redb reopens it by path afterwards.
+        drop(options.open(&path).map_err(|e| open_err(e.into()))?);
+        let file_path = path.clone();
+        Self::with_storage(path, store_options, move || {
+            let file = OpenOptions::new().read(true).write(true).open(&file_path)?;
+            FileBackend::new(file).map_err(|e| std::io::Error::other(e.to_string()))
+        })
     }
 
     /// A store kept in memory only: nothing survives the process. For tests of workflows
@@ -338,18 +378,60 @@ impl RedbStore {
     /// # Errors
     /// [`Error::Open`] if redb cannot initialize the memory backend.
     pub fn in_memory() -> Result<Self> {
-        Self::with_backend(
-            redb::backends::InMemoryBackend::new(),
+        // Memory cannot be reopened: an I/O error (there are none in memory) would be final.
+        let backend = Mutex::new(Some(redb::backends::InMemoryBackend::new()));
+        Self::with_storage(
             PathBuf::from(":memory:"),
+            StoreOptions {
+                verify_on_open: false,
+            },
+            move || {
+                backend
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .take()
+                    .ok_or_else(|| std::io::Error::other("an in-memory store cannot be reopened"))
+            },
         )
     }
 
-    fn with_backend(backend: impl redb::StorageBackend, path: PathBuf) -> Result<Self> {
+    /// A store on a storage backend of your own (encryption, a block device, fault injection
+    /// in tests). `make_backend` is called to open the store, and again to reopen it after an
+    /// I/O error; `label` names the store in errors and logs.
+    ///
+    /// # Errors
+    /// [`Error::StoreLocked`] if the backend reports the database open elsewhere;
+    /// [`Error::Open`] if it is not a redb database, is corrupt, or cannot be read.
+    pub fn with_storage<B, F>(
+        label: PathBuf,
+        options: StoreOptions,
+        make_backend: F,
+    ) -> Result<Self>
+    where
+        B: redb::StorageBackend,
+        F: Fn() -> std::io::Result<B> + Send + Sync + 'static,
+    {
+        let path = label;
+        let opener: Opener = Arc::new(move || {
+            let backend = make_backend()?;
+            let mut builder = Database::builder();
+            builder.set_check_integrity_on_open(options.verify_on_open);
+            // redb documents that a plain open of an altered file may panic: never let that
+            // reach the caller.
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                builder.create_with_backend(backend)
+            }))
+            .unwrap_or_else(|_| {
+                Err(redb::DatabaseError::Storage(redb::StorageError::Corrupted(
+                    "redb panicked while opening the file".to_owned(),
+                )))
+            })
+        });
         let open_err = |source: crate::BoxError| Error::Open {
             path: path.clone(),
             source,
         };
-        let db = match Database::builder().create_with_backend(backend) {
+        let db = match opener() {
             Ok(db) => db,
             Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
                 return Err(Error::StoreLocked { path });
@@ -360,14 +442,17 @@ impl RedbStore {
         let db = Arc::new(RwLock::new(Db::Writable(db)));
         let (tx, rx) = mpsc::channel(QUEUE);
         let writer_db = Arc::clone(&db);
+        let writer_opener = Arc::clone(&opener);
+        let writer_path = path.clone();
         let writer = std::thread::Builder::new()
             .name("loops-writer".into())
-            .spawn(move || writer_loop(&writer_db, rx))
+            .spawn(move || writer_loop(&writer_db, &writer_opener, &writer_path, rx))
             .map_err(|e| open_err(e.into()))?;
         Ok(RedbStore {
             inner: Arc::new(Inner {
                 db,
                 path,
+                opener: Some(opener),
                 tx: Some(tx),
                 writer: Mutex::new(Some(writer)),
             }),
@@ -403,6 +488,7 @@ impl RedbStore {
             inner: Arc::new(Inner {
                 db: Arc::new(RwLock::new(Db::ReadOnly(db))),
                 path,
+                opener: None,
                 tx: None,
                 writer: Mutex::new(None),
             }),
@@ -579,6 +665,11 @@ impl RedbStore {
         action: impl Fn() -> String,
         f: impl FnOnce(&redb::ReadTransaction) -> std::result::Result<T, ReadError>,
     ) -> Result<T> {
+        if let Some(opener) = &self.inner.opener {
+            // A store closed by a failed commit is opened again by the first read or write
+            // after the fault clears.
+            let _ = reopen_if_needed(&self.inner.db, opener, &self.inner.path);
+        }
         // Held for the read, so that compaction waits for it.
         let db = self.inner.db.read().unwrap_or_else(PoisonError::into_inner);
         let txn = db.begin_read().map_err(|e| Error::storage(action(), e))?;
@@ -951,7 +1042,7 @@ fn ensure_tables(db: &Database) -> std::result::Result<(), redb::Error> {
 // ---------------------------------------------------------------------------------------------
 // The writer thread.
 
-fn writer_loop(db: &RwLock<Db>, mut rx: mpsc::Receiver<Request>) {
+fn writer_loop(db: &RwLock<Db>, opener: &Opener, path: &Path, mut rx: mpsc::Receiver<Request>) {
     let mut batch: Vec<Request> = Vec::with_capacity(MAX_BATCH);
     while let Some(first) = rx.blocking_recv() {
         batch.push(first);
@@ -961,16 +1052,74 @@ fn writer_loop(db: &RwLock<Db>, mut rx: mpsc::Receiver<Request>) {
                 Err(_) => break,
             }
         }
-        let results = {
+        let reopened = reopen_if_needed(db, opener, path);
+        let (results, storage_failed) = {
             let guard = db.read().unwrap_or_else(PoisonError::into_inner);
-            match &*guard {
-                Db::Writable(db) => commit_batch(db, batch.iter().map(|r| &r.write)),
-                Db::ReadOnly(_) => batch.iter().map(|_| Err(Error::Closed)).collect(),
+            match (&*guard, reopened) {
+                (Db::Writable(db), _) => commit_batch(db, batch.iter().map(|r| &r.write)),
+                (Db::Reopening(_), Err(e)) => (
+                    batch
+                        .iter()
+                        .map(|_| {
+                            Err(Error::Storage {
+                                action: format!("reopening {} after an I/O error", path.display()),
+                                source: Arc::clone(&e),
+                            })
+                        })
+                        .collect(),
+                    false,
+                ),
+                _ => (batch.iter().map(|_| Err(Error::Closed)).collect(), false),
             }
         };
+        if storage_failed {
+            // redb refuses every transaction after an I/O error ("PreviousIo") until the
+            // database is opened again: close it now, reopen before the next batch.
+            let mut guard = db.write().unwrap_or_else(PoisonError::into_inner);
+            if matches!(&*guard, Db::Writable(_)) {
+                tracing::warn!(path = %path.display(), "store write failed; reopening before the next commit");
+                *guard = Db::Reopening(Arc::new(redb::Error::Io(std::io::Error::other(
+                    "closed after a failed commit",
+                ))));
+            }
+        }
         for (request, result) in batch.drain(..).zip(results) {
             // The caller may have stopped waiting (its task was dropped); the write stands.
             let _ = request.reply.send(result);
+        }
+        if storage_failed {
+            let _ = reopen_if_needed(db, opener, path);
+        }
+    }
+}
+
+/// Opens the database again if a failed commit closed it. Returns the error of a reopen
+/// that failed (the next batch tries again).
+fn reopen_if_needed(
+    db: &RwLock<Db>,
+    opener: &Opener,
+    path: &Path,
+) -> std::result::Result<(), Arc<redb::Error>> {
+    if !matches!(
+        &*db.read().unwrap_or_else(PoisonError::into_inner),
+        Db::Reopening(_)
+    ) {
+        return Ok(());
+    }
+    let mut guard = db.write().unwrap_or_else(PoisonError::into_inner);
+    if !matches!(&*guard, Db::Reopening(_)) {
+        return Ok(());
+    }
+    match opener() {
+        Ok(new) => {
+            tracing::info!(path = %path.display(), "store reopened after an I/O error");
+            *guard = Db::Writable(new);
+            Ok(())
+        }
+        Err(e) => {
+            let e = Arc::new(redb::Error::from(e));
+            *guard = Db::Reopening(Arc::clone(&e));
+            Err(e)
         }
     }
 }
@@ -1015,18 +1164,19 @@ struct Tables<'t> {
 fn commit_batch<'a>(
     db: &Database,
     writes: impl ExactSizeIterator<Item = &'a Write>,
-) -> Vec<Result<Reply>> {
+) -> (Vec<Result<Reply>>, bool) {
     let n = writes.len();
-    let fail_all = |action: String, e: redb::Error| -> Vec<Result<Reply>> {
+    let fail_all = |action: String, e: redb::Error| -> (Vec<Result<Reply>>, bool) {
         let shared = Arc::new(e);
-        (0..n)
+        let results = (0..n)
             .map(|_| {
                 Err(Error::Storage {
                     action: action.clone(),
                     source: Arc::clone(&shared),
                 })
             })
-            .collect()
+            .collect();
+        (results, true)
     };
     let txn = match db.begin_write() {
         Ok(txn) => txn,
@@ -1066,10 +1216,13 @@ fn commit_batch<'a>(
     if !wrote {
         // Nothing changed: leave the file untouched (no commit, no fsync).
         let _ = txn.abort();
-        return results;
+        return (results, false);
     }
     match txn.commit() {
-        Ok(()) => results,
+        Ok(()) => {
+            crate::failpoint::point("loops::writer::after_commit");
+            (results, false)
+        }
         Err(e) => fail_all(format!("committing {n} writes"), e.into()),
     }
 }
