@@ -15,6 +15,8 @@ mod ctxt;
 mod expand;
 mod fallback;
 mod schema;
+mod serde_attr;
+mod shape;
 mod valid;
 
 use proc_macro::TokenStream;
@@ -29,8 +31,16 @@ use syn::{DeriveInput, parse_macro_input};
 /// `loops::StateId`), one `{V}Next` enum per non-terminal state `V` (the states `V` may move
 /// to), the `DeliverHandler` trait (one async method per non-terminal state), and the
 /// `loops::Workflow` and `loops::Dispatch` impls.
-#[proc_macro_derive(Workflow, attributes(workflow, initial, next, terminal))]
+#[proc_macro_derive(Workflow, attributes(workflow, initial, next, terminal, schema))]
 pub fn derive_workflow(input: TokenStream) -> TokenStream {
     let input = parse_macro_input!(input as DeriveInput);
     expand::derive(&input).into()
+}
+
+/// Derives `loops::Schema` for a struct or enum used in workflow states: describes its stored
+/// form from its fields' `Schema` impls and its serde attributes.
+#[proc_macro_derive(Schema, attributes(schema))]
+pub fn derive_schema(input: TokenStream) -> TokenStream {
+    let input = parse_macro_input!(input as DeriveInput);
+    schema::derive(&input).into()
 }
