@@ -436,3 +436,255 @@ mod tests {
         assert_ne!(H.pinned(), H);
     }
 }
+
+#[cfg(test)]
+mod shape_tests {
+    use super::describe::{describe, describe_len, utf8};
+    use super::*;
+
+    const ISSUE: Shape = Shape::Struct(&Struct {
+        name: "Issue",
+        params: &[],
+        tag: None,
+        fields: Fields::Named(&[
+            Field::new("number", u64::SHAPE),
+            Field::new("labels", <Vec<String>>::SHAPE),
+        ]),
+        note: "",
+    });
+
+    const FLOW: WorkflowShape = WorkflowShape {
+        name: "deliver",
+        version: 1,
+        repr: Repr::External,
+        states: &[
+            StateShape {
+                name: "Received",
+                variant: Variant {
+                    name: "Received",
+                    fields: Fields::Named(&[Field::new("issue", &ISSUE)]),
+                    note: "",
+                },
+                initial: true,
+                terminal: false,
+                next: &["Done"],
+            },
+            StateShape {
+                name: "Done",
+                variant: Variant {
+                    name: "Done",
+                    fields: Fields::Unit,
+                    note: "",
+                },
+                initial: false,
+                terminal: true,
+                next: &[],
+            },
+        ],
+        note: "",
+    };
+
+    const LEN: usize = describe_len(&FLOW);
+    const TEXT: [u8; LEN] = describe(&FLOW);
+
+    #[test]
+    fn a_hand_built_workflow_hashes_and_describes_at_compile_time() {
+        const HASH: SchemaHash = FLOW.hash();
+        // Pinned: the hash function must never change by accident (it would strand every
+        // stored run).
+        assert_eq!(HASH.to_string(), "1314c21d0bdb5c0b");
+        assert_eq!(
+            utf8(&TEXT),
+            "workflow deliver version 1\n\
+             state Received (struct, initial) -> Done\n  \
+               issue: Issue\n  \
+               issue.number: u64\n  \
+               issue.labels: Vec<String>\n\
+             state Done (unit, terminal)\n"
+        );
+    }
+
+    #[test]
+    fn transparent_types_hash_as_what_they_hold() {
+        assert_eq!(<Box<u64>>::SHAPE.hash(), u64::SHAPE.hash());
+        assert_eq!(<std::rc::Rc<str>>::SHAPE.hash(), String::SHAPE.hash());
+        assert_eq!(
+            <std::borrow::Cow<'_, str>>::SHAPE.hash(),
+            String::SHAPE.hash()
+        );
+        assert_eq!(
+            <std::collections::VecDeque<u8>>::SHAPE.hash(),
+            <Vec<u8>>::SHAPE.hash()
+        );
+        const NEWTYPE: Shape = Shape::Struct(&Struct {
+            name: "Id",
+            params: &[],
+            tag: None,
+            fields: Fields::Newtype(&Field::new("0", u64::SHAPE)),
+            note: "",
+        });
+        assert_eq!(NEWTYPE.hash(), u64::SHAPE.hash());
+        assert_ne!(
+            <Vec<u8>>::SHAPE.hash(),
+            <std::collections::BTreeSet<u8>>::SHAPE.hash()
+        );
+        assert_ne!(<[u8; 4]>::SHAPE.hash(), <[u8; 5]>::SHAPE.hash());
+        assert_ne!(<(u8, u16)>::SHAPE.hash(), <(u16, u8)>::SHAPE.hash());
+    }
+
+    /// 25 nested options: deeper than the hash and the description follow.
+    type Deep = Option<
+        Option<
+            Option<
+                Option<
+                    Option<
+                        Option<
+                            Option<
+                                Option<
+                                    Option<
+                                        Option<
+                                            Option<
+                                                Option<
+                                                    Option<
+                                                        Option<
+                                                            Option<
+                                                                Option<
+                                                                    Option<
+                                                                        Option<
+                                                                            Option<
+                                                                                Option<
+                                                                                    Option<
+                                                                                        Option<
+                                                                                            Option<
+                                                                                                Option<
+                                                                                                    Option<u8>,
+                                                                                                >,
+                                                                                            >,
+                                                                                        >,
+                                                                                    >,
+                                                                                >,
+                                                                            >,
+                                                                        >,
+                                                                    >,
+                                                                >,
+                                                            >,
+                                                        >,
+                                                    >,
+                                                >,
+                                            >,
+                                        >,
+                                    >,
+                                >,
+                            >,
+                        >,
+                    >,
+                >,
+            >,
+        >,
+    >;
+
+    /// 20 nested options around `T`.
+    type Deep20<T> = Option<Option<Option<Option<Option<Deep15<T>>>>>>;
+    type Deep15<T> = Option<Option<Option<Option<Option<Deep10<T>>>>>>;
+    type Deep10<T> = Option<Option<Option<Option<Option<Deep5<T>>>>>>;
+    type Deep5<T> = Option<Option<Option<Option<Option<T>>>>>;
+
+    #[test]
+    fn too_deep_shapes_are_cut_off_not_a_compile_error() {
+        const DEEP: WorkflowShape = WorkflowShape {
+            name: "deep",
+            version: 1,
+            repr: Repr::External,
+            states: &[StateShape {
+                name: "Only",
+                variant: Variant {
+                    name: "Only",
+                    fields: Fields::Named(&[Field::new("x", Deep::SHAPE)]),
+                    note: "",
+                },
+                initial: true,
+                terminal: true,
+                next: &[],
+            }],
+            note: "",
+        };
+        const HASH: SchemaHash = DEEP.hash();
+        const LEN: usize = describe_len(&DEEP);
+        const TEXT: [u8; LEN] = describe(&DEEP);
+        assert_ne!(HASH, FLOW.hash());
+        let text = utf8(&TEXT);
+        assert!(
+            text.starts_with("workflow deep version 1\nstate Only"),
+            "{text}"
+        );
+        assert!(text.contains("x: Option<Option<"), "{text}");
+        // The limit: below 20 levels, the hash no longer sees the type.
+        assert_eq!(Deep::SHAPE.hash(), <Deep20<u16>>::SHAPE.hash());
+    }
+
+    /// A struct with one named field: every level costs the most const-eval stack frames.
+    struct Nest<T>(T);
+
+    impl<T: Schema> Schema for Nest<T> {
+        const SHAPE: &'static Shape = &Shape::Struct(&Struct {
+            name: "Nest",
+            params: &[T::SHAPE],
+            tag: None,
+            fields: Fields::Named(&[Field::new("x", T::SHAPE)]),
+            note: "",
+        });
+    }
+
+    type Nest5<T> = Nest<Nest<Nest<Nest<Nest<T>>>>>;
+    type Nest24<T> = Nest5<Nest5<Nest5<Nest5<Nest<Nest<Nest<Nest<T>>>>>>>>;
+
+    #[test]
+    fn deeply_nested_structs_stay_within_the_compilers_limits() {
+        const DEEP: WorkflowShape = WorkflowShape {
+            name: "nested",
+            version: 1,
+            repr: Repr::External,
+            states: &[StateShape {
+                name: "Only",
+                variant: Variant {
+                    name: "Only",
+                    fields: Fields::Named(&[Field::new("n", <Nest24<u8>>::SHAPE)]),
+                    note: "",
+                },
+                initial: true,
+                terminal: true,
+                next: &[],
+            }],
+            note: "",
+        };
+        const HASH: SchemaHash = DEEP.hash();
+        const LEN: usize = describe_len(&DEEP);
+        const TEXT: [u8; LEN] = describe(&DEEP);
+        let text = utf8(&TEXT);
+        assert!(
+            text.contains("  n.x.x.x.x.x.x.x.x.x.x.x.x.x.x.x.x.x.x: Nest<"),
+            "{text}"
+        );
+        assert!(text.contains(": ... (too deep to describe)"), "{text}");
+        assert_ne!(HASH, FLOW.hash());
+    }
+
+    #[cfg(feature = "uuid")]
+    #[test]
+    fn uuid_is_a_string_of_its_own() {
+        assert!(matches!(uuid::Uuid::SHAPE, Shape::Scalar("Uuid")));
+    }
+
+    #[cfg(feature = "chrono")]
+    #[test]
+    fn chrono_dates_are_strings_of_their_own() {
+        assert_eq!(
+            <chrono::DateTime<chrono::Utc>>::SHAPE.hash(),
+            <chrono::DateTime<chrono::FixedOffset>>::SHAPE.hash()
+        );
+        assert!(matches!(
+            chrono::NaiveDate::SHAPE,
+            Shape::Scalar("NaiveDate")
+        ));
+    }
+}

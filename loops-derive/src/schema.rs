@@ -142,10 +142,26 @@ pub(crate) fn derive(input: &DeriveInput) -> TokenStream {
     } else {
         TokenStream::new()
     };
+    // Types that contain each other without `#[schema(recursive = ...)]` make const
+    // evaluation cycle, and rustc's cycle error names the constants involved: for a
+    // non-generic type, route the shape through a constant whose name says what to do.
+    let (hint, shape) = if input.generics.params.is_empty() {
+        let hint = quote_spanned! {input.ident.span()=>
+            #[allow(non_upper_case_globals)]
+            const if_this_cycles_add_schema_recursive_to_one_of_the_fields_that_refer_back:
+                &::loops::schema::Shape = #shape;
+        };
+        let shape =
+            quote!(if_this_cycles_add_schema_recursive_to_one_of_the_fields_that_refer_back);
+        (hint, shape)
+    } else {
+        (TokenStream::new(), shape)
+    };
     quote! {
         #error
         const _: () = {
             #markers
+            #hint
             #[automatically_derived]
             impl #impl_generics ::loops::Schema for #ident #ty_generics #where_clause {
                 const SHAPE: &'static ::loops::schema::Shape = #shape;

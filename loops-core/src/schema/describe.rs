@@ -29,7 +29,7 @@
 //! flattened struct are listed in place. Type names are for the reader: sequences are
 //! `Vec<T>`, sets `Set<T>`, maps `Map<K, V>`, whatever the Rust type.
 
-use super::hash::{Enclosing, flattened_struct, str_eq};
+use super::hash::{Enclosing, MAX_DEPTH, flattened_struct, str_eq};
 use super::{Field, Variant};
 use super::{FieldFlags, Fields, Repr, Shape, StateShape, WorkflowShape};
 
@@ -292,6 +292,11 @@ impl<'a> Describer<'a> {
     /// The lines for what `shape` contains, at the current path.
     const fn inside(&mut self, shape: &Shape) {
         if !self.enclosing.enter() {
+            if matches!(shape, Shape::Struct(_) | Shape::Enum(_) | Shape::Tuple(_)) {
+                self.str("  ");
+                self.write_path();
+                self.str(": ... (too deep to describe)\n");
+            }
             return;
         }
         match *shape {
@@ -380,62 +385,71 @@ impl<'a> Describer<'a> {
 
     /// A type as the reader knows it: `Option<Vec<Issue>>`, `Map<String, u64>`.
     const fn ty(&mut self, shape: &Shape) {
+        self.ty_at(shape, 0);
+    }
+
+    const fn ty_at(&mut self, shape: &Shape, depth: usize) {
+        if depth > MAX_DEPTH {
+            self.str("...");
+            return;
+        }
+        let depth = depth + 1;
         match *shape {
             Shape::Scalar(name) | Shape::Recursive(name) | Shape::Opaque { ty: name, .. } => {
                 self.str(name)
             }
-            Shape::Option(inner) => self.wrapped("Option<", inner),
-            Shape::Seq(inner) => self.wrapped("Vec<", inner),
-            Shape::Set(inner) => self.wrapped("Set<", inner),
+            Shape::Option(inner) => self.wrapped("Option<", inner, depth),
+            Shape::Seq(inner) => self.wrapped("Vec<", inner, depth),
+            Shape::Set(inner) => self.wrapped("Set<", inner, depth),
             Shape::Map(key, value) => {
                 self.str("Map<");
-                self.ty(key);
+                self.ty_at(key, depth);
                 self.str(", ");
-                self.ty(value);
+                self.ty_at(value, depth);
                 self.byte(b'>');
             }
             Shape::Array(inner, len) => {
                 self.byte(b'[');
-                self.ty(inner);
+                self.ty_at(inner, depth);
                 self.str("; ");
                 self.num(len as u64);
                 self.byte(b']');
             }
             Shape::Tuple(items) => {
                 self.byte(b'(');
-                self.list(items);
+                self.list(items, depth);
                 if items.len() == 1 {
                     self.byte(b',');
                 }
                 self.byte(b')');
             }
-            Shape::Struct(s) => self.generic(s.name, s.params),
-            Shape::Enum(e) => self.generic(e.name, e.params),
+            Shape::Struct(s) => self.generic(s.name, s.params, depth),
+            Shape::Enum(e) => self.generic(e.name, e.params, depth),
         }
     }
 
-    const fn wrapped(&mut self, open: &str, inner: &Shape) {
+    const fn wrapped(&mut self, open: &str, inner: &Shape, depth: usize) {
         self.str(open);
-        self.ty(inner);
+        self.ty_at(inner, depth);
         self.byte(b'>');
     }
 
-    const fn generic(&mut self, name: &str, params: &[&Shape]) {
+    const fn generic(&mut self, name: &str, params: &[&Shape], depth: usize) {
         self.str(name);
         if !params.is_empty() {
             self.byte(b'<');
-            self.list(params);
+            self.list(params, depth);
             self.byte(b'>');
         }
     }
 
-    const fn list(&mut self, items: &[&Shape]) {
+    const fn list(&mut self, items: &[&Shape], depth: usize) {
         let mut i = 0;
         while i < items.len() {
             if i > 0 {
                 self.str(", ");
             }
-            self.ty(items[i]);
+            self.ty_at(items[i], depth);
             i += 1;
         }
     }
@@ -501,9 +515,6 @@ impl<'a> Describer<'a> {
         let mut core = shape;
         while let Shape::Option(inner) = *core {
             core = inner;
-        }
-        if self.enclosing.depth() >= super::hash::MAX_DEPTH {
-            self.note(notes, "too deep to describe");
         }
         match *core {
             Shape::Recursive(_) => self.note(notes, "recursive"),

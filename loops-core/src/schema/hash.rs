@@ -51,11 +51,6 @@ impl Enclosing {
         self.depth -= 1;
     }
 
-    /// How many shapes are entered.
-    pub(crate) const fn depth(&self) -> usize {
-        self.depth
-    }
-
     /// Enters a named type (after [`enter`](Self::enter), which bounds how many there are).
     pub(crate) const fn push(&mut self, name: &'static str) {
         self.names[self.len] = name;
