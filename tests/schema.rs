@@ -157,6 +157,25 @@ unchanged!(flattened_struct_is_the_same_object, flattened {
     pub enum Kind { #[default] A, B(u8), C { x: i64 } }
 });
 
+/// A type without a `Schema` impl (as if from another crate), stored as a string.
+#[derive(Serialize, Deserialize, Default)]
+#[serde(transparent)]
+pub struct Foreign(String);
+
+unchanged!(described_as_what_it_is_stored_as, described_as {
+    #[derive(Schema, Serialize, Deserialize, Default)]
+    pub struct Data { pub id: u64, #[schema(as = String)] pub title: super::Foreign, pub inner: Inner }
+    #[derive(Schema, Serialize, Deserialize, Default)]
+    pub struct Inner { pub tags: Vec<Tag>, pub deep: Deep }
+    #[derive(Schema, Serialize, Deserialize, Default)]
+    #[serde(transparent)]
+    pub struct Tag { pub text: String }
+    #[derive(Schema, Serialize, Deserialize, Default)]
+    pub struct Deep { pub count: u32, pub kind: Kind }
+    #[derive(Schema, Serialize, Deserialize, Default)]
+    pub enum Kind { #[default] A, B(u8), C { x: i64 } }
+});
+
 // ---- What changes the stored form changes the hash. ----
 
 changed!(field_added_three_levels_down, deep_field_added {

@@ -533,55 +533,7 @@ mod shape_tests {
     }
 
     /// 25 nested options: deeper than the hash and the description follow.
-    type Deep = Option<
-        Option<
-            Option<
-                Option<
-                    Option<
-                        Option<
-                            Option<
-                                Option<
-                                    Option<
-                                        Option<
-                                            Option<
-                                                Option<
-                                                    Option<
-                                                        Option<
-                                                            Option<
-                                                                Option<
-                                                                    Option<
-                                                                        Option<
-                                                                            Option<
-                                                                                Option<
-                                                                                    Option<
-                                                                                        Option<
-                                                                                            Option<
-                                                                                                Option<
-                                                                                                    Option<u8>,
-                                                                                                >,
-                                                                                            >,
-                                                                                        >,
-                                                                                    >,
-                                                                                >,
-                                                                            >,
-                                                                        >,
-                                                                    >,
-                                                                >,
-                                                            >,
-                                                        >,
-                                                    >,
-                                                >,
-                                            >,
-                                        >,
-                                    >,
-                                >,
-                            >,
-                        >,
-                    >,
-                >,
-            >,
-        >,
-    >;
+    type Deep = Deep20<Deep5<u8>>;
 
     /// 20 nested options around `T`.
     type Deep20<T> = Option<Option<Option<Option<Option<Deep15<T>>>>>>;
