@@ -75,4 +75,4 @@
 #![forbid(unsafe_code)]
 
 pub use loops_core::*;
-pub use loops_derive::Workflow;
+pub use loops_derive::{Schema, Workflow};

@@ -28,7 +28,7 @@ pub use record::{FailureRecord, FailureSource, StepRecord, Transition, Transitio
 pub use retention::RetentionPolicy;
 pub use retry::RetryPolicy;
 pub use runtime::{Runtime, RuntimeBuilder, Sent};
-pub use schema::SchemaHash;
+pub use schema::{Schema, SchemaHash, schema_diff};
 pub use store::{
     Compacted, EventRecord, Pruned, RedbStore, RunInfo, RunStatus, StoreOptions, WaitInfo,
 };
@@ -41,6 +41,7 @@ pub mod __private {
     pub use serde;
 
     pub use crate::context::__for_tests;
+    pub use crate::schema::__describe::{describe, describe_len, utf8};
 
     /// The error a dispatch of a terminal state returns (the runtime never dispatches one).
     pub fn terminal_dispatched(workflow: &'static str, state: &'static str) -> crate::BoxError {

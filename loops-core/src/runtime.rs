@@ -636,7 +636,7 @@ impl Runtime {
     /// each; empty when the stored description is unavailable.
     pub(crate) fn schema_changes<W: Workflow>(&self, stored: crate::SchemaHash) -> Vec<String> {
         match self.inner.store.schema(stored) {
-            Ok(Some(old)) => crate::schema::diff_descriptions(&old, W::SCHEMA),
+            Ok(Some(old)) => crate::schema::schema_diff(&old, W::SCHEMA),
             _ => Vec::new(),
         }
     }

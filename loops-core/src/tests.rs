@@ -59,7 +59,7 @@ impl Workflow for Job {
     const NAME: &'static str = "job";
     const VERSION: u32 = 1;
     const SCHEMA_HASH: SchemaHash = SchemaHash::of(b"job v1");
-    const SCHEMA: &'static str = "workflow job v1\nStart { n: u32 } -> Work\nWork { n: u32, acc: u64 } -> Work | Done\nDone { acc: u64 }";
+    const SCHEMA: &'static str = "workflow job version 1\nstate Start (struct, initial) -> Work\n  n: u32\nstate Work (struct) -> Work | Done\n  n: u32\n  acc: u64\nstate Done (struct, terminal)\n  acc: u64\n";
     fn state(&self) -> JobState {
         match self {
             Job::Start { .. } => JobState::Start,
@@ -82,7 +82,7 @@ impl Workflow for JobV2 {
     const NAME: &'static str = "job";
     const VERSION: u32 = 1;
     const SCHEMA_HASH: SchemaHash = SchemaHash::of(b"job v2");
-    const SCHEMA: &'static str = "workflow job v1\nStart { n: u64 } -> Work\nWork { n: u32, acc: u64 } -> Work | Done\nDone { acc: u64 }";
+    const SCHEMA: &'static str = "workflow job version 1\nstate Start (struct, initial) -> Work\n  n: u64\nstate Work (struct) -> Work | Done\n  n: u32\n  acc: u64\nstate Done (struct, terminal)\n  acc: u64\n";
     fn state(&self) -> JobState {
         match self {
             JobV2::Start { .. } => JobState::Start,
@@ -449,10 +449,7 @@ async fn schema_change_is_refused_and_writes_nothing() {
                 assert_eq!(compiled, JobV2::SCHEMA_HASH.pinned());
                 assert_eq!(
                     changes,
-                    vec![
-                        "changed: Start { n: u64 } -> Work (was: Start { n: u32 } -> Work)"
-                            .to_owned()
-                    ]
+                    vec!["state `Start`: field `n` changed from `u32` to `u64`".to_owned()]
                 );
             }
             other => panic!("expected SchemaMismatch, got {other:?}"),

@@ -956,7 +956,7 @@ pub(crate) fn precheck(path: &Path, checks: &[SchemaCheck]) -> Result<()> {
         Ok(None) => Ok(()),
         Ok(Some((info, check, stored))) => Err(Error::SchemaMismatch {
             changes: stored
-                .map(|old| crate::schema::diff_descriptions(&old, check.schema))
+                .map(|old| crate::schema::schema_diff(&old, check.schema))
                 .unwrap_or_default(),
             run_id: info.run_id,
             workflow: info.workflow,
