@@ -56,7 +56,7 @@
 //!     .run("review-1", Review::Requested { topic: "redb".into() }, &Writer)
 //!     .await?;
 //! assert!(matches!(done, Review::Published { .. }));
-//! assert_eq!(runtime.history::<Review>("review-1")?.len(), 3);
+//! assert_eq!(runtime.history::<Review>("review-1").await?.len(), 3);
 //! # Ok(())
 //! # }
 //! ```

@@ -239,9 +239,8 @@ fn entries(dir: &Path) -> BTreeMap<String, usize> {
 }
 
 fn history(dir: &Path) -> Vec<(u64, String)> {
-    let runtime = Runtime::open(dir.join("store.redb")).unwrap();
-    runtime
-        .store()
+    let store = loops::RedbStore::open(dir.join("store.redb")).unwrap();
+    store
         .history("job")
         .unwrap()
         .into_iter()
@@ -344,7 +343,7 @@ async fn killed_while_waiting_gets_the_event_sent_while_it_was_down_exactly_once
     std::thread::sleep(Duration::from_millis(500));
     drop(child);
     let runtime = Runtime::open(dir.path().join("store.redb")).unwrap();
-    let info = runtime.run_info("job").unwrap().unwrap();
+    let info = runtime.run_info("job").await.unwrap().unwrap();
     assert_eq!(info.status, RunStatus::Waiting);
     assert_eq!(info.wait.unwrap().event.as_deref(), Some("approve"));
     let sent = runtime
@@ -363,10 +362,10 @@ async fn killed_while_waiting_gets_the_event_sent_while_it_was_down_exactly_once
         r#"ended {"Done":{"receipt":"receipt-7","approver":"dee"}}"#
     );
     let runtime = Runtime::open(dir.path().join("store.redb")).unwrap();
-    let events = runtime.store().events("job").unwrap();
+    let events = runtime.store().events("job").await.unwrap();
     assert_eq!(events.len(), 1, "the duplicate send wrote nothing");
     assert!(events[0].2, "delivered");
-    assert_eq!(runtime.store().history("job").unwrap().len(), 4);
+    assert_eq!(runtime.store().history("job").await.unwrap().len(), 4);
     drop(runtime);
     // Approval was entered twice: once to park, once after the restart to take the event.
     assert_eq!(
@@ -398,7 +397,7 @@ async fn killed_during_a_retry_back_off_waits_only_the_remainder() {
         "{elapsed:?}"
     );
     let runtime = Runtime::open(dir.path().join("store.redb")).unwrap();
-    let failures = runtime.store().failures("job").unwrap();
+    let failures = runtime.store().failures("job").await.unwrap();
     let summary: Vec<(u64, u32, String)> = failures
         .iter()
         .map(|(seq, f)| (*seq, f.attempt, f.errors.join(": ")))
@@ -428,11 +427,12 @@ async fn a_state_that_crashes_the_process_every_time_fails_after_its_attempts() 
         counts(&[("Start 0", 1), ("Effect 1", 3)])
     );
     let runtime = Runtime::open(dir.path().join("store.redb")).unwrap();
-    let info = runtime.run_info("job").unwrap().unwrap();
+    let info = runtime.run_info("job").await.unwrap().unwrap();
     assert_eq!((info.status, info.attempt), (RunStatus::Failed, 3));
     let attempts: Vec<u32> = runtime
         .store()
         .failures("job")
+        .await
         .unwrap()
         .iter()
         .map(|(_, f)| f.attempt)

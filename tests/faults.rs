@@ -132,7 +132,8 @@ fn faulty_runtime(path: &Path, fault: &Arc<AtomicU8>) -> Runtime {
 }
 
 fn seqs(rt: &Runtime, run_id: &str) -> Vec<u64> {
-    rt.store()
+    rt.redb()
+        .unwrap()
         .history(run_id)
         .unwrap()
         .iter()
@@ -183,7 +184,13 @@ async fn fault_then_recover(fault_kind: u8) {
     drop(rt);
     // And after a restart.
     let rt = Runtime::open(&path).unwrap();
-    assert_eq!(rt.list_runs(RunStatus::Completed, None).unwrap().len(), 3);
+    assert_eq!(
+        rt.list_runs(RunStatus::Completed, None)
+            .await
+            .unwrap()
+            .len(),
+        3
+    );
 }
 
 #[tokio::test]
@@ -243,7 +250,11 @@ fn assert_open_fails(path: &Path, what: &str) {
         }
         Err(other) => panic!("{what}: expected Error::Open, got {other:?}"),
         Ok(rt) => {
-            let n = rt.list_runs(RunStatus::Completed, None).map(|v| v.len());
+            let n = rt
+                .redb()
+                .unwrap()
+                .list(RunStatus::Completed, None)
+                .map(|v| v.len());
             panic!("{what}: opened (completed runs: {n:?})");
         }
     }
@@ -289,6 +300,7 @@ async fn flipped_bytes_are_refused_or_harmless_never_silent() {
                     let run = format!("r{i}");
                     let history = rt
                         .history::<Count>(&run)
+                        .await
                         .unwrap_or_else(|e| panic!("flip at {offset}: opened, then {e:?}"));
                     assert_eq!(history.len(), 6, "flip at {offset}");
                     assert_eq!(history[5].value, Count::Done { n: 5 });
@@ -344,7 +356,7 @@ async fn a_record_that_does_not_decode_names_its_run_and_seq_and_spares_other_ru
         txn.commit().unwrap();
     }
     let rt = Runtime::open(&path).unwrap();
-    match rt.history::<Count>("r1") {
+    match rt.history::<Count>("r1").await {
         Err(Error::Decode { run_id, seq, .. }) => assert_eq!((run_id.as_str(), seq), ("r1", 3)),
         other => panic!("expected Decode for r1 seq 3, got {other:?}"),
     }
@@ -352,7 +364,7 @@ async fn a_record_that_does_not_decode_names_its_run_and_seq_and_spares_other_ru
         Err(Error::SchemaMismatch { run_id, .. }) => assert_eq!(run_id, "r2"),
         other => panic!("expected a refusal for r2, got {other:?}"),
     }
-    match rt.history::<Count>("r2") {
+    match rt.history::<Count>("r2").await {
         Err(Error::Decode {
             run_id, seq, state, ..
         }) => {
@@ -361,7 +373,7 @@ async fn a_record_that_does_not_decode_names_its_run_and_seq_and_spares_other_ru
         other => panic!("expected Decode for r2 seq 5, got {other:?}"),
     }
     // Other runs are unaffected.
-    assert_eq!(rt.history::<Count>("r0").unwrap().len(), 6);
+    assert_eq!(rt.history::<Count>("r0").await.unwrap().len(), 6);
     assert_eq!(
         rt.run("r0", Count::Step { n: 0 }, &Counter).await.unwrap(),
         Count::Done { n: 5 }
@@ -399,5 +411,11 @@ async fn run_ids_and_payload_limits_are_enforced_before_writing() {
         Err(Error::RunEnded { .. }) | Err(Error::PayloadTooLarge { .. }) => {}
         other => panic!("expected a refusal, got {other:?}"),
     }
-    assert_eq!(rt.list_runs(RunStatus::Completed, None).unwrap().len(), 1);
+    assert_eq!(
+        rt.list_runs(RunStatus::Completed, None)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
 }

@@ -16,8 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
 use crate::record::{FailureRecord, FailureSource, StepRecord, now_ms};
-use crate::store::RedbStore;
-use crate::store::redb::{AfterFailure, Reply, WaitOutcome, Write};
+use crate::store::{AfterFailure, Lease, RedbStore, Reply, Store, WaitOutcome, Write};
 
 /// Longest step or event name, in bytes.
 pub const MAX_NAME_BYTES: usize = 256;
@@ -45,7 +44,9 @@ pub const RESERVED_PREFIX: &str = "loops:";
 pub(crate) struct RunScope {
     pub(crate) run_id: String,
     pub(crate) workflow: &'static str,
-    pub(crate) store: RedbStore,
+    pub(crate) store: Arc<dyn Store>,
+    /// The driver's lease: every write of this run carries it.
+    pub(crate) lease: Lease,
     pub(crate) cancel: CancellationToken,
     pub(crate) max_payload_bytes: usize,
     pub(crate) park_threshold: Duration,
@@ -278,12 +279,15 @@ impl Context {
                 if let Err(store_err) = self
                     .run
                     .store
-                    .write(Write::Failure {
-                        run_id: self.run.run_id.clone(),
-                        seq: self.seq,
-                        record,
-                        then: AfterFailure::Nothing,
-                    })
+                    .write(
+                        Some(&self.run.lease),
+                        Write::Failure {
+                            run_id: self.run.run_id.clone(),
+                            seq: self.seq,
+                            record,
+                            then: AfterFailure::Nothing,
+                        },
+                    )
                     .await
                 {
                     tracing::warn!(step = name, occurrence, error = %store_err, "could not record a failed step");
@@ -329,13 +333,16 @@ impl Context {
         };
         self.run
             .store
-            .write(Write::Step {
-                run_id: run_id.clone(),
-                seq: self.seq,
-                name: name.to_owned(),
-                occurrence,
-                record: crate::record::to_vec(&record),
-            })
+            .write(
+                Some(&self.run.lease),
+                Write::Step {
+                    run_id: run_id.clone(),
+                    seq: self.seq,
+                    name: name.to_owned(),
+                    occurrence,
+                    record: crate::record::to_vec(&record),
+                },
+            )
             .await?;
         tracing::debug!(step = name, occurrence, duration_ms, "step recorded");
         Ok(())
@@ -410,15 +417,18 @@ impl Context {
         let reply = self
             .run
             .store
-            .write(Write::Wait {
-                run_id: self.run.run_id.clone(),
-                seq: self.seq,
-                attempt: self.attempt,
-                step: None,
-                event: None,
-                until_ms: Some(wake_ms),
-                at_ms: now_ms(),
-            })
+            .write(
+                Some(&self.run.lease),
+                Write::Wait {
+                    run_id: self.run.run_id.clone(),
+                    seq: self.seq,
+                    attempt: self.attempt,
+                    step: None,
+                    event: None,
+                    until_ms: Some(wake_ms),
+                    at_ms: now_ms(),
+                },
+            )
             .await?;
         match reply {
             Reply::Waited(WaitOutcome::Parked, _) => {
@@ -530,15 +540,18 @@ impl Context {
         let reply = self
             .run
             .store
-            .write(Write::Wait {
-                run_id: self.run.run_id.clone(),
-                seq: self.seq,
-                attempt: self.attempt,
-                step: Some((step_name.clone(), occurrence)),
-                event: Some(event.to_owned()),
-                until_ms,
-                at_ms: now_ms(),
-            })
+            .write(
+                Some(&self.run.lease),
+                Write::Wait {
+                    run_id: self.run.run_id.clone(),
+                    seq: self.seq,
+                    attempt: self.attempt,
+                    step: Some((step_name.clone(), occurrence)),
+                    event: Some(event.to_owned()),
+                    until_ms,
+                    at_ms: now_ms(),
+                },
+            )
             .await?;
         match reply {
             Reply::Waited(WaitOutcome::Delivered { event_seq, payload }, _) => {
@@ -648,10 +661,16 @@ pub(crate) fn validate_name(name: &str) -> std::result::Result<(), &'static str>
 #[allow(clippy::expect_used)]
 pub fn __for_tests(run_id: impl Into<String>, seq: u64, attempt: u32) -> Context {
     let store = RedbStore::in_memory().expect("an in-memory redb database");
+    let run_id = run_id.into();
     let scope = RunScope {
-        run_id: run_id.into(),
+        lease: Lease {
+            run_id: run_id.clone(),
+            token: 0,
+            expires_ms: None,
+        },
+        run_id,
         workflow: "test",
-        store,
+        store: Arc::new(store),
         cancel: CancellationToken::new(),
         max_payload_bytes: crate::runtime::DEFAULT_MAX_PAYLOAD_BYTES,
         park_threshold: crate::runtime::DEFAULT_PARK_THRESHOLD,

@@ -15,8 +15,7 @@ use crate::context::{Context, RunScope};
 use crate::error::{Error, Result};
 use crate::record::{FailureRecord, FailureSource, TransitionRecord, error_chain, now_ms};
 use crate::runtime::{Claim, Runtime};
-use crate::store::redb::{AfterFailure, Write};
-use crate::store::{RunInfo, RunStatus};
+use crate::store::{AfterFailure, Lease, RunInfo, RunStatus, Write};
 use crate::workflow::{BoxError, Dispatch, StateId, Workflow};
 
 /// How a driver treats a run that parks (waits for an event or a time).
@@ -55,6 +54,8 @@ enum Outcome<W> {
     Next(W),
     Failed(Failure),
     Parked,
+    /// Another worker took the run over (its lease lapsed here).
+    Lost,
 }
 
 impl Runtime {
@@ -67,7 +68,7 @@ impl Runtime {
     ) -> Result<Entered> {
         let store = self.store();
         let compiled = W::SCHEMA_HASH.pinned();
-        if let Some((info, record)) = store.latest(run_id)? {
+        if let Some((info, record)) = store.latest(run_id).await? {
             if info.workflow != W::NAME {
                 return Err(Error::WorkflowMismatch {
                     run_id: run_id.to_owned(),
@@ -87,7 +88,7 @@ impl Runtime {
                     workflow: W::NAME.to_owned(),
                     stored,
                     compiled,
-                    changes: self.schema_changes::<W>(stored),
+                    changes: self.schema_changes::<W>(stored).await,
                 });
             }
             tracing::info!(state = %record.state, seq = info.seq, status = %info.status, "resuming run");
@@ -136,11 +137,14 @@ impl Runtime {
             wait: None,
         };
         store
-            .write(Write::Create {
-                info: info.clone(),
-                record: record.to_bytes(),
-                schema_text: W::SCHEMA,
-            })
+            .write(
+                None,
+                Write::Create {
+                    info: info.clone(),
+                    record: record.to_bytes(),
+                    schema_text: W::SCHEMA,
+                },
+            )
             .await?;
         tracing::info!(state = given.name(), seq = 0, "run started");
         Ok(Entered {
@@ -165,6 +169,7 @@ impl Runtime {
         let run_id = claim.run_id();
         let store = self.store();
         let signals = claim.signals();
+        let lease = Some(claim.lease());
         let Entered {
             mut info,
             mut record,
@@ -173,7 +178,8 @@ impl Runtime {
         let scope = Arc::new(RunScope {
             run_id: run_id.to_owned(),
             workflow: W::NAME,
-            store: store.clone(),
+            store: self.store_arc(),
+            lease: claim.lease().clone(),
             cancel: signals.cancel.clone(),
             max_payload_bytes: self.config().max_payload_bytes,
             park_threshold: self.config().park_threshold,
@@ -203,11 +209,11 @@ impl Runtime {
                 RunStatus::Running | RunStatus::Waiting
                     if info.cancel.is_some() || signals.cancel.is_cancelled() =>
                 {
-                    info = self.end_cancelled(run_id).await?;
+                    info = self.end_cancelled(claim.lease(), run_id).await?;
                     continue;
                 }
                 RunStatus::Waiting => {
-                    if !self.wait_is_over(&info)? {
+                    if !self.wait_is_over(&info).await? {
                         match mode {
                             Mode::Background => return Ok(Driven::Parked(Box::new(info))),
                             Mode::Attached => {
@@ -226,19 +232,24 @@ impl Runtime {
                                     () = timer => {}
                                     () = signals.cancel.cancelled() => {}
                                 }
-                                info = store.run(run_id)?.ok_or_else(|| Error::RunNotFound {
-                                    run_id: run_id.to_owned(),
+                                info = store.run_info(run_id).await?.ok_or_else(|| {
+                                    Error::RunNotFound {
+                                        run_id: run_id.to_owned(),
+                                    }
                                 })?;
                                 continue;
                             }
                         }
                     }
                     info = store
-                        .write(Write::Wake {
-                            run_id: run_id.to_owned(),
-                            seq: info.seq,
-                            at_ms: now_ms(),
-                        })
+                        .write(
+                            lease,
+                            Write::Wake {
+                                run_id: run_id.to_owned(),
+                                seq: info.seq,
+                                at_ms: now_ms(),
+                            },
+                        )
                         .await?
                         .into_run(run_id)?;
                     // Waking is not a new attempt: waiting is not failing.
@@ -270,12 +281,15 @@ impl Runtime {
                     }
                 }
                 info = store
-                    .write(Write::BeginAttempt {
-                        run_id: run_id.to_owned(),
-                        seq: info.seq,
-                        max_attempts: policy.max_attempts,
-                        at_ms: now_ms(),
-                    })
+                    .write(
+                        lease,
+                        Write::BeginAttempt {
+                            run_id: run_id.to_owned(),
+                            seq: info.seq,
+                            max_attempts: policy.max_attempts,
+                            at_ms: now_ms(),
+                        },
+                    )
                     .await?
                     .into_run(run_id)?;
                 if info.status != RunStatus::Running {
@@ -290,7 +304,7 @@ impl Runtime {
                 state.name(),
                 seq,
                 attempt,
-                store.steps(run_id, seq)?,
+                store.steps(run_id, seq).await?,
             );
             let span = tracing::info_span!("state", state = state.name(), seq, attempt);
             let timeout = self.state_timeout::<W>(state);
@@ -308,6 +322,7 @@ impl Runtime {
                 };
                 tokio::select! {
                     biased;
+                    () = signals.lost.cancelled() => Outcome::Lost,
                     () = ctx.parked() => Outcome::Parked,
                     result = handle => match result {
                         Ok(next) => Outcome::Next(next),
@@ -319,11 +334,22 @@ impl Runtime {
             .await;
             drop(ctx);
             match outcome {
+                Outcome::Lost => {
+                    return Err(Error::Fenced {
+                        run_id: run_id.to_owned(),
+                        seq,
+                        current: seq,
+                        status: info.status,
+                    });
+                }
                 Outcome::Parked => {
                     // The wait committed the waiting status; read it back.
-                    info = store.run(run_id)?.ok_or_else(|| Error::RunNotFound {
-                        run_id: run_id.to_owned(),
-                    })?;
+                    info = store
+                        .run_info(run_id)
+                        .await?
+                        .ok_or_else(|| Error::RunNotFound {
+                            run_id: run_id.to_owned(),
+                        })?;
                 }
                 Outcome::Next(next) => {
                     let to = next.state();
@@ -340,14 +366,17 @@ impl Runtime {
                     self.check_size(run_id, &next_record)?;
                     crate::failpoint::point("loops::transition::before_commit");
                     info = store
-                        .write(Write::Transition {
-                            run_id: run_id.to_owned(),
-                            seq: seq + 1,
-                            state: to.name().to_owned(),
-                            record: next_record.to_bytes(),
-                            terminal: to.is_terminal(),
-                            at_ms: now,
-                        })
+                        .write(
+                            lease,
+                            Write::Transition {
+                                run_id: run_id.to_owned(),
+                                seq: seq + 1,
+                                state: to.name().to_owned(),
+                                record: next_record.to_bytes(),
+                                terminal: to.is_terminal(),
+                                at_ms: now,
+                            },
+                        )
                         .await?
                         .into_run(run_id)?;
                     crate::failpoint::point("loops::transition::after_commit");
@@ -394,17 +423,20 @@ impl Runtime {
                         "handler failed"
                     );
                     info = store
-                        .write(Write::Failure {
-                            run_id: run_id.to_owned(),
-                            seq,
-                            record: FailureRecord {
-                                attempt,
-                                at_ms: now,
-                                source: FailureSource::Handler,
-                                errors,
+                        .write(
+                            lease,
+                            Write::Failure {
+                                run_id: run_id.to_owned(),
+                                seq,
+                                record: FailureRecord {
+                                    attempt,
+                                    at_ms: now,
+                                    source: FailureSource::Handler,
+                                    errors,
+                                },
+                                then,
                             },
-                            then,
-                        })
+                        )
                         .await?
                         .into_run(run_id)?;
                     last_error = Some(err);
@@ -414,7 +446,7 @@ impl Runtime {
     }
 
     /// Whether a waiting run's wait can end now: its time passed, or its event is in the inbox.
-    pub(crate) fn wait_is_over(&self, info: &RunInfo) -> Result<bool> {
+    pub(crate) async fn wait_is_over(&self, info: &RunInfo) -> Result<bool> {
         let Some(wait) = &info.wait else {
             return Ok(true);
         };
@@ -422,18 +454,21 @@ impl Runtime {
             return Ok(true);
         }
         match &wait.event {
-            Some(event) => self.store().has_pending(&info.run_id, event),
+            Some(event) => self.store().has_pending(&info.run_id, event).await,
             None => Ok(false),
         }
     }
 
-    pub(crate) async fn end_cancelled(&self, run_id: &str) -> Result<RunInfo> {
+    pub(crate) async fn end_cancelled(&self, lease: &Lease, run_id: &str) -> Result<RunInfo> {
         let info = self
             .store()
-            .write(Write::EndCancelled {
-                run_id: run_id.to_owned(),
-                at_ms: now_ms(),
-            })
+            .write(
+                Some(lease),
+                Write::EndCancelled {
+                    run_id: run_id.to_owned(),
+                    at_ms: now_ms(),
+                },
+            )
             .await?
             .into_run(run_id)?;
         tracing::info!(state = %info.state, seq = info.seq, "run cancelled");

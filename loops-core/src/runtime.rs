@@ -16,9 +16,11 @@ use crate::error::{Error, Result};
 use crate::record::{Transition, TransitionRecord, now_ms};
 use crate::retention::RetentionPolicy;
 use crate::retry::RetryPolicy;
-use crate::scheduler::{Background, Driver, Registered};
-use crate::store::redb::{Reply, SchemaCheck, StoreOptions, Write, precheck};
-use crate::store::{Compacted, Pruned, RedbStore, RunInfo, RunStatus};
+use crate::scheduler::{Background, Driver, Registered, Start};
+use crate::store::redb::{SchemaCheck, precheck};
+use crate::store::{
+    Compacted, Lease, Pruned, RedbStore, Reply, RunInfo, RunStatus, Store, StoreOptions, Write,
+};
 use crate::workflow::{Dispatch, StateId, Workflow};
 
 /// Longest run id, in bytes.
@@ -44,7 +46,7 @@ pub struct Runtime {
 }
 
 pub(crate) struct Inner {
-    store: RedbStore,
+    store: Arc<dyn Store>,
     config: Config,
     active: Mutex<HashMap<String, Signals>>,
     pub(crate) background: Background,
@@ -64,17 +66,21 @@ pub(crate) struct Config {
     drivers: Vec<(&'static str, Arc<dyn Driver>)>,
 }
 
-/// What a driven run listens to.
+/// What a driven run listens to, and the lease its driver holds.
 #[derive(Clone)]
 pub(crate) struct Signals {
     pub(crate) cancel: CancellationToken,
     pub(crate) wake: Arc<Notify>,
+    /// Set once the store granted the lease; renewed by [`Runtime::serve`].
+    pub(crate) lease: Arc<Mutex<Option<Lease>>>,
+    /// Cancelled when the lease was lost to another worker: the driver stops at once.
+    pub(crate) lost: CancellationToken,
 }
 
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Runtime")
-            .field("store", &self.inner.store)
+            .field("store", &self.inner.store.label())
             .finish_non_exhaustive()
     }
 }
@@ -226,14 +232,15 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Builds the runtime on a store opened elsewhere ([`RedbStore::with_storage`],
-    /// [`RedbStore::in_memory`]). The schema checks of [`workflow`](Self::workflow) are not made
-    /// before such a store opens; each run is still checked when it is driven.
-    pub fn build(self, store: RedbStore) -> Runtime {
+    /// Builds the runtime on a store opened elsewhere: [`RedbStore::with_storage`],
+    /// [`RedbStore::in_memory`], or another [`Store`] such as the PostgreSQL one. The schema
+    /// checks of [`workflow`](Self::workflow) are not made before such a store opens; each run
+    /// is still checked when it is driven.
+    pub fn build(self, store: impl Store) -> Runtime {
         let background = Background::new(self.config.drivers.iter().cloned());
         Runtime {
             inner: Arc::new(Inner {
-                store,
+                store: Arc::new(store),
                 config: self.config,
                 active: Mutex::new(HashMap::new()),
                 background,
@@ -248,6 +255,7 @@ pub(crate) struct Claim {
     runtime: Runtime,
     run_id: String,
     signals: Signals,
+    lease: Lease,
 }
 
 impl Claim {
@@ -257,6 +265,10 @@ impl Claim {
 
     pub(crate) fn signals(&self) -> &Signals {
         &self.signals
+    }
+
+    pub(crate) fn lease(&self) -> &Lease {
+        &self.lease
     }
 }
 
@@ -268,6 +280,18 @@ impl Drop for Claim {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&self.run_id);
+        // Leases that lapse are given back, so that another worker may take the run at once.
+        if self.runtime.inner.store.lease_ttl().is_some()
+            && let Ok(handle) = tokio::runtime::Handle::try_current()
+        {
+            let store = self.runtime.store_arc();
+            let lease = self.lease.clone();
+            handle.spawn(async move {
+                if let Err(e) = store.release(&lease).await {
+                    tracing::warn!(run_id = %lease.run_id, error = %e, "could not release a lease");
+                }
+            });
+        }
     }
 }
 
@@ -298,8 +322,18 @@ impl Runtime {
     }
 
     /// The store this runtime keeps its records in.
-    pub fn store(&self) -> &RedbStore {
-        &self.inner.store
+    pub fn store(&self) -> &dyn Store {
+        &*self.inner.store
+    }
+
+    /// The store, shared (for tasks that outlive a borrow of the runtime).
+    pub(crate) fn store_arc(&self) -> Arc<dyn Store> {
+        Arc::clone(&self.inner.store)
+    }
+
+    /// The embedded store, when this runtime keeps its records in redb.
+    pub fn redb(&self) -> Option<&RedbStore> {
+        self.inner.store.as_any().downcast_ref::<RedbStore>()
     }
 
     pub(crate) fn config(&self) -> &Config {
@@ -337,7 +371,7 @@ impl Runtime {
         H: ?Sized + Sync,
     {
         validate_run_id(run_id)?;
-        let claim = self.claim(run_id)?;
+        let claim = self.claim(run_id).await?;
         let span = tracing::info_span!("run", run_id, workflow = W::NAME);
         let result = async {
             let entered = self.enter(run_id, Some(initial)).await?;
@@ -381,17 +415,18 @@ impl Runtime {
     pub async fn start<W: Workflow>(&self, run_id: &str, initial: W) -> Result<RunInfo> {
         validate_run_id(run_id)?;
         let driver = self.inner.background.driver(W::NAME)?;
-        let claim = self.claim(run_id)?;
+        let claim = self.claim(run_id).await?;
         let entered = self
             .enter(run_id, Some(initial))
             .instrument(tracing::info_span!("run", run_id, workflow = W::NAME))
             .await?;
         let info = entered.info.clone();
-        driver.spawn(self.clone(), claim, Some(entered));
+        driver.spawn(self.clone(), Start::Claimed(Box::new((claim, entered))));
         Ok(info)
     }
 
-    /// Waits until the run `run_id` has ended and returns its terminal state.
+    /// Waits until the run `run_id` has ended and returns its terminal state (a run ended
+    /// by another worker of a shared store is seen within 200 ms).
     ///
     /// # Errors
     /// [`Error::RunNotFound`]; [`Error::WorkflowMismatch`]; [`Error::RunFailed`] or
@@ -401,7 +436,7 @@ impl Runtime {
             let ended = self.inner.background.ended();
             tokio::pin!(ended);
             ended.as_mut().enable();
-            let Some((info, record)) = self.store().latest(run_id)? else {
+            let Some((info, record)) = self.store().latest(run_id).await? else {
                 return Err(Error::RunNotFound {
                     run_id: run_id.to_owned(),
                 });
@@ -427,56 +462,89 @@ impl Runtime {
                         reason: info.cancel.unwrap_or_default(),
                     });
                 }
-                RunStatus::Running | RunStatus::Waiting => ended.await,
+                RunStatus::Running | RunStatus::Waiting => {
+                    if self.store().lease_ttl().is_some() {
+                        // Another worker may end it: look again now and then.
+                        tokio::select! {
+                            () = ended => {}
+                            () = tokio::time::sleep(Duration::from_millis(200)) => {}
+                        }
+                    } else {
+                        ended.await;
+                    }
+                }
             }
         }
     }
 
     /// Resumes every unfinished run of the registered workflows, reading the status index
     /// (never a history): running runs get a background driver at once; waiting runs whose
-    /// event arrived or whose time passed too; the others stay parked until then. Call it
-    /// once at startup.
+    /// event arrived or whose time passed too; the others stay parked, with a timer if they
+    /// wait for a time. With a store shared by several workers, only runs no live worker holds
+    /// are taken (each with its lease). Call it at startup (and, with a shared store,
+    /// periodically: see [`serve`](Self::serve)).
     ///
     /// Returns the unfinished runs found, by workflow then run id.
     ///
     /// # Errors
     /// [`Error::Storage`] or [`Error::Decode`] if the index cannot be read.
     pub async fn resume_all(&self) -> Result<Vec<RunInfo>> {
-        let mut found = Vec::new();
-        for workflow in self.inner.background.workflows() {
-            for status in [RunStatus::Running, RunStatus::Waiting] {
-                found.extend(self.store().list(status, Some(&workflow))?);
+        let workflows = self.inner.background.workflows();
+        let ready = self.store().claim_ready(&workflows, usize::MAX).await?;
+        let mut found: Vec<RunInfo> = Vec::with_capacity(ready.len());
+        for (info, lease) in ready {
+            self.spawn_driver_with(&info.workflow, &info.run_id, Some(lease));
+            found.push(info);
+        }
+        for workflow in &workflows {
+            for info in self
+                .store()
+                .list(RunStatus::Waiting, Some(workflow))
+                .await?
+            {
+                if found.iter().any(|f| f.run_id == info.run_id) {
+                    continue;
+                }
+                if let Some(until) = info.wait.as_ref().and_then(|w| w.until_ms) {
+                    self.inner
+                        .background
+                        .add_timer(self, until, &info.workflow, &info.run_id);
+                }
+                found.push(info);
             }
         }
-        for info in &found {
-            self.schedule(info)?;
-        }
+        found.sort_by(|a, b| (&a.workflow, &a.run_id).cmp(&(&b.workflow, &b.run_id)));
         tracing::info!(runs = found.len(), "resumed unfinished runs");
         Ok(found)
     }
 
-    /// Drives `info`'s run in the background now if it can move, or arms its timer.
-    pub(crate) fn schedule(&self, info: &RunInfo) -> Result<()> {
-        if info.status == RunStatus::Waiting && !self.wait_is_over(info)? {
-            if let Some(until) = info.wait.as_ref().and_then(|w| w.until_ms) {
-                self.inner
-                    .background
-                    .add_timer(self, until, &info.workflow, &info.run_id);
-            }
-            return Ok(());
-        }
-        self.spawn_driver(&info.workflow, &info.run_id);
-        Ok(())
+    /// Starts a background driver for the run unless one drives it already (in this process,
+    /// or, through its lease, in another worker).
+    pub(crate) fn spawn_driver(&self, workflow: &str, run_id: &str) {
+        self.spawn_driver_with(workflow, run_id, None);
     }
 
-    /// Starts a background driver for the run unless one drives it already.
-    pub(crate) fn spawn_driver(&self, workflow: &str, run_id: &str) {
+    /// As [`spawn_driver`](Self::spawn_driver), with a lease the store granted already.
+    pub(crate) fn spawn_driver_with(&self, workflow: &str, run_id: &str, lease: Option<Lease>) {
         let Ok(driver) = self.inner.background.driver(workflow) else {
             return;
         };
-        if let Ok(claim) = self.claim(run_id) {
-            driver.spawn(self.clone(), claim, None);
+        if self
+            .inner
+            .active
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains_key(run_id)
+        {
+            return;
         }
+        driver.spawn(
+            self.clone(),
+            Start::Find {
+                run_id: run_id.to_owned(),
+                lease,
+            },
+        );
     }
 
     /// Sends the event `event` with `payload` to the run `run_id`: appended durably to the
@@ -543,13 +611,16 @@ impl Runtime {
         }
         let reply = self
             .store()
-            .write(Write::Send {
-                run_id: run_id.to_owned(),
-                name: event.to_owned(),
-                payload: json,
-                key: key.map(str::to_owned),
-                at_ms: now_ms(),
-            })
+            .write(
+                None,
+                Write::Send {
+                    run_id: run_id.to_owned(),
+                    name: event.to_owned(),
+                    payload: json,
+                    key: key.map(str::to_owned),
+                    at_ms: now_ms(),
+                },
+            )
             .await?;
         let Reply::Sent {
             event_seq,
@@ -590,27 +661,139 @@ impl Runtime {
         }
     }
 
-    pub(crate) fn claim(&self, run_id: &str) -> Result<Claim> {
-        let mut active = self
+    /// Keeps driving the registered workflows' runs until [`shutdown`](Self::shutdown):
+    /// resumes them now ([`resume_all`](Self::resume_all)); then, with a store shared by
+    /// several workers (one whose leases lapse), every `poll` it renews the leases of the runs
+    /// this runtime drives and claims the runs that need a driver: new runs, waiting runs whose
+    /// event arrived or whose time came, and runs of a worker that died once its lease lapsed.
+    /// With such a store, an event sent by another worker reaches a parked run within `poll`.
+    /// With a store only this process opens, everything after the first resume is driven by
+    /// events in this process, and `serve` just waits.
+    ///
+    /// A failed poll (a lost database connection, say) is logged and tried again at the next
+    /// one.
+    ///
+    /// # Errors
+    /// As [`resume_all`](Self::resume_all), for the first resume only.
+    pub async fn serve(&self, poll: Duration) -> Result<()> {
+        self.resume_all().await?;
+        let stopped = self.inner.background.stopped();
+        let Some(ttl) = self.store().lease_ttl() else {
+            stopped.cancelled().await;
+            return Ok(());
+        };
+        let every = poll.min(ttl / 3).max(Duration::from_millis(10));
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(every) => {}
+                () = stopped.cancelled() => return Ok(()),
+            }
+            if let Err(e) = self.renew_leases().await {
+                tracing::warn!(error = %e, "could not renew leases");
+            }
+            if let Err(e) = self.resume_all().await {
+                tracing::warn!(error = %e, "could not claim runs");
+            }
+        }
+    }
+
+    /// Renews the leases of the runs this runtime drives; a driver whose lease was lost is
+    /// told to stop (its writes would be refused anyway: every write is fenced).
+    async fn renew_leases(&self) -> Result<()> {
+        let held: Vec<(Signals, Lease)> = self
             .inner
             .active
             .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if active.contains_key(run_id) {
-            return Err(Error::RunActive {
-                run_id: run_id.to_owned(),
-            });
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .filter_map(|s| {
+                let lease = s
+                    .lease
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone();
+                lease.map(|l| (s.clone(), l))
+            })
+            .collect();
+        if held.is_empty() {
+            return Ok(());
         }
-        let signals = Signals {
-            cancel: CancellationToken::new(),
-            wake: Arc::new(Notify::new()),
+        let leases: Vec<Lease> = held.iter().map(|(_, l)| l.clone()).collect();
+        let renewed = self.store().renew(&leases).await?;
+        for (signals, lease) in held {
+            match renewed
+                .iter()
+                .find(|r| r.run_id == lease.run_id && r.token == lease.token)
+            {
+                Some(new) => {
+                    *signals.lease.lock().unwrap_or_else(PoisonError::into_inner) =
+                        Some(new.clone());
+                }
+                None => {
+                    tracing::warn!(run_id = %lease.run_id, "lease lost; stopping its driver");
+                    signals.lost.cancel();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Claims the run for a driver of this runtime: at most one per run in this process,
+    /// and, through the store's lease, one in all workers sharing the store.
+    pub(crate) async fn claim(&self, run_id: &str) -> Result<Claim> {
+        self.claim_with(run_id, None).await
+    }
+
+    /// As [`claim`](Self::claim), with a lease the store granted already (`claim_ready`).
+    pub(crate) async fn claim_with(&self, run_id: &str, lease: Option<Lease>) -> Result<Claim> {
+        let signals = {
+            let mut active = self
+                .inner
+                .active
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if active.contains_key(run_id) {
+                return Err(Error::RunActive {
+                    run_id: run_id.to_owned(),
+                });
+            }
+            let signals = Signals {
+                cancel: CancellationToken::new(),
+                wake: Arc::new(Notify::new()),
+                lease: Arc::new(Mutex::new(None)),
+                lost: CancellationToken::new(),
+            };
+            active.insert(run_id.to_owned(), signals.clone());
+            signals
         };
-        active.insert(run_id.to_owned(), signals.clone());
-        Ok(Claim {
+        // From here the claim exists: dropping it (on any error below) frees the run again.
+        let mut claim = Claim {
             runtime: self.clone(),
             run_id: run_id.to_owned(),
             signals,
-        })
+            lease: Lease {
+                run_id: run_id.to_owned(),
+                token: 0,
+                expires_ms: None,
+            },
+        };
+        claim.lease = match lease {
+            Some(lease) => lease,
+            None => self
+                .inner
+                .store
+                .acquire(run_id)
+                .await?
+                .ok_or_else(|| Error::RunActive {
+                    run_id: run_id.to_owned(),
+                })?,
+        };
+        *claim
+            .signals
+            .lease
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(claim.lease.clone());
+        Ok(claim)
     }
 
     pub(crate) fn retry_policy<W: Workflow>(&self, state: W::State) -> RetryPolicy {
@@ -634,8 +817,11 @@ impl Runtime {
 
     /// What changed between the stored schema description and the compiled one, one line
     /// each; empty when the stored description is unavailable.
-    pub(crate) fn schema_changes<W: Workflow>(&self, stored: crate::SchemaHash) -> Vec<String> {
-        match self.inner.store.schema(stored) {
+    pub(crate) async fn schema_changes<W: Workflow>(
+        &self,
+        stored: crate::SchemaHash,
+    ) -> Vec<String> {
+        match self.inner.store.schema(stored).await {
             Ok(Some(old)) => crate::schema::schema_diff(&old, W::SCHEMA),
             _ => Vec::new(),
         }
@@ -675,12 +861,15 @@ impl Runtime {
             .cloned();
         let info = self
             .store()
-            .write(Write::Cancel {
-                run_id: run_id.to_owned(),
-                reason: reason.to_owned(),
-                end_now: signals.is_none(),
-                at_ms: now_ms(),
-            })
+            .write(
+                None,
+                Write::Cancel {
+                    run_id: run_id.to_owned(),
+                    reason: reason.to_owned(),
+                    end_now: signals.is_none(),
+                    at_ms: now_ms(),
+                },
+            )
             .await?
             .into_run(run_id)?;
         if let Some(signals) = signals {
@@ -702,10 +891,13 @@ impl Runtime {
         validate_run_id(run_id)?;
         let info = self
             .store()
-            .write(Write::Retry {
-                run_id: run_id.to_owned(),
-                at_ms: now_ms(),
-            })
+            .write(
+                None,
+                Write::Retry {
+                    run_id: run_id.to_owned(),
+                    at_ms: now_ms(),
+                },
+            )
             .await?
             .into_run(run_id)?;
         if self.inner.background.driver(&info.workflow).is_ok() {
@@ -735,7 +927,7 @@ impl Runtime {
     /// # Errors
     /// As [`RedbStore::prune`].
     pub async fn prune_with(&self, policy: &RetentionPolicy, dry_run: bool) -> Result<Pruned> {
-        let report = self.store().prune(policy, now_ms(), dry_run).await?;
+        let report = crate::store::prune(self.store(), policy, now_ms(), dry_run).await?;
         tracing::info!(
             runs = report.runs,
             records = report.records,
@@ -749,23 +941,27 @@ impl Runtime {
     /// commits wait until it is done.
     ///
     /// # Errors
-    /// As [`RedbStore::compact`].
+    /// As [`RedbStore::compact`]; [`Error::ReadOnly`] if the store is not a redb file.
     pub async fn compact(&self) -> Result<Compacted> {
-        let store = self.store().clone();
-        tokio::task::spawn_blocking(move || store.compact())
-            .await
-            .map_err(|e| Error::Open {
-                path: self.store().path().to_path_buf(),
-                source: e.into(),
-            })?
+        let store = self.store_arc();
+        let label = store.label();
+        tokio::task::spawn_blocking(move || match store.as_any().downcast_ref::<RedbStore>() {
+            Some(redb) => redb.compact(),
+            None => Err(Error::ReadOnly { path: label.into() }),
+        })
+        .await
+        .map_err(|e| Error::Open {
+            path: self.store().label().into(),
+            source: e.into(),
+        })?
     }
 
     /// The run's current standing, or `None` if no run has this id.
     ///
     /// # Errors
     /// [`Error::Storage`] on a read error; [`Error::Decode`] if the row is unreadable.
-    pub fn run_info(&self, run_id: &str) -> Result<Option<RunInfo>> {
-        self.inner.store.run(run_id)
+    pub async fn run_info(&self, run_id: &str) -> Result<Option<RunInfo>> {
+        self.inner.store.run_info(run_id).await
     }
 
     /// The run's current state and its sequence number, decoded as `W`, or `None` if no run
@@ -774,8 +970,8 @@ impl Runtime {
     /// # Errors
     /// [`Error::WorkflowMismatch`] if the run is of another workflow; [`Error::Decode`] if the
     /// record does not decode as `W`; [`Error::Storage`] on a read error.
-    pub fn state<W: Workflow>(&self, run_id: &str) -> Result<Option<(u64, W)>> {
-        let Some((info, record)) = self.inner.store.latest(run_id)? else {
+    pub async fn state<W: Workflow>(&self, run_id: &str) -> Result<Option<(u64, W)>> {
+        let Some((info, record)) = self.inner.store.latest(run_id).await? else {
             return Ok(None);
         };
         check_workflow::<W>(&info)?;
@@ -787,13 +983,14 @@ impl Runtime {
     /// # Errors
     /// [`Error::WorkflowMismatch`] if the run is of another workflow; [`Error::Decode`] naming
     /// the sequence number of a record that does not decode as `W`; [`Error::Storage`].
-    pub fn history<W: Workflow>(&self, run_id: &str) -> Result<Vec<Transition<W>>> {
-        if let Some(info) = self.inner.store.run(run_id)? {
+    pub async fn history<W: Workflow>(&self, run_id: &str) -> Result<Vec<Transition<W>>> {
+        if let Some(info) = self.inner.store.run_info(run_id).await? {
             check_workflow::<W>(&info)?;
         }
         self.inner
             .store
-            .history(run_id)?
+            .history(run_id)
+            .await?
             .into_iter()
             .map(|record| {
                 let value: W = record.decode(run_id)?;
@@ -812,8 +1009,12 @@ impl Runtime {
     ///
     /// # Errors
     /// [`Error::Storage`] on a read error; [`Error::Decode`] if a row is unreadable.
-    pub fn list_runs(&self, status: RunStatus, workflow: Option<&str>) -> Result<Vec<RunInfo>> {
-        self.inner.store.list(status, workflow)
+    pub async fn list_runs(
+        &self,
+        status: RunStatus,
+        workflow: Option<&str>,
+    ) -> Result<Vec<RunInfo>> {
+        self.inner.store.list(status, workflow).await
     }
 }
 

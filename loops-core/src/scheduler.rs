@@ -20,12 +20,24 @@ use crate::driver::{Driven, Entered, Mode};
 use crate::error::{Error, Result};
 use crate::record::now_ms;
 use crate::runtime::{Claim, Inner, Runtime};
+use crate::store::Lease;
 use crate::workflow::Dispatch;
+
+/// How a background driver starts.
+pub(crate) enum Start {
+    /// The run is claimed and entered already ([`Runtime::start`]).
+    Claimed(Box<(Claim, Entered)>),
+    /// Claim the run (with this lease, if the store granted one), enter it, drive it.
+    Find {
+        run_id: String,
+        lease: Option<Lease>,
+    },
+}
 
 /// Drives runs of one registered workflow in background tasks.
 pub(crate) trait Driver: Send + Sync {
-    /// Spawns a task that drives the claimed run (entering it first unless `entered`).
-    fn spawn(&self, runtime: Runtime, claim: Claim, entered: Option<Entered>);
+    /// Spawns a task that drives the run.
+    fn spawn(&self, runtime: Runtime, start: Start);
 }
 
 /// A workflow's registered handler.
@@ -48,10 +60,25 @@ where
     W: Dispatch<H>,
     H: Send + Sync + 'static,
 {
-    fn spawn(&self, runtime: Runtime, claim: Claim, entered: Option<Entered>) {
+    fn spawn(&self, runtime: Runtime, start: Start) {
         let handler = Arc::clone(&self.handler);
         let rt = runtime.clone();
         let task = async move {
+            let (claim, entered) = match start {
+                Start::Claimed(claimed) => {
+                    let (claim, entered) = *claimed;
+                    (claim, Some(entered))
+                }
+                Start::Find { run_id, lease } => match rt.claim_with(&run_id, lease).await {
+                    Ok(claim) => (claim, None),
+                    // Driven already, here or by another worker: it will see the news.
+                    Err(Error::RunActive { .. }) => return,
+                    Err(e) => {
+                        tracing::warn!(run_id, error = %e, "cannot claim the run");
+                        return;
+                    }
+                },
+            };
             let run_id = claim.run_id().to_owned();
             let span = tracing::info_span!("run", run_id = %run_id, workflow = W::NAME);
             let result = async {
@@ -72,7 +99,7 @@ where
                     }
                     // An event sent while this driver still held the run found it active and
                     // only signalled it: look again now that the run is free.
-                    if rt.wait_is_over(&info).unwrap_or(false) {
+                    if rt.wait_is_over(&info).await.unwrap_or(false) {
                         rt.spawn_driver(W::NAME, &run_id);
                     }
                 }
@@ -98,6 +125,7 @@ pub(crate) struct Background {
     timer_task: AtomicBool,
     ended: Notify,
     shut_down: AtomicBool,
+    stop: tokio_util::sync::CancellationToken,
 }
 
 impl Drop for Background {
@@ -117,6 +145,7 @@ impl Background {
             timer_task: AtomicBool::new(false),
             ended: Notify::new(),
             shut_down: AtomicBool::new(false),
+            stop: tokio_util::sync::CancellationToken::new(),
         }
     }
 
@@ -192,8 +221,14 @@ impl Background {
         self.tasks.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Cancelled by [`shutdown`](Self::shutdown).
+    pub(crate) fn stopped(&self) -> tokio_util::sync::CancellationToken {
+        self.stop.clone()
+    }
+
     pub(crate) async fn shutdown(&self) {
         self.shut_down.store(true, Ordering::Release);
+        self.stop.cancel();
         self.timer_changed.notify_one();
         let mut tasks =
             std::mem::take(&mut *self.tasks.lock().unwrap_or_else(PoisonError::into_inner));

@@ -180,6 +180,7 @@ async fn new_run_completes_with_exact_history() {
     assert_eq!(done, Job::Done { acc: 30 });
     let states: Vec<(u64, JobState, Job)> = rt
         .history::<Job>("r1")
+        .await
         .unwrap()
         .into_iter()
         .map(|t| (t.seq, t.state, t.value))
@@ -204,7 +205,7 @@ async fn new_run_completes_with_exact_history() {
         ]
     );
     assert_eq!(worker.effects.load(Ordering::SeqCst), 3);
-    let info = rt.run_info("r1").unwrap().unwrap();
+    let info = rt.run_info("r1").await.unwrap().unwrap();
     assert_eq!(info.status, RunStatus::Completed);
     assert_eq!(
         (info.state.as_str(), info.seq, info.attempt),
@@ -212,11 +213,17 @@ async fn new_run_completes_with_exact_history() {
     );
     assert_eq!(
         rt.list_runs(RunStatus::Completed, Some("job"))
+            .await
             .unwrap()
             .len(),
         1
     );
-    assert!(rt.list_runs(RunStatus::Running, None).unwrap().is_empty());
+    assert!(
+        rt.list_runs(RunStatus::Running, None)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 
     // Driving a completed run again returns its final state and calls nothing.
     let again = rt.run("r1", Job::Start { n: 9 }, &worker).await.unwrap();
@@ -245,7 +252,7 @@ async fn failed_attempts_retry_and_steps_replay() {
     );
     // The step succeeded on attempt 1 and was replayed from its record on attempts 2 and 3.
     assert_eq!(worker.effects.load(Ordering::SeqCst), 1);
-    let failures = rt.store().failures("r").unwrap();
+    let failures = rt.store().failures("r").await.unwrap();
     assert_eq!(failures.len(), 2);
     assert_eq!(failures[0].0, 1);
     assert_eq!(failures[0].1.attempt, 1);
@@ -258,7 +265,7 @@ async fn failed_attempts_retry_and_steps_replay() {
         failures[1].1.errors,
         vec!["work failed on attempt 2".to_owned()]
     );
-    let steps = rt.store().steps("r", 1).unwrap();
+    let steps = rt.store().steps("r", 1).await.unwrap();
     assert_eq!(steps.len(), 1);
     assert_eq!(
         (steps[0].0.as_str(), steps[0].1, steps[0].2.attempt),
@@ -297,10 +304,10 @@ async fn attempts_run_out_then_explicit_retry_resumes() {
         }
         other => panic!("expected RunFailed, got {other:?}"),
     }
-    let info = rt.run_info("r").unwrap().unwrap();
+    let info = rt.run_info("r").await.unwrap().unwrap();
     assert_eq!(info.status, RunStatus::Failed);
     assert_eq!(
-        rt.list_runs(RunStatus::Failed, None).unwrap()[0].run_id,
+        rt.list_runs(RunStatus::Failed, None).await.unwrap()[0].run_id,
         "r"
     );
 
@@ -340,6 +347,7 @@ async fn attempts_run_out_then_explicit_retry_resumes() {
     let seqs: Vec<u64> = rt
         .store()
         .history("r")
+        .await
         .unwrap()
         .iter()
         .map(|r| r.seq)
@@ -383,7 +391,7 @@ async fn interrupted_attempts_are_counted_durably() {
         matches!(err, Error::RunFailed { attempts: 2, .. }),
         "{err:?}"
     );
-    let failures = rt.store().failures("r").unwrap();
+    let failures = rt.store().failures("r").await.unwrap();
     assert_eq!(failures.len(), 2);
     assert!(
         failures
@@ -488,7 +496,7 @@ async fn wrong_workflow_and_bad_input_are_refused() {
     let worker = Worker::default();
     rt.run("r", Job::Start { n: 0 }, &worker).await.unwrap();
     assert!(matches!(
-        rt.history::<Other>("r"),
+        rt.history::<Other>("r").await,
         Err(Error::WorkflowMismatch {
             requested: "other",
             ..
@@ -512,7 +520,7 @@ async fn wrong_workflow_and_bad_input_are_refused() {
             ..
         })
     ));
-    assert!(rt.run_info("new").unwrap().is_none());
+    assert!(rt.run_info("new").await.unwrap().is_none());
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -603,7 +611,7 @@ async fn cancel_ends_idle_runs_at_once_and_running_runs_at_a_boundary() {
         }
         other => panic!("expected RunCancelled, got {other:?}"),
     }
-    let info = rt.run_info("busy").unwrap().unwrap();
+    let info = rt.run_info("busy").await.unwrap().unwrap();
     assert_eq!(info.status, RunStatus::Cancelled);
     // The attempt in flight finished its state; no later state was started.
     assert_eq!((info.state.as_str(), info.seq), ("Work", 2));
@@ -686,7 +694,7 @@ async fn oversized_state_is_refused_before_writing() {
         ),
         "{err:?}"
     );
-    assert!(rt.run_info("r").unwrap().is_none());
+    assert!(rt.run_info("r").await.unwrap().is_none());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -714,6 +722,7 @@ async fn many_concurrent_runs_share_commits() {
         let seqs: Vec<u64> = rt
             .store()
             .history(&format!("run-{i}"))
+            .await
             .unwrap()
             .iter()
             .map(|r| r.seq)
@@ -722,6 +731,7 @@ async fn many_concurrent_runs_share_commits() {
     }
     assert_eq!(
         rt.list_runs(RunStatus::Completed, Some("job"))
+            .await
             .unwrap()
             .len(),
         64
@@ -899,7 +909,7 @@ impl Dispatch<Gatekeeper> for Gate {
 
 async fn until_status(rt: &Runtime, run_id: &str, status: RunStatus) -> RunInfo {
     for _ in 0..500 {
-        if let Some(info) = rt.run_info(run_id).unwrap()
+        if let Some(info) = rt.run_info(run_id).await.unwrap()
             && info.status == status
         {
             return info;
@@ -948,7 +958,7 @@ async fn an_attached_run_waits_for_its_event() {
         keeper.entries(),
         vec![("Ask", 0), ("Ask", 0), ("Sleep", 1), ("Sleep", 1)]
     );
-    let events = rt.store().events("g").unwrap();
+    let events = rt.store().events("g").await.unwrap();
     assert_eq!(events.len(), 1);
     assert!(events[0].2, "delivered");
     assert_eq!(events[0].1.payload.get(), "\"alice\"");
@@ -1006,7 +1016,7 @@ async fn events_sent_early_wait_in_order_and_duplicates_are_dropped() {
             note: Some("first note".into())
         }
     );
-    let events = rt.store().events("g").unwrap();
+    let events = rt.store().events("g").await.unwrap();
     let summary: Vec<(u64, &str, bool)> = events
         .iter()
         .map(|(seq, e, delivered)| (*seq, e.name.as_str(), *delivered))
@@ -1043,6 +1053,7 @@ async fn parked_runs_hold_no_task_and_wake_on_events() {
     assert_eq!(live, 0, "a waiting run holds no task");
     assert_eq!(
         rt.list_runs(RunStatus::Waiting, Some("gate"))
+            .await
             .unwrap()
             .len(),
         200
@@ -1064,6 +1075,7 @@ async fn parked_runs_hold_no_task_and_wake_on_events() {
     }
     assert_eq!(
         rt.list_runs(RunStatus::Completed, Some("gate"))
+            .await
             .unwrap()
             .len(),
         200
@@ -1088,7 +1100,7 @@ async fn a_sleep_survives_a_restart_and_sleeps_only_the_remainder() {
             // Still parked on the approval for a moment: wait for the sleep.
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let info = rt.run_info("g").unwrap().unwrap();
+        let info = rt.run_info("g").await.unwrap().unwrap();
         assert_eq!(info.state, "Sleep");
         let wait = info.wait.unwrap();
         assert_eq!(wait.event, None);
@@ -1142,7 +1154,7 @@ async fn an_event_sent_while_no_runtime_drives_the_run_is_delivered_once() {
         let rt = Runtime::open(&path).unwrap();
         rt.send("g", "approval", "erin").await.unwrap();
         assert_eq!(
-            rt.run_info("g").unwrap().unwrap().status,
+            rt.run_info("g").await.unwrap().unwrap().status,
             RunStatus::Waiting
         );
     }
@@ -1166,7 +1178,7 @@ async fn an_event_sent_while_no_runtime_drives_the_run_is_delivered_once() {
         }
     );
     assert_eq!(keeper.entries()[0], ("Ask", 0));
-    assert_eq!(rt.store().events("g").unwrap().len(), 1);
+    assert_eq!(rt.store().events("g").await.unwrap().len(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1221,33 +1233,40 @@ async fn prune_removes_only_expired_ended_runs_and_compact_reclaims_space() {
         .await
         .unwrap();
     assert_eq!((dry.runs, dry.records), (38, 38 * 23));
-    assert_eq!(rt.list_runs(RunStatus::Completed, None).unwrap().len(), 40);
+    assert_eq!(
+        rt.list_runs(RunStatus::Completed, None)
+            .await
+            .unwrap()
+            .len(),
+        40
+    );
 
-    let before = rt.store().file_bytes().unwrap();
+    let before = rt.redb().unwrap().file_bytes().unwrap();
     let pruned = rt.prune().await.unwrap();
     assert_eq!((pruned.runs, pruned.records), (38, 38 * 23));
     let kept: Vec<String> = rt
         .list_runs(RunStatus::Completed, None)
+        .await
         .unwrap()
         .into_iter()
         .map(|i| i.run_id)
         .collect();
     assert_eq!(kept.len(), 2);
     for id in &pruned.run_ids {
-        assert!(rt.run_info(id).unwrap().is_none());
-        assert!(rt.store().history(id).unwrap().is_empty());
-        assert!(rt.store().steps(id, 1).unwrap().is_empty());
+        assert!(rt.run_info(id).await.unwrap().is_none());
+        assert!(rt.store().history(id).await.unwrap().is_empty());
+        assert!(rt.store().steps(id, 1).await.unwrap().is_empty());
     }
     for id in &kept {
-        assert_eq!(rt.store().history(id).unwrap().len(), 23);
-        assert_eq!(rt.store().steps(id, 1).unwrap().len(), 1);
+        assert_eq!(rt.store().history(id).await.unwrap().len(), 23);
+        assert_eq!(rt.store().steps(id, 1).await.unwrap().len(), 1);
     }
     // The unfinished run and its inbox are untouched.
     assert_eq!(
-        rt.run_info("open").unwrap().unwrap().status,
+        rt.run_info("open").await.unwrap().unwrap().status,
         RunStatus::Waiting
     );
-    assert_eq!(rt.store().events("open").unwrap().len(), 1);
+    assert_eq!(rt.store().events("open").await.unwrap().len(), 1);
 
     let compacted = rt.compact().await.unwrap();
     assert_eq!(compacted.bytes_before, before);
@@ -1264,7 +1283,7 @@ async fn prune_removes_only_expired_ended_runs_and_compact_reclaims_space() {
             note: Some("kept".into())
         }
     );
-    assert!(rt.store().check_integrity().unwrap());
+    assert!(rt.redb().unwrap().check_integrity().unwrap());
 }
 
 #[tokio::test]

@@ -1,17 +1,132 @@
-//! Run metadata and the store that keeps runs' records.
+//! Stores: where runs' records live, behind the [`Store`] trait.
 //!
-//! [`RedbStore`] is the embedded store: one redb file, owned by one process. Its commit path
-//! (group commit on a writer thread) is in [`redb`].
+//! [`RedbStore`] is the embedded store: one redb file, owned by one process; its commit path
+//! (group commit on a writer thread) is in [`redb`]. Other stores (PostgreSQL, for many
+//! workers sharing runs) implement the same trait with the same semantics: the
+//! [`protocol`]'s writes, leases that fence every write of a run's driver, and the reads the
+//! runtime needs.
 
+use std::any::Any;
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::Result;
+use crate::record::{FailureRecord, StepRecord, TransitionRecord};
 use crate::schema::SchemaHash;
 
+pub mod protocol;
 pub mod redb;
 
-pub use self::redb::{Compacted, EventRecord, Pruned, RedbStore, StoreOptions};
+pub use self::protocol::{AfterFailure, EventRecord, Reply, WaitOutcome, Write};
+pub use self::redb::{Compacted, RedbStore, StoreOptions};
+
+/// A boxed, `Send` future: what [`Store`] methods return, so that `dyn Store` works.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The right to drive one run, held by one worker at a time. Every write the driver makes
+/// carries it, and a store refuses the write ([`Error::Fenced`](crate::Error::Fenced)) unless
+/// the lease is still the run's current one: a paused worker whose lease lapsed can never
+/// commit after another took the run over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The run.
+    pub run_id: String,
+    /// The fencing token: unique per acquisition of the run.
+    pub token: u64,
+    /// When the lease lapses unless renewed, in ms since the Unix epoch; `None` for a store
+    /// that only one process can open (its file lock is the lease).
+    pub expires_ms: Option<u64>,
+}
+
+/// Where runs' records live. Implemented by [`RedbStore`] (embedded, one process) and by the
+/// PostgreSQL store (many workers); the runtime drives runs through `dyn Store`.
+///
+/// Every method returns a boxed future; stores that do blocking I/O keep it short or move it
+/// off the async threads. Semantics every implementation must give:
+/// - [`write`](Self::write) applies one [`Write`] atomically, exactly as described on
+///   [`Write`]; with a lease, it is refused unless the lease is the run's current one;
+/// - records are immutable; reads see every write whose future has completed;
+/// - a lease is held by one worker at a time; [`acquire`](Self::acquire) returns `None` while
+///   another worker holds a live lease on the run.
+pub trait Store: Send + Sync + 'static {
+    /// Names the store in errors and logs (a file path; a database URL without password).
+    fn label(&self) -> String;
+
+    /// The store as `Any`, to reach its own API (for example [`RedbStore::compact`]).
+    fn as_any(&self) -> &dyn Any;
+
+    /// Applies `write` atomically (possibly in one commit with concurrent writes) and returns
+    /// the store's reply, after the commit is durable.
+    fn write<'a>(&'a self, lease: Option<&'a Lease>, write: Write) -> BoxFuture<'a, Result<Reply>>;
+
+    /// The run's row, or `None`.
+    fn run_info<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<RunInfo>>>;
+
+    /// The run's row and its latest transition record, in time independent of the history.
+    fn latest<'a>(
+        &'a self,
+        run_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<(RunInfo, TransitionRecord)>>>;
+
+    /// Every transition record of the run, by sequence number.
+    fn history<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<TransitionRecord>>>;
+
+    /// The step records of the run's state at `seq`, as `(name, occurrence, record)`.
+    fn steps<'a>(
+        &'a self,
+        run_id: &'a str,
+        seq: u64,
+    ) -> BoxFuture<'a, Result<Vec<(String, u32, StepRecord)>>>;
+
+    /// Every failed attempt of the run, as `(seq, record)`.
+    fn failures<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<(u64, FailureRecord)>>>;
+
+    /// Every event sent to the run, as `(event seq, record, delivered)`.
+    fn events<'a>(
+        &'a self,
+        run_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<(u64, EventRecord, bool)>>>;
+
+    /// Whether an event named `event` waits undelivered in the run's inbox.
+    fn has_pending<'a>(&'a self, run_id: &'a str, event: &'a str) -> BoxFuture<'a, Result<bool>>;
+
+    /// The runs with `status` (optionally of one workflow), from the status index.
+    fn list<'a>(
+        &'a self,
+        status: RunStatus,
+        workflow: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Vec<RunInfo>>>;
+
+    /// The schema description stored for `hash`.
+    fn schema(&self, hash: SchemaHash) -> BoxFuture<'_, Result<Option<String>>>;
+
+    /// Takes the lease of the run for this worker; `None` if another worker holds a live
+    /// lease on it.
+    fn acquire<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<Lease>>>;
+
+    /// Gives the lease back (the run may be taken by any worker at once).
+    fn release<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<()>>;
+
+    /// Extends `leases`; returns those renewed, with their new expiry. A lease missing from
+    /// the answer was lost (it lapsed and another worker may hold the run).
+    fn renew<'a>(&'a self, leases: &'a [Lease]) -> BoxFuture<'a, Result<Vec<Lease>>>;
+
+    /// How long a lease lasts without renewal; `None` if leases never lapse.
+    fn lease_ttl(&self) -> Option<Duration>;
+
+    /// Runs of `workflows` that need a driver and that no worker holds: running runs, and
+    /// waiting runs whose wait is over. Each comes with a lease for this worker (at most
+    /// `limit`). A store with no other workers returns every such run.
+    fn claim_ready<'a>(
+        &'a self,
+        workflows: &'a [String],
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<(RunInfo, Lease)>>>;
+}
 
 /// Where a run stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -131,4 +246,64 @@ pub struct WaitInfo {
 
 fn is_zero(n: &u32) -> bool {
     *n == 0
+}
+
+/// What [`prune`] removed (or, in a dry run, would remove).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct Pruned {
+    /// Runs removed.
+    pub runs: u64,
+    /// Transition records removed (step, failure and event records go with them).
+    pub records: u64,
+    /// The ids of the runs removed, oldest first.
+    pub run_ids: Vec<String>,
+}
+
+/// Most runs deleted by one write of [`prune`].
+pub const PRUNE_BATCH: usize = 256;
+
+/// Selects the ended runs `policy` expires at `now_ms` and, unless `dry_run`, deletes their
+/// records, rows, index entries and events with [`Write::Prune`], [`PRUNE_BATCH`] runs per
+/// write. Runs that have not ended are never touched.
+///
+/// # Errors
+/// [`Error::Storage`](crate::Error::Storage) if a read or a commit fails (runs deleted by
+/// earlier writes stay deleted); [`Error::ReadOnly`](crate::Error::ReadOnly) for a read-only
+/// store unless `dry_run`.
+pub async fn prune(
+    store: &dyn Store,
+    policy: &crate::retention::RetentionPolicy,
+    now_ms: u64,
+    dry_run: bool,
+) -> Result<Pruned> {
+    let mut ended = Vec::new();
+    for status in policy.statuses() {
+        ended.extend(store.list(status, None).await?);
+    }
+    let expired = policy.select(ended, now_ms);
+    let mut report = Pruned {
+        runs: expired.len() as u64,
+        records: 0,
+        run_ids: expired.clone(),
+    };
+    if dry_run {
+        for run_id in &expired {
+            report.records += store.history(run_id).await?.len() as u64;
+        }
+        return Ok(report);
+    }
+    for chunk in expired.chunks(PRUNE_BATCH) {
+        if let Reply::Pruned { records } = store
+            .write(
+                None,
+                Write::Prune {
+                    run_ids: chunk.to_vec(),
+                },
+            )
+            .await?
+        {
+            report.records += records;
+        }
+    }
+    Ok(report)
 }

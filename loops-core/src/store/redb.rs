@@ -35,9 +35,10 @@ use redb::backends::FileBackend;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, TableHandle};
 use tokio::sync::{mpsc, oneshot};
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-use super::{RunInfo, RunStatus, WaitInfo};
+use super::protocol::{AfterFailure, EventRecord, Reply, WaitOutcome, Write};
+use super::{BoxFuture, Lease, Pruned, RunInfo, RunStatus, Store, WaitInfo};
 use crate::error::{Error, Result};
 use crate::record::{FailureRecord, StepRecord, TransitionRecord, to_vec};
 
@@ -68,17 +69,6 @@ const TABLES: [&str; 9] = [
 
 /// Most runs deleted in one write transaction by [`RedbStore::prune`].
 pub const PRUNE_BATCH: usize = 256;
-
-/// What [`RedbStore::prune`] removed (or, in a dry run, would remove).
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
-pub struct Pruned {
-    /// Runs removed.
-    pub runs: u64,
-    /// Transition records removed (step, failure and event records go with them).
-    pub records: u64,
-    /// The ids of the runs removed.
-    pub run_ids: Vec<String>,
-}
 
 /// What [`RedbStore::compact`] reclaimed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -176,155 +166,6 @@ impl std::fmt::Debug for RedbStore {
             .field("path", &self.inner.path)
             .finish()
     }
-}
-
-/// One write, applied by the writer thread inside a batch.
-#[derive(Debug)]
-pub(crate) enum Write {
-    /// Create a run with its initial record (seq 0).
-    Create {
-        info: RunInfo,
-        record: Vec<u8>,
-        schema_text: &'static str,
-    },
-    /// Append the record of `seq` (the run's next sequence number) and move the run to it.
-    Transition {
-        run_id: String,
-        seq: u64,
-        state: String,
-        record: Vec<u8>,
-        terminal: bool,
-        at_ms: u64,
-    },
-    /// Record a step's output.
-    Step {
-        run_id: String,
-        seq: u64,
-        name: String,
-        occurrence: u32,
-        record: Vec<u8>,
-    },
-    /// Record a failed attempt (or a failed step) and what follows from it.
-    Failure {
-        run_id: String,
-        seq: u64,
-        record: FailureRecord,
-        then: AfterFailure,
-    },
-    /// Start the next attempt at the current state, or fail the run if attempts ran out.
-    BeginAttempt {
-        run_id: String,
-        seq: u64,
-        max_attempts: u32,
-        at_ms: u64,
-    },
-    /// Ask for the run to be cancelled; end it at once if `end_now`.
-    Cancel {
-        run_id: String,
-        reason: String,
-        end_now: bool,
-        at_ms: u64,
-    },
-    /// End a run whose cancellation was asked for.
-    EndCancelled { run_id: String, at_ms: u64 },
-    /// Make a failed run running again, with a fresh count of attempts.
-    Retry { run_id: String, at_ms: u64 },
-    /// A wait of the handler at `seq`, recorded as the step `(name, occurrence)`: deliver the
-    /// oldest undelivered `event` (if one is named), or end the wait if `until_ms` passed, or
-    /// park the run (status waiting). One transaction, so no event sent meanwhile is missed.
-    Wait {
-        run_id: String,
-        seq: u64,
-        attempt: u32,
-        /// The step the outcome is recorded as (event waits); sleeps record nothing here.
-        step: Option<(String, u32)>,
-        event: Option<String>,
-        until_ms: Option<u64>,
-        at_ms: u64,
-    },
-    /// Append an event to a run's inbox (once per idempotency key).
-    Send {
-        run_id: String,
-        name: String,
-        payload: String,
-        key: Option<String>,
-        at_ms: u64,
-    },
-    /// A waiting run is being driven again.
-    Wake {
-        run_id: String,
-        seq: u64,
-        at_ms: u64,
-    },
-    /// Delete every record, row, index entry and event of these ended runs.
-    Prune { run_ids: Vec<String> },
-}
-
-/// What a [`Write::Failure`] does to the run besides keeping the record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum AfterFailure {
-    /// Nothing (a step failed; the handler decides).
-    Nothing,
-    /// The next attempt may start at this time (ms since the Unix epoch).
-    RetryAt(u64),
-    /// The run fails.
-    GiveUp,
-}
-
-/// What the writer answers to one write.
-#[derive(Debug)]
-pub(crate) enum Reply {
-    /// The run's row after the write.
-    Run(RunInfo),
-    /// Written; nothing to report.
-    Done,
-    /// The outcome of a [`Write::Wait`], with the run's row after it.
-    Waited(WaitOutcome, RunInfo),
-    /// Runs were pruned; this many transition records went with them.
-    Pruned { records: u64 },
-    /// An event was appended (or was a duplicate of `event_seq`), with the run's row.
-    Sent {
-        event_seq: u64,
-        duplicate: bool,
-        info: RunInfo,
-    },
-}
-
-/// The outcome of a [`Write::Wait`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum WaitOutcome {
-    /// The oldest undelivered event of the name was delivered to the wait (its payload JSON).
-    Delivered { event_seq: u64, payload: String },
-    /// The wait's time passed (and, for an event, none came): recorded as timed out.
-    Due,
-    /// Nothing yet: the run is now waiting.
-    Parked,
-}
-
-impl Reply {
-    pub(crate) fn into_run(self, run_id: &str) -> Result<RunInfo> {
-        match self {
-            Reply::Run(info) | Reply::Waited(_, info) | Reply::Sent { info, .. } => Ok(info),
-            Reply::Done | Reply::Pruned { .. } => Err(Error::RunNotFound {
-                run_id: run_id.to_owned(),
-            }),
-        }
-    }
-}
-
-/// One event sent to a run, kept in its inbox until a wait takes it (and after, for
-/// inspection).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct EventRecord {
-    /// The event's name.
-    pub name: String,
-    /// The idempotency key the sender gave, if any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key: Option<String>,
-    /// When it was sent, in ms since the Unix epoch.
-    pub at_ms: u64,
-    /// The payload, serialized by serde_json.
-    pub payload: Box<serde_json::value::RawValue>,
 }
 
 struct Request {
@@ -586,26 +427,7 @@ impl RedbStore {
         now_ms: u64,
         dry_run: bool,
     ) -> Result<Pruned> {
-        let mut ended = Vec::new();
-        for status in policy.statuses() {
-            ended.extend(self.list(status, None)?);
-        }
-        let expired = policy.select(ended, now_ms);
-        let mut report = Pruned {
-            runs: expired.len() as u64,
-            records: 0,
-            run_ids: expired.clone(),
-        };
-        if dry_run {
-            for run_id in &expired {
-                report.records += self.history(run_id)?.len() as u64;
-            }
-            return Ok(report);
-        }
-        for chunk in expired.chunks(PRUNE_BATCH) {
-            report.records += self.delete_ended_runs(chunk).await?;
-        }
-        Ok(report)
+        super::prune(self, policy, now_ms, dry_run).await
     }
 
     /// Deletes the records, rows, index entries and events of the runs in `run_ids` that have
@@ -617,7 +439,7 @@ impl RedbStore {
     /// [`Error::Storage`] if the commit fails; [`Error::ReadOnly`] for a read-only store.
     pub async fn delete_ended_runs(&self, run_ids: &[String]) -> Result<u64> {
         match self
-            .write(Write::Prune {
+            .submit(Write::Prune {
                 run_ids: run_ids.to_vec(),
             })
             .await?
@@ -649,7 +471,7 @@ impl RedbStore {
     }
 
     /// Commits `write` (batched with concurrent writes) and returns the writer's answer.
-    pub(crate) async fn write(&self, write: Write) -> Result<Reply> {
+    async fn submit(&self, write: Write) -> Result<Reply> {
         let (reply, rx) = oneshot::channel();
         let tx = self.inner.tx.as_ref().ok_or_else(|| Error::ReadOnly {
             path: self.inner.path.clone(),
@@ -965,6 +787,139 @@ pub(crate) fn precheck(path: &Path, checks: &[SchemaCheck]) -> Result<()> {
         }),
         Err(ReadError::Loops(e)) => Err(e),
         Err(ReadError::Storage(e)) => Err(Error::storage("checking schemas before opening", e)),
+    }
+}
+
+impl Store for RedbStore {
+    fn label(&self) -> String {
+        self.inner.path.display().to_string()
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    /// The file lock makes this process the only writer: leases are not checked.
+    fn write<'a>(
+        &'a self,
+        _lease: Option<&'a Lease>,
+        write: Write,
+    ) -> BoxFuture<'a, Result<Reply>> {
+        Box::pin(self.submit(write))
+    }
+
+    fn run_info<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<RunInfo>>> {
+        Box::pin(std::future::ready(RedbStore::run(self, run_id)))
+    }
+
+    fn latest<'a>(
+        &'a self,
+        run_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<(RunInfo, TransitionRecord)>>> {
+        Box::pin(std::future::ready(RedbStore::latest(self, run_id)))
+    }
+
+    fn history<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<TransitionRecord>>> {
+        Box::pin(std::future::ready(RedbStore::history(self, run_id)))
+    }
+
+    fn steps<'a>(
+        &'a self,
+        run_id: &'a str,
+        seq: u64,
+    ) -> BoxFuture<'a, Result<Vec<(String, u32, StepRecord)>>> {
+        Box::pin(std::future::ready(RedbStore::steps(self, run_id, seq)))
+    }
+
+    fn failures<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<(u64, FailureRecord)>>> {
+        Box::pin(std::future::ready(RedbStore::failures(self, run_id)))
+    }
+
+    fn events<'a>(
+        &'a self,
+        run_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<(u64, EventRecord, bool)>>> {
+        Box::pin(std::future::ready(RedbStore::events(self, run_id)))
+    }
+
+    fn has_pending<'a>(&'a self, run_id: &'a str, event: &'a str) -> BoxFuture<'a, Result<bool>> {
+        Box::pin(std::future::ready(RedbStore::has_pending(
+            self, run_id, event,
+        )))
+    }
+
+    fn list<'a>(
+        &'a self,
+        status: RunStatus,
+        workflow: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Vec<RunInfo>>> {
+        Box::pin(std::future::ready(RedbStore::list(self, status, workflow)))
+    }
+
+    fn schema(&self, hash: crate::SchemaHash) -> BoxFuture<'_, Result<Option<String>>> {
+        Box::pin(std::future::ready(RedbStore::schema(self, hash)))
+    }
+
+    /// One process owns the file: every run's lease is granted, and never lapses.
+    fn acquire<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<Lease>>> {
+        Box::pin(std::future::ready(Ok(Some(Lease {
+            run_id: run_id.to_owned(),
+            token: 0,
+            expires_ms: None,
+        }))))
+    }
+
+    fn release<'a>(&'a self, _lease: &'a Lease) -> BoxFuture<'a, Result<()>> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn renew<'a>(&'a self, leases: &'a [Lease]) -> BoxFuture<'a, Result<Vec<Lease>>> {
+        Box::pin(std::future::ready(Ok(leases.to_vec())))
+    }
+
+    fn lease_ttl(&self) -> Option<std::time::Duration> {
+        None
+    }
+
+    fn claim_ready<'a>(
+        &'a self,
+        workflows: &'a [String],
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<(RunInfo, Lease)>>> {
+        Box::pin(std::future::ready((|| {
+            let now = crate::record::now_ms();
+            let mut out = Vec::new();
+            for workflow in workflows {
+                for status in [RunStatus::Running, RunStatus::Waiting] {
+                    for info in RedbStore::list(self, status, Some(workflow))? {
+                        if out.len() >= limit {
+                            return Ok(out);
+                        }
+                        let ready = match (&info.status, &info.wait) {
+                            (RunStatus::Waiting, Some(wait)) => {
+                                wait.until_ms.is_some_and(|until| until <= now)
+                                    || match &wait.event {
+                                        Some(event) => {
+                                            RedbStore::has_pending(self, &info.run_id, event)?
+                                        }
+                                        None => false,
+                                    }
+                            }
+                            _ => true,
+                        };
+                        if ready {
+                            let lease = Lease {
+                                run_id: info.run_id.clone(),
+                                token: 0,
+                                expires_ms: None,
+                            };
+                            out.push((info, lease));
+                        }
+                    }
+                }
+            }
+            Ok(out)
+        })()))
     }
 }
 

@@ -1,0 +1,229 @@
+//! The storage protocol: the writes a store applies and what it answers.
+
+use serde::{Deserialize, Serialize};
+
+use super::RunInfo;
+use crate::error::{Error, Result};
+use crate::record::FailureRecord;
+
+/// One write of the storage protocol. A store applies each write atomically (one redb write
+/// transaction, possibly shared with other writes; one PostgreSQL transaction), checking its
+/// preconditions first: a write that fails them leaves no trace and returns its error.
+///
+/// The semantics every store must give each write are those of the redb store's `apply`
+/// (`store/redb.rs`), checked for every store by the conformance tests.
+#[derive(Debug)]
+pub enum Write {
+    /// Create a run with its initial record (seq 0).
+    Create {
+        /// The new run's row (seq 0, attempt 1).
+        info: RunInfo,
+        /// The [`TransitionRecord`](crate::TransitionRecord) of seq 0, serialized.
+        record: Vec<u8>,
+        /// The workflow's schema description, stored once per schema hash.
+        schema_text: &'static str,
+    },
+    /// Append the record of `seq` (the run's next sequence number) and move the run to it.
+    Transition {
+        /// The run.
+        run_id: String,
+        /// The new record's sequence number: the run's current seq + 1.
+        seq: u64,
+        /// The state entered.
+        state: String,
+        /// The [`TransitionRecord`](crate::TransitionRecord), serialized.
+        record: Vec<u8>,
+        /// Whether the state ends the run (status becomes completed).
+        terminal: bool,
+        /// Commit time, ms since the Unix epoch.
+        at_ms: u64,
+    },
+    /// Record a step's output.
+    Step {
+        /// The run.
+        run_id: String,
+        /// The state's sequence number (must be the run's current one).
+        seq: u64,
+        /// The step name.
+        name: String,
+        /// Which use of the name, from 0.
+        occurrence: u32,
+        /// The [`StepRecord`](crate::StepRecord), serialized.
+        record: Vec<u8>,
+    },
+    /// Record a failed attempt (or a failed step) and what follows from it.
+    Failure {
+        /// The run.
+        run_id: String,
+        /// The state's sequence number (must be the run's current one).
+        seq: u64,
+        /// What failed.
+        record: FailureRecord,
+        /// What follows for the run.
+        then: AfterFailure,
+    },
+    /// Start the next attempt at the current state, or fail the run if attempts ran out.
+    BeginAttempt {
+        /// The run.
+        run_id: String,
+        /// The state's sequence number (must be the run's current one).
+        seq: u64,
+        /// The retry policy's attempts (counted from the row's `attempt_base`).
+        max_attempts: u32,
+        /// Now, ms since the Unix epoch.
+        at_ms: u64,
+    },
+    /// Ask for the run to be cancelled; end it at once if `end_now`.
+    Cancel {
+        /// The run.
+        run_id: String,
+        /// Why.
+        reason: String,
+        /// End the run at once (nobody drives it) rather than at its next boundary.
+        end_now: bool,
+        /// Now, ms since the Unix epoch.
+        at_ms: u64,
+    },
+    /// End a run whose cancellation was asked for.
+    EndCancelled {
+        /// The run.
+        run_id: String,
+        /// Now, ms since the Unix epoch.
+        at_ms: u64,
+    },
+    /// Make a failed run running again, with a fresh count of attempts.
+    Retry {
+        /// The run.
+        run_id: String,
+        /// Now, ms since the Unix epoch.
+        at_ms: u64,
+    },
+    /// A wait of the handler at `seq`, recorded as the step `(name, occurrence)`: deliver the
+    /// oldest undelivered `event` (if one is named), or end the wait if `until_ms` passed, or
+    /// park the run (status waiting). One transaction, so no event sent meanwhile is missed.
+    Wait {
+        /// The run.
+        run_id: String,
+        /// The state's sequence number (must be the run's current one).
+        seq: u64,
+        /// The attempt recording the outcome.
+        attempt: u32,
+        /// The step the outcome is recorded as (event waits); sleeps record nothing here.
+        step: Option<(String, u32)>,
+        /// The event waited for, if any.
+        event: Option<String>,
+        /// When the wait ends on its own, ms since the Unix epoch.
+        until_ms: Option<u64>,
+        /// Now, ms since the Unix epoch.
+        at_ms: u64,
+    },
+    /// Append an event to a run's inbox (once per idempotency key).
+    Send {
+        /// The run.
+        run_id: String,
+        /// The event name.
+        name: String,
+        /// The payload, JSON.
+        payload: String,
+        /// The sender's idempotency key: a second send with it writes nothing.
+        key: Option<String>,
+        /// Now, ms since the Unix epoch.
+        at_ms: u64,
+    },
+    /// A waiting run is being driven again.
+    Wake {
+        /// The run.
+        run_id: String,
+        /// The state's sequence number (must be the run's current one).
+        seq: u64,
+        /// Now, ms since the Unix epoch.
+        at_ms: u64,
+    },
+    /// Delete every record, row, index entry and event of these ended runs.
+    Prune {
+        /// The runs; those that have not ended, or do not exist, are skipped.
+        run_ids: Vec<String>,
+    },
+}
+
+/// What a [`Write::Failure`] does to the run besides keeping the record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterFailure {
+    /// Nothing (a step failed; the handler decides).
+    Nothing,
+    /// The next attempt may start at this time (ms since the Unix epoch).
+    RetryAt(u64),
+    /// The run fails.
+    GiveUp,
+}
+
+/// What the writer answers to one write.
+#[derive(Debug)]
+pub enum Reply {
+    /// The run's row after the write.
+    Run(RunInfo),
+    /// Written; nothing to report.
+    Done,
+    /// The outcome of a [`Write::Wait`], with the run's row after it.
+    Waited(WaitOutcome, RunInfo),
+    /// Runs were pruned; this many transition records went with them.
+    Pruned {
+        /// Transition records deleted.
+        records: u64,
+    },
+    /// An event was appended (or was a duplicate of `event_seq`), with the run's row.
+    Sent {
+        /// The event's sequence number in the run's inbox.
+        event_seq: u64,
+        /// Whether the idempotency key had been used (nothing was written).
+        duplicate: bool,
+        /// The run's row.
+        info: RunInfo,
+    },
+}
+
+/// The outcome of a [`Write::Wait`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WaitOutcome {
+    /// The oldest undelivered event of the name was delivered to the wait (its payload JSON).
+    Delivered {
+        /// The event's sequence number in the inbox.
+        event_seq: u64,
+        /// Its payload, JSON.
+        payload: String,
+    },
+    /// The wait's time passed (and, for an event, none came): recorded as timed out.
+    Due,
+    /// Nothing yet: the run is now waiting.
+    Parked,
+}
+
+impl Reply {
+    /// The run's row carried by the reply.
+    ///
+    /// # Errors
+    /// [`Error::RunNotFound`] for a reply that carries none.
+    pub fn into_run(self, run_id: &str) -> Result<RunInfo> {
+        match self {
+            Reply::Run(info) | Reply::Waited(_, info) | Reply::Sent { info, .. } => Ok(info),
+            Reply::Done | Reply::Pruned { .. } => Err(Error::RunNotFound {
+                run_id: run_id.to_owned(),
+            }),
+        }
+    }
+}
+
+/// One event sent to a run, kept in its inbox until a wait takes it (and after, for
+/// inspection).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EventRecord {
+    /// The event's name.
+    pub name: String,
+    /// The idempotency key the sender gave, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// When it was sent, in ms since the Unix epoch.
+    pub at_ms: u64,
+    /// The payload, serialized by serde_json.
+    pub payload: Box<serde_json::value::RawValue>,
+}
