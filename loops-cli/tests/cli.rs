@@ -827,6 +827,11 @@ fn cancel_retry_and_send_change_the_runs() {
         "error: run `done-1` has ended (completed); cancel is not possible\n"
     );
 
+    let (_dir3, path3) = store();
+    assert_eq!(
+        text(&path3, &["retry", "failed-1"]),
+        "run failed-1 is running again in state Work (seq 1), with a fresh budget of attempts; the process that drives workflow `job` resumes it when it next starts (Runtime::resume_all) or drives it\n"
+    );
     let v = json(&path, &["retry", "failed-1", "--json"]);
     assert_eq!(
         (&v["status"], &v["state"], &v["seq"]),
@@ -1116,6 +1121,8 @@ fn a_store_left_open_by_a_crash_is_repaired_then_read() {
         RedbStore::open_read_only(&crashed),
         Err(loops_core::Error::NeedsRecovery { .. })
     ));
+    let crashed_too = dir.path().join("crashed-too.redb");
+    std::fs::copy(&crashed, &crashed_too).unwrap();
     let out = loops(&crashed)
         .args(["runs", "--json", "--status", "cancelled"])
         .output()
@@ -1132,6 +1139,25 @@ fn a_store_left_open_by_a_crash_is_repaired_then_read() {
     assert_eq!(ids(&runs), ["waiting-1", "cancelled-1"]);
     // Repaired for good: the next command has nothing to say.
     loops(&crashed).arg("runs").assert().success().stderr("");
+
+    // Commands that write repair on their own open, and say so.
+    let out = loops(&crashed_too)
+        .args(["check", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8(out.stderr).unwrap(),
+        format!(
+            "note: store {} was not closed cleanly (its process stopped without closing it); redb repaired it on this open\n",
+            crashed_too.display()
+        )
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (&v["intact"], &v["repaired_on_open"], &v["runs"]),
+        (&json!(true), &json!(true), &json!(6))
+    );
 }
 
 #[test]
