@@ -23,8 +23,7 @@ process hold it: stop the process before using this tool on its store.";
 
 /// Inspect, steer and clean up the runs in a loops store file.
 ///
-/// Reads the store without the workflow's Rust types: records are JSON and carry their
-/// state names and schema descriptions.
+/// Needs no workflow code: records are JSON, stored with their schema descriptions.
 #[derive(Debug, Parser)]
 #[command(name = "loops", version, after_help = EXAMPLES, max_term_width = 100)]
 pub struct Cli {
