@@ -1,0 +1,370 @@
+//! The command line: every subcommand, option and help text (clap's derive).
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
+use loops_core::RunStatus;
+
+const EXAMPLES: &str = "\
+Examples:
+  export LOOPS_STORE=/var/lib/agent/loops.redb
+  loops runs --status failed,waiting        # what needs attention
+  loops show deliver-42                     # where one run stands, with its state's data
+  loops history deliver-42                  # every transition, step and failed attempt
+  loops retry deliver-42                    # a failed run becomes running again
+  loops send deliver-42 approval --json '\"alice\"'
+  loops prune --older-than 30d --dry-run    # what retention would remove
+  loops runs --json | jq '.[].run_id'
+
+The store is the redb file the workflow's process opens with Runtime::open. redb lets one
+process hold it: stop the process before using this tool on its store.";
+
+/// Inspect, steer and clean up the runs in a loops store file.
+///
+/// Needs no workflow code: records are JSON, stored with their schema descriptions.
+#[derive(Debug, Parser)]
+#[command(name = "loops", version, after_help = EXAMPLES, max_term_width = 100)]
+pub struct Cli {
+    /// The store file (the path the workflow's process gives to Runtime::open).
+    #[arg(long, global = true, env = "LOOPS_STORE", value_name = "PATH")]
+    pub store: Option<PathBuf>,
+
+    /// When to colour the output: auto colours a terminal unless NO_COLOR is set.
+    #[arg(long, global = true, value_enum, default_value_t = ColorArg::Auto, value_name = "WHEN")]
+    pub color: ColorArg,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The `--color` choices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ColorArg {
+    /// Colour a terminal, unless NO_COLOR is set (CLICOLOR_FORCE forces colour).
+    Auto,
+    /// Always colour.
+    Always,
+    /// Never colour.
+    Never,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List runs: id, workflow, status, current state, attempt, last change, what it waits for.
+    #[command(after_help = RUNS_EXAMPLES)]
+    Runs(RunsArgs),
+    /// Show one run: status, current state and its data, what it waits for, its schema.
+    #[command(after_help = SHOW_EXAMPLES)]
+    Show(ShowArgs),
+    /// Show a run's history: transitions, steps, failed attempts and events, in order.
+    #[command(after_help = HISTORY_EXAMPLES)]
+    History(HistoryArgs),
+    /// Cancel a run that has not ended.
+    #[command(after_help = CANCEL_EXAMPLES)]
+    Cancel(CancelArgs),
+    /// Make a failed run running again, with a fresh budget of attempts.
+    #[command(after_help = RETRY_EXAMPLES)]
+    Retry(RetryArgs),
+    /// Send an event to a run (delivered to its wait for that event, once).
+    #[command(after_help = SEND_EXAMPLES)]
+    Send(SendArgs),
+    /// Remove the records of ended runs: by age, by count, or both.
+    #[command(after_help = PRUNE_EXAMPLES)]
+    Prune(PruneArgs),
+    /// Compact the store file, returning the space freed by pruning to the file system.
+    #[command(after_help = COMPACT_EXAMPLES)]
+    Compact(JsonArg),
+    /// Show stored schema descriptions, one run's schema, or what changed between two.
+    #[command(after_help = SCHEMA_EXAMPLES)]
+    Schema(SchemaArgs),
+    /// Verify the checksum of every page of the store file and read every run back.
+    #[command(after_help = CHECK_EXAMPLES)]
+    Check(JsonArg),
+}
+
+/// `--json` alone.
+#[derive(Debug, Args)]
+pub struct JsonArg {
+    /// Print JSON (stable field names; see the loops-cli README) instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Statuses as `--status` accepts them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum StatusArg {
+    /// Being driven, or to be driven when its process resumes it.
+    Running,
+    /// Parked until an event arrives or a time passes.
+    Waiting,
+    /// Reached a terminal state.
+    Completed,
+    /// Ran out of attempts (`loops retry` resumes it).
+    Failed,
+    /// Cancelled.
+    Cancelled,
+}
+
+impl From<StatusArg> for RunStatus {
+    fn from(s: StatusArg) -> Self {
+        match s {
+            StatusArg::Running => RunStatus::Running,
+            StatusArg::Waiting => RunStatus::Waiting,
+            StatusArg::Completed => RunStatus::Completed,
+            StatusArg::Failed => RunStatus::Failed,
+            StatusArg::Cancelled => RunStatus::Cancelled,
+        }
+    }
+}
+
+const RUNS_EXAMPLES: &str = "\
+Examples:
+  loops runs
+  loops runs --status failed --status waiting
+  loops runs --status running,waiting --workflow deliver
+  loops runs --older-than 7d --status waiting   # stuck for a week
+  loops runs --newer-than 1h --json
+
+Runs are listed by last change, newest first. --json prints an array of objects with the
+fields run_id, workflow, status, state, seq, attempt, created_at, created_ms, updated_at,
+updated_ms, waiting_for, retry_at, retry_at_ms, error, cancel_reason, schema.";
+
+/// `loops runs`.
+#[derive(Debug, Args)]
+pub struct RunsArgs {
+    /// Only runs with this status (repeat it, or separate with commas).
+    #[arg(long, value_enum, value_delimiter = ',', value_name = "STATUS")]
+    pub status: Vec<StatusArg>,
+
+    /// Only runs of this workflow.
+    #[arg(long, value_name = "NAME")]
+    pub workflow: Option<String>,
+
+    /// Only runs whose last change is older than this (e.g. 30d, 12h, 90m).
+    #[arg(long, value_parser = parse_age, value_name = "AGE")]
+    pub older_than: Option<Duration>,
+
+    /// Only runs whose last change is more recent than this (e.g. 1h).
+    #[arg(long, value_parser = parse_age, value_name = "AGE")]
+    pub newer_than: Option<Duration>,
+
+    /// At most this many runs (the most recently changed).
+    #[arg(long, value_name = "N")]
+    pub limit: Option<usize>,
+
+    /// Print JSON (an array; stable field names) instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+const SHOW_EXAMPLES: &str = "\
+Examples:
+  loops show deliver-42
+  loops show deliver-42 --json | jq .payload
+
+--json prints {run, payload, schema_description, pending_events}; run has the fields of
+`loops runs --json`.";
+
+/// `loops show`.
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    /// The run id.
+    #[arg(value_name = "RUN", value_parser = clap::value_parser!(OsString))]
+    pub run: OsString,
+
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+const HISTORY_EXAMPLES: &str = "\
+Examples:
+  loops history deliver-42
+  loops history deliver-42 --json | jq '.transitions[].state'
+
+One line per transition (KIND state; ELAPSED is the time since the previous transition),
+per recorded step (ELAPSED is how long it ran) and per failed attempt (with its error chain),
+then the run's events. --json prints {run, transitions: [{seq, state, at, at_ms,
+since_previous_ms, schema, payload, steps, failures}], events}.";
+
+/// `loops history`.
+#[derive(Debug, Args)]
+pub struct HistoryArgs {
+    /// The run id.
+    #[arg(value_name = "RUN", value_parser = clap::value_parser!(OsString))]
+    pub run: OsString,
+
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+const CANCEL_EXAMPLES: &str = "\
+Examples:
+  loops cancel deliver-42 --reason 'duplicate of deliver-41'
+
+The run ends as cancelled at once (no process drives it while this tool holds the store).";
+
+/// `loops cancel`.
+#[derive(Debug, Args)]
+pub struct CancelArgs {
+    /// The run id.
+    #[arg(value_name = "RUN", value_parser = clap::value_parser!(OsString))]
+    pub run: OsString,
+
+    /// Why: kept with the run and shown by `loops show`.
+    #[arg(
+        long,
+        default_value = "cancelled with the loops CLI",
+        value_name = "TEXT"
+    )]
+    pub reason: String,
+
+    /// Print the run (as `loops runs --json` prints one) instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+const RETRY_EXAMPLES: &str = "\
+Examples:
+  loops retry deliver-42
+
+The run becomes running again in the state it failed in; the process that drives its
+workflow picks it up when it next starts (Runtime::resume_all) or drives it.";
+
+/// `loops retry`.
+#[derive(Debug, Args)]
+pub struct RetryArgs {
+    /// The run id of a failed run.
+    #[arg(value_name = "RUN", value_parser = clap::value_parser!(OsString))]
+    pub run: OsString,
+
+    /// Print the run (as `loops runs --json` prints one) instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+const SEND_EXAMPLES: &str = "\
+Examples:
+  loops send deliver-42 approval --json '\"alice\"'
+  loops send deliver-42 review --json '{\"approved\": true, \"by\": \"bob\"}' --key review-1
+
+The event is kept in the run's inbox and delivered to the run's wait for it when the
+run is next driven. With --key, sending the same key again writes nothing.
+(Here --json is the payload; --output json prints the receipt as JSON.)";
+
+/// `loops send`.
+#[derive(Debug, Args)]
+pub struct SendArgs {
+    /// The run id.
+    #[arg(value_name = "RUN", value_parser = clap::value_parser!(OsString))]
+    pub run: OsString,
+
+    /// The event's name (what the run's handler waits for).
+    #[arg(value_name = "EVENT", value_parser = clap::value_parser!(OsString))]
+    pub event: OsString,
+
+    /// The event's payload, as JSON text.
+    #[arg(long = "json", value_name = "PAYLOAD")]
+    pub payload: String,
+
+    /// An idempotency key: a second send with the same key writes nothing.
+    #[arg(long, value_name = "KEY", value_parser = clap::value_parser!(OsString))]
+    pub key: Option<OsString>,
+
+    /// How to print the receipt.
+    #[arg(long, value_enum, default_value_t = OutputArg::Text, value_name = "FORMAT")]
+    pub output: OutputArg,
+}
+
+/// `--output` of `send`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputArg {
+    /// One line for a person.
+    Text,
+    /// A JSON object: {run_id, event, event_seq, duplicate, run}.
+    Json,
+}
+
+const PRUNE_EXAMPLES: &str = "\
+Examples:
+  loops prune --older-than 30d --dry-run
+  loops prune --older-than 30d --keep-failed
+  loops prune --keep-last 1000
+  loops prune --older-than 90d && loops compact
+
+Only ended runs (completed, failed, cancelled) are removed, with their transitions, steps,
+failures and events; running and waiting runs are never touched. Age counts from when the
+run ended. The file does not shrink until `loops compact`.";
+
+/// `loops prune`.
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("policy").required(true).multiple(true).args(["older_than", "keep_last"])))]
+pub struct PruneArgs {
+    /// Remove ended runs that ended longer ago than this (e.g. 30d, 12h).
+    #[arg(long, value_parser = parse_age, value_name = "AGE")]
+    pub older_than: Option<Duration>,
+
+    /// Keep at most this many ended runs (the most recently ended).
+    #[arg(long, value_name = "N")]
+    pub keep_last: Option<usize>,
+
+    /// Keep failed runs, whatever their age (they can still be retried).
+    #[arg(long)]
+    pub keep_failed: bool,
+
+    /// Only say what would be removed.
+    #[arg(long)]
+    pub dry_run: bool,
+
+    /// Print JSON: {dry_run, runs, records, run_ids, bytes_before, bytes_after}.
+    #[arg(long)]
+    pub json: bool,
+}
+
+const COMPACT_EXAMPLES: &str = "\
+Examples:
+  loops compact
+  loops compact --json    # {bytes_before, bytes_after, bytes_reclaimed}";
+
+const SCHEMA_EXAMPLES: &str = "\
+Examples:
+  loops schema                                   # every stored schema and its runs
+  loops schema deliver-42                        # the schema a run was recorded with
+  loops schema --diff 3f9c0a1e22b4d5e6 8a7b6c5d4e3f2a1b
+
+Hashes may be shortened to a unique prefix of at least 4 hex digits.";
+
+/// `loops schema`.
+#[derive(Debug, Args)]
+pub struct SchemaArgs {
+    /// Show this run's schema (omit to list every stored schema).
+    #[arg(value_name = "RUN", value_parser = clap::value_parser!(OsString), conflicts_with = "diff")]
+    pub run: Option<OsString>,
+
+    /// Say what changed from the first stored schema to the second.
+    #[arg(long, num_args = 2, value_names = ["HASH_A", "HASH_B"])]
+    pub diff: Option<Vec<String>>,
+
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+const CHECK_EXAMPLES: &str = "\
+Examples:
+  loops check
+  loops check --json    # {path, intact, repaired_on_open, runs, by_status}
+
+Exits 1 if the file is damaged beyond repair. Opens the file for writing: redb repairs
+what it can (a file left by a crash, damaged allocator state).";
+
+/// Parses an age such as `30d`, `12h`, `1h 30m` (humantime's syntax).
+fn parse_age(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s)
+        .map_err(|e| format!("{e} (expected an age such as 30d, 12h or 90m)"))
+}

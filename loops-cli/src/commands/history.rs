@@ -1,0 +1,196 @@
+//! `loops history RUN`: every transition, step, failed attempt and event of a run.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use loops_core::FailureSource;
+use loops_core::record::now_ms;
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+use super::show::not_found;
+use crate::cli::HistoryArgs;
+use crate::failure::{Result, utf8_arg};
+use crate::json::preview;
+use crate::open;
+use crate::output::{
+    Cell, DIM, ERROR, HEADER, ID, Table, duration, emit, emit_json, paint, rfc3339, status_style,
+};
+use crate::view::{EventView, FailureView, RunView, StepView, waiting_text};
+
+/// Longest preview of a payload or step output in the text form.
+const PREVIEW: usize = 60;
+
+/// `loops history --json`.
+#[derive(Debug, Serialize)]
+struct HistoryView {
+    run: RunView,
+    transitions: Vec<TransitionView>,
+    events: Vec<EventView>,
+}
+
+/// One transition with the steps and failed attempts of its state.
+#[derive(Debug, Serialize)]
+struct TransitionView {
+    seq: u64,
+    state: String,
+    at: String,
+    at_ms: u64,
+    since_previous_ms: Option<u64>,
+    schema: String,
+    payload: Box<RawValue>,
+    steps: Vec<StepView>,
+    failures: Vec<FailureView>,
+}
+
+/// Shows the run's history.
+pub fn run(path: &Path, args: &HistoryArgs) -> Result<()> {
+    let run_id = utf8_arg("run id", &args.run)?;
+    let store = open::read_only(path)?;
+    let info = store
+        .run(&run_id)?
+        .ok_or_else(|| not_found(path, &run_id))?;
+    let mut failures: BTreeMap<u64, Vec<FailureView>> = BTreeMap::new();
+    for (seq, record) in store.failures(&run_id)? {
+        failures.entry(seq).or_default().push(record.into());
+    }
+    let mut transitions = Vec::new();
+    let mut previous: Option<u64> = None;
+    for record in store.history(&run_id)? {
+        let mut steps: Vec<StepView> = store
+            .steps(&run_id, record.seq)?
+            .into_iter()
+            .map(|(name, occurrence, r)| StepView::new(name, occurrence, r))
+            .collect();
+        // Stored by name; shown in the order they were recorded.
+        steps.sort_by_key(|s| (s.at_ms, s.attempt));
+        transitions.push(TransitionView {
+            seq: record.seq,
+            state: record.state,
+            at: rfc3339(record.at_ms),
+            at_ms: record.at_ms,
+            since_previous_ms: previous.map(|p| record.at_ms.saturating_sub(p)),
+            schema: record.schema.to_string(),
+            payload: record.payload,
+            steps,
+            failures: failures.remove(&record.seq).unwrap_or_default(),
+        });
+        previous = Some(record.at_ms);
+    }
+    let events: Vec<EventView> = store
+        .events(&run_id)?
+        .into_iter()
+        .map(|(seq, e, delivered)| EventView::new(seq, e, delivered))
+        .collect();
+    let view = HistoryView {
+        run: RunView::from(&info),
+        transitions,
+        events,
+    };
+    if args.json {
+        return emit_json(&view);
+    }
+    emit(&render(&view, &waiting_text(&info, now_ms())))
+}
+
+fn render(view: &HistoryView, waiting: &str) -> String {
+    let run = &view.run;
+    let failed: usize = view.transitions.iter().map(|t| t.failures.len()).sum();
+    let mut out = format!(
+        "{} {}  workflow {}  {}  {} transition{}, {} failed attempt{}",
+        paint(HEADER, "run"),
+        paint(ID, &run.run_id),
+        run.workflow,
+        paint(status_style(run.status), run.status.as_str()),
+        view.transitions.len(),
+        plural(view.transitions.len()),
+        failed,
+        plural(failed),
+    );
+    if !waiting.is_empty() {
+        out.push_str(&format!("; waiting for {waiting}"));
+    }
+    out.push_str("\n\n");
+    let mut t = Table::with_header(&["SEQ", "KIND", "NAME", "ATTEMPT", "AT", "ELAPSED", "DETAIL"]);
+    for tr in &view.transitions {
+        t.row(vec![
+            Cell::new(tr.seq.to_string(), HEADER),
+            Cell::plain("state"),
+            Cell::new(&tr.state, HEADER),
+            Cell::plain(""),
+            Cell::new(&tr.at, DIM),
+            Cell::plain(
+                tr.since_previous_ms
+                    .map(|ms| format!("+{}", duration(ms)))
+                    .unwrap_or_default(),
+            ),
+            Cell::new(preview(tr.payload.get(), PREVIEW), DIM),
+        ]);
+        // Steps and failed attempts of this state, in the order they happened.
+        let mut lines: Vec<(u64, u32, Vec<Cell>)> = Vec::new();
+        for s in &tr.steps {
+            lines.push((
+                s.at_ms,
+                s.attempt,
+                vec![
+                    Cell::plain(""),
+                    Cell::plain("step"),
+                    Cell::plain(format!("{}#{}", s.name, s.occurrence)),
+                    Cell::plain(s.attempt.to_string()),
+                    Cell::new(&s.at, DIM),
+                    Cell::plain(duration(s.duration_ms)),
+                    Cell::new(preview(s.output.get(), PREVIEW), DIM),
+                ],
+            ));
+        }
+        for f in &tr.failures {
+            let what = match &f.source {
+                FailureSource::Step { name, occurrence } => format!("step {name}#{occurrence}"),
+                FailureSource::Handler => "handler".to_owned(),
+                FailureSource::Interrupted => "interrupted".to_owned(),
+            };
+            lines.push((
+                f.at_ms,
+                f.attempt,
+                vec![
+                    Cell::plain(""),
+                    Cell::new("failed", ERROR),
+                    Cell::plain(what),
+                    Cell::plain(f.attempt.to_string()),
+                    Cell::new(&f.at, DIM),
+                    Cell::plain(""),
+                    Cell::new(f.errors.join(": "), ERROR),
+                ],
+            ));
+        }
+        lines.sort_by_key(|(at, attempt, _)| (*at, *attempt));
+        for (_, _, cells) in lines {
+            t.row(cells);
+        }
+    }
+    out.push_str(&t.render(0));
+    if !view.events.is_empty() {
+        out.push('\n');
+        let mut e = Table::with_header(&["EVENT", "NAME", "KEY", "SENT", "STATUS", "PAYLOAD"]);
+        for ev in &view.events {
+            e.row(vec![
+                Cell::plain(ev.event_seq.to_string()),
+                Cell::plain(&ev.name),
+                Cell::plain(ev.key.clone().unwrap_or_default()),
+                Cell::new(&ev.at, DIM),
+                if ev.delivered {
+                    Cell::plain("delivered")
+                } else {
+                    Cell::new("pending", status_style(loops_core::RunStatus::Waiting))
+                },
+                Cell::new(preview(ev.payload.get(), PREVIEW), DIM),
+            ]);
+        }
+        out.push_str(&e.render(0));
+    }
+    out
+}
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}

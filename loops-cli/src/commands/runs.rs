@@ -1,0 +1,75 @@
+//! `loops runs`: the table of runs.
+
+use std::path::Path;
+
+use loops_core::record::now_ms;
+use loops_core::{RunInfo, RunStatus};
+
+use crate::cli::RunsArgs;
+use crate::failure::Result;
+use crate::open;
+use crate::output::{Cell, DIM, ID, Table, emit, emit_json, note, relative, status_style};
+use crate::view::{RunView, waiting_text};
+
+/// Lists the runs that match `args`, most recently changed first.
+pub fn run(path: &Path, args: &RunsArgs) -> Result<()> {
+    let store = open::read_only(path)?;
+    let statuses: Vec<RunStatus> = if args.status.is_empty() {
+        RunStatus::ALL.to_vec()
+    } else {
+        let mut s: Vec<RunStatus> = args.status.iter().map(|&s| s.into()).collect();
+        s.sort();
+        s.dedup();
+        s
+    };
+    let now = now_ms();
+    let mut runs: Vec<RunInfo> = Vec::new();
+    for status in statuses {
+        runs.extend(store.list(status, args.workflow.as_deref())?);
+    }
+    let age = |d: std::time::Duration| now.saturating_sub(d.as_millis() as u64);
+    runs.retain(|info| {
+        args.older_than.is_none_or(|d| info.updated_ms < age(d))
+            && args.newer_than.is_none_or(|d| info.updated_ms >= age(d))
+    });
+    runs.sort_by(|a, b| {
+        b.updated_ms
+            .cmp(&a.updated_ms)
+            .then_with(|| a.run_id.cmp(&b.run_id))
+    });
+    if let Some(limit) = args.limit {
+        runs.truncate(limit);
+    }
+
+    if args.json {
+        let views: Vec<RunView> = runs.iter().map(RunView::from).collect();
+        return emit_json(&views);
+    }
+    let mut table = Table::with_header(&[
+        "RUN",
+        "WORKFLOW",
+        "STATUS",
+        "STATE",
+        "SEQ",
+        "ATTEMPT",
+        "UPDATED",
+        "WAITING FOR",
+    ]);
+    for info in &runs {
+        table.row(vec![
+            Cell::new(&info.run_id, ID),
+            Cell::plain(&info.workflow),
+            Cell::new(info.status.as_str(), status_style(info.status)),
+            Cell::plain(&info.state),
+            Cell::plain(info.seq.to_string()),
+            Cell::plain(info.attempt.to_string()),
+            Cell::new(relative(info.updated_ms, now), DIM),
+            Cell::plain(waiting_text(info, now)),
+        ]);
+    }
+    emit(&table.render(0))?;
+    if runs.is_empty() {
+        note("no runs match");
+    }
+    Ok(())
+}

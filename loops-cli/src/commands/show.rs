@@ -1,0 +1,156 @@
+//! `loops show RUN`: where one run stands.
+
+use std::path::Path;
+
+use loops_core::record::now_ms;
+use loops_core::{RedbStore, RunInfo, RunStatus, TransitionRecord};
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+use crate::cli::ShowArgs;
+use crate::failure::{Failure, Result, utf8_arg};
+use crate::json::pretty;
+use crate::open;
+use crate::output::{
+    Cell, DIM, ERROR, HEADER, ID, PLAIN, Table, emit, emit_json, paint, relative, rfc3339,
+    status_style,
+};
+use crate::view::{EventView, RunView, waiting_text};
+
+/// `loops show --json`.
+#[derive(Debug, Serialize)]
+struct ShowView {
+    run: RunView,
+    payload: Box<RawValue>,
+    schema_description: Option<String>,
+    pending_events: Vec<EventView>,
+}
+
+/// The run's row and latest record, or a failure naming the run and the store.
+pub fn find(store: &RedbStore, path: &Path, run_id: &str) -> Result<(RunInfo, TransitionRecord)> {
+    store.latest(run_id)?.ok_or_else(|| not_found(path, run_id))
+}
+
+/// The failure for a run id the store does not have.
+pub fn not_found(path: &Path, run_id: &str) -> Failure {
+    Failure::new(format!(
+        "run `{run_id}` does not exist in store {} (`loops runs` lists the runs)",
+        path.display()
+    ))
+}
+
+/// Shows the run's status, current state with its data, wait, and schema.
+pub fn run(path: &Path, args: &ShowArgs) -> Result<()> {
+    let run_id = utf8_arg("run id", &args.run)?;
+    let store = open::read_only(path)?;
+    let (info, record) = find(&store, path, &run_id)?;
+    let description = store.schema(info.schema)?;
+    let pending: Vec<EventView> = store
+        .events(&run_id)?
+        .into_iter()
+        .filter(|(_, _, delivered)| !delivered)
+        .map(|(seq, e, delivered)| EventView::new(seq, e, delivered))
+        .collect();
+
+    if args.json {
+        return emit_json(&ShowView {
+            run: RunView::from(&info),
+            payload: record.payload,
+            schema_description: description,
+            pending_events: pending,
+        });
+    }
+
+    let now = now_ms();
+    // As wide as the longest label, `pending events`.
+    let mut t = Table::new().min_widths(&[14]);
+    let mut field = |label: &str, value: String, style| {
+        t.row(vec![Cell::new(label, HEADER), Cell::new(value, style)]);
+    };
+    field("run", info.run_id.clone(), ID);
+    field("workflow", info.workflow.clone(), PLAIN);
+    field("status", info.status.to_string(), status_style(info.status));
+    field(
+        "state",
+        format!(
+            "{} (seq {}, attempt {})",
+            info.state, info.seq, info.attempt
+        ),
+        PLAIN,
+    );
+    let waiting = waiting_text(&info, now);
+    if !waiting.is_empty() {
+        field("waiting for", waiting, PLAIN);
+    }
+    if let Some(at) = info
+        .retry_at_ms
+        .filter(|_| info.status == RunStatus::Running)
+    {
+        field(
+            "next attempt",
+            format!("{} ({})", rfc3339(at), relative(at, now)),
+            PLAIN,
+        );
+    }
+    field(
+        "created",
+        format!(
+            "{} ({})",
+            rfc3339(info.created_ms),
+            relative(info.created_ms, now)
+        ),
+        PLAIN,
+    );
+    field(
+        "updated",
+        format!(
+            "{} ({})",
+            rfc3339(info.updated_ms),
+            relative(info.updated_ms, now)
+        ),
+        PLAIN,
+    );
+    if let Some(error) = &info.error {
+        field("last error", error.join(": "), ERROR);
+    }
+    if let Some(reason) = &info.cancel {
+        let label = if info.status == RunStatus::Cancelled {
+            "cancelled"
+        } else {
+            "cancel asked"
+        };
+        field(label, reason.clone(), PLAIN);
+    }
+    if !pending.is_empty() {
+        let names: Vec<String> = pending
+            .iter()
+            .map(|e| format!("{} (event seq {})", e.name, e.event_seq))
+            .collect();
+        field("pending events", names.join(", "), PLAIN);
+    }
+    field("schema", info.schema.to_string(), DIM);
+
+    let mut out = t.render(0);
+    out.push('\n');
+    out.push_str(&paint(HEADER, &format!("state {} (payload)", info.state)));
+    out.push('\n');
+    for line in pretty(record.payload.get()).lines() {
+        out.push_str("  ");
+        out.push_str(line);
+        out.push('\n');
+    }
+    out.push('\n');
+    out.push_str(&paint(HEADER, &format!("schema {}", info.schema)));
+    out.push('\n');
+    match &description {
+        Some(text) => {
+            for line in text.lines() {
+                out.push_str("  ");
+                out.push_str(&paint(DIM, line));
+                out.push('\n');
+            }
+        }
+        None => out.push_str("  (no description stored)\n"),
+    }
+    emit(&out)
+}

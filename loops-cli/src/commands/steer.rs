@@ -1,0 +1,138 @@
+//! `loops cancel`, `loops retry` and `loops send`: the commands that change a run.
+
+use std::path::Path;
+
+use loops_core::{Error, RunInfo, RunStatus};
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+use super::block_on;
+use super::show::not_found;
+use crate::cli::{CancelArgs, OutputArg, RetryArgs, SendArgs};
+use crate::failure::{Failure, Result, utf8_arg};
+use crate::open;
+use crate::output::{ID, emit, emit_json, paint, status_style};
+use crate::view::RunView;
+
+/// Maps "no such run" to a failure that names the store.
+fn run_error(path: &Path, e: Error) -> Failure {
+    match e {
+        Error::RunNotFound { run_id } => not_found(path, &run_id),
+        other => other.into(),
+    }
+}
+
+/// Cancels the run.
+pub fn cancel(path: &Path, args: &CancelArgs) -> Result<()> {
+    let run_id = utf8_arg("run id", &args.run)?;
+    let (rt, _) = open::writable(path)?;
+    let before = block_on(rt.run_info(&run_id))??.ok_or_else(|| not_found(path, &run_id))?;
+    let info = block_on(rt.cancel(&run_id, &args.reason))?.map_err(|e| run_error(path, e))?;
+    if args.json {
+        return emit_json(&RunView::from(&info));
+    }
+    emit(&format!(
+        "{} run {} ({} in state {}, seq {}): {}\n",
+        paint(status_style(info.status), "cancelled"),
+        paint(ID, &run_id),
+        before.status,
+        before.state,
+        before.seq,
+        args.reason
+    ))
+}
+
+/// Makes a failed run running again.
+pub fn retry(path: &Path, args: &RetryArgs) -> Result<()> {
+    let run_id = utf8_arg("run id", &args.run)?;
+    let (rt, _) = open::writable(path)?;
+    let info = block_on(rt.retry(&run_id))?.map_err(|e| run_error(path, e))?;
+    if args.json {
+        return emit_json(&RunView::from(&info));
+    }
+    emit(&format!(
+        "run {} is {} again in state {} (seq {}), with a fresh budget of attempts; the process that drives workflow `{}` resumes it when it next starts (Runtime::resume_all) or drives it\n",
+        paint(ID, &run_id),
+        paint(status_style(info.status), info.status.as_str()),
+        info.state,
+        info.seq,
+        info.workflow,
+    ))
+}
+
+/// `loops send --output json`.
+#[derive(Debug, Serialize)]
+struct SentView {
+    run_id: String,
+    event: String,
+    event_seq: u64,
+    duplicate: bool,
+    run: RunView,
+}
+
+/// Sends an event to the run.
+pub fn send(path: &Path, args: &SendArgs) -> Result<()> {
+    let run_id = utf8_arg("run id", &args.run)?;
+    let event = utf8_arg("event name", &args.event)?;
+    let key = args
+        .key
+        .as_deref()
+        .map(|k| utf8_arg("key", k))
+        .transpose()?;
+    // Checked before the store is opened: a bad payload writes nothing.
+    let payload: Box<RawValue> = serde_json::from_str(&args.payload)
+        .map_err(|e| Failure::new(format!("--json is not valid JSON: {e}")))?;
+    let (rt, _) = open::writable(path)?;
+    let sent = block_on(async {
+        match &key {
+            Some(key) => rt.send_with_key(&run_id, &event, key, &payload).await,
+            None => rt.send(&run_id, &event, &payload).await,
+        }
+    })?
+    .map_err(|e| run_error(path, e))?;
+    let info = block_on(rt.run_info(&run_id))??.ok_or_else(|| not_found(path, &run_id))?;
+    if args.output == OutputArg::Json {
+        return emit_json(&SentView {
+            run_id,
+            event,
+            event_seq: sent.event_seq,
+            duplicate: sent.duplicate,
+            run: RunView::from(&info),
+        });
+    }
+    let what = if sent.duplicate {
+        format!(
+            "an event with key `{}` was sent to run {} already (event seq {}); nothing written",
+            key.unwrap_or_default(),
+            paint(ID, &run_id),
+            sent.event_seq
+        )
+    } else {
+        format!(
+            "sent event `{event}` to run {} (event seq {}); {}",
+            paint(ID, &run_id),
+            sent.event_seq,
+            delivery(&info, &event)
+        )
+    };
+    emit(&format!("{what}\n"))
+}
+
+/// When the event will be taken, as far as the run's row tells.
+fn delivery(info: &RunInfo, event: &str) -> String {
+    let waits_for = info.wait.as_ref().and_then(|w| w.event.as_deref());
+    match info.status {
+        RunStatus::Waiting if waits_for == Some(event) => format!(
+            "the run waits for it and takes it when the process that drives workflow `{}` next runs",
+            info.workflow
+        ),
+        RunStatus::Waiting => format!(
+            "the run waits for {} now; the event stays in its inbox until a wait for `{event}` takes it",
+            waits_for.map_or_else(|| "a time".to_owned(), |e| format!("`{e}`"))
+        ),
+        _ => format!(
+            "the run is {}; the event stays in its inbox until a wait for `{event}` takes it",
+            info.status
+        ),
+    }
+}

@@ -1,0 +1,147 @@
+//! Stored JSON, re-indented for people without reordering object keys.
+//!
+//! `serde_json::Value` sorts object keys (unless its `preserve_order` feature is on, which
+//! would change the map type for every crate of the workspace); a state's fields read best
+//! in the order the workflow declares them, so the CLI keeps that order with its own value.
+
+use std::fmt;
+
+use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
+
+/// A JSON value whose objects keep their keys in the order written.
+#[derive(Debug, Clone, PartialEq)]
+enum Json {
+    Null,
+    Bool(bool),
+    Number(serde_json::Number),
+    String(String),
+    Array(Vec<Json>),
+    Object(Vec<(String, Json)>),
+}
+
+impl Serialize for Json {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Json::Null => s.serialize_unit(),
+            Json::Bool(b) => s.serialize_bool(*b),
+            Json::Number(n) => n.serialize(s),
+            Json::String(t) => s.serialize_str(t),
+            Json::Array(items) => {
+                let mut seq = s.serialize_seq(Some(items.len()))?;
+                for item in items {
+                    seq.serialize_element(item)?;
+                }
+                seq.end()
+            }
+            Json::Object(fields) => {
+                let mut map = s.serialize_map(Some(fields.len()))?;
+                for (k, v) in fields {
+                    map.serialize_entry(k, v)?;
+                }
+                map.end()
+            }
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Json {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(JsonVisitor)
+    }
+}
+
+struct JsonVisitor;
+
+impl<'de> Visitor<'de> for JsonVisitor {
+    type Value = Json;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_unit<E>(self) -> Result<Json, E> {
+        Ok(Json::Null)
+    }
+    fn visit_none<E>(self) -> Result<Json, E> {
+        Ok(Json::Null)
+    }
+    fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Json, D::Error> {
+        Json::deserialize(d)
+    }
+    fn visit_bool<E>(self, b: bool) -> Result<Json, E> {
+        Ok(Json::Bool(b))
+    }
+    fn visit_i64<E>(self, n: i64) -> Result<Json, E> {
+        Ok(Json::Number(n.into()))
+    }
+    fn visit_u64<E>(self, n: u64) -> Result<Json, E> {
+        Ok(Json::Number(n.into()))
+    }
+    fn visit_f64<E: de::Error>(self, n: f64) -> Result<Json, E> {
+        serde_json::Number::from_f64(n)
+            .map(Json::Number)
+            .ok_or_else(|| E::custom("a number JSON cannot hold"))
+    }
+    fn visit_str<E>(self, s: &str) -> Result<Json, E> {
+        Ok(Json::String(s.to_owned()))
+    }
+    fn visit_string<E>(self, s: String) -> Result<Json, E> {
+        Ok(Json::String(s))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Json, A::Error> {
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element()? {
+            items.push(item);
+        }
+        Ok(Json::Array(items))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Json, A::Error> {
+        let mut fields = Vec::new();
+        while let Some((k, v)) = map.next_entry::<String, Json>()? {
+            fields.push((k, v));
+        }
+        Ok(Json::Object(fields))
+    }
+}
+
+/// `raw` JSON indented over several lines, keys in their stored order; `raw` itself if it
+/// does not parse.
+pub fn pretty(raw: &str) -> String {
+    serde_json::from_str::<Json>(raw)
+        .ok()
+        .and_then(|v| serde_json::to_string_pretty(&v).ok())
+        .unwrap_or_else(|| raw.to_owned())
+}
+
+/// `raw` JSON on one line, cut to at most `max` characters (ending in `…` when cut).
+pub fn preview(raw: &str, max: usize) -> String {
+    let compact = serde_json::from_str::<Json>(raw)
+        .ok()
+        .and_then(|v| serde_json::to_string(&v).ok())
+        .unwrap_or_else(|| crate::failure::one_line(raw));
+    if compact.chars().count() <= max {
+        compact
+    } else {
+        let mut cut: String = compact.chars().take(max.saturating_sub(1)).collect();
+        cut.push('…');
+        cut
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_keep_their_order() {
+        let raw = r#"{"Work":{"zeta":1,"alpha":[true,null,-2,1.5,"s"]}}"#;
+        assert_eq!(
+            pretty(raw),
+            "{\n  \"Work\": {\n    \"zeta\": 1,\n    \"alpha\": [\n      true,\n      null,\n      -2,\n      1.5,\n      \"s\"\n    ]\n  }\n}"
+        );
+        assert_eq!(preview(raw, 200), raw);
+        assert_eq!(preview("{ \"a\" :  1 }", 200), r#"{"a":1}"#);
+        assert_eq!(preview(r#""abcdefgh""#, 5), "\"abc…");
+        assert_eq!(pretty("not json"), "not json");
+    }
+}

@@ -1,0 +1,68 @@
+//! `loops`: the command-line tool of loops. Lists, inspects, steers and cleans up the runs in
+//! a store file, without the workflows' Rust types (records are JSON, with stored schema
+//! descriptions).
+//!
+//! See `loops --help` and the crate's README for the commands and their JSON output.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
+
+mod cli;
+mod commands;
+mod failure;
+mod json;
+mod open;
+mod output;
+mod panics;
+mod view;
+
+use std::io::Write as _;
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::cli::{Cli, ColorArg, Command};
+use crate::failure::Failure;
+use crate::output::{ERROR, paint};
+
+fn main() -> ExitCode {
+    panics::install();
+    let cli = Cli::parse();
+    match cli.color {
+        ColorArg::Auto => {}
+        ColorArg::Always => anstream::ColorChoice::Always.write_global(),
+        ColorArg::Never => anstream::ColorChoice::Never.write_global(),
+    }
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(cli)))
+        .unwrap_or_else(|_| Err(panics::failure()));
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(failure) => {
+            let style = ERROR.effects(anstyle::Effects::BOLD);
+            let _ = writeln!(
+                anstream::stderr().lock(),
+                "{}: {}",
+                paint(style, "error"),
+                failure.message
+            );
+            ExitCode::from(failure.code)
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<(), Failure> {
+    let path = open::store_path(cli.store)?;
+    panics::set_store(&path);
+    match &cli.command {
+        Command::Runs(args) => commands::runs::run(&path, args),
+        Command::Show(args) => commands::show::run(&path, args),
+        Command::History(args) => commands::history::run(&path, args),
+        Command::Cancel(args) => commands::steer::cancel(&path, args),
+        Command::Retry(args) => commands::steer::retry(&path, args),
+        Command::Send(args) => commands::steer::send(&path, args),
+        Command::Prune(args) => commands::prune::prune(&path, args),
+        Command::Compact(args) => commands::prune::compact(&path, args),
+        Command::Schema(args) => commands::schema::run(&path, args),
+        Command::Check(args) => commands::check::run(&path, args),
+    }
+}

@@ -1,0 +1,132 @@
+//! Opening the store file: read-only for inspection, writable for commands that change it,
+//! with one clear line for each way it can fail.
+//!
+//! The runtime opens redb in its default mode, in which the process that has the file open
+//! holds an exclusive lock on it: while it runs, no other process can read the file, not even
+//! read-only. A file whose process crashed (kill -9, power loss) must be repaired by a
+//! writable open before a read-only open accepts it; read-only commands make that repair
+//! once, say so on stderr, and go on read-only.
+
+use std::path::{Path, PathBuf};
+
+use loops_core::{Error, RedbStore, Runtime};
+
+use crate::failure::{Failure, Result};
+use crate::output::note;
+
+/// The store path from `--store` or `LOOPS_STORE`, or a usage failure saying how to give it.
+pub fn store_path(given: Option<PathBuf>) -> Result<PathBuf> {
+    match given {
+        Some(path) if !path.as_os_str().is_empty() => Ok(path),
+        _ => Err(Failure::usage(
+            "no store file given: pass --store PATH or set LOOPS_STORE=PATH (the file the workflow's process opens with Runtime::open)",
+        )),
+    }
+}
+
+/// Opens the store for reading only, repairing it first (with a writable open) if its process
+/// did not close it cleanly.
+pub fn read_only(path: &Path) -> Result<RedbStore> {
+    check_file(path)?;
+    let store = match RedbStore::open_read_only(path) {
+        Ok(store) => store,
+        Err(Error::NeedsRecovery { .. }) => {
+            repair(path)?;
+            note(&format!(
+                "store {} was not closed cleanly (its process stopped without closing it); opened it for writing once to let redb repair it",
+                path.display()
+            ));
+            RedbStore::open_read_only(path).map_err(|e| open_failure(path, e))?
+        }
+        Err(e) => return Err(open_failure(path, e)),
+    };
+    is_loops_store(path, &store)?;
+    Ok(store)
+}
+
+/// Opens the store for writing (cancel, retry, send, prune, compact, check). The file must
+/// exist and be a loops store: this never creates one. Returns the runtime and whether redb
+/// repaired the file on this open (its process had not closed it cleanly).
+pub fn writable(path: &Path) -> Result<(Runtime, bool)> {
+    check_file(path)?;
+    // A read-only open first: it refuses a file that is not a redb file, or is locked,
+    // without writing a byte to it.
+    let repaired = match RedbStore::open_read_only(path) {
+        Ok(store) => {
+            is_loops_store(path, &store)?;
+            false
+        }
+        Err(Error::NeedsRecovery { .. }) => true,
+        Err(e) => return Err(open_failure(path, e)),
+    };
+    let runtime = Runtime::open(path).map_err(|e| open_failure(path, e))?;
+    if repaired {
+        is_loops_store(path, &redb(path, &runtime)?)?;
+        note(&format!(
+            "store {} was not closed cleanly (its process stopped without closing it); redb repaired it on this open",
+            path.display()
+        ));
+    }
+    Ok((runtime, repaired))
+}
+
+fn repair(path: &Path) -> Result<()> {
+    let store = RedbStore::open(path).map_err(|e| open_failure(path, e))?;
+    drop(store);
+    Ok(())
+}
+
+fn check_file(path: &Path) -> Result<()> {
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_dir() => Err(Failure::new(format!(
+            "store {} is a directory, not a store file",
+            path.display()
+        ))),
+        Ok(meta) if meta.len() == 0 => Err(Failure::new(format!(
+            "store {} is an empty file, not a loops store",
+            path.display()
+        ))),
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Failure::new(format!(
+            "store {} does not exist",
+            path.display()
+        ))),
+        Err(e) => Err(Failure::new(format!(
+            "cannot read store {}: {e}",
+            path.display()
+        ))),
+    }
+}
+
+/// A redb file that is not a loops store lacks loops' tables; say so instead of failing on
+/// the first read.
+fn is_loops_store(path: &Path, store: &RedbStore) -> Result<()> {
+    store.schemas().map(drop).map_err(|e| {
+        Failure::new(format!(
+            "store {} is not a loops store, or is damaged: {e}",
+            path.display()
+        ))
+    })
+}
+
+/// The one-line failure for an error of opening the store at `path`.
+pub fn open_failure(path: &Path, e: Error) -> Failure {
+    match e {
+        Error::StoreLocked { .. } => Failure::new(format!(
+            "store {} is in use by a running process (redb allows no reader beside it); stop the process or wait for it to exit, then run this command again",
+            path.display()
+        )),
+        Error::Open { source, .. } => {
+            Failure::new(format!("cannot open store {}: {source}", path.display()))
+        }
+        other => Failure::from(other),
+    }
+}
+
+/// The redb store under a runtime this tool opened (always a redb file).
+pub fn redb(path: &Path, runtime: &Runtime) -> Result<RedbStore> {
+    runtime
+        .redb()
+        .cloned()
+        .ok_or_else(|| Failure::new(format!("store {} is not a redb file", path.display())))
+}

@@ -1,0 +1,210 @@
+//! What `--json` prints: stable shapes with documented field names (see the README), built
+//! from loops-core's records. Every field is always present (`null` when it has no value).
+
+use loops_core::{EventRecord, FailureRecord, FailureSource, RunInfo, RunStatus, StepRecord};
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+use crate::output::{coarse, relative, rfc3339};
+
+/// One run's row.
+#[derive(Debug, Serialize)]
+pub struct RunView {
+    /// The run id.
+    pub run_id: String,
+    /// The workflow's name.
+    pub workflow: String,
+    /// `running`, `waiting`, `completed`, `failed` or `cancelled`.
+    pub status: RunStatus,
+    /// The current state's name.
+    pub state: String,
+    /// The current state's sequence number.
+    pub seq: u64,
+    /// Attempts started at the current state, from 1.
+    pub attempt: u32,
+    /// When the run was created (RFC 3339, UTC).
+    pub created_at: String,
+    /// The same, in ms since the Unix epoch.
+    pub created_ms: u64,
+    /// When the run last changed (RFC 3339, UTC).
+    pub updated_at: String,
+    /// The same, in ms since the Unix epoch.
+    pub updated_ms: u64,
+    /// What a waiting run waits for.
+    pub waiting_for: Option<WaitView>,
+    /// When a run that failed an attempt may start the next one (RFC 3339, UTC).
+    pub retry_at: Option<String>,
+    /// The same, in ms since the Unix epoch.
+    pub retry_at_ms: Option<u64>,
+    /// The last failed attempt's error chain, outermost first.
+    pub error: Option<Vec<String>>,
+    /// The reason the run was cancelled (or asked to be).
+    pub cancel_reason: Option<String>,
+    /// The schema hash the run was recorded with (16 hex digits).
+    pub schema: String,
+}
+
+/// What a waiting run waits for.
+#[derive(Debug, Serialize)]
+pub struct WaitView {
+    /// The event's name, if it waits for one.
+    pub event: Option<String>,
+    /// When the wait ends on its own (RFC 3339, UTC), if it does.
+    pub until: Option<String>,
+    /// The same, in ms since the Unix epoch.
+    pub until_ms: Option<u64>,
+}
+
+impl From<&RunInfo> for RunView {
+    fn from(info: &RunInfo) -> Self {
+        RunView {
+            run_id: info.run_id.clone(),
+            workflow: info.workflow.clone(),
+            status: info.status,
+            state: info.state.clone(),
+            seq: info.seq,
+            attempt: info.attempt,
+            created_at: rfc3339(info.created_ms),
+            created_ms: info.created_ms,
+            updated_at: rfc3339(info.updated_ms),
+            updated_ms: info.updated_ms,
+            waiting_for: info
+                .wait
+                .as_ref()
+                .filter(|_| info.status == RunStatus::Waiting)
+                .map(|w| WaitView {
+                    event: w.event.clone(),
+                    until: w.until_ms.map(rfc3339),
+                    until_ms: w.until_ms,
+                }),
+            retry_at: info.retry_at_ms.map(rfc3339),
+            retry_at_ms: info.retry_at_ms,
+            error: info.error.clone(),
+            cancel_reason: info.cancel.clone(),
+            schema: info.schema.to_string(),
+        }
+    }
+}
+
+/// What the run waits for, in a few words (empty when nothing): `event approval`,
+/// `event note, until in 29s`, `time, in 1m 20s`, `retry in 3s`, `cancellation`.
+pub fn waiting_text(info: &RunInfo, now_ms: u64) -> String {
+    match info.status {
+        RunStatus::Waiting => match info.wait.as_ref() {
+            Some(w) => match (&w.event, w.until_ms) {
+                (Some(event), Some(until)) => {
+                    format!("event {event}, until {}", relative(until, now_ms))
+                }
+                (Some(event), None) => format!("event {event}"),
+                (None, Some(until)) if until > now_ms => {
+                    format!("time, {}", relative(until, now_ms))
+                }
+                (None, Some(until)) => format!("time, due {}", relative(until, now_ms)),
+                (None, None) => String::new(),
+            },
+            None => String::new(),
+        },
+        RunStatus::Running if info.cancel.is_some() => "cancellation".to_owned(),
+        RunStatus::Running => match info.retry_at_ms {
+            Some(at) if at > now_ms => format!("retry in {}", coarse(at - now_ms)),
+            _ => String::new(),
+        },
+        _ => String::new(),
+    }
+}
+
+/// One step record.
+#[derive(Debug, Serialize)]
+pub struct StepView {
+    /// The step's name.
+    pub name: String,
+    /// Which use of the name within the state's handler, from 0.
+    pub occurrence: u32,
+    /// The attempt that recorded it.
+    pub attempt: u32,
+    /// When it was recorded (RFC 3339, UTC).
+    pub at: String,
+    /// The same, in ms since the Unix epoch.
+    pub at_ms: u64,
+    /// How long the step ran, in ms.
+    pub duration_ms: u64,
+    /// Its output, as stored.
+    pub output: Box<RawValue>,
+}
+
+impl StepView {
+    /// The view of a step record.
+    pub fn new(name: String, occurrence: u32, record: StepRecord) -> Self {
+        StepView {
+            name,
+            occurrence,
+            attempt: record.attempt,
+            at: rfc3339(record.at_ms),
+            at_ms: record.at_ms,
+            duration_ms: record.duration_ms,
+            output: record.output,
+        }
+    }
+}
+
+/// One failed attempt.
+#[derive(Debug, Serialize)]
+pub struct FailureView {
+    /// The attempt, from 1.
+    pub attempt: u32,
+    /// When it failed (RFC 3339, UTC).
+    pub at: String,
+    /// The same, in ms since the Unix epoch.
+    pub at_ms: u64,
+    /// What failed: `{"kind": "handler"}`, `{"kind": "step", "name", "occurrence"}` or
+    /// `{"kind": "interrupted"}` (the process stopped during the attempt).
+    pub source: FailureSource,
+    /// The error chain, outermost first.
+    pub errors: Vec<String>,
+}
+
+impl From<FailureRecord> for FailureView {
+    fn from(r: FailureRecord) -> Self {
+        FailureView {
+            attempt: r.attempt,
+            at: rfc3339(r.at_ms),
+            at_ms: r.at_ms,
+            source: r.source,
+            errors: r.errors,
+        }
+    }
+}
+
+/// One event in a run's inbox.
+#[derive(Debug, Serialize)]
+pub struct EventView {
+    /// The event's sequence number in the run's inbox, from 0.
+    pub event_seq: u64,
+    /// The event's name.
+    pub name: String,
+    /// The idempotency key it was sent with.
+    pub key: Option<String>,
+    /// When it was sent (RFC 3339, UTC).
+    pub at: String,
+    /// The same, in ms since the Unix epoch.
+    pub at_ms: u64,
+    /// Whether a wait has taken it (otherwise it is pending).
+    pub delivered: bool,
+    /// Its payload, as stored.
+    pub payload: Box<RawValue>,
+}
+
+impl EventView {
+    /// The view of an inbox entry.
+    pub fn new(event_seq: u64, record: EventRecord, delivered: bool) -> Self {
+        EventView {
+            event_seq,
+            name: record.name,
+            key: record.key,
+            at: rfc3339(record.at_ms),
+            at_ms: record.at_ms,
+            delivered,
+            payload: record.payload,
+        }
+    }
+}

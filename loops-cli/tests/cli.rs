@@ -1,0 +1,1371 @@
+//! End-to-end tests of the `loops` binary: a store with a run in every status is produced
+//! through loops-core (hand-written workflows, as loops-core's own tests do), then the real
+//! binary is run on a copy of it.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use assert_cmd::Command;
+use loops_core::{
+    BoxError, Context, Dispatch, RedbStore, RetryPolicy, RunStatus, Runtime, SchemaHash, StateId,
+    Workflow,
+};
+use predicates::prelude::*;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+// ---------------------------------------------------------------------------------------------
+// Two tiny workflows, written by hand.
+
+/// Fetches items, delivers them (or fails, or hangs, as `mode` says), done.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+enum Job {
+    Start { mode: String },
+    Work { mode: String, items: Vec<String> },
+    Done { delivered: u32 },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+enum JobState {
+    Start,
+    Work,
+    Done,
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl StateId for JobState {
+    const ALL: &'static [Self] = &[JobState::Start, JobState::Work, JobState::Done];
+    const INITIAL: Self = JobState::Start;
+    fn name(self) -> &'static str {
+        match self {
+            JobState::Start => "Start",
+            JobState::Work => "Work",
+            JobState::Done => "Done",
+        }
+    }
+    fn next(self) -> &'static [Self] {
+        match self {
+            JobState::Start => &[JobState::Work],
+            JobState::Work => &[JobState::Done],
+            JobState::Done => &[],
+        }
+    }
+    fn is_terminal(self) -> bool {
+        self == JobState::Done
+    }
+}
+
+const JOB_SCHEMA: &str = "workflow job version 1\nstate Start (struct, initial) -> Work\n  mode: String\nstate Work (struct) -> Done\n  mode: String\n  items: Vec<String>\nstate Done (struct, terminal)\n  delivered: u32\n";
+
+impl Workflow for Job {
+    type State = JobState;
+    const NAME: &'static str = "job";
+    const VERSION: u32 = 1;
+    const SCHEMA_HASH: SchemaHash = SchemaHash::of(JOB_SCHEMA.as_bytes());
+    const SCHEMA: &'static str = JOB_SCHEMA;
+    fn state(&self) -> JobState {
+        match self {
+            Job::Start { .. } => JobState::Start,
+            Job::Work { .. } => JobState::Work,
+            Job::Done { .. } => JobState::Done,
+        }
+    }
+}
+
+/// An error with a cause, so that the failed run records a chain of two.
+#[derive(Debug)]
+struct DeployError(std::io::Error);
+
+impl fmt::Display for DeployError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("deploy failed")
+    }
+}
+
+impl std::error::Error for DeployError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
+}
+
+struct Worker;
+
+impl Dispatch<Worker> for Job {
+    async fn dispatch(self, _: &Worker, ctx: &Context) -> Result<Self, BoxError> {
+        match self {
+            Job::Start { mode } => {
+                let items: Vec<String> = ctx
+                    .step("fetch", || async {
+                        Ok::<_, loops_core::Error>(vec!["a".to_owned(), "b".to_owned()])
+                    })
+                    .await?;
+                Ok(Job::Work { mode, items })
+            }
+            Job::Work { mode, items } => match mode.as_str() {
+                "fail" => Err(Box::new(DeployError(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionRefused,
+                    "connection refused",
+                )))),
+                "hang" => {
+                    ctx.step("begin", || async { Ok::<_, loops_core::Error>(true) })
+                        .await?;
+                    std::future::pending::<()>().await;
+                    unreachable!()
+                }
+                _ => {
+                    let n: u32 = ctx
+                        .step("deliver", || async {
+                            Ok::<_, loops_core::Error>(items.len() as u32)
+                        })
+                        .await?;
+                    Ok(Job::Done { delivered: n })
+                }
+            },
+            Job::Done { .. } => Err("Done is terminal".into()),
+        }
+    }
+}
+
+/// The same workflow name with another shape: a second stored schema to diff against.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+enum JobV2 {
+    Start { mode: String },
+    Done { delivered: u64 },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+enum JobV2State {
+    Start,
+    Done,
+}
+
+impl fmt::Display for JobV2State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl StateId for JobV2State {
+    const ALL: &'static [Self] = &[JobV2State::Start, JobV2State::Done];
+    const INITIAL: Self = JobV2State::Start;
+    fn name(self) -> &'static str {
+        match self {
+            JobV2State::Start => "Start",
+            JobV2State::Done => "Done",
+        }
+    }
+    fn next(self) -> &'static [Self] {
+        match self {
+            JobV2State::Start => &[JobV2State::Done],
+            JobV2State::Done => &[],
+        }
+    }
+    fn is_terminal(self) -> bool {
+        self == JobV2State::Done
+    }
+}
+
+const JOB_V2_SCHEMA: &str = "workflow job version 2\nstate Start (struct, initial) -> Done\n  mode: String\nstate Done (struct, terminal)\n  delivered: u64\n";
+
+impl Workflow for JobV2 {
+    type State = JobV2State;
+    const NAME: &'static str = "job";
+    const VERSION: u32 = 2;
+    const SCHEMA_HASH: SchemaHash = SchemaHash::of(JOB_V2_SCHEMA.as_bytes());
+    const SCHEMA: &'static str = JOB_V2_SCHEMA;
+    fn state(&self) -> JobV2State {
+        match self {
+            JobV2::Start { .. } => JobV2State::Start,
+            JobV2::Done { .. } => JobV2State::Done,
+        }
+    }
+}
+
+impl Dispatch<Worker> for JobV2 {
+    async fn dispatch(self, _: &Worker, _: &Context) -> Result<Self, BoxError> {
+        Ok(JobV2::Done { delivered: 7 })
+    }
+}
+
+/// Waits for an approval.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+enum Gate {
+    Ask { doc: String },
+    Done { by: String },
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+enum GateState {
+    Ask,
+    Done,
+}
+
+impl fmt::Display for GateState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl StateId for GateState {
+    const ALL: &'static [Self] = &[GateState::Ask, GateState::Done];
+    const INITIAL: Self = GateState::Ask;
+    fn name(self) -> &'static str {
+        match self {
+            GateState::Ask => "Ask",
+            GateState::Done => "Done",
+        }
+    }
+    fn next(self) -> &'static [Self] {
+        match self {
+            GateState::Ask => &[GateState::Done],
+            GateState::Done => &[],
+        }
+    }
+    fn is_terminal(self) -> bool {
+        self == GateState::Done
+    }
+}
+
+const GATE_SCHEMA: &str = "workflow gate version 1\nstate Ask (struct, initial) -> Done\n  doc: String\nstate Done (struct, terminal)\n  by: String\n";
+
+impl Workflow for Gate {
+    type State = GateState;
+    const NAME: &'static str = "gate";
+    const VERSION: u32 = 1;
+    const SCHEMA_HASH: SchemaHash = SchemaHash::of(GATE_SCHEMA.as_bytes());
+    const SCHEMA: &'static str = GATE_SCHEMA;
+    fn state(&self) -> GateState {
+        match self {
+            Gate::Ask { .. } => GateState::Ask,
+            Gate::Done { .. } => GateState::Done,
+        }
+    }
+}
+
+impl Dispatch<Worker> for Gate {
+    async fn dispatch(self, _: &Worker, ctx: &Context) -> Result<Self, BoxError> {
+        match self {
+            Gate::Ask { .. } => {
+                let by: String = ctx.wait_for("approval").await?;
+                Ok(Gate::Done { by })
+            }
+            Gate::Done { .. } => Err("Done is terminal".into()),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The store every test starts from (built once, copied per test).
+
+/// Runs, in the order they were last changed (oldest first):
+/// `done-1` completed (job, 3 transitions), `v2-1` completed (job with the second schema, 2),
+/// `failed-1` failed at Work (2), `running-1` running at Work (2, its driver dropped
+/// mid-handler), `waiting-1` waiting for `approval` (1), `cancelled-1` cancelled while it
+/// waited (1).
+fn fixture() -> &'static Path {
+    static FIXTURE: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    let (_, path) = FIXTURE.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("fixture.redb");
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(build_fixture(&path));
+        (dir, path)
+    });
+    path
+}
+
+async fn until_status(rt: &Runtime, run_id: &str, status: RunStatus) {
+    for _ in 0..500 {
+        if rt
+            .run_info(run_id)
+            .await
+            .unwrap()
+            .is_some_and(|i| i.status == status)
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("run {run_id} never reached {status}");
+}
+
+/// A pause, so that runs' last changes are strictly ordered.
+async fn tick() {
+    tokio::time::sleep(Duration::from_millis(3)).await;
+}
+
+async fn build_fixture(path: &Path) {
+    let rt = Runtime::builder()
+        .retry(RetryPolicy::never())
+        .open(path)
+        .unwrap();
+    let start = |mode: &str| Job::Start { mode: mode.into() };
+    rt.run("done-1", start("ok"), &Worker).await.unwrap();
+    tick().await;
+    rt.run("v2-1", JobV2::Start { mode: "ok".into() }, &Worker)
+        .await
+        .unwrap();
+    tick().await;
+    rt.run("failed-1", start("fail"), &Worker)
+        .await
+        .unwrap_err();
+    tick().await;
+
+    // Running: its driver is dropped in the middle of Work's handler, after its first step.
+    let driver = {
+        let rt = rt.clone();
+        tokio::spawn(async move { rt.run("running-1", start("hang"), &Worker).await })
+    };
+    for _ in 0..500 {
+        if rt.store().steps("running-1", 1).await.unwrap().len() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    driver.abort();
+    let _ = driver.await;
+    tick().await;
+
+    // Waiting (and, once cancelled, cancelled): parked on `approval`, driver dropped.
+    for id in ["waiting-1", "cancelled-1"] {
+        let driver = {
+            let rt = rt.clone();
+            tokio::spawn(async move {
+                rt.run(
+                    id,
+                    Gate::Ask {
+                        doc: "spec.md".into(),
+                    },
+                    &Worker,
+                )
+                .await
+            })
+        };
+        until_status(&rt, id, RunStatus::Waiting).await;
+        driver.abort();
+        let _ = driver.await;
+        tick().await;
+    }
+    rt.cancel("cancelled-1", "not needed").await.unwrap();
+    drop(rt);
+}
+
+/// A copy of the fixture in a fresh directory (kept alive by the returned guard).
+fn store() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    std::fs::copy(fixture(), &path).unwrap();
+    (dir, path)
+}
+
+/// The binary, with the store given by `LOOPS_STORE` and colour off.
+fn loops(path: &Path) -> Command {
+    let mut cmd = Command::cargo_bin("loops").unwrap();
+    cmd.env("LOOPS_STORE", path).env("NO_COLOR", "1");
+    cmd
+}
+
+/// Runs `loops ARGS --json` (or `ARGS` that already ask for JSON), expects success, parses
+/// stdout.
+fn json(path: &Path, args: &[&str]) -> Value {
+    let out = loops(path).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "loops {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "loops {args:?}: stdout is not JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+/// Runs `loops ARGS`, expects success, returns stdout.
+fn text(path: &Path, args: &[&str]) -> String {
+    let out = loops(path).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "loops {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// Runs `loops ARGS`, expects exit code `code`, returns stderr.
+fn fails(path: &Path, args: &[&str], code: i32) -> String {
+    let out = loops(path).args(args).output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "loops {args:?}: stdout {} stderr {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stderr).unwrap()
+}
+
+fn ids(runs: &Value) -> Vec<&str> {
+    runs.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["run_id"].as_str().unwrap())
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading.
+
+#[test]
+fn runs_lists_every_run_newest_first_with_stable_fields() {
+    let (_dir, path) = store();
+    let runs = json(&path, &["runs", "--json"]);
+    assert_eq!(
+        ids(&runs),
+        [
+            "cancelled-1",
+            "waiting-1",
+            "running-1",
+            "failed-1",
+            "v2-1",
+            "done-1"
+        ]
+    );
+    let by_id = |id: &str| {
+        runs.as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["run_id"] == id)
+            .unwrap()
+            .clone()
+    };
+    let summary = |id: &str| {
+        let r = by_id(id);
+        (
+            r["workflow"].as_str().unwrap().to_owned(),
+            r["status"].as_str().unwrap().to_owned(),
+            r["state"].as_str().unwrap().to_owned(),
+            r["seq"].as_u64().unwrap(),
+            r["attempt"].as_u64().unwrap(),
+        )
+    };
+    let s = |w: &str, st: &str, state: &str, seq, attempt| {
+        (w.to_owned(), st.to_owned(), state.to_owned(), seq, attempt)
+    };
+    assert_eq!(summary("done-1"), s("job", "completed", "Done", 2, 1));
+    assert_eq!(summary("v2-1"), s("job", "completed", "Done", 1, 1));
+    assert_eq!(summary("failed-1"), s("job", "failed", "Work", 1, 1));
+    assert_eq!(summary("running-1"), s("job", "running", "Work", 1, 1));
+    assert_eq!(summary("waiting-1"), s("gate", "waiting", "Ask", 0, 1));
+    assert_eq!(summary("cancelled-1"), s("gate", "cancelled", "Ask", 0, 1));
+
+    // Every field is present, in every object.
+    let fields = [
+        "run_id",
+        "workflow",
+        "status",
+        "state",
+        "seq",
+        "attempt",
+        "created_at",
+        "created_ms",
+        "updated_at",
+        "updated_ms",
+        "waiting_for",
+        "retry_at",
+        "retry_at_ms",
+        "error",
+        "cancel_reason",
+        "schema",
+    ];
+    for run in runs.as_array().unwrap() {
+        let keys: Vec<&str> = run
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        let mut want = fields.to_vec();
+        want.sort_unstable();
+        assert_eq!(keys, want, "{run}");
+    }
+    let waiting = by_id("waiting-1");
+    assert_eq!(
+        waiting["waiting_for"],
+        json!({"event": "approval", "until": null, "until_ms": null})
+    );
+    let failed = by_id("failed-1");
+    assert_eq!(
+        failed["error"],
+        json!(["deploy failed", "connection refused"])
+    );
+    assert_eq!(failed["waiting_for"], Value::Null);
+    assert_eq!(by_id("cancelled-1")["cancel_reason"], "not needed");
+    assert_eq!(by_id("done-1")["schema"].as_str().unwrap().len(), 16);
+    assert_ne!(by_id("done-1")["schema"], by_id("v2-1")["schema"]);
+    let updated = by_id("done-1")["updated_at"].as_str().unwrap().to_owned();
+    assert!(updated.ends_with('Z') && updated.len() == 24, "{updated}");
+}
+
+#[test]
+fn runs_filters_by_status_workflow_and_age() {
+    let (_dir, path) = store();
+    let runs = json(
+        &path,
+        &[
+            "runs", "--json", "--status", "failed", "--status", "waiting",
+        ],
+    );
+    assert_eq!(ids(&runs), ["waiting-1", "failed-1"]);
+    let runs = json(&path, &["runs", "--json", "--status", "running,completed"]);
+    assert_eq!(ids(&runs), ["running-1", "v2-1", "done-1"]);
+    let runs = json(&path, &["runs", "--json", "--workflow", "gate"]);
+    assert_eq!(ids(&runs), ["cancelled-1", "waiting-1"]);
+    let runs = json(
+        &path,
+        &[
+            "runs",
+            "--json",
+            "--workflow",
+            "gate",
+            "--status",
+            "waiting",
+        ],
+    );
+    assert_eq!(ids(&runs), ["waiting-1"]);
+    let runs = json(&path, &["runs", "--json", "--limit", "2"]);
+    assert_eq!(ids(&runs), ["cancelled-1", "waiting-1"]);
+    // Everything changed in the last day; nothing more than a day ago.
+    assert_eq!(
+        ids(&json(&path, &["runs", "--json", "--newer-than", "1d"])).len(),
+        6
+    );
+    assert_eq!(
+        json(&path, &["runs", "--json", "--older-than", "1d"]),
+        json!([])
+    );
+    assert_eq!(
+        json(&path, &["runs", "--json", "--workflow", "nope"]),
+        json!([])
+    );
+
+    // An empty table is a success, with its header.
+    let out = loops(&path)
+        .args(["runs", "--older-than", "30d"])
+        .assert()
+        .success()
+        .stderr("note: no runs match\n");
+    let stdout = String::from_utf8(out.get_output().stdout.clone()).unwrap();
+    assert_eq!(
+        stdout,
+        "RUN  WORKFLOW  STATUS  STATE  SEQ  ATTEMPT  UPDATED  WAITING FOR\n"
+    );
+}
+
+#[test]
+fn runs_table_is_aligned_and_uncoloured_without_a_terminal() {
+    let (_dir, path) = store();
+    let out = text(&path, &["runs"]);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 7, "{out}");
+    assert!(!out.contains('\x1b'), "no colour codes when piped: {out:?}");
+    let header = lines[0];
+    assert!(header.starts_with("RUN          WORKFLOW  STATUS     STATE  SEQ  ATTEMPT  UPDATED"));
+    // Each column starts at the same offset on every line.
+    let col = |name: &str| header.find(name).unwrap();
+    for line in &lines[1..] {
+        for name in ["WORKFLOW", "STATUS", "STATE", "SEQ", "ATTEMPT", "UPDATED"] {
+            let at = col(name);
+            assert_ne!(&line[at - 1..at], "x", "{line}");
+            assert_eq!(
+                &line[at - 2..at],
+                "  ",
+                "column {name} misaligned: {line:?}"
+            );
+        }
+    }
+    let waiting = lines.iter().find(|l| l.starts_with("waiting-1")).unwrap();
+    assert!(
+        waiting.contains("gate      waiting    Ask    0    1"),
+        "{waiting}"
+    );
+    assert!(waiting.ends_with("event approval"), "{waiting}");
+    assert!(
+        waiting.contains(" ago ") || waiting.contains("just now"),
+        "{waiting}"
+    );
+
+    // --color always forces styles, NO_COLOR or not.
+    let coloured = text(&path, &["runs", "--color", "always"]);
+    assert!(coloured.contains("\x1b["), "{coloured:?}");
+}
+
+#[test]
+fn show_prints_state_payload_wait_and_schema() {
+    let (_dir, path) = store();
+    let out = text(&path, &["show", "waiting-1"]);
+    for want in [
+        "run             waiting-1\n",
+        "workflow        gate\n",
+        "status          waiting\n",
+        "state           Ask (seq 0, attempt 1)\n",
+        "waiting for     event approval\n",
+        "state Ask (payload)\n  {\n    \"Ask\": {\n      \"doc\": \"spec.md\"\n    }\n  }\n",
+        "  workflow gate version 1\n  state Ask (struct, initial) -> Done\n    doc: String\n",
+    ] {
+        assert!(out.contains(want), "missing {want:?} in:\n{out}");
+    }
+    let v = json(&path, &["show", "waiting-1", "--json"]);
+    assert_eq!(v["run"]["run_id"], "waiting-1");
+    assert_eq!(v["run"]["status"], "waiting");
+    assert_eq!(v["run"]["waiting_for"]["event"], "approval");
+    assert_eq!(v["payload"], json!({"Ask": {"doc": "spec.md"}}));
+    assert_eq!(v["schema_description"], GATE_SCHEMA);
+    assert_eq!(v["pending_events"], json!([]));
+
+    let v = json(&path, &["show", "failed-1", "--json"]);
+    assert_eq!(
+        v["payload"],
+        json!({"Work": {"mode": "fail", "items": ["a", "b"]}})
+    );
+    assert_eq!(
+        v["run"]["error"],
+        json!(["deploy failed", "connection refused"])
+    );
+    let out = text(&path, &["show", "failed-1"]);
+    assert!(
+        out.contains("last error      deploy failed: connection refused\n"),
+        "{out}"
+    );
+    let out = text(&path, &["show", "cancelled-1"]);
+    assert!(out.contains("cancelled       not needed\n"), "{out}");
+    // Keys keep the order the workflow wrote them in.
+    let out = text(&path, &["show", "running-1"]);
+    assert!(
+        out.contains("\"Work\": {\n      \"mode\": \"hang\",\n      \"items\": ["),
+        "{out}"
+    );
+}
+
+#[test]
+fn history_merges_transitions_steps_failures_and_events() {
+    let (_dir, path) = store();
+    let v = json(&path, &["history", "done-1", "--json"]);
+    assert_eq!(v["run"]["status"], "completed");
+    let transitions = v["transitions"].as_array().unwrap();
+    let states: Vec<(u64, &str)> = transitions
+        .iter()
+        .map(|t| (t["seq"].as_u64().unwrap(), t["state"].as_str().unwrap()))
+        .collect();
+    assert_eq!(states, [(0, "Start"), (1, "Work"), (2, "Done")]);
+    assert_eq!(transitions[0]["since_previous_ms"], Value::Null);
+    assert!(transitions[1]["since_previous_ms"].is_u64());
+    assert_eq!(transitions[2]["payload"], json!({"Done": {"delivered": 2}}));
+    let step = &transitions[0]["steps"][0];
+    assert_eq!(
+        (
+            &step["name"],
+            &step["occurrence"],
+            &step["attempt"],
+            &step["output"]
+        ),
+        (&json!("fetch"), &json!(0), &json!(1), &json!(["a", "b"]))
+    );
+    assert!(step["duration_ms"].is_u64() && step["at"].is_string());
+    assert_eq!(transitions[1]["steps"][0]["name"], "deliver");
+    assert_eq!(transitions[1]["steps"][0]["output"], 2);
+    assert_eq!(transitions[2]["steps"], json!([]));
+    assert_eq!(v["events"], json!([]));
+
+    let v = json(&path, &["history", "failed-1", "--json"]);
+    let work = &v["transitions"][1];
+    assert_eq!(work["state"], "Work");
+    let failure = &work["failures"][0];
+    assert_eq!(failure["attempt"], 1);
+    assert_eq!(failure["source"], json!({"kind": "handler"}));
+    assert_eq!(
+        failure["errors"],
+        json!(["deploy failed", "connection refused"])
+    );
+    assert_eq!(v["transitions"][0]["failures"], json!([]));
+
+    let out = text(&path, &["history", "failed-1"]);
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[0].starts_with("run failed-1  workflow job  failed  2 transitions, 1 failed attempt"),
+        "{out}"
+    );
+    assert!(
+        lines[2].starts_with("SEQ  KIND    NAME     ATTEMPT  AT"),
+        "{out}"
+    );
+    assert!(lines[3].starts_with("0    state   Start"), "{out}");
+    assert!(lines[3].ends_with(r#"{"Start":{"mode":"fail"}}"#), "{out}");
+    assert!(lines[4].starts_with("     step    fetch#0  1"), "{out}");
+    assert!(lines[5].starts_with("1    state   Work"), "{out}");
+    assert!(lines[6].starts_with("     failed  handler  1"), "{out}");
+    assert!(
+        lines[6].ends_with("deploy failed: connection refused"),
+        "{out}"
+    );
+
+    // A waiting run's history; then an event sent to it shows as pending.
+    let v = json(&path, &["history", "waiting-1", "--json"]);
+    assert_eq!(v["transitions"].as_array().unwrap().len(), 1);
+    text(&path, &["send", "waiting-1", "note", "--json", "[1, 2]"]);
+    let v = json(&path, &["history", "waiting-1", "--json"]);
+    assert_eq!(
+        v["events"],
+        json!([{
+            "event_seq": 0, "name": "note", "key": null,
+            "at": v["events"][0]["at"], "at_ms": v["events"][0]["at_ms"],
+            "delivered": false, "payload": [1, 2]
+        }])
+    );
+    let out = text(&path, &["history", "waiting-1"]);
+    assert!(
+        out.starts_with("run waiting-1  workflow gate  waiting  1 transition, 0 failed attempts; waiting for event approval\n"),
+        "{out}"
+    );
+    assert!(out.contains("\nEVENT  NAME  KEY  SENT"), "{out}");
+    assert!(out.contains("pending  [1,2]\n"), "{out}");
+}
+
+#[test]
+fn schema_lists_shows_and_diffs_stored_descriptions() {
+    let (_dir, path) = store();
+    let list = json(&path, &["schema", "--json"]);
+    let list = list.as_array().unwrap();
+    assert_eq!(list.len(), 3);
+    let by_desc = |d: &str| list.iter().find(|s| s["description"] == d).unwrap();
+    let v1 = by_desc(JOB_SCHEMA);
+    let v2 = by_desc(JOB_V2_SCHEMA);
+    assert_eq!(
+        (&v1["runs"], &v1["workflows"]),
+        (&json!(3), &json!(["job"]))
+    );
+    assert_eq!(
+        (&v2["runs"], &v2["workflows"]),
+        (&json!(1), &json!(["job"]))
+    );
+    assert_eq!(by_desc(GATE_SCHEMA)["runs"], 2);
+
+    let run = json(&path, &["schema", "v2-1", "--json"]);
+    assert_eq!(run["hash"], v2["hash"]);
+    assert_eq!(run["description"], JOB_V2_SCHEMA);
+    let out = text(&path, &["schema", "done-1"]);
+    assert!(out.starts_with(&format!(
+        "schema {} (run done-1, workflow job)\n  workflow job version 1\n",
+        v1["hash"].as_str().unwrap()
+    )));
+
+    let (a, b) = (v1["hash"].as_str().unwrap(), v2["hash"].as_str().unwrap());
+    let diff = json(&path, &["schema", "--diff", a, b, "--json"]);
+    assert_eq!(
+        diff,
+        json!({
+            "from": a, "to": b,
+            "changes": [
+                "version changed from 1 to 2",
+                "state `Start`: may now move to `Done`",
+                "state `Start`: may no longer move to `Work`",
+                "state `Done`: field `delivered` changed from `u32` to `u64`",
+                "state `Work` removed",
+            ]
+        })
+    );
+    // A unique prefix is enough; the text form has one line per change.
+    let out = text(&path, &["schema", "--diff", &a[..6], &b[..6]]);
+    assert_eq!(out.lines().count(), 6, "{out}");
+    assert!(out.contains("  state `Work` removed"), "{out}");
+    let same = json(&path, &["schema", "--diff", a, a, "--json"]);
+    assert_eq!(same["changes"], json!([]));
+
+    let err = fails(&path, &["schema", "--diff", "0000000000000000", a], 1);
+    assert!(
+        err.starts_with("error: no schema 0000000000000000 is stored in"),
+        "{err}"
+    );
+    let err = fails(&path, &["schema", "--diff", "xyz", a], 2);
+    assert!(
+        err.starts_with("error: invalid schema hash \"xyz\""),
+        "{err}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Steering, checked through the library.
+
+#[test]
+fn cancel_retry_and_send_change_the_runs() {
+    let (_dir, path) = store();
+    let out = text(
+        &path,
+        &["cancel", "running-1", "--reason", "stuck since Tuesday"],
+    );
+    assert_eq!(
+        out,
+        "cancelled run running-1 (running in state Work, seq 1): stuck since Tuesday\n"
+    );
+    let v = json(&path, &["cancel", "waiting-1", "--json"]);
+    assert_eq!(v["status"], "cancelled");
+    assert_eq!(v["cancel_reason"], "cancelled with the loops CLI");
+    let err = fails(&path, &["cancel", "done-1"], 1);
+    assert_eq!(
+        err,
+        "error: run `done-1` has ended (completed); cancel is not possible\n"
+    );
+
+    let (_dir3, path3) = store();
+    assert_eq!(
+        text(&path3, &["retry", "failed-1"]),
+        "run failed-1 is running again in state Work (seq 1), with a fresh budget of attempts; the process that drives workflow `job` resumes it when it next starts (Runtime::resume_all) or drives it\n"
+    );
+    let v = json(&path, &["retry", "failed-1", "--json"]);
+    assert_eq!(
+        (&v["status"], &v["state"], &v["seq"]),
+        (&json!("running"), &json!("Work"), &json!(1))
+    );
+    let err = fails(&path, &["retry", "done-1"], 1);
+    assert_eq!(
+        err,
+        "error: run `done-1` is completed, not failed; only a failed run can be retried\n"
+    );
+
+    {
+        let store = RedbStore::open_read_only(&path).unwrap();
+        assert_eq!(
+            store.run("running-1").unwrap().unwrap().status,
+            RunStatus::Cancelled
+        );
+        let info = store.run("running-1").unwrap().unwrap();
+        assert_eq!(info.cancel.as_deref(), Some("stuck since Tuesday"));
+        assert_eq!(
+            store.run("waiting-1").unwrap().unwrap().status,
+            RunStatus::Cancelled
+        );
+        let failed = store.run("failed-1").unwrap().unwrap();
+        assert_eq!(
+            (failed.status, failed.attempt_base),
+            (RunStatus::Running, 1)
+        );
+    }
+
+    // A fresh copy, whose waiting run is still waiting.
+    let (_dir2, path2) = store();
+    let v = json(
+        &path2,
+        &[
+            "send",
+            "waiting-1",
+            "approval",
+            "--json",
+            r#""alice""#,
+            "--key",
+            "k1",
+            "--output",
+            "json",
+        ],
+    );
+    assert_eq!(
+        (&v["run_id"], &v["event"], &v["event_seq"], &v["duplicate"]),
+        (
+            &json!("waiting-1"),
+            &json!("approval"),
+            &json!(0),
+            &json!(false)
+        )
+    );
+    assert_eq!(v["run"]["status"], "waiting");
+    let out = text(
+        &path2,
+        &[
+            "send",
+            "waiting-1",
+            "approval",
+            "--json",
+            r#""bob""#,
+            "--key",
+            "k1",
+        ],
+    );
+    assert_eq!(
+        out,
+        "an event with key `k1` was sent to run waiting-1 already (event seq 0); nothing written\n"
+    );
+    let events = RedbStore::open_read_only(&path2)
+        .unwrap()
+        .events("waiting-1")
+        .unwrap();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].1.payload.get(), r#""alice""#);
+    assert_eq!(events[0].1.key.as_deref(), Some("k1"));
+    assert!(!events[0].2, "pending until the run is driven");
+
+    // The event reaches the run when its workflow's process drives it again.
+    let done = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let rt = Runtime::open(&path2).unwrap();
+            rt.run(
+                "waiting-1",
+                Gate::Ask {
+                    doc: "ignored".into(),
+                },
+                &Worker,
+            )
+            .await
+        })
+        .unwrap();
+    assert_eq!(done, Gate::Done { by: "alice".into() });
+
+    let err = fails(&path2, &["send", "done-1", "approval", "--json", "1"], 1);
+    assert_eq!(
+        err,
+        "error: run `done-1` has ended (completed); sending an event is not possible\n"
+    );
+}
+
+#[test]
+fn send_refuses_invalid_json_and_writes_nothing() {
+    let (_dir, path) = store();
+    let before = std::fs::read(&path).unwrap();
+    let err = fails(
+        &path,
+        &["send", "waiting-1", "approval", "--json", "{not json"],
+        1,
+    );
+    assert_eq!(
+        err,
+        "error: --json is not valid JSON: key must be a string at line 1 column 2\n"
+    );
+    let err = fails(&path, &["send", "waiting-1", "approval", "--json", ""], 1);
+    assert!(
+        err.starts_with("error: --json is not valid JSON: EOF"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        before,
+        "the file is untouched"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Maintenance.
+
+#[test]
+fn prune_dry_run_then_prune_with_exact_counts() {
+    let (_dir, path) = store();
+    // Ended: done-1, v2-1, failed-1, cancelled-1 (most recent). Keep the last one.
+    let dry = json(&path, &["prune", "--keep-last", "1", "--dry-run", "--json"]);
+    let size = std::fs::metadata(&path).unwrap().len();
+    assert_eq!(
+        dry,
+        json!({
+            "dry_run": true, "runs": 3, "records": 7,
+            "run_ids": ["done-1", "v2-1", "failed-1"],
+            "bytes_before": size, "bytes_after": size,
+        })
+    );
+    assert_eq!(
+        ids(&json(&path, &["runs", "--json"])).len(),
+        6,
+        "a dry run removes nothing"
+    );
+    let out = text(
+        &path,
+        &["prune", "--keep-last", "1", "--keep-failed", "--dry-run"],
+    );
+    assert_eq!(
+        out,
+        "would remove 2 runs (5 transition records, with their steps, failures and events):\n  done-1\n  v2-1\n(dry run: nothing removed)\n"
+    );
+
+    let pruned = json(&path, &["prune", "--keep-last", "1", "--json"]);
+    assert_eq!(
+        (
+            &pruned["dry_run"],
+            &pruned["runs"],
+            &pruned["records"],
+            &pruned["run_ids"]
+        ),
+        (
+            &json!(false),
+            &json!(3),
+            &json!(7),
+            &json!(["done-1", "v2-1", "failed-1"])
+        )
+    );
+    let store = RedbStore::open_read_only(&path).unwrap();
+    for gone in ["done-1", "v2-1", "failed-1"] {
+        assert!(store.run(gone).unwrap().is_none(), "{gone}");
+        assert!(store.history(gone).unwrap().is_empty(), "{gone}");
+        assert!(store.failures(gone).unwrap().is_empty(), "{gone}");
+    }
+    for kept in ["running-1", "waiting-1", "cancelled-1"] {
+        assert!(store.run(kept).unwrap().is_some(), "{kept}");
+    }
+    drop(store);
+
+    let out = text(&path, &["prune", "--older-than", "30d"]);
+    assert_eq!(out, "no ended run matches; nothing removed\n");
+    std::thread::sleep(Duration::from_millis(5));
+    let out = text(&path, &["prune", "--older-than", "1ms"]);
+    assert!(
+        out.starts_with("removed 1 run (1 transition records, with their steps, failures and events)\nstore file: "),
+        "{out}"
+    );
+    assert_eq!(
+        ids(&json(&path, &["runs", "--json"])),
+        ["waiting-1", "running-1"]
+    );
+
+    let err = fails(&path, &["prune"], 2);
+    assert!(
+        err.starts_with("error: the following required arguments were not provided"),
+        "{err}"
+    );
+}
+
+#[test]
+fn compact_and_check_report_on_a_good_file() {
+    let (_dir, path) = store();
+    json(&path, &["prune", "--keep-last", "0", "--json"]);
+    let v = json(&path, &["compact", "--json"]);
+    let (before, after) = (
+        v["bytes_before"].as_u64().unwrap(),
+        v["bytes_after"].as_u64().unwrap(),
+    );
+    assert!(after <= before, "{v}");
+    assert_eq!(v["bytes_reclaimed"].as_u64().unwrap(), before - after);
+    assert_eq!(after, std::fs::metadata(&path).unwrap().len());
+    let out = text(&path, &["compact"]);
+    assert!(
+        out.starts_with(&format!("compacted {}\n  before     ", path.display())),
+        "{out}"
+    );
+    assert!(out.contains("\n  reclaimed  "), "{out}");
+
+    let v = json(&path, &["check", "--json"]);
+    assert_eq!(
+        v,
+        json!({
+            "path": path.display().to_string(), "intact": true, "repaired_on_open": false,
+            "runs": 2,
+            "by_status": {"running": 1, "waiting": 1, "completed": 0, "failed": 0, "cancelled": 0},
+        })
+    );
+    let out = text(&path, &["check"]);
+    assert!(out.starts_with(&format!(
+        "store {}: intact: every page's checksum verified\n2 runs read back",
+        path.display()
+    )));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors: one line, non-zero exit, nothing written.
+
+#[test]
+fn a_store_held_by_a_running_process_is_refused_in_one_line() {
+    let (_dir, path) = store();
+    let rt = Runtime::open(&path).unwrap();
+    let want = format!(
+        "error: store {} is in use by a running process (redb allows no reader beside it); stop the process or wait for it to exit, then run this command again\n",
+        path.display()
+    );
+    for args in [
+        &["runs"][..],
+        &["show", "done-1"],
+        &["history", "done-1", "--json"],
+        &["cancel", "waiting-1"],
+        &["prune", "--keep-last", "0"],
+        &["compact"],
+        &["check"],
+    ] {
+        assert_eq!(fails(&path, args, 1), want, "loops {args:?}");
+    }
+    drop(rt);
+    text(&path, &["runs"]);
+}
+
+#[test]
+fn a_store_left_open_by_a_crash_is_repaired_then_read() {
+    let (dir, path) = store();
+    // A copy taken while a process has the file open is what a crash leaves behind.
+    let crashed = dir.path().join("crashed.redb");
+    {
+        let rt = Runtime::open(&path).unwrap();
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(rt.cancel("waiting-1", "before the crash"))
+            .unwrap();
+        std::fs::copy(&path, &crashed).unwrap();
+    }
+    assert!(matches!(
+        RedbStore::open_read_only(&crashed),
+        Err(loops_core::Error::NeedsRecovery { .. })
+    ));
+    let crashed_too = dir.path().join("crashed-too.redb");
+    std::fs::copy(&crashed, &crashed_too).unwrap();
+    let out = loops(&crashed)
+        .args(["runs", "--json", "--status", "cancelled"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8(out.stderr).unwrap(),
+        format!(
+            "note: store {} was not closed cleanly (its process stopped without closing it); opened it for writing once to let redb repair it\n",
+            crashed.display()
+        )
+    );
+    let runs: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(ids(&runs), ["waiting-1", "cancelled-1"]);
+    // Repaired for good: the next command has nothing to say.
+    loops(&crashed).arg("runs").assert().success().stderr("");
+
+    // Commands that write repair on their own open, and say so.
+    let out = loops(&crashed_too)
+        .args(["check", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8(out.stderr).unwrap(),
+        format!(
+            "note: store {} was not closed cleanly (its process stopped without closing it); redb repaired it on this open\n",
+            crashed_too.display()
+        )
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (&v["intact"], &v["repaired_on_open"], &v["runs"]),
+        (&json!(true), &json!(true), &json!(6))
+    );
+}
+
+#[test]
+fn missing_empty_foreign_and_corrupt_files_are_one_line_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.redb");
+    for args in [&["runs"][..], &["cancel", "x"], &["compact"], &["check"]] {
+        assert_eq!(
+            fails(&missing, args, 1),
+            format!("error: store {} does not exist\n", missing.display())
+        );
+    }
+    assert!(!missing.exists(), "no command creates a store");
+
+    let empty = dir.path().join("empty.redb");
+    std::fs::File::create(&empty).unwrap();
+    assert_eq!(
+        fails(&empty, &["check"], 1),
+        format!(
+            "error: store {} is an empty file, not a loops store\n",
+            empty.display()
+        )
+    );
+
+    // Random bytes (a fixed xorshift sequence).
+    let random = dir.path().join("random.redb");
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let bytes: Vec<u8> = (0..16_384)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect();
+    std::fs::write(&random, &bytes).unwrap();
+    for args in [
+        &["runs"][..],
+        &["show", "x"],
+        &["send", "x", "e", "--json", "1"],
+        &["check"],
+    ] {
+        let err = fails(&random, args, 1);
+        assert!(
+            err.starts_with(&format!("error: cannot open store {}: ", random.display())),
+            "loops {args:?}: {err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+    assert_eq!(
+        std::fs::read(&random).unwrap(),
+        bytes,
+        "a foreign file is never written"
+    );
+
+    // A store cut in half.
+    let (_keep, good) = store();
+    let truncated = dir.path().join("truncated.redb");
+    let full = std::fs::read(&good).unwrap();
+    std::fs::write(&truncated, &full[..full.len() / 2]).unwrap();
+    for args in [&["runs"][..], &["history", "done-1"], &["check"]] {
+        let out = loops(&truncated).args(args).output().unwrap();
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(out.status.code(), Some(1), "loops {args:?}: {err}");
+        assert!(err.starts_with("error: "), "loops {args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "loops {args:?}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+
+    // Every 4 KiB page in turn overwritten with zeros: some pages are free (the commands
+    // work), others break the file; redb panics on some kinds of damage, which the tool
+    // reports as one line too.
+    let mut damaged = 0;
+    for page in 0..full.len() / 4096 {
+        let mut bytes = full.clone();
+        bytes[page * 4096..(page + 1) * 4096].fill(0);
+        let file = dir.path().join(format!("page-{page}.redb"));
+        std::fs::write(&file, &bytes).unwrap();
+        for args in [&["runs", "--json"][..], &["history", "done-1", "--json"]] {
+            let out = loops(&file).args(args).output().unwrap();
+            let err = String::from_utf8(out.stderr).unwrap();
+            match out.status.code() {
+                Some(0) => assert_eq!(err, "", "page {page}, loops {args:?}"),
+                Some(1) => {
+                    damaged += 1;
+                    assert!(err.starts_with("error: "), "page {page}: {err}");
+                    assert_eq!(err.lines().count(), 1, "page {page}: {err}");
+                    assert!(!err.contains("a bug"), "page {page}: {err}");
+                }
+                other => panic!("page {page}, loops {args:?}: exit {other:?}: {err}"),
+            }
+        }
+    }
+    assert!(damaged > 0, "some page mattered");
+
+    // A directory.
+    assert_eq!(
+        fails(dir.path(), &["runs"], 1),
+        format!(
+            "error: store {} is a directory, not a store file\n",
+            dir.path().display()
+        )
+    );
+}
+
+#[test]
+fn bad_arguments_are_clear_errors() {
+    let (_dir, path) = store();
+    let err = fails(&path, &["show", "nope"], 1);
+    assert_eq!(
+        err,
+        format!(
+            "error: run `nope` does not exist in store {} (`loops runs` lists the runs)\n",
+            path.display()
+        )
+    );
+    for args in [
+        &["history", "nope"][..],
+        &["schema", "nope"],
+        &["retry", "nope"],
+        &["cancel", "nope"],
+    ] {
+        let err = fails(&path, args, 1);
+        assert!(
+            err.starts_with("error: run `nope` does not exist in store"),
+            "{args:?}: {err}"
+        );
+    }
+
+    let err = fails(&path, &["runs", "--older-than", "soon"], 2);
+    assert!(
+        err.starts_with("error: invalid value 'soon' for '--older-than <AGE>'"),
+        "{err}"
+    );
+    let err = fails(&path, &["runs", "--status", "sleeping"], 2);
+    assert!(
+        err.starts_with("error: invalid value 'sleeping' for '--status <STATUS>'"),
+        "{err}"
+    );
+    let err = fails(&path, &["frobnicate"], 2);
+    assert!(
+        err.starts_with("error: unrecognized subcommand 'frobnicate'"),
+        "{err}"
+    );
+
+    // No store given.
+    Command::cargo_bin("loops")
+        .unwrap()
+        .env_remove("LOOPS_STORE")
+        .args(["runs"])
+        .assert()
+        .code(2)
+        .stderr("error: no store file given: pass --store PATH or set LOOPS_STORE=PATH (the file the workflow's process opens with Runtime::open)\n");
+    // --store wins over the environment.
+    Command::cargo_bin("loops")
+        .unwrap()
+        .env("LOOPS_STORE", "/nonexistent/loops.redb")
+        .arg("--store")
+        .arg(&path)
+        .args(["runs", "--json"])
+        .assert()
+        .success();
+
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let bad = std::ffi::OsStr::from_bytes(b"run-\xff");
+        let out = loops(&path).arg("show").arg(bad).output().unwrap();
+        assert_eq!(out.status.code(), Some(2));
+        assert_eq!(
+            String::from_utf8(out.stderr).unwrap(),
+            "error: run id \"run-\\xFF\" is not valid UTF-8 (loops keeps run ids as UTF-8 text)\n"
+        );
+    }
+}
+
+#[test]
+fn help_has_examples_for_every_command() {
+    let out = Command::cargo_bin("loops")
+        .unwrap()
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8(out.stdout).unwrap();
+    assert!(help.contains("Examples:\n  export LOOPS_STORE="), "{help}");
+    assert!(help.contains("[env: LOOPS_STORE="), "{help}");
+    for sub in [
+        "runs", "show", "history", "cancel", "retry", "send", "prune", "compact", "schema", "check",
+    ] {
+        assert!(help.contains(&format!("  {sub} ")), "{sub} listed");
+        let out = Command::cargo_bin("loops")
+            .unwrap()
+            .args([sub, "--help"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{sub}");
+        let help = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            help.contains(&format!("Examples:\n  loops {sub}")),
+            "loops {sub} --help:\n{help}"
+        );
+    }
+    Command::cargo_bin("loops")
+        .unwrap()
+        .arg("--version")
+        .assert()
+        .success()
+        .stdout(predicate::str::starts_with("loops 0.1.0"));
+}
