@@ -190,7 +190,7 @@ impl<M: Model> DeliverHandler for Agent<M> {
         .await?;
         let (report, _) = self
             .step(ctx, "test", StepOptions::timeout(TEST_TIMEOUT), || {
-                testrun::run_tests(&self.git, &work.branch, &head, &self.scratch)
+                testrun::run_tests(&self.git, &head, &self.scratch)
             })
             .await?;
         Ok(EditedNext::Tested {

@@ -185,6 +185,16 @@ impl Git {
         Ok(())
     }
 
+    /// Checks out `commit` without moving any branch, discarding changes in the work tree.
+    ///
+    /// # Errors
+    /// If git fails.
+    pub async fn checkout_detached(&self, commit: &str) -> Result<()> {
+        self.run(&["checkout", "--quiet", "--force", "--detach", commit])
+            .await?;
+        Ok(())
+    }
+
     /// Commits `change` on `branch` on top of `parent`, exactly once per `key`.
     ///
     /// If a commit carrying `key` exists already (an earlier attempt committed, then the
@@ -397,7 +407,9 @@ mod tests {
             "same input, same commit id"
         );
 
-        // Re-executing the step finds the commit instead of committing again.
+        // Re-executing the step finds the commit instead of committing again, also after
+        // testing an older commit (which checks it out detached, moving no branch).
+        git_a.checkout_detached(&base).await.unwrap();
         let again = git_a
             .commit_change("work", &base, &c, "body", "lk-1")
             .await

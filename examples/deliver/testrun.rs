@@ -39,21 +39,17 @@ pub async fn check_rustc() -> Result<()> {
     }
 }
 
-/// Checks out `commit` on `branch`, builds the unit tests of [`CRATE_ROOT`] in a fresh
-/// directory under `scratch`, runs them and reports.
+/// Checks out `commit` (detached: testing never moves a branch, so a later commit on the
+/// branch stays reachable and is found by its idempotency key), builds the unit tests of
+/// [`CRATE_ROOT`] in a fresh directory under `scratch`, runs them and reports.
 ///
 /// A failing build or failing tests are a report, not an error: the exit status of the test
 /// process is what decides the next state.
 ///
 /// # Errors
 /// If git fails, or `rustc` or the test binary cannot be started.
-pub async fn run_tests(
-    git: &Git,
-    branch: &str,
-    commit: &str,
-    scratch: &Path,
-) -> Result<TestReport> {
-    git.checkout(branch, commit).await?;
+pub async fn run_tests(git: &Git, commit: &str, scratch: &Path) -> Result<TestReport> {
+    git.checkout_detached(commit).await?;
     let build = tempfile::Builder::new()
         .prefix("tests-")
         .tempdir_in(scratch)
