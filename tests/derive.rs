@@ -1,21 +1,21 @@
 //! What `#[derive(Workflow)]` generates: the state table, names, transitions, `Display`, and
 //! when the schema hash changes.
 
-use loops::{StateId, Workflow};
+use loops::{Schema, StateId, Workflow};
 use serde::{Deserialize, Serialize};
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Schema, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct Issue {
     pub number: u64,
     pub title: String,
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Schema, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct Plan {
     pub steps: Vec<String>,
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Schema, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct TestReport {
     pub passed: bool,
 }
@@ -231,17 +231,16 @@ mod hash {
     }
 
     #[test]
-    fn the_hash_is_the_xxh3_of_the_schema_text() {
+    fn the_description_is_the_text_the_hash_was_computed_from() {
         assert_eq!(
             base::Review::SCHEMA,
             "workflow review version 1\n\
-             Open { pr: u64, author: String } -> Approved | Rejected (initial)\n\
-             Approved { by: String } (terminal)\n\
-             Rejected (terminal)\n"
-        );
-        assert_eq!(
-            base::Review::SCHEMA_HASH,
-            loops::SchemaHash::of(base::Review::SCHEMA.as_bytes())
+             state Open (struct, initial) -> Approved | Rejected\n  \
+               pr: u64\n  \
+               author: String\n\
+             state Approved (struct, terminal)\n  \
+               by: String\n\
+             state Rejected (unit, terminal)\n"
         );
     }
 }

@@ -237,6 +237,7 @@ impl Context {
         if self.is_cancelled() {
             return Err(E::from(self.cancelled_error()));
         }
+        crate::failpoint::point("loops::step::before_effect");
         let started = Instant::now();
         let outcome = match options.timeout {
             None => f().await,
@@ -255,9 +256,11 @@ impl Context {
         let duration_ms = started.elapsed().as_millis() as u64;
         match outcome {
             Ok(value) => {
+                crate::failpoint::point("loops::step::after_effect");
                 self.record_step(name, occurrence, &value, duration_ms)
                     .await
                     .map_err(E::from)?;
+                crate::failpoint::point("loops::step::after_record");
                 Ok(value)
             }
             Err(err) => {

@@ -91,6 +91,7 @@ impl Runtime {
                 });
             }
             tracing::info!(state = %record.state, seq = info.seq, status = %info.status, "resuming run");
+            crate::failpoint::point("loops::resume::after_read");
             return Ok(Entered {
                 info,
                 record,
@@ -337,6 +338,7 @@ impl Runtime {
                     let now = now_ms();
                     let next_record = TransitionRecord::encode(run_id, seq + 1, &next, now)?;
                     self.check_size(run_id, &next_record)?;
+                    crate::failpoint::point("loops::transition::before_commit");
                     info = store
                         .write(Write::Transition {
                             run_id: run_id.to_owned(),
@@ -348,6 +350,7 @@ impl Runtime {
                         })
                         .await?
                         .into_run(run_id)?;
+                    crate::failpoint::point("loops::transition::after_commit");
                     tracing::info!(
                         from = state.name(),
                         to = to.name(),

@@ -20,6 +20,22 @@ pub enum Error {
         path: PathBuf,
     },
 
+    /// The store file was not closed cleanly (the process that had it open crashed); a
+    /// read-only open cannot repair it. A writable open ([`Runtime::open`](crate::Runtime::open))
+    /// repairs it.
+    #[error("store {path} was not closed cleanly and needs the repair a writable open makes")]
+    NeedsRecovery {
+        /// The store file.
+        path: PathBuf,
+    },
+
+    /// The store was opened read-only; nothing can be written through it.
+    #[error("store {path} is open read-only")]
+    ReadOnly {
+        /// The store file.
+        path: PathBuf,
+    },
+
     /// The store file could not be opened: not a redb file, corrupt, or an I/O error.
     #[error("cannot open store {path}: {source}")]
     Open {

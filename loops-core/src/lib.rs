@@ -9,7 +9,9 @@
 pub mod context;
 mod driver;
 pub mod error;
+mod failpoint;
 pub mod record;
+pub mod retention;
 pub mod retry;
 pub mod runtime;
 mod scheduler;
@@ -23,10 +25,13 @@ mod tests;
 pub use context::{Context, StepOptions};
 pub use error::{Error, Result};
 pub use record::{FailureRecord, FailureSource, StepRecord, Transition, TransitionRecord};
+pub use retention::RetentionPolicy;
 pub use retry::RetryPolicy;
 pub use runtime::{Runtime, RuntimeBuilder, Sent};
-pub use schema::SchemaHash;
-pub use store::{EventRecord, RedbStore, RunInfo, RunStatus, WaitInfo};
+pub use schema::{Schema, SchemaHash, schema_diff};
+pub use store::{
+    Compacted, EventRecord, Pruned, RedbStore, RunInfo, RunStatus, StoreOptions, WaitInfo,
+};
 pub use workflow::{BoxError, Dispatch, StateId, Workflow};
 
 /// Items used by code that `#[derive(Workflow)]` generates. Not a public API: no stability
@@ -36,6 +41,7 @@ pub mod __private {
     pub use serde;
 
     pub use crate::context::__for_tests;
+    pub use crate::schema::__describe::{describe, describe_len, utf8};
 
     /// The error a dispatch of a terminal state returns (the runtime never dispatches one).
     pub fn terminal_dispatched(workflow: &'static str, state: &'static str) -> crate::BoxError {

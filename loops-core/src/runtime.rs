@@ -14,10 +14,11 @@ use tracing::Instrument;
 use crate::driver::{Driven, Mode};
 use crate::error::{Error, Result};
 use crate::record::{Transition, TransitionRecord, now_ms};
+use crate::retention::RetentionPolicy;
 use crate::retry::RetryPolicy;
 use crate::scheduler::{Background, Driver, Registered};
-use crate::store::redb::{Reply, SchemaCheck, Write, precheck};
-use crate::store::{RedbStore, RunInfo, RunStatus};
+use crate::store::redb::{Reply, SchemaCheck, StoreOptions, Write, precheck};
+use crate::store::{Compacted, Pruned, RedbStore, RunInfo, RunStatus};
 use crate::workflow::{Dispatch, StateId, Workflow};
 
 /// Longest run id, in bytes.
@@ -53,11 +54,13 @@ pub(crate) struct Inner {
 pub(crate) struct Config {
     retry: RetryPolicy,
     state_retry: HashMap<(TypeId, &'static str), RetryPolicy>,
+    workflow_retry: HashMap<TypeId, RetryPolicy>,
     timeout: Option<Duration>,
     state_timeout: HashMap<(TypeId, &'static str), Duration>,
     pub(crate) max_payload_bytes: usize,
     pub(crate) park_threshold: Duration,
     checks: Vec<SchemaCheck>,
+    retention: RetentionPolicy,
     drivers: Vec<(&'static str, Arc<dyn Driver>)>,
 }
 
@@ -81,19 +84,23 @@ impl std::fmt::Debug for Runtime {
 #[derive(Clone)]
 pub struct RuntimeBuilder {
     config: Config,
+    store_options: StoreOptions,
 }
 
 impl Default for RuntimeBuilder {
     fn default() -> Self {
         RuntimeBuilder {
+            store_options: StoreOptions::default(),
             config: Config {
                 retry: RetryPolicy::default(),
                 state_retry: HashMap::new(),
+                workflow_retry: HashMap::new(),
                 timeout: None,
                 state_timeout: HashMap::new(),
                 max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
                 park_threshold: DEFAULT_PARK_THRESHOLD,
                 checks: Vec::new(),
+                retention: RetentionPolicy::default(),
                 drivers: Vec::new(),
             },
         }
@@ -107,10 +114,20 @@ impl std::fmt::Debug for RuntimeBuilder {
 }
 
 impl RuntimeBuilder {
-    /// The retry policy of every state that has none of its own (default:
-    /// [`RetryPolicy::default`], 3 attempts).
+    /// The retry policy of every state that has none of its own, neither for the state
+    /// ([`state_retry`](Self::state_retry)) nor for its workflow
+    /// ([`workflow_retry`](Self::workflow_retry)). Default: [`RetryPolicy::default`],
+    /// 3 attempts.
     pub fn retry(mut self, policy: RetryPolicy) -> Self {
         self.config.retry = policy;
+        self
+    }
+
+    /// The retry policy of every state of workflow `W` that has none of its own.
+    pub fn workflow_retry<W: Workflow>(mut self, policy: RetryPolicy) -> Self {
+        self.config
+            .workflow_retry
+            .insert(TypeId::of::<W::State>(), policy);
         self
     }
 
@@ -154,6 +171,12 @@ impl RuntimeBuilder {
         self
     }
 
+    /// The retention policy [`Runtime::prune`] applies (default: keep everything).
+    pub fn retention(mut self, policy: RetentionPolicy) -> Self {
+        self.config.retention = policy;
+        self
+    }
+
     /// Declares a workflow this runtime drives. When the store opens, every unfinished run of
     /// `W` must have been recorded with `W`'s compiled schema: otherwise
     /// [`open`](Self::open) refuses with [`Error::SchemaMismatch`] and the store file's bytes
@@ -192,16 +215,30 @@ impl RuntimeBuilder {
     ///   [`Error::Open`] if it is not a loops store or cannot be read.
     pub fn open(self, path: impl AsRef<Path>) -> Result<Runtime> {
         precheck(path.as_ref(), &self.config.checks)?;
-        let store = RedbStore::open(path)?;
+        let store = RedbStore::open_with(path, self.store_options)?;
+        Ok(self.build(store))
+    }
+
+    /// Verify every page's checksum when the store opens (default: on). See
+    /// [`StoreOptions::verify_on_open`].
+    pub fn verify_on_open(mut self, verify: bool) -> Self {
+        self.store_options.verify_on_open = verify;
+        self
+    }
+
+    /// Builds the runtime on a store opened elsewhere ([`RedbStore::with_storage`],
+    /// [`RedbStore::in_memory`]). The schema checks of [`workflow`](Self::workflow) are not made
+    /// before such a store opens; each run is still checked when it is driven.
+    pub fn build(self, store: RedbStore) -> Runtime {
         let background = Background::new(self.config.drivers.iter().cloned());
-        Ok(Runtime {
+        Runtime {
             inner: Arc::new(Inner {
                 store,
                 config: self.config,
                 active: Mutex::new(HashMap::new()),
                 background,
             }),
-        })
+        }
     }
 }
 
@@ -581,6 +618,7 @@ impl Runtime {
         config
             .state_retry
             .get(&(TypeId::of::<W::State>(), state.name()))
+            .or_else(|| config.workflow_retry.get(&TypeId::of::<W::State>()))
             .copied()
             .unwrap_or(config.retry)
     }
@@ -598,7 +636,7 @@ impl Runtime {
     /// each; empty when the stored description is unavailable.
     pub(crate) fn schema_changes<W: Workflow>(&self, stored: crate::SchemaHash) -> Vec<String> {
         match self.inner.store.schema(stored) {
-            Ok(Some(old)) => crate::schema::diff_descriptions(&old, W::SCHEMA),
+            Ok(Some(old)) => crate::schema::schema_diff(&old, W::SCHEMA),
             _ => Vec::new(),
         }
     }
@@ -681,6 +719,45 @@ impl Runtime {
     /// Runs stay as they are, to be resumed by the next [`resume_all`](Self::resume_all).
     pub async fn shutdown(&self) {
         self.inner.background.shutdown().await;
+    }
+
+    /// Removes the ended runs that the configured retention policy
+    /// ([`RuntimeBuilder::retention`]) expires now: their records, rows and events.
+    ///
+    /// # Errors
+    /// As [`RedbStore::prune`].
+    pub async fn prune(&self) -> Result<Pruned> {
+        self.prune_with(&self.inner.config.retention, false).await
+    }
+
+    /// Removes (or, with `dry_run`, only lists) the ended runs `policy` expires now.
+    ///
+    /// # Errors
+    /// As [`RedbStore::prune`].
+    pub async fn prune_with(&self, policy: &RetentionPolicy, dry_run: bool) -> Result<Pruned> {
+        let report = self.store().prune(policy, now_ms(), dry_run).await?;
+        tracing::info!(
+            runs = report.runs,
+            records = report.records,
+            dry_run,
+            "pruned ended runs"
+        );
+        Ok(report)
+    }
+
+    /// Compacts the store file (see [`RedbStore::compact`]) on a blocking thread; reads and
+    /// commits wait until it is done.
+    ///
+    /// # Errors
+    /// As [`RedbStore::compact`].
+    pub async fn compact(&self) -> Result<Compacted> {
+        let store = self.store().clone();
+        tokio::task::spawn_blocking(move || store.compact())
+            .await
+            .map_err(|e| Error::Open {
+                path: self.store().path().to_path_buf(),
+                source: e.into(),
+            })?
     }
 
     /// The run's current standing, or `None` if no run has this id.

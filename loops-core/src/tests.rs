@@ -59,7 +59,7 @@ impl Workflow for Job {
     const NAME: &'static str = "job";
     const VERSION: u32 = 1;
     const SCHEMA_HASH: SchemaHash = SchemaHash::of(b"job v1");
-    const SCHEMA: &'static str = "workflow job v1\nStart { n: u32 } -> Work\nWork { n: u32, acc: u64 } -> Work | Done\nDone { acc: u64 }";
+    const SCHEMA: &'static str = "workflow job version 1\nstate Start (struct, initial) -> Work\n  n: u32\nstate Work (struct) -> Work | Done\n  n: u32\n  acc: u64\nstate Done (struct, terminal)\n  acc: u64\n";
     fn state(&self) -> JobState {
         match self {
             Job::Start { .. } => JobState::Start,
@@ -82,7 +82,7 @@ impl Workflow for JobV2 {
     const NAME: &'static str = "job";
     const VERSION: u32 = 1;
     const SCHEMA_HASH: SchemaHash = SchemaHash::of(b"job v2");
-    const SCHEMA: &'static str = "workflow job v1\nStart { n: u64 } -> Work\nWork { n: u32, acc: u64 } -> Work | Done\nDone { acc: u64 }";
+    const SCHEMA: &'static str = "workflow job version 1\nstate Start (struct, initial) -> Work\n  n: u64\nstate Work (struct) -> Work | Done\n  n: u32\n  acc: u64\nstate Done (struct, terminal)\n  acc: u64\n";
     fn state(&self) -> JobState {
         match self {
             JobV2::Start { .. } => JobState::Start,
@@ -348,6 +348,20 @@ async fn attempts_run_out_then_explicit_retry_resumes() {
 }
 
 #[tokio::test]
+async fn retry_policies_are_chosen_per_state_then_workflow_then_runtime() {
+    let (_dir, path) = temp_store();
+    let rt = Runtime::builder()
+        .retry(RetryPolicy::attempts(9))
+        .workflow_retry::<Job>(RetryPolicy::attempts(5))
+        .state_retry(JobState::Work, RetryPolicy::attempts(2))
+        .open(&path)
+        .unwrap();
+    assert_eq!(rt.retry_policy::<Job>(JobState::Work).max_attempts, 2);
+    assert_eq!(rt.retry_policy::<Job>(JobState::Start).max_attempts, 5);
+    assert_eq!(rt.retry_policy::<Gate>(GateState::Ask).max_attempts, 9);
+}
+
+#[tokio::test]
 async fn interrupted_attempts_are_counted_durably() {
     let (_dir, path) = temp_store();
     let rt = Runtime::builder().retry(fast_retry(2)).open(&path).unwrap();
@@ -435,10 +449,7 @@ async fn schema_change_is_refused_and_writes_nothing() {
                 assert_eq!(compiled, JobV2::SCHEMA_HASH.pinned());
                 assert_eq!(
                     changes,
-                    vec![
-                        "changed: Start { n: u64 } -> Work (was: Start { n: u32 } -> Work)"
-                            .to_owned()
-                    ]
+                    vec!["state `Start`: field `n` changed from `u32` to `u64`".to_owned()]
                 );
             }
             other => panic!("expected SchemaMismatch, got {other:?}"),
@@ -1173,5 +1184,144 @@ async fn cancelling_a_parked_run_ends_it() {
     assert!(matches!(
         rt.wait::<Gate>("g").await,
         Err(Error::RunCancelled { reason, .. }) if reason == "not needed"
+    ));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Retention, compaction, read-only inspection.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prune_removes_only_expired_ended_runs_and_compact_reclaims_space() {
+    let (_dir, path) = temp_store();
+    let rt = Runtime::builder()
+        .retry(RetryPolicy::never())
+        .retention(RetentionPolicy::default().keep_last(2))
+        .open(&path)
+        .unwrap();
+    let worker = Worker::default();
+    for i in 0..40 {
+        rt.run(&format!("done-{i:02}"), Job::Start { n: 20 }, &worker)
+            .await
+            .unwrap();
+    }
+    // One run stays unfinished (waiting), with an event in its inbox.
+    let keeper = std::sync::Arc::new(Gatekeeper::new(Duration::ZERO, Duration::from_secs(60)));
+    let waiting = {
+        let (rt, keeper) = (rt.clone(), keeper.clone());
+        tokio::spawn(async move {
+            rt.run("open", Gate::Ask { doc: "d".into() }, &*keeper)
+                .await
+        })
+    };
+    until_status(&rt, "open", RunStatus::Waiting).await;
+    rt.send("open", "note", "kept").await.unwrap();
+
+    let dry = rt
+        .prune_with(&RetentionPolicy::default().keep_last(2), true)
+        .await
+        .unwrap();
+    assert_eq!((dry.runs, dry.records), (38, 38 * 23));
+    assert_eq!(rt.list_runs(RunStatus::Completed, None).unwrap().len(), 40);
+
+    let before = rt.store().file_bytes().unwrap();
+    let pruned = rt.prune().await.unwrap();
+    assert_eq!((pruned.runs, pruned.records), (38, 38 * 23));
+    let kept: Vec<String> = rt
+        .list_runs(RunStatus::Completed, None)
+        .unwrap()
+        .into_iter()
+        .map(|i| i.run_id)
+        .collect();
+    assert_eq!(kept.len(), 2);
+    for id in &pruned.run_ids {
+        assert!(rt.run_info(id).unwrap().is_none());
+        assert!(rt.store().history(id).unwrap().is_empty());
+        assert!(rt.store().steps(id, 1).unwrap().is_empty());
+    }
+    for id in &kept {
+        assert_eq!(rt.store().history(id).unwrap().len(), 23);
+        assert_eq!(rt.store().steps(id, 1).unwrap().len(), 1);
+    }
+    // The unfinished run and its inbox are untouched.
+    assert_eq!(
+        rt.run_info("open").unwrap().unwrap().status,
+        RunStatus::Waiting
+    );
+    assert_eq!(rt.store().events("open").unwrap().len(), 1);
+
+    let compacted = rt.compact().await.unwrap();
+    assert_eq!(compacted.bytes_before, before);
+    assert!(
+        compacted.bytes_after < compacted.bytes_before,
+        "{compacted:?}"
+    );
+    // Everything still works after compaction.
+    rt.send("open", "approval", "fay").await.unwrap();
+    assert_eq!(
+        waiting.await.unwrap().unwrap(),
+        Gate::Done {
+            by: "fay".into(),
+            note: Some("kept".into())
+        }
+    );
+    assert!(rt.store().check_integrity().unwrap());
+}
+
+#[tokio::test]
+async fn retention_selects_by_age_and_count() {
+    let info = |id: &str, updated_ms: u64| RunInfo {
+        run_id: id.into(),
+        workflow: "w".into(),
+        schema: SchemaHash::from_u64(0),
+        status: RunStatus::Completed,
+        state: "Done".into(),
+        seq: 1,
+        attempt: 1,
+        attempt_base: 0,
+        created_ms: 0,
+        updated_ms,
+        retry_at_ms: None,
+        error: None,
+        cancel: None,
+        wait: None,
+    };
+    let runs = vec![info("a", 1_000), info("b", 5_000), info("c", 9_000)];
+    let by_age = RetentionPolicy::older_than(Duration::from_millis(4_000));
+    assert_eq!(
+        by_age.select(runs.clone(), 10_000),
+        vec!["a", "b"],
+        "oldest first"
+    );
+    let by_count = RetentionPolicy::default().keep_last(1);
+    assert_eq!(by_count.select(runs.clone(), 10_000), vec!["a", "b"]);
+    assert!(RetentionPolicy::default().select(runs, 10_000).is_empty());
+}
+
+#[tokio::test]
+async fn a_read_only_store_reads_and_refuses_writes() {
+    let (_dir, path) = temp_store();
+    {
+        let rt = Runtime::open(&path).unwrap();
+        rt.run("r", Job::Start { n: 1 }, &Worker::default())
+            .await
+            .unwrap();
+        // A writer holds the file: read-only opens are refused at once.
+        assert!(matches!(
+            RedbStore::open_read_only(&path),
+            Err(Error::StoreLocked { .. })
+        ));
+    }
+    let store = RedbStore::open_read_only(&path).unwrap();
+    assert_eq!(store.history("r").unwrap().len(), 4);
+    assert_eq!(
+        store.run("r").unwrap().unwrap().status,
+        RunStatus::Completed
+    );
+    assert!(matches!(store.compact(), Err(Error::ReadOnly { .. })));
+    let second = RedbStore::open_read_only(&path).unwrap();
+    assert_eq!(second.list(RunStatus::Completed, None).unwrap().len(), 1);
+    assert!(matches!(
+        RedbStore::open_read_only(path.with_extension("missing")),
+        Err(Error::Open { .. })
     ));
 }

@@ -5,9 +5,10 @@ use proc_macro2::Span;
 use quote::format_ident;
 use syn::{Attribute, Data, DeriveInput, Fields, Ident, Type, Visibility};
 
-use crate::attr::{self, StateAttrs, WorkflowAttrs};
+use crate::attr::{self, SchemaAttrs, StateAttrs, WorkflowAttrs};
 use crate::case::snake_case;
 use crate::ctxt::Errors;
+use crate::serde_attr;
 
 /// An enum deriving `Workflow`.
 pub(crate) struct Workflow<'a> {
@@ -15,6 +16,7 @@ pub(crate) struct Workflow<'a> {
     pub ident: &'a Ident,
     pub vis: &'a Visibility,
     pub attrs: WorkflowAttrs,
+    pub serde: serde_attr::Container,
     pub states: Vec<State<'a>>,
     /// `{Enum}State`.
     pub state_ident: Ident,
@@ -26,6 +28,7 @@ pub(crate) struct Workflow<'a> {
 pub(crate) struct State<'a> {
     pub ident: &'a Ident,
     pub attrs: StateAttrs<'a>,
+    pub serde: serde_attr::Variant,
     pub docs: Vec<&'a Attribute>,
     pub style: Style,
     pub fields: Vec<Field<'a>>,
@@ -46,7 +49,7 @@ pub(crate) enum Style {
     Unit,
 }
 
-/// One field of a state.
+/// One field of a state (or, for `#[derive(Schema)]`, of a struct or variant).
 pub(crate) struct Field<'a> {
     /// The field's name, or `None` in a tuple variant.
     pub ident: Option<&'a Ident>,
@@ -54,6 +57,41 @@ pub(crate) struct Field<'a> {
     pub docs: Vec<&'a Attribute>,
     /// The handler argument that receives this field: its name, or `field{index}`.
     pub arg: Ident,
+    /// What `#[serde(...)]` says about how it is stored.
+    pub serde: serde_attr::Field,
+    /// `#[schema(...)]`.
+    pub schema: SchemaAttrs,
+}
+
+impl<'a> Field<'a> {
+    /// The fields of a struct or variant.
+    pub(crate) fn all(cx: &Errors, fields: &'a Fields) -> Vec<Self> {
+        fields
+            .iter()
+            .enumerate()
+            .map(|(index, field)| Field {
+                ident: field.ident.as_ref(),
+                ty: &field.ty,
+                docs: attr::docs(&field.attrs),
+                arg: match &field.ident {
+                    Some(ident) => ident.clone(),
+                    None => format_ident!("field{}", index),
+                },
+                serde: serde_attr::field(&field.attrs),
+                schema: attr::field(cx, &field.attrs),
+            })
+            .collect()
+    }
+}
+
+impl Style {
+    pub(crate) fn of(fields: &Fields) -> Self {
+        match fields {
+            Fields::Named(_) => Style::Struct,
+            Fields::Unnamed(_) => Style::Tuple,
+            Fields::Unit => Style::Unit,
+        }
+    }
 }
 
 impl<'a> Workflow<'a> {
@@ -105,6 +143,7 @@ impl<'a> Workflow<'a> {
             ident,
             vis: &input.vis,
             attrs,
+            serde: serde_attr::container(&input.attrs),
             states,
             // Spanned at the enum's name: "defined here" notes point at it.
             state_ident: format_ident!("{}State", ident, span = ident.span()),
@@ -135,29 +174,10 @@ impl<'a> Workflow<'a> {
 impl<'a> State<'a> {
     fn from_syn(cx: &Errors, variant: &'a syn::Variant) -> Self {
         let attrs = attr::state(cx, &variant.attrs);
-        let style = match &variant.fields {
-            Fields::Named(_) => Style::Struct,
-            Fields::Unnamed(_) => Style::Tuple,
-            Fields::Unit => Style::Unit,
-        };
-        let fields = variant
-            .fields
-            .iter()
-            .enumerate()
-            .map(|(index, field)| {
-                attr::field(cx, &field.attrs);
-                Field {
-                    ident: field.ident.as_ref(),
-                    ty: &field.ty,
-                    docs: attr::docs(&field.attrs),
-                    arg: match &field.ident {
-                        Some(ident) => ident.clone(),
-                        None => format_ident!("field{}", index),
-                    },
-                }
-            })
-            .collect();
+        let style = Style::of(&variant.fields);
+        let fields = Field::all(cx, &variant.fields);
         State {
+            serde: serde_attr::variant(&variant.attrs),
             ident: &variant.ident,
             docs: attr::docs(&variant.attrs),
             style,

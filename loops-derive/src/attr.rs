@@ -6,7 +6,7 @@
 use proc_macro2::Span;
 use syn::punctuated::Punctuated;
 use syn::spanned::Spanned;
-use syn::{Attribute, Expr, ExprLit, Ident, Lit, LitStr, Meta, Path, Token};
+use syn::{Attribute, Expr, ExprLit, Ident, Lit, LitStr, Meta, Path, Token, Type};
 
 use crate::ctxt::Errors;
 
@@ -39,9 +39,19 @@ pub(crate) struct Next<'a> {
     pub malformed: bool,
 }
 
+/// `#[schema(as = Type, recursive = Name)]` on a field.
+#[derive(Default)]
+pub(crate) struct SchemaAttrs {
+    /// Describe the field as this type (for types without a `Schema` impl).
+    pub as_type: Option<Type>,
+    /// Types named in the field that refer back to an enclosing type (mutual recursion).
+    pub recursive: Vec<Ident>,
+}
+
 /// Where an attribute was found, for "belongs on ..." errors.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Place {
+    Struct,
     Enum,
     Variant,
     Field,
@@ -51,9 +61,10 @@ const WORKFLOW: &str = "workflow";
 const INITIAL: &str = "initial";
 const TERMINAL: &str = "terminal";
 const NEXT: &str = "next";
+const SCHEMA: &str = "schema";
 
 fn is_ours(attr: &Attribute) -> Option<&'static str> {
-    [WORKFLOW, INITIAL, TERMINAL, NEXT]
+    [WORKFLOW, INITIAL, TERMINAL, NEXT, SCHEMA]
         .into_iter()
         .find(|name| attr.path().is_ident(name))
 }
@@ -61,12 +72,15 @@ fn is_ours(attr: &Attribute) -> Option<&'static str> {
 /// Reports an attribute of ours used where it means nothing.
 fn misplaced(cx: &Errors, attr: &Attribute, name: &str, place: Place) {
     let what = match place {
+        Place::Struct => "the struct",
         Place::Enum => "the enum",
         Place::Variant => "a variant",
         Place::Field => "a field",
     };
     let message = if name == WORKFLOW {
         format!("`#[workflow(...)]` belongs on the enum, not on {what}")
+    } else if name == SCHEMA {
+        format!("`#[schema(...)]` belongs on a field, not on {what}")
     } else {
         format!("`#[{name}]` belongs on a variant (a state), not on {what}")
     };
@@ -210,12 +224,61 @@ pub(crate) fn state<'a>(cx: &Errors, attrs: &'a [Attribute]) -> StateAttrs<'a> {
     out
 }
 
-/// Reports any attribute of ours on a field.
-pub(crate) fn field(cx: &Errors, attrs: &[Attribute]) {
+/// Parses a field's `#[schema(...)]`, and reports any other attribute of ours on it.
+pub(crate) fn field(cx: &Errors, attrs: &[Attribute]) -> SchemaAttrs {
+    let mut out = SchemaAttrs::default();
     for attr in attrs {
-        if let Some(name) = is_ours(attr) {
-            misplaced(cx, attr, name, Place::Field);
+        match is_ours(attr) {
+            Some(SCHEMA) => parse_schema(cx, attr, &mut out),
+            Some(name) => misplaced(cx, attr, name, Place::Field),
+            None => {}
         }
+    }
+    out
+}
+
+/// Reports `#[schema(...)]` on a struct, enum or variant (`#[derive(Schema)]`).
+pub(crate) fn no_schema_attr(cx: &Errors, attrs: &[Attribute], place: Place) {
+    for attr in attrs.iter().filter(|a| a.path().is_ident(SCHEMA)) {
+        misplaced(cx, attr, SCHEMA, place);
+    }
+}
+
+fn parse_schema(cx: &Errors, attr: &Attribute, out: &mut SchemaAttrs) {
+    if !matches!(attr.meta, Meta::List(_)) {
+        cx.spanned(
+            attr,
+            "expected `#[schema(as = Type)]` or `#[schema(recursive = Type)]`",
+        );
+        return;
+    }
+    let result = attr.parse_nested_meta(|meta| {
+        if meta.path.is_ident("as") {
+            let ty: Type = meta.value()?.parse()?;
+            if out.as_type.is_some() {
+                cx.spanned(&meta.path, "duplicate `as` in `#[schema(...)]`");
+            } else {
+                out.as_type = Some(ty);
+            }
+        } else if meta.path.is_ident("recursive") {
+            let ident: Ident = meta.value()?.parse()?;
+            out.recursive.push(ident);
+        } else {
+            if meta.input.peek(Token![=]) {
+                meta.value()?.parse::<Expr>()?;
+            }
+            cx.spanned(
+                &meta.path,
+                format!(
+                    "unknown key `{}` in `#[schema(...)]`: expected `as` or `recursive`",
+                    path_text(&meta.path)
+                ),
+            );
+        }
+        Ok(())
+    });
+    if let Err(error) = result {
+        cx.push(error);
     }
 }
 

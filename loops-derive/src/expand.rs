@@ -2,13 +2,14 @@
 //! trait, and the `StateId`, `Workflow` and `Dispatch` impls.
 
 use proc_macro2::{Span, TokenStream};
-use quote::{format_ident, quote, quote_spanned};
+use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::ext::IdentExt;
 use syn::{DeriveInput, Ident, Index, Member};
 
 use crate::ast::{State, Style, Workflow};
 use crate::ctxt::Errors;
-use crate::{fallback, schema};
+use crate::fallback;
+use crate::shape::{Shapes, tokens_text};
 
 /// Entry point: model, validate, generate; on errors, the errors plus the fallback items.
 pub(crate) fn derive(input: &DeriveInput) -> TokenStream {
@@ -27,11 +28,82 @@ pub(crate) fn derive(input: &DeriveInput) -> TokenStream {
 
 fn expand(w: &Workflow) -> TokenStream {
     let types = types(w);
-    let impls = impls(w, dispatch_body(w), schema::consts(w));
+    let (schema_items, schema_consts) = schema_consts(w);
+    let impls = impls(w, dispatch_body(w), schema_consts);
     quote! {
         #types
-        const _: () = { #impls };
+        const _: () = {
+            #schema_items
+            #impls
+        };
     }
+}
+
+/// The workflow's stored form as a `WorkflowShape` (with the items it needs), and the
+/// `SCHEMA_HASH` and `SCHEMA` constants computed from it at compile time.
+fn schema_consts(w: &Workflow) -> (TokenStream, TokenStream) {
+    let mut shapes = Shapes::new(None);
+    let states: Vec<TokenStream> = w
+        .states
+        .iter()
+        .map(|s| {
+            let name = s.ident.unraw().to_string();
+            let stored = s.serde.rename.clone().unwrap_or_else(|| {
+                w.serde.rename_all.map_or(name.clone(), |r| r.variant(&name))
+            });
+            let fields = match &s.serde.with {
+                Some(with) => crate::schema::opaque(&s.fields, with),
+                None => {
+                    let rule = s.serde.rename_all.or(w.serde.rename_all_fields);
+                    shapes.fields(s.style, &s.fields, rule, false)
+                }
+            };
+            let mut notes = s.serde.notes.clone();
+            if s.serde.skip {
+                notes.push("skip".to_owned());
+            }
+            let note = notes.join(", ");
+            let initial = s.attrs.initial.is_some();
+            let terminal = s.is_terminal();
+            let next = s.next.iter().map(|&i| w.states[i].ident.unraw().to_string());
+            quote! {
+                ::loops::schema::StateShape {
+                    name: #name,
+                    variant: ::loops::schema::Variant { name: #stored, fields: #fields, note: #note },
+                    initial: #initial,
+                    terminal: #terminal,
+                    next: &[#(#next),*],
+                }
+            }
+        })
+        .collect();
+    let name = workflow_name(w);
+    let version = w.attrs.version.map_or(1, |(v, _)| v);
+    let repr = crate::shape::repr(&w.serde);
+    let mut notes = w.serde.notes.clone();
+    if let Some(ty) = &w.serde.stored_as {
+        notes.push(format!("stored as {}", tokens_text(ty.to_token_stream())));
+    }
+    let note = notes.join(", ");
+    let markers = shapes.markers();
+    let items = quote! {
+        #markers
+        const __LOOPS_SHAPE: ::loops::schema::WorkflowShape = ::loops::schema::WorkflowShape {
+            name: #name,
+            version: #version,
+            repr: #repr,
+            states: &[#(#states),*],
+            note: #note,
+        };
+        const __LOOPS_SCHEMA_LEN: usize = ::loops::__private::describe_len(&__LOOPS_SHAPE);
+        const __LOOPS_SCHEMA: [u8; __LOOPS_SCHEMA_LEN] =
+            ::loops::__private::describe::<__LOOPS_SCHEMA_LEN>(&__LOOPS_SHAPE);
+    };
+    let consts = quote! {
+        const SCHEMA_HASH: ::loops::SchemaHash = __LOOPS_SHAPE.hash();
+        const SCHEMA: &'static str = ::loops::__private::utf8(&__LOOPS_SCHEMA);
+    };
+    (items, consts)
 }
 
 /// The generated types: the state enum, the `{V}Next` enums and the handler trait. They cannot

@@ -1,124 +1,190 @@
-//! The schema constants: `SCHEMA`, a canonical text of the enum's stored shape, and
-//! `SCHEMA_HASH`, its XXH3-64.
+//! `#[derive(Schema)]`: describes a payload struct or enum's stored form as a
+//! `loops::schema::Shape`, from its fields' `Schema` impls and its serde attributes.
 
-use std::fmt::Write as _;
-
-use proc_macro2::{Delimiter, Spacing, TokenStream, TokenTree};
-use quote::{ToTokens, quote};
+use proc_macro2::TokenStream;
+use quote::{quote, quote_spanned};
 use syn::ext::IdentExt;
+use syn::spanned::Spanned;
+use syn::{Data, DeriveInput, GenericParam, Type, parse_quote};
 
-use crate::ast::{Style, Workflow};
-use crate::expand::workflow_name;
+use crate::ast::{Field, Style};
+use crate::attr::{self, Place};
+use crate::ctxt::Errors;
+use crate::serde_attr;
+use crate::shape::{Shapes, repr, tokens_text};
 
-/// `const SCHEMA_HASH` and `const SCHEMA` of the `Workflow` impl.
-pub(crate) fn consts(w: &Workflow) -> TokenStream {
-    let text = text(w);
-    let hash = xxhash_rust::xxh3::xxh3_64(text.as_bytes());
-    let hash = syn::LitInt::new(&format!("0x{hash:016x}"), proc_macro2::Span::call_site());
-    quote! {
-        const SCHEMA_HASH: ::loops::SchemaHash = ::loops::SchemaHash::from_u64(#hash);
-        const SCHEMA: &'static str = #text;
-    }
-}
-
-/// The canonical text: a header line, then one line per state in declaration order, e.g.
-/// `Tested { issue: Issue, commit: String } -> Edited | PrOpened`. Doc comments, attributes
-/// other than ours, and formatting do not appear in it.
-pub(crate) fn text(w: &Workflow) -> String {
-    let version = w.attrs.version.map_or(1, |(v, _)| v);
-    let mut out = format!("workflow {} version {}\n", workflow_name(w), version);
-    for state in &w.states {
-        out.push_str(&state.ident.unraw().to_string());
-        let fields: Vec<String> = state
-            .fields
-            .iter()
-            .map(|f| match f.ident {
-                Some(name) => format!("{}: {}", name.unraw(), type_text(f.ty)),
-                None => type_text(f.ty),
-            })
-            .collect();
-        match state.style {
-            Style::Struct => {
-                let _ = write!(out, " {{ {} }}", fields.join(", "));
-            }
-            Style::Tuple => {
-                let _ = write!(out, "({})", fields.join(", "));
-            }
-            Style::Unit => {}
-        }
-        if !state.next.is_empty() {
-            let next: Vec<String> = state
-                .next
-                .iter()
-                .map(|&i| w.states[i].ident.unraw().to_string())
-                .collect();
-            let _ = write!(out, " -> {}", next.join(" | "));
-        }
-        if state.attrs.initial.is_some() {
-            out.push_str(" (initial)");
-        }
-        if state.is_terminal() {
-            out.push_str(" (terminal)");
-        }
-        out.push('\n');
-    }
-    out
-}
-
-/// A type as normalized token text: `Vec<Option<String>>`, `&'static str`, `[u8; 4]`,
-/// `HashMap<String, u64>`, whatever the spacing in the source.
-pub(crate) fn type_text(ty: &syn::Type) -> String {
-    let mut out = String::new();
-    write_tokens(ty.to_token_stream(), &mut out);
-    out
-}
-
-fn write_tokens(tokens: TokenStream, out: &mut String) {
-    let mut tokens = tokens.into_iter().peekable();
-    while let Some(token) = tokens.next() {
-        match token {
-            TokenTree::Group(group) => {
-                let (open, close) = match group.delimiter() {
-                    Delimiter::Parenthesis => ("(", ")"),
-                    Delimiter::Bracket => ("[", "]"),
-                    Delimiter::Brace => ("{ ", " }"),
-                    Delimiter::None => ("", ""),
-                };
-                out.push_str(open);
-                write_tokens(group.stream(), out);
-                out.push_str(close);
-            }
-            TokenTree::Punct(punct) => {
-                let c = punct.as_char();
-                let arrow = c == '-'
-                    && punct.spacing() == Spacing::Joint
-                    && matches!(tokens.peek(), Some(TokenTree::Punct(p)) if p.as_char() == '>');
-                if arrow {
-                    tokens.next();
-                    out.push_str(" -> ");
-                } else {
-                    match c {
-                        ',' | ';' => out.push_str(&format!("{c} ")),
-                        '+' | '=' => out.push_str(&format!(" {c} ")),
-                        _ => out.push(c),
-                    }
+pub(crate) fn derive(input: &DeriveInput) -> TokenStream {
+    let cx = Errors::default();
+    let serde = serde_attr::container(&input.attrs);
+    let mut shapes = Shapes::new(Some(&input.ident));
+    let name = input.ident.unraw().to_string();
+    let params: Vec<TokenStream> = input
+        .generics
+        .type_params()
+        .map(|p| {
+            let t = &p.ident;
+            quote!(<#t as ::loops::Schema>::SHAPE)
+        })
+        .collect();
+    let note = serde.notes.join(", ");
+    let shape = match &input.data {
+        Data::Struct(data) => {
+            attr::no_schema_attr(&cx, &input.attrs, Place::Struct);
+            let style = Style::of(&data.fields);
+            let fields = Field::all(&cx, &data.fields);
+            let tag = match &serde.tag {
+                Some(tag) => {
+                    let value = serde.rename.clone().unwrap_or_else(|| name.clone());
+                    quote!(::core::option::Option::Some((#tag, #value)))
                 }
-            }
-            TokenTree::Ident(ident) => {
-                word_gap(out);
-                out.push_str(&ident.to_string());
-            }
-            TokenTree::Literal(literal) => {
-                word_gap(out);
-                out.push_str(&literal.to_string());
+                None => quote!(::core::option::Option::None),
+            };
+            // `transparent`: stored as its one field, whatever its name.
+            let style = if serde.transparent {
+                Style::Tuple
+            } else {
+                style
+            };
+            let fields = shapes.fields(style, &fields, serde.rename_all, serde.default);
+            quote! {
+                &::loops::schema::Shape::Struct(&::loops::schema::Struct {
+                    name: #name,
+                    params: &[#(#params),*],
+                    tag: #tag,
+                    fields: #fields,
+                    note: #note,
+                })
             }
         }
+        Data::Enum(data) => {
+            attr::no_schema_attr(&cx, &input.attrs, Place::Enum);
+            let variants: Vec<TokenStream> = data
+                .variants
+                .iter()
+                .filter_map(|variant| {
+                    attr::no_schema_attr(&cx, &variant.attrs, Place::Variant);
+                    let v = serde_attr::variant(&variant.attrs);
+                    let fields = Field::all(&cx, &variant.fields);
+                    if v.skip {
+                        return None;
+                    }
+                    let ident = variant.ident.unraw().to_string();
+                    let stored = v.rename.clone().unwrap_or_else(|| {
+                        serde
+                            .rename_all
+                            .map_or(ident.clone(), |r| r.variant(&ident))
+                    });
+                    let style = Style::of(&variant.fields);
+                    let fields = match &v.with {
+                        Some(with) => opaque(&fields, with),
+                        None => {
+                            let rule = v.rename_all.or(serde.rename_all_fields);
+                            shapes.fields(style, &fields, rule, false)
+                        }
+                    };
+                    let note = v.notes.join(", ");
+                    Some(quote! {
+                        ::loops::schema::Variant { name: #stored, fields: #fields, note: #note }
+                    })
+                })
+                .collect();
+            let repr = repr(&serde);
+            quote! {
+                &::loops::schema::Shape::Enum(&::loops::schema::Enum {
+                    name: #name,
+                    params: &[#(#params),*],
+                    repr: #repr,
+                    variants: &[#(#variants),*],
+                    note: #note,
+                })
+            }
+        }
+        Data::Union(data) => {
+            cx.spanned(
+                data.union_token,
+                "`#[derive(Schema)]` needs a struct or an enum: serde cannot store a union",
+            );
+            quote!(&::loops::schema::Shape::Scalar("union"))
+        }
+    };
+    // `#[serde(into = "T")]`, `from`, `try_from`: stored as that type.
+    let shape = match &serde.stored_as {
+        Some(ty) => stored_as(ty),
+        None => shape,
+    };
+    let mut generics = input.generics.clone();
+    let bounds: Vec<_> = generics
+        .params
+        .iter()
+        .filter_map(|p| match p {
+            GenericParam::Type(t) => Some(t.ident.clone()),
+            _ => None,
+        })
+        .collect();
+    let where_clause = generics.make_where_clause();
+    for t in bounds {
+        where_clause
+            .predicates
+            .push(parse_quote!(#t: ::loops::Schema));
+    }
+    let (impl_generics, ty_generics, where_clause) = generics.split_for_impl();
+    let ident = &input.ident;
+    let (error, shape) = match cx.finish() {
+        None => (None, shape),
+        // Still implement the trait, so that the types using this one report nothing more.
+        Some(error) => (
+            Some(error.to_compile_error()),
+            quote!(&::loops::schema::Shape::Scalar("(invalid)")),
+        ),
+    };
+    let markers = if error.is_none() {
+        shapes.markers()
+    } else {
+        TokenStream::new()
+    };
+    // Types that contain each other without `#[schema(recursive = ...)]` make const
+    // evaluation cycle, and rustc's cycle error names the constants involved: for a
+    // non-generic type, route the shape through a constant whose name says what to do.
+    let (hint, shape) = if input.generics.params.is_empty() {
+        let hint = quote_spanned! {input.ident.span()=>
+            #[allow(non_upper_case_globals)]
+            const if_this_cycles_add_schema_recursive_to_one_of_the_fields_that_refer_back:
+                &::loops::schema::Shape = #shape;
+        };
+        let shape =
+            quote!(if_this_cycles_add_schema_recursive_to_one_of_the_fields_that_refer_back);
+        (hint, shape)
+    } else {
+        (TokenStream::new(), shape)
+    };
+    quote! {
+        #error
+        const _: () = {
+            #markers
+            #hint
+            #[automatically_derived]
+            impl #impl_generics ::loops::Schema for #ident #ty_generics #where_clause {
+                const SHAPE: &'static ::loops::schema::Shape = #shape;
+            }
+        };
     }
 }
 
-/// A space between two words (`dyn Trait`, `'a str`), none after punctuation.
-fn word_gap(out: &mut String) {
-    if out.ends_with(|c: char| c.is_alphanumeric() || c == '_') {
-        out.push(' ');
+fn stored_as(ty: &Type) -> TokenStream {
+    quote_spanned!(ty.span()=> <#ty as ::loops::Schema>::SHAPE)
+}
+
+/// The data of a variant with `#[serde(with = "...")]`: opaque.
+pub(crate) fn opaque(fields: &[Field], with: &str) -> TokenStream {
+    let ty = fields
+        .iter()
+        .map(|f| tokens_text(quote::ToTokens::to_token_stream(f.ty)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    quote! {
+        ::loops::schema::Fields::Newtype(&::loops::schema::Field::new(
+            "0",
+            &::loops::schema::Shape::Opaque { ty: #ty, with: #with },
+        ))
     }
 }

@@ -1,7 +1,7 @@
 //! Run metadata and the store that keeps runs' records.
 //!
 //! [`RedbStore`] is the embedded store: one redb file, owned by one process. Its commit path
-//! (group commit on a writer thread) is in [`redb`](self::redb).
+//! (group commit on a writer thread) is in [`redb`].
 
 use std::fmt;
 
@@ -11,7 +11,7 @@ use crate::schema::SchemaHash;
 
 pub mod redb;
 
-pub use self::redb::{EventRecord, RedbStore};
+pub use self::redb::{Compacted, EventRecord, Pruned, RedbStore, StoreOptions};
 
 /// Where a run stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

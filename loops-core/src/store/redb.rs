@@ -28,7 +28,7 @@
 
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::thread::JoinHandle;
 
 use redb::backends::FileBackend;
@@ -66,6 +66,29 @@ const TABLES: [&str; 9] = [
     "event_keys",
 ];
 
+/// Most runs deleted in one write transaction by [`RedbStore::prune`].
+pub const PRUNE_BATCH: usize = 256;
+
+/// What [`RedbStore::prune`] removed (or, in a dry run, would remove).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct Pruned {
+    /// Runs removed.
+    pub runs: u64,
+    /// Transition records removed (step, failure and event records go with them).
+    pub records: u64,
+    /// The ids of the runs removed.
+    pub run_ids: Vec<String>,
+}
+
+/// What [`RedbStore::compact`] reclaimed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Compacted {
+    /// File size before, in bytes.
+    pub bytes_before: u64,
+    /// File size after, in bytes.
+    pub bytes_after: u64,
+}
+
 /// Most writes committed in one write transaction.
 pub const MAX_BATCH: usize = 1024;
 
@@ -83,8 +106,12 @@ pub struct RedbStore {
 }
 
 struct Inner {
-    db: Arc<Database>,
+    /// Read transactions and commit batches hold the lock shared; compaction and the
+    /// integrity check, which need redb's `&mut Database`, hold it exclusively.
+    db: Arc<RwLock<Db>>,
     path: PathBuf,
+    /// Opens the database again after an I/O error closed it (none when read-only).
+    opener: Option<Opener>,
     tx: Option<mpsc::Sender<Request>>,
     writer: Mutex<Option<JoinHandle<()>>>,
 }
@@ -98,6 +125,47 @@ impl Drop for Inner {
             && let Some(handle) = guard.take()
         {
             let _ = handle.join();
+        }
+    }
+}
+
+/// A writable database, or a read-only handle (CLI inspection), or nothing while the writer
+/// reopens the file after an I/O error.
+enum Db {
+    Writable(Database),
+    ReadOnly(redb::ReadOnlyDatabase),
+    Reopening(Arc<redb::Error>),
+}
+
+impl Db {
+    fn begin_read(&self) -> std::result::Result<redb::ReadTransaction, redb::Error> {
+        match self {
+            Db::Writable(db) => db.begin_read().map_err(Into::into),
+            Db::ReadOnly(db) => db.begin_read().map_err(Into::into),
+            Db::Reopening(e) => Err(redb::Error::Io(std::io::Error::other(format!(
+                "the store is being reopened after an I/O error: {e}"
+            )))),
+        }
+    }
+}
+
+/// Opens the database again: after an I/O error redb refuses every further transaction until
+/// the database is closed and opened again.
+type Opener = Arc<dyn Fn() -> std::result::Result<Database, redb::DatabaseError> + Send + Sync>;
+
+/// How a store opens its file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// Verify the checksum of every page when the file is opened, so that a file altered
+    /// outside redb (flipped bytes, a bad disk) fails to open with [`Error::Open`] instead of
+    /// being read. Reads the whole file: see `docs/benchmarks.md` for the cost. Default: on.
+    pub verify_on_open: bool,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            verify_on_open: true,
         }
     }
 }
@@ -188,6 +256,8 @@ pub(crate) enum Write {
         seq: u64,
         at_ms: u64,
     },
+    /// Delete every record, row, index entry and event of these ended runs.
+    Prune { run_ids: Vec<String> },
 }
 
 /// What a [`Write::Failure`] does to the run besides keeping the record.
@@ -210,6 +280,8 @@ pub(crate) enum Reply {
     Done,
     /// The outcome of a [`Write::Wait`], with the run's row after it.
     Waited(WaitOutcome, RunInfo),
+    /// Runs were pruned; this many transition records went with them.
+    Pruned { records: u64 },
     /// An event was appended (or was a duplicate of `event_seq`), with the run's row.
     Sent {
         event_seq: u64,
@@ -233,7 +305,7 @@ impl Reply {
     pub(crate) fn into_run(self, run_id: &str) -> Result<RunInfo> {
         match self {
             Reply::Run(info) | Reply::Waited(_, info) | Reply::Sent { info, .. } => Ok(info),
-            Reply::Done => Err(Error::RunNotFound {
+            Reply::Done | Reply::Pruned { .. } => Err(Error::RunNotFound {
                 run_id: run_id.to_owned(),
             }),
         }
@@ -268,6 +340,14 @@ impl RedbStore {
     /// - [`Error::StoreLocked`] at once if this or another process has the file open;
     /// - [`Error::Open`] if the file is not a redb file, is corrupt, or cannot be read.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        Self::open_with(path, StoreOptions::default())
+    }
+
+    /// As [`open`](Self::open), with `options`.
+    ///
+    /// # Errors
+    /// As [`open`](Self::open).
+    pub fn open_with(path: impl AsRef<Path>, store_options: StoreOptions) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
         let open_err = |source: crate::BoxError| Error::Open {
             path: path.clone(),
@@ -283,9 +363,13 @@ impl RedbStore {
         options.read(true).write(true).create(true).truncate(false);
         #[cfg(unix)]
         std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-        let file = options.open(&path).map_err(|e| open_err(e.into()))?;
-        let backend = FileBackend::new(file).map_err(|e| open_err(e.into()))?;
-        Self::with_backend(backend, path)
+        // Create the file (0600) before redb opens it; redb reopens it by path afterwards.
+        drop(options.open(&path).map_err(|e| open_err(e.into()))?);
+        let file_path = path.clone();
+        Self::with_storage(path, store_options, move || {
+            let file = OpenOptions::new().read(true).write(true).open(&file_path)?;
+            FileBackend::new(file).map_err(|e| std::io::Error::other(e.to_string()))
+        })
     }
 
     /// A store kept in memory only: nothing survives the process. For tests of workflows
@@ -294,18 +378,60 @@ impl RedbStore {
     /// # Errors
     /// [`Error::Open`] if redb cannot initialize the memory backend.
     pub fn in_memory() -> Result<Self> {
-        Self::with_backend(
-            redb::backends::InMemoryBackend::new(),
+        // Memory cannot be reopened: an I/O error (there are none in memory) would be final.
+        let backend = Mutex::new(Some(redb::backends::InMemoryBackend::new()));
+        Self::with_storage(
             PathBuf::from(":memory:"),
+            StoreOptions {
+                verify_on_open: false,
+            },
+            move || {
+                backend
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .take()
+                    .ok_or_else(|| std::io::Error::other("an in-memory store cannot be reopened"))
+            },
         )
     }
 
-    fn with_backend(backend: impl redb::StorageBackend, path: PathBuf) -> Result<Self> {
+    /// A store on a storage backend of your own (encryption, a block device, fault injection
+    /// in tests). `make_backend` is called to open the store, and again to reopen it after an
+    /// I/O error; `label` names the store in errors and logs.
+    ///
+    /// # Errors
+    /// [`Error::StoreLocked`] if the backend reports the database open elsewhere;
+    /// [`Error::Open`] if it is not a redb database, is corrupt, or cannot be read.
+    pub fn with_storage<B, F>(
+        label: PathBuf,
+        options: StoreOptions,
+        make_backend: F,
+    ) -> Result<Self>
+    where
+        B: redb::StorageBackend,
+        F: Fn() -> std::io::Result<B> + Send + Sync + 'static,
+    {
+        let path = label;
+        let opener: Opener = Arc::new(move || {
+            let backend = make_backend()?;
+            let mut builder = Database::builder();
+            builder.set_check_integrity_on_open(options.verify_on_open);
+            // redb documents that a plain open of an altered file may panic: never let that
+            // reach the caller.
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                builder.create_with_backend(backend)
+            }))
+            .unwrap_or_else(|_| {
+                Err(redb::DatabaseError::Storage(redb::StorageError::Corrupted(
+                    "redb panicked while opening the file".to_owned(),
+                )))
+            })
+        });
         let open_err = |source: crate::BoxError| Error::Open {
             path: path.clone(),
             source,
         };
-        let db = match Database::builder().create_with_backend(backend) {
+        let db = match opener() {
             Ok(db) => db,
             Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
                 return Err(Error::StoreLocked { path });
@@ -313,19 +439,58 @@ impl RedbStore {
             Err(e) => return Err(open_err(e.into())),
         };
         ensure_tables(&db).map_err(|e| open_err(e.into()))?;
-        let db = Arc::new(db);
+        let db = Arc::new(RwLock::new(Db::Writable(db)));
         let (tx, rx) = mpsc::channel(QUEUE);
         let writer_db = Arc::clone(&db);
+        let writer_opener = Arc::clone(&opener);
+        let writer_path = path.clone();
         let writer = std::thread::Builder::new()
             .name("loops-writer".into())
-            .spawn(move || writer_loop(&writer_db, rx))
+            .spawn(move || writer_loop(&writer_db, &writer_opener, &writer_path, rx))
             .map_err(|e| open_err(e.into()))?;
         Ok(RedbStore {
             inner: Arc::new(Inner {
                 db,
                 path,
+                opener: Some(opener),
                 tx: Some(tx),
                 writer: Mutex::new(Some(writer)),
+            }),
+        })
+    }
+
+    /// Opens the store file at `path` for reading only: for inspection (the `loops` CLI)
+    /// while no process drives it. Every write returns [`Error::ReadOnly`].
+    ///
+    /// # Errors
+    /// - [`Error::StoreLocked`] if a process has the file open for writing;
+    /// - [`Error::NeedsRecovery`] if the file was not closed cleanly (a crash): redb repairs
+    ///   it on the next writable open ([`RedbStore::open`]);
+    /// - [`Error::Open`] if it does not exist, is not a redb file, or cannot be read.
+    pub fn open_read_only(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let db = match redb::Builder::new().open_read_only(&path) {
+            Ok(db) => db,
+            Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
+                return Err(Error::StoreLocked { path });
+            }
+            Err(redb::DatabaseError::RepairAborted) => {
+                return Err(Error::NeedsRecovery { path });
+            }
+            Err(e) => {
+                return Err(Error::Open {
+                    path,
+                    source: e.into(),
+                });
+            }
+        };
+        Ok(RedbStore {
+            inner: Arc::new(Inner {
+                db: Arc::new(RwLock::new(Db::ReadOnly(db))),
+                path,
+                opener: None,
+                tx: None,
+                writer: Mutex::new(None),
             }),
         })
     }
@@ -335,10 +500,160 @@ impl RedbStore {
         &self.inner.path
     }
 
+    /// The store file's size on disk, in bytes (0 for an in-memory store).
+    ///
+    /// # Errors
+    /// [`Error::Open`] if the file's metadata cannot be read.
+    pub fn file_bytes(&self) -> Result<u64> {
+        if self.inner.path == Path::new(":memory:") {
+            return Ok(0);
+        }
+        std::fs::metadata(&self.inner.path)
+            .map(|m| m.len())
+            .map_err(|e| Error::Open {
+                path: self.inner.path.clone(),
+                source: e.into(),
+            })
+    }
+
+    /// Compacts the file: moves pages to the front and truncates the free space at its end.
+    /// Reads and commits wait while it runs (it needs the file to itself). Blocking: call it
+    /// from a blocking thread ([`Runtime::compact`](crate::Runtime::compact) does).
+    ///
+    /// # Errors
+    /// [`Error::ReadOnly`] for a read-only store; [`Error::Storage`] if redb fails.
+    pub fn compact(&self) -> Result<Compacted> {
+        let bytes_before = self.file_bytes()?;
+        {
+            let mut guard = self
+                .inner
+                .db
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
+            let Db::Writable(db) = &mut *guard else {
+                return Err(Error::ReadOnly {
+                    path: self.inner.path.clone(),
+                });
+            };
+            // Each pass moves what it can; a few passes reach the fixed point.
+            for _ in 0..8 {
+                if !db
+                    .compact()
+                    .map_err(|e| Error::storage("compacting the store", e))?
+                {
+                    break;
+                }
+            }
+        }
+        Ok(Compacted {
+            bytes_before,
+            bytes_after: self.file_bytes()?,
+        })
+    }
+
+    /// Verifies the checksum of every page of the file and repairs redb's allocator state if
+    /// needed. Returns `true` if the file was intact. Blocking, and exclusive like
+    /// [`compact`](Self::compact).
+    ///
+    /// # Errors
+    /// [`Error::ReadOnly`] for a read-only store; [`Error::Storage`] if the file is corrupt
+    /// beyond repair or cannot be read.
+    pub fn check_integrity(&self) -> Result<bool> {
+        let mut guard = self
+            .inner
+            .db
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        let Db::Writable(db) = &mut *guard else {
+            return Err(Error::ReadOnly {
+                path: self.inner.path.clone(),
+            });
+        };
+        db.check_integrity()
+            .map_err(|e| Error::storage("checking the store's integrity", e))
+    }
+
+    /// Selects the ended runs `policy` expires at `now_ms` and, unless `dry_run`, deletes
+    /// their records, rows, index entries and events, in write transactions of at most
+    /// [`PRUNE_BATCH`] runs. Runs that have not ended are never touched.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] if a read or a commit fails (runs deleted by earlier batches stay
+    /// deleted); [`Error::ReadOnly`] for a read-only store unless `dry_run`.
+    pub async fn prune(
+        &self,
+        policy: &crate::retention::RetentionPolicy,
+        now_ms: u64,
+        dry_run: bool,
+    ) -> Result<Pruned> {
+        let mut ended = Vec::new();
+        for status in policy.statuses() {
+            ended.extend(self.list(status, None)?);
+        }
+        let expired = policy.select(ended, now_ms);
+        let mut report = Pruned {
+            runs: expired.len() as u64,
+            records: 0,
+            run_ids: expired.clone(),
+        };
+        if dry_run {
+            for run_id in &expired {
+                report.records += self.history(run_id)?.len() as u64;
+            }
+            return Ok(report);
+        }
+        for chunk in expired.chunks(PRUNE_BATCH) {
+            report.records += self.delete_ended_runs(chunk).await?;
+        }
+        Ok(report)
+    }
+
+    /// Deletes the records, rows, index entries and events of the runs in `run_ids` that have
+    /// ended, in one write transaction; runs that have not ended, or do not exist, are
+    /// skipped. Returns the number of transition records deleted. For callers that select runs
+    /// themselves (and show progress); [`prune`](Self::prune) selects by policy.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] if the commit fails; [`Error::ReadOnly`] for a read-only store.
+    pub async fn delete_ended_runs(&self, run_ids: &[String]) -> Result<u64> {
+        match self
+            .write(Write::Prune {
+                run_ids: run_ids.to_vec(),
+            })
+            .await?
+        {
+            Reply::Pruned { records } => Ok(records),
+            _ => Ok(0),
+        }
+    }
+
+    /// Every stored schema description, as `(hash, description)`, by hash.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on a read error.
+    pub fn schemas(&self) -> Result<Vec<(crate::SchemaHash, String)>> {
+        self.read(
+            || "reading schemas".to_owned(),
+            |txn| {
+                let schemas = txn.open_table(SCHEMAS)?;
+                let mut out = Vec::new();
+                for entry in schemas.iter()? {
+                    let (key, value) = entry?;
+                    if let Ok(hash) = key.value().parse() {
+                        out.push((hash, value.value().to_owned()));
+                    }
+                }
+                Ok(out)
+            },
+        )
+    }
+
     /// Commits `write` (batched with concurrent writes) and returns the writer's answer.
     pub(crate) async fn write(&self, write: Write) -> Result<Reply> {
         let (reply, rx) = oneshot::channel();
-        let tx = self.inner.tx.as_ref().ok_or(Error::Closed)?;
+        let tx = self.inner.tx.as_ref().ok_or_else(|| Error::ReadOnly {
+            path: self.inner.path.clone(),
+        })?;
         tx.send(Request { write, reply })
             .await
             .map_err(|_| Error::Closed)?;
@@ -350,11 +665,14 @@ impl RedbStore {
         action: impl Fn() -> String,
         f: impl FnOnce(&redb::ReadTransaction) -> std::result::Result<T, ReadError>,
     ) -> Result<T> {
-        let txn = self
-            .inner
-            .db
-            .begin_read()
-            .map_err(|e| Error::storage(action(), e))?;
+        if let Some(opener) = &self.inner.opener {
+            // A store closed by a failed commit is opened again by the first read or write
+            // after the fault clears.
+            let _ = reopen_if_needed(&self.inner.db, opener, &self.inner.path);
+        }
+        // Held for the read, so that compaction waits for it.
+        let db = self.inner.db.read().unwrap_or_else(PoisonError::into_inner);
+        let txn = db.begin_read().map_err(|e| Error::storage(action(), e))?;
         f(&txn).map_err(|e| match e {
             ReadError::Storage(e) => Error::storage(action(), e),
             ReadError::Loops(e) => e,
@@ -638,7 +956,7 @@ pub(crate) fn precheck(path: &Path, checks: &[SchemaCheck]) -> Result<()> {
         Ok(None) => Ok(()),
         Ok(Some((info, check, stored))) => Err(Error::SchemaMismatch {
             changes: stored
-                .map(|old| crate::schema::diff_descriptions(&old, check.schema))
+                .map(|old| crate::schema::schema_diff(&old, check.schema))
                 .unwrap_or_default(),
             run_id: info.run_id,
             workflow: info.workflow,
@@ -724,7 +1042,7 @@ fn ensure_tables(db: &Database) -> std::result::Result<(), redb::Error> {
 // ---------------------------------------------------------------------------------------------
 // The writer thread.
 
-fn writer_loop(db: &Database, mut rx: mpsc::Receiver<Request>) {
+fn writer_loop(db: &RwLock<Db>, opener: &Opener, path: &Path, mut rx: mpsc::Receiver<Request>) {
     let mut batch: Vec<Request> = Vec::with_capacity(MAX_BATCH);
     while let Some(first) = rx.blocking_recv() {
         batch.push(first);
@@ -734,10 +1052,74 @@ fn writer_loop(db: &Database, mut rx: mpsc::Receiver<Request>) {
                 Err(_) => break,
             }
         }
-        let results = commit_batch(db, batch.iter().map(|r| &r.write));
+        let reopened = reopen_if_needed(db, opener, path);
+        let (results, storage_failed) = {
+            let guard = db.read().unwrap_or_else(PoisonError::into_inner);
+            match (&*guard, reopened) {
+                (Db::Writable(db), _) => commit_batch(db, batch.iter().map(|r| &r.write)),
+                (Db::Reopening(_), Err(e)) => (
+                    batch
+                        .iter()
+                        .map(|_| {
+                            Err(Error::Storage {
+                                action: format!("reopening {} after an I/O error", path.display()),
+                                source: Arc::clone(&e),
+                            })
+                        })
+                        .collect(),
+                    false,
+                ),
+                _ => (batch.iter().map(|_| Err(Error::Closed)).collect(), false),
+            }
+        };
+        if storage_failed {
+            // redb refuses every transaction after an I/O error ("PreviousIo") until the
+            // database is opened again: close it now, reopen before the next batch.
+            let mut guard = db.write().unwrap_or_else(PoisonError::into_inner);
+            if matches!(&*guard, Db::Writable(_)) {
+                tracing::warn!(path = %path.display(), "store write failed; reopening before the next commit");
+                *guard = Db::Reopening(Arc::new(redb::Error::Io(std::io::Error::other(
+                    "closed after a failed commit",
+                ))));
+            }
+        }
         for (request, result) in batch.drain(..).zip(results) {
             // The caller may have stopped waiting (its task was dropped); the write stands.
             let _ = request.reply.send(result);
+        }
+        if storage_failed {
+            let _ = reopen_if_needed(db, opener, path);
+        }
+    }
+}
+
+/// Opens the database again if a failed commit closed it. Returns the error of a reopen
+/// that failed (the next batch tries again).
+fn reopen_if_needed(
+    db: &RwLock<Db>,
+    opener: &Opener,
+    path: &Path,
+) -> std::result::Result<(), Arc<redb::Error>> {
+    if !matches!(
+        &*db.read().unwrap_or_else(PoisonError::into_inner),
+        Db::Reopening(_)
+    ) {
+        return Ok(());
+    }
+    let mut guard = db.write().unwrap_or_else(PoisonError::into_inner);
+    if !matches!(&*guard, Db::Reopening(_)) {
+        return Ok(());
+    }
+    match opener() {
+        Ok(new) => {
+            tracing::info!(path = %path.display(), "store reopened after an I/O error");
+            *guard = Db::Writable(new);
+            Ok(())
+        }
+        Err(e) => {
+            let e = Arc::new(redb::Error::from(e));
+            *guard = Db::Reopening(Arc::clone(&e));
+            Err(e)
         }
     }
 }
@@ -782,18 +1164,19 @@ struct Tables<'t> {
 fn commit_batch<'a>(
     db: &Database,
     writes: impl ExactSizeIterator<Item = &'a Write>,
-) -> Vec<Result<Reply>> {
+) -> (Vec<Result<Reply>>, bool) {
     let n = writes.len();
-    let fail_all = |action: String, e: redb::Error| -> Vec<Result<Reply>> {
+    let fail_all = |action: String, e: redb::Error| -> (Vec<Result<Reply>>, bool) {
         let shared = Arc::new(e);
-        (0..n)
+        let results = (0..n)
             .map(|_| {
                 Err(Error::Storage {
                     action: action.clone(),
                     source: Arc::clone(&shared),
                 })
             })
-            .collect()
+            .collect();
+        (results, true)
     };
     let txn = match db.begin_write() {
         Ok(txn) => txn,
@@ -833,10 +1216,13 @@ fn commit_batch<'a>(
     if !wrote {
         // Nothing changed: leave the file untouched (no commit, no fsync).
         let _ = txn.abort();
-        return results;
+        return (results, false);
     }
     match txn.commit() {
-        Ok(()) => results,
+        Ok(()) => {
+            crate::failpoint::point("loops::writer::after_commit");
+            (results, false)
+        }
         Err(e) => fail_all(format!("committing {n} writes"), e.into()),
     }
 }
@@ -1197,6 +1583,47 @@ fn apply(t: &mut Tables<'_>, write: &Write) -> std::result::Result<Applied, Appl
                 info,
             }))
         }
+        Write::Prune { run_ids } => {
+            let mut records = 0u64;
+            let mut wrote = false;
+            for run_id in run_ids {
+                let id = run_id.as_str();
+                let Some(bytes) = t.runs.get(id)? else {
+                    continue;
+                };
+                let info = decode_info(id, bytes.value()).map_err(ApplyError::Rejected)?;
+                drop(bytes);
+                if !info.status.is_ended() {
+                    continue;
+                }
+                wrote = true;
+                t.runs.remove(id)?;
+                t.status
+                    .remove((info.status.code(), info.workflow.as_str(), id))?;
+                t.journal.retain_in((id, 0)..=(id, u64::MAX), |_, _| {
+                    records += 1;
+                    false
+                })?;
+                t.steps
+                    .retain_in((id, 0, "", 0)..(id, u64::MAX, "", 0), |_, _| false)?;
+                t.failures.retain_in(
+                    (id, 0, 0, 0)..=(id, u64::MAX, u32::MAX, u32::MAX),
+                    |_, _| false,
+                )?;
+                t.inbox.retain_in((id, 0)..=(id, u64::MAX), |_, _| false)?;
+                let top = name_upper_bound();
+                t.pending
+                    .retain_in((id, "", 0)..(id, top.as_str(), 0), |_, _| false)?;
+                t.event_keys
+                    .retain_in((id, "")..(id, top.as_str()), |_, _| false)?;
+            }
+            let reply = Reply::Pruned { records };
+            Ok(if wrote {
+                Applied::Wrote(reply)
+            } else {
+                Applied::Unchanged(reply)
+            })
+        }
         Write::Wake { run_id, seq, at_ms } => {
             let mut info = load_info(t, run_id)?;
             if info.status != RunStatus::Waiting || info.seq != *seq {
@@ -1266,6 +1693,12 @@ fn write_wait_step(
     };
     t.steps.insert(key, to_vec(&record).as_slice())?;
     Ok(())
+}
+
+/// A string above every valid event name or idempotency key (at most 256 bytes): 65 times
+/// the highest code point, 260 bytes. Bounds range scans over `(run id, name, ..)` keys.
+fn name_upper_bound() -> String {
+    char::MAX.to_string().repeat(65)
 }
 
 fn json_string(s: &str) -> String {

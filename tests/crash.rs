@@ -1,0 +1,605 @@
+//! Crash tests: a child process (this test binary, re-run as `child_process`) drives a run and
+//! is SIGKILLed, or aborts, at a chosen point; the parent restarts it and asserts the exact
+//! outcome: final state, history, attempts, and the count of side effects in a ledger kept
+//! outside the store.
+//!
+//! The child holds (prints `holding <point>` and sleeps) at the point named by
+//! `LOOPS_HOLD`, so that the kill lands exactly there.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use loops::{Context, RetryPolicy, RunStatus, Runtime, Workflow};
+use serde::{Deserialize, Serialize};
+
+#[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(name = "crash_job")]
+enum Job {
+    #[initial]
+    #[next(Effect)]
+    Start { n: u32 },
+    #[next(Approval)]
+    Effect { n: u32 },
+    #[next(Done)]
+    Approval { receipt: String },
+    #[terminal]
+    Done { receipt: String, approver: String },
+}
+
+/// The child's handler: every entry and side effect goes to files in `dir`.
+struct Agent {
+    dir: PathBuf,
+    hold: String,
+}
+
+impl Agent {
+    fn log(&self, file: &str, line: &str) {
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(file))
+            .unwrap();
+        writeln!(f, "{line}").unwrap();
+        f.sync_all().unwrap();
+    }
+
+    fn hold_at(&self, point: &str) {
+        if self.hold == point {
+            println!("holding {point}");
+            std::io::stdout().flush().unwrap();
+            std::thread::sleep(Duration::from_secs(3600));
+        }
+    }
+}
+
+impl JobHandler for Agent {
+    type Error = anyhow::Error;
+
+    async fn start(&self, ctx: &Context, n: u32) -> Result<StartNext, Self::Error> {
+        self.log("entries", &format!("Start {} {}", ctx.seq(), ctx.attempt()));
+        self.hold_at("start");
+        Ok(StartNext::Effect { n })
+    }
+
+    async fn effect(&self, ctx: &Context, n: u32) -> Result<EffectNext, Self::Error> {
+        self.log(
+            "entries",
+            &format!("Effect {} {}", ctx.seq(), ctx.attempt()),
+        );
+        if self.hold == "abort" {
+            // Crashes the process on every attempt.
+            std::process::abort();
+        }
+        if self.hold == "fail_first" && ctx.attempt() == 1 {
+            println!("failing attempt 1");
+            std::io::stdout().flush().unwrap();
+            anyhow::bail!("attempt 1 fails");
+        }
+        let key = ctx.idempotency_key("effect")?;
+        let receipt: String = ctx
+            .step("effect", || async {
+                // The side effect: a ledger line carrying the idempotency key.
+                self.log("ledger", &format!("{key} {n}"));
+                self.hold_at("in_step");
+                Ok::<_, anyhow::Error>(format!("receipt-{n}"))
+            })
+            .await?;
+        self.hold_at("after_step");
+        Ok(EffectNext::Approval { receipt })
+    }
+
+    async fn approval(&self, ctx: &Context, receipt: String) -> Result<ApprovalNext, Self::Error> {
+        self.log(
+            "entries",
+            &format!("Approval {} {}", ctx.seq(), ctx.attempt()),
+        );
+        if self.hold == "sleep" {
+            ctx.sleep(Duration::from_millis(2500)).await?;
+            return Ok(ApprovalNext::Done {
+                receipt,
+                approver: "timer".into(),
+            });
+        }
+        let approver: String = ctx.wait_for("approve").await?;
+        Ok(ApprovalNext::Done { receipt, approver })
+    }
+}
+
+/// The child: drives run `job` in the store under `LOOPS_DIR`, then prints its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "run by the other tests of this file as their child process"]
+async fn child_process() {
+    // Reads FAILPOINTS (fault points exist with the `failpoints` feature only).
+    let _scenario = fail::FailScenario::setup();
+    let dir = PathBuf::from(std::env::var("LOOPS_DIR").expect("LOOPS_DIR"));
+    let hold = std::env::var("LOOPS_HOLD").unwrap_or_default();
+    let runtime = Runtime::builder()
+        .retry(
+            RetryPolicy::attempts(3)
+                .with_delays(Duration::from_millis(2000), Duration::from_secs(5))
+                .with_jitter(0.0),
+        )
+        .park_threshold(Duration::from_millis(100))
+        .open(dir.join("store.redb"))
+        .unwrap();
+    let handler = Agent { dir, hold };
+    match runtime.run("job", Job::Start { n: 7 }, &handler).await {
+        Ok(done) => println!("ended {}", serde_json::to_string(&done).unwrap()),
+        Err(e) => println!("error {e}"),
+    }
+}
+
+/// Starts the child; returns it and a channel of its stdout lines.
+fn spawn_child(dir: &Path, hold: &str) -> (Child, mpsc::Receiver<String>) {
+    spawn_child_with(dir, hold, "")
+}
+
+/// Starts the child with `FAILPOINTS` set to `failpoints`.
+#[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
+fn spawn_child_with(dir: &Path, hold: &str, failpoints: &str) -> (Child, mpsc::Receiver<String>) {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "child_process",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("LOOPS_DIR", dir)
+        .env("LOOPS_HOLD", hold)
+        .env("FAILPOINTS", failpoints)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    (child, rx)
+}
+
+/// Waits for a line that contains `marker` and returns it from the marker on (libtest may
+/// print `test child_process ... ` before it on the same line); panics after 30 s.
+fn expect_line(rx: &mpsc::Receiver<String>, marker: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                if let Some(at) = line.find(marker) {
+                    return line[at..].to_owned();
+                }
+            }
+            Err(e) => panic!("no line containing {marker:?}: {e}"),
+        }
+    }
+}
+
+/// Kills the child when dropped, so that a failing test leaves no process behind.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Runs the child at `hold`, SIGKILLs it when it holds there.
+fn kill_at(dir: &Path, hold: &str) {
+    let (child, rx) = spawn_child(dir, hold);
+    let _child = Killed(child);
+    expect_line(&rx, &format!("holding {hold}"));
+}
+
+/// Runs the child without holding until it prints its end; returns that line.
+fn finish(dir: &Path, hold: &str) -> String {
+    let (child, rx) = spawn_child(dir, hold);
+    let mut child = Killed(child);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let end = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = rx
+            .recv_timeout(left)
+            .unwrap_or_else(|e| panic!("the child never ended: {e}"));
+        if let Some(at) = line.find("ended ").or_else(|| line.find("error ")) {
+            break line[at..].to_owned();
+        }
+    };
+    child.0.wait().unwrap();
+    end
+}
+
+fn lines(dir: &Path, file: &str) -> Vec<String> {
+    std::fs::read_to_string(dir.join(file))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Entries per (state, seq): how many times each handler was entered.
+fn entries(dir: &Path) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for line in lines(dir, "entries") {
+        let key = line.rsplit_once(' ').unwrap().0.to_owned();
+        *out.entry(key).or_default() += 1;
+    }
+    out
+}
+
+fn history(dir: &Path) -> Vec<(u64, String)> {
+    let runtime = Runtime::open(dir.join("store.redb")).unwrap();
+    runtime
+        .store()
+        .history("job")
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.seq, r.state))
+        .collect()
+}
+
+fn full_history() -> Vec<(u64, String)> {
+    ["Start", "Effect", "Approval", "Done"]
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (i as u64, (*s).to_owned()))
+        .collect()
+}
+
+/// Sends the approval while no process drives the run.
+async fn approve(dir: &Path, who: &str) {
+    let runtime = Runtime::open(dir.join("store.redb")).unwrap();
+    runtime.send("job", "approve", who).await.unwrap();
+}
+
+fn counts(pairs: &[(&str, usize)]) -> BTreeMap<String, usize> {
+    pairs.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect()
+}
+
+#[tokio::test]
+async fn killed_inside_a_step_repeats_only_the_unrecorded_effect_under_the_same_key() {
+    let dir = tempfile::tempdir().unwrap();
+    kill_at(dir.path(), "in_step");
+    // The effect happened, its record did not commit: the one window. It runs again on
+    // resume, with the same idempotency key, so the outside system can refuse it.
+    approve(dir.path(), "ann").await;
+    let end = finish(dir.path(), "");
+    assert_eq!(
+        end,
+        r#"ended {"Done":{"receipt":"receipt-7","approver":"ann"}}"#
+    );
+    let ledger = lines(dir.path(), "ledger");
+    assert_eq!(ledger.len(), 2, "{ledger:?}");
+    assert_eq!(ledger[0], ledger[1], "both executions used the same key");
+    assert_eq!(
+        entries(dir.path()),
+        counts(&[("Start 0", 1), ("Effect 1", 2), ("Approval 2", 1)])
+    );
+    assert_eq!(history(dir.path()), full_history());
+}
+
+#[tokio::test]
+async fn killed_after_a_step_record_replays_the_step_without_running_it() {
+    let dir = tempfile::tempdir().unwrap();
+    kill_at(dir.path(), "after_step");
+    approve(dir.path(), "bob").await;
+    let end = finish(dir.path(), "");
+    assert_eq!(
+        end,
+        r#"ended {"Done":{"receipt":"receipt-7","approver":"bob"}}"#
+    );
+    assert_eq!(
+        lines(dir.path(), "ledger").len(),
+        1,
+        "the recorded step did not run again"
+    );
+    assert_eq!(
+        entries(dir.path()),
+        counts(&[("Start 0", 1), ("Effect 1", 2), ("Approval 2", 1)])
+    );
+    assert_eq!(history(dir.path()), full_history());
+}
+
+#[tokio::test]
+async fn killed_after_a_transition_does_not_handle_the_committed_state_again() {
+    let dir = tempfile::tempdir().unwrap();
+    // Held at the entry of Start: nothing committed but the run's creation.
+    kill_at(dir.path(), "start");
+    approve(dir.path(), "cy").await;
+    finish(dir.path(), "");
+    assert_eq!(
+        entries(dir.path()),
+        counts(&[("Start 0", 2), ("Effect 1", 1), ("Approval 2", 1)])
+    );
+    assert_eq!(lines(dir.path(), "ledger").len(), 1);
+    assert_eq!(history(dir.path()), full_history());
+}
+
+#[tokio::test]
+async fn killed_while_waiting_gets_the_event_sent_while_it_was_down_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (child, _rx) = spawn_child(dir.path(), "");
+    let child = Killed(child);
+    // The child holds the store, so watch its entries: once Approval is entered, the wait
+    // parks within a commit; leave it ample time, then check that it did.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !lines(dir.path(), "entries")
+        .iter()
+        .any(|l| l.starts_with("Approval"))
+    {
+        assert!(Instant::now() < deadline, "the run never reached Approval");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    drop(child);
+    let runtime = Runtime::open(dir.path().join("store.redb")).unwrap();
+    let info = runtime.run_info("job").unwrap().unwrap();
+    assert_eq!(info.status, RunStatus::Waiting);
+    assert_eq!(info.wait.unwrap().event.as_deref(), Some("approve"));
+    let sent = runtime
+        .send_with_key("job", "approve", "ticket-1", "dee")
+        .await
+        .unwrap();
+    let again = runtime
+        .send_with_key("job", "approve", "ticket-1", "dee")
+        .await
+        .unwrap();
+    assert!(!sent.duplicate && again.duplicate);
+    drop(runtime);
+    let end = finish(dir.path(), "");
+    assert_eq!(
+        end,
+        r#"ended {"Done":{"receipt":"receipt-7","approver":"dee"}}"#
+    );
+    let runtime = Runtime::open(dir.path().join("store.redb")).unwrap();
+    let events = runtime.store().events("job").unwrap();
+    assert_eq!(events.len(), 1, "the duplicate send wrote nothing");
+    assert!(events[0].2, "delivered");
+    assert_eq!(runtime.store().history("job").unwrap().len(), 4);
+    drop(runtime);
+    // Approval was entered twice: once to park, once after the restart to take the event.
+    assert_eq!(
+        entries(dir.path()),
+        counts(&[("Start 0", 1), ("Effect 1", 1), ("Approval 2", 2)])
+    );
+}
+
+#[tokio::test]
+async fn killed_during_a_retry_back_off_waits_only_the_remainder() {
+    let dir = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    let (child, rx) = spawn_child(dir.path(), "fail_first");
+    let child = Killed(child);
+    expect_line(&rx, "failing attempt 1");
+    std::thread::sleep(Duration::from_millis(700));
+    drop(child);
+    approve(dir.path(), "eve").await;
+    let end = finish(dir.path(), "fail_first");
+    let elapsed = started.elapsed();
+    assert_eq!(
+        end,
+        r#"ended {"Done":{"receipt":"receipt-7","approver":"eve"}}"#
+    );
+    // The back-off is 2 s from the failure; a restart must not start it over.
+    assert!(elapsed >= Duration::from_millis(2000), "{elapsed:?}");
+    assert!(
+        elapsed < Duration::from_millis(2000 + 700 + 1800),
+        "{elapsed:?}"
+    );
+    let runtime = Runtime::open(dir.path().join("store.redb")).unwrap();
+    let failures = runtime.store().failures("job").unwrap();
+    let summary: Vec<(u64, u32, String)> = failures
+        .iter()
+        .map(|(seq, f)| (*seq, f.attempt, f.errors.join(": ")))
+        .collect();
+    assert_eq!(summary, vec![(1, 1, "attempt 1 fails".to_owned())]);
+    assert_eq!(
+        entries(dir.path()),
+        counts(&[("Start 0", 1), ("Effect 1", 2), ("Approval 2", 1)])
+    );
+}
+
+#[tokio::test]
+async fn a_state_that_crashes_the_process_every_time_fails_after_its_attempts() {
+    let dir = tempfile::tempdir().unwrap();
+    for _ in 0..3 {
+        let (mut child, _rx) = spawn_child(dir.path(), "abort");
+        let status = child.wait().unwrap();
+        assert!(!status.success(), "the child aborts");
+    }
+    let end = finish(dir.path(), "abort");
+    assert_eq!(
+        end,
+        "error run `job` failed in state `Effect` (seq 1) after 3 attempts: the process stopped while this attempt ran"
+    );
+    assert_eq!(
+        entries(dir.path()),
+        counts(&[("Start 0", 1), ("Effect 1", 3)])
+    );
+    let runtime = Runtime::open(dir.path().join("store.redb")).unwrap();
+    let info = runtime.run_info("job").unwrap().unwrap();
+    assert_eq!((info.status, info.attempt), (RunStatus::Failed, 3));
+    let attempts: Vec<u32> = runtime
+        .store()
+        .failures("job")
+        .unwrap()
+        .iter()
+        .map(|(_, f)| f.attempt)
+        .collect();
+    assert_eq!(attempts, vec![1, 2, 3]);
+}
+
+#[tokio::test]
+async fn a_parked_sleep_killed_midway_sleeps_only_the_remainder() {
+    let dir = tempfile::tempdir().unwrap();
+    let (child, _rx) = spawn_child(dir.path(), "sleep");
+    let child = Killed(child);
+    let started = Instant::now();
+    while !lines(dir.path(), "entries")
+        .iter()
+        .any(|l| l.starts_with("Approval"))
+    {
+        assert!(started.elapsed() < Duration::from_secs(30));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let entered = Instant::now();
+    std::thread::sleep(Duration::from_millis(1200));
+    drop(child);
+    let end = finish(dir.path(), "sleep");
+    let elapsed = entered.elapsed();
+    assert_eq!(
+        end,
+        r#"ended {"Done":{"receipt":"receipt-7","approver":"timer"}}"#
+    );
+    assert!(
+        elapsed >= Duration::from_millis(2400),
+        "woke early: {elapsed:?}"
+    );
+    assert!(
+        elapsed < Duration::from_millis(2500 + 1500),
+        "slept again: {elapsed:?}"
+    );
+}
+
+/// One test per fault point of the commit path: the child aborts there (as a crash would stop
+/// it), the approval is sent while it is down, and a restart finishes the run. Each asserts the
+/// exact recovery: history, handler entries and side effects.
+#[cfg(feature = "failpoints")]
+mod failpoints {
+    use std::os::unix::process::ExitStatusExt;
+
+    use super::*;
+
+    /// Runs the child until the fault point aborts it.
+    fn abort_at(dir: &Path, failpoints: &str) {
+        let (child, _rx) = spawn_child_with(dir, "", failpoints);
+        let mut child = Killed(child);
+        let status = child.0.wait().unwrap();
+        assert_eq!(
+            status.signal(),
+            Some(6),
+            "{failpoints}: expected SIGABRT, got {status:?}"
+        );
+    }
+
+    async fn recover(dir: &Path) {
+        approve(dir, "fp").await;
+        let end = finish(dir, "");
+        assert_eq!(
+            end,
+            r#"ended {"Done":{"receipt":"receipt-7","approver":"fp"}}"#
+        );
+        assert_eq!(history(dir), full_history());
+    }
+
+    #[tokio::test]
+    async fn before_a_step_runs_its_effect() {
+        let dir = tempfile::tempdir().unwrap();
+        abort_at(dir.path(), "loops::step::before_effect=return");
+        assert!(lines(dir.path(), "ledger").is_empty());
+        recover(dir.path()).await;
+        assert_eq!(lines(dir.path(), "ledger").len(), 1);
+        assert_eq!(
+            entries(dir.path()),
+            counts(&[("Start 0", 1), ("Effect 1", 2), ("Approval 2", 1)])
+        );
+    }
+
+    #[tokio::test]
+    async fn after_a_step_effect_before_its_record() {
+        let dir = tempfile::tempdir().unwrap();
+        abort_at(dir.path(), "loops::step::after_effect=return");
+        recover(dir.path()).await;
+        let ledger = lines(dir.path(), "ledger");
+        assert_eq!(ledger.len(), 2, "the one window: the effect ran again");
+        assert_eq!(ledger[0], ledger[1], "with the same idempotency key");
+        assert_eq!(
+            entries(dir.path()),
+            counts(&[("Start 0", 1), ("Effect 1", 2), ("Approval 2", 1)])
+        );
+    }
+
+    #[tokio::test]
+    async fn after_a_step_record() {
+        let dir = tempfile::tempdir().unwrap();
+        abort_at(dir.path(), "loops::step::after_record=return");
+        recover(dir.path()).await;
+        assert_eq!(
+            lines(dir.path(), "ledger").len(),
+            1,
+            "the recorded step replayed"
+        );
+        assert_eq!(
+            entries(dir.path()),
+            counts(&[("Start 0", 1), ("Effect 1", 2), ("Approval 2", 1)])
+        );
+    }
+
+    #[tokio::test]
+    async fn before_a_transition_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        // The first transition (Start -> Effect) commits; the second aborts before its commit.
+        abort_at(dir.path(), "loops::transition::before_commit=1*off->return");
+        recover(dir.path()).await;
+        assert_eq!(lines(dir.path(), "ledger").len(), 1);
+        assert_eq!(
+            entries(dir.path()),
+            counts(&[("Start 0", 1), ("Effect 1", 2), ("Approval 2", 1)])
+        );
+    }
+
+    #[tokio::test]
+    async fn after_a_transition_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        abort_at(dir.path(), "loops::transition::after_commit=1*off->return");
+        recover(dir.path()).await;
+        assert_eq!(lines(dir.path(), "ledger").len(), 1);
+        // Effect's transition committed before the abort: Effect is not handled again.
+        assert_eq!(
+            entries(dir.path()),
+            counts(&[("Start 0", 1), ("Effect 1", 1), ("Approval 2", 1)])
+        );
+    }
+
+    #[tokio::test]
+    async fn during_a_resume() {
+        let dir = tempfile::tempdir().unwrap();
+        kill_at(dir.path(), "after_step");
+        abort_at(dir.path(), "loops::resume::after_read=return");
+        recover(dir.path()).await;
+        assert_eq!(lines(dir.path(), "ledger").len(), 1);
+        assert_eq!(
+            entries(dir.path()),
+            counts(&[("Start 0", 1), ("Effect 1", 2), ("Approval 2", 1)])
+        );
+    }
+
+    #[tokio::test]
+    async fn after_the_writer_commits_before_it_answers() {
+        let dir = tempfile::tempdir().unwrap();
+        // Commits: the run's creation, Start -> Effect, then the step's record, whose caller
+        // never hears back.
+        abort_at(dir.path(), "loops::writer::after_commit=2*off->return");
+        recover(dir.path()).await;
+        assert_eq!(
+            lines(dir.path(), "ledger").len(),
+            1,
+            "the step's record was durable"
+        );
+        assert_eq!(
+            entries(dir.path()),
+            counts(&[("Start 0", 1), ("Effect 1", 2), ("Approval 2", 1)])
+        );
+    }
+}

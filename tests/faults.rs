@@ -1,0 +1,403 @@
+//! Storage faults, corrupt files and bad input: every one is a typed error, the process stays
+//! usable, and nothing committed before is lost.
+
+use std::ops::Bound;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+use loops::{Context, Error, RedbStore, RetryPolicy, RunStatus, Runtime, StoreOptions, Workflow};
+use redb::backends::FileBackend;
+use redb::{BackendError, StorageBackend};
+use serde::{Deserialize, Serialize};
+
+#[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(name = "faulty")]
+enum Count {
+    #[initial]
+    #[next(Step, Done)]
+    Step { n: u32 },
+    #[terminal]
+    Done { n: u32 },
+}
+
+struct Counter;
+
+impl CountHandler for Counter {
+    type Error = loops::Error;
+
+    async fn step(&self, ctx: &Context, n: u32) -> Result<StepNext, Self::Error> {
+        let n: u32 = ctx
+            .step("inc", || async move { Ok::<_, loops::Error>(n + 1) })
+            .await?;
+        Ok(if n >= 5 {
+            StepNext::Done { n }
+        } else {
+            StepNext::Step { n }
+        })
+    }
+}
+
+/// What the faulty backend fails: nothing, writes (ENOSPC), syncs (EIO) or reads (EIO).
+const OK: u8 = 0;
+const WRITE: u8 = 1;
+const SYNC: u8 = 2;
+const READ: u8 = 3;
+
+/// A file backend that fails on demand.
+#[derive(Debug)]
+struct Faulty {
+    inner: FileBackend,
+    fault: Arc<AtomicU8>,
+}
+
+impl Faulty {
+    fn check(&self, what: u8, kind: std::io::ErrorKind) -> std::io::Result<()> {
+        if self.fault.load(Ordering::SeqCst) == what {
+            return Err(std::io::Error::from(kind));
+        }
+        Ok(())
+    }
+}
+
+impl StorageBackend for Faulty {
+    fn len(&self) -> std::io::Result<u64> {
+        self.inner.len()
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        self.check(READ, std::io::ErrorKind::Other)?;
+        self.inner.read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        self.check(WRITE, std::io::ErrorKind::StorageFull)?;
+        self.inner.set_len(len)
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        self.check(SYNC, std::io::ErrorKind::Other)?;
+        self.inner.sync_data()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        self.check(WRITE, std::io::ErrorKind::StorageFull)?;
+        self.inner.write(offset, data)
+    }
+    fn close(&self) -> std::io::Result<()> {
+        self.inner.close()
+    }
+    fn try_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
+        self.inner.try_lock_range(start, end)
+    }
+    fn try_lock_shared_range(
+        &self,
+        start: Bound<u64>,
+        end: Bound<u64>,
+    ) -> Result<bool, BackendError> {
+        self.inner.try_lock_shared_range(start, end)
+    }
+    fn lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.inner.lock_range(start, end)
+    }
+    fn lock_shared_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.inner.lock_shared_range(start, end)
+    }
+    fn unlock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<(), BackendError> {
+        self.inner.unlock_range(start, end)
+    }
+}
+
+fn faulty_runtime(path: &Path, fault: &Arc<AtomicU8>) -> Runtime {
+    let fault = Arc::clone(fault);
+    let file_path = path.to_path_buf();
+    let store = RedbStore::with_storage(path.to_path_buf(), StoreOptions::default(), move || {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&file_path)?;
+        Ok(Faulty {
+            inner: FileBackend::new(file).map_err(std::io::Error::other)?,
+            fault: Arc::clone(&fault),
+        })
+    })
+    .unwrap();
+    // A failed fsync may still have persisted its commit (the classic ambiguity): the run it
+    // created then counts one attempt as possibly started, as after a crash. Three attempts
+    // absorb that.
+    Runtime::builder()
+        .retry(RetryPolicy::attempts(3).with_delays(
+            std::time::Duration::from_millis(1),
+            std::time::Duration::from_millis(5),
+        ))
+        .build(store)
+}
+
+fn seqs(rt: &Runtime, run_id: &str) -> Vec<u64> {
+    rt.store()
+        .history(run_id)
+        .unwrap()
+        .iter()
+        .map(|r| r.seq)
+        .collect()
+}
+
+async fn fault_then_recover(fault_kind: u8) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let fault = Arc::new(AtomicU8::new(OK));
+    let rt = faulty_runtime(&path, &fault);
+    assert_eq!(
+        rt.run("before", Count::Step { n: 0 }, &Counter)
+            .await
+            .unwrap(),
+        Count::Done { n: 5 }
+    );
+    fault.store(fault_kind, Ordering::SeqCst);
+    let during = rt.run("during", Count::Step { n: 0 }, &Counter).await;
+    fault.store(OK, Ordering::SeqCst);
+    if fault_kind == READ {
+        // Reads of pages redb holds in its cache never reach the disk: a read fault may pass.
+        if let Err(e) = &during {
+            assert!(matches!(e, Error::Storage { .. }), "{e:?}");
+        }
+    } else {
+        let err = during.unwrap_err();
+        assert!(matches!(err, Error::Storage { .. }), "{err:?}");
+    }
+    // The fault cleared: the same process goes on, the interrupted run resumes, and what was
+    // committed before the fault is all there.
+    assert_eq!(
+        rt.run("during", Count::Step { n: 0 }, &Counter)
+            .await
+            .unwrap(),
+        Count::Done { n: 5 }
+    );
+    assert_eq!(
+        rt.run("after", Count::Step { n: 0 }, &Counter)
+            .await
+            .unwrap(),
+        Count::Done { n: 5 }
+    );
+    assert_eq!(seqs(&rt, "before"), (0..=5).collect::<Vec<_>>());
+    assert_eq!(seqs(&rt, "during"), (0..=5).collect::<Vec<_>>());
+    assert_eq!(seqs(&rt, "after"), (0..=5).collect::<Vec<_>>());
+    drop(rt);
+    // And after a restart.
+    let rt = Runtime::open(&path).unwrap();
+    assert_eq!(rt.list_runs(RunStatus::Completed, None).unwrap().len(), 3);
+}
+
+#[tokio::test]
+async fn enospc_on_write_is_a_typed_error_and_the_store_recovers() {
+    fault_then_recover(WRITE).await;
+}
+
+#[tokio::test]
+async fn eio_on_sync_is_a_typed_error_and_the_store_recovers() {
+    fault_then_recover(SYNC).await;
+}
+
+#[tokio::test]
+async fn eio_on_read_is_a_typed_error_and_the_store_recovers() {
+    fault_then_recover(READ).await;
+}
+
+#[tokio::test]
+async fn a_fault_that_lasts_fails_every_commit_without_losing_anything() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let fault = Arc::new(AtomicU8::new(OK));
+    let rt = faulty_runtime(&path, &fault);
+    rt.run("before", Count::Step { n: 0 }, &Counter)
+        .await
+        .unwrap();
+    fault.store(WRITE, Ordering::SeqCst);
+    for i in 0..3 {
+        let err = rt
+            .run(&format!("r{i}"), Count::Step { n: 0 }, &Counter)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::Storage { .. }), "{err:?}");
+    }
+    fault.store(OK, Ordering::SeqCst);
+    assert_eq!(seqs(&rt, "before"), (0..=5).collect::<Vec<_>>());
+    rt.run("r0", Count::Step { n: 0 }, &Counter).await.unwrap();
+}
+
+/// A store with three completed runs, closed cleanly.
+async fn good_store(dir: &Path) -> PathBuf {
+    let path = dir.join("store.redb");
+    let rt = Runtime::open(&path).unwrap();
+    for i in 0..3 {
+        rt.run(&format!("r{i}"), Count::Step { n: 0 }, &Counter)
+            .await
+            .unwrap();
+    }
+    path
+}
+
+fn assert_open_fails(path: &Path, what: &str) {
+    match Runtime::open(path) {
+        Err(Error::Open { path: p, source }) => {
+            assert_eq!(p, path, "{what}");
+            assert!(!source.to_string().is_empty());
+        }
+        Err(other) => panic!("{what}: expected Error::Open, got {other:?}"),
+        Ok(rt) => {
+            let n = rt.list_runs(RunStatus::Completed, None).map(|v| v.len());
+            panic!("{what}: opened (completed runs: {n:?})");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_truncated_file_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = good_store(dir.path()).await;
+    let len = std::fs::metadata(&path).unwrap().len();
+    for keep in [len / 2, 4096, 100] {
+        let copy = dir.path().join(format!("trunc-{keep}.redb"));
+        std::fs::copy(&path, &copy).unwrap();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&copy)
+            .unwrap()
+            .set_len(keep)
+            .unwrap();
+        assert_open_fails(&copy, &format!("truncated to {keep} bytes"));
+    }
+}
+
+#[tokio::test]
+async fn flipped_bytes_are_refused_or_harmless_never_silent() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = good_store(dir.path()).await;
+    let original = std::fs::read(&path).unwrap();
+    let mut refused = 0;
+    // Every 512th byte of the file, one at a time.
+    for offset in (0..original.len()).step_by(512) {
+        let mut bytes = original.clone();
+        bytes[offset] ^= 0x5a;
+        let copy = dir.path().join("flipped.redb");
+        std::fs::write(&copy, &bytes).unwrap();
+        match Runtime::open(&copy) {
+            Err(Error::Open { .. }) => refused += 1,
+            Err(other) => panic!("flip at {offset}: unexpected error {other:?}"),
+            Ok(rt) => {
+                // The flip hit a byte no committed tree uses (free space, an old page):
+                // every record must read back exactly as written.
+                for i in 0..3 {
+                    let run = format!("r{i}");
+                    let history = rt
+                        .history::<Count>(&run)
+                        .unwrap_or_else(|e| panic!("flip at {offset}: opened, then {e:?}"));
+                    assert_eq!(history.len(), 6, "flip at {offset}");
+                    assert_eq!(history[5].value, Count::Done { n: 5 });
+                }
+            }
+        }
+    }
+    assert!(refused > 0, "no flip was detected at all");
+}
+
+#[tokio::test]
+async fn a_file_that_is_not_a_store_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("notes.redb");
+    std::fs::write(&text, "just some notes\n").unwrap();
+    assert_open_fails(&text, "a text file");
+    let zeros = dir.path().join("zeros.redb");
+    std::fs::write(&zeros, vec![0u8; 16384]).unwrap();
+    assert_open_fails(&zeros, "zeros");
+    // The refusal left the files alone.
+    assert_eq!(std::fs::read(&text).unwrap(), b"just some notes\n");
+    let dir_path = dir.path().join("a-directory");
+    std::fs::create_dir(&dir_path).unwrap();
+    assert_open_fails(&dir_path, "a directory");
+}
+
+#[tokio::test]
+async fn a_record_that_does_not_decode_names_its_run_and_seq_and_spares_other_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = good_store(dir.path()).await;
+    {
+        // Edit r1's record at seq 3 by hand, as a foreign tool might.
+        let db = redb::Database::open(&path).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let table: redb::TableDefinition<(&str, u64), &[u8]> =
+                redb::TableDefinition::new("journal");
+            let mut journal = txn.open_table(table).unwrap();
+            journal
+                .insert(
+                    ("r1", 3),
+                    br#"{"seq":3,"state":"Step","at_ms":1,"schema":"zz"}"#.as_slice(),
+                )
+                .unwrap();
+            journal
+                .insert(
+                    ("r2", 5),
+                    br#"{"seq":5,"state":"Done","at_ms":1,"schema":"0000000000000000","payload":{"Done":{"n":"five"}}}"#
+                        .as_slice(),
+                )
+                .unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let rt = Runtime::open(&path).unwrap();
+    match rt.history::<Count>("r1") {
+        Err(Error::Decode { run_id, seq, .. }) => assert_eq!((run_id.as_str(), seq), ("r1", 3)),
+        other => panic!("expected Decode for r1 seq 3, got {other:?}"),
+    }
+    match rt.run("r2", Count::Step { n: 0 }, &Counter).await {
+        Err(Error::SchemaMismatch { run_id, .. }) => assert_eq!(run_id, "r2"),
+        other => panic!("expected a refusal for r2, got {other:?}"),
+    }
+    match rt.history::<Count>("r2") {
+        Err(Error::Decode {
+            run_id, seq, state, ..
+        }) => {
+            assert_eq!((run_id.as_str(), seq, state.as_str()), ("r2", 5, "Done"));
+        }
+        other => panic!("expected Decode for r2 seq 5, got {other:?}"),
+    }
+    // Other runs are unaffected.
+    assert_eq!(rt.history::<Count>("r0").unwrap().len(), 6);
+    assert_eq!(
+        rt.run("r0", Count::Step { n: 0 }, &Counter).await.unwrap(),
+        Count::Done { n: 5 }
+    );
+    assert_eq!(
+        rt.run("r3", Count::Step { n: 0 }, &Counter).await.unwrap(),
+        Count::Done { n: 5 }
+    );
+}
+
+#[tokio::test]
+async fn run_ids_and_payload_limits_are_enforced_before_writing() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let rt = Runtime::builder()
+        .max_payload_bytes(64)
+        .open(&path)
+        .unwrap();
+    for (id, reason) in [
+        ("", "empty"),
+        ("tab\there", "contains control characters"),
+        ("nul\0", "contains control characters"),
+        (&"é".repeat(129)[..], "longer than 256 bytes"),
+    ] {
+        match rt.run(id, Count::Step { n: 0 }, &Counter).await {
+            Err(Error::InvalidRunId { reason: r, .. }) => assert_eq!(r, reason, "{id:?}"),
+            other => panic!("{id:?}: expected InvalidRunId, got {other:?}"),
+        }
+    }
+    // Exactly 256 bytes, any Unicode: accepted.
+    let long = "ü".repeat(128);
+    rt.run(&long, Count::Step { n: 0 }, &Counter).await.unwrap();
+    let big = "x".repeat(100);
+    match rt.send(&long, "e", &big).await {
+        Err(Error::RunEnded { .. }) | Err(Error::PayloadTooLarge { .. }) => {}
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert_eq!(rt.list_runs(RunStatus::Completed, None).unwrap().len(), 1);
+}
