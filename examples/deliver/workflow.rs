@@ -7,7 +7,7 @@
 //!
 //! This file depends on nothing but `loops` and `serde`, so that tests can include it.
 
-use loops::Workflow;
+use loops::{Schema, Workflow};
 use serde::{Deserialize, Serialize};
 
 /// Fix rounds (test, fix, commit) a run may take after the planned edit before it gives up.
@@ -80,7 +80,7 @@ pub enum Deliver {
 }
 
 /// An issue, as the tracker gives it.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[derive(Schema, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct Issue {
     /// The issue's number.
     pub number: u64,
@@ -91,7 +91,7 @@ pub struct Issue {
 }
 
 /// The commit a run starts from, on the branch the pull request will target.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[derive(Schema, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct Base {
     /// The target branch (`main`).
     pub branch: String,
@@ -100,7 +100,7 @@ pub struct Base {
 }
 
 /// A change the model proposes: what it does and the edits that do it.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[derive(Schema, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct Change {
     /// One line, used as the commit subject.
     pub summary: String,
@@ -109,7 +109,7 @@ pub struct Change {
 }
 
 /// One textual edit: replace the only occurrence of `find` in `path` by `replace`.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[derive(Schema, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct Edit {
     /// The file, relative to the repository root.
     pub path: String,
@@ -120,7 +120,7 @@ pub struct Edit {
 }
 
 /// The work branch and what is committed on it.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[derive(Schema, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct Work {
     /// Where the work started.
     pub base: Base,
@@ -140,7 +140,7 @@ impl Work {
 }
 
 /// A commit the agent made.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[derive(Schema, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct Commit {
     /// The commit id (40 hex digits).
     pub id: String,
@@ -150,7 +150,7 @@ pub struct Commit {
 
 /// The outcome of one test run. Built from the test harness's output with everything that
 /// varies between runs (timings, thread ids, temporary paths) removed.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[derive(Schema, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct TestReport {
     /// Whether the test process exited with status 0: this alone decides what happens next.
     pub passed: bool,
@@ -189,7 +189,7 @@ impl TestReport {
 }
 
 /// One test and its result.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[derive(Schema, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct TestCase {
     /// The test's path (`tests::mean_of_three_values`).
     pub name: String,
