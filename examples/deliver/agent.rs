@@ -1,0 +1,432 @@
+//! The agent: the handler of each state of [`Deliver`](crate::workflow::Deliver).
+//!
+//! Every action that costs money or touches the outside world runs inside a journaled step
+//! (`ctx.step`): the model calls, each commit, each test run, the push and the pull request.
+//! When a handler runs again after a crash, steps that completed return their recorded output
+//! instead of running again. The two side effects that must not be repeated also carry the
+//! step's idempotency key to the outside system: the commit (as a trailer that a repeated
+//! commit step finds) and the pull request (as the forge's idempotency key). That closes the
+//! window between a side effect and its record.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Result;
+use loops::{Context, StepOptions};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::forge::{Forge, NewPullRequest, Opened};
+use crate::git::{Committed, Git};
+use crate::hooks::Hooks;
+use crate::model::{Decision, Model};
+use crate::testrun;
+use crate::workflow::{
+    Base, Change, DeliverHandler, EditedNext, Issue, MAX_FIX_ROUNDS, PlannedNext, ReceivedNext,
+    TestReport, TestedNext, Work,
+};
+
+/// Longest a model call may take before the attempt fails (and is retried).
+const MODEL_TIMEOUT: Duration = Duration::from_secs(120);
+/// Longest a build and run of the tests may take.
+const TEST_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The agent and everything it works with.
+pub struct Agent<M> {
+    /// Plans changes and fixes.
+    pub model: M,
+    /// The checkout it edits, commits and tests in.
+    pub git: Git,
+    /// The bare repository it pushes to.
+    pub remote: PathBuf,
+    /// Where pull requests are opened.
+    pub forge: Forge,
+    /// Scratch space for test builds.
+    pub scratch: PathBuf,
+    /// The entry hooks.
+    pub hooks: Hooks,
+}
+
+impl<M: Model> Agent<M> {
+    /// Marks the entry of the handler `ctx` belongs to, printing `line`.
+    async fn enter(&self, ctx: &Context, line: &str) -> Result<()> {
+        let mut line = line.to_owned();
+        if ctx.attempt() > 1 {
+            line.push_str(&format!(" [attempt {}]", ctx.attempt()));
+        }
+        self.hooks
+            .enter(ctx.seq(), ctx.state(), Some(ctx.attempt()), &line)
+            .await
+    }
+
+    /// Runs `f` as the journaled step `name` and says whether it ran now (`false`: its output
+    /// was recorded by an earlier attempt and `f` did not run).
+    async fn step<T, F, Fut>(
+        &self,
+        ctx: &Context,
+        name: &str,
+        options: StepOptions,
+        f: F,
+    ) -> Result<(T, bool)>
+    where
+        T: Serialize + DeserializeOwned + Send,
+        F: FnOnce() -> Fut + Send,
+        Fut: Future<Output = Result<T>> + Send,
+    {
+        let ran = AtomicBool::new(false);
+        let output = ctx
+            .step_with(name, options, || {
+                ran.store(true, Ordering::SeqCst);
+                f()
+            })
+            .await?;
+        let ran = ran.load(Ordering::SeqCst);
+        if !ran {
+            println!("  {name}: recorded by an earlier attempt, not run again");
+        }
+        Ok((output, ran))
+    }
+
+    /// Commits `change` on top of `parent` as the step `commit`, exactly once.
+    async fn commit(
+        &self,
+        ctx: &Context,
+        branch: &str,
+        parent: &str,
+        change: &Change,
+        body: &str,
+    ) -> Result<Committed> {
+        // Taken outside the step: the key must be the same on every execution.
+        let key = ctx.idempotency_key("commit")?;
+        let (committed, ran) = self
+            .step(ctx, "commit", StepOptions::default(), || {
+                self.git.commit_change(branch, parent, change, body, &key)
+            })
+            .await?;
+        if ran && !committed.created {
+            println!(
+                "  commit: {} exists already (found by its idempotency key), not committed again",
+                short(&committed.commit.id)
+            );
+        }
+        Ok(committed)
+    }
+}
+
+impl<M: Model> DeliverHandler for Agent<M> {
+    type Error = anyhow::Error;
+
+    async fn received(&self, ctx: &Context, issue: Issue, base: Base) -> Result<ReceivedNext> {
+        self.enter(
+            ctx,
+            &format!(
+                "issue #{} \"{}\", asking the model for a plan",
+                issue.number, issue.title
+            ),
+        )
+        .await?;
+        let (decision, _) = self
+            .step(ctx, "plan", StepOptions::timeout(MODEL_TIMEOUT), || async {
+                let sources = self.git.sources(&base.commit).await?;
+                self.model.plan(&issue, &sources).await
+            })
+            .await?;
+        Ok(match decision {
+            Decision::Plan(plan) => ReceivedNext::Planned { issue, base, plan },
+            Decision::Decline { reason } => ReceivedNext::Abandoned { reason },
+        })
+    }
+
+    async fn planned(
+        &self,
+        ctx: &Context,
+        issue: Issue,
+        base: Base,
+        plan: Change,
+    ) -> Result<PlannedNext> {
+        let branch = work_branch(ctx.run_id());
+        let files = files_of(&plan);
+        self.enter(
+            ctx,
+            &format!(
+                "\"{}\": {} to {files}, committing on {branch}",
+                plan.summary,
+                count(plan.edits.len(), "edit")
+            ),
+        )
+        .await?;
+        let body = format!("Planned for issue #{}: {}", issue.number, issue.title);
+        let committed = self
+            .commit(ctx, &branch, &base.commit, &plan, &body)
+            .await?;
+        Ok(PlannedNext::Edited {
+            issue,
+            work: Work {
+                base,
+                branch,
+                commits: vec![committed.commit],
+            },
+            round: 0,
+        })
+    }
+
+    async fn edited(
+        &self,
+        ctx: &Context,
+        issue: Issue,
+        work: Work,
+        round: u32,
+    ) -> Result<EditedNext> {
+        let head = work.head().to_owned();
+        self.enter(
+            ctx,
+            &format!(
+                "commit {} on {}, running the tests",
+                short(&head),
+                work.branch
+            ),
+        )
+        .await?;
+        let (report, _) = self
+            .step(ctx, "test", StepOptions::timeout(TEST_TIMEOUT), || {
+                testrun::run_tests(&self.git, &head, &self.scratch)
+            })
+            .await?;
+        Ok(EditedNext::Tested {
+            issue,
+            work,
+            round,
+            report,
+        })
+    }
+
+    async fn tested(
+        &self,
+        ctx: &Context,
+        issue: Issue,
+        mut work: Work,
+        round: u32,
+        report: TestReport,
+    ) -> Result<TestedNext> {
+        let outcome = report.describe();
+        if report.passed {
+            self.enter(
+                ctx,
+                &format!(
+                    "{outcome}, pushing {} and opening a pull request",
+                    work.branch
+                ),
+            )
+            .await?;
+            return self.deliver(ctx, &issue, &work).await;
+        }
+        if round >= MAX_FIX_ROUNDS {
+            self.enter(
+                ctx,
+                &format!("{outcome} after {round} fix rounds, giving up"),
+            )
+            .await?;
+            return Ok(TestedNext::Abandoned {
+                reason: format!("{outcome} after {round} fix rounds on {}", work.branch),
+            });
+        }
+        let round = round + 1;
+        self.enter(ctx, &format!("{outcome}, fixing (round {round})"))
+            .await?;
+        let head = work.head().to_owned();
+        let (fix, _) = self
+            .step(ctx, "fix", StepOptions::timeout(MODEL_TIMEOUT), || async {
+                let sources = self.git.sources(&head).await?;
+                self.model.fix(&issue, &sources, &report).await
+            })
+            .await?;
+        let Some(fix) = fix else {
+            let failing: Vec<&str> = report.failed().map(|t| t.name.as_str()).collect();
+            return Ok(TestedNext::Abandoned {
+                reason: format!(
+                    "{outcome} and the model has no fix (failing: {})",
+                    if failing.is_empty() {
+                        "none named".to_owned()
+                    } else {
+                        failing.join(", ")
+                    }
+                ),
+            });
+        };
+        let body = format!("Fix round {round} for issue #{}: {}", issue.number, outcome);
+        let committed = self.commit(ctx, &work.branch, &head, &fix, &body).await?;
+        work.commits.push(committed.commit);
+        Ok(TestedNext::Edited { issue, work, round })
+    }
+}
+
+impl<M: Model> Agent<M> {
+    /// Pushes the work branch and opens its pull request: two steps, the second with the
+    /// forge's idempotency key.
+    async fn deliver(&self, ctx: &Context, issue: &Issue, work: &Work) -> Result<TestedNext> {
+        let head = work.head().to_owned();
+        self.step(ctx, "push", StepOptions::default(), || async {
+            self.git.push(&self.remote, &head, &work.branch).await
+        })
+        .await?;
+        let key = ctx.idempotency_key("open_pr")?;
+        let request = NewPullRequest {
+            title: format!("Fix #{}: {}", issue.number, issue.title),
+            body: pull_request_body(issue, work),
+            base: work.base.branch.clone(),
+            head: work.branch.clone(),
+            head_commit: head.clone(),
+        };
+        let (opened, ran): (Opened, bool) = self
+            .step(ctx, "open_pr", StepOptions::default(), || {
+                self.forge.open_pull_request(&request, &key)
+            })
+            .await?;
+        if ran && !opened.created {
+            println!(
+                "  open_pr: #{} exists already for this idempotency key, not opened again",
+                opened.pull_request.number
+            );
+        }
+        let pull = opened.pull_request;
+        Ok(TestedNext::PrOpened {
+            number: pull.number,
+            url: pull.url,
+            branch: work.branch.clone(),
+            head,
+        })
+    }
+}
+
+/// The pull request's description: the issue and the commits.
+fn pull_request_body(issue: &Issue, work: &Work) -> String {
+    let mut body = format!("Closes #{}.\n\n", issue.number);
+    for commit in &work.commits {
+        body.push_str(&format!("- {} {}\n", short(&commit.id), commit.subject));
+    }
+    body.push_str("\nAll tests pass.\n");
+    body
+}
+
+/// The work branch of a run: `loops/<run id>`, with characters git refuses in branch names
+/// replaced by `-`.
+pub fn work_branch(run_id: &str) -> String {
+    let name: String = run_id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    format!("loops/{name}")
+}
+
+/// The first 7 digits of a commit id.
+pub fn short(id: &str) -> &str {
+    id.get(..7).unwrap_or(id)
+}
+
+fn count(n: usize, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
+    }
+}
+
+fn files_of(change: &Change) -> String {
+    let mut files: Vec<&str> = change.edits.iter().map(|e| e.path.as_str()).collect();
+    files.dedup();
+    files.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use loops::{Runtime, StateId as _};
+
+    use super::*;
+    use crate::model::ScriptedModel;
+    use crate::project::{self, Paths};
+    use crate::workflow::{Deliver, Edit};
+
+    #[test]
+    fn work_branches_are_valid_ref_names() {
+        assert_eq!(work_branch("deliver-1"), "loops/deliver-1");
+        assert_eq!(work_branch("a b/..c~^:"), "loops/a-b---c---");
+    }
+
+    /// Plans like the scripted model, but its "fixes" only touch a doc comment.
+    struct Stubborn;
+
+    impl Model for Stubborn {
+        async fn plan(
+            &self,
+            issue: &Issue,
+            sources: &[crate::git::SourceFile],
+        ) -> Result<Decision> {
+            ScriptedModel::demo().plan(issue, sources).await
+        }
+
+        async fn fix(
+            &self,
+            _: &Issue,
+            _: &[crate::git::SourceFile],
+            _: &TestReport,
+        ) -> Result<Option<Change>> {
+            Ok(Some(Change {
+                summary: "Polish the docs".into(),
+                edits: vec![Edit {
+                    path: "src/lib.rs".into(),
+                    find: "helpers.".into(),
+                    replace: "helpers.!".into(),
+                }],
+            }))
+        }
+    }
+
+    #[tokio::test]
+    async fn gives_up_when_the_fix_rounds_run_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = Paths::new(dir.path().to_path_buf(), None, None);
+        paths.create_workdir().unwrap();
+        let base = project::prepare(&paths).await.unwrap();
+        let agent = Agent {
+            model: Stubborn,
+            git: Git::new(&paths.repo),
+            remote: paths.remote.clone(),
+            forge: Forge::open(&paths.forge, &paths.remote, "demo").unwrap(),
+            scratch: paths.scratch.clone(),
+            hooks: Hooks::none(paths.entries_log.clone()),
+        };
+        let runtime = Runtime::open(&paths.store).unwrap();
+        let initial = Deliver::Received {
+            issue: project::issue(),
+            base,
+        };
+        let last = runtime.run("stubborn", initial, &agent).await.unwrap();
+        let Deliver::Abandoned { reason } = last else {
+            panic!("expected Abandoned, got {last:?}");
+        };
+        assert_eq!(
+            reason,
+            "1 of 2 tests fail after 3 fix rounds on loops/stubborn"
+        );
+        let states: Vec<&str> = runtime
+            .history::<Deliver>("stubborn")
+            .unwrap()
+            .iter()
+            .map(|t| t.state.name())
+            .collect();
+        let mut expected = vec!["Received", "Planned"];
+        for _ in 0..=MAX_FIX_ROUNDS {
+            expected.extend(["Edited", "Tested"]);
+        }
+        expected.push("Abandoned");
+        assert_eq!(states, expected);
+        assert!(agent.forge.pull_requests().unwrap().is_empty());
+    }
+}

@@ -1,0 +1,307 @@
+//! `deliver`: an agent that takes an issue to a pull request, durably.
+//!
+//! It plans a change with a model, commits it, runs the tests, asks the model to fix what
+//! still fails, and when the tests pass pushes a branch and opens a pull request. Every
+//! state it reaches is recorded in a loops store: kill the process at any moment, run the
+//! same command again, and it resumes from its last completed step without repeating a
+//! recorded side effect.
+//!
+//! ```text
+//! cargo run --example deliver            # run (or resume, or report) run `deliver-1`
+//! cargo run --example deliver -- --fresh # start over
+//! ```
+//!
+//! Everything is local and offline: a git repository holding a tiny Rust crate with two bugs,
+//! a bare repository as its remote, a directory as the forge, and a scripted stand-in for the
+//! model (see `model.rs` for the trait a real model client would implement).
+
+mod agent;
+mod forge;
+mod git;
+mod hooks;
+mod model;
+mod project;
+mod testrun;
+mod workflow;
+
+use std::io::IsTerminal as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use clap::Parser;
+use loops::{RetryPolicy, RunStatus, Runtime, StateId as _, Workflow as _};
+use tracing_subscriber::EnvFilter;
+
+use crate::agent::Agent;
+use crate::forge::Forge;
+use crate::git::Git;
+use crate::hooks::Hooks;
+use crate::model::ScriptedModel;
+use crate::project::Paths;
+use crate::workflow::Deliver;
+
+const HOOKS_HELP: &str = "\
+Logging: RUST_LOG=loops=info shows the store's commits; RUST_LOG=loops=info,deliver=debug also
+every git command. The default shows warnings only.
+
+For tests only (environment variables):
+  LOOPS_DELIVER_HOLD_AT_SEQ=k  at the entry of the state at seq k, print `holding at seq k`
+                               and wait forever (for a test to SIGKILL the process there)
+  LOOPS_DELIVER_STOP_AT_SEQ=k  at the entry of seq k, exit 0 without doing the state's work,
+                               closing the store cleanly
+Every state entry is appended to <workdir>/handler-entries.log as `seq state attempt`.";
+
+/// Takes an issue to a pull request with a durable agent: plan, edit, test, fix, push, open
+/// the pull request. Kill it at any moment and run it again: it resumes where it stopped.
+#[derive(Debug, Parser)]
+#[command(name = "deliver", after_help = HOOKS_HELP)]
+struct Cli {
+    /// The store file [default: <WORKDIR>/deliver.redb]
+    #[arg(long, value_name = "PATH")]
+    store: Option<PathBuf>,
+
+    /// Where the repository, its remote, the forge and the store live
+    #[arg(long, value_name = "DIR", default_value = "target/loops-demo")]
+    workdir: PathBuf,
+
+    /// The git checkout to work in [default: <WORKDIR>/repo, created with a tiny Rust crate]
+    #[arg(long, value_name = "PATH")]
+    repo: Option<PathBuf>,
+
+    /// The run's id, its idempotency key: running the same id again resumes or reports it
+    #[arg(long, value_name = "ID", default_value = "deliver-1")]
+    run_id: String,
+
+    /// Delete the store and the work directory first, and start over
+    #[arg(long)]
+    fresh: bool,
+
+    /// If the run failed (a state ran out of attempts), give it a fresh budget of attempts
+    /// and resume it
+    #[arg(long, conflicts_with = "fresh")]
+    retry: bool,
+}
+
+/// Attempts per state, counting attempts cut short by a crash: loops counts those too, so
+/// that a state that crashes the process every time ends the run instead of looping. This
+/// demo is meant to be killed over and over (20 kills in a row must not end it), hence a
+/// budget well above the default of 3, with short delays so that a state that really fails
+/// gives up within half a minute.
+const MAX_ATTEMPTS: u32 = 30;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    match run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    git::check_installed().await?;
+    testrun::check_rustc().await?;
+    let absolute = |p: &Path| {
+        std::path::absolute(p).with_context(|| format!("cannot resolve {}", p.display()))
+    };
+    let shown_store = cli
+        .store
+        .clone()
+        .unwrap_or_else(|| cli.workdir.join("deliver.redb"));
+    let paths = Paths::new(
+        absolute(&cli.workdir)?,
+        cli.store.as_deref().map(absolute).transpose()?,
+        cli.repo.as_deref().map(absolute).transpose()?,
+    );
+    if cli.fresh {
+        if paths.store.exists() {
+            // Fails at once if another process has the store open, before anything is deleted.
+            drop(loops::RedbStore::open(&paths.store).context("--fresh: cannot open the store")?);
+        }
+        paths.delete()?;
+    }
+    paths.create_workdir()?;
+    create_store_atomically(&paths.store)?;
+
+    let runtime = Runtime::builder()
+        .workflow::<Deliver>()
+        .retry(
+            RetryPolicy::attempts(MAX_ATTEMPTS)
+                .with_delays(Duration::from_millis(100), Duration::from_secs(1)),
+        )
+        .open(&paths.store)
+        .map_err(|e| match e {
+            loops::Error::SchemaMismatch { .. } => {
+                anyhow::anyhow!("{e}. Run with --fresh to start over, or use another --run-id")
+            }
+            loops::Error::StoreLocked { .. } => {
+                anyhow::anyhow!("{e}: is another `deliver` running?")
+            }
+            e => anyhow::Error::new(e).context("cannot open the store"),
+        })?;
+    println!("store:  {}", shown_store.display());
+    println!("run id: {}", cli.run_id);
+
+    let base = project::prepare(&paths).await?;
+    let hooks = Hooks::from_env(paths.entries_log.clone())?;
+    let agent = Agent {
+        model: ScriptedModel::demo(),
+        git: Git::new(&paths.repo),
+        remote: paths.remote.clone(),
+        forge: Forge::open(&paths.forge, &paths.remote, "demo")?,
+        scratch: paths.scratch.clone(),
+        hooks: hooks.clone(),
+    };
+
+    if cli.retry
+        && let Some(info) = runtime.run_info(&cli.run_id)?
+        && info.status == RunStatus::Failed
+    {
+        runtime.retry(&cli.run_id).await?;
+        println!(
+            "run {} failed at {} (seq {}); retrying it with a fresh budget of attempts",
+            cli.run_id, info.state, info.seq
+        );
+    }
+    report_start(&runtime, &cli.run_id)?;
+    let initial = Deliver::Received {
+        issue: project::issue(),
+        base,
+    };
+    let outcome = tokio::select! {
+        result = runtime.run(&cli.run_id, initial, &agent) => Some(result),
+        () = hooks.stopped() => None,
+    };
+    let Some(result) = outcome else {
+        // The stop hook fired: the handler was dropped before doing anything; closing the
+        // runtime closes the store file cleanly.
+        runtime.shutdown().await;
+        drop(runtime);
+        return Ok(());
+    };
+    let last = result.map_err(|e| match e {
+        loops::Error::RunFailed { .. } => anyhow::anyhow!(
+            "{e}. Run with --retry to resume it with a fresh budget of attempts, or with \
+             --fresh to start over"
+        ),
+        e => anyhow::Error::new(e),
+    })?;
+
+    let seq = runtime.run_info(&cli.run_id)?.map_or(0, |info| info.seq);
+    if hooks.stops_at(seq) {
+        println!("stopping at seq {seq} ({})", hooks::STOP_VAR);
+        return Ok(());
+    }
+    let state = last.state();
+    match &last {
+        Deliver::PrOpened {
+            number,
+            url,
+            branch,
+            head,
+        } => {
+            let line = format!(
+                "pull request #{number} {url} ({branch} at {})",
+                agent::short(head)
+            );
+            hooks.enter(seq, state.name(), None, &line).await?;
+            println!("pull request: {url}");
+            println!("  stored in {}", agent.forge.path_of(*number).display());
+        }
+        Deliver::Abandoned { reason } => {
+            hooks.enter(seq, state.name(), None, reason).await?;
+            println!("abandoned: nothing was pushed");
+        }
+        other => bail!("the run ended in a non-terminal state: {other:?}"),
+    }
+    Ok(())
+}
+
+/// Creates the store file, if it does not exist, so that no crash can leave it half-created.
+///
+/// When redb initializes a new file it writes the file's magic number last, and it refuses a
+/// file whose initialization was cut short ("Not a redb database: magic number mismatch"),
+/// so a kill in the first milliseconds of the very first run would break every later run.
+/// Initializing a temporary file and renaming it into place makes creation atomic.
+fn create_store_atomically(store: &Path) -> Result<()> {
+    if store.exists() {
+        return Ok(());
+    }
+    let dir = store.parent().unwrap_or(Path::new("."));
+    let name = store
+        .file_name()
+        .with_context(|| format!("{} has no file name", store.display()))?
+        .to_string_lossy()
+        .into_owned();
+    // What earlier attempts left behind, best effort.
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        let prefix = format!("{name}.tmp-");
+        for entry in entries.flatten() {
+            if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+    let tmp = dir.join(format!("{name}.tmp-{}", std::process::id()));
+    drop(
+        loops::RedbStore::open(&tmp)
+            .with_context(|| format!("cannot create the store {}", store.display()))?,
+    );
+    std::fs::rename(&tmp, store)
+        .with_context(|| format!("cannot move {} to {}", tmp.display(), store.display()))
+}
+
+/// Says whether the run is new, resumed (at which state, skipping which) or finished.
+fn report_start(runtime: &Runtime, run_id: &str) -> Result<()> {
+    let Some(info) = runtime.run_info(run_id)? else {
+        println!("starting a new run at Received");
+        return Ok(());
+    };
+    let history = runtime.history::<Deliver>(run_id)?;
+    let done: Vec<String> = history
+        .iter()
+        .filter(|t| t.seq < info.seq)
+        .map(|t| format!("{} ({})", t.state, t.seq))
+        .collect();
+    match info.status {
+        RunStatus::Completed => {
+            println!(
+                "run {run_id} completed already at {} (seq {}); reporting its result",
+                info.state, info.seq
+            );
+        }
+        RunStatus::Running => {
+            let last_attempt = match &info.error {
+                Some(errors) => format!("attempt {} failed: {}", info.attempt, errors.join(": ")),
+                None => format!("attempt {} was interrupted", info.attempt),
+            };
+            let skipped = if done.is_empty() {
+                "nothing".to_owned()
+            } else {
+                done.join(", ")
+            };
+            println!(
+                "resuming at {} (seq {}; {last_attempt}); skipping {skipped}: already recorded",
+                info.state, info.seq
+            );
+        }
+        status => {
+            println!(
+                "run {run_id} is {status} at {} (seq {})",
+                info.state, info.seq
+            );
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,299 @@
+//! The model the agent asks for plans and fixes, and an offline, deterministic stand-in.
+//!
+//! [`Model`] is what a real client (an LLM API) would implement. [`ScriptedModel`] plays its
+//! part without a network: it reads the issue, the sources and the failing tests, and answers
+//! from a small playbook of known bugs with concrete find/replace edits.
+
+use std::future::Future;
+
+use anyhow::Result;
+use serde::{Deserialize, Serialize};
+
+use crate::git::SourceFile;
+use crate::workflow::{Change, Edit, Issue, TestReport};
+
+/// Plans changes for issues and fixes for failing tests.
+///
+/// Implementations are called from journaled steps: each call's answer is recorded, and a
+/// resumed run reuses it instead of asking again.
+pub trait Model: Send + Sync {
+    /// Reads the issue and the sources and proposes a change, or declines the issue.
+    fn plan(
+        &self,
+        issue: &Issue,
+        sources: &[SourceFile],
+    ) -> impl Future<Output = Result<Decision>> + Send;
+
+    /// Reads the failing tests and proposes a change that makes them pass, or `None` if it
+    /// has none.
+    fn fix(
+        &self,
+        issue: &Issue,
+        sources: &[SourceFile],
+        report: &TestReport,
+    ) -> impl Future<Output = Result<Option<Change>>> + Send;
+}
+
+/// The model's answer to an issue.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Decision {
+    /// Work on it: the planned change.
+    Plan(Change),
+    /// Do not work on it, and why.
+    Decline {
+        /// Why, in one sentence.
+        reason: String,
+    },
+}
+
+/// One bug the scripted model knows how to fix: inside function `function`, replace `find`
+/// by `replace`.
+#[derive(Debug, Clone)]
+pub struct Recipe {
+    /// The function the bug is in.
+    pub function: &'static str,
+    /// The faulty text.
+    pub find: &'static str,
+    /// The fixed text.
+    pub replace: &'static str,
+    /// The commit subject of the fix.
+    pub summary: &'static str,
+}
+
+/// A deterministic, offline stand-in for a language model.
+///
+/// It plans a fix for each function the issue names (`add(2, 3)`), and fixes each function
+/// a failing test is named after (`tests::mean_of_three_values` names `mean`), provided its
+/// playbook has a recipe whose faulty text occurs in that function's body.
+#[derive(Debug, Clone)]
+pub struct ScriptedModel {
+    playbook: Vec<Recipe>,
+}
+
+impl ScriptedModel {
+    /// A model that knows the given recipes.
+    pub fn new(playbook: Vec<Recipe>) -> Self {
+        ScriptedModel { playbook }
+    }
+
+    /// A model that knows the two bugs of the demo crate.
+    pub fn demo() -> Self {
+        ScriptedModel::new(vec![
+            Recipe {
+                function: "add",
+                find: "a - b",
+                replace: "a + b",
+                summary: "Fix add(): add the arguments instead of subtracting them",
+            },
+            Recipe {
+                function: "mean",
+                find: "(values.len() - 1) as f64",
+                replace: "values.len() as f64",
+                summary: "Fix mean(): divide by the number of values, not one less",
+            },
+        ])
+    }
+
+    /// The edits and summaries for the bugs it knows in `functions`.
+    fn change_for(&self, functions: &[&str], sources: &[SourceFile]) -> Option<Change> {
+        let mut summaries = Vec::new();
+        let mut edits = Vec::new();
+        for recipe in &self.playbook {
+            if !functions.contains(&recipe.function) {
+                continue;
+            }
+            if let Some(edit) = sources.iter().find_map(|f| edit_in(f, recipe)) {
+                summaries.push(recipe.summary);
+                edits.push(edit);
+            }
+        }
+        (!edits.is_empty()).then(|| Change {
+            summary: summaries.join("; "),
+            edits,
+        })
+    }
+}
+
+impl Model for ScriptedModel {
+    async fn plan(&self, issue: &Issue, sources: &[SourceFile]) -> Result<Decision> {
+        let text = format!("{}\n{}", issue.title, issue.body);
+        let named: Vec<&str> = functions(sources)
+            .into_iter()
+            .filter(|f| text.contains(&format!("{f}(")))
+            .collect();
+        if named.is_empty() {
+            return Ok(Decision::Decline {
+                reason: format!(
+                    "issue #{} names no function of this crate, so there is nothing to fix",
+                    issue.number
+                ),
+            });
+        }
+        Ok(match self.change_for(&named, sources) {
+            Some(change) => Decision::Plan(change),
+            None => Decision::Decline {
+                reason: format!(
+                    "issue #{} is about {}, but I see no bug there",
+                    issue.number,
+                    named.join(", ")
+                ),
+            },
+        })
+    }
+
+    async fn fix(
+        &self,
+        _issue: &Issue,
+        sources: &[SourceFile],
+        report: &TestReport,
+    ) -> Result<Option<Change>> {
+        let all = functions(sources);
+        let failing: Vec<&str> = report
+            .failed()
+            .map(|t| t.name.rsplit("::").next().unwrap_or(&t.name))
+            .collect();
+        let named: Vec<&str> = all
+            .into_iter()
+            .filter(|f| {
+                failing
+                    .iter()
+                    .any(|t| *t == *f || t.starts_with(&format!("{f}_")))
+            })
+            .collect();
+        Ok(self.change_for(&named, sources))
+    }
+}
+
+/// The names of the functions defined in `sources` (`fn name(`), in order.
+fn functions(sources: &[SourceFile]) -> Vec<&str> {
+    let mut names = Vec::new();
+    for file in sources {
+        let mut rest = file.text.as_str();
+        while let Some(at) = rest.find("fn ") {
+            rest = &rest[at + 3..];
+            let end = rest
+                .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            if end > 0 && rest[end..].starts_with('(') && !names.contains(&&rest[..end]) {
+                names.push(&rest[..end]);
+            }
+        }
+    }
+    names
+}
+
+/// The body of function `name` in `text`: from its opening brace to the matching one.
+fn body<'a>(text: &'a str, name: &str) -> Option<&'a str> {
+    let start = text.find(&format!("fn {name}("))?;
+    let open = start + text[start..].find('{')?;
+    let mut depth = 0usize;
+    for (i, c) in text[open..].char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(&text[open..=open + i]);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The edit that applies `recipe` to `file`: the whole line holding the faulty text (inside
+/// the function), provided that line occurs exactly once in the file.
+fn edit_in(file: &SourceFile, recipe: &Recipe) -> Option<Edit> {
+    let body = body(&file.text, recipe.function)?;
+    let line = body.lines().find(|l| l.contains(recipe.find))?;
+    if file.text.matches(line).count() != 1 {
+        return None;
+    }
+    Some(Edit {
+        path: file.path.clone(),
+        find: line.to_owned(),
+        replace: line.replacen(recipe.find, recipe.replace, 1),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::project;
+    use crate::workflow::TestCase;
+
+    fn sources() -> Vec<SourceFile> {
+        vec![SourceFile {
+            path: "src/lib.rs".into(),
+            text: project::LIB_RS.into(),
+        }]
+    }
+
+    #[tokio::test]
+    async fn plans_the_fix_of_the_function_the_issue_names() {
+        let model = ScriptedModel::demo();
+        let Decision::Plan(change) = model.plan(&project::issue(), &sources()).await.unwrap()
+        else {
+            panic!("the demo issue is declined");
+        };
+        assert_eq!(change.edits.len(), 1);
+        assert_eq!(change.edits[0].path, "src/lib.rs");
+        assert_eq!(change.edits[0].find.trim(), "a - b");
+        assert_eq!(change.edits[0].replace.trim(), "a + b");
+    }
+
+    #[tokio::test]
+    async fn declines_an_issue_about_nothing_in_the_code() {
+        let issue = Issue {
+            number: 7,
+            title: "Please add a logo".into(),
+            body: "The README needs a logo.".into(),
+        };
+        let decision = ScriptedModel::demo()
+            .plan(&issue, &sources())
+            .await
+            .unwrap();
+        assert!(matches!(decision, Decision::Decline { .. }), "{decision:?}");
+    }
+
+    #[tokio::test]
+    async fn fixes_the_function_a_failing_test_is_named_after() {
+        let report = TestReport {
+            passed: false,
+            exit_code: Some(101),
+            tests: vec![
+                TestCase {
+                    name: "tests::add_sums_its_arguments".into(),
+                    passed: true,
+                    output: None,
+                },
+                TestCase {
+                    name: "tests::mean_of_three_values".into(),
+                    passed: false,
+                    output: Some("assertion failed".into()),
+                },
+            ],
+            compile_error: None,
+        };
+        let change = ScriptedModel::demo()
+            .fix(&project::issue(), &sources(), &report)
+            .await
+            .unwrap()
+            .expect("a fix for mean");
+        assert_eq!(change.edits.len(), 1);
+        assert!(change.edits[0].replace.contains("values.len() as f64"));
+        assert!(change.summary.starts_with("Fix mean()"));
+
+        // Applied, the edits leave nothing more to fix.
+        let mut fixed = sources();
+        for edit in &change.edits {
+            fixed[0].text = fixed[0].text.replacen(&edit.find, &edit.replace, 1);
+        }
+        let none = ScriptedModel::demo()
+            .fix(&project::issue(), &fixed, &report)
+            .await
+            .unwrap();
+        assert_eq!(none, None);
+    }
+}

@@ -1,0 +1,264 @@
+//! The demo's world: a tiny Rust crate with two bugs in a git repository, the bare repository
+//! it is pushed to, and the issue the agent is given.
+//!
+//! Setting up is safe to interrupt: the repository and the remote are built in temporary
+//! directories and renamed into place when complete, so a killed setup leaves either nothing
+//! or a finished repository.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, Result, bail, ensure};
+
+use crate::git::Git;
+use crate::workflow::{Base, Issue};
+
+/// `Cargo.toml` of the demo crate.
+pub const CARGO_TOML: &str = r#"[package]
+name = "tiny-math"
+version = "0.1.0"
+edition = "2021"
+"#;
+
+/// `src/lib.rs` of the demo crate: `add` and `mean` are both wrong, and both tests fail.
+pub const LIB_RS: &str = r#"//! Tiny arithmetic helpers.
+
+/// Adds two numbers.
+pub fn add(a: i64, b: i64) -> i64 {
+    a - b
+}
+
+/// The arithmetic mean of `values`, or `None` if there are none.
+pub fn mean(values: &[f64]) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    Some(values.iter().sum::<f64>() / (values.len() - 1) as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn add_sums_its_arguments() {
+        assert_eq!(add(2, 3), 5);
+    }
+
+    #[test]
+    fn mean_of_three_values() {
+        assert_eq!(mean(&[1.0, 2.0, 6.0]), Some(3.0));
+    }
+}
+"#;
+
+/// The branch the demo repository starts on, and pull requests target.
+pub const BASE_BRANCH: &str = "main";
+
+/// The issue the agent works on. It names one bug; the tests reveal the other.
+pub fn issue() -> Issue {
+    Issue {
+        number: 1,
+        title: "add() returns the difference of its arguments".to_owned(),
+        body: "`add(2, 3)` returns -1; it should return 5. The unit test \
+               `tests::add_sums_its_arguments` fails."
+            .to_owned(),
+    }
+}
+
+/// Where everything the demo uses lives.
+#[derive(Debug, Clone)]
+pub struct Paths {
+    /// The work directory (absolute).
+    pub workdir: PathBuf,
+    /// The store file.
+    pub store: PathBuf,
+    /// The checkout the agent works in.
+    pub repo: PathBuf,
+    /// Whether `repo` was given by the user (`--repo`) rather than the demo's own.
+    pub repo_given: bool,
+    /// The bare repository branches are pushed to.
+    pub remote: PathBuf,
+    /// The forge's directory.
+    pub forge: PathBuf,
+    /// Scratch space for test binaries.
+    pub scratch: PathBuf,
+    /// The test hook's log of handler entries.
+    pub entries_log: PathBuf,
+}
+
+/// The file that marks a directory as a work directory of this example, so that `--fresh`
+/// never deletes a directory it did not create.
+const MARKER: &str = ".loops-deliver-workdir";
+
+impl Paths {
+    /// The layout under `workdir`, with the store and the repository where given.
+    pub fn new(workdir: PathBuf, store: Option<PathBuf>, repo: Option<PathBuf>) -> Self {
+        Paths {
+            store: store.unwrap_or_else(|| workdir.join("deliver.redb")),
+            repo_given: repo.is_some(),
+            repo: repo.unwrap_or_else(|| workdir.join("repo")),
+            remote: workdir.join("remote.git"),
+            forge: workdir.join("forge"),
+            scratch: workdir.join("scratch"),
+            entries_log: workdir.join("handler-entries.log"),
+            workdir,
+        }
+    }
+
+    /// Deletes the store and the work directory (`--fresh`). A repository given with
+    /// `--repo` is left alone.
+    ///
+    /// # Errors
+    /// If the work directory exists, is not empty and was not made by this example, or if
+    /// deleting fails.
+    pub fn delete(&self) -> Result<()> {
+        match std::fs::remove_file(&self.store) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).context(format!("cannot delete {}", self.store.display())),
+        }
+        if !self.workdir.exists() {
+            return Ok(());
+        }
+        let empty = std::fs::read_dir(&self.workdir)
+            .with_context(|| format!("cannot read {}", self.workdir.display()))?
+            .next()
+            .is_none();
+        ensure!(
+            empty || self.workdir.join(MARKER).exists(),
+            "refusing to delete {}: it is not a work directory of this example (no {MARKER} in it)",
+            self.workdir.display()
+        );
+        std::fs::remove_dir_all(&self.workdir)
+            .with_context(|| format!("cannot delete {}", self.workdir.display()))
+    }
+
+    /// Creates the work directory and its marker, and clears what interrupted runs left
+    /// behind (half-built repositories, test binaries).
+    ///
+    /// # Errors
+    /// If the directory cannot be created.
+    pub fn create_workdir(&self) -> Result<()> {
+        std::fs::create_dir_all(&self.workdir)
+            .with_context(|| format!("cannot create {}", self.workdir.display()))?;
+        std::fs::write(self.workdir.join(MARKER), "")
+            .with_context(|| format!("cannot write in {}", self.workdir.display()))?;
+        // Best effort: a process killed earlier may still be writing there.
+        if let Ok(entries) = std::fs::read_dir(&self.workdir) {
+            for entry in entries.flatten() {
+                if entry.file_name().to_string_lossy().contains(".tmp-") {
+                    let _ = std::fs::remove_dir_all(entry.path());
+                }
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.scratch);
+        std::fs::create_dir_all(&self.scratch)
+            .with_context(|| format!("cannot create {}", self.scratch.display()))
+    }
+}
+
+/// Makes sure the repository and the remote exist, creating the demo's, and returns the
+/// commit new runs start from.
+///
+/// # Errors
+/// If git fails, or a repository given with `--repo` is not a git work tree on a branch.
+pub async fn prepare(paths: &Paths) -> Result<Base> {
+    if !paths.repo.exists() {
+        create_demo_repo(&paths.repo).await?;
+    }
+    let git = Git::new(&paths.repo);
+    let inside = git
+        .run(&["rev-parse", "--is-inside-work-tree"])
+        .await
+        .with_context(|| format!("{} is not a git repository", paths.repo.display()))?;
+    ensure!(
+        inside == "true",
+        "{} is not a git work tree",
+        paths.repo.display()
+    );
+    let branch = if paths.repo_given {
+        let head = git
+            .run(&["symbolic-ref", "--quiet", "--short", "HEAD"])
+            .await
+            .with_context(|| {
+                format!(
+                    "HEAD of {} is detached; check out the branch pull requests should target",
+                    paths.repo.display()
+                )
+            })?;
+        if head.starts_with("loops/") {
+            bail!(
+                "{} has the agent's work branch {head} checked out; check out the branch pull \
+                 requests should target",
+                paths.repo.display()
+            );
+        }
+        head
+    } else {
+        BASE_BRANCH.to_owned()
+    };
+    let commit = git.rev_parse(&branch).await?;
+    if !paths.remote.exists() {
+        create_remote(&git, &paths.remote, &branch, &commit).await?;
+    }
+    Ok(Base { branch, commit })
+}
+
+/// A sibling of `path` to build it in: `<name>.tmp-<pid>`.
+fn temp_sibling(path: &Path) -> Result<PathBuf> {
+    let name = path
+        .file_name()
+        .with_context(|| format!("{} has no file name", path.display()))?;
+    Ok(path.with_file_name(format!(
+        "{}.tmp-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    )))
+}
+
+/// Creates the demo crate's repository at `path`, with one commit on `main` whose id is the
+/// same everywhere.
+async fn create_demo_repo(path: &Path) -> Result<()> {
+    let tmp = temp_sibling(path)?;
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(tmp.join("src"))
+        .with_context(|| format!("cannot create {}", tmp.display()))?;
+    for (file, text) in [
+        ("Cargo.toml", CARGO_TOML),
+        ("src/lib.rs", LIB_RS),
+        (".gitignore", "/target\n"),
+    ] {
+        std::fs::write(tmp.join(file), text)
+            .with_context(|| format!("cannot write {}", tmp.join(file).display()))?;
+    }
+    let git = Git::new(&tmp);
+    git.run(&["init", "--quiet"]).await?;
+    git.run(&["symbolic-ref", "HEAD", &format!("refs/heads/{BASE_BRANCH}")])
+        .await?;
+    git.run(&["add", "--all"]).await?;
+    git.run(&[
+        "commit",
+        "--quiet",
+        "--no-verify",
+        "-m",
+        "tiny-math: add() and mean(), with tests",
+    ])
+    .await?;
+    std::fs::rename(&tmp, path)
+        .with_context(|| format!("cannot move {} to {}", tmp.display(), path.display()))
+}
+
+/// Creates the bare repository at `path` holding `branch` at `commit`.
+async fn create_remote(repo: &Git, path: &Path, branch: &str, commit: &str) -> Result<()> {
+    let tmp = temp_sibling(path)?;
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+    let remote = Git::new(&tmp);
+    remote.run(&["init", "--quiet", "--bare"]).await?;
+    remote
+        .run(&["symbolic-ref", "HEAD", &format!("refs/heads/{branch}")])
+        .await?;
+    repo.push(&tmp, commit, branch).await?;
+    std::fs::rename(&tmp, path)
+        .with_context(|| format!("cannot move {} to {}", tmp.display(), path.display()))
+}

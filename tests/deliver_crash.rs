@@ -1,0 +1,348 @@
+//! Crash tests of the `deliver` example, run as a child process and killed with SIGKILL.
+//!
+//! 1. A reference run, never killed.
+//! 2. For every transition k: a run held at the entry of seq k (the `LOOPS_DELIVER_HOLD_AT_SEQ`
+//!    hook) and killed there, then run again until it exits 0. Its history, pull request and
+//!    commits must equal the reference's; seq k's handler must have been entered exactly
+//!    twice and every other state's once.
+//! 3. Random kills: the same equalities after 8 kills at random moments (in as many runs as
+//!    it takes). The seed is printed; `LOOPS_DELIVER_KILL_SEED=<seed>` replays the same
+//!    sequence of kill moments (relative to the reference run's duration).
+
+use std::collections::BTreeMap;
+use std::io::{BufRead as _, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::{describe, example};
+
+mod common;
+
+const RUN_ID: &str = "deliver-1";
+const BRANCH: &str = "loops/deliver-1";
+const HOLD_VAR: &str = "LOOPS_DELIVER_HOLD_AT_SEQ";
+const STOP_VAR: &str = "LOOPS_DELIVER_STOP_AT_SEQ";
+const SEED_VAR: &str = "LOOPS_DELIVER_KILL_SEED";
+/// The happy path the demo takes: one test still fails after the planned edit.
+const EXPECTED_STATES: [&str; 7] = [
+    "Received", "Planned", "Edited", "Tested", "Edited", "Tested", "PrOpened",
+];
+
+/// The example's command for `workdir`, without test hooks or log settings from outside.
+fn deliver(workdir: &Path) -> Command {
+    let mut cmd = Command::new(example());
+    cmd.arg("--workdir")
+        .arg(workdir)
+        .args(["--run-id", RUN_ID])
+        .env_remove(HOLD_VAR)
+        .env_remove(STOP_VAR)
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null());
+    cmd
+}
+
+/// Runs the example until it exits 0 (at most three times) and returns the last stdout.
+fn run_to_completion(workdir: &Path, context: &str) -> String {
+    let mut last = String::new();
+    for _ in 0..3 {
+        let output = deliver(workdir).output().expect("run the example");
+        if output.status.success() {
+            return String::from_utf8_lossy(&output.stdout).into_owned();
+        }
+        last = describe(&output);
+    }
+    panic!("{context}: the example did not complete in three runs; last run:\n{last}");
+}
+
+/// Starts the example held at seq `k`, waits for `holding at seq k` and kills it.
+fn hold_and_kill(workdir: &Path, k: u64) {
+    let mut child = deliver(workdir)
+        .env(HOLD_VAR, k.to_string())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the example");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let wanted = format!("holding at seq {k}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut seen = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) if line == wanted => break,
+            Ok(line) => seen.push(line),
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "k={k}: no `{wanted}` ({e}); the example printed:\n{}",
+                    seen.join("\n")
+                );
+            }
+        }
+    }
+    child.kill().expect("SIGKILL the example");
+    child.wait().expect("reap the example");
+}
+
+/// What a finished run left behind, to compare with the reference.
+#[derive(Debug, Clone, PartialEq)]
+struct Outcome {
+    /// (seq, state, payload JSON) of every transition.
+    history: Vec<(u64, String, String)>,
+    /// The run's status and state.
+    status: (loops::RunStatus, String),
+    /// The pushed branch's commits, newest first.
+    commits: Vec<String>,
+    /// Every pull request on the forge.
+    pulls: Vec<serde_json::Value>,
+}
+
+fn outcome(workdir: &Path) -> Outcome {
+    let store = loops::RedbStore::open(workdir.join("deliver.redb")).expect("open the store");
+    let history = store
+        .history(RUN_ID)
+        .expect("read the history")
+        .into_iter()
+        .map(|r| (r.seq, r.state.clone(), r.payload.get().to_owned()))
+        .collect();
+    let info = store.run(RUN_ID).expect("read the run").expect("the run");
+    drop(store);
+    let commits = git(
+        &workdir.join("remote.git"),
+        &["rev-list", &format!("refs/heads/{BRANCH}")],
+    );
+    let mut pulls = Vec::new();
+    for entry in std::fs::read_dir(workdir.join("forge/pulls")).expect("forge directory") {
+        let path = entry.expect("forge entry").path();
+        let text = std::fs::read_to_string(&path).expect("read pull request");
+        let pull: serde_json::Value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("{} is not a pull request: {e}", path.display()));
+        pulls.push(pull);
+    }
+    Outcome {
+        history,
+        status: (info.status, info.state),
+        commits: commits.lines().map(str::to_owned).collect(),
+        pulls,
+    }
+}
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let output = Command::new("git")
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("run git");
+    assert!(
+        output.status.success(),
+        "git {args:?}: {}",
+        describe(&output)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// How many times each seq's state was entered, from the hook's log.
+fn entries(workdir: &Path) -> BTreeMap<u64, usize> {
+    let log = std::fs::read_to_string(workdir.join("handler-entries.log")).expect("entries log");
+    let mut counts = BTreeMap::new();
+    for line in log.lines() {
+        let seq = line
+            .split_whitespace()
+            .next()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("bad entries line {line:?}"));
+        *counts.entry(seq).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// Checks what holds for every run, killed or not, against the reference.
+fn check(workdir: &Path, reference: &Outcome, context: &str) -> Outcome {
+    let got = outcome(workdir);
+    let seqs: Vec<u64> = got.history.iter().map(|h| h.0).collect();
+    let expected: Vec<u64> = (0..got.history.len() as u64).collect();
+    assert_eq!(seqs, expected, "{context}: seqs have a gap or a duplicate");
+    for (i, (want, have)) in reference.history.iter().zip(&got.history).enumerate() {
+        assert_eq!(
+            want, have,
+            "{context}: transition {i} differs from the reference"
+        );
+    }
+    assert_eq!(
+        got.history.len(),
+        reference.history.len(),
+        "{context}: history length"
+    );
+    assert_eq!(got.status, reference.status, "{context}: final status");
+    assert_eq!(
+        got.pulls.len(),
+        1,
+        "{context}: pull requests: {:#?}",
+        got.pulls
+    );
+    assert_eq!(
+        got.pulls, reference.pulls,
+        "{context}: the pull request differs"
+    );
+    assert_eq!(
+        got.commits, reference.commits,
+        "{context}: pushed commits differ"
+    );
+    // Each idempotency key is on one commit only, across every branch of the checkout.
+    let keys = git(
+        &workdir.join("repo"),
+        &[
+            "log",
+            "--all",
+            "--format=%(trailers:key=Loops-Idempotency-Key,valueonly)",
+        ],
+    );
+    let mut keys: Vec<&str> = keys.lines().filter(|l| !l.trim().is_empty()).collect();
+    let total = keys.len();
+    keys.sort_unstable();
+    keys.dedup();
+    assert_eq!(keys.len(), total, "{context}: a commit was made twice");
+    assert_eq!(total, 2, "{context}: the agent makes two commits");
+    got
+}
+
+struct Reference {
+    outcome: Outcome,
+    took: Duration,
+}
+
+/// The reference run, made once for all tests of this file.
+fn reference() -> &'static Reference {
+    static REFERENCE: OnceLock<Reference> = OnceLock::new();
+    REFERENCE.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("temp dir");
+        example(); // built before the clock starts: the run's duration sets the kill window
+        let started = Instant::now();
+        let stdout = run_to_completion(dir.path(), "reference");
+        let took = started.elapsed();
+        assert!(
+            stdout.contains("pull request: forge://demo/pulls/1"),
+            "{stdout}"
+        );
+        let outcome = outcome(dir.path());
+        let states: Vec<&str> = outcome.history.iter().map(|h| h.1.as_str()).collect();
+        assert_eq!(states, EXPECTED_STATES);
+        assert_eq!(
+            outcome.status,
+            (loops::RunStatus::Completed, "PrOpened".into())
+        );
+        assert_eq!(outcome.pulls.len(), 1);
+        assert_eq!(outcome.commits.len(), 3, "base commit and two fixes");
+        let counts = entries(dir.path());
+        assert!(counts.values().all(|&n| n == 1), "{counts:?}");
+        Reference { outcome, took }
+    })
+}
+
+#[test]
+fn a_kill_after_any_transition_resumes_to_the_same_result() {
+    let reference = &reference().outcome;
+    let transitions = reference.history.len() as u64 - 1;
+    for k in 1..=transitions {
+        let dir = tempfile::tempdir().expect("temp dir");
+        hold_and_kill(dir.path(), k);
+        let stdout = run_to_completion(dir.path(), &format!("k={k}"));
+        let resumed_at = format!("(seq {k}; attempt 1 was interrupted)");
+        if k < transitions {
+            assert!(stdout.contains(&resumed_at), "k={k}: {stdout}");
+        } else {
+            assert!(stdout.contains("completed already"), "k={k}: {stdout}");
+        }
+        check(dir.path(), reference, &format!("k={k}"));
+        let counts = entries(dir.path());
+        for seq in 0..=transitions {
+            let want = if seq == k { 2 } else { 1 };
+            assert_eq!(
+                counts.get(&seq).copied().unwrap_or(0),
+                want,
+                "k={k}: entries of seq {seq} ({counts:?})"
+            );
+        }
+    }
+}
+
+/// SplitMix64: a tiny, seedable generator, so that a failing seed can be replayed.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
+
+#[test]
+fn random_kills_resume_to_the_same_result() {
+    let reference = reference();
+    let seed = match std::env::var(SEED_VAR) {
+        Ok(s) => s.parse().expect("LOOPS_DELIVER_KILL_SEED must be a number"),
+        Err(_) => std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64),
+    };
+    // Kill moments are drawn in 0..1500 ms, but no later than a little past the reference
+    // run's duration: the demo finishes in well under a second, and a kill after the end
+    // tests nothing.
+    let window = Duration::from_millis(1500).min(reference.took.mul_f64(1.2));
+    eprintln!(
+        "random kills: seed {seed} (replay with {SEED_VAR}={seed}), window {} ms",
+        window.as_millis()
+    );
+    let mut rng = SplitMix(seed);
+    // Kill, run again, kill... until a run finishes before its kill; then check it, and start
+    // over in a fresh directory until 8 kills have hit a running process.
+    let (mut landed, mut scenarios) = (0, 0);
+    while landed < 8 {
+        scenarios += 1;
+        assert!(
+            scenarios <= 20,
+            "seed {seed}: only {landed} kills landed in 20 runs"
+        );
+        let dir = tempfile::tempdir().expect("temp dir");
+        while landed < 8 {
+            let delay = window.mul_f64((rng.next() >> 11) as f64 / (1u64 << 53) as f64);
+            let mut child = deliver(dir.path())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start the example");
+            let deadline = Instant::now() + delay;
+            let mut exited = None;
+            while exited.is_none() && Instant::now() < deadline {
+                exited = child.try_wait().expect("poll the example");
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            if let Some(status) = exited {
+                assert!(status.success(), "seed {seed}: a run exited with {status}");
+                break;
+            }
+            child.kill().expect("SIGKILL the example");
+            child.wait().expect("reap the example");
+            landed += 1;
+        }
+        run_to_completion(dir.path(), &format!("seed {seed}"));
+        check(dir.path(), &reference.outcome, &format!("seed {seed}"));
+    }
+    eprintln!("random kills: 8 kills landed in {scenarios} run(s), each resumed to its end");
+}

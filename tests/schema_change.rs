@@ -1,0 +1,224 @@
+//! A run recorded by the `deliver` example, resumed by a build whose workflow changed shape:
+//! the same `#[workflow(name = "deliver", version = 1)]` with one field added. loops must
+//! refuse it with `Error::SchemaMismatch`, and leave the store as it was.
+
+use std::process::Command;
+
+use loops::{Context, Error, Runtime, SchemaHash, StateId as _, Workflow};
+
+use common::{describe, example};
+
+mod common;
+
+/// The example's own workflow, compiled into this test: the build that recorded the run.
+#[path = "../examples/deliver/workflow.rs"]
+#[allow(dead_code)]
+mod recorded;
+
+/// The example's workflow with one field added (`Received::priority`); nothing else differs.
+mod changed {
+    use loops::Workflow;
+    use serde::{Deserialize, Serialize};
+
+    use super::recorded::{Base, Change, Issue, TestReport, Work};
+
+    #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+    #[workflow(name = "deliver", version = 1)]
+    pub enum Deliver {
+        #[initial]
+        #[next(Planned, Abandoned)]
+        Received {
+            issue: Issue,
+            base: Base,
+            priority: u8,
+        },
+        #[next(Edited)]
+        Planned {
+            issue: Issue,
+            base: Base,
+            plan: Change,
+        },
+        #[next(Tested)]
+        Edited {
+            issue: Issue,
+            work: Work,
+            round: u32,
+        },
+        #[next(Edited, PrOpened, Abandoned)]
+        Tested {
+            issue: Issue,
+            work: Work,
+            round: u32,
+            report: TestReport,
+        },
+        #[terminal]
+        PrOpened {
+            number: u64,
+            url: String,
+            branch: String,
+            head: String,
+        },
+        #[terminal]
+        Abandoned { reason: String },
+    }
+}
+
+/// A handler for the changed workflow that must never run.
+struct MustNotRun;
+
+impl changed::DeliverHandler for MustNotRun {
+    type Error = anyhow::Error;
+
+    async fn received(
+        &self,
+        _: &Context,
+        _: recorded::Issue,
+        _: recorded::Base,
+        _: u8,
+    ) -> anyhow::Result<changed::ReceivedNext> {
+        anyhow::bail!("the changed build ran a handler")
+    }
+    async fn planned(
+        &self,
+        _: &Context,
+        _: recorded::Issue,
+        _: recorded::Base,
+        _: recorded::Change,
+    ) -> anyhow::Result<changed::PlannedNext> {
+        anyhow::bail!("the changed build ran a handler")
+    }
+    async fn edited(
+        &self,
+        _: &Context,
+        _: recorded::Issue,
+        _: recorded::Work,
+        _: u32,
+    ) -> anyhow::Result<changed::EditedNext> {
+        anyhow::bail!("the changed build ran a handler")
+    }
+    async fn tested(
+        &self,
+        _: &Context,
+        _: recorded::Issue,
+        _: recorded::Work,
+        _: u32,
+        _: recorded::TestReport,
+    ) -> anyhow::Result<changed::TestedNext> {
+        anyhow::bail!("the changed build ran a handler")
+    }
+}
+
+const RUN_ID: &str = "deliver-1";
+/// The example stops at the entry of this seq (`Tested`, one test still failing).
+const STOP_AT: u64 = 3;
+
+/// Checks that `err` is the refusal of run `deliver-1`, and returns (stored, compiled).
+fn expect_mismatch(err: &Error) -> (SchemaHash, SchemaHash) {
+    let Error::SchemaMismatch {
+        run_id,
+        workflow,
+        stored,
+        compiled,
+        changes,
+    } = err
+    else {
+        panic!("expected SchemaMismatch, got: {err}");
+    };
+    assert_eq!(run_id, RUN_ID);
+    assert_eq!(workflow, "deliver");
+    assert_eq!(*stored, recorded::Deliver::SCHEMA_HASH.pinned());
+    assert_eq!(*compiled, changed::Deliver::SCHEMA_HASH.pinned());
+    assert_ne!(stored, compiled);
+    assert_eq!(changes.len(), 1, "one change: {changes:?}");
+    assert!(changes[0].contains("priority: u8"), "{changes:?}");
+    let message = err.to_string();
+    assert!(
+        message.contains(RUN_ID)
+            && message.contains(&stored.to_string())
+            && message.contains(&compiled.to_string()),
+        "{message}"
+    );
+    (*stored, *compiled)
+}
+
+#[tokio::test]
+async fn a_changed_workflow_is_refused_and_the_store_is_untouched() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let output = Command::new(example())
+        .arg("--workdir")
+        .arg(dir.path())
+        .args(["--run-id", RUN_ID])
+        .env("LOOPS_DELIVER_STOP_AT_SEQ", STOP_AT.to_string())
+        .env_remove("LOOPS_DELIVER_HOLD_AT_SEQ")
+        .output()
+        .expect("run the example");
+    assert!(output.status.success(), "{}", describe(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("stopping at seq 3"),
+        "{}",
+        describe(&output)
+    );
+    let store = dir.path().join("deliver.redb");
+    let bytes = std::fs::read(&store).expect("read the store");
+
+    // Declared up front: refused at open, before the file is opened for writing.
+    let err = Runtime::builder()
+        .workflow::<changed::Deliver>()
+        .open(&store)
+        .expect_err("a changed workflow must be refused");
+    let refused = expect_mismatch(&err);
+    assert!(
+        std::fs::read(&store).expect("read the store") == bytes,
+        "the refused open changed the store file"
+    );
+
+    // Not declared: refused when the run is driven, without a record.
+    let runtime = Runtime::open(&store).expect("open the store");
+    let info = runtime
+        .run_info(RUN_ID)
+        .expect("run info")
+        .expect("the run");
+    assert_eq!((info.seq, info.state.as_str()), (STOP_AT, "Tested"));
+    let history = runtime.store().history(RUN_ID).expect("history").len();
+    let failures = runtime.store().failures(RUN_ID).expect("failures").len();
+    assert_eq!(history as u64, STOP_AT + 1);
+    let initial = changed::Deliver::Received {
+        issue: recorded::Issue {
+            number: 1,
+            title: "t".into(),
+            body: "b".into(),
+        },
+        base: recorded::Base {
+            branch: "main".into(),
+            commit: "0".repeat(40),
+        },
+        priority: 1,
+    };
+    let err = runtime
+        .run(RUN_ID, initial, &MustNotRun)
+        .await
+        .expect_err("a changed workflow must not drive the run");
+    assert_eq!(expect_mismatch(&err), refused);
+    assert_eq!(
+        runtime.store().history(RUN_ID).expect("history").len(),
+        history
+    );
+    assert_eq!(
+        runtime.store().failures(RUN_ID).expect("failures").len(),
+        failures
+    );
+    assert_eq!(runtime.run_info(RUN_ID).expect("run info"), Some(info));
+    drop(runtime);
+
+    // Control: the build that recorded the run opens the same file and reads the run.
+    let runtime = Runtime::builder()
+        .workflow::<recorded::Deliver>()
+        .open(&store)
+        .expect("the recording build opens its store");
+    let (seq, state) = runtime
+        .state::<recorded::Deliver>(RUN_ID)
+        .expect("read the state")
+        .expect("the run");
+    assert_eq!(seq, STOP_AT);
+    assert_eq!(state.state().name(), "Tested");
+}
