@@ -176,11 +176,22 @@ async fn a_changed_workflow_is_refused_and_the_store_is_untouched() {
     let runtime = Runtime::open(&store).expect("open the store");
     let info = runtime
         .run_info(RUN_ID)
+        .await
         .expect("run info")
         .expect("the run");
     assert_eq!((info.seq, info.state.as_str()), (STOP_AT, "Tested"));
-    let history = runtime.store().history(RUN_ID).expect("history").len();
-    let failures = runtime.store().failures(RUN_ID).expect("failures").len();
+    let history = runtime
+        .store()
+        .history(RUN_ID)
+        .await
+        .expect("history")
+        .len();
+    let failures = runtime
+        .store()
+        .failures(RUN_ID)
+        .await
+        .expect("failures")
+        .len();
     assert_eq!(history as u64, STOP_AT + 1);
     let initial = changed::Deliver::Received {
         issue: recorded::Issue {
@@ -200,14 +211,27 @@ async fn a_changed_workflow_is_refused_and_the_store_is_untouched() {
         .expect_err("a changed workflow must not drive the run");
     assert_eq!(expect_mismatch(&err), refused);
     assert_eq!(
-        runtime.store().history(RUN_ID).expect("history").len(),
+        runtime
+            .store()
+            .history(RUN_ID)
+            .await
+            .expect("history")
+            .len(),
         history
     );
     assert_eq!(
-        runtime.store().failures(RUN_ID).expect("failures").len(),
+        runtime
+            .store()
+            .failures(RUN_ID)
+            .await
+            .expect("failures")
+            .len(),
         failures
     );
-    assert_eq!(runtime.run_info(RUN_ID).expect("run info"), Some(info));
+    assert_eq!(
+        runtime.run_info(RUN_ID).await.expect("run info"),
+        Some(info)
+    );
     drop(runtime);
 
     // Control: the build that recorded the run opens the same file and reads the run.
@@ -217,6 +241,7 @@ async fn a_changed_workflow_is_refused_and_the_store_is_untouched() {
         .expect("the recording build opens its store");
     let (seq, state) = runtime
         .state::<recorded::Deliver>(RUN_ID)
+        .await
         .expect("read the state")
         .expect("the run");
     assert_eq!(seq, STOP_AT);

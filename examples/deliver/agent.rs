@@ -417,6 +417,7 @@ mod tests {
         );
         let states: Vec<&str> = runtime
             .history::<Deliver>("stubborn")
+            .await
             .unwrap()
             .iter()
             .map(|t| t.state.name())

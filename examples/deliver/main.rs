@@ -165,7 +165,7 @@ async fn run(cli: Cli) -> Result<()> {
     };
 
     if cli.retry
-        && let Some(info) = runtime.run_info(&cli.run_id)?
+        && let Some(info) = runtime.run_info(&cli.run_id).await?
         && info.status == RunStatus::Failed
     {
         runtime.retry(&cli.run_id).await?;
@@ -174,7 +174,7 @@ async fn run(cli: Cli) -> Result<()> {
             cli.run_id, info.state, info.seq
         );
     }
-    report_start(&runtime, &cli.run_id)?;
+    report_start(&runtime, &cli.run_id).await?;
     let initial = Deliver::Received {
         issue: project::issue(),
         base,
@@ -198,7 +198,10 @@ async fn run(cli: Cli) -> Result<()> {
         e => anyhow::Error::new(e),
     })?;
 
-    let seq = runtime.run_info(&cli.run_id)?.map_or(0, |info| info.seq);
+    let seq = runtime
+        .run_info(&cli.run_id)
+        .await?
+        .map_or(0, |info| info.seq);
     if hooks.stops_at(seq) {
         println!("stopping at seq {seq} ({})", hooks::STOP_VAR);
         return Ok(());
@@ -263,12 +266,12 @@ fn create_store_atomically(store: &Path) -> Result<()> {
 }
 
 /// Says whether the run is new, resumed (at which state, skipping which) or finished.
-fn report_start(runtime: &Runtime, run_id: &str) -> Result<()> {
-    let Some(info) = runtime.run_info(run_id)? else {
+async fn report_start(runtime: &Runtime, run_id: &str) -> Result<()> {
+    let Some(info) = runtime.run_info(run_id).await? else {
         println!("starting a new run at Received");
         return Ok(());
     };
-    let history = runtime.history::<Deliver>(run_id)?;
+    let history = runtime.history::<Deliver>(run_id).await?;
     let done: Vec<String> = history
         .iter()
         .filter(|t| t.seq < info.seq)
