@@ -63,9 +63,10 @@ impl Runtime {
     /// workflow or schema without writing anything.
     pub(crate) async fn enter<W: Workflow>(
         &self,
-        run_id: &str,
+        claim: &Claim,
         initial: Option<W>,
     ) -> Result<Entered> {
+        let run_id = claim.run_id();
         let store = self.store();
         let compiled = W::SCHEMA_HASH.pinned();
         if let Some((info, record)) = store.latest(run_id).await? {

@@ -374,7 +374,7 @@ impl Runtime {
         let claim = self.claim(run_id).await?;
         let span = tracing::info_span!("run", run_id, workflow = W::NAME);
         let result = async {
-            let entered = self.enter(run_id, Some(initial)).await?;
+            let entered = self.enter(&claim, Some(initial)).await?;
             self.drive_loop(&claim, entered, handler, Mode::Attached)
                 .await
         }
@@ -417,7 +417,7 @@ impl Runtime {
         let driver = self.inner.background.driver(W::NAME)?;
         let claim = self.claim(run_id).await?;
         let entered = self
-            .enter(run_id, Some(initial))
+            .enter(&claim, Some(initial))
             .instrument(tracing::info_span!("run", run_id, workflow = W::NAME))
             .await?;
         let info = entered.info.clone();

@@ -84,7 +84,7 @@ where
             let result = async {
                 let entered = match entered {
                     Some(entered) => entered,
-                    None => rt.enter::<W>(&run_id, None).await?,
+                    None => rt.enter::<W>(&claim, None).await?,
                 };
                 rt.drive_loop::<W, H>(&claim, entered, &*handler, Mode::Background)
                     .await
