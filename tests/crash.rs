@@ -120,6 +120,7 @@ async fn child_process() {
     let runtime = Runtime::builder()
         .retry(
             RetryPolicy::attempts(3)
+                .with_max_interruptions(3)
                 .with_delays(Duration::from_millis(2000), Duration::from_secs(5))
                 .with_jitter(0.0),
         )
@@ -470,6 +471,74 @@ async fn a_parked_sleep_killed_midway_sleeps_only_the_remainder() {
         elapsed < Duration::from_millis(2500 + 1500),
         "slept again: {elapsed:?}"
     );
+}
+
+/// The same workflow name with a field added: a build whose workflow changed.
+mod changed {
+    use loops::Workflow;
+    use serde::{Deserialize, Serialize};
+
+    #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+    #[workflow(name = "crash_job")]
+    pub enum Job {
+        #[initial]
+        #[next(Effect)]
+        Start { n: u32, priority: u8 },
+        #[next(Approval)]
+        Effect { n: u32 },
+        #[next(Done)]
+        Approval { receipt: String },
+        #[terminal]
+        Done { receipt: String, approver: String },
+    }
+}
+
+#[tokio::test]
+async fn a_changed_workflow_is_refused_at_open_even_after_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    // SIGKILL leaves the file needing redb's repair: the read-only check cannot open it.
+    kill_at(dir.path(), "start");
+    match Runtime::builder()
+        .workflow::<changed::Job>()
+        .open(dir.path().join("store.redb"))
+    {
+        Err(loops::Error::SchemaMismatch {
+            run_id,
+            workflow,
+            changes,
+            ..
+        }) => {
+            assert_eq!((run_id.as_str(), workflow.as_str()), ("job", "crash_job"));
+            assert_eq!(
+                changes,
+                vec!["state `Start`: field `priority: u8` added".to_owned()]
+            );
+        }
+        other => panic!("expected SchemaMismatch, got {other:?}"),
+    }
+    // Refused before loops wrote anything: the run is where the kill left it.
+    assert_eq!(history(dir.path()), vec![(0, "Start".to_owned())]);
+}
+
+#[tokio::test]
+async fn a_kill_while_the_store_is_created_never_leaves_a_broken_file() {
+    // Kill the child at moments spread over its first milliseconds, when the store is being
+    // created: the file is then either absent or a complete store.
+    for delay_ms in (0..40).step_by(2) {
+        let dir = tempfile::tempdir().unwrap();
+        let (child, _rx) = spawn_child(dir.path(), "start");
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        drop(Killed(child));
+        let path = dir.path().join("store.redb");
+        let rt = Runtime::open(&path).unwrap_or_else(|e| panic!("kill after {delay_ms} ms: {e}"));
+        drop(rt);
+        let leftovers: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains(".new-"))
+            .collect();
+        assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+    }
 }
 
 /// One test per fault point of the commit path: the child aborts there (as a crash would stop

@@ -130,6 +130,7 @@ impl Runtime {
             seq: 0,
             attempt: 1,
             attempt_base: 0,
+            interrupted: 0,
             created_ms: now,
             updated_ms: now,
             retry_at_ms: None,
@@ -266,7 +267,7 @@ impl Runtime {
             if !fresh {
                 // Every execution but the first after an in-process commit starts a new,
                 // durably counted attempt: a state that crashes the process on every attempt
-                // stops after `max_attempts` too.
+                // stops after `max_interruptions`.
                 if let Some(at) = info.retry_at_ms {
                     let wait = Duration::from_millis(at.saturating_sub(now_ms()));
                     if !wait.is_zero() {
@@ -288,6 +289,7 @@ impl Runtime {
                             run_id: run_id.to_owned(),
                             seq: info.seq,
                             max_attempts: policy.max_attempts,
+                            max_interruptions: policy.max_interruptions,
                             at_ms: now_ms(),
                         },
                     )
@@ -406,7 +408,10 @@ impl Runtime {
                         }),
                     };
                     let errors = error_chain(&*err);
-                    let used = attempt.saturating_sub(info.attempt_base);
+                    // Failed attempts so far, this one included (interruptions count apart).
+                    let used = attempt
+                        .saturating_sub(info.attempt_base)
+                        .saturating_sub(info.interrupted);
                     let now = now_ms();
                     let then = if used >= policy.max_attempts {
                         AfterFailure::GiveUp

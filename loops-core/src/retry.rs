@@ -2,6 +2,9 @@
 
 use std::time::Duration;
 
+/// Default of [`RetryPolicy::max_interruptions`].
+pub const DEFAULT_MAX_INTERRUPTIONS: u32 = 10;
+
 /// How a state whose handler fails (returns an error, times out, or is cut short by the
 /// process stopping) is tried again.
 ///
@@ -12,8 +15,10 @@ use std::time::Duration;
 /// [`RunStatus::Failed`](crate::RunStatus::Failed).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RetryPolicy {
-    /// Attempts in all, at least 1 (1 means no retry).
+    /// Attempts that may fail, at least 1 (1 means no retry).
     pub max_attempts: u32,
+    /// Attempts that may be cut short by the process stopping, at least 1.
+    pub max_interruptions: u32,
     /// Delay before the second attempt.
     pub initial_delay: Duration,
     /// Growth of the delay per attempt (1.0 for a constant delay).
@@ -25,10 +30,12 @@ pub struct RetryPolicy {
 }
 
 impl Default for RetryPolicy {
-    /// 3 attempts, 1 s then 2 s apart (factor 2, at most 60 s), with 10% jitter.
+    /// 3 attempts, 1 s then 2 s apart (factor 2, at most 60 s), with 10% jitter; 10
+    /// interruptions.
     fn default() -> Self {
         RetryPolicy {
             max_attempts: 3,
+            max_interruptions: DEFAULT_MAX_INTERRUPTIONS,
             initial_delay: Duration::from_secs(1),
             factor: 2.0,
             max_delay: Duration::from_secs(60),
@@ -38,10 +45,12 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// One attempt, no retry.
+    /// One attempt, no retry after a failure (a restart after an interruption still resumes
+    /// the state, up to [`DEFAULT_MAX_INTERRUPTIONS`] times).
     pub const fn never() -> Self {
         RetryPolicy {
             max_attempts: 1,
+            max_interruptions: DEFAULT_MAX_INTERRUPTIONS,
             initial_delay: Duration::ZERO,
             factor: 1.0,
             max_delay: Duration::ZERO,
@@ -62,6 +71,14 @@ impl RetryPolicy {
         RetryPolicy {
             initial_delay,
             max_delay,
+            ..self
+        }
+    }
+
+    /// This policy with `n` interruptions allowed (at least 1).
+    pub fn with_max_interruptions(self, n: u32) -> Self {
+        RetryPolicy {
+            max_interruptions: n.max(1),
             ..self
         }
     }
@@ -94,6 +111,7 @@ mod tests {
     fn delays_grow_and_cap() {
         let p = RetryPolicy {
             max_attempts: 10,
+            max_interruptions: 10,
             initial_delay: Duration::from_millis(100),
             factor: 2.0,
             max_delay: Duration::from_millis(500),

@@ -17,7 +17,7 @@ use crate::record::{Transition, TransitionRecord, now_ms};
 use crate::retention::RetentionPolicy;
 use crate::retry::RetryPolicy;
 use crate::scheduler::{Background, Driver, Registered, Start};
-use crate::store::redb::{SchemaCheck, precheck};
+use crate::store::redb::{SchemaCheck, check_schemas, precheck};
 use crate::store::{
     Compacted, Lease, Pruned, RedbStore, Reply, RunInfo, RunStatus, Store, StoreOptions, Write,
 };
@@ -215,13 +215,19 @@ impl RuntimeBuilder {
     ///
     /// # Errors
     /// - [`Error::SchemaMismatch`] if an unfinished run of a workflow declared with
-    ///   [`workflow`](Self::workflow) or [`register`](Self::register) has another schema (the
-    ///   file is not opened for writing);
+    ///   [`workflow`](Self::workflow) or [`register`](Self::register) has another schema: the
+    ///   file is not opened for writing, unless it needs redb's crash repair (it was not closed
+    ///   cleanly), which the open then makes before checking; loops itself writes nothing;
     /// - as [`RedbStore::open`]: [`Error::StoreLocked`] if the file is open elsewhere,
     ///   [`Error::Open`] if it is not a loops store or cannot be read.
     pub fn open(self, path: impl AsRef<Path>) -> Result<Runtime> {
-        precheck(path.as_ref(), &self.config.checks)?;
+        let checked = precheck(path.as_ref(), &self.config.checks)?;
         let store = RedbStore::open_with(path, self.store_options)?;
+        if !checked {
+            // The file needed redb's crash repair, which the writable open just made (as any
+            // open would); check now, still before loops writes anything.
+            check_schemas(&store, &self.config.checks)?;
+        }
         Ok(self.build(store))
     }
 

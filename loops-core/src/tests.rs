@@ -372,7 +372,10 @@ async fn retry_policies_are_chosen_per_state_then_workflow_then_runtime() {
 #[tokio::test]
 async fn interrupted_attempts_are_counted_durably() {
     let (_dir, path) = temp_store();
-    let rt = Runtime::builder().retry(fast_retry(2)).open(&path).unwrap();
+    let rt = Runtime::builder()
+        .retry(fast_retry(5).with_max_interruptions(2))
+        .open(&path)
+        .unwrap();
     let slow = Worker {
         work_delay: Duration::from_secs(60),
         ..Worker::default()
@@ -1297,6 +1300,7 @@ async fn retention_selects_by_age_and_count() {
         seq: 1,
         attempt: 1,
         attempt_base: 0,
+        interrupted: 0,
         created_ms: 0,
         updated_ms,
         retry_at_ms: None,

@@ -213,6 +213,10 @@ pub struct RunInfo {
     /// budget counts from here.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub attempt_base: u32,
+    /// How many of the current state's attempts since `attempt_base` were cut short by the
+    /// process stopping (counted against [`RetryPolicy::max_interruptions`](crate::RetryPolicy)).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub interrupted: u32,
     /// When the run was created, in ms since the Unix epoch.
     pub created_ms: u64,
     /// When this row last changed, in ms since the Unix epoch.

@@ -62,14 +62,18 @@ pub enum Write {
         /// What follows for the run.
         then: AfterFailure,
     },
-    /// Start the next attempt at the current state, or fail the run if attempts ran out.
+    /// Start the next attempt at the current state, or fail the run if attempts ran out. An
+    /// attempt that left no failure record was interrupted: it gets an `Interrupted` failure
+    /// record and counts against `max_interruptions`.
     BeginAttempt {
         /// The run.
         run_id: String,
         /// The state's sequence number (must be the run's current one).
         seq: u64,
-        /// The retry policy's attempts (counted from the row's `attempt_base`).
+        /// The retry policy's failed attempts allowed (counted from the row's `attempt_base`).
         max_attempts: u32,
+        /// The retry policy's interrupted attempts allowed.
+        max_interruptions: u32,
         /// Now, ms since the Unix epoch.
         at_ms: u64,
     },

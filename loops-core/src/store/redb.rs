@@ -200,12 +200,16 @@ impl RedbStore {
         {
             create_private_dir(dir).map_err(|e| open_err(e.into()))?;
         }
-        let mut options = OpenOptions::new();
-        options.read(true).write(true).create(true).truncate(false);
-        #[cfg(unix)]
-        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-        // Create the file (0600) before redb opens it; redb reopens it by path afterwards.
-        drop(options.open(&path).map_err(|e| open_err(e.into()))?);
+        if !path.exists() {
+            create_atomically(&path).map_err(|e| open_err(e.into()))?;
+        } else if std::fs::metadata(&path).is_ok_and(|m| m.is_file() && m.len() == 0) {
+            // redb would initialize an empty file as a new store: refuse, lest a truncated
+            // store silently becomes an empty one. loops never leaves an empty file behind.
+            return Err(open_err(
+                "the file is empty (0 bytes), not a loops store; delete it to start a new store"
+                    .into(),
+            ));
+        }
         let file_path = path.clone();
         Self::with_storage(path, store_options, move || {
             let file = OpenOptions::new().read(true).write(true).open(&file_path)?;
@@ -310,7 +314,13 @@ impl RedbStore {
     /// - [`Error::Open`] if it does not exist, is not a redb file, or cannot be read.
     pub fn open_read_only(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let db = match redb::Builder::new().open_read_only(&path) {
+        let opened = std::panic::catch_unwind(|| redb::Builder::new().open_read_only(&path))
+            .unwrap_or_else(|_| {
+                Err(redb::DatabaseError::Storage(redb::StorageError::Corrupted(
+                    "redb panicked while opening the file".to_owned(),
+                )))
+            });
+        let db = match opened {
             Ok(db) => db,
             Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
                 return Err(Error::StoreLocked { path });
@@ -378,10 +388,9 @@ impl RedbStore {
             };
             // Each pass moves what it can; a few passes reach the fixed point.
             for _ in 0..8 {
-                if !db
-                    .compact()
-                    .map_err(|e| Error::storage("compacting the store", e))?
-                {
+                let pass = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| db.compact()))
+                    .map_err(|_| Error::storage("compacting the store", corrupted("compaction")))?;
+                if !pass.map_err(|e| Error::storage("compacting the store", e))? {
                     break;
                 }
             }
@@ -410,7 +419,13 @@ impl RedbStore {
                 path: self.inner.path.clone(),
             });
         };
-        db.check_integrity()
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| db.check_integrity()))
+            .map_err(|_| {
+                Error::storage(
+                    "checking the store's integrity",
+                    corrupted("the integrity check"),
+                )
+            })?
             .map_err(|e| Error::storage("checking the store's integrity", e))
     }
 
@@ -495,7 +510,10 @@ impl RedbStore {
         // Held for the read, so that compaction waits for it.
         let db = self.inner.db.read().unwrap_or_else(PoisonError::into_inner);
         let txn = db.begin_read().map_err(|e| Error::storage(action(), e))?;
-        f(&txn).map_err(|e| match e {
+        // redb may panic on a page it cannot make sense of (a damaged file): a typed error.
+        let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&txn)))
+            .unwrap_or_else(|_| Err(ReadError::Storage(corrupted("a read"))));
+        read.map_err(|e| match e {
             ReadError::Storage(e) => Error::storage(action(), e),
             ReadError::Loops(e) => e,
         })
@@ -728,11 +746,11 @@ pub(crate) struct SchemaCheck {
 /// unfinished run of a checked workflow was recorded with another schema.
 ///
 /// The check opens the file read-only. A file that needs redb's crash repair (it was not
-/// closed cleanly) cannot be opened read-only; it is not checked here, and each run is
-/// checked when it is driven.
-pub(crate) fn precheck(path: &Path, checks: &[SchemaCheck]) -> Result<()> {
+/// closed cleanly) cannot be opened read-only: then this returns `Ok(false)`, and the caller
+/// must check with [`check_schemas`] once the writable open has repaired it.
+pub(crate) fn precheck(path: &Path, checks: &[SchemaCheck]) -> Result<bool> {
     if checks.is_empty() || !path.exists() {
-        return Ok(());
+        return Ok(true);
     }
     let db = match redb::Builder::new().open_read_only(path) {
         Ok(db) => db,
@@ -741,11 +759,28 @@ pub(crate) fn precheck(path: &Path, checks: &[SchemaCheck]) -> Result<()> {
                 path: path.to_path_buf(),
             });
         }
-        Err(_) => return Ok(()),
+        Err(_) => return Ok(false),
     };
+    let txn = db
+        .begin_read()
+        .map_err(|e| Error::storage("checking schemas before opening", e))?;
+    schemas_match(&txn, checks).map(|()| true)
+}
+
+/// Refuses if an unfinished run of a checked workflow was recorded with another schema.
+pub(crate) fn check_schemas(store: &RedbStore, checks: &[SchemaCheck]) -> Result<()> {
+    if checks.is_empty() {
+        return Ok(());
+    }
+    store.read(
+        || "checking schemas".to_owned(),
+        |txn| schemas_match(txn, checks).map_err(ReadError::Loops),
+    )
+}
+
+fn schemas_match(txn: &redb::ReadTransaction, checks: &[SchemaCheck]) -> Result<()> {
     let found: std::result::Result<Option<(RunInfo, SchemaCheck, Option<String>)>, ReadError> =
         (|| {
-            let txn = db.begin_read()?;
             let (index, runs, schemas) = match (
                 txn.open_table(STATUS),
                 txn.open_table(RUNS),
@@ -754,21 +789,23 @@ pub(crate) fn precheck(path: &Path, checks: &[SchemaCheck]) -> Result<()> {
                 (Ok(i), Ok(r), Ok(s)) => (i, r, s),
                 _ => return Ok(None),
             };
-            let code = RunStatus::Running.code();
-            for check in checks {
-                for entry in index.range((code, check.workflow, "")..)? {
-                    let (key, _) = entry?;
-                    let (c, w, run_id) = key.value();
-                    if c != code || w != check.workflow {
-                        break;
-                    }
-                    if let Some(info) = read_info(&runs, run_id)?
-                        && info.schema != check.pinned
-                    {
-                        let stored = schemas
-                            .get(info.schema.to_string().as_str())?
-                            .map(|v| v.value().to_owned());
-                        return Ok(Some((info, *check, stored)));
+            for status in [RunStatus::Running, RunStatus::Waiting] {
+                let code = status.code();
+                for check in checks {
+                    for entry in index.range((code, check.workflow, "")..)? {
+                        let (key, _) = entry?;
+                        let (c, w, run_id) = key.value();
+                        if c != code || w != check.workflow {
+                            break;
+                        }
+                        if let Some(info) = read_info(&runs, run_id)?
+                            && info.schema != check.pinned
+                        {
+                            let stored = schemas
+                                .get(info.schema.to_string().as_str())?
+                                .map(|v| v.value().to_owned());
+                            return Ok(Some((info, *check, stored)));
+                        }
                     }
                 }
             }
@@ -786,7 +823,7 @@ pub(crate) fn precheck(path: &Path, checks: &[SchemaCheck]) -> Result<()> {
             compiled: check.pinned,
         }),
         Err(ReadError::Loops(e)) => Err(e),
-        Err(ReadError::Storage(e)) => Err(Error::storage("checking schemas before opening", e)),
+        Err(ReadError::Storage(e)) => Err(Error::storage("checking schemas", e)),
     }
 }
 
@@ -963,6 +1000,70 @@ fn decode_info(run_id: &str, bytes: &[u8]) -> Result<RunInfo> {
     Ok(info)
 }
 
+/// Creates a new store file at `path` so that no crash can leave it half-made: redb
+/// initializes a temporary file beside it (mode 0600), which is then linked into place (an
+/// atomic create-if-absent: a concurrent creator gets `AlreadyExists`) and its directory
+/// synced. A kill before the link leaves only a temporary file, removed by the next creation.
+fn create_atomically(path: &Path) -> std::io::Result<()> {
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::other("the store path has no file name"))?
+        .to_string_lossy()
+        .into_owned();
+    let prefix = format!(".{name}.new-");
+    if let Ok(entries) = std::fs::read_dir(&dir) {
+        for entry in entries.flatten() {
+            if entry.file_name().to_string_lossy().starts_with(&prefix) {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+    }
+    let tmp = dir.join(format!("{prefix}{}", std::process::id()));
+    let mut options = OpenOptions::new();
+    options.read(true).write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let file = options.open(&tmp)?;
+    let made = (|| -> std::result::Result<(), redb::Error> {
+        let db = Database::builder().create_with_backend(FileBackend::new(file)?)?;
+        ensure_tables(&db)?;
+        Ok(())
+    })();
+    if let Err(e) = made {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(std::io::Error::other(e.to_string()));
+    }
+    OpenOptions::new().read(true).open(&tmp)?.sync_all()?;
+    let linked = match std::fs::hard_link(&tmp, path) {
+        // A file system without hard links: rename, unless someone created it meanwhile.
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::Unsupported | std::io::ErrorKind::PermissionDenied
+            ) =>
+        {
+            if path.exists() {
+                Err(std::io::Error::from(std::io::ErrorKind::AlreadyExists))
+            } else {
+                std::fs::rename(&tmp, path)
+            }
+        }
+        other => other,
+    };
+    let _ = std::fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => {}
+        // Another process created it meanwhile: open theirs.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
+        Err(e) => return Err(e),
+    }
+    std::fs::File::open(&dir)?.sync_all()
+}
+
 fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     let mut builder = std::fs::DirBuilder::new();
     builder.recursive(true);
@@ -1011,7 +1112,24 @@ fn writer_loop(db: &RwLock<Db>, opener: &Opener, path: &Path, mut rx: mpsc::Rece
         let (results, storage_failed) = {
             let guard = db.read().unwrap_or_else(PoisonError::into_inner);
             match (&*guard, reopened) {
-                (Db::Writable(db), _) => commit_batch(db, batch.iter().map(|r| &r.write)),
+                (Db::Writable(db), _) => {
+                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        commit_batch(db, batch.iter().map(|r| &r.write))
+                    }))
+                    .unwrap_or_else(|_| {
+                        let e = Arc::new(corrupted("a commit"));
+                        let results = batch
+                            .iter()
+                            .map(|_| {
+                                Err(Error::Storage {
+                                    action: format!("committing {} writes", batch.len()),
+                                    source: Arc::clone(&e),
+                                })
+                            })
+                            .collect();
+                        (results, true)
+                    })
+                }
                 (Db::Reopening(_), Err(e)) => (
                     batch
                         .iter()
@@ -1276,6 +1394,7 @@ fn apply(t: &mut Tables<'_>, write: &Write) -> std::result::Result<Applied, Appl
             info.state.clone_from(state);
             info.attempt = 1;
             info.attempt_base = 0;
+            info.interrupted = 0;
             info.updated_ms = *at_ms;
             info.retry_at_ms = None;
             info.error = None;
@@ -1338,6 +1457,7 @@ fn apply(t: &mut Tables<'_>, write: &Write) -> std::result::Result<Applied, Appl
             run_id,
             seq,
             max_attempts,
+            max_interruptions,
             at_ms,
         } => {
             let mut info = load_info(t, run_id)?;
@@ -1359,8 +1479,13 @@ fn apply(t: &mut Tables<'_>, write: &Write) -> std::result::Result<Applied, Appl
                     to_vec(&record).as_slice(),
                 )?;
                 info.error = Some(record.errors);
+                info.interrupted += 1;
             }
-            if info.attempt.saturating_sub(info.attempt_base) >= *max_attempts {
+            let failed = info
+                .attempt
+                .saturating_sub(info.attempt_base)
+                .saturating_sub(info.interrupted);
+            if failed >= *max_attempts || info.interrupted >= *max_interruptions {
                 info.status = RunStatus::Failed;
                 info.retry_at_ms = None;
             } else {
@@ -1417,6 +1542,7 @@ fn apply(t: &mut Tables<'_>, write: &Write) -> std::result::Result<Applied, Appl
             // The retry policy's budget counts afresh from here; attempt numbers (and the
             // failure records keyed by them) go on.
             info.attempt_base = info.attempt;
+            info.interrupted = 0;
             info.retry_at_ms = None;
             info.updated_ms = *at_ms;
             store_info(t, Some(old), &info)?;
@@ -1654,6 +1780,13 @@ fn write_wait_step(
 /// the highest code point, 260 bytes. Bounds range scans over `(run id, name, ..)` keys.
 fn name_upper_bound() -> String {
     char::MAX.to_string().repeat(65)
+}
+
+/// The error for a redb panic caught while doing `what` on a damaged file.
+fn corrupted(what: &str) -> redb::Error {
+    redb::Error::Corrupted(format!(
+        "redb panicked during {what}: the file is damaged; run `loops check`"
+    ))
 }
 
 fn json_string(s: &str) -> String {
