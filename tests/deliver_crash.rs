@@ -346,3 +346,72 @@ fn random_kills_resume_to_the_same_result() {
     }
     eprintln!("random kills: 8 kills landed in {scenarios} run(s), each resumed to its end");
 }
+
+/// The approval gate: with `--auto-approve=false` the run parks before it pushes, the process
+/// exits, the approval is sent while no `deliver` runs (as `loops send` would), and the next
+/// run takes it, exactly once, and opens the pull request with it.
+#[test]
+fn the_approval_gate_waits_durably_for_an_approval_sent_while_down() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let workdir = dir.path();
+    let output = deliver(workdir)
+        .arg("--auto-approve=false")
+        .output()
+        .expect("run the example");
+    assert!(output.status.success(), "{}", describe(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("waiting for approval"), "{stdout}");
+    let store = workdir.join("deliver.redb");
+    let runtime_of = || loops::Runtime::open(&store).expect("open the store");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio");
+    rt.block_on(async {
+        let runtime = runtime_of();
+        let info = runtime.run_info(RUN_ID).await.unwrap().unwrap();
+        assert_eq!(
+            (info.status, info.state.as_str(), info.seq),
+            (loops::RunStatus::Waiting, "Tested", 5)
+        );
+        assert_eq!(info.wait.unwrap().event.as_deref(), Some("approve"));
+        let payload = serde_json::json!({ "by": "alice" });
+        let first = runtime
+            .send_with_key(RUN_ID, "approve", "ticket-7", &payload)
+            .await
+            .unwrap();
+        let again = runtime
+            .send_with_key(RUN_ID, "approve", "ticket-7", &payload)
+            .await
+            .unwrap();
+        assert!(!first.duplicate && again.duplicate);
+    });
+    let output = deliver(workdir)
+        .arg("--auto-approve=false")
+        .output()
+        .expect("run the example");
+    assert!(output.status.success(), "{}", describe(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("approved by alice"), "{stdout}");
+    let pulls: Vec<_> = std::fs::read_dir(workdir.join("forge/pulls"))
+        .expect("the forge")
+        .collect();
+    assert_eq!(pulls.len(), 1);
+    let pull = std::fs::read_to_string(workdir.join("forge/pulls/1.json")).expect("the pull");
+    assert!(pull.contains("Approved by alice."), "{pull}");
+    rt.block_on(async {
+        let runtime = runtime_of();
+        let events = runtime.store().events(RUN_ID).await.unwrap();
+        assert_eq!(events.len(), 1, "the duplicate send wrote nothing");
+        assert!(events[0].2, "delivered");
+        let states: Vec<String> = runtime
+            .store()
+            .history(RUN_ID)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.state)
+            .collect();
+        assert_eq!(states, EXPECTED_STATES);
+    });
+}

@@ -23,8 +23,8 @@ use crate::hooks::Hooks;
 use crate::model::{Decision, Model};
 use crate::testrun;
 use crate::workflow::{
-    Base, Change, DeliverHandler, EditedNext, Issue, MAX_FIX_ROUNDS, PlannedNext, ReceivedNext,
-    TestReport, TestedNext, Work,
+    APPROVAL_EVENT, Approval, Base, Change, DeliverHandler, EditedNext, Issue, MAX_FIX_ROUNDS,
+    PlannedNext, ReceivedNext, TestReport, TestedNext, Work,
 };
 
 /// Longest a model call may take before the attempt fails (and is retried).
@@ -214,12 +214,16 @@ impl<M: Model> DeliverHandler for Agent<M> {
             self.enter(
                 ctx,
                 &format!(
-                    "{outcome}, pushing {} and opening a pull request",
+                    "{outcome}; with approval, pushing {} and opening a pull request",
                     work.branch
                 ),
             )
             .await?;
-            return self.deliver(ctx, &issue, &work).await;
+            // A durable wait: with nothing to deliver yet, the run parks (status waiting) and
+            // this handler runs again, its recorded steps replayed, when the approval arrives.
+            let approval: Approval = ctx.wait_for(APPROVAL_EVENT).await?;
+            println!("  approved by {}", approval.by);
+            return self.deliver(ctx, &issue, &work, &approval).await;
         }
         if round >= MAX_FIX_ROUNDS {
             self.enter(
@@ -264,7 +268,13 @@ impl<M: Model> DeliverHandler for Agent<M> {
 impl<M: Model> Agent<M> {
     /// Pushes the work branch and opens its pull request: two steps, the second with the
     /// forge's idempotency key.
-    async fn deliver(&self, ctx: &Context, issue: &Issue, work: &Work) -> Result<TestedNext> {
+    async fn deliver(
+        &self,
+        ctx: &Context,
+        issue: &Issue,
+        work: &Work,
+        approval: &Approval,
+    ) -> Result<TestedNext> {
         let head = work.head().to_owned();
         self.step(ctx, "push", StepOptions::default(), || async {
             self.git.push(&self.remote, &head, &work.branch).await
@@ -273,7 +283,7 @@ impl<M: Model> Agent<M> {
         let key = ctx.idempotency_key("open_pr")?;
         let request = NewPullRequest {
             title: format!("Fix #{}: {}", issue.number, issue.title),
-            body: pull_request_body(issue, work),
+            body: pull_request_body(issue, work, approval),
             base: work.base.branch.clone(),
             head: work.branch.clone(),
             head_commit: head.clone(),
@@ -300,12 +310,12 @@ impl<M: Model> Agent<M> {
 }
 
 /// The pull request's description: the issue and the commits.
-fn pull_request_body(issue: &Issue, work: &Work) -> String {
+fn pull_request_body(issue: &Issue, work: &Work, approval: &Approval) -> String {
     let mut body = format!("Closes #{}.\n\n", issue.number);
     for commit in &work.commits {
         body.push_str(&format!("- {} {}\n", short(&commit.id), commit.subject));
     }
-    body.push_str("\nAll tests pass.\n");
+    body.push_str(&format!("\nAll tests pass. Approved by {}.\n", approval.by));
     body
 }
 

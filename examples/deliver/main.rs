@@ -40,7 +40,7 @@ use crate::git::Git;
 use crate::hooks::Hooks;
 use crate::model::ScriptedModel;
 use crate::project::Paths;
-use crate::workflow::Deliver;
+use crate::workflow::{APPROVAL_EVENT, Approval, Deliver};
 
 const HOOKS_HELP: &str = "\
 Logging: RUST_LOG=loops=info shows the store's commits; RUST_LOG=loops=info,deliver=debug also
@@ -82,6 +82,24 @@ struct Cli {
     /// and resume it
     #[arg(long, conflicts_with = "fresh")]
     retry: bool,
+
+    /// Approve the pull request automatically, by sending the approval event from this
+    /// process (the one-command demo). With `--auto-approve=false` the run stops at the
+    /// approval gate and waits, durably, for a human: approve with `--approve`, or with
+    /// `loops send <RUN> approve --json '{"by":"you"}'` while no `deliver` runs
+    #[arg(
+        long,
+        value_name = "BOOL",
+        num_args = 0..=1,
+        default_value_t = true,
+        default_missing_value = "true",
+        action = clap::ArgAction::Set
+    )]
+    auto_approve: bool,
+
+    /// Approve the run's pull request (as the current user) and go on
+    #[arg(long)]
+    approve: bool,
 }
 
 /// Failed attempts per state before the run fails (short delays, so that a state that really
@@ -182,8 +200,26 @@ async fn run(cli: Cli) -> Result<()> {
         issue: project::issue(),
         base,
     };
+    let (approve, approver) = if cli.approve {
+        (true, approver_name())
+    } else {
+        (cli.auto_approve, "--auto-approve".to_owned())
+    };
     let outcome = tokio::select! {
         result = runtime.run(&cli.run_id, initial, &agent) => Some(result),
+        () = send_approval(&runtime, &cli.run_id, approve, &approver) => None,
+        () = parked_at_the_gate(&runtime, &cli.run_id, approve) => {
+            println!(
+                "waiting for approval: the run is parked (it holds no task) until an approval \
+                 arrives. Approve and go on with:\n  cargo run --example deliver -- --approve{}\n\
+                 or, while no deliver runs:\n  loops --store {} send {} {APPROVAL_EVENT} --json '{{\"by\":\"you\"}}'",
+                if cli.run_id == "deliver-1" { String::new() } else { format!(" --run-id {}", cli.run_id) },
+                shown_store.display(),
+                cli.run_id,
+            );
+            runtime.shutdown().await;
+            return Ok(());
+        }
         () = hooks.stopped() => None,
     };
     let Some(result) = outcome else {
@@ -232,6 +268,63 @@ async fn run(cli: Cli) -> Result<()> {
         other => bail!("the run ended in a non-terminal state: {other:?}"),
     }
     Ok(())
+}
+
+/// Sends the approval event (once: it carries an idempotency key) as soon as the run exists,
+/// if `approve`; then, or else, never resolves.
+async fn send_approval(runtime: &Runtime, run_id: &str, approve: bool, by: &str) {
+    if approve {
+        let approval = Approval { by: by.to_owned() };
+        loop {
+            match runtime
+                .send_with_key(run_id, APPROVAL_EVENT, "approval", &approval)
+                .await
+            {
+                Ok(_) | Err(loops::Error::RunEnded { .. }) => break,
+                // The run's first commit creates it.
+                Err(loops::Error::RunNotFound { .. }) => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => {
+                    eprintln!("warning: cannot send the approval: {e}");
+                    break;
+                }
+            }
+        }
+    }
+    std::future::pending::<()>().await;
+}
+
+/// Resolves when the run is parked at the approval gate and nothing here will approve it.
+async fn parked_at_the_gate(runtime: &Runtime, run_id: &str, approve: bool) {
+    if approve {
+        std::future::pending::<()>().await;
+    }
+    loop {
+        if let Ok(Some(info)) = runtime.run_info(run_id).await
+            && info.status == RunStatus::Waiting
+            && info
+                .wait
+                .as_ref()
+                .is_some_and(|w| w.event.as_deref() == Some(APPROVAL_EVENT))
+            // An approval sent while no deliver ran is taken as soon as the run is driven.
+            && !runtime
+                .store()
+                .has_pending(run_id, APPROVAL_EVENT)
+                .await
+                .unwrap_or(true)
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Who approves with `--approve`: the user running the command.
+fn approver_name() -> String {
+    std::env::var("USER")
+        .or_else(|_| std::env::var("USERNAME"))
+        .unwrap_or_else(|_| "operator".to_owned())
 }
 
 /// Says whether the run is new, resumed (at which state, skipping which) or finished.

@@ -10,6 +10,17 @@
 use loops::{Schema, Workflow};
 use serde::{Deserialize, Serialize};
 
+/// The event a run waits for, once its tests pass, before it pushes and opens the pull
+/// request.
+pub const APPROVAL_EVENT: &str = "approve";
+
+/// The payload of the approval event: who approved.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct Approval {
+    /// Who approved (a user name, or `--auto-approve`).
+    pub by: String,
+}
+
 /// Fix rounds (test, fix, commit) a run may take after the planned edit before it gives up.
 pub const MAX_FIX_ROUNDS: u32 = 3;
 
