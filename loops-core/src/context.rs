@@ -13,6 +13,7 @@ use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use crate::error::{Error, Result};
 use crate::record::{FailureRecord, FailureSource, StepRecord, now_ms};
@@ -222,6 +223,26 @@ impl Context {
     {
         self.check_user_name(name)?;
         let (occurrence, recorded) = self.next_occurrence(name);
+        let span = tracing::info_span!("step", step = name, occurrence);
+        self.run_step(name, occurrence, recorded, options, f)
+            .instrument(span)
+            .await
+    }
+
+    async fn run_step<T, E, F, Fut>(
+        &self,
+        name: &str,
+        occurrence: u32,
+        recorded: Option<Box<RawValue>>,
+        options: StepOptions,
+        f: F,
+    ) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned + Send,
+        E: From<Error> + Display,
+        F: FnOnce() -> Fut + Send,
+        Fut: Future<Output = Result<T, E>> + Send,
+    {
         if let Some(output) = recorded {
             tracing::debug!(step = name, occurrence, "step replayed from the journal");
             return serde_json::from_str(output.get()).map_err(|source| {

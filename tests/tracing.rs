@@ -1,0 +1,91 @@
+//! The runtime's spans and events: a run, its states and its steps carry run_id, workflow,
+//! state, seq, attempt and step, and commits, failures and waits are logged.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use loops::{Context, RetryPolicy, Runtime, Workflow};
+use serde::{Deserialize, Serialize};
+
+#[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(name = "traced")]
+enum Traced {
+    #[initial]
+    #[next(Done)]
+    Start { n: u32 },
+    #[terminal]
+    Done { n: u32 },
+}
+
+struct Handler;
+
+impl TracedHandler for Handler {
+    type Error = loops::Error;
+
+    async fn start(&self, ctx: &Context, n: u32) -> Result<StartNext, Self::Error> {
+        let n: u32 = ctx
+            .step("double", || async move { Ok::<_, loops::Error>(n * 2) })
+            .await?;
+        if ctx.attempt() == 1 {
+            return Err(loops::Error::RunNotFound {
+                run_id: "first attempt fails".into(),
+            });
+        }
+        Ok(StartNext::Done { n })
+    }
+}
+
+/// Collects everything the subscriber writes.
+#[derive(Clone, Default)]
+struct Sink(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Sink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn runs_states_and_steps_are_traced_with_their_fields() {
+    let sink = Sink::default();
+    let writer = sink.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::builder()
+        .retry(RetryPolicy::attempts(2).with_delays(
+            std::time::Duration::from_millis(1),
+            std::time::Duration::from_millis(1),
+        ))
+        .open(dir.path().join("s.redb"))
+        .unwrap();
+    let done = rt
+        .run("r-7", Traced::Start { n: 21 }, &Handler)
+        .await
+        .unwrap();
+    assert_eq!(done, Traced::Done { n: 42 });
+
+    let out = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
+    for want in [
+        "run{run_id=\"r-7\" workflow=\"traced\"}",
+        "state{state=\"Start\" seq=0 attempt=1}",
+        "state{state=\"Start\" seq=0 attempt=2}",
+        "step{step=\"double\" occurrence=0}",
+        "run started",
+        "step recorded",
+        "step replayed from the journal",
+        "handler failed",
+        "transition committed from=\"Start\" to=\"Done\" seq=1",
+    ] {
+        assert!(out.contains(want), "missing {want:?} in:\n{out}");
+    }
+}
