@@ -878,9 +878,32 @@ impl Runtime {
             )
             .await?
             .into_run(run_id)?;
+        let mut info = info;
         if let Some(signals) = signals {
             signals.cancel.cancel();
-        } else {
+            // The driver may have been stopping (it parked the run, say) when the request
+            // committed: if it no longer holds the run, nobody will see the signal.
+            let still_driven = self
+                .inner
+                .active
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .contains_key(run_id);
+            if !still_driven && !info.status.is_ended() {
+                info = self
+                    .store()
+                    .write(
+                        None,
+                        Write::EndCancelled {
+                            run_id: run_id.to_owned(),
+                            at_ms: now_ms(),
+                        },
+                    )
+                    .await?
+                    .into_run(run_id)?;
+            }
+        }
+        if info.status.is_ended() {
             self.inner.background.notify_ended();
         }
         tracing::info!(run_id, reason, "cancellation requested");

@@ -20,7 +20,7 @@ use crate::driver::{Driven, Entered, Mode};
 use crate::error::{Error, Result};
 use crate::record::now_ms;
 use crate::runtime::{Claim, Inner, Runtime};
-use crate::store::Lease;
+use crate::store::{Lease, RunStatus};
 use crate::workflow::Dispatch;
 
 /// How a background driver starts.
@@ -92,26 +92,51 @@ where
             .instrument(span)
             .await;
             drop(claim);
-            match result {
+            let hand_off = match result {
                 Ok(Driven::Parked(info)) => {
                     if let Some(until) = info.wait.as_ref().and_then(|w| w.until_ms) {
                         rt.inner.background.add_timer(&rt, until, W::NAME, &run_id);
                     }
-                    // An event sent while this driver still held the run found it active and
-                    // only signalled it: look again now that the run is free.
-                    if rt.wait_is_over(&info).await.unwrap_or(false) {
-                        rt.spawn_driver(W::NAME, &run_id);
-                    }
+                    true
                 }
-                Ok(Driven::Ended(_)) => {}
+                Ok(Driven::Ended(_)) => true,
                 Err(e @ (Error::RunFailed { .. } | Error::RunCancelled { .. })) => {
                     tracing::info!(run_id, error = %e, "run ended");
+                    true
                 }
-                Err(e) => tracing::error!(run_id, error = %e, "background driver stopped"),
+                Err(e) => {
+                    // A storage error, say: try again in a second rather than at once.
+                    tracing::error!(run_id, error = %e, "background driver stopped; retrying in 1 s");
+                    rt.inner
+                        .background
+                        .add_timer(&rt, now_ms() + 1000, W::NAME, &run_id);
+                    false
+                }
+            };
+            // Whatever reached the run while this driver still held it (an event, a
+            // cancellation, a retry of the failed run) found it driven and only signalled the
+            // driver, which was stopping. Look again now that the run is free.
+            if hand_off && needs_driver(&rt, &run_id).await {
+                rt.spawn_driver(W::NAME, &run_id);
             }
             rt.inner.background.notify_ended();
         };
         runtime.inner.background.spawn_task(task);
+    }
+}
+
+/// Whether a run that no driver holds should be driven: it is running, or waiting with its
+/// wait over, or its cancellation was asked for and it has not ended.
+async fn needs_driver(rt: &Runtime, run_id: &str) -> bool {
+    let Ok(Some(info)) = rt.store().run_info(run_id).await else {
+        return false;
+    };
+    match info.status {
+        RunStatus::Running => true,
+        RunStatus::Waiting => {
+            info.cancel.is_some() || rt.wait_is_over(&info).await.unwrap_or(false)
+        }
+        RunStatus::Completed | RunStatus::Failed | RunStatus::Cancelled => false,
     }
 }
 

@@ -933,6 +933,7 @@ impl Store for RedbStore {
                             return Ok(out);
                         }
                         let ready = match (&info.status, &info.wait) {
+                            (RunStatus::Waiting, _) if info.cancel.is_some() => true,
                             (RunStatus::Waiting, Some(wait)) => {
                                 wait.until_ms.is_some_and(|until| until <= now)
                                     || match &wait.event {
