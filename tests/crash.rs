@@ -421,7 +421,7 @@ async fn a_state_that_crashes_the_process_every_time_fails_after_its_attempts() 
     let end = finish(dir.path(), "abort");
     assert_eq!(
         end,
-        "error run `job` failed in state `Effect` (seq 1) after 3 attempts: the process stopped while this attempt ran"
+        "error run `job` failed in state `Effect` (seq 1) after 3 attempts, each cut short by the process stopping"
     );
     assert_eq!(
         entries(dir.path()),

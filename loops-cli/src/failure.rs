@@ -38,8 +38,8 @@ impl fmt::Display for Failure {
 
 impl From<loops_core::Error> for Failure {
     fn from(e: loops_core::Error) -> Self {
-        // loops-core's messages already end with their source (`...: {source}`).
-        Failure::new(e.to_string())
+        // The message and its source chain, on one line.
+        Failure::new(e.chain())
     }
 }
 

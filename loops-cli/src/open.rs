@@ -103,8 +103,9 @@ fn check_file(path: &Path) -> Result<()> {
 fn is_loops_store(path: &Path, store: &RedbStore) -> Result<()> {
     store.schemas().map(drop).map_err(|e| {
         Failure::new(format!(
-            "store {} is not a loops store, or is damaged: {e}",
-            path.display()
+            "store {} is not a loops store, or is damaged: {}",
+            path.display(),
+            e.chain()
         ))
     })
 }

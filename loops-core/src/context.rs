@@ -493,7 +493,8 @@ impl Context {
     ///
     /// # Errors
     /// - [`Error::InvalidName`] for an empty, over-long or control-character name;
-    /// - [`Error::EventDecode`] if the payload does not decode as `T`;
+    /// - none for a payload that does not decode as `T`: such an event is set aside (recorded
+    ///   as a failure of this wait, for inspection) and the wait goes on for the next one;
     /// - [`Error::Storage`] if the wait could not be recorded.
     pub async fn wait_for_timeout<T: DeserializeOwned>(
         &self,
@@ -510,44 +511,8 @@ impl Context {
     ) -> Result<Option<T>> {
         self.check_name(event)?;
         let step_name = format!("{RESERVED_PREFIX}wait:{event}");
-        let (occurrence, recorded) = self.next_occurrence(&step_name);
-        let decode = |output: &str| -> Result<Option<T>> {
-            #[derive(serde::Deserialize)]
-            #[serde(rename_all = "snake_case")]
-            enum Outcome<'a> {
-                Due,
-                Event {
-                    seq: u64,
-                    #[serde(borrow)]
-                    payload: &'a RawValue,
-                },
-            }
-            let outcome: Outcome<'_> =
-                serde_json::from_str(output).map_err(|source| Error::StepDecode {
-                    run_id: self.run.run_id.clone(),
-                    state: self.state,
-                    seq: self.seq,
-                    step: step_name.clone(),
-                    occurrence,
-                    source,
-                })?;
-            match outcome {
-                Outcome::Due => Ok(None),
-                Outcome::Event { seq, payload } => serde_json::from_str(payload.get())
-                    .map(Some)
-                    .map_err(|source| Error::EventDecode {
-                        run_id: self.run.run_id.clone(),
-                        state: self.state,
-                        seq: self.seq,
-                        event: event.to_owned(),
-                        event_seq: seq,
-                        source,
-                    }),
-            }
-        };
-        if let Some(output) = recorded {
-            return decode(output.get());
-        }
+        // The deadline is journaled first, on every execution (a replay reads it back), so
+        // that each wait of the handler keeps its own occurrence of it.
         let until_ms = match timeout {
             Some(timeout) => {
                 let deadline = now_ms().saturating_add(timeout.as_millis() as u64);
@@ -558,37 +523,131 @@ impl Context {
             }
             None => None,
         };
-        let reply = self
+        loop {
+            let (occurrence, recorded) = self.next_occurrence(&step_name);
+            let (outcome, delivered_now) = match recorded {
+                Some(output) => (output.get().to_owned(), false),
+                None => {
+                    let reply = self
+                        .run
+                        .store
+                        .write(
+                            Some(&self.run.lease),
+                            Write::Wait {
+                                run_id: self.run.run_id.clone(),
+                                seq: self.seq,
+                                attempt: self.attempt,
+                                step: Some((step_name.clone(), occurrence)),
+                                event: Some(event.to_owned()),
+                                until_ms,
+                                at_ms: now_ms(),
+                            },
+                        )
+                        .await?;
+                    match reply {
+                        Reply::Waited(WaitOutcome::Delivered { event_seq, payload }, _) => {
+                            tracing::info!(event, event_seq, "event delivered");
+                            (
+                                format!(r#"{{"event":{{"seq":{event_seq},"payload":{payload}}}}}"#),
+                                true,
+                            )
+                        }
+                        Reply::Waited(WaitOutcome::Due, _) => {
+                            tracing::info!(event, "wait timed out");
+                            return Ok(None);
+                        }
+                        _ => {
+                            tracing::info!(event, until_ms, "run parked until an event arrives");
+                            return self.park().await;
+                        }
+                    }
+                }
+            };
+            match self.decode_wait::<T>(event, &step_name, occurrence, &outcome) {
+                Err(e @ Error::EventDecode { .. }) => {
+                    // A payload of the wrong shape (a mistyped `loops send`) must not poison
+                    // the run: it is set aside, recorded as a failure for inspection, and the
+                    // wait goes on. Its delivery record stays, so a replay skips it the same
+                    // way.
+                    tracing::warn!(event, error = %e.chain(), "event set aside: its payload does not decode");
+                    if delivered_now {
+                        self.record_set_aside(&step_name, occurrence, &e).await;
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Decodes a wait's recorded outcome: `"due"`, or the delivered event.
+    fn decode_wait<T: DeserializeOwned>(
+        &self,
+        event: &str,
+        step_name: &str,
+        occurrence: u32,
+        output: &str,
+    ) -> Result<Option<T>> {
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "snake_case")]
+        enum Outcome<'a> {
+            Due,
+            Event {
+                seq: u64,
+                #[serde(borrow)]
+                payload: &'a RawValue,
+            },
+        }
+        let outcome: Outcome<'_> =
+            serde_json::from_str(output).map_err(|source| Error::StepDecode {
+                run_id: self.run.run_id.clone(),
+                state: self.state,
+                seq: self.seq,
+                step: step_name.to_owned(),
+                occurrence,
+                source,
+            })?;
+        match outcome {
+            Outcome::Due => Ok(None),
+            Outcome::Event { seq, payload } => serde_json::from_str(payload.get())
+                .map(Some)
+                .map_err(|source| Error::EventDecode {
+                    run_id: self.run.run_id.clone(),
+                    state: self.state,
+                    seq: self.seq,
+                    event: event.to_owned(),
+                    event_seq: seq,
+                    source,
+                }),
+        }
+    }
+
+    /// Records, best effort, that the event delivered to the wait `(step_name, occurrence)` was
+    /// set aside.
+    async fn record_set_aside(&self, step_name: &str, occurrence: u32, error: &Error) {
+        let record = FailureRecord {
+            attempt: self.attempt,
+            at_ms: now_ms(),
+            source: FailureSource::Step {
+                name: step_name.to_owned(),
+                occurrence,
+            },
+            errors: crate::record::error_chain(error),
+        };
+        let written = self
             .run
             .store
             .write(
                 Some(&self.run.lease),
-                Write::Wait {
+                Write::Failure {
                     run_id: self.run.run_id.clone(),
                     seq: self.seq,
-                    attempt: self.attempt,
-                    step: Some((step_name.clone(), occurrence)),
-                    event: Some(event.to_owned()),
-                    until_ms,
-                    at_ms: now_ms(),
+                    record,
+                    then: AfterFailure::Nothing,
                 },
             )
-            .await?;
-        match reply {
-            Reply::Waited(WaitOutcome::Delivered { event_seq, payload }, _) => {
-                tracing::info!(event, event_seq, "event delivered");
-                decode(&format!(
-                    r#"{{"event":{{"seq":{event_seq},"payload":{payload}}}}}"#
-                ))
-            }
-            Reply::Waited(WaitOutcome::Due, _) => {
-                tracing::info!(event, "wait timed out");
-                Ok(None)
-            }
-            _ => {
-                tracing::info!(event, until_ms, "run parked until an event arrives");
-                self.park().await
-            }
+            .await;
+        if let Err(e) = written {
+            tracing::warn!(error = %e, "could not record an event set aside");
         }
     }
 

@@ -196,6 +196,7 @@ impl Runtime {
                         state: info.state,
                         seq: info.seq,
                         attempts: info.attempt.saturating_sub(info.attempt_base),
+                        interrupted: info.interrupted,
                         last_error: info.error.unwrap_or_default(),
                         source: last_error,
                     });

@@ -37,7 +37,7 @@ pub enum Error {
     },
 
     /// The store file could not be opened: not a redb file, corrupt, or an I/O error.
-    #[error("cannot open store {path}: {source}")]
+    #[error("cannot open store {path}")]
     Open {
         /// The store file.
         path: PathBuf,
@@ -47,7 +47,7 @@ pub enum Error {
     },
 
     /// A read or a commit of the store failed (I/O error, full disk, corruption).
-    #[error("store error while {action}: {source}")]
+    #[error("store error while {action}")]
     Storage {
         /// What the store was doing ("committing 3 records", "reading run `r1`").
         action: String,
@@ -57,7 +57,7 @@ pub enum Error {
     },
 
     /// The run id is empty, too long or contains control characters.
-    #[error("invalid run id {run_id:?}: {reason}")]
+    #[error("invalid run id {}: {reason}", shown_id(run_id))]
     InvalidRunId {
         /// The rejected id (escaped when printed).
         run_id: String,
@@ -66,7 +66,7 @@ pub enum Error {
     },
 
     /// A step or event name is empty, too long or contains control characters.
-    #[error("run `{run_id}`: invalid name {name:?}: {reason}")]
+    #[error("run `{run_id}`: invalid name {}: {reason}", shown_id(name))]
     InvalidName {
         /// The run.
         run_id: String,
@@ -196,7 +196,7 @@ pub enum Error {
     },
 
     /// A state could not be serialized.
-    #[error("run `{run_id}`: cannot encode state `{state}` (seq {seq}): {source}")]
+    #[error("run `{run_id}`: cannot encode state `{state}` (seq {seq})")]
     Encode {
         /// The run.
         run_id: String,
@@ -210,7 +210,7 @@ pub enum Error {
     },
 
     /// A stored record does not decode.
-    #[error("run `{run_id}`: record at seq {seq} (state `{state}`) does not decode: {source}")]
+    #[error("run `{run_id}`: record at seq {seq} (state `{state}`) does not decode")]
     Decode {
         /// The run.
         run_id: String,
@@ -238,27 +238,13 @@ pub enum Error {
         limit: usize,
     },
 
-    /// A handler failed. `source` is the handler's own error.
+    /// The run failed: its retry policy ran out of attempts (or of interruptions).
+    /// `last_error` is the error chain of the last attempt, outermost first; `source` is that
+    /// error itself when it failed in this process (then the message leaves the chain to it).
     #[error(
-        "run `{run_id}`: handler of state `{state}` (seq {seq}, attempt {attempt}) failed: {source}"
+        "run `{run_id}` failed in state `{state}` (seq {seq}) after {}",
+        attempts_text(*attempts, *interrupted, last_error, source.is_some())
     )]
-    Handler {
-        /// The run.
-        run_id: String,
-        /// The state being handled.
-        state: &'static str,
-        /// Its sequence number.
-        seq: u64,
-        /// The attempt, from 1.
-        attempt: u32,
-        /// The handler's error.
-        #[source]
-        source: BoxError,
-    },
-
-    /// The run failed: its retry policy ran out of attempts. `last_error` is the error
-    /// chain of the last attempt, outermost first.
-    #[error("run `{run_id}` failed in state `{state}` (seq {seq}) after {attempts} attempts: {}", last_error.join(": "))]
     RunFailed {
         /// The run.
         run_id: String,
@@ -266,8 +252,10 @@ pub enum Error {
         state: String,
         /// That state's sequence number.
         seq: u64,
-        /// Attempts made.
+        /// Attempts made, interrupted ones included.
         attempts: u32,
+        /// How many of them the process stopping cut short.
+        interrupted: u32,
         /// The last attempt's error chain, outermost first.
         last_error: Vec<String>,
         /// The last attempt's error itself, when it failed in this process.
@@ -311,7 +299,7 @@ pub enum Error {
     /// A recorded step's output does not decode as the type the handler asks for now:
     /// the handler's code changed between the record and this execution.
     #[error(
-        "run `{run_id}`: step `{step}`#{occurrence} of state `{state}` (seq {seq}) was recorded in a form that does not decode as the requested type: {source}"
+        "run `{run_id}`: step `{step}`#{occurrence} of state `{state}` (seq {seq}) was recorded in a form that does not decode as the requested type"
     )]
     StepDecode {
         /// The run.
@@ -331,7 +319,7 @@ pub enum Error {
 
     /// An event's payload does not decode as the type the waiting handler asks for.
     #[error(
-        "run `{run_id}`: event `{event}` (event seq {event_seq}) delivered to state `{state}` (seq {seq}) does not decode as the requested type: {source}"
+        "run `{run_id}`: event `{event}` (event seq {event_seq}) delivered to state `{state}` (seq {seq}) does not decode as the requested type"
     )]
     EventDecode {
         /// The run.
@@ -351,7 +339,7 @@ pub enum Error {
 
     /// A step's output could not be serialized; the step's effect happened but is not recorded.
     #[error(
-        "run `{run_id}`: output of step `{step}`#{occurrence} of state `{state}` (seq {seq}) cannot be encoded: {source}"
+        "run `{run_id}`: output of step `{step}`#{occurrence} of state `{state}` (seq {seq}) cannot be encoded"
     )]
     StepEncode {
         /// The run.
@@ -429,6 +417,44 @@ pub enum Error {
     Closed,
 }
 
+fn attempts_text(
+    attempts: u32,
+    interrupted: u32,
+    last_error: &[String],
+    has_source: bool,
+) -> String {
+    let plural = |n: u32| if n == 1 { "" } else { "s" };
+    if interrupted == attempts {
+        return format!(
+            "{attempts} attempt{}, each cut short by the process stopping",
+            plural(attempts)
+        );
+    }
+    let counted = match interrupted {
+        0 => format!("{attempts} attempt{}", plural(attempts)),
+        i => format!(
+            "{attempts} attempt{} ({i} cut short by the process stopping)",
+            plural(attempts)
+        ),
+    };
+    // With a source, the chain is the source's to tell.
+    if has_source || last_error.is_empty() {
+        counted
+    } else {
+        format!("{counted}: {}", last_error.join(": "))
+    }
+}
+
+/// The run id as shown in a message: at most 64 characters, then how long it was.
+fn shown_id(run_id: &str) -> String {
+    if run_id.chars().count() <= 64 {
+        format!("{run_id:?}")
+    } else {
+        let head: String = run_id.chars().take(64).collect();
+        format!("{head:?}... ({} bytes)", run_id.len())
+    }
+}
+
 fn describe_changes(changes: &[String]) -> String {
     if changes.is_empty() {
         String::new()
@@ -446,5 +472,13 @@ impl Error {
             action: action.into(),
             source: Arc::new(source.into()),
         }
+    }
+}
+
+impl Error {
+    /// The message and the messages of its `source()` chain, joined by `": "`: the whole
+    /// story in one line, for logs and command-line tools.
+    pub fn chain(&self) -> String {
+        crate::record::error_chain(self).join(": ")
     }
 }

@@ -456,6 +456,7 @@ impl Runtime {
                         state: info.state,
                         seq: info.seq,
                         attempts: info.attempt.saturating_sub(info.attempt_base),
+                        interrupted: info.interrupted,
                         last_error: info.error.unwrap_or_default(),
                         source: None,
                     });
@@ -1058,7 +1059,8 @@ fn check_workflow<W: Workflow>(info: &RunInfo) -> Result<()> {
     Ok(())
 }
 
-/// Checks a run id: not empty, at most [`MAX_RUN_ID_BYTES`] bytes, no control characters.
+/// Checks a run id: not empty, at most [`MAX_RUN_ID_BYTES`] bytes, no control characters, no
+/// white space at either end (any other Unicode is accepted).
 ///
 /// # Errors
 /// [`Error::InvalidRunId`] saying which rule the id breaks.
@@ -1069,6 +1071,8 @@ pub fn validate_run_id(run_id: &str) -> Result<()> {
         "longer than 256 bytes"
     } else if run_id.chars().any(char::is_control) {
         "contains control characters"
+    } else if run_id.starts_with(char::is_whitespace) || run_id.ends_with(char::is_whitespace) {
+        "starts or ends with white space"
     } else {
         return Ok(());
     };

@@ -291,6 +291,7 @@ async fn attempts_run_out_then_explicit_retry_resumes() {
             attempts,
             last_error,
             source,
+            interrupted: 0,
         } => {
             assert_eq!(
                 (run_id.as_str(), state.as_str(), *seq, *attempts),
@@ -1347,4 +1348,83 @@ async fn a_read_only_store_reads_and_refuses_writes() {
         RedbStore::open_read_only(path.with_extension("missing")),
         Err(Error::Open { .. })
     ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_of_the_wrong_shape_is_set_aside_and_the_wait_goes_on() {
+    let (_dir, path) = temp_store();
+    let rt = Runtime::builder()
+        .register::<Gate, _>(Gatekeeper::new(Duration::ZERO, Duration::from_millis(1)))
+        .open(&path)
+        .unwrap();
+    rt.start("g", Gate::Ask { doc: "d".into() }).await.unwrap();
+    // A mistyped approval (a number where the handler wants a name), then a good one.
+    rt.send("g", "approval", &42).await.unwrap();
+    let mut failures = Vec::new();
+    for _ in 0..500 {
+        failures = rt.store().failures("g").await.unwrap();
+        if !failures.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(failures.len(), 1);
+    assert_eq!(
+        failures[0].1.source,
+        FailureSource::Step {
+            name: "loops:wait:approval".into(),
+            occurrence: 0
+        }
+    );
+    assert!(
+        failures[0].1.errors[0].contains("event `approval` (event seq 0)"),
+        "{:?}",
+        failures[0].1.errors
+    );
+    rt.send("g", "approval", "gus").await.unwrap();
+    let done: Gate = rt.wait("g").await.unwrap();
+    assert_eq!(
+        done,
+        Gate::Done {
+            by: "gus".into(),
+            note: None
+        }
+    );
+    // Both events were taken from the inbox, the bad one only to be set aside.
+    let delivered: Vec<bool> = rt
+        .store()
+        .events("g")
+        .await
+        .unwrap()
+        .iter()
+        .map(|e| e.2)
+        .collect();
+    assert_eq!(delivered, vec![true, true]);
+    assert_eq!(rt.store().failures("g").await.unwrap().len(), 1);
+}
+
+#[test]
+fn messages_do_not_repeat_their_source() {
+    let source = serde_json::from_str::<u32>("x").unwrap_err();
+    let err = Error::Decode {
+        run_id: "r".into(),
+        seq: 3,
+        state: "Work".into(),
+        source,
+    };
+    assert_eq!(
+        err.to_string(),
+        "run `r`: record at seq 3 (state `Work`) does not decode"
+    );
+    assert_eq!(
+        err.chain(),
+        "run `r`: record at seq 3 (state `Work`) does not decode: expected value at line 1 column 1"
+    );
+    let long = "x".repeat(200);
+    let err = runtime::validate_run_id(&format!(" {long}")).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.len() < 160 && text.ends_with("(201 bytes): starts or ends with white space"),
+        "{text}"
+    );
 }

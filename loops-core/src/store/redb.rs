@@ -752,19 +752,28 @@ pub(crate) fn precheck(path: &Path, checks: &[SchemaCheck]) -> Result<bool> {
     if checks.is_empty() || !path.exists() {
         return Ok(true);
     }
-    let db = match redb::Builder::new().open_read_only(path) {
-        Ok(db) => db,
-        Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
+    // redb may panic on a damaged file: then the writable open below reports it properly.
+    let opened = std::panic::catch_unwind(|| redb::Builder::new().open_read_only(path));
+    let db = match opened {
+        Ok(Ok(db)) => db,
+        Ok(Err(redb::DatabaseError::DatabaseAlreadyOpen)) => {
             return Err(Error::StoreLocked {
                 path: path.to_path_buf(),
             });
         }
-        Err(_) => return Ok(false),
+        Ok(Err(_)) | Err(_) => return Ok(false),
     };
-    let txn = db
-        .begin_read()
-        .map_err(|e| Error::storage("checking schemas before opening", e))?;
-    schemas_match(&txn, checks).map(|()| true)
+    let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let txn = db
+            .begin_read()
+            .map_err(|e| Error::storage("checking schemas before opening", e))?;
+        schemas_match(&txn, checks)
+    }));
+    match checked {
+        Ok(result) => result.map(|()| true),
+        // A damaged file: leave it to the writable open, which verifies every page.
+        Err(_) => Ok(false),
+    }
 }
 
 /// Refuses if an unfinished run of a checked workflow was recorded with another schema.
@@ -1785,9 +1794,7 @@ fn name_upper_bound() -> String {
 
 /// The error for a redb panic caught while doing `what` on a damaged file.
 fn corrupted(what: &str) -> redb::Error {
-    redb::Error::Corrupted(format!(
-        "redb panicked during {what}: the file is damaged; run `loops check`"
-    ))
+    redb::Error::Corrupted(format!("redb panicked during {what}: the file is damaged"))
 }
 
 fn json_string(s: &str) -> String {
