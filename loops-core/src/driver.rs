@@ -18,6 +18,10 @@ use crate::runtime::{Claim, Runtime};
 use crate::store::{AfterFailure, Lease, RunInfo, RunStatus, Write};
 use crate::workflow::{BoxError, Dispatch, StateId, Workflow};
 
+/// How often an attached driver waiting on a store shared by several workers reads its run's
+/// row again, to see an event or a cancellation that another process wrote.
+pub(crate) const SHARED_POLL: Duration = Duration::from_millis(200);
+
 /// How a driver treats a run that parks (waits for an event or a time).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mode {
@@ -139,7 +143,7 @@ impl Runtime {
         };
         store
             .write(
-                None,
+                Some(claim.lease()),
                 Write::Create {
                     info: info.clone(),
                     record: record.to_bytes(),
@@ -228,10 +232,22 @@ impl Runtime {
                                         None => std::future::pending().await,
                                     }
                                 };
+                                // With a store shared by several workers, an event or a
+                                // cancellation may come from another process, which cannot
+                                // signal this one: look at the run's row now and then.
+                                let shared = async {
+                                    match store.lease_ttl() {
+                                        Some(ttl) => {
+                                            tokio::time::sleep(SHARED_POLL.min(ttl / 3)).await;
+                                        }
+                                        None => std::future::pending().await,
+                                    }
+                                };
                                 tokio::select! {
                                     () = signals.wake.notified() => {}
                                     () = timer => {}
                                     () = signals.cancel.cancelled() => {}
+                                    () = shared => {}
                                 }
                                 info = store.run_info(run_id).await?.ok_or_else(|| {
                                     Error::RunNotFound {
