@@ -98,3 +98,5 @@ impl Drop for TestSchema {
         .join();
     }
 }
+
+pub mod chain;
