@@ -115,6 +115,9 @@ pub const DEFAULT_POOL_SIZE: usize = 16;
 /// after its last renewal.
 pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
 
+/// Default limit of one read or write, waiting for a connection included: 10 s.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// Default PostgreSQL schema of the store's tables: `loops`.
 pub const DEFAULT_SCHEMA: &str = "loops";
 
@@ -208,6 +211,7 @@ pub struct PgStoreBuilder {
     schema: String,
     application_name: String,
     connect_timeout: Duration,
+    timeout: Duration,
 }
 
 impl PgStoreBuilder {
@@ -244,6 +248,16 @@ impl PgStoreBuilder {
     /// How long opening one connection may take (default 5 s).
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long one read or write may take, waiting for a connection included (default
+    /// 10 s). One that takes longer (a server that stopped answering, a network that drops
+    /// packets) fails with [`loops_core::Error::Database`] and its connection is closed, so
+    /// that no worker hangs on a dead connection: its leases lapse and other workers go on.
+    /// Keep it under the lease time for renewals to be of use.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
         self
     }
 
@@ -316,6 +330,7 @@ impl PgStoreBuilder {
                 label,
                 schema: self.schema,
                 lease_ttl: self.lease_ttl,
+                timeout: self.timeout,
                 owner: owner_id(),
             }),
         })
@@ -336,6 +351,8 @@ struct Inner {
     label: String,
     schema: String,
     lease_ttl: Duration,
+    /// Longest read or write.
+    timeout: Duration,
     /// Names this store's leases: a lease of this store that is still live belongs to a
     /// driver of this process that stopped, and may be taken over by `acquire`.
     owner: String,
@@ -363,6 +380,7 @@ impl PgStore {
             schema: DEFAULT_SCHEMA.to_owned(),
             application_name: DEFAULT_APPLICATION_NAME.to_owned(),
             connect_timeout: Duration::from_secs(5),
+            timeout: DEFAULT_TIMEOUT,
         }
     }
 
@@ -388,6 +406,25 @@ impl PgStore {
     /// The connection pool, for statements of your own on the store's server.
     pub fn pool(&self) -> &Pool {
         &self.inner.pool
+    }
+
+    /// `operation`, failed with [`loops_core::Error::Database`] if it takes longer than the
+    /// store's timeout (dropping it closes the connection it used: see `write::Guard`).
+    async fn timed<T>(
+        &self,
+        action: impl Fn() -> String,
+        operation: impl std::future::Future<Output = loops_core::Result<T>>,
+    ) -> loops_core::Result<T> {
+        match tokio::time::timeout(self.inner.timeout, operation).await {
+            Ok(result) => result,
+            Err(_) => Err(loops_core::Error::database(
+                action(),
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no answer in {} ms", self.inner.timeout.as_millis()),
+                ),
+            )),
+        }
     }
 
     /// A connection from the pool.

@@ -1,7 +1,6 @@
 //! Reads and lease statements: one statement each, in autocommit, tried again on another
 //! connection if the connection failed.
 
-use deadpool_postgres::Object;
 use loops_core::store::{EventRecord, Lease, RunInfo, RunStatus};
 use loops_core::{Error, FailureRecord, Result, SchemaHash, StepRecord, TransitionRecord};
 use tokio_postgres::Row;
@@ -21,24 +20,38 @@ impl PgStore {
         statement: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>> {
+        self.timed(&action, self.rows_untimed(&action, statement, params))
+            .await
+    }
+
+    pub(crate) async fn rows_untimed(
+        &self,
+        action: impl Fn() -> String,
+        statement: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>> {
         let mut tries = 0;
         loop {
             tries += 1;
-            let client = self.client(&action).await?;
+            // Closed if this future is dropped midway (a time-out): it may hang.
+            let client = crate::write::Guard(Some(self.client(&action).await?));
             let result = async {
-                let prepared = client.prepare_cached(statement).await?;
-                client.query(&prepared, params).await
+                let c = client.client();
+                let prepared = c.prepare_cached(statement).await?;
+                c.query(&prepared, params).await
             }
             .await;
             match result {
-                Ok(rows) => return Ok(rows),
+                Ok(rows) => {
+                    client.keep();
+                    return Ok(rows);
+                }
                 Err(e) if tries < TRIES && is_connection_error(&e) => {
                     tracing::debug!(error = %e, "connection failed; trying again");
-                    drop(Object::take(client));
                 }
                 Err(e) => {
-                    if is_connection_error(&e) {
-                        drop(Object::take(client));
+                    if !is_connection_error(&e) {
+                        client.keep();
                     }
                     return Err(Error::database(action(), e));
                 }

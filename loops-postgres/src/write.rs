@@ -47,17 +47,17 @@ enum Fail {
 
 /// Returns a connection to the pool only when the write left it clean; drops it otherwise (a
 /// write cancelled midway, a failed connection), which rolls back what it had not committed.
-struct Guard(Option<Object>);
+pub(crate) struct Guard(pub(crate) Option<Object>);
 
 impl Guard {
-    fn client(&self) -> &Object {
+    pub(crate) fn client(&self) -> &Object {
         // Set until `keep` consumes the guard.
         self.0
             .as_ref()
             .unwrap_or_else(|| unreachable!("the guard holds its connection"))
     }
 
-    fn keep(mut self) {
+    pub(crate) fn keep(mut self) {
         drop(self.0.take());
     }
 }
@@ -73,6 +73,11 @@ impl Drop for Guard {
 impl PgStore {
     pub(crate) async fn write_impl(&self, lease: Option<&Lease>, write: Write) -> Result<Reply> {
         let action = || describe(&write);
+        self.timed(action, self.write_untimed(lease, &write)).await
+    }
+
+    async fn write_untimed(&self, lease: Option<&Lease>, write: &Write) -> Result<Reply> {
+        let action = || describe(write);
         if let Write::Prune { run_ids } = &write {
             let rows = self.rows(action, &self.inner.sql.prune, &[run_ids]).await?;
             let records = rows
@@ -89,7 +94,7 @@ impl PgStore {
         loop {
             tries += 1;
             let guard = Guard(Some(self.client(action).await?));
-            match apply(guard.client(), &self.inner.sql, lease, &write).await {
+            match apply(guard.client(), &self.inner.sql, lease, write).await {
                 Ok(reply) => {
                     guard.keep();
                     return Ok(reply);
