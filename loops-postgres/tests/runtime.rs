@@ -383,8 +383,10 @@ async fn a_run_moves_to_another_worker_when_its_driver_stops() {
         .register::<Job, _>(stuck.clone())
         .build(schema.store(ttl).await);
     first.start("m", Job::Start { n: 0 }).await.unwrap();
+    // Wait for the step's record, not just its effect: stopping between the two is the
+    // window in which an effect runs again.
     for _ in 0..500 {
-        if stuck.effects.load(Ordering::SeqCst) == 1 {
+        if !first.store().steps("m", 1).await.unwrap().is_empty() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
