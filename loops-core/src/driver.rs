@@ -190,6 +190,10 @@ impl Runtime {
             park_threshold: self.config().park_threshold,
         });
         let mut last_error: Option<BoxError> = None;
+        // Whether the current state was entered by a commit of this driver (the run's creation
+        // or a transition): then no step of it can be recorded yet, and the journal is not
+        // read. (Not after a wake: the handler ran before the run parked.)
+        let mut entered_here = fresh;
         loop {
             match info.status {
                 RunStatus::Completed => return record.decode(run_id).map(Driven::Ended),
@@ -316,13 +320,12 @@ impl Runtime {
             fresh = false;
             let seq = info.seq;
             let attempt = info.attempt;
-            let ctx = Context::new(
-                Arc::clone(&scope),
-                state.name(),
-                seq,
-                attempt,
-                store.steps(run_id, seq).await?,
-            );
+            let recorded = if std::mem::take(&mut entered_here) {
+                Vec::new()
+            } else {
+                store.steps(run_id, seq).await?
+            };
+            let ctx = Context::new(Arc::clone(&scope), state.name(), seq, attempt, recorded);
             let span = tracing::info_span!("state", state = state.name(), seq, attempt);
             let timeout = self.state_timeout::<W>(state);
             let outcome = async {
@@ -405,6 +408,7 @@ impl Runtime {
                     );
                     record = next_record;
                     fresh = true;
+                    entered_here = true;
                     last_error = None;
                 }
                 Outcome::Failed(failure) => {
