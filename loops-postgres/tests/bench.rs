@@ -11,7 +11,6 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use loops::{Context, Runtime, Workflow};
@@ -222,7 +221,8 @@ async fn bench() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(2000);
     let schema = common::TestSchema::new("bench").await;
-    let store = schema.store(Duration::from_secs(10)).await;
+    // The latency loops hold one lease without a runtime to renew it: make it outlast them.
+    let store = schema.store(Duration::from_secs(3600)).await;
 
     // The floor: a raw single-row INSERT, one durable commit each, on the same server,
     // with the same settings (synchronous_commit = on).
