@@ -1001,7 +1001,10 @@ mod suite {
             let a = lease(store, "r").await;
             let b = lease(store, "r").await;
             assert_eq!((a.expires_ms, b.expires_ms), (None, None));
-            assert_eq!(store.renew(&[a.clone()]).await.unwrap(), vec![a.clone()]);
+            assert_eq!(
+                store.renew(std::slice::from_ref(&a)).await.unwrap(),
+                vec![a.clone()]
+            );
             store.release(&a).await.unwrap();
             assert!(f.second().await.is_none());
             return;
@@ -1016,8 +1019,8 @@ mod suite {
         assert_eq!(other.acquire("r").await.unwrap(), None);
         let a2 = lease(store, "r").await;
         assert!(a2.token > a.token);
-        assert_eq!(store.renew(&[a.clone()]).await.unwrap(), vec![]);
-        let renewed = store.renew(&[a2.clone()]).await.unwrap();
+        assert_eq!(store.renew(std::slice::from_ref(&a)).await.unwrap(), vec![]);
+        let renewed = store.renew(std::slice::from_ref(&a2)).await.unwrap();
         assert_eq!(renewed.len(), 1);
         assert_eq!(
             (renewed[0].run_id.as_str(), renewed[0].token),
@@ -1036,14 +1039,17 @@ mod suite {
         assert!(b.token > a2.token);
         // It lapses: renewal fails, and another worker takes it.
         tokio::time::sleep(ttl + ttl / 2).await;
-        assert_eq!(other.renew(&[b.clone()]).await.unwrap(), vec![]);
+        assert_eq!(other.renew(std::slice::from_ref(&b)).await.unwrap(), vec![]);
         let c = lease(store, "r").await;
         assert!(c.token > b.token);
         assert_eq!(other.acquire("r").await.unwrap(), None);
         // Renewals keep a lease past its first expiry.
         for _ in 0..3 {
             tokio::time::sleep(ttl / 3).await;
-            assert_eq!(store.renew(&[c.clone()]).await.unwrap().len(), 1);
+            assert_eq!(
+                store.renew(std::slice::from_ref(&c)).await.unwrap().len(),
+                1
+            );
         }
         assert_eq!(other.acquire("r").await.unwrap(), None);
         // Several at once; only the live ones come back.
