@@ -18,6 +18,10 @@ use crate::runtime::{Claim, Runtime};
 use crate::store::{AfterFailure, Lease, RunInfo, RunStatus, Write};
 use crate::workflow::{BoxError, Dispatch, StateId, Workflow};
 
+/// How often an attached driver waiting on a store shared by several workers reads its run's
+/// row again, to see an event or a cancellation that another process wrote.
+pub(crate) const SHARED_POLL: Duration = Duration::from_millis(200);
+
 /// How a driver treats a run that parks (waits for an event or a time).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mode {
@@ -140,7 +144,7 @@ impl Runtime {
         };
         store
             .write(
-                None,
+                Some(claim.lease()),
                 Write::Create {
                     info: info.clone(),
                     record: record.to_bytes(),
@@ -187,6 +191,10 @@ impl Runtime {
             park_threshold: self.config().park_threshold,
         });
         let mut last_error: Option<BoxError> = None;
+        // Whether the current state was entered by a commit of this driver (the run's creation
+        // or a transition): then no step of it can be recorded yet, and the journal is not
+        // read. (Not after a wake: the handler ran before the run parked.)
+        let mut entered_here = fresh;
         loop {
             match info.status {
                 RunStatus::Completed => return record.decode(run_id).map(Driven::Ended),
@@ -230,10 +238,22 @@ impl Runtime {
                                         None => std::future::pending().await,
                                     }
                                 };
+                                // With a store shared by several workers, an event or a
+                                // cancellation may come from another process, which cannot
+                                // signal this one: look at the run's row now and then.
+                                let shared = async {
+                                    match store.lease_ttl() {
+                                        Some(ttl) => {
+                                            tokio::time::sleep(SHARED_POLL.min(ttl / 3)).await;
+                                        }
+                                        None => std::future::pending().await,
+                                    }
+                                };
                                 tokio::select! {
                                     () = signals.wake.notified() => {}
                                     () = timer => {}
                                     () = signals.cancel.cancelled() => {}
+                                    () = shared => {}
                                 }
                                 info = store.run_info(run_id).await?.ok_or_else(|| {
                                     Error::RunNotFound {
@@ -303,13 +323,12 @@ impl Runtime {
             fresh = false;
             let seq = info.seq;
             let attempt = info.attempt;
-            let ctx = Context::new(
-                Arc::clone(&scope),
-                state.name(),
-                seq,
-                attempt,
-                store.steps(run_id, seq).await?,
-            );
+            let recorded = if std::mem::take(&mut entered_here) {
+                Vec::new()
+            } else {
+                store.steps(run_id, seq).await?
+            };
+            let ctx = Context::new(Arc::clone(&scope), state.name(), seq, attempt, recorded);
             let span = tracing::info_span!("state", state = state.name(), seq, attempt);
             let timeout = self.state_timeout::<W>(state);
             let outcome = async {
@@ -392,6 +411,7 @@ impl Runtime {
                     );
                     record = next_record;
                     fresh = true;
+                    entered_here = true;
                     last_error = None;
                 }
                 Outcome::Failed(failure) => {

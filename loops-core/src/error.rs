@@ -56,6 +56,20 @@ pub enum Error {
         source: Arc<redb::Error>,
     },
 
+    /// A database store (PostgreSQL, in the `loops-postgres` crate) failed a read or a write:
+    /// the server could not be reached, the connection was lost, or it refused a statement.
+    /// A write that fails so has not committed, except when the connection was lost during
+    /// its commit: then whether it committed is unknown, and the run's next write (or its
+    /// next driver, after a resume) finds out from the store.
+    #[error("store error while {action}: {source}")]
+    Database {
+        /// What the store was doing ("committing a transition of run `r1`").
+        action: String,
+        /// The database client's error.
+        #[source]
+        source: Arc<dyn std::error::Error + Send + Sync + 'static>,
+    },
+
     /// The run id is empty, too long or contains control characters.
     #[error("invalid run id {}: {reason}", shown_id(run_id))]
     InvalidRunId {
@@ -467,6 +481,18 @@ fn describe_changes(changes: &[String]) -> String {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// An [`Error::Database`]: `action` says what the store was doing, `source` is the
+    /// database client's error.
+    pub fn database(
+        action: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Error::Database {
+            action: action.into(),
+            source: Arc::new(source),
+        }
+    }
+
     pub(crate) fn storage(action: impl Into<String>, source: impl Into<redb::Error>) -> Self {
         Error::Storage {
             action: action.into(),

@@ -287,17 +287,7 @@ impl Drop for Claim {
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&self.run_id);
         // Leases that lapse are given back, so that another worker may take the run at once.
-        if self.runtime.inner.store.lease_ttl().is_some()
-            && let Ok(handle) = tokio::runtime::Handle::try_current()
-        {
-            let store = self.runtime.store_arc();
-            let lease = self.lease.clone();
-            handle.spawn(async move {
-                if let Err(e) = store.release(&lease).await {
-                    tracing::warn!(run_id = %lease.run_id, error = %e, "could not release a lease");
-                }
-            });
-        }
+        self.runtime.release_later(self.lease.clone());
     }
 }
 
@@ -670,10 +660,12 @@ impl Runtime {
 
     /// Keeps driving the registered workflows' runs until [`shutdown`](Self::shutdown):
     /// resumes them now ([`resume_all`](Self::resume_all)); then, with a store shared by
-    /// several workers (one whose leases lapse), every `poll` it renews the leases of the runs
-    /// this runtime drives and claims the runs that need a driver: new runs, waiting runs whose
+    /// several workers (one whose leases lapse), every `poll` (at most a third of the lease
+    /// time) it claims the runs that need a driver: runs no worker holds, waiting runs whose
     /// event arrived or whose time came, and runs of a worker that died once its lease lapsed.
-    /// With such a store, an event sent by another worker reaches a parked run within `poll`.
+    /// With such a store, an event sent by a process that does not drive the run reaches it
+    /// within `poll`. (The leases of the runs this runtime drives are renewed by a task of
+    /// their own, every third of the lease time, whether `serve` runs or not.)
     /// With a store only this process opens, everything after the first resume is driven by
     /// events in this process, and `serve` just waits.
     ///
@@ -695,9 +687,6 @@ impl Runtime {
                 () = tokio::time::sleep(every) => {}
                 () = stopped.cancelled() => return Ok(()),
             }
-            if let Err(e) = self.renew_leases().await {
-                tracing::warn!(error = %e, "could not renew leases");
-            }
             if let Err(e) = self.resume_all().await {
                 tracing::warn!(error = %e, "could not claim runs");
             }
@@ -706,7 +695,7 @@ impl Runtime {
 
     /// Renews the leases of the runs this runtime drives; a driver whose lease was lost is
     /// told to stop (its writes would be refused anyway: every write is fenced).
-    async fn renew_leases(&self) -> Result<()> {
+    pub(crate) async fn renew_leases(&self) -> Result<()> {
         let held: Vec<(Signals, Lease)> = self
             .inner
             .active
@@ -760,6 +749,12 @@ impl Runtime {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
             if active.contains_key(run_id) {
+                if let Some(lease) = lease {
+                    // Granted by `claim_ready` while a driver here still held the run (its own
+                    // lease lapsed): give it back, so that the run is free once that driver
+                    // stops.
+                    self.release_later(lease);
+                }
                 return Err(Error::RunActive {
                     run_id: run_id.to_owned(),
                 });
@@ -800,7 +795,25 @@ impl Runtime {
             .lease
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some(claim.lease.clone());
+        if let Some(ttl) = self.inner.store.lease_ttl() {
+            self.inner.background.start_renewer(self, ttl);
+        }
         Ok(claim)
+    }
+
+    /// Gives `lease` back in a task of its own, when the store's leases lapse.
+    fn release_later(&self, lease: Lease) {
+        if self.inner.store.lease_ttl().is_none() {
+            return;
+        }
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let store = self.store_arc();
+            handle.spawn(async move {
+                if let Err(e) = store.release(&lease).await {
+                    tracing::warn!(run_id = %lease.run_id, error = %e, "could not release a lease");
+                }
+            });
+        }
     }
 
     pub(crate) fn retry_policy<W: Workflow>(&self, state: W::State) -> RetryPolicy {
@@ -852,7 +865,8 @@ impl Runtime {
     /// Cancels the run `run_id`, durably. A run this runtime is driving sees the cancellation
     /// through its [`Context`](crate::Context) and ends as cancelled at its next step or state
     /// boundary; a run nobody drives (parked, or not resumed since a crash) ends as cancelled
-    /// at once.
+    /// at once. With a store shared by several workers, a run that another worker drives
+    /// ends as cancelled at its next state boundary, or, if it waits, within 200 ms.
     ///
     /// # Errors
     /// [`Error::RunNotFound`]; [`Error::RunEnded`] if the run has ended already;
@@ -866,20 +880,33 @@ impl Runtime {
             .unwrap_or_else(PoisonError::into_inner)
             .get(run_id)
             .cloned();
-        let info = self
+        // A run nobody drives ends at once. With a store shared by several workers, another
+        // worker may drive it: take its lease to know, and hold it meanwhile so that no worker
+        // starts driving it. A run driven elsewhere sees the request in the row its next write
+        // returns (or, waiting attached, when it reads the row again) and ends itself.
+        let held = match &signals {
+            None if self.store().lease_ttl().is_some() => self.store().acquire(run_id).await?,
+            _ => None,
+        };
+        let end_now = signals.is_none() && (held.is_some() || self.store().lease_ttl().is_none());
+        let written = self
             .store()
             .write(
                 None,
                 Write::Cancel {
                     run_id: run_id.to_owned(),
                     reason: reason.to_owned(),
-                    end_now: signals.is_none(),
+                    end_now,
                     at_ms: now_ms(),
                 },
             )
-            .await?
-            .into_run(run_id)?;
-        let mut info = info;
+            .await;
+        if let Some(lease) = &held
+            && let Err(e) = self.store().release(lease).await
+        {
+            tracing::warn!(run_id, error = %e, "could not release a lease");
+        }
+        let mut info = written?.into_run(run_id)?;
         if let Some(signals) = signals {
             signals.cancel.cancel();
             // The driver may have been stopping (it parked the run, say) when the request

@@ -148,6 +148,8 @@ pub(crate) struct Background {
     timers: Mutex<BTreeSet<(u64, String, String)>>,
     timer_changed: Arc<Notify>,
     timer_task: AtomicBool,
+    /// Whether the task that renews leases (stores shared by several workers) was started.
+    renewer: AtomicBool,
     ended: Notify,
     shut_down: AtomicBool,
     stop: tokio_util::sync::CancellationToken,
@@ -168,6 +170,7 @@ impl Background {
             timers: Mutex::new(BTreeSet::new()),
             timer_changed: Arc::new(Notify::new()),
             timer_task: AtomicBool::new(false),
+            renewer: AtomicBool::new(false),
             ended: Notify::new(),
             shut_down: AtomicBool::new(false),
             stop: tokio_util::sync::CancellationToken::new(),
@@ -241,6 +244,16 @@ impl Background {
         self.timer_changed.notify_one();
     }
 
+    /// Starts, once, the task that renews the leases of the runs this runtime drives every
+    /// third of the lease time `ttl`.
+    pub(crate) fn start_renewer(&self, runtime: &Runtime, ttl: Duration) {
+        if !self.renewer.swap(true, Ordering::AcqRel) {
+            let weak = Arc::downgrade(&runtime.inner);
+            let stop = self.stop.clone();
+            self.spawn_task(renew_loop(weak, ttl, stop));
+        }
+    }
+
     #[cfg(test)]
     pub(crate) fn tasks(&self) -> std::sync::MutexGuard<'_, JoinSet<()>> {
         self.tasks.lock().unwrap_or_else(PoisonError::into_inner)
@@ -258,6 +271,29 @@ impl Background {
         let mut tasks =
             std::mem::take(&mut *self.tasks.lock().unwrap_or_else(PoisonError::into_inner));
         tasks.shutdown().await;
+    }
+}
+
+/// Renews the leases of the runs being driven, every third of the lease time, until the
+/// runtime is dropped or shut down. Holds the runtime only while it renews.
+async fn renew_loop(
+    runtime: Weak<Inner>,
+    ttl: Duration,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let every = (ttl / 3).max(Duration::from_millis(10));
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            () = stop.cancelled() => return,
+        }
+        let Some(inner) = runtime.upgrade() else {
+            return;
+        };
+        let rt = Runtime { inner };
+        if let Err(e) = rt.renew_leases().await {
+            tracing::warn!(error = %e, "could not renew leases");
+        }
     }
 }
 

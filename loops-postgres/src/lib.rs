@@ -1,0 +1,656 @@
+//! The PostgreSQL store of [loops](https://docs.rs/loops): many worker processes, on many
+//! machines, share one set of runs. Each run is driven by one worker at a time, through a
+//! lease that every write is fenced by.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! use loops_core::{BoxError, Context, Runtime, SchemaHash, StateId, Workflow, Dispatch};
+//! use loops_postgres::PgStore;
+//! # use serde::{Deserialize, Serialize};
+//! # #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+//! # enum Job { Start, Done }
+//! # #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+//! # enum JobState { Start, Done }
+//! # impl std::fmt::Display for JobState {
+//! #     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result { f.write_str(self.name()) }
+//! # }
+//! # impl StateId for JobState {
+//! #     const ALL: &'static [Self] = &[JobState::Start, JobState::Done];
+//! #     const INITIAL: Self = JobState::Start;
+//! #     fn name(self) -> &'static str { match self { JobState::Start => "Start", JobState::Done => "Done" } }
+//! #     fn next(self) -> &'static [Self] { match self { JobState::Start => &[JobState::Done], JobState::Done => &[] } }
+//! #     fn is_terminal(self) -> bool { self == JobState::Done }
+//! # }
+//! # impl Workflow for Job {
+//! #     type State = JobState;
+//! #     const NAME: &'static str = "job";
+//! #     const VERSION: u32 = 1;
+//! #     const SCHEMA_HASH: SchemaHash = SchemaHash::of(b"job");
+//! #     const SCHEMA: &'static str = "job";
+//! #     fn state(&self) -> JobState { match self { Job::Start => JobState::Start, Job::Done => JobState::Done } }
+//! # }
+//! # struct Agent;
+//! # impl Dispatch<Agent> for Job {
+//! #     async fn dispatch(self, _: &Agent, _: &Context) -> Result<Self, BoxError> { Ok(Job::Done) }
+//! # }
+//! // `Job` is a workflow (`#[derive(Workflow)]` with the `loops` crate); `Agent` its handler.
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     let store = PgStore::builder("host=db.internal user=loops dbname=loops")
+//!         .schema("loops")                      // all tables in this PostgreSQL schema
+//!         .pool_size(16)                        // connections per worker
+//!         .lease_ttl(Duration::from_secs(10))   // a dead worker's runs move after this
+//!         .connect()                            // applies the migrations it lacks
+//!         .await?;
+//!     let runtime = Runtime::builder()
+//!         .register::<Job, _>(Agent)
+//!         .build(store);
+//!     runtime.start("job-1", Job::Start).await?;
+//!     // Drive this worker's runs, and claim those no live worker holds, until shutdown.
+//!     runtime.serve(Duration::from_millis(500)).await?;
+//!     Ok(())
+//! }
+//! ```
+//!
+//! # How it works
+//! - **Tables.** One PostgreSQL schema per store ([`PgStoreBuilder::schema`]), created and
+//!   migrated on [`connect`](PgStoreBuilder::connect) (versioned; a schema newer than this
+//!   build is refused with [`Error::SchemaTooNew`]). Records are the same JSON as in the redb
+//!   store, kept as `text` so that they read back byte for byte.
+//! - **Leases.** A worker drives a run only under a lease: a row of the `leases` table with a
+//!   fencing token (from a sequence, never reused) and an expiry on the server's clock. The
+//!   runtime renews its leases every third of the lease time; a worker that stops renewing
+//!   (crashed, paused, cut off) loses its runs after the lease time, and another worker's
+//!   `claim_ready` (`FOR UPDATE SKIP LOCKED`) takes them over.
+//! - **Fencing.** Every write that carries a lease locks the lease row (`FOR UPDATE`) and the
+//!   run's row in the transaction that writes, and commits only if the lease is still the
+//!   run's, unexpired, and the write's sequence number is the run's next one; otherwise it is
+//!   refused with [`loops_core::Error::Fenced`] and leaves no trace.
+//! - **Durability.** Every connection runs with `synchronous_commit = on`: a write returns
+//!   after its commit is flushed to the server's WAL. Concurrent commits share WAL flushes
+//!   (PostgreSQL's own group commit).
+//! - **Wake-ups.** Events, timers and cancellations written by another process reach the
+//!   worker that holds a run by polling: a parked run is claimed by the next
+//!   [`Runtime::serve`](loops_core::Runtime::serve) poll of any worker once its wait can end,
+//!   and an attached driver re-reads its row every 200 ms.
+//!
+//! # Why deadpool-postgres
+//! tokio-postgres is the async PostgreSQL client of the tokio ecosystem, with pipelining,
+//! which the write path uses to send a transaction's statements in two round trips.
+//! deadpool-postgres is the pool most used with it: small, tokio-native, with a per-connection
+//! statement cache, and it drops a connection the server closed instead of handing it out
+//! again. bb8 would do as well; sqlx would bring its own driver and a compile-time query
+//! checker that needs a database at build time.
+//!
+//! Connections are made without TLS: run workers on a network you trust, or behind a
+//! TLS-terminating proxy.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
+
+mod migrate;
+mod read;
+mod sql;
+mod write;
+
+use std::any::Any;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
+use loops_core::store::{BoxFuture, EventRecord, Lease, Reply, RunInfo, RunStatus, Store, Write};
+use loops_core::{FailureRecord, SchemaHash, StepRecord, TransitionRecord};
+use tokio_postgres::NoTls;
+
+pub use migrate::SCHEMA_VERSION;
+
+use crate::sql::Sql;
+
+/// Default number of connections per store: 16.
+pub const DEFAULT_POOL_SIZE: usize = 16;
+
+/// Default lease time: 10 s. A worker that dies loses its runs to other workers this long
+/// after its last renewal.
+pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
+
+/// Default limit of one read or write, waiting for a connection included: 10 s.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Default PostgreSQL schema of the store's tables: `loops`.
+pub const DEFAULT_SCHEMA: &str = "loops";
+
+/// Default `application_name` of the store's connections: `loops`.
+pub const DEFAULT_APPLICATION_NAME: &str = "loops";
+
+/// Why a [`PgStore`] could not be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The connection string does not parse (either form of libpq's: `host=.. user=..` or a
+    /// `postgres://` URL).
+    #[error("invalid PostgreSQL connection string: {source}")]
+    Config {
+        /// The parser's error.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+
+    /// The schema name is not one of lowercase ASCII letters, digits and `_` (at most 63
+    /// bytes, not starting with a digit or `pg_`).
+    #[error("invalid schema name {name:?}: {reason}")]
+    InvalidSchema {
+        /// The name given.
+        name: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+
+    /// A setting is out of range (a pool of 0 connections, a lease time under 10 ms).
+    #[error("invalid setting `{setting}`: {reason}")]
+    InvalidSetting {
+        /// The builder method.
+        setting: &'static str,
+        /// What is wrong.
+        reason: &'static str,
+    },
+
+    /// The server could not be reached, or refused the connection.
+    #[error("cannot connect to {label}: {source}")]
+    Connect {
+        /// The server, as [`PgStore::label`] names it.
+        label: String,
+        /// The client's or the pool's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+
+    /// A migration failed; the schema stays at the version it had (migrations run in one
+    /// transaction).
+    #[error("migrating schema {schema:?} to version {version} failed: {source}")]
+    Migrate {
+        /// The PostgreSQL schema.
+        schema: String,
+        /// The version being applied (0: before any, while reading the version).
+        version: i32,
+        /// The server's error.
+        #[source]
+        source: tokio_postgres::Error,
+    },
+
+    /// The schema was migrated by a newer build of loops-postgres (to `found`, past the
+    /// `supported` [`SCHEMA_VERSION`]): this build refuses to touch it. Nothing was changed.
+    #[error(
+        "schema {schema:?} is at version {found}, newer than the version {supported} this build knows; upgrade loops-postgres"
+    )]
+    SchemaTooNew {
+        /// The PostgreSQL schema.
+        schema: String,
+        /// The version found in the schema's `migrations` table.
+        found: i32,
+        /// The newest version this build knows.
+        supported: i32,
+    },
+}
+
+impl From<Error> for loops_core::Error {
+    /// An [`Error`] as [`loops_core::Error::Database`], for callers that use loops' error
+    /// type throughout.
+    fn from(e: Error) -> Self {
+        loops_core::Error::database("connecting to PostgreSQL", e)
+    }
+}
+
+/// Configures a [`PgStore`]: made by [`PgStore::builder`].
+#[derive(Debug, Clone)]
+pub struct PgStoreBuilder {
+    config: String,
+    pool_size: usize,
+    lease_ttl: Duration,
+    schema: String,
+    application_name: String,
+    connect_timeout: Duration,
+    timeout: Duration,
+}
+
+impl PgStoreBuilder {
+    /// Connections in the pool (default [`DEFAULT_POOL_SIZE`]). Each concurrent write or read
+    /// holds one for its duration; more concurrent runs than connections wait for one.
+    pub fn pool_size(mut self, connections: usize) -> Self {
+        self.pool_size = connections;
+        self
+    }
+
+    /// How long a lease lasts without renewal (default [`DEFAULT_LEASE_TTL`], 10 s; at least
+    /// 10 ms). The runtime renews every third of it. Shorter moves a dead worker's runs
+    /// sooner; longer tolerates longer pauses (GC, a slow network) without losing runs.
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = ttl;
+        self
+    }
+
+    /// The PostgreSQL schema that holds every table (default [`DEFAULT_SCHEMA`]): lowercase
+    /// ASCII letters, digits and `_`. Stores with different schemas share nothing, which
+    /// isolates tenants or tests in one database.
+    pub fn schema(mut self, name: impl Into<String>) -> Self {
+        self.schema = name.into();
+        self
+    }
+
+    /// The `application_name` of the store's connections (default
+    /// [`DEFAULT_APPLICATION_NAME`]), as `pg_stat_activity` shows it.
+    pub fn application_name(mut self, name: impl Into<String>) -> Self {
+        self.application_name = name.into();
+        self
+    }
+
+    /// How long opening one connection may take (default 5 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long one read or write may take, waiting for a connection included (default
+    /// 10 s). One that takes longer (a server that stopped answering, a network that drops
+    /// packets) fails with [`loops_core::Error::Database`] and its connection is closed, so
+    /// that no worker hangs on a dead connection: its leases lapse and other workers go on.
+    /// Keep it under the lease time for renewals to be of use.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Connects, creates the schema and applies the migrations it lacks, and returns the
+    /// store.
+    ///
+    /// # Errors
+    /// [`Error::Config`], [`Error::InvalidSchema`], [`Error::InvalidSetting`] for bad
+    /// settings; [`Error::Connect`] if the server cannot be reached; [`Error::Migrate`] if a
+    /// migration fails; [`Error::SchemaTooNew`] if the schema was migrated by a newer build.
+    pub async fn connect(self) -> Result<PgStore, Error> {
+        validate_schema(&self.schema)?;
+        if self.pool_size == 0 {
+            return Err(Error::InvalidSetting {
+                setting: "pool_size",
+                reason: "a pool needs at least one connection",
+            });
+        }
+        if self.lease_ttl < Duration::from_millis(10) {
+            return Err(Error::InvalidSetting {
+                setting: "lease_ttl",
+                reason: "a lease must last at least 10 ms",
+            });
+        }
+        let mut config: tokio_postgres::Config = self
+            .config
+            .parse()
+            .map_err(|source| Error::Config { source })?;
+        // Durability does not depend on the server's or the role's defaults.
+        let options = match config.get_options() {
+            Some(given) => format!("{given} -c synchronous_commit=on"),
+            None => "-c synchronous_commit=on".to_owned(),
+        };
+        config
+            .options(options)
+            .application_name(self.application_name.clone())
+            .connect_timeout(self.connect_timeout);
+        let label = label(&config, &self.schema);
+        let connect_err = |source: Box<dyn std::error::Error + Send + Sync>| Error::Connect {
+            label: label.clone(),
+            source,
+        };
+        // Migrations run on a connection of their own, before the pool exists.
+        let (mut client, connection) = config
+            .connect(NoTls)
+            .await
+            .map_err(|e| connect_err(e.into()))?;
+        let conn_task = tokio::spawn(connection);
+        let migrated = migrate::migrate(&mut client, &self.schema).await;
+        drop(client);
+        let _ = conn_task.await;
+        migrated?;
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(self.pool_size)
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .create_timeout(Some(self.connect_timeout))
+            .build()
+            .map_err(|e| connect_err(e.into()))?;
+        Ok(PgStore {
+            inner: Arc::new(Inner {
+                sql: Sql::new(&self.schema),
+                pool,
+                label,
+                schema: self.schema,
+                lease_ttl: self.lease_ttl,
+                timeout: self.timeout,
+                owner: owner_id(),
+            }),
+        })
+    }
+}
+
+/// The PostgreSQL store: implements [`Store`] for a [`Runtime`](loops_core::Runtime) shared
+/// by many workers. Cheap to clone (an `Arc`); clones share one pool, and count as one worker
+/// for leases.
+#[derive(Clone)]
+pub struct PgStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    sql: Sql,
+    pool: Pool,
+    label: String,
+    schema: String,
+    lease_ttl: Duration,
+    /// Longest read or write.
+    timeout: Duration,
+    /// Names this store's leases: a lease of this store that is still live belongs to a
+    /// driver of this process that stopped, and may be taken over by `acquire`.
+    owner: String,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore")
+            .field("label", &self.inner.label)
+            .field("lease_ttl", &self.inner.lease_ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PgStore {
+    /// A builder for a store on the server that `config` names: a libpq connection string
+    /// (`"host=127.0.0.1 user=loops dbname=loops"`) or URL
+    /// (`"postgres://loops@127.0.0.1/loops"`). Nothing is checked until
+    /// [`connect`](PgStoreBuilder::connect).
+    pub fn builder(config: impl Into<String>) -> PgStoreBuilder {
+        PgStoreBuilder {
+            config: config.into(),
+            pool_size: DEFAULT_POOL_SIZE,
+            lease_ttl: DEFAULT_LEASE_TTL,
+            schema: DEFAULT_SCHEMA.to_owned(),
+            application_name: DEFAULT_APPLICATION_NAME.to_owned(),
+            connect_timeout: Duration::from_secs(5),
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+
+    /// Connects with the default settings: `PgStore::builder(config).connect()`.
+    ///
+    /// # Errors
+    /// As [`PgStoreBuilder::connect`].
+    pub async fn connect(config: impl Into<String>) -> Result<PgStore, Error> {
+        Self::builder(config).connect().await
+    }
+
+    /// The PostgreSQL schema of the store's tables.
+    pub fn schema_name(&self) -> &str {
+        &self.inner.schema
+    }
+
+    /// The server, database and schema, without password (`postgres://loops@db:5432/loops
+    /// schema loops`).
+    pub fn label(&self) -> &str {
+        &self.inner.label
+    }
+
+    /// The connection pool, for statements of your own on the store's server.
+    pub fn pool(&self) -> &Pool {
+        &self.inner.pool
+    }
+
+    /// `operation`, failed with [`loops_core::Error::Database`] if it takes longer than the
+    /// store's timeout (dropping it closes the connection it used: see `write::Guard`).
+    async fn timed<T>(
+        &self,
+        action: impl Fn() -> String,
+        operation: impl std::future::Future<Output = loops_core::Result<T>>,
+    ) -> loops_core::Result<T> {
+        match tokio::time::timeout(self.inner.timeout, operation).await {
+            Ok(result) => result,
+            Err(_) => Err(loops_core::Error::database(
+                action(),
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("no answer in {} ms", self.inner.timeout.as_millis()),
+                ),
+            )),
+        }
+    }
+
+    /// A connection from the pool.
+    async fn client(&self, action: impl Fn() -> String) -> loops_core::Result<Object> {
+        self.inner
+            .pool
+            .get()
+            .await
+            .map_err(|e| loops_core::Error::database(action(), e))
+    }
+
+    fn ttl_ms(&self) -> i64 {
+        i64::try_from(self.inner.lease_ttl.as_millis()).unwrap_or(i64::MAX)
+    }
+}
+
+/// A unique name for this store's leases: process id, start time and a counter.
+fn owner_id() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!(
+        "{}-{nanos}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn label(config: &tokio_postgres::Config, schema: &str) -> String {
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+        #[cfg(unix)]
+        Some(tokio_postgres::config::Host::Unix(p)) => p.display().to_string(),
+        None => "localhost".to_owned(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let user = config.get_user().unwrap_or("");
+    let db = config.get_dbname().unwrap_or(user);
+    format!("postgres://{user}@{host}:{port}/{db} schema {schema}")
+}
+
+fn validate_schema(name: &str) -> Result<(), Error> {
+    let reason = if name.is_empty() {
+        "empty"
+    } else if name.len() > 63 {
+        "longer than 63 bytes"
+    } else if !name
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    {
+        "only lowercase ASCII letters, digits and `_` are allowed"
+    } else if name.as_bytes()[0].is_ascii_digit() {
+        "starts with a digit"
+    } else if name.starts_with("pg_") {
+        "`pg_` names are reserved by PostgreSQL"
+    } else {
+        return Ok(());
+    };
+    Err(Error::InvalidSchema {
+        name: name.to_owned(),
+        reason,
+    })
+}
+
+/// Whether `e` says the connection failed (rather than the statement): then nothing the
+/// transaction sent before its commit took effect, and trying again on another connection
+/// is safe.
+pub(crate) fn is_connection_error(e: &tokio_postgres::Error) -> bool {
+    match e.as_db_error() {
+        None => {
+            e.is_closed() || std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>())
+        }
+        Some(db) => {
+            let code = db.code().code();
+            code.starts_with("08") || code.starts_with("57P")
+        }
+    }
+}
+
+/// Converts a sequence number or time to the `bigint` PostgreSQL stores.
+pub(crate) fn big(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl Store for PgStore {
+    fn label(&self) -> String {
+        self.inner.label.clone()
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn write<'a>(
+        &'a self,
+        lease: Option<&'a Lease>,
+        write: Write,
+    ) -> BoxFuture<'a, loops_core::Result<Reply>> {
+        Box::pin(self.write_impl(lease, write))
+    }
+
+    fn run_info<'a>(
+        &'a self,
+        run_id: &'a str,
+    ) -> BoxFuture<'a, loops_core::Result<Option<RunInfo>>> {
+        Box::pin(self.read_run_info(run_id))
+    }
+
+    fn latest<'a>(
+        &'a self,
+        run_id: &'a str,
+    ) -> BoxFuture<'a, loops_core::Result<Option<(RunInfo, TransitionRecord)>>> {
+        Box::pin(self.read_latest(run_id))
+    }
+
+    fn history<'a>(
+        &'a self,
+        run_id: &'a str,
+    ) -> BoxFuture<'a, loops_core::Result<Vec<TransitionRecord>>> {
+        Box::pin(self.read_history(run_id))
+    }
+
+    fn steps<'a>(
+        &'a self,
+        run_id: &'a str,
+        seq: u64,
+    ) -> BoxFuture<'a, loops_core::Result<Vec<(String, u32, StepRecord)>>> {
+        Box::pin(self.read_steps(run_id, seq))
+    }
+
+    fn failures<'a>(
+        &'a self,
+        run_id: &'a str,
+    ) -> BoxFuture<'a, loops_core::Result<Vec<(u64, FailureRecord)>>> {
+        Box::pin(self.read_failures(run_id))
+    }
+
+    fn events<'a>(
+        &'a self,
+        run_id: &'a str,
+    ) -> BoxFuture<'a, loops_core::Result<Vec<(u64, EventRecord, bool)>>> {
+        Box::pin(self.read_events(run_id))
+    }
+
+    fn has_pending<'a>(
+        &'a self,
+        run_id: &'a str,
+        event: &'a str,
+    ) -> BoxFuture<'a, loops_core::Result<bool>> {
+        Box::pin(self.read_has_pending(run_id, event))
+    }
+
+    fn list<'a>(
+        &'a self,
+        status: RunStatus,
+        workflow: Option<&'a str>,
+    ) -> BoxFuture<'a, loops_core::Result<Vec<RunInfo>>> {
+        Box::pin(self.read_list(status, workflow))
+    }
+
+    fn schema(&self, hash: SchemaHash) -> BoxFuture<'_, loops_core::Result<Option<String>>> {
+        Box::pin(self.read_schema(hash))
+    }
+
+    fn acquire<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, loops_core::Result<Option<Lease>>> {
+        Box::pin(self.lease_acquire(run_id))
+    }
+
+    fn release<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, loops_core::Result<()>> {
+        Box::pin(self.lease_release(lease))
+    }
+
+    fn renew<'a>(&'a self, leases: &'a [Lease]) -> BoxFuture<'a, loops_core::Result<Vec<Lease>>> {
+        Box::pin(self.lease_renew(leases))
+    }
+
+    fn lease_ttl(&self) -> Option<Duration> {
+        Some(self.inner.lease_ttl)
+    }
+
+    fn claim_ready<'a>(
+        &'a self,
+        workflows: &'a [String],
+        limit: usize,
+    ) -> BoxFuture<'a, loops_core::Result<Vec<(RunInfo, Lease)>>> {
+        Box::pin(self.lease_claim_ready(workflows, limit))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_names_are_checked() {
+        assert!(validate_schema("loops_test_1").is_ok());
+        for (name, reason) in [
+            ("", "empty"),
+            (
+                "Loops",
+                "only lowercase ASCII letters, digits and `_` are allowed",
+            ),
+            (
+                "a\"b",
+                "only lowercase ASCII letters, digits and `_` are allowed",
+            ),
+            ("1abc", "starts with a digit"),
+            ("pg_x", "`pg_` names are reserved by PostgreSQL"),
+        ] {
+            match validate_schema(name) {
+                Err(Error::InvalidSchema { reason: r, .. }) => assert_eq!(r, reason, "{name}"),
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+        assert!(validate_schema(&"a".repeat(64)).is_err());
+    }
+
+    #[test]
+    fn labels_carry_no_password() {
+        let config: tokio_postgres::Config =
+            "postgres://u:secret@db.example:6543/app".parse().unwrap();
+        assert_eq!(
+            label(&config, "loops"),
+            "postgres://u@db.example:6543/app schema loops"
+        );
+    }
+}

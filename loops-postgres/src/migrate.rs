@@ -1,0 +1,156 @@
+//! Versioned migrations of the store's tables, applied when a store connects.
+//!
+//! Every table lives in the store's own PostgreSQL schema, created by the first migration run.
+//! The schema's `migrations` table lists the versions applied. [`migrate`] takes a
+//! transaction-scoped advisory lock named after the schema first, so that workers starting at
+//! once apply each migration once, one after the other; a worker that finds a version newer
+//! than it knows refuses to start ([`Error::SchemaTooNew`]) and changes nothing.
+
+use crate::Error;
+
+/// One migration: its version (from 1, without gaps), what it does, and its SQL (`{s}` is the
+/// quoted schema name).
+struct Migration {
+    version: i32,
+    description: &'static str,
+    sql: &'static str,
+}
+
+/// Every migration, oldest first.
+const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    description: "runs, journal, steps, failures, schemas, inbox, leases",
+    sql: r#"
+CREATE TABLE {s}.runs (
+    run_id        text COLLATE "C" PRIMARY KEY,
+    workflow      text COLLATE "C" NOT NULL,
+    status        text NOT NULL
+                  CHECK (status IN ('running', 'waiting', 'completed', 'failed', 'cancelled')),
+    seq           bigint NOT NULL,
+    wait_event    text COLLATE "C",
+    wait_until_ms bigint,
+    info          text NOT NULL
+);
+CREATE INDEX runs_status ON {s}.runs (status, workflow, run_id);
+
+CREATE TABLE {s}.journal (
+    run_id text COLLATE "C" NOT NULL,
+    seq    bigint NOT NULL,
+    record text NOT NULL,
+    PRIMARY KEY (run_id, seq)
+);
+
+CREATE TABLE {s}.steps (
+    run_id     text COLLATE "C" NOT NULL,
+    seq        bigint NOT NULL,
+    name       text COLLATE "C" NOT NULL,
+    occurrence integer NOT NULL,
+    record     text NOT NULL,
+    PRIMARY KEY (run_id, seq, name, occurrence)
+);
+
+CREATE TABLE {s}.failures (
+    run_id  text COLLATE "C" NOT NULL,
+    seq     bigint NOT NULL,
+    attempt integer NOT NULL,
+    idx     integer NOT NULL,
+    record  text NOT NULL,
+    PRIMARY KEY (run_id, seq, attempt, idx)
+);
+
+CREATE TABLE {s}.schemas (
+    hash        text PRIMARY KEY,
+    description text NOT NULL
+);
+
+CREATE TABLE {s}.inbox (
+    run_id    text COLLATE "C" NOT NULL,
+    event_seq bigint NOT NULL,
+    name      text COLLATE "C" NOT NULL,
+    key       text COLLATE "C",
+    delivered boolean NOT NULL DEFAULT false,
+    record    text NOT NULL,
+    PRIMARY KEY (run_id, event_seq)
+);
+CREATE INDEX inbox_pending ON {s}.inbox (run_id, name, event_seq) WHERE NOT delivered;
+CREATE UNIQUE INDEX inbox_keys ON {s}.inbox (run_id, key) WHERE key IS NOT NULL;
+
+CREATE TABLE {s}.leases (
+    run_id     text COLLATE "C" PRIMARY KEY,
+    token      bigint NOT NULL,
+    owner      text NOT NULL,
+    expires_ms bigint NOT NULL
+);
+CREATE SEQUENCE {s}.lease_tokens;
+"#,
+}];
+
+/// The newest schema version this build knows (and creates).
+pub const SCHEMA_VERSION: i32 = 1;
+
+/// Creates the schema `schema` if needed and applies the migrations it lacks, in one
+/// transaction under an advisory lock. Returns the version the schema is at.
+pub(crate) async fn migrate(
+    client: &mut tokio_postgres::Client,
+    schema: &str,
+) -> Result<i32, Error> {
+    let s = format!("\"{schema}\"");
+    let failed = |version: i32| {
+        let schema = schema.to_owned();
+        move |source: tokio_postgres::Error| Error::Migrate {
+            schema: schema.clone(),
+            version,
+            source,
+        }
+    };
+    let tx = client.transaction().await.map_err(failed(0))?;
+    tx.execute(
+        "SELECT pg_advisory_xact_lock(hashtextextended('loops-postgres:' || $1, 0))",
+        &[&schema],
+    )
+    .await
+    .map_err(failed(0))?;
+    tx.batch_execute(&format!(
+        "CREATE SCHEMA IF NOT EXISTS {s}; \
+         CREATE TABLE IF NOT EXISTS {s}.migrations ( \
+             version     integer PRIMARY KEY, \
+             description text NOT NULL, \
+             applied_at  timestamptz NOT NULL DEFAULT now())"
+    ))
+    .await
+    .map_err(failed(0))?;
+    let found: i32 = tx
+        .query_one(
+            &format!("SELECT coalesce(max(version), 0) FROM {s}.migrations"),
+            &[],
+        )
+        .await
+        .map_err(failed(0))?
+        .get(0);
+    if found > SCHEMA_VERSION {
+        return Err(Error::SchemaTooNew {
+            schema: schema.to_owned(),
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    for migration in MIGRATIONS.iter().filter(|m| m.version > found) {
+        tx.batch_execute(&migration.sql.replace("{s}", &s))
+            .await
+            .map_err(failed(migration.version))?;
+        tx.execute(
+            &format!("INSERT INTO {s}.migrations (version, description) VALUES ($1, $2)"),
+            &[&migration.version, &migration.description],
+        )
+        .await
+        .map_err(failed(migration.version))?;
+        tracing::info!(
+            schema,
+            version = migration.version,
+            "applied migration: {}",
+            migration.description
+        );
+    }
+    tx.commit().await.map_err(failed(SCHEMA_VERSION))?;
+    Ok(SCHEMA_VERSION.max(found))
+}

@@ -1,0 +1,361 @@
+//! Reads and lease statements: one statement each, in autocommit, tried again on another
+//! connection if the connection failed.
+
+use loops_core::store::{EventRecord, Lease, RunInfo, RunStatus};
+use loops_core::{Error, FailureRecord, Result, SchemaHash, StepRecord, TransitionRecord};
+use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
+
+use crate::{PgStore, big, is_connection_error};
+
+/// Attempts of a statement whose connection fails, on fresh connections.
+const TRIES: usize = 3;
+
+impl PgStore {
+    /// Runs `statement` and returns its rows; a connection that fails is dropped and the
+    /// statement tried again on another, up to [`TRIES`] times in all.
+    pub(crate) async fn rows(
+        &self,
+        action: impl Fn() -> String,
+        statement: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>> {
+        self.timed(&action, self.rows_untimed(&action, statement, params))
+            .await
+    }
+
+    pub(crate) async fn rows_untimed(
+        &self,
+        action: impl Fn() -> String,
+        statement: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            // Closed if this future is dropped midway (a time-out): it may hang.
+            let client = crate::write::Guard(Some(self.client(&action).await?));
+            let result = async {
+                let c = client.client();
+                let prepared = c.prepare_cached(statement).await?;
+                c.query(&prepared, params).await
+            }
+            .await;
+            match result {
+                Ok(rows) => {
+                    client.keep();
+                    return Ok(rows);
+                }
+                Err(e) if tries < TRIES && is_connection_error(&e) => {
+                    tracing::debug!(error = %e, "connection failed; trying again");
+                }
+                Err(e) => {
+                    if !is_connection_error(&e) {
+                        client.keep();
+                    }
+                    return Err(Error::database(action(), e));
+                }
+            }
+        }
+    }
+
+    pub(crate) async fn read_run_info(&self, run_id: &str) -> Result<Option<RunInfo>> {
+        let rows = self
+            .rows(
+                || format!("reading run `{run_id}`"),
+                &self.inner.sql.read_info,
+                &[&run_id],
+            )
+            .await?;
+        rows.first()
+            .map(|row| decode_info(run_id, &text(row, 0, run_id)?))
+            .transpose()
+    }
+
+    pub(crate) async fn read_latest(
+        &self,
+        run_id: &str,
+    ) -> Result<Option<(RunInfo, TransitionRecord)>> {
+        let rows = self
+            .rows(
+                || format!("reading run `{run_id}`"),
+                &self.inner.sql.latest,
+                &[&run_id],
+            )
+            .await?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        let info = decode_info(run_id, &text(row, 0, run_id)?)?;
+        let record: Option<String> = row.try_get(1).map_err(|e| column(run_id, e))?;
+        let Some(record) = record else {
+            return Err(Error::RecordMissing {
+                run_id: run_id.to_owned(),
+                seq: info.seq,
+            });
+        };
+        let record = decode_transition(run_id, info.seq, &record)?;
+        Ok(Some((info, record)))
+    }
+
+    pub(crate) async fn read_history(&self, run_id: &str) -> Result<Vec<TransitionRecord>> {
+        let rows = self
+            .rows(
+                || format!("reading the history of run `{run_id}`"),
+                &self.inner.sql.history,
+                &[&run_id],
+            )
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let seq: i64 = row.try_get(0).map_err(|e| column(run_id, e))?;
+                decode_transition(run_id, seq as u64, &text(row, 1, run_id)?)
+            })
+            .collect()
+    }
+
+    pub(crate) async fn read_steps(
+        &self,
+        run_id: &str,
+        seq: u64,
+    ) -> Result<Vec<(String, u32, StepRecord)>> {
+        let rows = self
+            .rows(
+                || format!("reading the steps of run `{run_id}` seq {seq}"),
+                &self.inner.sql.steps,
+                &[&run_id, &big(seq)],
+            )
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let name = text(row, 0, run_id)?;
+                let occurrence: i32 = row.try_get(1).map_err(|e| column(run_id, e))?;
+                let record: StepRecord =
+                    serde_json::from_str(&text(row, 2, run_id)?).map_err(|source| {
+                        Error::Decode {
+                            run_id: run_id.to_owned(),
+                            seq,
+                            state: format!("step `{name}`#{occurrence}"),
+                            source,
+                        }
+                    })?;
+                Ok((name, occurrence as u32, record))
+            })
+            .collect()
+    }
+
+    pub(crate) async fn read_failures(&self, run_id: &str) -> Result<Vec<(u64, FailureRecord)>> {
+        let rows = self
+            .rows(
+                || format!("reading the failures of run `{run_id}`"),
+                &self.inner.sql.failures,
+                &[&run_id],
+            )
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let seq: i64 = row.try_get(0).map_err(|e| column(run_id, e))?;
+                let record: FailureRecord =
+                    serde_json::from_str(&text(row, 1, run_id)?).map_err(|source| {
+                        Error::Decode {
+                            run_id: run_id.to_owned(),
+                            seq: seq as u64,
+                            state: "failure record".to_owned(),
+                            source,
+                        }
+                    })?;
+                Ok((seq as u64, record))
+            })
+            .collect()
+    }
+
+    pub(crate) async fn read_events(&self, run_id: &str) -> Result<Vec<(u64, EventRecord, bool)>> {
+        let rows = self
+            .rows(
+                || format!("reading the inbox of run `{run_id}`"),
+                &self.inner.sql.events,
+                &[&run_id],
+            )
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let event_seq: i64 = row.try_get(0).map_err(|e| column(run_id, e))?;
+                let record = decode_event(run_id, event_seq as u64, &text(row, 1, run_id)?)?;
+                let delivered: bool = row.try_get(2).map_err(|e| column(run_id, e))?;
+                Ok((event_seq as u64, record, delivered))
+            })
+            .collect()
+    }
+
+    pub(crate) async fn read_has_pending(&self, run_id: &str, event: &str) -> Result<bool> {
+        let rows = self
+            .rows(
+                || format!("reading the inbox of run `{run_id}`"),
+                &self.inner.sql.has_pending,
+                &[&run_id, &event],
+            )
+            .await?;
+        match rows.first() {
+            Some(row) => row.try_get(0).map_err(|e| column(run_id, e)),
+            None => Ok(false),
+        }
+    }
+
+    pub(crate) async fn read_list(
+        &self,
+        status: RunStatus,
+        workflow: Option<&str>,
+    ) -> Result<Vec<RunInfo>> {
+        let status_text = status.as_str();
+        let action = || format!("listing {status} runs");
+        let rows = match workflow {
+            Some(w) => {
+                self.rows(action, &self.inner.sql.list_workflow, &[&status_text, &w])
+                    .await?
+            }
+            None => {
+                self.rows(action, &self.inner.sql.list, &[&status_text])
+                    .await?
+            }
+        };
+        rows.iter()
+            .map(|row| {
+                let run_id = text(row, 0, "?")?;
+                decode_info(&run_id, &text(row, 1, &run_id)?)
+            })
+            .collect()
+    }
+
+    pub(crate) async fn read_schema(&self, hash: SchemaHash) -> Result<Option<String>> {
+        let key = hash.to_string();
+        let rows = self
+            .rows(
+                || format!("reading schema {hash}"),
+                &self.inner.sql.schema,
+                &[&key],
+            )
+            .await?;
+        rows.first().map(|row| text(row, 0, "?")).transpose()
+    }
+
+    pub(crate) async fn lease_acquire(&self, run_id: &str) -> Result<Option<Lease>> {
+        let rows = self
+            .rows(
+                || format!("acquiring the lease of run `{run_id}`"),
+                &self.inner.sql.acquire,
+                &[&run_id, &self.inner.owner, &self.ttl_ms()],
+            )
+            .await?;
+        rows.first()
+            .map(|row| lease(row, run_id.to_owned(), 0))
+            .transpose()
+    }
+
+    pub(crate) async fn lease_release(&self, lease: &Lease) -> Result<()> {
+        self.rows(
+            || format!("releasing the lease of run `{}`", lease.run_id),
+            &self.inner.sql.release,
+            &[&lease.run_id, &big(lease.token)],
+        )
+        .await?;
+        Ok(())
+    }
+
+    pub(crate) async fn lease_renew(&self, leases: &[Lease]) -> Result<Vec<Lease>> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<&str> = leases.iter().map(|l| l.run_id.as_str()).collect();
+        let tokens: Vec<i64> = leases.iter().map(|l| big(l.token)).collect();
+        let rows = self
+            .rows(
+                || format!("renewing {} leases", leases.len()),
+                &self.inner.sql.renew,
+                &[&ids, &tokens, &self.ttl_ms()],
+            )
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let run_id = text(row, 0, "?")?;
+                lease(row, run_id, 1)
+            })
+            .collect()
+    }
+
+    pub(crate) async fn lease_claim_ready(
+        &self,
+        workflows: &[String],
+        limit: usize,
+    ) -> Result<Vec<(RunInfo, Lease)>> {
+        if workflows.is_empty() || limit == 0 {
+            return Ok(Vec::new());
+        }
+        let names: Vec<&str> = workflows.iter().map(String::as_str).collect();
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let rows = self
+            .rows(
+                || "claiming runs that need a driver".to_owned(),
+                &self.inner.sql.claim_ready,
+                &[&names, &limit, &self.inner.owner, &self.ttl_ms()],
+            )
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let run_id = text(row, 0, "?")?;
+                let lease = lease(row, run_id.clone(), 1)?;
+                let info = decode_info(&run_id, &text(row, 3, &run_id)?)?;
+                Ok((info, lease))
+            })
+            .collect()
+    }
+}
+
+/// A lease from a row whose columns `first` and `first + 1` are its token and expiry.
+fn lease(row: &Row, run_id: String, first: usize) -> Result<Lease> {
+    let token: i64 = row.try_get(first).map_err(|e| column(&run_id, e))?;
+    let expires: i64 = row.try_get(first + 1).map_err(|e| column(&run_id, e))?;
+    Ok(Lease {
+        run_id,
+        token: token as u64,
+        expires_ms: Some(expires.max(0) as u64),
+    })
+}
+
+/// The text column `i` of `row`.
+pub(crate) fn text(row: &Row, i: usize, run_id: &str) -> Result<String> {
+    row.try_get(i).map_err(|e| column(run_id, e))
+}
+
+/// A column of an unexpected type: the schema was altered outside loops.
+pub(crate) fn column(run_id: &str, e: tokio_postgres::Error) -> Error {
+    Error::database(format!("reading a row of run `{run_id}`"), e)
+}
+
+pub(crate) fn decode_info(run_id: &str, json: &str) -> Result<RunInfo> {
+    let mut info: RunInfo = serde_json::from_str(json).map_err(|source| Error::Decode {
+        run_id: run_id.to_owned(),
+        seq: 0,
+        state: "run row".to_owned(),
+        source,
+    })?;
+    info.run_id = run_id.to_owned();
+    Ok(info)
+}
+
+pub(crate) fn decode_transition(run_id: &str, seq: u64, json: &str) -> Result<TransitionRecord> {
+    serde_json::from_str(json).map_err(|source| Error::Decode {
+        run_id: run_id.to_owned(),
+        seq,
+        state: "?".to_owned(),
+        source,
+    })
+}
+
+pub(crate) fn decode_event(run_id: &str, event_seq: u64, json: &str) -> Result<EventRecord> {
+    serde_json::from_str(json).map_err(|source| Error::Decode {
+        run_id: run_id.to_owned(),
+        seq: event_seq,
+        state: "event".to_owned(),
+        source,
+    })
+}

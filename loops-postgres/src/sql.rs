@@ -1,0 +1,167 @@
+//! Every SQL statement of the store, with the store's PostgreSQL schema name filled in.
+//!
+//! Statements are prepared once per connection (deadpool-postgres' statement cache) and then
+//! executed by name. Times are compared on the server's clock ([`NOW_MS`]), so that the
+//! workers' clocks never decide whether a lease is live.
+
+/// The server's wall clock, in ms since the Unix epoch.
+pub(crate) const NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
+
+/// The statements of one store, for one PostgreSQL schema.
+#[derive(Debug)]
+pub(crate) struct Sql {
+    pub(crate) lock_lease: String,
+    pub(crate) lock_run: String,
+    pub(crate) insert_run: String,
+    pub(crate) update_run: String,
+    pub(crate) insert_journal: String,
+    pub(crate) insert_schema: String,
+    pub(crate) insert_step: String,
+    pub(crate) step_exists: String,
+    pub(crate) next_failure_index: String,
+    pub(crate) insert_failure: String,
+    pub(crate) has_failure: String,
+    pub(crate) first_pending: String,
+    pub(crate) mark_delivered: String,
+    pub(crate) event_by_key: String,
+    pub(crate) next_event_seq: String,
+    pub(crate) insert_event: String,
+    pub(crate) prune: String,
+    pub(crate) read_info: String,
+    pub(crate) latest: String,
+    pub(crate) history: String,
+    pub(crate) steps: String,
+    pub(crate) failures: String,
+    pub(crate) events: String,
+    pub(crate) has_pending: String,
+    pub(crate) list: String,
+    pub(crate) list_workflow: String,
+    pub(crate) schema: String,
+    pub(crate) acquire: String,
+    pub(crate) release: String,
+    pub(crate) renew: String,
+    pub(crate) claim_ready: String,
+}
+
+impl Sql {
+    /// The statements for the schema `schema` (a validated name: lowercase letters, digits
+    /// and `_`).
+    pub(crate) fn new(schema: &str) -> Sql {
+        let s = format!("\"{schema}\"");
+        let f = |sql: &str| sql.replace("{s}", &s).replace("{now}", NOW_MS);
+        Sql {
+            lock_lease: f("SELECT token, expires_ms > {now} FROM {s}.leases \
+                 WHERE run_id = $1 FOR UPDATE"),
+            lock_run: f("SELECT info FROM {s}.runs WHERE run_id = $1 FOR UPDATE"),
+            insert_run: f("INSERT INTO {s}.runs \
+                 (run_id, workflow, status, seq, wait_event, wait_until_ms, info) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)"),
+            update_run: f(
+                "UPDATE {s}.runs SET status = $2, seq = $3, wait_event = $4, \
+                 wait_until_ms = $5, info = $6 WHERE run_id = $1",
+            ),
+            insert_journal: f("INSERT INTO {s}.journal (run_id, seq, record) VALUES ($1, $2, $3)"),
+            insert_schema: f(
+                "INSERT INTO {s}.schemas (hash, description) VALUES ($1, $2) \
+                 ON CONFLICT (hash) DO NOTHING",
+            ),
+            insert_step: f(
+                "INSERT INTO {s}.steps (run_id, seq, name, occurrence, record) \
+                 VALUES ($1, $2, $3, $4, $5)",
+            ),
+            step_exists: f("SELECT EXISTS (SELECT 1 FROM {s}.steps \
+                 WHERE run_id = $1 AND seq = $2 AND name = $3 AND occurrence = $4)"),
+            next_failure_index: f("SELECT coalesce(max(idx) + 1, 0) FROM {s}.failures \
+                 WHERE run_id = $1 AND seq = $2 AND attempt = $3"),
+            insert_failure: f(
+                "INSERT INTO {s}.failures (run_id, seq, attempt, idx, record) \
+                 VALUES ($1, $2, $3, $4, $5)",
+            ),
+            has_failure: f("SELECT EXISTS (SELECT 1 FROM {s}.failures \
+                 WHERE run_id = $1 AND seq = $2 AND attempt = $3)"),
+            first_pending: f("SELECT event_seq, record FROM {s}.inbox \
+                 WHERE run_id = $1 AND name = $2 AND NOT delivered \
+                 ORDER BY event_seq LIMIT 1"),
+            mark_delivered: f("UPDATE {s}.inbox SET delivered = true \
+                 WHERE run_id = $1 AND event_seq = $2"),
+            event_by_key: f("SELECT event_seq FROM {s}.inbox WHERE run_id = $1 AND key = $2"),
+            next_event_seq: f("SELECT coalesce(max(event_seq) + 1, 0) FROM {s}.inbox \
+                 WHERE run_id = $1"),
+            insert_event: f(
+                "INSERT INTO {s}.inbox (run_id, event_seq, name, key, record) \
+                 VALUES ($1, $2, $3, $4, $5)",
+            ),
+            prune: f("WITH gone AS ( \
+                   DELETE FROM {s}.runs WHERE run_id = ANY($1) \
+                   AND status IN ('completed', 'failed', 'cancelled') RETURNING run_id), \
+                 journal AS (DELETE FROM {s}.journal \
+                   WHERE run_id IN (SELECT run_id FROM gone) RETURNING 1), \
+                 steps AS (DELETE FROM {s}.steps WHERE run_id IN (SELECT run_id FROM gone)), \
+                 failures AS (DELETE FROM {s}.failures \
+                   WHERE run_id IN (SELECT run_id FROM gone)), \
+                 inbox AS (DELETE FROM {s}.inbox WHERE run_id IN (SELECT run_id FROM gone)), \
+                 leases AS (DELETE FROM {s}.leases WHERE run_id IN (SELECT run_id FROM gone)) \
+                 SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM journal)"),
+            read_info: f("SELECT info FROM {s}.runs WHERE run_id = $1"),
+            latest: f("SELECT r.info, j.record FROM {s}.runs r \
+                 LEFT JOIN {s}.journal j ON j.run_id = r.run_id AND j.seq = r.seq \
+                 WHERE r.run_id = $1"),
+            history: f("SELECT seq, record FROM {s}.journal WHERE run_id = $1 ORDER BY seq"),
+            steps: f("SELECT name, occurrence, record FROM {s}.steps \
+                 WHERE run_id = $1 AND seq = $2 ORDER BY name, occurrence"),
+            failures: f("SELECT seq, record FROM {s}.failures WHERE run_id = $1 \
+                 ORDER BY seq, attempt, idx"),
+            events: f("SELECT event_seq, record, delivered FROM {s}.inbox \
+                 WHERE run_id = $1 ORDER BY event_seq"),
+            has_pending: f("SELECT EXISTS (SELECT 1 FROM {s}.inbox \
+                 WHERE run_id = $1 AND name = $2 AND NOT delivered)"),
+            list: f("SELECT run_id, info FROM {s}.runs WHERE status = $1 \
+                 ORDER BY workflow, run_id"),
+            list_workflow: f("SELECT run_id, info FROM {s}.runs \
+                 WHERE status = $1 AND workflow = $2 ORDER BY run_id"),
+            schema: f("SELECT description FROM {s}.schemas WHERE hash = $1"),
+            // A lease is granted if the run has none, if its lease lapsed, or if this store
+            // holds it already (the runtime claims a run once per process; a lease of this
+            // store that is still live belongs to a driver that stopped and whose release
+            // has not landed yet).
+            acquire: f(
+                "INSERT INTO {s}.leases AS l (run_id, token, owner, expires_ms) \
+                 VALUES ($1, nextval('{s}.lease_tokens'), $2, {now} + $3) \
+                 ON CONFLICT (run_id) DO UPDATE SET token = EXCLUDED.token, \
+                   owner = EXCLUDED.owner, expires_ms = EXCLUDED.expires_ms \
+                 WHERE l.expires_ms <= {now} OR l.owner = EXCLUDED.owner \
+                 RETURNING token, expires_ms",
+            ),
+            release: f("DELETE FROM {s}.leases WHERE run_id = $1 AND token = $2"),
+            renew: f("UPDATE {s}.leases AS l SET expires_ms = {now} + $3 \
+                 FROM unnest($1::text[], $2::bigint[]) AS h(run_id, token) \
+                 WHERE l.run_id = h.run_id AND l.token = h.token AND l.expires_ms > {now} \
+                 RETURNING l.run_id, l.token, l.expires_ms"),
+            // Runs that need a driver and that no live lease holds, locked with SKIP LOCKED
+            // so that workers claiming at once take different runs and never wait for each
+            // other; then a lease for each, unless a lease was granted meanwhile.
+            claim_ready: f("WITH ready AS ( \
+                   SELECT r.run_id FROM {s}.runs r \
+                   WHERE r.workflow = ANY($1) \
+                   AND (r.status = 'running' OR (r.status = 'waiting' AND ( \
+                     r.wait_until_ms <= {now} \
+                     OR EXISTS (SELECT 1 FROM {s}.inbox i WHERE i.run_id = r.run_id \
+                       AND i.name = r.wait_event AND NOT i.delivered)))) \
+                   AND NOT EXISTS (SELECT 1 FROM {s}.leases l \
+                     WHERE l.run_id = r.run_id AND l.expires_ms > {now}) \
+                   ORDER BY r.workflow, r.run_id \
+                   LIMIT $2 \
+                   FOR UPDATE OF r SKIP LOCKED), \
+                 granted AS ( \
+                   INSERT INTO {s}.leases AS l (run_id, token, owner, expires_ms) \
+                   SELECT run_id, nextval('{s}.lease_tokens'), $3, {now} + $4 FROM ready \
+                   ON CONFLICT (run_id) DO UPDATE SET token = EXCLUDED.token, \
+                     owner = EXCLUDED.owner, expires_ms = EXCLUDED.expires_ms \
+                   WHERE l.expires_ms <= {now} \
+                   RETURNING l.run_id, l.token, l.expires_ms) \
+                 SELECT g.run_id, g.token, g.expires_ms, r.info \
+                 FROM granted g JOIN {s}.runs r ON r.run_id = g.run_id \
+                 ORDER BY r.workflow, r.run_id"),
+        }
+    }
+}

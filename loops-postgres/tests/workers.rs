@@ -1,0 +1,441 @@
+//! Worker processes over one database: this test binary, re-run as `worker_process`, serves
+//! the `chain` workflow on a PostgreSQL schema of the test's own, and appends every side
+//! effect to a ledger file outside the database.
+//!
+//! - Three workers share the runs; random workers are SIGKILLed while runs progress and
+//!   restarted. Every run ends exactly once, with no gap or duplicate in its history, and no
+//!   effect runs again after its record committed.
+//! - A worker is SIGSTOPped while it handles a state; its lease lapses and another worker
+//!   finishes the run; resumed, the paused worker's commit is refused (fencing).
+//!
+//! A longer torture of the first kind (48 runs of 80 steps, up to 60 kills; under a minute):
+//! `cargo test -p loops-postgres --test workers -- --ignored torture --nocapture`.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use common::chain::{Chain, Ledger, Linker, verify};
+use loops::{Context, RetryPolicy, RunStatus, Runtime, Workflow};
+use loops_core::store::Store;
+use serde::{Deserialize, Serialize};
+
+/// Appends `run seq exec` lines to a file shared by the workers (one `write` per line, in
+/// append mode: lines of several processes never interleave).
+struct FileLedger {
+    path: PathBuf,
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl Ledger for FileLedger {
+    fn effect(&self, run_id: &str, seq: u64) -> String {
+        let n = self.next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let exec = format!("{}-{n}", std::process::id());
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.path)
+            .unwrap();
+        f.write_all(format!("{run_id} {seq} {exec}\n").as_bytes())
+            .unwrap();
+        exec
+    }
+}
+
+/// The fencing test's workflow: `Hold` records a step, then (in the worker told to) blocks
+/// until the test lets it go, then commits `End` naming the worker that committed it.
+#[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(name = "fence")]
+enum Fence {
+    #[initial]
+    #[next(Hold)]
+    Start,
+    #[next(End)]
+    Hold,
+    #[terminal]
+    End { by: String },
+}
+
+struct Holder {
+    ledger: Arc<dyn Ledger>,
+    /// A file whose appearance lets a holding handler go on.
+    hold_until: Option<PathBuf>,
+}
+
+impl FenceHandler for Holder {
+    type Error = anyhow::Error;
+
+    async fn start(&self, _ctx: &Context) -> Result<StartNext, Self::Error> {
+        Ok(StartNext::Hold)
+    }
+
+    async fn hold(&self, ctx: &Context) -> Result<HoldNext, Self::Error> {
+        let _: String = ctx
+            .step("before", || async {
+                Ok::<_, anyhow::Error>(self.ledger.effect(ctx.run_id(), ctx.seq()))
+            })
+            .await?;
+        if let Some(go) = &self.hold_until {
+            println!("holding");
+            std::io::stdout().flush().unwrap();
+            // Blocks the worker's only thread: nothing of it runs (no lease renewal either)
+            // until the file appears, as in a process paused by SIGSTOP or a long GC.
+            while !go.exists() {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        Ok(HoldNext::End {
+            by: format!("{}", std::process::id()),
+        })
+    }
+}
+
+/// The child: a worker. Reads its settings from the environment.
+#[tokio::test]
+#[ignore = "run by the other tests of this file as their worker process"]
+async fn worker_process() {
+    let env = |k: &str| std::env::var(k).unwrap_or_default();
+    let schema = env("LOOPS_SCHEMA");
+    let ttl = Duration::from_millis(env("LOOPS_TTL_MS").parse().unwrap());
+    let ledger: Arc<dyn Ledger> = Arc::new(FileLedger {
+        path: PathBuf::from(env("LOOPS_LEDGER")),
+        next: 0.into(),
+    });
+    let store = loops_postgres::PgStore::builder(common::pg_config())
+        .schema(schema)
+        .pool_size(4)
+        .lease_ttl(ttl)
+        .application_name(format!("loops-worker-{}", std::process::id()))
+        .connect()
+        .await
+        .unwrap();
+    if env("LOOPS_MODE") == "fence" {
+        let hold_until =
+            Some(PathBuf::from(env("LOOPS_GO"))).filter(|_| !env("LOOPS_GO").is_empty());
+        let holds = hold_until.is_some();
+        let runtime = Runtime::builder()
+            .register::<Fence, _>(Holder { ledger, hold_until })
+            .build(store);
+        if holds {
+            // Drives the run attached, to print how it ended.
+            let handler = Holder {
+                ledger: Arc::new(FileLedger {
+                    path: PathBuf::from(env("LOOPS_LEDGER")),
+                    next: 100.into(),
+                }),
+                hold_until: Some(PathBuf::from(env("LOOPS_GO"))),
+            };
+            match runtime.run("f", Fence::Start, &handler).await {
+                Ok(end) => println!("ended {end:?}"),
+                Err(e) => println!("error {e}"),
+            }
+            return;
+        }
+        println!("serving");
+        std::io::stdout().flush().unwrap();
+        runtime.serve(Duration::from_millis(50)).await.unwrap();
+        return;
+    }
+    let runtime = Runtime::builder()
+        .retry(
+            RetryPolicy::attempts(1000)
+                .with_delays(Duration::from_millis(1), Duration::from_millis(10)),
+        )
+        .register::<Chain, _>(Linker {
+            ledger,
+            delay: Duration::from_millis(80),
+        })
+        .build(store);
+    let links: u32 = env("LOOPS_LINKS").parse().unwrap();
+    for run_id in env("LOOPS_RUNS").split(',').filter(|s| !s.is_empty()) {
+        // Another worker may hold it (after a restart): it goes on there.
+        let _ = runtime.start(run_id, Chain::Start { links }).await;
+    }
+    println!("serving");
+    std::io::stdout().flush().unwrap();
+    runtime.serve(Duration::from_millis(100)).await.unwrap();
+}
+
+/// A worker process, killed when dropped.
+struct Worker {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Worker {
+    fn spawn(env: &[(&str, String)]) -> Worker {
+        let mut command = Command::new(std::env::current_exe().unwrap());
+        command
+            .args([
+                "worker_process",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null());
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        let mut child = command.spawn().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Worker { child, lines }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for a line containing `marker`; returns it from the marker on.
+    fn expect(&self, marker: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    if let Some(at) = line.find(marker) {
+                        return line[at..].to_owned();
+                    }
+                }
+                Err(e) => panic!("worker {} printed no {marker:?}: {e}", self.pid()),
+            }
+        }
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill {signal} {}", self.pid());
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A small deterministic generator (xorshift), seeded from the clock and printed, so that a
+/// failing schedule can be replayed with `LOOPS_SEED`.
+struct Rng(u64);
+
+impl Rng {
+    fn new() -> Rng {
+        let seed = std::env::var("LOOPS_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .as_nanos() as u64
+                    | 1
+            });
+        println!("LOOPS_SEED={seed}");
+        Rng(seed)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+}
+
+async fn all_completed(store: &dyn Store, runs: &[String]) -> bool {
+    for run in runs {
+        match store.run_info(run).await.unwrap() {
+            Some(info) if info.status == RunStatus::Completed => {}
+            _ => return false,
+        }
+    }
+    true
+}
+
+fn ledger_lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Runs `runs` chains of `links` (80 ms each) over three workers, killing one at random every
+/// 150-550 ms
+/// (`kills` times) and restarting it; returns once every run completed and was verified.
+async fn kill_workers(test: &str, runs: usize, links: u32, kills: usize) {
+    let schema = common::TestSchema::new(test).await;
+    let ttl_ms = 1000;
+    // Migrate before the workers start (they would, one at a time, anyway).
+    let store = schema.store(Duration::from_millis(ttl_ms)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger");
+    let run_ids: Vec<String> = (0..runs).map(|i| format!("run-{i:02}")).collect();
+    let env = |k: usize| -> Vec<(&'static str, String)> {
+        let mine: Vec<&str> = run_ids
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| i % 3 == k)
+            .map(|(_, r)| r.as_str())
+            .collect();
+        vec![
+            ("LOOPS_SCHEMA", schema.name.clone()),
+            ("LOOPS_TTL_MS", ttl_ms.to_string()),
+            ("LOOPS_LEDGER", ledger.display().to_string()),
+            ("LOOPS_LINKS", links.to_string()),
+            ("LOOPS_RUNS", mine.join(",")),
+            ("LOOPS_MODE", "chain".to_owned()),
+        ]
+    };
+    let mut workers: Vec<Worker> = (0..3).map(|k| Worker::spawn(&env(k))).collect();
+    for w in &workers {
+        w.expect("serving");
+    }
+    let mut rng = Rng::new();
+    let mut killed = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    for _ in 0..kills {
+        tokio::time::sleep(Duration::from_millis(150 + rng.below(400))).await;
+        if all_completed(&store, &run_ids).await {
+            break;
+        }
+        let k = rng.below(3) as usize;
+        killed.push(workers[k].pid());
+        // SIGKILL: no release of leases, no clean shutdown.
+        workers[k].signal("-KILL");
+        tokio::time::sleep(Duration::from_millis(rng.below(300))).await;
+        workers[k] = Worker::spawn(&env(k));
+    }
+    while !all_completed(&store, &run_ids).await {
+        assert!(
+            Instant::now() < deadline,
+            "runs did not complete in time; killed {killed:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(workers);
+    assert!(!killed.is_empty(), "no worker was killed");
+    let lines = ledger_lines(&ledger);
+    let report = verify(&store, &run_ids, links, &lines).await;
+    // Runs whose effects were made by more than one process: taken over after a kill.
+    let moved = run_ids
+        .iter()
+        .filter(|run| {
+            let pids: std::collections::BTreeSet<&str> = lines
+                .iter()
+                .filter(|l| l.starts_with(&format!("{run} ")))
+                .filter_map(|l| l.rsplit(' ').next()?.split('-').next())
+                .collect();
+            pids.len() > 1
+        })
+        .count();
+    println!(
+        "{} kills; {moved} runs moved to another process; {} effects ran again before their \
+         record committed (the window)",
+        killed.len(),
+        report.repeated_before_record
+    );
+    assert!(moved > 0, "no run moved to another worker");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_workers_killed_at_random_end_every_run_exactly_once() {
+    kill_workers("w_kill", 12, 25, 5).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "torture: cargo test -p loops-postgres --test workers -- --ignored torture --nocapture"]
+async fn torture() {
+    kill_workers("w_torture", 48, 80, 60).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_worker_cannot_commit_after_its_lease_lapsed() {
+    let schema = common::TestSchema::new("w_fence").await;
+    let ttl = Duration::from_millis(500);
+    let store = schema.store(ttl).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger");
+    let go = dir.path().join("go");
+    let env = |hold: bool| -> Vec<(&'static str, String)> {
+        vec![
+            ("LOOPS_SCHEMA", schema.name.clone()),
+            ("LOOPS_TTL_MS", ttl.as_millis().to_string()),
+            ("LOOPS_LEDGER", ledger.display().to_string()),
+            ("LOOPS_MODE", "fence".to_owned()),
+            (
+                "LOOPS_GO",
+                if hold {
+                    go.display().to_string()
+                } else {
+                    String::new()
+                },
+            ),
+        ]
+    };
+    let paused = Worker::spawn(&env(true));
+    paused.expect("holding");
+    paused.signal("-STOP");
+    // Three lease times: the paused worker's lease has lapsed.
+    tokio::time::sleep(ttl * 3).await;
+    let other = Worker::spawn(&env(false));
+    other.expect("serving");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !all_completed(&store, &["f".to_owned()]).await {
+        assert!(
+            Instant::now() < deadline,
+            "the second worker never finished the run"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Resume the paused worker and let its handler return: its commit is refused.
+    paused.signal("-CONT");
+    std::fs::write(&go, b"go").unwrap();
+    let outcome = paused.expect("error ");
+    assert!(
+        outcome.contains("run `f`: write for seq 1 refused: the run is at seq 2 (completed)"),
+        "{outcome}"
+    );
+    let history: Vec<(u64, String, String)> = store
+        .history("f")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.seq, r.state, r.payload.get().to_owned()))
+        .collect();
+    assert_eq!(
+        history,
+        vec![
+            (0, "Start".into(), r#""Start""#.into()),
+            (1, "Hold".into(), r#""Hold""#.into()),
+            (
+                2,
+                "End".into(),
+                format!(r#"{{"End":{{"by":"{}"}}}}"#, other.pid())
+            ),
+        ]
+    );
+    // The step the paused worker recorded before its pause stands, and was replayed.
+    let steps = store.steps("f", 1).await.unwrap();
+    assert_eq!(steps.len(), 1);
+    let exec: String = serde_json::from_str(steps[0].2.output.get()).unwrap();
+    assert!(exec.starts_with(&format!("{}-", paused.pid())), "{exec}");
+    assert_eq!(ledger_lines(&ledger).len(), 1);
+}
