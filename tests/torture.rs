@@ -20,7 +20,9 @@
 //!
 //! Every side effect of a step appends one line to `ledger/<run id>` (outside the store) with
 //! the step's idempotency key, its sequence number, name and occurrence; every handler entry and
-//! every step the runtime acknowledged append one too. What is checked after every kill:
+//! every step the runtime acknowledged append one too. What is checked after every child
+//! process, for every run of the current generation (and of all generations every 25th time and
+//! at the end; the earlier ones have all ended):
 //! - every transition seen before is still there with the same payload and time; sequence
 //!   numbers have no gap, start at 0 with the planned initial state, follow the workflow's
 //!   transition table and only grow; an ended run does not change (unless the parent retried it);
@@ -643,6 +645,23 @@ async fn torture_child() {
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+    // `wait` returns at once for every ended background run, with what its status says.
+    for p in planned.iter().filter(|p| p.kind != Kind::Pipeline) {
+        let info = runtime.run_info(&p.id).unwrap().unwrap();
+        if !info.status.is_ended() {
+            continue;
+        }
+        let ended = match p.kind {
+            Kind::Fix => runtime.wait::<Fix>(&p.id).await.map(drop),
+            _ => runtime.wait::<Approval>(&p.id).await.map(drop),
+        };
+        match (info.status, ended) {
+            (RunStatus::Completed, Ok(()))
+            | (RunStatus::Failed, Err(Error::RunFailed { .. }))
+            | (RunStatus::Cancelled, Err(Error::RunCancelled { .. })) => {}
+            (status, other) => panic!("{}: {status}, but wait returned {other:?}", p.id),
+        }
+    }
     println!("quiet");
 }
 
@@ -993,11 +1012,21 @@ impl Harness {
     }
 
     /// Checks every run against what was seen before, after child process `self.clean.len() - 1`.
-    fn check_all(&mut self) {
+    /// Checks the runs of the current generation, and every 25th time (and with `all`) those
+    /// of the earlier ones too, which have all ended: checking them every time would make the
+    /// long mode quadratic in its kills.
+    fn check_all(&mut self, all: bool) {
         self.check = self.clean.len() - 1;
         self.stats.checks += 1;
         let store = self.open_for_check();
-        let ids: Vec<String> = self.runs.keys().cloned().collect();
+        let all = all || self.check.is_multiple_of(25);
+        let current = self.gens.saturating_sub(1);
+        let ids: Vec<String> = self
+            .runs
+            .values()
+            .filter(|r| all || r.plan.gen_ >= current)
+            .map(|r| r.plan.id.clone())
+            .collect();
         let mut failures = Vec::new();
         for id in ids {
             if let Err(e) = self.check_run(store.as_ref(), &id) {
@@ -1015,10 +1044,9 @@ impl Harness {
 
     fn check_run(&mut self, store: Option<&RedbStore>, id: &str) -> Checked {
         let c = self.check;
-        let clean = self.clean.clone();
         let ledger_path = self.dir.join("ledger").join(id);
-        let stats = &mut self.stats;
         let obs = self.runs.get_mut(id).unwrap();
+        let stats = &mut self.stats;
         let info = match store {
             Some(store) => store.run(id).map_err(|e| e.to_string())?,
             None => None,
@@ -1033,280 +1061,15 @@ impl Harness {
             return Ok(());
         };
         let store = store.unwrap();
-
         if obs.settled && !obs.retried && obs.info.as_ref() == Some(&info) {
-            // An ended run, fully checked before: its row, its last record and its ledger
-            // must not change.
-            let history = store.history(id).map_err(|e| e.to_string())?;
-            ensure!(
-                history.len() == obs.history.len(),
-                "an ended run's history changed length"
-            );
-            let last = history.last().unwrap();
-            ensure!(
-                seen(last) == *obs.history.last().unwrap(),
-                "an ended run's last record changed"
-            );
-            let ledger_len = std::fs::metadata(&ledger_path).map_or(0, |m| m.len());
-            ensure!(
-                ledger_len == obs.ledger_read,
-                "a handler ran for an ended run"
-            );
-            stats.transitions_checked += 1;
-            return Ok(());
+            return obs.check_settled(store, &ledger_path, stats);
         }
-
-        // The run's row.
-        if let Some(prev) = &obs.info {
-            ensure!(
-                info.seq >= prev.seq,
-                "seq went back from {} to {}",
-                prev.seq,
-                info.seq
-            );
-            ensure!(
-                (&info.workflow, info.schema, info.created_ms)
-                    == (&prev.workflow, prev.schema, prev.created_ms),
-                "the run's identity changed"
-            );
-            if prev.status.is_ended() && !obs.retried {
-                ensure!(info == *prev, "an ended run changed: {prev:?} -> {info:?}");
-            }
-        }
-        if obs.cancelled_by_parent {
-            ensure!(
-                info.status == RunStatus::Cancelled,
-                "cancelled by the parent, but {}",
-                info.status
-            );
-        }
-
-        // Transitions: nothing lost, nothing changed, no gap, legal moves only.
-        let history = store.history(id).map_err(|e| e.to_string())?;
-        stats.transitions_checked += history.len() as u64;
-        ensure!(
-            history.len() as u64 == info.seq + 1,
-            "the row is at seq {} but {} records exist",
-            info.seq,
-            history.len()
-        );
-        for (i, r) in history.iter().enumerate() {
-            ensure!(r.seq == i as u64, "record {i} has seq {}", r.seq);
-        }
-        ensure!(
-            history.last().unwrap().state == info.state,
-            "the row's state is not the last record's"
-        );
-        ensure!(
-            history[0].payload.get() == obs.plan.initial_json(),
-            "the initial record is not the planned initial state"
-        );
-        ensure!(
-            history.len() >= obs.history.len(),
-            "committed transitions lost: {} seen, {} now",
-            obs.history.len(),
-            history.len()
-        );
-        for (old, new) in obs.history.iter().zip(&history) {
-            ensure!(
-                *old == seen(new),
-                "the record at seq {} changed: {old:?} -> {:?}",
-                old.seq,
-                seen(new)
-            );
-        }
-        let payloads: Vec<&str> = history.iter().map(|r| r.payload.get()).collect();
-        obs.plan.check_moves(&payloads)?;
-        for r in &history[obs.history.len()..] {
-            obs.history.push(seen(r));
-        }
-        while obs.moved_past.len() + 1 < obs.history.len() {
-            obs.moved_past.push(c);
-        }
-
-        // Steps: nothing lost, nothing changed.
-        let mut now_steps = BTreeMap::new();
-        for seq in 0..=info.seq {
-            for (name, occ, rec) in store.steps(id, seq).map_err(|e| e.to_string())? {
-                let step = StepSeen {
-                    attempt: rec.attempt,
-                    at_ms: rec.at_ms,
-                    output: rec.output.get().to_owned(),
-                };
-                now_steps.insert((seq, name, occ), step);
-            }
-        }
-        stats.steps_checked += now_steps.len() as u64;
-        for (key, (old, _)) in &obs.steps {
-            match now_steps.get(key) {
-                Some(new) => ensure!(new == old, "step {key:?} changed: {old:?} -> {new:?}"),
-                None => return Err(format!("step record {key:?} lost")),
-            }
-        }
-        for (key, step) in now_steps {
-            obs.steps.entry(key).or_insert((step, c));
-        }
-
-        // Events: nothing lost, each delivered one taken by exactly one wait.
-        let events = store.events(id).map_err(|e| e.to_string())?;
-        ensure!(
-            events.len() >= obs.events.len(),
-            "events lost: {} seen, {} now",
-            obs.events.len(),
-            events.len()
-        );
-        let now_events: Vec<(u64, EventSeen, bool)> = events
-            .into_iter()
-            .map(|(seq, r, delivered)| {
-                (
-                    seq,
-                    EventSeen {
-                        name: r.name,
-                        key: r.key,
-                        at_ms: r.at_ms,
-                        payload: r.payload.get().to_owned(),
-                    },
-                    delivered,
-                )
-            })
-            .collect();
-        for ((old_seq, old), (seq, new, _)) in obs.events.iter().zip(&now_events) {
-            ensure!(
-                (old_seq, old) == (seq, new),
-                "event {old_seq} changed or lost"
-            );
-        }
-        for (seq, key) in &obs.sent {
-            ensure!(
-                now_events
-                    .iter()
-                    .any(|(s, e, _)| s == seq && e.key.as_deref() == Some(key.as_str())),
-                "event {seq} ({key}) sent by the parent is missing"
-            );
-        }
-        obs.events = now_events
-            .iter()
-            .map(|(seq, e, _)| (*seq, e.clone()))
-            .collect();
-        let mut taken = BTreeSet::new();
-        for ((_, name, _), (step, _)) in &obs.steps {
-            if !name.starts_with("loops:wait:") {
-                continue;
-            }
-            let outcome: serde_json::Value =
-                serde_json::from_str(&step.output).map_err(|e| e.to_string())?;
-            if let Some(seq) = outcome.pointer("/event/seq").and_then(|s| s.as_u64()) {
-                ensure!(taken.insert(seq), "event {seq} delivered to two waits");
-                let payload = outcome.pointer("/event/payload");
-                let event = now_events.iter().find(|(s, _, _)| *s == seq);
-                ensure!(
-                    matches!(event, Some((_, e, true))
-                        if serde_json::from_str::<serde_json::Value>(&e.payload).ok().as_ref() == payload),
-                    "wait took event {seq}, which is not a delivered event with that payload"
-                );
-            }
-        }
-        for (seq, _, delivered) in &now_events {
-            ensure!(
-                !*delivered || taken.contains(seq),
-                "event {seq} is marked delivered but no wait took it"
-            );
-        }
-
-        // The ledger.
-        let mut f = std::fs::OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            .open(&ledger_path)
-            .map_err(|e| e.to_string())?;
-        f.seek(std::io::SeekFrom::Start(obs.ledger_read))
-            .map_err(|e| e.to_string())?;
-        let mut text = String::new();
-        f.read_to_string(&mut text).map_err(|e| e.to_string())?;
-        let complete = text.rfind('\n').map_or(0, |i| i + 1);
-        if complete < text.len() {
-            // A line torn by the kill: close it, so that the next child's lines stay whole.
-            stats.torn_lines += 1;
-            f.write_all(b"\n").map_err(|e| e.to_string())?;
-            obs.ledger_read += text.len() as u64 + 1;
-        } else {
-            obs.ledger_read += complete as u64;
-        }
-        for line in text[..complete].lines() {
-            let parsed = parse_line(line).ok_or_else(|| format!("bad ledger line {line:?}"))?;
-            match parsed {
-                Line::Entered { inc, seq, state } => {
-                    stats.entries += 1;
-                    ensure!(
-                        obs.history.get(seq as usize).map(|s| s.state.as_str()) == Some(&state),
-                        "process {inc} handled {state} at seq {seq}, which is not committed"
-                    );
-                    if let Some(&m) = obs.moved_past.get(seq as usize) {
-                        ensure!(
-                            inc as usize <= m,
-                            "process {inc} handled seq {seq} again after check {m} saw its successor committed"
-                        );
-                    }
-                }
-                Line::Effect {
-                    inc,
-                    step,
-                    key,
-                    value,
-                } => {
-                    stats.effects_executed += 1;
-                    if let Some((_, m)) = obs.steps.get(&step) {
-                        ensure!(
-                            inc as usize <= *m,
-                            "process {inc} ran the effect of step {step:?} again after check {m} saw its record committed"
-                        );
-                    }
-                    let runs = obs.effects.entry(step.clone()).or_default();
-                    if let Some(last) = runs.last() {
-                        stats.effects_repeated += 1;
-                        ensure!(
-                            last.inc < inc,
-                            "process {inc} ran the effect of step {step:?} twice"
-                        );
-                        ensure!(
-                            !clean[last.inc as usize],
-                            "step {step:?} ran again in process {inc}, but process {} that ran it first was not killed",
-                            last.inc
-                        );
-                        ensure!(
-                            last.key == key,
-                            "step {step:?} ran with another idempotency key: {} then {key}",
-                            last.key
-                        );
-                    }
-                    runs.push(Executed { inc, key, value });
-                }
-                Line::Acked { inc, step, key } => {
-                    ensure!(
-                        obs.steps.contains_key(&step),
-                        "process {inc} was given the output of step {step:?} ({key}), whose record is not in the store"
-                    );
-                }
-            }
-        }
-        // Every user step record has its effect in the ledger, with its value.
-        for (step, (rec, _)) in &obs.steps {
-            if step.1.starts_with("loops:") {
-                continue;
-            }
-            let runs = obs.effects.get(step).map(Vec::as_slice).unwrap_or_default();
-            ensure!(
-                !runs.is_empty(),
-                "step {step:?} is recorded but its effect never ran"
-            );
-            let output: String = serde_json::from_str(&rec.output).map_err(|e| e.to_string())?;
-            ensure!(
-                runs.iter().all(|r| r.value == output),
-                "step {step:?} recorded {output:?}, its effects ran with {runs:?}"
-            );
-        }
-
+        obs.check_row(&info)?;
+        obs.check_transitions(store, &info, c, stats)?;
+        obs.check_steps(store, &info, c, stats)?;
+        obs.check_events(store)?;
+        obs.check_ledger(&ledger_path, &self.clean, stats)?;
+        obs.check_effects_of_records()?;
         obs.settled = info.status.is_ended();
         obs.retried = false;
         obs.info = Some(info);
@@ -1414,6 +1177,315 @@ impl Harness {
     }
 }
 
+/// The checks of one run, in the order `Harness::check_run` makes them.
+impl RunObs {
+    /// An ended run, fully checked before: its row (compared by the caller), its last record
+    /// and its ledger must not change.
+    fn check_settled(&self, store: &RedbStore, ledger: &Path, stats: &mut Stats) -> Checked {
+        let id = &self.plan.id;
+        let history = store.history(id).map_err(|e| e.to_string())?;
+        ensure!(
+            history.len() == self.history.len(),
+            "an ended run's history changed length"
+        );
+        ensure!(
+            seen(history.last().unwrap()) == *self.history.last().unwrap(),
+            "an ended run's last record changed"
+        );
+        let ledger_len = std::fs::metadata(ledger).map_or(0, |m| m.len());
+        ensure!(
+            ledger_len == self.ledger_read,
+            "a handler ran for an ended run"
+        );
+        stats.transitions_checked += 1;
+        Ok(())
+    }
+
+    /// The run's row: its seq only grows, its identity stays, an ended run does not change
+    /// unless the parent retried it, a run the parent cancelled stays cancelled.
+    fn check_row(&self, info: &RunInfo) -> Checked {
+        if let Some(prev) = &self.info {
+            ensure!(
+                info.seq >= prev.seq,
+                "seq went back from {} to {}",
+                prev.seq,
+                info.seq
+            );
+            ensure!(
+                (&info.workflow, info.schema, info.created_ms)
+                    == (&prev.workflow, prev.schema, prev.created_ms),
+                "the run's identity changed"
+            );
+            if prev.status.is_ended() && !self.retried {
+                ensure!(*info == *prev, "an ended run changed: {prev:?} -> {info:?}");
+            }
+        }
+        if self.cancelled_by_parent {
+            ensure!(
+                info.status == RunStatus::Cancelled,
+                "cancelled by the parent, but {}",
+                info.status
+            );
+        }
+        Ok(())
+    }
+
+    /// Transitions: nothing lost, nothing changed, no gap, the planned start, legal moves only.
+    fn check_transitions(
+        &mut self,
+        store: &RedbStore,
+        info: &RunInfo,
+        c: usize,
+        stats: &mut Stats,
+    ) -> Checked {
+        let history = store.history(&self.plan.id).map_err(|e| e.to_string())?;
+        stats.transitions_checked += history.len() as u64;
+        ensure!(
+            history.len() as u64 == info.seq + 1,
+            "the row is at seq {} but {} records exist",
+            info.seq,
+            history.len()
+        );
+        for (i, r) in history.iter().enumerate() {
+            ensure!(r.seq == i as u64, "record {i} has seq {}", r.seq);
+        }
+        ensure!(
+            history.last().unwrap().state == info.state,
+            "the row's state is not the last record's"
+        );
+        ensure!(
+            history[0].payload.get() == self.plan.initial_json(),
+            "the initial record is not the planned initial state"
+        );
+        ensure!(
+            history.len() >= self.history.len(),
+            "committed transitions lost: {} seen, {} now",
+            self.history.len(),
+            history.len()
+        );
+        for (old, new) in self.history.iter().zip(&history) {
+            ensure!(
+                *old == seen(new),
+                "the record at seq {} changed: {old:?} -> {:?}",
+                old.seq,
+                seen(new)
+            );
+        }
+        let payloads: Vec<&str> = history.iter().map(|r| r.payload.get()).collect();
+        self.plan.check_moves(&payloads)?;
+        for r in &history[self.history.len()..] {
+            self.history.push(seen(r));
+        }
+        while self.moved_past.len() + 1 < self.history.len() {
+            self.moved_past.push(c);
+        }
+        Ok(())
+    }
+
+    /// Step records: nothing lost, nothing changed; new ones are noted with this check.
+    fn check_steps(
+        &mut self,
+        store: &RedbStore,
+        info: &RunInfo,
+        c: usize,
+        stats: &mut Stats,
+    ) -> Checked {
+        let mut now = BTreeMap::new();
+        for seq in 0..=info.seq {
+            for (name, occ, rec) in store.steps(&self.plan.id, seq).map_err(|e| e.to_string())? {
+                let step = StepSeen {
+                    attempt: rec.attempt,
+                    at_ms: rec.at_ms,
+                    output: rec.output.get().to_owned(),
+                };
+                now.insert((seq, name, occ), step);
+            }
+        }
+        stats.steps_checked += now.len() as u64;
+        for (key, (old, _)) in &self.steps {
+            match now.get(key) {
+                Some(new) => ensure!(new == old, "step {key:?} changed: {old:?} -> {new:?}"),
+                None => return Err(format!("step record {key:?} lost")),
+            }
+        }
+        for (key, step) in now {
+            self.steps.entry(key).or_insert((step, c));
+        }
+        Ok(())
+    }
+
+    /// Events: nothing lost or changed, every event the parent sent is there, and each
+    /// delivered event was taken by exactly one wait, with its payload.
+    fn check_events(&mut self, store: &RedbStore) -> Checked {
+        let now: Vec<(u64, EventSeen, bool)> = store
+            .events(&self.plan.id)
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .map(|(seq, r, delivered)| {
+                let event = EventSeen {
+                    name: r.name,
+                    key: r.key,
+                    at_ms: r.at_ms,
+                    payload: r.payload.get().to_owned(),
+                };
+                (seq, event, delivered)
+            })
+            .collect();
+        ensure!(
+            now.len() >= self.events.len(),
+            "events lost: {} seen, {} now",
+            self.events.len(),
+            now.len()
+        );
+        for ((old_seq, old), (seq, new, _)) in self.events.iter().zip(&now) {
+            ensure!(
+                (old_seq, old) == (seq, new),
+                "event {old_seq} changed or lost"
+            );
+        }
+        for (seq, key) in &self.sent {
+            ensure!(
+                now.iter()
+                    .any(|(s, e, _)| s == seq && e.key.as_deref() == Some(key.as_str())),
+                "event {seq} ({key}) sent by the parent is missing"
+            );
+        }
+        self.events = now.iter().map(|(seq, e, _)| (*seq, e.clone())).collect();
+        let mut taken = BTreeSet::new();
+        for ((_, name, _), (step, _)) in &self.steps {
+            if !name.starts_with("loops:wait:") {
+                continue;
+            }
+            let outcome: serde_json::Value =
+                serde_json::from_str(&step.output).map_err(|e| e.to_string())?;
+            if let Some(seq) = outcome.pointer("/event/seq").and_then(|s| s.as_u64()) {
+                ensure!(taken.insert(seq), "event {seq} delivered to two waits");
+                let payload = outcome.pointer("/event/payload");
+                let event = now.iter().find(|(s, _, _)| *s == seq);
+                ensure!(
+                    matches!(event, Some((_, e, true))
+                        if serde_json::from_str::<serde_json::Value>(&e.payload).ok().as_ref() == payload),
+                    "wait took event {seq}, which is not a delivered event with that payload"
+                );
+            }
+        }
+        for (seq, _, delivered) in &now {
+            ensure!(
+                !*delivered || taken.contains(seq),
+                "event {seq} is marked delivered but no wait took it"
+            );
+        }
+        Ok(())
+    }
+
+    /// The ledger's new lines. A handler entry's state is committed, and its successor had not
+    /// been seen committed before the process started. A step the runtime returned is in the
+    /// store. An effect runs again only in a later process, after the one that ran it was
+    /// killed, before its record had been seen committed, under the same idempotency key.
+    fn check_ledger(&mut self, ledger: &Path, clean: &[bool], stats: &mut Stats) -> Checked {
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .open(ledger)
+            .map_err(|e| e.to_string())?;
+        f.seek(std::io::SeekFrom::Start(self.ledger_read))
+            .map_err(|e| e.to_string())?;
+        let mut text = String::new();
+        f.read_to_string(&mut text).map_err(|e| e.to_string())?;
+        let complete = text.rfind('\n').map_or(0, |i| i + 1);
+        if complete < text.len() {
+            // A line torn by the kill: close it, so that the next child's lines stay whole.
+            stats.torn_lines += 1;
+            f.write_all(b"\n").map_err(|e| e.to_string())?;
+            self.ledger_read += text.len() as u64 + 1;
+        } else {
+            self.ledger_read += complete as u64;
+        }
+        for line in text[..complete].lines() {
+            match parse_line(line).ok_or_else(|| format!("bad ledger line {line:?}"))? {
+                Line::Entered { inc, seq, state } => {
+                    stats.entries += 1;
+                    ensure!(
+                        self.history.get(seq as usize).map(|s| s.state.as_str()) == Some(&state),
+                        "process {inc} handled {state} at seq {seq}, which is not committed"
+                    );
+                    if let Some(&m) = self.moved_past.get(seq as usize) {
+                        ensure!(
+                            inc as usize <= m,
+                            "process {inc} handled seq {seq} again after check {m} saw its successor committed"
+                        );
+                    }
+                }
+                Line::Effect {
+                    inc,
+                    step,
+                    key,
+                    value,
+                } => {
+                    stats.effects_executed += 1;
+                    if let Some((_, m)) = self.steps.get(&step) {
+                        ensure!(
+                            inc as usize <= *m,
+                            "process {inc} ran the effect of step {step:?} again after check {m} saw its record committed"
+                        );
+                    }
+                    let runs = self.effects.entry(step.clone()).or_default();
+                    if let Some(last) = runs.last() {
+                        stats.effects_repeated += 1;
+                        ensure!(
+                            last.inc < inc,
+                            "process {inc} ran the effect of step {step:?} twice"
+                        );
+                        ensure!(
+                            !clean[last.inc as usize],
+                            "step {step:?} ran again in process {inc}, but process {} that ran it first was not killed",
+                            last.inc
+                        );
+                        ensure!(
+                            last.key == key,
+                            "step {step:?} ran with another idempotency key: {} then {key}",
+                            last.key
+                        );
+                    }
+                    runs.push(Executed { inc, key, value });
+                }
+                Line::Acked { inc, step, key } => {
+                    ensure!(
+                        self.steps.contains_key(&step),
+                        "process {inc} was given the output of step {step:?} ({key}), whose record is not in the store"
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Every user step record has its effect in the ledger, with the recorded value.
+    fn check_effects_of_records(&self) -> Checked {
+        for (step, (rec, _)) in &self.steps {
+            if step.1.starts_with("loops:") {
+                continue;
+            }
+            let runs = self
+                .effects
+                .get(step)
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            ensure!(
+                !runs.is_empty(),
+                "step {step:?} is recorded but its effect never ran"
+            );
+            let output: String = serde_json::from_str(&rec.output).map_err(|e| e.to_string())?;
+            ensure!(
+                runs.iter().all(|r| r.value == output),
+                "step {step:?} recorded {output:?}, its effects ran with {runs:?}"
+            );
+        }
+        Ok(())
+    }
+}
+
 fn seen(r: &loops::TransitionRecord) -> Seen {
     Seen {
         seq: r.seq,
@@ -1448,7 +1520,7 @@ fn reference(gens: u32) -> Harness {
     for round in 0.. {
         assert!(round < 20, "the reference run does not end");
         h.incarnation((0, gens - 1), None);
-        h.check_all();
+        h.check_all(true);
         if (0..gens).all(|g| h.gen_done(g)) {
             break;
         }
@@ -1490,7 +1562,7 @@ fn torture(kills_wanted: u64) {
             stalled = 0;
         }
         let end = h.incarnation((gen_, gen_), kill_after);
-        h.check_all();
+        h.check_all(false);
         let progress = format!(
             "{:?}",
             h.runs
@@ -1519,6 +1591,8 @@ fn torture(kills_wanted: u64) {
             h.act(gen_, !killing);
         }
     }
+    // Once more, every run of every generation.
+    h.check_all(true);
     let tortured = started.elapsed();
 
     let reference_started = Instant::now();
