@@ -79,8 +79,9 @@ async fn after_resume_all(rt: &Runtime, id: &str) -> String {
 /// its driver by looking at the drivers of this runtime *before* it commits. A background
 /// driver that has just parked the run (committed `waiting`) still holds the run for a few
 /// microseconds; a cancel then only signals it, the driver stops without looking, and the run
-/// stays `waiting` with its cancellation recorded, for as long as no event comes:
-/// `resume_all` does not drive it either (its wait is not over), and `wait` never returns.
+/// stays `waiting` with its cancellation recorded, for as long as no event comes (or, for a
+/// wait with a time-out, until it passes): `resume_all` does not drive it either (its wait is
+/// not over), and `wait` does not return. A second cancel ends it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "bug: a cancel that lands while a background driver parks the run never ends the run"]
 async fn a_cancel_while_the_background_driver_parks_ends_the_run() {
@@ -101,9 +102,10 @@ async fn a_cancel_while_the_background_driver_parks_ends_the_run() {
             Err(_) => {
                 let info = rt.run_info(&id).unwrap().unwrap();
                 let after = after_resume_all(&rt, &id).await;
+                let again = rt.cancel(&id, "withdrawn again").await.map(|i| i.status);
                 panic!(
                     "{id} (round {i}): cancel returned Ok, but the run did not end: status {}, \
-                     cancel {:?}, wait {:?}; after resume_all: {after}",
+                     cancel {:?}, wait {:?}; after resume_all: {after}; a second cancel: {again:?}",
                     info.status, info.cancel, info.wait
                 );
             }

@@ -16,7 +16,9 @@
 //!
 //! The parent starts a new generation whenever the current one has ended, until it has killed
 //! the child `LOOPS_TORTURE_KILLS` times (200 by default); the last generation then runs to its
-//! end without kills.
+//! end without kills. Each kill comes a seeded random 0–150 ms after the child opened its store,
+//! or, one time in four, after the child started (so that some land while it opens and repairs
+//! the store).
 //!
 //! Every side effect of a step appends one line to `ledger/<run id>` (outside the store) with
 //! the step's idempotency key, its sequence number, name and occurrence; every handler entry and
@@ -832,6 +834,13 @@ struct Harness {
     check: usize,
 }
 
+/// When to SIGKILL a child: `delay` after it started, or after it opened the store.
+#[derive(Debug, Clone, Copy)]
+struct Kill {
+    delay: Duration,
+    after_open: bool,
+}
+
 /// How a child process ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum End {
@@ -889,9 +898,9 @@ impl Harness {
         self.gens = self.gens.max(gen_ + 1);
     }
 
-    /// Runs one child process for generations `gens`, SIGKILLs it after `kill_after` unless
-    /// it went quiet first (without `kill_after`, waits until it is quiet).
-    fn incarnation(&mut self, gens: (u32, u32), kill_after: Option<Duration>) -> End {
+    /// Runs one child process for generations `gens` and SIGKILLs it as `kill` says, unless it
+    /// went quiet first (without `kill`, waits until it is quiet).
+    fn incarnation(&mut self, gens: (u32, u32), kill: Option<Kill>) -> End {
         let inc = self.clean.len() as u32;
         let stderr = std::fs::OpenOptions::new()
             .create(true)
@@ -924,19 +933,23 @@ impl Harness {
                 }
             }
         });
-        let (mut opened, mut quiet) = (false, false);
+        let (mut opened, mut quiet) = (None, false);
         let patience = Duration::from_secs(120);
         let end = loop {
             let now = started.elapsed();
-            if let Some(after) = kill_after
+            let due = kill.and_then(|k| match k.after_open {
+                true => opened.map(|at| at + k.delay),
+                false => Some(k.delay),
+            });
+            if let Some(due) = due
                 && !quiet
-                && now >= after
+                && now >= due
                 && child.try_wait().unwrap().is_none()
             {
                 child.kill().unwrap();
                 child.wait().unwrap();
                 self.stats.kills += 1;
-                if !opened {
+                if opened.is_none() {
                     self.stats.kills_before_open += 1;
                 }
                 break End::Killed;
@@ -949,13 +962,15 @@ impl Harness {
                     self.stderr_tail()
                 );
             }
-            let wait = kill_after
-                .map_or(patience, |after| after.saturating_sub(now))
+            let wait = due
+                .map_or(patience, |due| due.saturating_sub(now))
                 .min(Duration::from_millis(50))
                 .max(Duration::from_millis(1));
             match rx.recv_timeout(wait) {
                 Ok(line) => {
-                    opened |= line.contains("opened");
+                    if opened.is_none() && line.contains("opened") {
+                        opened = Some(started.elapsed());
+                    }
                     quiet |= line.contains("quiet");
                 }
                 Err(mpsc::RecvTimeoutError::Timeout) => {}
@@ -1556,12 +1571,17 @@ fn torture(kills_wanted: u64) {
         let killing = h.stats.kills < kills_wanted;
         // A child that made no progress in many tries runs to quiet once (a slow machine).
         let grace = stalled >= 50;
-        let kill_after = (killing && !grace).then(|| Duration::from_millis(rng.u64(0..=150)));
+        // One kill in four counts from the child's start, and may land while it opens (and
+        // repairs) the store; the others count from the open, and land among the runs.
+        let kill = (killing && !grace).then(|| Kill {
+            delay: Duration::from_millis(rng.u64(0..=150)),
+            after_open: rng.u8(0..4) != 0,
+        });
         if grace {
             h.stats.grace_runs += 1;
             stalled = 0;
         }
-        let end = h.incarnation((gen_, gen_), kill_after);
+        let end = h.incarnation((gen_, gen_), kill);
         h.check_all(false);
         let progress = format!(
             "{:?}",
