@@ -71,7 +71,19 @@ pub fn writable(path: &Path) -> Result<(Runtime, bool)> {
 }
 
 fn repair(path: &Path) -> Result<()> {
-    let store = RedbStore::open(path).map_err(|e| open_failure(path, e))?;
+    let store = RedbStore::open(path).map_err(|e| match &e {
+        Error::Open { source, .. }
+            if source
+                .downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::PermissionDenied) =>
+        {
+            Failure::new(format!(
+                "store {} was not closed cleanly and needs the repair that a writable open makes, but this user cannot write it: run this command as the store's owner",
+                path.display()
+            ))
+        }
+        _ => open_failure(path, e),
+    })?;
     drop(store);
     Ok(())
 }

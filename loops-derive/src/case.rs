@@ -43,7 +43,9 @@ pub(crate) fn closest<'a>(
             };
             (d, c)
         })
-        .filter(|&(d, c)| d <= (c.chars().count().max(name.chars().count()) / 3).max(1))
+        // A third of the longer name's length: short names are suggested only when they differ
+        // in case (`C` is no typo of `A`).
+        .filter(|&(d, c)| d <= c.chars().count().max(name.chars().count()) / 3)
         .min_by_key(|&(d, _)| d)
         .map(|(_, c)| c)
 }
@@ -90,6 +92,8 @@ mod tests {
         assert_eq!(closest("Edtied", states), Some("Edited"));
         assert_eq!(closest("planned", states), Some("Planned"));
         assert_eq!(closest("Merged", states), None);
+        assert_eq!(closest("C", ["A", "B"]), None);
+        assert_eq!(closest("a", ["A", "B"]), Some("A"));
         assert_eq!(distance("kitten", "sitting"), 3);
     }
 }

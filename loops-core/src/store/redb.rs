@@ -281,7 +281,7 @@ impl RedbStore {
             Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
                 return Err(Error::StoreLocked { path });
             }
-            Err(e) => return Err(open_err(e.into())),
+            Err(e) => return Err(open_err(open_source(e))),
         };
         ensure_tables(&db).map_err(|e| open_err(e.into()))?;
         let db = Arc::new(RwLock::new(Db::Writable(db)));
@@ -331,7 +331,7 @@ impl RedbStore {
             Err(e) => {
                 return Err(Error::Open {
                     path,
-                    source: e.into(),
+                    source: open_source(e),
                 });
             }
         };
@@ -1790,6 +1790,23 @@ fn write_wait_step(
 /// the highest code point, 260 bytes. Bounds range scans over `(run id, name, ..)` keys.
 fn name_upper_bound() -> String {
     char::MAX.to_string().repeat(65)
+}
+
+/// Why an open failed, with I/O errors kept as such (so that their kind, such as
+/// `PermissionDenied`, can be matched) and the short-file case said plainly.
+fn open_source(e: redb::DatabaseError) -> crate::BoxError {
+    match e {
+        redb::DatabaseError::Storage(redb::StorageError::Io(io))
+            if io.kind() == std::io::ErrorKind::UnexpectedEof =>
+        {
+            Box::new(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the file ends before redb's header does: it is truncated, or not a redb file",
+            ))
+        }
+        redb::DatabaseError::Storage(redb::StorageError::Io(io)) => Box::new(io),
+        other => other.into(),
+    }
 }
 
 /// The error for a redb panic caught while doing `what` on a damaged file.
