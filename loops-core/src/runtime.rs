@@ -1,7 +1,7 @@
 //! The runtime: drives runs from their last recorded state to a terminal state.
 
 use std::any::TypeId;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -61,9 +61,21 @@ pub(crate) struct Config {
     state_timeout: HashMap<(TypeId, &'static str), Duration>,
     pub(crate) max_payload_bytes: usize,
     pub(crate) park_threshold: Duration,
+    max_active_runs: Option<usize>,
     checks: Vec<SchemaCheck>,
     retention: RetentionPolicy,
     drivers: Vec<(&'static str, Arc<dyn Driver>)>,
+}
+
+impl Inner {
+    /// How many runs this runtime drives now.
+    #[cfg(test)]
+    pub(crate) fn active_count(&self) -> usize {
+        self.active
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
 }
 
 /// What a driven run listens to, and the lease its driver holds.
@@ -105,6 +117,7 @@ impl Default for RuntimeBuilder {
                 state_timeout: HashMap::new(),
                 max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
                 park_threshold: DEFAULT_PARK_THRESHOLD,
+                max_active_runs: None,
                 checks: Vec::new(),
                 retention: RetentionPolicy::default(),
                 drivers: Vec::new(),
@@ -180,6 +193,16 @@ impl RuntimeBuilder {
     /// The retention policy [`Runtime::prune`] applies (default: keep everything).
     pub fn retention(mut self, policy: RetentionPolicy) -> Self {
         self.config.retention = policy;
+        self
+    }
+
+    /// At most `n` runs driven at once by this runtime's claims: [`Runtime::resume_all`] (and
+    /// so [`Runtime::serve`]) take no more than that (default: no limit). With a store shared
+    /// by several workers, this spreads the runs over the workers. Runs started here
+    /// ([`Runtime::start`], [`Runtime::run`]) or woken by an event do not count against it
+    /// when they start, but do when claims are made.
+    pub fn max_active_runs(mut self, n: usize) -> Self {
+        self.config.max_active_runs = Some(n.max(1));
         self
     }
 
@@ -487,27 +510,47 @@ impl Runtime {
     /// [`Error::Storage`] or [`Error::Decode`] if the index cannot be read.
     pub async fn resume_all(&self) -> Result<Vec<RunInfo>> {
         let workflows = self.inner.background.workflows();
-        let ready = self.store().claim_ready(&workflows, usize::MAX).await?;
+        let limit = match self.inner.config.max_active_runs {
+            Some(max) => max.saturating_sub(
+                self.inner
+                    .active
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .len(),
+            ),
+            None => usize::MAX,
+        };
+        let ready = if limit == 0 {
+            Vec::new()
+        } else {
+            self.store().claim_ready(&workflows, limit).await?
+        };
+        let mut taken: HashSet<String> = HashSet::with_capacity(ready.len());
         let mut found: Vec<RunInfo> = Vec::with_capacity(ready.len());
         for (info, lease) in ready {
             self.spawn_driver_with(&info.workflow, &info.run_id, Some(lease));
+            taken.insert(info.run_id.clone());
             found.push(info);
         }
-        for workflow in &workflows {
-            for info in self
-                .store()
-                .list(RunStatus::Waiting, Some(workflow))
-                .await?
-            {
-                if found.iter().any(|f| f.run_id == info.run_id) {
-                    continue;
+        // A store only this process opens: arm the timers of the parked runs here. (With a
+        // shared store, `claim_ready` returns waiting runs once their time has come.)
+        if self.store().lease_ttl().is_none() {
+            for workflow in &workflows {
+                for info in self
+                    .store()
+                    .list(RunStatus::Waiting, Some(workflow))
+                    .await?
+                {
+                    if taken.contains(&info.run_id) {
+                        continue;
+                    }
+                    if let Some(until) = info.wait.as_ref().and_then(|w| w.until_ms) {
+                        self.inner
+                            .background
+                            .add_timer(self, until, &info.workflow, &info.run_id);
+                    }
+                    found.push(info);
                 }
-                if let Some(until) = info.wait.as_ref().and_then(|w| w.until_ms) {
-                    self.inner
-                        .background
-                        .add_timer(self, until, &info.workflow, &info.run_id);
-                }
-                found.push(info);
             }
         }
         found.sort_by(|a, b| (&a.workflow, &a.run_id).cmp(&(&b.workflow, &b.run_id)));
@@ -533,6 +576,10 @@ impl Runtime {
             .unwrap_or_else(PoisonError::into_inner)
             .contains_key(run_id)
         {
+            // Driven here already: a lease granted meanwhile goes back.
+            if let Some(lease) = lease {
+                self.release_later(lease);
+            }
             return;
         }
         driver.spawn(

@@ -1428,3 +1428,39 @@ fn messages_do_not_repeat_their_source() {
         "{text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_all_claims_no_more_than_max_active_runs() {
+    let (_dir, path) = temp_store();
+    {
+        let rt = Runtime::open(&path).unwrap();
+        let slow = Worker {
+            work_delay: Duration::from_secs(60),
+            ..Worker::default()
+        };
+        for i in 0..5 {
+            let id = format!("r{i}");
+            let run = rt.run(&id, Job::Start { n: 0 }, &slow);
+            assert!(
+                tokio::time::timeout(Duration::from_millis(100), run)
+                    .await
+                    .is_err()
+            );
+        }
+    }
+    let rt = Runtime::builder()
+        .max_active_runs(2)
+        .register::<Job, _>(Worker {
+            work_delay: Duration::from_secs(60),
+            ..Worker::default()
+        })
+        .open(&path)
+        .unwrap();
+    assert_eq!(rt.resume_all().await.unwrap().len(), 2);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(rt.inner.active_count(), 2);
+    // Full: a second pass claims nothing more.
+    assert!(rt.resume_all().await.unwrap().is_empty());
+    assert_eq!(rt.inner.active_count(), 2);
+    rt.shutdown().await;
+}
