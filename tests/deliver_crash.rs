@@ -415,3 +415,29 @@ fn the_approval_gate_waits_durably_for_an_approval_sent_while_down() {
         assert_eq!(states, EXPECTED_STATES);
     });
 }
+
+/// A closed standard output (`deliver | head -2`) stops the printing, not the work: the run
+/// goes on to its pull request, exits 0 and closes the store cleanly.
+#[test]
+fn a_closed_stdout_stops_the_printing_not_the_run() {
+    let reference = &reference().outcome;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut child = deliver(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the example");
+    let mut lines = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
+    for _ in 0..2 {
+        lines.next().expect("a line").expect("read a line");
+    }
+    drop(lines);
+    let output = child.wait_with_output().expect("wait for the example");
+    assert!(output.status.success(), "{}", describe(&output));
+    assert!(output.stderr.is_empty(), "{}", describe(&output));
+    // A read-only open refuses a store that was not closed cleanly.
+    drop(
+        loops::RedbStore::open_read_only(dir.path().join("deliver.redb")).expect("closed cleanly"),
+    );
+    check(dir.path(), reference, "closed stdout");
+}

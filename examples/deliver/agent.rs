@@ -83,7 +83,7 @@ impl<M: Model> Agent<M> {
             .await?;
         let ran = ran.load(Ordering::SeqCst);
         if !ran {
-            println!("  {name}: recorded by an earlier attempt, not run again");
+            say!("  {name}: recorded by an earlier attempt, not run again");
         }
         Ok((output, ran))
     }
@@ -105,7 +105,7 @@ impl<M: Model> Agent<M> {
             })
             .await?;
         if ran && !committed.created {
-            println!(
+            say!(
                 "  commit: {} exists already (found by its idempotency key), not committed again",
                 short(&committed.commit.id)
             );
@@ -222,7 +222,7 @@ impl<M: Model> DeliverHandler for Agent<M> {
             // A durable wait: with nothing to deliver yet, the run parks (status waiting) and
             // this handler runs again, its recorded steps replayed, when the approval arrives.
             let approval: Approval = ctx.wait_for(APPROVAL_EVENT).await?;
-            println!("  approved by {}", approval.by);
+            say!("  approved by {}", approval.by);
             return self.deliver(ctx, &issue, &work, &approval).await;
         }
         if round >= MAX_FIX_ROUNDS {
@@ -294,7 +294,7 @@ impl<M: Model> Agent<M> {
             })
             .await?;
         if ran && !opened.created {
-            println!(
+            say!(
                 "  open_pr: #{} exists already for this idempotency key, not opened again",
                 opened.pull_request.number
             );

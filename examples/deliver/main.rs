@@ -15,6 +15,14 @@
 //! a bare repository as its remote, a directory as the forge, and a scripted stand-in for the
 //! model (see `model.rs` for the trait a real model client would implement).
 
+/// Prints a line on standard output like `say!`, but ignores write errors: when the output
+/// is a closed pipe (`deliver | head -2`), the work goes on and only the printing stops.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::print_line(format_args!($($arg)*))
+    };
+}
+
 mod agent;
 mod forge;
 mod git;
@@ -24,7 +32,7 @@ mod project;
 mod testrun;
 mod workflow;
 
-use std::io::IsTerminal as _;
+use std::io::{IsTerminal as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -124,7 +132,8 @@ async fn main() -> ExitCode {
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            // Written like `say!`: a closed standard error must not turn this into a panic.
+            let _ = writeln!(std::io::stderr(), "error: {err:#}");
             ExitCode::FAILURE
         }
     }
@@ -171,8 +180,8 @@ async fn run(cli: Cli) -> Result<()> {
             }
             e => anyhow::Error::new(e).context("cannot open the store"),
         })?;
-    println!("store:  {}", shown_store.display());
-    println!("run id: {}", cli.run_id);
+    say!("store:  {}", shown_store.display());
+    say!("run id: {}", cli.run_id);
 
     let base = project::prepare(&paths).await?;
     let hooks = Hooks::from_env(paths.entries_log.clone())?;
@@ -190,9 +199,11 @@ async fn run(cli: Cli) -> Result<()> {
         && info.status == RunStatus::Failed
     {
         runtime.retry(&cli.run_id).await?;
-        println!(
+        say!(
             "run {} failed at {} (seq {}); retrying it with a fresh budget of attempts",
-            cli.run_id, info.state, info.seq
+            cli.run_id,
+            info.state,
+            info.seq
         );
     }
     report_start(&runtime, &cli.run_id).await?;
@@ -209,7 +220,7 @@ async fn run(cli: Cli) -> Result<()> {
         result = runtime.run(&cli.run_id, initial, &agent) => Some(result),
         () = send_approval(&runtime, &cli.run_id, approve, &approver) => None,
         () = parked_at_the_gate(&runtime, &cli.run_id, approve) => {
-            println!(
+            say!(
                 "waiting for approval: the run is parked (it holds no task) until an approval \
                  arrives. Approve and go on with:\n  cargo run --example deliver -- --approve{}\n\
                  or, while no deliver runs:\n  loops --store {} send {} {APPROVAL_EVENT} --json '{{\"by\":\"you\"}}'",
@@ -242,7 +253,7 @@ async fn run(cli: Cli) -> Result<()> {
         .await?
         .map_or(0, |info| info.seq);
     if hooks.stops_at(seq) {
-        println!("stopping at seq {seq} ({})", hooks::STOP_VAR);
+        say!("stopping at seq {seq} ({})", hooks::STOP_VAR);
         return Ok(());
     }
     let state = last.state();
@@ -258,12 +269,12 @@ async fn run(cli: Cli) -> Result<()> {
                 agent::short(head)
             );
             hooks.enter(seq, state.name(), None, &line).await?;
-            println!("pull request: {url}");
-            println!("  stored in {}", agent.forge.path_of(*number).display());
+            say!("pull request: {url}");
+            say!("  stored in {}", agent.forge.path_of(*number).display());
         }
         Deliver::Abandoned { reason } => {
             hooks.enter(seq, state.name(), None, reason).await?;
-            println!("abandoned: nothing was pushed");
+            say!("abandoned: nothing was pushed");
         }
         other => bail!("the run ended in a non-terminal state: {other:?}"),
     }
@@ -286,7 +297,7 @@ async fn send_approval(runtime: &Runtime, run_id: &str, approve: bool, by: &str)
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
                 Err(e) => {
-                    eprintln!("warning: cannot send the approval: {e}");
+                    let _ = writeln!(std::io::stderr(), "warning: cannot send the approval: {e}");
                     break;
                 }
             }
@@ -330,7 +341,7 @@ fn approver_name() -> String {
 /// Says whether the run is new, resumed (at which state, skipping which) or finished.
 async fn report_start(runtime: &Runtime, run_id: &str) -> Result<()> {
     let Some(info) = runtime.run_info(run_id).await? else {
-        println!("starting a new run at Received");
+        say!("starting a new run at Received");
         return Ok(());
     };
     let history = runtime.history::<Deliver>(run_id).await?;
@@ -341,9 +352,10 @@ async fn report_start(runtime: &Runtime, run_id: &str) -> Result<()> {
         .collect();
     match info.status {
         RunStatus::Completed => {
-            println!(
+            say!(
                 "run {run_id} completed already at {} (seq {}); reporting its result",
-                info.state, info.seq
+                info.state,
+                info.seq
             );
         }
         RunStatus::Running => {
@@ -356,17 +368,24 @@ async fn report_start(runtime: &Runtime, run_id: &str) -> Result<()> {
             } else {
                 done.join(", ")
             };
-            println!(
+            say!(
                 "resuming at {} (seq {}; {last_attempt}); skipping {skipped}: already recorded",
-                info.state, info.seq
+                info.state,
+                info.seq
             );
         }
         status => {
-            println!(
+            say!(
                 "run {run_id} is {status} at {} (seq {})",
-                info.state, info.seq
+                info.state,
+                info.seq
             );
         }
     }
     Ok(())
+}
+
+/// Writes `args` and a newline to standard output, ignoring errors (see [`say!`]).
+fn print_line(args: std::fmt::Arguments<'_>) {
+    let _ = writeln!(std::io::stdout().lock(), "{args}");
 }
