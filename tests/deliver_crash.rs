@@ -8,10 +8,13 @@
 //! 3. Random kills: the same equalities after 8 kills at random moments (in as many runs as
 //!    it takes). The seed is printed; `LOOPS_DELIVER_KILL_SEED=<seed>` replays the same
 //!    sequence of kill moments (relative to the reference run's duration).
+//! 4. Kills of `--fresh` (while it deletes, and while it sets up again) and of a first-time
+//!    setup: the next run must complete with the same result, and `git fsck` find nothing
+//!    wrong.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead as _, BufReader};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::sync::mpsc;
@@ -440,4 +443,108 @@ fn a_closed_stdout_stops_the_printing_not_the_run() {
         loops::RedbStore::open_read_only(dir.path().join("deliver.redb")).expect("closed cleanly"),
     );
     check(dir.path(), reference, "closed stdout");
+}
+
+/// Kills `--fresh` at many moments (right as it deletes, and while it sets up again), and a
+/// first-time setup at many moments; after each kill the next run must complete with the
+/// reference's result (one pull request), and `git fsck` must find nothing wrong in the
+/// remote or the checkout: a half-deleted or half-built repository is never trusted.
+#[test]
+fn a_killed_fresh_start_or_setup_leaves_nothing_half_done() {
+    let reference = reference();
+    // Setup and the first states take about the first half of a run.
+    let window = reference.took.mul_f64(0.5);
+    const FRESH_KILLS: u32 = 12;
+    const SETUP_KILLS: u32 = 8;
+    let dir = tempfile::tempdir().expect("temp dir");
+    // `--fresh` moves the work directory aside, beside it: keep that inside `dir` too.
+    let workdir = dir.path().join("work");
+    run_to_completion(&workdir, "before --fresh");
+    for i in 0..FRESH_KILLS {
+        let mut child = deliver(&workdir)
+            .arg("--fresh")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the example");
+        let when = if i % 2 == 0 {
+            // The store goes first: kill 0 to 3 ms after it went, in the deletion.
+            let store = workdir.join("deliver.redb");
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while store.exists() && Instant::now() < deadline {
+                if child.try_wait().expect("poll the example").is_some() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_micros(50));
+            }
+            let after = Duration::from_micros(250 * u64::from(i));
+            std::thread::sleep(after);
+            format!("{} µs after the store was deleted", after.as_micros())
+        } else {
+            let after = window.mul_f64(f64::from(i) / f64::from(FRESH_KILLS));
+            std::thread::sleep(after);
+            format!("{} ms after start", after.as_millis())
+        };
+        child.kill().expect("SIGKILL the example");
+        child.wait().expect("reap the example");
+        run_once_more(&workdir, reference, &format!("--fresh killed {when}"));
+    }
+    for i in 0..SETUP_KILLS {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let workdir = dir.path().join("work");
+        let mut child = deliver(&workdir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the example");
+        let after = window.mul_f64(f64::from(i) / f64::from(SETUP_KILLS));
+        std::thread::sleep(after);
+        child.kill().expect("SIGKILL the example");
+        child.wait().expect("reap the example");
+        let context = format!("first setup killed {} ms after start", after.as_millis());
+        run_once_more(&workdir, reference, &context);
+    }
+}
+
+/// Runs the example once: it must complete with the reference's result, leave nothing aside
+/// and no repository that `git fsck` finds fault with.
+fn run_once_more(workdir: &Path, reference: &Reference, context: &str) {
+    let output = deliver(workdir).output().expect("run the example");
+    assert!(
+        output.status.success(),
+        "{context}: the next run failed:\n{}",
+        describe(&output)
+    );
+    check(workdir, &reference.outcome, context);
+    for repo in [workdir.join("remote.git"), workdir.join("repo")] {
+        fsck(&repo, context);
+    }
+    let parent = workdir.parent().expect("a parent");
+    let left: Vec<PathBuf> = std::fs::read_dir(parent)
+        .expect("read the parent")
+        .map(|e| e.expect("an entry").path())
+        .filter(|p| p.to_string_lossy().contains(".deleting-"))
+        .collect();
+    assert!(left.is_empty(), "{context}: left aside: {left:?}");
+}
+
+/// Checks the repository at `dir` with `git fsck`: it must pass, and report nothing missing,
+/// broken or invalid.
+fn fsck(dir: &Path, context: &str) {
+    let output = Command::new("git")
+        .current_dir(dir)
+        .args(["fsck", "--no-progress", "--no-dangling"])
+        .output()
+        .expect("run git fsck");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        output.status.success() && text.trim().is_empty(),
+        "{context}: git fsck in {}:\n{}",
+        dir.display(),
+        describe(&output)
+    );
 }

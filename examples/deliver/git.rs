@@ -289,7 +289,8 @@ pub struct SourceFile {
 }
 
 /// A `git` command in `dir` with a fixed identity and dates, no user or system configuration
-/// (so no signing, hooks path or templates), C messages, and no prompts.
+/// (so no signing, hooks path or templates), no background maintenance, C messages, and no
+/// prompts.
 fn command(dir: &Path) -> Command {
     let mut cmd = Command::new("git");
     cmd.current_dir(dir)
@@ -301,6 +302,14 @@ fn command(dir: &Path) -> Command {
         .env("GIT_COMMITTER_DATE", COMMIT_DATE)
         .env("GIT_CONFIG_NOSYSTEM", "1")
         .env("GIT_CONFIG_GLOBAL", null_device())
+        // No automatic maintenance: git would start it detached, in the background, where it
+        // could still be writing in the repository after this program ended (or while
+        // `--fresh` deletes it). The demo's repositories are far too small to need any.
+        .env("GIT_CONFIG_COUNT", "2")
+        .env("GIT_CONFIG_KEY_0", "maintenance.auto")
+        .env("GIT_CONFIG_VALUE_0", "false")
+        .env("GIT_CONFIG_KEY_1", "gc.auto")
+        .env("GIT_CONFIG_VALUE_1", "0")
         .env("GIT_TERMINAL_PROMPT", "0")
         .env("LC_ALL", "C")
         .stdin(Stdio::null())
