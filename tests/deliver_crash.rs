@@ -548,3 +548,44 @@ fn fsck(dir: &Path, context: &str) {
         describe(&output)
     );
 }
+
+/// A store found locked is tried again for 2 s (right after a SIGKILL, a child the killed
+/// process had just forked may hold the lock for a moment): a lock released within that
+/// time is waited for, one held longer is refused in one line.
+#[test]
+fn a_store_locked_for_a_moment_is_waited_for() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    run_to_completion(dir.path(), "first run");
+    let path = dir.path().join("deliver.redb");
+    let store = loops::RedbStore::open(&path).expect("open the store");
+    let child = deliver(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the example");
+    std::thread::sleep(Duration::from_millis(800));
+    drop(store);
+    let output = child.wait_with_output().expect("wait for the example");
+    assert!(output.status.success(), "{}", describe(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("completed already"),
+        "{}",
+        describe(&output)
+    );
+
+    let store = loops::RedbStore::open(&path).expect("open the store");
+    let started = Instant::now();
+    let output = deliver(dir.path()).output().expect("run the example");
+    let took = started.elapsed();
+    drop(store);
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.lines().count() == 1
+            && stderr.starts_with("error: ")
+            && stderr.contains("is another `deliver` running?"),
+        "{}",
+        describe(&output)
+    );
+    assert!(took >= Duration::from_secs(2), "refused after {took:?}");
+}

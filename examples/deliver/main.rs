@@ -157,29 +157,33 @@ async fn run(cli: Cli) -> Result<()> {
     if cli.fresh {
         if paths.store.exists() {
             // Fails at once if another process has the store open, before anything is deleted.
-            drop(loops::RedbStore::open(&paths.store).context("--fresh: cannot open the store")?);
+            let store = open_store(|| loops::RedbStore::open(&paths.store)).await;
+            drop(store.context("--fresh: cannot open the store")?);
         }
         paths.delete()?;
     }
     paths.create_workdir()?;
 
-    let runtime = Runtime::builder()
-        .workflow::<Deliver>()
-        .retry(
-            RetryPolicy::attempts(MAX_ATTEMPTS)
-                .with_max_interruptions(MAX_INTERRUPTIONS)
-                .with_delays(Duration::from_millis(100), Duration::from_secs(1)),
-        )
-        .open(&paths.store)
-        .map_err(|e| match e {
-            loops::Error::SchemaMismatch { .. } => {
-                anyhow::anyhow!("{e}. Run with --fresh to start over, or use another --run-id")
-            }
-            loops::Error::StoreLocked { .. } => {
-                anyhow::anyhow!("{e}: is another `deliver` running?")
-            }
-            e => anyhow::Error::new(e).context("cannot open the store"),
-        })?;
+    let runtime = open_store(|| {
+        Runtime::builder()
+            .workflow::<Deliver>()
+            .retry(
+                RetryPolicy::attempts(MAX_ATTEMPTS)
+                    .with_max_interruptions(MAX_INTERRUPTIONS)
+                    .with_delays(Duration::from_millis(100), Duration::from_secs(1)),
+            )
+            .open(&paths.store)
+    })
+    .await
+    .map_err(|e| match e {
+        loops::Error::SchemaMismatch { .. } => {
+            anyhow::anyhow!("{e}. Run with --fresh to start over, or use another --run-id")
+        }
+        loops::Error::StoreLocked { .. } => {
+            anyhow::anyhow!("{e}: is another `deliver` running?")
+        }
+        e => anyhow::Error::new(e).context("cannot open the store"),
+    })?;
     say!("store:  {}", shown_store.display());
     say!("run id: {}", cli.run_id);
 
@@ -279,6 +283,29 @@ async fn run(cli: Cli) -> Result<()> {
         other => bail!("the run ended in a non-terminal state: {other:?}"),
     }
     Ok(())
+}
+
+/// How long a store found locked is tried again, and how long apart.
+const STORE_LOCK_WAIT: Duration = Duration::from_secs(2);
+const STORE_LOCK_PAUSE: Duration = Duration::from_millis(50);
+
+/// Opens the store with `open`, trying again for up to [`STORE_LOCK_WAIT`] while it is locked.
+///
+/// A process killed with SIGKILL gives its lock back at once, yet about one open in a
+/// thousand right after `kill -9` found the store still locked: most likely a child (git,
+/// rustc) that the killed process had just forked, holding a copy of the store's file
+/// descriptor (and so its lock) until it executes its program, which closes it. That lasts
+/// a moment; a store still locked after 2 s is open in a live process.
+async fn open_store<T>(mut open: impl FnMut() -> loops::Result<T>) -> loops::Result<T> {
+    let deadline = tokio::time::Instant::now() + STORE_LOCK_WAIT;
+    loop {
+        match open() {
+            Err(loops::Error::StoreLocked { .. }) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(STORE_LOCK_PAUSE).await;
+            }
+            result => return result,
+        }
+    }
 }
 
 /// Sends the approval event (once: it carries an idempotency key) as soon as the run exists,
