@@ -95,7 +95,7 @@ impl Git {
     /// seconds: when this program is killed while git runs, git itself goes on (it is not
     /// killed with its parent) and holds `index.lock` until it finishes, possibly while the
     /// next run of this program starts.
-    async fn output(&self, args: &[&str]) -> Result<Output> {
+    pub async fn output(&self, args: &[&str]) -> Result<Output> {
         let mut tries = 0;
         loop {
             tracing::debug!(dir = %self.dir.display(), "git {}", args.join(" "));

@@ -74,7 +74,8 @@ struct Cli {
     #[arg(long, value_name = "DIR", default_value = "target/loops-demo")]
     workdir: PathBuf,
 
-    /// The git checkout to work in [default: <WORKDIR>/repo, created with a tiny Rust crate]
+    /// The git checkout to work in: the top directory of an existing work tree, on the branch
+    /// pull requests should target [default: <WORKDIR>/repo, created with a tiny Rust crate]
     #[arg(long, value_name = "PATH")]
     repo: Option<PathBuf>,
 
@@ -140,11 +141,27 @@ async fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<()> {
+    // Refused before anything is printed or touched.
+    loops::runtime::validate_run_id(&cli.run_id).map_err(|e| anyhow::anyhow!("--run-id: {e}"))?;
+    for (flag, path) in [
+        ("--workdir", Some(&cli.workdir)),
+        ("--store", cli.store.as_ref()),
+        ("--repo", cli.repo.as_ref()),
+    ] {
+        if let Some(path) = path
+            && path.to_str().is_none()
+        {
+            bail!("{flag} {path:?} is not valid UTF-8; this example needs UTF-8 paths");
+        }
+    }
     git::check_installed().await?;
     testrun::check_rustc().await?;
     let absolute = |p: &Path| {
         std::path::absolute(p).with_context(|| format!("cannot resolve {}", p.display()))
     };
+    if let Some(repo) = &cli.repo {
+        project::check_repo(&absolute(repo)?).await?;
+    }
     let shown_store = cli
         .store
         .clone()

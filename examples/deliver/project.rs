@@ -235,13 +235,46 @@ impl Paths {
     }
 }
 
+/// Checks that `repo`, given with `--repo`, is the top directory of an existing git work
+/// tree (the agent edits files by their paths from there). Nothing is ever created there.
+///
+/// # Errors
+/// Saying which of these it is not.
+pub async fn check_repo(repo: &Path) -> Result<()> {
+    ensure!(
+        repo.is_dir(),
+        "--repo {}: no such directory; name an existing git repository",
+        repo.display()
+    );
+    let output = Git::new(repo)
+        .output(&["rev-parse", "--show-toplevel"])
+        .await?;
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        bail!(
+            "--repo {} is not a git work tree ({})",
+            repo.display(),
+            stderr.lines().next().unwrap_or("git said nothing").trim()
+        );
+    }
+    let top = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+    let same = |a: &Path, b: &Path| matches!((a.canonicalize(), b.canonicalize()), (Ok(a), Ok(b)) if a == b);
+    ensure!(
+        same(&top, repo),
+        "--repo {} is inside the git work tree {}; name its top directory",
+        repo.display(),
+        top.display()
+    );
+    Ok(())
+}
+
 /// Makes sure the repository and the remote exist, creating the demo's, and returns the
 /// commit new runs start from.
 ///
 /// # Errors
 /// If git fails, or a repository given with `--repo` is not a git work tree on a branch.
 pub async fn prepare(paths: &Paths) -> Result<Base> {
-    if !paths.repo.exists() {
+    if !paths.repo_given && !paths.repo.exists() {
         create_demo_repo(&paths.repo).await?;
     }
     let git = Git::new(&paths.repo);
