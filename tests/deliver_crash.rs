@@ -351,8 +351,9 @@ fn random_kills_resume_to_the_same_result() {
 }
 
 /// The approval gate: with `--auto-approve=false` the run parks before it pushes, the process
-/// exits, the approval is sent while no `deliver` runs (as `loops send` would), and the next
-/// run takes it, exactly once, and opens the pull request with it.
+/// exits, the same command without the flag leaves it parked, the approval is sent while no
+/// `deliver` runs (as `loops send` would), and the next run takes it, exactly once, and opens
+/// the pull request with it.
 #[test]
 fn the_approval_gate_waits_durably_for_an_approval_sent_while_down() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -364,6 +365,22 @@ fn the_approval_gate_waits_durably_for_an_approval_sent_while_down() {
     assert!(output.status.success(), "{}", describe(&output));
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(stdout.contains("waiting for approval"), "{stdout}");
+    // Without the flag, a run that waits at the gate is not approved automatically.
+    let output = deliver(workdir).output().expect("run the example");
+    assert!(output.status.success(), "{}", describe(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("is waiting at Tested (seq 5)")
+            && stdout.contains("not approving it automatically")
+            && stdout.contains("waiting for approval"),
+        "{stdout}"
+    );
+    assert_eq!(
+        std::fs::read_dir(workdir.join("forge/pulls"))
+            .expect("the forge")
+            .count(),
+        0
+    );
     let store = workdir.join("deliver.redb");
     let runtime_of = || loops::Runtime::open(&store).expect("open the store");
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -389,10 +406,8 @@ fn the_approval_gate_waits_durably_for_an_approval_sent_while_down() {
             .unwrap();
         assert!(!first.duplicate && again.duplicate);
     });
-    let output = deliver(workdir)
-        .arg("--auto-approve=false")
-        .output()
-        .expect("run the example");
+    // The approval sent while down is taken; none is sent from here.
+    let output = deliver(workdir).output().expect("run the example");
     assert!(output.status.success(), "{}", describe(&output));
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(stdout.contains("approved by alice"), "{stdout}");
@@ -588,4 +603,76 @@ fn a_store_locked_for_a_moment_is_waited_for() {
         describe(&output)
     );
     assert!(took >= Duration::from_secs(2), "refused after {took:?}");
+}
+
+/// The hint a parked run prints names its flags: run as printed (with the example's binary
+/// for `cargo run --example deliver --`), it approves the run as `$USER`. And an explicit
+/// `--auto-approve` approves a parked run.
+#[test]
+fn the_approval_hint_and_an_explicit_auto_approve_approve_a_parked_run() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let workdir = dir.path();
+    let output = deliver(workdir)
+        .arg("--auto-approve=false")
+        .output()
+        .expect("run the example");
+    assert!(output.status.success(), "{}", describe(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let store = workdir.join("deliver.redb");
+    let loops_send = format!(
+        "  cargo run -p loops-cli -- --store {} send {RUN_ID} approve --json '{{\"by\":\"you\"}}'",
+        store.display()
+    );
+    assert!(stdout.lines().any(|l| l == loops_send), "{stdout}");
+    let again = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("  cargo run --example deliver -- "))
+        .unwrap_or_else(|| panic!("no command to approve with:\n{stdout}"));
+    let args: Vec<&str> = again.split_whitespace().collect();
+    let workdir_arg = workdir.to_string_lossy();
+    assert_eq!(args, ["--workdir", &*workdir_arg, "--approve"], "{again}");
+    let output = Command::new(example())
+        .args(&args)
+        .env("USER", "hint-user")
+        .env_remove(HOLD_VAR)
+        .env_remove(STOP_VAR)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run the example");
+    assert!(output.status.success(), "{}", describe(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("approved by hint-user"),
+        "{}",
+        describe(&output)
+    );
+    let pull = std::fs::read_to_string(workdir.join("forge/pulls/1.json")).expect("the pull");
+    assert!(pull.contains("Approved by hint-user."), "{pull}");
+
+    // Another run in the same work directory, parked, then approved by `--auto-approve`.
+    let other = |flag: &str| {
+        Command::new(example())
+            .arg("--workdir")
+            .arg(workdir)
+            .args(["--run-id", "deliver-2", flag])
+            .env_remove(HOLD_VAR)
+            .env_remove(STOP_VAR)
+            .env_remove("RUST_LOG")
+            .output()
+            .expect("run the example")
+    };
+    let output = other("--auto-approve=false");
+    assert!(output.status.success(), "{}", describe(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stdout)
+            .contains("cargo run --example deliver -- --workdir"),
+        "{}",
+        describe(&output)
+    );
+    let output = other("--auto-approve");
+    assert!(output.status.success(), "{}", describe(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("approved by --auto-approve") && stdout.contains("forge://demo/pulls/2"),
+        "{stdout}"
+    );
 }

@@ -71,7 +71,7 @@ struct Cli {
     store: Option<PathBuf>,
 
     /// Where the repository, its remote, the forge and the store live
-    #[arg(long, value_name = "DIR", default_value = "target/loops-demo")]
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_WORKDIR)]
     workdir: PathBuf,
 
     /// The git checkout to work in: the top directory of an existing work tree, on the branch
@@ -80,7 +80,7 @@ struct Cli {
     repo: Option<PathBuf>,
 
     /// The run's id, its idempotency key: running the same id again resumes or reports it
-    #[arg(long, value_name = "ID", default_value = "deliver-1")]
+    #[arg(long, value_name = "ID", default_value = DEFAULT_RUN_ID)]
     run_id: String,
 
     /// Delete the store and the work directory first, and start over
@@ -93,23 +93,29 @@ struct Cli {
     retry: bool,
 
     /// Approve the pull request automatically, by sending the approval event from this
-    /// process (the one-command demo). With `--auto-approve=false` the run stops at the
-    /// approval gate and waits, durably, for a human: approve with `--approve`, or with
-    /// `loops send <RUN> approve --json '{"by":"you"}'` while no `deliver` runs
+    /// process (the one-command demo) [default: true, unless the run waits at the approval
+    /// gate already]. With `--auto-approve=false` the run stops at the approval gate and
+    /// waits, durably, for a human; the same command without `--auto-approve` leaves it
+    /// waiting. Approve with `--approve`, or while no `deliver` runs with
+    /// `cargo run -p loops-cli -- --store <STORE> send <RUN> approve --json '{"by":"you"}'`
     #[arg(
         long,
         value_name = "BOOL",
         num_args = 0..=1,
-        default_value_t = true,
         default_missing_value = "true",
         action = clap::ArgAction::Set
     )]
-    auto_approve: bool,
+    auto_approve: Option<bool>,
 
-    /// Approve the run's pull request (as the current user) and go on
+    /// Approve the run's pull request (as $USER, or `operator`) and go on
     #[arg(long)]
     approve: bool,
 }
+
+/// The default work directory.
+const DEFAULT_WORKDIR: &str = "target/loops-demo";
+/// The default run id.
+const DEFAULT_RUN_ID: &str = "deliver-1";
 
 /// Failed attempts per state before the run fails (short delays, so that a state that really
 /// fails gives up within seconds).
@@ -232,23 +238,31 @@ async fn run(cli: Cli) -> Result<()> {
         issue: project::issue(),
         base,
     };
+    // A run parked at the approval gate waits for a human (an earlier run said so with
+    // `--auto-approve=false`): running the same command again without the flag must not
+    // approve it behind their back. An explicit `--auto-approve` or `--approve` does.
+    let waits_already = cli.auto_approve.is_none()
+        && !cli.approve
+        && waits_at_the_gate(&runtime, &cli.run_id).await?;
     let (approve, approver) = if cli.approve {
         (true, approver_name())
     } else {
-        (cli.auto_approve, "--auto-approve".to_owned())
+        (
+            cli.auto_approve.unwrap_or(!waits_already),
+            "--auto-approve".to_owned(),
+        )
     };
     let outcome = tokio::select! {
         result = runtime.run(&cli.run_id, initial, &agent) => Some(result),
         () = send_approval(&runtime, &cli.run_id, approve, &approver) => None,
         () = parked_at_the_gate(&runtime, &cli.run_id, approve) => {
-            say!(
-                "waiting for approval: the run is parked (it holds no task) until an approval \
-                 arrives. Approve and go on with:\n  cargo run --example deliver -- --approve{}\n\
-                 or, while no deliver runs:\n  loops --store {} send {} {APPROVAL_EVENT} --json '{{\"by\":\"you\"}}'",
-                if cli.run_id == "deliver-1" { String::new() } else { format!(" --run-id {}", cli.run_id) },
-                shown_store.display(),
-                cli.run_id,
-            );
+            if waits_already {
+                say!(
+                    "not approving it automatically: it waited at the approval gate already \
+                     (--auto-approve approves it)"
+                );
+            }
+            say!("{}", approval_hint(&cli, &shown_store));
             runtime.shutdown().await;
             return Ok(());
         }
@@ -350,18 +364,24 @@ async fn send_approval(runtime: &Runtime, run_id: &str, approve: bool, by: &str)
     std::future::pending::<()>().await;
 }
 
+/// Whether the run is parked at the approval gate.
+async fn waits_at_the_gate(runtime: &Runtime, run_id: &str) -> Result<bool> {
+    Ok(runtime.run_info(run_id).await?.is_some_and(|info| {
+        info.status == RunStatus::Waiting
+            && info
+                .wait
+                .as_ref()
+                .is_some_and(|w| w.event.as_deref() == Some(APPROVAL_EVENT))
+    }))
+}
+
 /// Resolves when the run is parked at the approval gate and nothing here will approve it.
 async fn parked_at_the_gate(runtime: &Runtime, run_id: &str, approve: bool) {
     if approve {
         std::future::pending::<()>().await;
     }
     loop {
-        if let Ok(Some(info)) = runtime.run_info(run_id).await
-            && info.status == RunStatus::Waiting
-            && info
-                .wait
-                .as_ref()
-                .is_some_and(|w| w.event.as_deref() == Some(APPROVAL_EVENT))
+        if waits_at_the_gate(runtime, run_id).await.unwrap_or(false)
             // An approval sent while no deliver ran is taken as soon as the run is driven.
             && !runtime
                 .store()
@@ -372,6 +392,47 @@ async fn parked_at_the_gate(runtime: &Runtime, run_id: &str, approve: bool) {
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// What to type to approve a run parked at the gate: this command again with the flags that
+/// name the run (and `--approve`), or the `loops` CLI's `send`.
+fn approval_hint(cli: &Cli, store: &Path) -> String {
+    let mut again = "cargo run --example deliver --".to_owned();
+    let path = |p: &Path| shell_word(&p.to_string_lossy());
+    if cli.workdir != Path::new(DEFAULT_WORKDIR) {
+        again.push_str(&format!(" --workdir {}", path(&cli.workdir)));
+    }
+    if let Some(store) = &cli.store {
+        again.push_str(&format!(" --store {}", path(store)));
+    }
+    if let Some(repo) = &cli.repo {
+        again.push_str(&format!(" --repo {}", path(repo)));
+    }
+    if cli.run_id != DEFAULT_RUN_ID {
+        again.push_str(&format!(" --run-id {}", shell_word(&cli.run_id)));
+    }
+    format!(
+        "waiting for approval: the run is parked (it holds no task) until an approval arrives. \
+         Approve and go on with:\n  {again} --approve\nor, while no deliver runs:\n  \
+         cargo run -p loops-cli -- --store {} send {} {APPROVAL_EVENT} --json {}",
+        path(store),
+        shell_word(&cli.run_id),
+        shell_word(r#"{"by":"you"}"#),
+    )
+}
+
+/// `word` as a POSIX shell reads it back: as it is if it is made of characters no shell
+/// treats specially, else in single quotes.
+fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:=@%+,".contains(c));
+    if plain {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
     }
 }
 
