@@ -62,10 +62,19 @@ fn run_to_completion(workdir: &Path, context: &str) -> String {
 
 /// Starts the example held at seq `k`, waits for `holding at seq k` and kills it.
 fn hold_and_kill(workdir: &Path, k: u64) {
-    let mut child = deliver(workdir)
+    let mut cmd = deliver(workdir);
+    cmd.stderr(Stdio::null());
+    let mut child = start_held(cmd, k);
+    child.kill().expect("SIGKILL the example");
+    child.wait().expect("reap the example");
+}
+
+/// Starts `cmd` held at seq `k` and waits for `holding at seq k`. The rest of its standard
+/// output is read (and dropped) by a thread.
+fn start_held(mut cmd: Command, k: u64) -> std::process::Child {
+    let mut child = cmd
         .env(HOLD_VAR, k.to_string())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
         .spawn()
         .expect("start the example");
     let stdout = child.stdout.take().expect("piped stdout");
@@ -96,8 +105,7 @@ fn hold_and_kill(workdir: &Path, k: u64) {
             }
         }
     }
-    child.kill().expect("SIGKILL the example");
-    child.wait().expect("reap the example");
+    child
 }
 
 /// What a finished run left behind, to compare with the reference.
@@ -675,4 +683,101 @@ fn the_approval_hint_and_an_explicit_auto_approve_approve_a_parked_run() {
         stdout.contains("approved by --auto-approve") && stdout.contains("forge://demo/pulls/2"),
         "{stdout}"
     );
+}
+
+/// Sends SIGINT to the process group `group`, as a terminal does on Ctrl-C.
+#[cfg(unix)]
+fn ctrl_c(group: u32) {
+    let status = Command::new("kill")
+        .args(["-INT", "--", &format!("-{group}")])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -INT -{group}: {status}");
+}
+
+/// Waits for a child interrupted with Ctrl-C and checks that it stopped as it should: exit
+/// code 130, the one line that says so, and the store closed cleanly. `None` if it had
+/// finished before (exit code 0).
+#[cfg(unix)]
+fn interrupted(mut child: std::process::Child, context: &str, workdir: &Path) -> Option<()> {
+    use std::io::Read as _;
+
+    let status = child.wait().expect("wait for the example");
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .expect("piped stderr")
+        .read_to_string(&mut stderr)
+        .expect("read stderr");
+    if status.success() {
+        return None;
+    }
+    assert_eq!(
+        status.code(),
+        Some(130),
+        "{context}: {status}; stderr:\n{stderr}"
+    );
+    assert_eq!(
+        stderr, "interrupted; run the same command again to resume\n",
+        "{context}"
+    );
+    // A read-only open refuses a store that was not closed cleanly.
+    if let Err(e) = loops::RedbStore::open_read_only(workdir.join("deliver.redb")) {
+        assert!(
+            matches!(e, loops::Error::Open { .. }) && !workdir.join("deliver.redb").exists(),
+            "{context}: the store was not closed cleanly: {e}"
+        );
+    }
+    Some(())
+}
+
+/// Ctrl-C (SIGINT to the example's process group, as a terminal sends it): the example stops
+/// driving, closes the store cleanly, says so and exits 130, and the same command resumes the
+/// run to the reference's result. First in a handler (held at seq 2, entered again on
+/// resume); then at moments spread over a run, where it may hit git or rustc: they must not
+/// see the Ctrl-C (a compile error recorded as the test report would change the history).
+#[cfg(unix)]
+#[test]
+fn ctrl_c_stops_cleanly_and_the_same_command_resumes() {
+    use std::os::unix::process::CommandExt as _;
+
+    let reference = reference();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut cmd = deliver(dir.path());
+    cmd.process_group(0).stderr(Stdio::piped());
+    let child = start_held(cmd, 2);
+    ctrl_c(child.id());
+    interrupted(child, "held at seq 2", dir.path()).expect("interrupted, not finished");
+    let stdout = run_to_completion(dir.path(), "after Ctrl-C at seq 2");
+    assert!(
+        stdout.contains("(seq 2; attempt 1 was interrupted)"),
+        "{stdout}"
+    );
+    check(dir.path(), &reference.outcome, "Ctrl-C at seq 2");
+    let counts = entries(dir.path());
+    assert_eq!(counts.get(&2), Some(&2), "{counts:?}");
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    const PRESSES: u32 = 8;
+    for i in 1..=PRESSES {
+        let child = deliver(dir.path())
+            .process_group(0)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the example");
+        let after = reference
+            .took
+            .mul_f64(f64::from(i) / f64::from(PRESSES))
+            .max(Duration::from_millis(50));
+        std::thread::sleep(after);
+        ctrl_c(child.id());
+        let context = format!("Ctrl-C {} ms after start", after.as_millis());
+        if interrupted(child, &context, dir.path()).is_none() {
+            break;
+        }
+    }
+    run_to_completion(dir.path(), "after Ctrl-C at moments");
+    check(dir.path(), &reference.outcome, "Ctrl-C at moments");
 }

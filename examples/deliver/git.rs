@@ -312,9 +312,25 @@ fn command(dir: &Path) -> Command {
         .env("GIT_CONFIG_VALUE_1", "0")
         .env("GIT_TERMINAL_PROMPT", "0")
         .env("LC_ALL", "C")
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
+        .stdin(Stdio::null());
+    // Not `kill_on_drop`: when a step is dropped (Ctrl-C, a time-out), git finishes its
+    // command, as it does when this program is killed. Killed with SIGKILL, it would leave
+    // its lock file (`HEAD.lock`, `index.lock`) behind for good, and every later command
+    // in the repository would fail.
+    own_process_group(&mut cmd);
     cmd
+}
+
+/// Starts `cmd` in a process group of its own, so that Ctrl-C in a terminal (SIGINT to the
+/// whole foreground group) reaches this program only: it stops driving and drops the step
+/// (a git command finishes, rustc and the tests are killed). Were the child interrupted
+/// too, its failure could be recorded as the step's outcome (a compile error, a failed git
+/// command) before this program saw the Ctrl-C.
+pub fn own_process_group(cmd: &mut Command) {
+    #[cfg(unix)]
+    cmd.process_group(0);
+    #[cfg(not(unix))]
+    let _ = cmd;
 }
 
 fn null_device() -> &'static str {

@@ -137,7 +137,14 @@ async fn main() -> ExitCode {
         .with_ansi(std::io::stderr().is_terminal())
         .init();
     match run(cli).await {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(Ended::Done) => ExitCode::SUCCESS,
+        Ok(Ended::Interrupted) => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "interrupted; run the same command again to resume"
+            );
+            ExitCode::from(130)
+        }
         Err(err) => {
             // Written like `say!`: a closed standard error must not turn this into a panic.
             let _ = writeln!(std::io::stderr(), "error: {err:#}");
@@ -146,7 +153,65 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> Result<()> {
+/// How this program ended, when it did not fail.
+enum Ended {
+    /// It did what it was asked: the run ended, parked at the approval gate, or a test hook
+    /// stopped it.
+    Done,
+    /// Ctrl-C stopped it.
+    Interrupted,
+}
+
+/// Sets up, then drives the run until it ends or parks, or until Ctrl-C: then it stops
+/// driving (the handler's future is dropped, as a crash would drop it, and the children it
+/// started are killed) and closes the store cleanly, so that the same command resumes it.
+async fn run(cli: Cli) -> Result<Ended> {
+    let interrupt = Interrupt::listen();
+    let (paths, runtime) = tokio::select! {
+        biased;
+        () = interrupt.wait() => return Ok(Ended::Interrupted),
+        set_up = set_up(&cli) => set_up?,
+    };
+    let ended = tokio::select! {
+        biased;
+        () = interrupt.wait() => Ok(Ended::Interrupted),
+        driven = drive(&cli, &paths, &runtime) => driven.map(|()| Ended::Done),
+    };
+    // Stops what still runs, and closes the store file cleanly.
+    runtime.shutdown().await;
+    drop(runtime);
+    ended
+}
+
+/// Set when Ctrl-C is pressed.
+struct Interrupt(tokio::sync::watch::Receiver<bool>);
+
+impl Interrupt {
+    /// Starts listening for Ctrl-C (from then on it no longer ends the process at once).
+    fn listen() -> Interrupt {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                let _ = tx.send(true);
+            }
+            // Keeps the sender: were it dropped, `wait` would resolve.
+            std::future::pending::<()>().await;
+        });
+        Interrupt(rx)
+    }
+
+    /// Resolves once Ctrl-C was pressed.
+    async fn wait(&self) {
+        let mut rx = self.0.clone();
+        if rx.wait_for(|&pressed| pressed).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Checks the arguments and the tools, deletes what `--fresh` deletes, creates the work
+/// directory and opens the store.
+async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
     // Refused before anything is printed or touched.
     loops::runtime::validate_run_id(&cli.run_id).map_err(|e| anyhow::anyhow!("--run-id: {e}"))?;
     for (flag, path) in [
@@ -168,10 +233,6 @@ async fn run(cli: Cli) -> Result<()> {
     if let Some(repo) = &cli.repo {
         project::check_repo(&absolute(repo)?).await?;
     }
-    let shown_store = cli
-        .store
-        .clone()
-        .unwrap_or_else(|| cli.workdir.join("deliver.redb"));
     let paths = Paths::new(
         absolute(&cli.workdir)?,
         cli.store.as_deref().map(absolute).transpose()?,
@@ -207,10 +268,19 @@ async fn run(cli: Cli) -> Result<()> {
         }
         e => anyhow::Error::new(e).context("cannot open the store"),
     })?;
+    Ok((paths, runtime))
+}
+
+/// Drives the run until it ends, parks at the approval gate, or a test hook stops it.
+async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime) -> Result<()> {
+    let shown_store = cli
+        .store
+        .clone()
+        .unwrap_or_else(|| cli.workdir.join("deliver.redb"));
     say!("store:  {}", shown_store.display());
     say!("run id: {}", cli.run_id);
 
-    let base = project::prepare(&paths).await?;
+    let base = project::prepare(paths).await?;
     let hooks = Hooks::from_env(paths.entries_log.clone())?;
     let agent = Agent {
         model: ScriptedModel::demo(),
@@ -233,7 +303,7 @@ async fn run(cli: Cli) -> Result<()> {
             info.seq
         );
     }
-    report_start(&runtime, &cli.run_id).await?;
+    report_start(runtime, &cli.run_id).await?;
     let initial = Deliver::Received {
         issue: project::issue(),
         base,
@@ -243,7 +313,7 @@ async fn run(cli: Cli) -> Result<()> {
     // approve it behind their back. An explicit `--auto-approve` or `--approve` does.
     let waits_already = cli.auto_approve.is_none()
         && !cli.approve
-        && waits_at_the_gate(&runtime, &cli.run_id).await?;
+        && waits_at_the_gate(runtime, &cli.run_id).await?;
     let (approve, approver) = if cli.approve {
         (true, approver_name())
     } else {
@@ -254,25 +324,22 @@ async fn run(cli: Cli) -> Result<()> {
     };
     let outcome = tokio::select! {
         result = runtime.run(&cli.run_id, initial, &agent) => Some(result),
-        () = send_approval(&runtime, &cli.run_id, approve, &approver) => None,
-        () = parked_at_the_gate(&runtime, &cli.run_id, approve) => {
+        () = send_approval(runtime, &cli.run_id, approve, &approver) => None,
+        () = parked_at_the_gate(runtime, &cli.run_id, approve) => {
             if waits_already {
                 say!(
                     "not approving it automatically: it waited at the approval gate already \
                      (--auto-approve approves it)"
                 );
             }
-            say!("{}", approval_hint(&cli, &shown_store));
-            runtime.shutdown().await;
+            say!("{}", approval_hint(cli, &shown_store));
             return Ok(());
         }
         () = hooks.stopped() => None,
     };
     let Some(result) = outcome else {
-        // The stop hook fired: the handler was dropped before doing anything; closing the
-        // runtime closes the store file cleanly.
-        runtime.shutdown().await;
-        drop(runtime);
+        // The stop hook fired: the handler was dropped before doing anything; `run` closes
+        // the store file cleanly.
         return Ok(());
     };
     let last = result.map_err(|e| match e {
