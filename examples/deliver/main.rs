@@ -547,11 +547,12 @@ async fn report_start(runtime: &Runtime, run_id: &str) -> Result<()> {
             );
         }
         status => {
-            say!(
-                "run {run_id} is {status} at {} (seq {})",
-                info.state,
-                info.seq
-            );
+            let is = match status {
+                RunStatus::Failed => "failed".to_owned(),
+                RunStatus::Cancelled => "was cancelled".to_owned(),
+                status => format!("is {status}"),
+            };
+            say!("run {run_id} {is} at {} (seq {})", info.state, info.seq);
         }
     }
     Ok(())
