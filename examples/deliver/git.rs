@@ -47,7 +47,7 @@ pub async fn check_installed() -> Result<String> {
     ensure!(
         output.status.success(),
         "`git --version` failed: {}",
-        String::from_utf8_lossy(&output.stderr).trim()
+        one_line(&String::from_utf8_lossy(&output.stderr))
     );
     Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
 }
@@ -80,7 +80,7 @@ impl Git {
                 "`git {}` in {} failed: {}",
                 args.join(" "),
                 self.dir.display(),
-                String::from_utf8_lossy(&output.stderr).trim()
+                one_line(&String::from_utf8_lossy(&output.stderr))
             );
         }
         let mut out = String::from_utf8(output.stdout)
@@ -343,6 +343,24 @@ fn is_lock_error(stderr: &str) -> bool {
         || stderr.contains("cannot lock ref")
 }
 
+/// `text` (a program's message) on one line: its lines trimmed, the empty ones dropped, the
+/// others joined by a space after a full stop or a colon, by `; ` otherwise. An error is one
+/// line, also when it quotes git.
+pub fn one_line(text: &str) -> String {
+    let mut joined = String::new();
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if !joined.is_empty() {
+            joined.push_str(if joined.ends_with(['.', ':', ';']) {
+                " "
+            } else {
+                "; "
+            });
+        }
+        joined.push_str(line);
+    }
+    joined
+}
+
 /// Applies `change`'s edits to the files under `root`.
 ///
 /// # Errors
@@ -459,6 +477,20 @@ mod tests {
         assert!(done.created);
         let text = git.run(&["show", "work:a.txt"]).await.unwrap();
         assert_eq!(text, "one\nthree");
+    }
+
+    #[test]
+    fn messages_are_put_on_one_line() {
+        assert_eq!(
+            one_line(
+                "fatal: invalid gitfile format: x\nfatal: Could not read from remote.\n\n\
+                 Please make sure\n  and the repository exists.\n"
+            ),
+            "fatal: invalid gitfile format: x; fatal: Could not read from remote. Please make \
+             sure; and the repository exists."
+        );
+        assert_eq!(one_line(" one \n"), "one");
+        assert_eq!(one_line(""), "");
     }
 
     #[tokio::test]

@@ -147,7 +147,13 @@ async fn main() -> ExitCode {
         }
         Err(err) => {
             // Written like `say!`: a closed standard error must not turn this into a panic.
-            let _ = writeln!(std::io::stderr(), "error: {err:#}");
+            // One line, whatever the messages it quotes (a run's recorded failure may hold
+            // git's several lines).
+            let _ = writeln!(
+                std::io::stderr(),
+                "error: {}",
+                git::one_line(&format!("{err:#}"))
+            );
             ExitCode::FAILURE
         }
     }
@@ -344,8 +350,9 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime) -> Result<()> {
     };
     let last = result.map_err(|e| match e {
         loops::Error::RunFailed { .. } => anyhow::anyhow!(
-            "{e}. Run with --retry to resume it with a fresh budget of attempts, or with \
-             --fresh to start over"
+            "{}. Run with --retry to resume it with a fresh budget of attempts, or with \
+             --fresh to start over",
+            e.to_string().trim_end_matches('.')
         ),
         e => anyhow::Error::new(e),
     })?;

@@ -30,7 +30,7 @@ pub async fn check_rustc() -> Result<()> {
         Ok(output) if output.status.success() => Ok(()),
         Ok(output) => anyhow::bail!(
             "`rustc --version` failed: {}",
-            String::from_utf8_lossy(&output.stderr).trim()
+            crate::git::one_line(&String::from_utf8_lossy(&output.stderr))
         ),
         Err(e) => anyhow::bail!(
             "this example builds the demo crate's tests with rustc, and `rustc --version` \
