@@ -169,8 +169,9 @@ enum Ended {
 }
 
 /// Sets up, then drives the run until it ends or parks, or until Ctrl-C: then it stops
-/// driving (the handler's future is dropped, as a crash would drop it, and the children it
-/// started are killed) and closes the store cleanly, so that the same command resumes it.
+/// driving (the handler's future is dropped, as a crash would drop it: rustc and the tests
+/// are killed, a git command finishes) and closes the store cleanly, so that the same
+/// command resumes the run.
 async fn run(cli: Cli) -> Result<Ended> {
     let interrupt = Interrupt::listen();
     let (paths, runtime) = tokio::select! {
@@ -246,7 +247,8 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
     );
     if cli.fresh {
         if paths.store.exists() {
-            // Fails at once if another process has the store open, before anything is deleted.
+            // Fails (after `open_store`'s wait) if another process has the store open, before
+            // anything is deleted.
             let store = open_store(|| loops::RedbStore::open(&paths.store)).await;
             drop(store.context("--fresh: cannot open the store")?);
         }
