@@ -15,7 +15,7 @@
 //! a bare repository as its remote, a directory as the forge, and a scripted stand-in for the
 //! model (see `model.rs` for the trait a real model client would implement).
 
-/// Prints a line on standard output like `say!`, but ignores write errors: when the output
+/// Prints a line on standard output like `println!`, but ignores write errors: when the output
 /// is a closed pipe (`deliver | head -2`), the work goes on and only the printing stops.
 macro_rules! say {
     ($($arg:tt)*) => {
