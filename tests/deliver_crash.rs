@@ -8,10 +8,13 @@
 //! 3. Random kills: the same equalities after 8 kills at random moments (in as many runs as
 //!    it takes). The seed is printed; `LOOPS_DELIVER_KILL_SEED=<seed>` replays the same
 //!    sequence of kill moments (relative to the reference run's duration).
+//! 4. Kills of `--fresh` (while it deletes, and while it sets up again) and of a first-time
+//!    setup: the next run must complete with the same result, and `git fsck` find nothing
+//!    wrong.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead as _, BufReader};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::sync::mpsc;
@@ -59,10 +62,19 @@ fn run_to_completion(workdir: &Path, context: &str) -> String {
 
 /// Starts the example held at seq `k`, waits for `holding at seq k` and kills it.
 fn hold_and_kill(workdir: &Path, k: u64) {
-    let mut child = deliver(workdir)
+    let mut cmd = deliver(workdir);
+    cmd.stderr(Stdio::null());
+    let mut child = start_held(cmd, k);
+    child.kill().expect("SIGKILL the example");
+    child.wait().expect("reap the example");
+}
+
+/// Starts `cmd` held at seq `k` and waits for `holding at seq k`. The rest of its standard
+/// output is read (and dropped) by a thread.
+fn start_held(mut cmd: Command, k: u64) -> std::process::Child {
+    let mut child = cmd
         .env(HOLD_VAR, k.to_string())
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
         .spawn()
         .expect("start the example");
     let stdout = child.stdout.take().expect("piped stdout");
@@ -93,8 +105,7 @@ fn hold_and_kill(workdir: &Path, k: u64) {
             }
         }
     }
-    child.kill().expect("SIGKILL the example");
-    child.wait().expect("reap the example");
+    child
 }
 
 /// What a finished run left behind, to compare with the reference.
@@ -348,8 +359,9 @@ fn random_kills_resume_to_the_same_result() {
 }
 
 /// The approval gate: with `--auto-approve=false` the run parks before it pushes, the process
-/// exits, the approval is sent while no `deliver` runs (as `loops send` would), and the next
-/// run takes it, exactly once, and opens the pull request with it.
+/// exits, the same command without the flag leaves it parked, the approval is sent while no
+/// `deliver` runs (as `loops send` would), and the next run takes it, exactly once, and opens
+/// the pull request with it.
 #[test]
 fn the_approval_gate_waits_durably_for_an_approval_sent_while_down() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -361,6 +373,22 @@ fn the_approval_gate_waits_durably_for_an_approval_sent_while_down() {
     assert!(output.status.success(), "{}", describe(&output));
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(stdout.contains("waiting for approval"), "{stdout}");
+    // Without the flag, a run that waits at the gate is not approved automatically.
+    let output = deliver(workdir).output().expect("run the example");
+    assert!(output.status.success(), "{}", describe(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("is waiting at Tested (seq 5)")
+            && stdout.contains("not approving it automatically")
+            && stdout.contains("waiting for approval"),
+        "{stdout}"
+    );
+    assert_eq!(
+        std::fs::read_dir(workdir.join("forge/pulls"))
+            .expect("the forge")
+            .count(),
+        0
+    );
     let store = workdir.join("deliver.redb");
     let runtime_of = || loops::Runtime::open(&store).expect("open the store");
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -386,10 +414,8 @@ fn the_approval_gate_waits_durably_for_an_approval_sent_while_down() {
             .unwrap();
         assert!(!first.duplicate && again.duplicate);
     });
-    let output = deliver(workdir)
-        .arg("--auto-approve=false")
-        .output()
-        .expect("run the example");
+    // The approval sent while down is taken; none is sent from here.
+    let output = deliver(workdir).output().expect("run the example");
     assert!(output.status.success(), "{}", describe(&output));
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(stdout.contains("approved by alice"), "{stdout}");
@@ -414,4 +440,344 @@ fn the_approval_gate_waits_durably_for_an_approval_sent_while_down() {
             .collect();
         assert_eq!(states, EXPECTED_STATES);
     });
+}
+
+/// A closed standard output (`deliver | head -2`) stops the printing, not the work: the run
+/// goes on to its pull request, exits 0 and closes the store cleanly.
+#[test]
+fn a_closed_stdout_stops_the_printing_not_the_run() {
+    let reference = &reference().outcome;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut child = deliver(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the example");
+    let mut lines = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
+    for _ in 0..2 {
+        lines.next().expect("a line").expect("read a line");
+    }
+    drop(lines);
+    let output = child.wait_with_output().expect("wait for the example");
+    assert!(output.status.success(), "{}", describe(&output));
+    assert!(output.stderr.is_empty(), "{}", describe(&output));
+    // A read-only open refuses a store that was not closed cleanly.
+    drop(
+        loops::RedbStore::open_read_only(dir.path().join("deliver.redb")).expect("closed cleanly"),
+    );
+    check(dir.path(), reference, "closed stdout");
+}
+
+/// Kills `--fresh` at many moments (right as it deletes, and while it sets up again), and a
+/// first-time setup at many moments; after each kill the next run must complete with the
+/// reference's result (one pull request), and `git fsck` must find nothing wrong in the
+/// remote or the checkout: a half-deleted or half-built repository is never trusted.
+#[test]
+fn a_killed_fresh_start_or_setup_leaves_nothing_half_done() {
+    let reference = reference();
+    // Setup and the first states take about the first half of a run.
+    let window = reference.took.mul_f64(0.5);
+    const FRESH_KILLS: u32 = 12;
+    const SETUP_KILLS: u32 = 8;
+    let dir = tempfile::tempdir().expect("temp dir");
+    // `--fresh` moves the work directory aside, beside it: keep that inside `dir` too.
+    let workdir = dir.path().join("work");
+    run_to_completion(&workdir, "before --fresh");
+    for i in 0..FRESH_KILLS {
+        let mut child = deliver(&workdir)
+            .arg("--fresh")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the example");
+        let when = if i % 2 == 0 {
+            // The store goes first: kill 0 to 3 ms after it went, in the deletion.
+            let store = workdir.join("deliver.redb");
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while store.exists() && Instant::now() < deadline {
+                if child.try_wait().expect("poll the example").is_some() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_micros(50));
+            }
+            let after = Duration::from_micros(250 * u64::from(i));
+            std::thread::sleep(after);
+            format!("{} µs after the store was deleted", after.as_micros())
+        } else {
+            let after = window.mul_f64(f64::from(i) / f64::from(FRESH_KILLS));
+            std::thread::sleep(after);
+            format!("{} ms after start", after.as_millis())
+        };
+        child.kill().expect("SIGKILL the example");
+        child.wait().expect("reap the example");
+        run_once_more(&workdir, reference, &format!("--fresh killed {when}"));
+    }
+    for i in 0..SETUP_KILLS {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let workdir = dir.path().join("work");
+        let mut child = deliver(&workdir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the example");
+        let after = window.mul_f64(f64::from(i) / f64::from(SETUP_KILLS));
+        std::thread::sleep(after);
+        child.kill().expect("SIGKILL the example");
+        child.wait().expect("reap the example");
+        let context = format!("first setup killed {} ms after start", after.as_millis());
+        run_once_more(&workdir, reference, &context);
+    }
+}
+
+/// Runs the example once: it must complete with the reference's result, leave nothing aside
+/// and no repository that `git fsck` finds fault with.
+fn run_once_more(workdir: &Path, reference: &Reference, context: &str) {
+    let output = deliver(workdir).output().expect("run the example");
+    assert!(
+        output.status.success(),
+        "{context}: the next run failed:\n{}",
+        describe(&output)
+    );
+    check(workdir, &reference.outcome, context);
+    for repo in [workdir.join("remote.git"), workdir.join("repo")] {
+        fsck(&repo, context);
+    }
+    let parent = workdir.parent().expect("a parent");
+    let left: Vec<PathBuf> = std::fs::read_dir(parent)
+        .expect("read the parent")
+        .map(|e| e.expect("an entry").path())
+        .filter(|p| p.to_string_lossy().contains(".deleting-"))
+        .collect();
+    assert!(left.is_empty(), "{context}: left aside: {left:?}");
+}
+
+/// Checks the repository at `dir` with `git fsck`: it must pass, and report nothing missing,
+/// broken or invalid.
+fn fsck(dir: &Path, context: &str) {
+    let output = Command::new("git")
+        .current_dir(dir)
+        .args(["fsck", "--no-progress", "--no-dangling"])
+        .output()
+        .expect("run git fsck");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        output.status.success() && text.trim().is_empty(),
+        "{context}: git fsck in {}:\n{}",
+        dir.display(),
+        describe(&output)
+    );
+}
+
+/// A store found locked is tried again for 2 s (right after a SIGKILL, a child the killed
+/// process had just forked may hold the lock for a moment): a lock released within that
+/// time is waited for, one held longer is refused in one line.
+#[test]
+fn a_store_locked_for_a_moment_is_waited_for() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    run_to_completion(dir.path(), "first run");
+    let path = dir.path().join("deliver.redb");
+    let store = loops::RedbStore::open(&path).expect("open the store");
+    let child = deliver(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the example");
+    std::thread::sleep(Duration::from_millis(800));
+    drop(store);
+    let output = child.wait_with_output().expect("wait for the example");
+    assert!(output.status.success(), "{}", describe(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("completed already"),
+        "{}",
+        describe(&output)
+    );
+
+    let store = loops::RedbStore::open(&path).expect("open the store");
+    let started = Instant::now();
+    let output = deliver(dir.path()).output().expect("run the example");
+    let took = started.elapsed();
+    drop(store);
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.lines().count() == 1
+            && stderr.starts_with("error: ")
+            && stderr.contains("is another `deliver` running?"),
+        "{}",
+        describe(&output)
+    );
+    assert!(took >= Duration::from_secs(2), "refused after {took:?}");
+}
+
+/// The hint a parked run prints names its flags: run as printed (with the example's binary
+/// for `cargo run --example deliver --`), it approves the run as `$USER`. And an explicit
+/// `--auto-approve` approves a parked run.
+#[test]
+fn the_approval_hint_and_an_explicit_auto_approve_approve_a_parked_run() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let workdir = dir.path();
+    let output = deliver(workdir)
+        .arg("--auto-approve=false")
+        .output()
+        .expect("run the example");
+    assert!(output.status.success(), "{}", describe(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let store = workdir.join("deliver.redb");
+    let loops_send = format!(
+        "  cargo run -p loops-cli -- --store {} send {RUN_ID} approve --json '{{\"by\":\"you\"}}'",
+        store.display()
+    );
+    assert!(stdout.lines().any(|l| l == loops_send), "{stdout}");
+    let again = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("  cargo run --example deliver -- "))
+        .unwrap_or_else(|| panic!("no command to approve with:\n{stdout}"));
+    let args: Vec<&str> = again.split_whitespace().collect();
+    let workdir_arg = workdir.to_string_lossy();
+    assert_eq!(args, ["--workdir", &*workdir_arg, "--approve"], "{again}");
+    let output = Command::new(example())
+        .args(&args)
+        .env("USER", "hint-user")
+        .env_remove(HOLD_VAR)
+        .env_remove(STOP_VAR)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run the example");
+    assert!(output.status.success(), "{}", describe(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("approved by hint-user"),
+        "{}",
+        describe(&output)
+    );
+    let pull = std::fs::read_to_string(workdir.join("forge/pulls/1.json")).expect("the pull");
+    assert!(pull.contains("Approved by hint-user."), "{pull}");
+
+    // Another run in the same work directory, parked, then approved by `--auto-approve`.
+    let other = |flag: &str| {
+        Command::new(example())
+            .arg("--workdir")
+            .arg(workdir)
+            .args(["--run-id", "deliver-2", flag])
+            .env_remove(HOLD_VAR)
+            .env_remove(STOP_VAR)
+            .env_remove("RUST_LOG")
+            .output()
+            .expect("run the example")
+    };
+    let output = other("--auto-approve=false");
+    assert!(output.status.success(), "{}", describe(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stdout)
+            .contains("cargo run --example deliver -- --workdir"),
+        "{}",
+        describe(&output)
+    );
+    let output = other("--auto-approve");
+    assert!(output.status.success(), "{}", describe(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("approved by --auto-approve") && stdout.contains("forge://demo/pulls/2"),
+        "{stdout}"
+    );
+}
+
+/// Sends SIGINT to the process group `group`, as a terminal does on Ctrl-C.
+#[cfg(unix)]
+fn ctrl_c(group: u32) {
+    let status = Command::new("kill")
+        .args(["-INT", "--", &format!("-{group}")])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -INT -{group}: {status}");
+}
+
+/// Waits for a child interrupted with Ctrl-C and checks that it stopped as it should: exit
+/// code 130, the one line that says so, and the store closed cleanly. `None` if it had
+/// finished before (exit code 0).
+#[cfg(unix)]
+fn interrupted(mut child: std::process::Child, context: &str, workdir: &Path) -> Option<()> {
+    use std::io::Read as _;
+
+    let status = child.wait().expect("wait for the example");
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .expect("piped stderr")
+        .read_to_string(&mut stderr)
+        .expect("read stderr");
+    if status.success() {
+        return None;
+    }
+    assert_eq!(
+        status.code(),
+        Some(130),
+        "{context}: {status}; stderr:\n{stderr}"
+    );
+    assert_eq!(
+        stderr, "interrupted; run the same command again to resume\n",
+        "{context}"
+    );
+    // A read-only open refuses a store that was not closed cleanly.
+    if let Err(e) = loops::RedbStore::open_read_only(workdir.join("deliver.redb")) {
+        assert!(
+            matches!(e, loops::Error::Open { .. }) && !workdir.join("deliver.redb").exists(),
+            "{context}: the store was not closed cleanly: {e}"
+        );
+    }
+    Some(())
+}
+
+/// Ctrl-C (SIGINT to the example's process group, as a terminal sends it): the example stops
+/// driving, closes the store cleanly, says so and exits 130, and the same command resumes the
+/// run to the reference's result. First in a handler (held at seq 2, entered again on
+/// resume); then at moments spread over a run, where it may hit git or rustc: they must not
+/// see the Ctrl-C (a compile error recorded as the test report would change the history).
+#[cfg(unix)]
+#[test]
+fn ctrl_c_stops_cleanly_and_the_same_command_resumes() {
+    use std::os::unix::process::CommandExt as _;
+
+    let reference = reference();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut cmd = deliver(dir.path());
+    cmd.process_group(0).stderr(Stdio::piped());
+    let child = start_held(cmd, 2);
+    ctrl_c(child.id());
+    interrupted(child, "held at seq 2", dir.path()).expect("interrupted, not finished");
+    let stdout = run_to_completion(dir.path(), "after Ctrl-C at seq 2");
+    assert!(
+        stdout.contains("(seq 2; attempt 1 was interrupted)"),
+        "{stdout}"
+    );
+    check(dir.path(), &reference.outcome, "Ctrl-C at seq 2");
+    let counts = entries(dir.path());
+    assert_eq!(counts.get(&2), Some(&2), "{counts:?}");
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    const PRESSES: u32 = 8;
+    for i in 1..=PRESSES {
+        let child = deliver(dir.path())
+            .process_group(0)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the example");
+        let after = reference
+            .took
+            .mul_f64(f64::from(i) / f64::from(PRESSES))
+            .max(Duration::from_millis(50));
+        std::thread::sleep(after);
+        ctrl_c(child.id());
+        let context = format!("Ctrl-C {} ms after start", after.as_millis());
+        if interrupted(child, &context, dir.path()).is_none() {
+            break;
+        }
+    }
+    run_to_completion(dir.path(), "after Ctrl-C at moments");
+    check(dir.path(), &reference.outcome, "Ctrl-C at moments");
 }

@@ -83,7 +83,7 @@ impl<M: Model> Agent<M> {
             .await?;
         let ran = ran.load(Ordering::SeqCst);
         if !ran {
-            println!("  {name}: recorded by an earlier attempt, not run again");
+            say!("  {name}: recorded by an earlier attempt, not run again");
         }
         Ok((output, ran))
     }
@@ -105,7 +105,7 @@ impl<M: Model> Agent<M> {
             })
             .await?;
         if ran && !committed.created {
-            println!(
+            say!(
                 "  commit: {} exists already (found by its idempotency key), not committed again",
                 short(&committed.commit.id)
             );
@@ -222,7 +222,7 @@ impl<M: Model> DeliverHandler for Agent<M> {
             // A durable wait: with nothing to deliver yet, the run parks (status waiting) and
             // this handler runs again, its recorded steps replayed, when the approval arrives.
             let approval: Approval = ctx.wait_for(APPROVAL_EVENT).await?;
-            println!("  approved by {}", approval.by);
+            say!("  approved by {}", approval.by);
             return self.deliver(ctx, &issue, &work, &approval).await;
         }
         if round >= MAX_FIX_ROUNDS {
@@ -294,7 +294,7 @@ impl<M: Model> Agent<M> {
             })
             .await?;
         if ran && !opened.created {
-            println!(
+            say!(
                 "  open_pr: #{} exists already for this idempotency key, not opened again",
                 opened.pull_request.number
             );
@@ -319,8 +319,13 @@ fn pull_request_body(issue: &Issue, work: &Work, approval: &Approval) -> String 
     body
 }
 
-/// The work branch of a run: `loops/<run id>`, with characters git refuses in branch names
-/// replaced by `-`.
+/// The work branch of a run: `loops/<run id>` when the id is made of ASCII letters, digits,
+/// `-` and `_` only and is at most [`MAX_PLAIN_BRANCH`] bytes long. Any other id has the
+/// characters git refuses (or that could clash) replaced by `-`, is cut to
+/// [`MAX_PLAIN_BRANCH`] bytes, and gets a `.` and 8 hex digits of the XXH3 hash of the whole
+/// id: `a..b` and `a--b` get branches of their own (`loops/a--b.<hash>` and `loops/a--b`).
+/// No id that is kept as it is contains a `.`, so a kept id never meets a hashed one; two
+/// hashed ids meet only if they sanitize alike and their 32-bit hashes collide.
 pub fn work_branch(run_id: &str) -> String {
     let name: String = run_id
         .chars()
@@ -332,8 +337,19 @@ pub fn work_branch(run_id: &str) -> String {
             }
         })
         .collect();
-    format!("loops/{name}")
+    if name == run_id && name.len() <= MAX_PLAIN_BRANCH {
+        return format!("loops/{name}");
+    }
+    // All ASCII: any byte index is a character boundary.
+    let kept = &name[..name.len().min(MAX_PLAIN_BRANCH)];
+    let hash = xxhash_rust::xxh3::xxh3_64(run_id.as_bytes()) as u32;
+    format!("loops/{kept}.{hash:08x}")
 }
+
+/// The longest run id used as its work branch's name as it is. Git keeps a branch as a file
+/// named after it (and `<name>.lock` while it changes it), and file names are limited to 255
+/// bytes; a run id may be 256.
+const MAX_PLAIN_BRANCH: usize = 200;
 
 /// The first 7 digits of a commit id.
 pub fn short(id: &str) -> &str {
@@ -364,9 +380,75 @@ mod tests {
     use crate::workflow::{Deliver, Edit};
 
     #[test]
-    fn work_branches_are_valid_ref_names() {
+    fn work_branches_are_distinct_and_stable() {
+        // Ids of letters, digits, `-` and `_` are kept as they are.
         assert_eq!(work_branch("deliver-1"), "loops/deliver-1");
-        assert_eq!(work_branch("a b/..c~^:"), "loops/a-b---c---");
+        assert_eq!(work_branch("a--b"), "loops/a--b");
+        assert_eq!(work_branch("A_b-9"), "loops/A_b-9");
+        // Others get a hash of the whole id: the same on every call, machine and build.
+        let hashed = work_branch("a..b");
+        assert_eq!(
+            hashed,
+            format!(
+                "loops/a--b.{:08x}",
+                xxhash_rust::xxh3::xxh3_64(b"a..b") as u32
+            )
+        );
+        assert_eq!(work_branch("a..b"), hashed);
+        let ids = [
+            "a--b",
+            "a..b",
+            "a//b",
+            "a  b",
+            "a.-b",
+            "a-.b",
+            "é",
+            "è",
+            "a",
+            "a.",
+            "a-",
+            &"x".repeat(200),
+            &"x".repeat(201),
+            &"x".repeat(256),
+            &format!("{}y", "x".repeat(255)),
+        ];
+        let branches: std::collections::BTreeSet<String> =
+            ids.iter().map(|id| work_branch(id)).collect();
+        assert_eq!(branches.len(), ids.len(), "{branches:#?}");
+        // A kept id that looks like a hashed one is still kept, without a `.`: no clash.
+        let looks_hashed = hashed.strip_prefix("loops/").unwrap().replace('.', "-");
+        assert_eq!(work_branch(&looks_hashed), format!("loops/{looks_hashed}"));
+        assert_ne!(work_branch(&looks_hashed), hashed);
+        // Long ids are cut: the branch and its lock file stay within a file name's 255 bytes.
+        assert!(
+            ids.iter()
+                .all(|id| work_branch(id).len() <= "loops/".len() + 209)
+        );
+    }
+
+    #[tokio::test]
+    async fn work_branches_are_valid_ref_names() {
+        for id in [
+            "deliver-1",
+            "a b/..c~^:",
+            "a..b",
+            "x.lock",
+            "@{1}",
+            "-x",
+            "é/ü",
+            "a.",
+        ] {
+            let branch = work_branch(id);
+            let output = tokio::process::Command::new("git")
+                .args(["check-ref-format", "--branch", &branch])
+                .output()
+                .await
+                .expect("run git");
+            assert!(
+                output.status.success(),
+                "{id:?} -> {branch:?} is not a branch name"
+            );
+        }
     }
 
     /// Plans like the scripted model, but its "fixes" only touch a doc comment.

@@ -47,7 +47,7 @@ pub async fn check_installed() -> Result<String> {
     ensure!(
         output.status.success(),
         "`git --version` failed: {}",
-        String::from_utf8_lossy(&output.stderr).trim()
+        one_line(&String::from_utf8_lossy(&output.stderr))
     );
     Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
 }
@@ -80,7 +80,7 @@ impl Git {
                 "`git {}` in {} failed: {}",
                 args.join(" "),
                 self.dir.display(),
-                String::from_utf8_lossy(&output.stderr).trim()
+                one_line(&String::from_utf8_lossy(&output.stderr))
             );
         }
         let mut out = String::from_utf8(output.stdout)
@@ -95,7 +95,7 @@ impl Git {
     /// seconds: when this program is killed while git runs, git itself goes on (it is not
     /// killed with its parent) and holds `index.lock` until it finishes, possibly while the
     /// next run of this program starts.
-    async fn output(&self, args: &[&str]) -> Result<Output> {
+    pub async fn output(&self, args: &[&str]) -> Result<Output> {
         let mut tries = 0;
         loop {
             tracing::debug!(dir = %self.dir.display(), "git {}", args.join(" "));
@@ -289,7 +289,8 @@ pub struct SourceFile {
 }
 
 /// A `git` command in `dir` with a fixed identity and dates, no user or system configuration
-/// (so no signing, hooks path or templates), C messages, and no prompts.
+/// (so no signing, hooks path or templates), no background maintenance, C messages, and no
+/// prompts.
 fn command(dir: &Path) -> Command {
     let mut cmd = Command::new("git");
     cmd.current_dir(dir)
@@ -301,11 +302,35 @@ fn command(dir: &Path) -> Command {
         .env("GIT_COMMITTER_DATE", COMMIT_DATE)
         .env("GIT_CONFIG_NOSYSTEM", "1")
         .env("GIT_CONFIG_GLOBAL", null_device())
+        // No automatic maintenance: git would start it detached, in the background, where it
+        // could still be writing in the repository after this program ended (or while
+        // `--fresh` deletes it). The demo's repositories are far too small to need any.
+        .env("GIT_CONFIG_COUNT", "2")
+        .env("GIT_CONFIG_KEY_0", "maintenance.auto")
+        .env("GIT_CONFIG_VALUE_0", "false")
+        .env("GIT_CONFIG_KEY_1", "gc.auto")
+        .env("GIT_CONFIG_VALUE_1", "0")
         .env("GIT_TERMINAL_PROMPT", "0")
         .env("LC_ALL", "C")
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
+        .stdin(Stdio::null());
+    // Not `kill_on_drop`: when a step is dropped (Ctrl-C, a time-out), git finishes its
+    // command, as it does when this program is killed. Killed with SIGKILL, it would leave
+    // its lock file (`HEAD.lock`, `index.lock`) behind for good, and every later command
+    // in the repository would fail.
+    own_process_group(&mut cmd);
     cmd
+}
+
+/// Starts `cmd` in a process group of its own, so that Ctrl-C in a terminal (SIGINT to the
+/// whole foreground group) reaches this program only: it stops driving and drops the step
+/// (a git command finishes, rustc and the tests are killed). Were the child interrupted
+/// too, its failure could be recorded as the step's outcome (a compile error, a failed git
+/// command) before this program saw the Ctrl-C.
+pub fn own_process_group(cmd: &mut Command) {
+    #[cfg(unix)]
+    cmd.process_group(0);
+    #[cfg(not(unix))]
+    let _ = cmd;
 }
 
 fn null_device() -> &'static str {
@@ -316,6 +341,24 @@ fn is_lock_error(stderr: &str) -> bool {
     stderr.contains(".lock': File exists")
         || stderr.contains("Unable to create '")
         || stderr.contains("cannot lock ref")
+}
+
+/// `text` (a program's message) on one line: its lines trimmed, the empty ones dropped, the
+/// others joined by a space after a full stop or a colon, by `; ` otherwise. An error is one
+/// line, also when it quotes git.
+pub fn one_line(text: &str) -> String {
+    let mut joined = String::new();
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if !joined.is_empty() {
+            joined.push_str(if joined.ends_with(['.', ':', ';']) {
+                " "
+            } else {
+                "; "
+            });
+        }
+        joined.push_str(line);
+    }
+    joined
 }
 
 /// Applies `change`'s edits to the files under `root`.
@@ -434,6 +477,20 @@ mod tests {
         assert!(done.created);
         let text = git.run(&["show", "work:a.txt"]).await.unwrap();
         assert_eq!(text, "one\nthree");
+    }
+
+    #[test]
+    fn messages_are_put_on_one_line() {
+        assert_eq!(
+            one_line(
+                "fatal: invalid gitfile format: x\nfatal: Could not read from remote.\n\n\
+                 Please make sure\n  and the repository exists.\n"
+            ),
+            "fatal: invalid gitfile format: x; fatal: Could not read from remote. Please make \
+             sure; and the repository exists."
+        );
+        assert_eq!(one_line(" one \n"), "one");
+        assert_eq!(one_line(""), "");
     }
 
     #[tokio::test]

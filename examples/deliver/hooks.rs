@@ -72,7 +72,7 @@ impl Hooks {
         line: &str,
     ) -> Result<()> {
         if self.stop_at == Some(seq) {
-            println!("stopping at seq {seq} ({STOP_VAR})");
+            say!("stopping at seq {seq} ({STOP_VAR})");
             self.stop.notify_one();
             std::future::pending::<()>().await;
         }
@@ -84,12 +84,12 @@ impl Hooks {
             .with_context(|| format!("cannot open {}", self.entries_log.display()))?;
         writeln!(log, "{seq} {state} {attempt}")
             .with_context(|| format!("cannot write {}", self.entries_log.display()))?;
-        println!("[seq {seq}] {state}: {line}");
+        say!("[seq {seq}] {state}: {line}");
         if self.hold_at == Some(seq) {
-            println!("holding at seq {seq}");
-            std::io::stdout()
-                .flush()
-                .context("cannot flush standard output")?;
+            say!("holding at seq {seq}");
+            // Standard output is line-buffered; this is belt and braces. A closed pipe is no
+            // reason to stop (see `say!`).
+            let _ = std::io::stdout().flush();
             std::future::pending::<()>().await;
         }
         Ok(())

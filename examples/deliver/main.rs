@@ -15,6 +15,14 @@
 //! a bare repository as its remote, a directory as the forge, and a scripted stand-in for the
 //! model (see `model.rs` for the trait a real model client would implement).
 
+/// Prints a line on standard output like `println!`, but ignores write errors: when the output
+/// is a closed pipe (`deliver | head -2`), the work goes on and only the printing stops.
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::print_line(format_args!($($arg)*))
+    };
+}
+
 mod agent;
 mod forge;
 mod git;
@@ -24,7 +32,7 @@ mod project;
 mod testrun;
 mod workflow;
 
-use std::io::IsTerminal as _;
+use std::io::{IsTerminal as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -63,15 +71,16 @@ struct Cli {
     store: Option<PathBuf>,
 
     /// Where the repository, its remote, the forge and the store live
-    #[arg(long, value_name = "DIR", default_value = "target/loops-demo")]
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_WORKDIR)]
     workdir: PathBuf,
 
-    /// The git checkout to work in [default: <WORKDIR>/repo, created with a tiny Rust crate]
+    /// The git checkout to work in: the top directory of an existing work tree, on the branch
+    /// pull requests should target [default: <WORKDIR>/repo, created with a tiny Rust crate]
     #[arg(long, value_name = "PATH")]
     repo: Option<PathBuf>,
 
     /// The run's id, its idempotency key: running the same id again resumes or reports it
-    #[arg(long, value_name = "ID", default_value = "deliver-1")]
+    #[arg(long, value_name = "ID", default_value = DEFAULT_RUN_ID)]
     run_id: String,
 
     /// Delete the store and the work directory first, and start over
@@ -84,23 +93,29 @@ struct Cli {
     retry: bool,
 
     /// Approve the pull request automatically, by sending the approval event from this
-    /// process (the one-command demo). With `--auto-approve=false` the run stops at the
-    /// approval gate and waits, durably, for a human: approve with `--approve`, or with
-    /// `loops send <RUN> approve --json '{"by":"you"}'` while no `deliver` runs
+    /// process (the one-command demo) [default: true, unless the run waits at the approval
+    /// gate already]. With `--auto-approve=false` the run stops at the approval gate and
+    /// waits, durably, for a human; the same command without `--auto-approve` leaves it
+    /// waiting. Approve with `--approve`, or while no `deliver` runs with
+    /// `cargo run -p loops-cli -- --store <STORE> send <RUN> approve --json '{"by":"you"}'`
     #[arg(
         long,
         value_name = "BOOL",
         num_args = 0..=1,
-        default_value_t = true,
         default_missing_value = "true",
         action = clap::ArgAction::Set
     )]
-    auto_approve: bool,
+    auto_approve: Option<bool>,
 
-    /// Approve the run's pull request (as the current user) and go on
+    /// Approve the run's pull request (as $USER, or `operator`) and go on
     #[arg(long)]
     approve: bool,
 }
+
+/// The default work directory.
+const DEFAULT_WORKDIR: &str = "target/loops-demo";
+/// The default run id.
+const DEFAULT_RUN_ID: &str = "deliver-1";
 
 /// Failed attempts per state before the run fails (short delays, so that a state that really
 /// fails gives up within seconds).
@@ -122,24 +137,109 @@ async fn main() -> ExitCode {
         .with_ansi(std::io::stderr().is_terminal())
         .init();
     match run(cli).await {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(Ended::Done) => ExitCode::SUCCESS,
+        Ok(Ended::Interrupted) => {
+            let _ = writeln!(
+                std::io::stderr(),
+                "interrupted; run the same command again to resume"
+            );
+            ExitCode::from(130)
+        }
         Err(err) => {
-            eprintln!("error: {err:#}");
+            // Written like `say!`: a closed standard error must not turn this into a panic.
+            // One line, whatever the messages it quotes (a run's recorded failure may hold
+            // git's several lines).
+            let _ = writeln!(
+                std::io::stderr(),
+                "error: {}",
+                git::one_line(&format!("{err:#}"))
+            );
             ExitCode::FAILURE
         }
     }
 }
 
-async fn run(cli: Cli) -> Result<()> {
+/// How this program ended, when it did not fail.
+enum Ended {
+    /// It did what it was asked: the run ended, parked at the approval gate, or a test hook
+    /// stopped it.
+    Done,
+    /// Ctrl-C stopped it.
+    Interrupted,
+}
+
+/// Sets up, then drives the run until it ends or parks, or until Ctrl-C: then it stops
+/// driving (the handler's future is dropped, as a crash would drop it: rustc and the tests
+/// are killed, a git command finishes) and closes the store cleanly, so that the same
+/// command resumes the run.
+async fn run(cli: Cli) -> Result<Ended> {
+    let interrupt = Interrupt::listen();
+    let (paths, runtime) = tokio::select! {
+        biased;
+        () = interrupt.wait() => return Ok(Ended::Interrupted),
+        set_up = set_up(&cli) => set_up?,
+    };
+    let ended = tokio::select! {
+        biased;
+        () = interrupt.wait() => Ok(Ended::Interrupted),
+        driven = drive(&cli, &paths, &runtime) => driven.map(|()| Ended::Done),
+    };
+    // Stops what still runs, and closes the store file cleanly.
+    runtime.shutdown().await;
+    drop(runtime);
+    ended
+}
+
+/// Set when Ctrl-C is pressed.
+struct Interrupt(tokio::sync::watch::Receiver<bool>);
+
+impl Interrupt {
+    /// Starts listening for Ctrl-C (from then on it no longer ends the process at once).
+    fn listen() -> Interrupt {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                let _ = tx.send(true);
+            }
+            // Keeps the sender: were it dropped, `wait` would resolve.
+            std::future::pending::<()>().await;
+        });
+        Interrupt(rx)
+    }
+
+    /// Resolves once Ctrl-C was pressed.
+    async fn wait(&self) {
+        let mut rx = self.0.clone();
+        if rx.wait_for(|&pressed| pressed).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Checks the arguments and the tools, deletes what `--fresh` deletes, creates the work
+/// directory and opens the store.
+async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
+    // Refused before anything is printed or touched.
+    loops::runtime::validate_run_id(&cli.run_id).map_err(|e| anyhow::anyhow!("--run-id: {e}"))?;
+    for (flag, path) in [
+        ("--workdir", Some(&cli.workdir)),
+        ("--store", cli.store.as_ref()),
+        ("--repo", cli.repo.as_ref()),
+    ] {
+        if let Some(path) = path
+            && path.to_str().is_none()
+        {
+            bail!("{flag} {path:?} is not valid UTF-8; this example needs UTF-8 paths");
+        }
+    }
     git::check_installed().await?;
     testrun::check_rustc().await?;
     let absolute = |p: &Path| {
         std::path::absolute(p).with_context(|| format!("cannot resolve {}", p.display()))
     };
-    let shown_store = cli
-        .store
-        .clone()
-        .unwrap_or_else(|| cli.workdir.join("deliver.redb"));
+    if let Some(repo) = &cli.repo {
+        project::check_repo(&absolute(repo)?).await?;
+    }
     let paths = Paths::new(
         absolute(&cli.workdir)?,
         cli.store.as_deref().map(absolute).transpose()?,
@@ -147,34 +247,48 @@ async fn run(cli: Cli) -> Result<()> {
     );
     if cli.fresh {
         if paths.store.exists() {
-            // Fails at once if another process has the store open, before anything is deleted.
-            drop(loops::RedbStore::open(&paths.store).context("--fresh: cannot open the store")?);
+            // Fails (after `open_store`'s wait) if another process has the store open, before
+            // anything is deleted.
+            let store = open_store(|| loops::RedbStore::open(&paths.store)).await;
+            drop(store.context("--fresh: cannot open the store")?);
         }
         paths.delete()?;
     }
     paths.create_workdir()?;
 
-    let runtime = Runtime::builder()
-        .workflow::<Deliver>()
-        .retry(
-            RetryPolicy::attempts(MAX_ATTEMPTS)
-                .with_max_interruptions(MAX_INTERRUPTIONS)
-                .with_delays(Duration::from_millis(100), Duration::from_secs(1)),
-        )
-        .open(&paths.store)
-        .map_err(|e| match e {
-            loops::Error::SchemaMismatch { .. } => {
-                anyhow::anyhow!("{e}. Run with --fresh to start over, or use another --run-id")
-            }
-            loops::Error::StoreLocked { .. } => {
-                anyhow::anyhow!("{e}: is another `deliver` running?")
-            }
-            e => anyhow::Error::new(e).context("cannot open the store"),
-        })?;
-    println!("store:  {}", shown_store.display());
-    println!("run id: {}", cli.run_id);
+    let runtime = open_store(|| {
+        Runtime::builder()
+            .workflow::<Deliver>()
+            .retry(
+                RetryPolicy::attempts(MAX_ATTEMPTS)
+                    .with_max_interruptions(MAX_INTERRUPTIONS)
+                    .with_delays(Duration::from_millis(100), Duration::from_secs(1)),
+            )
+            .open(&paths.store)
+    })
+    .await
+    .map_err(|e| match e {
+        loops::Error::SchemaMismatch { .. } => {
+            anyhow::anyhow!("{e}. Run with --fresh to start over, or use another --run-id")
+        }
+        loops::Error::StoreLocked { .. } => {
+            anyhow::anyhow!("{e}: is another `deliver` running?")
+        }
+        e => anyhow::Error::new(e).context("cannot open the store"),
+    })?;
+    Ok((paths, runtime))
+}
 
-    let base = project::prepare(&paths).await?;
+/// Drives the run until it ends, parks at the approval gate, or a test hook stops it.
+async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime) -> Result<()> {
+    let shown_store = cli
+        .store
+        .clone()
+        .unwrap_or_else(|| cli.workdir.join("deliver.redb"));
+    say!("store:  {}", shown_store.display());
+    say!("run id: {}", cli.run_id);
+
+    let base = project::prepare(paths).await?;
     let hooks = Hooks::from_env(paths.entries_log.clone())?;
     let agent = Agent {
         model: ScriptedModel::demo(),
@@ -190,49 +304,57 @@ async fn run(cli: Cli) -> Result<()> {
         && info.status == RunStatus::Failed
     {
         runtime.retry(&cli.run_id).await?;
-        println!(
+        say!(
             "run {} failed at {} (seq {}); retrying it with a fresh budget of attempts",
-            cli.run_id, info.state, info.seq
+            cli.run_id,
+            info.state,
+            info.seq
         );
     }
-    report_start(&runtime, &cli.run_id).await?;
+    report_start(runtime, &cli.run_id).await?;
     let initial = Deliver::Received {
         issue: project::issue(),
         base,
     };
+    // A run parked at the approval gate waits for a human (an earlier run said so with
+    // `--auto-approve=false`): running the same command again without the flag must not
+    // approve it behind their back. An explicit `--auto-approve` or `--approve` does.
+    let waits_already = cli.auto_approve.is_none()
+        && !cli.approve
+        && waits_at_the_gate(runtime, &cli.run_id).await?;
     let (approve, approver) = if cli.approve {
         (true, approver_name())
     } else {
-        (cli.auto_approve, "--auto-approve".to_owned())
+        (
+            cli.auto_approve.unwrap_or(!waits_already),
+            "--auto-approve".to_owned(),
+        )
     };
     let outcome = tokio::select! {
         result = runtime.run(&cli.run_id, initial, &agent) => Some(result),
-        () = send_approval(&runtime, &cli.run_id, approve, &approver) => None,
-        () = parked_at_the_gate(&runtime, &cli.run_id, approve) => {
-            println!(
-                "waiting for approval: the run is parked (it holds no task) until an approval \
-                 arrives. Approve and go on with:\n  cargo run --example deliver -- --approve{}\n\
-                 or, while no deliver runs:\n  loops --store {} send {} {APPROVAL_EVENT} --json '{{\"by\":\"you\"}}'",
-                if cli.run_id == "deliver-1" { String::new() } else { format!(" --run-id {}", cli.run_id) },
-                shown_store.display(),
-                cli.run_id,
-            );
-            runtime.shutdown().await;
+        () = send_approval(runtime, &cli.run_id, approve, &approver) => None,
+        () = parked_at_the_gate(runtime, &cli.run_id, approve) => {
+            if waits_already {
+                say!(
+                    "not approving it automatically: it waited at the approval gate already \
+                     (--auto-approve approves it)"
+                );
+            }
+            say!("{}", approval_hint(cli, &shown_store));
             return Ok(());
         }
         () = hooks.stopped() => None,
     };
     let Some(result) = outcome else {
-        // The stop hook fired: the handler was dropped before doing anything; closing the
-        // runtime closes the store file cleanly.
-        runtime.shutdown().await;
-        drop(runtime);
+        // The stop hook fired: the handler was dropped before doing anything; `run` closes
+        // the store file cleanly.
         return Ok(());
     };
     let last = result.map_err(|e| match e {
         loops::Error::RunFailed { .. } => anyhow::anyhow!(
-            "{e}. Run with --retry to resume it with a fresh budget of attempts, or with \
-             --fresh to start over"
+            "{}. Run with --retry to resume it with a fresh budget of attempts, or with \
+             --fresh to start over",
+            e.to_string().trim_end_matches('.')
         ),
         e => anyhow::Error::new(e),
     })?;
@@ -242,7 +364,7 @@ async fn run(cli: Cli) -> Result<()> {
         .await?
         .map_or(0, |info| info.seq);
     if hooks.stops_at(seq) {
-        println!("stopping at seq {seq} ({})", hooks::STOP_VAR);
+        say!("stopping at seq {seq} ({})", hooks::STOP_VAR);
         return Ok(());
     }
     let state = last.state();
@@ -258,16 +380,39 @@ async fn run(cli: Cli) -> Result<()> {
                 agent::short(head)
             );
             hooks.enter(seq, state.name(), None, &line).await?;
-            println!("pull request: {url}");
-            println!("  stored in {}", agent.forge.path_of(*number).display());
+            say!("pull request: {url}");
+            say!("  stored in {}", agent.forge.path_of(*number).display());
         }
         Deliver::Abandoned { reason } => {
             hooks.enter(seq, state.name(), None, reason).await?;
-            println!("abandoned: nothing was pushed");
+            say!("abandoned: nothing was pushed");
         }
         other => bail!("the run ended in a non-terminal state: {other:?}"),
     }
     Ok(())
+}
+
+/// How long a store found locked is tried again, and how long apart.
+const STORE_LOCK_WAIT: Duration = Duration::from_secs(2);
+const STORE_LOCK_PAUSE: Duration = Duration::from_millis(50);
+
+/// Opens the store with `open`, trying again for up to [`STORE_LOCK_WAIT`] while it is locked.
+///
+/// A process killed with SIGKILL gives its lock back at once, yet about one open in a
+/// thousand right after `kill -9` found the store still locked: most likely a child (git,
+/// rustc) that the killed process had just forked, holding a copy of the store's file
+/// descriptor (and so its lock) until it executes its program, which closes it. That lasts
+/// a moment; a store still locked after 2 s is open in a live process.
+async fn open_store<T>(mut open: impl FnMut() -> loops::Result<T>) -> loops::Result<T> {
+    let deadline = tokio::time::Instant::now() + STORE_LOCK_WAIT;
+    loop {
+        match open() {
+            Err(loops::Error::StoreLocked { .. }) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(STORE_LOCK_PAUSE).await;
+            }
+            result => return result,
+        }
+    }
 }
 
 /// Sends the approval event (once: it carries an idempotency key) as soon as the run exists,
@@ -286,7 +431,7 @@ async fn send_approval(runtime: &Runtime, run_id: &str, approve: bool, by: &str)
                     tokio::time::sleep(Duration::from_millis(20)).await;
                 }
                 Err(e) => {
-                    eprintln!("warning: cannot send the approval: {e}");
+                    let _ = writeln!(std::io::stderr(), "warning: cannot send the approval: {e}");
                     break;
                 }
             }
@@ -295,18 +440,24 @@ async fn send_approval(runtime: &Runtime, run_id: &str, approve: bool, by: &str)
     std::future::pending::<()>().await;
 }
 
+/// Whether the run is parked at the approval gate.
+async fn waits_at_the_gate(runtime: &Runtime, run_id: &str) -> Result<bool> {
+    Ok(runtime.run_info(run_id).await?.is_some_and(|info| {
+        info.status == RunStatus::Waiting
+            && info
+                .wait
+                .as_ref()
+                .is_some_and(|w| w.event.as_deref() == Some(APPROVAL_EVENT))
+    }))
+}
+
 /// Resolves when the run is parked at the approval gate and nothing here will approve it.
 async fn parked_at_the_gate(runtime: &Runtime, run_id: &str, approve: bool) {
     if approve {
         std::future::pending::<()>().await;
     }
     loop {
-        if let Ok(Some(info)) = runtime.run_info(run_id).await
-            && info.status == RunStatus::Waiting
-            && info
-                .wait
-                .as_ref()
-                .is_some_and(|w| w.event.as_deref() == Some(APPROVAL_EVENT))
+        if waits_at_the_gate(runtime, run_id).await.unwrap_or(false)
             // An approval sent while no deliver ran is taken as soon as the run is driven.
             && !runtime
                 .store()
@@ -320,6 +471,47 @@ async fn parked_at_the_gate(runtime: &Runtime, run_id: &str, approve: bool) {
     }
 }
 
+/// What to type to approve a run parked at the gate: this command again with the flags that
+/// name the run (and `--approve`), or the `loops` CLI's `send`.
+fn approval_hint(cli: &Cli, store: &Path) -> String {
+    let mut again = "cargo run --example deliver --".to_owned();
+    let path = |p: &Path| shell_word(&p.to_string_lossy());
+    if cli.workdir != Path::new(DEFAULT_WORKDIR) {
+        again.push_str(&format!(" --workdir {}", path(&cli.workdir)));
+    }
+    if let Some(store) = &cli.store {
+        again.push_str(&format!(" --store {}", path(store)));
+    }
+    if let Some(repo) = &cli.repo {
+        again.push_str(&format!(" --repo {}", path(repo)));
+    }
+    if cli.run_id != DEFAULT_RUN_ID {
+        again.push_str(&format!(" --run-id {}", shell_word(&cli.run_id)));
+    }
+    format!(
+        "waiting for approval: the run is parked (it holds no task) until an approval arrives. \
+         Approve and go on with:\n  {again} --approve\nor, while no deliver runs:\n  \
+         cargo run -p loops-cli -- --store {} send {} {APPROVAL_EVENT} --json {}",
+        path(store),
+        shell_word(&cli.run_id),
+        shell_word(r#"{"by":"you"}"#),
+    )
+}
+
+/// `word` as a POSIX shell reads it back: as it is if it is made of characters no shell
+/// treats specially, else in single quotes.
+fn shell_word(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./:=@%+,".contains(c));
+    if plain {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
+}
+
 /// Who approves with `--approve`: the user running the command.
 fn approver_name() -> String {
     std::env::var("USER")
@@ -330,7 +522,7 @@ fn approver_name() -> String {
 /// Says whether the run is new, resumed (at which state, skipping which) or finished.
 async fn report_start(runtime: &Runtime, run_id: &str) -> Result<()> {
     let Some(info) = runtime.run_info(run_id).await? else {
-        println!("starting a new run at Received");
+        say!("starting a new run at Received");
         return Ok(());
     };
     let history = runtime.history::<Deliver>(run_id).await?;
@@ -341,9 +533,10 @@ async fn report_start(runtime: &Runtime, run_id: &str) -> Result<()> {
         .collect();
     match info.status {
         RunStatus::Completed => {
-            println!(
+            say!(
                 "run {run_id} completed already at {} (seq {}); reporting its result",
-                info.state, info.seq
+                info.state,
+                info.seq
             );
         }
         RunStatus::Running => {
@@ -356,17 +549,25 @@ async fn report_start(runtime: &Runtime, run_id: &str) -> Result<()> {
             } else {
                 done.join(", ")
             };
-            println!(
+            say!(
                 "resuming at {} (seq {}; {last_attempt}); skipping {skipped}: already recorded",
-                info.state, info.seq
+                info.state,
+                info.seq
             );
         }
         status => {
-            println!(
-                "run {run_id} is {status} at {} (seq {})",
-                info.state, info.seq
-            );
+            let is = match status {
+                RunStatus::Failed => "failed".to_owned(),
+                RunStatus::Cancelled => "was cancelled".to_owned(),
+                status => format!("is {status}"),
+            };
+            say!("run {run_id} {is} at {} (seq {})", info.state, info.seq);
         }
     }
     Ok(())
+}
+
+/// Writes `args` and a newline to standard output, ignoring errors (see [`say!`]).
+fn print_line(args: std::fmt::Arguments<'_>) {
+    let _ = writeln!(std::io::stdout().lock(), "{args}");
 }

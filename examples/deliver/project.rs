@@ -108,37 +108,115 @@ impl Paths {
     /// Deletes the store and the work directory (`--fresh`). A repository given with
     /// `--repo` is left alone.
     ///
+    /// Safe to interrupt: the store goes first (one unlink), then the work directory is
+    /// renamed aside to `<workdir>.deleting-<pid>` (one rename) and removed from there. A
+    /// kill leaves the work directory either whole (and the next run, finding no store,
+    /// starts a new run in it, whose steps find their commits and pull request by their
+    /// idempotency keys) or gone; never half deleted. What a kill leaves aside is removed
+    /// by the next start ([`create_workdir`](Self::create_workdir)).
+    ///
     /// # Errors
-    /// If the work directory exists, is not empty and was not made by this example, or if
-    /// deleting fails.
+    /// If the work directory exists, is not empty and was not made by this example, holds
+    /// the repository given with `--repo`, or if deleting fails.
     pub fn delete(&self) -> Result<()> {
+        if self.repo_given && self.repo.starts_with(&self.workdir) {
+            bail!(
+                "refusing to delete {}: the repository given with --repo is inside it",
+                self.workdir.display()
+            );
+        }
+        if self.workdir.exists() && !self.is_ours()? {
+            bail!(
+                "refusing to delete {}: it is not a work directory of this example (no \
+                 {MARKER} in it)",
+                self.workdir.display()
+            );
+        }
         match std::fs::remove_file(&self.store) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(e).context(format!("cannot delete {}", self.store.display())),
         }
+        self.clear_leftovers();
         if !self.workdir.exists() {
             return Ok(());
         }
+        let aside = self.aside()?;
+        std::fs::rename(&self.workdir, &aside).with_context(|| {
+            format!("cannot move {} aside to delete it", self.workdir.display())
+        })?;
+        if let Err(e) = std::fs::remove_dir_all(&aside) {
+            // The work directory is gone already; what is left aside goes at the next start.
+            tracing::warn!(dir = %aside.display(), error = %e, "cannot delete, will try again");
+        }
+        Ok(())
+    }
+
+    /// Whether the work directory (which exists) is empty or marked as made by this example.
+    fn is_ours(&self) -> Result<bool> {
         let empty = std::fs::read_dir(&self.workdir)
             .with_context(|| format!("cannot read {}", self.workdir.display()))?
             .next()
             .is_none();
-        ensure!(
-            empty || self.workdir.join(MARKER).exists(),
-            "refusing to delete {}: it is not a work directory of this example (no {MARKER} in it)",
-            self.workdir.display()
-        );
-        std::fs::remove_dir_all(&self.workdir)
-            .with_context(|| format!("cannot delete {}", self.workdir.display()))
+        Ok(empty || self.workdir.join(MARKER).exists())
+    }
+
+    /// Where [`delete`](Self::delete) moves the work directory: `<workdir>.deleting-<pid>`,
+    /// beside it (a rename within one directory is atomic).
+    fn aside(&self) -> Result<PathBuf> {
+        let name = self
+            .workdir
+            .file_name()
+            .with_context(|| format!("cannot delete {}: it has no name", self.workdir.display()))?;
+        Ok(self.workdir.with_file_name(format!(
+            "{}{}",
+            Self::aside_prefix(name),
+            std::process::id()
+        )))
+    }
+
+    fn aside_prefix(name: &std::ffi::OsStr) -> String {
+        format!("{}.deleting-", name.to_string_lossy())
+    }
+
+    /// Removes what interrupted deletions left aside (`<workdir>.deleting-<pid>`). Best
+    /// effort: a failure is logged and tried again at the next start.
+    fn clear_leftovers(&self) {
+        let (Some(parent), Some(name)) = (self.workdir.parent(), self.workdir.file_name()) else {
+            return;
+        };
+        let prefix = Self::aside_prefix(name);
+        let Ok(entries) = std::fs::read_dir(parent) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let file = entry.file_name();
+            let is_leftover = file
+                .to_str()
+                .and_then(|f| f.strip_prefix(&prefix))
+                .is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()));
+            if is_leftover && let Err(e) = std::fs::remove_dir_all(entry.path()) {
+                tracing::warn!(dir = %entry.path().display(), error = %e, "cannot delete");
+            }
+        }
     }
 
     /// Creates the work directory and its marker, and clears what interrupted runs left
-    /// behind (half-built repositories, test binaries).
+    /// behind (a work directory moved aside to be deleted, half-built repositories, test
+    /// binaries).
     ///
     /// # Errors
-    /// If the directory cannot be created.
+    /// If the directory cannot be created, or exists, is not empty and was not made by this
+    /// example (so that `--fresh` never deletes a directory of the user's).
     pub fn create_workdir(&self) -> Result<()> {
+        self.clear_leftovers();
+        if self.workdir.exists() && !self.is_ours()? {
+            bail!(
+                "{} is not empty and is not a work directory of this example (no {MARKER} in \
+                 it); name a new or empty directory with --workdir",
+                self.workdir.display()
+            );
+        }
         std::fs::create_dir_all(&self.workdir)
             .with_context(|| format!("cannot create {}", self.workdir.display()))?;
         std::fs::write(self.workdir.join(MARKER), "")
@@ -157,13 +235,46 @@ impl Paths {
     }
 }
 
+/// Checks that `repo`, given with `--repo`, is the top directory of an existing git work
+/// tree (the agent edits files by their paths from there). Nothing is ever created there.
+///
+/// # Errors
+/// Saying which of these it is not.
+pub async fn check_repo(repo: &Path) -> Result<()> {
+    ensure!(
+        repo.is_dir(),
+        "--repo {}: no such directory; name an existing git repository",
+        repo.display()
+    );
+    let output = Git::new(repo)
+        .output(&["rev-parse", "--show-toplevel"])
+        .await?;
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        bail!(
+            "--repo {} is not a git work tree ({})",
+            repo.display(),
+            stderr.lines().next().unwrap_or("git said nothing").trim()
+        );
+    }
+    let top = PathBuf::from(String::from_utf8_lossy(&output.stdout).trim());
+    let same = |a: &Path, b: &Path| matches!((a.canonicalize(), b.canonicalize()), (Ok(a), Ok(b)) if a == b);
+    ensure!(
+        same(&top, repo),
+        "--repo {} is inside the git work tree {}; name its top directory",
+        repo.display(),
+        top.display()
+    );
+    Ok(())
+}
+
 /// Makes sure the repository and the remote exist, creating the demo's, and returns the
 /// commit new runs start from.
 ///
 /// # Errors
 /// If git fails, or a repository given with `--repo` is not a git work tree on a branch.
 pub async fn prepare(paths: &Paths) -> Result<Base> {
-    if !paths.repo.exists() {
+    if !paths.repo_given && !paths.repo.exists() {
         create_demo_repo(&paths.repo).await?;
     }
     let git = Git::new(&paths.repo);
@@ -255,6 +366,9 @@ async fn create_remote(repo: &Git, path: &Path, branch: &str, commit: &str) -> R
     std::fs::create_dir_all(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
     let remote = Git::new(&tmp);
     remote.run(&["init", "--quiet", "--bare"]).await?;
+    // A push runs the receiving side without our environment: no background maintenance
+    // after a push either (see `git::command`).
+    remote.run(&["config", "receive.autogc", "false"]).await?;
     remote
         .run(&["symbolic-ref", "HEAD", &format!("refs/heads/{branch}")])
         .await?;

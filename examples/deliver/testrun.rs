@@ -30,7 +30,7 @@ pub async fn check_rustc() -> Result<()> {
         Ok(output) if output.status.success() => Ok(()),
         Ok(output) => anyhow::bail!(
             "`rustc --version` failed: {}",
-            String::from_utf8_lossy(&output.stderr).trim()
+            crate::git::one_line(&String::from_utf8_lossy(&output.stderr))
         ),
         Err(e) => anyhow::bail!(
             "this example builds the demo crate's tests with rustc, and `rustc --version` \
@@ -55,12 +55,15 @@ pub async fn run_tests(git: &Git, commit: &str, scratch: &Path) -> Result<TestRe
         .tempdir_in(scratch)
         .with_context(|| format!("cannot create a directory in {}", scratch.display()))?;
     let binary = build.path().join("unit-tests");
-    let compiled = Command::new("rustc")
+    let mut rustc = Command::new("rustc");
+    rustc
         .args(["--edition", "2021", "--test", CRATE_ROOT, "-o"])
         .arg(&binary)
         .current_dir(git.dir())
         .stdin(Stdio::null())
-        .kill_on_drop(true)
+        .kill_on_drop(true);
+    crate::git::own_process_group(&mut rustc);
+    let compiled = rustc
         .output()
         .await
         .context("cannot run rustc (is the Rust toolchain on PATH?)")?;
@@ -74,12 +77,15 @@ pub async fn run_tests(git: &Git, commit: &str, scratch: &Path) -> Result<TestRe
             compile_error: Some(stderr.trim().to_owned()),
         });
     }
-    let ran = Command::new(&binary)
+    let mut tests = Command::new(&binary);
+    tests
         .args(["--test-threads=1", "--color=never"])
         .current_dir(git.dir())
         .env("RUST_BACKTRACE", "0")
         .stdin(Stdio::null())
-        .kill_on_drop(true)
+        .kill_on_drop(true);
+    crate::git::own_process_group(&mut tests);
+    let ran = tests
         .output()
         .await
         .with_context(|| format!("cannot run {}", binary.display()))?;
