@@ -1,0 +1,140 @@
+//! The `loops` command-line tool on a store the `deliver` example produced: see a run parked
+//! at the approval gate, approve it with `loops send`, let the example finish it, and inspect
+//! the finished run.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+use common::{describe, example};
+use serde_json::Value;
+
+mod common;
+
+/// The `loops` binary of the `loops-cli` package, built once.
+fn loops_bin() -> &'static Path {
+    static PATH: OnceLock<PathBuf> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let exe = std::env::current_exe().expect("test executable path");
+        let profile_dir = exe.parent().and_then(Path::parent).expect("target dir");
+        let profile = profile_dir
+            .file_name()
+            .expect("profile directory")
+            .to_string_lossy()
+            .into_owned();
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+        let mut build = Command::new(cargo);
+        build.args(["build", "--quiet", "-p", "loops-cli", "--bin", "loops"]);
+        if profile != "debug" {
+            build.args(["--profile", &profile]);
+        }
+        let output = build.output().expect("run cargo build");
+        assert!(output.status.success(), "{}", describe(&output));
+        profile_dir.join(format!("loops{}", std::env::consts::EXE_SUFFIX))
+    })
+}
+
+fn loops(store: &Path, args: &[&str]) -> Output {
+    Command::new(loops_bin())
+        .arg("--store")
+        .arg(store)
+        .args(args)
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("run loops")
+}
+
+fn json(store: &Path, args: &[&str]) -> Value {
+    let out = loops(store, args);
+    assert!(out.status.success(), "loops {args:?}: {}", describe(&out));
+    serde_json::from_slice(&out.stdout).expect("JSON on stdout")
+}
+
+fn deliver(workdir: &Path, args: &[&str]) -> Output {
+    Command::new(example())
+        .arg("--workdir")
+        .arg(workdir)
+        .args(args)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run the example")
+}
+
+#[test]
+fn the_cli_sees_steers_and_inspects_a_run_of_the_example() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let workdir = dir.path();
+    let store = workdir.join("deliver.redb");
+
+    let out = deliver(workdir, &["--auto-approve=false"]);
+    assert!(out.status.success(), "{}", describe(&out));
+
+    // The run waits at the gate.
+    let runs = json(&store, &["runs", "--json"]);
+    let runs = runs.as_array().expect("an array of runs");
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0]["run_id"], "deliver-1");
+    assert_eq!(runs[0]["workflow"], "deliver");
+    assert_eq!(runs[0]["status"], "waiting");
+    assert_eq!(runs[0]["state"], "Tested");
+    assert_eq!(runs[0]["seq"], 5);
+    assert_eq!(runs[0]["waiting_for"]["event"], "approve");
+
+    let shown = json(&store, &["show", "deliver-1", "--json"]);
+    assert_eq!(shown["payload"]["Tested"]["report"]["passed"], true);
+    assert!(
+        shown["schema_description"]
+            .as_str()
+            .expect("a description")
+            .starts_with("workflow deliver version 1\n")
+    );
+
+    let history = json(&store, &["history", "deliver-1", "--json"]);
+    let states: Vec<&str> = history["transitions"]
+        .as_array()
+        .expect("transitions")
+        .iter()
+        .map(|t| t["state"].as_str().expect("a state"))
+        .collect();
+    assert_eq!(
+        states,
+        [
+            "Received", "Planned", "Edited", "Tested", "Edited", "Tested"
+        ]
+    );
+
+    // Approve through the CLI while no deliver runs; a bad payload first is refused.
+    let bad = loops(&store, &["send", "deliver-1", "approve", "--json", "{by:"]);
+    assert!(!bad.status.success());
+    assert_eq!(String::from_utf8_lossy(&bad.stderr).lines().count(), 1);
+    let sent = loops(
+        &store,
+        &[
+            "send",
+            "deliver-1",
+            "approve",
+            "--json",
+            r#"{"by":"cli-user"}"#,
+        ],
+    );
+    assert!(sent.status.success(), "{}", describe(&sent));
+
+    let out = deliver(workdir, &[]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("approved by cli-user"));
+
+    let runs = json(&store, &["runs", "--json", "--status", "completed"]);
+    assert_eq!(runs[0]["state"], "PrOpened");
+    assert_eq!(runs[0]["seq"], 6);
+    let history = json(&store, &["history", "deliver-1", "--json"]);
+    assert_eq!(history["transitions"].as_array().map(Vec::len), Some(7));
+    let events = history["events"].as_array().expect("events");
+    assert_eq!(events.len(), 1);
+    let pruned = json(
+        &store,
+        &["prune", "--older-than", "1d", "--dry-run", "--json"],
+    );
+    assert_eq!(pruned["runs"], 0);
+    let checked = loops(&store, &["check"]);
+    assert!(checked.status.success(), "{}", describe(&checked));
+}
