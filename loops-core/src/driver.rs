@@ -177,6 +177,10 @@ impl Runtime {
             mut record,
             mut fresh,
         } = entered;
+        // Whether the current state was entered by this driver's own commit (the run's
+        // creation or a transition) and not handled since: no step of it can be recorded yet
+        // (only the run's driver writes them, fenced at this seq), so they are not read.
+        let mut entered_here = fresh;
         let scope = Arc::new(RunScope {
             run_id: run_id.to_owned(),
             workflow: W::NAME,
@@ -302,13 +306,13 @@ impl Runtime {
             fresh = false;
             let seq = info.seq;
             let attempt = info.attempt;
-            let ctx = Context::new(
-                Arc::clone(&scope),
-                state.name(),
-                seq,
-                attempt,
-                store.steps(run_id, seq).await?,
-            );
+            let recorded = if entered_here {
+                Vec::new()
+            } else {
+                store.steps(run_id, seq).await?
+            };
+            entered_here = false;
+            let ctx = Context::new(Arc::clone(&scope), state.name(), seq, attempt, recorded);
             let span = tracing::info_span!("state", state = state.name(), seq, attempt);
             let timeout = self.state_timeout::<W>(state);
             let outcome = async {
@@ -391,6 +395,7 @@ impl Runtime {
                     );
                     record = next_record;
                     fresh = true;
+                    entered_here = true;
                     last_error = None;
                 }
                 Outcome::Failed(failure) => {
