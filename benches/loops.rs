@@ -195,8 +195,8 @@ fn run(args: &Args) {
         let l = latency::run(&tokio, dir, rounds, pick(50, 30) as usize);
         for v in &l.variants {
             eprintln!(
-                "  {:<36} p50 {:>6.0} µs  p99 {:>6.0} µs  ({:.2}x, {:.2}x)",
-                v.label, v.p50_us, v.p99_us, v.ratio_p50, v.ratio_p99
+                "  {:<36} p50 {:>6.0} µs  p99 {:>6.0} µs  ({:.2}x, {:.2}x)  CPU {:>5.0} µs",
+                v.label, v.p50_us, v.p99_us, v.ratio_p50, v.ratio_p99, v.cpu_us_per_commit
             );
         }
         l

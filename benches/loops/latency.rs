@@ -14,7 +14,7 @@ use loops::store::Write;
 use loops::{RedbStore, Runtime, TransitionRecord};
 use serde::Serialize;
 
-use crate::measure::{Raw, median, micros, percentile};
+use crate::measure::{Raw, median, micros, percentile, process_cpu_ns};
 use crate::workload::{Bench, Looper, history, note};
 
 /// What one round measures.
@@ -82,6 +82,9 @@ pub struct VariantResult {
     pub ratio_p50: f64,
     /// p99 of every sample over the floor's p99 of every sample.
     pub ratio_p99: f64,
+    /// CPU time of the whole process (all threads) per durable commit, median over rounds
+    /// (for steps: the mean of a round's step and transition commits).
+    pub cpu_us_per_commit: f64,
     pub rounds: Vec<RoundStat>,
     /// Every sample, in µs, round after round.
     pub samples_us: Vec<f32>,
@@ -136,9 +139,18 @@ pub fn run(tokio: &tokio::runtime::Runtime, dir: &Path, rounds: usize, samples: 
     }
 
     let mut samples_of: Vec<Vec<Vec<f64>>> = vec![Vec::new(); Variant::ALL.len()];
+    let mut cpu_of: Vec<Vec<f64>> = vec![Vec::new(); Variant::ALL.len()];
     for round in 0..rounds {
         for k in 0..Variant::ALL.len() {
             let index = (k + round) % Variant::ALL.len();
+            let cpu = process_cpu_ns();
+            // Durable commits made by the variant: a transition round also commits the run's
+            // creation and its last transition; a step round commits transitions too.
+            let commits = match Variant::ALL[index] {
+                Variant::Transition => samples + 2,
+                Variant::Step => 2 * samples + 1,
+                _ => samples,
+            };
             let taken = match Variant::ALL[index] {
                 Variant::Raw1 => (0..samples)
                     .map(|_| micros(raw1.commit(1, false)))
@@ -163,6 +175,7 @@ pub fn run(tokio: &tokio::runtime::Runtime, dir: &Path, rounds: usize, samples: 
                     looper.take_step_times().into_iter().map(micros).collect()
                 }
             };
+            cpu_of[index].push((process_cpu_ns() - cpu) as f64 / 1000.0 / commits as f64);
             samples_of[index].push(taken);
         }
     }
@@ -202,6 +215,7 @@ pub fn run(tokio: &tokio::runtime::Runtime, dir: &Path, rounds: usize, samples: 
                 p99_us: percentile(&all, 99.0),
                 ratio_p50: p50_ratio(i, 0),
                 ratio_p99: p99_ratio(i, 0),
+                cpu_us_per_commit: median(&cpu_of[i]),
                 samples_us: all.iter().map(|&x| x as f32).collect(),
                 rounds: round_stats(i),
             }
