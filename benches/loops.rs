@@ -2,7 +2,7 @@
 //! run, on the same machine, with the absolute values beside it.
 //!
 //! ```text
-//! cargo bench --bench loops                  # the full run (~10 minutes): docs/benchmarks.*
+//! cargo bench --bench loops                  # the full run (~4 minutes): docs/benchmarks.*
 //! cargo bench --bench loops -- --quick       # a smoke run (~1 minute): target/tmp/loops-bench/
 //! cargo bench --bench loops -- --only latency,throughput --out /tmp/report
 //! ```
@@ -191,7 +191,7 @@ fn run(args: &Args) {
 
     let latency = (wants(Scenario::Latency) || wants(Scenario::Throughput)).then(|| {
         eprintln!("1, 3. latency of a transition and a step");
-        let rounds = args.rounds.unwrap_or(pick(80, 10) as usize);
+        let rounds = args.rounds.unwrap_or(pick(160, 10) as usize);
         let l = latency::run(&tokio, dir, rounds, pick(50, 30) as usize);
         for v in &l.variants {
             eprintln!(
@@ -210,7 +210,7 @@ fn run(args: &Args) {
             } else {
                 args.runs.clone()
             },
-            slices: args.slices.unwrap_or(pick(16, 3) as usize),
+            slices: args.slices.unwrap_or(pick(32, 3) as usize),
             slice: Duration::from_millis(pick(250, 150)),
             warmup: Duration::from_millis(pick(500, 200)),
         };
@@ -227,12 +227,12 @@ fn run(args: &Args) {
         } else {
             args.resume_sizes.clone()
         };
-        resume::run(dir, &sizes, pick(9, 2) as usize, pick(3, 1) as usize)
+        resume::run(dir, &sizes, pick(15, 2) as usize, pick(5, 1) as usize)
     });
     let startup = wants(Scenario::Startup).then(|| {
         eprintln!("5. startup with many unfinished runs");
         let runs = args.startup_runs.unwrap_or(pick(100_000, 10_000));
-        startup::run(dir, runs, pick(3, 1) as usize)
+        startup::run(dir, runs, pick(5, 1) as usize)
     });
     let disk = wants(Scenario::Disk).then(|| {
         eprintln!("6. bytes on disk, prune and compact");
@@ -249,7 +249,7 @@ fn run(args: &Args) {
     let memory = wants(Scenario::Memory).then(|| {
         eprintln!("7. memory of waiting runs");
         let runs = args.waiting_runs.unwrap_or(pick(10_000, 1_000));
-        memory::run(dir, runs, pick(3, 1) as usize)
+        memory::run(dir, runs, pick(5, 1) as usize)
     });
     drop(tokio);
 

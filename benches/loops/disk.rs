@@ -106,6 +106,13 @@ pub fn run(tokio: &tokio::runtime::Runtime, dir: &Path, cfg: &Config) -> Disk {
     let compacted = tokio.block_on(rt.compact()).expect("compact");
     let compact_s = started.elapsed().as_secs_f64();
     drop(rt);
+    // The compacted file opens, verified page by page, and holds no run.
+    let rt = Runtime::open(&large_path).expect("reopen the compacted store");
+    let left = tokio
+        .block_on(rt.list_runs(loops::RunStatus::Completed, None))
+        .expect("list");
+    assert!(left.is_empty(), "prune left {} runs", left.len());
+    drop(rt);
     let _ = std::fs::remove_file(&large_path);
     Disk {
         record_bytes,

@@ -111,7 +111,16 @@ impl Machine {
                 .unwrap_or_else(|_| "unknown".to_owned()),
             rustc: command_line("rustc", &["--version"]),
             redb: locked_version("redb"),
-            loops_commit: command_line("git", &["rev-parse", "--short", "HEAD"]),
+            loops_commit: {
+                // Changes to docs/ (this report's own files) do not count.
+                let commit = command_line("git", &["rev-parse", "--short", "HEAD"]);
+                let changes = command_line("git", &["status", "--porcelain", "--", ".", ":!docs"]);
+                if commit == "unknown" || changes.is_empty() {
+                    commit
+                } else {
+                    format!("{commit}, with uncommitted changes")
+                }
+            },
         }
     }
 }

@@ -71,6 +71,8 @@ pub struct Resume {
     /// the resume.
     pub ratio_resume: f64,
     pub ratio_resume_cpu: f64,
+    /// The whole resume's ratio with `verify_on_open` off.
+    pub ratio_resume_no_verify: f64,
     pub ratio_read: f64,
     pub ratio_memory: f64,
     /// Goal: the largest history resumes within 1.5x of the smallest (time and memory).
@@ -156,6 +158,7 @@ pub fn run(dir: &Path, sizes: &[u64], reps: usize, reps_no_verify: usize) -> Res
     let (first, last) = (&points[0], &points[points.len() - 1]);
     let ratio_resume = last.resume_us / first.resume_us;
     let ratio_resume_cpu = last.resume_cpu_us / first.resume_cpu_us;
+    let ratio_resume_no_verify = last.resume_no_verify_us / first.resume_no_verify_us;
     let ratio_read = last.read_us / first.read_us;
     // Growth is a few pages; a difference of one page is noise, so compare with one page of
     // slack (4 KiB) on both sides.
@@ -166,6 +169,7 @@ pub fn run(dir: &Path, sizes: &[u64], reps: usize, reps_no_verify: usize) -> Res
         reps_no_verify,
         ratio_resume,
         ratio_resume_cpu,
+        ratio_resume_no_verify,
         ratio_read,
         ratio_memory,
         goal,
