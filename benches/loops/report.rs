@@ -481,9 +481,16 @@ fn throughput_chart(t: &Throughput, path: &Path) -> Plot {
     let top = t
         .points
         .iter()
-        .map(|p| p.ceiling_per_s.max(p.loops_per_s))
+        .map(|p| {
+            let goal = if p.runs == t.goal_runs {
+                p.floor_per_s * t.goal
+            } else {
+                0.0
+            };
+            p.ceiling_per_s.max(p.loops_per_s).max(goal)
+        })
         .fold(1.0f64, f64::max)
-        * 2.0;
+        * 3.0;
     let bottom = t
         .points
         .iter()
@@ -551,7 +558,7 @@ fn throughput_chart(t: &Throughput, path: &Path) -> Plot {
     }
     chart
         .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
+        .position(SeriesLabelPosition::UpperLeft)
         .background_style(WHITE.mix(0.9))
         .border_style(BLACK)
         .draw()?;
@@ -564,7 +571,7 @@ fn resume_chart(r: &Resume, path: &Path) -> Plot {
     root.fill(&WHITE)?;
     let max_records = r.points.iter().map(|p| p.records).max().unwrap_or(10) as f64;
     let min_records = r.points.iter().map(|p| p.records).min().unwrap_or(1) as f64;
-    let top = r.points.iter().map(|p| p.resume_us).fold(1.0f64, f64::max) * 5.0;
+    let top = r.points.iter().map(|p| p.resume_us).fold(1.0f64, f64::max) * 30.0;
     let bottom = r
         .points
         .iter()
