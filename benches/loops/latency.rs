@@ -86,8 +86,8 @@ pub struct VariantResult {
     /// (for steps: the mean of a round's step and transition commits).
     pub cpu_us_per_commit: f64,
     pub rounds: Vec<RoundStat>,
-    /// Every sample, in µs, round after round.
-    pub samples_us: Vec<f32>,
+    /// Every sample, in whole µs, round after round.
+    pub samples_us: Vec<u32>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -216,7 +216,7 @@ pub fn run(tokio: &tokio::runtime::Runtime, dir: &Path, rounds: usize, samples: 
                 ratio_p50: p50_ratio(i, 0),
                 ratio_p99: p99_ratio(i, 0),
                 cpu_us_per_commit: median(&cpu_of[i]),
-                samples_us: all.iter().map(|&x| x as f32).collect(),
+                samples_us: all.iter().map(|&x| x.round() as u32).collect(),
                 rounds: round_stats(i),
             }
         })

@@ -38,8 +38,7 @@ pub const END: &str = "<!-- end of results -->";
 
 pub fn write(report: &Report, out: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(out)?;
-    let json =
-        serde_json::to_string_pretty(report).map_err(|e| std::io::Error::other(e.to_string()))?;
+    let json = serde_json::to_string(report).map_err(|e| std::io::Error::other(e.to_string()))?;
     std::fs::write(out.join("benchmarks.json"), json + "\n")?;
     let mut charts = Vec::new();
     if let Some(l) = &report.latency {
