@@ -742,6 +742,79 @@ async fn many_concurrent_runs_share_commits() {
     );
 }
 
+/// A transition record's stored bytes with its commit time zeroed.
+fn record_bytes_but_time(record: &TransitionRecord) -> Vec<u8> {
+    let mut record = record.clone();
+    record.at_ms = 0;
+    serde_json::to_vec(&record).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seeded_run_is_stored_and_resumes_like_a_run_built_by_the_runtime() {
+    let (_dir, path) = temp_store();
+    let rt = Runtime::open(&path).unwrap();
+    rt.run("built", Job::Start { n: 2 }, &Worker::default())
+        .await
+        .unwrap();
+    let built = rt.history::<Job>("built").await.unwrap();
+    let values = |n: usize, id: &str| {
+        built[..n]
+            .iter()
+            .map(|t| (id.to_owned(), t.value.clone()))
+            .collect::<Vec<_>>()
+    };
+    let store = rt.redb().unwrap();
+    assert_eq!(
+        store.__seed_history(values(built.len(), "whole")).unwrap(),
+        5
+    );
+    assert_eq!(store.__seed_history(values(3, "partial")).unwrap(), 3);
+
+    // The same records and row as the runtime wrote, but for the times.
+    let raw = |id: &str| store.history(id).unwrap();
+    let built_raw: Vec<Vec<u8>> = raw("built").iter().map(record_bytes_but_time).collect();
+    let whole_raw: Vec<Vec<u8>> = raw("whole").iter().map(record_bytes_but_time).collect();
+    assert_eq!(whole_raw, built_raw);
+    let row_but_times = |id: &str| {
+        let mut info = store.run(id).unwrap().unwrap();
+        info.run_id.clear();
+        info.created_ms = 0;
+        info.updated_ms = 0;
+        info
+    };
+    assert_eq!(row_but_times("whole"), row_but_times("built"));
+    let partial = store.run("partial").unwrap().unwrap();
+    assert_eq!(
+        (partial.status, partial.state.as_str(), partial.seq),
+        (RunStatus::Running, "Work", 2)
+    );
+
+    // Resumed, it ends like the built run: only the states after the seed are handled, the
+    // first one as a new attempt (as after a crash).
+    let worker = Worker::default();
+    let done = rt
+        .run("partial", Job::Start { n: 9 }, &worker)
+        .await
+        .unwrap();
+    assert_eq!(done, built.last().unwrap().value);
+    assert_eq!(worker.calls(), vec![("Work", 2, 2), ("Work", 3, 1)]);
+    let resumed: Vec<(u64, Job)> = rt
+        .history::<Job>("partial")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| (t.seq, t.value))
+        .collect();
+    let expected: Vec<(u64, Job)> = built.iter().map(|t| (t.seq, t.value.clone())).collect();
+    assert_eq!(resumed, expected);
+
+    // Seeding an existing run is refused.
+    assert!(matches!(
+        store.__seed_history(values(1, "built")),
+        Err(Error::SequenceConflict { seq: 0, .. })
+    ));
+}
+
 #[tokio::test]
 async fn a_step_whose_type_changed_is_a_typed_error() {
     let (_dir, path) = temp_store();

@@ -41,6 +41,7 @@ use super::protocol::{AfterFailure, EventRecord, Reply, WaitOutcome, Write};
 use super::{BoxFuture, Lease, Pruned, RunInfo, RunStatus, Store, WaitInfo};
 use crate::error::{Error, Result};
 use crate::record::{FailureRecord, StepRecord, TransitionRecord, to_vec};
+use crate::workflow::{StateId, Workflow};
 
 pub(crate) const RUNS: TableDefinition<&str, &[u8]> = TableDefinition::new("runs");
 pub(crate) const JOURNAL: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("journal");
@@ -81,6 +82,10 @@ pub struct Compacted {
 
 /// Most writes committed in one write transaction.
 pub const MAX_BATCH: usize = 1024;
+
+/// Writes per write transaction of [`RedbStore::__seed_history`].
+#[doc(hidden)]
+pub const SEED_BATCH: usize = 8192;
 
 /// Writes waiting for the writer thread before senders wait (backpressure).
 const QUEUE: usize = 4096;
@@ -462,6 +467,101 @@ impl RedbStore {
             Reply::Pruned { records } => Ok(records),
             _ => Ok(0),
         }
+    }
+
+    /// Bulk-writes transition records, for benchmarks and tests that need long histories or
+    /// many runs without paying one durable commit per record. Not a public API.
+    ///
+    /// Each `(run id, value)` appends `value` as the run's next transition record: the first
+    /// value of a run id creates the run (seq 0, status running), each further one moves it
+    /// to the next seq, and a terminal state completes it. The records, rows and index
+    /// entries are those the runtime writes: the same [`Write`]s, encoded by
+    /// [`TransitionRecord::encode`] and applied by the writer's own `apply`, only many per
+    /// write transaction ([`SEED_BATCH`]) and on the caller's thread. Run ids must be new to
+    /// the store. Blocking. Returns the number of records written.
+    ///
+    /// # Errors
+    /// The first write refused (for example [`Error::SequenceConflict`] for a run id that
+    /// exists), after the transaction that held it committed the others;
+    /// [`Error::Storage`] if a commit fails; [`Error::ReadOnly`] for a read-only store.
+    #[doc(hidden)]
+    pub fn __seed_history<W: Workflow>(
+        &self,
+        history: impl IntoIterator<Item = (String, W)>,
+    ) -> Result<u64> {
+        let mut next_seq: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
+        let mut batch: Vec<Write> = Vec::with_capacity(SEED_BATCH);
+        let mut written = 0u64;
+        let mut history = history.into_iter().peekable();
+        while history.peek().is_some() {
+            for (run_id, value) in history.by_ref().take(SEED_BATCH) {
+                let now = crate::record::now_ms();
+                let seq = next_seq.get(&run_id).copied().unwrap_or(0);
+                let record = TransitionRecord::encode(&run_id, seq, &value, now)?;
+                let state = value.state();
+                let write = if seq == 0 {
+                    Write::Create {
+                        info: RunInfo {
+                            run_id: run_id.clone(),
+                            workflow: W::NAME.to_owned(),
+                            schema: W::SCHEMA_HASH.pinned(),
+                            status: if state.is_terminal() {
+                                RunStatus::Completed
+                            } else {
+                                RunStatus::Running
+                            },
+                            state: state.name().to_owned(),
+                            seq: 0,
+                            attempt: 1,
+                            attempt_base: 0,
+                            interrupted: 0,
+                            created_ms: now,
+                            updated_ms: now,
+                            retry_at_ms: None,
+                            error: None,
+                            cancel: None,
+                            wait: None,
+                        },
+                        record: record.to_bytes(),
+                        schema_text: W::SCHEMA,
+                    }
+                } else {
+                    Write::Transition {
+                        run_id: run_id.clone(),
+                        seq,
+                        state: state.name().to_owned(),
+                        record: record.to_bytes(),
+                        terminal: state.is_terminal(),
+                        at_ms: now,
+                    }
+                };
+                next_seq.insert(run_id, seq + 1);
+                batch.push(write);
+            }
+            let results = {
+                let guard = self.inner.db.read().unwrap_or_else(PoisonError::into_inner);
+                match &*guard {
+                    Db::Writable(db) => commit_batch(db, batch.iter()).0,
+                    Db::ReadOnly(_) => {
+                        return Err(Error::ReadOnly {
+                            path: self.inner.path.clone(),
+                        });
+                    }
+                    Db::Reopening(e) => {
+                        return Err(Error::Storage {
+                            action: "seeding records".to_owned(),
+                            source: Arc::clone(e),
+                        });
+                    }
+                }
+            };
+            for result in results {
+                result?;
+                written += 1;
+            }
+            batch.clear();
+        }
+        Ok(written)
     }
 
     /// Every stored schema description, as `(hash, description)`, by hash.
@@ -1232,16 +1332,60 @@ fn reject<T>(e: Error) -> std::result::Result<T, ApplyError> {
     Err(ApplyError::Rejected(e))
 }
 
+/// The tables of one write transaction, each opened on its first use: redb does work for
+/// every open table at the open and again at the commit (about 7 000 instructions per table),
+/// and most writes touch two or three of the nine.
 struct Tables<'t> {
-    runs: redb::Table<'t, &'static str, &'static [u8]>,
-    journal: redb::Table<'t, (&'static str, u64), &'static [u8]>,
-    steps: redb::Table<'t, (&'static str, u64, &'static str, u32), &'static [u8]>,
-    failures: redb::Table<'t, (&'static str, u64, u32, u32), &'static [u8]>,
-    status: redb::Table<'t, (u8, &'static str, &'static str), ()>,
-    schemas: redb::Table<'t, &'static str, &'static str>,
-    inbox: redb::Table<'t, (&'static str, u64), &'static [u8]>,
-    pending: redb::Table<'t, (&'static str, &'static str, u64), ()>,
-    event_keys: redb::Table<'t, (&'static str, &'static str), u64>,
+    txn: &'t redb::WriteTransaction,
+    runs: Lazy<'t, &'static str, &'static [u8]>,
+    journal: Lazy<'t, (&'static str, u64), &'static [u8]>,
+    steps: Lazy<'t, StepKey, &'static [u8]>,
+    failures: Lazy<'t, FailureKey, &'static [u8]>,
+    status: Lazy<'t, (u8, &'static str, &'static str), ()>,
+    schemas: Lazy<'t, &'static str, &'static str>,
+    inbox: Lazy<'t, (&'static str, u64), &'static [u8]>,
+    pending: Lazy<'t, (&'static str, &'static str, u64), ()>,
+    event_keys: Lazy<'t, (&'static str, &'static str), u64>,
+}
+
+/// A table of [`Tables`]: `None` until first used.
+type Lazy<'t, K, V> = Option<redb::Table<'t, K, V>>;
+type StepKey = (&'static str, u64, &'static str, u32);
+type FailureKey = (&'static str, u64, u32, u32);
+
+/// One accessor per table of [`Tables`], named after it, that opens it on first use.
+macro_rules! table_accessors {
+    ($($name:ident: $def:ident => ($k:ty, $v:ty);)*) => {
+        impl<'t> Tables<'t> {
+            fn new(txn: &'t redb::WriteTransaction) -> Self {
+                Tables { txn, $($name: None),* }
+            }
+
+            $(
+                fn $name(
+                    &mut self,
+                ) -> std::result::Result<&mut redb::Table<'t, $k, $v>, redb::TableError> {
+                    let table = match self.$name.take() {
+                        Some(table) => table,
+                        None => self.txn.open_table($def)?,
+                    };
+                    Ok(self.$name.insert(table))
+                }
+            )*
+        }
+    };
+}
+
+table_accessors! {
+    runs: RUNS => (&'static str, &'static [u8]);
+    journal: JOURNAL => ((&'static str, u64), &'static [u8]);
+    steps: STEPS => (StepKey, &'static [u8]);
+    failures: FAILURES => (FailureKey, &'static [u8]);
+    status: STATUS => ((u8, &'static str, &'static str), ());
+    schemas: SCHEMAS => (&'static str, &'static str);
+    inbox: INBOX => ((&'static str, u64), &'static [u8]);
+    pending: PENDING => ((&'static str, &'static str, u64), ());
+    event_keys: EVENT_KEYS => ((&'static str, &'static str), u64);
 }
 
 fn commit_batch<'a>(
@@ -1268,17 +1412,7 @@ fn commit_batch<'a>(
     let mut results = Vec::with_capacity(n);
     let mut wrote = false;
     let outcome: std::result::Result<(), redb::Error> = (|| {
-        let mut t = Tables {
-            runs: txn.open_table(RUNS)?,
-            journal: txn.open_table(JOURNAL)?,
-            steps: txn.open_table(STEPS)?,
-            failures: txn.open_table(FAILURES)?,
-            status: txn.open_table(STATUS)?,
-            schemas: txn.open_table(SCHEMAS)?,
-            inbox: txn.open_table(INBOX)?,
-            pending: txn.open_table(PENDING)?,
-            event_keys: txn.open_table(EVENT_KEYS)?,
-        };
+        let mut t = Tables::new(&txn);
         for write in writes {
             match apply(&mut t, write) {
                 Ok(Applied::Wrote(info)) => {
@@ -1310,8 +1444,8 @@ fn commit_batch<'a>(
     }
 }
 
-fn load_info(t: &Tables<'_>, run_id: &str) -> std::result::Result<RunInfo, ApplyError> {
-    match t.runs.get(run_id)? {
+fn load_info(t: &mut Tables<'_>, run_id: &str) -> std::result::Result<RunInfo, ApplyError> {
+    match t.runs()?.get(run_id)? {
         Some(bytes) => decode_info(run_id, bytes.value()).map_err(ApplyError::Rejected),
         None => reject(Error::RunNotFound {
             run_id: run_id.to_owned(),
@@ -1325,14 +1459,14 @@ fn store_info(
     old_status: Option<RunStatus>,
     info: &RunInfo,
 ) -> std::result::Result<(), ApplyError> {
-    t.runs
+    t.runs()?
         .insert(info.run_id.as_str(), to_vec(info).as_slice())?;
     if old_status != Some(info.status) {
         if let Some(old) = old_status {
-            t.status
+            t.status()?
                 .remove((old.code(), info.workflow.as_str(), info.run_id.as_str()))?;
         }
-        t.status.insert(
+        t.status()?.insert(
             (
                 info.status.code(),
                 info.workflow.as_str(),
@@ -1364,19 +1498,19 @@ fn apply(t: &mut Tables<'_>, write: &Write) -> std::result::Result<Applied, Appl
             record,
             schema_text,
         } => {
-            if t.runs.get(info.run_id.as_str())?.is_some()
-                || t.journal.get((info.run_id.as_str(), 0))?.is_some()
+            if t.runs()?.get(info.run_id.as_str())?.is_some()
+                || t.journal()?.get((info.run_id.as_str(), 0))?.is_some()
             {
                 return reject(Error::SequenceConflict {
                     run_id: info.run_id.clone(),
                     seq: 0,
                 });
             }
-            t.journal
+            t.journal()?
                 .insert((info.run_id.as_str(), 0), record.as_slice())?;
             let hash = info.schema.to_string();
-            if t.schemas.get(hash.as_str())?.is_none() {
-                t.schemas.insert(hash.as_str(), *schema_text)?;
+            if t.schemas()?.get(hash.as_str())?.is_none() {
+                t.schemas()?.insert(hash.as_str(), *schema_text)?;
             }
             store_info(t, None, info)?;
             Ok(Applied::Wrote(Reply::Run(info.clone())))
@@ -1392,13 +1526,13 @@ fn apply(t: &mut Tables<'_>, write: &Write) -> std::result::Result<Applied, Appl
             let mut info = load_info(t, run_id)?;
             let old = info.status;
             fence(&info, seq.wrapping_sub(1))?;
-            if t.journal.get((run_id.as_str(), *seq))?.is_some() {
+            if t.journal()?.get((run_id.as_str(), *seq))?.is_some() {
                 return reject(Error::SequenceConflict {
                     run_id: run_id.clone(),
                     seq: *seq,
                 });
             }
-            t.journal
+            t.journal()?
                 .insert((run_id.as_str(), *seq), record.as_slice())?;
             info.seq = *seq;
             info.state.clone_from(state);
@@ -1424,7 +1558,7 @@ fn apply(t: &mut Tables<'_>, write: &Write) -> std::result::Result<Applied, Appl
             let info = load_info(t, run_id)?;
             fence(&info, *seq)?;
             let key = (run_id.as_str(), *seq, name.as_str(), *occurrence);
-            if t.steps.get(key)?.is_some() {
+            if t.steps()?.get(key)?.is_some() {
                 return reject(Error::StepExists {
                     run_id: run_id.clone(),
                     seq: *seq,
@@ -1432,7 +1566,7 @@ fn apply(t: &mut Tables<'_>, write: &Write) -> std::result::Result<Applied, Appl
                     occurrence: *occurrence,
                 });
             }
-            t.steps.insert(key, record.as_slice())?;
+            t.steps()?.insert(key, record.as_slice())?;
             Ok(Applied::Wrote(Reply::Done))
         }
         Write::Failure {
@@ -1446,7 +1580,7 @@ fn apply(t: &mut Tables<'_>, write: &Write) -> std::result::Result<Applied, Appl
             fence(&info, *seq)?;
             let attempt = record.attempt;
             let index = next_failure_index(t, run_id, *seq, attempt)?;
-            t.failures.insert(
+            t.failures()?.insert(
                 (run_id.as_str(), *seq, attempt, index),
                 to_vec(record).as_slice(),
             )?;
@@ -1484,7 +1618,7 @@ fn apply(t: &mut Tables<'_>, write: &Write) -> std::result::Result<Applied, Appl
                     source: crate::record::FailureSource::Interrupted,
                     errors: vec!["the process stopped while this attempt ran".to_owned()],
                 };
-                t.failures.insert(
+                t.failures()?.insert(
                     (run_id.as_str(), *seq, info.attempt, 0),
                     to_vec(&record).as_slice(),
                 )?;
@@ -1574,7 +1708,7 @@ fn apply(t: &mut Tables<'_>, write: &Write) -> std::result::Result<Applied, Appl
                 .as_ref()
                 .map(|(name, occurrence)| (run_id.as_str(), *seq, name.as_str(), *occurrence));
             if let Some(key) = step_key
-                && t.steps.get(key)?.is_some()
+                && t.steps()?.get(key)?.is_some()
             {
                 return reject(Error::StepExists {
                     run_id: run_id.clone(),
@@ -1593,7 +1727,7 @@ fn apply(t: &mut Tables<'_>, write: &Write) -> std::result::Result<Applied, Appl
                         format!(r#"{{"event":{{"seq":{event_seq},"payload":{payload}}}}}"#);
                     write_wait_step(t, key, *attempt, *at_ms, output)?;
                 }
-                t.pending.remove((
+                t.pending()?.remove((
                     run_id.as_str(),
                     event.as_deref().unwrap_or_default(),
                     event_seq,
@@ -1637,7 +1771,7 @@ fn apply(t: &mut Tables<'_>, write: &Write) -> std::result::Result<Applied, Appl
                 });
             }
             if let Some(key) = key
-                && let Some(existing) = t.event_keys.get((run_id.as_str(), key.as_str()))?
+                && let Some(existing) = t.event_keys()?.get((run_id.as_str(), key.as_str()))?
             {
                 return Ok(Applied::Unchanged(Reply::Sent {
                     event_seq: existing.value(),
@@ -1646,7 +1780,7 @@ fn apply(t: &mut Tables<'_>, write: &Write) -> std::result::Result<Applied, Appl
                 }));
             }
             let event_seq = match t
-                .inbox
+                .inbox()?
                 .range((run_id.as_str(), 0)..=(run_id.as_str(), u64::MAX))?
                 .next_back()
             {
@@ -1660,12 +1794,12 @@ fn apply(t: &mut Tables<'_>, write: &Write) -> std::result::Result<Applied, Appl
                     .map(|k| format!(r#""key":{},"#, json_string(k)))
                     .unwrap_or_default(),
             );
-            t.inbox
+            t.inbox()?
                 .insert((run_id.as_str(), event_seq), record.as_bytes())?;
-            t.pending
+            t.pending()?
                 .insert((run_id.as_str(), name.as_str(), event_seq), ())?;
             if let Some(key) = key {
-                t.event_keys
+                t.event_keys()?
                     .insert((run_id.as_str(), key.as_str()), event_seq)?;
             }
             Ok(Applied::Wrote(Reply::Sent {
@@ -1679,7 +1813,7 @@ fn apply(t: &mut Tables<'_>, write: &Write) -> std::result::Result<Applied, Appl
             let mut wrote = false;
             for run_id in run_ids {
                 let id = run_id.as_str();
-                let Some(bytes) = t.runs.get(id)? else {
+                let Some(bytes) = t.runs()?.get(id)? else {
                     continue;
                 };
                 let info = decode_info(id, bytes.value()).map_err(ApplyError::Rejected)?;
@@ -1688,24 +1822,25 @@ fn apply(t: &mut Tables<'_>, write: &Write) -> std::result::Result<Applied, Appl
                     continue;
                 }
                 wrote = true;
-                t.runs.remove(id)?;
-                t.status
+                t.runs()?.remove(id)?;
+                t.status()?
                     .remove((info.status.code(), info.workflow.as_str(), id))?;
-                t.journal.retain_in((id, 0)..=(id, u64::MAX), |_, _| {
+                t.journal()?.retain_in((id, 0)..=(id, u64::MAX), |_, _| {
                     records += 1;
                     false
                 })?;
-                t.steps
+                t.steps()?
                     .retain_in((id, 0, "", 0)..(id, u64::MAX, "", 0), |_, _| false)?;
-                t.failures.retain_in(
+                t.failures()?.retain_in(
                     (id, 0, 0, 0)..=(id, u64::MAX, u32::MAX, u32::MAX),
                     |_, _| false,
                 )?;
-                t.inbox.retain_in((id, 0)..=(id, u64::MAX), |_, _| false)?;
+                t.inbox()?
+                    .retain_in((id, 0)..=(id, u64::MAX), |_, _| false)?;
                 let top = name_upper_bound();
-                t.pending
+                t.pending()?
                     .retain_in((id, "", 0)..(id, top.as_str(), 0), |_, _| false)?;
-                t.event_keys
+                t.event_keys()?
                     .retain_in((id, "")..(id, top.as_str()), |_, _| false)?;
             }
             let reply = Reply::Pruned { records };
@@ -1732,19 +1867,19 @@ fn apply(t: &mut Tables<'_>, write: &Write) -> std::result::Result<Applied, Appl
 
 /// The oldest undelivered event named `event`: its sequence number and payload JSON.
 fn first_pending(
-    t: &Tables<'_>,
+    t: &mut Tables<'_>,
     run_id: &str,
     event: &str,
 ) -> std::result::Result<Option<(u64, String)>, ApplyError> {
     let Some(entry) = t
-        .pending
+        .pending()?
         .range((run_id, event, 0)..=(run_id, event, u64::MAX))?
         .next()
     else {
         return Ok(None);
     };
     let event_seq = entry?.0.value().2;
-    let Some(bytes) = t.inbox.get((run_id, event_seq))? else {
+    let Some(bytes) = t.inbox()?.get((run_id, event_seq))? else {
         return reject(Error::RecordMissing {
             run_id: run_id.to_owned(),
             seq: event_seq,
@@ -1782,7 +1917,7 @@ fn write_wait_step(
         duration_ms: 0,
         output,
     };
-    t.steps.insert(key, to_vec(&record).as_slice())?;
+    t.steps()?.insert(key, to_vec(&record).as_slice())?;
     Ok(())
 }
 
@@ -1819,25 +1954,25 @@ fn json_string(s: &str) -> String {
 }
 
 fn has_failure(
-    t: &Tables<'_>,
+    t: &mut Tables<'_>,
     run_id: &str,
     seq: u64,
     attempt: u32,
 ) -> std::result::Result<bool, ApplyError> {
-    Ok(t.failures
+    Ok(t.failures()?
         .range((run_id, seq, attempt, 0)..=(run_id, seq, attempt, u32::MAX))?
         .next()
         .is_some())
 }
 
 fn next_failure_index(
-    t: &Tables<'_>,
+    t: &mut Tables<'_>,
     run_id: &str,
     seq: u64,
     attempt: u32,
 ) -> std::result::Result<u32, ApplyError> {
     match t
-        .failures
+        .failures()?
         .range((run_id, seq, attempt, 0)..=(run_id, seq, attempt, u32::MAX))?
         .next_back()
     {
