@@ -261,6 +261,13 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Commit on the calling task's thread when no other commit is in progress (default:
+    /// on). See [`StoreOptions::commit_on_caller`].
+    pub fn commit_on_caller(mut self, on: bool) -> Self {
+        self.store_options.commit_on_caller = on;
+        self
+    }
+
     /// Builds the runtime on a store opened elsewhere: [`RedbStore::with_storage`],
     /// [`RedbStore::in_memory`], or another [`Store`] such as the PostgreSQL one. The schema
     /// checks of [`workflow`](Self::workflow) are not made before such a store opens; each run
