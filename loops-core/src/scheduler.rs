@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 use std::time::Duration;
 
 use tokio::sync::Notify;
-use tokio::task::JoinSet;
+use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
 use crate::driver::{Driven, Entered, Mode};
@@ -143,7 +143,8 @@ async fn needs_driver(rt: &Runtime, run_id: &str) -> bool {
 /// The runtime's background machinery.
 pub(crate) struct Background {
     drivers: RwLock<HashMap<String, Arc<dyn Driver>>>,
-    tasks: Mutex<JoinSet<()>>,
+    /// The live background tasks (a finished task is freed at once).
+    tasks: TaskTracker,
     /// Parked runs waiting for a time: (wake-up ms, workflow, run id).
     timers: Mutex<BTreeSet<(u64, String, String)>>,
     timer_changed: Arc<Notify>,
@@ -166,7 +167,7 @@ impl Background {
     pub(crate) fn new(drivers: impl Iterator<Item = (&'static str, Arc<dyn Driver>)>) -> Self {
         Background {
             drivers: RwLock::new(drivers.map(|(name, d)| (name.to_owned(), d)).collect()),
-            tasks: Mutex::new(JoinSet::new()),
+            tasks: TaskTracker::new(),
             timers: Mutex::new(BTreeSet::new()),
             timer_changed: Arc::new(Notify::new()),
             timer_task: AtomicBool::new(false),
@@ -224,10 +225,18 @@ impl Background {
             tracing::error!("no tokio runtime: cannot drive a run in the background");
             return;
         };
-        let mut tasks = self.tasks.lock().unwrap_or_else(PoisonError::into_inner);
-        // Reap finished tasks so that the set stays as small as the runs being driven.
-        while tasks.try_join_next().is_some() {}
-        tasks.spawn_on(task, &handle);
+        // Shutting down drops the task's future at its next await, as a crash would stop it.
+        let stop = self.stop.clone();
+        self.tasks.spawn_on(
+            async move {
+                tokio::select! {
+                    biased;
+                    () = stop.cancelled() => {}
+                    () = task => {}
+                }
+            },
+            &handle,
+        );
     }
 
     /// Arms a timer that starts a driver for the run at `until` (ms since the Unix epoch).
@@ -254,9 +263,10 @@ impl Background {
         }
     }
 
+    /// How many background tasks are alive.
     #[cfg(test)]
-    pub(crate) fn tasks(&self) -> std::sync::MutexGuard<'_, JoinSet<()>> {
-        self.tasks.lock().unwrap_or_else(PoisonError::into_inner)
+    pub(crate) fn live_tasks(&self) -> usize {
+        self.tasks.len()
     }
 
     /// Cancelled by [`shutdown`](Self::shutdown).
@@ -268,9 +278,8 @@ impl Background {
         self.shut_down.store(true, Ordering::Release);
         self.stop.cancel();
         self.timer_changed.notify_one();
-        let mut tasks =
-            std::mem::take(&mut *self.tasks.lock().unwrap_or_else(PoisonError::into_inner));
-        tasks.shutdown().await;
+        self.tasks.close();
+        self.tasks.wait().await;
     }
 }
 

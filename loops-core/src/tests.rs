@@ -1122,11 +1122,7 @@ async fn parked_runs_hold_no_task_and_wake_on_events() {
     }
     // Give the parked drivers a moment to return, then count live tasks.
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let live = {
-        let mut tasks = rt.inner.background.tasks();
-        while tasks.try_join_next().is_some() {}
-        tasks.len()
-    };
+    let live = rt.inner.background.live_tasks();
     assert_eq!(live, 0, "a waiting run holds no task");
     assert_eq!(
         rt.list_runs(RunStatus::Waiting, Some("gate"))
