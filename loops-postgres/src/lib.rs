@@ -83,8 +83,10 @@
 //! again. bb8 would do as well; sqlx would bring its own driver and a compile-time query
 //! checker that needs a database at build time.
 //!
-//! Connections are made without TLS: run workers on a network you trust, or behind a
-//! TLS-terminating proxy.
+//! # TLS
+//! [`PgStoreBuilder::connect`] connects without TLS; across machines, give a tokio-postgres
+//! TLS connector (postgres-native-tls, postgres-openssl, tokio-postgres-rustls) to
+//! [`PgStoreBuilder::connect_tls`] and put `sslmode=require` in the connection string.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
@@ -102,7 +104,8 @@ use std::time::Duration;
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
 use loops_core::store::{BoxFuture, EventRecord, Lease, Reply, RunInfo, RunStatus, Store, Write};
 use loops_core::{FailureRecord, SchemaHash, StepRecord, TransitionRecord};
-use tokio_postgres::NoTls;
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
+use tokio_postgres::{NoTls, Socket};
 
 pub use migrate::SCHEMA_VERSION;
 
@@ -261,14 +264,47 @@ impl PgStoreBuilder {
         self
     }
 
-    /// Connects, creates the schema and applies the migrations it lacks, and returns the
-    /// store.
+    /// Connects without TLS, creates the schema and applies the migrations it lacks, and
+    /// returns the store. For a server on another machine, use
+    /// [`connect_tls`](Self::connect_tls).
     ///
     /// # Errors
     /// [`Error::Config`], [`Error::InvalidSchema`], [`Error::InvalidSetting`] for bad
-    /// settings; [`Error::Connect`] if the server cannot be reached; [`Error::Migrate`] if a
-    /// migration fails; [`Error::SchemaTooNew`] if the schema was migrated by a newer build.
+    /// settings; [`Error::Connect`] if the server cannot be reached, or if the connection
+    /// string asks for TLS (`sslmode=require`); [`Error::Migrate`] if a migration fails;
+    /// [`Error::SchemaTooNew`] if the schema was migrated by a newer build.
     pub async fn connect(self) -> Result<PgStore, Error> {
+        self.connect_tls(NoTls).await
+    }
+
+    /// As [`connect`](Self::connect), over TLS made by `tls`: every connection of the store
+    /// (the migration's and the pool's) uses it. `tls` is any of tokio-postgres' TLS
+    /// connectors, such as `postgres_native_tls::MakeTlsConnector`, `postgres_openssl`'s or
+    /// `tokio_postgres_rustls`'s; it checks the server's certificate as it is configured to.
+    /// The connection string's `sslmode` decides whether TLS is required (`require`: a server
+    /// without TLS is refused) or tried first (`prefer`, the default: a server without TLS is
+    /// used in the clear), as in libpq.
+    ///
+    /// ```no_run
+    /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+    /// // postgres-native-tls and native-tls as dependencies; the system's roots are trusted.
+    /// let tls = postgres_native_tls::MakeTlsConnector::new(native_tls::TlsConnector::new()?);
+    /// let store = loops_postgres::PgStore::builder("host=db user=loops dbname=loops sslmode=require")
+    ///     .connect_tls(tls)
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect); [`Error::Connect`] also when the TLS handshake fails
+    /// (a certificate the connector does not trust, say).
+    pub async fn connect_tls<T>(self, tls: T) -> Result<PgStore, Error>
+    where
+        T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+        T::Stream: Send + Sync + 'static,
+        T::TlsConnect: Send + Sync,
+        <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+    {
         validate_schema(&self.schema)?;
         if self.pool_size == 0 {
             return Err(Error::InvalidSetting {
@@ -302,7 +338,7 @@ impl PgStoreBuilder {
         };
         // Migrations run on a connection of their own, before the pool exists.
         let (mut client, connection) = config
-            .connect(NoTls)
+            .connect(tls.clone())
             .await
             .map_err(|e| connect_err(e.into()))?;
         let conn_task = tokio::spawn(connection);
@@ -312,7 +348,7 @@ impl PgStoreBuilder {
         migrated?;
         let manager = Manager::from_config(
             config,
-            NoTls,
+            tls,
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
