@@ -197,7 +197,8 @@ impl Context {
     ///
     /// The one window no store can close: if the process stops after `f`'s side effect but
     /// before its record commits, `f` runs again on resume. Give the outside system an
-    /// [`idempotency_key`](Self::idempotency_key) so that it can refuse the repeat.
+    /// idempotency key so that it can refuse the repeat: [`step_keyed`](Self::step_keyed)
+    /// hands `f` the step's own.
     ///
     /// # Errors
     /// `f`'s own error; otherwise, converted into `E`:
@@ -225,6 +226,55 @@ impl Context {
         let (occurrence, recorded) = self.next_occurrence(name);
         let span = tracing::info_span!("step", step = name, occurrence);
         self.run_step(name, occurrence, recorded, options, f)
+            .instrument(span)
+            .await
+    }
+
+    /// Runs `f` once as the step `name`, handing it the step's idempotency key, and journals
+    /// its output: [`step_keyed_with`](Self::step_keyed_with) with the default options.
+    ///
+    /// # Errors
+    /// As [`step_keyed_with`](Self::step_keyed_with).
+    pub async fn step_keyed<T, E, F, Fut>(&self, name: &str, f: F) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned + Send,
+        E: From<Error> + Display,
+        F: FnOnce(String) -> Fut + Send,
+        Fut: Future<Output = Result<T, E>> + Send,
+    {
+        self.step_keyed_with(name, StepOptions::default(), f).await
+    }
+
+    /// As [`step_with`](Self::step_with), and `f` gets the idempotency key of this step: the
+    /// same on every execution of the handler (every retry, every resume), different for
+    /// every other run, state visit, name and occurrence. Pass it to the outside system so
+    /// that it refuses a repeat of a side effect whose record a crash prevented.
+    ///
+    /// The key of the `n`-th step named `name` in an execution is the `n`-th key that
+    /// [`idempotency_key(name)`](Self::idempotency_key) would return, so code that moves from
+    /// `idempotency_key` followed by `step` to `step_keyed` keeps its keys, and the outside
+    /// system still recognises the side effects of runs recorded before the change. Unlike
+    /// the pair, the key cannot drift from its step: both count the same occurrence.
+    ///
+    /// # Errors
+    /// As [`step_with`](Self::step_with).
+    pub async fn step_keyed_with<T, E, F, Fut>(
+        &self,
+        name: &str,
+        options: StepOptions,
+        f: F,
+    ) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned + Send,
+        E: From<Error> + Display,
+        F: FnOnce(String) -> Fut + Send,
+        Fut: Future<Output = Result<T, E>> + Send,
+    {
+        self.check_user_name(name)?;
+        let (occurrence, recorded) = self.next_occurrence(name);
+        let key = self.key_for(name, occurrence);
+        let span = tracing::info_span!("step", step = name, occurrence);
+        self.run_step(name, occurrence, recorded, options, move || f(key))
             .instrument(span)
             .await
     }
@@ -665,9 +715,12 @@ impl Context {
     ///
     /// Pass it to the outside system (a forge, a payment API, a message broker) so that it can
     /// refuse a repeat: that closes the window between a side effect and its step record.
+    /// [`step_keyed`](Self::step_keyed) hands a step its key, which ties the two together.
     /// The `n`-th call with the same `name` in one execution gets the `n`-th key, so call it
-    /// in a fixed order. The key is `"{workflow}:{run id}:{seq}:{name}:{n}"` hashed with
-    /// XXH3-128, as 32 hex digits after the prefix `lk-`.
+    /// in a fixed order. The key is the XXH3-128 hash of the workflow name, the run id and
+    /// `name` (each prefixed by its length in bytes, as a little-endian u64), then the state's
+    /// seq (u64) and `n` (u32, from 0), both little-endian; written as 32 hex digits after the
+    /// prefix `lk-` (35 characters). It never changes between versions of loops.
     ///
     /// # Errors
     /// [`Error::InvalidName`] for an empty name, one longer than [`MAX_NAME_BYTES`] or with
@@ -681,6 +734,11 @@ impl Context {
             *next += 1;
             n
         };
+        Ok(self.key_for(name, n))
+    }
+
+    /// The idempotency key of the `n`-th use of `name` in this state visit.
+    fn key_for(&self, name: &str, n: u32) -> String {
         let mut material = Vec::with_capacity(64 + self.run.run_id.len() + name.len());
         for part in [
             self.run.workflow.as_bytes(),
@@ -692,10 +750,7 @@ impl Context {
         }
         material.extend_from_slice(&self.seq.to_le_bytes());
         material.extend_from_slice(&n.to_le_bytes());
-        Ok(format!(
-            "lk-{:032x}",
-            xxhash_rust::xxh3::xxh3_128(&material)
-        ))
+        format!("lk-{:032x}", xxhash_rust::xxh3::xxh3_128(&material))
     }
 
     fn check_user_name(&self, name: &str) -> Result<()> {

@@ -886,6 +886,73 @@ impl Dispatch<KeyProbe<'_>> for Job {
     }
 }
 
+#[tokio::test]
+async fn a_keyed_step_gets_the_same_key_on_every_execution() {
+    let (_dir, path) = temp_store();
+    let rt = Runtime::builder().retry(fast_retry(2)).open(&path).unwrap();
+    let probe = KeyedProbe::default();
+    rt.run("r", Job::Start { n: 0 }, &probe).await.unwrap_err();
+    let seen = probe.seen.lock().unwrap().clone();
+    let [k0, k1, k1_again, r0, plain0, plain1] = &seen[..] else {
+        panic!("{seen:?}");
+    };
+    // Attempt 1 ran both steps (the second failed); attempt 2 replayed the first (its closure
+    // did not run, its recorded output is its key) and ran the second again with its key.
+    assert_eq!(k1, k1_again);
+    assert_eq!(r0, k0);
+    assert_ne!(k0, k1);
+    // The same keys as `idempotency_key`'s first and second for the name.
+    assert_eq!((plain0, plain1), (k0, k1));
+    assert!(k0.starts_with("lk-") && k0.len() == 35);
+    // Keys never change between versions of loops: outside systems hold them.
+    assert_eq!(
+        (k0.as_str(), k1.as_str()),
+        (
+            "lk-043a10901c564882dce7a99046dacaa8",
+            "lk-e692be642c046a10dedb5d51c2ca884b"
+        )
+    );
+    assert_eq!(probe.attempts.load(Ordering::SeqCst), 2);
+}
+
+#[derive(Default)]
+struct KeyedProbe {
+    /// Keys the closures saw, then the first step's output on attempt 2, then the plain keys.
+    seen: Mutex<Vec<String>>,
+    attempts: AtomicU32,
+}
+
+impl Dispatch<KeyedProbe> for Job {
+    async fn dispatch(self, p: &KeyedProbe, ctx: &Context) -> Result<Self, BoxError> {
+        let attempt = p.attempts.fetch_add(1, Ordering::SeqCst) + 1;
+        let first: String = ctx
+            .step_keyed("push", |key| async {
+                p.seen.lock().unwrap().push(key.clone());
+                Ok::<_, Error>(key)
+            })
+            .await?;
+        let second: Result<String, BoxError> = ctx
+            .step_keyed("push", |key| async move {
+                p.seen.lock().unwrap().push(key.clone());
+                if attempt == 1 {
+                    return Err("the push failed".into());
+                }
+                Ok(key)
+            })
+            .await;
+        if attempt == 1 {
+            second.unwrap_err();
+            return Err("stop".into());
+        }
+        second?;
+        let mut seen = p.seen.lock().unwrap();
+        seen.push(first);
+        seen.push(ctx.idempotency_key("push")?);
+        seen.push(ctx.idempotency_key("push")?);
+        Err("stop".into())
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Waits, events and background driving.
 
