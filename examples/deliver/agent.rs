@@ -60,8 +60,9 @@ impl<M: Model> Agent<M> {
             .await
     }
 
-    /// Runs `f` as the journaled step `name` and says whether it ran now (`false`: its output
-    /// was recorded by an earlier attempt and `f` did not run).
+    /// Runs `f` as the journaled step `name`, handing it the step's idempotency key, and says
+    /// whether it ran now (`false`: its output was recorded by an earlier attempt and `f` did
+    /// not run).
     async fn step<T, F, Fut>(
         &self,
         ctx: &Context,
@@ -71,14 +72,14 @@ impl<M: Model> Agent<M> {
     ) -> Result<(T, bool)>
     where
         T: Serialize + DeserializeOwned + Send,
-        F: FnOnce() -> Fut + Send,
+        F: FnOnce(String) -> Fut + Send,
         Fut: Future<Output = Result<T>> + Send,
     {
         let ran = AtomicBool::new(false);
         let output = ctx
-            .step_with(name, options, || {
+            .step_keyed_with(name, options, |key| {
                 ran.store(true, Ordering::SeqCst);
-                f()
+                f(key)
             })
             .await?;
         let ran = ran.load(Ordering::SeqCst);
@@ -97,11 +98,12 @@ impl<M: Model> Agent<M> {
         change: &Change,
         body: &str,
     ) -> Result<Committed> {
-        // Taken outside the step: the key must be the same on every execution.
-        let key = ctx.idempotency_key("commit")?;
+        // The step's idempotency key: the same on every execution of this step.
         let (committed, ran) = self
-            .step(ctx, "commit", StepOptions::default(), || {
-                self.git.commit_change(branch, parent, change, body, &key)
+            .step(ctx, "commit", StepOptions::default(), |key| async move {
+                self.git
+                    .commit_change(branch, parent, change, body, &key)
+                    .await
             })
             .await?;
         if ran && !committed.created {
@@ -127,10 +129,15 @@ impl<M: Model> DeliverHandler for Agent<M> {
         )
         .await?;
         let (decision, _) = self
-            .step(ctx, "plan", StepOptions::timeout(MODEL_TIMEOUT), || async {
-                let sources = self.git.sources(&base.commit).await?;
-                self.model.plan(&issue, &sources).await
-            })
+            .step(
+                ctx,
+                "plan",
+                StepOptions::timeout(MODEL_TIMEOUT),
+                |_| async {
+                    let sources = self.git.sources(&base.commit).await?;
+                    self.model.plan(&issue, &sources).await
+                },
+            )
             .await?;
         Ok(match decision {
             Decision::Plan(plan) => ReceivedNext::Planned { issue, base, plan },
@@ -189,7 +196,7 @@ impl<M: Model> DeliverHandler for Agent<M> {
         )
         .await?;
         let (report, _) = self
-            .step(ctx, "test", StepOptions::timeout(TEST_TIMEOUT), || {
+            .step(ctx, "test", StepOptions::timeout(TEST_TIMEOUT), |_| {
                 testrun::run_tests(&self.git, &head, &self.scratch)
             })
             .await?;
@@ -240,7 +247,7 @@ impl<M: Model> DeliverHandler for Agent<M> {
             .await?;
         let head = work.head().to_owned();
         let (fix, _) = self
-            .step(ctx, "fix", StepOptions::timeout(MODEL_TIMEOUT), || async {
+            .step(ctx, "fix", StepOptions::timeout(MODEL_TIMEOUT), |_| async {
                 let sources = self.git.sources(&head).await?;
                 self.model.fix(&issue, &sources, &report).await
             })
@@ -276,11 +283,10 @@ impl<M: Model> Agent<M> {
         approval: &Approval,
     ) -> Result<TestedNext> {
         let head = work.head().to_owned();
-        self.step(ctx, "push", StepOptions::default(), || async {
+        self.step(ctx, "push", StepOptions::default(), |_| async {
             self.git.push(&self.remote, &head, &work.branch).await
         })
         .await?;
-        let key = ctx.idempotency_key("open_pr")?;
         let request = NewPullRequest {
             title: format!("Fix #{}: {}", issue.number, issue.title),
             body: pull_request_body(issue, work, approval),
@@ -289,8 +295,8 @@ impl<M: Model> Agent<M> {
             head_commit: head.clone(),
         };
         let (opened, ran): (Opened, bool) = self
-            .step(ctx, "open_pr", StepOptions::default(), || {
-                self.forge.open_pull_request(&request, &key)
+            .step(ctx, "open_pr", StepOptions::default(), |key| async move {
+                self.forge.open_pull_request(&request, &key).await
             })
             .await?;
         if ran && !opened.created {
