@@ -6,9 +6,11 @@
 //! the transition. Failures, waits and cancellation are statuses of the run's row, handled at
 //! the top of the loop.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use tracing::Instrument;
 
 use crate::context::{Context, RunScope};
@@ -52,6 +54,19 @@ pub(crate) struct Entered {
 enum Failure {
     Handler(BoxError),
     Timeout(Duration),
+    /// The handler panicked: the panic's message.
+    Panic(String),
+}
+
+/// The message of a caught panic: its payload when it is a string.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&'static str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic whose payload is not a string".to_owned()
+    }
 }
 
 enum Outcome<W> {
@@ -334,13 +349,20 @@ impl Runtime {
             let outcome = async {
                 tracing::debug!("handler started");
                 let handle = async {
-                    let fut = value.dispatch(handler, &ctx);
-                    match timeout {
-                        None => fut.await.map_err(Failure::Handler),
+                    // A panic in the handler (or in a step's closure) is a failed attempt, not
+                    // the end of the driver: unwinding past it would leave the run `running`
+                    // with nobody driving it.
+                    let fut = AssertUnwindSafe(value.dispatch(handler, &ctx)).catch_unwind();
+                    let result = match timeout {
+                        None => fut.await,
                         Some(limit) => match tokio::time::timeout(limit, fut).await {
-                            Ok(result) => result.map_err(Failure::Handler),
-                            Err(_) => Err(Failure::Timeout(limit)),
+                            Ok(result) => result,
+                            Err(_) => return Err(Failure::Timeout(limit)),
                         },
+                    };
+                    match result {
+                        Ok(result) => result.map_err(Failure::Handler),
+                        Err(payload) => Err(Failure::Panic(panic_message(&*payload))),
                     }
                 };
                 tokio::select! {
@@ -426,6 +448,13 @@ impl Runtime {
                             seq,
                             attempt,
                             after_ms: limit.as_millis() as u64,
+                        }),
+                        Failure::Panic(message) => Box::new(Error::HandlerPanicked {
+                            run_id: run_id.to_owned(),
+                            state: state.name(),
+                            seq,
+                            attempt,
+                            message,
                         }),
                     };
                     let errors = error_chain(&*err);

@@ -407,6 +407,26 @@ pub enum Error {
         after_ms: u64,
     },
 
+    /// A state's handler panicked (in its own code or in a step's closure). The panic is
+    /// caught and counts as a failed attempt under the retry policy, like an error; the
+    /// process's panic hook has printed it as usual. A build with `panic = "abort"` cannot
+    /// catch it: the process ends, and the attempt counts as interrupted when the run resumes.
+    #[error(
+        "run `{run_id}`: handler of state `{state}` (seq {seq}, attempt {attempt}) panicked: {message}"
+    )]
+    HandlerPanicked {
+        /// The run.
+        run_id: String,
+        /// The state.
+        state: &'static str,
+        /// Its sequence number.
+        seq: u64,
+        /// The attempt, from 1.
+        attempt: u32,
+        /// The panic's message (its payload when that is a string, else a placeholder).
+        message: String,
+    },
+
     /// The run was cancelled while its handler was running; returned by steps started after
     /// the cancellation.
     #[error("run `{run_id}`: cancelled during state `{state}` (seq {seq})")]

@@ -886,6 +886,118 @@ impl Dispatch<KeyProbe<'_>> for Job {
     }
 }
 
+/// Panics in `Start` after its step, on attempts up to `panics_until`.
+#[derive(Default)]
+struct Panicker {
+    panics_until: u32,
+    effects: AtomicU32,
+}
+
+impl Dispatch<Panicker> for Job {
+    async fn dispatch(self, p: &Panicker, ctx: &Context) -> Result<Self, BoxError> {
+        match self {
+            Job::Start { n } => {
+                ctx.step("effect", || async {
+                    p.effects.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, Error>(())
+                })
+                .await?;
+                if ctx.attempt() <= p.panics_until {
+                    panic!("no plan in the model's answer for {n}");
+                }
+                Ok(Job::Work { n, acc: 0 })
+            }
+            Job::Work { acc, .. } => Ok(Job::Done { acc }),
+            Job::Done { .. } => Err("terminal".into()),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_panicking_handler_is_a_failed_attempt_and_retried() {
+    let (_dir, path) = temp_store();
+    let rt = Runtime::builder().retry(fast_retry(3)).open(&path).unwrap();
+    let p = Panicker {
+        panics_until: 1,
+        ..Panicker::default()
+    };
+    let done = rt.run("r", Job::Start { n: 7 }, &p).await.unwrap();
+    assert_eq!(done, Job::Done { acc: 0 });
+    // The step before the panic was recorded, and replayed by attempt 2.
+    assert_eq!(p.effects.load(Ordering::SeqCst), 1);
+    let failures = rt.store().failures("r").await.unwrap();
+    assert_eq!(failures.len(), 1);
+    assert_eq!((failures[0].0, failures[0].1.attempt), (0, 1));
+    assert_eq!(failures[0].1.source, FailureSource::Handler);
+    assert_eq!(
+        failures[0].1.errors,
+        vec![
+            "run `r`: handler of state `Start` (seq 0, attempt 1) panicked: no plan in the \
+             model's answer for 7"
+                .to_owned()
+        ]
+    );
+    let states: Vec<_> = rt
+        .history::<Job>("r")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| (t.seq, t.value))
+        .collect();
+    assert_eq!(
+        states,
+        vec![
+            (0, Job::Start { n: 7 }),
+            (1, Job::Work { n: 7, acc: 0 }),
+            (2, Job::Done { acc: 0 })
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_run_whose_handler_always_panics_ends_failed() {
+    let (_dir, path) = temp_store();
+    let rt = Runtime::builder()
+        .retry(fast_retry(2))
+        .register::<Job, _>(Panicker {
+            panics_until: u32::MAX,
+            ..Panicker::default()
+        })
+        .open(&path)
+        .unwrap();
+    rt.start("bg", Job::Start { n: 1 }).await.unwrap();
+    // Before panics were caught, the driver's task died and this waited forever.
+    let err = tokio::time::timeout(Duration::from_secs(20), rt.wait::<Job>("bg"))
+        .await
+        .expect("the run ends")
+        .unwrap_err();
+    let Error::RunFailed {
+        run_id,
+        state,
+        seq,
+        attempts,
+        last_error,
+        ..
+    } = &err
+    else {
+        panic!("expected RunFailed, got {err:?}");
+    };
+    assert_eq!(
+        (run_id.as_str(), state.as_str(), *seq, *attempts),
+        ("bg", "Start", 0, 2)
+    );
+    assert_eq!(
+        last_error,
+        &vec![
+            "run `bg`: handler of state `Start` (seq 0, attempt 2) panicked: no plan in the \
+             model's answer for 1"
+                .to_owned()
+        ]
+    );
+    let info = rt.run_info("bg").await.unwrap().unwrap();
+    assert_eq!((info.status, info.attempt), (RunStatus::Failed, 2));
+}
+
 #[tokio::test]
 async fn a_keyed_step_gets_the_same_key_on_every_execution() {
     let (_dir, path) = temp_store();
