@@ -11,10 +11,10 @@ const EXAMPLES: &str = "\
 Examples:
   export LOOPS_STORE=/var/lib/agent/loops.redb
   loops runs --status failed,waiting        # what needs attention
-  loops show deliver-42                     # where one run stands, with its state's data
-  loops history deliver-42                  # every transition, step and failed attempt
-  loops retry deliver-42                    # a failed run becomes running again
-  loops send deliver-42 approval --json '\"alice\"'
+  loops show deliver-1                      # where one run stands, with its state's data
+  loops history deliver-1                   # every transition, step and failed attempt
+  loops retry deliver-1                     # a failed run becomes running again
+  loops send deliver-1 approve --json '{\"by\":\"alice\"}'
   loops prune --older-than 30d --dry-run    # what retention would remove
   loops runs --json | jq '.[].run_id'
 
@@ -163,8 +163,8 @@ pub struct RunsArgs {
 
 const SHOW_EXAMPLES: &str = "\
 Examples:
-  loops show deliver-42
-  loops show deliver-42 --json | jq .payload
+  loops show deliver-1
+  loops show deliver-1 --json | jq .payload
 
 --json prints {run, payload, schema_description, pending_events}; run has the fields of
 `loops runs --json`.";
@@ -183,8 +183,8 @@ pub struct ShowArgs {
 
 const HISTORY_EXAMPLES: &str = "\
 Examples:
-  loops history deliver-42
-  loops history deliver-42 --json | jq '.transitions[].state'
+  loops history deliver-1
+  loops history deliver-1 --json | jq '.transitions[].state'
 
 One line per transition (KIND state; ELAPSED is the time since the previous transition),
 per recorded step (ELAPSED is how long it ran) and per failed attempt (with its error chain),
@@ -205,7 +205,7 @@ pub struct HistoryArgs {
 
 const CANCEL_EXAMPLES: &str = "\
 Examples:
-  loops cancel deliver-42 --reason 'duplicate of deliver-41'
+  loops cancel deliver-2 --reason 'duplicate of deliver-1'
 
 The run ends as cancelled at once (no process drives it while this tool holds the store).";
 
@@ -231,7 +231,7 @@ pub struct CancelArgs {
 
 const RETRY_EXAMPLES: &str = "\
 Examples:
-  loops retry deliver-42
+  loops retry deliver-1
 
 The run becomes running again in the state it failed in; the process that drives its
 workflow picks it up when it next starts (Runtime::resume_all) or drives it.";
@@ -250,8 +250,8 @@ pub struct RetryArgs {
 
 const SEND_EXAMPLES: &str = "\
 Examples:
-  loops send deliver-42 approval --json '\"alice\"'
-  loops send deliver-42 review --json '{\"approved\": true, \"by\": \"bob\"}' --key review-1
+  loops send deliver-1 approve --json '{\"by\":\"alice\"}'
+  loops send deliver-1 approve --json '{\"by\":\"alice\"}' --key approve-1
 
 The event is kept in the run's inbox and delivered to the run's wait for it when the
 run is next driven. With --key, sending the same key again writes nothing.
@@ -334,7 +334,7 @@ Examples:
 const SCHEMA_EXAMPLES: &str = "\
 Examples:
   loops schema                                   # every stored schema and its runs
-  loops schema deliver-42                        # the schema a run was recorded with
+  loops schema deliver-1                        # the schema a run was recorded with
   loops schema --diff 3f9c0a1e22b4d5e6 8a7b6c5d4e3f2a1b
 
 Hashes may be shortened to a unique prefix of at least 4 hex digits.";

@@ -1369,3 +1369,57 @@ fn help_has_examples_for_every_command() {
         .success()
         .stdout(predicate::str::starts_with("loops 0.1.0"));
 }
+
+/// `loops ARGS` (no store needed): its stdout, on success.
+fn help(args: &[&str]) -> String {
+    let out = Command::cargo_bin("loops")
+        .unwrap()
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "loops {args:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn help_sends_the_event_the_deliver_example_waits_for() {
+    // The example's event name and payload, read from its source, so that the help follows
+    // the example if it changes.
+    let workflow = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/deliver/workflow.rs"),
+    )
+    .unwrap();
+    assert!(
+        workflow.contains("pub const APPROVAL_EVENT: &str = \"approve\";\n"),
+        "the example waits for `approve`"
+    );
+    let approval = workflow
+        .split_once("pub struct Approval {")
+        .and_then(|(_, rest)| rest.split_once('}'))
+        .unwrap()
+        .0;
+    let fields: Vec<&str> = approval
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("pub "))
+        .collect();
+    assert_eq!(
+        fields,
+        ["pub by: String,"],
+        "its payload is {{\"by\": NAME}}"
+    );
+    let line = "  loops send deliver-1 approve --json '{\"by\":\"alice\"}'\n";
+    let top = help(&["--help"]);
+    assert!(top.contains(line), "{top}");
+    let send = help(&["send", "--help"]);
+    assert!(
+        send.contains(&format!(
+            "Examples:\n{line}  loops send deliver-1 approve --json '{{\"by\":\"alice\"}}' --key approve-1\n"
+        )),
+        "{send}"
+    );
+    for text in [&top, &send] {
+        assert!(!text.contains("approval"), "{text}");
+        assert!(!text.contains("deliver-42"), "{text}");
+    }
+}
