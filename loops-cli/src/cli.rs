@@ -254,7 +254,9 @@ Examples:
   loops send deliver-1 approve --json '{\"by\":\"alice\"}' --key approve-1
 
 The event is kept in the run's inbox and delivered to the run's wait for it when the
-run is next driven. With --key, sending the same key again writes nothing.
+run is next driven; it may be sent before the run waits for it. If the run waits for
+another event now, a note on stderr says so. A run that has ended (completed, failed or
+cancelled) takes no event. With --key, sending the same key again writes nothing.
 (Here --json is the payload; --output json prints the receipt as JSON.)";
 
 /// `loops send`.

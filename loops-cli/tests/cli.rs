@@ -940,6 +940,125 @@ fn cancel_retry_and_send_change_the_runs() {
     );
 }
 
+/// Runs `loops ARGS`, expects success, returns stdout and stderr.
+fn out_err(path: &Path, args: &[&str]) -> (String, String) {
+    let out = loops(path).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "loops {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+#[test]
+fn send_notes_when_the_run_waits_for_another_event_and_refuses_ended_runs() {
+    let (_dir, path) = store();
+    // waiting-1 waits for `approval`: `approve` is accepted (sending ahead of a wait is
+    // legitimate), with a note on stderr.
+    let (out, err) = out_err(
+        &path,
+        &[
+            "send",
+            "waiting-1",
+            "approve",
+            "--json",
+            r#"{"by":"alice"}"#,
+        ],
+    );
+    assert_eq!(
+        out,
+        "sent event `approve` to run waiting-1 (event seq 0); the run waits for event `approval` now; the event stays in its inbox until a wait for `approve` takes it\n"
+    );
+    assert_eq!(
+        err,
+        "note: run waiting-1 is waiting for event `approval`; `approve` is kept in its inbox until a wait for `approve` takes it\n"
+    );
+    // The same note with --output json; stdout is the JSON receipt alone.
+    let (out, err) = out_err(
+        &path,
+        &[
+            "send",
+            "waiting-1",
+            "approve",
+            "--json",
+            "2",
+            "--output",
+            "json",
+        ],
+    );
+    assert_eq!(
+        err,
+        "note: run waiting-1 is waiting for event `approval`; `approve` is kept in its inbox until a wait for `approve` takes it\n"
+    );
+    let shown = json(&path, &["show", "waiting-1", "--json"]);
+    assert_eq!(
+        serde_json::from_str::<Value>(&out).unwrap(),
+        json!({
+            "run_id": "waiting-1", "event": "approve", "event_seq": 1, "duplicate": false,
+            "run": shown["run"],
+        })
+    );
+    let pending: Vec<(&Value, &Value)> = shown["pending_events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (&e["name"], &e["payload"]))
+        .collect();
+    assert_eq!(
+        pending,
+        [
+            (&json!("approve"), &json!({"by": "alice"})),
+            (&json!("approve"), &json!(2))
+        ]
+    );
+
+    // The event it waits for, a duplicate key, a running run: no note.
+    let (out, err) = out_err(
+        &path,
+        &["send", "waiting-1", "approval", "--json", "\"bob\""],
+    );
+    assert_eq!(
+        (out.as_str(), err.as_str()),
+        (
+            "sent event `approval` to run waiting-1 (event seq 2); the run waits for it and takes it when the process that drives workflow `gate` next runs\n",
+            ""
+        )
+    );
+    for _ in 0..2 {
+        let (_, err) = out_err(
+            &path,
+            &["send", "waiting-1", "approval", "--json", "1", "--key", "k"],
+        );
+        assert_eq!(err, "");
+    }
+    let (out, err) = out_err(&path, &["send", "running-1", "approve", "--json", "1"]);
+    assert_eq!(
+        (out.as_str(), err.as_str()),
+        (
+            "sent event `approve` to run running-1 (event seq 0); the run is running; the event stays in its inbox until a wait for `approve` takes it\n",
+            ""
+        )
+    );
+
+    // A run that has ended takes no event: the runtime refuses, and its inbox stays empty.
+    for (run, status) in [
+        ("done-1", "completed"),
+        ("failed-1", "failed"),
+        ("cancelled-1", "cancelled"),
+    ] {
+        assert_eq!(
+            fails(&path, &["send", run, "approve", "--json", "1"], 1),
+            format!("error: run `{run}` has ended ({status}); sending an event is not possible\n")
+        );
+        let store = RedbStore::open_read_only(&path).unwrap();
+        assert_eq!(store.events(run).unwrap().len(), 0, "{run}");
+    }
+}
+
 #[test]
 fn send_refuses_invalid_json_and_writes_nothing() {
     let (_dir, path) = store();

@@ -11,7 +11,7 @@ use super::show::not_found;
 use crate::cli::{CancelArgs, OutputArg, RetryArgs, SendArgs};
 use crate::failure::{Failure, Result, utf8_arg};
 use crate::open;
-use crate::output::{ID, emit, emit_json, paint, status_style};
+use crate::output::{ID, emit, emit_json, note, paint, status_style};
 use crate::view::RunView;
 
 /// Maps "no such run" to a failure that names the store.
@@ -91,6 +91,13 @@ pub fn send(path: &Path, args: &SendArgs) -> Result<()> {
     })?
     .map_err(|e| run_error(path, e))?;
     let info = block_on(rt.run_info(&run_id))??.ok_or_else(|| not_found(path, &run_id))?;
+    // Sending ahead of a wait is legitimate, but a run that waits for another event now may
+    // have been sent a misspelt name: said on stderr, in JSON mode too.
+    if let Some(waits_for) = other_event(&info, &event).filter(|_| !sent.duplicate) {
+        note(&format!(
+            "run {run_id} is waiting for event `{waits_for}`; `{event}` is kept in its inbox until a wait for `{event}` takes it"
+        ));
+    }
     if args.output == OutputArg::Json {
         return emit_json(&SentView {
             run_id,
@@ -118,6 +125,12 @@ pub fn send(path: &Path, args: &SendArgs) -> Result<()> {
     emit(&format!("{what}\n"))
 }
 
+/// The event a waiting run waits for, if it is not `event`.
+fn other_event<'a>(info: &'a RunInfo, event: &str) -> Option<&'a str> {
+    let waits_for = info.wait.as_ref().and_then(|w| w.event.as_deref());
+    waits_for.filter(|&w| info.status == RunStatus::Waiting && w != event)
+}
+
 /// When the event will be taken, as far as the run's row tells.
 fn delivery(info: &RunInfo, event: &str) -> String {
     let waits_for = info.wait.as_ref().and_then(|w| w.event.as_deref());
@@ -128,7 +141,7 @@ fn delivery(info: &RunInfo, event: &str) -> String {
         ),
         RunStatus::Waiting => format!(
             "the run waits for {} now; the event stays in its inbox until a wait for `{event}` takes it",
-            waits_for.map_or_else(|| "a time".to_owned(), |e| format!("`{e}`"))
+            waits_for.map_or_else(|| "a time".to_owned(), |e| format!("event `{e}`"))
         ),
         _ => format!(
             "the run is {}; the event stays in its inbox until a wait for `{event}` takes it",
