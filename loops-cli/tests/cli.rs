@@ -1060,6 +1060,37 @@ fn send_notes_when_the_run_waits_for_another_event_and_refuses_ended_runs() {
 }
 
 #[test]
+fn send_names_what_is_invalid_an_event_name_or_a_key() {
+    let (_dir, path) = store();
+    let send = |event: &str, key: Option<&str>| {
+        let mut args = vec!["send", "waiting-1", event, "--json", "1"];
+        args.extend(key.map(|k| ["--key", k]).into_iter().flatten());
+        fails(&path, &args, 2)
+    };
+    assert_eq!(
+        send("approval", Some("")),
+        "error: run `waiting-1`: invalid idempotency key \"\": empty\n"
+    );
+    assert_eq!(
+        send("approval", Some("a\tb")),
+        "error: run `waiting-1`: invalid idempotency key \"a\\tb\": contains control characters\n"
+    );
+    assert_eq!(
+        send("", Some("k")),
+        "error: run `waiting-1`: invalid event name \"\": empty\n"
+    );
+    assert_eq!(
+        send(&"e".repeat(257), None),
+        format!(
+            "error: run `waiting-1`: invalid event name \"{}\"... (257 bytes): longer than 256 bytes\n",
+            "e".repeat(64)
+        )
+    );
+    let store = RedbStore::open_read_only(&path).unwrap();
+    assert_eq!(store.events("waiting-1").unwrap().len(), 0);
+}
+
+#[test]
 fn send_refuses_invalid_json_and_writes_nothing() {
     let (_dir, path) = store();
     let before = std::fs::read(&path).unwrap();

@@ -222,7 +222,7 @@ impl Context {
         F: FnOnce() -> Fut + Send,
         Fut: Future<Output = Result<T, E>> + Send,
     {
-        self.check_user_name(name)?;
+        self.check_user_name("step name", name)?;
         let (occurrence, recorded) = self.next_occurrence(name);
         let span = tracing::info_span!("step", step = name, occurrence);
         self.run_step(name, occurrence, recorded, options, f)
@@ -270,7 +270,7 @@ impl Context {
         F: FnOnce(String) -> Fut + Send,
         Fut: Future<Output = Result<T, E>> + Send,
     {
-        self.check_user_name(name)?;
+        self.check_user_name("step name", name)?;
         let (occurrence, recorded) = self.next_occurrence(name);
         let key = self.key_for(name, occurrence);
         let span = tracing::info_span!("step", step = name, occurrence);
@@ -559,7 +559,7 @@ impl Context {
         event: &str,
         timeout: Option<Duration>,
     ) -> Result<Option<T>> {
-        self.check_name(event)?;
+        self.check_name("event name", event)?;
         let step_name = format!("{RESERVED_PREFIX}wait:{event}");
         // The deadline is journaled first, on every execution (a replay reads it back), so
         // that each wait of the handler keeps its own occurrence of it.
@@ -726,7 +726,7 @@ impl Context {
     /// [`Error::InvalidName`] for an empty name, one longer than [`MAX_NAME_BYTES`] or with
     /// control characters.
     pub fn idempotency_key(&self, name: &str) -> Result<String> {
-        self.check_user_name(name)?;
+        self.check_user_name("key name", name)?;
         let n = {
             let mut journal = self.journal.lock().unwrap_or_else(PoisonError::into_inner);
             let next = journal.next_key.entry(name.to_owned()).or_insert(0);
@@ -753,20 +753,23 @@ impl Context {
         format!("lk-{:032x}", xxhash_rust::xxh3::xxh3_128(&material))
     }
 
-    fn check_user_name(&self, name: &str) -> Result<()> {
+    /// Checks a name the handler chose (`what` it is, for the error).
+    fn check_user_name(&self, what: &'static str, name: &str) -> Result<()> {
         if name.starts_with(RESERVED_PREFIX) {
             return Err(Error::InvalidName {
                 run_id: self.run.run_id.clone(),
+                what,
                 name: name.to_owned(),
                 reason: "starts with the reserved prefix `loops:`",
             });
         }
-        self.check_name(name)
+        self.check_name(what, name)
     }
 
-    fn check_name(&self, name: &str) -> Result<()> {
+    fn check_name(&self, what: &'static str, name: &str) -> Result<()> {
         validate_name(name).map_err(|reason| Error::InvalidName {
             run_id: self.run.run_id.clone(),
+            what,
             name: name.to_owned(),
             reason,
         })

@@ -79,12 +79,17 @@ pub enum Error {
         reason: &'static str,
     },
 
-    /// A step or event name is empty, too long or contains control characters.
-    #[error("run `{run_id}`: invalid name {}: {reason}", shown_id(name))]
+    /// A step name, event name or idempotency key is empty, too long or contains control
+    /// characters.
+    #[error("run `{run_id}`: invalid {what} {}: {reason}", shown_id(name))]
     InvalidName {
         /// The run.
         run_id: String,
-        /// The rejected name.
+        /// What was rejected: `"step name"`, `"event name"`, `"idempotency key"` (given to
+        /// [`Runtime::send_with_key`](crate::Runtime::send_with_key)) or `"key name"` (given
+        /// to [`Context::idempotency_key`](crate::Context::idempotency_key)).
+        what: &'static str,
+        /// The rejected name (or key).
         name: String,
         /// Why it was rejected.
         reason: &'static str,

@@ -637,9 +637,12 @@ impl Runtime {
         payload: &T,
     ) -> Result<Sent> {
         validate_run_id(run_id)?;
-        for name in std::iter::once(event).chain(key) {
+        let names =
+            std::iter::once(("event name", event)).chain(key.map(|k| ("idempotency key", k)));
+        for (what, name) in names {
             crate::context::validate_name(name).map_err(|reason| Error::InvalidName {
                 run_id: run_id.to_owned(),
+                what,
                 name: name.to_owned(),
                 reason,
             })?;

@@ -516,6 +516,22 @@ async fn wrong_workflow_and_bad_input_are_refused() {
             other => panic!("expected InvalidRunId for {id:?}, got {other:?}"),
         }
     }
+    // An invalid event name or idempotency key: the message says which of the two it is.
+    let err = rt.send("r", "", &1).await.unwrap_err();
+    assert_eq!(err.to_string(), "run `r`: invalid event name \"\": empty");
+    let err = rt.send_with_key("r", "go", "", &1).await.unwrap_err();
+    assert!(matches!(
+        err,
+        Error::InvalidName {
+            what: "idempotency key",
+            reason: "empty",
+            ..
+        }
+    ));
+    assert_eq!(
+        err.to_string(),
+        "run `r`: invalid idempotency key \"\": empty"
+    );
     assert!(matches!(
         rt.run("new", Job::Work { n: 0, acc: 0 }, &worker).await,
         Err(Error::NotInitial {
@@ -881,7 +897,13 @@ impl Dispatch<KeyProbe<'_>> for Job {
         keys.push(ctx.idempotency_key("push")?);
         keys.push(ctx.idempotency_key("push")?);
         keys.push(ctx.idempotency_key("pr")?);
-        assert!(ctx.idempotency_key("").is_err());
+        assert!(matches!(
+            ctx.idempotency_key(""),
+            Err(Error::InvalidName {
+                what: "key name",
+                ..
+            })
+        ));
         Err("stop".into())
     }
 }

@@ -14,10 +14,12 @@ use crate::open;
 use crate::output::{ID, emit, emit_json, note, paint, status_style};
 use crate::view::RunView;
 
-/// Maps "no such run" to a failure that names the store.
+/// Maps "no such run" to a failure that names the store, and an invalid run id, event name
+/// or key to a bad argument (exit code 2).
 fn run_error(path: &Path, e: Error) -> Failure {
     match e {
         Error::RunNotFound { run_id } => not_found(path, &run_id),
+        Error::InvalidRunId { .. } | Error::InvalidName { .. } => Failure::usage(e.chain()),
         other => other.into(),
     }
 }
