@@ -209,6 +209,9 @@ Examples:
 
 The run ends as cancelled at once (no process drives it while this tool holds the store).";
 
+/// The reason `loops cancel` gives without `--reason`.
+pub const DEFAULT_CANCEL_REASON: &str = "cancelled with the loops CLI";
+
 /// `loops cancel`.
 #[derive(Debug, Args)]
 pub struct CancelArgs {
@@ -216,12 +219,8 @@ pub struct CancelArgs {
     #[arg(value_name = "RUN", value_parser = clap::value_parser!(OsString))]
     pub run: OsString,
 
-    /// Why: kept with the run and shown by `loops show`.
-    #[arg(
-        long,
-        default_value = "cancelled with the loops CLI",
-        value_name = "TEXT"
-    )]
+    /// Why: kept with the run and shown by `loops show` (it may not be empty).
+    #[arg(long, default_value = DEFAULT_CANCEL_REASON, value_name = "TEXT")]
     pub reason: String,
 
     /// Print the run (as `loops runs --json` prints one) instead of text.

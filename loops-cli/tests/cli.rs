@@ -1060,6 +1060,25 @@ fn send_notes_when_the_run_waits_for_another_event_and_refuses_ended_runs() {
 }
 
 #[test]
+fn cancel_refuses_an_empty_reason() {
+    let (_dir, path) = store();
+    for reason in ["", "  "] {
+        assert_eq!(
+            fails(&path, &["cancel", "waiting-1", "--reason", reason], 2),
+            "error: --reason is empty: say why the run is cancelled, or leave --reason out for the default reason (\"cancelled with the loops CLI\")\n"
+        );
+    }
+    let store = RedbStore::open_read_only(&path).unwrap();
+    let info = store.run("waiting-1").unwrap().unwrap();
+    assert_eq!((info.status, info.cancel), (RunStatus::Waiting, None));
+    drop(store);
+    assert_eq!(
+        text(&path, &["cancel", "waiting-1"]),
+        "cancelled run waiting-1 (waiting in state Ask, seq 0): cancelled with the loops CLI\n"
+    );
+}
+
+#[test]
 fn send_names_what_is_invalid_an_event_name_or_a_key() {
     let (_dir, path) = store();
     let send = |event: &str, key: Option<&str>| {

@@ -8,7 +8,7 @@ use serde_json::value::RawValue;
 
 use super::block_on;
 use super::show::not_found;
-use crate::cli::{CancelArgs, OutputArg, RetryArgs, SendArgs};
+use crate::cli::{CancelArgs, DEFAULT_CANCEL_REASON, OutputArg, RetryArgs, SendArgs};
 use crate::failure::{Failure, Result, utf8_arg};
 use crate::open;
 use crate::output::{ID, emit, emit_json, note, paint, status_style};
@@ -27,6 +27,12 @@ fn run_error(path: &Path, e: Error) -> Failure {
 /// Cancels the run.
 pub fn cancel(path: &Path, args: &CancelArgs) -> Result<()> {
     let run_id = utf8_arg("run id", &args.run)?;
+    // A reason is kept with the run to tell people why it ended: an empty one tells nothing.
+    if args.reason.trim().is_empty() {
+        return Err(Failure::usage(format!(
+            "--reason is empty: say why the run is cancelled, or leave --reason out for the default reason ({DEFAULT_CANCEL_REASON:?})"
+        )));
+    }
     let (rt, _) = open::writable(path)?;
     let before = block_on(rt.run_info(&run_id))??.ok_or_else(|| not_found(path, &run_id))?;
     let info = block_on(rt.cancel(&run_id, &args.reason))?.map_err(|e| run_error(path, e))?;
