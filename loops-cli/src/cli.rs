@@ -128,6 +128,7 @@ Examples:
   loops runs --status running,waiting --workflow deliver
   loops runs --older-than 7d --status waiting   # stuck for a week
   loops runs --newer-than 1h --json
+  loops runs --older-than 1h --newer-than 1d    # last changed between 1h and 1d ago
 
 Runs are listed by last change, newest first. --json prints an array of objects with the
 fields run_id, workflow, status, state, seq, attempt, created_at, created_ms, updated_at,
@@ -148,7 +149,8 @@ pub struct RunsArgs {
     #[arg(long, value_parser = parse_age, value_name = "AGE")]
     pub older_than: Option<Duration>,
 
-    /// Only runs whose last change is more recent than this (e.g. 1h).
+    /// Only runs whose last change is more recent than this (e.g. 1h); with --older-than, a
+    /// window, so it must be the longer age.
     #[arg(long, value_parser = parse_age, value_name = "AGE")]
     pub newer_than: Option<Duration>,
 

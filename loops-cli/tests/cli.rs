@@ -575,6 +575,64 @@ fn runs_filters_by_status_workflow_and_age() {
 }
 
 #[test]
+fn runs_refuses_ages_that_exclude_each_other_and_takes_a_window() {
+    let (_dir, path) = store();
+    assert_eq!(
+        fails(
+            &path,
+            &["runs", "--older-than", "2h", "--newer-than", "1h"],
+            2
+        ),
+        "error: --older-than 2h and --newer-than 1h exclude each other: no run last changed both more than 2h ago and less than 1h ago (for runs last changed between 1h and 2h ago, give --older-than 1h --newer-than 2h)\n"
+    );
+    assert_eq!(
+        fails(
+            &path,
+            &[
+                "runs",
+                "--json",
+                "--older-than",
+                "90m",
+                "--newer-than",
+                "1h 30m"
+            ],
+            2
+        ),
+        "error: --older-than 1h 30m and --newer-than 1h 30m exclude each other: no run last changed both more than 1h 30m ago and less than 1h 30m ago (--newer-than must be the longer age)\n"
+    );
+    // The other way round, a window: every run of the fixture changed less than an hour ago.
+    assert_eq!(
+        json(
+            &path,
+            &["runs", "--json", "--older-than", "1h", "--newer-than", "2h"]
+        ),
+        json!([])
+    );
+    std::thread::sleep(Duration::from_millis(5));
+    assert_eq!(
+        ids(&json(
+            &path,
+            &[
+                "runs",
+                "--json",
+                "--older-than",
+                "1ms",
+                "--newer-than",
+                "1d"
+            ]
+        )),
+        [
+            "cancelled-1",
+            "waiting-1",
+            "running-1",
+            "failed-1",
+            "v2-1",
+            "done-1"
+        ]
+    );
+}
+
+#[test]
 fn runs_table_is_aligned_and_uncoloured_without_a_terminal() {
     let (_dir, path) = store();
     let out = text(&path, &["runs"]);

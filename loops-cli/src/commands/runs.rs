@@ -2,17 +2,19 @@
 
 use std::path::Path;
 
+use humantime::format_duration;
 use loops_core::record::now_ms;
 use loops_core::{RunInfo, RunStatus};
 
 use crate::cli::RunsArgs;
-use crate::failure::Result;
+use crate::failure::{Failure, Result};
 use crate::open;
 use crate::output::{Cell, DIM, ID, Table, emit, emit_json, note, relative, status_style};
 use crate::view::{RunView, waiting_text};
 
 /// Lists the runs that match `args`, most recently changed first.
 pub fn run(path: &Path, args: &RunsArgs) -> Result<()> {
+    check_ages(args)?;
     let store = open::read_only(path)?;
     let statuses: Vec<RunStatus> = if args.status.is_empty() {
         RunStatus::ALL.to_vec()
@@ -72,4 +74,26 @@ pub fn run(path: &Path, args: &RunsArgs) -> Result<()> {
         note("no runs match");
     }
     Ok(())
+}
+
+/// Refuses `--older-than` and `--newer-than` that no run can match together: older than A
+/// and newer than B select the runs last changed between B and A ago, which needs B > A.
+fn check_ages(args: &RunsArgs) -> Result<()> {
+    let (Some(older), Some(newer)) = (args.older_than, args.newer_than) else {
+        return Ok(());
+    };
+    if older < newer {
+        return Ok(());
+    }
+    let (o, n) = (format_duration(older), format_duration(newer));
+    let hint = if older == newer {
+        "--newer-than must be the longer age".to_owned()
+    } else {
+        format!(
+            "for runs last changed between {n} and {o} ago, give --older-than {n} --newer-than {o}"
+        )
+    };
+    Err(Failure::usage(format!(
+        "--older-than {o} and --newer-than {n} exclude each other: no run last changed both more than {o} ago and less than {n} ago ({hint})"
+    )))
 }
