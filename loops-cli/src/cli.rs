@@ -253,7 +253,11 @@ const SEND_EXAMPLES: &str = "\
 Examples:
   loops send deliver-1 approve --json '{\"by\":\"alice\"}'
   loops send deliver-1 approve --json '{\"by\":\"alice\"}' --key approve-1
+  loops send deliver-1 approve --json-file approval.json
+  jq -n '{by: \"alice\"}' | loops send deliver-1 approve --json-file -
 
+--json-file reads the payload from a file (or from stdin, with -): for payloads longer
+than a command-line argument may be. Payloads are limited to 2 MiB (the runtime's default).
 The event is kept in the run's inbox and delivered to the run's wait for it when the
 run is next driven; it may be sent before the run waits for it. If the run waits for
 another event now, a note on stderr says so. A run that has ended (completed, failed or
@@ -262,6 +266,7 @@ cancelled) takes no event. With --key, sending the same key again writes nothing
 
 /// `loops send`.
 #[derive(Debug, Args)]
+#[command(group(ArgGroup::new("payload_from").required(true).args(["payload", "json_file"])))]
 pub struct SendArgs {
     /// The run id.
     #[arg(value_name = "RUN", value_parser = clap::value_parser!(OsString))]
@@ -273,7 +278,11 @@ pub struct SendArgs {
 
     /// The event's payload, as JSON text.
     #[arg(long = "json", value_name = "PAYLOAD")]
-    pub payload: String,
+    pub payload: Option<String>,
+
+    /// Read the payload (JSON text) from this file instead; `-` reads stdin.
+    #[arg(long, value_name = "PATH")]
+    pub json_file: Option<PathBuf>,
 
     /// An idempotency key: a second send with the same key writes nothing.
     #[arg(long, value_name = "KEY", value_parser = clap::value_parser!(OsString))]

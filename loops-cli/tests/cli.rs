@@ -1168,6 +1168,165 @@ fn send_names_what_is_invalid_an_event_name_or_a_key() {
 }
 
 #[test]
+fn send_reads_a_large_payload_from_a_file_or_stdin() {
+    let (dir, path) = store();
+    // Longer than one command-line argument may be on Linux (128 KiB).
+    let payload = |by: &str| format!(r#"{{"by":"{by}","log":"{}"}}"#, "x".repeat(300_000));
+    let file = dir.path().join("approval.json");
+    std::fs::write(&file, format!("{}\n", payload("file"))).unwrap();
+    let file_arg = file.to_str().unwrap();
+    let (out, err) = out_err(
+        &path,
+        &["send", "waiting-1", "approval", "--json-file", file_arg],
+    );
+    assert_eq!(
+        (out.as_str(), err.as_str()),
+        (
+            "sent event `approval` to run waiting-1 (event seq 0); the run waits for it and takes it when the process that drives workflow `gate` next runs\n",
+            ""
+        )
+    );
+    let out = loops(&path)
+        .args([
+            "send",
+            "waiting-1",
+            "note",
+            "--json-file",
+            "-",
+            "--output",
+            "json",
+        ])
+        .write_stdin(payload("stdin"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let sent: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (&sent["event"], &sent["event_seq"]),
+        (&json!("note"), &json!(1))
+    );
+
+    let events = RedbStore::open_read_only(&path)
+        .unwrap()
+        .events("waiting-1")
+        .unwrap();
+    let stored: Vec<(&str, &str)> = events
+        .iter()
+        .map(|(_, e, _)| (e.name.as_str(), e.payload.get()))
+        .collect();
+    let (from_file, from_stdin) = (payload("file"), payload("stdin"));
+    assert!(
+        stored
+            == [
+                ("approval", from_file.as_str()),
+                ("note", from_stdin.as_str())
+            ],
+        "the payloads are stored as sent"
+    );
+
+    // A missing file, a file that is not JSON, bad stdin: one line each, nothing written.
+    let missing = dir.path().join("missing.json");
+    assert_eq!(
+        fails(
+            &path,
+            &[
+                "send",
+                "waiting-1",
+                "approval",
+                "--json-file",
+                missing.to_str().unwrap()
+            ],
+            1
+        ),
+        format!(
+            "error: cannot read --json-file {}: {}\n",
+            missing.display(),
+            std::io::Error::from_raw_os_error(2)
+        )
+    );
+    std::fs::write(&file, "{\"by\": \"alice\",}\n").unwrap();
+    assert_eq!(
+        fails(
+            &path,
+            &["send", "waiting-1", "approval", "--json-file", file_arg],
+            1
+        ),
+        format!(
+            "error: --json-file {} is not valid JSON: key must be a string at line 1 column 16\n",
+            file.display()
+        )
+    );
+    let out = loops(&path)
+        .args(["send", "waiting-1", "approval", "--json-file", "-"])
+        .write_stdin("")
+        .output()
+        .unwrap();
+    assert_eq!(
+        (out.status.code(), String::from_utf8(out.stderr).unwrap()),
+        (
+            Some(1),
+            "error: the payload on stdin (--json-file -) is not valid JSON: EOF while parsing a value at line 1 column 0\n".to_owned()
+        )
+    );
+    let out = loops(&path)
+        .args(["send", "waiting-1", "approval", "--json-file", "-"])
+        .write_stdin(vec![b'"', 0xff, b'"'])
+        .output()
+        .unwrap();
+    assert_eq!(
+        (out.status.code(), String::from_utf8(out.stderr).unwrap()),
+        (
+            Some(1),
+            "error: cannot read the payload on stdin (--json-file -): stream did not contain valid UTF-8\n".to_owned()
+        )
+    );
+    // Over the runtime's limit (2 MiB).
+    std::fs::write(&file, format!("\"{}\"", "x".repeat(2 * 1024 * 1024))).unwrap();
+    assert_eq!(
+        fails(
+            &path,
+            &["send", "waiting-1", "approval", "--json-file", file_arg],
+            1
+        ),
+        "error: run `waiting-1`: payload of event `approval` at seq 0 is 2097154 bytes, over the 2097152-byte limit\n"
+    );
+    assert_eq!(
+        RedbStore::open_read_only(&path)
+            .unwrap()
+            .events("waiting-1")
+            .unwrap()
+            .len(),
+        2
+    );
+
+    // One payload, from one place.
+    let err = fails(
+        &path,
+        &[
+            "send",
+            "waiting-1",
+            "approval",
+            "--json",
+            "1",
+            "--json-file",
+            file_arg,
+        ],
+        2,
+    );
+    assert!(
+        err.starts_with(
+            "error: the argument '--json <PAYLOAD>' cannot be used with '--json-file <PATH>'\n"
+        ),
+        "{err}"
+    );
+    let err = fails(&path, &["send", "waiting-1", "approval"], 2);
+    assert!(
+        err.starts_with("error: the following required arguments were not provided:\n  <--json <PAYLOAD>|--json-file <PATH>>\n"),
+        "{err}"
+    );
+}
+
+#[test]
 fn send_refuses_invalid_json_and_writes_nothing() {
     let (_dir, path) = store();
     let before = std::fs::read(&path).unwrap();
@@ -1645,8 +1804,18 @@ fn help_sends_the_event_the_deliver_example_waits_for() {
         )),
         "{send}"
     );
+    // Every example of `loops send` (an indented line) sends that event.
     for text in [&top, &send] {
-        assert!(!text.contains("approval"), "{text}");
-        assert!(!text.contains("deliver-42"), "{text}");
+        let sends: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("  ") && l.contains("loops send "))
+            .collect();
+        assert!(!sends.is_empty());
+        for line in sends {
+            assert!(
+                line.contains("loops send deliver-1 approve --json"),
+                "{line}"
+            );
+        }
     }
 }

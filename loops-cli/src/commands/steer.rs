@@ -1,5 +1,6 @@
 //! `loops cancel`, `loops retry` and `loops send`: the commands that change a run.
 
+use std::io::Read as _;
 use std::path::Path;
 
 use loops_core::{Error, RunInfo, RunStatus};
@@ -87,9 +88,11 @@ pub fn send(path: &Path, args: &SendArgs) -> Result<()> {
         .as_deref()
         .map(|k| utf8_arg("key", k))
         .transpose()?;
-    // Checked before the store is opened: a bad payload writes nothing.
-    let payload: Box<RawValue> = serde_json::from_str(&args.payload)
-        .map_err(|e| Failure::new(format!("--json is not valid JSON: {e}")))?;
+    // Read and checked before the store is opened: a bad payload writes nothing.
+    let (from, text) = payload_text(args)?;
+    let payload: Box<RawValue> = serde_json::from_str(&text)
+        .map_err(|e| Failure::new(format!("{from} is not valid JSON: {e}")))?;
+    drop(text);
     let (rt, _) = open::writable(path)?;
     let sent = block_on(async {
         match &key {
@@ -131,6 +134,31 @@ pub fn send(path: &Path, args: &SendArgs) -> Result<()> {
         )
     };
     emit(&format!("{what}\n"))
+}
+
+/// The payload's JSON text, from `--json` or `--json-file` (a file, or stdin for `-`), with
+/// where it came from (for messages).
+fn payload_text(args: &SendArgs) -> Result<(String, String)> {
+    match (&args.payload, &args.json_file) {
+        (Some(text), _) => Ok(("--json".to_owned(), text.clone())),
+        (None, Some(file)) if file.as_os_str() == "-" => {
+            let from = "the payload on stdin (--json-file -)".to_owned();
+            let mut text = String::new();
+            std::io::stdin()
+                .read_to_string(&mut text)
+                .map_err(|e| Failure::new(format!("cannot read {from}: {e}")))?;
+            Ok((from, text))
+        }
+        (None, Some(file)) => {
+            let from = format!("--json-file {}", file.display());
+            let text = std::fs::read_to_string(file)
+                .map_err(|e| Failure::new(format!("cannot read {from}: {e}")))?;
+            Ok((from, text))
+        }
+        (None, None) => Err(Failure::usage(
+            "no payload given: pass --json PAYLOAD or --json-file PATH",
+        )),
+    }
 }
 
 /// The event a waiting run waits for, if it is not `event`.
