@@ -15,7 +15,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, RecordKind, Result};
 use crate::record::{FailureRecord, FailureSource, StepRecord, now_ms};
 use crate::store::{AfterFailure, Lease, RedbStore, Reply, Store, WaitOutcome, Write};
 
@@ -521,9 +521,14 @@ impl Context {
             Some(value) => Ok(value),
             None => Err(Error::Decode {
                 run_id: self.run.run_id.clone(),
+                record: RecordKind::Wait {
+                    event: event.to_owned(),
+                },
                 seq: self.seq,
-                state: format!("wait for `{event}` recorded as timed out without a time-out"),
-                source: serde::de::Error::custom("unexpected time-out"),
+                state: String::new(),
+                source: serde::de::Error::custom(
+                    "recorded as timed out, but the wait has no time-out",
+                ),
             }),
         }
     }

@@ -228,14 +228,18 @@ pub enum Error {
         source: serde_json::Error,
     },
 
-    /// A stored record does not decode.
-    #[error("run `{run_id}`: record at seq {seq} (state `{state}`) does not decode")]
+    /// A stored record does not decode: the store was damaged or altered outside loops.
+    #[error("run `{run_id}`: {} does not decode", decoded(record, *seq, state))]
     Decode {
         /// The run.
         run_id: String,
-        /// The record's sequence number.
+        /// What the record is.
+        record: RecordKind,
+        /// The sequence number of the state the record belongs to (for an event, its event
+        /// seq in the run's inbox; 0 for the run's row).
         seq: u64,
-        /// The state named in the record (or `?` if the envelope itself is unreadable).
+        /// For a transition record, the state named in the record (or `?` if the envelope
+        /// itself is unreadable); empty for other records.
         state: String,
         /// The serde error.
         #[source]
@@ -454,6 +458,58 @@ pub enum Error {
     /// The runtime is shutting down; the store's writer has stopped.
     #[error("the store is closed")]
     Closed,
+}
+
+/// What kind of stored record an [`Error::Decode`] is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RecordKind {
+    /// A transition record: the state the run entered at `seq`.
+    Transition,
+    /// The run's row: its current standing (status, state, seq, wait).
+    RunRow,
+    /// A step record of the state at `seq`.
+    Step {
+        /// The step's name.
+        name: String,
+        /// Which use of the name, from 0.
+        occurrence: u32,
+    },
+    /// The record of a failed attempt at the state at `seq`.
+    Failure,
+    /// An event in the run's inbox (`seq` is its event seq).
+    Event {
+        /// The event's name, when it was known before its record was read.
+        name: Option<String>,
+    },
+    /// The recorded outcome of a wait for an event, in the state at `seq`.
+    Wait {
+        /// The event waited for.
+        event: String,
+    },
+}
+
+/// The record in [`Error::Decode`]'s message: `transition record at seq 3 (state `Work`)`,
+/// `run row`, `event record at event seq 0`, ...
+fn decoded(record: &RecordKind, seq: u64, state: &str) -> String {
+    match record {
+        RecordKind::Transition if state.is_empty() || state == "?" => {
+            format!("transition record at seq {seq}")
+        }
+        RecordKind::Transition => format!("transition record at seq {seq} (state `{state}`)"),
+        RecordKind::RunRow => "run row".to_owned(),
+        RecordKind::Step { name, occurrence } => {
+            format!("step record `{name}`#{occurrence} of seq {seq}")
+        }
+        RecordKind::Failure => format!("failure record of seq {seq}"),
+        RecordKind::Event { name: Some(name) } => {
+            format!("event record `{name}` at event seq {seq}")
+        }
+        RecordKind::Event { name: None } => format!("event record at event seq {seq}"),
+        RecordKind::Wait { event } => {
+            format!("recorded outcome of the wait for `{event}` of seq {seq}")
+        }
+    }
 }
 
 fn attempts_text(

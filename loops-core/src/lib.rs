@@ -23,7 +23,7 @@ pub mod workflow;
 mod tests;
 
 pub use context::{Context, StepOptions};
-pub use error::{Error, Result};
+pub use error::{Error, RecordKind, Result};
 pub use record::{FailureRecord, FailureSource, StepRecord, Transition, TransitionRecord};
 pub use retention::RetentionPolicy;
 pub use retry::RetryPolicy;

@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, RecordKind, Result};
 use crate::schema::SchemaHash;
 use crate::workflow::{StateId, Workflow};
 
@@ -69,6 +69,7 @@ impl TransitionRecord {
     pub fn decode<W: Workflow>(&self, run_id: &str) -> Result<W> {
         serde_json::from_str(self.payload.get()).map_err(|source| Error::Decode {
             run_id: run_id.to_owned(),
+            record: RecordKind::Transition,
             seq: self.seq,
             state: self.state.clone(),
             source,
@@ -82,6 +83,7 @@ impl TransitionRecord {
     pub(crate) fn from_bytes(run_id: &str, seq: u64, bytes: &[u8]) -> Result<Self> {
         serde_json::from_slice(bytes).map_err(|source| Error::Decode {
             run_id: run_id.to_owned(),
+            record: RecordKind::Transition,
             seq,
             state: "?".to_owned(),
             source,

@@ -1678,17 +1678,18 @@ fn messages_do_not_repeat_their_source() {
     let source = serde_json::from_str::<u32>("x").unwrap_err();
     let err = Error::Decode {
         run_id: "r".into(),
+        record: RecordKind::Transition,
         seq: 3,
         state: "Work".into(),
         source,
     };
     assert_eq!(
         err.to_string(),
-        "run `r`: record at seq 3 (state `Work`) does not decode"
+        "run `r`: transition record at seq 3 (state `Work`) does not decode"
     );
     assert_eq!(
         err.chain(),
-        "run `r`: record at seq 3 (state `Work`) does not decode: expected value at line 1 column 1"
+        "run `r`: transition record at seq 3 (state `Work`) does not decode: expected value at line 1 column 1"
     );
     let long = "x".repeat(200);
     let err = runtime::validate_run_id(&format!(" {long}")).unwrap_err();
@@ -1697,6 +1698,68 @@ fn messages_do_not_repeat_their_source() {
         text.len() < 160 && text.ends_with("(201 bytes): starts or ends with white space"),
         "{text}"
     );
+}
+
+#[test]
+fn a_record_that_does_not_decode_is_named_for_what_it_is() {
+    let decode = |record: RecordKind, seq: u64, state: &str| {
+        Error::Decode {
+            run_id: "r".into(),
+            record,
+            seq,
+            state: state.into(),
+            source: serde_json::from_str::<u32>("x").unwrap_err(),
+        }
+        .to_string()
+    };
+    let step = RecordKind::Step {
+        name: "plan".into(),
+        occurrence: 1,
+    };
+    for (got, want) in [
+        (
+            decode(RecordKind::Transition, 3, "?"),
+            "run `r`: transition record at seq 3 does not decode",
+        ),
+        (
+            decode(RecordKind::RunRow, 0, ""),
+            "run `r`: run row does not decode",
+        ),
+        (
+            decode(step, 3, ""),
+            "run `r`: step record `plan`#1 of seq 3 does not decode",
+        ),
+        (
+            decode(RecordKind::Failure, 2, ""),
+            "run `r`: failure record of seq 2 does not decode",
+        ),
+        (
+            decode(RecordKind::Event { name: None }, 0, ""),
+            "run `r`: event record at event seq 0 does not decode",
+        ),
+        (
+            decode(
+                RecordKind::Event {
+                    name: Some("approve".into()),
+                },
+                4,
+                "",
+            ),
+            "run `r`: event record `approve` at event seq 4 does not decode",
+        ),
+        (
+            decode(
+                RecordKind::Wait {
+                    event: "approve".into(),
+                },
+                5,
+                "",
+            ),
+            "run `r`: recorded outcome of the wait for `approve` of seq 5 does not decode",
+        ),
+    ] {
+        assert_eq!(got, want);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,7 +2,9 @@
 //! connection if the connection failed.
 
 use loops_core::store::{EventRecord, Lease, RunInfo, RunStatus};
-use loops_core::{Error, FailureRecord, Result, SchemaHash, StepRecord, TransitionRecord};
+use loops_core::{
+    Error, FailureRecord, RecordKind, Result, SchemaHash, StepRecord, TransitionRecord,
+};
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
@@ -134,8 +136,12 @@ impl PgStore {
                     serde_json::from_str(&text(row, 2, run_id)?).map_err(|source| {
                         Error::Decode {
                             run_id: run_id.to_owned(),
+                            record: RecordKind::Step {
+                                name: name.clone(),
+                                occurrence: occurrence as u32,
+                            },
                             seq,
-                            state: format!("step `{name}`#{occurrence}"),
+                            state: String::new(),
                             source,
                         }
                     })?;
@@ -159,8 +165,9 @@ impl PgStore {
                     serde_json::from_str(&text(row, 1, run_id)?).map_err(|source| {
                         Error::Decode {
                             run_id: run_id.to_owned(),
+                            record: RecordKind::Failure,
                             seq: seq as u64,
-                            state: "failure record".to_owned(),
+                            state: String::new(),
                             source,
                         }
                     })?;
@@ -334,8 +341,9 @@ pub(crate) fn column(run_id: &str, e: tokio_postgres::Error) -> Error {
 pub(crate) fn decode_info(run_id: &str, json: &str) -> Result<RunInfo> {
     let mut info: RunInfo = serde_json::from_str(json).map_err(|source| Error::Decode {
         run_id: run_id.to_owned(),
+        record: RecordKind::RunRow,
         seq: 0,
-        state: "run row".to_owned(),
+        state: String::new(),
         source,
     })?;
     info.run_id = run_id.to_owned();
@@ -345,6 +353,7 @@ pub(crate) fn decode_info(run_id: &str, json: &str) -> Result<RunInfo> {
 pub(crate) fn decode_transition(run_id: &str, seq: u64, json: &str) -> Result<TransitionRecord> {
     serde_json::from_str(json).map_err(|source| Error::Decode {
         run_id: run_id.to_owned(),
+        record: RecordKind::Transition,
         seq,
         state: "?".to_owned(),
         source,
@@ -354,8 +363,9 @@ pub(crate) fn decode_transition(run_id: &str, seq: u64, json: &str) -> Result<Tr
 pub(crate) fn decode_event(run_id: &str, event_seq: u64, json: &str) -> Result<EventRecord> {
     serde_json::from_str(json).map_err(|source| Error::Decode {
         run_id: run_id.to_owned(),
+        record: RecordKind::Event { name: None },
         seq: event_seq,
-        state: "event".to_owned(),
+        state: String::new(),
         source,
     })
 }

@@ -22,7 +22,7 @@ use deadpool_postgres::Object;
 use loops_core::store::{
     AfterFailure, Lease, Reply, RunInfo, RunStatus, WaitInfo, WaitOutcome, Write,
 };
-use loops_core::{Error, FailureRecord, FailureSource, Result, StepRecord};
+use loops_core::{Error, FailureRecord, FailureSource, RecordKind, Result, StepRecord};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Row, Statement};
@@ -855,8 +855,11 @@ async fn apply(
                         Err(Error::Decode { source, .. }) => {
                             let e = Error::Decode {
                                 run_id: run_id.clone(),
+                                record: RecordKind::Event {
+                                    name: Some(event_name.to_owned()),
+                                },
                                 seq: event_seq as u64,
-                                state: format!("event `{event_name}`"),
+                                state: String::new(),
                                 source,
                             };
                             return Err(reject(c, e).await);
@@ -892,8 +895,12 @@ async fn apply(
                         Err(source) => {
                             let e = Error::Decode {
                                 run_id: run_id.clone(),
+                                record: RecordKind::Step {
+                                    name: step_name.to_owned(),
+                                    occurrence: occurrence as u32,
+                                },
                                 seq: *seq,
-                                state: format!("wait `{step_name}`"),
+                                state: String::new(),
                                 source,
                             };
                             return Err(reject(c, e).await);

@@ -39,7 +39,7 @@ use serde::Serialize;
 
 use super::protocol::{AfterFailure, EventRecord, Reply, WaitOutcome, Write};
 use super::{BoxFuture, Lease, Pruned, RunInfo, RunStatus, Store, WaitInfo};
-use crate::error::{Error, Result};
+use crate::error::{Error, RecordKind, Result};
 use crate::record::{FailureRecord, StepRecord, TransitionRecord, to_vec};
 use crate::workflow::{StateId, Workflow};
 
@@ -860,8 +860,12 @@ impl RedbStore {
                     let record: StepRecord =
                         serde_json::from_slice(value.value()).map_err(|source| Error::Decode {
                             run_id: run_id.to_owned(),
+                            record: RecordKind::Step {
+                                name: name.to_owned(),
+                                occurrence,
+                            },
                             seq,
-                            state: format!("step `{name}`#{occurrence}"),
+                            state: String::new(),
                             source,
                         })?;
                     out.push((name.to_owned(), occurrence, record));
@@ -889,8 +893,9 @@ impl RedbStore {
                     let record: FailureRecord =
                         serde_json::from_slice(value.value()).map_err(|source| Error::Decode {
                             run_id: run_id.to_owned(),
+                            record: RecordKind::Failure,
                             seq,
-                            state: "failure record".to_owned(),
+                            state: String::new(),
                             source,
                         })?;
                     out.push((seq, record));
@@ -949,8 +954,9 @@ impl RedbStore {
                     let record: EventRecord =
                         serde_json::from_slice(value.value()).map_err(|source| Error::Decode {
                             run_id: run_id.to_owned(),
+                            record: RecordKind::Event { name: None },
                             seq: event_seq,
-                            state: "event".to_owned(),
+                            state: String::new(),
                             source,
                         })?;
                     let waiting = pending
@@ -1265,8 +1271,9 @@ fn read_info(
 fn decode_info(run_id: &str, bytes: &[u8]) -> Result<RunInfo> {
     let mut info: RunInfo = serde_json::from_slice(bytes).map_err(|source| Error::Decode {
         run_id: run_id.to_owned(),
+        record: RecordKind::RunRow,
         seq: 0,
-        state: "run row".to_owned(),
+        state: String::new(),
         source,
     })?;
     info.run_id = run_id.to_owned();
@@ -2082,8 +2089,11 @@ fn first_pending(
     let record: EventRecord = serde_json::from_slice(bytes.value()).map_err(|source| {
         ApplyError::Rejected(Error::Decode {
             run_id: run_id.to_owned(),
+            record: RecordKind::Event {
+                name: Some(event.to_owned()),
+            },
             seq: event_seq,
-            state: format!("event `{event}`"),
+            state: String::new(),
             source,
         })
     })?;
@@ -2100,8 +2110,12 @@ fn write_wait_step(
     let output = serde_json::value::RawValue::from_string(output).map_err(|source| {
         ApplyError::Rejected(Error::Decode {
             run_id: key.0.to_owned(),
+            record: RecordKind::Step {
+                name: key.2.to_owned(),
+                occurrence: key.3,
+            },
             seq: key.1,
-            state: format!("wait `{}`", key.2),
+            state: String::new(),
             source,
         })
     })?;
