@@ -2,6 +2,9 @@
 
 use std::ffi::OsStr;
 use std::fmt;
+use std::path::Path;
+
+use loops_core::Error;
 
 /// A command's failure: printed as `error: <message>` (one line) with exit code `code`.
 #[derive(Debug)]
@@ -10,6 +13,8 @@ pub struct Failure {
     pub message: String,
     /// The process's exit code: 1 for a failed command, 2 for a bad argument.
     pub code: u8,
+    /// Whether it is damage found in the store file (see [`Failure::in_store`]).
+    pub damage: bool,
 }
 
 impl Failure {
@@ -18,6 +23,29 @@ impl Failure {
         Failure {
             message: one_line(&message.into()),
             code: 1,
+            damage: false,
+        }
+    }
+
+    /// This failure, said to be damage to the store file at `path` if it is: that the file
+    /// looks damaged, and (unless the command is `loops check` itself) that `loops check`
+    /// verifies it.
+    pub fn in_store(self, path: &Path, checking: bool) -> Self {
+        if !self.damage {
+            return self;
+        }
+        let message = if checking {
+            format!("store {} is damaged: {}", path.display(), self.message)
+        } else {
+            format!(
+                "store {} looks damaged: {}; `loops check` verifies every page of the file",
+                path.display(),
+                self.message
+            )
+        };
+        Failure {
+            message: one_line(&message),
+            ..self
         }
     }
 
@@ -38,9 +66,49 @@ impl fmt::Display for Failure {
 
 impl From<loops_core::Error> for Failure {
     fn from(e: loops_core::Error) -> Self {
-        // The message and its source chain, on one line.
-        Failure::new(e.chain())
+        match &e {
+            // A read that failed on the file's contents: said without the runtime's "store
+            // error while", since the message will say that the store looks damaged.
+            Error::Storage { action, source } if is_damage(source) => Failure {
+                damage: true,
+                ..Failure::new(format!(
+                    "{action} failed: {source}{}",
+                    if is_past_the_end(source) {
+                        " (the file ends before data it refers to)"
+                    } else {
+                        ""
+                    }
+                ))
+            },
+            Error::Decode { .. } | Error::RecordMissing { .. } => Failure {
+                damage: true,
+                ..Failure::new(e.chain())
+            },
+            // The message and its source chain, on one line.
+            _ => Failure::new(e.chain()),
+        }
     }
+}
+
+/// Whether redb failed on what the file holds (rather than on the system: a full disk, a
+/// permission): a page it cannot make sense of, a table missing or of another type, a
+/// read past the end of the file.
+fn is_damage(e: &redb::Error) -> bool {
+    matches!(
+        e,
+        redb::Error::Corrupted(_)
+            | redb::Error::TableDoesNotExist(_)
+            | redb::Error::TableTypeMismatch { .. }
+            | redb::Error::TypeDefinitionChanged { .. }
+            | redb::Error::TableIsMultimap(_)
+            | redb::Error::TableIsNotMultimap(_)
+    ) || is_past_the_end(e)
+}
+
+/// A read past the end of the file (`I/O error: failed to fill whole buffer`): a damaged
+/// page points there.
+fn is_past_the_end(e: &redb::Error) -> bool {
+    matches!(e, redb::Error::Io(io) if io.kind() == std::io::ErrorKind::UnexpectedEof)
 }
 
 /// The result of a command.

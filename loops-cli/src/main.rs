@@ -53,7 +53,8 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<(), Failure> {
     let path = open::store_path(cli.store)?;
     panics::set_store(&path);
-    match &cli.command {
+    let checking = matches!(cli.command, Command::Check(_));
+    let done = match &cli.command {
         Command::Runs(args) => commands::runs::run(&path, args),
         Command::Show(args) => commands::show::run(&path, args),
         Command::History(args) => commands::history::run(&path, args),
@@ -64,5 +65,6 @@ fn run(cli: Cli) -> Result<(), Failure> {
         Command::Compact(args) => commands::prune::compact(&path, args),
         Command::Schema(args) => commands::schema::run(&path, args),
         Command::Check(args) => commands::check::run(&path, args),
-    }
+    };
+    done.map_err(|failure| failure.in_store(&path, checking))
 }

@@ -129,11 +129,27 @@ pub fn open_failure(path: &Path, e: Error) -> Failure {
             "store {} is in use by a running process (redb allows no reader beside it); stop the process or wait for it to exit, then run this command again",
             path.display()
         )),
+        // The same words as for a panic of redb on a damaged file (see panics.rs).
+        Error::Open { source, .. } if is_corrupted(&*source) => Failure::new(format!(
+            "store {} is damaged: redb cannot open it ({source}); restore it from a backup",
+            path.display()
+        )),
         Error::Open { source, .. } => {
             Failure::new(format!("cannot open store {}: {source}", path.display()))
         }
         other => Failure::from(other),
     }
+}
+
+/// Whether opening failed because redb found the file's contents damaged (a checksum that
+/// does not match, a layout the file does not have), rather than not a redb file at all.
+fn is_corrupted(source: &(dyn std::error::Error + 'static)) -> bool {
+    matches!(
+        source.downcast_ref::<redb::DatabaseError>(),
+        Some(redb::DatabaseError::Storage(redb::StorageError::Corrupted(
+            _
+        )))
+    )
 }
 
 /// The redb store under a runtime this tool opened (always a redb file).

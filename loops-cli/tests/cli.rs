@@ -1650,6 +1650,152 @@ fn missing_empty_foreign_and_corrupt_files_are_one_line_errors() {
     );
 }
 
+/// Overwrites records of the store at `path` by hand, as damage or a foreign tool might.
+fn overwrite(path: &Path, edit: impl FnOnce(&redb::WriteTransaction)) {
+    let db = redb::Database::open(path).unwrap();
+    let txn = db.begin_write().unwrap();
+    edit(&txn);
+    txn.commit().unwrap();
+}
+
+#[test]
+fn a_record_that_does_not_decode_is_named_for_what_it_is_and_the_store_as_damaged() {
+    use redb::TableDefinition;
+    let (_dir, path) = store();
+    overwrite(&path, |txn| {
+        let bad = b"{oops".as_slice();
+        let inbox: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("inbox");
+        txn.open_table(inbox)
+            .unwrap()
+            .insert(("waiting-1", 0), bad)
+            .unwrap();
+        let steps: TableDefinition<(&str, u64, &str, u32), &[u8]> = TableDefinition::new("steps");
+        txn.open_table(steps)
+            .unwrap()
+            .insert(("done-1", 0, "fetch", 0), bad)
+            .unwrap();
+        let failures: TableDefinition<(&str, u64, u32, u32), &[u8]> =
+            TableDefinition::new("failures");
+        txn.open_table(failures)
+            .unwrap()
+            .insert(("failed-1", 1, 1, 0), bad)
+            .unwrap();
+        let journal: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("journal");
+        txn.open_table(journal)
+            .unwrap()
+            .insert(("v2-1", 1), bad)
+            .unwrap();
+        let runs: TableDefinition<&str, &[u8]> = TableDefinition::new("runs");
+        txn.open_table(runs)
+            .unwrap()
+            .insert("running-1", b"{}".as_slice())
+            .unwrap();
+    });
+    let damaged = |what: &str| {
+        format!(
+            "error: store {} looks damaged: {what}; `loops check` verifies every page of the file\n",
+            path.display()
+        )
+    };
+    let not_json = "key must be a string at line 1 column 2";
+    for (args, what) in [
+        (
+            &["history", "waiting-1"][..],
+            format!("run `waiting-1`: event record at event seq 0 does not decode: {not_json}"),
+        ),
+        (
+            &["show", "waiting-1", "--json"],
+            format!("run `waiting-1`: event record at event seq 0 does not decode: {not_json}"),
+        ),
+        (
+            &["history", "done-1", "--json"],
+            format!("run `done-1`: step record `fetch`#0 of seq 0 does not decode: {not_json}"),
+        ),
+        (
+            &["history", "failed-1"],
+            format!("run `failed-1`: failure record of seq 1 does not decode: {not_json}"),
+        ),
+        (
+            &["show", "v2-1"],
+            format!("run `v2-1`: transition record at seq 1 does not decode: {not_json}"),
+        ),
+        (
+            &["runs"],
+            "run `running-1`: run row does not decode: missing field `workflow` at line 1 column 2"
+                .to_owned(),
+        ),
+    ] {
+        assert_eq!(fails(&path, args, 1), damaged(&what), "loops {args:?}");
+    }
+    // Every page's checksum holds (the records were written through redb), but reading the
+    // runs back finds the row.
+    assert_eq!(
+        fails(&path, &["check"], 1),
+        format!(
+            "error: store {} is damaged: run `running-1`: run row does not decode: missing field `workflow` at line 1 column 2\n",
+            path.display()
+        )
+    );
+}
+
+#[test]
+fn a_read_past_the_end_of_the_file_is_reported_as_damage() {
+    let (dir, path) = store();
+    let good = std::fs::read(&path).unwrap();
+    // A byte flipped in the root page number of the `journal` table, in redb's table of
+    // tables: the table definition ends with the key type's name, `(&str,u64)`, preceded
+    // by its classification byte, lengths, alignments and fixed sizes (23 bytes), which
+    // follow the root's 32-byte header (page number first). Stale copies of the table of
+    // tables may be in the file too, as the definition of `inbox` (empty here): every
+    // candidate is tried.
+    let name = b"(&str,u64)";
+    let mut outcomes = Vec::new();
+    for at in (56..good.len()).filter(|&i| good[i..].starts_with(name)) {
+        let root = at - 23 - 32;
+        if good[root - 1] != 1 {
+            continue; // no root: an empty table
+        }
+        let mut bytes = good.clone();
+        bytes[root + 3] ^= 0x80; // the page number's region: far past the end of the file
+        let file = dir.path().join(format!("flipped-{at}.redb"));
+        std::fs::write(&file, &bytes).unwrap();
+        let out = loops(&file).args(["history", "done-1"]).output().unwrap();
+        let err = String::from_utf8(out.stderr).unwrap();
+        outcomes.push((out.status.code(), err, file));
+    }
+    let want = |file: &Path| {
+        format!(
+            "error: store {} looks damaged: reading the history of run `done-1` failed: I/O error: failed to fill whole buffer (the file ends before data it refers to); `loops check` verifies every page of the file\n",
+            file.display()
+        )
+    };
+    let hit: Vec<&PathBuf> = outcomes
+        .iter()
+        .filter(|(code, err, file)| *code == Some(1) && *err == want(file))
+        .map(|(_, _, file)| file)
+        .collect();
+    assert_eq!(hit.len(), 1, "{outcomes:#?}");
+    // The other flips hit stale copies of the table of tables: the command works, or fails
+    // in one line.
+    for (code, err, file) in &outcomes {
+        match code {
+            Some(0) => assert_eq!(err, "", "{}", file.display()),
+            _ => assert_eq!(err.lines().count(), 1, "{}: {err}", file.display()),
+        }
+    }
+    // `loops check` then says how it stands: redb refuses to open it for writing.
+    let err = fails(hit[0], &["check"], 1);
+    let head = format!(
+        "error: store {} is damaged: redb cannot open it (",
+        hit[0].display()
+    );
+    assert!(
+        err.starts_with(&head) && err.ends_with("); restore it from a backup\n"),
+        "{err}"
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
+
 #[test]
 fn bad_arguments_are_clear_errors() {
     let (_dir, path) = store();
