@@ -66,7 +66,7 @@ pub enum Command {
     /// Cancel a run that has not ended.
     #[command(after_help = CANCEL_EXAMPLES)]
     Cancel(CancelArgs),
-    /// Make a failed run running again, with a fresh budget of attempts.
+    /// Make a failed run running again, with a fresh budget of attempts (numbers count on).
     #[command(after_help = RETRY_EXAMPLES)]
     Retry(RetryArgs),
     /// Send an event to a run (delivered to its wait for that event, once).
@@ -130,7 +130,9 @@ Examples:
   loops runs --newer-than 1h --json
   loops runs --older-than 1h --newer-than 1d    # last changed between 1h and 1d ago
 
-Runs are listed by last change, newest first. --json prints an array of objects with the
+Runs are listed by last change, newest first. ATTEMPT is the number of the latest attempt
+at the current state, from 1; it counts on after `loops retry`, which gives the run a fresh
+budget of attempts, not new numbers. --json prints an array of objects with the
 fields run_id, workflow, status, state, seq, attempt, created_at, created_ms, updated_at,
 updated_ms, waiting_for, retry_at, retry_at_ms, error, cancel_reason, schema.";
 
@@ -235,7 +237,11 @@ Examples:
   loops retry deliver-1
 
 The run becomes running again in the state it failed in; the process that drives its
-workflow picks it up when it next starts (Runtime::resume_all) or drives it.";
+workflow picks it up when it next starts (Runtime::resume_all) or drives it.
+
+The retry policy's budget of attempts starts afresh, but attempt numbers count on, so that
+each failed attempt in `loops history` keeps its own: a run that failed at attempt 3 shows
+attempt 3 until its next attempt, number 4 (ctx.attempt() in the handler), starts.";
 
 /// `loops retry`.
 #[derive(Debug, Args)]

@@ -20,7 +20,9 @@ pub struct RunView {
     pub state: String,
     /// The current state's sequence number.
     pub seq: u64,
-    /// Attempts started at the current state, from 1.
+    /// The number of the latest attempt started at the current state, from 1 (the handler's
+    /// `ctx.attempt()`). It counts on after `loops retry`: the retry resets the budget of
+    /// attempts, not their numbers.
     pub attempt: u32,
     /// When the run was created (RFC 3339, UTC).
     pub created_at: String,

@@ -889,7 +889,7 @@ fn cancel_retry_and_send_change_the_runs() {
     let (_dir3, path3) = store();
     assert_eq!(
         text(&path3, &["retry", "failed-1"]),
-        "run failed-1 is running again in state Work (seq 1), with a fresh budget of attempts; the process that drives workflow `job` resumes it when it next starts (Runtime::resume_all) or drives it\n"
+        "run failed-1 is running again in state Work (seq 1); its next attempt, number 2, starts a fresh budget of attempts; the process that drives workflow `job` resumes it when it next starts (Runtime::resume_all) or drives it\n"
     );
     let v = json(&path, &["retry", "failed-1", "--json"]);
     assert_eq!(
@@ -1133,6 +1133,69 @@ fn cancel_refuses_an_empty_reason() {
     assert_eq!(
         text(&path, &["cancel", "waiting-1"]),
         "cancelled run waiting-1 (waiting in state Ask, seq 0): cancelled with the loops CLI\n"
+    );
+}
+
+#[test]
+fn retry_resets_the_budget_while_attempt_numbers_count_on() {
+    let (_dir, path) = store();
+    let attempts = |path: &Path| {
+        let v = json(path, &["history", "failed-1", "--json"]);
+        let failed: Vec<u64> = v["transitions"][1]["failures"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["attempt"].as_u64().unwrap())
+            .collect();
+        (v["run"]["attempt"].as_u64().unwrap(), failed)
+    };
+    assert_eq!(attempts(&path), (1, vec![1]));
+    text(&path, &["retry", "failed-1"]);
+    // The row still names the last attempt made; the next one is number 2.
+    assert_eq!(attempts(&path), (1, vec![1]));
+    let out = text(&path, &["show", "failed-1"]);
+    assert!(
+        out.contains("\nstate           Work (seq 1, attempt 1; retried after attempt 1)\n"),
+        "{out}"
+    );
+
+    // Driven again (its handler fails again, and the policy allows one attempt): attempt 2,
+    // within a budget of its own.
+    let err = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let rt = Runtime::builder()
+                .retry(RetryPolicy::never())
+                .open(&path)
+                .unwrap();
+            rt.run(
+                "failed-1",
+                Job::Start {
+                    mode: "fail".into(),
+                },
+                &Worker,
+            )
+            .await
+        })
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "run `failed-1` failed in state `Work` (seq 1) after 1 attempt"
+    );
+    assert_eq!(attempts(&path), (2, vec![1, 2]));
+    let out = text(&path, &["show", "failed-1"]);
+    assert!(
+        out.contains("\nstate           Work (seq 1, attempt 2; retried after attempt 1)\n"),
+        "{out}"
+    );
+    let help = help(&["retry", "--help"]);
+    assert!(
+        help.contains(
+            "attempt 3 until its next attempt, number 4 (ctx.attempt() in the handler), starts."
+        ),
+        "{help}"
     );
 }
 

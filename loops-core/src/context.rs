@@ -156,7 +156,8 @@ impl Context {
         self.seq
     }
 
-    /// Which attempt at handling this state this is, from 1.
+    /// Which attempt at handling this state this is, from 1. Numbers count on after
+    /// [`Runtime::retry`](crate::Runtime::retry), which resets the budget of attempts only.
     pub fn attempt(&self) -> u32 {
         self.attempt
     }

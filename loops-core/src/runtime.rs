@@ -997,6 +997,10 @@ impl Runtime {
 
     /// Makes a failed run running again with a fresh budget of attempts; drive it again with
     /// [`run`](Self::run) (a registered workflow's run is driven in the background at once).
+    /// Attempt numbers count on (each failure record keeps its own): after a failure at
+    /// attempt 3, [`RunInfo::attempt`] stays 3 and the next attempt's
+    /// [`Context::attempt`](crate::Context::attempt) is 4; the retry policy counts the budget
+    /// from there.
     ///
     /// # Errors
     /// [`Error::RunNotFound`]; [`Error::NotFailed`] if the run is not failed;

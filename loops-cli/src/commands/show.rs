@@ -70,10 +70,15 @@ pub fn run(path: &Path, args: &ShowArgs) -> Result<()> {
     field("run", info.run_id.clone(), ID);
     field("workflow", info.workflow.clone(), PLAIN);
     field("status", info.status.to_string(), status_style(info.status));
+    // After `loops retry`, attempt numbers count on; the budget counts from the retry.
+    let retried = match info.attempt_base {
+        0 => String::new(),
+        base => format!("; retried after attempt {base}"),
+    };
     field(
         "state",
         format!(
-            "{} (seq {}, attempt {})",
+            "{} (seq {}, attempt {}{retried})",
             info.state, info.seq, info.attempt
         ),
         PLAIN,

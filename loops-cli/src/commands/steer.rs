@@ -60,11 +60,12 @@ pub fn retry(path: &Path, args: &RetryArgs) -> Result<()> {
         return emit_json(&RunView::from(&info));
     }
     emit(&format!(
-        "run {} is {} again in state {} (seq {}), with a fresh budget of attempts; the process that drives workflow `{}` resumes it when it next starts (Runtime::resume_all) or drives it\n",
+        "run {} is {} again in state {} (seq {}); its next attempt, number {}, starts a fresh budget of attempts; the process that drives workflow `{}` resumes it when it next starts (Runtime::resume_all) or drives it\n",
         paint(ID, &run_id),
         paint(status_style(info.status), info.status.as_str()),
         info.state,
         info.seq,
+        info.attempt + 1,
         info.workflow,
     ))
 }

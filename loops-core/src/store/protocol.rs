@@ -95,7 +95,8 @@ pub enum Write {
         /// Now, ms since the Unix epoch.
         at_ms: u64,
     },
-    /// Make a failed run running again, with a fresh count of attempts.
+    /// Make a failed run running again, with a fresh budget of attempts (their numbers
+    /// count on: the row's `attempt_base` is where the budget starts).
     Retry {
         /// The run.
         run_id: String,
