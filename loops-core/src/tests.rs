@@ -553,6 +553,79 @@ async fn second_open_is_refused_at_once() {
     }
 }
 
+/// Threads that open a store that does not exist yet, all at once: one creates it and has it,
+/// every other one is refused with `StoreLocked` (not an I/O error about another's temporary
+/// file), and no temporary file is left beside it.
+#[test]
+fn concurrent_opens_of_a_new_store_lock_out_all_but_one() {
+    const THREADS: usize = 8;
+    for round in 0..20 {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.redb");
+        let barrier = std::sync::Barrier::new(THREADS);
+        let results: Vec<Result<RedbStore>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..THREADS)
+                .map(|_| {
+                    s.spawn(|| {
+                        barrier.wait();
+                        RedbStore::open(&path)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let opened = results.iter().filter(|r| r.is_ok()).count();
+        let locked = results
+            .iter()
+            .filter(|r| matches!(r, Err(Error::StoreLocked { path: p }) if *p == path))
+            .count();
+        let others: Vec<String> = results
+            .iter()
+            .filter_map(|r| r.as_ref().err())
+            .filter(|e| !matches!(e, Error::StoreLocked { .. }))
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            (opened, locked, others),
+            (1, THREADS - 1, Vec::new()),
+            "round {round}"
+        );
+        drop(results);
+        let mut names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["store.redb"], "round {round}");
+    }
+}
+
+/// A temporary file left by a creation that was killed is removed by the next creation once
+/// it is a minute old; a younger one may be another process's creation in progress.
+#[test]
+fn a_creation_removes_only_stale_temporary_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let stale = dir.path().join(".store.redb.new-4000000-0");
+    let young = dir.path().join(".store.redb.new-4000001-0");
+    for file in [&stale, &young] {
+        std::fs::write(file, b"half made").unwrap();
+    }
+    let old = std::time::SystemTime::now() - Duration::from_secs(61);
+    std::fs::File::options()
+        .write(true)
+        .open(&stale)
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    drop(RedbStore::open(dir.path().join("store.redb")).unwrap());
+    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, [".store.redb.new-4000001-0", "store.redb"]);
+}
+
 #[cfg(unix)]
 #[tokio::test]
 async fn store_file_is_private() {

@@ -1273,10 +1273,21 @@ fn decode_info(run_id: &str, bytes: &[u8]) -> Result<RunInfo> {
     Ok(info)
 }
 
+/// How old a temporary file of [`create_atomically`] must be for another creation to remove
+/// it: a creation that is still running holds its own for milliseconds, so one this old was
+/// left by a process killed while it created the store.
+const STALE_NEW_FILE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Numbers the temporary files of creations in this process, so that threads creating the
+/// same store at once each have their own.
+static NEW_FILES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Creates a new store file at `path` so that no crash can leave it half-made: redb
-/// initializes a temporary file beside it (mode 0600), which is then linked into place (an
-/// atomic create-if-absent: a concurrent creator gets `AlreadyExists`) and its directory
-/// synced. A kill before the link leaves only a temporary file, removed by the next creation.
+/// initializes a temporary file beside it (mode 0600, named after the process and a counter),
+/// which is then linked into place (an atomic create-if-absent: a concurrent creator gets
+/// `AlreadyExists` and opens the winner's file) and its directory synced. A kill before the
+/// link leaves only a temporary file, removed by a later creation once it is
+/// [`STALE_NEW_FILE`] old; a younger one may belong to a creation running in another process.
 fn create_atomically(path: &Path) -> std::io::Result<()> {
     let dir = match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
@@ -1290,12 +1301,20 @@ fn create_atomically(path: &Path) -> std::io::Result<()> {
     let prefix = format!(".{name}.new-");
     if let Ok(entries) = std::fs::read_dir(&dir) {
         for entry in entries.flatten() {
-            if entry.file_name().to_string_lossy().starts_with(&prefix) {
+            let stale = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|at| at.elapsed().is_ok_and(|age| age >= STALE_NEW_FILE));
+            if stale && entry.file_name().to_string_lossy().starts_with(&prefix) {
                 let _ = std::fs::remove_file(entry.path());
             }
         }
     }
-    let tmp = dir.join(format!("{prefix}{}", std::process::id()));
+    let tmp = dir.join(format!(
+        "{prefix}{}-{}",
+        std::process::id(),
+        NEW_FILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
     let mut options = OpenOptions::new();
     options.read(true).write(true).create_new(true);
     #[cfg(unix)]
