@@ -308,10 +308,7 @@ impl RedbStore {
             builder.set_check_integrity_on_open(options.verify_on_open);
             // redb documents that a plain open of an altered file may panic: never let that
             // reach the caller.
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                builder.create_with_backend(backend)
-            }))
-            .unwrap_or_else(|_| {
+            crate::panics::catch(|| builder.create_with_backend(backend)).unwrap_or_else(|_| {
                 Err(redb::DatabaseError::Storage(redb::StorageError::Corrupted(
                     "redb panicked while opening the file".to_owned(),
                 )))
@@ -363,7 +360,7 @@ impl RedbStore {
     /// - [`Error::Open`] if it does not exist, is not a redb file, or cannot be read.
     pub fn open_read_only(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let opened = std::panic::catch_unwind(|| redb::Builder::new().open_read_only(&path))
+        let opened = crate::panics::catch(|| redb::Builder::new().open_read_only(&path))
             .unwrap_or_else(|_| {
                 Err(redb::DatabaseError::Storage(redb::StorageError::Corrupted(
                     "redb panicked while opening the file".to_owned(),
@@ -439,7 +436,7 @@ impl RedbStore {
             };
             // Each pass moves what it can; a few passes reach the fixed point.
             for _ in 0..8 {
-                let pass = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| db.compact()))
+                let pass = crate::panics::catch(|| db.compact())
                     .map_err(|_| Error::storage("compacting the store", corrupted("compaction")))?;
                 if !pass.map_err(|e| Error::storage("compacting the store", e))? {
                     break;
@@ -470,7 +467,7 @@ impl RedbStore {
                 path: self.inner.path.clone(),
             });
         };
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| db.check_integrity()))
+        crate::panics::catch(|| db.check_integrity())
             .map_err(|_| {
                 Error::storage(
                     "checking the store's integrity",
@@ -774,7 +771,7 @@ impl RedbStore {
         let db = self.inner.db.read().unwrap_or_else(PoisonError::into_inner);
         let txn = db.begin_read().map_err(|e| Error::storage(action(), e))?;
         // redb may panic on a page it cannot make sense of (a damaged file): a typed error.
-        let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&txn)))
+        let read = crate::panics::catch(|| f(&txn))
             .unwrap_or_else(|_| Err(ReadError::Storage(corrupted("a read"))));
         read.map_err(|e| match e {
             ReadError::Storage(e) => Error::storage(action(), e),
@@ -1016,7 +1013,7 @@ pub(crate) fn precheck(path: &Path, checks: &[SchemaCheck]) -> Result<bool> {
         return Ok(true);
     }
     // redb may panic on a damaged file: then the writable open below reports it properly.
-    let opened = std::panic::catch_unwind(|| redb::Builder::new().open_read_only(path));
+    let opened = crate::panics::catch(|| redb::Builder::new().open_read_only(path));
     let db = match opened {
         Ok(Ok(db)) => db,
         Ok(Err(redb::DatabaseError::DatabaseAlreadyOpen)) => {
@@ -1026,12 +1023,12 @@ pub(crate) fn precheck(path: &Path, checks: &[SchemaCheck]) -> Result<bool> {
         }
         Ok(Err(_)) | Err(_) => return Ok(false),
     };
-    let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+    let checked = crate::panics::catch(|| {
         let txn = db
             .begin_read()
             .map_err(|e| Error::storage("checking schemas before opening", e))?;
         schemas_match(&txn, checks)
-    }));
+    });
     match checked {
         Ok(result) => result.map(|()| true),
         // A damaged file: leave it to the writable open, which verifies every page.
@@ -1429,21 +1426,22 @@ fn commit_writes(
     let (results, storage_failed) = {
         let guard = db.read().unwrap_or_else(PoisonError::into_inner);
         match (&*guard, reopened) {
-            (Db::Writable(db), _) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                commit_batch(db, writes.iter().copied())
-            }))
-            .unwrap_or_else(|_| {
-                let e = Arc::new(corrupted("a commit"));
-                let results = (0..n)
-                    .map(|_| {
-                        Err(Error::Storage {
-                            action: format!("committing {n} writes"),
-                            source: Arc::clone(&e),
-                        })
-                    })
-                    .collect();
-                (results, true)
-            }),
+            (Db::Writable(db), _) => {
+                crate::panics::catch(|| commit_batch(db, writes.iter().copied())).unwrap_or_else(
+                    |_| {
+                        let e = Arc::new(corrupted("a commit"));
+                        let results = (0..n)
+                            .map(|_| {
+                                Err(Error::Storage {
+                                    action: format!("committing {n} writes"),
+                                    source: Arc::clone(&e),
+                                })
+                            })
+                            .collect();
+                        (results, true)
+                    },
+                )
+            }
             (Db::Reopening(_), Err(e)) => (
                 (0..n)
                     .map(|_| {
