@@ -129,6 +129,9 @@ const MAX_INTERRUPTIONS: u32 = 100;
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // A damaged store file makes redb panic inside loops, which reports it as an error: that
+    // error, on one line, is all the user should see.
+    loops::silence_caught_redb_panics();
     let cli = Cli::parse();
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
     tracing_subscriber::fmt()
