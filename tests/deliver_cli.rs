@@ -153,4 +153,25 @@ fn a_damaged_store_is_one_clean_error_without_a_panic() {
         format!("{said}\n"),
         "offset {offset}"
     );
+
+    // `--fresh` deletes it all the same (no process has it open), and starts over.
+    let output = deliver(
+        dir.path(),
+        &["--store".into(), damaged.clone().into(), "--fresh".into()],
+    );
+    assert!(output.status.success(), "{}", describe(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let deleting = said
+        .strip_prefix("error: cannot open the store: ")
+        .expect("the error's prefix");
+    assert_eq!(
+        stdout.lines().next(),
+        Some(format!("--fresh: {deleting}; deleting it all the same").as_str()),
+        "{stdout}"
+    );
+    let done = format!(
+        "pull request: forge://demo/pulls/1\n  stored in {}\n",
+        dir.path().join("work/forge/pulls/1.json").display()
+    );
+    assert!(stdout.ends_with(&done), "{stdout}");
 }

@@ -491,6 +491,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let paths = Paths::new(dir.path().to_path_buf(), None, None);
         paths.create_workdir().unwrap();
+        paths.clear_leftovers().unwrap();
         let base = project::prepare(&paths).await.unwrap();
         let agent = Agent {
             model: Stubborn,

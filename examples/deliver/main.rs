@@ -221,6 +221,12 @@ impl Interrupt {
 
 /// Checks the arguments and the tools, deletes what `--fresh` deletes, creates the work
 /// directory and opens the store.
+///
+/// The store's lock is what keeps two `deliver` from working in one work directory at once:
+/// it is taken before anything in the work directory is cleared or set up, so that a second
+/// process started at the same moment is refused with "is another `deliver` running?" before
+/// it touches what the first one is building. `--fresh` holds the old store's lock while it
+/// deletes.
 async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
     // Refused before anything is printed or touched.
     loops::runtime::validate_run_id(&cli.run_id).map_err(|e| anyhow::anyhow!("--run-id: {e}"))?;
@@ -249,13 +255,7 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
         cli.repo.as_deref().map(absolute).transpose()?,
     );
     if cli.fresh {
-        if paths.store.exists() {
-            // Fails (after `open_store`'s wait) if another process has the store open, before
-            // anything is deleted.
-            let store = open_store(|| loops::RedbStore::open(&paths.store)).await;
-            drop(store.context("--fresh: cannot open the store")?);
-        }
-        paths.delete()?;
+        delete_for_fresh(&paths).await?;
     }
     paths.create_workdir()?;
 
@@ -274,12 +274,56 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
         loops::Error::SchemaMismatch { .. } => {
             anyhow::anyhow!("{e}. Run with --fresh to start over, or use another --run-id")
         }
+        e => store_error(e),
+    })?;
+    // The store's lock is ours: what an earlier process left in the work directory is not
+    // in use.
+    paths.clear_leftovers()?;
+    Ok((paths, runtime))
+}
+
+/// `--fresh`: deletes the store and the work directory, holding the store's lock meanwhile,
+/// so that a `deliver` started now is refused until the work directory is gone, and then
+/// starts in a new one. (Not quite with a `--store` outside the work directory: that store
+/// goes first, and a `deliver` started in the instant before the work directory goes would
+/// find it gone under it.)
+///
+/// A store that cannot be opened for another reason than its lock (a damaged file) is not
+/// open in any process: it is deleted all the same, as `--fresh` asks.
+async fn delete_for_fresh(paths: &Paths) -> Result<()> {
+    let held = if paths.store.exists() {
+        match open_store(|| loops::RedbStore::open(&paths.store)).await {
+            Ok(store) => Some(store),
+            Err(e @ loops::Error::StoreLocked { .. }) => {
+                return Err(store_error(e).context("--fresh"));
+            }
+            Err(e) => {
+                say!(
+                    "--fresh: {:#}; deleting it all the same",
+                    anyhow::Error::new(e)
+                );
+                None
+            }
+        }
+    } else {
+        None
+    };
+    // Elsewhere than on Unix, a directory that holds an open file cannot be renamed, nor an
+    // open file deleted: there the lock is let go first.
+    let held = held.filter(|_| cfg!(unix));
+    paths.delete()?;
+    drop(held);
+    Ok(())
+}
+
+/// The error for a store that `open_store` could not open.
+fn store_error(e: loops::Error) -> anyhow::Error {
+    match e {
         loops::Error::StoreLocked { .. } => {
             anyhow::anyhow!("{e}: is another `deliver` running?")
         }
         e => anyhow::Error::new(e).context("cannot open the store"),
-    })?;
-    Ok((paths, runtime))
+    }
 }
 
 /// Drives the run until it ends, parks at the approval gate, or a test hook stops it.

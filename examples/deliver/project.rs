@@ -106,14 +106,16 @@ impl Paths {
     }
 
     /// Deletes the store and the work directory (`--fresh`). A repository given with
-    /// `--repo` is left alone.
+    /// `--repo` is left alone. The caller holds the store's lock meanwhile, where it can.
     ///
-    /// Safe to interrupt: the store goes first (one unlink), then the work directory is
-    /// renamed aside to `<workdir>.deleting-<pid>` (one rename) and removed from there. A
-    /// kill leaves the work directory either whole (and the next run, finding no store,
-    /// starts a new run in it, whose steps find their commits and pull request by their
-    /// idempotency keys) or gone; never half deleted. What a kill leaves aside is removed
-    /// by the next start ([`create_workdir`](Self::create_workdir)).
+    /// Safe to interrupt. A store in the work directory (the default) goes with it: the work
+    /// directory is renamed aside to `<workdir>.deleting-<pid>` (one rename) and removed from
+    /// there. A store elsewhere goes first (one unlink), then the work directory the same
+    /// way. A kill leaves the work directory either whole (with its store, whose run the next
+    /// start resumes or reports; or without it, and the next start begins a new run there,
+    /// whose steps find their commits and pull request by their idempotency keys) or gone;
+    /// never half deleted. What a kill leaves aside is removed by the next start
+    /// ([`clear_leftovers`](Self::clear_leftovers)).
     ///
     /// # Errors
     /// If the work directory exists, is not empty and was not made by this example, holds
@@ -132,12 +134,16 @@ impl Paths {
                 self.workdir.display()
             );
         }
-        match std::fs::remove_file(&self.store) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e).context(format!("cannot delete {}", self.store.display())),
+        if !self.store.starts_with(&self.workdir) {
+            match std::fs::remove_file(&self.store) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(e).context(format!("cannot delete {}", self.store.display()));
+                }
+            }
         }
-        self.clear_leftovers();
+        self.clear_asides();
         if !self.workdir.exists() {
             return Ok(());
         }
@@ -181,7 +187,7 @@ impl Paths {
 
     /// Removes what interrupted deletions left aside (`<workdir>.deleting-<pid>`). Best
     /// effort: a failure is logged and tried again at the next start.
-    fn clear_leftovers(&self) {
+    fn clear_asides(&self) {
         let (Some(parent), Some(name)) = (self.workdir.parent(), self.workdir.file_name()) else {
             return;
         };
@@ -201,15 +207,13 @@ impl Paths {
         }
     }
 
-    /// Creates the work directory and its marker, and clears what interrupted runs left
-    /// behind (a work directory moved aside to be deleted, half-built repositories, test
-    /// binaries).
+    /// Creates the work directory and its marker. Nothing in it is touched: that waits for
+    /// the store's lock ([`clear_leftovers`](Self::clear_leftovers)).
     ///
     /// # Errors
     /// If the directory cannot be created, or exists, is not empty and was not made by this
     /// example (so that `--fresh` never deletes a directory of the user's).
     pub fn create_workdir(&self) -> Result<()> {
-        self.clear_leftovers();
         if self.workdir.exists() && !self.is_ours()? {
             bail!(
                 "{} is not empty and is not a work directory of this example (no {MARKER} in \
@@ -220,7 +224,17 @@ impl Paths {
         std::fs::create_dir_all(&self.workdir)
             .with_context(|| format!("cannot create {}", self.workdir.display()))?;
         std::fs::write(self.workdir.join(MARKER), "")
-            .with_context(|| format!("cannot write in {}", self.workdir.display()))?;
+            .with_context(|| format!("cannot write in {}", self.workdir.display()))
+    }
+
+    /// Clears what interrupted runs left behind: a work directory moved aside to be deleted,
+    /// half-built repositories, test builds. Only for the holder of the store's lock: another
+    /// process's work in progress looks the same.
+    ///
+    /// # Errors
+    /// If the scratch directory cannot be made anew.
+    pub fn clear_leftovers(&self) -> Result<()> {
+        self.clear_asides();
         // Best effort: a process killed earlier may still be writing there.
         if let Ok(entries) = std::fs::read_dir(&self.workdir) {
             for entry in entries.flatten() {
