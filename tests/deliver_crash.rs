@@ -732,6 +732,92 @@ fn fresh_while_another_runs_is_refused_and_deletes_nothing() {
     check(&workdir, reference, "after the refused --fresh");
 }
 
+/// A run on a repository of the user's (`--repo`) killed after a transition (before its first
+/// commit, and after it) resumes to one pull request with each commit made once, whatever
+/// the user did to the checkout meanwhile (here: HEAD detached, as earlier versions of this
+/// example left it, and a tracked file changed); and the checkout stays as the user left it.
+#[test]
+fn a_killed_run_on_a_given_repo_resumes_whatever_is_checked_out() {
+    for k in [1, 4] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        // The user's repository: a clone of the demo's.
+        let demo = dir.path().join("demo");
+        let output = deliver(&demo)
+            .env(STOP_VAR, "0")
+            .output()
+            .expect("run the example");
+        assert!(output.status.success(), "{}", describe(&output));
+        let repo = dir.path().join("user");
+        git(
+            dir.path(),
+            &["clone", "--quiet", "demo/repo", &repo.to_string_lossy()],
+        );
+        let workdir = dir.path().join("work");
+        let with_repo = || {
+            let mut cmd = deliver(&workdir);
+            cmd.arg("--repo").arg(&repo);
+            cmd
+        };
+        let mut child = start_held(with_repo(), k);
+        child.kill().expect("SIGKILL the example");
+        child.wait().expect("reap the example");
+
+        git(&repo, &["checkout", "--quiet", "--detach", "main"]);
+        std::fs::write(repo.join("notes.txt"), "mine\n").expect("write");
+        let mut lib = std::fs::read_to_string(repo.join("src/lib.rs")).expect("read");
+        lib.push_str("// the user's edit\n");
+        std::fs::write(repo.join("src/lib.rs"), &lib).expect("edit");
+        let head = git(&repo, &["rev-parse", "HEAD"]);
+
+        let output = with_repo().output().expect("run the example");
+        let context = format!("k={k}: {}", describe(&output));
+        assert!(output.status.success(), "{context}");
+        assert!(
+            String::from_utf8_lossy(&output.stdout)
+                .contains(&format!("(seq {k}; attempt 1 was interrupted)")),
+            "{context}"
+        );
+        assert_eq!(
+            std::fs::read_dir(workdir.join("forge/pulls"))
+                .expect("the forge")
+                .count(),
+            1,
+            "{context}"
+        );
+        let keys = git(
+            &repo,
+            &[
+                "log",
+                "--all",
+                "--format=%(trailers:key=Loops-Idempotency-Key,valueonly)",
+            ],
+        );
+        let mut keys: Vec<&str> = keys.lines().filter(|l| !l.trim().is_empty()).collect();
+        let total = keys.len();
+        keys.sort_unstable();
+        keys.dedup();
+        assert_eq!(
+            (total, keys.len()),
+            (2, 2),
+            "{context}: a commit made twice?"
+        );
+        assert_eq!(
+            git(&repo, &["rev-list", "--count", "main..loops/deliver-1"]),
+            "2\n"
+        );
+        // The checkout is as the user left it.
+        assert_eq!(git(&repo, &["rev-parse", "HEAD"]), head);
+        assert_eq!(
+            git(&repo, &["status", "--porcelain=v1"]),
+            " M src/lib.rs\n?? notes.txt\n"
+        );
+        assert_eq!(
+            std::fs::read_to_string(repo.join("src/lib.rs")).expect("read"),
+            lib
+        );
+    }
+}
+
 /// The hint a parked run prints names its flags: run as printed (with the example's binary
 /// for `cargo run --example deliver --`), it approves the run as `$USER`. And an explicit
 /// `--auto-approve` approves a parked run.

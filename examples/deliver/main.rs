@@ -48,7 +48,7 @@ use crate::git::Git;
 use crate::hooks::Hooks;
 use crate::model::ScriptedModel;
 use crate::project::Paths;
-use crate::workflow::{APPROVAL_EVENT, Approval, Deliver};
+use crate::workflow::{APPROVAL_EVENT, Approval, Base, Deliver};
 
 const HOOKS_HELP: &str = "\
 Logging: RUST_LOG=loops=info shows the store's commits; RUST_LOG=loops=info,deliver=debug also
@@ -74,8 +74,14 @@ struct Cli {
     #[arg(long, value_name = "DIR", default_value = DEFAULT_WORKDIR)]
     workdir: PathBuf,
 
-    /// The git checkout to work in: the top directory of an existing work tree, on the branch
-    /// pull requests should target [default: <WORKDIR>/repo, created with a tiny Rust crate]
+    /// The git repository to work on: the top directory of an existing work tree. A new run
+    /// starts from the last commit of the branch checked out there, which its pull request
+    /// targets; it is refused while HEAD is detached (as earlier versions of this example
+    /// left it after testing: check your branch out again) or tracked files have uncommitted
+    /// changes (commit or stash them). The checkout is never changed: the agent commits to
+    /// its own branch (loops/<RUN_ID>) through git's object database and builds the tests in
+    /// a copy under the work directory, so a run that exists goes on whatever is checked out
+    /// [default: <WORKDIR>/repo, created with a tiny Rust crate]
     #[arg(long, value_name = "PATH")]
     repo: Option<PathBuf>,
 
@@ -335,7 +341,8 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime) -> Result<()> {
     say!("store:  {}", shown_store.display());
     say!("run id: {}", cli.run_id);
 
-    let base = project::prepare(paths).await?;
+    let recorded = recorded_base(runtime, &cli.run_id).await?;
+    let base = project::prepare(paths, &agent::work_branch(&cli.run_id), recorded).await?;
     let hooks = Hooks::from_env(paths.entries_log.clone())?;
     let agent = Agent {
         model: ScriptedModel::demo(),
@@ -437,6 +444,19 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime) -> Result<()> {
         other => bail!("the run ended in a non-terminal state: {other:?}"),
     }
     Ok(())
+}
+
+/// The base the run `run_id` started from, if it exists: a run that exists goes on from its
+/// own, whatever is checked out now.
+async fn recorded_base(runtime: &Runtime, run_id: &str) -> Result<Option<Base>> {
+    if runtime.run_info(run_id).await?.is_none() {
+        return Ok(None);
+    }
+    let history = runtime.history::<Deliver>(run_id).await?;
+    match history.into_iter().next().map(|t| t.value) {
+        Some(Deliver::Received { base, .. }) => Ok(Some(base)),
+        first => bail!("run {run_id} did not start at Received: {first:?}"),
+    }
 }
 
 /// How long a store found locked is tried again, and how long apart.
