@@ -103,3 +103,75 @@ fn a_repo_must_be_the_top_of_an_existing_work_tree() {
     let output = deliver(dir.path(), &repo("plain/sub"));
     assert_refused(&output, "name its top directory", dir.path(), &["plain"]);
 }
+
+/// A store file with one byte flipped, where the flip makes redb panic as it opens the file:
+/// the example says it cannot open the store, in one line, and prints no panic.
+#[test]
+fn a_damaged_store_is_one_clean_error_without_a_panic() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let output = deliver(dir.path(), &[]);
+    assert!(output.status.success(), "{}", describe(&output));
+    let good = std::fs::read(dir.path().join("work/deliver.redb")).expect("read the store");
+
+    // The first page start (or, failing that, 64-byte step) whose flip makes redb panic.
+    let damaged = dir.path().join("damaged.redb");
+    let flip = |offset: usize, to: &Path| {
+        let mut bytes = good.clone();
+        bytes[offset] ^= 0xff;
+        std::fs::write(to, bytes).expect("write the damaged copy");
+    };
+    let offset = (0..good.len())
+        .step_by(4096)
+        .chain((0..good.len()).step_by(64))
+        .find(|&offset| {
+            flip(offset, &damaged);
+            std::panic::catch_unwind(|| redb::Builder::new().open_read_only(&damaged)).is_err()
+        })
+        .expect("a flipped byte that makes redb panic");
+
+    // What loops says of that file (opened here in a copy: opening may repair it).
+    let copy = dir.path().join("copy.redb");
+    flip(offset, &copy);
+    let err = loops::RedbStore::open(&copy).expect_err("a damaged store");
+    let mut said = format!("error: cannot open the store: {err}");
+    let mut source = std::error::Error::source(&err);
+    while let Some(e) = source {
+        said.push_str(&format!(": {e}"));
+        source = e.source();
+    }
+    said = said.replace(&copy.display().to_string(), &damaged.display().to_string());
+
+    let output = deliver(dir.path(), &["--store".into(), damaged.clone().into()]);
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "",
+        "offset {offset}"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        format!("{said}\n"),
+        "offset {offset}"
+    );
+
+    // `--fresh` deletes it all the same (no process has it open), and starts over.
+    let output = deliver(
+        dir.path(),
+        &["--store".into(), damaged.clone().into(), "--fresh".into()],
+    );
+    assert!(output.status.success(), "{}", describe(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let deleting = said
+        .strip_prefix("error: cannot open the store: ")
+        .expect("the error's prefix");
+    assert_eq!(
+        stdout.lines().next(),
+        Some(format!("--fresh: {deleting}; deleting it all the same").as_str()),
+        "{stdout}"
+    );
+    let done = format!(
+        "pull request: forge://demo/pulls/1\n  stored in {}\n",
+        dir.path().join("work/forge/pulls/1.json").display()
+    );
+    assert!(stdout.ends_with(&done), "{stdout}");
+}

@@ -69,14 +69,20 @@ fn hold_and_kill(workdir: &Path, k: u64) {
     child.wait().expect("reap the example");
 }
 
-/// Starts `cmd` held at seq `k` and waits for `holding at seq k`. The rest of its standard
-/// output is read (and dropped) by a thread.
+/// Starts `cmd` held at seq `k` and waits for `holding at seq k`.
 fn start_held(mut cmd: Command, k: u64) -> std::process::Child {
     let mut child = cmd
         .env(HOLD_VAR, k.to_string())
         .stdout(Stdio::piped())
         .spawn()
         .expect("start the example");
+    await_hold(&mut child, k);
+    child
+}
+
+/// Waits for `child`, started held at seq `k` with its standard output piped, to print
+/// `holding at seq k`. The rest of its standard output is read (and dropped) by a thread.
+fn await_hold(child: &mut std::process::Child, k: u64) {
     let stdout = child.stdout.take().expect("piped stdout");
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
@@ -105,7 +111,6 @@ fn start_held(mut cmd: Command, k: u64) -> std::process::Child {
             }
         }
     }
-    child
 }
 
 /// What a finished run left behind, to compare with the reference.
@@ -491,7 +496,8 @@ fn a_killed_fresh_start_or_setup_leaves_nothing_half_done() {
             .spawn()
             .expect("start the example");
         let when = if i % 2 == 0 {
-            // The store goes first: kill 0 to 3 ms after it went, in the deletion.
+            // The store goes with the work directory (one rename): kill 0 to 3 ms after it
+            // went, in the deletion.
             let store = workdir.join("deliver.redb");
             let deadline = Instant::now() + Duration::from_secs(30);
             while store.exists() && Instant::now() < deadline {
@@ -611,6 +617,205 @@ fn a_store_locked_for_a_moment_is_waited_for() {
         describe(&output)
     );
     assert!(took >= Duration::from_secs(2), "refused after {took:?}");
+}
+
+/// Two `deliver` started at once on a work directory that does not exist yet (at the same
+/// moment, and a few tens of milliseconds apart, while the first sets up): one sets
+/// everything up and runs, the other is refused with the one clear line (not an error about
+/// a store or a repository the first is making, and nothing of the first's undone). Both are
+/// held at seq 3, so that the first cannot finish and give the store back while the second
+/// waits for it. The run then resumes to the reference's result: one pull request.
+#[test]
+fn two_started_at_once_on_a_new_workdir_one_runs_and_the_other_is_refused() {
+    let reference = &reference().outcome;
+    for (round, apart_ms) in [0, 0, 30, 60, 90, 120].into_iter().enumerate() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let workdir = dir.path().join("work");
+        let start = || {
+            deliver(&workdir)
+                .env(HOLD_VAR, "3")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("start the example")
+        };
+        let first = start();
+        std::thread::sleep(Duration::from_millis(apart_ms));
+        let mut both = [first, start()];
+        // The refused one exits once it gave up waiting for the store; the other holds.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let exited = loop {
+            if let Some(i) = (0..2).find(|&i| both[i].try_wait().expect("poll").is_some()) {
+                break i;
+            }
+            if Instant::now() > deadline {
+                for child in &mut both {
+                    let _ = child.kill();
+                }
+                panic!("round {round}: neither process exited");
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let [first, second] = both;
+        let (refused, mut running) = if exited == 0 {
+            (first, second)
+        } else {
+            (second, first)
+        };
+        await_hold(&mut running, 3);
+        running.kill().expect("SIGKILL the example");
+        running.wait().expect("reap the example");
+        let output = refused
+            .wait_with_output()
+            .expect("the refused one's output");
+        let context = format!("round {round} ({apart_ms} ms apart): {}", describe(&output));
+        assert_eq!(output.status.code(), Some(1), "{context}");
+        assert_eq!(String::from_utf8_lossy(&output.stdout), "", "{context}");
+        assert_eq!(
+            String::from_utf8_lossy(&output.stderr),
+            format!(
+                "error: store {} is already open in this or another process: is another \
+                 `deliver` running?\n",
+                workdir.join("deliver.redb").display()
+            ),
+            "{context}"
+        );
+        run_to_completion(&workdir, &format!("round {round}"));
+        check(&workdir, reference, &format!("round {round}"));
+    }
+}
+
+/// `--fresh` while another `deliver` drives the run in the work directory: refused in one
+/// line once it gave up waiting for the store, with nothing deleted; the run goes on.
+#[test]
+fn fresh_while_another_runs_is_refused_and_deletes_nothing() {
+    let reference = &reference().outcome;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let workdir = dir.path().join("work");
+    let mut running = start_held(deliver(&workdir), 3);
+    let listing = |dir: &Path| {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .expect("read the work directory")
+            .map(|e| {
+                e.expect("an entry")
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .collect();
+        names.sort();
+        names
+    };
+    let before = listing(&workdir);
+    let output = deliver(&workdir)
+        .arg("--fresh")
+        .output()
+        .expect("run the example");
+    let after = listing(&workdir);
+    running.kill().expect("SIGKILL the example");
+    running.wait().expect("reap the example");
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        format!(
+            "error: --fresh: store {} is already open in this or another process: is another \
+             `deliver` running?\n",
+            workdir.join("deliver.redb").display()
+        )
+    );
+    assert_eq!(after, before);
+    let stdout = run_to_completion(&workdir, "after the refused --fresh");
+    assert!(
+        stdout.contains("(seq 3; attempt 1 was interrupted)"),
+        "{stdout}"
+    );
+    check(&workdir, reference, "after the refused --fresh");
+}
+
+/// A run on a repository of the user's (`--repo`) killed after a transition (before its first
+/// commit, and after it) resumes to one pull request with each commit made once, whatever
+/// the user did to the checkout meanwhile (here: HEAD detached, as earlier versions of this
+/// example left it, and a tracked file changed); and the checkout stays as the user left it.
+#[test]
+fn a_killed_run_on_a_given_repo_resumes_whatever_is_checked_out() {
+    for k in [1, 4] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        // The user's repository: a clone of the demo's.
+        let demo = dir.path().join("demo");
+        let output = deliver(&demo)
+            .env(STOP_VAR, "0")
+            .output()
+            .expect("run the example");
+        assert!(output.status.success(), "{}", describe(&output));
+        let repo = dir.path().join("user");
+        git(
+            dir.path(),
+            &["clone", "--quiet", "demo/repo", &repo.to_string_lossy()],
+        );
+        let workdir = dir.path().join("work");
+        let with_repo = || {
+            let mut cmd = deliver(&workdir);
+            cmd.arg("--repo").arg(&repo);
+            cmd
+        };
+        let mut child = start_held(with_repo(), k);
+        child.kill().expect("SIGKILL the example");
+        child.wait().expect("reap the example");
+
+        git(&repo, &["checkout", "--quiet", "--detach", "main"]);
+        std::fs::write(repo.join("notes.txt"), "mine\n").expect("write");
+        let mut lib = std::fs::read_to_string(repo.join("src/lib.rs")).expect("read");
+        lib.push_str("// the user's edit\n");
+        std::fs::write(repo.join("src/lib.rs"), &lib).expect("edit");
+        let head = git(&repo, &["rev-parse", "HEAD"]);
+
+        let output = with_repo().output().expect("run the example");
+        let context = format!("k={k}: {}", describe(&output));
+        assert!(output.status.success(), "{context}");
+        assert!(
+            String::from_utf8_lossy(&output.stdout)
+                .contains(&format!("(seq {k}; attempt 1 was interrupted)")),
+            "{context}"
+        );
+        assert_eq!(
+            std::fs::read_dir(workdir.join("forge/pulls"))
+                .expect("the forge")
+                .count(),
+            1,
+            "{context}"
+        );
+        let keys = git(
+            &repo,
+            &[
+                "log",
+                "--all",
+                "--format=%(trailers:key=Loops-Idempotency-Key,valueonly)",
+            ],
+        );
+        let mut keys: Vec<&str> = keys.lines().filter(|l| !l.trim().is_empty()).collect();
+        let total = keys.len();
+        keys.sort_unstable();
+        keys.dedup();
+        assert_eq!(
+            (total, keys.len()),
+            (2, 2),
+            "{context}: a commit made twice?"
+        );
+        assert_eq!(
+            git(&repo, &["rev-list", "--count", "main..loops/deliver-1"]),
+            "2\n"
+        );
+        // The checkout is as the user left it.
+        assert_eq!(git(&repo, &["rev-parse", "HEAD"]), head);
+        assert_eq!(
+            git(&repo, &["status", "--porcelain=v1"]),
+            " M src/lib.rs\n?? notes.txt\n"
+        );
+        assert_eq!(
+            std::fs::read_to_string(repo.join("src/lib.rs")).expect("read"),
+            lib
+        );
+    }
 }
 
 /// The hint a parked run prints names its flags: run as printed (with the example's binary

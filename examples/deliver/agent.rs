@@ -36,13 +36,14 @@ const TEST_TIMEOUT: Duration = Duration::from_secs(300);
 pub struct Agent<M> {
     /// Plans changes and fixes.
     pub model: M,
-    /// The checkout it edits, commits and tests in.
+    /// The repository it commits to (through git's object database: its checkout is never
+    /// changed).
     pub git: Git,
     /// The bare repository it pushes to.
     pub remote: PathBuf,
     /// Where pull requests are opened.
     pub forge: Forge,
-    /// Scratch space for test builds.
+    /// Scratch space for test builds and temporary indexes.
     pub scratch: PathBuf,
     /// The entry hooks.
     pub hooks: Hooks,
@@ -102,7 +103,7 @@ impl<M: Model> Agent<M> {
         let (committed, ran) = self
             .step(ctx, "commit", StepOptions::default(), |key| async move {
                 self.git
-                    .commit_change(branch, parent, change, body, &key)
+                    .commit_change(branch, parent, change, body, &key, &self.scratch)
                     .await
             })
             .await?;
@@ -491,7 +492,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let paths = Paths::new(dir.path().to_path_buf(), None, None);
         paths.create_workdir().unwrap();
-        let base = project::prepare(&paths).await.unwrap();
+        paths.clear_leftovers().unwrap();
+        let base = project::prepare(&paths, "loops/stubborn", None)
+            .await
+            .unwrap();
         let agent = Agent {
             model: Stubborn,
             git: Git::new(&paths.repo),

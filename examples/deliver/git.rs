@@ -4,7 +4,14 @@
 //! system configuration, so that the same change on the same parent always yields the same
 //! commit id: on any machine (even one where git has no user configured), and whether a run
 //! was interrupted or not.
+//!
+//! The agent never changes a checkout: not its work tree, not its index, not its HEAD. It
+//! commits through git's object database (blobs, a tree built in a temporary index, a commit,
+//! then one ref update of its own branch) and reads commits back the same way, so a
+//! repository given with `--repo` can be worked in, or have uncommitted changes, while it
+//! runs.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::Duration;
@@ -12,7 +19,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail, ensure};
 use tokio::process::Command;
 
-use crate::workflow::{Change, Commit};
+use crate::workflow::{Change, Commit, Edit};
 
 /// The name commits are authored and committed under.
 pub const AGENT_NAME: &str = "loops agent";
@@ -56,12 +63,26 @@ pub async fn check_installed() -> Result<String> {
 #[derive(Debug, Clone)]
 pub struct Git {
     dir: PathBuf,
+    /// The index file commands use instead of the repository's (`GIT_INDEX_FILE`).
+    index: Option<PathBuf>,
 }
 
 impl Git {
     /// Commands will run in `dir`.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
-        Git { dir: dir.into() }
+        Git {
+            dir: dir.into(),
+            index: None,
+        }
+    }
+
+    /// The same repository, with commands that use the index file `index` (created if
+    /// missing) instead of the checkout's own.
+    pub fn with_index(&self, index: &Path) -> Git {
+        Git {
+            dir: self.dir.clone(),
+            index: Some(index.to_path_buf()),
+        }
     }
 
     /// The directory commands run in.
@@ -99,7 +120,8 @@ impl Git {
         let mut tries = 0;
         loop {
             tracing::debug!(dir = %self.dir.display(), "git {}", args.join(" "));
-            let output = command(&self.dir)
+            let output = self
+                .command()
                 .args(args)
                 .output()
                 .await
@@ -175,36 +197,18 @@ impl Git {
         Ok(found.lines().next().map(str::to_owned))
     }
 
-    /// Moves `branch` to `commit` and checks it out, discarding changes in the work tree.
-    ///
-    /// # Errors
-    /// If git fails.
-    pub async fn checkout(&self, branch: &str, commit: &str) -> Result<()> {
-        self.run(&["checkout", "--quiet", "--force", "-B", branch, commit])
-            .await?;
-        Ok(())
-    }
-
-    /// Checks out `commit` without moving any branch, discarding changes in the work tree.
-    ///
-    /// # Errors
-    /// If git fails.
-    pub async fn checkout_detached(&self, commit: &str) -> Result<()> {
-        self.run(&["checkout", "--quiet", "--force", "--detach", commit])
-            .await?;
-        Ok(())
-    }
-
-    /// Commits `change` on `branch` on top of `parent`, exactly once per `key`.
+    /// Commits `change` on `branch` on top of `parent`, exactly once per `key`, without
+    /// touching the checkout.
     ///
     /// If a commit carrying `key` exists already (an earlier attempt committed, then the
     /// process stopped before the step's record), that commit is returned and nothing is
-    /// committed. Otherwise the branch is reset to `parent` (dropping whatever an interrupted
-    /// attempt left in the work tree), the edits are applied and committed with `key` as a
-    /// trailer.
+    /// committed. Otherwise the edited files are read from `parent`, edited, and written as
+    /// blobs; a tree is built from `parent`'s in a temporary index under `scratch`; the commit
+    /// (with `key` as a trailer) is made from it, and `branch` is set to it. A kill before that
+    /// last step leaves only objects no ref reaches; the next attempt makes the same commit.
     ///
     /// # Errors
-    /// If an edit does not apply or git fails.
+    /// If an edit does not apply, names no regular file of `parent`, or git fails.
     pub async fn commit_change(
         &self,
         branch: &str,
@@ -212,6 +216,7 @@ impl Git {
         change: &Change,
         body: &str,
         key: &str,
+        scratch: &Path,
     ) -> Result<Committed> {
         if let Some(id) = self.find_commit_with_key(key).await? {
             tracing::info!(commit = %id, key, "commit found by its idempotency key");
@@ -223,25 +228,64 @@ impl Git {
                 created: false,
             });
         }
-        self.checkout(branch, parent).await?;
-        apply_edits(&self.dir, change).await?;
-        let mut add = vec!["add", "--"];
-        add.extend(change.edits.iter().map(|e| e.path.as_str()));
-        self.run(&add).await?;
+        // Each file's mode and text, as the edits leave them.
+        let mut files: BTreeMap<&str, (String, String)> = BTreeMap::new();
+        for edit in &change.edits {
+            check_edit_path(&edit.path)?;
+            let (mode, text) = match files.remove(edit.path.as_str()) {
+                Some(file) => file,
+                None => self.file_at(parent, &edit.path).await?,
+            };
+            files.insert(&edit.path, (mode, apply_edit(&text, edit)?));
+        }
+        let work = tempfile::Builder::new()
+            .prefix("commit-")
+            .tempdir_in(scratch)
+            .with_context(|| format!("cannot create a directory in {}", scratch.display()))?;
+        let index = self.with_index(&work.path().join("index"));
+        index.run(&["read-tree", parent]).await?;
+        for (path, (mode, text)) in &files {
+            // Written to the object database as it is (no end-of-line or other filters).
+            let file = work.path().join("blob");
+            std::fs::write(&file, text)
+                .with_context(|| format!("cannot write {}", file.display()))?;
+            let file = file.to_string_lossy();
+            let blob = self
+                .run(&["hash-object", "-w", "--no-filters", "--", &file])
+                .await?;
+            index
+                .run(&[
+                    "update-index",
+                    "--cacheinfo",
+                    &format!("{mode},{blob},{path}"),
+                ])
+                .await?;
+        }
+        let tree = index.run(&["write-tree"]).await?;
         let trailer = format!("{KEY_TRAILER}: {key}");
+        let id = self
+            .run(&[
+                "commit-tree",
+                &tree,
+                "-p",
+                parent,
+                "-m",
+                &change.summary,
+                "-m",
+                body,
+                "-m",
+                &trailer,
+            ])
+            .await?;
+        let reason = format!("deliver: {}", change.summary);
         self.run(&[
-            "commit",
-            "--quiet",
-            "--no-verify",
+            "update-ref",
             "-m",
-            &change.summary,
-            "-m",
-            body,
-            "-m",
-            &trailer,
+            &reason,
+            &format!("refs/heads/{branch}"),
+            &id,
         ])
         .await?;
-        let id = self.rev_parse("HEAD").await?;
         tracing::info!(commit = %id, branch, key, "committed");
         Ok(Committed {
             commit: Commit {
@@ -250,6 +294,57 @@ impl Git {
             },
             created: true,
         })
+    }
+
+    /// The mode (`100644` or `100755`) and the text of the regular file `path` at `commit`.
+    ///
+    /// # Errors
+    /// If `commit` has no regular file there, it is not UTF-8, or git fails.
+    async fn file_at(&self, commit: &str, path: &str) -> Result<(String, String)> {
+        let listing = self.run(&["ls-tree", "-z", commit, "--", path]).await?;
+        // Entries `<mode> <type> <object>\t<path>`, each ended by a NUL.
+        let entry = listing
+            .split('\0')
+            .find_map(|e| e.split_once('\t').filter(|(_, p)| *p == path))
+            .map(|(info, _)| info.split(' ').collect::<Vec<_>>());
+        let Some([mode, "blob", object]) = entry.as_deref() else {
+            bail!(
+                "edit of {path}: there is no such file at commit {}",
+                crate::agent::short(commit)
+            );
+        };
+        ensure!(
+            matches!(*mode, "100644" | "100755"),
+            "edit of {path}: not a regular file at commit {} (mode {mode})",
+            crate::agent::short(commit)
+        );
+        let output = self.output(&["cat-file", "blob", object]).await?;
+        ensure!(
+            output.status.success(),
+            "`git cat-file blob {object}` in {} failed: {}",
+            self.dir.display(),
+            one_line(&String::from_utf8_lossy(&output.stderr))
+        );
+        let text = String::from_utf8(output.stdout)
+            .with_context(|| format!("edit of {path}: the file is not UTF-8"))?;
+        Ok(((*mode).to_owned(), text))
+    }
+
+    /// Writes the files of `commit` under `dir` (a new directory), using `index` as a
+    /// temporary index: a copy to build and test, made without touching the checkout.
+    ///
+    /// # Errors
+    /// If git fails.
+    pub async fn export(&self, commit: &str, dir: &Path, index: &Path) -> Result<()> {
+        let index = self.with_index(index);
+        index.run(&["read-tree", commit]).await?;
+        // `--prefix` is a string git prepends to each path: a trailing separator makes it a
+        // directory.
+        let prefix = format!("{}{}", dir.display(), std::path::MAIN_SEPARATOR);
+        index
+            .run(&["checkout-index", "--all", &format!("--prefix={prefix}")])
+            .await?;
+        Ok(())
     }
 
     /// Pushes `commit` to `branch` of the repository at `remote`. Pushing the same commit
@@ -288,9 +383,21 @@ pub struct SourceFile {
     pub text: String,
 }
 
+impl Git {
+    /// A `git` command in this repository, as [`command`] makes it, with the index file of
+    /// [`with_index`](Self::with_index) if any.
+    fn command(&self) -> Command {
+        let mut cmd = command(&self.dir);
+        if let Some(index) = &self.index {
+            cmd.env("GIT_INDEX_FILE", index);
+        }
+        cmd
+    }
+}
+
 /// A `git` command in `dir` with a fixed identity and dates, no user or system configuration
-/// (so no signing, hooks path or templates), no background maintenance, C messages, and no
-/// prompts.
+/// (so no signing, hooks path or templates), no background maintenance, no optional locks (a
+/// `git status` does not refresh the checkout's index), C messages, and no prompts.
 fn command(dir: &Path) -> Command {
     let mut cmd = Command::new("git");
     cmd.current_dir(dir)
@@ -311,6 +418,7 @@ fn command(dir: &Path) -> Command {
         .env("GIT_CONFIG_KEY_1", "gc.auto")
         .env("GIT_CONFIG_VALUE_1", "0")
         .env("GIT_TERMINAL_PROMPT", "0")
+        .env("GIT_OPTIONAL_LOCKS", "0")
         .env("LC_ALL", "C")
         .stdin(Stdio::null());
     // Not `kill_on_drop`: when a step is dropped (Ctrl-C, a time-out), git finishes its
@@ -361,44 +469,40 @@ pub fn one_line(text: &str) -> String {
     joined
 }
 
-/// Applies `change`'s edits to the files under `root`.
+/// Checks that `path`, an edit's, is a plain relative path inside the repository.
 ///
 /// # Errors
-/// If a path leaves the repository, a file cannot be read or written, or an edit's `find`
-/// text does not occur exactly once.
-pub async fn apply_edits(root: &Path, change: &Change) -> Result<()> {
-    for edit in &change.edits {
-        let relative = Path::new(&edit.path);
-        ensure!(
-            relative
+/// If it is absolute, empty, or has a `..` or `.` component.
+pub fn check_edit_path(path: &str) -> Result<()> {
+    let relative = Path::new(path);
+    ensure!(
+        relative.components().next().is_some()
+            && relative
                 .components()
                 .all(|c| matches!(c, std::path::Component::Normal(_))),
-            "edit path {:?} is not a plain relative path inside the repository",
-            edit.path
-        );
-        let path = root.join(relative);
-        let text = tokio::fs::read_to_string(&path)
-            .await
-            .with_context(|| format!("cannot read {}", path.display()))?;
-        let found = text.matches(edit.find.as_str()).count();
-        ensure!(
-            found == 1,
-            "edit of {}: the text to replace occurs {found} times, expected once: {:?}",
-            edit.path,
-            edit.find
-        );
-        let text = text.replacen(&edit.find, &edit.replace, 1);
-        tokio::fs::write(&path, text)
-            .await
-            .with_context(|| format!("cannot write {}", path.display()))?;
-    }
+        "edit path {path:?} is not a plain relative path inside the repository"
+    );
     Ok(())
+}
+
+/// `text` with `edit` applied: its `find` text, which must occur exactly once, replaced.
+///
+/// # Errors
+/// If the `find` text does not occur exactly once.
+pub fn apply_edit(text: &str, edit: &Edit) -> Result<String> {
+    let found = text.matches(edit.find.as_str()).count();
+    ensure!(
+        found == 1,
+        "edit of {}: the text to replace occurs {found} times, expected once: {:?}",
+        edit.path,
+        edit.find
+    );
+    Ok(text.replacen(&edit.find, &edit.replace, 1))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::workflow::Edit;
 
     async fn repo_with_file(dir: &Path) -> Git {
         let git = Git::new(dir);
@@ -428,6 +532,7 @@ mod tests {
     #[tokio::test]
     async fn commits_are_deterministic_and_found_by_key() {
         let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let scratch = tempfile::tempdir().unwrap();
         let (git_a, git_b) = (
             repo_with_file(a.path()).await,
             repo_with_file(b.path()).await,
@@ -437,46 +542,92 @@ mod tests {
 
         let c = change("two", "three");
         let first = git_a
-            .commit_change("work", &base, &c, "body", "lk-1")
+            .commit_change("work", &base, &c, "body", "lk-1", scratch.path())
             .await
             .unwrap();
         assert!(first.created);
         let other = git_b
-            .commit_change("work", &base, &c, "body", "lk-1")
+            .commit_change("work", &base, &c, "body", "lk-1", scratch.path())
             .await
             .unwrap();
         assert_eq!(
             first.commit.id, other.commit.id,
             "same input, same commit id"
         );
+        let message = git_a
+            .run(&["log", "-1", "--format=%B", "work"])
+            .await
+            .unwrap();
+        assert_eq!(message, "Edit a.txt\n\nbody\n\nLoops-Idempotency-Key: lk-1");
 
-        // Re-executing the step finds the commit instead of committing again, also after
-        // testing an older commit (which checks it out detached, moving no branch).
-        git_a.checkout_detached(&base).await.unwrap();
+        // Re-executing the step finds the commit instead of committing again.
         let again = git_a
-            .commit_change("work", &base, &c, "body", "lk-1")
+            .commit_change("work", &base, &c, "body", "lk-1", scratch.path())
             .await
             .unwrap();
         assert!(!again.created);
         assert_eq!(again.commit.id, first.commit.id);
         let count = git_a.run(&["rev-list", "--count", "work"]).await.unwrap();
         assert_eq!(count, "2");
+        // Nothing is left in the scratch directory.
+        assert_eq!(std::fs::read_dir(scratch.path()).unwrap().count(), 0);
     }
 
+    /// The user's checkout (HEAD, index, work tree) is the same after a commit as before:
+    /// the edit is made to the parent's file, not to the work tree's.
     #[tokio::test]
-    async fn a_half_applied_attempt_is_discarded() {
+    async fn committing_never_touches_the_checkout() {
         let dir = tempfile::tempdir().unwrap();
+        let scratch = tempfile::tempdir().unwrap();
         let git = repo_with_file(dir.path()).await;
         let base = git.rev_parse("HEAD").await.unwrap();
-        // An interrupted attempt edited the file but did not commit.
-        std::fs::write(dir.path().join("a.txt"), "one\nthree\n").unwrap();
+        // A staged new file and an unstaged change: the user's work in progress.
+        std::fs::write(dir.path().join("b.txt"), "staged\n").unwrap();
+        git.run(&["add", "b.txt"]).await.unwrap();
+        std::fs::write(dir.path().join("a.txt"), "one\ntwo\nmine\n").unwrap();
+        let state = || async {
+            (
+                git.run(&["symbolic-ref", "HEAD"]).await.unwrap(),
+                git.run(&["status", "--porcelain=v1"]).await.unwrap(),
+                git.run(&["diff", "--cached"]).await.unwrap(),
+                std::fs::read_to_string(dir.path().join("a.txt")).unwrap(),
+            )
+        };
+        let before = state().await;
+        assert_eq!(before.1, " M a.txt\nA  b.txt");
+
+        let mut c = change("two", "three");
+        c.edits.push(Edit {
+            path: "a.txt".into(),
+            find: "one".into(),
+            replace: "zero".into(),
+        });
         let done = git
-            .commit_change("work", &base, &change("two", "three"), "b", "lk-2")
+            .commit_change("work", &base, &c, "b", "lk-2", scratch.path())
             .await
             .unwrap();
         assert!(done.created);
-        let text = git.run(&["show", "work:a.txt"]).await.unwrap();
-        assert_eq!(text, "one\nthree");
+        assert_eq!(
+            git.run(&["show", "work:a.txt"]).await.unwrap(),
+            "zero\nthree"
+        );
+        assert_eq!(
+            git.run(&["ls-tree", "--name-only", "work"]).await.unwrap(),
+            "a.txt"
+        );
+        assert_eq!(state().await, before);
+        assert_eq!(git.rev_parse("main").await.unwrap(), base);
+
+        // The commit's files, exported where the tests build.
+        let out = scratch.path().join("tree");
+        git.export(&done.commit.id, &out, &scratch.path().join("index"))
+            .await
+            .unwrap();
+        assert_eq!(
+            std::fs::read_to_string(out.join("a.txt")).unwrap(),
+            "zero\nthree\n"
+        );
+        assert_eq!(state().await, before);
     }
 
     #[test]
@@ -494,16 +645,59 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn edits_must_match_once_and_stay_inside() {
+    async fn edits_must_match_once_name_a_file_and_stay_inside() {
+        let edit = |find: &str| Edit {
+            path: "a.txt".into(),
+            find: find.into(),
+            replace: "y".into(),
+        };
+        assert_eq!(apply_edit("x z\n", &edit("x")).unwrap(), "y z\n");
+        let err = apply_edit("x x\n", &edit("x")).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "edit of a.txt: the text to replace occurs 2 times, expected once: \"x\""
+        );
+        for path in ["../a.txt", "/a.txt", "", "./a.txt", "a/../b"] {
+            let err = check_edit_path(path).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                format!("edit path {path:?} is not a plain relative path inside the repository")
+            );
+        }
+        check_edit_path("src/lib.rs").unwrap();
+
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("a.txt"), "x x\n").unwrap();
-        let err = apply_edits(dir.path(), &change("x", "y"))
+        let scratch = tempfile::tempdir().unwrap();
+        let git = repo_with_file(dir.path()).await;
+        let base = git.rev_parse("HEAD").await.unwrap();
+        let mut missing = change("x", "y");
+        missing.edits[0].path = "b.txt".into();
+        let err = git
+            .commit_change("work", &base, &missing, "b", "lk-3", scratch.path())
             .await
             .unwrap_err();
-        assert!(err.to_string().contains("occurs 2 times"), "{err}");
-        let mut escape = change("x", "y");
-        escape.edits[0].path = "../a.txt".into();
-        let err = apply_edits(dir.path(), &escape).await.unwrap_err();
-        assert!(err.to_string().contains("plain relative path"), "{err}");
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "edit of b.txt: there is no such file at commit {}",
+                &base[..7]
+            )
+        );
+        let err = git
+            .commit_change(
+                "work",
+                &base,
+                &change("nope", "y"),
+                "b",
+                "lk-4",
+                scratch.path(),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "edit of a.txt: the text to replace occurs 0 times, expected once: \"nope\""
+        );
+        assert_eq!(git.resolve("refs/heads/work").await.unwrap(), None);
     }
 }

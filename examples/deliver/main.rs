@@ -48,7 +48,7 @@ use crate::git::Git;
 use crate::hooks::Hooks;
 use crate::model::ScriptedModel;
 use crate::project::Paths;
-use crate::workflow::{APPROVAL_EVENT, Approval, Deliver};
+use crate::workflow::{APPROVAL_EVENT, Approval, Base, Deliver};
 
 const HOOKS_HELP: &str = "\
 Logging: RUST_LOG=loops=info shows the store's commits; RUST_LOG=loops=info,deliver=debug also
@@ -74,8 +74,14 @@ struct Cli {
     #[arg(long, value_name = "DIR", default_value = DEFAULT_WORKDIR)]
     workdir: PathBuf,
 
-    /// The git checkout to work in: the top directory of an existing work tree, on the branch
-    /// pull requests should target [default: <WORKDIR>/repo, created with a tiny Rust crate]
+    /// The git repository to work on: the top directory of an existing work tree. A new run
+    /// starts from the last commit of the branch checked out there, which its pull request
+    /// targets; it is refused while HEAD is detached (as earlier versions of this example
+    /// left it after testing: check your branch out again) or tracked files have uncommitted
+    /// changes (commit or stash them). The checkout is never changed: the agent commits to
+    /// its own branch (loops/<RUN_ID>) through git's object database and builds the tests in
+    /// a copy under the work directory, so a run that exists goes on whatever is checked out
+    /// [default: <WORKDIR>/repo, created with a tiny Rust crate]
     #[arg(long, value_name = "PATH")]
     repo: Option<PathBuf>,
 
@@ -129,6 +135,9 @@ const MAX_INTERRUPTIONS: u32 = 100;
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // A damaged store file makes redb panic inside loops, which reports it as an error: that
+    // error, on one line, is all the user should see.
+    loops::silence_caught_redb_panics();
     let cli = Cli::parse();
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
     tracing_subscriber::fmt()
@@ -218,6 +227,12 @@ impl Interrupt {
 
 /// Checks the arguments and the tools, deletes what `--fresh` deletes, creates the work
 /// directory and opens the store.
+///
+/// The store's lock is what keeps two `deliver` from working in one work directory at once:
+/// it is taken before anything in the work directory is cleared or set up, so that a second
+/// process started at the same moment is refused with "is another `deliver` running?" before
+/// it touches what the first one is building. `--fresh` holds the old store's lock while it
+/// deletes.
 async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
     // Refused before anything is printed or touched.
     loops::runtime::validate_run_id(&cli.run_id).map_err(|e| anyhow::anyhow!("--run-id: {e}"))?;
@@ -246,13 +261,7 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
         cli.repo.as_deref().map(absolute).transpose()?,
     );
     if cli.fresh {
-        if paths.store.exists() {
-            // Fails (after `open_store`'s wait) if another process has the store open, before
-            // anything is deleted.
-            let store = open_store(|| loops::RedbStore::open(&paths.store)).await;
-            drop(store.context("--fresh: cannot open the store")?);
-        }
-        paths.delete()?;
+        delete_for_fresh(&paths).await?;
     }
     paths.create_workdir()?;
 
@@ -271,12 +280,56 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
         loops::Error::SchemaMismatch { .. } => {
             anyhow::anyhow!("{e}. Run with --fresh to start over, or use another --run-id")
         }
+        e => store_error(e),
+    })?;
+    // The store's lock is ours: what an earlier process left in the work directory is not
+    // in use.
+    paths.clear_leftovers()?;
+    Ok((paths, runtime))
+}
+
+/// `--fresh`: deletes the store and the work directory, holding the store's lock meanwhile,
+/// so that a `deliver` started now is refused until the work directory is gone, and then
+/// starts in a new one. (Not quite with a `--store` outside the work directory: that store
+/// goes first, and a `deliver` started in the instant before the work directory goes would
+/// find it gone under it.)
+///
+/// A store that cannot be opened for another reason than its lock (a damaged file) is not
+/// open in any process: it is deleted all the same, as `--fresh` asks.
+async fn delete_for_fresh(paths: &Paths) -> Result<()> {
+    let held = if paths.store.exists() {
+        match open_store(|| loops::RedbStore::open(&paths.store)).await {
+            Ok(store) => Some(store),
+            Err(e @ loops::Error::StoreLocked { .. }) => {
+                return Err(store_error(e).context("--fresh"));
+            }
+            Err(e) => {
+                say!(
+                    "--fresh: {:#}; deleting it all the same",
+                    anyhow::Error::new(e)
+                );
+                None
+            }
+        }
+    } else {
+        None
+    };
+    // Elsewhere than on Unix, a directory that holds an open file cannot be renamed, nor an
+    // open file deleted: there the lock is let go first.
+    let held = held.filter(|_| cfg!(unix));
+    paths.delete()?;
+    drop(held);
+    Ok(())
+}
+
+/// The error for a store that `open_store` could not open.
+fn store_error(e: loops::Error) -> anyhow::Error {
+    match e {
         loops::Error::StoreLocked { .. } => {
             anyhow::anyhow!("{e}: is another `deliver` running?")
         }
         e => anyhow::Error::new(e).context("cannot open the store"),
-    })?;
-    Ok((paths, runtime))
+    }
 }
 
 /// Drives the run until it ends, parks at the approval gate, or a test hook stops it.
@@ -288,7 +341,8 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime) -> Result<()> {
     say!("store:  {}", shown_store.display());
     say!("run id: {}", cli.run_id);
 
-    let base = project::prepare(paths).await?;
+    let recorded = recorded_base(runtime, &cli.run_id).await?;
+    let base = project::prepare(paths, &agent::work_branch(&cli.run_id), recorded).await?;
     let hooks = Hooks::from_env(paths.entries_log.clone())?;
     let agent = Agent {
         model: ScriptedModel::demo(),
@@ -390,6 +444,19 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime) -> Result<()> {
         other => bail!("the run ended in a non-terminal state: {other:?}"),
     }
     Ok(())
+}
+
+/// The base the run `run_id` started from, if it exists: a run that exists goes on from its
+/// own, whatever is checked out now.
+async fn recorded_base(runtime: &Runtime, run_id: &str) -> Result<Option<Base>> {
+    if runtime.run_info(run_id).await?.is_none() {
+        return Ok(None);
+    }
+    let history = runtime.history::<Deliver>(run_id).await?;
+    match history.into_iter().next().map(|t| t.value) {
+        Some(Deliver::Received { base, .. }) => Ok(Some(base)),
+        first => bail!("run {run_id} did not start at Received: {first:?}"),
+    }
 }
 
 /// How long a store found locked is tried again, and how long apart.

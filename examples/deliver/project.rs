@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result, bail, ensure};
 
-use crate::git::Git;
+use crate::git::{self, Git};
 use crate::workflow::{Base, Issue};
 
 /// `Cargo.toml` of the demo crate.
@@ -72,7 +72,7 @@ pub struct Paths {
     pub workdir: PathBuf,
     /// The store file.
     pub store: PathBuf,
-    /// The checkout the agent works in.
+    /// The repository the agent commits to (its checkout is never changed).
     pub repo: PathBuf,
     /// Whether `repo` was given by the user (`--repo`) rather than the demo's own.
     pub repo_given: bool,
@@ -106,14 +106,16 @@ impl Paths {
     }
 
     /// Deletes the store and the work directory (`--fresh`). A repository given with
-    /// `--repo` is left alone.
+    /// `--repo` is left alone. The caller holds the store's lock meanwhile, where it can.
     ///
-    /// Safe to interrupt: the store goes first (one unlink), then the work directory is
-    /// renamed aside to `<workdir>.deleting-<pid>` (one rename) and removed from there. A
-    /// kill leaves the work directory either whole (and the next run, finding no store,
-    /// starts a new run in it, whose steps find their commits and pull request by their
-    /// idempotency keys) or gone; never half deleted. What a kill leaves aside is removed
-    /// by the next start ([`create_workdir`](Self::create_workdir)).
+    /// Safe to interrupt. A store in the work directory (the default) goes with it: the work
+    /// directory is renamed aside to `<workdir>.deleting-<pid>` (one rename) and removed from
+    /// there. A store elsewhere goes first (one unlink), then the work directory the same
+    /// way. A kill leaves the work directory either whole (with its store, whose run the next
+    /// start resumes or reports; or without it, and the next start begins a new run there,
+    /// whose steps find their commits and pull request by their idempotency keys) or gone;
+    /// never half deleted. What a kill leaves aside is removed by the next start
+    /// ([`clear_leftovers`](Self::clear_leftovers)).
     ///
     /// # Errors
     /// If the work directory exists, is not empty and was not made by this example, holds
@@ -132,12 +134,16 @@ impl Paths {
                 self.workdir.display()
             );
         }
-        match std::fs::remove_file(&self.store) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e).context(format!("cannot delete {}", self.store.display())),
+        if !self.store.starts_with(&self.workdir) {
+            match std::fs::remove_file(&self.store) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(e).context(format!("cannot delete {}", self.store.display()));
+                }
+            }
         }
-        self.clear_leftovers();
+        self.clear_asides();
         if !self.workdir.exists() {
             return Ok(());
         }
@@ -181,7 +187,7 @@ impl Paths {
 
     /// Removes what interrupted deletions left aside (`<workdir>.deleting-<pid>`). Best
     /// effort: a failure is logged and tried again at the next start.
-    fn clear_leftovers(&self) {
+    fn clear_asides(&self) {
         let (Some(parent), Some(name)) = (self.workdir.parent(), self.workdir.file_name()) else {
             return;
         };
@@ -201,15 +207,13 @@ impl Paths {
         }
     }
 
-    /// Creates the work directory and its marker, and clears what interrupted runs left
-    /// behind (a work directory moved aside to be deleted, half-built repositories, test
-    /// binaries).
+    /// Creates the work directory and its marker. Nothing in it is touched: that waits for
+    /// the store's lock ([`clear_leftovers`](Self::clear_leftovers)).
     ///
     /// # Errors
     /// If the directory cannot be created, or exists, is not empty and was not made by this
     /// example (so that `--fresh` never deletes a directory of the user's).
     pub fn create_workdir(&self) -> Result<()> {
-        self.clear_leftovers();
         if self.workdir.exists() && !self.is_ours()? {
             bail!(
                 "{} is not empty and is not a work directory of this example (no {MARKER} in \
@@ -220,7 +224,17 @@ impl Paths {
         std::fs::create_dir_all(&self.workdir)
             .with_context(|| format!("cannot create {}", self.workdir.display()))?;
         std::fs::write(self.workdir.join(MARKER), "")
-            .with_context(|| format!("cannot write in {}", self.workdir.display()))?;
+            .with_context(|| format!("cannot write in {}", self.workdir.display()))
+    }
+
+    /// Clears what interrupted runs left behind: a work directory moved aside to be deleted,
+    /// half-built repositories, test builds. Only for the holder of the store's lock: another
+    /// process's work in progress looks the same.
+    ///
+    /// # Errors
+    /// If the scratch directory cannot be made anew.
+    pub fn clear_leftovers(&self) -> Result<()> {
+        self.clear_asides();
         // Best effort: a process killed earlier may still be writing there.
         if let Ok(entries) = std::fs::read_dir(&self.workdir) {
             for entry in entries.flatten() {
@@ -268,12 +282,20 @@ pub async fn check_repo(repo: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Makes sure the repository and the remote exist, creating the demo's, and returns the
-/// commit new runs start from.
+/// Makes sure the repository and the remote exist, creating the demo's, and returns the base
+/// of the run whose work branch is `work_branch`: `recorded`, the base a run that exists
+/// started from; or, for a new run, the branch checked out in the repository (`main` in the
+/// demo's) and its last commit.
+///
+/// Nothing in a checkout is changed. In a repository given with `--repo`, a new run is
+/// refused while HEAD is detached, on a work branch of this example, or the work tree has
+/// uncommitted changes to tracked files (they would not be in the pull request: commit or
+/// stash them). A run that exists goes on whatever is checked out, unless it is the run's own
+/// work branch (which its commits move).
 ///
 /// # Errors
-/// If git fails, or a repository given with `--repo` is not a git work tree on a branch.
-pub async fn prepare(paths: &Paths) -> Result<Base> {
+/// If git fails, the repository is not a git work tree, or a new run is refused as above.
+pub async fn prepare(paths: &Paths, work_branch: &str, recorded: Option<Base>) -> Result<Base> {
     if !paths.repo_given && !paths.repo.exists() {
         create_demo_repo(&paths.repo).await?;
     }
@@ -287,32 +309,89 @@ pub async fn prepare(paths: &Paths) -> Result<Base> {
         "{} is not a git work tree",
         paths.repo.display()
     );
-    let branch = if paths.repo_given {
-        let head = git
-            .run(&["symbolic-ref", "--quiet", "--short", "HEAD"])
-            .await
-            .with_context(|| {
-                format!(
-                    "HEAD of {} is detached; check out the branch pull requests should target",
-                    paths.repo.display()
-                )
-            })?;
-        if head.starts_with("loops/") {
-            bail!(
-                "{} has the agent's work branch {head} checked out; check out the branch pull \
-                 requests should target",
-                paths.repo.display()
-            );
-        }
-        head
-    } else {
-        BASE_BRANCH.to_owned()
+    let base = match recorded {
+        Some(base) => base,
+        None if paths.repo_given => new_base(&git).await?,
+        None => Base {
+            branch: BASE_BRANCH.to_owned(),
+            commit: git.rev_parse(BASE_BRANCH).await?,
+        },
     };
-    let commit = git.rev_parse(&branch).await?;
-    if !paths.remote.exists() {
-        create_remote(&git, &paths.remote, &branch, &commit).await?;
+    if paths.repo_given && checked_out_branch(&git).await?.as_deref() == Some(work_branch) {
+        bail!(
+            "--repo {} has the run's work branch {work_branch} checked out (an earlier version \
+             of this example left it so); check out {} again (`git checkout {}`)",
+            paths.repo.display(),
+            base.branch,
+            base.branch
+        );
     }
+    if !paths.remote.exists() {
+        create_remote(&git, &paths.remote, &base.branch, &base.commit).await?;
+    }
+    Ok(base)
+}
+
+/// Where a new run in the repository given with `--repo` starts: the branch checked out
+/// there, at its last commit.
+///
+/// # Errors
+/// If HEAD is detached or on a work branch of this example, if tracked files have
+/// uncommitted changes, or if git fails.
+async fn new_base(git: &Git) -> Result<Base> {
+    let repo = git.dir().display();
+    let Some(branch) = checked_out_branch(git).await? else {
+        bail!(
+            "HEAD of --repo {repo} is detached (earlier versions of this example left it so \
+             after testing); a new run starts from the branch pull requests should target: \
+             check it out (`git checkout <branch>`)"
+        );
+    };
+    if branch.starts_with("loops/") {
+        bail!(
+            "--repo {repo} has the agent's work branch {branch} checked out; check out the \
+             branch pull requests should target"
+        );
+    }
+    let status = git
+        .run(&["status", "--porcelain=v1", "--untracked-files=no"])
+        .await?;
+    let changed: Vec<&str> = status.lines().map(str::trim).collect();
+    if !changed.is_empty() {
+        const SHOWN: usize = 3;
+        let mut list = changed[..changed.len().min(SHOWN)].join(", ");
+        if changed.len() > SHOWN {
+            list.push_str(&format!(" and {} more", changed.len() - SHOWN));
+        }
+        bail!(
+            "--repo {repo} has uncommitted changes ({list}); commit or stash them first: a new \
+             run starts from the last commit of {branch}"
+        );
+    }
+    let commit = git.rev_parse(&branch).await?;
     Ok(Base { branch, commit })
+}
+
+/// The branch checked out in `git`'s work tree, or `None` if HEAD is detached.
+///
+/// # Errors
+/// If git fails otherwise.
+async fn checked_out_branch(git: &Git) -> Result<Option<String>> {
+    let output = git
+        .output(&["symbolic-ref", "--quiet", "--short", "HEAD"])
+        .await?;
+    match output.status.code() {
+        Some(0) => Ok(Some(
+            String::from_utf8_lossy(&output.stdout).trim().to_owned(),
+        )),
+        // `--quiet`: exit code 1, and nothing said, for a detached HEAD.
+        Some(1) if output.stderr.is_empty() => Ok(None),
+        _ => bail!(
+            "`git symbolic-ref HEAD` in {} failed: {}",
+            git.dir().display(),
+            git::one_line(&String::from_utf8_lossy(&output.stderr))
+        ),
+    }
 }
 
 /// A sibling of `path` to build it in: `<name>.tmp-<pid>`.

@@ -39,9 +39,8 @@ pub async fn check_rustc() -> Result<()> {
     }
 }
 
-/// Checks out `commit` (detached: testing never moves a branch, so a later commit on the
-/// branch stays reachable and is found by its idempotency key), builds the unit tests of
-/// [`CRATE_ROOT`] in a fresh directory under `scratch`, runs them and reports.
+/// Writes the files of `commit` to a fresh directory under `scratch` (the checkout is never
+/// touched), builds the unit tests of [`CRATE_ROOT`] there, runs them and reports.
 ///
 /// A failing build or failing tests are a report, not an error: the exit status of the test
 /// process is what decides the next state.
@@ -49,17 +48,19 @@ pub async fn check_rustc() -> Result<()> {
 /// # Errors
 /// If git fails, or `rustc` or the test binary cannot be started.
 pub async fn run_tests(git: &Git, commit: &str, scratch: &Path) -> Result<TestReport> {
-    git.checkout_detached(commit).await?;
     let build = tempfile::Builder::new()
         .prefix("tests-")
         .tempdir_in(scratch)
         .with_context(|| format!("cannot create a directory in {}", scratch.display()))?;
+    let tree = build.path().join("tree");
+    git.export(commit, &tree, &build.path().join("index"))
+        .await?;
     let binary = build.path().join("unit-tests");
     let mut rustc = Command::new("rustc");
     rustc
         .args(["--edition", "2021", "--test", CRATE_ROOT, "-o"])
         .arg(&binary)
-        .current_dir(git.dir())
+        .current_dir(&tree)
         .stdin(Stdio::null())
         .kill_on_drop(true);
     crate::git::own_process_group(&mut rustc);
@@ -80,7 +81,7 @@ pub async fn run_tests(git: &Git, commit: &str, scratch: &Path) -> Result<TestRe
     let mut tests = Command::new(&binary);
     tests
         .args(["--test-threads=1", "--color=never"])
-        .current_dir(git.dir())
+        .current_dir(&tree)
         .env("RUST_BACKTRACE", "0")
         .stdin(Stdio::null())
         .kill_on_drop(true);

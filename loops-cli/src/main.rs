@@ -27,6 +27,9 @@ use crate::output::{ERROR, paint};
 
 fn main() -> ExitCode {
     panics::install();
+    // Installed after ours, so that a redb panic loops catches (and reports as an error)
+    // never reaches ours: on the store's writer thread, ours would end the process.
+    loops_core::silence_caught_redb_panics();
     let cli = Cli::parse();
     match cli.color {
         ColorArg::Auto => {}

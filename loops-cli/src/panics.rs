@@ -1,8 +1,10 @@
 //! Panics, turned into one line and exit code 1.
 //!
 //! redb panics (rather than returning an error) on some kinds of damage to a file: a page of
-//! the wrong type, malformed allocator state. Those are reported as a damaged store; any other
-//! panic is a bug, reported as one. Never a backtrace.
+//! the wrong type, malformed allocator state. Where loops catches such a panic it returns a
+//! typed error, and `loops_core::silence_caught_redb_panics` (installed after this hook) keeps
+//! the panic from reaching this hook. A redb panic that reaches it is reported as a damaged
+//! store; any other panic is a bug, reported as one. Never a backtrace.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};

@@ -10,6 +10,7 @@ pub mod context;
 mod driver;
 pub mod error;
 mod failpoint;
+pub mod panics;
 pub mod record;
 pub mod retention;
 pub mod retry;
@@ -24,6 +25,7 @@ mod tests;
 
 pub use context::{Context, StepOptions};
 pub use error::{Error, RecordKind, Result};
+pub use panics::silence_caught_redb_panics;
 pub use record::{FailureRecord, FailureSource, StepRecord, Transition, TransitionRecord};
 pub use retention::RetentionPolicy;
 pub use retry::RetryPolicy;

@@ -569,6 +569,79 @@ async fn second_open_is_refused_at_once() {
     }
 }
 
+/// Threads that open a store that does not exist yet, all at once: one creates it and has it,
+/// every other one is refused with `StoreLocked` (not an I/O error about another's temporary
+/// file), and no temporary file is left beside it.
+#[test]
+fn concurrent_opens_of_a_new_store_lock_out_all_but_one() {
+    const THREADS: usize = 8;
+    for round in 0..20 {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.redb");
+        let barrier = std::sync::Barrier::new(THREADS);
+        let results: Vec<Result<RedbStore>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..THREADS)
+                .map(|_| {
+                    s.spawn(|| {
+                        barrier.wait();
+                        RedbStore::open(&path)
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let opened = results.iter().filter(|r| r.is_ok()).count();
+        let locked = results
+            .iter()
+            .filter(|r| matches!(r, Err(Error::StoreLocked { path: p }) if *p == path))
+            .count();
+        let others: Vec<String> = results
+            .iter()
+            .filter_map(|r| r.as_ref().err())
+            .filter(|e| !matches!(e, Error::StoreLocked { .. }))
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            (opened, locked, others),
+            (1, THREADS - 1, Vec::new()),
+            "round {round}"
+        );
+        drop(results);
+        let mut names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["store.redb"], "round {round}");
+    }
+}
+
+/// A temporary file left by a creation that was killed is removed by the next creation once
+/// it is a minute old; a younger one may be another process's creation in progress.
+#[test]
+fn a_creation_removes_only_stale_temporary_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let stale = dir.path().join(".store.redb.new-4000000-0");
+    let young = dir.path().join(".store.redb.new-4000001-0");
+    for file in [&stale, &young] {
+        std::fs::write(file, b"half made").unwrap();
+    }
+    let old = std::time::SystemTime::now() - Duration::from_secs(61);
+    std::fs::File::options()
+        .write(true)
+        .open(&stale)
+        .unwrap()
+        .set_modified(old)
+        .unwrap();
+    drop(RedbStore::open(dir.path().join("store.redb")).unwrap());
+    let mut names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, [".store.redb.new-4000001-0", "store.redb"]);
+}
+
 #[cfg(unix)]
 #[tokio::test]
 async fn store_file_is_private() {
@@ -1796,4 +1869,92 @@ async fn resume_all_claims_no_more_than_max_active_runs() {
     assert!(rt.resume_all().await.unwrap().is_empty());
     assert_eq!(rt.inner.active_count(), 2);
     rt.shutdown().await;
+}
+
+/// `silence_caught_redb_panics`: a redb panic that loops catches (a store file with one byte
+/// flipped) no longer reaches the hook installed before, and the open still fails with a
+/// typed error; a redb panic that loops does not catch, and any other panic, still do.
+#[tokio::test]
+async fn caught_redb_panics_are_silenced_and_others_passed_on() {
+    use std::cell::RefCell;
+
+    thread_local! {
+        /// The locations of the panics the earlier hook saw on this thread, while recording.
+        static SEEN: RefCell<Option<Vec<String>>> = const { RefCell::new(None) };
+    }
+    /// Runs `f`, and returns what it returned and the panics the earlier hook saw meanwhile.
+    fn recorded<T>(f: impl FnOnce() -> T) -> (T, Vec<String>) {
+        SEEN.with(|s| *s.borrow_mut() = Some(Vec::new()));
+        let out = f();
+        (
+            out,
+            SEEN.with(|s| s.borrow_mut().take().unwrap_or_default()),
+        )
+    }
+    let in_redb = |locations: &[String]| locations.iter().any(|l| l.contains("/redb-"));
+
+    let (dir, path) = temp_store();
+    let rt = Runtime::open(&path).unwrap();
+    for i in 0..3 {
+        rt.run(&format!("r{i}"), Job::Start { n: 2 }, &Worker::default())
+            .await
+            .unwrap();
+    }
+    drop(rt);
+    let good = std::fs::read(&path).unwrap();
+
+    // The earlier hook: records this thread's panics while recording, passes others on.
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let recorded = SEEN.with(|s| {
+            s.borrow_mut().as_mut().map(|seen| {
+                let location = info.location().map(ToString::to_string);
+                seen.push(location.unwrap_or_default().replace('\\', "/"));
+            })
+        });
+        if recorded.is_none() {
+            default(info);
+        }
+    }));
+
+    // A byte whose flip makes redb panic while it opens the file: the first page start (or,
+    // failing that, 64-byte step) that does.
+    let damaged = dir.path().join("damaged.redb");
+    let flip = |offset: usize| {
+        let mut bytes = good.clone();
+        bytes[offset] ^= 0xff;
+        std::fs::write(&damaged, bytes).unwrap();
+    };
+    let offset = (0..good.len())
+        .step_by(4096)
+        .chain((0..good.len()).step_by(64))
+        .find(|&offset| {
+            flip(offset);
+            let (opened, seen) = recorded(|| RedbStore::open_read_only(&damaged));
+            in_redb(&seen) && matches!(opened, Err(Error::Open { .. }))
+        })
+        .expect("a flipped byte that makes redb panic");
+
+    crate::silence_caught_redb_panics();
+    crate::silence_caught_redb_panics(); // a second call changes nothing
+    flip(offset);
+    let (opened, seen) = recorded(|| RedbStore::open_read_only(&damaged));
+    assert!(
+        matches!(&opened, Err(Error::Open { path, .. }) if *path == damaged),
+        "{:?}",
+        opened.err()
+    );
+    assert_eq!(seen, Vec::<String>::new(), "offset {offset}");
+
+    // Outside loops's catch, the same panic is passed on.
+    let (direct, seen) =
+        recorded(|| std::panic::catch_unwind(|| redb::Builder::new().open_read_only(&damaged)));
+    assert!(direct.is_err());
+    assert!(in_redb(&seen), "offset {offset}: {seen:?}");
+
+    // So is any panic of other code.
+    let line = line!() + 1;
+    let (other, seen) = recorded(|| std::panic::catch_unwind(|| panic!("not redb")));
+    assert!(other.is_err());
+    assert_eq!(seen, [format!("loops-core/src/tests.rs:{line}:65")]);
 }

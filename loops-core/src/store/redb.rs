@@ -308,10 +308,7 @@ impl RedbStore {
             builder.set_check_integrity_on_open(options.verify_on_open);
             // redb documents that a plain open of an altered file may panic: never let that
             // reach the caller.
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                builder.create_with_backend(backend)
-            }))
-            .unwrap_or_else(|_| {
+            crate::panics::catch(|| builder.create_with_backend(backend)).unwrap_or_else(|_| {
                 Err(redb::DatabaseError::Storage(redb::StorageError::Corrupted(
                     "redb panicked while opening the file".to_owned(),
                 )))
@@ -363,7 +360,7 @@ impl RedbStore {
     /// - [`Error::Open`] if it does not exist, is not a redb file, or cannot be read.
     pub fn open_read_only(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let opened = std::panic::catch_unwind(|| redb::Builder::new().open_read_only(&path))
+        let opened = crate::panics::catch(|| redb::Builder::new().open_read_only(&path))
             .unwrap_or_else(|_| {
                 Err(redb::DatabaseError::Storage(redb::StorageError::Corrupted(
                     "redb panicked while opening the file".to_owned(),
@@ -439,7 +436,7 @@ impl RedbStore {
             };
             // Each pass moves what it can; a few passes reach the fixed point.
             for _ in 0..8 {
-                let pass = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| db.compact()))
+                let pass = crate::panics::catch(|| db.compact())
                     .map_err(|_| Error::storage("compacting the store", corrupted("compaction")))?;
                 if !pass.map_err(|e| Error::storage("compacting the store", e))? {
                     break;
@@ -470,7 +467,7 @@ impl RedbStore {
                 path: self.inner.path.clone(),
             });
         };
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| db.check_integrity()))
+        crate::panics::catch(|| db.check_integrity())
             .map_err(|_| {
                 Error::storage(
                     "checking the store's integrity",
@@ -774,7 +771,7 @@ impl RedbStore {
         let db = self.inner.db.read().unwrap_or_else(PoisonError::into_inner);
         let txn = db.begin_read().map_err(|e| Error::storage(action(), e))?;
         // redb may panic on a page it cannot make sense of (a damaged file): a typed error.
-        let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&txn)))
+        let read = crate::panics::catch(|| f(&txn))
             .unwrap_or_else(|_| Err(ReadError::Storage(corrupted("a read"))));
         read.map_err(|e| match e {
             ReadError::Storage(e) => Error::storage(action(), e),
@@ -1022,7 +1019,7 @@ pub(crate) fn precheck(path: &Path, checks: &[SchemaCheck]) -> Result<bool> {
         return Ok(true);
     }
     // redb may panic on a damaged file: then the writable open below reports it properly.
-    let opened = std::panic::catch_unwind(|| redb::Builder::new().open_read_only(path));
+    let opened = crate::panics::catch(|| redb::Builder::new().open_read_only(path));
     let db = match opened {
         Ok(Ok(db)) => db,
         Ok(Err(redb::DatabaseError::DatabaseAlreadyOpen)) => {
@@ -1032,12 +1029,12 @@ pub(crate) fn precheck(path: &Path, checks: &[SchemaCheck]) -> Result<bool> {
         }
         Ok(Err(_)) | Err(_) => return Ok(false),
     };
-    let checked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+    let checked = crate::panics::catch(|| {
         let txn = db
             .begin_read()
             .map_err(|e| Error::storage("checking schemas before opening", e))?;
         schemas_match(&txn, checks)
-    }));
+    });
     match checked {
         Ok(result) => result.map(|()| true),
         // A damaged file: leave it to the writable open, which verifies every page.
@@ -1280,10 +1277,21 @@ fn decode_info(run_id: &str, bytes: &[u8]) -> Result<RunInfo> {
     Ok(info)
 }
 
+/// How old a temporary file of [`create_atomically`] must be for another creation to remove
+/// it: a creation that is still running holds its own for milliseconds, so one this old was
+/// left by a process killed while it created the store.
+const STALE_NEW_FILE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Numbers the temporary files of creations in this process, so that threads creating the
+/// same store at once each have their own.
+static NEW_FILES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Creates a new store file at `path` so that no crash can leave it half-made: redb
-/// initializes a temporary file beside it (mode 0600), which is then linked into place (an
-/// atomic create-if-absent: a concurrent creator gets `AlreadyExists`) and its directory
-/// synced. A kill before the link leaves only a temporary file, removed by the next creation.
+/// initializes a temporary file beside it (mode 0600, named after the process and a counter),
+/// which is then linked into place (an atomic create-if-absent: a concurrent creator gets
+/// `AlreadyExists` and opens the winner's file) and its directory synced. A kill before the
+/// link leaves only a temporary file, removed by a later creation once it is
+/// [`STALE_NEW_FILE`] old; a younger one may belong to a creation running in another process.
 fn create_atomically(path: &Path) -> std::io::Result<()> {
     let dir = match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
@@ -1297,12 +1305,20 @@ fn create_atomically(path: &Path) -> std::io::Result<()> {
     let prefix = format!(".{name}.new-");
     if let Ok(entries) = std::fs::read_dir(&dir) {
         for entry in entries.flatten() {
-            if entry.file_name().to_string_lossy().starts_with(&prefix) {
+            let stale = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|at| at.elapsed().is_ok_and(|age| age >= STALE_NEW_FILE));
+            if stale && entry.file_name().to_string_lossy().starts_with(&prefix) {
                 let _ = std::fs::remove_file(entry.path());
             }
         }
     }
-    let tmp = dir.join(format!("{prefix}{}", std::process::id()));
+    let tmp = dir.join(format!(
+        "{prefix}{}-{}",
+        std::process::id(),
+        NEW_FILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
     let mut options = OpenOptions::new();
     options.read(true).write(true).create_new(true);
     #[cfg(unix)]
@@ -1417,21 +1433,22 @@ fn commit_writes(
     let (results, storage_failed) = {
         let guard = db.read().unwrap_or_else(PoisonError::into_inner);
         match (&*guard, reopened) {
-            (Db::Writable(db), _) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                commit_batch(db, writes.iter().copied())
-            }))
-            .unwrap_or_else(|_| {
-                let e = Arc::new(corrupted("a commit"));
-                let results = (0..n)
-                    .map(|_| {
-                        Err(Error::Storage {
-                            action: format!("committing {n} writes"),
-                            source: Arc::clone(&e),
-                        })
-                    })
-                    .collect();
-                (results, true)
-            }),
+            (Db::Writable(db), _) => {
+                crate::panics::catch(|| commit_batch(db, writes.iter().copied())).unwrap_or_else(
+                    |_| {
+                        let e = Arc::new(corrupted("a commit"));
+                        let results = (0..n)
+                            .map(|_| {
+                                Err(Error::Storage {
+                                    action: format!("committing {n} writes"),
+                                    source: Arc::clone(&e),
+                                })
+                            })
+                            .collect();
+                        (results, true)
+                    },
+                )
+            }
             (Db::Reopening(_), Err(e)) => (
                 (0..n)
                     .map(|_| {

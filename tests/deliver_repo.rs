@@ -1,0 +1,178 @@
+//! The `deliver` example on a repository of the user's (`--repo`): it never changes the
+//! checkout (work tree, index, HEAD), refuses to start a new run from a work tree with
+//! uncommitted changes or a detached HEAD, and runs again and again with other run ids.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use common::{describe, example};
+
+mod common;
+
+/// Runs the example on the work directory `workdir` and the repository `repo`, with `args`,
+/// without test hooks.
+fn deliver(workdir: &Path, repo: &Path, args: &[&str]) -> Output {
+    Command::new(example())
+        .arg("--workdir")
+        .arg(workdir)
+        .arg("--repo")
+        .arg(repo)
+        .args(args)
+        .env_remove("LOOPS_DELIVER_HOLD_AT_SEQ")
+        .env_remove("LOOPS_DELIVER_STOP_AT_SEQ")
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run the example")
+}
+
+/// Runs `git args...` in `dir` and returns its standard output.
+fn git(dir: &Path, args: &[&str]) -> String {
+    let output = Command::new("git")
+        .current_dir(dir)
+        .args(args)
+        .env("GIT_AUTHOR_NAME", "user")
+        .env("GIT_AUTHOR_EMAIL", "user@example.invalid")
+        .env("GIT_COMMITTER_NAME", "user")
+        .env("GIT_COMMITTER_EMAIL", "user@example.invalid")
+        .output()
+        .expect("run git");
+    assert!(
+        output.status.success(),
+        "git {args:?}: {}",
+        describe(&output)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// A clone of the demo's repository at `dir/user`, on `main`: the example makes the demo's
+/// in a work directory of its own (stopped at once, before the run does anything).
+fn user_repo(dir: &Path) -> std::path::PathBuf {
+    let output = Command::new(example())
+        .arg("--workdir")
+        .arg(dir.join("demo"))
+        .env("LOOPS_DELIVER_STOP_AT_SEQ", "0")
+        .env_remove("LOOPS_DELIVER_HOLD_AT_SEQ")
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run the example");
+    assert!(output.status.success(), "{}", describe(&output));
+    let repo = dir.join("user");
+    git(
+        dir,
+        &["clone", "--quiet", "demo/repo", &repo.to_string_lossy()],
+    );
+    repo
+}
+
+/// What the checkout looks like: HEAD, the index's and the work tree's state, and the text of
+/// the files the user and the agent care about.
+fn checkout(repo: &Path) -> (String, String, String, String) {
+    (
+        git(repo, &["rev-parse", "--symbolic-full-name", "HEAD"])
+            + &git(repo, &["rev-parse", "HEAD"]),
+        git(repo, &["status", "--porcelain=v1"]),
+        std::fs::read_to_string(repo.join("Cargo.toml")).expect("read Cargo.toml"),
+        std::fs::read_to_string(repo.join("src/lib.rs")).expect("read src/lib.rs"),
+    )
+}
+
+/// The pull requests on the forge of `workdir`, by number.
+fn pulls(workdir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(workdir.join("forge/pulls"))
+        .expect("the forge")
+        .map(|e| {
+            e.expect("an entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn a_given_repo_keeps_its_changes_and_its_branch_run_after_run() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let repo = user_repo(dir.path());
+    let workdir = dir.path().join("work");
+    let main = git(&repo, &["rev-parse", "main"]);
+
+    // A tracked file changed, another file not yet tracked: a new run is refused.
+    let mut cargo_toml = std::fs::read_to_string(repo.join("Cargo.toml")).expect("read");
+    cargo_toml.push_str("# the user's edit\n");
+    std::fs::write(repo.join("Cargo.toml"), &cargo_toml).expect("edit");
+    std::fs::write(repo.join("notes.txt"), "mine\n").expect("write");
+    let dirty = checkout(&repo);
+    assert_eq!(dirty.1, " M Cargo.toml\n?? notes.txt\n");
+    let output = deliver(&workdir, &repo, &[]);
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        format!(
+            "error: --repo {} has uncommitted changes (M Cargo.toml); commit or stash them \
+             first: a new run starts from the last commit of main\n",
+            repo.display()
+        )
+    );
+    assert_eq!(checkout(&repo), dirty);
+    assert_eq!(git(&repo, &["branch", "--list", "loops/*"]), "");
+
+    // Stashed, the run goes through; popped, the changes are back as they were.
+    git(&repo, &["stash", "--quiet"]);
+    let clean = checkout(&repo);
+    let output = deliver(&workdir, &repo, &[]);
+    assert!(output.status.success(), "{}", describe(&output));
+    assert_eq!(checkout(&repo), clean, "the run changed the checkout");
+    git(&repo, &["stash", "pop", "--quiet"]);
+    assert_eq!(checkout(&repo), dirty);
+    assert_eq!(pulls(&workdir), ["1.json"]);
+    // The agent's two commits are on its branch, on top of main, which did not move.
+    assert_eq!(git(&repo, &["rev-parse", "main"]), main);
+    assert_eq!(
+        git(&repo, &["rev-list", "--count", "main..loops/deliver-1"]),
+        "2\n"
+    );
+
+    // The run exists: with the changes back, running it again reports it.
+    let output = deliver(&workdir, &repo, &[]);
+    assert!(output.status.success(), "{}", describe(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stdout)
+            .contains("run deliver-1 completed already at PrOpened (seq 6)"),
+        "{}",
+        describe(&output)
+    );
+    assert_eq!(checkout(&repo), dirty);
+
+    // Another run id, from a clean work tree again: a second pull request.
+    git(&repo, &["stash", "--quiet"]);
+    let output = deliver(&workdir, &repo, &["--run-id", "deliver-2"]);
+    assert!(output.status.success(), "{}", describe(&output));
+    assert_eq!(
+        checkout(&repo),
+        clean,
+        "the second run changed the checkout"
+    );
+    git(&repo, &["stash", "pop", "--quiet"]);
+    assert_eq!(pulls(&workdir), ["1.json", "2.json"]);
+
+    // A detached HEAD (as earlier versions of this example left it): a new run is refused,
+    // and HEAD stays where it is.
+    git(&repo, &["stash", "--quiet"]);
+    git(&repo, &["checkout", "--quiet", "--detach"]);
+    let detached = checkout(&repo);
+    let output = deliver(&workdir, &repo, &["--run-id", "deliver-3"]);
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        format!(
+            "error: HEAD of --repo {} is detached (earlier versions of this example left it so \
+             after testing); a new run starts from the branch pull requests should target: \
+             check it out (`git checkout <branch>`)\n",
+            repo.display()
+        )
+    );
+    assert_eq!(checkout(&repo), detached);
+    assert_eq!(pulls(&workdir), ["1.json", "2.json"]);
+}
