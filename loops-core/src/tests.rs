@@ -616,30 +616,61 @@ fn concurrent_opens_of_a_new_store_lock_out_all_but_one() {
     }
 }
 
-/// A temporary file left by a creation that was killed is removed by the next creation once
-/// it is a minute old; a younger one may be another process's creation in progress.
+/// A temporary file left by a creation that was killed is removed by the next creation: at
+/// once when its process is gone (Linux), else once it is a minute old. One whose process
+/// runs, or that someone holds locked, may be a creation in progress and is left alone.
 #[test]
-fn a_creation_removes_only_stale_temporary_files() {
+fn a_creation_removes_only_abandoned_temporary_files() {
     let dir = tempfile::tempdir().unwrap();
-    let stale = dir.path().join(".store.redb.new-4000000-0");
-    let young = dir.path().join(".store.redb.new-4000001-0");
-    for file in [&stale, &young] {
+    // A process id that is not running: a child that has exited.
+    let mut child = std::process::Command::new("true").spawn().unwrap();
+    child.wait().unwrap();
+    let dead = child.id();
+    let me = std::process::id();
+    let name = |pid: u32, n: u32| format!(".store.redb.new-{pid}-{n}");
+    let dead_young = dir.path().join(name(dead, 0));
+    let dead_locked = dir.path().join(name(dead, 1));
+    let live_young = dir.path().join(name(me, 900));
+    let live_old = dir.path().join(name(me, 901));
+    let unparsable_young = dir.path().join(".store.redb.new-x");
+    for file in [
+        &dead_young,
+        &dead_locked,
+        &live_young,
+        &live_old,
+        &unparsable_young,
+    ] {
         std::fs::write(file, b"half made").unwrap();
     }
     let old = std::time::SystemTime::now() - Duration::from_secs(61);
     std::fs::File::options()
         .write(true)
-        .open(&stale)
+        .open(&live_old)
         .unwrap()
         .set_modified(old)
         .unwrap();
+    // Held as a running creation holds redb's lock on its file.
+    let holder = std::fs::File::open(&dead_locked).unwrap();
+    holder.lock().unwrap();
     drop(RedbStore::open(dir.path().join("store.redb")).unwrap());
     let mut names: Vec<String> = std::fs::read_dir(dir.path())
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     names.sort();
-    assert_eq!(names, [".store.redb.new-4000001-0", "store.redb"]);
+    let mut expected = vec![
+        name(dead, 1),
+        name(me, 900),
+        ".store.redb.new-x".to_owned(),
+        "store.redb".to_owned(),
+    ];
+    if !cfg!(target_os = "linux") {
+        // Without /proc, only age tells.
+        expected.push(name(dead, 0));
+    }
+    expected.sort();
+    assert_eq!(names, expected);
+    drop(holder);
 }
 
 #[cfg(unix)]

@@ -1278,9 +1278,26 @@ fn decode_info(run_id: &str, bytes: &[u8]) -> Result<RunInfo> {
 }
 
 /// How old a temporary file of [`create_atomically`] must be for another creation to remove
-/// it: a creation that is still running holds its own for milliseconds, so one this old was
-/// left by a process killed while it created the store.
+/// it when its creator's process cannot be checked (another OS, or a process id that is in
+/// use again): a creation that is still running holds its own for milliseconds.
 const STALE_NEW_FILE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Whether the temporary file `path` of [`create_atomically`], named after `pid`, was left by
+/// a creation that will not finish: nobody holds its lock (a running creation holds redb's
+/// lock on it while it initializes it), and its process is gone or the file is
+/// [`STALE_NEW_FILE`] old.
+fn is_abandoned(path: &Path, pid: Option<u32>) -> bool {
+    let old = std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .is_ok_and(|at| at.elapsed().is_ok_and(|age| age >= STALE_NEW_FILE));
+    // Linux: a process id without a /proc entry is not running on this machine (in this PID
+    // namespace; the lock below covers creators in another one).
+    let gone = cfg!(target_os = "linux")
+        && pid.is_some_and(|pid| {
+            pid != std::process::id() && !Path::new("/proc").join(pid.to_string()).exists()
+        });
+    (old || gone) && std::fs::File::open(path).is_ok_and(|file| file.try_lock().is_ok())
+}
 
 /// Numbers the temporary files of creations in this process, so that threads creating the
 /// same store at once each have their own.
@@ -1290,8 +1307,8 @@ static NEW_FILES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::n
 /// initializes a temporary file beside it (mode 0600, named after the process and a counter),
 /// which is then linked into place (an atomic create-if-absent: a concurrent creator gets
 /// `AlreadyExists` and opens the winner's file) and its directory synced. A kill before the
-/// link leaves only a temporary file, removed by a later creation once it is
-/// [`STALE_NEW_FILE`] old; a younger one may belong to a creation running in another process.
+/// link leaves only a temporary file, removed by a later creation once it is abandoned (see
+/// [`is_abandoned`]); one that may belong to a creation still running is left alone.
 fn create_atomically(path: &Path) -> std::io::Result<()> {
     let dir = match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
@@ -1305,11 +1322,13 @@ fn create_atomically(path: &Path) -> std::io::Result<()> {
     let prefix = format!(".{name}.new-");
     if let Ok(entries) = std::fs::read_dir(&dir) {
         for entry in entries.flatten() {
-            let stale = entry
-                .metadata()
-                .and_then(|m| m.modified())
-                .is_ok_and(|at| at.elapsed().is_ok_and(|age| age >= STALE_NEW_FILE));
-            if stale && entry.file_name().to_string_lossy().starts_with(&prefix) {
+            let file_name = entry.file_name().to_string_lossy().into_owned();
+            let Some(suffix) = file_name.strip_prefix(&prefix) else {
+                continue;
+            };
+            // `{pid}-{n}`
+            let pid = suffix.split('-').next().and_then(|p| p.parse::<u32>().ok());
+            if is_abandoned(&entry.path(), pid) {
                 let _ = std::fs::remove_file(entry.path());
             }
         }
