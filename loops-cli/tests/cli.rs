@@ -1351,7 +1351,7 @@ fn send_reads_a_large_payload_from_a_file_or_stdin() {
             &["send", "waiting-1", "approval", "--json-file", file_arg],
             1
         ),
-        "error: run `waiting-1`: payload of event `approval` at seq 0 is 2097154 bytes, over the 2097152-byte limit\n"
+        "error: run `waiting-1`: payload of event `approval` is 2097154 bytes, over the 2097152-byte limit\n"
     );
     assert_eq!(
         RedbStore::open_read_only(&path)

@@ -391,7 +391,7 @@ impl Context {
             return Err(Error::PayloadTooLarge {
                 run_id: run_id.clone(),
                 what: format!("output of step `{name}`#{occurrence}"),
-                seq: self.seq,
+                seq: Some(self.seq),
                 bytes: json.len(),
                 limit: self.run.max_payload_bytes,
             });

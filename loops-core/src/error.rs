@@ -214,6 +214,19 @@ pub enum Error {
         seq: u64,
     },
 
+    /// An event's payload could not be serialized (by [`Runtime::send`](crate::Runtime::send));
+    /// nothing was written.
+    #[error("run `{run_id}`: cannot encode the payload of event `{event}`")]
+    EventEncode {
+        /// The run.
+        run_id: String,
+        /// The event's name.
+        event: String,
+        /// The serde error.
+        #[source]
+        source: serde_json::Error,
+    },
+
     /// A state could not be serialized.
     #[error("run `{run_id}`: cannot encode state `{state}` (seq {seq})")]
     Encode {
@@ -247,14 +260,19 @@ pub enum Error {
     },
 
     /// A serialized payload exceeds the configured limit; nothing was written.
-    #[error("run `{run_id}`: {what} at seq {seq} is {bytes} bytes, over the {limit}-byte limit")]
+    #[error(
+        "run `{run_id}`: {what}{} is {bytes} bytes, over the {limit}-byte limit",
+        at_seq(*.seq)
+    )]
     PayloadTooLarge {
         /// The run.
         run_id: String,
-        /// What was too large ("state `Planned`", "step `plan`").
+        /// What was too large ("state `Planned`", "output of step `plan`#0", "payload of
+        /// event `approve`").
         what: String,
-        /// The sequence number it belonged to.
-        seq: u64,
+        /// The sequence number of the state it belonged to; `None` for an event's payload,
+        /// which belongs to the run's inbox rather than to a state.
+        seq: Option<u64>,
         /// Its size in bytes.
         bytes: usize,
         /// The limit in bytes.
@@ -588,4 +606,10 @@ impl Error {
     pub fn chain(&self) -> String {
         crate::record::error_chain(self).join(": ")
     }
+}
+
+/// `" at seq N"`, or nothing for `None`: for messages about a payload that may belong to no
+/// state.
+fn at_seq(seq: Option<u64>) -> String {
+    seq.map(|seq| format!(" at seq {seq}")).unwrap_or_default()
 }

@@ -603,7 +603,7 @@ impl Runtime {
     ///
     /// # Errors
     /// [`Error::RunNotFound`] for an unknown run; [`Error::RunEnded`] for a run that has
-    /// ended; [`Error::InvalidName`]; [`Error::Encode`] or [`Error::PayloadTooLarge`] for a
+    /// ended; [`Error::InvalidName`]; [`Error::EventEncode`] or [`Error::PayloadTooLarge`] for a
     /// payload that cannot be stored; [`Error::Storage`].
     pub async fn send<T: Serialize + ?Sized>(
         &self,
@@ -647,10 +647,9 @@ impl Runtime {
                 reason,
             })?;
         }
-        let json = serde_json::to_string(payload).map_err(|source| Error::Encode {
+        let json = serde_json::to_string(payload).map_err(|source| Error::EventEncode {
             run_id: run_id.to_owned(),
-            state: format!("event `{event}`"),
-            seq: 0,
+            event: event.to_owned(),
             source,
         })?;
         let limit = self.inner.config.max_payload_bytes;
@@ -658,7 +657,7 @@ impl Runtime {
             return Err(Error::PayloadTooLarge {
                 run_id: run_id.to_owned(),
                 what: format!("payload of event `{event}`"),
-                seq: 0,
+                seq: None,
                 bytes: json.len(),
                 limit,
             });
@@ -911,7 +910,7 @@ impl Runtime {
             return Err(Error::PayloadTooLarge {
                 run_id: run_id.to_owned(),
                 what: format!("state `{}`", record.state),
-                seq: record.seq,
+                seq: Some(record.seq),
                 bytes,
                 limit,
             });

@@ -812,13 +812,43 @@ async fn oversized_state_is_refused_before_writing() {
             Error::PayloadTooLarge {
                 bytes: 17,
                 limit: 8,
-                seq: 0,
+                seq: Some(0),
                 ..
             }
         ),
         "{err:?}"
     );
+    assert_eq!(
+        err.to_string(),
+        "run `r`: state `Start` at seq 0 is 17 bytes, over the 8-byte limit"
+    );
     assert!(rt.run_info("r").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn oversized_event_payload_is_refused_without_a_seq() {
+    let (_dir, path) = temp_store();
+    let rt = Runtime::builder().max_payload_bytes(8).open(&path).unwrap();
+    let err = rt
+        .send("r", "approve", &"a long approval")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::PayloadTooLarge {
+                bytes: 17,
+                limit: 8,
+                seq: None,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "run `r`: payload of event `approve` is 17 bytes, over the 8-byte limit"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
