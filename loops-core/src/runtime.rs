@@ -432,16 +432,45 @@ impl Runtime {
     }
 
     /// Starts the run `run_id` in `initial` (or finds it, if it exists) and drives it in the
-    /// background with the handler registered for `W`; returns once the run is durably
-    /// recorded. Await its end with [`wait`](Self::wait).
+    /// background with the handler registered for `W`; returns its status once the run is
+    /// durably recorded. Await its end with [`wait`](Self::wait). A run that this runtime
+    /// drives already (resumed by [`resume_all`](Self::resume_all), woken by an event or a
+    /// timer, or started before) is left to its driver, and its status is returned.
     ///
     /// # Errors
-    /// [`Error::NotRegistered`] if no handler is registered for `W`; otherwise as
-    /// [`run`](Self::run) for everything that happens before the first handler runs.
+    /// [`Error::NotRegistered`] if no handler is registered for `W`;
+    /// [`Error::WorkflowMismatch`] if the run exists as another workflow, and
+    /// [`Error::SchemaMismatch`] as another shape of it;
+    /// [`Error::RunActive`] only while another call is creating the same run at this very
+    /// moment; otherwise as [`run`](Self::run) for everything that happens before the first
+    /// handler runs.
     pub async fn start<W: Workflow>(&self, run_id: &str, initial: W) -> Result<RunInfo> {
         validate_run_id(run_id)?;
         let driver = self.inner.background.driver(W::NAME)?;
-        let claim = self.claim(run_id).await?;
+        let claim = match self.claim(run_id).await {
+            Ok(claim) => claim,
+            Err(Error::RunActive { run_id: active }) => {
+                // Driven here already: that is what `start` would have arranged.
+                return match self.store().run_info(run_id).await? {
+                    Some(info) => {
+                        check_workflow::<W>(&info)?;
+                        let compiled = W::SCHEMA_HASH.pinned();
+                        if info.schema != compiled {
+                            return Err(Error::SchemaMismatch {
+                                run_id: run_id.to_owned(),
+                                workflow: W::NAME.to_owned(),
+                                stored: info.schema,
+                                compiled,
+                                changes: self.schema_changes::<W>(info.schema).await,
+                            });
+                        }
+                        Ok(info)
+                    }
+                    None => Err(Error::RunActive { run_id: active }),
+                };
+            }
+            Err(e) => return Err(e),
+        };
         let entered = self
             .enter(&claim, Some(initial))
             .instrument(tracing::info_span!("run", run_id, workflow = W::NAME))

@@ -766,6 +766,57 @@ async fn a_run_is_driven_once_at_a_time() {
     assert!(matches!(b, Err(Error::RunActive { .. })));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starting_a_run_that_is_driven_already_returns_its_status() {
+    let (_dir, path) = temp_store();
+    let rt = Runtime::builder()
+        .register::<Job, _>(Worker {
+            work_delay: Duration::from_millis(300),
+            ..Worker::default()
+        })
+        .open(&path)
+        .unwrap();
+    let first = rt.start("r", Job::Start { n: 0 }).await.unwrap();
+    assert_eq!((first.status, first.seq), (RunStatus::Running, 0));
+    // The background driver is inside `Work` (its handler sleeps): starting again finds it.
+    until_state(&rt, "r", "Work").await;
+    let again = rt.start("r", Job::Start { n: 0 }).await.unwrap();
+    assert_eq!(
+        (again.status, again.state.as_str(), again.seq),
+        (RunStatus::Running, "Work", 1)
+    );
+    // Another shape of the workflow under the same id is still refused.
+    assert!(matches!(
+        rt.start("r", JobV2::Start { n: 0 }).await,
+        Err(Error::SchemaMismatch { .. })
+    ));
+    assert_eq!(rt.wait::<Job>("r").await.unwrap(), Job::Done { acc: 0 });
+    // One driver ran it: each state's handler once.
+    let history: Vec<u64> = rt
+        .history::<Job>("r")
+        .await
+        .unwrap()
+        .iter()
+        .map(|t| t.seq)
+        .collect();
+    assert_eq!(history, vec![0, 1, 2]);
+}
+
+async fn until_state(rt: &Runtime, run_id: &str, state: &str) {
+    for _ in 0..500 {
+        if rt
+            .run_info(run_id)
+            .await
+            .unwrap()
+            .is_some_and(|i| i.state == state)
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    panic!("run {run_id} never reached {state}");
+}
+
 #[tokio::test]
 async fn state_time_out_is_a_failed_attempt() {
     let (_dir, path) = temp_store();
