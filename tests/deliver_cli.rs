@@ -104,6 +104,42 @@ fn a_repo_must_be_the_top_of_an_existing_work_tree() {
     assert_refused(&output, "name its top directory", dir.path(), &["plain"]);
 }
 
+/// A `--repo` made by `git init`, with no commit yet: one clear line, not git's silence after
+/// a colon, and the repository is left as it was.
+#[test]
+fn a_repo_without_commits_is_refused_in_one_line() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let repo = dir.path().join("new");
+    for args in [
+        &["init", "--quiet", &repo.to_string_lossy()][..],
+        &[
+            "-C",
+            &repo.to_string_lossy(),
+            "symbolic-ref",
+            "HEAD",
+            "refs/heads/trunk",
+        ],
+    ] {
+        let git = Command::new("git").args(args).output().expect("run git");
+        assert!(git.status.success(), "{}", describe(&git));
+    }
+    let output = deliver(dir.path(), &["--repo".into(), repo.clone().into()]);
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        format!(
+            "error: --repo {} has no commits on its branch trunk; commit something first: a new \
+             run starts from the last commit of the branch checked out\n",
+            repo.display()
+        )
+    );
+    let refs = Command::new("git")
+        .args(["-C", &repo.to_string_lossy(), "for-each-ref"])
+        .output()
+        .expect("run git");
+    assert_eq!(String::from_utf8_lossy(&refs.stdout), "");
+}
+
 /// A store file with one byte flipped, where the flip makes redb panic as it opens the file:
 /// the example says it cannot open the store, in one line, and prints no panic.
 #[test]

@@ -53,8 +53,8 @@ pub async fn check_installed() -> Result<String> {
         })?;
     ensure!(
         output.status.success(),
-        "`git --version` failed: {}",
-        one_line(&String::from_utf8_lossy(&output.stderr))
+        "`git --version` {}",
+        failure(&output)
     );
     Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
 }
@@ -98,10 +98,10 @@ impl Git {
         let output = self.output(args).await?;
         if !output.status.success() {
             bail!(
-                "`git {}` in {} failed: {}",
+                "`git {}` in {} {}",
                 args.join(" "),
                 self.dir.display(),
-                one_line(&String::from_utf8_lossy(&output.stderr))
+                failure(&output)
             );
         }
         let mut out = String::from_utf8(output.stdout)
@@ -321,9 +321,9 @@ impl Git {
         let output = self.output(&["cat-file", "blob", object]).await?;
         ensure!(
             output.status.success(),
-            "`git cat-file blob {object}` in {} failed: {}",
+            "`git cat-file blob {object}` in {} {}",
             self.dir.display(),
-            one_line(&String::from_utf8_lossy(&output.stderr))
+            failure(&output)
         );
         let text = String::from_utf8(output.stdout)
             .with_context(|| format!("edit of {path}: the file is not UTF-8"))?;
@@ -449,6 +449,18 @@ fn is_lock_error(stderr: &str) -> bool {
     stderr.contains(".lock': File exists")
         || stderr.contains("Unable to create '")
         || stderr.contains("cannot lock ref")
+}
+
+/// How a program that ended with `output` failed, for an error: `failed: ` and its message
+/// on one line, or, when it said nothing, `failed (exit status: 1) and said nothing`. Never a
+/// bare colon.
+pub fn failure(output: &Output) -> String {
+    let said = one_line(&String::from_utf8_lossy(&output.stderr));
+    if said.is_empty() {
+        format!("failed ({}) and said nothing", output.status)
+    } else {
+        format!("failed: {said}")
+    }
 }
 
 /// `text` (a program's message) on one line: its lines trimmed, the empty ones dropped, the
@@ -642,6 +654,34 @@ mod tests {
         );
         assert_eq!(one_line(" one \n"), "one");
         assert_eq!(one_line(""), "");
+    }
+
+    /// A command that fails without a word (`--quiet`) is not reported with a bare colon.
+    #[tokio::test]
+    async fn a_silent_failure_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let git = repo_with_file(dir.path()).await;
+        let err = git
+            .run(&["rev-parse", "--verify", "--quiet", "nope"])
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "`git rev-parse --verify --quiet nope` in {} failed (exit status: 1) and said \
+                 nothing",
+                dir.path().display()
+            )
+        );
+        let err = git.run(&["frobnicate"]).await.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "`git frobnicate` in {} failed: git: 'frobnicate' is not a git command. See \
+                 'git --help'.",
+                dir.path().display()
+            )
+        );
     }
 
     #[tokio::test]

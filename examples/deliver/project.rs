@@ -336,8 +336,8 @@ pub async fn prepare(paths: &Paths, work_branch: &str, recorded: Option<Base>) -
 /// there, at its last commit.
 ///
 /// # Errors
-/// If HEAD is detached or on a work branch of this example, if tracked files have
-/// uncommitted changes, or if git fails.
+/// If HEAD is detached, on a work branch of this example or on a branch with no commits, if
+/// tracked files have uncommitted changes, or if git fails.
 async fn new_base(git: &Git) -> Result<Base> {
     let repo = git.dir().display();
     let Some(branch) = checked_out_branch(git).await? else {
@@ -353,6 +353,16 @@ async fn new_base(git: &Git) -> Result<Base> {
              branch pull requests should target"
         );
     }
+    // A branch with no commits yet (a new `git init`, or `git checkout --orphan`).
+    let Some(commit) = git
+        .resolve(&format!("refs/heads/{branch}^{{commit}}"))
+        .await?
+    else {
+        bail!(
+            "--repo {repo} has no commits on its branch {branch}; commit something first: a \
+             new run starts from the last commit of the branch checked out"
+        );
+    };
     let status = git
         .run(&["status", "--porcelain=v1", "--untracked-files=no"])
         .await?;
@@ -368,7 +378,6 @@ async fn new_base(git: &Git) -> Result<Base> {
              run starts from the last commit of {branch}"
         );
     }
-    let commit = git.rev_parse(&branch).await?;
     Ok(Base { branch, commit })
 }
 
@@ -387,9 +396,9 @@ async fn checked_out_branch(git: &Git) -> Result<Option<String>> {
         // `--quiet`: exit code 1, and nothing said, for a detached HEAD.
         Some(1) if output.stderr.is_empty() => Ok(None),
         _ => bail!(
-            "`git symbolic-ref HEAD` in {} failed: {}",
+            "`git symbolic-ref HEAD` in {} {}",
             git.dir().display(),
-            git::one_line(&String::from_utf8_lossy(&output.stderr))
+            git::failure(&output)
         ),
     }
 }
