@@ -255,7 +255,7 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
     if let Some(repo) = &cli.repo {
         project::check_repo(&absolute(repo)?).await?;
     }
-    let paths = Paths::new(
+    let mut paths = Paths::new(
         absolute(&cli.workdir)?,
         cli.store.as_deref().map(absolute).transpose()?,
         cli.repo.as_deref().map(absolute).transpose()?,
@@ -285,6 +285,9 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
     // The store's lock is ours: what an earlier process left in the work directory is not
     // in use.
     paths.clear_leftovers()?;
+    // Before the run starts: which repository it works on, recorded or given.
+    let exists = runtime.run_info(&cli.run_id).await?.is_some();
+    paths.settle_repo(&cli.run_id, exists).await?;
     Ok((paths, runtime))
 }
 
@@ -394,6 +397,9 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime) -> Result<()> {
         .unwrap_or_else(|| cli.workdir.join("deliver.redb"));
     say!("store:  {}", shown_store.display());
     say!("run id: {}", cli.run_id);
+    if paths.repo_recorded {
+        say!("repo:   {} (recorded for this run)", paths.repo.display());
+    }
 
     let recorded = recorded_base(runtime, &cli.run_id).await?;
     let base = project::prepare(paths, &agent::work_branch(&cli.run_id), recorded).await?;
