@@ -104,6 +104,123 @@ fn a_repo_must_be_the_top_of_an_existing_work_tree() {
     assert_refused(&output, "name its top directory", dir.path(), &["plain"]);
 }
 
+/// A `--repo` made by `git init`, with no commit yet: one clear line, not git's silence after
+/// a colon, and the repository is left as it was.
+#[test]
+fn a_repo_without_commits_is_refused_in_one_line() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let repo = dir.path().join("new");
+    for args in [
+        &["init", "--quiet", &repo.to_string_lossy()][..],
+        &[
+            "-C",
+            &repo.to_string_lossy(),
+            "symbolic-ref",
+            "HEAD",
+            "refs/heads/trunk",
+        ],
+    ] {
+        let git = Command::new("git").args(args).output().expect("run git");
+        assert!(git.status.success(), "{}", describe(&git));
+    }
+    let output = deliver(dir.path(), &["--repo".into(), repo.clone().into()]);
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        format!(
+            "error: --repo {} has no commits on its branch trunk; commit something first: a new \
+             run starts from the last commit of the branch checked out\n",
+            repo.display()
+        )
+    );
+    let refs = Command::new("git")
+        .args(["-C", &repo.to_string_lossy(), "for-each-ref"])
+        .output()
+        .expect("run git");
+    assert_eq!(String::from_utf8_lossy(&refs.stdout), "");
+}
+
+/// `--fresh` deletes a store, even a damaged one, but a `--store` that is not one (a file of
+/// the user's named by mistake, a directory) is refused before anything is deleted.
+#[test]
+fn fresh_never_deletes_what_is_not_a_store() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let precious = dir.path().join("precious.txt");
+    std::fs::write(&precious, "precious\n").expect("write");
+    let store = |path: &Path| vec!["--store".into(), path.as_os_str().to_owned()];
+
+    // Without --fresh, it is not opened as a store (and the work directory is made).
+    let output = deliver(dir.path(), &store(&precious));
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        format!(
+            "error: cannot open store {}: Not a redb database: magic number mismatch\n",
+            precious.display()
+        )
+    );
+    assert!(dir.path().join("work/.loops-deliver-workdir").exists());
+
+    let mut args = store(&precious);
+    args.push("--fresh".into());
+    let output = deliver(dir.path(), &args);
+    assert_refused(
+        &output,
+        &format!(
+            "error: --fresh: --store {} does not start with redb's header, not a loops store; \
+             nothing was deleted (move it away, or name another --store)\n",
+            precious.display()
+        ),
+        dir.path(),
+        &["precious.txt", "work"],
+    );
+    assert_eq!(
+        std::fs::read_to_string(&precious).expect("read"),
+        "precious\n"
+    );
+    assert!(dir.path().join("work/.loops-deliver-workdir").exists());
+
+    // Shorter than the header, or empty: not a store either.
+    for (name, text) in [("short", "redb"), ("empty", "")] {
+        let file = dir.path().join(name);
+        std::fs::write(&file, text).expect("write");
+        let mut args = store(&file);
+        args.push("--fresh".into());
+        let output = deliver(dir.path(), &args);
+        assert!(
+            output.status.code() == Some(1)
+                && String::from_utf8_lossy(&output.stderr)
+                    .contains("does not start with redb's header"),
+            "{}",
+            describe(&output)
+        );
+        assert_eq!(std::fs::read_to_string(&file).expect("read"), text);
+        std::fs::remove_file(&file).expect("remove");
+    }
+
+    let stores = dir.path().join("stores");
+    std::fs::create_dir(&stores).expect("a directory");
+    std::fs::write(stores.join("a.redb"), "mine\n").expect("write");
+    let mut args = store(&stores);
+    args.push("--fresh".into());
+    let output = deliver(dir.path(), &args);
+    assert_refused(
+        &output,
+        &format!(
+            "error: --fresh: --store {} is a directory, not a loops store; nothing was deleted \
+             (move it away, or name another --store)\n",
+            stores.display()
+        ),
+        dir.path(),
+        &["precious.txt", "stores", "work"],
+    );
+    assert_eq!(
+        std::fs::read_to_string(stores.join("a.redb")).expect("read"),
+        "mine\n"
+    );
+    assert!(dir.path().join("work/.loops-deliver-workdir").exists());
+}
+
 /// A store file with one byte flipped, where the flip makes redb panic as it opens the file:
 /// the example says it cannot open the store, in one line, and prints no panic.
 #[test]
@@ -133,12 +250,17 @@ fn a_damaged_store_is_one_clean_error_without_a_panic() {
     let copy = dir.path().join("copy.redb");
     flip(offset, &copy);
     let err = loops::RedbStore::open(&copy).expect_err("a damaged store");
-    let mut said = format!("error: cannot open the store: {err}");
+    let mut said = format!("error: {err}");
     let mut source = std::error::Error::source(&err);
     while let Some(e) = source {
         said.push_str(&format!(": {e}"));
         source = e.source();
     }
+    // Said once: "cannot open store <path>: why", not "cannot open the store: cannot open ...".
+    assert!(
+        said.starts_with(&format!("error: cannot open store {}: ", copy.display())),
+        "{said}"
+    );
     said = said.replace(&copy.display().to_string(), &damaged.display().to_string());
 
     let output = deliver(dir.path(), &["--store".into(), damaged.clone().into()]);
@@ -161,9 +283,7 @@ fn a_damaged_store_is_one_clean_error_without_a_panic() {
     );
     assert!(output.status.success(), "{}", describe(&output));
     let stdout = String::from_utf8_lossy(&output.stdout);
-    let deleting = said
-        .strip_prefix("error: cannot open the store: ")
-        .expect("the error's prefix");
+    let deleting = said.strip_prefix("error: ").expect("the error's prefix");
     assert_eq!(
         stdout.lines().next(),
         Some(format!("--fresh: {deleting}; deleting it all the same").as_str()),

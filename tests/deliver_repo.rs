@@ -176,3 +176,114 @@ fn a_given_repo_keeps_its_changes_and_its_branch_run_after_run() {
     assert_eq!(checkout(&repo), detached);
     assert_eq!(pulls(&workdir), ["1.json", "2.json"]);
 }
+
+/// Runs the example on the work directory `workdir` with `args` only (no `--repo` unless
+/// they name one), stopping at seq `stop_at` if given.
+fn deliver_without_repo(workdir: &Path, args: &[&str], stop_at: Option<u64>) -> Output {
+    let mut cmd = Command::new(example());
+    cmd.arg("--workdir")
+        .arg(workdir)
+        .args(args)
+        .env_remove("LOOPS_DELIVER_HOLD_AT_SEQ")
+        .env_remove("LOOPS_DELIVER_STOP_AT_SEQ")
+        .env_remove("RUST_LOG");
+    if let Some(seq) = stop_at {
+        cmd.env("LOOPS_DELIVER_STOP_AT_SEQ", seq.to_string());
+    }
+    cmd.output().expect("run the example")
+}
+
+/// A run remembers the repository it works on: resumed without `--repo` it goes on there
+/// (and says so), with another `--repo` it is refused naming both. A start that recorded its
+/// repository but stopped before its run began (as a kill there would) binds nothing.
+#[test]
+fn a_run_remembers_its_repo() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let repo = user_repo(dir.path());
+    let workdir = dir.path().join("work");
+    let main = git(&repo, &["rev-parse", "main"]);
+
+    // Recorded, then refused before the run starts: a repository with no commits.
+    let empty = dir.path().join("empty");
+    git(dir.path(), &["init", "--quiet", &empty.to_string_lossy()]);
+    let output = deliver(&workdir, &empty, &[]);
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("has no commits on its branch"),
+        "{}",
+        describe(&output)
+    );
+
+    // The run starts on `repo`, and waits for approval.
+    let output = deliver(&workdir, &repo, &["--auto-approve=false"]);
+    assert!(output.status.success(), "{}", describe(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("waiting for approval"),
+        "{}",
+        describe(&output)
+    );
+
+    // Another repository is refused, naming both; nothing changes.
+    let other = dir.path().join("other");
+    git(
+        dir.path(),
+        &["clone", "--quiet", "user", &other.to_string_lossy()],
+    );
+    let output = deliver(&workdir, &other, &["--approve"]);
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        format!(
+            "error: run deliver-1 works on the repository {}; --repo {} is another: leave \
+             --repo out to go on with it, or use another --run-id\n",
+            repo.display(),
+            other.display()
+        )
+    );
+    assert_eq!(git(&other, &["branch", "--list", "loops/*"]), "");
+
+    // Without --repo: the recorded one, said so.
+    let output = deliver_without_repo(&workdir, &["--approve"], None);
+    assert!(output.status.success(), "{}", describe(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains(&format!(
+            "run id: deliver-1\nrepo:   {} (recorded for this run)\n",
+            repo.display()
+        )),
+        "{}",
+        describe(&output)
+    );
+    assert!(
+        stdout.ends_with(&format!(
+            "pull request: forge://demo/pulls/1\n  stored in {}\n",
+            workdir.join("forge/pulls/1.json").display()
+        )),
+        "{}",
+        describe(&output)
+    );
+    assert_eq!(pulls(&workdir), ["1.json"]);
+    assert_eq!(git(&repo, &["rev-parse", "main"]), main);
+    assert_eq!(
+        git(&repo, &["rev-list", "--count", "main..loops/deliver-1"]),
+        "2\n"
+    );
+    // The same --repo again is the same repository: the run is reported.
+    let output = deliver(&workdir, &repo, &[]);
+    assert!(output.status.success(), "{}", describe(&output));
+
+    // A run on the demo's repository refuses a --repo too.
+    let output = deliver_without_repo(&workdir, &["--run-id", "demo-1"], Some(0));
+    assert!(output.status.success(), "{}", describe(&output));
+    let output = deliver(&workdir, &repo, &["--run-id", "demo-1"]);
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        format!(
+            "error: run demo-1 works on the demo's repository {}; --repo {} is another: leave \
+             --repo out to go on with it, or use another --run-id\n",
+            workdir.join("repo").display(),
+            repo.display()
+        )
+    );
+}

@@ -53,8 +53,8 @@ pub async fn check_installed() -> Result<String> {
         })?;
     ensure!(
         output.status.success(),
-        "`git --version` failed: {}",
-        one_line(&String::from_utf8_lossy(&output.stderr))
+        "`git --version` {}",
+        failure(&output)
     );
     Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
 }
@@ -98,10 +98,10 @@ impl Git {
         let output = self.output(args).await?;
         if !output.status.success() {
             bail!(
-                "`git {}` in {} failed: {}",
+                "`git {}` in {} {}",
                 args.join(" "),
                 self.dir.display(),
-                one_line(&String::from_utf8_lossy(&output.stderr))
+                failure(&output)
             );
         }
         let mut out = String::from_utf8(output.stdout)
@@ -186,15 +186,21 @@ impl Git {
         Ok(files)
     }
 
-    /// The commit whose message carries `key` in its idempotency-key trailer, if any branch
-    /// or tag reaches one.
+    /// The commit on top of `parent` (its only parent) whose message carries `key` in its
+    /// idempotency-key trailer, if any ref reaches one. A commit with the same key on another
+    /// parent is another run's (the same run id, on another base, in a repository this one
+    /// was cloned from), not this step's.
     ///
     /// # Errors
     /// If git fails.
-    pub async fn find_commit_with_key(&self, key: &str) -> Result<Option<String>> {
+    pub async fn find_commit_with_key(&self, key: &str, parent: &str) -> Result<Option<String>> {
         let grep = format!("--grep=^{KEY_TRAILER}: {key}$");
-        let found = self.run(&["log", "--all", "--format=%H", &grep]).await?;
-        Ok(found.lines().next().map(str::to_owned))
+        let found = self.run(&["log", "--all", "--format=%H %P", &grep]).await?;
+        Ok(found.lines().find_map(|line| {
+            let mut ids = line.split(' ');
+            let id = ids.next()?;
+            (ids.next() == Some(parent) && ids.next().is_none()).then(|| id.to_owned())
+        }))
     }
 
     /// Commits `change` on `branch` on top of `parent`, exactly once per `key`, without
@@ -218,8 +224,22 @@ impl Git {
         key: &str,
         scratch: &Path,
     ) -> Result<Committed> {
-        if let Some(id) = self.find_commit_with_key(key).await? {
+        if let Some(id) = self.find_commit_with_key(key, parent).await? {
             tracing::info!(commit = %id, key, "commit found by its idempotency key");
+            // Found through another ref (`origin/<branch>` in a clone of a repository where
+            // this run id ran before): `branch` is set to it as a commit made now would be,
+            // if it is missing or at `parent`; a branch moved on is left alone.
+            let local = format!("refs/heads/{branch}");
+            let old = match self.resolve(&local).await? {
+                None => Some(String::new()),
+                Some(head) if head == parent => Some(head),
+                Some(_) => None,
+            };
+            if let Some(old) = old {
+                let reason = format!("deliver: {} (found by its key)", change.summary);
+                self.run(&["update-ref", "-m", &reason, &local, &id, &old])
+                    .await?;
+            }
             return Ok(Committed {
                 commit: Commit {
                     id,
@@ -321,9 +341,9 @@ impl Git {
         let output = self.output(&["cat-file", "blob", object]).await?;
         ensure!(
             output.status.success(),
-            "`git cat-file blob {object}` in {} failed: {}",
+            "`git cat-file blob {object}` in {} {}",
             self.dir.display(),
-            one_line(&String::from_utf8_lossy(&output.stderr))
+            failure(&output)
         );
         let text = String::from_utf8(output.stdout)
             .with_context(|| format!("edit of {path}: the file is not UTF-8"))?;
@@ -451,6 +471,18 @@ fn is_lock_error(stderr: &str) -> bool {
         || stderr.contains("cannot lock ref")
 }
 
+/// How a program that ended with `output` failed, for an error: `failed: ` and its message
+/// on one line, or, when it said nothing, `failed (exit status: 1) and said nothing`. Never a
+/// bare colon.
+pub fn failure(output: &Output) -> String {
+    let said = one_line(&String::from_utf8_lossy(&output.stderr));
+    if said.is_empty() {
+        format!("failed ({}) and said nothing", output.status)
+    } else {
+        format!("failed: {said}")
+    }
+}
+
 /// `text` (a program's message) on one line: its lines trimmed, the empty ones dropped, the
 /// others joined by a space after a full stop or a colon, by `; ` otherwise. An error is one
 /// line, also when it quotes git.
@@ -573,6 +605,103 @@ mod tests {
         assert_eq!(std::fs::read_dir(scratch.path()).unwrap().count(), 0);
     }
 
+    /// In a clone that has the run's commits on `origin/<branch>` only, they are found by
+    /// their keys and the local branch is made to point at them.
+    #[tokio::test]
+    async fn commits_found_on_a_remote_branch_get_the_local_branch() {
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let scratch = tempfile::tempdir().unwrap();
+        let git_a = repo_with_file(a.path()).await;
+        let base = git_a.rev_parse("HEAD").await.unwrap();
+        let first = git_a
+            .commit_change(
+                "work",
+                &base,
+                &change("two", "three"),
+                "b",
+                "lk-5",
+                scratch.path(),
+            )
+            .await
+            .unwrap();
+        let second = git_a
+            .commit_change(
+                "work",
+                &first.commit.id,
+                &change("one", "zero"),
+                "b",
+                "lk-6",
+                scratch.path(),
+            )
+            .await
+            .unwrap();
+        let clone = b.path().join("clone");
+        Git::new(b.path())
+            .run(&["clone", "--quiet", &a.path().to_string_lossy(), "clone"])
+            .await
+            .unwrap();
+        let git_b = Git::new(&clone);
+        assert_eq!(git_b.resolve("refs/heads/work").await.unwrap(), None);
+
+        let found = git_b
+            .commit_change(
+                "work",
+                &base,
+                &change("two", "three"),
+                "b",
+                "lk-5",
+                scratch.path(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            found,
+            Committed {
+                created: false,
+                ..first.clone()
+            }
+        );
+        assert_eq!(
+            git_b.resolve("refs/heads/work").await.unwrap(),
+            Some(first.commit.id.clone())
+        );
+        let found = git_b
+            .commit_change(
+                "work",
+                &first.commit.id,
+                &change("one", "zero"),
+                "b",
+                "lk-6",
+                scratch.path(),
+            )
+            .await
+            .unwrap();
+        assert!(!found.created);
+        assert_eq!(found.commit.id, second.commit.id);
+        assert_eq!(
+            git_b.resolve("refs/heads/work").await.unwrap(),
+            Some(second.commit.id.clone())
+        );
+
+        // The same key on another parent is another run's, not taken for this step: the edit
+        // is applied to this parent (where its text is gone).
+        let other = git_b
+            .commit_change(
+                "elsewhere",
+                &second.commit.id,
+                &change("two", "three"),
+                "b",
+                "lk-5",
+                scratch.path(),
+            )
+            .await;
+        let err = other.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "edit of a.txt: the text to replace occurs 0 times, expected once: \"two\""
+        );
+    }
+
     /// The user's checkout (HEAD, index, work tree) is the same after a commit as before:
     /// the edit is made to the parent's file, not to the work tree's.
     #[tokio::test]
@@ -642,6 +771,34 @@ mod tests {
         );
         assert_eq!(one_line(" one \n"), "one");
         assert_eq!(one_line(""), "");
+    }
+
+    /// A command that fails without a word (`--quiet`) is not reported with a bare colon.
+    #[tokio::test]
+    async fn a_silent_failure_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let git = repo_with_file(dir.path()).await;
+        let err = git
+            .run(&["rev-parse", "--verify", "--quiet", "nope"])
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "`git rev-parse --verify --quiet nope` in {} failed (exit status: 1) and said \
+                 nothing",
+                dir.path().display()
+            )
+        );
+        let err = git.run(&["frobnicate"]).await.unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "`git frobnicate` in {} failed: git: 'frobnicate' is not a git command. See \
+                 'git --help'.",
+                dir.path().display()
+            )
+        );
     }
 
     #[tokio::test]

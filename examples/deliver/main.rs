@@ -255,7 +255,7 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
     if let Some(repo) = &cli.repo {
         project::check_repo(&absolute(repo)?).await?;
     }
-    let paths = Paths::new(
+    let mut paths = Paths::new(
         absolute(&cli.workdir)?,
         cli.store.as_deref().map(absolute).transpose()?,
         cli.repo.as_deref().map(absolute).transpose()?,
@@ -285,6 +285,9 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
     // The store's lock is ours: what an earlier process left in the work directory is not
     // in use.
     paths.clear_leftovers()?;
+    // Before the run starts: which repository it works on, recorded or given.
+    let exists = runtime.run_info(&cli.run_id).await?.is_some();
+    paths.settle_repo(&cli.run_id, exists).await?;
     Ok((paths, runtime))
 }
 
@@ -297,6 +300,7 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
 /// A store that cannot be opened for another reason than its lock (a damaged file) is not
 /// open in any process: it is deleted all the same, as `--fresh` asks.
 async fn delete_for_fresh(paths: &Paths) -> Result<()> {
+    check_is_a_store(&paths.store)?;
     let held = if paths.store.exists() {
         match open_store(|| loops::RedbStore::open(&paths.store)).await {
             Ok(store) => Some(store),
@@ -322,12 +326,65 @@ async fn delete_for_fresh(paths: &Paths) -> Result<()> {
     Ok(())
 }
 
+/// The first bytes of every redb file, so of every loops store (redb's file format:
+/// `MAGICNUMBER` in its `tree_store/page_store/header.rs`).
+const REDB_MAGIC: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
+
+/// Checks, for `--fresh`, that `store` is missing or a file that starts as a redb file does:
+/// `--fresh` deletes a store, damaged or not, but never a file of the user's named with
+/// `--store` by mistake, nor a directory. Nothing has been deleted yet when it refuses.
+///
+/// # Errors
+/// If `store` exists and is not a regular file starting with redb's magic number, or cannot
+/// be read.
+fn check_is_a_store(store: &Path) -> Result<()> {
+    let refuse = |what: &str| {
+        anyhow::anyhow!(
+            "--fresh: --store {} {what}, not a loops store; nothing was deleted (move it away, \
+             or name another --store)",
+            store.display()
+        )
+    };
+    let metadata = match std::fs::metadata(store) {
+        Ok(metadata) => metadata,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => {
+            return Err(e).with_context(|| format!("--fresh: cannot read {}", store.display()));
+        }
+    };
+    if metadata.is_dir() {
+        return Err(refuse("is a directory"));
+    }
+    if !metadata.is_file() {
+        return Err(refuse("is not a regular file"));
+    }
+    let mut head = [0; REDB_MAGIC.len()];
+    let read = std::fs::File::open(store).and_then(|mut f| {
+        use std::io::Read as _;
+        let mut filled = 0;
+        while filled < head.len() {
+            match f.read(&mut head[filled..])? {
+                0 => break,
+                n => filled += n,
+            }
+        }
+        Ok(filled)
+    });
+    match read {
+        Ok(n) if n == REDB_MAGIC.len() && head == REDB_MAGIC => Ok(()),
+        Ok(_) => Err(refuse("does not start with redb's header")),
+        Err(e) => Err(e).with_context(|| format!("--fresh: cannot read {}", store.display())),
+    }
+}
+
 /// The error for a store that `open_store` could not open.
 fn store_error(e: loops::Error) -> anyhow::Error {
     match e {
         loops::Error::StoreLocked { .. } => {
             anyhow::anyhow!("{e}: is another `deliver` running?")
         }
+        // It says "cannot open store <path>" itself.
+        e @ loops::Error::Open { .. } => anyhow::Error::new(e),
         e => anyhow::Error::new(e).context("cannot open the store"),
     }
 }
@@ -340,6 +397,9 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime) -> Result<()> {
         .unwrap_or_else(|| cli.workdir.join("deliver.redb"));
     say!("store:  {}", shown_store.display());
     say!("run id: {}", cli.run_id);
+    if paths.repo_recorded {
+        say!("repo:   {} (recorded for this run)", paths.repo.display());
+    }
 
     let recorded = recorded_base(runtime, &cli.run_id).await?;
     let base = project::prepare(paths, &agent::work_branch(&cli.run_id), recorded).await?;

@@ -74,8 +74,12 @@ pub struct Paths {
     pub store: PathBuf,
     /// The repository the agent commits to (its checkout is never changed).
     pub repo: PathBuf,
-    /// Whether `repo` was given by the user (`--repo`) rather than the demo's own.
+    /// Whether `repo` was given by the user (`--repo`, or recorded for the run when it was
+    /// started so) rather than the demo's own.
     pub repo_given: bool,
+    /// Whether `repo` was read from the run's record ([`settle_repo`](Self::settle_repo))
+    /// rather than given with `--repo`.
+    pub repo_recorded: bool,
     /// The bare repository branches are pushed to.
     pub remote: PathBuf,
     /// The forge's directory.
@@ -96,6 +100,7 @@ impl Paths {
         Paths {
             store: store.unwrap_or_else(|| workdir.join("deliver.redb")),
             repo_given: repo.is_some(),
+            repo_recorded: false,
             repo: repo.unwrap_or_else(|| workdir.join("repo")),
             remote: workdir.join("remote.git"),
             forge: workdir.join("forge"),
@@ -243,10 +248,137 @@ impl Paths {
                 }
             }
         }
+        if let Ok(entries) = std::fs::read_dir(self.workdir.join(RECORDS)) {
+            for entry in entries.flatten() {
+                if entry.file_name().to_string_lossy().contains(".tmp-") {
+                    let _ = std::fs::remove_file(entry.path());
+                }
+            }
+        }
         let _ = std::fs::remove_dir_all(&self.scratch);
         std::fs::create_dir_all(&self.scratch)
             .with_context(|| format!("cannot create {}", self.scratch.display()))
     }
+}
+
+/// The directory of the work directory where each run's repository is recorded.
+const RECORDS: &str = "runs";
+
+/// What `<workdir>/runs/<run>.repo.json` says: the repository a run works on. States hold no
+/// absolute paths (see `workflow.rs`), so this is kept beside the store, in the work
+/// directory, where the remote and the forge the run uses live too.
+#[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+struct RepoRecord {
+    /// The repository given with `--repo` (absolute), or `None` for the demo's own.
+    repo: Option<PathBuf>,
+}
+
+impl Paths {
+    /// The file that records the repository of run `run_id`: named like its work branch (a
+    /// file name of safe characters, at most 209 bytes, distinct for distinct ids).
+    pub fn repo_record(&self, run_id: &str) -> PathBuf {
+        let branch = crate::agent::work_branch(run_id);
+        let name = branch.strip_prefix("loops/").unwrap_or(&branch);
+        self.workdir.join(RECORDS).join(format!("{name}.repo.json"))
+    }
+
+    /// Settles which repository run `run_id` works on, once the store's lock is held.
+    ///
+    /// A run that does not exist yet (`exists` false) is about to start on the repository
+    /// given with `--repo`, or the demo's: that is recorded (durably, before the run starts),
+    /// replacing any record a start killed before its run began left. A run that exists goes
+    /// on with the repository recorded for it: without `--repo` the recorded one is used
+    /// (`repo_recorded`), and a `--repo` naming another is refused. A run without a record
+    /// (started by an earlier version of this example) uses what it is given, as it did.
+    ///
+    /// # Errors
+    /// If `--repo` names another repository than the recorded one, the record cannot be read
+    /// or written, or the recorded repository is no longer a git work tree.
+    pub async fn settle_repo(&mut self, run_id: &str, exists: bool) -> Result<()> {
+        let record = self.repo_record(run_id);
+        if !exists {
+            let repo = self.repo_given.then(|| self.repo.clone());
+            return write_durably(&record, &serde_json::to_vec(&RepoRecord { repo })?);
+        }
+        let text = match std::fs::read(&record) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(e).with_context(|| format!("cannot read {}", record.display())),
+        };
+        let recorded: RepoRecord = serde_json::from_slice(&text)
+            .with_context(|| format!("cannot read {}", record.display()))?;
+        let hint = "leave --repo out to go on with it, or use another --run-id";
+        match (recorded.repo, self.repo_given) {
+            (Some(repo), true) if !same_dir(&repo, &self.repo) => bail!(
+                "run {run_id} works on the repository {}; --repo {} is another: {hint}",
+                repo.display(),
+                self.repo.display()
+            ),
+            (Some(_), true) | (None, false) => {}
+            (Some(repo), false) => {
+                check_repo(&repo).await.with_context(|| {
+                    format!("run {run_id} works on the repository recorded for it")
+                })?;
+                self.repo = repo;
+                self.repo_given = true;
+                self.repo_recorded = true;
+            }
+            (None, true) => bail!(
+                "run {run_id} works on the demo's repository {}; --repo {} is another: {hint}",
+                self.workdir.join("repo").display(),
+                self.repo.display()
+            ),
+        }
+        Ok(())
+    }
+}
+
+/// Whether `a` and `b` name the same directory (compared as they are if either cannot be
+/// resolved).
+fn same_dir(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => a == b,
+    }
+}
+
+/// Writes `bytes` to `path` so that a crash leaves either the old file or the new one,
+/// complete: written to `<path>.tmp-<pid>` beside it, synced, renamed over `path`, and the
+/// directory synced (it is created, and its parent synced, if missing).
+fn write_durably(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write as _;
+    let dir = path
+        .parent()
+        .with_context(|| format!("{} has no parent directory", path.display()))?;
+    if !dir.exists() {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        if let Some(parent) = dir.parent() {
+            sync_dir(parent)?;
+        }
+    }
+    let tmp = temp_sibling(path)?;
+    let written = std::fs::File::create(&tmp).and_then(|mut file| {
+        file.write_all(bytes)?;
+        file.sync_all()
+    });
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e).with_context(|| format!("cannot write {}", tmp.display()));
+    }
+    std::fs::rename(&tmp, path)
+        .with_context(|| format!("cannot move {} to {}", tmp.display(), path.display()))?;
+    sync_dir(dir)
+}
+
+/// Makes the entries of directory `dir` durable (a no-op where directories cannot be opened).
+fn sync_dir(dir: &Path) -> Result<()> {
+    #[cfg(unix)]
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .with_context(|| format!("cannot sync {}", dir.display()))?;
+    #[cfg(not(unix))]
+    let _ = dir;
+    Ok(())
 }
 
 /// Checks that `repo`, given with `--repo`, is the top directory of an existing git work
@@ -336,8 +468,8 @@ pub async fn prepare(paths: &Paths, work_branch: &str, recorded: Option<Base>) -
 /// there, at its last commit.
 ///
 /// # Errors
-/// If HEAD is detached or on a work branch of this example, if tracked files have
-/// uncommitted changes, or if git fails.
+/// If HEAD is detached, on a work branch of this example or on a branch with no commits, if
+/// tracked files have uncommitted changes, or if git fails.
 async fn new_base(git: &Git) -> Result<Base> {
     let repo = git.dir().display();
     let Some(branch) = checked_out_branch(git).await? else {
@@ -353,6 +485,16 @@ async fn new_base(git: &Git) -> Result<Base> {
              branch pull requests should target"
         );
     }
+    // A branch with no commits yet (a new `git init`, or `git checkout --orphan`).
+    let Some(commit) = git
+        .resolve(&format!("refs/heads/{branch}^{{commit}}"))
+        .await?
+    else {
+        bail!(
+            "--repo {repo} has no commits on its branch {branch}; commit something first: a \
+             new run starts from the last commit of the branch checked out"
+        );
+    };
     let status = git
         .run(&["status", "--porcelain=v1", "--untracked-files=no"])
         .await?;
@@ -368,7 +510,6 @@ async fn new_base(git: &Git) -> Result<Base> {
              run starts from the last commit of {branch}"
         );
     }
-    let commit = git.rev_parse(&branch).await?;
     Ok(Base { branch, commit })
 }
 
@@ -387,9 +528,9 @@ async fn checked_out_branch(git: &Git) -> Result<Option<String>> {
         // `--quiet`: exit code 1, and nothing said, for a detached HEAD.
         Some(1) if output.stderr.is_empty() => Ok(None),
         _ => bail!(
-            "`git symbolic-ref HEAD` in {} failed: {}",
+            "`git symbolic-ref HEAD` in {} {}",
             git.dir().display(),
-            git::one_line(&String::from_utf8_lossy(&output.stderr))
+            git::failure(&output)
         ),
     }
 }

@@ -28,10 +28,7 @@ pub async fn check_rustc() -> Result<()> {
         .await;
     match output {
         Ok(output) if output.status.success() => Ok(()),
-        Ok(output) => anyhow::bail!(
-            "`rustc --version` failed: {}",
-            crate::git::one_line(&String::from_utf8_lossy(&output.stderr))
-        ),
+        Ok(output) => anyhow::bail!("`rustc --version` {}", crate::git::failure(&output)),
         Err(e) => anyhow::bail!(
             "this example builds the demo crate's tests with rustc, and `rustc --version` \
              could not run ({e}); install Rust (https://rustup.rs) and make sure rustc is on PATH"
