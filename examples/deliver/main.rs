@@ -80,8 +80,10 @@ struct Cli {
     /// left it after testing: check your branch out again) or tracked files have uncommitted
     /// changes (commit or stash them). The checkout is never changed: the agent commits to
     /// its own branch (loops/<RUN_ID>) through git's object database and builds the tests in
-    /// a copy under the work directory, so a run that exists goes on whatever is checked out
-    /// [default: <WORKDIR>/repo, created with a tiny Rust crate]
+    /// a copy under the work directory, so a run that exists goes on whatever is checked out.
+    /// A run remembers its repository: resuming it needs no --repo, and another is refused
+    /// [default: the run's recorded repository, else <WORKDIR>/repo, created with a tiny Rust
+    /// crate]
     #[arg(long, value_name = "PATH")]
     repo: Option<PathBuf>,
 
