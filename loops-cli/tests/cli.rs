@@ -109,6 +109,13 @@ impl Dispatch<Worker> for Job {
                 Ok(Job::Work { mode, items })
             }
             Job::Work { mode, items } => match mode.as_str() {
+                "step-fails" => {
+                    ctx.step("deploy", || async {
+                        Err::<u32, BoxError>("deploy refused".into())
+                    })
+                    .await?;
+                    unreachable!("the step fails")
+                }
                 "fail" => Err(Box::new(DeployError(std::io::Error::new(
                     std::io::ErrorKind::ConnectionRefused,
                     "connection refused",
@@ -1922,6 +1929,93 @@ fn a_flipped_bit_in_a_record_is_refused_by_reading_commands_unless_no_verify() {
     assert_eq!(
         json(&path, &["history", "done-1", "--json"])["transitions"][2]["payload"],
         json!({"Done": {"delivered": 2}})
+    );
+}
+
+#[test]
+fn history_counts_a_failing_step_once_per_attempt() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let rt = Runtime::builder()
+                .retry(
+                    RetryPolicy::attempts(2)
+                        .with_delays(Duration::from_millis(1), Duration::from_millis(1)),
+                )
+                .open(&path)
+                .unwrap();
+            let start = Job::Start {
+                mode: "step-fails".into(),
+            };
+            rt.run("steps-1", start, &Worker).await.unwrap_err();
+        });
+    // Each attempt wrote two records: the step's failure and the handler's.
+    let view = json(&path, &["history", "steps-1", "--json"]);
+    let sources: Vec<(u64, &str)> = view["transitions"][1]["failures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["attempt"].as_u64().unwrap(),
+                f["source"]["kind"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        sources,
+        [(1, "step"), (1, "handler"), (2, "step"), (2, "handler")]
+    );
+    let out = text(&path, &["history", "steps-1"]);
+    assert_eq!(
+        out.lines().next().unwrap(),
+        "run steps-1  workflow job  failed  2 transitions, 2 failed attempts"
+    );
+}
+
+#[test]
+fn an_invalid_run_id_is_a_bad_argument_for_every_subcommand() {
+    let (_dir, path) = store();
+    let long = "x".repeat(257);
+    for (id, reason) in [
+        ("", r#""": empty"#.to_owned()),
+        (
+            "a\u{1}b",
+            r#""a\u{1}b": contains control characters"#.to_owned(),
+        ),
+        (
+            long.as_str(),
+            format!(
+                "\"{}\"... (257 bytes): longer than 256 bytes",
+                "x".repeat(64)
+            ),
+        ),
+        (" x", r#"" x": starts or ends with white space"#.to_owned()),
+    ] {
+        for args in [
+            &["show", id][..],
+            &["history", id],
+            &["schema", id],
+            &["cancel", id],
+            &["retry", id],
+            &["send", id, "approve", "--json", "{}"],
+        ] {
+            assert_eq!(
+                fails(&path, args, 2),
+                format!("error: invalid run id {reason}\n"),
+                "loops {args:?}"
+            );
+        }
+    }
+    // Nothing was written.
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        std::fs::read(fixture()).unwrap()
     );
 }
 
