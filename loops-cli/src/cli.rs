@@ -35,6 +35,14 @@ pub struct Cli {
     #[arg(long, global = true, value_enum, default_value_t = ColorArg::Auto, value_name = "WHEN")]
     pub color: ColorArg,
 
+    /// Read the store without first verifying the checksum of every page. Commands that only
+    /// read (runs, show, history, schema) verify by default, so that a damaged file is refused
+    /// instead of shown. The check reads every page of the file, and writes nothing to it:
+    /// 0.4 s for a 540 MB store here with the file in the OS's cache, as long as reading
+    /// the file takes from disk. Commands that write verify on their writable open, always.
+    #[arg(long, global = true)]
+    pub no_verify: bool,
+
     /// What to do.
     #[command(subcommand)]
     pub command: Command,

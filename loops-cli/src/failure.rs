@@ -128,3 +128,12 @@ pub fn utf8_arg(what: &str, arg: &OsStr) -> Result<String> {
         ))
     })
 }
+
+/// The RUN argument as a run id: UTF-8, and valid as loops-core's rules say (not empty, not
+/// too long, no control characters, no white space at either end), or a usage failure (exit
+/// code 2) saying which rule it breaks, for every subcommand alike.
+pub fn run_id_arg(arg: &OsStr) -> Result<String> {
+    let run_id = utf8_arg("run id", arg)?;
+    loops_core::runtime::validate_run_id(&run_id).map_err(|e| Failure::usage(e.chain()))?;
+    Ok(run_id)
+}

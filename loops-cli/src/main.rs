@@ -56,6 +56,7 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<(), Failure> {
     let path = open::store_path(cli.store)?;
     panics::set_store(&path);
+    open::set_verify(!cli.no_verify);
     let checking = matches!(cli.command, Command::Check(_));
     let done = match &cli.command {
         Command::Runs(args) => commands::runs::run(&path, args),

@@ -8,8 +8,9 @@
 //! once, say so on stderr, and go on read-only.
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
-use loops_core::{Error, RedbStore, Runtime};
+use loops_core::{Error, RedbStore, Runtime, StoreOptions};
 
 use crate::failure::{Failure, Result};
 use crate::output::note;
@@ -24,11 +25,26 @@ pub fn store_path(given: Option<PathBuf>) -> Result<PathBuf> {
     }
 }
 
+/// Whether read-only commands verify the file's checksums before they read it (`--no-verify`
+/// turns it off).
+static VERIFY: OnceLock<bool> = OnceLock::new();
+
+/// Sets whether [`read_only`] verifies the file (by default it does).
+pub fn set_verify(verify: bool) {
+    let _ = VERIFY.set(verify);
+}
+
 /// Opens the store for reading only, repairing it first (with a writable open) if its process
-/// did not close it cleanly.
+/// did not close it cleanly. Unless `--no-verify` was given, the checksum of every page is
+/// verified first (nothing is written to the file), so that damage is refused rather than
+/// shown as data.
 pub fn read_only(path: &Path) -> Result<RedbStore> {
     check_file(path)?;
-    let store = match RedbStore::open_read_only(path) {
+    let options = StoreOptions {
+        verify_on_open: VERIFY.get().copied().unwrap_or(true),
+        ..StoreOptions::default()
+    };
+    let store = match RedbStore::open_read_only_with(path, options) {
         Ok(store) => store,
         Err(Error::NeedsRecovery { .. }) => {
             repair(path)?;
@@ -36,12 +52,30 @@ pub fn read_only(path: &Path) -> Result<RedbStore> {
                 "store {} was not closed cleanly (its process stopped without closing it); opened it for writing once to let redb repair it",
                 path.display()
             ));
-            RedbStore::open_read_only(path).map_err(|e| open_failure(path, e))?
+            RedbStore::open_read_only_with(path, options).map_err(|e| read_failure(path, e))?
         }
-        Err(e) => return Err(open_failure(path, e)),
+        Err(e) => return Err(read_failure(path, e)),
     };
     is_loops_store(path, &store)?;
     Ok(store)
+}
+
+/// The failure of a read-only open: damage that redb found (a checksum that does not match)
+/// is said to be damage, pointing to `loops check`; other errors as [`open_failure`] says.
+fn read_failure(path: &Path, e: Error) -> Failure {
+    match e {
+        Error::Open { source, .. } if is_corrupted(&*source) => Failure {
+            damage: true,
+            ..Failure::new(match source.downcast_ref::<redb::DatabaseError>() {
+                // Without redb's "DB corrupted: ": the message says that it looks damaged.
+                Some(redb::DatabaseError::Storage(redb::StorageError::Corrupted(what))) => {
+                    what.clone()
+                }
+                _ => source.to_string(),
+            })
+        },
+        other => open_failure(path, other),
+    }
 }
 
 /// Opens the store for writing (cancel, retry, send, prune, compact, check). The file must
@@ -50,8 +84,13 @@ pub fn read_only(path: &Path) -> Result<RedbStore> {
 pub fn writable(path: &Path) -> Result<(Runtime, bool)> {
     check_file(path)?;
     // A read-only open first: it refuses a file that is not a redb file, or is locked,
-    // without writing a byte to it.
-    let repaired = match RedbStore::open_read_only(path) {
+    // without writing a byte to it. It does not verify the file: the writable open below
+    // does (Runtime::open verifies every page by default).
+    let probe = StoreOptions {
+        verify_on_open: false,
+        ..StoreOptions::default()
+    };
+    let repaired = match RedbStore::open_read_only_with(path, probe) {
         Ok(store) => {
             is_loops_store(path, &store)?;
             false

@@ -109,6 +109,13 @@ impl Dispatch<Worker> for Job {
                 Ok(Job::Work { mode, items })
             }
             Job::Work { mode, items } => match mode.as_str() {
+                "step-fails" => {
+                    ctx.step("deploy", || async {
+                        Err::<u32, BoxError>("deploy refused".into())
+                    })
+                    .await?;
+                    unreachable!("the step fails")
+                }
                 "fail" => Err(Box::new(DeployError(std::io::Error::new(
                     std::io::ErrorKind::ConnectionRefused,
                     "connection refused",
@@ -1822,7 +1829,11 @@ fn a_read_past_the_end_of_the_file_is_reported_as_damage() {
         bytes[root + 3] ^= 0x80; // the page number's region: far past the end of the file
         let file = dir.path().join(format!("flipped-{at}.redb"));
         std::fs::write(&file, &bytes).unwrap();
-        let out = loops(&file).args(["history", "done-1"]).output().unwrap();
+        // Without the verification that refuses the file before any read (see below).
+        let out = loops(&file)
+            .args(["--no-verify", "history", "done-1"])
+            .output()
+            .unwrap();
         let err = String::from_utf8(out.stderr).unwrap();
         outcomes.push((out.status.code(), err, file));
     }
@@ -1846,6 +1857,14 @@ fn a_read_past_the_end_of_the_file_is_reported_as_damage() {
             _ => assert_eq!(err.lines().count(), 1, "{}: {err}", file.display()),
         }
     }
+    // Verified (the default), the same file is refused before anything is read.
+    assert_eq!(
+        fails(hit[0], &["history", "done-1"], 1),
+        format!(
+            "error: store {} looks damaged: verifying the checksum of every page failed: the file ends before data a page refers to; `loops check` verifies every page of the file\n",
+            hit[0].display()
+        )
+    );
     // `loops check` then says how it stands: redb refuses to open it for writing.
     let err = fails(hit[0], &["check"], 1);
     let head = format!(
@@ -1857,6 +1876,147 @@ fn a_read_past_the_end_of_the_file_is_reported_as_damage() {
         "{err}"
     );
     assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+#[test]
+fn a_flipped_bit_in_a_record_is_refused_by_reading_commands_unless_no_verify() {
+    let (dir, path) = store();
+    let good = std::fs::read(&path).unwrap();
+    // `done-1`'s last state is `{"Done":{"delivered":2}}`. A bit flipped in the 2 makes it a
+    // 3: still JSON, still a record that decodes, and redb's plain read does not check the
+    // page's checksum. The file may hold stale copies of the page: every copy is tried, and
+    // the one the reads use is the one that changes what `--no-verify` shows.
+    let needle = br#""delivered":2"#;
+    let mut live = Vec::new();
+    for at in (0..good.len()).filter(|&i| good[i..].starts_with(needle)) {
+        let mut bytes = good.clone();
+        bytes[at + needle.len() - 1] ^= 0x01;
+        let file = dir.path().join(format!("flipped-{at}.redb"));
+        std::fs::write(&file, &bytes).unwrap();
+        let shown = json(&file, &["--no-verify", "history", "done-1", "--json"]);
+        if shown["transitions"][2]["payload"] == json!({"Done": {"delivered": 3}}) {
+            live.push(file);
+        }
+    }
+    assert_eq!(live.len(), 1, "one copy of the record is read");
+    let file = &live[0];
+    for args in [
+        &["history", "done-1", "--json"][..],
+        &["history", "done-1"],
+        &["runs", "--json"],
+        &["runs"],
+        &["show", "done-1", "--json"],
+        &["schema"],
+    ] {
+        let out = loops(file).args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "loops {args:?}");
+        assert_eq!(String::from_utf8(out.stdout).unwrap(), "", "loops {args:?}");
+        assert_eq!(
+            String::from_utf8(out.stderr).unwrap(),
+            format!(
+                "error: store {} looks damaged: verifying the checksum of every page failed: Primary is corrupted despite 2-phase commit; `loops check` verifies every page of the file\n",
+                file.display()
+            ),
+            "loops {args:?}"
+        );
+    }
+    assert_eq!(
+        std::fs::read(file).unwrap().len(),
+        good.len(),
+        "verifying writes nothing"
+    );
+    // The good file reads as before, verified.
+    assert_eq!(
+        json(&path, &["history", "done-1", "--json"])["transitions"][2]["payload"],
+        json!({"Done": {"delivered": 2}})
+    );
+}
+
+#[test]
+fn history_counts_a_failing_step_once_per_attempt() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let rt = Runtime::builder()
+                .retry(
+                    RetryPolicy::attempts(2)
+                        .with_delays(Duration::from_millis(1), Duration::from_millis(1)),
+                )
+                .open(&path)
+                .unwrap();
+            let start = Job::Start {
+                mode: "step-fails".into(),
+            };
+            rt.run("steps-1", start, &Worker).await.unwrap_err();
+        });
+    // Each attempt wrote two records: the step's failure and the handler's.
+    let view = json(&path, &["history", "steps-1", "--json"]);
+    let sources: Vec<(u64, &str)> = view["transitions"][1]["failures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["attempt"].as_u64().unwrap(),
+                f["source"]["kind"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        sources,
+        [(1, "step"), (1, "handler"), (2, "step"), (2, "handler")]
+    );
+    let out = text(&path, &["history", "steps-1"]);
+    assert_eq!(
+        out.lines().next().unwrap(),
+        "run steps-1  workflow job  failed  2 transitions, 2 failed attempts"
+    );
+}
+
+#[test]
+fn an_invalid_run_id_is_a_bad_argument_for_every_subcommand() {
+    let (_dir, path) = store();
+    let long = "x".repeat(257);
+    for (id, reason) in [
+        ("", r#""": empty"#.to_owned()),
+        (
+            "a\u{1}b",
+            r#""a\u{1}b": contains control characters"#.to_owned(),
+        ),
+        (
+            long.as_str(),
+            format!(
+                "\"{}\"... (257 bytes): longer than 256 bytes",
+                "x".repeat(64)
+            ),
+        ),
+        (" x", r#"" x": starts or ends with white space"#.to_owned()),
+    ] {
+        for args in [
+            &["show", id][..],
+            &["history", id],
+            &["schema", id],
+            &["cancel", id],
+            &["retry", id],
+            &["send", id, "approve", "--json", "{}"],
+        ] {
+            assert_eq!(
+                fails(&path, args, 2),
+                format!("error: invalid run id {reason}\n"),
+                "loops {args:?}"
+            );
+        }
+    }
+    // Nothing was written.
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        std::fs::read(fixture()).unwrap()
+    );
 }
 
 #[test]

@@ -2037,12 +2037,22 @@ async fn caught_redb_panics_are_silenced_and_others_passed_on() {
         bytes[offset] ^= 0xff;
         std::fs::write(&damaged, bytes).unwrap();
     };
+    // redb's own read-only open, without the verification that runs before it reads.
+    let plain = |path: &std::path::Path| {
+        RedbStore::open_read_only_with(
+            path,
+            StoreOptions {
+                verify_on_open: false,
+                ..StoreOptions::default()
+            },
+        )
+    };
     let offset = (0..good.len())
         .step_by(4096)
         .chain((0..good.len()).step_by(64))
         .find(|&offset| {
             flip(offset);
-            let (opened, seen) = recorded(|| RedbStore::open_read_only(&damaged));
+            let (opened, seen) = recorded(|| plain(&damaged));
             in_redb(&seen) && matches!(opened, Err(Error::Open { .. }))
         })
         .expect("a flipped byte that makes redb panic");
@@ -2050,9 +2060,17 @@ async fn caught_redb_panics_are_silenced_and_others_passed_on() {
     crate::silence_caught_redb_panics();
     crate::silence_caught_redb_panics(); // a second call changes nothing
     flip(offset);
-    let (opened, seen) = recorded(|| RedbStore::open_read_only(&damaged));
+    let (opened, seen) = recorded(|| plain(&damaged));
     assert!(
         matches!(&opened, Err(Error::Open { path, .. }) if *path == damaged),
+        "{:?}",
+        opened.err()
+    );
+    assert_eq!(seen, Vec::<String>::new(), "offset {offset}");
+    // The verifying open refuses it too, as quietly.
+    let (opened, seen) = recorded(|| RedbStore::open_read_only(&damaged));
+    assert!(
+        matches!(&opened, Err(Error::Open { .. })),
         "{:?}",
         opened.err()
     );

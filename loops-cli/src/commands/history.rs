@@ -10,7 +10,7 @@ use serde_json::value::RawValue;
 
 use super::show::not_found;
 use crate::cli::HistoryArgs;
-use crate::failure::{Result, utf8_arg};
+use crate::failure::{Result, run_id_arg};
 use crate::json::preview;
 use crate::open;
 use crate::output::{
@@ -45,7 +45,7 @@ struct TransitionView {
 
 /// Shows the run's history.
 pub fn run(path: &Path, args: &HistoryArgs) -> Result<()> {
-    let run_id = utf8_arg("run id", &args.run)?;
+    let run_id = run_id_arg(&args.run)?;
     let store = open::read_only(path)?;
     let info = store
         .run(&run_id)?
@@ -95,7 +95,7 @@ pub fn run(path: &Path, args: &HistoryArgs) -> Result<()> {
 
 fn render(view: &HistoryView, waiting: &str) -> String {
     let run = &view.run;
-    let failed: usize = view.transitions.iter().map(|t| t.failures.len()).sum();
+    let failed = failed_attempts(&view.transitions);
     let mut out = format!(
         "{} {}  workflow {}  {}  {} transition{}, {} failed attempt{}",
         paint(HEADER, "run"),
@@ -189,6 +189,25 @@ fn render(view: &HistoryView, waiting: &str) -> String {
         out.push_str(&e.render(0));
     }
     out
+}
+
+/// The number of failed attempts: one failing step writes two failure records for its
+/// attempt (the step's and the handler's), and an event set aside by a wait writes a step's
+/// record in an attempt that goes on; an attempt failed if its handler failed or the process
+/// stopped during it.
+fn failed_attempts(transitions: &[TransitionView]) -> usize {
+    let mut attempts = std::collections::BTreeSet::new();
+    for t in transitions {
+        for f in &t.failures {
+            if matches!(
+                f.source,
+                FailureSource::Handler | FailureSource::Interrupted
+            ) {
+                attempts.insert((t.seq, f.attempt));
+            }
+        }
+    }
+    attempts.len()
 }
 
 fn plural(n: usize) -> &'static str {

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::show::not_found;
 use crate::cli::SchemaArgs;
-use crate::failure::{Failure, Result, utf8_arg};
+use crate::failure::{Failure, Result, run_id_arg};
 use crate::open;
 use crate::output::{DIM, ERROR, HEADER, ID, emit, emit_json, paint};
 
@@ -46,7 +46,7 @@ pub fn run(path: &Path, args: &SchemaArgs) -> Result<()> {
     let store = open::read_only(path)?;
     match &args.run {
         Some(run) => {
-            let run_id = utf8_arg("run id", run)?;
+            let run_id = run_id_arg(run)?;
             let info = store
                 .run(&run_id)?
                 .ok_or_else(|| not_found(path, &run_id))?;

@@ -8,7 +8,7 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 
 use crate::cli::ShowArgs;
-use crate::failure::{Failure, Result, utf8_arg};
+use crate::failure::{Failure, Result, run_id_arg};
 use crate::json::pretty;
 use crate::open;
 use crate::output::{
@@ -41,7 +41,7 @@ pub fn not_found(path: &Path, run_id: &str) -> Failure {
 
 /// Shows the run's status, current state with its data, wait, and schema.
 pub fn run(path: &Path, args: &ShowArgs) -> Result<()> {
-    let run_id = utf8_arg("run id", &args.run)?;
+    let run_id = run_id_arg(&args.run)?;
     let store = open::read_only(path)?;
     let (info, record) = find(&store, path, &run_id)?;
     let description = store.schema(info.schema)?;

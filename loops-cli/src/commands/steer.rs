@@ -10,7 +10,7 @@ use serde_json::value::RawValue;
 use super::block_on;
 use super::show::not_found;
 use crate::cli::{CancelArgs, DEFAULT_CANCEL_REASON, OutputArg, RetryArgs, SendArgs};
-use crate::failure::{Failure, Result, utf8_arg};
+use crate::failure::{Failure, Result, run_id_arg, utf8_arg};
 use crate::open;
 use crate::output::{ID, emit, emit_json, note, paint, status_style};
 use crate::view::RunView;
@@ -27,7 +27,7 @@ fn run_error(path: &Path, e: Error) -> Failure {
 
 /// Cancels the run.
 pub fn cancel(path: &Path, args: &CancelArgs) -> Result<()> {
-    let run_id = utf8_arg("run id", &args.run)?;
+    let run_id = run_id_arg(&args.run)?;
     // A reason is kept with the run to tell people why it ended: an empty one tells nothing.
     if args.reason.trim().is_empty() {
         return Err(Failure::usage(format!(
@@ -53,7 +53,7 @@ pub fn cancel(path: &Path, args: &CancelArgs) -> Result<()> {
 
 /// Makes a failed run running again.
 pub fn retry(path: &Path, args: &RetryArgs) -> Result<()> {
-    let run_id = utf8_arg("run id", &args.run)?;
+    let run_id = run_id_arg(&args.run)?;
     let (rt, _) = open::writable(path)?;
     let info = block_on(rt.retry(&run_id))?.map_err(|e| run_error(path, e))?;
     if args.json {
@@ -82,7 +82,7 @@ struct SentView {
 
 /// Sends an event to the run.
 pub fn send(path: &Path, args: &SendArgs) -> Result<()> {
-    let run_id = utf8_arg("run id", &args.run)?;
+    let run_id = run_id_arg(&args.run)?;
     let event = utf8_arg("event name", &args.event)?;
     let key = args
         .key

@@ -20,6 +20,7 @@ use crate::schema::SchemaHash;
 
 pub mod protocol;
 pub mod redb;
+mod verify;
 
 pub use self::protocol::{AfterFailure, EventRecord, Reply, WaitOutcome, Write};
 pub use self::redb::{Compacted, RedbStore, StoreOptions};

@@ -353,12 +353,27 @@ impl RedbStore {
     /// Opens the store file at `path` for reading only: for inspection (the `loops` CLI)
     /// while no process drives it. Every write returns [`Error::ReadOnly`].
     ///
+    /// As a writable open does by default ([`StoreOptions::verify_on_open`]), it first
+    /// verifies the checksum of every page of the file, so that a file altered outside redb
+    /// is refused instead of read. The check writes nothing to the file: redb's writes go to
+    /// memory. [`open_read_only_with`](Self::open_read_only_with) can skip it.
+    ///
     /// # Errors
     /// - [`Error::StoreLocked`] if a process has the file open for writing;
     /// - [`Error::NeedsRecovery`] if the file was not closed cleanly (a crash): redb repairs
     ///   it on the next writable open ([`RedbStore::open`]);
-    /// - [`Error::Open`] if it does not exist, is not a redb file, or cannot be read.
+    /// - [`Error::Open`] if it does not exist, is not a redb file, cannot be read, or fails
+    ///   the verification (its source is then a [`redb::DatabaseError::Storage`]).
     pub fn open_read_only(path: impl AsRef<Path>) -> Result<Self> {
+        Self::open_read_only_with(path, StoreOptions::default())
+    }
+
+    /// As [`open_read_only`](Self::open_read_only), verifying the file only if
+    /// `options.verify_on_open` is set (`commit_on_caller` does not apply).
+    ///
+    /// # Errors
+    /// As [`open_read_only`](Self::open_read_only).
+    pub fn open_read_only_with(path: impl AsRef<Path>, options: StoreOptions) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
         let opened = crate::panics::catch(|| redb::Builder::new().open_read_only(&path))
             .unwrap_or_else(|_| {
@@ -381,6 +396,24 @@ impl RedbStore {
                 });
             }
         };
+        // Verified while the read-only handle holds the file, so that no writer changes it
+        // between the check and the reads.
+        if options.verify_on_open
+            && let Err(e) = super::verify::verify_file(&path)
+        {
+            return Err(Error::Open {
+                path,
+                source: Box::new(redb::DatabaseError::Storage(match e {
+                    redb::Error::Io(io) => redb::StorageError::Io(io),
+                    redb::Error::Corrupted(what) => redb::StorageError::Corrupted(format!(
+                        "verifying the checksum of every page failed: {what}"
+                    )),
+                    other => redb::StorageError::Corrupted(format!(
+                        "verifying the checksum of every page failed: {other}"
+                    )),
+                })),
+            });
+        }
         Ok(RedbStore {
             inner: Arc::new(Inner {
                 db: Arc::new(RwLock::new(Db::ReadOnly(db))),

@@ -1,0 +1,186 @@
+//! Verifying a store file that must not be written: redb's integrity check, run on a view of
+//! the file whose writes stay in memory.
+//!
+//! redb verifies a file's checksums only on a writable handle (`Database::check_integrity`,
+//! or an open with `set_check_integrity_on_open`): a read-only open trusts the pages it reads.
+//! [`verify_file`] gives redb a storage backend that reads the file and keeps every write
+//! (the allocator state the check rebuilds, the commit that records it) in memory, so that
+//! the check reads every page of the committed trees and the file keeps its bytes.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{Read as _, Seek as _, SeekFrom};
+use std::path::Path;
+use std::sync::{Mutex, PoisonError};
+
+/// redb's page cache during the check (its default is 1 GiB, which the check would fill with
+/// pages it reads once).
+const CACHE: usize = 16 << 20;
+
+/// The granularity of the in-memory copy of written bytes.
+const BLOCK: u64 = 4096;
+
+/// Verifies the checksum of every page of the committed trees of the file at `path`, without
+/// writing to it. `Ok(())` if redb finds the file intact; otherwise the error redb reports, or
+/// [`redb::StorageError::Corrupted`] if redb would have to repair the file (roll back to an
+/// earlier commit, or rebuild its allocator state) to open it.
+///
+/// The caller must keep other writers away (a read-only redb handle on the file does).
+pub(crate) fn verify_file(path: &Path) -> Result<(), redb::Error> {
+    let file = File::open(path).map_err(redb::Error::Io)?;
+    let backend = Overlay::new(file).map_err(redb::Error::Io)?;
+    let caught = crate::panics::catch(|| -> Result<bool, redb::Error> {
+        let mut db = redb::Database::builder()
+            // The check reads every page once: a small cache is enough.
+            .set_cache_size(CACHE)
+            .create_with_backend(backend)?;
+        Ok(db.check_integrity()?)
+    });
+    match caught {
+        Ok(Ok(true)) => Ok(()),
+        Ok(Ok(false)) => Err(redb::Error::Corrupted(
+            "a committed page or redb's allocator state does not match the file; redb would have to repair it".to_owned(),
+        )),
+        // A damaged page number can point past the end of the file.
+        Ok(Err(redb::Error::Io(io))) if io.kind() == std::io::ErrorKind::UnexpectedEof => Err(
+            redb::Error::Corrupted("the file ends before data a page refers to".to_owned()),
+        ),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(redb::Error::Corrupted(
+            "redb panicked while verifying the file: the file is damaged".to_owned(),
+        )),
+    }
+}
+
+/// The file as redb sees it through this backend: its bytes, overlaid by what redb wrote.
+#[derive(Debug)]
+struct Overlay {
+    state: Mutex<State>,
+}
+
+#[derive(Debug)]
+struct State {
+    file: File,
+    /// The bytes of the file that still show through (it is never written).
+    file_len: u64,
+    /// The length redb sees.
+    len: u64,
+    /// Blocks redb wrote, by number.
+    written: HashMap<u64, Vec<u8>>,
+}
+
+impl Overlay {
+    fn new(file: File) -> std::io::Result<Self> {
+        let file_len = file.metadata()?.len();
+        Ok(Overlay {
+            state: Mutex::new(State {
+                file,
+                file_len,
+                len: file_len,
+                written: HashMap::new(),
+            }),
+        })
+    }
+}
+
+impl State {
+    /// Reads `out.len()` bytes of the file at `offset`, zeros past its end.
+    fn read_file(&mut self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        out.fill(0);
+        if offset >= self.file_len {
+            return Ok(());
+        }
+        let n = usize::try_from((self.file_len - offset).min(out.len() as u64))
+            .map_err(std::io::Error::other)?;
+        self.file.seek(SeekFrom::Start(offset))?;
+        self.file.read_exact(&mut out[..n])
+    }
+
+    /// The written block `block`, copied from the file first if it is new.
+    fn block(&mut self, block: u64) -> std::io::Result<&mut Vec<u8>> {
+        if !self.written.contains_key(&block) {
+            let mut bytes = vec![0; BLOCK as usize];
+            self.read_file(block * BLOCK, &mut bytes)?;
+            self.written.insert(block, bytes);
+        }
+        self.written
+            .get_mut(&block)
+            .ok_or_else(|| std::io::Error::other("a written block vanished"))
+    }
+}
+
+fn out_of_range() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::UnexpectedEof,
+        "read past the end of the file",
+    )
+}
+
+impl redb::StorageBackend for Overlay {
+    fn len(&self) -> std::io::Result<u64> {
+        Ok(self
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len)
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let end = offset
+            .checked_add(out.len() as u64)
+            .ok_or_else(out_of_range)?;
+        if end > state.len {
+            return Err(out_of_range());
+        }
+        state.read_file(offset, out)?;
+        if state.written.is_empty() {
+            return Ok(());
+        }
+        for block in offset / BLOCK..end.div_ceil(BLOCK) {
+            let Some(bytes) = state.written.get(&block) else {
+                continue;
+            };
+            let start = (block * BLOCK).max(offset);
+            let stop = ((block + 1) * BLOCK).min(end);
+            let from = (start - block * BLOCK) as usize..(stop - block * BLOCK) as usize;
+            let to = (start - offset) as usize..(stop - offset) as usize;
+            out[to].copy_from_slice(&bytes[from]);
+        }
+        Ok(())
+    }
+
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if len < state.len {
+            // Bytes past the new end read as zeros if the length grows again.
+            state.file_len = state.file_len.min(len);
+            state.written.retain(|&block, _| block * BLOCK < len);
+            if let Some(bytes) = state.written.get_mut(&(len / BLOCK)) {
+                bytes[(len % BLOCK) as usize..].fill(0);
+            }
+        }
+        state.len = len;
+        Ok(())
+    }
+
+    fn sync_data(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        let end = offset
+            .checked_add(data.len() as u64)
+            .ok_or_else(out_of_range)?;
+        for block in offset / BLOCK..end.div_ceil(BLOCK) {
+            let start = (block * BLOCK).max(offset);
+            let stop = ((block + 1) * BLOCK).min(end);
+            let bytes = state.block(block)?;
+            bytes[(start - block * BLOCK) as usize..(stop - block * BLOCK) as usize]
+                .copy_from_slice(&data[(start - offset) as usize..(stop - offset) as usize]);
+        }
+        state.len = state.len.max(end);
+        Ok(())
+    }
+}
