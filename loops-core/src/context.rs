@@ -223,12 +223,7 @@ impl Context {
         F: FnOnce() -> Fut + Send,
         Fut: Future<Output = Result<T, E>> + Send,
     {
-        self.check_user_name("step name", name)?;
-        let (occurrence, recorded) = self.next_occurrence(name);
-        let span = tracing::info_span!("step", step = name, occurrence);
-        self.run_step(name, occurrence, recorded, options, f)
-            .instrument(span)
-            .await
+        self.journal_step(name, options, |_| f()).await
     }
 
     /// Runs `f` once as the step `name`, handing it the step's idempotency key, and journals
@@ -271,11 +266,32 @@ impl Context {
         F: FnOnce(String) -> Fut + Send,
         Fut: Future<Output = Result<T, E>> + Send,
     {
+        self.journal_step(
+            name,
+            options,
+            |occurrence| f(self.key_for(name, occurrence)),
+        )
+        .await
+    }
+
+    /// The step `name`: checks the name, takes its next occurrence, and runs it (`f` gets the
+    /// occurrence) or replays its record, in a span of its own.
+    async fn journal_step<T, E, F, Fut>(
+        &self,
+        name: &str,
+        options: StepOptions,
+        f: F,
+    ) -> Result<T, E>
+    where
+        T: Serialize + DeserializeOwned + Send,
+        E: From<Error> + Display,
+        F: FnOnce(u32) -> Fut + Send,
+        Fut: Future<Output = Result<T, E>> + Send,
+    {
         self.check_user_name("step name", name)?;
         let (occurrence, recorded) = self.next_occurrence(name);
-        let key = self.key_for(name, occurrence);
         let span = tracing::info_span!("step", step = name, occurrence);
-        self.run_step(name, occurrence, recorded, options, move || f(key))
+        self.run_step(name, occurrence, recorded, options, move || f(occurrence))
             .instrument(span)
             .await
     }
