@@ -136,27 +136,7 @@ impl Runtime {
         let now = now_ms();
         let record = TransitionRecord::encode(run_id, 0, &initial, now)?;
         self.check_size(run_id, &record)?;
-        let info = RunInfo {
-            run_id: run_id.to_owned(),
-            workflow: W::NAME.to_owned(),
-            schema: compiled,
-            status: if given.is_terminal() {
-                RunStatus::Completed
-            } else {
-                RunStatus::Running
-            },
-            state: given.name().to_owned(),
-            seq: 0,
-            attempt: 1,
-            attempt_base: 0,
-            interrupted: 0,
-            created_ms: now,
-            updated_ms: now,
-            retry_at_ms: None,
-            error: None,
-            cancel: None,
-            wait: None,
-        };
+        let info = RunInfo::new_run::<W>(run_id, given, now);
         store
             .write(
                 Some(claim.lease()),

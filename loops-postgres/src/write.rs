@@ -22,7 +22,7 @@ use deadpool_postgres::Object;
 use loops_core::store::{
     AfterFailure, Lease, Reply, RunInfo, RunStatus, WaitInfo, WaitOutcome, Write,
 };
-use loops_core::{Error, FailureRecord, FailureSource, RecordKind, Result, StepRecord};
+use loops_core::{Error, RecordKind, Result, StepRecord};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Row, Statement};
@@ -659,28 +659,7 @@ async fn apply(
                 .await
                 .and_then(|row| row.try_get(0))
                 .map_err(|e| early(action, e))?;
-            // An attempt that left no failure record was cut short by the process stopping.
-            let interrupted = (info.attempt > 0 && !failed).then(|| FailureRecord {
-                attempt: info.attempt,
-                at_ms: *at_ms,
-                source: FailureSource::Interrupted,
-                errors: vec!["the process stopped while this attempt ran".to_owned()],
-            });
-            if let Some(record) = &interrupted {
-                info.error = Some(record.errors.clone());
-                info.interrupted += 1;
-            }
-            let failed_attempts = info
-                .attempt
-                .saturating_sub(info.attempt_base)
-                .saturating_sub(info.interrupted);
-            if failed_attempts >= *max_attempts || info.interrupted >= *max_interruptions {
-                info.status = RunStatus::Failed;
-                info.retry_at_ms = None;
-            } else {
-                info.attempt += 1;
-            }
-            info.updated_ms = *at_ms;
+            let interrupted = info.begin_attempt(failed, *at_ms, *max_attempts, *max_interruptions);
             let v = row_values(&info);
             let failure = interrupted.as_ref().map(json);
             let update: (&Statement, &[&(dyn ToSql + Sync)]) = (

@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::Result;
 use crate::record::{FailureRecord, StepRecord, TransitionRecord};
 use crate::schema::SchemaHash;
+use crate::workflow::{StateId, Workflow};
 
 pub mod protocol;
 pub mod redb;
@@ -234,6 +235,72 @@ pub struct RunInfo {
     /// What a waiting run waits for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait: Option<WaitInfo>,
+}
+
+impl RunInfo {
+    /// The row of a run created in `state` at `now_ms` (ms since the Unix epoch): seq 0,
+    /// attempt 1, `Completed` if `state` is terminal, else `Running`; the workflow's name and
+    /// pinned schema hash.
+    pub fn new_run<W: Workflow>(run_id: &str, state: W::State, now_ms: u64) -> RunInfo {
+        RunInfo {
+            run_id: run_id.to_owned(),
+            workflow: W::NAME.to_owned(),
+            schema: W::SCHEMA_HASH.pinned(),
+            status: if state.is_terminal() {
+                RunStatus::Completed
+            } else {
+                RunStatus::Running
+            },
+            state: state.name().to_owned(),
+            seq: 0,
+            attempt: 1,
+            attempt_base: 0,
+            interrupted: 0,
+            created_ms: now_ms,
+            updated_ms: now_ms,
+            retry_at_ms: None,
+            error: None,
+            cancel: None,
+            wait: None,
+        }
+    }
+
+    /// Applies [`Write::BeginAttempt`] to a running run's row, the same in every store: if
+    /// the current attempt left no failure record (`attempt_has_failure` is false), the
+    /// process stopped during it, and the returned `Interrupted` failure record (for the
+    /// current attempt, at `at_ms`) must be stored with the row. Then the run fails if its
+    /// failed attempts reached `max_attempts` or its interruptions `max_interruptions`;
+    /// otherwise its attempt number goes up by one.
+    pub fn begin_attempt(
+        &mut self,
+        attempt_has_failure: bool,
+        at_ms: u64,
+        max_attempts: u32,
+        max_interruptions: u32,
+    ) -> Option<FailureRecord> {
+        let interrupted = (self.attempt > 0 && !attempt_has_failure).then(|| FailureRecord {
+            attempt: self.attempt,
+            at_ms,
+            source: crate::record::FailureSource::Interrupted,
+            errors: vec!["the process stopped while this attempt ran".to_owned()],
+        });
+        if let Some(record) = &interrupted {
+            self.error = Some(record.errors.clone());
+            self.interrupted += 1;
+        }
+        let failed = self
+            .attempt
+            .saturating_sub(self.attempt_base)
+            .saturating_sub(self.interrupted);
+        if failed >= max_attempts || self.interrupted >= max_interruptions {
+            self.status = RunStatus::Failed;
+            self.retry_at_ms = None;
+        } else {
+            self.attempt += 1;
+        }
+        self.updated_ms = at_ms;
+        interrupted
+    }
 }
 
 /// What a [waiting](RunStatus::Waiting) run waits for: an event, a time, or an event until a

@@ -577,27 +577,7 @@ impl RedbStore {
                 let state = value.state();
                 let write = if seq == 0 {
                     Write::Create {
-                        info: RunInfo {
-                            run_id: run_id.clone(),
-                            workflow: W::NAME.to_owned(),
-                            schema: W::SCHEMA_HASH.pinned(),
-                            status: if state.is_terminal() {
-                                RunStatus::Completed
-                            } else {
-                                RunStatus::Running
-                            },
-                            state: state.name().to_owned(),
-                            seq: 0,
-                            attempt: 1,
-                            attempt_base: 0,
-                            interrupted: 0,
-                            created_ms: now,
-                            updated_ms: now,
-                            retry_at_ms: None,
-                            error: None,
-                            cancel: None,
-                            wait: None,
-                        },
+                        info: RunInfo::new_run::<W>(&run_id, state, now),
                         record: record.to_bytes(),
                         schema_text: W::SCHEMA,
                     }
@@ -1880,32 +1860,15 @@ fn apply(t: &mut Tables<'_>, write: &Write) -> std::result::Result<Applied, Appl
             }
             fence(&info, *seq)?;
             let old = info.status;
-            // An attempt that left no failure record was cut short by the process stopping.
-            if info.attempt > 0 && !has_failure(t, run_id, *seq, info.attempt)? {
-                let record = FailureRecord {
-                    attempt: info.attempt,
-                    at_ms: *at_ms,
-                    source: crate::record::FailureSource::Interrupted,
-                    errors: vec!["the process stopped while this attempt ran".to_owned()],
-                };
+            let has_failure = has_failure(t, run_id, *seq, info.attempt)?;
+            if let Some(record) =
+                info.begin_attempt(has_failure, *at_ms, *max_attempts, *max_interruptions)
+            {
                 t.failures()?.insert(
-                    (run_id.as_str(), *seq, info.attempt, 0),
+                    (run_id.as_str(), *seq, record.attempt, 0),
                     to_vec(&record).as_slice(),
                 )?;
-                info.error = Some(record.errors);
-                info.interrupted += 1;
             }
-            let failed = info
-                .attempt
-                .saturating_sub(info.attempt_base)
-                .saturating_sub(info.interrupted);
-            if failed >= *max_attempts || info.interrupted >= *max_interruptions {
-                info.status = RunStatus::Failed;
-                info.retry_at_ms = None;
-            } else {
-                info.attempt += 1;
-            }
-            info.updated_ms = *at_ms;
             store_info(t, Some(old), &info)?;
             Ok(Applied::Wrote(Reply::Run(info)))
         }
