@@ -818,6 +818,60 @@ fn a_killed_run_on_a_given_repo_resumes_whatever_is_checked_out() {
     }
 }
 
+/// An approval sent early (before the run reaches the gate, while no `deliver` runs) is the
+/// one the gate takes, and `--auto-approve` then sends none of its own: the run ends with one
+/// event in its inbox, delivered, none left pending.
+#[test]
+fn an_early_approval_is_taken_and_auto_approve_adds_none() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let workdir = dir.path();
+    let output = deliver(workdir)
+        .arg("--auto-approve=false")
+        .env(STOP_VAR, "2")
+        .output()
+        .expect("run the example");
+    assert!(output.status.success(), "{}", describe(&output));
+    let store = workdir.join("deliver.redb");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio");
+    rt.block_on(async {
+        let runtime = loops::Runtime::open(&store).expect("open the store");
+        let info = runtime.run_info(RUN_ID).await.unwrap().unwrap();
+        assert_eq!((info.status, info.seq), (loops::RunStatus::Running, 2));
+        runtime
+            .send_with_key(
+                RUN_ID,
+                "approve",
+                "ticket-1",
+                &serde_json::json!({ "by": "early" }),
+            )
+            .await
+            .unwrap();
+    });
+    // Not waiting at the gate: `--auto-approve` is on by default.
+    let stdout = run_to_completion(workdir, "after an early approval");
+    assert!(stdout.contains("approved by early"), "{stdout}");
+    let pull = std::fs::read_to_string(workdir.join("forge/pulls/1.json")).expect("the pull");
+    assert!(pull.contains("Approved by early."), "{pull}");
+    rt.block_on(async {
+        let runtime = loops::Runtime::open(&store).expect("open the store");
+        let events: Vec<(u64, String, Option<String>, bool)> = runtime
+            .store()
+            .events(RUN_ID)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(seq, e, delivered)| (seq, e.name, e.key, delivered))
+            .collect();
+        assert_eq!(
+            events,
+            vec![(0, "approve".to_owned(), Some("ticket-1".to_owned()), true)]
+        );
+    });
+}
+
 /// The hint a parked run prints names its flags: run as printed (with the example's binary
 /// for `cargo run --example deliver --`), it approves the run as `$USER`. And an explicit
 /// `--auto-approve` approves a parked run.

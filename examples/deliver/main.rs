@@ -545,11 +545,21 @@ async fn open_store<T>(mut open: impl FnMut() -> loops::Result<T>) -> loops::Res
 }
 
 /// Sends the approval event (once: it carries an idempotency key) as soon as the run exists,
-/// if `approve`; then, or else, never resolves.
+/// if `approve` and no approval waits in its inbox already (one sent early with `loops send`
+/// is the one the gate takes: a second would stay pending after the run ended); then, or
+/// else, never resolves.
 async fn send_approval(runtime: &Runtime, run_id: &str, approve: bool, by: &str) {
     if approve {
         let approval = Approval { by: by.to_owned() };
         loop {
+            if runtime
+                .store()
+                .has_pending(run_id, APPROVAL_EVENT)
+                .await
+                .unwrap_or(false)
+            {
+                break;
+            }
             match runtime
                 .send_with_key(run_id, APPROVAL_EVENT, "approval", &approval)
                 .await
