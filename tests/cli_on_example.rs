@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-use common::{describe, example};
+use common::{cargo_build, describe, example};
 use serde_json::Value;
 
 mod common;
@@ -15,22 +15,8 @@ mod common;
 fn loops_bin() -> &'static Path {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| {
-        let exe = std::env::current_exe().expect("test executable path");
-        let profile_dir = exe.parent().and_then(Path::parent).expect("target dir");
-        let profile = profile_dir
-            .file_name()
-            .expect("profile directory")
-            .to_string_lossy()
-            .into_owned();
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-        let mut build = Command::new(cargo);
-        build.args(["build", "--quiet", "-p", "loops-cli", "--bin", "loops"]);
-        if profile != "debug" {
-            build.args(["--profile", &profile]);
-        }
-        let output = build.output().expect("run cargo build");
-        assert!(output.status.success(), "{}", describe(&output));
-        profile_dir.join(format!("loops{}", std::env::consts::EXE_SUFFIX))
+        cargo_build(&["-p", "loops-cli", "--bin", "loops"])
+            .join(format!("loops{}", std::env::consts::EXE_SUFFIX))
     })
 }
 

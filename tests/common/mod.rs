@@ -12,32 +12,39 @@ use std::sync::OnceLock;
 pub fn example() -> &'static Path {
     static PATH: OnceLock<PathBuf> = OnceLock::new();
     PATH.get_or_init(|| {
-        let exe = std::env::current_exe().expect("test executable path");
-        // target/<profile>/deps/<test>-<hash> -> target/<profile>/examples/deliver
-        let profile_dir = exe.parent().and_then(Path::parent).expect("target dir");
-        let profile = profile_dir
-            .file_name()
-            .expect("profile directory")
-            .to_string_lossy()
-            .into_owned();
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-        let mut build = Command::new(cargo);
-        build.args(["build", "--quiet", "--example", "deliver"]);
-        if profile != "debug" {
-            build.args(["--profile", &profile]);
-        }
-        let output = build.output().expect("run cargo build");
-        assert!(
-            output.status.success(),
-            "cargo build --example deliver failed:\n{}",
-            describe(&output)
-        );
-        let path = profile_dir
+        let path = cargo_build(&["--example", "deliver"])
             .join("examples")
             .join(format!("deliver{}", std::env::consts::EXE_SUFFIX));
         assert!(path.exists(), "{} was not built", path.display());
         path
     })
+}
+
+/// Runs `$CARGO build --quiet ARGS` in the profile of this test binary, and returns that
+/// profile's directory (`target/<profile>`).
+pub fn cargo_build(args: &[&str]) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/<test>-<hash> -> target/<profile>
+    let profile_dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let profile = profile_dir
+        .file_name()
+        .expect("profile directory")
+        .to_string_lossy()
+        .into_owned();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let mut build = Command::new(cargo);
+    build.args(["build", "--quiet"]).args(args);
+    if profile != "debug" {
+        build.args(["--profile", &profile]);
+    }
+    let output = build.output().expect("run cargo build");
+    assert!(
+        output.status.success(),
+        "cargo build {} failed:\n{}",
+        args.join(" "),
+        describe(&output)
+    );
+    profile_dir.to_path_buf()
 }
 
 /// A child's exit status and output, for assertion messages.
