@@ -61,6 +61,26 @@ fn bad_run_ids_are_refused_in_one_line() {
     }
 }
 
+/// `--approve` with `--auto-approve` (either value) is a usage error: exit 2, nothing made.
+#[test]
+fn approve_and_auto_approve_exclude_each_other() {
+    for auto in ["--auto-approve=false", "--auto-approve"] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let output = deliver(dir.path(), &["--approve".into(), auto.into()]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            output.status.code() == Some(2)
+                && output.stdout.is_empty()
+                && stderr.starts_with(
+                    "error: the argument '--approve' cannot be used with '--auto-approve [<BOOL>]'"
+                ),
+            "{}",
+            describe(&output)
+        );
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+}
+
 #[cfg(unix)]
 #[test]
 fn non_utf8_paths_are_refused_in_one_line() {

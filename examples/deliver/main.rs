@@ -116,7 +116,7 @@ struct Cli {
     auto_approve: Option<bool>,
 
     /// Approve the run's pull request (as $USER, or `operator`) and go on
-    #[arg(long)]
+    #[arg(long, conflicts_with = "auto_approve")]
     approve: bool,
 }
 
