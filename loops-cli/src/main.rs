@@ -9,6 +9,7 @@
 
 mod cli;
 mod commands;
+mod description;
 mod failure;
 mod json;
 mod open;

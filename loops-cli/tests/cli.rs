@@ -678,26 +678,45 @@ fn runs_table_is_aligned_and_uncoloured_without_a_terminal() {
 }
 
 #[test]
-fn show_prints_state_payload_wait_and_schema() {
+fn show_prints_state_payload_wait_and_the_schema_only_when_asked() {
     let (_dir, path) = store();
     let out = text(&path, &["show", "waiting-1"]);
+    let gate = Gate::SCHEMA_HASH.pinned();
     for want in [
         "run             waiting-1\n",
         "workflow        gate\n",
         "status          waiting\n",
         "state           Ask (seq 0, attempt 1)\n",
         "waiting for     event approval\n",
+        &format!("schema          {gate}\n"),
         "state Ask (payload)\n  {\n    \"Ask\": {\n      \"doc\": \"spec.md\"\n    }\n  }\n",
-        "  workflow gate version 1\n  state Ask (struct, initial) -> Done\n    doc: String\n",
     ] {
         assert!(out.contains(want), "missing {want:?} in:\n{out}");
     }
+    // The payload is the last thing shown; the description is not.
+    assert!(
+        out.ends_with(
+            "state Ask (payload)\n  {\n    \"Ask\": {\n      \"doc\": \"spec.md\"\n    }\n  }\n"
+        ),
+        "{out}"
+    );
+    assert!(!out.contains("state Ask (struct, initial)"), "{out}");
+    // With --schema, the same and then the description.
+    let with = text(&path, &["show", "waiting-1", "--schema"]);
+    assert_eq!(
+        with,
+        format!(
+            "{out}\nschema {gate}\n  workflow gate version 1\n  state Ask (struct, initial) -> Done\n    doc: String\n  state Done (struct, terminal)\n    by: String\n"
+        )
+    );
     let v = json(&path, &["show", "waiting-1", "--json"]);
     assert_eq!(v["run"]["run_id"], "waiting-1");
     assert_eq!(v["run"]["status"], "waiting");
     assert_eq!(v["run"]["waiting_for"]["event"], "approval");
     assert_eq!(v["payload"], json!({"Ask": {"doc": "spec.md"}}));
     assert_eq!(v["schema_description"], GATE_SCHEMA);
+    // --schema changes only the text: the JSON always has the description.
+    assert_eq!(json(&path, &["show", "waiting-1", "--json", "--schema"]), v);
     assert_eq!(v["pending_events"], json!([]));
 
     let v = json(&path, &["show", "failed-1", "--json"]);
@@ -826,6 +845,76 @@ fn schema_lists_shows_and_diffs_stored_descriptions() {
         (&json!(1), &json!(["job"]))
     );
     assert_eq!(by_desc(GATE_SCHEMA)["runs"], 2);
+    // Each schema's workflow and version (from its description) and its runs by status.
+    let statuses = |running, waiting, completed, failed, cancelled| {
+        json!({"running": running, "waiting": waiting, "completed": completed,
+               "failed": failed, "cancelled": cancelled})
+    };
+    let summary = |v: &Value| {
+        (
+            v["workflow"].clone(),
+            v["version"].clone(),
+            v["by_status"].clone(),
+        )
+    };
+    assert_eq!(
+        summary(v1),
+        (json!("job"), json!(1), statuses(1, 0, 1, 1, 0))
+    );
+    assert_eq!(
+        summary(v2),
+        (json!("job"), json!(2), statuses(0, 0, 1, 0, 0))
+    );
+    assert_eq!(
+        summary(by_desc(GATE_SCHEMA)),
+        (json!("gate"), json!(1), statuses(0, 1, 0, 0, 1))
+    );
+    // Listed by workflow, then version.
+    let (gate, job1, job2) = (
+        Gate::SCHEMA_HASH.pinned().to_string(),
+        Job::SCHEMA_HASH.pinned().to_string(),
+        JobV2::SCHEMA_HASH.pinned().to_string(),
+    );
+    let hashes: Vec<&str> = list.iter().map(|s| s["hash"].as_str().unwrap()).collect();
+    assert_eq!(hashes, [&gate, &job1, &job2]);
+    let row = |cells: [&str; 9]| {
+        let [h, w, v, r, running, waiting, completed, failed, cancelled] = cells;
+        format!(
+            "{h:<16}  {w:<8}  {v:<7}  {r:<4}  {running:<7}  {waiting:<7}  {completed:<9}  {failed:<6}  {cancelled}\n"
+        )
+    };
+    assert_eq!(
+        text(&path, &["schema"]),
+        [
+            row([
+                "SCHEMA",
+                "WORKFLOW",
+                "VERSION",
+                "RUNS",
+                "RUNNING",
+                "WAITING",
+                "COMPLETED",
+                "FAILED",
+                "CANCELLED"
+            ]),
+            row([&gate, "gate", "1", "2", "0", "1", "0", "0", "1"]),
+            row([&job1, "job", "1", "3", "1", "0", "1", "1", "0"]),
+            row([&job2, "job", "2", "1", "0", "0", "1", "0", "0"]),
+        ]
+        .concat()
+    );
+    // One schema by hash (or prefix): its runs, then its description.
+    assert_eq!(
+        text(&path, &["schema", "--hash", &job1[..8]]),
+        format!(
+            "schema {job1}  (3 runs: 1 running, 1 completed, 1 failed)\n{}",
+            JOB_SCHEMA
+                .lines()
+                .map(|l| format!("  {l}\n"))
+                .collect::<String>()
+        )
+    );
+    assert_eq!(json(&path, &["schema", "--hash", &job2, "--json"]), *v2);
 
     let run = json(&path, &["schema", "v2-1", "--json"]);
     assert_eq!(run["hash"], v2["hash"]);
@@ -866,6 +955,43 @@ fn schema_lists_shows_and_diffs_stored_descriptions() {
     let err = fails(&path, &["schema", "--diff", "xyz", a], 2);
     assert!(
         err.starts_with("error: invalid schema hash \"xyz\""),
+        "{err}"
+    );
+}
+
+#[test]
+fn runs_filters_by_schema_hash_or_prefix() {
+    let (_dir, path) = store();
+    let (job1, job2) = (
+        Job::SCHEMA_HASH.pinned().to_string(),
+        JobV2::SCHEMA_HASH.pinned().to_string(),
+    );
+    let runs = json(&path, &["runs", "--schema", &job1, "--json"]);
+    assert_eq!(ids(&runs), ["running-1", "failed-1", "done-1"]);
+    let runs = json(&path, &["runs", "--schema", &job2[..5], "--json"]);
+    assert_eq!(ids(&runs), ["v2-1"]);
+    let runs = json(
+        &path,
+        &["runs", "--schema", &job1, "--status", "failed", "--json"],
+    );
+    assert_eq!(ids(&runs), ["failed-1"]);
+    let runs = json(
+        &path,
+        &["runs", "--schema", &job1, "--workflow", "gate", "--json"],
+    );
+    assert_eq!(ids(&runs), Vec::<&str>::new());
+    let out = text(&path, &["runs", "--schema", &job2.to_ascii_uppercase()]);
+    assert_eq!(out.lines().count(), 2, "{out}");
+    assert!(out.lines().nth(1).unwrap().starts_with("v2-1  "), "{out}");
+
+    let err = fails(&path, &["runs", "--schema", "0000000000000000"], 1);
+    assert!(
+        err.starts_with("error: no schema 0000000000000000 is stored in"),
+        "{err}"
+    );
+    let err = fails(&path, &["runs", "--schema", "zz"], 2);
+    assert!(
+        err.starts_with("error: invalid schema hash \"zz\""),
         "{err}"
     );
 }
