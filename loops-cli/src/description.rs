@@ -11,7 +11,7 @@
 //! ```
 //!
 //! loops-core reads the same lines back in `schema_diff`, privately; this is the CLI's reader
-//! of the header and state lines, which the schema listing reads. Lines that
+//! of the header and state lines, which the graph and the schema listing share. Lines that
 //! are not in the format are ignored, never an error: a description is data from a file.
 
 /// What a description says about its workflow and states.
