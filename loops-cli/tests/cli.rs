@@ -1159,6 +1159,23 @@ fn graph_prints_mermaid_and_dot_from_the_stored_description() {
         std::fs::read(&path).unwrap(),
         std::fs::read(fixture()).unwrap()
     );
+
+    // Once no run of `job` is left, its schemas are ranked by declared version.
+    text(&path, &["cancel", "running-1"]);
+    text(&path, &["prune", "--keep-last", "0"]);
+    assert_eq!(
+        ids(&json(&path, &["runs", "--workflow", "job", "--json"])).len(),
+        0
+    );
+    let (out, err) = graph(&path, &["graph", "job"]);
+    assert_eq!(out, v2);
+    assert_eq!(
+        err,
+        format!(
+            "note: workflow `job` has 2 stored schemas ({}, {}); drawing {job2} (none has runs left; the highest version); --schema HASH draws another\n",
+            both[0], both[1]
+        )
+    );
 }
 
 /// A store with one run of `Fix`, which loops Edit -> Test -> Edit three times, then merges.
