@@ -13,6 +13,8 @@ Examples:
   loops runs --status failed,waiting        # what needs attention
   loops show deliver-1                      # where one run stands, with its state's data
   loops history deliver-1                   # every transition, step and failed attempt
+  loops graph deliver                       # the workflow's states and transitions (Mermaid)
+  loops graph --run deliver-1 --svg run.svg # a picture of the path one run took
   loops retry deliver-1                     # a failed run becomes running again
   loops send deliver-1 approve --json '{\"by\":\"alice\"}'
   loops prune --older-than 30d --dry-run    # what retention would remove
@@ -36,10 +38,11 @@ pub struct Cli {
     pub color: ColorArg,
 
     /// Read the store without first verifying the checksum of every page. Commands that only
-    /// read (runs, show, history, schema) verify by default, so that a damaged file is refused
-    /// instead of shown. The check reads every page of the file, and writes nothing to it:
-    /// 0.4 s for a 540 MB store here with the file in the OS's cache, as long as reading
-    /// the file takes from disk. Commands that write verify on their writable open, always.
+    /// read (runs, show, history, schema, graph) verify by default, so that a damaged file is
+    /// refused instead of shown. The check reads every page of the file, and writes nothing
+    /// to it: 0.4 s for a 540 MB store here with the file in the OS's cache, as long as
+    /// reading the file takes from disk. Commands that write verify on their writable open,
+    /// always.
     #[arg(long, global = true)]
     pub no_verify: bool,
 
@@ -86,9 +89,12 @@ pub enum Command {
     /// Compact the store file, returning the space freed by pruning to the file system.
     #[command(after_help = COMPACT_EXAMPLES)]
     Compact(JsonArg),
-    /// Show stored schema descriptions, one run's schema, or what changed between two.
+    /// List stored schemas with their runs by status; show one's description; diff two.
     #[command(after_help = SCHEMA_EXAMPLES)]
     Schema(SchemaArgs),
+    /// Draw a workflow's state graph (Mermaid, DOT or SVG), or the path one run took.
+    #[command(after_help = GRAPH_EXAMPLES)]
+    Graph(GraphArgs),
     /// Verify the checksum of every page of the store file and read every run back.
     #[command(after_help = CHECK_EXAMPLES)]
     Check(JsonArg),
@@ -137,6 +143,7 @@ Examples:
   loops runs --older-than 7d --status waiting   # stuck for a week
   loops runs --newer-than 1h --json
   loops runs --older-than 1h --newer-than 1d    # last changed between 1h and 1d ago
+  loops runs --schema 3f9c0a1e                  # runs recorded with one schema
 
 Runs are listed by last change, newest first. ATTEMPT is the number of the latest attempt
 at the current state, from 1; it counts on after `loops retry`, which gives the run a fresh
@@ -154,6 +161,11 @@ pub struct RunsArgs {
     /// Only runs of this workflow.
     #[arg(long, value_name = "NAME")]
     pub workflow: Option<String>,
+
+    /// Only runs recorded with this schema (its hash, or a unique prefix of at least 4 hex
+    /// digits; `loops schema` lists them).
+    #[arg(long, value_name = "HASH")]
+    pub schema: Option<String>,
 
     /// Only runs whose last change is older than this (e.g. 30d, 12h, 90m).
     #[arg(long, value_parser = parse_age, value_name = "AGE")]
@@ -176,9 +188,12 @@ pub struct RunsArgs {
 const SHOW_EXAMPLES: &str = "\
 Examples:
   loops show deliver-1
+  loops show deliver-1 --schema               # and the schema description it was recorded with
   loops show deliver-1 --json | jq .payload
 
---json prints {run, payload, schema_description, pending_events}; run has the fields of
+The text form names the run's schema by its hash; --schema adds its description (one line
+per field, as `loops schema RUN` prints it). --json prints {run, payload,
+schema_description, pending_events}, with the description always; run has the fields of
 `loops runs --json`.";
 
 /// `loops show`.
@@ -187,6 +202,10 @@ pub struct ShowArgs {
     /// The run id.
     #[arg(value_name = "RUN", value_parser = clap::value_parser!(OsString))]
     pub run: OsString,
+
+    /// Also print the description of the schema the run was recorded with.
+    #[arg(long)]
+    pub schema: bool,
 
     /// Print JSON instead of text.
     #[arg(long)]
@@ -359,18 +378,27 @@ Examples:
 
 const SCHEMA_EXAMPLES: &str = "\
 Examples:
-  loops schema                                   # every stored schema and its runs
+  loops schema                                   # every stored schema, its runs by status
   loops schema deliver-1                        # the schema a run was recorded with
+  loops schema --hash 3f9c0a1e                  # one stored schema's description
   loops schema --diff 3f9c0a1e22b4d5e6 8a7b6c5d4e3f2a1b
+  loops runs --schema 3f9c0a1e                  # the runs of one schema
 
-Hashes may be shortened to a unique prefix of at least 4 hex digits.";
+The list has one line per stored schema: its hash, workflow and version, its number of
+runs and how many are in each status. --json prints an array of {hash, workflow, version,
+description, runs, by_status, workflows}. Hashes may be shortened to a unique prefix of at
+least 4 hex digits.";
 
 /// `loops schema`.
 #[derive(Debug, Args)]
 pub struct SchemaArgs {
     /// Show this run's schema (omit to list every stored schema).
-    #[arg(value_name = "RUN", value_parser = clap::value_parser!(OsString), conflicts_with = "diff")]
+    #[arg(value_name = "RUN", value_parser = clap::value_parser!(OsString), conflicts_with_all = ["diff", "hash"])]
     pub run: Option<OsString>,
+
+    /// Show the description of the stored schema with this hash (or unique prefix).
+    #[arg(long, value_name = "HASH", conflicts_with = "diff")]
+    pub hash: Option<String>,
 
     /// Say what changed from the first stored schema to the second.
     #[arg(long, num_args = 2, value_names = ["HASH_A", "HASH_B"])]
@@ -379,6 +407,64 @@ pub struct SchemaArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+}
+
+const GRAPH_EXAMPLES: &str = "\
+Examples:
+  loops graph deliver                           # Mermaid (paste it in a ```mermaid block)
+  loops graph deliver --format dot | dot -Tpng -o deliver.png
+  loops graph deliver --svg deliver.svg         # an SVG picture, without Graphviz
+  loops graph deliver --schema 3f9c0a1e         # a workflow with several stored schemas
+  loops graph --run deliver-1                   # the path one run took, its current state
+  loops graph --run deliver-1 --svg -           # the SVG on stdout
+
+The graph comes from the stored schema description, so it needs no workflow code: a start
+point leads to the initial state, every allowed transition is an edge, and each terminal
+state leads to an end point. By default the workflow's newest stored schema is drawn: that
+of its most recently created run (a note on stderr says so when it has several).
+
+With --run, the graph is that of the run's schema, and shows the run's path from its
+history: the states it went through, the transitions it took labelled with how many times
+(a loop such as Tested -> Edited -> Tested counts every round), and its current state in
+the colour of its status. A move the description does not list is drawn dashed.
+
+--svg writes the picture to a file (`-` for stdout) instead of printing Mermaid or DOT;
+give --format as well to have both.";
+
+/// `--format` of `graph`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum GraphFormat {
+    /// A Mermaid state diagram (stateDiagram-v2).
+    Mermaid,
+    /// Graphviz's DOT language.
+    Dot,
+}
+
+/// `loops graph`.
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("what").required(true).multiple(true).args(["workflow", "schema", "run"])))]
+pub struct GraphArgs {
+    /// The workflow to draw (its name, as `loops runs` shows it).
+    #[arg(value_name = "WORKFLOW")]
+    pub workflow: Option<String>,
+
+    /// Draw this stored schema (its hash, or a unique prefix of at least 4 hex digits)
+    /// instead of the workflow's newest.
+    #[arg(long, value_name = "HASH", conflicts_with = "run")]
+    pub schema: Option<String>,
+
+    /// Show this run's path: the states it went through, the transitions it took and how
+    /// many times, its current state.
+    #[arg(long, value_name = "RUN", value_parser = clap::value_parser!(OsString))]
+    pub run: Option<OsString>,
+
+    /// The text format on stdout [default: mermaid, unless --svg is given].
+    #[arg(long, value_enum, value_name = "FORMAT")]
+    pub format: Option<GraphFormat>,
+
+    /// Write an SVG picture to this file (`-`: to stdout).
+    #[arg(long, value_name = "FILE")]
+    pub svg: Option<PathBuf>,
 }
 
 const CHECK_EXAMPLES: &str = "\

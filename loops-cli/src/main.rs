@@ -9,7 +9,9 @@
 
 mod cli;
 mod commands;
+mod description;
 mod failure;
+mod graph;
 mod json;
 mod open;
 mod output;
@@ -69,6 +71,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
         Command::Compact(args) => commands::prune::compact(&path, args),
         Command::Schema(args) => commands::schema::run(&path, args),
         Command::Check(args) => commands::check::run(&path, args),
+        Command::Graph(args) => commands::graph::run(&path, args),
     };
     done.map_err(|failure| failure.in_store(&path, checking))
 }

@@ -268,6 +268,86 @@ impl Dispatch<Worker> for Gate {
     }
 }
 
+/// Edits and tests until the third round passes: a loop, for `loops graph --run`.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+enum Fix {
+    Edit { round: u32 },
+    Test { round: u32 },
+    Merged,
+    Dropped,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
+enum FixState {
+    Edit,
+    Test,
+    Merged,
+    Dropped,
+}
+
+impl fmt::Display for FixState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl StateId for FixState {
+    const ALL: &'static [Self] = &[
+        FixState::Edit,
+        FixState::Test,
+        FixState::Merged,
+        FixState::Dropped,
+    ];
+    const INITIAL: Self = FixState::Edit;
+    fn name(self) -> &'static str {
+        match self {
+            FixState::Edit => "Edit",
+            FixState::Test => "Test",
+            FixState::Merged => "Merged",
+            FixState::Dropped => "Dropped",
+        }
+    }
+    fn next(self) -> &'static [Self] {
+        match self {
+            FixState::Edit => &[FixState::Test, FixState::Dropped],
+            FixState::Test => &[FixState::Edit, FixState::Merged],
+            FixState::Merged | FixState::Dropped => &[],
+        }
+    }
+    fn is_terminal(self) -> bool {
+        matches!(self, FixState::Merged | FixState::Dropped)
+    }
+}
+
+const FIX_SCHEMA: &str = "workflow fix version 1\nstate Edit (struct, initial) -> Test | Dropped\n  round: u32\nstate Test (struct) -> Edit | Merged\n  round: u32\nstate Merged (unit, terminal)\nstate Dropped (unit, terminal)\n";
+
+impl Workflow for Fix {
+    type State = FixState;
+    const NAME: &'static str = "fix";
+    const VERSION: u32 = 1;
+    const SCHEMA_HASH: SchemaHash = SchemaHash::of(FIX_SCHEMA.as_bytes());
+    const SCHEMA: &'static str = FIX_SCHEMA;
+    fn state(&self) -> FixState {
+        match self {
+            Fix::Edit { .. } => FixState::Edit,
+            Fix::Test { .. } => FixState::Test,
+            Fix::Merged => FixState::Merged,
+            Fix::Dropped => FixState::Dropped,
+        }
+    }
+}
+
+impl Dispatch<Worker> for Fix {
+    async fn dispatch(self, _: &Worker, _: &Context) -> Result<Self, BoxError> {
+        match self {
+            Fix::Edit { round } => Ok(Fix::Test { round }),
+            Fix::Test { round } if round < 2 => Ok(Fix::Edit { round: round + 1 }),
+            Fix::Test { .. } => Ok(Fix::Merged),
+            Fix::Merged | Fix::Dropped => Err("terminal".into()),
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The store every test starts from (built once, copied per test).
 
@@ -678,26 +758,45 @@ fn runs_table_is_aligned_and_uncoloured_without_a_terminal() {
 }
 
 #[test]
-fn show_prints_state_payload_wait_and_schema() {
+fn show_prints_state_payload_wait_and_the_schema_only_when_asked() {
     let (_dir, path) = store();
     let out = text(&path, &["show", "waiting-1"]);
+    let gate = Gate::SCHEMA_HASH.pinned();
     for want in [
         "run             waiting-1\n",
         "workflow        gate\n",
         "status          waiting\n",
         "state           Ask (seq 0, attempt 1)\n",
         "waiting for     event approval\n",
+        &format!("schema          {gate}\n"),
         "state Ask (payload)\n  {\n    \"Ask\": {\n      \"doc\": \"spec.md\"\n    }\n  }\n",
-        "  workflow gate version 1\n  state Ask (struct, initial) -> Done\n    doc: String\n",
     ] {
         assert!(out.contains(want), "missing {want:?} in:\n{out}");
     }
+    // The payload is the last thing shown; the description is not.
+    assert!(
+        out.ends_with(
+            "state Ask (payload)\n  {\n    \"Ask\": {\n      \"doc\": \"spec.md\"\n    }\n  }\n"
+        ),
+        "{out}"
+    );
+    assert!(!out.contains("state Ask (struct, initial)"), "{out}");
+    // With --schema, the same and then the description.
+    let with = text(&path, &["show", "waiting-1", "--schema"]);
+    assert_eq!(
+        with,
+        format!(
+            "{out}\nschema {gate}\n  workflow gate version 1\n  state Ask (struct, initial) -> Done\n    doc: String\n  state Done (struct, terminal)\n    by: String\n"
+        )
+    );
     let v = json(&path, &["show", "waiting-1", "--json"]);
     assert_eq!(v["run"]["run_id"], "waiting-1");
     assert_eq!(v["run"]["status"], "waiting");
     assert_eq!(v["run"]["waiting_for"]["event"], "approval");
     assert_eq!(v["payload"], json!({"Ask": {"doc": "spec.md"}}));
     assert_eq!(v["schema_description"], GATE_SCHEMA);
+    // --schema changes only the text: the JSON always has the description.
+    assert_eq!(json(&path, &["show", "waiting-1", "--json", "--schema"]), v);
     assert_eq!(v["pending_events"], json!([]));
 
     let v = json(&path, &["show", "failed-1", "--json"]);
@@ -826,6 +925,76 @@ fn schema_lists_shows_and_diffs_stored_descriptions() {
         (&json!(1), &json!(["job"]))
     );
     assert_eq!(by_desc(GATE_SCHEMA)["runs"], 2);
+    // Each schema's workflow and version (from its description) and its runs by status.
+    let statuses = |running, waiting, completed, failed, cancelled| {
+        json!({"running": running, "waiting": waiting, "completed": completed,
+               "failed": failed, "cancelled": cancelled})
+    };
+    let summary = |v: &Value| {
+        (
+            v["workflow"].clone(),
+            v["version"].clone(),
+            v["by_status"].clone(),
+        )
+    };
+    assert_eq!(
+        summary(v1),
+        (json!("job"), json!(1), statuses(1, 0, 1, 1, 0))
+    );
+    assert_eq!(
+        summary(v2),
+        (json!("job"), json!(2), statuses(0, 0, 1, 0, 0))
+    );
+    assert_eq!(
+        summary(by_desc(GATE_SCHEMA)),
+        (json!("gate"), json!(1), statuses(0, 1, 0, 0, 1))
+    );
+    // Listed by workflow, then version.
+    let (gate, job1, job2) = (
+        Gate::SCHEMA_HASH.pinned().to_string(),
+        Job::SCHEMA_HASH.pinned().to_string(),
+        JobV2::SCHEMA_HASH.pinned().to_string(),
+    );
+    let hashes: Vec<&str> = list.iter().map(|s| s["hash"].as_str().unwrap()).collect();
+    assert_eq!(hashes, [&gate, &job1, &job2]);
+    let row = |cells: [&str; 9]| {
+        let [h, w, v, r, running, waiting, completed, failed, cancelled] = cells;
+        format!(
+            "{h:<16}  {w:<8}  {v:<7}  {r:<4}  {running:<7}  {waiting:<7}  {completed:<9}  {failed:<6}  {cancelled}\n"
+        )
+    };
+    assert_eq!(
+        text(&path, &["schema"]),
+        [
+            row([
+                "SCHEMA",
+                "WORKFLOW",
+                "VERSION",
+                "RUNS",
+                "RUNNING",
+                "WAITING",
+                "COMPLETED",
+                "FAILED",
+                "CANCELLED"
+            ]),
+            row([&gate, "gate", "1", "2", "0", "1", "0", "0", "1"]),
+            row([&job1, "job", "1", "3", "1", "0", "1", "1", "0"]),
+            row([&job2, "job", "2", "1", "0", "0", "1", "0", "0"]),
+        ]
+        .concat()
+    );
+    // One schema by hash (or prefix): its runs, then its description.
+    assert_eq!(
+        text(&path, &["schema", "--hash", &job1[..8]]),
+        format!(
+            "schema {job1}  (3 runs: 1 running, 1 completed, 1 failed)\n{}",
+            JOB_SCHEMA
+                .lines()
+                .map(|l| format!("  {l}\n"))
+                .collect::<String>()
+        )
+    );
+    assert_eq!(json(&path, &["schema", "--hash", &job2, "--json"]), *v2);
 
     let run = json(&path, &["schema", "v2-1", "--json"]);
     assert_eq!(run["hash"], v2["hash"]);
@@ -867,6 +1036,439 @@ fn schema_lists_shows_and_diffs_stored_descriptions() {
     assert!(
         err.starts_with("error: invalid schema hash \"xyz\""),
         "{err}"
+    );
+}
+
+#[test]
+fn runs_filters_by_schema_hash_or_prefix() {
+    let (_dir, path) = store();
+    let (job1, job2) = (
+        Job::SCHEMA_HASH.pinned().to_string(),
+        JobV2::SCHEMA_HASH.pinned().to_string(),
+    );
+    let runs = json(&path, &["runs", "--schema", &job1, "--json"]);
+    assert_eq!(ids(&runs), ["running-1", "failed-1", "done-1"]);
+    let runs = json(&path, &["runs", "--schema", &job2[..5], "--json"]);
+    assert_eq!(ids(&runs), ["v2-1"]);
+    let runs = json(
+        &path,
+        &["runs", "--schema", &job1, "--status", "failed", "--json"],
+    );
+    assert_eq!(ids(&runs), ["failed-1"]);
+    let runs = json(
+        &path,
+        &["runs", "--schema", &job1, "--workflow", "gate", "--json"],
+    );
+    assert_eq!(ids(&runs), Vec::<&str>::new());
+    let out = text(&path, &["runs", "--schema", &job2.to_ascii_uppercase()]);
+    assert_eq!(out.lines().count(), 2, "{out}");
+    assert!(out.lines().nth(1).unwrap().starts_with("v2-1  "), "{out}");
+
+    let err = fails(&path, &["runs", "--schema", "0000000000000000"], 1);
+    assert!(
+        err.starts_with("error: no schema 0000000000000000 is stored in"),
+        "{err}"
+    );
+    let err = fails(&path, &["runs", "--schema", "zz"], 2);
+    assert!(
+        err.starts_with("error: invalid schema hash \"zz\""),
+        "{err}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Graphs.
+
+/// `loops ARGS`: stdout and stderr, on success.
+fn graph(path: &Path, args: &[&str]) -> (String, String) {
+    out_err(path, args)
+}
+
+#[test]
+fn graph_prints_mermaid_and_dot_from_the_stored_description() {
+    let (_dir, path) = store();
+    let gate = Gate::SCHEMA_HASH.pinned();
+    let (out, err) = graph(&path, &["graph", "gate"]);
+    assert_eq!(
+        out,
+        format!(
+            "---\ntitle: \"gate version 1, schema {gate}\"\n---\nstateDiagram-v2\n    [*] --> Ask\n    Ask --> Done\n    Done --> [*]\n"
+        )
+    );
+    assert_eq!(err, "");
+    assert_eq!(text(&path, &["graph", "gate", "--format", "mermaid"]), out);
+    assert_eq!(
+        text(&path, &["graph", "gate", "--format", "dot"]),
+        format!(
+            "digraph \"gate\" {{\n    label=\"gate version 1, schema {gate}\";\n    labelloc=t;\n    node [shape=box, style=rounded];\n    \"[*] start\" [shape=circle, style=filled, fillcolor=\"#000000\", label=\"\", width=0.2];\n    \"Ask\";\n    \"Done\";\n    \"[*] end Done\" [shape=doublecircle, style=filled, fillcolor=\"#000000\", label=\"\", width=0.12];\n    \"[*] start\" -> \"Ask\";\n    \"Ask\" -> \"Done\";\n    \"Done\" -> \"[*] end Done\";\n}}\n"
+        )
+    );
+
+    // `job` has two stored schemas: the newest is that of its most recently created run
+    // (running-1, of the first), and a note says so.
+    let (job1, job2) = (Job::SCHEMA_HASH.pinned(), JobV2::SCHEMA_HASH.pinned());
+    let mut both = [job1.to_string(), job2.to_string()];
+    both.sort();
+    let (out, err) = graph(&path, &["graph", "job"]);
+    assert_eq!(
+        out,
+        format!(
+            "---\ntitle: \"job version 1, schema {job1}\"\n---\nstateDiagram-v2\n    [*] --> Start\n    Start --> Work\n    Work --> Done\n    Done --> [*]\n"
+        )
+    );
+    assert_eq!(
+        err,
+        format!(
+            "note: workflow `job` has 2 stored schemas ({}, {}); drawing {job1} (that of its most recently created run); --schema HASH draws another\n",
+            both[0], both[1]
+        )
+    );
+    // --schema picks one (a prefix is enough), with or without the workflow's name.
+    let v2 = format!(
+        "---\ntitle: \"job version 2, schema {job2}\"\n---\nstateDiagram-v2\n    [*] --> Start\n    Start --> Done\n    Done --> [*]\n"
+    );
+    let prefix = &job2.to_string()[..6];
+    assert_eq!(
+        graph(&path, &["graph", "job", "--schema", prefix]),
+        (v2.clone(), String::new())
+    );
+    assert_eq!(graph(&path, &["graph", "--schema", prefix]).0, v2);
+
+    let err = fails(&path, &["graph", "gate", "--schema", prefix], 1);
+    assert_eq!(
+        err,
+        format!("error: schema {job2} is a schema of workflow `job`, not `gate`\n")
+    );
+    let err = fails(&path, &["graph", "nope"], 1);
+    assert_eq!(
+        err,
+        format!(
+            "error: no schema of workflow `nope` is stored in {} (stored: gate, job)\n",
+            path.display()
+        )
+    );
+    let err = fails(&path, &["graph"], 2);
+    assert!(
+        err.starts_with("error: the following required arguments were not provided"),
+        "{err}"
+    );
+    let err = fails(&path, &["graph", "--run", "done-1", "--schema", prefix], 2);
+    assert!(err.contains("cannot be used with"), "{err}");
+    // Reading only: the file is unchanged.
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        std::fs::read(fixture()).unwrap()
+    );
+
+    // Once no run of `job` is left, its schemas are ranked by declared version.
+    text(&path, &["cancel", "running-1"]);
+    text(&path, &["prune", "--keep-last", "0"]);
+    assert_eq!(
+        ids(&json(&path, &["runs", "--workflow", "job", "--json"])).len(),
+        0
+    );
+    let (out, err) = graph(&path, &["graph", "job"]);
+    assert_eq!(out, v2);
+    assert_eq!(
+        err,
+        format!(
+            "note: workflow `job` has 2 stored schemas ({}, {}); drawing {job2} (none has runs left; the highest version); --schema HASH draws another\n",
+            both[0], both[1]
+        )
+    );
+}
+
+/// A store with one run of `Fix`, which loops Edit -> Test -> Edit three times, then merges.
+fn fix_store() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fix.redb");
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let rt = Runtime::open(&path).unwrap();
+            let last = rt
+                .run("fix-1", Fix::Edit { round: 0 }, &Worker)
+                .await
+                .unwrap();
+            assert_eq!(last, Fix::Merged);
+        });
+    (dir, path)
+}
+
+#[test]
+fn graph_of_a_run_highlights_its_path_with_counts_and_its_current_state() {
+    let (_dir, path) = fix_store();
+    let fix = Fix::SCHEMA_HASH.pinned();
+    // Edit, Test, Edit, Test, Edit, Test, Merged: 7 records.
+    assert_eq!(
+        text(&path, &["graph", "--run", "fix-1"]),
+        format!(
+            "---\ntitle: \"run fix-1 (fix version 1, schema {fix}) completed at Merged after 7 transitions\"\n---\n\
+             stateDiagram-v2\n    \
+             [*] --> Edit\n    \
+             Edit --> Test: 3×\n    \
+             Edit --> Dropped\n    \
+             Test --> Edit: 2×\n    \
+             Test --> Merged: 1×\n    \
+             Merged --> [*]\n    \
+             Dropped --> [*]\n    \
+             classDef visited fill:#dbeafe,stroke:#2563eb,stroke-width:1px\n    \
+             class Edit,Test visited\n    \
+             classDef current fill:#bbf7d0,stroke:#15803d,stroke-width:3px\n    \
+             class Merged current\n"
+        )
+    );
+    assert_eq!(
+        text(
+            &path,
+            &["graph", "fix", "--run", "fix-1", "--format", "dot"]
+        ),
+        format!(
+            "digraph \"fix\" {{\n    \
+             label=\"run fix-1 (fix version 1, schema {fix}) completed at Merged after 7 transitions\";\n    \
+             labelloc=t;\n    \
+             node [shape=box, style=rounded];\n    \
+             \"[*] start\" [shape=circle, style=filled, fillcolor=\"#000000\", label=\"\", width=0.2];\n    \
+             \"Edit\" [style=\"rounded,filled\", fillcolor=\"#dbeafe\", color=\"#2563eb\"];\n    \
+             \"Test\" [style=\"rounded,filled\", fillcolor=\"#dbeafe\", color=\"#2563eb\"];\n    \
+             \"Merged\" [style=\"rounded,filled\", fillcolor=\"#bbf7d0\", color=\"#15803d\", penwidth=3];\n    \
+             \"[*] end Merged\" [shape=doublecircle, style=filled, fillcolor=\"#000000\", label=\"\", width=0.12];\n    \
+             \"Dropped\" [style=\"rounded,filled\", fillcolor=\"#ffffff\", color=\"#000000\"];\n    \
+             \"[*] end Dropped\" [shape=doublecircle, style=filled, fillcolor=\"#000000\", label=\"\", width=0.12];\n    \
+             \"[*] start\" -> \"Edit\" [color=\"#2563eb\", penwidth=2];\n    \
+             \"Edit\" -> \"Test\" [color=\"#2563eb\", penwidth=2, label=\"3×\"];\n    \
+             \"Edit\" -> \"Dropped\" [color=\"#9ca3af\"];\n    \
+             \"Test\" -> \"Edit\" [color=\"#2563eb\", penwidth=2, label=\"2×\"];\n    \
+             \"Test\" -> \"Merged\" [color=\"#2563eb\", penwidth=2, label=\"1×\"];\n    \
+             \"Merged\" -> \"[*] end Merged\" [color=\"#2563eb\", penwidth=2];\n    \
+             \"Dropped\" -> \"[*] end Dropped\" [color=\"#9ca3af\"];\n\
+             }}\n"
+        )
+    );
+
+    // A failed run and a waiting one: the current state in the colour of the status.
+    let (_dir, path) = store();
+    let job1 = Job::SCHEMA_HASH.pinned();
+    assert_eq!(
+        text(&path, &["graph", "--run", "failed-1"]),
+        format!(
+            "---\ntitle: \"run failed-1 (job version 1, schema {job1}) failed at Work after 2 transitions\"\n---\n\
+             stateDiagram-v2\n    \
+             [*] --> Start\n    \
+             Start --> Work: 1×\n    \
+             Work --> Done\n    \
+             Done --> [*]\n    \
+             classDef visited fill:#dbeafe,stroke:#2563eb,stroke-width:1px\n    \
+             class Start visited\n    \
+             classDef current fill:#fecaca,stroke:#b91c1c,stroke-width:3px\n    \
+             class Work current\n"
+        )
+    );
+    let out = text(&path, &["graph", "--run", "waiting-1"]);
+    assert!(
+        out.ends_with("    classDef current fill:#fde68a,stroke:#b45309,stroke-width:3px\n    class Ask current\n"),
+        "{out}"
+    );
+    // The run of the second schema is drawn with its own schema.
+    let out = text(&path, &["graph", "--run", "v2-1"]);
+    assert!(out.contains("    Start --> Done: 1×\n"), "{out}");
+
+    let err = fails(&path, &["graph", "gate", "--run", "failed-1"], 1);
+    assert_eq!(
+        err,
+        "error: run `failed-1` is a run of workflow `job`, not `gate`\n"
+    );
+    let err = fails(&path, &["graph", "--run", "nope"], 1);
+    assert!(
+        err.starts_with("error: run `nope` does not exist in store"),
+        "{err}"
+    );
+    let err = fails(&path, &["graph", "--run", " x"], 2);
+    assert_eq!(
+        err,
+        "error: invalid run id \" x\": starts or ends with white space\n"
+    );
+}
+
+/// The `data-*` attribute `name` of every element of `svg` with class `class`.
+fn svg_attrs(svg: &roxmltree::Document, class: &str, name: &str) -> Vec<String> {
+    svg.descendants()
+        .filter(|n| n.attribute("class") == Some(class))
+        .map(|n| n.attribute(name).unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn graph_writes_an_svg_that_parses_and_names_every_state() {
+    let (dir, path) = store();
+    let file = dir.path().join("job.svg");
+    let (out, err) = graph(
+        &path,
+        &[
+            "graph",
+            "job",
+            "--schema",
+            &Job::SCHEMA_HASH.pinned().to_string(),
+            "--svg",
+            file.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(
+        (out.as_str(), err.as_str()),
+        ("", ""),
+        "--svg alone prints nothing"
+    );
+    let text_of = std::fs::read_to_string(&file).unwrap();
+    let svg = roxmltree::Document::parse(&text_of).unwrap();
+    assert_eq!(svg.root_element().tag_name().name(), "svg");
+    assert_eq!(
+        svg.root_element().tag_name().namespace(),
+        Some("http://www.w3.org/2000/svg")
+    );
+    assert_eq!(
+        svg_attrs(&svg, "state", "data-state"),
+        ["Start", "Work", "Done"]
+    );
+    assert_eq!(svg_attrs(&svg, "start", "data-state"), ["[*] start"]);
+    assert_eq!(svg_attrs(&svg, "end", "data-state"), ["[*] end Done"]);
+    let words: Vec<&str> = svg
+        .descendants()
+        .filter(|n| n.tag_name().name() == "tspan")
+        .filter_map(|n| n.text())
+        .collect();
+    assert_eq!(words, ["Start", "Work", "Done"]);
+    let edges: Vec<(String, String)> = svg_attrs(&svg, "transition", "data-from")
+        .into_iter()
+        .zip(svg_attrs(&svg, "transition", "data-to"))
+        .collect();
+    let pair = |a: &str, b: &str| (a.to_owned(), b.to_owned());
+    assert_eq!(
+        edges,
+        [
+            pair("[*] start", "Start"),
+            pair("Start", "Work"),
+            pair("Work", "Done"),
+            pair("Done", "[*] end Done")
+        ]
+    );
+
+    // A run's path, to stdout; with --format as well, the text goes with it (to a file).
+    let (_fix_dir, fix) = fix_store();
+    let out = text(&fix, &["graph", "--run", "fix-1", "--svg", "-"]);
+    let svg = roxmltree::Document::parse(&out).unwrap();
+    assert_eq!(svg_attrs(&svg, "current", "data-state"), ["Merged"]);
+    assert_eq!(svg_attrs(&svg, "visited", "data-state"), ["Edit", "Test"]);
+    assert_eq!(svg_attrs(&svg, "state", "data-state"), ["Dropped"]);
+    let taken: Vec<u64> = svg_attrs(&svg, "transition", "data-taken")
+        .iter()
+        .map(|n| n.parse().unwrap())
+        .collect();
+    // Start, Edit -> Test, Edit -> Dropped, Test -> Edit, Test -> Merged, the two ends.
+    assert_eq!(taken, [1, 3, 0, 2, 1, 1, 0]);
+    // Every state's name, and the counts on the transitions taken, are written.
+    let mut words: Vec<&str> = svg
+        .descendants()
+        .filter(|n| n.tag_name().name() == "tspan")
+        .filter_map(|n| n.text())
+        .collect();
+    words.sort_unstable();
+    assert_eq!(
+        words,
+        ["1×", "2×", "3×", "Dropped", "Edit", "Merged", "Test"]
+    );
+    let file = dir.path().join("fix.svg");
+    let dot = text(
+        &fix,
+        &[
+            "graph",
+            "--run",
+            "fix-1",
+            "--format",
+            "dot",
+            "--svg",
+            file.to_str().unwrap(),
+        ],
+    );
+    assert!(dot.starts_with("digraph \"fix\" {\n"), "{dot}");
+    roxmltree::Document::parse(&std::fs::read_to_string(&file).unwrap()).unwrap();
+
+    let err = fails(&fix, &["graph", "fix", "--svg", "-", "--format", "dot"], 2);
+    assert!(
+        err.starts_with("error: --svg - and --format both write to stdout"),
+        "{err}"
+    );
+    let err = fails(
+        &fix,
+        &["graph", "fix", "--svg", "/nonexistent/dir/fix.svg"],
+        1,
+    );
+    assert!(
+        err.starts_with("error: cannot write the SVG to /nonexistent/dir/fix.svg: "),
+        "{err}"
+    );
+}
+
+/// The deliver example's workflow (its file depends on `loops` and `serde` only).
+#[allow(dead_code)]
+#[path = "../../examples/deliver/workflow.rs"]
+mod deliver;
+
+/// Ends a deliver run at once: enough to store the workflow's schema description.
+struct GiveUp;
+
+impl Dispatch<GiveUp> for deliver::Deliver {
+    async fn dispatch(self, _: &GiveUp, _: &Context) -> Result<Self, BoxError> {
+        match self {
+            deliver::Deliver::Received { .. } => Ok(deliver::Deliver::Abandoned {
+                reason: "a test".into(),
+            }),
+            _ => Err("only Received is handled".into()),
+        }
+    }
+}
+
+#[test]
+fn the_readme_shows_the_graph_of_the_deliver_example() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("deliver.redb");
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let rt = Runtime::open(&path).unwrap();
+            let issue = deliver::Issue {
+                number: 1,
+                title: "t".into(),
+                body: "b".into(),
+            };
+            let base = deliver::Base {
+                branch: "main".into(),
+                commit: "0".repeat(40),
+            };
+            let initial = deliver::Deliver::Received { issue, base };
+            rt.run("deliver-1", initial, &GiveUp).await.unwrap();
+        });
+    let graph = text(&path, &["graph", "deliver"]);
+    let block = format!("```mermaid\n{graph}```\n");
+    let readme_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md");
+    let readme = std::fs::read_to_string(&readme_path).unwrap();
+    let start = readme
+        .find("```mermaid\n")
+        .expect("a mermaid block in README.md");
+    let end = start + readme[start..].find("\n```\n").expect("its end") + "\n```\n".len();
+    if std::env::var_os("UPDATE_SNAPSHOTS").is_some() {
+        let updated = format!("{}{block}{}", &readme[..start], &readme[end..]);
+        std::fs::write(&readme_path, updated).unwrap();
+        return;
+    }
+    assert_eq!(
+        &readme[start..end],
+        block,
+        "README.md's graph of the deliver workflow is out of date: run \
+         `UPDATE_SNAPSHOTS=1 cargo test -p loops-cli --test cli the_readme`, or paste:\n{block}"
     );
 }
 
@@ -1548,6 +2150,7 @@ fn a_store_held_by_a_running_process_is_refused_in_one_line() {
         &["runs"][..],
         &["show", "done-1"],
         &["history", "done-1", "--json"],
+        &["graph", "job"],
         &["cancel", "waiting-1"],
         &["prune", "--keep-last", "0"],
         &["compact"],
@@ -1790,6 +2393,10 @@ fn a_record_that_does_not_decode_is_named_for_what_it_is_and_the_store_as_damage
             format!("run `v2-1`: transition record at seq 1 does not decode: {not_json}"),
         ),
         (
+            &["graph", "--run", "v2-1"],
+            format!("run `v2-1`: transition record at seq 1 does not decode: {not_json}"),
+        ),
+        (
             &["runs"],
             "run `running-1`: run row does not decode: missing field `workflow` at line 1 column 2"
                 .to_owned(),
@@ -1907,6 +2514,7 @@ fn a_flipped_bit_in_a_record_is_refused_by_reading_commands_unless_no_verify() {
         &["runs"],
         &["show", "done-1", "--json"],
         &["schema"],
+        &["graph", "job", "--svg", "-"],
     ] {
         let out = loops(file).args(args).output().unwrap();
         assert_eq!(out.status.code(), Some(1), "loops {args:?}");
@@ -2102,7 +2710,8 @@ fn help_has_examples_for_every_command() {
     assert!(help.contains("Examples:\n  export LOOPS_STORE="), "{help}");
     assert!(help.contains("[env: LOOPS_STORE="), "{help}");
     for sub in [
-        "runs", "show", "history", "cancel", "retry", "send", "prune", "compact", "schema", "check",
+        "runs", "show", "history", "cancel", "retry", "send", "prune", "compact", "schema",
+        "check", "graph",
     ] {
         assert!(help.contains(&format!("  {sub} ")), "{sub} listed");
         let out = Command::cargo_bin("loops")

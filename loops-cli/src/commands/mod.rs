@@ -1,6 +1,7 @@
 //! One module per subcommand (or pair of related subcommands).
 
 pub mod check;
+pub mod graph;
 pub mod history;
 pub mod prune;
 pub mod runs;

@@ -6,6 +6,7 @@ use humantime::format_duration;
 use loops_core::record::now_ms;
 use loops_core::{RunInfo, RunStatus};
 
+use super::schema::resolve;
 use crate::cli::RunsArgs;
 use crate::failure::{Failure, Result};
 use crate::open;
@@ -28,6 +29,10 @@ pub fn run(path: &Path, args: &RunsArgs) -> Result<()> {
     let mut runs: Vec<RunInfo> = Vec::new();
     for status in statuses {
         runs.extend(store.list(status, args.workflow.as_deref())?);
+    }
+    if let Some(given) = &args.schema {
+        let (hash, _) = resolve(path, &store.schemas()?, given)?;
+        runs.retain(|info| info.schema == hash);
     }
     let age = |d: std::time::Duration| now.saturating_sub(d.as_millis() as u64);
     runs.retain(|info| {

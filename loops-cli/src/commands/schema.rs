@@ -1,4 +1,5 @@
-//! `loops schema`: stored schema descriptions, and what changed between two of them.
+//! `loops schema`: the stored schemas with their runs by status, one schema's description,
+//! and what changed between two of them.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -8,16 +9,24 @@ use serde::Serialize;
 
 use super::show::not_found;
 use crate::cli::SchemaArgs;
+use crate::description::Description;
 use crate::failure::{Failure, Result, run_id_arg};
 use crate::open;
-use crate::output::{DIM, ERROR, HEADER, ID, emit, emit_json, paint};
+use crate::output::{Cell, DIM, ERROR, HEADER, ID, Table, emit, emit_json, paint, status_style};
 
-/// One stored schema.
+/// One stored schema, with its runs.
 #[derive(Debug, Serialize)]
 struct SchemaView {
     hash: String,
+    /// The workflow its description names (`None` if it has no header line).
+    workflow: Option<String>,
+    /// The version its description declares, if it is a number.
+    version: Option<u32>,
     description: String,
     runs: u64,
+    /// The number of its runs in each status (every status present).
+    by_status: BTreeMap<&'static str, u64>,
+    /// The workflows its runs belong to.
     workflows: Vec<String>,
 }
 
@@ -38,12 +47,15 @@ struct DiffView {
     changes: Vec<String>,
 }
 
-/// Lists schemas, shows a run's, or diffs two.
+/// Lists schemas, shows a run's or one by hash, or diffs two.
 pub fn run(path: &Path, args: &SchemaArgs) -> Result<()> {
     if let Some(hashes) = &args.diff {
         return diff(path, hashes, args.json);
     }
     let store = open::read_only(path)?;
+    if let Some(given) = &args.hash {
+        return by_hash(path, &store, given, args.json);
+    }
     match &args.run {
         Some(run) => {
             let run_id = run_id_arg(run)?;
@@ -73,60 +85,111 @@ pub fn run(path: &Path, args: &SchemaArgs) -> Result<()> {
     }
 }
 
-fn list(store: &RedbStore, json: bool) -> Result<()> {
-    let mut usage: BTreeMap<SchemaHash, (u64, Vec<String>)> = BTreeMap::new();
-    for status in RunStatus::ALL {
-        for info in store.list(status, None)? {
-            let entry = usage.entry(info.schema).or_default();
-            entry.0 += 1;
-            if !entry.1.contains(&info.workflow) {
-                entry.1.push(info.workflow);
-            }
-        }
-    }
-    let views: Vec<SchemaView> = store
+/// Every stored schema with its runs, by workflow, version and hash.
+fn views(store: &RedbStore) -> Result<Vec<SchemaView>> {
+    let mut views: BTreeMap<SchemaHash, SchemaView> = store
         .schemas()?
         .into_iter()
         .map(|(hash, description)| {
-            let (runs, mut workflows) = usage.remove(&hash).unwrap_or_default();
-            workflows.sort();
-            SchemaView {
+            let d = Description::parse(&description);
+            let view = SchemaView {
                 hash: hash.to_string(),
+                version: d.version_number(),
+                workflow: d.workflow,
                 description,
-                runs,
-                workflows,
-            }
+                runs: 0,
+                by_status: RunStatus::ALL.iter().map(|s| (s.as_str(), 0)).collect(),
+                workflows: Vec::new(),
+            };
+            (hash, view)
         })
         .collect();
+    for status in RunStatus::ALL {
+        for info in store.list(status, None)? {
+            // A run's schema is stored when the run starts; one without it is not listed.
+            let Some(view) = views.get_mut(&info.schema) else {
+                continue;
+            };
+            view.runs += 1;
+            *view.by_status.entry(status.as_str()).or_default() += 1;
+            if !view.workflows.contains(&info.workflow) {
+                view.workflows.push(info.workflow);
+            }
+        }
+    }
+    let mut views: Vec<SchemaView> = views.into_values().collect();
+    for v in &mut views {
+        v.workflows.sort();
+    }
+    views.sort_by(|a, b| (&a.workflow, a.version, &a.hash).cmp(&(&b.workflow, b.version, &b.hash)));
+    Ok(views)
+}
+
+fn list(store: &RedbStore, json: bool) -> Result<()> {
+    let views = views(store)?;
     if json {
         return emit_json(&views);
     }
-    let mut out = String::new();
-    for (i, v) in views.iter().enumerate() {
-        if i > 0 {
-            out.push('\n');
-        }
-        let used = if v.runs == 0 {
-            "no runs".to_owned()
-        } else {
-            format!(
-                "{} run{} of {}",
-                v.runs,
-                if v.runs == 1 { "" } else { "s" },
-                v.workflows.join(", ")
-            )
-        };
-        out.push_str(&format!(
-            "{} {}  {}\n",
-            paint(HEADER, "schema"),
-            v.hash,
-            paint(DIM, &format!("({used})"))
-        ));
-        out.push_str(&indent(Some(&v.description)));
-    }
     if views.is_empty() {
-        out.push_str("no schemas stored (no run was ever started in this store)\n");
+        return emit("no schemas stored (no run was ever started in this store)\n");
     }
+    let mut header = vec!["SCHEMA", "WORKFLOW", "VERSION", "RUNS"];
+    let statuses: Vec<String> = RunStatus::ALL
+        .iter()
+        .map(|s| s.as_str().to_ascii_uppercase())
+        .collect();
+    header.extend(statuses.iter().map(String::as_str));
+    let mut t = Table::with_header(&header);
+    for v in &views {
+        let mut row = vec![
+            Cell::new(&v.hash, ID),
+            Cell::plain(v.workflow.clone().unwrap_or_default()),
+            Cell::plain(v.version.map(|n| n.to_string()).unwrap_or_default()),
+            Cell::new(v.runs.to_string(), HEADER),
+        ];
+        for status in RunStatus::ALL {
+            let n = v.by_status.get(status.as_str()).copied().unwrap_or(0);
+            let style = if n == 0 { DIM } else { status_style(status) };
+            row.push(Cell::new(n.to_string(), style));
+        }
+        t.row(row);
+    }
+    emit(&t.render(0))
+}
+
+/// `loops schema --hash HASH`: one stored schema's description, with its runs.
+fn by_hash(path: &Path, store: &RedbStore, given: &str, json: bool) -> Result<()> {
+    let (hash, _) = resolve(path, &store.schemas()?, given)?;
+    let hash = hash.to_string();
+    let view = views(store)?
+        .into_iter()
+        .find(|v| v.hash == hash)
+        .ok_or_else(|| Failure::new(format!("schema {hash} is no longer stored")))?;
+    if json {
+        return emit_json(&view);
+    }
+    let counts: Vec<String> = RunStatus::ALL
+        .iter()
+        .filter_map(|s| {
+            let n = view.by_status.get(s.as_str()).copied().unwrap_or(0);
+            (n > 0).then(|| format!("{n} {s}"))
+        })
+        .collect();
+    let runs = match view.runs {
+        0 => "no runs".to_owned(),
+        n => format!(
+            "{n} run{}: {}",
+            if n == 1 { "" } else { "s" },
+            counts.join(", ")
+        ),
+    };
+    let mut out = format!(
+        "{} {}  {}\n",
+        paint(HEADER, "schema"),
+        view.hash,
+        paint(DIM, &format!("({runs})"))
+    );
+    out.push_str(&indent(Some(&view.description)));
     emit(&out)
 }
 
@@ -161,8 +224,10 @@ fn diff(path: &Path, hashes: &[String], json: bool) -> Result<()> {
     emit(&out)
 }
 
-/// The stored schema that `given` (a hash, or a unique prefix of at least 4 hex digits) names.
-fn resolve<'a>(
+/// The stored schema that `given` (a hash, or a unique prefix of at least 4 hex digits)
+/// names, among `stored`; a usage failure if `given` is not hex of that length, a failure if
+/// no stored schema or several match.
+pub fn resolve<'a>(
     path: &Path,
     stored: &'a [(SchemaHash, String)],
     given: &str,

@@ -39,7 +39,8 @@ pub fn not_found(path: &Path, run_id: &str) -> Failure {
     ))
 }
 
-/// Shows the run's status, current state with its data, wait, and schema.
+/// Shows the run's status, current state with its data, wait, and schema hash; with
+/// `--schema`, the schema's description too (the JSON form always has it).
 pub fn run(path: &Path, args: &ShowArgs) -> Result<()> {
     let run_id = run_id_arg(&args.run)?;
     let store = open::read_only(path)?;
@@ -143,6 +144,9 @@ pub fn run(path: &Path, args: &ShowArgs) -> Result<()> {
         out.push_str("  ");
         out.push_str(line);
         out.push('\n');
+    }
+    if !args.schema {
+        return emit(&out);
     }
     out.push('\n');
     out.push_str(&paint(HEADER, &format!("schema {}", info.schema)));
