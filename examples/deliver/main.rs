@@ -7,8 +7,8 @@
 //! recorded side effect.
 //!
 //! ```text
-//! cargo run --example deliver            # run (or resume, or report) run `deliver-1`
-//! cargo run --example deliver -- --fresh # start over
+//! cargo run -p deliver             # run (or resume, or report) run `deliver-1`
+//! cargo run -p deliver -- --fresh  # start over
 //! ```
 //!
 //! Everything is local and offline: a git repository holding a tiny Rust crate with two bugs,
@@ -613,7 +613,7 @@ async fn parked_at_the_gate(runtime: &Runtime, run_id: &str, approve: bool) {
 /// What to type to approve a run parked at the gate: this command again with the flags that
 /// name the run (and `--approve`), or the `loops` CLI's `send`.
 fn approval_hint(cli: &Cli, store: &Path) -> String {
-    let mut again = "cargo run --example deliver --".to_owned();
+    let mut again = "cargo run -p deliver --".to_owned();
     let path = |p: &Path| shell_word(&p.to_string_lossy());
     if cli.workdir != Path::new(DEFAULT_WORKDIR) {
         again.push_str(&format!(" --workdir {}", path(&cli.workdir)));
