@@ -58,7 +58,7 @@ fn hold_and_kill(workdir: &Path, k: u64) {
 }
 
 /// Starts `cmd` held at seq `k` and waits for `holding at seq k`.
-fn start_held(mut cmd: Command, k: u64) -> std::process::Child {
+pub(crate) fn start_held(mut cmd: Command, k: u64) -> std::process::Child {
     let mut child = cmd
         .env(HOLD_VAR, k.to_string())
         .stdout(Stdio::piped())
@@ -70,7 +70,7 @@ fn start_held(mut cmd: Command, k: u64) -> std::process::Child {
 
 /// Waits for `child`, started held at seq `k` with its standard output piped, to print
 /// `holding at seq k`. The rest of its standard output is read (and dropped) by a thread.
-fn await_hold(child: &mut std::process::Child, k: u64) {
+pub(crate) fn await_hold(child: &mut std::process::Child, k: u64) {
     let stdout = child.stdout.take().expect("piped stdout");
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
@@ -103,7 +103,7 @@ fn await_hold(child: &mut std::process::Child, k: u64) {
 
 /// What a finished run left behind, to compare with the reference.
 #[derive(Debug, Clone, PartialEq)]
-struct Outcome {
+pub(crate) struct Outcome {
     /// (seq, state, payload JSON) of every transition.
     history: Vec<(u64, String, String)>,
     /// The run's status and state.
@@ -145,7 +145,7 @@ fn outcome(workdir: &Path) -> Outcome {
 }
 
 /// Checks what holds for every run, killed or not, against the reference.
-fn check(workdir: &Path, reference: &Outcome, context: &str) -> Outcome {
+pub(crate) fn check(workdir: &Path, reference: &Outcome, context: &str) -> Outcome {
     let got = outcome(workdir);
     let seqs: Vec<u64> = got.history.iter().map(|h| h.0).collect();
     let expected: Vec<u64> = (0..got.history.len() as u64).collect();
@@ -195,14 +195,14 @@ fn check(workdir: &Path, reference: &Outcome, context: &str) -> Outcome {
 }
 
 /// The reference run and what it left behind.
-struct Reference {
-    outcome: Outcome,
+pub(crate) struct Reference {
+    pub(crate) outcome: Outcome,
     took: Duration,
 }
 
 /// The reference run (`common::reference`), with what it left behind, checked once: the
 /// happy path, completed, one pull request, the base commit and two fixes on the branch.
-fn reference() -> &'static Reference {
+pub(crate) fn reference() -> &'static Reference {
     static REFERENCE: OnceLock<Reference> = OnceLock::new();
     REFERENCE.get_or_init(|| {
         let made = crate::common::reference();

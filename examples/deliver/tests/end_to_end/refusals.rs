@@ -312,3 +312,81 @@ fn a_damaged_store_is_one_clean_error_without_a_panic() {
     );
     assert!(stdout.ends_with(&done), "{stdout}");
 }
+
+/// The model's flags are checked before anything is made: a flag of `--model openai` with the
+/// scripted model, `--model openai` without its required flags (a usage error, exit 2), and,
+/// by the build: without the `openai` feature, `--model openai` names the feature to build
+/// with; with it, an API key variable that is not set and a base URL that is not HTTP.
+#[test]
+fn the_openai_model_flags_are_checked_before_anything_is_made() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let output = deliver(
+        dir.path(),
+        &["--base-url".into(), "http://127.0.0.1:9/v1".into()],
+    );
+    assert_refused(
+        &output,
+        "error: --base-url is for --model openai; the scripted model takes no settings\n",
+        dir.path(),
+        &[],
+    );
+
+    let output = deliver(dir.path(), &["--model".into(), "openai".into()]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.code() == Some(2)
+            && output.stdout.is_empty()
+            && stderr.starts_with(
+                "error: the following required arguments were not provided:\n  --base-url \
+                 <URL>\n  --model-name <NAME>\n"
+            ),
+        "{}",
+        describe(&output)
+    );
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+
+    let openai = |more: &[&str]| {
+        let mut args: Vec<OsString> = [
+            "--model",
+            "openai",
+            "--base-url",
+            "http://127.0.0.1:9/v1",
+            "--model-name",
+            "m",
+        ]
+        .iter()
+        .map(OsString::from)
+        .collect();
+        args.extend(more.iter().map(OsString::from));
+        deliver(dir.path(), &args)
+    };
+    #[cfg(not(feature = "openai"))]
+    assert_refused(
+        &openai(&[]),
+        "error: --model openai needs the `openai` feature, which this build lacks: run `cargo \
+         run -p deliver --features openai -- --model openai ...`\n",
+        dir.path(),
+        &[],
+    );
+    #[cfg(feature = "openai")]
+    {
+        assert_refused(
+            &openai(&["--api-key-env", "LOOPS_DELIVER_TEST_NO_SUCH_VARIABLE"]),
+            "error: --api-key-env LOOPS_DELIVER_TEST_NO_SUCH_VARIABLE: the variable is not set\n",
+            dir.path(),
+            &[],
+        );
+        let mut args = vec![OsString::from("--base-url"), "ftp://h/v1".into()];
+        args.extend(
+            ["--model", "openai", "--model-name", "m"]
+                .iter()
+                .map(OsString::from),
+        );
+        assert_refused(
+            &deliver(dir.path(), &args),
+            "error: --base-url ftp://h/v1: not an http or https URL\n",
+            dir.path(),
+            &[],
+        );
+    }
+}
