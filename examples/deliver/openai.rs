@@ -35,6 +35,7 @@ use serde_json::Value;
 
 use crate::git::SourceFile;
 use crate::model::{Answer, Decision, Model, Usage};
+use crate::tokens::thousands;
 use crate::workflow::{Change, Issue, TestReport};
 
 pub use self::prompt::Prompt;
@@ -144,12 +145,13 @@ pub enum ModelError {
         timeout: Duration,
     },
     /// The connection failed (refused, reset, a TLS error).
-    #[error("cannot get an answer from {endpoint}: {}", chain(source))]
+    #[error("cannot get an answer from {endpoint}: {}", chain(error))]
     Transport {
         /// The URL asked.
         endpoint: String,
-        /// reqwest's error.
-        source: reqwest::Error,
+        /// reqwest's error, whose causes the message quotes (so it is no `source`: the
+        /// chain would be said twice).
+        error: reqwest::Error,
     },
     /// HTTP 200, but the body is not a chat completion (not JSON, no `choices`, no content).
     #[error("{endpoint} answered with something that is not a chat completion: {what}")]
@@ -178,7 +180,7 @@ pub enum ModelError {
     },
     /// Every try failed, or the server asked to wait longer than [`MAX_WAIT`].
     #[error("{last}; gave up after {tries} {} ({why}; {} tokens spent)",
-        if *tries == 1 { "try" } else { "tries" }, usage.total_tokens())]
+        if *tries == 1 { "try" } else { "tries" }, thousands(usage.total_tokens()))]
     GaveUp {
         /// Tries made.
         tries: u32,
@@ -212,6 +214,17 @@ impl ModelError {
         match self {
             ModelError::RateLimited { retry_after, .. }
             | ModelError::Unavailable { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+
+    /// What the request that failed so cost, if it got an answer that said (an unusable
+    /// answer).
+    fn spent(&self) -> Option<Usage> {
+        match self {
+            ModelError::Malformed { usage, .. } | ModelError::OffSchema { usage, .. } => {
+                Some(*usage)
+            }
             _ => None,
         }
     }
@@ -436,23 +449,24 @@ impl OpenAiModel {
         }
     }
 
-    /// One request: posts `prompt`, and reads the answer with `read`. Returns the tokens the
-    /// response reported (nothing for a response without usage or a failed request) beside
-    /// the result.
+    /// One request: posts `prompt`, and reads the answer with `read`. Returns what the
+    /// request cost (one request, and the tokens its response reported, if any) beside the
+    /// result.
     async fn try_once<T>(
         &self,
         prompt: &Prompt,
         read: &impl Fn(&Value) -> Result<T, SchemaError>,
     ) -> (Usage, Result<T, ModelError>) {
-        let sent = Usage {
-            requests: 1,
-            ..Usage::default()
+        let (content, usage) = match self.complete(prompt).await {
+            Ok(answered) => answered,
+            Err(err) => {
+                let usage = err.spent().unwrap_or(Usage {
+                    requests: 1,
+                    ..Usage::default()
+                });
+                return (usage, Err(err));
+            }
         };
-        let content = match self.complete(prompt).await {
-            Ok((content, usage)) => (content, sent.plus(usage)),
-            Err(err) => return (sent, Err(err)),
-        };
-        let (content, usage) = content;
         let value = match schema::parse(&content) {
             Ok(value) => value,
             Err(what) => return (usage, Err(ModelError::Malformed { what, usage })),
@@ -463,7 +477,8 @@ impl OpenAiModel {
         }
     }
 
-    /// Posts `prompt` and returns the answer's text and the tokens the response reported.
+    /// Posts `prompt` and returns the answer's text and what the request cost: one request,
+    /// and the tokens the response reported.
     async fn complete(&self, prompt: &Prompt) -> Result<(String, Usage), ModelError> {
         let endpoint = || self.endpoint.to_string();
         let body = prompt.request_body(&self.config.model);
@@ -484,7 +499,7 @@ impl OpenAiModel {
             } else {
                 ModelError::Transport {
                     endpoint: endpoint(),
-                    source,
+                    error: source,
                 }
             }
         };
@@ -519,11 +534,11 @@ impl OpenAiModel {
         };
         let completion: Completion = serde_json::from_slice(&bytes)
             .map_err(|e| not_a_completion(format!("{e} in {}", quote(&bytes))))?;
-        let usage = completion.usage.map_or_else(Usage::default, |u| Usage {
-            requests: 0,
-            prompt_tokens: u.prompt_tokens,
-            completion_tokens: u.completion_tokens,
-        });
+        let usage = Usage {
+            requests: 1,
+            prompt_tokens: completion.usage.as_ref().map_or(0, |u| u.prompt_tokens),
+            completion_tokens: completion.usage.as_ref().map_or(0, |u| u.completion_tokens),
+        };
         let Some(choice) = completion.choices.into_iter().next() else {
             return Err(not_a_completion("no choices".to_owned()));
         };

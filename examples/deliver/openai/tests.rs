@@ -359,6 +359,59 @@ async fn a_malformed_answer_is_a_failed_try_that_says_what_was_wrong() {
 }
 
 #[tokio::test]
+async fn a_refusal_or_an_empty_answer_is_malformed_and_its_tokens_are_counted() {
+    let refusal = json!({
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "choices": [{
+            "index": 0,
+            "message": { "role": "assistant", "content": null, "refusal": "I cannot  help\nwith that." },
+            "finish_reason": "stop",
+        }],
+        "usage": { "prompt_tokens": 40, "completion_tokens": 6, "total_tokens": 46 },
+    });
+    let empty = json!({
+        "choices": [{ "index": 0, "message": { "role": "assistant", "content": "" }, "finish_reason": "length" }],
+        "usage": { "prompt_tokens": 40, "completion_tokens": 4096, "total_tokens": 4136 },
+    });
+    let api = FakeApi::scripted(vec![
+        Reply::raw(200, &refusal.to_string()),
+        Reply::raw(200, &empty.to_string()),
+    ]);
+    let (model, _) = client(&api, 2, PATIENT);
+    let err = plan(&model).await.expect_err("no usable answer");
+    let ModelError::GaveUp {
+        tries: 2,
+        usage: spent,
+        last,
+        ..
+    } = &err
+    else {
+        panic!("expected GaveUp after 2 tries, got {err:?}");
+    };
+    assert_eq!(*spent, usage(2, 80, 4_102));
+    assert_eq!(
+        last.to_string(),
+        "the model's answer is not JSON: it is empty (finish_reason length)"
+    );
+    assert!(
+        err.to_string()
+            .ends_with("(the last of 2 tries; 4,182 tokens spent)"),
+        "{err}"
+    );
+
+    let api = FakeApi::scripted(vec![Reply::raw(200, &refusal.to_string())]);
+    let (model, _) = client(&api, 1, PATIENT);
+    let ModelError::GaveUp { last, .. } = plan(&model).await.expect_err("refused") else {
+        panic!("expected GaveUp");
+    };
+    assert_eq!(
+        last.to_string(),
+        "the model's answer is not JSON: the model refused: I cannot help with that."
+    );
+}
+
+#[tokio::test]
 async fn an_off_schema_answer_is_a_typed_error_naming_the_faulty_value() {
     let cases = [
         (
@@ -452,6 +505,15 @@ async fn an_unreachable_server_and_a_body_that_is_no_completion_are_failed_tries
     };
     assert!(matches!(**last, ModelError::Transport { .. }), "{last:?}");
     assert!(last.is_transient());
+    // Its message quotes reqwest's causes once: it has no `source` to say them again.
+    let message = err.to_string();
+    assert!(
+        message.starts_with(&format!(
+            "cannot get an answer from http://127.0.0.1:{port}/v1/chat/completions: "
+        )),
+        "{message}"
+    );
+    assert_eq!(format!("{:#}", anyhow::Error::new(err)), message);
 
     let api = FakeApi::scripted(vec![Reply::raw(200, r#"{"object": "list", "data": []}"#)]);
     let (model, _) = client(&api, 1, PATIENT);
