@@ -91,6 +91,16 @@ impl<M: Model> Agent<M> {
         Ok((output, ran))
     }
 
+    /// The options of a model step ([`MODEL_STEPS`]): a time-out that covers every try the
+    /// model makes inside one call.
+    ///
+    /// RETRY-IN-CLIENT: once loops retries steps in place, this adds the retry policy
+    /// (`--model-tries`, the client's back-off), the time-out becomes one try's, and the
+    /// client's own loop (`openai.rs`, `OpenAiModel::ask`) makes one try.
+    fn model_step(&self) -> StepOptions {
+        StepOptions::timeout(self.model.call_timeout())
+    }
+
     /// Commits `change` on top of `parent` as the step `commit`, exactly once.
     async fn commit(
         &self,
@@ -131,15 +141,10 @@ impl<M: Model> DeliverHandler for Agent<M> {
         )
         .await?;
         let (answer, _): (Answer<Decision>, _) = self
-            .step(
-                ctx,
-                MODEL_STEPS[0],
-                StepOptions::timeout(self.model.call_timeout()),
-                |_| async {
-                    let sources = self.git.sources(&base.commit).await?;
-                    self.model.plan(&issue, &sources).await
-                },
-            )
+            .step(ctx, MODEL_STEPS[0], self.model_step(), |_| async {
+                let sources = self.git.sources(&base.commit).await?;
+                self.model.plan(&issue, &sources).await
+            })
             .await?;
         Ok(match answer.value {
             Decision::Plan(plan) => ReceivedNext::Planned { issue, base, plan },
@@ -249,15 +254,10 @@ impl<M: Model> DeliverHandler for Agent<M> {
             .await?;
         let head = work.head().to_owned();
         let (answer, _): (Answer<Option<Change>>, _) = self
-            .step(
-                ctx,
-                MODEL_STEPS[1],
-                StepOptions::timeout(self.model.call_timeout()),
-                |_| async {
-                    let sources = self.git.sources(&head).await?;
-                    self.model.fix(&issue, &sources, &report).await
-                },
-            )
+            .step(ctx, MODEL_STEPS[1], self.model_step(), |_| async {
+                let sources = self.git.sources(&head).await?;
+                self.model.fix(&issue, &sources, &report).await
+            })
             .await?;
         let Some(fix) = answer.value else {
             let failing: Vec<&str> = report.failed().map(|t| t.name.as_str()).collect();

@@ -112,6 +112,21 @@ pub fn entries(workdir: &Path) -> BTreeMap<u64, usize> {
     counts
 }
 
+/// The names of the entries of the directory `dir`, sorted.
+pub fn names_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
+        .map(|e| {
+            e.expect("an entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    names.sort();
+    names
+}
+
 /// Copies the directory `from` to `to` (which must not exist), recursively: files, and
 /// symbolic links as links.
 pub fn copy_dir(from: &Path, to: &Path) {

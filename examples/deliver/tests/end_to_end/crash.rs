@@ -20,7 +20,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use crate::common::{
-    EXPECTED_STATES, HOLD_VAR, STOP_VAR, deliver_in, describe, entries, example, git, user_repo,
+    EXPECTED_STATES, HOLD_VAR, STOP_VAR, deliver_in, describe, entries, example, git, names_in,
+    user_repo,
 };
 
 const RUN_ID: &str = "deliver-1";
@@ -647,25 +648,12 @@ fn fresh_while_another_runs_is_refused_and_deletes_nothing() {
     let dir = tempfile::tempdir().expect("temp dir");
     let workdir = dir.path().join("work");
     let mut running = start_held(deliver(&workdir), 3);
-    let listing = |dir: &Path| {
-        let mut names: Vec<String> = std::fs::read_dir(dir)
-            .expect("read the work directory")
-            .map(|e| {
-                e.expect("an entry")
-                    .file_name()
-                    .to_string_lossy()
-                    .into_owned()
-            })
-            .collect();
-        names.sort();
-        names
-    };
-    let before = listing(&workdir);
+    let before = names_in(&workdir);
     let output = deliver(&workdir)
         .arg("--fresh")
         .output()
         .expect("run the example");
-    let after = listing(&workdir);
+    let after = names_in(&workdir);
     running.kill().expect("SIGKILL the example");
     running.wait().expect("reap the example");
     assert_eq!(output.status.code(), Some(1), "{}", describe(&output));

@@ -5,7 +5,7 @@ use std::ffi::OsString;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use crate::common::{HOLD_VAR, STOP_VAR, describe, example, reference};
+use crate::common::{HOLD_VAR, STOP_VAR, describe, example, names_in, reference};
 
 /// Runs the example with `args` (in the work directory `dir/work` unless they name one),
 /// without test hooks.
@@ -36,17 +36,7 @@ fn assert_refused(output: &Output, wanted: &str, dir: &Path, existing: &[&str]) 
         "expected a one-line refusal containing {wanted:?}:\n{}",
         describe(output)
     );
-    let mut made: Vec<String> = std::fs::read_dir(dir)
-        .expect("read the directory")
-        .map(|e| {
-            e.expect("an entry")
-                .file_name()
-                .to_string_lossy()
-                .into_owned()
-        })
-        .collect();
-    made.sort();
-    assert_eq!(made, existing, "{}", describe(output));
+    assert_eq!(names_in(dir), existing, "{}", describe(output));
 }
 
 #[test]

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use crate::common::{HOLD_VAR, STOP_VAR, describe, example, git, user_repo};
+use crate::common::{HOLD_VAR, STOP_VAR, describe, example, git, names_in, user_repo};
 
 /// Runs the example on the work directory `workdir` and the repository `repo`, with `args`,
 /// without test hooks.
@@ -37,17 +37,7 @@ fn checkout(repo: &Path) -> (String, String, String, String) {
 
 /// The pull requests on the forge of `workdir`, by number.
 fn pulls(workdir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(workdir.join("forge/pulls"))
-        .expect("the forge")
-        .map(|e| {
-            e.expect("an entry")
-                .file_name()
-                .to_string_lossy()
-                .into_owned()
-        })
-        .collect();
-    names.sort();
-    names
+    names_in(&workdir.join("forge/pulls"))
 }
 
 #[test]
