@@ -20,15 +20,16 @@ use serde::de::DeserializeOwned;
 use crate::forge::{Forge, NewPullRequest, Opened};
 use crate::git::{Committed, Git};
 use crate::hooks::Hooks;
-use crate::model::{Decision, Model};
+use crate::model::{Answer, Decision, Model};
 use crate::testrun;
 use crate::workflow::{
     APPROVAL_EVENT, Approval, Base, Change, DeliverHandler, EditedNext, Issue, MAX_FIX_ROUNDS,
     PlannedNext, ReceivedNext, TestReport, TestedNext, Work,
 };
 
-/// Longest a model call may take before the attempt fails (and is retried).
-const MODEL_TIMEOUT: Duration = Duration::from_secs(120);
+/// The names of the steps that call the model: their outputs are [`Answer`]s, whose usage
+/// the summary adds up (`tokens.rs`).
+pub const MODEL_STEPS: [&str; 2] = ["plan", "fix"];
 /// Longest a build and run of the tests may take.
 const TEST_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -90,6 +91,16 @@ impl<M: Model> Agent<M> {
         Ok((output, ran))
     }
 
+    /// The options of a model step ([`MODEL_STEPS`]): a time-out that covers every try the
+    /// model makes inside one call.
+    ///
+    /// RETRY-IN-CLIENT: once loops retries steps in place, this adds the retry policy
+    /// (`--model-tries`, the client's back-off), the time-out becomes one try's, and the
+    /// client's own loop (`openai.rs`, `OpenAiModel::ask`) makes one try.
+    fn model_step(&self) -> StepOptions {
+        StepOptions::timeout(self.model.call_timeout())
+    }
+
     /// Commits `change` on top of `parent` as the step `commit`, exactly once.
     async fn commit(
         &self,
@@ -129,18 +140,13 @@ impl<M: Model> DeliverHandler for Agent<M> {
             ),
         )
         .await?;
-        let (decision, _) = self
-            .step(
-                ctx,
-                "plan",
-                StepOptions::timeout(MODEL_TIMEOUT),
-                |_| async {
-                    let sources = self.git.sources(&base.commit).await?;
-                    self.model.plan(&issue, &sources).await
-                },
-            )
+        let (answer, _): (Answer<Decision>, _) = self
+            .step(ctx, MODEL_STEPS[0], self.model_step(), |_| async {
+                let sources = self.git.sources(&base.commit).await?;
+                self.model.plan(&issue, &sources).await
+            })
             .await?;
-        Ok(match decision {
+        Ok(match answer.value {
             Decision::Plan(plan) => ReceivedNext::Planned { issue, base, plan },
             Decision::Decline { reason } => ReceivedNext::Abandoned { reason },
         })
@@ -247,13 +253,13 @@ impl<M: Model> DeliverHandler for Agent<M> {
         self.enter(ctx, &format!("{outcome}, fixing (round {round})"))
             .await?;
         let head = work.head().to_owned();
-        let (fix, _) = self
-            .step(ctx, "fix", StepOptions::timeout(MODEL_TIMEOUT), |_| async {
+        let (answer, _): (Answer<Option<Change>>, _) = self
+            .step(ctx, MODEL_STEPS[1], self.model_step(), |_| async {
                 let sources = self.git.sources(&head).await?;
                 self.model.fix(&issue, &sources, &report).await
             })
             .await?;
-        let Some(fix) = fix else {
+        let Some(fix) = answer.value else {
             let failing: Vec<&str> = report.failed().map(|t| t.name.as_str()).collect();
             return Ok(TestedNext::Abandoned {
                 reason: format!(
@@ -466,7 +472,7 @@ mod tests {
             &self,
             issue: &Issue,
             sources: &[crate::git::SourceFile],
-        ) -> Result<Decision> {
+        ) -> Result<Answer<Decision>> {
             ScriptedModel::demo().plan(issue, sources).await
         }
 
@@ -475,15 +481,15 @@ mod tests {
             _: &Issue,
             _: &[crate::git::SourceFile],
             _: &TestReport,
-        ) -> Result<Option<Change>> {
-            Ok(Some(Change {
+        ) -> Result<Answer<Option<Change>>> {
+            Ok(Answer::free(Some(Change {
                 summary: "Polish the docs".into(),
                 edits: vec![Edit {
                     path: "src/lib.rs".into(),
                     find: "helpers.".into(),
                     replace: "helpers.!".into(),
                 }],
-            }))
+            })))
         }
     }
 

@@ -126,6 +126,7 @@ impl Git {
                 .output()
                 .await
                 .with_context(|| format!("cannot run `git {}`", args.join(" ")))?;
+            await_ctrl_c_if_interrupted(&output.status).await;
             let stderr = String::from_utf8_lossy(&output.stderr);
             if output.status.success() || !is_lock_error(&stderr) || tries == LOCK_RETRIES {
                 return Ok(output);
@@ -461,6 +462,40 @@ pub fn own_process_group(cmd: &mut Command) {
     let _ = cmd;
 }
 
+/// How long a step that started a child which died of SIGINT waits for the Ctrl-C that most
+/// likely sent it ([`await_ctrl_c_if_interrupted`]).
+const SIGINT_GRACE: Duration = Duration::from_secs(10);
+
+/// Whether `status` is that of a child killed by SIGINT.
+pub fn died_of_sigint(status: &std::process::ExitStatus) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt as _;
+        status.signal() == Some(2)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = status;
+        false
+    }
+}
+
+/// If the child whose exit status is `status` died of SIGINT, waits [`SIGINT_GRACE`] before
+/// the caller goes on to report it.
+///
+/// A child started in a process group of its own ([`own_process_group`]) moves there in the
+/// instant between its fork and its exec: a Ctrl-C (SIGINT to this program's whole group)
+/// that lands in that instant kills it too. Its death must not become the step's outcome (a
+/// failed git command, a compile error recorded as the test report): the same Ctrl-C reaches
+/// this program, which stops driving and drops the waiting step meanwhile. A SIGINT sent to
+/// the child alone is reported after the wait.
+pub async fn await_ctrl_c_if_interrupted(status: &std::process::ExitStatus) {
+    if died_of_sigint(status) {
+        tracing::debug!("a child died of SIGINT: waiting for this program's own Ctrl-C");
+        tokio::time::sleep(SIGINT_GRACE).await;
+    }
+}
+
 fn null_device() -> &'static str {
     if cfg!(windows) { "NUL" } else { "/dev/null" }
 }
@@ -535,6 +570,21 @@ pub fn apply_edit(text: &str, edit: &Edit) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_child_killed_by_sigint_is_told_from_one_that_failed() {
+        let status = |script: &str| {
+            std::process::Command::new("sh")
+                .args(["-c", script])
+                .status()
+                .expect("run sh")
+        };
+        assert!(died_of_sigint(&status("kill -INT $$")));
+        assert!(!died_of_sigint(&status("kill -TERM $$")));
+        assert!(!died_of_sigint(&status("exit 130")));
+        assert!(!died_of_sigint(&status("true")));
+    }
 
     async fn repo_with_file(dir: &Path) -> Git {
         let git = Git::new(dir);

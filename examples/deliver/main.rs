@@ -7,13 +7,14 @@
 //! recorded side effect.
 //!
 //! ```text
-//! cargo run --example deliver            # run (or resume, or report) run `deliver-1`
-//! cargo run --example deliver -- --fresh # start over
+//! cargo run -p deliver             # run (or resume, or report) run `deliver-1`
+//! cargo run -p deliver -- --fresh  # start over
 //! ```
 //!
 //! Everything is local and offline: a git repository holding a tiny Rust crate with two bugs,
-//! a bare repository as its remote, a directory as the forge, and a scripted stand-in for the
-//! model (see `model.rs` for the trait a real model client would implement).
+//! a bare repository as its remote, a directory as the forge, and by default a scripted
+//! stand-in for the model (`model.rs`). `--model openai`, in a build with the `openai`
+//! feature, asks a real one through the OpenAI-compatible chat-completions API (`openai.rs`).
 
 /// Prints a line on standard output like `println!`, but ignores write errors: when the output
 /// is a closed pipe (`deliver | head -2`), the work goes on and only the printing stops.
@@ -28,8 +29,12 @@ mod forge;
 mod git;
 mod hooks;
 mod model;
+mod model_args;
+#[cfg(feature = "openai")]
+mod openai;
 mod project;
 mod testrun;
+mod tokens;
 mod workflow;
 
 use std::io::{IsTerminal as _, Write as _};
@@ -46,7 +51,8 @@ use crate::agent::Agent;
 use crate::forge::Forge;
 use crate::git::Git;
 use crate::hooks::Hooks;
-use crate::model::ScriptedModel;
+use crate::model::AnyModel;
+use crate::model_args::ModelArgs;
 use crate::project::Paths;
 use crate::workflow::{APPROVAL_EVENT, Approval, Base, Deliver};
 
@@ -118,6 +124,9 @@ struct Cli {
     /// Approve the run's pull request (as $USER, or `operator`) and go on
     #[arg(long, conflicts_with = "auto_approve")]
     approve: bool,
+
+    #[command(flatten)]
+    model: ModelArgs,
 }
 
 /// The default work directory.
@@ -184,6 +193,8 @@ enum Ended {
 /// are killed, a git command finishes) and closes the store cleanly, so that the same
 /// command resumes the run.
 async fn run(cli: Cli) -> Result<Ended> {
+    // Refused before anything is printed or touched.
+    let model = cli.model.choose()?;
     let interrupt = Interrupt::listen();
     let (paths, runtime) = tokio::select! {
         biased;
@@ -193,7 +204,7 @@ async fn run(cli: Cli) -> Result<Ended> {
     let ended = tokio::select! {
         biased;
         () = interrupt.wait() => Ok(Ended::Interrupted),
-        driven = drive(&cli, &paths, &runtime) => driven.map(|()| Ended::Done),
+        driven = drive(&cli, &paths, &runtime, model) => driven.map(|()| Ended::Done),
     };
     // Stops what still runs, and closes the store file cleanly.
     runtime.shutdown().await;
@@ -392,7 +403,7 @@ fn store_error(e: loops::Error) -> anyhow::Error {
 }
 
 /// Drives the run until it ends, parks at the approval gate, or a test hook stops it.
-async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime) -> Result<()> {
+async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> Result<()> {
     let shown_store = cli
         .store
         .clone()
@@ -402,12 +413,13 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime) -> Result<()> {
     if paths.repo_recorded {
         say!("repo:   {} (recorded for this run)", paths.repo.display());
     }
+    say!("model:  {}", model.describe());
 
     let recorded = recorded_base(runtime, &cli.run_id).await?;
     let base = project::prepare(paths, &agent::work_branch(&cli.run_id), recorded).await?;
     let hooks = Hooks::from_env(paths.entries_log.clone())?;
     let agent = Agent {
-        model: ScriptedModel::demo(),
+        model,
         git: Git::new(&paths.repo),
         remote: paths.remote.clone(),
         forge: Forge::open(&paths.forge, &paths.remote, "demo")?,
@@ -428,6 +440,20 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime) -> Result<()> {
         );
     }
     report_start(runtime, &cli.run_id).await?;
+    // What the journal holds before this process drives the run: on a resume, the model calls
+    // that will not be made again.
+    let resumed = runtime
+        .run_info(&cli.run_id)
+        .await?
+        .is_some_and(|info| info.status != RunStatus::Completed);
+    let saved = tokens::recorded_calls(runtime, &cli.run_id).await?;
+    let report_tokens = async || -> Result<()> {
+        let calls = tokens::recorded_calls(runtime, &cli.run_id).await?;
+        for line in tokens::summary(&calls, &saved, resumed) {
+            say!("{line}");
+        }
+        Ok(())
+    };
     let initial = Deliver::Received {
         issue: project::issue(),
         base,
@@ -450,6 +476,7 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime) -> Result<()> {
         result = runtime.run(&cli.run_id, initial, &agent) => Some(result),
         () = send_approval(runtime, &cli.run_id, approve, &approver) => None,
         () = parked_at_the_gate(runtime, &cli.run_id, approve) => {
+            report_tokens().await?;
             if waits_already {
                 say!(
                     "not approving it automatically: it waited at the approval gate already \
@@ -496,11 +523,13 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime) -> Result<()> {
                 agent::short(head)
             );
             hooks.enter(seq, state.name(), None, &line).await?;
+            report_tokens().await?;
             say!("pull request: {url}");
             say!("  stored in {}", agent.forge.path_of(*number).display());
         }
         Deliver::Abandoned { reason } => {
             hooks.enter(seq, state.name(), None, reason).await?;
+            report_tokens().await?;
             say!("abandoned: nothing was pushed");
         }
         other => bail!("the run ended in a non-terminal state: {other:?}"),
@@ -613,7 +642,7 @@ async fn parked_at_the_gate(runtime: &Runtime, run_id: &str, approve: bool) {
 /// What to type to approve a run parked at the gate: this command again with the flags that
 /// name the run (and `--approve`), or the `loops` CLI's `send`.
 fn approval_hint(cli: &Cli, store: &Path) -> String {
-    let mut again = "cargo run --example deliver --".to_owned();
+    let mut again = "cargo run -p deliver --".to_owned();
     let path = |p: &Path| shell_word(&p.to_string_lossy());
     if cli.workdir != Path::new(DEFAULT_WORKDIR) {
         again.push_str(&format!(" --workdir {}", path(&cli.workdir)));

@@ -1,10 +1,12 @@
 //! The model the agent asks for plans and fixes, and an offline, deterministic stand-in.
 //!
-//! [`Model`] is what a real client (an LLM API) would implement. [`ScriptedModel`] plays its
+//! [`Model`] is what a model client implements: [`ScriptedModel`] (the default) plays its
 //! part without a network: it reads the issue, the sources and the failing tests, and answers
-//! from a small playbook of known bugs with concrete find/replace edits.
+//! from a small playbook of known bugs with concrete find/replace edits. `openai.rs` (cargo
+//! feature `openai`) is a client of the OpenAI-compatible chat-completions API.
 
 use std::future::Future;
+use std::time::Duration;
 
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
@@ -14,15 +16,15 @@ use crate::workflow::{Change, Edit, Issue, TestReport};
 
 /// Plans changes for issues and fixes for failing tests.
 ///
-/// Implementations are called from journaled steps: each call's answer is recorded, and a
-/// resumed run reuses it instead of asking again.
+/// Implementations are called from journaled steps: each call's answer is recorded, with what
+/// it cost ([`Answer::usage`]), and a resumed run reuses it instead of asking again.
 pub trait Model: Send + Sync {
     /// Reads the issue and the sources and proposes a change, or declines the issue.
     fn plan(
         &self,
         issue: &Issue,
         sources: &[SourceFile],
-    ) -> impl Future<Output = Result<Decision>> + Send;
+    ) -> impl Future<Output = Result<Answer<Decision>>> + Send;
 
     /// Reads the failing tests and proposes a change that makes them pass, or `None` if it
     /// has none.
@@ -31,7 +33,124 @@ pub trait Model: Send + Sync {
         issue: &Issue,
         sources: &[SourceFile],
         report: &TestReport,
-    ) -> impl Future<Output = Result<Option<Change>>> + Send;
+    ) -> impl Future<Output = Result<Answer<Option<Change>>>> + Send;
+
+    /// The longest one call ([`plan`](Self::plan) or [`fix`](Self::fix)) may take, every try
+    /// and wait inside it included: the time-out of the step that makes it.
+    fn call_timeout(&self) -> Duration {
+        DEFAULT_CALL_TIMEOUT
+    }
+}
+
+/// [`Model::call_timeout`] unless a model says otherwise.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// What a model answered, and what the answer cost: the output of a model step, recorded in
+/// the journal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Answer<T> {
+    /// The answer.
+    pub value: T,
+    /// What getting it cost.
+    pub usage: Usage,
+}
+
+impl<T> Answer<T> {
+    /// An answer that cost nothing (from a model that makes no requests).
+    pub fn free(value: T) -> Self {
+        Answer {
+            value,
+            usage: Usage::default(),
+        }
+    }
+}
+
+/// What one model call cost, as the API reported it: the requests it took (tries included)
+/// and the tokens of every response that said (`usage.prompt_tokens`,
+/// `usage.completion_tokens`), failed tries included.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// HTTP requests sent (0 for a model that makes none).
+    pub requests: u32,
+    /// Tokens of the prompts.
+    pub prompt_tokens: u64,
+    /// Tokens of the completions.
+    pub completion_tokens: u64,
+}
+
+impl Usage {
+    /// Prompt and completion tokens together (saturating: never an overflow panic on a
+    /// server's absurd counts).
+    pub fn total_tokens(&self) -> u64 {
+        self.prompt_tokens.saturating_add(self.completion_tokens)
+    }
+
+    /// The sum of `self` and `other` (saturating).
+    pub fn plus(self, other: Usage) -> Usage {
+        Usage {
+            requests: self.requests.saturating_add(other.requests),
+            prompt_tokens: self.prompt_tokens.saturating_add(other.prompt_tokens),
+            completion_tokens: self
+                .completion_tokens
+                .saturating_add(other.completion_tokens),
+        }
+    }
+}
+
+/// The model a run asks, as chosen with `--model`.
+#[derive(Debug)]
+pub enum AnyModel {
+    /// The scripted, offline stand-in (the default).
+    Scripted(ScriptedModel),
+    /// A client of an OpenAI-compatible chat-completions API.
+    #[cfg(feature = "openai")]
+    OpenAi(crate::openai::OpenAiModel),
+}
+
+impl AnyModel {
+    /// What it is, in a few words, for the start of the output.
+    pub fn describe(&self) -> String {
+        match self {
+            AnyModel::Scripted(_) => {
+                "scripted (an offline stand-in that knows the demo's bugs; --model openai for a \
+                 real one)"
+                    .to_owned()
+            }
+            #[cfg(feature = "openai")]
+            AnyModel::OpenAi(model) => model.describe(),
+        }
+    }
+}
+
+impl Model for AnyModel {
+    async fn plan(&self, issue: &Issue, sources: &[SourceFile]) -> Result<Answer<Decision>> {
+        match self {
+            AnyModel::Scripted(model) => model.plan(issue, sources).await,
+            #[cfg(feature = "openai")]
+            AnyModel::OpenAi(model) => model.plan(issue, sources).await,
+        }
+    }
+
+    async fn fix(
+        &self,
+        issue: &Issue,
+        sources: &[SourceFile],
+        report: &TestReport,
+    ) -> Result<Answer<Option<Change>>> {
+        match self {
+            AnyModel::Scripted(model) => model.fix(issue, sources, report).await,
+            #[cfg(feature = "openai")]
+            AnyModel::OpenAi(model) => model.fix(issue, sources, report).await,
+        }
+    }
+
+    fn call_timeout(&self) -> Duration {
+        match self {
+            AnyModel::Scripted(model) => model.call_timeout(),
+            #[cfg(feature = "openai")]
+            AnyModel::OpenAi(model) => model.call_timeout(),
+        }
+    }
 }
 
 /// The model's answer to an issue.
@@ -115,21 +234,38 @@ impl ScriptedModel {
 }
 
 impl Model for ScriptedModel {
-    async fn plan(&self, issue: &Issue, sources: &[SourceFile]) -> Result<Decision> {
+    async fn plan(&self, issue: &Issue, sources: &[SourceFile]) -> Result<Answer<Decision>> {
+        Ok(Answer::free(self.decide(issue, sources)))
+    }
+
+    async fn fix(
+        &self,
+        _issue: &Issue,
+        sources: &[SourceFile],
+        report: &TestReport,
+    ) -> Result<Answer<Option<Change>>> {
+        Ok(Answer::free(self.fix_for(sources, report)))
+    }
+}
+
+impl ScriptedModel {
+    /// The plan for `issue`: a fix of each function it names that has a known bug, or a
+    /// refusal.
+    fn decide(&self, issue: &Issue, sources: &[SourceFile]) -> Decision {
         let text = format!("{}\n{}", issue.title, issue.body);
         let named: Vec<&str> = functions(sources)
             .into_iter()
             .filter(|f| text.contains(&format!("{f}(")))
             .collect();
         if named.is_empty() {
-            return Ok(Decision::Decline {
+            return Decision::Decline {
                 reason: format!(
                     "issue #{} names no function of this crate, so there is nothing to fix",
                     issue.number
                 ),
-            });
+            };
         }
-        Ok(match self.change_for(&named, sources) {
+        match self.change_for(&named, sources) {
             Some(change) => Decision::Plan(change),
             None => Decision::Decline {
                 reason: format!(
@@ -138,15 +274,12 @@ impl Model for ScriptedModel {
                     named.join(", ")
                 ),
             },
-        })
+        }
     }
 
-    async fn fix(
-        &self,
-        _issue: &Issue,
-        sources: &[SourceFile],
-        report: &TestReport,
-    ) -> Result<Option<Change>> {
+    /// The fix of each function a failing test of `report` is named after that has a known
+    /// bug, if any.
+    fn fix_for(&self, sources: &[SourceFile], report: &TestReport) -> Option<Change> {
         let all = functions(sources);
         let failing: Vec<&str> = report
             .failed()
@@ -160,7 +293,7 @@ impl Model for ScriptedModel {
                     .any(|t| *t == *f || t.starts_with(&format!("{f}_")))
             })
             .collect();
-        Ok(self.change_for(&named, sources))
+        self.change_for(&named, sources)
     }
 }
 
@@ -233,8 +366,13 @@ mod tests {
     #[tokio::test]
     async fn plans_the_fix_of_the_function_the_issue_names() {
         let model = ScriptedModel::demo();
-        let Decision::Plan(change) = model.plan(&project::issue(), &sources()).await.unwrap()
-        else {
+        let answer = model.plan(&project::issue(), &sources()).await.unwrap();
+        assert_eq!(
+            answer.usage,
+            Usage::default(),
+            "the scripted model spends nothing"
+        );
+        let Decision::Plan(change) = answer.value else {
             panic!("the demo issue is declined");
         };
         assert_eq!(change.edits.len(), 1);
@@ -253,7 +391,8 @@ mod tests {
         let decision = ScriptedModel::demo()
             .plan(&issue, &sources())
             .await
-            .unwrap();
+            .unwrap()
+            .value;
         assert!(matches!(decision, Decision::Decline { .. }), "{decision:?}");
     }
 
@@ -280,6 +419,7 @@ mod tests {
             .fix(&project::issue(), &sources(), &report)
             .await
             .unwrap()
+            .value
             .expect("a fix for mean");
         assert_eq!(change.edits.len(), 1);
         assert!(change.edits[0].replace.contains("values.len() as f64"));
@@ -293,7 +433,8 @@ mod tests {
         let none = ScriptedModel::demo()
             .fix(&project::issue(), &fixed, &report)
             .await
-            .unwrap();
+            .unwrap()
+            .value;
         assert_eq!(none, None);
     }
 }

@@ -1,6 +1,6 @@
 //! Crash tests of the `deliver` example, run as a child process and killed with SIGKILL.
 //!
-//! 1. A reference run, never killed.
+//! 1. A reference run, never killed (made once per test process: `common::reference`).
 //! 2. For every transition k: a run held at the entry of seq k (the `LOOPS_DELIVER_HOLD_AT_SEQ`
 //!    hook) and killed there, then run again until it exits 0. Its history, pull request and
 //!    commits must equal the reference's; seq k's handler must have been entered exactly
@@ -12,7 +12,6 @@
 //!    setup: the next run must complete with the same result, and `git fsck` find nothing
 //!    wrong.
 
-use std::collections::BTreeMap;
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -20,30 +19,20 @@ use std::sync::OnceLock;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::{describe, example};
-
-mod common;
+use crate::common::{
+    EXPECTED_STATES, HOLD_VAR, STOP_VAR, deliver_in, describe, entries, example, git, names_in,
+    user_repo,
+};
 
 const RUN_ID: &str = "deliver-1";
 const BRANCH: &str = "loops/deliver-1";
-const HOLD_VAR: &str = "LOOPS_DELIVER_HOLD_AT_SEQ";
-const STOP_VAR: &str = "LOOPS_DELIVER_STOP_AT_SEQ";
 const SEED_VAR: &str = "LOOPS_DELIVER_KILL_SEED";
-/// The happy path the demo takes: one test still fails after the planned edit.
-const EXPECTED_STATES: [&str; 7] = [
-    "Received", "Planned", "Edited", "Tested", "Edited", "Tested", "PrOpened",
-];
 
-/// The example's command for `workdir`, without test hooks or log settings from outside.
+/// The example's command for `workdir` and the run `deliver-1`, without test hooks or log
+/// settings from outside.
 fn deliver(workdir: &Path) -> Command {
-    let mut cmd = Command::new(example());
-    cmd.arg("--workdir")
-        .arg(workdir)
-        .args(["--run-id", RUN_ID])
-        .env_remove(HOLD_VAR)
-        .env_remove(STOP_VAR)
-        .env_remove("RUST_LOG")
-        .stdin(Stdio::null());
+    let mut cmd = deliver_in(workdir);
+    cmd.args(["--run-id", RUN_ID]);
     cmd
 }
 
@@ -70,7 +59,7 @@ fn hold_and_kill(workdir: &Path, k: u64) {
 }
 
 /// Starts `cmd` held at seq `k` and waits for `holding at seq k`.
-fn start_held(mut cmd: Command, k: u64) -> std::process::Child {
+pub(crate) fn start_held(mut cmd: Command, k: u64) -> std::process::Child {
     let mut child = cmd
         .env(HOLD_VAR, k.to_string())
         .stdout(Stdio::piped())
@@ -82,7 +71,7 @@ fn start_held(mut cmd: Command, k: u64) -> std::process::Child {
 
 /// Waits for `child`, started held at seq `k` with its standard output piped, to print
 /// `holding at seq k`. The rest of its standard output is read (and dropped) by a thread.
-fn await_hold(child: &mut std::process::Child, k: u64) {
+pub(crate) fn await_hold(child: &mut std::process::Child, k: u64) {
     let stdout = child.stdout.take().expect("piped stdout");
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
@@ -115,7 +104,7 @@ fn await_hold(child: &mut std::process::Child, k: u64) {
 
 /// What a finished run left behind, to compare with the reference.
 #[derive(Debug, Clone, PartialEq)]
-struct Outcome {
+pub(crate) struct Outcome {
     /// (seq, state, payload JSON) of every transition.
     history: Vec<(u64, String, String)>,
     /// The run's status and state.
@@ -156,37 +145,8 @@ fn outcome(workdir: &Path) -> Outcome {
     }
 }
 
-fn git(dir: &Path, args: &[&str]) -> String {
-    let output = Command::new("git")
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("run git");
-    assert!(
-        output.status.success(),
-        "git {args:?}: {}",
-        describe(&output)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-/// How many times each seq's state was entered, from the hook's log.
-fn entries(workdir: &Path) -> BTreeMap<u64, usize> {
-    let log = std::fs::read_to_string(workdir.join("handler-entries.log")).expect("entries log");
-    let mut counts = BTreeMap::new();
-    for line in log.lines() {
-        let seq = line
-            .split_whitespace()
-            .next()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or_else(|| panic!("bad entries line {line:?}"));
-        *counts.entry(seq).or_insert(0) += 1;
-    }
-    counts
-}
-
 /// Checks what holds for every run, killed or not, against the reference.
-fn check(workdir: &Path, reference: &Outcome, context: &str) -> Outcome {
+pub(crate) fn check(workdir: &Path, reference: &Outcome, context: &str) -> Outcome {
     let got = outcome(workdir);
     let seqs: Vec<u64> = got.history.iter().map(|h| h.0).collect();
     let expected: Vec<u64> = (0..got.history.len() as u64).collect();
@@ -235,25 +195,19 @@ fn check(workdir: &Path, reference: &Outcome, context: &str) -> Outcome {
     got
 }
 
-struct Reference {
-    outcome: Outcome,
+/// The reference run and what it left behind.
+pub(crate) struct Reference {
+    pub(crate) outcome: Outcome,
     took: Duration,
 }
 
-/// The reference run, made once for all tests of this file.
-fn reference() -> &'static Reference {
+/// The reference run (`common::reference`), with what it left behind, checked once: the
+/// happy path, completed, one pull request, the base commit and two fixes on the branch.
+pub(crate) fn reference() -> &'static Reference {
     static REFERENCE: OnceLock<Reference> = OnceLock::new();
     REFERENCE.get_or_init(|| {
-        let dir = tempfile::tempdir().expect("temp dir");
-        example(); // built before the clock starts: the run's duration sets the kill window
-        let started = Instant::now();
-        let stdout = run_to_completion(dir.path(), "reference");
-        let took = started.elapsed();
-        assert!(
-            stdout.contains("pull request: forge://demo/pulls/1"),
-            "{stdout}"
-        );
-        let outcome = outcome(dir.path());
+        let made = crate::common::reference();
+        let outcome = outcome(&made.workdir);
         let states: Vec<&str> = outcome.history.iter().map(|h| h.1.as_str()).collect();
         assert_eq!(states, EXPECTED_STATES);
         assert_eq!(
@@ -262,9 +216,10 @@ fn reference() -> &'static Reference {
         );
         assert_eq!(outcome.pulls.len(), 1);
         assert_eq!(outcome.commits.len(), 3, "base commit and two fixes");
-        let counts = entries(dir.path());
-        assert!(counts.values().all(|&n| n == 1), "{counts:?}");
-        Reference { outcome, took }
+        Reference {
+            outcome,
+            took: made.took,
+        }
     })
 }
 
@@ -693,25 +648,12 @@ fn fresh_while_another_runs_is_refused_and_deletes_nothing() {
     let dir = tempfile::tempdir().expect("temp dir");
     let workdir = dir.path().join("work");
     let mut running = start_held(deliver(&workdir), 3);
-    let listing = |dir: &Path| {
-        let mut names: Vec<String> = std::fs::read_dir(dir)
-            .expect("read the work directory")
-            .map(|e| {
-                e.expect("an entry")
-                    .file_name()
-                    .to_string_lossy()
-                    .into_owned()
-            })
-            .collect();
-        names.sort();
-        names
-    };
-    let before = listing(&workdir);
+    let before = names_in(&workdir);
     let output = deliver(&workdir)
         .arg("--fresh")
         .output()
         .expect("run the example");
-    let after = listing(&workdir);
+    let after = names_in(&workdir);
     running.kill().expect("SIGKILL the example");
     running.wait().expect("reap the example");
     assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
@@ -741,17 +683,7 @@ fn a_killed_run_on_a_given_repo_resumes_whatever_is_checked_out() {
     for k in [1, 4] {
         let dir = tempfile::tempdir().expect("temp dir");
         // The user's repository: a clone of the demo's.
-        let demo = dir.path().join("demo");
-        let output = deliver(&demo)
-            .env(STOP_VAR, "0")
-            .output()
-            .expect("run the example");
-        assert!(output.status.success(), "{}", describe(&output));
-        let repo = dir.path().join("user");
-        git(
-            dir.path(),
-            &["clone", "--quiet", "demo/repo", &repo.to_string_lossy()],
-        );
+        let repo = user_repo(dir.path());
         let workdir = dir.path().join("work");
         let with_repo = || {
             let mut cmd = deliver(&workdir);
@@ -873,7 +805,7 @@ fn an_early_approval_is_taken_and_auto_approve_adds_none() {
 }
 
 /// The hint a parked run prints names its flags: run as printed (with the example's binary
-/// for `cargo run --example deliver --`), it approves the run as `$USER`. And an explicit
+/// for `cargo run -p deliver --`), it approves the run as `$USER`. And an explicit
 /// `--auto-approve` approves a parked run.
 #[test]
 fn the_approval_hint_and_an_explicit_auto_approve_approve_a_parked_run() {
@@ -893,7 +825,7 @@ fn the_approval_hint_and_an_explicit_auto_approve_approve_a_parked_run() {
     assert!(stdout.lines().any(|l| l == loops_send), "{stdout}");
     let again = stdout
         .lines()
-        .find_map(|l| l.strip_prefix("  cargo run --example deliver -- "))
+        .find_map(|l| l.strip_prefix("  cargo run -p deliver -- "))
         .unwrap_or_else(|| panic!("no command to approve with:\n{stdout}"));
     let args: Vec<&str> = again.split_whitespace().collect();
     let workdir_arg = workdir.to_string_lossy();
@@ -930,8 +862,7 @@ fn the_approval_hint_and_an_explicit_auto_approve_approve_a_parked_run() {
     let output = other("--auto-approve=false");
     assert!(output.status.success(), "{}", describe(&output));
     assert!(
-        String::from_utf8_lossy(&output.stdout)
-            .contains("cargo run --example deliver -- --workdir"),
+        String::from_utf8_lossy(&output.stdout).contains("cargo run -p deliver -- --workdir"),
         "{}",
         describe(&output)
     );

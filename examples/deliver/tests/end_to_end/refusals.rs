@@ -5,9 +5,7 @@ use std::ffi::OsString;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use common::{describe, example};
-
-mod common;
+use crate::common::{HOLD_VAR, STOP_VAR, describe, example, names_in, reference};
 
 /// Runs the example with `args` (in the work directory `dir/work` unless they name one),
 /// without test hooks.
@@ -17,8 +15,8 @@ fn deliver(dir: &Path, args: &[OsString]) -> Output {
         cmd.arg("--workdir").arg(dir.join("work"));
     }
     cmd.args(args)
-        .env_remove("LOOPS_DELIVER_HOLD_AT_SEQ")
-        .env_remove("LOOPS_DELIVER_STOP_AT_SEQ")
+        .env_remove(HOLD_VAR)
+        .env_remove(STOP_VAR)
         .env_remove("RUST_LOG")
         .output()
         .expect("run the example")
@@ -38,17 +36,7 @@ fn assert_refused(output: &Output, wanted: &str, dir: &Path, existing: &[&str]) 
         "expected a one-line refusal containing {wanted:?}:\n{}",
         describe(output)
     );
-    let mut made: Vec<String> = std::fs::read_dir(dir)
-        .expect("read the directory")
-        .map(|e| {
-            e.expect("an entry")
-                .file_name()
-                .to_string_lossy()
-                .into_owned()
-        })
-        .collect();
-    made.sort();
-    assert_eq!(made, existing, "{}", describe(output));
+    assert_eq!(names_in(dir), existing, "{}", describe(output));
 }
 
 #[test]
@@ -246,9 +234,8 @@ fn fresh_never_deletes_what_is_not_a_store() {
 #[test]
 fn a_damaged_store_is_one_clean_error_without_a_panic() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let output = deliver(dir.path(), &[]);
-    assert!(output.status.success(), "{}", describe(&output));
-    let good = std::fs::read(dir.path().join("work/deliver.redb")).expect("read the store");
+    // The store of a finished run.
+    let good = std::fs::read(&reference().store_copy).expect("read the store");
 
     // The first page start (or, failing that, 64-byte step) whose flip makes redb panic.
     let damaged = dir.path().join("damaged.redb");
@@ -314,4 +301,82 @@ fn a_damaged_store_is_one_clean_error_without_a_panic() {
         dir.path().join("work/forge/pulls/1.json").display()
     );
     assert!(stdout.ends_with(&done), "{stdout}");
+}
+
+/// The model's flags are checked before anything is made: a flag of `--model openai` with the
+/// scripted model, `--model openai` without its required flags (a usage error, exit 2), and,
+/// by the build: without the `openai` feature, `--model openai` names the feature to build
+/// with; with it, an API key variable that is not set and a base URL that is not HTTP.
+#[test]
+fn the_openai_model_flags_are_checked_before_anything_is_made() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let output = deliver(
+        dir.path(),
+        &["--base-url".into(), "http://127.0.0.1:9/v1".into()],
+    );
+    assert_refused(
+        &output,
+        "error: --base-url is for --model openai; the scripted model takes no settings\n",
+        dir.path(),
+        &[],
+    );
+
+    let output = deliver(dir.path(), &["--model".into(), "openai".into()]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.code() == Some(2)
+            && output.stdout.is_empty()
+            && stderr.starts_with(
+                "error: the following required arguments were not provided:\n  --base-url \
+                 <URL>\n  --model-name <NAME>\n"
+            ),
+        "{}",
+        describe(&output)
+    );
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+
+    let openai = |more: &[&str]| {
+        let mut args: Vec<OsString> = [
+            "--model",
+            "openai",
+            "--base-url",
+            "http://127.0.0.1:9/v1",
+            "--model-name",
+            "m",
+        ]
+        .iter()
+        .map(OsString::from)
+        .collect();
+        args.extend(more.iter().map(OsString::from));
+        deliver(dir.path(), &args)
+    };
+    #[cfg(not(feature = "openai"))]
+    assert_refused(
+        &openai(&[]),
+        "error: --model openai needs the `openai` feature, which this build lacks: run `cargo \
+         run -p deliver --features openai -- --model openai ...`\n",
+        dir.path(),
+        &[],
+    );
+    #[cfg(feature = "openai")]
+    {
+        assert_refused(
+            &openai(&["--api-key-env", "LOOPS_DELIVER_TEST_NO_SUCH_VARIABLE"]),
+            "error: --api-key-env LOOPS_DELIVER_TEST_NO_SUCH_VARIABLE: the variable is not set\n",
+            dir.path(),
+            &[],
+        );
+        let mut args = vec![OsString::from("--base-url"), "ftp://h/v1".into()];
+        args.extend(
+            ["--model", "openai", "--model-name", "m"]
+                .iter()
+                .map(OsString::from),
+        );
+        assert_refused(
+            &deliver(dir.path(), &args),
+            "error: --base-url ftp://h/v1: not an http or https URL\n",
+            dir.path(),
+            &[],
+        );
+    }
 }

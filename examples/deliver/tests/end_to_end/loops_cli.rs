@@ -2,23 +2,12 @@
 //! at the approval gate, approve it with `loops send`, let the example finish it, and inspect
 //! the finished run.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
-use std::sync::OnceLock;
 
-use common::{cargo_build, describe, example};
 use serde_json::Value;
 
-mod common;
-
-/// The `loops` binary of the `loops-cli` package, built once.
-fn loops_bin() -> &'static Path {
-    static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        cargo_build(&["-p", "loops-cli", "--bin", "loops"])
-            .join(format!("loops{}", std::env::consts::EXE_SUFFIX))
-    })
-}
+use crate::common::{copy_dir, deliver_in, describe, loops_bin, parked_at_the_gate};
 
 fn loops(store: &Path, args: &[&str]) -> Output {
     Command::new(loops_bin())
@@ -37,11 +26,8 @@ fn json(store: &Path, args: &[&str]) -> Value {
 }
 
 fn deliver(workdir: &Path, args: &[&str]) -> Output {
-    Command::new(example())
-        .arg("--workdir")
-        .arg(workdir)
+    deliver_in(workdir)
         .args(args)
-        .env_remove("RUST_LOG")
         .output()
         .expect("run the example")
 }
@@ -49,11 +35,10 @@ fn deliver(workdir: &Path, args: &[&str]) -> Output {
 #[test]
 fn the_cli_sees_steers_and_inspects_a_run_of_the_example() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let workdir = dir.path();
+    // The example run with `--auto-approve=false`: parked at the approval gate.
+    let workdir = &dir.path().join("work");
+    copy_dir(parked_at_the_gate(), workdir);
     let store = workdir.join("deliver.redb");
-
-    let out = deliver(workdir, &["--auto-approve=false"]);
-    assert!(out.status.success(), "{}", describe(&out));
 
     // The run waits at the gate.
     let runs = json(&store, &["runs", "--json"]);

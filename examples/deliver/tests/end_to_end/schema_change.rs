@@ -2,16 +2,12 @@
 //! the same `#[workflow(name = "deliver", version = 1)]` with one field added. loops must
 //! refuse it with `Error::SchemaMismatch`, and leave the store as it was.
 
-use std::process::Command;
-
 use loops::{Context, Error, Runtime, SchemaHash, StateId as _, Workflow};
 
-use common::{describe, example};
-
-mod common;
+use crate::common::{STOP_VAR, copy_dir, deliver_in, demo_at_start, describe};
 
 /// The example's own workflow, compiled into this test: the build that recorded the run.
-#[path = "../examples/deliver/workflow.rs"]
+#[path = "../../workflow.rs"]
 #[allow(dead_code)]
 mod recorded;
 
@@ -144,12 +140,11 @@ fn expect_mismatch(err: &Error) -> (SchemaHash, SchemaHash) {
 #[tokio::test]
 async fn a_changed_workflow_is_refused_and_the_store_is_untouched() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let output = Command::new(example())
-        .arg("--workdir")
-        .arg(dir.path())
+    // The demo's run, stopped at its start, goes on to seq 3 and stops there.
+    copy_dir(demo_at_start(), dir.path());
+    let output = deliver_in(dir.path())
         .args(["--run-id", RUN_ID])
-        .env("LOOPS_DELIVER_STOP_AT_SEQ", STOP_AT.to_string())
-        .env_remove("LOOPS_DELIVER_HOLD_AT_SEQ")
+        .env(STOP_VAR, STOP_AT.to_string())
         .output()
         .expect("run the example");
     assert!(output.status.success(), "{}", describe(&output));

@@ -5,9 +5,7 @@
 use std::path::Path;
 use std::process::{Command, Output};
 
-use common::{describe, example};
-
-mod common;
+use crate::common::{HOLD_VAR, STOP_VAR, describe, example, git, names_in, user_repo};
 
 /// Runs the example on the work directory `workdir` and the repository `repo`, with `args`,
 /// without test hooks.
@@ -18,50 +16,11 @@ fn deliver(workdir: &Path, repo: &Path, args: &[&str]) -> Output {
         .arg("--repo")
         .arg(repo)
         .args(args)
-        .env_remove("LOOPS_DELIVER_HOLD_AT_SEQ")
-        .env_remove("LOOPS_DELIVER_STOP_AT_SEQ")
+        .env_remove(HOLD_VAR)
+        .env_remove(STOP_VAR)
         .env_remove("RUST_LOG")
         .output()
         .expect("run the example")
-}
-
-/// Runs `git args...` in `dir` and returns its standard output.
-fn git(dir: &Path, args: &[&str]) -> String {
-    let output = Command::new("git")
-        .current_dir(dir)
-        .args(args)
-        .env("GIT_AUTHOR_NAME", "user")
-        .env("GIT_AUTHOR_EMAIL", "user@example.invalid")
-        .env("GIT_COMMITTER_NAME", "user")
-        .env("GIT_COMMITTER_EMAIL", "user@example.invalid")
-        .output()
-        .expect("run git");
-    assert!(
-        output.status.success(),
-        "git {args:?}: {}",
-        describe(&output)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-/// A clone of the demo's repository at `dir/user`, on `main`: the example makes the demo's
-/// in a work directory of its own (stopped at once, before the run does anything).
-fn user_repo(dir: &Path) -> std::path::PathBuf {
-    let output = Command::new(example())
-        .arg("--workdir")
-        .arg(dir.join("demo"))
-        .env("LOOPS_DELIVER_STOP_AT_SEQ", "0")
-        .env_remove("LOOPS_DELIVER_HOLD_AT_SEQ")
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("run the example");
-    assert!(output.status.success(), "{}", describe(&output));
-    let repo = dir.join("user");
-    git(
-        dir,
-        &["clone", "--quiet", "demo/repo", &repo.to_string_lossy()],
-    );
-    repo
 }
 
 /// What the checkout looks like: HEAD, the index's and the work tree's state, and the text of
@@ -78,17 +37,7 @@ fn checkout(repo: &Path) -> (String, String, String, String) {
 
 /// The pull requests on the forge of `workdir`, by number.
 fn pulls(workdir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = std::fs::read_dir(workdir.join("forge/pulls"))
-        .expect("the forge")
-        .map(|e| {
-            e.expect("an entry")
-                .file_name()
-                .to_string_lossy()
-                .into_owned()
-        })
-        .collect();
-    names.sort();
-    names
+    names_in(&workdir.join("forge/pulls"))
 }
 
 #[test]
@@ -184,11 +133,11 @@ fn deliver_without_repo(workdir: &Path, args: &[&str], stop_at: Option<u64>) -> 
     cmd.arg("--workdir")
         .arg(workdir)
         .args(args)
-        .env_remove("LOOPS_DELIVER_HOLD_AT_SEQ")
-        .env_remove("LOOPS_DELIVER_STOP_AT_SEQ")
+        .env_remove(HOLD_VAR)
+        .env_remove(STOP_VAR)
         .env_remove("RUST_LOG");
     if let Some(seq) = stop_at {
-        cmd.env("LOOPS_DELIVER_STOP_AT_SEQ", seq.to_string());
+        cmd.env(STOP_VAR, seq.to_string());
     }
     cmd.output().expect("run the example")
 }

@@ -1,0 +1,248 @@
+//! The example with `--model openai` against a fake chat-completions server in the test
+//! process (`fake_api.rs`) that answers as a model that knows the demo's two bugs: one pull
+//! request and the reference's history, token totals exact in the summary and in the
+//! recorded step outputs, and a SIGKILL mid-run (in the middle of a model call, and after
+//! both calls were recorded) re-spends no tokens on recorded calls: the server counts the
+//! requests.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::common::deliver_in;
+use crate::common::describe;
+use crate::crash::{check, reference, start_held};
+use crate::fake_api::{FakeApi, Reply, Request};
+
+const RUN_ID: &str = "deliver-1";
+/// The environment variable the tests pass the API key in.
+const KEY_VAR: &str = "LOOPS_DELIVER_TEST_API_KEY";
+/// What the fake server reports each answer cost: (prompt, completion) tokens.
+const PLAN_TOKENS: (u64, u64) = (1_200, 150);
+const FIX_TOKENS: (u64, u64) = (1_500, 90);
+/// The summary's line for the two calls.
+const TOKENS_LINE: &str = "tokens: plan (seq 0) 1,350, fix (seq 3) 1,590; 2,940 in all (2,700 prompt, 240 completion) \
+     over 2 model calls\n";
+
+/// What a request asks for: a plan, a fix of the failing `mean` test, or something else.
+#[derive(Debug, PartialEq)]
+enum Asked {
+    Plan,
+    Fix,
+    Other,
+}
+
+fn asked(request: &Request) -> Asked {
+    let user = request.message("user").unwrap_or_default();
+    if user.contains("Failing test tests::mean_of_three_values") {
+        Asked::Fix
+    } else if user.contains("Plan a change that resolves the issue") {
+        Asked::Plan
+    } else {
+        Asked::Other
+    }
+}
+
+/// The answers of a model that knows the demo: the scripted model's edits and summaries, so
+/// that the run's history is the reference's, byte for byte.
+fn demo_model(request: &Request) -> Reply {
+    let (answer, (prompt, completion)) = match asked(request) {
+        Asked::Plan => (
+            json!({
+                "decision": "plan",
+                "summary": "Fix add(): add the arguments instead of subtracting them",
+                "edits": [{ "path": "src/lib.rs", "find": "    a - b", "replace": "    a + b" }],
+            }),
+            PLAN_TOKENS,
+        ),
+        Asked::Fix => (
+            json!({
+                "decision": "fix",
+                "summary": "Fix mean(): divide by the number of values, not one less",
+                "edits": [{
+                    "path": "src/lib.rs",
+                    "find": "    Some(values.iter().sum::<f64>() / (values.len() - 1) as f64)",
+                    "replace": "    Some(values.iter().sum::<f64>() / values.len() as f64)",
+                }],
+            }),
+            FIX_TOKENS,
+        ),
+        Asked::Other => return Reply::error(400, "the fake model has no answer to this prompt"),
+    };
+    Reply::answer(&answer, prompt, completion)
+}
+
+/// The example on `workdir` with `--model openai` against `api`, with the key in `KEY_VAR`.
+fn deliver(workdir: &Path, api: &FakeApi) -> Command {
+    let mut cmd = deliver_in(workdir);
+    cmd.args(["--run-id", RUN_ID, "--model", "openai", "--base-url"])
+        .arg(api.base_url())
+        .args(["--api-key-env", KEY_VAR, "--model-name", "fake-model"])
+        .env(KEY_VAR, "sk-test");
+    cmd
+}
+
+fn run(cmd: &mut Command) -> Output {
+    let output = cmd.output().expect("run the example");
+    assert!(output.status.success(), "{}", describe(&output));
+    output
+}
+
+/// What each request asked for, in order; and checks each has the documented shape.
+fn asks(api: &FakeApi) -> Vec<Asked> {
+    api.requests()
+        .iter()
+        .map(|r| {
+            assert_eq!(
+                (r.method.as_str(), r.path.as_str()),
+                ("POST", "/v1/chat/completions")
+            );
+            assert_eq!(r.authorization.as_deref(), Some("Bearer sk-test"));
+            assert_eq!(r.body["model"], "fake-model");
+            asked(r)
+        })
+        .collect()
+}
+
+/// The usage recorded in the output of the step `name` (occurrence 0) at `seq`.
+fn recorded_usage(workdir: &Path, seq: u64, name: &str) -> Value {
+    let store = loops::RedbStore::open_read_only(workdir.join("deliver.redb")).expect("the store");
+    let steps = store.steps(RUN_ID, seq).expect("the steps");
+    let (_, _, record) = steps
+        .iter()
+        .find(|(step, occurrence, _)| step == name && *occurrence == 0)
+        .unwrap_or_else(|| panic!("no step {name} at seq {seq}: {steps:?}"));
+    let output: Value = serde_json::from_str(record.output.get()).expect("JSON");
+    output["usage"].clone()
+}
+
+#[test]
+fn against_a_local_api_one_pull_request_and_exact_token_totals() {
+    let reference = &reference().outcome;
+    // The first request is rate limited (come back at once); the rest answer.
+    let api = FakeApi::start(|i, request| {
+        if i == 0 {
+            Reply::error(429, "Rate limit reached").with_header("retry-after", "0")
+        } else {
+            demo_model(request)
+        }
+    });
+    let dir = tempfile::tempdir().expect("temp dir");
+    let output = run(&mut deliver(dir.path(), &api));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains(&format!(
+            "model:  fake-model at {}/chat/completions\n",
+            api.base_url()
+        )),
+        "{stdout}"
+    );
+    assert!(stdout.contains(TOKENS_LINE), "{stdout}");
+    assert!(!stdout.contains("resumed:"), "{stdout}");
+    assert!(
+        stdout.ends_with(&format!(
+            "{TOKENS_LINE}pull request: forge://demo/pulls/1\n  stored in {}\n",
+            dir.path().join("forge/pulls/1.json").display()
+        )),
+        "{stdout}"
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("model call, try 1 of 4: ")
+            && stderr.contains("answered HTTP 429 Too Many Requests (Retry-After: 0 s): Rate limit reached; trying again in 0 s"),
+        "{stderr}"
+    );
+    assert_eq!(asks(&api), [Asked::Plan, Asked::Plan, Asked::Fix]);
+    // The reference's history (made by the scripted model), one pull request, each commit
+    // once.
+    check(dir.path(), reference, "--model openai");
+    // The tokens, as recorded: the plan took two requests.
+    assert_eq!(
+        recorded_usage(dir.path(), 0, "plan"),
+        json!({ "requests": 2, "prompt_tokens": 1_200, "completion_tokens": 150 })
+    );
+    assert_eq!(
+        recorded_usage(dir.path(), 3, "fix"),
+        json!({ "requests": 1, "prompt_tokens": 1_500, "completion_tokens": 90 })
+    );
+}
+
+/// Waits until `api` has received `n` requests (the child is still running).
+fn await_requests(api: &FakeApi, n: usize, child: &mut std::process::Child) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while api.requests().len() < n {
+        if let Some(status) = child.try_wait().expect("poll the example") {
+            panic!(
+                "the example exited ({status}) after {} requests",
+                api.requests().len()
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} requests, waiting for {n}",
+            api.requests().len()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_sigkill_mid_run_re_spends_no_tokens_on_recorded_calls() {
+    let reference = &reference().outcome;
+    // Killed in the middle of the fix call (its request sent, its answer never coming): the
+    // plan was recorded, the fix was not.
+    let hung = AtomicBool::new(false);
+    let api = FakeApi::start(move |_, request| {
+        if asked(request) == Asked::Fix && !hung.swap(true, Ordering::SeqCst) {
+            Reply::Hang
+        } else {
+            demo_model(request)
+        }
+    });
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut child = deliver(dir.path(), &api)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the example");
+    await_requests(&api, 2, &mut child);
+    child.kill().expect("SIGKILL the example");
+    child.wait().expect("reap the example");
+    assert_eq!(asks(&api), [Asked::Plan, Asked::Fix]);
+
+    let stdout = String::from_utf8_lossy(&run(&mut deliver(dir.path(), &api)).stdout).into_owned();
+    assert!(
+        stdout.contains("resuming at Tested (seq 3; attempt 1 was interrupted)"),
+        "{stdout}"
+    );
+    // The plan is not asked again; the fix whose answer never came is.
+    assert_eq!(asks(&api), [Asked::Plan, Asked::Fix, Asked::Fix]);
+    assert!(
+        stdout.contains(&format!(
+            "{TOKENS_LINE}resumed: 1 model call, 1,350 tokens not spent again\n"
+        )),
+        "{stdout}"
+    );
+    check(dir.path(), reference, "killed in the fix call");
+
+    // Killed after both calls were recorded (held at the entry of seq 4): the resume asks
+    // nothing.
+    let api = FakeApi::start(|_, request| demo_model(request));
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut held = start_held(deliver(dir.path(), &api), 4);
+    held.kill().expect("SIGKILL the example");
+    held.wait().expect("reap the example");
+    assert_eq!(asks(&api), [Asked::Plan, Asked::Fix]);
+    let stdout = String::from_utf8_lossy(&run(&mut deliver(dir.path(), &api)).stdout).into_owned();
+    assert_eq!(asks(&api), [Asked::Plan, Asked::Fix]);
+    assert!(
+        stdout.contains(&format!(
+            "{TOKENS_LINE}resumed: 2 model calls, 2,940 tokens not spent again\n"
+        )),
+        "{stdout}"
+    );
+    check(dir.path(), reference, "killed after both calls");
+}
