@@ -591,8 +591,9 @@ async fn torture_child() {
             .with_delays(Duration::from_millis(1), Duration::from_millis(4))
     };
     let runtime = Runtime::builder()
-        // Kills count as attempts: give every state room for them ...
-        .retry(fast(100_000))
+        // Kills count as interrupted attempts: give every state room for them (the default
+        // `max_interruptions` of 10 is reached under load, when kills come often) ...
+        .retry(fast(100_000).with_max_interruptions(100_000))
         // ... but this one, so that kills, as well as the stubborn and hopeless runs, make
         // runs fail, for the parent to retry.
         .state_retry(FixState::Tested, fast(3))
