@@ -372,7 +372,8 @@ pub struct SchemaArgs {
     #[arg(value_name = "RUN", value_parser = clap::value_parser!(OsString), conflicts_with = "diff")]
     pub run: Option<OsString>,
 
-    /// Say what changed from the first stored schema to the second.
+    /// Say what changed from the first stored schema to the second, and whether each change
+    /// is compatible with the runs recorded under the first.
     #[arg(long, num_args = 2, value_names = ["HASH_A", "HASH_B"])]
     pub diff: Option<Vec<String>>,
 
