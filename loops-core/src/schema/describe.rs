@@ -33,7 +33,8 @@
 //! flattened struct are listed in place. Type names are for the reader: sequences are
 //! `Vec<T>`, sets `Set<T>`, maps `Map<K, V>`, whatever the Rust type; a newtype struct is
 //! written with what it holds (`IssueId(u64)`), a unit struct as holding `()`; a tuple
-//! struct is noted `tuple` and an enum without variants `no variants`. Everything the
+//! struct is noted `tuple`, a struct without fields `no fields` and an enum without
+//! variants `no variants`. Everything the
 //! schema hash covers is in the text, so two shapes with different hashes have different
 //! descriptions (up to the order of what the hash does not order: states, named fields,
 //! variants of tagged enums, `#[next]` lists).
@@ -367,9 +368,17 @@ impl<'a> Describer<'a> {
         if !self.push(segment) {
             return;
         }
+        // Through `Option`s and newtype structs, which are stored as what they hold.
         let mut core = shape;
-        while let Shape::Option(inner) = *core {
-            core = inner;
+        loop {
+            match *core {
+                Shape::Option(inner) => core = inner,
+                Shape::Struct(Struct {
+                    fields: Fields::Newtype(field),
+                    ..
+                }) => core = field.shape,
+                _ => break,
+            }
         }
         let named = match *core {
             Shape::Struct(s) => matches!(s.fields, Fields::Named(_) | Fields::Tuple(_)),
@@ -573,9 +582,12 @@ impl<'a> Describer<'a> {
                 }
             }
             Shape::Struct(s) => {
-                if matches!(s.fields, Fields::Tuple(_)) {
+                match s.fields {
                     // A JSON array: else its `.0` lines read as fields named "0".
-                    self.note(notes, "tuple");
+                    Fields::Tuple(_) => self.note(notes, "tuple"),
+                    // Else indistinguishable from a scalar that only has a name.
+                    Fields::Named(list) if list.is_empty() => self.note(notes, "no fields"),
+                    _ => {}
                 }
                 self.struct_notes(notes, s);
             }

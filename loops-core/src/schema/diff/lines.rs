@@ -27,15 +27,20 @@ impl Diff<'_> {
 pub(super) fn compare(name: &str, a: &State, b: &State, changes: &mut Vec<Change>) {
     let sides = Sides { old: a, new: b };
     let mut diffs = Vec::new();
-    for line in &b.lines {
-        match a.line(&line.segs) {
+    // The n-th line of a path matches the n-th line of the same path (a path appears twice
+    // only when two flattened structs store the same key).
+    let (old, new) = (numbered(a), numbered(b));
+    for (key, line) in &new {
+        match old.iter().find(|(k, _)| k == key) {
             None => diffs.push(Diff::Added(line)),
-            Some(old) if old.value != line.value => diffs.push(Diff::Changed(old, line)),
+            Some((_, old)) if old.value != line.value => diffs.push(Diff::Changed(old, line)),
             Some(_) => {}
         }
     }
-    for line in a.lines.iter().filter(|l| b.line(&l.segs).is_none()) {
-        diffs.push(Diff::Removed(line));
+    for (key, line) in &old {
+        if !new.iter().any(|(k, _)| k == key) {
+            diffs.push(Diff::Removed(line));
+        }
     }
     let classed: Vec<(Class, String)> = diffs.iter().map(|d| class(d, &sides)).collect();
     for (i, d) in diffs.iter().enumerate() {
@@ -59,6 +64,19 @@ pub(super) fn compare(name: &str, a: &State, b: &State, changes: &mut Vec<Change
         ));
     }
     untagged_order(name, &sides, changes);
+}
+
+/// Each line of `state` with its path and how many lines of that path come before it.
+fn numbered(state: &State) -> Vec<((&[Seg], usize), &Line)> {
+    let mut out: Vec<((&[Seg], usize), &Line)> = Vec::with_capacity(state.lines.len());
+    for line in &state.lines {
+        let n = out
+            .iter()
+            .filter(|((segs, _), _)| *segs == line.segs)
+            .count();
+        out.push(((&line.segs, n), line));
+    }
+    out
 }
 
 fn text(d: &Diff) -> String {
@@ -242,8 +260,9 @@ fn changed(a: &Line, b: &Line, sides: &Sides) -> (Class, String) {
     if nb.skip_deserializing && !na.skip_deserializing {
         return breaking("the stored value is no longer read");
     }
+    // Records written without it read in the old build, and no longer would.
     let may_omit = na.skip_serializing || na.skip_serializing_if;
-    if may_omit && may_be_missing(nb, &b.ty).is_none() {
+    if may_omit && may_be_missing(na, &a.ty).is_some() && may_be_missing(nb, &b.ty).is_none() {
         return breaking("records written before may lack it");
     }
     let flags_only = na != nb;

@@ -58,6 +58,9 @@ const SCALARS: &[&str] = &[
     "NaiveTime",
 ];
 
+/// The notes of a struct or enum that has no lines below it.
+const COMPOSITE: &[&str] = &["recursive", "tuple", "no fields", "no variants"];
+
 /// Scalars serde writes to JSON as strings.
 const STRINGS: &[&str] = &[
     "char",
@@ -95,7 +98,7 @@ impl Ty {
                         && sides
                             .old
                             .line(path)
-                            .is_none_or(|l| !(l.notes.has("recursive") || l.notes.has("tuple")))
+                            .is_none_or(|l| !COMPOSITE.iter().any(|n| l.notes.has(n)))
                 }
             },
             _ => false,
@@ -206,11 +209,7 @@ impl Sides<'_> {
         let composite = |state: &State| {
             state.has_below(path)
                 || match state.line(path) {
-                    Some(line) if own => {
-                        line.notes.has("recursive")
-                            || line.notes.has("tuple")
-                            || line.notes.has("no variants")
-                    }
+                    Some(line) if own => COMPOSITE.iter().any(|n| line.notes.has(n)),
                     Some(_) => true,
                     None => false,
                 }
