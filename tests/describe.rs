@@ -214,7 +214,8 @@ mod serde_forms {
         #[initial]
         #[next(Configured)]
         Start {
-            options: Options,
+            /// Boxed (stored, and described, as what it holds) to keep the enum small.
+            options: Box<Options>,
             #[serde(rename = "by")]
             requested_by: Option<String>,
         },

@@ -586,7 +586,7 @@ impl<'a> Describer<'a> {
                     // A JSON array: else its `.0` lines read as fields named "0".
                     Fields::Tuple(_) => self.note(notes, "tuple"),
                     // Else indistinguishable from a scalar that only has a name.
-                    Fields::Named(list) if list.is_empty() => self.note(notes, "no fields"),
+                    Fields::Named([]) => self.note(notes, "no fields"),
                     _ => {}
                 }
                 self.struct_notes(notes, s);

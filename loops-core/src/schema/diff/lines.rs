@@ -118,12 +118,11 @@ fn inside_untagged<'a>(state: &State, segs: &'a [Seg]) -> Option<&'a [Seg]> {
 }
 
 fn class(d: &Diff, sides: &Sides) -> (Class, String) {
-    let (class, reason) = match d {
+    match d {
         Diff::Added(l) => added(l, sides),
         Diff::Removed(l) => removed(l, sides),
         Diff::Changed(a, b) => changed(a, b, sides),
-    };
-    (class, reason.into())
+    }
 }
 
 const UNTAGGED: &str =
