@@ -228,7 +228,7 @@ fn removed(l: &Line, sides: &Sides) -> (Class, String) {
     if tuple_len(sides.old, parent).is_some() {
         return breaking("stored arrays have more elements");
     }
-    if l.notes.skip_serializing && !l.notes.skip_serializing_if {
+    if l.notes.skip_serializing {
         return compatible("it was never written, so no record holds it");
     }
     breaking(

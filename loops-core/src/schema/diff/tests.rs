@@ -192,3 +192,35 @@ state Done (unit, terminal)
         "state `Abandoned` removed (compatible if no pending run is in `Abandoned`: a pending run in it could not be resumed (a state no pending run is in may go))"
     );
 }
+
+#[test]
+fn a_diff_round_trips_through_json_and_reads_in_a_refusal() {
+    let diff = schema_diff(OLD, &OLD.replace("issue.number: u64", "issue.number: u128"));
+    let json = serde_json::to_value(&diff).unwrap();
+    assert_eq!(
+        json,
+        serde_json::json!([{
+            "text": "state `Received`: field `issue.number` changed from `u64` to `u128`",
+            "class": "compatible",
+            "reason": "a `u128` reads every stored `u64`",
+        }])
+    );
+    assert_eq!(serde_json::from_value::<SchemaDiff>(json).unwrap(), diff);
+    let removed = schema_diff(OLD, &OLD.replace("state Abandoned (unit, terminal)\n", ""));
+    let json = serde_json::to_value(&removed).unwrap();
+    assert_eq!(json[0]["class"], "if_no_pending_run");
+    assert_eq!(json[0]["state"], "Abandoned");
+    assert_eq!(serde_json::from_value::<SchemaDiff>(json).unwrap(), removed);
+
+    let err = crate::Error::SchemaMismatch {
+        run_id: "r1".into(),
+        workflow: "deliver".into(),
+        stored: crate::SchemaHash::from_u64(1),
+        compiled: crate::SchemaHash::from_u64(2),
+        changes: diff,
+    };
+    assert_eq!(
+        err.to_string(),
+        "run `r1` of workflow `deliver` was recorded with schema 0000000000000001 but this build has 0000000000000002; refusing to resume; changes: state `Received`: field `issue.number` changed from `u64` to `u128` (compatible: a `u128` reads every stored `u64`)"
+    );
+}
