@@ -510,8 +510,8 @@ async fn a_changed_workflow_is_refused_at_open_even_after_a_crash() {
         }) => {
             assert_eq!((run_id.as_str(), workflow.as_str()), ("job", "crash_job"));
             assert_eq!(
-                changes,
-                vec!["state `Start`: field `priority: u8` added".to_owned()]
+                changes.texts(),
+                ["state `Start`: field `priority: u8` added"]
             );
         }
         other => panic!("expected SchemaMismatch, got {other:?}"),

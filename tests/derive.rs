@@ -234,7 +234,7 @@ mod hash {
     fn the_description_is_the_text_the_hash_was_computed_from() {
         assert_eq!(
             base::Review::SCHEMA,
-            "workflow review version 1\n\
+            "workflow review version 1 format 1\n\
              state Open (struct, initial) -> Approved | Rejected\n  \
                pr: u64\n  \
                author: String\n\

@@ -126,7 +126,27 @@ mod serde_forms {
         pub id: Ticket,
         pub color: Color,
         pub answer: Answer,
+        pub key: Key,
+        pub marker: Marker,
+        pub pair: Pair,
+        pub wrapped: Wrapped,
     }
+
+    /// Stored as the number it holds.
+    #[derive(Schema, Serialize, Deserialize)]
+    pub struct Key(u64);
+
+    /// Stored as `null`.
+    #[derive(Schema, Serialize, Deserialize)]
+    pub struct Marker;
+
+    /// Stored as a JSON array.
+    #[derive(Schema, Serialize, Deserialize)]
+    pub struct Pair(u8, String);
+
+    /// Stored as the optional enum it holds.
+    #[derive(Schema, Serialize, Deserialize)]
+    pub struct Wrapped(Option<Answer>);
 
     #[derive(Schema, Serialize, Deserialize)]
     pub struct Limits {
@@ -194,7 +214,8 @@ mod serde_forms {
         #[initial]
         #[next(Configured)]
         Start {
-            options: Options,
+            /// Boxed (stored, and described, as what it holds) to keep the enum small.
+            options: Box<Options>,
             #[serde(rename = "by")]
             requested_by: Option<String>,
         },

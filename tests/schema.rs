@@ -57,6 +57,9 @@ macro_rules! unchanged {
         #[test]
         fn $test() {
             assert_eq!(hash::<$name::Flow>(), hash::<base::Flow>(), "{}", $name::Flow::SCHEMA);
+            // What the description shows beyond the hash (type names) is compatible.
+            let diff = loops::schema_diff(base::Flow::SCHEMA, $name::Flow::SCHEMA);
+            assert!(diff.is_compatible(|_| true), "{diff}");
             reads_as::<base::Data, $name::Data>();
             reads_as::<$name::Data, base::Data>();
         }
@@ -71,6 +74,9 @@ macro_rules! changed {
         fn $test() {
             assert_ne!(hash::<$name::Flow>(), hash::<base::Flow>(), "{}", $name::Flow::SCHEMA);
             assert_ne!($name::Flow::SCHEMA, base::Flow::SCHEMA);
+            // A refusal always says what changed.
+            let diff = loops::schema_diff(base::Flow::SCHEMA, $name::Flow::SCHEMA);
+            assert!(!diff.is_empty(), "{}", $name::Flow::SCHEMA);
         }
     };
 }
@@ -434,22 +440,26 @@ fn the_hash_is_a_constant_pinned_across_builds() {
 
 #[test]
 fn the_diff_says_what_changed() {
-    let changes = loops::schema_diff(base::Flow::SCHEMA, deep_field_added::Flow::SCHEMA);
+    let texts = |new: &str| {
+        let diff = loops::schema_diff(base::Flow::SCHEMA, new);
+        diff.iter()
+            .map(|c| format!("{} [{}]", c.text, c.class))
+            .collect::<Vec<_>>()
+    };
     assert_eq!(
-        changes,
-        ["state `Start`: field `data.inner.deep.extra: bool` added"]
+        texts(deep_field_added::Flow::SCHEMA),
+        ["state `Start`: field `data.inner.deep.extra: bool` added [breaking]"]
     );
-    let changes = loops::schema_diff(base::Flow::SCHEMA, nested_type::Flow::SCHEMA);
     assert_eq!(
-        changes,
-        ["state `Start`: field `data.inner.deep.count` changed from `u32` to `u64`"]
+        texts(nested_type::Flow::SCHEMA),
+        ["state `Start`: field `data.inner.deep.count` changed from `u32` to `u64` [compatible]"]
     );
-    let changes = loops::schema_diff(base::Flow::SCHEMA, serde_tag::Flow::SCHEMA);
     assert_eq!(
-        changes,
+        texts(serde_tag::Flow::SCHEMA),
         [
-            "state `Start`: field `data.inner.deep.kind` changed from `Kind` to `Kind (tag = \"type\", content = \"value\")`"
+            "state `Start`: field `data.inner.deep.kind` changed from `Kind` to `Kind (tag = \"type\", content = \"value\")` [breaking]"
         ]
     );
     assert!(loops::schema_diff(base::Flow::SCHEMA, order::Flow::SCHEMA).is_empty());
+    assert!(loops::schema_diff(base::Flow::SCHEMA, states_reordered::Flow::SCHEMA).is_empty());
 }

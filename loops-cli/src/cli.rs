@@ -400,7 +400,8 @@ pub struct SchemaArgs {
     #[arg(long, value_name = "HASH", conflicts_with = "diff")]
     pub hash: Option<String>,
 
-    /// Say what changed from the first stored schema to the second.
+    /// Say what changed from the first stored schema to the second, and whether each change
+    /// is compatible with the runs recorded under the first.
     #[arg(long, num_args = 2, value_names = ["HASH_A", "HASH_B"])]
     pub diff: Option<Vec<String>>,
 

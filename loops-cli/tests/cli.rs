@@ -1012,18 +1012,48 @@ fn schema_lists_shows_and_diffs_stored_descriptions() {
         json!({
             "from": a, "to": b,
             "changes": [
-                "version changed from 1 to 2",
-                "state `Start`: may now move to `Done`",
-                "state `Start`: may no longer move to `Work`",
-                "state `Done`: field `delivered` changed from `u32` to `u64`",
-                "state `Work` removed",
+                {
+                    "text": "version changed from 1 to 2",
+                    "class": "compatible",
+                    "reason": "the version is not in the records; accept the old version's runs only if their data means the same",
+                },
+                {
+                    "text": "state `Start`: may now move to `Done`",
+                    "class": "compatible",
+                    "reason": "where a run goes next is the new handler's to decide",
+                },
+                {
+                    "text": "state `Start`: may no longer move to `Work`",
+                    "class": "compatible",
+                    "reason": "where a run goes next is the new handler's to decide",
+                },
+                {
+                    "text": "state `Done`: field `delivered` changed from `u32` to `u64`",
+                    "class": "compatible",
+                    "reason": "a `u64` reads every stored `u32`",
+                },
+                {
+                    "text": "state `Work` removed",
+                    "class": "if_no_pending_run",
+                    "state": "Work",
+                    "reason": "a pending run in it could not be resumed (a state no pending run is in may go)",
+                },
             ]
         })
     );
-    // A unique prefix is enough; the text form has one line per change.
+    // A unique prefix is enough; the text form has one line per change, with its class.
     let out = text(&path, &["schema", "--diff", &a[..6], &b[..6]]);
     assert_eq!(out.lines().count(), 6, "{out}");
-    assert!(out.contains("  state `Work` removed"), "{out}");
+    assert!(
+        out.contains(
+            "  [compatible if no pending run is in `Work`] state `Work` removed (a pending run"
+        ),
+        "{out}"
+    );
+    assert!(
+        out.contains("  [compatible] version changed from 1 to 2 ("),
+        "{out}"
+    );
     let same = json(&path, &["schema", "--diff", a, a, "--json"]);
     assert_eq!(same["changes"], json!([]));
 

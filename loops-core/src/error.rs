@@ -128,8 +128,9 @@ pub enum Error {
         stored: SchemaHash,
         /// The hash compiled into this build.
         compiled: SchemaHash,
-        /// What changed, one line each, when the stored schema description was available.
-        changes: Vec<String>,
+        /// What changed, each change with its class (compatible or breaking) and why; never
+        /// empty (a missing stored description is a change of its own).
+        changes: crate::schema::SchemaDiff,
     },
 
     /// The run is being driven already, by this process.
@@ -568,11 +569,11 @@ fn shown_id(run_id: &str) -> String {
     }
 }
 
-fn describe_changes(changes: &[String]) -> String {
+fn describe_changes(changes: &crate::schema::SchemaDiff) -> String {
     if changes.is_empty() {
         String::new()
     } else {
-        format!("; changes: {}", changes.join("; "))
+        format!("; changes: {changes}")
     }
 }
 

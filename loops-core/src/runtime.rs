@@ -920,16 +920,14 @@ impl Runtime {
             .or(config.timeout)
     }
 
-    /// What changed between the stored schema description and the compiled one, one line
-    /// each; empty when the stored description is unavailable.
+    /// What changed between the stored schema description and the compiled one (never
+    /// empty: an unavailable stored description is a change of its own).
     pub(crate) async fn schema_changes<W: Workflow>(
         &self,
         stored: crate::SchemaHash,
-    ) -> Vec<String> {
-        match self.inner.store.schema(stored).await {
-            Ok(Some(old)) => crate::schema::schema_diff(&old, W::SCHEMA),
-            _ => Vec::new(),
-        }
+    ) -> crate::schema::SchemaDiff {
+        let old = self.inner.store.schema(stored).await.ok().flatten();
+        crate::schema::SchemaDiff::of_mismatch(old.as_deref(), W::SCHEMA)
     }
 
     pub(crate) fn check_size(&self, run_id: &str, record: &TransitionRecord) -> Result<()> {

@@ -10,7 +10,8 @@
 //! - [`Workflow::SCHEMA_HASH`](crate::Workflow::SCHEMA_HASH), a [`SchemaHash`] of the shape;
 //! - [`Workflow::SCHEMA`](crate::Workflow::SCHEMA), a line-per-field text of the same shape,
 //!   which the runtime stores once per hash so that [`schema_diff`] can later say what
-//!   changed.
+//!   changed, and whether each change is compatible with the records already stored
+//!   ([`SchemaDiff`], [`Change`], [`Class`]).
 //!
 //! The hash is computed by `const fn`s from names and structure only (no `TypeId`, no
 //! `type_name`), so it is the same in every build, on every platform and with every
@@ -83,7 +84,7 @@ mod diff;
 mod hash;
 mod impls;
 
-pub use diff::schema_diff;
+pub use diff::{Change, Class, SchemaDiff, schema_diff};
 
 /// The `const fn`s that write a description at compile time, for the code
 /// `#[derive(Workflow)]` generates.
@@ -360,6 +361,13 @@ impl WorkflowShape {
     pub const fn hash(&self) -> SchemaHash {
         SchemaHash(hash::workflow(self))
     }
+
+    /// The description of the workflow, computed at run time: the same text as
+    /// [`Workflow::SCHEMA`](crate::Workflow::SCHEMA), which `#[derive(Workflow)]` computes at
+    /// compile time. For shapes built at run time (tests, tools).
+    pub fn describe(&self) -> String {
+        describe::describe_string(self)
+    }
 }
 
 impl fmt::Display for SchemaHash {
@@ -495,12 +503,17 @@ mod shape_tests {
         assert_eq!(HASH.to_string(), "1314c21d0bdb5c0b");
         assert_eq!(
             utf8(&TEXT),
-            "workflow deliver version 1\n\
+            "workflow deliver version 1 format 1\n\
              state Received (struct, initial) -> Done\n  \
                issue: Issue\n  \
                issue.number: u64\n  \
                issue.labels: Vec<String>\n\
              state Done (unit, terminal)\n"
+        );
+        assert_eq!(
+            FLOW.describe(),
+            utf8(&TEXT),
+            "run time and compile time agree"
         );
     }
 
@@ -566,7 +579,7 @@ mod shape_tests {
         assert_ne!(HASH, FLOW.hash());
         let text = utf8(&TEXT);
         assert!(
-            text.starts_with("workflow deep version 1\nstate Only"),
+            text.starts_with("workflow deep version 1 format 1\nstate Only"),
             "{text}"
         );
         assert!(text.contains("x: Option<Option<"), "{text}");

@@ -460,9 +460,10 @@ async fn schema_change_is_refused_and_writes_nothing() {
                 assert_eq!(stored, Job::SCHEMA_HASH.pinned());
                 assert_eq!(compiled, JobV2::SCHEMA_HASH.pinned());
                 assert_eq!(
-                    changes,
-                    vec!["state `Start`: field `n` changed from `u32` to `u64`".to_owned()]
+                    changes.texts(),
+                    ["state `Start`: field `n` changed from `u32` to `u64`"]
                 );
+                assert_eq!(changes.changes()[0].class, crate::schema::Class::Compatible);
             }
             other => panic!("expected SchemaMismatch, got {other:?}"),
         }

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use loops_core::schema::{Class, SchemaDiff};
 use loops_core::{RedbStore, RunStatus, SchemaHash};
 use serde::Serialize;
 
@@ -39,12 +40,13 @@ struct RunSchemaView {
     description: Option<String>,
 }
 
-/// What changed between two schemas.
+/// What changed between two schemas: each change's text, class (`compatible`, `breaking`,
+/// or `if_no_pending_run` with its `state`) and reason.
 #[derive(Debug, Serialize)]
 struct DiffView {
     from: String,
     to: String,
-    changes: Vec<String>,
+    changes: SchemaDiff,
 }
 
 /// Lists schemas, shows a run's or one by hash, or diffs two.
@@ -214,12 +216,17 @@ fn diff(path: &Path, hashes: &[String], json: bool) -> Result<()> {
         out.push_str("  no differences between the descriptions\n");
     }
     for change in &view.changes {
-        let style = if change.starts_with("removed") {
-            ERROR
-        } else {
-            crate::output::status_style(RunStatus::Completed)
+        let style = match change.class {
+            Class::Compatible => crate::output::status_style(RunStatus::Completed),
+            Class::IfNoPendingRun { .. } => crate::output::status_style(RunStatus::Waiting),
+            _ => ERROR,
         };
-        out.push_str(&format!("  {}\n", paint(style, change)));
+        out.push_str(&format!(
+            "  {} {} {}\n",
+            paint(style, &format!("[{}]", change.class)),
+            change.text,
+            paint(DIM, &format!("({})", change.reason))
+        ));
     }
     emit(&out)
 }

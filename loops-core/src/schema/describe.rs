@@ -3,11 +3,12 @@
 //! reads it back.
 //!
 //! ```text
-//! workflow deliver version 1
+//! workflow deliver version 1 format 1
 //! state Received (struct, initial) -> Planned | Abandoned
 //!   issue: Issue
 //!   issue.number: u64
 //!   issue.labels: Vec<String>
+//!   issue.id: IssueId(u64)
 //! state Planned (struct) -> Edited
 //!   plan: Plan
 //!   plan.steps: Vec<Step>
@@ -17,20 +18,29 @@
 //!   plan.steps[].kind::Edit.file: String
 //!   plan.steps[].kind::Wait: unit
 //!   plan.owners: Map<String, User>
+//!   plan.owners{}: User
 //!   plan.owners{}.name: String
 //! state Abandoned (unit, terminal)
 //! ```
 //!
-//! One header line per state (its kind, `initial`/`terminal`, its next states), then one line
+//! The header names the workflow, its declared version and loops' record format version
+//! ([`FORMAT_VERSION`](crate::record::FORMAT_VERSION)), then how the enum is stored. One
+//! header line per state (its kind, `initial`/`terminal`, its next states), then one line
 //! per field at any depth: a path (`.field`, `[]` for the elements of a sequence, set or
 //! array, `{}` for map values and `{key}` for map keys, `::Variant` for an enum's variants,
 //! `.0` for unnamed fields), the stored type, and in parentheses the attributes that change
 //! how it is stored. The names are the stored ones (after serde's `rename`); fields of a
 //! flattened struct are listed in place. Type names are for the reader: sequences are
-//! `Vec<T>`, sets `Set<T>`, maps `Map<K, V>`, whatever the Rust type.
+//! `Vec<T>`, sets `Set<T>`, maps `Map<K, V>`, whatever the Rust type; a newtype struct is
+//! written with what it holds (`IssueId(u64)`), a unit struct as holding `()`; a tuple
+//! struct is noted `tuple`, a struct without fields `no fields` and an enum without
+//! variants `no variants`. Everything the
+//! schema hash covers is in the text, so two shapes with different hashes have different
+//! descriptions (up to the order of what the hash does not order: states, named fields,
+//! variants of tagged enums, `#[next]` lists).
 
 use super::hash::{Enclosing, MAX_DEPTH, flattened_struct, str_eq};
-use super::{Field, Variant};
+use super::{Field, Struct, Variant};
 use super::{FieldFlags, Fields, Repr, Shape, StateShape, WorkflowShape};
 
 /// The length in bytes of the description of `w`: the `N` to pass to [`describe`].
@@ -47,6 +57,15 @@ pub const fn describe<const N: usize>(w: &WorkflowShape) -> [u8; N] {
     d.workflow(w);
     assert!(d.len == N, "describe::<N>: N must be describe_len(w)");
     buf
+}
+
+/// The description of `w`, written at run time (the same text as [`describe`]).
+pub(crate) fn describe_string(w: &WorkflowShape) -> String {
+    let mut buf = vec![0u8; describe_len(w)];
+    let mut d = Describer::new(&mut buf);
+    d.workflow(w);
+    // Every byte comes from a `&str` or is ASCII, and strings are written whole.
+    String::from_utf8_lossy(&buf).into_owned()
 }
 
 /// The bytes [`describe`] wrote, as a `&str`.
@@ -158,6 +177,8 @@ impl<'a> Describer<'a> {
         self.name(w.name);
         self.str(" version ");
         self.num(w.version as u64);
+        self.str(" format ");
+        self.num(crate::record::FORMAT_VERSION as u64);
         let mut notes = Notes::new();
         self.repr_notes(&mut notes, w.repr);
         self.serde_note(&mut notes, w.note);
@@ -347,9 +368,17 @@ impl<'a> Describer<'a> {
         if !self.push(segment) {
             return;
         }
+        // Through `Option`s and newtype structs, which are stored as what they hold.
         let mut core = shape;
-        while let Shape::Option(inner) = *core {
-            core = inner;
+        loop {
+            match *core {
+                Shape::Option(inner) => core = inner,
+                Shape::Struct(Struct {
+                    fields: Fields::Newtype(field),
+                    ..
+                }) => core = field.shape,
+                _ => break,
+            }
         }
         let named = match *core {
             Shape::Struct(s) => matches!(s.fields, Fields::Named(_) | Fields::Tuple(_)),
@@ -423,7 +452,19 @@ impl<'a> Describer<'a> {
                 }
                 self.byte(b')');
             }
-            Shape::Struct(s) => self.generic(s.name, s.params, depth),
+            Shape::Struct(s) => {
+                self.generic(s.name, s.params, depth);
+                // Stored as what it holds: say what that is (a unit struct is stored as `()`).
+                match s.fields {
+                    Fields::Newtype(field) => {
+                        self.byte(b'(');
+                        self.ty_at(field.shape, depth);
+                        self.byte(b')');
+                    }
+                    Fields::Unit => self.str("(())"),
+                    Fields::Tuple(_) | Fields::Named(_) => {}
+                }
+            }
             Shape::Enum(e) => self.generic(e.name, e.params, depth),
         }
     }
@@ -510,11 +551,21 @@ impl<'a> Describer<'a> {
         }
     }
 
-    /// What the type itself says about how it is stored (looking through `Option`).
+    /// What the type itself says about how it is stored, looking through `Option` and
+    /// newtype structs (which are stored as what they hold).
     const fn shape_notes(&mut self, notes: &mut Notes, shape: &Shape) {
         let mut core = shape;
-        while let Shape::Option(inner) = *core {
-            core = inner;
+        loop {
+            match *core {
+                Shape::Option(inner) => core = inner,
+                Shape::Struct(s) if matches!(s.fields, Fields::Newtype(_)) => {
+                    self.struct_notes(notes, s);
+                    if let Fields::Newtype(field) = s.fields {
+                        core = field.shape;
+                    }
+                }
+                _ => break,
+            }
         }
         match *core {
             Shape::Recursive(_) => self.note(notes, "recursive"),
@@ -525,18 +576,33 @@ impl<'a> Describer<'a> {
             Shape::Enum(e) => {
                 self.repr_notes(notes, e.repr);
                 self.serde_note(notes, e.note);
+                if e.variants.is_empty() {
+                    // Else indistinguishable from an empty struct.
+                    self.note(notes, "no variants");
+                }
             }
             Shape::Struct(s) => {
-                if let Some((tag, value)) = s.tag {
-                    self.note(notes, "tag ");
-                    self.quoted(tag);
-                    self.str(" = ");
-                    self.quoted(value);
+                match s.fields {
+                    // A JSON array: else its `.0` lines read as fields named "0".
+                    Fields::Tuple(_) => self.note(notes, "tuple"),
+                    // Else indistinguishable from a scalar that only has a name.
+                    Fields::Named([]) => self.note(notes, "no fields"),
+                    _ => {}
                 }
-                self.serde_note(notes, s.note);
+                self.struct_notes(notes, s);
             }
             _ => {}
         }
+    }
+
+    const fn struct_notes(&mut self, notes: &mut Notes, s: &Struct) {
+        if let Some((tag, value)) = s.tag {
+            self.note(notes, "tag ");
+            self.quoted(tag);
+            self.str(" = ");
+            self.quoted(value);
+        }
+        self.serde_note(notes, s.note);
     }
 }
 

@@ -1,369 +1,493 @@
-//! What changed between two schema descriptions, in words.
+//! What changed between two schema descriptions, in words, and whether each change is
+//! compatible with the records already stored.
+//!
+//! A change is compatible when every value the old build could have stored decodes with the
+//! new types, to the same meaning (serde_json, as loops stores records). The rules, by what
+//! changed (each one checked against what serde's derive does):
+//! - **compatible**: a field added that may be missing (`#[serde(default)]`, an `Option`
+//!   without `with`, `skip_deserializing`); a trailing tuple element with `#[serde(default)]`;
+//!   a variant added to a tagged enum, or appended after the variants of an untagged one; a
+//!   field removed that was never written (`skip_serializing`); a type renamed (names of
+//!   structs and enums are not stored); a number widened (`u32` to `u64` or `i64`, `f32` to
+//!   `f64`, an integer of 32 bits or fewer to `f64`); `T` to `Option<T>` (unless `T` may be
+//!   stored as `null`); an array or a set to a `Vec`; a string-like scalar to `String`;
+//!   anything to `serde_json::Value`; `#[serde(default)]` or `skip_serializing(_if)` added;
+//!   a state added; `#[next]` targets added or removed; the initial state moved; a state no
+//!   longer terminal; the declared `version` (see [`Class::Compatible`]).
+//! - **compatible if no pending run is in the state**: a state removed (a renamed state is
+//!   one removed and one added); a state's stored name changed; a state now terminal.
+//! - **breaking**: a field removed (its data would be dropped) or retyped otherwise; a field
+//!   added that must be present; an enum variant removed, reshaped, or inserted before the
+//!   end of an untagged enum; the variants of an untagged enum reordered; any change inside
+//!   the variants of an untagged enum but a type rename (which variant a value reads as may
+//!   change); an enum's representation (`tag`, `content`, `untagged`); `flatten`, `with`,
+//!   `skip_deserializing` or an unmodeled serde attribute; a state's kind; the workflow's
+//!   name or representation; loops' record format version.
 
-use std::collections::BTreeMap;
+mod lines;
+mod parse;
+mod ty;
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use parse::{Description, State};
+
+/// Whether a [`Change`] lets the records written before it be read by the new build.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "class", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Class {
+    /// Every value the old build could have stored decodes with the new types to the same
+    /// meaning. (A changed `#[workflow(version)]` is classed compatible: the version is not
+    /// in the records, so only your declaration that the old version's runs mean the same
+    /// brings them under the new one.)
+    Compatible,
+    /// Compatible while no pending (unfinished) run is in `state`, the state as the old build
+    /// names it: a pending run there could not be resumed. The records of finished runs that
+    /// went through it no longer decode as the new workflow type (`Runtime::history`); the
+    /// CLI still shows them.
+    IfNoPendingRun {
+        /// The state, by its (old) Rust name, as runs record it.
+        state: String,
+    },
+    /// Some stored values no longer decode, or decode to another meaning: runs recorded
+    /// before need a migration.
+    Breaking,
+}
+
+impl fmt::Display for Class {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Class::Compatible => f.write_str("compatible"),
+            Class::IfNoPendingRun { state } => {
+                write!(f, "compatible if no pending run is in `{state}`")
+            }
+            Class::Breaking => f.write_str("breaking"),
+        }
+    }
+}
+
+/// One difference between two schema descriptions.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Change {
+    /// What changed, such as ``state `Tested`: field `report.log: String` added``.
+    pub text: String,
+    /// Whether records written before the change still read.
+    #[serde(flatten)]
+    pub class: Class,
+    /// Why, in a few words: ``records written before lack it; give it `#[serde(default)]` or
+    /// make it an `Option` ``.
+    pub reason: String,
+}
+
+impl Change {
+    /// A change of `class`, for `text` and `reason`.
+    pub fn new(text: impl Into<String>, class: Class, reason: impl Into<String>) -> Self {
+        Change {
+            text: text.into(),
+            class,
+            reason: reason.into(),
+        }
+    }
+
+    /// Whether the change stops records from reading when pending runs are in the states
+    /// for which `pending_in` is true.
+    pub fn is_breaking(&self, pending_in: impl Fn(&str) -> bool) -> bool {
+        match &self.class {
+            Class::Compatible => false,
+            Class::IfNoPendingRun { state } => pending_in(state),
+            Class::Breaking => true,
+        }
+    }
+}
+
+/// `text (class: reason)`.
+impl fmt::Display for Change {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({}: {})", self.text, self.class, self.reason)
+    }
+}
+
+/// Every difference between two schema descriptions, classified: what [`schema_diff`]
+/// returns.
+///
+/// The runtime asks one question of it: given the states that pending runs of the old
+/// schema are in, which changes stop them? [`breaking`](Self::breaking) answers with those
+/// changes (none: every difference is compatible).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SchemaDiff {
+    changes: Vec<Change>,
+}
+
+impl SchemaDiff {
+    /// The differences between the description `old` (stored with a run) and `new` (the
+    /// compiled [`Workflow::SCHEMA`](crate::Workflow::SCHEMA)); the same as [`schema_diff`].
+    pub fn new(old: &str, new: &str) -> Self {
+        diff(&Description::new(old), &Description::new(new))
+    }
+
+    /// What the runtime reports when the stored schema hash of a run differs from the
+    /// compiled one: the differences between `stored` (the stored description, `None` if the
+    /// store has none) and `compiled`. Never empty: a missing description, or descriptions
+    /// that show no difference (a hand-written `Workflow::SCHEMA` that does not describe
+    /// the change), is one breaking change saying so.
+    pub fn of_mismatch(stored: Option<&str>, compiled: &str) -> Self {
+        let Some(stored) = stored else {
+            return SchemaDiff::from(vec![Change::new(
+                "the stored schema has no description in the store",
+                Class::Breaking,
+                "what changed is unknown",
+            )]);
+        };
+        let diff = SchemaDiff::new(stored, compiled);
+        if !diff.is_empty() {
+            return diff;
+        }
+        SchemaDiff::from(vec![Change::new(
+            "the schema hash changed but the descriptions show no difference",
+            Class::Breaking,
+            "what changed is not described (a hand-written `Workflow::SCHEMA`?)",
+        )])
+    }
+
+    /// The changes, in the order of the new description (header, states, fields), then
+    /// what was removed.
+    pub fn changes(&self) -> &[Change] {
+        &self.changes
+    }
+
+    /// The changes, in order.
+    pub fn iter(&self) -> std::slice::Iter<'_, Change> {
+        self.changes.iter()
+    }
+
+    /// How many changes there are.
+    pub fn len(&self) -> usize {
+        self.changes.len()
+    }
+
+    /// Whether the descriptions are the same (up to the order of states, of named fields
+    /// and of the variants of tagged enums, which are not stored).
+    pub fn is_empty(&self) -> bool {
+        self.changes.is_empty()
+    }
+
+    /// The text of each change, in order.
+    pub fn texts(&self) -> Vec<&str> {
+        self.changes.iter().map(|c| c.text.as_str()).collect()
+    }
+
+    /// The changes that stop the old schema's runs from being driven by the new build, given
+    /// `pending_in(state)`: whether a pending run of the old schema is in `state` (an old
+    /// state name). Empty when every difference is compatible.
+    pub fn breaking(&self, pending_in: impl Fn(&str) -> bool) -> SchemaDiff {
+        self.changes
+            .iter()
+            .filter(|c| c.is_breaking(&pending_in))
+            .cloned()
+            .collect::<Vec<_>>()
+            .into()
+    }
+
+    /// Whether every difference is compatible, given `pending_in` as for
+    /// [`breaking`](Self::breaking).
+    pub fn is_compatible(&self, pending_in: impl Fn(&str) -> bool) -> bool {
+        !self.changes.iter().any(|c| c.is_breaking(&pending_in))
+    }
+
+    /// The states whose pending runs decide [`breaking`](Self::breaking): those named by
+    /// [`Class::IfNoPendingRun`] changes, each once.
+    pub fn pending_states(&self) -> Vec<&str> {
+        let mut states = Vec::new();
+        for change in &self.changes {
+            if let Class::IfNoPendingRun { state } = &change.class
+                && !states.contains(&state.as_str())
+            {
+                states.push(state.as_str());
+            }
+        }
+        states
+    }
+}
+
+impl From<Vec<Change>> for SchemaDiff {
+    fn from(changes: Vec<Change>) -> Self {
+        SchemaDiff { changes }
+    }
+}
+
+impl<'a> IntoIterator for &'a SchemaDiff {
+    type Item = &'a Change;
+    type IntoIter = std::slice::Iter<'a, Change>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.changes.iter()
+    }
+}
+
+/// The changes, each as `text (class: reason)`, separated by `; `.
+impl fmt::Display for SchemaDiff {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, change) in self.changes.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{change}")?;
+        }
+        Ok(())
+    }
+}
 
 /// What changed between the description `old` (as stored with a run) and `new` (the compiled
-/// [`Workflow::SCHEMA`](crate::Workflow::SCHEMA)), one human-readable line per change, such as
-/// ``state `Tested`: field `report.log: String` added``.
+/// [`Workflow::SCHEMA`](crate::Workflow::SCHEMA)), each change with its text, its
+/// [`Class`] and the reason for it.
 ///
 /// The runtime calls it when it refuses a run whose stored schema hash differs from the
-/// compiled one. The result is empty when the descriptions are the same (for instance when
-/// only loops' own record format changed). Lines of either text that are not in the
-/// description format are compared as whole lines.
+/// compiled one (through [`SchemaDiff::of_mismatch`]). The result is empty when the
+/// descriptions are the same up to the order of what is not stored in order (states, named
+/// fields, variants of tagged enums). Lines of either text that are not in the description
+/// format are compared as whole lines (and are breaking).
 ///
 /// ```
-/// let old = "workflow deliver version 1\n\
+/// use loops_core::schema::{Class, schema_diff};
+///
+/// let old = "workflow deliver version 1 format 1\n\
 ///            state Tested (struct) -> Done\n  report: Report\n  report.passed: bool\n";
-/// let new = "workflow deliver version 1\n\
-///            state Tested (struct) -> Done\n  report: Report\n  report.passed: bool\n  report.log: String\n";
+/// let new = "workflow deliver version 1 format 1\n\
+///            state Tested (struct) -> Done\n  report: Report\n  report.passed: bool\n  \
+///            report.log: Option<String>\n  report.lines: u32\n";
+/// let diff = schema_diff(old, new);
 /// assert_eq!(
-///     loops_core::schema::schema_diff(old, new),
-///     ["state `Tested`: field `report.log: String` added"]
+///     diff.texts(),
+///     [
+///         "state `Tested`: field `report.log: Option<String>` added",
+///         "state `Tested`: field `report.lines: u32` added",
+///     ]
 /// );
+/// assert_eq!(diff.changes()[0].class, Class::Compatible);
+/// assert_eq!(diff.changes()[1].class, Class::Breaking);
+/// // What stops the runs of the old schema, given the states they are in:
+/// let breaking = diff.breaking(|state| state == "Tested");
+/// assert_eq!(breaking.texts(), ["state `Tested`: field `report.lines: u32` added"]);
 /// ```
-pub fn schema_diff(old: &str, new: &str) -> Vec<String> {
-    let (old, new) = (Parsed::new(old), Parsed::new(new));
+pub fn schema_diff(old: &str, new: &str) -> SchemaDiff {
+    SchemaDiff::new(old, new)
+}
+
+fn diff(old: &Description, new: &Description) -> SchemaDiff {
     let mut changes = Vec::new();
-    match (&old.workflow, &new.workflow) {
-        (Some(a), Some(b)) => {
-            if a.name != b.name {
-                changes.push(format!(
-                    "workflow renamed from `{}` to `{}`",
-                    a.name, b.name
-                ));
-            }
-            if a.version != b.version {
-                changes.push(format!(
-                    "version changed from {} to {}",
-                    a.version, b.version
-                ));
-            }
-            if a.notes != b.notes {
-                changes.push(format!(
-                    "workflow storage changed from `{}` to `{}`",
-                    or_none(&a.notes),
-                    or_none(&b.notes)
-                ));
-            }
+    header_changes(old, new, &mut changes);
+    for b in &new.states {
+        match old.state(&b.name) {
+            Some(a) => state_changes(a, b, &mut changes),
+            None => changes.push(Change::new(
+                format!("state `{}` added", b.name),
+                Class::Compatible,
+                "no record written before is in it",
+            )),
         }
-        (a, b) if a != b => changes.push(format!(
-            "workflow header changed from `{}` to `{}`",
-            a.as_ref().map_or("", |h| &h.line),
-            b.as_ref().map_or("", |h| &h.line)
-        )),
-        _ => {}
     }
-    for state in &new.order {
-        let b = &new.states[state];
-        let Some(a) = old.states.get(state) else {
-            changes.push(format!("state `{state}` added"));
-            continue;
+    for a in &old.states {
+        if new.state(&a.name).is_none() {
+            changes.push(removed_state(a, old, new));
+        }
+    }
+    for (line, other, what) in [
+        (&new.other, &old.other, "added"),
+        (&old.other, &new.other, "removed"),
+    ] {
+        for l in line.iter().filter(|l| !other.contains(l)) {
+            changes.push(Change::new(
+                format!("line `{l}` {what}"),
+                Class::Breaking,
+                "the line is not in the description format",
+            ));
+        }
+    }
+    changes.into()
+}
+
+fn header_changes(old: &Description, new: &Description, changes: &mut Vec<Change>) {
+    let (a, b) = match (&old.header, &new.header) {
+        (Some(a), Some(b)) => (a, b),
+        (a, b) if a != b => {
+            changes.push(Change::new(
+                format!(
+                    "workflow header changed from `{}` to `{}`",
+                    a.as_ref().map_or("", |h| h.line.as_str()),
+                    b.as_ref().map_or("", |h| h.line.as_str())
+                ),
+                Class::Breaking,
+                "the description has no workflow header",
+            ));
+            return;
+        }
+        _ => return,
+    };
+    if a.name != b.name {
+        changes.push(Change::new(
+            format!("workflow renamed from `{}` to `{}`", a.name, b.name),
+            Class::Breaking,
+            "runs belong to the workflow name they were started under",
+        ));
+    }
+    if a.version != b.version {
+        changes.push(Change::new(
+            format!("version changed from {} to {}", a.version, b.version),
+            Class::Compatible,
+            "the version is not in the records; accept the old version's runs only if their data means the same",
+        ));
+    }
+    if a.format != b.format {
+        changes.push(Change::new(
+            format!(
+                "record format version changed from {} to {}",
+                a.format, b.format
+            ),
+            Class::Breaking,
+            "this build of loops reads records of its own format only",
+        ));
+    }
+    if a.notes != b.notes {
+        changes.push(Change::new(
+            format!(
+                "workflow storage changed from `{}` to `{}`",
+                or_none(&a.notes),
+                or_none(&b.notes)
+            ),
+            Class::Breaking,
+            "the workflow enum's representation changed",
+        ));
+    } else if parse::split_top(&b.notes, ", ").contains(&"untagged") {
+        let common = |d: &Description, other: &Description| -> Vec<String> {
+            let names = d.states.iter().map(|s| s.name.clone());
+            names.filter(|n| other.state(n).is_some()).collect()
         };
-        state_changes(state, a, b, &mut changes);
-    }
-    for state in &old.order {
-        if !new.states.contains_key(state) {
-            changes.push(format!("state `{state}` removed"));
+        let (was, now) = (common(old, new), common(new, old));
+        if was != now {
+            changes.push(Change::new(
+                format!(
+                    "states of the untagged workflow enum reordered from `{}` to `{}`",
+                    was.join(", "),
+                    now.join(", ")
+                ),
+                Class::Breaking,
+                "an untagged enum tries its variants in order",
+            ));
         }
     }
-    for line in &new.other {
-        if !old.other.contains(line) {
-            changes.push(format!("line `{line}` added"));
-        }
-    }
-    for line in &old.other {
-        if !new.other.contains(line) {
-            changes.push(format!("line `{line}` removed"));
-        }
-    }
-    changes
 }
 
 fn or_none(s: &str) -> &str {
     if s.is_empty() { "default" } else { s }
 }
 
-fn state_changes(name: &str, a: &State, b: &State, changes: &mut Vec<String>) {
-    let mut say = |what: String| changes.push(format!("state `{name}`: {what}"));
+fn removed_state(a: &State, old: &Description, new: &Description) -> Change {
+    let mut reason =
+        "a pending run in it could not be resumed (a state no pending run is in may go)".to_owned();
+    // A renamed state is one removed and one added: say so when the data is the same.
+    let renamed = new
+        .states
+        .iter()
+        .find(|b| old.state(&b.name).is_none() && b.data() == a.data());
+    if let Some(b) = renamed {
+        reason = format!(
+            "a pending run in it could not be resumed; if `{}`, added with the same data, is its new name, runs in `{}` need a migration",
+            b.name, a.name
+        );
+    }
+    Change::new(
+        format!("state `{}` removed", a.name),
+        Class::IfNoPendingRun {
+            state: a.name.clone(),
+        },
+        reason,
+    )
+}
+
+fn state_changes(a: &State, b: &State, changes: &mut Vec<Change>) {
+    let name = &a.name;
+    let mut say = |what: String, class: Class, reason: &str| {
+        changes.push(Change::new(
+            format!("state `{name}`: {what}"),
+            class,
+            reason,
+        ));
+    };
+    let pending = || Class::IfNoPendingRun {
+        state: name.clone(),
+    };
     if a.stored != b.stored {
-        say(format!("now stored as {} (was {})", b.stored, a.stored));
+        say(
+            format!("now stored as {} (was {})", b.stored, a.stored),
+            pending(),
+            "the records of runs in it store the old name",
+        );
     }
     if a.kind != b.kind {
-        say(format!("now a {} variant (was {})", b.kind, a.kind));
+        say(
+            format!("now a {} variant (was {})", b.kind, a.kind),
+            Class::Breaking,
+            "its data is stored in another form",
+        );
     }
     match (a.initial, b.initial) {
-        (false, true) => say("now the initial state".to_owned()),
-        (true, false) => say("no longer the initial state".to_owned()),
+        (false, true) => say(
+            "now the initial state".to_owned(),
+            Class::Compatible,
+            "only new runs start there",
+        ),
+        (true, false) => say(
+            "no longer the initial state".to_owned(),
+            Class::Compatible,
+            "only new runs start there",
+        ),
         _ => {}
     }
     match (a.terminal, b.terminal) {
-        (false, true) => say("now terminal".to_owned()),
-        (true, false) => say("no longer terminal".to_owned()),
+        (false, true) => say(
+            "now terminal".to_owned(),
+            pending(),
+            "a pending run in it would end instead of going on",
+        ),
+        (true, false) => say(
+            "no longer terminal".to_owned(),
+            Class::Compatible,
+            "runs that ended in it stay ended",
+        ),
         _ => {}
     }
     if a.notes != b.notes {
-        say(format!(
-            "serde attributes changed from `{}` to `{}`",
-            or_none(&a.notes),
-            or_none(&b.notes)
-        ));
+        say(
+            format!(
+                "serde attributes changed from `{}` to `{}`",
+                or_none(&a.notes),
+                or_none(&b.notes)
+            ),
+            Class::Breaking,
+            "serde stores the state differently",
+        );
     }
-    for next in &b.next {
-        if !a.next.contains(next) {
-            say(format!("may now move to `{next}`"));
-        }
+    for next in b.next.iter().filter(|n| !a.next.contains(n)) {
+        say(
+            format!("may now move to `{next}`"),
+            Class::Compatible,
+            "where a run goes next is the new handler's to decide",
+        );
     }
-    for next in &a.next {
-        if !b.next.contains(next) {
-            say(format!("may no longer move to `{next}`"));
-        }
+    for next in a.next.iter().filter(|n| !b.next.contains(n)) {
+        say(
+            format!("may no longer move to `{next}`"),
+            Class::Compatible,
+            "where a run goes next is the new handler's to decide",
+        );
     }
-    for (path, value) in &b.fields {
-        let what = if is_variant(path) { "variant" } else { "field" };
-        match a.fields.iter().find(|(p, _)| p == path) {
-            None => say(format!("{what} `{}` added", entry(path, value))),
-            Some((_, old)) if old != value => say(format!(
-                "{what} `{path}` changed from `{}` to `{}`",
-                or_empty(old),
-                or_empty(value)
-            )),
-            Some(_) => {}
-        }
-    }
-    for (path, value) in &a.fields {
-        if !b.fields.iter().any(|(p, _)| p == path) {
-            let what = if is_variant(path) { "variant" } else { "field" };
-            say(format!("{what} `{}` removed", entry(path, value)));
-        }
-    }
-}
-
-fn entry(path: &str, value: &str) -> String {
-    if value.is_empty() {
-        path.to_owned()
-    } else {
-        format!("{path}: {value}")
-    }
-}
-
-fn or_empty(value: &str) -> &str {
-    if value.is_empty() { "(nothing)" } else { value }
-}
-
-/// Whether the last segment of a path is an enum variant (`kind::Edit`).
-fn is_variant(path: &str) -> bool {
-    match path.rfind("::") {
-        Some(i) => !path[i..].contains(['.', '[', '{']),
-        None => false,
-    }
-}
-
-#[derive(PartialEq, Eq)]
-struct Header {
-    line: String,
-    name: String,
-    version: String,
-    notes: String,
-}
-
-struct State {
-    stored: String,
-    kind: String,
-    initial: bool,
-    terminal: bool,
-    notes: String,
-    next: Vec<String>,
-    /// `(path, type and notes)`, in order.
-    fields: Vec<(String, String)>,
-}
-
-#[derive(Default)]
-struct Parsed {
-    workflow: Option<Header>,
-    order: Vec<String>,
-    states: BTreeMap<String, State>,
-    /// Lines that are not in the description format.
-    other: Vec<String>,
-}
-
-impl Parsed {
-    fn new(text: &str) -> Self {
-        let mut parsed = Parsed::default();
-        let mut current: Option<String> = None;
-        for line in text.lines().filter(|l| !l.trim().is_empty()) {
-            if let Some(rest) = line.strip_prefix("workflow ") {
-                parsed.workflow = Some(header(line, rest));
-            } else if let Some(state) = line.strip_prefix("state ").and_then(state) {
-                let (name, state) = state;
-                current = Some(name.clone());
-                parsed.order.push(name.clone());
-                parsed.states.insert(name, state);
-            } else if let (Some(field), Some(name)) = (line.strip_prefix("  "), &current) {
-                let (path, value) = split_field(field);
-                if let Some(state) = parsed.states.get_mut(name) {
-                    state.fields.push((path.to_owned(), value.to_owned()));
-                }
-            } else {
-                parsed.other.push(line.to_owned());
-            }
-        }
-        parsed
-    }
-}
-
-/// `deliver version 1 (tag = "state")`.
-fn header(line: &str, rest: &str) -> Header {
-    let (main, notes) = split_notes(rest);
-    let (name, version) = main.split_once(" version ").unwrap_or((main, ""));
-    Header {
-        line: line.to_owned(),
-        name: name.to_owned(),
-        version: version.to_owned(),
-        notes: notes.to_owned(),
-    }
-}
-
-/// `Received as "received" (struct, initial, serde: ...) -> Planned | Abandoned`.
-fn state(rest: &str) -> Option<(String, State)> {
-    let (head, next) = match rest.split_once(" -> ") {
-        Some((head, next)) => (head, next.split(" | ").map(str::to_owned).collect()),
-        None => (rest, Vec::new()),
-    };
-    let open = head.find(" (")?;
-    let (names, attrs) = (&head[..open], head[open + 2..].strip_suffix(')')?);
-    let (name, stored) = match names.split_once(" as ") {
-        Some((name, stored)) => (name, stored.to_owned()),
-        None => (names, format!("\"{names}\"")),
-    };
-    let (attrs, notes) = match attrs.split_once(", serde: ") {
-        Some((attrs, notes)) => (attrs, notes.to_owned()),
-        None => (attrs, String::new()),
-    };
-    let mut attrs = attrs.split(", ");
-    let kind = attrs.next()?.to_owned();
-    let (mut initial, mut terminal) = (false, false);
-    for attr in attrs {
-        match attr {
-            "initial" => initial = true,
-            "terminal" => terminal = true,
-            _ => return None,
-        }
-    }
-    let state = State {
-        stored,
-        kind,
-        initial,
-        terminal,
-        notes,
-        next,
-        fields: Vec::new(),
-    };
-    Some((name.to_owned(), state))
-}
-
-/// `path: Type (notes)` into the path and the rest; a quoted name may contain `": "`.
-fn split_field(line: &str) -> (&str, &str) {
-    let bytes = line.as_bytes();
-    let mut quoted = false;
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'\\' if quoted => i += 1,
-            b'"' => quoted = !quoted,
-            b':' if !quoted && bytes.get(i + 1) == Some(&b' ') => {
-                return (&line[..i], &line[i + 2..]);
-            }
-            _ => {}
-        }
-        i += 1;
-    }
-    (line, "")
-}
-
-/// `main (notes)` into `main` and `notes`.
-fn split_notes(s: &str) -> (&str, &str) {
-    match s.find(" (") {
-        Some(i) if s.ends_with(')') => (&s[..i], &s[i + 2..s.len() - 1]),
-        _ => (s, ""),
-    }
+    lines::compare(name, a, b, changes);
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    const OLD: &str = "\
-workflow deliver version 1
-state Received (struct, initial) -> Planned | Abandoned
-  issue: Issue
-  issue.number: u64
-state Tested (struct) -> Edited | Done
-  report: Report
-  report.passed: bool
-  report.verdict: Verdict
-  report.verdict::Pass: unit
-state Done (unit, terminal)
-state Abandoned (unit, terminal)
-";
-
-    #[test]
-    fn the_same_text_has_no_changes() {
-        assert!(schema_diff(OLD, OLD).is_empty());
-    }
-
-    #[test]
-    fn every_kind_of_change_is_named() {
-        let new = "\
-workflow deliver version 2
-state Received (struct, initial) -> Planned
-  issue: Issue
-  issue.number: u32
-state Tested (tuple, terminal) -> Edited | Done | Tested
-  report: Report
-  report.passed: bool
-  report.log: String (default)
-  report.verdict: Verdict
-  report.verdict::Fail: unit
-state Done as \"done\" (unit, terminal)
-state Merged (unit, terminal)
-";
-        assert_eq!(
-            schema_diff(OLD, new),
-            [
-                "version changed from 1 to 2",
-                "state `Received`: may no longer move to `Abandoned`",
-                "state `Received`: field `issue.number` changed from `u64` to `u32`",
-                "state `Tested`: now a tuple variant (was struct)",
-                "state `Tested`: now terminal",
-                "state `Tested`: may now move to `Tested`",
-                "state `Tested`: field `report.log: String (default)` added",
-                "state `Tested`: variant `report.verdict::Fail: unit` added",
-                "state `Tested`: variant `report.verdict::Pass: unit` removed",
-                "state `Done`: now stored as \"done\" (was \"Done\")",
-                "state `Merged` added",
-                "state `Abandoned` removed",
-            ]
-        );
-    }
-
-    #[test]
-    fn quoted_names_and_unknown_lines() {
-        let old = "workflow w version 1\nstate A (struct, initial, terminal)\n  \"a: b\": u8\nsomething else\n";
-        let new = "workflow w version 1 (tag = \"t\")\nstate A (struct, initial, terminal)\n  \"a: b\": u16\n";
-        assert_eq!(
-            schema_diff(old, new),
-            [
-                "workflow storage changed from `default` to `tag = \"t\"`",
-                "state `A`: field `\"a: b\"` changed from `u8` to `u16`",
-                "line `something else` removed",
-            ]
-        );
-    }
-
-    #[test]
-    fn variant_paths() {
-        assert!(is_variant("report.verdict::Fail"));
-        assert!(!is_variant("report.verdict::Fail.reason"));
-        assert!(!is_variant("report"));
-    }
-}
+mod tests;

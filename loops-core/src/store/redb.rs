@@ -1102,9 +1102,7 @@ fn schemas_match(txn: &redb::ReadTransaction, checks: &[SchemaCheck]) -> Result<
     match found {
         Ok(None) => Ok(()),
         Ok(Some((info, check, stored))) => Err(Error::SchemaMismatch {
-            changes: stored
-                .map(|old| crate::schema::schema_diff(&old, check.schema))
-                .unwrap_or_default(),
+            changes: crate::schema::SchemaDiff::of_mismatch(stored.as_deref(), check.schema),
             run_id: info.run_id,
             workflow: info.workflow,
             stored: info.schema,

@@ -57,7 +57,7 @@ fn the_cli_sees_steers_and_inspects_a_run_of_the_example() {
         shown["schema_description"]
             .as_str()
             .expect("a description")
-            .starts_with("workflow deliver version 1\n")
+            .starts_with("workflow deliver version 1 format 1\n")
     );
 
     let history = json(&store, &["history", "deliver-1", "--json"]);
