@@ -208,6 +208,86 @@ mod hash {
         }
     }
 
+    /// `crate = path`: the generated code names loops through another path (a re-export
+    /// here, as in a crate that reaches loops under another name); nothing else differs.
+    pub mod crate_path {
+        use loops::Schema;
+        use serde::{Deserialize, Serialize};
+
+        mod renamed {
+            pub use ::loops as facade;
+        }
+
+        #[derive(loops::Workflow, Serialize, Deserialize)]
+        #[workflow(crate = renamed::facade)]
+        pub enum Review {
+            #[initial]
+            #[next(Approved, Rejected)]
+            Open { pr: u64, author: String },
+            #[terminal]
+            Approved { by: String },
+            #[terminal]
+            Rejected,
+        }
+
+        /// The path as a string, as serde's `#[serde(crate = "...")]` writes it.
+        pub mod quoted {
+            use super::*;
+            #[derive(loops::Workflow, Serialize, Deserialize)]
+            #[workflow(crate = "super::renamed::facade")]
+            pub enum Review {
+                #[initial]
+                #[next(Approved, Rejected)]
+                Open { pr: u64, author: String },
+                #[terminal]
+                Approved { by: String },
+                #[terminal]
+                Rejected,
+            }
+        }
+
+        #[derive(Schema, Serialize)]
+        #[schema(crate = renamed::facade)]
+        pub struct Author {
+            pub name: String,
+            pub pr: Option<Box<Author>>,
+        }
+
+        #[derive(Schema, Serialize)]
+        pub struct AuthorByDefault {
+            pub name: String,
+            pub pr: Option<Box<AuthorByDefault>>,
+        }
+    }
+
+    #[test]
+    fn unchanged_by_the_crate_path() {
+        use loops::{Schema, StateId};
+        assert_eq!(crate_path::Review::SCHEMA_HASH, base::Review::SCHEMA_HASH);
+        assert_eq!(crate_path::Review::SCHEMA, base::Review::SCHEMA);
+        assert_eq!(
+            crate_path::quoted::Review::SCHEMA_HASH,
+            base::Review::SCHEMA_HASH
+        );
+        assert_eq!(crate_path::quoted::Review::SCHEMA, base::Review::SCHEMA);
+        let names: Vec<_> = crate_path::ReviewState::ALL
+            .iter()
+            .map(|s| s.name())
+            .collect();
+        assert_eq!(names, ["Open", "Approved", "Rejected"]);
+        assert_eq!(
+            crate_path::ReviewState::Open.next(),
+            &[
+                crate_path::ReviewState::Approved,
+                crate_path::ReviewState::Rejected
+            ]
+        );
+        assert_eq!(
+            crate_path::Author::SHAPE.hash(),
+            crate_path::AuthorByDefault::SHAPE.hash()
+        );
+    }
+
     #[test]
     fn unchanged_by_docs_and_formatting() {
         assert_eq!(docs::Review::SCHEMA_HASH, base::Review::SCHEMA_HASH);

@@ -1,6 +1,7 @@
 //! End-to-end tests of the `loops` binary: a store with a run in every status is produced
-//! through loops-core (hand-written workflows, as loops-core's own tests do), then the real
-//! binary is run on a copy of it.
+//! through loops-core (workflows derived with `#[workflow(crate = loops_core)]`, since this
+//! package depends on loops-core rather than the `loops` facade), then the real binary is run
+//! on a copy of it.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -8,76 +9,30 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use assert_cmd::Command;
-use loops_core::{
-    BoxError, Context, Dispatch, RedbStore, RetryPolicy, RunStatus, Runtime, SchemaHash, StateId,
-    Workflow,
-};
+use loops_core::{BoxError, Context, RedbStore, RetryPolicy, RunStatus, Runtime, Workflow};
 use predicates::prelude::*;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 // ---------------------------------------------------------------------------------------------
-// Two tiny workflows, written by hand.
+// Two tiny workflows.
 
 /// Fetches items, delivers them (or fails, or hangs, as `mode` says), done.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(loops_derive::Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(crate = loops_core)]
 enum Job {
+    #[initial]
+    #[next(Work)]
     Start { mode: String },
+    #[next(Done)]
     Work { mode: String, items: Vec<String> },
+    #[terminal]
     Done { delivered: u32 },
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
-enum JobState {
-    Start,
-    Work,
-    Done,
-}
-
-impl fmt::Display for JobState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl StateId for JobState {
-    const ALL: &'static [Self] = &[JobState::Start, JobState::Work, JobState::Done];
-    const INITIAL: Self = JobState::Start;
-    fn name(self) -> &'static str {
-        match self {
-            JobState::Start => "Start",
-            JobState::Work => "Work",
-            JobState::Done => "Done",
-        }
-    }
-    fn next(self) -> &'static [Self] {
-        match self {
-            JobState::Start => &[JobState::Work],
-            JobState::Work => &[JobState::Done],
-            JobState::Done => &[],
-        }
-    }
-    fn is_terminal(self) -> bool {
-        self == JobState::Done
-    }
-}
-
+/// What the derive describes `Job` as (`the_workflows_are_described_as_expected`), and so
+/// what the binary must print for it.
 const JOB_SCHEMA: &str = "workflow job version 1\nstate Start (struct, initial) -> Work\n  mode: String\nstate Work (struct) -> Done\n  mode: String\n  items: Vec<String>\nstate Done (struct, terminal)\n  delivered: u32\n";
-
-impl Workflow for Job {
-    type State = JobState;
-    const NAME: &'static str = "job";
-    const VERSION: u32 = 1;
-    const SCHEMA_HASH: SchemaHash = SchemaHash::of(JOB_SCHEMA.as_bytes());
-    const SCHEMA: &'static str = JOB_SCHEMA;
-    fn state(&self) -> JobState {
-        match self {
-            Job::Start { .. } => JobState::Start,
-            Job::Work { .. } => JobState::Work,
-            Job::Done { .. } => JobState::Done,
-        }
-    }
-}
 
 /// An error with a cause, so that the failed run records a chain of two.
 #[derive(Debug)]
@@ -97,175 +52,109 @@ impl std::error::Error for DeployError {
 
 struct Worker;
 
-impl Dispatch<Worker> for Job {
-    async fn dispatch(self, _: &Worker, ctx: &Context) -> Result<Self, BoxError> {
-        match self {
-            Job::Start { mode } => {
-                let items: Vec<String> = ctx
-                    .step("fetch", || async {
-                        Ok::<_, loops_core::Error>(vec!["a".to_owned(), "b".to_owned()])
-                    })
-                    .await?;
-                Ok(Job::Work { mode, items })
+impl JobHandler for Worker {
+    type Error = BoxError;
+
+    async fn start(&self, ctx: &Context, mode: String) -> Result<StartNext, BoxError> {
+        let items: Vec<String> = ctx
+            .step("fetch", || async {
+                Ok::<_, loops_core::Error>(vec!["a".to_owned(), "b".to_owned()])
+            })
+            .await?;
+        Ok(StartNext::Work { mode, items })
+    }
+
+    async fn work(
+        &self,
+        ctx: &Context,
+        mode: String,
+        items: Vec<String>,
+    ) -> Result<WorkNext, BoxError> {
+        match mode.as_str() {
+            "step-fails" => {
+                ctx.step("deploy", || async {
+                    Err::<u32, BoxError>("deploy refused".into())
+                })
+                .await?;
+                unreachable!("the step fails")
             }
-            Job::Work { mode, items } => match mode.as_str() {
-                "step-fails" => {
-                    ctx.step("deploy", || async {
-                        Err::<u32, BoxError>("deploy refused".into())
+            "fail" => Err(Box::new(DeployError(std::io::Error::new(
+                std::io::ErrorKind::ConnectionRefused,
+                "connection refused",
+            )))),
+            "hang" => {
+                ctx.step("begin", || async { Ok::<_, loops_core::Error>(true) })
+                    .await?;
+                std::future::pending::<()>().await;
+                unreachable!()
+            }
+            _ => {
+                let n: u32 = ctx
+                    .step("deliver", || async {
+                        Ok::<_, loops_core::Error>(items.len() as u32)
                     })
                     .await?;
-                    unreachable!("the step fails")
-                }
-                "fail" => Err(Box::new(DeployError(std::io::Error::new(
-                    std::io::ErrorKind::ConnectionRefused,
-                    "connection refused",
-                )))),
-                "hang" => {
-                    ctx.step("begin", || async { Ok::<_, loops_core::Error>(true) })
-                        .await?;
-                    std::future::pending::<()>().await;
-                    unreachable!()
-                }
-                _ => {
-                    let n: u32 = ctx
-                        .step("deliver", || async {
-                            Ok::<_, loops_core::Error>(items.len() as u32)
-                        })
-                        .await?;
-                    Ok(Job::Done { delivered: n })
-                }
-            },
-            Job::Done { .. } => Err("Done is terminal".into()),
+                Ok(WorkNext::Done { delivered: n })
+            }
         }
     }
 }
 
-/// The same workflow name with another shape: a second stored schema to diff against.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-enum JobV2 {
-    Start { mode: String },
-    Done { delivered: u64 },
-}
+/// The same workflow name with another shape: a second stored schema to diff against. In a
+/// module of its own: its generated `StartNext` would clash with `Job`'s.
+mod v2 {
+    use super::*;
 
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
-enum JobV2State {
-    Start,
-    Done,
-}
-
-impl fmt::Display for JobV2State {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+    #[derive(loops_derive::Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+    #[workflow(name = "job", version = 2, crate = loops_core)]
+    pub(super) enum JobV2 {
+        #[initial]
+        #[next(Done)]
+        Start { mode: String },
+        #[terminal]
+        Done { delivered: u64 },
     }
-}
 
-impl StateId for JobV2State {
-    const ALL: &'static [Self] = &[JobV2State::Start, JobV2State::Done];
-    const INITIAL: Self = JobV2State::Start;
-    fn name(self) -> &'static str {
-        match self {
-            JobV2State::Start => "Start",
-            JobV2State::Done => "Done",
+    impl JobV2Handler for Worker {
+        type Error = BoxError;
+        async fn start(&self, _: &Context, _: String) -> Result<StartNext, BoxError> {
+            Ok(StartNext::Done { delivered: 7 })
         }
     }
-    fn next(self) -> &'static [Self] {
-        match self {
-            JobV2State::Start => &[JobV2State::Done],
-            JobV2State::Done => &[],
-        }
-    }
-    fn is_terminal(self) -> bool {
-        self == JobV2State::Done
-    }
 }
+use v2::JobV2;
 
+/// What the derive describes `JobV2` as.
 const JOB_V2_SCHEMA: &str = "workflow job version 2\nstate Start (struct, initial) -> Done\n  mode: String\nstate Done (struct, terminal)\n  delivered: u64\n";
 
-impl Workflow for JobV2 {
-    type State = JobV2State;
-    const NAME: &'static str = "job";
-    const VERSION: u32 = 2;
-    const SCHEMA_HASH: SchemaHash = SchemaHash::of(JOB_V2_SCHEMA.as_bytes());
-    const SCHEMA: &'static str = JOB_V2_SCHEMA;
-    fn state(&self) -> JobV2State {
-        match self {
-            JobV2::Start { .. } => JobV2State::Start,
-            JobV2::Done { .. } => JobV2State::Done,
-        }
-    }
-}
-
-impl Dispatch<Worker> for JobV2 {
-    async fn dispatch(self, _: &Worker, _: &Context) -> Result<Self, BoxError> {
-        Ok(JobV2::Done { delivered: 7 })
-    }
-}
-
 /// Waits for an approval.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(loops_derive::Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(crate = loops_core)]
 enum Gate {
+    #[initial]
+    #[next(Done)]
     Ask { doc: String },
+    #[terminal]
     Done { by: String },
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
-enum GateState {
-    Ask,
-    Done,
-}
-
-impl fmt::Display for GateState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl StateId for GateState {
-    const ALL: &'static [Self] = &[GateState::Ask, GateState::Done];
-    const INITIAL: Self = GateState::Ask;
-    fn name(self) -> &'static str {
-        match self {
-            GateState::Ask => "Ask",
-            GateState::Done => "Done",
-        }
-    }
-    fn next(self) -> &'static [Self] {
-        match self {
-            GateState::Ask => &[GateState::Done],
-            GateState::Done => &[],
-        }
-    }
-    fn is_terminal(self) -> bool {
-        self == GateState::Done
-    }
-}
-
+/// What the derive describes `Gate` as.
 const GATE_SCHEMA: &str = "workflow gate version 1\nstate Ask (struct, initial) -> Done\n  doc: String\nstate Done (struct, terminal)\n  by: String\n";
 
-impl Workflow for Gate {
-    type State = GateState;
-    const NAME: &'static str = "gate";
-    const VERSION: u32 = 1;
-    const SCHEMA_HASH: SchemaHash = SchemaHash::of(GATE_SCHEMA.as_bytes());
-    const SCHEMA: &'static str = GATE_SCHEMA;
-    fn state(&self) -> GateState {
-        match self {
-            Gate::Ask { .. } => GateState::Ask,
-            Gate::Done { .. } => GateState::Done,
-        }
+impl GateHandler for Worker {
+    type Error = BoxError;
+    async fn ask(&self, ctx: &Context, _: String) -> Result<AskNext, BoxError> {
+        let by: String = ctx.wait_for("approval").await?;
+        Ok(AskNext::Done { by })
     }
 }
 
-impl Dispatch<Worker> for Gate {
-    async fn dispatch(self, _: &Worker, ctx: &Context) -> Result<Self, BoxError> {
-        match self {
-            Gate::Ask { .. } => {
-                let by: String = ctx.wait_for("approval").await?;
-                Ok(Gate::Done { by })
-            }
-            Gate::Done { .. } => Err("Done is terminal".into()),
-        }
-    }
+/// The descriptions the tests below expect the binary to print are the derive's.
+#[test]
+fn the_workflows_are_described_as_expected() {
+    assert_eq!(Job::SCHEMA, JOB_SCHEMA);
+    assert_eq!(JobV2::SCHEMA, JOB_V2_SCHEMA);
+    assert_eq!(Gate::SCHEMA, GATE_SCHEMA);
 }
 
 /// Edits and tests until the third round passes: a loop, for `loops graph --run`.

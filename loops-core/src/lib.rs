@@ -36,14 +36,27 @@ pub use store::{
 };
 pub use workflow::{BoxError, Dispatch, StateId, Workflow};
 
-/// Items used by code that `#[derive(Workflow)]` generates. Not a public API: no stability
-/// promise, may change in any release.
+/// Items used by code that `#[derive(Workflow)]` and `#[derive(Schema)]` generate. Not a
+/// public API: no stability promise, may change in any release.
+///
+/// The generated code names loops only through this module (`{path}::__private::...`, where
+/// `path` is `::loops` or the derive's `crate = path`): a path that is not loops then fails
+/// to resolve at this one segment, which the compiler reports once, at the path.
 #[doc(hidden)]
 pub mod __private {
     pub use serde;
 
     pub use crate::context::__for_tests;
     pub use crate::schema::__describe::{describe, describe_len, utf8};
+    pub use crate::{BoxError, Context, Dispatch, Schema, SchemaHash, StateId, Workflow};
+
+    /// The shapes that `Schema` impls and `Workflow::SCHEMA_HASH` are built from.
+    pub mod schema {
+        pub use crate::schema::{
+            Enum, Field, FieldFlags, Fields, Repr, Shape, StateShape, Struct, Variant,
+            WorkflowShape,
+        };
+    }
 
     /// The error a dispatch of a terminal state returns (the runtime never dispatches one).
     pub fn terminal_dispatched(workflow: &'static str, state: &'static str) -> crate::BoxError {

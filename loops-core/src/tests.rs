@@ -1,102 +1,57 @@
-//! Unit tests of the runtime and the store, on a hand-written workflow (the derive has its own
-//! tests in the `loops` package).
+//! Unit tests of the runtime and the store, on workflows derived with `#[workflow(crate =
+//! crate)]` (the derive has its own tests in the `loops` package).
 
 use std::collections::HashMap;
-use std::fmt;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use loops_derive::Workflow;
 use serde::{Deserialize, Serialize};
 
 use crate::record::now_ms;
 use crate::*;
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(crate = crate)]
 enum Job {
+    #[initial]
+    #[next(Work)]
     Start { n: u32 },
+    #[next(Work, Done)]
     Work { n: u32, acc: u64 },
+    #[terminal]
     Done { acc: u64 },
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
-enum JobState {
-    Start,
-    Work,
-    Done,
-}
+/// The same workflow name with another shape (a field type changed). In a module of its own:
+/// its generated `StartNext` and `WorkNext` would clash with `Job`'s.
+mod v2 {
+    use super::*;
 
-impl fmt::Display for JobState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+    #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+    #[workflow(name = "job", crate = crate)]
+    pub(super) enum JobV2 {
+        #[initial]
+        #[next(Work)]
+        Start { n: u64 },
+        #[next(Work, Done)]
+        Work { n: u32, acc: u64 },
+        #[terminal]
+        Done { acc: u64 },
     }
-}
 
-impl StateId for JobState {
-    const ALL: &'static [Self] = &[JobState::Start, JobState::Work, JobState::Done];
-    const INITIAL: Self = JobState::Start;
-    fn name(self) -> &'static str {
-        match self {
-            JobState::Start => "Start",
-            JobState::Work => "Work",
-            JobState::Done => "Done",
+    impl JobV2Handler for Worker {
+        type Error = BoxError;
+        async fn start(&self, _: &Context, _: u64) -> Result<StartNext, BoxError> {
+            Err("JobV2 is never driven in these tests".into())
         }
-    }
-    fn next(self) -> &'static [Self] {
-        match self {
-            JobState::Start => &[JobState::Work],
-            JobState::Work => &[JobState::Work, JobState::Done],
-            JobState::Done => &[],
-        }
-    }
-    fn is_terminal(self) -> bool {
-        self == JobState::Done
-    }
-}
-
-impl Workflow for Job {
-    type State = JobState;
-    const NAME: &'static str = "job";
-    const VERSION: u32 = 1;
-    const SCHEMA_HASH: SchemaHash = SchemaHash::of(b"job v1");
-    const SCHEMA: &'static str = "workflow job version 1\nstate Start (struct, initial) -> Work\n  n: u32\nstate Work (struct) -> Work | Done\n  n: u32\n  acc: u64\nstate Done (struct, terminal)\n  acc: u64\n";
-    fn state(&self) -> JobState {
-        match self {
-            Job::Start { .. } => JobState::Start,
-            Job::Work { .. } => JobState::Work,
-            Job::Done { .. } => JobState::Done,
+        async fn work(&self, _: &Context, _: u32, _: u64) -> Result<WorkNext, BoxError> {
+            Err("JobV2 is never driven in these tests".into())
         }
     }
 }
-
-/// The same workflow name with another shape (a field type changed).
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-enum JobV2 {
-    Start { n: u64 },
-    Work { n: u32, acc: u64 },
-    Done { acc: u64 },
-}
-
-impl Workflow for JobV2 {
-    type State = JobState;
-    const NAME: &'static str = "job";
-    const VERSION: u32 = 1;
-    const SCHEMA_HASH: SchemaHash = SchemaHash::of(b"job v2");
-    const SCHEMA: &'static str = "workflow job version 1\nstate Start (struct, initial) -> Work\n  n: u64\nstate Work (struct) -> Work | Done\n  n: u32\n  acc: u64\nstate Done (struct, terminal)\n  acc: u64\n";
-    fn state(&self) -> JobState {
-        match self {
-            JobV2::Start { .. } => JobState::Start,
-            JobV2::Work { .. } => JobState::Work,
-            JobV2::Done { .. } => JobState::Done,
-        }
-    }
-}
-
-impl Dispatch<Worker> for JobV2 {
-    async fn dispatch(self, _: &Worker, _: &Context) -> Result<Self, BoxError> {
-        Err("JobV2 is never driven in these tests".into())
-    }
-}
+use v2::JobV2;
 
 #[derive(Default)]
 struct Worker {
@@ -123,7 +78,7 @@ impl Worker {
         self.calls.lock().unwrap().clone()
     }
 
-    async fn work(&self, ctx: &Context, n: u32, acc: u64) -> Result<Job, WorkError> {
+    async fn work(&self, ctx: &Context, n: u32, acc: u64) -> Result<WorkNext, WorkError> {
         let add: u64 = ctx
             .step("effect", || async {
                 self.effects.fetch_add(1, Ordering::SeqCst);
@@ -137,9 +92,9 @@ impl Worker {
             return Err(WorkError::Flaky(ctx.attempt()));
         }
         Ok(if n == 0 {
-            Job::Done { acc: acc + add }
+            WorkNext::Done { acc: acc + add }
         } else {
-            Job::Work {
+            WorkNext::Work {
                 n: n - 1,
                 acc: acc + add,
             }
@@ -147,17 +102,22 @@ impl Worker {
     }
 }
 
-impl Dispatch<Worker> for Job {
-    async fn dispatch(self, h: &Worker, ctx: &Context) -> Result<Self, BoxError> {
-        h.calls
+impl JobHandler for Worker {
+    type Error = WorkError;
+    async fn start(&self, ctx: &Context, n: u32) -> Result<StartNext, WorkError> {
+        self.calls
             .lock()
             .unwrap()
             .push((ctx.state(), ctx.seq(), ctx.attempt()));
-        match self {
-            Job::Start { n } => Ok(Job::Work { n, acc: 0 }),
-            Job::Work { n, acc } => h.work(ctx, n, acc).await.map_err(Into::into),
-            Job::Done { .. } => Err(__private::terminal_dispatched("job", "Done")),
-        }
+        Ok(StartNext::Work { n, acc: 0 })
+    }
+    async fn work(&self, ctx: &Context, n: u32, acc: u64) -> Result<WorkNext, WorkError> {
+        self.calls
+            .lock()
+            .unwrap()
+            .push((ctx.state(), ctx.seq(), ctx.attempt()));
+        // The inherent `Worker::work` above.
+        Worker::work(self, ctx, n, acc).await
     }
 }
 
@@ -544,20 +504,12 @@ async fn wrong_workflow_and_bad_input_are_refused() {
     assert!(rt.run_info("new").await.unwrap().is_none());
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(crate = crate)]
 enum Other {
+    #[initial]
+    #[terminal]
     Only,
-}
-
-impl Workflow for Other {
-    type State = JobState;
-    const NAME: &'static str = "other";
-    const VERSION: u32 = 1;
-    const SCHEMA_HASH: SchemaHash = SchemaHash::of(b"other");
-    const SCHEMA: &'static str = "workflow other v1";
-    fn state(&self) -> JobState {
-        JobState::Done
-    }
 }
 
 #[tokio::test]
@@ -1048,12 +1000,23 @@ async fn a_step_whose_type_changed_is_a_typed_error() {
 
 struct Changed;
 
-impl Dispatch<Changed> for Job {
-    async fn dispatch(self, _: &Changed, ctx: &Context) -> Result<Self, BoxError> {
+impl Changed {
+    /// What every state does.
+    async fn dispatch<T>(ctx: &Context) -> Result<T, BoxError> {
         let s: String = ctx
             .step("effect", || async { Ok::<_, Error>("new".to_owned()) })
             .await?;
         Err(format!("unreachable: {s}").into())
+    }
+}
+
+impl JobHandler for Changed {
+    type Error = BoxError;
+    async fn start(&self, ctx: &Context, _: u32) -> Result<StartNext, BoxError> {
+        Changed::dispatch(ctx).await
+    }
+    async fn work(&self, ctx: &Context, _: u32, _: u64) -> Result<WorkNext, BoxError> {
+        Changed::dispatch(ctx).await
     }
 }
 
@@ -1077,8 +1040,20 @@ async fn idempotency_keys_are_stable_and_distinct() {
 
 struct KeyProbe<'a>(&'a Mutex<Vec<String>>);
 
-impl Dispatch<KeyProbe<'_>> for Job {
-    async fn dispatch(self, p: &KeyProbe<'_>, ctx: &Context) -> Result<Self, BoxError> {
+impl JobHandler for KeyProbe<'_> {
+    type Error = BoxError;
+    async fn start(&self, ctx: &Context, _: u32) -> Result<StartNext, BoxError> {
+        self.dispatch(ctx)
+    }
+    async fn work(&self, ctx: &Context, _: u32, _: u64) -> Result<WorkNext, BoxError> {
+        self.dispatch(ctx)
+    }
+}
+
+impl KeyProbe<'_> {
+    /// What every state does.
+    fn dispatch<T>(&self, ctx: &Context) -> Result<T, BoxError> {
+        let p = self;
         let mut keys = p.0.lock().unwrap();
         keys.push(ctx.idempotency_key("push")?);
         keys.push(ctx.idempotency_key("push")?);
@@ -1101,23 +1076,22 @@ struct Panicker {
     effects: AtomicU32,
 }
 
-impl Dispatch<Panicker> for Job {
-    async fn dispatch(self, p: &Panicker, ctx: &Context) -> Result<Self, BoxError> {
-        match self {
-            Job::Start { n } => {
-                ctx.step("effect", || async {
-                    p.effects.fetch_add(1, Ordering::SeqCst);
-                    Ok::<_, Error>(())
-                })
-                .await?;
-                if ctx.attempt() <= p.panics_until {
-                    panic!("no plan in the model's answer for {n}");
-                }
-                Ok(Job::Work { n, acc: 0 })
-            }
-            Job::Work { acc, .. } => Ok(Job::Done { acc }),
-            Job::Done { .. } => Err("terminal".into()),
+impl JobHandler for Panicker {
+    type Error = BoxError;
+    async fn start(&self, ctx: &Context, n: u32) -> Result<StartNext, BoxError> {
+        let p = self;
+        ctx.step("effect", || async {
+            p.effects.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Error>(())
+        })
+        .await?;
+        if ctx.attempt() <= p.panics_until {
+            panic!("no plan in the model's answer for {n}");
         }
+        Ok(StartNext::Work { n, acc: 0 })
+    }
+    async fn work(&self, _: &Context, _: u32, acc: u64) -> Result<WorkNext, BoxError> {
+        Ok(WorkNext::Done { acc })
     }
 }
 
@@ -1242,8 +1216,20 @@ struct KeyedProbe {
     attempts: AtomicU32,
 }
 
-impl Dispatch<KeyedProbe> for Job {
-    async fn dispatch(self, p: &KeyedProbe, ctx: &Context) -> Result<Self, BoxError> {
+impl JobHandler for KeyedProbe {
+    type Error = BoxError;
+    async fn start(&self, ctx: &Context, _: u32) -> Result<StartNext, BoxError> {
+        self.dispatch(ctx).await
+    }
+    async fn work(&self, ctx: &Context, _: u32, _: u64) -> Result<WorkNext, BoxError> {
+        self.dispatch(ctx).await
+    }
+}
+
+impl KeyedProbe {
+    /// What every state does.
+    async fn dispatch<T>(&self, ctx: &Context) -> Result<T, BoxError> {
+        let p = self;
         let attempt = p.attempts.fetch_add(1, Ordering::SeqCst) + 1;
         let first: String = ctx
             .step_keyed("push", |key| async {
@@ -1276,61 +1262,16 @@ impl Dispatch<KeyedProbe> for Job {
 // ---------------------------------------------------------------------------------------------
 // Waits, events and background driving.
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(crate = crate)]
 enum Gate {
+    #[initial]
+    #[next(Sleep)]
     Ask { doc: String },
+    #[next(Done)]
     Sleep { by: String },
+    #[terminal]
     Done { by: String, note: Option<String> },
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
-enum GateState {
-    Ask,
-    Sleep,
-    Done,
-}
-
-impl fmt::Display for GateState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl StateId for GateState {
-    const ALL: &'static [Self] = &[GateState::Ask, GateState::Sleep, GateState::Done];
-    const INITIAL: Self = GateState::Ask;
-    fn name(self) -> &'static str {
-        match self {
-            GateState::Ask => "Ask",
-            GateState::Sleep => "Sleep",
-            GateState::Done => "Done",
-        }
-    }
-    fn next(self) -> &'static [Self] {
-        match self {
-            GateState::Ask => &[GateState::Sleep],
-            GateState::Sleep => &[GateState::Done],
-            GateState::Done => &[],
-        }
-    }
-    fn is_terminal(self) -> bool {
-        self == GateState::Done
-    }
-}
-
-impl Workflow for Gate {
-    type State = GateState;
-    const NAME: &'static str = "gate";
-    const VERSION: u32 = 1;
-    const SCHEMA_HASH: SchemaHash = SchemaHash::of(b"gate v1");
-    const SCHEMA: &'static str = "workflow gate v1";
-    fn state(&self) -> GateState {
-        match self {
-            Gate::Ask { .. } => GateState::Ask,
-            Gate::Sleep { .. } => GateState::Sleep,
-            Gate::Done { .. } => GateState::Done,
-        }
-    }
 }
 
 struct Gatekeeper {
@@ -1353,21 +1294,18 @@ impl Gatekeeper {
     }
 }
 
-impl Dispatch<Gatekeeper> for Gate {
-    async fn dispatch(self, h: &Gatekeeper, ctx: &Context) -> Result<Self, BoxError> {
-        h.entries.lock().unwrap().push((ctx.state(), ctx.seq()));
-        match self {
-            Gate::Ask { .. } => {
-                let by: String = ctx.wait_for("approval").await?;
-                Ok(Gate::Sleep { by })
-            }
-            Gate::Sleep { by } => {
-                ctx.sleep(h.sleep).await?;
-                let note: Option<String> = ctx.wait_for_timeout("note", h.note_timeout).await?;
-                Ok(Gate::Done { by, note })
-            }
-            Gate::Done { .. } => Err(__private::terminal_dispatched("gate", "Done")),
-        }
+impl GateHandler for Gatekeeper {
+    type Error = BoxError;
+    async fn ask(&self, ctx: &Context, _: String) -> Result<AskNext, BoxError> {
+        self.entries.lock().unwrap().push((ctx.state(), ctx.seq()));
+        let by: String = ctx.wait_for("approval").await?;
+        Ok(AskNext::Sleep { by })
+    }
+    async fn sleep(&self, ctx: &Context, by: String) -> Result<SleepNext, BoxError> {
+        self.entries.lock().unwrap().push((ctx.state(), ctx.seq()));
+        ctx.sleep(self.sleep).await?;
+        let note: Option<String> = ctx.wait_for_timeout("note", self.note_timeout).await?;
+        Ok(SleepNext::Done { by, note })
     }
 }
 

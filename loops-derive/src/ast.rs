@@ -3,7 +3,7 @@
 
 use proc_macro2::Span;
 use quote::format_ident;
-use syn::{Attribute, Data, DeriveInput, Fields, Ident, Type, Visibility};
+use syn::{Attribute, Data, DeriveInput, Fields, Ident, Path, Type, Visibility};
 
 use crate::attr::{self, SchemaAttrs, StateAttrs, WorkflowAttrs};
 use crate::case::snake_case;
@@ -16,6 +16,9 @@ pub(crate) struct Workflow<'a> {
     pub ident: &'a Ident,
     pub vis: &'a Visibility,
     pub attrs: WorkflowAttrs,
+    /// The path generated code names loops' items through: `{crate}::__private`, where
+    /// `crate` is `#[workflow(crate = ...)]`, else `::loops` (see `CratePath::items`).
+    pub krate: Path,
     pub serde: serde_attr::Container,
     pub states: Vec<State<'a>>,
     /// `{Enum}State`.
@@ -142,6 +145,7 @@ impl<'a> Workflow<'a> {
             original: input,
             ident,
             vis: &input.vis,
+            krate: attrs.krate.items(),
             attrs,
             serde: serde_attr::container(&input.attrs),
             states,

@@ -1,20 +1,67 @@
 //! The typed model of the derive's attributes: `#[workflow(...)]` on the enum, `#[initial]`,
-//! `#[terminal]` and `#[next(...)]` on variants. Parsing reports syntax mistakes (unknown,
-//! duplicate or malformed keys, attributes in the wrong place); what the values mean is
-//! checked in `valid`.
+//! `#[terminal]` and `#[next(...)]` on variants, `#[schema(...)]` on fields and on a type
+//! deriving `Schema`. Parsing reports syntax mistakes (unknown, duplicate or malformed keys,
+//! attributes in the wrong place); what the values mean is checked in `valid`.
 
-use proc_macro2::Span;
+use proc_macro2::{Span, TokenStream, TokenTree};
+use syn::meta::ParseNestedMeta;
+use syn::parse::Parser;
 use syn::punctuated::Punctuated;
 use syn::spanned::Spanned;
 use syn::{Attribute, Expr, ExprLit, Ident, Lit, LitStr, Meta, Path, Token, Type};
 
 use crate::ctxt::Errors;
 
-/// `#[workflow(name = "...", version = N)]`, possibly split over several attributes.
+/// `#[workflow(name = "...", version = N, crate = path)]`, possibly split over several
+/// attributes.
 #[derive(Default)]
 pub(crate) struct WorkflowAttrs {
     pub name: Option<LitStr>,
     pub version: Option<(u32, Span)>,
+    pub krate: CratePath,
+}
+
+/// `crate = path` in `#[workflow(...)]` or in `#[schema(...)]` on a type: the path through
+/// which the generated code names loops' items (`path::Workflow`, `path::schema::Shape`, ...),
+/// for crates that reach loops under another name (loops-core's own tests: `crate = crate`).
+#[derive(Default)]
+pub(crate) enum CratePath {
+    /// Not given: `::loops`, the facade crate.
+    #[default]
+    Default,
+    /// As written (a string's contents parsed as a path, spanned at the string).
+    Given(Path),
+    /// Given but malformed (reported): code naming loops could not resolve, so after this
+    /// error the derive emits no fallback items, only the errors.
+    Invalid,
+}
+
+impl CratePath {
+    /// The path to loops as the user names it: `::loops`, or the path given.
+    pub(crate) fn root(&self) -> Path {
+        match self {
+            CratePath::Given(path) => path.clone(),
+            CratePath::Default | CratePath::Invalid => syn::parse_quote!(::loops),
+        }
+    }
+
+    /// The path generated code names loops' items through: `{root}::__private`, with
+    /// `__private` spanned at the end of the user's path. A path that is not loops then fails
+    /// to resolve at that one segment, and the compiler reports the identical errors of every
+    /// use once, at the user's path, not a dozen times at the derive.
+    pub(crate) fn items(&self) -> Path {
+        let mut path = self.root();
+        let span = path
+            .segments
+            .last()
+            .map_or_else(Span::call_site, |s| s.ident.span());
+        path.segments.push(Ident::new("__private", span).into());
+        path
+    }
+
+    pub(crate) fn is_invalid(&self) -> bool {
+        matches!(self, CratePath::Invalid)
+    }
 }
 
 /// The attributes of one variant.
@@ -62,6 +109,7 @@ const INITIAL: &str = "initial";
 const TERMINAL: &str = "terminal";
 const NEXT: &str = "next";
 const SCHEMA: &str = "schema";
+const CRATE: &str = "crate";
 
 fn is_ours(attr: &Attribute) -> Option<&'static str> {
     [WORKFLOW, INITIAL, TERMINAL, NEXT, SCHEMA]
@@ -111,6 +159,9 @@ fn parse_workflow(cx: &Errors, attr: &Attribute, out: &mut WorkflowAttrs) {
         return;
     }
     let result = attr.parse_nested_meta(|meta| {
+        if meta.path.is_ident(CRATE) {
+            return parse_crate(cx, &meta, WORKFLOW, &mut out.krate);
+        }
         let key = meta.path.clone();
         let value = if meta.input.peek(Token![=]) {
             Some(meta.value()?.parse::<Expr>()?)
@@ -148,17 +199,13 @@ fn parse_workflow(cx: &Errors, attr: &Attribute, out: &mut WorkflowAttrs) {
                 out.version = Some((version, value.span()));
             }
         } else {
-            // Skip a parenthesized value so that the keys after it are still checked.
-            if value.is_none() && meta.input.peek(syn::token::Paren) {
-                let _ = meta.input.step(|cursor| match cursor.token_tree() {
-                    Some((_, rest)) => Ok(((), rest)),
-                    None => Err(cursor.error("expected a value")),
-                });
+            if value.is_none() {
+                skip_parenthesized(&meta);
             }
             cx.spanned(
                 &key,
                 format!(
-                    "unknown key `{}` in `#[workflow(...)]`: expected `name` or `version`",
+                    "unknown key `{}` in `#[workflow(...)]`: expected `name`, `version` or `crate`",
                     path_text(&key)
                 ),
             );
@@ -167,6 +214,75 @@ fn parse_workflow(cx: &Errors, attr: &Attribute, out: &mut WorkflowAttrs) {
     });
     if let Err(error) = result {
         cx.push(error);
+    }
+}
+
+/// Parses the value of `crate = path` into `slot`: a path, or a string holding one (as serde's
+/// `#[serde(crate = "...")]` spells it). `attr` names the attribute, for messages.
+fn parse_crate(
+    cx: &Errors,
+    meta: &ParseNestedMeta,
+    attr: &str,
+    slot: &mut CratePath,
+) -> syn::Result<()> {
+    let key = &meta.path;
+    if !meta.input.peek(Token![=]) {
+        cx.spanned(key, "expected `crate = path`, like `crate = loops_core`");
+        skip_parenthesized(meta);
+        *slot = CratePath::Invalid;
+        return Ok(());
+    }
+    // Taken as tokens, so that anything that is not a path gets the message below rather than
+    // an expression parser's.
+    let value = value_tokens(meta)?;
+    let path = match syn::parse2::<LitStr>(value.clone()) {
+        Ok(lit) => lit.parse_with(Path::parse_mod_style),
+        Err(_) => Path::parse_mod_style.parse2(value.clone()),
+    };
+    let Ok(path) = path else {
+        let message = "`crate` must be the path to the loops crate, like `crate = loops_core` \
+                       or `crate = \"loops_core\"`";
+        if value.is_empty() {
+            cx.spanned(key, message);
+        } else {
+            cx.spanned(&value, message);
+        }
+        *slot = CratePath::Invalid;
+        return Ok(());
+    };
+    match slot {
+        CratePath::Default => *slot = CratePath::Given(path),
+        CratePath::Given(_) | CratePath::Invalid => {
+            cx.spanned(key, format!("duplicate `crate` in `#[{attr}(...)]`"));
+        }
+    }
+    Ok(())
+}
+
+/// The tokens of the value after `key =`, up to the next `,`.
+fn value_tokens(meta: &ParseNestedMeta) -> syn::Result<TokenStream> {
+    meta.value()?.step(|cursor| {
+        let mut rest = *cursor;
+        let mut tokens = TokenStream::new();
+        while let Some((token, next)) = rest.token_tree() {
+            if matches!(&token, TokenTree::Punct(p) if p.as_char() == ',') {
+                break;
+            }
+            tokens.extend([token]);
+            rest = next;
+        }
+        Ok((tokens, rest))
+    })
+}
+
+/// Skips a parenthesized value after a key (`retries(3)`), so that the keys after it are still
+/// checked.
+fn skip_parenthesized(meta: &ParseNestedMeta) {
+    if meta.input.peek(syn::token::Paren) {
+        let _ = meta.input.step(|cursor| match cursor.token_tree() {
+            Some((_, rest)) => Ok(((), rest)),
+            None => Err(cursor.error("expected a value")),
+        });
     }
 }
 
@@ -237,11 +353,53 @@ pub(crate) fn field(cx: &Errors, attrs: &[Attribute]) -> SchemaAttrs {
     out
 }
 
-/// Reports `#[schema(...)]` on a struct, enum or variant (`#[derive(Schema)]`).
-pub(crate) fn no_schema_attr(cx: &Errors, attrs: &[Attribute], place: Place) {
+/// Reports `#[schema(...)]` on a variant (`#[derive(Schema)]`).
+pub(crate) fn no_schema_attr(cx: &Errors, attrs: &[Attribute]) {
     for attr in attrs.iter().filter(|a| a.path().is_ident(SCHEMA)) {
-        misplaced(cx, attr, SCHEMA, place);
+        misplaced(cx, attr, SCHEMA, Place::Variant);
     }
+}
+
+/// Parses `#[schema(crate = path)]` on a struct or enum deriving `Schema` (`place`), and
+/// reports the keys that belong on fields.
+pub(crate) fn schema_container(cx: &Errors, attrs: &[Attribute], place: Place) -> CratePath {
+    let mut krate = CratePath::Default;
+    let what = if place == Place::Struct {
+        "the struct"
+    } else {
+        "the enum"
+    };
+    for attr in attrs.iter().filter(|a| a.path().is_ident(SCHEMA)) {
+        if !matches!(attr.meta, Meta::List(_)) {
+            cx.spanned(
+                attr,
+                format!("expected `#[schema(crate = path)]` on {what}"),
+            );
+            continue;
+        }
+        let result = attr.parse_nested_meta(|meta| {
+            if meta.path.is_ident(CRATE) {
+                return parse_crate(cx, &meta, SCHEMA, &mut krate);
+            }
+            let key = path_text(&meta.path);
+            if meta.input.peek(Token![=]) {
+                value_tokens(&meta)?;
+            } else {
+                skip_parenthesized(&meta);
+            }
+            let message = if key == "as" || key == "recursive" {
+                format!("`{key}` belongs on a field, not on {what}")
+            } else {
+                format!("unknown key `{key}` in `#[schema(...)]` on {what}: expected `crate`")
+            };
+            cx.spanned(&meta.path, message);
+            Ok(())
+        });
+        if let Err(error) = result {
+            cx.push(error);
+        }
+    }
+    krate
 }
 
 fn parse_schema(cx: &Errors, attr: &Attribute, out: &mut SchemaAttrs) {
@@ -263,6 +421,15 @@ fn parse_schema(cx: &Errors, attr: &Attribute, out: &mut SchemaAttrs) {
         } else if meta.path.is_ident("recursive") {
             let ident: Ident = meta.value()?.parse()?;
             out.recursive.push(ident);
+        } else if meta.path.is_ident(CRATE) {
+            if meta.input.peek(Token![=]) {
+                value_tokens(&meta)?;
+            }
+            cx.spanned(
+                &meta.path,
+                "`crate` belongs on the type deriving `Schema`, not on a field (on a workflow: \
+                 `#[workflow(crate = ...)]`)",
+            );
         } else {
             if meta.input.peek(Token![=]) {
                 meta.value()?.parse::<Expr>()?;

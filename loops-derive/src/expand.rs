@@ -42,7 +42,8 @@ fn expand(w: &Workflow) -> TokenStream {
 /// The workflow's stored form as a `WorkflowShape` (with the items it needs), and the
 /// `SCHEMA_HASH` and `SCHEMA` constants computed from it at compile time.
 fn schema_consts(w: &Workflow) -> (TokenStream, TokenStream) {
-    let mut shapes = Shapes::new(None);
+    let krate = &w.krate;
+    let mut shapes = Shapes::new(krate, None);
     let states: Vec<TokenStream> = w
         .states
         .iter()
@@ -52,7 +53,7 @@ fn schema_consts(w: &Workflow) -> (TokenStream, TokenStream) {
                 w.serde.rename_all.map_or(name.clone(), |r| r.variant(&name))
             });
             let fields = match &s.serde.with {
-                Some(with) => crate::schema::opaque(&s.fields, with),
+                Some(with) => crate::schema::opaque(krate, &s.fields, with),
                 None => {
                     let rule = s.serde.rename_all.or(w.serde.rename_all_fields);
                     shapes.fields(s.style, &s.fields, rule, false)
@@ -67,9 +68,9 @@ fn schema_consts(w: &Workflow) -> (TokenStream, TokenStream) {
             let terminal = s.is_terminal();
             let next = s.next.iter().map(|&i| w.states[i].ident.unraw().to_string());
             quote! {
-                ::loops::schema::StateShape {
+                #krate::schema::StateShape {
                     name: #name,
-                    variant: ::loops::schema::Variant { name: #stored, fields: #fields, note: #note },
+                    variant: #krate::schema::Variant { name: #stored, fields: #fields, note: #note },
                     initial: #initial,
                     terminal: #terminal,
                     next: &[#(#next),*],
@@ -79,7 +80,7 @@ fn schema_consts(w: &Workflow) -> (TokenStream, TokenStream) {
         .collect();
     let name = workflow_name(w);
     let version = w.attrs.version.map_or(1, |(v, _)| v);
-    let repr = crate::shape::repr(&w.serde);
+    let repr = crate::shape::repr(krate, &w.serde);
     let mut notes = w.serde.notes.clone();
     if let Some(ty) = &w.serde.stored_as {
         notes.push(format!("stored as {}", tokens_text(ty.to_token_stream())));
@@ -88,20 +89,20 @@ fn schema_consts(w: &Workflow) -> (TokenStream, TokenStream) {
     let markers = shapes.markers();
     let items = quote! {
         #markers
-        const __LOOPS_SHAPE: ::loops::schema::WorkflowShape = ::loops::schema::WorkflowShape {
+        const __LOOPS_SHAPE: #krate::schema::WorkflowShape = #krate::schema::WorkflowShape {
             name: #name,
             version: #version,
             repr: #repr,
             states: &[#(#states),*],
             note: #note,
         };
-        const __LOOPS_SCHEMA_LEN: usize = ::loops::__private::describe_len(&__LOOPS_SHAPE);
+        const __LOOPS_SCHEMA_LEN: usize = #krate::describe_len(&__LOOPS_SHAPE);
         const __LOOPS_SCHEMA: [u8; __LOOPS_SCHEMA_LEN] =
-            ::loops::__private::describe::<__LOOPS_SCHEMA_LEN>(&__LOOPS_SHAPE);
+            #krate::describe::<__LOOPS_SCHEMA_LEN>(&__LOOPS_SHAPE);
     };
     let consts = quote! {
-        const SCHEMA_HASH: ::loops::SchemaHash = __LOOPS_SHAPE.hash();
-        const SCHEMA: &'static str = ::loops::__private::utf8(&__LOOPS_SCHEMA);
+        const SCHEMA_HASH: #krate::SchemaHash = __LOOPS_SHAPE.hash();
+        const SCHEMA: &'static str = #krate::utf8(&__LOOPS_SCHEMA);
     };
     (items, consts)
 }
@@ -126,6 +127,7 @@ pub(crate) fn types(w: &Workflow) -> TokenStream {
 /// The trait impls. `dispatch` is the body of `Dispatch::dispatch` and `schema` the
 /// `SCHEMA_HASH` and `SCHEMA` constants: the fallback replaces both.
 pub(crate) fn impls(w: &Workflow, dispatch: TokenStream, schema: TokenStream) -> TokenStream {
+    let krate = &w.krate;
     let ident = w.ident;
     let state_ident = &w.state_ident;
     let handler = &w.handler_ident;
@@ -146,7 +148,7 @@ pub(crate) fn impls(w: &Workflow, dispatch: TokenStream, schema: TokenStream) ->
         #(#from_next)*
 
         #[automatically_derived]
-        impl ::loops::Workflow for #ident {
+        impl #krate::Workflow for #ident {
             type State = #state_ident;
             const NAME: &'static str = #name;
             const VERSION: u32 = #version;
@@ -159,13 +161,13 @@ pub(crate) fn impls(w: &Workflow, dispatch: TokenStream, schema: TokenStream) ->
         }
 
         #[automatically_derived]
-        impl<__H: #handler + ?::core::marker::Sized> ::loops::Dispatch<__H> for #ident {
+        impl<__H: #handler + ?::core::marker::Sized> #krate::Dispatch<__H> for #ident {
             fn dispatch(
                 self,
                 __handler: &__H,
-                __ctx: &::loops::Context,
+                __ctx: &#krate::Context,
             ) -> impl ::core::future::Future<
-                Output = ::core::result::Result<Self, ::loops::BoxError>,
+                Output = ::core::result::Result<Self, #krate::BoxError>,
             > + ::core::marker::Send {
                 #dispatch
             }
@@ -183,6 +185,11 @@ pub(crate) fn workflow_name(w: &Workflow) -> String {
 
 fn state_enum(w: &Workflow) -> TokenStream {
     let vis = w.vis;
+    let root = w.attrs.krate.root();
+    let state_id = format!(
+        " [`StateId`]: {}::StateId",
+        tokens_text(root.to_token_stream())
+    );
     let ident = w.ident;
     let state_ident = &w.state_ident;
     let doc = format!(
@@ -199,7 +206,7 @@ fn state_enum(w: &Workflow) -> TokenStream {
     quote_spanned! {ident.span()=>
         #[doc = #doc]
         #[doc = ""]
-        #[doc = " [`StateId`]: ::loops::StateId"]
+        #[doc = #state_id]
         #[derive(
             ::core::clone::Clone,
             ::core::marker::Copy,
@@ -228,6 +235,7 @@ fn variant_docs(w: &Workflow, s: &State) -> TokenStream {
 }
 
 fn state_id_impl(w: &Workflow) -> TokenStream {
+    let krate = &w.krate;
     let state_ident = &w.state_ident;
     let all = w.states.iter().map(|s| s.ident);
     let initial = w.initial().map(|i| w.states[i].ident);
@@ -254,7 +262,7 @@ fn state_id_impl(w: &Workflow) -> TokenStream {
     };
     quote! {
         #[automatically_derived]
-        impl ::loops::StateId for #state_ident {
+        impl #krate::StateId for #state_ident {
             const ALL: &'static [Self] = &[#(Self::#all),*];
             const INITIAL: Self = Self::#initial;
             fn name(self) -> &'static str {
@@ -275,7 +283,7 @@ fn state_id_impl(w: &Workflow) -> TokenStream {
         #[automatically_derived]
         impl ::core::fmt::Display for #state_ident {
             fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
-                f.write_str(::loops::StateId::name(*self))
+                f.write_str(#krate::StateId::name(*self))
             }
         }
     }
@@ -391,6 +399,7 @@ fn bindings(s: &State) -> (Vec<Member>, Vec<Ident>) {
 }
 
 fn handler_trait(w: &Workflow) -> TokenStream {
+    let krate = &w.krate;
     let vis = w.vis;
     let ident = w.ident;
     let handler = &w.handler_ident;
@@ -415,7 +424,7 @@ fn handler_trait(w: &Workflow) -> TokenStream {
         #vis trait #handler: ::core::marker::Send + ::core::marker::Sync {
             /// The error the handlers return: anything that converts into `loops::BoxError`,
             /// such as `anyhow::Error` or an error type deriving `thiserror::Error`.
-            type Error: ::core::convert::Into<::loops::BoxError> + ::core::marker::Send + 'static;
+            type Error: ::core::convert::Into<#krate::BoxError> + ::core::marker::Send + 'static;
 
             #(#methods)*
         }
@@ -423,6 +432,7 @@ fn handler_trait(w: &Workflow) -> TokenStream {
 }
 
 fn handler_method(w: &Workflow, s: &State) -> TokenStream {
+    let krate = &w.krate;
     let ident = w.ident;
     let method = &s.method;
     let next_ident = &s.next_ident;
@@ -455,7 +465,7 @@ fn handler_method(w: &Workflow, s: &State) -> TokenStream {
         #[doc = #returns]
         fn #method(
             &self,
-            #ctx: &::loops::Context,
+            #ctx: &#krate::Context,
             #(#args),*
         ) -> impl ::core::future::Future<
             Output = ::core::result::Result<#next_ident, Self::Error>,
@@ -465,6 +475,7 @@ fn handler_method(w: &Workflow, s: &State) -> TokenStream {
 
 /// The body of `Dispatch::dispatch`: run the current state's handler.
 fn dispatch_body(w: &Workflow) -> TokenStream {
+    let krate = &w.krate;
     let ident = w.ident;
     let handler = &w.handler_ident;
     let arms = w.states.iter().map(|s| {
@@ -474,8 +485,8 @@ fn dispatch_body(w: &Workflow) -> TokenStream {
             let name = v.unraw().to_string();
             quote! {
                 #ident::#v { .. } => ::core::result::Result::Err(
-                    ::loops::__private::terminal_dispatched(
-                        <Self as ::loops::Workflow>::NAME,
+                    #krate::terminal_dispatched(
+                        <Self as #krate::Workflow>::NAME,
                         #name,
                     ),
                 )
@@ -490,7 +501,7 @@ fn dispatch_body(w: &Workflow) -> TokenStream {
                             <Self as ::core::convert::From<#next_ident>>::from(__next),
                         ),
                         ::core::result::Result::Err(__error) => ::core::result::Result::Err(
-                            ::core::convert::Into::<::loops::BoxError>::into(__error),
+                            ::core::convert::Into::<#krate::BoxError>::into(__error),
                         ),
                     }
                 }
@@ -560,6 +571,31 @@ mod tests {
                 "{item}: {out}"
             );
         }
+    }
+
+    #[test]
+    fn the_crate_path_replaces_loops_everywhere() {
+        let out = expand(parse_quote! {
+            #[workflow(crate = crate)]
+            enum Job {
+                #[initial]
+                #[next(Done)]
+                Start { n: u32 },
+                #[terminal]
+                Done,
+            }
+        });
+        assert!(!out.contains("loops ::"), "{out}");
+        assert!(
+            out.contains("impl crate :: __private :: Workflow for Job"),
+            "{out}"
+        );
+        assert!(
+            out.contains("< u32 as crate :: __private :: Schema > :: SHAPE"),
+            "{out}"
+        );
+        // The doc link names the public path.
+        assert!(out.contains("\" [`StateId`]: crate::StateId\""), "{out}");
     }
 
     #[test]

@@ -11,9 +11,13 @@ use crate::expand;
 pub(crate) fn expand(workflow: Option<&Workflow>, error: syn::Error) -> TokenStream {
     let error = error.to_compile_error();
     // A generic enum's fields name type parameters the generated items would not declare.
-    let Some(w) = workflow.filter(|w| !w.states.is_empty() && !w.is_generic()) else {
+    // A malformed `crate = ...`: every generated item would name a path that may not resolve.
+    let Some(w) =
+        workflow.filter(|w| !w.states.is_empty() && !w.is_generic() && !w.attrs.krate.is_invalid())
+    else {
         return error;
     };
+    let krate = &w.krate;
     let types = expand::types(w);
     // Stubs for what could fail in turn: the dispatch (calls handler methods) and the schema
     // constants (which, in an invalid enum, describe nothing meaningful).
@@ -21,7 +25,7 @@ pub(crate) fn expand(workflow: Option<&Workflow>, error: syn::Error) -> TokenStr
         ::core::future::pending()
     };
     let schema = quote! {
-        const SCHEMA_HASH: ::loops::SchemaHash = ::loops::SchemaHash::from_u64(0);
+        const SCHEMA_HASH: #krate::SchemaHash = #krate::SchemaHash::from_u64(0);
         const SCHEMA: &'static str = "";
     };
     let impls = expand::impls(w, dispatch, schema);

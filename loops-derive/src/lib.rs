@@ -24,9 +24,10 @@ use syn::{DeriveInput, parse_macro_input};
 
 /// Derives a durable workflow from an enum: one variant per state, `#[initial]` on the state
 /// runs start in, `#[next(A, B)]` on every other state listing where it may go, `#[terminal]`
-/// on the states that end runs, and optionally `#[workflow(name = "...", version = N)]` on the
-/// enum; `#[schema(as = T)]` and `#[schema(recursive = T)]` on fields. The whole guide (every
-/// attribute, what is generated, what changes the schema hash) follows the example below.
+/// on the states that end runs, and optionally `#[workflow(name = "...", version = N, crate =
+/// path)]` on the enum; `#[schema(as = T)]` and `#[schema(recursive = T)]` on fields. The
+/// whole guide (every attribute, what is generated, what changes the schema hash) follows the
+/// example below.
 ///
 /// Generates, for `enum Deliver`: `DeliverState` (the fieldless state enum, implementing
 /// `loops::StateId`), one `{V}Next` enum per non-terminal state `V` (the states `V` may move
@@ -60,7 +61,7 @@ pub fn derive_workflow(input: TokenStream) -> TokenStream {
 /// Derives `loops::Schema` for a struct or enum stored in workflow states: describes its
 /// stored form from its fields' `Schema` impls and its serde attributes, so that the schema
 /// hash of the workflows storing it sees into it. `#[schema(as = T)]` and
-/// `#[schema(recursive = T)]` on fields.
+/// `#[schema(recursive = T)]` on fields, `#[schema(crate = path)]` on the type.
 ///
 /// ```
 /// #[derive(loops::Schema, serde::Serialize, serde::Deserialize)]

@@ -5,7 +5,7 @@ use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
 use syn::ext::IdentExt;
 use syn::spanned::Spanned;
-use syn::{Data, DeriveInput, GenericParam, Type, parse_quote};
+use syn::{Data, DeriveInput, GenericParam, Path, Type, parse_quote};
 
 use crate::ast::{Field, Style};
 use crate::attr::{self, Place};
@@ -16,20 +16,25 @@ use crate::shape::{Shapes, repr, tokens_text};
 pub(crate) fn derive(input: &DeriveInput) -> TokenStream {
     let cx = Errors::default();
     let serde = serde_attr::container(&input.attrs);
-    let mut shapes = Shapes::new(Some(&input.ident));
+    let place = match &input.data {
+        Data::Enum(_) => Place::Enum,
+        Data::Struct(_) | Data::Union(_) => Place::Struct,
+    };
+    let krate_attr = attr::schema_container(&cx, &input.attrs, place);
+    let krate = &krate_attr.items();
+    let mut shapes = Shapes::new(krate, Some(&input.ident));
     let name = input.ident.unraw().to_string();
     let params: Vec<TokenStream> = input
         .generics
         .type_params()
         .map(|p| {
             let t = &p.ident;
-            quote!(<#t as ::loops::Schema>::SHAPE)
+            quote!(<#t as #krate::Schema>::SHAPE)
         })
         .collect();
     let note = serde.notes.join(", ");
     let shape = match &input.data {
         Data::Struct(data) => {
-            attr::no_schema_attr(&cx, &input.attrs, Place::Struct);
             let style = Style::of(&data.fields);
             let fields = Field::all(&cx, &data.fields);
             let tag = match &serde.tag {
@@ -47,7 +52,7 @@ pub(crate) fn derive(input: &DeriveInput) -> TokenStream {
             };
             let fields = shapes.fields(style, &fields, serde.rename_all, serde.default);
             quote! {
-                &::loops::schema::Shape::Struct(&::loops::schema::Struct {
+                &#krate::schema::Shape::Struct(&#krate::schema::Struct {
                     name: #name,
                     params: &[#(#params),*],
                     tag: #tag,
@@ -57,12 +62,11 @@ pub(crate) fn derive(input: &DeriveInput) -> TokenStream {
             }
         }
         Data::Enum(data) => {
-            attr::no_schema_attr(&cx, &input.attrs, Place::Enum);
             let variants: Vec<TokenStream> = data
                 .variants
                 .iter()
                 .filter_map(|variant| {
-                    attr::no_schema_attr(&cx, &variant.attrs, Place::Variant);
+                    attr::no_schema_attr(&cx, &variant.attrs);
                     let v = serde_attr::variant(&variant.attrs);
                     let fields = Field::all(&cx, &variant.fields);
                     if v.skip {
@@ -76,7 +80,7 @@ pub(crate) fn derive(input: &DeriveInput) -> TokenStream {
                     });
                     let style = Style::of(&variant.fields);
                     let fields = match &v.with {
-                        Some(with) => opaque(&fields, with),
+                        Some(with) => opaque(krate, &fields, with),
                         None => {
                             let rule = v.rename_all.or(serde.rename_all_fields);
                             shapes.fields(style, &fields, rule, false)
@@ -84,13 +88,13 @@ pub(crate) fn derive(input: &DeriveInput) -> TokenStream {
                     };
                     let note = v.notes.join(", ");
                     Some(quote! {
-                        ::loops::schema::Variant { name: #stored, fields: #fields, note: #note }
+                        #krate::schema::Variant { name: #stored, fields: #fields, note: #note }
                     })
                 })
                 .collect();
-            let repr = repr(&serde);
+            let repr = repr(krate, &serde);
             quote! {
-                &::loops::schema::Shape::Enum(&::loops::schema::Enum {
+                &#krate::schema::Shape::Enum(&#krate::schema::Enum {
                     name: #name,
                     params: &[#(#params),*],
                     repr: #repr,
@@ -104,12 +108,12 @@ pub(crate) fn derive(input: &DeriveInput) -> TokenStream {
                 data.union_token,
                 "`#[derive(Schema)]` needs a struct or an enum: serde cannot store a union",
             );
-            quote!(&::loops::schema::Shape::Scalar("union"))
+            quote!(&#krate::schema::Shape::Scalar("union"))
         }
     };
     // `#[serde(into = "T")]`, `from`, `try_from`: stored as that type.
     let shape = match &serde.stored_as {
-        Some(ty) => stored_as(ty),
+        Some(ty) => stored_as(krate, ty),
         None => shape,
     };
     let mut generics = input.generics.clone();
@@ -125,16 +129,18 @@ pub(crate) fn derive(input: &DeriveInput) -> TokenStream {
     for t in bounds {
         where_clause
             .predicates
-            .push(parse_quote!(#t: ::loops::Schema));
+            .push(parse_quote!(#t: #krate::Schema));
     }
     let (impl_generics, ty_generics, where_clause) = generics.split_for_impl();
     let ident = &input.ident;
     let (error, shape) = match cx.finish() {
         None => (None, shape),
+        // A malformed `crate = ...`: an impl would name a path that may not resolve.
+        Some(error) if krate_attr.is_invalid() => return error.to_compile_error(),
         // Still implement the trait, so that the types using this one report nothing more.
         Some(error) => (
             Some(error.to_compile_error()),
-            quote!(&::loops::schema::Shape::Scalar("(invalid)")),
+            quote!(&#krate::schema::Shape::Scalar("(invalid)")),
         ),
     };
     let markers = if error.is_none() {
@@ -149,7 +155,7 @@ pub(crate) fn derive(input: &DeriveInput) -> TokenStream {
         let hint = quote_spanned! {input.ident.span()=>
             #[allow(non_upper_case_globals)]
             const if_this_cycles_add_schema_recursive_to_one_of_the_fields_that_refer_back:
-                &::loops::schema::Shape = #shape;
+                &#krate::schema::Shape = #shape;
         };
         let shape =
             quote!(if_this_cycles_add_schema_recursive_to_one_of_the_fields_that_refer_back);
@@ -163,28 +169,54 @@ pub(crate) fn derive(input: &DeriveInput) -> TokenStream {
             #markers
             #hint
             #[automatically_derived]
-            impl #impl_generics ::loops::Schema for #ident #ty_generics #where_clause {
-                const SHAPE: &'static ::loops::schema::Shape = #shape;
+            impl #impl_generics #krate::Schema for #ident #ty_generics #where_clause {
+                const SHAPE: &'static #krate::schema::Shape = #shape;
             }
         };
     }
 }
 
-fn stored_as(ty: &Type) -> TokenStream {
-    quote_spanned!(ty.span()=> <#ty as ::loops::Schema>::SHAPE)
+fn stored_as(krate: &Path, ty: &Type) -> TokenStream {
+    quote_spanned!(ty.span()=> <#ty as #krate::Schema>::SHAPE)
 }
 
 /// The data of a variant with `#[serde(with = "...")]`: opaque.
-pub(crate) fn opaque(fields: &[Field], with: &str) -> TokenStream {
+pub(crate) fn opaque(krate: &Path, fields: &[Field], with: &str) -> TokenStream {
     let ty = fields
         .iter()
         .map(|f| tokens_text(quote::ToTokens::to_token_stream(f.ty)))
         .collect::<Vec<_>>()
         .join(", ");
     quote! {
-        ::loops::schema::Fields::Newtype(&::loops::schema::Field::new(
+        #krate::schema::Fields::Newtype(&#krate::schema::Field::new(
             "0",
-            &::loops::schema::Shape::Opaque { ty: #ty, with: #with },
+            &#krate::schema::Shape::Opaque { ty: #ty, with: #with },
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use syn::parse_quote;
+
+    #[test]
+    fn the_crate_path_replaces_loops_everywhere() {
+        let out = super::derive(&parse_quote! {
+            #[schema(crate = "loops_core")]
+            struct Page<T> {
+                items: Vec<T>,
+                next: Option<Box<Page<T>>>,
+            }
+        })
+        .to_string();
+        assert!(!out.contains(":: loops ::"), "{out}");
+        for expected in [
+            "impl < T > loops_core :: __private :: Schema for Page < T > where T : loops_core :: __private :: Schema",
+            "& loops_core :: __private :: schema :: Shape :: Struct",
+            // The recursion marker.
+            "& loops_core :: __private :: schema :: Shape :: Recursive (\"Page\")",
+        ] {
+            assert!(out.contains(expected), "{expected}: {out}");
+        }
     }
 }

@@ -11,13 +11,15 @@ use proc_macro2::{Delimiter, Span, TokenStream, TokenTree};
 use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::visit_mut::{self, VisitMut};
-use syn::{Ident, Type};
+use syn::{Ident, Path, Type};
 
 use crate::ast::{Field, Style};
 use crate::serde_attr::Rule;
 
 /// Builds shape expressions, collecting the recursion markers they use.
 pub(crate) struct Shapes {
+    /// The path to loops (`crate = ...`, else `::loops`).
+    krate: Path,
     /// The type's own name (`#[derive(Schema)]`), which `Self` also means.
     own: Option<String>,
     /// `(name, marker)` for every name replaced so far.
@@ -25,8 +27,9 @@ pub(crate) struct Shapes {
 }
 
 impl Shapes {
-    pub(crate) fn new(own: Option<&Ident>) -> Self {
+    pub(crate) fn new(krate: &Path, own: Option<&Ident>) -> Self {
         Shapes {
+            krate: krate.clone(),
             own: own.map(|i| i.to_string()),
             markers: Vec::new(),
         }
@@ -35,12 +38,13 @@ impl Shapes {
     /// The marker types and their `Schema` impls, to emit in the same `const _` block as the
     /// shapes that use them.
     pub(crate) fn markers(&self) -> TokenStream {
+        let krate = &self.krate;
         let items = self.markers.iter().map(|(name, marker)| {
             quote! {
                 struct #marker;
-                impl ::loops::Schema for #marker {
-                    const SHAPE: &'static ::loops::schema::Shape =
-                        &::loops::schema::Shape::Recursive(#name);
+                impl #krate::Schema for #marker {
+                    const SHAPE: &'static #krate::schema::Shape =
+                        &#krate::schema::Shape::Recursive(#name);
                 }
             }
         });
@@ -56,7 +60,7 @@ impl Shapes {
         marker
     }
 
-    /// `<T as ::loops::Schema>::SHAPE`, spanned at the type so that a missing impl is
+    /// `<T as ::loops::Schema>::SHAPE` (or under the `crate = ...` path), spanned at the type so that a missing impl is
     /// reported on the field.
     pub(crate) fn of_type(&mut self, ty: &Type, recursive: &[Ident]) -> TokenStream {
         let mut names: Vec<String> = recursive.iter().map(ToString::to_string).collect();
@@ -69,7 +73,8 @@ impl Shapes {
             names: &names,
         };
         replace.visit_type_mut(&mut replaced);
-        quote_spanned!(ty.span()=> <#replaced as ::loops::Schema>::SHAPE)
+        let krate = &self.krate;
+        quote_spanned!(ty.span()=> <#replaced as #krate::Schema>::SHAPE)
     }
 
     /// A `::loops::schema::Field`, or `None` for a field serde skips.
@@ -83,11 +88,12 @@ impl Shapes {
         if serde.skipped() {
             return None;
         }
+        let krate = self.krate.clone();
         let shape = if let Some(with) = &serde.with {
             let ty = tokens_text(field.ty.to_token_stream());
-            quote!(&::loops::schema::Shape::Opaque { ty: #ty, with: #with })
+            quote!(&#krate::schema::Shape::Opaque { ty: #ty, with: #with })
         } else if let Some(as_type) = &field.schema.as_type {
-            quote_spanned!(as_type.span()=> <#as_type as ::loops::Schema>::SHAPE)
+            quote_spanned!(as_type.span()=> <#as_type as #krate::Schema>::SHAPE)
         } else {
             self.of_type(field.ty, &field.schema.recursive)
         };
@@ -101,15 +107,15 @@ impl Shapes {
         ] {
             if set {
                 let flag = Ident::new(flag, Span::call_site());
-                flags.push(quote!(.with(::loops::schema::FieldFlags::#flag)));
+                flags.push(quote!(.with(#krate::schema::FieldFlags::#flag)));
             }
         }
         let note = serde.notes.join(", ");
         Some(quote! {
-            ::loops::schema::Field {
+            #krate::schema::Field {
                 name: #name,
                 shape: #shape,
-                flags: ::loops::schema::FieldFlags::NONE #(#flags)*,
+                flags: #krate::schema::FieldFlags::NONE #(#flags)*,
                 note: #note,
             }
         })
@@ -140,11 +146,12 @@ impl Shapes {
                 kept.push(field);
             }
         }
+        let krate = &self.krate;
         match (style, kept.as_slice()) {
-            (Style::Unit, _) => quote!(::loops::schema::Fields::Unit),
-            (Style::Tuple, [one]) => quote!(::loops::schema::Fields::Newtype(&#one)),
-            (Style::Tuple, _) => quote!(::loops::schema::Fields::Tuple(&[#(#kept),*])),
-            (Style::Struct, _) => quote!(::loops::schema::Fields::Named(&[#(#kept),*])),
+            (Style::Unit, _) => quote!(#krate::schema::Fields::Unit),
+            (Style::Tuple, [one]) => quote!(#krate::schema::Fields::Newtype(&#one)),
+            (Style::Tuple, _) => quote!(#krate::schema::Fields::Tuple(&[#(#kept),*])),
+            (Style::Struct, _) => quote!(#krate::schema::Fields::Named(&[#(#kept),*])),
         }
     }
 }
@@ -180,14 +187,14 @@ impl VisitMut for Replace<'_> {
 }
 
 /// `::loops::schema::Repr::...` for a container's serde attributes.
-pub(crate) fn repr(serde: &crate::serde_attr::Container) -> TokenStream {
+pub(crate) fn repr(krate: &Path, serde: &crate::serde_attr::Container) -> TokenStream {
     match (&serde.tag, &serde.content, serde.untagged) {
-        (_, _, true) => quote!(::loops::schema::Repr::Untagged),
+        (_, _, true) => quote!(#krate::schema::Repr::Untagged),
         (Some(tag), Some(content), _) => {
-            quote!(::loops::schema::Repr::Adjacent { tag: #tag, content: #content })
+            quote!(#krate::schema::Repr::Adjacent { tag: #tag, content: #content })
         }
-        (Some(tag), None, _) => quote!(::loops::schema::Repr::Internal { tag: #tag }),
-        (None, _, _) => quote!(::loops::schema::Repr::External),
+        (Some(tag), None, _) => quote!(#krate::schema::Repr::Internal { tag: #tag }),
+        (None, _, _) => quote!(#krate::schema::Repr::External),
     }
 }
 
@@ -280,7 +287,7 @@ mod tests {
 
     #[test]
     fn own_name_and_recursive_names_become_markers() {
-        let mut shapes = Shapes::new(Some(&parse_quote!(Tree)));
+        let mut shapes = Shapes::new(&parse_quote!(::loops), Some(&parse_quote!(Tree)));
         let ty: Type = parse_quote!(Vec<Box<Tree>>);
         let out = shapes.of_type(&ty, &[]).to_string();
         assert_eq!(

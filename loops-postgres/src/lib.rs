@@ -5,36 +5,19 @@
 //! ```no_run
 //! use std::time::Duration;
 //!
-//! use loops_core::{BoxError, Context, Runtime, SchemaHash, StateId, Workflow, Dispatch};
+//! use loops::Runtime;
 //! use loops_postgres::PgStore;
 //! # use serde::{Deserialize, Serialize};
-//! # #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-//! # enum Job { Start, Done }
-//! # #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
-//! # enum JobState { Start, Done }
-//! # impl std::fmt::Display for JobState {
-//! #     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result { f.write_str(self.name()) }
-//! # }
-//! # impl StateId for JobState {
-//! #     const ALL: &'static [Self] = &[JobState::Start, JobState::Done];
-//! #     const INITIAL: Self = JobState::Start;
-//! #     fn name(self) -> &'static str { match self { JobState::Start => "Start", JobState::Done => "Done" } }
-//! #     fn next(self) -> &'static [Self] { match self { JobState::Start => &[JobState::Done], JobState::Done => &[] } }
-//! #     fn is_terminal(self) -> bool { self == JobState::Done }
-//! # }
-//! # impl Workflow for Job {
-//! #     type State = JobState;
-//! #     const NAME: &'static str = "job";
-//! #     const VERSION: u32 = 1;
-//! #     const SCHEMA_HASH: SchemaHash = SchemaHash::of(b"job");
-//! #     const SCHEMA: &'static str = "job";
-//! #     fn state(&self) -> JobState { match self { Job::Start => JobState::Start, Job::Done => JobState::Done } }
-//! # }
+//! # #[derive(loops::Workflow, Serialize, Deserialize)]
+//! # enum Job { #[initial] #[next(Done)] Start, #[terminal] Done }
 //! # struct Agent;
-//! # impl Dispatch<Agent> for Job {
-//! #     async fn dispatch(self, _: &Agent, _: &Context) -> Result<Self, BoxError> { Ok(Job::Done) }
+//! # impl JobHandler for Agent {
+//! #     type Error = loops::Error;
+//! #     async fn start(&self, _: &loops::Context) -> Result<StartNext, loops::Error> {
+//! #         Ok(StartNext::Done)
+//! #     }
 //! # }
-//! // `Job` is a workflow (`#[derive(Workflow)]` with the `loops` crate); `Agent` its handler.
+//! // `Job` is a workflow (`#[derive(Workflow)]`); `Agent` implements its `JobHandler`.
 //! #[tokio::main]
 //! async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //!     let store = PgStore::builder("host=db.internal user=loops dbname=loops")
