@@ -32,7 +32,7 @@ enum Job {
 
 /// What the derive describes `Job` as (`the_workflows_are_described_as_expected`), and so
 /// what the binary must print for it.
-const JOB_SCHEMA: &str = "workflow job version 1\nstate Start (struct, initial) -> Work\n  mode: String\nstate Work (struct) -> Done\n  mode: String\n  items: Vec<String>\nstate Done (struct, terminal)\n  delivered: u32\n";
+const JOB_SCHEMA: &str = "workflow job version 1 format 1\nstate Start (struct, initial) -> Work\n  mode: String\nstate Work (struct) -> Done\n  mode: String\n  items: Vec<String>\nstate Done (struct, terminal)\n  delivered: u32\n";
 
 /// An error with a cause, so that the failed run records a chain of two.
 #[derive(Debug)]
@@ -125,7 +125,7 @@ mod v2 {
 use v2::JobV2;
 
 /// What the derive describes `JobV2` as.
-const JOB_V2_SCHEMA: &str = "workflow job version 2\nstate Start (struct, initial) -> Done\n  mode: String\nstate Done (struct, terminal)\n  delivered: u64\n";
+const JOB_V2_SCHEMA: &str = "workflow job version 2 format 1\nstate Start (struct, initial) -> Done\n  mode: String\nstate Done (struct, terminal)\n  delivered: u64\n";
 
 /// Waits for an approval.
 #[derive(loops_derive::Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -139,7 +139,7 @@ enum Gate {
 }
 
 /// What the derive describes `Gate` as.
-const GATE_SCHEMA: &str = "workflow gate version 1\nstate Ask (struct, initial) -> Done\n  doc: String\nstate Done (struct, terminal)\n  by: String\n";
+const GATE_SCHEMA: &str = "workflow gate version 1 format 1\nstate Ask (struct, initial) -> Done\n  doc: String\nstate Done (struct, terminal)\n  by: String\n";
 
 impl GateHandler for Worker {
     type Error = BoxError;
@@ -158,82 +158,38 @@ fn the_workflows_are_described_as_expected() {
 }
 
 /// Edits and tests until the third round passes: a loop, for `loops graph --run`.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(loops_derive::Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(crate = loops_core)]
 enum Fix {
+    #[initial]
+    #[next(Test, Dropped)]
     Edit { round: u32 },
+    #[next(Edit, Merged)]
     Test { round: u32 },
+    #[terminal]
     Merged,
+    #[terminal]
     Dropped,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
-enum FixState {
-    Edit,
-    Test,
-    Merged,
-    Dropped,
-}
+impl FixHandler for Worker {
+    type Error = BoxError;
 
-impl fmt::Display for FixState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+    async fn edit(&self, _: &Context, round: u32) -> Result<EditNext, BoxError> {
+        // Never reached by the tests' runs (they merge at round 2); the graph shows the edge.
+        Ok(if round > 10 {
+            EditNext::Dropped
+        } else {
+            EditNext::Test { round }
+        })
     }
-}
 
-impl StateId for FixState {
-    const ALL: &'static [Self] = &[
-        FixState::Edit,
-        FixState::Test,
-        FixState::Merged,
-        FixState::Dropped,
-    ];
-    const INITIAL: Self = FixState::Edit;
-    fn name(self) -> &'static str {
-        match self {
-            FixState::Edit => "Edit",
-            FixState::Test => "Test",
-            FixState::Merged => "Merged",
-            FixState::Dropped => "Dropped",
-        }
-    }
-    fn next(self) -> &'static [Self] {
-        match self {
-            FixState::Edit => &[FixState::Test, FixState::Dropped],
-            FixState::Test => &[FixState::Edit, FixState::Merged],
-            FixState::Merged | FixState::Dropped => &[],
-        }
-    }
-    fn is_terminal(self) -> bool {
-        matches!(self, FixState::Merged | FixState::Dropped)
-    }
-}
-
-const FIX_SCHEMA: &str = "workflow fix version 1\nstate Edit (struct, initial) -> Test | Dropped\n  round: u32\nstate Test (struct) -> Edit | Merged\n  round: u32\nstate Merged (unit, terminal)\nstate Dropped (unit, terminal)\n";
-
-impl Workflow for Fix {
-    type State = FixState;
-    const NAME: &'static str = "fix";
-    const VERSION: u32 = 1;
-    const SCHEMA_HASH: SchemaHash = SchemaHash::of(FIX_SCHEMA.as_bytes());
-    const SCHEMA: &'static str = FIX_SCHEMA;
-    fn state(&self) -> FixState {
-        match self {
-            Fix::Edit { .. } => FixState::Edit,
-            Fix::Test { .. } => FixState::Test,
-            Fix::Merged => FixState::Merged,
-            Fix::Dropped => FixState::Dropped,
-        }
-    }
-}
-
-impl Dispatch<Worker> for Fix {
-    async fn dispatch(self, _: &Worker, _: &Context) -> Result<Self, BoxError> {
-        match self {
-            Fix::Edit { round } => Ok(Fix::Test { round }),
-            Fix::Test { round } if round < 2 => Ok(Fix::Edit { round: round + 1 }),
-            Fix::Test { .. } => Ok(Fix::Merged),
-            Fix::Merged | Fix::Dropped => Err("terminal".into()),
-        }
+    async fn test(&self, _: &Context, round: u32) -> Result<TestNext, BoxError> {
+        Ok(if round < 2 {
+            TestNext::Edit { round: round + 1 }
+        } else {
+            TestNext::Merged
+        })
     }
 }
 
@@ -675,7 +631,7 @@ fn show_prints_state_payload_wait_and_the_schema_only_when_asked() {
     assert_eq!(
         with,
         format!(
-            "{out}\nschema {gate}\n  workflow gate version 1\n  state Ask (struct, initial) -> Done\n    doc: String\n  state Done (struct, terminal)\n    by: String\n"
+            "{out}\nschema {gate}\n  workflow gate version 1 format 1\n  state Ask (struct, initial) -> Done\n    doc: String\n  state Done (struct, terminal)\n    by: String\n"
         )
     );
     let v = json(&path, &["show", "waiting-1", "--json"]);
@@ -890,7 +846,7 @@ fn schema_lists_shows_and_diffs_stored_descriptions() {
     assert_eq!(run["description"], JOB_V2_SCHEMA);
     let out = text(&path, &["schema", "done-1"]);
     assert!(out.starts_with(&format!(
-        "schema {} (run done-1, workflow job)\n  workflow job version 1\n",
+        "schema {} (run done-1, workflow job)\n  workflow job version 1 format 1\n",
         v1["hash"].as_str().unwrap()
     )));
 
@@ -1337,14 +1293,49 @@ mod deliver;
 /// Ends a deliver run at once: enough to store the workflow's schema description.
 struct GiveUp;
 
-impl Dispatch<GiveUp> for deliver::Deliver {
-    async fn dispatch(self, _: &GiveUp, _: &Context) -> Result<Self, BoxError> {
-        match self {
-            deliver::Deliver::Received { .. } => Ok(deliver::Deliver::Abandoned {
-                reason: "a test".into(),
-            }),
-            _ => Err("only Received is handled".into()),
-        }
+impl deliver::DeliverHandler for GiveUp {
+    type Error = BoxError;
+
+    async fn received(
+        &self,
+        _: &Context,
+        _: deliver::Issue,
+        _: deliver::Base,
+    ) -> Result<deliver::ReceivedNext, BoxError> {
+        Ok(deliver::ReceivedNext::Abandoned {
+            reason: "a test".into(),
+        })
+    }
+
+    async fn planned(
+        &self,
+        _: &Context,
+        _: deliver::Issue,
+        _: deliver::Base,
+        _: deliver::Change,
+    ) -> Result<deliver::PlannedNext, BoxError> {
+        Err("only Received is handled".into())
+    }
+
+    async fn edited(
+        &self,
+        _: &Context,
+        _: deliver::Issue,
+        _: deliver::Work,
+        _: u32,
+    ) -> Result<deliver::EditedNext, BoxError> {
+        Err("only Received is handled".into())
+    }
+
+    async fn tested(
+        &self,
+        _: &Context,
+        _: deliver::Issue,
+        _: deliver::Work,
+        _: u32,
+        _: deliver::TestReport,
+    ) -> Result<deliver::TestedNext, BoxError> {
+        Err("only Received is handled".into())
     }
 }
 
