@@ -599,6 +599,30 @@ mod failpoints {
         );
     }
 
+    /// A kill after the new store file was linked into place but before its temporary file
+    /// was removed: the store is complete, and the next open removes the temporary file (it
+    /// once stayed for good, as the existing store was opened without a sweep).
+    #[tokio::test]
+    async fn after_the_new_store_is_linked() {
+        let dir = tempfile::tempdir().unwrap();
+        abort_at(dir.path(), "loops::create::after_link=return");
+        let leftovers = || -> Vec<String> {
+            std::fs::read_dir(dir.path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|n| n.contains(".new-"))
+                .collect()
+        };
+        assert_eq!(
+            leftovers().len(),
+            1,
+            "the fault point leaves the temporary file"
+        );
+        let rt = Runtime::open(dir.path().join("store.redb")).unwrap();
+        assert_eq!(leftovers(), Vec::<String>::new());
+        assert_eq!(rt.redb().unwrap().check_integrity().unwrap(), true);
+    }
+
     #[tokio::test]
     async fn after_a_step_record() {
         let dir = tempfile::tempdir().unwrap();

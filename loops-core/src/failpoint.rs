@@ -14,6 +14,7 @@
 //! | `loops::transition::after_commit` | the transition committed; the next state not started |
 //! | `loops::resume::after_read` | a resume read the run's latest record |
 //! | `loops::writer::after_commit` | the writer committed a batch, callers not yet answered |
+//! | `loops::create::after_link` | a new store file was linked into place, its temporary file not yet removed |
 
 /// Aborts the process if the fault point `name` is configured to `return`.
 #[inline]

@@ -246,7 +246,13 @@ impl RedbStore {
         }
         if !path.exists() {
             create_atomically(&path).map_err(|e| open_err(e.into()))?;
-        } else if std::fs::metadata(&path).is_ok_and(|m| m.is_file() && m.len() == 0) {
+        } else if let Some(name) = path.file_name() {
+            remove_abandoned_new_files(
+                &parent_dir(&path),
+                &new_file_prefix(&name.to_string_lossy()),
+            );
+        }
+        if std::fs::metadata(&path).is_ok_and(|m| m.is_file() && m.len() == 0) {
             // redb would initialize an empty file as a new store: refuse, lest a truncated
             // store silently becomes an empty one. loops never leaves an empty file behind.
             return Err(open_err(
@@ -1314,6 +1320,40 @@ fn is_abandoned(path: &Path, pid: Option<u32>) -> bool {
 /// same store at once each have their own.
 static NEW_FILES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+/// The directory holding the store file `path` (`.` for a bare file name).
+fn parent_dir(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// The name prefix of [`create_atomically`]'s temporary files for the store file `name`.
+fn new_file_prefix(name: &str) -> String {
+    format!(".{name}.new-")
+}
+
+/// Removes the temporary files of [`create_atomically`] (named `{prefix}{pid}-{n}`) in `dir`
+/// that were left by a creation that will not finish (see [`is_abandoned`]). Called by every
+/// creation and by every writable open of an existing store: a kill between the link and the
+/// removal of the temporary file leaves the store in place, so only an open can clean up.
+fn remove_abandoned_new_files(dir: &Path, prefix: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let file_name = entry.file_name().to_string_lossy().into_owned();
+        let Some(suffix) = file_name.strip_prefix(prefix) else {
+            continue;
+        };
+        // `{pid}-{n}`
+        let pid = suffix.split('-').next().and_then(|p| p.parse::<u32>().ok());
+        if is_abandoned(&entry.path(), pid) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 /// Creates a new store file at `path` so that no crash can leave it half-made: redb
 /// initializes a temporary file beside it (mode 0600, named after the process and a counter),
 /// which is then linked into place (an atomic create-if-absent: a concurrent creator gets
@@ -1321,29 +1361,14 @@ static NEW_FILES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::n
 /// link leaves only a temporary file, removed by a later creation once it is abandoned (see
 /// [`is_abandoned`]); one that may belong to a creation still running is left alone.
 fn create_atomically(path: &Path) -> std::io::Result<()> {
-    let dir = match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
+    let dir = parent_dir(path);
     let name = path
         .file_name()
         .ok_or_else(|| std::io::Error::other("the store path has no file name"))?
         .to_string_lossy()
         .into_owned();
-    let prefix = format!(".{name}.new-");
-    if let Ok(entries) = std::fs::read_dir(&dir) {
-        for entry in entries.flatten() {
-            let file_name = entry.file_name().to_string_lossy().into_owned();
-            let Some(suffix) = file_name.strip_prefix(&prefix) else {
-                continue;
-            };
-            // `{pid}-{n}`
-            let pid = suffix.split('-').next().and_then(|p| p.parse::<u32>().ok());
-            if is_abandoned(&entry.path(), pid) {
-                let _ = std::fs::remove_file(entry.path());
-            }
-        }
-    }
+    let prefix = new_file_prefix(&name);
+    remove_abandoned_new_files(&dir, &prefix);
     let tmp = dir.join(format!(
         "{prefix}{}-{}",
         std::process::id(),
@@ -1380,6 +1405,9 @@ fn create_atomically(path: &Path) -> std::io::Result<()> {
         }
         other => other,
     };
+    // A kill here leaves the store in place and the temporary file beside it: the next
+    // writable open removes it (see `remove_abandoned_new_files`).
+    crate::failpoint::point("loops::create::after_link");
     let _ = std::fs::remove_file(&tmp);
     match linked {
         Ok(()) => {}
