@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use loops::{Context, Error, RedbStore, RetryPolicy, RunStatus, Runtime, StoreOptions, Workflow};
 use redb::backends::FileBackend;
-use redb::{BackendError, StorageBackend};
+use redb::{BackendError, ReadableTable, StorageBackend};
 use serde::{Deserialize, Serialize};
 
 #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -382,6 +382,84 @@ async fn a_record_that_does_not_decode_names_its_run_and_seq_and_spares_other_ru
         rt.run("r3", Count::Step { n: 0 }, &Counter).await.unwrap(),
         Count::Done { n: 5 }
     );
+}
+
+#[tokio::test]
+async fn a_record_whose_seq_is_not_its_key_is_refused_on_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = good_store(dir.path()).await;
+    let journal: redb::TableDefinition<(&str, u64), &[u8]> = redb::TableDefinition::new("journal");
+    {
+        // Put r1's record of seq 0 under the key of seq 3, as a foreign tool might.
+        let db = redb::Database::open(&path).unwrap();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut table = txn.open_table(journal).unwrap();
+            let first = table.get(("r1", 0)).unwrap().unwrap().value().to_vec();
+            assert!(String::from_utf8_lossy(&first).contains(r#""seq":0"#));
+            table.insert(("r1", 3), first.as_slice()).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+    let rt = Runtime::open(&path).unwrap();
+    match rt.history::<Count>("r1").await {
+        Err(e @ Error::Decode { .. }) => {
+            let Error::Decode { run_id, seq, .. } = &e else {
+                unreachable!()
+            };
+            assert_eq!((run_id.as_str(), *seq), ("r1", 3));
+            assert!(
+                e.to_string()
+                    .contains("the record says seq 0, but it is stored under seq 3")
+                    || std::error::Error::source(&e)
+                        .is_some_and(|s| s.to_string().contains("says seq 0")),
+                "{e}"
+            );
+        }
+        other => panic!("expected Decode for r1 seq 3, got {other:?}"),
+    }
+    // Other runs are unaffected.
+    assert_eq!(rt.history::<Count>("r0").await.unwrap().len(), 6);
+}
+
+#[cfg(unix)]
+#[test]
+fn a_fifo_is_refused_by_every_open_without_blocking() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("store.redb");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    // Each open runs on a thread of its own: one that blocks fails the test instead of
+    // hanging it.
+    let opens: [(&str, fn(&Path) -> Option<Error>); 3] = [
+        ("Runtime::open", |p| Runtime::open(p).err()),
+        ("RedbStore::open", |p| RedbStore::open(p).err()),
+        ("RedbStore::open_read_only", |p| {
+            RedbStore::open_read_only(p).err()
+        }),
+    ];
+    for (what, open) in opens {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = fifo.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(open(&path));
+        });
+        match rx.recv_timeout(std::time::Duration::from_secs(20)) {
+            Ok(Some(Error::Open { path, source })) => {
+                assert_eq!(path, fifo, "{what}");
+                assert_eq!(
+                    source.to_string(),
+                    "it is a FIFO (named pipe), not a regular file; a store is a regular file",
+                    "{what}"
+                );
+            }
+            Ok(other) => panic!("{what}: expected Error::Open, got {other:?}"),
+            Err(_) => panic!("{what}: still blocked on the FIFO after 20 s"),
+        }
+    }
 }
 
 #[tokio::test]

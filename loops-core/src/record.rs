@@ -80,14 +80,33 @@ impl TransitionRecord {
         to_vec(self)
     }
 
-    pub(crate) fn from_bytes(run_id: &str, seq: u64, bytes: &[u8]) -> Result<Self> {
-        serde_json::from_slice(bytes).map_err(|source| Error::Decode {
+    /// Decodes the record a store keeps under the key `(run_id, seq)`: what a [`Store`]
+    /// returns from its reads goes through this, so every store checks records alike.
+    ///
+    /// # Errors
+    /// [`Error::Decode`] naming the run and `seq` if the bytes are not a transition record,
+    /// or if the record's own `seq` is not the key's (a record moved or edited by hand).
+    ///
+    /// [`Store`]: crate::Store
+    pub fn from_stored(run_id: &str, seq: u64, bytes: &[u8]) -> Result<Self> {
+        let decode_error = |state: &str, source| Error::Decode {
             run_id: run_id.to_owned(),
             record: RecordKind::Transition,
             seq,
-            state: "?".to_owned(),
+            state: state.to_owned(),
             source,
-        })
+        };
+        let record: Self = serde_json::from_slice(bytes).map_err(|e| decode_error("?", e))?;
+        if record.seq != seq {
+            return Err(decode_error(
+                &record.state,
+                <serde_json::Error as serde::de::Error>::custom(format_args!(
+                    "the record says seq {}, but it is stored under seq {seq}",
+                    record.seq
+                )),
+            ));
+        }
+        Ok(record)
     }
 }
 

@@ -351,13 +351,7 @@ pub(crate) fn decode_info(run_id: &str, json: &str) -> Result<RunInfo> {
 }
 
 pub(crate) fn decode_transition(run_id: &str, seq: u64, json: &str) -> Result<TransitionRecord> {
-    serde_json::from_str(json).map_err(|source| Error::Decode {
-        run_id: run_id.to_owned(),
-        record: RecordKind::Transition,
-        seq,
-        state: "?".to_owned(),
-        source,
-    })
+    TransitionRecord::from_stored(run_id, seq, json.as_bytes())
 }
 
 pub(crate) fn decode_event(run_id: &str, event_seq: u64, json: &str) -> Result<EventRecord> {

@@ -234,6 +234,7 @@ impl RedbStore {
     /// As [`open`](Self::open).
     pub fn open_with(path: impl AsRef<Path>, store_options: StoreOptions) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
+        refuse_special_file(&path)?;
         let open_err = |source: crate::BoxError| Error::Open {
             path: path.clone(),
             source,
@@ -381,6 +382,7 @@ impl RedbStore {
     /// As [`open_read_only`](Self::open_read_only).
     pub fn open_read_only_with(path: impl AsRef<Path>, options: StoreOptions) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
+        refuse_special_file(&path)?;
         let opened = crate::panics::catch(|| redb::Builder::new().open_read_only(&path))
             .unwrap_or_else(|_| {
                 Err(redb::DatabaseError::Storage(redb::StorageError::Corrupted(
@@ -832,7 +834,7 @@ impl RedbStore {
                         seq: info.seq,
                     })
                 })?;
-                let record = TransitionRecord::from_bytes(run_id, info.seq, bytes.value())?;
+                let record = TransitionRecord::from_stored(run_id, info.seq, bytes.value())?;
                 Ok(Some((info, record)))
             },
         )
@@ -852,7 +854,7 @@ impl RedbStore {
                 for entry in journal.range((run_id, 0)..=(run_id, u64::MAX))? {
                     let (key, value) = entry?;
                     let seq = key.value().1;
-                    out.push(TransitionRecord::from_bytes(run_id, seq, value.value())?);
+                    out.push(TransitionRecord::from_stored(run_id, seq, value.value())?);
                 }
                 Ok(out)
             },
@@ -1034,6 +1036,7 @@ pub(crate) struct SchemaCheck {
 /// closed cleanly) cannot be opened read-only: then this returns `Ok(false)`, and the caller
 /// must check with [`check_schemas`] once the writable open has repaired it.
 pub(crate) fn precheck(path: &Path, checks: &[SchemaCheck]) -> Result<bool> {
+    refuse_special_file(path)?;
     if checks.is_empty() || !path.exists() {
         return Ok(true);
     }
@@ -1319,6 +1322,49 @@ fn is_abandoned(path: &Path, pid: Option<u32>) -> bool {
 /// Numbers the temporary files of creations in this process, so that threads creating the
 /// same store at once each have their own.
 static NEW_FILES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Refuses a `path` that exists and is not a regular file (a FIFO, a socket, a device or a
+/// directory), before any open touches it: opening a FIFO would block until a writer came.
+/// A path that does not exist passes (the open that follows says so, or creates the store).
+fn refuse_special_file(path: &Path) -> Result<()> {
+    let Ok(meta) = std::fs::metadata(path) else {
+        return Ok(());
+    };
+    let file_type = meta.file_type();
+    if file_type.is_file() {
+        return Ok(());
+    }
+    let what = if file_type.is_dir() {
+        "a directory"
+    } else {
+        special_file_kind(&file_type)
+    };
+    Err(Error::Open {
+        path: path.to_path_buf(),
+        source: format!("it is {what}, not a regular file; a store is a regular file").into(),
+    })
+}
+
+#[cfg(unix)]
+fn special_file_kind(file_type: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if file_type.is_fifo() {
+        "a FIFO (named pipe)"
+    } else if file_type.is_socket() {
+        "a socket"
+    } else if file_type.is_block_device() {
+        "a block device"
+    } else if file_type.is_char_device() {
+        "a character device"
+    } else {
+        "a special file"
+    }
+}
+
+#[cfg(not(unix))]
+fn special_file_kind(_: &std::fs::FileType) -> &'static str {
+    "a special file"
+}
 
 /// The directory holding the store file `path` (`.` for a bare file name).
 fn parent_dir(path: &Path) -> PathBuf {
