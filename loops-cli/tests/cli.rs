@@ -2131,26 +2131,6 @@ fn a_store_left_open_by_a_crash_is_repaired_then_read() {
 }
 
 #[test]
-fn a_clean_store_with_bytes_appended_is_refused_and_left_alone() {
-    let (dir, path) = store();
-    let changed = dir.path().join("appended.redb");
-    let mut bytes = std::fs::read(&path).unwrap();
-    bytes.extend_from_slice(&[0u8; 4096]);
-    std::fs::write(&changed, &bytes).unwrap();
-    let stderr = fails(&changed, &["runs"], 1);
-    assert_eq!(
-        stderr,
-        format!(
-            "error: cannot open store {}: the file was closed cleanly, but its length ({} bytes) is not the one its header records: it was changed after it was closed (bytes appended or cut off), which no crash does; a reading open does not repair it (a writable open, such as the application's, lets redb cut it back to its recorded length)\n",
-            changed.display(),
-            bytes.len()
-        )
-    );
-    // Not a byte changed (it was once rewritten and cut back, as a crash's file is).
-    assert_eq!(std::fs::read(&changed).unwrap(), bytes);
-}
-
-#[test]
 fn missing_empty_foreign_and_corrupt_files_are_one_line_errors() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("missing.redb");

@@ -394,18 +394,8 @@ impl RedbStore {
             Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
                 return Err(Error::StoreLocked { path });
             }
-            Err(redb::DatabaseError::RepairAborted) if left_by_a_crash(&path) => {
-                return Err(Error::NeedsRecovery { path });
-            }
             Err(redb::DatabaseError::RepairAborted) => {
-                let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-                return Err(Error::Open {
-                    path,
-                    source: format!(
-                        "the file was closed cleanly, but its length ({len} bytes) is not the one its header records: it was changed after it was closed (bytes appended or cut off), which no crash does; a reading open does not repair it (a writable open, such as the application's, lets redb cut it back to its recorded length)"
-                    )
-                    .into(),
-                });
+                return Err(Error::NeedsRecovery { path });
             }
             Err(e) => {
                 return Err(Error::Open {
@@ -1332,26 +1322,6 @@ fn is_abandoned(path: &Path, pid: Option<u32>) -> bool {
 /// Numbers the temporary files of creations in this process, so that threads creating the
 /// same store at once each have their own.
 static NEW_FILES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// Whether the redb file at `path` was left open by a process that stopped (a crash, a
-/// kill): redb sets the "recovery required" bit of its header's god byte while a writable
-/// handle is open and clears it on a clean close, and sets "primary unflushed" during a
-/// commit. A file that needs repair without either bit was changed after it was closed.
-/// Reads redb's file format (redb 4.x, `src/tree_store/page_store/header.rs`: the god byte
-/// follows the 9-byte magic number); an unreadable header counts as a crash's, so that the
-/// writable open that repairs crashes decides.
-fn left_by_a_crash(path: &Path) -> bool {
-    const MAGIC: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
-    const RECOVERY_REQUIRED: u8 = 2;
-    const PRIMARY_UNFLUSHED: u8 = 8;
-    let mut header = [0u8; 10];
-    let read = std::fs::File::open(path)
-        .and_then(|mut file| std::io::Read::read_exact(&mut file, &mut header));
-    match read {
-        Ok(()) if header[..9] == MAGIC => header[9] & (RECOVERY_REQUIRED | PRIMARY_UNFLUSHED) != 0,
-        _ => true,
-    }
-}
 
 /// Refuses a `path` that exists and is not a regular file (a FIFO, a socket, a device or a
 /// directory), before any open touches it: opening a FIFO would block until a writer came.
