@@ -8,7 +8,7 @@ use crate::store::{AfterFailure, Lease, Reply, RunInfo, RunStatus};
 
 use super::support::{
     HASH, WF, begin_attempt, cancel, create, fail, failure, ids, info, lease, record, retry, step,
-    transition,
+    step_outputs, transition,
 };
 use super::{Factory, writes};
 
@@ -195,13 +195,7 @@ pub(super) async fn steps_are_immutable(f: &dyn Factory) {
         ),
         other => panic!("expected StepExists, got {other:?}"),
     }
-    let steps: Vec<(String, u32, String)> = store
-        .steps("r", 0)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|(n, o, r)| (n, o, r.output.get().to_owned()))
-        .collect();
+    let steps = step_outputs(store, "r", 0).await;
     assert_eq!(
         steps,
         vec![

@@ -65,6 +65,21 @@ pub(super) fn ids(infos: &[RunInfo]) -> Vec<&str> {
     infos.iter().map(|i| i.run_id.as_str()).collect()
 }
 
+/// The run's steps at `seq`, as `(name, occurrence, output JSON)`.
+pub(super) async fn step_outputs(
+    store: &dyn Store,
+    run_id: &str,
+    seq: u64,
+) -> Vec<(String, u32, String)> {
+    store
+        .steps(run_id, seq)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(n, o, r)| (n, o, r.output.get().to_owned()))
+        .collect()
+}
+
 /// Takes the run's lease (always granted on a store one process owns).
 pub(super) async fn lease(store: &dyn Store, run_id: &str) -> Lease {
     store

@@ -4,7 +4,7 @@
 use crate::error::Error;
 use crate::store::{RunStatus, WaitInfo, WaitOutcome};
 
-use super::support::{WF, create, ids, info, send, transition, wait};
+use super::support::{WF, create, ids, info, send, step_outputs, transition, wait};
 use super::{Factory, writes};
 
 // Over 120 lines: one story on one run, each wait's expected outcome following from the
@@ -129,13 +129,7 @@ pub(super) async fn events_and_waits(f: &dyn Factory) {
         (outcome, row.status),
         (WaitOutcome::Due, RunStatus::Running)
     );
-    let steps: Vec<(String, u32, String)> = store
-        .steps("r", 0)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|(n, o, r)| (n, o, r.output.get().to_owned()))
-        .collect();
+    let steps = step_outputs(store, "r", 0).await;
     assert_eq!(
         steps,
         vec![
