@@ -6,6 +6,8 @@
 #![warn(missing_docs)]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+#[cfg(feature = "conformance")]
+pub mod conformance;
 pub mod context;
 mod driver;
 pub mod error;

@@ -1,0 +1,115 @@
+//! The cases of what a store keeps: retention's pruning, and payloads that read back byte for
+//! byte.
+
+use crate::record::now_ms;
+use crate::retention::RetentionPolicy;
+use crate::store::{self, AfterFailure, Reply, RunStatus};
+
+use super::support::{
+    create, fail, failure, ids, info, lease, record, send, step, step_record, transition,
+};
+use super::{Factory, writes};
+
+pub(super) async fn prune(f: &dyn Factory) {
+    let store = f.store();
+    let store = &*store;
+    for id in ["c1", "c2", "open"] {
+        let l = create(store, id).await;
+        step(store, &l, id, 0, "s", 0).await.unwrap();
+        send(store, id, "e", "1", Some("k")).await.unwrap();
+        fail(store, &l, 0, failure(1, "x"), AfterFailure::Nothing)
+            .await
+            .unwrap();
+        if id != "open" {
+            transition(store, &l, id, 1, false).await.unwrap();
+            transition(store, &l, id, 2, true).await.unwrap();
+        }
+    }
+    // Only ended runs go; unknown ids are skipped.
+    match store
+        .write(None, writes::prune(&["open", "ghost"]))
+        .await
+        .unwrap()
+    {
+        Reply::Pruned { records } => assert_eq!(records, 0),
+        other => panic!("expected Pruned, got {other:?}"),
+    }
+    let dry = store::prune(
+        store,
+        &RetentionPolicy::default().keep_last(1),
+        now_ms(),
+        true,
+    )
+    .await
+    .unwrap();
+    // Both ended at the same time: the run id breaks the tie, and `c1` is kept.
+    assert_eq!(
+        (dry.runs, dry.records, dry.run_ids.clone()),
+        (1, 3, vec!["c2".to_owned()])
+    );
+    assert!(store.run_info("c2").await.unwrap().is_some());
+    let pruned = store::prune(
+        store,
+        &RetentionPolicy::default().keep_last(1),
+        now_ms(),
+        false,
+    )
+    .await
+    .unwrap();
+    assert_eq!(pruned, dry);
+    assert!(store.run_info("c2").await.unwrap().is_none());
+    assert!(store.latest("c2").await.unwrap().is_none());
+    assert!(store.history("c2").await.unwrap().is_empty());
+    assert!(store.steps("c2", 0).await.unwrap().is_empty());
+    assert!(store.failures("c2").await.unwrap().is_empty());
+    assert!(store.events("c2").await.unwrap().is_empty());
+    assert_eq!(
+        ids(&store.list(RunStatus::Completed, None).await.unwrap()),
+        vec!["c1"]
+    );
+    assert_eq!(store.history("c1").await.unwrap().len(), 3);
+    assert_eq!(store.failures("c1").await.unwrap().len(), 1);
+    assert_eq!(store.history("open").await.unwrap().len(), 1);
+    assert_eq!(store.steps("open", 0).await.unwrap().len(), 1);
+    assert_eq!(store.events("open").await.unwrap().len(), 1);
+    // A pruned id can be used again from scratch (its event keys went with it).
+    let l = create(store, "c2").await;
+    assert_eq!(
+        send(store, "c2", "e", "1", Some("k")).await.unwrap(),
+        (0, false)
+    );
+    store.release(&l).await.unwrap();
+}
+
+pub(super) async fn payloads_read_back_byte_for_byte(f: &dyn Factory) {
+    let store = f.store();
+    let store = &*store;
+    let l = lease(store, "r").await;
+    // Key order, spacing, escapes and number forms as written, not as a JSON database
+    // would normalize them.
+    let payload = r#"{"Z":{"b":1.50,"a":"é\u00e9\n","n":null, "big":12345678901234567890}}"#;
+    store
+        .write(
+            Some(&l),
+            writes::create(info("r"), record(0, "Z", payload), "x"),
+        )
+        .await
+        .unwrap();
+    let (_, latest) = store.latest("r").await.unwrap().unwrap();
+    assert_eq!(latest.payload.get(), payload);
+    let out = r#"[1, 2.0,"\u0000"]"#;
+    store
+        .write(Some(&l), writes::step("r", 0, "s", 0, step_record(1, out)))
+        .await
+        .unwrap();
+    assert_eq!(store.steps("r", 0).await.unwrap()[0].2.output.get(), out);
+    send(store, "r", "e", out, None).await.unwrap();
+    assert_eq!(store.events("r").await.unwrap()[0].1.payload.get(), out);
+    let long_id = "x".repeat(256);
+    let l2 = create(store, &long_id).await;
+    assert_eq!(
+        store.run_info(&long_id).await.unwrap().unwrap().run_id,
+        long_id
+    );
+    store.release(&l2).await.unwrap();
+}

@@ -1,0 +1,334 @@
+//! The store conformance suite: what every [`Store`] must do, as cases a store runs against
+//! itself (cargo feature `conformance`; `loops::conformance` in the facade crate, whose
+//! feature of the same name turns it on).
+//!
+//! Each [`Case`] drives a fresh, empty store through the [`Store`] trait alone and asserts
+//! exact values: every [`Write`](crate::store::Write)'s effect on the run's row and records,
+//! every refusal with the run, sequence number and status it names, the reads, leases and
+//! fencing, [`claim_ready`](Store::claim_ready), pruning and byte-exact payloads. The redb
+//! store (on a file and in memory) and the PostgreSQL store pass every case; a store that
+//! passes them all gives the runtime what it relies on.
+//!
+//! # Running it against a store
+//! Give the suite a *factory*: an async function that takes the case's name and returns a
+//! [`Factory`] on a fresh, empty store, kept alive (with any files or database schema it
+//! uses) until the case ends. [`conformance_suite!`](crate::conformance_suite) turns it into
+//! one `#[test]` per case, named after the case. `Arc<S>` is the factory of a store with one
+//! handle:
+//!
+//! ```
+//! use std::sync::Arc;
+//!
+//! use loops_core::RedbStore;
+//!
+//! /// A fresh store for each case.
+//! async fn fresh(_case: &'static str) -> Arc<RedbStore> {
+//!     Arc::new(RedbStore::in_memory().expect("an in-memory store"))
+//! }
+//!
+//! // In a test file: `create_and_read`, `leases`, ... each a `#[test]`.
+//! loops_core::conformance_suite!(fresh);
+//! # fn main() {}
+//! ```
+//!
+//! A store shared by several workers (its leases lapse: [`Store::lease_ttl`] is `Some`) must
+//! also give a second handle on the same data, as a second worker would open it, for the
+//! cases of leases, fencing and claims:
+//!
+//! ```
+//! use std::sync::Arc;
+//!
+//! use loops_core::conformance::Factory;
+//! use loops_core::store::{BoxFuture, Store};
+//! # use loops_core::RedbStore as MyStore;
+//! # async fn open_my_store(_database: &str) -> MyStore { MyStore::in_memory().unwrap() }
+//!
+//! struct Shared {
+//!     /// A database of this case's own, so that cases run in parallel.
+//!     database: String,
+//!     store: Arc<MyStore>,
+//! }
+//!
+//! impl Factory for Shared {
+//!     fn store(&self) -> Arc<dyn Store> {
+//!         self.store.clone()
+//!     }
+//!
+//!     fn second(&self) -> BoxFuture<'_, Option<Arc<dyn Store>>> {
+//!         Box::pin(async { Some(Arc::new(open_my_store(&self.database).await) as Arc<dyn Store>) })
+//!     }
+//! }
+//!
+//! async fn fresh(case: &'static str) -> Shared {
+//!     let database = format!("conformance_{case}");
+//!     let store = Arc::new(open_my_store(&database).await);
+//!     Shared { database, store }
+//! }
+//!
+//! loops_core::conformance_suite!(fresh);
+//! # fn main() {}
+//! ```
+//!
+//! A failing case fails its test with the assertion that broke (its file and line name the
+//! case's step). A case that only makes sense for a store whose leases lapse passes as
+//! [skipped](Outcome::Skipped) on a store whose leases never lapse, and says so on stderr
+//! (`cargo test -- --nocapture` shows it). To run the cases another way (one test, a harness
+//! of your own), loop over [`Case::ALL`] with [`run`], or await [`Case::check`] on a runtime
+//! of your own.
+//!
+//! Cases wait past short lease times (never measure them): a store's lease time should be
+//! about a second for the suite to run in a few seconds.
+// The cases are test code: a panic is how a case reports what broke.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::future::Future;
+use std::sync::Arc;
+
+use crate::store::{BoxFuture, Store};
+
+mod data;
+mod leases;
+mod runs;
+mod support;
+mod waits;
+mod writes;
+
+/// Gives a case its store: a fresh, empty one per case, and for a store shared by several
+/// workers, a second handle on the same data.
+///
+/// Implemented for `Arc<S>` of any [`Store`] `S` with one handle (its `second` is `None`).
+pub trait Factory: Sync {
+    /// The store under test. Every call returns a handle on the same data.
+    fn store(&self) -> Arc<dyn Store>;
+
+    /// A second handle on the same data, as another worker would open it; `None` for a store
+    /// that one process owns. A store whose leases lapse ([`Store::lease_ttl`] is `Some`)
+    /// must give one: the cases of leases, fencing and claims fail without it.
+    fn second(&self) -> BoxFuture<'_, Option<Arc<dyn Store>>> {
+        Box::pin(async { None })
+    }
+}
+
+impl<S: Store> Factory for Arc<S> {
+    fn store(&self) -> Arc<dyn Store> {
+        Arc::clone(self) as Arc<dyn Store>
+    }
+}
+
+/// How a case ended, when it did not fail (a failing case panics).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Every assertion of the case held.
+    Passed,
+    /// The case does not apply to this store, for the reason given (nothing was asserted).
+    Skipped(&'static str),
+}
+
+/// One case of the suite: what it checks is on each variant. Its [`name`](Case::name) is
+/// the name of its test in [`conformance_suite!`](crate::conformance_suite).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Case {
+    /// `create_and_read`: a run that does not exist reads as nothing; a created run's row,
+    /// latest record, history and schema text read back as written; a second create of the
+    /// same id is refused ([`SequenceConflict`](crate::Error::SequenceConflict)) and changes
+    /// nothing; [`list`](Store::list) reads runs by status, optionally of one workflow, in
+    /// run id order.
+    CreateAndRead,
+    /// `transitions_append_in_order`: a transition must take the run's next sequence number
+    /// (else [`Fenced`](crate::Error::Fenced), naming the run's current seq and status); a
+    /// terminal state completes the run, which takes no more transitions; history, latest
+    /// and the status index follow; a transition of an unknown run is
+    /// [`RunNotFound`](crate::Error::RunNotFound).
+    TransitionsAppendInOrder,
+    /// `steps_are_immutable`: a step is recorded once per (name, occurrence) (again is
+    /// [`StepExists`](crate::Error::StepExists)), and read back by name, then occurrence; a
+    /// step of a state the run has left is fenced and adds nothing; a step of an unknown run
+    /// is `RunNotFound`.
+    StepsAreImmutable,
+    /// `failures_and_attempts`: a failure keeps its record, sets the row's error and retry
+    /// time, and is fenced at a seq the run is not at; beginning an attempt counts attempts,
+    /// records an attempt that left no failure as interrupted, fails the run when the
+    /// failures or interruptions allowed are used up, and changes nothing on a run that is
+    /// not running; a failure that gives up fails the run, which takes no more failures.
+    FailuresAndAttempts,
+    /// `cancel_and_retry`: a cancellation is asked for, then ended by the run's driver, or
+    /// ends an idle run at once; an ended run cannot be cancelled
+    /// ([`RunEnded`](crate::Error::RunEnded)); only a failed run can be retried
+    /// ([`NotFailed`](crate::Error::NotFailed)), and a retry gives it a fresh budget of
+    /// attempts from its attempt base; unknown runs are `RunNotFound`.
+    CancelAndRetry,
+    /// `events_and_waits`: events get sequence numbers per run, once per idempotency key; a
+    /// wait delivers the oldest pending event of its name and records it as its step (never
+    /// twice), parks the run (status waiting, with what it waits for) when there is none,
+    /// ends when its deadline passed; a sleep parks until its time; an ended run takes no
+    /// events; delivered events stay readable, marked delivered.
+    EventsAndWaits,
+    /// `wake`: waking a waiting run at its current seq makes it running and clears its wait;
+    /// a wake of a run that is not waiting, or at another seq, changes nothing.
+    Wake,
+    /// `leases`: where leases lapse, one worker holds a run's lease at a time, a worker that
+    /// takes its own lease again gets a new token (the old one no longer renews), release
+    /// frees the run at once (a stale token's release does nothing), a lapsed lease does not
+    /// renew and another worker takes the run, renewal moves the expiry on and answers only
+    /// the live leases; where leases never lapse, every lease is granted, has no expiry and
+    /// renews, and the factory gives no second handle.
+    Leases,
+    /// `fenced_writes_leave_no_trace`: every write under a lapsed lease (or another run's
+    /// lease) is refused as `Fenced` and changes nothing; the new holder's writes commit; a
+    /// create under a lapsed lease is fenced too. Skipped for a store whose leases never
+    /// lapse.
+    FencedWritesLeaveNoTrace,
+    /// `claim_ready`: claims return the running runs, and the waiting runs whose event came
+    /// or whose time passed, of the workflows asked for, at most the limit, each with a lease
+    /// of its own; a store shared by several workers hands each run to one of them at a time.
+    ClaimReady,
+    /// `prune`: only ended runs are pruned, with every record, step, failure, event and
+    /// index entry; [`prune`](crate::store::prune) keeps the newest runs a policy keeps (ties
+    /// broken by run id) and its dry run counts what it then removes; a pruned run id (and
+    /// its events' idempotency keys) can be used again.
+    Prune,
+    /// `payloads_read_back_byte_for_byte`: record payloads, step outputs and event payloads
+    /// read back exactly as written (key order, spacing, escapes, number forms), and run ids
+    /// of 256 bytes work.
+    PayloadsReadBackByteForByte,
+}
+
+impl Case {
+    /// Every case, in the order of their tests.
+    pub const ALL: [Case; 12] = [
+        Case::CreateAndRead,
+        Case::TransitionsAppendInOrder,
+        Case::StepsAreImmutable,
+        Case::FailuresAndAttempts,
+        Case::CancelAndRetry,
+        Case::EventsAndWaits,
+        Case::Wake,
+        Case::Leases,
+        Case::FencedWritesLeaveNoTrace,
+        Case::ClaimReady,
+        Case::Prune,
+        Case::PayloadsReadBackByteForByte,
+    ];
+
+    /// The case's name (`"create_and_read"`): the name of its test.
+    pub fn name(self) -> &'static str {
+        match self {
+            Case::CreateAndRead => "create_and_read",
+            Case::TransitionsAppendInOrder => "transitions_append_in_order",
+            Case::StepsAreImmutable => "steps_are_immutable",
+            Case::FailuresAndAttempts => "failures_and_attempts",
+            Case::CancelAndRetry => "cancel_and_retry",
+            Case::EventsAndWaits => "events_and_waits",
+            Case::Wake => "wake",
+            Case::Leases => "leases",
+            Case::FencedWritesLeaveNoTrace => "fenced_writes_leave_no_trace",
+            Case::ClaimReady => "claim_ready",
+            Case::Prune => "prune",
+            Case::PayloadsReadBackByteForByte => "payloads_read_back_byte_for_byte",
+        }
+    }
+
+    /// Runs the case against `factory`'s store, on the caller's tokio runtime (which must
+    /// have its time driver enabled; a multi-threaded one, as some cases spawn a task).
+    ///
+    /// # Panics
+    /// When the store does not do what the case checks: the panic is the failed assertion.
+    pub async fn check(self, factory: &dyn Factory) -> Outcome {
+        match self {
+            Case::CreateAndRead => runs::create_and_read(factory).await,
+            Case::TransitionsAppendInOrder => runs::transitions_append_in_order(factory).await,
+            Case::StepsAreImmutable => runs::steps_are_immutable(factory).await,
+            Case::FailuresAndAttempts => runs::failures_and_attempts(factory).await,
+            Case::CancelAndRetry => runs::cancel_and_retry(factory).await,
+            Case::EventsAndWaits => waits::events_and_waits(factory).await,
+            Case::Wake => waits::wake(factory).await,
+            Case::Leases => leases::leases(factory).await,
+            Case::FencedWritesLeaveNoTrace => {
+                return leases::fenced_writes_leave_no_trace(factory).await;
+            }
+            Case::ClaimReady => leases::claim_ready(factory).await,
+            Case::Prune => data::prune(factory).await,
+            Case::PayloadsReadBackByteForByte => {
+                data::payloads_read_back_byte_for_byte(factory).await
+            }
+        }
+        Outcome::Passed
+    }
+}
+
+/// Runs `case` against a store of `make` (called with the case's name, on the runtime),
+/// on a multi-threaded tokio runtime of its own with two workers; the factory is dropped on
+/// that runtime when the case ends. A skipped case is reported on stderr. This is what each
+/// test of [`conformance_suite!`](crate::conformance_suite) calls.
+///
+/// # Panics
+/// When the store does not do what the case checks (the failed assertion), and if the
+/// runtime cannot be built (the system refuses threads).
+pub fn run<M, Fut, F>(case: Case, make: M) -> Outcome
+where
+    M: FnOnce(&'static str) -> Fut,
+    Fut: Future<Output = F>,
+    F: Factory,
+{
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime for the conformance case");
+    let outcome = runtime.block_on(async {
+        let factory = make(case.name()).await;
+        let outcome = case.check(&factory).await;
+        drop(factory);
+        outcome
+    });
+    if let Outcome::Skipped(reason) = outcome {
+        eprintln!("conformance case `{}` skipped: {reason}", case.name());
+    }
+    outcome
+}
+
+/// Expands to one `#[test]` per [`Case`](crate::conformance::Case) of the conformance suite,
+/// named after the case, each running it with [`run`](crate::conformance::run) against a
+/// store of `factory`: an expression callable as `factory(case_name)` (an async fn or a
+/// closure returning a future) giving a [`Factory`](crate::conformance::Factory) on a fresh,
+/// empty store. Put it in a module of its own to run the suite on several stores in one test
+/// file. See [the module](crate::conformance) for examples.
+#[macro_export]
+macro_rules! conformance_suite {
+    ($factory:expr $(,)?) => {
+        $crate::__conformance_tests! {
+            $factory;
+            create_and_read => CreateAndRead,
+            transitions_append_in_order => TransitionsAppendInOrder,
+            steps_are_immutable => StepsAreImmutable,
+            failures_and_attempts => FailuresAndAttempts,
+            cancel_and_retry => CancelAndRetry,
+            events_and_waits => EventsAndWaits,
+            wake => Wake,
+            leases => Leases,
+            fenced_writes_leave_no_trace => FencedWritesLeaveNoTrace,
+            claim_ready => ClaimReady,
+            prune => Prune,
+            payloads_read_back_byte_for_byte => PayloadsReadBackByteForByte,
+        }
+    };
+}
+
+/// The tests of [`conformance_suite!`]; not a public API.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_tests {
+    ($factory:expr; $($name:ident => $case:ident,)*) => {
+        $(
+            #[test]
+            fn $name() {
+                ::core::assert_eq!(::core::stringify!($name), $crate::conformance::Case::$case.name());
+                $crate::conformance::run($crate::conformance::Case::$case, $factory);
+            }
+        )*
+        // Every case has its test: a case missing from the list above fails to compile here.
+        const _: fn($crate::conformance::Case) = |case| match case {
+            $($crate::conformance::Case::$case => {})*
+        };
+    };
+}

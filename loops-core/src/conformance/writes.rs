@@ -1,0 +1,152 @@
+//! Every [`Write`] the suite sends, built in this one place: one function per variant, taking
+//! the variant's fields in their declared order. When the protocol's writes change shape,
+//! this file is what follows them; the cases only call these.
+
+use crate::record::FailureRecord;
+use crate::store::{AfterFailure, RunInfo, Write};
+
+/// [`Write::Create`].
+pub(super) fn create(info: RunInfo, record: Vec<u8>, schema_text: &'static str) -> Write {
+    Write::Create {
+        info,
+        record,
+        schema_text,
+    }
+}
+
+/// [`Write::Transition`].
+pub(super) fn transition(
+    run_id: &str,
+    seq: u64,
+    state: &str,
+    record: Vec<u8>,
+    terminal: bool,
+    at_ms: u64,
+) -> Write {
+    Write::Transition {
+        run_id: run_id.to_owned(),
+        seq,
+        state: state.to_owned(),
+        record,
+        terminal,
+        at_ms,
+    }
+}
+
+/// [`Write::Step`].
+pub(super) fn step(run_id: &str, seq: u64, name: &str, occurrence: u32, record: Vec<u8>) -> Write {
+    Write::Step {
+        run_id: run_id.to_owned(),
+        seq,
+        name: name.to_owned(),
+        occurrence,
+        record,
+    }
+}
+
+/// [`Write::Failure`].
+pub(super) fn failure(run_id: &str, seq: u64, record: FailureRecord, then: AfterFailure) -> Write {
+    Write::Failure {
+        run_id: run_id.to_owned(),
+        seq,
+        record,
+        then,
+    }
+}
+
+/// [`Write::BeginAttempt`].
+pub(super) fn begin_attempt(
+    run_id: &str,
+    seq: u64,
+    max_attempts: u32,
+    max_interruptions: u32,
+    at_ms: u64,
+) -> Write {
+    Write::BeginAttempt {
+        run_id: run_id.to_owned(),
+        seq,
+        max_attempts,
+        max_interruptions,
+        at_ms,
+    }
+}
+
+/// [`Write::Cancel`].
+pub(super) fn cancel(run_id: &str, reason: &str, end_now: bool, at_ms: u64) -> Write {
+    Write::Cancel {
+        run_id: run_id.to_owned(),
+        reason: reason.to_owned(),
+        end_now,
+        at_ms,
+    }
+}
+
+/// [`Write::EndCancelled`].
+pub(super) fn end_cancelled(run_id: &str, at_ms: u64) -> Write {
+    Write::EndCancelled {
+        run_id: run_id.to_owned(),
+        at_ms,
+    }
+}
+
+/// [`Write::Retry`].
+pub(super) fn retry(run_id: &str, at_ms: u64) -> Write {
+    Write::Retry {
+        run_id: run_id.to_owned(),
+        at_ms,
+    }
+}
+
+/// [`Write::Wait`].
+pub(super) fn wait(
+    run_id: &str,
+    seq: u64,
+    attempt: u32,
+    step: Option<(&str, u32)>,
+    event: Option<&str>,
+    until_ms: Option<u64>,
+    at_ms: u64,
+) -> Write {
+    Write::Wait {
+        run_id: run_id.to_owned(),
+        seq,
+        attempt,
+        step: step.map(|(name, occurrence)| (name.to_owned(), occurrence)),
+        event: event.map(str::to_owned),
+        until_ms,
+        at_ms,
+    }
+}
+
+/// [`Write::Send`].
+pub(super) fn send(
+    run_id: &str,
+    name: &str,
+    payload: &str,
+    key: Option<&str>,
+    at_ms: u64,
+) -> Write {
+    Write::Send {
+        run_id: run_id.to_owned(),
+        name: name.to_owned(),
+        payload: payload.to_owned(),
+        key: key.map(str::to_owned),
+        at_ms,
+    }
+}
+
+/// [`Write::Wake`].
+pub(super) fn wake(run_id: &str, seq: u64, at_ms: u64) -> Write {
+    Write::Wake {
+        run_id: run_id.to_owned(),
+        seq,
+        at_ms,
+    }
+}
+
+/// [`Write::Prune`].
+pub(super) fn prune(run_ids: &[&str]) -> Write {
+    Write::Prune {
+        run_ids: run_ids.iter().map(|id| (*id).to_owned()).collect(),
+    }
+}
