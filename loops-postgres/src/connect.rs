@@ -1,7 +1,12 @@
 //! Building a [`PgStore`]: the builder's settings, what every session of the store starts
 //! with, and whether a connection may go without TLS.
 //!
-//! - **Sessions.** Every connection sets `synchronous_commit = on`.
+//! - **Sessions.** Every connection sets `synchronous_commit = on`; a session idle inside a
+//!   transaction for longer than the lease time is ended by the server
+//!   (`idle_in_transaction_session_timeout`), so that a worker stopped between the two round
+//!   trips of a write (SIGSTOP, a dead network) frees its row locks once its lease lapsed;
+//!   TCP keepalives on both ends notice a dead peer. The pool's connections also stop a
+//!   statement, or a wait for a lock, after the store's time-out.
 //! - **Plaintext.** A connection without TLS to a host that is not this machine's loopback is
 //!   refused unless [`PgStoreBuilder::allow_plaintext`] was called, and with `sslmode=prefer`
 //!   [`connect_tls`](PgStoreBuilder::connect_tls) requires TLS of such a host instead of
@@ -58,7 +63,10 @@ impl PgStoreBuilder {
 
     /// How long a lease lasts without renewal (default [`DEFAULT_LEASE_TTL`], 10 s; at least
     /// 10 ms). The runtime renews every third of it. Shorter moves a dead worker's runs
-    /// sooner; longer tolerates longer pauses (GC, a slow network) without losing runs.
+    /// sooner; longer tolerates longer pauses (GC, a slow network) without losing runs. It is
+    /// also how long the server lets a session of the store sit idle inside a transaction
+    /// before it ends the session (`idle_in_transaction_session_timeout`), and the idle time
+    /// before TCP keepalives start (at least 1 s).
     pub fn lease_ttl(mut self, ttl: Duration) -> Self {
         self.lease_ttl = ttl;
         self
@@ -89,7 +97,9 @@ impl PgStoreBuilder {
     /// 10 s). One that takes longer (a server that stopped answering, a network that drops
     /// packets) fails with [`loops_core::Error::Database`] and its connection is closed, so
     /// that no worker hangs on a dead connection: its leases lapse and other workers go on.
-    /// Keep it under the lease time for renewals to be of use.
+    /// The server stops a statement of the pool's connections, or its wait for a lock, after
+    /// the same time (`statement_timeout`, `lock_timeout`; statements of your own on
+    /// [`PgStore::pool`] included). Keep it under the lease time for renewals to be of use.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -187,9 +197,13 @@ impl PgStoreBuilder {
         let transport = transport(&mut config, with_tls, self.allow_plaintext, &label)?;
         let given = config.get_options().map(str::to_owned);
         config
-            .options(session_options(given.as_deref()))
+            .options(session_options(given.as_deref(), self.lease_ttl, None))
             .application_name(self.application_name.clone())
-            .connect_timeout(self.connect_timeout);
+            .connect_timeout(self.connect_timeout)
+            .keepalives(true)
+            .keepalives_idle(self.lease_ttl.max(Duration::from_secs(1)))
+            .keepalives_interval((self.lease_ttl / 3).max(Duration::from_secs(1)))
+            .keepalives_retries(KEEPALIVE_PROBES);
         let connect_err = |source: Box<dyn std::error::Error + Send + Sync>| Error::Connect {
             label: label.clone(),
             source,
@@ -209,6 +223,12 @@ impl PgStoreBuilder {
         let _ = conn_task.await;
         migrated?;
         reported?;
+        // The pool's sessions also stop what the client gave up on.
+        config.options(session_options(
+            given.as_deref(),
+            self.lease_ttl,
+            Some(self.timeout),
+        ));
         let pool = |size: usize| {
             let manager = Manager::from_config(
                 config.clone(),
@@ -238,12 +258,32 @@ impl PgStoreBuilder {
     }
 }
 
+/// Keepalive probes without an answer before either end drops a connection.
+const KEEPALIVE_PROBES: u32 = 3;
+
 /// The `options` every session of the store starts with: `given` (the connection string's),
-/// then ours, which win over it and over the server's and the role's defaults.
-fn session_options(given: Option<&str>) -> String {
+/// then ours, which win over it and over the server's and the role's defaults. `timeout`,
+/// for the pool's sessions: the longest statement and the longest wait for a lock.
+fn session_options(given: Option<&str>, lease_ttl: Duration, timeout: Option<Duration>) -> String {
+    let ms = |d: Duration| d.as_millis().max(1);
+    // The server's keepalive settings are in whole seconds; 0 would mean the system default.
+    let secs = |d: Duration| d.as_secs().max(1);
     let mut options: Vec<String> = given.map(str::to_owned).into_iter().collect();
-    // Durability does not depend on the server's or the role's defaults.
     options.push("-c synchronous_commit=on".to_owned());
+    options.push(format!(
+        "-c idle_in_transaction_session_timeout={}",
+        ms(lease_ttl)
+    ));
+    options.push(format!("-c tcp_keepalives_idle={}", secs(lease_ttl)));
+    options.push(format!(
+        "-c tcp_keepalives_interval={}",
+        secs(lease_ttl / 3)
+    ));
+    options.push(format!("-c tcp_keepalives_count={KEEPALIVE_PROBES}"));
+    if let Some(timeout) = timeout {
+        options.push(format!("-c statement_timeout={}", ms(timeout)));
+        options.push(format!("-c lock_timeout={}", ms(timeout)));
+    }
     options.join(" ")
 }
 
@@ -431,6 +471,26 @@ mod tests {
         assert_eq!(
             decide("host=127.0.0.1 sslmode=prefer", true, false),
             Ok((Transport::Either, SslMode::Prefer))
+        );
+    }
+
+    #[test]
+    fn sessions_end_when_idle_in_a_transaction_past_the_lease() {
+        assert_eq!(
+            session_options(None, Duration::from_millis(1500), None),
+            "-c synchronous_commit=on -c idle_in_transaction_session_timeout=1500 \
+             -c tcp_keepalives_idle=1 -c tcp_keepalives_interval=1 -c tcp_keepalives_count=3"
+        );
+        assert_eq!(
+            session_options(
+                Some("-c search_path=x"),
+                Duration::from_secs(30),
+                Some(Duration::from_secs(10))
+            ),
+            "-c search_path=x -c synchronous_commit=on \
+             -c idle_in_transaction_session_timeout=30000 -c tcp_keepalives_idle=30 \
+             -c tcp_keepalives_interval=10 -c tcp_keepalives_count=3 \
+             -c statement_timeout=10000 -c lock_timeout=10000"
         );
     }
 }

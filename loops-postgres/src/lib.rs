@@ -55,6 +55,9 @@
 //! - **Durability.** Every connection runs with `synchronous_commit = on`: a write returns
 //!   after its commit is flushed to the server's WAL. Concurrent commits share WAL flushes
 //!   (PostgreSQL's own group commit).
+//! - **Stopped workers.** A session idle inside a transaction for longer than the lease time
+//!   is ended by the server, so a worker stopped between the two round trips of a write frees
+//!   its row locks by the time its lease lapses; TCP keepalives notice a peer that is gone.
 //! - **Wake-ups.** Events, timers and cancellations written by another process reach the
 //!   worker that holds a run by polling: a parked run is claimed by the next
 //!   [`Runtime::serve`](loops_core::Runtime::serve) poll of any worker once its wait can end,
@@ -81,6 +84,7 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 mod connect;
+mod failpoint;
 mod migrate;
 mod read;
 mod sql;
