@@ -54,8 +54,10 @@ impl PgStoreBuilder {
         }
     }
 
-    /// Connections in the pool (default [`DEFAULT_POOL_SIZE`]). Each concurrent write or read
-    /// holds one for its duration; more concurrent runs than connections wait for one.
+    /// Connections in the pool for reads and writes (default [`DEFAULT_POOL_SIZE`]). Each
+    /// concurrent write or read holds one for its duration; more concurrent runs than
+    /// connections wait for one. Lease renewals do not wait behind them: they have one more
+    /// connection of their own, so a store opens `connections + 1` sessions.
     pub fn pool_size(mut self, connections: usize) -> Self {
         self.pool_size = connections;
         self
@@ -248,6 +250,7 @@ impl PgStoreBuilder {
             inner: Arc::new(Inner {
                 sql: Sql::new(&self.schema),
                 pool: pool(self.pool_size)?,
+                lease_pool: pool(1)?,
                 label,
                 schema: self.schema,
                 lease_ttl: self.lease_ttl,

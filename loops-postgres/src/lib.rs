@@ -45,7 +45,8 @@
 //!   store, kept as `text` so that they read back byte for byte.
 //! - **Leases.** A worker drives a run only under a lease: a row of the `leases` table with a
 //!   fencing token (from a sequence, never reused) and an expiry on the server's clock. The
-//!   runtime renews its leases every third of the lease time; a worker that stops renewing
+//!   runtime renews its leases every third of the lease time, on a connection of their own
+//!   (never behind the pool's writes); a worker that stops renewing
 //!   (crashed, paused, cut off) loses its runs after the lease time, and another worker's
 //!   `claim_ready` (`FOR UPDATE SKIP LOCKED`) takes them over.
 //! - **Fencing.** Every write that carries a lease locks the lease row (`FOR UPDATE`) and the
@@ -223,6 +224,9 @@ pub struct PgStore {
 struct Inner {
     sql: Sql,
     pool: Pool,
+    /// One connection for lease renewals alone, so that they never queue behind the writes
+    /// of `pool` (with a small pool and many runs, they did until leases lapsed).
+    lease_pool: Pool,
     label: String,
     schema: String,
     lease_ttl: Duration,
@@ -297,9 +301,16 @@ impl PgStore {
 
     /// A connection from the pool.
     async fn client(&self, action: impl Fn() -> String) -> loops_core::Result<Object> {
-        self.inner
-            .pool
-            .get()
+        self.client_from(&self.inner.pool, action).await
+    }
+
+    /// A connection from `pool`: the store's `pool` or `lease_pool`.
+    async fn client_from(
+        &self,
+        pool: &Pool,
+        action: impl Fn() -> String,
+    ) -> loops_core::Result<Object> {
+        pool.get()
             .await
             .map_err(|e| loops_core::Error::database(action(), e))
     }
