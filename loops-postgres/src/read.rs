@@ -1,6 +1,7 @@
 //! Reads and lease statements: one statement each, in autocommit, tried again on another
 //! connection if the connection failed.
 
+use deadpool_postgres::Pool;
 use loops_core::store::{EventRecord, Lease, RunInfo, RunStatus};
 use loops_core::{
     Error, FailureRecord, RecordKind, Result, SchemaHash, StepRecord, TransitionRecord,
@@ -22,12 +23,25 @@ impl PgStore {
         statement: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>> {
-        self.timed(&action, self.rows_untimed(&action, statement, params))
+        self.rows_on(&self.inner.pool, action, statement, params)
             .await
     }
 
-    pub(crate) async fn rows_untimed(
+    /// As [`rows`](Self::rows), on a connection of `pool`.
+    pub(crate) async fn rows_on(
         &self,
+        pool: &Pool,
+        action: impl Fn() -> String,
+        statement: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>> {
+        self.timed(&action, self.rows_untimed(pool, &action, statement, params))
+            .await
+    }
+
+    async fn rows_untimed(
+        &self,
+        pool: &Pool,
         action: impl Fn() -> String,
         statement: &str,
         params: &[&(dyn ToSql + Sync)],
@@ -36,7 +50,7 @@ impl PgStore {
         loop {
             tries += 1;
             // Closed if this future is dropped midway (a time-out): it may hang.
-            let client = crate::write::Guard(Some(self.client(&action).await?));
+            let client = crate::write::Guard(Some(self.client_from(pool, &action).await?));
             let result = async {
                 let c = client.client();
                 let prepared = c.prepare_cached(statement).await?;
@@ -274,8 +288,10 @@ impl PgStore {
         }
         let ids: Vec<&str> = leases.iter().map(|l| l.run_id.as_str()).collect();
         let tokens: Vec<i64> = leases.iter().map(|l| big(l.token)).collect();
+        // On the renewals' own connection: never behind the writes waiting for the pool.
         let rows = self
-            .rows(
+            .rows_on(
+                &self.inner.lease_pool,
                 || format!("renewing {} leases", leases.len()),
                 &self.inner.sql.renew,
                 &[&ids, &tokens, &self.ttl_ms()],

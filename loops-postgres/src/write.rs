@@ -392,6 +392,7 @@ async fn commit(
                 + 'a,
         >,
     >;
+    crate::failpoint::before_commit();
     let client: &tokio_postgres::Client = c;
     let mut steps: Vec<Sent<'_>> = writes
         .iter()
