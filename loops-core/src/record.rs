@@ -87,7 +87,7 @@ impl TransitionRecord {
     /// [`Error::Decode`] naming the run and `seq` if the bytes are not a transition record,
     /// or if the record's own `seq` is not the key's (a record moved or edited by hand).
     ///
-    /// [`Store`]: crate::Store
+    /// [`Store`]: crate::store::Store
     pub fn from_stored(run_id: &str, seq: u64, bytes: &[u8]) -> Result<Self> {
         let decode_error = |state: &str, source| Error::Decode {
             run_id: run_id.to_owned(),
