@@ -19,11 +19,19 @@ use crate::record::{FailureRecord, StepRecord, TransitionRecord};
 use crate::schema::SchemaHash;
 use crate::workflow::{StateId, Workflow};
 
+mod effects;
+mod facts;
+mod plan;
 pub mod protocol;
+mod ready;
 pub mod redb;
 mod verify;
 
+pub use self::effects::{Effects, InboxChange, Record, RowWrite, event_record};
+pub use self::facts::{CurrentLease, Facts, LeaseCheck, Needs, PendingEvent, RecordKey};
+pub use self::plan::plan;
 pub use self::protocol::{AfterFailure, EventRecord, Reply, WaitOutcome, Write};
+pub use self::ready::{Readiness, Ready};
 pub use self::redb::{Compacted, RedbStore, StoreOptions};
 
 /// A boxed, `Send` future: what [`Store`] methods return, so that `dyn Store` works.
