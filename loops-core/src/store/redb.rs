@@ -39,8 +39,8 @@ use serde::Serialize;
 
 use super::protocol::{EventRecord, Reply, Write};
 use super::{
-    BoxFuture, Effects, Facts, InboxChange, Lease, Needs, PendingEvent, Pruned, Record, RecordKey,
-    RowWrite, RunInfo, RunStatus, Store, plan,
+    BoxFuture, Effects, Facts, InboxChange, Lease, Needs, PendingEvent, Pruned, Ready, Record,
+    RecordKey, RowWrite, RunInfo, RunStatus, Store, plan,
 };
 use crate::error::{Error, RecordKind, Result};
 use crate::record::{FailureRecord, StepRecord, TransitionRecord};
@@ -1221,18 +1221,12 @@ impl Store for RedbStore {
                         if out.len() >= limit {
                             return Ok(out);
                         }
-                        let ready = match (&info.status, &info.wait) {
-                            (RunStatus::Waiting, _) if info.cancel.is_some() => true,
-                            (RunStatus::Waiting, Some(wait)) => {
-                                wait.until_ms.is_some_and(|until| until <= now)
-                                    || match &wait.event {
-                                        Some(event) => {
-                                            RedbStore::has_pending(self, &info.run_id, event)?
-                                        }
-                                        None => false,
-                                    }
+                        let ready = match info.readiness().at(now) {
+                            Ready::Now => true,
+                            Ready::OnEvent(event) => {
+                                RedbStore::has_pending(self, &info.run_id, event)?
                             }
-                            _ => true,
+                            Ready::No => false,
                         };
                         if ready {
                             let lease = Lease {
