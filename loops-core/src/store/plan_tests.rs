@@ -3,7 +3,8 @@
 use super::*;
 use crate::error::Error;
 
-fn row(run_id: &str, status: RunStatus, seq: u64) -> RunInfo {
+/// A row of run `run_id` with every field set.
+pub(super) fn row(run_id: &str, status: RunStatus, seq: u64) -> RunInfo {
     RunInfo {
         run_id: run_id.to_owned(),
         workflow: "w".to_owned(),

@@ -75,21 +75,9 @@ mod tests {
 
     fn row(status: RunStatus, wait: Option<WaitInfo>, cancel: bool) -> RunInfo {
         RunInfo {
-            run_id: "r".to_owned(),
-            workflow: "w".to_owned(),
-            schema: crate::SchemaHash::from_u64(1),
-            status,
-            state: "S".to_owned(),
-            seq: 3,
-            attempt: 1,
-            attempt_base: 0,
-            interrupted: 0,
-            created_ms: 0,
-            updated_ms: 0,
-            retry_at_ms: None,
-            error: None,
             cancel: cancel.then(|| "stop".to_owned()),
             wait,
+            ..crate::store::plan_tests::row("r", status, 3)
         }
     }
 
