@@ -17,7 +17,7 @@ use crate::context::{Context, RunScope};
 use crate::error::{Error, Result};
 use crate::record::{FailureRecord, FailureSource, TransitionRecord, error_chain, now_ms};
 use crate::runtime::{Claim, Runtime};
-use crate::store::{AfterFailure, Lease, RunInfo, RunStatus, Write};
+use crate::store::{AfterFailure, Lease, Ready, RunInfo, RunStatus, Write};
 use crate::workflow::{BoxError, Dispatch, StateId, Workflow};
 
 /// How often an attached driver waiting on a store shared by several workers reads its run's
@@ -219,7 +219,7 @@ impl Runtime {
                     continue;
                 }
                 RunStatus::Waiting => {
-                    if !self.wait_is_over(&info).await? {
+                    if !self.is_ready(&info).await? {
                         match mode {
                             Mode::Background => return Ok(Driven::Parked(Box::new(info))),
                             Mode::Attached => {
@@ -481,17 +481,14 @@ impl Runtime {
         }
     }
 
-    /// Whether a waiting run's wait can end now: its time passed, or its event is in the inbox.
-    pub(crate) async fn wait_is_over(&self, info: &RunInfo) -> Result<bool> {
-        let Some(wait) = &info.wait else {
-            return Ok(true);
-        };
-        if wait.until_ms.is_some_and(|until| until <= now_ms()) {
-            return Ok(true);
-        }
-        match &wait.event {
-            Some(event) => self.store().has_pending(&info.run_id, event).await,
-            None => Ok(false),
+    /// Whether the run needs a driver now, by [`RunInfo::readiness`]: for a waiting run,
+    /// whether its wait can end (its time passed, or its event is in the inbox) or its
+    /// cancellation was asked for.
+    pub(crate) async fn is_ready(&self, info: &RunInfo) -> Result<bool> {
+        match info.readiness().at(now_ms()) {
+            Ready::Now => Ok(true),
+            Ready::OnEvent(event) => self.store().has_pending(&info.run_id, event).await,
+            Ready::No => Ok(false),
         }
     }
 

@@ -20,7 +20,7 @@ use crate::driver::{Driven, Entered, Mode};
 use crate::error::{Error, Result};
 use crate::record::now_ms;
 use crate::runtime::{Claim, Inner, Runtime};
-use crate::store::{Lease, RunStatus};
+use crate::store::Lease;
 use crate::workflow::Dispatch;
 
 /// How a background driver starts.
@@ -131,13 +131,7 @@ async fn needs_driver(rt: &Runtime, run_id: &str) -> bool {
     let Ok(Some(info)) = rt.store().run_info(run_id).await else {
         return false;
     };
-    match info.status {
-        RunStatus::Running => true,
-        RunStatus::Waiting => {
-            info.cancel.is_some() || rt.wait_is_over(&info).await.unwrap_or(false)
-        }
-        RunStatus::Completed | RunStatus::Failed | RunStatus::Cancelled => false,
-    }
+    rt.is_ready(&info).await.unwrap_or(false)
 }
 
 /// The runtime's background machinery.

@@ -84,7 +84,7 @@ impl PgStore {
             )
             .await?;
         rows.first()
-            .map(|row| decode_info(run_id, &text(row, 0, run_id)?))
+            .map(|row| RunInfo::decode(run_id, text(row, 0, run_id)?.as_bytes()))
             .transpose()
     }
 
@@ -102,7 +102,7 @@ impl PgStore {
         let Some(row) = rows.first() else {
             return Ok(None);
         };
-        let info = decode_info(run_id, &text(row, 0, run_id)?)?;
+        let info = RunInfo::decode(run_id, text(row, 0, run_id)?.as_bytes())?;
         let record: Option<String> = row.try_get(1).map_err(|e| column(run_id, e))?;
         let Some(record) = record else {
             return Err(Error::RecordMissing {
@@ -242,7 +242,7 @@ impl PgStore {
         rows.iter()
             .map(|row| {
                 let run_id = text(row, 0, "?")?;
-                decode_info(&run_id, &text(row, 1, &run_id)?)
+                RunInfo::decode(&run_id, text(row, 1, &run_id)?.as_bytes())
             })
             .collect()
     }
@@ -326,7 +326,7 @@ impl PgStore {
             .map(|row| {
                 let run_id = text(row, 0, "?")?;
                 let lease = lease(row, run_id.clone(), 1)?;
-                let info = decode_info(&run_id, &text(row, 3, &run_id)?)?;
+                let info = RunInfo::decode(&run_id, text(row, 3, &run_id)?.as_bytes())?;
                 Ok((info, lease))
             })
             .collect()
@@ -352,18 +352,6 @@ pub(crate) fn text(row: &Row, i: usize, run_id: &str) -> Result<String> {
 /// A column of an unexpected type: the schema was altered outside loops.
 pub(crate) fn column(run_id: &str, e: tokio_postgres::Error) -> Error {
     Error::database(format!("reading a row of run `{run_id}`"), e)
-}
-
-pub(crate) fn decode_info(run_id: &str, json: &str) -> Result<RunInfo> {
-    let mut info: RunInfo = serde_json::from_str(json).map_err(|source| Error::Decode {
-        run_id: run_id.to_owned(),
-        record: RecordKind::RunRow,
-        seq: 0,
-        state: String::new(),
-        source,
-    })?;
-    info.run_id = run_id.to_owned();
-    Ok(info)
 }
 
 pub(crate) fn decode_transition(run_id: &str, seq: u64, json: &str) -> Result<TransitionRecord> {

@@ -5,6 +5,10 @@
 //! workers sharing runs) implement the same trait with the same semantics: the
 //! [`protocol`]'s writes, leases that fence every write of a run's driver, and the reads the
 //! runtime needs.
+//!
+//! What each write means is [`plan`], once for every store: a store reads the run's row and
+//! the [`Facts`] the write [`Needs`], calls [`plan`], and writes the [`Effects`] out. When a
+//! run needs a driver is [`RunInfo::readiness`].
 
 use std::any::Any;
 use std::fmt;
@@ -19,11 +23,21 @@ use crate::record::{FailureRecord, StepRecord, TransitionRecord};
 use crate::schema::SchemaHash;
 use crate::workflow::{StateId, Workflow};
 
+mod effects;
+mod facts;
+mod plan;
+#[cfg(test)]
+mod plan_tests;
 pub mod protocol;
+mod ready;
 pub mod redb;
 mod verify;
 
+pub use self::effects::{Effects, InboxChange, Record, RowWrite, event_record};
+pub use self::facts::{CurrentLease, Facts, LeaseCheck, Needs, PendingEvent, RecordKey};
+pub use self::plan::plan;
 pub use self::protocol::{AfterFailure, EventRecord, Reply, WaitOutcome, Write};
+pub use self::ready::{Readiness, Ready};
 pub use self::redb::{Compacted, RedbStore, StoreOptions};
 
 /// A boxed, `Send` future: what [`Store`] methods return, so that `dyn Store` works.
@@ -49,8 +63,8 @@ pub struct Lease {
 ///
 /// Every method returns a boxed future; stores that do blocking I/O keep it short or move it
 /// off the async threads. Semantics every implementation must give:
-/// - [`write`](Self::write) applies one [`Write`] atomically, exactly as described on
-///   [`Write`]; with a lease, it is refused unless the lease is the run's current one;
+/// - [`write`](Self::write) applies one [`Write`] atomically, with the meaning [`plan`] gives
+///   it; with a lease, it is refused unless the lease is the run's current one;
 /// - records are immutable; reads see every write whose future has completed;
 /// - a lease is held by one worker at a time; [`acquire`](Self::acquire) returns `None` while
 ///   another worker holds a live lease on the run.
@@ -120,8 +134,9 @@ pub trait Store: Send + Sync + 'static {
     /// How long a lease lasts without renewal; `None` if leases never lapse.
     fn lease_ttl(&self) -> Option<Duration>;
 
-    /// Runs of `workflows` that need a driver and that no worker holds: running runs, and
-    /// waiting runs whose wait is over. Each comes with a lease for this worker (at most
+    /// Runs of `workflows` that need a driver ([`RunInfo::readiness`]) and that no worker
+    /// holds: running runs, and waiting runs whose wait is over or whose cancellation was
+    /// asked for. Each comes with a lease for this worker (at most
     /// `limit`). A store with no other workers returns every such run.
     fn claim_ready<'a>(
         &'a self,
