@@ -16,11 +16,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::error::{Error, RecordKind, Result};
+use crate::names::{RESERVED_PREFIX, validate_name};
 use crate::record::{FailureRecord, FailureSource, StepRecord, now_ms};
 use crate::store::{AfterFailure, Lease, RedbStore, Reply, Store, WaitOutcome, Write};
-
-/// Longest step or event name, in bytes.
-pub const MAX_NAME_BYTES: usize = 256;
 
 /// What a state handler receives besides the state's data: which run, state and attempt it is
 /// handling, and the journal through which it runs steps.
@@ -36,10 +34,6 @@ pub struct Context {
     parked: AtomicBool,
     park_signal: Notify,
 }
-
-/// Prefix of the step names loops records for sleeps and waits; user step names may not start
-/// with it.
-pub const RESERVED_PREFIX: &str = "loops:";
 
 /// What all contexts of one driven run share.
 pub(crate) struct RunScope {
@@ -203,7 +197,7 @@ impl Context {
     ///
     /// # Errors
     /// `f`'s own error; otherwise, converted into `E`:
-    /// - [`Error::InvalidName`] for an empty name, one longer than [`MAX_NAME_BYTES`] or with
+    /// - [`Error::InvalidName`] for an empty name, one longer than [`MAX_NAME_BYTES`](crate::MAX_NAME_BYTES) or with
     ///   control characters;
     /// - [`Error::StepDecode`] if a recorded output does not decode as `T` (the handler's code
     ///   changed since the record: never a silently wrong value);
@@ -703,7 +697,7 @@ impl Context {
                 name: step_name.to_owned(),
                 occurrence,
             },
-            errors: crate::record::error_chain(error),
+            errors: crate::error::error_chain(error),
         };
         let written = self
             .run
@@ -745,7 +739,7 @@ impl Context {
     /// prefix `lk-` (35 characters). It never changes between versions of loops.
     ///
     /// # Errors
-    /// [`Error::InvalidName`] for an empty name, one longer than [`MAX_NAME_BYTES`] or with
+    /// [`Error::InvalidName`] for an empty name, one longer than [`MAX_NAME_BYTES`](crate::MAX_NAME_BYTES) or with
     /// control characters.
     pub fn idempotency_key(&self, name: &str) -> Result<String> {
         self.check_user_name("key name", name)?;
@@ -795,19 +789,6 @@ impl Context {
             name: name.to_owned(),
             reason,
         })
-    }
-}
-
-/// Checks a step or event name: not empty, at most [`MAX_NAME_BYTES`], no control characters.
-pub(crate) fn validate_name(name: &str) -> std::result::Result<(), &'static str> {
-    if name.is_empty() {
-        Err("empty")
-    } else if name.len() > MAX_NAME_BYTES {
-        Err("longer than 256 bytes")
-    } else if name.chars().any(char::is_control) {
-        Err("contains control characters")
-    } else {
-        Ok(())
     }
 }
 

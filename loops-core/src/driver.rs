@@ -14,8 +14,9 @@ use futures_util::FutureExt;
 use tracing::Instrument;
 
 use crate::context::{Context, RunScope};
+use crate::error::error_chain;
 use crate::error::{Error, Result};
-use crate::record::{FailureRecord, FailureSource, TransitionRecord, error_chain, now_ms};
+use crate::record::{FailureRecord, FailureSource, TransitionRecord, now_ms};
 use crate::runtime::{Claim, Runtime};
 use crate::store::{AfterFailure, Lease, RunInfo, RunStatus, Write};
 use crate::workflow::{BoxError, Dispatch, StateId, Workflow};

@@ -10,13 +10,16 @@ pub mod context;
 mod driver;
 pub mod error;
 mod failpoint;
+mod names;
 pub mod panics;
 pub mod record;
 pub mod retention;
 pub mod retry;
+mod row;
 pub mod runtime;
 mod scheduler;
 pub mod schema;
+mod status;
 pub mod store;
 pub mod workflow;
 
@@ -25,6 +28,7 @@ mod tests;
 
 pub use context::{Context, StepOptions};
 pub use error::{Error, RecordKind, Result};
+pub use names::{MAX_NAME_BYTES, MAX_RUN_ID_BYTES, RESERVED_PREFIX, validate_run_id};
 pub use panics::silence_caught_redb_panics;
 pub use record::{FailureRecord, FailureSource, StepRecord, Transition, TransitionRecord};
 pub use retention::RetentionPolicy;

@@ -13,6 +13,7 @@ use tracing::Instrument;
 
 use crate::driver::{Driven, Mode};
 use crate::error::{Error, Result};
+pub use crate::names::{MAX_RUN_ID_BYTES, validate_run_id};
 use crate::record::{Transition, TransitionRecord, now_ms};
 use crate::retention::RetentionPolicy;
 use crate::retry::RetryPolicy;
@@ -22,9 +23,6 @@ use crate::store::{
     Compacted, Lease, Pruned, RedbStore, Reply, RunInfo, RunStatus, Store, StoreOptions, Write,
 };
 use crate::workflow::{Dispatch, StateId, Workflow};
-
-/// Longest run id, in bytes.
-pub const MAX_RUN_ID_BYTES: usize = 256;
 
 /// Default limit of one serialized state, step output or event payload: 2 MiB (Temporal's
 /// payload cap).
@@ -669,7 +667,7 @@ impl Runtime {
         let names =
             std::iter::once(("event name", event)).chain(key.map(|k| ("idempotency key", k)));
         for (what, name) in names {
-            crate::context::validate_name(name).map_err(|reason| Error::InvalidName {
+            crate::names::validate_name(name).map_err(|reason| Error::InvalidName {
                 run_id: run_id.to_owned(),
                 what,
                 name: name.to_owned(),
@@ -1171,27 +1169,4 @@ fn check_workflow<W: Workflow>(info: &RunInfo) -> Result<()> {
         });
     }
     Ok(())
-}
-
-/// Checks a run id: not empty, at most [`MAX_RUN_ID_BYTES`] bytes, no control characters, no
-/// white space at either end (any other Unicode is accepted).
-///
-/// # Errors
-/// [`Error::InvalidRunId`] saying which rule the id breaks.
-pub fn validate_run_id(run_id: &str) -> Result<()> {
-    let reason = if run_id.is_empty() {
-        "empty"
-    } else if run_id.len() > MAX_RUN_ID_BYTES {
-        "longer than 256 bytes"
-    } else if run_id.chars().any(char::is_control) {
-        "contains control characters"
-    } else if run_id.starts_with(char::is_whitespace) || run_id.ends_with(char::is_whitespace) {
-        "starts or ends with white space"
-    } else {
-        return Ok(());
-    };
-    Err(Error::InvalidRunId {
-        run_id: run_id.to_owned(),
-        reason,
-    })
 }

@@ -606,7 +606,7 @@ impl RedbStore {
                     Db::Reopening(e) => {
                         return Err(Error::Storage {
                             action: "seeding records".to_owned(),
-                            source: Arc::clone(e),
+                            source: e.clone(),
                         });
                     }
                 }
@@ -1471,7 +1471,7 @@ fn commit_writes(
                             .map(|_| {
                                 Err(Error::Storage {
                                     action: format!("committing {n} writes"),
-                                    source: Arc::clone(&e),
+                                    source: e.clone(),
                                 })
                             })
                             .collect();
@@ -1484,7 +1484,7 @@ fn commit_writes(
                     .map(|_| {
                         Err(Error::Storage {
                             action: format!("reopening {} after an I/O error", path.display()),
-                            source: Arc::clone(&e),
+                            source: e.clone(),
                         })
                     })
                     .collect(),
@@ -1647,7 +1647,7 @@ fn commit_batch<'a>(
             .map(|_| {
                 Err(Error::Storage {
                     action: action.clone(),
-                    source: Arc::clone(&shared),
+                    source: shared.clone(),
                 })
             })
             .collect();
