@@ -143,6 +143,6 @@ pub fn utf8_arg(what: &str, arg: &OsStr) -> Result<String> {
 /// code 2) saying which rule it breaks, for every subcommand alike.
 pub fn run_id_arg(arg: &OsStr) -> Result<String> {
     let run_id = utf8_arg("run id", arg)?;
-    loops_core::runtime::validate_run_id(&run_id).map_err(|e| Failure::usage(e.chain()))?;
+    loops_core::validate_run_id(&run_id).map_err(|e| Failure::usage(e.chain()))?;
     Ok(run_id)
 }

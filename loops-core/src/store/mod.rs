@@ -20,6 +20,7 @@ pub use crate::row::{RunInfo, WaitInfo};
 use crate::schema::SchemaHash;
 pub use crate::status::RunStatus;
 
+pub(crate) mod precheck;
 pub mod protocol;
 pub mod redb;
 mod verify;

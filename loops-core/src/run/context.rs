@@ -813,8 +813,8 @@ pub fn __for_tests(run_id: impl Into<String>, seq: u64, attempt: u32) -> Context
         workflow: "test",
         store: Arc::new(store),
         cancel: CancellationToken::new(),
-        max_payload_bytes: crate::runtime::DEFAULT_MAX_PAYLOAD_BYTES,
-        park_threshold: crate::runtime::DEFAULT_PARK_THRESHOLD,
+        max_payload_bytes: crate::run::settings::DEFAULT_MAX_PAYLOAD_BYTES,
+        park_threshold: crate::run::settings::DEFAULT_PARK_THRESHOLD,
     };
     Context::new(Arc::new(scope), "test", seq, attempt, Vec::new())
 }
