@@ -50,7 +50,7 @@ pub use workflow::{BoxError, StateId, Workflow};
 pub mod __private {
     pub use serde;
 
-    pub use crate::run::context::__for_tests;
+    pub use crate::run::test_util::__for_tests;
     pub use crate::schema::__describe::{describe, describe_len, utf8};
     pub use crate::{BoxError, Context, Dispatch, Schema, SchemaHash, StateId, Workflow};
 

@@ -16,7 +16,7 @@ pub const RESERVED_PREFIX: &str = "loops:";
 /// white space at either end (any other Unicode is accepted).
 ///
 /// # Errors
-/// [`Error::InvalidRunId`] saying which rule the id breaks.
+/// [`Error::InvalidRunId`](crate::Error::InvalidRunId) saying which rule the id breaks.
 pub fn validate_run_id(run_id: &str) -> Result<()> {
     let reason = if run_id.is_empty() {
         "empty"

@@ -82,7 +82,7 @@ impl RunInfo {
         }
     }
 
-    /// Applies [`Write::BeginAttempt`] to a running run's row, the same in every store: if
+    /// Applies [`Write::BeginAttempt`](crate::store::Write::BeginAttempt) to a running run's row, the same in every store: if
     /// the current attempt left no failure record (`attempt_has_failure` is false), the
     /// process stopped during it, and the returned `Interrupted` failure record (for the
     /// current attempt, at `at_ms`) must be stored with the row. Then the run fails if its

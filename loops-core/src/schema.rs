@@ -353,28 +353,6 @@ pub struct StateShape {
     pub next: &'static [&'static str],
 }
 
-impl Shape {
-    /// The [`SchemaHash`] of this shape: what `#[derive(Workflow)]` folds in for a field of
-    /// this type.
-    pub const fn hash(&self) -> SchemaHash {
-        SchemaHash(hash::shape(self))
-    }
-}
-
-impl WorkflowShape {
-    /// The [`SchemaHash`] of the workflow: [`Workflow::SCHEMA_HASH`](crate::Workflow::SCHEMA_HASH).
-    pub const fn hash(&self) -> SchemaHash {
-        SchemaHash(hash::workflow(self))
-    }
-
-    /// The description of the workflow, computed at run time: the same text as
-    /// [`Workflow::SCHEMA`](crate::Workflow::SCHEMA), which `#[derive(Workflow)]` computes at
-    /// compile time. For shapes built at run time (tests, tools).
-    pub fn describe(&self) -> String {
-        describe::describe_string(self)
-    }
-}
-
 impl fmt::Display for SchemaHash {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:016x}", self.0)

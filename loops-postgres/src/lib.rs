@@ -74,6 +74,7 @@
 #![warn(missing_docs)]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+mod guard;
 mod migrate;
 mod read;
 mod sql;
@@ -428,7 +429,7 @@ impl PgStore {
     }
 
     /// `operation`, failed with [`loops_core::Error::Database`] if it takes longer than the
-    /// store's timeout (dropping it closes the connection it used: see `write::Guard`).
+    /// store's timeout (dropping it closes the connection it used: see `guard::Guard`).
     async fn timed<T>(
         &self,
         action: impl Fn() -> String,

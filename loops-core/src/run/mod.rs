@@ -6,3 +6,4 @@ pub(crate) mod context;
 pub(crate) mod dispatch;
 pub(crate) mod driver;
 pub(crate) mod settings;
+pub(crate) mod test_util;

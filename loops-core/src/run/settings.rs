@@ -70,7 +70,7 @@ impl Settings {
     /// Refuses a transition record whose state is over the payload limit.
     ///
     /// # Errors
-    /// [`Error::PayloadTooLarge`] naming the state and its seq.
+    /// [`Error::PayloadTooLarge`](crate::Error::PayloadTooLarge) naming the state and its seq.
     pub(crate) fn check_size(&self, run_id: &str, record: &TransitionRecord) -> Result<()> {
         let bytes = record.payload.get().len();
         let limit = self.max_payload_bytes;

@@ -49,7 +49,7 @@ impl std::fmt::Debug for RuntimeBuilder {
 impl RuntimeBuilder {
     /// The retry policy of every state that has none of its own, neither for the state
     /// ([`state_retry`](Self::state_retry)) nor for its workflow
-    /// ([`workflow_retry`](Self::workflow_retry)). Default: [`RetryPolicy::default`],
+    /// ([`workflow_retry`](Self::workflow_retry)). Default: [`RetryPolicy::default`](crate::RetryPolicy::default),
     /// 3 attempts.
     pub fn retry(mut self, policy: RetryPolicy) -> Self {
         self.config.settings.retry = policy;
@@ -77,7 +77,7 @@ impl RuntimeBuilder {
 
     /// A time-out for every state's handler that has none of its own (default: none). A
     /// handler that runs longer is abandoned, and the attempt fails with
-    /// [`Error::StateTimeout`]. Time spent parked (waiting) does not count.
+    /// [`Error::StateTimeout`](crate::Error::StateTimeout). Time spent parked (waiting) does not count.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.config.settings.timeout = Some(timeout);
         self
@@ -94,7 +94,7 @@ impl RuntimeBuilder {
 
     /// The largest serialized state, step output or event payload, in bytes (default
     /// [`DEFAULT_MAX_PAYLOAD_BYTES`](crate::DEFAULT_MAX_PAYLOAD_BYTES), 2 MiB). Larger ones fail with
-    /// [`Error::PayloadTooLarge`] before anything is written.
+    /// [`Error::PayloadTooLarge`](crate::Error::PayloadTooLarge) before anything is written.
     pub fn max_payload_bytes(mut self, bytes: usize) -> Self {
         self.config.settings.max_payload_bytes = bytes;
         self
@@ -125,7 +125,7 @@ impl RuntimeBuilder {
 
     /// Declares a workflow this runtime drives. When the store opens, every unfinished run of
     /// `W` must have been recorded with `W`'s compiled schema: otherwise
-    /// [`open`](Self::open) refuses with [`Error::SchemaMismatch`] and the store file's bytes
+    /// [`open`](Self::open) refuses with [`Error::SchemaMismatch`](crate::Error::SchemaMismatch) and the store file's bytes
     /// are left as they are. (Without this, each run is checked when it is driven, and refused
     /// then without writing a record.)
     pub fn workflow<W: Workflow>(mut self) -> Self {
@@ -154,12 +154,12 @@ impl RuntimeBuilder {
     /// Opens (or creates) the store file at `path` and returns the runtime.
     ///
     /// # Errors
-    /// - [`Error::SchemaMismatch`] if an unfinished run of a workflow declared with
+    /// - [`Error::SchemaMismatch`](crate::Error::SchemaMismatch) if an unfinished run of a workflow declared with
     ///   [`workflow`](Self::workflow) or [`register`](Self::register) has another schema: the
     ///   file is not opened for writing, unless it needs redb's crash repair (it was not closed
     ///   cleanly), which the open then makes before checking; loops itself writes nothing;
-    /// - as [`RedbStore::open`]: [`Error::StoreLocked`] if the file is open elsewhere,
-    ///   [`Error::Open`] if it is not a loops store or cannot be read.
+    /// - as [`RedbStore::open`](crate::RedbStore::open): [`Error::StoreLocked`](crate::Error::StoreLocked) if the file is open elsewhere,
+    ///   [`Error::Open`](crate::Error::Open) if it is not a loops store or cannot be read.
     pub fn open(self, path: impl AsRef<Path>) -> Result<Runtime> {
         let checked = precheck(path.as_ref(), &self.config.checks)?;
         let store = RedbStore::open_with(path, self.store_options)?;
@@ -172,21 +172,21 @@ impl RuntimeBuilder {
     }
 
     /// Verify every page's checksum when the store opens (default: on). See
-    /// [`StoreOptions::verify_on_open`].
+    /// [`StoreOptions::verify_on_open`](crate::StoreOptions::verify_on_open).
     pub fn verify_on_open(mut self, verify: bool) -> Self {
         self.store_options.verify_on_open = verify;
         self
     }
 
     /// Commit on the calling task's thread when no other commit is in progress (default:
-    /// on). See [`StoreOptions::commit_on_caller`].
+    /// on). See [`StoreOptions::commit_on_caller`](crate::StoreOptions::commit_on_caller).
     pub fn commit_on_caller(mut self, on: bool) -> Self {
         self.store_options.commit_on_caller = on;
         self
     }
 
-    /// Builds the runtime on a store opened elsewhere: [`RedbStore::with_storage`],
-    /// [`RedbStore::in_memory`], or another [`Store`] such as the PostgreSQL one. The schema
+    /// Builds the runtime on a store opened elsewhere: [`RedbStore::with_storage`](crate::RedbStore::with_storage),
+    /// [`RedbStore::in_memory`](crate::RedbStore::in_memory), or another [`Store`] such as the PostgreSQL one. The schema
     /// checks of [`workflow`](Self::workflow) are not made before such a store opens; each run
     /// is still checked when it is driven.
     pub fn build(self, store: impl Store) -> Runtime {
@@ -198,8 +198,8 @@ impl Runtime {
     /// Opens (or creates) the store file at `path` with the default configuration.
     ///
     /// # Errors
-    /// [`Error::StoreLocked`] at once if this or another process has the file open;
-    /// [`Error::Open`] if it is not a loops store or cannot be read.
+    /// [`Error::StoreLocked`](crate::Error::StoreLocked) at once if this or another process has the file open;
+    /// [`Error::Open`](crate::Error::Open) if it is not a loops store or cannot be read.
     pub fn open(path: impl AsRef<Path>) -> Result<Runtime> {
         RuntimeBuilder::default().open(path)
     }

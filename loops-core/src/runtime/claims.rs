@@ -80,7 +80,7 @@ impl Claims {
     /// now.
     ///
     /// # Errors
-    /// [`Error::RunActive`] if a driver here holds the run, or another worker holds its
+    /// [`Error::RunActive`](crate::Error::RunActive) if a driver here holds the run, or another worker holds its
     /// lease; the store's error if the lease cannot be taken.
     pub(crate) async fn claim_with(&self, run_id: &str, lease: Option<Lease>) -> Result<Claim> {
         let signals = {

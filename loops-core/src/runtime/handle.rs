@@ -157,7 +157,7 @@ impl Runtime {
     /// The background driver registered for `workflow`.
     ///
     /// # Errors
-    /// [`Error::NotRegistered`] if there is none.
+    /// [`Error::NotRegistered`](crate::Error::NotRegistered) if there is none.
     pub(crate) fn driver(&self, workflow: &str) -> Result<Arc<dyn Driver>> {
         self.inner
             .drivers
@@ -249,7 +249,7 @@ impl Hooks for Inner {
 /// Refuses a run of another workflow than `W`.
 ///
 /// # Errors
-/// [`Error::WorkflowMismatch`].
+/// [`Error::WorkflowMismatch`](crate::Error::WorkflowMismatch).
 pub(crate) fn check_workflow<W: Workflow>(info: &RunInfo) -> Result<()> {
     if info.workflow != W::NAME {
         return Err(Error::WorkflowMismatch {

@@ -13,10 +13,10 @@ use crate::workflow::Workflow;
 
 impl Runtime {
     /// Removes the ended runs that the configured retention policy
-    /// ([`RuntimeBuilder::retention`]) expires now: their records, rows and events.
+    /// ([`RuntimeBuilder::retention`](crate::RuntimeBuilder::retention)) expires now: their records, rows and events.
     ///
     /// # Errors
-    /// As [`RedbStore::prune`].
+    /// As [`RedbStore::prune`](crate::RedbStore::prune).
     pub async fn prune(&self) -> Result<Pruned> {
         self.prune_with(&self.inner.config.retention, false).await
     }
@@ -24,7 +24,7 @@ impl Runtime {
     /// Removes (or, with `dry_run`, only lists) the ended runs `policy` expires now.
     ///
     /// # Errors
-    /// As [`RedbStore::prune`].
+    /// As [`RedbStore::prune`](crate::RedbStore::prune).
     pub async fn prune_with(&self, policy: &RetentionPolicy, dry_run: bool) -> Result<Pruned> {
         let report = prune(self.store(), policy, now_ms(), dry_run).await?;
         tracing::info!(
@@ -36,11 +36,11 @@ impl Runtime {
         Ok(report)
     }
 
-    /// Compacts the store file (see [`RedbStore::compact`]) on a blocking thread; reads and
+    /// Compacts the store file (see [`RedbStore::compact`](crate::RedbStore::compact)) on a blocking thread; reads and
     /// commits wait until it is done.
     ///
     /// # Errors
-    /// As [`RedbStore::compact`]; [`Error::ReadOnly`] if the store is not a redb file.
+    /// As [`RedbStore::compact`](crate::RedbStore::compact); [`Error::ReadOnly`](crate::Error::ReadOnly) if the store is not a redb file.
     pub async fn compact(&self) -> Result<Compacted> {
         let store = self.store_arc();
         let label = store.label();
@@ -58,7 +58,7 @@ impl Runtime {
     /// The run's current standing, or `None` if no run has this id.
     ///
     /// # Errors
-    /// [`Error::Storage`] on a read error; [`Error::Decode`] if the row is unreadable.
+    /// [`Error::Storage`](crate::Error::Storage) on a read error; [`Error::Decode`](crate::Error::Decode) if the row is unreadable.
     pub async fn run_info(&self, run_id: &str) -> Result<Option<RunInfo>> {
         self.inner.store.run_info(run_id).await
     }
@@ -67,8 +67,8 @@ impl Runtime {
     /// has this id.
     ///
     /// # Errors
-    /// [`Error::WorkflowMismatch`] if the run is of another workflow; [`Error::Decode`] if the
-    /// record does not decode as `W`; [`Error::Storage`] on a read error.
+    /// [`Error::WorkflowMismatch`](crate::Error::WorkflowMismatch) if the run is of another workflow; [`Error::Decode`](crate::Error::Decode) if the
+    /// record does not decode as `W`; [`Error::Storage`](crate::Error::Storage) on a read error.
     pub async fn state<W: Workflow>(&self, run_id: &str) -> Result<Option<(u64, W)>> {
         let Some((info, record)) = self.inner.store.latest(run_id).await? else {
             return Ok(None);
@@ -80,8 +80,8 @@ impl Runtime {
     /// Every transition of the run, in order, decoded as `W` (empty if no run has this id).
     ///
     /// # Errors
-    /// [`Error::WorkflowMismatch`] if the run is of another workflow; [`Error::Decode`] naming
-    /// the sequence number of a record that does not decode as `W`; [`Error::Storage`].
+    /// [`Error::WorkflowMismatch`](crate::Error::WorkflowMismatch) if the run is of another workflow; [`Error::Decode`](crate::Error::Decode) naming
+    /// the sequence number of a record that does not decode as `W`; [`Error::Storage`](crate::Error::Storage).
     pub async fn history<W: Workflow>(&self, run_id: &str) -> Result<Vec<Transition<W>>> {
         if let Some(info) = self.inner.store.run_info(run_id).await? {
             check_workflow::<W>(&info)?;
@@ -107,7 +107,7 @@ impl Runtime {
     /// status index.
     ///
     /// # Errors
-    /// [`Error::Storage`] on a read error; [`Error::Decode`] if a row is unreadable.
+    /// [`Error::Storage`](crate::Error::Storage) on a read error; [`Error::Decode`](crate::Error::Decode) if a row is unreadable.
     pub async fn list_runs(
         &self,
         status: RunStatus,

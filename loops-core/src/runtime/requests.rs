@@ -25,9 +25,9 @@ impl Runtime {
     /// run's inbox, delivered to the run's next (or current) wait for `event`, once.
     ///
     /// # Errors
-    /// [`Error::RunNotFound`] for an unknown run; [`Error::RunEnded`] for a run that has
-    /// ended; [`Error::InvalidName`]; [`Error::EventEncode`] or [`Error::PayloadTooLarge`] for a
-    /// payload that cannot be stored; [`Error::Storage`].
+    /// [`Error::RunNotFound`](crate::Error::RunNotFound) for an unknown run; [`Error::RunEnded`](crate::Error::RunEnded) for a run that has
+    /// ended; [`Error::InvalidName`](crate::Error::InvalidName); [`Error::EventEncode`](crate::Error::EventEncode) or [`Error::PayloadTooLarge`](crate::Error::PayloadTooLarge) for a
+    /// payload that cannot be stored; [`Error::Storage`](crate::Error::Storage).
     pub async fn send<T: Serialize + ?Sized>(
         &self,
         run_id: &str,
@@ -41,7 +41,7 @@ impl Runtime {
     /// run writes nothing and returns the first event's receipt with `duplicate: true`.
     ///
     /// # Errors
-    /// As [`send`](Self::send); [`Error::InvalidName`] for an invalid key.
+    /// As [`send`](Self::send); [`Error::InvalidName`](crate::Error::InvalidName) for an invalid key.
     pub async fn send_with_key<T: Serialize + ?Sized>(
         &self,
         run_id: &str,
@@ -125,8 +125,8 @@ impl Runtime {
     /// ends as cancelled at its next state boundary, or, if it waits, within 200 ms.
     ///
     /// # Errors
-    /// [`Error::RunNotFound`]; [`Error::RunEnded`] if the run has ended already;
-    /// [`Error::Storage`] if the request could not be committed.
+    /// [`Error::RunNotFound`](crate::Error::RunNotFound); [`Error::RunEnded`](crate::Error::RunEnded) if the run has ended already;
+    /// [`Error::Storage`](crate::Error::Storage) if the request could not be committed.
     pub async fn cancel(&self, run_id: &str, reason: &str) -> Result<RunInfo> {
         validate_run_id(run_id)?;
         let signals = self.inner.claims.signals(run_id);
@@ -186,13 +186,13 @@ impl Runtime {
     /// Makes a failed run running again with a fresh budget of attempts; drive it again with
     /// [`run`](Self::run) (a registered workflow's run is driven in the background at once).
     /// Attempt numbers count on (each failure record keeps its own): after a failure at
-    /// attempt 3, [`RunInfo::attempt`] stays 3 and the next attempt's
+    /// attempt 3, [`RunInfo::attempt`](crate::RunInfo::attempt) stays 3 and the next attempt's
     /// [`Context::attempt`](crate::Context::attempt) is 4; the retry policy counts the budget
     /// from there.
     ///
     /// # Errors
-    /// [`Error::RunNotFound`]; [`Error::NotFailed`] if the run is not failed;
-    /// [`Error::Storage`] if the change could not be committed.
+    /// [`Error::RunNotFound`](crate::Error::RunNotFound); [`Error::NotFailed`](crate::Error::NotFailed) if the run is not failed;
+    /// [`Error::Storage`](crate::Error::Storage) if the change could not be committed.
     pub async fn retry(&self, run_id: &str) -> Result<RunInfo> {
         validate_run_id(run_id)?;
         let info = self

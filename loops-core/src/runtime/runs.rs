@@ -31,15 +31,15 @@ impl Runtime {
     /// and use [`start`](Self::start).
     ///
     /// # Errors
-    /// - [`Error::InvalidRunId`]; [`Error::RunActive`] if this runtime drives the run already;
-    /// - [`Error::WorkflowMismatch`] if the run is of another workflow;
-    /// - [`Error::SchemaMismatch`] if it was recorded by a build whose workflow shape differs
+    /// - [`Error::InvalidRunId`](crate::Error::InvalidRunId); [`Error::RunActive`](crate::Error::RunActive) if this runtime drives the run already;
+    /// - [`Error::WorkflowMismatch`](crate::Error::WorkflowMismatch) if the run is of another workflow;
+    /// - [`Error::SchemaMismatch`](crate::Error::SchemaMismatch) if it was recorded by a build whose workflow shape differs
     ///   (nothing is written, and it is never retried);
-    /// - [`Error::NotInitial`] if a new run's `initial` is not the workflow's initial state;
-    /// - [`Error::RunFailed`] when attempts run out (now or before), [`Error::RunCancelled`]
+    /// - [`Error::NotInitial`](crate::Error::NotInitial) if a new run's `initial` is not the workflow's initial state;
+    /// - [`Error::RunFailed`](crate::Error::RunFailed) when attempts run out (now or before), [`Error::RunCancelled`](crate::Error::RunCancelled)
     ///   if the run was cancelled;
-    /// - [`Error::Decode`], [`Error::Encode`], [`Error::PayloadTooLarge`],
-    ///   [`Error::IllegalTransition`], [`Error::Storage`]: the run stays at its last recorded
+    /// - [`Error::Decode`](crate::Error::Decode), [`Error::Encode`](crate::Error::Encode), [`Error::PayloadTooLarge`](crate::Error::PayloadTooLarge),
+    ///   [`Error::IllegalTransition`](crate::Error::IllegalTransition), [`Error::Storage`](crate::Error::Storage): the run stays at its last recorded
     ///   state and can be resumed.
     pub async fn run<W, H>(&self, run_id: &str, initial: W, handler: &H) -> Result<W>
     where
@@ -75,10 +75,10 @@ impl Runtime {
     /// timer, or started before) is left to its driver, and its status is returned.
     ///
     /// # Errors
-    /// [`Error::NotRegistered`] if no handler is registered for `W`;
-    /// [`Error::WorkflowMismatch`] if the run exists as another workflow, and
-    /// [`Error::SchemaMismatch`] as another shape of it;
-    /// [`Error::RunActive`] only while another call is creating the same run at this very
+    /// [`Error::NotRegistered`](crate::Error::NotRegistered) if no handler is registered for `W`;
+    /// [`Error::WorkflowMismatch`](crate::Error::WorkflowMismatch) if the run exists as another workflow, and
+    /// [`Error::SchemaMismatch`](crate::Error::SchemaMismatch) as another shape of it;
+    /// [`Error::RunActive`](crate::Error::RunActive) only while another call is creating the same run at this very
     /// moment; otherwise as [`run`](Self::run) for everything that happens before the first
     /// handler runs.
     pub async fn start<W: Workflow>(&self, run_id: &str, initial: W) -> Result<RunInfo> {
@@ -122,8 +122,8 @@ impl Runtime {
     /// by another worker of a shared store is seen within 200 ms).
     ///
     /// # Errors
-    /// [`Error::RunNotFound`]; [`Error::WorkflowMismatch`]; [`Error::RunFailed`] or
-    /// [`Error::RunCancelled`] if it ended so; [`Error::Decode`]; [`Error::Storage`].
+    /// [`Error::RunNotFound`](crate::Error::RunNotFound); [`Error::WorkflowMismatch`](crate::Error::WorkflowMismatch); [`Error::RunFailed`](crate::Error::RunFailed) or
+    /// [`Error::RunCancelled`](crate::Error::RunCancelled) if it ended so; [`Error::Decode`](crate::Error::Decode); [`Error::Storage`](crate::Error::Storage).
     pub async fn wait<W: Workflow>(&self, run_id: &str) -> Result<W> {
         loop {
             let ended = self.inner.background.ended();
@@ -181,7 +181,7 @@ impl Runtime {
     /// Returns the unfinished runs found, by workflow then run id.
     ///
     /// # Errors
-    /// [`Error::Storage`] or [`Error::Decode`] if the index cannot be read.
+    /// [`Error::Storage`](crate::Error::Storage) or [`Error::Decode`](crate::Error::Decode) if the index cannot be read.
     pub async fn resume_all(&self) -> Result<Vec<RunInfo>> {
         let workflows = self.workflows();
         let limit = match self.inner.config.max_active_runs {

@@ -642,3 +642,12 @@ const fn plain(s: &str) -> bool {
     }
     true
 }
+
+impl WorkflowShape {
+    /// The description of the workflow, computed at run time: the same text as
+    /// [`Workflow::SCHEMA`](crate::Workflow::SCHEMA), which `#[derive(Workflow)]` computes at
+    /// compile time. For shapes built at run time (tests, tools).
+    pub fn describe(&self) -> String {
+        describe_string(self)
+    }
+}
