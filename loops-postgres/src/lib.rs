@@ -86,6 +86,7 @@
 
 mod connect;
 mod failpoint;
+mod guard;
 mod migrate;
 mod read;
 mod sql;
@@ -281,7 +282,7 @@ impl PgStore {
     }
 
     /// `operation`, failed with [`loops_core::Error::Database`] if it takes longer than the
-    /// store's timeout (dropping it closes the connection it used: see `write::Guard`).
+    /// store's timeout (dropping it closes the connection it used: see `guard::Guard`).
     async fn timed<T>(
         &self,
         action: impl Fn() -> String,

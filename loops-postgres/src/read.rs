@@ -50,7 +50,7 @@ impl PgStore {
         loop {
             tries += 1;
             // Closed if this future is dropped midway (a time-out): it may hang.
-            let client = crate::write::Guard(Some(self.client_from(pool, &action).await?));
+            let client = crate::guard::Guard(Some(self.client_from(pool, &action).await?));
             let result = async {
                 let c = client.client();
                 let prepared = c.prepare_cached(statement).await?;

@@ -49,6 +49,8 @@ pub(crate) struct Sql {
 impl Sql {
     /// The statements for the schema `schema` (a validated name: lowercase letters, digits
     /// and `_`).
+    // This function is long because it is the list of the store's statements, one field each: split, the
+    // statements would be farther from the struct they fill.
     pub(crate) fn new(schema: &str) -> Sql {
         let s = format!("\"{schema}\"");
         let f = |sql: &str| sql.replace("{s}", &s).replace("{now}", NOW_MS);

@@ -31,6 +31,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Row, Statement};
 
+use crate::guard::Guard;
 use crate::read::text;
 use crate::sql::Sql;
 use crate::{PgStore, big, is_connection_error};
@@ -47,31 +48,6 @@ enum Fail {
     Retry(tokio_postgres::Error),
     /// Failed otherwise; the connection's state is unknown and it is dropped.
     Broken(Error),
-}
-
-/// Returns a connection to the pool only when the write left it clean; drops it otherwise (a
-/// write cancelled midway, a failed connection), which rolls back what it had not committed.
-pub(crate) struct Guard(pub(crate) Option<Object>);
-
-impl Guard {
-    pub(crate) fn client(&self) -> &Object {
-        // Set until `keep` consumes the guard.
-        self.0
-            .as_ref()
-            .unwrap_or_else(|| unreachable!("the guard holds its connection"))
-    }
-
-    pub(crate) fn keep(mut self) {
-        drop(self.0.take());
-    }
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        if let Some(client) = self.0.take() {
-            drop(Object::take(client));
-        }
-    }
 }
 
 impl PgStore {

@@ -617,7 +617,7 @@ impl RedbStore {
                     Db::Reopening(e) => {
                         return Err(Error::Storage {
                             action: "seeding records".to_owned(),
-                            source: Arc::clone(e),
+                            source: e.clone(),
                         });
                     }
                 }
@@ -781,7 +781,7 @@ impl RedbStore {
         }
     }
 
-    fn read<T>(
+    pub(super) fn read<T>(
         &self,
         action: impl Fn() -> String,
         f: impl FnOnce(&redb::ReadTransaction) -> std::result::Result<T, ReadError>,
@@ -1024,107 +1024,6 @@ impl RedbStore {
     }
 }
 
-/// A workflow whose unfinished runs must match the compiled schema for the store to open.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct SchemaCheck {
-    pub(crate) workflow: &'static str,
-    pub(crate) pinned: crate::SchemaHash,
-    pub(crate) schema: &'static str,
-}
-
-/// Before the file is opened for writing: refuses, leaving the file's bytes as they are, if an
-/// unfinished run of a checked workflow was recorded with another schema.
-///
-/// The check opens the file read-only. A file that needs redb's crash repair (it was not
-/// closed cleanly) cannot be opened read-only: then this returns `Ok(false)`, and the caller
-/// must check with [`check_schemas`] once the writable open has repaired it.
-pub(crate) fn precheck(path: &Path, checks: &[SchemaCheck]) -> Result<bool> {
-    refuse_special_file(path)?;
-    if checks.is_empty() || !path.exists() {
-        return Ok(true);
-    }
-    // redb may panic on a damaged file: then the writable open below reports it properly.
-    let opened = crate::panics::catch(|| redb::Builder::new().open_read_only(path));
-    let db = match opened {
-        Ok(Ok(db)) => db,
-        Ok(Err(redb::DatabaseError::DatabaseAlreadyOpen)) => {
-            return Err(Error::StoreLocked {
-                path: path.to_path_buf(),
-            });
-        }
-        Ok(Err(_)) | Err(_) => return Ok(false),
-    };
-    let checked = crate::panics::catch(|| {
-        let txn = db
-            .begin_read()
-            .map_err(|e| Error::storage("checking schemas before opening", e))?;
-        schemas_match(&txn, checks)
-    });
-    match checked {
-        Ok(result) => result.map(|()| true),
-        // A damaged file: leave it to the writable open, which verifies every page.
-        Err(_) => Ok(false),
-    }
-}
-
-/// Refuses if an unfinished run of a checked workflow was recorded with another schema.
-pub(crate) fn check_schemas(store: &RedbStore, checks: &[SchemaCheck]) -> Result<()> {
-    if checks.is_empty() {
-        return Ok(());
-    }
-    store.read(
-        || "checking schemas".to_owned(),
-        |txn| schemas_match(txn, checks).map_err(ReadError::Loops),
-    )
-}
-
-fn schemas_match(txn: &redb::ReadTransaction, checks: &[SchemaCheck]) -> Result<()> {
-    let found: std::result::Result<Option<(RunInfo, SchemaCheck, Option<String>)>, ReadError> =
-        (|| {
-            let (index, runs, schemas) = match (
-                txn.open_table(STATUS),
-                txn.open_table(RUNS),
-                txn.open_table(SCHEMAS),
-            ) {
-                (Ok(i), Ok(r), Ok(s)) => (i, r, s),
-                _ => return Ok(None),
-            };
-            for status in [RunStatus::Running, RunStatus::Waiting] {
-                let code = status.code();
-                for check in checks {
-                    for entry in index.range((code, check.workflow, "")..)? {
-                        let (key, _) = entry?;
-                        let (c, w, run_id) = key.value();
-                        if c != code || w != check.workflow {
-                            break;
-                        }
-                        if let Some(info) = read_info(&runs, run_id)?
-                            && info.schema != check.pinned
-                        {
-                            let stored = schemas
-                                .get(info.schema.to_string().as_str())?
-                                .map(|v| v.value().to_owned());
-                            return Ok(Some((info, *check, stored)));
-                        }
-                    }
-                }
-            }
-            Ok(None)
-        })();
-    match found {
-        Ok(None) => Ok(()),
-        Ok(Some((info, check, stored))) => Err(Error::SchemaMismatch {
-            changes: crate::schema::SchemaDiff::of_mismatch(stored.as_deref(), check.schema),
-            run_id: info.run_id,
-            workflow: info.workflow,
-            stored: info.schema,
-            compiled: check.pinned,
-        }),
-        Err(ReadError::Loops(e)) => Err(e),
-        Err(ReadError::Storage(e)) => Err(Error::storage("checking schemas", e)),
-    }
-}
-
 impl Store for RedbStore {
     fn label(&self) -> String {
         self.inner.path.display().to_string()
@@ -1253,7 +1152,7 @@ impl Store for RedbStore {
     }
 }
 
-enum ReadError {
+pub(super) enum ReadError {
     Storage(redb::Error),
     Loops(Error),
 }
@@ -1270,7 +1169,7 @@ impl From<Error> for ReadError {
     }
 }
 
-fn read_info(
+pub(super) fn read_info(
     runs: &impl ReadableTable<&'static str, &'static [u8]>,
     run_id: &str,
 ) -> std::result::Result<Option<RunInfo>, ReadError> {
@@ -1311,7 +1210,7 @@ static NEW_FILES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::n
 /// Refuses a `path` that exists and is not a regular file (a FIFO, a socket, a device or a
 /// directory), before any open touches it: opening a FIFO would block until a writer came.
 /// A path that does not exist passes (the open that follows says so, or creates the store).
-fn refuse_special_file(path: &Path) -> Result<()> {
+pub(super) fn refuse_special_file(path: &Path) -> Result<()> {
     let Ok(meta) = std::fs::metadata(path) else {
         return Ok(());
     };
@@ -1530,7 +1429,7 @@ fn commit_writes(
                             .map(|_| {
                                 Err(Error::Storage {
                                     action: format!("committing {n} writes"),
-                                    source: Arc::clone(&e),
+                                    source: e.clone(),
                                 })
                             })
                             .collect();
@@ -1543,7 +1442,7 @@ fn commit_writes(
                     .map(|_| {
                         Err(Error::Storage {
                             action: format!("reopening {} after an I/O error", path.display()),
-                            source: Arc::clone(&e),
+                            source: e.clone(),
                         })
                     })
                     .collect(),
@@ -1702,7 +1601,7 @@ fn commit_batch<'a>(
             .map(|_| {
                 Err(Error::Storage {
                     action: action.clone(),
-                    source: Arc::clone(&shared),
+                    source: shared.clone(),
                 })
             })
             .collect();
