@@ -7,6 +7,8 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod context;
+#[cfg(feature = "control")]
+pub mod control;
 mod driver;
 pub mod error;
 mod failpoint;

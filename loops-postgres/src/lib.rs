@@ -165,6 +165,21 @@ pub enum Error {
         source: tokio_postgres::Error,
     },
 
+    /// [`PgStoreBuilder::migrate`] is `false`, and the schema does not exist or is not at
+    /// this build's [`SCHEMA_VERSION`] (`found` 0: it holds no loops store). Nothing was
+    /// changed.
+    #[error(
+        "schema {schema:?} holds no loops store of version {supported} (found version {found}; 0: none); a worker's connect creates and migrates it"
+    )]
+    NotMigrated {
+        /// The PostgreSQL schema.
+        schema: String,
+        /// The version found (0 if the schema or its `migrations` table does not exist).
+        found: i32,
+        /// The version this build needs.
+        supported: i32,
+    },
+
     /// The schema was migrated by a newer build of loops-postgres (to `found`, past the
     /// `supported` [`SCHEMA_VERSION`]): this build refuses to touch it. Nothing was changed.
     #[error(
@@ -198,9 +213,19 @@ pub struct PgStoreBuilder {
     application_name: String,
     connect_timeout: Duration,
     timeout: Duration,
+    migrate: bool,
 }
 
 impl PgStoreBuilder {
+    /// Whether [`connect`](Self::connect) creates the schema and applies the migrations it
+    /// lacks (the default, `true`). With `false`, connecting writes nothing: a schema that
+    /// does not exist, or is not at this build's [`SCHEMA_VERSION`], is refused with
+    /// [`Error::NotMigrated`]. For tools that only look at a store (the `loops` CLI).
+    pub fn migrate(mut self, migrate: bool) -> Self {
+        self.migrate = migrate;
+        self
+    }
+
     /// Connections in the pool (default [`DEFAULT_POOL_SIZE`]). Each concurrent write or read
     /// holds one for its duration; more concurrent runs than connections wait for one.
     pub fn pool_size(mut self, connections: usize) -> Self {
@@ -325,7 +350,11 @@ impl PgStoreBuilder {
             .await
             .map_err(|e| connect_err(e.into()))?;
         let conn_task = tokio::spawn(connection);
-        let migrated = migrate::migrate(&mut client, &self.schema).await;
+        let migrated = if self.migrate {
+            migrate::migrate(&mut client, &self.schema).await
+        } else {
+            migrate::check(&client, &self.schema).await
+        };
         drop(client);
         let _ = conn_task.await;
         migrated?;
@@ -400,6 +429,7 @@ impl PgStore {
             application_name: DEFAULT_APPLICATION_NAME.to_owned(),
             connect_timeout: Duration::from_secs(5),
             timeout: DEFAULT_TIMEOUT,
+            migrate: true,
         }
     }
 
@@ -608,6 +638,10 @@ impl Store for PgStore {
 
     fn schema(&self, hash: SchemaHash) -> BoxFuture<'_, loops_core::Result<Option<String>>> {
         Box::pin(self.read_schema(hash))
+    }
+
+    fn schemas(&self) -> BoxFuture<'_, loops_core::Result<Vec<(SchemaHash, String)>>> {
+        Box::pin(self.read_schemas())
     }
 
     fn acquire<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, loops_core::Result<Option<Lease>>> {
