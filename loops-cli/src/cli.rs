@@ -42,7 +42,13 @@ pub struct Cli {
     pub store: Option<PathBuf>,
 
     /// The PostgreSQL schema that holds the store's tables (with a postgres:// store).
-    #[arg(long, global = true, env = "LOOPS_PG_SCHEMA", value_name = "NAME", default_value = "loops")]
+    #[arg(
+        long,
+        global = true,
+        env = "LOOPS_PG_SCHEMA",
+        value_name = "NAME",
+        default_value = "loops"
+    )]
     pub pg_schema: String,
 
     /// Say on stderr how the store was reached: the file directly, a running process's

@@ -91,9 +91,21 @@ pub fn operator(target: &Target, access: Access) -> Result<Box<dyn Operator>> {
         Target::Postgres { url, schema } => postgres_operator(url, schema)?,
     };
     if VERBOSE.get().copied().unwrap_or(false) {
-        note(&format!("store {}: {}", operator.label(), operator.reached()));
+        note(&format!(
+            "store {}: {}",
+            operator.label(),
+            operator.reached()
+        ));
     }
     Ok(operator)
+}
+
+/// Whether the URL's `sslmode` asks for TLS (anything but `disable`, `allow` and `prefer`,
+/// the default).
+fn wants_tls(url: &str) -> bool {
+    url.split(['?', '&'])
+        .filter_map(|kv| kv.strip_prefix("sslmode="))
+        .any(|mode| !matches!(mode, "disable" | "allow" | "prefer"))
 }
 
 /// A tokio runtime for one command's async calls (the runtime's API is async; the CLI does
@@ -141,15 +153,22 @@ pub fn served(path: &Path, tokio: &tokio::runtime::Runtime) -> Result<Option<Cli
 
 fn postgres_operator(url: &str, schema: &str) -> Result<Box<dyn Operator>> {
     let tokio = tokio()?;
-    let tls = native_tls::TlsConnector::new()
-        .map_err(|e| Failure::new(format!("cannot set up TLS for PostgreSQL: {e}")))?;
-    let connect = loops_postgres::PgStore::builder(url)
+    let builder = loops_postgres::PgStore::builder(url)
         .schema(schema)
         .pool_size(2)
         // A command never creates or migrates a store: a missing schema is refused.
-        .migrate(false)
-        .connect_tls(postgres_native_tls::MakeTlsConnector::new(tls));
-    let store = tokio.block_on(connect).map_err(|e| {
+        .migrate(false);
+    // As loops-postgres takes TLS: with a connector when the URL asks for it
+    // (`sslmode=require`), checking the server's certificate against the system's roots;
+    // otherwise in the clear, as `connect` does.
+    let connect = if wants_tls(url) {
+        let tls = native_tls::TlsConnector::new()
+            .map_err(|e| Failure::new(format!("cannot set up TLS for PostgreSQL: {e}")))?;
+        tokio.block_on(builder.connect_tls(postgres_native_tls::MakeTlsConnector::new(tls)))
+    } else {
+        tokio.block_on(builder.connect())
+    };
+    let store = connect.map_err(|e| {
         Failure::new(match &e {
             loops_postgres::Error::Connect { .. } => e.to_string(),
             _ => format!("PostgreSQL store (schema {schema}): {e}"),

@@ -247,7 +247,11 @@ impl PgStore {
 
     pub(crate) async fn read_schemas(&self) -> Result<Vec<(SchemaHash, String)>> {
         let rows = self
-            .rows(|| "reading schemas".to_owned(), &self.inner.sql.schemas, &[])
+            .rows(
+                || "reading schemas".to_owned(),
+                &self.inner.sql.schemas,
+                &[],
+            )
             .await?;
         let mut out = Vec::with_capacity(rows.len());
         for row in &rows {

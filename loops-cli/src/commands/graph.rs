@@ -27,11 +27,7 @@ pub fn run(target: &Target, args: &GraphArgs) -> Result<()> {
     let graph = match &args.run {
         Some(run) => run_graph(&*store, &run_id_arg(run)?, args.workflow.as_deref())?,
         None => {
-            let (hash, text) = choose(
-                &*store,
-                args.workflow.as_deref(),
-                args.schema.as_deref(),
-            )?;
+            let (hash, text) = choose(&*store, args.workflow.as_deref(), args.schema.as_deref())?;
             graph_of(&text, hash)?
         }
     };

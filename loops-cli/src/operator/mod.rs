@@ -13,9 +13,9 @@
 mod local;
 mod remote;
 
+use loops_core::SchemaHash;
 use loops_core::record::{FailureRecord, StepRecord, TransitionRecord};
 use loops_core::{Compacted, EventRecord, Pruned, RetentionPolicy, RunInfo, RunStatus, Sent};
-use loops_core::SchemaHash;
 use serde_json::value::RawValue;
 
 pub use local::Local;

@@ -14,7 +14,7 @@ use serde_json::value::RawValue;
 
 use super::wire::{
     CancelRequest, CompactReply, ErrorBody, ErrorKind, Event, Failed, LOOPS_VERSION, Latest,
-    PROTOCOL, PruneReply, PruneRequest, SendRequest, SentReply, Step, StoredSchema,
+    PROTOCOL, PruneReply, PruneRequest, Run, SendRequest, SentReply, Step, StoredSchema,
     VERSION_HEADER, Version,
 };
 use super::{ControlError, Endpoint};
@@ -101,7 +101,8 @@ impl Client {
         } else {
             format!("?{}", query.join("&"))
         };
-        self.get(&format!("/runs{query}")).await
+        let runs: Vec<Run> = self.get(&format!("/runs{query}")).await?;
+        Ok(runs.into_iter().map(RunInfo::from).collect())
     }
 
     /// The run's row, or `None`.
@@ -109,7 +110,8 @@ impl Client {
     /// # Errors
     /// As [`Client::list`].
     pub async fn run_info(&self, run_id: &str) -> Result<Option<RunInfo>, ControlError> {
-        self.get(&run_path(run_id, "")).await
+        let run: Option<Run> = self.get(&run_path(run_id, "")).await?;
+        Ok(run.map(RunInfo::from))
     }
 
     /// The run's row and latest transition record, or `None`.
@@ -121,7 +123,7 @@ impl Client {
         run_id: &str,
     ) -> Result<Option<(RunInfo, TransitionRecord)>, ControlError> {
         let latest: Option<Latest> = self.get(&run_path(run_id, "/latest")).await?;
-        Ok(latest.map(|l| (l.run, l.record)))
+        Ok(latest.map(|l| (l.run.into(), l.record)))
     }
 
     /// Every transition record of the run.
@@ -205,7 +207,8 @@ impl Client {
         let body = CancelRequest {
             reason: reason.to_owned(),
         };
-        self.post(&run_path(run_id, "/cancel"), &body).await
+        let run: Run = self.post(&run_path(run_id, "/cancel"), &body).await?;
+        Ok(run.into())
     }
 
     /// Makes a failed run running again, as [`Runtime::retry`](crate::Runtime::retry).
@@ -213,8 +216,10 @@ impl Client {
     /// # Errors
     /// As [`Client::send`].
     pub async fn retry(&self, run_id: &str) -> Result<RunInfo, ControlError> {
-        self.post(&run_path(run_id, "/retry"), &serde_json::json!({}))
-            .await
+        let run: Run = self
+            .post(&run_path(run_id, "/retry"), &serde_json::json!({}))
+            .await?;
+        Ok(run.into())
     }
 
     /// Prunes (or lists, with `dry_run`) ended runs, as
@@ -286,12 +291,7 @@ impl Client {
         };
         let (status, version, bytes) = tokio::time::timeout(ANSWER_TIMEOUT, exchange)
             .await
-            .map_err(|_| {
-                self.protocol(format!(
-                    "no answer within {} s",
-                    ANSWER_TIMEOUT.as_secs()
-                ))
-            })?
+            .map_err(|_| self.protocol(format!("no answer within {} s", ANSWER_TIMEOUT.as_secs())))?
             .map_err(|e| match e {
                 Exchange::Control(e) => e,
                 Exchange::Http(e) => self.protocol(e),
@@ -381,7 +381,12 @@ where
         .get(VERSION_HEADER)
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned);
-    let body = response.into_body().collect().await.map_err(http)?.to_bytes();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(http)?
+        .to_bytes();
     drop(sender);
     let _ = connection.await;
     Ok((status, version, body))

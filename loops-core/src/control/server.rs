@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::wire::{
     CancelRequest, CompactReply, ErrorBody, ErrorKind, Event, Failed, LOOPS_VERSION, Latest,
-    ListQuery, PROTOCOL, PruneReply, PruneRequest, SendRequest, SentReply, Step, StoredSchema,
+    ListQuery, PROTOCOL, PruneReply, PruneRequest, Run, SendRequest, SentReply, Step, StoredSchema,
     VERSION_HEADER, Version,
 };
 use super::{ControlError, Endpoint};
@@ -23,7 +23,7 @@ use crate::error::Error;
 use crate::retention::RetentionPolicy;
 use crate::runtime::Runtime;
 use crate::schema::SchemaHash;
-use crate::store::{RunInfo, RunStatus};
+use crate::store::RunStatus;
 use crate::{Pruned, TransitionRecord};
 
 /// Largest request body: a payload of the runtime's default limit (2 MiB) many times over;
@@ -293,10 +293,9 @@ async fn gate(State(served): State<Shared>, request: Request, next: Next) -> Res
         .into_response(),
         _ => next.run(request).await,
     };
-    response.headers_mut().insert(
-        VERSION_HEADER,
-        HeaderValue::from_static(LOOPS_VERSION),
-    );
+    response
+        .headers_mut()
+        .insert(VERSION_HEADER, HeaderValue::from_static(LOOPS_VERSION));
     response
 }
 
@@ -380,25 +379,29 @@ async fn version(State(s): State<Shared>) -> Json<Version> {
     })
 }
 
-async fn list(State(s): State<Shared>, Query(q): Query<ListQuery>) -> Answer<Vec<RunInfo>> {
+async fn list(State(s): State<Shared>, Query(q): Query<ListQuery>) -> Answer<Vec<Run>> {
     let statuses = match q.status {
         Some(status) => vec![status],
         None => RunStatus::ALL.to_vec(),
     };
     let mut runs = Vec::new();
     for status in statuses {
-        runs.extend(s.runtime.list_runs(status, q.workflow.as_deref()).await?);
+        let listed = s.runtime.list_runs(status, q.workflow.as_deref()).await?;
+        runs.extend(listed.into_iter().map(Run::from));
     }
     Ok(Json(runs))
 }
 
-async fn run_info(State(s): State<Shared>, UrlPath(run): UrlPath<String>) -> Answer<Option<RunInfo>> {
-    Ok(Json(s.runtime.run_info(&run).await?))
+async fn run_info(State(s): State<Shared>, UrlPath(run): UrlPath<String>) -> Answer<Option<Run>> {
+    Ok(Json(s.runtime.run_info(&run).await?.map(Run::from)))
 }
 
 async fn latest(State(s): State<Shared>, UrlPath(run): UrlPath<String>) -> Answer<Option<Latest>> {
     let latest = s.runtime.store().latest(&run).await?;
-    Ok(Json(latest.map(|(run, record)| Latest { run, record })))
+    Ok(Json(latest.map(|(run, record)| Latest {
+        run: run.into(),
+        record,
+    })))
 }
 
 async fn history(
@@ -485,7 +488,11 @@ async fn send(
                 .send_with_key(&run, &request.name, key, &request.payload)
                 .await?
         }
-        None => s.runtime.send(&run, &request.name, &request.payload).await?,
+        None => {
+            s.runtime
+                .send(&run, &request.name, &request.payload)
+                .await?
+        }
     };
     Ok(Json(SentReply {
         event_seq: sent.event_seq,
@@ -497,12 +504,12 @@ async fn cancel(
     State(s): State<Shared>,
     UrlPath(run): UrlPath<String>,
     Json(request): Json<CancelRequest>,
-) -> Answer<RunInfo> {
-    Ok(Json(s.runtime.cancel(&run, &request.reason).await?))
+) -> Answer<Run> {
+    Ok(Json(s.runtime.cancel(&run, &request.reason).await?.into()))
 }
 
-async fn retry(State(s): State<Shared>, UrlPath(run): UrlPath<String>) -> Answer<RunInfo> {
-    Ok(Json(s.runtime.retry(&run).await?))
+async fn retry(State(s): State<Shared>, UrlPath(run): UrlPath<String>) -> Answer<Run> {
+    Ok(Json(s.runtime.retry(&run).await?.into()))
 }
 
 async fn prune(State(s): State<Shared>, Json(request): Json<PruneRequest>) -> Answer<PruneReply> {

@@ -3,8 +3,8 @@
 //! | method and path | body | answer |
 //! | --- | --- | --- |
 //! | `GET /v1/version` | | [`Version`] |
-//! | `GET /v1/runs?status=S&workflow=W` | | `[RunInfo]` (both filters optional) |
-//! | `GET /v1/runs/{run}` | | `RunInfo` or `null` |
+//! | `GET /v1/runs?status=S&workflow=W` | | `[`[`Run`]`]` (both filters optional) |
+//! | `GET /v1/runs/{run}` | | [`Run`] or `null` |
 //! | `GET /v1/runs/{run}/latest` | | [`Latest`] or `null` |
 //! | `GET /v1/runs/{run}/history` | | `[TransitionRecord]` |
 //! | `GET /v1/runs/{run}/steps/{seq}` | | `[`[`Step`]`]` |
@@ -13,8 +13,8 @@
 //! | `GET /v1/schemas` | | `[`[`StoredSchema`]`]` |
 //! | `GET /v1/schemas/{hash}` | | [`StoredSchema`] (`description` `null` if none) |
 //! | `POST /v1/runs/{run}/events` | [`SendRequest`] | [`SentReply`] |
-//! | `POST /v1/runs/{run}/cancel` | [`CancelRequest`] | `RunInfo` |
-//! | `POST /v1/runs/{run}/retry` | `{}` | `RunInfo` |
+//! | `POST /v1/runs/{run}/cancel` | [`CancelRequest`] | [`Run`] |
+//! | `POST /v1/runs/{run}/retry` | `{}` | [`Run`] |
 //! | `POST /v1/prune` | [`PruneRequest`] | [`PruneReply`] |
 //! | `POST /v1/compact` | `{}` | [`CompactReply`] |
 //!
@@ -60,11 +60,40 @@ pub struct ListQuery {
     pub workflow: Option<String>,
 }
 
+/// A run's row with its id: [`RunInfo`]'s fields and `run_id` (which the stored row does
+/// not repeat).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Run {
+    /// The run id.
+    pub run_id: String,
+    /// The row.
+    #[serde(flatten)]
+    pub info: RunInfo,
+}
+
+impl From<RunInfo> for Run {
+    fn from(info: RunInfo) -> Self {
+        Run {
+            run_id: info.run_id.clone(),
+            info,
+        }
+    }
+}
+
+impl From<Run> for RunInfo {
+    fn from(run: Run) -> Self {
+        RunInfo {
+            run_id: run.run_id,
+            ..run.info
+        }
+    }
+}
+
 /// `GET /v1/runs/{run}/latest`: the run's row and latest transition record.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Latest {
     /// The run's row.
-    pub run: RunInfo,
+    pub run: Run,
     /// Its latest transition record.
     pub record: TransitionRecord,
 }
