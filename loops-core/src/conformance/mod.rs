@@ -83,6 +83,9 @@
 
 use std::future::Future;
 
+#[cfg(doc)]
+use crate::store::Store;
+
 mod data;
 mod factory;
 mod leases;
