@@ -12,6 +12,7 @@ pub mod context;
 mod driver;
 pub mod error;
 mod failpoint;
+mod migrate;
 pub mod panics;
 pub mod record;
 pub mod retention;
@@ -27,6 +28,10 @@ mod tests;
 
 pub use context::{Context, StepOptions};
 pub use error::{Error, RecordKind, Result};
+pub use migrate::{
+    Chain, Migrate, Migrated, Migration, MigrationError, MigrationFailure, SameWorkflow,
+    StoredVersion, Versioned,
+};
 pub use panics::silence_caught_redb_panics;
 pub use record::{FailureRecord, FailureSource, StepRecord, Transition, TransitionRecord};
 pub use retention::RetentionPolicy;
@@ -49,8 +54,11 @@ pub mod __private {
     pub use serde;
 
     pub use crate::context::__for_tests;
+    pub use crate::migrate::{Named, SameName};
     pub use crate::schema::__describe::{describe, describe_len, utf8};
-    pub use crate::{BoxError, Context, Dispatch, Schema, SchemaHash, StateId, Workflow};
+    pub use crate::{
+        BoxError, Context, Dispatch, Schema, SchemaHash, StateId, Versioned, Workflow,
+    };
 
     /// The shapes that `Schema` impls and `Workflow::SCHEMA_HASH` are built from.
     pub mod schema {
