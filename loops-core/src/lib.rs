@@ -17,6 +17,7 @@ pub mod panics;
 pub mod record;
 pub mod retention;
 pub mod retry;
+mod route;
 pub mod runtime;
 mod scheduler;
 pub mod schema;
@@ -36,6 +37,7 @@ pub use panics::silence_caught_redb_panics;
 pub use record::{FailureRecord, FailureSource, StepRecord, Transition, TransitionRecord};
 pub use retention::RetentionPolicy;
 pub use retry::RetryPolicy;
+pub use route::{Blocked, KnownVersion, Route, StoredRun, route};
 pub use runtime::{Runtime, RuntimeBuilder, Sent};
 pub use schema::{Schema, SchemaHash, schema_diff};
 pub use store::{

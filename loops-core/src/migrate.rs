@@ -260,12 +260,12 @@ impl Migration {
     /// accepted itself (a run whose schema the build drives needs no migration).
     ///
     /// Migrations of workflows other than `workflow` are ignored.
-    pub fn path<'a>(
-        migrations: &'a [Migration],
+    pub fn path(
+        migrations: &[Migration],
         workflow: &str,
         from: SchemaHash,
         target: impl Fn(SchemaHash) -> bool,
-    ) -> Option<Chain<'a>> {
+    ) -> Option<Chain> {
         if target(from) {
             return None;
         }
@@ -295,7 +295,7 @@ impl Migration {
         let mut chain = Vec::new();
         let mut at = best?.hash;
         while let Some(m) = came.get(&at) {
-            chain.push(*m);
+            chain.push(**m);
             at = m.from.hash;
         }
         chain.reverse();
@@ -306,11 +306,11 @@ impl Migration {
 /// A non-empty chain of migrations, each reading what the one before writes: what
 /// [`Migration::path`] finds.
 #[derive(Debug, Clone)]
-pub struct Chain<'a>(Vec<&'a Migration>);
+pub struct Chain(Vec<Migration>);
 
-impl<'a> Chain<'a> {
+impl Chain {
     /// The migrations, in the order they apply.
-    pub fn migrations(&self) -> &[&'a Migration] {
+    pub fn migrations(&self) -> &[Migration] {
         &self.0
     }
 
