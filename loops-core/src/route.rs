@@ -97,8 +97,11 @@ pub struct Blocked {
 }
 
 /// Decides what a build that compiled `known` (the versions of `run.workflow` it registered)
-/// and registered `migrations` does with `run`; see the [module documentation](self) for the
-/// order of the rules.
+/// and registered `migrations` does with `run`. In order: a version with the run's schema
+/// hash drives it; else a chain of migrations to a compiled version migrates it; else a
+/// version that lists the hash in its [`Workflow::ACCEPTS`] drives it as it is, if no
+/// difference between the stored description and its own stops a run in the run's state;
+/// else the run is blocked, with the changes that stop it.
 pub fn route(run: &StoredRun<'_>, known: &[KnownVersion], migrations: &[Migration]) -> Route {
     if let Some(k) = known.iter().find(|k| k.stored.hash == run.schema) {
         return Route::Drive(k.stored);
