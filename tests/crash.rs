@@ -620,7 +620,7 @@ mod failpoints {
         );
         let rt = Runtime::open(dir.path().join("store.redb")).unwrap();
         assert_eq!(leftovers(), Vec::<String>::new());
-        assert_eq!(rt.redb().unwrap().check_integrity().unwrap(), true);
+        assert!(rt.redb().unwrap().check_integrity().unwrap());
     }
 
     #[tokio::test]

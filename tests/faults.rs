@@ -434,7 +434,8 @@ fn a_fifo_is_refused_by_every_open_without_blocking() {
     assert!(made.success());
     // Each open runs on a thread of its own: one that blocks fails the test instead of
     // hanging it.
-    let opens: [(&str, fn(&Path) -> Option<Error>); 3] = [
+    type Open = fn(&Path) -> Option<Error>;
+    let opens: [(&str, Open); 3] = [
         ("Runtime::open", |p| Runtime::open(p).err()),
         ("RedbStore::open", |p| RedbStore::open(p).err()),
         ("RedbStore::open_read_only", |p| {

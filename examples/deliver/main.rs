@@ -249,7 +249,7 @@ impl Interrupt {
 /// deletes.
 async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
     // Refused before anything is printed or touched.
-    loops::runtime::validate_run_id(&cli.run_id).map_err(|e| anyhow::anyhow!("--run-id: {e}"))?;
+    loops::validate_run_id(&cli.run_id).map_err(|e| anyhow::anyhow!("--run-id: {e}"))?;
     for (flag, path) in [
         ("--workdir", Some(&cli.workdir)),
         ("--store", cli.store.as_ref()),

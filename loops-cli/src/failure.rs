@@ -69,17 +69,19 @@ impl From<loops_core::Error> for Failure {
         match &e {
             // A read that failed on the file's contents: said without the runtime's "store
             // error while", since the message will say that the store looks damaged.
-            Error::Storage { action, source } if is_damage(source) => Failure {
-                damage: true,
-                ..Failure::new(format!(
-                    "{action} failed: {source}{}",
-                    if is_past_the_end(source) {
-                        " (the file ends before data it refers to)"
-                    } else {
-                        ""
-                    }
-                ))
-            },
+            Error::Storage { action, source } if redb_error(&**source).is_some_and(is_damage) => {
+                Failure {
+                    damage: true,
+                    ..Failure::new(format!(
+                        "{action} failed: {source}{}",
+                        if redb_error(&**source).is_some_and(is_past_the_end) {
+                            " (the file ends before data it refers to)"
+                        } else {
+                            ""
+                        }
+                    ))
+                }
+            }
             Error::Decode { .. } | Error::RecordMissing { .. } => Failure {
                 damage: true,
                 ..Failure::new(e.chain())
@@ -88,6 +90,13 @@ impl From<loops_core::Error> for Failure {
             _ => Failure::new(e.chain()),
         }
     }
+}
+
+/// The redb error under a storage error of the redb store.
+fn redb_error<'a>(
+    source: &'a (dyn std::error::Error + Send + Sync + 'static),
+) -> Option<&'a redb::Error> {
+    source.downcast_ref::<redb::Error>()
 }
 
 /// Whether redb failed on what the file holds (rather than on the system: a full disk, a
@@ -134,6 +143,6 @@ pub fn utf8_arg(what: &str, arg: &OsStr) -> Result<String> {
 /// code 2) saying which rule it breaks, for every subcommand alike.
 pub fn run_id_arg(arg: &OsStr) -> Result<String> {
     let run_id = utf8_arg("run id", arg)?;
-    loops_core::runtime::validate_run_id(&run_id).map_err(|e| Failure::usage(e.chain()))?;
+    loops_core::validate_run_id(&run_id).map_err(|e| Failure::usage(e.chain()))?;
     Ok(run_id)
 }

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use crate::schema::SchemaHash;
-use crate::store::RunStatus;
+use crate::status::RunStatus;
 use crate::workflow::BoxError;
 
 /// Everything loops-core can fail with. Each variant names the run, the state and the sequence
@@ -51,9 +51,11 @@ pub enum Error {
     Storage {
         /// What the store was doing ("committing 3 records", "reading run `r1`").
         action: String,
-        /// The underlying redb error (shared: one failed commit fails every write in it).
+        /// The underlying error, shared: one failed commit fails every write in it. For the
+        /// redb store it is a `redb::Error`, which `source()` and `downcast_ref` reach; its
+        /// type is not part of this API.
         #[source]
-        source: Arc<redb::Error>,
+        source: Arc<dyn std::error::Error + Send + Sync + 'static>,
     },
 
     /// A database store (PostgreSQL, in the `loops-postgres` crate) failed a read or a write:
@@ -593,10 +595,72 @@ impl Error {
         }
     }
 
+    /// An [`Error::Storage`] from a redb error (converted to `redb::Error`, so that a caller
+    /// who downcasts the source finds one type).
     pub(crate) fn storage(action: impl Into<String>, source: impl Into<redb::Error>) -> Self {
         Error::Storage {
             action: action.into(),
             source: Arc::new(source.into()),
+        }
+    }
+
+    /// Whether the same call may succeed if it is made again later, unchanged: the store
+    /// could not be reached or failed on the system (an I/O error, a lost connection:
+    /// [`Storage`](Error::Storage), [`Database`](Error::Database)), the store file is open
+    /// elsewhere ([`StoreLocked`](Error::StoreLocked)), or another driver in this process
+    /// holds the run for now ([`RunActive`](Error::RunActive)). Every other error is about
+    /// the request, the run or the stored records, and repeats until one of those changes.
+    /// A write that failed transiently may still have committed when the connection was lost
+    /// during its commit (see [`Database`](Error::Database)); the writes of loops are made so
+    /// that repeating them is safe.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Error::Storage { .. }
+                | Error::Database { .. }
+                | Error::StoreLocked { .. }
+                | Error::RunActive { .. }
+        )
+    }
+
+    /// The run the error is about, when there is one.
+    pub fn run_id(&self) -> Option<&str> {
+        match self {
+            Error::InvalidRunId { run_id, .. }
+            | Error::InvalidName { run_id, .. }
+            | Error::RunNotFound { run_id }
+            | Error::WorkflowMismatch { run_id, .. }
+            | Error::SchemaMismatch { run_id, .. }
+            | Error::RunActive { run_id }
+            | Error::NotInitial { run_id, .. }
+            | Error::SequenceConflict { run_id, .. }
+            | Error::RecordMissing { run_id, .. }
+            | Error::StepExists { run_id, .. }
+            | Error::Fenced { run_id, .. }
+            | Error::IllegalTransition { run_id, .. }
+            | Error::EventEncode { run_id, .. }
+            | Error::Encode { run_id, .. }
+            | Error::Decode { run_id, .. }
+            | Error::PayloadTooLarge { run_id, .. }
+            | Error::RunFailed { run_id, .. }
+            | Error::RunCancelled { run_id, .. }
+            | Error::RunEnded { run_id, .. }
+            | Error::NotFailed { run_id, .. }
+            | Error::StepDecode { run_id, .. }
+            | Error::EventDecode { run_id, .. }
+            | Error::StepEncode { run_id, .. }
+            | Error::StepTimeout { run_id, .. }
+            | Error::StateTimeout { run_id, .. }
+            | Error::HandlerPanicked { run_id, .. }
+            | Error::Cancelled { run_id, .. } => Some(run_id),
+            Error::StoreLocked { .. }
+            | Error::NeedsRecovery { .. }
+            | Error::ReadOnly { .. }
+            | Error::Open { .. }
+            | Error::Storage { .. }
+            | Error::Database { .. }
+            | Error::NotRegistered { .. }
+            | Error::Closed => None,
         }
     }
 }
@@ -605,7 +669,7 @@ impl Error {
     /// The message and the messages of its `source()` chain, joined by `": "`: the whole
     /// story in one line, for logs and command-line tools.
     pub fn chain(&self) -> String {
-        crate::record::error_chain(self).join(": ")
+        error_chain(self).join(": ")
     }
 }
 
@@ -613,4 +677,15 @@ impl Error {
 /// state.
 fn at_seq(seq: Option<u64>) -> String {
     seq.map(|seq| format!(" at seq {seq}")).unwrap_or_default()
+}
+
+/// The error and its `source()` chain as text, outermost first.
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> Vec<String> {
+    let mut out = vec![err.to_string()];
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        out.push(e.to_string());
+        cur = e.source();
+    }
+    out
 }

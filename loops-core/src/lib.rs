@@ -8,42 +8,46 @@
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
-pub mod context;
-mod driver;
 pub mod error;
 mod failpoint;
 mod migrate;
+mod names;
 pub mod panics;
 pub mod record;
 pub mod retention;
 pub mod retry;
 mod route;
-pub mod runtime;
-mod scheduler;
+mod row;
+mod run;
+mod runtime;
 pub mod schema;
+mod status;
 pub mod store;
 pub mod workflow;
 
 #[cfg(test)]
 mod tests;
 
-pub use context::{Context, StepOptions};
 pub use error::{Error, RecordKind, Result};
 pub use migrate::{
     Chain, Migrate, Migrated, Migration, MigrationError, MigrationFailure, SameWorkflow,
     StoredVersion, Versioned,
 };
+pub use names::{MAX_NAME_BYTES, MAX_RUN_ID_BYTES, RESERVED_PREFIX, validate_run_id};
 pub use panics::silence_caught_redb_panics;
 pub use record::{FailureRecord, FailureSource, StepRecord, Transition, TransitionRecord};
 pub use retention::RetentionPolicy;
 pub use retry::RetryPolicy;
 pub use route::{Blocked, KnownVersion, Route, StoredRun, route};
+pub use run::context::{Context, StepOptions};
+pub use run::dispatch::Dispatch;
+pub use run::settings::{DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PARK_THRESHOLD};
 pub use runtime::{Runtime, RuntimeBuilder, Sent};
 pub use schema::{Schema, SchemaHash, schema_diff};
 pub use store::{
     Compacted, EventRecord, Pruned, RedbStore, RunInfo, RunStatus, StoreOptions, WaitInfo,
 };
-pub use workflow::{BoxError, Dispatch, StateId, Workflow};
+pub use workflow::{BoxError, StateId, Workflow};
 
 /// Items used by code that `#[derive(Workflow)]` and `#[derive(Schema)]` generate. Not a
 /// public API: no stability promise, may change in any release.
@@ -55,8 +59,8 @@ pub use workflow::{BoxError, Dispatch, StateId, Workflow};
 pub mod __private {
     pub use serde;
 
-    pub use crate::context::__for_tests;
     pub use crate::migrate::{Named, SameName};
+    pub use crate::run::test_util::__for_tests;
     pub use crate::schema::__describe::{describe, describe_len, utf8};
     pub use crate::{
         BoxError, Context, Dispatch, Schema, SchemaHash, StateId, Versioned, Workflow,

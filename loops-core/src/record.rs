@@ -12,11 +12,6 @@ use crate::error::{Error, RecordKind, Result};
 use crate::schema::SchemaHash;
 use crate::workflow::{StateId, Workflow};
 
-/// Version of loops' on-disk record format, folded into every stored schema hash
-/// ([`SchemaHash::pinned`]): a build with another format refuses old runs instead of
-/// misreading them.
-pub const FORMAT_VERSION: u32 = 1;
-
 /// One immutable transition record: the run entered `state` at sequence number `seq`.
 ///
 /// Stored under the key `(run id, seq)`; `seq` 0 is the initial state.
@@ -87,7 +82,7 @@ impl TransitionRecord {
     /// [`Error::Decode`] naming the run and `seq` if the bytes are not a transition record,
     /// or if the record's own `seq` is not the key's (a record moved or edited by hand).
     ///
-    /// [`Store`]: crate::Store
+    /// [`Store`]: crate::store::Store
     pub fn from_stored(run_id: &str, seq: u64, bytes: &[u8]) -> Result<Self> {
         let decode_error = |state: &str, source| Error::Decode {
             run_id: run_id.to_owned(),
@@ -168,17 +163,6 @@ pub struct FailureRecord {
     pub source: FailureSource,
     /// The error and its `source()` chain, outermost first.
     pub errors: Vec<String>,
-}
-
-/// The error and its `source()` chain as text, outermost first.
-pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> Vec<String> {
-    let mut out = vec![err.to_string()];
-    let mut cur = err.source();
-    while let Some(e) = cur {
-        out.push(e.to_string());
-        cur = e.source();
-    }
-    out
 }
 
 pub(crate) fn to_vec<T: Serialize>(value: &T) -> Vec<u8> {

@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use crate::store::{RunInfo, RunStatus};
+use crate::row::RunInfo;
+use crate::status::RunStatus;
 
 /// Which ended runs [`Runtime::prune`](crate::Runtime::prune) removes. Runs that have not
 /// ended (running or waiting) are never removed.

@@ -25,11 +25,16 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+/// Version of loops' on-disk record format, folded into every stored schema hash
+/// ([`SchemaHash::pinned`]): a build with another format refuses old runs instead of
+/// misreading them.
+pub const FORMAT_VERSION: u32 = 1;
+
 /// A 64-bit fingerprint of everything that decides how a workflow's records decode.
 ///
 /// `#[derive(Workflow)]` computes it at compile time from the enum's shape (variants,
 /// fields and their types, transitions, `version`), and the runtime folds in
-/// [`FORMAT_VERSION`](crate::record::FORMAT_VERSION) before storing it with every record
+/// [`FORMAT_VERSION`] before storing it with every record
 /// (see [`SchemaHash::pinned`]). A run whose stored hash differs from the compiled one is
 /// refused with [`Error::SchemaMismatch`](crate::Error::SchemaMismatch).
 ///
@@ -72,10 +77,10 @@ impl SchemaHash {
     }
 
     /// The hash stored with every record: this workflow hash with loops' own
-    /// [`FORMAT_VERSION`](crate::record::FORMAT_VERSION) folded in, so that a change of the
+    /// [`FORMAT_VERSION`] folded in, so that a change of the
     /// on-disk format is refused exactly like a change of the workflow.
     pub const fn pinned(self) -> Self {
-        SchemaHash::from_u64(crate::record::FORMAT_VERSION as u64).combine(self)
+        SchemaHash::from_u64(FORMAT_VERSION as u64).combine(self)
     }
 }
 
@@ -346,28 +351,6 @@ pub struct StateShape {
     pub terminal: bool,
     /// The states it may move to (`#[next(...)]`), by name.
     pub next: &'static [&'static str],
-}
-
-impl Shape {
-    /// The [`SchemaHash`] of this shape: what `#[derive(Workflow)]` folds in for a field of
-    /// this type.
-    pub const fn hash(&self) -> SchemaHash {
-        SchemaHash(hash::shape(self))
-    }
-}
-
-impl WorkflowShape {
-    /// The [`SchemaHash`] of the workflow: [`Workflow::SCHEMA_HASH`](crate::Workflow::SCHEMA_HASH).
-    pub const fn hash(&self) -> SchemaHash {
-        SchemaHash(hash::workflow(self))
-    }
-
-    /// The description of the workflow, computed at run time: the same text as
-    /// [`Workflow::SCHEMA`](crate::Workflow::SCHEMA), which `#[derive(Workflow)]` computes at
-    /// compile time. For shapes built at run time (tests, tools).
-    pub fn describe(&self) -> String {
-        describe::describe_string(self)
-    }
 }
 
 impl fmt::Display for SchemaHash {

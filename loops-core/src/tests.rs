@@ -325,9 +325,30 @@ async fn retry_policies_are_chosen_per_state_then_workflow_then_runtime() {
         .state_retry(JobState::Work, RetryPolicy::attempts(2))
         .open(&path)
         .unwrap();
-    assert_eq!(rt.retry_policy::<Job>(JobState::Work).max_attempts, 2);
-    assert_eq!(rt.retry_policy::<Job>(JobState::Start).max_attempts, 5);
-    assert_eq!(rt.retry_policy::<Gate>(GateState::Ask).max_attempts, 9);
+    assert_eq!(
+        rt.inner
+            .config
+            .settings
+            .retry_policy::<Job>(JobState::Work)
+            .max_attempts,
+        2
+    );
+    assert_eq!(
+        rt.inner
+            .config
+            .settings
+            .retry_policy::<Job>(JobState::Start)
+            .max_attempts,
+        5
+    );
+    assert_eq!(
+        rt.inner
+            .config
+            .settings
+            .retry_policy::<Gate>(GateState::Ask)
+            .max_attempts,
+        9
+    );
 }
 
 #[tokio::test]
@@ -1816,7 +1837,7 @@ fn messages_do_not_repeat_their_source() {
         "run `r`: transition record at seq 3 (state `Work`) does not decode: expected value at line 1 column 1"
     );
     let long = "x".repeat(200);
-    let err = runtime::validate_run_id(&format!(" {long}")).unwrap_err();
+    let err = crate::validate_run_id(&format!(" {long}")).unwrap_err();
     let text = err.to_string();
     assert!(
         text.len() < 160 && text.ends_with("(201 bytes): starts or ends with white space"),

@@ -1,13 +1,12 @@
-//! The traits `#[derive(Workflow)]` implements: a workflow's states, transitions and handler dispatch.
+//! The traits `#[derive(Workflow)]` implements for a workflow's states and transitions
+//! (its handler dispatch, [`Dispatch`](crate::Dispatch), is the driver's).
 
 use std::fmt::{Debug, Display};
-use std::future::Future;
 use std::hash::Hash;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::context::Context;
 use crate::schema::SchemaHash;
 
 /// A boxed error as handlers return it: the user's error type, converted without losing its
@@ -78,22 +77,4 @@ pub trait Workflow: Serialize + DeserializeOwned + Send + 'static {
 
     /// The state this value is in.
     fn state(&self) -> Self::State;
-}
-
-/// Runs the handler method of the current state: implemented by `#[derive(Workflow)]` for
-/// every type that implements the generated `{Enum}Handler` trait.
-///
-/// The runtime calls it; users implement the generated handler trait instead.
-pub trait Dispatch<H: ?Sized>: Workflow {
-    /// Calls `handler`'s method for the state `self` is in, passing the state's data, and
-    /// returns the next state.
-    ///
-    /// # Errors
-    /// The handler's own error, boxed. For a terminal state (which has no handler) an error
-    /// saying so; the runtime never dispatches a terminal state.
-    fn dispatch(
-        self,
-        handler: &H,
-        ctx: &Context,
-    ) -> impl Future<Output = Result<Self, BoxError>> + Send;
 }

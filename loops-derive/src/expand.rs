@@ -4,29 +4,14 @@
 use proc_macro2::{Span, TokenStream};
 use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::ext::IdentExt;
-use syn::{DeriveInput, Ident, Index, Member};
+use syn::{Ident, Index, Member};
 
 use crate::ast::{State, Style, Workflow};
-use crate::ctxt::Errors;
-use crate::fallback;
-use crate::shape::{Shapes, tokens_text};
+use crate::shape::Shapes;
+use crate::tokens::tokens_text;
 
-/// Entry point: model, validate, generate; on errors, the errors plus the fallback items.
-pub(crate) fn derive(input: &DeriveInput) -> TokenStream {
-    let cx = Errors::default();
-    let workflow = crate::ast::Workflow::from_syn(&cx, input);
-    if let Some(workflow) = &workflow {
-        workflow.validate(&cx);
-    }
-    match (cx.finish(), workflow) {
-        (None, Some(workflow)) => expand(&workflow),
-        (Some(error), workflow) => fallback::expand(workflow.as_ref(), error),
-        // `from_syn` only returns `None` after recording an error.
-        (None, None) => TokenStream::new(),
-    }
-}
-
-fn expand(w: &Workflow) -> TokenStream {
+/// The generated items of a valid workflow.
+pub(crate) fn expand(w: &Workflow) -> TokenStream {
     let types = types(w);
     let (schema_items, schema_consts) = schema_consts(w);
     let impls = impls(w, dispatch_body(w), schema_consts);
@@ -536,7 +521,7 @@ mod tests {
 
     /// The expansion as text, with the spacing `quote` gives it.
     fn expand(input: syn::DeriveInput) -> String {
-        super::derive(&input).to_string()
+        crate::derive(&input).to_string()
     }
 
     #[test]

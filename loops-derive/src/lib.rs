@@ -17,6 +17,7 @@ mod fallback;
 mod schema;
 mod serde_attr;
 mod shape;
+mod tokens;
 mod valid;
 
 use proc_macro::TokenStream;
@@ -55,7 +56,7 @@ use syn::{DeriveInput, parse_macro_input};
 #[proc_macro_derive(Workflow, attributes(workflow, initial, next, terminal, schema))]
 pub fn derive_workflow(input: TokenStream) -> TokenStream {
     let input = parse_macro_input!(input as DeriveInput);
-    expand::derive(&input).into()
+    derive(&input).into()
 }
 
 /// Derives `loops::Schema` for a struct or enum stored in workflow states: describes its
@@ -74,4 +75,19 @@ pub fn derive_workflow(input: TokenStream) -> TokenStream {
 pub fn derive_schema(input: TokenStream) -> TokenStream {
     let input = parse_macro_input!(input as DeriveInput);
     schema::derive(&input).into()
+}
+
+/// Entry point: model, validate, generate; on errors, the errors plus the fallback items.
+fn derive(input: &DeriveInput) -> proc_macro2::TokenStream {
+    let cx = ctxt::Errors::default();
+    let workflow = ast::Workflow::from_syn(&cx, input);
+    if let Some(workflow) = &workflow {
+        workflow.validate(&cx);
+    }
+    match (cx.finish(), workflow) {
+        (None, Some(workflow)) => expand::expand(&workflow),
+        (Some(error), workflow) => fallback::expand(workflow.as_ref(), error),
+        // `from_syn` only returns `None` after recording an error.
+        (None, None) => proc_macro2::TokenStream::new(),
+    }
 }

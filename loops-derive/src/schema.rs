@@ -11,8 +11,12 @@ use crate::ast::{Field, Style};
 use crate::attr::{self, Place};
 use crate::ctxt::Errors;
 use crate::serde_attr;
-use crate::shape::{Shapes, repr, tokens_text};
+use crate::shape::{Shapes, repr};
+use crate::tokens::tokens_text;
 
+// This function is long because it builds the struct and the enum shapes in one match over the
+// input that shares the container's serde attributes and type parameters; one function per kind
+// of data is a follow-up.
 pub(crate) fn derive(input: &DeriveInput) -> TokenStream {
     let cx = Errors::default();
     let serde = serde_attr::container(&input.attrs);

@@ -10,7 +10,7 @@ use quote::ToTokens;
 use syn::meta::ParseNestedMeta;
 use syn::{Attribute, Expr, ExprLit, Lit, LitStr, Type};
 
-use crate::shape::tokens_text;
+use crate::tokens::tokens_text;
 
 /// Serde's case conversions for `rename_all`.
 #[derive(Clone, Copy, PartialEq, Eq)]

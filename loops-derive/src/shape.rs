@@ -7,7 +7,7 @@
 //! replaced by a local marker type whose shape is `Shape::Recursive(name)`: a recursive type
 //! then has a finite shape, and const evaluation does not cycle.
 
-use proc_macro2::{Delimiter, Span, TokenStream, TokenTree};
+use proc_macro2::{Span, TokenStream};
 use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::visit_mut::{self, VisitMut};
@@ -15,6 +15,7 @@ use syn::{Ident, Path, Type};
 
 use crate::ast::{Field, Style};
 use crate::serde_attr::Rule;
+use crate::tokens::tokens_text;
 
 /// Builds shape expressions, collecting the recursion markers they use.
 pub(crate) struct Shapes {
@@ -198,74 +199,10 @@ pub(crate) fn repr(krate: &Path, serde: &crate::serde_attr::Container) -> TokenS
     }
 }
 
-/// Tokens as normalized text: `Vec<Option<String>>`, `&'static str`, `[u8; 4]`,
-/// `HashMap<String, u64>`, whatever the spacing in the source.
-pub(crate) fn tokens_text(tokens: TokenStream) -> String {
-    let mut out = String::new();
-    write_tokens(tokens, &mut out);
-    out
-}
-
-fn write_tokens(tokens: TokenStream, out: &mut String) {
-    let mut tokens = tokens.into_iter().peekable();
-    while let Some(token) = tokens.next() {
-        match token {
-            TokenTree::Group(group) => {
-                let (open, close) = match group.delimiter() {
-                    Delimiter::Parenthesis => ("(", ")"),
-                    Delimiter::Bracket => ("[", "]"),
-                    Delimiter::Brace => ("{ ", " }"),
-                    Delimiter::None => ("", ""),
-                };
-                out.push_str(open);
-                write_tokens(group.stream(), out);
-                out.push_str(close);
-            }
-            TokenTree::Punct(punct) => {
-                let c = punct.as_char();
-                let arrow = c == '-'
-                    && punct.spacing() == proc_macro2::Spacing::Joint
-                    && matches!(tokens.peek(), Some(TokenTree::Punct(p)) if p.as_char() == '>');
-                if arrow {
-                    tokens.next();
-                    out.push_str(" -> ");
-                } else {
-                    match c {
-                        ',' | ';' => {
-                            out.push(c);
-                            out.push(' ');
-                        }
-                        '+' | '=' => {
-                            out.push(' ');
-                            out.push(c);
-                            out.push(' ');
-                        }
-                        _ => out.push(c),
-                    }
-                }
-            }
-            TokenTree::Ident(ident) => {
-                word_gap(out);
-                out.push_str(&ident.to_string());
-            }
-            TokenTree::Literal(literal) => {
-                word_gap(out);
-                out.push_str(&literal.to_string());
-            }
-        }
-    }
-}
-
-/// A space between two words (`dyn Trait`, `'a str`), none after punctuation.
-fn word_gap(out: &mut String) {
-    if out.ends_with(|c: char| c.is_alphanumeric() || c == '_') {
-        out.push(' ');
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tokens::tokens_text;
     use syn::parse_quote;
 
     #[test]

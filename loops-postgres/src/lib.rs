@@ -20,11 +20,13 @@
 //! // `Job` is a workflow (`#[derive(Workflow)]`); `Agent` implements its `JobHandler`.
 //! #[tokio::main]
 //! async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//!     let store = PgStore::builder("host=db.internal user=loops dbname=loops")
+//!     // TLS with the system's roots (postgres-native-tls); `connect()` is for this machine.
+//!     let tls = postgres_native_tls::MakeTlsConnector::new(native_tls::TlsConnector::new()?);
+//!     let store = PgStore::builder("host=db.internal user=loops dbname=loops sslmode=require")
 //!         .schema("loops")                      // all tables in this PostgreSQL schema
 //!         .pool_size(16)                        // connections per worker
 //!         .lease_ttl(Duration::from_secs(10))   // a dead worker's runs move after this
-//!         .connect()                            // applies the migrations it lacks
+//!         .connect_tls(tls)                     // applies the migrations it lacks
 //!         .await?;
 //!     let runtime = Runtime::builder()
 //!         .register::<Job, _>(Agent)
@@ -43,7 +45,8 @@
 //!   store, kept as `text` so that they read back byte for byte.
 //! - **Leases.** A worker drives a run only under a lease: a row of the `leases` table with a
 //!   fencing token (from a sequence, never reused) and an expiry on the server's clock. The
-//!   runtime renews its leases every third of the lease time; a worker that stops renewing
+//!   runtime renews its leases every third of the lease time, on a connection of their own
+//!   (never behind the pool's writes); a worker that stops renewing
 //!   (crashed, paused, cut off) loses its runs after the lease time, and another worker's
 //!   `claim_ready` (`FOR UPDATE SKIP LOCKED`) takes them over.
 //! - **Fencing.** Every write that carries a lease locks the lease row (`FOR UPDATE`) and the
@@ -53,6 +56,9 @@
 //! - **Durability.** Every connection runs with `synchronous_commit = on`: a write returns
 //!   after its commit is flushed to the server's WAL. Concurrent commits share WAL flushes
 //!   (PostgreSQL's own group commit).
+//! - **Stopped workers.** A session idle inside a transaction for longer than the lease time
+//!   is ended by the server, so a worker stopped between the two round trips of a write frees
+//!   its row locks by the time its lease lapses; TCP keepalives notice a peer that is gone.
 //! - **Wake-ups.** Events, timers and cancellations written by another process reach the
 //!   worker that holds a run by polling: a parked run is claimed by the next
 //!   [`Runtime::serve`](loops_core::Runtime::serve) poll of any worker once its wait can end,
@@ -67,13 +73,20 @@
 //! checker that needs a database at build time.
 //!
 //! # TLS
-//! [`PgStoreBuilder::connect`] connects without TLS; across machines, give a tokio-postgres
+//! [`PgStoreBuilder::connect`] connects without TLS, to a server on this machine (a loopback
+//! address or a Unix socket); to another host it refuses ([`Error::Plaintext`]) unless
+//! [`PgStoreBuilder::allow_plaintext`] says otherwise. Across machines, give a tokio-postgres
 //! TLS connector (postgres-native-tls, postgres-openssl, tokio-postgres-rustls) to
-//! [`PgStoreBuilder::connect_tls`] and put `sslmode=require` in the connection string.
+//! [`PgStoreBuilder::connect_tls`] and put `sslmode=require` in the connection string; under
+//! `sslmode=prefer` a remote server without TLS is refused too, not used in the clear. A
+//! store whose connections are unencrypted after `allow_plaintext` says so in a WARN line.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+mod connect;
+mod failpoint;
+mod guard;
 mod migrate;
 mod read;
 mod sql;
@@ -84,12 +97,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
+use deadpool_postgres::{Object, Pool};
 use loops_core::store::{BoxFuture, EventRecord, Lease, Reply, RunInfo, RunStatus, Store, Write};
 use loops_core::{FailureRecord, SchemaHash, StepRecord, TransitionRecord};
-use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
-use tokio_postgres::{NoTls, Socket};
 
+pub use connect::PgStoreBuilder;
 pub use migrate::SCHEMA_VERSION;
 
 use crate::sql::Sql;
@@ -142,6 +154,20 @@ pub enum Error {
         reason: &'static str,
     },
 
+    /// A connection without TLS to `host`, which is not this machine's loopback, and
+    /// [`PgStoreBuilder::allow_plaintext`] was not called. Returned before connecting.
+    #[error(
+        "refusing to connect to {label} without TLS: {host} is not a loopback address; use \
+         connect_tls with sslmode=require, or call allow_plaintext() to send everything in the \
+         clear"
+    )]
+    Plaintext {
+        /// The server, as [`PgStore::label`] names it.
+        label: String,
+        /// The host (or `hostaddr`) that is not a loopback one.
+        host: String,
+    },
+
     /// The server could not be reached, or refused the connection.
     #[error("cannot connect to {label}: {source}")]
     Connect {
@@ -188,174 +214,6 @@ impl From<Error> for loops_core::Error {
     }
 }
 
-/// Configures a [`PgStore`]: made by [`PgStore::builder`].
-#[derive(Debug, Clone)]
-pub struct PgStoreBuilder {
-    config: String,
-    pool_size: usize,
-    lease_ttl: Duration,
-    schema: String,
-    application_name: String,
-    connect_timeout: Duration,
-    timeout: Duration,
-}
-
-impl PgStoreBuilder {
-    /// Connections in the pool (default [`DEFAULT_POOL_SIZE`]). Each concurrent write or read
-    /// holds one for its duration; more concurrent runs than connections wait for one.
-    pub fn pool_size(mut self, connections: usize) -> Self {
-        self.pool_size = connections;
-        self
-    }
-
-    /// How long a lease lasts without renewal (default [`DEFAULT_LEASE_TTL`], 10 s; at least
-    /// 10 ms). The runtime renews every third of it. Shorter moves a dead worker's runs
-    /// sooner; longer tolerates longer pauses (GC, a slow network) without losing runs.
-    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
-        self.lease_ttl = ttl;
-        self
-    }
-
-    /// The PostgreSQL schema that holds every table (default [`DEFAULT_SCHEMA`]): lowercase
-    /// ASCII letters, digits and `_`. Stores with different schemas share nothing, which
-    /// isolates tenants or tests in one database.
-    pub fn schema(mut self, name: impl Into<String>) -> Self {
-        self.schema = name.into();
-        self
-    }
-
-    /// The `application_name` of the store's connections (default
-    /// [`DEFAULT_APPLICATION_NAME`]), as `pg_stat_activity` shows it.
-    pub fn application_name(mut self, name: impl Into<String>) -> Self {
-        self.application_name = name.into();
-        self
-    }
-
-    /// How long opening one connection may take (default 5 s).
-    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// How long one read or write may take, waiting for a connection included (default
-    /// 10 s). One that takes longer (a server that stopped answering, a network that drops
-    /// packets) fails with [`loops_core::Error::Database`] and its connection is closed, so
-    /// that no worker hangs on a dead connection: its leases lapse and other workers go on.
-    /// Keep it under the lease time for renewals to be of use.
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    /// Connects without TLS, creates the schema and applies the migrations it lacks, and
-    /// returns the store. For a server on another machine, use
-    /// [`connect_tls`](Self::connect_tls).
-    ///
-    /// # Errors
-    /// [`Error::Config`], [`Error::InvalidSchema`], [`Error::InvalidSetting`] for bad
-    /// settings; [`Error::Connect`] if the server cannot be reached, or if the connection
-    /// string asks for TLS (`sslmode=require`); [`Error::Migrate`] if a migration fails;
-    /// [`Error::SchemaTooNew`] if the schema was migrated by a newer build.
-    pub async fn connect(self) -> Result<PgStore, Error> {
-        self.connect_tls(NoTls).await
-    }
-
-    /// As [`connect`](Self::connect), over TLS made by `tls`: every connection of the store
-    /// (the migration's and the pool's) uses it. `tls` is any of tokio-postgres' TLS
-    /// connectors, such as `postgres_native_tls::MakeTlsConnector`, `postgres_openssl`'s or
-    /// `tokio_postgres_rustls`'s; it checks the server's certificate as it is configured to.
-    /// The connection string's `sslmode` decides whether TLS is required (`require`: a server
-    /// without TLS is refused) or tried first (`prefer`, the default: a server without TLS is
-    /// used in the clear), as in libpq.
-    ///
-    /// ```no_run
-    /// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
-    /// // postgres-native-tls and native-tls as dependencies; the system's roots are trusted.
-    /// let tls = postgres_native_tls::MakeTlsConnector::new(native_tls::TlsConnector::new()?);
-    /// let store = loops_postgres::PgStore::builder("host=db user=loops dbname=loops sslmode=require")
-    ///     .connect_tls(tls)
-    ///     .await?;
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    /// As [`connect`](Self::connect); [`Error::Connect`] also when the TLS handshake fails
-    /// (a certificate the connector does not trust, say).
-    pub async fn connect_tls<T>(self, tls: T) -> Result<PgStore, Error>
-    where
-        T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
-        T::Stream: Send + Sync + 'static,
-        T::TlsConnect: Send + Sync,
-        <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
-    {
-        validate_schema(&self.schema)?;
-        if self.pool_size == 0 {
-            return Err(Error::InvalidSetting {
-                setting: "pool_size",
-                reason: "a pool needs at least one connection",
-            });
-        }
-        if self.lease_ttl < Duration::from_millis(10) {
-            return Err(Error::InvalidSetting {
-                setting: "lease_ttl",
-                reason: "a lease must last at least 10 ms",
-            });
-        }
-        let mut config: tokio_postgres::Config = self
-            .config
-            .parse()
-            .map_err(|source| Error::Config { source })?;
-        // Durability does not depend on the server's or the role's defaults.
-        let options = match config.get_options() {
-            Some(given) => format!("{given} -c synchronous_commit=on"),
-            None => "-c synchronous_commit=on".to_owned(),
-        };
-        config
-            .options(options)
-            .application_name(self.application_name.clone())
-            .connect_timeout(self.connect_timeout);
-        let label = label(&config, &self.schema);
-        let connect_err = |source: Box<dyn std::error::Error + Send + Sync>| Error::Connect {
-            label: label.clone(),
-            source,
-        };
-        // Migrations run on a connection of their own, before the pool exists.
-        let (mut client, connection) = config
-            .connect(tls.clone())
-            .await
-            .map_err(|e| connect_err(e.into()))?;
-        let conn_task = tokio::spawn(connection);
-        let migrated = migrate::migrate(&mut client, &self.schema).await;
-        drop(client);
-        let _ = conn_task.await;
-        migrated?;
-        let manager = Manager::from_config(
-            config,
-            tls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(self.pool_size)
-            .runtime(deadpool_postgres::Runtime::Tokio1)
-            .create_timeout(Some(self.connect_timeout))
-            .build()
-            .map_err(|e| connect_err(e.into()))?;
-        Ok(PgStore {
-            inner: Arc::new(Inner {
-                sql: Sql::new(&self.schema),
-                pool,
-                label,
-                schema: self.schema,
-                lease_ttl: self.lease_ttl,
-                timeout: self.timeout,
-                owner: owner_id(),
-            }),
-        })
-    }
-}
-
 /// The PostgreSQL store: implements [`Store`] for a [`Runtime`](loops_core::Runtime) shared
 /// by many workers. Cheap to clone (an `Arc`); clones share one pool, and count as one worker
 /// for leases.
@@ -367,6 +225,9 @@ pub struct PgStore {
 struct Inner {
     sql: Sql,
     pool: Pool,
+    /// One connection for lease renewals alone, so that they never queue behind the writes
+    /// of `pool` (with a small pool and many runs, they did until leases lapsed).
+    lease_pool: Pool,
     label: String,
     schema: String,
     lease_ttl: Duration,
@@ -392,18 +253,11 @@ impl PgStore {
     /// (`"postgres://loops@127.0.0.1/loops"`). Nothing is checked until
     /// [`connect`](PgStoreBuilder::connect).
     pub fn builder(config: impl Into<String>) -> PgStoreBuilder {
-        PgStoreBuilder {
-            config: config.into(),
-            pool_size: DEFAULT_POOL_SIZE,
-            lease_ttl: DEFAULT_LEASE_TTL,
-            schema: DEFAULT_SCHEMA.to_owned(),
-            application_name: DEFAULT_APPLICATION_NAME.to_owned(),
-            connect_timeout: Duration::from_secs(5),
-            timeout: DEFAULT_TIMEOUT,
-        }
+        PgStoreBuilder::new(config.into())
     }
 
-    /// Connects with the default settings: `PgStore::builder(config).connect()`.
+    /// Connects with the default settings and without TLS, to a server on this machine:
+    /// `PgStore::builder(config).connect()`.
     ///
     /// # Errors
     /// As [`PgStoreBuilder::connect`].
@@ -428,7 +282,7 @@ impl PgStore {
     }
 
     /// `operation`, failed with [`loops_core::Error::Database`] if it takes longer than the
-    /// store's timeout (dropping it closes the connection it used: see `write::Guard`).
+    /// store's timeout (dropping it closes the connection it used: see `guard::Guard`).
     async fn timed<T>(
         &self,
         action: impl Fn() -> String,
@@ -448,9 +302,16 @@ impl PgStore {
 
     /// A connection from the pool.
     async fn client(&self, action: impl Fn() -> String) -> loops_core::Result<Object> {
-        self.inner
-            .pool
-            .get()
+        self.client_from(&self.inner.pool, action).await
+    }
+
+    /// A connection from `pool`: the store's `pool` or `lease_pool`.
+    async fn client_from(
+        &self,
+        pool: &Pool,
+        action: impl Fn() -> String,
+    ) -> loops_core::Result<Object> {
+        pool.get()
             .await
             .map_err(|e| loops_core::Error::database(action(), e))
     }

@@ -1,6 +1,7 @@
 //! Reads and lease statements: one statement each, in autocommit, tried again on another
 //! connection if the connection failed.
 
+use deadpool_postgres::Pool;
 use loops_core::store::{EventRecord, Lease, RunInfo, RunStatus};
 use loops_core::{
     Error, FailureRecord, RecordKind, Result, SchemaHash, StepRecord, TransitionRecord,
@@ -22,12 +23,25 @@ impl PgStore {
         statement: &str,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>> {
-        self.timed(&action, self.rows_untimed(&action, statement, params))
+        self.rows_on(&self.inner.pool, action, statement, params)
             .await
     }
 
-    pub(crate) async fn rows_untimed(
+    /// As [`rows`](Self::rows), on a connection of `pool`.
+    pub(crate) async fn rows_on(
         &self,
+        pool: &Pool,
+        action: impl Fn() -> String,
+        statement: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>> {
+        self.timed(&action, self.rows_untimed(pool, &action, statement, params))
+            .await
+    }
+
+    async fn rows_untimed(
+        &self,
+        pool: &Pool,
         action: impl Fn() -> String,
         statement: &str,
         params: &[&(dyn ToSql + Sync)],
@@ -36,7 +50,7 @@ impl PgStore {
         loop {
             tries += 1;
             // Closed if this future is dropped midway (a time-out): it may hang.
-            let client = crate::write::Guard(Some(self.client(&action).await?));
+            let client = crate::guard::Guard(Some(self.client_from(pool, &action).await?));
             let result = async {
                 let c = client.client();
                 let prepared = c.prepare_cached(statement).await?;
@@ -70,7 +84,7 @@ impl PgStore {
             )
             .await?;
         rows.first()
-            .map(|row| decode_info(run_id, &text(row, 0, run_id)?))
+            .map(|row| RunInfo::decode(run_id, text(row, 0, run_id)?.as_bytes()))
             .transpose()
     }
 
@@ -88,7 +102,7 @@ impl PgStore {
         let Some(row) = rows.first() else {
             return Ok(None);
         };
-        let info = decode_info(run_id, &text(row, 0, run_id)?)?;
+        let info = RunInfo::decode(run_id, text(row, 0, run_id)?.as_bytes())?;
         let record: Option<String> = row.try_get(1).map_err(|e| column(run_id, e))?;
         let Some(record) = record else {
             return Err(Error::RecordMissing {
@@ -228,7 +242,7 @@ impl PgStore {
         rows.iter()
             .map(|row| {
                 let run_id = text(row, 0, "?")?;
-                decode_info(&run_id, &text(row, 1, &run_id)?)
+                RunInfo::decode(&run_id, text(row, 1, &run_id)?.as_bytes())
             })
             .collect()
     }
@@ -274,8 +288,10 @@ impl PgStore {
         }
         let ids: Vec<&str> = leases.iter().map(|l| l.run_id.as_str()).collect();
         let tokens: Vec<i64> = leases.iter().map(|l| big(l.token)).collect();
+        // On the renewals' own connection: never behind the writes waiting for the pool.
         let rows = self
-            .rows(
+            .rows_on(
+                &self.inner.lease_pool,
                 || format!("renewing {} leases", leases.len()),
                 &self.inner.sql.renew,
                 &[&ids, &tokens, &self.ttl_ms()],
@@ -310,7 +326,7 @@ impl PgStore {
             .map(|row| {
                 let run_id = text(row, 0, "?")?;
                 let lease = lease(row, run_id.clone(), 1)?;
-                let info = decode_info(&run_id, &text(row, 3, &run_id)?)?;
+                let info = RunInfo::decode(&run_id, text(row, 3, &run_id)?.as_bytes())?;
                 Ok((info, lease))
             })
             .collect()
@@ -336,18 +352,6 @@ pub(crate) fn text(row: &Row, i: usize, run_id: &str) -> Result<String> {
 /// A column of an unexpected type: the schema was altered outside loops.
 pub(crate) fn column(run_id: &str, e: tokio_postgres::Error) -> Error {
     Error::database(format!("reading a row of run `{run_id}`"), e)
-}
-
-pub(crate) fn decode_info(run_id: &str, json: &str) -> Result<RunInfo> {
-    let mut info: RunInfo = serde_json::from_str(json).map_err(|source| Error::Decode {
-        run_id: run_id.to_owned(),
-        record: RecordKind::RunRow,
-        seq: 0,
-        state: String::new(),
-        source,
-    })?;
-    info.run_id = run_id.to_owned();
-    Ok(info)
 }
 
 pub(crate) fn decode_transition(run_id: &str, seq: u64, json: &str) -> Result<TransitionRecord> {

@@ -12,21 +12,24 @@ pub(crate) const NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000):
 pub(crate) struct Sql {
     pub(crate) lock_lease: String,
     pub(crate) lock_run: String,
+    pub(crate) lock_runs: String,
     pub(crate) insert_run: String,
     pub(crate) update_run: String,
     pub(crate) insert_journal: String,
+    pub(crate) journal_exists: String,
+    pub(crate) schema_exists: String,
     pub(crate) insert_schema: String,
     pub(crate) insert_step: String,
     pub(crate) step_exists: String,
     pub(crate) next_failure_index: String,
     pub(crate) insert_failure: String,
-    pub(crate) has_failure: String,
+    pub(crate) last_failure_attempt: String,
     pub(crate) first_pending: String,
     pub(crate) mark_delivered: String,
     pub(crate) event_by_key: String,
     pub(crate) next_event_seq: String,
     pub(crate) insert_event: String,
-    pub(crate) prune: String,
+    pub(crate) delete_runs: String,
     pub(crate) read_info: String,
     pub(crate) latest: String,
     pub(crate) history: String,
@@ -46,6 +49,8 @@ pub(crate) struct Sql {
 impl Sql {
     /// The statements for the schema `schema` (a validated name: lowercase letters, digits
     /// and `_`).
+    // This function is long because it is the list of the store's statements, one field each: split, the
+    // statements would be farther from the struct they fill.
     pub(crate) fn new(schema: &str) -> Sql {
         let s = format!("\"{schema}\"");
         let f = |sql: &str| sql.replace("{s}", &s).replace("{now}", NOW_MS);
@@ -53,6 +58,8 @@ impl Sql {
             lock_lease: f("SELECT token, expires_ms > {now} FROM {s}.leases \
                  WHERE run_id = $1 FOR UPDATE"),
             lock_run: f("SELECT info FROM {s}.runs WHERE run_id = $1 FOR UPDATE"),
+            lock_runs: f("SELECT info, run_id FROM {s}.runs WHERE run_id = ANY($1) \
+                 ORDER BY run_id FOR UPDATE"),
             insert_run: f("INSERT INTO {s}.runs \
                  (run_id, workflow, status, seq, wait_event, wait_until_ms, info) \
                  VALUES ($1, $2, $3, $4, $5, $6, $7)"),
@@ -61,6 +68,9 @@ impl Sql {
                  wait_until_ms = $5, info = $6 WHERE run_id = $1",
             ),
             insert_journal: f("INSERT INTO {s}.journal (run_id, seq, record) VALUES ($1, $2, $3)"),
+            journal_exists: f("SELECT EXISTS (SELECT 1 FROM {s}.journal \
+                 WHERE run_id = $1 AND seq = $2)"),
+            schema_exists: f("SELECT EXISTS (SELECT 1 FROM {s}.schemas WHERE hash = $1)"),
             insert_schema: f(
                 "INSERT INTO {s}.schemas (hash, description) VALUES ($1, $2) \
                  ON CONFLICT (hash) DO NOTHING",
@@ -77,8 +87,8 @@ impl Sql {
                 "INSERT INTO {s}.failures (run_id, seq, attempt, idx, record) \
                  VALUES ($1, $2, $3, $4, $5)",
             ),
-            has_failure: f("SELECT EXISTS (SELECT 1 FROM {s}.failures \
-                 WHERE run_id = $1 AND seq = $2 AND attempt = $3)"),
+            last_failure_attempt: f("SELECT max(attempt) FROM {s}.failures \
+                 WHERE run_id = $1 AND seq = $2"),
             first_pending: f("SELECT event_seq, record FROM {s}.inbox \
                  WHERE run_id = $1 AND name = $2 AND NOT delivered \
                  ORDER BY event_seq LIMIT 1"),
@@ -91,17 +101,15 @@ impl Sql {
                 "INSERT INTO {s}.inbox (run_id, event_seq, name, key, record) \
                  VALUES ($1, $2, $3, $4, $5)",
             ),
-            prune: f("WITH gone AS ( \
-                   DELETE FROM {s}.runs WHERE run_id = ANY($1) \
-                   AND status IN ('completed', 'failed', 'cancelled') RETURNING run_id), \
-                 journal AS (DELETE FROM {s}.journal \
-                   WHERE run_id IN (SELECT run_id FROM gone) RETURNING 1), \
-                 steps AS (DELETE FROM {s}.steps WHERE run_id IN (SELECT run_id FROM gone)), \
-                 failures AS (DELETE FROM {s}.failures \
-                   WHERE run_id IN (SELECT run_id FROM gone)), \
-                 inbox AS (DELETE FROM {s}.inbox WHERE run_id IN (SELECT run_id FROM gone)), \
-                 leases AS (DELETE FROM {s}.leases WHERE run_id IN (SELECT run_id FROM gone)) \
-                 SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM journal)"),
+            // Every table's rows of the runs `$1` (which the plan chose: ended runs).
+            delete_runs: f(
+                "WITH runs AS (DELETE FROM {s}.runs WHERE run_id = ANY($1)), \
+                 journal AS (DELETE FROM {s}.journal WHERE run_id = ANY($1)), \
+                 steps AS (DELETE FROM {s}.steps WHERE run_id = ANY($1)), \
+                 failures AS (DELETE FROM {s}.failures WHERE run_id = ANY($1)), \
+                 inbox AS (DELETE FROM {s}.inbox WHERE run_id = ANY($1)) \
+                 DELETE FROM {s}.leases WHERE run_id = ANY($1)",
+            ),
             read_info: f("SELECT info FROM {s}.runs WHERE run_id = $1"),
             latest: f("SELECT r.info, j.record FROM {s}.runs r \
                  LEFT JOIN {s}.journal j ON j.run_id = r.run_id AND j.seq = r.seq \
@@ -139,14 +147,19 @@ impl Sql {
                  RETURNING l.run_id, l.token, l.expires_ms"),
             // Runs that need a driver and that no live lease holds, locked with SKIP LOCKED
             // so that workers claiming at once take different runs and never wait for each
-            // other; then a lease for each, unless a lease was granted meanwhile.
+            // other; then a lease for each, unless a lease was granted meanwhile. Whether a
+            // run needs a driver is its row's `RunInfo::readiness`, kept in the columns
+            // `wait_until_ms` (ready from then on) and `wait_event` (ready once that event
+            // is in the inbox). Rows written before the columns meant that leave them empty
+            // for a running run, hence `status = 'running'`; the status filter also keeps
+            // the query on the `runs_status` index.
             claim_ready: f("WITH ready AS ( \
                    SELECT r.run_id FROM {s}.runs r \
                    WHERE r.workflow = ANY($1) \
-                   AND (r.status = 'running' OR (r.status = 'waiting' AND ( \
-                     r.wait_until_ms <= {now} \
+                   AND r.status IN ('running', 'waiting') \
+                   AND (r.status = 'running' OR r.wait_until_ms <= {now} \
                      OR EXISTS (SELECT 1 FROM {s}.inbox i WHERE i.run_id = r.run_id \
-                       AND i.name = r.wait_event AND NOT i.delivered)))) \
+                       AND i.name = r.wait_event AND NOT i.delivered)) \
                    AND NOT EXISTS (SELECT 1 FROM {s}.leases l \
                      WHERE l.run_id = r.run_id AND l.expires_ms > {now}) \
                    ORDER BY r.workflow, r.run_id \

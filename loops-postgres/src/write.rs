@@ -1,13 +1,16 @@
-//! The commit path: each [`Write`] in one PostgreSQL transaction, with the semantics of the
-//! redb store's `apply` (every precondition, every error), plus the lease check.
+//! The commit path: each [`Write`] in one PostgreSQL transaction. What the write means is
+//! [`plan`]'s (loops-core); this module only gathers the [`Facts`] it [`Needs`] and writes
+//! its [`Effects`] out as SQL.
 //!
 //! A write takes two round trips on one connection, each a pipeline of statements:
 //! 1. `BEGIN`; lock the lease row (`FOR UPDATE`, if the write carries a lease); lock the run's
-//!    row (`FOR UPDATE`); and the reads the write needs (the next failure index, the oldest
-//!    pending event, ...), which run after the locks are held.
-//! 2. After the checks, made here: the inserts and the row update, then `COMMIT`. If any
+//!    row (`FOR UPDATE`, or the rows of the runs a prune names); and one statement per fact
+//!    the write needs (the next failure index, the oldest pending event, ...), which run
+//!    after the locks are held.
+//! 2. After [`plan`]: the inserts, updates and deletes of its effects, then `COMMIT`. If any
 //!    statement fails, PostgreSQL aborts the transaction and the `COMMIT` rolls it back; a
-//!    unique violation there is a taken key (`SequenceConflict`, `StepExists`).
+//!    unique violation there is a key a concurrent write took first (a create of the same
+//!    run id), refused as the effect says ([`Record::refusal_if_taken`]).
 //!
 //! A write refused by its checks is rolled back and leaves no trace. If the connection fails
 //! during the first round trip, nothing was written and the write is tried again on another
@@ -20,14 +23,16 @@ use std::task::Poll;
 
 use deadpool_postgres::Object;
 use loops_core::store::{
-    AfterFailure, Lease, Reply, RunInfo, RunStatus, WaitInfo, WaitOutcome, Write,
+    CurrentLease, Effects, Facts, InboxChange, Lease, LeaseCheck, Needs, PendingEvent, Record,
+    RecordKey, Reply, RowWrite, RunInfo, Write, plan,
 };
-use loops_core::{Error, RecordKind, Result, StepRecord};
+use loops_core::{Error, Result};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Row, Statement};
 
-use crate::read::{decode_event, decode_info, text};
+use crate::guard::Guard;
+use crate::read::text;
 use crate::sql::Sql;
 use crate::{PgStore, big, is_connection_error};
 
@@ -45,31 +50,6 @@ enum Fail {
     Broken(Error),
 }
 
-/// Returns a connection to the pool only when the write left it clean; drops it otherwise (a
-/// write cancelled midway, a failed connection), which rolls back what it had not committed.
-pub(crate) struct Guard(pub(crate) Option<Object>);
-
-impl Guard {
-    pub(crate) fn client(&self) -> &Object {
-        // Set until `keep` consumes the guard.
-        self.0
-            .as_ref()
-            .unwrap_or_else(|| unreachable!("the guard holds its connection"))
-    }
-
-    pub(crate) fn keep(mut self) {
-        drop(self.0.take());
-    }
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        if let Some(client) = self.0.take() {
-            drop(Object::take(client));
-        }
-    }
-}
-
 impl PgStore {
     pub(crate) async fn write_impl(&self, lease: Option<&Lease>, write: Write) -> Result<Reply> {
         let action = || describe(&write);
@@ -78,18 +58,6 @@ impl PgStore {
 
     async fn write_untimed(&self, lease: Option<&Lease>, write: &Write) -> Result<Reply> {
         let action = || describe(write);
-        if let Write::Prune { run_ids } = &write {
-            let rows = self.rows(action, &self.inner.sql.prune, &[run_ids]).await?;
-            let records = rows
-                .first()
-                .map(|row| row.try_get::<_, i64>(1))
-                .transpose()
-                .map_err(|e| Error::database(action(), e))?
-                .unwrap_or(0);
-            return Ok(Reply::Pruned {
-                records: records as u64,
-            });
-        }
         let mut tries = 0;
         loop {
             tries += 1;
@@ -136,6 +104,7 @@ fn describe(write: &Write) -> String {
         Write::Send { run_id, name, .. } => format!("sending event `{name}` to run `{run_id}`"),
         Write::Wake { run_id, .. } => format!("waking run `{run_id}`"),
         Write::Prune { run_ids } => format!("pruning {} runs", run_ids.len()),
+        _ => "writing".to_owned(),
     }
 }
 
@@ -179,18 +148,222 @@ async fn unchanged(c: &Object, reply: Reply) -> std::result::Result<Reply, Fail>
     Ok(reply)
 }
 
-/// What the first round trip read: the lease row (if a lease was given), the run's row, and
-/// the write's own reads.
-struct Locked {
-    lease: Option<Option<Row>>,
-    info: Option<RunInfo>,
-    extra: Vec<Option<Row>>,
+/// A parameter of a statement.
+type Param = Box<dyn ToSql + Sync + Send>;
+
+/// A statement and its parameters.
+struct Stmt<'a> {
+    sql: &'a str,
+    params: Vec<Param>,
 }
 
-/// A statement's future in a pipeline: its rows (at most one is kept), or nothing.
-type Step<'a> = Pin<
-    Box<dyn Future<Output = std::result::Result<Option<Row>, tokio_postgres::Error>> + Send + 'a>,
->;
+fn statement<'a>(sql: &'a str, params: Vec<Param>) -> Stmt<'a> {
+    Stmt { sql, params }
+}
+
+impl Stmt<'_> {
+    fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
+        self.params
+            .iter()
+            .map(|p| &**p as &(dyn ToSql + Sync))
+            .collect()
+    }
+}
+
+/// What a statement of the first round trip reads.
+#[derive(Clone, Copy)]
+enum Fact {
+    Lease,
+    Run,
+    Runs,
+    Record,
+    Schema,
+    FailureIndex,
+    FailureAttempt,
+    Pending,
+    EventKey,
+    NextEventSeq,
+}
+
+/// The statements of the first round trip after `BEGIN`: the locks, then one per fact.
+fn reads<'a>(sql: &'a Sql, lease: Option<&Lease>, needs: &Needs<'_>) -> Vec<(Fact, Stmt<'a>)> {
+    let mut out = Vec::new();
+    if let Some(lease) = lease {
+        out.push((
+            Fact::Lease,
+            statement(&sql.lock_lease, vec![Box::new(lease.run_id.clone())]),
+        ));
+    }
+    let id = needs.run.unwrap_or_default().to_owned();
+    let run = || -> Param { Box::new(id.clone()) };
+    if needs.run.is_some() {
+        out.push((Fact::Run, statement(&sql.lock_run, vec![run()])));
+    }
+    if !needs.runs.is_empty() {
+        let ids = needs.runs.to_vec();
+        out.push((Fact::Runs, statement(&sql.lock_runs, vec![Box::new(ids)])));
+    }
+    match needs.record {
+        Some(RecordKey::Journal { seq }) => out.push((
+            Fact::Record,
+            statement(&sql.journal_exists, vec![run(), Box::new(big(seq))]),
+        )),
+        Some(RecordKey::Step {
+            seq,
+            name,
+            occurrence,
+        }) => out.push((
+            Fact::Record,
+            statement(
+                &sql.step_exists,
+                vec![
+                    run(),
+                    Box::new(big(seq)),
+                    Box::new(name.to_owned()),
+                    Box::new(occurrence as i32),
+                ],
+            ),
+        )),
+        None => {}
+    }
+    if let Some(hash) = needs.schema {
+        let hash: Param = Box::new(hash.to_string());
+        out.push((Fact::Schema, statement(&sql.schema_exists, vec![hash])));
+    }
+    if let Some((seq, attempt)) = needs.failure_index {
+        let params: Vec<Param> = vec![run(), Box::new(big(seq)), Box::new(attempt as i32)];
+        out.push((
+            Fact::FailureIndex,
+            statement(&sql.next_failure_index, params),
+        ));
+    }
+    if let Some(seq) = needs.failure_attempt {
+        let params: Vec<Param> = vec![run(), Box::new(big(seq))];
+        out.push((
+            Fact::FailureAttempt,
+            statement(&sql.last_failure_attempt, params),
+        ));
+    }
+    if let Some(event) = needs.pending {
+        let params: Vec<Param> = vec![run(), Box::new(event.to_owned())];
+        out.push((Fact::Pending, statement(&sql.first_pending, params)));
+    }
+    if let Some(key) = needs.event_key {
+        let params: Vec<Param> = vec![run(), Box::new(key.to_owned())];
+        out.push((Fact::EventKey, statement(&sql.event_by_key, params)));
+    }
+    if needs.next_event_seq {
+        out.push((
+            Fact::NextEventSeq,
+            statement(&sql.next_event_seq, vec![run()]),
+        ));
+    }
+    out
+}
+
+/// Why the first round trip's answers could not be read.
+enum Unreadable {
+    /// A stored value is not what loops writes (a run row it cannot decode): refuse.
+    Refused(Error),
+    /// A column of an unexpected type: the schema was altered outside loops.
+    Broken(Error),
+}
+
+/// The run's row and the facts, from the first round trip's answers to `reads`.
+fn facts<'l>(
+    reads: &[(Fact, Stmt<'_>)],
+    answers: Vec<Vec<Row>>,
+    lease: Option<&'l Lease>,
+    run_id: &str,
+) -> std::result::Result<(Option<RunInfo>, Facts<'l>), Unreadable> {
+    let broken = |e: tokio_postgres::Error| {
+        Unreadable::Broken(Error::database(
+            format!("reading a row of run `{run_id}`"),
+            e,
+        ))
+    };
+    let info = |id: &str, row: &Row| -> std::result::Result<RunInfo, Unreadable> {
+        let json = text(row, 0, id).map_err(Unreadable::Broken)?;
+        RunInfo::decode(id, json.as_bytes()).map_err(Unreadable::Refused)
+    };
+    let mut row = None;
+    let mut facts = Facts::default();
+    for ((fact, _), rows) in reads.iter().zip(answers) {
+        let first = rows.first();
+        match fact {
+            Fact::Lease => {
+                let current = match first {
+                    Some(r) => Some(CurrentLease {
+                        token: r.try_get::<_, i64>(0).map_err(broken)? as u64,
+                        live: r
+                            .try_get::<_, Option<bool>>(1)
+                            .map_err(broken)?
+                            .unwrap_or(false),
+                    }),
+                    None => None,
+                };
+                if let Some(lease) = lease {
+                    facts.lease = Some(LeaseCheck { lease, current });
+                }
+            }
+            Fact::Run => row = first.map(|r| info(run_id, r)).transpose()?,
+            Fact::Runs => {
+                for r in &rows {
+                    let id = text(r, 1, "?").map_err(Unreadable::Broken)?;
+                    let json = text(r, 0, &id).map_err(Unreadable::Broken)?;
+                    let decoded = RunInfo::decode(&id, json.as_bytes());
+                    facts.runs.push(decoded.map_err(Unreadable::Refused)?);
+                }
+            }
+            Fact::Record => facts.record_taken = flag(first).map_err(broken)?,
+            Fact::Schema => facts.schema_stored = flag(first).map_err(broken)?,
+            Fact::FailureIndex => {
+                facts.failure_index = number::<i32>(first).map_err(broken)?.unwrap_or(0) as u32;
+            }
+            Fact::FailureAttempt => {
+                facts.failure_attempt = number::<i32>(first).map_err(broken)?.map(|n| n as u32);
+            }
+            Fact::Pending => {
+                if let Some(r) = first {
+                    let event_seq = r.try_get::<_, i64>(0).map_err(broken)? as u64;
+                    let record = r.try_get::<_, Option<String>>(1).map_err(broken)?;
+                    let record = record.map(String::into_bytes);
+                    facts.pending = Some(PendingEvent { event_seq, record });
+                }
+            }
+            Fact::EventKey => {
+                facts.key_seen = number::<i64>(first).map_err(broken)?.map(|n| n as u64);
+            }
+            Fact::NextEventSeq => {
+                facts.next_event_seq = number::<i64>(first).map_err(broken)?.unwrap_or(0) as u64;
+            }
+        }
+    }
+    Ok((row, facts))
+}
+
+/// The boolean in the first column of `row` (false without a row).
+fn flag(row: Option<&Row>) -> std::result::Result<bool, tokio_postgres::Error> {
+    Ok(row
+        .map(|r| r.try_get::<_, bool>(0))
+        .transpose()?
+        .unwrap_or(false))
+}
+
+/// The number in the first column of `row`, if any.
+fn number<T>(row: Option<&Row>) -> std::result::Result<Option<T>, tokio_postgres::Error>
+where
+    T: for<'a> tokio_postgres::types::FromSql<'a>,
+{
+    Ok(row
+        .map(|r| r.try_get::<_, Option<T>>(0))
+        .transpose()?
+        .flatten())
+}
+
+/// A statement's future in a pipeline: its rows, or nothing.
+type Step<'a> =
+    Pin<Box<dyn Future<Output = std::result::Result<Vec<Row>, tokio_postgres::Error>> + Send + 'a>>;
 
 /// Awaits `futures` together, polling them in order: each sends its statement when first
 /// polled, so they go to the server in this order, in one round trip.
@@ -217,136 +390,138 @@ async fn pipeline<T>(futures: Vec<Pin<Box<dyn Future<Output = T> + Send + '_>>>)
     done.into_iter().flatten().collect()
 }
 
-/// The first round trip: `BEGIN`, the locks, and `extra` (statement and parameters, each
-/// answering at most one row), pipelined.
+/// The first round trip: `BEGIN` and `reads`, pipelined; their rows.
 async fn begin(
     c: &Object,
-    sql: &Sql,
     action: &str,
-    lease: Option<&Lease>,
-    run_id: &str,
-    extra: &[(&str, &[&(dyn ToSql + Sync)])],
-) -> std::result::Result<Locked, Fail> {
-    let mut names: Vec<&str> = vec![&sql.lock_lease, &sql.lock_run];
-    names.extend(extra.iter().map(|(s, _)| *s));
-    let prepared = prepare(c, action, &names).await?;
+    reads: &[(Fact, Stmt<'_>)],
+) -> std::result::Result<Vec<Vec<Row>>, Fail> {
+    let sqls: Vec<&str> = reads.iter().map(|(_, s)| s.sql).collect();
+    let prepared = prepare(c, action, &sqls).await?;
+    let params: Vec<Vec<&(dyn ToSql + Sync)>> = reads.iter().map(|(_, s)| s.params()).collect();
     let client: &tokio_postgres::Client = c;
     let mut steps: Vec<Step<'_>> = vec![Box::pin(async move {
-        client.batch_execute("BEGIN").await.map(|()| None)
+        client.batch_execute("BEGIN").await.map(|()| Vec::new())
     })];
-    if let Some(l) = lease {
-        let st = &prepared[0];
-        steps.push(Box::pin(
-            async move { client.query_opt(st, &[&l.run_id]).await },
-        ));
+    for (st, params) in prepared.iter().zip(&params) {
+        steps.push(Box::pin(async move { client.query(st, params).await }));
     }
-    let st = &prepared[1];
-    steps.push(Box::pin(
-        async move { client.query_opt(st, &[&run_id]).await },
-    ));
-    for ((_, params), st) in extra.iter().zip(&prepared[2..]) {
-        steps.push(Box::pin(async move { client.query_opt(st, params).await }));
-    }
-    let mut results = pipeline(steps).await.into_iter();
-    let mut next = || -> std::result::Result<Option<Row>, Fail> {
-        match results.next() {
-            Some(r) => r.map_err(|e| early(action, e)),
-            None => Ok(None),
+    let mut answers = Vec::with_capacity(reads.len());
+    for (i, result) in pipeline(steps).await.into_iter().enumerate() {
+        let rows = result.map_err(|e| early(action, e))?;
+        if i > 0 {
+            answers.push(rows);
         }
-    };
-    next()?;
-    let lease_row = match lease {
-        Some(_) => Some(next()?),
-        None => None,
-    };
-    let run_row = next()?;
-    let mut extra_out = Vec::with_capacity(extra.len());
-    for _ in extra {
-        extra_out.push(next()?);
     }
-    let info = match run_row {
-        Some(row) => {
-            let json = text(&row, 0, run_id).map_err(Fail::Broken)?;
-            match decode_info(run_id, &json) {
-                Ok(info) => Some(info),
-                Err(e) => return Err(reject(c, e).await),
+    Ok(answers)
+}
+
+/// The statements that write `effects` out, each with the refusal a unique violation of it
+/// means.
+fn writes<'a>(sql: &'a Sql, effects: &Effects<'_>) -> Vec<(Stmt<'a>, Option<Error>)> {
+    let id = effects.run_id;
+    let run = || -> Param { Box::new(id.to_owned()) };
+    let mut out = Vec::new();
+    for record in &effects.records {
+        let text: Param = Box::new(utf8(record.bytes()).to_owned());
+        let st = match record {
+            Record::Journal { seq, .. } => {
+                statement(&sql.insert_journal, vec![run(), Box::new(big(*seq)), text])
             }
-        }
-        None => None,
-    };
-    Ok(Locked {
-        lease: lease_row,
-        info,
-        extra: extra_out,
-    })
-}
-
-impl Locked {
-    /// Refuses the write unless the lease given (if any) is the run's current, live lease.
-    /// `seq` is the sequence number the write is for.
-    fn check_lease(&self, lease: Option<&Lease>, run_id: &str, seq: u64) -> Result<()> {
-        let (Some(lease), Some(row)) = (lease, &self.lease) else {
-            return Ok(());
+            Record::Step {
+                seq,
+                name,
+                occurrence,
+                ..
+            } => statement(
+                &sql.insert_step,
+                vec![
+                    run(),
+                    Box::new(big(*seq)),
+                    Box::new((*name).to_owned()),
+                    Box::new(*occurrence as i32),
+                    text,
+                ],
+            ),
+            Record::Failure {
+                seq,
+                attempt,
+                index,
+                ..
+            } => statement(
+                &sql.insert_failure,
+                vec![
+                    run(),
+                    Box::new(big(*seq)),
+                    Box::new(*attempt as i32),
+                    Box::new(*index as i32),
+                    text,
+                ],
+            ),
         };
-        let held = lease.run_id == run_id
-            && row.as_ref().is_some_and(|row| {
-                row.try_get::<_, i64>(0).ok() == Some(big(lease.token))
-                    && row.try_get::<_, bool>(1).unwrap_or(false)
-            });
-        if held {
-            return Ok(());
+        out.push((st, record.refusal_if_taken(id)));
+    }
+    for change in &effects.inbox {
+        let st = match change {
+            InboxChange::Append {
+                event_seq,
+                name,
+                key,
+                record,
+            } => statement(
+                &sql.insert_event,
+                vec![
+                    run(),
+                    Box::new(big(*event_seq)),
+                    Box::new((*name).to_owned()),
+                    Box::new(key.map(str::to_owned)),
+                    Box::new(utf8(record).to_owned()),
+                ],
+            ),
+            InboxChange::Deliver { event_seq, .. } => {
+                statement(&sql.mark_delivered, vec![run(), Box::new(big(*event_seq))])
+            }
+        };
+        out.push((st, None));
+    }
+    if let Some((hash, text)) = effects.schema {
+        let params: Vec<Param> = vec![Box::new(hash.to_string()), Box::new(text.to_owned())];
+        out.push((statement(&sql.insert_schema, params), None));
+    }
+    if let Some(row) = &effects.row {
+        out.push((row_statement(sql, row), row.refusal_if_taken()));
+    }
+    if !effects.delete.is_empty() {
+        let ids: Vec<String> = effects.delete.iter().map(|i| i.run_id.clone()).collect();
+        out.push((statement(&sql.delete_runs, vec![Box::new(ids)]), None));
+    }
+    out
+}
+
+/// The insert or update of a run's row. The `wait_event` and `wait_until_ms` columns hold
+/// the row's [`readiness`](RunInfo::readiness), which `claim_ready` filters on.
+fn row_statement<'a>(sql: &'a Sql, row: &RowWrite) -> Stmt<'a> {
+    let info = &row.info;
+    let ready = info.readiness();
+    let run_id: Param = Box::new(info.run_id.clone());
+    let status: Param = Box::new(info.status.as_str());
+    let seq: Param = Box::new(big(info.seq));
+    let event: Param = Box::new(ready.event.map(str::to_owned));
+    let from: Param = Box::new(ready.from_ms.map(big));
+    let json: Param = Box::new(utf8(&info.encode()).to_owned());
+    match row.was {
+        None => {
+            let workflow: Param = Box::new(info.workflow.clone());
+            statement(
+                &sql.insert_run,
+                vec![run_id, workflow, status, seq, event, from, json],
+            )
         }
-        Err(Error::Fenced {
-            run_id: run_id.to_owned(),
-            seq,
-            current: self.info.as_ref().map_or(0, |i| i.seq),
-            status: self.info.as_ref().map_or(RunStatus::Running, |i| i.status),
-        })
+        Some(_) => statement(
+            &sql.update_run,
+            vec![run_id, status, seq, event, from, json],
+        ),
     }
-
-    /// The run's row, or `RunNotFound`.
-    fn run(&self, run_id: &str) -> Result<RunInfo> {
-        self.info.clone().ok_or_else(|| Error::RunNotFound {
-            run_id: run_id.to_owned(),
-        })
-    }
-}
-
-/// Refuses a write for `seq` unless the run is at `seq` and has not ended.
-fn fence(info: &RunInfo, seq: u64) -> Result<()> {
-    if info.seq != seq || info.status.is_ended() {
-        return Err(Error::Fenced {
-            run_id: info.run_id.clone(),
-            seq,
-            current: info.seq,
-            status: info.status,
-        });
-    }
-    Ok(())
-}
-
-/// The columns of a run's row.
-struct RowValues {
-    status: &'static str,
-    seq: i64,
-    wait_event: Option<String>,
-    wait_until_ms: Option<i64>,
-    info: String,
-}
-
-fn row_values(info: &RunInfo) -> RowValues {
-    RowValues {
-        status: info.status.as_str(),
-        seq: big(info.seq),
-        wait_event: info.wait.as_ref().and_then(|w| w.event.clone()),
-        wait_until_ms: info.wait.as_ref().and_then(|w| w.until_ms).map(big),
-        info: json(info),
-    }
-}
-
-fn json<T: serde::Serialize>(value: &T) -> String {
-    // Our record types hold only strings, integers and valid raw JSON: they always serialize.
-    serde_json::to_string(value).unwrap_or_else(|_| "{}".to_owned())
 }
 
 fn utf8(bytes: &[u8]) -> &str {
@@ -392,6 +567,7 @@ async fn commit(
                 + 'a,
         >,
     >;
+    crate::failpoint::before_commit();
     let client: &tokio_postgres::Client = c;
     let mut steps: Vec<Sent<'_>> = writes
         .iter()
@@ -413,7 +589,8 @@ async fn commit(
     (results, committed)
 }
 
-/// Applies `write` in one transaction on `c`.
+/// Applies `write` in one transaction on `c`: the facts it needs (first round trip),
+/// [`plan`], then its effects and `COMMIT` (second round trip).
 async fn apply(
     c: &Object,
     sql: &Sql,
@@ -422,631 +599,33 @@ async fn apply(
 ) -> std::result::Result<Reply, Fail> {
     let action = describe(write);
     let action = action.as_str();
-    match write {
-        Write::Create {
-            info,
-            record,
-            schema_text,
-        } => {
-            let run_id = info.run_id.as_str();
-            let locked = begin(c, sql, action, lease, run_id, &[]).await?;
-            if let Err(e) = locked.check_lease(lease, run_id, 0) {
-                return Err(reject(c, e).await);
-            }
-            let conflict = || Error::SequenceConflict {
-                run_id: run_id.to_owned(),
-                seq: 0,
-            };
-            if locked.info.is_some() {
-                return Err(reject(c, conflict()).await);
-            }
-            let st = prepare(
-                c,
-                action,
-                &[&sql.insert_journal, &sql.insert_schema, &sql.insert_run],
-            )
-            .await?;
-            let v = row_values(info);
-            let hash = info.schema.to_string();
-            let record = utf8(record);
-            let (results, committed) = commit(
-                c,
-                &[
-                    (&st[0], &[&run_id, &0i64, &record]),
-                    (&st[1], &[&hash, schema_text]),
-                    (
-                        &st[2],
-                        &[
-                            &run_id,
-                            &info.workflow,
-                            &v.status,
-                            &v.seq,
-                            &v.wait_event,
-                            &v.wait_until_ms,
-                            &v.info,
-                        ],
-                    ),
-                ],
-            )
-            .await;
-            finish(action, results, committed, |i| (i != 1).then(conflict))?;
-            Ok(Reply::Run(info.clone()))
-        }
-        Write::Transition {
-            run_id,
-            seq,
-            state,
-            record,
-            terminal,
-            at_ms,
-        } => {
-            let locked = begin(c, sql, action, lease, run_id, &[]).await?;
-            let checked = locked
-                .check_lease(lease, run_id, seq.wrapping_sub(1))
-                .and_then(|()| locked.run(run_id))
-                .and_then(|info| fence(&info, seq.wrapping_sub(1)).map(|()| info));
-            let mut info = match checked {
-                Ok(info) => info,
-                Err(e) => return Err(reject(c, e).await),
-            };
-            info.seq = *seq;
-            info.state.clone_from(state);
-            info.attempt = 1;
-            info.attempt_base = 0;
-            info.interrupted = 0;
-            info.updated_ms = *at_ms;
-            info.retry_at_ms = None;
-            info.error = None;
-            if *terminal {
-                info.status = RunStatus::Completed;
-            }
-            let st = prepare(c, action, &[&sql.insert_journal, &sql.update_run]).await?;
-            let v = row_values(&info);
-            let record = utf8(record);
-            let seq_big = big(*seq);
-            let (results, committed) = commit(
-                c,
-                &[
-                    (&st[0], &[run_id, &seq_big, &record]),
-                    (
-                        &st[1],
-                        &[
-                            run_id,
-                            &v.status,
-                            &v.seq,
-                            &v.wait_event,
-                            &v.wait_until_ms,
-                            &v.info,
-                        ],
-                    ),
-                ],
-            )
-            .await;
-            finish(action, results, committed, |i| {
-                (i == 0).then(|| Error::SequenceConflict {
-                    run_id: run_id.clone(),
-                    seq: *seq,
-                })
-            })?;
-            Ok(Reply::Run(info))
-        }
-        Write::Step {
-            run_id,
-            seq,
-            name,
-            occurrence,
-            record,
-        } => {
-            let locked = begin(c, sql, action, lease, run_id, &[]).await?;
-            let checked = locked
-                .check_lease(lease, run_id, *seq)
-                .and_then(|()| locked.run(run_id))
-                .and_then(|info| fence(&info, *seq));
-            if let Err(e) = checked {
-                return Err(reject(c, e).await);
-            }
-            let st = prepare(c, action, &[&sql.insert_step]).await?;
-            let record = utf8(record);
-            let occ = *occurrence as i32;
-            let seq_big = big(*seq);
-            let (results, committed) =
-                commit(c, &[(&st[0], &[run_id, &seq_big, name, &occ, &record])]).await;
-            finish(action, results, committed, |_| {
-                Some(Error::StepExists {
-                    run_id: run_id.clone(),
-                    seq: *seq,
-                    step: name.clone(),
-                    occurrence: *occurrence,
-                })
-            })?;
-            Ok(Reply::Done)
-        }
-        Write::Failure {
-            run_id,
-            seq,
-            record,
-            then,
-        } => {
-            let seq_big = big(*seq);
-            let attempt = record.attempt as i32;
-            let locked = begin(
-                c,
-                sql,
-                action,
-                lease,
-                run_id,
-                &[(&sql.next_failure_index, &[run_id, &seq_big, &attempt])],
-            )
-            .await?;
-            let checked = locked
-                .check_lease(lease, run_id, *seq)
-                .and_then(|()| locked.run(run_id))
-                .and_then(|info| fence(&info, *seq).map(|()| info));
-            let mut info = match checked {
-                Ok(info) => info,
-                Err(e) => return Err(reject(c, e).await),
-            };
-            let index: i32 = match locked.extra[0].as_ref().map(|r| r.try_get(0)) {
-                Some(Ok(i)) => i,
-                Some(Err(e)) => return Err(Fail::Broken(Error::database(action, e))),
-                None => 0,
-            };
-            info.error = Some(record.errors.clone());
-            info.updated_ms = record.at_ms;
-            match then {
-                AfterFailure::Nothing => {}
-                AfterFailure::RetryAt(at) => info.retry_at_ms = Some(*at),
-                AfterFailure::GiveUp => {
-                    info.status = RunStatus::Failed;
-                    info.retry_at_ms = None;
-                }
-            }
-            let st = prepare(c, action, &[&sql.insert_failure, &sql.update_run]).await?;
-            let v = row_values(&info);
-            let failure = json(record);
-            let (results, committed) = commit(
-                c,
-                &[
-                    (&st[0], &[run_id, &seq_big, &attempt, &index, &failure]),
-                    (
-                        &st[1],
-                        &[
-                            run_id,
-                            &v.status,
-                            &v.seq,
-                            &v.wait_event,
-                            &v.wait_until_ms,
-                            &v.info,
-                        ],
-                    ),
-                ],
-            )
-            .await;
-            finish(action, results, committed, |_| None)?;
-            Ok(Reply::Run(info))
-        }
-        Write::BeginAttempt {
-            run_id,
-            seq,
-            max_attempts,
-            max_interruptions,
-            at_ms,
-        } => {
-            let locked = begin(c, sql, action, lease, run_id, &[]).await?;
-            let checked = locked
-                .check_lease(lease, run_id, *seq)
-                .and_then(|()| locked.run(run_id));
-            let mut info = match checked {
-                Ok(info) => info,
-                Err(e) => return Err(reject(c, e).await),
-            };
-            if info.status != RunStatus::Running {
-                return unchanged(c, Reply::Run(info)).await;
-            }
-            if let Err(e) = fence(&info, *seq) {
-                return Err(reject(c, e).await);
-            }
-            let st = prepare(
-                c,
-                action,
-                &[&sql.has_failure, &sql.insert_failure, &sql.update_run],
-            )
-            .await?;
-            let seq_big = big(*seq);
-            let attempt = info.attempt as i32;
-            let failed: bool = c
-                .query_one(&st[0], &[run_id, &seq_big, &attempt])
-                .await
-                .and_then(|row| row.try_get(0))
-                .map_err(|e| early(action, e))?;
-            let interrupted = info.begin_attempt(failed, *at_ms, *max_attempts, *max_interruptions);
-            let v = row_values(&info);
-            let failure = interrupted.as_ref().map(json);
-            let update: (&Statement, &[&(dyn ToSql + Sync)]) = (
-                &st[2],
-                &[
-                    run_id,
-                    &v.status,
-                    &v.seq,
-                    &v.wait_event,
-                    &v.wait_until_ms,
-                    &v.info,
-                ],
-            );
-            let (results, committed) = match &failure {
-                Some(failure) => {
-                    commit(
-                        c,
-                        &[
-                            (&st[1], &[run_id, &seq_big, &attempt, &0i32, failure]),
-                            update,
-                        ],
-                    )
-                    .await
-                }
-                None => commit(c, &[update]).await,
-            };
-            finish(action, results, committed, |_| None)?;
-            Ok(Reply::Run(info))
-        }
-        Write::Cancel {
-            run_id,
-            reason,
-            end_now,
-            at_ms,
-        } => {
-            let locked = begin(c, sql, action, lease, run_id, &[]).await?;
-            let checked = locked
-                .run(run_id)
-                .and_then(|info| locked.check_lease(lease, run_id, info.seq).map(|()| info));
-            let mut info = match checked {
-                Ok(info) => info,
-                Err(e) => return Err(reject(c, e).await),
-            };
-            if info.status.is_ended() {
-                let e = Error::RunEnded {
-                    run_id: run_id.clone(),
-                    status: info.status,
-                    action: "cancel",
-                };
-                return Err(reject(c, e).await);
-            }
-            info.cancel = Some(reason.clone());
-            if *end_now {
-                info.status = RunStatus::Cancelled;
-            }
-            info.updated_ms = *at_ms;
-            update_only(c, sql, action, info).await
-        }
-        Write::EndCancelled { run_id, at_ms } => {
-            let locked = begin(c, sql, action, lease, run_id, &[]).await?;
-            let checked = locked
-                .run(run_id)
-                .and_then(|info| locked.check_lease(lease, run_id, info.seq).map(|()| info));
-            let mut info = match checked {
-                Ok(info) => info,
-                Err(e) => return Err(reject(c, e).await),
-            };
-            if info.status.is_ended() || info.cancel.is_none() {
-                return unchanged(c, Reply::Run(info)).await;
-            }
-            info.status = RunStatus::Cancelled;
-            info.updated_ms = *at_ms;
-            update_only(c, sql, action, info).await
-        }
-        Write::Retry { run_id, at_ms } => {
-            let locked = begin(c, sql, action, lease, run_id, &[]).await?;
-            let checked = locked
-                .run(run_id)
-                .and_then(|info| locked.check_lease(lease, run_id, info.seq).map(|()| info));
-            let mut info = match checked {
-                Ok(info) => info,
-                Err(e) => return Err(reject(c, e).await),
-            };
-            if info.status != RunStatus::Failed {
-                let e = Error::NotFailed {
-                    run_id: run_id.clone(),
-                    status: info.status,
-                };
-                return Err(reject(c, e).await);
-            }
-            info.status = RunStatus::Running;
-            info.attempt_base = info.attempt;
-            info.interrupted = 0;
-            info.retry_at_ms = None;
-            info.updated_ms = *at_ms;
-            update_only(c, sql, action, info).await
-        }
-        Write::Wake { run_id, seq, at_ms } => {
-            let locked = begin(c, sql, action, lease, run_id, &[]).await?;
-            let checked = locked
-                .check_lease(lease, run_id, *seq)
-                .and_then(|()| locked.run(run_id));
-            let mut info = match checked {
-                Ok(info) => info,
-                Err(e) => return Err(reject(c, e).await),
-            };
-            if info.status != RunStatus::Waiting || info.seq != *seq {
-                return unchanged(c, Reply::Run(info)).await;
-            }
-            info.status = RunStatus::Running;
-            info.wait = None;
-            info.updated_ms = *at_ms;
-            update_only(c, sql, action, info).await
-        }
-        Write::Wait {
-            run_id,
-            seq,
-            attempt,
-            step,
-            event,
-            until_ms,
-            at_ms,
-        } => {
-            let seq_big = big(*seq);
-            let (step_name, occurrence) = match step {
-                Some((name, occurrence)) => (name.as_str(), *occurrence as i32),
-                None => ("", 0),
-            };
-            let event_name = event.as_deref().unwrap_or_default();
-            let mut extra: Vec<(&str, &[&(dyn ToSql + Sync)])> = Vec::new();
-            let step_params: [&(dyn ToSql + Sync); 4] = [run_id, &seq_big, &step_name, &occurrence];
-            let event_params: [&(dyn ToSql + Sync); 2] = [run_id, &event_name];
-            if step.is_some() {
-                extra.push((&sql.step_exists, &step_params));
-            }
-            if event.is_some() {
-                extra.push((&sql.first_pending, &event_params));
-            }
-            let locked = begin(c, sql, action, lease, run_id, &extra).await?;
-            let checked = locked
-                .check_lease(lease, run_id, *seq)
-                .and_then(|()| locked.run(run_id))
-                .and_then(|info| fence(&info, *seq).map(|()| info));
-            let mut info = match checked {
-                Ok(info) => info,
-                Err(e) => return Err(reject(c, e).await),
-            };
-            let mut rows = locked.extra.into_iter();
-            if let Some((name, occurrence)) = step {
-                let exists = rows
-                    .next()
-                    .flatten()
-                    .is_some_and(|row| row.try_get::<_, bool>(0).unwrap_or(false));
-                if exists {
-                    let e = Error::StepExists {
-                        run_id: run_id.clone(),
-                        seq: *seq,
-                        step: name.clone(),
-                        occurrence: *occurrence,
-                    };
-                    return Err(reject(c, e).await);
-                }
-            }
-            let delivered = match rows.next().flatten() {
-                Some(row) if event.is_some() => {
-                    let event_seq: i64 = row
-                        .try_get(0)
-                        .map_err(|e| Fail::Broken(Error::database(action, e)))?;
-                    let record_text = text(&row, 1, run_id).map_err(Fail::Broken)?;
-                    match decode_event(run_id, event_seq as u64, &record_text) {
-                        Ok(record) => Some((event_seq as u64, record.payload.get().to_owned())),
-                        Err(Error::Decode { source, .. }) => {
-                            let e = Error::Decode {
-                                run_id: run_id.clone(),
-                                record: RecordKind::Event {
-                                    name: Some(event_name.to_owned()),
-                                },
-                                seq: event_seq as u64,
-                                state: String::new(),
-                                source,
-                            };
-                            return Err(reject(c, e).await);
-                        }
-                        Err(e) => return Err(reject(c, e).await),
-                    }
-                }
-                _ => None,
-            };
-            let (outcome, output) = if let Some((event_seq, payload)) = delivered {
-                let output = format!(r#"{{"event":{{"seq":{event_seq},"payload":{payload}}}}}"#);
-                (WaitOutcome::Delivered { event_seq, payload }, Some(output))
-            } else if until_ms.is_some_and(|until| until <= *at_ms) {
-                (WaitOutcome::Due, Some(r#""due""#.to_owned()))
-            } else {
-                (WaitOutcome::Parked, None)
-            };
-            if outcome == WaitOutcome::Parked {
-                info.status = RunStatus::Waiting;
-                info.wait = Some(WaitInfo {
-                    event: event.clone(),
-                    until_ms: *until_ms,
-                });
-            } else {
-                info.status = RunStatus::Running;
-                info.wait = None;
-            }
-            info.updated_ms = *at_ms;
-            let step_record = match (step, output) {
-                (Some(_), Some(output)) => {
-                    let output = match serde_json::value::RawValue::from_string(output) {
-                        Ok(output) => output,
-                        Err(source) => {
-                            let e = Error::Decode {
-                                run_id: run_id.clone(),
-                                record: RecordKind::Step {
-                                    name: step_name.to_owned(),
-                                    occurrence: occurrence as u32,
-                                },
-                                seq: *seq,
-                                state: String::new(),
-                                source,
-                            };
-                            return Err(reject(c, e).await);
-                        }
-                    };
-                    Some(json(&StepRecord {
-                        attempt: *attempt,
-                        at_ms: *at_ms,
-                        duration_ms: 0,
-                        output,
-                    }))
-                }
-                _ => None,
-            };
-            let st = prepare(
-                c,
-                action,
-                &[&sql.insert_step, &sql.mark_delivered, &sql.update_run],
-            )
-            .await?;
-            let v = row_values(&info);
-            let delivered_seq = match &outcome {
-                WaitOutcome::Delivered { event_seq, .. } => Some(big(*event_seq)),
-                _ => None,
-            };
-            let mut writes: Vec<(&Statement, &[&(dyn ToSql + Sync)])> = Vec::new();
-            let step_insert: [&(dyn ToSql + Sync); 5];
-            if let Some(record) = &step_record {
-                step_insert = [run_id, &seq_big, &step_name, &occurrence, record];
-                writes.push((&st[0], &step_insert));
-            }
-            let mark: [&(dyn ToSql + Sync); 2];
-            if let Some(event_seq) = &delivered_seq {
-                mark = [run_id, event_seq];
-                writes.push((&st[1], &mark));
-            }
-            let update: [&(dyn ToSql + Sync); 6] = [
-                run_id,
-                &v.status,
-                &v.seq,
-                &v.wait_event,
-                &v.wait_until_ms,
-                &v.info,
-            ];
-            writes.push((&st[2], &update));
-            let (results, committed) = commit(c, &writes).await;
-            let has_step = step_record.is_some();
-            finish(action, results, committed, |i| {
-                (has_step && i == 0).then(|| Error::StepExists {
-                    run_id: run_id.clone(),
-                    seq: *seq,
-                    step: step_name.to_owned(),
-                    occurrence: occurrence as u32,
-                })
-            })?;
-            Ok(Reply::Waited(outcome, info))
-        }
-        Write::Send {
-            run_id,
-            name,
-            payload,
-            key,
-            at_ms,
-        } => {
-            let key_text = key.as_deref().unwrap_or_default();
-            let key_params: [&(dyn ToSql + Sync); 2] = [run_id, &key_text];
-            let seq_params: [&(dyn ToSql + Sync); 1] = [run_id];
-            let locked = begin(
-                c,
-                sql,
-                action,
-                lease,
-                run_id,
-                &[
-                    (&sql.event_by_key, &key_params),
-                    (&sql.next_event_seq, &seq_params),
-                ],
-            )
-            .await?;
-            let checked = locked
-                .run(run_id)
-                .and_then(|info| locked.check_lease(lease, run_id, info.seq).map(|()| info));
-            let info = match checked {
-                Ok(info) => info,
-                Err(e) => return Err(reject(c, e).await),
-            };
-            if info.status.is_ended() {
-                let e = Error::RunEnded {
-                    run_id: run_id.clone(),
-                    status: info.status,
-                    action: "sending an event",
-                };
-                return Err(reject(c, e).await);
-            }
-            let mut rows = locked.extra.into_iter();
-            let existing = rows.next().flatten();
-            if key.is_some()
-                && let Some(row) = existing
-            {
-                let event_seq: i64 = row
-                    .try_get(0)
-                    .map_err(|e| Fail::Broken(Error::database(action, e)))?;
-                return unchanged(
-                    c,
-                    Reply::Sent {
-                        event_seq: event_seq as u64,
-                        duplicate: true,
-                        info,
-                    },
-                )
-                .await;
-            }
-            let event_seq: i64 = match rows.next().flatten().map(|row| row.try_get(0)) {
-                Some(Ok(n)) => n,
-                Some(Err(e)) => return Err(Fail::Broken(Error::database(action, e))),
-                None => 0,
-            };
-            // The same bytes as the redb store writes.
-            let record = format!(
-                r#"{{"name":{},{}"at_ms":{at_ms},"payload":{payload}}}"#,
-                json(name),
-                key.as_ref()
-                    .map(|k| format!(r#""key":{},"#, json(k)))
-                    .unwrap_or_default(),
-            );
-            let st = prepare(c, action, &[&sql.insert_event]).await?;
-            let (results, committed) =
-                commit(c, &[(&st[0], &[run_id, &event_seq, name, key, &record])]).await;
-            finish(action, results, committed, |_| None)?;
-            Ok(Reply::Sent {
-                event_seq: event_seq as u64,
-                duplicate: false,
-                info,
-            })
-        }
-        // Handled by `write_impl` (one statement).
-        Write::Prune { .. } => Err(Fail::Broken(Error::database(
-            action,
-            std::io::Error::other("prune is not applied in a transaction"),
-        ))),
+    let needs = write.needs();
+    let reads = reads(sql, lease, &needs);
+    let answers = begin(c, action, &reads).await?;
+    let (row, facts) = match facts(&reads, answers, lease, needs.run.unwrap_or_default()) {
+        Ok(read) => read,
+        Err(Unreadable::Refused(e)) => return Err(reject(c, e).await),
+        Err(Unreadable::Broken(e)) => return Err(Fail::Broken(e)),
+    };
+    let effects = match plan(write, row.as_ref(), &facts) {
+        Ok(effects) => effects,
+        Err(e) => return Err(reject(c, e).await),
+    };
+    if effects.is_empty() {
+        return unchanged(c, effects.reply).await;
     }
-}
-
-/// The second round trip of a write that only changes the run's row.
-async fn update_only(
-    c: &Object,
-    sql: &Sql,
-    action: &str,
-    info: RunInfo,
-) -> std::result::Result<Reply, Fail> {
-    let st = prepare(c, action, &[&sql.update_run]).await?;
-    let v = row_values(&info);
-    let (results, committed) = commit(
-        c,
-        &[(
-            &st[0],
-            &[
-                &info.run_id,
-                &v.status,
-                &v.seq,
-                &v.wait_event,
-                &v.wait_until_ms,
-                &v.info,
-            ],
-        )],
-    )
-    .await;
-    finish(action, results, committed, |_| None)?;
-    Ok(Reply::Run(info))
+    let mut writes = writes(sql, &effects);
+    let sqls: Vec<&str> = writes.iter().map(|(s, _)| s.sql).collect();
+    let prepared = prepare(c, action, &sqls).await?;
+    let params: Vec<Vec<&(dyn ToSql + Sync)>> = writes.iter().map(|(s, _)| s.params()).collect();
+    let pairs: Vec<(&Statement, &[&(dyn ToSql + Sync)])> = prepared
+        .iter()
+        .zip(&params)
+        .map(|(st, p)| (st, p.as_slice()))
+        .collect();
+    let (results, committed) = commit(c, &pairs).await;
+    finish(action, results, committed, |i| {
+        writes.get_mut(i).and_then(|(_, refusal)| refusal.take())
+    })?;
+    Ok(effects.reply)
 }

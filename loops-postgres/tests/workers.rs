@@ -7,6 +7,9 @@
 //!   effect runs again after its record committed.
 //! - A worker is SIGSTOPped while it handles a state; its lease lapses and another worker
 //!   finishes the run; resumed, the paused worker's commit is refused (fencing).
+//! - With the `failpoints` feature: a worker is SIGSTOPped between the two round trips of a
+//!   commit, holding its row locks; the server ends its session after the lease time, and
+//!   another worker finishes the run while it is still stopped.
 //!
 //! A longer torture of the first kind (48 runs of 80 steps, up to 60 kills; under a minute):
 //! `cargo test -p loops-postgres --test workers -- --ignored torture --nocapture`.
@@ -65,6 +68,8 @@ struct Holder {
     ledger: Arc<dyn Ledger>,
     /// A file whose appearance lets a holding handler go on.
     hold_until: Option<PathBuf>,
+    /// Set by `hold` once its step is recorded: the next commit stops at the fault point.
+    arm: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl FenceHandler for Holder {
@@ -88,6 +93,9 @@ impl FenceHandler for Holder {
             while !go.exists() {
                 std::thread::sleep(Duration::from_millis(20));
             }
+        }
+        if let Some(arm) = &self.arm {
+            arm.store(true, std::sync::atomic::Ordering::SeqCst);
         }
         Ok(HoldNext::End {
             by: format!("{}", std::process::id()),
@@ -115,24 +123,35 @@ async fn worker_process() {
         .await
         .unwrap();
     if env("LOOPS_MODE") == "fence" {
-        let hold_until =
-            Some(PathBuf::from(env("LOOPS_GO"))).filter(|_| !env("LOOPS_GO").is_empty());
-        let holds = hold_until.is_some();
+        let go = Some(PathBuf::from(env("LOOPS_GO"))).filter(|_| !env("LOOPS_GO").is_empty());
+        let stall = env("LOOPS_STALL") == "1";
+        // Stalls hold at the fault point, not in the handler.
+        let hold_until = go.clone().filter(|_| !stall);
+        let attached = go.is_some();
         let runtime = Runtime::builder()
-            .register::<Fence, _>(Holder { ledger, hold_until })
+            .register::<Fence, _>(Holder {
+                ledger,
+                hold_until: hold_until.clone(),
+                arm: None,
+            })
             .build(store);
-        if holds {
+        if attached {
+            let arm = stall.then(|| stall_before_commit(go.clone().unwrap()));
             // Drives the run attached, to print how it ended.
             let handler = Holder {
                 ledger: Arc::new(FileLedger {
                     path: PathBuf::from(env("LOOPS_LEDGER")),
                     next: 100.into(),
                 }),
-                hold_until: Some(PathBuf::from(env("LOOPS_GO"))),
+                hold_until,
+                arm,
             };
             match runtime.run("f", Fence::Start, &handler).await {
                 Ok(end) => println!("ended {end:?}"),
-                Err(e) => println!("error {e}"),
+                Err(e) => {
+                    // With its causes, as `anyhow`'s `{:#}` shows them.
+                    println!("error {:#}", anyhow::Error::from(e))
+                }
             }
             return;
         }
@@ -159,6 +178,31 @@ async fn worker_process() {
     println!("serving");
     std::io::stdout().flush().unwrap();
     runtime.serve(Duration::from_millis(100)).await.unwrap();
+}
+
+/// Makes the first commit after the returned flag is set stop at the fault point between
+/// its two round trips: it prints `paused before commit` and blocks the worker's only thread
+/// until `go` exists.
+#[cfg(feature = "failpoints")]
+fn stall_before_commit(go: PathBuf) -> Arc<std::sync::atomic::AtomicBool> {
+    let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = armed.clone();
+    fail::cfg_callback("loops_postgres::write::before_commit", move || {
+        if flag.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            println!("paused before commit");
+            std::io::stdout().flush().unwrap();
+            while !go.exists() {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    })
+    .unwrap();
+    armed
+}
+
+#[cfg(not(feature = "failpoints"))]
+fn stall_before_commit(_go: PathBuf) -> Arc<std::sync::atomic::AtomicBool> {
+    panic!("LOOPS_STALL needs the `failpoints` feature");
 }
 
 /// A worker process, killed when dropped.
@@ -433,6 +477,114 @@ async fn a_paused_worker_cannot_commit_after_its_lease_lapsed() {
         ]
     );
     // The step the paused worker recorded before its pause stands, and was replayed.
+    let steps = store.steps("f", 1).await.unwrap();
+    assert_eq!(steps.len(), 1);
+    let exec: String = serde_json::from_str(steps[0].2.output.get()).unwrap();
+    assert!(exec.starts_with(&format!("{}-", paused.pid())), "{exec}");
+    assert_eq!(ledger_lines(&ledger).len(), 1);
+}
+
+/// Issue 15, item 10: a worker stopped inside a write transaction (after `BEGIN` and the row
+/// locks, before `COMMIT`) kept its locks for good, and `claim_ready` (`SKIP LOCKED`) skipped
+/// its run. The server now ends a session idle in a transaction for longer than the lease.
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_stopped_between_the_round_trips_of_a_commit_loses_its_run() {
+    let schema = common::TestSchema::new("w_stall").await;
+    let ttl = Duration::from_millis(1000);
+    let store = schema.store(ttl).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger");
+    let go = dir.path().join("go");
+    let env = |stall: bool| -> Vec<(&'static str, String)> {
+        vec![
+            ("LOOPS_SCHEMA", schema.name.clone()),
+            ("LOOPS_TTL_MS", ttl.as_millis().to_string()),
+            ("LOOPS_LEDGER", ledger.display().to_string()),
+            ("LOOPS_MODE", "fence".to_owned()),
+            (
+                "LOOPS_GO",
+                if stall {
+                    go.display().to_string()
+                } else {
+                    String::new()
+                },
+            ),
+            ("LOOPS_STALL", if stall { "1" } else { "0" }.to_owned()),
+        ]
+    };
+    let paused = Worker::spawn(&env(true));
+    paused.expect("paused before commit");
+    paused.signal("-STOP");
+    let stopped = Instant::now();
+    let admin = common::admin().await;
+    let app = format!("loops-worker-{}", paused.pid());
+    let in_transaction = || async {
+        let n: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE application_name = $1 AND state = 'idle in transaction'",
+                &[&app],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        n
+    };
+    // Stopped exactly there: its session holds an open transaction (the row locks).
+    assert_eq!(in_transaction().await, 1);
+
+    let other = Worker::spawn(&env(false));
+    other.expect("serving");
+    // Before the fix the run stayed locked while the worker was stopped: never done.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !all_completed(&store, &["f".to_owned()]).await {
+        assert!(
+            Instant::now() < deadline,
+            "the run was not taken over from the stopped worker"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!(
+        "taken over and finished {} ms after the worker stopped (lease {} ms)",
+        stopped.elapsed().as_millis(),
+        ttl.as_millis()
+    );
+    // The server ended the stopped worker's session; the worker is still stopped.
+    assert_eq!(in_transaction().await, 0);
+
+    paused.signal("-CONT");
+    std::fs::write(&go, b"go").unwrap();
+    let outcome = paused.expect("error ");
+    // Its commit, sent on the session the server ended, did not land.
+    assert!(
+        outcome.starts_with("error store error while committing seq 2 of run `f`: db error: "),
+        "{outcome}"
+    );
+    assert!(
+        outcome.contains("terminating connection due to idle-in-transaction timeout"),
+        "{outcome}"
+    );
+    let history: Vec<(u64, String, String)> = store
+        .history("f")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.seq, r.state, r.payload.get().to_owned()))
+        .collect();
+    assert_eq!(
+        history,
+        vec![
+            (0, "Start".into(), r#""Start""#.into()),
+            (1, "Hold".into(), r#""Hold""#.into()),
+            (
+                2,
+                "End".into(),
+                format!(r#"{{"End":{{"by":"{}"}}}}"#, other.pid())
+            ),
+        ]
+    );
+    // The step recorded before the stop stands, and was replayed, not run again.
     let steps = store.steps("f", 1).await.unwrap();
     assert_eq!(steps.len(), 1);
     let exec: String = serde_json::from_str(steps[0].2.output.get()).unwrap();

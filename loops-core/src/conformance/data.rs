@@ -5,10 +5,11 @@ use crate::record::now_ms;
 use crate::retention::RetentionPolicy;
 use crate::store::{self, AfterFailure, Reply, RunStatus};
 
+use super::factory::Factory;
 use super::support::{
     create, fail, failure, ids, info, lease, record, send, step, step_record, transition,
 };
-use super::{Factory, writes};
+use super::writes;
 
 pub(super) async fn prune(f: &dyn Factory) {
     let store = f.store();

@@ -9,10 +9,11 @@ use crate::error::Error;
 use crate::record::now_ms;
 use crate::store::{AfterFailure, Lease, Reply, RunInfo, RunStatus, WaitOutcome};
 
+use super::factory::{Factory, Outcome};
 use super::support::{
     WF, create, failure, info, lease, record, second, send, step, step_record, transition,
 };
-use super::{Factory, Outcome, writes};
+use super::writes;
 
 /// Why a case that needs leases that lapse is skipped.
 const NO_LAPSE: &str = "the store's leases never lapse (Store::lease_ttl is None)";

@@ -6,11 +6,12 @@ use crate::record::FailureSource;
 use crate::schema::SchemaHash;
 use crate::store::{AfterFailure, Lease, Reply, RunInfo, RunStatus};
 
+use super::factory::Factory;
 use super::support::{
     HASH, WF, begin_attempt, cancel, create, fail, failure, ids, info, lease, record, retry, step,
     step_outputs, transition,
 };
-use super::{Factory, writes};
+use super::writes;
 
 pub(super) async fn create_and_read(f: &dyn Factory) {
     let store = f.store();

@@ -8,7 +8,8 @@ use crate::record::{FailureRecord, FailureSource};
 use crate::schema::SchemaHash;
 use crate::store::{AfterFailure, Lease, Reply, RunInfo, RunStatus, Store, WaitOutcome};
 
-use super::{Factory, writes};
+use super::factory::Factory;
+use super::writes;
 
 /// The workflow of the suite's runs.
 pub(super) const WF: &str = "wf";

@@ -4,10 +4,11 @@
 use crate::error::Error;
 use crate::store::{RunStatus, WaitInfo, WaitOutcome};
 
+use super::factory::Factory;
 use super::support::{WF, create, ids, info, send, step_outputs, transition, wait};
-use super::{Factory, writes};
+use super::writes;
 
-// Over 120 lines: one story on one run, each wait's expected outcome following from the
+// This function is long because it is one story on one run (over 120 lines), each wait's expected outcome following from the
 // events sent and delivered before it; cut in parts, each would repeat the sends before it.
 pub(super) async fn events_and_waits(f: &dyn Factory) {
     let store = f.store();

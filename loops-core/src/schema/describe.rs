@@ -24,7 +24,7 @@
 //! ```
 //!
 //! The header names the workflow, its declared version and loops' record format version
-//! ([`FORMAT_VERSION`](crate::record::FORMAT_VERSION)), then how the enum is stored. One
+//! ([`FORMAT_VERSION`](super::FORMAT_VERSION)), then how the enum is stored. One
 //! header line per state (its kind, `initial`/`terminal`, its next states), then one line
 //! per field at any depth: a path (`.field`, `[]` for the elements of a sequence, set or
 //! array, `{}` for map values and `{key}` for map keys, `::Variant` for an enum's variants,
@@ -178,7 +178,7 @@ impl<'a> Describer<'a> {
         self.str(" version ");
         self.num(w.version as u64);
         self.str(" format ");
-        self.num(crate::record::FORMAT_VERSION as u64);
+        self.num(super::FORMAT_VERSION as u64);
         let mut notes = Notes::new();
         self.repr_notes(&mut notes, w.repr);
         self.serde_note(&mut notes, w.note);
@@ -641,4 +641,13 @@ const fn plain(s: &str) -> bool {
         i += 1;
     }
     true
+}
+
+impl WorkflowShape {
+    /// The description of the workflow, computed at run time: the same text as
+    /// [`Workflow::SCHEMA`](crate::Workflow::SCHEMA), which `#[derive(Workflow)]` computes at
+    /// compile time. For shapes built at run time (tests, tools).
+    pub fn describe(&self) -> String {
+        describe_string(self)
+    }
 }

@@ -295,3 +295,18 @@ const fn state(s: &StateShape) -> u64 {
     }
     mix(h, next)
 }
+
+impl Shape {
+    /// The [`SchemaHash`] of this shape: what `#[derive(Workflow)]` folds in for a field of
+    /// this type.
+    pub const fn hash(&self) -> SchemaHash {
+        SchemaHash::from_u64(shape(self))
+    }
+}
+
+impl WorkflowShape {
+    /// The [`SchemaHash`] of the workflow: [`Workflow::SCHEMA_HASH`](crate::Workflow::SCHEMA_HASH).
+    pub const fn hash(&self) -> SchemaHash {
+        SchemaHash::from_u64(workflow(self))
+    }
+}

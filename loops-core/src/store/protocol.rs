@@ -10,9 +10,12 @@ use crate::record::FailureRecord;
 /// transaction, possibly shared with other writes; one PostgreSQL transaction), checking its
 /// preconditions first: a write that fails them leaves no trace and returns its error.
 ///
-/// The semantics every store must give each write are those of the redb store's `apply`
-/// (`store/redb.rs`), checked for every store by the conformance tests.
+/// What each write means (its checks, row changes and records) is given once, by
+/// [`plan`](super::plan()); a store gathers the facts the write [`needs`](Write::needs) and
+/// writes the plan's [`Effects`](super::Effects) out. New writes may be added in any release:
+/// match with a wildcard arm.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Write {
     /// Create a run with its initial record (seq 0).
     Create {
@@ -162,8 +165,10 @@ pub enum AfterFailure {
     GiveUp,
 }
 
-/// What the writer answers to one write.
+/// What the writer answers to one write. New answers may be added in any release: match
+/// with a wildcard arm.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Reply {
     /// The run's row after the write.
     Run(RunInfo),

@@ -37,10 +37,13 @@ use tokio::sync::{mpsc, oneshot};
 
 use serde::Serialize;
 
-use super::protocol::{AfterFailure, EventRecord, Reply, WaitOutcome, Write};
-use super::{BoxFuture, Lease, Pruned, RunInfo, RunStatus, Store, WaitInfo};
+use super::protocol::{EventRecord, Reply, Write};
+use super::{
+    BoxFuture, Effects, Facts, InboxChange, Lease, Needs, PendingEvent, Pruned, Ready, Record,
+    RecordKey, RowWrite, RunInfo, RunStatus, Store, plan,
+};
 use crate::error::{Error, RecordKind, Result};
-use crate::record::{FailureRecord, StepRecord, TransitionRecord, to_vec};
+use crate::record::{FailureRecord, StepRecord, TransitionRecord};
 use crate::workflow::{StateId, Workflow};
 
 pub(crate) const RUNS: TableDefinition<&str, &[u8]> = TableDefinition::new("runs");
@@ -614,7 +617,7 @@ impl RedbStore {
                     Db::Reopening(e) => {
                         return Err(Error::Storage {
                             action: "seeding records".to_owned(),
-                            source: Arc::clone(e),
+                            source: e.clone(),
                         });
                     }
                 }
@@ -778,7 +781,7 @@ impl RedbStore {
         }
     }
 
-    fn read<T>(
+    pub(super) fn read<T>(
         &self,
         action: impl Fn() -> String,
         f: impl FnOnce(&redb::ReadTransaction) -> std::result::Result<T, ReadError>,
@@ -1021,107 +1024,6 @@ impl RedbStore {
     }
 }
 
-/// A workflow whose unfinished runs must match the compiled schema for the store to open.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct SchemaCheck {
-    pub(crate) workflow: &'static str,
-    pub(crate) pinned: crate::SchemaHash,
-    pub(crate) schema: &'static str,
-}
-
-/// Before the file is opened for writing: refuses, leaving the file's bytes as they are, if an
-/// unfinished run of a checked workflow was recorded with another schema.
-///
-/// The check opens the file read-only. A file that needs redb's crash repair (it was not
-/// closed cleanly) cannot be opened read-only: then this returns `Ok(false)`, and the caller
-/// must check with [`check_schemas`] once the writable open has repaired it.
-pub(crate) fn precheck(path: &Path, checks: &[SchemaCheck]) -> Result<bool> {
-    refuse_special_file(path)?;
-    if checks.is_empty() || !path.exists() {
-        return Ok(true);
-    }
-    // redb may panic on a damaged file: then the writable open below reports it properly.
-    let opened = crate::panics::catch(|| redb::Builder::new().open_read_only(path));
-    let db = match opened {
-        Ok(Ok(db)) => db,
-        Ok(Err(redb::DatabaseError::DatabaseAlreadyOpen)) => {
-            return Err(Error::StoreLocked {
-                path: path.to_path_buf(),
-            });
-        }
-        Ok(Err(_)) | Err(_) => return Ok(false),
-    };
-    let checked = crate::panics::catch(|| {
-        let txn = db
-            .begin_read()
-            .map_err(|e| Error::storage("checking schemas before opening", e))?;
-        schemas_match(&txn, checks)
-    });
-    match checked {
-        Ok(result) => result.map(|()| true),
-        // A damaged file: leave it to the writable open, which verifies every page.
-        Err(_) => Ok(false),
-    }
-}
-
-/// Refuses if an unfinished run of a checked workflow was recorded with another schema.
-pub(crate) fn check_schemas(store: &RedbStore, checks: &[SchemaCheck]) -> Result<()> {
-    if checks.is_empty() {
-        return Ok(());
-    }
-    store.read(
-        || "checking schemas".to_owned(),
-        |txn| schemas_match(txn, checks).map_err(ReadError::Loops),
-    )
-}
-
-fn schemas_match(txn: &redb::ReadTransaction, checks: &[SchemaCheck]) -> Result<()> {
-    let found: std::result::Result<Option<(RunInfo, SchemaCheck, Option<String>)>, ReadError> =
-        (|| {
-            let (index, runs, schemas) = match (
-                txn.open_table(STATUS),
-                txn.open_table(RUNS),
-                txn.open_table(SCHEMAS),
-            ) {
-                (Ok(i), Ok(r), Ok(s)) => (i, r, s),
-                _ => return Ok(None),
-            };
-            for status in [RunStatus::Running, RunStatus::Waiting] {
-                let code = status.code();
-                for check in checks {
-                    for entry in index.range((code, check.workflow, "")..)? {
-                        let (key, _) = entry?;
-                        let (c, w, run_id) = key.value();
-                        if c != code || w != check.workflow {
-                            break;
-                        }
-                        if let Some(info) = read_info(&runs, run_id)?
-                            && info.schema != check.pinned
-                        {
-                            let stored = schemas
-                                .get(info.schema.to_string().as_str())?
-                                .map(|v| v.value().to_owned());
-                            return Ok(Some((info, *check, stored)));
-                        }
-                    }
-                }
-            }
-            Ok(None)
-        })();
-    match found {
-        Ok(None) => Ok(()),
-        Ok(Some((info, check, stored))) => Err(Error::SchemaMismatch {
-            changes: crate::schema::SchemaDiff::of_mismatch(stored.as_deref(), check.schema),
-            run_id: info.run_id,
-            workflow: info.workflow,
-            stored: info.schema,
-            compiled: check.pinned,
-        }),
-        Err(ReadError::Loops(e)) => Err(e),
-        Err(ReadError::Storage(e)) => Err(Error::storage("checking schemas", e)),
-    }
-}
-
 impl Store for RedbStore {
     fn label(&self) -> String {
         self.inner.path.display().to_string()
@@ -1227,18 +1129,12 @@ impl Store for RedbStore {
                         if out.len() >= limit {
                             return Ok(out);
                         }
-                        let ready = match (&info.status, &info.wait) {
-                            (RunStatus::Waiting, _) if info.cancel.is_some() => true,
-                            (RunStatus::Waiting, Some(wait)) => {
-                                wait.until_ms.is_some_and(|until| until <= now)
-                                    || match &wait.event {
-                                        Some(event) => {
-                                            RedbStore::has_pending(self, &info.run_id, event)?
-                                        }
-                                        None => false,
-                                    }
+                        let ready = match info.readiness().at(now) {
+                            Ready::Now => true,
+                            Ready::OnEvent(event) => {
+                                RedbStore::has_pending(self, &info.run_id, event)?
                             }
-                            _ => true,
+                            Ready::No => false,
                         };
                         if ready {
                             let lease = Lease {
@@ -1256,7 +1152,7 @@ impl Store for RedbStore {
     }
 }
 
-enum ReadError {
+pub(super) enum ReadError {
     Storage(redb::Error),
     Loops(Error),
 }
@@ -1273,28 +1169,16 @@ impl From<Error> for ReadError {
     }
 }
 
-fn read_info(
+pub(super) fn read_info(
     runs: &impl ReadableTable<&'static str, &'static [u8]>,
     run_id: &str,
 ) -> std::result::Result<Option<RunInfo>, ReadError> {
     let Some(bytes) = runs.get(run_id)? else {
         return Ok(None);
     };
-    decode_info(run_id, bytes.value())
+    RunInfo::decode(run_id, bytes.value())
         .map(Some)
         .map_err(ReadError::Loops)
-}
-
-fn decode_info(run_id: &str, bytes: &[u8]) -> Result<RunInfo> {
-    let mut info: RunInfo = serde_json::from_slice(bytes).map_err(|source| Error::Decode {
-        run_id: run_id.to_owned(),
-        record: RecordKind::RunRow,
-        seq: 0,
-        state: String::new(),
-        source,
-    })?;
-    info.run_id = run_id.to_owned();
-    Ok(info)
 }
 
 /// How old a temporary file of [`create_atomically`] must be for another creation to remove
@@ -1326,7 +1210,7 @@ static NEW_FILES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::n
 /// Refuses a `path` that exists and is not a regular file (a FIFO, a socket, a device or a
 /// directory), before any open touches it: opening a FIFO would block until a writer came.
 /// A path that does not exist passes (the open that follows says so, or creates the store).
-fn refuse_special_file(path: &Path) -> Result<()> {
+pub(super) fn refuse_special_file(path: &Path) -> Result<()> {
     let Ok(meta) = std::fs::metadata(path) else {
         return Ok(());
     };
@@ -1545,7 +1429,7 @@ fn commit_writes(
                             .map(|_| {
                                 Err(Error::Storage {
                                     action: format!("committing {n} writes"),
-                                    source: Arc::clone(&e),
+                                    source: e.clone(),
                                 })
                             })
                             .collect();
@@ -1558,7 +1442,7 @@ fn commit_writes(
                     .map(|_| {
                         Err(Error::Storage {
                             action: format!("reopening {} after an I/O error", path.display()),
-                            source: Arc::clone(&e),
+                            source: e.clone(),
                         })
                     })
                     .collect(),
@@ -1650,10 +1534,6 @@ impl<E: Into<redb::Error>> From<E> for ApplyError {
     }
 }
 
-fn reject<T>(e: Error) -> std::result::Result<T, ApplyError> {
-    Err(ApplyError::Rejected(e))
-}
-
 /// The tables of one write transaction, each opened on its first use: redb does work for
 /// every open table at the open and again at the commit (about 7 000 instructions per table),
 /// and most writes touch two or three of the nine.
@@ -1721,7 +1601,7 @@ fn commit_batch<'a>(
             .map(|_| {
                 Err(Error::Storage {
                     action: action.clone(),
-                    source: Arc::clone(&shared),
+                    source: shared.clone(),
                 })
             })
             .collect();
@@ -1766,470 +1646,190 @@ fn commit_batch<'a>(
     }
 }
 
-fn load_info(t: &mut Tables<'_>, run_id: &str) -> std::result::Result<RunInfo, ApplyError> {
-    match t.runs()?.get(run_id)? {
-        Some(bytes) => decode_info(run_id, bytes.value()).map_err(ApplyError::Rejected),
-        None => reject(Error::RunNotFound {
-            run_id: run_id.to_owned(),
-        }),
-    }
-}
-
-/// Writes `info` as the run's row, moving its status index entry if the status changed.
-fn store_info(
-    t: &mut Tables<'_>,
-    old_status: Option<RunStatus>,
-    info: &RunInfo,
-) -> std::result::Result<(), ApplyError> {
-    t.runs()?
-        .insert(info.run_id.as_str(), to_vec(info).as_slice())?;
-    if old_status != Some(info.status) {
-        if let Some(old) = old_status {
-            t.status()?
-                .remove((old.code(), info.workflow.as_str(), info.run_id.as_str()))?;
-        }
-        t.status()?.insert(
-            (
-                info.status.code(),
-                info.workflow.as_str(),
-                info.run_id.as_str(),
-            ),
-            (),
-        )?;
-    }
-    Ok(())
-}
-
-/// Refuses a write for `seq` unless the run is at `seq` and has not ended.
-fn fence(info: &RunInfo, seq: u64) -> std::result::Result<(), ApplyError> {
-    if info.seq != seq || info.status.is_ended() {
-        return reject(Error::Fenced {
-            run_id: info.run_id.clone(),
-            seq,
-            current: info.seq,
-            status: info.status,
-        });
-    }
-    Ok(())
-}
-
+/// Applies one write inside the batch's transaction: reads the run's row and the facts the
+/// write needs, asks [`plan`] what the write means, and writes its effects out.
 fn apply(t: &mut Tables<'_>, write: &Write) -> std::result::Result<Applied, ApplyError> {
-    match write {
-        Write::Create {
-            info,
-            record,
-            schema_text,
-        } => {
-            if t.runs()?.get(info.run_id.as_str())?.is_some()
-                || t.journal()?.get((info.run_id.as_str(), 0))?.is_some()
-            {
-                return reject(Error::SequenceConflict {
-                    run_id: info.run_id.clone(),
-                    seq: 0,
-                });
-            }
-            t.journal()?
-                .insert((info.run_id.as_str(), 0), record.as_slice())?;
-            let hash = info.schema.to_string();
-            if t.schemas()?.get(hash.as_str())?.is_none() {
-                t.schemas()?.insert(hash.as_str(), *schema_text)?;
-            }
-            store_info(t, None, info)?;
-            Ok(Applied::Wrote(Reply::Run(info.clone())))
-        }
-        Write::Transition {
-            run_id,
-            seq,
-            state,
-            record,
-            terminal,
-            at_ms,
-        } => {
-            let mut info = load_info(t, run_id)?;
-            let old = info.status;
-            fence(&info, seq.wrapping_sub(1))?;
-            if t.journal()?.get((run_id.as_str(), *seq))?.is_some() {
-                return reject(Error::SequenceConflict {
-                    run_id: run_id.clone(),
-                    seq: *seq,
-                });
-            }
-            t.journal()?
-                .insert((run_id.as_str(), *seq), record.as_slice())?;
-            info.seq = *seq;
-            info.state.clone_from(state);
-            info.attempt = 1;
-            info.attempt_base = 0;
-            info.interrupted = 0;
-            info.updated_ms = *at_ms;
-            info.retry_at_ms = None;
-            info.error = None;
-            if *terminal {
-                info.status = RunStatus::Completed;
-            }
-            store_info(t, Some(old), &info)?;
-            Ok(Applied::Wrote(Reply::Run(info)))
-        }
-        Write::Step {
-            run_id,
+    let needs = write.needs();
+    let row = match needs.run {
+        Some(run_id) => load_row(t, run_id)?,
+        None => None,
+    };
+    let facts = gather(t, &needs)?;
+    let effects = plan(write, row.as_ref(), &facts).map_err(ApplyError::Rejected)?;
+    if effects.is_empty() {
+        return Ok(Applied::Unchanged(effects.reply));
+    }
+    store(t, &effects)?;
+    Ok(Applied::Wrote(effects.reply))
+}
+
+fn load_row(t: &mut Tables<'_>, run_id: &str) -> std::result::Result<Option<RunInfo>, ApplyError> {
+    match t.runs()?.get(run_id)? {
+        Some(bytes) => RunInfo::decode(run_id, bytes.value())
+            .map(Some)
+            .map_err(ApplyError::Rejected),
+        None => Ok(None),
+    }
+}
+
+/// Reads the facts of `needs` in the write transaction.
+fn gather<'w>(t: &mut Tables<'_>, needs: &Needs<'w>) -> std::result::Result<Facts<'w>, ApplyError> {
+    let mut facts = Facts::default();
+    let id = needs.run.unwrap_or_default();
+    facts.record_taken = match needs.record {
+        Some(RecordKey::Journal { seq }) => t.journal()?.get((id, seq))?.is_some(),
+        Some(RecordKey::Step {
             seq,
             name,
             occurrence,
-            record,
-        } => {
-            let info = load_info(t, run_id)?;
-            fence(&info, *seq)?;
-            let key = (run_id.as_str(), *seq, name.as_str(), *occurrence);
-            if t.steps()?.get(key)?.is_some() {
-                return reject(Error::StepExists {
-                    run_id: run_id.clone(),
-                    seq: *seq,
-                    step: name.clone(),
-                    occurrence: *occurrence,
-                });
-            }
-            t.steps()?.insert(key, record.as_slice())?;
-            Ok(Applied::Wrote(Reply::Done))
-        }
-        Write::Failure {
-            run_id,
-            seq,
-            record,
-            then,
-        } => {
-            let mut info = load_info(t, run_id)?;
-            let old = info.status;
-            fence(&info, *seq)?;
-            let attempt = record.attempt;
-            let index = next_failure_index(t, run_id, *seq, attempt)?;
-            t.failures()?.insert(
-                (run_id.as_str(), *seq, attempt, index),
-                to_vec(record).as_slice(),
-            )?;
-            info.error = Some(record.errors.clone());
-            info.updated_ms = record.at_ms;
-            match then {
-                AfterFailure::Nothing => {}
-                AfterFailure::RetryAt(at) => info.retry_at_ms = Some(*at),
-                AfterFailure::GiveUp => {
-                    info.status = RunStatus::Failed;
-                    info.retry_at_ms = None;
-                }
-            }
-            store_info(t, Some(old), &info)?;
-            Ok(Applied::Wrote(Reply::Run(info)))
-        }
-        Write::BeginAttempt {
-            run_id,
-            seq,
-            max_attempts,
-            max_interruptions,
-            at_ms,
-        } => {
-            let mut info = load_info(t, run_id)?;
-            if info.status != RunStatus::Running {
-                return Ok(Applied::Unchanged(Reply::Run(info)));
-            }
-            fence(&info, *seq)?;
-            let old = info.status;
-            let has_failure = has_failure(t, run_id, *seq, info.attempt)?;
-            if let Some(record) =
-                info.begin_attempt(has_failure, *at_ms, *max_attempts, *max_interruptions)
-            {
-                t.failures()?.insert(
-                    (run_id.as_str(), *seq, record.attempt, 0),
-                    to_vec(&record).as_slice(),
-                )?;
-            }
-            store_info(t, Some(old), &info)?;
-            Ok(Applied::Wrote(Reply::Run(info)))
-        }
-        Write::Cancel {
-            run_id,
-            reason,
-            end_now,
-            at_ms,
-        } => {
-            let mut info = load_info(t, run_id)?;
-            if info.status.is_ended() {
-                return reject(Error::RunEnded {
-                    run_id: run_id.clone(),
-                    status: info.status,
-                    action: "cancel",
-                });
-            }
-            let old = info.status;
-            info.cancel = Some(reason.clone());
-            if *end_now {
-                info.status = RunStatus::Cancelled;
-            }
-            info.updated_ms = *at_ms;
-            store_info(t, Some(old), &info)?;
-            Ok(Applied::Wrote(Reply::Run(info)))
-        }
-        Write::EndCancelled { run_id, at_ms } => {
-            let mut info = load_info(t, run_id)?;
-            if info.status.is_ended() || info.cancel.is_none() {
-                return Ok(Applied::Unchanged(Reply::Run(info)));
-            }
-            let old = info.status;
-            info.status = RunStatus::Cancelled;
-            info.updated_ms = *at_ms;
-            store_info(t, Some(old), &info)?;
-            Ok(Applied::Wrote(Reply::Run(info)))
-        }
-        Write::Retry { run_id, at_ms } => {
-            let mut info = load_info(t, run_id)?;
-            if info.status != RunStatus::Failed {
-                return reject(Error::NotFailed {
-                    run_id: run_id.clone(),
-                    status: info.status,
-                });
-            }
-            let old = info.status;
-            info.status = RunStatus::Running;
-            // The retry policy's budget counts afresh from here; attempt numbers (and the
-            // failure records keyed by them) go on.
-            info.attempt_base = info.attempt;
-            info.interrupted = 0;
-            info.retry_at_ms = None;
-            info.updated_ms = *at_ms;
-            store_info(t, Some(old), &info)?;
-            Ok(Applied::Wrote(Reply::Run(info)))
-        }
-        Write::Wait {
-            run_id,
-            seq,
-            attempt,
-            step,
-            event,
-            until_ms,
-            at_ms,
-        } => {
-            let mut info = load_info(t, run_id)?;
-            fence(&info, *seq)?;
-            let old = info.status;
-            let step_key = step
-                .as_ref()
-                .map(|(name, occurrence)| (run_id.as_str(), *seq, name.as_str(), *occurrence));
-            if let Some(key) = step_key
-                && t.steps()?.get(key)?.is_some()
-            {
-                return reject(Error::StepExists {
-                    run_id: run_id.clone(),
-                    seq: *seq,
-                    step: key.2.to_owned(),
-                    occurrence: key.3,
-                });
-            }
-            let delivered = match event {
-                Some(event) => first_pending(t, run_id, event)?,
-                None => None,
-            };
-            let outcome = if let Some((event_seq, payload)) = delivered {
-                if let Some(key) = step_key {
-                    let output =
-                        format!(r#"{{"event":{{"seq":{event_seq},"payload":{payload}}}}}"#);
-                    write_wait_step(t, key, *attempt, *at_ms, output)?;
-                }
-                t.pending()?.remove((
-                    run_id.as_str(),
-                    event.as_deref().unwrap_or_default(),
-                    event_seq,
-                ))?;
-                WaitOutcome::Delivered { event_seq, payload }
-            } else if until_ms.is_some_and(|until| until <= *at_ms) {
-                if let Some(key) = step_key {
-                    write_wait_step(t, key, *attempt, *at_ms, r#""due""#.to_owned())?;
-                }
-                WaitOutcome::Due
-            } else {
-                WaitOutcome::Parked
-            };
-            if outcome == WaitOutcome::Parked {
-                info.status = RunStatus::Waiting;
-                info.wait = Some(WaitInfo {
-                    event: event.clone(),
-                    until_ms: *until_ms,
-                });
-            } else {
-                info.status = RunStatus::Running;
-                info.wait = None;
-            }
-            info.updated_ms = *at_ms;
-            store_info(t, Some(old), &info)?;
-            Ok(Applied::Wrote(Reply::Waited(outcome, info)))
-        }
-        Write::Send {
-            run_id,
-            name,
-            payload,
-            key,
-            at_ms,
-        } => {
-            let info = load_info(t, run_id)?;
-            if info.status.is_ended() {
-                return reject(Error::RunEnded {
-                    run_id: run_id.clone(),
-                    status: info.status,
-                    action: "sending an event",
-                });
-            }
-            if let Some(key) = key
-                && let Some(existing) = t.event_keys()?.get((run_id.as_str(), key.as_str()))?
-            {
-                return Ok(Applied::Unchanged(Reply::Sent {
-                    event_seq: existing.value(),
-                    duplicate: true,
-                    info,
-                }));
-            }
-            let event_seq = match t
-                .inbox()?
-                .range((run_id.as_str(), 0)..=(run_id.as_str(), u64::MAX))?
-                .next_back()
-            {
-                Some(entry) => entry?.0.value().1 + 1,
-                None => 0,
-            };
-            let record = format!(
-                r#"{{"name":{},{}"at_ms":{at_ms},"payload":{payload}}}"#,
-                json_string(name),
-                key.as_ref()
-                    .map(|k| format!(r#""key":{},"#, json_string(k)))
-                    .unwrap_or_default(),
-            );
-            t.inbox()?
-                .insert((run_id.as_str(), event_seq), record.as_bytes())?;
-            t.pending()?
-                .insert((run_id.as_str(), name.as_str(), event_seq), ())?;
-            if let Some(key) = key {
-                t.event_keys()?
-                    .insert((run_id.as_str(), key.as_str()), event_seq)?;
-            }
-            Ok(Applied::Wrote(Reply::Sent {
-                event_seq,
-                duplicate: false,
-                info,
-            }))
-        }
-        Write::Prune { run_ids } => {
-            let mut records = 0u64;
-            let mut wrote = false;
-            for run_id in run_ids {
-                let id = run_id.as_str();
-                let Some(bytes) = t.runs()?.get(id)? else {
-                    continue;
-                };
-                let info = decode_info(id, bytes.value()).map_err(ApplyError::Rejected)?;
-                drop(bytes);
-                if !info.status.is_ended() {
-                    continue;
-                }
-                wrote = true;
-                t.runs()?.remove(id)?;
-                t.status()?
-                    .remove((info.status.code(), info.workflow.as_str(), id))?;
-                t.journal()?.retain_in((id, 0)..=(id, u64::MAX), |_, _| {
-                    records += 1;
-                    false
-                })?;
-                t.steps()?
-                    .retain_in((id, 0, "", 0)..(id, u64::MAX, "", 0), |_, _| false)?;
-                t.failures()?.retain_in(
-                    (id, 0, 0, 0)..=(id, u64::MAX, u32::MAX, u32::MAX),
-                    |_, _| false,
-                )?;
-                t.inbox()?
-                    .retain_in((id, 0)..=(id, u64::MAX), |_, _| false)?;
-                let top = name_upper_bound();
-                t.pending()?
-                    .retain_in((id, "", 0)..(id, top.as_str(), 0), |_, _| false)?;
-                t.event_keys()?
-                    .retain_in((id, "")..(id, top.as_str()), |_, _| false)?;
-            }
-            let reply = Reply::Pruned { records };
-            Ok(if wrote {
-                Applied::Wrote(reply)
-            } else {
-                Applied::Unchanged(reply)
-            })
-        }
-        Write::Wake { run_id, seq, at_ms } => {
-            let mut info = load_info(t, run_id)?;
-            if info.status != RunStatus::Waiting || info.seq != *seq {
-                return Ok(Applied::Unchanged(Reply::Run(info)));
-            }
-            let old = info.status;
-            info.status = RunStatus::Running;
-            info.wait = None;
-            info.updated_ms = *at_ms;
-            store_info(t, Some(old), &info)?;
-            Ok(Applied::Wrote(Reply::Run(info)))
+        }) => t.steps()?.get((id, seq, name, occurrence))?.is_some(),
+        None => false,
+    };
+    if let Some(hash) = needs.schema {
+        facts.schema_stored = t.schemas()?.get(hash.to_string().as_str())?.is_some();
+    }
+    if let Some((seq, attempt)) = needs.failure_index {
+        let last = t
+            .failures()?
+            .range((id, seq, attempt, 0)..=(id, seq, attempt, u32::MAX))?
+            .next_back()
+            .transpose()?;
+        facts.failure_index = last.map_or(0, |(key, _)| key.value().3 + 1);
+    }
+    if let Some(seq) = needs.failure_attempt {
+        let last = t
+            .failures()?
+            .range((id, seq, 0, 0)..=(id, seq, u32::MAX, u32::MAX))?
+            .next_back()
+            .transpose()?;
+        facts.failure_attempt = last.map(|(key, _)| key.value().2);
+    }
+    if let Some(event) = needs.pending {
+        let first = t
+            .pending()?
+            .range((id, event, 0)..=(id, event, u64::MAX))?
+            .next()
+            .transpose()?
+            .map(|(key, _)| key.value().2);
+        if let Some(event_seq) = first {
+            let record = t.inbox()?.get((id, event_seq))?.map(|b| b.value().to_vec());
+            facts.pending = Some(PendingEvent { event_seq, record });
         }
     }
+    if let Some(key) = needs.event_key {
+        facts.key_seen = t.event_keys()?.get((id, key))?.map(|seq| seq.value());
+    }
+    if needs.next_event_seq {
+        let last = t
+            .inbox()?
+            .range((id, 0)..=(id, u64::MAX))?
+            .next_back()
+            .transpose()?;
+        facts.next_event_seq = last.map_or(0, |(key, _)| key.value().1 + 1);
+    }
+    for run_id in needs.runs {
+        if let Some(info) = load_row(t, run_id)? {
+            facts.runs.push(info);
+        }
+    }
+    Ok(facts)
 }
 
-/// The oldest undelivered event named `event`: its sequence number and payload JSON.
-fn first_pending(
-    t: &mut Tables<'_>,
-    run_id: &str,
-    event: &str,
-) -> std::result::Result<Option<(u64, String)>, ApplyError> {
-    let Some(entry) = t
-        .pending()?
-        .range((run_id, event, 0)..=(run_id, event, u64::MAX))?
-        .next()
-    else {
-        return Ok(None);
-    };
-    let event_seq = entry?.0.value().2;
-    let Some(bytes) = t.inbox()?.get((run_id, event_seq))? else {
-        return reject(Error::RecordMissing {
-            run_id: run_id.to_owned(),
-            seq: event_seq,
-        });
-    };
-    let record: EventRecord = serde_json::from_slice(bytes.value()).map_err(|source| {
-        ApplyError::Rejected(Error::Decode {
-            run_id: run_id.to_owned(),
-            record: RecordKind::Event {
-                name: Some(event.to_owned()),
-            },
-            seq: event_seq,
-            state: String::new(),
-            source,
-        })
-    })?;
-    Ok(Some((event_seq, record.payload.get().to_owned())))
+/// Writes `effects` out as table writes.
+fn store(t: &mut Tables<'_>, effects: &Effects<'_>) -> std::result::Result<(), ApplyError> {
+    let id = effects.run_id;
+    for record in &effects.records {
+        match record {
+            Record::Journal { seq, bytes } => {
+                t.journal()?.insert((id, *seq), *bytes)?;
+            }
+            Record::Step {
+                seq,
+                name,
+                occurrence,
+                bytes,
+            } => {
+                t.steps()?
+                    .insert((id, *seq, *name, *occurrence), &**bytes)?;
+            }
+            Record::Failure {
+                seq,
+                attempt,
+                index,
+                bytes,
+            } => {
+                t.failures()?
+                    .insert((id, *seq, *attempt, *index), bytes.as_slice())?;
+            }
+        }
+    }
+    for change in &effects.inbox {
+        match change {
+            InboxChange::Append {
+                event_seq,
+                name,
+                key,
+                record,
+            } => {
+                t.inbox()?.insert((id, *event_seq), record.as_slice())?;
+                t.pending()?.insert((id, *name, *event_seq), ())?;
+                if let Some(key) = key {
+                    t.event_keys()?.insert((id, *key), *event_seq)?;
+                }
+            }
+            InboxChange::Deliver { event_seq, name } => {
+                t.pending()?.remove((id, *name, *event_seq))?;
+            }
+        }
+    }
+    if let Some((hash, text)) = &effects.schema {
+        t.schemas()?.insert(hash.to_string().as_str(), *text)?;
+    }
+    if let Some(row) = &effects.row {
+        store_row(t, row)?;
+    }
+    for info in &effects.delete {
+        delete_run(t, info)?;
+    }
+    Ok(())
 }
 
-fn write_wait_step(
-    t: &mut Tables<'_>,
-    key: (&str, u64, &str, u32),
-    attempt: u32,
-    at_ms: u64,
-    output: String,
-) -> std::result::Result<(), ApplyError> {
-    let output = serde_json::value::RawValue::from_string(output).map_err(|source| {
-        ApplyError::Rejected(Error::Decode {
-            run_id: key.0.to_owned(),
-            record: RecordKind::Step {
-                name: key.2.to_owned(),
-                occurrence: key.3,
-            },
-            seq: key.1,
-            state: String::new(),
-            source,
-        })
-    })?;
-    let record = StepRecord {
-        attempt,
-        at_ms,
-        duration_ms: 0,
-        output,
-    };
-    t.steps()?.insert(key, to_vec(&record).as_slice())?;
+/// Writes the run's new row, moving its status index entry if the status changed.
+fn store_row(t: &mut Tables<'_>, row: &RowWrite) -> std::result::Result<(), ApplyError> {
+    let info = &row.info;
+    let id = info.run_id.as_str();
+    t.runs()?.insert(id, info.encode().as_slice())?;
+    if let Some((from, to)) = row.status_move() {
+        let workflow = info.workflow.as_str();
+        if let Some(from) = from {
+            t.status()?.remove((from.code(), workflow, id))?;
+        }
+        t.status()?.insert((to.code(), workflow, id), ())?;
+    }
+    Ok(())
+}
+
+/// Deletes the run's row, index entry, records and events.
+fn delete_run(t: &mut Tables<'_>, info: &RunInfo) -> std::result::Result<(), ApplyError> {
+    let id = info.run_id.as_str();
+    t.runs()?.remove(id)?;
+    t.status()?
+        .remove((info.status.code(), info.workflow.as_str(), id))?;
+    t.journal()?
+        .retain_in((id, 0)..=(id, u64::MAX), |_, _| false)?;
+    t.steps()?
+        .retain_in((id, 0, "", 0)..(id, u64::MAX, "", 0), |_, _| false)?;
+    t.failures()?.retain_in(
+        (id, 0, 0, 0)..=(id, u64::MAX, u32::MAX, u32::MAX),
+        |_, _| false,
+    )?;
+    t.inbox()?
+        .retain_in((id, 0)..=(id, u64::MAX), |_, _| false)?;
+    let top = name_upper_bound();
+    t.pending()?
+        .retain_in((id, "", 0)..(id, top.as_str(), 0), |_, _| false)?;
+    t.event_keys()?
+        .retain_in((id, "")..(id, top.as_str()), |_, _| false)?;
     Ok(())
 }
 
@@ -2259,36 +1859,4 @@ fn open_source(e: redb::DatabaseError) -> crate::BoxError {
 /// The error for a redb panic caught while doing `what` on a damaged file.
 fn corrupted(what: &str) -> redb::Error {
     redb::Error::Corrupted(format!("redb panicked during {what}: the file is damaged"))
-}
-
-fn json_string(s: &str) -> String {
-    serde_json::Value::String(s.to_owned()).to_string()
-}
-
-fn has_failure(
-    t: &mut Tables<'_>,
-    run_id: &str,
-    seq: u64,
-    attempt: u32,
-) -> std::result::Result<bool, ApplyError> {
-    Ok(t.failures()?
-        .range((run_id, seq, attempt, 0)..=(run_id, seq, attempt, u32::MAX))?
-        .next()
-        .is_some())
-}
-
-fn next_failure_index(
-    t: &mut Tables<'_>,
-    run_id: &str,
-    seq: u64,
-    attempt: u32,
-) -> std::result::Result<u32, ApplyError> {
-    match t
-        .failures()?
-        .range((run_id, seq, attempt, 0)..=(run_id, seq, attempt, u32::MAX))?
-        .next_back()
-    {
-        Some(entry) => Ok(entry?.0.value().3 + 1),
-        None => Ok(0),
-    }
 }

@@ -1,9 +1,9 @@
 //! The changes between the field and variant lines of one state in two descriptions, and
 //! their classes.
 
+use super::change::{Change, Class};
 use super::parse::{Line, Notes, Seg, State};
 use super::ty::{Sides, Ty, Verdict, compat};
-use super::{Change, Class};
 
 /// One line's difference, before it is classed.
 enum Diff<'a> {

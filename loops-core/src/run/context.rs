@@ -16,11 +16,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::error::{Error, RecordKind, Result};
+use crate::names::{RESERVED_PREFIX, validate_name};
 use crate::record::{FailureRecord, FailureSource, StepRecord, now_ms};
-use crate::store::{AfterFailure, Lease, RedbStore, Reply, Store, WaitOutcome, Write};
-
-/// Longest step or event name, in bytes.
-pub const MAX_NAME_BYTES: usize = 256;
+use crate::store::{AfterFailure, Lease, Reply, Store, WaitOutcome, Write};
 
 /// What a state handler receives besides the state's data: which run, state and attempt it is
 /// handling, and the journal through which it runs steps.
@@ -36,10 +34,6 @@ pub struct Context {
     parked: AtomicBool,
     park_signal: Notify,
 }
-
-/// Prefix of the step names loops records for sleeps and waits; user step names may not start
-/// with it.
-pub const RESERVED_PREFIX: &str = "loops:";
 
 /// What all contexts of one driven run share.
 pub(crate) struct RunScope {
@@ -75,11 +69,11 @@ impl std::fmt::Debug for Context {
     }
 }
 
-/// Options of one step: see [`Context::step_with`].
+/// Options of one step: see [`Context::step_with`](crate::Context::step_with).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StepOptions {
     /// Abandon the step's closure after this long; the step then fails with
-    /// [`Error::StepTimeout`] (a failed attempt under the state's retry policy).
+    /// [`Error::StepTimeout`](crate::Error::StepTimeout) (a failed attempt under the state's retry policy).
     pub timeout: Option<Duration>,
 }
 
@@ -163,7 +157,7 @@ impl Context {
     }
 
     /// Whether the run has been cancelled. Steps started after a cancellation return
-    /// [`Error::Cancelled`] without running; a long step may poll this, or await
+    /// [`Error::Cancelled`](crate::Error::Cancelled) without running; a long step may poll this, or await
     /// [`cancelled`](Self::cancelled), to stop early.
     pub fn is_cancelled(&self) -> bool {
         self.run.cancel.is_cancelled()
@@ -203,14 +197,14 @@ impl Context {
     ///
     /// # Errors
     /// `f`'s own error; otherwise, converted into `E`:
-    /// - [`Error::InvalidName`] for an empty name, one longer than [`MAX_NAME_BYTES`] or with
+    /// - [`Error::InvalidName`](crate::Error::InvalidName) for an empty name, one longer than [`MAX_NAME_BYTES`](crate::MAX_NAME_BYTES) or with
     ///   control characters;
-    /// - [`Error::StepDecode`] if a recorded output does not decode as `T` (the handler's code
+    /// - [`Error::StepDecode`](crate::Error::StepDecode) if a recorded output does not decode as `T` (the handler's code
     ///   changed since the record: never a silently wrong value);
-    /// - [`Error::Cancelled`] if the run was cancelled before the step started;
-    /// - [`Error::StepTimeout`] if `options.timeout` passed;
-    /// - [`Error::StepEncode`] or [`Error::PayloadTooLarge`] if the output cannot be recorded;
-    /// - [`Error::Storage`] or [`Error::Fenced`] if the record could not be committed.
+    /// - [`Error::Cancelled`](crate::Error::Cancelled) if the run was cancelled before the step started;
+    /// - [`Error::StepTimeout`](crate::Error::StepTimeout) if `options.timeout` passed;
+    /// - [`Error::StepEncode`](crate::Error::StepEncode) or [`Error::PayloadTooLarge`](crate::Error::PayloadTooLarge) if the output cannot be recorded;
+    /// - [`Error::Storage`](crate::Error::Storage) or [`Error::Fenced`](crate::Error::Fenced) if the record could not be committed.
     pub async fn step_with<T, E, F, Fut>(
         &self,
         name: &str,
@@ -484,8 +478,8 @@ impl Context {
     /// handler runs again at the wake-up time (recorded steps replay from the journal).
     ///
     /// # Errors
-    /// [`Error::Cancelled`] if the run is cancelled while it sleeps in place;
-    /// [`Error::Storage`] if the wake-up time could not be recorded.
+    /// [`Error::Cancelled`](crate::Error::Cancelled) if the run is cancelled while it sleeps in place;
+    /// [`Error::Storage`](crate::Error::Storage) if the wake-up time could not be recorded.
     pub async fn sleep_until(&self, wake: SystemTime) -> Result<()> {
         let wanted = wake
             .duration_since(UNIX_EPOCH)
@@ -564,10 +558,10 @@ impl Context {
     /// its last step and the wait therefore runs again: keep it free of side effects.
     ///
     /// # Errors
-    /// - [`Error::InvalidName`] for an empty, over-long or control-character name;
+    /// - [`Error::InvalidName`](crate::Error::InvalidName) for an empty, over-long or control-character name;
     /// - none for a payload that does not decode as `T`: such an event is set aside (recorded
     ///   as a failure of this wait, for inspection) and the wait goes on for the next one;
-    /// - [`Error::Storage`] if the wait could not be recorded.
+    /// - [`Error::Storage`](crate::Error::Storage) if the wait could not be recorded.
     pub async fn wait_for_timeout<T: DeserializeOwned>(
         &self,
         event: &str,
@@ -703,7 +697,7 @@ impl Context {
                 name: step_name.to_owned(),
                 occurrence,
             },
-            errors: crate::record::error_chain(error),
+            errors: crate::error::error_chain(error),
         };
         let written = self
             .run
@@ -745,7 +739,7 @@ impl Context {
     /// prefix `lk-` (35 characters). It never changes between versions of loops.
     ///
     /// # Errors
-    /// [`Error::InvalidName`] for an empty name, one longer than [`MAX_NAME_BYTES`] or with
+    /// [`Error::InvalidName`](crate::Error::InvalidName) for an empty name, one longer than [`MAX_NAME_BYTES`](crate::MAX_NAME_BYTES) or with
     /// control characters.
     pub fn idempotency_key(&self, name: &str) -> Result<String> {
         self.check_user_name("key name", name)?;
@@ -796,44 +790,4 @@ impl Context {
             reason,
         })
     }
-}
-
-/// Checks a step or event name: not empty, at most [`MAX_NAME_BYTES`], no control characters.
-pub(crate) fn validate_name(name: &str) -> std::result::Result<(), &'static str> {
-    if name.is_empty() {
-        Err("empty")
-    } else if name.len() > MAX_NAME_BYTES {
-        Err("longer than 256 bytes")
-    } else if name.chars().any(char::is_control) {
-        Err("contains control characters")
-    } else {
-        Ok(())
-    }
-}
-
-/// A context for tests outside loops-core, which cannot build one otherwise: re-exported as
-/// `loops::__private::__for_tests`. Its store is in memory and holds no run, so steps fail
-/// with [`Error::RunNotFound`]. Not a public API.
-///
-/// # Panics
-/// If redb cannot create an in-memory database (it allocates nothing up front).
-#[doc(hidden)]
-#[allow(clippy::expect_used)]
-pub fn __for_tests(run_id: impl Into<String>, seq: u64, attempt: u32) -> Context {
-    let store = RedbStore::in_memory().expect("an in-memory redb database");
-    let run_id = run_id.into();
-    let scope = RunScope {
-        lease: Lease {
-            run_id: run_id.clone(),
-            token: 0,
-            expires_ms: None,
-        },
-        run_id,
-        workflow: "test",
-        store: Arc::new(store),
-        cancel: CancellationToken::new(),
-        max_payload_bytes: crate::runtime::DEFAULT_MAX_PAYLOAD_BYTES,
-        park_threshold: crate::runtime::DEFAULT_PARK_THRESHOLD,
-    };
-    Context::new(Arc::new(scope), "test", seq, attempt, Vec::new())
 }

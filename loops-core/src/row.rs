@@ -1,0 +1,138 @@
+//! A run's row: [`RunInfo`], its current standing, and [`WaitInfo`], what a waiting run
+//! waits for. One mutable row per run, next to the run's immutable records.
+
+use serde::{Deserialize, Serialize};
+
+use crate::record::{FailureRecord, FailureSource};
+use crate::schema::SchemaHash;
+use crate::status::RunStatus;
+use crate::workflow::{StateId, Workflow};
+
+/// A run's current standing: the one mutable row per run, updated in the same commit as the
+/// immutable record that changes it. Listing and resuming read this, never the history.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunInfo {
+    /// The run id (the row's key; not repeated in the stored value).
+    #[serde(skip)]
+    pub run_id: String,
+    /// The workflow name.
+    pub workflow: String,
+    /// The pinned schema hash the run was started with.
+    pub schema: SchemaHash,
+    /// Where the run stands.
+    pub status: RunStatus,
+    /// The current state's name.
+    pub state: String,
+    /// The current state's sequence number (the latest transition record's key).
+    pub seq: u64,
+    /// Attempts started at handling the current state, from 1 (counting on across an
+    /// explicit retry of a failed run).
+    pub attempt: u32,
+    /// Attempts made before the last explicit retry of a failed run: the retry policy's
+    /// budget counts from here.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub attempt_base: u32,
+    /// How many of the current state's attempts since `attempt_base` were cut short by the
+    /// process stopping (counted against [`RetryPolicy::max_interruptions`](crate::RetryPolicy)).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub interrupted: u32,
+    /// When the run was created, in ms since the Unix epoch.
+    pub created_ms: u64,
+    /// When this row last changed, in ms since the Unix epoch.
+    pub updated_ms: u64,
+    /// When the next attempt may start (after a failure), in ms since the Unix epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_at_ms: Option<u64>,
+    /// The last failed attempt's error chain, outermost first; cleared by a transition.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<Vec<String>>,
+    /// The reason given when the run was cancelled (or asked to be).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancel: Option<String>,
+    /// What a waiting run waits for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait: Option<WaitInfo>,
+}
+
+impl RunInfo {
+    /// The row of a run created in `state` at `now_ms` (ms since the Unix epoch): seq 0,
+    /// attempt 1, `Completed` if `state` is terminal, else `Running`; the workflow's name and
+    /// pinned schema hash.
+    pub fn new_run<W: Workflow>(run_id: &str, state: W::State, now_ms: u64) -> RunInfo {
+        RunInfo {
+            run_id: run_id.to_owned(),
+            workflow: W::NAME.to_owned(),
+            schema: W::SCHEMA_HASH.pinned(),
+            status: if state.is_terminal() {
+                RunStatus::Completed
+            } else {
+                RunStatus::Running
+            },
+            state: state.name().to_owned(),
+            seq: 0,
+            attempt: 1,
+            attempt_base: 0,
+            interrupted: 0,
+            created_ms: now_ms,
+            updated_ms: now_ms,
+            retry_at_ms: None,
+            error: None,
+            cancel: None,
+            wait: None,
+        }
+    }
+
+    /// Applies [`Write::BeginAttempt`](crate::store::Write::BeginAttempt) to a running run's row, the same in every store: if
+    /// the current attempt left no failure record (`attempt_has_failure` is false), the
+    /// process stopped during it, and the returned `Interrupted` failure record (for the
+    /// current attempt, at `at_ms`) must be stored with the row. Then the run fails if its
+    /// failed attempts reached `max_attempts` or its interruptions `max_interruptions`;
+    /// otherwise its attempt number goes up by one.
+    pub fn begin_attempt(
+        &mut self,
+        attempt_has_failure: bool,
+        at_ms: u64,
+        max_attempts: u32,
+        max_interruptions: u32,
+    ) -> Option<FailureRecord> {
+        let interrupted = (self.attempt > 0 && !attempt_has_failure).then(|| FailureRecord {
+            attempt: self.attempt,
+            at_ms,
+            source: FailureSource::Interrupted,
+            errors: vec!["the process stopped while this attempt ran".to_owned()],
+        });
+        if let Some(record) = &interrupted {
+            self.error = Some(record.errors.clone());
+            self.interrupted += 1;
+        }
+        let failed = self
+            .attempt
+            .saturating_sub(self.attempt_base)
+            .saturating_sub(self.interrupted);
+        if failed >= max_attempts || self.interrupted >= max_interruptions {
+            self.status = RunStatus::Failed;
+            self.retry_at_ms = None;
+        } else {
+            self.attempt += 1;
+        }
+        self.updated_ms = at_ms;
+        interrupted
+    }
+}
+
+/// What a [waiting](RunStatus::Waiting) run waits for: an event, a time, or an event until a
+/// time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaitInfo {
+    /// The event's name, when it waits for one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<String>,
+    /// When the wait ends on its own (a sleep's wake-up or a wait's time-out), in ms since
+    /// the Unix epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub until_ms: Option<u64>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}

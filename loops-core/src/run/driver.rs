@@ -1,0 +1,628 @@
+//! The drive loop: the one code path that takes a run from its last record to its end.
+//!
+//! A first run and a resume are the same: [`Drive::enter`] looks the run up (a miss creates
+//! it), then [`Drive::drive_loop`] repeats: decode the latest record, run the state's handler
+//! with the state's recorded steps preloaded (so completed steps hit and are skipped), commit
+//! the transition. Failures, waits and cancellation are statuses of the run's row, handled at
+//! the top of the loop ([`Drive::settle`]).
+//!
+//! The driver knows one run, the store and the settings it is given: nothing of the runtime
+//! that claimed the run for it.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use tracing::Instrument;
+
+use crate::error::{Error, Result, error_chain};
+use crate::record::{FailureRecord, FailureSource, TransitionRecord, now_ms};
+use crate::row::RunInfo;
+use crate::run::context::{Context, RunScope};
+use crate::run::dispatch::Dispatch;
+use crate::run::settings::{Held, Settings};
+use crate::schema::{SchemaDiff, SchemaHash};
+use crate::status::RunStatus;
+use crate::store::{AfterFailure, Ready, Store, Write};
+use crate::workflow::{BoxError, StateId, Workflow};
+
+/// How often an attached driver waiting on a store shared by several workers reads its run's
+/// row again, to see an event or a cancellation that another process wrote.
+pub(crate) const SHARED_POLL: Duration = Duration::from_millis(200);
+
+/// How a driver treats a run that parks (waits for an event or a time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// The caller awaits the end of the run (`Runtime::run`): wait in place.
+    Attached,
+    /// A background driver of a registered workflow: stop, and let the scheduler or
+    /// `Runtime::send` start a driver again when the wait can end.
+    Background,
+}
+
+/// Where a driver stopped.
+pub(crate) enum Driven<W> {
+    /// The run reached a terminal state.
+    Ended(W),
+    /// The run is waiting and holds no task ([`Mode::Background`] only).
+    Parked(Box<RunInfo>),
+}
+
+/// A run as found (or created) by [`Drive::enter`].
+pub(crate) struct Entered {
+    pub(crate) info: RunInfo,
+    pub(crate) record: TransitionRecord,
+    /// Whether the current state's attempt was started by the commit that created it in this
+    /// process (so no new attempt is counted before its first execution).
+    pub(crate) fresh: bool,
+}
+
+enum Failure {
+    Handler(BoxError),
+    Timeout(Duration),
+    /// The handler panicked: the panic's message.
+    Panic(String),
+}
+
+/// The message of a caught panic: its payload when it is a string.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&'static str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic whose payload is not a string".to_owned()
+    }
+}
+
+enum Outcome<W> {
+    Next(W),
+    Failed(Failure),
+    Parked,
+    /// Another worker took the run over (its lease lapsed here).
+    Lost,
+}
+
+/// One run's driver: the run it holds, the store and the settings it drives it with.
+pub(crate) struct Drive<'a> {
+    pub(crate) store: &'a Arc<dyn Store>,
+    pub(crate) settings: &'a Settings,
+    pub(crate) held: &'a Held,
+}
+
+/// Where the drive loop stands between two looks at the run's row.
+struct Progress {
+    info: RunInfo,
+    record: TransitionRecord,
+    /// Whether the current attempt was started by a commit of this driver (a creation, a
+    /// transition or a wake), so that its first execution counts no new attempt.
+    fresh: bool,
+    /// Whether the current state was entered by a commit of this driver (the run's creation
+    /// or a transition): then no step of it can be recorded yet, and the journal is not
+    /// read. (Not after a wake: the handler ran before the run parked.)
+    entered_here: bool,
+    /// The last failed attempt's error, when it failed in this driver.
+    last_error: Option<BoxError>,
+}
+
+/// What the drive loop does after a look at the run's row.
+enum Settled<W> {
+    /// Stop: the run ended or parked.
+    Done(Driven<W>),
+    /// The row changed: look again.
+    Again,
+    /// The run is running: run its handler.
+    Handle,
+}
+
+impl Drive<'_> {
+    fn run_id(&self) -> &str {
+        &self.held.run_id
+    }
+
+    /// Finds the run or, when `initial` is given, creates it; refuses a run of another
+    /// workflow or schema without writing anything.
+    pub(crate) async fn enter<W: Workflow>(&self, initial: Option<W>) -> Result<Entered> {
+        let run_id = self.run_id();
+        let store = &**self.store;
+        let compiled = W::SCHEMA_HASH.pinned();
+        if let Some((info, record)) = store.latest(run_id).await? {
+            if info.workflow != W::NAME {
+                return Err(Error::WorkflowMismatch {
+                    run_id: run_id.to_owned(),
+                    stored: info.workflow,
+                    requested: W::NAME,
+                });
+            }
+            if info.schema != compiled || record.schema != compiled {
+                let stored = if info.schema != compiled {
+                    info.schema
+                } else {
+                    record.schema
+                };
+                tracing::warn!(%stored, %compiled, "schema changed; refusing to resume");
+                return Err(Error::SchemaMismatch {
+                    run_id: run_id.to_owned(),
+                    workflow: W::NAME.to_owned(),
+                    stored,
+                    compiled,
+                    changes: schema_changes::<W>(store, stored).await,
+                });
+            }
+            tracing::info!(state = %record.state, seq = info.seq, status = %info.status, "resuming run");
+            crate::failpoint::point("loops::resume::after_read");
+            return Ok(Entered {
+                info,
+                record,
+                fresh: false,
+            });
+        }
+        let Some(initial) = initial else {
+            return Err(Error::RunNotFound {
+                run_id: run_id.to_owned(),
+            });
+        };
+        let given = initial.state();
+        if given != <W::State as StateId>::INITIAL {
+            return Err(Error::NotInitial {
+                run_id: run_id.to_owned(),
+                workflow: W::NAME,
+                initial: <W::State as StateId>::INITIAL.name(),
+                given: given.name(),
+            });
+        }
+        let now = now_ms();
+        let record = TransitionRecord::encode(run_id, 0, &initial, now)?;
+        self.settings.check_size(run_id, &record)?;
+        let info = RunInfo::new_run::<W>(run_id, given, now);
+        store
+            .write(
+                Some(&self.held.lease),
+                Write::Create {
+                    info: info.clone(),
+                    record: record.to_bytes(),
+                    schema_text: W::SCHEMA,
+                },
+            )
+            .await?;
+        tracing::info!(state = given.name(), seq = 0, "run started");
+        Ok(Entered {
+            info,
+            record,
+            fresh: true,
+        })
+    }
+
+    /// Drives the run from `entered` until it ends (or, in [`Mode::Background`], parks).
+    pub(crate) async fn drive_loop<W, H>(
+        &self,
+        entered: Entered,
+        handler: &H,
+        mode: Mode,
+    ) -> Result<Driven<W>>
+    where
+        W: Dispatch<H>,
+        H: ?Sized + Sync,
+    {
+        let run_id = self.run_id();
+        let scope = Arc::new(RunScope {
+            run_id: run_id.to_owned(),
+            workflow: W::NAME,
+            store: Arc::clone(self.store),
+            lease: self.held.lease.clone(),
+            cancel: self.held.signals.cancel.clone(),
+            max_payload_bytes: self.settings.max_payload_bytes,
+            park_threshold: self.settings.park_threshold,
+        });
+        let mut run = Progress {
+            info: entered.info,
+            record: entered.record,
+            fresh: entered.fresh,
+            entered_here: entered.fresh,
+            last_error: None,
+        };
+        loop {
+            match self.settle::<W>(&mut run, mode).await? {
+                Settled::Done(driven) => return Ok(driven),
+                Settled::Again => continue,
+                Settled::Handle => {}
+            }
+            let value: W = run.record.decode(run_id)?;
+            let state = value.state();
+            if !run.fresh && !self.begin_attempt::<W>(&mut run, state).await? {
+                continue;
+            }
+            run.fresh = false;
+            let seq = run.info.seq;
+            let attempt = run.info.attempt;
+            let recorded = if std::mem::take(&mut run.entered_here) {
+                Vec::new()
+            } else {
+                self.store.steps(run_id, seq).await?
+            };
+            let ctx = Context::new(Arc::clone(&scope), state.name(), seq, attempt, recorded);
+            let span = tracing::info_span!("state", state = state.name(), seq, attempt);
+            let outcome = self.handle(value, handler, &ctx).instrument(span).await;
+            drop(ctx);
+            match outcome {
+                Outcome::Lost => {
+                    return Err(Error::Fenced {
+                        run_id: run_id.to_owned(),
+                        seq,
+                        current: seq,
+                        status: run.info.status,
+                    });
+                }
+                Outcome::Parked => {
+                    // The wait committed the waiting status; read it back.
+                    run.info = self.reread().await?;
+                }
+                Outcome::Next(next) => self.commit_transition(&mut run, state, next).await?,
+                Outcome::Failed(failure) => {
+                    if self.held.signals.cancel.is_cancelled() {
+                        continue;
+                    }
+                    self.record_failure::<W>(&mut run, state, failure).await?;
+                }
+            }
+        }
+    }
+
+    /// Looks at the run's row: an ended run stops the loop (with its final state or its
+    /// error), a cancellation asked for ends the run, a waiting run waits or wakes.
+    async fn settle<W: Workflow>(&self, run: &mut Progress, mode: Mode) -> Result<Settled<W>> {
+        let run_id = self.run_id();
+        let info = &mut run.info;
+        match info.status {
+            RunStatus::Completed => run
+                .record
+                .decode(run_id)
+                .map(|v| Settled::Done(Driven::Ended(v))),
+            RunStatus::Failed => Err(Error::RunFailed {
+                run_id: run_id.to_owned(),
+                state: std::mem::take(&mut info.state),
+                seq: info.seq,
+                attempts: info.attempt.saturating_sub(info.attempt_base),
+                interrupted: info.interrupted,
+                last_error: info.error.take().unwrap_or_default(),
+                source: run.last_error.take(),
+            }),
+            RunStatus::Cancelled => Err(Error::RunCancelled {
+                run_id: run_id.to_owned(),
+                state: std::mem::take(&mut info.state),
+                seq: info.seq,
+                reason: info.cancel.take().unwrap_or_default(),
+            }),
+            RunStatus::Running | RunStatus::Waiting
+                if info.cancel.is_some() || self.held.signals.cancel.is_cancelled() =>
+            {
+                run.info = end_cancelled(&**self.store, self.held, run_id).await?;
+                Ok(Settled::Again)
+            }
+            RunStatus::Waiting => {
+                if !is_ready(&**self.store, info).await? {
+                    match mode {
+                        Mode::Background => {
+                            return Ok(Settled::Done(Driven::Parked(Box::new(info.clone()))));
+                        }
+                        Mode::Attached => {
+                            self.wait_in_place(info).await;
+                            run.info = self.reread().await?;
+                            return Ok(Settled::Again);
+                        }
+                    }
+                }
+                run.info = self
+                    .store
+                    .write(
+                        Some(&self.held.lease),
+                        Write::Wake {
+                            run_id: run_id.to_owned(),
+                            seq: info.seq,
+                            at_ms: now_ms(),
+                        },
+                    )
+                    .await?
+                    .into_run(run_id)?;
+                // Waking is not a new attempt: waiting is not failing.
+                run.fresh = true;
+                Ok(Settled::Again)
+            }
+            RunStatus::Running => Ok(Settled::Handle),
+        }
+    }
+
+    /// Waits, attached, until something may have ended the wait of `info`: a wake signal,
+    /// its time, a cancellation, or (with a shared store) the next look at the row.
+    async fn wait_in_place(&self, info: &RunInfo) {
+        let signals = &self.held.signals;
+        let until = info.wait.as_ref().and_then(|w| w.until_ms);
+        let timer = async {
+            match until {
+                Some(at) => {
+                    let ms = at.saturating_sub(now_ms());
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        // With a store shared by several workers, an event or a cancellation may come from
+        // another process, which cannot signal this one: look at the run's row now and then.
+        let shared = async {
+            match self.store.lease_ttl() {
+                Some(ttl) => {
+                    tokio::time::sleep(SHARED_POLL.min(ttl / 3)).await;
+                }
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = signals.wake.notified() => {}
+            () = timer => {}
+            () = signals.cancel.cancelled() => {}
+            () = shared => {}
+        }
+    }
+
+    /// The run's row, read again.
+    async fn reread(&self) -> Result<RunInfo> {
+        let run_id = self.run_id();
+        self.store
+            .run_info(run_id)
+            .await?
+            .ok_or_else(|| Error::RunNotFound {
+                run_id: run_id.to_owned(),
+            })
+    }
+
+    /// Starts a new, durably counted attempt at `state` (after its retry delay); `false` if
+    /// the run should be looked at again instead (cancelled while it waited, or no longer
+    /// running: its budget ran out).
+    ///
+    /// Every execution but the first after an in-process commit starts one: a state that
+    /// crashes the process on every attempt stops after `max_interruptions`.
+    async fn begin_attempt<W: Workflow>(
+        &self,
+        run: &mut Progress,
+        state: W::State,
+    ) -> Result<bool> {
+        let run_id = self.run_id();
+        let policy = self.settings.retry_policy::<W>(state);
+        if let Some(at) = run.info.retry_at_ms {
+            let wait = Duration::from_millis(at.saturating_sub(now_ms()));
+            if !wait.is_zero() {
+                tracing::info!(
+                    state = state.name(),
+                    wait_ms = wait.as_millis() as u64,
+                    "waiting before the next attempt"
+                );
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => {}
+                    () = self.held.signals.cancel.cancelled() => return Ok(false),
+                }
+            }
+        }
+        run.info = self
+            .store
+            .write(
+                Some(&self.held.lease),
+                Write::BeginAttempt {
+                    run_id: run_id.to_owned(),
+                    seq: run.info.seq,
+                    max_attempts: policy.max_attempts,
+                    max_interruptions: policy.max_interruptions,
+                    at_ms: now_ms(),
+                },
+            )
+            .await?
+            .into_run(run_id)?;
+        Ok(run.info.status == RunStatus::Running)
+    }
+
+    /// Runs the handler of `value`'s state under its time-out, catching a panic, until it
+    /// returns, parks the run, or the lease is lost.
+    async fn handle<W, H>(&self, value: W, handler: &H, ctx: &Context) -> Outcome<W>
+    where
+        W: Dispatch<H>,
+        H: ?Sized + Sync,
+    {
+        let timeout = self.settings.state_timeout::<W>(value.state());
+        tracing::debug!("handler started");
+        let handle = async {
+            // A panic in the handler (or in a step's closure) is a failed attempt, not the
+            // end of the driver: unwinding past it would leave the run `running` with nobody
+            // driving it.
+            let fut = AssertUnwindSafe(value.dispatch(handler, ctx)).catch_unwind();
+            let result = match timeout {
+                None => fut.await,
+                Some(limit) => match tokio::time::timeout(limit, fut).await {
+                    Ok(result) => result,
+                    Err(_) => return Err(Failure::Timeout(limit)),
+                },
+            };
+            match result {
+                Ok(result) => result.map_err(Failure::Handler),
+                Err(payload) => Err(Failure::Panic(panic_message(&*payload))),
+            }
+        };
+        tokio::select! {
+            biased;
+            () = self.held.signals.lost.cancelled() => Outcome::Lost,
+            () = ctx.parked() => Outcome::Parked,
+            result = handle => match result {
+                Ok(next) => Outcome::Next(next),
+                Err(failure) => Outcome::Failed(failure),
+            },
+        }
+    }
+
+    /// Commits the move from `state` to `next`, after checking it is an allowed one.
+    async fn commit_transition<W: Workflow>(
+        &self,
+        run: &mut Progress,
+        state: W::State,
+        next: W,
+    ) -> Result<()> {
+        let run_id = self.run_id();
+        let seq = run.info.seq;
+        let to = next.state();
+        if !state.can_move_to(to) {
+            return Err(Error::IllegalTransition {
+                run_id: run_id.to_owned(),
+                from: state.name(),
+                to: to.name(),
+                seq,
+            });
+        }
+        let now = now_ms();
+        let next_record = TransitionRecord::encode(run_id, seq + 1, &next, now)?;
+        self.settings.check_size(run_id, &next_record)?;
+        crate::failpoint::point("loops::transition::before_commit");
+        run.info = self
+            .store
+            .write(
+                Some(&self.held.lease),
+                Write::Transition {
+                    run_id: run_id.to_owned(),
+                    seq: seq + 1,
+                    state: to.name().to_owned(),
+                    record: next_record.to_bytes(),
+                    terminal: to.is_terminal(),
+                    at_ms: now,
+                },
+            )
+            .await?
+            .into_run(run_id)?;
+        crate::failpoint::point("loops::transition::after_commit");
+        tracing::info!(
+            from = state.name(),
+            to = to.name(),
+            seq = seq + 1,
+            "transition committed"
+        );
+        run.record = next_record;
+        run.fresh = true;
+        run.entered_here = true;
+        run.last_error = None;
+        Ok(())
+    }
+
+    /// Records the failed attempt at `state` and what follows it: a retry at a time its
+    /// policy computes, or giving up.
+    async fn record_failure<W: Workflow>(
+        &self,
+        run: &mut Progress,
+        state: W::State,
+        failure: Failure,
+    ) -> Result<()> {
+        let run_id = self.run_id();
+        let (seq, attempt) = (run.info.seq, run.info.attempt);
+        let policy = self.settings.retry_policy::<W>(state);
+        let err: BoxError = match failure {
+            Failure::Handler(e) => e,
+            Failure::Timeout(limit) => Box::new(Error::StateTimeout {
+                run_id: run_id.to_owned(),
+                state: state.name(),
+                seq,
+                attempt,
+                after_ms: limit.as_millis() as u64,
+            }),
+            Failure::Panic(message) => Box::new(Error::HandlerPanicked {
+                run_id: run_id.to_owned(),
+                state: state.name(),
+                seq,
+                attempt,
+                message,
+            }),
+        };
+        let errors = error_chain(&*err);
+        // Failed attempts so far, this one included (interruptions count apart).
+        let used = attempt
+            .saturating_sub(run.info.attempt_base)
+            .saturating_sub(run.info.interrupted);
+        let now = now_ms();
+        let then = if used >= policy.max_attempts {
+            AfterFailure::GiveUp
+        } else {
+            let unit = jitter_unit(run_id, seq, attempt, now);
+            let delay = policy.delay_after(used, unit);
+            AfterFailure::RetryAt(now + delay.as_millis() as u64)
+        };
+        tracing::warn!(
+            state = state.name(),
+            seq,
+            attempt,
+            error = %errors.join(": "),
+            gave_up = then == AfterFailure::GiveUp,
+            "handler failed"
+        );
+        run.info = self
+            .store
+            .write(
+                Some(&self.held.lease),
+                Write::Failure {
+                    run_id: run_id.to_owned(),
+                    seq,
+                    record: FailureRecord {
+                        attempt,
+                        at_ms: now,
+                        source: FailureSource::Handler,
+                        errors,
+                    },
+                    then,
+                },
+            )
+            .await?
+            .into_run(run_id)?;
+        run.last_error = Some(err);
+        Ok(())
+    }
+}
+
+/// Whether the run needs a driver now, by [`RunInfo::readiness`]: for a waiting run, whether
+/// its wait can end (its time passed, or its event is in the inbox) or its cancellation was
+/// asked for.
+pub(crate) async fn is_ready(store: &dyn Store, info: &RunInfo) -> Result<bool> {
+    match info.readiness().at(now_ms()) {
+        Ready::Now => Ok(true),
+        Ready::OnEvent(event) => store.has_pending(&info.run_id, event).await,
+        Ready::No => Ok(false),
+    }
+}
+
+/// Ends the run `run_id` as cancelled, with the lease of the driver that holds it.
+pub(crate) async fn end_cancelled(store: &dyn Store, held: &Held, run_id: &str) -> Result<RunInfo> {
+    let info = store
+        .write(
+            Some(&held.lease),
+            Write::EndCancelled {
+                run_id: run_id.to_owned(),
+                at_ms: now_ms(),
+            },
+        )
+        .await?
+        .into_run(run_id)?;
+    tracing::info!(state = %info.state, seq = info.seq, "run cancelled");
+    Ok(info)
+}
+
+/// What changed between the stored schema description of `stored` and `W`'s compiled one
+/// (never empty: an unavailable stored description is a change of its own).
+pub(crate) async fn schema_changes<W: Workflow>(
+    store: &dyn Store,
+    stored: SchemaHash,
+) -> SchemaDiff {
+    let old = store.schema(stored).await.ok().flatten();
+    SchemaDiff::of_mismatch(old.as_deref(), W::SCHEMA)
+}
+
+/// A number in `0.0..1.0` for retry jitter, from the run, state, attempt and clock.
+fn jitter_unit(run_id: &str, seq: u64, attempt: u32, now: u64) -> f64 {
+    let mut material = Vec::with_capacity(run_id.len() + 20);
+    material.extend_from_slice(run_id.as_bytes());
+    material.extend_from_slice(&seq.to_le_bytes());
+    material.extend_from_slice(&attempt.to_le_bytes());
+    material.extend_from_slice(&now.to_le_bytes());
+    (xxhash_rust::xxh3::xxh3_64(&material) >> 11) as f64 / (1u64 << 53) as f64
+}

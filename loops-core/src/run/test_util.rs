@@ -1,0 +1,37 @@
+//! Test helpers for code outside loops-core: a [`Context`] that needs no run.
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::run::context::{Context, RunScope};
+use crate::run::settings::{DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PARK_THRESHOLD};
+use crate::store::Lease;
+use crate::store::redb::RedbStore;
+
+/// A context for tests outside loops-core, which cannot build one otherwise: re-exported as
+/// `loops::__private::__for_tests`. Its store is in memory and holds no run, so steps fail
+/// with [`Error::RunNotFound`](crate::Error::RunNotFound). Not a public API.
+///
+/// # Panics
+/// If redb cannot create an in-memory database (it allocates nothing up front).
+#[doc(hidden)]
+#[allow(clippy::expect_used)]
+pub fn __for_tests(run_id: impl Into<String>, seq: u64, attempt: u32) -> Context {
+    let store = RedbStore::in_memory().expect("an in-memory redb database");
+    let run_id = run_id.into();
+    let scope = RunScope {
+        lease: Lease {
+            run_id: run_id.clone(),
+            token: 0,
+            expires_ms: None,
+        },
+        run_id,
+        workflow: "test",
+        store: Arc::new(store),
+        cancel: CancellationToken::new(),
+        max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
+        park_threshold: DEFAULT_PARK_THRESHOLD,
+    };
+    Context::new(Arc::new(scope), "test", seq, attempt, Vec::new())
+}

@@ -1,0 +1,212 @@
+//! [`RuntimeBuilder`]: a runtime's configuration, and the opening of its store.
+
+use std::any::TypeId;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::Result;
+use crate::retention::RetentionPolicy;
+use crate::retry::RetryPolicy;
+use crate::run::dispatch::Dispatch;
+use crate::run::settings::Settings;
+use crate::runtime::handle::{Config, Runtime};
+use crate::runtime::registered::Registered;
+use crate::store::Store;
+use crate::store::precheck::{SchemaCheck, check_schemas, precheck};
+use crate::store::redb::{RedbStore, StoreOptions};
+use crate::workflow::{StateId, Workflow};
+
+/// Configures a [`Runtime`]: retry policies, time-outs, limits and registered workflows.
+/// Every setting has a default; `Runtime::open(path)` is `Runtime::builder().open(path)`.
+#[derive(Clone)]
+pub struct RuntimeBuilder {
+    config: Config,
+    store_options: StoreOptions,
+}
+
+impl Default for RuntimeBuilder {
+    fn default() -> Self {
+        RuntimeBuilder {
+            store_options: StoreOptions::default(),
+            config: Config {
+                settings: Settings::default(),
+                max_active_runs: None,
+                checks: Vec::new(),
+                retention: RetentionPolicy::default(),
+                drivers: Vec::new(),
+            },
+        }
+    }
+}
+
+impl std::fmt::Debug for RuntimeBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RuntimeBuilder").finish_non_exhaustive()
+    }
+}
+
+impl RuntimeBuilder {
+    /// The retry policy of every state that has none of its own, neither for the state
+    /// ([`state_retry`](Self::state_retry)) nor for its workflow
+    /// ([`workflow_retry`](Self::workflow_retry)). Default: [`RetryPolicy::default`](crate::RetryPolicy::default),
+    /// 3 attempts.
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.config.settings.retry = policy;
+        self
+    }
+
+    /// The retry policy of every state of workflow `W` that has none of its own.
+    pub fn workflow_retry<W: Workflow>(mut self, policy: RetryPolicy) -> Self {
+        self.config
+            .settings
+            .workflow_retry
+            .insert(TypeId::of::<W::State>(), policy);
+        self
+    }
+
+    /// The retry policy of one state of one workflow (`state` is a value of the generated
+    /// `{Enum}State` type).
+    pub fn state_retry<S: StateId>(mut self, state: S, policy: RetryPolicy) -> Self {
+        self.config
+            .settings
+            .state_retry
+            .insert((TypeId::of::<S>(), state.name()), policy);
+        self
+    }
+
+    /// A time-out for every state's handler that has none of its own (default: none). A
+    /// handler that runs longer is abandoned, and the attempt fails with
+    /// [`Error::StateTimeout`](crate::Error::StateTimeout). Time spent parked (waiting) does not count.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.config.settings.timeout = Some(timeout);
+        self
+    }
+
+    /// A time-out for one state's handler.
+    pub fn state_timeout<S: StateId>(mut self, state: S, timeout: Duration) -> Self {
+        self.config
+            .settings
+            .state_timeout
+            .insert((TypeId::of::<S>(), state.name()), timeout);
+        self
+    }
+
+    /// The largest serialized state, step output or event payload, in bytes (default
+    /// [`DEFAULT_MAX_PAYLOAD_BYTES`](crate::DEFAULT_MAX_PAYLOAD_BYTES), 2 MiB). Larger ones fail with
+    /// [`Error::PayloadTooLarge`](crate::Error::PayloadTooLarge) before anything is written.
+    pub fn max_payload_bytes(mut self, bytes: usize) -> Self {
+        self.config.settings.max_payload_bytes = bytes;
+        self
+    }
+
+    /// Sleeps shorter than this wait in place; longer ones park the run (default
+    /// [`DEFAULT_PARK_THRESHOLD`](crate::DEFAULT_PARK_THRESHOLD), 1 s).
+    pub fn park_threshold(mut self, threshold: Duration) -> Self {
+        self.config.settings.park_threshold = threshold;
+        self
+    }
+
+    /// The retention policy [`Runtime::prune`] applies (default: keep everything).
+    pub fn retention(mut self, policy: RetentionPolicy) -> Self {
+        self.config.retention = policy;
+        self
+    }
+
+    /// At most `n` runs driven at once by this runtime's claims: [`Runtime::resume_all`] (and
+    /// so [`Runtime::serve`]) take no more than that (default: no limit). With a store shared
+    /// by several workers, this spreads the runs over the workers. Runs started here
+    /// ([`Runtime::start`], [`Runtime::run`]) or woken by an event do not count against it
+    /// when they start, but do when claims are made.
+    pub fn max_active_runs(mut self, n: usize) -> Self {
+        self.config.max_active_runs = Some(n.max(1));
+        self
+    }
+
+    /// Declares a workflow this runtime drives. When the store opens, every unfinished run of
+    /// `W` must have been recorded with `W`'s compiled schema: otherwise
+    /// [`open`](Self::open) refuses with [`Error::SchemaMismatch`](crate::Error::SchemaMismatch) and the store file's bytes
+    /// are left as they are. (Without this, each run is checked when it is driven, and refused
+    /// then without writing a record.)
+    pub fn workflow<W: Workflow>(mut self) -> Self {
+        self.config.checks.push(SchemaCheck {
+            workflow: W::NAME,
+            pinned: W::SCHEMA_HASH.pinned(),
+            schema: W::SCHEMA,
+        });
+        self
+    }
+
+    /// Registers `handler` as the driver of workflow `W`'s runs, as
+    /// [`Runtime::register`] does, and declares `W` as [`workflow`](Self::workflow) does.
+    pub fn register<W, H>(self, handler: H) -> Self
+    where
+        W: Dispatch<H>,
+        H: Send + Sync + 'static,
+    {
+        let mut this = self.workflow::<W>();
+        this.config
+            .drivers
+            .push((W::NAME, Arc::new(Registered::<W, H>::new(handler))));
+        this
+    }
+
+    /// Opens (or creates) the store file at `path` and returns the runtime.
+    ///
+    /// # Errors
+    /// - [`Error::SchemaMismatch`](crate::Error::SchemaMismatch) if an unfinished run of a workflow declared with
+    ///   [`workflow`](Self::workflow) or [`register`](Self::register) has another schema: the
+    ///   file is not opened for writing, unless it needs redb's crash repair (it was not closed
+    ///   cleanly), which the open then makes before checking; loops itself writes nothing;
+    /// - as [`RedbStore::open`](crate::RedbStore::open): [`Error::StoreLocked`](crate::Error::StoreLocked) if the file is open elsewhere,
+    ///   [`Error::Open`](crate::Error::Open) if it is not a loops store or cannot be read.
+    pub fn open(self, path: impl AsRef<Path>) -> Result<Runtime> {
+        let checked = precheck(path.as_ref(), &self.config.checks)?;
+        let store = RedbStore::open_with(path, self.store_options)?;
+        if !checked {
+            // The file needed redb's crash repair, which the writable open just made (as any
+            // open would); check now, still before loops writes anything.
+            check_schemas(&store, &self.config.checks)?;
+        }
+        Ok(self.build(store))
+    }
+
+    /// Verify every page's checksum when the store opens (default: on). See
+    /// [`StoreOptions::verify_on_open`](crate::StoreOptions::verify_on_open).
+    pub fn verify_on_open(mut self, verify: bool) -> Self {
+        self.store_options.verify_on_open = verify;
+        self
+    }
+
+    /// Commit on the calling task's thread when no other commit is in progress (default:
+    /// on). See [`StoreOptions::commit_on_caller`](crate::StoreOptions::commit_on_caller).
+    pub fn commit_on_caller(mut self, on: bool) -> Self {
+        self.store_options.commit_on_caller = on;
+        self
+    }
+
+    /// Builds the runtime on a store opened elsewhere: [`RedbStore::with_storage`](crate::RedbStore::with_storage),
+    /// [`RedbStore::in_memory`](crate::RedbStore::in_memory), or another [`Store`] such as the PostgreSQL one. The schema
+    /// checks of [`workflow`](Self::workflow) are not made before such a store opens; each run
+    /// is still checked when it is driven.
+    pub fn build(self, store: impl Store) -> Runtime {
+        Runtime::new(Arc::new(store), self.config)
+    }
+}
+
+impl Runtime {
+    /// Opens (or creates) the store file at `path` with the default configuration.
+    ///
+    /// # Errors
+    /// [`Error::StoreLocked`](crate::Error::StoreLocked) at once if this or another process has the file open;
+    /// [`Error::Open`](crate::Error::Open) if it is not a loops store or cannot be read.
+    pub fn open(path: impl AsRef<Path>) -> Result<Runtime> {
+        RuntimeBuilder::default().open(path)
+    }
+
+    /// A builder for a runtime with non-default retry policies, time-outs, limits or
+    /// registered workflows.
+    pub fn builder() -> RuntimeBuilder {
+        RuntimeBuilder::default()
+    }
+}

@@ -1,0 +1,196 @@
+//! Claims: which runs this runtime drives, at most one driver per run in this process, each
+//! with the store's lease that fences its writes against other workers.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::error::{Error, Result};
+use crate::run::settings::{Held, Signals};
+use crate::store::{Lease, Store};
+
+/// The runs being driven, by run id, with the signals their drivers listen to.
+type Active = Arc<Mutex<HashMap<String, Signals>>>;
+
+/// The runs this runtime drives now.
+pub(crate) struct Claims {
+    store: Arc<dyn Store>,
+    active: Active,
+}
+
+/// The right to drive one run: at most one per run id per runtime. Removed from the active
+/// set when dropped, however the driver stops.
+pub(crate) struct Claim {
+    store: Arc<dyn Store>,
+    active: Active,
+    held: Held,
+}
+
+impl Claim {
+    /// The run held, its signals and its lease.
+    pub(crate) fn held(&self) -> &Held {
+        &self.held
+    }
+
+    /// The run held.
+    pub(crate) fn run_id(&self) -> &str {
+        &self.held.run_id
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.active
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.held.run_id);
+        // Leases that lapse are given back, so that another worker may take the run at once.
+        release_later(&self.store, self.held.lease.clone());
+    }
+}
+
+impl Claims {
+    /// No run claimed yet, on `store`.
+    pub(crate) fn new(store: Arc<dyn Store>) -> Self {
+        Claims {
+            store,
+            active: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    /// The signals of the run's driver in this runtime, if it is driven here.
+    pub(crate) fn signals(&self, run_id: &str) -> Option<Signals> {
+        self.lock().get(run_id).cloned()
+    }
+
+    /// Whether a driver of this runtime holds the run.
+    pub(crate) fn is_active(&self, run_id: &str) -> bool {
+        self.lock().contains_key(run_id)
+    }
+
+    /// How many runs this runtime drives.
+    pub(crate) fn count(&self) -> usize {
+        self.lock().len()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Signals>> {
+        self.active.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Claims the run, with a lease the store granted already (`claim_ready`) or one taken
+    /// now.
+    ///
+    /// # Errors
+    /// [`Error::RunActive`](crate::Error::RunActive) if a driver here holds the run, or another worker holds its
+    /// lease; the store's error if the lease cannot be taken.
+    pub(crate) async fn claim_with(&self, run_id: &str, lease: Option<Lease>) -> Result<Claim> {
+        let signals = {
+            let mut active = self.lock();
+            if active.contains_key(run_id) {
+                if let Some(lease) = lease {
+                    // Granted by `claim_ready` while a driver here still held the run (its own
+                    // lease lapsed): give it back, so that the run is free once that driver
+                    // stops.
+                    self.release_later(lease);
+                }
+                return Err(Error::RunActive {
+                    run_id: run_id.to_owned(),
+                });
+            }
+            let signals = Signals::new();
+            active.insert(run_id.to_owned(), signals.clone());
+            signals
+        };
+        // From here the claim exists: dropping it (on any error below) frees the run again.
+        let mut claim = Claim {
+            store: Arc::clone(&self.store),
+            active: Arc::clone(&self.active),
+            held: Held {
+                run_id: run_id.to_owned(),
+                signals,
+                lease: Lease {
+                    run_id: run_id.to_owned(),
+                    token: 0,
+                    expires_ms: None,
+                },
+            },
+        };
+        claim.held.lease = match lease {
+            Some(lease) => lease,
+            None => self
+                .store
+                .acquire(run_id)
+                .await?
+                .ok_or_else(|| Error::RunActive {
+                    run_id: run_id.to_owned(),
+                })?,
+        };
+        *claim
+            .held
+            .signals
+            .lease
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(claim.held.lease.clone());
+        Ok(claim)
+    }
+
+    /// Gives `lease` back in a task of its own, when the store's leases lapse.
+    pub(crate) fn release_later(&self, lease: Lease) {
+        release_later(&self.store, lease);
+    }
+
+    /// Renews the leases of the runs this runtime drives; a driver whose lease was lost is
+    /// told to stop (its writes would be refused anyway: every write is fenced).
+    ///
+    /// # Errors
+    /// The store's error if the renewal could not be made.
+    pub(crate) async fn renew(&self) -> Result<()> {
+        let held: Vec<(Signals, Lease)> = self
+            .lock()
+            .values()
+            .filter_map(|s| {
+                let lease = s
+                    .lease
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone();
+                lease.map(|l| (s.clone(), l))
+            })
+            .collect();
+        if held.is_empty() {
+            return Ok(());
+        }
+        let leases: Vec<Lease> = held.iter().map(|(_, l)| l.clone()).collect();
+        let renewed = self.store.renew(&leases).await?;
+        for (signals, lease) in held {
+            match renewed
+                .iter()
+                .find(|r| r.run_id == lease.run_id && r.token == lease.token)
+            {
+                Some(new) => {
+                    *signals.lease.lock().unwrap_or_else(PoisonError::into_inner) =
+                        Some(new.clone());
+                }
+                None => {
+                    tracing::warn!(run_id = %lease.run_id, "lease lost; stopping its driver");
+                    signals.lost.cancel();
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Gives `lease` back to `store` in a task of its own, when the store's leases lapse.
+fn release_later(store: &Arc<dyn Store>, lease: Lease) {
+    if store.lease_ttl().is_none() {
+        return;
+    }
+    if let Ok(handle) = tokio::runtime::Handle::try_current() {
+        let store = Arc::clone(store);
+        handle.spawn(async move {
+            if let Err(e) = store.release(&lease).await {
+                tracing::warn!(run_id = %lease.run_id, error = %e, "could not release a lease");
+            }
+        });
+    }
+}

@@ -1,0 +1,21 @@
+//! The runtime: drives runs from their last recorded state to a terminal state, one at a
+//! time on the caller's task or many in the background.
+//!
+//! `handle` holds [`Runtime`] and what its clones share; `claims` which runs it drives;
+//! `scheduler` its background tasks and timers; `registered` the drivers of registered
+//! workflows. The public operations are `impl Runtime` blocks in `builder`, `runs`,
+//! `requests` and `queries`. Every file imports `handle` or nothing of this folder;
+//! `handle` imports none of them but `claims` and `scheduler`.
+
+mod builder;
+mod claims;
+mod handle;
+mod queries;
+mod registered;
+mod requests;
+mod runs;
+mod scheduler;
+
+pub use builder::RuntimeBuilder;
+pub use handle::Runtime;
+pub use requests::Sent;

@@ -1,0 +1,214 @@
+//! Requests to a run from outside its driver: events ([`Runtime::send`]), cancellation and
+//! retry.
+
+use serde::Serialize;
+
+use crate::error::{Error, Result};
+use crate::names::{validate_name, validate_run_id};
+use crate::record::now_ms;
+use crate::row::RunInfo;
+use crate::runtime::handle::Runtime;
+use crate::store::{Reply, Write};
+
+/// The receipt of [`Runtime::send`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sent {
+    /// The event's sequence number in the run's inbox, from 0.
+    pub event_seq: u64,
+    /// Whether an event with the same idempotency key had been sent already (nothing was
+    /// written; `event_seq` is that event's).
+    pub duplicate: bool,
+}
+
+impl Runtime {
+    /// Sends the event `event` with `payload` to the run `run_id`: appended durably to the
+    /// run's inbox, delivered to the run's next (or current) wait for `event`, once.
+    ///
+    /// # Errors
+    /// [`Error::RunNotFound`](crate::Error::RunNotFound) for an unknown run; [`Error::RunEnded`](crate::Error::RunEnded) for a run that has
+    /// ended; [`Error::InvalidName`](crate::Error::InvalidName); [`Error::EventEncode`](crate::Error::EventEncode) or [`Error::PayloadTooLarge`](crate::Error::PayloadTooLarge) for a
+    /// payload that cannot be stored; [`Error::Storage`](crate::Error::Storage).
+    pub async fn send<T: Serialize + ?Sized>(
+        &self,
+        run_id: &str,
+        event: &str,
+        payload: &T,
+    ) -> Result<Sent> {
+        self.send_inner(run_id, event, None, payload).await
+    }
+
+    /// As [`send`](Self::send), once per `key`: a second send with the same key for the same
+    /// run writes nothing and returns the first event's receipt with `duplicate: true`.
+    ///
+    /// # Errors
+    /// As [`send`](Self::send); [`Error::InvalidName`](crate::Error::InvalidName) for an invalid key.
+    pub async fn send_with_key<T: Serialize + ?Sized>(
+        &self,
+        run_id: &str,
+        event: &str,
+        key: &str,
+        payload: &T,
+    ) -> Result<Sent> {
+        self.send_inner(run_id, event, Some(key), payload).await
+    }
+
+    async fn send_inner<T: Serialize + ?Sized>(
+        &self,
+        run_id: &str,
+        event: &str,
+        key: Option<&str>,
+        payload: &T,
+    ) -> Result<Sent> {
+        validate_run_id(run_id)?;
+        let names =
+            std::iter::once(("event name", event)).chain(key.map(|k| ("idempotency key", k)));
+        for (what, name) in names {
+            validate_name(name).map_err(|reason| Error::InvalidName {
+                run_id: run_id.to_owned(),
+                what,
+                name: name.to_owned(),
+                reason,
+            })?;
+        }
+        let json = serde_json::to_string(payload).map_err(|source| Error::EventEncode {
+            run_id: run_id.to_owned(),
+            event: event.to_owned(),
+            source,
+        })?;
+        let limit = self.inner.config.settings.max_payload_bytes;
+        if json.len() > limit {
+            return Err(Error::PayloadTooLarge {
+                run_id: run_id.to_owned(),
+                what: format!("payload of event `{event}`"),
+                seq: None,
+                bytes: json.len(),
+                limit,
+            });
+        }
+        let reply = self
+            .store()
+            .write(
+                None,
+                Write::Send {
+                    run_id: run_id.to_owned(),
+                    name: event.to_owned(),
+                    payload: json,
+                    key: key.map(str::to_owned),
+                    at_ms: now_ms(),
+                },
+            )
+            .await?;
+        let Reply::Sent {
+            event_seq,
+            duplicate,
+            info,
+        } = reply
+        else {
+            return Err(Error::RunNotFound {
+                run_id: run_id.to_owned(),
+            });
+        };
+        tracing::info!(run_id, event, event_seq, duplicate, "event sent");
+        if !duplicate {
+            self.wake(&info);
+        }
+        Ok(Sent {
+            event_seq,
+            duplicate,
+        })
+    }
+
+    /// Cancels the run `run_id`, durably. A run this runtime is driving sees the cancellation
+    /// through its [`Context`](crate::Context) and ends as cancelled at its next step or state
+    /// boundary; a run nobody drives (parked, or not resumed since a crash) ends as cancelled
+    /// at once. With a store shared by several workers, a run that another worker drives
+    /// ends as cancelled at its next state boundary, or, if it waits, within 200 ms.
+    ///
+    /// # Errors
+    /// [`Error::RunNotFound`](crate::Error::RunNotFound); [`Error::RunEnded`](crate::Error::RunEnded) if the run has ended already;
+    /// [`Error::Storage`](crate::Error::Storage) if the request could not be committed.
+    pub async fn cancel(&self, run_id: &str, reason: &str) -> Result<RunInfo> {
+        validate_run_id(run_id)?;
+        let signals = self.inner.claims.signals(run_id);
+        // A run nobody drives ends at once. With a store shared by several workers, another
+        // worker may drive it: take its lease to know, and hold it meanwhile so that no worker
+        // starts driving it. A run driven elsewhere sees the request in the row its next write
+        // returns (or, waiting attached, when it reads the row again) and ends itself.
+        let held = match &signals {
+            None if self.store().lease_ttl().is_some() => self.store().acquire(run_id).await?,
+            _ => None,
+        };
+        let end_now = signals.is_none() && (held.is_some() || self.store().lease_ttl().is_none());
+        let written = self
+            .store()
+            .write(
+                None,
+                Write::Cancel {
+                    run_id: run_id.to_owned(),
+                    reason: reason.to_owned(),
+                    end_now,
+                    at_ms: now_ms(),
+                },
+            )
+            .await;
+        if let Some(lease) = &held
+            && let Err(e) = self.store().release(lease).await
+        {
+            tracing::warn!(run_id, error = %e, "could not release a lease");
+        }
+        let mut info = written?.into_run(run_id)?;
+        if let Some(signals) = signals {
+            signals.cancel.cancel();
+            // The driver may have been stopping (it parked the run, say) when the request
+            // committed: if it no longer holds the run, nobody will see the signal.
+            let still_driven = self.inner.claims.is_active(run_id);
+            if !still_driven && !info.status.is_ended() {
+                info = self
+                    .store()
+                    .write(
+                        None,
+                        Write::EndCancelled {
+                            run_id: run_id.to_owned(),
+                            at_ms: now_ms(),
+                        },
+                    )
+                    .await?
+                    .into_run(run_id)?;
+            }
+        }
+        if info.status.is_ended() {
+            self.inner.background.notify_ended();
+        }
+        tracing::info!(run_id, reason, "cancellation requested");
+        Ok(info)
+    }
+
+    /// Makes a failed run running again with a fresh budget of attempts; drive it again with
+    /// [`run`](Self::run) (a registered workflow's run is driven in the background at once).
+    /// Attempt numbers count on (each failure record keeps its own): after a failure at
+    /// attempt 3, [`RunInfo::attempt`](crate::RunInfo::attempt) stays 3 and the next attempt's
+    /// [`Context::attempt`](crate::Context::attempt) is 4; the retry policy counts the budget
+    /// from there.
+    ///
+    /// # Errors
+    /// [`Error::RunNotFound`](crate::Error::RunNotFound); [`Error::NotFailed`](crate::Error::NotFailed) if the run is not failed;
+    /// [`Error::Storage`](crate::Error::Storage) if the change could not be committed.
+    pub async fn retry(&self, run_id: &str) -> Result<RunInfo> {
+        validate_run_id(run_id)?;
+        let info = self
+            .store()
+            .write(
+                None,
+                Write::Retry {
+                    run_id: run_id.to_owned(),
+                    at_ms: now_ms(),
+                },
+            )
+            .await?
+            .into_run(run_id)?;
+        if self.driver(&info.workflow).is_ok() {
+            self.spawn_driver(&info.workflow, run_id);
+        }
+        Ok(info)
+    }
+}

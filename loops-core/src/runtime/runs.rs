@@ -1,0 +1,268 @@
+//! Driving runs: one to its end ([`Runtime::run`]), or in the background ([`Runtime::start`],
+//! [`Runtime::resume_all`], [`Runtime::serve`]), and waiting for their ends.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use tracing::Instrument;
+
+use crate::error::{Error, Result};
+use crate::names::validate_run_id;
+use crate::row::RunInfo;
+use crate::run::dispatch::Dispatch;
+use crate::run::driver::{Driven, Mode, schema_changes};
+use crate::runtime::handle::{Runtime, Start, check_workflow};
+use crate::status::RunStatus;
+use crate::workflow::Workflow;
+
+impl Runtime {
+    /// Drives the run `run_id` to a terminal state and returns that state.
+    ///
+    /// If no run has this id, a run starts in `initial`. If one exists, it resumes from its
+    /// last recorded state and `initial` is ignored: handlers of states that completed are not
+    /// called again, and steps recorded by an interrupted handler return their recorded
+    /// output. There is no separate recovery routine: a first run is a resume whose lookups
+    /// all miss.
+    ///
+    /// Each transition is one durable commit (alone, or batched with other runs' commits).
+    /// A failing handler is tried again under its retry policy; when the attempts run out
+    /// the run ends as failed. A run that waits (for an event or a time) waits inside this
+    /// call; to let waiting runs hold no task, [`register`](Self::register) the workflow
+    /// and use [`start`](Self::start).
+    ///
+    /// # Errors
+    /// - [`Error::InvalidRunId`](crate::Error::InvalidRunId); [`Error::RunActive`](crate::Error::RunActive) if this runtime drives the run already;
+    /// - [`Error::WorkflowMismatch`](crate::Error::WorkflowMismatch) if the run is of another workflow;
+    /// - [`Error::SchemaMismatch`](crate::Error::SchemaMismatch) if it was recorded by a build whose workflow shape differs
+    ///   (nothing is written, and it is never retried);
+    /// - [`Error::NotInitial`](crate::Error::NotInitial) if a new run's `initial` is not the workflow's initial state;
+    /// - [`Error::RunFailed`](crate::Error::RunFailed) when attempts run out (now or before), [`Error::RunCancelled`](crate::Error::RunCancelled)
+    ///   if the run was cancelled;
+    /// - [`Error::Decode`](crate::Error::Decode), [`Error::Encode`](crate::Error::Encode), [`Error::PayloadTooLarge`](crate::Error::PayloadTooLarge),
+    ///   [`Error::IllegalTransition`](crate::Error::IllegalTransition), [`Error::Storage`](crate::Error::Storage): the run stays at its last recorded
+    ///   state and can be resumed.
+    pub async fn run<W, H>(&self, run_id: &str, initial: W, handler: &H) -> Result<W>
+    where
+        W: Dispatch<H>,
+        H: ?Sized + Sync,
+    {
+        validate_run_id(run_id)?;
+        let claim = self.claim(run_id).await?;
+        let span = tracing::info_span!("run", run_id, workflow = W::NAME);
+        let result = async {
+            let entered = self.drive(&claim).enter(Some(initial)).await?;
+            self.drive(&claim)
+                .drive_loop(entered, handler, Mode::Attached)
+                .await
+        }
+        .instrument(span)
+        .await;
+        drop(claim);
+        self.inner.background.notify_ended();
+        match result? {
+            Driven::Ended(value) => Ok(value),
+            Driven::Parked(info) => Err(Error::RunNotFound {
+                // Attached drivers wait in place and never park.
+                run_id: info.run_id,
+            }),
+        }
+    }
+
+    /// Starts the run `run_id` in `initial` (or finds it, if it exists) and drives it in the
+    /// background with the handler registered for `W`; returns its status once the run is
+    /// durably recorded. Await its end with [`wait`](Self::wait). A run that this runtime
+    /// drives already (resumed by [`resume_all`](Self::resume_all), woken by an event or a
+    /// timer, or started before) is left to its driver, and its status is returned.
+    ///
+    /// # Errors
+    /// [`Error::NotRegistered`](crate::Error::NotRegistered) if no handler is registered for `W`;
+    /// [`Error::WorkflowMismatch`](crate::Error::WorkflowMismatch) if the run exists as another workflow, and
+    /// [`Error::SchemaMismatch`](crate::Error::SchemaMismatch) as another shape of it;
+    /// [`Error::RunActive`](crate::Error::RunActive) only while another call is creating the same run at this very
+    /// moment; otherwise as [`run`](Self::run) for everything that happens before the first
+    /// handler runs.
+    pub async fn start<W: Workflow>(&self, run_id: &str, initial: W) -> Result<RunInfo> {
+        validate_run_id(run_id)?;
+        let driver = self.driver(W::NAME)?;
+        let claim = match self.claim(run_id).await {
+            Ok(claim) => claim,
+            Err(Error::RunActive { run_id: active }) => {
+                // Driven here already: that is what `start` would have arranged.
+                return match self.store().run_info(run_id).await? {
+                    Some(info) => {
+                        check_workflow::<W>(&info)?;
+                        let compiled = W::SCHEMA_HASH.pinned();
+                        if info.schema != compiled {
+                            return Err(Error::SchemaMismatch {
+                                run_id: run_id.to_owned(),
+                                workflow: W::NAME.to_owned(),
+                                stored: info.schema,
+                                compiled,
+                                changes: schema_changes::<W>(self.store(), info.schema).await,
+                            });
+                        }
+                        Ok(info)
+                    }
+                    None => Err(Error::RunActive { run_id: active }),
+                };
+            }
+            Err(e) => return Err(e),
+        };
+        let entered = self
+            .drive(&claim)
+            .enter(Some(initial))
+            .instrument(tracing::info_span!("run", run_id, workflow = W::NAME))
+            .await?;
+        let info = entered.info.clone();
+        driver.spawn(self.clone(), Start::Claimed(Box::new((claim, entered))));
+        Ok(info)
+    }
+
+    /// Waits until the run `run_id` has ended and returns its terminal state (a run ended
+    /// by another worker of a shared store is seen within 200 ms).
+    ///
+    /// # Errors
+    /// [`Error::RunNotFound`](crate::Error::RunNotFound); [`Error::WorkflowMismatch`](crate::Error::WorkflowMismatch); [`Error::RunFailed`](crate::Error::RunFailed) or
+    /// [`Error::RunCancelled`](crate::Error::RunCancelled) if it ended so; [`Error::Decode`](crate::Error::Decode); [`Error::Storage`](crate::Error::Storage).
+    pub async fn wait<W: Workflow>(&self, run_id: &str) -> Result<W> {
+        loop {
+            let ended = self.inner.background.ended();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            let Some((info, record)) = self.store().latest(run_id).await? else {
+                return Err(Error::RunNotFound {
+                    run_id: run_id.to_owned(),
+                });
+            };
+            check_workflow::<W>(&info)?;
+            match info.status {
+                RunStatus::Completed => return record.decode(run_id),
+                RunStatus::Failed => {
+                    return Err(Error::RunFailed {
+                        run_id: run_id.to_owned(),
+                        state: info.state,
+                        seq: info.seq,
+                        attempts: info.attempt.saturating_sub(info.attempt_base),
+                        interrupted: info.interrupted,
+                        last_error: info.error.unwrap_or_default(),
+                        source: None,
+                    });
+                }
+                RunStatus::Cancelled => {
+                    return Err(Error::RunCancelled {
+                        run_id: run_id.to_owned(),
+                        state: info.state,
+                        seq: info.seq,
+                        reason: info.cancel.unwrap_or_default(),
+                    });
+                }
+                RunStatus::Running | RunStatus::Waiting => {
+                    if self.store().lease_ttl().is_some() {
+                        // Another worker may end it: look again now and then.
+                        tokio::select! {
+                            () = ended => {}
+                            () = tokio::time::sleep(Duration::from_millis(200)) => {}
+                        }
+                    } else {
+                        ended.await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Resumes every unfinished run of the registered workflows, reading the status index
+    /// (never a history): running runs get a background driver at once; waiting runs whose
+    /// event arrived or whose time passed too; the others stay parked, with a timer if they
+    /// wait for a time. With a store shared by several workers, only runs no live worker holds
+    /// are taken (each with its lease). Call it at startup (and, with a shared store,
+    /// periodically: see [`serve`](Self::serve)).
+    ///
+    /// Returns the unfinished runs found, by workflow then run id.
+    ///
+    /// # Errors
+    /// [`Error::Storage`](crate::Error::Storage) or [`Error::Decode`](crate::Error::Decode) if the index cannot be read.
+    pub async fn resume_all(&self) -> Result<Vec<RunInfo>> {
+        let workflows = self.workflows();
+        let limit = match self.inner.config.max_active_runs {
+            Some(max) => max.saturating_sub(self.inner.claims.count()),
+            None => usize::MAX,
+        };
+        let ready = if limit == 0 {
+            Vec::new()
+        } else {
+            self.store().claim_ready(&workflows, limit).await?
+        };
+        let mut taken: HashSet<String> = HashSet::with_capacity(ready.len());
+        let mut found: Vec<RunInfo> = Vec::with_capacity(ready.len());
+        for (info, lease) in ready {
+            self.spawn_driver_with(&info.workflow, &info.run_id, Some(lease));
+            taken.insert(info.run_id.clone());
+            found.push(info);
+        }
+        // A store only this process opens: arm the timers of the parked runs here. (With a
+        // shared store, `claim_ready` returns waiting runs once their time has come.)
+        if self.store().lease_ttl().is_none() {
+            for workflow in &workflows {
+                for info in self
+                    .store()
+                    .list(RunStatus::Waiting, Some(workflow))
+                    .await?
+                {
+                    if taken.contains(&info.run_id) {
+                        continue;
+                    }
+                    if let Some(until) = info.wait.as_ref().and_then(|w| w.until_ms) {
+                        self.add_timer(until, &info.workflow, &info.run_id);
+                    }
+                    found.push(info);
+                }
+            }
+        }
+        found.sort_by(|a, b| (&a.workflow, &a.run_id).cmp(&(&b.workflow, &b.run_id)));
+        tracing::info!(runs = found.len(), "resumed unfinished runs");
+        Ok(found)
+    }
+
+    /// Keeps driving the registered workflows' runs until [`shutdown`](Self::shutdown):
+    /// resumes them now ([`resume_all`](Self::resume_all)); then, with a store shared by
+    /// several workers (one whose leases lapse), every `poll` (at most a third of the lease
+    /// time) it claims the runs that need a driver: runs no worker holds, waiting runs whose
+    /// event arrived or whose time came, and runs of a worker that died once its lease lapsed.
+    /// With such a store, an event sent by a process that does not drive the run reaches it
+    /// within `poll`. (The leases of the runs this runtime drives are renewed by a task of
+    /// their own, every third of the lease time, whether `serve` runs or not.)
+    /// With a store only this process opens, everything after the first resume is driven by
+    /// events in this process, and `serve` just waits.
+    ///
+    /// A failed poll (a lost database connection, say) is logged and tried again at the next
+    /// one.
+    ///
+    /// # Errors
+    /// As [`resume_all`](Self::resume_all), for the first resume only.
+    pub async fn serve(&self, poll: Duration) -> Result<()> {
+        self.resume_all().await?;
+        let stopped = self.inner.background.stopped();
+        let Some(ttl) = self.store().lease_ttl() else {
+            stopped.cancelled().await;
+            return Ok(());
+        };
+        let every = poll.min(ttl / 3).max(Duration::from_millis(10));
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(every) => {}
+                () = stopped.cancelled() => return Ok(()),
+            }
+            if let Err(e) = self.resume_all().await {
+                tracing::warn!(error = %e, "could not claim runs");
+            }
+        }
+    }
+
+    /// Stops every background driver (their handlers' futures are dropped at their next
+    /// await, as a crash would stop them; what they recorded stands) and the timer task.
+    /// Runs stay as they are, to be resumed by the next [`resume_all`](Self::resume_all).
+    pub async fn shutdown(&self) {
+        self.inner.background.shutdown().await;
+    }
+}

@@ -1,0 +1,225 @@
+//! Background machinery: the tasks that drive runs, the timers of parked runs, and the task
+//! that renews leases.
+//!
+//! A registered workflow's run is driven by a task that ends when the run ends or parks. A
+//! parked run holds no task: only an entry here if it waits for a time (one `BTreeSet` entry,
+//! served by one timer task for the whole runtime), or nothing at all if it waits for an
+//! event (`Runtime::send` starts its driver). The scheduler knows nothing of the runtime: its
+//! timer and renewal tasks call back through [`Hooks`], holding the runtime only while they
+//! work.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio_util::task::TaskTracker;
+
+use crate::error::Result;
+use crate::record::now_ms;
+use crate::store::BoxFuture;
+
+/// What the scheduler's tasks call back into: the runtime, reached through a weak reference
+/// so that dropping the last runtime handle closes the store.
+pub(crate) trait Hooks: Send + Sync + 'static {
+    /// The machinery of the runtime.
+    fn background(&self) -> &Background;
+
+    /// A parked run's time came: start its driver.
+    fn timer_due(self: Arc<Self>, workflow: &str, run_id: &str);
+
+    /// Renews the leases of the runs being driven.
+    fn renew(self: Arc<Self>) -> BoxFuture<'static, Result<()>>;
+}
+
+/// The runtime's background machinery.
+pub(crate) struct Background {
+    /// The live background tasks (a finished task is freed at once).
+    tasks: TaskTracker,
+    /// Parked runs waiting for a time: (wake-up ms, workflow, run id).
+    timers: Mutex<BTreeSet<(u64, String, String)>>,
+    timer_changed: Arc<Notify>,
+    timer_task: AtomicBool,
+    /// Whether the task that renews leases (stores shared by several workers) was started.
+    renewer: AtomicBool,
+    ended: Notify,
+    shut_down: AtomicBool,
+    stop: tokio_util::sync::CancellationToken,
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        // Lets the timer task see that the runtime is gone.
+        self.timer_changed.notify_one();
+    }
+}
+
+impl Background {
+    pub(crate) fn new() -> Self {
+        Background {
+            tasks: TaskTracker::new(),
+            timers: Mutex::new(BTreeSet::new()),
+            timer_changed: Arc::new(Notify::new()),
+            timer_task: AtomicBool::new(false),
+            renewer: AtomicBool::new(false),
+            ended: Notify::new(),
+            shut_down: AtomicBool::new(false),
+            stop: tokio_util::sync::CancellationToken::new(),
+        }
+    }
+
+    /// Resolves at the next end of a run (used with `enable` before a status check).
+    pub(crate) fn ended(&self) -> tokio::sync::futures::Notified<'_> {
+        self.ended.notified()
+    }
+
+    pub(crate) fn notify_ended(&self) {
+        self.ended.notify_waiters();
+    }
+
+    pub(crate) fn spawn_task(&self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        if self.shut_down.load(Ordering::Acquire) {
+            return;
+        }
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            tracing::error!("no tokio runtime: cannot drive a run in the background");
+            return;
+        };
+        // Shutting down drops the task's future at its next await, as a crash would stop it.
+        let stop = self.stop.clone();
+        self.tasks.spawn_on(
+            async move {
+                tokio::select! {
+                    biased;
+                    () = stop.cancelled() => {}
+                    () = task => {}
+                }
+            },
+            &handle,
+        );
+    }
+
+    /// Arms a timer that starts a driver for the run at `until` (ms since the Unix epoch).
+    pub(crate) fn add_timer(
+        &self,
+        hooks: Weak<dyn Hooks>,
+        until: u64,
+        workflow: &str,
+        run_id: &str,
+    ) {
+        self.timers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert((until, workflow.to_owned(), run_id.to_owned()));
+        if !self.timer_task.swap(true, Ordering::AcqRel) {
+            let changed = Arc::clone(&self.timer_changed);
+            self.spawn_task(timer_loop(hooks, changed));
+        }
+        self.timer_changed.notify_one();
+    }
+
+    /// Starts, once, the task that renews the leases of the runs this runtime drives every
+    /// third of the lease time `ttl`.
+    pub(crate) fn start_renewer(&self, hooks: Weak<dyn Hooks>, ttl: Duration) {
+        if !self.renewer.swap(true, Ordering::AcqRel) {
+            let stop = self.stop.clone();
+            self.spawn_task(renew_loop(hooks, ttl, stop));
+        }
+    }
+
+    /// How many background tasks are alive.
+    #[cfg(test)]
+    pub(crate) fn live_tasks(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// Cancelled by [`shutdown`](Self::shutdown).
+    pub(crate) fn stopped(&self) -> tokio_util::sync::CancellationToken {
+        self.stop.clone()
+    }
+
+    pub(crate) async fn shutdown(&self) {
+        self.shut_down.store(true, Ordering::Release);
+        self.stop.cancel();
+        self.timer_changed.notify_one();
+        self.tasks.close();
+        self.tasks.wait().await;
+    }
+}
+
+/// Renews the leases of the runs being driven, every third of the lease time, until the
+/// runtime is dropped or shut down. Holds the runtime only while it renews.
+async fn renew_loop(
+    runtime: Weak<dyn Hooks>,
+    ttl: Duration,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let every = (ttl / 3).max(Duration::from_millis(10));
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(every) => {}
+            () = stop.cancelled() => return,
+        }
+        let Some(hooks) = runtime.upgrade() else {
+            return;
+        };
+        if let Err(e) = hooks.renew().await {
+            tracing::warn!(error = %e, "could not renew leases");
+        }
+    }
+}
+
+/// Starts drivers for parked runs whose time came. Holds the runtime only while it works, so
+/// that dropping the last runtime handle closes the store.
+async fn timer_loop(runtime: Weak<dyn Hooks>, changed: Arc<Notify>) {
+    loop {
+        let notified = changed.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let next = {
+            let Some(hooks) = runtime.upgrade() else {
+                return;
+            };
+            let background = hooks.background();
+            if background.shut_down.load(Ordering::Acquire) {
+                return;
+            }
+            let now = now_ms();
+            let due: Vec<(u64, String, String)> = {
+                let mut timers = background
+                    .timers
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                let mut due = Vec::new();
+                while let Some(first) = timers.first() {
+                    if first.0 > now {
+                        break;
+                    }
+                    if let Some(entry) = timers.pop_first() {
+                        due.push(entry);
+                    }
+                }
+                due
+            };
+            for (_, workflow, run_id) in due {
+                Arc::clone(&hooks).timer_due(&workflow, &run_id);
+            }
+            background
+                .timers
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .first()
+                .map(|t| t.0.saturating_sub(now))
+        };
+        match next {
+            Some(ms) => {
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(ms)) => {}
+                    () = &mut notified => {}
+                }
+            }
+            None => notified.await,
+        }
+    }
+}

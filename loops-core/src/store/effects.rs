@@ -1,0 +1,233 @@
+//! What a planned write stores: [`Effects`], which a backend writes out as it is (redb as
+//! table writes, PostgreSQL as SQL), and the encodings of the records the plan makes.
+
+use std::borrow::Cow;
+
+use super::protocol::Reply;
+use super::{RunInfo, RunStatus};
+use crate::error::Error;
+use crate::schema::SchemaHash;
+
+/// Everything one write stores, and what the store answers once it is durable: the outcome
+/// of [`plan`](super::plan::plan). A backend writes all of it in one atomic commit, or none
+/// of it.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct Effects<'w> {
+    /// The run the records and inbox changes belong to (empty for [`Write::Prune`](super::Write::Prune)).
+    pub run_id: &'w str,
+    /// The run's new row, if it changes.
+    pub row: Option<RowWrite>,
+    /// Immutable records to append; each key is free (the plan checked it).
+    pub records: Vec<Record<'w>>,
+    /// Changes to the run's inbox.
+    pub inbox: Vec<InboxChange<'w>>,
+    /// A schema description to store under its hash.
+    pub schema: Option<(SchemaHash, &'w str)>,
+    /// Ended runs to delete with every record, index entry and event they have.
+    pub delete: Vec<RunInfo>,
+    /// What the store answers.
+    pub reply: Reply,
+}
+
+impl<'w> Effects<'w> {
+    /// Effects that store nothing and answer `reply`.
+    pub(crate) fn unchanged(run_id: &'w str, reply: Reply) -> Self {
+        Effects {
+            run_id,
+            row: None,
+            records: Vec::new(),
+            inbox: Vec::new(),
+            schema: None,
+            delete: Vec::new(),
+            reply,
+        }
+    }
+
+    /// Effects that write the run's new row `info` (its status was `was`; `None` for a new
+    /// run) and answer [`Reply::Run`] with it.
+    pub(crate) fn row(run_id: &'w str, was: Option<RunStatus>, info: RunInfo) -> Self {
+        let reply = Reply::Run(info.clone());
+        Effects {
+            row: Some(RowWrite { info, was }),
+            ..Effects::unchanged(run_id, reply)
+        }
+    }
+
+    /// Whether there is nothing to store: the backend need not commit (nor sync) anything.
+    pub fn is_empty(&self) -> bool {
+        self.row.is_none()
+            && self.records.is_empty()
+            && self.inbox.is_empty()
+            && self.schema.is_none()
+            && self.delete.is_empty()
+    }
+}
+
+/// A run's new row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowWrite {
+    /// The row.
+    pub info: RunInfo,
+    /// The status it had before; `None` for a run that did not exist (a new row).
+    pub was: Option<RunStatus>,
+}
+
+impl RowWrite {
+    /// The move of the run's status index entry, `(from, to)`, if the status changed (`from`
+    /// is `None` for a new run); `None` if it stays where it is.
+    pub fn status_move(&self) -> Option<(Option<RunStatus>, RunStatus)> {
+        (self.was != Some(self.info.status)).then_some((self.was, self.info.status))
+    }
+
+    /// The refusal for a new row whose run id a concurrent write took first (a store that
+    /// finds the key taken only when it inserts the row); `None` for an update.
+    pub fn refusal_if_taken(&self) -> Option<Error> {
+        self.was.is_none().then(|| Error::SequenceConflict {
+            run_id: self.info.run_id.clone(),
+            seq: 0,
+        })
+    }
+}
+
+/// An immutable record to append, as its serialized bytes (JSON).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Record<'w> {
+    /// A [`TransitionRecord`](crate::TransitionRecord).
+    Journal {
+        /// Its sequence number.
+        seq: u64,
+        /// The record.
+        bytes: &'w [u8],
+    },
+    /// A [`StepRecord`](crate::StepRecord).
+    Step {
+        /// The state's sequence number.
+        seq: u64,
+        /// The step name.
+        name: &'w str,
+        /// Which use of the name, from 0.
+        occurrence: u32,
+        /// The record.
+        bytes: Cow<'w, [u8]>,
+    },
+    /// A [`FailureRecord`](crate::FailureRecord).
+    Failure {
+        /// The state's sequence number.
+        seq: u64,
+        /// The attempt that failed.
+        attempt: u32,
+        /// Which failure of the attempt, from 0.
+        index: u32,
+        /// The record.
+        bytes: Vec<u8>,
+    },
+}
+
+impl Record<'_> {
+    /// The record's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            Record::Journal { bytes, .. } => bytes,
+            Record::Step { bytes, .. } => bytes,
+            Record::Failure { bytes, .. } => bytes,
+        }
+    }
+
+    /// The refusal for a record whose key a concurrent write took first (a store that finds
+    /// the key taken only when it inserts the record); `None` for a failure record, whose
+    /// key no concurrent write can take.
+    pub fn refusal_if_taken(&self, run_id: &str) -> Option<Error> {
+        match self {
+            Record::Journal { seq, .. } => Some(Error::SequenceConflict {
+                run_id: run_id.to_owned(),
+                seq: *seq,
+            }),
+            Record::Step {
+                seq,
+                name,
+                occurrence,
+                ..
+            } => Some(Error::StepExists {
+                run_id: run_id.to_owned(),
+                seq: *seq,
+                step: (*name).to_owned(),
+                occurrence: *occurrence,
+            }),
+            Record::Failure { .. } => None,
+        }
+    }
+}
+
+/// A change to a run's inbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InboxChange<'w> {
+    /// A new event: undelivered, and found again by its idempotency key if it has one.
+    Append {
+        /// Its sequence number in the inbox (free: the plan took the next one).
+        event_seq: u64,
+        /// Its name.
+        name: &'w str,
+        /// The sender's idempotency key.
+        key: Option<&'w str>,
+        /// Its [`EventRecord`](super::EventRecord), serialized ([`event_record`]).
+        record: Vec<u8>,
+    },
+    /// An undelivered event is delivered (it stays in the inbox, for inspection).
+    Deliver {
+        /// Its sequence number in the inbox.
+        event_seq: u64,
+        /// Its name.
+        name: &'w str,
+    },
+}
+
+/// The [`EventRecord`](super::EventRecord) of an event, serialized: what every store keeps in
+/// its inbox. `payload` is JSON and is kept as it is.
+pub fn event_record(name: &str, key: Option<&str>, at_ms: u64, payload: &str) -> Vec<u8> {
+    format!(
+        r#"{{"name":{},{}"at_ms":{at_ms},"payload":{payload}}}"#,
+        json_string(name),
+        key.map(|k| format!(r#""key":{},"#, json_string(k)))
+            .unwrap_or_default(),
+    )
+    .into_bytes()
+}
+
+/// The output a wait records as its step when an event is delivered to it: the event's
+/// sequence number and its payload (JSON, kept as it is).
+pub(crate) fn delivered_output(event_seq: u64, payload: &str) -> String {
+    format!(r#"{{"event":{{"seq":{event_seq},"payload":{payload}}}}}"#)
+}
+
+/// The output a wait records as its step when its time passed first.
+pub(crate) const DUE_OUTPUT: &str = r#""due""#;
+
+fn json_string(s: &str) -> String {
+    serde_json::Value::String(s.to_owned()).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::EventRecord;
+
+    #[test]
+    fn event_records_read_back_as_event_records() {
+        let bytes = event_record("a\"b", Some("k\\1"), 17, r#"{"x":[1,2]}"#);
+        assert_eq!(
+            std::str::from_utf8(&bytes).unwrap(),
+            r#"{"name":"a\"b","key":"k\\1","at_ms":17,"payload":{"x":[1,2]}}"#
+        );
+        let record: EventRecord = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(record.name, "a\"b");
+        assert_eq!(record.key.as_deref(), Some("k\\1"));
+        assert_eq!(record.at_ms, 17);
+        assert_eq!(record.payload.get(), r#"{"x":[1,2]}"#);
+        let bytes = event_record("e", None, 0, "null");
+        assert_eq!(
+            std::str::from_utf8(&bytes).unwrap(),
+            r#"{"name":"e","at_ms":0,"payload":null}"#
+        );
+    }
+}

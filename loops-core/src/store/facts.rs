@@ -1,0 +1,116 @@
+//! What a write needs to know besides its run's row: [`Needs`] (which facts, asked by
+//! [`Write::needs`](super::Write::needs)) and [`Facts`] (their values, gathered by the backend under the write's
+//! locks and given to [`plan`](super::plan::plan)).
+//!
+//! A backend reads each fact its own way (redb: a table lookup in the write transaction;
+//! PostgreSQL: one statement of the first round trip), but every fact means the same in
+//! every backend, as documented on its field.
+
+use super::{Lease, RunInfo};
+use crate::schema::SchemaHash;
+
+/// Which facts a [`Write`](super::Write) needs, besides its run's row: what [`Write::needs`](super::Write::needs) answers. A
+/// backend gathers each one that is set (and only those) into [`Facts`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Needs<'w> {
+    /// The run whose row the write reads (and locks, in a store that locks rows): the row is
+    /// [`plan`](super::plan::plan)'s `row` argument. `None` only for [`Write::Prune`](super::Write::Prune).
+    pub run: Option<&'w str>,
+    /// A record key of the run whose use the write must know: [`Facts::record_taken`].
+    pub record: Option<RecordKey<'w>>,
+    /// A schema hash whose description may be stored already: [`Facts::schema_stored`].
+    pub schema: Option<SchemaHash>,
+    /// `(seq, attempt)`: the next free failure index of that attempt:
+    /// [`Facts::failure_index`].
+    pub failure_index: Option<(u64, u32)>,
+    /// `seq`: the highest attempt with a failure record at that seq:
+    /// [`Facts::failure_attempt`].
+    pub failure_attempt: Option<u64>,
+    /// An event name: the run's oldest undelivered event of that name: [`Facts::pending`].
+    pub pending: Option<&'w str>,
+    /// An idempotency key: the event the run's inbox holds under it: [`Facts::key_seen`].
+    pub event_key: Option<&'w str>,
+    /// The next free event sequence number of the run's inbox: [`Facts::next_event_seq`].
+    pub next_event_seq: bool,
+    /// Runs whose rows the write reads (and locks): [`Facts::runs`].
+    pub runs: &'w [String],
+}
+
+/// A key of one of a run's immutable records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordKey<'w> {
+    /// The transition record of `seq`.
+    Journal {
+        /// Its sequence number.
+        seq: u64,
+    },
+    /// The step record `(name, occurrence)` of the state at `seq`.
+    Step {
+        /// The state's sequence number.
+        seq: u64,
+        /// The step name.
+        name: &'w str,
+        /// Which use of the name, from 0.
+        occurrence: u32,
+    },
+}
+
+/// The values of the facts a write [`Needs`], gathered by the backend under the write's
+/// locks. A fact the write does not need keeps its default value.
+///
+/// Built with `Facts::default()` and filled in field by field (the struct may grow).
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct Facts<'a> {
+    /// The lease the write carries, with the run's current lease: set by stores whose leases
+    /// can lapse and pass between workers; `None` where the lease is not checked (no lease
+    /// given, or a store one process owns).
+    pub lease: Option<LeaseCheck<'a>>,
+    /// Whether the record at [`Needs::record`] exists.
+    pub record_taken: bool,
+    /// Whether a description is stored for [`Needs::schema`].
+    pub schema_stored: bool,
+    /// One more than the highest failure index of [`Needs::failure_index`]'s attempt; 0 if
+    /// it has none.
+    pub failure_index: u32,
+    /// The highest attempt number with a failure record at [`Needs::failure_attempt`]'s seq;
+    /// `None` if there is none.
+    pub failure_attempt: Option<u32>,
+    /// The oldest undelivered event named [`Needs::pending`], if any.
+    pub pending: Option<PendingEvent>,
+    /// The event sequence number of the event sent with [`Needs::event_key`], if any.
+    pub key_seen: Option<u64>,
+    /// One more than the highest event sequence number of the run's inbox; 0 if it is empty.
+    pub next_event_seq: u64,
+    /// The rows of [`Needs::runs`] that exist, in any order.
+    pub runs: Vec<RunInfo>,
+}
+
+/// The lease a write carries and the run's current one.
+#[derive(Debug, Clone, Copy)]
+pub struct LeaseCheck<'a> {
+    /// The lease the write was given.
+    pub lease: &'a Lease,
+    /// The run's current lease, if it has one.
+    pub current: Option<CurrentLease>,
+}
+
+/// A run's current lease, as its store keeps it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CurrentLease {
+    /// Its fencing token.
+    pub token: u64,
+    /// Whether it has not lapsed (by the store's clock).
+    pub live: bool,
+}
+
+/// An undelivered event of a run's inbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingEvent {
+    /// Its sequence number in the inbox.
+    pub event_seq: u64,
+    /// Its [`EventRecord`](super::EventRecord) as stored (JSON), or `None` if the inbox has
+    /// no record for it (a damaged store: the plan refuses with `RecordMissing`).
+    pub record: Option<Vec<u8>>,
+}

@@ -1,0 +1,683 @@
+//! What every write means, once for every store: [`plan`] turns a [`Write`], its run's row
+//! and the [`Facts`] it [`Needs`] into the [`Effects`] to store, or the refusal.
+//!
+//! A backend applies a write in three steps, all inside one atomic commit:
+//! 1. read the row of [`Needs::run`] and the facts [`Write::needs`] asks for (under the
+//!    write's locks);
+//! 2. call [`plan`], which holds every check (fence, lease, refusals), every row change and
+//!    every record encoding, and does no I/O;
+//! 3. write the [`Effects`] out as they are, or nothing if the plan refused.
+//!
+//! Adding a write means a variant of [`Write`], its arm in [`Write::needs`] and in [`plan`]
+//! (a function of its own here), and, only if it needs a new kind of fact or effect, the
+//! code that reads or writes that in each backend.
+
+use std::borrow::Cow;
+
+use super::effects::{DUE_OUTPUT, Effects, InboxChange, Record, delivered_output, event_record};
+use super::facts::{Facts, Needs, PendingEvent, RecordKey};
+use super::protocol::{AfterFailure, EventRecord, Reply, WaitOutcome, Write};
+use super::{RunInfo, RunStatus, WaitInfo};
+use crate::error::{Error, RecordKind, Result};
+use crate::record::{FailureRecord, StepRecord, to_vec};
+
+impl Write {
+    /// The run the write is for; `None` for [`Write::Prune`], which names several.
+    pub fn run_id(&self) -> Option<&str> {
+        match self {
+            Write::Create { info, .. } => Some(&info.run_id),
+            Write::Transition { run_id, .. }
+            | Write::Step { run_id, .. }
+            | Write::Failure { run_id, .. }
+            | Write::BeginAttempt { run_id, .. }
+            | Write::Cancel { run_id, .. }
+            | Write::EndCancelled { run_id, .. }
+            | Write::Retry { run_id, .. }
+            | Write::Wait { run_id, .. }
+            | Write::Send { run_id, .. }
+            | Write::Wake { run_id, .. } => Some(run_id),
+            Write::Prune { .. } => None,
+        }
+    }
+
+    /// The facts the write needs besides its run's row, for the backend to gather (in one
+    /// read, or one round trip together with the locks) before it calls [`plan`].
+    pub fn needs(&self) -> Needs<'_> {
+        let run = self.run_id();
+        match self {
+            Write::Create { info, .. } => Needs {
+                run,
+                record: Some(RecordKey::Journal { seq: 0 }),
+                schema: Some(info.schema),
+                ..Needs::default()
+            },
+            Write::Transition { seq, .. } => Needs {
+                run,
+                record: Some(RecordKey::Journal { seq: *seq }),
+                ..Needs::default()
+            },
+            Write::Step {
+                seq,
+                name,
+                occurrence,
+                ..
+            } => Needs {
+                run,
+                record: Some(RecordKey::Step {
+                    seq: *seq,
+                    name,
+                    occurrence: *occurrence,
+                }),
+                ..Needs::default()
+            },
+            Write::Failure { seq, record, .. } => Needs {
+                run,
+                failure_index: Some((*seq, record.attempt)),
+                ..Needs::default()
+            },
+            Write::BeginAttempt { seq, .. } => Needs {
+                run,
+                failure_attempt: Some(*seq),
+                ..Needs::default()
+            },
+            Write::Wait {
+                seq, step, event, ..
+            } => Needs {
+                run,
+                record: step.as_ref().map(|(name, occurrence)| RecordKey::Step {
+                    seq: *seq,
+                    name,
+                    occurrence: *occurrence,
+                }),
+                pending: event.as_deref(),
+                ..Needs::default()
+            },
+            Write::Send { key, .. } => Needs {
+                run,
+                event_key: key.as_deref(),
+                next_event_seq: true,
+                ..Needs::default()
+            },
+            Write::Cancel { .. }
+            | Write::EndCancelled { .. }
+            | Write::Retry { .. }
+            | Write::Wake { .. } => Needs {
+                run,
+                ..Needs::default()
+            },
+            Write::Prune { run_ids } => Needs {
+                runs: run_ids,
+                ..Needs::default()
+            },
+        }
+    }
+}
+
+/// What `write` means: the [`Effects`] to store, given the run's current `row` (`None` if
+/// the run does not exist; always `None` for [`Write::Prune`]) and the [`Facts`] that
+/// [`Write::needs`] asked for. Pure: reads nothing, writes nothing.
+///
+/// # Errors
+/// The write's refusal, which the store answers without writing anything:
+/// [`Error::RunNotFound`] for a run that does not exist; [`Error::Fenced`] for a write of
+/// a driver whose lease or seq is no longer current, or for a run that has ended;
+/// [`Error::SequenceConflict`] and [`Error::StepExists`] for a record key that is taken;
+/// [`Error::RunEnded`] (cancelling, or sending to, an ended run); [`Error::NotFailed`]
+/// (retrying a run that has not failed); [`Error::RecordMissing`] and [`Error::Decode`]
+/// for an inbox record a wait cannot read.
+pub fn plan<'w>(write: &'w Write, row: Option<&RunInfo>, facts: &Facts<'_>) -> Result<Effects<'w>> {
+    let g = Given { row, facts };
+    match write {
+        Write::Create {
+            info,
+            record,
+            schema_text,
+        } => create(info, record, schema_text, &g),
+        Write::Transition {
+            run_id,
+            seq,
+            state,
+            record,
+            terminal,
+            at_ms,
+        } => transition(run_id, *seq, state, record, *terminal, *at_ms, &g),
+        Write::Step {
+            run_id,
+            seq,
+            name,
+            occurrence,
+            record,
+        } => step(run_id, *seq, name, *occurrence, record, &g),
+        Write::Failure {
+            run_id,
+            seq,
+            record,
+            then,
+        } => failure(run_id, *seq, record, *then, &g),
+        Write::BeginAttempt {
+            run_id,
+            seq,
+            max_attempts,
+            max_interruptions,
+            at_ms,
+        } => begin_attempt(
+            run_id,
+            *seq,
+            (*max_attempts, *max_interruptions),
+            *at_ms,
+            &g,
+        ),
+        Write::Cancel {
+            run_id,
+            reason,
+            end_now,
+            at_ms,
+        } => cancel(run_id, reason, *end_now, *at_ms, &g),
+        Write::EndCancelled { run_id, at_ms } => end_cancelled(run_id, *at_ms, &g),
+        Write::Retry { run_id, at_ms } => retry(run_id, *at_ms, &g),
+        Write::Wait {
+            run_id,
+            seq,
+            attempt,
+            step,
+            event,
+            until_ms,
+            at_ms,
+        } => wait(
+            &WaitArgs {
+                run_id,
+                seq: *seq,
+                attempt: *attempt,
+                step: step
+                    .as_ref()
+                    .map(|(name, occurrence)| (name.as_str(), *occurrence)),
+                event: event.as_deref(),
+                until_ms: *until_ms,
+                at_ms: *at_ms,
+            },
+            &g,
+        ),
+        Write::Send {
+            run_id,
+            name,
+            payload,
+            key,
+            at_ms,
+        } => send(run_id, name, payload, key.as_deref(), *at_ms, &g),
+        Write::Wake { run_id, seq, at_ms } => wake(run_id, *seq, *at_ms, &g),
+        Write::Prune { .. } => Ok(prune(facts)),
+    }
+}
+
+/// What [`plan`] is given besides the write.
+struct Given<'a, 'f> {
+    /// The run's row.
+    row: Option<&'a RunInfo>,
+    /// The facts.
+    facts: &'a Facts<'f>,
+}
+
+fn create<'w>(
+    info: &'w RunInfo,
+    record: &'w [u8],
+    schema_text: &'static str,
+    g: &Given<'_, '_>,
+) -> Result<Effects<'w>> {
+    check_lease(g, &info.run_id, 0)?;
+    if g.row.is_some() || g.facts.record_taken {
+        return Err(Error::SequenceConflict {
+            run_id: info.run_id.clone(),
+            seq: 0,
+        });
+    }
+    let mut effects = Effects::row(&info.run_id, None, info.clone());
+    effects.records.push(Record::Journal {
+        seq: 0,
+        bytes: record,
+    });
+    if !g.facts.schema_stored {
+        effects.schema = Some((info.schema, schema_text));
+    }
+    Ok(effects)
+}
+
+fn transition<'w>(
+    run_id: &'w str,
+    seq: u64,
+    state: &str,
+    record: &'w [u8],
+    terminal: bool,
+    at_ms: u64,
+    g: &Given<'_, '_>,
+) -> Result<Effects<'w>> {
+    let info = fenced(run_id, seq.wrapping_sub(1), g)?;
+    if g.facts.record_taken {
+        return Err(Error::SequenceConflict {
+            run_id: run_id.to_owned(),
+            seq,
+        });
+    }
+    let mut new = info.clone();
+    new.seq = seq;
+    state.clone_into(&mut new.state);
+    new.attempt = 1;
+    new.attempt_base = 0;
+    new.interrupted = 0;
+    new.updated_ms = at_ms;
+    new.retry_at_ms = None;
+    new.error = None;
+    if terminal {
+        new.status = RunStatus::Completed;
+    }
+    let mut effects = Effects::row(run_id, Some(info.status), new);
+    effects.records.push(Record::Journal { seq, bytes: record });
+    Ok(effects)
+}
+
+fn step<'w>(
+    run_id: &'w str,
+    seq: u64,
+    name: &'w str,
+    occurrence: u32,
+    record: &'w [u8],
+    g: &Given<'_, '_>,
+) -> Result<Effects<'w>> {
+    fenced(run_id, seq, g)?;
+    if g.facts.record_taken {
+        return Err(step_exists(run_id, seq, name, occurrence));
+    }
+    let mut effects = Effects::unchanged(run_id, Reply::Done);
+    effects.records.push(Record::Step {
+        seq,
+        name,
+        occurrence,
+        bytes: Cow::Borrowed(record),
+    });
+    Ok(effects)
+}
+
+fn failure<'w>(
+    run_id: &'w str,
+    seq: u64,
+    record: &FailureRecord,
+    then: AfterFailure,
+    g: &Given<'_, '_>,
+) -> Result<Effects<'w>> {
+    let info = fenced(run_id, seq, g)?;
+    let mut new = info.clone();
+    new.error = Some(record.errors.clone());
+    new.updated_ms = record.at_ms;
+    match then {
+        AfterFailure::Nothing => {}
+        AfterFailure::RetryAt(at) => new.retry_at_ms = Some(at),
+        AfterFailure::GiveUp => {
+            new.status = RunStatus::Failed;
+            new.retry_at_ms = None;
+        }
+    }
+    let mut effects = Effects::row(run_id, Some(info.status), new);
+    effects.records.push(Record::Failure {
+        seq,
+        attempt: record.attempt,
+        index: g.facts.failure_index,
+        bytes: to_vec(record),
+    });
+    Ok(effects)
+}
+
+/// `limits`: the retry policy's `(max_attempts, max_interruptions)`.
+fn begin_attempt<'w>(
+    run_id: &'w str,
+    seq: u64,
+    limits: (u32, u32),
+    at_ms: u64,
+    g: &Given<'_, '_>,
+) -> Result<Effects<'w>> {
+    check_lease(g, run_id, seq)?;
+    let info = existing(run_id, g.row)?;
+    if info.status != RunStatus::Running {
+        return Ok(Effects::unchanged(run_id, Reply::Run(info.clone())));
+    }
+    fence(info, seq)?;
+    let mut new = info.clone();
+    // Failure records of a seq are only ever made for its current attempt or earlier ones.
+    let has_failure = g.facts.failure_attempt == Some(info.attempt);
+    let interrupted = new.begin_attempt(has_failure, at_ms, limits.0, limits.1);
+    let mut effects = Effects::row(run_id, Some(info.status), new);
+    if let Some(record) = interrupted {
+        effects.records.push(Record::Failure {
+            seq,
+            attempt: record.attempt,
+            index: 0,
+            bytes: to_vec(&record),
+        });
+    }
+    Ok(effects)
+}
+
+fn cancel<'w>(
+    run_id: &'w str,
+    reason: &str,
+    end_now: bool,
+    at_ms: u64,
+    g: &Given<'_, '_>,
+) -> Result<Effects<'w>> {
+    let info = leased(run_id, g)?;
+    if info.status.is_ended() {
+        return Err(run_ended(info, "cancel"));
+    }
+    let mut new = info.clone();
+    new.cancel = Some(reason.to_owned());
+    if end_now {
+        new.status = RunStatus::Cancelled;
+    }
+    new.updated_ms = at_ms;
+    Ok(Effects::row(run_id, Some(info.status), new))
+}
+
+fn end_cancelled<'w>(run_id: &'w str, at_ms: u64, g: &Given<'_, '_>) -> Result<Effects<'w>> {
+    let info = leased(run_id, g)?;
+    if info.status.is_ended() || info.cancel.is_none() {
+        return Ok(Effects::unchanged(run_id, Reply::Run(info.clone())));
+    }
+    let mut new = info.clone();
+    new.status = RunStatus::Cancelled;
+    new.updated_ms = at_ms;
+    Ok(Effects::row(run_id, Some(info.status), new))
+}
+
+fn retry<'w>(run_id: &'w str, at_ms: u64, g: &Given<'_, '_>) -> Result<Effects<'w>> {
+    let info = leased(run_id, g)?;
+    if info.status != RunStatus::Failed {
+        return Err(Error::NotFailed {
+            run_id: run_id.to_owned(),
+            status: info.status,
+        });
+    }
+    let mut new = info.clone();
+    new.status = RunStatus::Running;
+    // The retry policy's budget counts afresh from here; attempt numbers (and the failure
+    // records keyed by them) go on.
+    new.attempt_base = info.attempt;
+    new.interrupted = 0;
+    new.retry_at_ms = None;
+    new.updated_ms = at_ms;
+    Ok(Effects::row(run_id, Some(info.status), new))
+}
+
+/// The fields of a [`Write::Wait`].
+struct WaitArgs<'w> {
+    run_id: &'w str,
+    seq: u64,
+    attempt: u32,
+    step: Option<(&'w str, u32)>,
+    event: Option<&'w str>,
+    until_ms: Option<u64>,
+    at_ms: u64,
+}
+
+/// [`Write::Wait`]: deliver the oldest pending event, or end the wait if its time passed,
+/// or park the run.
+fn wait<'w>(w: &WaitArgs<'w>, g: &Given<'_, '_>) -> Result<Effects<'w>> {
+    let info = fenced(w.run_id, w.seq, g)?;
+    if let Some((name, occurrence)) = w.step
+        && g.facts.record_taken
+    {
+        return Err(step_exists(w.run_id, w.seq, name, occurrence));
+    }
+    let delivered = match (w.event, &g.facts.pending) {
+        (Some(event), Some(pending)) => {
+            Some((pending.event_seq, payload(w.run_id, event, pending)?))
+        }
+        _ => None,
+    };
+    let (outcome, output) = if let Some((event_seq, payload)) = delivered {
+        let output = delivered_output(event_seq, &payload);
+        (WaitOutcome::Delivered { event_seq, payload }, Some(output))
+    } else if w.until_ms.is_some_and(|until| until <= w.at_ms) {
+        (WaitOutcome::Due, Some(DUE_OUTPUT.to_owned()))
+    } else {
+        (WaitOutcome::Parked, None)
+    };
+    let mut new = info.clone();
+    if outcome == WaitOutcome::Parked {
+        new.status = RunStatus::Waiting;
+        new.wait = Some(WaitInfo {
+            event: w.event.map(str::to_owned),
+            until_ms: w.until_ms,
+        });
+    } else {
+        new.status = RunStatus::Running;
+        new.wait = None;
+    }
+    new.updated_ms = w.at_ms;
+    let reply = Reply::Waited(outcome.clone(), new.clone());
+    let mut effects = Effects::row(w.run_id, Some(info.status), new);
+    effects.reply = reply;
+    if let (Some((name, occurrence)), Some(output)) = (w.step, output) {
+        effects
+            .records
+            .push(wait_step(w, name, occurrence, output)?);
+    }
+    if let (Some(event), WaitOutcome::Delivered { event_seq, .. }) = (w.event, outcome) {
+        effects.inbox.push(InboxChange::Deliver {
+            event_seq,
+            name: event,
+        });
+    }
+    Ok(effects)
+}
+
+/// The step record of a wait's outcome (`output`, JSON), as the step `(name, occurrence)`.
+fn wait_step<'w>(
+    w: &WaitArgs<'w>,
+    name: &'w str,
+    occurrence: u32,
+    output: String,
+) -> Result<Record<'w>> {
+    let output =
+        serde_json::value::RawValue::from_string(output).map_err(|source| Error::Decode {
+            run_id: w.run_id.to_owned(),
+            record: RecordKind::Step {
+                name: name.to_owned(),
+                occurrence,
+            },
+            seq: w.seq,
+            state: String::new(),
+            source,
+        })?;
+    let record = StepRecord {
+        attempt: w.attempt,
+        at_ms: w.at_ms,
+        duration_ms: 0,
+        output,
+    };
+    Ok(Record::Step {
+        seq: w.seq,
+        name,
+        occurrence,
+        bytes: Cow::Owned(to_vec(&record)),
+    })
+}
+
+fn send<'w>(
+    run_id: &'w str,
+    name: &'w str,
+    payload: &str,
+    key: Option<&'w str>,
+    at_ms: u64,
+    g: &Given<'_, '_>,
+) -> Result<Effects<'w>> {
+    let info = leased(run_id, g)?;
+    if info.status.is_ended() {
+        return Err(run_ended(info, "sending an event"));
+    }
+    if key.is_some()
+        && let Some(existing) = g.facts.key_seen
+    {
+        let reply = Reply::Sent {
+            event_seq: existing,
+            duplicate: true,
+            info: info.clone(),
+        };
+        return Ok(Effects::unchanged(run_id, reply));
+    }
+    let event_seq = g.facts.next_event_seq;
+    let reply = Reply::Sent {
+        event_seq,
+        duplicate: false,
+        info: info.clone(),
+    };
+    let mut effects = Effects::unchanged(run_id, reply);
+    effects.inbox.push(InboxChange::Append {
+        event_seq,
+        name,
+        key,
+        record: event_record(name, key, at_ms, payload),
+    });
+    Ok(effects)
+}
+
+fn wake<'w>(run_id: &'w str, seq: u64, at_ms: u64, g: &Given<'_, '_>) -> Result<Effects<'w>> {
+    check_lease(g, run_id, seq)?;
+    let info = existing(run_id, g.row)?;
+    if info.status != RunStatus::Waiting || info.seq != seq {
+        return Ok(Effects::unchanged(run_id, Reply::Run(info.clone())));
+    }
+    let mut new = info.clone();
+    new.status = RunStatus::Running;
+    new.wait = None;
+    new.updated_ms = at_ms;
+    Ok(Effects::row(run_id, Some(info.status), new))
+}
+
+/// [`Write::Prune`]: the ended runs among [`Facts::runs`] go; the others stay.
+fn prune(facts: &Facts<'_>) -> Effects<'static> {
+    let delete: Vec<RunInfo> = facts
+        .runs
+        .iter()
+        .filter(|info| info.status.is_ended())
+        .cloned()
+        .collect();
+    // A run's journal holds one record per seq, from 0 to its current seq.
+    let records = delete.iter().map(|info| info.seq + 1).sum();
+    let mut effects = Effects::unchanged("", Reply::Pruned { records });
+    effects.delete = delete;
+    effects
+}
+
+/// The payload JSON of the pending event `event` of `run_id`.
+fn payload(run_id: &str, event: &str, pending: &PendingEvent) -> Result<String> {
+    let Some(bytes) = &pending.record else {
+        return Err(Error::RecordMissing {
+            run_id: run_id.to_owned(),
+            seq: pending.event_seq,
+        });
+    };
+    let record: EventRecord = serde_json::from_slice(bytes).map_err(|source| Error::Decode {
+        run_id: run_id.to_owned(),
+        record: RecordKind::Event {
+            name: Some(event.to_owned()),
+        },
+        seq: pending.event_seq,
+        state: String::new(),
+        source,
+    })?;
+    Ok(record.payload.get().to_owned())
+}
+
+/// The checks of a driver's write for `seq`: the lease, the run exists, the fence.
+fn fenced<'a>(run_id: &str, seq: u64, g: &Given<'a, '_>) -> Result<&'a RunInfo> {
+    check_lease(g, run_id, seq)?;
+    let info = existing(run_id, g.row)?;
+    fence(info, seq)?;
+    Ok(info)
+}
+
+/// The checks of a write for the run as it is (not for a seq): the run exists, the lease.
+fn leased<'a>(run_id: &str, g: &Given<'a, '_>) -> Result<&'a RunInfo> {
+    let info = existing(run_id, g.row)?;
+    check_lease(g, run_id, info.seq)?;
+    Ok(info)
+}
+
+/// The run's row, or `RunNotFound`.
+fn existing<'r>(run_id: &str, row: Option<&'r RunInfo>) -> Result<&'r RunInfo> {
+    row.ok_or_else(|| Error::RunNotFound {
+        run_id: run_id.to_owned(),
+    })
+}
+
+/// Refuses a write for `seq` unless the run is at `seq` and has not ended.
+fn fence(info: &RunInfo, seq: u64) -> Result<()> {
+    if info.seq != seq || info.status.is_ended() {
+        return Err(Error::Fenced {
+            run_id: info.run_id.clone(),
+            seq,
+            current: info.seq,
+            status: info.status,
+        });
+    }
+    Ok(())
+}
+
+/// Refuses the write (for `seq`) unless the lease it carries, if checked, is the run's
+/// current, live lease.
+fn check_lease(g: &Given<'_, '_>, run_id: &str, seq: u64) -> Result<()> {
+    let Some(check) = &g.facts.lease else {
+        return Ok(());
+    };
+    let held = check.lease.run_id == run_id
+        && check
+            .current
+            .is_some_and(|current| current.token == check.lease.token && current.live);
+    if held {
+        return Ok(());
+    }
+    Err(Error::Fenced {
+        run_id: run_id.to_owned(),
+        seq,
+        current: g.row.map_or(0, |info| info.seq),
+        status: g.row.map_or(RunStatus::Running, |info| info.status),
+    })
+}
+
+fn step_exists(run_id: &str, seq: u64, name: &str, occurrence: u32) -> Error {
+    Error::StepExists {
+        run_id: run_id.to_owned(),
+        seq,
+        step: name.to_owned(),
+        occurrence,
+    }
+}
+
+fn run_ended(info: &RunInfo, action: &'static str) -> Error {
+    Error::RunEnded {
+        run_id: info.run_id.clone(),
+        status: info.status,
+        action,
+    }
+}
+
+impl RunInfo {
+    /// Reads a run's row as stored (JSON; the run id is the row's key, not in the value).
+    ///
+    /// # Errors
+    /// [`Error::Decode`] (a run row of `run_id`) if `bytes` is not a row.
+    pub fn decode(run_id: &str, bytes: &[u8]) -> Result<RunInfo> {
+        let mut info: RunInfo = serde_json::from_slice(bytes).map_err(|source| Error::Decode {
+            run_id: run_id.to_owned(),
+            record: RecordKind::RunRow,
+            seq: 0,
+            state: String::new(),
+            source,
+        })?;
+        info.run_id = run_id.to_owned();
+        Ok(info)
+    }
+
+    /// The row as stored (JSON, without the run id): what [`decode`](Self::decode) reads.
+    pub fn encode(&self) -> Vec<u8> {
+        to_vec(self)
+    }
+}

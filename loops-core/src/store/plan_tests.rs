@@ -1,0 +1,251 @@
+//! Unit tests of [`plan`](super::plan): exact effects and refusals, without a store.
+
+use super::*;
+use crate::error::Error;
+
+/// A row of run `run_id` with every field set.
+pub(super) fn row(run_id: &str, status: RunStatus, seq: u64) -> RunInfo {
+    RunInfo {
+        run_id: run_id.to_owned(),
+        workflow: "w".to_owned(),
+        schema: crate::SchemaHash::from_u64(9),
+        status,
+        state: "A".to_owned(),
+        seq,
+        attempt: 2,
+        attempt_base: 1,
+        interrupted: 1,
+        created_ms: 10,
+        updated_ms: 20,
+        retry_at_ms: Some(30),
+        error: Some(vec!["boom".to_owned()]),
+        cancel: None,
+        wait: None,
+    }
+}
+
+fn transition(seq: u64, terminal: bool) -> Write {
+    Write::Transition {
+        run_id: "r".to_owned(),
+        seq,
+        state: "B".to_owned(),
+        record: b"{}".to_vec(),
+        terminal,
+        at_ms: 99,
+    }
+}
+
+#[test]
+fn a_transition_moves_the_row_and_appends_its_record() {
+    let current = row("r", RunStatus::Running, 3);
+    let write = transition(4, true);
+    let effects = plan(&write, Some(&current), &Facts::default()).unwrap();
+    let expected = RunInfo {
+        status: RunStatus::Completed,
+        state: "B".to_owned(),
+        seq: 4,
+        attempt: 1,
+        attempt_base: 0,
+        interrupted: 0,
+        updated_ms: 99,
+        retry_at_ms: None,
+        error: None,
+        ..current.clone()
+    };
+    let new = effects.row.as_ref().unwrap();
+    assert_eq!(new.info, expected);
+    assert_eq!(
+        new.status_move(),
+        Some((Some(RunStatus::Running), RunStatus::Completed))
+    );
+    assert_eq!(
+        effects.records,
+        vec![Record::Journal {
+            seq: 4,
+            bytes: b"{}"
+        }]
+    );
+    assert!(effects.inbox.is_empty() && effects.schema.is_none() && effects.delete.is_empty());
+    assert!(matches!(effects.reply, Reply::Run(info) if info == expected));
+}
+
+#[test]
+fn a_transition_is_refused_when_fenced_or_its_key_is_taken() {
+    let current = row("r", RunStatus::Running, 3);
+    match plan(&transition(5, false), Some(&current), &Facts::default()) {
+        Err(Error::Fenced {
+            run_id,
+            seq: 4,
+            current: 3,
+            status: RunStatus::Running,
+        }) => assert_eq!(run_id, "r"),
+        other => panic!("expected Fenced, got {other:?}"),
+    }
+    let facts = Facts {
+        record_taken: true,
+        ..Facts::default()
+    };
+    match plan(&transition(4, false), Some(&current), &facts) {
+        Err(Error::SequenceConflict { run_id, seq: 4 }) => assert_eq!(run_id, "r"),
+        other => panic!("expected SequenceConflict, got {other:?}"),
+    }
+    match plan(&transition(4, false), None, &Facts::default()) {
+        Err(Error::RunNotFound { run_id }) => assert_eq!(run_id, "r"),
+        other => panic!("expected RunNotFound, got {other:?}"),
+    }
+}
+
+#[test]
+fn only_the_current_live_lease_may_write() {
+    let current = row("r", RunStatus::Running, 3);
+    let lease = Lease {
+        run_id: "r".to_owned(),
+        token: 7,
+        expires_ms: Some(1),
+    };
+    let with = |token, live| {
+        let facts = Facts {
+            lease: Some(LeaseCheck {
+                lease: &lease,
+                current: Some(CurrentLease { token, live }),
+            }),
+            ..Facts::default()
+        };
+        plan(&transition(4, false), Some(&current), &facts).map(|e| e.records.len())
+    };
+    assert_eq!(with(7, true).unwrap(), 1);
+    for (token, live) in [(8, true), (7, false)] {
+        match with(token, live) {
+            Err(Error::Fenced {
+                seq: 3, current: 3, ..
+            }) => {}
+            other => panic!("expected Fenced, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_wait_takes_the_oldest_pending_event() {
+    let current = row("r", RunStatus::Running, 3);
+    let write = Write::Wait {
+        run_id: "r".to_owned(),
+        seq: 3,
+        attempt: 2,
+        step: Some(("w".to_owned(), 1)),
+        event: Some("go".to_owned()),
+        until_ms: Some(1_000),
+        at_ms: 50,
+    };
+    let mut facts = Facts {
+        pending: Some(PendingEvent {
+            event_seq: 6,
+            record: Some(event_record("go", None, 40, r#"{"n":1}"#)),
+        }),
+        ..Facts::default()
+    };
+    let effects = plan(&write, Some(&current), &facts).unwrap();
+    let step = br#"{"attempt":2,"at_ms":50,"duration_ms":0,"output":{"event":{"seq":6,"payload":{"n":1}}}}"#;
+    assert_eq!(
+        effects.records,
+        vec![Record::Step {
+            seq: 3,
+            name: "w",
+            occurrence: 1,
+            bytes: std::borrow::Cow::Owned(step.to_vec()),
+        }]
+    );
+    assert_eq!(
+        effects.inbox,
+        vec![InboxChange::Deliver {
+            event_seq: 6,
+            name: "go"
+        }]
+    );
+    let outcome = WaitOutcome::Delivered {
+        event_seq: 6,
+        payload: r#"{"n":1}"#.to_owned(),
+    };
+    assert!(matches!(&effects.reply, Reply::Waited(o, info)
+        if *o == outcome && info.status == RunStatus::Running && info.updated_ms == 50));
+    // Without an event and before its time, the run parks.
+    let effects = plan(&write, Some(&current), &Facts::default()).unwrap();
+    assert!(effects.records.is_empty() && effects.inbox.is_empty());
+    let parked = &effects.row.as_ref().unwrap().info;
+    assert_eq!(
+        (parked.status, parked.wait.clone()),
+        (
+            RunStatus::Waiting,
+            Some(WaitInfo {
+                event: Some("go".to_owned()),
+                until_ms: Some(1_000)
+            })
+        )
+    );
+    // An inbox entry without its record is refused.
+    facts.pending = Some(PendingEvent {
+        event_seq: 6,
+        record: None,
+    });
+    match plan(&write, Some(&current), &facts) {
+        Err(Error::RecordMissing { run_id, seq: 6 }) => assert_eq!(run_id, "r"),
+        other => panic!("expected RecordMissing, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_second_send_with_a_key_stores_nothing() {
+    let current = row("r", RunStatus::Waiting, 3);
+    let write = Write::Send {
+        run_id: "r".to_owned(),
+        name: "go".to_owned(),
+        payload: "1".to_owned(),
+        key: Some("k".to_owned()),
+        at_ms: 5,
+    };
+    let mut facts = Facts {
+        next_event_seq: 4,
+        ..Facts::default()
+    };
+    let first = plan(&write, Some(&current), &facts).unwrap();
+    assert_eq!(
+        first.inbox,
+        vec![InboxChange::Append {
+            event_seq: 4,
+            name: "go",
+            key: Some("k"),
+            record: br#"{"name":"go","key":"k","at_ms":5,"payload":1}"#.to_vec(),
+        }]
+    );
+    assert!(first.row.is_none());
+    facts.key_seen = Some(2);
+    let again = plan(&write, Some(&current), &facts).unwrap();
+    assert!(again.is_empty());
+    assert!(matches!(
+        again.reply,
+        Reply::Sent {
+            event_seq: 2,
+            duplicate: true,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn prune_deletes_only_ended_runs() {
+    let write = Write::Prune {
+        run_ids: vec!["a".to_owned(), "b".to_owned(), "c".to_owned()],
+    };
+    assert_eq!(write.needs().runs.len(), 3);
+    let facts = Facts {
+        runs: vec![
+            row("a", RunStatus::Completed, 2),
+            row("b", RunStatus::Running, 5),
+            row("c", RunStatus::Cancelled, 0),
+        ],
+        ..Facts::default()
+    };
+    let effects = plan(&write, None, &facts).unwrap();
+    let deleted: Vec<&str> = effects.delete.iter().map(|i| i.run_id.as_str()).collect();
+    assert_eq!(deleted, ["a", "c"]);
+    assert!(matches!(effects.reply, Reply::Pruned { records: 4 }));
+}

@@ -1,0 +1,127 @@
+//! When a run needs a driver: the one rule both stores, the scheduler and the driver use.
+
+use super::{RunInfo, RunStatus};
+
+/// When a run needs a driver, as [`RunInfo::readiness`] computes it from the row alone: from a
+/// time on, or once an event arrives, whichever comes first. A run with neither never needs
+/// one (it has ended).
+///
+/// A store that filters runs in its query language can keep these two values as columns and
+/// ask `from_ms <= now OR an undelivered event named event exists`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Readiness<'a> {
+    /// From when the run needs a driver, in ms since the Unix epoch (0: now).
+    pub from_ms: Option<u64>,
+    /// An event whose arrival (undelivered in the run's inbox) makes it need one.
+    pub event: Option<&'a str>,
+}
+
+/// Whether a run needs a driver now: [`Readiness::at`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ready<'a> {
+    /// Yes.
+    Now,
+    /// If an undelivered event of this name is in its inbox.
+    OnEvent(&'a str),
+    /// No.
+    No,
+}
+
+impl<'a> Readiness<'a> {
+    /// Whether the run needs a driver at `now_ms` (ms since the Unix epoch), as far as the
+    /// row tells: at once, if an event is in its inbox, or not.
+    pub fn at(&self, now_ms: u64) -> Ready<'a> {
+        if self.from_ms.is_some_and(|from| from <= now_ms) {
+            return Ready::Now;
+        }
+        match self.event {
+            Some(event) => Ready::OnEvent(event),
+            None => Ready::No,
+        }
+    }
+}
+
+impl RunInfo {
+    /// When the run needs a driver: a running run at once; a waiting run at once if its
+    /// cancellation was asked for (the driver ends it) or if it waits for nothing, else
+    /// when its wait's time passes or its event arrives; an ended run never.
+    pub fn readiness(&self) -> Readiness<'_> {
+        const NOW: Readiness<'static> = Readiness {
+            from_ms: Some(0),
+            event: None,
+        };
+        match self.status {
+            RunStatus::Running => NOW,
+            RunStatus::Waiting if self.cancel.is_some() => NOW,
+            RunStatus::Waiting => match &self.wait {
+                None => NOW,
+                Some(wait) => Readiness {
+                    from_ms: wait.until_ms,
+                    event: wait.event.as_deref(),
+                },
+            },
+            RunStatus::Completed | RunStatus::Failed | RunStatus::Cancelled => Readiness {
+                from_ms: None,
+                event: None,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::WaitInfo;
+
+    fn row(status: RunStatus, wait: Option<WaitInfo>, cancel: bool) -> RunInfo {
+        RunInfo {
+            cancel: cancel.then(|| "stop".to_owned()),
+            wait,
+            ..crate::store::plan_tests::row("r", status, 3)
+        }
+    }
+
+    fn wait(event: Option<&str>, until_ms: Option<u64>) -> Option<WaitInfo> {
+        Some(WaitInfo {
+            event: event.map(str::to_owned),
+            until_ms,
+        })
+    }
+
+    #[test]
+    fn the_rule() {
+        fn at(info: &RunInfo, now: u64) -> Ready<'_> {
+            info.readiness().at(now)
+        }
+        assert_eq!(at(&row(RunStatus::Running, None, false), 5), Ready::Now);
+        assert_eq!(at(&row(RunStatus::Waiting, None, false), 5), Ready::Now);
+        let sleeping = row(RunStatus::Waiting, wait(None, Some(10)), false);
+        assert_eq!(at(&sleeping, 9), Ready::No);
+        assert_eq!(at(&sleeping, 10), Ready::Now);
+        let waiting = row(RunStatus::Waiting, wait(Some("go"), Some(10)), false);
+        assert_eq!(at(&waiting, 9), Ready::OnEvent("go"));
+        assert_eq!(at(&waiting, 11), Ready::Now);
+        let forever = row(RunStatus::Waiting, wait(Some("go"), None), false);
+        assert_eq!(at(&forever, u64::MAX), Ready::OnEvent("go"));
+        // A pending cancellation makes a waiting run ready whatever it waits for.
+        let cancelled = row(RunStatus::Waiting, wait(Some("go"), None), true);
+        assert_eq!(
+            cancelled.readiness(),
+            Readiness {
+                from_ms: Some(0),
+                event: None
+            }
+        );
+        assert_eq!(at(&cancelled, 0), Ready::Now);
+        for status in [
+            RunStatus::Completed,
+            RunStatus::Failed,
+            RunStatus::Cancelled,
+        ] {
+            assert_eq!(
+                at(&row(status, wait(Some("go"), Some(1)), true), 9),
+                Ready::No
+            );
+        }
+    }
+}

@@ -1,0 +1,17 @@
+//! Fault points of the PostgreSQL store (cargo feature `failpoints`, off by default; without
+//! it they compile to nothing).
+//!
+//! With the feature on, a test process sets an action on a point with the `fail` crate
+//! (`fail::cfg_callback(name, f)` runs `f` there, on the writing thread: a callback that
+//! blocks holds the write at that point).
+//!
+//! | name | where |
+//! |---|---|
+//! | `loops_postgres::write::before_commit` | a write's first round trip (`BEGIN`, the row locks, its reads) is done; its second (the changes and `COMMIT`) is not sent yet |
+
+/// The fault point `loops_postgres::write::before_commit`.
+#[inline]
+pub(crate) fn before_commit() {
+    #[cfg(feature = "failpoints")]
+    fail::fail_point!("loops_postgres::write::before_commit");
+}
