@@ -126,6 +126,14 @@ struct Cli {
     #[arg(long, conflicts_with = "auto_approve")]
     approve: bool,
 
+    /// Serve the store's control endpoint (the socket <STORE>.sock) while this process runs,
+    /// and keep running while the run waits at the approval gate, until the run ends (or
+    /// Ctrl-C): meanwhile `loops --store <STORE> runs`, `show <RUN>` and
+    /// `send <RUN> approve --json '{"by":"you"}'` work, and an approval sent so is taken by
+    /// this process at once
+    #[arg(long)]
+    serve: bool,
+
     #[command(flatten)]
     model: ModelArgs,
 }
@@ -202,11 +210,27 @@ async fn run(cli: Cli) -> Result<Ended> {
         () = interrupt.wait() => return Ok(Ended::Interrupted),
         set_up = set_up(&cli) => set_up?,
     };
+    let control = if cli.serve {
+        let served = runtime.serve_control_next_to_store().await;
+        let served = served.context("--serve: cannot serve the control endpoint")?;
+        if let loops::control::Endpoint::Unix(socket) = served.endpoint() {
+            say!(
+                "control: {} (`loops --store <STORE>` reaches this process through it)",
+                socket.display()
+            );
+        }
+        Some(served)
+    } else {
+        None
+    };
     let ended = tokio::select! {
         biased;
         () = interrupt.wait() => Ok(Ended::Interrupted),
         driven = drive(&cli, &paths, &runtime, model) => driven.map(|()| Ended::Done),
     };
+    if let Some(control) = control {
+        control.stop().await;
+    }
     // Stops what still runs, and closes the store file cleanly.
     runtime.shutdown().await;
     drop(runtime);
@@ -473,8 +497,10 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
             "--auto-approve".to_owned(),
         )
     };
+    let run = runtime.run(&cli.run_id, initial, &agent);
+    tokio::pin!(run);
     let outcome = tokio::select! {
-        result = runtime.run(&cli.run_id, initial, &agent) => Some(result),
+        result = &mut run => Some(result),
         () = send_approval(runtime, &cli.run_id, approve, &approver) => None,
         () = parked_at_the_gate(runtime, &cli.run_id, approve) => {
             report_tokens().await?;
@@ -484,8 +510,17 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
                      (--auto-approve approves it)"
                 );
             }
-            say!("{}", approval_hint(cli, &shown_store));
-            return Ok(());
+            if !cli.serve {
+                say!("{}", approval_hint(cli, &shown_store));
+                return Ok(());
+            }
+            // --serve: the run waits in this process, which takes an approval sent through
+            // the control endpoint at once.
+            say!("{}", serving_hint(cli, &shown_store));
+            tokio::select! {
+                result = &mut run => Some(result),
+                () = hooks.stopped() => None,
+            }
         }
         () = hooks.stopped() => None,
     };
@@ -662,6 +697,18 @@ fn approval_hint(cli: &Cli, store: &Path) -> String {
          Approve and go on with:\n  {again} --approve\nor, while no deliver runs:\n  \
          cargo run -p loops-cli -- --store {} send {} {APPROVAL_EVENT} --json {}",
         path(store),
+        shell_word(&cli.run_id),
+        shell_word(r#"{"by":"you"}"#),
+    )
+}
+
+/// What to type to approve a run parked at the gate while this process serves: the `loops`
+/// CLI's `send`, which reaches it through the control endpoint.
+fn serving_hint(cli: &Cli, store: &Path) -> String {
+    format!(
+        "waiting for approval, and serving: this process goes on once an approval arrives. \
+         Approve with:\n  cargo run -p loops-cli -- --store {} send {} {APPROVAL_EVENT} --json {}",
+        shell_word(&store.to_string_lossy()),
         shell_word(&cli.run_id),
         shell_word(r#"{"by":"you"}"#),
     )

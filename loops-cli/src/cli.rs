@@ -20,8 +20,15 @@ Examples:
   loops prune --older-than 30d --dry-run    # what retention would remove
   loops runs --json | jq '.[].run_id'
 
-The store is the redb file the workflow's process opens with Runtime::open. redb lets one
-process hold it: stop the process before using this tool on its store.";
+The store is the redb file the workflow's process opens with Runtime::open, or a PostgreSQL
+store (--store postgres://USER@HOST/DB --pg-schema NAME). redb lets one process hold a file:
+while a process holds it, this tool goes through the control endpoint the process serves
+next to it (FILE.sock; Runtime::serve_control_next_to_store), with the same output and exit
+codes. --verbose says which way it took.
+
+Exit codes: 0 done; 1 the command failed (no such run, a store that is missing, damaged,
+locked by a process without a control endpoint, a PostgreSQL server that is down, a process
+of another loops version); 2 a bad argument.";
 
 /// Inspect, steer and clean up the runs in a loops store file.
 ///
@@ -29,9 +36,25 @@ process hold it: stop the process before using this tool on its store.";
 #[derive(Debug, Parser)]
 #[command(name = "loops", version, after_help = EXAMPLES, max_term_width = 100)]
 pub struct Cli {
-    /// The store file (the path the workflow's process gives to Runtime::open).
-    #[arg(long, global = true, env = "LOOPS_STORE", value_name = "PATH")]
+    /// The store: the redb file the workflow's process gives to Runtime::open, or a
+    /// PostgreSQL URL (postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?sslmode=require]).
+    #[arg(long, global = true, env = "LOOPS_STORE", value_name = "PATH|URL")]
     pub store: Option<PathBuf>,
+
+    /// The PostgreSQL schema that holds the store's tables (with a postgres:// store).
+    #[arg(
+        long,
+        global = true,
+        env = "LOOPS_PG_SCHEMA",
+        value_name = "NAME",
+        default_value = "loops"
+    )]
+    pub pg_schema: String,
+
+    /// Say on stderr how the store was reached: the file directly, a running process's
+    /// control endpoint, or PostgreSQL.
+    #[arg(long, short, global = true)]
+    pub verbose: bool,
 
     /// When to colour the output: auto colours a terminal unless NO_COLOR is set.
     #[arg(long, global = true, value_enum, default_value_t = ColorArg::Auto, value_name = "WHEN")]

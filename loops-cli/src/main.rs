@@ -14,6 +14,7 @@ mod failure;
 mod graph;
 mod json;
 mod open;
+mod operator;
 mod output;
 mod panics;
 mod view;
@@ -56,22 +57,28 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<(), Failure> {
-    let path = open::store_path(cli.store)?;
-    panics::set_store(&path);
+    let target = open::target(cli.store, cli.pg_schema)?;
+    if let Some(path) = target.file() {
+        panics::set_store(path);
+    }
     open::set_verify(!cli.no_verify);
+    open::set_verbose(cli.verbose);
     let checking = matches!(cli.command, Command::Check(_));
     let done = match &cli.command {
-        Command::Runs(args) => commands::runs::run(&path, args),
-        Command::Show(args) => commands::show::run(&path, args),
-        Command::History(args) => commands::history::run(&path, args),
-        Command::Cancel(args) => commands::steer::cancel(&path, args),
-        Command::Retry(args) => commands::steer::retry(&path, args),
-        Command::Send(args) => commands::steer::send(&path, args),
-        Command::Prune(args) => commands::prune::prune(&path, args),
-        Command::Compact(args) => commands::prune::compact(&path, args),
-        Command::Schema(args) => commands::schema::run(&path, args),
-        Command::Check(args) => commands::check::run(&path, args),
-        Command::Graph(args) => commands::graph::run(&path, args),
+        Command::Runs(args) => commands::runs::run(&target, args),
+        Command::Show(args) => commands::show::run(&target, args),
+        Command::History(args) => commands::history::run(&target, args),
+        Command::Cancel(args) => commands::steer::cancel(&target, args),
+        Command::Retry(args) => commands::steer::retry(&target, args),
+        Command::Send(args) => commands::steer::send(&target, args),
+        Command::Prune(args) => commands::prune::prune(&target, args),
+        Command::Compact(args) => commands::prune::compact(&target, args),
+        Command::Schema(args) => commands::schema::run(&target, args),
+        Command::Check(args) => commands::check::run(&target, args),
+        Command::Graph(args) => commands::graph::run(&target, args),
     };
-    done.map_err(|failure| failure.in_store(&path, checking))
+    match target.file() {
+        Some(path) => done.map_err(|failure| failure.in_store(path, checking)),
+        None => done,
+    }
 }

@@ -1,28 +1,183 @@
-//! Opening the store file: read-only for inspection, writable for commands that change it,
-//! with one clear line for each way it can fail.
+//! Reaching the store: the [`Operator`] a command works through, and one clear line for
+//! each way that can fail.
 //!
-//! The runtime opens redb in its default mode, in which the process that has the file open
-//! holds an exclusive lock on it: while it runs, no other process can read the file, not even
-//! read-only. A file whose process crashed (kill -9, power loss) must be repaired by a
-//! writable open before a read-only open accepts it; read-only commands make that repair
-//! once, say so on stderr, and go on read-only.
+//! A redb file: the runtime opens redb in its default mode, in which the process that has
+//! the file open holds an exclusive lock on it, so that no other process can read the file,
+//! not even read-only. A process that serves its control endpoint next to the file
+//! (`FILE.sock`) is asked instead; otherwise the file is opened here: read-only for
+//! inspection, writable for commands that change it. A file whose process crashed (kill -9,
+//! power loss) must be repaired by a writable open before a read-only open accepts it;
+//! read-only commands make that repair once, say so on stderr, and go on read-only.
+//!
+//! A PostgreSQL store (`--store postgres://...`) is shared by its workers: it is opened
+//! here, without creating or migrating anything, over TLS as the URL's `sslmode` says.
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use loops_core::control::{Client, ControlError, Endpoint, socket_path};
 use loops_core::{Error, RedbStore, Runtime, StoreOptions};
 
 use crate::failure::{Failure, Result};
+use crate::operator::{Local, Operator, Remote};
 use crate::output::note;
 
-/// The store path from `--store` or `LOOPS_STORE`, or a usage failure saying how to give it.
-pub fn store_path(given: Option<PathBuf>) -> Result<PathBuf> {
+/// Where the store is: `--store`'s value.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// A redb store file.
+    File(PathBuf),
+    /// A PostgreSQL store: a `postgres://` URL and the schema of its tables.
+    Postgres {
+        /// The connection URL (as given: it may hold a password; never printed).
+        url: String,
+        /// The PostgreSQL schema (`--pg-schema`).
+        schema: String,
+    },
+}
+
+impl Target {
+    /// The store file, for commands and messages that need one.
+    pub fn file(&self) -> Option<&Path> {
+        match self {
+            Target::File(path) => Some(path),
+            Target::Postgres { .. } => None,
+        }
+    }
+}
+
+/// The store from `--store` or `LOOPS_STORE` (a file path, or a `postgres://` or
+/// `postgresql://` URL with `--pg-schema`), or a usage failure saying how to give it.
+pub fn target(given: Option<PathBuf>, pg_schema: String) -> Result<Target> {
     match given {
-        Some(path) if !path.as_os_str().is_empty() => Ok(path),
+        Some(path) if !path.as_os_str().is_empty() => match path.to_str() {
+            Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+                Ok(Target::Postgres {
+                    url: url.to_owned(),
+                    schema: pg_schema,
+                })
+            }
+            _ => Ok(Target::File(path)),
+        },
         _ => Err(Failure::usage(
-            "no store file given: pass --store PATH or set LOOPS_STORE=PATH (the file the workflow's process opens with Runtime::open)",
+            "no store given: pass --store PATH (or a postgres:// URL) or set LOOPS_STORE (the file the workflow's process opens with Runtime::open)",
         )),
     }
+}
+
+/// What a command does to the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// It only reads: a file is opened read-only, and nothing is written.
+    Read,
+    /// It writes.
+    Write,
+}
+
+/// Whether `--verbose` was given: then the way the store was reached is said on stderr.
+static VERBOSE: OnceLock<bool> = OnceLock::new();
+
+/// Sets whether [`operator`] says how it reached the store.
+pub fn set_verbose(verbose: bool) {
+    let _ = VERBOSE.set(verbose);
+}
+
+/// The operator for `target`, reached as [`Access`] allows: the control endpoint of the
+/// process that holds a redb file if one answers next to it, else the file itself; a
+/// PostgreSQL store directly.
+pub fn operator(target: &Target, access: Access) -> Result<Box<dyn Operator>> {
+    let operator = match target {
+        Target::File(path) => file_operator(path, access)?,
+        Target::Postgres { url, schema } => postgres_operator(url, schema)?,
+    };
+    if VERBOSE.get().copied().unwrap_or(false) {
+        note(&format!(
+            "store {}: {}",
+            operator.label(),
+            operator.reached()
+        ));
+    }
+    Ok(operator)
+}
+
+/// Whether the URL's `sslmode` asks for TLS (anything but `disable`, `allow` and `prefer`,
+/// the default).
+fn wants_tls(url: &str) -> bool {
+    url.split(['?', '&'])
+        .filter_map(|kv| kv.strip_prefix("sslmode="))
+        .any(|mode| !matches!(mode, "disable" | "allow" | "prefer"))
+}
+
+/// A tokio runtime for one command's async calls (the runtime's API is async; the CLI does
+/// one thing at a time).
+pub fn tokio() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::new(format!("cannot start the async runtime: {e}")))
+}
+
+fn file_operator(path: &Path, access: Access) -> Result<Box<dyn Operator>> {
+    check_file(path)?;
+    let tokio = tokio()?;
+    let label = path.display().to_string();
+    if let Some(client) = served(path, &tokio)? {
+        return Ok(Box::new(Remote::new(label, client, tokio)));
+    }
+    Ok(match access {
+        Access::Read => Box::new(Local::read_only(read_only(path)?, tokio)),
+        Access::Write => {
+            let (runtime, _) = writable(path)?;
+            let reached = "opened the store file for writing (no process holds it)".to_owned();
+            Box::new(Local::runtime(runtime, label, reached, tokio))
+        }
+    })
+}
+
+/// The client of the control endpoint next to the store file at `path`, if a process
+/// answers on it; `None` if there is no socket, or a stale one (its process is gone).
+pub fn served(path: &Path, tokio: &tokio::runtime::Runtime) -> Result<Option<Client>> {
+    let socket = socket_path(path);
+    if std::fs::symlink_metadata(&socket).is_err() {
+        return Ok(None);
+    }
+    match tokio.block_on(Client::connect(Endpoint::Unix(socket))) {
+        Ok(client) => Ok(Some(client)),
+        Err(ControlError::Unreachable { .. }) => Ok(None),
+        Err(e) => Err(crate::operator::remote_failure(
+            &path.display().to_string(),
+            e,
+        )),
+    }
+}
+
+fn postgres_operator(url: &str, schema: &str) -> Result<Box<dyn Operator>> {
+    let tokio = tokio()?;
+    let builder = loops_postgres::PgStore::builder(url)
+        .schema(schema)
+        .pool_size(2)
+        // A command never creates or migrates a store: a missing schema is refused.
+        .migrate(false);
+    // As loops-postgres takes TLS: with a connector when the URL asks for it
+    // (`sslmode=require`), checking the server's certificate against the system's roots;
+    // otherwise in the clear, as `connect` does.
+    let connect = if wants_tls(url) {
+        let tls = native_tls::TlsConnector::new()
+            .map_err(|e| Failure::new(format!("cannot set up TLS for PostgreSQL: {e}")))?;
+        tokio.block_on(builder.connect_tls(postgres_native_tls::MakeTlsConnector::new(tls)))
+    } else {
+        tokio.block_on(builder.connect())
+    };
+    let store = connect.map_err(|e| {
+        Failure::new(match &e {
+            loops_postgres::Error::Connect { .. } => e.to_string(),
+            _ => format!("PostgreSQL store (schema {schema}): {e}"),
+        })
+    })?;
+    let label = store.label().to_owned();
+    let runtime = tokio.block_on(async { Runtime::builder().build(store) });
+    let reached = "connected to the PostgreSQL store (shared with its workers)".to_owned();
+    Ok(Box::new(Local::runtime(runtime, label, reached, tokio)))
 }
 
 /// Whether read-only commands verify the file's checksums before they read it (`--no-verify`
@@ -165,8 +320,9 @@ fn is_loops_store(path: &Path, store: &RedbStore) -> Result<()> {
 pub fn open_failure(path: &Path, e: Error) -> Failure {
     match e {
         Error::StoreLocked { .. } => Failure::new(format!(
-            "store {} is in use by a running process (redb allows no reader beside it); stop the process or wait for it to exit, then run this command again",
-            path.display()
+            "store {} is in use by a running process that serves no control endpoint (none answers on {}; redb allows no reader beside the process): serve one in it (Runtime::serve_control_next_to_store), or stop it, then run this command again",
+            path.display(),
+            socket_path(path).display()
         )),
         // The same words as for a panic of redb on a damaged file (see panics.rs).
         Error::Open { source, .. } if is_corrupted(&*source) => Failure::new(format!(

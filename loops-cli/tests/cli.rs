@@ -2053,7 +2053,8 @@ fn a_store_held_by_a_running_process_is_refused_in_one_line() {
     let (_dir, path) = store();
     let rt = Runtime::open(&path).unwrap();
     let want = format!(
-        "error: store {} is in use by a running process (redb allows no reader beside it); stop the process or wait for it to exit, then run this command again\n",
+        "error: store {} is in use by a running process that serves no control endpoint (none answers on {}.sock; redb allows no reader beside the process): serve one in it (Runtime::serve_control_next_to_store), or stop it, then run this command again\n",
+        path.display(),
         path.display()
     );
     for args in [
@@ -2584,7 +2585,7 @@ fn bad_arguments_are_clear_errors() {
         .args(["runs"])
         .assert()
         .code(2)
-        .stderr("error: no store file given: pass --store PATH or set LOOPS_STORE=PATH (the file the workflow's process opens with Runtime::open)\n");
+        .stderr("error: no store given: pass --store PATH (or a postgres:// URL) or set LOOPS_STORE (the file the workflow's process opens with Runtime::open)\n");
     // --store wins over the environment.
     Command::cargo_bin("loops")
         .unwrap()

@@ -8,6 +8,8 @@
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
+#[cfg(feature = "control")]
+pub mod control;
 pub mod error;
 mod failpoint;
 mod migrate;

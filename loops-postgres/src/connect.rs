@@ -38,6 +38,7 @@ pub struct PgStoreBuilder {
     connect_timeout: Duration,
     timeout: Duration,
     allow_plaintext: bool,
+    migrate: bool,
 }
 
 impl PgStoreBuilder {
@@ -51,7 +52,18 @@ impl PgStoreBuilder {
             connect_timeout: Duration::from_secs(5),
             timeout: DEFAULT_TIMEOUT,
             allow_plaintext: false,
+            migrate: true,
         }
+    }
+
+    /// Whether [`connect`](Self::connect) creates the schema and applies the migrations it
+    /// lacks (the default, `true`). With `false`, connecting writes nothing: a schema that
+    /// does not exist, or is not at this build's [`SCHEMA_VERSION`](crate::SCHEMA_VERSION),
+    /// is refused with [`Error::NotMigrated`]. For tools that only look at a store (the
+    /// `loops` CLI).
+    pub fn migrate(mut self, migrate: bool) -> Self {
+        self.migrate = migrate;
+        self
     }
 
     /// Connections in the pool for reads and writes (default [`DEFAULT_POOL_SIZE`]). Each
@@ -216,7 +228,11 @@ impl PgStoreBuilder {
             .await
             .map_err(|e| connect_err(e.into()))?;
         let conn_task = tokio::spawn(connection);
-        let migrated = migrate::migrate(&mut client, &self.schema).await;
+        let migrated = if self.migrate {
+            migrate::migrate(&mut client, &self.schema).await
+        } else {
+            migrate::check(&client, &self.schema).await
+        };
         let reported = match migrated {
             Ok(_) => report_transport(&client, transport, &label).await,
             Err(_) => Ok(()),

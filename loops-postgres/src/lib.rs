@@ -191,6 +191,21 @@ pub enum Error {
         source: tokio_postgres::Error,
     },
 
+    /// [`PgStoreBuilder::migrate`] is `false`, and the schema does not exist or is not at
+    /// this build's [`SCHEMA_VERSION`] (`found` 0: it holds no loops store). Nothing was
+    /// changed.
+    #[error(
+        "schema {schema:?} holds no loops store of version {supported} (found version {found}; 0: none); a worker's connect creates and migrates it"
+    )]
+    NotMigrated {
+        /// The PostgreSQL schema.
+        schema: String,
+        /// The version found (0 if the schema or its `migrations` table does not exist).
+        found: i32,
+        /// The version this build needs.
+        supported: i32,
+    },
+
     /// The schema was migrated by a newer build of loops-postgres (to `found`, past the
     /// `supported` [`SCHEMA_VERSION`]): this build refuses to touch it. Nothing was changed.
     #[error(
@@ -469,6 +484,10 @@ impl Store for PgStore {
 
     fn schema(&self, hash: SchemaHash) -> BoxFuture<'_, loops_core::Result<Option<String>>> {
         Box::pin(self.read_schema(hash))
+    }
+
+    fn schemas(&self) -> BoxFuture<'_, loops_core::Result<Vec<(SchemaHash, String)>>> {
+        Box::pin(self.read_schemas())
     }
 
     fn acquire<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, loops_core::Result<Option<Lease>>> {

@@ -88,6 +88,46 @@ CREATE SEQUENCE {s}.lease_tokens;
 /// The newest schema version this build knows (and creates).
 pub const SCHEMA_VERSION: i32 = 1;
 
+/// Checks, writing nothing, that schema `schema` is at [`SCHEMA_VERSION`]. Returns it.
+pub(crate) async fn check(client: &tokio_postgres::Client, schema: &str) -> Result<i32, Error> {
+    let failed = |source| Error::Migrate {
+        schema: schema.to_owned(),
+        version: 0,
+        source,
+    };
+    let table = format!("\"{schema}\".migrations");
+    let exists: bool = client
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
+        .await
+        .map_err(failed)?
+        .get(0);
+    let found: i32 = if exists {
+        client
+            .query_one(
+                &format!("SELECT coalesce(max(version), 0) FROM \"{schema}\".migrations"),
+                &[],
+            )
+            .await
+            .map_err(failed)?
+            .get(0)
+    } else {
+        0
+    };
+    match found {
+        SCHEMA_VERSION => Ok(found),
+        found if found > SCHEMA_VERSION => Err(Error::SchemaTooNew {
+            schema: schema.to_owned(),
+            found,
+            supported: SCHEMA_VERSION,
+        }),
+        found => Err(Error::NotMigrated {
+            schema: schema.to_owned(),
+            found,
+            supported: SCHEMA_VERSION,
+        }),
+    }
+}
+
 /// Creates the schema `schema` if needed and applies the migrations it lacks, in one
 /// transaction under an advisory lock. Returns the version the schema is at.
 pub(crate) async fn migrate(

@@ -259,6 +259,25 @@ impl PgStore {
         rows.first().map(|row| text(row, 0, "?")).transpose()
     }
 
+    pub(crate) async fn read_schemas(&self) -> Result<Vec<(SchemaHash, String)>> {
+        let rows = self
+            .rows(
+                || "reading schemas".to_owned(),
+                &self.inner.sql.schemas,
+                &[],
+            )
+            .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in &rows {
+            // A key that is not a hash was not written by loops: skipped, as the redb store
+            // skips it.
+            if let Ok(hash) = text(row, 0, "?")?.parse() {
+                out.push((hash, text(row, 1, "?")?));
+            }
+        }
+        Ok(out)
+    }
+
     pub(crate) async fn lease_acquire(&self, run_id: &str) -> Result<Option<Lease>> {
         let rows = self
             .rows(

@@ -40,6 +40,7 @@ pub(crate) struct Sql {
     pub(crate) list: String,
     pub(crate) list_workflow: String,
     pub(crate) schema: String,
+    pub(crate) schemas: String,
     pub(crate) acquire: String,
     pub(crate) release: String,
     pub(crate) renew: String,
@@ -128,6 +129,7 @@ impl Sql {
             list_workflow: f("SELECT run_id, info FROM {s}.runs \
                  WHERE status = $1 AND workflow = $2 ORDER BY run_id"),
             schema: f("SELECT description FROM {s}.schemas WHERE hash = $1"),
+            schemas: f("SELECT hash, description FROM {s}.schemas ORDER BY hash"),
             // A lease is granted if the run has none, if its lease lapsed, or if this store
             // holds it already (the runtime claims a run once per process; a lease of this
             // store that is still live belongs to a driver that stopped and whose release

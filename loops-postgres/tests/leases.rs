@@ -115,6 +115,9 @@ impl Store for Counting {
     fn schema(&self, hash: SchemaHash) -> BoxFuture<'_, loops_core::Result<Option<String>>> {
         self.inner.schema(hash)
     }
+    fn schemas(&self) -> BoxFuture<'_, loops_core::Result<Vec<(SchemaHash, String)>>> {
+        self.inner.schemas()
+    }
     fn acquire<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, loops_core::Result<Option<Lease>>> {
         self.inner.acquire(run_id)
     }

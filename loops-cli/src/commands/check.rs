@@ -1,7 +1,6 @@
 //! `loops check`: the integrity of the store file.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use loops_core::RunStatus;
 use serde::Serialize;
@@ -9,7 +8,7 @@ use serde::Serialize;
 use super::block_on;
 use crate::cli::JsonArg;
 use crate::failure::{Failure, Result};
-use crate::open;
+use crate::open::{self, Target};
 use crate::output::{Cell, HEADER, Table, emit, emit_json, status_style};
 
 /// `loops check --json`.
@@ -23,7 +22,18 @@ struct CheckView {
 }
 
 /// Verifies every page's checksum (redb), then reads every run's row and latest record back.
-pub fn run(path: &Path, args: &JsonArg) -> Result<()> {
+pub fn run(target: &Target, args: &JsonArg) -> Result<()> {
+    let Some(path) = target.file() else {
+        return Err(Failure::new(
+            "loops check verifies the pages of a redb store file; a PostgreSQL server checks its own data (`loops runs` reads every run's row)",
+        ));
+    };
+    if open::served(path, &open::tokio()?)?.is_some() {
+        return Err(Failure::new(format!(
+            "store {} is held by a running process (it answers on its control endpoint): loops check verifies the file page by page and needs it to itself; stop the process first",
+            path.display()
+        )));
+    }
     let (rt, repaired_on_open) = open::writable(path)?;
     let store = open::redb(path, &rt)?;
     let reader = store.clone();

@@ -4,35 +4,30 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use loops_core::{RedbStore, RunStatus, SchemaHash};
+use loops_core::{RunStatus, SchemaHash};
 
 use super::schema::resolve;
-use super::show::not_found;
 use crate::cli::{GraphArgs, GraphFormat};
 use crate::description::Description;
 use crate::failure::{Failure, Result, run_id_arg};
 use crate::graph::{self, Graph};
-use crate::open;
+use crate::open::{self, Access, Target};
+use crate::operator::{Operator, not_found};
 use crate::output::{emit, note};
 
 /// Draws the graph `args` asks for.
-pub fn run(path: &Path, args: &GraphArgs) -> Result<()> {
+pub fn run(target: &Target, args: &GraphArgs) -> Result<()> {
     let to_stdout = args.svg.as_deref() == Some(Path::new("-"));
     if to_stdout && args.format.is_some() {
         return Err(Failure::usage(
             "--svg - and --format both write to stdout; write the SVG to a file, or leave out --format",
         ));
     }
-    let store = open::read_only(path)?;
+    let store = open::operator(target, Access::Read)?;
     let graph = match &args.run {
-        Some(run) => run_graph(&store, path, &run_id_arg(run)?, args.workflow.as_deref())?,
+        Some(run) => run_graph(&*store, &run_id_arg(run)?, args.workflow.as_deref())?,
         None => {
-            let (hash, text) = choose(
-                &store,
-                path,
-                args.workflow.as_deref(),
-                args.schema.as_deref(),
-            )?;
+            let (hash, text) = choose(&*store, args.workflow.as_deref(), args.schema.as_deref())?;
             graph_of(&text, hash)?
         }
     };
@@ -74,13 +69,10 @@ fn graph_of(text: &str, hash: SchemaHash) -> Result<Graph> {
 }
 
 /// The graph of run `run_id`'s schema, with the run's path through it.
-fn run_graph(
-    store: &RedbStore,
-    path: &Path,
-    run_id: &str,
-    workflow: Option<&str>,
-) -> Result<Graph> {
-    let info = store.run(run_id)?.ok_or_else(|| not_found(path, run_id))?;
+fn run_graph(store: &dyn Operator, run_id: &str, workflow: Option<&str>) -> Result<Graph> {
+    let info = store
+        .run(run_id)?
+        .ok_or_else(|| not_found(store.label(), run_id))?;
     if let Some(want) = workflow.filter(|w| *w != info.workflow) {
         return Err(Failure::new(format!(
             "run `{run_id}` is a run of workflow `{}`, not `{want}`",
@@ -107,14 +99,13 @@ fn run_graph(
 /// created run; schemas whose runs are all gone come after those with runs, by declared
 /// version. A tie between schemas without runs is refused with a list to pick from.
 fn choose(
-    store: &RedbStore,
-    path: &Path,
+    store: &dyn Operator,
     workflow: Option<&str>,
     schema: Option<&str>,
 ) -> Result<(SchemaHash, String)> {
     let stored = store.schemas()?;
     if let Some(given) = schema {
-        let (hash, text) = resolve(path, &stored, given)?;
+        let (hash, text) = resolve(store.label(), &stored, given)?;
         let of = Description::parse(text).workflow;
         if let Some(want) = workflow.filter(|w| of.as_deref() != Some(*w)) {
             return Err(Failure::new(format!(
@@ -151,7 +142,7 @@ fn choose(
         };
         return Err(Failure::new(format!(
             "no schema of workflow `{workflow}` is stored in {} ({known})",
-            path.display()
+            store.label()
         )));
     }
     if let [(hash, text, _)] = candidates.as_slice() {

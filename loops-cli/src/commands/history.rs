@@ -1,18 +1,17 @@
 //! `loops history RUN`: every transition, step, failed attempt and event of a run.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use loops_core::FailureSource;
 use loops_core::record::now_ms;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use super::show::not_found;
 use crate::cli::HistoryArgs;
 use crate::failure::{Result, run_id_arg};
 use crate::json::preview;
-use crate::open;
+use crate::open::{self, Access, Target};
+use crate::operator::not_found;
 use crate::output::{
     Cell, DIM, ERROR, HEADER, ID, Table, duration, emit, emit_json, paint, rfc3339, status_style,
 };
@@ -44,12 +43,12 @@ struct TransitionView {
 }
 
 /// Shows the run's history.
-pub fn run(path: &Path, args: &HistoryArgs) -> Result<()> {
+pub fn run(target: &Target, args: &HistoryArgs) -> Result<()> {
     let run_id = run_id_arg(&args.run)?;
-    let store = open::read_only(path)?;
+    let store = open::operator(target, Access::Read)?;
     let info = store
         .run(&run_id)?
-        .ok_or_else(|| not_found(path, &run_id))?;
+        .ok_or_else(|| not_found(store.label(), &run_id))?;
     let mut failures: BTreeMap<u64, Vec<FailureView>> = BTreeMap::new();
     for (seq, record) in store.failures(&run_id)? {
         failures.entry(seq).or_default().push(record.into());

@@ -5,14 +5,11 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use loops_core::RetentionPolicy;
-use loops_core::record::now_ms;
-use loops_core::store::redb::PRUNE_BATCH;
 use serde::Serialize;
 
-use super::block_on;
 use crate::cli::{JsonArg, PruneArgs};
 use crate::failure::Result;
-use crate::open;
+use crate::open::{self, Access, Target};
 use crate::output::{ID, bytes, emit, emit_json, paint};
 
 /// `loops prune --json`.
@@ -49,65 +46,44 @@ fn bar(len: u64, json: bool) -> ProgressBar {
     bar
 }
 
-/// Removes (or lists, with `--dry-run`) the ended runs the policy expires.
-pub fn prune(path: &Path, args: &PruneArgs) -> Result<()> {
+/// Removes (or lists, with `--dry-run`) the ended runs the policy expires. A dry run only
+/// reads: a store file is opened read-only and its bytes stay as they are.
+pub fn prune(target: &Target, args: &PruneArgs) -> Result<()> {
     let policy = RetentionPolicy {
         max_age: args.older_than,
         keep_last: args.keep_last,
         keep_failed: args.keep_failed,
     };
-    let bytes_before = file_bytes(path);
-    if args.dry_run {
-        // Selecting (and counting records) needs no write: a dry run opens read-only and
-        // leaves the file's bytes as they are.
-        let store = open::read_only(path)?;
-        let selected = block_on(store.prune(&policy, now_ms(), true))??;
-        let view = PruneView {
-            dry_run: true,
-            runs: selected.runs,
-            records: selected.records,
-            run_ids: selected.run_ids,
-            bytes_before,
-            bytes_after: bytes_before,
-        };
-        return report(&view, args.json);
-    }
-    let (rt, _) = open::writable(path)?;
-    // Select as a dry run would, then delete in chunks to show progress.
-    let selected = block_on(rt.prune_with(&policy, true))??;
-    let mut view = PruneView {
-        dry_run: false,
-        runs: selected.runs,
-        records: selected.records,
-        run_ids: selected.run_ids,
-        bytes_before,
-        bytes_after: bytes_before,
+    let file = target.file();
+    let bytes_before = file.map_or(0, file_bytes);
+    let access = if args.dry_run {
+        Access::Read
+    } else {
+        Access::Write
     };
-    if !view.run_ids.is_empty() {
-        let progress = bar(view.runs, args.json);
-        progress.set_message("pruning");
-        // About 50 steps of progress, at most PRUNE_BATCH runs per commit.
-        let chunk = (view.run_ids.len() / 50).clamp(1, PRUNE_BATCH);
-        let store = open::redb(path, &rt)?;
-        let mut records = 0;
-        let outcome: loops_core::Result<()> = block_on(async {
-            for ids in view.run_ids.chunks(chunk) {
-                records += store.delete_ended_runs(ids).await?;
-                progress.inc(ids.len() as u64);
-            }
-            Ok(())
-        })?;
-        progress.finish_and_clear();
-        outcome?;
-        view.records = records;
-    }
+    let store = open::operator(target, access)?;
+    let progress = bar(0, args.json || args.dry_run);
+    progress.set_message("pruning");
+    let pruned = store.prune(&policy, args.dry_run, &|done, total| {
+        progress.set_length(total);
+        progress.set_position(done);
+    });
+    progress.finish_and_clear();
+    let pruned = pruned?;
     // redb writes its allocator state when the file closes: measure after that.
-    drop(rt);
-    view.bytes_after = file_bytes(path);
-    report(&view, args.json)
+    store.close();
+    let view = PruneView {
+        dry_run: args.dry_run,
+        runs: pruned.runs,
+        records: pruned.records,
+        run_ids: pruned.run_ids,
+        bytes_before,
+        bytes_after: file.map_or(0, file_bytes),
+    };
+    report(&view, args.json, file.is_some())
 }
 
-fn report(view: &PruneView, json: bool) -> Result<()> {
+fn report(view: &PruneView, json: bool, file: bool) -> Result<()> {
     if json {
         return emit_json(view);
     }
@@ -127,21 +103,31 @@ fn report(view: &PruneView, json: bool) -> Result<()> {
         out.push_str("(dry run: nothing removed)\n");
     } else {
         out.push_str(&format!(
-            "removed {} run{} ({} transition records, with their steps, failures and events)\nstore file: {} before, {} after; `loops compact` returns the free pages left inside it to the file system\n",
+            "removed {} run{} ({} transition records, with their steps, failures and events)\n",
             view.runs,
             plural(view.runs),
             view.records,
-            bytes(view.bytes_before),
-            bytes(view.bytes_after),
         ));
+        if file {
+            out.push_str(&format!(
+                "store file: {} before, {} after; `loops compact` returns the free pages left inside it to the file system\n",
+                bytes(view.bytes_before),
+                bytes(view.bytes_after),
+            ));
+        }
     }
     emit(&out)
 }
 
 /// Compacts the store file.
-pub fn compact(path: &Path, args: &JsonArg) -> Result<()> {
+pub fn compact(target: &Target, args: &JsonArg) -> Result<()> {
+    let Some(path) = target.file() else {
+        return Err(crate::failure::Failure::new(
+            "loops compact compacts a redb store file; a PostgreSQL store returns the space of pruned runs with its own VACUUM",
+        ));
+    };
     let bytes_before = file_bytes(path);
-    let (rt, _) = open::writable(path)?;
+    let store = open::operator(target, Access::Write)?;
     let spinner = if args.json {
         ProgressBar::hidden()
     } else {
@@ -149,12 +135,12 @@ pub fn compact(path: &Path, args: &JsonArg) -> Result<()> {
     };
     spinner.set_message("compacting");
     spinner.enable_steady_tick(Duration::from_millis(100));
-    let compacted = block_on(rt.compact());
+    let compacted = store.compact();
     spinner.finish_and_clear();
-    compacted??;
+    compacted?;
     // Sizes as the file system sees them, before the command and once the file is closed
     // (redb writes its allocator state on close).
-    drop(rt);
+    store.close();
     let bytes_after = file_bytes(path);
     let view = CompactView {
         bytes_before,

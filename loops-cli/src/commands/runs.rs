@@ -1,7 +1,5 @@
 //! `loops runs`: the table of runs.
 
-use std::path::Path;
-
 use humantime::format_duration;
 use loops_core::record::now_ms;
 use loops_core::{RunInfo, RunStatus};
@@ -9,14 +7,14 @@ use loops_core::{RunInfo, RunStatus};
 use super::schema::resolve;
 use crate::cli::RunsArgs;
 use crate::failure::{Failure, Result};
-use crate::open;
+use crate::open::{self, Access, Target};
 use crate::output::{Cell, DIM, ID, Table, emit, emit_json, note, relative, status_style};
 use crate::view::{RunView, waiting_text};
 
 /// Lists the runs that match `args`, most recently changed first.
-pub fn run(path: &Path, args: &RunsArgs) -> Result<()> {
+pub fn run(target: &Target, args: &RunsArgs) -> Result<()> {
     check_ages(args)?;
-    let store = open::read_only(path)?;
+    let store = open::operator(target, Access::Read)?;
     let statuses: Vec<RunStatus> = if args.status.is_empty() {
         RunStatus::ALL.to_vec()
     } else {
@@ -31,7 +29,7 @@ pub fn run(path: &Path, args: &RunsArgs) -> Result<()> {
         runs.extend(store.list(status, args.workflow.as_deref())?);
     }
     if let Some(given) = &args.schema {
-        let (hash, _) = resolve(path, &store.schemas()?, given)?;
+        let (hash, _) = resolve(store.label(), &store.schemas()?, given)?;
         runs.retain(|info| info.schema == hash);
     }
     let age = |d: std::time::Duration| now.saturating_sub(d.as_millis() as u64);

@@ -2,17 +2,16 @@
 //! and what changed between two of them.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 
 use loops_core::schema::{Class, SchemaDiff};
-use loops_core::{RedbStore, RunStatus, SchemaHash};
+use loops_core::{RunStatus, SchemaHash};
 use serde::Serialize;
 
-use super::show::not_found;
 use crate::cli::SchemaArgs;
 use crate::description::Description;
 use crate::failure::{Failure, Result, run_id_arg};
-use crate::open;
+use crate::open::{self, Access, Target};
+use crate::operator::{Operator, not_found};
 use crate::output::{Cell, DIM, ERROR, HEADER, ID, Table, emit, emit_json, paint, status_style};
 
 /// One stored schema, with its runs.
@@ -50,20 +49,20 @@ struct DiffView {
 }
 
 /// Lists schemas, shows a run's or one by hash, or diffs two.
-pub fn run(path: &Path, args: &SchemaArgs) -> Result<()> {
+pub fn run(target: &Target, args: &SchemaArgs) -> Result<()> {
+    let store = open::operator(target, Access::Read)?;
     if let Some(hashes) = &args.diff {
-        return diff(path, hashes, args.json);
+        return diff(&*store, hashes, args.json);
     }
-    let store = open::read_only(path)?;
     if let Some(given) = &args.hash {
-        return by_hash(path, &store, given, args.json);
+        return by_hash(&*store, given, args.json);
     }
     match &args.run {
         Some(run) => {
             let run_id = run_id_arg(run)?;
             let info = store
                 .run(&run_id)?
-                .ok_or_else(|| not_found(path, &run_id))?;
+                .ok_or_else(|| not_found(store.label(), &run_id))?;
             let view = RunSchemaView {
                 description: store.schema(info.schema)?,
                 hash: info.schema.to_string(),
@@ -83,12 +82,12 @@ pub fn run(path: &Path, args: &SchemaArgs) -> Result<()> {
             out.push_str(&indent(view.description.as_deref()));
             emit(&out)
         }
-        None => list(&store, args.json),
+        None => list(&*store, args.json),
     }
 }
 
 /// Every stored schema with its runs, by workflow, version and hash.
-fn views(store: &RedbStore) -> Result<Vec<SchemaView>> {
+fn views(store: &dyn Operator) -> Result<Vec<SchemaView>> {
     let mut views: BTreeMap<SchemaHash, SchemaView> = store
         .schemas()?
         .into_iter()
@@ -127,7 +126,7 @@ fn views(store: &RedbStore) -> Result<Vec<SchemaView>> {
     Ok(views)
 }
 
-fn list(store: &RedbStore, json: bool) -> Result<()> {
+fn list(store: &dyn Operator, json: bool) -> Result<()> {
     let views = views(store)?;
     if json {
         return emit_json(&views);
@@ -160,8 +159,8 @@ fn list(store: &RedbStore, json: bool) -> Result<()> {
 }
 
 /// `loops schema --hash HASH`: one stored schema's description, with its runs.
-fn by_hash(path: &Path, store: &RedbStore, given: &str, json: bool) -> Result<()> {
-    let (hash, _) = resolve(path, &store.schemas()?, given)?;
+fn by_hash(store: &dyn Operator, given: &str, json: bool) -> Result<()> {
+    let (hash, _) = resolve(store.label(), &store.schemas()?, given)?;
     let hash = hash.to_string();
     let view = views(store)?
         .into_iter()
@@ -195,14 +194,13 @@ fn by_hash(path: &Path, store: &RedbStore, given: &str, json: bool) -> Result<()
     emit(&out)
 }
 
-fn diff(path: &Path, hashes: &[String], json: bool) -> Result<()> {
+fn diff(store: &dyn Operator, hashes: &[String], json: bool) -> Result<()> {
     let [a, b] = hashes else {
         return Err(Failure::usage("--diff takes two schema hashes"));
     };
-    let store = open::read_only(path)?;
     let stored = store.schemas()?;
-    let (from, old) = resolve(path, &stored, a)?;
-    let (to, new) = resolve(path, &stored, b)?;
+    let (from, old) = resolve(store.label(), &stored, a)?;
+    let (to, new) = resolve(store.label(), &stored, b)?;
     let view = DiffView {
         from: from.to_string(),
         to: to.to_string(),
@@ -235,7 +233,7 @@ fn diff(path: &Path, hashes: &[String], json: bool) -> Result<()> {
 /// names, among `stored`; a usage failure if `given` is not hex of that length, a failure if
 /// no stored schema or several match.
 pub fn resolve<'a>(
-    path: &Path,
+    label: &str,
     stored: &'a [(SchemaHash, String)],
     given: &str,
 ) -> Result<(SchemaHash, &'a str)> {
@@ -252,8 +250,7 @@ pub fn resolve<'a>(
     match found.as_slice() {
         [(hash, text)] => Ok((*hash, text.as_str())),
         [] => Err(Failure::new(format!(
-            "no schema {given} is stored in {} (`loops schema` lists them)",
-            path.display()
+            "no schema {given} is stored in {label} (`loops schema` lists them)"
         ))),
         _ => Err(Failure::new(format!(
             "schema hash prefix {given} matches {} stored schemas; give more digits",

@@ -1,16 +1,15 @@
 //! `loops show RUN`: where one run stands.
 
-use std::path::Path;
-
 use loops_core::record::now_ms;
-use loops_core::{RedbStore, RunInfo, RunStatus, TransitionRecord};
+use loops_core::{RunInfo, RunStatus, TransitionRecord};
 use serde::Serialize;
 use serde_json::value::RawValue;
 
 use crate::cli::ShowArgs;
-use crate::failure::{Failure, Result, run_id_arg};
+use crate::failure::{Result, run_id_arg};
 use crate::json::pretty;
-use crate::open;
+use crate::open::{self, Access, Target};
+use crate::operator::{Operator, not_found};
 use crate::output::{
     Cell, DIM, ERROR, HEADER, ID, PLAIN, Table, emit, emit_json, paint, relative, rfc3339,
     status_style,
@@ -27,24 +26,18 @@ struct ShowView {
 }
 
 /// The run's row and latest record, or a failure naming the run and the store.
-pub fn find(store: &RedbStore, path: &Path, run_id: &str) -> Result<(RunInfo, TransitionRecord)> {
-    store.latest(run_id)?.ok_or_else(|| not_found(path, run_id))
-}
-
-/// The failure for a run id the store does not have.
-pub fn not_found(path: &Path, run_id: &str) -> Failure {
-    Failure::new(format!(
-        "run `{run_id}` does not exist in store {} (`loops runs` lists the runs)",
-        path.display()
-    ))
+pub fn find(store: &dyn Operator, run_id: &str) -> Result<(RunInfo, TransitionRecord)> {
+    store
+        .latest(run_id)?
+        .ok_or_else(|| not_found(store.label(), run_id))
 }
 
 /// Shows the run's status, current state with its data, wait, and schema hash; with
 /// `--schema`, the schema's description too (the JSON form always has it).
-pub fn run(path: &Path, args: &ShowArgs) -> Result<()> {
+pub fn run(target: &Target, args: &ShowArgs) -> Result<()> {
     let run_id = run_id_arg(&args.run)?;
-    let store = open::read_only(path)?;
-    let (info, record) = find(&store, path, &run_id)?;
+    let store = open::operator(target, Access::Read)?;
+    let (info, record) = find(&*store, &run_id)?;
     let description = store.schema(info.schema)?;
     let pending: Vec<EventView> = store
         .events(&run_id)?

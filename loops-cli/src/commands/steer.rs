@@ -1,32 +1,20 @@
 //! `loops cancel`, `loops retry` and `loops send`: the commands that change a run.
 
 use std::io::Read as _;
-use std::path::Path;
 
-use loops_core::{Error, RunInfo, RunStatus};
+use loops_core::{RunInfo, RunStatus};
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-use super::block_on;
-use super::show::not_found;
 use crate::cli::{CancelArgs, DEFAULT_CANCEL_REASON, OutputArg, RetryArgs, SendArgs};
 use crate::failure::{Failure, Result, run_id_arg, utf8_arg};
-use crate::open;
+use crate::open::{self, Access, Target};
+use crate::operator::not_found;
 use crate::output::{ID, emit, emit_json, note, paint, status_style};
 use crate::view::RunView;
 
-/// Maps "no such run" to a failure that names the store, and an invalid run id, event name
-/// or key to a bad argument (exit code 2).
-fn run_error(path: &Path, e: Error) -> Failure {
-    match e {
-        Error::RunNotFound { run_id } => not_found(path, &run_id),
-        Error::InvalidRunId { .. } | Error::InvalidName { .. } => Failure::usage(e.chain()),
-        other => other.into(),
-    }
-}
-
 /// Cancels the run.
-pub fn cancel(path: &Path, args: &CancelArgs) -> Result<()> {
+pub fn cancel(target: &Target, args: &CancelArgs) -> Result<()> {
     let run_id = run_id_arg(&args.run)?;
     // A reason is kept with the run to tell people why it ended: an empty one tells nothing.
     if args.reason.trim().is_empty() {
@@ -34,9 +22,11 @@ pub fn cancel(path: &Path, args: &CancelArgs) -> Result<()> {
             "--reason is empty: say why the run is cancelled, or leave --reason out for the default reason ({DEFAULT_CANCEL_REASON:?})"
         )));
     }
-    let (rt, _) = open::writable(path)?;
-    let before = block_on(rt.run_info(&run_id))??.ok_or_else(|| not_found(path, &run_id))?;
-    let info = block_on(rt.cancel(&run_id, &args.reason))?.map_err(|e| run_error(path, e))?;
+    let store = open::operator(target, Access::Write)?;
+    let before = store
+        .run(&run_id)?
+        .ok_or_else(|| not_found(store.label(), &run_id))?;
+    let info = store.cancel(&run_id, &args.reason)?;
     if args.json {
         return emit_json(&RunView::from(&info));
     }
@@ -52,10 +42,9 @@ pub fn cancel(path: &Path, args: &CancelArgs) -> Result<()> {
 }
 
 /// Makes a failed run running again.
-pub fn retry(path: &Path, args: &RetryArgs) -> Result<()> {
+pub fn retry(target: &Target, args: &RetryArgs) -> Result<()> {
     let run_id = run_id_arg(&args.run)?;
-    let (rt, _) = open::writable(path)?;
-    let info = block_on(rt.retry(&run_id))?.map_err(|e| run_error(path, e))?;
+    let info = open::operator(target, Access::Write)?.retry(&run_id)?;
     if args.json {
         return emit_json(&RunView::from(&info));
     }
@@ -81,7 +70,7 @@ struct SentView {
 }
 
 /// Sends an event to the run.
-pub fn send(path: &Path, args: &SendArgs) -> Result<()> {
+pub fn send(target: &Target, args: &SendArgs) -> Result<()> {
     let run_id = run_id_arg(&args.run)?;
     let event = utf8_arg("event name", &args.event)?;
     let key = args
@@ -94,15 +83,11 @@ pub fn send(path: &Path, args: &SendArgs) -> Result<()> {
     let payload: Box<RawValue> = serde_json::from_str(&text)
         .map_err(|e| Failure::new(format!("{from} is not valid JSON: {e}")))?;
     drop(text);
-    let (rt, _) = open::writable(path)?;
-    let sent = block_on(async {
-        match &key {
-            Some(key) => rt.send_with_key(&run_id, &event, key, &payload).await,
-            None => rt.send(&run_id, &event, &payload).await,
-        }
-    })?
-    .map_err(|e| run_error(path, e))?;
-    let info = block_on(rt.run_info(&run_id))??.ok_or_else(|| not_found(path, &run_id))?;
+    let store = open::operator(target, Access::Write)?;
+    let sent = store.send(&run_id, &event, key.as_deref(), &payload)?;
+    let info = store
+        .run(&run_id)?
+        .ok_or_else(|| not_found(store.label(), &run_id))?;
     // Sending ahead of a wait is legitimate, but a run that waits for another event now may
     // have been sent a misspelt name: said on stderr, in JSON mode too.
     if let Some(waits_for) = other_event(&info, &event).filter(|_| !sent.duplicate) {

@@ -82,9 +82,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::future::Future;
-use std::sync::Arc;
-
-use crate::store::{BoxFuture, Store};
 
 mod data;
 mod factory;

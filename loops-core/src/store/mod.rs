@@ -122,6 +122,9 @@ pub trait Store: Send + Sync + 'static {
     /// The schema description stored for `hash`.
     fn schema(&self, hash: SchemaHash) -> BoxFuture<'_, Result<Option<String>>>;
 
+    /// Every stored schema description, as `(hash, description)`, by hash.
+    fn schemas(&self) -> BoxFuture<'_, Result<Vec<(SchemaHash, String)>>>;
+
     /// Takes the lease of the run for this worker; `None` if another worker holds a live
     /// lease on it.
     fn acquire<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<Lease>>>;

@@ -1094,6 +1094,10 @@ impl Store for RedbStore {
         Box::pin(std::future::ready(RedbStore::schema(self, hash)))
     }
 
+    fn schemas(&self) -> BoxFuture<'_, Result<Vec<(crate::SchemaHash, String)>>> {
+        Box::pin(std::future::ready(RedbStore::schemas(self)))
+    }
+
     /// One process owns the file: every run's lease is granted, and never lapses.
     fn acquire<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<Lease>>> {
         Box::pin(std::future::ready(Ok(Some(Lease {

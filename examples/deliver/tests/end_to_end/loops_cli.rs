@@ -109,3 +109,102 @@ fn the_cli_sees_steers_and_inspects_a_run_of_the_example() {
     let checked = loops(&store, &["check"]);
     assert!(checked.status.success(), "{}", describe(&checked));
 }
+
+/// `deliver --auto-approve=false --serve`: the process keeps serving while its run waits at
+/// the approval gate; `loops runs`, `show` and `send` reach it through its control endpoint
+/// (the file is the process's), and the run finishes in that process.
+#[test]
+fn the_cli_approves_a_run_while_the_example_serves_it() {
+    use std::io::{BufRead as _, BufReader};
+    use std::process::Stdio;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let workdir = &dir.path().join("work");
+    let store = workdir.join("deliver.redb");
+    let mut child = deliver_in(workdir)
+        .args(["--auto-approve=false", "--serve"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the example");
+    let mut lines = BufReader::new(child.stdout.take().expect("its stdout")).lines();
+    let mut said = Vec::new();
+    loop {
+        let Some(line) = lines.next() else {
+            let out = child.wait_with_output().expect("the example's output");
+            panic!(
+                "the example ended before it waited at the gate: {said:?} {}",
+                describe(&out)
+            );
+        };
+        let line = line.expect("a line of its stdout");
+        let waits = line.contains("waiting for approval, and serving");
+        said.push(line);
+        if waits {
+            break;
+        }
+    }
+    assert!(
+        said.iter().any(|l| l.ends_with(
+            "deliver.redb.sock (`loops --store <STORE>` reaches this process through it)"
+        )),
+        "{said:?}"
+    );
+
+    let verbose = loops(&store, &["runs", "--json", "--verbose"]);
+    assert!(verbose.status.success(), "{}", describe(&verbose));
+    assert!(
+        String::from_utf8_lossy(&verbose.stderr).contains("through the control endpoint"),
+        "{}",
+        describe(&verbose)
+    );
+    let runs: Value = serde_json::from_slice(&verbose.stdout).expect("JSON on stdout");
+    assert_eq!(runs[0]["run_id"], "deliver-1");
+    assert_eq!(runs[0]["status"], "waiting");
+    assert_eq!(runs[0]["waiting_for"]["event"], "approve");
+
+    let shown = loops(&store, &["show", "deliver-1"]);
+    assert!(shown.status.success(), "{}", describe(&shown));
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(shown.contains("event approve"), "{shown}");
+
+    let sent = loops(
+        &store,
+        &[
+            "send",
+            "deliver-1",
+            "approve",
+            "--json",
+            r#"{"by":"alice"}"#,
+        ],
+    );
+    assert!(sent.status.success(), "{}", describe(&sent));
+    assert!(
+        String::from_utf8_lossy(&sent.stdout).starts_with("sent event `approve` to run deliver-1"),
+        "{}",
+        describe(&sent)
+    );
+
+    // The process takes the approval and finishes the run, then exits.
+    let rest: Vec<String> = lines.map(|l| l.expect("a line")).collect();
+    let status = child.wait().expect("the example ends");
+    assert!(status.success(), "{said:?} {rest:?}");
+    assert!(
+        rest.iter().any(|l| l.starts_with("pull request: ")),
+        "{rest:?}"
+    );
+    assert!(!workdir.join("deliver.redb.sock").exists());
+    // Now no process holds the file: read directly.
+    let done = json(&store, &["show", "deliver-1", "--json"]);
+    assert_eq!(done["run"]["status"], "completed");
+    assert_eq!(done["run"]["state"], "PrOpened");
+    let history = json(&store, &["history", "deliver-1", "--json"]);
+    let approval = history["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .find(|e| e["name"] == "approve")
+        .expect("the approval");
+    assert_eq!(approval["payload"], serde_json::json!({"by": "alice"}));
+    assert_eq!(approval["delivered"], true);
+}

@@ -1,0 +1,207 @@
+//! [`Local`]: the store opened by this process.
+
+use loops_core::record::{FailureRecord, StepRecord, TransitionRecord, now_ms};
+use loops_core::store::{PRUNE_BATCH, Reply, Store, Write};
+use loops_core::{
+    Compacted, EventRecord, Pruned, RedbStore, RetentionPolicy, RunInfo, RunStatus, Runtime,
+    SchemaHash, Sent,
+};
+use serde_json::value::RawValue;
+
+use super::{Operator, core_failure};
+use crate::failure::{Failure, Result};
+
+/// The store, opened by this process: reads go to the store, writes through a runtime on
+/// it (the same commit path as the workflow's process).
+pub struct Local {
+    label: String,
+    reached: String,
+    /// Every async call of this operator runs here: a PostgreSQL pool's connections belong
+    /// to the runtime they were made on.
+    tokio: tokio::runtime::Runtime,
+    opened: Opened,
+}
+
+enum Opened {
+    /// A redb file opened read-only (no runtime: nothing can be written).
+    ReadOnly(RedbStore),
+    /// A runtime on the store (a writable redb file, or PostgreSQL).
+    Runtime(Runtime),
+}
+
+impl Local {
+    /// A redb file opened read-only.
+    pub fn read_only(store: RedbStore, tokio: tokio::runtime::Runtime) -> Local {
+        Local {
+            label: Store::label(&store),
+            reached: "read the store file directly (no process holds it)".to_owned(),
+            tokio,
+            opened: Opened::ReadOnly(store),
+        }
+    }
+
+    /// A runtime on a store; `reached` says how, for `--verbose`.
+    pub fn runtime(
+        runtime: Runtime,
+        label: String,
+        reached: String,
+        tokio: tokio::runtime::Runtime,
+    ) -> Local {
+        Local {
+            label,
+            reached,
+            tokio,
+            opened: Opened::Runtime(runtime),
+        }
+    }
+
+    fn store(&self) -> &dyn Store {
+        match &self.opened {
+            Opened::ReadOnly(store) => store,
+            Opened::Runtime(runtime) => runtime.store(),
+        }
+    }
+
+    fn runtime_for(&self, what: &str) -> Result<&Runtime> {
+        match &self.opened {
+            Opened::Runtime(runtime) => Ok(runtime),
+            Opened::ReadOnly(_) => Err(Failure::new(format!(
+                "cannot {what}: store {} was opened read-only",
+                self.label
+            ))),
+        }
+    }
+
+    /// Runs `future` on this operator's tokio runtime; loops' errors as failures.
+    fn wait<T>(&self, future: impl Future<Output = loops_core::Result<T>>) -> Result<T> {
+        self.tokio
+            .block_on(future)
+            .map_err(|e| core_failure(&self.label, e))
+    }
+}
+
+impl Operator for Local {
+    fn label(&self) -> &str {
+        &self.label
+    }
+
+    fn reached(&self) -> String {
+        self.reached.clone()
+    }
+
+    fn list(&self, status: RunStatus, workflow: Option<&str>) -> Result<Vec<RunInfo>> {
+        self.wait(self.store().list(status, workflow))
+    }
+
+    fn run(&self, run_id: &str) -> Result<Option<RunInfo>> {
+        self.wait(self.store().run_info(run_id))
+    }
+
+    fn latest(&self, run_id: &str) -> Result<Option<(RunInfo, TransitionRecord)>> {
+        self.wait(self.store().latest(run_id))
+    }
+
+    fn history(&self, run_id: &str) -> Result<Vec<TransitionRecord>> {
+        self.wait(self.store().history(run_id))
+    }
+
+    fn steps(&self, run_id: &str, seq: u64) -> Result<Vec<(String, u32, StepRecord)>> {
+        self.wait(self.store().steps(run_id, seq))
+    }
+
+    fn failures(&self, run_id: &str) -> Result<Vec<(u64, FailureRecord)>> {
+        self.wait(self.store().failures(run_id))
+    }
+
+    fn events(&self, run_id: &str) -> Result<Vec<(u64, EventRecord, bool)>> {
+        self.wait(self.store().events(run_id))
+    }
+
+    fn schemas(&self) -> Result<Vec<(SchemaHash, String)>> {
+        self.wait(self.store().schemas())
+    }
+
+    fn schema(&self, hash: SchemaHash) -> Result<Option<String>> {
+        self.wait(self.store().schema(hash))
+    }
+
+    fn cancel(&self, run_id: &str, reason: &str) -> Result<RunInfo> {
+        let runtime = self.runtime_for("cancel a run")?;
+        self.wait(runtime.cancel(run_id, reason))
+    }
+
+    fn retry(&self, run_id: &str) -> Result<RunInfo> {
+        let runtime = self.runtime_for("retry a run")?;
+        self.wait(runtime.retry(run_id))
+    }
+
+    fn send(
+        &self,
+        run_id: &str,
+        event: &str,
+        key: Option<&str>,
+        payload: &RawValue,
+    ) -> Result<Sent> {
+        let runtime = self.runtime_for("send an event")?;
+        self.wait(async {
+            match key {
+                Some(key) => runtime.send_with_key(run_id, event, key, payload).await,
+                None => runtime.send(run_id, event, payload).await,
+            }
+        })
+    }
+
+    /// Selects as a dry run would, then (unless `dry_run`) deletes the selected runs in
+    /// chunks of at most [`PRUNE_BATCH`], about 50 of them, for progress. The deletion is
+    /// the store's own prune write, which skips a run that has not ended.
+    fn prune(
+        &self,
+        policy: &RetentionPolicy,
+        dry_run: bool,
+        progress: &dyn Fn(u64, u64),
+    ) -> Result<Pruned> {
+        let store = self.store();
+        let mut selected = self.wait(loops_core::store::prune(store, policy, now_ms(), true))?;
+        if dry_run || selected.run_ids.is_empty() {
+            return Ok(selected);
+        }
+        self.runtime_for("prune")?;
+        let chunk = (selected.run_ids.len() / 50).clamp(1, PRUNE_BATCH);
+        let (mut records, mut done) = (0, 0);
+        for ids in selected.run_ids.chunks(chunk) {
+            let write = Write::Prune {
+                run_ids: ids.to_vec(),
+            };
+            if let Reply::Pruned { records: n } = self.wait(store.write(None, write))? {
+                records += n;
+            }
+            done += ids.len() as u64;
+            progress(done, selected.runs);
+        }
+        selected.records = records;
+        Ok(selected)
+    }
+
+    fn compact(&self) -> Result<Compacted> {
+        let runtime = self.runtime_for("compact")?;
+        if runtime.redb().is_none() {
+            return Err(Failure::new(format!(
+                "store {} is a PostgreSQL store: compaction is for redb files (PostgreSQL's own VACUUM returns the space of pruned runs)",
+                self.label
+            )));
+        }
+        self.wait(runtime.compact())
+    }
+
+    fn close(self: Box<Self>) {
+        let Local { tokio, opened, .. } = *self;
+        match opened {
+            Opened::Runtime(runtime) => {
+                tokio.block_on(runtime.shutdown());
+                drop(runtime);
+            }
+            Opened::ReadOnly(store) => drop(store),
+        }
+        drop(tokio);
+    }
+}

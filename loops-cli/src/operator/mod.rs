@@ -1,0 +1,110 @@
+//! The one interface every command works through: the reads and steering operations on a
+//! store, whichever way the store is reached.
+//!
+//! - [`Local`]: this process opens the store itself: a redb file that no process holds
+//!   (read-only for reading commands, writable for the others), or a PostgreSQL store
+//!   (shared with its workers, as every worker shares it).
+//! - [`Remote`]: a process holds the redb file and serves its control endpoint; every
+//!   operation is a request to it, and its runtime makes every write.
+//!
+//! Commands do not know which: their output and exit codes are the same either way
+//! (`--verbose` says which was taken).
+
+mod local;
+mod remote;
+
+use loops_core::SchemaHash;
+use loops_core::record::{FailureRecord, StepRecord, TransitionRecord};
+use loops_core::{Compacted, EventRecord, Pruned, RetentionPolicy, RunInfo, RunStatus, Sent};
+use serde_json::value::RawValue;
+
+pub use local::Local;
+pub use remote::{Remote, remote_failure};
+
+use crate::failure::{Failure, Result};
+
+/// A store's runs, to read and steer. Every method is one operation of the store (or of the
+/// runtime that holds it); errors are the command's failure, said as the store's words.
+pub trait Operator {
+    /// What the store is called in messages: its file path, or its PostgreSQL label.
+    fn label(&self) -> &str;
+
+    /// How the store is reached, in a few words (for `--verbose`).
+    fn reached(&self) -> String;
+
+    /// The runs with `status`, optionally of one workflow.
+    fn list(&self, status: RunStatus, workflow: Option<&str>) -> Result<Vec<RunInfo>>;
+
+    /// The run's row, or `None`.
+    fn run(&self, run_id: &str) -> Result<Option<RunInfo>>;
+
+    /// The run's row and latest transition record, or `None`.
+    fn latest(&self, run_id: &str) -> Result<Option<(RunInfo, TransitionRecord)>>;
+
+    /// Every transition record of the run.
+    fn history(&self, run_id: &str) -> Result<Vec<TransitionRecord>>;
+
+    /// The step records of the run's state at `seq`, as `(name, occurrence, record)`.
+    fn steps(&self, run_id: &str, seq: u64) -> Result<Vec<(String, u32, StepRecord)>>;
+
+    /// Every failed attempt of the run, as `(seq, record)`.
+    fn failures(&self, run_id: &str) -> Result<Vec<(u64, FailureRecord)>>;
+
+    /// Every event sent to the run, as `(event seq, record, delivered)`.
+    fn events(&self, run_id: &str) -> Result<Vec<(u64, EventRecord, bool)>>;
+
+    /// Every stored schema, as `(hash, description)`.
+    fn schemas(&self) -> Result<Vec<(SchemaHash, String)>>;
+
+    /// The description stored for `hash`.
+    fn schema(&self, hash: SchemaHash) -> Result<Option<String>>;
+
+    /// Cancels the run with `reason`; returns its row after.
+    fn cancel(&self, run_id: &str, reason: &str) -> Result<RunInfo>;
+
+    /// Makes a failed run running again; returns its row after.
+    fn retry(&self, run_id: &str) -> Result<RunInfo>;
+
+    /// Sends event `event` with `payload` (and idempotency key `key`) to the run.
+    fn send(
+        &self,
+        run_id: &str,
+        event: &str,
+        key: Option<&str>,
+        payload: &RawValue,
+    ) -> Result<Sent>;
+
+    /// Removes (or, with `dry_run`, only lists) the ended runs `policy` expires now;
+    /// `progress` is told `(runs removed so far, runs to remove)` as it goes.
+    fn prune(
+        &self,
+        policy: &RetentionPolicy,
+        dry_run: bool,
+        progress: &dyn Fn(u64, u64),
+    ) -> Result<Pruned>;
+
+    /// Compacts the store file.
+    fn compact(&self) -> Result<Compacted>;
+
+    /// Closes the store (a redb file writes its allocator state on close), so that its file
+    /// size can be measured after.
+    fn close(self: Box<Self>) {}
+}
+
+/// The failure of an operation on run `run_id`'s store `label`, from loops' error: no such
+/// run names the store; an invalid run id, event name or key is a bad argument (exit 2).
+pub fn core_failure(label: &str, e: loops_core::Error) -> Failure {
+    use loops_core::Error;
+    match e {
+        Error::RunNotFound { run_id } => not_found(label, &run_id),
+        Error::InvalidRunId { .. } | Error::InvalidName { .. } => Failure::usage(e.chain()),
+        other => other.into(),
+    }
+}
+
+/// The failure for a run id the store `label` does not have.
+pub fn not_found(label: &str, run_id: &str) -> Failure {
+    Failure::new(format!(
+        "run `{run_id}` does not exist in store {label} (`loops runs` lists the runs)"
+    ))
+}

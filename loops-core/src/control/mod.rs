@@ -1,0 +1,159 @@
+//! The control endpoint: the running process answers the `loops` CLI's reads and steering
+//! commands (list, show, history, schema, send, cancel, retry, prune, compact) over JSON on
+//! HTTP, so that a store the process holds can be inspected and steered from outside while
+//! it runs. Behind the `control` feature.
+//!
+//! - [`Runtime::serve_control`](crate::Runtime::serve_control) starts the server on an
+//!   [`Endpoint`]: by default a Unix domain socket next to the store file
+//!   ([`socket_path`]: `STORE.sock`), mode 0600, so that only the store's owner can connect;
+//!   or TCP, with a bearer token read from a file that only its owner may read.
+//! - Every read goes to the runtime's store ([`Runtime::store`](crate::Runtime::store)) and
+//!   every write through the runtime's own API ([`Runtime::send`](crate::Runtime::send),
+//!   [`cancel`](crate::Runtime::cancel), [`retry`](crate::Runtime::retry),
+//!   [`prune_with`](crate::Runtime::prune_with), [`compact`](crate::Runtime::compact)): the
+//!   same commit path, and the same wake-ups, as a call in the process.
+//! - [`Client`] is the other end, which `loops` uses.
+//!
+//! The protocol (paths, bodies, errors, version check) is in [`wire`] and in
+//! `docs/operations.md`.
+
+mod client;
+mod server;
+pub mod wire;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+pub use client::Client;
+pub use server::ControlServer;
+pub use wire::ErrorKind;
+
+/// Where a control endpoint listens (for [`Runtime::serve_control`](crate::Runtime::serve_control))
+/// or where a [`Client`] connects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    /// A Unix domain socket at this path. The server creates it with mode 0600 (owner only)
+    /// and removes it when it stops; requests need no token (the file's mode is the check).
+    Unix(PathBuf),
+    /// TCP at this address, every request with `Authorization: Bearer TOKEN`, the token
+    /// being the contents of `token_file` (white space at either end ignored). The server
+    /// refuses to start without a token, and refuses a token file that others may read.
+    Tcp {
+        /// The address; [`Endpoint::loopback`] gives one on 127.0.0.1.
+        addr: SocketAddr,
+        /// The file holding the token (mode 0600 or stricter).
+        token_file: PathBuf,
+    },
+}
+
+impl Endpoint {
+    /// The Unix socket next to the redb store file at `store`: [`socket_path`]`(store)`.
+    pub fn next_to(store: impl AsRef<Path>) -> Endpoint {
+        Endpoint::Unix(socket_path(store.as_ref()))
+    }
+
+    /// TCP on 127.0.0.1 at `port` (0: any free port; [`ControlServer::endpoint`] says
+    /// which), with the token in `token_file`.
+    pub fn loopback(port: u16, token_file: impl Into<PathBuf>) -> Endpoint {
+        Endpoint::Tcp {
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            token_file: token_file.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Endpoint::Unix(path) => write!(f, "unix:{}", path.display()),
+            Endpoint::Tcp { addr, .. } => write!(f, "http://{addr}"),
+        }
+    }
+}
+
+/// The socket a process serves next to its redb store file `store`, and where `loops`
+/// looks for it: the file's path with `.sock` appended (`agent.redb` → `agent.redb.sock`),
+/// in the same directory.
+///
+/// A Unix socket's path is limited to about 100 bytes (108 on Linux, counting the end):
+/// a store deeper than that needs [`Endpoint::Unix`] with a shorter path, given to both.
+pub fn socket_path(store: &Path) -> PathBuf {
+    let mut name = store.as_os_str().to_owned();
+    name.push(".sock");
+    PathBuf::from(name)
+}
+
+/// Why the control endpoint could not be served, or a request to it failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ControlError {
+    /// The endpoint's socket or port could not be bound.
+    #[error("cannot listen on control endpoint {endpoint}: {source}")]
+    Bind {
+        /// The endpoint.
+        endpoint: String,
+        /// The system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Another process answers on the endpoint's socket already.
+    #[error("control endpoint {endpoint} is served by another process already")]
+    InUse {
+        /// The endpoint.
+        endpoint: String,
+    },
+    /// The TCP endpoint's token file is missing, empty, unreadable or readable by others.
+    #[error("control token file {path}: {reason}")]
+    Token {
+        /// The token file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The store is not a redb file, so there is no socket next to it: give an
+    /// [`Endpoint`].
+    #[error("store {store} is not a redb file: give the control endpoint's socket path or address")]
+    NoStoreFile {
+        /// The store's label.
+        store: String,
+    },
+    /// Nothing answers on the endpoint (no socket, or no process behind it).
+    #[error("no process answers on control endpoint {endpoint}: {source}")]
+    Unreachable {
+        /// The endpoint.
+        endpoint: String,
+        /// The system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The connection failed during the request, or the answer is not HTTP.
+    #[error("control endpoint {endpoint}: {what}")]
+    Protocol {
+        /// The endpoint.
+        endpoint: String,
+        /// What went wrong.
+        what: String,
+    },
+    /// The process and the client are of different loops versions.
+    #[error(
+        "the process on control endpoint {endpoint} runs loops {server}, and this client is loops {client}: use a loops CLI of version {server}"
+    )]
+    VersionMismatch {
+        /// The endpoint.
+        endpoint: String,
+        /// The process's loops version.
+        server: String,
+        /// The client's loops version.
+        client: String,
+    },
+    /// The process answered with an error.
+    #[error("{message}")]
+    Remote {
+        /// What kind of error.
+        kind: ErrorKind,
+        /// The process's one-line message.
+        message: String,
+        /// The run it is about, if any.
+        run_id: Option<String>,
+    },
+}

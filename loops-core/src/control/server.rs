@@ -1,0 +1,539 @@
+//! The control endpoint's server: axum routes over the runtime's public API.
+
+use std::io::ErrorKind as IoKind;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Json, Path as UrlPath, Query, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use tokio_util::sync::CancellationToken;
+
+use super::wire::{
+    CancelRequest, CompactReply, ErrorBody, ErrorKind, Event, Failed, LOOPS_VERSION, Latest,
+    ListQuery, PROTOCOL, PruneReply, PruneRequest, Run, SendRequest, SentReply, Step, StoredSchema,
+    VERSION_HEADER, Version,
+};
+use super::{ControlError, Endpoint};
+use crate::error::Error;
+use crate::retention::RetentionPolicy;
+use crate::runtime::Runtime;
+use crate::schema::SchemaHash;
+use crate::store::RunStatus;
+use crate::{Pruned, TransitionRecord};
+
+/// Largest request body: a payload of the runtime's default limit (2 MiB) many times over;
+/// the runtime refuses payloads over its own limit.
+const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
+
+/// A running control endpoint. Dropping it (or [`stop`](Self::stop)) stops the server and
+/// removes its socket file.
+#[derive(Debug)]
+pub struct ControlServer {
+    endpoint: Endpoint,
+    stop: CancellationToken,
+    task: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    socket: Option<PathBuf>,
+}
+
+impl ControlServer {
+    /// Where it listens (for TCP with port 0, the port chosen).
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    /// Stops accepting, lets requests in progress finish, and removes the socket file.
+    pub async fn stop(mut self) {
+        self.stop.cancel();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+        self.remove_socket();
+    }
+
+    fn remove_socket(&mut self) {
+        if let Some(path) = self.socket.take() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+impl Drop for ControlServer {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        self.remove_socket();
+    }
+}
+
+impl Runtime {
+    /// Serves the control endpoint at `endpoint` until the returned server is stopped or
+    /// dropped: the `loops` CLI (or a [`Client`](super::Client)) reads this runtime's store
+    /// and steers its runs through it while this process holds the store. Must be called
+    /// inside a tokio runtime.
+    ///
+    /// A Unix socket is created with mode 0600 (it is bound under a temporary name, made
+    /// owner-only, then renamed into place); a stale socket left by a process that died is
+    /// replaced. A TCP endpoint reads its token file first.
+    ///
+    /// # Errors
+    /// [`ControlError::Token`] if a TCP endpoint's token file is missing, empty or readable
+    /// by others; [`ControlError::InUse`] if another process answers on the socket;
+    /// [`ControlError::Bind`] if the socket or port cannot be bound.
+    pub async fn serve_control(&self, endpoint: Endpoint) -> Result<ControlServer, ControlError> {
+        let token = match &endpoint {
+            Endpoint::Tcp { token_file, .. } => Some(read_token(token_file)?),
+            Endpoint::Unix(_) => None,
+        };
+        let app = router(Arc::new(Served {
+            runtime: self.clone(),
+            token,
+        }));
+        let stop = CancellationToken::new();
+        let stopped = stop.clone().cancelled_owned();
+        let bind_error = |source| ControlError::Bind {
+            endpoint: endpoint.to_string(),
+            source,
+        };
+        let (bound, task, socket) = match &endpoint {
+            Endpoint::Unix(path) => {
+                let listener = bind_unix(path, &endpoint).await?;
+                let task = tokio::spawn(async move {
+                    axum::serve(listener, app)
+                        .with_graceful_shutdown(stopped)
+                        .await
+                });
+                (endpoint.clone(), task, Some(path.clone()))
+            }
+            Endpoint::Tcp { addr, token_file } => {
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(bind_error)?;
+                let addr = listener.local_addr().map_err(bind_error)?;
+                let task = tokio::spawn(async move {
+                    axum::serve(listener, app)
+                        .with_graceful_shutdown(stopped)
+                        .await
+                });
+                let bound = Endpoint::Tcp {
+                    addr,
+                    token_file: token_file.clone(),
+                };
+                (bound, task, None)
+            }
+        };
+        tracing::info!(endpoint = %bound, "serving the control endpoint");
+        Ok(ControlServer {
+            endpoint: bound,
+            stop,
+            task: Some(task),
+            socket,
+        })
+    }
+
+    /// [`serve_control`](Self::serve_control) on the Unix socket next to this runtime's
+    /// redb store file ([`socket_path`](super::socket_path)), where `loops --store FILE`
+    /// looks for it.
+    ///
+    /// # Errors
+    /// [`ControlError::NoStoreFile`] if the store is not a redb file; otherwise as
+    /// [`serve_control`](Self::serve_control).
+    pub async fn serve_control_next_to_store(&self) -> Result<ControlServer, ControlError> {
+        let Some(redb) = self.redb() else {
+            return Err(ControlError::NoStoreFile {
+                store: self.store().label(),
+            });
+        };
+        let endpoint = Endpoint::next_to(redb.path());
+        self.serve_control(endpoint).await
+    }
+}
+
+/// Binds the socket at `path` with mode 0600: bound under a temporary name in the same
+/// directory, made owner-only, then renamed into place, so that it is never reachable with
+/// a wider mode. A socket at `path` that nobody answers on is a stale one and is replaced.
+async fn bind_unix(
+    path: &Path,
+    endpoint: &Endpoint,
+) -> Result<tokio::net::UnixListener, ControlError> {
+    let bind_error = |source| ControlError::Bind {
+        endpoint: endpoint.to_string(),
+        source,
+    };
+    if tokio::net::UnixStream::connect(path).await.is_ok() {
+        return Err(ControlError::InUse {
+            endpoint: endpoint.to_string(),
+        });
+    }
+    let mut temporary = path.as_os_str().to_owned();
+    temporary.push(format!(".{}.tmp", std::process::id()));
+    let temporary = PathBuf::from(temporary);
+    let _ = std::fs::remove_file(&temporary);
+    let listener = tokio::net::UnixListener::bind(&temporary).map_err(bind_error)?;
+    let placed = owner_only(&temporary).and_then(|()| std::fs::rename(&temporary, path));
+    if let Err(e) = placed {
+        let _ = std::fs::remove_file(&temporary);
+        return Err(bind_error(e));
+    }
+    Ok(listener)
+}
+
+#[cfg(unix)]
+fn owner_only(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+}
+
+#[cfg(not(unix))]
+fn owner_only(_: &Path) -> std::io::Result<()> {
+    Ok(())
+}
+
+/// The token in `path`: its contents without white space at either end. Refused if the file
+/// is missing, empty, or (on Unix) readable or writable by its group or others.
+pub(super) fn read_token(path: &Path) -> Result<String, ControlError> {
+    let refuse = |reason: String| ControlError::Token {
+        path: path.to_owned(),
+        reason,
+    };
+    let meta = std::fs::metadata(path).map_err(|e| match e.kind() {
+        IoKind::NotFound => refuse(
+            "does not exist; a TCP control endpoint needs a bearer token: write one to the file (chmod 600)".to_owned(),
+        ),
+        _ => refuse(format!("cannot read it: {e}")),
+    })?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            return Err(refuse(format!(
+                "its mode is {mode:o}, so others may read the token; chmod 600 it"
+            )));
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = meta;
+    let token = std::fs::read_to_string(path)
+        .map_err(|e| refuse(format!("cannot read it: {e}")))?
+        .trim()
+        .to_owned();
+    if token.is_empty() {
+        return Err(refuse("is empty; write a token to it".to_owned()));
+    }
+    Ok(token)
+}
+
+/// What the handlers share.
+struct Served {
+    runtime: Runtime,
+    /// The bearer token every request must carry (TCP only).
+    token: Option<String>,
+}
+
+type Shared = Arc<Served>;
+
+fn router(served: Shared) -> Router {
+    let v = |path: &str| format!("/{PROTOCOL}{path}");
+    Router::new()
+        .route(&v("/version"), get(version))
+        .route(&v("/runs"), get(list))
+        .route(&v("/runs/{run}"), get(run_info))
+        .route(&v("/runs/{run}/latest"), get(latest))
+        .route(&v("/runs/{run}/history"), get(history))
+        .route(&v("/runs/{run}/steps/{seq}"), get(steps))
+        .route(&v("/runs/{run}/failures"), get(failures))
+        .route(&v("/runs/{run}/events"), get(events).post(send))
+        .route(&v("/runs/{run}/cancel"), post(cancel))
+        .route(&v("/runs/{run}/retry"), post(retry))
+        .route(&v("/schemas"), get(schemas))
+        .route(&v("/schemas/{hash}"), get(schema))
+        .route(&v("/prune"), post(prune))
+        .route(&v("/compact"), post(compact))
+        .fallback(no_route)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn_with_state(Arc::clone(&served), gate))
+        .with_state(served)
+}
+
+/// Every request: the bearer token first (an unauthenticated caller learns nothing, not
+/// even the version), then the version; every answer carries this build's version.
+async fn gate(State(served): State<Shared>, request: Request, next: Next) -> Response {
+    if let Some(token) = &served.token {
+        let given = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if !given.is_some_and(|given| same(given.as_bytes(), token.as_bytes())) {
+            return ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                ErrorKind::Unauthorized,
+                "the control endpoint refuses requests without its bearer token (Authorization: Bearer TOKEN, the token file's contents)".to_owned(),
+            )
+            .into_response();
+        }
+    }
+    let theirs = request
+        .headers()
+        .get(VERSION_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let mut response = match theirs {
+        Some(theirs) if theirs != LOOPS_VERSION => ApiError::new(
+            StatusCode::CONFLICT,
+            ErrorKind::VersionMismatch,
+            format!(
+                "the process runs loops {LOOPS_VERSION}, and the client is loops {theirs}: use a loops CLI of version {LOOPS_VERSION}"
+            ),
+        )
+        .into_response(),
+        _ => next.run(request).await,
+    };
+    response
+        .headers_mut()
+        .insert(VERSION_HEADER, HeaderValue::from_static(LOOPS_VERSION));
+    response
+}
+
+/// Compares two tokens in time independent of where they differ.
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// An error answer.
+struct ApiError {
+    status: StatusCode,
+    body: ErrorBody,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, kind: ErrorKind, message: String) -> Self {
+        ApiError {
+            status,
+            body: ErrorBody {
+                kind,
+                message,
+                run_id: None,
+            },
+        }
+    }
+}
+
+impl From<Error> for ApiError {
+    fn from(e: Error) -> Self {
+        let (status, kind, run_id) = match &e {
+            Error::RunNotFound { run_id } => (
+                StatusCode::NOT_FOUND,
+                ErrorKind::RunNotFound,
+                Some(run_id.clone()),
+            ),
+            Error::InvalidRunId { run_id, .. } => (
+                StatusCode::BAD_REQUEST,
+                ErrorKind::InvalidArgument,
+                Some(run_id.clone()),
+            ),
+            Error::InvalidName { .. } => {
+                (StatusCode::BAD_REQUEST, ErrorKind::InvalidArgument, None)
+            }
+            Error::Storage { .. } | Error::Database { .. } | Error::Open { .. } => {
+                (StatusCode::INTERNAL_SERVER_ERROR, ErrorKind::Failed, None)
+            }
+            _ => (StatusCode::CONFLICT, ErrorKind::Failed, None),
+        };
+        ApiError {
+            status,
+            body: ErrorBody {
+                kind,
+                message: e.chain(),
+                run_id,
+            },
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body)).into_response()
+    }
+}
+
+type Answer<T> = Result<Json<T>, ApiError>;
+
+async fn no_route() -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        ErrorKind::NoRoute,
+        format!("no such path in control protocol {PROTOCOL}"),
+    )
+}
+
+async fn version(State(s): State<Shared>) -> Json<Version> {
+    Json(Version {
+        loops_version: LOOPS_VERSION.to_owned(),
+        protocol: PROTOCOL.to_owned(),
+        store: s.runtime.store().label(),
+    })
+}
+
+async fn list(State(s): State<Shared>, Query(q): Query<ListQuery>) -> Answer<Vec<Run>> {
+    let statuses = match q.status {
+        Some(status) => vec![status],
+        None => RunStatus::ALL.to_vec(),
+    };
+    let mut runs = Vec::new();
+    for status in statuses {
+        let listed = s.runtime.list_runs(status, q.workflow.as_deref()).await?;
+        runs.extend(listed.into_iter().map(Run::from));
+    }
+    Ok(Json(runs))
+}
+
+async fn run_info(State(s): State<Shared>, UrlPath(run): UrlPath<String>) -> Answer<Option<Run>> {
+    Ok(Json(s.runtime.run_info(&run).await?.map(Run::from)))
+}
+
+async fn latest(State(s): State<Shared>, UrlPath(run): UrlPath<String>) -> Answer<Option<Latest>> {
+    let latest = s.runtime.store().latest(&run).await?;
+    Ok(Json(latest.map(|(run, record)| Latest {
+        run: run.into(),
+        record,
+    })))
+}
+
+async fn history(
+    State(s): State<Shared>,
+    UrlPath(run): UrlPath<String>,
+) -> Answer<Vec<TransitionRecord>> {
+    Ok(Json(s.runtime.store().history(&run).await?))
+}
+
+async fn steps(
+    State(s): State<Shared>,
+    UrlPath((run, seq)): UrlPath<(String, u64)>,
+) -> Answer<Vec<Step>> {
+    let steps = s.runtime.store().steps(&run, seq).await?;
+    Ok(Json(
+        steps
+            .into_iter()
+            .map(|(name, occurrence, record)| Step {
+                name,
+                occurrence,
+                record,
+            })
+            .collect(),
+    ))
+}
+
+async fn failures(State(s): State<Shared>, UrlPath(run): UrlPath<String>) -> Answer<Vec<Failed>> {
+    let failures = s.runtime.store().failures(&run).await?;
+    Ok(Json(
+        failures
+            .into_iter()
+            .map(|(seq, record)| Failed { seq, record })
+            .collect(),
+    ))
+}
+
+async fn events(State(s): State<Shared>, UrlPath(run): UrlPath<String>) -> Answer<Vec<Event>> {
+    let events = s.runtime.store().events(&run).await?;
+    Ok(Json(
+        events
+            .into_iter()
+            .map(|(event_seq, record, delivered)| Event {
+                event_seq,
+                record,
+                delivered,
+            })
+            .collect(),
+    ))
+}
+
+async fn schemas(State(s): State<Shared>) -> Answer<Vec<StoredSchema>> {
+    let schemas = s.runtime.store().schemas().await?;
+    Ok(Json(
+        schemas
+            .into_iter()
+            .map(|(hash, description)| StoredSchema {
+                hash,
+                description: Some(description),
+            })
+            .collect(),
+    ))
+}
+
+async fn schema(State(s): State<Shared>, UrlPath(hash): UrlPath<String>) -> Answer<StoredSchema> {
+    let hash: SchemaHash = hash.parse().map_err(|_| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            ErrorKind::InvalidArgument,
+            format!("invalid schema hash {hash:?}: expected 16 hex digits"),
+        )
+    })?;
+    let description = s.runtime.store().schema(hash).await?;
+    Ok(Json(StoredSchema { hash, description }))
+}
+
+async fn send(
+    State(s): State<Shared>,
+    UrlPath(run): UrlPath<String>,
+    Json(request): Json<SendRequest>,
+) -> Answer<SentReply> {
+    let sent = match &request.key {
+        Some(key) => {
+            s.runtime
+                .send_with_key(&run, &request.name, key, &request.payload)
+                .await?
+        }
+        None => {
+            s.runtime
+                .send(&run, &request.name, &request.payload)
+                .await?
+        }
+    };
+    Ok(Json(SentReply {
+        event_seq: sent.event_seq,
+        duplicate: sent.duplicate,
+    }))
+}
+
+async fn cancel(
+    State(s): State<Shared>,
+    UrlPath(run): UrlPath<String>,
+    Json(request): Json<CancelRequest>,
+) -> Answer<Run> {
+    Ok(Json(s.runtime.cancel(&run, &request.reason).await?.into()))
+}
+
+async fn retry(State(s): State<Shared>, UrlPath(run): UrlPath<String>) -> Answer<Run> {
+    Ok(Json(s.runtime.retry(&run).await?.into()))
+}
+
+async fn prune(State(s): State<Shared>, Json(request): Json<PruneRequest>) -> Answer<PruneReply> {
+    let policy = RetentionPolicy {
+        max_age: request.max_age_ms.map(Duration::from_millis),
+        keep_last: request.keep_last,
+        keep_failed: request.keep_failed,
+    };
+    let Pruned {
+        runs,
+        records,
+        run_ids,
+    } = s.runtime.prune_with(&policy, request.dry_run).await?;
+    Ok(Json(PruneReply {
+        runs,
+        records,
+        run_ids,
+    }))
+}
+
+async fn compact(State(s): State<Shared>) -> Answer<CompactReply> {
+    let compacted = s.runtime.compact().await?;
+    Ok(Json(CompactReply {
+        bytes_before: compacted.bytes_before,
+        bytes_after: compacted.bytes_after,
+    }))
+}
