@@ -1,4 +1,4 @@
-//! The agent: the handler of each state of [`Deliver`](crate::workflow::Deliver).
+//! The agent: the handler of each state of [`Deliver`](crate::workflow::v1::Deliver).
 //!
 //! Every action that costs money or touches the outside world runs inside a journaled step
 //! (`ctx.step`): the model calls, each commit, each test run, the push and the pull request.
@@ -22,9 +22,9 @@ use crate::git::{Committed, Git};
 use crate::hooks::Hooks;
 use crate::model::{Answer, Decision, Model};
 use crate::testrun;
+use crate::workflow::v1::{DeliverHandler, EditedNext, PlannedNext, ReceivedNext, TestedNext};
 use crate::workflow::{
-    APPROVAL_EVENT, Approval, Base, Change, DeliverHandler, EditedNext, Issue, MAX_FIX_ROUNDS,
-    PlannedNext, ReceivedNext, TestReport, TestedNext, Work,
+    APPROVAL_EVENT, Approval, Base, Change, Issue, MAX_FIX_ROUNDS, TestReport, Work,
 };
 
 /// The names of the steps that call the model: their outputs are [`Answer`]s, whose usage
@@ -390,7 +390,8 @@ mod tests {
     use super::*;
     use crate::model::ScriptedModel;
     use crate::project::{self, Paths};
-    use crate::workflow::{Deliver, Edit};
+    use crate::workflow::Edit;
+    use crate::workflow::v1::Deliver;
 
     #[test]
     fn work_branches_are_distinct_and_stable() {

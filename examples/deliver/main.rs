@@ -54,7 +54,8 @@ use crate::hooks::Hooks;
 use crate::model::AnyModel;
 use crate::model_args::ModelArgs;
 use crate::project::Paths;
-use crate::workflow::{APPROVAL_EVENT, Approval, Base, Deliver};
+use crate::workflow::v1::Deliver;
+use crate::workflow::{APPROVAL_EVENT, Approval, Base};
 
 const HOOKS_HELP: &str = "\
 Logging: RUST_LOG=loops=info shows the store's commits; RUST_LOG=loops=info,deliver=debug also

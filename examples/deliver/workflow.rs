@@ -1,13 +1,19 @@
-//! The `deliver` workflow: its states and the data each state carries.
+//! The `deliver` workflow: its states and the data each state carries, in two versions.
 //!
 //! Everything here is stored with every transition (as JSON), so it holds only what the next
 //! handler needs and nothing that differs between two runs of the same issue: no clock times,
 //! no durations, no absolute paths. An interrupted run and an uninterrupted one therefore
 //! record byte-identical histories.
 //!
+//! [`v1::Deliver`] is the first version, kept as it was (with its handler, in `agent.rs`) so
+//! that the runs it recorded can finish on the code that started them. [`v2::Deliver`] adds a
+//! review of the change by the model before the pull request (the `Reviewed` state), and
+//! `impl Migrate<v1::Deliver> for v2::Deliver` carries the runs of version 1 that have not
+//! reached the approval over to it (see docs/evolution.md, "Split one state in two").
+//!
 //! This file depends on nothing but `loops` and `serde`, so that tests can include it.
 
-use loops::{Schema, Workflow};
+use loops::{BoxError, Migrate, Schema};
 use serde::{Deserialize, Serialize};
 
 /// The event a run waits for, once its tests pass, before it pushes and opens the pull
@@ -24,71 +30,239 @@ pub struct Approval {
 /// Fix rounds (test, fix, commit) a run may take after the planned edit before it gives up.
 pub const MAX_FIX_ROUNDS: u32 = 3;
 
-/// An agent that takes an issue to a pull request: plan, edit, test, fix until the tests pass,
-/// then push a branch and open the pull request.
-#[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
-#[workflow(name = "deliver", version = 1)]
-pub enum Deliver {
-    /// The issue arrived; nothing has been done yet.
-    #[initial]
-    #[next(Planned, Abandoned)]
-    Received {
-        /// The issue to resolve.
-        issue: Issue,
-        /// Where the work starts.
-        base: Base,
-    },
-    /// The model read the issue and the sources and planned a change.
-    #[next(Edited)]
-    Planned {
-        /// The issue to resolve.
-        issue: Issue,
-        /// Where the work starts.
-        base: Base,
-        /// The planned change.
-        plan: Change,
-    },
-    /// A change is committed on the work branch; its tests have not run yet.
-    #[next(Tested)]
-    Edited {
-        /// The issue to resolve.
-        issue: Issue,
-        /// The branch and its commits so far.
-        work: Work,
-        /// Fix rounds taken so far (0 for the planned edit).
-        round: u32,
-    },
-    /// The tests ran on the work branch's head.
-    #[next(Edited, PrOpened, Abandoned)]
-    Tested {
-        /// The issue to resolve.
-        issue: Issue,
-        /// The branch and its commits so far.
-        work: Work,
-        /// Fix rounds taken so far.
-        round: u32,
-        /// What the tests said.
-        report: TestReport,
-    },
-    /// The branch is pushed and the pull request is open.
-    #[terminal]
-    PrOpened {
-        /// The pull request's number on the forge.
-        number: u64,
-        /// The pull request's address.
-        url: String,
-        /// The pushed branch.
-        branch: String,
-        /// The commit the branch points at.
-        head: String,
-    },
-    /// The agent gave up; nothing was pushed.
-    #[terminal]
-    Abandoned {
-        /// Why, in one sentence.
-        reason: String,
-    },
+/// The first version of the workflow: approval, push and pull request in `Tested`.
+pub mod v1 {
+    use loops::Workflow;
+    use serde::{Deserialize, Serialize};
+
+    use super::{Base, Change, Issue, TestReport, Work};
+
+    /// An agent that takes an issue to a pull request: plan, edit, test, fix until the tests pass,
+    /// then push a branch and open the pull request.
+    #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+    #[workflow(name = "deliver", version = 1)]
+    pub enum Deliver {
+        /// The issue arrived; nothing has been done yet.
+        #[initial]
+        #[next(Planned, Abandoned)]
+        Received {
+            /// The issue to resolve.
+            issue: Issue,
+            /// Where the work starts.
+            base: Base,
+        },
+        /// The model read the issue and the sources and planned a change.
+        #[next(Edited)]
+        Planned {
+            /// The issue to resolve.
+            issue: Issue,
+            /// Where the work starts.
+            base: Base,
+            /// The planned change.
+            plan: Change,
+        },
+        /// A change is committed on the work branch; its tests have not run yet.
+        #[next(Tested)]
+        Edited {
+            /// The issue to resolve.
+            issue: Issue,
+            /// The branch and its commits so far.
+            work: Work,
+            /// Fix rounds taken so far (0 for the planned edit).
+            round: u32,
+        },
+        /// The tests ran on the work branch's head.
+        #[next(Edited, PrOpened, Abandoned)]
+        Tested {
+            /// The issue to resolve.
+            issue: Issue,
+            /// The branch and its commits so far.
+            work: Work,
+            /// Fix rounds taken so far.
+            round: u32,
+            /// What the tests said.
+            report: TestReport,
+        },
+        /// The branch is pushed and the pull request is open.
+        #[terminal]
+        PrOpened {
+            /// The pull request's number on the forge.
+            number: u64,
+            /// The pull request's address.
+            url: String,
+            /// The pushed branch.
+            branch: String,
+            /// The commit the branch points at.
+            head: String,
+        },
+        /// The agent gave up; nothing was pushed.
+        #[terminal]
+        Abandoned {
+            /// Why, in one sentence.
+            reason: String,
+        },
+    }
 }
+
+/// The second version: the model reviews the change once the tests pass (`Tested` goes to
+/// `Reviewed`), and the approval, the push and the pull request move to `Reviewed`.
+// Not driven yet: the runtime work of issue 14 (several versions side by side, migrations on
+// resume) wires it into the binary.
+#[allow(dead_code, reason = "version 2 is not driven by the binary yet")]
+pub mod v2 {
+    use loops::Workflow;
+    use serde::{Deserialize, Serialize};
+
+    use super::{Base, Change, Issue, Review, TestReport, Work};
+
+    /// An agent that takes an issue to a pull request: plan, edit, test, fix until the tests
+    /// pass, have the model review the change, then push a branch and open the pull request.
+    #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+    #[workflow(name = "deliver", version = 2)]
+    pub enum Deliver {
+        /// The issue arrived; nothing has been done yet.
+        #[initial]
+        #[next(Planned, Abandoned)]
+        Received {
+            /// The issue to resolve.
+            issue: Issue,
+            /// Where the work starts.
+            base: Base,
+        },
+        /// The model read the issue and the sources and planned a change.
+        #[next(Edited)]
+        Planned {
+            /// The issue to resolve.
+            issue: Issue,
+            /// Where the work starts.
+            base: Base,
+            /// The planned change.
+            plan: Change,
+        },
+        /// A change is committed on the work branch; its tests have not run yet.
+        #[next(Tested)]
+        Edited {
+            /// The issue to resolve.
+            issue: Issue,
+            /// The branch and its commits so far.
+            work: Work,
+            /// Fix rounds taken so far (0 for the planned edit).
+            round: u32,
+        },
+        /// The tests ran on the work branch's head.
+        #[next(Edited, Reviewed, Abandoned)]
+        Tested {
+            /// The issue to resolve.
+            issue: Issue,
+            /// The branch and its commits so far.
+            work: Work,
+            /// Fix rounds taken so far.
+            round: u32,
+            /// What the tests said.
+            report: TestReport,
+        },
+        /// The tests pass and the model reviewed the change; the run waits for approval,
+        /// then pushes the branch and opens the pull request.
+        #[next(PrOpened)]
+        Reviewed {
+            /// The issue to resolve.
+            issue: Issue,
+            /// The branch and its commits.
+            work: Work,
+            /// What the model said of the change (it goes into the pull request).
+            review: Review,
+        },
+        /// The branch is pushed and the pull request is open.
+        #[terminal]
+        PrOpened {
+            /// The pull request's number on the forge.
+            number: u64,
+            /// The pull request's address.
+            url: String,
+            /// The pushed branch.
+            branch: String,
+            /// The commit the branch points at.
+            head: String,
+        },
+        /// The agent gave up; nothing was pushed.
+        #[terminal]
+        Abandoned {
+            /// Why, in one sentence.
+            reason: String,
+        },
+    }
+}
+
+/// What the model says of a change whose tests pass, before the pull request.
+#[derive(Schema, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct Review {
+    /// One paragraph: what the change does.
+    pub summary: String,
+    /// What a human reviewer should look at, one item each; may be empty.
+    pub concerns: Vec<String>,
+}
+
+/// How a run of version 1 becomes a run of version 2, at the state it is in.
+///
+/// Every state but one exists in both versions with the same data, and the handlers of both
+/// name their steps alike (`plan`, `commit`, `test`, `fix`), so a migrated run replays the
+/// steps it recorded and keeps their idempotency keys. The exception is a `Tested` run whose
+/// tests pass: version 1 waits for the approval, pushes and opens the pull request in that
+/// state, version 2 does all three in `Reviewed`, a state (and a sequence number) of its own.
+/// Such a run may already have been approved or pushed, which version 2 would not replay; it
+/// is refused, and finishes on version 1.
+impl Migrate<v1::Deliver> for v2::Deliver {
+    fn migrate(old: v1::Deliver) -> Result<Self, BoxError> {
+        use v1::Deliver as Old;
+        use v2::Deliver as New;
+        Ok(match old {
+            Old::Received { issue, base } => New::Received { issue, base },
+            Old::Planned { issue, base, plan } => New::Planned { issue, base, plan },
+            Old::Edited { issue, work, round } => New::Edited { issue, work, round },
+            Old::Tested { report, .. } if report.passed => {
+                return Err(PastItsTests.into());
+            }
+            Old::Tested {
+                issue,
+                work,
+                round,
+                report,
+            } => New::Tested {
+                issue,
+                work,
+                round,
+                report,
+            },
+            Old::PrOpened {
+                number,
+                url,
+                branch,
+                head,
+            } => New::PrOpened {
+                number,
+                url,
+                branch,
+                head,
+            },
+            Old::Abandoned { reason } => New::Abandoned { reason },
+        })
+    }
+}
+
+/// The refusal of [`Migrate::migrate`] for a `Tested` run of version 1 whose tests pass.
+#[derive(Debug)]
+pub struct PastItsTests;
+
+impl std::fmt::Display for PastItsTests {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(
+            "the run's tests pass: it may have been approved and pushed already, which version 2 \
+             does in a state of its own; it finishes on version 1",
+        )
+    }
+}
+
+impl std::error::Error for PastItsTests {}
 
 /// An issue, as the tracker gives it.
 #[derive(Schema, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
@@ -208,4 +382,105 @@ pub struct TestCase {
     pub passed: bool,
     /// For a failed test, its output (the panic message), normalized.
     pub output: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use loops::{Migration, MigrationFailure, Workflow};
+
+    use super::*;
+
+    fn issue() -> Issue {
+        Issue {
+            number: 1,
+            title: "Mean of no values".into(),
+            body: "It panics.".into(),
+        }
+    }
+
+    fn work() -> Work {
+        Work {
+            base: Base {
+                branch: "main".into(),
+                commit: "a".repeat(40),
+            },
+            branch: "loops/deliver-1".into(),
+            commits: vec![Commit {
+                id: "b".repeat(40),
+                subject: "Fix the mean".into(),
+            }],
+        }
+    }
+
+    fn report(passed: bool) -> TestReport {
+        TestReport {
+            passed,
+            exit_code: Some(if passed { 0 } else { 101 }),
+            tests: vec![TestCase {
+                name: "tests::mean".into(),
+                passed,
+                output: None,
+            }],
+            compile_error: None,
+        }
+    }
+
+    #[test]
+    fn version_1_kept_in_its_module_keeps_the_schema_its_runs_recorded() {
+        // The hash of every run the example recorded before version 2 (README's graph).
+        assert_eq!(
+            v1::Deliver::SCHEMA_HASH.pinned().to_string(),
+            "c668da90d200da4f"
+        );
+        assert_ne!(v1::Deliver::SCHEMA_HASH, v2::Deliver::SCHEMA_HASH);
+        assert_eq!((v1::Deliver::VERSION, v2::Deliver::VERSION), (1, 2));
+    }
+
+    #[test]
+    fn every_state_before_the_approval_migrates_with_its_data() {
+        let migration = Migration::of::<v1::Deliver, v2::Deliver>();
+        let cases = [
+            v1::Deliver::Edited {
+                issue: issue(),
+                work: work(),
+                round: 1,
+            },
+            v1::Deliver::Tested {
+                issue: issue(),
+                work: work(),
+                round: 2,
+                report: report(false),
+            },
+            v1::Deliver::Abandoned {
+                reason: "no plan".into(),
+            },
+        ];
+        for old in cases {
+            let stored = serde_json::to_string(&old).unwrap();
+            let migrated = migration.apply(&stored).unwrap();
+            // Same state, same data: the JSON is the same, read as version 2.
+            assert_eq!(migrated.payload, stored);
+            let new: v2::Deliver = serde_json::from_str(&migrated.payload).unwrap();
+            assert_eq!(migrated.state, old.state().to_string());
+            assert_eq!(new.state().to_string(), old.state().to_string());
+        }
+    }
+
+    #[test]
+    fn a_run_whose_tests_pass_is_refused_and_stays_on_version_1() {
+        let old = v1::Deliver::Tested {
+            issue: issue(),
+            work: work(),
+            round: 0,
+            report: report(true),
+        };
+        let err = Migration::of::<v1::Deliver, v2::Deliver>()
+            .apply(&serde_json::to_string(&old).unwrap())
+            .unwrap_err();
+        let MigrationFailure::Failed(cause) = &err.cause else {
+            panic!("expected the migration's own error, got {err:?}");
+        };
+        assert!(cause.is::<PastItsTests>(), "{cause}");
+        assert_eq!((err.from.version, err.to.version), (1, 2));
+    }
 }

@@ -1293,7 +1293,7 @@ mod deliver;
 /// Ends a deliver run at once: enough to store the workflow's schema description.
 struct GiveUp;
 
-impl deliver::DeliverHandler for GiveUp {
+impl deliver::v1::DeliverHandler for GiveUp {
     type Error = BoxError;
 
     async fn received(
@@ -1301,8 +1301,8 @@ impl deliver::DeliverHandler for GiveUp {
         _: &Context,
         _: deliver::Issue,
         _: deliver::Base,
-    ) -> Result<deliver::ReceivedNext, BoxError> {
-        Ok(deliver::ReceivedNext::Abandoned {
+    ) -> Result<deliver::v1::ReceivedNext, BoxError> {
+        Ok(deliver::v1::ReceivedNext::Abandoned {
             reason: "a test".into(),
         })
     }
@@ -1313,7 +1313,7 @@ impl deliver::DeliverHandler for GiveUp {
         _: deliver::Issue,
         _: deliver::Base,
         _: deliver::Change,
-    ) -> Result<deliver::PlannedNext, BoxError> {
+    ) -> Result<deliver::v1::PlannedNext, BoxError> {
         Err("only Received is handled".into())
     }
 
@@ -1323,7 +1323,7 @@ impl deliver::DeliverHandler for GiveUp {
         _: deliver::Issue,
         _: deliver::Work,
         _: u32,
-    ) -> Result<deliver::EditedNext, BoxError> {
+    ) -> Result<deliver::v1::EditedNext, BoxError> {
         Err("only Received is handled".into())
     }
 
@@ -1334,7 +1334,7 @@ impl deliver::DeliverHandler for GiveUp {
         _: deliver::Work,
         _: u32,
         _: deliver::TestReport,
-    ) -> Result<deliver::TestedNext, BoxError> {
+    ) -> Result<deliver::v1::TestedNext, BoxError> {
         Err("only Received is handled".into())
     }
 }
@@ -1358,7 +1358,7 @@ fn the_readme_shows_the_graph_of_the_deliver_example() {
                 branch: "main".into(),
                 commit: "0".repeat(40),
             };
-            let initial = deliver::Deliver::Received { issue, base };
+            let initial = deliver::v1::Deliver::Received { issue, base };
             rt.run("deliver-1", initial, &GiveUp).await.unwrap();
         });
     let graph = text(&path, &["graph", "deliver"]);

@@ -12,11 +12,13 @@ pub mod conformance;
 pub mod control;
 pub mod error;
 mod failpoint;
+mod migrate;
 mod names;
 pub mod panics;
 pub mod record;
 pub mod retention;
 pub mod retry;
+mod route;
 mod row;
 mod run;
 mod runtime;
@@ -29,11 +31,16 @@ pub mod workflow;
 mod tests;
 
 pub use error::{Error, RecordKind, Result};
+pub use migrate::{
+    Chain, Migrate, Migrated, Migration, MigrationError, MigrationFailure, SameWorkflow,
+    StoredVersion, Versioned,
+};
 pub use names::{MAX_NAME_BYTES, MAX_RUN_ID_BYTES, RESERVED_PREFIX, validate_run_id};
 pub use panics::silence_caught_redb_panics;
 pub use record::{FailureRecord, FailureSource, StepRecord, Transition, TransitionRecord};
 pub use retention::RetentionPolicy;
 pub use retry::RetryPolicy;
+pub use route::{Blocked, KnownVersion, Route, StoredRun, route};
 pub use run::context::{Context, StepOptions};
 pub use run::dispatch::Dispatch;
 pub use run::settings::{DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PARK_THRESHOLD};
@@ -54,9 +61,12 @@ pub use workflow::{BoxError, StateId, Workflow};
 pub mod __private {
     pub use serde;
 
+    pub use crate::migrate::{Named, SameName};
     pub use crate::run::test_util::__for_tests;
     pub use crate::schema::__describe::{describe, describe_len, utf8};
-    pub use crate::{BoxError, Context, Dispatch, Schema, SchemaHash, StateId, Workflow};
+    pub use crate::{
+        BoxError, Context, Dispatch, Schema, SchemaHash, StateId, Versioned, Workflow,
+    };
 
     /// The shapes that `Schema` impls and `Workflow::SCHEMA_HASH` are built from.
     pub mod schema {

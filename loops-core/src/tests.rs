@@ -452,6 +452,55 @@ async fn schema_change_is_refused_and_writes_nothing() {
     assert_eq!(dump(&path), content_before);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_driver_refused_for_its_schema_is_not_retried() {
+    let (_dir, path) = temp_store();
+    {
+        // Leave the run unfinished: stop driving it while `Work` runs.
+        let rt = Runtime::open(&path).unwrap();
+        let slow = Worker {
+            work_delay: Duration::from_secs(60),
+            ..Worker::default()
+        };
+        let run = rt.run("r", Job::Start { n: 1 }, &slow);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(200), run)
+                .await
+                .is_err()
+        );
+    }
+    let content_before = dump(&path);
+    {
+        // A build that registers another shape of `job` (no pre-check: `open`, then
+        // `register`) and resumes its runs in the background.
+        let rt = Runtime::open(&path).unwrap();
+        rt.register::<JobV2, _>(Worker::default());
+        let resumed = rt.resume_all().await.unwrap();
+        assert_eq!(
+            resumed
+                .iter()
+                .map(|i| i.run_id.as_str())
+                .collect::<Vec<_>>(),
+            ["r"]
+        );
+        // Its driver refuses the run and ends; it arms no timer to try again.
+        for _ in 0..500 {
+            if rt.inner.background.live_tasks() == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert_eq!(rt.inner.background.live_tasks(), 0);
+        assert_eq!(rt.inner.background.armed_timers(), 0);
+        let info = rt.run_info("r").await.unwrap().unwrap();
+        assert_eq!(
+            (info.status, info.state.as_str(), info.seq),
+            (RunStatus::Running, "Work", 1)
+        );
+    }
+    assert_eq!(dump(&path), content_before);
+}
+
 /// Every key and value of every table, as text.
 fn dump(path: &std::path::Path) -> Vec<String> {
     use redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata, TableHandle};

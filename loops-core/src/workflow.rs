@@ -68,6 +68,13 @@ pub trait Workflow: Serialize + DeserializeOwned + Send + 'static {
     /// say what changed.
     const SCHEMA: &'static str;
 
+    /// The stored schema hashes of older versions whose runs this version drives as they
+    /// are (`#[workflow(accepts = ["5a1f..."])]`; none by default): an opt-in for changes
+    /// that leave every stored value readable, such as a field added with
+    /// `#[serde(default)]`. The runtime checks the claim against each schema's stored
+    /// description and refuses it, with the changes, if one of them is breaking.
+    const ACCEPTS: &'static [SchemaHash] = &[];
+
     /// The state this value is in.
     fn state(&self) -> Self::State;
 }

@@ -12,12 +12,15 @@ use syn::{Attribute, Expr, ExprLit, Ident, Lit, LitStr, Meta, Path, Token, Type}
 
 use crate::ctxt::Errors;
 
-/// `#[workflow(name = "...", version = N, crate = path)]`, possibly split over several
-/// attributes.
+/// `#[workflow(name = "...", version = N, accepts = ["..."], crate = path)]`, possibly split
+/// over several attributes.
 #[derive(Default)]
 pub(crate) struct WorkflowAttrs {
     pub name: Option<LitStr>,
     pub version: Option<(u32, Span)>,
+    /// The stored schema hashes this version accepts (`accepts = ["5a1f..."]`), parsed, in
+    /// the order written; `None` if the key is absent.
+    pub accepts: Option<Vec<u64>>,
     pub krate: CratePath,
 }
 
@@ -198,6 +201,18 @@ fn parse_workflow(cx: &Errors, attr: &Attribute, out: &mut WorkflowAttrs) {
             } else {
                 out.version = Some((version, value.span()));
             }
+        } else if key.is_ident("accepts") {
+            let Some(value) = value else {
+                cx.spanned(&key, ACCEPTS_FORM);
+                skip_parenthesized(&meta);
+                return Ok(());
+            };
+            let hashes = accepts_of(cx, &value);
+            if out.accepts.is_some() {
+                cx.spanned(&key, "duplicate `accepts` in `#[workflow(...)]`");
+            } else {
+                out.accepts = Some(hashes);
+            }
         } else {
             if value.is_none() {
                 skip_parenthesized(&meta);
@@ -205,7 +220,7 @@ fn parse_workflow(cx: &Errors, attr: &Attribute, out: &mut WorkflowAttrs) {
             cx.spanned(
                 &key,
                 format!(
-                    "unknown key `{}` in `#[workflow(...)]`: expected `name`, `version` or `crate`",
+                    "unknown key `{}` in `#[workflow(...)]`: expected `name`, `version`, `accepts` or `crate`",
                     path_text(&key)
                 ),
             );
@@ -284,6 +299,46 @@ fn skip_parenthesized(meta: &ParseNestedMeta) {
             None => Err(cursor.error("expected a value")),
         });
     }
+}
+
+const ACCEPTS_FORM: &str = "expected `accepts = [\"HASH\", ...]`, each HASH a stored schema hash of \
+                            16 hex digits, as `loops schema` prints it";
+
+/// The hashes of `accepts = ["...", ...]`: each a string of 16 hex digits, listed once.
+/// Mistakes are reported, at the string; the valid hashes are returned.
+fn accepts_of(cx: &Errors, value: &Expr) -> Vec<u64> {
+    let Expr::Array(array) = value else {
+        cx.spanned(value, ACCEPTS_FORM);
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for element in &array.elems {
+        let Expr::Lit(ExprLit {
+            lit: Lit::Str(lit), ..
+        }) = element
+        else {
+            cx.spanned(element, ACCEPTS_FORM);
+            continue;
+        };
+        let text = lit.value();
+        let hash = (text.len() == 16 && text.bytes().all(|b| b.is_ascii_hexdigit()))
+            .then(|| u64::from_str_radix(&text, 16).ok())
+            .flatten();
+        match hash {
+            None => cx.spanned(
+                lit,
+                format!(
+                    "`{text}` is not a schema hash: expected 16 hex digits, as `loops schema` \
+                     or the refusal of a run prints it"
+                ),
+            ),
+            Some(hash) if out.contains(&hash) => {
+                cx.spanned(lit, format!("schema `{text}` is listed twice in `accepts`"));
+            }
+            Some(hash) => out.push(hash),
+        }
+    }
+    out
 }
 
 fn version_of(cx: &Errors, value: &Expr) -> Option<u32> {

@@ -128,6 +128,12 @@ pub(crate) fn impls(w: &Workflow, dispatch: TokenStream, schema: TokenStream) ->
         let v = s.ident;
         quote!(#ident::#v { .. } => #state_ident::#v)
     });
+    let accepts = w.attrs.accepts.as_ref().map(|hashes| {
+        quote! {
+            const ACCEPTS: &'static [#krate::SchemaHash] =
+                &[#(#krate::SchemaHash::from_u64(#hashes)),*];
+        }
+    });
     quote! {
         #state_id
         #(#from_next)*
@@ -138,11 +144,18 @@ pub(crate) fn impls(w: &Workflow, dispatch: TokenStream, schema: TokenStream) ->
             const NAME: &'static str = #name;
             const VERSION: u32 = #version;
             #schema
+            #accepts
             fn state(&self) -> #state_ident {
                 match self {
                     #(#state_arms,)*
                 }
             }
+        }
+
+        // The name as a type, for the compile-time check of `Migrate` impls.
+        #[automatically_derived]
+        impl #krate::Versioned for #ident {
+            type Name = #krate::Named<{ #krate::SchemaHash::of(#name.as_bytes()).to_u64() }>;
         }
 
         #[automatically_derived]

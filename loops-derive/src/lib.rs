@@ -25,16 +25,16 @@ use syn::{DeriveInput, parse_macro_input};
 
 /// Derives a durable workflow from an enum: one variant per state, `#[initial]` on the state
 /// runs start in, `#[next(A, B)]` on every other state listing where it may go, `#[terminal]`
-/// on the states that end runs, and optionally `#[workflow(name = "...", version = N, crate =
-/// path)]` on the enum; `#[schema(as = T)]` and `#[schema(recursive = T)]` on fields. The
-/// whole guide (every attribute, what is generated, what changes the schema hash) follows the
-/// example below.
+/// on the states that end runs, and optionally `#[workflow(name = "...", version = N, accepts
+/// = ["HASH", ...], crate = path)]` on the enum; `#[schema(as = T)]` and `#[schema(recursive
+/// = T)]` on fields. The whole guide (every attribute, what is generated, what changes the
+/// schema hash) follows the example below.
 ///
 /// Generates, for `enum Deliver`: `DeliverState` (the fieldless state enum, implementing
 /// `loops::StateId`), one `{V}Next` enum per non-terminal state `V` (the states `V` may move
 /// to), the `DeliverHandler` trait (one async method per non-terminal state), and the
-/// `loops::Workflow` and `loops::Dispatch` impls. The types stored in states must implement
-/// `loops::Schema`.
+/// `loops::Workflow`, `loops::Dispatch` and `loops::Versioned` impls. The types stored in
+/// states must implement `loops::Schema`.
 ///
 /// ```
 /// use loops::{StateId, Workflow};

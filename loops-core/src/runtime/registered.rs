@@ -77,6 +77,13 @@ where
                     tracing::info!(run_id, error = %e, "run ended");
                     true
                 }
+                // Its records are of a shape this build does not compile: trying again
+                // changes nothing (issue 14). Said once; the run is left as it is, for a build
+                // that knows its schema.
+                Err(e @ (Error::SchemaMismatch { .. } | Error::WorkflowMismatch { .. })) => {
+                    tracing::warn!(run_id, error = %e, "this build cannot drive the run; not retried");
+                    false
+                }
                 Err(e) => {
                     // A storage error, say: try again in a second rather than at once.
                     tracing::error!(run_id, error = %e, "background driver stopped; retrying in 1 s");

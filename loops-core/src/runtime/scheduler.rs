@@ -128,6 +128,15 @@ impl Background {
         }
     }
 
+    /// How many timers are armed.
+    #[cfg(test)]
+    pub(crate) fn armed_timers(&self) -> usize {
+        self.timers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
     /// How many background tasks are alive.
     #[cfg(test)]
     pub(crate) fn live_tasks(&self) -> usize {

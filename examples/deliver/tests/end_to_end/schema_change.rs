@@ -122,7 +122,7 @@ fn expect_mismatch(err: &Error) -> (SchemaHash, SchemaHash) {
     };
     assert_eq!(run_id, RUN_ID);
     assert_eq!(workflow, "deliver");
-    assert_eq!(*stored, recorded::Deliver::SCHEMA_HASH.pinned());
+    assert_eq!(*stored, recorded::v1::Deliver::SCHEMA_HASH.pinned());
     assert_eq!(*compiled, changed::Deliver::SCHEMA_HASH.pinned());
     assert_ne!(stored, compiled);
     assert_eq!(changes.len(), 1, "one change: {changes:?}");
@@ -236,11 +236,11 @@ async fn a_changed_workflow_is_refused_and_the_store_is_untouched() {
 
     // Control: the build that recorded the run opens the same file and reads the run.
     let runtime = Runtime::builder()
-        .workflow::<recorded::Deliver>()
+        .workflow::<recorded::v1::Deliver>()
         .open(&store)
         .expect("the recording build opens its store");
     let (seq, state) = runtime
-        .state::<recorded::Deliver>(RUN_ID)
+        .state::<recorded::v1::Deliver>(RUN_ID)
         .await
         .expect("read the state")
         .expect("the run");
