@@ -224,10 +224,31 @@ async fn a_fault_that_lasts_fails_every_commit_without_losing_anything() {
             .await
             .unwrap_err();
         assert!(matches!(err, Error::Storage { .. }), "{err:?}");
+        // A fault of the disk: worth trying again later. The I/O error stays reachable
+        // through the chain of sources, though redb's type is not in the API.
+        assert!(err.is_transient(), "{err:?}");
+        let full = std::io::Error::from(std::io::ErrorKind::StorageFull).to_string();
+        let mut chain = std::iter::successors(std::error::Error::source(&err), |e| e.source());
+        assert!(
+            chain.any(|e| e.to_string().contains(&full)),
+            "{full:?} in {err:?}"
+        );
     }
     fault.store(OK, Ordering::SeqCst);
     assert_eq!(seqs(&rt, "before"), (0..=5).collect::<Vec<_>>());
     rt.run("r0", Count::Step { n: 0 }, &Counter).await.unwrap();
+    // An error about the request is not transient, and names its run.
+    let err = rt.history::<Count>("no-such-run").await;
+    let err = match err {
+        Err(e) => e,
+        Ok(h) if h.is_empty() => rt
+            .retry("no-such-run")
+            .await
+            .expect_err("a retry of a run that does not exist"),
+        Ok(h) => panic!("history of a run that does not exist: {h:?}"),
+    };
+    assert!(!err.is_transient(), "{err:?}");
+    assert_eq!(err.run_id(), Some("no-such-run"), "{err:?}");
 }
 
 /// A store with three completed runs, closed cleanly.
