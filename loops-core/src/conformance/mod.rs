@@ -83,6 +83,10 @@
 
 use std::future::Future;
 
+// For the links of these docs.
+#[cfg(doc)]
+use crate::store::Store;
+
 mod data;
 mod factory;
 mod leases;
