@@ -73,13 +73,17 @@ fn is_caught_redb_panic(info: &PanicHookInfo<'_>) -> bool {
 }
 
 /// Whether the source file `file` (a panic's location) belongs to the redb crate: a path
-/// with a directory `redb-<version>` (as cargo unpacks a registry crate) or `redb`.
+/// with a crate directory `redb-<version>` (as cargo unpacks a registry crate) or `redb`,
+/// holding `src`. loops's own `store/redb/` folder has no `src` in it, and is not redb.
 fn in_redb(file: &str) -> bool {
-    file.split(['/', '\\']).any(|dir| {
-        dir == "redb"
-            || dir
-                .strip_prefix("redb-")
-                .is_some_and(|version| version.starts_with(|c: char| c.is_ascii_digit()))
+    let dirs: Vec<&str> = file.split(['/', '\\']).collect();
+    dirs.windows(2).any(|pair| {
+        let (dir, next) = (pair[0], pair[1]);
+        next == "src"
+            && (dir == "redb"
+                || dir
+                    .strip_prefix("redb-")
+                    .is_some_and(|version| version.starts_with(|c: char| c.is_ascii_digit())))
     })
 }
 
@@ -98,6 +102,8 @@ mod tests {
         }
         for file in [
             "loops-core/src/store/redb.rs",
+            "loops-core/src/store/redb/read.rs",
+            r"C:\loops\loops-core\src\store\redb\commit.rs",
             "/registry/src/index/redb-derive-1.0.0/src/lib.rs",
             "/registry/src/index/redbx-1.0.0/src/lib.rs",
             "src/main.rs",

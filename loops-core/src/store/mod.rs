@@ -33,7 +33,6 @@ pub(crate) mod precheck;
 pub mod protocol;
 mod ready;
 pub mod redb;
-mod verify;
 
 pub use self::effects::{Effects, InboxChange, Record, RowWrite, event_record};
 pub use self::facts::{CurrentLease, Facts, LeaseCheck, Needs, PendingEvent, RecordKey};

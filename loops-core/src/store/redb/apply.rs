@@ -1,0 +1,219 @@
+//! One write inside a batch's transaction: the facts its plan needs are read from the tables,
+//! and the effects the plan returns are written to them.
+
+use redb::ReadableTable;
+
+use super::tables::{Tables, name_upper_bound};
+use crate::error::Error;
+use crate::store::protocol::{Reply, Write};
+use crate::store::{
+    Effects, Facts, InboxChange, Needs, PendingEvent, Record, RecordKey, RowWrite, RunInfo, plan,
+};
+
+/// An outcome of applying one write inside the batch's transaction.
+pub(super) enum Applied {
+    /// Written; reply with this.
+    Wrote(Reply),
+    /// Nothing to write; reply with this.
+    Unchanged(Reply),
+}
+
+pub(super) enum ApplyError {
+    /// The write failed its checks and wrote nothing.
+    Rejected(Error),
+    /// The transaction failed; the whole batch fails.
+    Storage(redb::Error),
+}
+
+impl<E: Into<redb::Error>> From<E> for ApplyError {
+    fn from(e: E) -> Self {
+        ApplyError::Storage(e.into())
+    }
+}
+
+/// Applies one write inside the batch's transaction: reads the run's row and the facts the
+/// write needs, asks [`plan`] what the write means, and writes its effects out.
+pub(super) fn apply(t: &mut Tables<'_>, write: &Write) -> std::result::Result<Applied, ApplyError> {
+    let needs = write.needs();
+    let row = match needs.run {
+        Some(run_id) => load_row(t, run_id)?,
+        None => None,
+    };
+    let facts = gather(t, &needs)?;
+    let effects = plan(write, row.as_ref(), &facts).map_err(ApplyError::Rejected)?;
+    if effects.is_empty() {
+        return Ok(Applied::Unchanged(effects.reply));
+    }
+    store(t, &effects)?;
+    Ok(Applied::Wrote(effects.reply))
+}
+
+fn load_row(t: &mut Tables<'_>, run_id: &str) -> std::result::Result<Option<RunInfo>, ApplyError> {
+    match t.runs()?.get(run_id)? {
+        Some(bytes) => RunInfo::decode(run_id, bytes.value())
+            .map(Some)
+            .map_err(ApplyError::Rejected),
+        None => Ok(None),
+    }
+}
+
+/// Reads the facts of `needs` in the write transaction.
+fn gather<'w>(t: &mut Tables<'_>, needs: &Needs<'w>) -> std::result::Result<Facts<'w>, ApplyError> {
+    let mut facts = Facts::default();
+    let id = needs.run.unwrap_or_default();
+    facts.record_taken = match needs.record {
+        Some(RecordKey::Journal { seq }) => t.journal()?.get((id, seq))?.is_some(),
+        Some(RecordKey::Step {
+            seq,
+            name,
+            occurrence,
+        }) => t.steps()?.get((id, seq, name, occurrence))?.is_some(),
+        None => false,
+    };
+    if let Some(hash) = needs.schema {
+        facts.schema_stored = t.schemas()?.get(hash.to_string().as_str())?.is_some();
+    }
+    if let Some((seq, attempt)) = needs.failure_index {
+        let last = t
+            .failures()?
+            .range((id, seq, attempt, 0)..=(id, seq, attempt, u32::MAX))?
+            .next_back()
+            .transpose()?;
+        facts.failure_index = last.map_or(0, |(key, _)| key.value().3 + 1);
+    }
+    if let Some(seq) = needs.failure_attempt {
+        let last = t
+            .failures()?
+            .range((id, seq, 0, 0)..=(id, seq, u32::MAX, u32::MAX))?
+            .next_back()
+            .transpose()?;
+        facts.failure_attempt = last.map(|(key, _)| key.value().2);
+    }
+    if let Some(event) = needs.pending {
+        let first = t
+            .pending()?
+            .range((id, event, 0)..=(id, event, u64::MAX))?
+            .next()
+            .transpose()?
+            .map(|(key, _)| key.value().2);
+        if let Some(event_seq) = first {
+            let record = t.inbox()?.get((id, event_seq))?.map(|b| b.value().to_vec());
+            facts.pending = Some(PendingEvent { event_seq, record });
+        }
+    }
+    if let Some(key) = needs.event_key {
+        facts.key_seen = t.event_keys()?.get((id, key))?.map(|seq| seq.value());
+    }
+    if needs.next_event_seq {
+        let last = t
+            .inbox()?
+            .range((id, 0)..=(id, u64::MAX))?
+            .next_back()
+            .transpose()?;
+        facts.next_event_seq = last.map_or(0, |(key, _)| key.value().1 + 1);
+    }
+    for run_id in needs.runs {
+        if let Some(info) = load_row(t, run_id)? {
+            facts.runs.push(info);
+        }
+    }
+    Ok(facts)
+}
+
+/// Writes `effects` out as table writes.
+fn store(t: &mut Tables<'_>, effects: &Effects<'_>) -> std::result::Result<(), ApplyError> {
+    let id = effects.run_id;
+    for record in &effects.records {
+        match record {
+            Record::Journal { seq, bytes } => {
+                t.journal()?.insert((id, *seq), *bytes)?;
+            }
+            Record::Step {
+                seq,
+                name,
+                occurrence,
+                bytes,
+            } => {
+                t.steps()?
+                    .insert((id, *seq, *name, *occurrence), &**bytes)?;
+            }
+            Record::Failure {
+                seq,
+                attempt,
+                index,
+                bytes,
+            } => {
+                t.failures()?
+                    .insert((id, *seq, *attempt, *index), bytes.as_slice())?;
+            }
+        }
+    }
+    for change in &effects.inbox {
+        match change {
+            InboxChange::Append {
+                event_seq,
+                name,
+                key,
+                record,
+            } => {
+                t.inbox()?.insert((id, *event_seq), record.as_slice())?;
+                t.pending()?.insert((id, *name, *event_seq), ())?;
+                if let Some(key) = key {
+                    t.event_keys()?.insert((id, *key), *event_seq)?;
+                }
+            }
+            InboxChange::Deliver { event_seq, name } => {
+                t.pending()?.remove((id, *name, *event_seq))?;
+            }
+        }
+    }
+    if let Some((hash, text)) = &effects.schema {
+        t.schemas()?.insert(hash.to_string().as_str(), *text)?;
+    }
+    if let Some(row) = &effects.row {
+        store_row(t, row)?;
+    }
+    for info in &effects.delete {
+        delete_run(t, info)?;
+    }
+    Ok(())
+}
+
+/// Writes the run's new row, moving its status index entry if the status changed.
+fn store_row(t: &mut Tables<'_>, row: &RowWrite) -> std::result::Result<(), ApplyError> {
+    let info = &row.info;
+    let id = info.run_id.as_str();
+    t.runs()?.insert(id, info.encode().as_slice())?;
+    if let Some((from, to)) = row.status_move() {
+        let workflow = info.workflow.as_str();
+        if let Some(from) = from {
+            t.status()?.remove((from.code(), workflow, id))?;
+        }
+        t.status()?.insert((to.code(), workflow, id), ())?;
+    }
+    Ok(())
+}
+
+/// Deletes the run's row, index entry, records and events.
+fn delete_run(t: &mut Tables<'_>, info: &RunInfo) -> std::result::Result<(), ApplyError> {
+    let id = info.run_id.as_str();
+    t.runs()?.remove(id)?;
+    t.status()?
+        .remove((info.status.code(), info.workflow.as_str(), id))?;
+    t.journal()?
+        .retain_in((id, 0)..=(id, u64::MAX), |_, _| false)?;
+    t.steps()?
+        .retain_in((id, 0, "", 0)..(id, u64::MAX, "", 0), |_, _| false)?;
+    t.failures()?.retain_in(
+        (id, 0, 0, 0)..=(id, u64::MAX, u32::MAX, u32::MAX),
+        |_, _| false,
+    )?;
+    t.inbox()?
+        .retain_in((id, 0)..=(id, u64::MAX), |_, _| false)?;
+    let top = name_upper_bound();
+    t.pending()?
+        .retain_in((id, "", 0)..(id, top.as_str(), 0), |_, _| false)?;
+    t.event_keys()?
+        .retain_in((id, "")..(id, top.as_str()), |_, _| false)?;
+    Ok(())
+}

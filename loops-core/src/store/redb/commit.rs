@@ -1,0 +1,351 @@
+//! The commit path: a write is committed by its caller as the leader, or by the writer
+//! thread, batched with the writes that queued meanwhile into one write transaction.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+use redb::Database;
+use tokio::sync::{mpsc, oneshot};
+
+use super::apply::{Applied, ApplyError, apply};
+use super::tables::Tables;
+use super::{Db, Mode, Opener, Queue, RedbStore, Request, corrupted};
+use crate::error::{Error, Result};
+use crate::store::protocol::{Reply, Write};
+
+/// Most writes committed in one write transaction.
+pub const MAX_BATCH: usize = 1024;
+
+/// Writes waiting for the writer thread before senders wait (backpressure).
+pub(super) const QUEUE: usize = 4096;
+
+/// Rounds a leader commits of others' writes before it hands the rest to the writer thread.
+pub const LEADER_ROUNDS: usize = 4;
+
+/// Whether a write may be committed on the caller's thread: inside a multi-threaded tokio
+/// runtime, where `block_in_place` lets the runtime move its other tasks elsewhere.
+fn inline_commit_allowed() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+}
+
+impl RedbStore {
+    /// Commits `write` (batched with concurrent writes) and returns the writer's answer.
+    ///
+    /// On a multi-threaded tokio runtime the commit is made on the caller's thread (inside
+    /// `block_in_place`) when no other commit is in progress: a lone write then costs what a
+    /// raw redb commit costs, without two thread hand-offs. Writes that arrive during that
+    /// commit queue up, and the committing caller (the leader) commits them too, in one
+    /// transaction, for up to [`LEADER_ROUNDS`] rounds before it hands what is left to the
+    /// writer thread. Elsewhere (a current-thread runtime) every write goes to the writer
+    /// thread, which batches the same way.
+    pub(super) async fn submit(&self, write: Write) -> Result<Reply> {
+        let Some(tx) = self.inner.tx.as_ref() else {
+            return Err(Error::ReadOnly {
+                path: self.inner.path.clone(),
+            });
+        };
+        if self.inner.commit_on_caller && inline_commit_allowed() {
+            let queued = {
+                let mut queue = self
+                    .inner
+                    .queue
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                match queue.mode {
+                    Mode::Idle => {
+                        queue.mode = Mode::Inline;
+                        Ok(Ok(write))
+                    }
+                    Mode::Inline => {
+                        let (reply, rx) = oneshot::channel();
+                        queue.pending.push(Request { write, reply });
+                        Ok(Err(rx))
+                    }
+                    Mode::Thread => Err(write),
+                }
+            };
+            match queued {
+                Ok(Ok(write)) => return self.lead(write),
+                Ok(Err(rx)) => return rx.await.map_err(|_| Error::Closed)?,
+                Err(write) => {
+                    let (reply, rx) = oneshot::channel();
+                    tx.send(Request { write, reply })
+                        .await
+                        .map_err(|_| Error::Closed)?;
+                    return rx.await.map_err(|_| Error::Closed)?;
+                }
+            }
+        }
+        let (reply, rx) = oneshot::channel();
+        tx.send(Request { write, reply })
+            .await
+            .map_err(|_| Error::Closed)?;
+        rx.await.map_err(|_| Error::Closed)?
+    }
+
+    /// Commits `own` and what queues up meanwhile, as the leader (see [`submit`]); returns
+    /// `own`'s answer. Blocking.
+    fn lead(&self, own: Write) -> Result<Reply> {
+        let inner = &*self.inner;
+        let Some(opener) = inner.opener.as_ref() else {
+            return Err(Error::Closed);
+        };
+        let mut own = Some(own);
+        let mut own_result = Err(Error::Closed);
+        for round in 0.. {
+            let pending = {
+                let mut queue = inner.queue.lock().unwrap_or_else(PoisonError::into_inner);
+                let pending = std::mem::take(&mut queue.pending);
+                if pending.is_empty() && own.is_none() {
+                    queue.mode = Mode::Idle;
+                    return own_result;
+                }
+                if round >= LEADER_ROUNDS && own.is_none() {
+                    // Enough for one caller: the writer thread takes over until it runs dry.
+                    queue.mode = Mode::Thread;
+                    drop(queue);
+                    self.hand_off(pending);
+                    return own_result;
+                }
+                pending
+            };
+            let mut writes: Vec<&Write> = Vec::with_capacity(pending.len() + 1);
+            if let Some(write) = &own {
+                writes.push(write);
+            }
+            writes.extend(pending.iter().map(|r| &r.write));
+            let mut results = commit_writes(&inner.db, opener, &inner.path, writes).into_iter();
+            if own.take().is_some() {
+                own_result = results.next().unwrap_or(Err(Error::Closed));
+            }
+            for (request, result) in pending.into_iter().zip(results) {
+                let _ = request.reply.send(result);
+            }
+        }
+        own_result
+    }
+
+    /// Gives queued writes to the writer thread; if its queue is full, commits them here.
+    fn hand_off(&self, pending: Vec<Request>) {
+        let mut left = Vec::new();
+        if let Some(tx) = &self.inner.tx {
+            for request in pending {
+                match tx.try_send(request) {
+                    Ok(()) => {}
+                    Err(
+                        mpsc::error::TrySendError::Full(request)
+                        | mpsc::error::TrySendError::Closed(request),
+                    ) => left.push(request),
+                }
+            }
+        } else {
+            left = pending;
+        }
+        if left.is_empty() {
+            return;
+        }
+        let Some(opener) = self.inner.opener.as_ref() else {
+            return;
+        };
+        let results = commit_writes(
+            &self.inner.db,
+            opener,
+            &self.inner.path,
+            left.iter().map(|r| &r.write).collect(),
+        );
+        for (request, result) in left.into_iter().zip(results) {
+            let _ = request.reply.send(result);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The writer thread.
+
+pub(super) fn writer_loop(
+    db: &RwLock<Db>,
+    opener: &Opener,
+    path: &Path,
+    queue: &Mutex<Queue>,
+    mut rx: mpsc::Receiver<Request>,
+) {
+    let mut batch: Vec<Request> = Vec::with_capacity(MAX_BATCH);
+    while let Some(first) = next_request(&mut rx, queue) {
+        batch.push(first);
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(request) => batch.push(request),
+                Err(_) => break,
+            }
+        }
+        let results = commit_writes(db, opener, path, batch.iter().map(|r| &r.write).collect());
+        for (request, result) in batch.drain(..).zip(results) {
+            // The caller may have stopped waiting (its task was dropped); the write stands.
+            let _ = request.reply.send(result);
+        }
+    }
+}
+
+/// Commits `writes` in one write transaction (see [`commit_batch`]), reopening the database
+/// before if a failed commit closed it, and closing it after a commit fails (redb refuses
+/// every transaction after an I/O error until it is opened again). A redb panic on a damaged
+/// page fails the batch with a storage error. Blocking.
+fn commit_writes(
+    db: &RwLock<Db>,
+    opener: &Opener,
+    path: &Path,
+    writes: Vec<&Write>,
+) -> Vec<Result<Reply>> {
+    let n = writes.len();
+    let reopened = reopen_if_needed(db, opener, path);
+    let (results, storage_failed) = {
+        let guard = db.read().unwrap_or_else(PoisonError::into_inner);
+        match (&*guard, reopened) {
+            (Db::Writable(db), _) => {
+                crate::panics::catch(|| commit_batch(db, writes.iter().copied())).unwrap_or_else(
+                    |_| {
+                        let e = Arc::new(corrupted("a commit"));
+                        let results = (0..n)
+                            .map(|_| {
+                                Err(Error::Storage {
+                                    action: format!("committing {n} writes"),
+                                    source: e.clone(),
+                                })
+                            })
+                            .collect();
+                        (results, true)
+                    },
+                )
+            }
+            (Db::Reopening(_), Err(e)) => (
+                (0..n)
+                    .map(|_| {
+                        Err(Error::Storage {
+                            action: format!("reopening {} after an I/O error", path.display()),
+                            source: e.clone(),
+                        })
+                    })
+                    .collect(),
+                false,
+            ),
+            _ => ((0..n).map(|_| Err(Error::Closed)).collect(), false),
+        }
+    };
+    if storage_failed {
+        let mut guard = db.write().unwrap_or_else(PoisonError::into_inner);
+        if matches!(&*guard, Db::Writable(_)) {
+            tracing::warn!(path = %path.display(), "store write failed; reopening");
+            *guard = Db::Reopening(Arc::new(redb::Error::Io(std::io::Error::other(
+                "closed after a failed commit",
+            ))));
+        }
+        drop(guard);
+        let _ = reopen_if_needed(db, opener, path);
+    }
+    results
+}
+
+/// The next write for the writer thread: at once if one is queued; else, once it has let
+/// callers commit on their own threads again (if it had taken over from one), asleep.
+fn next_request(rx: &mut mpsc::Receiver<Request>, queue: &Mutex<Queue>) -> Option<Request> {
+    match rx.try_recv() {
+        Ok(request) => return Some(request),
+        Err(mpsc::error::TryRecvError::Disconnected) => return None,
+        Err(mpsc::error::TryRecvError::Empty) => {}
+    }
+    {
+        let mut queue = queue.lock().unwrap_or_else(PoisonError::into_inner);
+        if queue.mode == Mode::Thread {
+            queue.mode = Mode::Idle;
+        }
+    }
+    rx.blocking_recv()
+}
+
+/// Opens the database again if a failed commit closed it. Returns the error of a reopen
+/// that failed (the next batch tries again).
+pub(super) fn reopen_if_needed(
+    db: &RwLock<Db>,
+    opener: &Opener,
+    path: &Path,
+) -> std::result::Result<(), Arc<redb::Error>> {
+    if !matches!(
+        &*db.read().unwrap_or_else(PoisonError::into_inner),
+        Db::Reopening(_)
+    ) {
+        return Ok(());
+    }
+    let mut guard = db.write().unwrap_or_else(PoisonError::into_inner);
+    if !matches!(&*guard, Db::Reopening(_)) {
+        return Ok(());
+    }
+    match opener() {
+        Ok(new) => {
+            tracing::info!(path = %path.display(), "store reopened after an I/O error");
+            *guard = Db::Writable(new);
+            Ok(())
+        }
+        Err(e) => {
+            let e = Arc::new(redb::Error::from(e));
+            *guard = Db::Reopening(Arc::clone(&e));
+            Err(e)
+        }
+    }
+}
+
+pub(super) fn commit_batch<'a>(
+    db: &Database,
+    writes: impl ExactSizeIterator<Item = &'a Write>,
+) -> (Vec<Result<Reply>>, bool) {
+    let n = writes.len();
+    let fail_all = |action: String, e: redb::Error| -> (Vec<Result<Reply>>, bool) {
+        let shared = Arc::new(e);
+        let results = (0..n)
+            .map(|_| {
+                Err(Error::Storage {
+                    action: action.clone(),
+                    source: shared.clone(),
+                })
+            })
+            .collect();
+        (results, true)
+    };
+    let txn = match db.begin_write() {
+        Ok(txn) => txn,
+        Err(e) => return fail_all(format!("beginning a commit of {n} writes"), e.into()),
+    };
+    let mut results = Vec::with_capacity(n);
+    let mut wrote = false;
+    let outcome: std::result::Result<(), redb::Error> = (|| {
+        let mut t = Tables::new(&txn);
+        for write in writes {
+            match apply(&mut t, write) {
+                Ok(Applied::Wrote(info)) => {
+                    wrote = true;
+                    results.push(Ok(info));
+                }
+                Ok(Applied::Unchanged(info)) => results.push(Ok(info)),
+                Err(ApplyError::Rejected(e)) => results.push(Err(e)),
+                Err(ApplyError::Storage(e)) => return Err(e),
+            }
+        }
+        Ok(())
+    })();
+    if let Err(e) = outcome {
+        let _ = txn.abort();
+        return fail_all(format!("applying a commit of {n} writes"), e);
+    }
+    if !wrote {
+        // Nothing changed: leave the file untouched (no commit, no fsync).
+        let _ = txn.abort();
+        return (results, false);
+    }
+    match txn.commit() {
+        Ok(()) => {
+            crate::failpoint::point("loops::writer::after_commit");
+            (results, false)
+        }
+        Err(e) => fail_all(format!("committing {n} writes"), e.into()),
+    }
+}

@@ -1,0 +1,427 @@
+//! Opening the store: a writable file, memory, a backend of the caller's, or a read-only
+//! file; creating a new file so that no crash leaves it half-made, and refusing files that
+//! are not stores.
+
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+
+use redb::Database;
+use redb::backends::FileBackend;
+use tokio::sync::mpsc;
+
+use super::commit::{QUEUE, writer_loop};
+use super::tables::ensure_tables;
+use super::{Db, Inner, Opener, Queue, RedbStore, StoreOptions};
+use crate::error::{Error, Result};
+
+impl RedbStore {
+    /// Opens the store file at `path`, creating it (mode 0600) and its parent directory
+    /// (mode 0700) if they do not exist.
+    ///
+    /// # Errors
+    /// - [`Error::StoreLocked`] at once if this or another process has the file open;
+    /// - [`Error::Open`] if the file is not a redb file, is corrupt, or cannot be read.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        Self::open_with(path, StoreOptions::default())
+    }
+
+    /// As [`open`](Self::open), with `options`.
+    ///
+    /// # Errors
+    /// As [`open`](Self::open).
+    pub fn open_with(path: impl AsRef<Path>, store_options: StoreOptions) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        refuse_special_file(&path)?;
+        let open_err = |source: crate::BoxError| Error::Open {
+            path: path.clone(),
+            source,
+        };
+        if let Some(dir) = path.parent()
+            && !dir.as_os_str().is_empty()
+            && !dir.exists()
+        {
+            create_private_dir(dir).map_err(|e| open_err(e.into()))?;
+        }
+        if !path.exists() {
+            create_atomically(&path).map_err(|e| open_err(e.into()))?;
+        } else if let Some(name) = path.file_name() {
+            remove_abandoned_new_files(
+                &parent_dir(&path),
+                &new_file_prefix(&name.to_string_lossy()),
+            );
+        }
+        if std::fs::metadata(&path).is_ok_and(|m| m.is_file() && m.len() == 0) {
+            // redb would initialize an empty file as a new store: refuse, lest a truncated
+            // store silently becomes an empty one. loops never leaves an empty file behind.
+            return Err(open_err(
+                "the file is empty (0 bytes), not a loops store; delete it to start a new store"
+                    .into(),
+            ));
+        }
+        let file_path = path.clone();
+        Self::with_storage(path, store_options, move || {
+            let file = OpenOptions::new().read(true).write(true).open(&file_path)?;
+            FileBackend::new(file).map_err(|e| std::io::Error::other(e.to_string()))
+        })
+    }
+
+    /// A store kept in memory only: nothing survives the process. For tests of workflows
+    /// and handlers, never for real runs.
+    ///
+    /// # Errors
+    /// [`Error::Open`] if redb cannot initialize the memory backend.
+    pub fn in_memory() -> Result<Self> {
+        // Memory cannot be reopened: an I/O error (there are none in memory) would be final.
+        let backend = Mutex::new(Some(redb::backends::InMemoryBackend::new()));
+        Self::with_storage(
+            PathBuf::from(":memory:"),
+            StoreOptions {
+                verify_on_open: false,
+                commit_on_caller: true,
+            },
+            move || {
+                backend
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .take()
+                    .ok_or_else(|| std::io::Error::other("an in-memory store cannot be reopened"))
+            },
+        )
+    }
+
+    /// A store on a storage backend of your own (encryption, a block device, fault injection
+    /// in tests). `make_backend` is called to open the store, and again to reopen it after an
+    /// I/O error; `label` names the store in errors and logs.
+    ///
+    /// # Errors
+    /// [`Error::StoreLocked`] if the backend reports the database open elsewhere;
+    /// [`Error::Open`] if it is not a redb database, is corrupt, or cannot be read.
+    pub fn with_storage<B, F>(
+        label: PathBuf,
+        options: StoreOptions,
+        make_backend: F,
+    ) -> Result<Self>
+    where
+        B: redb::StorageBackend,
+        F: Fn() -> std::io::Result<B> + Send + Sync + 'static,
+    {
+        let path = label;
+        let opener: Opener = Arc::new(move || {
+            let backend = make_backend()?;
+            let mut builder = Database::builder();
+            builder.set_check_integrity_on_open(options.verify_on_open);
+            // redb documents that a plain open of an altered file may panic: never let that
+            // reach the caller.
+            crate::panics::catch(|| builder.create_with_backend(backend)).unwrap_or_else(|_| {
+                Err(redb::DatabaseError::Storage(redb::StorageError::Corrupted(
+                    "redb panicked while opening the file".to_owned(),
+                )))
+            })
+        });
+        let open_err = |source: crate::BoxError| Error::Open {
+            path: path.clone(),
+            source,
+        };
+        let db = match opener() {
+            Ok(db) => db,
+            Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
+                return Err(Error::StoreLocked { path });
+            }
+            Err(e) => return Err(open_err(open_source(e))),
+        };
+        ensure_tables(&db).map_err(|e| open_err(e.into()))?;
+        let db = Arc::new(RwLock::new(Db::Writable(db)));
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let writer_db = Arc::clone(&db);
+        let writer_opener = Arc::clone(&opener);
+        let queue = Arc::new(Mutex::new(Queue::default()));
+        let writer_queue = Arc::clone(&queue);
+        let writer_path = path.clone();
+        let writer = std::thread::Builder::new()
+            .name("loops-writer".into())
+            .spawn(move || writer_loop(&writer_db, &writer_opener, &writer_path, &writer_queue, rx))
+            .map_err(|e| open_err(e.into()))?;
+        Ok(RedbStore {
+            inner: Arc::new(Inner {
+                db,
+                path,
+                opener: Some(opener),
+                queue,
+                commit_on_caller: options.commit_on_caller,
+                tx: Some(tx),
+                writer: Mutex::new(Some(writer)),
+            }),
+        })
+    }
+
+    /// Opens the store file at `path` for reading only: for inspection (the `loops` CLI)
+    /// while no process drives it. Every write returns [`Error::ReadOnly`].
+    ///
+    /// As a writable open does by default ([`StoreOptions::verify_on_open`]), it first
+    /// verifies the checksum of every page of the file, so that a file altered outside redb
+    /// is refused instead of read. The check writes nothing to the file: redb's writes go to
+    /// memory. [`open_read_only_with`](Self::open_read_only_with) can skip it.
+    ///
+    /// # Errors
+    /// - [`Error::StoreLocked`] if a process has the file open for writing;
+    /// - [`Error::NeedsRecovery`] if the file was not closed cleanly (a crash): redb repairs
+    ///   it on the next writable open ([`RedbStore::open`]);
+    /// - [`Error::Open`] if it does not exist, is not a redb file, cannot be read, or fails
+    ///   the verification (its source is then a [`redb::DatabaseError::Storage`]).
+    pub fn open_read_only(path: impl AsRef<Path>) -> Result<Self> {
+        Self::open_read_only_with(path, StoreOptions::default())
+    }
+
+    /// As [`open_read_only`](Self::open_read_only), verifying the file only if
+    /// `options.verify_on_open` is set (`commit_on_caller` does not apply).
+    ///
+    /// # Errors
+    /// As [`open_read_only`](Self::open_read_only).
+    pub fn open_read_only_with(path: impl AsRef<Path>, options: StoreOptions) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        refuse_special_file(&path)?;
+        let opened = crate::panics::catch(|| redb::Builder::new().open_read_only(&path))
+            .unwrap_or_else(|_| {
+                Err(redb::DatabaseError::Storage(redb::StorageError::Corrupted(
+                    "redb panicked while opening the file".to_owned(),
+                )))
+            });
+        let db = match opened {
+            Ok(db) => db,
+            Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
+                return Err(Error::StoreLocked { path });
+            }
+            Err(redb::DatabaseError::RepairAborted) => {
+                return Err(Error::NeedsRecovery { path });
+            }
+            Err(e) => {
+                return Err(Error::Open {
+                    path,
+                    source: open_source(e),
+                });
+            }
+        };
+        // Verified while the read-only handle holds the file, so that no writer changes it
+        // between the check and the reads.
+        if options.verify_on_open
+            && let Err(e) = super::verify::verify_file(&path)
+        {
+            return Err(Error::Open {
+                path,
+                source: Box::new(redb::DatabaseError::Storage(match e {
+                    redb::Error::Io(io) => redb::StorageError::Io(io),
+                    redb::Error::Corrupted(what) => redb::StorageError::Corrupted(format!(
+                        "verifying the checksum of every page failed: {what}"
+                    )),
+                    other => redb::StorageError::Corrupted(format!(
+                        "verifying the checksum of every page failed: {other}"
+                    )),
+                })),
+            });
+        }
+        Ok(RedbStore {
+            inner: Arc::new(Inner {
+                db: Arc::new(RwLock::new(Db::ReadOnly(db))),
+                path,
+                opener: None,
+                queue: Arc::new(Mutex::new(Queue::default())),
+                commit_on_caller: false,
+                tx: None,
+                writer: Mutex::new(None),
+            }),
+        })
+    }
+}
+
+/// How old a temporary file of [`create_atomically`] must be for another creation to remove
+/// it when its creator's process cannot be checked (another OS, or a process id that is in
+/// use again): a creation that is still running holds its own for milliseconds.
+const STALE_NEW_FILE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Whether the temporary file `path` of [`create_atomically`], named after `pid`, was left by
+/// a creation that will not finish: nobody holds its lock (a running creation holds redb's
+/// lock on it while it initializes it), and its process is gone or the file is
+/// [`STALE_NEW_FILE`] old.
+fn is_abandoned(path: &Path, pid: Option<u32>) -> bool {
+    let old = std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .is_ok_and(|at| at.elapsed().is_ok_and(|age| age >= STALE_NEW_FILE));
+    // Linux: a process id without a /proc entry is not running on this machine (in this PID
+    // namespace; the lock below covers creators in another one).
+    let gone = cfg!(target_os = "linux")
+        && pid.is_some_and(|pid| {
+            pid != std::process::id() && !Path::new("/proc").join(pid.to_string()).exists()
+        });
+    (old || gone) && std::fs::File::open(path).is_ok_and(|file| file.try_lock().is_ok())
+}
+
+/// Numbers the temporary files of creations in this process, so that threads creating the
+/// same store at once each have their own.
+static NEW_FILES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Refuses a `path` that exists and is not a regular file (a FIFO, a socket, a device or a
+/// directory), before any open touches it: opening a FIFO would block until a writer came.
+/// A path that does not exist passes (the open that follows says so, or creates the store).
+pub(in crate::store) fn refuse_special_file(path: &Path) -> Result<()> {
+    let Ok(meta) = std::fs::metadata(path) else {
+        return Ok(());
+    };
+    let file_type = meta.file_type();
+    if file_type.is_file() {
+        return Ok(());
+    }
+    let what = if file_type.is_dir() {
+        "a directory"
+    } else {
+        special_file_kind(&file_type)
+    };
+    Err(Error::Open {
+        path: path.to_path_buf(),
+        source: format!("it is {what}, not a regular file; a store is a regular file").into(),
+    })
+}
+
+#[cfg(unix)]
+fn special_file_kind(file_type: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if file_type.is_fifo() {
+        "a FIFO (named pipe)"
+    } else if file_type.is_socket() {
+        "a socket"
+    } else if file_type.is_block_device() {
+        "a block device"
+    } else if file_type.is_char_device() {
+        "a character device"
+    } else {
+        "a special file"
+    }
+}
+
+#[cfg(not(unix))]
+fn special_file_kind(_: &std::fs::FileType) -> &'static str {
+    "a special file"
+}
+
+/// The directory holding the store file `path` (`.` for a bare file name).
+fn parent_dir(path: &Path) -> PathBuf {
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+        _ => PathBuf::from("."),
+    }
+}
+
+/// The name prefix of [`create_atomically`]'s temporary files for the store file `name`.
+fn new_file_prefix(name: &str) -> String {
+    format!(".{name}.new-")
+}
+
+/// Removes the temporary files of [`create_atomically`] (named `{prefix}{pid}-{n}`) in `dir`
+/// that were left by a creation that will not finish (see [`is_abandoned`]). Called by every
+/// creation and by every writable open of an existing store: a kill between the link and the
+/// removal of the temporary file leaves the store in place, so only an open can clean up.
+fn remove_abandoned_new_files(dir: &Path, prefix: &str) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let file_name = entry.file_name().to_string_lossy().into_owned();
+        let Some(suffix) = file_name.strip_prefix(prefix) else {
+            continue;
+        };
+        // `{pid}-{n}`
+        let pid = suffix.split('-').next().and_then(|p| p.parse::<u32>().ok());
+        if is_abandoned(&entry.path(), pid) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// Creates a new store file at `path` so that no crash can leave it half-made: redb
+/// initializes a temporary file beside it (mode 0600, named after the process and a counter),
+/// which is then linked into place (an atomic create-if-absent: a concurrent creator gets
+/// `AlreadyExists` and opens the winner's file) and its directory synced. A kill before the
+/// link leaves only a temporary file, removed by a later creation once it is abandoned (see
+/// [`is_abandoned`]); one that may belong to a creation still running is left alone.
+fn create_atomically(path: &Path) -> std::io::Result<()> {
+    let dir = parent_dir(path);
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::other("the store path has no file name"))?
+        .to_string_lossy()
+        .into_owned();
+    let prefix = new_file_prefix(&name);
+    remove_abandoned_new_files(&dir, &prefix);
+    let tmp = dir.join(format!(
+        "{prefix}{}-{}",
+        std::process::id(),
+        NEW_FILES.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    let mut options = OpenOptions::new();
+    options.read(true).write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let file = options.open(&tmp)?;
+    let made = (|| -> std::result::Result<(), redb::Error> {
+        let db = Database::builder().create_with_backend(FileBackend::new(file)?)?;
+        ensure_tables(&db)?;
+        Ok(())
+    })();
+    if let Err(e) = made {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(std::io::Error::other(e.to_string()));
+    }
+    OpenOptions::new().read(true).open(&tmp)?.sync_all()?;
+    let linked = match std::fs::hard_link(&tmp, path) {
+        // A file system without hard links: rename, unless someone created it meanwhile.
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::Unsupported | std::io::ErrorKind::PermissionDenied
+            ) =>
+        {
+            if path.exists() {
+                Err(std::io::Error::from(std::io::ErrorKind::AlreadyExists))
+            } else {
+                std::fs::rename(&tmp, path)
+            }
+        }
+        other => other,
+    };
+    // A kill here leaves the store in place and the temporary file beside it: the next
+    // writable open removes it (see `remove_abandoned_new_files`).
+    crate::failpoint::point("loops::create::after_link");
+    let _ = std::fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => {}
+        // Another process created it meanwhile: open theirs.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
+        Err(e) => return Err(e),
+    }
+    std::fs::File::open(&dir)?.sync_all()
+}
+
+fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+    let mut builder = std::fs::DirBuilder::new();
+    builder.recursive(true);
+    #[cfg(unix)]
+    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+    builder.create(dir)
+}
+
+/// Why an open failed, with I/O errors kept as such (so that their kind, such as
+/// `PermissionDenied`, can be matched) and the short-file case said plainly.
+fn open_source(e: redb::DatabaseError) -> crate::BoxError {
+    match e {
+        redb::DatabaseError::Storage(redb::StorageError::Io(io))
+            if io.kind() == std::io::ErrorKind::UnexpectedEof =>
+        {
+            Box::new(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "the file ends before redb's header does: it is truncated, or not a redb file",
+            ))
+        }
+        redb::DatabaseError::Storage(redb::StorageError::Io(io)) => Box::new(io),
+        other => other.into(),
+    }
+}

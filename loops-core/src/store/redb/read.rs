@@ -1,0 +1,342 @@
+//! Reads, each in its own read transaction, and which runs are ready to be driven.
+
+use std::sync::PoisonError;
+
+use redb::ReadableTable;
+
+use super::commit::reopen_if_needed;
+use super::tables::{FAILURES, INBOX, JOURNAL, PENDING, RUNS, SCHEMAS, STATUS, STEPS};
+use super::{RedbStore, corrupted};
+use crate::error::{Error, RecordKind, Result};
+use crate::record::{FailureRecord, StepRecord, TransitionRecord};
+use crate::store::protocol::EventRecord;
+use crate::store::{Lease, Ready, RunInfo, RunStatus};
+
+impl RedbStore {
+    pub(in crate::store) fn read<T>(
+        &self,
+        action: impl Fn() -> String,
+        f: impl FnOnce(&redb::ReadTransaction) -> std::result::Result<T, ReadError>,
+    ) -> Result<T> {
+        if let Some(opener) = &self.inner.opener {
+            // A store closed by a failed commit is opened again by the first read or write
+            // after the fault clears.
+            let _ = reopen_if_needed(&self.inner.db, opener, &self.inner.path);
+        }
+        // Held for the read, so that compaction waits for it.
+        let db = self.inner.db.read().unwrap_or_else(PoisonError::into_inner);
+        let txn = db.begin_read().map_err(|e| Error::storage(action(), e))?;
+        // redb may panic on a page it cannot make sense of (a damaged file): a typed error.
+        let read = crate::panics::catch(|| f(&txn))
+            .unwrap_or_else(|_| Err(ReadError::Storage(corrupted("a read"))));
+        read.map_err(|e| match e {
+            ReadError::Storage(e) => Error::storage(action(), e),
+            ReadError::Loops(e) => e,
+        })
+    }
+
+    /// The run's current row, or `None` if no run has this id.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on a read error; [`Error::Decode`] if the row is unreadable.
+    pub fn run(&self, run_id: &str) -> Result<Option<RunInfo>> {
+        self.read(
+            || format!("reading run `{run_id}`"),
+            |txn| {
+                let runs = txn.open_table(RUNS)?;
+                read_info(&runs, run_id)
+            },
+        )
+    }
+
+    /// The run's row and its latest transition record, read through the run's row: the cost
+    /// does not depend on the length of the history.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on a read error; [`Error::Decode`] if a record is unreadable.
+    pub fn latest(&self, run_id: &str) -> Result<Option<(RunInfo, TransitionRecord)>> {
+        self.read(
+            || format!("reading run `{run_id}`"),
+            |txn| {
+                let runs = txn.open_table(RUNS)?;
+                let Some(info) = read_info(&runs, run_id)? else {
+                    return Ok(None);
+                };
+                let journal = txn.open_table(JOURNAL)?;
+                let bytes = journal.get((run_id, info.seq))?.ok_or_else(|| {
+                    ReadError::Loops(Error::RecordMissing {
+                        run_id: run_id.to_owned(),
+                        seq: info.seq,
+                    })
+                })?;
+                let record = TransitionRecord::from_stored(run_id, info.seq, bytes.value())?;
+                Ok(Some((info, record)))
+            },
+        )
+    }
+
+    /// Every transition record of the run, by sequence number (empty if the run does not
+    /// exist).
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on a read error; [`Error::Decode`] if a record is unreadable.
+    pub fn history(&self, run_id: &str) -> Result<Vec<TransitionRecord>> {
+        self.read(
+            || format!("reading the history of run `{run_id}`"),
+            |txn| {
+                let journal = txn.open_table(JOURNAL)?;
+                let mut out = Vec::new();
+                for entry in journal.range((run_id, 0)..=(run_id, u64::MAX))? {
+                    let (key, value) = entry?;
+                    let seq = key.value().1;
+                    out.push(TransitionRecord::from_stored(run_id, seq, value.value())?);
+                }
+                Ok(out)
+            },
+        )
+    }
+
+    /// The step records of the run's state at `seq`, as `(name, occurrence, record)`, ordered
+    /// by name then occurrence.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on a read error; [`Error::Decode`] if a record is unreadable.
+    pub fn steps(&self, run_id: &str, seq: u64) -> Result<Vec<(String, u32, StepRecord)>> {
+        self.read(
+            || format!("reading the steps of run `{run_id}` seq {seq}"),
+            |txn| {
+                let steps = txn.open_table(STEPS)?;
+                let mut out = Vec::new();
+                for entry in steps.range((run_id, seq, "", 0)..(run_id, seq + 1, "", 0))? {
+                    let (key, value) = entry?;
+                    let (_, _, name, occurrence) = key.value();
+                    let record: StepRecord =
+                        serde_json::from_slice(value.value()).map_err(|source| Error::Decode {
+                            run_id: run_id.to_owned(),
+                            record: RecordKind::Step {
+                                name: name.to_owned(),
+                                occurrence,
+                            },
+                            seq,
+                            state: String::new(),
+                            source,
+                        })?;
+                    out.push((name.to_owned(), occurrence, record));
+                }
+                Ok(out)
+            },
+        )
+    }
+
+    /// Every failed attempt of the run, as `(seq, record)`, by seq, attempt and order.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on a read error; [`Error::Decode`] if a record is unreadable.
+    pub fn failures(&self, run_id: &str) -> Result<Vec<(u64, FailureRecord)>> {
+        self.read(
+            || format!("reading the failures of run `{run_id}`"),
+            |txn| {
+                let failures = txn.open_table(FAILURES)?;
+                let mut out = Vec::new();
+                for entry in
+                    failures.range((run_id, 0, 0, 0)..=(run_id, u64::MAX, u32::MAX, u32::MAX))?
+                {
+                    let (key, value) = entry?;
+                    let seq = key.value().1;
+                    let record: FailureRecord =
+                        serde_json::from_slice(value.value()).map_err(|source| Error::Decode {
+                            run_id: run_id.to_owned(),
+                            record: RecordKind::Failure,
+                            seq,
+                            state: String::new(),
+                            source,
+                        })?;
+                    out.push((seq, record));
+                }
+                Ok(out)
+            },
+        )
+    }
+
+    /// The runs with `status`, optionally only those of `workflow`, ordered by workflow then
+    /// run id. Reads the status index and each listed run's row, never a history.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on a read error; [`Error::Decode`] if a row is unreadable.
+    pub fn list(&self, status: RunStatus, workflow: Option<&str>) -> Result<Vec<RunInfo>> {
+        self.read(
+            || format!("listing {status} runs"),
+            |txn| {
+                let index = txn.open_table(STATUS)?;
+                let runs = txn.open_table(RUNS)?;
+                let code = status.code();
+                let range = match workflow {
+                    Some(w) => index.range((code, w, "")..)?,
+                    None => index.range((code, "", "")..)?,
+                };
+                let mut out = Vec::new();
+                for entry in range {
+                    let (key, _) = entry?;
+                    let (c, w, run_id) = key.value();
+                    if c != code || workflow.is_some_and(|want| want != w) {
+                        break;
+                    }
+                    if let Some(info) = read_info(&runs, run_id)? {
+                        out.push(info);
+                    }
+                }
+                Ok(out)
+            },
+        )
+    }
+
+    /// Every event sent to the run, as `(event seq, record, delivered)`, by event seq.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on a read error; [`Error::Decode`] if a record is unreadable.
+    pub fn events(&self, run_id: &str) -> Result<Vec<(u64, EventRecord, bool)>> {
+        self.read(
+            || format!("reading the inbox of run `{run_id}`"),
+            |txn| {
+                let inbox = txn.open_table(INBOX)?;
+                let pending = txn.open_table(PENDING)?;
+                let mut out = Vec::new();
+                for entry in inbox.range((run_id, 0)..=(run_id, u64::MAX))? {
+                    let (key, value) = entry?;
+                    let event_seq = key.value().1;
+                    let record: EventRecord =
+                        serde_json::from_slice(value.value()).map_err(|source| Error::Decode {
+                            run_id: run_id.to_owned(),
+                            record: RecordKind::Event { name: None },
+                            seq: event_seq,
+                            state: String::new(),
+                            source,
+                        })?;
+                    let waiting = pending
+                        .get((run_id, record.name.as_str(), event_seq))?
+                        .is_some();
+                    out.push((event_seq, record, !waiting));
+                }
+                Ok(out)
+            },
+        )
+    }
+
+    /// Whether an event named `event` waits undelivered in the run's inbox.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on a read error.
+    pub fn has_pending(&self, run_id: &str, event: &str) -> Result<bool> {
+        self.read(
+            || format!("reading the inbox of run `{run_id}`"),
+            |txn| {
+                let pending = txn.open_table(PENDING)?;
+                Ok(pending
+                    .range((run_id, event, 0)..=(run_id, event, u64::MAX))?
+                    .next()
+                    .is_some())
+            },
+        )
+    }
+
+    /// The schema description stored for `hash` (written once per hash when a run starts).
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on a read error.
+    pub fn schema(&self, hash: crate::SchemaHash) -> Result<Option<String>> {
+        self.read(
+            || format!("reading schema {hash}"),
+            |txn| {
+                let schemas = txn.open_table(SCHEMAS)?;
+                Ok(schemas
+                    .get(hash.to_string().as_str())?
+                    .map(|v| v.value().to_owned()))
+            },
+        )
+    }
+
+    /// Every stored schema description, as `(hash, description)`, by hash.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on a read error.
+    pub fn schemas(&self) -> Result<Vec<(crate::SchemaHash, String)>> {
+        self.read(
+            || "reading schemas".to_owned(),
+            |txn| {
+                let schemas = txn.open_table(SCHEMAS)?;
+                let mut out = Vec::new();
+                for entry in schemas.iter()? {
+                    let (key, value) = entry?;
+                    if let Ok(hash) = key.value().parse() {
+                        out.push((hash, value.value().to_owned()));
+                    }
+                }
+                Ok(out)
+            },
+        )
+    }
+
+    /// The ready runs of `workflows`, at most `limit`, each with its lease: one process owns
+    /// the file, so every lease is granted and never lapses. The body of
+    /// [`Store::claim_ready`](crate::store::Store::claim_ready).
+    pub(super) fn ready_runs(
+        &self,
+        workflows: &[String],
+        limit: usize,
+    ) -> Result<Vec<(RunInfo, Lease)>> {
+        let now = crate::record::now_ms();
+        let mut out = Vec::new();
+        for workflow in workflows {
+            for status in [RunStatus::Running, RunStatus::Waiting] {
+                for info in RedbStore::list(self, status, Some(workflow))? {
+                    if out.len() >= limit {
+                        return Ok(out);
+                    }
+                    let ready = match info.readiness().at(now) {
+                        Ready::Now => true,
+                        Ready::OnEvent(event) => RedbStore::has_pending(self, &info.run_id, event)?,
+                        Ready::No => false,
+                    };
+                    if ready {
+                        let lease = Lease {
+                            run_id: info.run_id.clone(),
+                            token: 0,
+                            expires_ms: None,
+                        };
+                        out.push((info, lease));
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+pub(in crate::store) enum ReadError {
+    Storage(redb::Error),
+    Loops(Error),
+}
+
+impl<E: Into<redb::Error>> From<E> for ReadError {
+    fn from(e: E) -> Self {
+        ReadError::Storage(e.into())
+    }
+}
+
+impl From<Error> for ReadError {
+    fn from(e: Error) -> Self {
+        ReadError::Loops(e)
+    }
+}
+
+pub(in crate::store) fn read_info(
+    runs: &impl ReadableTable<&'static str, &'static [u8]>,
+    run_id: &str,
+) -> std::result::Result<Option<RunInfo>, ReadError> {
+    let Some(bytes) = runs.get(run_id)? else {
+        return Ok(None);
+    };
+    RunInfo::decode(run_id, bytes.value())
+        .map(Some)
+        .map_err(ReadError::Loops)
+}

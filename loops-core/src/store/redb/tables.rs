@@ -1,0 +1,113 @@
+//! The tables of the store file, and the set of them a write transaction opens lazily.
+
+use redb::{Database, ReadableDatabase, TableDefinition, TableHandle};
+
+pub(crate) const RUNS: TableDefinition<&str, &[u8]> = TableDefinition::new("runs");
+pub(crate) const JOURNAL: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("journal");
+pub(crate) const STEPS: TableDefinition<(&str, u64, &str, u32), &[u8]> =
+    TableDefinition::new("steps");
+pub(crate) const FAILURES: TableDefinition<(&str, u64, u32, u32), &[u8]> =
+    TableDefinition::new("failures");
+pub(crate) const STATUS: TableDefinition<(u8, &str, &str), ()> = TableDefinition::new("status");
+pub(crate) const SCHEMAS: TableDefinition<&str, &str> = TableDefinition::new("schemas");
+pub(crate) const INBOX: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("inbox");
+pub(crate) const PENDING: TableDefinition<(&str, &str, u64), ()> = TableDefinition::new("pending");
+pub(crate) const EVENT_KEYS: TableDefinition<(&str, &str), u64> =
+    TableDefinition::new("event_keys");
+
+const TABLES: [&str; 9] = [
+    "runs",
+    "journal",
+    "steps",
+    "failures",
+    "status",
+    "schemas",
+    "inbox",
+    "pending",
+    "event_keys",
+];
+
+/// Creates the tables a new file lacks; writes nothing to a file that has them all.
+pub(super) fn ensure_tables(db: &Database) -> std::result::Result<(), redb::Error> {
+    let present: Vec<String> = {
+        let txn = db.begin_read()?;
+        txn.list_tables()?.map(|t| t.name().to_owned()).collect()
+    };
+    if TABLES.iter().all(|w| present.iter().any(|p| p == w)) {
+        return Ok(());
+    }
+    let txn = db.begin_write()?;
+    txn.open_table(RUNS)?;
+    txn.open_table(JOURNAL)?;
+    txn.open_table(STEPS)?;
+    txn.open_table(FAILURES)?;
+    txn.open_table(STATUS)?;
+    txn.open_table(SCHEMAS)?;
+    txn.open_table(INBOX)?;
+    txn.open_table(PENDING)?;
+    txn.open_table(EVENT_KEYS)?;
+    txn.commit()?;
+    Ok(())
+}
+
+/// The tables of one write transaction, each opened on its first use: redb does work for
+/// every open table at the open and again at the commit (about 7 000 instructions per table),
+/// and most writes touch two or three of the nine.
+pub(super) struct Tables<'t> {
+    txn: &'t redb::WriteTransaction,
+    runs: Lazy<'t, &'static str, &'static [u8]>,
+    journal: Lazy<'t, (&'static str, u64), &'static [u8]>,
+    steps: Lazy<'t, StepKey, &'static [u8]>,
+    failures: Lazy<'t, FailureKey, &'static [u8]>,
+    status: Lazy<'t, (u8, &'static str, &'static str), ()>,
+    schemas: Lazy<'t, &'static str, &'static str>,
+    inbox: Lazy<'t, (&'static str, u64), &'static [u8]>,
+    pending: Lazy<'t, (&'static str, &'static str, u64), ()>,
+    event_keys: Lazy<'t, (&'static str, &'static str), u64>,
+}
+
+/// A table of [`Tables`]: `None` until first used.
+type Lazy<'t, K, V> = Option<redb::Table<'t, K, V>>;
+type StepKey = (&'static str, u64, &'static str, u32);
+type FailureKey = (&'static str, u64, u32, u32);
+
+/// One accessor per table of [`Tables`], named after it, that opens it on first use.
+macro_rules! table_accessors {
+    ($($name:ident: $def:ident => ($k:ty, $v:ty);)*) => {
+        impl<'t> Tables<'t> {
+            pub(super) fn new(txn: &'t redb::WriteTransaction) -> Self {
+                Tables { txn, $($name: None),* }
+            }
+
+            $(
+                pub(super) fn $name(
+                    &mut self,
+                ) -> std::result::Result<&mut redb::Table<'t, $k, $v>, redb::TableError> {
+                    let table = match self.$name.take() {
+                        Some(table) => table,
+                        None => self.txn.open_table($def)?,
+                    };
+                    Ok(self.$name.insert(table))
+                }
+            )*
+        }
+    };
+}
+
+table_accessors! {
+    runs: RUNS => (&'static str, &'static [u8]);
+    journal: JOURNAL => ((&'static str, u64), &'static [u8]);
+    steps: STEPS => (StepKey, &'static [u8]);
+    failures: FAILURES => (FailureKey, &'static [u8]);
+    status: STATUS => ((u8, &'static str, &'static str), ());
+    schemas: SCHEMAS => (&'static str, &'static str);
+    inbox: INBOX => ((&'static str, u64), &'static [u8]);
+    pending: PENDING => ((&'static str, &'static str, u64), ());
+    event_keys: EVENT_KEYS => ((&'static str, &'static str), u64);
+}
+
+/// A string above every valid event name or idempotency key (at most 256 bytes): 65 times
+/// the highest code point, 260 bytes. Bounds range scans over `(run id, name, ..)` keys.
+pub(super) fn name_upper_bound() -> String {
+    char::MAX.to_string().repeat(65)
+}
