@@ -44,6 +44,7 @@ use super::{
 };
 use crate::error::{Error, RecordKind, Result};
 use crate::record::{FailureRecord, StepRecord, TransitionRecord};
+#[cfg(any(test, feature = "test-util"))]
 use crate::workflow::{StateId, Workflow};
 
 pub(crate) const RUNS: TableDefinition<&str, &[u8]> = TableDefinition::new("runs");
@@ -71,9 +72,6 @@ const TABLES: [&str; 9] = [
     "event_keys",
 ];
 
-/// Most runs deleted in one write transaction by [`RedbStore::prune`].
-pub const PRUNE_BATCH: usize = 256;
-
 /// What [`RedbStore::compact`] reclaimed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Compacted {
@@ -84,11 +82,11 @@ pub struct Compacted {
 }
 
 /// Most writes committed in one write transaction.
-pub const MAX_BATCH: usize = 1024;
+pub(crate) const MAX_BATCH: usize = 1024;
 
 /// Writes per write transaction of [`RedbStore::__seed_history`].
-#[doc(hidden)]
-pub const SEED_BATCH: usize = 8192;
+#[cfg(any(test, feature = "test-util"))]
+pub(crate) const SEED_BATCH: usize = 8192;
 
 /// Writes waiting for the writer thread before senders wait (backpressure).
 const QUEUE: usize = 4096;
@@ -206,7 +204,7 @@ enum Mode {
 }
 
 /// Rounds a leader commits of others' writes before it hands the rest to the writer thread.
-pub const LEADER_ROUNDS: usize = 4;
+pub(crate) const LEADER_ROUNDS: usize = 4;
 
 /// Whether a write may be committed on the caller's thread: inside a multi-threaded tokio
 /// runtime, where `block_in_place` lets the runtime move its other tasks elsewhere.
@@ -522,8 +520,8 @@ impl RedbStore {
     }
 
     /// Selects the ended runs `policy` expires at `now_ms` and, unless `dry_run`, deletes
-    /// their records, rows, index entries and events, in write transactions of at most
-    /// [`PRUNE_BATCH`] runs. Runs that have not ended are never touched.
+    /// their records, rows, index entries and events, in batches, as [`prune`](crate::prune)
+    /// does. Runs that have not ended are never touched.
     ///
     /// # Errors
     /// [`Error::Storage`] if a read or a commit fails (runs deleted by earlier batches stay
@@ -571,6 +569,7 @@ impl RedbStore {
     /// The first write refused (for example [`Error::SequenceConflict`] for a run id that
     /// exists), after the transaction that held it committed the others;
     /// [`Error::Storage`] if a commit fails; [`Error::ReadOnly`] for a read-only store.
+    #[cfg(any(test, feature = "test-util"))]
     #[doc(hidden)]
     pub fn __seed_history<W: Workflow>(
         &self,
