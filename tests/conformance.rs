@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use loops::RedbStore;
+use loops::Store;
 use loops::conformance::Factory;
-use loops::store::Store;
 
 /// A redb store on a file of a temporary directory, deleted when the case ends.
 struct OnFile {

@@ -51,7 +51,7 @@ async fn run(
     let mut trail = vec![state.state()];
     let mut seq = 0;
     while !state.state().is_terminal() {
-        let ctx = loops::__private::__for_tests("run-1", seq, 1);
+        let ctx = loops::__for_tests("run-1", seq, 1);
         let next = state.dispatch(&*handler, &ctx).await?;
         assert!(trail.last().unwrap().can_move_to(next.state()));
         trail.push(next.state());
@@ -95,7 +95,7 @@ fn handler_errors_are_boxed_with_their_message() {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
-    let ctx = loops::__private::__for_tests("run-2", 0, 1);
+    let ctx = loops::__for_tests("run-2", 0, 1);
     let error = runtime
         .block_on(Countdown::Start { from: 1 }.dispatch(&Failing, &ctx))
         .unwrap_err();
@@ -108,7 +108,7 @@ fn dispatching_a_terminal_state_is_an_error() {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
-    let ctx = loops::__private::__for_tests("run-3", 0, 1);
+    let ctx = loops::__for_tests("run-3", 0, 1);
     let handler = Counter {
         ticks: AtomicU32::new(0),
     };

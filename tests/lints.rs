@@ -70,7 +70,7 @@ fn generated_code_passes_strict_lints() {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
-    let ctx = loops::__private::__for_tests("lint", 0, 1);
+    let ctx = loops::__for_tests("lint", 0, 1);
     let next = runtime
         .block_on(Linted::Waiting { secs: 1 }.dispatch(&Handler, &ctx))
         .unwrap();

@@ -2,7 +2,7 @@
 //! exact change text and class, and what serde really does with a record the old build wrote
 //! (a compatible change reads it back to the same meaning; a breaking one does not).
 
-use loops::schema::{Class, SchemaDiff};
+use loops::{Class, SchemaDiff};
 use loops::{Schema, Workflow, schema_diff};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};

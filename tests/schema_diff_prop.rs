@@ -9,10 +9,10 @@
 //! opaque (`#[serde(with)]`) shape is a field's whole shape. `PROPTEST_CASES` sets the
 //! number of cases (default 512).
 
-use loops::schema::{
+use loops::schema_diff;
+use loops::{
     Enum, Field, FieldFlags, Fields, Repr, Shape, StateShape, Struct, Variant, WorkflowShape,
 };
-use loops::schema_diff;
 use proptest::prelude::*;
 
 #[derive(Clone, Debug)]

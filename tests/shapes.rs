@@ -83,7 +83,7 @@ fn variant_kinds_loops_and_cycles_run_to_the_end() {
     let mut state = Job::Queued;
     let mut trail = vec![state.state()];
     while !state.state().is_terminal() {
-        let ctx = loops::__private::__for_tests("job", trail.len() as u64, 1);
+        let ctx = loops::__for_tests("job", trail.len() as u64, 1);
         state = runtime.block_on(state.dispatch(&Worker, &ctx)).unwrap();
         trail.push(state.state());
     }
@@ -136,7 +136,7 @@ fn crate_visible_items_are_usable_outside_their_module() {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
-    let ctx = loops::__private::__for_tests("c", 0, 1);
+    let ctx = loops::__for_tests("c", 0, 1);
     let next = runtime
         .block_on(inner::Crated::Start.dispatch(&H, &ctx))
         .unwrap();
@@ -180,7 +180,7 @@ fn keyword_and_acronym_state_names() {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
-    let ctx = loops::__private::__for_tests("k", 0, 1);
+    let ctx = loops::__for_tests("k", 0, 1);
     let next = runtime
         .block_on(Keywords::Match.dispatch(&K, &ctx))
         .unwrap();

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 
-use loops::store::Write;
+use loops::Write;
 use loops::{RedbStore, Runtime, TransitionRecord};
 use serde::Serialize;
 
@@ -270,11 +270,11 @@ fn store_writes(
                     left: samples as u64 - seq,
                     note: note.clone(),
                 };
-                let at_ms = loops::record::now_ms();
+                let at_ms = loops::now_ms();
                 let record = TransitionRecord::encode(&id, seq, &value, at_ms).expect("encode");
                 let bytes = serde_json::to_vec(&record).expect("encode");
                 let started = Instant::now();
-                loops::store::Store::write(
+                loops::Store::write(
                     &store,
                     None,
                     Write::Transition {

@@ -10,46 +10,57 @@
 pub mod conformance;
 #[cfg(feature = "control")]
 pub mod control;
-pub mod error;
+mod error;
 mod failpoint;
 mod migrate;
 mod names;
-pub mod panics;
-pub mod record;
-pub mod retention;
-pub mod retry;
+mod panics;
+mod record;
+mod retention;
+mod retry;
 mod route;
 mod row;
 mod run;
 mod runtime;
-pub mod schema;
+mod schema;
 mod status;
-pub mod store;
-pub mod workflow;
+mod store;
+mod workflow;
 
 #[cfg(test)]
 mod tests;
 
-pub use error::{Error, RecordKind, Result};
+pub use error::{Error, RecordKind, Result, error_chain};
 pub use migrate::{
     Chain, Migrate, Migrated, Migration, MigrationError, MigrationFailure, SameWorkflow,
     StoredVersion, Versioned,
 };
 pub use names::{MAX_NAME_BYTES, MAX_RUN_ID_BYTES, RESERVED_PREFIX, validate_run_id};
 pub use panics::silence_caught_redb_panics;
-pub use record::{FailureRecord, FailureSource, StepRecord, Transition, TransitionRecord};
+pub use record::{FailureRecord, FailureSource, StepRecord, Transition, TransitionRecord, now_ms};
 pub use retention::RetentionPolicy;
-pub use retry::RetryPolicy;
+pub use retry::{DEFAULT_MAX_INTERRUPTIONS, RetryPolicy};
 pub use route::{Blocked, KnownVersion, Route, StoredRun, route};
 pub use run::context::{Context, StepOptions};
 pub use run::dispatch::Dispatch;
 pub use run::settings::{DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PARK_THRESHOLD};
 pub use runtime::{Runtime, RuntimeBuilder, Sent};
-pub use schema::{Schema, SchemaHash, schema_diff};
+pub use schema::{
+    Change, Class, Enum, FORMAT_VERSION, Field, FieldFlags, Fields, ParseSchemaHashError, Repr,
+    Schema, SchemaDiff, SchemaHash, Shape, StateShape, Struct, Variant, WorkflowShape, schema_diff,
+};
 pub use store::{
-    Compacted, EventRecord, Pruned, RedbStore, RunInfo, RunStatus, StoreOptions, WaitInfo,
+    AfterFailure, BoxFuture, Compacted, CurrentLease, Effects, EventRecord, Facts, InboxChange,
+    Lease, LeaseCheck, Needs, PendingEvent, Pruned, Readiness, Ready, Record, RecordKey, RedbStore,
+    Reply, RowWrite, RunInfo, RunStatus, Store, StoreOptions, WaitInfo, WaitOutcome, Write,
+    event_record, plan, prune,
 };
 pub use workflow::{BoxError, StateId, Workflow};
+
+// A `Context` outside any run, for tests of handlers (feature `test-util`).
+#[cfg(feature = "test-util")]
+#[doc(hidden)]
+pub use run::test_util::__for_tests;
 
 /// Items used by code that `#[derive(Workflow)]` and `#[derive(Schema)]` generate. Not a
 /// public API: no stability promise, may change in any release.
@@ -62,7 +73,6 @@ pub mod __private {
     pub use serde;
 
     pub use crate::migrate::{Named, SameName};
-    pub use crate::run::test_util::__for_tests;
     pub use crate::schema::__describe::{describe, describe_len, utf8};
     pub use crate::{
         BoxError, Context, Dispatch, Schema, SchemaHash, StateId, Versioned, Workflow,

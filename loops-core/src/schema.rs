@@ -111,7 +111,7 @@ pub(crate) mod __describe {
 /// with a custom `Serialize` that writes a string:
 ///
 /// ```
-/// use loops_core::schema::{Schema, Shape};
+/// use loops_core::{Schema, Shape};
 ///
 /// struct Version(u16, u16);
 ///

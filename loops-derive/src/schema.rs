@@ -1,5 +1,5 @@
 //! `#[derive(Schema)]`: describes a payload struct or enum's stored form as a
-//! `loops::schema::Shape`, from its fields' `Schema` impls and its serde attributes.
+//! `loops::Shape`, from its fields' `Schema` impls and its serde attributes.
 
 use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};

@@ -1,4 +1,4 @@
-//! Code that describes a type's stored form as a `loops::schema::Shape`: shared by
+//! Code that describes a type's stored form as a `loops::Shape`: shared by
 //! `#[derive(Schema)]` (payload types) and `#[derive(Workflow)]` (the states' fields).
 //!
 //! Each field's type is described through its `Schema` impl (`<T as ::loops::Schema>::SHAPE`),
@@ -78,7 +78,7 @@ impl Shapes {
         quote_spanned!(ty.span()=> <#replaced as #krate::Schema>::SHAPE)
     }
 
-    /// A `::loops::schema::Field`, or `None` for a field serde skips.
+    /// A `::loops::Field`, or `None` for a field serde skips.
     fn field(
         &mut self,
         name: String,
@@ -122,7 +122,7 @@ impl Shapes {
         })
     }
 
-    /// A `::loops::schema::Fields` for a struct, variant or state; `rule` is the `rename_all`
+    /// A `::loops::Fields` for a struct, variant or state; `rule` is the `rename_all`
     /// that applies to its field names.
     pub(crate) fn fields(
         &mut self,
@@ -187,7 +187,7 @@ impl VisitMut for Replace<'_> {
     }
 }
 
-/// `::loops::schema::Repr::...` for a container's serde attributes.
+/// `::loops::Repr::...` for a container's serde attributes.
 pub(crate) fn repr(krate: &Path, serde: &crate::serde_attr::Container) -> TokenStream {
     match (&serde.tag, &serde.content, serde.untagged) {
         (_, _, true) => quote!(#krate::schema::Repr::Untagged),

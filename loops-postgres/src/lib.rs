@@ -98,7 +98,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use deadpool_postgres::{Object, Pool};
-use loops_core::store::{BoxFuture, EventRecord, Lease, Reply, RunInfo, RunStatus, Store, Write};
+use loops_core::{BoxFuture, EventRecord, Lease, Reply, RunInfo, RunStatus, Store, Write};
 use loops_core::{FailureRecord, SchemaHash, StepRecord, TransitionRecord};
 
 pub use connect::PgStoreBuilder;

@@ -2,10 +2,10 @@
 //! connection if the connection failed.
 
 use deadpool_postgres::Pool;
-use loops_core::store::{EventRecord, Lease, RunInfo, RunStatus};
 use loops_core::{
     Error, FailureRecord, RecordKind, Result, SchemaHash, StepRecord, TransitionRecord,
 };
+use loops_core::{EventRecord, Lease, RunInfo, RunStatus};
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 

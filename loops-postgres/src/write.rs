@@ -22,7 +22,7 @@ use std::pin::Pin;
 use std::task::Poll;
 
 use deadpool_postgres::Object;
-use loops_core::store::{
+use loops_core::{
     CurrentLease, Effects, Facts, InboxChange, Lease, LeaseCheck, Needs, PendingEvent, Record,
     RecordKey, Reply, RowWrite, RunInfo, Write, plan,
 };

@@ -14,7 +14,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use loops::{Context, Runtime, Workflow};
-use loops_core::store::{Lease, RunInfo, RunStatus, Store, Write};
+use loops_core::{Lease, RunInfo, RunStatus, Store, Write};
 use loops_core::{SchemaHash, StepRecord, TransitionRecord};
 use serde::{Deserialize, Serialize};
 

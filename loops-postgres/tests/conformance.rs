@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use loops::conformance::Factory;
-use loops::store::{BoxFuture, Store};
+use loops::{BoxFuture, Store};
 
 /// The lease time of the stores of this suite.
 const TTL: Duration = Duration::from_secs(1);

@@ -208,7 +208,7 @@ async fn a_worker_recovers_when_the_server_stops_answering_or_goes_away() {
     let completed = || async {
         let mut n = 0;
         for run_id in &run_ids {
-            if loops_core::store::Store::run_info(&observer, run_id)
+            if loops_core::Store::run_info(&observer, run_id)
                 .await
                 .unwrap()
                 .map(|i| i.status)

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::chain::{Chain, Ledger, Linker, verify};
 use loops::{RunStatus, Runtime};
-use loops_core::store::{BoxFuture, EventRecord, Lease, Reply, RunInfo, Store, Write};
+use loops_core::{BoxFuture, EventRecord, Lease, Reply, RunInfo, Store, Write};
 use loops_core::{FailureRecord, SchemaHash, StepRecord, TransitionRecord};
 
 /// Side effects in memory: `run seq exec` lines.

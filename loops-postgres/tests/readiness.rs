@@ -7,8 +7,8 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use loops_core::store::{Reply, Store, WaitOutcome, Write};
 use loops_core::{RedbStore, RunInfo, RunStatus, SchemaHash};
+use loops_core::{Reply, Store, WaitOutcome, Write};
 
 const WF: &str = "wf";
 

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use common::chain::{Chain, Ledger, Linker, verify};
 use loops::{Context, RetryPolicy, RunStatus, Runtime, Workflow};
-use loops_core::store::Store;
+use loops_core::Store;
 use serde::{Deserialize, Serialize};
 
 /// Appends `run seq exec` lines to a file shared by the workers (one `write` per line, in

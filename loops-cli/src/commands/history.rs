@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use loops_core::FailureSource;
-use loops_core::record::now_ms;
+use loops_core::now_ms;
 use serde::Serialize;
 use serde_json::value::RawValue;
 

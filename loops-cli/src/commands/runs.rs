@@ -1,7 +1,7 @@
 //! `loops runs`: the table of runs.
 
 use humantime::format_duration;
-use loops_core::record::now_ms;
+use loops_core::now_ms;
 use loops_core::{RunInfo, RunStatus};
 
 use super::schema::resolve;

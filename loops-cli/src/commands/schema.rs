@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use loops_core::schema::{Class, SchemaDiff};
+use loops_core::{Class, SchemaDiff};
 use loops_core::{RunStatus, SchemaHash};
 use serde::Serialize;
 
@@ -204,7 +204,7 @@ fn diff(store: &dyn Operator, hashes: &[String], json: bool) -> Result<()> {
     let view = DiffView {
         from: from.to_string(),
         to: to.to_string(),
-        changes: loops_core::schema::schema_diff(old, new),
+        changes: loops_core::schema_diff(old, new),
     };
     if json {
         return emit_json(&view);

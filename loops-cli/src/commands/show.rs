@@ -1,6 +1,6 @@
 //! `loops show RUN`: where one run stands.
 
-use loops_core::record::now_ms;
+use loops_core::now_ms;
 use loops_core::{RunInfo, RunStatus, TransitionRecord};
 use serde::Serialize;
 use serde_json::value::RawValue;

@@ -1,15 +1,17 @@
 //! [`Local`]: the store opened by this process.
 
-use loops_core::record::{FailureRecord, StepRecord, TransitionRecord, now_ms};
-use loops_core::store::{PRUNE_BATCH, Reply, Store, Write};
 use loops_core::{
-    Compacted, EventRecord, Pruned, RedbStore, RetentionPolicy, RunInfo, RunStatus, Runtime,
-    SchemaHash, Sent,
+    Compacted, EventRecord, FailureRecord, Pruned, RedbStore, Reply, RetentionPolicy, RunInfo,
+    RunStatus, Runtime, SchemaHash, Sent, StepRecord, Store, TransitionRecord, Write, now_ms,
 };
 use serde_json::value::RawValue;
 
 use super::{Operator, core_failure};
 use crate::failure::{Failure, Result};
+
+/// Most runs `loops prune` deletes in one write: small enough that one commit stays short
+/// and the progress bar moves, as loops' own prune batches its writes.
+const PRUNE_CHUNK: usize = 256;
 
 /// The store, opened by this process: reads go to the store, writes through a runtime on
 /// it (the same commit path as the workflow's process).
@@ -152,7 +154,7 @@ impl Operator for Local {
     }
 
     /// Selects as a dry run would, then (unless `dry_run`) deletes the selected runs in
-    /// chunks of at most [`PRUNE_BATCH`], about 50 of them, for progress. The deletion is
+    /// chunks of at most [`PRUNE_CHUNK`], about 50 of them, for progress. The deletion is
     /// the store's own prune write, which skips a run that has not ended.
     fn prune(
         &self,
@@ -161,12 +163,12 @@ impl Operator for Local {
         progress: &dyn Fn(u64, u64),
     ) -> Result<Pruned> {
         let store = self.store();
-        let mut selected = self.wait(loops_core::store::prune(store, policy, now_ms(), true))?;
+        let mut selected = self.wait(loops_core::prune(store, policy, now_ms(), true))?;
         if dry_run || selected.run_ids.is_empty() {
             return Ok(selected);
         }
         self.runtime_for("prune")?;
-        let chunk = (selected.run_ids.len() / 50).clamp(1, PRUNE_BATCH);
+        let chunk = (selected.run_ids.len() / 50).clamp(1, PRUNE_CHUNK);
         let (mut records, mut done) = (0, 0);
         for ids in selected.run_ids.chunks(chunk) {
             let write = Write::Prune {

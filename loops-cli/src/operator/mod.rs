@@ -14,8 +14,8 @@ mod local;
 mod remote;
 
 use loops_core::SchemaHash;
-use loops_core::record::{FailureRecord, StepRecord, TransitionRecord};
 use loops_core::{Compacted, EventRecord, Pruned, RetentionPolicy, RunInfo, RunStatus, Sent};
+use loops_core::{FailureRecord, StepRecord, TransitionRecord};
 use serde_json::value::RawValue;
 
 pub use local::Local;

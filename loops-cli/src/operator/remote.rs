@@ -1,10 +1,10 @@
 //! [`Remote`]: the store held by a running process, reached through its control endpoint.
 
 use loops_core::control::{Client, ControlError, ErrorKind, wire::PruneRequest};
-use loops_core::record::{FailureRecord, StepRecord, TransitionRecord};
 use loops_core::{
     Compacted, EventRecord, Pruned, RetentionPolicy, RunInfo, RunStatus, SchemaHash, Sent,
 };
+use loops_core::{FailureRecord, StepRecord, TransitionRecord};
 use serde_json::value::RawValue;
 
 use super::{Operator, not_found};

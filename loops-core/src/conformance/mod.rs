@@ -5,7 +5,7 @@
 //! Each [`Case`] drives a fresh, empty store through the [`Store`] trait alone and asserts
 //! exact values: every [`Write`](crate::store::Write)'s effect on the run's row and records,
 //! every refusal with the run, sequence number and status it names, the reads, leases and
-//! fencing, [`claim_ready`](Store::claim_ready), pruning and byte-exact payloads. The redb
+//! fencing, [`claim_ready`](crate::Store::claim_ready), pruning and byte-exact payloads. The redb
 //! store (on a file and in memory) and the PostgreSQL store pass every case; a store that
 //! passes them all gives the runtime what it relies on.
 //!
@@ -39,7 +39,7 @@
 //! use std::sync::Arc;
 //!
 //! use loops_core::conformance::Factory;
-//! use loops_core::store::{BoxFuture, Store};
+//! use loops_core::{BoxFuture, Store};
 //! # use loops_core::RedbStore as MyStore;
 //! # async fn open_my_store(_database: &str) -> MyStore { MyStore::in_memory().unwrap() }
 //!
@@ -78,6 +78,9 @@
 //!
 //! Cases wait past short lease times (never measure them): a store's lease time should be
 //! about a second for the suite to run in a few seconds.
+//!
+//! [`Store`]: crate::Store
+//! [`Store::lease_ttl`]: crate::Store::lease_ttl
 // The cases are test code: a panic is how a case reports what broke.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -103,7 +106,7 @@ pub enum Case {
     /// `create_and_read`: a run that does not exist reads as nothing; a created run's row,
     /// latest record, history and schema text read back as written; a second create of the
     /// same id is refused ([`SequenceConflict`](crate::Error::SequenceConflict)) and changes
-    /// nothing; [`list`](Store::list) reads runs by status, optionally of one workflow, in
+    /// nothing; [`list`](crate::Store::list) reads runs by status, optionally of one workflow, in
     /// run id order.
     CreateAndRead,
     /// `transitions_append_in_order`: a transition must take the run's next sequence number

@@ -6,4 +6,5 @@ pub(crate) mod context;
 pub(crate) mod dispatch;
 pub(crate) mod driver;
 pub(crate) mod settings;
+#[cfg(feature = "test-util")]
 pub(crate) mod test_util;

@@ -10,8 +10,9 @@ use crate::store::Lease;
 use crate::store::redb::RedbStore;
 
 /// A context for tests outside loops-core, which cannot build one otherwise: re-exported as
-/// `loops::__private::__for_tests`. Its store is in memory and holds no run, so steps fail
-/// with [`Error::RunNotFound`](crate::Error::RunNotFound). Not a public API.
+/// `loops::__for_tests` with the feature `test-util`. Its store is in memory and holds no
+/// run, so steps fail with [`Error::RunNotFound`](crate::Error::RunNotFound). Not a public
+/// API.
 ///
 /// # Panics
 /// If redb cannot create an in-memory database (it allocates nothing up front).

@@ -179,7 +179,7 @@ impl fmt::Display for SchemaDiff {
 /// format are compared as whole lines (and are breaking).
 ///
 /// ```
-/// use loops_core::schema::{Class, schema_diff};
+/// use loops_core::{Class, schema_diff};
 ///
 /// let old = "workflow deliver version 1 format 1\n\
 ///            state Tested (struct) -> Done\n  report: Report\n  report.passed: bool\n";

@@ -161,10 +161,10 @@ pub struct Pruned {
 }
 
 /// Most runs deleted by one write of [`prune`].
-pub const PRUNE_BATCH: usize = 256;
+pub(crate) const PRUNE_BATCH: usize = 256;
 
 /// Selects the ended runs `policy` expires at `now_ms` and, unless `dry_run`, deletes their
-/// records, rows, index entries and events with [`Write::Prune`], [`PRUNE_BATCH`] runs per
+/// records, rows, index entries and events with [`Write::Prune`], a batch of runs per
 /// write. Runs that have not ended are never touched.
 ///
 /// # Errors

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use loops::{Context, RunStatus, Workflow};
-use loops_core::store::Store;
+use loops_core::Store;
 use serde::{Deserialize, Serialize};
 
 #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]

@@ -131,7 +131,7 @@ fn expect_mismatch(err: &Error) -> (SchemaHash, SchemaHash) {
         ["state `Received`: field `priority: u8` added"]
     );
     // No default, not an `Option`: runs recorded before cannot supply it.
-    assert_eq!(changes.changes()[0].class, loops::schema::Class::Breaking);
+    assert_eq!(changes.changes()[0].class, loops::Class::Breaking);
     let message = err.to_string();
     assert!(
         message.contains(RUN_ID)

@@ -14,13 +14,13 @@ use crate::error::{Error, Result};
 use crate::store::protocol::{Reply, Write};
 
 /// Most writes committed in one write transaction.
-pub const MAX_BATCH: usize = 1024;
+pub(crate) const MAX_BATCH: usize = 1024;
 
 /// Writes waiting for the writer thread before senders wait (backpressure).
 pub(super) const QUEUE: usize = 4096;
 
 /// Rounds a leader commits of others' writes before it hands the rest to the writer thread.
-pub const LEADER_ROUNDS: usize = 4;
+pub(crate) const LEADER_ROUNDS: usize = 4;
 
 /// Whether a write may be committed on the caller's thread: inside a multi-threaded tokio
 /// runtime, where `block_in_place` lets the runtime move its other tasks elsewhere.

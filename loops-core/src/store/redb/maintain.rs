@@ -11,9 +11,6 @@ use crate::error::{Error, Result};
 use crate::store::Pruned;
 use crate::store::protocol::{Reply, Write};
 
-/// Most runs deleted in one write transaction by [`RedbStore::prune`].
-pub const PRUNE_BATCH: usize = 256;
-
 /// What [`RedbStore::compact`] reclaimed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Compacted {
@@ -103,8 +100,8 @@ impl RedbStore {
     }
 
     /// Selects the ended runs `policy` expires at `now_ms` and, unless `dry_run`, deletes
-    /// their records, rows, index entries and events, in write transactions of at most
-    /// [`PRUNE_BATCH`] runs. Runs that have not ended are never touched.
+    /// their records, rows, index entries and events, in batches, as [`prune`](crate::prune)
+    /// does. Runs that have not ended are never touched.
     ///
     /// # Errors
     /// [`Error::Storage`] if a read or a commit fails (runs deleted by earlier batches stay

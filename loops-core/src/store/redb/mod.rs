@@ -39,15 +39,14 @@ mod commit;
 mod maintain;
 mod open;
 mod read;
+#[cfg(any(test, feature = "test-util"))]
 mod seed;
 mod tables;
 mod verify;
 
-pub use commit::{LEADER_ROUNDS, MAX_BATCH};
-pub use maintain::{Compacted, PRUNE_BATCH};
+pub use maintain::Compacted;
 pub(in crate::store) use open::refuse_special_file;
 pub(in crate::store) use read::{ReadError, read_info};
-pub use seed::SEED_BATCH;
 pub(crate) use tables::{RUNS, SCHEMAS, STATUS};
 
 use std::path::{Path, PathBuf};

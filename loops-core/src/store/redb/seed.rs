@@ -11,8 +11,7 @@ use crate::store::protocol::Write;
 use crate::workflow::{StateId, Workflow};
 
 /// Writes per write transaction of [`RedbStore::__seed_history`].
-#[doc(hidden)]
-pub const SEED_BATCH: usize = 8192;
+pub(crate) const SEED_BATCH: usize = 8192;
 
 impl RedbStore {
     /// Bulk-writes transition records, for benchmarks and tests that need long histories or
