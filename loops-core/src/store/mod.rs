@@ -30,9 +30,9 @@ mod plan;
 #[cfg(test)]
 mod plan_tests;
 pub(crate) mod precheck;
-pub mod protocol;
+pub(crate) mod protocol;
 mod ready;
-pub mod redb;
+pub(crate) mod redb;
 
 pub use self::effects::{Effects, InboxChange, Record, RowWrite, event_record};
 pub use self::facts::{CurrentLease, Facts, LeaseCheck, Needs, PendingEvent, RecordKey};
