@@ -11,6 +11,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::panic::AssertUnwindSafe;
 
+use crate::panics::panic_message;
 use crate::schema::SchemaHash;
 use crate::workflow::{BoxError, StateId, Workflow};
 
@@ -364,17 +365,6 @@ fn apply<Old: Versioned, New: Migrate<Old>>(payload: &str) -> Result<Migrated, M
         state: new.state().name(),
         payload,
     })
-}
-
-/// The message of a caught panic: its payload when it is a string.
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&'static str>() {
-        (*s).to_owned()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic whose payload is not a string".to_owned()
-    }
 }
 
 #[cfg(test)]

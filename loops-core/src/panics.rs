@@ -87,6 +87,17 @@ fn in_redb(file: &str) -> bool {
     })
 }
 
+/// The message of a caught panic: its payload when it is a string.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&'static str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic whose payload is not a string".to_owned()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

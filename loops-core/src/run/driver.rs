@@ -17,6 +17,7 @@ use futures_util::FutureExt;
 use tracing::Instrument;
 
 use crate::error::{Error, Result, error_chain};
+use crate::panics::panic_message;
 use crate::record::{FailureRecord, FailureSource, TransitionRecord, now_ms};
 use crate::row::RunInfo;
 use crate::run::context::{Context, RunScope};
@@ -63,17 +64,6 @@ enum Failure {
     Timeout(Duration),
     /// The handler panicked: the panic's message.
     Panic(String),
-}
-
-/// The message of a caught panic: its payload when it is a string.
-fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = payload.downcast_ref::<&'static str>() {
-        (*s).to_owned()
-    } else if let Some(s) = payload.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic whose payload is not a string".to_owned()
-    }
 }
 
 enum Outcome<W> {
