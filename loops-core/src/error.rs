@@ -262,6 +262,33 @@ pub enum Error {
         source: serde_json::Error,
     },
 
+    /// A number read from the store is the largest its type holds, and the write needs the
+    /// next one: the seq after the row's (a transition), the attempt after the current one
+    /// (a new attempt, a retry), the interruption count, a failure index or an event seq.
+    /// loops never stores such a value, so the store was altered outside loops. Nothing was
+    /// written; the run stays as it is.
+    #[error(
+        "run `{run_id}`: {counter} {value} in the {} is the largest it can be, so {action} is not possible",
+        decoded(record, *seq, "")
+    )]
+    CounterOverflow {
+        /// The run.
+        run_id: String,
+        /// The record the number was read from ([`RecordKind::RunRow`] for the row's seq,
+        /// attempt and interruption count).
+        record: RecordKind,
+        /// The sequence number of the state the record belongs to (for an event, its event
+        /// seq; for the run's row, the row's seq).
+        seq: u64,
+        /// Which number: `"seq"`, `"attempt"`, `"interruption count"`, `"failure index"`,
+        /// `"event seq"`.
+        counter: &'static str,
+        /// Its value as read.
+        value: u64,
+        /// What needed the next value ("moving to a next state", "retrying").
+        action: &'static str,
+    },
+
     /// A serialized payload exceeds the configured limit; nothing was written.
     #[error(
         "run `{run_id}`: {what}{} is {bytes} bytes, over the {limit}-byte limit",
@@ -595,6 +622,25 @@ impl Error {
         }
     }
 
+    /// An [`Error::CounterOverflow`]: `counter` (`value`, read from `record` of `run_id` at
+    /// `seq`) has no successor, which `action` needed.
+    pub(crate) fn counter_overflow(
+        run_id: &str,
+        (record, seq): (RecordKind, u64),
+        counter: &'static str,
+        value: u64,
+        action: &'static str,
+    ) -> Self {
+        Error::CounterOverflow {
+            run_id: run_id.to_owned(),
+            record,
+            seq,
+            counter,
+            value,
+            action,
+        }
+    }
+
     /// An [`Error::Storage`] from a redb error (converted to `redb::Error`, so that a caller
     /// who downcasts the source finds one type).
     pub(crate) fn storage(action: impl Into<String>, source: impl Into<redb::Error>) -> Self {
@@ -642,6 +688,7 @@ impl Error {
             | Error::Encode { run_id, .. }
             | Error::Decode { run_id, .. }
             | Error::PayloadTooLarge { run_id, .. }
+            | Error::CounterOverflow { run_id, .. }
             | Error::RunFailed { run_id, .. }
             | Error::RunCancelled { run_id, .. }
             | Error::RunEnded { run_id, .. }

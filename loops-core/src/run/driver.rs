@@ -465,8 +465,11 @@ impl Drive<'_> {
                 seq,
             });
         }
+        let next_seq = seq
+            .checked_add(1)
+            .ok_or_else(|| run.info.overflow_seq("moving to a next state"))?;
         let now = now_ms();
-        let next_record = TransitionRecord::encode(run_id, seq + 1, &next, now)?;
+        let next_record = TransitionRecord::encode(run_id, next_seq, &next, now)?;
         self.settings.check_size(run_id, &next_record)?;
         crate::failpoint::point("loops::transition::before_commit");
         run.info = self
@@ -475,7 +478,7 @@ impl Drive<'_> {
                 Some(&self.held.lease),
                 Write::Transition {
                     run_id: run_id.to_owned(),
-                    seq: seq + 1,
+                    seq: next_seq,
                     state: to.name().to_owned(),
                     record: next_record.to_bytes(),
                     terminal: to.is_terminal(),
@@ -488,7 +491,7 @@ impl Drive<'_> {
         tracing::info!(
             from = state.name(),
             to = to.name(),
-            seq = seq + 1,
+            seq = next_seq,
             "transition committed"
         );
         run.record = next_record;
@@ -537,7 +540,9 @@ impl Drive<'_> {
         } else {
             let unit = jitter_unit(run_id, seq, attempt, now);
             let delay = policy.delay_after(used, unit);
-            AfterFailure::RetryAt(now + delay.as_millis() as u64)
+            AfterFailure::RetryAt(
+                now.saturating_add(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX)),
+            )
         };
         tracing::warn!(
             state = state.name(),

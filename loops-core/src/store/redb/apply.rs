@@ -4,7 +4,7 @@
 use redb::ReadableTable;
 
 use super::tables::{Tables, name_upper_bound};
-use crate::error::Error;
+use crate::error::{Error, RecordKind};
 use crate::store::protocol::{Reply, Write};
 use crate::store::{
     Effects, Facts, InboxChange, Needs, PendingEvent, Record, RecordKey, RowWrite, RunInfo, plan,
@@ -79,7 +79,18 @@ fn gather<'w>(t: &mut Tables<'_>, needs: &Needs<'w>) -> std::result::Result<Fact
             .range((id, seq, attempt, 0)..=(id, seq, attempt, u32::MAX))?
             .next_back()
             .transpose()?;
-        facts.failure_index = last.map_or(0, |(key, _)| key.value().3 + 1);
+        facts.failure_index = match last {
+            None => 0,
+            Some((key, _)) => key.value().3.checked_add(1).ok_or_else(|| {
+                ApplyError::Rejected(Error::counter_overflow(
+                    id,
+                    (RecordKind::Failure, seq),
+                    "failure index",
+                    u64::from(u32::MAX),
+                    "recording a failure",
+                ))
+            })?,
+        };
     }
     if let Some(seq) = needs.failure_attempt {
         let last = t
@@ -110,7 +121,18 @@ fn gather<'w>(t: &mut Tables<'_>, needs: &Needs<'w>) -> std::result::Result<Fact
             .range((id, 0)..=(id, u64::MAX))?
             .next_back()
             .transpose()?;
-        facts.next_event_seq = last.map_or(0, |(key, _)| key.value().1 + 1);
+        facts.next_event_seq = match last {
+            None => 0,
+            Some((key, _)) => key.value().1.checked_add(1).ok_or_else(|| {
+                ApplyError::Rejected(Error::counter_overflow(
+                    id,
+                    (RecordKind::Event { name: None }, u64::MAX),
+                    "event seq",
+                    u64::MAX,
+                    "sending an event",
+                ))
+            })?,
+        };
     }
     for run_id in needs.runs {
         if let Some(info) = load_row(t, run_id)? {

@@ -107,9 +107,14 @@ impl RedbStore {
             |txn| {
                 let steps = txn.open_table(STEPS)?;
                 let mut out = Vec::new();
-                for entry in steps.range((run_id, seq, "", 0)..(run_id, seq + 1, "", 0))? {
+                // Every key from the seq's first on, up to the first of another seq (or run):
+                // no `seq + 1` bound, which a stored seq of u64::MAX has not.
+                for entry in steps.range((run_id, seq, "", 0)..)? {
                     let (key, value) = entry?;
-                    let (_, _, name, occurrence) = key.value();
+                    let (id, at, name, occurrence) = key.value();
+                    if id != run_id || at != seq {
+                        break;
+                    }
                     let record: StepRecord =
                         serde_json::from_slice(value.value()).map_err(|source| Error::Decode {
                             run_id: run_id.to_owned(),

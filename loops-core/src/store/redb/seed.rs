@@ -60,7 +60,16 @@ impl RedbStore {
                         at_ms: now,
                     }
                 };
-                next_seq.insert(run_id, seq + 1);
+                let after = seq.checked_add(1).ok_or_else(|| {
+                    Error::counter_overflow(
+                        &run_id,
+                        (crate::error::RecordKind::Transition, seq),
+                        "seq",
+                        seq,
+                        "seeding the next record",
+                    )
+                })?;
+                next_seq.insert(run_id, after);
                 batch.push(write);
             }
             let results = {
