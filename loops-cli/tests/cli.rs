@@ -2177,6 +2177,10 @@ fn missing_empty_foreign_and_corrupt_files_are_one_line_errors() {
             "loops {args:?}: {err}"
         );
         assert_eq!(err.lines().count(), 1, "{err}");
+        // The cause is said once (the error's message names it; its chain adds nothing).
+        let parts: Vec<&str> = err.trim_end().split(": ").collect();
+        let distinct: std::collections::HashSet<&str> = parts.iter().copied().collect();
+        assert_eq!(distinct.len(), parts.len(), "a part said twice: {err}");
     }
     assert_eq!(
         std::fs::read(&random).unwrap(),

@@ -210,7 +210,7 @@ fn commit_writes(
                             .map(|_| {
                                 Err(Error::Storage {
                                     action: format!("committing {n} writes"),
-                                    source: e.clone(),
+                                    cause: e.clone(),
                                 })
                             })
                             .collect();
@@ -223,7 +223,7 @@ fn commit_writes(
                     .map(|_| {
                         Err(Error::Storage {
                             action: format!("reopening {} after an I/O error", path.display()),
-                            source: e.clone(),
+                            cause: e.clone(),
                         })
                     })
                     .collect(),
@@ -305,7 +305,7 @@ pub(super) fn commit_batch<'a>(
             .map(|_| {
                 Err(Error::Storage {
                     action: action.clone(),
-                    source: shared.clone(),
+                    cause: shared.clone(),
                 })
             })
             .collect();

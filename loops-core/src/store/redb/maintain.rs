@@ -33,7 +33,7 @@ impl RedbStore {
             .map(|m| m.len())
             .map_err(|e| Error::Open {
                 path: self.inner.path.clone(),
-                source: e.into(),
+                cause: e.into(),
             })
     }
 

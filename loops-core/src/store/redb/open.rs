@@ -35,7 +35,7 @@ impl RedbStore {
         refuse_special_file(&path)?;
         let open_err = |source: crate::BoxError| Error::Open {
             path: path.clone(),
-            source,
+            cause: source,
         };
         if let Some(dir) = path.parent()
             && !dir.as_os_str().is_empty()
@@ -121,7 +121,7 @@ impl RedbStore {
         });
         let open_err = |source: crate::BoxError| Error::Open {
             path: path.clone(),
-            source,
+            cause: source,
         };
         let db = match opener() {
             Ok(db) => db,
@@ -198,7 +198,7 @@ impl RedbStore {
             Err(e) => {
                 return Err(Error::Open {
                     path,
-                    source: open_source(e),
+                    cause: open_source(e),
                 });
             }
         };
@@ -209,7 +209,7 @@ impl RedbStore {
         {
             return Err(Error::Open {
                 path,
-                source: Box::new(redb::DatabaseError::Storage(match e {
+                cause: Box::new(redb::DatabaseError::Storage(match e {
                     redb::Error::Io(io) => redb::StorageError::Io(io),
                     redb::Error::Corrupted(what) => redb::StorageError::Corrupted(format!(
                         "verifying the checksum of every page failed: {what}"
@@ -278,7 +278,7 @@ pub(in crate::store) fn refuse_special_file(path: &Path) -> Result<()> {
     };
     Err(Error::Open {
         path: path.to_path_buf(),
-        source: format!("it is {what}, not a regular file; a store is a regular file").into(),
+        cause: format!("it is {what}, not a regular file; a store is a regular file").into(),
     })
 }
 

@@ -84,7 +84,7 @@ impl RedbStore {
                     Db::Reopening(e) => {
                         return Err(Error::Storage {
                             action: "seeding records".to_owned(),
-                            source: e.clone(),
+                            cause: e.clone(),
                         });
                     }
                 }
