@@ -194,6 +194,22 @@ pub enum Error {
         occurrence: u32,
     },
 
+    /// The lease of this worker on the run lapsed, by its own monotonic clock (it was paused,
+    /// or could not renew it for longer than the lease time), before it ran a step's closure
+    /// or sent a write: it stops driving the run, which another worker may hold now. Nothing
+    /// was run or written.
+    #[error(
+        "run `{run_id}`: this worker's lease lapsed {late_ms} ms ago (by its own clock) before seq {seq} could go on; another worker may hold the run"
+    )]
+    LeaseExpired {
+        /// The run.
+        run_id: String,
+        /// The state's sequence number.
+        seq: u64,
+        /// How long ago the lease lapsed, in ms.
+        late_ms: u64,
+    },
+
     /// A write for a state the run has already left (or a run that has ended) was refused:
     /// only the driver of the current state may write.
     #[error("run `{run_id}`: write for seq {seq} refused: the run is at seq {current} ({status})")]
@@ -688,6 +704,7 @@ impl Error {
             | Error::RecordMissing { run_id, .. }
             | Error::StepExists { run_id, .. }
             | Error::Fenced { run_id, .. }
+            | Error::LeaseExpired { run_id, .. }
             | Error::IllegalTransition { run_id, .. }
             | Error::EventEncode { run_id, .. }
             | Error::Encode { run_id, .. }

@@ -45,6 +45,18 @@ pub(crate) struct RunScope {
     pub(crate) cancel: CancellationToken,
     pub(crate) max_payload_bytes: usize,
     pub(crate) park_threshold: Duration,
+    /// The lease's deadline by the monotonic clock, and the driver's `lost` signal
+    /// (`Signals::deadline`, `Signals::lost`).
+    pub(crate) lease_deadline: Arc<Mutex<Option<Instant>>>,
+    pub(crate) lost: CancellationToken,
+}
+
+impl RunScope {
+    /// Refuses to go on at `seq` (a step's closure, a commit) once the lease has lapsed by
+    /// the monotonic clock: [`Error::LeaseExpired`].
+    fn check_lease(&self, seq: u64) -> Result<()> {
+        crate::run::settings::check_deadline(&self.lease_deadline, &self.lost, &self.run_id, seq)
+    }
 }
 
 #[derive(Default)]
@@ -321,6 +333,8 @@ impl Context {
             return Err(E::from(self.cancelled_error()));
         }
         crate::failpoint::point("loops::step::before_effect");
+        // Not once the lease has lapsed: another worker may be running this step now.
+        self.run.check_lease(self.seq).map_err(E::from)?;
         let started = Instant::now();
         let outcome = match options.timeout {
             None => f().await,
@@ -413,6 +427,7 @@ impl Context {
             duration_ms,
             output,
         };
+        self.run.check_lease(self.seq)?;
         self.run
             .store
             .write(
@@ -496,6 +511,7 @@ impl Context {
                 () = self.run.cancel.cancelled() => return Err(self.cancelled_error()),
             }
         }
+        self.run.check_lease(self.seq)?;
         let reply = self
             .run
             .store
@@ -594,6 +610,7 @@ impl Context {
             let (outcome, delivered_now) = match recorded {
                 Some(output) => (output.get().to_owned(), false),
                 None => {
+                    self.run.check_lease(self.seq)?;
                     let reply = self
                         .run
                         .store

@@ -222,6 +222,8 @@ impl Drive<'_> {
             cancel: self.held.signals.cancel.clone(),
             max_payload_bytes: self.settings.max_payload_bytes,
             park_threshold: self.settings.park_threshold,
+            lease_deadline: Arc::clone(&self.held.signals.deadline),
+            lost: self.held.signals.lost.clone(),
         });
         let mut run = Progress {
             info: entered.info,
@@ -345,6 +347,9 @@ impl Drive<'_> {
                 () = self.held.signals.cancel.cancelled() => {}
             }
             *delay = delay.saturating_mul(2).min(FAULT_BACKOFF.1);
+            // A lease that lapsed meanwhile (the fault outlasted it, or the process was
+            // paused): another worker may hold the run; this driver stops.
+            self.held.signals.check_lease(run_id, run.info.seq)?;
             match self.store.latest(run_id).await {
                 Ok(Some((info, record))) => {
                     // Only this driver (it holds the lease) counts attempts and moves the
@@ -413,6 +418,7 @@ impl Drive<'_> {
                         }
                     }
                 }
+                self.held.signals.check_lease(run_id, info.seq)?;
                 run.info = self
                     .store
                     .write(
@@ -503,6 +509,7 @@ impl Drive<'_> {
                 }
             }
         }
+        self.held.signals.check_lease(run_id, run.info.seq)?;
         run.info = self
             .store
             .write(
@@ -582,6 +589,7 @@ impl Drive<'_> {
         let next_record = TransitionRecord::encode(run_id, next_seq, &next, now)?;
         self.settings.check_size(run_id, &next_record)?;
         crate::failpoint::point("loops::transition::before_commit");
+        self.held.signals.check_lease(run_id, seq)?;
         run.info = self
             .store
             .write(
@@ -662,6 +670,7 @@ impl Drive<'_> {
             gave_up = then == AfterFailure::GiveUp,
             "handler failed"
         );
+        self.held.signals.check_lease(run_id, seq)?;
         run.info = self
             .store
             .write(

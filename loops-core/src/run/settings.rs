@@ -3,8 +3,8 @@
 
 use std::any::TypeId;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -96,6 +96,10 @@ pub(crate) struct Signals {
     pub(crate) lease: Arc<Mutex<Option<Lease>>>,
     /// Cancelled when the lease was lost to another worker: the driver stops at once.
     pub(crate) lost: CancellationToken,
+    /// When the lease lapses by this process's monotonic clock, for a store whose leases
+    /// lapse: the time the lease (or its last renewal) was asked for, plus the lease time.
+    /// The store's own expiry is no earlier (it counts from when it granted the request).
+    pub(crate) deadline: Arc<Mutex<Option<Instant>>>,
 }
 
 impl Signals {
@@ -106,8 +110,41 @@ impl Signals {
             wake: Arc::new(Notify::new()),
             lease: Arc::new(Mutex::new(None)),
             lost: CancellationToken::new(),
+            deadline: Arc::new(Mutex::new(None)),
         }
     }
+
+    /// Refuses what the driver of `run_id` is about to do at `seq` (run a step's closure,
+    /// commit a write) once its lease's deadline has passed by the monotonic clock, and
+    /// tells the driver its lease is lost.
+    ///
+    /// # Errors
+    /// [`Error::LeaseExpired`].
+    pub(crate) fn check_lease(&self, run_id: &str, seq: u64) -> Result<()> {
+        check_deadline(&self.deadline, &self.lost, run_id, seq)
+    }
+}
+
+/// [`Signals::check_lease`], given the deadline and the `lost` token.
+pub(crate) fn check_deadline(
+    deadline: &Mutex<Option<Instant>>,
+    lost: &CancellationToken,
+    run_id: &str,
+    seq: u64,
+) -> Result<()> {
+    let Some(at) = *deadline.lock().unwrap_or_else(PoisonError::into_inner) else {
+        return Ok(());
+    };
+    let now = Instant::now();
+    if now < at {
+        return Ok(());
+    }
+    lost.cancel();
+    Err(Error::LeaseExpired {
+        run_id: run_id.to_owned(),
+        seq,
+        late_ms: u64::try_from(now.duration_since(at).as_millis()).unwrap_or(u64::MAX),
+    })
 }
 
 /// A run held by one driver: its id, its signals, and the lease every write of it carries.

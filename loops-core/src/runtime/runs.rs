@@ -206,6 +206,7 @@ impl Runtime {
                 );
             }
         }
+        let asked = std::time::Instant::now();
         let ready = if limit == 0 {
             Vec::new()
         } else {
@@ -214,6 +215,7 @@ impl Runtime {
         let mut taken: HashSet<String> = HashSet::with_capacity(ready.len());
         let mut found: Vec<RunInfo> = Vec::with_capacity(ready.len() + waiting.len());
         for (info, lease) in ready {
+            self.inner.claims.asked_at(&info.run_id, asked);
             self.spawn_driver_with(&info.workflow, &info.run_id, Some(lease));
             taken.insert(info.run_id.clone());
             found.push(info);

@@ -7,7 +7,8 @@ use super::tables::{Tables, name_upper_bound};
 use crate::error::{Error, RecordKind};
 use crate::store::protocol::{Reply, Write};
 use crate::store::{
-    Effects, Facts, InboxChange, Needs, PendingEvent, Record, RecordKey, RowWrite, RunInfo, plan,
+    Effects, Facts, InboxChange, LeaseCheck, Needs, PendingEvent, Record, RecordKey, RowWrite,
+    RunInfo, plan,
 };
 
 /// An outcome of applying one write inside the batch's transaction.
@@ -33,13 +34,20 @@ impl<E: Into<redb::Error>> From<E> for ApplyError {
 
 /// Applies one write inside the batch's transaction: reads the run's row and the facts the
 /// write needs, asks [`plan`] what the write means, and writes its effects out.
-pub(super) fn apply(t: &mut Tables<'_>, write: &Write) -> std::result::Result<Applied, ApplyError> {
+///
+/// `lease`: the lease the write carries and the run's current one, for the plan's check.
+pub(super) fn apply(
+    t: &mut Tables<'_>,
+    write: &Write,
+    lease: Option<LeaseCheck<'_>>,
+) -> std::result::Result<Applied, ApplyError> {
     let needs = write.needs();
     let row = match needs.run {
         Some(run_id) => load_row(t, run_id)?,
         None => None,
     };
-    let facts = gather(t, &needs)?;
+    let mut facts = gather(t, &needs)?;
+    facts.lease = lease;
     let effects = plan(write, row.as_ref(), &facts).map_err(ApplyError::Rejected)?;
     if effects.is_empty() {
         return Ok(Applied::Unchanged(effects.reply));
