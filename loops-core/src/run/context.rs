@@ -18,6 +18,7 @@ use tracing::Instrument;
 use crate::error::{Error, RecordKind, Result};
 use crate::names::{RESERVED_PREFIX, validate_name};
 use crate::record::{FailureRecord, FailureSource, StepRecord, now_ms};
+use crate::run::settings::LeaseClock;
 use crate::store::{AfterFailure, Lease, Reply, Store, WaitOutcome, Write};
 
 /// What a state handler receives besides the state's data: which run, state and attempt it is
@@ -45,18 +46,8 @@ pub(crate) struct RunScope {
     pub(crate) cancel: CancellationToken,
     pub(crate) max_payload_bytes: usize,
     pub(crate) park_threshold: Duration,
-    /// The lease's deadline by the monotonic clock, and the driver's `lost` signal
-    /// (`Signals::deadline`, `Signals::lost`).
-    pub(crate) lease_deadline: Arc<Mutex<Option<Instant>>>,
-    pub(crate) lost: CancellationToken,
-}
-
-impl RunScope {
-    /// Refuses to go on at `seq` (a step's closure, a commit) once the lease has lapsed by
-    /// the monotonic clock: [`Error::LeaseExpired`].
-    fn check_lease(&self, seq: u64) -> Result<()> {
-        crate::run::settings::check_deadline(&self.lease_deadline, &self.lost, &self.run_id, seq)
-    }
+    /// The lease's deadline, checked before a step's closure and every commit.
+    pub(crate) clock: LeaseClock,
 }
 
 #[derive(Default)]
@@ -333,8 +324,7 @@ impl Context {
             return Err(E::from(self.cancelled_error()));
         }
         crate::failpoint::point("loops::step::before_effect");
-        // Not once the lease has lapsed: another worker may be running this step now.
-        self.run.check_lease(self.seq).map_err(E::from)?;
+        self.run.clock.check(self.seq).map_err(E::from)?; // Not once the lease lapsed.
         let started = Instant::now();
         let outcome = match options.timeout {
             None => f().await,
@@ -427,7 +417,7 @@ impl Context {
             duration_ms,
             output,
         };
-        self.run.check_lease(self.seq)?;
+        self.run.clock.check(self.seq)?;
         self.run
             .store
             .write(
@@ -511,7 +501,7 @@ impl Context {
                 () = self.run.cancel.cancelled() => return Err(self.cancelled_error()),
             }
         }
-        self.run.check_lease(self.seq)?;
+        self.run.clock.check(self.seq)?;
         let reply = self
             .run
             .store
@@ -610,7 +600,7 @@ impl Context {
             let (outcome, delivered_now) = match recorded {
                 Some(output) => (output.get().to_owned(), false),
                 None => {
-                    self.run.check_lease(self.seq)?;
+                    self.run.clock.check(self.seq)?;
                     let reply = self
                         .run
                         .store

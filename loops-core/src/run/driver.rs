@@ -222,8 +222,7 @@ impl Drive<'_> {
             cancel: self.held.signals.cancel.clone(),
             max_payload_bytes: self.settings.max_payload_bytes,
             park_threshold: self.settings.park_threshold,
-            lease_deadline: Arc::clone(&self.held.signals.deadline),
-            lost: self.held.signals.lost.clone(),
+            clock: self.held.signals.clock(run_id),
         });
         let mut run = Progress {
             info: entered.info,
@@ -287,6 +286,8 @@ impl Drive<'_> {
             drop(ctx);
             match outcome {
                 Outcome::Lost => {
+                    // Lost by its own clock (the lease lapsed), or told by a renewal.
+                    self.held.signals.check_lease(run_id, seq)?;
                     return Err(Error::Fenced {
                         run_id: run_id.to_owned(),
                         seq,
@@ -329,6 +330,9 @@ impl Drive<'_> {
     ) -> Result<()> {
         let run_id = self.run_id();
         loop {
+            // A lease that lapsed (the fault outlasted it, or the process was paused):
+            // another worker may hold the run; this driver stops.
+            self.held.signals.check_lease(run_id, run.info.seq)?;
             tracing::warn!(
                 error = %fault,
                 retry_in_ms = delay.as_millis() as u64,
@@ -337,6 +341,7 @@ impl Drive<'_> {
             tokio::select! {
                 () = tokio::time::sleep(*delay) => {}
                 () = self.held.signals.lost.cancelled() => {
+                    self.held.signals.check_lease(run_id, run.info.seq)?;
                     return Err(Error::Fenced {
                         run_id: run_id.to_owned(),
                         seq: run.info.seq,
@@ -347,8 +352,6 @@ impl Drive<'_> {
                 () = self.held.signals.cancel.cancelled() => {}
             }
             *delay = delay.saturating_mul(2).min(FAULT_BACKOFF.1);
-            // A lease that lapsed meanwhile (the fault outlasted it, or the process was
-            // paused): another worker may hold the run; this driver stops.
             self.held.signals.check_lease(run_id, run.info.seq)?;
             match self.store.latest(run_id).await {
                 Ok(Some((info, record))) => {

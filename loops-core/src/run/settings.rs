@@ -114,37 +114,65 @@ impl Signals {
         }
     }
 
-    /// Refuses what the driver of `run_id` is about to do at `seq` (run a step's closure,
-    /// commit a write) once its lease's deadline has passed by the monotonic clock, and
-    /// tells the driver its lease is lost.
+    /// Refuses what the driver of `run_id` is about to do at `seq`: see [`LeaseClock::check`].
     ///
     /// # Errors
     /// [`Error::LeaseExpired`].
     pub(crate) fn check_lease(&self, run_id: &str, seq: u64) -> Result<()> {
-        check_deadline(&self.deadline, &self.lost, run_id, seq)
+        self.clock(run_id).check(seq)
+    }
+
+    /// The lease's deadline and the `lost` signal of the driver of `run_id`, for the run's
+    /// [`Context`](crate::Context)s.
+    pub(crate) fn clock(&self, run_id: &str) -> LeaseClock {
+        LeaseClock {
+            run_id: run_id.to_owned(),
+            deadline: Arc::clone(&self.deadline),
+            lost: self.lost.clone(),
+        }
     }
 }
 
-/// [`Signals::check_lease`], given the deadline and the `lost` token.
-pub(crate) fn check_deadline(
-    deadline: &Mutex<Option<Instant>>,
-    lost: &CancellationToken,
-    run_id: &str,
-    seq: u64,
-) -> Result<()> {
-    let Some(at) = *deadline.lock().unwrap_or_else(PoisonError::into_inner) else {
-        return Ok(());
-    };
-    let now = Instant::now();
-    if now < at {
-        return Ok(());
+/// A driver's lease deadline ([`Signals::deadline`]) and its `lost` signal.
+#[derive(Clone)]
+pub(crate) struct LeaseClock {
+    run_id: String,
+    deadline: Arc<Mutex<Option<Instant>>>,
+    lost: CancellationToken,
+}
+
+impl LeaseClock {
+    /// No deadline (a lease that never lapses), for contexts outside any run.
+    #[cfg(any(test, feature = "test-util"))]
+    pub(crate) fn none(run_id: &str) -> Self {
+        LeaseClock {
+            run_id: run_id.to_owned(),
+            deadline: Arc::new(Mutex::new(None)),
+            lost: CancellationToken::new(),
+        }
     }
-    lost.cancel();
-    Err(Error::LeaseExpired {
-        run_id: run_id.to_owned(),
-        seq,
-        late_ms: u64::try_from(now.duration_since(at).as_millis()).unwrap_or(u64::MAX),
-    })
+
+    /// Refuses what the driver of the run is about to do at `seq` (run a step's closure,
+    /// commit a write) once the lease's deadline has passed by the monotonic clock, and
+    /// tells the driver its lease is lost.
+    ///
+    /// # Errors
+    /// [`Error::LeaseExpired`].
+    pub(crate) fn check(&self, seq: u64) -> Result<()> {
+        let Some(at) = *self.deadline.lock().unwrap_or_else(PoisonError::into_inner) else {
+            return Ok(());
+        };
+        let now = Instant::now();
+        if now < at {
+            return Ok(());
+        }
+        self.lost.cancel();
+        Err(Error::LeaseExpired {
+            run_id: self.run_id.clone(),
+            seq,
+            late_ms: u64::try_from(now.duration_since(at).as_millis()).unwrap_or(u64::MAX),
+        })
+    }
 }
 
 /// A run held by one driver: its id, its signals, and the lease every write of it carries.

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use crate::run::context::{Context, RunScope};
-use crate::run::settings::{DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PARK_THRESHOLD};
+use crate::run::settings::{DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PARK_THRESHOLD, LeaseClock};
 use crate::store::redb::RedbStore;
 
 /// A context for tests outside loops-core, which cannot build one otherwise: re-exported as
@@ -27,14 +27,13 @@ pub fn __for_tests(run_id: impl Into<String>, seq: u64, attempt: u32) -> Context
         .expect("a fresh store's lease is free");
     let scope = RunScope {
         lease,
+        clock: LeaseClock::none(&run_id),
         run_id,
         workflow: "test",
         store: Arc::new(store),
         cancel: CancellationToken::new(),
         max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
         park_threshold: DEFAULT_PARK_THRESHOLD,
-        lease_deadline: Arc::new(std::sync::Mutex::new(None)),
-        lost: CancellationToken::new(),
     };
     Context::new(Arc::new(scope), "test", seq, attempt, Vec::new())
 }
