@@ -224,15 +224,16 @@ async fn a_fault_that_lasts_fails_every_commit_without_losing_anything() {
             .await
             .unwrap_err();
         assert!(matches!(err, Error::Storage { .. }), "{err:?}");
-        // A fault of the disk: worth trying again later. The I/O error stays reachable
-        // through the chain of sources, though redb's type is not in the API.
+        // A fault of the disk: worth trying again later. The message names the I/O error
+        // once, and it stays reachable through `store_cause`, though redb's type is not in
+        // the API.
         assert!(err.is_transient(), "{err:?}");
         let full = std::io::Error::from(std::io::ErrorKind::StorageFull).to_string();
-        let mut chain = std::iter::successors(std::error::Error::source(&err), |e| e.source());
-        assert!(
-            chain.any(|e| e.to_string().contains(&full)),
-            "{full:?} in {err:?}"
-        );
+        assert!(err.to_string().ends_with(&format!(": {full}")), "{err}");
+        assert_eq!(err.to_string().matches(&full).count(), 1, "{err}");
+        assert!(std::error::Error::source(&err).is_none(), "{err:?}");
+        let cause = err.store_cause().unwrap();
+        assert!(cause.to_string().contains(&full), "{cause}");
     }
     fault.store(OK, Ordering::SeqCst);
     assert_eq!(seqs(&rt, "before"), (0..=5).collect::<Vec<_>>());
@@ -265,9 +266,9 @@ async fn good_store(dir: &Path) -> PathBuf {
 
 fn assert_open_fails(path: &Path, what: &str) {
     match Runtime::open(path) {
-        Err(Error::Open { path: p, source }) => {
+        Err(Error::Open { path: p, cause }) => {
             assert_eq!(p, path, "{what}");
-            assert!(!source.to_string().is_empty());
+            assert!(!cause.to_string().is_empty());
         }
         Err(other) => panic!("{what}: expected Error::Open, got {other:?}"),
         Ok(rt) => {
@@ -470,10 +471,10 @@ fn a_fifo_is_refused_by_every_open_without_blocking() {
             let _ = tx.send(open(&path));
         });
         match rx.recv_timeout(std::time::Duration::from_secs(20)) {
-            Ok(Some(Error::Open { path, source })) => {
+            Ok(Some(Error::Open { path, cause })) => {
                 assert_eq!(path, fifo, "{what}");
                 assert_eq!(
-                    source.to_string(),
+                    cause.to_string(),
                     "it is a FIFO (named pipe), not a regular file; a store is a regular file",
                     "{what}"
                 );
@@ -518,4 +519,49 @@ async fn run_ids_and_payload_limits_are_enforced_before_writing() {
             .len(),
         1
     );
+}
+
+/// The message of a store error names its cause once, however it is printed: `{e}`,
+/// `Error::chain`, or anyhow's `{:#}` (which walks `source()`).
+#[test]
+fn store_errors_name_their_cause_once() {
+    use std::io::{Error as IoError, ErrorKind};
+    let full = IoError::from(ErrorKind::StorageFull).to_string();
+    let denied = IoError::from(ErrorKind::PermissionDenied).to_string();
+    let storage = Error::Storage {
+        action: "committing 2 writes".to_owned(),
+        cause: Arc::new(redb::Error::Io(IoError::from(ErrorKind::StorageFull))),
+    };
+    // redb's backend error prints its I/O error and returns it as its source too.
+    let open = Error::Open {
+        path: PathBuf::from("/srv/jobs.redb"),
+        cause: Box::new(redb::BackendError::Io(IoError::from(
+            ErrorKind::PermissionDenied,
+        ))),
+    };
+    let database = Error::database(
+        "committing a transition of run `r1`",
+        IoError::new(ErrorKind::ConnectionReset, "connection reset by peer"),
+    );
+    for (err, said) in [
+        (
+            storage,
+            format!("store error while committing 2 writes: I/O error: {full}"),
+        ),
+        (
+            open,
+            format!("cannot open store /srv/jobs.redb: I/O error: {denied}"),
+        ),
+        (
+            database,
+            "store error while committing a transition of run `r1`: connection reset by peer"
+                .to_owned(),
+        ),
+    ] {
+        assert_eq!(err.to_string(), said);
+        assert_eq!(err.chain(), said);
+        assert_eq!(loops::error_chain(&err), vec![said.clone()]);
+        assert!(err.store_cause().is_some(), "{err:?}");
+        assert_eq!(format!("{:#}", anyhow::Error::from(err)), said);
+    }
 }

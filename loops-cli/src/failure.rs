@@ -69,19 +69,20 @@ impl From<loops_core::Error> for Failure {
         match &e {
             // A read that failed on the file's contents: said without the runtime's "store
             // error while", since the message will say that the store looks damaged.
-            Error::Storage { action, source } if redb_error(&**source).is_some_and(is_damage) => {
-                Failure {
-                    damage: true,
-                    ..Failure::new(format!(
-                        "{action} failed: {source}{}",
-                        if redb_error(&**source).is_some_and(is_past_the_end) {
-                            " (the file ends before data it refers to)"
-                        } else {
-                            ""
-                        }
-                    ))
-                }
-            }
+            Error::Storage {
+                action,
+                cause: source,
+            } if redb_error(&**source).is_some_and(is_damage) => Failure {
+                damage: true,
+                ..Failure::new(format!(
+                    "{action} failed: {source}{}",
+                    if redb_error(&**source).is_some_and(is_past_the_end) {
+                        " (the file ends before data it refers to)"
+                    } else {
+                        ""
+                    }
+                ))
+            },
             Error::Decode { .. } | Error::RecordMissing { .. } => Failure {
                 damage: true,
                 ..Failure::new(e.chain())

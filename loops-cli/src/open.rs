@@ -219,7 +219,7 @@ pub fn read_only(path: &Path) -> Result<RedbStore> {
 /// is said to be damage, pointing to `loops check`; other errors as [`open_failure`] says.
 fn read_failure(path: &Path, e: Error) -> Failure {
     match e {
-        Error::Open { source, .. } if is_corrupted(&*source) => Failure {
+        Error::Open { cause: source, .. } if is_corrupted(&*source) => Failure {
             damage: true,
             ..Failure::new(match source.downcast_ref::<redb::DatabaseError>() {
                 // Without redb's "DB corrupted: ": the message says that it looks damaged.
@@ -266,7 +266,7 @@ pub fn writable(path: &Path) -> Result<(Runtime, bool)> {
 
 fn repair(path: &Path) -> Result<()> {
     let store = RedbStore::open(path).map_err(|e| match &e {
-        Error::Open { source, .. }
+        Error::Open { cause: source, .. }
             if source
                 .downcast_ref::<std::io::Error>()
                 .is_some_and(|io| io.kind() == std::io::ErrorKind::PermissionDenied) =>
@@ -325,13 +325,12 @@ pub fn open_failure(path: &Path, e: Error) -> Failure {
             socket_path(path).display()
         )),
         // The same words as for a panic of redb on a damaged file (see panics.rs).
-        Error::Open { source, .. } if is_corrupted(&*source) => Failure::new(format!(
+        Error::Open { cause: source, .. } if is_corrupted(&*source) => Failure::new(format!(
             "store {} is damaged: redb cannot open it ({source}); restore it from a backup",
             path.display()
         )),
-        Error::Open { source, .. } => {
-            Failure::new(format!("cannot open store {}: {source}", path.display()))
-        }
+        // "cannot open store PATH: the cause", said once.
+        e @ Error::Open { .. } => Failure::new(e.to_string()),
         other => Failure::from(other),
     }
 }

@@ -2196,6 +2196,10 @@ fn missing_empty_foreign_and_corrupt_files_are_one_line_errors() {
             "loops {args:?}: {err}"
         );
         assert_eq!(err.lines().count(), 1, "{err}");
+        // The cause is said once (the error's message names it; its chain adds nothing).
+        let parts: Vec<&str> = err.trim_end().split(": ").collect();
+        let distinct: std::collections::HashSet<&str> = parts.iter().copied().collect();
+        assert_eq!(distinct.len(), parts.len(), "a part said twice: {err}");
     }
     assert_eq!(
         std::fs::read(&random).unwrap(),
@@ -2726,4 +2730,30 @@ fn help_sends_the_event_the_deliver_example_waits_for() {
             );
         }
     }
+}
+
+#[test]
+fn retry_of_a_run_at_the_largest_attempt_is_refused_without_writing_or_panicking() {
+    use redb::{ReadableTable, TableDefinition};
+    let (_dir, path) = store();
+    let runs: TableDefinition<&str, &[u8]> = TableDefinition::new("runs");
+    overwrite(&path, |txn| {
+        let mut table = txn.open_table(runs).unwrap();
+        let mut row: Value =
+            serde_json::from_slice(table.get("failed-1").unwrap().unwrap().value()).unwrap();
+        row["attempt"] = json!(u32::MAX);
+        table
+            .insert("failed-1", serde_json::to_vec(&row).unwrap().as_slice())
+            .unwrap();
+    });
+    let err = fails(&path, &["retry", "failed-1"], 1);
+    assert_eq!(
+        err,
+        "error: run `failed-1`: attempt 4294967295 in the run row is the largest it can be, so retrying is not possible\n"
+    );
+    let v = json(&path, &["show", "failed-1", "--json"]);
+    assert_eq!(
+        (v["run"]["status"].as_str(), v["run"]["attempt"].as_u64()),
+        (Some("failed"), Some(u64::from(u32::MAX)))
+    );
 }

@@ -36,40 +36,45 @@ pub enum Error {
         path: PathBuf,
     },
 
-    /// The store file could not be opened: not a redb file, corrupt, or an I/O error.
-    #[error("cannot open store {path}")]
+    /// The store file could not be opened: not a redb file, corrupt, or an I/O error. The
+    /// message names the cause ("cannot open store PATH: I/O error: Permission denied (os
+    /// error 13)"), so `source()` is `None` (a chain printed from it says the cause once);
+    /// the cause itself is in `cause` ([`Error::store_cause`]).
+    #[error("cannot open store {}: {}", path.display(), cause_text(&**cause))]
     Open {
         /// The store file.
         path: PathBuf,
         /// What went wrong.
-        #[source]
-        source: BoxError,
+        cause: BoxError,
     },
 
-    /// A read or a commit of the store failed (I/O error, full disk, corruption).
-    #[error("store error while {action}")]
+    /// A read or a commit of the store failed (I/O error, full disk, corruption). The
+    /// message names the cause ("store error while committing 2 writes: I/O error: No space
+    /// left on device (os error 28)"), so `source()` is `None`; the cause itself is in
+    /// `cause` ([`Error::store_cause`]).
+    #[error("store error while {action}: {}", cause_text(&**cause))]
     Storage {
         /// What the store was doing ("committing 3 records", "reading run `r1`").
         action: String,
         /// The underlying error, shared: one failed commit fails every write in it. For the
-        /// redb store it is a `redb::Error`, which `source()` and `downcast_ref` reach; its
-        /// type is not part of this API.
-        #[source]
-        source: Arc<dyn std::error::Error + Send + Sync + 'static>,
+        /// redb store it is a `redb::Error`, which `downcast_ref` reaches; its type is not
+        /// part of this API.
+        cause: Arc<dyn std::error::Error + Send + Sync + 'static>,
     },
 
     /// A database store (PostgreSQL, in the `loops-postgres` crate) failed a read or a write:
     /// the server could not be reached, the connection was lost, or it refused a statement.
     /// A write that fails so has not committed, except when the connection was lost during
     /// its commit: then whether it committed is unknown, and the run's next write (or its
-    /// next driver, after a resume) finds out from the store.
-    #[error("store error while {action}: {source}")]
+    /// next driver, after a resume) finds out from the store. The message names the cause
+    /// (the client's error and its own sources), so `source()` is `None`; the cause itself
+    /// is in `cause` ([`Error::store_cause`]).
+    #[error("store error while {action}: {}", cause_text(&**cause))]
     Database {
         /// What the store was doing ("committing a transition of run `r1`").
         action: String,
         /// The database client's error.
-        #[source]
-        source: Arc<dyn std::error::Error + Send + Sync + 'static>,
+        cause: Arc<dyn std::error::Error + Send + Sync + 'static>,
     },
 
     /// The run id is empty, too long or contains control characters.
@@ -189,6 +194,22 @@ pub enum Error {
         occurrence: u32,
     },
 
+    /// The lease of this worker on the run lapsed, by its own monotonic clock (it was paused,
+    /// or could not renew it for longer than the lease time), before it ran a step's closure
+    /// or sent a write: it stops driving the run, which another worker may hold now. Nothing
+    /// was run or written.
+    #[error(
+        "run `{run_id}`: this worker's lease lapsed {late_ms} ms ago (by its own clock) before seq {seq} could go on; another worker may hold the run"
+    )]
+    LeaseExpired {
+        /// The run.
+        run_id: String,
+        /// The state's sequence number.
+        seq: u64,
+        /// How long ago the lease lapsed, in ms.
+        late_ms: u64,
+    },
+
     /// A write for a state the run has already left (or a run that has ended) was refused:
     /// only the driver of the current state may write.
     #[error("run `{run_id}`: write for seq {seq} refused: the run is at seq {current} ({status})")]
@@ -260,6 +281,33 @@ pub enum Error {
         /// The serde error.
         #[source]
         source: serde_json::Error,
+    },
+
+    /// A number read from the store is the largest its type holds, and the write needs the
+    /// next one: the seq after the row's (a transition), the attempt after the current one
+    /// (a new attempt, a retry), the interruption count, a failure index or an event seq.
+    /// loops never stores such a value, so the store was altered outside loops. Nothing was
+    /// written; the run stays as it is.
+    #[error(
+        "run `{run_id}`: {counter} {value} in the {} is the largest it can be, so {action} is not possible",
+        decoded(record, *seq, "")
+    )]
+    CounterOverflow {
+        /// The run.
+        run_id: String,
+        /// The record the number was read from ([`RecordKind::RunRow`] for the row's seq,
+        /// attempt and interruption count).
+        record: RecordKind,
+        /// The sequence number of the state the record belongs to (for an event, its event
+        /// seq; for the run's row, the row's seq).
+        seq: u64,
+        /// Which number: `"seq"`, `"attempt"`, `"interruption count"`, `"failure index"`,
+        /// `"event seq"`.
+        counter: &'static str,
+        /// Its value as read.
+        value: u64,
+        /// What needed the next value ("moving to a next state", "retrying").
+        action: &'static str,
     },
 
     /// A serialized payload exceeds the configured limit; nothing was written.
@@ -591,7 +639,26 @@ impl Error {
     ) -> Self {
         Error::Database {
             action: action.into(),
-            source: Arc::new(source),
+            cause: Arc::new(source),
+        }
+    }
+
+    /// An [`Error::CounterOverflow`]: `counter` (`value`, read from `record` of `run_id` at
+    /// `seq`) has no successor, which `action` needed.
+    pub(crate) fn counter_overflow(
+        run_id: &str,
+        (record, seq): (RecordKind, u64),
+        counter: &'static str,
+        value: u64,
+        action: &'static str,
+    ) -> Self {
+        Error::CounterOverflow {
+            run_id: run_id.to_owned(),
+            record,
+            seq,
+            counter,
+            value,
+            action,
         }
     }
 
@@ -600,7 +667,7 @@ impl Error {
     pub(crate) fn storage(action: impl Into<String>, source: impl Into<redb::Error>) -> Self {
         Error::Storage {
             action: action.into(),
-            source: Arc::new(source.into()),
+            cause: Arc::new(source.into()),
         }
     }
 
@@ -637,11 +704,13 @@ impl Error {
             | Error::RecordMissing { run_id, .. }
             | Error::StepExists { run_id, .. }
             | Error::Fenced { run_id, .. }
+            | Error::LeaseExpired { run_id, .. }
             | Error::IllegalTransition { run_id, .. }
             | Error::EventEncode { run_id, .. }
             | Error::Encode { run_id, .. }
             | Error::Decode { run_id, .. }
             | Error::PayloadTooLarge { run_id, .. }
+            | Error::CounterOverflow { run_id, .. }
             | Error::RunFailed { run_id, .. }
             | Error::RunCancelled { run_id, .. }
             | Error::RunEnded { run_id, .. }
@@ -666,6 +735,18 @@ impl Error {
 }
 
 impl Error {
+    /// The underlying error of a store's failure ([`Open`](Error::Open),
+    /// [`Storage`](Error::Storage), [`Database`](Error::Database)), whose message names it
+    /// already: for a caller who downcasts it (the `std::io::Error` of a full disk, inside
+    /// redb's error). `None` for every other error.
+    pub fn store_cause(&self) -> Option<&(dyn std::error::Error + Send + Sync + 'static)> {
+        match self {
+            Error::Open { cause, .. } => Some(&**cause),
+            Error::Storage { cause, .. } | Error::Database { cause, .. } => Some(&**cause),
+            _ => None,
+        }
+    }
+
     /// The message and the messages of its `source()` chain, joined by `": "`: the whole
     /// story in one line, for logs and command-line tools.
     pub fn chain(&self) -> String {
@@ -679,13 +760,24 @@ fn at_seq(seq: Option<u64>) -> String {
     seq.map(|seq| format!(" at seq {seq}")).unwrap_or_default()
 }
 
-/// The error and its `source()` chain as text, outermost first.
+/// The error and its `source()` chain as text, outermost first. A source whose message
+/// the message before it already ends with (an error that prints its source and returns it
+/// too) is left out, so that no cause is said twice.
 pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> Vec<String> {
     let mut out = vec![err.to_string()];
     let mut cur = err.source();
     while let Some(e) = cur {
-        out.push(e.to_string());
+        let text = e.to_string();
+        if !out.last().is_some_and(|last| last.ends_with(&text)) {
+            out.push(text);
+        }
         cur = e.source();
     }
     out
+}
+
+/// The cause of a store error as its message shows it: the cause and its own sources, as
+/// [`error_chain`] gives them, joined by `": "`.
+fn cause_text(cause: &(dyn std::error::Error + Send + Sync + 'static)) -> String {
+    error_chain(cause).join(": ")
 }

@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::{Error, RecordKind, Result};
 use crate::record::{FailureRecord, FailureSource};
 use crate::schema::SchemaHash;
 use crate::status::RunStatus;
@@ -88,13 +89,18 @@ impl RunInfo {
     /// current attempt, at `at_ms`) must be stored with the row. Then the run fails if its
     /// failed attempts reached `max_attempts` or its interruptions `max_interruptions`;
     /// otherwise its attempt number goes up by one.
+    ///
+    /// # Errors
+    /// [`Error::CounterOverflow`] if the attempt number or the interruption count read from
+    /// the store is `u32::MAX` and would have to go up; `self` is then partly changed, and
+    /// must not be stored.
     pub fn begin_attempt(
         &mut self,
         attempt_has_failure: bool,
         at_ms: u64,
         max_attempts: u32,
         max_interruptions: u32,
-    ) -> Option<FailureRecord> {
+    ) -> Result<Option<FailureRecord>> {
         let interrupted = (self.attempt > 0 && !attempt_has_failure).then(|| FailureRecord {
             attempt: self.attempt,
             at_ms,
@@ -103,7 +109,13 @@ impl RunInfo {
         });
         if let Some(record) = &interrupted {
             self.error = Some(record.errors.clone());
-            self.interrupted += 1;
+            self.interrupted = self.interrupted.checked_add(1).ok_or_else(|| {
+                self.overflow(
+                    "interruption count",
+                    self.interrupted,
+                    "counting an interrupted attempt",
+                )
+            })?;
         }
         let failed = self
             .attempt
@@ -113,10 +125,40 @@ impl RunInfo {
             self.status = RunStatus::Failed;
             self.retry_at_ms = None;
         } else {
-            self.attempt += 1;
+            self.attempt = self
+                .attempt
+                .checked_add(1)
+                .ok_or_else(|| self.overflow("attempt", self.attempt, "starting a new attempt"))?;
         }
         self.updated_ms = at_ms;
-        interrupted
+        Ok(interrupted)
+    }
+
+    /// The [`Error::CounterOverflow`] of the row's seq, which `action` needed the next of.
+    pub(crate) fn overflow_seq(&self, action: &'static str) -> Error {
+        Error::counter_overflow(
+            &self.run_id,
+            (RecordKind::RunRow, self.seq),
+            "seq",
+            self.seq,
+            action,
+        )
+    }
+
+    /// The [`Error::CounterOverflow`] of the row's `counter`, at `value`, for `action`.
+    pub(crate) fn overflow(
+        &self,
+        counter: &'static str,
+        value: u32,
+        action: &'static str,
+    ) -> Error {
+        Error::counter_overflow(
+            &self.run_id,
+            (RecordKind::RunRow, self.seq),
+            counter,
+            u64::from(value),
+            action,
+        )
     }
 }
 

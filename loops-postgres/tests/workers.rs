@@ -6,7 +6,11 @@
 //!   restarted. Every run ends exactly once, with no gap or duplicate in its history, and no
 //!   effect runs again after its record committed.
 //! - A worker is SIGSTOPped while it handles a state; its lease lapses and another worker
-//!   finishes the run; resumed, the paused worker's commit is refused (fencing).
+//!   finishes the run; resumed, the paused worker sees its lease lapsed by its own clock and
+//!   sends no commit (which the store would refuse: fencing).
+//! - With the `failpoints` feature: a worker is paused just before a step's closure for
+//!   longer than its lease; another worker runs and records the step; resumed, the paused
+//!   worker does not run the closure.
 //! - With the `failpoints` feature: a worker is SIGSTOPped between the two round trips of a
 //!   commit, holding its row locks; the server ends its session after the lease time, and
 //!   another worker finishes the run while it is still stopped.
@@ -124,7 +128,9 @@ async fn worker_process() {
         .unwrap();
     if env("LOOPS_MODE") == "fence" {
         let go = Some(PathBuf::from(env("LOOPS_GO"))).filter(|_| !env("LOOPS_GO").is_empty());
-        let stall = env("LOOPS_STALL") == "1";
+        // "1": stall between the round trips of the commit after the step; "step": stall
+        // just before the step's closure.
+        let stall = !env("LOOPS_STALL").is_empty() && env("LOOPS_STALL") != "0";
         // Stalls hold at the fault point, not in the handler.
         let hold_until = go.clone().filter(|_| !stall);
         let attached = go.is_some();
@@ -136,7 +142,20 @@ async fn worker_process() {
             })
             .build(store);
         if attached {
-            let arm = stall.then(|| stall_before_commit(go.clone().unwrap()));
+            let arm = stall.then(|| match env("LOOPS_STALL").as_str() {
+                "step" => stall_at(
+                    "loops::step::before_effect",
+                    "paused before step",
+                    go.clone().unwrap(),
+                    true,
+                ),
+                _ => stall_at(
+                    "loops_postgres::write::before_commit",
+                    "paused before commit",
+                    go.clone().unwrap(),
+                    false,
+                ),
+            });
             // Drives the run attached, to print how it ended.
             let handler = Holder {
                 ledger: Arc::new(FileLedger {
@@ -180,16 +199,22 @@ async fn worker_process() {
     runtime.serve(Duration::from_millis(100)).await.unwrap();
 }
 
-/// Makes the first commit after the returned flag is set stop at the fault point between
-/// its two round trips: it prints `paused before commit` and blocks the worker's only thread
-/// until `go` exists.
+/// Makes the first pass through the fault point `point` after the returned flag is set
+/// (`armed`: set from the start) stop there: it prints `says` and blocks the worker's only
+/// thread until `go` exists. At `loops_postgres::write::before_commit`, between the two
+/// round trips of a commit; at `loops::step::before_effect`, just before a step's closure.
 #[cfg(feature = "failpoints")]
-fn stall_before_commit(go: PathBuf) -> Arc<std::sync::atomic::AtomicBool> {
-    let armed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+fn stall_at(
+    point: &str,
+    says: &'static str,
+    go: PathBuf,
+    armed: bool,
+) -> Arc<std::sync::atomic::AtomicBool> {
+    let armed = Arc::new(std::sync::atomic::AtomicBool::new(armed));
     let flag = armed.clone();
-    fail::cfg_callback("loops_postgres::write::before_commit", move || {
+    fail::cfg_callback(point, move || {
         if flag.swap(false, std::sync::atomic::Ordering::SeqCst) {
-            println!("paused before commit");
+            println!("{says}");
             std::io::stdout().flush().unwrap();
             while !go.exists() {
                 std::thread::sleep(Duration::from_millis(20));
@@ -201,7 +226,12 @@ fn stall_before_commit(go: PathBuf) -> Arc<std::sync::atomic::AtomicBool> {
 }
 
 #[cfg(not(feature = "failpoints"))]
-fn stall_before_commit(_go: PathBuf) -> Arc<std::sync::atomic::AtomicBool> {
+fn stall_at(
+    _point: &str,
+    _says: &'static str,
+    _go: PathBuf,
+    _armed: bool,
+) -> Arc<std::sync::atomic::AtomicBool> {
     panic!("LOOPS_STALL needs the `failpoints` feature");
 }
 
@@ -449,12 +479,19 @@ async fn a_paused_worker_cannot_commit_after_its_lease_lapsed() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // Resume the paused worker and let its handler return: its commit is refused.
+    // Resume the paused worker and let its handler return: its lease lapsed by its own
+    // clock, so it does not even send its commit (the store would refuse it: fencing).
     paused.signal("-CONT");
     std::fs::write(&go, b"go").unwrap();
     let outcome = paused.expect("error ");
     assert!(
-        outcome.contains("run `f`: write for seq 1 refused: the run is at seq 2 (completed)"),
+        outcome.starts_with("error run `f`: this worker's lease lapsed "),
+        "{outcome}"
+    );
+    assert!(
+        outcome.ends_with(
+            " ms ago (by its own clock) before seq 1 could go on; another worker may hold the run"
+        ),
         "{outcome}"
     );
     let history: Vec<(u64, String, String)> = store
@@ -556,13 +593,17 @@ async fn a_worker_stopped_between_the_round_trips_of_a_commit_loses_its_run() {
     paused.signal("-CONT");
     std::fs::write(&go, b"go").unwrap();
     let outcome = paused.expect("error ");
-    // Its commit, sent on the session the server ended, did not land.
+    // Its commit, sent on the session the server ended, did not land (the store error is
+    // logged); its lease lapsed by its own clock meanwhile, so it stops instead of riding the
+    // fault out.
     assert!(
-        outcome.starts_with("error store error while committing seq 2 of run `f`: db error: "),
+        outcome.starts_with("error run `f`: this worker's lease lapsed "),
         "{outcome}"
     );
     assert!(
-        outcome.contains("terminating connection due to idle-in-transaction timeout"),
+        outcome.ends_with(
+            " ms ago (by its own clock) before seq 1 could go on; another worker may hold the run"
+        ),
         "{outcome}"
     );
     let history: Vec<(u64, String, String)> = store
@@ -590,4 +631,83 @@ async fn a_worker_stopped_between_the_round_trips_of_a_commit_loses_its_run() {
     let exec: String = serde_json::from_str(steps[0].2.output.get()).unwrap();
     assert!(exec.starts_with(&format!("{}-", paused.pid())), "{exec}");
     assert_eq!(ledger_lines(&ledger).len(), 1);
+}
+
+/// Issue 15, item 11: a worker paused just before a step's closure, for longer than its
+/// lease, used to run the closure when it woke, after the new owner had recorded the same
+/// step. It now checks its lease's deadline on its monotonic clock first, and stops.
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_paused_before_a_step_does_not_run_it_after_its_lease_lapsed() {
+    let schema = common::TestSchema::new("w_step").await;
+    let ttl = Duration::from_millis(500);
+    let store = schema.store(ttl).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger");
+    let go = dir.path().join("go");
+    let env = |stall: bool| -> Vec<(&'static str, String)> {
+        vec![
+            ("LOOPS_SCHEMA", schema.name.clone()),
+            ("LOOPS_TTL_MS", ttl.as_millis().to_string()),
+            ("LOOPS_LEDGER", ledger.display().to_string()),
+            ("LOOPS_MODE", "fence".to_owned()),
+            (
+                "LOOPS_GO",
+                if stall {
+                    go.display().to_string()
+                } else {
+                    String::new()
+                },
+            ),
+            ("LOOPS_STALL", if stall { "step" } else { "0" }.to_owned()),
+        ]
+    };
+    let paused = Worker::spawn(&env(true));
+    paused.expect("paused before step");
+    paused.signal("-STOP");
+    let other = Worker::spawn(&env(false));
+    other.expect("serving");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !all_completed(&store, &["f".to_owned()]).await {
+        assert!(
+            Instant::now() < deadline,
+            "the run was not taken over from the paused worker"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    paused.signal("-CONT");
+    std::fs::write(&go, b"go").unwrap();
+    let outcome = paused.expect("error ");
+    assert!(
+        outcome.starts_with("error run `f`: this worker's lease lapsed "),
+        "{outcome}"
+    );
+    assert!(
+        outcome.ends_with(
+            " ms ago (by its own clock) before seq 1 could go on; another worker may hold the run"
+        ),
+        "{outcome}"
+    );
+    // The step ran once, in the worker that took the run over; the paused one never ran it.
+    let lines = ledger_lines(&ledger);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].starts_with(&format!("f 1 {}-", other.pid())),
+        "{lines:?}"
+    );
+    let steps = store.steps("f", 1).await.unwrap();
+    assert_eq!(steps.len(), 1);
+    let exec: String = serde_json::from_str(steps[0].2.output.get()).unwrap();
+    assert!(exec.starts_with(&format!("{}-", other.pid())), "{exec}");
+    let history: Vec<(u64, String)> = store
+        .history("f")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.seq, r.state))
+        .collect();
+    assert_eq!(
+        history,
+        [(0, "Start".into()), (1, "Hold".into()), (2, "End".into())]
+    );
 }

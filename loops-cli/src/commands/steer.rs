@@ -54,7 +54,8 @@ pub fn retry(target: &Target, args: &RetryArgs) -> Result<()> {
         paint(status_style(info.status), info.status.as_str()),
         info.state,
         info.seq,
-        info.attempt + 1,
+        // In u64: the printed number of an attempt that loops refuses to start (u32::MAX + 1).
+        u64::from(info.attempt) + 1,
         info.workflow,
     ))
 }

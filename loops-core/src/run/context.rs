@@ -18,6 +18,7 @@ use tracing::Instrument;
 use crate::error::{Error, RecordKind, Result};
 use crate::names::{RESERVED_PREFIX, validate_name};
 use crate::record::{FailureRecord, FailureSource, StepRecord, now_ms};
+use crate::run::settings::LeaseClock;
 use crate::store::{AfterFailure, Lease, Reply, Store, WaitOutcome, Write};
 
 /// What a state handler receives besides the state's data: which run, state and attempt it is
@@ -45,6 +46,8 @@ pub(crate) struct RunScope {
     pub(crate) cancel: CancellationToken,
     pub(crate) max_payload_bytes: usize,
     pub(crate) park_threshold: Duration,
+    /// The lease's deadline, checked before a step's closure and every commit.
+    pub(crate) clock: LeaseClock,
 }
 
 #[derive(Default)]
@@ -321,6 +324,7 @@ impl Context {
             return Err(E::from(self.cancelled_error()));
         }
         crate::failpoint::point("loops::step::before_effect");
+        self.run.clock.check(self.seq).map_err(E::from)?; // Not once the lease lapsed.
         let started = Instant::now();
         let outcome = match options.timeout {
             None => f().await,
@@ -413,6 +417,7 @@ impl Context {
             duration_ms,
             output,
         };
+        self.run.clock.check(self.seq)?;
         self.run
             .store
             .write(
@@ -496,6 +501,7 @@ impl Context {
                 () = self.run.cancel.cancelled() => return Err(self.cancelled_error()),
             }
         }
+        self.run.clock.check(self.seq)?;
         let reply = self
             .run
             .store
@@ -594,6 +600,7 @@ impl Context {
             let (outcome, delivered_now) = match recorded {
                 Some(output) => (output.get().to_owned(), false),
                 None => {
+                    self.run.clock.check(self.seq)?;
                     let reply = self
                         .run
                         .store

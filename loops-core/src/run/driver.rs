@@ -32,6 +32,13 @@ use crate::workflow::{BoxError, StateId, Workflow};
 /// row again, to see an event or a cancellation that another process wrote.
 pub(crate) const SHARED_POLL: Duration = Duration::from_millis(200);
 
+/// How long a driver waits after a store fault (an [`Error::Storage`] or
+/// [`Error::Database`] while it drives the run) before it looks at the run again: the first
+/// wait, doubled after each fault that follows without the run moving to a next state, up
+/// to the second.
+pub(crate) const FAULT_BACKOFF: (Duration, Duration) =
+    (Duration::from_millis(100), Duration::from_secs(10));
+
 /// How a driver treats a run that parks (waits for an event or a time).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mode {
@@ -94,6 +101,10 @@ struct Progress {
     entered_here: bool,
     /// The last failed attempt's error, when it failed in this driver.
     last_error: Option<BoxError>,
+    /// `(seq, attempt)` of the attempt this driver is executing (counted, by its own write
+    /// or by the commit that entered the state), until its failure is recorded: after a
+    /// store fault the driver executes that attempt again without counting another.
+    ours: Option<(u64, u32)>,
 }
 
 /// What the drive loop does after a look at the run's row.
@@ -185,6 +196,13 @@ impl Drive<'_> {
     }
 
     /// Drives the run from `entered` until it ends (or, in [`Mode::Background`], parks).
+    ///
+    /// A store fault while it drives the run ([`Error::Storage`], [`Error::Database`],
+    /// returned by the store or by the handler, whose error holds one when a step's write
+    /// failed) is not the handler's failure: nothing is recorded, no attempt is counted, and
+    /// the driver waits ([`FAULT_BACKOFF`]: 100 ms, doubling up to 10 s; each wait logged as a
+    /// warning with the error), reads the run again and goes on where it was, for as long as
+    /// the fault lasts. It stops only if its lease is lost.
     pub(crate) async fn drive_loop<W, H>(
         &self,
         entered: Entered,
@@ -204,6 +222,7 @@ impl Drive<'_> {
             cancel: self.held.signals.cancel.clone(),
             max_payload_bytes: self.settings.max_payload_bytes,
             park_threshold: self.settings.park_threshold,
+            clock: self.held.signals.clock(run_id),
         });
         let mut run = Progress {
             info: entered.info,
@@ -211,32 +230,64 @@ impl Drive<'_> {
             fresh: entered.fresh,
             entered_here: entered.fresh,
             last_error: None,
+            ours: None,
         };
+        let mut delay = FAULT_BACKOFF.0;
+        let mut at_fault = run.info.seq;
         loop {
-            match self.settle::<W>(&mut run, mode).await? {
+            let fault = match self.drive_from(&mut run, &scope, handler, mode).await {
+                Err(e) if is_store_fault(&e) => e,
+                done => return done,
+            };
+            if run.info.seq != at_fault {
+                delay = FAULT_BACKOFF.0;
+                at_fault = run.info.seq;
+            }
+            self.ride_out(&mut run, fault, &mut delay).await?;
+        }
+    }
+
+    /// The drive loop proper, until the run ends, parks, or an error stops it.
+    async fn drive_from<W, H>(
+        &self,
+        run: &mut Progress,
+        scope: &Arc<RunScope>,
+        handler: &H,
+        mode: Mode,
+    ) -> Result<Driven<W>>
+    where
+        W: Dispatch<H>,
+        H: ?Sized + Sync,
+    {
+        let run_id = self.run_id();
+        loop {
+            match self.settle::<W>(run, mode).await? {
                 Settled::Done(driven) => return Ok(driven),
                 Settled::Again => continue,
                 Settled::Handle => {}
             }
             let value: W = run.record.decode(run_id)?;
             let state = value.state();
-            if !run.fresh && !self.begin_attempt::<W>(&mut run, state).await? {
+            if !run.fresh && !self.begin_attempt::<W>(run, state).await? {
                 continue;
             }
             run.fresh = false;
             let seq = run.info.seq;
             let attempt = run.info.attempt;
+            run.ours = Some((seq, attempt));
             let recorded = if std::mem::take(&mut run.entered_here) {
                 Vec::new()
             } else {
                 self.store.steps(run_id, seq).await?
             };
-            let ctx = Context::new(Arc::clone(&scope), state.name(), seq, attempt, recorded);
+            let ctx = Context::new(Arc::clone(scope), state.name(), seq, attempt, recorded);
             let span = tracing::info_span!("state", state = state.name(), seq, attempt);
             let outcome = self.handle(value, handler, &ctx).instrument(span).await;
             drop(ctx);
             match outcome {
                 Outcome::Lost => {
+                    // Lost by its own clock (the lease lapsed), or told by a renewal.
+                    self.held.signals.check_lease(run_id, seq)?;
                     return Err(Error::Fenced {
                         run_id: run_id.to_owned(),
                         seq,
@@ -248,13 +299,80 @@ impl Drive<'_> {
                     // The wait committed the waiting status; read it back.
                     run.info = self.reread().await?;
                 }
-                Outcome::Next(next) => self.commit_transition(&mut run, state, next).await?,
+                Outcome::Next(next) => self.commit_transition(run, state, next).await?,
                 Outcome::Failed(failure) => {
                     if self.held.signals.cancel.is_cancelled() {
                         continue;
                     }
-                    self.record_failure::<W>(&mut run, state, failure).await?;
+                    if let Some(fault) = failure.store_fault() {
+                        return Err(fault);
+                    }
+                    self.record_failure::<W>(run, state, failure).await?;
+                    run.ours = None;
                 }
+            }
+        }
+    }
+
+    /// Waits out the store fault `fault` (`delay`, then double that for the next one, up to
+    /// [`FAULT_BACKOFF`]'s limit), then reads the run again into `run`, for as long as the
+    /// store fails. The attempt this driver was executing stays its own (`run.fresh`): no
+    /// new attempt is counted for it.
+    ///
+    /// # Errors
+    /// [`Error::Fenced`] if the lease was lost meanwhile; an error of the read that is not a
+    /// store fault; [`Error::RunNotFound`] if the run is gone.
+    async fn ride_out(
+        &self,
+        run: &mut Progress,
+        mut fault: Error,
+        delay: &mut Duration,
+    ) -> Result<()> {
+        let run_id = self.run_id();
+        loop {
+            // A lease that lapsed (the fault outlasted it, or the process was paused):
+            // another worker may hold the run; this driver stops.
+            self.held.signals.check_lease(run_id, run.info.seq)?;
+            tracing::warn!(
+                error = %fault,
+                retry_in_ms = delay.as_millis() as u64,
+                "store fault: not the handler's failure; the run goes on when the store recovers"
+            );
+            tokio::select! {
+                () = tokio::time::sleep(*delay) => {}
+                () = self.held.signals.lost.cancelled() => {
+                    self.held.signals.check_lease(run_id, run.info.seq)?;
+                    return Err(Error::Fenced {
+                        run_id: run_id.to_owned(),
+                        seq: run.info.seq,
+                        current: run.info.seq,
+                        status: run.info.status,
+                    });
+                }
+                () = self.held.signals.cancel.cancelled() => {}
+            }
+            *delay = delay.saturating_mul(2).min(FAULT_BACKOFF.1);
+            self.held.signals.check_lease(run_id, run.info.seq)?;
+            match self.store.latest(run_id).await {
+                Ok(Some((info, record))) => {
+                    // Only this driver (it holds the lease) counts attempts and moves the
+                    // run on: a later seq is its own transition, which committed after all.
+                    let ours = run.ours.is_some_and(|(seq, attempt)| {
+                        info.seq > seq || (info.seq == seq && info.attempt == attempt)
+                    });
+                    run.fresh = run.fresh || ours;
+                    run.entered_here = false;
+                    run.info = info;
+                    run.record = record;
+                    return Ok(());
+                }
+                Ok(None) => {
+                    return Err(Error::RunNotFound {
+                        run_id: run_id.to_owned(),
+                    });
+                }
+                Err(e) if is_store_fault(&e) => fault = e,
+                Err(e) => return Err(e),
             }
         }
     }
@@ -303,6 +421,7 @@ impl Drive<'_> {
                         }
                     }
                 }
+                self.held.signals.check_lease(run_id, info.seq)?;
                 run.info = self
                     .store
                     .write(
@@ -393,6 +512,7 @@ impl Drive<'_> {
                 }
             }
         }
+        self.held.signals.check_lease(run_id, run.info.seq)?;
         run.info = self
             .store
             .write(
@@ -465,17 +585,21 @@ impl Drive<'_> {
                 seq,
             });
         }
+        let next_seq = seq
+            .checked_add(1)
+            .ok_or_else(|| run.info.overflow_seq("moving to a next state"))?;
         let now = now_ms();
-        let next_record = TransitionRecord::encode(run_id, seq + 1, &next, now)?;
+        let next_record = TransitionRecord::encode(run_id, next_seq, &next, now)?;
         self.settings.check_size(run_id, &next_record)?;
         crate::failpoint::point("loops::transition::before_commit");
+        self.held.signals.check_lease(run_id, seq)?;
         run.info = self
             .store
             .write(
                 Some(&self.held.lease),
                 Write::Transition {
                     run_id: run_id.to_owned(),
-                    seq: seq + 1,
+                    seq: next_seq,
                     state: to.name().to_owned(),
                     record: next_record.to_bytes(),
                     terminal: to.is_terminal(),
@@ -488,7 +612,7 @@ impl Drive<'_> {
         tracing::info!(
             from = state.name(),
             to = to.name(),
-            seq = seq + 1,
+            seq = next_seq,
             "transition committed"
         );
         run.record = next_record;
@@ -537,7 +661,9 @@ impl Drive<'_> {
         } else {
             let unit = jitter_unit(run_id, seq, attempt, now);
             let delay = policy.delay_after(used, unit);
-            AfterFailure::RetryAt(now + delay.as_millis() as u64)
+            AfterFailure::RetryAt(
+                now.saturating_add(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX)),
+            )
         };
         tracing::warn!(
             state = state.name(),
@@ -547,6 +673,7 @@ impl Drive<'_> {
             gave_up = then == AfterFailure::GiveUp,
             "handler failed"
         );
+        self.held.signals.check_lease(run_id, seq)?;
         run.info = self
             .store
             .write(
@@ -567,6 +694,36 @@ impl Drive<'_> {
             .into_run(run_id)?;
         run.last_error = Some(err);
         Ok(())
+    }
+}
+
+/// Whether `e` is a fault of the store (a failed read or commit, a lost connection) rather
+/// than about the run or the request.
+fn is_store_fault(e: &Error) -> bool {
+    matches!(e, Error::Storage { .. } | Error::Database { .. })
+}
+
+impl Failure {
+    /// The store fault that failed the handler, when its error holds one in its source
+    /// chain (a step whose record could not be written, returned with `?`).
+    fn store_fault(&self) -> Option<Error> {
+        let Failure::Handler(err) = self else {
+            return None;
+        };
+        let first: &(dyn std::error::Error + 'static) = &**err;
+        std::iter::successors(Some(first), |e| e.source()).find_map(|e| {
+            match e.downcast_ref::<Error>()? {
+                Error::Storage { action, cause } => Some(Error::Storage {
+                    action: action.clone(),
+                    cause: Arc::clone(cause),
+                }),
+                Error::Database { action, cause } => Some(Error::Database {
+                    action: action.clone(),
+                    cause: Arc::clone(cause),
+                }),
+                _ => None,
+            }
+        })
     }
 }
 

@@ -3,8 +3,8 @@
 
 use std::any::TypeId;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -96,6 +96,10 @@ pub(crate) struct Signals {
     pub(crate) lease: Arc<Mutex<Option<Lease>>>,
     /// Cancelled when the lease was lost to another worker: the driver stops at once.
     pub(crate) lost: CancellationToken,
+    /// When the lease lapses by this process's monotonic clock, for a store whose leases
+    /// lapse: the time the lease (or its last renewal) was asked for, plus the lease time.
+    /// The store's own expiry is no earlier (it counts from when it granted the request).
+    pub(crate) deadline: Arc<Mutex<Option<Instant>>>,
 }
 
 impl Signals {
@@ -106,7 +110,68 @@ impl Signals {
             wake: Arc::new(Notify::new()),
             lease: Arc::new(Mutex::new(None)),
             lost: CancellationToken::new(),
+            deadline: Arc::new(Mutex::new(None)),
         }
+    }
+
+    /// Refuses what the driver of `run_id` is about to do at `seq`: see [`LeaseClock::check`].
+    ///
+    /// # Errors
+    /// [`Error::LeaseExpired`].
+    pub(crate) fn check_lease(&self, run_id: &str, seq: u64) -> Result<()> {
+        self.clock(run_id).check(seq)
+    }
+
+    /// The lease's deadline and the `lost` signal of the driver of `run_id`, for the run's
+    /// [`Context`](crate::Context)s.
+    pub(crate) fn clock(&self, run_id: &str) -> LeaseClock {
+        LeaseClock {
+            run_id: run_id.to_owned(),
+            deadline: Arc::clone(&self.deadline),
+            lost: self.lost.clone(),
+        }
+    }
+}
+
+/// A driver's lease deadline ([`Signals::deadline`]) and its `lost` signal.
+#[derive(Clone)]
+pub(crate) struct LeaseClock {
+    run_id: String,
+    deadline: Arc<Mutex<Option<Instant>>>,
+    lost: CancellationToken,
+}
+
+impl LeaseClock {
+    /// No deadline (a lease that never lapses), for contexts outside any run.
+    #[cfg(any(test, feature = "test-util"))]
+    pub(crate) fn none(run_id: &str) -> Self {
+        LeaseClock {
+            run_id: run_id.to_owned(),
+            deadline: Arc::new(Mutex::new(None)),
+            lost: CancellationToken::new(),
+        }
+    }
+
+    /// Refuses what the driver of the run is about to do at `seq` (run a step's closure,
+    /// commit a write) once the lease's deadline has passed by the monotonic clock, and
+    /// tells the driver its lease is lost.
+    ///
+    /// # Errors
+    /// [`Error::LeaseExpired`].
+    pub(crate) fn check(&self, seq: u64) -> Result<()> {
+        let Some(at) = *self.deadline.lock().unwrap_or_else(PoisonError::into_inner) else {
+            return Ok(());
+        };
+        let now = Instant::now();
+        if now < at {
+            return Ok(());
+        }
+        self.lost.cancel();
+        Err(Error::LeaseExpired {
+            run_id: self.run_id.clone(),
+            seq,
+            late_ms: u64::try_from(now.duration_since(at).as_millis()).unwrap_or(u64::MAX),
+        })
     }
 }
 

@@ -5,8 +5,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use crate::run::context::{Context, RunScope};
-use crate::run::settings::{DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PARK_THRESHOLD};
-use crate::store::Lease;
+use crate::run::settings::{DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PARK_THRESHOLD, LeaseClock};
 use crate::store::redb::RedbStore;
 
 /// A context for tests outside loops-core, which cannot build one otherwise: re-exported as
@@ -21,12 +20,14 @@ use crate::store::redb::RedbStore;
 pub fn __for_tests(run_id: impl Into<String>, seq: u64, attempt: u32) -> Context {
     let store = RedbStore::in_memory().expect("an in-memory redb database");
     let run_id = run_id.into();
+    // The store's own lease of the run (a fresh store holds none), so that its writes are
+    // refused for the missing run rather than for the lease.
+    let lease = store
+        .acquire_now(&run_id)
+        .expect("a fresh store's lease is free");
     let scope = RunScope {
-        lease: Lease {
-            run_id: run_id.clone(),
-            token: 0,
-            expires_ms: None,
-        },
+        lease,
+        clock: LeaseClock::none(&run_id),
         run_id,
         workflow: "test",
         store: Arc::new(store),

@@ -3,6 +3,9 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use futures_util::FutureExt;
 
 use crate::error::{Error, Result};
 use crate::run::settings::{Held, Signals};
@@ -15,6 +18,9 @@ type Active = Arc<Mutex<HashMap<String, Signals>>>;
 pub(crate) struct Claims {
     store: Arc<dyn Store>,
     active: Active,
+    /// When the leases `claim_ready` granted were asked for, by run id, until their claims
+    /// take them ([`Claims::asked_at`]).
+    asked: Mutex<HashMap<String, Instant>>,
 }
 
 /// The right to drive one run: at most one per run id per runtime. Removed from the active
@@ -43,7 +49,7 @@ impl Drop for Claim {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&self.held.run_id);
-        // Leases that lapse are given back, so that another worker may take the run at once.
+        // Leases are given back, so that another worker (or runtime) may take the run at once.
         release_later(&self.store, self.held.lease.clone());
     }
 }
@@ -54,6 +60,26 @@ impl Claims {
         Claims {
             store,
             active: Arc::new(Mutex::new(HashMap::new())),
+            asked: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Notes that the lease of `run_id` that a claim will be given was asked for at `asked`
+    /// (before the `claim_ready` that granted it), for its deadline.
+    pub(crate) fn asked_at(&self, run_id: &str, asked: Instant) {
+        self.asked
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(run_id.to_owned(), asked);
+    }
+
+    /// Sets the deadline of `signals`' lease, asked for at `asked`, if leases lapse.
+    fn set_deadline(&self, signals: &Signals, asked: Instant) {
+        if let Some(ttl) = self.store.lease_ttl() {
+            *signals
+                .deadline
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = asked.checked_add(ttl);
         }
     }
 
@@ -114,6 +140,12 @@ impl Claims {
                 },
             },
         };
+        let noted = self
+            .asked
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(run_id);
+        let asked = noted.unwrap_or_else(Instant::now);
         claim.held.lease = match lease {
             Some(lease) => lease,
             None => self
@@ -124,6 +156,7 @@ impl Claims {
                     run_id: run_id.to_owned(),
                 })?,
         };
+        self.set_deadline(&claim.held.signals, asked);
         *claim
             .held
             .signals
@@ -160,6 +193,7 @@ impl Claims {
             return Ok(());
         }
         let leases: Vec<Lease> = held.iter().map(|(_, l)| l.clone()).collect();
+        let asked = Instant::now();
         let renewed = self.store.renew(&leases).await?;
         for (signals, lease) in held {
             match renewed
@@ -169,6 +203,7 @@ impl Claims {
                 Some(new) => {
                     *signals.lease.lock().unwrap_or_else(PoisonError::into_inner) =
                         Some(new.clone());
+                    self.set_deadline(&signals, asked);
                 }
                 None => {
                     tracing::warn!(run_id = %lease.run_id, "lease lost; stopping its driver");
@@ -180,10 +215,19 @@ impl Claims {
     }
 }
 
-/// Gives `lease` back to `store` in a task of its own, when the store's leases lapse.
+/// Gives `lease` back to `store`: at once if the store's leases never lapse (the redb
+/// store keeps them in memory, and its release is ready at once), else in a task of its own.
 fn release_later(store: &Arc<dyn Store>, lease: Lease) {
     if store.lease_ttl().is_none() {
-        return;
+        match store.release(&lease).now_or_never() {
+            Some(Ok(())) => return,
+            Some(Err(e)) => {
+                tracing::warn!(run_id = %lease.run_id, error = %e, "could not release a lease");
+                return;
+            }
+            // Not ready at once: given back in a task, as for a store whose leases lapse.
+            None => {}
+        }
     }
     if let Ok(handle) = tokio::runtime::Handle::try_current() {
         let store = Arc::clone(store);

@@ -51,7 +51,7 @@ impl Runtime {
         .await
         .map_err(|e| Error::Open {
             path: self.store().label().into(),
-            source: e.into(),
+            cause: e.into(),
         })?
     }
 

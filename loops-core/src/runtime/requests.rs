@@ -130,15 +130,16 @@ impl Runtime {
     pub async fn cancel(&self, run_id: &str, reason: &str) -> Result<RunInfo> {
         validate_run_id(run_id)?;
         let signals = self.inner.claims.signals(run_id);
-        // A run nobody drives ends at once. With a store shared by several workers, another
-        // worker may drive it: take its lease to know, and hold it meanwhile so that no worker
+        // A run nobody drives ends at once. Another worker (or another runtime on the same
+        // store) may drive it: take its lease to know, and hold it meanwhile so that no worker
         // starts driving it. A run driven elsewhere sees the request in the row its next write
-        // returns (or, waiting attached, when it reads the row again) and ends itself.
+        // returns (or, waiting attached on a shared store, when it reads the row again) and
+        // ends itself.
         let held = match &signals {
-            None if self.store().lease_ttl().is_some() => self.store().acquire(run_id).await?,
-            _ => None,
+            None => self.store().acquire(run_id).await?,
+            Some(_) => None,
         };
-        let end_now = signals.is_none() && (held.is_some() || self.store().lease_ttl().is_none());
+        let end_now = signals.is_none() && held.is_some();
         let written = self
             .store()
             .write(

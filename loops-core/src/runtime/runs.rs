@@ -10,7 +10,7 @@ use crate::error::{Error, Result};
 use crate::names::validate_run_id;
 use crate::row::RunInfo;
 use crate::run::dispatch::Dispatch;
-use crate::run::driver::{Driven, Mode, schema_changes};
+use crate::run::driver::{Driven, FAULT_BACKOFF, Mode, schema_changes};
 use crate::runtime::handle::{Runtime, Start, check_workflow};
 use crate::status::RunStatus;
 use crate::workflow::Workflow;
@@ -180,6 +180,11 @@ impl Runtime {
     ///
     /// Returns the unfinished runs found, by workflow then run id.
     ///
+    /// All or nothing: every read comes first, then the drivers and timers start, which
+    /// cannot fail. So when it returns an error it has resumed nothing (no driver started,
+    /// no timer armed, no lease taken) and can be called again as it was; [`serve`](Self::serve)
+    /// does so by itself until the fault clears.
+    ///
     /// # Errors
     /// [`Error::Storage`](crate::Error::Storage) or [`Error::Decode`](crate::Error::Decode) if the index cannot be read.
     pub async fn resume_all(&self) -> Result<Vec<RunInfo>> {
@@ -188,36 +193,41 @@ impl Runtime {
             Some(max) => max.saturating_sub(self.inner.claims.count()),
             None => usize::MAX,
         };
+        // A store only this process opens: the parked runs, whose timers are armed here.
+        // (With a shared store, `claim_ready` returns waiting runs once their time has come.)
+        // Read before any run is claimed, so that a failed read leaves nothing claimed.
+        let mut waiting: Vec<RunInfo> = Vec::new();
+        if self.store().lease_ttl().is_none() {
+            for workflow in &workflows {
+                waiting.extend(
+                    self.store()
+                        .list(RunStatus::Waiting, Some(workflow))
+                        .await?,
+                );
+            }
+        }
+        let asked = std::time::Instant::now();
         let ready = if limit == 0 {
             Vec::new()
         } else {
             self.store().claim_ready(&workflows, limit).await?
         };
         let mut taken: HashSet<String> = HashSet::with_capacity(ready.len());
-        let mut found: Vec<RunInfo> = Vec::with_capacity(ready.len());
+        let mut found: Vec<RunInfo> = Vec::with_capacity(ready.len() + waiting.len());
         for (info, lease) in ready {
+            self.inner.claims.asked_at(&info.run_id, asked);
             self.spawn_driver_with(&info.workflow, &info.run_id, Some(lease));
             taken.insert(info.run_id.clone());
             found.push(info);
         }
-        // A store only this process opens: arm the timers of the parked runs here. (With a
-        // shared store, `claim_ready` returns waiting runs once their time has come.)
-        if self.store().lease_ttl().is_none() {
-            for workflow in &workflows {
-                for info in self
-                    .store()
-                    .list(RunStatus::Waiting, Some(workflow))
-                    .await?
-                {
-                    if taken.contains(&info.run_id) {
-                        continue;
-                    }
-                    if let Some(until) = info.wait.as_ref().and_then(|w| w.until_ms) {
-                        self.add_timer(until, &info.workflow, &info.run_id);
-                    }
-                    found.push(info);
-                }
+        for info in waiting {
+            if taken.contains(&info.run_id) {
+                continue;
             }
+            if let Some(until) = info.wait.as_ref().and_then(|w| w.until_ms) {
+                self.add_timer(until, &info.workflow, &info.run_id);
+            }
+            found.push(info);
         }
         found.sort_by(|a, b| (&a.workflow, &a.run_id).cmp(&(&b.workflow, &b.run_id)));
         tracing::info!(runs = found.len(), "resumed unfinished runs");
@@ -236,13 +246,35 @@ impl Runtime {
     /// events in this process, and `serve` just waits.
     ///
     /// A failed poll (a lost database connection, say) is logged and tried again at the next
-    /// one.
+    /// one. A store fault of the first resume ([`Error::Storage`](crate::Error::Storage),
+    /// [`Error::Database`](crate::Error::Database)) is logged as a warning and the resume
+    /// tried again after 100 ms, doubling up to 10 s, until it succeeds (or
+    /// [`shutdown`](Self::shutdown)): a failed resume resumed nothing (see
+    /// [`resume_all`](Self::resume_all)), so nothing is left half done.
     ///
     /// # Errors
-    /// As [`resume_all`](Self::resume_all), for the first resume only.
+    /// As [`resume_all`](Self::resume_all), for the first resume only, but for store faults.
     pub async fn serve(&self, poll: Duration) -> Result<()> {
-        self.resume_all().await?;
         let stopped = self.inner.background.stopped();
+        let (mut delay, most) = FAULT_BACKOFF;
+        loop {
+            match self.resume_all().await {
+                Ok(_) => break,
+                Err(e @ (Error::Storage { .. } | Error::Database { .. })) => {
+                    tracing::warn!(
+                        error = %e,
+                        retry_in_ms = delay.as_millis() as u64,
+                        "could not resume the unfinished runs; trying again"
+                    );
+                    tokio::select! {
+                        () = tokio::time::sleep(delay) => {}
+                        () = stopped.cancelled() => return Ok(()),
+                    }
+                    delay = delay.saturating_mul(2).min(most);
+                }
+                Err(e) => return Err(e),
+            }
+        }
         let Some(ttl) = self.store().lease_ttl() else {
             stopped.cancelled().await;
             return Ok(());

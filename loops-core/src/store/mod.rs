@@ -189,7 +189,9 @@ pub async fn prune(
     };
     if dry_run {
         for run_id in &expired {
-            report.records += store.history(run_id).await?.len() as u64;
+            report.records = report
+                .records
+                .saturating_add(store.history(run_id).await?.len() as u64);
         }
         return Ok(report);
     }
@@ -203,7 +205,7 @@ pub async fn prune(
             )
             .await?
         {
-            report.records += records;
+            report.records = report.records.saturating_add(records);
         }
     }
     Ok(report)

@@ -250,7 +250,14 @@ fn transition<'w>(
     at_ms: u64,
     g: &Given<'_, '_>,
 ) -> Result<Effects<'w>> {
-    let info = fenced(run_id, seq.wrapping_sub(1), g)?;
+    // Seq 0 is a run's creation, never a transition's.
+    let Some(from) = seq.checked_sub(1) else {
+        return Err(Error::SequenceConflict {
+            run_id: run_id.to_owned(),
+            seq,
+        });
+    };
+    let info = fenced(run_id, from, g)?;
     if g.facts.record_taken {
         return Err(Error::SequenceConflict {
             run_id: run_id.to_owned(),
@@ -342,7 +349,7 @@ fn begin_attempt<'w>(
     let mut new = info.clone();
     // Failure records of a seq are only ever made for its current attempt or earlier ones.
     let has_failure = g.facts.failure_attempt == Some(info.attempt);
-    let interrupted = new.begin_attempt(has_failure, at_ms, limits.0, limits.1);
+    let interrupted = new.begin_attempt(has_failure, at_ms, limits.0, limits.1)?;
     let mut effects = Effects::row(run_id, Some(info.status), new);
     if let Some(record) = interrupted {
         effects.records.push(Record::Failure {
@@ -393,6 +400,10 @@ fn retry<'w>(run_id: &'w str, at_ms: u64, g: &Given<'_, '_>) -> Result<Effects<'
             run_id: run_id.to_owned(),
             status: info.status,
         });
+    }
+    // The retried run's next attempt needs a number.
+    if info.attempt == u32::MAX {
+        return Err(info.overflow("attempt", info.attempt, "retrying"));
     }
     let mut new = info.clone();
     new.status = RunStatus::Running;
@@ -559,8 +570,11 @@ fn prune(facts: &Facts<'_>) -> Effects<'static> {
         .filter(|info| info.status.is_ended())
         .cloned()
         .collect();
-    // A run's journal holds one record per seq, from 0 to its current seq.
-    let records = delete.iter().map(|info| info.seq + 1).sum();
+    // A run's journal holds one record per seq, from 0 to its current seq. A count for the
+    // report only: it saturates rather than refuse to prune a run whose row says seq u64::MAX.
+    let records = delete
+        .iter()
+        .fold(0u64, |n, info| n.saturating_add(info.seq).saturating_add(1));
     let mut effects = Effects::unchanged("", Reply::Pruned { records });
     effects.delete = delete;
     effects

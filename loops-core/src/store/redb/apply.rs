@@ -4,10 +4,11 @@
 use redb::ReadableTable;
 
 use super::tables::{Tables, name_upper_bound};
-use crate::error::Error;
+use crate::error::{Error, RecordKind};
 use crate::store::protocol::{Reply, Write};
 use crate::store::{
-    Effects, Facts, InboxChange, Needs, PendingEvent, Record, RecordKey, RowWrite, RunInfo, plan,
+    Effects, Facts, InboxChange, LeaseCheck, Needs, PendingEvent, Record, RecordKey, RowWrite,
+    RunInfo, plan,
 };
 
 /// An outcome of applying one write inside the batch's transaction.
@@ -33,13 +34,20 @@ impl<E: Into<redb::Error>> From<E> for ApplyError {
 
 /// Applies one write inside the batch's transaction: reads the run's row and the facts the
 /// write needs, asks [`plan`] what the write means, and writes its effects out.
-pub(super) fn apply(t: &mut Tables<'_>, write: &Write) -> std::result::Result<Applied, ApplyError> {
+///
+/// `lease`: the lease the write carries and the run's current one, for the plan's check.
+pub(super) fn apply(
+    t: &mut Tables<'_>,
+    write: &Write,
+    lease: Option<LeaseCheck<'_>>,
+) -> std::result::Result<Applied, ApplyError> {
     let needs = write.needs();
     let row = match needs.run {
         Some(run_id) => load_row(t, run_id)?,
         None => None,
     };
-    let facts = gather(t, &needs)?;
+    let mut facts = gather(t, &needs)?;
+    facts.lease = lease;
     let effects = plan(write, row.as_ref(), &facts).map_err(ApplyError::Rejected)?;
     if effects.is_empty() {
         return Ok(Applied::Unchanged(effects.reply));
@@ -79,7 +87,18 @@ fn gather<'w>(t: &mut Tables<'_>, needs: &Needs<'w>) -> std::result::Result<Fact
             .range((id, seq, attempt, 0)..=(id, seq, attempt, u32::MAX))?
             .next_back()
             .transpose()?;
-        facts.failure_index = last.map_or(0, |(key, _)| key.value().3 + 1);
+        facts.failure_index = match last {
+            None => 0,
+            Some((key, _)) => key.value().3.checked_add(1).ok_or_else(|| {
+                ApplyError::Rejected(Error::counter_overflow(
+                    id,
+                    (RecordKind::Failure, seq),
+                    "failure index",
+                    u64::from(u32::MAX),
+                    "recording a failure",
+                ))
+            })?,
+        };
     }
     if let Some(seq) = needs.failure_attempt {
         let last = t
@@ -110,7 +129,18 @@ fn gather<'w>(t: &mut Tables<'_>, needs: &Needs<'w>) -> std::result::Result<Fact
             .range((id, 0)..=(id, u64::MAX))?
             .next_back()
             .transpose()?;
-        facts.next_event_seq = last.map_or(0, |(key, _)| key.value().1 + 1);
+        facts.next_event_seq = match last {
+            None => 0,
+            Some((key, _)) => key.value().1.checked_add(1).ok_or_else(|| {
+                ApplyError::Rejected(Error::counter_overflow(
+                    id,
+                    (RecordKind::Event { name: None }, u64::MAX),
+                    "event seq",
+                    u64::MAX,
+                    "sending an event",
+                ))
+            })?,
+        };
     }
     for run_id in needs.runs {
         if let Some(info) = load_row(t, run_id)? {

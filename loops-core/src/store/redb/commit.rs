@@ -9,9 +9,13 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::apply::{Applied, ApplyError, apply};
 use super::tables::Tables;
-use super::{Db, Mode, Opener, Queue, RedbStore, Request, corrupted};
+use super::{Db, Leases, Mode, Opener, Queue, RedbStore, Request, corrupted};
 use crate::error::{Error, Result};
 use crate::store::protocol::{Reply, Write};
+use crate::store::{CurrentLease, Lease, LeaseCheck};
+
+/// A write to commit and the lease it carries.
+pub(super) type Leased<'a> = (&'a Write, Option<&'a Lease>);
 
 /// Most writes committed in one write transaction.
 pub(crate) const MAX_BATCH: usize = 1024;
@@ -39,7 +43,7 @@ impl RedbStore {
     /// transaction, for up to [`LEADER_ROUNDS`] rounds before it hands what is left to the
     /// writer thread. Elsewhere (a current-thread runtime) every write goes to the writer
     /// thread, which batches the same way.
-    pub(super) async fn submit(&self, write: Write) -> Result<Reply> {
+    pub(super) async fn submit(&self, write: Write, lease: Option<Lease>) -> Result<Reply> {
         let Some(tx) = self.inner.tx.as_ref() else {
             return Err(Error::ReadOnly {
                 path: self.inner.path.clone(),
@@ -55,38 +59,50 @@ impl RedbStore {
                 match queue.mode {
                     Mode::Idle => {
                         queue.mode = Mode::Inline;
-                        Ok(Ok(write))
+                        Ok(Ok((write, lease)))
                     }
                     Mode::Inline => {
                         let (reply, rx) = oneshot::channel();
-                        queue.pending.push(Request { write, reply });
+                        queue.pending.push(Request {
+                            write,
+                            lease,
+                            reply,
+                        });
                         Ok(Err(rx))
                     }
-                    Mode::Thread => Err(write),
+                    Mode::Thread => Err((write, lease)),
                 }
             };
             match queued {
-                Ok(Ok(write)) => return self.lead(write),
+                Ok(Ok((write, lease))) => return self.lead(write, lease),
                 Ok(Err(rx)) => return rx.await.map_err(|_| Error::Closed)?,
-                Err(write) => {
+                Err((write, lease)) => {
                     let (reply, rx) = oneshot::channel();
-                    tx.send(Request { write, reply })
-                        .await
-                        .map_err(|_| Error::Closed)?;
+                    tx.send(Request {
+                        write,
+                        lease,
+                        reply,
+                    })
+                    .await
+                    .map_err(|_| Error::Closed)?;
                     return rx.await.map_err(|_| Error::Closed)?;
                 }
             }
         }
         let (reply, rx) = oneshot::channel();
-        tx.send(Request { write, reply })
-            .await
-            .map_err(|_| Error::Closed)?;
+        tx.send(Request {
+            write,
+            lease,
+            reply,
+        })
+        .await
+        .map_err(|_| Error::Closed)?;
         rx.await.map_err(|_| Error::Closed)?
     }
 
     /// Commits `own` and what queues up meanwhile, as the leader (see [`submit`]); returns
     /// `own`'s answer. Blocking.
-    fn lead(&self, own: Write) -> Result<Reply> {
+    fn lead(&self, own: Write, own_lease: Option<Lease>) -> Result<Reply> {
         let inner = &*self.inner;
         let Some(opener) = inner.opener.as_ref() else {
             return Err(Error::Closed);
@@ -110,12 +126,13 @@ impl RedbStore {
                 }
                 pending
             };
-            let mut writes: Vec<&Write> = Vec::with_capacity(pending.len() + 1);
+            let mut writes: Vec<Leased<'_>> = Vec::with_capacity(pending.len().saturating_add(1));
             if let Some(write) = &own {
-                writes.push(write);
+                writes.push((write, own_lease.as_ref()));
             }
-            writes.extend(pending.iter().map(|r| &r.write));
-            let mut results = commit_writes(&inner.db, opener, &inner.path, writes).into_iter();
+            writes.extend(pending.iter().map(|r| (&r.write, r.lease.as_ref())));
+            let mut results =
+                commit_writes(&inner.db, opener, &inner.path, &inner.leases, writes).into_iter();
             if own.take().is_some() {
                 own_result = results.next().unwrap_or(Err(Error::Closed));
             }
@@ -152,7 +169,8 @@ impl RedbStore {
             &self.inner.db,
             opener,
             &self.inner.path,
-            left.iter().map(|r| &r.write).collect(),
+            &self.inner.leases,
+            left.iter().map(|r| (&r.write, r.lease.as_ref())).collect(),
         );
         for (request, result) in left.into_iter().zip(results) {
             let _ = request.reply.send(result);
@@ -168,6 +186,7 @@ pub(super) fn writer_loop(
     opener: &Opener,
     path: &Path,
     queue: &Mutex<Queue>,
+    leases: &Leases,
     mut rx: mpsc::Receiver<Request>,
 ) {
     let mut batch: Vec<Request> = Vec::with_capacity(MAX_BATCH);
@@ -179,7 +198,13 @@ pub(super) fn writer_loop(
                 Err(_) => break,
             }
         }
-        let results = commit_writes(db, opener, path, batch.iter().map(|r| &r.write).collect());
+        let results = commit_writes(
+            db,
+            opener,
+            path,
+            leases,
+            batch.iter().map(|r| (&r.write, r.lease.as_ref())).collect(),
+        );
         for (request, result) in batch.drain(..).zip(results) {
             // The caller may have stopped waiting (its task was dropped); the write stands.
             let _ = request.reply.send(result);
@@ -195,7 +220,8 @@ fn commit_writes(
     db: &RwLock<Db>,
     opener: &Opener,
     path: &Path,
-    writes: Vec<&Write>,
+    leases: &Leases,
+    writes: Vec<Leased<'_>>,
 ) -> Vec<Result<Reply>> {
     let n = writes.len();
     let reopened = reopen_if_needed(db, opener, path);
@@ -203,27 +229,26 @@ fn commit_writes(
         let guard = db.read().unwrap_or_else(PoisonError::into_inner);
         match (&*guard, reopened) {
             (Db::Writable(db), _) => {
-                crate::panics::catch(|| commit_batch(db, writes.iter().copied())).unwrap_or_else(
-                    |_| {
+                crate::panics::catch(|| commit_batch(db, Some(leases), writes.iter().copied()))
+                    .unwrap_or_else(|_| {
                         let e = Arc::new(corrupted("a commit"));
                         let results = (0..n)
                             .map(|_| {
                                 Err(Error::Storage {
                                     action: format!("committing {n} writes"),
-                                    source: e.clone(),
+                                    cause: e.clone(),
                                 })
                             })
                             .collect();
                         (results, true)
-                    },
-                )
+                    })
             }
             (Db::Reopening(_), Err(e)) => (
                 (0..n)
                     .map(|_| {
                         Err(Error::Storage {
                             action: format!("reopening {} after an I/O error", path.display()),
-                            source: e.clone(),
+                            cause: e.clone(),
                         })
                     })
                     .collect(),
@@ -294,9 +319,14 @@ pub(super) fn reopen_if_needed(
     }
 }
 
+/// Applies `writes` in one write transaction and commits it (or aborts it if none wrote).
+/// Each write that carries a lease is checked, in the transaction, against the run's
+/// current lease in `leases` (none given: the writes carry none). Returns each write's
+/// answer, and whether the commit failed on the store.
 pub(super) fn commit_batch<'a>(
     db: &Database,
-    writes: impl ExactSizeIterator<Item = &'a Write>,
+    leases: Option<&Leases>,
+    writes: impl ExactSizeIterator<Item = Leased<'a>>,
 ) -> (Vec<Result<Reply>>, bool) {
     let n = writes.len();
     let fail_all = |action: String, e: redb::Error| -> (Vec<Result<Reply>>, bool) {
@@ -305,7 +335,7 @@ pub(super) fn commit_batch<'a>(
             .map(|_| {
                 Err(Error::Storage {
                     action: action.clone(),
-                    source: shared.clone(),
+                    cause: shared.clone(),
                 })
             })
             .collect();
@@ -319,8 +349,14 @@ pub(super) fn commit_batch<'a>(
     let mut wrote = false;
     let outcome: std::result::Result<(), redb::Error> = (|| {
         let mut t = Tables::new(&txn);
-        for write in writes {
-            match apply(&mut t, write) {
+        for (write, lease) in writes {
+            let check = lease.map(|lease| LeaseCheck {
+                lease,
+                current: leases
+                    .and_then(|leases| leases.token(&lease.run_id))
+                    .map(|token| CurrentLease { token, live: true }),
+            });
+            match apply(&mut t, write, check) {
                 Ok(Applied::Wrote(info)) => {
                     wrote = true;
                     results.push(Ok(info));

@@ -33,7 +33,7 @@ impl RedbStore {
             .map(|m| m.len())
             .map_err(|e| Error::Open {
                 path: self.inner.path.clone(),
-                source: e.into(),
+                cause: e.into(),
             })
     }
 
@@ -124,9 +124,12 @@ impl RedbStore {
     /// [`Error::Storage`] if the commit fails; [`Error::ReadOnly`] for a read-only store.
     pub async fn delete_ended_runs(&self, run_ids: &[String]) -> Result<u64> {
         match self
-            .submit(Write::Prune {
-                run_ids: run_ids.to_vec(),
-            })
+            .submit(
+                Write::Prune {
+                    run_ids: run_ids.to_vec(),
+                },
+                None,
+            )
             .await?
         {
             Reply::Pruned { records } => Ok(records),

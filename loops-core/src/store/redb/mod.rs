@@ -49,8 +49,9 @@ pub(in crate::store) use open::refuse_special_file;
 pub(in crate::store) use read::{ReadError, read_info};
 pub(crate) use tables::{RUNS, SCHEMAS, STATUS};
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::thread::JoinHandle;
 
 use redb::{Database, ReadableDatabase};
@@ -66,9 +67,135 @@ use crate::record::{FailureRecord, StepRecord, TransitionRecord};
 /// Cheap to clone (an `Arc`). Reads run on the caller's thread in their own read transaction;
 /// writes go through the writer thread (see the module docs). The file is closed, and its
 /// lock released, when the last clone is dropped.
-#[derive(Clone)]
+///
+/// Leases are real across clones: each clone is a worker of its own (as each `PgStore` is),
+/// the leases it takes are kept in memory in what the clones share, and a lease held by one
+/// clone is refused to the others until it is released. Every write that carries a lease is
+/// refused ([`Error::Fenced`](crate::Error::Fenced)) unless that lease is the run's current
+/// one. So two `Runtime`s built on clones of one store never drive one run at once.
 pub struct RedbStore {
     inner: Arc<Inner>,
+    /// This handle's worker id in [`Leases`].
+    worker: u64,
+}
+
+impl Clone for RedbStore {
+    /// Another handle on the same store, as a worker of its own (see the type's docs).
+    fn clone(&self) -> Self {
+        RedbStore {
+            inner: Arc::clone(&self.inner),
+            worker: self.inner.leases.new_worker(),
+        }
+    }
+}
+
+impl RedbStore {
+    /// A handle on `inner`, as a new worker.
+    fn from_inner(inner: Inner) -> Self {
+        let worker = inner.leases.new_worker();
+        RedbStore {
+            inner: Arc::new(inner),
+            worker,
+        }
+    }
+}
+
+/// The leases of a store's runs, shared by its clones, in memory (leases never lapse: they
+/// last until released, or until the process ends with the file lock).
+#[derive(Default)]
+pub(crate) struct Leases {
+    /// Run id to `(worker, token)` of its current lease.
+    held: Mutex<HashMap<String, (u64, u64)>>,
+    /// The last worker id and the last token given out.
+    last: Mutex<(u64, u64)>,
+}
+
+impl Leases {
+    fn lock_held(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u64, u64)>> {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn new_worker(&self) -> u64 {
+        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        last.0 = last.0.saturating_add(1);
+        last.0
+    }
+
+    fn new_token(&self) -> u64 {
+        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        last.1 = last.1.saturating_add(1);
+        last.1
+    }
+
+    /// Takes the lease of `run_id` for `worker`: a new token, unless another worker holds
+    /// it (then `None`). A worker that holds it already takes it over (its old token is
+    /// fenced), as a PostgreSQL worker does.
+    pub(crate) fn acquire(&self, worker: u64, run_id: &str) -> Option<Lease> {
+        let mut held = self.lock_held();
+        if held.get(run_id).is_some_and(|(w, _)| *w != worker) {
+            return None;
+        }
+        let token = self.new_token();
+        held.insert(run_id.to_owned(), (worker, token));
+        Some(Lease {
+            run_id: run_id.to_owned(),
+            token,
+            expires_ms: None,
+        })
+    }
+
+    /// Leases of `worker` for each of `run_ids` that no worker holds, in their order, at
+    /// most `limit` (`None` for the others).
+    fn claim(
+        &self,
+        worker: u64,
+        run_ids: impl Iterator<Item = String>,
+        limit: usize,
+    ) -> Vec<Option<Lease>> {
+        let mut held = self.lock_held();
+        let mut granted = 0usize;
+        run_ids
+            .map(|run_id| {
+                if granted >= limit || held.contains_key(&run_id) {
+                    return None;
+                }
+                granted = granted.saturating_add(1);
+                let token = self.new_token();
+                held.insert(run_id.clone(), (worker, token));
+                Some(Lease {
+                    run_id,
+                    token,
+                    expires_ms: None,
+                })
+            })
+            .collect()
+    }
+
+    /// Frees the run of `lease`, if that lease is its current one.
+    fn release(&self, lease: &Lease) {
+        let mut held = self.lock_held();
+        if held
+            .get(&lease.run_id)
+            .is_some_and(|(_, token)| *token == lease.token)
+        {
+            held.remove(&lease.run_id);
+        }
+    }
+
+    /// The current ones among `leases`.
+    fn current(&self, leases: &[Lease]) -> Vec<Lease> {
+        let held = self.lock_held();
+        leases
+            .iter()
+            .filter(|l| held.get(&l.run_id).is_some_and(|(_, t)| *t == l.token))
+            .cloned()
+            .collect()
+    }
+
+    /// The token of the run's current lease.
+    pub(crate) fn token(&self, run_id: &str) -> Option<u64> {
+        self.lock_held().get(run_id).map(|(_, token)| *token)
+    }
 }
 
 struct Inner {
@@ -85,6 +212,8 @@ struct Inner {
     commit_on_caller: bool,
     tx: Option<mpsc::Sender<Request>>,
     writer: Mutex<Option<JoinHandle<()>>>,
+    /// The runs' leases (shared with the writer thread, which checks them at commit).
+    leases: Arc<Leases>,
 }
 
 impl Drop for Inner {
@@ -176,10 +305,38 @@ enum Mode {
 
 struct Request {
     write: Write,
+    /// The lease the write carries: checked against the run's current one at commit.
+    lease: Option<Lease>,
     reply: oneshot::Sender<Result<Reply>>,
 }
 
 impl RedbStore {
+    /// The ready runs of `workflows` that no clone holds, at most `limit`, each with a new
+    /// lease of this clone. The index is read before any lease is taken: on an error, none
+    /// is.
+    fn claim_ready_runs(
+        &self,
+        workflows: &[String],
+        limit: usize,
+    ) -> Result<Vec<(RunInfo, Lease)>> {
+        let ready = self.ready_runs(workflows)?;
+        let leases = self.inner.leases.claim(
+            self.worker,
+            ready.iter().map(|info| info.run_id.clone()),
+            limit,
+        );
+        Ok(ready
+            .into_iter()
+            .zip(leases)
+            .filter_map(|(info, lease)| Some((info, lease?)))
+            .collect())
+    }
+
+    /// [`Store::acquire`], without a future (it is ready at once).
+    pub(crate) fn acquire_now(&self, run_id: &str) -> Option<Lease> {
+        self.inner.leases.acquire(self.worker, run_id)
+    }
+
     /// The store file's path.
     pub fn path(&self) -> &Path {
         &self.inner.path
@@ -195,13 +352,10 @@ impl Store for RedbStore {
         self
     }
 
-    /// The file lock makes this process the only writer: leases are not checked.
-    fn write<'a>(
-        &'a self,
-        _lease: Option<&'a Lease>,
-        write: Write,
-    ) -> BoxFuture<'a, Result<Reply>> {
-        Box::pin(self.submit(write))
+    /// A write with a lease is refused unless the lease is the run's current one, checked
+    /// by the plan in the write's transaction.
+    fn write<'a>(&'a self, lease: Option<&'a Lease>, write: Write) -> BoxFuture<'a, Result<Reply>> {
+        Box::pin(self.submit(write, lease.cloned()))
     }
 
     fn run_info<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<RunInfo>>> {
@@ -260,21 +414,20 @@ impl Store for RedbStore {
         Box::pin(std::future::ready(RedbStore::schemas(self)))
     }
 
-    /// One process owns the file: every run's lease is granted, and never lapses.
+    /// One process owns the file; within it, a run's lease is held by one clone at a time
+    /// and never lapses (`None` while another clone holds it). Ready at once.
     fn acquire<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<Lease>>> {
-        Box::pin(std::future::ready(Ok(Some(Lease {
-            run_id: run_id.to_owned(),
-            token: 0,
-            expires_ms: None,
-        }))))
+        Box::pin(std::future::ready(Ok(self.acquire_now(run_id))))
     }
 
-    fn release<'a>(&'a self, _lease: &'a Lease) -> BoxFuture<'a, Result<()>> {
+    /// Ready at once.
+    fn release<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<()>> {
+        self.inner.leases.release(lease);
         Box::pin(std::future::ready(Ok(())))
     }
 
     fn renew<'a>(&'a self, leases: &'a [Lease]) -> BoxFuture<'a, Result<Vec<Lease>>> {
-        Box::pin(std::future::ready(Ok(leases.to_vec())))
+        Box::pin(std::future::ready(Ok(self.inner.leases.current(leases))))
     }
 
     fn lease_ttl(&self) -> Option<std::time::Duration> {
@@ -286,7 +439,7 @@ impl Store for RedbStore {
         workflows: &'a [String],
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<(RunInfo, Lease)>>> {
-        Box::pin(std::future::ready(self.ready_runs(workflows, limit)))
+        Box::pin(std::future::ready(self.claim_ready_runs(workflows, limit)))
     }
 }
 

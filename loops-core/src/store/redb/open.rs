@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 
 use super::commit::{QUEUE, writer_loop};
 use super::tables::ensure_tables;
-use super::{Db, Inner, Opener, Queue, RedbStore, StoreOptions};
+use super::{Db, Inner, Leases, Opener, Queue, RedbStore, StoreOptions};
 use crate::error::{Error, Result};
 
 impl RedbStore {
@@ -35,7 +35,7 @@ impl RedbStore {
         refuse_special_file(&path)?;
         let open_err = |source: crate::BoxError| Error::Open {
             path: path.clone(),
-            source,
+            cause: source,
         };
         if let Some(dir) = path.parent()
             && !dir.as_os_str().is_empty()
@@ -121,7 +121,7 @@ impl RedbStore {
         });
         let open_err = |source: crate::BoxError| Error::Open {
             path: path.clone(),
-            source,
+            cause: source,
         };
         let db = match opener() {
             Ok(db) => db,
@@ -138,21 +138,31 @@ impl RedbStore {
         let queue = Arc::new(Mutex::new(Queue::default()));
         let writer_queue = Arc::clone(&queue);
         let writer_path = path.clone();
+        let leases = Arc::new(Leases::default());
+        let writer_leases = Arc::clone(&leases);
         let writer = std::thread::Builder::new()
             .name("loops-writer".into())
-            .spawn(move || writer_loop(&writer_db, &writer_opener, &writer_path, &writer_queue, rx))
+            .spawn(move || {
+                writer_loop(
+                    &writer_db,
+                    &writer_opener,
+                    &writer_path,
+                    &writer_queue,
+                    &writer_leases,
+                    rx,
+                );
+            })
             .map_err(|e| open_err(e.into()))?;
-        Ok(RedbStore {
-            inner: Arc::new(Inner {
-                db,
-                path,
-                opener: Some(opener),
-                queue,
-                commit_on_caller: options.commit_on_caller,
-                tx: Some(tx),
-                writer: Mutex::new(Some(writer)),
-            }),
-        })
+        Ok(RedbStore::from_inner(Inner {
+            db,
+            path,
+            opener: Some(opener),
+            queue,
+            commit_on_caller: options.commit_on_caller,
+            tx: Some(tx),
+            writer: Mutex::new(Some(writer)),
+            leases,
+        }))
     }
 
     /// Opens the store file at `path` for reading only: for inspection (the `loops` CLI)
@@ -198,7 +208,7 @@ impl RedbStore {
             Err(e) => {
                 return Err(Error::Open {
                     path,
-                    source: open_source(e),
+                    cause: open_source(e),
                 });
             }
         };
@@ -209,7 +219,7 @@ impl RedbStore {
         {
             return Err(Error::Open {
                 path,
-                source: Box::new(redb::DatabaseError::Storage(match e {
+                cause: Box::new(redb::DatabaseError::Storage(match e {
                     redb::Error::Io(io) => redb::StorageError::Io(io),
                     redb::Error::Corrupted(what) => redb::StorageError::Corrupted(format!(
                         "verifying the checksum of every page failed: {what}"
@@ -220,17 +230,16 @@ impl RedbStore {
                 })),
             });
         }
-        Ok(RedbStore {
-            inner: Arc::new(Inner {
-                db: Arc::new(RwLock::new(Db::ReadOnly(db))),
-                path,
-                opener: None,
-                queue: Arc::new(Mutex::new(Queue::default())),
-                commit_on_caller: false,
-                tx: None,
-                writer: Mutex::new(None),
-            }),
-        })
+        Ok(RedbStore::from_inner(Inner {
+            db: Arc::new(RwLock::new(Db::ReadOnly(db))),
+            path,
+            opener: None,
+            queue: Arc::new(Mutex::new(Queue::default())),
+            commit_on_caller: false,
+            tx: None,
+            writer: Mutex::new(None),
+            leases: Arc::new(Leases::default()),
+        }))
     }
 }
 
@@ -278,7 +287,7 @@ pub(in crate::store) fn refuse_special_file(path: &Path) -> Result<()> {
     };
     Err(Error::Open {
         path: path.to_path_buf(),
-        source: format!("it is {what}, not a regular file; a store is a regular file").into(),
+        cause: format!("it is {what}, not a regular file; a store is a regular file").into(),
     })
 }
 

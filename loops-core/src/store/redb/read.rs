@@ -10,7 +10,7 @@ use super::{RedbStore, corrupted};
 use crate::error::{Error, RecordKind, Result};
 use crate::record::{FailureRecord, StepRecord, TransitionRecord};
 use crate::store::protocol::EventRecord;
-use crate::store::{Lease, Ready, RunInfo, RunStatus};
+use crate::store::{Ready, RunInfo, RunStatus};
 
 impl RedbStore {
     pub(in crate::store) fn read<T>(
@@ -107,9 +107,14 @@ impl RedbStore {
             |txn| {
                 let steps = txn.open_table(STEPS)?;
                 let mut out = Vec::new();
-                for entry in steps.range((run_id, seq, "", 0)..(run_id, seq + 1, "", 0))? {
+                // Every key from the seq's first on, up to the first of another seq (or run):
+                // no `seq + 1` bound, which a stored seq of u64::MAX has not.
+                for entry in steps.range((run_id, seq, "", 0)..)? {
                     let (key, value) = entry?;
-                    let (_, _, name, occurrence) = key.value();
+                    let (id, at, name, occurrence) = key.value();
+                    if id != run_id || at != seq {
+                        break;
+                    }
                     let record: StepRecord =
                         serde_json::from_slice(value.value()).map_err(|source| Error::Decode {
                             run_id: run_id.to_owned(),
@@ -276,34 +281,22 @@ impl RedbStore {
         )
     }
 
-    /// The ready runs of `workflows`, at most `limit`, each with its lease: one process owns
-    /// the file, so every lease is granted and never lapses. The body of
-    /// [`Store::claim_ready`](crate::store::Store::claim_ready).
-    pub(super) fn ready_runs(
-        &self,
-        workflows: &[String],
-        limit: usize,
-    ) -> Result<Vec<(RunInfo, Lease)>> {
+    /// The ready runs of `workflows` (running runs, and waiting runs whose wait can end or
+    /// whose cancellation was asked for), by workflow then status: what
+    /// [`Store::claim_ready`](crate::store::Store::claim_ready) takes leases of.
+    pub(super) fn ready_runs(&self, workflows: &[String]) -> Result<Vec<RunInfo>> {
         let now = crate::record::now_ms();
         let mut out = Vec::new();
         for workflow in workflows {
             for status in [RunStatus::Running, RunStatus::Waiting] {
                 for info in RedbStore::list(self, status, Some(workflow))? {
-                    if out.len() >= limit {
-                        return Ok(out);
-                    }
                     let ready = match info.readiness().at(now) {
                         Ready::Now => true,
                         Ready::OnEvent(event) => RedbStore::has_pending(self, &info.run_id, event)?,
                         Ready::No => false,
                     };
                     if ready {
-                        let lease = Lease {
-                            run_id: info.run_id.clone(),
-                            token: 0,
-                            expires_ms: None,
-                        };
-                        out.push((info, lease));
+                        out.push(info);
                     }
                 }
             }

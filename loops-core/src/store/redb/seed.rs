@@ -60,13 +60,22 @@ impl RedbStore {
                         at_ms: now,
                     }
                 };
-                next_seq.insert(run_id, seq + 1);
+                let after = seq.checked_add(1).ok_or_else(|| {
+                    Error::counter_overflow(
+                        &run_id,
+                        (crate::error::RecordKind::Transition, seq),
+                        "seq",
+                        seq,
+                        "seeding the next record",
+                    )
+                })?;
+                next_seq.insert(run_id, after);
                 batch.push(write);
             }
             let results = {
                 let guard = self.inner.db.read().unwrap_or_else(PoisonError::into_inner);
                 match &*guard {
-                    Db::Writable(db) => commit_batch(db, batch.iter()).0,
+                    Db::Writable(db) => commit_batch(db, None, batch.iter().map(|w| (w, None))).0,
                     Db::ReadOnly(_) => {
                         return Err(Error::ReadOnly {
                             path: self.inner.path.clone(),
@@ -75,7 +84,7 @@ impl RedbStore {
                     Db::Reopening(e) => {
                         return Err(Error::Storage {
                             action: "seeding records".to_owned(),
-                            source: e.clone(),
+                            cause: e.clone(),
                         });
                     }
                 }
