@@ -85,7 +85,7 @@ impl JobHandler for Agent {
                 // The side effect: a ledger line carrying the idempotency key.
                 self.log("ledger", &format!("{key} {n}"));
                 self.hold_at("in_step");
-                Ok::<_, anyhow::Error>(format!("receipt-{n}"))
+                Ok(format!("receipt-{n}"))
             })
             .await?;
         self.hold_at("after_step");

@@ -3,10 +3,9 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
-use serde_json::value::RawValue;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -25,7 +24,11 @@ pub struct Context {
     state: &'static str,
     seq: u64,
     attempt: u32,
+    /// Attempts the state's retry policy allows after this one, should it fail.
+    attempts_left: u32,
     journal: Mutex<Journal>,
+    /// The keys handed to `step_keyed` closures, kept as long as the context.
+    keys: KeyArena,
     parked: AtomicBool,
     park_signal: Notify,
 }
@@ -45,7 +48,7 @@ pub(crate) struct RunScope {
 #[derive(Default)]
 struct Journal {
     /// Recorded step outputs of this state, loaded once per attempt.
-    recorded: HashMap<(String, u32), Box<RawValue>>,
+    recorded: HashMap<(String, u32), StepRecord>,
     /// Next occurrence per step name.
     next_occurrence: HashMap<String, u32>,
     /// Next occurrence per idempotency-key name.
@@ -66,9 +69,45 @@ impl std::fmt::Debug for Context {
 
 mod options;
 mod step;
+mod tries;
 mod wait;
 
 pub use options::StepOptions;
+pub use step::StepOutput;
+
+/// Strings kept for as long as a [`Context`], each handed out once as a `&str` borrowed from
+/// the context: the idempotency keys of `step_keyed`, so that a step's future may borrow its
+/// key. Append-only, a list of `OnceLock`s: no lock is held while a step runs.
+#[derive(Default)]
+struct KeyArena {
+    head: OnceLock<Box<KeyNode>>,
+}
+
+struct KeyNode {
+    key: String,
+    next: OnceLock<Box<KeyNode>>,
+}
+
+impl KeyArena {
+    /// Keeps `key` and returns it, borrowed from the arena.
+    fn keep(&self, key: String) -> &str {
+        let mut pending = Some(key);
+        let mut slot = &self.head;
+        loop {
+            let node = slot.get_or_init(|| {
+                Box::new(KeyNode {
+                    key: pending.take().unwrap_or_default(),
+                    next: OnceLock::new(),
+                })
+            });
+            if pending.is_none() {
+                return &node.key;
+            }
+            // Another step took this slot first: go on to the next one.
+            slot = &node.next;
+        }
+    }
+}
 
 impl Context {
     pub(crate) fn new(
@@ -76,17 +115,20 @@ impl Context {
         state: &'static str,
         seq: u64,
         attempt: u32,
+        attempts_left: u32,
         recorded: Vec<(String, u32, StepRecord)>,
     ) -> Self {
         let recorded = recorded
             .into_iter()
-            .map(|(name, occurrence, record)| ((name, occurrence), record.output))
+            .map(|(name, occurrence, record)| ((name, occurrence), record))
             .collect();
         Context {
             run,
             state,
             seq,
             attempt,
+            attempts_left,
+            keys: KeyArena::default(),
             journal: Mutex::new(Journal {
                 recorded,
                 ..Journal::default()
@@ -138,6 +180,20 @@ impl Context {
     /// [`Runtime::retry`](crate::Runtime::retry), which resets the budget of attempts only.
     pub fn attempt(&self) -> u32 {
         self.attempt
+    }
+
+    /// How many more attempts at this state the state's retry policy allows should this one
+    /// fail: 0 on the last attempt. Interruptions (the process stopping) count apart, under
+    /// `max_interruptions`, and do not use this budget.
+    pub fn attempts_left(&self) -> u32 {
+        self.attempts_left
+    }
+
+    /// Whether this is the state's last attempt: if the handler fails now, the run fails.
+    /// A handler that must end in a state of its own (`Failed { reason }`) rather than as a
+    /// failed run returns that state on its last attempt instead of the error.
+    pub fn is_last_attempt(&self) -> bool {
+        self.attempts_left == 0
     }
 
     /// Whether the run has been cancelled. Steps started after a cancellation return

@@ -1,42 +1,85 @@
-//! Journaled steps: run once, recorded, replayed.
+//! Journaled steps: run once (tried again in place under a retry policy), recorded,
+//! replayed.
 
-use std::fmt::Display;
 use std::future::Future;
 use std::sync::PoisonError;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 use tracing::Instrument;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, error_chain};
+use crate::hint::retry_hint;
 use crate::record::{FailureRecord, FailureSource, StepRecord, now_ms};
+use crate::retry::RetryPolicy;
 use crate::run::context::{Context, StepOptions};
 use crate::store::{AfterFailure, Write};
+use crate::workflow::BoxError;
+
+/// What a step may return: a value that is recorded as JSON and read back on replay
+/// (`Serialize + DeserializeOwned`) and that may cross threads (`Send`). Implemented for
+/// every such type; it exists to say so when a type is not one.
+///
+/// An error can be such a value too: a step whose output is `Result<T, E>` (with `E:
+/// Serialize + Deserialize`) records an `Err` like an `Ok`, and the handler branches on it
+/// identically on every replay. See [`Context::step_with`].
+#[diagnostic::on_unimplemented(
+    message = "the output of a step must be recorded: `{Self}` is not `Serialize + DeserializeOwned + Send`",
+    label = "this step's output",
+    note = "a step's output is stored as JSON and read back when the handler runs again: derive `serde::Serialize` and `serde::Deserialize` for it, or return a type that has them"
+)]
+pub trait StepOutput: Serialize + DeserializeOwned + Send {}
+
+impl<T: Serialize + DeserializeOwned + Send> StepOutput for T {}
 
 impl Context {
     /// Runs `f` once and journals its output: see [`step_with`](Self::step_with).
     ///
     /// # Errors
     /// As [`step_with`](Self::step_with).
-    pub async fn step<T, E, F, Fut>(&self, name: &str, f: F) -> Result<T, E>
+    pub async fn step<T, F, Fut>(&self, name: impl Into<String>, f: F) -> Result<T>
     where
-        T: Serialize + DeserializeOwned + Send,
-        E: From<Error> + Display,
-        F: FnOnce() -> Fut + Send,
-        Fut: Future<Output = Result<T, E>> + Send,
+        T: StepOutput,
+        F: FnMut() -> Fut + Send,
+        Fut: Future<Output = Result<T, BoxError>> + Send,
     {
         self.step_with(name, StepOptions::default(), f).await
     }
 
-    /// Runs `f` once and records its output under the key (run id, state seq, `name`,
+    /// Runs `f` and records its output under the key (run id, state seq, `name`,
     /// occurrence), where occurrence counts earlier uses of `name` in this execution of the
     /// handler (from 0). When the handler runs again (a retry, or a resume after a crash) the
     /// recorded output is returned and `f` is not called.
     ///
-    /// Only successes are recorded as results. A failure is recorded for inspection (error
-    /// text, attempt, time) and returned; the next attempt runs `f` again.
+    /// `f` returns `Result<T, BoxError>`, so `?` works on any error inside it (an
+    /// `anyhow::Error` too) and `Ok(value)` needs no annotation. An `Ok` is recorded; an
+    /// `Err` is a failed try, recorded as a failure for inspection (error chain, attempt,
+    /// time) and never replayed. Under `options`'s retry policy
+    /// ([`StepOptions::with_retry`]) a failed try is tried again in place, without
+    /// re-entering the state; with none, or when the tries are used up, or when the error is
+    /// [permanent](crate::Error::permanent), the step returns [`Error::StepFailed`] with the
+    /// last try's error as its source, and the state's retry policy decides (a permanent
+    /// error is not retried by the state either).
+    ///
+    /// To record an outcome the handler must branch on, error or not, return it as the value:
+    /// a step of type `Result<Reply, ApiError>` whose closure returns `Ok(Err(api_error))`
+    /// records the `Err` like any output, and every replay hands back the same `Err`:
+    ///
+    /// ```no_run
+    /// # async fn example(ctx: &loops::Context) -> loops::Result<()> {
+    /// #[derive(serde::Serialize, serde::Deserialize)]
+    /// enum Review { Approved, ChangesRequested(String) }
+    /// let review: Result<String, Review> = ctx
+    ///     .step("review", || async { Ok(Err(Review::ChangesRequested("tests".into()))) })
+    ///     .await?;
+    /// match review {
+    ///     Ok(merged) => println!("merged {merged}"),
+    ///     Err(review) => { /* the same branch on every replay */ let _ = review; }
+    /// }
+    /// # Ok(()) }
+    /// ```
     ///
     /// The one window no store can close: if the process stops after `f`'s side effect but
     /// before its record commits, `f` runs again on resume. Give the outside system an
@@ -44,49 +87,57 @@ impl Context {
     /// hands `f` the step's own.
     ///
     /// # Errors
-    /// `f`'s own error; otherwise, converted into `E`:
+    /// - [`Error::StepFailed`] if `f` failed on its last try (its error is the source; a
+    ///   try that ran past `options`'s time-out failed with
+    ///   [`Error::StepTimeout`](crate::Error::StepTimeout));
     /// - [`Error::InvalidName`](crate::Error::InvalidName) for an empty name, one longer than [`MAX_NAME_BYTES`](crate::MAX_NAME_BYTES) or with
     ///   control characters;
     /// - [`Error::StepDecode`](crate::Error::StepDecode) if a recorded output does not decode as `T` (the handler's code
     ///   changed since the record: never a silently wrong value);
-    /// - [`Error::Cancelled`](crate::Error::Cancelled) if the run was cancelled before the step started;
-    /// - [`Error::StepTimeout`](crate::Error::StepTimeout) if `options.timeout` passed;
+    /// - [`Error::Cancelled`](crate::Error::Cancelled) if the run was cancelled before the step started or while it
+    ///   waited between tries;
     /// - [`Error::StepEncode`](crate::Error::StepEncode) or [`Error::PayloadTooLarge`](crate::Error::PayloadTooLarge) if the output cannot be recorded;
     /// - [`Error::Storage`](crate::Error::Storage) or [`Error::Fenced`](crate::Error::Fenced) if the record could not be committed.
-    pub async fn step_with<T, E, F, Fut>(
+    pub async fn step_with<T, F, Fut>(
         &self,
-        name: &str,
+        name: impl Into<String>,
         options: StepOptions,
         f: F,
-    ) -> Result<T, E>
+    ) -> Result<T>
     where
-        T: Serialize + DeserializeOwned + Send,
-        E: From<Error> + Display,
-        F: FnOnce() -> Fut + Send,
-        Fut: Future<Output = Result<T, E>> + Send,
+        T: StepOutput,
+        F: FnMut() -> Fut + Send,
+        Fut: Future<Output = Result<T, BoxError>> + Send,
     {
-        self.journal_step(name, options, |_| f()).await
+        let name = name.into();
+        self.check_user_name("step name", &name)?;
+        let (occurrence, recorded) = self.next_occurrence(&name);
+        let span = tracing::info_span!("step", step = %name, occurrence);
+        self.run_step(&name, occurrence, recorded, &options, f)
+            .instrument(span)
+            .await
     }
 
-    /// Runs `f` once as the step `name`, handing it the step's idempotency key, and journals
+    /// Runs `f` as the step `name`, handing it the step's idempotency key, and journals
     /// its output: [`step_keyed_with`](Self::step_keyed_with) with the default options.
     ///
     /// # Errors
     /// As [`step_keyed_with`](Self::step_keyed_with).
-    pub async fn step_keyed<T, E, F, Fut>(&self, name: &str, f: F) -> Result<T, E>
+    pub async fn step_keyed<'a, T, F, Fut>(&'a self, name: impl Into<String>, f: F) -> Result<T>
     where
-        T: Serialize + DeserializeOwned + Send,
-        E: From<Error> + Display,
-        F: FnOnce(String) -> Fut + Send,
-        Fut: Future<Output = Result<T, E>> + Send,
+        T: StepOutput,
+        F: FnMut(&'a str) -> Fut + Send,
+        Fut: Future<Output = Result<T, BoxError>> + Send,
     {
         self.step_keyed_with(name, StepOptions::default(), f).await
     }
 
     /// As [`step_with`](Self::step_with), and `f` gets the idempotency key of this step: the
-    /// same on every execution of the handler (every retry, every resume), different for
-    /// every other run, state visit, name and occurrence. Pass it to the outside system so
-    /// that it refuses a repeat of a side effect whose record a crash prevented.
+    /// same on every execution of the handler (every retry, every resume) and every try,
+    /// different for every other run, state visit, name and occurrence. Pass it to the
+    /// outside system so that it refuses a repeat of a side effect whose record a crash
+    /// prevented. The key is borrowed from the context, so the future may borrow it too:
+    /// `ctx.step_keyed("pr", |key| forge.open(key))` compiles with `open(&self, key: &str)`.
     ///
     /// The key of the `n`-th step named `name` in an execution is the `n`-th key that
     /// [`idempotency_key(name)`](Self::idempotency_key) would return, so code that moves from
@@ -96,139 +147,191 @@ impl Context {
     ///
     /// # Errors
     /// As [`step_with`](Self::step_with).
-    pub async fn step_keyed_with<T, E, F, Fut>(
-        &self,
-        name: &str,
+    pub async fn step_keyed_with<'a, T, F, Fut>(
+        &'a self,
+        name: impl Into<String>,
         options: StepOptions,
-        f: F,
-    ) -> Result<T, E>
+        mut f: F,
+    ) -> Result<T>
     where
-        T: Serialize + DeserializeOwned + Send,
-        E: From<Error> + Display,
-        F: FnOnce(String) -> Fut + Send,
-        Fut: Future<Output = Result<T, E>> + Send,
+        T: StepOutput,
+        F: FnMut(&'a str) -> Fut + Send,
+        Fut: Future<Output = Result<T, BoxError>> + Send,
     {
-        self.journal_step(
-            name,
-            options,
-            |occurrence| f(self.key_for(name, occurrence)),
-        )
-        .await
-    }
-
-    /// The step `name`: checks the name, takes its next occurrence, and runs it (`f` gets the
-    /// occurrence) or replays its record, in a span of its own.
-    async fn journal_step<T, E, F, Fut>(
-        &self,
-        name: &str,
-        options: StepOptions,
-        f: F,
-    ) -> Result<T, E>
-    where
-        T: Serialize + DeserializeOwned + Send,
-        E: From<Error> + Display,
-        F: FnOnce(u32) -> Fut + Send,
-        Fut: Future<Output = Result<T, E>> + Send,
-    {
-        self.check_user_name("step name", name)?;
-        let (occurrence, recorded) = self.next_occurrence(name);
-        let span = tracing::info_span!("step", step = name, occurrence);
-        self.run_step(name, occurrence, recorded, options, move || f(occurrence))
+        let name = name.into();
+        self.check_user_name("step name", &name)?;
+        let (occurrence, recorded) = self.next_occurrence(&name);
+        let key: &'a str = self.keys.keep(self.key_for(&name, occurrence));
+        let span = tracing::info_span!("step", step = %name, occurrence);
+        self.run_step(&name, occurrence, recorded, &options, move || f(key))
             .instrument(span)
             .await
     }
 
-    async fn run_step<T, E, F, Fut>(
+    /// The step `(name, occurrence)`: replays its record, or runs `f` under `options` until
+    /// a try succeeds or the tries are used up, and records the output.
+    async fn run_step<T, F, Fut>(
         &self,
         name: &str,
         occurrence: u32,
-        recorded: Option<Box<RawValue>>,
-        options: StepOptions,
-        f: F,
-    ) -> Result<T, E>
+        recorded: Option<StepRecord>,
+        options: &StepOptions,
+        mut f: F,
+    ) -> Result<T>
     where
-        T: Serialize + DeserializeOwned + Send,
-        E: From<Error> + Display,
-        F: FnOnce() -> Fut + Send,
-        Fut: Future<Output = Result<T, E>> + Send,
+        T: StepOutput,
+        F: FnMut() -> Fut + Send,
+        Fut: Future<Output = Result<T, BoxError>> + Send,
     {
-        if let Some(output) = recorded {
+        if let Some(record) = recorded {
             tracing::debug!(step = name, occurrence, "step replayed from the journal");
-            return serde_json::from_str(output.get()).map_err(|source| {
-                E::from(Error::StepDecode {
-                    run_id: self.run.run_id.clone(),
-                    state: self.state,
-                    seq: self.seq,
-                    step: name.to_owned(),
-                    occurrence,
-                    source,
-                })
-            });
+            return self.decode_step(name, occurrence, &record.output);
         }
         if self.is_cancelled() {
-            return Err(E::from(self.cancelled_error()));
+            return Err(self.cancelled_error());
         }
-        crate::failpoint::point("loops::step::before_effect");
-        let started = Instant::now();
-        let outcome = match options.timeout {
-            None => f().await,
-            Some(limit) => match tokio::time::timeout(limit, f()).await {
-                Ok(outcome) => outcome,
-                Err(_) => Err(E::from(Error::StepTimeout {
+        let policy = options.retry.unwrap_or(RetryPolicy::never());
+        let mut tries = self.tries(name, occurrence, policy)?;
+        loop {
+            if let Some(at_ms) = tries.next_at_ms() {
+                self.pause_until(at_ms).await?;
+            }
+            let try_no = tries.next_try();
+            crate::failpoint::point("loops::step::before_effect");
+            let started = Instant::now();
+            let outcome = self
+                .one_try(name, occurrence, options.timeout, &mut f)
+                .await;
+            let duration_ms = millis(started.elapsed());
+            let err = match outcome {
+                Ok(value) => {
+                    crate::failpoint::point("loops::step::after_effect");
+                    self.record_step(name, occurrence, &value, duration_ms)
+                        .await?;
+                    crate::failpoint::point("loops::step::after_record");
+                    return Ok(value);
+                }
+                Err(err) => err,
+            };
+            let hint = retry_hint(&*err);
+            let retry_at_ms = if hint.permanent || try_no >= policy.max_attempts {
+                None
+            } else {
+                let unit = self.jitter_unit(name, occurrence, try_no);
+                let delay = policy
+                    .delay_after(try_no, unit)
+                    .max(hint.retry_after.unwrap_or_default());
+                Some(now_ms().saturating_add(millis(delay)))
+            };
+            self.record_failed_try(name, occurrence, try_no, &err, retry_at_ms)
+                .await;
+            tries.failed(self, try_no, retry_at_ms).await?;
+            if retry_at_ms.is_none() {
+                return Err(Error::StepFailed {
                     run_id: self.run.run_id.clone(),
                     state: self.state,
                     seq: self.seq,
                     step: name.to_owned(),
                     occurrence,
-                    after_ms: limit.as_millis() as u64,
-                })),
-            },
-        };
-        let duration_ms = started.elapsed().as_millis() as u64;
-        match outcome {
-            Ok(value) => {
-                crate::failpoint::point("loops::step::after_effect");
-                self.record_step(name, occurrence, &value, duration_ms)
-                    .await
-                    .map_err(E::from)?;
-                crate::failpoint::point("loops::step::after_record");
-                Ok(value)
-            }
-            Err(err) => {
-                let record = FailureRecord {
-                    attempt: self.attempt,
-                    at_ms: now_ms(),
-                    source: FailureSource::Step {
-                        name: name.to_owned(),
-                        occurrence,
-                    },
-                    errors: vec![err.to_string()],
-                };
-                // Best effort: the failure is for inspection only, and the caller gets the error
-                // either way.
-                if let Err(store_err) = self
-                    .run
-                    .store
-                    .write(
-                        Some(&self.run.lease),
-                        Write::Failure {
-                            run_id: self.run.run_id.clone(),
-                            seq: self.seq,
-                            record,
-                            then: AfterFailure::Nothing,
-                        },
-                    )
-                    .await
-                {
-                    tracing::warn!(step = name, occurrence, error = %store_err, "could not record a failed step");
-                }
-                tracing::warn!(step = name, occurrence, error = %err, "step failed");
-                Err(err)
+                    tries: try_no,
+                    source: err,
+                });
             }
         }
     }
 
-    async fn record_step<T: Serialize>(
+    /// One try of `f`, under the time-out of a try.
+    async fn one_try<T, F, Fut>(
+        &self,
+        name: &str,
+        occurrence: u32,
+        timeout: Option<Duration>,
+        f: &mut F,
+    ) -> Result<T, BoxError>
+    where
+        F: FnMut() -> Fut + Send,
+        Fut: Future<Output = Result<T, BoxError>> + Send,
+    {
+        match timeout {
+            None => f().await,
+            Some(limit) => match tokio::time::timeout(limit, f()).await {
+                Ok(outcome) => outcome,
+                Err(_) => Err(Box::new(Error::StepTimeout {
+                    run_id: self.run.run_id.clone(),
+                    state: self.state,
+                    seq: self.seq,
+                    step: name.to_owned(),
+                    occurrence,
+                    after_ms: millis(limit),
+                })),
+            },
+        }
+    }
+
+    /// Decodes the recorded output of the step `(name, occurrence)`.
+    pub(super) fn decode_step<T: DeserializeOwned>(
+        &self,
+        name: &str,
+        occurrence: u32,
+        output: &RawValue,
+    ) -> Result<T> {
+        serde_json::from_str(output.get()).map_err(|source| Error::StepDecode {
+            run_id: self.run.run_id.clone(),
+            state: self.state,
+            seq: self.seq,
+            step: name.to_owned(),
+            occurrence,
+            source,
+        })
+    }
+
+    /// Records, best effort, the failed try `try_no` of the step `(name, occurrence)`: the
+    /// failure is for inspection only, and the caller acts on the error either way.
+    async fn record_failed_try(
+        &self,
+        name: &str,
+        occurrence: u32,
+        try_no: u32,
+        err: &BoxError,
+        retry_at_ms: Option<u64>,
+    ) {
+        let record = FailureRecord {
+            attempt: self.attempt,
+            at_ms: now_ms(),
+            source: FailureSource::Step {
+                name: name.to_owned(),
+                occurrence,
+            },
+            errors: error_chain(&**err),
+        };
+        let written = self
+            .run
+            .store
+            .write(
+                Some(&self.run.lease),
+                Write::Failure {
+                    run_id: self.run.run_id.clone(),
+                    seq: self.seq,
+                    record,
+                    then: AfterFailure::Nothing,
+                },
+            )
+            .await;
+        if let Err(store_err) = written {
+            tracing::warn!(step = name, occurrence, error = %store_err, "could not record a failed step");
+        }
+        tracing::warn!(
+            step = name,
+            occurrence,
+            try_no,
+            retry_at_ms,
+            error = %error_chain(&**err).join(": "),
+            "step failed"
+        );
+    }
+
+    /// Records `value` as the output of the step `(name, occurrence)`.
+    pub(super) async fn record_step<T: Serialize>(
         &self,
         name: &str,
         occurrence: u32,
@@ -278,31 +381,44 @@ impl Context {
         Ok(())
     }
 
-    /// Takes the next occurrence of `name` and its recorded output, if any.
-    pub(super) fn next_occurrence(&self, name: &str) -> (u32, Option<Box<RawValue>>) {
+    /// Takes the next occurrence of `name` and its record, if any.
+    pub(super) fn next_occurrence(&self, name: &str) -> (u32, Option<StepRecord>) {
         let mut journal = self.journal.lock().unwrap_or_else(PoisonError::into_inner);
         let next = journal.next_occurrence.entry(name.to_owned()).or_insert(0);
         let occurrence = *next;
-        *next += 1;
+        *next = next.saturating_add(1);
         let recorded = journal.recorded.remove(&(name.to_owned(), occurrence));
         (occurrence, recorded)
+    }
+
+    /// Takes the record of `(name, occurrence)` out of the state's journal, if there is one
+    /// (for the records loops keeps under reserved names beside a step).
+    pub(super) fn take_record(&self, name: &str, occurrence: u32) -> Option<StepRecord> {
+        let mut journal = self.journal.lock().unwrap_or_else(PoisonError::into_inner);
+        journal.recorded.remove(&(name.to_owned(), occurrence))
     }
 
     /// Records `value` as the step `(name, occurrence)` unless it was recorded already, and
     /// returns the recorded value: what the first execution decided stands.
     pub(super) async fn journaled_u64(&self, name: &str, value: u64) -> Result<u64> {
         let (occurrence, recorded) = self.next_occurrence(name);
-        if let Some(output) = recorded {
-            return serde_json::from_str(output.get()).map_err(|source| Error::StepDecode {
-                run_id: self.run.run_id.clone(),
-                state: self.state,
-                seq: self.seq,
-                step: name.to_owned(),
-                occurrence,
-                source,
-            });
+        if let Some(record) = recorded {
+            return self.decode_step(name, occurrence, &record.output);
         }
         self.record_step(name, occurrence, &value, 0).await?;
         Ok(value)
     }
+
+    /// A number in `0.0..1.0` for the jitter of the back-off after try `try_no` of the step
+    /// `(name, occurrence)`: the same on every execution, different per run, state and try.
+    fn jitter_unit(&self, name: &str, occurrence: u32, try_no: u32) -> f64 {
+        let key = self.key_for(name, occurrence);
+        let material = format!("{key}/{try_no}");
+        (xxhash_rust::xxh3::xxh3_64(material.as_bytes()) >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// A duration in whole ms, saturating.
+pub(super) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

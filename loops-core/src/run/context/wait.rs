@@ -40,6 +40,14 @@ impl Context {
             .map(|d| d.as_millis() as u64)
             .unwrap_or(0);
         let wake_ms = self.journaled_u64("loops:sleep", wanted).await?;
+        self.pause_until(wake_ms).await
+    }
+
+    /// Waits until `wake_ms` (ms since the Unix epoch): in place if that is less than the
+    /// park threshold away, else by parking the run until then (the handler's future is
+    /// dropped and the handler runs again at that time). A sleep's wake-up time and a
+    /// step's next try wait this way.
+    pub(super) async fn pause_until(&self, wake_ms: u64) -> Result<()> {
         let remaining = Duration::from_millis(wake_ms.saturating_sub(now_ms()));
         if remaining.is_zero() {
             return Ok(());
@@ -146,7 +154,7 @@ impl Context {
         loop {
             let (occurrence, recorded) = self.next_occurrence(&step_name);
             let (outcome, delivered_now) = match recorded {
-                Some(output) => (output.get().to_owned(), false),
+                Some(record) => (record.output.get().to_owned(), false),
                 None => {
                     let reply = self
                         .run
