@@ -53,6 +53,7 @@ impl Context {
             return Ok(());
         }
         if remaining < self.run.park_threshold {
+            tracing::debug!(wake_ms, "waiting in place until the wake-up time");
             tokio::select! {
                 () = tokio::time::sleep(remaining) => return Ok(()),
                 () = self.run.cancel.cancelled() => return Err(self.cancelled_error()),
