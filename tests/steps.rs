@@ -553,3 +553,172 @@ async fn keyed_steps_borrow_their_keys_and_names_come_from_a_loop() {
     assert_eq!(keys.len(), 4, "each step has its own key");
     assert!(keys.iter().all(|k| k.len() == 35 && k.starts_with("lk-")));
 }
+
+#[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(name = "stale")]
+enum Change {
+    #[initial]
+    #[next(Approved)]
+    Planning,
+    #[terminal]
+    Approved { plan: Plan },
+}
+
+/// A plan made against a commit of the repository.
+#[derive(Serialize, Deserialize, loops::Schema, Debug, Clone, PartialEq)]
+struct Plan {
+    base: u32,
+    key: String,
+}
+
+/// A repository whose HEAD moves while a run waits for approval, and a planner.
+#[derive(Default)]
+struct Planner {
+    head: std::sync::Arc<AtomicU32>,
+    plans: AtomicU32,
+    keys: Mutex<Vec<String>>,
+    /// Fail once after the approval, so that a retry replays the plan step again.
+    fail_after_approval: std::sync::atomic::AtomicBool,
+    /// The plan step's record is valid for this long (none: checked against HEAD instead).
+    valid_for: Option<Duration>,
+}
+
+impl ChangeHandler for Planner {
+    type Error = anyhow::Error;
+
+    async fn planning(&self, ctx: &Context) -> Result<PlanningNext, Self::Error> {
+        let head = std::sync::Arc::clone(&self.head);
+        let options = match self.valid_for {
+            Some(age) => StepOptions::default().valid_for(age),
+            // Still valid while the repository's HEAD is the commit it was planned against.
+            None => StepOptions::default().revalidate(move |plan: Plan| {
+                let head = std::sync::Arc::clone(&head);
+                async move { head.load(Ordering::SeqCst) == plan.base }
+            }),
+        };
+        let plan: Plan = ctx
+            .step_keyed_with("plan", options, |key| async move {
+                self.plans.fetch_add(1, Ordering::SeqCst);
+                self.keys.lock().unwrap().push(key.to_owned());
+                Ok(Plan {
+                    base: self.head.load(Ordering::SeqCst),
+                    key: key.to_owned(),
+                })
+            })
+            .await?;
+        let _: String = ctx.wait_for("approve").await?;
+        if self.fail_after_approval.swap(false, Ordering::SeqCst) {
+            anyhow::bail!("fails once after the approval");
+        }
+        Ok(PlanningNext::Approved { plan })
+    }
+}
+
+/// Drives a `Change` run attached, moves HEAD to `moved_to` (if any) while it waits for the
+/// approval, approves it, and returns the final state and the planner.
+async fn plan_and_approve(
+    planner: Planner,
+    moved_to: Option<u32>,
+    wait_before_approving: Duration,
+) -> (Change, std::sync::Arc<Planner>, BTreeMap<String, String>) {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = std::sync::Arc::new(runtime(&dir, 3));
+    planner.head.store(1, Ordering::SeqCst);
+    let planner = std::sync::Arc::new(planner);
+    let driven = {
+        let (rt, planner) = (std::sync::Arc::clone(&rt), std::sync::Arc::clone(&planner));
+        tokio::spawn(async move { rt.run("r", Change::Planning, &*planner).await })
+    };
+    while rt.run_info("r").await.unwrap().map(|i| i.status) != Some(RunStatus::Waiting) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    if let Some(head) = moved_to {
+        planner.head.store(head, Ordering::SeqCst);
+    }
+    tokio::time::sleep(wait_before_approving).await;
+    rt.send("r", "approve", "ann").await.unwrap();
+    let done = driven.await.unwrap().unwrap();
+    let recorded = steps(&rt, "r", 0).await;
+    (done, planner, recorded)
+}
+
+#[tokio::test]
+async fn a_plan_whose_repository_moved_on_runs_again_once_with_a_key_of_its_own() {
+    let planner = Planner {
+        fail_after_approval: true.into(),
+        ..Planner::default()
+    };
+    let (done, planner, recorded) = plan_and_approve(planner, Some(2), Duration::ZERO).await;
+    let keys = planner.keys.lock().unwrap().clone();
+    assert_eq!(keys.len(), 2);
+    assert_ne!(keys[0], keys[1], "the new occurrence has a fresh key");
+    assert_eq!(
+        done,
+        Change::Approved {
+            plan: Plan {
+                base: 2,
+                key: keys[1].clone()
+            }
+        }
+    );
+    // Planned at HEAD 1; stale when the run woke at HEAD 2; planned again; the retry after
+    // the failure replayed the new plan (still fresh) and did not check the old one again.
+    assert_eq!(planner.plans.load(Ordering::SeqCst), 2);
+    let names: Vec<&str> = recorded.keys().map(String::as_str).collect();
+    assert_eq!(
+        names,
+        [
+            "loops:redo:1:plan#0",
+            "loops:stale:0:plan#0",
+            "loops:wait:approve#0",
+            "plan#0"
+        ]
+    );
+    assert_eq!(
+        recorded["plan#0"],
+        format!(r#"{{"base":1,"key":"{}"}}"#, keys[0])
+    );
+    assert_eq!(
+        recorded["loops:redo:1:plan#0"],
+        format!(r#"{{"base":2,"key":"{}"}}"#, keys[1])
+    );
+    let why: serde_json::Value = serde_json::from_str(&recorded["loops:stale:0:plan#0"]).unwrap();
+    assert_eq!(
+        (why["generation"].as_u64(), why["why"].as_str()),
+        (
+            Some(0),
+            Some("its revalidation check says it no longer holds")
+        )
+    );
+}
+
+#[tokio::test]
+async fn a_plan_that_still_holds_replays() {
+    let (done, planner, recorded) =
+        plan_and_approve(Planner::default(), None, Duration::ZERO).await;
+    assert_eq!(planner.plans.load(Ordering::SeqCst), 1);
+    let Change::Approved { plan } = done else {
+        panic!("{done:?}")
+    };
+    assert_eq!(plan.base, 1);
+    let names: Vec<&str> = recorded.keys().map(String::as_str).collect();
+    assert_eq!(names, ["loops:wait:approve#0", "plan#0"]);
+}
+
+#[tokio::test]
+async fn a_step_older_than_its_validity_runs_again_once() {
+    let planner = Planner {
+        valid_for: Some(Duration::from_millis(20)),
+        ..Planner::default()
+    };
+    // The approval comes 60 ms after the plan: older than its 20 ms.
+    let (_, planner, recorded) = plan_and_approve(planner, None, Duration::from_millis(60)).await;
+    assert_eq!(planner.plans.load(Ordering::SeqCst), 2);
+    let why: serde_json::Value = serde_json::from_str(&recorded["loops:stale:0:plan#0"]).unwrap();
+    let why = why["why"].as_str().unwrap();
+    assert!(
+        why.starts_with("recorded ") && why.ends_with(" ms ago, valid for 20 ms"),
+        "{why}"
+    );
+    assert!(recorded.contains_key("loops:redo:1:plan#0"));
+}

@@ -68,6 +68,7 @@ impl std::fmt::Debug for Context {
 }
 
 mod options;
+mod stale;
 mod step;
 mod tries;
 mod wait;

@@ -14,6 +14,7 @@ use crate::error::{Error, Result, error_chain};
 use crate::hint::retry_hint;
 use crate::record::{FailureRecord, FailureSource, StepRecord, now_ms};
 use crate::retry::RetryPolicy;
+use crate::run::context::stale::Resolved;
 use crate::run::context::{Context, StepOptions};
 use crate::store::{AfterFailure, Write};
 use crate::workflow::BoxError;
@@ -113,9 +114,14 @@ impl Context {
         self.check_user_name("step name", &name)?;
         let (occurrence, recorded) = self.next_occurrence(&name);
         let span = tracing::info_span!("step", step = %name, occurrence);
-        self.run_step(&name, occurrence, recorded, &options, f)
-            .instrument(span)
-            .await
+        async {
+            match self.resolve(&name, occurrence, recorded, &options).await? {
+                Resolved::Replay(record, as_named) => self.replay(&as_named, occurrence, &record),
+                Resolved::Run(as_named) => self.run_step(&as_named, occurrence, &options, f).await,
+            }
+        }
+        .instrument(span)
+        .await
     }
 
     /// Runs `f` as the step `name`, handing it the step's idempotency key, and journals
@@ -161,20 +167,35 @@ impl Context {
         let name = name.into();
         self.check_user_name("step name", &name)?;
         let (occurrence, recorded) = self.next_occurrence(&name);
-        let key: &'a str = self.keys.keep(self.key_for(&name, occurrence));
         let span = tracing::info_span!("step", step = %name, occurrence);
-        self.run_step(&name, occurrence, recorded, &options, move || f(key))
-            .instrument(span)
-            .await
+        async {
+            match self.resolve(&name, occurrence, recorded, &options).await? {
+                Resolved::Replay(record, as_named) => self.replay(&as_named, occurrence, &record),
+                Resolved::Run(as_named) => {
+                    // The key of the name the output is recorded under: a stale step that
+                    // runs again gets a key of its own.
+                    let key: &'a str = self.keys.keep(self.key_for(&as_named, occurrence));
+                    self.run_step(&as_named, occurrence, &options, move || f(key))
+                        .await
+                }
+            }
+        }
+        .instrument(span)
+        .await
     }
 
-    /// The step `(name, occurrence)`: replays its record, or runs `f` under `options` until
-    /// a try succeeds or the tries are used up, and records the output.
+    /// The recorded output of the step `(name, occurrence)`.
+    fn replay<T: StepOutput>(&self, name: &str, occurrence: u32, record: &StepRecord) -> Result<T> {
+        tracing::debug!(step = name, occurrence, "step replayed from the journal");
+        self.decode_step(name, occurrence, &record.output)
+    }
+
+    /// Runs the step `(name, occurrence)`: `f` under `options` until a try succeeds or the
+    /// tries are used up, and records the output.
     async fn run_step<T, F, Fut>(
         &self,
         name: &str,
         occurrence: u32,
-        recorded: Option<StepRecord>,
         options: &StepOptions,
         mut f: F,
     ) -> Result<T>
@@ -183,10 +204,6 @@ impl Context {
         F: FnMut() -> Fut + Send,
         Fut: Future<Output = Result<T, BoxError>> + Send,
     {
-        if let Some(record) = recorded {
-            tracing::debug!(step = name, occurrence, "step replayed from the journal");
-            return self.decode_step(name, occurrence, &record.output);
-        }
         if self.is_cancelled() {
             return Err(self.cancelled_error());
         }
