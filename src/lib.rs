@@ -29,7 +29,7 @@
 //!     async fn requested(&self, ctx: &Context, topic: String) -> Result<RequestedNext, Self::Error> {
 //!         // A journaled step: it runs once; a resume after a crash gets the recorded output.
 //!         let draft = ctx
-//!             .step("draft", || async { Ok::<_, loops::Error>(format!("Notes on {topic}")) })
+//!             .step("draft", || async { Ok(format!("Notes on {topic}")) })
 //!             .await?;
 //!         Ok(RequestedNext::Drafted { topic, draft })
 //!     }

@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use loops::{Context, RetryPolicy, RunStatus, Runtime, Workflow};
+use loops::{Context, RetryPolicy, RunStatus, Runtime, StepOptions, Workflow};
 use serde::{Deserialize, Serialize};
 
 #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -56,6 +56,29 @@ impl Agent {
     }
 }
 
+impl Agent {
+    /// A step retried in place, 1.5 s apart, that fails its first two tries: each try is a
+    /// line `try attempt` in `tries`, and the child prints `try N failed`.
+    async fn flaky_step(&self, ctx: &Context) -> anyhow::Result<EffectNext> {
+        let policy = RetryPolicy::attempts(3)
+            .with_delays(Duration::from_millis(1500), Duration::from_millis(1500))
+            .with_jitter(0.0);
+        let receipt: String = ctx
+            .step_with("flaky", StepOptions::retry(policy), || async {
+                let n = lines(&self.dir, "tries").len() + 1;
+                self.log("tries", &format!("{n} {}", ctx.attempt()));
+                if n < 3 {
+                    println!("try {n} failed");
+                    std::io::stdout().flush()?;
+                    return Err(format!("try {n} fails").into());
+                }
+                Ok(format!("receipt-{n}"))
+            })
+            .await?;
+        Ok(EffectNext::Approval { receipt })
+    }
+}
+
 impl JobHandler for Agent {
     type Error = anyhow::Error;
 
@@ -79,13 +102,16 @@ impl JobHandler for Agent {
             std::io::stdout().flush().unwrap();
             anyhow::bail!("attempt 1 fails");
         }
+        if self.hold == "step_retry" {
+            return self.flaky_step(ctx).await;
+        }
         let key = ctx.idempotency_key("effect")?;
         let receipt: String = ctx
             .step("effect", || async {
                 // The side effect: a ledger line carrying the idempotency key.
                 self.log("ledger", &format!("{key} {n}"));
                 self.hold_at("in_step");
-                Ok::<_, anyhow::Error>(format!("receipt-{n}"))
+                Ok(format!("receipt-{n}"))
             })
             .await?;
         self.hold_at("after_step");
@@ -115,6 +141,14 @@ impl JobHandler for Agent {
 async fn child_process() {
     // Reads FAILPOINTS (fault points exist with the `failpoints` feature only).
     let _scenario = fail::FailScenario::setup();
+    if std::env::var_os("LOOPS_TRACE").is_some() {
+        // loops's own events on stdout, where the parent waits for one of them.
+        tracing_subscriber::fmt()
+            .with_env_filter("loops_core=debug")
+            .with_writer(std::io::stdout)
+            .with_ansi(false)
+            .init();
+    }
     let dir = PathBuf::from(std::env::var("LOOPS_DIR").expect("LOOPS_DIR"));
     let hold = std::env::var("LOOPS_HOLD").unwrap_or_default();
     let runtime = Runtime::builder()
@@ -124,7 +158,9 @@ async fn child_process() {
                 .with_delays(Duration::from_millis(2000), Duration::from_secs(5))
                 .with_jitter(0.0),
         )
-        .park_threshold(Duration::from_millis(100))
+        .park_threshold(Duration::from_millis(
+            std::env::var("LOOPS_PARK_MS").map_or(100, |ms| ms.parse().unwrap()),
+        ))
         .open(dir.join("store.redb"))
         .unwrap();
     let handler = Agent { dir, hold };
@@ -142,6 +178,16 @@ fn spawn_child(dir: &Path, hold: &str) -> (Child, mpsc::Receiver<String>) {
 /// Starts the child with `FAILPOINTS` set to `failpoints`.
 #[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
 fn spawn_child_with(dir: &Path, hold: &str, failpoints: &str) -> (Child, mpsc::Receiver<String>) {
+    spawn_child_env(dir, hold, failpoints, &[])
+}
+
+/// Starts the child with `FAILPOINTS` set to `failpoints` and the variables `env` set.
+fn spawn_child_env(
+    dir: &Path,
+    hold: &str,
+    failpoints: &str,
+    env: &[(&str, &str)],
+) -> (Child, mpsc::Receiver<String>) {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "child_process",
@@ -153,6 +199,7 @@ fn spawn_child_with(dir: &Path, hold: &str, failpoints: &str) -> (Child, mpsc::R
         .env("LOOPS_DIR", dir)
         .env("LOOPS_HOLD", hold)
         .env("FAILPOINTS", failpoints)
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -406,6 +453,93 @@ async fn killed_during_a_retry_back_off_waits_only_the_remainder() {
     assert_eq!(summary, vec![(1, 1, "attempt 1 fails".to_owned())]);
     assert_eq!(
         entries(dir.path()),
+        counts(&[("Start 0", 1), ("Effect 1", 2), ("Approval 2", 1)])
+    );
+}
+
+/// Kills the child during the back-off after the first failed try of a step retried in
+/// place (parked when the back-off is over the park threshold of `park_ms`, in place
+/// otherwise), restarts it, and checks that the schedule went on: try 2, not a fresh try 1,
+/// not before its recorded time. Returns the handler's entries and the attempt of each try.
+async fn step_back_off_killed(park_ms: &str) -> (BTreeMap<String, usize>, Vec<String>) {
+    let dir = tempfile::tempdir().unwrap();
+    let env = [("LOOPS_PARK_MS", park_ms), ("LOOPS_TRACE", "1")];
+    let (child, rx) = spawn_child_env(dir.path(), "step_retry", "", &env);
+    let child = Killed(child);
+    expect_line(&rx, "try 1 failed");
+    // Logged once the try is recorded and the back-off has begun.
+    let waiting = if park_ms == "100" {
+        "run parked until its wake-up time"
+    } else {
+        "waiting in place until the wake-up time"
+    };
+    expect_line(&rx, waiting);
+    drop(child);
+    approve(dir.path(), "eve").await;
+    let (child, rx) = spawn_child_env(dir.path(), "step_retry", "", &env);
+    let mut child = Killed(child);
+    assert_eq!(
+        expect_line(&rx, "ended "),
+        r#"ended {"Done":{"receipt":"receipt-3","approver":"eve"}}"#
+    );
+    child.0.wait().unwrap();
+    let runtime = Runtime::open(dir.path().join("store.redb")).unwrap();
+    let store = runtime.store();
+    let failures: Vec<(u64, u64, String)> = store
+        .failures("job")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(seq, f)| (seq, f.at_ms, f.errors.join(": ")))
+        .collect();
+    let errors: Vec<&str> = failures.iter().map(|f| f.2.as_str()).collect();
+    assert_eq!(errors, ["try 1 fails", "try 2 fails"]);
+    let steps = store.steps("job", 1).await.unwrap();
+    let tries: Vec<(String, u32, serde_json::Value)> = steps
+        .iter()
+        .filter(|(name, _, _)| name == "loops:try:0:flaky")
+        .map(|(name, occ, r)| {
+            (
+                name.clone(),
+                *occ,
+                serde_json::from_str(r.output.get()).unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(tries.len(), 2, "{tries:?}");
+    assert_eq!(
+        (tries[0].2["try"].as_u64(), tries[1].2["try"].as_u64()),
+        (Some(1), Some(2))
+    );
+    // The second try ran no earlier than the time the first failure recorded for it.
+    let retry_at = tries[0].2["retry_at_ms"].as_u64().unwrap();
+    assert!(failures[1].1 >= retry_at, "{failures:?} {retry_at}");
+    drop(runtime);
+    assert_eq!(history(dir.path()), full_history());
+    (entries(dir.path()), lines(dir.path(), "tries"))
+}
+
+#[tokio::test]
+async fn killed_during_a_parked_step_back_off_resumes_the_schedule() {
+    // Parked: each back-off parks the run and the handler runs again when it wakes (its
+    // recorded steps replay); a wake is not a new attempt, so all three tries are attempt
+    // 1's, across the kill.
+    let (entries, tries) = step_back_off_killed("100").await;
+    assert_eq!(tries, ["1 1", "2 1", "3 1"]);
+    assert_eq!(
+        entries,
+        counts(&[("Start 0", 1), ("Effect 1", 3), ("Approval 2", 1)])
+    );
+}
+
+#[tokio::test]
+async fn killed_during_a_step_back_off_in_place_resumes_the_schedule() {
+    // In place: the restart counts an attempt (interrupted) and enters the handler once
+    // more; the step goes on with try 2, and try 3 follows in place.
+    let (entries, tries) = step_back_off_killed("5000").await;
+    assert_eq!(tries, ["1 1", "2 2", "3 2"]);
+    assert_eq!(
+        entries,
         counts(&[("Start 0", 1), ("Effect 1", 2), ("Approval 2", 1)])
     );
 }

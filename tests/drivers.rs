@@ -34,7 +34,7 @@ impl OnceHandler for Effect {
     async fn start(&self, ctx: &Context) -> Result<StartNext, Error> {
         let this = self.clone();
         let line: u32 = ctx
-            .step("append", || async move {
+            .step("append", || async {
                 let _ = this.entered.send(());
                 let _permit = this.gate.acquire().await.unwrap();
                 let mut file = std::fs::OpenOptions::new()
@@ -43,7 +43,7 @@ impl OnceHandler for Effect {
                     .open(&this.ledger)
                     .unwrap();
                 writeln!(file, "effect").unwrap();
-                Ok::<_, Error>(lines(&this.ledger))
+                Ok(lines(&this.ledger))
             })
             .await?;
         Ok(StartNext::Done { line })

@@ -27,9 +27,7 @@ impl CountHandler for Counter {
     type Error = loops::Error;
 
     async fn step(&self, ctx: &Context, n: u32) -> Result<StepNext, Self::Error> {
-        let n: u32 = ctx
-            .step("inc", || async move { Ok::<_, loops::Error>(n + 1) })
-            .await?;
+        let n: u32 = ctx.step("inc", || async move { Ok(n + 1) }).await?;
         Ok(if n >= 5 {
             StepNext::Done { n }
         } else {

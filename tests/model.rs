@@ -510,7 +510,7 @@ impl Agent {
                     control.freeze(&run).await;
                 }
                 if action == Action::FailInStep {
-                    anyhow::bail!("work failed after its side effect");
+                    return Err("work failed after its side effect".into());
                 }
                 Ok(n + 1)
             })

@@ -55,11 +55,11 @@ impl JobHandler for Worker {
         let effects = Arc::clone(&self.effects);
         let run_id = ctx.run_id().to_owned();
         let n: u32 = ctx
-            .step("effect", || async move {
+            .step("effect", || async {
                 let mut effects = effects.lock().unwrap();
-                let n = effects.entry(run_id).or_insert(0);
+                let n = effects.entry(run_id.clone()).or_insert(0);
                 *n += 1;
-                Ok::<_, Error>(*n)
+                Ok(*n)
             })
             .await?;
         if nap_ms > 0 {

@@ -317,7 +317,7 @@ impl Ledger {
         let output: String = ctx
             .step(name, || async {
                 if fail {
-                    anyhow::bail!("{name} fails on attempt {}", ctx.attempt());
+                    return Err(format!("{name} fails on attempt {}", ctx.attempt()).into());
                 }
                 self.append(
                     &run_id,

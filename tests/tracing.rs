@@ -23,9 +23,7 @@ impl TracedHandler for Handler {
     type Error = loops::Error;
 
     async fn start(&self, ctx: &Context, n: u32) -> Result<StartNext, Self::Error> {
-        let n: u32 = ctx
-            .step("double", || async move { Ok::<_, loops::Error>(n * 2) })
-            .await?;
+        let n: u32 = ctx.step("double", || async move { Ok(n * 2) }).await?;
         if ctx.attempt() == 1 {
             return Err(loops::Error::RunNotFound {
                 run_id: "first attempt fails".into(),

@@ -139,9 +139,7 @@ impl Looper {
         }
         for _ in 0..self.steps {
             let started = Instant::now();
-            let _out: String = ctx
-                .step("s", || async { Ok::<_, loops::Error>(note.to_owned()) })
-                .await?;
+            let _out: String = ctx.step("s", || async { Ok(note.to_owned()) }).await?;
             let took = started.elapsed();
             self.step_times
                 .lock()

@@ -13,9 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Result;
-use loops::{Context, StepOptions};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
+use loops::{Context, StepOptions, StepOutput};
 
 use crate::forge::{Forge, NewPullRequest, Opened};
 use crate::git::{Committed, Git};
@@ -65,23 +63,24 @@ impl<M: Model> Agent<M> {
     /// Runs `f` as the journaled step `name`, handing it the step's idempotency key, and says
     /// whether it ran now (`false`: its output was recorded by an earlier attempt and `f` did
     /// not run).
-    async fn step<T, F, Fut>(
+    async fn step<'c, T, F, Fut>(
         &self,
-        ctx: &Context,
+        ctx: &'c Context,
         name: &str,
         options: StepOptions,
-        f: F,
+        mut f: F,
     ) -> Result<(T, bool)>
     where
-        T: Serialize + DeserializeOwned + Send,
-        F: FnOnce(String) -> Fut + Send,
+        T: StepOutput,
+        F: FnMut(&'c str) -> Fut + Send,
         Fut: Future<Output = Result<T>> + Send,
     {
         let ran = AtomicBool::new(false);
         let output = ctx
             .step_keyed_with(name, options, |key| {
                 ran.store(true, Ordering::SeqCst);
-                f(key)
+                let tried = f(key);
+                async move { tried.await.map_err(loops::BoxError::from) }
             })
             .await?;
         let ran = ran.load(Ordering::SeqCst);
@@ -112,10 +111,9 @@ impl<M: Model> Agent<M> {
     ) -> Result<Committed> {
         // The step's idempotency key: the same on every execution of this step.
         let (committed, ran) = self
-            .step(ctx, "commit", StepOptions::default(), |key| async move {
+            .step(ctx, "commit", StepOptions::default(), |key| {
                 self.git
-                    .commit_change(branch, parent, change, body, &key, &self.scratch)
-                    .await
+                    .commit_change(branch, parent, change, body, key, &self.scratch)
             })
             .await?;
         if ran && !committed.created {
@@ -302,8 +300,8 @@ impl<M: Model> Agent<M> {
             head_commit: head.clone(),
         };
         let (opened, ran): (Opened, bool) = self
-            .step(ctx, "open_pr", StepOptions::default(), |key| async move {
-                self.forge.open_pull_request(&request, &key).await
+            .step(ctx, "open_pr", StepOptions::default(), |key| {
+                self.forge.open_pull_request(&request, key)
             })
             .await?;
         if ran && !opened.created {

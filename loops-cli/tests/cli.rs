@@ -58,7 +58,7 @@ impl JobHandler for Worker {
     async fn start(&self, ctx: &Context, mode: String) -> Result<StartNext, BoxError> {
         let items: Vec<String> = ctx
             .step("fetch", || async {
-                Ok::<_, loops_core::Error>(vec!["a".to_owned(), "b".to_owned()])
+                Ok(vec!["a".to_owned(), "b".to_owned()])
             })
             .await?;
         Ok(StartNext::Work { mode, items })
@@ -83,16 +83,13 @@ impl JobHandler for Worker {
                 "connection refused",
             )))),
             "hang" => {
-                ctx.step("begin", || async { Ok::<_, loops_core::Error>(true) })
-                    .await?;
+                ctx.step("begin", || async { Ok(true) }).await?;
                 std::future::pending::<()>().await;
                 unreachable!()
             }
             _ => {
                 let n: u32 = ctx
-                    .step("deliver", || async {
-                        Ok::<_, loops_core::Error>(items.len() as u32)
-                    })
+                    .step("deliver", || async { Ok(items.len() as u32) })
                     .await?;
                 Ok(WorkNext::Done { delivered: n })
             }

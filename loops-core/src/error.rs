@@ -2,7 +2,9 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
+use crate::hint::{Hinted, RetryHint, retry_hint};
 use crate::schema::SchemaHash;
 use crate::status::RunStatus;
 use crate::workflow::BoxError;
@@ -505,6 +507,53 @@ pub enum Error {
         message: String,
     },
 
+    /// A step's closure failed on its last try (or on a try whose error is
+    /// [permanent](Error::permanent)); its tries are recorded as failures. `source` is the
+    /// closure's error of the last try, so a handler can downcast it, and the retry hints
+    /// in it ([`retry_hint`](crate::retry_hint)) reach the state's retry policy.
+    #[error(
+        "run `{run_id}`: step `{step}`#{occurrence} of state `{state}` (seq {seq}) failed after {tries} {}",
+        if *tries == 1 { "try" } else { "tries" }
+    )]
+    StepFailed {
+        /// The run.
+        run_id: String,
+        /// The state.
+        state: &'static str,
+        /// Its sequence number.
+        seq: u64,
+        /// The step name.
+        step: String,
+        /// Which use of the name, from 0.
+        occurrence: u32,
+        /// Tries made in this round of the step's retry policy, the last one included.
+        tries: u32,
+        /// The last try's error.
+        #[source]
+        source: BoxError,
+    },
+
+    /// An error marked permanent by [`Error::permanent`]: no retry will fix it, so neither a
+    /// step's retry policy nor the state's tries again.
+    #[error("permanent error, not retried")]
+    Permanent {
+        /// The error, with its mark.
+        #[source]
+        source: Hinted,
+    },
+
+    /// An error that says when to try again, made by [`Error::retry_after`] (an HTTP 429 or
+    /// 503 with `Retry-After`): the next try, of the step or of the state, waits at least
+    /// that long.
+    #[error("retry after {after_ms} ms")]
+    RetryAfter {
+        /// The hint, in ms.
+        after_ms: u64,
+        /// The error, with its hint.
+        #[source]
+        source: Hinted,
+    },
+
     /// The run was cancelled while its handler was running; returned by steps started after
     /// the cancellation.
     #[error("run `{run_id}`: cancelled during state `{state}` (seq {seq})")]
@@ -721,6 +770,7 @@ impl Error {
             | Error::StepTimeout { run_id, .. }
             | Error::StateTimeout { run_id, .. }
             | Error::HandlerPanicked { run_id, .. }
+            | Error::StepFailed { run_id, .. }
             | Error::Cancelled { run_id, .. } => Some(run_id),
             Error::StoreLocked { .. }
             | Error::NeedsRecovery { .. }
@@ -729,6 +779,8 @@ impl Error {
             | Error::Storage { .. }
             | Error::Database { .. }
             | Error::NotRegistered { .. }
+            | Error::Permanent { .. }
+            | Error::RetryAfter { .. }
             | Error::Closed => None,
         }
     }
@@ -751,6 +803,35 @@ impl Error {
     /// story in one line, for logs and command-line tools.
     pub fn chain(&self) -> String {
         error_chain(self).join(": ")
+    }
+}
+
+impl Error {
+    /// Marks `error` permanent: a step's closure or a handler returns it (through `?` or
+    /// `.into()`) for a failure that no retry will fix (a refusal, a 4xx other than 429, a
+    /// malformed request). The step is not tried again by its retry policy, and the state's
+    /// attempt that fails with it is its last: the run fails, unless the handler catches the
+    /// error (see [`Error::hint`]) and moves to a state of its own.
+    pub fn permanent(error: impl Into<BoxError>) -> Error {
+        Error::Permanent {
+            source: Hinted::new(true, None, error.into()),
+        }
+    }
+
+    /// Gives `error` a retry-after hint (an HTTP `Retry-After`): the next try of the step,
+    /// or the next attempt at the state, waits at least `after` (its policy's back-off when
+    /// that is longer). A wait at or over the runtime's park threshold parks the run durably.
+    pub fn retry_after(error: impl Into<BoxError>, after: Duration) -> Error {
+        Error::RetryAfter {
+            after_ms: u64::try_from(after.as_millis()).unwrap_or(u64::MAX),
+            source: Hinted::new(false, Some(after), error.into()),
+        }
+    }
+
+    /// The retry hints in this error's chain: [`retry_hint`] of it. A handler that catches a
+    /// step's error checks `err.hint().permanent` to route to a state of its own.
+    pub fn hint(&self) -> RetryHint {
+        retry_hint(self)
     }
 }
 

@@ -12,6 +12,7 @@ pub mod conformance;
 pub mod control;
 mod error;
 mod failpoint;
+mod hint;
 mod migrate;
 mod names;
 mod panics;
@@ -31,6 +32,7 @@ mod workflow;
 mod tests;
 
 pub use error::{Error, RecordKind, Result, error_chain};
+pub use hint::{Hinted, RetryHint, retry_hint};
 pub use migrate::{
     Chain, Migrate, Migrated, Migration, MigrationError, MigrationFailure, SameWorkflow,
     StoredVersion, Versioned,
@@ -41,7 +43,7 @@ pub use record::{FailureRecord, FailureSource, StepRecord, Transition, Transitio
 pub use retention::RetentionPolicy;
 pub use retry::{DEFAULT_MAX_INTERRUPTIONS, RetryPolicy};
 pub use route::{Blocked, KnownVersion, Route, StoredRun, route};
-pub use run::context::{Context, StepOptions};
+pub use run::context::{Context, StepOptions, StepOutput};
 pub use run::dispatch::Dispatch;
 pub use run::settings::{DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PARK_THRESHOLD};
 pub use runtime::{Runtime, RuntimeBuilder, Sent};

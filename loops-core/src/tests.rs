@@ -82,7 +82,7 @@ impl Worker {
         let add: u64 = ctx
             .step("effect", || async {
                 self.effects.fetch_add(1, Ordering::SeqCst);
-                Ok::<_, WorkError>(u64::from(n) * 10)
+                Ok(u64::from(n) * 10)
             })
             .await?;
         if !self.work_delay.is_zero() {
@@ -1074,7 +1074,7 @@ impl Changed {
     /// What every state does.
     async fn dispatch<T>(ctx: &Context) -> Result<T, BoxError> {
         let s: String = ctx
-            .step("effect", || async { Ok::<_, Error>("new".to_owned()) })
+            .step("effect", || async { Ok("new".to_owned()) })
             .await?;
         Err(format!("unreachable: {s}").into())
     }
@@ -1152,7 +1152,7 @@ impl JobHandler for Panicker {
         let p = self;
         ctx.step("effect", || async {
             p.effects.fetch_add(1, Ordering::SeqCst);
-            Ok::<_, Error>(())
+            Ok(())
         })
         .await?;
         if ctx.attempt() <= p.panics_until {
@@ -1303,17 +1303,17 @@ impl KeyedProbe {
         let attempt = p.attempts.fetch_add(1, Ordering::SeqCst) + 1;
         let first: String = ctx
             .step_keyed("push", |key| async {
-                p.seen.lock().unwrap().push(key.clone());
-                Ok::<_, Error>(key)
+                p.seen.lock().unwrap().push(key.to_owned());
+                Ok(key.to_owned())
             })
             .await?;
-        let second: Result<String, BoxError> = ctx
+        let second: Result<String, Error> = ctx
             .step_keyed("push", |key| async move {
-                p.seen.lock().unwrap().push(key.clone());
+                p.seen.lock().unwrap().push(key.to_owned());
                 if attempt == 1 {
                     return Err("the push failed".into());
                 }
-                Ok(key)
+                Ok(key.to_owned())
             })
             .await;
         if attempt == 1 {

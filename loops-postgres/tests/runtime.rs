@@ -65,7 +65,7 @@ impl JobHandler for Arc<Agent> {
         let add: u64 = ctx
             .step("effect", || async {
                 self.effects.fetch_add(1, Ordering::SeqCst);
-                Ok::<_, anyhow::Error>(u64::from(n) * 10)
+                Ok(u64::from(n) * 10)
             })
             .await?;
         if !self.work_delay.is_zero() {

@@ -36,9 +36,7 @@ impl JobHandler for Agent {
     type Error = anyhow::Error;
 
     async fn start(&self, ctx: &Context, n: u32) -> Result<StartNext, Self::Error> {
-        let effect: u32 = ctx
-            .step("effect", || async { Ok::<_, anyhow::Error>(n * 2) })
-            .await?;
+        let effect: u32 = ctx.step("effect", || async { Ok(n * 2) }).await?;
         Ok(StartNext::Done { n, effect })
     }
 }

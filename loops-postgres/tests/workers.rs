@@ -86,7 +86,7 @@ impl FenceHandler for Holder {
     async fn hold(&self, ctx: &Context) -> Result<HoldNext, Self::Error> {
         let _: String = ctx
             .step("before", || async {
-                Ok::<_, anyhow::Error>(self.ledger.effect(ctx.run_id(), ctx.seq()))
+                Ok(self.ledger.effect(ctx.run_id(), ctx.seq()))
             })
             .await?;
         if let Some(go) = &self.hold_until {

@@ -17,6 +17,7 @@ use futures_util::FutureExt;
 use tracing::Instrument;
 
 use crate::error::{Error, Result, error_chain};
+use crate::hint::retry_hint;
 use crate::panics::panic_message;
 use crate::record::{FailureRecord, FailureSource, TransitionRecord, now_ms};
 use crate::row::RunInfo;
@@ -280,7 +281,19 @@ impl Drive<'_> {
             } else {
                 self.store.steps(run_id, seq).await?
             };
-            let ctx = Context::new(Arc::clone(scope), state.name(), seq, attempt, recorded);
+            let attempts_left = self
+                .settings
+                .retry_policy::<W>(state)
+                .max_attempts
+                .saturating_sub(failed_attempts(&run.info));
+            let ctx = Context::new(
+                Arc::clone(scope),
+                state.name(),
+                seq,
+                attempt,
+                attempts_left,
+                recorded,
+            );
             let span = tracing::info_span!("state", state = state.name(), seq, attempt);
             let outcome = self.handle(value, handler, &ctx).instrument(span).await;
             drop(ctx);
@@ -651,16 +664,18 @@ impl Drive<'_> {
             }),
         };
         let errors = error_chain(&*err);
-        // Failed attempts so far, this one included (interruptions count apart).
-        let used = attempt
-            .saturating_sub(run.info.attempt_base)
-            .saturating_sub(run.info.interrupted);
+        let used = failed_attempts(&run.info);
         let now = now_ms();
-        let then = if used >= policy.max_attempts {
+        // An error marked permanent ends the run's tries; a retry-after hint lengthens the
+        // back-off (`hint.rs`).
+        let hint = retry_hint(&*err);
+        let then = if used >= policy.max_attempts || hint.permanent {
             AfterFailure::GiveUp
         } else {
             let unit = jitter_unit(run_id, seq, attempt, now);
-            let delay = policy.delay_after(used, unit);
+            let delay = policy
+                .delay_after(used, unit)
+                .max(hint.retry_after.unwrap_or_default());
             AfterFailure::RetryAt(
                 now.saturating_add(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX)),
             )
@@ -762,6 +777,14 @@ pub(crate) async fn schema_changes<W: Workflow>(
 ) -> SchemaDiff {
     let old = store.schema(stored).await.ok().flatten();
     SchemaDiff::of_mismatch(old.as_deref(), W::SCHEMA)
+}
+
+/// Failed attempts at the run's current state so far, the current one included (a
+/// failure of the current attempt counts it; interruptions count apart).
+fn failed_attempts(info: &RunInfo) -> u32 {
+    info.attempt
+        .saturating_sub(info.attempt_base)
+        .saturating_sub(info.interrupted)
 }
 
 /// A number in `0.0..1.0` for retry jitter, from the run, state, attempt and clock.

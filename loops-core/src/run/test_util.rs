@@ -35,5 +35,5 @@ pub fn __for_tests(run_id: impl Into<String>, seq: u64, attempt: u32) -> Context
         max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
         park_threshold: DEFAULT_PARK_THRESHOLD,
     };
-    Context::new(Arc::new(scope), "test", seq, attempt, Vec::new())
+    Context::new(Arc::new(scope), "test", seq, attempt, 0, Vec::new())
 }

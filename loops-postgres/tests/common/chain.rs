@@ -43,7 +43,7 @@ impl ChainHandler for Linker {
     async fn link(&self, ctx: &Context, i: u32, links: u32) -> Result<LinkNext, Self::Error> {
         let exec: String = ctx
             .step("effect", || async {
-                Ok::<_, anyhow::Error>(self.ledger.effect(ctx.run_id(), ctx.seq()))
+                Ok(self.ledger.effect(ctx.run_id(), ctx.seq()))
             })
             .await?;
         anyhow::ensure!(!exec.is_empty(), "empty execution id");

@@ -1,0 +1,284 @@
+//! Durable sleeps and waits for events.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::de::DeserializeOwned;
+use serde_json::value::RawValue;
+
+use crate::error::{Error, RecordKind, Result};
+use crate::names::RESERVED_PREFIX;
+use crate::record::{FailureRecord, FailureSource, now_ms};
+use crate::run::context::Context;
+use crate::store::{AfterFailure, Reply, WaitOutcome, Write};
+
+impl Context {
+    /// Sleeps durably for `duration`: see [`sleep_until`](Self::sleep_until).
+    ///
+    /// # Errors
+    /// As [`sleep_until`](Self::sleep_until).
+    pub async fn sleep(&self, duration: Duration) -> Result<()> {
+        self.sleep_until(SystemTime::now() + duration).await
+    }
+
+    /// Sleeps durably until `wake` (wall-clock time).
+    ///
+    /// The wake-up time is recorded the first time the handler gets here; a re-execution
+    /// (after a restart, or a retry) waits for the recorded time, so a run sleeps only the
+    /// time that remains, and continues at once if it passed while the process was down.
+    /// Sleeps shorter than the runtime's park threshold (1 s by default,
+    /// [`RuntimeBuilder::park_threshold`](crate::RuntimeBuilder::park_threshold)) wait in
+    /// place; longer ones park the run: its status becomes
+    /// [`Waiting`](crate::RunStatus::Waiting), the handler's future is dropped, and the
+    /// handler runs again at the wake-up time (recorded steps replay from the journal).
+    ///
+    /// # Errors
+    /// [`Error::Cancelled`](crate::Error::Cancelled) if the run is cancelled while it sleeps in place;
+    /// [`Error::Storage`](crate::Error::Storage) if the wake-up time could not be recorded.
+    pub async fn sleep_until(&self, wake: SystemTime) -> Result<()> {
+        let wanted = wake
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0);
+        let wake_ms = self.journaled_u64("loops:sleep", wanted).await?;
+        self.pause_until(wake_ms).await
+    }
+
+    /// Waits until `wake_ms` (ms since the Unix epoch): in place if that is less than the
+    /// park threshold away, else by parking the run until then (the handler's future is
+    /// dropped and the handler runs again at that time). A sleep's wake-up time and a
+    /// step's next try wait this way.
+    pub(super) async fn pause_until(&self, wake_ms: u64) -> Result<()> {
+        let remaining = Duration::from_millis(wake_ms.saturating_sub(now_ms()));
+        if remaining.is_zero() {
+            return Ok(());
+        }
+        if remaining < self.run.park_threshold {
+            tracing::debug!(wake_ms, "waiting in place until the wake-up time");
+            tokio::select! {
+                () = tokio::time::sleep(remaining) => return Ok(()),
+                () = self.run.cancel.cancelled() => return Err(self.cancelled_error()),
+            }
+        }
+        self.run.clock.check(self.seq)?;
+        let reply = self
+            .run
+            .store
+            .write(
+                Some(&self.run.lease),
+                Write::Wait {
+                    run_id: self.run.run_id.clone(),
+                    seq: self.seq,
+                    attempt: self.attempt,
+                    step: None,
+                    event: None,
+                    until_ms: Some(wake_ms),
+                    at_ms: now_ms(),
+                },
+            )
+            .await?;
+        match reply {
+            Reply::Waited(WaitOutcome::Parked, _) => {
+                tracing::info!(wake_ms, "run parked until its wake-up time");
+                self.park().await
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Waits durably for the event `event`, sent by
+    /// [`Runtime::send`](crate::Runtime::send), and returns its payload: see
+    /// [`wait_for_timeout`](Self::wait_for_timeout), without a time-out.
+    ///
+    /// # Errors
+    /// As [`wait_for_timeout`](Self::wait_for_timeout).
+    pub async fn wait_for<T: DeserializeOwned>(&self, event: &str) -> Result<T> {
+        match self.wait_inner(event, None).await? {
+            Some(value) => Ok(value),
+            None => Err(Error::Decode {
+                run_id: self.run.run_id.clone(),
+                record: RecordKind::Wait {
+                    event: event.to_owned(),
+                },
+                seq: self.seq,
+                state: String::new(),
+                source: serde::de::Error::custom(
+                    "recorded as timed out, but the wait has no time-out",
+                ),
+            }),
+        }
+    }
+
+    /// Waits durably for the event `event` for at most `timeout`; returns its payload, or
+    /// `None` if the time-out passed first.
+    ///
+    /// Events sent before the handler gets here are kept and delivered; each event is
+    /// delivered exactly once, to one wait, oldest first. The delivery (or the time-out) is
+    /// recorded like a step, in the same transaction that takes the event from the inbox, so a
+    /// re-execution of the handler gets the same answer. The deadline is recorded the first
+    /// time, so a restart does not extend it. With nothing to deliver the run parks: its
+    /// status becomes [`Waiting`](crate::RunStatus::Waiting) with the event and deadline, the
+    /// handler's future is dropped, and the handler runs again when the event arrives or the
+    /// deadline passes (recorded steps replay from the journal). Code of the handler between
+    /// its last step and the wait therefore runs again: keep it free of side effects.
+    ///
+    /// # Errors
+    /// - [`Error::InvalidName`](crate::Error::InvalidName) for an empty, over-long or control-character name;
+    /// - none for a payload that does not decode as `T`: such an event is set aside (recorded
+    ///   as a failure of this wait, for inspection) and the wait goes on for the next one;
+    /// - [`Error::Storage`](crate::Error::Storage) if the wait could not be recorded.
+    pub async fn wait_for_timeout<T: DeserializeOwned>(
+        &self,
+        event: &str,
+        timeout: Duration,
+    ) -> Result<Option<T>> {
+        self.wait_inner(event, Some(timeout)).await
+    }
+
+    async fn wait_inner<T: DeserializeOwned>(
+        &self,
+        event: &str,
+        timeout: Option<Duration>,
+    ) -> Result<Option<T>> {
+        self.check_name("event name", event)?;
+        let step_name = format!("{RESERVED_PREFIX}wait:{event}");
+        // The deadline is journaled first, on every execution (a replay reads it back), so
+        // that each wait of the handler keeps its own occurrence of it.
+        let until_ms = match timeout {
+            Some(timeout) => {
+                let deadline = now_ms().saturating_add(timeout.as_millis() as u64);
+                Some(
+                    self.journaled_u64(&format!("{RESERVED_PREFIX}deadline:{event}"), deadline)
+                        .await?,
+                )
+            }
+            None => None,
+        };
+        loop {
+            let (occurrence, recorded) = self.next_occurrence(&step_name);
+            let (outcome, delivered_now) = match recorded {
+                Some(record) => (record.output.get().to_owned(), false),
+                None => {
+                    self.run.clock.check(self.seq)?;
+                    let reply = self
+                        .run
+                        .store
+                        .write(
+                            Some(&self.run.lease),
+                            Write::Wait {
+                                run_id: self.run.run_id.clone(),
+                                seq: self.seq,
+                                attempt: self.attempt,
+                                step: Some((step_name.clone(), occurrence)),
+                                event: Some(event.to_owned()),
+                                until_ms,
+                                at_ms: now_ms(),
+                            },
+                        )
+                        .await?;
+                    match reply {
+                        Reply::Waited(WaitOutcome::Delivered { event_seq, payload }, _) => {
+                            tracing::info!(event, event_seq, "event delivered");
+                            (
+                                format!(r#"{{"event":{{"seq":{event_seq},"payload":{payload}}}}}"#),
+                                true,
+                            )
+                        }
+                        Reply::Waited(WaitOutcome::Due, _) => {
+                            tracing::info!(event, "wait timed out");
+                            return Ok(None);
+                        }
+                        _ => {
+                            tracing::info!(event, until_ms, "run parked until an event arrives");
+                            return self.park().await;
+                        }
+                    }
+                }
+            };
+            match self.decode_wait::<T>(event, &step_name, occurrence, &outcome) {
+                Err(e @ Error::EventDecode { .. }) => {
+                    // A payload of the wrong shape (a mistyped `loops send`) must not poison
+                    // the run: it is set aside, recorded as a failure for inspection, and the
+                    // wait goes on. Its delivery record stays, so a replay skips it the same
+                    // way.
+                    tracing::warn!(event, error = %e.chain(), "event set aside: its payload does not decode");
+                    if delivered_now {
+                        self.record_set_aside(&step_name, occurrence, &e).await;
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Decodes a wait's recorded outcome: `"due"`, or the delivered event.
+    fn decode_wait<T: DeserializeOwned>(
+        &self,
+        event: &str,
+        step_name: &str,
+        occurrence: u32,
+        output: &str,
+    ) -> Result<Option<T>> {
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "snake_case")]
+        enum Outcome<'a> {
+            Due,
+            Event {
+                seq: u64,
+                #[serde(borrow)]
+                payload: &'a RawValue,
+            },
+        }
+        let outcome: Outcome<'_> =
+            serde_json::from_str(output).map_err(|source| Error::StepDecode {
+                run_id: self.run.run_id.clone(),
+                state: self.state,
+                seq: self.seq,
+                step: step_name.to_owned(),
+                occurrence,
+                source,
+            })?;
+        match outcome {
+            Outcome::Due => Ok(None),
+            Outcome::Event { seq, payload } => serde_json::from_str(payload.get())
+                .map(Some)
+                .map_err(|source| Error::EventDecode {
+                    run_id: self.run.run_id.clone(),
+                    state: self.state,
+                    seq: self.seq,
+                    event: event.to_owned(),
+                    event_seq: seq,
+                    source,
+                }),
+        }
+    }
+
+    /// Records, best effort, that the event delivered to the wait `(step_name, occurrence)` was
+    /// set aside.
+    async fn record_set_aside(&self, step_name: &str, occurrence: u32, error: &Error) {
+        let record = FailureRecord {
+            attempt: self.attempt,
+            at_ms: now_ms(),
+            source: FailureSource::Step {
+                name: step_name.to_owned(),
+                occurrence,
+            },
+            errors: crate::error::error_chain(error),
+        };
+        let written = self
+            .run
+            .store
+            .write(
+                Some(&self.run.lease),
+                Write::Failure {
+                    run_id: self.run.run_id.clone(),
+                    seq: self.seq,
+                    record,
+                    then: AfterFailure::Nothing,
+                },
+            )
+            .await;
+        if let Err(e) = written {
+            tracing::warn!(error = %e, "could not record an event set aside");
+        }
+    }
+}

@@ -1,0 +1,724 @@
+//! Steps that agents need: retries in place, permanent errors and retry-after hints, the
+//! attempt budget seen from a handler, error values recorded as data, and the ergonomics of
+//! step closures (inferred error types, keys the future borrows, names built in a loop).
+//! Every test counts tries, transitions and side effects exactly.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use loops::{
+    Context, Error, FailureSource, RetryPolicy, RunStatus, Runtime, StepOptions, Workflow,
+};
+use serde::{Deserialize, Serialize};
+
+#[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(name = "steps")]
+enum Agent {
+    #[initial]
+    #[next(Done, GaveUp)]
+    Call { fail_tries: u32 },
+    #[terminal]
+    Done { answer: String },
+    #[terminal]
+    GaveUp { reason: String },
+}
+
+/// What the handler does in `Call`, and what it saw.
+#[derive(Default)]
+struct Probe {
+    /// Executions of the handler.
+    entries: AtomicU32,
+    /// Runs of the `before` step's closure (a step that succeeds at once).
+    before: AtomicU32,
+    /// Tries of the `call` step's closure.
+    tries: AtomicU32,
+    /// Mark the `call` step's error permanent.
+    permanent: bool,
+    /// A retry-after hint on the `call` step's error.
+    retry_after: Option<Duration>,
+    /// The step's retry policy (none: one try).
+    policy: Option<RetryPolicy>,
+    /// Route to `GaveUp` on the state's last attempt instead of failing.
+    route_on_last: bool,
+    /// `(attempt, attempts_left, is_last_attempt)` per execution.
+    budget: Mutex<Vec<(u32, u32, bool)>>,
+}
+
+impl AgentHandler for Probe {
+    type Error = anyhow::Error;
+
+    async fn call(&self, ctx: &Context, fail_tries: u32) -> Result<CallNext, Self::Error> {
+        self.entries.fetch_add(1, Ordering::SeqCst);
+        self.budget.lock().unwrap().push((
+            ctx.attempt(),
+            ctx.attempts_left(),
+            ctx.is_last_attempt(),
+        ));
+        // No annotation: the closure's error type is fixed (`BoxError`), so `Ok` infers.
+        let prompt: String = ctx
+            .step("before", || async {
+                self.before.fetch_add(1, Ordering::SeqCst);
+                Ok("prompt".to_owned())
+            })
+            .await?;
+        let mut options = StepOptions::default();
+        if let Some(policy) = self.policy {
+            options = options.with_retry(policy);
+        }
+        let answer = ctx
+            .step_with("call", options, || async {
+                let n = self.tries.fetch_add(1, Ordering::SeqCst) + 1;
+                if n <= fail_tries {
+                    let err = std::io::Error::other(format!("try {n} failed"));
+                    return Err(if self.permanent {
+                        Error::permanent(err).into()
+                    } else if let Some(after) = self.retry_after {
+                        Error::retry_after(err, after).into()
+                    } else {
+                        err.into()
+                    });
+                }
+                Ok(format!("answer to {prompt} after {n} tries"))
+            })
+            .await;
+        match answer {
+            Ok(answer) => Ok(CallNext::Done { answer }),
+            Err(e) if self.route_on_last && (ctx.is_last_attempt() || e.hint().permanent) => {
+                Ok(CallNext::GaveUp { reason: e.chain() })
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+fn fast(attempts: u32) -> RetryPolicy {
+    RetryPolicy::attempts(attempts)
+        .with_delays(Duration::from_millis(5), Duration::from_millis(20))
+        .with_jitter(0.0)
+}
+
+fn runtime(dir: &tempfile::TempDir, state_attempts: u32) -> Runtime {
+    Runtime::builder()
+        .retry(fast(state_attempts))
+        .open(dir.path().join("store.redb"))
+        .unwrap()
+}
+
+/// The failures recorded for `run`: (seq, attempt, source, errors).
+async fn failures(rt: &Runtime, run: &str) -> Vec<(u64, u32, String, String)> {
+    rt.store()
+        .failures(run)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(seq, f)| {
+            let source = match f.source {
+                FailureSource::Step { name, occurrence } => format!("step {name}#{occurrence}"),
+                other => format!("{other:?}"),
+            };
+            (seq, f.attempt, source, f.errors.join(": "))
+        })
+        .collect()
+}
+
+/// The states of `run`'s history.
+async fn states(rt: &Runtime, run: &str) -> Vec<String> {
+    rt.store()
+        .history(run)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.state)
+        .collect()
+}
+
+/// The step records of `run` at `seq`: name#occurrence to output.
+async fn steps(rt: &Runtime, run: &str, seq: u64) -> BTreeMap<String, String> {
+    rt.store()
+        .steps(run, seq)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(name, occ, r)| (format!("{name}#{occ}"), r.output.get().to_owned()))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_step_retried_in_place_records_each_try_and_commits_one_transition() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime(&dir, 1);
+    let probe = Probe {
+        policy: Some(fast(4)),
+        ..Probe::default()
+    };
+    let done = rt
+        .run("r", Agent::Call { fail_tries: 2 }, &probe)
+        .await
+        .unwrap();
+    assert_eq!(
+        done,
+        Agent::Done {
+            answer: "answer to prompt after 3 tries".into()
+        }
+    );
+    // One execution of the handler (a state budget of 1 attempt would have failed the run
+    // otherwise), the other step run once, three tries.
+    assert_eq!(probe.entries.load(Ordering::SeqCst), 1);
+    assert_eq!(probe.before.load(Ordering::SeqCst), 1);
+    assert_eq!(probe.tries.load(Ordering::SeqCst), 3);
+    assert_eq!(states(&rt, "r").await, ["Call", "Done"]);
+    assert_eq!(
+        failures(&rt, "r").await,
+        vec![
+            (0, 1, "step call#0".into(), "try 1 failed".into()),
+            (0, 1, "step call#0".into(), "try 2 failed".into()),
+        ]
+    );
+    let recorded = steps(&rt, "r", 0).await;
+    let keys: Vec<&str> = recorded.keys().map(String::as_str).collect();
+    assert_eq!(
+        keys,
+        [
+            "before#0",
+            "call#0",
+            "loops:try:0:call#0",
+            "loops:try:0:call#1"
+        ]
+    );
+    assert!(recorded["loops:try:0:call#0"].starts_with(r#"{"try":1,"retry_at_ms":"#));
+    assert!(recorded["loops:try:0:call#1"].starts_with(r#"{"try":2,"retry_at_ms":"#));
+    let info = rt.run_info("r").await.unwrap().unwrap();
+    assert_eq!((info.status, info.attempt), (RunStatus::Completed, 1));
+}
+
+#[tokio::test]
+async fn a_step_out_of_tries_fails_the_attempt_and_the_next_attempt_starts_a_fresh_schedule() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime(&dir, 2);
+    let probe = Probe {
+        policy: Some(fast(2)),
+        ..Probe::default()
+    };
+    // 2 tries per attempt, 2 attempts: tries 1-2 fail in attempt 1, 3 fails and 4
+    // succeeds in attempt 2.
+    let done = rt
+        .run("r", Agent::Call { fail_tries: 3 }, &probe)
+        .await
+        .unwrap();
+    assert_eq!(
+        done,
+        Agent::Done {
+            answer: "answer to prompt after 4 tries".into()
+        }
+    );
+    assert_eq!(probe.entries.load(Ordering::SeqCst), 2);
+    assert_eq!(
+        probe.before.load(Ordering::SeqCst),
+        1,
+        "replayed on attempt 2"
+    );
+    assert_eq!(probe.tries.load(Ordering::SeqCst), 4);
+    let f = failures(&rt, "r").await;
+    let summary: Vec<(u32, &str)> = f.iter().map(|(_, a, s, _)| (*a, s.as_str())).collect();
+    assert_eq!(
+        summary,
+        [
+            (1, "step call#0"),
+            (1, "step call#0"),
+            (1, "Handler"),
+            (2, "step call#0")
+        ]
+    );
+    assert_eq!(
+        f[2].3,
+        "run `r`: step `call`#0 of state `Call` (seq 0) failed after 2 tries: try 2 failed"
+    );
+    let recorded = steps(&rt, "r", 0).await;
+    assert_eq!(
+        recorded["loops:try:0:call#1"],
+        r#"{"try":2,"retry_at_ms":null}"#
+    );
+    assert!(recorded["loops:try:0:call#2"].starts_with(r#"{"try":1,"retry_at_ms":"#));
+    assert_eq!(states(&rt, "r").await, ["Call", "Done"]);
+}
+
+#[tokio::test]
+async fn a_permanent_error_is_retried_neither_by_the_step_nor_by_the_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime(&dir, 5);
+    let probe = Probe {
+        policy: Some(fast(5)),
+        permanent: true,
+        ..Probe::default()
+    };
+    let err = rt
+        .run("r", Agent::Call { fail_tries: 10 }, &probe)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::RunFailed { attempts: 1, .. }),
+        "{err}"
+    );
+    assert_eq!(probe.entries.load(Ordering::SeqCst), 1);
+    assert_eq!(probe.tries.load(Ordering::SeqCst), 1);
+    let f = failures(&rt, "r").await;
+    assert_eq!(f.len(), 2, "{f:?}");
+    assert_eq!(
+        (f[0].2.as_str(), f[0].3.as_str()),
+        ("step call#0", "permanent error, not retried: try 1 failed")
+    );
+    assert_eq!(f[1].2, "Handler");
+    assert_eq!(states(&rt, "r").await, ["Call"]);
+    assert_eq!(
+        rt.run_info("r").await.unwrap().unwrap().status,
+        RunStatus::Failed
+    );
+}
+
+#[tokio::test]
+async fn a_permanent_error_goes_where_the_handler_routes_it_after_one_try() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime(&dir, 5);
+    let probe = Probe {
+        policy: Some(fast(5)),
+        permanent: true,
+        route_on_last: true,
+        ..Probe::default()
+    };
+    let done = rt
+        .run("r", Agent::Call { fail_tries: 10 }, &probe)
+        .await
+        .unwrap();
+    assert_eq!(
+        done,
+        Agent::GaveUp {
+            reason: "run `r`: step `call`#0 of state `Call` (seq 0) failed after 1 try: \
+                     permanent error, not retried: try 1 failed"
+                .into()
+        }
+    );
+    assert_eq!(probe.tries.load(Ordering::SeqCst), 1);
+    assert_eq!(states(&rt, "r").await, ["Call", "GaveUp"]);
+}
+
+#[tokio::test]
+async fn a_handler_routes_to_its_own_failure_state_on_its_last_attempt() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime(&dir, 3);
+    let probe = Probe {
+        route_on_last: true,
+        ..Probe::default()
+    };
+    let done = rt
+        .run("r", Agent::Call { fail_tries: 10 }, &probe)
+        .await
+        .unwrap();
+    assert_eq!(
+        done,
+        Agent::GaveUp {
+            reason: "run `r`: step `call`#0 of state `Call` (seq 0) failed after 1 try: \
+                     try 3 failed"
+                .into()
+        }
+    );
+    assert_eq!(
+        *probe.budget.lock().unwrap(),
+        [(1, 2, false), (2, 1, false), (3, 0, true)]
+    );
+    assert_eq!(probe.tries.load(Ordering::SeqCst), 3);
+    assert_eq!(states(&rt, "r").await, ["Call", "GaveUp"]);
+    let sources: Vec<String> = failures(&rt, "r").await.into_iter().map(|f| f.2).collect();
+    assert_eq!(
+        sources,
+        [
+            "step call#0",
+            "Handler",
+            "step call#0",
+            "Handler",
+            "step call#0"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_retry_after_hint_sets_the_time_of_the_next_try() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime(&dir, 1);
+    let probe = Probe {
+        policy: Some(fast(3)),
+        retry_after: Some(Duration::from_millis(300)),
+        ..Probe::default()
+    };
+    rt.run("r", Agent::Call { fail_tries: 1 }, &probe)
+        .await
+        .unwrap();
+    assert_eq!(probe.tries.load(Ordering::SeqCst), 2);
+    let store = rt.store();
+    let failure_at = store.failures("r").await.unwrap()[0].1.at_ms;
+    let recorded = store.steps("r", 0).await.unwrap();
+    let schedule = recorded
+        .iter()
+        .find(|(name, _, _)| name == "loops:try:0:call")
+        .unwrap();
+    let next: serde_json::Value = serde_json::from_str(schedule.2.output.get()).unwrap();
+    let retry_at = next["retry_at_ms"].as_u64().unwrap();
+    // The policy's back-off is 5 ms; the hint makes it 300 ms, counted from the failure.
+    assert!(retry_at >= failure_at + 300 - 1, "{retry_at} {failure_at}");
+    let call = recorded.iter().find(|(name, _, _)| name == "call").unwrap();
+    assert!(call.2.at_ms >= retry_at, "the next try waited for its time");
+}
+
+#[tokio::test]
+async fn a_state_level_retry_after_hint_sets_the_retry_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime(&dir, 2);
+    let probe = Probe {
+        retry_after: Some(Duration::from_millis(400)),
+        ..Probe::default()
+    };
+    rt.run("r", Agent::Call { fail_tries: 1 }, &probe)
+        .await
+        .unwrap();
+    assert_eq!(probe.entries.load(Ordering::SeqCst), 2);
+    let f = rt.store().failures("r").await.unwrap();
+    let handler_failed_at = f[1].1.at_ms;
+    let second_try_at = rt
+        .store()
+        .steps("r", 0)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|(name, _, _)| name == "call")
+        .unwrap()
+        .2
+        .at_ms;
+    assert!(
+        second_try_at >= handler_failed_at + 400,
+        "{second_try_at} {handler_failed_at}"
+    );
+}
+
+#[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(name = "review")]
+enum Review {
+    #[initial]
+    #[next(Merged, Rejected)]
+    Ask,
+    #[terminal]
+    Merged,
+    #[terminal]
+    Rejected { why: String },
+}
+
+/// An API's refusal, recorded as data.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+enum ApiError {
+    NotFound,
+    Refused(String),
+}
+
+#[derive(Default)]
+struct Reviewer {
+    calls: AtomicU32,
+    entries: AtomicU32,
+}
+
+impl ReviewHandler for Reviewer {
+    type Error = loops::Error;
+
+    async fn ask(&self, ctx: &Context) -> Result<AskNext, Self::Error> {
+        self.entries.fetch_add(1, Ordering::SeqCst);
+        let answer: Result<String, ApiError> = ctx
+            .step("review", || async {
+                let n = self.calls.fetch_add(1, Ordering::SeqCst);
+                // The first call is refused, later ones would succeed: a replay must not ask.
+                Ok(if n == 0 {
+                    Err(ApiError::Refused("tests fail".into()))
+                } else {
+                    Ok("lgtm".into())
+                })
+            })
+            .await?;
+        if ctx.attempt() == 1 {
+            // Fails after the step: the next attempt replays the recorded `Err`.
+            return Err(Error::retry_after("flaky after the step", Duration::ZERO));
+        }
+        Ok(match answer {
+            Ok(_) => AskNext::Merged,
+            Err(ApiError::Refused(why)) => AskNext::Rejected { why },
+            Err(ApiError::NotFound) => AskNext::Rejected {
+                why: "not found".into(),
+            },
+        })
+    }
+}
+
+#[tokio::test]
+async fn an_error_returned_as_the_output_is_recorded_and_replays_the_same_branch() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime(&dir, 3);
+    let reviewer = Reviewer::default();
+    let done = rt.run("r", Review::Ask, &reviewer).await.unwrap();
+    assert_eq!(
+        done,
+        Review::Rejected {
+            why: "tests fail".into()
+        }
+    );
+    assert_eq!(reviewer.entries.load(Ordering::SeqCst), 2);
+    assert_eq!(reviewer.calls.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        steps(&rt, "r", 0).await,
+        BTreeMap::from([(
+            "review#0".to_owned(),
+            r#"{"Err":{"Refused":"tests fail"}}"#.to_owned()
+        )])
+    );
+}
+
+#[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(name = "fanout")]
+enum Fanout {
+    #[initial]
+    #[next(Sent)]
+    Send { items: Vec<String> },
+    #[terminal]
+    Sent { receipts: Vec<String> },
+}
+
+/// An outside system that takes an idempotency key by reference.
+#[derive(Default)]
+struct Outbox {
+    sent: Mutex<Vec<(String, String)>>,
+}
+
+impl Outbox {
+    async fn send(&self, item: &str, key: &str) -> Result<String, std::io::Error> {
+        self.sent
+            .lock()
+            .unwrap()
+            .push((item.to_owned(), key.to_owned()));
+        Ok(format!("{item}@{}", &key[..7]))
+    }
+}
+
+impl FanoutHandler for Outbox {
+    type Error = anyhow::Error;
+
+    async fn send(&self, ctx: &Context, items: Vec<String>) -> Result<SendNext, Self::Error> {
+        // Names built in a loop, steps run concurrently; each future borrows its key.
+        let steps = items.iter().map(|item| {
+            ctx.step_keyed(format!("send:{item}"), move |key| async move {
+                Ok(self.send(item, key).await?)
+            })
+        });
+        let receipts = futures_util::future::try_join_all(steps).await?;
+        // The key alone, borrowed by a future: `send` takes `&str`.
+        let again: String = ctx
+            .step_keyed("send:again", |key| {
+                let sent = self.send("again", key);
+                async move { Ok(sent.await?) }
+            })
+            .await?;
+        let mut receipts = receipts;
+        receipts.push(again);
+        Ok(SendNext::Sent { receipts })
+    }
+}
+
+#[tokio::test]
+async fn keyed_steps_borrow_their_keys_and_names_come_from_a_loop() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime(&dir, 1);
+    let outbox = Outbox::default();
+    let items = vec!["a".to_owned(), "b".to_owned(), "c".to_owned()];
+    let done = rt.run("r", Fanout::Send { items }, &outbox).await.unwrap();
+    let sent = outbox.sent.lock().unwrap().clone();
+    assert_eq!(sent.len(), 4);
+    let Fanout::Sent { receipts } = done else {
+        panic!("{done:?}")
+    };
+    let expected: Vec<String> = sent
+        .iter()
+        .map(|(item, key)| format!("{item}@{}", &key[..7]))
+        .collect();
+    let mut sorted = receipts.clone();
+    sorted.sort();
+    let mut expected_sorted = expected.clone();
+    expected_sorted.sort();
+    assert_eq!(sorted, expected_sorted);
+    let keys: std::collections::BTreeSet<&str> = sent.iter().map(|(_, k)| k.as_str()).collect();
+    assert_eq!(keys.len(), 4, "each step has its own key");
+    assert!(keys.iter().all(|k| k.len() == 35 && k.starts_with("lk-")));
+}
+
+#[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(name = "stale")]
+enum Change {
+    #[initial]
+    #[next(Approved)]
+    Planning,
+    #[terminal]
+    Approved { plan: Plan },
+}
+
+/// A plan made against a commit of the repository.
+#[derive(Serialize, Deserialize, loops::Schema, Debug, Clone, PartialEq)]
+struct Plan {
+    base: u32,
+    key: String,
+}
+
+/// A repository whose HEAD moves while a run waits for approval, and a planner.
+#[derive(Default)]
+struct Planner {
+    head: std::sync::Arc<AtomicU32>,
+    plans: AtomicU32,
+    keys: Mutex<Vec<String>>,
+    /// Fail once after the approval, so that a retry replays the plan step again.
+    fail_after_approval: std::sync::atomic::AtomicBool,
+    /// The plan step's record is valid for this long (none: checked against HEAD instead).
+    valid_for: Option<Duration>,
+}
+
+impl ChangeHandler for Planner {
+    type Error = anyhow::Error;
+
+    async fn planning(&self, ctx: &Context) -> Result<PlanningNext, Self::Error> {
+        let head = std::sync::Arc::clone(&self.head);
+        let options = match self.valid_for {
+            Some(age) => StepOptions::default().valid_for(age),
+            // Still valid while the repository's HEAD is the commit it was planned against.
+            None => StepOptions::default().revalidate(move |plan: Plan| {
+                let head = std::sync::Arc::clone(&head);
+                async move { head.load(Ordering::SeqCst) == plan.base }
+            }),
+        };
+        let plan: Plan = ctx
+            .step_keyed_with("plan", options, |key| async move {
+                self.plans.fetch_add(1, Ordering::SeqCst);
+                self.keys.lock().unwrap().push(key.to_owned());
+                Ok(Plan {
+                    base: self.head.load(Ordering::SeqCst),
+                    key: key.to_owned(),
+                })
+            })
+            .await?;
+        let _: String = ctx.wait_for("approve").await?;
+        if self.fail_after_approval.swap(false, Ordering::SeqCst) {
+            anyhow::bail!("fails once after the approval");
+        }
+        Ok(PlanningNext::Approved { plan })
+    }
+}
+
+/// Drives a `Change` run attached, moves HEAD to `moved_to` (if any) while it waits for the
+/// approval, approves it, and returns the final state and the planner.
+async fn plan_and_approve(
+    planner: Planner,
+    moved_to: Option<u32>,
+    wait_before_approving: Duration,
+) -> (Change, std::sync::Arc<Planner>, BTreeMap<String, String>) {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = std::sync::Arc::new(runtime(&dir, 3));
+    planner.head.store(1, Ordering::SeqCst);
+    let planner = std::sync::Arc::new(planner);
+    let driven = {
+        let (rt, planner) = (std::sync::Arc::clone(&rt), std::sync::Arc::clone(&planner));
+        tokio::spawn(async move { rt.run("r", Change::Planning, &*planner).await })
+    };
+    while rt.run_info("r").await.unwrap().map(|i| i.status) != Some(RunStatus::Waiting) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    if let Some(head) = moved_to {
+        planner.head.store(head, Ordering::SeqCst);
+    }
+    tokio::time::sleep(wait_before_approving).await;
+    rt.send("r", "approve", "ann").await.unwrap();
+    let done = driven.await.unwrap().unwrap();
+    let recorded = steps(&rt, "r", 0).await;
+    (done, planner, recorded)
+}
+
+#[tokio::test]
+async fn a_plan_whose_repository_moved_on_runs_again_once_with_a_key_of_its_own() {
+    let planner = Planner {
+        fail_after_approval: true.into(),
+        ..Planner::default()
+    };
+    let (done, planner, recorded) = plan_and_approve(planner, Some(2), Duration::ZERO).await;
+    let keys = planner.keys.lock().unwrap().clone();
+    assert_eq!(keys.len(), 2);
+    assert_ne!(keys[0], keys[1], "the new occurrence has a fresh key");
+    assert_eq!(
+        done,
+        Change::Approved {
+            plan: Plan {
+                base: 2,
+                key: keys[1].clone()
+            }
+        }
+    );
+    // Planned at HEAD 1; stale when the run woke at HEAD 2; planned again; the retry after
+    // the failure replayed the new plan (still fresh) and did not check the old one again.
+    assert_eq!(planner.plans.load(Ordering::SeqCst), 2);
+    let names: Vec<&str> = recorded.keys().map(String::as_str).collect();
+    assert_eq!(
+        names,
+        [
+            "loops:redo:1:plan#0",
+            "loops:stale:0:plan#0",
+            "loops:wait:approve#0",
+            "plan#0"
+        ]
+    );
+    assert_eq!(
+        recorded["plan#0"],
+        format!(r#"{{"base":1,"key":"{}"}}"#, keys[0])
+    );
+    assert_eq!(
+        recorded["loops:redo:1:plan#0"],
+        format!(r#"{{"base":2,"key":"{}"}}"#, keys[1])
+    );
+    let why: serde_json::Value = serde_json::from_str(&recorded["loops:stale:0:plan#0"]).unwrap();
+    assert_eq!(
+        (why["generation"].as_u64(), why["why"].as_str()),
+        (
+            Some(0),
+            Some("its revalidation check says it no longer holds")
+        )
+    );
+}
+
+#[tokio::test]
+async fn a_plan_that_still_holds_replays() {
+    let (done, planner, recorded) =
+        plan_and_approve(Planner::default(), None, Duration::ZERO).await;
+    assert_eq!(planner.plans.load(Ordering::SeqCst), 1);
+    let Change::Approved { plan } = done else {
+        panic!("{done:?}")
+    };
+    assert_eq!(plan.base, 1);
+    let names: Vec<&str> = recorded.keys().map(String::as_str).collect();
+    assert_eq!(names, ["loops:wait:approve#0", "plan#0"]);
+}
+
+#[tokio::test]
+async fn a_step_older_than_its_validity_runs_again_once() {
+    let planner = Planner {
+        valid_for: Some(Duration::from_millis(20)),
+        ..Planner::default()
+    };
+    // The approval comes 60 ms after the plan: older than its 20 ms.
+    let (_, planner, recorded) = plan_and_approve(planner, None, Duration::from_millis(60)).await;
+    assert_eq!(planner.plans.load(Ordering::SeqCst), 2);
+    let why: serde_json::Value = serde_json::from_str(&recorded["loops:stale:0:plan#0"]).unwrap();
+    let why = why["why"].as_str().unwrap();
+    assert!(
+        why.starts_with("recorded ") && why.ends_with(" ms ago, valid for 20 ms"),
+        "{why}"
+    );
+    assert!(recorded.contains_key("loops:redo:1:plan#0"));
+}
