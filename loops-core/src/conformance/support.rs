@@ -13,8 +13,7 @@ use super::writes;
 
 /// The workflow of the suite's runs.
 pub(super) const WF: &str = "wf";
-/// The schema hash of the suite's runs.
-pub(super) const HASH: SchemaHash = SchemaHash::from_u64(0x1234);
+pub(super) use super::writes::HASH;
 
 /// The row of a run of [`WF`] just created in state `A`.
 pub(super) fn info(run_id: &str) -> RunInfo {
@@ -34,6 +33,8 @@ pub(super) fn info(run_id: &str) -> RunInfo {
         error: None,
         cancel: None,
         wait: None,
+        block: None,
+        entered: None,
     }
 }
 
