@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use crate::error::Error;
 use crate::record::{FailureRecord, FailureSource};
-use crate::schema::SchemaHash;
 use crate::store::{AfterFailure, Lease, Reply, RunInfo, RunStatus, Store, WaitOutcome};
 
 use super::factory::Factory;
