@@ -206,7 +206,7 @@ impl Store for Flaky {
     }
     fn claim_ready<'a>(
         &'a self,
-        workflows: &'a [String],
+        workflows: &'a [loops::ClaimFilter],
         limit: usize,
     ) -> BoxFuture<'a, loops::Result<Vec<(RunInfo, Lease)>>> {
         self.faults.claims.fetch_add(1, Ordering::SeqCst);

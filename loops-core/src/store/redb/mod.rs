@@ -316,7 +316,7 @@ impl RedbStore {
     /// is.
     fn claim_ready_runs(
         &self,
-        workflows: &[String],
+        workflows: &[crate::store::ClaimFilter],
         limit: usize,
     ) -> Result<Vec<(RunInfo, Lease)>> {
         let ready = self.ready_runs(workflows)?;
@@ -436,9 +436,11 @@ impl Store for RedbStore {
 
     fn claim_ready<'a>(
         &'a self,
-        workflows: &'a [String],
+        workflows: &'a [super::ClaimFilter],
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<(RunInfo, Lease)>>> {
+        // One process owns the file: its runtime takes every ready run of the workflows,
+        // whatever its schema, and blocks those it cannot route.
         Box::pin(std::future::ready(self.claim_ready_runs(workflows, limit)))
     }
 }

@@ -284,12 +284,15 @@ impl RedbStore {
     /// The ready runs of `workflows` (running runs, and waiting runs whose wait can end or
     /// whose cancellation was asked for), by workflow then status: what
     /// [`Store::claim_ready`](crate::store::Store::claim_ready) takes leases of.
-    pub(super) fn ready_runs(&self, workflows: &[String]) -> Result<Vec<RunInfo>> {
+    pub(super) fn ready_runs(
+        &self,
+        workflows: &[crate::store::ClaimFilter],
+    ) -> Result<Vec<RunInfo>> {
         let now = crate::record::now_ms();
         let mut out = Vec::new();
-        for workflow in workflows {
+        for filter in workflows {
             for status in [RunStatus::Running, RunStatus::Waiting] {
-                for info in RedbStore::list(self, status, Some(workflow))? {
+                for info in RedbStore::list(self, status, Some(&filter.workflow))? {
                     let ready = match info.readiness().at(now) {
                         Ready::Now => true,
                         Ready::OnEvent(event) => RedbStore::has_pending(self, &info.run_id, event)?,
