@@ -468,7 +468,8 @@ impl Context {
     /// # Errors
     /// As [`sleep_until`](Self::sleep_until).
     pub async fn sleep(&self, duration: Duration) -> Result<()> {
-        self.sleep_until(SystemTime::now() + duration).await
+        self.sleep_until(UNIX_EPOCH + Duration::from_millis(now_ms()) + duration)
+            .await
     }
 
     /// Sleeps durably until `wake` (wall-clock time).
