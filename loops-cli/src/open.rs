@@ -189,10 +189,11 @@ pub fn set_verify(verify: bool) {
     let _ = VERIFY.set(verify);
 }
 
-/// Opens the store for reading only, repairing it first (with a writable open) if its process
-/// did not close it cleanly. Unless `--no-verify` was given, the checksum of every page is
-/// verified first (nothing is written to the file), so that damage is refused rather than
-/// shown as data.
+/// Opens the store for reading only. A file that needs redb's repair (its process did not
+/// close it cleanly, or its length is not what its header records) is read through a repair
+/// made in memory: a reading command never changes the file. Unless `--no-verify` was given,
+/// the checksum of every page is verified first (nothing is written to the file), so that
+/// damage is refused rather than shown as data.
 pub fn read_only(path: &Path) -> Result<RedbStore> {
     check_file(path)?;
     let options = StoreOptions {
@@ -202,12 +203,13 @@ pub fn read_only(path: &Path) -> Result<RedbStore> {
     let store = match RedbStore::open_read_only_with(path, options) {
         Ok(store) => store,
         Err(Error::NeedsRecovery { .. }) => {
-            repair(path)?;
+            let store = RedbStore::open_repaired_in_memory(path, options)
+                .map_err(|e| read_failure(path, e))?;
             note(&format!(
-                "store {} was not closed cleanly (its process stopped without closing it); opened it for writing once to let redb repair it",
+                "store {} needs redb's repair (its process stopped without closing it, or the file was changed since: its length is not the one its header records); read through a repair made in memory, the file is unchanged; a writing command (or the process that drives it) repairs it",
                 path.display()
             ));
-            RedbStore::open_read_only_with(path, options).map_err(|e| read_failure(path, e))?
+            store
         }
         Err(e) => return Err(read_failure(path, e)),
     };
@@ -262,24 +264,6 @@ pub fn writable(path: &Path) -> Result<(Runtime, bool)> {
         ));
     }
     Ok((runtime, repaired))
-}
-
-fn repair(path: &Path) -> Result<()> {
-    let store = RedbStore::open(path).map_err(|e| match &e {
-        Error::Open { cause: source, .. }
-            if source
-                .downcast_ref::<std::io::Error>()
-                .is_some_and(|io| io.kind() == std::io::ErrorKind::PermissionDenied) =>
-        {
-            Failure::new(format!(
-                "store {} was not closed cleanly and needs the repair that a writable open makes, but this user cannot write it: run this command as the store's owner",
-                path.display()
-            ))
-        }
-        _ => open_failure(path, e),
-    })?;
-    drop(store);
-    Ok(())
 }
 
 fn check_file(path: &Path) -> Result<()> {

@@ -66,6 +66,10 @@ pub use workflow::{BoxError, StateId, Workflow};
 #[cfg(feature = "test-util")]
 #[doc(hidden)]
 pub use run::test_util::__for_tests;
+// A wall clock moved by an offset, for tests of a worker whose clock is off.
+#[cfg(feature = "test-util")]
+#[doc(hidden)]
+pub use record::__set_clock_offset_ms;
 
 /// Items used by code that `#[derive(Workflow)]` and `#[derive(Schema)]` generate. Not a
 /// public API: no stability promise, may change in any release.

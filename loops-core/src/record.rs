@@ -197,9 +197,32 @@ pub(crate) fn to_vec<T: Serialize>(value: &T) -> Vec<u8> {
 }
 
 /// Milliseconds since the Unix epoch, by the system clock (0 if the clock is before 1970).
+/// Every wall-clock time loops records or compares (`at_ms`, wake-up and retry times) is
+/// read here.
 pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
+    let ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0);
+    #[cfg(feature = "test-util")]
+    let ms = ms.saturating_add_signed(CLOCK_OFFSET_MS.load(std::sync::atomic::Ordering::Relaxed));
+    ms
+}
+
+/// [`now_ms`] as a `SystemTime`.
+pub(crate) fn now_time() -> std::time::SystemTime {
+    std::time::UNIX_EPOCH + std::time::Duration::from_millis(now_ms())
+}
+
+/// The offset [`__set_clock_offset_ms`] gives [`now_ms`].
+#[cfg(feature = "test-util")]
+static CLOCK_OFFSET_MS: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+
+/// Moves this process's wall clock, as loops reads it ([`now_ms`]), by `offset_ms` (ms,
+/// either way): for tests of a worker whose clock is off. Process-wide. Not a public API
+/// (feature `test-util`).
+#[cfg(feature = "test-util")]
+#[doc(hidden)]
+pub fn __set_clock_offset_ms(offset_ms: i64) {
+    CLOCK_OFFSET_MS.store(offset_ms, std::sync::atomic::Ordering::Relaxed);
 }

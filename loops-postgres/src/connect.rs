@@ -23,8 +23,9 @@ use tokio_postgres::{NoTls, Socket};
 
 use crate::sql::Sql;
 use crate::{
-    DEFAULT_APPLICATION_NAME, DEFAULT_LEASE_TTL, DEFAULT_POOL_SIZE, DEFAULT_SCHEMA,
-    DEFAULT_TIMEOUT, Error, Inner, PgStore, label, migrate, owner_id, validate_schema,
+    DEFAULT_APPLICATION_NAME, DEFAULT_LEASE_TTL, DEFAULT_MAX_CLOCK_SKEW, DEFAULT_POOL_SIZE,
+    DEFAULT_SCHEMA, DEFAULT_TIMEOUT, Error, Inner, PgStore, label, migrate, owner_id,
+    validate_schema,
 };
 
 /// Configures a [`PgStore`]: made by [`PgStore::builder`].
@@ -39,6 +40,7 @@ pub struct PgStoreBuilder {
     timeout: Duration,
     allow_plaintext: bool,
     migrate: bool,
+    max_clock_skew: Duration,
 }
 
 impl PgStoreBuilder {
@@ -53,7 +55,19 @@ impl PgStoreBuilder {
             timeout: DEFAULT_TIMEOUT,
             allow_plaintext: false,
             migrate: true,
+            max_clock_skew: DEFAULT_MAX_CLOCK_SKEW,
         }
+    }
+
+    /// The most this machine's clock may differ from the server's (default
+    /// [`DEFAULT_MAX_CLOCK_SKEW`], 1 s), checked when the store connects
+    /// ([`Error::ClockSkew`]). Deadlines that other workers act on are recorded by this
+    /// worker's clock (a durable sleep's wake-up time, a retry time) and claimed by the
+    /// server's: a timer of a run fires up to this much early or late on another worker.
+    /// A clock stepped after the store connected is not seen.
+    pub fn max_clock_skew(mut self, bound: Duration) -> Self {
+        self.max_clock_skew = bound;
+        self
     }
 
     /// Whether [`connect`](Self::connect) creates the schema and applies the migrations it
@@ -237,10 +251,15 @@ impl PgStoreBuilder {
             Ok(_) => report_transport(&client, transport, &label).await,
             Err(_) => Ok(()),
         };
+        let skew = match (&migrated, &reported) {
+            (Ok(_), Ok(())) => clock_skew(&client, &label, self.max_clock_skew).await,
+            _ => Ok(0),
+        };
         drop(client);
         let _ = conn_task.await;
         migrated?;
         reported?;
+        let clock_skew_ms = skew?;
         // The pool's sessions also stop what the client gave up on.
         config.options(session_options(
             given.as_deref(),
@@ -271,10 +290,51 @@ impl PgStoreBuilder {
                 schema: self.schema,
                 lease_ttl: self.lease_ttl,
                 timeout: self.timeout,
+                clock_skew_ms,
                 owner: owner_id(),
             }),
         })
     }
+}
+
+/// The server's clock minus this machine's (as loops reads it, `loops_core::now_ms`), in ms,
+/// from one query between two readings of this clock.
+///
+/// # Errors
+/// [`Error::ClockSkew`] beyond `bound` (give or take half the query's round trip);
+/// [`Error::Connect`] if the query fails.
+async fn clock_skew(
+    client: &tokio_postgres::Client,
+    label: &str,
+    bound: Duration,
+) -> Result<i64, Error> {
+    let before = loops_core::now_ms();
+    let row = client
+        .query_one(&format!("SELECT {}", crate::sql::NOW_MS), &[])
+        .await
+        .map_err(|e| Error::Connect {
+            label: label.to_owned(),
+            source: e.into(),
+        })?;
+    let after = loops_core::now_ms();
+    let server: i64 = row.try_get(0).map_err(|e| Error::Connect {
+        label: label.to_owned(),
+        source: e.into(),
+    })?;
+    let slack_ms = after.saturating_sub(before).div_ceil(2);
+    let middle =
+        i64::try_from(before.saturating_add(after.saturating_sub(before) / 2)).unwrap_or(i64::MAX);
+    let skew_ms = server.saturating_sub(middle);
+    let bound_ms = u64::try_from(bound.as_millis()).unwrap_or(u64::MAX);
+    if skew_ms.unsigned_abs() > bound_ms.saturating_add(slack_ms) {
+        return Err(Error::ClockSkew {
+            label: label.to_owned(),
+            skew_ms,
+            slack_ms,
+            bound_ms,
+        });
+    }
+    Ok(skew_ms)
 }
 
 /// Keepalive probes without an answer before either end drops a connection.

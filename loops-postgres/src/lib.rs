@@ -116,6 +116,10 @@ pub const DEFAULT_LEASE_TTL: Duration = Duration::from_secs(10);
 /// Default limit of one read or write, waiting for a connection included: 10 s.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Default limit of the difference between a worker's clock and the server's: 1 s
+/// ([`PgStoreBuilder::max_clock_skew`]).
+pub const DEFAULT_MAX_CLOCK_SKEW: Duration = Duration::from_secs(1);
+
 /// Default PostgreSQL schema of the store's tables: `loops`.
 pub const DEFAULT_SCHEMA: &str = "loops";
 
@@ -166,6 +170,24 @@ pub enum Error {
         label: String,
         /// The host (or `hostaddr`) that is not a loopback one.
         host: String,
+    },
+
+    /// This machine's clock is further from the server's than
+    /// [`PgStoreBuilder::max_clock_skew`] allows: the deadlines this worker records (durable
+    /// sleeps' wake-up times, retry times) would make other workers, which claim by the
+    /// server's clock, wake its runs that much early or late. Measured at connect.
+    #[error(
+        "the clock of this machine is {skew_ms} ms off the clock of {label} (give or take {slack_ms} ms), more than the {bound_ms} ms allowed (max_clock_skew); set the time right (NTP), or allow more"
+    )]
+    ClockSkew {
+        /// The server, as [`PgStore::label`] names it.
+        label: String,
+        /// The server's clock minus this machine's, in ms.
+        skew_ms: i64,
+        /// How far the measurement may be off (half its round trip), in ms.
+        slack_ms: u64,
+        /// The limit, in ms.
+        bound_ms: u64,
     },
 
     /// The server could not be reached, or refused the connection.
@@ -248,6 +270,8 @@ struct Inner {
     lease_ttl: Duration,
     /// Longest read or write.
     timeout: Duration,
+    /// The server's clock minus this machine's at connect, in ms.
+    clock_skew_ms: i64,
     /// Names this store's leases: a lease of this store that is still live belongs to a
     /// driver of this process that stopped, and may be taken over by `acquire`.
     owner: String,
@@ -289,6 +313,12 @@ impl PgStore {
     /// schema loops`).
     pub fn label(&self) -> &str {
         &self.inner.label
+    }
+
+    /// How far the server's clock was ahead of this machine's when the store connected, in
+    /// ms (negative: behind); within [`PgStoreBuilder::max_clock_skew`].
+    pub fn clock_skew_ms(&self) -> i64 {
+        self.inner.clock_skew_ms
     }
 
     /// The connection pool, for statements of your own on the store's server.

@@ -17,7 +17,7 @@ impl Context {
     /// # Errors
     /// As [`sleep_until`](Self::sleep_until).
     pub async fn sleep(&self, duration: Duration) -> Result<()> {
-        self.sleep_until(SystemTime::now() + duration).await
+        self.sleep_until(crate::record::now_time() + duration).await
     }
 
     /// Sleeps durably until `wake` (wall-clock time).

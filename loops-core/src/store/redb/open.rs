@@ -90,6 +90,30 @@ impl RedbStore {
         )
     }
 
+    /// Opens the store file at `path` through a view whose writes stay in memory: if the file
+    /// needs redb's repair (its process did not close it cleanly, or its length is not the
+    /// one its header records), the repair is made there, and the file keeps its bytes. For
+    /// reading a store that needs repair without changing it (the `loops` CLI's reading
+    /// commands); anything written through it is lost when it is dropped. Unlike
+    /// [`open_read_only`](Self::open_read_only), it takes no lock on the file: keep writers
+    /// away meanwhile. `options.verify_on_open` verifies every page's checksum as redb opens it.
+    ///
+    /// # Errors
+    /// [`Error::Open`] if the file is not a redb file, cannot be read, or cannot be repaired.
+    pub fn open_repaired_in_memory(path: impl AsRef<Path>, options: StoreOptions) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        refuse_special_file(&path)?;
+        let file = path.clone();
+        Self::with_storage(
+            path,
+            StoreOptions {
+                commit_on_caller: false,
+                ..options
+            },
+            move || super::verify::overlay(&file),
+        )
+    }
+
     /// A store on a storage backend of your own (encryption, a block device, fault injection
     /// in tests). `make_backend` is called to open the store, and again to reopen it after an
     /// I/O error; `label` names the store in errors and logs.

@@ -52,9 +52,16 @@ pub(crate) fn verify_file(path: &Path) -> Result<(), redb::Error> {
     }
 }
 
+/// Opens the file at `path` (for reading only) as a storage backend whose writes stay in
+/// memory: what [`RedbStore::open_repaired_in_memory`](super::RedbStore::open_repaired_in_memory)
+/// reads through.
+pub(crate) fn overlay(path: &Path) -> std::io::Result<Overlay> {
+    Overlay::new(File::open(path)?)
+}
+
 /// The file as redb sees it through this backend: its bytes, overlaid by what redb wrote.
 #[derive(Debug)]
-struct Overlay {
+pub(crate) struct Overlay {
     state: Mutex<State>,
 }
 
