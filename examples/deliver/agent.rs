@@ -90,14 +90,16 @@ impl<M: Model> Agent<M> {
         Ok((output, ran))
     }
 
-    /// The options of a model step ([`MODEL_STEPS`]): a time-out that covers every try the
-    /// model makes inside one call.
-    ///
-    /// RETRY-IN-CLIENT: once loops retries steps in place, this adds the retry policy
-    /// (`--model-tries`, the client's back-off), the time-out becomes one try's, and the
-    /// client's own loop (`openai.rs`, `OpenAiModel::ask`) makes one try.
+    /// The options of a model step ([`MODEL_STEPS`]): a time-out that covers every request
+    /// the model makes inside one call, and the model's retry policy in place: a call that
+    /// fails with an error the model did not mark permanent is made again inside the same
+    /// handler execution (a long `Retry-After` parks the run durably until then).
     fn model_step(&self) -> StepOptions {
-        StepOptions::timeout(self.model.call_timeout())
+        let options = StepOptions::timeout(self.model.call_timeout());
+        match self.model.step_retry() {
+            Some(policy) => options.with_retry(policy),
+            None => options,
+        }
     }
 
     /// Commits `change` on top of `parent` as the step `commit`, exactly once.
