@@ -205,6 +205,7 @@ impl Drive<'_> {
             cancel: self.held.signals.cancel.clone(),
             max_payload_bytes: self.settings.max_payload_bytes,
             park_threshold: self.settings.park_threshold,
+            limits: Arc::clone(&self.settings.limits),
         });
         let mut run = Progress {
             info: entered.info,

@@ -10,6 +10,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
+use crate::limit::Limits;
 use crate::names::{RESERVED_PREFIX, validate_name};
 use crate::record::StepRecord;
 use crate::store::{Lease, Store};
@@ -43,6 +44,8 @@ pub(crate) struct RunScope {
     pub(crate) cancel: CancellationToken,
     pub(crate) max_payload_bytes: usize,
     pub(crate) park_threshold: Duration,
+    /// The runtime's named limits.
+    pub(crate) limits: Arc<Limits>,
 }
 
 #[derive(Default)]
@@ -282,4 +285,9 @@ impl Context {
             reason,
         })
     }
+}
+
+/// A duration in whole ms, saturating.
+pub(super) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
