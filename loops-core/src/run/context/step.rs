@@ -70,6 +70,7 @@ impl Context {
     /// records the `Err` like any output, and every replay hands back the same `Err`:
     ///
     /// ```no_run
+    /// # extern crate loops_core as loops;
     /// # async fn example(ctx: &loops::Context) -> loops::Result<()> {
     /// #[derive(serde::Serialize, serde::Deserialize)]
     /// enum Review { Approved, ChangesRequested(String) }
