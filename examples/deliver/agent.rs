@@ -28,6 +28,16 @@ use crate::workflow::{
 /// The names of the steps that call the model: their outputs are [`Answer`]s, whose usage
 /// the summary adds up (`tokens.rs`).
 pub const MODEL_STEPS: [&str; 2] = ["plan", "fix"];
+/// The named limit model steps take ([`model_limit`]), across every run of the process
+/// (declared on the runtime in `main.rs`).
+pub const MODEL_LIMIT_NAME: &str = "model";
+/// Model calls at once, across runs.
+pub const MODEL_LIMIT: u32 = 4;
+
+/// The limit [`MODEL_LIMIT_NAME`]: [`MODEL_LIMIT`] calls at once, 60 started per minute.
+pub fn model_limit() -> loops::Limit {
+    loops::Limit::concurrent(MODEL_LIMIT).with_rate(60, Duration::from_secs(60))
+}
 /// Longest a build and run of the tests may take.
 const TEST_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -90,14 +100,17 @@ impl<M: Model> Agent<M> {
         Ok((output, ran))
     }
 
-    /// The options of a model step ([`MODEL_STEPS`]): a time-out that covers every try the
-    /// model makes inside one call.
-    ///
-    /// RETRY-IN-CLIENT: once loops retries steps in place, this adds the retry policy
-    /// (`--model-tries`, the client's back-off), the time-out becomes one try's, and the
-    /// client's own loop (`openai.rs`, `OpenAiModel::ask`) makes one try.
+    /// The options of a model step ([`MODEL_STEPS`]): a time-out that covers every request
+    /// the model makes inside one call, and the model's retry policy in place: a call that
+    /// fails with an error the model did not mark permanent is made again inside the same
+    /// handler execution (a long `Retry-After` parks the run durably until then); each call
+    /// takes the named limit [`MODEL_LIMIT_NAME`] first.
     fn model_step(&self) -> StepOptions {
-        StepOptions::timeout(self.model.call_timeout())
+        let options = StepOptions::timeout(self.model.call_timeout()).with_limit(MODEL_LIMIT_NAME);
+        match self.model.step_retry() {
+            Some(policy) => options.with_retry(policy),
+            None => options,
+        }
     }
 
     /// Commits `change` on top of `parent` as the step `commit`, exactly once.
@@ -509,7 +522,10 @@ mod tests {
             scratch: paths.scratch.clone(),
             hooks: Hooks::none(paths.entries_log.clone()),
         };
-        let runtime = Runtime::open(&paths.store).unwrap();
+        let runtime = Runtime::builder()
+            .limit(MODEL_LIMIT_NAME, model_limit())
+            .open(&paths.store)
+            .unwrap();
         let initial = Deliver::Received {
             issue: project::issue(),
             base,

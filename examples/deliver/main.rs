@@ -306,6 +306,7 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
     let runtime = open_store(|| {
         Runtime::builder()
             .workflow::<Deliver>()
+            .limit(agent::MODEL_LIMIT_NAME, agent::model_limit())
             .retry(
                 RetryPolicy::attempts(MAX_ATTEMPTS)
                     .with_max_interruptions(MAX_INTERRUPTIONS)

@@ -40,6 +40,13 @@ pub trait Model: Send + Sync {
     fn call_timeout(&self) -> Duration {
         DEFAULT_CALL_TIMEOUT
     }
+
+    /// The retry policy of the step that makes a call, tried again in place by loops when
+    /// a call fails with an error that is not permanent; `None` (the default): one try, and
+    /// the state's retries decide.
+    fn step_retry(&self) -> Option<loops::RetryPolicy> {
+        None
+    }
 }
 
 /// [`Model::call_timeout`] unless a model says otherwise.
@@ -149,6 +156,14 @@ impl Model for AnyModel {
             AnyModel::Scripted(model) => model.call_timeout(),
             #[cfg(feature = "openai")]
             AnyModel::OpenAi(model) => model.call_timeout(),
+        }
+    }
+
+    fn step_retry(&self) -> Option<loops::RetryPolicy> {
+        match self {
+            AnyModel::Scripted(model) => model.step_retry(),
+            #[cfg(feature = "openai")]
+            AnyModel::OpenAi(model) => model.step_retry(),
         }
     }
 }

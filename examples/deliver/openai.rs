@@ -13,11 +13,15 @@
 //! A 429 or 5xx may say when to try again (`Retry-After`, in seconds or as an HTTP date, or
 //! `retry-after-ms`), which is honoured.
 //!
-//! **Retries in the client, for now.** loops retries a failed step only by retrying the whole
-//! state; until it has in-place step retries (`StepOptions` retry policies,
-//! `loops::Error::permanent` and retry-after hints), [`OpenAiModel::ask`] retries each call
-//! itself, in a small bounded loop ([`next_wait`]). The lines to replace then are marked
-//! `RETRY-IN-CLIENT`.
+//! **Retries in two layers.** Inside one call, [`OpenAiModel::ask`] retries quick failures
+//! itself, in a small bounded loop ([`next_wait`]: `--model-tries` tries, waits of at most
+//! [`MAX_WAIT`]), so that the tokens of every try are counted in the call's [`Usage`] and
+//! recorded with its answer. A call that still fails goes to loops as an error with its hints
+//! ([`for_loops`]): a refusal is `loops::Error::permanent` (neither the step nor the state
+//! tries it again), a `Retry-After` is `loops::Error::retry_after`, and the model step's retry
+//! policy ([`step_policy`]) makes the call again in place, after that wait; a wait
+//! over the runtime's park threshold parks the run durably, so an hour's `Retry-After` holds
+//! no process and survives a restart.
 
 mod prompt;
 pub mod schema;
@@ -41,9 +45,9 @@ use crate::workflow::{Change, Issue, TestReport};
 pub use self::prompt::Prompt;
 use self::schema::SchemaError;
 
-/// The longest wait between two tries that the client accepts from a `Retry-After` hint. A
-/// server that asks for more makes the call fail (the state's own retries, or `--retry`,
-/// try again later).
+/// The longest wait between two tries that the client waits itself, in a call. A server
+/// that asks for more makes the call fail with the hint, and loops waits it durably
+/// ([`for_loops`]).
 pub const MAX_WAIT: Duration = Duration::from_secs(60);
 
 /// The wait before the second try when the server gives no hint; it doubles for each
@@ -261,8 +265,6 @@ fn chain(e: &dyn std::error::Error) -> String {
 /// to wait longer than [`MAX_WAIT`]. Without a hint the wait is [`FIRST_BACKOFF`], doubled
 /// per further try, at most [`MAX_BACKOFF`].
 ///
-/// RETRY-IN-CLIENT: with loops' in-place step retries this becomes the step's retry policy
-/// (attempts, back-off) and `err.retry_after()` its hint.
 pub fn next_wait(err: &ModelError, try_no: u32, tries: u32) -> Result<Duration, String> {
     if !err.is_transient() {
         return Err("no retry changes that".to_owned());
@@ -284,6 +286,33 @@ pub fn next_wait(err: &ModelError, try_no: u32, tries: u32) -> Result<Duration, 
                 .min(MAX_BACKOFF))
         }
     }
+}
+
+/// The error of a failed call as loops should treat it: marked
+/// [permanent](loops::Error::permanent) when no retry changes it (a refusal, a bad
+/// configuration), given the server's `Retry-After` as a
+/// [hint](loops::Error::retry_after) when it sent one (a call that gave up on a wait over
+/// [`MAX_WAIT`] is made again by the step after that wait), and as it is otherwise.
+pub fn for_loops(err: ModelError) -> anyhow::Error {
+    let cause = match &err {
+        ModelError::GaveUp { last, .. } => &**last,
+        other => other,
+    };
+    if !cause.is_transient() {
+        return loops::Error::permanent(err).into();
+    }
+    match cause.retry_after() {
+        Some(after) => loops::Error::retry_after(err, after).into(),
+        None => err.into(),
+    }
+}
+
+/// The retry policy of a model step, per call of [`OpenAiModel`]: 3 calls, 30 s then 60 s
+/// apart (at least what a `Retry-After` asks), with 10% jitter.
+pub fn step_policy() -> loops::RetryPolicy {
+    loops::RetryPolicy::attempts(3)
+        .with_delays(Duration::from_secs(30), Duration::from_secs(60))
+        .with_jitter(0.1)
 }
 
 /// The wait a response's headers ask for before the next request: `retry-after-ms` (sent by
@@ -409,10 +438,6 @@ impl OpenAiModel {
         read: impl Fn(&Value) -> Result<T, SchemaError>,
     ) -> Result<Answer<T>, ModelError> {
         let mut spent = Usage::default();
-        // RETRY-IN-CLIENT: this loop (to the end of the function) becomes one `try_once`
-        // once the agent's model steps have a `StepOptions` retry policy; the error is then
-        // marked permanent (`loops::Error::permanent`) unless `is_transient`, and carries
-        // `retry_after()` as its hint.
         let mut try_no = 1;
         loop {
             let (usage, result) = self.try_once(prompt, &read).await;
@@ -599,9 +624,9 @@ impl Model for OpenAiModel {
         sources: &[SourceFile],
     ) -> anyhow::Result<Answer<Decision>> {
         let prompt = Prompt::plan(issue, sources)?;
-        Ok(self
-            .ask(&prompt, |answer| schema::plan(answer, sources))
-            .await?)
+        self.ask(&prompt, |answer| schema::plan(answer, sources))
+            .await
+            .map_err(for_loops)
     }
 
     async fn fix(
@@ -611,9 +636,9 @@ impl Model for OpenAiModel {
         report: &TestReport,
     ) -> anyhow::Result<Answer<Option<Change>>> {
         let prompt = Prompt::fix(issue, sources, report)?;
-        Ok(self
-            .ask(&prompt, |answer| schema::fix(answer, sources))
-            .await?)
+        self.ask(&prompt, |answer| schema::fix(answer, sources))
+            .await
+            .map_err(for_loops)
     }
 
     /// Every try at its time-out, and the longest waits between them, plus a minute for
@@ -625,5 +650,10 @@ impl Model for OpenAiModel {
             .saturating_mul(tries)
             .saturating_add(MAX_WAIT.saturating_mul(tries - 1))
             .saturating_add(Duration::from_secs(60))
+    }
+
+    /// [`step_policy`]: failed calls are made again in place by loops.
+    fn step_retry(&self) -> Option<loops::RetryPolicy> {
+        Some(step_policy())
     }
 }

@@ -13,6 +13,7 @@ pub mod control;
 mod error;
 mod failpoint;
 mod hint;
+mod limit;
 mod migrate;
 mod names;
 mod panics;
@@ -33,6 +34,7 @@ mod tests;
 
 pub use error::{Error, RecordKind, Result, error_chain};
 pub use hint::{Hinted, RetryHint, retry_hint};
+pub use limit::Limit;
 pub use migrate::{
     Chain, Migrate, Migrated, Migration, MigrationError, MigrationFailure, SameWorkflow,
     StoredVersion, Versioned,

@@ -699,3 +699,46 @@ fn the_schema_reads_plans_declines_and_fixes() {
         Ok(None)
     );
 }
+
+/// The hints of `err` once handed to loops.
+fn loops_hint(err: ModelError) -> loops::RetryHint {
+    let err = for_loops(err);
+    let boxed: loops::BoxError = err.into();
+    loops::retry_hint(&*boxed)
+}
+
+#[tokio::test]
+async fn failed_calls_reach_loops_with_their_hints() {
+    // A refusal: permanent, so neither the step nor the state asks again.
+    let api = FakeApi::start(|_, _| Reply::error(401, "Incorrect API key provided"));
+    let (model, _) = client(&api, 4, PATIENT);
+    let refused = plan(&model).await.expect_err("refused");
+    assert_eq!(
+        loops_hint(refused),
+        loops::RetryHint {
+            permanent: true,
+            retry_after: None
+        }
+    );
+    // A Retry-After longer than the client waits: the step waits it (parked) and asks again.
+    let api = FakeApi::scripted(vec![
+        Reply::error(429, "quota").with_header("retry-after", "3600"),
+    ]);
+    let (model, _) = client(&api, 4, PATIENT);
+    let later = plan(&model)
+        .await
+        .expect_err("no wait of an hour in the client");
+    assert_eq!(
+        loops_hint(later),
+        loops::RetryHint {
+            permanent: false,
+            retry_after: Some(Duration::from_secs(3600))
+        }
+    );
+    // Every try of the call failed with a 503 without a hint: the step's back-off decides.
+    let api = FakeApi::start(|_, _| Reply::error(503, "overloaded"));
+    let (model, _) = client(&api, 2, PATIENT);
+    let unavailable = plan(&model).await.expect_err("every try fails");
+    assert_eq!(loops_hint(unavailable), loops::RetryHint::default());
+    assert_eq!(step_policy().max_attempts, 3);
+}

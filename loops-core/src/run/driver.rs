@@ -234,6 +234,7 @@ impl Drive<'_> {
             max_payload_bytes: self.settings.max_payload_bytes,
             park_threshold: self.settings.park_threshold,
             clock: self.held.signals.clock(run_id),
+            limits: Arc::clone(&self.settings.limits),
         });
         let mut run = Progress {
             info: entered.info,

@@ -10,6 +10,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
+use crate::limit::Limits;
 use crate::record::TransitionRecord;
 use crate::retry::RetryPolicy;
 use crate::store::Lease;
@@ -33,6 +34,8 @@ pub(crate) struct Settings {
     pub(crate) state_timeout: HashMap<(TypeId, &'static str), Duration>,
     pub(crate) max_payload_bytes: usize,
     pub(crate) park_threshold: Duration,
+    /// The named limits steps take, shared by every run of the runtime.
+    pub(crate) limits: Arc<Limits>,
 }
 
 impl Default for Settings {
@@ -45,6 +48,7 @@ impl Default for Settings {
             state_timeout: HashMap::new(),
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             park_threshold: DEFAULT_PARK_THRESHOLD,
+            limits: Arc::default(),
         }
     }
 }

@@ -102,6 +102,17 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Declares the named limit `name`, shared by every run of this runtime: steps that
+    /// name it ([`StepOptions::with_limit`](crate::StepOptions::with_limit)) take it before
+    /// each try, waiting (cancellably, holding nothing else) while `limit` is reached, and
+    /// release it when the try ends: "model": `Limit::concurrent(4).with_rate(60,
+    /// Duration::from_secs(60))`. The limit is this process's: workers of a shared store
+    /// each count their own.
+    pub fn limit(mut self, name: impl Into<String>, limit: crate::Limit) -> Self {
+        std::sync::Arc::make_mut(&mut self.config.settings.limits).insert(name.into(), limit);
+        self
+    }
+
     /// Sleeps shorter than this wait in place; longer ones park the run (default
     /// [`DEFAULT_PARK_THRESHOLD`](crate::DEFAULT_PARK_THRESHOLD), 1 s).
     pub fn park_threshold(mut self, threshold: Duration) -> Self {

@@ -10,6 +10,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
+use crate::limit::Limits;
 use crate::names::{RESERVED_PREFIX, validate_name};
 use crate::record::StepRecord;
 use crate::run::settings::LeaseClock;
@@ -46,6 +47,8 @@ pub(crate) struct RunScope {
     pub(crate) park_threshold: Duration,
     /// The lease's deadline, checked before a step's closure and every commit.
     pub(crate) clock: LeaseClock,
+    /// The runtime's named limits.
+    pub(crate) limits: Arc<Limits>,
 }
 
 #[derive(Default)]
@@ -285,4 +288,9 @@ impl Context {
             reason,
         })
     }
+}
+
+/// A duration in whole ms, saturating.
+pub(super) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

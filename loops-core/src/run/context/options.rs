@@ -27,6 +27,7 @@ pub struct StepOptions {
     pub(crate) retry: Option<RetryPolicy>,
     pub(crate) valid_for: Option<Duration>,
     pub(crate) revalidate: Option<Revalidate>,
+    pub(crate) limit: Option<String>,
 }
 
 impl fmt::Debug for StepOptions {
@@ -36,6 +37,7 @@ impl fmt::Debug for StepOptions {
             .field("retry", &self.retry)
             .field("valid_for", &self.valid_for)
             .field("revalidate", &self.revalidate.as_ref().map(|_| "<check>"))
+            .field("limit", &self.limit)
             .finish()
     }
 }
@@ -119,6 +121,17 @@ impl StepOptions {
         });
         StepOptions {
             revalidate: Some(revalidate),
+            ..self
+        }
+    }
+
+    /// These options with the named limit `name` (declared with
+    /// [`RuntimeBuilder::limit`](crate::RuntimeBuilder::limit)), taken before each try and
+    /// released when it ends: a try waits while the limit is reached, shared by every run of
+    /// the runtime. The wait is cancelled with the run, and a replayed step takes nothing.
+    pub fn with_limit(self, name: impl Into<String>) -> Self {
+        StepOptions {
+            limit: Some(name.into()),
             ..self
         }
     }

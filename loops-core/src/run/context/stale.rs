@@ -14,8 +14,7 @@ use serde::Serialize;
 use crate::error::{Error, Result};
 use crate::names::RESERVED_PREFIX;
 use crate::record::{StepRecord, now_ms};
-use crate::run::context::step::millis;
-use crate::run::context::{Context, StepOptions};
+use crate::run::context::{Context, StepOptions, millis};
 
 /// Why a generation of a step went stale, as recorded.
 #[derive(Serialize)]

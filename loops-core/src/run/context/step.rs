@@ -12,10 +12,11 @@ use tracing::Instrument;
 
 use crate::error::{Error, Result, error_chain};
 use crate::hint::retry_hint;
+use crate::limit::Taken;
 use crate::record::{FailureRecord, FailureSource, StepRecord, now_ms};
 use crate::retry::RetryPolicy;
 use crate::run::context::stale::Resolved;
-use crate::run::context::{Context, StepOptions};
+use crate::run::context::{Context, StepOptions, millis};
 use crate::store::{AfterFailure, Write};
 use crate::workflow::BoxError;
 
@@ -69,6 +70,7 @@ impl Context {
     /// records the `Err` like any output, and every replay hands back the same `Err`:
     ///
     /// ```no_run
+    /// # extern crate loops_core as loops;
     /// # async fn example(ctx: &loops::Context) -> loops::Result<()> {
     /// #[derive(serde::Serialize, serde::Deserialize)]
     /// enum Review { Approved, ChangesRequested(String) }
@@ -214,6 +216,7 @@ impl Context {
                 self.pause_until(at_ms).await?;
             }
             let try_no = tries.next_try();
+            let taken = self.take_limit(name, options.limit.as_deref()).await?;
             crate::failpoint::point("loops::step::before_effect");
             self.run.clock.check(self.seq)?; // Not once the lease lapsed.
             let started = Instant::now();
@@ -221,6 +224,7 @@ impl Context {
                 .one_try(name, occurrence, options.timeout, &mut f)
                 .await;
             let duration_ms = millis(started.elapsed());
+            drop(taken);
             let err = match outcome {
                 Ok(value) => {
                     crate::failpoint::point("loops::step::after_effect");
@@ -256,6 +260,36 @@ impl Context {
                 });
             }
         }
+    }
+
+    /// Takes the named limit `limit` for one try of the step `name`, waiting while it is
+    /// reached (cancelled with the run); nothing without a limit.
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`] if the runtime declares no limit of that name;
+    /// [`Error::Cancelled`] if the run is cancelled while the step waits.
+    async fn take_limit(&self, name: &str, limit: Option<&str>) -> Result<Option<Taken>> {
+        let Some(limit) = limit else {
+            return Ok(None);
+        };
+        if !self.run.limits.has(limit) {
+            return Err(Error::InvalidName {
+                run_id: self.run.run_id.clone(),
+                what: "limit name",
+                name: limit.to_owned(),
+                reason: "no limit of this name is declared (RuntimeBuilder::limit)",
+            });
+        }
+        let asked = Instant::now();
+        let taken = tokio::select! {
+            taken = self.run.limits.take(limit) => taken,
+            () = self.run.cancel.cancelled() => return Err(self.cancelled_error()),
+        };
+        let waited_ms = millis(asked.elapsed());
+        if waited_ms > 0 {
+            tracing::info!(step = name, limit, waited_ms, "waited for the limit");
+        }
+        Ok(taken)
     }
 
     /// One try of `f`, under the time-out of a try.
@@ -435,9 +469,4 @@ impl Context {
         let material = format!("{key}/{try_no}");
         (xxhash_rust::xxh3::xxh3_64(material.as_bytes()) >> 11) as f64 / (1u64 << 53) as f64
     }
-}
-
-/// A duration in whole ms, saturating.
-pub(super) fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
