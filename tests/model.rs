@@ -289,6 +289,8 @@ impl MRun {
     fn drive(&mut self, mut fresh: bool) {
         loop {
             match self.status {
+                // The model never blocks a run: it drives one version.
+                RunStatus::Blocked => unreachable!("the model never blocks a run"),
                 RunStatus::Completed => {
                     self.drv = Drv::Idle;
                     self.finish = Some(Finish::Done(self.current().clone()));

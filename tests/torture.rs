@@ -677,7 +677,7 @@ fn quiet(runtime: &Runtime, p: &Planned) -> bool {
     };
     match info.status {
         RunStatus::Completed | RunStatus::Failed | RunStatus::Cancelled => true,
-        RunStatus::Running => false,
+        RunStatus::Running | RunStatus::Blocked => false,
         RunStatus::Waiting => match &info.wait {
             Some(wait) if wait.until_ms.is_none() => match &wait.event {
                 Some(event) => !store.has_pending(&p.id, event).expect("inbox"),

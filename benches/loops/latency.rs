@@ -283,6 +283,7 @@ fn store_writes(
                         state: "Work".to_owned(),
                         record: bytes,
                         terminal: false,
+                        schema: record.schema,
                         at_ms,
                     },
                 )

@@ -33,6 +33,7 @@ pub fn status_style(status: RunStatus) -> Style {
         RunStatus::Completed => AnsiColor::Green,
         RunStatus::Failed => AnsiColor::Red,
         RunStatus::Cancelled => AnsiColor::Magenta,
+        RunStatus::Blocked => AnsiColor::Cyan,
     };
     Style::new().fg_color(Some(anstyle::Color::Ansi(color)))
 }

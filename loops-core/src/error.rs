@@ -118,7 +118,7 @@ pub enum Error {
     /// The stored schema hash differs from the compiled one: the workflow enum (or loops'
     /// record format) changed since the run was recorded. Nothing was written.
     #[error(
-        "run `{run_id}` of workflow `{workflow}` was recorded with schema {stored} but this build has {compiled}; refusing to resume{}",
+        "run `{run_id}` of workflow `{workflow}` was recorded with schema {stored} but this build has {compiled}; refusing to resume{} (keep the old version registered, or write a migration: see docs/evolution.md)",
         describe_changes(changes)
     )]
     SchemaMismatch {
@@ -132,6 +132,54 @@ pub enum Error {
         compiled: SchemaHash,
         /// What changed, each change with its class (compatible or breaking) and why; never
         /// empty (a missing stored description is a change of its own).
+        changes: crate::schema::SchemaDiff,
+    },
+
+    /// The run is [blocked](crate::RunStatus::Blocked): a build that cannot drive it said so
+    /// (the reason is its [`BlockInfo`](crate::BlockInfo)'s). It is left as it is until a
+    /// build that can route it unblocks it (docs/evolution.md).
+    #[error("run `{run_id}` is blocked in state `{state}` at seq {seq}: {reason}")]
+    RunBlocked {
+        /// The run.
+        run_id: String,
+        /// Its state.
+        state: String,
+        /// Its seq.
+        seq: u64,
+        /// Why it is blocked.
+        reason: String,
+    },
+
+    /// A [`Write::Migrate`](crate::store::Write::Migrate) does not fit the run: its record is
+    /// not a migration of the run's current record (another schema, seq or state seq).
+    /// Nothing was written.
+    #[error("run `{run_id}`: the migration of seq {seq} is refused: {reason}")]
+    MigrationRefused {
+        /// The run.
+        run_id: String,
+        /// The seq the migration was for.
+        seq: u64,
+        /// What does not fit.
+        reason: String,
+    },
+
+    /// A registered version claims to accept an older stored schema
+    /// ([`Workflow::ACCEPTS`](crate::Workflow::ACCEPTS), `#[workflow(accepts = [..])]`), but
+    /// the store's description of that schema differs from the version's by changes that are
+    /// breaking whatever state a run is in: the store is not opened. Write a migration
+    /// instead (docs/evolution.md).
+    #[error(
+        "version {version} of workflow `{workflow}` claims to accept schema {accepts}, but these changes are breaking{}",
+        describe_changes(changes)
+    )]
+    AcceptsRefused {
+        /// The workflow.
+        workflow: String,
+        /// The version that makes the claim.
+        version: u32,
+        /// The schema it claims to accept.
+        accepts: SchemaHash,
+        /// The breaking changes.
         changes: crate::schema::SchemaDiff,
     },
 
@@ -632,6 +680,8 @@ impl Error {
             | Error::WorkflowMismatch { run_id, .. }
             | Error::SchemaMismatch { run_id, .. }
             | Error::RunActive { run_id }
+            | Error::MigrationRefused { run_id, .. }
+            | Error::RunBlocked { run_id, .. }
             | Error::NotInitial { run_id, .. }
             | Error::SequenceConflict { run_id, .. }
             | Error::RecordMissing { run_id, .. }
@@ -660,6 +710,7 @@ impl Error {
             | Error::Storage { .. }
             | Error::Database { .. }
             | Error::NotRegistered { .. }
+            | Error::AcceptsRefused { .. }
             | Error::Closed => None,
         }
     }

@@ -37,23 +37,26 @@ pub use migrate::{
 };
 pub use names::{MAX_NAME_BYTES, MAX_RUN_ID_BYTES, RESERVED_PREFIX, validate_run_id};
 pub use panics::silence_caught_redb_panics;
-pub use record::{FailureRecord, FailureSource, StepRecord, Transition, TransitionRecord, now_ms};
+pub use record::{
+    FailureRecord, FailureSource, MigratedFrom, StepRecord, Transition, TransitionRecord, now_ms,
+};
 pub use retention::RetentionPolicy;
 pub use retry::{DEFAULT_MAX_INTERRUPTIONS, RetryPolicy};
 pub use route::{Blocked, KnownVersion, Route, StoredRun, route};
+pub use row::BlockInfo;
 pub use run::context::{Context, StepOptions};
 pub use run::dispatch::Dispatch;
 pub use run::settings::{DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PARK_THRESHOLD};
-pub use runtime::{Runtime, RuntimeBuilder, Sent};
+pub use runtime::{Routed, Runtime, RuntimeBuilder, Sent};
 pub use schema::{
     Change, Class, Enum, FORMAT_VERSION, Field, FieldFlags, Fields, ParseSchemaHashError, Repr,
     Schema, SchemaDiff, SchemaHash, Shape, StateShape, Struct, Variant, WorkflowShape, schema_diff,
 };
 pub use store::{
-    AfterFailure, BoxFuture, Compacted, CurrentLease, Effects, EventRecord, Facts, InboxChange,
-    Lease, LeaseCheck, Needs, PendingEvent, Pruned, Readiness, Ready, Record, RecordKey, RedbStore,
-    Reply, RowWrite, RunInfo, RunStatus, Store, StoreOptions, WaitInfo, WaitOutcome, Write,
-    event_record, plan, prune,
+    AfterFailure, BoxFuture, ClaimFilter, Compacted, CurrentLease, Effects, EventRecord, Facts,
+    InboxChange, Lease, LeaseCheck, Needs, PendingEvent, Pruned, Readiness, Ready, Record,
+    RecordKey, RedbStore, Reply, RowWrite, RunInfo, RunStatus, Store, StoreOptions, WaitInfo,
+    WaitOutcome, Write, event_record, plan, prune,
 };
 pub use workflow::{BoxError, StateId, Workflow};
 

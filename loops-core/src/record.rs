@@ -27,6 +27,24 @@ pub struct TransitionRecord {
     pub schema: SchemaHash,
     /// The whole workflow value (the enum, serialized by serde_json).
     pub payload: Box<RawValue>,
+    /// Set on a migration's record: the run was migrated from another version of its
+    /// workflow, and this record continues the state entered at [`MigratedFrom::seq`]
+    /// (whose steps and idempotency keys stay valid: see [`state_seq`](Self::state_seq)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub migrated: Option<MigratedFrom>,
+}
+
+/// Where a migration's [`TransitionRecord`] comes from: the schema and version the run was
+/// stored with, and the seq of the state the migrated state continues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigratedFrom {
+    /// The schema hash (pinned) of the record migrated from.
+    pub schema: SchemaHash,
+    /// The version (`#[workflow(version = N)]`) migrated from.
+    pub version: u32,
+    /// The seq the state was entered at (the record before the migration, or the state
+    /// that record continued, after migrations in a row).
+    pub seq: u64,
 }
 
 impl TransitionRecord {
@@ -54,7 +72,14 @@ impl TransitionRecord {
             at_ms,
             schema: W::SCHEMA_HASH.pinned(),
             payload,
+            migrated: None,
         })
+    }
+
+    /// The seq the record's state was entered at: [`seq`](Self::seq), or for a migration's
+    /// record the seq of the state it continues ([`MigratedFrom::seq`]).
+    pub fn state_seq(&self) -> u64 {
+        self.migrated.map_or(self.seq, |m| m.seq)
     }
 
     /// Decodes the payload as the workflow `W`.

@@ -96,6 +96,46 @@ pub struct Blocked {
     pub changes: SchemaDiff,
 }
 
+impl std::fmt::Display for Route {
+    /// One line: `drive on version 1 (hash)`, `migrate from version 1 to 2 (hash -> hash)`,
+    /// `accept on version 2 (hash), compatible: ...`, `blocked: reason`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Route::Drive(v) => write!(f, "drive on version {} ({})", v.version, v.hash),
+            Route::Migrate(chain) => {
+                let (from, to) = (chain.from(), chain.to());
+                write!(
+                    f,
+                    "migrate from version {} to {} ({} -> {})",
+                    from.version, to.version, from.hash, to.hash
+                )?;
+                if chain.migrations().len() > 1 {
+                    write!(f, " in {} migrations", chain.migrations().len())?;
+                }
+                Ok(())
+            }
+            Route::Accept { version, changes } => {
+                write!(
+                    f,
+                    "accept on version {} ({})",
+                    version.version, version.hash
+                )?;
+                if !changes.is_empty() {
+                    write!(f, ", compatible: {changes}")?;
+                }
+                Ok(())
+            }
+            Route::Block(blocked) => {
+                write!(f, "blocked: {}", blocked.reason)?;
+                if !blocked.changes.is_empty() {
+                    write!(f, "; changes: {}", blocked.changes)?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
 /// Decides what a build that compiled `known` (the versions of `run.workflow` it registered)
 /// and registered `migrations` does with `run`. In order: a version with the run's schema
 /// hash drives it; else a chain of migrations to a compiled version migrates it; else a

@@ -52,6 +52,15 @@ pub struct RunInfo {
     /// What a waiting run waits for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait: Option<WaitInfo>,
+    /// Why a [blocked](RunStatus::Blocked) run is blocked, and what changed; `None` for a
+    /// run that is not blocked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block: Option<BlockInfo>,
+    /// The sequence number the current state was entered at, when it is not `seq`: the
+    /// latest record is a migration ([`TransitionRecord::migrated`](crate::TransitionRecord::migrated)) that continues the state
+    /// entered there. `None`: the state was entered at `seq`. See [`state_seq`](Self::state_seq).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entered: Option<u64>,
 }
 
 impl RunInfo {
@@ -79,7 +88,18 @@ impl RunInfo {
             error: None,
             cancel: None,
             wait: None,
+            block: None,
+            entered: None,
         }
+    }
+
+    /// The sequence number the current state was entered at: `seq`, or, after a migration,
+    /// the seq of the state it continues. The current state's steps, waits, failures and
+    /// idempotency keys are keyed by it, and the writes made in the state
+    /// ([`Write::Step`](crate::store::Write::Step), [`Write::Wait`](crate::store::Write::Wait), [`Write::Failure`](crate::store::Write::Failure), [`Write::BeginAttempt`](crate::store::Write::BeginAttempt),
+    /// [`Write::Wake`](crate::store::Write::Wake)) carry it.
+    pub fn state_seq(&self) -> u64 {
+        self.entered.unwrap_or(self.seq)
     }
 
     /// Applies [`Write::BeginAttempt`](crate::store::Write::BeginAttempt) to a running run's row, the same in every store: if
@@ -131,6 +151,48 @@ pub struct WaitInfo {
     /// the Unix epoch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub until_ms: Option<u64>,
+}
+
+/// Why a run is [blocked](RunStatus::Blocked): stored in its row
+/// ([`RunInfo::block`]) by [`Write::Block`](crate::store::Write::Block), cleared by [`Write::Unblock`](crate::store::Write::Unblock) and
+/// [`Write::Migrate`](crate::store::Write::Migrate).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct BlockInfo {
+    /// One sentence: why the build that blocked the run cannot drive it (no version has its
+    /// schema, or its migration failed, with the error).
+    pub reason: String,
+    /// What changed between the run's schema and the version that could not take it, one
+    /// human line per change (the [`SchemaDiff`](crate::SchemaDiff)'s texts); may be empty
+    /// (a build that compiles no version of the workflow, a failed migration).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub changes: Vec<String>,
+    /// The run's schema hash when it was blocked.
+    pub schema: SchemaHash,
+    /// When it was blocked, in ms since the Unix epoch.
+    pub at_ms: u64,
+    /// The status the run goes back to when it is unblocked (running or waiting).
+    pub resume: RunStatus,
+}
+
+impl BlockInfo {
+    /// A block of a run of schema `schema` at `at_ms` (ms since the Unix epoch), which goes
+    /// back to `resume` when unblocked.
+    pub fn new(
+        reason: impl Into<String>,
+        changes: Vec<String>,
+        schema: SchemaHash,
+        at_ms: u64,
+        resume: RunStatus,
+    ) -> BlockInfo {
+        BlockInfo {
+            reason: reason.into(),
+            changes,
+            schema,
+            at_ms,
+            resume,
+        }
+    }
 }
 
 fn is_zero(n: &u32) -> bool {

@@ -20,21 +20,33 @@ pub enum RunStatus {
     Failed,
     /// The run was cancelled.
     Cancelled,
+    /// No version of its workflow that this build (or the last build that looked at it)
+    /// compiles can drive the run: its records have a schema that no registered version
+    /// has, accepts, or migrates from, or its migration failed.
+    /// [`RunInfo::block`](crate::RunInfo::block) says why and what changed. A blocked run is
+    /// not ended and never needs a driver: it is left alone (never retried) until a build
+    /// that can route it starts, or registers the version or migration it lacks, and
+    /// unblocks it. See docs/evolution.md.
+    Blocked,
 }
 
 impl RunStatus {
     /// Every status, in index order.
-    pub const ALL: [RunStatus; 5] = [
+    pub const ALL: [RunStatus; 6] = [
         RunStatus::Running,
         RunStatus::Waiting,
         RunStatus::Completed,
         RunStatus::Failed,
         RunStatus::Cancelled,
+        RunStatus::Blocked,
     ];
 
-    /// Whether the run has ended (completed, failed or cancelled).
+    /// Whether the run has ended (completed, failed or cancelled). A blocked run has not.
     pub fn is_ended(self) -> bool {
-        !matches!(self, RunStatus::Running | RunStatus::Waiting)
+        !matches!(
+            self,
+            RunStatus::Running | RunStatus::Waiting | RunStatus::Blocked
+        )
     }
 
     /// The lowercase name (`"running"`).
@@ -45,6 +57,7 @@ impl RunStatus {
             RunStatus::Completed => "completed",
             RunStatus::Failed => "failed",
             RunStatus::Cancelled => "cancelled",
+            RunStatus::Blocked => "blocked",
         }
     }
 
@@ -55,6 +68,7 @@ impl RunStatus {
             RunStatus::Failed => 2,
             RunStatus::Cancelled => 3,
             RunStatus::Waiting => 4,
+            RunStatus::Blocked => 5,
         }
     }
 }

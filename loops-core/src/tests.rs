@@ -407,9 +407,11 @@ async fn schema_change_is_refused_and_writes_nothing() {
         );
     }
     let before = std::fs::read(&path).unwrap();
-    // Declared at open: refused before the file is opened for writing.
+    // Declared at open, with the strict check: refused before the file is opened for
+    // writing.
     let err = Runtime::builder()
         .workflow::<JobV2>()
+        .strict_schemas(true)
         .open(&path)
         .unwrap_err();
     assert!(
@@ -420,9 +422,18 @@ async fn schema_change_is_refused_and_writes_nothing() {
         std::fs::read(&path).unwrap() == before,
         "the refusal changed the file"
     );
-    // Not declared: refused when driven, and no record or row changes (redb itself rewrites
-    // its header when a writable handle closes, so compare the content).
-    let content_before = dump(&path);
+    // Without the strict check (the default), the store opens; driven as `JobV2`, the run is
+    // refused and marked blocked, its records unchanged.
+    let history_before: Vec<String> = {
+        let rt = Runtime::builder().workflow::<JobV2>().open(&path).unwrap();
+        rt.history::<Job>("r")
+            .await
+            .unwrap()
+            .iter()
+            .map(|t| t.state.name().to_owned())
+            .collect()
+    };
+    assert_eq!(history_before, ["Start", "Work"]);
     {
         let rt = Runtime::open(&path).unwrap();
         let err = rt
@@ -449,7 +460,31 @@ async fn schema_change_is_refused_and_writes_nothing() {
             other => panic!("expected SchemaMismatch, got {other:?}"),
         }
     }
-    assert_eq!(dump(&path), content_before);
+    let content_blocked = dump(&path);
+    {
+        let rt = Runtime::open(&path).unwrap();
+        let info = rt.run_info("r").await.unwrap().unwrap();
+        assert_eq!(
+            (info.status, info.state.as_str(), info.seq),
+            (RunStatus::Blocked, "Work", 1)
+        );
+        let block = info.block.expect("a blocked run says why");
+        assert_eq!(block.resume, RunStatus::Running);
+        assert_eq!(block.schema, Job::SCHEMA_HASH.pinned());
+        assert_eq!(block.changes.len(), 1);
+        assert!(
+            block.changes[0].starts_with("state `Start`: field `n` changed from `u32` to `u64`"),
+            "{:?}",
+            block.changes
+        );
+        assert_eq!(rt.history::<Job>("r").await.unwrap().len(), 2);
+        // Refused again: the run is blocked already, and nothing is written.
+        assert!(matches!(
+            rt.run("r", JobV2::Start { n: 1 }, &Worker::default()).await,
+            Err(Error::SchemaMismatch { .. })
+        ));
+    }
+    assert_eq!(dump(&path), content_blocked);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -492,13 +527,31 @@ async fn a_background_driver_refused_for_its_schema_is_not_retried() {
         }
         assert_eq!(rt.inner.background.live_tasks(), 0);
         assert_eq!(rt.inner.background.armed_timers(), 0);
+        // Blocked, once; its records as they were.
         let info = rt.run_info("r").await.unwrap().unwrap();
         assert_eq!(
             (info.status, info.state.as_str(), info.seq),
-            (RunStatus::Running, "Work", 1)
+            (RunStatus::Blocked, "Work", 1)
         );
+        assert_eq!(info.block.map(|b| b.resume), Some(RunStatus::Running));
+        assert_eq!(rt.history::<Job>("r").await.unwrap().len(), 2);
     }
-    assert_eq!(dump(&path), content_before);
+    assert_ne!(dump(&path), content_before);
+    let content_blocked = dump(&path);
+    {
+        // The same build again: the run is blocked already; nothing is written.
+        let rt = Runtime::open(&path).unwrap();
+        rt.register::<JobV2, _>(Worker::default());
+        rt.resume_all().await.unwrap();
+        for _ in 0..500 {
+            if rt.inner.background.live_tasks() == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        assert_eq!(rt.inner.background.live_tasks(), 0);
+    }
+    assert_eq!(dump(&path), content_blocked);
 }
 
 /// Every key and value of every table, as text.
@@ -808,10 +861,10 @@ async fn starting_a_run_that_is_driven_already_returns_its_status() {
         (again.status, again.state.as_str(), again.seq),
         (RunStatus::Running, "Work", 1)
     );
-    // Another shape of the workflow under the same id is still refused.
+    // Another version of the workflow, not registered, cannot start anything.
     assert!(matches!(
         rt.start("r", JobV2::Start { n: 0 }).await,
-        Err(Error::SchemaMismatch { .. })
+        Err(Error::NotRegistered { .. })
     ));
     assert_eq!(rt.wait::<Job>("r").await.unwrap(), Job::Done { acc: 0 });
     // One driver ran it: each state's handler once.
@@ -1772,6 +1825,8 @@ async fn retention_selects_by_age_and_count() {
         error: None,
         cancel: None,
         wait: None,
+        block: None,
+        entered: None,
     };
     let runs = vec![info("a", 1_000), info("b", 5_000), info("c", 9_000)];
     let by_age = RetentionPolicy::older_than(Duration::from_millis(4_000));

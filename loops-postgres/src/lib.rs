@@ -508,7 +508,7 @@ impl Store for PgStore {
 
     fn claim_ready<'a>(
         &'a self,
-        workflows: &'a [String],
+        workflows: &'a [loops_core::ClaimFilter],
         limit: usize,
     ) -> BoxFuture<'a, loops_core::Result<Vec<(RunInfo, Lease)>>> {
         Box::pin(self.lease_claim_ready(workflows, limit))

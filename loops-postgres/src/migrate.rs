@@ -17,7 +17,10 @@ struct Migration {
 }
 
 /// Every migration, oldest first.
-const MIGRATIONS: &[Migration] = &[Migration {
+const MIGRATIONS: &[Migration] = &[MIGRATION_1, MIGRATION_2];
+
+/// The tables.
+const MIGRATION_1: Migration = Migration {
     version: 1,
     description: "runs, journal, steps, failures, schemas, inbox, leases",
     sql: r#"
@@ -83,10 +86,27 @@ CREATE TABLE {s}.leases (
 );
 CREATE SEQUENCE {s}.lease_tokens;
 "#,
-}];
+};
+
+/// Workflow evolution: blocked runs, and each run's schema hash as a column, so that a
+/// worker claims only the runs of the schemas it can route (backfilled from the rows).
+const MIGRATION_2: Migration = Migration {
+    version: 2,
+    description: "runs: status 'blocked', schema column (backfilled) and the claim's index",
+    sql: r#"
+ALTER TABLE {s}.runs DROP CONSTRAINT runs_status_check;
+ALTER TABLE {s}.runs ADD CONSTRAINT runs_status_check
+    CHECK (status IN ('running', 'waiting', 'completed', 'failed', 'cancelled', 'blocked'));
+ALTER TABLE {s}.runs ADD COLUMN schema text COLLATE "C";
+UPDATE {s}.runs SET schema = info::json->>'schema';
+ALTER TABLE {s}.runs ALTER COLUMN schema SET NOT NULL;
+CREATE INDEX runs_claim ON {s}.runs (workflow, schema, run_id)
+    WHERE status IN ('running', 'waiting');
+"#,
+};
 
 /// The newest schema version this build knows (and creates).
-pub const SCHEMA_VERSION: i32 = 1;
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// Checks, writing nothing, that schema `schema` is at [`SCHEMA_VERSION`]. Returns it.
 pub(crate) async fn check(client: &tokio_postgres::Client, schema: &str) -> Result<i32, Error> {

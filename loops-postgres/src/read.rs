@@ -2,10 +2,10 @@
 //! connection if the connection failed.
 
 use deadpool_postgres::Pool;
+use loops_core::{ClaimFilter, EventRecord, Lease, RunInfo, RunStatus};
 use loops_core::{
     Error, FailureRecord, RecordKind, Result, SchemaHash, StepRecord, TransitionRecord,
 };
-use loops_core::{EventRecord, Lease, RunInfo, RunStatus};
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
@@ -326,19 +326,43 @@ impl PgStore {
 
     pub(crate) async fn lease_claim_ready(
         &self,
-        workflows: &[String],
+        workflows: &[ClaimFilter],
         limit: usize,
     ) -> Result<Vec<(RunInfo, Lease)>> {
         if workflows.is_empty() || limit == 0 {
             return Ok(Vec::new());
         }
-        let names: Vec<&str> = workflows.iter().map(String::as_str).collect();
+        let names: Vec<&str> = workflows.iter().map(|f| f.workflow.as_str()).collect();
+        // (workflow, schema) pairs; a null schema admits every schema of the workflow.
+        let mut pair_workflows: Vec<&str> = Vec::new();
+        let mut pair_schemas: Vec<Option<String>> = Vec::new();
+        for filter in workflows {
+            match &filter.schemas {
+                None => {
+                    pair_workflows.push(&filter.workflow);
+                    pair_schemas.push(None);
+                }
+                Some(schemas) => {
+                    for hash in schemas {
+                        pair_workflows.push(&filter.workflow);
+                        pair_schemas.push(Some(hash.to_string()));
+                    }
+                }
+            }
+        }
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let rows = self
             .rows(
                 || "claiming runs that need a driver".to_owned(),
                 &self.inner.sql.claim_ready,
-                &[&names, &limit, &self.inner.owner, &self.ttl_ms()],
+                &[
+                    &names,
+                    &limit,
+                    &self.inner.owner,
+                    &self.ttl_ms(),
+                    &pair_workflows,
+                    &pair_schemas,
+                ],
             )
             .await?;
         rows.iter()

@@ -62,11 +62,11 @@ impl Sql {
             lock_runs: f("SELECT info, run_id FROM {s}.runs WHERE run_id = ANY($1) \
                  ORDER BY run_id FOR UPDATE"),
             insert_run: f("INSERT INTO {s}.runs \
-                 (run_id, workflow, status, seq, wait_event, wait_until_ms, info) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7)"),
+                 (run_id, workflow, status, seq, wait_event, wait_until_ms, info, schema) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"),
             update_run: f(
                 "UPDATE {s}.runs SET status = $2, seq = $3, wait_event = $4, \
-                 wait_until_ms = $5, info = $6 WHERE run_id = $1",
+                 wait_until_ms = $5, info = $6, schema = $7 WHERE run_id = $1",
             ),
             insert_journal: f("INSERT INTO {s}.journal (run_id, seq, record) VALUES ($1, $2, $3)"),
             journal_exists: f("SELECT EXISTS (SELECT 1 FROM {s}.journal \
@@ -154,11 +154,16 @@ impl Sql {
             // `wait_until_ms` (ready from then on) and `wait_event` (ready once that event
             // is in the inbox). Rows written before the columns meant that leave them empty
             // for a running run, hence `status = 'running'`; the status filter also keeps
-            // the query on the `runs_status` index.
+            // the query on an index (`runs_status`, or `runs_claim`, which has the schema).
+            // Only runs of the schemas the worker can route are taken: `$5` and `$6` are
+            // pairs (workflow, schema hash), a null hash meaning every schema of the
+            // workflow.
             claim_ready: f("WITH ready AS ( \
                    SELECT r.run_id FROM {s}.runs r \
                    WHERE r.workflow = ANY($1) \
                    AND r.status IN ('running', 'waiting') \
+                   AND EXISTS (SELECT 1 FROM unnest($5::text[], $6::text[]) AS c(workflow, schema) \
+                     WHERE c.workflow = r.workflow AND (c.schema IS NULL OR c.schema = r.schema)) \
                    AND (r.status = 'running' OR r.wait_until_ms <= {now} \
                      OR EXISTS (SELECT 1 FROM {s}.inbox i WHERE i.run_id = r.run_id \
                        AND i.name = r.wait_event AND NOT i.delivered)) \

@@ -499,7 +499,8 @@ fn writes<'a>(sql: &'a Sql, effects: &Effects<'_>) -> Vec<(Stmt<'a>, Option<Erro
 }
 
 /// The insert or update of a run's row. The `wait_event` and `wait_until_ms` columns hold
-/// the row's [`readiness`](RunInfo::readiness), which `claim_ready` filters on.
+/// the row's [`readiness`](RunInfo::readiness), and `schema` its schema hash, which
+/// `claim_ready` filters on.
 fn row_statement<'a>(sql: &'a Sql, row: &RowWrite) -> Stmt<'a> {
     let info = &row.info;
     let ready = info.readiness();
@@ -509,17 +510,18 @@ fn row_statement<'a>(sql: &'a Sql, row: &RowWrite) -> Stmt<'a> {
     let event: Param = Box::new(ready.event.map(str::to_owned));
     let from: Param = Box::new(ready.from_ms.map(big));
     let json: Param = Box::new(utf8(&info.encode()).to_owned());
+    let schema: Param = Box::new(info.schema.to_string());
     match row.was {
         None => {
             let workflow: Param = Box::new(info.workflow.clone());
             statement(
                 &sql.insert_run,
-                vec![run_id, workflow, status, seq, event, from, json],
+                vec![run_id, workflow, status, seq, event, from, json, schema],
             )
         }
         Some(_) => statement(
             &sql.update_run,
-            vec![run_id, status, seq, event, from, json],
+            vec![run_id, status, seq, event, from, json, schema],
         ),
     }
 }

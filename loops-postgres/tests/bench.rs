@@ -95,6 +95,8 @@ fn info(run_id: &str) -> RunInfo {
         error: None,
         cancel: None,
         wait: None,
+        block: None,
+        entered: None,
     }
 }
 
@@ -109,6 +111,7 @@ fn record(seq: u64) -> Vec<u8> {
         at_ms: 1,
         schema: SchemaHash::from_u64(1),
         payload: serde_json::value::RawValue::from_string(payload).unwrap(),
+        migrated: None,
     })
     .unwrap()
 }
@@ -141,6 +144,7 @@ async fn store_latency(store: &dyn Store, n: usize) -> (Stats, Stats) {
                     state: "Step".into(),
                     record: bytes,
                     terminal: false,
+                    schema: SchemaHash::from_u64(1),
                     at_ms: 1,
                 },
             )

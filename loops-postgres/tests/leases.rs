@@ -145,7 +145,7 @@ impl Store for Counting {
     }
     fn claim_ready<'a>(
         &'a self,
-        workflows: &'a [String],
+        workflows: &'a [loops_core::ClaimFilter],
         limit: usize,
     ) -> BoxFuture<'a, loops_core::Result<Vec<(RunInfo, Lease)>>> {
         self.inner.claim_ready(workflows, limit)

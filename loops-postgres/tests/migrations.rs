@@ -38,12 +38,19 @@ async fn workers_starting_at_once_migrate_once() {
     let versions: Vec<(i32, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
     assert_eq!(
         versions,
-        vec![(
-            1,
-            "runs, journal, steps, failures, schemas, inbox, leases".to_owned()
-        )]
+        vec![
+            (
+                1,
+                "runs, journal, steps, failures, schemas, inbox, leases".to_owned()
+            ),
+            (
+                2,
+                "runs: status 'blocked', schema column (backfilled) and the claim's index"
+                    .to_owned()
+            )
+        ]
     );
-    assert_eq!(SCHEMA_VERSION, 1);
+    assert_eq!(SCHEMA_VERSION, 2);
     let tables: Vec<String> = common::admin()
         .await
         .query(
@@ -105,7 +112,7 @@ async fn a_newer_schema_is_refused_and_left_alone() {
     assert_eq!(
         err.to_string(),
         format!(
-            "schema \"{}\" is at version 7, newer than the version 1 this build knows; upgrade loops-postgres",
+            "schema \"{}\" is at version 7, newer than the version 2 this build knows; upgrade loops-postgres",
             schema.name
         )
     );

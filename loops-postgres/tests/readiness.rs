@@ -29,6 +29,8 @@ fn info(run_id: &str) -> RunInfo {
         error: None,
         cancel: None,
         wait: None,
+        block: None,
+        entered: None,
     }
 }
 
@@ -75,7 +77,7 @@ async fn a_waiting_run_with_a_pending_cancel_is_claimed(store: &dyn Store) {
         (RunStatus::Waiting, Some("stop"))
     );
     let claimed: BTreeMap<String, (RunStatus, Option<String>)> = store
-        .claim_ready(&[WF.to_owned()], 10)
+        .claim_ready(&[loops_core::ClaimFilter::any(WF)], 10)
         .await
         .unwrap()
         .into_iter()

@@ -332,6 +332,7 @@ fn status_colours(status: RunStatus) -> (u32, u32) {
         RunStatus::Completed => (0xbbf7d0, 0x15803d),
         RunStatus::Failed => (0xfecaca, 0xb91c1c),
         RunStatus::Cancelled => (0xe5e7eb, 0x4b5563),
+        RunStatus::Blocked => (0xfed7aa, 0xc2410c),
     }
 }
 

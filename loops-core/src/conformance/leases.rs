@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::record::now_ms;
-use crate::store::{AfterFailure, Lease, Reply, RunInfo, RunStatus, WaitOutcome};
+use crate::store::{AfterFailure, ClaimFilter, Lease, Reply, RunInfo, RunStatus, WaitOutcome};
 
 use super::factory::{Factory, Outcome};
 use super::support::{
@@ -172,7 +172,7 @@ pub(super) async fn fenced_writes_leave_no_trace(f: &dyn Factory) -> Outcome {
 pub(super) async fn claim_ready(f: &dyn Factory) {
     let store = f.store();
     let store = &*store;
-    let wfs = vec![WF.to_owned()];
+    let wfs = vec![ClaimFilter::any(WF)];
     // Running, waiting for an event (none yet), sleeping until a time that passed,
     // ended, and of another workflow.
     for id in ["run1", "run2", "evt", "slept", "done"] {
@@ -253,7 +253,7 @@ pub(super) async fn claim_ready(f: &dyn Factory) {
         assert_eq!(got, set(&["evt", "slept"]));
         let other = second(f).await;
         assert!(other.claim_ready(&wfs, 10).await.unwrap().is_empty());
-        let all = vec![WF.to_owned(), "other".to_owned()];
+        let all = vec![ClaimFilter::any(WF), ClaimFilter::any("other")];
         assert_eq!(
             claim(other.claim_ready(&all, 10).await.unwrap()),
             set(&["other"])

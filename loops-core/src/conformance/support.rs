@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use crate::error::Error;
 use crate::record::{FailureRecord, FailureSource};
-use crate::schema::SchemaHash;
 use crate::store::{AfterFailure, Lease, Reply, RunInfo, RunStatus, Store, WaitOutcome};
 
 use super::factory::Factory;
@@ -13,8 +12,7 @@ use super::writes;
 
 /// The workflow of the suite's runs.
 pub(super) const WF: &str = "wf";
-/// The schema hash of the suite's runs.
-pub(super) const HASH: SchemaHash = SchemaHash::from_u64(0x1234);
+pub(super) use super::writes::HASH;
 
 /// The row of a run of [`WF`] just created in state `A`.
 pub(super) fn info(run_id: &str) -> RunInfo {
@@ -34,6 +32,8 @@ pub(super) fn info(run_id: &str) -> RunInfo {
         error: None,
         cancel: None,
         wait: None,
+        block: None,
+        entered: None,
     }
 }
 

@@ -3,7 +3,11 @@
 //! this file is what follows them; the cases only call these.
 
 use crate::record::FailureRecord;
+use crate::schema::SchemaHash;
 use crate::store::{AfterFailure, RunInfo, Write};
+
+/// The schema hash of the suite's runs (and of the records its transitions write).
+pub(super) const HASH: SchemaHash = SchemaHash::from_u64(0x1234);
 
 /// [`Write::Create`].
 pub(super) fn create(info: RunInfo, record: Vec<u8>, schema_text: &'static str) -> Write {
@@ -29,6 +33,7 @@ pub(super) fn transition(
         state: state.to_owned(),
         record,
         terminal,
+        schema: HASH,
         at_ms,
     }
 }

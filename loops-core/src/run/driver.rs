@@ -111,48 +111,58 @@ impl Drive<'_> {
         &self.held.run_id
     }
 
-    /// Finds the run or, when `initial` is given, creates it; refuses a run of another
-    /// workflow or schema without writing anything.
-    pub(crate) async fn enter<W: Workflow>(&self, initial: Option<W>) -> Result<Entered> {
+    /// The run's row and latest record, if the run exists.
+    pub(crate) async fn find(&self) -> Result<Option<(RunInfo, TransitionRecord)>> {
+        self.store.latest(self.run_id()).await
+    }
+
+    /// Checks that a found run can be driven as `W`: of `W`'s workflow, with `W`'s schema or
+    /// with `accepted` (a schema the route found `W` accepts), in its row and its latest
+    /// record; refuses without writing anything.
+    pub(crate) async fn check<W: Workflow>(
+        &self,
+        info: RunInfo,
+        record: TransitionRecord,
+        accepted: Option<SchemaHash>,
+    ) -> Result<Entered> {
         let run_id = self.run_id();
-        let store = &**self.store;
-        let compiled = W::SCHEMA_HASH.pinned();
-        if let Some((info, record)) = store.latest(run_id).await? {
-            if info.workflow != W::NAME {
-                return Err(Error::WorkflowMismatch {
-                    run_id: run_id.to_owned(),
-                    stored: info.workflow,
-                    requested: W::NAME,
-                });
-            }
-            if info.schema != compiled || record.schema != compiled {
-                let stored = if info.schema != compiled {
-                    info.schema
-                } else {
-                    record.schema
-                };
-                tracing::warn!(%stored, %compiled, "schema changed; refusing to resume");
-                return Err(Error::SchemaMismatch {
-                    run_id: run_id.to_owned(),
-                    workflow: W::NAME.to_owned(),
-                    stored,
-                    compiled,
-                    changes: schema_changes::<W>(store, stored).await,
-                });
-            }
-            tracing::info!(state = %record.state, seq = info.seq, status = %info.status, "resuming run");
-            crate::failpoint::point("loops::resume::after_read");
-            return Ok(Entered {
-                info,
-                record,
-                fresh: false,
+        if info.workflow != W::NAME {
+            return Err(Error::WorkflowMismatch {
+                run_id: run_id.to_owned(),
+                stored: info.workflow,
+                requested: W::NAME,
             });
         }
-        let Some(initial) = initial else {
-            return Err(Error::RunNotFound {
+        let compiled = W::SCHEMA_HASH.pinned();
+        let ok = |h: SchemaHash| h == compiled || Some(h) == accepted;
+        if !ok(info.schema) || !ok(record.schema) {
+            let stored = if ok(info.schema) {
+                record.schema
+            } else {
+                info.schema
+            };
+            tracing::warn!(%stored, %compiled, "schema changed; refusing to resume");
+            return Err(Error::SchemaMismatch {
                 run_id: run_id.to_owned(),
+                workflow: W::NAME.to_owned(),
+                stored,
+                compiled,
+                changes: schema_changes::<W>(&**self.store, stored).await,
             });
-        };
+        }
+        tracing::info!(state = %record.state, seq = info.seq, status = %info.status, "resuming run");
+        crate::failpoint::point("loops::resume::after_read");
+        Ok(Entered {
+            info,
+            record,
+            fresh: false,
+        })
+    }
+
+    /// Creates the run in `initial`, which must be `W`'s initial state.
+    pub(crate) async fn create<W: Workflow>(&self, initial: W) -> Result<Entered> {
+        let run_id = self.run_id();
+        let store = &**self.store;
         let given = initial.state();
         if given != <W::State as StateId>::INITIAL {
             return Err(Error::NotInitial {
@@ -224,7 +234,9 @@ impl Drive<'_> {
                 continue;
             }
             run.fresh = false;
-            let seq = run.info.seq;
+            // The state's seq: steps, waits and failures of a migrated state stay keyed by
+            // the seq it was entered at.
+            let seq = run.info.state_seq();
             let attempt = run.info.attempt;
             let recorded = if std::mem::take(&mut run.entered_here) {
                 Vec::new()
@@ -309,7 +321,7 @@ impl Drive<'_> {
                         Some(&self.held.lease),
                         Write::Wake {
                             run_id: run_id.to_owned(),
-                            seq: info.seq,
+                            seq: info.state_seq(),
                             at_ms: now_ms(),
                         },
                     )
@@ -320,6 +332,17 @@ impl Drive<'_> {
                 Ok(Settled::Again)
             }
             RunStatus::Running => Ok(Settled::Handle),
+            // Blocked by another build meanwhile: leave it to a build that can route it.
+            RunStatus::Blocked => Err(Error::RunBlocked {
+                run_id: run_id.to_owned(),
+                state: info.state.clone(),
+                seq: info.seq,
+                reason: info
+                    .block
+                    .as_ref()
+                    .map(|b| b.reason.clone())
+                    .unwrap_or_default(),
+            }),
         }
     }
 
@@ -399,7 +422,7 @@ impl Drive<'_> {
                 Some(&self.held.lease),
                 Write::BeginAttempt {
                     run_id: run_id.to_owned(),
-                    seq: run.info.seq,
+                    seq: run.info.state_seq(),
                     max_attempts: policy.max_attempts,
                     max_interruptions: policy.max_interruptions,
                     at_ms: now_ms(),
@@ -457,6 +480,12 @@ impl Drive<'_> {
         let run_id = self.run_id();
         let seq = run.info.seq;
         let to = next.state();
+        let Some(next_seq) = seq.checked_add(1) else {
+            return Err(Error::SequenceConflict {
+                run_id: run_id.to_owned(),
+                seq,
+            });
+        };
         if !state.can_move_to(to) {
             return Err(Error::IllegalTransition {
                 run_id: run_id.to_owned(),
@@ -466,7 +495,7 @@ impl Drive<'_> {
             });
         }
         let now = now_ms();
-        let next_record = TransitionRecord::encode(run_id, seq + 1, &next, now)?;
+        let next_record = TransitionRecord::encode(run_id, next_seq, &next, now)?;
         self.settings.check_size(run_id, &next_record)?;
         crate::failpoint::point("loops::transition::before_commit");
         run.info = self
@@ -475,10 +504,11 @@ impl Drive<'_> {
                 Some(&self.held.lease),
                 Write::Transition {
                     run_id: run_id.to_owned(),
-                    seq: seq + 1,
+                    seq: next_seq,
                     state: to.name().to_owned(),
                     record: next_record.to_bytes(),
                     terminal: to.is_terminal(),
+                    schema: W::SCHEMA_HASH.pinned(),
                     at_ms: now,
                 },
             )
@@ -488,7 +518,7 @@ impl Drive<'_> {
         tracing::info!(
             from = state.name(),
             to = to.name(),
-            seq = seq + 1,
+            seq = next_seq,
             "transition committed"
         );
         run.record = next_record;
@@ -507,7 +537,7 @@ impl Drive<'_> {
         failure: Failure,
     ) -> Result<()> {
         let run_id = self.run_id();
-        let (seq, attempt) = (run.info.seq, run.info.attempt);
+        let (seq, attempt) = (run.info.state_seq(), run.info.attempt);
         let policy = self.settings.retry_policy::<W>(state);
         let err: BoxError = match failure {
             Failure::Handler(e) => e,

@@ -5,12 +5,13 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::migrate::{Migrate, Migration, Versioned};
 use crate::retention::RetentionPolicy;
 use crate::retry::RetryPolicy;
 use crate::run::dispatch::Dispatch;
 use crate::run::settings::Settings;
-use crate::runtime::handle::{Config, Runtime};
+use crate::runtime::handle::{Config, Registry, Runtime};
 use crate::runtime::registered::Registered;
 use crate::store::Store;
 use crate::store::precheck::{SchemaCheck, check_schemas, precheck};
@@ -34,7 +35,8 @@ impl Default for RuntimeBuilder {
                 max_active_runs: None,
                 checks: Vec::new(),
                 retention: RetentionPolicy::default(),
-                drivers: Vec::new(),
+                strict_schemas: false,
+                registry: Registry::default(),
             },
         }
     }
@@ -123,11 +125,13 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Declares a workflow this runtime drives. When the store opens, every unfinished run of
-    /// `W` must have been recorded with `W`'s compiled schema: otherwise
-    /// [`open`](Self::open) refuses with [`Error::SchemaMismatch`](crate::Error::SchemaMismatch) and the store file's bytes
-    /// are left as they are. (Without this, each run is checked when it is driven, and refused
-    /// then without writing a record.)
+    /// Declares a workflow this runtime drives, for the strict check of
+    /// [`strict_schemas`](Self::strict_schemas): with it on, when the store opens, every
+    /// unfinished run of `W` must have been recorded with `W`'s compiled schema, otherwise
+    /// [`open`](Self::open) refuses with [`Error::SchemaMismatch`](crate::Error::SchemaMismatch)
+    /// and the store file's bytes are left as they are. Without it (the default), each run is
+    /// routed when it is driven: a run that no registered version takes is
+    /// [blocked](crate::RunStatus::Blocked), and the others go on.
     pub fn workflow<W: Workflow>(mut self) -> Self {
         self.config.checks.push(SchemaCheck {
             workflow: W::NAME,
@@ -137,8 +141,10 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Registers `handler` as the driver of workflow `W`'s runs, as
-    /// [`Runtime::register`] does, and declares `W` as [`workflow`](Self::workflow) does.
+    /// Registers `handler` as the driver of version `W` of workflow `W::NAME`, as
+    /// [`Runtime::register`] does (several versions of one workflow live side by side; the
+    /// same version again replaces its handler), and declares `W` as
+    /// [`workflow`](Self::workflow) does.
     pub fn register<W, H>(self, handler: H) -> Self
     where
         W: Dispatch<H>,
@@ -146,29 +152,82 @@ impl RuntimeBuilder {
     {
         let mut this = self.workflow::<W>();
         this.config
-            .drivers
-            .push((W::NAME, Arc::new(Registered::<W, H>::new(handler))));
+            .registry
+            .add_version(W::NAME, Registered::<W, H>::version(handler));
         this
+    }
+
+    /// Registers the migration `impl Migrate<Old> for New`, as [`Runtime::migration`] does.
+    pub fn migration<Old: Versioned, New: Migrate<Old>>(mut self) -> Self {
+        self.config
+            .registry
+            .add_migration(Migration::of::<Old, New>());
+        self
+    }
+
+    /// Whether [`open`](Self::open) refuses a store that holds an unfinished run of a
+    /// declared workflow ([`workflow`](Self::workflow), [`register`](Self::register)) recorded
+    /// with another schema than the declared version's (default: `false`). Off, such runs are
+    /// routed one by one when they are driven (migrated, accepted, or blocked), and the store
+    /// opens whatever they hold.
+    pub fn strict_schemas(mut self, strict: bool) -> Self {
+        self.config.strict_schemas = strict;
+        self
     }
 
     /// Opens (or creates) the store file at `path` and returns the runtime.
     ///
     /// # Errors
-    /// - [`Error::SchemaMismatch`](crate::Error::SchemaMismatch) if an unfinished run of a workflow declared with
+    /// - [`Error::AcceptsRefused`](crate::Error::AcceptsRefused) if a registered version claims to accept a stored schema
+    ///   whose differences from it are breaking (the store file is opened, and nothing
+    ///   written);
+    /// - with [`strict_schemas`](Self::strict_schemas) only, [`Error::SchemaMismatch`](crate::Error::SchemaMismatch) if an unfinished run of a workflow declared with
     ///   [`workflow`](Self::workflow) or [`register`](Self::register) has another schema: the
     ///   file is not opened for writing, unless it needs redb's crash repair (it was not closed
     ///   cleanly), which the open then makes before checking; loops itself writes nothing;
     /// - as [`RedbStore::open`](crate::RedbStore::open): [`Error::StoreLocked`](crate::Error::StoreLocked) if the file is open elsewhere,
     ///   [`Error::Open`](crate::Error::Open) if it is not a loops store or cannot be read.
     pub fn open(self, path: impl AsRef<Path>) -> Result<Runtime> {
-        let checked = precheck(path.as_ref(), &self.config.checks)?;
+        let checks: &[SchemaCheck] = if self.config.strict_schemas {
+            &self.config.checks
+        } else {
+            &[]
+        };
+        let checked = precheck(path.as_ref(), checks)?;
         let store = RedbStore::open_with(path, self.store_options)?;
         if !checked {
             // The file needed redb's crash repair, which the writable open just made (as any
             // open would); check now, still before loops writes anything.
-            check_schemas(&store, &self.config.checks)?;
+            check_schemas(&store, checks)?;
         }
+        self.check_accepts(&store)?;
         Ok(self.build(store))
+    }
+
+    /// Checks each registered version's claim to accept older schemas
+    /// ([`Workflow::ACCEPTS`]) against the store's descriptions of them (a schema the store
+    /// has never seen has no run to accept, and is not checked).
+    ///
+    /// # Errors
+    /// [`Error::AcceptsRefused`](crate::Error::AcceptsRefused), with the breaking changes, for
+    /// the first wrong claim; the store's errors.
+    fn check_accepts(&self, store: &RedbStore) -> Result<()> {
+        for (workflow, known) in self.config.registry.versions() {
+            for &accepts in known.accepts {
+                let Some(stored) = store.schema(accepts)? else {
+                    continue;
+                };
+                if let Err(changes) = known.check_accepts(Some(&stored)) {
+                    return Err(Error::AcceptsRefused {
+                        workflow: workflow.to_owned(),
+                        version: known.stored.version,
+                        accepts,
+                        changes,
+                    });
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Verify every page's checksum when the store opens (default: on). See

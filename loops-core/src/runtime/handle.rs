@@ -3,20 +3,23 @@
 //! The public operations are `impl Runtime` blocks in the files of this folder, each
 //! importing this one, never the reverse.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, PoisonError, RwLock};
 
 use crate::error::{Error, Result};
+use crate::migrate::Migration;
 use crate::retention::RetentionPolicy;
+use crate::route::KnownVersion;
 use crate::row::RunInfo;
 use crate::run::driver::{Drive, Entered};
 use crate::run::settings::Settings;
 use crate::runtime::claims::{Claim, Claims};
-use crate::runtime::scheduler::{Background, Hooks};
-use crate::status::RunStatus;
+use crate::runtime::scheduler::Background;
+use crate::schema::SchemaHash;
 use crate::store::precheck::SchemaCheck;
 use crate::store::redb::RedbStore;
-use crate::store::{BoxFuture, Lease, Store};
+use crate::store::{BoxFuture, ClaimFilter, Lease, Store};
 use crate::workflow::Workflow;
 
 /// Drives workflow runs and keeps their records in a store.
@@ -37,9 +40,14 @@ pub(crate) struct Inner {
     pub(crate) config: Config,
     /// The runs this runtime drives now.
     pub(crate) claims: Claims,
-    /// The registered workflows' background drivers, by workflow name.
-    drivers: RwLock<HashMap<String, Arc<dyn Driver>>>,
+    /// The registered versions of each workflow, and the migrations.
+    registry: RwLock<Registry>,
     pub(crate) background: Background,
+    /// Whether blocked runs are to be looked at again (at the first `resume_all`, and after
+    /// a version or a migration is registered).
+    pub(crate) sweep: AtomicBool,
+    /// Whether `resume_all` ran once (a registration then looks at blocked runs at once).
+    pub(crate) started: AtomicBool,
 }
 
 /// The runtime's configuration, as its builder left it.
@@ -50,7 +58,112 @@ pub(crate) struct Config {
     pub(crate) max_active_runs: Option<usize>,
     pub(crate) checks: Vec<SchemaCheck>,
     pub(crate) retention: RetentionPolicy,
-    pub(crate) drivers: Vec<(&'static str, Arc<dyn Driver>)>,
+    /// Whether `open` refuses a store holding unfinished runs of another schema.
+    pub(crate) strict_schemas: bool,
+    pub(crate) registry: Registry,
+}
+
+/// One registered version of a workflow: what routing needs of it, and its handler.
+#[derive(Clone)]
+pub(crate) struct Version {
+    pub(crate) known: KnownVersion,
+    pub(crate) driver: Arc<dyn Driver>,
+}
+
+/// The registered versions of every workflow (by name, each version once by schema hash)
+/// and the registered migrations.
+#[derive(Clone, Default)]
+pub(crate) struct Registry {
+    workflows: BTreeMap<String, Vec<Version>>,
+    migrations: Vec<Migration>,
+}
+
+impl Registry {
+    /// Adds `version` of `workflow`, replacing the one registered with the same hash.
+    pub(crate) fn add_version(&mut self, workflow: &str, version: Version) {
+        let versions = self.workflows.entry(workflow.to_owned()).or_default();
+        let hash = version.known.stored.hash;
+        match versions.iter_mut().find(|v| v.known.stored.hash == hash) {
+            Some(v) => *v = version,
+            None => versions.push(version),
+        }
+    }
+
+    /// Adds `migration`, replacing one registered between the same two schemas.
+    pub(crate) fn add_migration(&mut self, migration: Migration) {
+        let same = |m: &Migration| {
+            m.workflow() == migration.workflow()
+                && m.from().hash == migration.from().hash
+                && m.to().hash == migration.to().hash
+        };
+        match self.migrations.iter_mut().find(|m| same(m)) {
+            Some(m) => *m = migration,
+            None => self.migrations.push(migration),
+        }
+    }
+
+    /// The registered versions of `workflow`.
+    pub(crate) fn known(&self, workflow: &str) -> Vec<KnownVersion> {
+        self.workflows
+            .get(workflow)
+            .map(|vs| vs.iter().map(|v| v.known).collect())
+            .unwrap_or_default()
+    }
+
+    /// The registered migrations.
+    pub(crate) fn migrations(&self) -> &[Migration] {
+        &self.migrations
+    }
+
+    /// The handler of the version of `workflow` with schema `hash`.
+    pub(crate) fn driver(&self, workflow: &str, hash: SchemaHash) -> Option<Arc<dyn Driver>> {
+        self.workflows
+            .get(workflow)?
+            .iter()
+            .find(|v| v.known.stored.hash == hash)
+            .map(|v| Arc::clone(&v.driver))
+    }
+
+    /// The registered workflows' names, sorted.
+    pub(crate) fn names(&self) -> Vec<String> {
+        self.workflows.keys().cloned().collect()
+    }
+
+    /// Every registered version, with its workflow's name.
+    pub(crate) fn versions(&self) -> impl Iterator<Item = (&str, &KnownVersion)> {
+        self.workflows
+            .iter()
+            .flat_map(|(name, vs)| vs.iter().map(move |v| (name.as_str(), &v.known)))
+    }
+
+    /// For each registered workflow, the schemas this build can route: its versions' own,
+    /// those they accept, and those a chain of migrations takes to one of them.
+    pub(crate) fn claim_filters(&self) -> Vec<ClaimFilter> {
+        self.workflows
+            .iter()
+            .map(|(name, versions)| {
+                let compiled = |h: SchemaHash| versions.iter().any(|v| v.known.stored.hash == h);
+                let mut schemas: Vec<SchemaHash> = versions
+                    .iter()
+                    .flat_map(|v| {
+                        std::iter::once(v.known.stored.hash).chain(v.known.accepts.iter().copied())
+                    })
+                    .collect();
+                for m in self.migrations.iter().filter(|m| m.workflow() == name) {
+                    let from = m.from().hash;
+                    if Migration::path(&self.migrations, name, from, compiled).is_some() {
+                        schemas.push(from);
+                    }
+                }
+                schemas.sort();
+                schemas.dedup();
+                ClaimFilter {
+                    workflow: name.clone(),
+                    schemas: Some(schemas),
+                }
+            })
+            .collect()
+    }
 }
 
 impl Inner {
@@ -61,10 +174,20 @@ impl Inner {
     }
 }
 
+/// A run claimed and ready to be driven by one version: found and routed, or created.
+pub(crate) struct Prepared {
+    /// The run as entered.
+    pub(crate) entered: Entered,
+    /// The schema hash of the version that drives it.
+    pub(crate) version: SchemaHash,
+    /// The run's schema, when that version accepts it rather than has it.
+    pub(crate) accepted: Option<SchemaHash>,
+}
+
 /// How a background driver starts.
 pub(crate) enum Start {
-    /// The run is claimed and entered already (`Runtime::start`).
-    Claimed(Box<(Claim, Entered)>),
+    /// The run is claimed and prepared already (`Runtime::start`).
+    Claimed(Box<(Claim, Prepared)>),
     /// Claim the run (with this lease, if the store granted one), enter it, drive it.
     Find {
         run_id: String,
@@ -72,10 +195,23 @@ pub(crate) enum Start {
     },
 }
 
-/// Drives runs of one registered workflow in background tasks.
+/// Where a background driver stopped.
+pub(crate) enum Stopped {
+    /// The run is waiting and holds no task.
+    Parked(Box<RunInfo>),
+    /// The run reached a terminal state.
+    Ended,
+}
+
+/// Drives runs of one registered version of a workflow: its handler, type-erased.
 pub(crate) trait Driver: Send + Sync {
-    /// Spawns a task that drives the run.
-    fn spawn(&self, runtime: Runtime, start: Start);
+    /// Drives the run `claim` holds from `prepared` until it ends or parks.
+    fn drive<'a>(
+        &'a self,
+        runtime: &'a Runtime,
+        claim: &'a Claim,
+        prepared: Prepared,
+    ) -> BoxFuture<'a, Result<Stopped>>;
 }
 
 impl std::fmt::Debug for Runtime {
@@ -89,18 +225,16 @@ impl std::fmt::Debug for Runtime {
 impl Runtime {
     /// The runtime over `store`, with `config`.
     pub(crate) fn new(store: Arc<dyn Store>, config: Config) -> Runtime {
-        let drivers = config
-            .drivers
-            .iter()
-            .map(|(name, d)| ((*name).to_owned(), Arc::clone(d)))
-            .collect();
+        let registry = config.registry.clone();
         Runtime {
             inner: Arc::new(Inner {
                 claims: Claims::new(Arc::clone(&store)),
                 store,
                 config,
-                drivers: RwLock::new(drivers),
+                registry: RwLock::new(registry),
                 background: Background::new(),
+                sweep: AtomicBool::new(true),
+                started: AtomicBool::new(false),
             }),
         }
     }
@@ -145,43 +279,31 @@ impl Runtime {
         Ok(claim)
     }
 
-    /// Registers `driver` for `workflow`'s runs (replacing one registered before).
-    pub(crate) fn set_driver(&self, workflow: &'static str, driver: Arc<dyn Driver>) {
-        self.inner
-            .drivers
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(workflow.to_owned(), driver);
+    /// Changes the registry of versions and migrations.
+    pub(crate) fn with_registry(&self, change: impl FnOnce(&mut Registry)) {
+        change(
+            &mut self
+                .inner
+                .registry
+                .write()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
     }
 
-    /// The background driver registered for `workflow`.
-    ///
-    /// # Errors
-    /// [`Error::NotRegistered`](crate::Error::NotRegistered) if there is none.
-    pub(crate) fn driver(&self, workflow: &str) -> Result<Arc<dyn Driver>> {
-        self.inner
-            .drivers
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(workflow)
-            .cloned()
-            .ok_or_else(|| Error::NotRegistered {
-                workflow: workflow.to_owned(),
-            })
+    /// Reads the registry of versions and migrations.
+    pub(crate) fn registry<T>(&self, read: impl FnOnce(&Registry) -> T) -> T {
+        read(
+            &self
+                .inner
+                .registry
+                .read()
+                .unwrap_or_else(PoisonError::into_inner),
+        )
     }
 
     /// The registered workflows' names, sorted.
     pub(crate) fn workflows(&self) -> Vec<String> {
-        let mut names: Vec<String> = self
-            .inner
-            .drivers
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .keys()
-            .cloned()
-            .collect();
-        names.sort();
-        names
+        self.registry(Registry::names)
     }
 
     /// Arms a timer that starts a driver for the run at `until` (ms since the Unix epoch).
@@ -190,59 +312,6 @@ impl Runtime {
         self.inner
             .background
             .add_timer(hooks, until, workflow, run_id);
-    }
-
-    /// Starts a background driver for the run unless one drives it already (in this process,
-    /// or, through its lease, in another worker).
-    pub(crate) fn spawn_driver(&self, workflow: &str, run_id: &str) {
-        self.spawn_driver_with(workflow, run_id, None);
-    }
-
-    /// As [`spawn_driver`](Self::spawn_driver), with a lease the store granted already.
-    pub(crate) fn spawn_driver_with(&self, workflow: &str, run_id: &str, lease: Option<Lease>) {
-        let Ok(driver) = self.driver(workflow) else {
-            return;
-        };
-        if self.inner.claims.is_active(run_id) {
-            // Driven here already: a lease granted meanwhile goes back.
-            if let Some(lease) = lease {
-                self.inner.claims.release_later(lease);
-            }
-            return;
-        }
-        driver.spawn(
-            self.clone(),
-            Start::Find {
-                run_id: run_id.to_owned(),
-                lease,
-            },
-        );
-    }
-
-    /// Tells whoever drives the run that its wait may be over: the driver in this process,
-    /// or a new background driver for a parked run of a registered workflow.
-    pub(crate) fn wake(&self, info: &RunInfo) {
-        match self.inner.claims.signals(&info.run_id) {
-            Some(signals) => signals.wake.notify_one(),
-            None if info.status == RunStatus::Waiting => {
-                self.spawn_driver(&info.workflow, &info.run_id);
-            }
-            None => {}
-        }
-    }
-}
-
-impl Hooks for Inner {
-    fn background(&self) -> &Background {
-        &self.background
-    }
-
-    fn timer_due(self: Arc<Self>, workflow: &str, run_id: &str) {
-        Runtime { inner: self }.spawn_driver(workflow, run_id);
-    }
-
-    fn renew(self: Arc<Self>) -> BoxFuture<'static, Result<()>> {
-        Box::pin(async move { self.claims.renew().await })
     }
 }
 

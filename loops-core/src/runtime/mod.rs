@@ -9,6 +9,7 @@
 
 mod builder;
 mod claims;
+mod evolve;
 mod handle;
 mod queries;
 mod registered;
@@ -17,5 +18,6 @@ mod runs;
 mod scheduler;
 
 pub use builder::RuntimeBuilder;
+pub use evolve::Routed;
 pub use handle::Runtime;
 pub use requests::Sent;

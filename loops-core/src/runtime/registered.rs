@@ -1,28 +1,46 @@
-//! Registered workflows: the handler of each, and the background task that drives one of
-//! its runs until the run ends or parks.
+//! Registered versions of workflows: the handler of each, and the background task that
+//! routes one run to the version that takes it (driving, migrating or blocking it) and drives
+//! it until the run ends or parks.
 
 use std::marker::PhantomData;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use tracing::Instrument;
 
-use crate::error::Error;
+use crate::error::{Error, Result};
+use crate::migrate::{Migrate, Migration, Versioned};
 use crate::record::now_ms;
+use crate::route::KnownVersion;
+use crate::row::RunInfo;
 use crate::run::dispatch::Dispatch;
 use crate::run::driver::{Driven, Mode, is_ready};
-use crate::runtime::handle::{Driver, Runtime, Start};
+use crate::runtime::claims::Claim;
+use crate::runtime::evolve::Routing;
+use crate::runtime::handle::{Driver, Inner, Prepared, Runtime, Start, Stopped, Version};
+use crate::runtime::scheduler::{Background, Hooks};
+use crate::status::RunStatus;
+use crate::store::{BoxFuture, Lease};
 
-/// A workflow's registered handler.
+/// A registered version's handler.
 pub(crate) struct Registered<W, H> {
     handler: Arc<H>,
     _workflow: PhantomData<fn() -> W>,
 }
 
-impl<W, H> Registered<W, H> {
-    pub(crate) fn new(handler: H) -> Self {
-        Registered {
-            handler: Arc::new(handler),
-            _workflow: PhantomData,
+impl<W, H> Registered<W, H>
+where
+    W: Dispatch<H>,
+    H: Send + Sync + 'static,
+{
+    /// Version `W` of its workflow, driven by `handler`.
+    pub(crate) fn version(handler: H) -> Version {
+        Version {
+            known: KnownVersion::of::<W>(),
+            driver: Arc::new(Registered::<W, H> {
+                handler: Arc::new(handler),
+                _workflow: PhantomData,
+            }),
         }
     }
 }
@@ -32,14 +50,45 @@ where
     W: Dispatch<H>,
     H: Send + Sync + 'static,
 {
-    fn spawn(&self, runtime: Runtime, start: Start) {
-        let handler = Arc::clone(&self.handler);
-        let rt = runtime.clone();
+    fn drive<'a>(
+        &'a self,
+        runtime: &'a Runtime,
+        claim: &'a Claim,
+        prepared: Prepared,
+    ) -> BoxFuture<'a, Result<Stopped>> {
+        Box::pin(async move {
+            let drive = runtime.drive(claim);
+            let entered = if prepared.entered.fresh {
+                prepared.entered
+            } else {
+                let Prepared {
+                    entered, accepted, ..
+                } = prepared;
+                drive
+                    .check::<W>(entered.info, entered.record, accepted)
+                    .await?
+            };
+            match drive
+                .drive_loop::<W, H>(entered, &*self.handler, Mode::Background)
+                .await?
+            {
+                Driven::Parked(info) => Ok(Stopped::Parked(info)),
+                Driven::Ended(_) => Ok(Stopped::Ended),
+            }
+        })
+    }
+}
+
+impl Runtime {
+    /// Spawns the background task that claims the run (unless `start` holds it already),
+    /// routes it to the version that takes it, and drives it until it ends or parks.
+    pub(crate) fn spawn_background(&self, start: Start) {
+        let rt = self.clone();
         let task = async move {
-            let (claim, entered) = match start {
+            let (claim, prepared) = match start {
                 Start::Claimed(claimed) => {
-                    let (claim, entered) = *claimed;
-                    (claim, Some(entered))
+                    let (claim, prepared) = *claimed;
+                    (claim, Some(prepared))
                 }
                 Start::Find { run_id, lease } => match rt.claim_with(&run_id, lease).await {
                     Ok(claim) => (claim, None),
@@ -52,54 +101,200 @@ where
                 },
             };
             let run_id = claim.run_id().to_owned();
-            let span = tracing::info_span!("run", run_id = %run_id, workflow = W::NAME);
-            let result = async {
-                let entered = match entered {
-                    Some(entered) => entered,
-                    None => rt.drive(&claim).enter::<W>(None).await?,
-                };
-                rt.drive(&claim)
-                    .drive_loop::<W, H>(entered, &*handler, Mode::Background)
-                    .await
-            }
-            .instrument(span)
-            .await;
+            let span = tracing::info_span!("run", run_id = %run_id);
+            let (workflow, result) = rt.route_and_drive(&claim, prepared).instrument(span).await;
             drop(claim);
-            let hand_off = match result {
-                Ok(Driven::Parked(info)) => {
-                    if let Some(until) = info.wait.as_ref().and_then(|w| w.until_ms) {
-                        rt.add_timer(until, W::NAME, &run_id);
-                    }
-                    true
-                }
-                Ok(Driven::Ended(_)) => true,
-                Err(e @ (Error::RunFailed { .. } | Error::RunCancelled { .. })) => {
-                    tracing::info!(run_id, error = %e, "run ended");
-                    true
-                }
-                // Its records are of a shape this build does not compile: trying again
-                // changes nothing (issue 14). Said once; the run is left as it is, for a build
-                // that knows its schema.
-                Err(e @ (Error::SchemaMismatch { .. } | Error::WorkflowMismatch { .. })) => {
-                    tracing::warn!(run_id, error = %e, "this build cannot drive the run; not retried");
-                    false
-                }
-                Err(e) => {
-                    // A storage error, say: try again in a second rather than at once.
-                    tracing::error!(run_id, error = %e, "background driver stopped; retrying in 1 s");
-                    rt.add_timer(now_ms() + 1000, W::NAME, &run_id);
-                    false
-                }
-            };
-            // Whatever reached the run while this driver still held it (an event, a
-            // cancellation, a retry of the failed run) found it driven and only signalled the
-            // driver, which was stopping. Look again now that the run is free.
-            if hand_off && needs_driver(&rt, &run_id).await {
-                rt.spawn_driver(W::NAME, &run_id);
-            }
+            rt.after_background(&workflow, &run_id, result).await;
             rt.inner.background.notify_ended();
         };
-        runtime.inner.background.spawn_task(task);
+        self.inner.background.spawn_task(task);
+    }
+
+    /// Routes the run `claim` holds (unless `prepared` is given) and drives it; returns its
+    /// workflow's name with the outcome (`Ok(None)`: blocked, or gone).
+    async fn route_and_drive(
+        &self,
+        claim: &Claim,
+        prepared: Option<Prepared>,
+    ) -> (String, Result<Option<Stopped>>) {
+        let prepared = match prepared {
+            Some(p) => p,
+            None => {
+                let found = match self.drive(claim).find().await {
+                    Ok(Some(found)) => found,
+                    Ok(None) => return (String::new(), Ok(None)),
+                    Err(e) => return (String::new(), Err(e)),
+                };
+                let workflow = found.0.workflow.clone();
+                let known = self.registry(|r| r.known(&workflow));
+                match self.prepare(claim, found, &known, true).await {
+                    Ok(Routing::Ready(p)) => p,
+                    Ok(Routing::Blocked(_)) => return (workflow, Ok(None)),
+                    Err(e) => return (workflow, Err(e)),
+                }
+            }
+        };
+        let workflow = prepared.entered.info.workflow.clone();
+        let Some(driver) = self.registry(|r| r.driver(&workflow, prepared.version)) else {
+            let error = Error::NotRegistered {
+                workflow: workflow.clone(),
+            };
+            return (workflow, Err(error));
+        };
+        let span = tracing::info_span!("workflow", workflow = %workflow);
+        let result = driver
+            .drive(self, claim, prepared)
+            .instrument(span)
+            .await
+            .map(Some);
+        (workflow, result)
+    }
+
+    /// What follows a background driver's end: a timer for a parked run, a log line for an
+    /// error, another driver for news that reached the run while this one stopped.
+    async fn after_background(
+        &self,
+        workflow: &str,
+        run_id: &str,
+        result: Result<Option<Stopped>>,
+    ) {
+        let hand_off = match result {
+            Ok(Some(Stopped::Parked(info))) => {
+                if let Some(until) = info.wait.as_ref().and_then(|w| w.until_ms) {
+                    self.add_timer(until, workflow, run_id);
+                }
+                true
+            }
+            Ok(Some(Stopped::Ended)) => true,
+            // Blocked (said once, by the block), or gone.
+            Ok(None) => false,
+            Err(e @ (Error::RunFailed { .. } | Error::RunCancelled { .. })) => {
+                tracing::info!(run_id, error = %e, "run ended");
+                true
+            }
+            // Its records are of a shape this version does not compile, or another build
+            // blocked it: trying again changes nothing (issue 14). Said once; the run is left
+            // as it is, for a build that knows its schema.
+            Err(
+                e @ (Error::SchemaMismatch { .. }
+                | Error::WorkflowMismatch { .. }
+                | Error::RunBlocked { .. }
+                | Error::MigrationRefused { .. }),
+            ) => {
+                tracing::warn!(run_id, error = %e, "this build cannot drive the run; not retried");
+                false
+            }
+            Err(e) => {
+                // A storage error, say: try again in a second rather than at once.
+                tracing::error!(run_id, error = %e, "background driver stopped; retrying in 1 s");
+                if !workflow.is_empty() {
+                    self.add_timer(now_ms() + 1000, workflow, run_id);
+                }
+                false
+            }
+        };
+        // Whatever reached the run while this driver still held it (an event, a
+        // cancellation, a retry of the failed run) found it driven and only signalled the
+        // driver, which was stopping. Look again now that the run is free.
+        if hand_off && needs_driver(self, run_id).await {
+            self.spawn_driver(workflow, run_id);
+        }
+    }
+
+    /// Starts a background driver for the run unless one drives it already (in this process,
+    /// or, through its lease, in another worker).
+    pub(crate) fn spawn_driver(&self, workflow: &str, run_id: &str) {
+        self.spawn_driver_with(workflow, run_id, None);
+    }
+
+    /// As [`spawn_driver`](Self::spawn_driver), with a lease the store granted already.
+    pub(crate) fn spawn_driver_with(&self, workflow: &str, run_id: &str, lease: Option<Lease>) {
+        if !self.registry(|r| r.names().iter().any(|n| n == workflow)) {
+            return;
+        }
+        if self.inner.claims.is_active(run_id) {
+            // Driven here already: a lease granted meanwhile goes back.
+            if let Some(lease) = lease {
+                self.inner.claims.release_later(lease);
+            }
+            return;
+        }
+        self.spawn_background(Start::Find {
+            run_id: run_id.to_owned(),
+            lease,
+        });
+    }
+
+    /// Tells whoever drives the run that its wait may be over: the driver in this process,
+    /// or a new background driver for a parked run of a registered workflow.
+    pub(crate) fn wake(&self, info: &RunInfo) {
+        match self.inner.claims.signals(&info.run_id) {
+            Some(signals) => signals.wake.notify_one(),
+            None if info.status == RunStatus::Waiting => {
+                self.spawn_driver(&info.workflow, &info.run_id);
+            }
+            None => {}
+        }
+    }
+
+    /// Registers `handler` as the driver of version `W` of workflow `W::NAME`:
+    /// [`start`](Self::start), [`resume_all`](Self::resume_all), [`send`](Self::send) and the
+    /// timer of a parked run then drive, in the background, the runs whose schema is `W`'s
+    /// (or that `W` accepts, or that a registered migration takes to `W`). Versions of one
+    /// workflow live side by side, each driving the runs of its own schema; registering a
+    /// version again (the same schema hash) replaces its handler, for runs driven afterwards.
+    ///
+    /// On a runtime that has resumed its runs already, blocked runs that this version lets
+    /// the runtime route are unblocked and driven at once (in a background task).
+    pub fn register<W, H>(&self, handler: H)
+    where
+        W: Dispatch<H>,
+        H: Send + Sync + 'static,
+    {
+        self.with_registry(|r| r.add_version(W::NAME, Registered::<W, H>::version(handler)));
+        self.registered();
+    }
+
+    /// Registers the migration `impl Migrate<Old> for New`: a run stored by version `Old` is
+    /// migrated to `New` when it is next driven (and through chains, `Old` → `New` → a later
+    /// version that a migration reads `New` for), the migration committed as a record of its
+    /// own. See [`Migrate`].
+    ///
+    /// On a runtime that has resumed its runs already, blocked runs that the migration lets
+    /// the runtime route are migrated and driven at once (in a background task).
+    pub fn migration<Old: Versioned, New: Migrate<Old>>(&self) {
+        self.with_registry(|r| r.add_migration(Migration::of::<Old, New>()));
+        self.registered();
+    }
+
+    /// After a registration: look at the blocked runs again, at once if the runtime is
+    /// running.
+    fn registered(&self) {
+        self.inner.sweep.store(true, Ordering::Release);
+        if self.inner.started.load(Ordering::Acquire)
+            && tokio::runtime::Handle::try_current().is_ok()
+        {
+            let rt = self.clone();
+            self.inner.background.spawn_task(async move {
+                if let Err(e) = rt.sweep_blocked().await {
+                    tracing::warn!(error = %e, "could not look at the blocked runs");
+                }
+            });
+        }
+    }
+}
+
+impl Hooks for Inner {
+    fn background(&self) -> &Background {
+        &self.background
+    }
+
+    fn timer_due(self: Arc<Self>, workflow: &str, run_id: &str) {
+        Runtime { inner: self }.spawn_driver(workflow, run_id);
+    }
+
+    fn renew(self: Arc<Self>) -> BoxFuture<'static, Result<()>> {
+        Box::pin(async move { self.claims.renew().await })
     }
 }
 
@@ -110,18 +305,4 @@ async fn needs_driver(rt: &Runtime, run_id: &str) -> bool {
         return false;
     };
     is_ready(rt.store(), &info).await.unwrap_or(false)
-}
-
-impl Runtime {
-    /// Registers `handler` as the driver of workflow `W`'s runs: [`start`](Self::start),
-    /// [`resume_all`](Self::resume_all), [`send`](Self::send) and the timer of a parked run
-    /// then drive `W`'s runs in the background with it. Registering `W` again replaces the
-    /// handler for runs started afterwards.
-    pub fn register<W, H>(&self, handler: H)
-    where
-        W: Dispatch<H>,
-        H: Send + Sync + 'static,
-    {
-        self.set_driver(W::NAME, Arc::new(Registered::<W, H>::new(handler)));
-    }
 }

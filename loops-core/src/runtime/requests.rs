@@ -206,9 +206,7 @@ impl Runtime {
             )
             .await?
             .into_run(run_id)?;
-        if self.driver(&info.workflow).is_ok() {
-            self.spawn_driver(&info.workflow, run_id);
-        }
+        self.spawn_driver(&info.workflow, run_id);
         Ok(info)
     }
 }

@@ -2,16 +2,22 @@
 //! [`Runtime::resume_all`], [`Runtime::serve`]), and waiting for their ends.
 
 use std::collections::HashSet;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tracing::Instrument;
 
 use crate::error::{Error, Result};
 use crate::names::validate_run_id;
+use crate::record::TransitionRecord;
+use crate::route::{KnownVersion, Route};
 use crate::row::RunInfo;
 use crate::run::dispatch::Dispatch;
-use crate::run::driver::{Driven, Mode, schema_changes};
-use crate::runtime::handle::{Runtime, Start, check_workflow};
+use crate::run::driver::{Driven, Entered, Mode, schema_changes};
+use crate::runtime::claims::Claim;
+use crate::runtime::evolve::Routing;
+use crate::runtime::handle::{Prepared, Runtime, Start, check_workflow};
+use crate::schema::{SchemaDiff, SchemaHash};
 use crate::status::RunStatus;
 use crate::workflow::Workflow;
 
@@ -24,6 +30,10 @@ impl Runtime {
     /// output. There is no separate recovery routine: a first run is a resume whose lookups
     /// all miss.
     ///
+    /// A run stored by an older version of the workflow is migrated to `W` first (one
+    /// record of its own), if [`migration`](Self::migration)s lead from its schema to `W`'s;
+    /// a run whose schema `W` accepts (`#[workflow(accepts = [..])]`) is driven as it is.
+    ///
     /// Each transition is one durable commit (alone, or batched with other runs' commits).
     /// A failing handler is tried again under its retry policy; when the attempts run out
     /// the run ends as failed. A run that waits (for an event or a time) waits inside this
@@ -33,8 +43,10 @@ impl Runtime {
     /// # Errors
     /// - [`Error::InvalidRunId`](crate::Error::InvalidRunId); [`Error::RunActive`](crate::Error::RunActive) if this runtime drives the run already;
     /// - [`Error::WorkflowMismatch`](crate::Error::WorkflowMismatch) if the run is of another workflow;
-    /// - [`Error::SchemaMismatch`](crate::Error::SchemaMismatch) if it was recorded by a build whose workflow shape differs
-    ///   (nothing is written, and it is never retried);
+    /// - [`Error::SchemaMismatch`](crate::Error::SchemaMismatch) if it was recorded with another schema that `W` neither
+    ///   accepts nor has a registered migration from (a failing migration included): the
+    ///   run is then marked [blocked](crate::RunStatus::Blocked), unless a registered
+    ///   version can drive it (then nothing is written, and it is left to that version);
     /// - [`Error::NotInitial`](crate::Error::NotInitial) if a new run's `initial` is not the workflow's initial state;
     /// - [`Error::RunFailed`](crate::Error::RunFailed) when attempts run out (now or before), [`Error::RunCancelled`](crate::Error::RunCancelled)
     ///   if the run was cancelled;
@@ -50,7 +62,15 @@ impl Runtime {
         let claim = self.claim(run_id).await?;
         let span = tracing::info_span!("run", run_id, workflow = W::NAME);
         let result = async {
-            let entered = self.drive(&claim).enter(Some(initial)).await?;
+            let entered = match self.drive(&claim).find().await? {
+                None => self.drive(&claim).create(initial).await?,
+                Some(found) => {
+                    let (entered, accepted) = self.route_attached::<W>(&claim, found).await?;
+                    self.drive(&claim)
+                        .check::<W>(entered.info, entered.record, accepted)
+                        .await?
+                }
+            };
             self.drive(&claim)
                 .drive_loop(entered, handler, Mode::Attached)
                 .await
@@ -83,7 +103,12 @@ impl Runtime {
     /// handler runs.
     pub async fn start<W: Workflow>(&self, run_id: &str, initial: W) -> Result<RunInfo> {
         validate_run_id(run_id)?;
-        let driver = self.driver(W::NAME)?;
+        let compiled = W::SCHEMA_HASH.pinned();
+        if self.registry(|r| r.driver(W::NAME, compiled)).is_none() {
+            return Err(Error::NotRegistered {
+                workflow: W::NAME.to_owned(),
+            });
+        }
         let claim = match self.claim(run_id).await {
             Ok(claim) => claim,
             Err(Error::RunActive { run_id: active }) => {
@@ -91,16 +116,6 @@ impl Runtime {
                 return match self.store().run_info(run_id).await? {
                     Some(info) => {
                         check_workflow::<W>(&info)?;
-                        let compiled = W::SCHEMA_HASH.pinned();
-                        if info.schema != compiled {
-                            return Err(Error::SchemaMismatch {
-                                run_id: run_id.to_owned(),
-                                workflow: W::NAME.to_owned(),
-                                stored: info.schema,
-                                compiled,
-                                changes: schema_changes::<W>(self.store(), info.schema).await,
-                            });
-                        }
                         Ok(info)
                     }
                     None => Err(Error::RunActive { run_id: active }),
@@ -108,14 +123,72 @@ impl Runtime {
             }
             Err(e) => return Err(e),
         };
-        let entered = self
-            .drive(&claim)
-            .enter(Some(initial))
-            .instrument(tracing::info_span!("run", run_id, workflow = W::NAME))
-            .await?;
-        let info = entered.info.clone();
-        driver.spawn(self.clone(), Start::Claimed(Box::new((claim, entered))));
+        let span = tracing::info_span!("run", run_id, workflow = W::NAME);
+        let prepared = async {
+            match self.drive(&claim).find().await? {
+                None => Ok(Prepared {
+                    entered: self.drive(&claim).create(initial).await?,
+                    version: compiled,
+                    accepted: None,
+                }),
+                Some(found) => {
+                    check_workflow::<W>(&found.0)?;
+                    let known = self.registry(|r| r.known(W::NAME));
+                    let stored = found.0.schema;
+                    match self.prepare(&claim, found, &known, true).await? {
+                        Routing::Ready(prepared) => Ok(prepared),
+                        Routing::Blocked(blocked) => Err(Error::SchemaMismatch {
+                            run_id: run_id.to_owned(),
+                            workflow: W::NAME.to_owned(),
+                            stored,
+                            compiled,
+                            changes: changes_or::<W>(self, blocked.changes, stored).await,
+                        }),
+                    }
+                }
+            }
+        }
+        .instrument(span)
+        .await?;
+        let info = prepared.entered.info.clone();
+        self.spawn_background(Start::Claimed(Box::new((claim, prepared))));
         Ok(info)
+    }
+
+    /// Routes a found run for an attached driver of `W`: to `W` itself (unblocking or
+    /// migrating it as needed), returning it with the schema `W` accepts it as, if it does;
+    /// else refuses with `SchemaMismatch`, blocking the run only if no registered version can
+    /// drive it either.
+    async fn route_attached<W: Workflow>(
+        &self,
+        claim: &Claim,
+        found: (RunInfo, TransitionRecord),
+    ) -> Result<(Entered, Option<SchemaHash>)> {
+        check_workflow::<W>(&found.0)?;
+        let compiled = W::SCHEMA_HASH.pinned();
+        let stored = found.0.schema;
+        let only_w = [KnownVersion::of::<W>()];
+        let blocked = match self.prepare(claim, found.clone(), &only_w, false).await? {
+            Routing::Ready(prepared) => return Ok((prepared.entered, prepared.accepted)),
+            Routing::Blocked(blocked) => blocked,
+        };
+        let mut known = self.registry(|r| r.known(W::NAME));
+        if !known.iter().any(|k| k.stored.hash == compiled) {
+            known.push(only_w[0]);
+        }
+        let (info, _) = &found;
+        // Block it only if no registered version takes it either. (A failed migration blocked
+        // it already; the store then writes nothing.)
+        if matches!(self.route_of(info, &known).await?, Route::Block(_)) {
+            self.block_run(claim, info, &blocked).await?;
+        }
+        Err(Error::SchemaMismatch {
+            run_id: info.run_id.clone(),
+            workflow: W::NAME.to_owned(),
+            stored,
+            compiled,
+            changes: changes_or::<W>(self, blocked.changes, stored).await,
+        })
     }
 
     /// Waits until the run `run_id` has ended and returns its terminal state (a run ended
@@ -156,7 +229,8 @@ impl Runtime {
                         reason: info.cancel.unwrap_or_default(),
                     });
                 }
-                RunStatus::Running | RunStatus::Waiting => {
+                // A blocked run is not ended: a build that can route it may unblock it.
+                RunStatus::Running | RunStatus::Waiting | RunStatus::Blocked => {
                     if self.store().lease_ttl().is_some() {
                         // Another worker may end it: look again now and then.
                         tokio::select! {
@@ -183,7 +257,9 @@ impl Runtime {
     /// # Errors
     /// [`Error::Storage`](crate::Error::Storage) or [`Error::Decode`](crate::Error::Decode) if the index cannot be read.
     pub async fn resume_all(&self) -> Result<Vec<RunInfo>> {
+        self.inner.started.store(true, Ordering::Release);
         let workflows = self.workflows();
+        let filters = self.registry(|r| r.claim_filters());
         let limit = match self.inner.config.max_active_runs {
             Some(max) => max.saturating_sub(self.inner.claims.count()),
             None => usize::MAX,
@@ -191,7 +267,7 @@ impl Runtime {
         let ready = if limit == 0 {
             Vec::new()
         } else {
-            self.store().claim_ready(&workflows, limit).await?
+            self.store().claim_ready(&filters, limit).await?
         };
         let mut taken: HashSet<String> = HashSet::with_capacity(ready.len());
         let mut found: Vec<RunInfo> = Vec::with_capacity(ready.len());
@@ -217,6 +293,13 @@ impl Runtime {
                     }
                     found.push(info);
                 }
+            }
+        }
+        // Blocked runs this build can route now (once per start and per registration: a run
+        // whose migration still fails is not tried again at every poll).
+        for info in self.sweep_blocked().await? {
+            if taken.insert(info.run_id.clone()) {
+                found.push(info);
             }
         }
         found.sort_by(|a, b| (&a.workflow, &a.run_id).cmp(&(&b.workflow, &b.run_id)));
@@ -265,4 +348,17 @@ impl Runtime {
     pub async fn shutdown(&self) {
         self.inner.background.shutdown().await;
     }
+}
+
+/// `changes` (why the route blocked the run), or, when it lists nothing (a failed
+/// migration), what changed from the stored schema to `W`'s.
+async fn changes_or<W: Workflow>(
+    rt: &Runtime,
+    changes: SchemaDiff,
+    stored: SchemaHash,
+) -> SchemaDiff {
+    if changes.is_empty() {
+        return schema_changes::<W>(rt.store(), stored).await;
+    }
+    changes
 }

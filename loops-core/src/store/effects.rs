@@ -98,7 +98,7 @@ pub enum Record<'w> {
         /// Its sequence number.
         seq: u64,
         /// The record.
-        bytes: &'w [u8],
+        bytes: Cow<'w, [u8]>,
     },
     /// A [`StepRecord`](crate::StepRecord).
     Step {

@@ -24,7 +24,9 @@ pub use crate::row::{RunInfo, WaitInfo};
 use crate::schema::SchemaHash;
 pub use crate::status::RunStatus;
 
+mod checks;
 mod effects;
+mod evolve;
 mod facts;
 mod plan;
 #[cfg(test)]
@@ -142,11 +144,43 @@ pub trait Store: Send + Sync + 'static {
     /// holds: running runs, and waiting runs whose wait is over or whose cancellation was
     /// asked for. Each comes with a lease for this worker (at most
     /// `limit`). A store with no other workers returns every such run.
+    ///
+    /// Each [`ClaimFilter`] names a workflow and, optionally, the schema hashes of its runs
+    /// that the worker can route: a store shared by several workers returns no run of
+    /// another schema (so that a worker built without a version never claims, nor logs
+    /// about, that version's runs during a rolling deploy). A store only one process opens
+    /// may ignore the schemas: its one worker takes every run, and blocks those it cannot
+    /// route.
     fn claim_ready<'a>(
         &'a self,
-        workflows: &'a [String],
+        workflows: &'a [ClaimFilter],
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<(RunInfo, Lease)>>>;
+}
+
+/// Which runs of a workflow a worker claims: what [`Store::claim_ready`] is given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimFilter {
+    /// The workflow's name.
+    pub workflow: String,
+    /// The schema hashes of its runs that the worker can route (the versions it compiles,
+    /// the schemas they accept, and those it has migrations from); `None`: every schema.
+    pub schemas: Option<Vec<SchemaHash>>,
+}
+
+impl ClaimFilter {
+    /// Every run of `workflow`, whatever its schema.
+    pub fn any(workflow: impl Into<String>) -> ClaimFilter {
+        ClaimFilter {
+            workflow: workflow.into(),
+            schemas: None,
+        }
+    }
+
+    /// Whether a run of schema `schema` passes the filter.
+    pub fn admits(&self, schema: SchemaHash) -> bool {
+        self.schemas.as_ref().is_none_or(|s| s.contains(&schema))
+    }
 }
 
 /// What [`prune`] removed (or, in a dry run, would remove).

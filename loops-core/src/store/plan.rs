@@ -14,7 +14,11 @@
 
 use std::borrow::Cow;
 
+use super::checks::{
+    Given, check_lease, existing, fence, fenced, fenced_journal, leased, run_ended,
+};
 use super::effects::{DUE_OUTPUT, Effects, InboxChange, Record, delivered_output, event_record};
+use super::evolve;
 use super::facts::{Facts, Needs, PendingEvent, RecordKey};
 use super::protocol::{AfterFailure, EventRecord, Reply, WaitOutcome, Write};
 use super::{RunInfo, RunStatus, WaitInfo};
@@ -35,7 +39,10 @@ impl Write {
             | Write::Retry { run_id, .. }
             | Write::Wait { run_id, .. }
             | Write::Send { run_id, .. }
-            | Write::Wake { run_id, .. } => Some(run_id),
+            | Write::Wake { run_id, .. }
+            | Write::Block { run_id, .. }
+            | Write::Unblock { run_id, .. }
+            | Write::Migrate { run_id, .. } => Some(run_id),
             Write::Prune { .. } => None,
         }
     }
@@ -98,10 +105,20 @@ impl Write {
                 next_event_seq: true,
                 ..Needs::default()
             },
+            Write::Migrate { seq, record, .. } => Needs {
+                run,
+                record: Some(RecordKey::Journal {
+                    seq: seq.saturating_add(1),
+                }),
+                schema: Some(record.schema),
+                ..Needs::default()
+            },
             Write::Cancel { .. }
             | Write::EndCancelled { .. }
             | Write::Retry { .. }
-            | Write::Wake { .. } => Needs {
+            | Write::Wake { .. }
+            | Write::Block { .. }
+            | Write::Unblock { .. } => Needs {
                 run,
                 ..Needs::default()
             },
@@ -139,8 +156,17 @@ pub fn plan<'w>(write: &'w Write, row: Option<&RunInfo>, facts: &Facts<'_>) -> R
             state,
             record,
             terminal,
+            schema,
             at_ms,
-        } => transition(run_id, *seq, state, record, *terminal, *at_ms, &g),
+        } => transition(
+            run_id,
+            *seq,
+            state,
+            record,
+            (*terminal, *schema),
+            *at_ms,
+            &g,
+        ),
         Write::Step {
             run_id,
             seq,
@@ -205,16 +231,22 @@ pub fn plan<'w>(write: &'w Write, row: Option<&RunInfo>, facts: &Facts<'_>) -> R
             at_ms,
         } => send(run_id, name, payload, key.as_deref(), *at_ms, &g),
         Write::Wake { run_id, seq, at_ms } => wake(run_id, *seq, *at_ms, &g),
+        Write::Block {
+            run_id,
+            schema,
+            reason,
+            changes,
+            at_ms,
+        } => evolve::block(run_id, *schema, reason, changes, *at_ms, &g),
+        Write::Unblock { run_id, at_ms } => evolve::unblock(run_id, *at_ms, &g),
+        Write::Migrate {
+            run_id,
+            seq,
+            record,
+            schema_text,
+        } => evolve::migrate(run_id, *seq, record, schema_text, &g),
         Write::Prune { .. } => Ok(prune(facts)),
     }
-}
-
-/// What [`plan`] is given besides the write.
-struct Given<'a, 'f> {
-    /// The run's row.
-    row: Option<&'a RunInfo>,
-    /// The facts.
-    facts: &'a Facts<'f>,
 }
 
 fn create<'w>(
@@ -233,7 +265,7 @@ fn create<'w>(
     let mut effects = Effects::row(&info.run_id, None, info.clone());
     effects.records.push(Record::Journal {
         seq: 0,
-        bytes: record,
+        bytes: Cow::Borrowed(record),
     });
     if !g.facts.schema_stored {
         effects.schema = Some((info.schema, schema_text));
@@ -241,16 +273,17 @@ fn create<'w>(
     Ok(effects)
 }
 
+/// `(terminal, schema)`: whether the state ends the run, and the record's schema hash.
 fn transition<'w>(
     run_id: &'w str,
     seq: u64,
     state: &str,
     record: &'w [u8],
-    terminal: bool,
+    (terminal, schema): (bool, crate::schema::SchemaHash),
     at_ms: u64,
     g: &Given<'_, '_>,
 ) -> Result<Effects<'w>> {
-    let info = fenced(run_id, seq.wrapping_sub(1), g)?;
+    let info = fenced_journal(run_id, seq, g)?;
     if g.facts.record_taken {
         return Err(Error::SequenceConflict {
             run_id: run_id.to_owned(),
@@ -259,6 +292,8 @@ fn transition<'w>(
     }
     let mut new = info.clone();
     new.seq = seq;
+    new.entered = None;
+    new.schema = schema;
     state.clone_into(&mut new.state);
     new.attempt = 1;
     new.attempt_base = 0;
@@ -270,7 +305,10 @@ fn transition<'w>(
         new.status = RunStatus::Completed;
     }
     let mut effects = Effects::row(run_id, Some(info.status), new);
-    effects.records.push(Record::Journal { seq, bytes: record });
+    effects.records.push(Record::Journal {
+        seq,
+        bytes: Cow::Borrowed(record),
+    });
     Ok(effects)
 }
 
@@ -368,7 +406,8 @@ fn cancel<'w>(
     }
     let mut new = info.clone();
     new.cancel = Some(reason.to_owned());
-    if end_now {
+    // Nobody drives a blocked run: it ends at once.
+    if end_now || info.status == RunStatus::Blocked {
         new.status = RunStatus::Cancelled;
     }
     new.updated_ms = at_ms;
@@ -541,7 +580,7 @@ fn send<'w>(
 fn wake<'w>(run_id: &'w str, seq: u64, at_ms: u64, g: &Given<'_, '_>) -> Result<Effects<'w>> {
     check_lease(g, run_id, seq)?;
     let info = existing(run_id, g.row)?;
-    if info.status != RunStatus::Waiting || info.seq != seq {
+    if info.status != RunStatus::Waiting || info.state_seq() != seq {
         return Ok(Effects::unchanged(run_id, Reply::Run(info.clone())));
     }
     let mut new = info.clone();
@@ -586,76 +625,12 @@ fn payload(run_id: &str, event: &str, pending: &PendingEvent) -> Result<String> 
     Ok(record.payload.get().to_owned())
 }
 
-/// The checks of a driver's write for `seq`: the lease, the run exists, the fence.
-fn fenced<'a>(run_id: &str, seq: u64, g: &Given<'a, '_>) -> Result<&'a RunInfo> {
-    check_lease(g, run_id, seq)?;
-    let info = existing(run_id, g.row)?;
-    fence(info, seq)?;
-    Ok(info)
-}
-
-/// The checks of a write for the run as it is (not for a seq): the run exists, the lease.
-fn leased<'a>(run_id: &str, g: &Given<'a, '_>) -> Result<&'a RunInfo> {
-    let info = existing(run_id, g.row)?;
-    check_lease(g, run_id, info.seq)?;
-    Ok(info)
-}
-
-/// The run's row, or `RunNotFound`.
-fn existing<'r>(run_id: &str, row: Option<&'r RunInfo>) -> Result<&'r RunInfo> {
-    row.ok_or_else(|| Error::RunNotFound {
-        run_id: run_id.to_owned(),
-    })
-}
-
-/// Refuses a write for `seq` unless the run is at `seq` and has not ended.
-fn fence(info: &RunInfo, seq: u64) -> Result<()> {
-    if info.seq != seq || info.status.is_ended() {
-        return Err(Error::Fenced {
-            run_id: info.run_id.clone(),
-            seq,
-            current: info.seq,
-            status: info.status,
-        });
-    }
-    Ok(())
-}
-
-/// Refuses the write (for `seq`) unless the lease it carries, if checked, is the run's
-/// current, live lease.
-fn check_lease(g: &Given<'_, '_>, run_id: &str, seq: u64) -> Result<()> {
-    let Some(check) = &g.facts.lease else {
-        return Ok(());
-    };
-    let held = check.lease.run_id == run_id
-        && check
-            .current
-            .is_some_and(|current| current.token == check.lease.token && current.live);
-    if held {
-        return Ok(());
-    }
-    Err(Error::Fenced {
-        run_id: run_id.to_owned(),
-        seq,
-        current: g.row.map_or(0, |info| info.seq),
-        status: g.row.map_or(RunStatus::Running, |info| info.status),
-    })
-}
-
 fn step_exists(run_id: &str, seq: u64, name: &str, occurrence: u32) -> Error {
     Error::StepExists {
         run_id: run_id.to_owned(),
         seq,
         step: name.to_owned(),
         occurrence,
-    }
-}
-
-fn run_ended(info: &RunInfo, action: &'static str) -> Error {
-    Error::RunEnded {
-        run_id: info.run_id.clone(),
-        status: info.status,
-        action,
     }
 }
 

@@ -21,6 +21,8 @@ pub(super) fn row(run_id: &str, status: RunStatus, seq: u64) -> RunInfo {
         error: Some(vec!["boom".to_owned()]),
         cancel: None,
         wait: None,
+        block: None,
+        entered: None,
     }
 }
 
@@ -31,6 +33,7 @@ fn transition(seq: u64, terminal: bool) -> Write {
         state: "B".to_owned(),
         record: b"{}".to_vec(),
         terminal,
+        schema: crate::SchemaHash::from_u64(9),
         at_ms: 99,
     }
 }
@@ -62,7 +65,7 @@ fn a_transition_moves_the_row_and_appends_its_record() {
         effects.records,
         vec![Record::Journal {
             seq: 4,
-            bytes: b"{}"
+            bytes: std::borrow::Cow::Borrowed(b"{}")
         }]
     );
     assert!(effects.inbox.is_empty() && effects.schema.is_none() && effects.delete.is_empty());

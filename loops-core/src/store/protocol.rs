@@ -4,7 +4,8 @@ use serde::{Deserialize, Serialize};
 
 use super::RunInfo;
 use crate::error::{Error, Result};
-use crate::record::FailureRecord;
+use crate::record::{FailureRecord, TransitionRecord};
+use crate::schema::SchemaHash;
 
 /// One write of the storage protocol. A store applies each write atomically (one redb write
 /// transaction, possibly shared with other writes; one PostgreSQL transaction), checking its
@@ -38,6 +39,9 @@ pub enum Write {
         record: Vec<u8>,
         /// Whether the state ends the run (status becomes completed).
         terminal: bool,
+        /// The record's schema hash (pinned): the row's schema from now on (a run accepted
+        /// by a version with another hash moves to that hash with its first transition).
+        schema: SchemaHash,
         /// Commit time, ms since the Unix epoch.
         at_ms: u64,
     },
@@ -45,7 +49,8 @@ pub enum Write {
     Step {
         /// The run.
         run_id: String,
-        /// The state's sequence number (must be the run's current one).
+        /// The state's sequence number (must be the run's current
+        /// [`state_seq`](RunInfo::state_seq), as for every write made in a state).
         seq: u64,
         /// The step name.
         name: String,
@@ -58,7 +63,7 @@ pub enum Write {
     Failure {
         /// The run.
         run_id: String,
-        /// The state's sequence number (must be the run's current one).
+        /// The state's sequence number (must be the run's current [`state_seq`](RunInfo::state_seq)).
         seq: u64,
         /// What failed.
         record: FailureRecord,
@@ -71,7 +76,7 @@ pub enum Write {
     BeginAttempt {
         /// The run.
         run_id: String,
-        /// The state's sequence number (must be the run's current one).
+        /// The state's sequence number (must be the run's current [`state_seq`](RunInfo::state_seq)).
         seq: u64,
         /// The retry policy's failed attempts allowed (counted from the row's `attempt_base`).
         max_attempts: u32,
@@ -112,7 +117,7 @@ pub enum Write {
     Wait {
         /// The run.
         run_id: String,
-        /// The state's sequence number (must be the run's current one).
+        /// The state's sequence number (must be the run's current [`state_seq`](RunInfo::state_seq)).
         seq: u64,
         /// The attempt recording the outcome.
         attempt: u32,
@@ -142,10 +147,53 @@ pub enum Write {
     Wake {
         /// The run.
         run_id: String,
-        /// The state's sequence number (must be the run's current one).
+        /// The state's sequence number (must be the run's current [`state_seq`](RunInfo::state_seq)).
         seq: u64,
         /// Now, ms since the Unix epoch.
         at_ms: u64,
+    },
+    /// Mark a run [blocked](super::RunStatus::Blocked): no build that looked at it can drive
+    /// it. Committed once: if the run is blocked already for the same schema and reason,
+    /// nothing is written (the reply is the row as it is); a run whose schema is no longer
+    /// `schema` (migrated meanwhile) is left as it is too. A blocked run goes back to the
+    /// status it had ([`BlockInfo::resume`](crate::BlockInfo::resume)) with [`Write::Unblock`] or
+    /// [`Write::Migrate`].
+    Block {
+        /// The run.
+        run_id: String,
+        /// The run's schema hash, as the blocker read it.
+        schema: SchemaHash,
+        /// Why (one sentence).
+        reason: String,
+        /// What changed, one human line per change.
+        changes: Vec<String>,
+        /// Now, ms since the Unix epoch.
+        at_ms: u64,
+    },
+    /// A blocked run goes back to the status it had before it was blocked; any other run is
+    /// left as it is (nothing is written).
+    Unblock {
+        /// The run.
+        run_id: String,
+        /// Now, ms since the Unix epoch.
+        at_ms: u64,
+    },
+    /// Commit a migration: append `record` (a migration's record: its
+    /// [`migrated`](TransitionRecord::migrated) names the schema migrated from and the state's
+    /// seq) at `seq + 1`, and move the run's row to it: state, schema, and
+    /// [`entered`](RunInfo::entered) (the state continues, so its steps stay keyed by the seq
+    /// it was entered at). Expects the row at `seq`, not ended, with the schema migrated
+    /// from; a blocked run is unblocked. Attempts, waits and events are untouched. Stores the
+    /// new schema's description as [`Write::Create`] does.
+    Migrate {
+        /// The run.
+        run_id: String,
+        /// The run's current seq (the record migrated is the one at `seq`).
+        seq: u64,
+        /// The migration's record, for seq `seq + 1`.
+        record: TransitionRecord,
+        /// The new version's schema description, stored once per schema hash.
+        schema_text: &'static str,
     },
     /// Delete every record, row, index entry and event of these ended runs.
     Prune {

@@ -44,7 +44,7 @@ impl<'a> Readiness<'a> {
 impl RunInfo {
     /// When the run needs a driver: a running run at once; a waiting run at once if its
     /// cancellation was asked for (the driver ends it) or if it waits for nothing, else
-    /// when its wait's time passes or its event arrives; an ended run never.
+    /// when its wait's time passes or its event arrives; an ended or blocked run never.
     pub fn readiness(&self) -> Readiness<'_> {
         const NOW: Readiness<'static> = Readiness {
             from_ms: Some(0),
@@ -60,7 +60,11 @@ impl RunInfo {
                     event: wait.event.as_deref(),
                 },
             },
-            RunStatus::Completed | RunStatus::Failed | RunStatus::Cancelled => Readiness {
+            // A blocked run waits for a build that can route it, which looks for it itself.
+            RunStatus::Completed
+            | RunStatus::Failed
+            | RunStatus::Cancelled
+            | RunStatus::Blocked => Readiness {
                 from_ms: None,
                 event: None,
             },
@@ -117,6 +121,7 @@ mod tests {
             RunStatus::Completed,
             RunStatus::Failed,
             RunStatus::Cancelled,
+            RunStatus::Blocked,
         ] {
             assert_eq!(
                 at(&row(status, wait(Some("go"), Some(1)), true), 9),

@@ -126,7 +126,7 @@ fn store(t: &mut Tables<'_>, effects: &Effects<'_>) -> std::result::Result<(), A
     for record in &effects.records {
         match record {
             Record::Journal { seq, bytes } => {
-                t.journal()?.insert((id, *seq), *bytes)?;
+                t.journal()?.insert((id, *seq), bytes.as_ref())?;
             }
             Record::Step {
                 seq,

@@ -283,9 +283,11 @@ impl Store for RedbStore {
 
     fn claim_ready<'a>(
         &'a self,
-        workflows: &'a [String],
+        workflows: &'a [super::ClaimFilter],
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<(RunInfo, Lease)>>> {
+        // One process owns the file: its runtime takes every ready run of the workflows,
+        // whatever its schema, and blocks those it cannot route.
         Box::pin(std::future::ready(self.ready_runs(workflows, limit)))
     }
 }

@@ -281,14 +281,14 @@ impl RedbStore {
     /// [`Store::claim_ready`](crate::store::Store::claim_ready).
     pub(super) fn ready_runs(
         &self,
-        workflows: &[String],
+        workflows: &[crate::store::ClaimFilter],
         limit: usize,
     ) -> Result<Vec<(RunInfo, Lease)>> {
         let now = crate::record::now_ms();
         let mut out = Vec::new();
-        for workflow in workflows {
+        for filter in workflows {
             for status in [RunStatus::Running, RunStatus::Waiting] {
-                for info in RedbStore::list(self, status, Some(workflow))? {
+                for info in RedbStore::list(self, status, Some(&filter.workflow))? {
                     if out.len() >= limit {
                         return Ok(out);
                     }

@@ -57,6 +57,7 @@ impl RedbStore {
                         state: state.name().to_owned(),
                         record: record.to_bytes(),
                         terminal: state.is_terminal(),
+                        schema: W::SCHEMA_HASH.pinned(),
                         at_ms: now,
                     }
                 };

@@ -1,0 +1,350 @@
+//! Workflow evolution at run time: routing a stored run to the registered version that takes
+//! it ([`route`]), committing its migration, blocking the runs no version takes (once, quietly),
+//! unblocking them when a build that can route them starts, and the dry run that says what a
+//! build would do with every unfinished run ([`Runtime::dry_run`]).
+
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::Ordering;
+
+use crate::error::{Error, Result, error_chain};
+use crate::migrate::Chain;
+use crate::panics::panic_message;
+use crate::record::{MigratedFrom, TransitionRecord, now_ms};
+use crate::route::{Blocked, KnownVersion, Route, StoredRun, route};
+use crate::row::RunInfo;
+use crate::run::driver::Entered;
+use crate::runtime::claims::Claim;
+use crate::runtime::handle::{Prepared, Runtime};
+use crate::schema::{SchemaDiff, SchemaHash};
+use crate::status::RunStatus;
+use crate::store::Write;
+
+/// What routing a found run came to.
+pub(crate) enum Routing {
+    /// Drive it: unblocked or migrated already, if it had to be.
+    Ready(Prepared),
+    /// No version takes it; blocked (when the caller asked for that), with why.
+    Blocked(Blocked),
+}
+
+/// What a build would do with one stored run: an item of [`Runtime::dry_run`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Routed {
+    /// The run.
+    pub run_id: String,
+    /// Its workflow's name.
+    pub workflow: String,
+    /// The state it is in.
+    pub state: String,
+    /// Where it stands (running, waiting or blocked).
+    pub status: RunStatus,
+    /// The schema hash stored with it.
+    pub schema: SchemaHash,
+    /// What this build would do with it.
+    pub route: Route,
+}
+
+impl Runtime {
+    /// Routes the found run `(info, record)` that `claim` holds among the versions `known`
+    /// and the registered migrations, and prepares it for the version that takes it: a
+    /// blocked run is unblocked, a run of an older version with a migration path is migrated
+    /// (the migration committed as a record of its own). A run no version takes is blocked
+    /// (once) if `block`; a failing migration always blocks the run.
+    ///
+    /// # Errors
+    /// The store's errors; [`Error::PayloadTooLarge`] for a migrated state over the limit.
+    pub(crate) async fn prepare(
+        &self,
+        claim: &Claim,
+        (info, record): (RunInfo, TransitionRecord),
+        known: &[KnownVersion],
+        block: bool,
+    ) -> Result<Routing> {
+        let route = self.route_of(&info, known).await?;
+        let (version, accepted, info, record) = match route {
+            Route::Drive(version) => (version.hash, None, info, record),
+            Route::Accept { version, .. } => (version.hash, Some(info.schema), info, record),
+            Route::Migrate(chain) => match self
+                .migrate_run(claim, &info, &record, &chain, known)
+                .await?
+            {
+                Ok((info, record)) => (chain.to().hash, None, info, record),
+                Err(blocked) => return Ok(Routing::Blocked(blocked)),
+            },
+            Route::Block(blocked) => {
+                if block {
+                    self.block_run(claim, &info, &blocked).await?;
+                }
+                return Ok(Routing::Blocked(blocked));
+            }
+        };
+        let info = if info.status == RunStatus::Blocked {
+            let unblocked = self
+                .store()
+                .write(
+                    Some(&claim.held().lease),
+                    Write::Unblock {
+                        run_id: info.run_id.clone(),
+                        at_ms: now_ms(),
+                    },
+                )
+                .await?
+                .into_run(&info.run_id)?;
+            tracing::info!(status = %unblocked.status, "run unblocked");
+            unblocked
+        } else {
+            info
+        };
+        Ok(Routing::Ready(Prepared {
+            entered: Entered {
+                info,
+                record,
+                fresh: false,
+            },
+            version,
+            accepted,
+        }))
+    }
+
+    /// [`route`] for the stored run `info`, among `known` and the registered migrations.
+    pub(crate) async fn route_of(&self, info: &RunInfo, known: &[KnownVersion]) -> Result<Route> {
+        let description = if known.iter().any(|k| k.stored.hash == info.schema) {
+            None
+        } else {
+            self.store().schema(info.schema).await?
+        };
+        let migrations = self.registry(|r| r.migrations().to_vec());
+        let run = StoredRun {
+            workflow: &info.workflow,
+            schema: info.schema,
+            state: &info.state,
+            description: description.as_deref(),
+        };
+        Ok(route(&run, known, &migrations))
+    }
+
+    /// Migrates the run through `chain` and commits the migration's record; `Ok(Err(_))`
+    /// (and the run blocked, nothing else written) if the migration fails or panics.
+    async fn migrate_run(
+        &self,
+        claim: &Claim,
+        info: &RunInfo,
+        record: &TransitionRecord,
+        chain: &Chain,
+        known: &[KnownVersion],
+    ) -> Result<std::result::Result<(RunInfo, TransitionRecord), Blocked>> {
+        let run_id = &info.run_id;
+        let payload = record.payload.get();
+        // `Migration::apply` catches the migration's own panics; a hand-written serde impl
+        // may panic too.
+        let applied = std::panic::catch_unwind(AssertUnwindSafe(|| chain.apply(payload)))
+            .map_err(|panic| panic_message(&*panic));
+        let migrated = match applied {
+            Ok(Ok(migrated)) => migrated,
+            Ok(Err(e)) => {
+                let blocked = Blocked {
+                    reason: error_chain(&e).join(": "),
+                    changes: SchemaDiff::default(),
+                };
+                self.block_run(claim, info, &blocked).await?;
+                return Ok(Err(blocked));
+            }
+            Err(message) => {
+                let blocked = Blocked {
+                    reason: format!("the migration panicked: {message}"),
+                    changes: SchemaDiff::default(),
+                };
+                self.block_run(claim, info, &blocked).await?;
+                return Ok(Err(blocked));
+            }
+        };
+        let to = chain.to();
+        let Some(schema_text) = known.iter().find(|k| k.stored.hash == to.hash) else {
+            return Err(Error::NotRegistered {
+                workflow: info.workflow.clone(),
+            });
+        };
+        let seq = info
+            .seq
+            .checked_add(1)
+            .ok_or_else(|| Error::MigrationRefused {
+                run_id: run_id.clone(),
+                seq: info.seq,
+                reason: "the run's seq is at its limit".to_owned(),
+            })?;
+        let payload =
+            serde_json::value::RawValue::from_string(migrated.payload).map_err(|source| {
+                Error::Encode {
+                    run_id: run_id.clone(),
+                    state: migrated.state.to_owned(),
+                    seq,
+                    source,
+                }
+            })?;
+        let new = TransitionRecord {
+            seq,
+            state: migrated.state.to_owned(),
+            at_ms: now_ms(),
+            schema: to.hash,
+            payload,
+            migrated: Some(MigratedFrom {
+                schema: info.schema,
+                version: chain.from().version,
+                seq: info.state_seq(),
+            }),
+        };
+        self.inner.config.settings.check_size(run_id, &new)?;
+        crate::failpoint::point("loops::migrate::before_commit");
+        let info = self
+            .store()
+            .write(
+                Some(&claim.held().lease),
+                Write::Migrate {
+                    run_id: run_id.clone(),
+                    seq: info.seq,
+                    record: new.clone(),
+                    schema_text: schema_text.schema,
+                },
+            )
+            .await?
+            .into_run(run_id)?;
+        crate::failpoint::point("loops::migrate::after_commit");
+        tracing::info!(
+            from = %chain.from().hash,
+            from_version = chain.from().version,
+            to = %to.hash,
+            to_version = to.version,
+            seq,
+            state = %new.state,
+            "run migrated"
+        );
+        Ok(Ok((info, new)))
+    }
+
+    /// Marks the run blocked for `blocked`'s reason, once: nothing is written (nor logged)
+    /// if it is blocked for that already.
+    pub(crate) async fn block_run(
+        &self,
+        claim: &Claim,
+        info: &RunInfo,
+        blocked: &Blocked,
+    ) -> Result<RunInfo> {
+        let already = info.status == RunStatus::Blocked
+            && info
+                .block
+                .as_ref()
+                .is_some_and(|b| b.schema == info.schema && b.reason == blocked.reason);
+        if already {
+            return Ok(info.clone());
+        }
+        let changes: Vec<String> = blocked.changes.iter().map(ToString::to_string).collect();
+        let after = self
+            .store()
+            .write(
+                Some(&claim.held().lease),
+                Write::Block {
+                    run_id: info.run_id.clone(),
+                    schema: info.schema,
+                    reason: blocked.reason.clone(),
+                    changes,
+                    at_ms: now_ms(),
+                },
+            )
+            .await?
+            .into_run(&info.run_id)?;
+        tracing::warn!(
+            run_id = %info.run_id,
+            workflow = %info.workflow,
+            schema = %info.schema,
+            state = %info.state,
+            reason = %blocked.reason,
+            changes = %blocked.changes,
+            "run blocked: this build cannot drive it; it is left as it is until a build that can starts (see docs/evolution.md)"
+        );
+        Ok(after)
+    }
+
+    /// Looks at the blocked runs of the registered workflows, if a registration (or the
+    /// runtime's start) asked for it: each run that this build can route now gets a
+    /// background driver, which unblocks (or migrates) it and drives it. Returns those runs.
+    ///
+    /// # Errors
+    /// The store's errors (the sweep is asked for again).
+    pub(crate) async fn sweep_blocked(&self) -> Result<Vec<RunInfo>> {
+        if !self.inner.sweep.swap(false, Ordering::AcqRel) {
+            return Ok(Vec::new());
+        }
+        let swept = self.sweep_once().await;
+        if swept.is_err() {
+            self.inner.sweep.store(true, Ordering::Release);
+        }
+        swept
+    }
+
+    async fn sweep_once(&self) -> Result<Vec<RunInfo>> {
+        let mut routable = Vec::new();
+        for workflow in self.workflows() {
+            let known = self.registry(|r| r.known(&workflow));
+            for info in self
+                .store()
+                .list(RunStatus::Blocked, Some(&workflow))
+                .await?
+            {
+                if !matches!(self.route_of(&info, &known).await?, Route::Block(_)) {
+                    self.spawn_driver(&workflow, &info.run_id);
+                    routable.push(info);
+                }
+            }
+        }
+        if !routable.is_empty() {
+            tracing::info!(
+                runs = routable.len(),
+                "unblocking runs this build can route"
+            );
+        }
+        Ok(routable)
+    }
+
+    /// What this build would do with every unfinished or blocked run in the store, by
+    /// workflow then run id, writing nothing: drive it on the version with its schema,
+    /// migrate it to a later version, drive it on a version that accepts its schema, or
+    /// leave it blocked (runs of workflows this runtime registers no version of included,
+    /// with a reason saying so).
+    ///
+    /// # Errors
+    /// The store's errors, reading the status index or the schema descriptions.
+    pub async fn dry_run(&self) -> Result<Vec<Routed>> {
+        let mut out = Vec::new();
+        let mut known: HashMap<String, Vec<KnownVersion>> = HashMap::new();
+        for status in [RunStatus::Running, RunStatus::Waiting, RunStatus::Blocked] {
+            for info in self.store().list(status, None).await? {
+                let versions = known
+                    .entry(info.workflow.clone())
+                    .or_insert_with(|| self.registry(|r| r.known(&info.workflow)));
+                let route = if versions.is_empty() {
+                    Route::Block(Blocked {
+                        reason: format!(
+                            "this build registers no version of workflow `{}`",
+                            info.workflow
+                        ),
+                        changes: SchemaDiff::default(),
+                    })
+                } else {
+                    self.route_of(&info, versions).await?
+                };
+                out.push(Routed {
+                    run_id: info.run_id,
+                    workflow: info.workflow,
+                    state: info.state,
+                    status: info.status,
+                    schema: info.schema,
+                    route,
+                });
+            }
+        }
+        out.sort_by(|a, b| (&a.workflow, &a.run_id).cmp(&(&b.workflow, &b.run_id)));
+        Ok(out)
+    }
+}

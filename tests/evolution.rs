@@ -1,0 +1,576 @@
+//! Workflow evolution at run time (issue 14): versions side by side, migrations committed as
+//! records of their own (v1 → v2 → v3), failing migrations that leave the run blocked with one
+//! write, a refused run that stays blocked and quiet under a running `serve`, and compatible
+//! changes accepted at open (a wrong claim refused with the diff).
+//!
+//! The quiet window of `a_refused_run_stays_blocked_and_quiet_under_serve` is
+//! `LOOPS_EVOLUTION_WINDOW_MS` (default 5000 ms); the issue's 30 s window:
+//! `LOOPS_EVOLUTION_WINDOW_MS=30000 cargo test --test evolution quiet`.
+
+#[path = "evolution/counting.rs"]
+mod counting;
+#[path = "evolution/ticket.rs"]
+mod ticket;
+#[path = "evolution/workflows.rs"]
+mod workflows;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use loops::{
+    Error, MigratedFrom, RedbStore, Route, RunStatus, Runtime, SchemaHash, Store, Workflow,
+};
+
+use counting::Counting;
+use workflows::{Handler, Log, v1, v2, v2_panics, v2_refuses, v3};
+
+type Shared = Counting<RedbStore>;
+
+fn memory() -> Shared {
+    Counting::new(RedbStore::in_memory().unwrap())
+}
+
+fn hash<W: Workflow>() -> SchemaHash {
+    W::SCHEMA_HASH.pinned()
+}
+
+/// Drives a new v1 run `id` on its own runtime over `store` until its handler has run its
+/// step in `state`, then stops it there (as a crash would: the runtime goes away mid-handler).
+async fn stop_v1_at(store: &Shared, log: &Log, id: &'static str, state: &'static str) {
+    let rt = Runtime::builder().build(store.clone());
+    let handler = Handler::new(1, log).stopping_at(state);
+    let reached = Arc::clone(&handler.reached);
+    let driving = {
+        let rt = rt.clone();
+        tokio::spawn(async move {
+            rt.run(
+                id,
+                v1::Order::Placed {
+                    item: id.to_owned(),
+                },
+                &handler,
+            )
+            .await
+        })
+    };
+    reached.notified().await;
+    driving.abort();
+    assert!(driving.await.unwrap_err().is_cancelled());
+    rt.shutdown().await;
+}
+
+/// The transition records of `id`, as `(seq, state, schema, migrated)`.
+async fn records(store: &Shared, id: &str) -> Vec<(u64, String, SchemaHash, Option<MigratedFrom>)> {
+    store
+        .history(id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.seq, r.state, r.schema, r.migrated))
+        .collect()
+}
+
+fn rec(
+    seq: u64,
+    state: &str,
+    schema: SchemaHash,
+    migrated: Option<MigratedFrom>,
+) -> (u64, String, SchemaHash, Option<MigratedFrom>) {
+    (seq, state.to_owned(), schema, migrated)
+}
+
+fn from_v1(seq: u64) -> Option<MigratedFrom> {
+    Some(MigratedFrom {
+        schema: hash::<v1::Order>(),
+        version: 1,
+        seq,
+    })
+}
+
+fn calls(list: &[(u32, &str)]) -> Vec<(u32, String)> {
+    list.iter().map(|(v, s)| (*v, (*s).to_owned())).collect()
+}
+
+/// Waits (without a deadline of its own) until `id` has `status`.
+async fn until_status(store: &Shared, id: &str, status: RunStatus) -> loops::RunInfo {
+    loop {
+        if let Some(info) = store.run_info(id).await.unwrap()
+            && info.status == status
+        {
+            return info;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_of_every_v1_state_migrate_through_v2_to_v3_and_finish() {
+    let store = memory();
+    let log = Log::default();
+    stop_v1_at(&store, &log, "at-placed", "Placed").await;
+    stop_v1_at(&store, &log, "at-packed", "Packed").await;
+    store.writes.lock().unwrap().clear();
+
+    // The build of version 3 keeps no older handler, only the migrations v1 → v2 → v3.
+    let rt = Runtime::builder()
+        .register::<v3::Order, _>(Handler::new(3, &log))
+        .migration::<v1::Order, v2::Order>()
+        .migration::<v2::Order, v3::Order>()
+        .build(store.clone());
+    let routes: Vec<String> = rt
+        .dry_run()
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| format!("{} {}", r.run_id, r.route))
+        .collect();
+    let (h1, h3) = (hash::<v1::Order>(), hash::<v3::Order>());
+    assert_eq!(
+        routes,
+        [
+            format!("at-packed migrate from version 1 to 3 ({h1} -> {h3}) in 2 migrations"),
+            format!("at-placed migrate from version 1 to 3 ({h1} -> {h3}) in 2 migrations"),
+        ]
+    );
+    assert!(
+        store.writes.lock().unwrap().is_empty(),
+        "a dry run writes nothing"
+    );
+    rt.resume_all().await.unwrap();
+    for id in ["at-placed", "at-packed"] {
+        assert_eq!(
+            rt.wait::<v3::Order>(id).await.unwrap(),
+            v3::Order::Shipped {
+                sku: id.to_owned(),
+                qty: 1
+            }
+        );
+    }
+
+    // One migration record each, continuing the state it interrupted; the old records as
+    // they were.
+    assert_eq!(
+        records(&store, "at-placed").await,
+        [
+            rec(0, "Placed", h1, None),
+            rec(1, "Placed", h3, from_v1(0)),
+            rec(2, "Packed", h3, None),
+            rec(3, "Checked", h3, None),
+            rec(4, "Shipped", h3, None),
+        ]
+    );
+    assert_eq!(
+        records(&store, "at-packed").await,
+        [
+            rec(0, "Placed", h1, None),
+            rec(1, "Packed", h1, None),
+            rec(2, "Packed", h3, from_v1(1)),
+            rec(3, "Checked", h3, None),
+            rec(4, "Shipped", h3, None),
+        ]
+    );
+    // No step ran twice: the step of the interrupted state replayed from its record.
+    for id in ["at-placed", "at-packed"] {
+        assert_eq!(log.effects_of(id), ["reserve", "weigh", "inspect"], "{id}");
+    }
+    assert_eq!(
+        log.calls_of("at-placed"),
+        calls(&[(1, "Placed"), (3, "Placed"), (3, "Packed"), (3, "Checked")])
+    );
+    assert_eq!(
+        log.calls_of("at-packed"),
+        calls(&[(1, "Placed"), (1, "Packed"), (3, "Packed"), (3, "Checked")])
+    );
+    // The migrated state's idempotency keys are the ones version 1 was given.
+    let keys = log.keys.lock().unwrap().clone();
+    for (id, seq) in [("at-placed", 0), ("at-packed", 1)] {
+        let given = &keys[&(id.to_owned(), seq)];
+        assert_eq!(given.len(), 2, "{id}: {given:?}");
+        assert_eq!(given[0], given[1], "{id}");
+    }
+    // What the v3 build wrote: one migration, then the run as usual (the interrupted
+    // attempt counted; no step record for the replayed step).
+    assert_eq!(
+        store.writes_of("at-placed"),
+        [
+            "Migrate",
+            "BeginAttempt",
+            "Transition",
+            "Step",
+            "Transition",
+            "Step",
+            "Transition"
+        ]
+    );
+    assert_eq!(
+        store.writes_of("at-packed"),
+        [
+            "Migrate",
+            "BeginAttempt",
+            "Transition",
+            "Step",
+            "Transition"
+        ]
+    );
+    // The row follows its latest record.
+    let info = store.run_info("at-packed").await.unwrap().unwrap();
+    assert_eq!((info.schema, info.seq, info.entered), (h3, 4, None));
+    rt.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn versions_side_by_side_each_drive_their_own_runs() {
+    let store = memory();
+    let log = Log::default();
+    stop_v1_at(&store, &log, "old-placed", "Placed").await;
+    stop_v1_at(&store, &log, "old-packed", "Packed").await;
+    // Both versions registered, no migration: the old runs finish on version 1's handler,
+    // new runs start on version 2.
+    let rt = Runtime::builder()
+        .register::<v1::Order, _>(Handler::new(1, &log))
+        .register::<v2::Order, _>(Handler::new(2, &log))
+        .build(store.clone());
+    rt.resume_all().await.unwrap();
+    rt.start(
+        "new",
+        v2::Order::Placed {
+            item: "new".into(),
+            qty: 5,
+        },
+    )
+    .await
+    .unwrap();
+    for id in ["old-placed", "old-packed"] {
+        assert_eq!(
+            rt.wait::<v1::Order>(id).await.unwrap(),
+            v1::Order::Shipped { item: id.into() }
+        );
+        assert!(
+            records(&store, id)
+                .await
+                .iter()
+                .all(|r| r.2 == hash::<v1::Order>() && r.3.is_none())
+        );
+    }
+    assert_eq!(
+        rt.wait::<v2::Order>("new").await.unwrap(),
+        v2::Order::Shipped {
+            item: "new".into(),
+            qty: 5
+        }
+    );
+    assert_eq!(
+        log.calls_of("old-placed"),
+        calls(&[(1, "Placed"), (1, "Placed"), (1, "Packed")])
+    );
+    assert_eq!(
+        log.calls_of("new"),
+        calls(&[(2, "Placed"), (2, "Packed"), (2, "Checked")])
+    );
+    assert_eq!(log.effects_of("old-placed"), ["reserve", "weigh"]);
+    rt.shutdown().await;
+}
+
+/// A v1 run at `Placed`, then a build with only `New` and a migration to it that fails:
+/// returns the run's row once blocked, and the store's writes for it.
+async fn failing_migration<New>() -> (loops::RunInfo, Vec<String>, usize)
+where
+    New: loops::Dispatch<Handler> + loops::Migrate<v1::Order>,
+{
+    let store = memory();
+    let log = Log::default();
+    stop_v1_at(&store, &log, "r", "Placed").await;
+    store.writes.lock().unwrap().clear();
+    let rt = Runtime::builder()
+        .register::<New, _>(Handler::new(2, &log))
+        .migration::<v1::Order, New>()
+        .build(store.clone());
+    rt.resume_all().await.unwrap();
+    let info = until_status(&store, "r", RunStatus::Blocked).await;
+    // Resumed again, and the migration registered again: it fails again, and the run is
+    // blocked for that already: nothing more is written.
+    rt.resume_all().await.unwrap();
+    rt.migration::<v1::Order, New>();
+    rt.shutdown().await;
+    let history = store.history("r").await.unwrap().len();
+    (info, store.writes_of("r"), history)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_migration_blocks_the_run_with_one_write() {
+    let (info, writes, history) = failing_migration::<v2_refuses::Order>().await;
+    assert_eq!(writes, ["Block"]);
+    assert_eq!(history, 1);
+    assert_eq!((info.state.as_str(), info.seq), ("Placed", 0));
+    let block = info.block.unwrap();
+    assert_eq!(block.resume, RunStatus::Running);
+    assert_eq!(block.schema, hash::<v1::Order>());
+    assert!(
+        block.reason.ends_with(
+            "the migration returned an error: refusing to migrate Placed { item: \"r\" }"
+        ),
+        "{}",
+        block.reason
+    );
+    assert!(block.changes.is_empty());
+
+    let (info, writes, history) = failing_migration::<v2_panics::Order>().await;
+    assert_eq!(writes, ["Block"]);
+    assert_eq!(history, 1);
+    let reason = info.block.unwrap().reason;
+    assert!(
+        reason.ends_with("the migration panicked: cannot migrate Placed { item: \"r\" }"),
+        "{reason}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attached_run_of_an_unknown_schema_is_refused_and_blocked_once() {
+    let store = memory();
+    let log = Log::default();
+    stop_v1_at(&store, &log, "r", "Packed").await;
+    store.writes.lock().unwrap().clear();
+    let rt = Runtime::builder().build(store.clone());
+    let handler = Handler::new(2, &log);
+    for _ in 0..2 {
+        match rt
+            .run(
+                "r",
+                v2::Order::Placed {
+                    item: "r".into(),
+                    qty: 1,
+                },
+                &handler,
+            )
+            .await
+        {
+            Err(Error::SchemaMismatch { changes, .. }) => assert!(!changes.is_empty()),
+            other => panic!("expected SchemaMismatch, got {other:?}"),
+        }
+    }
+    assert_eq!(store.writes_of("r"), ["Block"]);
+    // With the migration registered, the same call migrates the blocked run and finishes it.
+    rt.migration::<v1::Order, v2::Order>();
+    let done = rt
+        .run(
+            "r",
+            v2::Order::Placed {
+                item: "r".into(),
+                qty: 1,
+            },
+            &handler,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        done,
+        v2::Order::Shipped {
+            item: "r".into(),
+            qty: 1
+        }
+    );
+    let h2 = hash::<v2::Order>();
+    assert_eq!(
+        records(&store, "r").await,
+        [
+            rec(0, "Placed", hash::<v1::Order>(), None),
+            rec(1, "Packed", hash::<v1::Order>(), None),
+            rec(2, "Packed", h2, from_v1(1)),
+            rec(3, "Checked", h2, None),
+            rec(4, "Shipped", h2, None),
+        ]
+    );
+    assert_eq!(log.effects_of("r"), ["reserve", "weigh", "inspect"]);
+    rt.shutdown().await;
+}
+
+/// Log lines, as text, collected by a subscriber of this test's thread.
+#[derive(Clone, Default)]
+struct Lines(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Lines {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Lines {
+    fn matching(&self, level: &str, run: &str) -> usize {
+        let text = String::from_utf8(self.0.lock().unwrap().clone()).unwrap();
+        text.lines()
+            .filter(|l| l.contains(level) && l.contains(run))
+            .count()
+    }
+}
+
+#[tokio::test]
+async fn a_refused_run_stays_blocked_and_quiet_under_serve() {
+    let window: u64 = std::env::var("LOOPS_EVOLUTION_WINDOW_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5_000);
+    let lines = Lines::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .with_writer({
+            let lines = lines.clone();
+            move || lines.clone()
+        })
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let store = memory();
+    let log = Log::default();
+    stop_v1_at(&store, &log, "old", "Placed").await;
+    store.writes.lock().unwrap().clear();
+    // Version 2 only, no migration: the old run is refused.
+    let rt = Runtime::builder()
+        .register::<v2::Order, _>(Handler::new(2, &log))
+        .build(store.clone());
+    let serving = {
+        let rt = rt.clone();
+        tokio::spawn(async move { rt.serve(Duration::from_millis(20)).await })
+    };
+    until_status(&store, "old", RunStatus::Blocked).await;
+    // Other runs progress meanwhile.
+    rt.start(
+        "fresh",
+        v2::Order::Placed {
+            item: "fresh".into(),
+            qty: 2,
+        },
+    )
+    .await
+    .unwrap();
+    assert!(matches!(
+        rt.wait::<v2::Order>("fresh").await,
+        Ok(v2::Order::Shipped { qty: 2, .. })
+    ));
+    tokio::time::sleep(Duration::from_millis(window)).await;
+    rt.shutdown().await;
+    serving.await.unwrap().unwrap();
+
+    assert_eq!(store.writes_of("old"), ["Block"]);
+    assert_eq!(lines.matching("WARN", "old"), 1);
+    assert_eq!(lines.matching("ERROR", ""), 0);
+    let info = store.run_info("old").await.unwrap().unwrap();
+    assert_eq!(
+        (info.status, info.block.map(|b| b.resume)),
+        (RunStatus::Blocked, Some(RunStatus::Running))
+    );
+    assert_eq!(store.history("old").await.unwrap().len(), 1);
+    // The dry run says why.
+    let routed = rt.dry_run().await.unwrap();
+    let old = routed.iter().find(|r| r.run_id == "old").unwrap();
+    assert_eq!(old.status, RunStatus::Blocked);
+    assert!(matches!(old.route, Route::Block(_)));
+    assert!(
+        old.route
+            .to_string()
+            .starts_with("blocked: no compiled version of `order` has schema"),
+        "{}",
+        old.route
+    );
+}
+
+#[test]
+fn the_claims_name_version_1() {
+    assert_eq!(
+        ticket::v2::Ticket::ACCEPTS,
+        [ticket::v1::Ticket::SCHEMA_HASH.pinned()]
+    );
+    assert_eq!(
+        ticket::V1_HASH,
+        ticket::v1::Ticket::SCHEMA_HASH.pinned().to_string()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compatible_change_is_accepted_at_open_and_a_wrong_claim_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tickets.loops");
+    {
+        let rt = Runtime::open(&path).unwrap();
+        let closer = ticket::Closer {
+            stop: true,
+            ..ticket::Closer::default()
+        };
+        let reached = Arc::clone(&closer.reached);
+        let driving = {
+            let rt = rt.clone();
+            tokio::spawn(async move {
+                rt.run(
+                    "t1",
+                    ticket::v1::Ticket::Open { title: "t1".into() },
+                    &closer,
+                )
+                .await
+            })
+        };
+        reached.notified().await;
+        driving.abort();
+        let _ = driving.await;
+        rt.shutdown().await;
+    }
+    // A claim that is wrong (a field retyped) refuses the open, with the diff.
+    match Runtime::builder()
+        .register::<ticket::wrong::Ticket, _>(ticket::Closer::default())
+        .open(&path)
+    {
+        Err(Error::AcceptsRefused {
+            workflow,
+            version,
+            accepts,
+            changes,
+        }) => {
+            assert_eq!((workflow.as_str(), version), ("ticket", 2));
+            assert_eq!(accepts, hash::<ticket::v1::Ticket>());
+            assert_eq!(
+                changes.texts(),
+                ["state `Open`: field `title` changed from `String` to `u64`"]
+            );
+        }
+        other => panic!("expected AcceptsRefused, got {other:?}"),
+    }
+    // The right claim opens, and the v1 run finishes on version 2 as it is: no migration.
+    let rt = Runtime::builder()
+        .register::<ticket::v2::Ticket, _>(ticket::Closer::default())
+        .open(&path)
+        .unwrap();
+    let routed = rt.dry_run().await.unwrap();
+    assert_eq!(routed.len(), 1);
+    assert!(
+        routed[0].route.to_string().starts_with(&format!(
+            "accept on version 2 ({})",
+            hash::<ticket::v2::Ticket>()
+        )),
+        "{}",
+        routed[0].route
+    );
+    rt.resume_all().await.unwrap();
+    assert_eq!(
+        rt.wait::<ticket::v2::Ticket>("t1").await.unwrap(),
+        ticket::v2::Ticket::Closed { title: "t1".into() }
+    );
+    let history: Vec<(String, SchemaHash, bool)> = rt
+        .store()
+        .history("t1")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.state, r.schema, r.migrated.is_some()))
+        .collect();
+    assert_eq!(
+        history,
+        [
+            ("Open".to_owned(), hash::<ticket::v1::Ticket>(), false),
+            ("Closed".to_owned(), hash::<ticket::v2::Ticket>(), false),
+        ]
+    );
+    rt.shutdown().await;
+}
