@@ -127,6 +127,30 @@ pub fn run(target: &Target, args: &ShowArgs) -> Result<()> {
             .collect();
         field("pending events", names.join(", "), PLAIN);
     }
+    if let Some(block) = info
+        .block
+        .as_ref()
+        .filter(|_| info.status == RunStatus::Blocked)
+    {
+        field("blocked", block.reason.clone(), ERROR);
+        for change in &block.changes {
+            field("change", change.clone(), PLAIN);
+        }
+        field(
+            "since",
+            format!("{} ({})", rfc3339(block.at_ms), relative(block.at_ms, now)),
+            PLAIN,
+        );
+        field(
+            "unblocked",
+            format!(
+                "goes back to {} when a build that knows schema {} (or a migration from it) \
+                 drives it; see docs/evolution.md",
+                block.resume, block.schema
+            ),
+            DIM,
+        );
+    }
     field("schema", info.schema.to_string(), DIM);
 
     let mut out = t.render(0);
