@@ -78,7 +78,8 @@ pub fn run(target: &Target, args: &ShowArgs) -> Result<()> {
         PLAIN,
     );
     let waiting = waiting_text(&info, now);
-    if !waiting.is_empty() {
+    // A blocked run's reason has a row of its own, below.
+    if !waiting.is_empty() && info.status != RunStatus::Blocked {
         field("waiting for", waiting, PLAIN);
     }
     if let Some(at) = info
