@@ -1,7 +1,8 @@
 //! `deliver`: an agent that takes an issue to a pull request, durably.
 //!
 //! It plans a change with a model, commits it, runs the tests, asks the model to fix what
-//! still fails, and when the tests pass pushes a branch and opens a pull request. Every
+//! still fails, and when the tests pass has the model review the change, then pushes a branch
+//! and opens a pull request. Every
 //! state it reaches is recorded in a loops store: kill the process at any moment, run the
 //! same command again, and it resumes from its last completed step without repeating a
 //! recorded side effect.
