@@ -80,6 +80,7 @@ impl JobHandler for Agent {
             anyhow::bail!("attempt 1 fails");
         }
         let key = ctx.idempotency_key("effect")?;
+        self.log("keys", &key);
         let receipt: String = ctx
             .step("effect", || async {
                 // The side effect: a ledger line carrying the idempotency key.
@@ -128,9 +129,96 @@ async fn child_process() {
         .open(dir.join("store.redb"))
         .unwrap();
     let handler = Agent { dir, hold };
+    if std::env::var("LOOPS_VERSION").as_deref() == Ok("2") {
+        // The next build: version 2 of the workflow, with a migration from version 1.
+        runtime.migration::<Job, v2::Job>();
+        match runtime.run("job", v2::Job::Start { n: 7 }, &handler).await {
+            Ok(done) => println!("ended {}", serde_json::to_string(&done).unwrap()),
+            Err(e) => println!("error {e}"),
+        }
+        return;
+    }
     match runtime.run("job", Job::Start { n: 7 }, &handler).await {
         Ok(done) => println!("ended {}", serde_json::to_string(&done).unwrap()),
         Err(e) => println!("error {e}"),
+    }
+}
+
+/// Version 2 of `crash_job`: `Effect` carries a priority (a breaking change), migrated from
+/// version 1. Its handler does what version 1's does, under the same step names.
+mod v2 {
+    use loops::{BoxError, Context, Migrate, Workflow};
+    use serde::{Deserialize, Serialize};
+
+    #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+    #[workflow(name = "crash_job", version = 2)]
+    pub enum Job {
+        #[initial]
+        #[next(Effect)]
+        Start { n: u32 },
+        #[next(Approval)]
+        Effect { n: u32, priority: u8 },
+        #[next(Done)]
+        Approval { receipt: String },
+        #[terminal]
+        Done { receipt: String, approver: String },
+    }
+
+    impl Migrate<super::Job> for Job {
+        fn migrate(old: super::Job) -> Result<Self, BoxError> {
+            Ok(match old {
+                super::Job::Start { n } => Job::Start { n },
+                super::Job::Effect { n } => Job::Effect { n, priority: 1 },
+                super::Job::Approval { receipt } => Job::Approval { receipt },
+                super::Job::Done { receipt, approver } => Job::Done { receipt, approver },
+            })
+        }
+    }
+
+    impl JobHandler for super::Agent {
+        type Error = anyhow::Error;
+
+        async fn start(&self, ctx: &Context, n: u32) -> Result<StartNext, Self::Error> {
+            self.log(
+                "entries",
+                &format!("v2 Start {} {}", ctx.seq(), ctx.attempt()),
+            );
+            Ok(StartNext::Effect { n, priority: 1 })
+        }
+
+        async fn effect(
+            &self,
+            ctx: &Context,
+            n: u32,
+            priority: u8,
+        ) -> Result<EffectNext, Self::Error> {
+            self.log(
+                "entries",
+                &format!("v2 Effect {} {}", ctx.seq(), ctx.attempt()),
+            );
+            let key = ctx.idempotency_key("effect")?;
+            self.log("keys", &key);
+            let receipt: String = ctx
+                .step("effect", || async {
+                    self.log("ledger", &format!("{key} {n} v2 {priority}"));
+                    Ok::<_, anyhow::Error>(format!("receipt-{n}"))
+                })
+                .await?;
+            Ok(EffectNext::Approval { receipt })
+        }
+
+        async fn approval(
+            &self,
+            ctx: &Context,
+            receipt: String,
+        ) -> Result<ApprovalNext, Self::Error> {
+            self.log(
+                "entries",
+                &format!("v2 Approval {} {}", ctx.seq(), ctx.attempt()),
+            );
+            let approver: String = ctx.wait_for("approve").await?;
+            Ok(ApprovalNext::Done { receipt, approver })
+        }
     }
 }
 
@@ -142,6 +230,17 @@ fn spawn_child(dir: &Path, hold: &str) -> (Child, mpsc::Receiver<String>) {
 /// Starts the child with `FAILPOINTS` set to `failpoints`.
 #[cfg_attr(not(feature = "failpoints"), allow(dead_code))]
 fn spawn_child_with(dir: &Path, hold: &str, failpoints: &str) -> (Child, mpsc::Receiver<String>) {
+    spawn_version(dir, hold, failpoints, "1")
+}
+
+/// Starts the child with `FAILPOINTS` set to `failpoints`, as the build of workflow version
+/// `version` (`"1"`, or `"2"`: version 2 with a migration from version 1).
+fn spawn_version(
+    dir: &Path,
+    hold: &str,
+    failpoints: &str,
+    version: &str,
+) -> (Child, mpsc::Receiver<String>) {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "child_process",
@@ -152,6 +251,7 @@ fn spawn_child_with(dir: &Path, hold: &str, failpoints: &str) -> (Child, mpsc::R
         ])
         .env("LOOPS_DIR", dir)
         .env("LOOPS_HOLD", hold)
+        .env("LOOPS_VERSION", version)
         .env("FAILPOINTS", failpoints)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -500,6 +600,7 @@ async fn a_changed_workflow_is_refused_at_open_even_after_a_crash() {
     kill_at(dir.path(), "start");
     match Runtime::builder()
         .workflow::<changed::Job>()
+        .strict_schemas(true)
         .open(dir.path().join("store.redb"))
     {
         Err(loops::Error::SchemaMismatch {
@@ -676,6 +777,90 @@ mod failpoints {
             entries(dir.path()),
             counts(&[("Start 0", 1), ("Effect 1", 2), ("Approval 2", 1)])
         );
+    }
+
+    /// The run at `Effect`, its step recorded by version 1 (then killed); the version 2 build
+    /// aborts at `point` of the migration; a restart of version 2 finishes the run. Exactly one
+    /// migration record, the step never run again, the same idempotency key throughout.
+    async fn migration_killed_at(point: &str, migrated_before_restart: bool) {
+        let dir = tempfile::tempdir().unwrap();
+        let dir = dir.path();
+        kill_at(dir, "after_step");
+        let (child, _rx) = spawn_version(dir, "", &format!("{point}=return"), "2");
+        let status = Killed(child).0.wait().unwrap();
+        assert_eq!(
+            status.signal(),
+            Some(6),
+            "{point}: expected SIGABRT, got {status:?}"
+        );
+        let store = loops::RedbStore::open(dir.join("store.redb")).unwrap();
+        let migrations = |store: &loops::RedbStore| {
+            store
+                .history("job")
+                .unwrap()
+                .into_iter()
+                .filter(|r| r.migrated.is_some())
+                .count()
+        };
+        assert_eq!(
+            migrations(&store),
+            usize::from(migrated_before_restart),
+            "{point}"
+        );
+        drop(store);
+        approve(dir, "fp").await;
+        let (child, rx) = spawn_version(dir, "", "", "2");
+        let mut child = Killed(child);
+        assert_eq!(
+            expect_line(&rx, "ended "),
+            r#"ended {"Done":{"receipt":"receipt-7","approver":"fp"}}"#
+        );
+        child.0.wait().unwrap();
+        let store = loops::RedbStore::open(dir.join("store.redb")).unwrap();
+        let history: Vec<(u64, String, Option<u64>)> = store
+            .history("job")
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.seq, r.state, r.migrated.map(|m| m.seq)))
+            .collect();
+        let expected: Vec<(u64, String, Option<u64>)> = [
+            (0, "Start", None),
+            (1, "Effect", None),
+            (2, "Effect", Some(1)),
+            (3, "Approval", None),
+            (4, "Done", None),
+        ]
+        .into_iter()
+        .map(|(seq, state, from)| (seq, state.to_owned(), from))
+        .collect();
+        assert_eq!(history, expected, "{point}");
+        assert_eq!(migrations(&store), 1);
+        let ledger = lines(dir, "ledger");
+        assert_eq!(ledger.len(), 1, "{point}: the step ran again: {ledger:?}");
+        let keys = lines(dir, "keys");
+        assert_eq!(keys.len(), 2, "{point}: {keys:?}");
+        assert_eq!(keys[0], keys[1], "{point}: the key changed");
+        assert!(ledger[0].starts_with(&keys[0]));
+        assert_eq!(
+            entries(dir),
+            counts(&[
+                ("Start 0", 1),
+                ("Effect 1", 1),
+                // Version 2 handles the migrated state under its seq, 1.
+                ("v2 Effect 1", 1),
+                ("v2 Approval 3", 1),
+            ])
+        );
+    }
+
+    #[tokio::test]
+    async fn before_a_migration_commit() {
+        migration_killed_at("loops::migrate::before_commit", false).await;
+    }
+
+    #[tokio::test]
+    async fn after_a_migration_commit() {
+        migration_killed_at("loops::migrate::after_commit", true).await;
     }
 
     #[tokio::test]

@@ -574,3 +574,62 @@ async fn a_compatible_change_is_accepted_at_open_and_a_wrong_claim_refused() {
     );
     rt.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_says_when_only_the_record_format_changed() {
+    // A run recorded by a build of loops with another record format: the same enum, a
+    // description whose header names format 0, another pinned hash.
+    let store = memory();
+    let stored = SchemaHash::from_u64(0x0f0f);
+    let text: &'static str = Box::leak(
+        v2::Order::SCHEMA
+            .replacen(
+                &format!(" format {}", loops::FORMAT_VERSION),
+                " format 0",
+                1,
+            )
+            .into_boxed_str(),
+    );
+    assert_ne!(text, v2::Order::SCHEMA);
+    let state = v2::Order::Placed {
+        item: "r".into(),
+        qty: 1,
+    };
+    let mut record = loops::TransitionRecord::encode("r", 0, &state, 1).unwrap();
+    record.schema = stored;
+    let mut info = loops::RunInfo::new_run::<v2::Order>("r", loops::StateId::INITIAL, 1);
+    info.schema = stored;
+    let lease = store.acquire("r").await.unwrap().unwrap();
+    store
+        .write(
+            Some(&lease),
+            loops::Write::Create {
+                info,
+                record: serde_json::to_vec(&record).unwrap(),
+                schema_text: text,
+            },
+        )
+        .await
+        .unwrap();
+    store.release(&lease).await.unwrap();
+    let rt = Runtime::builder().build(store.clone());
+    let log = Log::default();
+    match rt.run("r", state, &Handler::new(2, &log)).await {
+        Err(Error::SchemaMismatch { changes, .. }) => assert_eq!(
+            changes.texts(),
+            [format!(
+                "record format version changed from 0 to {}",
+                loops::FORMAT_VERSION
+            )]
+        ),
+        other => panic!("expected SchemaMismatch, got {other:?}"),
+    }
+    let block = store.run_info("r").await.unwrap().unwrap().block.unwrap();
+    assert_eq!(block.changes.len(), 1);
+    assert!(
+        block.changes[0].starts_with("record format version changed from 0 to"),
+        "{:?}",
+        block.changes
+    );
+    assert!(log.calls_of("r").is_empty());
+}

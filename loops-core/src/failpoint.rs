@@ -14,6 +14,8 @@
 //! | `loops::transition::after_commit` | the transition committed; the next state not started |
 //! | `loops::resume::after_read` | a resume read the run's latest record |
 //! | `loops::writer::after_commit` | the writer committed a batch, callers not yet answered |
+//! | `loops::migrate::before_commit` | a run's migration was applied; its record is not committed |
+//! | `loops::migrate::after_commit` | the migration's record committed; the run not driven on yet |
 //! | `loops::create::after_link` | a new store file was linked into place, its temporary file not yet removed |
 
 /// Aborts the process if the fault point `name` is configured to `return`.

@@ -105,7 +105,7 @@ async fn a_newer_schema_is_refused_and_left_alone() {
             supported,
         } => assert_eq!(
             (s.as_str(), *found, *supported),
-            (schema.name.as_str(), 7, 1)
+            (schema.name.as_str(), 7, SCHEMA_VERSION)
         ),
         other => panic!("expected SchemaTooNew, got {other:?}"),
     }
@@ -124,7 +124,8 @@ async fn a_newer_schema_is_refused_and_left_alone() {
         .await
         .unwrap()
         .get(0);
-    assert_eq!(count, 2);
+    // Every migration this build knows, and the one from the future.
+    assert_eq!(count, i64::from(SCHEMA_VERSION) + 1);
 }
 
 #[tokio::test]

@@ -90,6 +90,7 @@ use std::future::Future;
 use crate::store::Store;
 
 mod data;
+mod evolve;
 mod factory;
 mod leases;
 mod runs;
@@ -166,11 +167,26 @@ pub enum Case {
     /// read back exactly as written (key order, spacing, escapes, number forms), and run ids
     /// of 256 bytes work.
     PayloadsReadBackByteForByte,
+    /// `block_and_unblock`: a block makes a run blocked with its reason, changes, schema,
+    /// time and the status to resume; listed as blocked, never claimed; blocked again for the
+    /// same schema and reason changes nothing, for another reason takes the new one; a
+    /// driver's writes in the state are fenced; a block for a schema the run no longer has
+    /// changes nothing; unblocking restores the status it had (waiting with its wait) and
+    /// is a no-op on a run that is not blocked; a blocked run is cancelled at once; an ended
+    /// run cannot be blocked ([`RunEnded`](crate::Error::RunEnded)).
+    BlockAndUnblock,
+    /// `migrations`: a migration needs the row at its seq (else `Fenced`), a record for the
+    /// next seq continuing the state's seq from the run's schema (else
+    /// [`MigrationRefused`](crate::Error::MigrationRefused)); it appends its record (byte for
+    /// byte), moves the row to its state and schema with `entered` at the old state's seq,
+    /// unblocks the run and stores the new schema's description; the state's steps stay
+    /// under its seq; the next transition leaves it.
+    Migrations,
 }
 
 impl Case {
     /// Every case, in the order of their tests.
-    pub const ALL: [Case; 12] = [
+    pub const ALL: [Case; 14] = [
         Case::CreateAndRead,
         Case::TransitionsAppendInOrder,
         Case::StepsAreImmutable,
@@ -183,6 +199,8 @@ impl Case {
         Case::ClaimReady,
         Case::Prune,
         Case::PayloadsReadBackByteForByte,
+        Case::BlockAndUnblock,
+        Case::Migrations,
     ];
 
     /// The case's name (`"create_and_read"`): the name of its test.
@@ -200,6 +218,8 @@ impl Case {
             Case::ClaimReady => "claim_ready",
             Case::Prune => "prune",
             Case::PayloadsReadBackByteForByte => "payloads_read_back_byte_for_byte",
+            Case::BlockAndUnblock => "block_and_unblock",
+            Case::Migrations => "migrations",
         }
     }
 
@@ -226,6 +246,8 @@ impl Case {
             Case::PayloadsReadBackByteForByte => {
                 data::payloads_read_back_byte_for_byte(factory).await
             }
+            Case::BlockAndUnblock => evolve::block_and_unblock(factory).await,
+            Case::Migrations => evolve::migrations(factory).await,
         }
         Outcome::Passed
     }
@@ -285,6 +307,8 @@ macro_rules! conformance_suite {
             claim_ready => ClaimReady,
             prune => Prune,
             payloads_read_back_byte_for_byte => PayloadsReadBackByteForByte,
+            block_and_unblock => BlockAndUnblock,
+            migrations => Migrations,
         }
     };
 }

@@ -2,7 +2,7 @@
 //! the variant's fields in their declared order. When the protocol's writes change shape,
 //! this file is what follows them; the cases only call these.
 
-use crate::record::FailureRecord;
+use crate::record::{FailureRecord, TransitionRecord};
 use crate::schema::SchemaHash;
 use crate::store::{AfterFailure, RunInfo, Write};
 
@@ -146,6 +146,46 @@ pub(super) fn wake(run_id: &str, seq: u64, at_ms: u64) -> Write {
         run_id: run_id.to_owned(),
         seq,
         at_ms,
+    }
+}
+
+/// [`Write::Block`].
+pub(super) fn block(
+    run_id: &str,
+    schema: SchemaHash,
+    reason: &str,
+    changes: &[&str],
+    at_ms: u64,
+) -> Write {
+    Write::Block {
+        run_id: run_id.to_owned(),
+        schema,
+        reason: reason.to_owned(),
+        changes: changes.iter().map(|c| (*c).to_owned()).collect(),
+        at_ms,
+    }
+}
+
+/// [`Write::Unblock`].
+pub(super) fn unblock(run_id: &str, at_ms: u64) -> Write {
+    Write::Unblock {
+        run_id: run_id.to_owned(),
+        at_ms,
+    }
+}
+
+/// [`Write::Migrate`].
+pub(super) fn migrate(
+    run_id: &str,
+    seq: u64,
+    record: TransitionRecord,
+    schema_text: &'static str,
+) -> Write {
+    Write::Migrate {
+        run_id: run_id.to_owned(),
+        seq,
+        record,
+        schema_text,
     }
 }
 

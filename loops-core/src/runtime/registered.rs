@@ -126,6 +126,12 @@ impl Runtime {
                     Err(e) => return (String::new(), Err(e)),
                 };
                 let workflow = found.0.workflow.clone();
+                if !self.routes_here(&found.0) {
+                    // A store shared with other workers: one with the run's version takes it
+                    // (this worker's claims would not have); nothing written, nothing said.
+                    tracing::debug!("not a schema this worker routes; left to another worker");
+                    return (workflow, Ok(None));
+                }
                 let known = self.registry(|r| r.known(&workflow));
                 match self.prepare(claim, found, &known, true).await {
                     Ok(Routing::Ready(p)) => p,
@@ -148,6 +154,19 @@ impl Runtime {
             .await
             .map(Some);
         (workflow, result)
+    }
+
+    /// Whether this worker drives (or blocks) the run: always with a store only this process
+    /// opens; with a shared one, only if its schema is one this build can route (what its
+    /// claims ask for), so that a worker without the run's version leaves it to one that has
+    /// it, during a rolling deploy.
+    fn routes_here(&self, info: &RunInfo) -> bool {
+        self.store().lease_ttl().is_none()
+            || self.registry(|r| {
+                r.claim_filters()
+                    .iter()
+                    .any(|f| f.workflow == info.workflow && f.admits(info.schema))
+            })
     }
 
     /// What follows a background driver's end: a timer for a parked run, a log line for an

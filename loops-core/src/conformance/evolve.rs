@@ -1,0 +1,331 @@
+//! The cases of workflow evolution's writes: blocking and unblocking a run, and committing a
+//! migration as a record of its own.
+
+use crate::error::Error;
+use crate::record::{MigratedFrom, TransitionRecord};
+use crate::row::BlockInfo;
+use crate::schema::SchemaHash;
+use crate::store::{RunInfo, RunStatus, WaitOutcome};
+
+use super::factory::Factory;
+use super::support::{HASH, WF, create, info, step, step_outputs, transition, wait};
+use super::writes;
+
+/// The schema a migration moves the suite's runs to.
+const NEW: SchemaHash = SchemaHash::from_u64(0x5678);
+
+pub(super) async fn block_and_unblock(f: &dyn Factory) {
+    let store = f.store();
+    let store = &*store;
+    let l = create(store, "r").await;
+    let blocked = store
+        .write(
+            Some(&l),
+            writes::block("r", HASH, "no version", &["state `A`: gone"], 5_000),
+        )
+        .await
+        .unwrap()
+        .into_run("r")
+        .unwrap();
+    let expected = RunInfo {
+        status: RunStatus::Blocked,
+        updated_ms: 5_000,
+        block: Some(BlockInfo::new(
+            "no version",
+            vec!["state `A`: gone".to_owned()],
+            HASH,
+            5_000,
+            RunStatus::Running,
+        )),
+        ..info("r")
+    };
+    assert_eq!(blocked, expected);
+    assert_eq!(store.run_info("r").await.unwrap(), Some(expected.clone()));
+    // Listed as blocked, not as running; never claimed.
+    let ids = |v: Vec<RunInfo>| v.into_iter().map(|i| i.run_id).collect::<Vec<_>>();
+    assert_eq!(
+        ids(store.list(RunStatus::Blocked, Some(WF)).await.unwrap()),
+        ["r"]
+    );
+    assert!(
+        store
+            .list(RunStatus::Running, None)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let filters = [crate::store::ClaimFilter::any(WF)];
+    if store.lease_ttl().is_some() {
+        store.release(&l).await.unwrap();
+    }
+    assert!(store.claim_ready(&filters, 10).await.unwrap().is_empty());
+    let l = if store.lease_ttl().is_some() {
+        super::support::lease(store, "r").await
+    } else {
+        l
+    };
+    // Blocked again for the same schema and reason: nothing changes (the row keeps its
+    // time); for another reason, the block says the new one and keeps what to resume.
+    let again = store
+        .write(Some(&l), writes::block("r", HASH, "no version", &[], 6_000))
+        .await
+        .unwrap()
+        .into_run("r")
+        .unwrap();
+    assert_eq!(again, expected);
+    let other = store
+        .write(
+            Some(&l),
+            writes::block("r", HASH, "migration failed", &[], 6_500),
+        )
+        .await
+        .unwrap()
+        .into_run("r")
+        .unwrap();
+    assert_eq!(
+        other.block,
+        Some(BlockInfo::new(
+            "migration failed",
+            Vec::new(),
+            HASH,
+            6_500,
+            RunStatus::Running
+        ))
+    );
+    // Driver writes made in the state are fenced while it is blocked.
+    let fenced = step(store, &l, "r", 0, "s", 0).await;
+    assert!(
+        matches!(
+            fenced,
+            Err(Error::Fenced {
+                status: RunStatus::Blocked,
+                ..
+            })
+        ),
+        "{fenced:?}"
+    );
+    assert!(step_outputs(store, "r", 0).await.is_empty());
+    // A block for a schema the run no longer has changes nothing.
+    let moved = store
+        .write(Some(&l), writes::block("r", NEW, "stale", &[], 6_600))
+        .await
+        .unwrap()
+        .into_run("r")
+        .unwrap();
+    assert_eq!(moved, other);
+    // Unblocked: back to running, the block gone; unblocking again changes nothing.
+    let back = store
+        .write(Some(&l), writes::unblock("r", 7_000))
+        .await
+        .unwrap()
+        .into_run("r")
+        .unwrap();
+    let running = RunInfo {
+        updated_ms: 7_000,
+        ..info("r")
+    };
+    assert_eq!(back, running);
+    let same = store
+        .write(Some(&l), writes::unblock("r", 7_500))
+        .await
+        .unwrap()
+        .into_run("r")
+        .unwrap();
+    assert_eq!(same, running);
+    assert!(
+        store
+            .list(RunStatus::Blocked, None)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // A waiting run goes back to waiting, what it waits for kept.
+    let (outcome, _) = wait(store, &l, None, Some("go"), None).await.unwrap();
+    assert_eq!(outcome, WaitOutcome::Parked);
+    store
+        .write(Some(&l), writes::block("r", HASH, "no version", &[], 8_000))
+        .await
+        .unwrap();
+    let back = store
+        .write(Some(&l), writes::unblock("r", 9_000))
+        .await
+        .unwrap()
+        .into_run("r")
+        .unwrap();
+    assert_eq!(back.status, RunStatus::Waiting);
+    assert_eq!(back.wait.and_then(|w| w.event).as_deref(), Some("go"));
+    // A blocked run is cancelled at once (nobody drives it); an ended run cannot be blocked.
+    store
+        .write(Some(&l), writes::block("r", HASH, "no version", &[], 9_500))
+        .await
+        .unwrap();
+    let cancelled = store
+        .write(None, writes::cancel("r", "stop", false, 9_600))
+        .await
+        .unwrap()
+        .into_run("r")
+        .unwrap();
+    assert_eq!(cancelled.status, RunStatus::Cancelled);
+    let ended = store
+        .write(Some(&l), writes::block("r", HASH, "no version", &[], 9_700))
+        .await;
+    assert!(matches!(ended, Err(Error::RunEnded { .. })), "{ended:?}");
+    let missing = store
+        .write(None, writes::block("nope", HASH, "x", &[], 1))
+        .await;
+    assert!(
+        matches!(missing, Err(Error::RunNotFound { .. })),
+        "{missing:?}"
+    );
+}
+
+/// The migration record of `run_id` at `seq`, continuing the state entered at `state_seq`.
+fn migration(seq: u64, state_seq: u64, payload: &str) -> TransitionRecord {
+    TransitionRecord {
+        seq,
+        state: "M".to_owned(),
+        at_ms: 10_000 + seq,
+        schema: NEW,
+        payload: serde_json::value::RawValue::from_string(payload.to_owned()).unwrap(),
+        migrated: Some(MigratedFrom {
+            schema: HASH,
+            version: 1,
+            seq: state_seq,
+        }),
+    }
+}
+
+pub(super) async fn migrations(f: &dyn Factory) {
+    let store = f.store();
+    let store = &*store;
+    let l = create(store, "r").await;
+    transition(store, &l, "r", 1, false).await.unwrap();
+    step(store, &l, "r", 1, "s", 0).await.unwrap();
+    store
+        .write(Some(&l), writes::block("r", HASH, "no version", &[], 5_000))
+        .await
+        .unwrap();
+    // Refused: another seq, a record for another seq, another schema migrated from.
+    let fenced = store
+        .write(
+            Some(&l),
+            writes::migrate("r", 0, migration(1, 0, "{}"), "v2"),
+        )
+        .await;
+    assert!(
+        matches!(fenced, Err(Error::Fenced { current: 1, .. })),
+        "{fenced:?}"
+    );
+    let wrong_seq = store
+        .write(
+            Some(&l),
+            writes::migrate("r", 1, migration(3, 1, "{}"), "v2"),
+        )
+        .await;
+    assert!(
+        matches!(wrong_seq, Err(Error::MigrationRefused { seq: 1, .. })),
+        "{wrong_seq:?}"
+    );
+    let mut other = migration(2, 1, "{}");
+    other.migrated = Some(MigratedFrom {
+        schema: NEW,
+        version: 1,
+        seq: 1,
+    });
+    let wrong_from = store
+        .write(Some(&l), writes::migrate("r", 1, other, "v2"))
+        .await;
+    assert!(
+        matches!(wrong_from, Err(Error::MigrationRefused { .. })),
+        "{wrong_from:?}"
+    );
+    assert_eq!(store.history("r").await.unwrap().len(), 2);
+    // The migration: a record at seq 2, the row in its state and schema, unblocked; the
+    // state's steps still under seq 1.
+    let payload = r#"{"M": {"n" : 1}}"#;
+    let migrated = store
+        .write(
+            Some(&l),
+            writes::migrate("r", 1, migration(2, 1, payload), "workflow wf v2\n"),
+        )
+        .await
+        .unwrap()
+        .into_run("r")
+        .unwrap();
+    let expected = RunInfo {
+        seq: 2,
+        state: "M".to_owned(),
+        schema: NEW,
+        entered: Some(1),
+        updated_ms: 10_002,
+        ..info("r")
+    };
+    assert_eq!(migrated, expected);
+    assert_eq!(migrated.state_seq(), 1);
+    assert_eq!(store.run_info("r").await.unwrap(), Some(expected.clone()));
+    let (row, latest) = store.latest("r").await.unwrap().unwrap();
+    assert_eq!(row, expected);
+    assert_eq!(
+        (
+            latest.seq,
+            latest.state.as_str(),
+            latest.schema,
+            latest.payload.get()
+        ),
+        (2, "M", NEW, payload)
+    );
+    assert_eq!(latest.migrated, migration(2, 1, "{}").migrated);
+    assert_eq!(latest.state_seq(), 1);
+    let history = store.history("r").await.unwrap();
+    assert_eq!(
+        history
+            .iter()
+            .map(|r| (r.seq, r.schema))
+            .collect::<Vec<_>>(),
+        [(0, HASH), (1, HASH), (2, NEW)]
+    );
+    assert!(history[1].migrated.is_none());
+    assert_eq!(
+        store.schema(NEW).await.unwrap().as_deref(),
+        Some("workflow wf v2\n")
+    );
+    assert_eq!(
+        store.schema(HASH).await.unwrap().as_deref(),
+        Some("workflow wf\n")
+    );
+    // The state goes on under seq 1: its steps are there, new ones are written there, and a
+    // step under the migration's own seq is fenced.
+    assert_eq!(
+        step_outputs(store, "r", 1).await,
+        [("s".to_owned(), 0, r#""s0""#.to_owned())]
+    );
+    step(store, &l, "r", 1, "s", 1).await.unwrap();
+    let fenced = step(store, &l, "r", 2, "s", 0).await;
+    assert!(
+        matches!(
+            fenced,
+            Err(Error::Fenced {
+                seq: 2,
+                current: 2,
+                ..
+            })
+        ),
+        "{fenced:?}"
+    );
+    assert!(step_outputs(store, "r", 2).await.is_empty());
+    // The same migration again is fenced (the run moved on), and changes nothing.
+    let again = store
+        .write(
+            Some(&l),
+            writes::migrate("r", 1, migration(2, 1, "{}"), "v2"),
+        )
+        .await;
+    assert!(
+        matches!(again, Err(Error::Fenced { current: 2, .. })),
+        "{again:?}"
+    );
+    assert_eq!(store.history("r").await.unwrap().len(), 3);
+    // The next transition leaves the migrated state: seq 3, entered there.
+    let next = transition(store, &l, "r", 3, false).await.unwrap();
+    assert_eq!((next.seq, next.entered, next.state_seq()), (3, None, 3));
+}
