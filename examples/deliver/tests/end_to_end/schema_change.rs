@@ -11,7 +11,7 @@ use crate::common::{STOP_VAR, deliver_in, describe};
 /// The example's own workflow, compiled into this test: the build that recorded the run.
 #[path = "../../workflow.rs"]
 #[allow(dead_code)]
-mod recorded;
+pub(crate) mod recorded;
 
 /// The example's workflow with one field added (`Received::priority`); nothing else differs.
 mod changed {

@@ -16,10 +16,9 @@ use serde_json::Value;
 use crate::common::loops_bin;
 use crate::common::{HOLD_VAR, STOP_VAR, copy_dir, deliver_in, demo_at_start, describe, git};
 
-/// The example's own workflow, compiled into this test for its two hashes.
-#[path = "../../workflow.rs"]
-#[allow(dead_code)]
-mod workflow;
+/// The example's own workflow, compiled into this test (by `schema_change`) for its two
+/// hashes.
+use crate::schema_change::recorded as workflow;
 
 use loops::Workflow as _;
 
