@@ -1352,6 +1352,63 @@ impl deliver::v1::DeliverHandler for GiveUp {
     }
 }
 
+/// Version 2 of the example's workflow, which its binary starts new runs on: ends at once too.
+impl deliver::v2::DeliverHandler for GiveUp {
+    type Error = BoxError;
+
+    async fn received(
+        &self,
+        _: &Context,
+        _: deliver::Issue,
+        _: deliver::Base,
+    ) -> Result<deliver::v2::ReceivedNext, BoxError> {
+        Ok(deliver::v2::ReceivedNext::Abandoned {
+            reason: "a test".into(),
+        })
+    }
+
+    async fn planned(
+        &self,
+        _: &Context,
+        _: deliver::Issue,
+        _: deliver::Base,
+        _: deliver::Change,
+    ) -> Result<deliver::v2::PlannedNext, BoxError> {
+        Err("only Received is handled".into())
+    }
+
+    async fn edited(
+        &self,
+        _: &Context,
+        _: deliver::Issue,
+        _: deliver::Work,
+        _: u32,
+    ) -> Result<deliver::v2::EditedNext, BoxError> {
+        Err("only Received is handled".into())
+    }
+
+    async fn tested(
+        &self,
+        _: &Context,
+        _: deliver::Issue,
+        _: deliver::Work,
+        _: u32,
+        _: deliver::TestReport,
+    ) -> Result<deliver::v2::TestedNext, BoxError> {
+        Err("only Received is handled".into())
+    }
+
+    async fn reviewed(
+        &self,
+        _: &Context,
+        _: deliver::Issue,
+        _: deliver::Work,
+        _: deliver::Review,
+    ) -> Result<deliver::v2::ReviewedNext, BoxError> {
+        Err("only Received is handled".into())
+    }
+}
+
 #[test]
 fn the_readme_shows_the_graph_of_the_deliver_example() {
     let dir = tempfile::tempdir().unwrap();
@@ -1371,7 +1428,13 @@ fn the_readme_shows_the_graph_of_the_deliver_example() {
                 branch: "main".into(),
                 commit: "0".repeat(40),
             };
-            let initial = deliver::v1::Deliver::Received { issue, base };
+            // The demo's store: a run of each version (the graph is the newest schema's).
+            let initial = deliver::v1::Deliver::Received {
+                issue: issue.clone(),
+                base: base.clone(),
+            };
+            rt.run("deliver-0", initial, &GiveUp).await.unwrap();
+            let initial = deliver::v2::Deliver::Received { issue, base };
             rt.run("deliver-1", initial, &GiveUp).await.unwrap();
         });
     let graph = text(&path, &["graph", "deliver"]);
