@@ -556,6 +556,9 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
             "--auto-approve".to_owned(),
         )
     };
+    // A run this release cannot drive (recorded by a later one) is refused and blocked: it is
+    // sent nothing.
+    let approve = approve && versions::knows(runtime, &cli.run_id, cli.workflow_version).await?;
     let run = versions::drive(
         runtime,
         &cli.run_id,

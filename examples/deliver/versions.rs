@@ -155,6 +155,22 @@ pub async fn choose(runtime: &Runtime, run_id: &str, release: Release) -> Result
     }
 }
 
+/// Whether `release` can drive the run `run_id`: it is new, or was recorded by one of the
+/// versions the release compiles (version 1 only, for the previous release).
+///
+/// # Errors
+/// If the store cannot be read.
+pub async fn knows(runtime: &Runtime, run_id: &str, release: Release) -> Result<bool> {
+    let Some(info) = runtime.run_info(run_id).await? else {
+        return Ok(true);
+    };
+    let v1 = v1::Deliver::SCHEMA_HASH.pinned();
+    Ok(match release {
+        Release::V1 => info.schema == v1,
+        Release::V2 => info.schema == v1 || info.schema == v2::Deliver::SCHEMA_HASH.pinned(),
+    })
+}
+
 /// Drives the run `run_id` on `version` (chosen by [`choose`]) with `agent`, from `base` if
 /// it is new, until it ends (or parks: then this waits, as `Runtime::run` does).
 ///
