@@ -143,6 +143,9 @@ impl Migrate<v1::Order> for v2_panics::Order {
     }
 }
 
+/// Idempotency keys by `(run id, state seq)`, in the order they were given.
+pub type Keys = BTreeMap<(String, u64), Vec<String>>;
+
 /// What the handlers did, shared by every handler of a test.
 #[derive(Default, Clone)]
 pub struct Log {
@@ -150,7 +153,7 @@ pub struct Log {
     pub effects: Arc<Mutex<Vec<(String, String)>>>,
     /// The idempotency key of the step `probe`, by run id and state seq, each time a handler
     /// asked for it.
-    pub keys: Arc<Mutex<BTreeMap<(String, u64), Vec<String>>>>,
+    pub keys: Arc<Mutex<Keys>>,
     /// `(run id, version, state)` of every handler call.
     pub calls: Arc<Mutex<Vec<(String, u32, String)>>>,
 }

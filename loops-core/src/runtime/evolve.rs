@@ -23,7 +23,7 @@ use crate::store::Write;
 /// What routing a found run came to.
 pub(crate) enum Routing {
     /// Drive it: unblocked or migrated already, if it had to be.
-    Ready(Prepared),
+    Ready(Box<Prepared>),
     /// No version takes it; blocked (when the caller asked for that), with why.
     Blocked(Blocked),
 }
@@ -97,7 +97,7 @@ impl Runtime {
         } else {
             info
         };
-        Ok(Routing::Ready(Prepared {
+        Ok(Routing::Ready(Box::new(Prepared {
             entered: Entered {
                 info,
                 record,
@@ -105,7 +105,7 @@ impl Runtime {
             },
             version,
             accepted,
-        }))
+        })))
     }
 
     /// [`route`] for the stored run `info`, among `known` and the registered migrations.

@@ -134,7 +134,7 @@ impl Runtime {
                 }
                 let known = self.registry(|r| r.known(&workflow));
                 match self.prepare(claim, found, &known, true).await {
-                    Ok(Routing::Ready(p)) => p,
+                    Ok(Routing::Ready(p)) => *p,
                     Ok(Routing::Blocked(_)) => return (workflow, Ok(None)),
                     Err(e) => return (workflow, Err(e)),
                 }

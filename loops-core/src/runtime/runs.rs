@@ -136,7 +136,7 @@ impl Runtime {
                     let known = self.registry(|r| r.known(W::NAME));
                     let stored = found.0.schema;
                     match self.prepare(&claim, found, &known, true).await? {
-                        Routing::Ready(prepared) => Ok(prepared),
+                        Routing::Ready(prepared) => Ok(*prepared),
                         Routing::Blocked(blocked) => Err(Error::SchemaMismatch {
                             run_id: run_id.to_owned(),
                             workflow: W::NAME.to_owned(),

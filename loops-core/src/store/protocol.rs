@@ -17,6 +17,9 @@ use crate::schema::SchemaHash;
 /// match with a wildcard arm.
 #[derive(Debug)]
 #[non_exhaustive]
+// A write is built once and moved into the store: boxing `Create`'s row (the largest variant,
+// since rows carry their block) would cost an allocation for no copy saved.
+#[allow(clippy::large_enum_variant)]
 pub enum Write {
     /// Create a run with its initial record (seq 0).
     Create {
