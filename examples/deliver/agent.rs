@@ -1,4 +1,6 @@
-//! The agent: the handler of each state of [`Deliver`](crate::workflow::v1::Deliver).
+//! The agent: the work of each state, and the handler of version 1 of the workflow
+//! ([`v1::Deliver`](crate::workflow::v1::Deliver)); version 2's handler is in `agent/v2.rs`.
+//! Both versions share the work of the states they have in common, step names included.
 //!
 //! Every action that costs money or touches the outside world runs inside a journaled step
 //! (`ctx.step`): the model calls, each commit, each test run, the push and the pull request.
@@ -25,9 +27,11 @@ use crate::workflow::{
     APPROVAL_EVENT, Approval, Base, Change, Issue, MAX_FIX_ROUNDS, TestReport, Work,
 };
 
+mod v2;
+
 /// The names of the steps that call the model: their outputs are [`Answer`]s, whose usage
-/// the summary adds up (`tokens.rs`).
-pub const MODEL_STEPS: [&str; 2] = ["plan", "fix"];
+/// the summary adds up (`tokens.rs`). `review` is version 2's.
+pub const MODEL_STEPS: [&str; 3] = ["plan", "fix", "review"];
 /// The named limit model steps take ([`model_limit`]), across every run of the process
 /// (declared on the runtime in `main.rs`).
 pub const MODEL_LIMIT_NAME: &str = "model";
@@ -139,10 +143,40 @@ impl<M: Model> Agent<M> {
     }
 }
 
-impl<M: Model> DeliverHandler for Agent<M> {
-    type Error = anyhow::Error;
+/// What a fix round came to ([`Agent::fix_round`]): a new commit to test, or the end.
+pub enum FixOutcome {
+    /// A fix is committed: the branch with it, and the round it was.
+    Edited {
+        /// The branch, its new commit last.
+        work: Work,
+        /// The round the fix was made in.
+        round: u32,
+    },
+    /// No round left, or no fix: why the run gives up.
+    Abandoned {
+        /// Why, in one sentence.
+        reason: String,
+    },
+}
 
-    async fn received(&self, ctx: &Context, issue: Issue, base: Base) -> Result<ReceivedNext> {
+/// The pull request [`Agent::push_and_open`] opened.
+pub struct Delivered {
+    /// Its number on the forge.
+    pub number: u64,
+    /// Its address.
+    pub url: String,
+    /// The pushed branch.
+    pub branch: String,
+    /// The commit the branch points at.
+    pub head: String,
+}
+
+/// The work of the states both versions share (`Received`, `Planned`, `Edited`, and a
+/// `Tested` whose tests fail), and the push and pull request, with the same step names, so
+/// that a run migrated from version 1 replays what it recorded.
+impl<M: Model> Agent<M> {
+    /// `Received`: asks the model for a plan (the step `plan`).
+    pub async fn plan_issue(&self, ctx: &Context, issue: &Issue, base: &Base) -> Result<Decision> {
         self.enter(
             ctx,
             &format!(
@@ -154,24 +188,22 @@ impl<M: Model> DeliverHandler for Agent<M> {
         let (answer, _): (Answer<Decision>, _) = self
             .step(ctx, MODEL_STEPS[0], self.model_step(), |_| async {
                 let sources = self.git.sources(&base.commit).await?;
-                self.model.plan(&issue, &sources).await
+                self.model.plan(issue, &sources).await
             })
             .await?;
-        Ok(match answer.value {
-            Decision::Plan(plan) => ReceivedNext::Planned { issue, base, plan },
-            Decision::Decline { reason } => ReceivedNext::Abandoned { reason },
-        })
+        Ok(answer.value)
     }
 
-    async fn planned(
+    /// `Planned`: commits the plan on the run's work branch (the step `commit`).
+    pub async fn commit_plan(
         &self,
         ctx: &Context,
-        issue: Issue,
+        issue: &Issue,
         base: Base,
-        plan: Change,
-    ) -> Result<PlannedNext> {
+        plan: &Change,
+    ) -> Result<Work> {
         let branch = work_branch(ctx.run_id());
-        let files = files_of(&plan);
+        let files = files_of(plan);
         self.enter(
             ctx,
             &format!(
@@ -182,27 +214,16 @@ impl<M: Model> DeliverHandler for Agent<M> {
         )
         .await?;
         let body = format!("Planned for issue #{}: {}", issue.number, issue.title);
-        let committed = self
-            .commit(ctx, &branch, &base.commit, &plan, &body)
-            .await?;
-        Ok(PlannedNext::Edited {
-            issue,
-            work: Work {
-                base,
-                branch,
-                commits: vec![committed.commit],
-            },
-            round: 0,
+        let committed = self.commit(ctx, &branch, &base.commit, plan, &body).await?;
+        Ok(Work {
+            base,
+            branch,
+            commits: vec![committed.commit],
         })
     }
 
-    async fn edited(
-        &self,
-        ctx: &Context,
-        issue: Issue,
-        work: Work,
-        round: u32,
-    ) -> Result<EditedNext> {
+    /// `Edited`: runs the tests on the branch's head (the step `test`).
+    pub async fn run_tests(&self, ctx: &Context, work: &Work) -> Result<TestReport> {
         let head = work.head().to_owned();
         self.enter(
             ctx,
@@ -218,45 +239,27 @@ impl<M: Model> DeliverHandler for Agent<M> {
                 testrun::run_tests(&self.git, &head, &self.scratch)
             })
             .await?;
-        Ok(EditedNext::Tested {
-            issue,
-            work,
-            round,
-            report,
-        })
+        Ok(report)
     }
 
-    async fn tested(
+    /// `Tested` with failing tests: gives up after [`MAX_FIX_ROUNDS`], else asks the model
+    /// for a fix (the step `fix`) and commits it (the step `commit`).
+    pub async fn fix_round(
         &self,
         ctx: &Context,
-        issue: Issue,
+        issue: &Issue,
         mut work: Work,
         round: u32,
-        report: TestReport,
-    ) -> Result<TestedNext> {
+        report: &TestReport,
+    ) -> Result<FixOutcome> {
         let outcome = report.describe();
-        if report.passed {
-            self.enter(
-                ctx,
-                &format!(
-                    "{outcome}; with approval, pushing {} and opening a pull request",
-                    work.branch
-                ),
-            )
-            .await?;
-            // A durable wait: with nothing to deliver yet, the run parks (status waiting) and
-            // this handler runs again, its recorded steps replayed, when the approval arrives.
-            let approval: Approval = ctx.wait_for(APPROVAL_EVENT).await?;
-            say!("  approved by {}", approval.by);
-            return self.deliver(ctx, &issue, &work, &approval).await;
-        }
         if round >= MAX_FIX_ROUNDS {
             self.enter(
                 ctx,
                 &format!("{outcome} after {round} fix rounds, giving up"),
             )
             .await?;
-            return Ok(TestedNext::Abandoned {
+            return Ok(FixOutcome::Abandoned {
                 reason: format!("{outcome} after {round} fix rounds on {}", work.branch),
             });
         }
@@ -267,12 +270,12 @@ impl<M: Model> DeliverHandler for Agent<M> {
         let (answer, _): (Answer<Option<Change>>, _) = self
             .step(ctx, MODEL_STEPS[1], self.model_step(), |_| async {
                 let sources = self.git.sources(&head).await?;
-                self.model.fix(&issue, &sources, &report).await
+                self.model.fix(issue, &sources, report).await
             })
             .await?;
         let Some(fix) = answer.value else {
             let failing: Vec<&str> = report.failed().map(|t| t.name.as_str()).collect();
-            return Ok(TestedNext::Abandoned {
+            return Ok(FixOutcome::Abandoned {
                 reason: format!(
                     "{outcome} and the model has no fix (failing: {})",
                     if failing.is_empty() {
@@ -286,20 +289,27 @@ impl<M: Model> DeliverHandler for Agent<M> {
         let body = format!("Fix round {round} for issue #{}: {}", issue.number, outcome);
         let committed = self.commit(ctx, &work.branch, &head, &fix, &body).await?;
         work.commits.push(committed.commit);
-        Ok(TestedNext::Edited { issue, work, round })
+        Ok(FixOutcome::Edited { work, round })
     }
-}
 
-impl<M: Model> Agent<M> {
-    /// Pushes the work branch and opens its pull request: two steps, the second with the
-    /// forge's idempotency key.
-    async fn deliver(
+    /// Waits, durably, for the approval event: with nothing to deliver yet, the run parks
+    /// (status waiting) and its handler runs again, its recorded steps replayed, when the
+    /// approval arrives.
+    pub async fn approval(&self, ctx: &Context) -> Result<Approval> {
+        let approval: Approval = ctx.wait_for(APPROVAL_EVENT).await?;
+        say!("  approved by {}", approval.by);
+        Ok(approval)
+    }
+
+    /// Pushes the work branch and opens its pull request, described by `body`: two steps
+    /// (`push`, `open_pr`), the second with the forge's idempotency key.
+    pub async fn push_and_open(
         &self,
         ctx: &Context,
         issue: &Issue,
         work: &Work,
-        approval: &Approval,
-    ) -> Result<TestedNext> {
+        body: String,
+    ) -> Result<Delivered> {
         let head = work.head().to_owned();
         self.step(ctx, "push", StepOptions::default(), |_| async {
             self.git.push(&self.remote, &head, &work.branch).await
@@ -307,7 +317,7 @@ impl<M: Model> Agent<M> {
         .await?;
         let request = NewPullRequest {
             title: format!("Fix #{}: {}", issue.number, issue.title),
-            body: pull_request_body(issue, work, approval),
+            body,
             base: work.base.branch.clone(),
             head: work.branch.clone(),
             head_commit: head.clone(),
@@ -324,11 +334,92 @@ impl<M: Model> Agent<M> {
             );
         }
         let pull = opened.pull_request;
-        Ok(TestedNext::PrOpened {
+        Ok(Delivered {
             number: pull.number,
             url: pull.url,
             branch: work.branch.clone(),
             head,
+        })
+    }
+}
+
+/// Version 1's handler: kept, unchanged in behaviour, for the runs version 1 recorded that
+/// cannot migrate (those past their tests, which wait for the approval, push and open the
+/// pull request in `Tested`).
+impl<M: Model> DeliverHandler for Agent<M> {
+    type Error = anyhow::Error;
+
+    async fn received(&self, ctx: &Context, issue: Issue, base: Base) -> Result<ReceivedNext> {
+        Ok(match self.plan_issue(ctx, &issue, &base).await? {
+            Decision::Plan(plan) => ReceivedNext::Planned { issue, base, plan },
+            Decision::Decline { reason } => ReceivedNext::Abandoned { reason },
+        })
+    }
+
+    async fn planned(
+        &self,
+        ctx: &Context,
+        issue: Issue,
+        base: Base,
+        plan: Change,
+    ) -> Result<PlannedNext> {
+        let work = self.commit_plan(ctx, &issue, base, &plan).await?;
+        Ok(PlannedNext::Edited {
+            issue,
+            work,
+            round: 0,
+        })
+    }
+
+    async fn edited(
+        &self,
+        ctx: &Context,
+        issue: Issue,
+        work: Work,
+        round: u32,
+    ) -> Result<EditedNext> {
+        let report = self.run_tests(ctx, &work).await?;
+        Ok(EditedNext::Tested {
+            issue,
+            work,
+            round,
+            report,
+        })
+    }
+
+    async fn tested(
+        &self,
+        ctx: &Context,
+        issue: Issue,
+        work: Work,
+        round: u32,
+        report: TestReport,
+    ) -> Result<TestedNext> {
+        if !report.passed {
+            return Ok(
+                match self.fix_round(ctx, &issue, work, round, &report).await? {
+                    FixOutcome::Edited { work, round } => TestedNext::Edited { issue, work, round },
+                    FixOutcome::Abandoned { reason } => TestedNext::Abandoned { reason },
+                },
+            );
+        }
+        self.enter(
+            ctx,
+            &format!(
+                "{}; with approval, pushing {} and opening a pull request",
+                report.describe(),
+                work.branch
+            ),
+        )
+        .await?;
+        let approval = self.approval(ctx).await?;
+        let body = pull_request_body(&issue, &work, &approval);
+        let pull = self.push_and_open(ctx, &issue, &work, body).await?;
+        Ok(TestedNext::PrOpened {
+            number: pull.number,
+            url: pull.url,
+            branch: pull.branch,
+            head: pull.head,
         })
     }
 }
@@ -502,6 +593,15 @@ mod tests {
                     replace: "helpers.!".into(),
                 }],
             })))
+        }
+
+        async fn review(
+            &self,
+            issue: &Issue,
+            diff: &str,
+            report: &TestReport,
+        ) -> Result<Answer<crate::workflow::Review>> {
+            ScriptedModel::demo().review(issue, diff, report).await
         }
     }
 

@@ -1,7 +1,8 @@
 //! `deliver`: an agent that takes an issue to a pull request, durably.
 //!
 //! It plans a change with a model, commits it, runs the tests, asks the model to fix what
-//! still fails, and when the tests pass pushes a branch and opens a pull request. Every
+//! still fails, and when the tests pass has the model review the change, then pushes a branch
+//! and opens a pull request. Every
 //! state it reaches is recorded in a loops store: kill the process at any moment, run the
 //! same command again, and it resumes from its last completed step without repeating a
 //! recorded side effect.
@@ -35,6 +36,7 @@ mod openai;
 mod project;
 mod testrun;
 mod tokens;
+mod versions;
 mod workflow;
 
 use std::io::{IsTerminal as _, Write as _};
@@ -44,7 +46,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use clap::Parser;
-use loops::{RetryPolicy, RunStatus, Runtime, StateId as _, Workflow as _};
+use loops::{RetryPolicy, RunStatus, Runtime};
 use tracing_subscriber::EnvFilter;
 
 use crate::agent::Agent;
@@ -54,8 +56,8 @@ use crate::hooks::Hooks;
 use crate::model::AnyModel;
 use crate::model_args::ModelArgs;
 use crate::project::Paths;
-use crate::workflow::v1::Deliver;
-use crate::workflow::{APPROVAL_EVENT, Approval, Base};
+use crate::versions::{Finished, Release};
+use crate::workflow::{APPROVAL_EVENT, Approval};
 
 const HOOKS_HELP: &str = "\
 Logging: RUST_LOG=loops=info shows the store's commits; RUST_LOG=loops=info,deliver=debug also
@@ -66,7 +68,13 @@ For tests only (environment variables):
                                and wait forever (for a test to SIGKILL the process there)
   LOOPS_DELIVER_STOP_AT_SEQ=k  at the entry of seq k, exit 0 without doing the state's work,
                                closing the store cleanly
-Every state entry is appended to <workdir>/handler-entries.log as `seq state attempt`.";
+Every state entry is appended to <workdir>/handler-entries.log as `seq state attempt`.
+
+Versions: this build starts new runs on version 2 of the workflow (a review of the change by
+the model before the pull request). A run recorded by version 1 is migrated to version 2 at
+its state if the migration takes it, and finishes on version 1's kept handler otherwise.
+--workflow-version 1 makes it the previous release (version 1 only), for tests that play a
+rolling upgrade; --dry-run says, for every run in the store, what this build would do.";
 
 /// Takes an issue to a pull request with a durable agent: plan, edit, test, fix, push, open
 /// the pull request. Kill it at any moment and run it again: it resumes where it stopped.
@@ -133,6 +141,22 @@ struct Cli {
     /// this process at once
     #[arg(long)]
     serve: bool,
+
+    /// Say what this build would do with every unfinished or blocked run in the store (drive,
+    /// migrate, or leave it blocked), and write nothing
+    #[arg(long, conflicts_with_all = ["fresh", "retry", "approve", "auto_approve", "serve"])]
+    dry_run: bool,
+
+    /// Which release of the workflow this binary is: 2 (this one) or 1 (the previous, for
+    /// tests that play a rolling upgrade; see the help's end)
+    #[arg(
+        long,
+        value_enum,
+        value_name = "N",
+        default_value = "2",
+        hide_short_help = true
+    )]
+    workflow_version: Release,
 
     #[command(flatten)]
     model: ModelArgs,
@@ -204,6 +228,9 @@ enum Ended {
 async fn run(cli: Cli) -> Result<Ended> {
     // Refused before anything is printed or touched.
     let model = cli.model.choose()?;
+    if cli.dry_run {
+        return dry_run(&cli).await.map(|()| Ended::Done);
+    }
     let interrupt = Interrupt::listen();
     let (paths, runtime) = tokio::select! {
         biased;
@@ -304,8 +331,7 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
     paths.create_workdir()?;
 
     let runtime = open_store(|| {
-        Runtime::builder()
-            .workflow::<Deliver>()
+        versions::builder(cli.workflow_version)
             .limit(agent::MODEL_LIMIT_NAME, agent::model_limit())
             .retry(
                 RetryPolicy::attempts(MAX_ATTEMPTS)
@@ -416,6 +442,42 @@ fn check_is_a_store(store: &Path) -> Result<()> {
     }
 }
 
+/// `--dry-run`: prints what this build would do with every unfinished or blocked run of the
+/// store (`Runtime::dry_run`), writing nothing: the store is opened read-only, no work
+/// directory is made, and a missing store is not created.
+async fn dry_run(cli: &Cli) -> Result<()> {
+    let store = match &cli.store {
+        Some(store) => store.clone(),
+        None => cli.workdir.join("deliver.redb"),
+    };
+    if !store.exists() {
+        say!("no store at {}: no run to drive", store.display());
+        return Ok(());
+    }
+    // Read-only: not one byte of the file changes.
+    let read_only = open_store(|| loops::RedbStore::open_read_only(&store))
+        .await
+        .map_err(store_error)?;
+    let runtime = versions::dry_run_builder(cli.workflow_version).build(read_only);
+    let lines = versions::dry_run(&runtime).await;
+    runtime.shutdown().await;
+    let lines = lines?;
+    say!(
+        "dry run: {} unfinished or blocked run{} in {}; this build (version {}) would:",
+        lines.len(),
+        if lines.len() == 1 { "" } else { "s" },
+        store.display(),
+        match cli.workflow_version {
+            Release::V1 => 1,
+            Release::V2 => 2,
+        }
+    );
+    for line in lines {
+        say!("  {line}");
+    }
+    Ok(())
+}
+
 /// The error for a store that `open_store` could not open.
 fn store_error(e: loops::Error) -> anyhow::Error {
     match e {
@@ -441,7 +503,7 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
     }
     say!("model:  {}", model.describe());
 
-    let recorded = recorded_base(runtime, &cli.run_id).await?;
+    let recorded = versions::recorded_base(runtime, &cli.run_id).await?;
     let base = project::prepare(paths, &agent::work_branch(&cli.run_id), recorded).await?;
     let hooks = Hooks::from_env(paths.entries_log.clone())?;
     let agent = Agent {
@@ -465,7 +527,8 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
             info.seq
         );
     }
-    report_start(runtime, &cli.run_id).await?;
+    versions::report_start(runtime, &cli.run_id).await?;
+    let version = versions::choose(runtime, &cli.run_id, cli.workflow_version).await?;
     // What the journal holds before this process drives the run: on a resume, the model calls
     // that will not be made again.
     let resumed = runtime
@@ -479,10 +542,6 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
             say!("{line}");
         }
         Ok(())
-    };
-    let initial = Deliver::Received {
-        issue: project::issue(),
-        base,
     };
     // A run parked at the approval gate waits for a human (an earlier run said so with
     // `--auto-approve=false`): running the same command again without the flag must not
@@ -498,7 +557,17 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
             "--auto-approve".to_owned(),
         )
     };
-    let run = runtime.run(&cli.run_id, initial, &agent);
+    // A run this release cannot drive (recorded by a later one) is refused and blocked: it is
+    // sent nothing.
+    let approve = approve && versions::knows(runtime, &cli.run_id, cli.workflow_version).await?;
+    let run = versions::drive(
+        runtime,
+        &cli.run_id,
+        version,
+        project::issue(),
+        base,
+        &agent,
+    );
     tokio::pin!(run);
     let outcome = tokio::select! {
         result = &mut run => Some(result),
@@ -537,7 +606,7 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
             e.to_string().trim_end_matches('.')
         ),
         e => anyhow::Error::new(e),
-    })?;
+    })??;
 
     let seq = runtime
         .run_info(&cli.run_id)
@@ -549,7 +618,7 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
     }
     let state = last.state();
     match &last {
-        Deliver::PrOpened {
+        Finished::PrOpened {
             number,
             url,
             branch,
@@ -559,32 +628,18 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
                 "pull request #{number} {url} ({branch} at {})",
                 agent::short(head)
             );
-            hooks.enter(seq, state.name(), None, &line).await?;
+            hooks.enter(seq, state, None, &line).await?;
             report_tokens().await?;
             say!("pull request: {url}");
             say!("  stored in {}", agent.forge.path_of(*number).display());
         }
-        Deliver::Abandoned { reason } => {
-            hooks.enter(seq, state.name(), None, reason).await?;
+        Finished::Abandoned { reason } => {
+            hooks.enter(seq, state, None, reason).await?;
             report_tokens().await?;
             say!("abandoned: nothing was pushed");
         }
-        other => bail!("the run ended in a non-terminal state: {other:?}"),
     }
     Ok(())
-}
-
-/// The base the run `run_id` started from, if it exists: a run that exists goes on from its
-/// own, whatever is checked out now.
-async fn recorded_base(runtime: &Runtime, run_id: &str) -> Result<Option<Base>> {
-    if runtime.run_info(run_id).await?.is_none() {
-        return Ok(None);
-    }
-    let history = runtime.history::<Deliver>(run_id).await?;
-    match history.into_iter().next().map(|t| t.value) {
-        Some(Deliver::Received { base, .. }) => Ok(Some(base)),
-        first => bail!("run {run_id} did not start at Received: {first:?}"),
-    }
 }
 
 /// How long a store found locked is tried again, and how long apart.
@@ -734,54 +789,6 @@ fn approver_name() -> String {
     std::env::var("USER")
         .or_else(|_| std::env::var("USERNAME"))
         .unwrap_or_else(|_| "operator".to_owned())
-}
-
-/// Says whether the run is new, resumed (at which state, skipping which) or finished.
-async fn report_start(runtime: &Runtime, run_id: &str) -> Result<()> {
-    let Some(info) = runtime.run_info(run_id).await? else {
-        say!("starting a new run at Received");
-        return Ok(());
-    };
-    let history = runtime.history::<Deliver>(run_id).await?;
-    let done: Vec<String> = history
-        .iter()
-        .filter(|t| t.seq < info.seq)
-        .map(|t| format!("{} ({})", t.state, t.seq))
-        .collect();
-    match info.status {
-        RunStatus::Completed => {
-            say!(
-                "run {run_id} completed already at {} (seq {}); reporting its result",
-                info.state,
-                info.seq
-            );
-        }
-        RunStatus::Running => {
-            let last_attempt = match &info.error {
-                Some(errors) => format!("attempt {} failed: {}", info.attempt, errors.join(": ")),
-                None => format!("attempt {} was interrupted", info.attempt),
-            };
-            let skipped = if done.is_empty() {
-                "nothing".to_owned()
-            } else {
-                done.join(", ")
-            };
-            say!(
-                "resuming at {} (seq {}; {last_attempt}); skipping {skipped}: already recorded",
-                info.state,
-                info.seq
-            );
-        }
-        status => {
-            let is = match status {
-                RunStatus::Failed => "failed".to_owned(),
-                RunStatus::Cancelled => "was cancelled".to_owned(),
-                status => format!("is {status}"),
-            };
-            say!("run {run_id} {is} at {} (seq {})", info.state, info.seq);
-        }
-    }
-    Ok(())
 }
 
 /// Writes `args` and a newline to standard output, ignoring errors (see [`say!`]).

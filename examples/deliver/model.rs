@@ -12,9 +12,9 @@ use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 use crate::git::SourceFile;
-use crate::workflow::{Change, Edit, Issue, TestReport};
+use crate::workflow::{Change, Edit, Issue, Review, TestReport};
 
-/// Plans changes for issues and fixes for failing tests.
+/// Plans changes for issues, fixes for failing tests, and reviews changes whose tests pass.
 ///
 /// Implementations are called from journaled steps: each call's answer is recorded, with what
 /// it cost ([`Answer::usage`]), and a resumed run reuses it instead of asking again.
@@ -35,7 +35,18 @@ pub trait Model: Send + Sync {
         report: &TestReport,
     ) -> impl Future<Output = Result<Answer<Option<Change>>>> + Send;
 
-    /// The longest one call ([`plan`](Self::plan) or [`fix`](Self::fix)) may take, every try
+    /// Reads the issue, the change (`diff`: `git diff` from the run's base to the branch's
+    /// head) and the passing tests' report, and says what the change does and what a human
+    /// reviewer should look at (workflow version 2's `Tested` state, before the pull request).
+    fn review(
+        &self,
+        issue: &Issue,
+        diff: &str,
+        report: &TestReport,
+    ) -> impl Future<Output = Result<Answer<Review>>> + Send;
+
+    /// The longest one call ([`plan`](Self::plan), [`fix`](Self::fix) or
+    /// [`review`](Self::review)) may take, every try
     /// and wait inside it included: the time-out of the step that makes it.
     fn call_timeout(&self) -> Duration {
         DEFAULT_CALL_TIMEOUT
@@ -151,6 +162,19 @@ impl Model for AnyModel {
         }
     }
 
+    async fn review(
+        &self,
+        issue: &Issue,
+        diff: &str,
+        report: &TestReport,
+    ) -> Result<Answer<Review>> {
+        match self {
+            AnyModel::Scripted(model) => model.review(issue, diff, report).await,
+            #[cfg(feature = "openai")]
+            AnyModel::OpenAi(model) => model.review(issue, diff, report).await,
+        }
+    }
+
     fn call_timeout(&self) -> Duration {
         match self {
             AnyModel::Scripted(model) => model.call_timeout(),
@@ -260,6 +284,68 @@ impl Model for ScriptedModel {
         report: &TestReport,
     ) -> Result<Answer<Option<Change>>> {
         Ok(Answer::free(self.fix_for(sources, report)))
+    }
+
+    async fn review(
+        &self,
+        issue: &Issue,
+        diff: &str,
+        report: &TestReport,
+    ) -> Result<Answer<Review>> {
+        Ok(Answer::free(review_of(issue, diff, report)))
+    }
+}
+
+/// The scripted model's review of `diff`: which files it changes and by how many lines, and
+/// the concerns a reviewer would raise that can be read off the diff itself: no test added
+/// or changed, an assertion removed, a possible panic added.
+pub fn review_of(issue: &Issue, diff: &str, report: &TestReport) -> Review {
+    let mut files: Vec<&str> = Vec::new();
+    let (mut added, mut removed) = (0usize, 0usize);
+    let mut concerns = Vec::new();
+    let mut touches_tests = false;
+    for line in diff.lines() {
+        if let Some(paths) = line.strip_prefix("diff --git a/") {
+            let path = paths.split(" b/").next().unwrap_or(paths);
+            files.push(path);
+            touches_tests |= path.starts_with("tests/");
+        } else if line.starts_with("+++") || line.starts_with("---") {
+            continue;
+        } else if let Some(text) = line.strip_prefix('+') {
+            added += 1;
+            touches_tests |= text.contains("#[test]");
+            if ["unwrap()", "expect(", "panic!("]
+                .iter()
+                .any(|p| text.contains(p))
+            {
+                concerns.push(format!("adds a possible panic: `{}`", text.trim()));
+            }
+        } else if let Some(text) = line.strip_prefix('-') {
+            removed += 1;
+            if text.contains("assert") {
+                concerns.push(format!("removes an assertion: `{}`", text.trim()));
+            }
+        }
+    }
+    if !touches_tests {
+        concerns.push(
+            "no test was added or changed: the tests that pass are the ones that were there"
+                .to_owned(),
+        );
+    }
+    let files = if files.is_empty() {
+        "no file".to_owned()
+    } else {
+        files.join(", ")
+    };
+    Review {
+        summary: format!(
+            "For issue #{} (\"{}\"), the change edits {files} (+{added} -{removed} lines); {}.",
+            issue.number,
+            issue.title,
+            report.describe()
+        ),
+        concerns,
     }
 }
 
@@ -451,5 +537,40 @@ mod tests {
             .unwrap()
             .value;
         assert_eq!(none, None);
+    }
+
+    #[test]
+    fn the_scripted_review_reads_the_diff() {
+        let report = TestReport {
+            passed: true,
+            exit_code: Some(0),
+            tests: vec![TestCase {
+                name: "tests::add".into(),
+                passed: true,
+                output: None,
+            }],
+            compile_error: None,
+        };
+        let diff = "diff --git a/src/lib.rs b/src/lib.rs\n\
+                    --- a/src/lib.rs\n\
+                    +++ b/src/lib.rs\n\
+                    @@ -1,3 +1,3 @@\n\
+                    -    assert!(b != 0);\n\
+                    +    let q = a.checked_div(b).unwrap();\n\
+                    diff --git a/tests/div.rs b/tests/div.rs\n\
+                    +#[test]\n";
+        let review = review_of(&project::issue(), diff, &report);
+        assert_eq!(
+            review.summary,
+            "For issue #1 (\"add() returns the difference of its arguments\"), the change edits \
+             src/lib.rs, tests/div.rs (+2 -1 lines); all 1 tests pass."
+        );
+        assert_eq!(
+            review.concerns,
+            [
+                "removes an assertion: `assert!(b != 0);`",
+                "adds a possible panic: `let q = a.checked_div(b).unwrap();`"
+            ]
+        );
     }
 }

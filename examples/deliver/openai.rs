@@ -40,7 +40,7 @@ use serde_json::Value;
 use crate::git::SourceFile;
 use crate::model::{Answer, Decision, Model, Usage};
 use crate::tokens::thousands;
-use crate::workflow::{Change, Issue, TestReport};
+use crate::workflow::{Change, Issue, Review, TestReport};
 
 pub use self::prompt::Prompt;
 use self::schema::SchemaError;
@@ -639,6 +639,16 @@ impl Model for OpenAiModel {
         self.ask(&prompt, |answer| schema::fix(answer, sources))
             .await
             .map_err(for_loops)
+    }
+
+    async fn review(
+        &self,
+        issue: &Issue,
+        diff: &str,
+        report: &TestReport,
+    ) -> anyhow::Result<Answer<Review>> {
+        let prompt = Prompt::review(issue, diff, report)?;
+        Ok(self.ask(&prompt, schema::review).await?)
     }
 
     /// Every try at its time-out, and the longest waits between them, plus a minute for

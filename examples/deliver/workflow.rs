@@ -106,9 +106,6 @@ pub mod v1 {
 
 /// The second version: the model reviews the change once the tests pass (`Tested` goes to
 /// `Reviewed`), and the approval, the push and the pull request move to `Reviewed`.
-// Not driven yet: the runtime work of issue 14 (several versions side by side, migrations on
-// resume) wires it into the binary.
-#[allow(dead_code, reason = "version 2 is not driven by the binary yet")]
 pub mod v2 {
     use loops::Workflow;
     use serde::{Deserialize, Serialize};

@@ -144,6 +144,9 @@ pub enum StatusArg {
     Failed,
     /// Cancelled.
     Cancelled,
+    /// Recorded with a schema that the build that last tried to drive it does not know, and
+    /// has no migration from: it waits for a build that does (`loops show` says why).
+    Blocked,
 }
 
 impl From<StatusArg> for RunStatus {
@@ -154,6 +157,7 @@ impl From<StatusArg> for RunStatus {
             StatusArg::Completed => RunStatus::Completed,
             StatusArg::Failed => RunStatus::Failed,
             StatusArg::Cancelled => RunStatus::Cancelled,
+            StatusArg::Blocked => RunStatus::Blocked,
         }
     }
 }
@@ -167,12 +171,16 @@ Examples:
   loops runs --newer-than 1h --json
   loops runs --older-than 1h --newer-than 1d    # last changed between 1h and 1d ago
   loops runs --schema 3f9c0a1e                  # runs recorded with one schema
+  loops runs --status blocked                   # runs no deployed build can drive
 
 Runs are listed by last change, newest first. ATTEMPT is the number of the latest attempt
 at the current state, from 1; it counts on after `loops retry`, which gives the run a fresh
 budget of attempts, not new numbers. --json prints an array of objects with the
 fields run_id, workflow, status, state, seq, attempt, created_at, created_ms, updated_at,
-updated_ms, waiting_for, retry_at, retry_at_ms, error, cancel_reason, schema.";
+updated_ms, waiting_for, retry_at, retry_at_ms, error, cancel_reason, schema, blocked
+(null, or {reason, changes, schema, at, at_ms, resume} for a blocked run: why, what changed
+in the schema, and the status it goes back to when a build that knows its schema drives it).
+A blocked run shows `blocked: REASON` under WAITING FOR; docs/evolution.md says what to do.";
 
 /// `loops runs`.
 #[derive(Debug, Args)]
@@ -215,7 +223,8 @@ Examples:
   loops show deliver-1 --json | jq .payload
 
 The text form names the run's schema by its hash; --schema adds its description (one line
-per field, as `loops schema RUN` prints it). --json prints {run, payload,
+per field, as `loops schema RUN` prints it). A blocked run shows why (`blocked`), each change
+of its schema that stops it (`change`), and the status it goes back to when unblocked. --json prints {run, payload,
 schema_description, pending_events}, with the description always; run has the fields of
 `loops runs --json`.";
 
@@ -242,8 +251,11 @@ Examples:
 
 One line per transition (KIND state; ELAPSED is the time since the previous transition),
 per recorded step (ELAPSED is how long it ran) and per failed attempt (with its error chain),
-then the run's events. --json prints {run, transitions: [{seq, state, at, at_ms,
-since_previous_ms, schema, payload, steps, failures}], events}.";
+then the run's events. A migration is a record of its own, shown as `migrated from schema X
+(version N) to Y at seq M (continues seq K)`: the state it continues was entered at seq K,
+whose steps it keeps. --json prints {run, transitions: [{seq, state, at, at_ms,
+since_previous_ms, schema, migrated_from, payload, steps, failures}], events}, where
+migrated_from is null or {schema, version, seq}.";
 
 /// `loops history`.
 #[derive(Debug, Args)]

@@ -1,7 +1,8 @@
 //! What `--json` prints: stable shapes with documented field names (see the README), built
 //! from loops-core's records. Every field is always present (`null` when it has no value).
 
-use loops_core::{EventRecord, FailureRecord, FailureSource, RunInfo, RunStatus, StepRecord};
+use loops_core::StepRecord;
+use loops_core::{BlockInfo, EventRecord, FailureRecord, FailureSource, RunInfo, RunStatus};
 use serde::Serialize;
 use serde_json::value::RawValue;
 
@@ -14,7 +15,7 @@ pub struct RunView {
     pub run_id: String,
     /// The workflow's name.
     pub workflow: String,
-    /// `running`, `waiting`, `completed`, `failed` or `cancelled`.
+    /// `running`, `waiting`, `completed`, `failed`, `cancelled` or `blocked`.
     pub status: RunStatus,
     /// The current state's name.
     pub state: String,
@@ -44,6 +45,38 @@ pub struct RunView {
     pub cancel_reason: Option<String>,
     /// The schema hash the run was recorded with (16 hex digits).
     pub schema: String,
+    /// Why a blocked run is blocked.
+    pub blocked: Option<BlockView>,
+}
+
+/// Why a run is blocked: what the build that blocked it said.
+#[derive(Debug, Serialize)]
+pub struct BlockView {
+    /// One sentence: why that build cannot drive it.
+    pub reason: String,
+    /// The changes of the schema that stop it, one line each (may be empty).
+    pub changes: Vec<String>,
+    /// The run's schema hash when it was blocked.
+    pub schema: String,
+    /// When it was blocked (RFC 3339, UTC).
+    pub at: String,
+    /// The same, in ms since the Unix epoch.
+    pub at_ms: u64,
+    /// The status it goes back to when a build that can drive it takes it.
+    pub resume: RunStatus,
+}
+
+impl From<&BlockInfo> for BlockView {
+    fn from(block: &BlockInfo) -> Self {
+        BlockView {
+            reason: block.reason.clone(),
+            changes: block.changes.clone(),
+            schema: block.schema.to_string(),
+            at: rfc3339(block.at_ms),
+            at_ms: block.at_ms,
+            resume: block.resume,
+        }
+    }
 }
 
 /// What a waiting run waits for.
@@ -84,12 +117,18 @@ impl From<&RunInfo> for RunView {
             error: info.error.clone(),
             cancel_reason: info.cancel.clone(),
             schema: info.schema.to_string(),
+            blocked: info
+                .block
+                .as_ref()
+                .filter(|_| info.status == RunStatus::Blocked)
+                .map(BlockView::from),
         }
     }
 }
 
 /// What the run waits for, in a few words (empty when nothing): `event approval`,
-/// `event note, until in 29s`, `time, in 1m 20s`, `retry in 3s`, `cancellation`.
+/// `event note, until in 29s`, `time, in 1m 20s`, `retry in 3s`, `cancellation`,
+/// `blocked: REASON`.
 pub fn waiting_text(info: &RunInfo, now_ms: u64) -> String {
     match info.status {
         RunStatus::Waiting => match info.wait.as_ref() {
@@ -105,6 +144,10 @@ pub fn waiting_text(info: &RunInfo, now_ms: u64) -> String {
                 (None, None) => String::new(),
             },
             None => String::new(),
+        },
+        RunStatus::Blocked => match &info.block {
+            Some(block) => format!("blocked: {}", block.reason),
+            None => "blocked".to_owned(),
         },
         RunStatus::Running if info.cancel.is_some() => "cancellation".to_owned(),
         RunStatus::Running => match info.retry_at_ms {

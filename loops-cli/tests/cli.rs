@@ -418,6 +418,7 @@ fn runs_lists_every_run_newest_first_with_stable_fields() {
         "error",
         "cancel_reason",
         "schema",
+        "blocked",
     ];
     for run in runs.as_array().unwrap() {
         let keys: Vec<&str> = run
@@ -789,7 +790,7 @@ fn schema_lists_shows_and_diffs_stored_descriptions() {
     // Each schema's workflow and version (from its description) and its runs by status.
     let statuses = |running, waiting, completed, failed, cancelled| {
         json!({"running": running, "waiting": waiting, "completed": completed,
-               "failed": failed, "cancelled": cancelled})
+               "failed": failed, "cancelled": cancelled, "blocked": 0})
     };
     let summary = |v: &Value| {
         (
@@ -818,10 +819,21 @@ fn schema_lists_shows_and_diffs_stored_descriptions() {
     );
     let hashes: Vec<&str> = list.iter().map(|s| s["hash"].as_str().unwrap()).collect();
     assert_eq!(hashes, [&gate, &job1, &job2]);
-    let row = |cells: [&str; 9]| {
-        let [h, w, v, r, running, waiting, completed, failed, cancelled] = cells;
+    let row = |cells: [&str; 10]| {
+        let [
+            h,
+            w,
+            v,
+            r,
+            running,
+            waiting,
+            completed,
+            failed,
+            cancelled,
+            blocked,
+        ] = cells;
         format!(
-            "{h:<16}  {w:<8}  {v:<7}  {r:<4}  {running:<7}  {waiting:<7}  {completed:<9}  {failed:<6}  {cancelled}\n"
+            "{h:<16}  {w:<8}  {v:<7}  {r:<4}  {running:<7}  {waiting:<7}  {completed:<9}  {failed:<6}  {cancelled:<9}  {blocked}\n"
         )
     };
     assert_eq!(
@@ -836,11 +848,12 @@ fn schema_lists_shows_and_diffs_stored_descriptions() {
                 "WAITING",
                 "COMPLETED",
                 "FAILED",
-                "CANCELLED"
+                "CANCELLED",
+                "BLOCKED"
             ]),
-            row([&gate, "gate", "1", "2", "0", "1", "0", "0", "1"]),
-            row([&job1, "job", "1", "3", "1", "0", "1", "1", "0"]),
-            row([&job2, "job", "2", "1", "0", "0", "1", "0", "0"]),
+            row([&gate, "gate", "1", "2", "0", "1", "0", "0", "1", "0"]),
+            row([&job1, "job", "1", "3", "1", "0", "1", "1", "0", "0"]),
+            row([&job2, "job", "2", "1", "0", "0", "1", "0", "0", "0"]),
         ]
         .concat()
     );
@@ -1355,6 +1368,63 @@ impl deliver::v1::DeliverHandler for GiveUp {
     }
 }
 
+/// Version 2 of the example's workflow, which its binary starts new runs on: ends at once too.
+impl deliver::v2::DeliverHandler for GiveUp {
+    type Error = BoxError;
+
+    async fn received(
+        &self,
+        _: &Context,
+        _: deliver::Issue,
+        _: deliver::Base,
+    ) -> Result<deliver::v2::ReceivedNext, BoxError> {
+        Ok(deliver::v2::ReceivedNext::Abandoned {
+            reason: "a test".into(),
+        })
+    }
+
+    async fn planned(
+        &self,
+        _: &Context,
+        _: deliver::Issue,
+        _: deliver::Base,
+        _: deliver::Change,
+    ) -> Result<deliver::v2::PlannedNext, BoxError> {
+        Err("only Received is handled".into())
+    }
+
+    async fn edited(
+        &self,
+        _: &Context,
+        _: deliver::Issue,
+        _: deliver::Work,
+        _: u32,
+    ) -> Result<deliver::v2::EditedNext, BoxError> {
+        Err("only Received is handled".into())
+    }
+
+    async fn tested(
+        &self,
+        _: &Context,
+        _: deliver::Issue,
+        _: deliver::Work,
+        _: u32,
+        _: deliver::TestReport,
+    ) -> Result<deliver::v2::TestedNext, BoxError> {
+        Err("only Received is handled".into())
+    }
+
+    async fn reviewed(
+        &self,
+        _: &Context,
+        _: deliver::Issue,
+        _: deliver::Work,
+        _: deliver::Review,
+    ) -> Result<deliver::v2::ReviewedNext, BoxError> {
+        Err("only Received is handled".into())
+    }
+}
+
 #[test]
 fn the_readme_shows_the_graph_of_the_deliver_example() {
     let dir = tempfile::tempdir().unwrap();
@@ -1374,7 +1444,13 @@ fn the_readme_shows_the_graph_of_the_deliver_example() {
                 branch: "main".into(),
                 commit: "0".repeat(40),
             };
-            let initial = deliver::v1::Deliver::Received { issue, base };
+            // The demo's store: a run of each version (the graph is the newest schema's).
+            let initial = deliver::v1::Deliver::Received {
+                issue: issue.clone(),
+                base: base.clone(),
+            };
+            rt.run("deliver-0", initial, &GiveUp).await.unwrap();
+            let initial = deliver::v2::Deliver::Received { issue, base };
             rt.run("deliver-1", initial, &GiveUp).await.unwrap();
         });
     let graph = text(&path, &["graph", "deliver"]);
@@ -2051,7 +2127,8 @@ fn compact_and_check_report_on_a_good_file() {
         json!({
             "path": path.display().to_string(), "intact": true, "repaired_on_open": false,
             "runs": 2,
-            "by_status": {"running": 1, "waiting": 1, "completed": 0, "failed": 0, "cancelled": 0},
+            "by_status": {"running": 1, "waiting": 1, "completed": 0, "failed": 0, "cancelled": 0,
+                          "blocked": 0},
         })
     );
     let out = text(&path, &["check"]);

@@ -282,6 +282,24 @@ fn check_reads(store: &Store, label: &str) {
     );
     let of_run = store.json(&["schema", "waiting-1", "--json"]);
     assert_eq!(of_run["hash"], hash.as_str());
+    // The runs of one schema, named by a prefix of its hash; none for a schema not stored.
+    let of_schema = store.json(&[
+        "runs",
+        "--schema",
+        &hash[..8],
+        "--status",
+        "waiting",
+        "--json",
+    ]);
+    assert_eq!(
+        statuses(&of_schema),
+        pairs(&[("waiting-1", "waiting"), ("waiting-2", "waiting")])
+    );
+    let unknown = store.fails(&["runs", "--schema", "00000000"], 1);
+    assert_eq!(
+        unknown,
+        format!("error: no schema 00000000 is stored in {label} (`loops schema` lists them)\n")
+    );
 
     let mermaid = store.text(&["graph", "gate"]);
     assert!(mermaid.contains("Ask --> Done"), "{mermaid}");

@@ -111,6 +111,36 @@ impl Prompt {
         })
     }
 
+    /// The prompt that asks for a review of a change whose tests pass: the issue, the change
+    /// as `git diff` prints it, the tests' outcome.
+    ///
+    /// # Errors
+    /// [`ModelError::Config`] if the diff holds more than [`MAX_SOURCE_BYTES`].
+    pub fn review(issue: &Issue, diff: &str, report: &TestReport) -> Result<Prompt, ModelError> {
+        if diff.len() > MAX_SOURCE_BYTES {
+            return Err(ModelError::Config(format!(
+                "the change's diff holds {} bytes, more than the {MAX_SOURCE_BYTES} this client \
+                 sends in one prompt",
+                diff.len()
+            )));
+        }
+        let mut user = describe_issue(issue);
+        user.push_str(&format!(
+            "A change for this issue is committed, and the tests pass ({}). The change:\n\n\
+             {diff}\n\n\
+             Review it before it goes to a human as a pull request: does it resolve the issue, \
+             and what should the human look at? Answer with one JSON object:\n\
+             {{\"summary\": \"<one paragraph: what the change does>\", \
+             \"concerns\": [\"<one thing to look at>\", ...]}}\n\
+             (`concerns` may be empty)\n",
+            report.describe()
+        ));
+        Ok(Prompt {
+            system: SYSTEM.to_owned(),
+            user,
+        })
+    }
+
     /// The JSON body of the request to `model`: the two messages, temperature 0 (the same
     /// prompt should get the same answer), the JSON-object response format, no streaming.
     pub fn request_body(&self, model: &str) -> Vec<u8> {

@@ -2,6 +2,7 @@
 //! the example's [`Decision`] and [`Change`] (with its [`Edit`]s), and each edit checked
 //! against the sources it applies to, so that a plan the agent records can be committed.
 //!
+//! A review: `{"summary": S, "concerns": [S, ...]}`.
 //! A plan: `{"decision": "plan", "summary": S, "edits": [E, ...]}` or
 //! `{"decision": "decline", "reason": R}`. A fix: `{"decision": "fix", "summary": S,
 //! "edits": [E, ...]}` or `{"decision": "none", "reason": R}`. An edit `E`:
@@ -14,7 +15,7 @@ use serde_json::{Map, Value};
 
 use crate::git::{self, SourceFile};
 use crate::model::Decision;
-use crate::workflow::{Change, Edit};
+use crate::workflow::{Change, Edit, Review};
 
 /// The most edits one answer may hold.
 pub const MAX_EDITS: usize = 50;
@@ -90,6 +91,36 @@ pub fn fix(answer: &Value, sources: &[SourceFile]) -> Result<Option<Change>, Sch
         "fix" => Ok(Some(change(root, sources)?)),
         _ => Ok(None),
     }
+}
+
+/// A review: `{"summary": S, "concerns": [S, ...]}` (`concerns` may be empty or missing).
+///
+/// # Errors
+/// A [`SchemaError`] saying what is missing or of the wrong type.
+pub fn review(answer: &Value) -> Result<Review, SchemaError> {
+    let root = object(answer, "")?;
+    let summary = text(root, "summary", "")?;
+    let concerns = match root.get("concerns") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| match item {
+                Value::String(s) if !s.trim().is_empty() => Ok(s.trim().to_owned()),
+                other => Err(wrong(
+                    &format!("concerns[{i}]"),
+                    format!("expected a non-empty string, found {}", describe(other)),
+                )),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(other) => {
+            return Err(wrong(
+                "concerns",
+                format!("expected an array of strings, found {}", describe(other)),
+            ));
+        }
+    };
+    Ok(Review { summary, concerns })
 }
 
 /// The `decision` of `root`, one of `allowed`.

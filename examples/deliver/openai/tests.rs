@@ -742,3 +742,47 @@ async fn failed_calls_reach_loops_with_their_hints() {
     assert_eq!(loops_hint(unavailable), loops::RetryHint::default());
     assert_eq!(step_policy().max_attempts, 3);
 }
+
+#[test]
+fn a_review_is_read_with_its_concerns_and_refused_off_schema() {
+    let review = schema::review(&json!({
+        "summary": " Adds the arguments. ",
+        "concerns": ["no test for overflow"]
+    }))
+    .unwrap();
+    assert_eq!(
+        review,
+        crate::workflow::Review {
+            summary: "Adds the arguments.".into(),
+            concerns: vec!["no test for overflow".into()],
+        }
+    );
+    // No concerns: an empty list.
+    let review = schema::review(&json!({"summary": "Fine."})).unwrap();
+    assert!(review.concerns.is_empty());
+    let err = schema::review(&json!({"summary": "Fine.", "concerns": [3]})).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "at `concerns[0]`: expected a non-empty string, found the number 3"
+    );
+    let err = schema::review(&json!({"concerns": []})).unwrap_err();
+    assert_eq!(err.to_string(), "at `summary`: missing (expected a string)");
+    // The prompt carries the diff and the tests' outcome.
+    let report = TestReport {
+        passed: true,
+        exit_code: Some(0),
+        tests: vec![TestCase {
+            name: "tests::add".into(),
+            passed: true,
+            output: None,
+        }],
+        compile_error: None,
+    };
+    let prompt = Prompt::review(&project::issue(), "-a - b\n+a + b", &report).unwrap();
+    assert!(prompt.user.contains("-a - b\n+a + b"), "{}", prompt.user);
+    assert!(
+        prompt.user.contains("(all 1 tests pass)"),
+        "{}",
+        prompt.user
+    );
+}

@@ -2,8 +2,8 @@
 
 use std::collections::BTreeMap;
 
-use loops_core::FailureSource;
 use loops_core::now_ms;
+use loops_core::{FailureSource, MigratedFrom};
 use serde::Serialize;
 use serde_json::value::RawValue;
 
@@ -37,9 +37,29 @@ struct TransitionView {
     at_ms: u64,
     since_previous_ms: Option<u64>,
     schema: String,
+    /// For a migration's record: the schema, version and seq it migrated the run from.
+    migrated_from: Option<MigratedFromView>,
     payload: Box<RawValue>,
     steps: Vec<StepView>,
     failures: Vec<FailureView>,
+}
+
+/// Where a migration's record comes from.
+#[derive(Debug, Serialize)]
+struct MigratedFromView {
+    schema: String,
+    version: u32,
+    seq: u64,
+}
+
+impl From<MigratedFrom> for MigratedFromView {
+    fn from(m: MigratedFrom) -> Self {
+        MigratedFromView {
+            schema: m.schema.to_string(),
+            version: m.version,
+            seq: m.seq,
+        }
+    }
 }
 
 /// Shows the run's history.
@@ -70,6 +90,7 @@ pub fn run(target: &Target, args: &HistoryArgs) -> Result<()> {
             at_ms: record.at_ms,
             since_previous_ms: previous.map(|p| record.at_ms.saturating_sub(p)),
             schema: record.schema.to_string(),
+            migrated_from: record.migrated.map(MigratedFromView::from),
             payload: record.payload,
             steps,
             failures: failures.remove(&record.seq).unwrap_or_default(),
@@ -112,9 +133,21 @@ fn render(view: &HistoryView, waiting: &str) -> String {
     out.push_str("\n\n");
     let mut t = Table::with_header(&["SEQ", "KIND", "NAME", "ATTEMPT", "AT", "ELAPSED", "DETAIL"]);
     for tr in &view.transitions {
+        // A migration's record says where it comes from instead of its payload (the same
+        // state's data, read by the new version).
+        let (kind, detail) = match &tr.migrated_from {
+            Some(m) => (
+                Cell::new("migrated", status_style(loops_core::RunStatus::Blocked)),
+                Cell::plain(migration_text(m, tr)),
+            ),
+            None => (
+                Cell::plain("state"),
+                Cell::new(preview(tr.payload.get(), PREVIEW), DIM),
+            ),
+        };
         t.row(vec![
             Cell::new(tr.seq.to_string(), HEADER),
-            Cell::plain("state"),
+            kind,
             Cell::new(&tr.state, HEADER),
             Cell::plain(""),
             Cell::new(&tr.at, DIM),
@@ -123,7 +156,7 @@ fn render(view: &HistoryView, waiting: &str) -> String {
                     .map(|ms| format!("+{}", duration(ms)))
                     .unwrap_or_default(),
             ),
-            Cell::new(preview(tr.payload.get(), PREVIEW), DIM),
+            detail,
         ]);
         // Steps and failed attempts of this state, in the order they happened.
         let mut lines: Vec<(u64, u32, Vec<Cell>)> = Vec::new();
@@ -188,6 +221,15 @@ fn render(view: &HistoryView, waiting: &str) -> String {
         out.push_str(&e.render(0));
     }
     out
+}
+
+/// `migrated from schema X (version N) to Y at seq M (continues seq K)`: the record at seq
+/// `M` carries the run over to schema `Y`, in the state entered at seq `K`.
+fn migration_text(m: &MigratedFromView, tr: &TransitionView) -> String {
+    format!(
+        "migrated from schema {} (version {}) to {} at seq {} (continues seq {})",
+        m.schema, m.version, tr.schema, tr.seq, m.seq
+    )
 }
 
 /// The number of failed attempts: one failing step writes two failure records for its

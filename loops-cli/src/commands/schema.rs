@@ -268,3 +268,54 @@ fn indent(text: Option<&str>) -> String {
         None => "  (no description stored)\n".to_owned(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stored() -> Vec<(SchemaHash, String)> {
+        [
+            0x3f9c_0a1e_22b4_d5e6_u64,
+            0x3f9c_0a1f_0000_0001,
+            0x8a7b_6c5d_4e3f_2a1b,
+        ]
+        .into_iter()
+        .map(|h| (SchemaHash::from_u64(h), format!("schema {h:x}")))
+        .collect()
+    }
+
+    #[test]
+    fn a_hash_or_a_unique_prefix_names_one_stored_schema() {
+        let stored = stored();
+        for given in ["3f9c0a1e22b4d5e6", "3f9c0a1e", "3F9C0A1E2", "8a7b"] {
+            let (hash, text) = resolve("store.redb", &stored, given).unwrap();
+            assert!(hash.to_string().starts_with(&given.to_ascii_lowercase()));
+            assert_eq!(text, format!("schema {hash}"));
+        }
+    }
+
+    #[test]
+    fn an_ambiguous_or_unknown_prefix_is_a_failure_and_a_bad_one_a_usage_error() {
+        let stored = stored();
+        let err = resolve("store.redb", &stored, "3f9c0a1").unwrap_err();
+        assert_eq!(
+            (err.message.as_str(), err.code),
+            (
+                "schema hash prefix 3f9c0a1 matches 2 stored schemas; give more digits",
+                1
+            )
+        );
+        let err = resolve("store.redb", &stored, "0000").unwrap_err();
+        assert_eq!(
+            (err.message.as_str(), err.code),
+            (
+                "no schema 0000 is stored in store.redb (`loops schema` lists them)",
+                1
+            )
+        );
+        for bad in ["3f9", "3f9c0a1e22b4d5e6f", "xyz1"] {
+            let err = resolve("store.redb", &stored, bad).unwrap_err();
+            assert_eq!(err.code, 2, "{bad}: {}", err.message);
+        }
+    }
+}

@@ -78,7 +78,8 @@ pub fn run(target: &Target, args: &ShowArgs) -> Result<()> {
         PLAIN,
     );
     let waiting = waiting_text(&info, now);
-    if !waiting.is_empty() {
+    // A blocked run's reason has a row of its own, below.
+    if !waiting.is_empty() && info.status != RunStatus::Blocked {
         field("waiting for", waiting, PLAIN);
     }
     if let Some(at) = info
@@ -126,6 +127,30 @@ pub fn run(target: &Target, args: &ShowArgs) -> Result<()> {
             .map(|e| format!("{} (event seq {})", e.name, e.event_seq))
             .collect();
         field("pending events", names.join(", "), PLAIN);
+    }
+    if let Some(block) = info
+        .block
+        .as_ref()
+        .filter(|_| info.status == RunStatus::Blocked)
+    {
+        field("blocked", block.reason.clone(), ERROR);
+        for change in &block.changes {
+            field("change", change.clone(), PLAIN);
+        }
+        field(
+            "since",
+            format!("{} ({})", rfc3339(block.at_ms), relative(block.at_ms, now)),
+            PLAIN,
+        );
+        field(
+            "unblocked",
+            format!(
+                "goes back to {} when a build that knows schema {} (or a migration from it) \
+                 drives it; see docs/evolution.md",
+                block.resume, block.schema
+            ),
+            DIM,
+        );
     }
     field("schema", info.schema.to_string(), DIM);
 

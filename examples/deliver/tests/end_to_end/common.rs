@@ -268,9 +268,10 @@ pub struct Reference {
     pub took: Duration,
 }
 
-/// The happy path the demo takes: one test still fails after the planned edit.
-pub const EXPECTED_STATES: [&str; 7] = [
-    "Received", "Planned", "Edited", "Tested", "Edited", "Tested", "PrOpened",
+/// The happy path the demo takes (version 2 of the workflow): one test still fails after the
+/// planned edit; once they pass, the model reviews the change.
+pub const EXPECTED_STATES: [&str; 8] = [
+    "Received", "Planned", "Edited", "Tested", "Edited", "Tested", "Reviewed", "PrOpened",
 ];
 
 /// The reference run, made once per test process, and what holds for it: the happy path,

@@ -338,7 +338,7 @@ fn the_approval_gate_waits_durably_for_an_approval_sent_while_down() {
     assert!(output.status.success(), "{}", describe(&output));
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
-        stdout.contains("is waiting at Tested (seq 5)")
+        stdout.contains("is waiting at Reviewed (seq 6)")
             && stdout.contains("not approving it automatically")
             && stdout.contains("waiting for approval"),
         "{stdout}"
@@ -360,7 +360,7 @@ fn the_approval_gate_waits_durably_for_an_approval_sent_while_down() {
         let info = runtime.run_info(RUN_ID).await.unwrap().unwrap();
         assert_eq!(
             (info.status, info.state.as_str(), info.seq),
-            (loops::RunStatus::Waiting, "Tested", 5)
+            (loops::RunStatus::Waiting, "Reviewed", 6)
         );
         assert_eq!(info.wait.unwrap().event.as_deref(), Some("approve"));
         let payload = serde_json::json!({ "by": "alice" });

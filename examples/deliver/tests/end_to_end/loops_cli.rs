@@ -47,17 +47,22 @@ fn the_cli_sees_steers_and_inspects_a_run_of_the_example() {
     assert_eq!(runs[0]["run_id"], "deliver-1");
     assert_eq!(runs[0]["workflow"], "deliver");
     assert_eq!(runs[0]["status"], "waiting");
-    assert_eq!(runs[0]["state"], "Tested");
-    assert_eq!(runs[0]["seq"], 5);
+    assert_eq!(runs[0]["state"], "Reviewed");
+    assert_eq!(runs[0]["seq"], 6);
     assert_eq!(runs[0]["waiting_for"]["event"], "approve");
 
     let shown = json(&store, &["show", "deliver-1", "--json"]);
-    assert_eq!(shown["payload"]["Tested"]["report"]["passed"], true);
+    assert_eq!(
+        shown["payload"]["Reviewed"]["review"]["concerns"],
+        serde_json::json!([
+            "no test was added or changed: the tests that pass are the ones that were there"
+        ])
+    );
     assert!(
         shown["schema_description"]
             .as_str()
             .expect("a description")
-            .starts_with("workflow deliver version 1 format 1\n")
+            .starts_with("workflow deliver version 2 format 1\n")
     );
 
     let history = json(&store, &["history", "deliver-1", "--json"]);
@@ -70,7 +75,7 @@ fn the_cli_sees_steers_and_inspects_a_run_of_the_example() {
     assert_eq!(
         states,
         [
-            "Received", "Planned", "Edited", "Tested", "Edited", "Tested"
+            "Received", "Planned", "Edited", "Tested", "Edited", "Tested", "Reviewed"
         ]
     );
 
@@ -96,9 +101,9 @@ fn the_cli_sees_steers_and_inspects_a_run_of_the_example() {
 
     let runs = json(&store, &["runs", "--json", "--status", "completed"]);
     assert_eq!(runs[0]["state"], "PrOpened");
-    assert_eq!(runs[0]["seq"], 6);
+    assert_eq!(runs[0]["seq"], 7);
     let history = json(&store, &["history", "deliver-1", "--json"]);
-    assert_eq!(history["transitions"].as_array().map(Vec::len), Some(7));
+    assert_eq!(history["transitions"].as_array().map(Vec::len), Some(8));
     let events = history["events"].as_array().expect("events");
     assert_eq!(events.len(), 1);
     let pruned = json(

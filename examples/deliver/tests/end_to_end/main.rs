@@ -16,3 +16,4 @@ mod openai;
 mod refusals;
 mod repo;
 mod schema_change;
+mod versions;

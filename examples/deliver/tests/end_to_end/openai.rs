@@ -23,15 +23,18 @@ const KEY_VAR: &str = "LOOPS_DELIVER_TEST_API_KEY";
 /// What the fake server reports each answer cost: (prompt, completion) tokens.
 const PLAN_TOKENS: (u64, u64) = (1_200, 150);
 const FIX_TOKENS: (u64, u64) = (1_500, 90);
-/// The summary's line for the two calls.
-const TOKENS_LINE: &str = "tokens: plan (seq 0) 1,350, fix (seq 3) 1,590; 2,940 in all (2,700 prompt, 240 completion) \
-     over 2 model calls\n";
+const REVIEW_TOKENS: (u64, u64) = (900, 60);
+/// The summary's line for the three calls.
+const TOKENS_LINE: &str = "tokens: plan (seq 0) 1,350, fix (seq 3) 1,590, review (seq 5) 960; 3,900 in all (3,600 \
+     prompt, 300 completion) over 3 model calls\n";
 
-/// What a request asks for: a plan, a fix of the failing `mean` test, or something else.
+/// What a request asks for: a plan, a fix of the failing `mean` test, a review of the change,
+/// or something else.
 #[derive(Debug, PartialEq)]
 enum Asked {
     Plan,
     Fix,
+    Review,
     Other,
 }
 
@@ -41,6 +44,8 @@ fn asked(request: &Request) -> Asked {
         Asked::Fix
     } else if user.contains("Plan a change that resolves the issue") {
         Asked::Plan
+    } else if user.contains("Review it before it goes to a human") {
+        Asked::Review
     } else {
         Asked::Other
     }
@@ -69,6 +74,16 @@ fn demo_model(request: &Request) -> Reply {
                 }],
             }),
             FIX_TOKENS,
+        ),
+        Asked::Review => (
+            json!({
+                "summary": "For issue #1 (\"add() returns the difference of its arguments\"), \
+                            the change edits src/lib.rs (+2 -2 lines); all 2 tests pass.",
+                "concerns": [
+                    "no test was added or changed: the tests that pass are the ones that were there"
+                ],
+            }),
+            REVIEW_TOKENS,
         ),
         Asked::Other => return Reply::error(400, "the fake model has no answer to this prompt"),
     };
@@ -155,7 +170,10 @@ fn against_a_local_api_one_pull_request_and_exact_token_totals() {
             && stderr.contains("answered HTTP 429 Too Many Requests (Retry-After: 0 s): Rate limit reached; trying again in 0 s"),
         "{stderr}"
     );
-    assert_eq!(asks(&api), [Asked::Plan, Asked::Plan, Asked::Fix]);
+    assert_eq!(
+        asks(&api),
+        [Asked::Plan, Asked::Plan, Asked::Fix, Asked::Review]
+    );
     // The reference's history (made by the scripted model), one pull request, each commit
     // once.
     check(dir.path(), reference, "--model openai");
@@ -167,6 +185,10 @@ fn against_a_local_api_one_pull_request_and_exact_token_totals() {
     assert_eq!(
         recorded_usage(dir.path(), 3, "fix"),
         json!({ "requests": 1, "prompt_tokens": 1_500, "completion_tokens": 90 })
+    );
+    assert_eq!(
+        recorded_usage(dir.path(), 5, "review"),
+        json!({ "requests": 1, "prompt_tokens": 900, "completion_tokens": 60 })
     );
 }
 
@@ -219,7 +241,10 @@ fn a_sigkill_mid_run_re_spends_no_tokens_on_recorded_calls() {
         "{stdout}"
     );
     // The plan is not asked again; the fix whose answer never came is.
-    assert_eq!(asks(&api), [Asked::Plan, Asked::Fix, Asked::Fix]);
+    assert_eq!(
+        asks(&api),
+        [Asked::Plan, Asked::Fix, Asked::Fix, Asked::Review]
+    );
     assert!(
         stdout.contains(&format!(
             "{TOKENS_LINE}resumed: 1 model call, 1,350 tokens not spent again\n"
@@ -229,7 +254,7 @@ fn a_sigkill_mid_run_re_spends_no_tokens_on_recorded_calls() {
     check(dir.path(), reference, "killed in the fix call");
 
     // Killed after both calls were recorded (held at the entry of seq 4): the resume asks
-    // nothing.
+    // only for the review, which comes after.
     let api = FakeApi::start(|_, request| demo_model(request));
     let dir = tempfile::tempdir().expect("temp dir");
     let mut held = start_held(deliver(dir.path(), &api), 4);
@@ -237,7 +262,7 @@ fn a_sigkill_mid_run_re_spends_no_tokens_on_recorded_calls() {
     held.wait().expect("reap the example");
     assert_eq!(asks(&api), [Asked::Plan, Asked::Fix]);
     let stdout = String::from_utf8_lossy(&run(&mut deliver(dir.path(), &api)).stdout).into_owned();
-    assert_eq!(asks(&api), [Asked::Plan, Asked::Fix]);
+    assert_eq!(asks(&api), [Asked::Plan, Asked::Fix, Asked::Review]);
     assert!(
         stdout.contains(&format!(
             "{TOKENS_LINE}resumed: 2 model calls, 2,940 tokens not spent again\n"

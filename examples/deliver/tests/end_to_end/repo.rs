@@ -88,7 +88,7 @@ fn a_given_repo_keeps_its_changes_and_its_branch_run_after_run() {
     assert!(output.status.success(), "{}", describe(&output));
     assert!(
         String::from_utf8_lossy(&output.stdout)
-            .contains("run deliver-1 completed already at PrOpened (seq 6)"),
+            .contains("run deliver-1 completed already at PrOpened (seq 7)"),
         "{}",
         describe(&output)
     );

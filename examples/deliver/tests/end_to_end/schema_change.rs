@@ -1,15 +1,17 @@
-//! A run recorded by the `deliver` example, resumed by a build whose workflow changed shape:
-//! the same `#[workflow(name = "deliver", version = 1)]` with one field added. loops must
-//! refuse it with `Error::SchemaMismatch`, and leave the store as it was.
+//! A run recorded by the `deliver` example's version 1 (`--workflow-version 1`), resumed by a
+//! build whose workflow changed shape: the same `#[workflow(name = "deliver", version = 1)]`
+//! with one field added, and no migration. loops must refuse it with `Error::SchemaMismatch`:
+//! with the strict check at open, leaving the file's bytes as they were; when it is driven,
+//! marking the run blocked (once, with the change) and writing nothing else.
 
 use loops::{Context, Error, Runtime, SchemaHash, StateId as _, Workflow};
 
-use crate::common::{STOP_VAR, copy_dir, deliver_in, demo_at_start, describe};
+use crate::common::{STOP_VAR, deliver_in, describe};
 
 /// The example's own workflow, compiled into this test: the build that recorded the run.
 #[path = "../../workflow.rs"]
 #[allow(dead_code)]
-mod recorded;
+pub(crate) mod recorded;
 
 /// The example's workflow with one field added (`Received::priority`); nothing else differs.
 mod changed {
@@ -104,7 +106,7 @@ impl changed::DeliverHandler for MustNotRun {
     }
 }
 
-const RUN_ID: &str = "deliver-1";
+const RUN_ID: &str = "recorded-1";
 /// The example stops at the entry of this seq (`Tested`, one test still failing).
 const STOP_AT: u64 = 3;
 
@@ -142,13 +144,28 @@ fn expect_mismatch(err: &Error) -> (SchemaHash, SchemaHash) {
     (*stored, *compiled)
 }
 
+/// A first state of the changed workflow (never used: the run exists).
+fn initial_of_changed() -> changed::Deliver {
+    changed::Deliver::Received {
+        issue: recorded::Issue {
+            number: 1,
+            title: "t".into(),
+            body: "b".into(),
+        },
+        base: recorded::Base {
+            branch: "main".into(),
+            commit: "0".repeat(40),
+        },
+        priority: 1,
+    }
+}
+
 #[tokio::test]
-async fn a_changed_workflow_is_refused_and_the_store_is_untouched() {
+async fn a_changed_workflow_is_refused_and_the_run_blocked_with_nothing_else_written() {
     let dir = tempfile::tempdir().expect("temp dir");
-    // The demo's run, stopped at its start, goes on to seq 3 and stops there.
-    copy_dir(demo_at_start(), dir.path());
+    // A run of version 1, alone in a new demo, goes to seq 3 and stops there.
     let output = deliver_in(dir.path())
-        .args(["--run-id", RUN_ID])
+        .args(["--workflow-version", "1", "--run-id", RUN_ID])
         .env(STOP_VAR, STOP_AT.to_string())
         .output()
         .expect("run the example");
@@ -161,9 +178,11 @@ async fn a_changed_workflow_is_refused_and_the_store_is_untouched() {
     let store = dir.path().join("deliver.redb");
     let bytes = std::fs::read(&store).expect("read the store");
 
-    // Declared up front: refused at open, before the file is opened for writing.
+    // Declared up front with the strict check: refused at open, before the file is opened
+    // for writing.
     let err = Runtime::builder()
         .workflow::<changed::Deliver>()
+        .strict_schemas(true)
         .open(&store)
         .expect_err("a changed workflow must be refused");
     let refused = expect_mismatch(&err);
@@ -172,7 +191,7 @@ async fn a_changed_workflow_is_refused_and_the_store_is_untouched() {
         "the refused open changed the store file"
     );
 
-    // Not declared: refused when the run is driven, without a record.
+    // Not declared: refused when the run is driven, without a record; the run is blocked.
     let runtime = Runtime::open(&store).expect("open the store");
     let info = runtime
         .run_info(RUN_ID)
@@ -193,20 +212,8 @@ async fn a_changed_workflow_is_refused_and_the_store_is_untouched() {
         .expect("failures")
         .len();
     assert_eq!(history as u64, STOP_AT + 1);
-    let initial = changed::Deliver::Received {
-        issue: recorded::Issue {
-            number: 1,
-            title: "t".into(),
-            body: "b".into(),
-        },
-        base: recorded::Base {
-            branch: "main".into(),
-            commit: "0".repeat(40),
-        },
-        priority: 1,
-    };
     let err = runtime
-        .run(RUN_ID, initial, &MustNotRun)
+        .run(RUN_ID, initial_of_changed(), &MustNotRun)
         .await
         .expect_err("a changed workflow must not drive the run");
     assert_eq!(expect_mismatch(&err), refused);
@@ -228,9 +235,37 @@ async fn a_changed_workflow_is_refused_and_the_store_is_untouched() {
             .len(),
         failures
     );
+    let blocked = runtime
+        .run_info(RUN_ID)
+        .await
+        .expect("run info")
+        .expect("the run");
+    assert_eq!(
+        (blocked.status, blocked.seq, blocked.state.as_str()),
+        (loops::RunStatus::Blocked, info.seq, "Tested")
+    );
+    let block = blocked.block.clone().expect("why it is blocked");
+    assert_eq!(
+        (block.schema, block.resume, block.changes.clone()),
+        (
+            refused.0,
+            loops::RunStatus::Running,
+            vec![
+                "state `Received`: field `priority: u8` added (breaking: records written before \
+                 lack it; give it `#[serde(default)]` or make it an `Option`)"
+                    .to_owned()
+            ]
+        )
+    );
+    // Refused again: nothing more is written.
+    let err = runtime
+        .run(RUN_ID, initial_of_changed(), &MustNotRun)
+        .await
+        .expect_err("refused again");
+    assert_eq!(expect_mismatch(&err), refused);
     assert_eq!(
         runtime.run_info(RUN_ID).await.expect("run info"),
-        Some(info)
+        Some(blocked)
     );
     drop(runtime);
 

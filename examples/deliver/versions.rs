@@ -1,0 +1,417 @@
+//! The two versions of the workflow in one binary: which one drives a run, the store's
+//! runtime that knows both and the migration between them, and the dry run.
+//!
+//! This build starts new runs on version 2 ([`v2::Deliver`]). A run recorded by version 1
+//! is migrated to version 2 at its current state when the migration takes that state
+//! (`impl Migrate<v1::Deliver> for v2::Deliver`, in `workflow.rs`), and finishes on version
+//! 1's kept handler otherwise (a `Tested` run whose tests pass: it may have been approved and
+//! pushed already, in a state version 2 splits in two). `--workflow-version 1` makes the
+//! binary the previous release: version 1 only, which refuses (and marks blocked) a run
+//! recorded by version 2, for tests that play a rolling upgrade.
+
+use anyhow::{Result, bail};
+use loops::{
+    Context, Migration, MigrationFailure, Route, RunStatus, Runtime, RuntimeBuilder, Workflow as _,
+};
+
+use crate::agent::Agent;
+use crate::model::Model;
+use crate::workflow::{Base, Change, Issue, Review, TestReport, Work, v1, v2};
+
+/// The versions a build drives: `--workflow-version`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Release {
+    /// The previous release: version 1 only.
+    #[value(name = "1")]
+    V1,
+    /// This release: version 2 for new runs, version 1's runs migrated or finished on it.
+    #[value(name = "2")]
+    V2,
+}
+
+/// The runtime's builder for `release`: the versions it declares and the migration.
+pub fn builder(release: Release) -> RuntimeBuilder {
+    match release {
+        Release::V1 => Runtime::builder().workflow::<v1::Deliver>(),
+        Release::V2 => Runtime::builder()
+            .workflow::<v1::Deliver>()
+            .workflow::<v2::Deliver>()
+            .migration::<v1::Deliver, v2::Deliver>(),
+    }
+}
+
+/// How a run ended, whichever version drove it.
+pub enum Finished {
+    /// The pull request is open.
+    PrOpened {
+        /// Its number.
+        number: u64,
+        /// Its address.
+        url: String,
+        /// The pushed branch.
+        branch: String,
+        /// The commit the branch points at.
+        head: String,
+    },
+    /// The agent gave up.
+    Abandoned {
+        /// Why.
+        reason: String,
+    },
+}
+
+impl Finished {
+    /// The terminal state's name.
+    pub fn state(&self) -> &'static str {
+        match self {
+            Finished::PrOpened { .. } => "PrOpened",
+            Finished::Abandoned { .. } => "Abandoned",
+        }
+    }
+}
+
+impl TryFrom<v1::Deliver> for Finished {
+    type Error = anyhow::Error;
+
+    fn try_from(last: v1::Deliver) -> Result<Finished> {
+        Ok(match last {
+            v1::Deliver::PrOpened {
+                number,
+                url,
+                branch,
+                head,
+            } => Finished::PrOpened {
+                number,
+                url,
+                branch,
+                head,
+            },
+            v1::Deliver::Abandoned { reason } => Finished::Abandoned { reason },
+            other => bail!("the run ended in a non-terminal state: {other:?}"),
+        })
+    }
+}
+
+impl TryFrom<v2::Deliver> for Finished {
+    type Error = anyhow::Error;
+
+    fn try_from(last: v2::Deliver) -> Result<Finished> {
+        Ok(match last {
+            v2::Deliver::PrOpened {
+                number,
+                url,
+                branch,
+                head,
+            } => Finished::PrOpened {
+                number,
+                url,
+                branch,
+                head,
+            },
+            v2::Deliver::Abandoned { reason } => Finished::Abandoned { reason },
+            other => bail!("the run ended in a non-terminal state: {other:?}"),
+        })
+    }
+}
+
+/// Which version drives the run `run_id` in `release`, and why (for the first lines of the
+/// output): a new run, or one of version 2, on version 2; one of version 1 on version 2 if
+/// the migration takes its current state, else on version 1.
+///
+/// # Errors
+/// If the store cannot be read.
+pub async fn choose(runtime: &Runtime, run_id: &str, release: Release) -> Result<Release> {
+    if release == Release::V1 {
+        return Ok(Release::V1);
+    }
+    let Some((info, record)) = runtime.store().latest(run_id).await? else {
+        return Ok(Release::V2);
+    };
+    if info.schema != v1::Deliver::SCHEMA_HASH.pinned() || info.status.is_ended() {
+        return Ok(Release::V2);
+    }
+    let migration = Migration::of::<v1::Deliver, v2::Deliver>();
+    match migration.apply(record.payload.get()) {
+        Ok(_) => {
+            say!(
+                "version: run {run_id} was recorded by version 1; migrating it to version 2 at \
+                 {} (seq {})",
+                info.state,
+                info.seq
+            );
+            Ok(Release::V2)
+        }
+        Err(e) => {
+            let why = match &e.cause {
+                MigrationFailure::Failed(cause) => cause.to_string(),
+                other => other.to_string(),
+            };
+            say!(
+                "version: run {run_id} was recorded by version 1 and stays on it ({why}); \
+                 version 1's handler finishes it"
+            );
+            Ok(Release::V1)
+        }
+    }
+}
+
+/// Whether `release` can drive the run `run_id`: it is new, or was recorded by one of the
+/// versions the release compiles (version 1 only, for the previous release).
+///
+/// # Errors
+/// If the store cannot be read.
+pub async fn knows(runtime: &Runtime, run_id: &str, release: Release) -> Result<bool> {
+    let Some(info) = runtime.run_info(run_id).await? else {
+        return Ok(true);
+    };
+    let v1 = v1::Deliver::SCHEMA_HASH.pinned();
+    Ok(match release {
+        Release::V1 => info.schema == v1,
+        Release::V2 => info.schema == v1 || info.schema == v2::Deliver::SCHEMA_HASH.pinned(),
+    })
+}
+
+/// Drives the run `run_id` on `version` (chosen by [`choose`]) with `agent`, from `base` if
+/// it is new, until it ends (or parks: then this waits, as `Runtime::run` does).
+///
+/// # Errors
+/// The runtime's, as `Runtime::run` returns them.
+pub async fn drive<M: Model>(
+    runtime: &Runtime,
+    run_id: &str,
+    version: Release,
+    issue: Issue,
+    base: Base,
+    agent: &Agent<M>,
+) -> loops::Result<Result<Finished>> {
+    Ok(match version {
+        Release::V1 => {
+            let initial = v1::Deliver::Received { issue, base };
+            Finished::try_from(runtime.run(run_id, initial, agent).await?)
+        }
+        Release::V2 => {
+            let initial = v2::Deliver::Received { issue, base };
+            Finished::try_from(runtime.run(run_id, initial, agent).await?)
+        }
+    })
+}
+
+/// The base the run `run_id` started from, if it exists: its first record's (`Received`, the
+/// same in both versions), read as stored.
+///
+/// # Errors
+/// If the store cannot be read, or the first record is not a `Received`.
+pub async fn recorded_base(runtime: &Runtime, run_id: &str) -> Result<Option<Base>> {
+    let history = runtime.store().history(run_id).await?;
+    let Some(first) = history.first() else {
+        return Ok(None);
+    };
+    #[derive(serde::Deserialize)]
+    enum First {
+        Received { base: Base },
+    }
+    match serde_json::from_str::<First>(first.payload.get()) {
+        Ok(First::Received { base }) => Ok(Some(base)),
+        Err(e) => bail!("run {run_id} did not start at Received ({e})"),
+    }
+}
+
+/// Says whether the run is new, resumed (at which state, skipping which) or finished; read
+/// from the records as stored, so the same for either version (and a migration's record is
+/// named so).
+///
+/// # Errors
+/// If the store cannot be read.
+pub async fn report_start(runtime: &Runtime, run_id: &str) -> Result<()> {
+    let Some(info) = runtime.run_info(run_id).await? else {
+        say!("starting a new run at Received");
+        return Ok(());
+    };
+    let history = runtime.store().history(run_id).await?;
+    let done: Vec<String> = history
+        .iter()
+        .filter(|t| t.seq < info.seq)
+        .map(|t| match t.migrated {
+            Some(m) => format!(
+                "{} ({}, migrated from version {})",
+                t.state, t.seq, m.version
+            ),
+            None => format!("{} ({})", t.state, t.seq),
+        })
+        .collect();
+    match info.status {
+        RunStatus::Completed => {
+            say!(
+                "run {run_id} completed already at {} (seq {}); reporting its result",
+                info.state,
+                info.seq
+            );
+        }
+        RunStatus::Running => {
+            let last_attempt = match &info.error {
+                Some(errors) => format!("attempt {} failed: {}", info.attempt, errors.join(": ")),
+                None => format!("attempt {} was interrupted", info.attempt),
+            };
+            let skipped = if done.is_empty() {
+                "nothing".to_owned()
+            } else {
+                done.join(", ")
+            };
+            say!(
+                "resuming at {} (seq {}; {last_attempt}); skipping {skipped}: already recorded",
+                info.state,
+                info.seq
+            );
+        }
+        RunStatus::Blocked => {
+            let reason = info.block.as_ref().map_or("", |b| b.reason.as_str());
+            say!(
+                "run {run_id} is blocked at {} (seq {}): {reason}",
+                info.state,
+                info.seq
+            );
+        }
+        status => {
+            let is = match status {
+                RunStatus::Failed => "failed".to_owned(),
+                RunStatus::Cancelled => "was cancelled".to_owned(),
+                status => format!("is {status}"),
+            };
+            say!("run {run_id} {is} at {} (seq {})", info.state, info.seq);
+        }
+    }
+    Ok(())
+}
+
+/// `--dry-run`: what this build would do with every unfinished or blocked run in the store,
+/// as `Runtime::dry_run` says it for a runtime that registers the versions this build drives
+/// and the migration; a migration it names is tried on the run's state (in memory), and a
+/// run the migration refuses is said to finish on version 1, as [`choose`] decides. Writes
+/// nothing.
+///
+/// # Errors
+/// If the store cannot be read.
+pub async fn dry_run(runtime: &Runtime) -> Result<Vec<String>> {
+    let mut lines = Vec::new();
+    for routed in runtime.dry_run().await? {
+        let mut line = format!(
+            "{} ({}, {} at {}, schema {}): {}",
+            routed.run_id,
+            routed.workflow,
+            routed.status,
+            routed.state,
+            routed.schema,
+            routed.route
+        );
+        if let Route::Migrate(chain) = &routed.route
+            && let Some((_, record)) = runtime.store().latest(&routed.run_id).await?
+            && let Err(e) = chain.apply(record.payload.get())
+        {
+            let why = match &e.cause {
+                MigrationFailure::Failed(cause) => cause.to_string(),
+                other => other.to_string(),
+            };
+            line = format!(
+                "{} ({}, {} at {}, schema {}): finish on version 1, its kept handler: the \
+                 migration refuses it ({why})",
+                routed.run_id, routed.workflow, routed.status, routed.state, routed.schema
+            );
+        }
+        lines.push(line);
+    }
+    Ok(lines)
+}
+
+/// The dry run's handler: registered so that the runtime knows which versions this build
+/// drives; a dry run drives nothing, so none of its methods is ever called.
+pub struct NotDriven;
+
+fn not_driven<T>(ctx: &Context) -> Result<T> {
+    bail!(
+        "run {}: a dry run drives nothing (state {} was not run)",
+        ctx.run_id(),
+        ctx.state()
+    )
+}
+
+impl v1::DeliverHandler for NotDriven {
+    type Error = anyhow::Error;
+
+    async fn received(&self, ctx: &Context, _: Issue, _: Base) -> Result<v1::ReceivedNext> {
+        not_driven(ctx)
+    }
+    async fn planned(
+        &self,
+        ctx: &Context,
+        _: Issue,
+        _: Base,
+        _: Change,
+    ) -> Result<v1::PlannedNext> {
+        not_driven(ctx)
+    }
+    async fn edited(&self, ctx: &Context, _: Issue, _: Work, _: u32) -> Result<v1::EditedNext> {
+        not_driven(ctx)
+    }
+    async fn tested(
+        &self,
+        ctx: &Context,
+        _: Issue,
+        _: Work,
+        _: u32,
+        _: TestReport,
+    ) -> Result<v1::TestedNext> {
+        not_driven(ctx)
+    }
+}
+
+impl v2::DeliverHandler for NotDriven {
+    type Error = anyhow::Error;
+
+    async fn received(&self, ctx: &Context, _: Issue, _: Base) -> Result<v2::ReceivedNext> {
+        not_driven(ctx)
+    }
+    async fn planned(
+        &self,
+        ctx: &Context,
+        _: Issue,
+        _: Base,
+        _: Change,
+    ) -> Result<v2::PlannedNext> {
+        not_driven(ctx)
+    }
+    async fn edited(&self, ctx: &Context, _: Issue, _: Work, _: u32) -> Result<v2::EditedNext> {
+        not_driven(ctx)
+    }
+    async fn tested(
+        &self,
+        ctx: &Context,
+        _: Issue,
+        _: Work,
+        _: u32,
+        _: TestReport,
+    ) -> Result<v2::TestedNext> {
+        not_driven(ctx)
+    }
+    async fn reviewed(
+        &self,
+        ctx: &Context,
+        _: Issue,
+        _: Work,
+        _: Review,
+    ) -> Result<v2::ReviewedNext> {
+        not_driven(ctx)
+    }
+}
+
+/// The dry run's builder for `release`: the versions it drives registered (with
+/// [`NotDriven`]), so that `Runtime::dry_run` routes among them. Version 1 is registered
+/// only in the previous release: this one keeps version 1's handler for the runs the
+/// migration refuses, which [`dry_run`] says.
+pub fn dry_run_builder(release: Release) -> RuntimeBuilder {
+    match release {
+        Release::V1 => Runtime::builder().register::<v1::Deliver, _>(NotDriven),
+        Release::V2 => Runtime::builder()
+            .register::<v2::Deliver, _>(NotDriven)
+            .migration::<v1::Deliver, v2::Deliver>(),
+    }
+}

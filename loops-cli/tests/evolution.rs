@@ -1,0 +1,330 @@
+//! The `loops` binary on runs of a changed workflow: a run blocked by a build that does not
+//! know its schema (`runs --status blocked`, `show`), and a run migrated to a new version
+//! (`history` shows the migration record), made through loops-core.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use assert_cmd::Command;
+use loops_core::{BoxError, Context, Error, Migrate, RetryPolicy, RunStatus, Runtime, Workflow};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+mod v1 {
+    use super::*;
+
+    /// Version 1: fetches, then works (and hangs there, for the tests).
+    #[derive(loops_derive::Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+    #[workflow(name = "job", version = 1, crate = loops_core)]
+    pub enum Job {
+        #[initial]
+        #[next(Work)]
+        Start { mode: String },
+        #[next(Done)]
+        Work { mode: String, items: Vec<String> },
+        #[terminal]
+        Done { delivered: u32 },
+    }
+
+    pub struct Hangs;
+
+    impl JobHandler for Hangs {
+        type Error = BoxError;
+
+        async fn start(&self, _: &Context, mode: String) -> Result<StartNext, BoxError> {
+            Ok(StartNext::Work {
+                mode,
+                items: vec!["a".into(), "b".into()],
+            })
+        }
+
+        async fn work(
+            &self,
+            ctx: &Context,
+            _: String,
+            _: Vec<String>,
+        ) -> Result<WorkNext, BoxError> {
+            ctx.step("begin", || async { Ok::<_, Error>(true) }).await?;
+            std::future::pending::<()>().await;
+            unreachable!()
+        }
+    }
+}
+
+mod v2 {
+    use super::*;
+
+    /// Version 2: `Work` counts its items.
+    #[derive(loops_derive::Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+    #[workflow(name = "job", version = 2, crate = loops_core)]
+    pub enum Job {
+        #[initial]
+        #[next(Work)]
+        Start { mode: String },
+        #[next(Done)]
+        Work {
+            mode: String,
+            items: Vec<String>,
+            count: u32,
+        },
+        #[terminal]
+        Done { delivered: u32 },
+    }
+
+    impl Migrate<v1::Job> for Job {
+        fn migrate(old: v1::Job) -> Result<Self, BoxError> {
+            Ok(match old {
+                v1::Job::Start { mode } => Job::Start { mode },
+                v1::Job::Work { mode, items } => {
+                    let count = u32::try_from(items.len())?;
+                    Job::Work { mode, items, count }
+                }
+                v1::Job::Done { delivered } => Job::Done { delivered },
+            })
+        }
+    }
+
+    pub struct Counts;
+
+    impl JobHandler for Counts {
+        type Error = BoxError;
+
+        async fn start(&self, _: &Context, mode: String) -> Result<StartNext, BoxError> {
+            Ok(StartNext::Work {
+                mode,
+                items: vec![],
+                count: 0,
+            })
+        }
+
+        async fn work(
+            &self,
+            _: &Context,
+            _: String,
+            _: Vec<String>,
+            count: u32,
+        ) -> Result<WorkNext, BoxError> {
+            Ok(WorkNext::Done { delivered: count })
+        }
+    }
+}
+
+fn tokio() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Version 1's run `run_id`, left at `Work` (seq 1) with its step `begin` recorded, its
+/// driver dropped.
+async fn hung_at_work(path: &Path, run_id: &str) {
+    let rt = Runtime::builder()
+        .retry(RetryPolicy::never())
+        .open(path)
+        .unwrap();
+    let driver = {
+        let rt = rt.clone();
+        let run_id = run_id.to_owned();
+        tokio::spawn(async move {
+            rt.run(&run_id, v1::Job::Start { mode: "m".into() }, &v1::Hangs)
+                .await
+        })
+    };
+    for _ in 0..1000 {
+        if rt.store().steps(run_id, 1).await.unwrap().len() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    driver.abort();
+    let _ = driver.await;
+    rt.shutdown().await;
+}
+
+/// A store with `blocked-1` (version 1, refused by a build of version 2 alone) and `moved-1`
+/// (version 1, migrated to version 2 and finished there).
+fn store() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    tokio().block_on(async {
+        hung_at_work(&path, "blocked-1").await;
+        hung_at_work(&path, "moved-1").await;
+        // A build of version 2 without the migration refuses `blocked-1` and blocks it.
+        let rt = Runtime::builder().open(&path).unwrap();
+        let err = rt
+            .run(
+                "blocked-1",
+                v2::Job::Start { mode: "m".into() },
+                &v2::Counts,
+            )
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::SchemaMismatch { .. }), "{err}");
+        rt.shutdown().await;
+        drop(rt);
+        // With the migration, `moved-1` is migrated at `Work` and finishes on version 2.
+        let rt = Runtime::builder()
+            .migration::<v1::Job, v2::Job>()
+            .open(&path)
+            .unwrap();
+        let done = rt
+            .run("moved-1", v2::Job::Start { mode: "m".into() }, &v2::Counts)
+            .await
+            .unwrap();
+        assert_eq!(done, v2::Job::Done { delivered: 2 });
+        rt.shutdown().await;
+    });
+    (dir, path)
+}
+
+fn loops(path: &Path) -> Command {
+    let mut cmd = Command::cargo_bin("loops").unwrap();
+    cmd.env("LOOPS_STORE", path).env("NO_COLOR", "1");
+    cmd
+}
+
+fn json(path: &Path, args: &[&str]) -> Value {
+    let out = loops(path).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "loops {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn text(path: &Path, args: &[&str]) -> String {
+    let out = loops(path).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "loops {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The changes a build of version 2 alone reports for a run of version 1.
+const VERSION_CHANGE: &str = "version changed from 1 to 2 (compatible: the version is not in the records; accept the old version's runs only if their data means the same)";
+const FIELD_CHANGE: &str = "state `Work`: field `count: u32` added (breaking: records written before lack it; give it `#[serde(default)]` or make it an `Option`)";
+
+fn h1() -> String {
+    v1::Job::SCHEMA_HASH.pinned().to_string()
+}
+
+fn h2() -> String {
+    v2::Job::SCHEMA_HASH.pinned().to_string()
+}
+
+#[test]
+fn a_blocked_run_is_listed_as_blocked_and_shown_with_its_reason_and_changes() {
+    let (_dir, path) = store();
+    let blocked = json(&path, &["runs", "--status", "blocked", "--json"]);
+    let runs = blocked.as_array().unwrap();
+    assert_eq!(runs.len(), 1, "{blocked}");
+    let run = &runs[0];
+    assert_eq!(
+        (&run["run_id"], &run["status"], &run["state"], &run["seq"]),
+        (
+            &json!("blocked-1"),
+            &json!("blocked"),
+            &json!("Work"),
+            &json!(1)
+        )
+    );
+    let block = &run["blocked"];
+    assert_eq!(block["schema"], h1());
+    assert_eq!(block["resume"], "running");
+    assert_eq!(block["changes"], json!([VERSION_CHANGE, FIELD_CHANGE]));
+    let reason = block["reason"].as_str().unwrap().to_owned();
+    assert!(reason.contains(&h1()), "{reason}");
+    // Every other listing has it too, and no other run is blocked.
+    let all = json(&path, &["runs", "--json"]);
+    let statuses: Vec<(&str, &str)> = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["run_id"].as_str().unwrap(), r["status"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        statuses,
+        [("moved-1", "completed"), ("blocked-1", "blocked")]
+    );
+    assert_eq!(all[0]["blocked"], Value::Null);
+
+    // The table says it under WAITING FOR; `show` says why, what changed, and what next.
+    let table = text(&path, &["runs", "--status", "blocked"]);
+    assert!(table.contains(&format!("blocked: {reason}")), "{table}");
+    let shown = text(&path, &["show", "blocked-1"]);
+    for line in [
+        format!("status          {}\n", RunStatus::Blocked),
+        format!("blocked         {reason}\n"),
+        format!("change          {VERSION_CHANGE}\n"),
+        format!("change          {FIELD_CHANGE}\n"),
+        format!(
+            "unblocked       goes back to running when a build that knows schema {} (or a \
+             migration from it) drives it; see docs/evolution.md\n",
+            h1()
+        ),
+    ] {
+        assert!(shown.contains(&line), "{line:?} not in:\n{shown}");
+    }
+    let shown = json(&path, &["show", "blocked-1", "--json"]);
+    assert_eq!(shown["run"]["blocked"], *block);
+}
+
+#[test]
+fn history_shows_a_migration_record_with_where_it_comes_from() {
+    let (_dir, path) = store();
+    let history = json(&path, &["history", "moved-1", "--json"]);
+    let transitions = history["transitions"].as_array().unwrap();
+    let shape: Vec<(u64, &str, &str, &Value)> = transitions
+        .iter()
+        .map(|t| {
+            (
+                t["seq"].as_u64().unwrap(),
+                t["state"].as_str().unwrap(),
+                t["schema"].as_str().unwrap(),
+                &t["migrated_from"],
+            )
+        })
+        .collect();
+    let (h1, h2) = (h1(), h2());
+    let from = json!({"schema": h1, "version": 1, "seq": 1});
+    assert_eq!(
+        shape,
+        [
+            (0, "Start", h1.as_str(), &Value::Null),
+            (1, "Work", h1.as_str(), &Value::Null),
+            (2, "Work", h2.as_str(), &from),
+            (3, "Done", h2.as_str(), &Value::Null),
+        ]
+    );
+    // The migrated state's payload is version 2's; the step recorded before the migration
+    // stays with the state it continues (seq 1).
+    assert_eq!(
+        transitions[2]["payload"],
+        json!({"Work": {"mode": "m", "items": ["a", "b"], "count": 2}})
+    );
+    let steps: Vec<&str> = transitions[1]["steps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(steps, ["begin"]);
+
+    let text = text(&path, &["history", "moved-1"]);
+    let line = text
+        .lines()
+        .find(|l| l.contains("migrated"))
+        .unwrap_or_else(|| panic!("no migration line:\n{text}"));
+    assert!(line.starts_with("2    migrated  Work "), "{line}");
+    assert!(
+        line.ends_with(&format!(
+            "migrated from schema {h1} (version 1) to {h2} at seq 2 (continues seq 1)"
+        )),
+        "{line}"
+    );
+}
