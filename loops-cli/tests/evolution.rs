@@ -44,7 +44,7 @@ mod v1 {
             _: String,
             _: Vec<String>,
         ) -> Result<WorkNext, BoxError> {
-            ctx.step("begin", || async { Ok::<_, Error>(true) }).await?;
+            ctx.step("begin", || async { Ok(true) }).await?;
             std::future::pending::<()>().await;
             unreachable!()
         }
