@@ -633,3 +633,38 @@ async fn a_refusal_says_when_only_the_record_format_changed() {
     );
     assert!(log.calls_of("r").is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registering_the_missing_version_on_a_running_runtime_unblocks_its_runs() {
+    let store = memory();
+    let log = Log::default();
+    stop_v1_at(&store, &log, "r", "Packed").await;
+    let rt = Runtime::builder()
+        .register::<v2::Order, _>(Handler::new(2, &log))
+        .build(store.clone());
+    rt.resume_all().await.unwrap();
+    until_status(&store, "r", RunStatus::Blocked).await;
+    assert!(matches!(
+        rt.wait::<v1::Order>("r").await,
+        Err(Error::RunBlocked { seq: 1, .. })
+    ));
+    store.writes.lock().unwrap().clear();
+    // The old version, registered on the running runtime: the run is unblocked and finishes
+    // on it, its recorded step replayed.
+    rt.register::<v1::Order, _>(Handler::new(1, &log));
+    until_status(&store, "r", RunStatus::Completed).await;
+    assert_eq!(
+        rt.wait::<v1::Order>("r").await.unwrap(),
+        v1::Order::Shipped { item: "r".into() }
+    );
+    assert_eq!(
+        store.writes_of("r"),
+        ["Unblock", "BeginAttempt", "Transition"]
+    );
+    assert_eq!(log.effects_of("r"), ["reserve", "weigh"]);
+    assert_eq!(
+        log.calls_of("r"),
+        calls(&[(1, "Placed"), (1, "Packed"), (1, "Packed")])
+    );
+    rt.shutdown().await;
+}

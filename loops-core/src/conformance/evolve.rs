@@ -14,6 +14,8 @@ use super::writes;
 /// The schema a migration moves the suite's runs to.
 const NEW: SchemaHash = SchemaHash::from_u64(0x5678);
 
+// This function is long because it is one scenario: each step needs the state the steps
+// before it left (blocked, blocked again, unblocked, waiting, cancelled).
 pub(super) async fn block_and_unblock(f: &dyn Factory) {
     let store = f.store();
     let store = &*store;
@@ -195,6 +197,8 @@ fn migration(seq: u64, state_seq: u64, payload: &str) -> TransitionRecord {
     }
 }
 
+// This function is long because it is one scenario: the refusals, then the migration, then
+// what the migrated state's writes and the next transition do.
 pub(super) async fn migrations(f: &dyn Factory) {
     let store = f.store();
     let store = &*store;

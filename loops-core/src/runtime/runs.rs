@@ -196,7 +196,9 @@ impl Runtime {
     ///
     /// # Errors
     /// [`Error::RunNotFound`](crate::Error::RunNotFound); [`Error::WorkflowMismatch`](crate::Error::WorkflowMismatch); [`Error::RunFailed`](crate::Error::RunFailed) or
-    /// [`Error::RunCancelled`](crate::Error::RunCancelled) if it ended so; [`Error::Decode`](crate::Error::Decode); [`Error::Storage`](crate::Error::Storage).
+    /// [`Error::RunCancelled`](crate::Error::RunCancelled) if it ended so; [`Error::RunBlocked`](crate::Error::RunBlocked) if it is (or becomes)
+    /// blocked: no registered version can drive it (wait again once one is registered);
+    /// [`Error::Decode`](crate::Error::Decode); [`Error::Storage`](crate::Error::Storage).
     pub async fn wait<W: Workflow>(&self, run_id: &str) -> Result<W> {
         loop {
             let ended = self.inner.background.ended();
@@ -229,8 +231,17 @@ impl Runtime {
                         reason: info.cancel.unwrap_or_default(),
                     });
                 }
-                // A blocked run is not ended: a build that can route it may unblock it.
-                RunStatus::Running | RunStatus::Waiting | RunStatus::Blocked => {
+                // Not ended, but nothing here will drive it until a version or migration
+                // that routes it is registered: say so rather than wait for good.
+                RunStatus::Blocked => {
+                    return Err(Error::RunBlocked {
+                        run_id: run_id.to_owned(),
+                        seq: info.seq,
+                        reason: info.block.map(|b| b.reason).unwrap_or_default(),
+                        state: info.state,
+                    });
+                }
+                RunStatus::Running | RunStatus::Waiting => {
                     if self.store().lease_ttl().is_some() {
                         // Another worker may end it: look again now and then.
                         tokio::select! {
