@@ -115,7 +115,7 @@ impl Context {
         let name = name.into();
         self.check_user_name("step name", &name)?;
         let (occurrence, recorded) = self.next_occurrence(&name);
-        let span = tracing::info_span!("step", step = %name, occurrence);
+        let span = tracing::info_span!("step", step = name.as_str(), occurrence);
         async {
             match self.resolve(&name, occurrence, recorded, &options).await? {
                 Resolved::Replay(record, as_named) => self.replay(&as_named, occurrence, &record),
@@ -169,7 +169,7 @@ impl Context {
         let name = name.into();
         self.check_user_name("step name", &name)?;
         let (occurrence, recorded) = self.next_occurrence(&name);
-        let span = tracing::info_span!("step", step = %name, occurrence);
+        let span = tracing::info_span!("step", step = name.as_str(), occurrence);
         async {
             match self.resolve(&name, occurrence, recorded, &options).await? {
                 Resolved::Replay(record, as_named) => self.replay(&as_named, occurrence, &record),
