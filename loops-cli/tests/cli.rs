@@ -773,7 +773,7 @@ fn schema_lists_shows_and_diffs_stored_descriptions() {
     // Each schema's workflow and version (from its description) and its runs by status.
     let statuses = |running, waiting, completed, failed, cancelled| {
         json!({"running": running, "waiting": waiting, "completed": completed,
-               "failed": failed, "cancelled": cancelled})
+               "failed": failed, "cancelled": cancelled, "blocked": 0})
     };
     let summary = |v: &Value| {
         (
@@ -802,10 +802,21 @@ fn schema_lists_shows_and_diffs_stored_descriptions() {
     );
     let hashes: Vec<&str> = list.iter().map(|s| s["hash"].as_str().unwrap()).collect();
     assert_eq!(hashes, [&gate, &job1, &job2]);
-    let row = |cells: [&str; 9]| {
-        let [h, w, v, r, running, waiting, completed, failed, cancelled] = cells;
+    let row = |cells: [&str; 10]| {
+        let [
+            h,
+            w,
+            v,
+            r,
+            running,
+            waiting,
+            completed,
+            failed,
+            cancelled,
+            blocked,
+        ] = cells;
         format!(
-            "{h:<16}  {w:<8}  {v:<7}  {r:<4}  {running:<7}  {waiting:<7}  {completed:<9}  {failed:<6}  {cancelled}\n"
+            "{h:<16}  {w:<8}  {v:<7}  {r:<4}  {running:<7}  {waiting:<7}  {completed:<9}  {failed:<6}  {cancelled:<9}  {blocked}\n"
         )
     };
     assert_eq!(
@@ -820,11 +831,12 @@ fn schema_lists_shows_and_diffs_stored_descriptions() {
                 "WAITING",
                 "COMPLETED",
                 "FAILED",
-                "CANCELLED"
+                "CANCELLED",
+                "BLOCKED"
             ]),
-            row([&gate, "gate", "1", "2", "0", "1", "0", "0", "1"]),
-            row([&job1, "job", "1", "3", "1", "0", "1", "1", "0"]),
-            row([&job2, "job", "2", "1", "0", "0", "1", "0", "0"]),
+            row([&gate, "gate", "1", "2", "0", "1", "0", "0", "1", "0"]),
+            row([&job1, "job", "1", "3", "1", "0", "1", "1", "0", "0"]),
+            row([&job2, "job", "2", "1", "0", "0", "1", "0", "0", "0"]),
         ]
         .concat()
     );
@@ -2035,7 +2047,7 @@ fn compact_and_check_report_on_a_good_file() {
         json!({
             "path": path.display().to_string(), "intact": true, "repaired_on_open": false,
             "runs": 2,
-            "by_status": {"running": 1, "waiting": 1, "completed": 0, "failed": 0, "cancelled": 0},
+            "by_status": {"running": 1, "waiting": 1, "completed": 0, "failed": 0, "cancelled": 0, "blocked": 0},
         })
     );
     let out = text(&path, &["check"]);
