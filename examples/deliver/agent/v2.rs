@@ -227,7 +227,10 @@ mod tests {
             scratch: paths.scratch.clone(),
             hooks: Hooks::none(paths.entries_log.clone()),
         };
-        let runtime = Runtime::open(&paths.store).unwrap();
+        let runtime = Runtime::builder()
+            .limit(crate::agent::MODEL_LIMIT_NAME, crate::agent::model_limit())
+            .open(&paths.store)
+            .unwrap();
         let initial = Deliver::Received {
             issue: project::issue(),
             base,
