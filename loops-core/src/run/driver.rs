@@ -21,6 +21,7 @@ use crate::hint::retry_hint;
 use crate::panics::panic_message;
 use crate::record::{FailureRecord, FailureSource, TransitionRecord, now_ms};
 use crate::row::RunInfo;
+use crate::run::attempts::{failed_attempts, is_store_fault, jitter_unit};
 use crate::run::context::{Context, RunScope};
 use crate::run::dispatch::Dispatch;
 use crate::run::settings::{Held, Settings};
@@ -737,12 +738,6 @@ impl Drive<'_> {
     }
 }
 
-/// Whether `e` is a fault of the store (a failed read or commit, a lost connection) rather
-/// than about the run or the request.
-fn is_store_fault(e: &Error) -> bool {
-    matches!(e, Error::Storage { .. } | Error::Database { .. })
-}
-
 impl Failure {
     /// The store fault that failed the handler, when its error holds one in its source
     /// chain (a step whose record could not be written, returned with `?`).
@@ -802,22 +797,4 @@ pub(crate) async fn schema_changes<W: Workflow>(
 ) -> SchemaDiff {
     let old = store.schema(stored).await.ok().flatten();
     SchemaDiff::of_mismatch(old.as_deref(), W::SCHEMA)
-}
-
-/// Failed attempts at the run's current state so far, the current one included (a
-/// failure of the current attempt counts it; interruptions count apart).
-fn failed_attempts(info: &RunInfo) -> u32 {
-    info.attempt
-        .saturating_sub(info.attempt_base)
-        .saturating_sub(info.interrupted)
-}
-
-/// A number in `0.0..1.0` for retry jitter, from the run, state, attempt and clock.
-fn jitter_unit(run_id: &str, seq: u64, attempt: u32, now: u64) -> f64 {
-    let mut material = Vec::with_capacity(run_id.len() + 20);
-    material.extend_from_slice(run_id.as_bytes());
-    material.extend_from_slice(&seq.to_le_bytes());
-    material.extend_from_slice(&attempt.to_le_bytes());
-    material.extend_from_slice(&now.to_le_bytes());
-    (xxhash_rust::xxh3::xxh3_64(&material) >> 11) as f64 / (1u64 << 53) as f64
 }

@@ -1,0 +1,163 @@
+//! [`Error`]'s constructors and queries: what a caller asks of an error (is it transient,
+//! which run, which hint, which store cause) and how loops builds the common ones.
+
+use super::*;
+
+impl Error {
+    /// An [`Error::Database`]: `action` says what the store was doing, `source` is the
+    /// database client's error.
+    pub fn database(
+        action: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Error::Database {
+            action: action.into(),
+            cause: Arc::new(source),
+        }
+    }
+
+    /// An [`Error::CounterOverflow`]: `counter` (`value`, read from `record` of `run_id` at
+    /// `seq`) has no successor, which `action` needed.
+    pub(crate) fn counter_overflow(
+        run_id: &str,
+        (record, seq): (RecordKind, u64),
+        counter: &'static str,
+        value: u64,
+        action: &'static str,
+    ) -> Self {
+        Error::CounterOverflow {
+            run_id: run_id.to_owned(),
+            record,
+            seq,
+            counter,
+            value,
+            action,
+        }
+    }
+
+    /// An [`Error::Storage`] from a redb error (converted to `redb::Error`, so that a caller
+    /// who downcasts the source finds one type).
+    pub(crate) fn storage(action: impl Into<String>, source: impl Into<redb::Error>) -> Self {
+        Error::Storage {
+            action: action.into(),
+            cause: Arc::new(source.into()),
+        }
+    }
+
+    /// Whether the same call may succeed if it is made again later, unchanged: the store
+    /// could not be reached or failed on the system (an I/O error, a lost connection:
+    /// [`Storage`](Error::Storage), [`Database`](Error::Database)), the store file is open
+    /// elsewhere ([`StoreLocked`](Error::StoreLocked)), or another driver in this process
+    /// holds the run for now ([`RunActive`](Error::RunActive)). Every other error is about
+    /// the request, the run or the stored records, and repeats until one of those changes.
+    /// A write that failed transiently may still have committed when the connection was lost
+    /// during its commit (see [`Database`](Error::Database)); the writes of loops are made so
+    /// that repeating them is safe.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Error::Storage { .. }
+                | Error::Database { .. }
+                | Error::StoreLocked { .. }
+                | Error::RunActive { .. }
+        )
+    }
+
+    /// The run the error is about, when there is one.
+    pub fn run_id(&self) -> Option<&str> {
+        match self {
+            Error::InvalidRunId { run_id, .. }
+            | Error::InvalidName { run_id, .. }
+            | Error::RunNotFound { run_id }
+            | Error::WorkflowMismatch { run_id, .. }
+            | Error::SchemaMismatch { run_id, .. }
+            | Error::RunActive { run_id }
+            | Error::MigrationRefused { run_id, .. }
+            | Error::RunBlocked { run_id, .. }
+            | Error::NotInitial { run_id, .. }
+            | Error::SequenceConflict { run_id, .. }
+            | Error::RecordMissing { run_id, .. }
+            | Error::StepExists { run_id, .. }
+            | Error::Fenced { run_id, .. }
+            | Error::LeaseExpired { run_id, .. }
+            | Error::IllegalTransition { run_id, .. }
+            | Error::EventEncode { run_id, .. }
+            | Error::Encode { run_id, .. }
+            | Error::Decode { run_id, .. }
+            | Error::PayloadTooLarge { run_id, .. }
+            | Error::CounterOverflow { run_id, .. }
+            | Error::RunFailed { run_id, .. }
+            | Error::RunCancelled { run_id, .. }
+            | Error::RunEnded { run_id, .. }
+            | Error::NotFailed { run_id, .. }
+            | Error::StepDecode { run_id, .. }
+            | Error::EventDecode { run_id, .. }
+            | Error::StepEncode { run_id, .. }
+            | Error::StepTimeout { run_id, .. }
+            | Error::StateTimeout { run_id, .. }
+            | Error::HandlerPanicked { run_id, .. }
+            | Error::StepFailed { run_id, .. }
+            | Error::Cancelled { run_id, .. } => Some(run_id),
+            Error::StoreLocked { .. }
+            | Error::NeedsRecovery { .. }
+            | Error::ReadOnly { .. }
+            | Error::Open { .. }
+            | Error::Storage { .. }
+            | Error::Database { .. }
+            | Error::NotRegistered { .. }
+            | Error::Permanent { .. }
+            | Error::RetryAfter { .. }
+            | Error::AcceptsRefused { .. }
+            | Error::Closed => None,
+        }
+    }
+}
+
+impl Error {
+    /// The underlying error of a store's failure ([`Open`](Error::Open),
+    /// [`Storage`](Error::Storage), [`Database`](Error::Database)), whose message names it
+    /// already: for a caller who downcasts it (the `std::io::Error` of a full disk, inside
+    /// redb's error). `None` for every other error.
+    pub fn store_cause(&self) -> Option<&(dyn std::error::Error + Send + Sync + 'static)> {
+        match self {
+            Error::Open { cause, .. } => Some(&**cause),
+            Error::Storage { cause, .. } | Error::Database { cause, .. } => Some(&**cause),
+            _ => None,
+        }
+    }
+
+    /// The message and the messages of its `source()` chain, joined by `": "`: the whole
+    /// story in one line, for logs and command-line tools.
+    pub fn chain(&self) -> String {
+        error_chain(self).join(": ")
+    }
+}
+
+impl Error {
+    /// Marks `error` permanent: a step's closure or a handler returns it (through `?` or
+    /// `.into()`) for a failure that no retry will fix (a refusal, a 4xx other than 429, a
+    /// malformed request). The step is not tried again by its retry policy, and the state's
+    /// attempt that fails with it is its last: the run fails, unless the handler catches the
+    /// error (see [`Error::hint`]) and moves to a state of its own.
+    pub fn permanent(error: impl Into<BoxError>) -> Error {
+        Error::Permanent {
+            source: Hinted::new(true, None, error.into()),
+        }
+    }
+
+    /// Gives `error` a retry-after hint (an HTTP `Retry-After`): the next try of the step,
+    /// or the next attempt at the state, waits at least `after` (its policy's back-off when
+    /// that is longer). A wait at or over the runtime's park threshold parks the run durably.
+    pub fn retry_after(error: impl Into<BoxError>, after: Duration) -> Error {
+        Error::RetryAfter {
+            after_ms: u64::try_from(after.as_millis()).unwrap_or(u64::MAX),
+            source: Hinted::new(false, Some(after), error.into()),
+        }
+    }
+
+    /// The retry hints in this error's chain: [`retry_hint`] of it. A handler that catches a
+    /// step's error checks `err.hint().permanent` to route to a state of its own.
+    pub fn hint(&self) -> RetryHint {
+        retry_hint(self)
+    }
+}

@@ -1,0 +1,29 @@
+//! How the driver counts a state's failed attempts, spreads its retries, and tells a
+//! store's fault from the run's own failure.
+
+use crate::error::Error;
+use crate::row::RunInfo;
+
+/// Whether `e` is a fault of the store (a failed read or commit, a lost connection) rather
+/// than about the run or the request.
+pub(crate) fn is_store_fault(e: &Error) -> bool {
+    matches!(e, Error::Storage { .. } | Error::Database { .. })
+}
+
+/// Failed attempts at the run's current state so far, the current one included (a
+/// failure of the current attempt counts it; interruptions count apart).
+pub(crate) fn failed_attempts(info: &RunInfo) -> u32 {
+    info.attempt
+        .saturating_sub(info.attempt_base)
+        .saturating_sub(info.interrupted)
+}
+
+/// A number in `0.0..1.0` for retry jitter, from the run, state, attempt and clock.
+pub(crate) fn jitter_unit(run_id: &str, seq: u64, attempt: u32, now: u64) -> f64 {
+    let mut material = Vec::with_capacity(run_id.len() + 20);
+    material.extend_from_slice(run_id.as_bytes());
+    material.extend_from_slice(&seq.to_le_bytes());
+    material.extend_from_slice(&attempt.to_le_bytes());
+    material.extend_from_slice(&now.to_le_bytes());
+    (xxhash_rust::xxh3::xxh3_64(&material) >> 11) as f64 / (1u64 << 53) as f64
+}
