@@ -141,7 +141,8 @@ impl std::fmt::Display for Route {
 /// hash drives it; else a chain of migrations to a compiled version migrates it; else a
 /// version that lists the hash in its [`Workflow::ACCEPTS`] drives it as it is, if no
 /// difference between the stored description and its own stops a run in the run's state;
-/// else the run is blocked, with the changes that stop it.
+/// else the run is blocked, with the changes that stop it, classed for a run in its state
+/// ([`SchemaDiff::for_run_in`]).
 pub fn route(run: &StoredRun<'_>, known: &[KnownVersion], migrations: &[Migration]) -> Route {
     if let Some(k) = known.iter().find(|k| k.stored.hash == run.schema) {
         return Route::Drive(k.stored);
@@ -173,14 +174,14 @@ pub fn route(run: &StoredRun<'_>, known: &[KnownVersion], migrations: &[Migratio
                 "version {} ({}) accepts schema {}, but these changes stop a run in state `{}`",
                 k.stored.version, k.stored.hash, run.schema, run.state
             ),
-            changes: breaking,
+            changes: breaking.for_run_in(run.state),
         },
         (None, Some(newest)) => Blocked {
             reason: format!(
                 "no compiled version of `{}` has schema {}, accepts it, or has a migration from it",
                 run.workflow, run.schema
             ),
-            changes: SchemaDiff::of_mismatch(run.description, newest.schema),
+            changes: SchemaDiff::of_mismatch(run.description, newest.schema).for_run_in(run.state),
         },
         (None, None) => Blocked {
             reason: format!("this build compiles no version of `{}`", run.workflow),

@@ -175,11 +175,12 @@ fn a_version_that_accepts_the_schema_drives_runs_the_changes_do_not_stop() {
         )
     );
     assert_eq!(blocked.changes.len(), 1, "{}", blocked.changes);
+    // Classed for this run, which is in `Work`: breaking, and the text says so.
+    assert_eq!(blocked.changes.changes()[0].class, Class::Breaking);
     assert_eq!(
-        blocked.changes.changes()[0].class,
-        Class::IfNoPendingRun {
-            state: "Work".into()
-        }
+        blocked.changes.to_string(),
+        "state `Work` removed (breaking: a pending run in it could not be resumed (a state no \
+         pending run is in may go); this run is in `Work`)"
     );
 }
 
@@ -222,9 +223,39 @@ fn an_unknown_schema_is_blocked_with_what_changed_to_the_newest_version() {
             h::<v1::Job>()
         )
     );
+    let diff = SchemaDiff::of_mismatch(Some(v1::Job::SCHEMA), v3::Job::SCHEMA);
+    assert_eq!(blocked.changes, diff.for_run_in("Start"));
+    // The changes are classed for the run's state: `Work`'s removal does not stop a run in
+    // `Start`, and does stop one in `Work`.
+    let removed = |changes: &SchemaDiff| {
+        changes
+            .iter()
+            .find(|c| c.text == "state `Work` removed")
+            .map(|c| (c.class.clone(), c.reason.clone()))
+    };
+    let reason = "a pending run in it could not be resumed (a state no pending run is in may go)";
     assert_eq!(
-        blocked.changes,
-        SchemaDiff::of_mismatch(Some(v1::Job::SCHEMA), v3::Job::SCHEMA)
+        removed(&diff),
+        Some((
+            Class::IfNoPendingRun {
+                state: "Work".into()
+            },
+            reason.to_owned()
+        ))
+    );
+    assert_eq!(
+        removed(&blocked.changes),
+        Some((
+            Class::Compatible,
+            format!("{reason}; this run is not in `Work`")
+        ))
+    );
+    let Route::Block(in_work) = route(&run::<v1::Job>("Work"), &known, &[]) else {
+        panic!("expected Block");
+    };
+    assert_eq!(
+        removed(&in_work.changes),
+        Some((Class::Breaking, format!("{reason}; this run is in `Work`")))
     );
     // No stored description: still a change that says so.
     let mut bare = run::<v1::Job>("Start");

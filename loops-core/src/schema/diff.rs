@@ -119,6 +119,31 @@ impl SchemaDiff {
             .into()
     }
 
+    /// The changes as they stand for one run in `state` (an old state name): a change that
+    /// is compatible only while no pending run is in some state ([`Class::IfNoPendingRun`])
+    /// becomes [`Class::Breaking`] if that state is `state`, else [`Class::Compatible`], its
+    /// reason saying which. What a blocked run's [`BlockInfo::changes`](crate::BlockInfo)
+    /// store, so that they call a change breaking for the run when it is.
+    pub fn for_run_in(&self, state: &str) -> SchemaDiff {
+        self.changes
+            .iter()
+            .map(|c| match &c.class {
+                Class::IfNoPendingRun { state: s } if s == state => Change::new(
+                    c.text.clone(),
+                    Class::Breaking,
+                    format!("{}; this run is in `{s}`", c.reason),
+                ),
+                Class::IfNoPendingRun { state: s } => Change::new(
+                    c.text.clone(),
+                    Class::Compatible,
+                    format!("{}; this run is not in `{s}`", c.reason),
+                ),
+                _ => c.clone(),
+            })
+            .collect::<Vec<_>>()
+            .into()
+    }
+
     /// Whether every difference is compatible, given `pending_in` as for
     /// [`breaking`](Self::breaking).
     pub fn is_compatible(&self, pending_in: impl Fn(&str) -> bool) -> bool {
