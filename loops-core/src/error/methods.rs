@@ -54,13 +54,7 @@ impl Error {
     /// during its commit (see [`Database`](Error::Database)); the writes of loops are made so
     /// that repeating them is safe.
     pub fn is_transient(&self) -> bool {
-        matches!(
-            self,
-            Error::Storage { .. }
-                | Error::Database { .. }
-                | Error::StoreLocked { .. }
-                | Error::RunActive { .. }
-        )
+        self.is_store_fault() || matches!(self, Error::StoreLocked { .. } | Error::RunActive { .. })
     }
 
     /// The run the error is about, when there is one.
@@ -114,6 +108,33 @@ impl Error {
 }
 
 impl Error {
+    /// Whether the error is a fault of the store while it was in use: a read or a commit
+    /// that failed on the system, a lost connection ([`Storage`](Error::Storage),
+    /// [`Database`](Error::Database)), rather than about the run, the request or the stored
+    /// records. A driver rides such a fault out (it backs off and reads the run again, and
+    /// the handler's attempt is not counted as failed); each is [transient](Self::is_transient)
+    /// and has a [`store_cause`](Self::store_cause). The one place that says which errors
+    /// are store faults.
+    pub fn is_store_fault(&self) -> bool {
+        matches!(self, Error::Storage { .. } | Error::Database { .. })
+    }
+
+    /// A copy of this error if it [is a store fault](Self::is_store_fault) (the cause is
+    /// shared), for a driver that finds one inside a handler's error; `None` otherwise.
+    pub(crate) fn store_fault_copy(&self) -> Option<Error> {
+        match self {
+            Error::Storage { action, cause } => Some(Error::Storage {
+                action: action.clone(),
+                cause: Arc::clone(cause),
+            }),
+            Error::Database { action, cause } => Some(Error::Database {
+                action: action.clone(),
+                cause: Arc::clone(cause),
+            }),
+            _ => None,
+        }
+    }
+
     /// The underlying error of a store's failure ([`Open`](Error::Open),
     /// [`Storage`](Error::Storage), [`Database`](Error::Database)), whose message names it
     /// already: for a caller who downcasts it (the `std::io::Error` of a full disk, inside
@@ -159,5 +180,30 @@ impl Error {
     /// step's error checks `err.hint().permanent` to route to a state of its own.
     pub fn hint(&self) -> RetryHint {
         retry_hint(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_store_fault_is_transient_has_a_cause_and_copies() {
+        let fault = Error::database("commit", std::io::Error::other("connection reset"));
+        assert!(fault.is_store_fault() && fault.is_transient());
+        assert_eq!(
+            fault.store_cause().map(ToString::to_string).as_deref(),
+            Some("connection reset")
+        );
+        let copy = fault.store_fault_copy().expect("a copy");
+        assert!(copy.is_store_fault());
+        assert_eq!(copy.to_string(), fault.to_string());
+        let storage = Error::storage("read", redb::StorageError::Io(std::io::Error::other("eio")));
+        assert!(storage.is_store_fault() && storage.store_fault_copy().is_some());
+        // Transient, but not a fault of the store in use; nor is anything about a run.
+        let active = Error::RunActive { run_id: "r".into() };
+        assert!(active.is_transient() && !active.is_store_fault());
+        assert!(active.store_fault_copy().is_none());
+        assert!(!Error::Closed.is_store_fault() && Error::Closed.store_fault_copy().is_none());
     }
 }

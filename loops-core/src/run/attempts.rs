@@ -1,14 +1,6 @@
-//! How the driver counts a state's failed attempts, spreads its retries, and tells a
-//! store's fault from the run's own failure.
+//! How the driver counts a state's failed attempts and spreads its retries.
 
-use crate::error::Error;
 use crate::row::RunInfo;
-
-/// Whether `e` is a fault of the store (a failed read or commit, a lost connection) rather
-/// than about the run or the request.
-pub(crate) fn is_store_fault(e: &Error) -> bool {
-    matches!(e, Error::Storage { .. } | Error::Database { .. })
-}
 
 /// Failed attempts at the run's current state so far, the current one included (a
 /// failure of the current attempt counts it; interruptions count apart).

@@ -21,7 +21,7 @@ use crate::hint::retry_hint;
 use crate::panics::panic_message;
 use crate::record::{FailureRecord, FailureSource, TransitionRecord, now_ms};
 use crate::row::RunInfo;
-use crate::run::attempts::{failed_attempts, is_store_fault, jitter_unit};
+use crate::run::attempts::{failed_attempts, jitter_unit};
 use crate::run::context::{Context, RunScope};
 use crate::run::dispatch::Dispatch;
 use crate::run::settings::{Held, Settings};
@@ -249,7 +249,7 @@ impl Drive<'_> {
         let mut at_fault = run.info.seq;
         loop {
             let fault = match self.drive_from(&mut run, &scope, handler, mode).await {
-                Err(e) if is_store_fault(&e) => e,
+                Err(e) if e.is_store_fault() => e,
                 done => return done,
             };
             if run.info.seq != at_fault {
@@ -398,7 +398,7 @@ impl Drive<'_> {
                         run_id: run_id.to_owned(),
                     });
                 }
-                Err(e) if is_store_fault(&e) => fault = e,
+                Err(e) if e.is_store_fault() => fault = e,
                 Err(e) => return Err(e),
             }
         }
@@ -746,19 +746,8 @@ impl Failure {
             return None;
         };
         let first: &(dyn std::error::Error + 'static) = &**err;
-        std::iter::successors(Some(first), |e| e.source()).find_map(|e| {
-            match e.downcast_ref::<Error>()? {
-                Error::Storage { action, cause } => Some(Error::Storage {
-                    action: action.clone(),
-                    cause: Arc::clone(cause),
-                }),
-                Error::Database { action, cause } => Some(Error::Database {
-                    action: action.clone(),
-                    cause: Arc::clone(cause),
-                }),
-                _ => None,
-            }
-        })
+        std::iter::successors(Some(first), |e| e.source())
+            .find_map(|e| e.downcast_ref::<Error>()?.store_fault_copy())
     }
 }
 
