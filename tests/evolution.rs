@@ -668,3 +668,45 @@ async fn registering_the_missing_version_on_a_running_runtime_unblocks_its_runs(
     );
     rt.shutdown().await;
 }
+
+/// A refusal that `Runtime::start` or `Runtime::run` returns carries the changes itself: the
+/// block is logged once at INFO, without them, not at WARN (which would print them twice).
+#[tokio::test]
+async fn a_refusal_returned_to_the_caller_is_logged_once_without_the_changes() {
+    let lines = Lines::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .with_writer({
+            let lines = lines.clone();
+            move || lines.clone()
+        })
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let store = memory();
+    let log = Log::default();
+    stop_v1_at(&store, &log, "old", "Packed").await;
+    store.writes.lock().unwrap().clear();
+    let rt = Runtime::builder()
+        .register::<v2::Order, _>(Handler::new(2, &log))
+        .build(store.clone());
+    let initial = || v2::Order::Placed {
+        item: "old".into(),
+        qty: 1,
+    };
+    let started = rt.start("old", initial()).await;
+    let Err(Error::SchemaMismatch { changes, .. }) = started else {
+        panic!("expected SchemaMismatch, got {started:?}");
+    };
+    assert!(!changes.is_empty());
+    let ran = rt.run("old", initial(), &Handler::new(2, &log)).await;
+    assert!(matches!(ran, Err(Error::SchemaMismatch { .. })), "{ran:?}");
+    rt.shutdown().await;
+
+    assert_eq!(store.writes_of("old"), ["Block"]);
+    assert_eq!(lines.matching("WARN", "old"), 0);
+    assert_eq!(lines.matching("run blocked", "old"), 1);
+    let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    assert!(!text.contains(&changes.to_string()), "{text}");
+}

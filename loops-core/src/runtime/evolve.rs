@@ -28,6 +28,26 @@ pub(crate) enum Routing {
     Blocked(Blocked),
 }
 
+/// What [`Runtime::prepare`] does with a run that no version takes, and who says so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OnBlock {
+    /// Leave it as it is: the caller decides (a failing migration blocks it all the same).
+    Leave,
+    /// Mark it blocked; the caller returns the refusal (with the changes) to its own caller,
+    /// who says it: the log line is at INFO, so that the changes are not printed twice.
+    Return,
+    /// Mark it blocked and log one WARN line with the reason and the changes: a background
+    /// driver's block, which nobody else reports.
+    Warn,
+}
+
+impl OnBlock {
+    /// Whether a block is logged at WARN (else at INFO).
+    fn warns(self) -> bool {
+        self == OnBlock::Warn
+    }
+}
+
 /// What a build would do with one stored run: an item of [`Runtime::dry_run`].
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -51,7 +71,8 @@ impl Runtime {
     /// and the registered migrations, and prepares it for the version that takes it: a
     /// blocked run is unblocked, a run of an older version with a migration path is migrated
     /// (the migration committed as a record of its own). A run no version takes is blocked
-    /// (once) if `block`; a failing migration always blocks the run.
+    /// (once) unless `on_block` is [`OnBlock::Leave`]; a failing migration always blocks the
+    /// run. `on_block` says whether the block is logged at WARN.
     ///
     /// # Errors
     /// The store's errors; [`Error::PayloadTooLarge`] for a migrated state over the limit.
@@ -60,22 +81,23 @@ impl Runtime {
         claim: &Claim,
         (info, record): (RunInfo, TransitionRecord),
         known: &[KnownVersion],
-        block: bool,
+        on_block: OnBlock,
     ) -> Result<Routing> {
         let route = self.route_of(&info, known).await?;
         let (version, accepted, info, record) = match route {
             Route::Drive(version) => (version.hash, None, info, record),
             Route::Accept { version, .. } => (version.hash, Some(info.schema), info, record),
             Route::Migrate(chain) => match self
-                .migrate_run(claim, &info, &record, &chain, known)
+                .migrate_run(claim, (&info, &record), &chain, known, on_block.warns())
                 .await?
             {
                 Ok((info, record)) => (chain.to().hash, None, info, record),
                 Err(blocked) => return Ok(Routing::Blocked(blocked)),
             },
             Route::Block(blocked) => {
-                if block {
-                    self.block_run(claim, &info, &blocked).await?;
+                if on_block != OnBlock::Leave {
+                    self.block_run(claim, &info, &blocked, on_block.warns())
+                        .await?;
                 }
                 return Ok(Routing::Blocked(blocked));
             }
@@ -125,15 +147,16 @@ impl Runtime {
         Ok(route(&run, known, &migrations))
     }
 
-    /// Migrates the run through `chain` and commits the migration's record; `Ok(Err(_))`
-    /// (and the run blocked, nothing else written) if the migration fails or panics.
+    /// Migrates the run `(info, record)` through `chain` and commits the migration's record;
+    /// `Ok(Err(_))` (and the run blocked, nothing else written; logged at WARN if `warn`) if
+    /// the migration fails or panics.
     async fn migrate_run(
         &self,
         claim: &Claim,
-        info: &RunInfo,
-        record: &TransitionRecord,
+        (info, record): (&RunInfo, &TransitionRecord),
         chain: &Chain,
         known: &[KnownVersion],
+        warn: bool,
     ) -> Result<std::result::Result<(RunInfo, TransitionRecord), Blocked>> {
         let run_id = &info.run_id;
         let payload = record.payload.get();
@@ -148,7 +171,7 @@ impl Runtime {
                     reason: error_chain(&e).join(": "),
                     changes: SchemaDiff::default(),
                 };
-                self.block_run(claim, info, &blocked).await?;
+                self.block_run(claim, info, &blocked, warn).await?;
                 return Ok(Err(blocked));
             }
             Err(message) => {
@@ -156,7 +179,7 @@ impl Runtime {
                     reason: format!("the migration panicked: {message}"),
                     changes: SchemaDiff::default(),
                 };
-                self.block_run(claim, info, &blocked).await?;
+                self.block_run(claim, info, &blocked, warn).await?;
                 return Ok(Err(blocked));
             }
         };
@@ -224,12 +247,15 @@ impl Runtime {
     }
 
     /// Marks the run blocked for `blocked`'s reason, once: nothing is written (nor logged)
-    /// if it is blocked for that already.
+    /// if it is blocked for that already. The block is logged once: at WARN with the reason
+    /// and the changes if `warn` (nobody else reports it), else at INFO without the changes
+    /// (the caller returns them in its error).
     pub(crate) async fn block_run(
         &self,
         claim: &Claim,
         info: &RunInfo,
         blocked: &Blocked,
+        warn: bool,
     ) -> Result<RunInfo> {
         let already = info.status == RunStatus::Blocked
             && info
@@ -254,15 +280,26 @@ impl Runtime {
             )
             .await?
             .into_run(&info.run_id)?;
-        tracing::warn!(
-            run_id = %info.run_id,
-            workflow = %info.workflow,
-            schema = %info.schema,
-            state = %info.state,
-            reason = %blocked.reason,
-            changes = %blocked.changes,
-            "run blocked: this build cannot drive it; it is left as it is until a build that can starts (see docs/evolution.md)"
-        );
+        if warn {
+            tracing::warn!(
+                run_id = %info.run_id,
+                workflow = %info.workflow,
+                schema = %info.schema,
+                state = %info.state,
+                reason = %blocked.reason,
+                changes = %blocked.changes,
+                "run blocked: this build cannot drive it; it is left as it is until a build that can starts (see docs/evolution.md)"
+            );
+        } else {
+            tracing::info!(
+                run_id = %info.run_id,
+                workflow = %info.workflow,
+                schema = %info.schema,
+                state = %info.state,
+                reason = %blocked.reason,
+                "run blocked: this build cannot drive it (the refusal returned says what changed)"
+            );
+        }
         Ok(after)
     }
 

@@ -16,7 +16,7 @@ use crate::row::RunInfo;
 use crate::run::dispatch::Dispatch;
 use crate::run::driver::{Driven, Mode, is_ready};
 use crate::runtime::claims::Claim;
-use crate::runtime::evolve::Routing;
+use crate::runtime::evolve::{OnBlock, Routing};
 use crate::runtime::handle::{Driver, Inner, Prepared, Runtime, Start, Stopped, Version};
 use crate::runtime::scheduler::{Background, Hooks};
 use crate::status::RunStatus;
@@ -133,7 +133,7 @@ impl Runtime {
                     return (workflow, Ok(None));
                 }
                 let known = self.registry(|r| r.known(&workflow));
-                match self.prepare(claim, found, &known, true).await {
+                match self.prepare(claim, found, &known, OnBlock::Warn).await {
                     Ok(Routing::Ready(p)) => *p,
                     Ok(Routing::Blocked(_)) => return (workflow, Ok(None)),
                     Err(e) => return (workflow, Err(e)),

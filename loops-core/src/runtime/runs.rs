@@ -15,7 +15,7 @@ use crate::row::RunInfo;
 use crate::run::dispatch::Dispatch;
 use crate::run::driver::{Driven, Entered, FAULT_BACKOFF, Mode, schema_changes};
 use crate::runtime::claims::Claim;
-use crate::runtime::evolve::Routing;
+use crate::runtime::evolve::{OnBlock, Routing};
 use crate::runtime::handle::{Prepared, Runtime, Start, check_workflow};
 use crate::schema::{SchemaDiff, SchemaHash};
 use crate::status::RunStatus;
@@ -135,7 +135,7 @@ impl Runtime {
                     check_workflow::<W>(&found.0)?;
                     let known = self.registry(|r| r.known(W::NAME));
                     let stored = found.0.schema;
-                    match self.prepare(&claim, found, &known, true).await? {
+                    match self.prepare(&claim, found, &known, OnBlock::Return).await? {
                         Routing::Ready(prepared) => Ok(*prepared),
                         Routing::Blocked(blocked) => Err(Error::SchemaMismatch {
                             run_id: run_id.to_owned(),
@@ -168,7 +168,10 @@ impl Runtime {
         let compiled = W::SCHEMA_HASH.pinned();
         let stored = found.0.schema;
         let only_w = [KnownVersion::of::<W>()];
-        let blocked = match self.prepare(claim, found.clone(), &only_w, false).await? {
+        let blocked = match self
+            .prepare(claim, found.clone(), &only_w, OnBlock::Leave)
+            .await?
+        {
             Routing::Ready(prepared) => return Ok((prepared.entered, prepared.accepted)),
             Routing::Blocked(blocked) => blocked,
         };
@@ -180,7 +183,7 @@ impl Runtime {
         // Block it only if no registered version takes it either. (A failed migration blocked
         // it already; the store then writes nothing.)
         if matches!(self.route_of(info, &known).await?, Route::Block(_)) {
-            self.block_run(claim, info, &blocked).await?;
+            self.block_run(claim, info, &blocked, false).await?;
         }
         Err(Error::SchemaMismatch {
             run_id: info.run_id.clone(),
