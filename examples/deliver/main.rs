@@ -527,7 +527,7 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
             info.seq
         );
     }
-    versions::report_start(runtime, &cli.run_id).await?;
+    versions::report_start(runtime, &cli.run_id, cli.workflow_version).await?;
     let version = versions::choose(runtime, &cli.run_id, cli.workflow_version).await?;
     // What the journal holds before this process drives the run: on a resume, the model calls
     // that will not be made again.
@@ -600,6 +600,12 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
         return Ok(());
     };
     let last = result.map_err(|e| match e {
+        // A run of a version this build does not compile: blocked, and left as it is. The
+        // refusal says why and what changed (the one place that says it).
+        e @ loops::Error::SchemaMismatch { .. } => anyhow::anyhow!(
+            "run {} is blocked, left as it is for a build that can drive it: {e}",
+            cli.run_id
+        ),
         loops::Error::RunFailed { .. } => anyhow::anyhow!(
             "{}. Run with --retry to resume it with a fresh budget of attempts, or with \
              --fresh to start over",

@@ -218,15 +218,19 @@ pub async fn recorded_base(runtime: &Runtime, run_id: &str) -> Result<Option<Bas
 
 /// Says whether the run is new, resumed (at which state, skipping which) or finished; read
 /// from the records as stored, so the same for either version (and a migration's record is
-/// named so).
+/// named so). Says nothing of a run that `release` does not know ([`knows`]): this build
+/// refuses and blocks it, and the refusal says why.
 ///
 /// # Errors
 /// If the store cannot be read.
-pub async fn report_start(runtime: &Runtime, run_id: &str) -> Result<()> {
+pub async fn report_start(runtime: &Runtime, run_id: &str, release: Release) -> Result<()> {
     let Some(info) = runtime.run_info(run_id).await? else {
         say!("starting a new run at Received");
         return Ok(());
     };
+    if !knows(runtime, run_id, release).await? {
+        return Ok(());
+    }
     let history = runtime.store().history(run_id).await?;
     let done: Vec<String> = history
         .iter()
@@ -239,7 +243,19 @@ pub async fn report_start(runtime: &Runtime, run_id: &str) -> Result<()> {
             None => format!("{} ({})", t.state, t.seq),
         })
         .collect();
-    match info.status {
+    // A blocked run that this build knows is unblocked by it, back to where it stood.
+    let status = match &info.block {
+        Some(block) if info.status == RunStatus::Blocked => {
+            say!(
+                "run {run_id} was blocked by a build that could not drive it ({}); this one \
+                 can",
+                block.reason
+            );
+            block.resume
+        }
+        _ => info.status,
+    };
+    match status {
         RunStatus::Completed => {
             say!(
                 "run {run_id} completed already at {} (seq {}); reporting its result",
@@ -248,9 +264,14 @@ pub async fn report_start(runtime: &Runtime, run_id: &str) -> Result<()> {
             );
         }
         RunStatus::Running => {
+            // An attempt begins when its state is entered; one that left no failure was cut
+            // short by the process stopping, cleanly (a test's stop hook, Ctrl-C) or not.
             let last_attempt = match &info.error {
                 Some(errors) => format!("attempt {} failed: {}", info.attempt, errors.join(": ")),
-                None => format!("attempt {} was interrupted", info.attempt),
+                None => format!(
+                    "attempt {} did not finish: the previous process stopped during it",
+                    info.attempt
+                ),
             };
             let skipped = if done.is_empty() {
                 "nothing".to_owned()
@@ -259,14 +280,6 @@ pub async fn report_start(runtime: &Runtime, run_id: &str) -> Result<()> {
             };
             say!(
                 "resuming at {} (seq {}; {last_attempt}); skipping {skipped}: already recorded",
-                info.state,
-                info.seq
-            );
-        }
-        RunStatus::Blocked => {
-            let reason = info.block.as_ref().map_or("", |b| b.reason.as_str());
-            say!(
-                "run {run_id} is blocked at {} (seq {}): {reason}",
                 info.state,
                 info.seq
             );

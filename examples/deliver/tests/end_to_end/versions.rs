@@ -369,6 +369,74 @@ fn the_previous_release_blocks_a_run_of_this_one_which_then_finishes_it() {
     assert_eq!(info["run"]["blocked"], Value::Null);
 }
 
+/// A run of this release stopped (cleanly) in `Reviewed`, a state the previous release lacks:
+/// the previous release says nothing of resuming it, and refuses it in one line, which calls
+/// the removal of `Reviewed` breaking for this run and lists the changes once (no WARN line
+/// repeats them). This release then resumes it, and says the stopped attempt did not finish.
+#[test]
+fn the_previous_release_says_once_why_it_blocks_a_run_in_a_state_it_lacks() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let workdir = &dir.path().join("work");
+    copy_dir(demo_at_start(), workdir);
+    let store = workdir.join("deliver.redb");
+    let mut stop = current(workdir, "deliver-1");
+    stop.env(STOP_VAR, "6");
+    let out = succeeds(stop, "this release, stopped at seq 6");
+    assert!(out.contains("stopping at seq 6"), "{out}");
+
+    let out = run(previous(workdir, "deliver-1"));
+    assert!(!out.status.success(), "{}", describe(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stdout.contains("resuming") && !stdout.contains("skipping"),
+        "{stdout}"
+    );
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with(
+            "error: run deliver-1 is blocked, left as it is for a build that can drive it: "
+        ),
+        "{stderr}"
+    );
+    assert_eq!(
+        stderr.matches("state `Reviewed` removed").count(),
+        1,
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("state `Reviewed` removed (breaking: ")
+            && stderr.contains("this run is in `Reviewed`"),
+        "{stderr}"
+    );
+    let blocked = loops_json(&store, &["runs", "--status", "blocked", "--json"]);
+    let changes = blocked[0]["blocked"]["changes"]
+        .as_array()
+        .expect("changes");
+    let reviewed: Vec<&str> = changes
+        .iter()
+        .filter_map(Value::as_str)
+        .filter(|c| c.starts_with("state `Reviewed` removed"))
+        .collect();
+    assert_eq!(reviewed.len(), 1, "{changes:?}");
+    assert!(
+        reviewed[0].starts_with("state `Reviewed` removed (breaking: "),
+        "{changes:?}"
+    );
+
+    let out = succeeds(current(workdir, "deliver-1"), "this release");
+    assert!(
+        out.contains(
+            "resuming at Reviewed (seq 6; attempt 1 did not finish: the previous process stopped \
+             during it)"
+        ),
+        "{out}"
+    );
+    assert!(!out.contains("interrupted"), "{out}");
+    assert!(out.contains("pull request: forge://demo/pulls/1"), "{out}");
+    assert_eq!(pulls(workdir).len(), 1);
+}
+
 /// Starts the previous release on `run_id` held at seq `k`, waits for `holding at seq k`, and
 /// kills it (SIGKILL).
 fn hold_and_kill(workdir: &Path, run_id: &str, k: u64) {
