@@ -292,6 +292,7 @@ impl PgStoreBuilder {
                 timeout: self.timeout,
                 clock_skew_ms,
                 owner: owner_id(),
+                live_since: std::sync::OnceLock::new(),
             }),
         })
     }

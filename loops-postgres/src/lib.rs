@@ -273,8 +273,12 @@ struct Inner {
     /// The server's clock minus this machine's at connect, in ms.
     clock_skew_ms: i64,
     /// Names this store's leases: a lease of this store that is still live belongs to a
-    /// driver of this process that stopped, and may be taken over by `acquire`.
+    /// driver of this process that stopped, and may be taken over by `acquire`. Also names
+    /// this worker's rows in `workers`.
     owner: String,
+    /// When this worker first announced the schemas it routes (its first `claim_ready`):
+    /// it blocks runs no live worker routes only once it has been live for a lease time.
+    live_since: std::sync::OnceLock<std::time::Instant>,
 }
 
 impl std::fmt::Debug for PgStore {

@@ -17,7 +17,7 @@ struct Migration {
 }
 
 /// Every migration, oldest first.
-const MIGRATIONS: &[Migration] = &[MIGRATION_1, MIGRATION_2];
+const MIGRATIONS: &[Migration] = &[MIGRATION_1, MIGRATION_2, MIGRATION_3];
 
 /// The tables.
 const MIGRATION_1: Migration = Migration {
@@ -105,8 +105,25 @@ CREATE INDEX runs_claim ON {s}.runs (workflow, schema, run_id)
 "#,
 };
 
+/// Live workers: the schemas each worker routes, renewed at every claim, so that a run no
+/// live worker can route is blocked (once) rather than left unclaimed (docs/postgres.md,
+/// "Runs no live worker can route").
+const MIGRATION_3: Migration = Migration {
+    version: 3,
+    description: "workers: the schemas each live worker routes, with an expiry",
+    sql: r#"
+CREATE TABLE {s}.workers (
+    owner      text NOT NULL,
+    workflow   text COLLATE "C" NOT NULL,
+    schema     text COLLATE "C" NOT NULL,
+    expires_ms bigint NOT NULL,
+    PRIMARY KEY (workflow, schema, owner)
+);
+"#,
+};
+
 /// The newest schema version this build knows (and creates).
-pub const SCHEMA_VERSION: i32 = 2;
+pub const SCHEMA_VERSION: i32 = 3;
 
 /// Checks, writing nothing, that schema `schema` is at [`SCHEMA_VERSION`]. Returns it.
 pub(crate) async fn check(client: &tokio_postgres::Client, schema: &str) -> Result<i32, Error> {

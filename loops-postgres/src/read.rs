@@ -329,7 +329,7 @@ impl PgStore {
         workflows: &[ClaimFilter],
         limit: usize,
     ) -> Result<Vec<(RunInfo, Lease)>> {
-        if workflows.is_empty() || limit == 0 {
+        if workflows.is_empty() {
             return Ok(Vec::new());
         }
         let names: Vec<&str> = workflows.iter().map(|f| f.workflow.as_str()).collect();
@@ -350,6 +350,24 @@ impl PgStore {
                 }
             }
         }
+        // This worker's sign of life, for the schemas it routes (docs/postgres.md, "Runs no
+        // live worker can route").
+        self.rows(
+            || "announcing the schemas this worker routes".to_owned(),
+            &self.inner.sql.announce,
+            &[
+                &self.inner.owner,
+                &self.ttl_ms(),
+                &pair_workflows,
+                &pair_schemas,
+            ],
+        )
+        .await?;
+        let live_since = *self.inner.live_since.get_or_init(std::time::Instant::now);
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let may_block = live_since.elapsed() >= self.inner.lease_ttl;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         let rows = self
             .rows(
@@ -362,6 +380,7 @@ impl PgStore {
                     &self.ttl_ms(),
                     &pair_workflows,
                     &pair_schemas,
+                    &may_block,
                 ],
             )
             .await?;

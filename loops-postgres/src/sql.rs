@@ -45,6 +45,7 @@ pub(crate) struct Sql {
     pub(crate) release: String,
     pub(crate) renew: String,
     pub(crate) claim_ready: String,
+    pub(crate) announce: String,
 }
 
 impl Sql {
@@ -157,13 +158,17 @@ impl Sql {
             // the query on an index (`runs_status`, or `runs_claim`, which has the schema).
             // Only runs of the schemas the worker can route are taken: `$5` and `$6` are
             // pairs (workflow, schema hash), a null hash meaning every schema of the
-            // workflow.
+            // workflow; and, if `$7`, the runs of those workflows whose schema no live worker
+            // routes (no unexpired row in `workers`), which the worker blocks.
             claim_ready: f("WITH ready AS ( \
                    SELECT r.run_id FROM {s}.runs r \
                    WHERE r.workflow = ANY($1) \
                    AND r.status IN ('running', 'waiting') \
-                   AND EXISTS (SELECT 1 FROM unnest($5::text[], $6::text[]) AS c(workflow, schema) \
-                     WHERE c.workflow = r.workflow AND (c.schema IS NULL OR c.schema = r.schema)) \
+                   AND (EXISTS (SELECT 1 FROM unnest($5::text[], $6::text[]) AS c(workflow, schema) \
+                       WHERE c.workflow = r.workflow AND (c.schema IS NULL OR c.schema = r.schema)) \
+                     OR ($7 AND NOT EXISTS (SELECT 1 FROM {s}.workers w \
+                       WHERE w.workflow = r.workflow AND (w.schema = '' OR w.schema = r.schema) \
+                       AND w.expires_ms > {now}))) \
                    AND (r.status = 'running' OR r.wait_until_ms <= {now} \
                      OR EXISTS (SELECT 1 FROM {s}.inbox i WHERE i.run_id = r.run_id \
                        AND i.name = r.wait_event AND NOT i.delivered)) \
@@ -182,6 +187,16 @@ impl Sql {
                  SELECT g.run_id, g.token, g.expires_ms, r.info \
                  FROM granted g JOIN {s}.runs r ON r.run_id = g.run_id \
                  ORDER BY r.workflow, r.run_id"),
+            // A worker's sign of life: $1 owner, $2 lease time in ms, $3/$4 the
+            // (workflow, schema hash) pairs it routes ('' for every schema of the workflow).
+            // Rows of other workers that expired go.
+            announce: f("WITH gone AS ( \
+                   DELETE FROM {s}.workers WHERE expires_ms <= {now} AND owner <> $1) \
+                 INSERT INTO {s}.workers AS w (owner, workflow, schema, expires_ms) \
+                 SELECT DISTINCT $1::text, c.workflow, coalesce(c.schema, ''), {now} + $2::bigint \
+                 FROM unnest($3::text[], $4::text[]) AS c(workflow, schema) \
+                 ON CONFLICT (workflow, schema, owner) \
+                 DO UPDATE SET expires_ms = EXCLUDED.expires_ms"),
         }
     }
 }

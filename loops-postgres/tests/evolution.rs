@@ -7,6 +7,7 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -53,11 +54,18 @@ type Effects = Arc<Mutex<Vec<(String, u32)>>>;
 struct Worker {
     version: u32,
     effects: Effects,
+    /// If set, the handler counts itself in `at_gate` and waits for a permit before its
+    /// side effect (a worker kept busy).
+    gate: Option<(Arc<tokio::sync::Semaphore>, Arc<AtomicUsize>)>,
 }
 
 impl Worker {
     async fn start(&self, ctx: &Context) -> anyhow::Result<()> {
         let _go: u32 = ctx.wait_for("go").await?;
+        if let Some((gate, at_gate)) = &self.gate {
+            at_gate.fetch_add(1, Ordering::SeqCst);
+            gate.acquire().await?.forget();
+        }
         let (effects, run, version) = (self.effects.clone(), ctx.run_id().to_owned(), self.version);
         ctx.step("effect", || async {
             effects.lock().unwrap().push((run.clone(), version));
@@ -84,10 +92,12 @@ impl v2::OrderHandler for Worker {
     }
 }
 
-/// A store that logs the runs its `claim_ready` handed out.
+/// A store that logs the runs its `claim_ready` handed out, and its blocks and unblocks
+/// (`Block <run>`, `Unblock <run>`).
 struct Claims {
     inner: loops_postgres::PgStore,
     claimed: Arc<Mutex<Vec<String>>>,
+    blocks: Arc<Mutex<Vec<String>>>,
 }
 
 impl Store for Claims {
@@ -102,6 +112,18 @@ impl Store for Claims {
         lease: Option<&'a Lease>,
         write: Write,
     ) -> BoxFuture<'a, loops::Result<Reply>> {
+        match &write {
+            Write::Block { run_id, .. } => {
+                self.blocks.lock().unwrap().push(format!("Block {run_id}"))
+            }
+            Write::Unblock { run_id, .. } => {
+                self.blocks
+                    .lock()
+                    .unwrap()
+                    .push(format!("Unblock {run_id}"));
+            }
+            _ => {}
+        }
         self.inner.write(lease, write)
     }
     fn run_info<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, loops::Result<Option<RunInfo>>> {
@@ -196,6 +218,7 @@ async fn a_v1_worker_and_a_v2_worker_each_finish_their_own_runs_once() {
     let worker = |version| Worker {
         version,
         effects: Arc::clone(&effects),
+        gate: None,
     };
     // Runs of both versions, created by a build that has both, parked in `Start`.
     {
@@ -233,11 +256,15 @@ async fn a_v1_worker_and_a_v2_worker_each_finish_their_own_runs_once() {
         .build(Claims {
             inner: schema.store(ttl).await,
             claimed: Arc::clone(&claimed_by_v2),
+            blocks: Arc::default(),
         });
     let serve = |rt: &Runtime| {
         let rt = rt.clone();
         tokio::spawn(async move { rt.serve(Duration::from_millis(20)).await })
     };
+    // The old worker is live (it announced the schemas it routes) before the new one
+    // starts, as in a rolling deploy.
+    old.resume_all().await.unwrap();
     let (serving_old, serving_new) = (serve(&old), serve(&new));
     // Every event is sent through the new worker: it wakes only what it can route, and the
     // old worker's poll claims the rest.
@@ -290,4 +317,171 @@ async fn a_v1_worker_and_a_v2_worker_each_finish_their_own_runs_once() {
                 .all(|r| r.schema == <v1::Order as loops::Workflow>::SCHEMA_HASH.pinned())
         );
     }
+}
+
+/// Log lines, as text, from a subscriber of this test's thread.
+#[derive(Clone, Default)]
+struct Lines(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Lines {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Lines {
+    /// The lines that contain every one of `words`.
+    fn count(&self, words: &[&str]) -> usize {
+        let text = String::from_utf8(self.0.lock().unwrap().clone()).unwrap();
+        text.lines()
+            .filter(|l| words.iter().all(|w| l.contains(w)))
+            .count()
+    }
+}
+
+async fn until_status(store: &loops_postgres::PgStore, run_id: &str, status: RunStatus) {
+    while store.run_info(run_id).await.unwrap().unwrap().status != status {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A run that no live worker can route: blocked once (one Block write, one log line) by a
+/// worker of another version, and only once the workers that route it are gone; a worker
+/// that routes it and joins later unblocks it and finishes it. While a worker that routes a
+/// run is live, even one too busy to take it, nothing is blocked.
+///
+/// Every worker is a runtime with a store (a pool and a lease owner) of its own, on this
+/// test's thread, so that the log lines of all of them are counted.
+#[tokio::test]
+async fn a_run_no_live_worker_routes_is_blocked_once_and_a_worker_that_joins_finishes_it() {
+    let lines = Lines::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .with_writer({
+            let lines = lines.clone();
+            move || lines.clone()
+        })
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let schema = common::TestSchema::new("evo_block").await;
+    let ttl = Duration::from_secs(1);
+    let effects = Effects::default();
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let at_gate = Arc::new(AtomicUsize::new(0));
+    let worker = |version, gated: bool| Worker {
+        version,
+        effects: Arc::clone(&effects),
+        gate: gated.then(|| (Arc::clone(&gate), Arc::clone(&at_gate))),
+    };
+    let serve = |rt: &Runtime| {
+        let rt = rt.clone();
+        tokio::spawn(async move { rt.serve(Duration::from_millis(50)).await })
+    };
+    let store = schema.store(ttl).await;
+
+    // A v1 worker busy with one run (at its limit of one), and a v2-only worker.
+    let old = Runtime::builder()
+        .register::<v1::Order, _>(worker(1, true))
+        .max_active_runs(1)
+        .build(schema.store(ttl).await);
+    for id in ["a0", "a1"] {
+        old.start(id, v1::Order::Start { n: 0 }).await.unwrap();
+        until_status(&store, id, RunStatus::Waiting).await;
+    }
+    old.resume_all().await.unwrap();
+    let serving_old = serve(&old);
+    let (claimed, blocks) = (
+        Arc::new(Mutex::new(Vec::new())),
+        Arc::new(Mutex::new(Vec::new())),
+    );
+    let new = Runtime::builder()
+        .register::<v2::Order, _>(worker(2, false))
+        .build(Claims {
+            inner: schema.store(ttl).await,
+            claimed: Arc::clone(&claimed),
+            blocks: Arc::clone(&blocks),
+        });
+    let serving_new = serve(&new);
+    new.send("a0", "go", &1u32).await.unwrap();
+    while at_gate.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // `a1` is ready, and the v1 worker too busy to take it: the v2 worker, live for three
+    // lease times, leaves it, as the v1 worker is live.
+    new.send("a1", "go", &1u32).await.unwrap();
+    tokio::time::sleep(ttl * 3).await;
+    let a1 = store.run_info("a1").await.unwrap().unwrap();
+    assert_eq!(a1.status, RunStatus::Waiting);
+    assert!(store.has_pending("a1", "go").await.unwrap());
+    assert!(blocks.lock().unwrap().is_empty());
+    assert!(claimed.lock().unwrap().is_empty(), "{claimed:?}");
+    gate.add_permits(10);
+    for id in ["a0", "a1"] {
+        assert_eq!(
+            old.wait::<v1::Order>(id).await.unwrap(),
+            v1::Order::Done { n: 0 }
+        );
+    }
+
+    // The v1 worker goes, leaving `a2` parked; once it is ready and the v1 worker's last sign
+    // of life is a lease time old, the v2 worker blocks it, once.
+    old.start("a2", v1::Order::Start { n: 2 }).await.unwrap();
+    until_status(&store, "a2", RunStatus::Waiting).await;
+    old.shutdown().await;
+    serving_old.await.unwrap().unwrap();
+    new.send("a2", "go", &1u32).await.unwrap();
+    until_status(&store, "a2", RunStatus::Blocked).await;
+    tokio::time::sleep(ttl * 3).await;
+    assert_eq!(*blocks.lock().unwrap(), ["Block a2"]);
+    assert_eq!(*claimed.lock().unwrap(), ["a2"]);
+    assert_eq!(lines.count(&["run blocked", "a2"]), 1);
+    assert_eq!(lines.count(&["WARN", "a2"]), 1);
+    let a2 = store.run_info("a2").await.unwrap().unwrap();
+    let block = a2.block.expect("the block");
+    assert_eq!(
+        (a2.status, block.resume, block.schema),
+        (
+            RunStatus::Blocked,
+            RunStatus::Waiting,
+            <v1::Order as loops::Workflow>::SCHEMA_HASH.pinned()
+        )
+    );
+
+    // A v1 worker joins: it unblocks `a2` and finishes it, its side effect once.
+    let joined = Runtime::builder()
+        .register::<v1::Order, _>(worker(1, false))
+        .build(schema.store(ttl).await);
+    let serving_joined = serve(&joined);
+    // (`wait` returns `RunBlocked` while the run is blocked.)
+    while store.run_info("a2").await.unwrap().unwrap().status == RunStatus::Blocked {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        joined.wait::<v1::Order>("a2").await.unwrap(),
+        v1::Order::Done { n: 2 }
+    );
+    joined.shutdown().await;
+    new.shutdown().await;
+    serving_joined.await.unwrap().unwrap();
+    serving_new.await.unwrap().unwrap();
+
+    assert_eq!(*blocks.lock().unwrap(), ["Block a2"]);
+    let mut by_run: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+    for (run, version) in effects.lock().unwrap().iter() {
+        by_run.entry(run.clone()).or_default().push(*version);
+    }
+    let expected: BTreeMap<String, Vec<u32>> = [("a0", 1), ("a1", 1), ("a2", 1)]
+        .into_iter()
+        .map(|(run, v)| (run.to_owned(), vec![v]))
+        .collect();
+    assert_eq!(by_run, expected);
+    assert_eq!(store.history("a2").await.unwrap().len(), 2);
+    assert_eq!(lines.count(&["WARN", "a2"]), 1);
+    assert_eq!(lines.count(&["ERROR"]), 0);
 }

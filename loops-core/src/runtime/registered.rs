@@ -85,24 +85,30 @@ impl Runtime {
     pub(crate) fn spawn_background(&self, start: Start) {
         let rt = self.clone();
         let task = async move {
-            let (claim, prepared) = match start {
+            let (claim, prepared, granted) = match start {
                 Start::Claimed(claimed) => {
                     let (claim, prepared) = *claimed;
-                    (claim, Some(prepared))
+                    (claim, Some(prepared), false)
                 }
-                Start::Find { run_id, lease } => match rt.claim_with(&run_id, lease).await {
-                    Ok(claim) => (claim, None),
-                    // Driven already, here or by another worker: it will see the news.
-                    Err(Error::RunActive { .. }) => return,
-                    Err(e) => {
-                        tracing::warn!(run_id, error = %e, "cannot claim the run");
-                        return;
+                Start::Find { run_id, lease } => {
+                    let granted = lease.is_some();
+                    match rt.claim_with(&run_id, lease).await {
+                        Ok(claim) => (claim, None, granted),
+                        // Driven already, here or by another worker: it will see the news.
+                        Err(Error::RunActive { .. }) => return,
+                        Err(e) => {
+                            tracing::warn!(run_id, error = %e, "cannot claim the run");
+                            return;
+                        }
                     }
-                },
+                }
             };
             let run_id = claim.run_id().to_owned();
             let span = tracing::info_span!("run", run_id = %run_id);
-            let (workflow, result) = rt.route_and_drive(&claim, prepared).instrument(span).await;
+            let (workflow, result) = rt
+                .route_and_drive(&claim, prepared, granted)
+                .instrument(span)
+                .await;
             drop(claim);
             rt.after_background(&workflow, &run_id, result).await;
             rt.inner.background.notify_ended();
@@ -111,11 +117,13 @@ impl Runtime {
     }
 
     /// Routes the run `claim` holds (unless `prepared` is given) and drives it; returns its
-    /// workflow's name with the outcome (`Ok(None)`: blocked, or gone).
+    /// workflow's name with the outcome (`Ok(None)`: blocked, or gone). `granted`: the claim's
+    /// lease came from [`Store::claim_ready`](crate::store::Store::claim_ready).
     async fn route_and_drive(
         &self,
         claim: &Claim,
         prepared: Option<Prepared>,
+        granted: bool,
     ) -> (String, Result<Option<Stopped>>) {
         let prepared = match prepared {
             Some(p) => p,
@@ -126,9 +134,11 @@ impl Runtime {
                     Err(e) => return (String::new(), Err(e)),
                 };
                 let workflow = found.0.workflow.clone();
-                if !self.routes_here(&found.0) {
-                    // A store shared with other workers: one with the run's version takes it
-                    // (this worker's claims would not have); nothing written, nothing said.
+                // A store shared with other workers hands a worker a run of a schema it
+                // cannot route only when no live worker can (`Store::claim_ready`): that run
+                // is blocked here, once. Found otherwise (an event sent from here), a worker
+                // with the run's version takes it: nothing written, nothing said.
+                if !granted && !self.routes_here(&found.0) {
                     tracing::debug!("not a schema this worker routes; left to another worker");
                     return (workflow, Ok(None));
                 }

@@ -297,11 +297,9 @@ impl Runtime {
             }
         }
         let asked = std::time::Instant::now();
-        let ready = if limit == 0 {
-            Vec::new()
-        } else {
-            self.store().claim_ready(&filters, limit).await?
-        };
+        // Asked even at the limit (for no run): a shared store counts the call as this
+        // worker's sign of life, for the runs of the schemas it routes (`Store::claim_ready`).
+        let ready = self.store().claim_ready(&filters, limit).await?;
         let mut taken: HashSet<String> = HashSet::with_capacity(ready.len());
         let mut found: Vec<RunInfo> = Vec::with_capacity(ready.len() + waiting.len());
         for (info, lease) in ready {
@@ -377,10 +375,19 @@ impl Runtime {
             return Ok(());
         };
         let every = poll.min(ttl / 3).max(Duration::from_millis(10));
+        // The blocked runs are looked at again once, one lease time after the first resume:
+        // a worker of a shared store that blocked a run of a schema this one routes (it saw
+        // no live worker that routes it) committed that block within its lease, so by then
+        // (docs/postgres.md, "Runs no live worker can route").
+        let mut sweep_again = Some(tokio::time::Instant::now() + ttl);
         loop {
             tokio::select! {
                 () = tokio::time::sleep(every) => {}
                 () = stopped.cancelled() => return Ok(()),
+            }
+            if sweep_again.is_some_and(|at| tokio::time::Instant::now() >= at) {
+                sweep_again = None;
+                self.inner.sweep.store(true, Ordering::Release);
             }
             if let Err(e) = self.resume_all().await {
                 tracing::warn!(error = %e, "could not claim runs");

@@ -147,10 +147,14 @@ pub trait Store: Send + Sync + 'static {
     ///
     /// Each [`ClaimFilter`] names a workflow and, optionally, the schema hashes of its runs
     /// that the worker can route: a store shared by several workers returns no run of
-    /// another schema (so that a worker built without a version never claims, nor logs
-    /// about, that version's runs during a rolling deploy). A store only one process opens
-    /// may ignore the schemas: its one worker takes every run, and blocks those it cannot
-    /// route.
+    /// another schema that a live worker can route (so that a worker built without a version
+    /// never claims, nor logs about, that version's runs during a rolling deploy). It counts
+    /// each call (`limit` 0 included) as the caller's sign of life for the schemas it
+    /// routes, and returns a ready run that no live worker can route to a worker that has
+    /// been live for a lease time itself, which blocks it, once (`Write::Block`): the rule
+    /// and its window are the store's to document (docs/postgres.md). A store only one
+    /// process opens may ignore the schemas: its one worker takes every run, and blocks
+    /// those it cannot route.
     fn claim_ready<'a>(
         &'a self,
         workflows: &'a [ClaimFilter],

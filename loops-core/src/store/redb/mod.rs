@@ -319,6 +319,9 @@ impl RedbStore {
         workflows: &[crate::store::ClaimFilter],
         limit: usize,
     ) -> Result<Vec<(RunInfo, Lease)>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
         let ready = self.ready_runs(workflows)?;
         let leases = self.inner.leases.claim(
             self.worker,
