@@ -333,7 +333,9 @@ impl Runtime {
     /// resumes them now ([`resume_all`](Self::resume_all)); then, with a store shared by
     /// several workers (one whose leases lapse), every `poll` (at most a third of the lease
     /// time) it claims the runs that need a driver: runs no worker holds, waiting runs whose
-    /// event arrived or whose time came, and runs of a worker that died once its lease lapsed.
+    /// event arrived or whose time came, and runs of a worker that died once its lease lapsed;
+    /// a run that no live worker can route is blocked, once, by one of them (see
+    /// [`Store::claim_ready`](crate::store::Store::claim_ready) and docs/postgres.md).
     /// With such a store, an event sent by a process that does not drive the run reaches it
     /// within `poll`. (The leases of the runs this runtime drives are renewed by a task of
     /// their own, every third of the lease time, whether `serve` runs or not.)
