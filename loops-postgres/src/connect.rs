@@ -293,6 +293,7 @@ impl PgStoreBuilder {
                 clock_skew_ms,
                 owner: owner_id(),
                 live_since: std::sync::OnceLock::new(),
+                announced: std::sync::Mutex::new(None),
             }),
         })
     }

@@ -279,7 +279,14 @@ struct Inner {
     /// When this worker first announced the schemas it routes (its first `claim_ready`):
     /// it blocks runs no live worker routes only once it has been live for a lease time.
     live_since: std::sync::OnceLock<std::time::Instant>,
+    /// When this worker last announced, and the `(workflow, schema)` pairs it announced:
+    /// announced again after a third of the lease time, or at once if the pairs changed.
+    announced: std::sync::Mutex<Option<(std::time::Instant, Announced)>>,
 }
+
+/// The `(workflow, schema hash)` pairs a worker routes, as `claim_ready` sends them (`None`:
+/// every schema of the workflow).
+type Announced = Vec<(String, Option<String>)>;
 
 impl std::fmt::Debug for PgStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

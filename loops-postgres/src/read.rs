@@ -9,7 +9,7 @@ use loops_core::{
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
-use crate::{PgStore, big, is_connection_error};
+use crate::{Announced, PgStore, big, is_connection_error};
 
 /// Attempts of a statement whose connection fails, on fresh connections.
 const TRIES: usize = 3;
@@ -351,18 +351,32 @@ impl PgStore {
             }
         }
         // This worker's sign of life, for the schemas it routes (docs/postgres.md, "Runs no
-        // live worker can route").
-        self.rows(
-            || "announcing the schemas this worker routes".to_owned(),
-            &self.inner.sql.announce,
-            &[
-                &self.inner.owner,
-                &self.ttl_ms(),
-                &pair_workflows,
-                &pair_schemas,
-            ],
-        )
-        .await?;
+        // live worker can route"), every third of the lease time: `serve` polls at least
+        // that often, so the rows are renewed well before they expire.
+        let pairs: Announced = pair_workflows
+            .iter()
+            .map(|w| (*w).to_owned())
+            .zip(pair_schemas.iter().cloned())
+            .collect();
+        let due = match &*self.announced() {
+            Some((at, last)) => at.elapsed() >= self.inner.lease_ttl / 3 || *last != pairs,
+            None => true,
+        };
+        if due {
+            let asked = std::time::Instant::now();
+            self.rows(
+                || "announcing the schemas this worker routes".to_owned(),
+                &self.inner.sql.announce,
+                &[
+                    &self.inner.owner,
+                    &self.ttl_ms(),
+                    &pair_workflows,
+                    &pair_schemas,
+                ],
+            )
+            .await?;
+            *self.announced() = Some((asked, pairs));
+        }
         let live_since = *self.inner.live_since.get_or_init(std::time::Instant::now);
         if limit == 0 {
             return Ok(Vec::new());
@@ -392,6 +406,17 @@ impl PgStore {
                 Ok((info, lease))
             })
             .collect()
+    }
+}
+
+impl PgStore {
+    /// The time and pairs of this worker's last announcement (a poisoned lock is taken as
+    /// it is: the value is replaced whole).
+    fn announced(&self) -> std::sync::MutexGuard<'_, Option<(std::time::Instant, Announced)>> {
+        self.inner
+            .announced
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
