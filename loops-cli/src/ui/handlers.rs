@@ -1,0 +1,368 @@
+//! The UI's requests: each reads or writes through the [`Operator`](crate::operator::Operator)
+//! as the matching command does, and answers with a page (or the part of one that refreshes).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Form, Path, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use loops_core::{RunInfo, RunStatus, now_ms};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use super::{Ui, pages};
+use crate::cli::{DEFAULT_CANCEL_REASON, parse_age};
+use crate::commands::graph::run_graph;
+use crate::commands::history::{HistoryView, gather};
+use crate::commands::runs::{Selection, select};
+use crate::commands::steer::delivery;
+use crate::description::Description;
+use crate::failure::{Failure, Result};
+use crate::graph::svg;
+use crate::open::Access;
+use crate::operator::{Operator, not_found};
+
+/// The runs page's filters, as the query string gives them (empty means not given).
+#[derive(Debug, Default, Clone, Deserialize)]
+pub struct RunsQuery {
+    /// A workflow's name.
+    #[serde(default)]
+    pub workflow: String,
+    /// A status (`running`, `waiting`, ...).
+    #[serde(default)]
+    pub status: String,
+    /// A schema hash or a prefix of one.
+    #[serde(default)]
+    pub schema: String,
+    /// An age such as `1h` (humantime's syntax).
+    #[serde(default)]
+    pub newer_than: String,
+    /// An age such as `30d`.
+    #[serde(default)]
+    pub older_than: String,
+}
+
+impl RunsQuery {
+    /// The selection these filters make, as `loops runs` makes it from its flags; fails
+    /// with a usage failure for an unknown status or an age that does not parse.
+    fn selection(&self) -> Result<Selection> {
+        let given = |s: &str| Some(s.trim().to_owned()).filter(|s| !s.is_empty());
+        let age = |what: &str, s: &str| -> Result<Option<Duration>> {
+            given(s)
+                .map(|s| parse_age(&s).map_err(|e| Failure::usage(format!("{what}: {e}"))))
+                .transpose()
+        };
+        let statuses = match given(&self.status) {
+            None => Vec::new(),
+            Some(s) => vec![
+                RunStatus::ALL
+                    .into_iter()
+                    .find(|status| status.as_str() == s)
+                    .ok_or_else(|| Failure::usage(format!("no status `{s}`")))?,
+            ],
+        };
+        Ok(Selection {
+            statuses,
+            workflow: given(&self.workflow),
+            schema: given(&self.schema),
+            older_than: age("older than", &self.older_than)?,
+            newer_than: age("newer than", &self.newer_than)?,
+            limit: None,
+        })
+    }
+}
+
+/// The runs a page lists, and the stored workflows' names (for the filter).
+pub struct Listed {
+    /// The selected runs, most recently changed first.
+    pub runs: Vec<RunInfo>,
+    /// Every workflow with a stored schema, sorted.
+    pub workflows: Vec<String>,
+}
+
+async fn listed(ui: &Arc<Ui>, query: &RunsQuery) -> Result<Listed> {
+    let selection = query.selection()?;
+    let now = now_ms();
+    ui.with(Access::Read, move |store| {
+        let mut workflows: Vec<String> = store
+            .schemas()?
+            .iter()
+            .filter_map(|(_, text)| Description::parse(text).workflow)
+            .collect();
+        workflows.sort();
+        workflows.dedup();
+        Ok(Listed {
+            runs: select(store, &selection, now)?,
+            workflows,
+        })
+    })
+    .await
+}
+
+/// `GET /`: the runs, filtered by the query.
+pub async fn runs_page(State(ui): State<Arc<Ui>>, Query(query): Query<RunsQuery>) -> Response {
+    let listed = listed(&ui, &query).await;
+    Html(pages::runs(&ui, &query, &listed, now_ms()).into_string()).into_response()
+}
+
+/// `GET /live/runs`: the rows of the runs page, for its refresh.
+pub async fn runs_live(State(ui): State<Arc<Ui>>, Query(query): Query<RunsQuery>) -> Response {
+    let listed = listed(&ui, &query).await;
+    Html(pages::runs_live(&listed, now_ms()).into_string()).into_response()
+}
+
+/// The `?note=N` of the page a write redirects to.
+#[derive(Debug, Deserialize)]
+pub struct NoteQuery {
+    note: Option<u64>,
+}
+
+/// The run's row and history, or `None` if there is no such run.
+async fn history(ui: &Arc<Ui>, run_id: String) -> Result<Option<(RunInfo, HistoryView)>> {
+    ui.with(Access::Read, move |store| {
+        if store.run(&run_id)?.is_none() {
+            return Ok(None);
+        }
+        gather(store, &run_id).map(Some)
+    })
+    .await
+}
+
+/// `GET /runs/{run_id}`: one run.
+pub async fn run_page(
+    State(ui): State<Arc<Ui>>,
+    Path(run_id): Path<String>,
+    Query(query): Query<NoteQuery>,
+) -> Response {
+    match history(&ui, run_id.clone()).await {
+        Ok(Some((info, view))) => {
+            let note = query.note.and_then(|n| ui.note(n));
+            let page = pages::run::page(&ui, &info, &view, note.as_deref(), now_ms());
+            Html(page.into_string()).into_response()
+        }
+        Ok(None) => missing(&ui, &run_id),
+        Err(failure) => failed(&ui, StatusCode::INTERNAL_SERVER_ERROR, &failure),
+    }
+}
+
+/// `GET /live/runs/{run_id}`: the part of the run's page that refreshes.
+pub async fn run_live(State(ui): State<Arc<Ui>>, Path(run_id): Path<String>) -> Response {
+    match history(&ui, run_id.clone()).await {
+        Ok(Some((info, view))) => {
+            Html(pages::run::live(&ui, &info, &view, now_ms()).into_string()).into_response()
+        }
+        Ok(None) => (
+            StatusCode::NOT_FOUND,
+            Html(pages::problem(&not_found(&ui.label, &run_id).message).into_string()),
+        )
+            .into_response(),
+        Err(failure) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Html(pages::problem(&failure.message).into_string()),
+        )
+            .into_response(),
+    }
+}
+
+/// `GET /runs/{run_id}/graph.svg`: the workflow's graph with the run's path, as
+/// `loops graph --run RUN --svg` draws it.
+pub async fn graph(State(ui): State<Arc<Ui>>, Path(run_id): Path<String>) -> Response {
+    let drawn = ui
+        .with(Access::Read, move |store| {
+            let graph = run_graph(store, &run_id, None)?;
+            svg::render(&graph).map_err(|panic| {
+                Failure::new(format!(
+                    "cannot lay out the graph of workflow `{}` (layout-rs failed: {panic})",
+                    graph.workflow
+                ))
+            })
+        })
+        .await;
+    match drawn {
+        Ok(svg) => ([(header::CONTENT_TYPE, "image/svg+xml")], svg).into_response(),
+        Err(failure) => (StatusCode::NOT_FOUND, failure.message).into_response(),
+    }
+}
+
+/// The send form.
+#[derive(Debug, Deserialize)]
+pub struct SendForm {
+    token: String,
+    event: String,
+    payload: String,
+    #[serde(default)]
+    key: String,
+}
+
+/// `POST /runs/{run_id}/send`: sends the event, as `loops send` does.
+pub async fn send(
+    State(ui): State<Arc<Ui>>,
+    Path(run_id): Path<String>,
+    Form(form): Form<SendForm>,
+) -> Response {
+    if !ui.guard.token_ok(&form.token) {
+        return stale_token(&ui);
+    }
+    let payload: Box<RawValue> = match serde_json::from_str(&form.payload) {
+        Ok(payload) => payload,
+        Err(e) => {
+            let failure = Failure::usage(format!("the payload is not valid JSON: {e}"));
+            return failed(&ui, StatusCode::BAD_REQUEST, &failure);
+        }
+    };
+    let id = run_id.clone();
+    let done = ui
+        .with(Access::Write, move |store| {
+            let event = form.event.trim();
+            let key = Some(form.key.trim()).filter(|k| !k.is_empty());
+            exists(store, &id)?;
+            let sent = store.send(&id, event, key, &payload)?;
+            let info = exists(store, &id)?;
+            Ok(if sent.duplicate {
+                format!(
+                    "this form was sent already (event seq {}); nothing written",
+                    sent.event_seq
+                )
+            } else {
+                format!(
+                    "sent event `{event}` (event seq {}); {}",
+                    sent.event_seq,
+                    delivery(&info, event)
+                )
+            })
+        })
+        .await;
+    written(&ui, &run_id, done)
+}
+
+/// The cancel form.
+#[derive(Debug, Deserialize)]
+pub struct CancelForm {
+    token: String,
+    #[serde(default)]
+    reason: String,
+}
+
+/// `POST /runs/{run_id}/cancel`: cancels the run, as `loops cancel` does.
+pub async fn cancel(
+    State(ui): State<Arc<Ui>>,
+    Path(run_id): Path<String>,
+    Form(form): Form<CancelForm>,
+) -> Response {
+    if !ui.guard.token_ok(&form.token) {
+        return stale_token(&ui);
+    }
+    let id = run_id.clone();
+    let done = ui
+        .with(Access::Write, move |store| {
+            let reason = match form.reason.trim() {
+                "" => DEFAULT_CANCEL_REASON,
+                reason => reason,
+            };
+            let before = exists(store, &id)?;
+            let info = store.cancel(&id, reason)?;
+            Ok(format!(
+                "{} (was {} in state {}, seq {}): {reason}",
+                if info.status == RunStatus::Cancelled {
+                    "cancelled"
+                } else {
+                    "cancellation asked: the process that drives it stops it at its next step"
+                },
+                before.status,
+                before.state,
+                before.seq
+            ))
+        })
+        .await;
+    written(&ui, &run_id, done)
+}
+
+/// The retry form.
+#[derive(Debug, Deserialize)]
+pub struct RetryForm {
+    token: String,
+}
+
+/// `POST /runs/{run_id}/retry`: makes a failed run running again, as `loops retry` does.
+pub async fn retry(
+    State(ui): State<Arc<Ui>>,
+    Path(run_id): Path<String>,
+    Form(form): Form<RetryForm>,
+) -> Response {
+    if !ui.guard.token_ok(&form.token) {
+        return stale_token(&ui);
+    }
+    let id = run_id.clone();
+    let done = ui
+        .with(Access::Write, move |store| {
+            let info = store.retry(&id)?;
+            Ok(format!(
+                "{} again in state {} (seq {}), with a fresh budget of attempts",
+                info.status, info.state, info.seq
+            ))
+        })
+        .await;
+    written(&ui, &run_id, done)
+}
+
+/// `GET /assets/ui.js`.
+pub async fn script() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        include_str!("assets/ui.js"),
+    )
+        .into_response()
+}
+
+/// `GET /assets/ui.css`.
+pub async fn style() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
+        include_str!("assets/ui.css"),
+    )
+        .into_response()
+}
+
+/// The run's row, or the failure that it does not exist.
+fn exists(store: &dyn Operator, run_id: &str) -> Result<RunInfo> {
+    store
+        .run(run_id)?
+        .ok_or_else(|| not_found(store.label(), run_id))
+}
+
+/// The answer to a write: back to the run's page with what it did, or the page of why not.
+fn written(ui: &Ui, run_id: &str, done: Result<String>) -> Response {
+    match done {
+        Ok(text) => {
+            let n = ui.keep_note(text);
+            Redirect::to(&format!("{}?note={n}", pages::run_href(run_id))).into_response()
+        }
+        Err(failure) => failed(ui, StatusCode::CONFLICT, &failure),
+    }
+}
+
+fn stale_token(ui: &Ui) -> Response {
+    let failure = Failure::new(
+        "this form's token is not this loops ui's (it was restarted, or the form came from elsewhere): reload the page and try again",
+    );
+    failed(ui, StatusCode::FORBIDDEN, &failure)
+}
+
+fn missing(ui: &Ui, run_id: &str) -> Response {
+    failed(ui, StatusCode::NOT_FOUND, &not_found(&ui.label, run_id))
+}
+
+/// The page of a failure; a bad argument is the request's fault (400) whatever `status`.
+fn failed(ui: &Ui, status: StatusCode, failure: &Failure) -> Response {
+    let status = if failure.code == 2 {
+        StatusCode::BAD_REQUEST
+    } else {
+        status
+    };
+    (
+        status,
+        Html(pages::failure(ui, &failure.message).into_string()),
+    )
+        .into_response()
+}
