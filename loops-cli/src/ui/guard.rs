@@ -78,19 +78,25 @@ impl Guard {
         if method == Method::GET || method == Method::HEAD {
             return None;
         }
-        let origin = headers.get(header::ORIGIN).and_then(|h| h.to_str().ok());
-        if origin != Some(format!("http://{host}").as_str()) {
-            return Some((
-                StatusCode::FORBIDDEN,
-                "a write must come from a page of loops ui (its Origin is not this one)",
-            ));
-        }
+        // A browser says where a request comes from in `Sec-Fetch-Site` (a header no page can
+        // set), and older ones in `Origin` (which Chromium sends as `null` on a page's own
+        // form posts); a request with neither is not from a page of this UI.
         let site = headers.get("sec-fetch-site").and_then(|h| h.to_str().ok());
-        if site.is_some_and(|s| s != "same-origin") {
-            return Some((
-                StatusCode::FORBIDDEN,
-                "a write must come from a page of loops ui (Sec-Fetch-Site)",
-            ));
+        let origin = headers
+            .get(header::ORIGIN)
+            .and_then(|h| h.to_str().ok())
+            .filter(|o| *o != "null");
+        let own = format!("http://{host}");
+        let same_site = site.map(|s| s == "same-origin");
+        let same_origin = origin.map(|o| o == own);
+        match (same_site, same_origin) {
+            (Some(true), None | Some(true)) | (None, Some(true)) => {}
+            _ => {
+                return Some((
+                    StatusCode::FORBIDDEN,
+                    "a write must come from a page of this loops ui (Sec-Fetch-Site or Origin says it does not)",
+                ));
+            }
         }
         None
     }
