@@ -492,7 +492,7 @@ fn writes_need_the_token_and_the_page_s_origin_and_pages_answer_only_their_host(
     let origin = ("Origin", format!("http://{addr}"));
 
     // The page escapes the payload's markup.
-    let (status, page) = request(addr, "GET /runs/approve-1", &[host.clone()], "");
+    let (status, page) = request(addr, "GET /runs/approve-1", std::slice::from_ref(&host), "");
     assert_eq!(status, 200);
     assert!(page.contains("&lt;script&gt;window.__xss = 1&lt;/script&gt;"));
     assert!(!page.contains("<script>window"));
@@ -514,7 +514,10 @@ fn writes_need_the_token_and_the_page_s_origin_and_pages_answer_only_their_host(
     let cancel = form(&[("token", &token), ("reason", "from elsewhere")]);
     // No Origin, another Origin, a cross-site fetch: refused.
     let path = "POST /runs/cancel-1/cancel";
-    assert_eq!(request(addr, path, &[host.clone()], &cancel).0, 403);
+    assert_eq!(
+        request(addr, path, std::slice::from_ref(&host), &cancel).0,
+        403
+    );
     let other = ("Origin", "http://evil.example".to_owned());
     assert_eq!(request(addr, path, &[host.clone(), other], &cancel).0, 403);
     let site = ("Sec-Fetch-Site", "cross-site".to_owned());

@@ -15,11 +15,25 @@
     return active !== null && part.contains(active) && active.matches("input, textarea, select");
   }
 
-  function replace(current, fresh) {
+  // The server's last HTML of each part: a part is replaced only when that changes, so what
+  // the page itself changed in a part (a message, a dialog's text) does not count.
+  const seen = new Map();
+  const key = (live, name) => live.dataset.live + "|" + name;
+  for (const live of document.querySelectorAll("[data-live]")) {
+    for (const part of live.querySelectorAll("[data-part]")) {
+      seen.set(key(live, part.dataset.part), part.innerHTML);
+    }
+  }
+
+  function replace(live, current, fresh) {
+    const html = fresh.innerHTML;
+    const name = key(live, fresh.dataset.part);
+    if (seen.get(name) === html || busy(current)) return;
     const open = new Set();
     for (const d of current.querySelectorAll("details[open][data-key]")) open.add(d.dataset.key);
     for (const d of fresh.querySelectorAll("details[data-key]")) d.open = open.has(d.dataset.key);
-    if (current.innerHTML !== fresh.innerHTML) current.replaceWith(fresh);
+    current.replaceWith(fresh);
+    seen.set(name, html);
   }
 
   async function refresh() {
@@ -33,7 +47,7 @@
           const doc = new DOMParser().parseFromString(text, "text/html");
           for (const fresh of doc.querySelectorAll("[data-part]")) {
             const current = live.querySelector('[data-part="' + fresh.dataset.part + '"]');
-            if (current && !busy(current)) replace(current, document.adoptNode(fresh));
+            if (current) replace(live, current, document.adoptNode(fresh));
           }
         } catch (_) {
           document.body.classList.toggle("offline", true);
