@@ -10,7 +10,6 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::Ui;
 use crate::failure::{Failure, Result};
 
 /// Bytes of randomness in the token.
@@ -104,8 +103,8 @@ impl Guard {
 
 /// Refuses what [`Guard`] refuses (421 for another host, 403 for a write from elsewhere)
 /// and adds the security headers to every answer.
-pub async fn check(State(ui): State<Arc<Ui>>, request: Request, next: Next) -> Response {
-    let refusal = ui.guard.refusal(request.method(), request.headers());
+pub async fn check(State(guard): State<Arc<Guard>>, request: Request, next: Next) -> Response {
+    let refusal = guard.refusal(request.method(), request.headers());
     let mut response = match refusal {
         Some((status, why)) => (status, why).into_response(),
         None => next.run(request).await,

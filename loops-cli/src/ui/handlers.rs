@@ -1,85 +1,27 @@
 //! The UI's requests: each reads or writes through the [`Operator`](crate::operator::Operator)
 //! as the matching command does, and answers with a page (or the part of one that refreshes).
 
-use std::sync::Arc;
-use std::time::Duration;
-
 use axum::extract::{Form, Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use loops_core::{RunInfo, RunStatus, now_ms};
 use serde::Deserialize;
 use serde_json::value::RawValue;
+use std::sync::Arc;
 
-use super::{Ui, pages};
-use crate::cli::{DEFAULT_CANCEL_REASON, parse_age};
+use super::pages;
+use super::query::{Listed, RunsQuery};
+use super::state::Ui;
+use crate::cli::DEFAULT_CANCEL_REASON;
 use crate::commands::graph::run_graph;
 use crate::commands::history::{HistoryView, gather};
-use crate::commands::runs::{Selection, select};
+use crate::commands::runs::select;
 use crate::commands::steer::delivery;
 use crate::description::Description;
 use crate::failure::{Failure, Result};
 use crate::graph::svg;
 use crate::open::Access;
 use crate::operator::{Operator, not_found};
-
-/// The runs page's filters, as the query string gives them (empty means not given).
-#[derive(Debug, Default, Clone, Deserialize)]
-pub struct RunsQuery {
-    /// A workflow's name.
-    #[serde(default)]
-    pub workflow: String,
-    /// A status (`running`, `waiting`, ...).
-    #[serde(default)]
-    pub status: String,
-    /// A schema hash or a prefix of one.
-    #[serde(default)]
-    pub schema: String,
-    /// An age such as `1h` (humantime's syntax).
-    #[serde(default)]
-    pub newer_than: String,
-    /// An age such as `30d`.
-    #[serde(default)]
-    pub older_than: String,
-}
-
-impl RunsQuery {
-    /// The selection these filters make, as `loops runs` makes it from its flags; fails
-    /// with a usage failure for an unknown status or an age that does not parse.
-    fn selection(&self) -> Result<Selection> {
-        let given = |s: &str| Some(s.trim().to_owned()).filter(|s| !s.is_empty());
-        let age = |what: &str, s: &str| -> Result<Option<Duration>> {
-            given(s)
-                .map(|s| parse_age(&s).map_err(|e| Failure::usage(format!("{what}: {e}"))))
-                .transpose()
-        };
-        let statuses = match given(&self.status) {
-            None => Vec::new(),
-            Some(s) => vec![
-                RunStatus::ALL
-                    .into_iter()
-                    .find(|status| status.as_str() == s)
-                    .ok_or_else(|| Failure::usage(format!("no status `{s}`")))?,
-            ],
-        };
-        Ok(Selection {
-            statuses,
-            workflow: given(&self.workflow),
-            schema: given(&self.schema),
-            older_than: age("older than", &self.older_than)?,
-            newer_than: age("newer than", &self.newer_than)?,
-            limit: None,
-        })
-    }
-}
-
-/// The runs a page lists, and the stored workflows' names (for the filter).
-pub struct Listed {
-    /// The selected runs, most recently changed first.
-    pub runs: Vec<RunInfo>,
-    /// Every workflow with a stored schema, sorted.
-    pub workflows: Vec<String>,
-}
 
 async fn listed(ui: &Arc<Ui>, query: &RunsQuery) -> Result<Listed> {
     let selection = query.selection()?;

@@ -15,8 +15,9 @@
 mod guard;
 mod handlers;
 mod pages;
+mod query;
+mod state;
 
-use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
@@ -24,13 +25,10 @@ use axum::routing::{get, post};
 
 use crate::cli::UiArgs;
 use crate::failure::{Failure, Result};
-use crate::open::{self, Access, Target};
-use crate::operator::{Local, Operator};
+use crate::open::Target;
 use crate::output::{emit, note};
 use guard::Guard;
-
-/// Notes kept for the pages that writes redirect to (the oldest are dropped).
-const NOTES_KEPT: usize = 64;
+use state::{Notes, Stores, Ui};
 
 /// Serves the UI for the store `target` on `args.listen` until Ctrl-C (or SIGTERM). Fails if
 /// the store cannot be reached at start (the same message as any command's), or the address
@@ -50,7 +48,7 @@ pub fn serve(target: &Target, args: &UiArgs) -> Result<()> {
     let ui = Arc::new(Ui {
         label: stores.label(),
         stores,
-        guard: Guard::new(addr)?,
+        guard: Arc::new(Guard::new(addr)?),
         notes: Mutex::new(Notes::default()),
     });
     let reach = if addr.ip().is_loopback() {
@@ -111,118 +109,8 @@ fn router(ui: Arc<Ui>) -> Router {
         .route("/assets/ui.js", get(handlers::script))
         .route("/assets/ui.css", get(handlers::style))
         .layer(axum::middleware::from_fn_with_state(
-            Arc::clone(&ui),
+            Arc::clone(&ui.guard),
             guard::check,
         ))
         .with_state(ui)
-}
-
-/// The UI's state, shared by every request.
-pub struct Ui {
-    /// What the store is called on the pages.
-    label: String,
-    stores: Stores,
-    guard: Guard,
-    notes: Mutex<Notes>,
-}
-
-/// What writes said, for the page each redirects to: `?note=N`.
-#[derive(Default)]
-struct Notes {
-    next: u64,
-    kept: VecDeque<(u64, String)>,
-}
-
-impl Ui {
-    /// Runs `f` on the store, reached for `access`: on a blocking thread (the operators block
-    /// on their own async runtimes). Fails as reaching the store or `f` fails.
-    async fn with<T: Send + 'static>(
-        self: &Arc<Self>,
-        access: Access,
-        f: impl FnOnce(&dyn Operator) -> Result<T> + Send + 'static,
-    ) -> Result<T> {
-        let ui = Arc::clone(self);
-        tokio::task::spawn_blocking(move || ui.stores.with(access, f))
-            .await
-            .unwrap_or_else(|e| {
-                Err(Failure::new(format!(
-                    "the request stopped before it answered: {e}"
-                )))
-            })
-    }
-
-    /// Keeps `text` for the page a write redirects to; returns its number.
-    fn keep_note(&self, text: String) -> u64 {
-        let mut notes = self.notes.lock().unwrap_or_else(|e| e.into_inner());
-        let n = notes.next;
-        notes.next += 1;
-        notes.kept.push_back((n, text));
-        if notes.kept.len() > NOTES_KEPT {
-            notes.kept.pop_front();
-        }
-        n
-    }
-
-    /// The note numbered `n`, if it is still kept.
-    fn note(&self, n: u64) -> Option<String> {
-        let notes = self.notes.lock().unwrap_or_else(|e| e.into_inner());
-        notes
-            .kept
-            .iter()
-            .find(|(k, _)| *k == n)
-            .map(|(_, text)| text.clone())
-    }
-}
-
-/// How the UI reaches the store.
-enum Stores {
-    /// A store file, reached afresh for each request (and let go after it), so that the
-    /// workflow's process can open it between two requests.
-    File(Target),
-    /// A PostgreSQL store: one pool for the UI's life (its workers share the store).
-    Postgres(Mutex<Local>),
-}
-
-impl Stores {
-    /// Reaches the store once, so that a wrong path or a server that is down fails at start.
-    fn open(target: &Target) -> Result<Stores> {
-        match target {
-            Target::File(_) => {
-                open::operator(target, Access::Read)?.close();
-                Ok(Stores::File(target.clone()))
-            }
-            Target::Postgres { url, schema } => {
-                Ok(Stores::Postgres(Mutex::new(open::postgres(url, schema)?)))
-            }
-        }
-    }
-
-    fn label(&self) -> String {
-        match self {
-            Stores::File(target) => target
-                .file()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default(),
-            Stores::Postgres(local) => local
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .label()
-                .to_owned(),
-        }
-    }
-
-    fn with<T>(&self, access: Access, f: impl FnOnce(&dyn Operator) -> Result<T>) -> Result<T> {
-        match self {
-            Stores::File(target) => {
-                let operator = open::operator(target, access)?;
-                let out = f(&*operator);
-                operator.close();
-                match (out, target.file()) {
-                    (Err(failure), Some(path)) => Err(failure.in_store(path, false)),
-                    (out, _) => out,
-                }
-            }
-            Stores::Postgres(local) => f(&*local.lock().unwrap_or_else(|e| e.into_inner())),
-        }
-    }
 }

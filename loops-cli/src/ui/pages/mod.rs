@@ -8,8 +8,8 @@ use loops_core::{RunInfo, RunStatus};
 use maud::{DOCTYPE, Markup, html};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 
-use super::Ui;
-use super::handlers::{Listed, RunsQuery};
+use super::query::{Listed, RunsQuery};
+use super::state::Ui;
 use crate::failure::Result;
 use crate::output::relative;
 use crate::view::waiting_text;

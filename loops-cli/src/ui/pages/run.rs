@@ -7,7 +7,7 @@ use super::{layout, run_href, status};
 use crate::commands::history::{HistoryView, TransitionView};
 use crate::json::{pretty, preview};
 use crate::output::{duration, relative, rfc3339};
-use crate::ui::Ui;
+use crate::ui::state::Ui;
 use crate::view::{EventView, FailureView, StepView, waiting_text};
 
 /// Longest preview of a payload or a step's output, in characters.
