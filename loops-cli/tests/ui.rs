@@ -145,11 +145,14 @@ async fn held() -> Held {
 }
 
 impl Held {
-    async fn stop(mut self) {
+    /// Stops serving and closes the store; returns its directory (the file stays).
+    async fn stop(mut self) -> tempfile::TempDir {
         if let Some(server) = self.server.take() {
             server.stop().await;
         }
         self.rt.shutdown().await;
+        drop(self.rt);
+        self._dir
     }
 }
 
@@ -165,11 +168,15 @@ impl Drop for Killed {
 
 /// `loops --store STORE ui --listen 127.0.0.1:0`, and the address it printed.
 fn loops_ui(store: &Path) -> (Killed, SocketAddr) {
+    loops_ui_with(&["--store".into(), store.display().to_string()])
+}
+
+/// `loops STORE_ARGS ui --listen 127.0.0.1:0`, and the address it printed.
+fn loops_ui_with(store_args: &[String]) -> (Killed, SocketAddr) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_loops"))
         .env_remove("LOOPS_STORE")
         .env("NO_COLOR", "1")
-        .arg("--store")
-        .arg(store)
+        .args(store_args)
         .args(["ui", "--listen", "127.0.0.1:0"])
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -436,7 +443,7 @@ fn a_browser_follows_a_run_approves_one_and_cancels_another() {
         );
         until_status(rt, "progress-1", RunStatus::Waiting, "Drafted").await;
     });
-    tokio.block_on(held.stop());
+    drop(tokio.block_on(held.stop()));
 }
 
 /// One HTTP/1.1 request to `addr` with `headers` (and `body`, form-encoded); returns the
@@ -496,12 +503,7 @@ fn writes_need_the_token_and_the_page_s_origin_and_pages_answer_only_their_host(
     assert_eq!(status, 200);
     assert!(page.contains("&lt;script&gt;window.__xss = 1&lt;/script&gt;"));
     assert!(!page.contains("<script>window"));
-    let token = page
-        .split(r#"name="token" value=""#)
-        .nth(1)
-        .and_then(|rest| rest.split('"').next())
-        .unwrap()
-        .to_owned();
+    let token = token_of(&page);
     assert_eq!(token.len(), 64);
 
     // Another Host (a DNS rebinding page) is refused, for reads too.
@@ -565,5 +567,108 @@ fn writes_need_the_token_and_the_page_s_origin_and_pages_answer_only_their_host(
     let graph = request(addr, "GET /runs/approve-1/graph.svg", &[host], "");
     assert_eq!(graph.0, 200);
     assert!(graph.1.contains("<svg"), "{}", graph.1);
-    tokio.block_on(held.stop());
+    drop(tokio.block_on(held.stop()));
+}
+
+/// The token in a page's forms.
+fn token_of(page: &str) -> String {
+    page.split(r#"name="token" value=""#)
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .unwrap_or_else(|| panic!("no token in {page}"))
+        .to_owned()
+}
+
+/// Shows `cancel-1` waiting, cancels it through the UI at `addr` as a page would, and shows
+/// it cancelled.
+fn cancel_through_the_page(addr: SocketAddr) {
+    let host = ("Host", addr.to_string());
+    let origin = ("Origin", format!("http://{addr}"));
+    let (status, page) = request(addr, "GET /runs/cancel-1", std::slice::from_ref(&host), "");
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains(r#"data-status="waiting""#), "{page}");
+    let cancel = form(&[("token", &token_of(&page)), ("reason", "from the page")]);
+    let (status, body) = request(
+        addr,
+        "POST /runs/cancel-1/cancel",
+        &[host.clone(), origin],
+        &cancel,
+    );
+    assert_eq!(status, 303, "{body}");
+    let (_, page) = request(addr, "GET /runs/cancel-1", &[host], "");
+    assert!(page.contains(r#"data-status="cancelled""#), "{page}");
+    assert!(page.contains("from the page"), "{page}");
+}
+
+#[test]
+fn the_page_reads_and_writes_a_file_no_process_holds_and_a_postgresql_store() {
+    let tokio = tokio();
+    // A file: the UI opens it for each request (writable for the cancel), and lets it go.
+    let dir = tokio.block_on(async { held().await.stop().await });
+    let path = dir.path().join("store.redb");
+    let (ui, addr) = loops_ui(&path);
+    cancel_through_the_page(addr);
+    drop(ui);
+    let rt = Runtime::builder()
+        .register::<Review, _>(Reviewer)
+        .open(&path)
+        .unwrap();
+    let info = tokio.block_on(rt.run_info("cancel-1")).unwrap().unwrap();
+    assert_eq!(
+        (info.status, info.cancel.as_deref()),
+        (RunStatus::Cancelled, Some("from the page"))
+    );
+    drop(rt);
+
+    // PostgreSQL, with a worker serving: the UI's cancel reaches the run through the store.
+    let url = std::env::var("LOOPS_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    let schema = format!("lc_ui_{}", std::process::id());
+    let rt = tokio.block_on(async {
+        let store = loops_postgres::PgStore::builder(url.as_str())
+            .schema(&schema)
+            .connect()
+            .await
+            .unwrap_or_else(|e| {
+                panic!("PostgreSQL is not reachable at {url} ({e}); the tests need it")
+            });
+        let rt = Runtime::builder()
+            .retry(RetryPolicy::never())
+            .register::<Review, _>(Reviewer)
+            .build(store);
+        rt.start(
+            "cancel-1",
+            Review::Asked {
+                doc: "spec.md".into(),
+            },
+        )
+        .await
+        .unwrap();
+        let serving = rt.clone();
+        tokio::spawn(async move { serving.serve(Duration::from_millis(50)).await });
+        until_status(&rt, "cancel-1", RunStatus::Waiting, "Asked").await;
+        rt
+    });
+    let (ui, addr) = loops_ui_with(&[
+        "--store".into(),
+        url.clone(),
+        "--pg-schema".into(),
+        schema.clone(),
+    ]);
+    cancel_through_the_page(addr);
+    drop(ui);
+    tokio.block_on(async {
+        until_status(&rt, "cancel-1", RunStatus::Cancelled, "Asked").await;
+        let info = rt.run_info("cancel-1").await.unwrap().unwrap();
+        assert_eq!(info.cancel.as_deref(), Some("from the page"));
+        rt.shutdown().await;
+        let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        client
+            .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+            .await
+            .unwrap();
+    });
 }

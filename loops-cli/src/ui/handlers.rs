@@ -146,6 +146,7 @@ pub async fn send(
     if !ui.guard.token_ok(&form.token) {
         return stale_token(&ui);
     }
+    // Checked before the store is reached: a bad payload writes nothing.
     let payload: Box<RawValue> = match serde_json::from_str(&form.payload) {
         Ok(payload) => payload,
         Err(e) => {
@@ -153,29 +154,26 @@ pub async fn send(
             return failed(&ui, StatusCode::BAD_REQUEST, &failure);
         }
     };
-    let id = run_id.clone();
-    let done = ui
-        .with(Access::Write, move |store| {
-            let event = form.event.trim();
-            let key = Some(form.key.trim()).filter(|k| !k.is_empty());
-            exists(store, &id)?;
-            let sent = store.send(&id, event, key, &payload)?;
-            let info = exists(store, &id)?;
-            Ok(if sent.duplicate {
-                format!(
-                    "this form was sent already (event seq {}); nothing written",
-                    sent.event_seq
-                )
-            } else {
-                format!(
-                    "sent event `{event}` (event seq {}); {}",
-                    sent.event_seq,
-                    delivery(&info, event)
-                )
-            })
+    steer(ui, run_id, &form.token.clone(), move |store, id| {
+        let event = form.event.trim();
+        let key = Some(form.key.trim()).filter(|k| !k.is_empty());
+        exists(store, id)?;
+        let sent = store.send(id, event, key, &payload)?;
+        let info = exists(store, id)?;
+        Ok(if sent.duplicate {
+            format!(
+                "this form was sent already (event seq {}); nothing written",
+                sent.event_seq
+            )
+        } else {
+            format!(
+                "sent event `{event}` (event seq {}); {}",
+                sent.event_seq,
+                delivery(&info, event)
+            )
         })
-        .await;
-    written(&ui, &run_id, done)
+    })
+    .await
 }
 
 /// The cancel form.
@@ -192,32 +190,26 @@ pub async fn cancel(
     Path(run_id): Path<String>,
     Form(form): Form<CancelForm>,
 ) -> Response {
-    if !ui.guard.token_ok(&form.token) {
-        return stale_token(&ui);
-    }
-    let id = run_id.clone();
-    let done = ui
-        .with(Access::Write, move |store| {
-            let reason = match form.reason.trim() {
-                "" => DEFAULT_CANCEL_REASON,
-                reason => reason,
-            };
-            let before = exists(store, &id)?;
-            let info = store.cancel(&id, reason)?;
-            Ok(format!(
-                "{} (was {} in state {}, seq {}): {reason}",
-                if info.status == RunStatus::Cancelled {
-                    "cancelled"
-                } else {
-                    "cancellation asked: the process that drives it stops it at its next step"
-                },
-                before.status,
-                before.state,
-                before.seq
-            ))
-        })
-        .await;
-    written(&ui, &run_id, done)
+    steer(ui, run_id, &form.token.clone(), move |store, id| {
+        let reason = match form.reason.trim() {
+            "" => DEFAULT_CANCEL_REASON,
+            reason => reason,
+        };
+        let before = exists(store, id)?;
+        let info = store.cancel(id, reason)?;
+        Ok(format!(
+            "{} (was {} in state {}, seq {}): {reason}",
+            if info.status == RunStatus::Cancelled {
+                "cancelled"
+            } else {
+                "cancellation asked: the process that drives it stops it at its next step"
+            },
+            before.status,
+            before.state,
+            before.seq
+        ))
+    })
+    .await
 }
 
 /// The retry form.
@@ -232,20 +224,14 @@ pub async fn retry(
     Path(run_id): Path<String>,
     Form(form): Form<RetryForm>,
 ) -> Response {
-    if !ui.guard.token_ok(&form.token) {
-        return stale_token(&ui);
-    }
-    let id = run_id.clone();
-    let done = ui
-        .with(Access::Write, move |store| {
-            let info = store.retry(&id)?;
-            Ok(format!(
-                "{} again in state {} (seq {}), with a fresh budget of attempts",
-                info.status, info.state, info.seq
-            ))
-        })
-        .await;
-    written(&ui, &run_id, done)
+    steer(ui, run_id, &form.token, move |store, id| {
+        let info = store.retry(id)?;
+        Ok(format!(
+            "{} again in state {} (seq {}), with a fresh budget of attempts",
+            info.status, info.state, info.seq
+        ))
+    })
+    .await
 }
 
 /// `GET /assets/ui.js`.
@@ -271,6 +257,23 @@ fn exists(store: &dyn Operator, run_id: &str) -> Result<RunInfo> {
     store
         .run(run_id)?
         .ok_or_else(|| not_found(store.label(), run_id))
+}
+
+/// A write to run `run_id` by a form that carries `token`: `f` makes it with the store
+/// reached for writing and says what it did; the answer is the run's page with that note, or
+/// the page of why not (403 for a wrong token).
+async fn steer(
+    ui: Arc<Ui>,
+    run_id: String,
+    token: &str,
+    f: impl FnOnce(&dyn Operator, &str) -> Result<String> + Send + 'static,
+) -> Response {
+    if !ui.guard.token_ok(token) {
+        return stale_token(&ui);
+    }
+    let id = run_id.clone();
+    let done = ui.with(Access::Write, move |store| f(store, &id)).await;
+    written(&ui, &run_id, done)
 }
 
 /// The answer to a write: back to the run's page with what it did, or the page of why not.
