@@ -121,6 +121,10 @@ pub enum Command {
     /// Verify the checksum of every page of the store file and read every run back.
     #[command(after_help = CHECK_EXAMPLES)]
     Check(JsonArg),
+    /// Serve a local web page of the runs: filter them, follow one live (timeline, graph),
+    /// send an event, cancel, retry.
+    #[command(after_help = UI_EXAMPLES)]
+    Ui(UiArgs),
 }
 
 /// `--json` alone.
@@ -503,6 +507,29 @@ pub struct GraphArgs {
     pub svg: Option<PathBuf>,
 }
 
+const UI_EXAMPLES: &str = "\
+Examples:
+  loops ui                                   # http://127.0.0.1:7878/
+  loops ui --listen 127.0.0.1:0              # a free port (the address is printed)
+  loops --store postgres://loops@db/loops ui
+
+Serves until Ctrl-C. Every page reads the store as `loops runs`/`history`/`graph` do, and
+its buttons make the writes `loops send`/`cancel`/`retry` make (through the process that
+holds a store file, when one serves its control endpoint). Pages refresh while runs
+progress. Writes need the page's per-process token and a same-origin request; anyone who
+can reach the address can read the runs' payloads, so it listens on loopback unless told
+otherwise (docs/operations.md).";
+
+/// `loops ui`.
+#[derive(Debug, Args)]
+pub struct UiArgs {
+    /// The address to listen on (port 0: a free port, printed at start). Anyone who can
+    /// reach it can read every run's data and steer runs: keep it on loopback unless the
+    /// network is yours.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7878")]
+    pub listen: std::net::SocketAddr,
+}
+
 const CHECK_EXAMPLES: &str = "\
 Examples:
   loops check
@@ -512,7 +539,7 @@ Exits 1 if the file is damaged beyond repair. Opens the file for writing: redb r
 what it can (a file left by a crash, damaged allocator state).";
 
 /// Parses an age such as `30d`, `12h`, `1h 30m` (humantime's syntax).
-fn parse_age(s: &str) -> Result<Duration, String> {
+pub fn parse_age(s: &str) -> Result<Duration, String> {
     humantime::parse_duration(s)
         .map_err(|e| format!("{e} (expected an age such as 30d, 12h or 90m)"))
 }

@@ -17,6 +17,7 @@ mod open;
 mod operator;
 mod output;
 mod panics;
+mod ui;
 mod view;
 
 use std::io::Write as _;
@@ -76,6 +77,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
         Command::Schema(args) => commands::schema::run(&target, args),
         Command::Check(args) => commands::check::run(&target, args),
         Command::Graph(args) => commands::graph::run(&target, args),
+        Command::Ui(args) => ui::serve(&target, args),
     };
     match target.file() {
         Some(path) => done.map_err(|failure| failure.in_store(path, checking)),

@@ -88,7 +88,7 @@ pub fn set_verbose(verbose: bool) {
 pub fn operator(target: &Target, access: Access) -> Result<Box<dyn Operator>> {
     let operator = match target {
         Target::File(path) => file_operator(path, access)?,
-        Target::Postgres { url, schema } => postgres_operator(url, schema)?,
+        Target::Postgres { url, schema } => Box::new(postgres(url, schema)?),
     };
     if VERBOSE.get().copied().unwrap_or(false) {
         note(&format!(
@@ -151,7 +151,10 @@ pub fn served(path: &Path, tokio: &tokio::runtime::Runtime) -> Result<Option<Cli
     }
 }
 
-fn postgres_operator(url: &str, schema: &str) -> Result<Box<dyn Operator>> {
+/// The operator of the PostgreSQL store at `url` (tables in `schema`): a runtime on a pool of
+/// two connections, without creating or migrating anything. Fails with one line if the
+/// server cannot be reached, refuses TLS or the login, or the schema holds no loops store.
+pub fn postgres(url: &str, schema: &str) -> Result<Local> {
     let tokio = tokio()?;
     let builder = loops_postgres::PgStore::builder(url)
         .schema(schema)
@@ -177,7 +180,7 @@ fn postgres_operator(url: &str, schema: &str) -> Result<Box<dyn Operator>> {
     let label = store.label().to_owned();
     let runtime = tokio.block_on(async { Runtime::builder().build(store) });
     let reached = "connected to the PostgreSQL store (shared with its workers)".to_owned();
-    Ok(Box::new(Local::runtime(runtime, label, reached, tokio)))
+    Ok(Local::runtime(runtime, label, reached, tokio))
 }
 
 /// Whether read-only commands verify the file's checksums before they read it (`--no-verify`

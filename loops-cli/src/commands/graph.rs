@@ -68,8 +68,10 @@ fn graph_of(text: &str, hash: SchemaHash) -> Result<Graph> {
     })
 }
 
-/// The graph of run `run_id`'s schema, with the run's path through it.
-fn run_graph(store: &dyn Operator, run_id: &str, workflow: Option<&str>) -> Result<Graph> {
+/// The graph of run `run_id`'s schema, with the run's path through it (`loops graph --run`
+/// and the web UI). Fails if the run does not exist, is not of `workflow` (when given), or its
+/// schema's description is not stored or has no graph.
+pub fn run_graph(store: &dyn Operator, run_id: &str, workflow: Option<&str>) -> Result<Graph> {
     let info = store
         .run(run_id)?
         .ok_or_else(|| not_found(store.label(), run_id))?;

@@ -2,8 +2,8 @@
 
 use std::collections::BTreeMap;
 
-use loops_core::now_ms;
 use loops_core::{FailureSource, MigratedFrom};
+use loops_core::{RunInfo, now_ms};
 use serde::Serialize;
 use serde_json::value::RawValue;
 
@@ -11,7 +11,7 @@ use crate::cli::HistoryArgs;
 use crate::failure::{Result, run_id_arg};
 use crate::json::preview;
 use crate::open::{self, Access, Target};
-use crate::operator::not_found;
+use crate::operator::{Operator, not_found};
 use crate::output::{
     Cell, DIM, ERROR, HEADER, ID, Table, duration, emit, emit_json, paint, rfc3339, status_style,
 };
@@ -20,36 +20,51 @@ use crate::view::{EventView, FailureView, RunView, StepView, waiting_text};
 /// Longest preview of a payload or step output in the text form.
 const PREVIEW: usize = 60;
 
-/// `loops history --json`.
+/// `loops history --json`, and what the web UI's timeline shows.
 #[derive(Debug, Serialize)]
-struct HistoryView {
-    run: RunView,
-    transitions: Vec<TransitionView>,
-    events: Vec<EventView>,
+pub struct HistoryView {
+    /// The run's row.
+    pub run: RunView,
+    /// Every transition, oldest first.
+    pub transitions: Vec<TransitionView>,
+    /// Every event in the run's inbox, in the order sent.
+    pub events: Vec<EventView>,
 }
 
 /// One transition with the steps and failed attempts of its state.
 #[derive(Debug, Serialize)]
-struct TransitionView {
-    seq: u64,
-    state: String,
-    at: String,
-    at_ms: u64,
-    since_previous_ms: Option<u64>,
-    schema: String,
+pub struct TransitionView {
+    /// The transition's sequence number, from 0.
+    pub seq: u64,
+    /// The state it entered.
+    pub state: String,
+    /// When it was recorded (RFC 3339, UTC).
+    pub at: String,
+    /// The same, in ms since the Unix epoch.
+    pub at_ms: u64,
+    /// Milliseconds since the previous transition (`None` for the first).
+    pub since_previous_ms: Option<u64>,
+    /// The schema hash it was recorded with.
+    pub schema: String,
     /// For a migration's record: the schema, version and seq it migrated the run from.
-    migrated_from: Option<MigratedFromView>,
-    payload: Box<RawValue>,
-    steps: Vec<StepView>,
-    failures: Vec<FailureView>,
+    pub migrated_from: Option<MigratedFromView>,
+    /// The state's data, as stored.
+    pub payload: Box<RawValue>,
+    /// The steps recorded in this state, in the order recorded.
+    pub steps: Vec<StepView>,
+    /// The failed attempts of this state, in order.
+    pub failures: Vec<FailureView>,
 }
 
 /// Where a migration's record comes from.
 #[derive(Debug, Serialize)]
-struct MigratedFromView {
-    schema: String,
-    version: u32,
-    seq: u64,
+pub struct MigratedFromView {
+    /// The schema hash it was migrated from.
+    pub schema: String,
+    /// That schema's declared version.
+    pub version: u32,
+    /// The seq of the record it was migrated from.
+    pub seq: u64,
 }
 
 impl From<MigratedFrom> for MigratedFromView {
@@ -62,22 +77,21 @@ impl From<MigratedFrom> for MigratedFromView {
     }
 }
 
-/// Shows the run's history.
-pub fn run(target: &Target, args: &HistoryArgs) -> Result<()> {
-    let run_id = run_id_arg(&args.run)?;
-    let store = open::operator(target, Access::Read)?;
+/// Reads run `run_id`'s row and whole history from `store`: transitions with their steps and
+/// failed attempts, and events. Fails if the run does not exist, or as the store's reads fail.
+pub fn gather(store: &dyn Operator, run_id: &str) -> Result<(RunInfo, HistoryView)> {
     let info = store
-        .run(&run_id)?
-        .ok_or_else(|| not_found(store.label(), &run_id))?;
+        .run(run_id)?
+        .ok_or_else(|| not_found(store.label(), run_id))?;
     let mut failures: BTreeMap<u64, Vec<FailureView>> = BTreeMap::new();
-    for (seq, record) in store.failures(&run_id)? {
+    for (seq, record) in store.failures(run_id)? {
         failures.entry(seq).or_default().push(record.into());
     }
     let mut transitions = Vec::new();
     let mut previous: Option<u64> = None;
-    for record in store.history(&run_id)? {
+    for record in store.history(run_id)? {
         let mut steps: Vec<StepView> = store
-            .steps(&run_id, record.seq)?
+            .steps(run_id, record.seq)?
             .into_iter()
             .map(|(name, occurrence, r)| StepView::new(name, occurrence, r))
             .collect();
@@ -98,7 +112,7 @@ pub fn run(target: &Target, args: &HistoryArgs) -> Result<()> {
         previous = Some(record.at_ms);
     }
     let events: Vec<EventView> = store
-        .events(&run_id)?
+        .events(run_id)?
         .into_iter()
         .map(|(seq, e, delivered)| EventView::new(seq, e, delivered))
         .collect();
@@ -107,6 +121,14 @@ pub fn run(target: &Target, args: &HistoryArgs) -> Result<()> {
         transitions,
         events,
     };
+    Ok((info, view))
+}
+
+/// Shows the run's history.
+pub fn run(target: &Target, args: &HistoryArgs) -> Result<()> {
+    let run_id = run_id_arg(&args.run)?;
+    let store = open::operator(target, Access::Read)?;
+    let (info, view) = gather(&*store, &run_id)?;
     if args.json {
         return emit_json(&view);
     }

@@ -1,5 +1,7 @@
 //! `loops runs`: the table of runs.
 
+use std::time::Duration;
+
 use humantime::format_duration;
 use loops_core::now_ms;
 use loops_core::{RunInfo, RunStatus};
@@ -8,43 +10,88 @@ use super::schema::resolve;
 use crate::cli::RunsArgs;
 use crate::failure::{Failure, Result};
 use crate::open::{self, Access, Target};
+use crate::operator::Operator;
 use crate::output::{Cell, DIM, ID, Table, emit, emit_json, note, relative, status_style};
 use crate::view::{RunView, waiting_text};
 
-/// Lists the runs that match `args`, most recently changed first.
-pub fn run(target: &Target, args: &RunsArgs) -> Result<()> {
-    check_ages(args)?;
-    let store = open::operator(target, Access::Read)?;
-    let statuses: Vec<RunStatus> = if args.status.is_empty() {
+/// Which runs to list: `loops runs`' filters, and the web UI's (the same meaning in both).
+#[derive(Debug, Clone, Default)]
+pub struct Selection {
+    /// Only runs with one of these statuses (every status when empty).
+    pub statuses: Vec<RunStatus>,
+    /// Only runs of this workflow.
+    pub workflow: Option<String>,
+    /// Only runs recorded with this schema: its hash, or a unique prefix of 4+ hex digits.
+    pub schema: Option<String>,
+    /// Only runs whose last change is older than this.
+    pub older_than: Option<Duration>,
+    /// Only runs whose last change is more recent than this.
+    pub newer_than: Option<Duration>,
+    /// At most this many runs (the most recently changed).
+    pub limit: Option<usize>,
+}
+
+impl From<&RunsArgs> for Selection {
+    fn from(args: &RunsArgs) -> Self {
+        Selection {
+            statuses: args.status.iter().map(|&s| s.into()).collect(),
+            workflow: args.workflow.clone(),
+            schema: args.schema.clone(),
+            older_than: args.older_than,
+            newer_than: args.newer_than,
+            limit: args.limit,
+        }
+    }
+}
+
+/// The runs of `store` that `selection` selects at `now` (ms since the Unix epoch), most
+/// recently changed first. Fails with a usage failure for ages that exclude each other and
+/// for a schema that no stored schema (or more than one) matches; otherwise as the store's
+/// reads fail.
+pub fn select(store: &dyn Operator, selection: &Selection, now: u64) -> Result<Vec<RunInfo>> {
+    check_ages(selection)?;
+    let statuses: Vec<RunStatus> = if selection.statuses.is_empty() {
         RunStatus::ALL.to_vec()
     } else {
-        let mut s: Vec<RunStatus> = args.status.iter().map(|&s| s.into()).collect();
+        let mut s = selection.statuses.clone();
         s.sort();
         s.dedup();
         s
     };
-    let now = now_ms();
     let mut runs: Vec<RunInfo> = Vec::new();
     for status in statuses {
-        runs.extend(store.list(status, args.workflow.as_deref())?);
+        runs.extend(store.list(status, selection.workflow.as_deref())?);
     }
-    if let Some(given) = &args.schema {
+    if let Some(given) = &selection.schema {
         let (hash, _) = resolve(store.label(), &store.schemas()?, given)?;
         runs.retain(|info| info.schema == hash);
     }
-    let age = |d: std::time::Duration| now.saturating_sub(d.as_millis() as u64);
+    let age = |d: Duration| now.saturating_sub(u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
     runs.retain(|info| {
-        args.older_than.is_none_or(|d| info.updated_ms < age(d))
-            && args.newer_than.is_none_or(|d| info.updated_ms >= age(d))
+        selection
+            .older_than
+            .is_none_or(|d| info.updated_ms < age(d))
+            && selection
+                .newer_than
+                .is_none_or(|d| info.updated_ms >= age(d))
     });
     runs.sort_by(|a, b| {
         b.updated_ms
             .cmp(&a.updated_ms)
             .then_with(|| a.run_id.cmp(&b.run_id))
     });
-    if let Some(limit) = args.limit {
+    if let Some(limit) = selection.limit {
         runs.truncate(limit);
     }
+    Ok(runs)
+}
+
+/// Lists the runs that match `args`, most recently changed first.
+pub fn run(target: &Target, args: &RunsArgs) -> Result<()> {
+    check_ages(&Selection::from(args))?;
+    let store = open::operator(target, Access::Read)?;
+    let now = now_ms();
+    let runs = select(&*store, &Selection::from(args), now)?;
 
     if args.json {
         let views: Vec<RunView> = runs.iter().map(RunView::from).collect();
@@ -81,8 +128,8 @@ pub fn run(target: &Target, args: &RunsArgs) -> Result<()> {
 
 /// Refuses `--older-than` and `--newer-than` that no run can match together: older than A
 /// and newer than B select the runs last changed between B and A ago, which needs B > A.
-fn check_ages(args: &RunsArgs) -> Result<()> {
-    let (Some(older), Some(newer)) = (args.older_than, args.newer_than) else {
+fn check_ages(selection: &Selection) -> Result<()> {
+    let (Some(older), Some(newer)) = (selection.older_than, selection.newer_than) else {
         return Ok(());
     };
     if older < newer {

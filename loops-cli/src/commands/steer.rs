@@ -149,13 +149,13 @@ fn payload_text(args: &SendArgs) -> Result<(String, String)> {
 }
 
 /// The event a waiting run waits for, if it is not `event`.
-fn other_event<'a>(info: &'a RunInfo, event: &str) -> Option<&'a str> {
+pub fn other_event<'a>(info: &'a RunInfo, event: &str) -> Option<&'a str> {
     let waits_for = info.wait.as_ref().and_then(|w| w.event.as_deref());
     waits_for.filter(|&w| info.status == RunStatus::Waiting && w != event)
 }
 
 /// When the event will be taken, as far as the run's row tells.
-fn delivery(info: &RunInfo, event: &str) -> String {
+pub fn delivery(info: &RunInfo, event: &str) -> String {
     let waits_for = info.wait.as_ref().and_then(|w| w.event.as_deref());
     match info.status {
         RunStatus::Waiting if waits_for == Some(event) => format!(

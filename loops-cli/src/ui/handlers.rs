@@ -1,0 +1,313 @@
+//! The UI's requests: each reads or writes through the [`Operator`](crate::operator::Operator)
+//! as the matching command does, and answers with a page (or the part of one that refreshes).
+
+use axum::extract::{Form, Path, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use loops_core::{RunInfo, RunStatus, now_ms};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use std::sync::Arc;
+
+use super::pages;
+use super::query::{Listed, RunsQuery};
+use super::state::Ui;
+use crate::cli::DEFAULT_CANCEL_REASON;
+use crate::commands::graph::run_graph;
+use crate::commands::history::{HistoryView, gather};
+use crate::commands::runs::select;
+use crate::commands::steer::delivery;
+use crate::description::Description;
+use crate::failure::{Failure, Result};
+use crate::graph::svg;
+use crate::open::Access;
+use crate::operator::{Operator, not_found};
+
+async fn listed(ui: &Arc<Ui>, query: &RunsQuery) -> Result<Listed> {
+    let selection = query.selection()?;
+    let now = now_ms();
+    ui.with(Access::Read, move |store| {
+        let mut workflows: Vec<String> = store
+            .schemas()?
+            .iter()
+            .filter_map(|(_, text)| Description::parse(text).workflow)
+            .collect();
+        workflows.sort();
+        workflows.dedup();
+        Ok(Listed {
+            runs: select(store, &selection, now)?,
+            workflows,
+        })
+    })
+    .await
+}
+
+/// `GET /`: the runs, filtered by the query.
+pub async fn runs_page(State(ui): State<Arc<Ui>>, Query(query): Query<RunsQuery>) -> Response {
+    let listed = listed(&ui, &query).await;
+    Html(pages::runs(&ui, &query, &listed, now_ms()).into_string()).into_response()
+}
+
+/// `GET /live/runs`: the rows of the runs page, for its refresh.
+pub async fn runs_live(State(ui): State<Arc<Ui>>, Query(query): Query<RunsQuery>) -> Response {
+    let listed = listed(&ui, &query).await;
+    Html(pages::runs_live(&listed, now_ms()).into_string()).into_response()
+}
+
+/// The `?note=N` of the page a write redirects to.
+#[derive(Debug, Deserialize)]
+pub struct NoteQuery {
+    note: Option<u64>,
+}
+
+/// The run's row and history, or `None` if there is no such run.
+async fn history(ui: &Arc<Ui>, run_id: String) -> Result<Option<(RunInfo, HistoryView)>> {
+    ui.with(Access::Read, move |store| {
+        if store.run(&run_id)?.is_none() {
+            return Ok(None);
+        }
+        gather(store, &run_id).map(Some)
+    })
+    .await
+}
+
+/// `GET /runs/{run_id}`: one run.
+pub async fn run_page(
+    State(ui): State<Arc<Ui>>,
+    Path(run_id): Path<String>,
+    Query(query): Query<NoteQuery>,
+) -> Response {
+    match history(&ui, run_id.clone()).await {
+        Ok(Some((info, view))) => {
+            let note = query.note.and_then(|n| ui.note(n));
+            let page = pages::run::page(&ui, &info, &view, note.as_deref(), now_ms());
+            Html(page.into_string()).into_response()
+        }
+        Ok(None) => missing(&ui, &run_id),
+        Err(failure) => failed(&ui, StatusCode::INTERNAL_SERVER_ERROR, &failure),
+    }
+}
+
+/// `GET /live/runs/{run_id}`: the part of the run's page that refreshes.
+pub async fn run_live(State(ui): State<Arc<Ui>>, Path(run_id): Path<String>) -> Response {
+    match history(&ui, run_id.clone()).await {
+        Ok(Some((info, view))) => {
+            Html(pages::run::live(&ui, &info, &view, now_ms()).into_string()).into_response()
+        }
+        Ok(None) => (
+            StatusCode::NOT_FOUND,
+            Html(pages::problem(&not_found(&ui.label, &run_id).message).into_string()),
+        )
+            .into_response(),
+        Err(failure) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Html(pages::problem(&failure.message).into_string()),
+        )
+            .into_response(),
+    }
+}
+
+/// `GET /runs/{run_id}/graph.svg`: the workflow's graph with the run's path, as
+/// `loops graph --run RUN --svg` draws it.
+pub async fn graph(State(ui): State<Arc<Ui>>, Path(run_id): Path<String>) -> Response {
+    let drawn = ui
+        .with(Access::Read, move |store| {
+            let graph = run_graph(store, &run_id, None)?;
+            svg::render(&graph).map_err(|panic| {
+                Failure::new(format!(
+                    "cannot lay out the graph of workflow `{}` (layout-rs failed: {panic})",
+                    graph.workflow
+                ))
+            })
+        })
+        .await;
+    match drawn {
+        Ok(svg) => ([(header::CONTENT_TYPE, "image/svg+xml")], svg).into_response(),
+        Err(failure) => (StatusCode::NOT_FOUND, failure.message).into_response(),
+    }
+}
+
+/// The send form.
+#[derive(Debug, Deserialize)]
+pub struct SendForm {
+    token: String,
+    event: String,
+    payload: String,
+    #[serde(default)]
+    key: String,
+}
+
+/// `POST /runs/{run_id}/send`: sends the event, as `loops send` does.
+pub async fn send(
+    State(ui): State<Arc<Ui>>,
+    Path(run_id): Path<String>,
+    Form(form): Form<SendForm>,
+) -> Response {
+    if !ui.guard.token_ok(&form.token) {
+        return stale_token(&ui);
+    }
+    // Checked before the store is reached: a bad payload writes nothing.
+    let payload: Box<RawValue> = match serde_json::from_str(&form.payload) {
+        Ok(payload) => payload,
+        Err(e) => {
+            let failure = Failure::usage(format!("the payload is not valid JSON: {e}"));
+            return failed(&ui, StatusCode::BAD_REQUEST, &failure);
+        }
+    };
+    steer(ui, run_id, &form.token.clone(), move |store, id| {
+        let event = form.event.trim();
+        let key = Some(form.key.trim()).filter(|k| !k.is_empty());
+        exists(store, id)?;
+        let sent = store.send(id, event, key, &payload)?;
+        let info = exists(store, id)?;
+        Ok(if sent.duplicate {
+            format!(
+                "this form was sent already (event seq {}); nothing written",
+                sent.event_seq
+            )
+        } else {
+            format!(
+                "sent event `{event}` (event seq {}); {}",
+                sent.event_seq,
+                delivery(&info, event)
+            )
+        })
+    })
+    .await
+}
+
+/// The cancel form.
+#[derive(Debug, Deserialize)]
+pub struct CancelForm {
+    token: String,
+    #[serde(default)]
+    reason: String,
+}
+
+/// `POST /runs/{run_id}/cancel`: cancels the run, as `loops cancel` does.
+pub async fn cancel(
+    State(ui): State<Arc<Ui>>,
+    Path(run_id): Path<String>,
+    Form(form): Form<CancelForm>,
+) -> Response {
+    steer(ui, run_id, &form.token.clone(), move |store, id| {
+        let reason = match form.reason.trim() {
+            "" => DEFAULT_CANCEL_REASON,
+            reason => reason,
+        };
+        let before = exists(store, id)?;
+        let info = store.cancel(id, reason)?;
+        Ok(format!(
+            "{} (was {} in state {}, seq {}): {reason}",
+            if info.status == RunStatus::Cancelled {
+                "cancelled"
+            } else {
+                "cancellation asked: the process that drives it stops it at its next step"
+            },
+            before.status,
+            before.state,
+            before.seq
+        ))
+    })
+    .await
+}
+
+/// The retry form.
+#[derive(Debug, Deserialize)]
+pub struct RetryForm {
+    token: String,
+}
+
+/// `POST /runs/{run_id}/retry`: makes a failed run running again, as `loops retry` does.
+pub async fn retry(
+    State(ui): State<Arc<Ui>>,
+    Path(run_id): Path<String>,
+    Form(form): Form<RetryForm>,
+) -> Response {
+    steer(ui, run_id, &form.token, move |store, id| {
+        let info = store.retry(id)?;
+        Ok(format!(
+            "{} again in state {} (seq {}), with a fresh budget of attempts",
+            info.status, info.state, info.seq
+        ))
+    })
+    .await
+}
+
+/// `GET /assets/ui.js`.
+pub async fn script() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        include_str!("assets/ui.js"),
+    )
+        .into_response()
+}
+
+/// `GET /assets/ui.css`.
+pub async fn style() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/css; charset=utf-8")],
+        include_str!("assets/ui.css"),
+    )
+        .into_response()
+}
+
+/// The run's row, or the failure that it does not exist.
+fn exists(store: &dyn Operator, run_id: &str) -> Result<RunInfo> {
+    store
+        .run(run_id)?
+        .ok_or_else(|| not_found(store.label(), run_id))
+}
+
+/// A write to run `run_id` by a form that carries `token`: `f` makes it with the store
+/// reached for writing and says what it did; the answer is the run's page with that note, or
+/// the page of why not (403 for a wrong token).
+async fn steer(
+    ui: Arc<Ui>,
+    run_id: String,
+    token: &str,
+    f: impl FnOnce(&dyn Operator, &str) -> Result<String> + Send + 'static,
+) -> Response {
+    if !ui.guard.token_ok(token) {
+        return stale_token(&ui);
+    }
+    let id = run_id.clone();
+    let done = ui.with(Access::Write, move |store| f(store, &id)).await;
+    written(&ui, &run_id, done)
+}
+
+/// The answer to a write: back to the run's page with what it did, or the page of why not.
+fn written(ui: &Ui, run_id: &str, done: Result<String>) -> Response {
+    match done {
+        Ok(text) => {
+            let n = ui.keep_note(text);
+            Redirect::to(&format!("{}?note={n}", pages::run_href(run_id))).into_response()
+        }
+        Err(failure) => failed(ui, StatusCode::CONFLICT, &failure),
+    }
+}
+
+fn stale_token(ui: &Ui) -> Response {
+    let failure = Failure::new(
+        "this form's token is not this loops ui's (it was restarted, or the form came from elsewhere): reload the page and try again",
+    );
+    failed(ui, StatusCode::FORBIDDEN, &failure)
+}
+
+fn missing(ui: &Ui, run_id: &str) -> Response {
+    failed(ui, StatusCode::NOT_FOUND, &not_found(&ui.label, run_id))
+}
+
+/// The page of a failure; a bad argument is the request's fault (400) whatever `status`.
+fn failed(ui: &Ui, status: StatusCode, failure: &Failure) -> Response {
+    let status = if failure.code == 2 {
+        StatusCode::BAD_REQUEST
+    } else {
+        status
+    };
+    (
+        status,
+        Html(pages::failure(ui, &failure.message).into_string()),
+    )
+        .into_response()
+}
