@@ -335,6 +335,25 @@ pub enum Error {
         source: serde_json::Error,
     },
 
+    /// A payload could not be sealed or opened by the runtime's
+    /// [`PayloadCodec`](crate::PayloadCodec): the key is missing or wrong, the payload was
+    /// altered or moved, or it is sealed and no codec was given. Nothing is shown in clear.
+    #[error("run `{run_id}`: the {field} of the {} cannot be {action}: {cause}", decoded(record, *seq, ""))]
+    Payload {
+        /// The run.
+        run_id: String,
+        /// The record.
+        record: RecordKind,
+        /// The seq of the record's state (an event's place has 0).
+        seq: u64,
+        /// The field (`payload`, `output`, `errors`, `cancel`, `block`).
+        field: &'static str,
+        /// `"opened"` or `"sealed"`.
+        action: &'static str,
+        /// Why; it names the key id.
+        cause: crate::codec::CodecError,
+    },
+
     /// A number read from the store is the largest its type holds, and the write needs the
     /// next one: the seq after the row's (a transition), the attempt after the current one
     /// (a new attempt, a retry), the interruption count, a failure index or an event seq.
