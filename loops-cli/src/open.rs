@@ -94,8 +94,8 @@ static PAYLOADS: OnceLock<Payloads> = OnceLock::new();
 pub fn set_key_file(path: Option<&Path>) -> Result<()> {
     let payloads = match path {
         Some(path) => {
-            let keys = loops_core::Keyring::from_file(path)
-                .map_err(|e| Failure::new(format!("{e}")))?;
+            let keys =
+                loops_core::Keyring::from_file(path).map_err(|e| Failure::new(format!("{e}")))?;
             Payloads::new(std::sync::Arc::new(keys))
         }
         None => Payloads::redacting(),

@@ -68,7 +68,10 @@ impl Operator for Unsealing {
     }
 
     fn run(&self, run_id: &str) -> Result<Option<RunInfo>> {
-        self.inner.run(run_id)?.map(|info| self.row(info)).transpose()
+        self.inner
+            .run(run_id)?
+            .map(|info| self.row(info))
+            .transpose()
     }
 
     fn latest(&self, run_id: &str) -> Result<Option<(RunInfo, TransitionRecord)>> {

@@ -22,7 +22,8 @@ const NONCE_BYTES: usize = 24;
 ///
 /// Each payload gets a random 192-bit nonce (XChaCha20-Poly1305, RustCrypto's
 /// `chacha20poly1305`), and its [`Place`] as associated data. Keys are wiped from memory when
-/// the keyring is dropped; `Debug` shows the ids only.
+/// the keyring is dropped; `Debug` shows the ids only. Cloning copies the keys.
+#[derive(Clone)]
 pub struct Keyring {
     /// `(id, cipher)`, the writing key first.
     keys: Vec<(String, XChaCha20Poly1305)>,
