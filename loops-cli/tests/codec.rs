@@ -182,3 +182,55 @@ fn the_cli_decrypts_with_the_key_and_says_encrypted_without_it() {
         assert!(err.contains("must be readable by its owner only"), "{err}");
     }
 }
+
+#[test]
+fn a_running_process_serves_payloads_sealed_and_the_cli_opens_them_with_its_key() {
+    let (_dir, path, keys) = encrypted_store();
+    let tokio = tokio::runtime::Runtime::new().unwrap();
+    let (rt, server) = tokio.block_on(async {
+        let rt = Runtime::builder()
+            .codec(Keyring::from_file(&keys).unwrap())
+            .open(&path)
+            .unwrap();
+        rt.register::<Vault, _>(Worker);
+        rt.resume_all().await.unwrap();
+        let server = rt.serve_control_next_to_store().await.unwrap();
+        (rt, server)
+    });
+    // The process has the key, yet serves nothing in clear to a CLI without it.
+    let (ok, out, err) = run(loops(&path).args(["history", "v", "--json", "--verbose"]));
+    assert!(ok, "{err}");
+    assert!(err.contains("through the control endpoint"), "{err}");
+    assert!(
+        !out.contains("hunter2") && out.contains("<encrypted: key k1>"),
+        "{out}"
+    );
+    let (ok, out, err) = run(loops(&path).args(["runs", "--json"]));
+    assert!(ok && !out.contains("hunter2"), "{out} {err}");
+    // With its key, the CLI opens them.
+    let (ok, out, err) = run(loops(&path)
+        .args(["history", "v", "--json", "--key-file"])
+        .arg(&keys));
+    assert!(ok, "{err}");
+    assert!(out.contains(&format!("refused {SECRET}")), "{out}");
+    // An event sent through the process, sealed by the CLI: the run finishes with it.
+    let approval = format!("\"via the endpoint {SECRET}\"");
+    let (ok, _, err) = run(loops(&path)
+        .args(["send", "v", "approve", "--json", &approval, "--key-file"])
+        .arg(&keys));
+    assert!(ok, "{err}");
+    let done = tokio.block_on(async {
+        let done = rt.wait::<Vault>("v").await.unwrap();
+        server.stop().await;
+        rt.shutdown().await;
+        done
+    });
+    assert_eq!(
+        done,
+        Vault::Done {
+            approval: format!("via the endpoint {SECRET}")
+        }
+    );
+    drop(rt);
+    assert!(!contains(&std::fs::read(&path).unwrap(), b"hunter2"));
+}

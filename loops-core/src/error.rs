@@ -351,7 +351,7 @@ pub enum Error {
         /// `"opened"` or `"sealed"`.
         action: &'static str,
         /// Why; it names the key id.
-        cause: crate::codec::CodecError,
+        cause: Box<crate::codec::CodecError>,
     },
 
     /// A number read from the store is the largest its type holds, and the write needs the

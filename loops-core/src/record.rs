@@ -96,7 +96,7 @@ impl TransitionRecord {
                 seq: self.seq,
                 field: "payload",
                 action: "opened",
-                cause: crate::codec::CodecError::NoCodec { key: sealed.key },
+                cause: Box::new(crate::codec::CodecError::NoCodec { key: sealed.key }),
             });
         }
         serde_json::from_str(self.payload.get()).map_err(|source| Error::Decode {

@@ -74,7 +74,7 @@ impl Payloads {
             seq: at.seq,
             field: at.field,
             action,
-            cause,
+            cause: Box::new(cause),
         }
     }
 
