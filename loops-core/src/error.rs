@@ -9,7 +9,10 @@ use crate::schema::SchemaHash;
 use crate::status::RunStatus;
 use crate::workflow::BoxError;
 
+mod codec;
 mod methods;
+
+pub use codec::CodecError;
 
 /// Everything loops-core can fail with. Each variant names the run, the state and the sequence
 /// number involved, where there is one, so that a log line is enough to find the record.
@@ -351,7 +354,7 @@ pub enum Error {
         /// `"opened"` or `"sealed"`.
         action: &'static str,
         /// Why; it names the key id.
-        cause: Box<crate::codec::CodecError>,
+        cause: Box<CodecError>,
     },
 
     /// A number read from the store is the largest its type holds, and the write needs the
