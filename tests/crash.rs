@@ -162,6 +162,7 @@ async fn child_process() {
         .park_threshold(Duration::from_millis(
             std::env::var("LOOPS_PARK_MS").map_or(100, |ms| ms.parse().unwrap()),
         ))
+        .codec_if(std::env::var_os("LOOPS_SEALED").is_some())
         .open(dir.join("store.redb"))
         .unwrap();
     let handler = Agent { dir, hold };
@@ -254,6 +255,26 @@ mod v2 {
             );
             let approver: String = ctx.wait_for("approve").await?;
             Ok(ApprovalNext::Done { receipt, approver })
+        }
+    }
+}
+
+/// The key of the runs sealed at rest (`LOOPS_SEALED` in the child).
+fn sealing_keys() -> loops::Keyring {
+    loops::Keyring::new("k1", [3; 32]).unwrap()
+}
+
+/// A builder with the test's codec when `sealed`.
+trait CodecIf {
+    fn codec_if(self, sealed: bool) -> Self;
+}
+
+impl CodecIf for loops::RuntimeBuilder {
+    fn codec_if(self, sealed: bool) -> Self {
+        if sealed {
+            self.codec(sealing_keys())
+        } else {
+            self
         }
     }
 }
@@ -1024,6 +1045,52 @@ mod failpoints {
         assert_eq!(
             entries(dir.path()),
             counts(&[("Start 0", 1), ("Effect 1", 2), ("Approval 2", 1)])
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_sealed_run_killed_after_a_step_record_resumes_and_stores_nothing_in_clear() {
+    let dir = tempfile::tempdir().unwrap();
+    let sealed = [("LOOPS_SEALED", "1")];
+    {
+        let (child, rx) = spawn_child_env(dir.path(), "after_step", "", &sealed);
+        let _child = Killed(child);
+        expect_line(&rx, "holding after_step");
+    }
+    let runtime = Runtime::builder()
+        .codec(sealing_keys())
+        .open(dir.path().join("store.redb"))
+        .unwrap();
+    runtime
+        .send("job", "approve", "secret-approver")
+        .await
+        .unwrap();
+    drop(runtime);
+    let (child, rx) = spawn_child_env(dir.path(), "", "", &sealed);
+    let mut child = Killed(child);
+    let end = expect_line(&rx, "ended ");
+    child.0.wait().unwrap();
+    assert_eq!(
+        end,
+        r#"ended {"Done":{"receipt":"receipt-7","approver":"secret-approver"}}"#
+    );
+    assert_eq!(
+        lines(dir.path(), "ledger").len(),
+        1,
+        "the recorded step ran again"
+    );
+    assert_eq!(
+        entries(dir.path()),
+        counts(&[("Start 0", 1), ("Effect 1", 2), ("Approval 2", 1)])
+    );
+    assert_eq!(history(dir.path()), full_history());
+    let bytes = std::fs::read(dir.path().join("store.redb")).unwrap();
+    for secret in [&b"receipt-7"[..], b"secret-approver"] {
+        assert!(
+            !bytes.windows(secret.len()).any(|w| w == secret),
+            "{} is in the file in clear",
+            String::from_utf8_lossy(secret)
         );
     }
 }

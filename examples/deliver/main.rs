@@ -102,6 +102,11 @@ struct Cli {
     #[arg(long, value_name = "PATH")]
     repo: Option<PathBuf>,
 
+    /// Encrypt payloads at rest with this key file (`KEY_ID HEX` lines, writing key first,
+    /// mode 0600; docs/encryption.md); `loops --key-file` reads them [default: unencrypted]
+    #[arg(long, env = "LOOPS_KEY_FILE", value_name = "PATH")]
+    key_file: Option<PathBuf>,
+
     /// The run's id, its idempotency key: running the same id again resumes or reports it
     #[arg(long, value_name = "ID", default_value = DEFAULT_RUN_ID)]
     run_id: String,
@@ -330,8 +335,15 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
     }
     paths.create_workdir()?;
 
+    let keys = cli.key_file.as_deref().map(loops::Keyring::from_file);
+    let keys = keys.transpose()?;
     let runtime = open_store(|| {
-        versions::builder(cli.workflow_version)
+        let builder = versions::builder(cli.workflow_version);
+        let builder = match keys.clone() {
+            Some(keys) => builder.codec(keys),
+            None => builder,
+        };
+        builder
             .limit(agent::MODEL_LIMIT_NAME, agent::model_limit())
             .retry(
                 RetryPolicy::attempts(MAX_ATTEMPTS)
@@ -458,7 +470,12 @@ async fn dry_run(cli: &Cli) -> Result<()> {
     let read_only = open_store(|| loops::RedbStore::open_read_only(&store))
         .await
         .map_err(store_error)?;
-    let runtime = versions::dry_run_builder(cli.workflow_version).build(read_only);
+    let builder = versions::dry_run_builder(cli.workflow_version);
+    let keys = cli.key_file.as_deref().map(loops::Keyring::from_file);
+    let runtime = match keys.transpose()? {
+        Some(keys) => builder.codec(keys).build(read_only),
+        None => builder.build(read_only),
+    };
     let lines = versions::dry_run(&runtime).await;
     runtime.shutdown().await;
     let lines = lines?;

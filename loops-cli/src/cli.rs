@@ -60,6 +60,13 @@ pub struct Cli {
     #[arg(long, global = true, value_enum, default_value_t = ColorArg::Auto, value_name = "WHEN")]
     pub color: ColorArg,
 
+    /// The payload key file (one `KEY_ID HEX` line per key, the writing key first; mode
+    /// 0600) of a store whose payloads are encrypted (RuntimeBuilder::codec): payloads are
+    /// shown decrypted, and `send` and `cancel` encrypt what they store. Without it, an
+    /// encrypted payload shows as <encrypted: key K>.
+    #[arg(long, global = true, env = "LOOPS_KEY_FILE", value_name = "PATH")]
+    pub key_file: Option<PathBuf>,
+
     /// Read the store without first verifying the checksum of every page. Commands that only
     /// read (runs, show, history, schema, graph) verify by default, so that a damaged file is
     /// refused instead of shown. The check reads every page of the file, and writes nothing

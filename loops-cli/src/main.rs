@@ -64,6 +64,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
     }
     open::set_verify(!cli.no_verify);
     open::set_verbose(cli.verbose);
+    open::set_key_file(cli.key_file.as_deref())?;
     let checking = matches!(cli.command, Command::Check(_));
     let done = match &cli.command {
         Command::Runs(args) => commands::runs::run(&target, args),

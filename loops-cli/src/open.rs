@@ -16,10 +16,10 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use loops_core::control::{Client, ControlError, Endpoint, socket_path};
-use loops_core::{Error, RedbStore, Runtime, StoreOptions};
+use loops_core::{Error, Payloads, RedbStore, Runtime, StoreOptions};
 
 use crate::failure::{Failure, Result};
-use crate::operator::{Local, Operator, Remote};
+use crate::operator::{Local, Operator, Remote, Unsealing};
 use crate::output::note;
 
 /// Where the store is: `--store`'s value.
@@ -82,6 +82,28 @@ pub fn set_verbose(verbose: bool) {
     let _ = VERBOSE.set(verbose);
 }
 
+/// How payloads are opened: with the keys of `--key-file`, or shown as encrypted.
+static PAYLOADS: OnceLock<Payloads> = OnceLock::new();
+
+/// Reads the key file of `--key-file` (or `LOOPS_KEY_FILE`), if one is given: every
+/// operator then opens sealed payloads with it and seals what `send` and `cancel` store.
+/// Without one, a sealed payload shows as `<encrypted: key K>`.
+///
+/// # Errors
+/// The key file cannot be read, may be read by others, or is not a key file.
+pub fn set_key_file(path: Option<&Path>) -> Result<()> {
+    let payloads = match path {
+        Some(path) => {
+            let keys =
+                loops_core::Keyring::from_file(path).map_err(|e| Failure::new(format!("{e}")))?;
+            Payloads::new(std::sync::Arc::new(keys))
+        }
+        None => Payloads::redacting(),
+    };
+    let _ = PAYLOADS.set(payloads);
+    Ok(())
+}
+
 /// The operator for `target`, reached as [`Access`] allows: the control endpoint of the
 /// process that holds a redb file if one answers next to it, else the file itself; a
 /// PostgreSQL store directly.
@@ -90,6 +112,8 @@ pub fn operator(target: &Target, access: Access) -> Result<Box<dyn Operator>> {
         Target::File(path) => file_operator(path, access)?,
         Target::Postgres { url, schema } => Box::new(postgres(url, schema)?),
     };
+    let payloads = PAYLOADS.get().cloned().unwrap_or_else(Payloads::redacting);
+    let operator: Box<dyn Operator> = Box::new(Unsealing::new(operator, payloads));
     if VERBOSE.get().copied().unwrap_or(false) {
         note(&format!(
             "store {}: {}",

@@ -9,7 +9,10 @@ use crate::schema::SchemaHash;
 use crate::status::RunStatus;
 use crate::workflow::BoxError;
 
+mod codec;
 mod methods;
+
+pub use codec::CodecError;
 
 /// Everything loops-core can fail with. Each variant names the run, the state and the sequence
 /// number involved, where there is one, so that a log line is enough to find the record.
@@ -333,6 +336,25 @@ pub enum Error {
         /// The serde error.
         #[source]
         source: serde_json::Error,
+    },
+
+    /// A payload could not be sealed or opened by the runtime's
+    /// [`PayloadCodec`](crate::PayloadCodec): the key is missing or wrong, the payload was
+    /// altered or moved, or it is sealed and no codec was given. Nothing is shown in clear.
+    #[error("run `{run_id}`: the {field} of the {} cannot be {action}: {cause}", decoded(record, *seq, ""))]
+    Payload {
+        /// The run.
+        run_id: String,
+        /// The record.
+        record: RecordKind,
+        /// The seq of the record's state (an event's place has 0).
+        seq: u64,
+        /// The field (`payload`, `output`, `errors`, `cancel`, `block`).
+        field: &'static str,
+        /// `"opened"` or `"sealed"`.
+        action: &'static str,
+        /// Why; it names the key id.
+        cause: Box<CodecError>,
     },
 
     /// A number read from the store is the largest its type holds, and the write needs the

@@ -6,6 +6,7 @@
 #![warn(missing_docs)]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+mod codec;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 #[cfg(feature = "control")]
@@ -32,6 +33,10 @@ mod workflow;
 #[cfg(test)]
 mod tests;
 
+pub use codec::{
+    CodecError, Keyring, KeyringError, PayloadCodec, Place, Sealed, envelope, parse_envelope,
+    redacted,
+};
 pub use error::{Error, RecordKind, Result, error_chain};
 pub use hint::{Hinted, RetryHint, retry_hint};
 pub use limit::Limit;
@@ -58,9 +63,9 @@ pub use schema::{
 };
 pub use store::{
     AfterFailure, BoxFuture, ClaimFilter, Compacted, CurrentLease, Effects, EventRecord, Facts,
-    InboxChange, Lease, LeaseCheck, Needs, PendingEvent, Pruned, Readiness, Ready, Record,
-    RecordKey, RedbStore, Reply, RowWrite, RunInfo, RunStatus, Store, StoreOptions, WaitInfo,
-    WaitOutcome, Write, event_record, plan, prune,
+    InboxChange, Lease, LeaseCheck, Needs, Payloads, PendingEvent, Pruned, Readiness, Ready,
+    Record, RecordKey, RedbStore, Reply, RowWrite, RunInfo, RunStatus, Store, StoreOptions,
+    WaitInfo, WaitOutcome, Write, event_record, plan, prune,
 };
 pub use workflow::{BoxError, StateId, Workflow};
 

@@ -85,8 +85,20 @@ impl TransitionRecord {
     /// Decodes the payload as the workflow `W`.
     ///
     /// # Errors
-    /// [`Error::Decode`] (naming run, seq and state) if the payload is not a `W`.
+    /// [`Error::Payload`] if the payload is sealed (a store written under a codec, read by
+    /// a runtime without one); [`Error::Decode`] (naming run, seq and state) if the payload
+    /// is not a `W`.
     pub fn decode<W: Workflow>(&self, run_id: &str) -> Result<W> {
+        if let Some(Ok(sealed)) = crate::codec::parse_envelope(self.payload.get()) {
+            return Err(Error::Payload {
+                run_id: run_id.to_owned(),
+                record: RecordKind::Transition,
+                seq: self.seq,
+                field: "payload",
+                action: "opened",
+                cause: Box::new(crate::codec::CodecError::NoCodec { key: sealed.key }),
+            });
+        }
         serde_json::from_str(self.payload.get()).map_err(|source| Error::Decode {
             run_id: run_id.to_owned(),
             record: RecordKind::Transition,

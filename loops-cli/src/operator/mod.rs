@@ -12,6 +12,7 @@
 
 mod local;
 mod remote;
+mod sealed;
 
 use loops_core::SchemaHash;
 use loops_core::{Compacted, EventRecord, Pruned, RetentionPolicy, RunInfo, RunStatus, Sent};
@@ -20,6 +21,7 @@ use serde_json::value::RawValue;
 
 pub use local::Local;
 pub use remote::{Remote, remote_failure};
+pub use sealed::Unsealing;
 
 use crate::failure::{Failure, Result};
 

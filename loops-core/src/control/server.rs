@@ -386,18 +386,24 @@ async fn list(State(s): State<Shared>, Query(q): Query<ListQuery>) -> Answer<Vec
     };
     let mut runs = Vec::new();
     for status in statuses {
-        let listed = s.runtime.list_runs(status, q.workflow.as_deref()).await?;
+        let listed = s
+            .runtime
+            .stored()
+            .list(status, q.workflow.as_deref())
+            .await?;
         runs.extend(listed.into_iter().map(Run::from));
     }
     Ok(Json(runs))
 }
 
 async fn run_info(State(s): State<Shared>, UrlPath(run): UrlPath<String>) -> Answer<Option<Run>> {
-    Ok(Json(s.runtime.run_info(&run).await?.map(Run::from)))
+    Ok(Json(
+        s.runtime.stored().run_info(&run).await?.map(Run::from),
+    ))
 }
 
 async fn latest(State(s): State<Shared>, UrlPath(run): UrlPath<String>) -> Answer<Option<Latest>> {
-    let latest = s.runtime.store().latest(&run).await?;
+    let latest = s.runtime.stored().latest(&run).await?;
     Ok(Json(latest.map(|(run, record)| Latest {
         run: run.into(),
         record,
@@ -408,14 +414,14 @@ async fn history(
     State(s): State<Shared>,
     UrlPath(run): UrlPath<String>,
 ) -> Answer<Vec<TransitionRecord>> {
-    Ok(Json(s.runtime.store().history(&run).await?))
+    Ok(Json(s.runtime.stored().history(&run).await?))
 }
 
 async fn steps(
     State(s): State<Shared>,
     UrlPath((run, seq)): UrlPath<(String, u64)>,
 ) -> Answer<Vec<Step>> {
-    let steps = s.runtime.store().steps(&run, seq).await?;
+    let steps = s.runtime.stored().steps(&run, seq).await?;
     Ok(Json(
         steps
             .into_iter()
@@ -429,7 +435,7 @@ async fn steps(
 }
 
 async fn failures(State(s): State<Shared>, UrlPath(run): UrlPath<String>) -> Answer<Vec<Failed>> {
-    let failures = s.runtime.store().failures(&run).await?;
+    let failures = s.runtime.stored().failures(&run).await?;
     Ok(Json(
         failures
             .into_iter()
@@ -439,7 +445,7 @@ async fn failures(State(s): State<Shared>, UrlPath(run): UrlPath<String>) -> Ans
 }
 
 async fn events(State(s): State<Shared>, UrlPath(run): UrlPath<String>) -> Answer<Vec<Event>> {
-    let events = s.runtime.store().events(&run).await?;
+    let events = s.runtime.stored().events(&run).await?;
     Ok(Json(
         events
             .into_iter()
@@ -505,11 +511,22 @@ async fn cancel(
     UrlPath(run): UrlPath<String>,
     Json(request): Json<CancelRequest>,
 ) -> Answer<Run> {
-    Ok(Json(s.runtime.cancel(&run, &request.reason).await?.into()))
+    s.runtime.cancel(&run, &request.reason).await?;
+    stored_row(&s, run).await
+}
+
+/// The run's row as stored: under a codec, its texts stay sealed (the endpoint never opens
+/// a payload; the CLI does, with its own key).
+async fn stored_row(s: &Shared, run: String) -> Answer<Run> {
+    match s.runtime.stored().run_info(&run).await? {
+        Some(info) => Ok(Json(info.into())),
+        None => Err(Error::RunNotFound { run_id: run }.into()),
+    }
 }
 
 async fn retry(State(s): State<Shared>, UrlPath(run): UrlPath<String>) -> Answer<Run> {
-    Ok(Json(s.runtime.retry(&run).await?.into()))
+    s.runtime.retry(&run).await?;
+    stored_row(&s, run).await
 }
 
 async fn prune(State(s): State<Shared>, Json(request): Json<PruneRequest>) -> Answer<PruneReply> {

@@ -78,6 +78,7 @@ impl Error {
             | Error::EventEncode { run_id, .. }
             | Error::Encode { run_id, .. }
             | Error::Decode { run_id, .. }
+            | Error::Payload { run_id, .. }
             | Error::PayloadTooLarge { run_id, .. }
             | Error::CounterOverflow { run_id, .. }
             | Error::RunFailed { run_id, .. }

@@ -5,6 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::codec::PayloadCodec;
 use crate::error::{Error, Result};
 use crate::migrate::{Migrate, Migration, Versioned};
 use crate::retention::RetentionPolicy;
@@ -16,6 +17,7 @@ use crate::runtime::registered::Registered;
 use crate::store::Store;
 use crate::store::precheck::{SchemaCheck, check_schemas, precheck};
 use crate::store::redb::{RedbStore, StoreOptions};
+use crate::store::sealing::{Payloads, SealedStore};
 use crate::workflow::{StateId, Workflow};
 
 /// Configures a [`Runtime`]: retry policies, time-outs, limits and registered workflows.
@@ -24,12 +26,14 @@ use crate::workflow::{StateId, Workflow};
 pub struct RuntimeBuilder {
     config: Config,
     store_options: StoreOptions,
+    codec: Option<Arc<dyn PayloadCodec>>,
 }
 
 impl Default for RuntimeBuilder {
     fn default() -> Self {
         RuntimeBuilder {
             store_options: StoreOptions::default(),
+            codec: None,
             config: Config {
                 settings: Settings::default(),
                 max_active_runs: None,
@@ -260,7 +264,24 @@ impl RuntimeBuilder {
     /// checks of [`workflow`](Self::workflow) are not made before such a store opens; each run
     /// is still checked when it is driven.
     pub fn build(self, store: impl Store) -> Runtime {
-        Runtime::new(Arc::new(store), self.config)
+        let store: Arc<dyn Store> = Arc::new(store);
+        let sealed: Arc<dyn Store> = match self.codec {
+            Some(codec) => Arc::new(SealedStore::new(Arc::clone(&store), Payloads::new(codec))),
+            None => Arc::clone(&store),
+        };
+        Runtime::new(sealed, store, self.config)
+    }
+
+    /// Seals every payload a run stores with `codec` and opens it when read back: states,
+    /// step outputs, events, failure texts, cancellation and block reasons (a
+    /// [`Keyring`](crate::Keyring) is the ready codec). Run ids, workflow, state names,
+    /// status, seqs, times, schema hashes and attempt counts stay in clear: stores index
+    /// and route by them. Payloads stored in clear before (or texts loops writes itself)
+    /// still read. Without a codec (the default), a sealed payload fails to decode with
+    /// [`Error::Payload`](crate::Error::Payload) naming its key id. See docs/security.md.
+    pub fn codec(mut self, codec: impl PayloadCodec) -> Self {
+        self.codec = Some(Arc::new(codec));
+        self
     }
 }
 

@@ -37,6 +37,9 @@ pub struct Runtime {
 /// What the clones of one runtime share.
 pub(crate) struct Inner {
     pub(crate) store: Arc<dyn Store>,
+    /// The store beneath the codec (`store` itself without one): payloads as stored.
+    #[cfg_attr(not(feature = "control"), allow(dead_code))]
+    stored: Arc<dyn Store>,
     pub(crate) config: Config,
     /// The runs this runtime drives now.
     pub(crate) claims: Claims,
@@ -223,13 +226,15 @@ impl std::fmt::Debug for Runtime {
 }
 
 impl Runtime {
-    /// The runtime over `store`, with `config`.
-    pub(crate) fn new(store: Arc<dyn Store>, config: Config) -> Runtime {
+    /// The runtime over `store` (`stored`: the store beneath its codec, or `store` itself),
+    /// with `config`.
+    pub(crate) fn new(store: Arc<dyn Store>, stored: Arc<dyn Store>, config: Config) -> Runtime {
         let registry = config.registry.clone();
         Runtime {
             inner: Arc::new(Inner {
                 claims: Claims::new(Arc::clone(&store)),
                 store,
+                stored,
                 config,
                 registry: RwLock::new(registry),
                 background: Background::new(),
@@ -242,6 +247,14 @@ impl Runtime {
     /// The store this runtime keeps its records in.
     pub fn store(&self) -> &dyn Store {
         &*self.inner.store
+    }
+
+    /// The store as it stores payloads: under a codec ([`RuntimeBuilder::codec`](crate::RuntimeBuilder::codec)),
+    /// the store beneath it, whose reads return payloads sealed (what the control endpoint
+    /// serves: it never opens a payload for a caller).
+    #[cfg_attr(not(feature = "control"), allow(dead_code))]
+    pub(crate) fn stored(&self) -> &dyn Store {
+        &*self.inner.stored
     }
 
     /// The store, shared (for tasks that outlive a borrow of the runtime).

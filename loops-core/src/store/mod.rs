@@ -35,6 +35,7 @@ pub(crate) mod precheck;
 pub(crate) mod protocol;
 mod ready;
 pub(crate) mod redb;
+pub(crate) mod sealing;
 
 pub use self::effects::{Effects, InboxChange, Record, RowWrite, event_record};
 pub use self::facts::{CurrentLease, Facts, LeaseCheck, Needs, PendingEvent, RecordKey};
@@ -42,6 +43,7 @@ pub use self::plan::plan;
 pub use self::protocol::{AfterFailure, EventRecord, Reply, WaitOutcome, Write};
 pub use self::ready::{Readiness, Ready};
 pub use self::redb::{Compacted, RedbStore, StoreOptions};
+pub use self::sealing::Payloads;
 
 /// A boxed, `Send` future: what [`Store`] methods return, so that `dyn Store` works.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

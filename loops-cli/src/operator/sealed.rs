@@ -1,0 +1,166 @@
+//! [`Unsealing`]: payloads opened with the CLI's own key (`--key-file`), whichever way the
+//! store is reached. A running process's control endpoint serves payloads as stored (it
+//! never opens them for a caller), so the key stays with whoever runs the CLI.
+
+use loops_core::{
+    Compacted, EventRecord, Payloads, Pruned, RetentionPolicy, RunInfo, RunStatus, SchemaHash,
+    Sent, parse_envelope,
+};
+use loops_core::{FailureRecord, StepRecord, TransitionRecord};
+use serde_json::value::RawValue;
+
+use super::Operator;
+use crate::failure::{Failure, Result};
+
+/// An operator whose reads open sealed payloads (or, without a key, show
+/// `<encrypted: key K>`), and whose `send` and `cancel` seal what they store.
+pub struct Unsealing {
+    inner: Box<dyn Operator>,
+    payloads: Payloads,
+}
+
+impl Unsealing {
+    /// `inner`, its payloads opened by `payloads`.
+    pub fn new(inner: Box<dyn Operator>, payloads: Payloads) -> Unsealing {
+        Unsealing { inner, payloads }
+    }
+
+    fn rows(&self, mut rows: Vec<RunInfo>) -> Result<Vec<RunInfo>> {
+        for info in &mut rows {
+            self.payloads.open_info(info)?;
+        }
+        Ok(rows)
+    }
+
+    fn row(&self, mut info: RunInfo) -> Result<RunInfo> {
+        self.payloads.open_info(&mut info)?;
+        Ok(info)
+    }
+
+    /// Without a key, refuses to store a text in clear in a run whose payloads are sealed.
+    fn check_sealable(&self, run_id: &str, what: &str) -> Result<()> {
+        if self.payloads.seals() {
+            return Ok(());
+        }
+        if let Some((_, record)) = self.inner.latest(run_id)?
+            && let Some(Ok(sealed)) = parse_envelope(record.payload.get())
+        {
+            return Err(Failure::new(format!(
+                "run `{run_id}` is encrypted (key `{}`): pass --key-file (or set LOOPS_KEY_FILE) so that the {what} is encrypted too",
+                sealed.key
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Operator for Unsealing {
+    fn label(&self) -> &str {
+        self.inner.label()
+    }
+
+    fn reached(&self) -> String {
+        self.inner.reached()
+    }
+
+    fn list(&self, status: RunStatus, workflow: Option<&str>) -> Result<Vec<RunInfo>> {
+        self.rows(self.inner.list(status, workflow)?)
+    }
+
+    fn run(&self, run_id: &str) -> Result<Option<RunInfo>> {
+        self.inner
+            .run(run_id)?
+            .map(|info| self.row(info))
+            .transpose()
+    }
+
+    fn latest(&self, run_id: &str) -> Result<Option<(RunInfo, TransitionRecord)>> {
+        let Some((info, mut record)) = self.inner.latest(run_id)? else {
+            return Ok(None);
+        };
+        self.payloads.open_transition(run_id, &mut record)?;
+        Ok(Some((self.row(info)?, record)))
+    }
+
+    fn history(&self, run_id: &str) -> Result<Vec<TransitionRecord>> {
+        let mut records = self.inner.history(run_id)?;
+        for record in &mut records {
+            self.payloads.open_transition(run_id, record)?;
+        }
+        Ok(records)
+    }
+
+    fn steps(&self, run_id: &str, seq: u64) -> Result<Vec<(String, u32, StepRecord)>> {
+        let mut steps = self.inner.steps(run_id, seq)?;
+        for (name, occurrence, record) in &mut steps {
+            self.payloads
+                .open_step(run_id, seq, name, *occurrence, record)?;
+        }
+        Ok(steps)
+    }
+
+    fn failures(&self, run_id: &str) -> Result<Vec<(u64, FailureRecord)>> {
+        let mut failures = self.inner.failures(run_id)?;
+        for (seq, record) in &mut failures {
+            self.payloads.open_failure(run_id, *seq, record)?;
+        }
+        Ok(failures)
+    }
+
+    fn events(&self, run_id: &str) -> Result<Vec<(u64, EventRecord, bool)>> {
+        let mut events = self.inner.events(run_id)?;
+        for (_, record, _) in &mut events {
+            self.payloads.open_event(run_id, record)?;
+        }
+        Ok(events)
+    }
+
+    fn schemas(&self) -> Result<Vec<(SchemaHash, String)>> {
+        self.inner.schemas()
+    }
+
+    fn schema(&self, hash: SchemaHash) -> Result<Option<String>> {
+        self.inner.schema(hash)
+    }
+
+    fn cancel(&self, run_id: &str, reason: &str) -> Result<RunInfo> {
+        self.check_sealable(run_id, "cancellation reason")?;
+        let reason = self.payloads.seal_cancel(run_id, reason)?;
+        self.row(self.inner.cancel(run_id, &reason)?)
+    }
+
+    fn retry(&self, run_id: &str) -> Result<RunInfo> {
+        self.row(self.inner.retry(run_id)?)
+    }
+
+    fn send(
+        &self,
+        run_id: &str,
+        event: &str,
+        key: Option<&str>,
+        payload: &RawValue,
+    ) -> Result<Sent> {
+        self.check_sealable(run_id, "event")?;
+        let sealed = self.payloads.seal_event(run_id, event, payload.get())?;
+        let sealed = RawValue::from_string(sealed)
+            .map_err(|e| Failure::new(format!("the sealed event is not JSON: {e}")))?;
+        self.inner.send(run_id, event, key, &sealed)
+    }
+
+    fn prune(
+        &self,
+        policy: &RetentionPolicy,
+        dry_run: bool,
+        progress: &dyn Fn(u64, u64),
+    ) -> Result<Pruned> {
+        self.inner.prune(policy, dry_run, progress)
+    }
+
+    fn compact(&self) -> Result<Compacted> {
+        self.inner.compact()
+    }
+
+    fn close(self: Box<Self>) {
+        self.inner.close();
+    }
+}

@@ -1,0 +1,236 @@
+//! The `loops` binary on a store whose payloads are encrypted (`RuntimeBuilder::codec`):
+//! with `--key-file` (or `LOOPS_KEY_FILE`) it shows them decrypted, without it it says which
+//! key each needs and never prints ciphertext, and `send` encrypts the event it stores (or,
+//! without the key, refuses to store it in clear).
+
+use std::path::{Path, PathBuf};
+
+use assert_cmd::Command;
+use loops_core::{BoxError, Context, Keyring, RetryPolicy, RunStatus, Runtime};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+const SECRET: &str = "secret-token=hunter2";
+const KEY: &str = "k1 0707070707070707070707070707070707070707070707070707070707070707\n";
+
+#[derive(loops_derive::Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(crate = loops_core)]
+enum Vault {
+    #[initial]
+    #[next(Done)]
+    Open { token: String },
+    #[terminal]
+    Done { approval: String },
+}
+
+struct Worker;
+
+impl VaultHandler for Worker {
+    type Error = BoxError;
+
+    async fn open(&self, ctx: &Context, token: String) -> Result<OpenNext, BoxError> {
+        let _: String = ctx
+            .step("call", || async { Ok(format!("output {SECRET}")) })
+            .await?;
+        if ctx.attempt() == 1 {
+            return Err(format!("refused {token}").into());
+        }
+        let approval: String = ctx.wait_for("approve").await?;
+        Ok(OpenNext::Done { approval })
+    }
+}
+
+/// A store with run `v` waiting for `approve` in `Open`, after one failed attempt; and the
+/// key file (mode 0600).
+fn encrypted_store() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let keys = dir.path().join("keys");
+    std::fs::write(&keys, KEY).unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let rt = Runtime::builder()
+            .retry(RetryPolicy::attempts(3).with_delays(
+                std::time::Duration::from_millis(1),
+                std::time::Duration::from_millis(2),
+            ))
+            .codec(Keyring::from_file(&keys).unwrap())
+            .open(&path)
+            .unwrap();
+        rt.register::<Vault, _>(Worker);
+        rt.start(
+            "v",
+            Vault::Open {
+                token: SECRET.to_owned(),
+            },
+        )
+        .await
+        .unwrap();
+        for _ in 0..2000 {
+            let info = rt.run_info("v").await.unwrap().unwrap();
+            if info.status == RunStatus::Waiting {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert_eq!(
+            rt.run_info("v").await.unwrap().unwrap().status,
+            RunStatus::Waiting
+        );
+        rt.shutdown().await;
+    });
+    (dir, path, keys)
+}
+
+fn loops(path: &Path) -> Command {
+    let mut cmd = Command::cargo_bin("loops").unwrap();
+    cmd.env("LOOPS_STORE", path)
+        .env("NO_COLOR", "1")
+        .env_remove("LOOPS_KEY_FILE");
+    cmd
+}
+
+fn run(cmd: &mut Command) -> (bool, String, String) {
+    let out = cmd.output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+fn contains(bytes: &[u8], needle: &[u8]) -> bool {
+    bytes.windows(needle.len()).any(|w| w == needle)
+}
+
+#[test]
+fn the_cli_decrypts_with_the_key_and_says_encrypted_without_it() {
+    let (_dir, path, keys) = encrypted_store();
+    assert!(!contains(&std::fs::read(&path).unwrap(), b"hunter2"));
+
+    // Without the key: every payload is named as encrypted, with its key id; no ciphertext.
+    let (ok, out, err) = run(loops(&path).args(["history", "v", "--json"]));
+    assert!(ok, "{err}");
+    assert!(
+        !out.contains("hunter2") && !out.contains("$sealed"),
+        "{out}"
+    );
+    assert!(out.contains("<encrypted: key k1>"), "{out}");
+    let (ok, out, err) = run(loops(&path).args(["show", "v"]));
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("<encrypted: key k1>") && !out.contains("hunter2"),
+        "{out}"
+    );
+
+    // With the key (flag or environment): the payloads in clear.
+    let (ok, out, err) = run(loops(&path)
+        .args(["history", "v", "--json", "--key-file"])
+        .arg(&keys));
+    assert!(ok, "{err}");
+    let history: Value = serde_json::from_str(&out).unwrap();
+    let text = history.to_string();
+    assert!(text.contains(&format!("refused {SECRET}")), "{text}");
+    assert!(text.contains(&format!("output {SECRET}")), "{text}");
+    assert!(!text.contains("<encrypted"), "{text}");
+    let (ok, out, _) = run(loops(&path)
+        .env("LOOPS_KEY_FILE", &keys)
+        .args(["show", "v"]));
+    assert!(ok && out.contains(SECRET), "{out}");
+
+    // `send` without the key refuses to store the event in clear, and writes nothing.
+    let (ok, _, err) = run(loops(&path).args(["send", "v", "approve", "--json", "\"ok\""]));
+    assert!(!ok);
+    assert!(err.contains("run `v` is encrypted (key `k1`)"), "{err}");
+    // With the key it encrypts it: the file holds no trace of it in clear.
+    let approval = format!("\"approved {SECRET}\"");
+    let (ok, _, err) = run(loops(&path)
+        .args(["send", "v", "approve", "--json", &approval, "--key-file"])
+        .arg(&keys));
+    assert!(ok, "{err}");
+    assert!(!contains(&std::fs::read(&path).unwrap(), b"hunter2"));
+
+    // The run finishes with the event the CLI sealed.
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let rt = Runtime::builder()
+            .codec(Keyring::from_file(&keys).unwrap())
+            .open(&path)
+            .unwrap();
+        rt.register::<Vault, _>(Worker);
+        rt.resume_all().await.unwrap();
+        assert_eq!(
+            rt.wait::<Vault>("v").await.unwrap(),
+            Vault::Done {
+                approval: format!("approved {SECRET}")
+            }
+        );
+        rt.shutdown().await;
+    });
+    assert!(!contains(&std::fs::read(&path).unwrap(), b"hunter2"));
+
+    // A key file others can read is refused.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let (ok, _, err) = run(loops(&path).args(["runs", "--key-file"]).arg(&keys));
+        assert!(!ok);
+        assert!(err.contains("must be readable by its owner only"), "{err}");
+    }
+}
+
+#[test]
+fn a_running_process_serves_payloads_sealed_and_the_cli_opens_them_with_its_key() {
+    let (_dir, path, keys) = encrypted_store();
+    let tokio = tokio::runtime::Runtime::new().unwrap();
+    let (rt, server) = tokio.block_on(async {
+        let rt = Runtime::builder()
+            .codec(Keyring::from_file(&keys).unwrap())
+            .open(&path)
+            .unwrap();
+        rt.register::<Vault, _>(Worker);
+        rt.resume_all().await.unwrap();
+        let server = rt.serve_control_next_to_store().await.unwrap();
+        (rt, server)
+    });
+    // The process has the key, yet serves nothing in clear to a CLI without it.
+    let (ok, out, err) = run(loops(&path).args(["history", "v", "--json", "--verbose"]));
+    assert!(ok, "{err}");
+    assert!(err.contains("through the control endpoint"), "{err}");
+    assert!(
+        !out.contains("hunter2") && out.contains("<encrypted: key k1>"),
+        "{out}"
+    );
+    let (ok, out, err) = run(loops(&path).args(["runs", "--json"]));
+    assert!(ok && !out.contains("hunter2"), "{out} {err}");
+    // With its key, the CLI opens them.
+    let (ok, out, err) = run(loops(&path)
+        .args(["history", "v", "--json", "--key-file"])
+        .arg(&keys));
+    assert!(ok, "{err}");
+    assert!(out.contains(&format!("refused {SECRET}")), "{out}");
+    // An event sent through the process, sealed by the CLI: the run finishes with it.
+    let approval = format!("\"via the endpoint {SECRET}\"");
+    let (ok, _, err) = run(loops(&path)
+        .args(["send", "v", "approve", "--json", &approval, "--key-file"])
+        .arg(&keys));
+    assert!(ok, "{err}");
+    let done = tokio.block_on(async {
+        let done = rt.wait::<Vault>("v").await.unwrap();
+        server.stop().await;
+        rt.shutdown().await;
+        done
+    });
+    assert_eq!(
+        done,
+        Vault::Done {
+            approval: format!("via the endpoint {SECRET}")
+        }
+    );
+    drop(rt);
+    assert!(!contains(&std::fs::read(&path).unwrap(), b"hunter2"));
+}

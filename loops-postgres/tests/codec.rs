@@ -1,0 +1,111 @@
+//! Payloads encrypted at rest on PostgreSQL: with a codec (`RuntimeBuilder::codec`), the
+//! store's tables hold no payload in clear (every row of every table, read raw as text, lacks
+//! the secret), the run finishes with its exact state, and a runtime without the key is told
+//! which key the payloads need.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{TestSchema, admin};
+use loops::{CodecError, Context, Error, Keyring, RetryPolicy, Runtime, Workflow};
+use serde::{Deserialize, Serialize};
+
+const SECRET: &str = "secret-token=hunter2";
+
+#[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(name = "pg_secrets")]
+enum Secrets {
+    #[initial]
+    #[next(Done)]
+    Open { token: String },
+    #[terminal]
+    Done { output: String, approval: String },
+}
+
+struct Agent;
+
+impl SecretsHandler for Agent {
+    type Error = anyhow::Error;
+
+    async fn open(&self, ctx: &Context, token: String) -> Result<OpenNext, Self::Error> {
+        let output: String = ctx
+            .step("call", || async { Ok(format!("output {SECRET}")) })
+            .await?;
+        anyhow::ensure!(ctx.attempt() > 1, "refused {token}");
+        let approval: String = ctx.wait_for("approve").await?;
+        Ok(OpenNext::Done { output, approval })
+    }
+}
+
+fn keys() -> Keyring {
+    Keyring::new("k1", [5; 32]).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tables_hold_no_payload_in_clear_and_the_run_finishes() {
+    let schema = TestSchema::new("codec").await;
+    let store = schema.store(Duration::from_secs(5)).await;
+    let rt = Runtime::builder()
+        .retry(
+            RetryPolicy::attempts(3)
+                .with_delays(Duration::from_millis(1), Duration::from_millis(2)),
+        )
+        .codec(keys())
+        .build(store);
+    rt.register::<Secrets, _>(Agent);
+    rt.start(
+        "s",
+        Secrets::Open {
+            token: SECRET.to_owned(),
+        },
+    )
+    .await
+    .unwrap();
+    rt.send("s", "approve", &format!("yes {SECRET}"))
+        .await
+        .unwrap();
+    let done = rt.wait::<Secrets>("s").await.unwrap();
+    assert_eq!(
+        done,
+        Secrets::Done {
+            output: format!("output {SECRET}"),
+            approval: format!("yes {SECRET}"),
+        }
+    );
+    let failures = rt.store().failures("s").await.unwrap();
+    assert_eq!(failures.len(), 1);
+    assert_eq!(failures[0].1.errors, vec![format!("refused {SECRET}")]);
+    rt.shutdown().await;
+
+    // Every row of every table, raw.
+    let admin = admin().await;
+    let mut seen = 0;
+    for table in ["runs", "journal", "steps", "failures", "inbox"] {
+        let rows = admin
+            .query(
+                &format!("SELECT t::text FROM \"{}\".{table} t", schema.name),
+                &[],
+            )
+            .await
+            .unwrap();
+        for row in rows {
+            let text: String = row.get(0);
+            assert!(!text.contains("hunter2"), "{table}: {text}");
+            seen += usize::from(text.contains("$sealed"));
+        }
+    }
+    // 2 transitions, 2 steps (`call`, the wait), 1 failure, 1 event have sealed payloads.
+    assert!(seen >= 6, "{seen} sealed rows");
+
+    // Without the codec: the payload is named as sealed under k1.
+    let rt = Runtime::builder().build(schema.store(Duration::from_secs(5)).await);
+    match rt.state::<Secrets>("s").await {
+        Err(Error::Payload { cause, run_id, .. }) => assert_eq!(
+            (run_id.as_str(), *cause),
+            ("s", CodecError::NoCodec { key: "k1".into() })
+        ),
+        other => panic!("expected a sealed payload, got {other:?}"),
+    }
+    rt.shutdown().await;
+}

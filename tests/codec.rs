@@ -1,0 +1,284 @@
+//! Payloads encrypted at rest: a runtime given a codec (`RuntimeBuilder::codec`, a
+//! `Keyring`) stores no payload in clear (the redb file's bytes hold no secret), finishes its
+//! runs, reads after a key rotation, and refuses a missing key, a wrong key and a payload
+//! altered or moved to another record, with typed errors naming the run, record and key id.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use loops::{
+    CodecError, Context, Error, Keyring, Payloads, RecordKind, RunStatus, Runtime, Workflow,
+};
+use serde::{Deserialize, Serialize};
+
+const SECRET: &str = "secret-token=hunter2";
+
+#[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(name = "secrets")]
+enum Secrets {
+    #[initial]
+    #[next(Waiting)]
+    Start { token: String },
+    #[next(Done)]
+    Waiting { token: String, output: String },
+    #[terminal]
+    Done { output: String, approval: String },
+}
+
+/// Fails the first attempt of `Start` with the secret in its error; counts the step's runs.
+#[derive(Default)]
+struct Agent {
+    attempts: AtomicU32,
+    calls: AtomicU32,
+}
+
+impl SecretsHandler for Agent {
+    type Error = anyhow::Error;
+
+    async fn start(&self, ctx: &Context, token: String) -> Result<StartNext, Self::Error> {
+        let output: String = ctx
+            .step("call", || async {
+                self.calls.fetch_add(1, Ordering::SeqCst);
+                Ok(format!("model said {SECRET}"))
+            })
+            .await?;
+        if self.attempts.fetch_add(1, Ordering::SeqCst) == 0 {
+            anyhow::bail!("the API refused {token}");
+        }
+        Ok(StartNext::Waiting { token, output })
+    }
+
+    async fn waiting(
+        &self,
+        ctx: &Context,
+        _token: String,
+        output: String,
+    ) -> Result<WaitingNext, Self::Error> {
+        let approval: String = ctx.wait_for("approve").await?;
+        Ok(WaitingNext::Done { output, approval })
+    }
+}
+
+fn key1() -> Keyring {
+    Keyring::new("k1", [7; 32]).unwrap()
+}
+
+fn rotated() -> Keyring {
+    Keyring::new("k2", [8; 32])
+        .unwrap()
+        .with_reading_key("k1", [7; 32])
+        .unwrap()
+}
+
+fn open(path: &std::path::Path, keys: Option<Keyring>) -> Runtime {
+    let mut builder = Runtime::builder().retry(loops::RetryPolicy::attempts(3).with_delays(
+        std::time::Duration::from_millis(1),
+        std::time::Duration::from_millis(2),
+    ));
+    if let Some(keys) = keys {
+        builder = builder.codec(keys);
+    }
+    builder.open(path).unwrap()
+}
+
+/// Starts run `id` and sends its approval; returns the final state.
+async fn finish(rt: &Runtime, agent: Agent, id: &str) -> (Secrets, u32, u32) {
+    let agent = std::sync::Arc::new(agent);
+    rt.register::<Secrets, _>(Shared(agent.clone()));
+    rt.start(
+        id,
+        Secrets::Start {
+            token: SECRET.to_owned(),
+        },
+    )
+    .await
+    .unwrap();
+    rt.send(id, "approve", &format!("approved, {SECRET}"))
+        .await
+        .unwrap();
+    let done = rt.wait::<Secrets>(id).await.unwrap();
+    (
+        done,
+        agent.attempts.load(Ordering::SeqCst),
+        agent.calls.load(Ordering::SeqCst),
+    )
+}
+
+struct Shared(std::sync::Arc<Agent>);
+
+impl SecretsHandler for Shared {
+    type Error = anyhow::Error;
+    async fn start(&self, ctx: &Context, token: String) -> Result<StartNext, Self::Error> {
+        self.0.start(ctx, token).await
+    }
+    async fn waiting(
+        &self,
+        ctx: &Context,
+        token: String,
+        output: String,
+    ) -> Result<WaitingNext, Self::Error> {
+        self.0.waiting(ctx, token, output).await
+    }
+}
+
+fn expected_done() -> Secrets {
+    Secrets::Done {
+        output: format!("model said {SECRET}"),
+        approval: format!("approved, {SECRET}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_payload_is_stored_in_clear_and_runs_finish_and_read_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let rt = open(&path, Some(key1()));
+    let (done, attempts, calls) = finish(&rt, Agent::default(), "r1").await;
+    assert_eq!(done, expected_done());
+    // Two attempts of Start (the first failed after its step), the step ran once.
+    assert_eq!((attempts, calls), (2, 1));
+    // Read back through the codec: states, failure texts, events, step outputs.
+    let history = rt.history::<Secrets>("r1").await.unwrap();
+    let states: Vec<_> = history.iter().map(|t| t.value.clone()).collect();
+    assert_eq!(
+        states,
+        vec![
+            Secrets::Start {
+                token: SECRET.to_owned()
+            },
+            Secrets::Waiting {
+                token: SECRET.to_owned(),
+                output: format!("model said {SECRET}")
+            },
+            expected_done(),
+        ]
+    );
+    let failures = rt.store().failures("r1").await.unwrap();
+    assert_eq!(failures.len(), 1);
+    assert_eq!(
+        failures[0].1.errors,
+        vec![format!("the API refused {SECRET}")]
+    );
+    let events = rt.store().events("r1").await.unwrap();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].1.payload.get(), format!("\"approved, {SECRET}\""));
+    let steps = rt.store().steps("r1", 0).await.unwrap();
+    let call = steps.iter().find(|(name, _, _)| name == "call").unwrap();
+    assert_eq!(call.2.output.get(), format!("\"model said {SECRET}\""));
+    let wait = rt.store().steps("r1", 1).await.unwrap();
+    assert_eq!(
+        wait[0].2.output.get(),
+        format!(r#"{{"event":{{"seq":0,"payload":"approved, {SECRET}"}}}}"#)
+    );
+    rt.shutdown().await;
+    drop(rt);
+
+    let bytes = std::fs::read(&path).unwrap();
+    let find = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
+    assert!(!find(b"hunter2"), "the secret is in the file in clear");
+    assert!(
+        !find(b"model said"),
+        "a step output is in the file in clear"
+    );
+    assert!(find(br#"{"$sealed":{"key":"k1","data":""#));
+    // What stays in clear: run id, workflow, state names.
+    assert!(find(b"r1") && find(b"secrets") && find(b"Waiting"));
+
+    // Rotation: k2 writes, k1 still reads; a new run is sealed under k2.
+    let rt = open(&path, Some(rotated()));
+    assert_eq!(
+        rt.state::<Secrets>("r1").await.unwrap(),
+        Some((2, expected_done()))
+    );
+    let (done, _, _) = finish(&rt, Agent::default(), "r2").await;
+    assert_eq!(done, expected_done());
+    rt.shutdown().await;
+    drop(rt);
+
+    // The old keyring alone reads r1 but not r2 (sealed under k2).
+    let rt = open(&path, Some(key1()));
+    assert_eq!(
+        rt.state::<Secrets>("r1").await.unwrap(),
+        Some((2, expected_done()))
+    );
+    match rt.state::<Secrets>("r2").await {
+        Err(Error::Payload {
+            run_id,
+            record: RecordKind::Transition,
+            seq: 2,
+            field: "payload",
+            action: "opened",
+            cause,
+        }) => assert_eq!(
+            (run_id.as_str(), *cause),
+            (
+                "r2",
+                CodecError::UnknownKey {
+                    key: "k2".into(),
+                    known: "k1".into()
+                }
+            )
+        ),
+        other => panic!("expected an unknown key, got {other:?}"),
+    }
+    drop(rt);
+
+    // A wrong key under the right id: refused, not garbage.
+    let rt = open(&path, Some(Keyring::new("k1", [9; 32]).unwrap()));
+    let err = rt.state::<Secrets>("r1").await.unwrap_err();
+    assert!(
+        matches!(&err, Error::Payload { cause, .. } if **cause == CodecError::Rejected { key: "k1".into() }),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "run `r1`: the payload of the transition record at seq 2 cannot be opened: it does not authenticate under key `k1`: the payload was altered, moved from another record or run, or sealed with another key of the same id"
+    );
+    drop(rt);
+
+    // No codec: the sealed payload is named, with its key id.
+    let rt = open(&path, None);
+    match rt.state::<Secrets>("r1").await {
+        Err(Error::Payload { cause, .. }) => {
+            assert_eq!(*cause, CodecError::NoCodec { key: "k1".into() })
+        }
+        other => panic!("expected a missing codec, got {other:?}"),
+    }
+    // The stored payloads, as stored: moved to another record or altered, they do not open.
+    let stored = rt.store().history("r1").await.unwrap();
+    let payloads = Payloads::new(std::sync::Arc::new(key1()));
+    let mut moved = stored[1].clone();
+    moved.seq = 2;
+    assert!(matches!(
+        payloads.open_transition("r1", &mut moved),
+        Err(Error::Payload { ref cause, seq: 2, .. }) if matches!(**cause, CodecError::Rejected { .. })
+    ));
+    let mut other_run = stored[1].clone();
+    assert!(matches!(
+        payloads.open_transition("r2", &mut other_run),
+        Err(Error::Payload { ref cause, .. }) if matches!(**cause, CodecError::Rejected { .. })
+    ));
+    let mut altered = stored[1].clone();
+    let text = altered.payload.get().replacen("data\":\"", "data\":\"A", 1);
+    altered.payload = serde_json::value::RawValue::from_string(text).unwrap();
+    assert!(matches!(
+        payloads.open_transition("r1", &mut altered),
+        Err(Error::Payload { .. })
+    ));
+    let mut intact = stored[1].clone();
+    payloads.open_transition("r1", &mut intact).unwrap();
+    assert_eq!(
+        intact.decode::<Secrets>("r1").unwrap(),
+        Secrets::Waiting {
+            token: SECRET.to_owned(),
+            output: format!("model said {SECRET}")
+        }
+    );
+    // Without a key, a reader that redacts says which key it needs.
+    let mut redacted = stored[1].clone();
+    Payloads::redacting()
+        .open_transition("r1", &mut redacted)
+        .unwrap();
+    assert_eq!(redacted.payload.get(), r#""<encrypted: key k1>""#);
+    let info = rt.run_info("r1").await.unwrap().unwrap();
+    assert_eq!(info.status, RunStatus::Completed);
+}
