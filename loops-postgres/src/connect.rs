@@ -292,6 +292,7 @@ impl PgStoreBuilder {
                 timeout: self.timeout,
                 clock_skew_ms,
                 owner: owner_id(),
+                warned_limits: Default::default(),
             }),
         })
     }

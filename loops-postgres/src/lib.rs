@@ -87,6 +87,7 @@
 mod connect;
 mod failpoint;
 mod guard;
+mod limits;
 mod migrate;
 mod read;
 mod sql;
@@ -275,6 +276,8 @@ struct Inner {
     /// Names this store's leases: a lease of this store that is still live belongs to a
     /// driver of this process that stopped, and may be taken over by `acquire`.
     owner: String,
+    /// The limits this process warned were declared differently by another worker.
+    warned_limits: limits::Warned,
 }
 
 impl std::fmt::Debug for PgStore {
@@ -542,6 +545,11 @@ impl Store for PgStore {
         limit: usize,
     ) -> BoxFuture<'a, loops_core::Result<Vec<(RunInfo, Lease)>>> {
         Box::pin(self.lease_claim_ready(workflows, limit))
+    }
+
+    /// Every worker of the store counts its named limits in the store's tables.
+    fn shared_limits(&self) -> Option<Arc<dyn loops_core::SharedLimits>> {
+        Some(Arc::new(self.clone()))
     }
 }
 

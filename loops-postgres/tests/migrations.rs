@@ -47,10 +47,14 @@ async fn workers_starting_at_once_migrate_once() {
                 2,
                 "runs: status 'blocked', schema column (backfilled) and the claim's index"
                     .to_owned()
+            ),
+            (
+                3,
+                "named limits: limits, limit_permits, limit_starts".to_owned()
             )
         ]
     );
-    assert_eq!(SCHEMA_VERSION, 2);
+    assert_eq!(SCHEMA_VERSION, 3);
     let tables: Vec<String> = common::admin()
         .await
         .query(
@@ -70,6 +74,9 @@ async fn workers_starting_at_once_migrate_once() {
             "inbox",
             "journal",
             "leases",
+            "limit_permits",
+            "limit_starts",
+            "limits",
             "migrations",
             "runs",
             "schemas",
@@ -112,7 +119,7 @@ async fn a_newer_schema_is_refused_and_left_alone() {
     assert_eq!(
         err.to_string(),
         format!(
-            "schema \"{}\" is at version 7, newer than the version 2 this build knows; upgrade loops-postgres",
+            "schema \"{}\" is at version 7, newer than the version 3 this build knows; upgrade loops-postgres",
             schema.name
         )
     );
