@@ -9,6 +9,8 @@
 //!   lapses, and a step of another worker that waited for it runs.
 //! - A step waiting for the limit on one worker is cancelled from another process: it stops
 //!   waiting, never runs, and the run ends cancelled.
+//! - A try that fails or panics inside a limit of 1 gives its place back: the runs behind it
+//!   finish.
 
 mod common;
 
@@ -45,51 +47,56 @@ impl LimitedHandler for Caller {
     type Error = anyhow::Error;
 
     async fn call(&self, ctx: &Context) -> Result<CallNext, Self::Error> {
-        let run_id = ctx.run_id();
-        let by: u32 = ctx
-            .step_with(
-                "call",
-                StepOptions::default().with_limit("model"),
-                || async {
-                    let s = &self.schema;
-                    self.probe
-                        .execute(
-                            &format!(
-                                "UPDATE \"{s}\".probe_inside SET inside = inside + 1, \
-                             most = greatest(most, inside + 1)"
-                            ),
-                            &[],
-                        )
-                        .await?;
-                    self.probe
-                        .execute(
-                            &format!(
-                                "INSERT INTO \"{s}\".probe_calls (run_id, pid, at_ms) VALUES \
-                             ($1, $2, (extract(epoch from clock_timestamp()) * 1000)::bigint)"
-                            ),
-                            &[&run_id, &(std::process::id() as i32)],
-                        )
-                        .await?;
-                    match &self.go {
-                        Some(go) if run_id.starts_with("held") => {
-                            println!("inside {run_id}");
-                            while !go.exists() {
-                                tokio::time::sleep(Duration::from_millis(20)).await;
-                            }
-                        }
-                        _ => tokio::time::sleep(self.hold).await,
-                    }
-                    self.probe
-                        .execute(
-                            &format!("UPDATE \"{s}\".probe_inside SET inside = inside - 1"),
-                            &[],
-                        )
-                        .await?;
-                    Ok(std::process::id())
-                },
-            )
-            .await?;
+        let options = StepOptions::default().with_limit("model");
+        let by: u32 = ctx.step_with("call", options, || self.inside(ctx)).await?;
         Ok(CallNext::Done { by })
+    }
+}
+
+impl Caller {
+    /// A try of the step: inside the limit from start to end.
+    async fn inside(&self, ctx: &Context) -> Result<u32, loops::BoxError> {
+        let run_id = ctx.run_id();
+        self.probe_sql(
+            "INSERT INTO {s}.probe_calls (run_id, pid, at_ms) VALUES \
+             ($1, $2, (extract(epoch from clock_timestamp()) * 1000)::bigint)",
+            &[&run_id, &(std::process::id() as i32)],
+        )
+        .await?;
+        // The runs named `panic*` and `fail*` fail their first try inside the limit.
+        if ctx.attempt() == 1 && run_id.starts_with("panic") {
+            panic!("the model crashed");
+        }
+        if ctx.attempt() == 1 && run_id.starts_with("fail") {
+            return Err("the model said no".into());
+        }
+        self.probe_sql(
+            "UPDATE {s}.probe_inside SET inside = inside + 1, most = greatest(most, inside + 1)",
+            &[],
+        )
+        .await?;
+        match &self.go {
+            Some(go) if run_id.starts_with("held") => {
+                println!("inside {run_id}");
+                while !go.exists() {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+            _ => tokio::time::sleep(self.hold).await,
+        }
+        self.probe_sql("UPDATE {s}.probe_inside SET inside = inside - 1", &[])
+            .await?;
+        Ok(std::process::id())
+    }
+
+    /// Runs `sql` on the probe tables (`{s}`: the test's schema).
+    async fn probe_sql(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<u64, tokio_postgres::Error> {
+        let sql = sql.replace("{s}", &format!("\"{}\"", self.schema));
+        self.probe.execute(&sql, params).await
     }
 }
 
@@ -443,4 +450,20 @@ async fn a_step_waiting_for_the_limit_is_cancelled_from_another_process() {
     assert_eq!(setup.inside().await, (0, 1));
     assert_eq!(setup.places().await, 0);
     drop((holder, waiter));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_that_fails_or_panics_gives_its_place_back() {
+    let setup = Setup::new("l_fail", 2000).await;
+    let runs = ["panic-0", "fail-0", "run-0"].map(str::to_owned);
+    let worker = setup.worker("concurrent:1", &runs, 0);
+    // A place kept by a failed try would stop every other step of this worker, whose lease
+    // stays live: the runs would never end.
+    setup.until(&runs, RunStatus::Completed).await;
+    drop(worker);
+    let mut tries: Vec<String> = setup.calls().await.into_iter().map(|c| c.0).collect();
+    tries.sort_unstable();
+    assert_eq!(tries, ["fail-0", "fail-0", "panic-0", "panic-0", "run-0"]);
+    assert_eq!(setup.inside().await, (0, 1));
+    assert_eq!(setup.places().await, 0);
 }
