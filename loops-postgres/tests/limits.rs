@@ -14,12 +14,10 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use common::worker::Worker;
 use loops::{Context, Limit, RunStatus, Runtime, StepOptions, Workflow};
 use loops_core::Store;
 use serde::{Deserialize, Serialize};
@@ -146,72 +144,6 @@ async fn limit_worker() {
     runtime.serve(Duration::from_millis(50)).await.unwrap();
 }
 
-/// A worker process, killed when dropped.
-struct Worker {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-}
-
-impl Worker {
-    fn spawn(env: &[(&str, String)]) -> Worker {
-        let mut command = Command::new(std::env::current_exe().unwrap());
-        command
-            .args([
-                "limit_worker",
-                "--exact",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null());
-        for (k, v) in env {
-            command.env(k, v);
-        }
-        let mut child = command.spawn().unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Worker { child, lines }
-    }
-
-    fn pid(&self) -> i32 {
-        self.child.id() as i32
-    }
-
-    /// Waits for a line containing every one of `markers`; returns it.
-    fn expect(&self, markers: &[&str]) -> String {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) if markers.iter().all(|m| line.contains(m)) => return line,
-                Ok(_) => {}
-                Err(e) => panic!("worker {} printed no {markers:?}: {e}", self.pid()),
-            }
-        }
-    }
-
-    fn kill(&mut self) {
-        // SIGKILL: no release of places or leases, no clean shutdown.
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// A test's schema, store and probe tables.
 struct Setup {
     schema: common::TestSchema,
@@ -250,15 +182,18 @@ impl Setup {
     }
 
     fn worker(&self, limit: &str, runs: &[String], hold_ms: u64) -> Worker {
-        let worker = Worker::spawn(&[
-            ("LOOPS_SCHEMA", self.schema.name.clone()),
-            ("LOOPS_TTL_MS", self.ttl_ms.to_string()),
-            ("LOOPS_LIMIT", limit.to_owned()),
-            ("LOOPS_RUNS", runs.join(",")),
-            ("LOOPS_HOLD_MS", hold_ms.to_string()),
-            ("LOOPS_GO", self.go.display().to_string()),
-        ]);
-        worker.expect(&["serving"]);
+        let worker = Worker::spawn(
+            "limit_worker",
+            &[
+                ("LOOPS_SCHEMA", self.schema.name.clone()),
+                ("LOOPS_TTL_MS", self.ttl_ms.to_string()),
+                ("LOOPS_LIMIT", limit.to_owned()),
+                ("LOOPS_RUNS", runs.join(",")),
+                ("LOOPS_HOLD_MS", hold_ms.to_string()),
+                ("LOOPS_GO", self.go.display().to_string()),
+            ],
+        );
+        worker.expect("serving");
         worker
     }
 
@@ -384,7 +319,7 @@ async fn a_rate_limit_holds_across_three_workers() {
 async fn a_place_held_by_a_killed_worker_comes_back_after_its_lease() {
     let setup = Setup::new("l_kill", 1000).await;
     let mut holder = setup.worker("concurrent:1", &["held".to_owned()], 0);
-    holder.expect(&["inside held"]);
+    holder.expect("inside held");
     let waiter = setup.worker("concurrent:1", &["after".to_owned()], 0);
     // Two lease times: the holder renews its lease, so its place stays taken.
     tokio::time::sleep(Duration::from_millis(2 * setup.ttl_ms)).await;
@@ -404,14 +339,14 @@ async fn a_place_held_by_a_killed_worker_comes_back_after_its_lease() {
         )
         .await;
     // The wait shows in the waiter's trace: the limit's name and the time waited.
-    let line = waiter.expect(&["waited for the limit", "limit=\"model\""]);
+    let line = waiter.expect_all(&["waited for the limit", "limit=\"model\""]);
     assert!(line.contains("waited_ms="), "{line}");
     let calls = setup.calls().await;
     // "held" once in the killed worker, then again in the other (its step was never
     // recorded), and "after" once, all one at a time.
     let by: Vec<(&str, bool)> = calls
         .iter()
-        .map(|c| (c.0.as_str(), c.1 == waiter.pid()))
+        .map(|c| (c.0.as_str(), c.1 == waiter.pid() as i32))
         .collect();
     assert_eq!(by.len(), 3, "{calls:?}");
     assert_eq!(by[0], ("held", false));
@@ -429,9 +364,9 @@ async fn a_place_held_by_a_killed_worker_comes_back_after_its_lease() {
 async fn a_step_waiting_for_the_limit_is_cancelled_from_another_process() {
     let setup = Setup::new("l_cancel", 2000).await;
     let holder = setup.worker("concurrent:1", &["held".to_owned()], 0);
-    holder.expect(&["inside held"]);
+    holder.expect("inside held");
     let waiter = setup.worker("concurrent:1", &["waiter".to_owned()], 0);
-    waiter.expect(&["waits for the limit", "limit=\"model\""]);
+    waiter.expect_all(&["waits for the limit", "limit=\"model\""]);
     let info = setup.store.run_info("waiter").await.unwrap().unwrap();
     assert_eq!(info.status, RunStatus::Running);
     let other = Runtime::builder().build(setup.store.clone());
