@@ -39,7 +39,7 @@ pub use codec::{
 };
 pub use error::{Error, RecordKind, Result, error_chain};
 pub use hint::{Hinted, RetryHint, retry_hint};
-pub use limit::Limit;
+pub use limit::{Admission, Limit};
 pub use migrate::{
     Chain, Migrate, Migrated, Migration, MigrationError, MigrationFailure, SameWorkflow,
     StoredVersion, Versioned,
@@ -64,8 +64,8 @@ pub use schema::{
 pub use store::{
     AfterFailure, BoxFuture, ClaimFilter, Compacted, CurrentLease, Effects, EventRecord, Facts,
     InboxChange, Lease, LeaseCheck, Needs, Payloads, PendingEvent, Pruned, Readiness, Ready,
-    Record, RecordKey, RedbStore, Reply, RowWrite, RunInfo, RunStatus, Store, StoreOptions,
-    WaitInfo, WaitOutcome, Write, event_record, plan, prune,
+    Record, RecordKey, RedbStore, Reply, RowWrite, RunInfo, RunStatus, SharedLimits, Store,
+    StoreOptions, Take, WaitInfo, WaitOutcome, Write, event_record, plan, prune,
 };
 pub use workflow::{BoxError, StateId, Workflow};
 

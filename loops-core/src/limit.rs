@@ -1,16 +1,14 @@
-//! Named limits shared by every run of a runtime: at most so many steps inside at once, and
-//! at most so many starts per period ("model: 4 at once, 60 per minute"). A step names its
-//! limit ([`StepOptions::with_limit`](crate::StepOptions::with_limit)) and takes it before
-//! each try, releasing it when the try ends.
+//! Named limits on steps ("model: 4 at once, 60 per minute"): their shape ([`Limit`]) and
+//! their rule ([`Limit::admit`]), the one place that says how many tries may hold a limit and
+//! how its rate window counts. Every counter of a limit applies this rule: the runtime's
+//! in-process one (for a store one process opens) and a shared store's (the PostgreSQL
+//! store's table, for all its workers: see
+//! [`SharedLimits`](crate::SharedLimits)).
 //!
-//! In-process: the limits of one runtime are shared by its runs, not by the workers of a
-//! PostgreSQL store (each worker process counts its own).
+//! A step names its limit ([`StepOptions::with_limit`](crate::StepOptions::with_limit)) and
+//! takes a place before each try, giving it back when the try ends.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
-
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use std::time::Duration;
 
 /// A limit's shape: see [`RuntimeBuilder::limit`](crate::RuntimeBuilder::limit).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -19,6 +17,19 @@ pub struct Limit {
     pub concurrent: Option<u32>,
     /// At most `n` tries started per `period` (none: no bound).
     pub rate: Option<(u32, Duration)>,
+}
+
+/// What [`Limit::admit`] says of one more try.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// It may enter now.
+    Enter,
+    /// Not now. `retry_at_ms` (on the clock of the `now_ms` given): when the rate window
+    /// frees a place; `None`: every place is held, and only a release frees one.
+    Full {
+        /// When to ask again, in ms on the caller's clock; `None`: after a release.
+        retry_at_ms: Option<u64>,
+    },
 }
 
 impl Limit {
@@ -46,83 +57,113 @@ impl Limit {
             ..self
         }
     }
-}
 
-/// One limit, live: its semaphore and the start times of its window.
-#[derive(Debug)]
-struct Gate {
-    slots: Option<Arc<Semaphore>>,
-    rate: Option<(u32, Duration)>,
-    starts: Mutex<VecDeque<Instant>>,
-}
-
-/// The limits of one runtime, by name.
-#[derive(Debug, Default, Clone)]
-pub(crate) struct Limits {
-    gates: HashMap<String, Arc<Gate>>,
-}
-
-/// A limit taken: released when dropped.
-#[derive(Debug)]
-pub(crate) struct Taken {
-    _slot: Option<OwnedSemaphorePermit>,
-}
-
-impl Limits {
-    /// Declares (or replaces) the limit `name`.
-    pub(crate) fn insert(&mut self, name: String, limit: Limit) {
-        let slots = limit
-            .concurrent
-            .map(|n| Arc::new(Semaphore::new(usize::try_from(n).unwrap_or(usize::MAX))));
-        let gate = Gate {
-            slots,
-            rate: limit.rate,
-            starts: Mutex::new(VecDeque::new()),
-        };
-        self.gates.insert(name, Arc::new(gate));
-    }
-
-    /// Whether a limit of that name is declared.
-    pub(crate) fn has(&self, name: &str) -> bool {
-        self.gates.contains_key(name)
-    }
-
-    /// Waits until the limit `name` lets one more try in, and takes it; `None` if no limit
-    /// of that name is declared. The wait holds nothing but its place in the queue, and is
-    /// cancelled by dropping the future.
-    pub(crate) async fn take(&self, name: &str) -> Option<Taken> {
-        let gate = self.gates.get(name)?;
-        let slot = match &gate.slots {
-            // The semaphore is never closed, so `acquire_owned` cannot fail.
-            Some(slots) => Arc::clone(slots).acquire_owned().await.ok(),
-            None => None,
-        };
-        if let Some((n, period)) = gate.rate {
-            loop {
-                let wait = {
-                    let mut starts = gate.starts.lock().unwrap_or_else(PoisonError::into_inner);
-                    let now = Instant::now();
-                    while starts
-                        .front()
-                        .is_some_and(|t| now.saturating_duration_since(*t) >= period)
-                    {
-                        starts.pop_front();
-                    }
-                    if starts.len() < usize::try_from(n).unwrap_or(usize::MAX) {
-                        starts.push_back(now);
-                        None
-                    } else {
-                        starts.front().map(|oldest| {
-                            period.saturating_sub(now.saturating_duration_since(*oldest))
-                        })
-                    }
-                };
-                match wait {
-                    None => break,
-                    Some(wait) => tokio::time::sleep(wait).await,
-                }
-            }
+    /// The rule of the limit: whether one more try may enter at `now_ms`, given the number
+    /// of tries `holding` it now and the start times `starts` (ms, on the same clock as
+    /// `now_ms`, in any order) of the tries it let in that may still be in its window.
+    ///
+    /// - At most `concurrent` tries hold the limit at once: a try enters only while
+    ///   `holding < concurrent`.
+    /// - At most `n` tries start per `period`, over a sliding window: a start at `t` counts
+    ///   while `now_ms - t < period` (so it stops counting exactly `period` after it), and a
+    ///   try enters only while fewer than `n` starts count. A start in the future (a clock
+    ///   stepped back) counts.
+    ///
+    /// A try that enters counts as holding until it ends and as a start at `now_ms`: the
+    /// caller records both. Returns [`Admission::Full`] with the time the window frees a
+    /// place when only the rate stops it, and `None` when every place is held.
+    pub fn admit(&self, holding: u32, starts: &[u64], now_ms: u64) -> Admission {
+        if self.concurrent.is_some_and(|n| holding >= n) {
+            return Admission::Full { retry_at_ms: None };
         }
-        Some(Taken { _slot: slot })
+        let Some((n, period)) = self.rate else {
+            return Admission::Enter;
+        };
+        let period_ms = u64::try_from(period.as_millis()).unwrap_or(u64::MAX);
+        let mut counted: Vec<u64> = starts
+            .iter()
+            .copied()
+            .filter(|t| self.counts(*t, now_ms))
+            .collect();
+        let n = usize::try_from(n).unwrap_or(usize::MAX);
+        if counted.len() < n {
+            return Admission::Enter;
+        }
+        // The window holds `len` starts; one more may enter once `len - n + 1` of them have
+        // left it, the last of those being the `(len - n)`-th oldest.
+        counted.sort_unstable();
+        let leaving = counted[counted.len() - n];
+        Admission::Full {
+            retry_at_ms: Some(leaving.saturating_add(period_ms).max(now_ms)),
+        }
+    }
+
+    /// Whether a start at `start_ms` still counts in the rate window at `now_ms` (see
+    /// [`admit`](Self::admit)); `false` without a rate. Counters drop the starts that no
+    /// longer count.
+    pub fn counts(&self, start_ms: u64, now_ms: u64) -> bool {
+        self.rate.is_some_and(|(_, period)| {
+            u128::from(now_ms.saturating_sub(start_ms)) < period.as_millis()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn concurrency_admits_while_places_are_free() {
+        let limit = Limit::concurrent(2);
+        assert_eq!(limit.admit(0, &[], 0), Admission::Enter);
+        assert_eq!(limit.admit(1, &[], 0), Admission::Enter);
+        assert_eq!(
+            limit.admit(2, &[], 0),
+            Admission::Full { retry_at_ms: None }
+        );
+        assert_eq!(Limit::concurrent(0).concurrent, Some(1));
+    }
+
+    #[test]
+    fn the_rate_window_slides_and_says_when_a_place_frees() {
+        let limit = Limit::rate(2, Duration::from_millis(100));
+        assert_eq!(limit.admit(0, &[1_000], 1_050), Admission::Enter);
+        assert_eq!(
+            limit.admit(0, &[1_010, 1_000], 1_050),
+            Admission::Full {
+                retry_at_ms: Some(1_100)
+            }
+        );
+        // A start stops counting exactly one period after it.
+        assert_eq!(limit.admit(0, &[1_000, 1_010], 1_100), Admission::Enter);
+        assert!(!limit.counts(1_000, 1_100));
+        assert!(limit.counts(1_000, 1_099));
+        // More starts than `n` in the window (another worker declared more): wait until
+        // enough of them have left.
+        assert_eq!(
+            limit.admit(0, &[1_000, 1_020, 1_010], 1_050),
+            Admission::Full {
+                retry_at_ms: Some(1_110)
+            }
+        );
+        // A start in the future counts.
+        assert!(limit.counts(2_000, 1_000));
+    }
+
+    #[test]
+    fn concurrency_is_checked_before_the_rate() {
+        let limit = Limit::concurrent(1).with_rate(1, Duration::from_secs(1));
+        assert_eq!(
+            limit.admit(1, &[0], 10),
+            Admission::Full { retry_at_ms: None }
+        );
+        assert_eq!(
+            limit.admit(0, &[0], 10),
+            Admission::Full {
+                retry_at_ms: Some(1_000)
+            }
+        );
+        assert_eq!(limit.admit(0, &[], 10), Admission::Enter);
+        assert!(!Limit::concurrent(1).counts(0, 0));
     }
 }

@@ -1354,10 +1354,13 @@ impl KeyedProbe {
     async fn dispatch<T>(&self, ctx: &Context) -> Result<T, BoxError> {
         let p = self;
         let attempt = p.attempts.fetch_add(1, Ordering::SeqCst) + 1;
+        // Moved into the future and returned: a step without options takes an `FnOnce`.
+        let mut out = String::new();
         let first: String = ctx
-            .step_keyed("push", |key| async {
+            .step_keyed("push", move |key| async move {
                 p.seen.lock().unwrap().push(key.to_owned());
-                Ok(key.to_owned())
+                out.push_str(key);
+                Ok(out)
             })
             .await?;
         let second: Result<String, Error> = ctx

@@ -294,6 +294,7 @@ impl PgStoreBuilder {
                 owner: owner_id(),
                 live_since: std::sync::OnceLock::new(),
                 announced: std::sync::Mutex::new(None),
+                warned_limits: Default::default(),
             }),
         })
     }

@@ -87,6 +87,7 @@
 mod connect;
 mod failpoint;
 mod guard;
+mod limits;
 mod migrate;
 mod read;
 mod sql;
@@ -282,6 +283,8 @@ struct Inner {
     /// When this worker last announced, and the `(workflow, schema)` pairs it announced:
     /// announced again after a third of the lease time, or at once if the pairs changed.
     announced: std::sync::Mutex<Option<(std::time::Instant, Announced)>>,
+    /// The limits this process warned were declared differently by another worker.
+    warned_limits: limits::Warned,
 }
 
 /// The `(workflow, schema hash)` pairs a worker routes, as `claim_ready` sends them (`None`:
@@ -553,6 +556,11 @@ impl Store for PgStore {
         limit: usize,
     ) -> BoxFuture<'a, loops_core::Result<Vec<(RunInfo, Lease)>>> {
         Box::pin(self.lease_claim_ready(workflows, limit))
+    }
+
+    /// Every worker of the store counts its named limits in the store's tables.
+    fn shared_limits(&self) -> Option<Arc<dyn loops_core::SharedLimits>> {
+        Some(Arc::new(self.clone()))
     }
 }
 

@@ -17,7 +17,7 @@ struct Migration {
 }
 
 /// Every migration, oldest first.
-const MIGRATIONS: &[Migration] = &[MIGRATION_1, MIGRATION_2, MIGRATION_3];
+const MIGRATIONS: &[Migration] = &[MIGRATION_1, MIGRATION_2, MIGRATION_3, MIGRATION_4];
 
 /// The tables.
 const MIGRATION_1: Migration = Migration {
@@ -119,11 +119,37 @@ CREATE TABLE {s}.workers (
     expires_ms bigint NOT NULL,
     PRIMARY KEY (workflow, schema, owner)
 );
+/// Named limits shared by every worker (limits.rs): each limit's last declaration (and the
+/// lock of its takes), the places held (each tied to a run's lease), and the starts of the
+/// rate window.
+const MIGRATION_4: Migration = Migration {
+    version: 4,
+    description: "named limits: limits, limit_permits, limit_starts",
+    sql: r#"
+CREATE TABLE {s}.limits (
+    name           text COLLATE "C" PRIMARY KEY,
+    concurrent     integer,
+    rate_n         integer,
+    rate_period_ms bigint
+);
+CREATE TABLE {s}.limit_permits (
+    id       bigserial PRIMARY KEY,
+    name     text COLLATE "C" NOT NULL,
+    run_id   text COLLATE "C" NOT NULL,
+    token    bigint NOT NULL,
+    taken_ms bigint NOT NULL
+);
+CREATE INDEX limit_permits_name ON {s}.limit_permits (name);
+CREATE TABLE {s}.limit_starts (
+    name  text COLLATE "C" NOT NULL,
+    at_ms bigint NOT NULL
+);
+CREATE INDEX limit_starts_name ON {s}.limit_starts (name, at_ms);
 "#,
 };
 
 /// The newest schema version this build knows (and creates).
-pub const SCHEMA_VERSION: i32 = 3;
+pub const SCHEMA_VERSION: i32 = 4;
 
 /// Checks, writing nothing, that schema `schema` is at [`SCHEMA_VERSION`]. Returns it.
 pub(crate) async fn check(client: &tokio_postgres::Client, schema: &str) -> Result<i32, Error> {

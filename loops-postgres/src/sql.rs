@@ -46,6 +46,17 @@ pub(crate) struct Sql {
     pub(crate) renew: String,
     pub(crate) claim_ready: String,
     pub(crate) announce: String,
+    pub(crate) limit_declare: String,
+    pub(crate) limit_lock: String,
+    pub(crate) limit_redeclare: String,
+    pub(crate) limit_lease_live: String,
+    pub(crate) limit_drop_lapsed: String,
+    pub(crate) limit_holding: String,
+    pub(crate) limit_drop_starts: String,
+    pub(crate) limit_starts: String,
+    pub(crate) limit_insert_permit: String,
+    pub(crate) limit_insert_start: String,
+    pub(crate) limit_release: String,
 }
 
 impl Sql {
@@ -197,6 +208,34 @@ impl Sql {
                  FROM unnest($3::text[], $4::text[]) AS c(workflow, schema) \
                  ON CONFLICT (workflow, schema, owner) \
                  DO UPDATE SET expires_ms = EXCLUDED.expires_ms"),
+            // Named limits (limits.rs): the taker's declaration is kept by the first taker,
+            // the row is each take's lock, and the time of a take is the server's.
+            limit_declare: f(
+                "INSERT INTO {s}.limits (name, concurrent, rate_n, rate_period_ms) \
+                 VALUES ($1, $2, $3, $4) ON CONFLICT (name) DO NOTHING",
+            ),
+            limit_lock: f(
+                "SELECT concurrent, rate_n, rate_period_ms, {now} FROM {s}.limits \
+                 WHERE name = $1 FOR UPDATE",
+            ),
+            limit_redeclare: f("UPDATE {s}.limits SET concurrent = $2, rate_n = $3, \
+                 rate_period_ms = $4 WHERE name = $1"),
+            limit_lease_live: f("SELECT expires_ms > $3 FROM {s}.leases \
+                 WHERE run_id = $1 AND token = $2"),
+            // A place counts while its lease is the run's and live: the others are gone.
+            limit_drop_lapsed: f("DELETE FROM {s}.limit_permits p WHERE p.name = $1 \
+                 AND NOT EXISTS (SELECT 1 FROM {s}.leases l WHERE l.run_id = p.run_id \
+                   AND l.token = p.token AND l.expires_ms > $2)"),
+            limit_holding: f("SELECT count(*) FROM {s}.limit_permits WHERE name = $1"),
+            // Starts at or before `now - period` no longer count (`Limit::counts`).
+            limit_drop_starts: f("DELETE FROM {s}.limit_starts WHERE name = $1 AND at_ms <= $2"),
+            limit_starts: f("SELECT at_ms FROM {s}.limit_starts WHERE name = $1"),
+            limit_insert_permit: f(
+                "INSERT INTO {s}.limit_permits (name, run_id, token, taken_ms) \
+                 VALUES ($1, $2, $3, $4) RETURNING id",
+            ),
+            limit_insert_start: f("INSERT INTO {s}.limit_starts (name, at_ms) VALUES ($1, $2)"),
+            limit_release: f("DELETE FROM {s}.limit_permits WHERE id = $1 AND name = $2"),
         }
     }
 }

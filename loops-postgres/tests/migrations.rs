@@ -51,10 +51,14 @@ async fn workers_starting_at_once_migrate_once() {
             (
                 3,
                 "workers: the schemas each live worker routes, with an expiry".to_owned()
+            ),
+            (
+                4,
+                "named limits: limits, limit_permits, limit_starts".to_owned()
             )
         ]
     );
-    assert_eq!(SCHEMA_VERSION, 3);
+    assert_eq!(SCHEMA_VERSION, 4);
     let tables: Vec<String> = common::admin()
         .await
         .query(
@@ -74,6 +78,9 @@ async fn workers_starting_at_once_migrate_once() {
             "inbox",
             "journal",
             "leases",
+            "limit_permits",
+            "limit_starts",
+            "limits",
             "migrations",
             "runs",
             "schemas",
@@ -117,7 +124,7 @@ async fn a_newer_schema_is_refused_and_left_alone() {
     assert_eq!(
         err.to_string(),
         format!(
-            "schema \"{}\" is at version 7, newer than the version 3 this build knows; upgrade loops-postgres",
+            "schema \"{}\" is at version 7, newer than the version 4 this build knows; upgrade loops-postgres",
             schema.name
         )
     );

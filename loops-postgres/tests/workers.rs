@@ -20,14 +20,13 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write as _};
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::chain::{Chain, Ledger, Linker, verify};
+use common::worker::Worker;
 use loops::{Context, RetryPolicy, RunStatus, Runtime, Workflow};
 use loops_core::Store;
 use serde::{Deserialize, Serialize};
@@ -235,77 +234,6 @@ fn stall_at(
     panic!("LOOPS_STALL needs the `failpoints` feature");
 }
 
-/// A worker process, killed when dropped.
-struct Worker {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-}
-
-impl Worker {
-    fn spawn(env: &[(&str, String)]) -> Worker {
-        let mut command = Command::new(std::env::current_exe().unwrap());
-        command
-            .args([
-                "worker_process",
-                "--exact",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null());
-        for (k, v) in env {
-            command.env(k, v);
-        }
-        let mut child = command.spawn().unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Worker { child, lines }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Waits for a line containing `marker`; returns it from the marker on.
-    fn expect(&self, marker: &str) -> String {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    if let Some(at) = line.find(marker) {
-                        return line[at..].to_owned();
-                    }
-                }
-                Err(e) => panic!("worker {} printed no {marker:?}: {e}", self.pid()),
-            }
-        }
-    }
-
-    fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .args([signal, &self.pid().to_string()])
-            .status()
-            .unwrap();
-        assert!(status.success(), "kill {signal} {}", self.pid());
-    }
-}
-
-impl Drop for Worker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// A small deterministic generator (xorshift), seeded from the clock and printed, so that a
 /// failing schedule can be replayed with `LOOPS_SEED`.
 struct Rng(u64);
@@ -378,7 +306,9 @@ async fn kill_workers(test: &str, runs: usize, links: u32, kills: usize) {
             ("LOOPS_MODE", "chain".to_owned()),
         ]
     };
-    let mut workers: Vec<Worker> = (0..3).map(|k| Worker::spawn(&env(k))).collect();
+    let mut workers: Vec<Worker> = (0..3)
+        .map(|k| Worker::spawn("worker_process", &env(k)))
+        .collect();
     for w in &workers {
         w.expect("serving");
     }
@@ -395,7 +325,7 @@ async fn kill_workers(test: &str, runs: usize, links: u32, kills: usize) {
         // SIGKILL: no release of leases, no clean shutdown.
         workers[k].signal("-KILL");
         tokio::time::sleep(Duration::from_millis(rng.below(300))).await;
-        workers[k] = Worker::spawn(&env(k));
+        workers[k] = Worker::spawn("worker_process", &env(k));
     }
     while !all_completed(&store, &run_ids).await {
         assert!(
@@ -464,12 +394,12 @@ async fn a_paused_worker_cannot_commit_after_its_lease_lapsed() {
             ),
         ]
     };
-    let paused = Worker::spawn(&env(true));
+    let paused = Worker::spawn("worker_process", &env(true));
     paused.expect("holding");
     paused.signal("-STOP");
     // Three lease times: the paused worker's lease has lapsed.
     tokio::time::sleep(ttl * 3).await;
-    let other = Worker::spawn(&env(false));
+    let other = Worker::spawn("worker_process", &env(false));
     other.expect("serving");
     let deadline = Instant::now() + Duration::from_secs(30);
     while !all_completed(&store, &["f".to_owned()]).await {
@@ -550,7 +480,7 @@ async fn a_worker_stopped_between_the_round_trips_of_a_commit_loses_its_run() {
             ("LOOPS_STALL", if stall { "1" } else { "0" }.to_owned()),
         ]
     };
-    let paused = Worker::spawn(&env(true));
+    let paused = Worker::spawn("worker_process", &env(true));
     paused.expect("paused before commit");
     paused.signal("-STOP");
     let stopped = Instant::now();
@@ -571,7 +501,7 @@ async fn a_worker_stopped_between_the_round_trips_of_a_commit_loses_its_run() {
     // Stopped exactly there: its session holds an open transaction (the row locks).
     assert_eq!(in_transaction().await, 1);
 
-    let other = Worker::spawn(&env(false));
+    let other = Worker::spawn("worker_process", &env(false));
     other.expect("serving");
     // Before the fix the run stayed locked while the worker was stopped: never done.
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -662,10 +592,10 @@ async fn a_worker_paused_before_a_step_does_not_run_it_after_its_lease_lapsed() 
             ("LOOPS_STALL", if stall { "step" } else { "0" }.to_owned()),
         ]
     };
-    let paused = Worker::spawn(&env(true));
+    let paused = Worker::spawn("worker_process", &env(true));
     paused.expect("paused before step");
     paused.signal("-STOP");
-    let other = Worker::spawn(&env(false));
+    let other = Worker::spawn("worker_process", &env(false));
     other.expect("serving");
     let deadline = Instant::now() + Duration::from_secs(60);
     while !all_completed(&store, &["f".to_owned()]).await {

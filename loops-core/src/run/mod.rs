@@ -6,6 +6,7 @@ pub(crate) mod attempts;
 pub(crate) mod context;
 pub(crate) mod dispatch;
 pub(crate) mod driver;
+pub(crate) mod limits;
 pub(crate) mod settings;
 #[cfg(feature = "test-util")]
 pub(crate) mod test_util;

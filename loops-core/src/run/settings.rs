@@ -10,9 +10,9 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
-use crate::limit::Limits;
 use crate::record::TransitionRecord;
 use crate::retry::RetryPolicy;
+use crate::run::limits::Limits;
 use crate::store::Lease;
 use crate::workflow::{StateId, Workflow};
 

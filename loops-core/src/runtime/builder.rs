@@ -107,11 +107,15 @@ impl RuntimeBuilder {
     }
 
     /// Declares the named limit `name`, shared by every run of this runtime: steps that
-    /// name it ([`StepOptions::with_limit`](crate::StepOptions::with_limit)) take it before
-    /// each try, waiting (cancellably, holding nothing else) while `limit` is reached, and
-    /// release it when the try ends: "model": `Limit::concurrent(4).with_rate(60,
-    /// Duration::from_secs(60))`. The limit is this process's: workers of a shared store
-    /// each count their own.
+    /// name it ([`StepOptions::with_limit`](crate::StepOptions::with_limit)) take a place
+    /// before each try, waiting (cancellably, holding nothing else) while `limit` is
+    /// reached, and give it back when the try ends: "model": `Limit::concurrent(4)
+    /// .with_rate(60, Duration::from_secs(60))`, whose rule is [`Limit::admit`](crate::Limit::admit).
+    ///
+    /// Counted in this process, or, on a store shared by many workers
+    /// ([`Store::shared_limits`](crate::Store::shared_limits): the PostgreSQL store), in the
+    /// store for all of them: each worker admits its own steps by its own declaration
+    /// against the places and starts of all, so declare a limit alike on every worker.
     pub fn limit(mut self, name: impl Into<String>, limit: crate::Limit) -> Self {
         std::sync::Arc::make_mut(&mut self.config.settings.limits).insert(name.into(), limit);
         self

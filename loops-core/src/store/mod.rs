@@ -13,6 +13,7 @@
 use std::any::Any;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -28,6 +29,7 @@ mod checks;
 mod effects;
 mod evolve;
 mod facts;
+mod limits;
 mod plan;
 #[cfg(test)]
 mod plan_tests;
@@ -39,6 +41,7 @@ pub(crate) mod sealing;
 
 pub use self::effects::{Effects, InboxChange, Record, RowWrite, event_record};
 pub use self::facts::{CurrentLease, Facts, LeaseCheck, Needs, PendingEvent, RecordKey};
+pub use self::limits::{SharedLimits, Take};
 pub use self::plan::plan;
 pub use self::protocol::{AfterFailure, EventRecord, Reply, WaitOutcome, Write};
 pub use self::ready::{Readiness, Ready};
@@ -162,6 +165,13 @@ pub trait Store: Send + Sync + 'static {
         workflows: &'a [ClaimFilter],
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<(RunInfo, Lease)>>>;
+
+    /// The named limits this store counts for all the workers that share it, or `None` (the
+    /// default): the runtime then counts its limits in the process, which is all a store
+    /// that one process opens needs.
+    fn shared_limits(&self) -> Option<Arc<dyn SharedLimits>> {
+        None
+    }
 }
 
 /// Which runs of a workflow a worker claims: what [`Store::claim_ready`] is given.

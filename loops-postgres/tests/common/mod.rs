@@ -100,3 +100,4 @@ impl Drop for TestSchema {
 }
 
 pub mod chain;
+pub mod worker;

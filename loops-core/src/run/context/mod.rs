@@ -10,9 +10,9 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
-use crate::limit::Limits;
 use crate::names::{RESERVED_PREFIX, validate_name};
 use crate::record::StepRecord;
+use crate::run::limits::Limits;
 use crate::run::settings::LeaseClock;
 use crate::store::{Lease, Store};
 

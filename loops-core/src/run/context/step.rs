@@ -12,11 +12,11 @@ use tracing::Instrument;
 
 use crate::error::{Error, Result, error_chain};
 use crate::hint::retry_hint;
-use crate::limit::Taken;
 use crate::record::{FailureRecord, FailureSource, StepRecord, now_ms};
 use crate::retry::RetryPolicy;
 use crate::run::context::stale::Resolved;
 use crate::run::context::{Context, StepOptions, millis};
+use crate::run::limits::Taken;
 use crate::store::{AfterFailure, Write};
 use crate::workflow::BoxError;
 
@@ -36,18 +36,39 @@ pub trait StepOutput: Serialize + DeserializeOwned + Send {}
 
 impl<T: Serialize + DeserializeOwned + Send> StepOutput for T {}
 
+/// The error of a step closure called a second time by options that try once (which never
+/// happens: the retry loop calls it once per try).
+fn called_twice() -> BoxError {
+    "loops called a step's FnOnce closure a second time (a bug in loops)".into()
+}
+
 impl Context {
     /// Runs `f` once and journals its output: see [`step_with`](Self::step_with).
+    ///
+    /// Without options a step is tried once, so `f` is an `FnOnce`: it may move what it
+    /// captured into its future (`move || async move { forge.open(branch).await }`).
+    /// [`step_with`](Self::step_with) takes an `FnMut`, since its retry policy may call `f`
+    /// again.
     ///
     /// # Errors
     /// As [`step_with`](Self::step_with).
     pub async fn step<T, F, Fut>(&self, name: impl Into<String>, f: F) -> Result<T>
     where
         T: StepOutput,
-        F: FnMut() -> Fut + Send,
+        F: FnOnce() -> Fut + Send,
         Fut: Future<Output = Result<T, BoxError>> + Send,
     {
-        self.step_with(name, StepOptions::default(), f).await
+        let mut f = Some(f);
+        let once = move || {
+            let f = f.take();
+            async move {
+                match f {
+                    Some(f) => f().await,
+                    None => Err(called_twice()),
+                }
+            }
+        };
+        self.step_with(name, StepOptions::default(), once).await
     }
 
     /// Runs `f` and records its output under the key (run id, state seq, `name`,
@@ -127,17 +148,29 @@ impl Context {
     }
 
     /// Runs `f` as the step `name`, handing it the step's idempotency key, and journals
-    /// its output: [`step_keyed_with`](Self::step_keyed_with) with the default options.
+    /// its output: [`step_keyed_with`](Self::step_keyed_with) with the default options. As
+    /// in [`step`](Self::step), `f` is tried once and so is an `FnOnce`.
     ///
     /// # Errors
     /// As [`step_keyed_with`](Self::step_keyed_with).
     pub async fn step_keyed<'a, T, F, Fut>(&'a self, name: impl Into<String>, f: F) -> Result<T>
     where
         T: StepOutput,
-        F: FnMut(&'a str) -> Fut + Send,
+        F: FnOnce(&'a str) -> Fut + Send,
         Fut: Future<Output = Result<T, BoxError>> + Send,
     {
-        self.step_keyed_with(name, StepOptions::default(), f).await
+        let mut f = Some(f);
+        let once = move |key: &'a str| {
+            let f = f.take();
+            async move {
+                match f {
+                    Some(f) => f(key).await,
+                    None => Err(called_twice()),
+                }
+            }
+        };
+        self.step_keyed_with(name, StepOptions::default(), once)
+            .await
     }
 
     /// As [`step_with`](Self::step_with), and `f` gets the idempotency key of this step: the
@@ -224,7 +257,9 @@ impl Context {
                 .one_try(name, occurrence, options.timeout, &mut f)
                 .await;
             let duration_ms = millis(started.elapsed());
-            drop(taken);
+            if let Some(taken) = taken {
+                taken.release().await;
+            }
             let err = match outcome {
                 Ok(value) => {
                     crate::failpoint::point("loops::step::after_effect");
@@ -263,11 +298,14 @@ impl Context {
     }
 
     /// Takes the named limit `limit` for one try of the step `name`, waiting while it is
-    /// reached (cancelled with the run); nothing without a limit.
+    /// reached (cancelled with the run); nothing without a limit. Counted by the store when
+    /// it shares limits among workers ([`Store::shared_limits`](crate::Store::shared_limits)),
+    /// else in the process.
     ///
     /// # Errors
     /// [`Error::InvalidName`] if the runtime declares no limit of that name;
-    /// [`Error::Cancelled`] if the run is cancelled while the step waits.
+    /// [`Error::Cancelled`] if the run is cancelled while the step waits;
+    /// [`Error::Fenced`] or [`Error::Database`] from a shared store.
     async fn take_limit(&self, name: &str, limit: Option<&str>) -> Result<Option<Taken>> {
         let Some(limit) = limit else {
             return Ok(None);
@@ -282,7 +320,13 @@ impl Context {
         }
         let asked = Instant::now();
         let taken = tokio::select! {
-            taken = self.run.limits.take(limit) => taken,
+            taken = self.run.limits.take(
+                limit,
+                self.run.store.shared_limits(),
+                &self.run.lease,
+                self.seq,
+                &self.run.cancel,
+            ) => taken?,
             () = self.run.cancel.cancelled() => return Err(self.cancelled_error()),
         };
         let waited_ms = millis(asked.elapsed());
