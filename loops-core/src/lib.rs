@@ -6,6 +6,7 @@
 #![warn(missing_docs)]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+mod clock;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 #[cfg(feature = "control")]
@@ -32,6 +33,7 @@ mod workflow;
 #[cfg(test)]
 mod tests;
 
+pub use clock::{Clock, ManualClock};
 pub use error::{Error, RecordKind, Result, error_chain};
 pub use hint::{Hinted, RetryHint, retry_hint};
 pub use limit::Limit;

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::limit::Limits;
 use crate::record::TransitionRecord;
@@ -36,6 +37,8 @@ pub(crate) struct Settings {
     pub(crate) park_threshold: Duration,
     /// The named limits steps take, shared by every run of the runtime.
     pub(crate) limits: Arc<Limits>,
+    /// The clock its times are read from and its waits wait on.
+    pub(crate) clock: Clock,
 }
 
 impl Default for Settings {
@@ -49,6 +52,7 @@ impl Default for Settings {
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             park_threshold: DEFAULT_PARK_THRESHOLD,
             limits: Arc::default(),
+            clock: Clock::system(),
         }
     }
 }

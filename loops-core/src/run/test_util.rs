@@ -35,6 +35,7 @@ pub fn __for_tests(run_id: impl Into<String>, seq: u64, attempt: u32) -> Context
         max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
         park_threshold: DEFAULT_PARK_THRESHOLD,
         limits: Arc::default(),
+        time: crate::clock::Clock::system(),
     };
     Context::new(Arc::new(scope), "test", seq, attempt, 0, Vec::new())
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::limit::Limits;
 use crate::names::{RESERVED_PREFIX, validate_name};
@@ -49,6 +50,8 @@ pub(crate) struct RunScope {
     pub(crate) clock: LeaseClock,
     /// The runtime's named limits.
     pub(crate) limits: Arc<Limits>,
+    /// The runtime's clock: recorded times, sleeps, deadlines, back-offs, time-outs.
+    pub(crate) time: Clock,
 }
 
 #[derive(Default)]

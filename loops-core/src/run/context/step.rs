@@ -13,7 +13,7 @@ use tracing::Instrument;
 use crate::error::{Error, Result, error_chain};
 use crate::hint::retry_hint;
 use crate::limit::Taken;
-use crate::record::{FailureRecord, FailureSource, StepRecord, now_ms};
+use crate::record::{FailureRecord, FailureSource, StepRecord};
 use crate::retry::RetryPolicy;
 use crate::run::context::stale::Resolved;
 use crate::run::context::{Context, StepOptions, millis};
@@ -243,7 +243,7 @@ impl Context {
                 let delay = policy
                     .delay_after(try_no, unit)
                     .max(hint.retry_after.unwrap_or_default());
-                Some(now_ms().saturating_add(millis(delay)))
+                Some(self.run.time.now_ms().saturating_add(millis(delay)))
             };
             self.record_failed_try(name, occurrence, try_no, &err, retry_at_ms)
                 .await;
@@ -306,9 +306,9 @@ impl Context {
     {
         match timeout {
             None => f().await,
-            Some(limit) => match tokio::time::timeout(limit, f()).await {
-                Ok(outcome) => outcome,
-                Err(_) => Err(Box::new(Error::StepTimeout {
+            Some(limit) => match self.run.time.timeout(limit, f()).await {
+                Some(outcome) => outcome,
+                None => Err(Box::new(Error::StepTimeout {
                     run_id: self.run.run_id.clone(),
                     state: self.state,
                     seq: self.seq,
@@ -349,7 +349,7 @@ impl Context {
     ) {
         let record = FailureRecord {
             attempt: self.attempt,
-            at_ms: now_ms(),
+            at_ms: self.run.time.now_ms(),
             source: FailureSource::Step {
                 name: name.to_owned(),
                 occurrence,
@@ -412,7 +412,7 @@ impl Context {
         let output = RawValue::from_string(json).map_err(step_encode)?;
         let record = StepRecord {
             attempt: self.attempt,
-            at_ms: now_ms(),
+            at_ms: self.run.time.now_ms(),
             duration_ms,
             output,
         };
