@@ -28,6 +28,8 @@ mod runtime;
 mod schema;
 mod status;
 mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod workflow;
 
 #[cfg(test)]

@@ -242,6 +242,7 @@ impl Drive<'_> {
             clock: self.held.signals.clock(run_id),
             limits: Arc::clone(&self.settings.limits),
             time: self.settings.clock.clone(),
+            observer: self.settings.observer.clone(),
         });
         let mut run = Progress {
             info: entered.info,

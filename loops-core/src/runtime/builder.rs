@@ -130,6 +130,13 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Calls `observer` before every run of a step's closure (the test kit's explorer).
+    #[cfg(feature = "testing")]
+    pub(crate) fn observe_steps(mut self, observer: crate::run::settings::StepObserver) -> Self {
+        self.config.settings.observer = Some(observer);
+        self
+    }
+
     /// The retention policy [`Runtime::prune`] applies (default: keep everything).
     pub fn retention(mut self, policy: RetentionPolicy) -> Self {
         self.config.retention = policy;

@@ -17,6 +17,7 @@ use crate::record::{FailureRecord, FailureSource, StepRecord};
 use crate::retry::RetryPolicy;
 use crate::run::context::stale::Resolved;
 use crate::run::context::{Context, StepOptions, millis};
+use crate::run::settings::StepRun;
 use crate::store::{AfterFailure, Write};
 use crate::workflow::BoxError;
 
@@ -219,6 +220,15 @@ impl Context {
             let taken = self.take_limit(name, options.limit.as_deref()).await?;
             crate::failpoint::point("loops::step::before_effect");
             self.run.clock.check(self.seq)?; // Not once the lease lapsed.
+            if let Some(observer) = &self.run.observer {
+                observer(&StepRun {
+                    run_id: self.run.run_id.clone(),
+                    seq: self.seq,
+                    name: name.to_owned(),
+                    occurrence,
+                    key: self.key_for(name, occurrence),
+                });
+            }
             let started = Instant::now();
             let outcome = self
                 .one_try(name, occurrence, options.timeout, &mut f)
