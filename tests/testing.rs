@@ -244,6 +244,11 @@ async fn the_explorer_passes_on_a_correct_workflow_with_sleeps_and_events() {
                 "wait at seq 1 for event `approve` until 1767916800000 ms"
             ),
             (When::AfterCommit, "wake-up at seq 1"),
+            // The handler runs again and its wait takes the event: the delivery is recorded.
+            (
+                When::AfterCommit,
+                "wait at seq 1 for event `approve` until 1767916800000 ms"
+            ),
             (When::AfterCommit, "transition to `Published` (seq 2)"),
         ]
     );

@@ -640,10 +640,11 @@ mod tests {
     }
 
     /// The crash explorer over the real agent with its scripted model, in a temporary
-    /// repository made afresh for each case: every boundary of delivering the demo issue
-    /// (each step before and after its record, each transition) resumes to the same pull
-    /// request, the same history, and no step closure run twice but the one stopped
-    /// between its effect and its record.
+    /// repository made afresh for each case: the boundaries of delivering the demo issue
+    /// (each step before and after its record, each transition, the approval wait) are
+    /// counted, and a crash at those of the push, the pull request and the approval resumes
+    /// to the same pull request, the same history, and no step closure run twice but the
+    /// one stopped between its effect and its record.
     #[tokio::test]
     async fn every_crash_of_a_delivery_resumes_to_the_same_pull_request() {
         let world = std::sync::Arc::new(std::sync::Mutex::new(fresh_world("explored")));
@@ -658,7 +659,16 @@ mod tests {
             },
         )
         .configure(|b| b.limit(MODEL_LIMIT_NAME, model_limit()))
+        .event(APPROVAL_EVENT, Approval { by: "ada".into() })
         .before_each(move || *reset.lock().unwrap() = fresh_world("explored"))
+        // Each case runs the agent (two builds of the demo crate's tests): explore the
+        // boundaries of its side effects on the outside world, the push and the pull
+        // request, and of the approval wait before them; all are learned and counted.
+        .boundaries_where(|b| {
+            ["`push`", "`open_pr`", "event `approve`"]
+                .iter()
+                .any(|what| b.what.contains(what))
+        })
         .run()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -669,6 +679,7 @@ mod tests {
         );
         assert_eq!(explored.final_state, "PrOpened");
         assert_eq!(explored.boundaries.len(), 0);
+        assert_eq!(explored.explored, 0);
     }
 
     #[tokio::test]

@@ -58,6 +58,7 @@ pub struct Explorer<W, H> {
     before_each: Box<dyn Fn() + Send + Sync>,
     run_id: String,
     only: Option<usize>,
+    filter: Option<Box<dyn Fn(&Boundary) -> bool + Send + Sync>>,
     start: SystemTime,
 }
 
@@ -96,6 +97,7 @@ where
             before_each: Box::new(|| {}),
             run_id: "explored".to_owned(),
             only: std::env::var(ONLY_ENV).ok().and_then(|v| v.parse().ok()),
+            filter: None,
             // A fixed start (2026-01-01 UTC), so that runs see the same times.
             start: UNIX_EPOCH + Duration::from_secs(1_767_225_600),
         }
@@ -142,6 +144,22 @@ where
         self
     }
 
+    /// Explores only the boundaries `keep` says yes to (all are still learned and
+    /// reported): for a workflow whose every run is slow, the boundaries that matter most.
+    pub fn boundaries_where(
+        mut self,
+        keep: impl Fn(&Boundary) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.filter = Some(Box::new(keep));
+        self
+    }
+
+    /// Whether `boundary` is to be explored.
+    fn chosen(&self, boundary: &Boundary) -> bool {
+        self.only.is_none_or(|only| only == boundary.number)
+            && self.filter.as_ref().is_none_or(|keep| keep(boundary))
+    }
+
     /// Runs the workflow once without a crash, to learn its boundaries: after each commit
     /// of a write of the run (its creation, each transition, each step record, each wait,
     /// each attempt), and, for a step, between its effect and its record (before the
@@ -176,7 +194,7 @@ where
         let boundaries = boundaries(&reference, &self.run_id);
         let mut findings = Vec::new();
         for boundary in &boundaries {
-            if self.only.is_some_and(|only| only != boundary.number) {
+            if !self.chosen(boundary) {
                 continue;
             }
             let differences = match self.case(Some(boundary)).await {
@@ -196,13 +214,7 @@ where
                 });
             }
         }
-        let explored = match self.only {
-            Some(_) => boundaries
-                .iter()
-                .filter(|b| Some(b.number) == self.only)
-                .count(),
-            None => boundaries.len(),
-        };
+        let explored = boundaries.iter().filter(|b| self.chosen(b)).count();
         if findings.is_empty() {
             Ok(Exploration {
                 run_id: self.run_id.clone(),
@@ -318,6 +330,10 @@ where
                     return Ok(());
                 };
                 if let Some(event) = &wait.event {
+                    if Store::has_pending(store, &self.run_id, event).await? {
+                        // Sent, not taken yet: the wait ends when the driver looks.
+                        return Ok(());
+                    }
                     let sent = Store::events(store, &self.run_id)
                         .await?
                         .iter()

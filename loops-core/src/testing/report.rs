@@ -52,7 +52,8 @@ pub struct Exploration {
     pub run_id: String,
     /// Every boundary of the uninterrupted run, in order.
     pub boundaries: Vec<Boundary>,
-    /// How many of them were explored (fewer when one was chosen with `only`).
+    /// How many of them were explored (fewer when chosen with `only` or
+    /// `boundaries_where`).
     pub explored: usize,
     /// The state the run ended in.
     pub final_state: String,
