@@ -678,8 +678,8 @@ mod tests {
             explored.boundaries.len()
         );
         assert_eq!(explored.final_state, "PrOpened");
-        assert_eq!(explored.boundaries.len(), 0);
-        assert_eq!(explored.explored, 0);
+        assert_eq!(explored.boundaries.len(), 26);
+        assert_eq!(explored.explored, 6);
     }
 
     #[tokio::test]

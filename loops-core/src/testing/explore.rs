@@ -48,6 +48,9 @@ const TICK: Duration = Duration::from_millis(1);
 /// Makes the runtime builder an explorer's runs are built with (limits, retry policies).
 type Configure = dyn Fn(RuntimeBuilder) -> RuntimeBuilder + Send + Sync;
 
+/// Says which boundaries an explorer explores ([`Explorer::boundaries_where`]).
+type Keep = dyn Fn(&Boundary) -> bool + Send + Sync;
+
 /// Explores the crashes of one run of `W`: see [`explore`], and the methods for events, the
 /// runtime's configuration and replaying one case.
 pub struct Explorer<W, H> {
@@ -58,7 +61,7 @@ pub struct Explorer<W, H> {
     before_each: Box<dyn Fn() + Send + Sync>,
     run_id: String,
     only: Option<usize>,
-    filter: Option<Box<dyn Fn(&Boundary) -> bool + Send + Sync>>,
+    filter: Option<Box<Keep>>,
     start: SystemTime,
 }
 
