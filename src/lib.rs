@@ -76,3 +76,6 @@
 
 pub use loops_core::*;
 pub use loops_derive::{Schema, Workflow};
+
+#[cfg(feature = "testing")]
+pub mod testing;

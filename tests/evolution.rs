@@ -7,8 +7,6 @@
 //! `LOOPS_EVOLUTION_WINDOW_MS` (default 5000 ms); the issue's 30 s window:
 //! `LOOPS_EVOLUTION_WINDOW_MS=30000 cargo test --test evolution quiet`.
 
-#[path = "evolution/counting.rs"]
-mod counting;
 #[path = "evolution/ticket.rs"]
 mod ticket;
 #[path = "evolution/workflows.rs"]
@@ -21,13 +19,13 @@ use loops::{
     Error, MigratedFrom, RedbStore, Route, RunStatus, Runtime, SchemaHash, Store, Workflow,
 };
 
-use counting::Counting;
+use loops::testing::HookedStore;
 use workflows::{Handler, Log, v1, v2, v2_panics, v2_refuses, v3};
 
-type Shared = Counting<RedbStore>;
+type Shared = HookedStore<RedbStore>;
 
 fn memory() -> Shared {
-    Counting::new(RedbStore::in_memory().unwrap())
+    HookedStore::new(RedbStore::in_memory().unwrap())
 }
 
 fn hash<W: Workflow>() -> SchemaHash {
@@ -109,7 +107,7 @@ async fn runs_of_every_v1_state_migrate_through_v2_to_v3_and_finish() {
     let log = Log::default();
     stop_v1_at(&store, &log, "at-placed", "Placed").await;
     stop_v1_at(&store, &log, "at-packed", "Packed").await;
-    store.writes.lock().unwrap().clear();
+    store.clear_writes();
 
     // The build of version 3 keeps no older handler, only the migrations v1 → v2 → v3.
     let rt = Runtime::builder()
@@ -132,10 +130,7 @@ async fn runs_of_every_v1_state_migrate_through_v2_to_v3_and_finish() {
             format!("at-placed migrate from version 1 to 3 ({h1} -> {h3}) in 2 migrations"),
         ]
     );
-    assert!(
-        store.writes.lock().unwrap().is_empty(),
-        "a dry run writes nothing"
-    );
+    assert!(store.writes().is_empty(), "a dry run writes nothing");
     rt.resume_all().await.unwrap();
     for id in ["at-placed", "at-packed"] {
         assert_eq!(
@@ -191,7 +186,7 @@ async fn runs_of_every_v1_state_migrate_through_v2_to_v3_and_finish() {
     // What the v3 build wrote: one migration, then the run as usual (the interrupted
     // attempt counted; no step record for the replayed step).
     assert_eq!(
-        store.writes_of("at-placed"),
+        store.kinds_of("at-placed"),
         [
             "Migrate",
             "BeginAttempt",
@@ -203,7 +198,7 @@ async fn runs_of_every_v1_state_migrate_through_v2_to_v3_and_finish() {
         ]
     );
     assert_eq!(
-        store.writes_of("at-packed"),
+        store.kinds_of("at-packed"),
         [
             "Migrate",
             "BeginAttempt",
@@ -273,14 +268,14 @@ async fn versions_side_by_side_each_drive_their_own_runs() {
 
 /// A v1 run at `Placed`, then a build with only `New` and a migration to it that fails:
 /// returns the run's row once blocked, and the store's writes for it.
-async fn failing_migration<New>() -> (loops::RunInfo, Vec<String>, usize)
+async fn failing_migration<New>() -> (loops::RunInfo, Vec<&'static str>, usize)
 where
     New: loops::Dispatch<Handler> + loops::Migrate<v1::Order>,
 {
     let store = memory();
     let log = Log::default();
     stop_v1_at(&store, &log, "r", "Placed").await;
-    store.writes.lock().unwrap().clear();
+    store.clear_writes();
     let rt = Runtime::builder()
         .register::<New, _>(Handler::new(2, &log))
         .migration::<v1::Order, New>()
@@ -293,7 +288,7 @@ where
     rt.migration::<v1::Order, New>();
     rt.shutdown().await;
     let history = store.history("r").await.unwrap().len();
-    (info, store.writes_of("r"), history)
+    (info, store.kinds_of("r"), history)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -329,7 +324,7 @@ async fn an_attached_run_of_an_unknown_schema_is_refused_and_blocked_once() {
     let store = memory();
     let log = Log::default();
     stop_v1_at(&store, &log, "r", "Packed").await;
-    store.writes.lock().unwrap().clear();
+    store.clear_writes();
     let rt = Runtime::builder().build(store.clone());
     let handler = Handler::new(2, &log);
     for _ in 0..2 {
@@ -348,7 +343,7 @@ async fn an_attached_run_of_an_unknown_schema_is_refused_and_blocked_once() {
             other => panic!("expected SchemaMismatch, got {other:?}"),
         }
     }
-    assert_eq!(store.writes_of("r"), ["Block"]);
+    assert_eq!(store.kinds_of("r"), ["Block"]);
     // With the migration registered, the same call migrates the blocked run and finishes it.
     rt.migration::<v1::Order, v2::Order>();
     let done = rt
@@ -427,7 +422,7 @@ async fn a_refused_run_stays_blocked_and_quiet_under_serve() {
     let store = memory();
     let log = Log::default();
     stop_v1_at(&store, &log, "old", "Placed").await;
-    store.writes.lock().unwrap().clear();
+    store.clear_writes();
     // Version 2 only, no migration: the old run is refused.
     let rt = Runtime::builder()
         .register::<v2::Order, _>(Handler::new(2, &log))
@@ -455,7 +450,7 @@ async fn a_refused_run_stays_blocked_and_quiet_under_serve() {
     rt.shutdown().await;
     serving.await.unwrap().unwrap();
 
-    assert_eq!(store.writes_of("old"), ["Block"]);
+    assert_eq!(store.kinds_of("old"), ["Block"]);
     assert_eq!(lines.matching("WARN", "old"), 1);
     assert_eq!(lines.matching("ERROR", ""), 0);
     let info = store.run_info("old").await.unwrap().unwrap();
@@ -648,7 +643,7 @@ async fn registering_the_missing_version_on_a_running_runtime_unblocks_its_runs(
         rt.wait::<v1::Order>("r").await,
         Err(Error::RunBlocked { seq: 1, .. })
     ));
-    store.writes.lock().unwrap().clear();
+    store.clear_writes();
     // The old version, registered on the running runtime: the run is unblocked and finishes
     // on it, its recorded step replayed.
     rt.register::<v1::Order, _>(Handler::new(1, &log));
@@ -658,7 +653,7 @@ async fn registering_the_missing_version_on_a_running_runtime_unblocks_its_runs(
         v1::Order::Shipped { item: "r".into() }
     );
     assert_eq!(
-        store.writes_of("r"),
+        store.kinds_of("r"),
         ["Unblock", "BeginAttempt", "Transition"]
     );
     assert_eq!(log.effects_of("r"), ["reserve", "weigh"]);

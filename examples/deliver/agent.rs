@@ -605,6 +605,83 @@ mod tests {
         }
     }
 
+    /// A fresh work directory with the demo repository, its remote and forge, prepared for
+    /// the run `run_id` (on a runtime of its own: the crash explorer resets the world from
+    /// a plain function).
+    fn fresh_world(run_id: &str) -> (tempfile::TempDir, Paths, crate::workflow::Base) {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = Paths::new(dir.path().to_path_buf(), None, None);
+        paths.create_workdir().unwrap();
+        paths.clear_leftovers().unwrap();
+        let branch = work_branch(run_id);
+        let prepared = paths.clone();
+        let base = std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(project::prepare(&prepared, &branch, None))
+        })
+        .join()
+        .unwrap()
+        .unwrap();
+        (dir, paths, base)
+    }
+
+    fn agent_in(paths: &Paths) -> Agent<ScriptedModel> {
+        Agent {
+            model: ScriptedModel::demo(),
+            git: Git::new(&paths.repo),
+            remote: paths.remote.clone(),
+            forge: Forge::open(&paths.forge, &paths.remote, "demo").unwrap(),
+            scratch: paths.scratch.clone(),
+            hooks: Hooks::none(paths.entries_log.clone()),
+        }
+    }
+
+    /// The crash explorer over the real agent with its scripted model, in a temporary
+    /// repository made afresh for each case: the boundaries of delivering the demo issue
+    /// (each step before and after its record, each transition, the approval wait) are
+    /// counted, and a crash at those of the push, the pull request and the approval resumes
+    /// to the same pull request, the same history, and no step closure run twice but the
+    /// one stopped between its effect and its record.
+    #[tokio::test]
+    async fn every_crash_of_a_delivery_resumes_to_the_same_pull_request() {
+        let world = std::sync::Arc::new(std::sync::Mutex::new(fresh_world("explored")));
+        let base = world.lock().unwrap().2.clone();
+        let reset = std::sync::Arc::clone(&world);
+        let current = std::sync::Arc::clone(&world);
+        let explored = loops::testing::Explorer::new(
+            move || agent_in(&current.lock().unwrap().1),
+            Deliver::Received {
+                issue: project::issue(),
+                base,
+            },
+        )
+        .configure(|b| b.limit(MODEL_LIMIT_NAME, model_limit()))
+        .event(APPROVAL_EVENT, Approval { by: "ada".into() })
+        .before_each(move || *reset.lock().unwrap() = fresh_world("explored"))
+        // Each case runs the agent (two builds of the demo crate's tests): explore the
+        // boundaries of its side effects on the outside world, the push and the pull
+        // request, and of the approval wait before them; all are learned and counted.
+        .boundaries_where(|b| {
+            ["`push`", "`open_pr`", "event `approve`"]
+                .iter()
+                .any(|what| b.what.contains(what))
+        })
+        .run()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+        println!("{explored}");
+        println!(
+            "deliver: the crash explorer found {} boundaries",
+            explored.boundaries.len()
+        );
+        assert_eq!(explored.final_state, "PrOpened");
+        assert_eq!(explored.boundaries.len(), 26);
+        assert_eq!(explored.explored, 6);
+    }
+
     #[tokio::test]
     async fn gives_up_when_the_fix_rounds_run_out() {
         let dir = tempfile::tempdir().unwrap();

@@ -7,6 +7,7 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 mod codec;
+mod clock;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 #[cfg(feature = "control")]
@@ -28,6 +29,8 @@ mod runtime;
 mod schema;
 mod status;
 mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod workflow;
 
 #[cfg(test)]
@@ -37,6 +40,7 @@ pub use codec::{
     CodecError, Keyring, KeyringError, PayloadCodec, Place, Sealed, envelope, parse_envelope,
     redacted,
 };
+pub use clock::{Clock, ManualClock};
 pub use error::{Error, RecordKind, Result, error_chain};
 pub use hint::{Hinted, RetryHint, retry_hint};
 pub use limit::{Admission, Limit};

@@ -221,11 +221,6 @@ pub fn now_ms() -> u64 {
     ms
 }
 
-/// [`now_ms`] as a `SystemTime`.
-pub(crate) fn now_time() -> std::time::SystemTime {
-    std::time::UNIX_EPOCH + std::time::Duration::from_millis(now_ms())
-}
-
 /// The offset [`__set_clock_offset_ms`] gives [`now_ms`].
 #[cfg(feature = "test-util")]
 static CLOCK_OFFSET_MS: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);

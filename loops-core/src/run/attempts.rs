@@ -1,6 +1,9 @@
-//! How the driver counts a state's failed attempts and spreads its retries.
+//! How the driver counts a state's failed attempts, spreads its retries, and whether a run
+//! needs a driver now.
 
+use crate::error::Result;
 use crate::row::RunInfo;
+use crate::store::{Ready, Store};
 
 /// Failed attempts at the run's current state so far, the current one included (a
 /// failure of the current attempt counts it; interruptions count apart).
@@ -18,4 +21,15 @@ pub(crate) fn jitter_unit(run_id: &str, seq: u64, attempt: u32, now: u64) -> f64
     material.extend_from_slice(&attempt.to_le_bytes());
     material.extend_from_slice(&now.to_le_bytes());
     (xxhash_rust::xxh3::xxh3_64(&material) >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// Whether the run needs a driver now, by [`RunInfo::readiness`]: for a waiting run, whether
+/// its wait can end (its time passed, or its event is in the inbox) or its cancellation was
+/// asked for.
+pub(crate) async fn is_ready(store: &dyn Store, info: &RunInfo, now_ms: u64) -> Result<bool> {
+    match info.readiness().at(now_ms) {
+        Ready::Now => Ok(true),
+        Ready::OnEvent(event) => store.has_pending(&info.run_id, event).await,
+        Ready::No => Ok(false),
+    }
 }

@@ -19,15 +19,15 @@ use tracing::Instrument;
 use crate::error::{Error, Result, error_chain};
 use crate::hint::retry_hint;
 use crate::panics::panic_message;
-use crate::record::{FailureRecord, FailureSource, TransitionRecord, now_ms};
+use crate::record::{FailureRecord, FailureSource, TransitionRecord};
 use crate::row::RunInfo;
-use crate::run::attempts::{failed_attempts, jitter_unit};
+use crate::run::attempts::{failed_attempts, is_ready, jitter_unit};
 use crate::run::context::{Context, RunScope};
 use crate::run::dispatch::Dispatch;
 use crate::run::settings::{Held, Settings};
 use crate::schema::{SchemaDiff, SchemaHash};
 use crate::status::RunStatus;
-use crate::store::{AfterFailure, Ready, Store, Write};
+use crate::store::{AfterFailure, Store, Write};
 use crate::workflow::{BoxError, StateId, Workflow};
 
 /// How often an attached driver waiting on a store shared by several workers reads its run's
@@ -124,6 +124,11 @@ impl Drive<'_> {
         &self.held.run_id
     }
 
+    /// Ms since the Unix epoch by the runtime's clock.
+    fn now(&self) -> u64 {
+        self.settings.clock.now_ms()
+    }
+
     /// The run's row and latest record, if the run exists.
     pub(crate) async fn find(&self) -> Result<Option<(RunInfo, TransitionRecord)>> {
         self.store.latest(self.run_id()).await
@@ -185,7 +190,7 @@ impl Drive<'_> {
                 given: given.name(),
             });
         }
-        let now = now_ms();
+        let now = self.now();
         let record = TransitionRecord::encode(run_id, 0, &initial, now)?;
         self.settings.check_size(run_id, &record)?;
         let info = RunInfo::new_run::<W>(run_id, given, now);
@@ -236,6 +241,8 @@ impl Drive<'_> {
             park_threshold: self.settings.park_threshold,
             clock: self.held.signals.clock(run_id),
             limits: Arc::clone(&self.settings.limits),
+            time: self.settings.clock.clone(),
+            observer: self.settings.observer.clone(),
         });
         let mut run = Progress {
             info: entered.info,
@@ -432,11 +439,11 @@ impl Drive<'_> {
             RunStatus::Running | RunStatus::Waiting
                 if info.cancel.is_some() || self.held.signals.cancel.is_cancelled() =>
             {
-                run.info = end_cancelled(&**self.store, self.held, run_id).await?;
+                run.info = end_cancelled(&**self.store, self.held, run_id, self.now()).await?;
                 Ok(Settled::Again)
             }
             RunStatus::Waiting => {
-                if !is_ready(&**self.store, info).await? {
+                if !is_ready(&**self.store, info, self.now()).await? {
                     match mode {
                         Mode::Background => {
                             return Ok(Settled::Done(Driven::Parked(Box::new(info.clone()))));
@@ -456,7 +463,7 @@ impl Drive<'_> {
                         Write::Wake {
                             run_id: run_id.to_owned(),
                             seq: info.state_seq(),
-                            at_ms: now_ms(),
+                            at_ms: self.now(),
                         },
                     )
                     .await?
@@ -487,10 +494,7 @@ impl Drive<'_> {
         let until = info.wait.as_ref().and_then(|w| w.until_ms);
         let timer = async {
             match until {
-                Some(at) => {
-                    let ms = at.saturating_sub(now_ms());
-                    tokio::time::sleep(Duration::from_millis(ms)).await;
-                }
+                Some(at) => self.settings.clock.sleep_until_ms(at).await,
                 None => std::future::pending().await,
             }
         };
@@ -537,7 +541,7 @@ impl Drive<'_> {
         let run_id = self.run_id();
         let policy = self.settings.retry_policy::<W>(state);
         if let Some(at) = run.info.retry_at_ms {
-            let wait = Duration::from_millis(at.saturating_sub(now_ms()));
+            let wait = Duration::from_millis(at.saturating_sub(self.now()));
             if !wait.is_zero() {
                 tracing::info!(
                     state = state.name(),
@@ -545,7 +549,7 @@ impl Drive<'_> {
                     "waiting before the next attempt"
                 );
                 tokio::select! {
-                    () = tokio::time::sleep(wait) => {}
+                    () = self.settings.clock.sleep_until_ms(at) => {}
                     () = self.held.signals.cancel.cancelled() => return Ok(false),
                 }
             }
@@ -560,7 +564,7 @@ impl Drive<'_> {
                     seq: run.info.state_seq(),
                     max_attempts: policy.max_attempts,
                     max_interruptions: policy.max_interruptions,
-                    at_ms: now_ms(),
+                    at_ms: self.now(),
                 },
             )
             .await?
@@ -584,9 +588,9 @@ impl Drive<'_> {
             let fut = AssertUnwindSafe(value.dispatch(handler, ctx)).catch_unwind();
             let result = match timeout {
                 None => fut.await,
-                Some(limit) => match tokio::time::timeout(limit, fut).await {
-                    Ok(result) => result,
-                    Err(_) => return Err(Failure::Timeout(limit)),
+                Some(limit) => match self.settings.clock.timeout(limit, fut).await {
+                    Some(result) => result,
+                    None => return Err(Failure::Timeout(limit)),
                 },
             };
             match result {
@@ -626,7 +630,7 @@ impl Drive<'_> {
         let next_seq = seq
             .checked_add(1)
             .ok_or_else(|| run.info.overflow_seq("moving to a next state"))?;
-        let now = now_ms();
+        let now = self.now();
         let next_record = TransitionRecord::encode(run_id, next_seq, &next, now)?;
         self.settings.check_size(run_id, &next_record)?;
         crate::failpoint::point("loops::transition::before_commit");
@@ -691,7 +695,7 @@ impl Drive<'_> {
         };
         let errors = error_chain(&*err);
         let used = failed_attempts(&run.info);
-        let now = now_ms();
+        let now = self.now();
         // An error marked permanent ends the run's tries; a retry-after hint lengthens the
         // back-off (`hint.rs`).
         let hint = retry_hint(&*err);
@@ -751,25 +755,19 @@ impl Failure {
     }
 }
 
-/// Whether the run needs a driver now, by [`RunInfo::readiness`]: for a waiting run, whether
-/// its wait can end (its time passed, or its event is in the inbox) or its cancellation was
-/// asked for.
-pub(crate) async fn is_ready(store: &dyn Store, info: &RunInfo) -> Result<bool> {
-    match info.readiness().at(now_ms()) {
-        Ready::Now => Ok(true),
-        Ready::OnEvent(event) => store.has_pending(&info.run_id, event).await,
-        Ready::No => Ok(false),
-    }
-}
-
 /// Ends the run `run_id` as cancelled, with the lease of the driver that holds it.
-pub(crate) async fn end_cancelled(store: &dyn Store, held: &Held, run_id: &str) -> Result<RunInfo> {
+pub(crate) async fn end_cancelled(
+    store: &dyn Store,
+    held: &Held,
+    run_id: &str,
+    at_ms: u64,
+) -> Result<RunInfo> {
     let info = store
         .write(
             Some(&held.lease),
             Write::EndCancelled {
                 run_id: run_id.to_owned(),
-                at_ms: now_ms(),
+                at_ms,
             },
         )
         .await?

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::record::TransitionRecord;
 use crate::retry::RetryPolicy;
@@ -36,6 +37,10 @@ pub(crate) struct Settings {
     pub(crate) park_threshold: Duration,
     /// The named limits steps take, shared by every run of the runtime.
     pub(crate) limits: Arc<Limits>,
+    /// The clock its times are read from and its waits wait on.
+    pub(crate) clock: Clock,
+    /// Told of every run of a step's closure (the test kit).
+    pub(crate) observer: Option<StepObserver>,
 }
 
 impl Default for Settings {
@@ -49,6 +54,8 @@ impl Default for Settings {
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             park_threshold: DEFAULT_PARK_THRESHOLD,
             limits: Arc::default(),
+            clock: Clock::system(),
+            observer: None,
         }
     }
 }
@@ -185,3 +192,22 @@ pub(crate) struct Held {
     pub(crate) signals: Signals,
     pub(crate) lease: Lease,
 }
+
+/// One run of a step's closure, as the test kit sees it: which run, state (`seq`), step
+/// and occurrence, and the idempotency key the step has (the one `step_keyed` hands it).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StepRun {
+    /// The run.
+    pub run_id: String,
+    /// The sequence number of the state the step belongs to.
+    pub seq: u64,
+    /// The name the step's output is recorded under.
+    pub name: String,
+    /// Which use of the name in the state, from 0.
+    pub occurrence: u32,
+    /// The step's idempotency key.
+    pub key: String,
+}
+
+/// What a runtime calls before each run of a step's closure.
+pub(crate) type StepObserver = Arc<dyn Fn(&StepRun) + Send + Sync>;

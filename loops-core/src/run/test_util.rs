@@ -35,6 +35,8 @@ pub fn __for_tests(run_id: impl Into<String>, seq: u64, attempt: u32) -> Context
         max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
         park_threshold: DEFAULT_PARK_THRESHOLD,
         limits: Arc::default(),
+        time: crate::clock::Clock::system(),
+        observer: None,
     };
     Context::new(Arc::new(scope), "test", seq, attempt, 0, Vec::new())
 }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::codec::PayloadCodec;
+use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::migrate::{Migrate, Migration, Versioned};
 use crate::retention::RetentionPolicy;
@@ -125,6 +126,22 @@ impl RuntimeBuilder {
     /// [`DEFAULT_PARK_THRESHOLD`](crate::DEFAULT_PARK_THRESHOLD), 1 s).
     pub fn park_threshold(mut self, threshold: Duration) -> Self {
         self.config.settings.park_threshold = threshold;
+        self
+    }
+
+    /// The clock the runtime reads time from and waits on (default: [`Clock::system`]): a
+    /// [`ManualClock`](crate::ManualClock) makes sleeps, wait deadlines, retry back-offs and
+    /// time-outs end when a test advances it. The lease deadline, rate limits, store-fault
+    /// back-offs and the polls of a shared store stay on real time (see `docs/testing.md`).
+    pub fn clock(mut self, clock: impl Into<Clock>) -> Self {
+        self.config.settings.clock = clock.into();
+        self
+    }
+
+    /// Calls `observer` before every run of a step's closure (the test kit's explorer).
+    #[cfg(feature = "testing")]
+    pub(crate) fn observe_steps(mut self, observer: crate::run::settings::StepObserver) -> Self {
+        self.config.settings.observer = Some(observer);
         self
     }
 

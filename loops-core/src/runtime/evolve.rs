@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use crate::error::{Error, Result, error_chain};
 use crate::migrate::Chain;
 use crate::panics::panic_message;
-use crate::record::{MigratedFrom, TransitionRecord, now_ms};
+use crate::record::{MigratedFrom, TransitionRecord};
 use crate::route::{Blocked, KnownVersion, Route, StoredRun, route};
 use crate::row::RunInfo;
 use crate::run::driver::Entered;
@@ -109,7 +109,7 @@ impl Runtime {
                     Some(&claim.held().lease),
                     Write::Unblock {
                         run_id: info.run_id.clone(),
-                        at_ms: now_ms(),
+                        at_ms: self.now_ms(),
                     },
                 )
                 .await?
@@ -209,7 +209,7 @@ impl Runtime {
         let new = TransitionRecord {
             seq,
             state: migrated.state.to_owned(),
-            at_ms: now_ms(),
+            at_ms: self.now_ms(),
             schema: to.hash,
             payload,
             migrated: Some(MigratedFrom {
@@ -275,7 +275,7 @@ impl Runtime {
                     schema: info.schema,
                     reason: blocked.reason.clone(),
                     changes,
-                    at_ms: now_ms(),
+                    at_ms: self.now_ms(),
                 },
             )
             .await?

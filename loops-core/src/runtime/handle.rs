@@ -314,6 +314,11 @@ impl Runtime {
         )
     }
 
+    /// Ms since the Unix epoch by the runtime's clock ([`RuntimeBuilder::clock`](crate::RuntimeBuilder::clock)).
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.inner.config.settings.clock.now_ms()
+    }
+
     /// The registered workflows' names, sorted.
     pub(crate) fn workflows(&self) -> Vec<String> {
         self.registry(Registry::names)
@@ -322,9 +327,13 @@ impl Runtime {
     /// Arms a timer that starts a driver for the run at `until` (ms since the Unix epoch).
     pub(crate) fn add_timer(&self, until: u64, workflow: &str, run_id: &str) {
         let hooks: std::sync::Weak<Inner> = Arc::downgrade(&self.inner);
-        self.inner
-            .background
-            .add_timer(hooks, until, workflow, run_id);
+        self.inner.background.add_timer(
+            hooks,
+            &self.inner.config.settings.clock,
+            until,
+            workflow,
+            run_id,
+        );
     }
 }
 

@@ -2,7 +2,7 @@
 //! [`Runtime::list_runs`]) and keeping the store ([`Runtime::prune`], [`Runtime::compact`]).
 
 use crate::error::{Error, Result};
-use crate::record::{Transition, now_ms};
+use crate::record::Transition;
 use crate::retention::RetentionPolicy;
 use crate::row::RunInfo;
 use crate::runtime::handle::{Runtime, check_workflow};
@@ -26,7 +26,7 @@ impl Runtime {
     /// # Errors
     /// As [`RedbStore::prune`](crate::RedbStore::prune).
     pub async fn prune_with(&self, policy: &RetentionPolicy, dry_run: bool) -> Result<Pruned> {
-        let report = prune(self.store(), policy, now_ms(), dry_run).await?;
+        let report = prune(self.store(), policy, self.now_ms(), dry_run).await?;
         tracing::info!(
             runs = report.runs,
             records = report.records,

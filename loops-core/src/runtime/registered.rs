@@ -10,11 +10,11 @@ use tracing::Instrument;
 
 use crate::error::{Error, Result};
 use crate::migrate::{Migrate, Migration, Versioned};
-use crate::record::now_ms;
 use crate::route::KnownVersion;
 use crate::row::RunInfo;
+use crate::run::attempts::is_ready;
 use crate::run::dispatch::Dispatch;
-use crate::run::driver::{Driven, Mode, is_ready};
+use crate::run::driver::{Driven, Mode};
 use crate::runtime::claims::Claim;
 use crate::runtime::evolve::{OnBlock, Routing};
 use crate::runtime::handle::{Driver, Inner, Prepared, Runtime, Start, Stopped, Version};
@@ -217,7 +217,7 @@ impl Runtime {
                 // A storage error, say: try again in a second rather than at once.
                 tracing::error!(run_id, error = %e, "background driver stopped; retrying in 1 s");
                 if !workflow.is_empty() {
-                    self.add_timer(now_ms() + 1000, workflow, run_id);
+                    self.add_timer(self.now_ms() + 1000, workflow, run_id);
                 }
                 false
             }
@@ -333,5 +333,7 @@ async fn needs_driver(rt: &Runtime, run_id: &str) -> bool {
     let Ok(Some(info)) = rt.store().run_info(run_id).await else {
         return false;
     };
-    is_ready(rt.store(), &info).await.unwrap_or(false)
+    is_ready(rt.store(), &info, rt.now_ms())
+        .await
+        .unwrap_or(false)
 }

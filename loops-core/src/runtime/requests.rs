@@ -5,7 +5,6 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::names::{validate_name, validate_run_id};
-use crate::record::now_ms;
 use crate::row::RunInfo;
 use crate::runtime::handle::Runtime;
 use crate::store::{Reply, Write};
@@ -94,7 +93,7 @@ impl Runtime {
                     name: event.to_owned(),
                     payload: json,
                     key: key.map(str::to_owned),
-                    at_ms: now_ms(),
+                    at_ms: self.now_ms(),
                 },
             )
             .await?;
@@ -148,7 +147,7 @@ impl Runtime {
                     run_id: run_id.to_owned(),
                     reason: reason.to_owned(),
                     end_now,
-                    at_ms: now_ms(),
+                    at_ms: self.now_ms(),
                 },
             )
             .await;
@@ -170,7 +169,7 @@ impl Runtime {
                         None,
                         Write::EndCancelled {
                             run_id: run_id.to_owned(),
-                            at_ms: now_ms(),
+                            at_ms: self.now_ms(),
                         },
                     )
                     .await?
@@ -202,7 +201,7 @@ impl Runtime {
                 None,
                 Write::Retry {
                     run_id: run_id.to_owned(),
-                    at_ms: now_ms(),
+                    at_ms: self.now_ms(),
                 },
             )
             .await?

@@ -16,8 +16,8 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio_util::task::TaskTracker;
 
+use crate::clock::Clock;
 use crate::error::Result;
-use crate::record::now_ms;
 use crate::store::BoxFuture;
 
 /// What the scheduler's tasks call back into: the runtime, reached through a weak reference
@@ -104,6 +104,7 @@ impl Background {
     pub(crate) fn add_timer(
         &self,
         hooks: Weak<dyn Hooks>,
+        clock: &Clock,
         until: u64,
         workflow: &str,
         run_id: &str,
@@ -114,7 +115,7 @@ impl Background {
             .insert((until, workflow.to_owned(), run_id.to_owned()));
         if !self.timer_task.swap(true, Ordering::AcqRel) {
             let changed = Arc::clone(&self.timer_changed);
-            self.spawn_task(timer_loop(hooks, changed));
+            self.spawn_task(timer_loop(hooks, changed, clock.clone()));
         }
         self.timer_changed.notify_one();
     }
@@ -179,9 +180,9 @@ async fn renew_loop(
     }
 }
 
-/// Starts drivers for parked runs whose time came. Holds the runtime only while it works, so
-/// that dropping the last runtime handle closes the store.
-async fn timer_loop(runtime: Weak<dyn Hooks>, changed: Arc<Notify>) {
+/// Starts drivers for parked runs whose time came by `clock`. Holds the runtime only while it
+/// works, so that dropping the last runtime handle closes the store.
+async fn timer_loop(runtime: Weak<dyn Hooks>, changed: Arc<Notify>, clock: Clock) {
     loop {
         let notified = changed.notified();
         tokio::pin!(notified);
@@ -194,7 +195,7 @@ async fn timer_loop(runtime: Weak<dyn Hooks>, changed: Arc<Notify>) {
             if background.shut_down.load(Ordering::Acquire) {
                 return;
             }
-            let now = now_ms();
+            let now = clock.now_ms();
             let due: Vec<(u64, String, String)> = {
                 let mut timers = background
                     .timers
@@ -219,12 +220,12 @@ async fn timer_loop(runtime: Weak<dyn Hooks>, changed: Arc<Notify>) {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .first()
-                .map(|t| t.0.saturating_sub(now))
+                .map(|t| t.0)
         };
         match next {
-            Some(ms) => {
+            Some(at_ms) => {
                 tokio::select! {
-                    () = tokio::time::sleep(Duration::from_millis(ms)) => {}
+                    () = clock.sleep_until_ms(at_ms) => {}
                     () = &mut notified => {}
                 }
             }

@@ -26,6 +26,27 @@ use crate::error::{Error, RecordKind, Result};
 use crate::record::{FailureRecord, StepRecord, to_vec};
 
 impl Write {
+    /// The write's kind, as its variant is spelled (`"Transition"`, `"Step"`, ...).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Write::Create { .. } => "Create",
+            Write::Transition { .. } => "Transition",
+            Write::Step { .. } => "Step",
+            Write::Failure { .. } => "Failure",
+            Write::BeginAttempt { .. } => "BeginAttempt",
+            Write::Cancel { .. } => "Cancel",
+            Write::EndCancelled { .. } => "EndCancelled",
+            Write::Retry { .. } => "Retry",
+            Write::Wait { .. } => "Wait",
+            Write::Send { .. } => "Send",
+            Write::Wake { .. } => "Wake",
+            Write::Block { .. } => "Block",
+            Write::Unblock { .. } => "Unblock",
+            Write::Migrate { .. } => "Migrate",
+            Write::Prune { .. } => "Prune",
+        }
+    }
+
     /// The run the write is for; `None` for [`Write::Prune`], which names several.
     pub fn run_id(&self) -> Option<&str> {
         match self {

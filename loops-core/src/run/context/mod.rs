@@ -9,11 +9,12 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::names::{RESERVED_PREFIX, validate_name};
 use crate::record::StepRecord;
 use crate::run::limits::Limits;
-use crate::run::settings::LeaseClock;
+use crate::run::settings::{LeaseClock, StepObserver};
 use crate::store::{Lease, Store};
 
 /// What a state handler receives besides the state's data: which run, state and attempt it is
@@ -49,6 +50,10 @@ pub(crate) struct RunScope {
     pub(crate) clock: LeaseClock,
     /// The runtime's named limits.
     pub(crate) limits: Arc<Limits>,
+    /// The runtime's clock: recorded times, sleeps, deadlines, back-offs, time-outs.
+    pub(crate) time: Clock,
+    /// Told of every run of a step's closure (the test kit's crash explorer).
+    pub(crate) observer: Option<StepObserver>,
 }
 
 #[derive(Default)]

@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::names::RESERVED_PREFIX;
-use crate::record::{StepRecord, now_ms};
+use crate::record::StepRecord;
 use crate::run::context::{Context, StepOptions, millis};
 
 /// Why a generation of a step went stale, as recorded.
@@ -101,7 +101,7 @@ impl Context {
         options: &StepOptions,
     ) -> Result<Option<String>> {
         if let Some(valid_for) = options.valid_for {
-            let age_ms = now_ms().saturating_sub(record.at_ms);
+            let age_ms = self.run.time.now_ms().saturating_sub(record.at_ms);
             let valid_ms = millis(valid_for);
             if age_ms > valid_ms {
                 return Ok(Some(format!(

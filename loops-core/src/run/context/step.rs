@@ -12,11 +12,12 @@ use tracing::Instrument;
 
 use crate::error::{Error, Result, error_chain};
 use crate::hint::retry_hint;
-use crate::record::{FailureRecord, FailureSource, StepRecord, now_ms};
+use crate::record::{FailureRecord, FailureSource, StepRecord};
 use crate::retry::RetryPolicy;
 use crate::run::context::stale::Resolved;
 use crate::run::context::{Context, StepOptions, millis};
 use crate::run::limits::Taken;
+use crate::run::settings::StepRun;
 use crate::store::{AfterFailure, Write};
 use crate::workflow::BoxError;
 
@@ -252,6 +253,15 @@ impl Context {
             let taken = self.take_limit(name, options.limit.as_deref()).await?;
             crate::failpoint::point("loops::step::before_effect");
             self.run.clock.check(self.seq)?; // Not once the lease lapsed.
+            if let Some(observer) = &self.run.observer {
+                observer(&StepRun {
+                    run_id: self.run.run_id.clone(),
+                    seq: self.seq,
+                    name: name.to_owned(),
+                    occurrence,
+                    key: self.key_for(name, occurrence),
+                });
+            }
             let started = Instant::now();
             let outcome = self
                 .one_try(name, occurrence, options.timeout, &mut f)
@@ -278,7 +288,7 @@ impl Context {
                 let delay = policy
                     .delay_after(try_no, unit)
                     .max(hint.retry_after.unwrap_or_default());
-                Some(now_ms().saturating_add(millis(delay)))
+                Some(self.run.time.now_ms().saturating_add(millis(delay)))
             };
             self.record_failed_try(name, occurrence, try_no, &err, retry_at_ms)
                 .await;
@@ -350,9 +360,9 @@ impl Context {
     {
         match timeout {
             None => f().await,
-            Some(limit) => match tokio::time::timeout(limit, f()).await {
-                Ok(outcome) => outcome,
-                Err(_) => Err(Box::new(Error::StepTimeout {
+            Some(limit) => match self.run.time.timeout(limit, f()).await {
+                Some(outcome) => outcome,
+                None => Err(Box::new(Error::StepTimeout {
                     run_id: self.run.run_id.clone(),
                     state: self.state,
                     seq: self.seq,
@@ -393,7 +403,7 @@ impl Context {
     ) {
         let record = FailureRecord {
             attempt: self.attempt,
-            at_ms: now_ms(),
+            at_ms: self.run.time.now_ms(),
             source: FailureSource::Step {
                 name: name.to_owned(),
                 occurrence,
@@ -456,7 +466,7 @@ impl Context {
         let output = RawValue::from_string(json).map_err(step_encode)?;
         let record = StepRecord {
             attempt: self.attempt,
-            at_ms: now_ms(),
+            at_ms: self.run.time.now_ms(),
             duration_ms,
             output,
         };

@@ -7,7 +7,7 @@ use serde_json::value::RawValue;
 
 use crate::error::{Error, RecordKind, Result};
 use crate::names::RESERVED_PREFIX;
-use crate::record::{FailureRecord, FailureSource, now_ms};
+use crate::record::{FailureRecord, FailureSource};
 use crate::run::context::Context;
 use crate::store::{AfterFailure, Reply, WaitOutcome, Write};
 
@@ -17,7 +17,7 @@ impl Context {
     /// # Errors
     /// As [`sleep_until`](Self::sleep_until).
     pub async fn sleep(&self, duration: Duration) -> Result<()> {
-        self.sleep_until(crate::record::now_time() + duration).await
+        self.sleep_until(self.run.time.now() + duration).await
     }
 
     /// Sleeps durably until `wake` (wall-clock time).
@@ -48,14 +48,14 @@ impl Context {
     /// dropped and the handler runs again at that time). A sleep's wake-up time and a
     /// step's next try wait this way.
     pub(super) async fn pause_until(&self, wake_ms: u64) -> Result<()> {
-        let remaining = Duration::from_millis(wake_ms.saturating_sub(now_ms()));
+        let remaining = Duration::from_millis(wake_ms.saturating_sub(self.run.time.now_ms()));
         if remaining.is_zero() {
             return Ok(());
         }
         if remaining < self.run.park_threshold {
             tracing::debug!(wake_ms, "waiting in place until the wake-up time");
             tokio::select! {
-                () = tokio::time::sleep(remaining) => return Ok(()),
+                () = self.run.time.sleep_until_ms(wake_ms) => return Ok(()),
                 () = self.run.cancel.cancelled() => return Err(self.cancelled_error()),
             }
         }
@@ -72,7 +72,7 @@ impl Context {
                     step: None,
                     event: None,
                     until_ms: Some(wake_ms),
-                    at_ms: now_ms(),
+                    at_ms: self.run.time.now_ms(),
                 },
             )
             .await?;
@@ -145,7 +145,11 @@ impl Context {
         // that each wait of the handler keeps its own occurrence of it.
         let until_ms = match timeout {
             Some(timeout) => {
-                let deadline = now_ms().saturating_add(timeout.as_millis() as u64);
+                let deadline = self
+                    .run
+                    .time
+                    .now_ms()
+                    .saturating_add(timeout.as_millis() as u64);
                 Some(
                     self.journaled_u64(&format!("{RESERVED_PREFIX}deadline:{event}"), deadline)
                         .await?,
@@ -171,7 +175,7 @@ impl Context {
                                 step: Some((step_name.clone(), occurrence)),
                                 event: Some(event.to_owned()),
                                 until_ms,
-                                at_ms: now_ms(),
+                                at_ms: self.run.time.now_ms(),
                             },
                         )
                         .await?;
@@ -257,7 +261,7 @@ impl Context {
     async fn record_set_aside(&self, step_name: &str, occurrence: u32, error: &Error) {
         let record = FailureRecord {
             attempt: self.attempt,
-            at_ms: now_ms(),
+            at_ms: self.run.time.now_ms(),
             source: FailureSource::Step {
                 name: step_name.to_owned(),
                 occurrence,

@@ -1,0 +1,184 @@
+//! The clock a runtime reads wall-clock time from and waits on: the system clock, or a
+//! manual clock that a test moves forward.
+//!
+//! Every time the runtime records or compares (`at_ms`, sleep wake-ups, wait deadlines,
+//! retry times, the age of a step record) and every wait for such a time (an in-place sleep,
+//! a retry back-off, a parked run's timer, a step's or handler's time-out) goes through the
+//! runtime's [`Clock`]. What stays on real time, whatever the clock: the lease deadline (a
+//! monotonic `Instant`: a lease protects a run from other workers, who live in real time),
+//! rate limits ([`Limit`](crate::Limit)), the back-off after a store fault, the polls of a
+//! shared store, and the store's own notion of a ready run in `Store::claim_ready` (the
+//! runtime's own timers wake the runs it parked, by its clock).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Where a runtime reads the time: the system clock (the default) or a [`ManualClock`].
+/// Chosen with [`RuntimeBuilder::clock`](crate::RuntimeBuilder::clock). Cheap to clone.
+#[derive(Clone, Debug, Default)]
+pub struct Clock(Source);
+
+#[derive(Clone, Debug, Default)]
+enum Source {
+    #[default]
+    System,
+    Manual(ManualClock),
+}
+
+impl Clock {
+    /// The system clock: [`now_ms`](crate::now_ms), and tokio's timers for waits.
+    pub fn system() -> Clock {
+        Clock(Source::System)
+    }
+
+    /// Milliseconds since the Unix epoch by this clock.
+    pub fn now_ms(&self) -> u64 {
+        match &self.0 {
+            Source::System => crate::record::now_ms(),
+            Source::Manual(manual) => manual.now_ms(),
+        }
+    }
+
+    /// [`now_ms`](Self::now_ms) as a `SystemTime`.
+    pub fn now(&self) -> SystemTime {
+        UNIX_EPOCH + Duration::from_millis(self.now_ms())
+    }
+
+    /// Waits until this clock reads `at_ms` (ms since the Unix epoch) or later; at once if
+    /// it does already.
+    pub(crate) async fn sleep_until_ms(&self, at_ms: u64) {
+        match &self.0 {
+            Source::System => {
+                let ms = at_ms.saturating_sub(self.now_ms());
+                if ms > 0 {
+                    tokio::time::sleep(Duration::from_millis(ms)).await;
+                }
+            }
+            Source::Manual(manual) => manual.reached(at_ms).await,
+        }
+    }
+
+    /// Waits `duration` by this clock.
+    pub(crate) async fn sleep(&self, duration: Duration) {
+        match &self.0 {
+            Source::System => tokio::time::sleep(duration).await,
+            Source::Manual(manual) => manual.reached(manual.later(duration)).await,
+        }
+    }
+
+    /// Runs `fut` for at most `limit` by this clock: `None` if the time ran out first.
+    pub(crate) async fn timeout<F: Future>(&self, limit: Duration, fut: F) -> Option<F::Output> {
+        tokio::select! {
+            biased;
+            out = fut => Some(out),
+            () = self.sleep(limit) => None,
+        }
+    }
+}
+
+impl From<ManualClock> for Clock {
+    fn from(manual: ManualClock) -> Clock {
+        Clock(Source::Manual(manual))
+    }
+}
+
+/// A wall clock that moves only when told ([`advance`](Self::advance), [`set`](Self::set)):
+/// a runtime built with it ([`RuntimeBuilder::clock`](crate::RuntimeBuilder::clock)) sleeps,
+/// waits for deadlines, backs off and times out by this clock, so that a test skips a day in
+/// a call. Clones share one time. Millisecond resolution, as the records.
+#[derive(Clone, Debug)]
+pub struct ManualClock {
+    now: Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+impl ManualClock {
+    /// A clock that reads `start` (rounded down to the millisecond; the Unix epoch if
+    /// `start` is before it) until it is moved.
+    pub fn new(start: SystemTime) -> ManualClock {
+        let ms = start
+            .duration_since(UNIX_EPOCH)
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            .unwrap_or(0);
+        ManualClock {
+            now: Arc::new(tokio::sync::watch::Sender::new(ms)),
+        }
+    }
+
+    /// A clock that starts at the system clock's present time.
+    pub fn starting_now() -> ManualClock {
+        ManualClock::new(SystemTime::now())
+    }
+
+    /// Milliseconds since the Unix epoch by this clock.
+    pub fn now_ms(&self) -> u64 {
+        *self.now.borrow()
+    }
+
+    /// [`now_ms`](Self::now_ms) as a `SystemTime`.
+    pub fn now(&self) -> SystemTime {
+        UNIX_EPOCH + Duration::from_millis(self.now_ms())
+    }
+
+    /// Moves the clock forward by `by` (whole milliseconds; saturates at `u64::MAX` ms) and
+    /// wakes every wait whose time came.
+    pub fn advance(&self, by: Duration) {
+        let by = u64::try_from(by.as_millis()).unwrap_or(u64::MAX);
+        self.now.send_modify(|now| *now = now.saturating_add(by));
+    }
+
+    /// Sets the clock to `to` if that is later than what it reads (a wall clock a test moves
+    /// only forward), and wakes every wait whose time came; an earlier `to` changes nothing.
+    pub fn set(&self, to: SystemTime) {
+        let to = ManualClock::new(to).now_ms();
+        self.now.send_if_modified(|now| {
+            let later = to > *now;
+            if later {
+                *now = to;
+            }
+            later
+        });
+    }
+
+    /// `duration` from now, in ms since the Unix epoch.
+    fn later(&self, duration: Duration) -> u64 {
+        let ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
+        self.now_ms().saturating_add(ms)
+    }
+
+    /// Waits until the clock reads `at_ms` or later.
+    async fn reached(&self, at_ms: u64) {
+        let mut rx = self.now.subscribe();
+        // The sender lives as long as `self`: `wait_for` cannot fail while we hold it.
+        let _ = rx.wait_for(|now| *now >= at_ms).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_manual_sleep_ends_when_the_clock_is_advanced() {
+        let manual = ManualClock::new(UNIX_EPOCH + Duration::from_secs(1_000));
+        let clock = Clock::from(manual.clone());
+        let sleeper = tokio::spawn({
+            let clock = clock.clone();
+            async move { clock.sleep(Duration::from_secs(86_400)).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!sleeper.is_finished());
+        manual.advance(Duration::from_secs(86_399));
+        tokio::task::yield_now().await;
+        assert!(!sleeper.is_finished());
+        manual.advance(Duration::from_secs(1));
+        sleeper.await.unwrap();
+        assert_eq!(clock.now_ms(), 1_000_000 + 86_400_000);
+        let timed = clock.timeout(Duration::from_secs(5), std::future::pending::<()>());
+        let timed = tokio::spawn(timed);
+        tokio::task::yield_now().await;
+        manual.set(UNIX_EPOCH); // earlier: ignored
+        manual.advance(Duration::from_secs(5));
+        assert_eq!(timed.await.unwrap(), None);
+    }
+}

@@ -1,0 +1,627 @@
+//! The crash explorer: runs a workflow once to learn its boundaries, then once per boundary
+//! stops the run there as a crash would, resumes it from what was committed, and checks that
+//! the resumed run ends as the uninterrupted one did.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+use crate::clock::ManualClock;
+use crate::error::{Error, Result};
+
+/// Why a case could not be run to its end, in words (it goes into a report).
+#[derive(Debug)]
+struct Problem(String);
+
+impl From<Error> for Problem {
+    fn from(e: Error) -> Self {
+        Problem(e.to_string())
+    }
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+use crate::run::dispatch::Dispatch;
+use crate::run::settings::StepRun;
+use crate::runtime::{Runtime, RuntimeBuilder};
+use crate::store::{RedbStore, RunStatus, Store};
+use crate::testing::report::{Boundary, Exploration, ExploreError, Finding, When};
+use crate::testing::store::{HookedStore, Verdict, WriteHook, WriteSeen};
+
+/// The environment variable that makes an explorer replay one boundary alone (its number,
+/// as a report prints it): `LOOPS_EXPLORE_ONLY=4 cargo test my_test`.
+pub const ONLY_ENV: &str = "LOOPS_EXPLORE_ONLY";
+
+/// How long one run of the workflow (before or after a crash) may take, by the real clock.
+const PROCESS_LIMIT: Duration = Duration::from_secs(60);
+
+/// How often, by the real clock, the explorer looks whether the run waits for time or for
+/// an event it should send.
+const TICK: Duration = Duration::from_millis(1);
+
+/// Makes the runtime builder an explorer's runs are built with (limits, retry policies).
+type Configure = dyn Fn(RuntimeBuilder) -> RuntimeBuilder + Send + Sync;
+
+/// Says which boundaries an explorer explores ([`Explorer::boundaries_where`]).
+type Keep = dyn Fn(&Boundary) -> bool + Send + Sync;
+
+/// Explores the crashes of one run of `W`: see [`explore`], and the methods for events, the
+/// runtime's configuration and replaying one case.
+pub struct Explorer<W, H> {
+    initial: W,
+    factory: Box<dyn Fn() -> H + Send + Sync>,
+    events: Vec<(String, serde_json::Value)>,
+    configure: Box<Configure>,
+    before_each: Box<dyn Fn() + Send + Sync>,
+    run_id: String,
+    only: Option<usize>,
+    filter: Option<Box<Keep>>,
+    start: SystemTime,
+}
+
+/// Explores every crash of one run of `W` from `initial`, with a handler made by `factory`
+/// for each process: see [`Explorer::run`]. Returns the boundaries it explored.
+///
+/// See `loops::testing` for an example.
+///
+/// # Errors
+/// As [`Explorer::run`].
+pub async fn explore<W, H>(
+    factory: impl Fn() -> H + Send + Sync + 'static,
+    initial: W,
+) -> Result<Exploration, ExploreError>
+where
+    W: Dispatch<H> + Serialize + Clone,
+    H: Sync + 'static,
+{
+    Explorer::new(factory, initial).run().await
+}
+
+impl<W, H> Explorer<W, H>
+where
+    W: Dispatch<H> + Serialize + Clone,
+    H: Sync + 'static,
+{
+    /// An explorer of the run of `W` from `initial`, with a handler made by `factory` for
+    /// the uninterrupted run and for each process before and after a crash (a handler's
+    /// memory does not survive a crash; its factory is what a restart would run).
+    pub fn new(factory: impl Fn() -> H + Send + Sync + 'static, initial: W) -> Self {
+        Explorer {
+            initial,
+            factory: Box::new(factory),
+            events: Vec::new(),
+            configure: Box::new(|b| b),
+            before_each: Box::new(|| {}),
+            run_id: "explored".to_owned(),
+            only: std::env::var(ONLY_ENV).ok().and_then(|v| v.parse().ok()),
+            filter: None,
+            // A fixed start (2026-01-01 UTC), so that runs see the same times.
+            start: UNIX_EPOCH + Duration::from_secs(1_767_225_600),
+        }
+    }
+
+    /// Sends the event `name` with `payload` when the run waits for an event of that name:
+    /// events of one name are sent in the order given, one per wait. A payload that cannot
+    /// be serialized is sent as `null`.
+    pub fn event(mut self, name: impl Into<String>, payload: impl Serialize) -> Self {
+        let payload = serde_json::to_value(payload).unwrap_or(serde_json::Value::Null);
+        self.events.push((name.into(), payload));
+        self
+    }
+
+    /// Applies `configure` to the builder of every runtime the explorer builds (limits,
+    /// retry policies, time-outs). It must not set the clock or the park threshold: the
+    /// explorer sets a manual clock and parks every sleep, so that every wait is a boundary.
+    pub fn configure(
+        mut self,
+        configure: impl Fn(RuntimeBuilder) -> RuntimeBuilder + Send + Sync + 'static,
+    ) -> Self {
+        self.configure = Box::new(configure);
+        self
+    }
+
+    /// Calls `reset` before the uninterrupted run and before each case (not between the
+    /// two halves of a case: the outside world outlives a crash), so that a handler's
+    /// outside world (a temporary repository, a fake service) starts afresh for each.
+    pub fn before_each(mut self, reset: impl Fn() + Send + Sync + 'static) -> Self {
+        self.before_each = Box::new(reset);
+        self
+    }
+
+    /// Names the explored run (default `explored`).
+    pub fn run_id(mut self, run_id: impl Into<String>) -> Self {
+        self.run_id = run_id.into();
+        self
+    }
+
+    /// Explores only the boundary numbered `boundary` (from 1, as a report prints it), to
+    /// replay one failing case; the environment variable [`ONLY_ENV`] does the same.
+    pub fn only(mut self, boundary: usize) -> Self {
+        self.only = Some(boundary);
+        self
+    }
+
+    /// Explores only the boundaries `keep` says yes to (all are still learned and
+    /// reported): for a workflow whose every run is slow, the boundaries that matter most.
+    pub fn boundaries_where(
+        mut self,
+        keep: impl Fn(&Boundary) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.filter = Some(Box::new(keep));
+        self
+    }
+
+    /// Whether `boundary` is to be explored.
+    fn chosen(&self, boundary: &Boundary) -> bool {
+        self.only.is_none_or(|only| only == boundary.number)
+            && self.filter.as_ref().is_none_or(|keep| keep(boundary))
+    }
+
+    /// Runs the workflow once without a crash, to learn its boundaries: after each commit
+    /// of a write of the run (its creation, each transition, each step record, each wait,
+    /// each attempt), and, for a step, between its effect and its record (before the
+    /// record's commit). Then, for each boundary, from an empty in-memory store: runs the
+    /// workflow and stops it there as a crash would (the runtime, its tasks and the
+    /// handler dropped, the leases forgotten; the store keeps what was committed), then
+    /// resumes it with a new runtime and a new handler from the factory until it ends, and
+    /// checks: the final state and the history equal the uninterrupted run's; every step
+    /// whose record committed ran its closure once; the closures that ran twice are exactly
+    /// those stopped between their effect and their record, each with the same idempotency
+    /// key both times. Time is a [`ManualClock`] that the explorer moves to each wake-up,
+    /// deadline and retry time; events come from [`event`](Self::event).
+    ///
+    /// What this shows, and what not: a crash here drops memory and tasks, at a write's
+    /// boundary; it cannot lose the operating system's page cache, tear a write, or crash
+    /// inside the store's commit. Kill real processes for those (docs/testing.md).
+    ///
+    /// # Errors
+    /// [`ExploreError::Found`] listing each boundary whose resumed run differed, what
+    /// differed, and how to replay it alone; [`ExploreError::Reference`] if the run without
+    /// a crash could not be run to its end (an error of the runtime, an event it waits for
+    /// that the explorer was not given, or more than 60 s of real time).
+    pub async fn run(self) -> Result<Exploration, ExploreError> {
+        let reference = self.case(None).await.map_err(|e| ExploreError::Reference {
+            run_id: self.run_id.clone(),
+            message: e.to_string(),
+        })?;
+        let reference = match reference {
+            Case::Ended(ended) => ended,
+            Case::Stopped(..) => unreachable_stop(&self.run_id)?,
+        };
+        let boundaries = boundaries(&reference, &self.run_id);
+        let mut findings = Vec::new();
+        for boundary in &boundaries {
+            if !self.chosen(boundary) {
+                continue;
+            }
+            let differences = match self.case(Some(boundary)).await {
+                Ok(Case::Stopped(first, ended)) => compare(&reference, &first, &ended, boundary),
+                Ok(Case::Ended(_)) => vec![format!(
+                    "the run ended before write {}: it did not make the uninterrupted run's \
+                     writes (a handler that decides by something other than its state, steps \
+                     and events?)",
+                    boundary.write
+                )],
+                Err(e) => vec![format!("the run could not be run: {e}")],
+            };
+            if !differences.is_empty() {
+                findings.push(Finding {
+                    boundary: boundary.clone(),
+                    differences,
+                });
+            }
+        }
+        let explored = boundaries.iter().filter(|b| self.chosen(b)).count();
+        if findings.is_empty() {
+            Ok(Exploration {
+                run_id: self.run_id.clone(),
+                boundaries,
+                explored,
+                final_state: reference.outcome.state.clone(),
+            })
+        } else {
+            Err(ExploreError::Found {
+                run_id: self.run_id.clone(),
+                explored,
+                findings,
+            })
+        }
+    }
+
+    /// One case: the run without a crash (`None`), or stopped at `boundary` and resumed.
+    async fn case(&self, boundary: Option<&Boundary>) -> Result<Case, Problem> {
+        (self.before_each)();
+        let base = RedbStore::in_memory()?;
+        let clock = ManualClock::new(self.start);
+        let steps: Arc<Mutex<Vec<StepRun>>> = Arc::default();
+        let hook = StopAt(boundary.map(|b| (b.write, b.when)));
+        let store = HookedStore::with_hook(base.clone(), hook);
+        let first = self.process(&store, &clock, &steps).await?;
+        let first_writes = store.writes();
+        let first_steps =
+            std::mem::take(&mut *steps.lock().unwrap_or_else(PoisonError::into_inner));
+        let Some(()) = first else {
+            return Ok(Case::Ended(
+                self.ended(&store, first_writes, first_steps).await?,
+            ));
+        };
+        // The crash: the runtime and the handler are gone; the leases die with the process.
+        base.forget_leases();
+        let store = HookedStore::new(base);
+        match self.process(&store, &clock, &steps).await? {
+            Some(()) => Err(Problem("the store was stopped after the crash".to_owned())),
+            None => {
+                let second_steps =
+                    std::mem::take(&mut *steps.lock().unwrap_or_else(PoisonError::into_inner));
+                let ended = self.ended(&store, store.writes(), second_steps).await?;
+                Ok(Case::Stopped(
+                    First {
+                        writes: first_writes,
+                        steps: first_steps,
+                    },
+                    ended,
+                ))
+            }
+        }
+    }
+
+    /// Runs the workflow in one "process" (a runtime and a handler of its own) until it
+    /// ends (`None`) or the store is stopped at the boundary (`Some`).
+    async fn process(
+        &self,
+        store: &HookedStore<RedbStore>,
+        clock: &ManualClock,
+        steps: &Arc<Mutex<Vec<StepRun>>>,
+    ) -> Result<Option<()>, Problem> {
+        let seen = Arc::clone(steps);
+        let builder = Runtime::builder()
+            .clock(clock.clone())
+            .park_threshold(Duration::ZERO)
+            .observe_steps(Arc::new(move |run: &StepRun| {
+                seen.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(run.clone());
+            }));
+        let runtime = (self.configure)(builder).build(store.clone());
+        let handler = (self.factory)();
+        let drive = runtime.run(&self.run_id, self.initial.clone(), &handler);
+        tokio::pin!(drive);
+        let started = Instant::now();
+        loop {
+            tokio::select! {
+                biased;
+                () = store.until_stopped() => return Ok(Some(())),
+                _ = &mut drive => return Ok(None),
+                () = tokio::time::sleep(TICK) => {
+                    // A send to a stopped store never returns: race the stop.
+                    tokio::select! {
+                        biased;
+                        () = store.until_stopped() => return Ok(Some(())),
+                        nudged = self.nudge(&runtime, store.inner(), clock) => nudged?,
+                    }
+                }
+            }
+            if started.elapsed() > PROCESS_LIMIT {
+                return Err(Problem(format!(
+                    "the run did not end within {} s of real time",
+                    PROCESS_LIMIT.as_secs()
+                )));
+            }
+        }
+    }
+
+    /// Ends the run's wait the way the test said: sends the next scripted event it waits
+    /// for, or moves the clock to its wake-up time, deadline or retry time.
+    async fn nudge(
+        &self,
+        runtime: &Runtime,
+        store: &RedbStore,
+        clock: &ManualClock,
+    ) -> Result<(), Problem> {
+        let Some(info) = Store::run_info(store, &self.run_id).await? else {
+            return Ok(());
+        };
+        let at = match info.status {
+            RunStatus::Waiting => {
+                let Some(wait) = &info.wait else {
+                    return Ok(());
+                };
+                if let Some(event) = &wait.event {
+                    if Store::has_pending(store, &self.run_id, event).await? {
+                        // Sent, not taken yet: the wait ends when the driver looks.
+                        return Ok(());
+                    }
+                    let sent = Store::events(store, &self.run_id)
+                        .await?
+                        .iter()
+                        .filter(|(_, record, _)| &record.name == event)
+                        .count();
+                    let next = self
+                        .events
+                        .iter()
+                        .filter(|(name, _)| name == event)
+                        .nth(sent);
+                    if let Some((name, payload)) = next {
+                        runtime.send(&self.run_id, name, payload).await?;
+                        return Ok(());
+                    }
+                    if wait.until_ms.is_none() {
+                        return Err(Problem(format!(
+                            "run `{}` waits in state `{}` (seq {}) for event `{event}`, and the \
+                             explorer has no more of it to send (Explorer::event)",
+                            self.run_id, info.state, info.seq
+                        )));
+                    }
+                }
+                wait.until_ms
+            }
+            RunStatus::Running => info.retry_at_ms,
+            _ => None,
+        };
+        if let Some(at) = at {
+            clock.set(UNIX_EPOCH + Duration::from_millis(at));
+        }
+        Ok(())
+    }
+
+    /// What the run ended with.
+    async fn ended(
+        &self,
+        store: &HookedStore<RedbStore>,
+        writes: Vec<WriteSeen>,
+        steps: Vec<StepRun>,
+    ) -> Result<Ended, Problem> {
+        let base = store.inner();
+        let info =
+            Store::run_info(base, &self.run_id)
+                .await?
+                .ok_or_else(|| Error::RunNotFound {
+                    run_id: self.run_id.clone(),
+                })?;
+        let history = Store::history(base, &self.run_id)
+            .await?
+            .into_iter()
+            .map(|r| (r.seq, r.state, r.payload.get().to_owned()))
+            .collect::<Vec<_>>();
+        let payload = history.last().map(|h| h.2.clone()).unwrap_or_default();
+        Ok(Ended {
+            outcome: Outcome {
+                status: info.status,
+                state: info.state,
+                seq: info.seq,
+                payload,
+            },
+            history,
+            writes,
+            steps,
+        })
+    }
+}
+
+/// A stop that cannot happen: the uninterrupted run has no boundary to stop at.
+fn unreachable_stop(run_id: &str) -> Result<Ended, ExploreError> {
+    Err(ExploreError::Reference {
+        run_id: run_id.to_owned(),
+        message: "the run without a crash was stopped".to_owned(),
+    })
+}
+
+/// Stops the store at one write: `(n, when)`.
+struct StopAt(Option<(u64, When)>);
+
+impl WriteHook for StopAt {
+    fn before(&self, seen: &WriteSeen) -> Verdict {
+        match self.0 {
+            Some((n, When::BeforeCommit)) if n == seen.n => Verdict::Stop,
+            _ => Verdict::Go,
+        }
+    }
+
+    fn after(&self, seen: &WriteSeen, _reply: &Result<crate::store::Reply>) -> Verdict {
+        match self.0 {
+            Some((n, When::AfterCommit)) if n == seen.n => Verdict::Stop,
+            _ => Verdict::Go,
+        }
+    }
+}
+
+/// How a case went.
+enum Case {
+    /// The run ended without being stopped.
+    Ended(Ended),
+    /// The run was stopped at the boundary, then resumed to its end.
+    Stopped(First, Ended),
+}
+
+/// What the process stopped at the boundary did.
+struct First {
+    writes: Vec<WriteSeen>,
+    steps: Vec<StepRun>,
+}
+
+/// A run at its end, and what the (last) process did.
+struct Ended {
+    outcome: Outcome,
+    /// `(seq, state, payload)` of each transition record.
+    history: Vec<(u64, String, String)>,
+    writes: Vec<WriteSeen>,
+    steps: Vec<StepRun>,
+}
+
+#[derive(PartialEq)]
+struct Outcome {
+    status: RunStatus,
+    state: String,
+    seq: u64,
+    payload: String,
+}
+
+/// The boundaries of the uninterrupted run's writes (those of `run_id`, the events the
+/// explorer sent left out): after each commit; before the commit of the record of a step
+/// whose closure ran (not of a value the runtime journals itself, a sleep's wake-up time
+/// say: nothing happens between its making and its record).
+fn boundaries(reference: &Ended, run_id: &str) -> Vec<Boundary> {
+    let ran: BTreeSet<StepId> = reference.steps.iter().map(step_id).collect();
+    let mut out = Vec::new();
+    for write in &reference.writes {
+        if write.run_id.as_deref() != Some(run_id) || write.kind == "Send" {
+            continue;
+        }
+        let mut add = |when| {
+            out.push(Boundary {
+                number: out.len() + 1,
+                write: write.n,
+                when,
+                what: write.what.clone(),
+            });
+        };
+        if write.step.as_ref().is_some_and(|id| ran.contains(id)) {
+            add(When::BeforeCommit);
+        }
+        add(When::AfterCommit);
+    }
+    out
+}
+
+/// The step of a step run, without its key.
+type StepId = (u64, String, u32);
+
+fn step_id(run: &StepRun) -> StepId {
+    (run.seq, run.name.clone(), run.occurrence)
+}
+
+/// What differs between the uninterrupted run and the run stopped at `boundary` (`first`)
+/// then resumed (`then`).
+fn compare(reference: &Ended, first: &First, then: &Ended, boundary: &Boundary) -> Vec<String> {
+    let mut out = Vec::new();
+    // The process stopped at the boundary must have made the same writes up to it.
+    for (mine, theirs) in first.writes.iter().zip(&reference.writes) {
+        if mine.what != theirs.what {
+            out.push(format!(
+                "before the crash, write {} was the {}, where the uninterrupted run made the {}",
+                mine.n, mine.what, theirs.what
+            ));
+            break;
+        }
+    }
+    if then.outcome != reference.outcome {
+        out.push(format!(
+            "final state differs: uninterrupted {} `{}` (seq {}) {}, after the crash {} `{}` \
+             (seq {}) {}",
+            reference.outcome.status,
+            reference.outcome.state,
+            reference.outcome.seq,
+            reference.outcome.payload,
+            then.outcome.status,
+            then.outcome.state,
+            then.outcome.seq,
+            then.outcome.payload
+        ));
+    }
+    if then.history != reference.history {
+        let at = reference
+            .history
+            .iter()
+            .zip(&then.history)
+            .position(|(a, b)| a != b)
+            .unwrap_or(reference.history.len().min(then.history.len()));
+        let show = |h: &[(u64, String, String)]| {
+            h.get(at).map_or_else(
+                || "nothing".to_owned(),
+                |(seq, state, payload)| format!("seq {seq} `{state}` {payload}"),
+            )
+        };
+        out.push(format!(
+            "history differs at record {at}: uninterrupted {}, after the crash {} ({} records \
+             against {})",
+            show(&reference.history),
+            show(&then.history),
+            reference.history.len(),
+            then.history.len()
+        ));
+    }
+    out.extend(compare_steps(reference, first, then, boundary));
+    out
+}
+
+/// Checks the runs of the step closures: see [`Explorer::run`].
+fn compare_steps(
+    reference: &Ended,
+    first: &First,
+    then: &Ended,
+    boundary: &Boundary,
+) -> Vec<String> {
+    let count = |runs: &mut dyn Iterator<Item = &StepRun>| {
+        let mut counts: BTreeMap<StepId, (usize, BTreeSet<String>)> = BTreeMap::new();
+        for run in runs {
+            let entry = counts.entry(step_id(run)).or_default();
+            entry.0 += 1;
+            entry.1.insert(run.key.clone());
+        }
+        counts
+    };
+    let committed: BTreeSet<StepId> = first
+        .writes
+        .iter()
+        .filter(|w| !(w.n == boundary.write && boundary.when == When::BeforeCommit))
+        .filter_map(|w| w.step.clone())
+        .collect();
+    // Started before the crash, not recorded by it: the closures stopped between their
+    // effect and their record, which run again after the crash.
+    let stopped: BTreeSet<StepId> = first
+        .steps
+        .iter()
+        .map(step_id)
+        .filter(|id| !committed.contains(id))
+        .collect();
+    let expected = count(&mut reference.steps.iter());
+    let actual = count(&mut first.steps.iter().chain(&then.steps));
+    let mut out = Vec::new();
+    if boundary.when == When::BeforeCommit {
+        let own = first
+            .writes
+            .iter()
+            .find(|w| w.n == boundary.write)
+            .and_then(|w| w.step.clone());
+        if let Some(own) = own.filter(|id| !stopped.contains(id)) {
+            out.push(format!(
+                "step `{}` #{} of seq {} was stopped before its record, but its closure had not run",
+                own.1, own.2, own.0
+            ));
+        }
+    }
+    let ids: BTreeSet<&StepId> = expected.keys().chain(actual.keys()).collect();
+    for id in ids {
+        let want = expected.get(id).map_or(0, |e| e.0) + usize::from(stopped.contains(id));
+        let (got, keys) = actual
+            .get(id)
+            .map_or((0, BTreeSet::new()), |a| (a.0, a.1.clone()));
+        let (seq, name, occurrence) = id;
+        if got != want {
+            let why = if stopped.contains(id) {
+                "it was stopped between its effect and its record"
+            } else if committed.contains(id) {
+                "its record had committed before the crash"
+            } else {
+                "it had not run before the crash"
+            };
+            out.push(format!(
+                "step `{name}` #{occurrence} of seq {seq} ran its closure {got} times, expected \
+                 {want} ({why})"
+            ));
+        }
+        if keys.len() > 1 {
+            out.push(format!(
+                "step `{name}` #{occurrence} of seq {seq} got different idempotency keys: {}",
+                keys.into_iter().collect::<Vec<_>>().join(", ")
+            ));
+        }
+    }
+    out
+}

@@ -1,0 +1,132 @@
+//! What the crash explorer found: the boundaries it explored, and what differed at each.
+
+use std::fmt;
+
+use crate::testing::explore::ONLY_ENV;
+
+/// Where, around one write, a crash stops a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum When {
+    /// The write did not commit: for a step record, the step's effect ran and its record
+    /// is lost.
+    BeforeCommit,
+    /// The write committed, and nothing after it did.
+    AfterCommit,
+}
+
+/// One place where the crash explorer stops a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Boundary {
+    /// Its number, from 1, in the order the uninterrupted run reaches it; what
+    /// [`Explorer::only`](crate::testing::Explorer::only) takes.
+    pub number: usize,
+    /// The write it is at: its place among the writes the store was given, from 1.
+    pub write: u64,
+    /// Before or after that write's commit.
+    pub when: When,
+    /// That write, in words.
+    pub what: String,
+}
+
+impl fmt::Display for Boundary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.when {
+            When::BeforeCommit => write!(
+                f,
+                "boundary {}: between the effect and the {} (before write {} committed)",
+                self.number, self.what, self.write
+            ),
+            When::AfterCommit => write!(
+                f,
+                "boundary {}: after the {} (write {}) committed",
+                self.number, self.what, self.write
+            ),
+        }
+    }
+}
+
+/// A crash explorer's run that found nothing wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exploration {
+    /// The explored run.
+    pub run_id: String,
+    /// Every boundary of the uninterrupted run, in order.
+    pub boundaries: Vec<Boundary>,
+    /// How many of them were explored (fewer when chosen with `only` or
+    /// `boundaries_where`).
+    pub explored: usize,
+    /// The state the run ended in.
+    pub final_state: String,
+}
+
+impl fmt::Display for Exploration {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "crash explorer: run `{}` ends in `{}` after a crash at each of {} boundaries \
+             ({} explored)",
+            self.run_id,
+            self.final_state,
+            self.boundaries.len(),
+            self.explored
+        )?;
+        for boundary in &self.boundaries {
+            writeln!(f, "  {boundary}")?;
+        }
+        Ok(())
+    }
+}
+
+/// One boundary whose resumed run differed from the uninterrupted one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    /// Where the run was stopped.
+    pub boundary: Boundary,
+    /// What differed, one sentence each.
+    pub differences: Vec<String>,
+}
+
+/// Why the crash explorer failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExploreError {
+    /// Some boundaries broke the workflow: see the report this prints.
+    #[error("{}", found_report(run_id, *explored, findings))]
+    Found {
+        /// The explored run.
+        run_id: String,
+        /// How many boundaries were explored.
+        explored: usize,
+        /// The boundaries whose resumed run differed, in order.
+        findings: Vec<Finding>,
+    },
+    /// The run without a crash, which the others are compared with, could not be run.
+    #[error("crash explorer: run `{run_id}` could not be run without a crash: {message}")]
+    Reference {
+        /// The explored run.
+        run_id: String,
+        /// Why.
+        message: String,
+    },
+}
+
+/// The report of [`ExploreError::Found`].
+fn found_report(run_id: &str, explored: usize, findings: &[Finding]) -> String {
+    let mut out = format!(
+        "crash explorer: a crash at {} of {explored} boundaries of run `{run_id}` changes what \
+         the run does",
+        findings.len()
+    );
+    for finding in findings {
+        out.push_str(&format!("\n{}", finding.boundary));
+        for difference in &finding.differences {
+            out.push_str(&format!("\n  - {difference}"));
+        }
+        out.push_str(&format!(
+            "\n  replay this case alone: {ONLY_ENV}={} cargo test <your test>, or \
+             Explorer::only({})",
+            finding.boundary.number, finding.boundary.number
+        ));
+    }
+    out
+}

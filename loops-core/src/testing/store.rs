@@ -1,0 +1,349 @@
+//! A store in front of another that sees every write: it logs them, and a hook may fail
+//! one or stop the store at one, as a crash would.
+
+use std::any::Any;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::record::{FailureRecord, StepRecord, TransitionRecord};
+use crate::schema::SchemaHash;
+use crate::store::{
+    BoxFuture, ClaimFilter, EventRecord, Lease, Reply, RunInfo, RunStatus, Store, Write,
+};
+
+/// One write a [`HookedStore`] was given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteSeen {
+    /// Its place among the writes the store was given, from 1.
+    pub n: u64,
+    /// Its kind ([`Write::kind`]: `"Transition"`, `"Step"`, ...).
+    pub kind: &'static str,
+    /// The run it is for (`None` for a prune).
+    pub run_id: Option<String>,
+    /// What it records, in words (`transition to `Planned` (seq 1)`, `step `plan` #0 of
+    /// seq 0`, ...).
+    pub what: String,
+    /// For a step record: `(seq, name, occurrence)`.
+    pub step: Option<(u64, String, u32)>,
+}
+
+impl WriteSeen {
+    fn of(n: u64, write: &Write) -> WriteSeen {
+        let step = match write {
+            Write::Step {
+                seq,
+                name,
+                occurrence,
+                ..
+            } => Some((*seq, name.clone(), *occurrence)),
+            _ => None,
+        };
+        WriteSeen {
+            n,
+            kind: write.kind(),
+            run_id: write.run_id().map(str::to_owned),
+            what: describe(write),
+            step,
+        }
+    }
+}
+
+/// `write` in words, for logs and reports.
+fn describe(write: &Write) -> String {
+    match write {
+        Write::Create { info, .. } => format!("creation of the run in `{}` (seq 0)", info.state),
+        Write::Transition { state, seq, .. } => format!("transition to `{state}` (seq {seq})"),
+        Write::Step {
+            seq,
+            name,
+            occurrence,
+            ..
+        } => format!("record of step `{name}` #{occurrence} of seq {seq}"),
+        Write::Failure { seq, record, .. } => {
+            format!("failure of attempt {} at seq {seq}", record.attempt)
+        }
+        Write::BeginAttempt { seq, .. } => format!("new attempt at seq {seq}"),
+        Write::Wait {
+            seq,
+            event,
+            until_ms,
+            ..
+        } => match (event, until_ms) {
+            (Some(event), Some(until)) => {
+                format!("wait at seq {seq} for event `{event}` until {until} ms")
+            }
+            (Some(event), None) => format!("wait at seq {seq} for event `{event}`"),
+            (None, Some(until)) => format!("sleep at seq {seq} until {until} ms"),
+            (None, None) => format!("wait at seq {seq}"),
+        },
+        Write::Send { name, .. } => format!("event `{name}` sent"),
+        Write::Wake { seq, .. } => format!("wake-up at seq {seq}"),
+        Write::Migrate { seq, .. } => format!("migration of seq {seq}"),
+        other => other.kind().to_owned(),
+    }
+}
+
+/// What a [`WriteHook`] decides about one write.
+#[derive(Debug)]
+pub enum Verdict {
+    /// Let it through (before), or answer it (after).
+    Go,
+    /// Answer it with this error instead: before, the write is not made; after, it was
+    /// committed all the same (a lost answer).
+    Fail(Error),
+    /// Stop the store here, as a crash would: this write (before: not committed; after:
+    /// committed) and every later write and read never answer. See [`HookedStore::stopped`].
+    Stop,
+}
+
+/// Decides, write by write, what a [`HookedStore`] does. Both methods default to
+/// [`Verdict::Go`].
+pub trait WriteHook: Send + Sync + 'static {
+    /// Before `seen` goes to the inner store.
+    fn before(&self, seen: &WriteSeen) -> Verdict {
+        let _ = seen;
+        Verdict::Go
+    }
+
+    /// After the inner store answered `seen` with `reply`.
+    fn after(&self, seen: &WriteSeen, reply: &Result<Reply>) -> Verdict {
+        let _ = (seen, reply);
+        Verdict::Go
+    }
+}
+
+/// A hook that lets every write through.
+struct PassThrough;
+
+impl WriteHook for PassThrough {}
+
+/// Another store, `S`, behind a hook that sees every write: [`writes`](Self::writes) logs
+/// them in order, and the hook ([`WriteHook`]) may fail a write or stop the store at one
+/// ([`Verdict::Stop`]), which is how the crash explorer stops a run at a boundary. Reads
+/// and leases go to `S` unchanged (until the store is stopped). Clones share the log, the
+/// hook and the stop.
+pub struct HookedStore<S> {
+    inner: S,
+    hook: Arc<dyn WriteHook>,
+    log: Arc<Mutex<Vec<WriteSeen>>>,
+    count: Arc<AtomicU64>,
+    stopped: Arc<AtomicBool>,
+    stop: Arc<tokio::sync::Notify>,
+}
+
+impl<S: Clone> Clone for HookedStore<S> {
+    fn clone(&self) -> Self {
+        HookedStore {
+            inner: self.inner.clone(),
+            hook: Arc::clone(&self.hook),
+            log: Arc::clone(&self.log),
+            count: Arc::clone(&self.count),
+            stopped: Arc::clone(&self.stopped),
+            stop: Arc::clone(&self.stop),
+        }
+    }
+}
+
+impl<S: Store> HookedStore<S> {
+    /// `inner`, with every write logged and let through.
+    pub fn new(inner: S) -> Self {
+        HookedStore::with_hook(inner, PassThrough)
+    }
+
+    /// `inner`, with every write logged and put to `hook`.
+    pub fn with_hook(inner: S, hook: impl WriteHook) -> Self {
+        HookedStore {
+            inner,
+            hook: Arc::new(hook),
+            log: Arc::default(),
+            count: Arc::default(),
+            stopped: Arc::default(),
+            stop: Arc::default(),
+        }
+    }
+
+    /// The inner store.
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+
+    /// Every write the store was given, in order (those a hook failed or stopped too).
+    pub fn writes(&self) -> Vec<WriteSeen> {
+        self.log
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Forgets the writes logged so far ([`writes`](Self::writes)); the count goes on.
+    pub fn clear_writes(&self) {
+        self.log
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+
+    /// The kinds of the writes given for `run_id`, in order (`["Create", "Step", ...]`).
+    pub fn kinds_of(&self, run_id: &str) -> Vec<&'static str> {
+        self.writes()
+            .into_iter()
+            .filter(|w| w.run_id.as_deref() == Some(run_id))
+            .map(|w| w.kind)
+            .collect()
+    }
+
+    /// How many writes the store was given.
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::SeqCst)
+    }
+
+    /// Whether a hook stopped the store ([`Verdict::Stop`]).
+    pub fn stopped(&self) -> bool {
+        self.stopped.load(Ordering::SeqCst)
+    }
+
+    /// Returns once a hook stopped the store.
+    pub async fn until_stopped(&self) {
+        loop {
+            let notified = self.stop.notified();
+            if self.stopped() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    fn halt(&self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        self.stop.notify_waiters();
+    }
+
+    /// `fut`, unless the store is stopped: then never.
+    fn gate<'a, T: Send + 'a>(&'a self, fut: BoxFuture<'a, Result<T>>) -> BoxFuture<'a, Result<T>> {
+        if self.stopped() {
+            return Box::pin(std::future::pending());
+        }
+        fut
+    }
+}
+
+impl<S: Store> Store for HookedStore<S> {
+    fn label(&self) -> String {
+        self.inner.label()
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn write<'a>(&'a self, lease: Option<&'a Lease>, write: Write) -> BoxFuture<'a, Result<Reply>> {
+        Box::pin(async move {
+            if self.stopped() {
+                return std::future::pending().await;
+            }
+            let n = self.count.fetch_add(1, Ordering::SeqCst).saturating_add(1);
+            let seen = WriteSeen::of(n, &write);
+            self.log
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(seen.clone());
+            match self.hook.before(&seen) {
+                Verdict::Go => {}
+                Verdict::Fail(e) => return Err(e),
+                Verdict::Stop => {
+                    self.halt();
+                    return std::future::pending().await;
+                }
+            }
+            let reply = self.inner.write(lease, write).await;
+            match self.hook.after(&seen, &reply) {
+                Verdict::Go => reply,
+                Verdict::Fail(e) => Err(e),
+                Verdict::Stop => {
+                    self.halt();
+                    std::future::pending().await
+                }
+            }
+        })
+    }
+
+    fn run_info<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<RunInfo>>> {
+        self.gate(self.inner.run_info(run_id))
+    }
+
+    fn latest<'a>(
+        &'a self,
+        run_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<(RunInfo, TransitionRecord)>>> {
+        self.gate(self.inner.latest(run_id))
+    }
+
+    fn history<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<TransitionRecord>>> {
+        self.gate(self.inner.history(run_id))
+    }
+
+    fn steps<'a>(
+        &'a self,
+        run_id: &'a str,
+        seq: u64,
+    ) -> BoxFuture<'a, Result<Vec<(String, u32, StepRecord)>>> {
+        self.gate(self.inner.steps(run_id, seq))
+    }
+
+    fn failures<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<(u64, FailureRecord)>>> {
+        self.gate(self.inner.failures(run_id))
+    }
+
+    fn events<'a>(
+        &'a self,
+        run_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<(u64, EventRecord, bool)>>> {
+        self.gate(self.inner.events(run_id))
+    }
+
+    fn has_pending<'a>(&'a self, run_id: &'a str, event: &'a str) -> BoxFuture<'a, Result<bool>> {
+        self.gate(self.inner.has_pending(run_id, event))
+    }
+
+    fn list<'a>(
+        &'a self,
+        status: RunStatus,
+        workflow: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Vec<RunInfo>>> {
+        self.gate(self.inner.list(status, workflow))
+    }
+
+    fn schema(&self, hash: SchemaHash) -> BoxFuture<'_, Result<Option<String>>> {
+        self.gate(self.inner.schema(hash))
+    }
+
+    fn schemas(&self) -> BoxFuture<'_, Result<Vec<(SchemaHash, String)>>> {
+        self.gate(self.inner.schemas())
+    }
+
+    fn acquire<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<Lease>>> {
+        self.gate(self.inner.acquire(run_id))
+    }
+
+    fn release<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<()>> {
+        self.gate(self.inner.release(lease))
+    }
+
+    fn renew<'a>(&'a self, leases: &'a [Lease]) -> BoxFuture<'a, Result<Vec<Lease>>> {
+        self.gate(self.inner.renew(leases))
+    }
+
+    fn lease_ttl(&self) -> Option<Duration> {
+        self.inner.lease_ttl()
+    }
+
+    fn claim_ready<'a>(
+        &'a self,
+        workflows: &'a [ClaimFilter],
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<(RunInfo, Lease)>>> {
+        self.gate(self.inner.claim_ready(workflows, limit))
+    }
+}

@@ -1,0 +1,408 @@
+//! The test kit (`loops::testing`, feature `testing`): a manual clock that skips a day's
+//! sleep and a week's approval deadline, waits for a run's state with clear time-outs, the
+//! store that sees every write, and the crash explorer, which must find the bug of a handler
+//! that keeps a counter in memory across a transition and pass on the correct handler.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use loops::testing::{ExploreError, Explorer, HookedStore, ManualClock, WaitError, When, explore};
+use loops::{Context, RedbStore, RunStatus, Runtime, Workflow};
+use serde::{Deserialize, Serialize};
+
+const DAY: Duration = Duration::from_secs(24 * 3600);
+
+#[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(name = "approval")]
+enum Approval {
+    #[initial]
+    #[next(Asked)]
+    Drafted { text: String },
+    #[next(Published, Abandoned)]
+    Asked { text: String },
+    #[terminal]
+    Published { text: String, by: String },
+    #[terminal]
+    Abandoned { reason: String },
+}
+
+/// Waits a day before asking, then up to a week for an approval.
+#[derive(Default)]
+struct Desk {
+    drafts: AtomicU32,
+}
+
+impl ApprovalHandler for Desk {
+    type Error = loops::Error;
+
+    async fn drafted(&self, ctx: &Context, text: String) -> Result<DraftedNext, Self::Error> {
+        let text = ctx
+            .step("polish", || async {
+                self.drafts.fetch_add(1, Ordering::SeqCst);
+                Ok(format!("{text}!"))
+            })
+            .await?;
+        ctx.sleep(DAY).await?;
+        Ok(DraftedNext::Asked { text })
+    }
+
+    async fn asked(&self, ctx: &Context, text: String) -> Result<AskedNext, Self::Error> {
+        Ok(
+            match ctx.wait_for_timeout::<String>("approve", 7 * DAY).await? {
+                Some(by) => AskedNext::Published { text, by },
+                None => AskedNext::Abandoned {
+                    reason: "no approval within 7 days".into(),
+                },
+            },
+        )
+    }
+}
+
+fn runtime(clock: &ManualClock) -> Runtime {
+    Runtime::builder()
+        .clock(clock.clone())
+        .register::<Approval, _>(Desk::default())
+        .build(RedbStore::in_memory().unwrap())
+}
+
+fn states(history: &[loops::Transition<Approval>]) -> Vec<Approval> {
+    history.iter().map(|t| t.value.clone()).collect()
+}
+
+#[tokio::test]
+async fn a_days_sleep_and_a_weeks_deadline_pass_when_the_clock_is_advanced() {
+    let clock = ManualClock::starting_now();
+    let start = clock.now_ms();
+    let rt = runtime(&clock);
+    let draft = Approval::Drafted { text: "hi".into() };
+    rt.start("late", draft.clone()).await.unwrap();
+    let parked = rt
+        .wait_for_status("late", RunStatus::Waiting)
+        .await
+        .unwrap();
+    assert_eq!(parked.state, "Drafted");
+    assert_eq!(parked.wait.unwrap().until_ms, Some(start + 86_400_000));
+    // A millisecond short of the day: still asleep.
+    clock.advance(DAY - Duration::from_millis(1));
+    let info = rt.run_info("late").await.unwrap().unwrap();
+    assert_eq!(
+        (info.status, info.state.as_str()),
+        (RunStatus::Waiting, "Drafted")
+    );
+    clock.advance(Duration::from_millis(1));
+    let asked = rt
+        .wait_until("late", |i| {
+            i.state == "Asked" && i.status == RunStatus::Waiting
+        })
+        .await
+        .unwrap();
+    assert_eq!(asked.wait.unwrap().until_ms, Some(start + 8 * 86_400_000));
+    clock.advance(7 * DAY);
+    let done = rt.wait_for_state("late", "Abandoned").await.unwrap();
+    assert_eq!(done.status, RunStatus::Completed);
+    let history = rt.history::<Approval>("late").await.unwrap();
+    assert_eq!(
+        states(&history),
+        vec![
+            draft,
+            Approval::Asked { text: "hi!".into() },
+            Approval::Abandoned {
+                reason: "no approval within 7 days".into()
+            },
+        ]
+    );
+    // Recorded times are the manual clock's.
+    assert_eq!(history[1].at_ms, start + 86_400_000);
+    assert_eq!(history[2].at_ms, start + 8 * 86_400_000);
+}
+
+#[tokio::test]
+async fn an_approval_sent_before_the_deadline_publishes() {
+    let clock = ManualClock::starting_now();
+    let rt = runtime(&clock);
+    rt.start("on-time", Approval::Drafted { text: "hi".into() })
+        .await
+        .unwrap();
+    rt.wait_for_status("on-time", RunStatus::Waiting)
+        .await
+        .unwrap();
+    clock.advance(DAY);
+    rt.wait_until("on-time", |i| {
+        i.state == "Asked" && i.status == RunStatus::Waiting
+    })
+    .await
+    .unwrap();
+    clock.advance(6 * DAY);
+    rt.send("on-time", "approve", "ada").await.unwrap();
+    rt.wait_for_status("on-time", RunStatus::Completed)
+        .await
+        .unwrap();
+    let last = rt
+        .history::<Approval>("on-time")
+        .await
+        .unwrap()
+        .pop()
+        .unwrap();
+    assert_eq!(
+        last.value,
+        Approval::Published {
+            text: "hi!".into(),
+            by: "ada".into()
+        }
+    );
+}
+
+#[tokio::test]
+async fn a_wait_that_times_out_names_the_run_and_where_it_is() {
+    let clock = ManualClock::starting_now();
+    let rt = runtime(&clock);
+    rt.start("stuck", Approval::Drafted { text: "hi".into() })
+        .await
+        .unwrap();
+    rt.wait_for_status("stuck", RunStatus::Waiting)
+        .await
+        .unwrap();
+    let err = rt
+        .wait_until_within("stuck", Duration::from_millis(20), "state `Asked`", |i| {
+            i.state == "Asked"
+        })
+        .await
+        .unwrap_err();
+    let WaitError::TimedOut { run_id, last, .. } = &err else {
+        panic!("{err}")
+    };
+    assert_eq!(run_id, "stuck");
+    let last = last.as_ref().unwrap();
+    assert_eq!(
+        (last.status, last.state.as_str(), last.seq),
+        (RunStatus::Waiting, "Drafted", 0)
+    );
+    let text = err.to_string();
+    assert!(text.starts_with("run `stuck`: waited "), "{text}");
+    assert!(
+        text.ends_with("ms for state `Asked`; it never got there (last seen: status waiting, state `Drafted`, seq 0)"),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn the_hooked_store_logs_every_write_of_a_run() {
+    let clock = ManualClock::starting_now();
+    let store = HookedStore::new(RedbStore::in_memory().unwrap());
+    let rt = Runtime::builder()
+        .clock(clock.clone())
+        .register::<Approval, _>(Desk::default())
+        .build(store.clone());
+    rt.start("logged", Approval::Drafted { text: "hi".into() })
+        .await
+        .unwrap();
+    rt.wait_for_status("logged", RunStatus::Waiting)
+        .await
+        .unwrap();
+    assert_eq!(store.kinds_of("logged"), ["Create", "Step", "Step", "Wait"]);
+    assert_eq!(store.count(), 4);
+    assert!(!store.stopped());
+}
+
+/// The approval workflow, explored: a wait for a day, an event, every step and transition.
+#[tokio::test]
+async fn the_explorer_passes_on_a_correct_workflow_with_sleeps_and_events() {
+    let explored = Explorer::new(Desk::default, Approval::Drafted { text: "hi".into() })
+        .event("approve", "ada")
+        .run()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    println!("{explored}");
+    assert_eq!(explored.final_state, "Published");
+    let shape: Vec<(When, &str)> = explored
+        .boundaries
+        .iter()
+        .map(|b| (b.when, b.what.as_str()))
+        .collect();
+    assert_eq!(
+        shape,
+        vec![
+            (
+                When::AfterCommit,
+                "creation of the run in `Drafted` (seq 0)"
+            ),
+            (When::BeforeCommit, "record of step `polish` #0 of seq 0"),
+            (When::AfterCommit, "record of step `polish` #0 of seq 0"),
+            (
+                When::AfterCommit,
+                "record of step `loops:sleep` #0 of seq 0"
+            ),
+            (When::AfterCommit, "sleep at seq 0 until 1767312000000 ms"),
+            (When::AfterCommit, "wake-up at seq 0"),
+            (When::AfterCommit, "transition to `Asked` (seq 1)"),
+            (
+                When::AfterCommit,
+                "record of step `loops:deadline:approve` #0 of seq 1"
+            ),
+            (
+                When::AfterCommit,
+                "wait at seq 1 for event `approve` until 1767916800000 ms"
+            ),
+            (When::AfterCommit, "wake-up at seq 1"),
+            // The handler runs again and its wait takes the event: the delivery is recorded.
+            (
+                When::AfterCommit,
+                "wait at seq 1 for event `approve` until 1767916800000 ms"
+            ),
+            (When::AfterCommit, "transition to `Published` (seq 2)"),
+        ]
+    );
+    assert_eq!(explored.explored, explored.boundaries.len());
+}
+
+#[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(name = "tally")]
+enum Tally {
+    #[initial]
+    #[next(Counted)]
+    Start,
+    #[next(Done)]
+    Counted { seen: u32 },
+    #[terminal]
+    Done { seen: u32 },
+}
+
+/// Counts the states it handled in memory, and carries the count into the next state: a
+/// restart loses the count. The bug the explorer must find.
+#[derive(Default)]
+struct Forgetful {
+    handled: AtomicU32,
+}
+
+impl TallyHandler for Forgetful {
+    type Error = loops::Error;
+
+    async fn start(&self, _ctx: &Context) -> Result<StartNext, Self::Error> {
+        let seen = self.handled.fetch_add(1, Ordering::SeqCst) + 1;
+        Ok(StartNext::Counted { seen })
+    }
+
+    async fn counted(&self, _ctx: &Context, _seen: u32) -> Result<CountedNext, Self::Error> {
+        let seen = self.handled.fetch_add(1, Ordering::SeqCst) + 1;
+        Ok(CountedNext::Done { seen })
+    }
+}
+
+/// The same, with the count carried in the state: what survives a crash.
+struct Careful;
+
+impl TallyHandler for Careful {
+    type Error = loops::Error;
+
+    async fn start(&self, _ctx: &Context) -> Result<StartNext, Self::Error> {
+        Ok(StartNext::Counted { seen: 1 })
+    }
+
+    async fn counted(&self, _ctx: &Context, seen: u32) -> Result<CountedNext, Self::Error> {
+        Ok(CountedNext::Done { seen: seen + 1 })
+    }
+}
+
+#[tokio::test]
+async fn the_explorer_finds_a_count_kept_in_memory_across_a_transition() {
+    let err = explore(Forgetful::default, Tally::Start).await.unwrap_err();
+    println!("{err}");
+    let ExploreError::Found {
+        run_id,
+        explored,
+        findings,
+    } = &err
+    else {
+        panic!("{err}")
+    };
+    assert_eq!((run_id.as_str(), *explored), ("explored", 3));
+    // A crash after the move to `Counted`: the rebuilt handler's count starts at 0 again.
+    assert_eq!(findings.len(), 1);
+    let finding = &findings[0];
+    assert_eq!(finding.boundary.number, 2);
+    assert_eq!(finding.boundary.when, When::AfterCommit);
+    assert_eq!(finding.boundary.what, "transition to `Counted` (seq 1)");
+    assert_eq!(
+        finding.differences,
+        vec![
+            "final state differs: uninterrupted completed `Done` (seq 2) {\"Done\":{\"seen\":2}}, \
+             after the crash completed `Done` (seq 2) {\"Done\":{\"seen\":1}}"
+                .to_owned(),
+            "history differs at record 2: uninterrupted seq 2 `Done` {\"Done\":{\"seen\":2}}, \
+             after the crash seq 2 `Done` {\"Done\":{\"seen\":1}} (3 records against 3)"
+                .to_owned(),
+        ]
+    );
+    assert!(err.to_string().contains(
+        "replay this case alone: LOOPS_EXPLORE_ONLY=2 cargo test <your test>, or Explorer::only(2)"
+    ));
+    // Replayed alone, the case fails the same way.
+    let alone = Explorer::new(Forgetful::default, Tally::Start)
+        .only(2)
+        .run()
+        .await
+        .unwrap_err();
+    let ExploreError::Found {
+        explored,
+        findings: again,
+        ..
+    } = alone
+    else {
+        panic!("{alone}")
+    };
+    assert_eq!((explored, again), (1, findings.clone()));
+}
+
+#[tokio::test]
+async fn the_explorer_passes_on_the_count_carried_in_the_state() {
+    let explored = explore(|| Careful, Tally::Start)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(explored.final_state, "Done");
+    assert_eq!(explored.boundaries.len(), 3);
+}
+
+/// A step whose effect is counted outside the handler, as an outside system would: after a
+/// crash between its effect and its record it runs again, with the same key.
+#[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(name = "charge")]
+enum Charge {
+    #[initial]
+    #[next(Charged)]
+    Due { cents: u64 },
+    #[terminal]
+    Charged { receipt: String },
+}
+
+struct Biller;
+
+impl ChargeHandler for Biller {
+    type Error = loops::Error;
+
+    async fn due(&self, ctx: &Context, cents: u64) -> Result<DueNext, Self::Error> {
+        let receipt = ctx
+            .step_keyed(
+                "charge",
+                |key| async move { Ok(format!("{cents} under {key}")) },
+            )
+            .await?;
+        Ok(DueNext::Charged { receipt })
+    }
+}
+
+#[tokio::test]
+async fn the_explorer_stops_a_step_between_its_effect_and_its_record() {
+    let explored = explore(|| Biller, Charge::Due { cents: 500 })
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let whens: Vec<When> = explored.boundaries.iter().map(|b| b.when).collect();
+    assert_eq!(
+        whens,
+        [
+            When::AfterCommit,
+            When::BeforeCommit,
+            When::AfterCommit,
+            When::AfterCommit
+        ]
+    );
+}
