@@ -218,6 +218,9 @@ pub enum ErrorKind {
     /// The runtime refused or failed the operation (a run that has ended, a payload too
     /// large, a store error); 409 or 500. The message is the error's chain.
     Failed,
+    /// The event was refused ([`Error::EventRefused`](crate::Error::EventRefused)): its run's
+    /// workflow does not declare it, or its payload cannot be the declared type; 422.
+    EventRefused,
     /// No such path; 404.
     NoRoute,
 }

@@ -82,6 +82,7 @@ impl Error {
             | Error::LeaseExpired { run_id, .. }
             | Error::IllegalTransition { run_id, .. }
             | Error::EventEncode { run_id, .. }
+            | Error::EventRefused { run_id, .. }
             | Error::Encode { run_id, .. }
             | Error::Decode { run_id, .. }
             | Error::PayloadTooLarge { run_id, .. }
