@@ -53,7 +53,7 @@ pub use row::BlockInfo;
 pub use run::context::{Context, StepOptions, StepOutput};
 pub use run::dispatch::Dispatch;
 pub use run::settings::{DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PARK_THRESHOLD};
-pub use runtime::{Routed, Runtime, RuntimeBuilder, Sent};
+pub use runtime::{DEFAULT_RETENTION_INTERVAL, Routed, Runtime, RuntimeBuilder, Sent};
 pub use schema::{
     Change, Class, DeclaredEvent, DeclaredEvents, Enum, EventRefusal, EventShape, FORMAT_VERSION, Field, FieldFlags, Fields, ParseSchemaHashError, Repr,
     Schema, SchemaDiff, SchemaHash, Shape, StateShape, Struct, Variant, WorkflowShape, schema_diff,

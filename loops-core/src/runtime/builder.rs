@@ -35,6 +35,7 @@ impl Default for RuntimeBuilder {
                 max_active_runs: None,
                 checks: Vec::new(),
                 retention: RetentionPolicy::default(),
+                retention_interval: super::retention::DEFAULT_RETENTION_INTERVAL,
                 strict_schemas: false,
                 registry: Registry::default(),
             },
@@ -120,9 +121,24 @@ impl RuntimeBuilder {
         self
     }
 
-    /// The retention policy [`Runtime::prune`] applies (default: keep everything).
+    /// The retention policy (default: keep everything): applied by [`Runtime::prune`], and
+    /// by [`Runtime::serve`] on its own, at once and then every
+    /// [`retention_interval`](Self::retention_interval), while it serves. Each scheduled
+    /// prune logs one INFO event, "retention removed ended runs", with `runs` and `records`.
+    /// With a store shared by several workers, every worker that is given the policy applies
+    /// it; a prune removes each run once whoever runs it (the prune write skips runs already
+    /// gone), so overlapping prunes cost a repeated list of the ended runs and nothing else.
+    /// To have one worker prune, give the policy to that worker only.
     pub fn retention(mut self, policy: RetentionPolicy) -> Self {
         self.config.retention = policy;
+        self
+    }
+
+    /// How often [`Runtime::serve`] applies the [`retention`](Self::retention) policy
+    /// (default [`DEFAULT_RETENTION_INTERVAL`](crate::DEFAULT_RETENTION_INTERVAL), one hour;
+    /// at least 10 ms).
+    pub fn retention_interval(mut self, every: Duration) -> Self {
+        self.config.retention_interval = every.max(Duration::from_millis(10));
         self
     }
 
@@ -261,6 +277,12 @@ impl RuntimeBuilder {
     /// is still checked when it is driven.
     pub fn build(self, store: impl Store) -> Runtime {
         Runtime::new(Arc::new(store), self.config)
+    }
+
+    /// As [`build`](Self::build), on a store already shared (the conformance suite's).
+    #[cfg(feature = "conformance")]
+    pub(crate) fn build_shared(self, store: Arc<dyn Store>) -> Runtime {
+        Runtime::new(store, self.config)
     }
 }
 

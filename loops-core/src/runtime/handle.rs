@@ -4,6 +4,7 @@
 //! importing this one, never the reverse.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, PoisonError, RwLock};
 
@@ -48,6 +49,8 @@ pub(crate) struct Inner {
     pub(crate) sweep: AtomicBool,
     /// Whether `resume_all` ran once (a registration then looks at blocked runs at once).
     pub(crate) started: AtomicBool,
+    /// Whether the retention task was started (by the first `serve`).
+    pub(crate) retaining: AtomicBool,
 }
 
 /// The runtime's configuration, as its builder left it.
@@ -58,6 +61,8 @@ pub(crate) struct Config {
     pub(crate) max_active_runs: Option<usize>,
     pub(crate) checks: Vec<SchemaCheck>,
     pub(crate) retention: RetentionPolicy,
+    /// How often `serve` applies `retention`.
+    pub(crate) retention_interval: Duration,
     /// Whether `open` refuses a store holding unfinished runs of another schema.
     pub(crate) strict_schemas: bool,
     pub(crate) registry: Registry,
@@ -235,6 +240,7 @@ impl Runtime {
                 background: Background::new(),
                 sweep: AtomicBool::new(true),
                 started: AtomicBool::new(false),
+                retaining: AtomicBool::new(false),
             }),
         }
     }
