@@ -3,9 +3,7 @@
 
 use std::time::Duration;
 
-use loops::{
-    Context, DeclaredEvents, Error, EventRefusal, Runtime, RunStatus, Schema, Workflow,
-};
+use loops::{Context, DeclaredEvents, Error, EventRefusal, RunStatus, Runtime, Schema, Workflow};
 use serde::{Deserialize, Serialize};
 
 #[derive(Schema, Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -113,9 +111,8 @@ fn payloads_are_checked_against_the_declared_shape() {
         declared.to_string(),
         "approve: Approval { by: String, note: Option<String> }, reject: String"
     );
-    let check = |event: &str, payload: serde_json::Value| {
-        declared.check(Gate::SCHEMA, event, &payload)
-    };
+    let check =
+        |event: &str, payload: serde_json::Value| declared.check(Gate::SCHEMA, event, &payload);
     assert_eq!(check("approve", serde_json::json!({"by": "alice"})), Ok(()));
     assert_eq!(
         check("approve", serde_json::json!({"by": "alice", "note": "ok"})),
@@ -146,7 +143,9 @@ fn payloads_are_checked_against_the_declared_shape() {
     );
     assert_eq!(
         check("approve", serde_json::json!({"by": "a", "note": false})),
-        Err(refused("`note`: expected a String, found the boolean false"))
+        Err(refused(
+            "`note`: expected a String, found the boolean false"
+        ))
     );
     assert_eq!(
         check("approve", serde_json::json!("alice")),
@@ -156,7 +155,11 @@ fn payloads_are_checked_against_the_declared_shape() {
     let none = DeclaredEvents::from_description(without_events::Gate::SCHEMA);
     assert!(none.is_empty());
     assert_eq!(
-        none.check(without_events::Gate::SCHEMA, "anything", &serde_json::json!(1)),
+        none.check(
+            without_events::Gate::SCHEMA,
+            "anything",
+            &serde_json::json!(1)
+        ),
         Ok(())
     );
 }
@@ -180,11 +183,14 @@ async fn typed_send_and_checked_send_json() {
         .send_json("g-1", "aprove", None, &raw(r#"{"by":"alice"}"#))
         .await
         .unwrap_err();
-    assert!(matches!(
-        &err,
-        Error::EventRefused { run_id, state, seq: 0, event, refusal: EventRefusal::Undeclared { .. } }
-            if run_id == "g-1" && state == "Open" && event == "aprove"
-    ), "{err}");
+    assert!(
+        matches!(
+            &err,
+            Error::EventRefused { run_id, state, seq: 0, event, refusal: EventRefusal::Undeclared { .. } }
+                if run_id == "g-1" && state == "Open" && event == "aprove"
+        ),
+        "{err}"
+    );
     assert_eq!(
         err.to_string(),
         "run `g-1` (state `Open`, seq 0): event `aprove` refused: workflow `gate` declares no \
@@ -196,7 +202,13 @@ async fn typed_send_and_checked_send_json() {
         .await
         .unwrap_err();
     assert!(
-        matches!(err, Error::EventRefused { refusal: EventRefusal::Payload { .. }, .. }),
+        matches!(
+            err,
+            Error::EventRefused {
+                refusal: EventRefusal::Payload { .. },
+                ..
+            }
+        ),
         "{err}"
     );
     let events = runtime.store().events("g-1").await.unwrap();

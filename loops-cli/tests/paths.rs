@@ -331,13 +331,19 @@ fn check_steering(store: &Store, driven: Option<(&Runtime, &tokio::runtime::Runt
     assert!(bad.starts_with("error: "), "{bad}");
     // A name the workflow does not declare, and a payload that does not match: exit 2, the
     // declared events listed, nothing written.
-    let typo = store.fails(&["send", "waiting-1", "aprove", "--json", r#"{"by":"al"}"#], 2);
+    let typo = store.fails(
+        &["send", "waiting-1", "aprove", "--json", r#"{"by":"al"}"#],
+        2,
+    );
     assert_eq!(
         typo,
         "error: run `waiting-1` (state `Ask`, seq 0): event `aprove` refused: workflow `gate` \
          declares no event `aprove`; it declares approve: Approval { by: String }, note: u64\n"
     );
-    let shape = store.fails(&["send", "waiting-1", "approve", "--json", r#"{"wrong":1}"#], 2);
+    let shape = store.fails(
+        &["send", "waiting-1", "approve", "--json", r#"{"wrong":1}"#],
+        2,
+    );
     assert_eq!(
         shape,
         "error: run `waiting-1` (state `Ask`, seq 0): event `approve` refused: the payload does \

@@ -55,8 +55,9 @@ pub use run::dispatch::Dispatch;
 pub use run::settings::{DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PARK_THRESHOLD};
 pub use runtime::{DEFAULT_RETENTION_INTERVAL, Routed, Runtime, RuntimeBuilder, Sent};
 pub use schema::{
-    Change, Class, DeclaredEvent, DeclaredEvents, Enum, EventRefusal, EventShape, FORMAT_VERSION, Field, FieldFlags, Fields, ParseSchemaHashError, Repr,
-    Schema, SchemaDiff, SchemaHash, Shape, StateShape, Struct, Variant, WorkflowShape, schema_diff,
+    Change, Class, DeclaredEvent, DeclaredEvents, Enum, EventRefusal, EventShape, FORMAT_VERSION,
+    Field, FieldFlags, Fields, ParseSchemaHashError, Repr, Schema, SchemaDiff, SchemaHash, Shape,
+    StateShape, Struct, Variant, WorkflowShape, schema_diff,
 };
 pub use store::{
     AfterFailure, BoxFuture, ClaimFilter, Compacted, CurrentLease, Effects, EventRecord, Facts,
@@ -94,8 +95,8 @@ pub mod __private {
     /// The shapes that `Schema` impls and `Workflow::SCHEMA_HASH` are built from.
     pub mod schema {
         pub use crate::schema::{
-            Enum, EventShape, Field, FieldFlags, Fields, Repr, Shape, StateShape, Struct,
-            Variant, WorkflowShape,
+            Enum, EventShape, Field, FieldFlags, Fields, Repr, Shape, StateShape, Struct, Variant,
+            WorkflowShape,
         };
     }
 

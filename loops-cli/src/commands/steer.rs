@@ -167,7 +167,9 @@ fn now_doing(info: &RunInfo) -> String {
         Some(other) if info.status == RunStatus::Waiting => {
             format!("it waits for event `{other}` in state {}", info.state)
         }
-        _ if info.status == RunStatus::Waiting => format!("it waits for a time in state {}", info.state),
+        _ if info.status == RunStatus::Waiting => {
+            format!("it waits for a time in state {}", info.state)
+        }
         _ => format!("it is {} in state {}", info.status, info.state),
     }
 }

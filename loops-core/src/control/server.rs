@@ -490,7 +490,12 @@ async fn send(
     // Checked against the events the run's workflow declares, as the CLI's other paths do.
     let sent = s
         .runtime
-        .send_json(&run, &request.name, request.key.as_deref(), &request.payload)
+        .send_json(
+            &run,
+            &request.name,
+            request.key.as_deref(),
+            &request.payload,
+        )
         .await?;
     Ok(Json(SentReply {
         event_seq: sent.event_seq,

@@ -4,9 +4,9 @@
 //! importing this one, never the reverse.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::migrate::Migration;

@@ -5,11 +5,11 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::event::EventName;
-use crate::schema::{DeclaredEvents, EventRefusal};
 use crate::names::{validate_name, validate_run_id};
 use crate::record::now_ms;
 use crate::row::RunInfo;
 use crate::runtime::handle::Runtime;
+use crate::schema::{DeclaredEvents, EventRefusal};
 use crate::store::{Reply, Write};
 
 /// The receipt of [`Runtime::send`].
@@ -94,13 +94,14 @@ impl Runtime {
                     event: event.to_owned(),
                     refusal,
                 };
-                let value: serde_json::Value = serde_json::from_str(payload.get()).map_err(|e| {
-                    refused(EventRefusal::Payload {
-                        event: event.to_owned(),
-                        shape: String::new(),
-                        problem: format!("not JSON: {e}"),
-                    })
-                })?;
+                let value: serde_json::Value =
+                    serde_json::from_str(payload.get()).map_err(|e| {
+                        refused(EventRefusal::Payload {
+                            event: event.to_owned(),
+                            shape: String::new(),
+                            problem: format!("not JSON: {e}"),
+                        })
+                    })?;
                 declared
                     .check(&description, event, &value)
                     .map_err(refused)?;

@@ -44,8 +44,8 @@
 //! variants of tagged enums, `#[next]` lists).
 
 use super::hash::{Enclosing, MAX_DEPTH, flattened_struct, str_eq};
-use super::{Field, Struct, Variant};
 use super::{EventShape, FieldFlags, Fields, Repr, Shape, StateShape, WorkflowShape};
+use super::{Field, Struct, Variant};
 
 /// The length in bytes of the description of `w`: the `N` to pass to [`describe`].
 pub const fn describe_len(w: &WorkflowShape) -> usize {

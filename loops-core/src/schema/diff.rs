@@ -314,7 +314,11 @@ fn header_changes(old: &Description, new: &Description, changes: &mut Vec<Change
 /// run waiting for one, or an event in an inbox, would not decode).
 fn event_changes(old: &Description, new: &Description, changes: &mut Vec<Change>) {
     let text = |e: &parse::EventDecl| -> Vec<String> {
-        let mut lines: Vec<String> = e.lines.iter().map(|l| format!("{}: {}", l.path, l.value)).collect();
+        let mut lines: Vec<String> = e
+            .lines
+            .iter()
+            .map(|l| format!("{}: {}", l.path, l.value))
+            .collect();
         lines.sort();
         lines
     };
@@ -328,12 +332,28 @@ fn event_changes(old: &Description, new: &Description, changes: &mut Vec<Change>
             Some(a) if a.value != b.value || text(a) != text(b) => {
                 let (was, now) = (text(a), text(b));
                 let mut what: Vec<String> = Vec::new();
-                what.extend(now.iter().filter(|l| !was.contains(l)).map(|l| format!("`{l}` added")));
-                what.extend(was.iter().filter(|l| !now.contains(l)).map(|l| format!("`{l}` removed")));
+                what.extend(
+                    now.iter()
+                        .filter(|l| !was.contains(l))
+                        .map(|l| format!("`{l}` added")),
+                );
+                what.extend(
+                    was.iter()
+                        .filter(|l| !now.contains(l))
+                        .map(|l| format!("`{l}` removed")),
+                );
                 let text = if a.value == b.value {
-                    format!("event `{}`: payload `{}` changed: {}", b.name, b.value, what.join(", "))
+                    format!(
+                        "event `{}`: payload `{}` changed: {}",
+                        b.name,
+                        b.value,
+                        what.join(", ")
+                    )
                 } else {
-                    format!("event `{}` retyped from `{}` to `{}`", b.name, a.value, b.value)
+                    format!(
+                        "event `{}` retyped from `{}` to `{}`",
+                        b.name, a.value, b.value
+                    )
                 };
                 changes.push(Change::new(
                     text,

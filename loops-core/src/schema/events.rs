@@ -198,21 +198,33 @@ impl Checker<'_> {
             Ty::Option(_) | Ty::Text(_) => Ok(()),
             Ty::Newtype(inner) => self.value(v, inner, path, plain),
             Ty::Seq(inner) | Ty::Set(inner) | Ty::Array(inner, _) => {
-                let items = v.as_array().ok_or_else(|| at(path, expected("an array", v)))?;
+                let items = v
+                    .as_array()
+                    .ok_or_else(|| at(path, expected("an array", v)))?;
                 let mut inside = path.to_vec();
                 inside.push(Seg::Element);
-                items.iter().try_for_each(|item| self.value(item, inner, &inside, true))
+                items
+                    .iter()
+                    .try_for_each(|item| self.value(item, inner, &inside, true))
             }
             Ty::Map(_, inner) => {
-                let map = v.as_object().ok_or_else(|| at(path, expected("an object", v)))?;
+                let map = v
+                    .as_object()
+                    .ok_or_else(|| at(path, expected("an object", v)))?;
                 let mut inside = path.to_vec();
                 inside.push(Seg::Value);
-                map.values().try_for_each(|item| self.value(item, inner, &inside, true))
+                map.values()
+                    .try_for_each(|item| self.value(item, inner, &inside, true))
             }
             Ty::Tuple(items) => {
-                let list = v.as_array().ok_or_else(|| at(path, expected("an array", v)))?;
+                let list = v
+                    .as_array()
+                    .ok_or_else(|| at(path, expected("an array", v)))?;
                 if list.len() != items.len() {
-                    return Err(at(path, format!("expected {} elements, found {}", items.len(), list.len())));
+                    return Err(at(
+                        path,
+                        format!("expected {} elements, found {}", items.len(), list.len()),
+                    ));
                 }
                 Ok(())
             }
@@ -246,13 +258,19 @@ impl Checker<'_> {
                     path,
                     format!(
                         "expected one of the variants {}, found {}",
-                        variants.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", "),
+                        variants
+                            .iter()
+                            .map(|n| format!("`{n}`"))
+                            .collect::<Vec<_>>()
+                            .join(", "),
                         kind_of(v)
                     ),
                 )),
             };
         }
-        let map = v.as_object().ok_or_else(|| at(path, expected("an object", v)))?;
+        let map = v
+            .as_object()
+            .ok_or_else(|| at(path, expected("an object", v)))?;
         for line in below {
             let Some(Seg::Field(name)) = line.segs.last() else {
                 continue;
