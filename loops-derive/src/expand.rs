@@ -196,12 +196,17 @@ fn event_consts(w: &Workflow) -> Option<TokenStream> {
     let krate = &w.krate;
     let ident = w.ident;
     let vis = w.vis;
-    let consts = w.attrs.events.iter().map(|e| {
+    // A constant name declared twice is reported by `valid`: only the first is generated,
+    // so that the compiler does not report it again.
+    let mut seen: Vec<String> = Vec::new();
+    let consts = w.attrs.events.iter().filter_map(|e| {
         let name = e.name.unraw().to_string();
-        let constant = Ident::new(
-            &crate::case::snake_case(&name).to_uppercase(),
-            e.name.span(),
-        );
+        let upper = crate::case::snake_case(&name).to_uppercase();
+        if seen.contains(&upper) {
+            return None;
+        }
+        seen.push(upper.clone());
+        let constant = Ident::new(&upper, e.name.span());
         let ty = &e.ty;
         let doc = format!(
             "The event `{name}` of workflow `{}`, with a payload of type `{}` \
@@ -210,11 +215,11 @@ fn event_consts(w: &Workflow) -> Option<TokenStream> {
             workflow_name(w),
             tokens_text(ty.to_token_stream()),
         );
-        quote_spanned! {e.name.span()=>
+        Some(quote_spanned! {e.name.span()=>
             #[doc = #doc]
             #[allow(dead_code)]
             #vis const #constant: #krate::Event<#ty> = #krate::Event::new(#name);
-        }
+        })
     });
     Some(quote! {
         #[automatically_derived]

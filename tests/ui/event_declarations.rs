@@ -6,12 +6,11 @@ struct Approval {
     by: String,
 }
 
-// A duplicate event name (also as the constant's name) and a payload type that does not
-// exist are reported at what the user wrote; so is `#[event]` on a state.
+// A duplicate event name (also as the constant's name) is reported at the second; `#[event]`
+// on a state at the attribute.
 #[derive(Workflow, Serialize, Deserialize)]
 #[event(approve: Approval, Approve: Approval)]
 #[event(approve: Approval)]
-#[event(reject: Rejection)]
 enum Deliver {
     #[initial]
     #[next(Done)]
