@@ -489,6 +489,7 @@ mod shape_tests {
             },
         ],
         note: "",
+        events: &[],
     };
 
     const LEN: usize = describe_len(&FLOW);
@@ -571,6 +572,7 @@ mod shape_tests {
                 next: &[],
             }],
             note: "",
+            events: &[],
         };
         const HASH: SchemaHash = DEEP.hash();
         const LEN: usize = describe_len(&DEEP);
@@ -615,6 +617,7 @@ mod shape_tests {
                 next: &[],
             }],
             note: "",
+            events: &[],
         };
         const HASH: SchemaHash = DEEP.hash();
         const LEN: usize = describe_len(&DEEP);

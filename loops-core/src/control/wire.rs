@@ -139,8 +139,8 @@ pub struct StoredSchema {
 }
 
 /// `POST /v1/runs/{run}/events`: an event for the run, as
-/// [`Runtime::send`](crate::Runtime::send) (or
-/// [`send_with_key`](crate::Runtime::send_with_key) with `key`) takes it.
+/// [`Runtime::send_json`](crate::Runtime::send_json) takes it: checked against the events the
+/// run's workflow declares (refused with [`ErrorKind::EventRefused`], 422), then sent.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct SendRequest {
     /// The event's name.
