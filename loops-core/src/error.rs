@@ -317,8 +317,8 @@ pub enum Error {
         seq: u64,
         /// The event's name.
         event: String,
-        /// Why.
-        refusal: crate::schema::EventRefusal,
+        /// Why (boxed: it would make every `Result` of loops larger).
+        refusal: Box<crate::schema::EventRefusal>,
     },
 
     /// A state could not be serialized.

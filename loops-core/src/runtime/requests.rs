@@ -92,7 +92,7 @@ impl Runtime {
                     state: info.state.clone(),
                     seq: info.seq,
                     event: event.to_owned(),
-                    refusal,
+                    refusal: Box::new(refusal),
                 };
                 let value: serde_json::Value =
                     serde_json::from_str(payload.get()).map_err(|e| {
