@@ -319,6 +319,7 @@ fn to_workflow(w: &W) -> WorkflowShape {
                 .collect(),
         ),
         note: w.note,
+        events: &[],
     }
 }
 

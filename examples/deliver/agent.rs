@@ -296,7 +296,7 @@ impl<M: Model> Agent<M> {
     /// (status waiting) and its handler runs again, its recorded steps replayed, when the
     /// approval arrives.
     pub async fn approval(&self, ctx: &Context) -> Result<Approval> {
-        let approval: Approval = ctx.wait_for(APPROVAL_EVENT).await?;
+        let approval = ctx.wait_for(APPROVAL_EVENT).await?;
         say!("  approved by {}", approval.by);
         Ok(approval)
     }

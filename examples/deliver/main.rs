@@ -698,7 +698,7 @@ async fn send_approval(runtime: &Runtime, run_id: &str, approve: bool, by: &str)
         loop {
             if runtime
                 .store()
-                .has_pending(run_id, APPROVAL_EVENT)
+                .has_pending(run_id, APPROVAL_EVENT.name())
                 .await
                 .unwrap_or(false)
             {
@@ -730,7 +730,7 @@ async fn waits_at_the_gate(runtime: &Runtime, run_id: &str) -> Result<bool> {
             && info
                 .wait
                 .as_ref()
-                .is_some_and(|w| w.event.as_deref() == Some(APPROVAL_EVENT))
+                .is_some_and(|w| w.event.as_deref() == Some(APPROVAL_EVENT.name()))
     }))
 }
 
@@ -744,7 +744,7 @@ async fn parked_at_the_gate(runtime: &Runtime, run_id: &str, approve: bool) {
             // An approval sent while no deliver ran is taken as soon as the run is driven.
             && !runtime
                 .store()
-                .has_pending(run_id, APPROVAL_EVENT)
+                .has_pending(run_id, APPROVAL_EVENT.name())
                 .await
                 .unwrap_or(true)
         {

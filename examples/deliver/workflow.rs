@@ -17,11 +17,14 @@ use loops::{BoxError, Migrate, Schema};
 use serde::{Deserialize, Serialize};
 
 /// The event a run waits for, once its tests pass, before it pushes and opens the pull
-/// request.
-pub const APPROVAL_EVENT: &str = "approve";
+/// request: `approve`, declared by version 2 (`#[event(approve: Approval)]`), so that
+/// `ctx.wait_for` returns an `Approval`, `runtime.send` takes one, and `loops send` checks
+/// the name and the payload's shape of a version 2 run. Version 1 declares no events: it
+/// keeps the schema hash its stored runs recorded.
+pub const APPROVAL_EVENT: loops::Event<Approval> = v2::Deliver::APPROVE;
 
 /// The payload of the approval event: who approved.
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[derive(Schema, Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct Approval {
     /// Who approved (a user name, or `--auto-approve`).
     pub by: String,
@@ -110,12 +113,15 @@ pub mod v2 {
     use loops::Workflow;
     use serde::{Deserialize, Serialize};
 
-    use super::{Base, Change, Issue, Review, TestReport, Work};
+    use super::{Approval, Base, Change, Issue, Review, TestReport, Work};
 
     /// An agent that takes an issue to a pull request: plan, edit, test, fix until the tests
     /// pass, have the model review the change, then push a branch and open the pull request.
     #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
-    #[workflow(name = "deliver", version = 2)]
+    // Declaring `approve` changed the schema hash; the runs stored by the build before it
+    // (schema ba6c55098a81b7b7) are accepted as they are: an added event is compatible.
+    #[workflow(name = "deliver", version = 2, accepts = ["ba6c55098a81b7b7"])]
+    #[event(approve: Approval)]
     pub enum Deliver {
         /// The issue arrived; nothing has been done yet.
         #[initial]

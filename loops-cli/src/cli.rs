@@ -338,10 +338,14 @@ Examples:
 --json-file reads the payload from a file (or from stdin, with -): for payloads longer
 than a command-line argument may be. Payloads are limited to 2 MiB (the runtime's default).
 The event is kept in the run's inbox and delivered to the run's wait for it when the
-run is next driven; it may be sent before the run waits for it. If the run waits for
-another event now, a note on stderr says so. A run that has ended (completed, failed or
-cancelled) takes no event. With --key, sending the same key again writes nothing.
-(Here --json is the payload; --output json prints the receipt as JSON.)";
+run is next driven; it may be sent before the run waits for it. If the run is not waiting
+for this event now, a note on stderr says so (the event is still sent). A run that has
+ended (completed, failed or cancelled) takes no event. With --key, sending the same key
+again writes nothing. When the run's workflow declares its events (#[event(name: Type)]),
+a name it does not declare, or a payload that does not match the declared shape, is
+refused with exit code 2 and a line listing the declared events; nothing is written.
+Exit codes: 0 sent, 1 the run has ended or the store failed, 2 a bad argument or a
+refused event. (Here --json is the payload; --output json prints the receipt as JSON.)";
 
 /// `loops send`.
 #[derive(Debug, Args)]

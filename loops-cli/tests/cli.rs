@@ -1624,7 +1624,7 @@ fn out_err(path: &Path, args: &[&str]) -> (String, String) {
 }
 
 #[test]
-fn send_notes_when_the_run_waits_for_another_event_and_refuses_ended_runs() {
+fn send_notes_when_the_run_is_not_waiting_for_the_event_and_refuses_ended_runs() {
     let (_dir, path) = store();
     // waiting-1 waits for `approval`: `approve` is accepted (sending ahead of a wait is
     // legitimate), with a note on stderr.
@@ -1644,7 +1644,7 @@ fn send_notes_when_the_run_waits_for_another_event_and_refuses_ended_runs() {
     );
     assert_eq!(
         err,
-        "note: run waiting-1 is waiting for event `approval`; `approve` is kept in its inbox until a wait for `approve` takes it\n"
+        "note: run waiting-1 is not waiting for event `approve` now (it waits for event `approval` in state Ask); `approve` is kept in its inbox until a wait for `approve` takes it\n"
     );
     // The same note with --output json; stdout is the JSON receipt alone.
     let (out, err) = out_err(
@@ -1661,7 +1661,7 @@ fn send_notes_when_the_run_waits_for_another_event_and_refuses_ended_runs() {
     );
     assert_eq!(
         err,
-        "note: run waiting-1 is waiting for event `approval`; `approve` is kept in its inbox until a wait for `approve` takes it\n"
+        "note: run waiting-1 is not waiting for event `approve` now (it waits for event `approval` in state Ask); `approve` is kept in its inbox until a wait for `approve` takes it\n"
     );
     let shown = json(&path, &["show", "waiting-1", "--json"]);
     assert_eq!(
@@ -1685,7 +1685,7 @@ fn send_notes_when_the_run_waits_for_another_event_and_refuses_ended_runs() {
         ]
     );
 
-    // The event it waits for, a duplicate key, a running run: no note.
+    // The event it waits for, a duplicate key: no note; a running run: a note.
     let (out, err) = out_err(
         &path,
         &["send", "waiting-1", "approval", "--json", "\"bob\""],
@@ -1709,7 +1709,7 @@ fn send_notes_when_the_run_waits_for_another_event_and_refuses_ended_runs() {
         (out.as_str(), err.as_str()),
         (
             "sent event `approve` to run running-1 (event seq 0); the run is running; the event stays in its inbox until a wait for `approve` takes it\n",
-            ""
+            "note: run running-1 is not waiting for event `approve` now (it is running in state Work); `approve` is kept in its inbox until a wait for `approve` takes it\n"
         )
     );
 

@@ -15,9 +15,11 @@ use loops_postgres::PgStore;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-/// Waits for an approval; an approval by `fail` fails the handler.
+/// Waits for an approval; an approval by `fail` fails the handler. Declares its events, so
+/// that `loops send` checks names and payloads on every path.
 #[derive(loops_derive::Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
 #[workflow(crate = loops_core)]
+#[event(approve: Approval, note: u64)]
 enum Gate {
     #[initial]
     #[next(Done)]
@@ -26,7 +28,8 @@ enum Gate {
     Done { by: String },
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(loops_derive::Schema, Debug, Serialize, Deserialize)]
+#[schema(crate = loops_core)]
 struct Approval {
     by: String,
 }
@@ -36,7 +39,7 @@ struct Worker;
 impl GateHandler for Worker {
     type Error = BoxError;
     async fn ask(&self, ctx: &Context, _: String) -> Result<AskNext, BoxError> {
-        let approval: Approval = ctx.wait_for("approve").await?;
+        let approval = ctx.wait_for(Gate::APPROVE).await?;
         if approval.by == "fail" {
             return Err("approved by nobody".into());
         }
@@ -326,7 +329,30 @@ fn check_reads(store: &Store, label: &str) {
 fn check_steering(store: &Store, driven: Option<(&Runtime, &tokio::runtime::Runtime)>) {
     let bad = store.fails(&["send", "waiting-1", "", "--json", "{}"], 2);
     assert!(bad.starts_with("error: "), "{bad}");
-    let ended = store.fails(&["send", "done-1", "approve", "--json", "{}"], 1);
+    // A name the workflow does not declare, and a payload that does not match: exit 2, the
+    // declared events listed, nothing written.
+    let typo = store.fails(
+        &["send", "waiting-1", "aprove", "--json", r#"{"by":"al"}"#],
+        2,
+    );
+    assert_eq!(
+        typo,
+        "error: run `waiting-1` (state `Ask`, seq 0): event `aprove` refused: workflow `gate` \
+         declares no event `aprove`; it declares approve: Approval { by: String }, note: u64\n"
+    );
+    let shape = store.fails(
+        &["send", "waiting-1", "approve", "--json", r#"{"wrong":1}"#],
+        2,
+    );
+    assert_eq!(
+        shape,
+        "error: run `waiting-1` (state `Ask`, seq 0): event `approve` refused: the payload does \
+         not match event `approve`'s declared shape `Approval { by: String }`: field `by` \
+         (String) is missing\n"
+    );
+    let shown = store.json(&["show", "waiting-1", "--json"]);
+    assert_eq!(shown["pending_events"], json!([]), "{shown}");
+    let ended = store.fails(&["send", "done-1", "approve", "--json", r#"{"by":"x"}"#], 1);
     assert_eq!(
         ended,
         "error: run `done-1` has ended (completed); sending an event is not possible\n"

@@ -306,6 +306,24 @@ pub enum Error {
         source: serde_json::Error,
     },
 
+    /// An event sent from outside the program ([`Runtime::send_json`](crate::Runtime::send_json):
+    /// the CLI, the control endpoint) was refused: its run's workflow declares events and
+    /// this is not one of them, or its payload cannot be the declared type. Nothing was
+    /// written.
+    #[error("run `{run_id}` (state `{state}`, seq {seq}): event `{event}` refused: {refusal}")]
+    EventRefused {
+        /// The run.
+        run_id: String,
+        /// The run's state when the event was refused.
+        state: String,
+        /// The run's seq then.
+        seq: u64,
+        /// The event's name.
+        event: String,
+        /// Why (boxed: it would make every `Result` of loops larger).
+        refusal: Box<crate::schema::EventRefusal>,
+    },
+
     /// A state could not be serialized.
     #[error("run `{run_id}`: cannot encode state `{state}` (seq {seq})")]
     Encode {

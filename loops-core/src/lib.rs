@@ -13,6 +13,7 @@ pub mod conformance;
 #[cfg(feature = "control")]
 pub mod control;
 mod error;
+mod event;
 mod failpoint;
 mod hint;
 mod limit;
@@ -42,6 +43,7 @@ pub use codec::{
 };
 pub use clock::{Clock, ManualClock};
 pub use error::{Error, RecordKind, Result, error_chain};
+pub use event::{Event, EventName};
 pub use hint::{Hinted, RetryHint, retry_hint};
 pub use limit::{Admission, Limit};
 pub use migrate::{
@@ -60,10 +62,11 @@ pub use row::BlockInfo;
 pub use run::context::{Context, StepOptions, StepOutput};
 pub use run::dispatch::Dispatch;
 pub use run::settings::{DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PARK_THRESHOLD};
-pub use runtime::{Routed, Runtime, RuntimeBuilder, Sent};
+pub use runtime::{DEFAULT_RETENTION_INTERVAL, Routed, Runtime, RuntimeBuilder, Sent};
 pub use schema::{
-    Change, Class, Enum, FORMAT_VERSION, Field, FieldFlags, Fields, ParseSchemaHashError, Repr,
-    Schema, SchemaDiff, SchemaHash, Shape, StateShape, Struct, Variant, WorkflowShape, schema_diff,
+    Change, Class, DeclaredEvent, DeclaredEvents, Enum, EventRefusal, EventShape, FORMAT_VERSION,
+    Field, FieldFlags, Fields, ParseSchemaHashError, Repr, Schema, SchemaDiff, SchemaHash, Shape,
+    StateShape, Struct, Variant, WorkflowShape, schema_diff,
 };
 pub use store::{
     AfterFailure, BoxFuture, ClaimFilter, Compacted, CurrentLease, Effects, EventRecord, Facts,
@@ -95,13 +98,13 @@ pub mod __private {
     pub use crate::migrate::{Named, SameName};
     pub use crate::schema::__describe::{describe, describe_len, utf8};
     pub use crate::{
-        BoxError, Context, Dispatch, Schema, SchemaHash, StateId, Versioned, Workflow,
+        BoxError, Context, Dispatch, Event, Schema, SchemaHash, StateId, Versioned, Workflow,
     };
 
     /// The shapes that `Schema` impls and `Workflow::SCHEMA_HASH` are built from.
     pub mod schema {
         pub use crate::schema::{
-            Enum, Field, FieldFlags, Fields, Repr, Shape, StateShape, Struct, Variant,
+            Enum, EventShape, Field, FieldFlags, Fields, Repr, Shape, StateShape, Struct, Variant,
             WorkflowShape,
         };
     }

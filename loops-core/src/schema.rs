@@ -86,10 +86,12 @@ impl SchemaHash {
 
 mod describe;
 mod diff;
+mod events;
 mod hash;
 mod impls;
 
 pub use diff::{Change, Class, SchemaDiff, schema_diff};
+pub use events::{DeclaredEvent, DeclaredEvents, EventRefusal};
 
 /// The `const fn`s that write a description at compile time, for the code
 /// `#[derive(Workflow)]` generates.
@@ -336,6 +338,20 @@ pub struct WorkflowShape {
     /// Serde attributes of the enum that may change the stored form but that the schema
     /// does not model, as written; empty if none.
     pub note: &'static str,
+    /// The events its states wait for (`#[event(name: Type)]`), in declaration order (the
+    /// hash does not depend on the order). A workflow that declares none hashes as it did
+    /// before events were described.
+    pub events: &'static [EventShape],
+}
+
+/// An event a workflow declares (`#[event(approve: Approval)]`): its name and the stored form
+/// of its payload.
+#[derive(Debug, Clone, Copy)]
+pub struct EventShape {
+    /// The event's name, as `Runtime::send` and `Context::wait_for` take it.
+    pub name: &'static str,
+    /// The payload's stored form.
+    pub payload: &'static Shape,
 }
 
 /// One state of a workflow: a variant of the workflow enum, and its transitions.
@@ -473,6 +489,7 @@ mod shape_tests {
             },
         ],
         note: "",
+        events: &[],
     };
 
     const LEN: usize = describe_len(&FLOW);
@@ -555,6 +572,7 @@ mod shape_tests {
                 next: &[],
             }],
             note: "",
+            events: &[],
         };
         const HASH: SchemaHash = DEEP.hash();
         const LEN: usize = describe_len(&DEEP);
@@ -599,6 +617,7 @@ mod shape_tests {
                 next: &[],
             }],
             note: "",
+            events: &[],
         };
         const HASH: SchemaHash = DEEP.hash();
         const LEN: usize = describe_len(&DEEP);

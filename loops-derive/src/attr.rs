@@ -22,6 +22,24 @@ pub(crate) struct WorkflowAttrs {
     /// the order written; `None` if the key is absent.
     pub accepts: Option<Vec<u64>>,
     pub krate: CratePath,
+    /// `#[event(name: Type, ...)]`: the events the workflow's states wait for, with their
+    /// payload types, in the order written (duplicates included: `valid` reports them).
+    pub events: Vec<EventDecl>,
+}
+
+/// One `name: Type` of `#[event(...)]`.
+pub(crate) struct EventDecl {
+    pub name: Ident,
+    pub ty: Type,
+}
+
+impl syn::parse::Parse for EventDecl {
+    fn parse(input: syn::parse::ParseStream) -> syn::Result<Self> {
+        let name: Ident = input.parse()?;
+        input.parse::<Token![:]>()?;
+        let ty: Type = input.parse()?;
+        Ok(EventDecl { name, ty })
+    }
 }
 
 /// `crate = path` in `#[workflow(...)]` or in `#[schema(...)]` on a type: the path through
@@ -113,9 +131,10 @@ const TERMINAL: &str = "terminal";
 const NEXT: &str = "next";
 const SCHEMA: &str = "schema";
 const CRATE: &str = "crate";
+const EVENT: &str = "event";
 
 fn is_ours(attr: &Attribute) -> Option<&'static str> {
-    [WORKFLOW, INITIAL, TERMINAL, NEXT, SCHEMA]
+    [WORKFLOW, INITIAL, TERMINAL, NEXT, SCHEMA, EVENT]
         .into_iter()
         .find(|name| attr.path().is_ident(name))
 }
@@ -130,6 +149,8 @@ fn misplaced(cx: &Errors, attr: &Attribute, name: &str, place: Place) {
     };
     let message = if name == WORKFLOW {
         format!("`#[workflow(...)]` belongs on the enum, not on {what}")
+    } else if name == EVENT {
+        format!("`#[event(name: Type)]` belongs on the workflow enum, not on {what}")
     } else if name == SCHEMA {
         format!("`#[schema(...)]` belongs on a field, not on {what}")
     } else {
@@ -149,6 +170,7 @@ pub(crate) fn workflow(cx: &Errors, attrs: &[Attribute]) -> WorkflowAttrs {
     for attr in attrs {
         match is_ours(attr) {
             Some(WORKFLOW) => parse_workflow(cx, attr, &mut out),
+            Some(EVENT) => parse_events(cx, attr, &mut out.events),
             Some(other) => misplaced(cx, attr, other, Place::Enum),
             None => {}
         }
@@ -501,6 +523,25 @@ fn parse_schema(cx: &Errors, attr: &Attribute, out: &mut SchemaAttrs) {
     });
     if let Err(error) = result {
         cx.push(error);
+    }
+}
+
+/// `#[event(approve: Approval, reject: Rejection)]`: appends the declarations to `out`.
+fn parse_events(cx: &Errors, attr: &Attribute, out: &mut Vec<EventDecl>) {
+    let Meta::List(list) = &attr.meta else {
+        cx.spanned(
+            attr,
+            "expected the events and their payload types: `#[event(approve: Approval)]`",
+        );
+        return;
+    };
+    match list.parse_args_with(Punctuated::<EventDecl, Token![,]>::parse_terminated) {
+        Ok(decls) if decls.is_empty() => cx.spanned(
+            attr,
+            "`#[event()]` declares nothing: write `#[event(approve: Approval)]`, or remove it",
+        ),
+        Ok(decls) => out.extend(decls),
+        Err(error) => cx.push(error),
     }
 }
 

@@ -71,6 +71,16 @@ fn schema_consts(w: &Workflow) -> (TokenStream, TokenStream) {
         notes.push(format!("stored as {}", tokens_text(ty.to_token_stream())));
     }
     let note = notes.join(", ");
+    let events: Vec<TokenStream> = w
+        .attrs
+        .events
+        .iter()
+        .map(|e| {
+            let name = e.name.unraw().to_string();
+            let payload = shapes.of_type(&e.ty, &[]);
+            quote!(#krate::schema::EventShape { name: #name, payload: #payload })
+        })
+        .collect();
     let markers = shapes.markers();
     let items = quote! {
         #markers
@@ -80,6 +90,7 @@ fn schema_consts(w: &Workflow) -> (TokenStream, TokenStream) {
             repr: #repr,
             states: &[#(#states),*],
             note: #note,
+            events: &[#(#events),*],
         };
         const __LOOPS_SCHEMA_LEN: usize = #krate::describe_len(&__LOOPS_SHAPE);
         const __LOOPS_SCHEMA: [u8; __LOOPS_SCHEMA_LEN] =
@@ -134,9 +145,11 @@ pub(crate) fn impls(w: &Workflow, dispatch: TokenStream, schema: TokenStream) ->
                 &[#(#krate::SchemaHash::from_u64(#hashes)),*];
         }
     });
+    let events = event_consts(w);
     quote! {
         #state_id
         #(#from_next)*
+        #events
 
         #[automatically_derived]
         impl #krate::Workflow for #ident {
@@ -171,6 +184,49 @@ pub(crate) fn impls(w: &Workflow, dispatch: TokenStream, schema: TokenStream) ->
             }
         }
     }
+}
+
+/// One `loops::Event<Payload>` constant per declared event, on the workflow enum:
+/// `Deliver::APPROVE` for `#[event(approve: Approval)]`. Spanned at the declaration, so a
+/// payload type that does not exist is reported there.
+fn event_consts(w: &Workflow) -> Option<TokenStream> {
+    if w.attrs.events.is_empty() {
+        return None;
+    }
+    let krate = &w.krate;
+    let ident = w.ident;
+    let vis = w.vis;
+    // A constant name declared twice is reported by `valid`: only the first is generated,
+    // so that the compiler does not report it again.
+    let mut seen: Vec<String> = Vec::new();
+    let consts = w.attrs.events.iter().filter_map(|e| {
+        let name = e.name.unraw().to_string();
+        let upper = crate::case::snake_case(&name).to_uppercase();
+        if seen.contains(&upper) {
+            return None;
+        }
+        seen.push(upper.clone());
+        let constant = Ident::new(&upper, e.name.span());
+        let ty = &e.ty;
+        let doc = format!(
+            "The event `{name}` of workflow `{}`, with a payload of type `{}` \
+             (`#[event({name}: ...)]`): pass it to `Context::wait_for` and `Runtime::send` so \
+             that the compiler checks the payload's type.",
+            workflow_name(w),
+            tokens_text(ty.to_token_stream()),
+        );
+        Some(quote_spanned! {e.name.span()=>
+            #[doc = #doc]
+            #[allow(dead_code)]
+            #vis const #constant: #krate::Event<#ty> = #krate::Event::new(#name);
+        })
+    });
+    Some(quote! {
+        #[automatically_derived]
+        impl #ident {
+            #(#consts)*
+        }
+    })
 }
 
 /// The workflow's name: `#[workflow(name = "...")]`, else the enum's name in snake case.

@@ -53,7 +53,7 @@ use syn::{DeriveInput, parse_macro_input};
 /// ```
 ///
 #[doc = include_str!("guide.md")]
-#[proc_macro_derive(Workflow, attributes(workflow, initial, next, terminal, schema))]
+#[proc_macro_derive(Workflow, attributes(workflow, initial, next, terminal, schema, event))]
 pub fn derive_workflow(input: TokenStream) -> TokenStream {
     let input = parse_macro_input!(input as DeriveInput);
     derive(&input).into()

@@ -3,6 +3,8 @@
 
 use std::collections::VecDeque;
 
+use syn::ext::IdentExt;
+
 use crate::ast::Workflow;
 use crate::case::closest;
 use crate::ctxt::Errors;
@@ -19,6 +21,7 @@ impl Workflow<'_> {
         if let Some(name) = &self.attrs.name {
             check_name(cx, name);
         }
+        self.check_events(cx);
         if self.states.is_empty() {
             cx.spanned(
                 self.ident,
@@ -142,6 +145,29 @@ impl Workflow<'_> {
             );
         }
         graph_ok
+    }
+
+    /// Event names are unique, also as the generated constants' names (`approve` and
+    /// `Approve` would both be `APPROVE`).
+    fn check_events(&self, cx: &Errors) {
+        for (i, event) in self.attrs.events.iter().enumerate() {
+            let name = event.name.unraw().to_string();
+            let constant = crate::case::snake_case(&name).to_uppercase();
+            let earlier = self.attrs.events[..i].iter().find(|e| {
+                let other = e.name.unraw().to_string();
+                other == name || crate::case::snake_case(&other).to_uppercase() == constant
+            });
+            if let Some(earlier) = earlier {
+                cx.spanned(
+                    &event.name,
+                    format!(
+                        "duplicate event `{name}`: `{}` is declared already (each event has one \
+                         name and one payload type; both are named by the constant `{constant}`)",
+                        earlier.name.unraw()
+                    ),
+                );
+            }
+        }
     }
 
     /// Every state is reachable from the initial state, and from every state a terminal

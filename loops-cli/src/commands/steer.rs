@@ -85,15 +85,21 @@ pub fn send(target: &Target, args: &SendArgs) -> Result<()> {
         .map_err(|e| Failure::new(format!("{from} is not valid JSON: {e}")))?;
     drop(text);
     let store = open::operator(target, Access::Write)?;
+    let before = store
+        .run(&run_id)?
+        .ok_or_else(|| not_found(store.label(), &run_id))?;
+    // The name and payload are checked against the events the run's workflow declares
+    // (`Runtime::send_json`, on every path): a refusal writes nothing and exits 2.
     let sent = store.send(&run_id, &event, key.as_deref(), &payload)?;
     let info = store
         .run(&run_id)?
         .ok_or_else(|| not_found(store.label(), &run_id))?;
-    // Sending ahead of a wait is legitimate, but a run that waits for another event now may
-    // have been sent a misspelt name: said on stderr, in JSON mode too.
-    if let Some(waits_for) = other_event(&info, &event).filter(|_| !sent.duplicate) {
+    // Sending ahead of a wait is legitimate, but a run that does not wait for the event now
+    // may have been sent the wrong one: said on stderr, in JSON mode too.
+    if !sent.duplicate && !waits_for(&before, &event) {
         note(&format!(
-            "run {run_id} is waiting for event `{waits_for}`; `{event}` is kept in its inbox until a wait for `{event}` takes it"
+            "run {run_id} is not waiting for event `{event}` now ({}); `{event}` is kept in its inbox until a wait for `{event}` takes it",
+            now_doing(&before)
         ));
     }
     if args.output == OutputArg::Json {
@@ -152,6 +158,26 @@ fn payload_text(args: &SendArgs) -> Result<(String, String)> {
 pub fn other_event<'a>(info: &'a RunInfo, event: &str) -> Option<&'a str> {
     let waits_for = info.wait.as_ref().and_then(|w| w.event.as_deref());
     waits_for.filter(|&w| info.status == RunStatus::Waiting && w != event)
+}
+
+/// Whether the run waits for `event` now.
+fn waits_for(info: &RunInfo, event: &str) -> bool {
+    info.status == RunStatus::Waiting
+        && info.wait.as_ref().and_then(|w| w.event.as_deref()) == Some(event)
+}
+
+/// What the run does instead of waiting for the event: `it waits for event `x``, `it is
+/// running`.
+fn now_doing(info: &RunInfo) -> String {
+    match info.wait.as_ref().and_then(|w| w.event.as_deref()) {
+        Some(other) if info.status == RunStatus::Waiting => {
+            format!("it waits for event `{other}` in state {}", info.state)
+        }
+        _ if info.status == RunStatus::Waiting => {
+            format!("it waits for a time in state {}", info.state)
+        }
+        _ => format!("it is {} in state {}", info.status, info.state),
+    }
 }
 
 /// When the event will be taken, as far as the run's row tells.

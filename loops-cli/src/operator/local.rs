@@ -145,12 +145,7 @@ impl Operator for Local {
         payload: &RawValue,
     ) -> Result<Sent> {
         let runtime = self.runtime_for("send an event")?;
-        self.wait(async {
-            match key {
-                Some(key) => runtime.send_with_key(run_id, event, key, payload).await,
-                None => runtime.send(run_id, event, payload).await,
-            }
-        })
+        self.wait(runtime.send_json(run_id, event, key, payload))
     }
 
     /// Selects as a dry run would, then (unless `dry_run`) deletes the selected runs in

@@ -94,12 +94,16 @@ pub trait Operator {
 }
 
 /// The failure of an operation on run `run_id`'s store `label`, from loops' error: no such
-/// run names the store; an invalid run id, event name or key is a bad argument (exit 2).
+/// run names the store; an invalid run id, event name or key, and an event the run's workflow
+/// does not declare or a payload that does not match its declared shape, are bad arguments
+/// (exit 2).
 pub fn core_failure(label: &str, e: loops_core::Error) -> Failure {
     use loops_core::Error;
     match e {
         Error::RunNotFound { run_id } => not_found(label, &run_id),
-        Error::InvalidRunId { .. } | Error::InvalidName { .. } => Failure::usage(e.chain()),
+        Error::InvalidRunId { .. } | Error::InvalidName { .. } | Error::EventRefused { .. } => {
+            Failure::usage(e.chain())
+        }
         other => other.into(),
     }
 }

@@ -46,7 +46,7 @@ pub fn remote_failure(label: &str, e: ControlError) -> Failure {
             ..
         } => not_found(label, &run_id),
         ControlError::Remote {
-            kind: ErrorKind::InvalidArgument,
+            kind: ErrorKind::InvalidArgument | ErrorKind::EventRefused,
             message,
             ..
         } => Failure::usage(message),

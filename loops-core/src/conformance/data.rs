@@ -82,6 +82,48 @@ pub(super) async fn prune(f: &dyn Factory) {
     store.release(&l).await.unwrap();
 }
 
+/// Retention that runs itself: a runtime given a policy and a short interval prunes, while
+/// it serves, the ended runs there were when it started and those that end later, and
+/// leaves the others.
+pub(super) async fn scheduled_retention(f: &dyn Factory) {
+    let store = f.store();
+    for id in ["c1", "c2", "open"] {
+        let l = create(&*store, id).await;
+        if id != "open" {
+            transition(&*store, &l, id, 1, true).await.unwrap();
+        }
+        store.release(&l).await.unwrap();
+    }
+    let runtime = crate::Runtime::builder()
+        .retention(RetentionPolicy::default().keep_last(0))
+        .retention_interval(std::time::Duration::from_millis(20))
+        .build_shared(store.clone());
+    let serving = {
+        let runtime = runtime.clone();
+        tokio::spawn(async move { runtime.serve(std::time::Duration::from_millis(50)).await })
+    };
+    let gone = |id: &'static str| {
+        let store = store.clone();
+        async move {
+            while store.run_info(id).await.unwrap().is_some() {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        }
+    };
+    gone("c1").await;
+    gone("c2").await;
+    // A run that ends later goes at a later prune: the policy runs on a schedule.
+    let l = create(&*store, "c3").await;
+    transition(&*store, &l, "c3", 1, true).await.unwrap();
+    store.release(&l).await.unwrap();
+    gone("c3").await;
+    assert!(store.history("c3").await.unwrap().is_empty());
+    assert_eq!(store.history("open").await.unwrap().len(), 1);
+    assert!(store.run_info("open").await.unwrap().is_some());
+    runtime.shutdown().await;
+    serving.await.unwrap().unwrap();
+}
+
 pub(super) async fn payloads_read_back_byte_for_byte(f: &dyn Factory) {
     let store = f.store();
     let store = &*store;

@@ -182,11 +182,16 @@ pub enum Case {
     /// unblocks the run and stores the new schema's description; the state's steps stay
     /// under its seq; the next transition leaves it.
     Migrations,
+    /// A runtime given a retention policy and an interval
+    /// ([`RuntimeBuilder::retention_interval`](crate::RuntimeBuilder::retention_interval))
+    /// removes, while it serves, the ended runs there were when it started and those that end
+    /// later, and keeps the runs that have not ended.
+    ScheduledRetention,
 }
 
 impl Case {
     /// Every case, in the order of their tests.
-    pub const ALL: [Case; 14] = [
+    pub const ALL: [Case; 15] = [
         Case::CreateAndRead,
         Case::TransitionsAppendInOrder,
         Case::StepsAreImmutable,
@@ -201,6 +206,7 @@ impl Case {
         Case::PayloadsReadBackByteForByte,
         Case::BlockAndUnblock,
         Case::Migrations,
+        Case::ScheduledRetention,
     ];
 
     /// The case's name (`"create_and_read"`): the name of its test.
@@ -220,6 +226,7 @@ impl Case {
             Case::PayloadsReadBackByteForByte => "payloads_read_back_byte_for_byte",
             Case::BlockAndUnblock => "block_and_unblock",
             Case::Migrations => "migrations",
+            Case::ScheduledRetention => "scheduled_retention",
         }
     }
 
@@ -248,6 +255,7 @@ impl Case {
             }
             Case::BlockAndUnblock => evolve::block_and_unblock(factory).await,
             Case::Migrations => evolve::migrations(factory).await,
+            Case::ScheduledRetention => data::scheduled_retention(factory).await,
         }
         Outcome::Passed
     }
@@ -309,6 +317,7 @@ macro_rules! conformance_suite {
             payloads_read_back_byte_for_byte => PayloadsReadBackByteForByte,
             block_and_unblock => BlockAndUnblock,
             migrations => Migrations,
+            scheduled_retention => ScheduledRetention,
         }
     };
 }

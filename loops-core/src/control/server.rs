@@ -339,6 +339,11 @@ impl From<Error> for ApiError {
             Error::InvalidName { .. } => {
                 (StatusCode::BAD_REQUEST, ErrorKind::InvalidArgument, None)
             }
+            Error::EventRefused { run_id, .. } => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                ErrorKind::EventRefused,
+                Some(run_id.clone()),
+            ),
             Error::Storage { .. } | Error::Database { .. } | Error::Open { .. } => {
                 (StatusCode::INTERNAL_SERVER_ERROR, ErrorKind::Failed, None)
             }
@@ -488,18 +493,16 @@ async fn send(
     UrlPath(run): UrlPath<String>,
     Json(request): Json<SendRequest>,
 ) -> Answer<SentReply> {
-    let sent = match &request.key {
-        Some(key) => {
-            s.runtime
-                .send_with_key(&run, &request.name, key, &request.payload)
-                .await?
-        }
-        None => {
-            s.runtime
-                .send(&run, &request.name, &request.payload)
-                .await?
-        }
-    };
+    // Checked against the events the run's workflow declares, as the CLI's other paths do.
+    let sent = s
+        .runtime
+        .send_json(
+            &run,
+            &request.name,
+            request.key.as_deref(),
+            &request.payload,
+        )
+        .await?;
     Ok(Json(SentReply {
         event_seq: sent.event_seq,
         duplicate: sent.duplicate,

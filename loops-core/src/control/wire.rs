@@ -139,8 +139,8 @@ pub struct StoredSchema {
 }
 
 /// `POST /v1/runs/{run}/events`: an event for the run, as
-/// [`Runtime::send`](crate::Runtime::send) (or
-/// [`send_with_key`](crate::Runtime::send_with_key) with `key`) takes it.
+/// [`Runtime::send_json`](crate::Runtime::send_json) takes it: checked against the events the
+/// run's workflow declares (refused with [`ErrorKind::EventRefused`], 422), then sent.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct SendRequest {
     /// The event's name.
@@ -218,6 +218,9 @@ pub enum ErrorKind {
     /// The runtime refused or failed the operation (a run that has ended, a payload too
     /// large, a store error); 409 or 500. The message is the error's chain.
     Failed,
+    /// The event was refused ([`Error::EventRefused`](crate::Error::EventRefused)): its run's
+    /// workflow does not declare it, or its payload cannot be the declared type; 422.
+    EventRefused,
     /// No such path; 404.
     NoRoute,
 }

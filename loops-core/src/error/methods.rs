@@ -76,6 +76,7 @@ impl Error {
             | Error::LeaseExpired { run_id, .. }
             | Error::IllegalTransition { run_id, .. }
             | Error::EventEncode { run_id, .. }
+            | Error::EventRefused { run_id, .. }
             | Error::Encode { run_id, .. }
             | Error::Decode { run_id, .. }
             | Error::Payload { run_id, .. }

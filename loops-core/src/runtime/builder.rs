@@ -40,6 +40,7 @@ impl Default for RuntimeBuilder {
                 max_active_runs: None,
                 checks: Vec::new(),
                 retention: RetentionPolicy::default(),
+                retention_interval: super::retention::DEFAULT_RETENTION_INTERVAL,
                 strict_schemas: false,
                 registry: Registry::default(),
             },
@@ -145,9 +146,24 @@ impl RuntimeBuilder {
         self
     }
 
-    /// The retention policy [`Runtime::prune`] applies (default: keep everything).
+    /// The retention policy (default: keep everything): applied by [`Runtime::prune`], and
+    /// by [`Runtime::serve`] on its own, at once and then every
+    /// [`retention_interval`](Self::retention_interval), while it serves. Each scheduled
+    /// prune logs one INFO event, "retention removed ended runs", with `runs` and `records`.
+    /// With a store shared by several workers, every worker that is given the policy applies
+    /// it; a prune removes each run once whoever runs it (the prune write skips runs already
+    /// gone), so overlapping prunes cost a repeated list of the ended runs and nothing else.
+    /// To have one worker prune, give the policy to that worker only.
     pub fn retention(mut self, policy: RetentionPolicy) -> Self {
         self.config.retention = policy;
+        self
+    }
+
+    /// How often [`Runtime::serve`] applies the [`retention`](Self::retention) policy
+    /// (default [`DEFAULT_RETENTION_INTERVAL`](crate::DEFAULT_RETENTION_INTERVAL), one hour;
+    /// at least 10 ms).
+    pub fn retention_interval(mut self, every: Duration) -> Self {
+        self.config.retention_interval = every.max(Duration::from_millis(10));
         self
     }
 
@@ -285,12 +301,7 @@ impl RuntimeBuilder {
     /// checks of [`workflow`](Self::workflow) are not made before such a store opens; each run
     /// is still checked when it is driven.
     pub fn build(self, store: impl Store) -> Runtime {
-        let store: Arc<dyn Store> = Arc::new(store);
-        let sealed: Arc<dyn Store> = match self.codec {
-            Some(codec) => Arc::new(SealedStore::new(Arc::clone(&store), Payloads::new(codec))),
-            None => Arc::clone(&store),
-        };
-        Runtime::new(sealed, store, self.config)
+        self.build_shared(Arc::new(store))
     }
 
     /// Seals every payload a run stores with `codec` and opens it when read back: states,
@@ -299,10 +310,20 @@ impl RuntimeBuilder {
     /// status, seqs, times, schema hashes and attempt counts stay in clear: stores index
     /// and route by them. Payloads stored in clear before (or texts loops writes itself)
     /// still read. Without a codec (the default), a sealed payload fails to decode with
-    /// [`Error::Payload`](crate::Error::Payload) naming its key id. See docs/security.md.
+    /// [`Error::Payload`](crate::Error::Payload) naming its key id. See docs/encryption.md.
     pub fn codec(mut self, codec: impl PayloadCodec) -> Self {
         self.codec = Some(Arc::new(codec));
         self
+    }
+
+    /// As [`build`](Self::build), on a store already shared (the conformance suite's): with
+    /// a codec, the runtime reads and writes through a `SealedStore` over it.
+    pub(crate) fn build_shared(self, store: Arc<dyn Store>) -> Runtime {
+        let sealed: Arc<dyn Store> = match self.codec {
+            Some(codec) => Arc::new(SealedStore::new(Arc::clone(&store), Payloads::new(codec))),
+            None => Arc::clone(&store),
+        };
+        Runtime::new(sealed, store, self.config)
     }
 }
 

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::migrate::Migration;
@@ -51,6 +52,8 @@ pub(crate) struct Inner {
     pub(crate) sweep: AtomicBool,
     /// Whether `resume_all` ran once (a registration then looks at blocked runs at once).
     pub(crate) started: AtomicBool,
+    /// Whether the retention task was started (by the first `serve`).
+    pub(crate) retaining: AtomicBool,
 }
 
 /// The runtime's configuration, as its builder left it.
@@ -61,6 +64,8 @@ pub(crate) struct Config {
     pub(crate) max_active_runs: Option<usize>,
     pub(crate) checks: Vec<SchemaCheck>,
     pub(crate) retention: RetentionPolicy,
+    /// How often `serve` applies `retention`.
+    pub(crate) retention_interval: Duration,
     /// Whether `open` refuses a store holding unfinished runs of another schema.
     pub(crate) strict_schemas: bool,
     pub(crate) registry: Registry,
@@ -240,6 +245,7 @@ impl Runtime {
                 background: Background::new(),
                 sweep: AtomicBool::new(true),
                 started: AtomicBool::new(false),
+                retaining: AtomicBool::new(false),
             }),
         }
     }

@@ -14,6 +14,7 @@ mod handle;
 mod queries;
 mod registered;
 mod requests;
+mod retention;
 mod runs;
 mod scheduler;
 
@@ -21,3 +22,4 @@ pub use builder::RuntimeBuilder;
 pub use evolve::Routed;
 pub use handle::Runtime;
 pub use requests::Sent;
+pub use retention::DEFAULT_RETENTION_INTERVAL;

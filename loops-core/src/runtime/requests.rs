@@ -4,9 +4,11 @@
 use serde::Serialize;
 
 use crate::error::{Error, Result};
+use crate::event::EventName;
 use crate::names::{validate_name, validate_run_id};
 use crate::row::RunInfo;
 use crate::runtime::handle::Runtime;
+use crate::schema::{DeclaredEvents, EventRefusal};
 use crate::store::{Reply, Write};
 
 /// The receipt of [`Runtime::send`].
@@ -21,7 +23,9 @@ pub struct Sent {
 
 impl Runtime {
     /// Sends the event `event` with `payload` to the run `run_id`: appended durably to the
-    /// run's inbox, delivered to the run's next (or current) wait for `event`, once.
+    /// run's inbox, delivered to the run's next (or current) wait for `event`, once. `event`
+    /// is a declared event (`runtime.send(id, Deliver::APPROVE, &approval)`: the compiler
+    /// checks the payload's type) or a name (`"approve"`: any serializable payload).
     ///
     /// # Errors
     /// [`Error::RunNotFound`](crate::Error::RunNotFound) for an unknown run; [`Error::RunEnded`](crate::Error::RunEnded) for a run that has
@@ -30,10 +34,11 @@ impl Runtime {
     pub async fn send<T: Serialize + ?Sized>(
         &self,
         run_id: &str,
-        event: &str,
+        event: impl EventName<T>,
         payload: &T,
     ) -> Result<Sent> {
-        self.send_inner(run_id, event, None, payload).await
+        self.send_inner(run_id, event.event_name(), None, payload)
+            .await
     }
 
     /// As [`send`](Self::send), once per `key`: a second send with the same key for the same
@@ -44,11 +49,64 @@ impl Runtime {
     pub async fn send_with_key<T: Serialize + ?Sized>(
         &self,
         run_id: &str,
-        event: &str,
+        event: impl EventName<T>,
         key: &str,
         payload: &T,
     ) -> Result<Sent> {
-        self.send_inner(run_id, event, Some(key), payload).await
+        self.send_inner(run_id, event.event_name(), Some(key), payload)
+            .await
+    }
+
+    /// Sends an event whose name and payload come from outside the program (the `loops`
+    /// CLI, the control endpoint, a web form): as [`send`](Self::send) (with `key`, as
+    /// [`send_with_key`](Self::send_with_key)), after checking them against the events the
+    /// run's workflow declares (`#[event(name: Type)]`), read from the run's stored schema
+    /// description ([`DeclaredEvents`](crate::DeclaredEvents)). A workflow that declares no
+    /// events takes any name and payload, as [`send`](Self::send) does.
+    ///
+    /// # Errors
+    /// [`Error::EventRefused`](crate::Error::EventRefused) (nothing written) for a name the
+    /// workflow does not declare, or a payload that cannot be the declared type;
+    /// [`Error::RunNotFound`](crate::Error::RunNotFound); otherwise as [`send`](Self::send).
+    pub async fn send_json(
+        &self,
+        run_id: &str,
+        event: &str,
+        key: Option<&str>,
+        payload: &serde_json::value::RawValue,
+    ) -> Result<Sent> {
+        validate_run_id(run_id)?;
+        let info = self
+            .store()
+            .run_info(run_id)
+            .await?
+            .ok_or_else(|| Error::RunNotFound {
+                run_id: run_id.to_owned(),
+            })?;
+        if let Some(description) = self.store().schema(info.schema).await? {
+            let declared = DeclaredEvents::from_description(&description);
+            if !declared.is_empty() {
+                let refused = |refusal| Error::EventRefused {
+                    run_id: run_id.to_owned(),
+                    state: info.state.clone(),
+                    seq: info.seq,
+                    event: event.to_owned(),
+                    refusal: Box::new(refusal),
+                };
+                let value: serde_json::Value =
+                    serde_json::from_str(payload.get()).map_err(|e| {
+                        refused(EventRefusal::Payload {
+                            event: event.to_owned(),
+                            shape: String::new(),
+                            problem: format!("not JSON: {e}"),
+                        })
+                    })?;
+                declared
+                    .check(&description, event, &value)
+                    .map_err(refused)?;
+            }
+        }
+        self.send_inner(run_id, event, key, payload).await
     }
 
     async fn send_inner<T: Serialize + ?Sized>(

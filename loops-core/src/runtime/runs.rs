@@ -372,6 +372,7 @@ impl Runtime {
                 Err(e) => return Err(e),
             }
         }
+        self.start_retention();
         let Some(ttl) = self.store().lease_ttl() else {
             stopped.cancelled().await;
             return Ok(());

@@ -21,6 +21,8 @@
 //!   plan.owners{}: User
 //!   plan.owners{}.name: String
 //! state Abandoned (unit, terminal)
+//! event approve: Approval
+//!   by: String
 //! ```
 //!
 //! The header names the workflow, its declared version and loops' record format version
@@ -34,14 +36,16 @@
 //! `Vec<T>`, sets `Set<T>`, maps `Map<K, V>`, whatever the Rust type; a newtype struct is
 //! written with what it holds (`IssueId(u64)`), a unit struct as holding `()`; a tuple
 //! struct is noted `tuple`, a struct without fields `no fields` and an enum without
-//! variants `no variants`. Everything the
+//! variants `no variants`. After the states, one `event NAME: Type` line per declared event
+//! (`#[event(name: Type)]`), followed by the lines of its payload, with paths from the
+//! payload. Everything the
 //! schema hash covers is in the text, so two shapes with different hashes have different
 //! descriptions (up to the order of what the hash does not order: states, named fields,
 //! variants of tagged enums, `#[next]` lists).
 
 use super::hash::{Enclosing, MAX_DEPTH, flattened_struct, str_eq};
+use super::{EventShape, FieldFlags, Fields, Repr, Shape, StateShape, WorkflowShape};
 use super::{Field, Struct, Variant};
-use super::{FieldFlags, Fields, Repr, Shape, StateShape, WorkflowShape};
 
 /// The length in bytes of the description of `w`: the `N` to pass to [`describe`].
 pub const fn describe_len(w: &WorkflowShape) -> usize {
@@ -189,6 +193,25 @@ impl<'a> Describer<'a> {
             self.state(&w.states[i]);
             i += 1;
         }
+        let mut i = 0;
+        while i < w.events.len() {
+            self.event(&w.events[i]);
+            i += 1;
+        }
+    }
+
+    /// `event approve: Approval (notes)` and the lines of what the payload contains, with
+    /// paths from the payload (`by: String`).
+    const fn event(&mut self, e: &EventShape) {
+        self.str("event ");
+        self.name(e.name);
+        self.str(": ");
+        self.ty(e.payload);
+        let mut notes = Notes::new();
+        self.shape_notes(&mut notes, e.payload);
+        self.end_notes(&notes);
+        self.byte(b'\n');
+        self.inside(e.payload);
     }
 
     const fn state(&mut self, s: &StateShape) {

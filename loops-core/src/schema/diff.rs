@@ -12,7 +12,7 @@
 //!   `f64`, an integer of 32 bits or fewer to `f64`); `T` to `Option<T>` (unless `T` may be
 //!   stored as `null`); an array or a set to a `Vec`; a string-like scalar to `String`;
 //!   anything to `serde_json::Value`; `#[serde(default)]` or `skip_serializing(_if)` added;
-//!   a state added; `#[next]` targets added or removed; the initial state moved; a state no
+//!   a state added; an event declared (`#[event]`); `#[next]` targets added or removed; the initial state moved; a state no
 //!   longer terminal; the declared `version` (see [`Class::Compatible`]).
 //! - **compatible if no pending run is in the state**: a state removed (a renamed state is
 //!   one removed and one added); a state's stored name changed; a state now terminal.
@@ -21,13 +21,14 @@
 //!   end of an untagged enum; the variants of an untagged enum reordered; any change inside
 //!   the variants of an untagged enum but a type rename (which variant a value reads as may
 //!   change); an enum's representation (`tag`, `content`, `untagged`); `flatten`, `with`,
-//!   `skip_deserializing` or an unmodeled serde attribute; a state's kind; the workflow's
+//!   `skip_deserializing` or an unmodeled serde attribute; a state's kind; a declared event
+//!   removed or its payload retyped; the workflow's
 //!   name or representation; loops' record format version.
 
 mod change;
 mod lines;
-mod parse;
-mod ty;
+pub(super) mod parse;
+pub(super) mod ty;
 
 pub use change::{Change, Class};
 
@@ -247,6 +248,7 @@ fn diff(old: &Description, new: &Description) -> SchemaDiff {
             changes.push(removed_state(a, old, new));
         }
     }
+    event_changes(old, new, &mut changes);
     for (line, other, what) in [
         (&new.other, &old.other, "added"),
         (&old.other, &new.other, "removed"),
@@ -330,6 +332,69 @@ fn header_changes(old: &Description, new: &Description, changes: &mut Vec<Change
                 "an untagged enum tries its variants in order",
             ));
         }
+    }
+}
+
+/// Events added (compatible: no run waits for them yet), removed or retyped (breaking: a
+/// run waiting for one, or an event in an inbox, would not decode).
+fn event_changes(old: &Description, new: &Description, changes: &mut Vec<Change>) {
+    let text = |e: &parse::EventDecl| -> Vec<String> {
+        let mut lines: Vec<String> = e
+            .lines
+            .iter()
+            .map(|l| format!("{}: {}", l.path, l.value))
+            .collect();
+        lines.sort();
+        lines
+    };
+    for b in &new.events {
+        match old.event(&b.name) {
+            None => changes.push(Change::new(
+                format!("event `{}: {}` added", b.name, b.value),
+                Class::Compatible,
+                "no run waits for it yet",
+            )),
+            Some(a) if a.value != b.value || text(a) != text(b) => {
+                let (was, now) = (text(a), text(b));
+                let mut what: Vec<String> = Vec::new();
+                what.extend(
+                    now.iter()
+                        .filter(|l| !was.contains(l))
+                        .map(|l| format!("`{l}` added")),
+                );
+                what.extend(
+                    was.iter()
+                        .filter(|l| !now.contains(l))
+                        .map(|l| format!("`{l}` removed")),
+                );
+                let text = if a.value == b.value {
+                    format!(
+                        "event `{}`: payload `{}` changed: {}",
+                        b.name,
+                        b.value,
+                        what.join(", ")
+                    )
+                } else {
+                    format!(
+                        "event `{}` retyped from `{}` to `{}`",
+                        b.name, a.value, b.value
+                    )
+                };
+                changes.push(Change::new(
+                    text,
+                    Class::Breaking,
+                    "an event sent before, or a wait recorded before, holds the old payload",
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    for a in old.events.iter().filter(|a| new.event(&a.name).is_none()) {
+        changes.push(Change::new(
+            format!("event `{}: {}` removed", a.name, a.value),
+            Class::Breaking,
+            "a run may wait for it, or hold it in its inbox",
+        ));
     }
 }
 

@@ -276,7 +276,20 @@ pub(crate) const fn workflow(w: &WorkflowShape) -> u64 {
         states = states.wrapping_add(state(&w.states[i]));
         i += 1;
     }
-    mix(h, states)
+    h = mix(h, states);
+    // Folded in only when there are events: a workflow that declares none keeps the hash it
+    // had before events were described, so its stored runs are not stranded.
+    if w.events.is_empty() {
+        return h;
+    }
+    let mut events: u64 = 0;
+    let mut i = 0;
+    while i < w.events.len() {
+        let e = &w.events[i];
+        events = events.wrapping_add(mix(tagged("event", text(e.name)), shape(e.payload)));
+        i += 1;
+    }
+    mix(tagged("events", h), events)
 }
 
 const fn state(s: &StateShape) -> u64 {

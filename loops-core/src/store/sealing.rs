@@ -730,4 +730,7 @@ impl Store for SealedStore {
             Ok(claimed)
         })
     }
+    fn shared_limits(&self) -> Option<std::sync::Arc<dyn crate::store::SharedLimits>> {
+        self.inner.shared_limits()
+    }
 }

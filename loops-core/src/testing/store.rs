@@ -346,4 +346,7 @@ impl<S: Store> Store for HookedStore<S> {
     ) -> BoxFuture<'a, Result<Vec<(RunInfo, Lease)>>> {
         self.gate(self.inner.claim_ready(workflows, limit))
     }
+    fn shared_limits(&self) -> Option<std::sync::Arc<dyn crate::store::SharedLimits>> {
+        self.inner.shared_limits()
+    }
 }

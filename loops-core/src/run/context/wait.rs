@@ -6,6 +6,7 @@ use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 
 use crate::error::{Error, RecordKind, Result};
+use crate::event::EventName;
 use crate::names::RESERVED_PREFIX;
 use crate::record::{FailureRecord, FailureSource};
 use crate::run::context::Context;
@@ -89,9 +90,13 @@ impl Context {
     /// [`Runtime::send`](crate::Runtime::send), and returns its payload: see
     /// [`wait_for_timeout`](Self::wait_for_timeout), without a time-out.
     ///
+    /// `event` is a declared event (`ctx.wait_for(Deliver::APPROVE)`, which returns its
+    /// payload type) or a name (`ctx.wait_for::<Approval>("approve")`).
+    ///
     /// # Errors
     /// As [`wait_for_timeout`](Self::wait_for_timeout).
-    pub async fn wait_for<T: DeserializeOwned>(&self, event: &str) -> Result<T> {
+    pub async fn wait_for<T: DeserializeOwned>(&self, event: impl EventName<T>) -> Result<T> {
+        let event = event.event_name();
         match self.wait_inner(event, None).await? {
             Some(value) => Ok(value),
             None => Err(Error::Decode {
@@ -109,7 +114,8 @@ impl Context {
     }
 
     /// Waits durably for the event `event` for at most `timeout`; returns its payload, or
-    /// `None` if the time-out passed first.
+    /// `None` if the time-out passed first. `event` is a declared event (`Deliver::APPROVE`)
+    /// or a name, as for [`wait_for`](Self::wait_for).
     ///
     /// Events sent before the handler gets here are kept and delivered; each event is
     /// delivered exactly once, to one wait, oldest first. The delivery (or the time-out) is
@@ -128,10 +134,10 @@ impl Context {
     /// - [`Error::Storage`](crate::Error::Storage) if the wait could not be recorded.
     pub async fn wait_for_timeout<T: DeserializeOwned>(
         &self,
-        event: &str,
+        event: impl EventName<T>,
         timeout: Duration,
     ) -> Result<Option<T>> {
-        self.wait_inner(event, Some(timeout)).await
+        self.wait_inner(event.event_name(), Some(timeout)).await
     }
 
     async fn wait_inner<T: DeserializeOwned>(

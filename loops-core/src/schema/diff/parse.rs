@@ -7,54 +7,69 @@
 
 /// A parsed description.
 #[derive(Default)]
-pub(super) struct Description {
-    pub(super) header: Option<Header>,
+pub(in crate::schema) struct Description {
+    pub(in crate::schema) header: Option<Header>,
     /// In the order written.
-    pub(super) states: Vec<State>,
+    pub(in crate::schema) states: Vec<State>,
+    /// The declared events, in the order written.
+    pub(in crate::schema) events: Vec<EventDecl>,
     /// Lines that are not in the description format.
-    pub(super) other: Vec<String>,
+    pub(in crate::schema) other: Vec<String>,
 }
 
 /// `workflow deliver version 1 format 1 (tag = "state")`.
 #[derive(PartialEq, Eq)]
-pub(super) struct Header {
-    pub(super) line: String,
-    pub(super) name: String,
-    pub(super) version: String,
+pub(in crate::schema) struct Header {
+    pub(in crate::schema) line: String,
+    pub(in crate::schema) name: String,
+    pub(in crate::schema) version: String,
     /// loops' record format version; `"1"` when the description predates it.
-    pub(super) format: String,
-    pub(super) notes: String,
+    pub(in crate::schema) format: String,
+    pub(in crate::schema) notes: String,
 }
 
 /// `state Received as "received" (struct, initial, serde: ...) -> Planned | Abandoned` and the
 /// lines below it.
-pub(super) struct State {
-    pub(super) name: String,
-    pub(super) stored: String,
-    pub(super) kind: String,
-    pub(super) initial: bool,
-    pub(super) terminal: bool,
-    pub(super) notes: String,
-    pub(super) next: Vec<String>,
+pub(in crate::schema) struct State {
+    pub(in crate::schema) name: String,
+    pub(in crate::schema) stored: String,
+    pub(in crate::schema) kind: String,
+    pub(in crate::schema) initial: bool,
+    pub(in crate::schema) terminal: bool,
+    pub(in crate::schema) notes: String,
+    pub(in crate::schema) next: Vec<String>,
     /// In the order written.
-    pub(super) lines: Vec<Line>,
+    pub(in crate::schema) lines: Vec<Line>,
+}
+
+/// `event approve: Approval (notes)` and the lines of its payload below it (paths from the
+/// payload).
+pub(in crate::schema) struct EventDecl {
+    pub(in crate::schema) name: String,
+    /// Everything after `name: `: the payload's type and notes.
+    pub(in crate::schema) value: String,
+    /// The payload's type.
+    pub(in crate::schema) ty: String,
+    pub(in crate::schema) notes: Notes,
+    /// In the order written.
+    pub(in crate::schema) lines: Vec<Line>,
 }
 
 /// `  path: Type (notes)`.
-pub(super) struct Line {
+pub(in crate::schema) struct Line {
     /// As written.
-    pub(super) path: String,
-    pub(super) segs: Vec<Seg>,
+    pub(in crate::schema) path: String,
+    pub(in crate::schema) segs: Vec<Seg>,
     /// Everything after `path: `.
-    pub(super) value: String,
+    pub(in crate::schema) value: String,
     /// The type (or, on a variant line, its kind).
-    pub(super) ty: String,
-    pub(super) notes: Notes,
+    pub(in crate::schema) ty: String,
+    pub(in crate::schema) notes: Notes,
 }
 
 /// One step of a path.
 #[derive(Clone, PartialEq, Eq, Debug)]
-pub(super) enum Seg {
+pub(in crate::schema) enum Seg {
     /// `.name` (or the first name), `.0` for an unnamed field.
     Field(String),
     /// `[]`: the elements of a sequence, set or array.
@@ -69,14 +84,14 @@ pub(super) enum Seg {
 
 /// The parenthesized notes of a line: the serde field flags, and the rest as written.
 #[derive(Clone, Default, PartialEq, Eq)]
-pub(super) struct Notes {
-    pub(super) default: bool,
-    pub(super) flatten: bool,
-    pub(super) skip_serializing: bool,
-    pub(super) skip_deserializing: bool,
-    pub(super) skip_serializing_if: bool,
+pub(in crate::schema) struct Notes {
+    pub(in crate::schema) default: bool,
+    pub(in crate::schema) flatten: bool,
+    pub(in crate::schema) skip_serializing: bool,
+    pub(in crate::schema) skip_deserializing: bool,
+    pub(in crate::schema) skip_serializing_if: bool,
     /// Every other note, in order (`tag = "type"`, `serde: ...`, `with = "..."`, ...).
-    pub(super) rest: Vec<String>,
+    pub(in crate::schema) rest: Vec<String>,
 }
 
 impl Notes {
@@ -105,17 +120,17 @@ impl Notes {
     }
 
     /// Whether one of the other notes is exactly `word` (`untagged`, `tuple`, ...).
-    pub(super) fn has(&self, word: &str) -> bool {
+    pub(in crate::schema) fn has(&self, word: &str) -> bool {
         self.rest.iter().any(|n| n == word)
     }
 
     /// Whether the value is written by `#[serde(with = ...)]` code.
-    pub(super) fn with(&self) -> bool {
+    pub(in crate::schema) fn with(&self) -> bool {
         self.rest.iter().any(|n| n.starts_with("with = "))
     }
 
     /// The notes that say how an enum is stored.
-    pub(super) fn repr(&self) -> Vec<&str> {
+    pub(in crate::schema) fn repr(&self) -> Vec<&str> {
         self.rest
             .iter()
             .map(String::as_str)
@@ -125,15 +140,25 @@ impl Notes {
 }
 
 impl Description {
-    pub(super) fn new(text: &str) -> Self {
+    pub(in crate::schema) fn new(text: &str) -> Self {
         let mut parsed = Description::default();
+        // Whether the lines below belong to the last event (else to the last state).
+        let mut in_event = false;
         for line in text.lines().filter(|l| !l.trim().is_empty()) {
             if let Some(rest) = line.strip_prefix("workflow ") {
                 parsed.header = Some(header(line, rest));
             } else if let Some(state) = line.strip_prefix("state ").and_then(state) {
                 parsed.states.push(state);
-            } else if let (Some(field), Some(state)) =
-                (line.strip_prefix("  "), parsed.states.last_mut())
+                in_event = false;
+            } else if let Some(event) = line.strip_prefix("event ").and_then(event) {
+                parsed.events.push(event);
+                in_event = true;
+            } else if let (Some(field), true, Some(event)) =
+                (line.strip_prefix("  "), in_event, parsed.events.last_mut())
+            {
+                event.lines.push(field_line(field));
+            } else if let (Some(field), false, Some(state)) =
+                (line.strip_prefix("  "), in_event, parsed.states.last_mut())
             {
                 state.lines.push(field_line(field));
             } else {
@@ -143,25 +168,29 @@ impl Description {
         parsed
     }
 
-    pub(super) fn state(&self, name: &str) -> Option<&State> {
+    pub(in crate::schema) fn state(&self, name: &str) -> Option<&State> {
         self.states.iter().find(|s| s.name == name)
+    }
+
+    pub(in crate::schema) fn event(&self, name: &str) -> Option<&EventDecl> {
+        self.events.iter().find(|e| e.name == name)
     }
 }
 
 impl State {
-    pub(super) fn line(&self, segs: &[Seg]) -> Option<&Line> {
+    pub(in crate::schema) fn line(&self, segs: &[Seg]) -> Option<&Line> {
         self.lines.iter().find(|l| l.segs == segs)
     }
 
     /// Whether the state has a line strictly below `segs`.
-    pub(super) fn has_below(&self, segs: &[Seg]) -> bool {
+    pub(in crate::schema) fn has_below(&self, segs: &[Seg]) -> bool {
         self.lines
             .iter()
             .any(|l| l.segs.len() > segs.len() && l.segs.starts_with(segs))
     }
 
     /// The names of the variants directly below `segs`, in order.
-    pub(super) fn variants(&self, segs: &[Seg]) -> Vec<&str> {
+    pub(in crate::schema) fn variants(&self, segs: &[Seg]) -> Vec<&str> {
         self.lines
             .iter()
             .filter(|l| l.segs.len() == segs.len() + 1 && l.segs.starts_with(segs))
@@ -173,7 +202,7 @@ impl State {
     }
 
     /// The fields, variants and stored name: what two states must share to be one renamed.
-    pub(super) fn data(&self) -> (&str, Vec<(&str, &str)>) {
+    pub(in crate::schema) fn data(&self) -> (&str, Vec<(&str, &str)>) {
         let lines = self
             .lines
             .iter()
@@ -235,6 +264,22 @@ fn state(rest: &str) -> Option<State> {
     })
 }
 
+/// `approve: Approval (notes)`.
+fn event(rest: &str) -> Option<EventDecl> {
+    let line = field_line(rest);
+    let name = match line.segs.as_slice() {
+        [Seg::Field(name)] => name.clone(),
+        _ => return None,
+    };
+    Some(EventDecl {
+        name,
+        value: line.value,
+        ty: line.ty,
+        notes: line.notes,
+        lines: Vec::new(),
+    })
+}
+
 fn field_line(text: &str) -> Line {
     let (path, value) = split_field(text);
     let (ty, notes) = split_notes(value);
@@ -268,7 +313,7 @@ fn split_field(line: &str) -> (&str, &str) {
 
 /// `main (notes)` into `main` and `notes`: the notes are the parenthesized group, after a
 /// space, that ends the text (a type such as `Id(u64)` or `(u8, u8)` has none).
-pub(super) fn split_notes(s: &str) -> (&str, &str) {
+pub(in crate::schema) fn split_notes(s: &str) -> (&str, &str) {
     let bytes = s.as_bytes();
     let mut depth = 0usize;
     let mut quoted = false;
@@ -301,7 +346,7 @@ pub(super) fn split_notes(s: &str) -> (&str, &str) {
 }
 
 /// Splits at `sep` outside quotes and brackets.
-pub(super) fn split_top<'a>(s: &'a str, sep: &str) -> Vec<&'a str> {
+pub(in crate::schema) fn split_top<'a>(s: &'a str, sep: &str) -> Vec<&'a str> {
     let bytes = s.as_bytes();
     let mut out = Vec::new();
     let (mut depth, mut quoted, mut start, mut i) = (0usize, false, 0, 0);

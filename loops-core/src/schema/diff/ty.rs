@@ -5,7 +5,7 @@ use super::parse::{Seg, State, split_top};
 
 /// A type of a description line.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum Ty {
+pub(in crate::schema) enum Ty {
     /// A JSON scalar, by kind: `u64`, `String`, `()`, `Value`, `NonZero<u8>`, `Uuid`...
     Scalar(String),
     Option(Box<Ty>),
@@ -62,7 +62,7 @@ const SCALARS: &[&str] = &[
 const COMPOSITE: &[&str] = &["recursive", "tuple", "no fields", "no variants"];
 
 /// Scalars serde writes to JSON as strings.
-const STRINGS: &[&str] = &[
+pub(in crate::schema) const STRINGS: &[&str] = &[
     "char",
     "Uuid",
     "DateTime",
@@ -78,7 +78,7 @@ const STRINGS: &[&str] = &[
 ];
 
 impl Ty {
-    pub(super) fn parse(text: &str) -> Ty {
+    pub(in crate::schema) fn parse(text: &str) -> Ty {
         parse(text.trim()).unwrap_or_else(|| Ty::Text(text.to_owned()))
     }
 

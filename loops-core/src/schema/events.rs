@@ -1,0 +1,365 @@
+//! The events a stored schema description declares (`#[event(name: Type)]`), and the check
+//! of an event sent from outside the program (the CLI, the control endpoint) against them:
+//! a name the workflow does not declare, or a payload that cannot be its declared type, is
+//! refused before anything is written.
+//!
+//! The payload check reads the description, not the Rust type, so it is conservative: it
+//! refuses only what serde's derive would refuse for sure (a missing field that must be
+//! present, a JSON value of the wrong kind, an unknown variant of an externally tagged
+//! enum), and lets through what the description does not model (enums with other
+//! representations, `flatten`, `with`).
+
+use std::fmt;
+
+use serde_json::Value;
+
+use super::diff::parse::{Description, EventDecl, Line, Seg};
+use super::diff::ty::{STRINGS, Ty};
+
+/// The events a workflow declares, as read from its stored schema description
+/// ([`Workflow::SCHEMA`](crate::Workflow::SCHEMA)).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DeclaredEvents {
+    workflow: String,
+    events: Vec<DeclaredEvent>,
+}
+
+/// One declared event: its name and its payload's shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeclaredEvent {
+    /// The event's name.
+    pub name: String,
+    /// The payload's type as the description writes it (`Approval`, `Option<String>`).
+    pub payload: String,
+    /// The payload's top-level fields, as `name: Type` (empty for a payload without fields).
+    pub fields: Vec<String>,
+}
+
+/// Why [`DeclaredEvents::check`] refused an event.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum EventRefusal {
+    /// The workflow declares events, but not this one.
+    #[error("workflow `{workflow}` declares no event `{event}`; it declares {declared}")]
+    Undeclared {
+        /// The workflow's name.
+        workflow: String,
+        /// The name sent.
+        event: String,
+        /// The declared events and their shapes, `approve: Approval { by: String }`, joined.
+        declared: String,
+    },
+    /// The payload cannot be the declared type.
+    #[error("the payload does not match event `{event}`'s declared shape `{shape}`: {problem}")]
+    Payload {
+        /// The event's name.
+        event: String,
+        /// The declared shape, `Approval { by: String }`.
+        shape: String,
+        /// What does not match, with its path in the payload (`field `by` is missing`).
+        problem: String,
+    },
+}
+
+impl DeclaredEvents {
+    /// The events the schema description `description` declares; none for a description
+    /// without `event` lines (a workflow that declares no events, or one stored by an older
+    /// build).
+    pub fn from_description(description: &str) -> Self {
+        let parsed = Description::new(description);
+        DeclaredEvents {
+            workflow: parsed.header.map(|h| h.name).unwrap_or_default(),
+            events: parsed.events.iter().map(DeclaredEvent::of).collect(),
+        }
+    }
+
+    /// The declared events, in the order written.
+    pub fn events(&self) -> &[DeclaredEvent] {
+        &self.events
+    }
+
+    /// Whether the workflow declares no events (then every name and payload is let through).
+    pub fn is_empty(&self) -> bool {
+        self.events.is_empty()
+    }
+
+    /// The event named `name`.
+    pub fn get(&self, name: &str) -> Option<&DeclaredEvent> {
+        self.events.iter().find(|e| e.name == name)
+    }
+
+    /// Checks an event `event` with `payload` against the declarations (the description
+    /// they were read from is needed again for the payload's lines: pass the same text).
+    ///
+    /// # Errors
+    /// [`EventRefusal::Undeclared`] when events are declared and `event` is not one of them;
+    /// [`EventRefusal::Payload`] when `payload` cannot be the declared type. A workflow that
+    /// declares no events refuses nothing.
+    pub fn check(
+        &self,
+        description: &str,
+        event: &str,
+        payload: &Value,
+    ) -> Result<(), EventRefusal> {
+        if self.is_empty() {
+            return Ok(());
+        }
+        let Some(declared) = self.get(event) else {
+            return Err(EventRefusal::Undeclared {
+                workflow: self.workflow.clone(),
+                event: event.to_owned(),
+                declared: self.to_string(),
+            });
+        };
+        let parsed = Description::new(description);
+        let Some(decl) = parsed.event(event) else {
+            return Ok(());
+        };
+        let checker = Checker { lines: &decl.lines };
+        checker
+            .value(payload, &Ty::parse(&decl.ty), &[], own_notes(decl))
+            .map_err(|problem| EventRefusal::Payload {
+                event: event.to_owned(),
+                shape: declared.shape(),
+                problem,
+            })
+    }
+}
+
+/// `approve: Approval { by: String }, reject: Rejection { reason: String }`.
+impl fmt::Display for DeclaredEvents {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.events.iter().enumerate() {
+            if i > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl DeclaredEvent {
+    fn of(e: &EventDecl) -> Self {
+        DeclaredEvent {
+            name: e.name.clone(),
+            payload: e.ty.clone(),
+            fields: e
+                .lines
+                .iter()
+                .filter(|l| matches!(l.segs.as_slice(), [Seg::Field(_)]))
+                .map(|l| format!("{}: {}", l.path, l.ty))
+                .collect(),
+        }
+    }
+
+    /// `Approval { by: String }`, or the type alone for a payload without fields.
+    pub fn shape(&self) -> String {
+        if self.fields.is_empty() {
+            self.payload.clone()
+        } else {
+            format!("{} {{ {} }}", self.payload, self.fields.join(", "))
+        }
+    }
+}
+
+/// `approve: Approval { by: String }`.
+impl fmt::Display for DeclaredEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.name, self.shape())
+    }
+}
+
+/// Whether the payload's own notes are plain (nothing the check does not model).
+fn own_notes(decl: &EventDecl) -> bool {
+    decl.notes.rest.is_empty()
+}
+
+/// Checks JSON values against the lines of one event's payload.
+struct Checker<'a> {
+    lines: &'a [Line],
+}
+
+impl Checker<'_> {
+    /// The lines directly below `path`.
+    fn below<'s>(&'s self, path: &'s [Seg]) -> impl Iterator<Item = &'s Line> + 's {
+        self.lines
+            .iter()
+            .filter(move |l| l.segs.len() == path.len() + 1 && l.segs.starts_with(path))
+    }
+
+    /// Checks `v` as a `ty` at `path`; `plain` is whether the notes at `path` say nothing
+    /// the check does not model.
+    fn value(&self, v: &Value, ty: &Ty, path: &[Seg], plain: bool) -> Result<(), String> {
+        match ty {
+            Ty::Scalar(kind) => scalar(v, kind).map_err(|e| at(path, e)),
+            Ty::Option(inner) if !v.is_null() => self.value(v, inner, path, plain),
+            Ty::Option(_) | Ty::Text(_) => Ok(()),
+            Ty::Newtype(inner) => self.value(v, inner, path, plain),
+            Ty::Seq(inner) | Ty::Set(inner) | Ty::Array(inner, _) => {
+                let items = v
+                    .as_array()
+                    .ok_or_else(|| at(path, expected("an array", v)))?;
+                let mut inside = path.to_vec();
+                inside.push(Seg::Element);
+                items
+                    .iter()
+                    .try_for_each(|item| self.value(item, inner, &inside, true))
+            }
+            Ty::Map(_, inner) => {
+                let map = v
+                    .as_object()
+                    .ok_or_else(|| at(path, expected("an object", v)))?;
+                let mut inside = path.to_vec();
+                inside.push(Seg::Value);
+                map.values()
+                    .try_for_each(|item| self.value(item, inner, &inside, true))
+            }
+            Ty::Tuple(items) => {
+                let list = v
+                    .as_array()
+                    .ok_or_else(|| at(path, expected("an array", v)))?;
+                if list.len() != items.len() {
+                    return Err(at(
+                        path,
+                        format!("expected {} elements, found {}", items.len(), list.len()),
+                    ));
+                }
+                Ok(())
+            }
+            Ty::Named(_) if plain => self.composite(v, path),
+            Ty::Named(_) => Ok(()),
+        }
+    }
+
+    /// A struct (fields below `path`) or an externally tagged enum (variants below it).
+    fn composite(&self, v: &Value, path: &[Seg]) -> Result<(), String> {
+        let below: Vec<&Line> = self.below(path).collect();
+        if below.is_empty() || below.iter().any(|l| l.notes.flatten) {
+            return Ok(());
+        }
+        let variants: Vec<&str> = below
+            .iter()
+            .filter_map(|l| match l.segs.last() {
+                Some(Seg::Variant(name)) => Some(name.as_str()),
+                _ => None,
+            })
+            .collect();
+        if !variants.is_empty() {
+            let name = match v {
+                Value::String(name) => Some(name.as_str()),
+                Value::Object(map) if map.len() == 1 => map.keys().next().map(String::as_str),
+                _ => None,
+            };
+            return match name {
+                Some(name) if variants.contains(&name) => Ok(()),
+                _ => Err(at(
+                    path,
+                    format!(
+                        "expected one of the variants {}, found {}",
+                        variants
+                            .iter()
+                            .map(|n| format!("`{n}`"))
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                        kind_of(v)
+                    ),
+                )),
+            };
+        }
+        let map = v
+            .as_object()
+            .ok_or_else(|| at(path, expected("an object", v)))?;
+        for line in below {
+            let Some(Seg::Field(name)) = line.segs.last() else {
+                continue;
+            };
+            let ty = Ty::parse(&line.ty);
+            match map.get(name) {
+                Some(field) => {
+                    let plain = line.notes.rest.is_empty() && !line.notes.flatten;
+                    self.value(field, &ty, &line.segs, plain)?;
+                }
+                None if line.notes.default
+                    || line.notes.skip_deserializing
+                    || matches!(ty, Ty::Option(_)) => {}
+                None => {
+                    return Err(format!(
+                        "field `{}` ({}) is missing",
+                        path_text(&line.segs),
+                        line.ty
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Checks a JSON scalar of `kind`.
+fn scalar(v: &Value, kind: &str) -> Result<(), String> {
+    let ok = match kind {
+        "bool" => v.is_boolean(),
+        "u8" | "u16" | "u32" | "u64" | "u128" | "usize" => v.is_u64(),
+        "i8" | "i16" | "i32" | "i64" | "i128" | "isize" => v.is_i64() || v.is_u64(),
+        "f32" | "f64" | "Number" => v.is_number(),
+        "String" => v.is_string(),
+        "()" => v.is_null(),
+        k if STRINGS.contains(&k) => v.is_string(),
+        // `Value`, `NonZero<..>` and scalars the description does not know.
+        _ => true,
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(expected(&format!("a {kind}"), v))
+    }
+}
+
+fn expected(what: &str, v: &Value) -> String {
+    format!("expected {what}, found {}", kind_of(v))
+}
+
+/// `the number 1`, `a string`, `null`...
+fn kind_of(v: &Value) -> String {
+    match v {
+        Value::Null => "null".to_owned(),
+        Value::Bool(b) => format!("the boolean {b}"),
+        Value::Number(n) => format!("the number {n}"),
+        Value::String(_) => "a string".to_owned(),
+        Value::Array(_) => "an array".to_owned(),
+        Value::Object(_) => "an object".to_owned(),
+    }
+}
+
+/// A problem at `path`: `` `by`: expected a String, found the number 1 ``.
+fn at(path: &[Seg], problem: String) -> String {
+    if path.is_empty() {
+        problem
+    } else {
+        format!("`{}`: {problem}", path_text(path))
+    }
+}
+
+/// `issue.labels[]`, as the description writes paths.
+fn path_text(path: &[Seg]) -> String {
+    let mut out = String::new();
+    for (i, seg) in path.iter().enumerate() {
+        match seg {
+            Seg::Field(name) if i == 0 => out.push_str(name),
+            Seg::Field(name) => {
+                out.push('.');
+                out.push_str(name);
+            }
+            Seg::Element => out.push_str("[]"),
+            Seg::Key => out.push_str("{key}"),
+            Seg::Value => out.push_str("{}"),
+            Seg::Variant(name) => {
+                out.push_str("::");
+                out.push_str(name);
+            }
+        }
+    }
+    out
+}

@@ -1,0 +1,224 @@
+//! Typed events (`#[event(name: Type)]`): the constants the derive generates, the events in
+//! the schema description and hash, and the check of events sent from outside the program.
+
+use std::time::Duration;
+
+use loops::{Context, DeclaredEvents, Error, EventRefusal, RunStatus, Runtime, Schema, Workflow};
+use serde::{Deserialize, Serialize};
+
+#[derive(Schema, Serialize, Deserialize, Debug, Clone, PartialEq)]
+struct Approval {
+    by: String,
+    note: Option<String>,
+}
+
+mod with_events {
+    use super::*;
+
+    #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+    #[workflow(name = "gate")]
+    #[event(approve: Approval, reject: String)]
+    pub enum Gate {
+        #[initial]
+        #[next(Done)]
+        Open { n: u64 },
+        #[terminal]
+        Done { by: String },
+    }
+}
+
+mod without_events {
+    use super::*;
+
+    #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+    #[workflow(name = "gate")]
+    pub enum Gate {
+        #[initial]
+        #[next(Done)]
+        Open { n: u64 },
+        #[terminal]
+        Done { by: String },
+    }
+}
+
+use with_events::{Gate, GateHandler, OpenNext};
+
+struct Handler;
+
+impl GateHandler for Handler {
+    type Error = loops::BoxError;
+    async fn open(&self, ctx: &Context, _n: u64) -> Result<OpenNext, Self::Error> {
+        // Typed: returns an `Approval`, no annotation needed.
+        let approval = ctx.wait_for(Gate::APPROVE).await?;
+        Ok(OpenNext::Done { by: approval.by })
+    }
+}
+
+#[test]
+fn the_constants_name_the_events() {
+    assert_eq!(Gate::APPROVE.name(), "approve");
+    assert_eq!(Gate::REJECT.name(), "reject");
+}
+
+#[test]
+fn declared_events_are_described_and_hashed_and_no_events_keep_the_old_hash() {
+    assert!(
+        Gate::SCHEMA.ends_with(
+            "event approve: Approval\n  by: String\n  note: Option<String>\nevent reject: String\n"
+        ),
+        "{}",
+        Gate::SCHEMA
+    );
+    assert_ne!(Gate::SCHEMA_HASH, without_events::Gate::SCHEMA_HASH);
+    // A workflow without events keeps the hash it had before events were described: the
+    // pinned hashes of tests/schema.rs (written before) still hold.
+    assert!(!without_events::Gate::SCHEMA.contains("event "));
+}
+
+#[test]
+fn schema_diff_classes_events() {
+    let diff = loops::schema_diff(without_events::Gate::SCHEMA, Gate::SCHEMA);
+    assert_eq!(
+        diff.texts(),
+        [
+            "event `approve: Approval` added",
+            "event `reject: String` added"
+        ]
+    );
+    assert!(diff.is_compatible(|_| true));
+    let back = loops::schema_diff(Gate::SCHEMA, without_events::Gate::SCHEMA);
+    assert_eq!(
+        back.texts(),
+        [
+            "event `approve: Approval` removed",
+            "event `reject: String` removed"
+        ]
+    );
+    assert!(!back.is_compatible(|_| false));
+    let retyped = Gate::SCHEMA.replace("event reject: String", "event reject: u64");
+    let diff = loops::schema_diff(Gate::SCHEMA, &retyped);
+    assert_eq!(
+        diff.texts(),
+        ["event `reject` retyped from `String` to `u64`"]
+    );
+    assert!(!diff.is_compatible(|_| false));
+}
+
+#[test]
+fn payloads_are_checked_against_the_declared_shape() {
+    let declared = DeclaredEvents::from_description(Gate::SCHEMA);
+    assert_eq!(
+        declared.to_string(),
+        "approve: Approval { by: String, note: Option<String> }, reject: String"
+    );
+    let check =
+        |event: &str, payload: serde_json::Value| declared.check(Gate::SCHEMA, event, &payload);
+    assert_eq!(check("approve", serde_json::json!({"by": "alice"})), Ok(()));
+    assert_eq!(
+        check("approve", serde_json::json!({"by": "alice", "note": "ok"})),
+        Ok(())
+    );
+    assert_eq!(check("reject", serde_json::json!("too big")), Ok(()));
+    assert_eq!(
+        check("aprove", serde_json::json!({"by": "alice"})),
+        Err(EventRefusal::Undeclared {
+            workflow: "gate".into(),
+            event: "aprove".into(),
+            declared: "approve: Approval { by: String, note: Option<String> }, reject: String"
+                .into(),
+        })
+    );
+    let refused = |problem: &str| EventRefusal::Payload {
+        event: "approve".into(),
+        shape: "Approval { by: String, note: Option<String> }".into(),
+        problem: problem.into(),
+    };
+    assert_eq!(
+        check("approve", serde_json::json!({"wrong": 1})),
+        Err(refused("field `by` (String) is missing"))
+    );
+    assert_eq!(
+        check("approve", serde_json::json!({"by": 1})),
+        Err(refused("`by`: expected a String, found the number 1"))
+    );
+    assert_eq!(
+        check("approve", serde_json::json!({"by": "a", "note": false})),
+        Err(refused(
+            "`note`: expected a String, found the boolean false"
+        ))
+    );
+    assert_eq!(
+        check("approve", serde_json::json!("alice")),
+        Err(refused("expected an object, found a string"))
+    );
+    // A workflow without events refuses nothing.
+    let none = DeclaredEvents::from_description(without_events::Gate::SCHEMA);
+    assert!(none.is_empty());
+    assert_eq!(
+        none.check(
+            without_events::Gate::SCHEMA,
+            "anything",
+            &serde_json::json!(1)
+        ),
+        Ok(())
+    );
+}
+
+#[tokio::test]
+async fn typed_send_and_checked_send_json() {
+    let runtime = Runtime::builder()
+        .register::<Gate, _>(Handler)
+        .build(loops::RedbStore::in_memory().unwrap());
+    runtime.start("g-1", Gate::Open { n: 1 }).await.unwrap();
+    // Until it waits, nothing to see; then a refused name, a refused payload: nothing written.
+    loop {
+        let info = runtime.run_info("g-1").await.unwrap().unwrap();
+        if info.status == RunStatus::Waiting {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let raw = |text: &str| serde_json::value::RawValue::from_string(text.to_owned()).unwrap();
+    let err = runtime
+        .send_json("g-1", "aprove", None, &raw(r#"{"by":"alice"}"#))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            Error::EventRefused { run_id, state, seq: 0, event, refusal }
+                if run_id == "g-1" && state == "Open" && event == "aprove"
+                    && matches!(**refusal, EventRefusal::Undeclared { .. })
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "run `g-1` (state `Open`, seq 0): event `aprove` refused: workflow `gate` declares no \
+         event `aprove`; it declares approve: Approval { by: String, note: Option<String> }, \
+         reject: String"
+    );
+    let err = runtime
+        .send_json("g-1", "approve", None, &raw(r#"{"wrong":1}"#))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            Error::EventRefused { refusal, .. } if matches!(**refusal, EventRefusal::Payload { .. })
+        ),
+        "{err}"
+    );
+    let events = runtime.store().events("g-1").await.unwrap();
+    assert!(events.is_empty(), "{events:?}");
+    // The typed form: the compiler checks the payload's type.
+    let approval = Approval {
+        by: "alice".into(),
+        note: None,
+    };
+    let sent = runtime.send("g-1", Gate::APPROVE, &approval).await.unwrap();
+    assert_eq!(sent.event_seq, 0);
+    let done: Gate = runtime.wait("g-1").await.unwrap();
+    assert_eq!(done, Gate::Done { by: "alice".into() });
+    runtime.shutdown().await;
+}
