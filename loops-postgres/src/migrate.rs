@@ -119,6 +119,9 @@ CREATE TABLE {s}.workers (
     expires_ms bigint NOT NULL,
     PRIMARY KEY (workflow, schema, owner)
 );
+"#,
+};
+
 /// Named limits shared by every worker (limits.rs): each limit's last declaration (and the
 /// lock of its takes), the places held (each tied to a run's lease), and the starts of the
 /// rate window.
