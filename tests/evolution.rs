@@ -682,7 +682,7 @@ async fn a_refusal_returned_to_the_caller_is_logged_once_without_the_changes() {
     let store = memory();
     let log = Log::default();
     stop_v1_at(&store, &log, "old", "Packed").await;
-    store.writes.lock().unwrap().clear();
+    store.clear_writes();
     let rt = Runtime::builder()
         .register::<v2::Order, _>(Handler::new(2, &log))
         .build(store.clone());
@@ -699,7 +699,7 @@ async fn a_refusal_returned_to_the_caller_is_logged_once_without_the_changes() {
     assert!(matches!(ran, Err(Error::SchemaMismatch { .. })), "{ran:?}");
     rt.shutdown().await;
 
-    assert_eq!(store.writes_of("old"), ["Block"]);
+    assert_eq!(store.kinds_of("old"), ["Block"]);
     assert_eq!(lines.matching("WARN", "old"), 0);
     assert_eq!(lines.matching("run blocked", "old"), 1);
     let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();

@@ -174,8 +174,14 @@ mod tests {
         manual.advance(Duration::from_secs(1));
         sleeper.await.unwrap();
         assert_eq!(clock.now_ms(), 1_000_000 + 86_400_000);
-        let timed = clock.timeout(Duration::from_secs(5), std::future::pending::<()>());
-        let timed = tokio::spawn(timed);
+        let timed = tokio::spawn({
+            let clock = clock.clone();
+            async move {
+                clock
+                    .timeout(Duration::from_secs(5), std::future::pending::<()>())
+                    .await
+            }
+        });
         tokio::task::yield_now().await;
         manual.set(UNIX_EPOCH); // earlier: ignored
         manual.advance(Duration::from_secs(5));

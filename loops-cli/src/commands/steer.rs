@@ -154,12 +154,6 @@ fn payload_text(args: &SendArgs) -> Result<(String, String)> {
     }
 }
 
-/// The event a waiting run waits for, if it is not `event`.
-pub fn other_event<'a>(info: &'a RunInfo, event: &str) -> Option<&'a str> {
-    let waits_for = info.wait.as_ref().and_then(|w| w.event.as_deref());
-    waits_for.filter(|&w| info.status == RunStatus::Waiting && w != event)
-}
-
 /// Whether the run waits for `event` now.
 fn waits_for(info: &RunInfo, event: &str) -> bool {
     info.status == RunStatus::Waiting

@@ -106,12 +106,13 @@ where
         }
     }
 
-    /// Sends the event `name` with `payload` when the run waits for an event of that name:
-    /// events of one name are sent in the order given, one per wait. A payload that cannot
-    /// be serialized is sent as `null`.
-    pub fn event(mut self, name: impl Into<String>, payload: impl Serialize) -> Self {
+    /// Sends the event `name` (a declared [`Event`](crate::Event), whose payload type the
+    /// compiler checks, or a `&str`) with `payload` when the run waits for an event of that
+    /// name: events of one name are sent in the order given, one per wait. A payload that
+    /// cannot be serialized is sent as `null`.
+    pub fn event<T: Serialize>(mut self, name: impl crate::EventName<T>, payload: T) -> Self {
         let payload = serde_json::to_value(payload).unwrap_or(serde_json::Value::Null);
-        self.events.push((name.into(), payload));
+        self.events.push((name.event_name().to_owned(), payload));
         self
     }
 
