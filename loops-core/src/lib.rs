@@ -6,8 +6,8 @@
 #![warn(missing_docs)]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
-mod codec;
 mod clock;
+mod codec;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 #[cfg(feature = "control")]
@@ -37,11 +37,11 @@ mod workflow;
 #[cfg(test)]
 mod tests;
 
+pub use clock::{Clock, ManualClock};
 pub use codec::{
     CodecError, Keyring, KeyringError, PayloadCodec, Place, Sealed, envelope, parse_envelope,
     redacted,
 };
-pub use clock::{Clock, ManualClock};
 pub use error::{Error, RecordKind, Result, error_chain};
 pub use event::{Event, EventName};
 pub use hint::{Hinted, RetryHint, retry_hint};

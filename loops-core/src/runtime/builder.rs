@@ -5,8 +5,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::codec::PayloadCodec;
 use crate::clock::Clock;
+use crate::codec::PayloadCodec;
 use crate::error::{Error, Result};
 use crate::migrate::{Migrate, Migration, Versioned};
 use crate::retention::RetentionPolicy;
