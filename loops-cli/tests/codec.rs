@@ -15,6 +15,7 @@ const KEY: &str = "k1 0707070707070707070707070707070707070707070707070707070707
 
 #[derive(loops_derive::Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
 #[workflow(crate = loops_core)]
+#[event(approve: String)]
 enum Vault {
     #[initial]
     #[next(Done)]
@@ -146,7 +147,20 @@ fn the_cli_decrypts_with_the_key_and_says_encrypted_without_it() {
     let (ok, _, err) = run(loops(&path).args(["send", "v", "approve", "--json", "\"ok\""]));
     assert!(!ok);
     assert!(err.contains("run `v` is encrypted (key `k1`)"), "{err}");
-    // With the key it encrypts it: the file holds no trace of it in clear.
+    // With the key, the declared event's shape is checked in clear before it is sealed: a
+    // payload that cannot be a `String` is refused (exit 2) and nothing is written (had it
+    // been queued, the run's wait below would take it first, oldest first, and not finish
+    // with the approval sent after it).
+    let wrong = loops(&path)
+        .args(["send", "v", "approve", "--json", "{\"by\":1}", "--key-file"])
+        .arg(&keys)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&wrong.stderr);
+    assert_eq!(wrong.status.code(), Some(2), "{err}");
+    assert!(err.contains("event `approve` refused"), "{err}");
+    // A right one is encrypted: the file holds no trace of it in clear, and the run (whose
+    // process checks only the sealed payload's name) takes it.
     let approval = format!("\"approved {SECRET}\"");
     let (ok, _, err) = run(loops(&path)
         .args(["send", "v", "approve", "--json", &approval, "--key-file"])

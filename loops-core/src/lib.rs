@@ -62,7 +62,7 @@ pub use row::BlockInfo;
 pub use run::context::{Context, StepOptions, StepOutput};
 pub use run::dispatch::Dispatch;
 pub use run::settings::{DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PARK_THRESHOLD};
-pub use runtime::{DEFAULT_RETENTION_INTERVAL, Routed, Runtime, RuntimeBuilder, Sent};
+pub use runtime::{DEFAULT_RETENTION_INTERVAL, Routed, Runtime, RuntimeBuilder, Sent, check_event};
 pub use schema::{
     Change, Class, DeclaredEvent, DeclaredEvents, Enum, EventRefusal, EventShape, FORMAT_VERSION,
     Field, FieldFlags, Fields, ParseSchemaHashError, Repr, Schema, SchemaDiff, SchemaHash, Shape,

@@ -141,6 +141,15 @@ impl Operator for Unsealing {
         payload: &RawValue,
     ) -> Result<Sent> {
         self.check_sealable(run_id, "event")?;
+        // The declared events are checked on the payload in clear, before it is sealed (the
+        // receiver checks only a sealed payload's name).
+        if self.payloads.seals()
+            && let Some(info) = self.inner.run(run_id)?
+            && let Some(description) = self.inner.schema(info.schema)?
+        {
+            loops_core::check_event(&info, &description, event, payload.get())
+                .map_err(|e| super::core_failure(self.label(), e))?;
+        }
         let sealed = self.payloads.seal_event(run_id, event, payload.get())?;
         let sealed = RawValue::from_string(sealed)
             .map_err(|e| Failure::new(format!("the sealed event is not JSON: {e}")))?;

@@ -21,5 +21,5 @@ mod scheduler;
 pub use builder::RuntimeBuilder;
 pub use evolve::Routed;
 pub use handle::Runtime;
-pub use requests::Sent;
+pub use requests::{Sent, check_event};
 pub use retention::DEFAULT_RETENTION_INTERVAL;

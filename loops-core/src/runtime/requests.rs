@@ -21,6 +21,46 @@ pub struct Sent {
     pub duplicate: bool,
 }
 
+/// Checks an event from outside the program (its name `event` and its JSON `payload`)
+/// against the events declared in `description`, the stored schema description of the run
+/// `info`: the one check of [`Runtime::send_json`], for a sender that must check before it
+/// seals the payload (the `loops` CLI with a key file). A sealed payload (the codec's
+/// envelope) has its name checked only: its shape was checked by whoever sealed it, who holds
+/// the key. A workflow that declares no events takes any name and payload.
+///
+/// # Errors
+/// [`Error::EventRefused`] naming the run, its state and seq, for a name the workflow does
+/// not declare, a payload that is not JSON, or one that cannot be the declared type.
+pub fn check_event(info: &RunInfo, description: &str, event: &str, payload: &str) -> Result<()> {
+    let declared = DeclaredEvents::from_description(description);
+    if declared.is_empty() {
+        return Ok(());
+    }
+    let refused = |refusal| Error::EventRefused {
+        run_id: info.run_id.clone(),
+        state: info.state.clone(),
+        seq: info.seq,
+        event: event.to_owned(),
+        refusal: Box::new(refusal),
+    };
+    if crate::codec::parse_envelope(payload).is_some() {
+        if declared.get(event).is_some() {
+            return Ok(());
+        }
+        return declared
+            .check(description, event, &serde_json::Value::Null)
+            .map_err(refused);
+    }
+    let value: serde_json::Value = serde_json::from_str(payload).map_err(|e| {
+        refused(EventRefusal::Payload {
+            event: event.to_owned(),
+            shape: String::new(),
+            problem: format!("not JSON: {e}"),
+        })
+    })?;
+    declared.check(description, event, &value).map_err(refused)
+}
+
 impl Runtime {
     /// Sends the event `event` with `payload` to the run `run_id`: appended durably to the
     /// run's inbox, delivered to the run's next (or current) wait for `event`, once. `event`
@@ -84,27 +124,7 @@ impl Runtime {
                 run_id: run_id.to_owned(),
             })?;
         if let Some(description) = self.store().schema(info.schema).await? {
-            let declared = DeclaredEvents::from_description(&description);
-            if !declared.is_empty() {
-                let refused = |refusal| Error::EventRefused {
-                    run_id: run_id.to_owned(),
-                    state: info.state.clone(),
-                    seq: info.seq,
-                    event: event.to_owned(),
-                    refusal: Box::new(refusal),
-                };
-                let value: serde_json::Value =
-                    serde_json::from_str(payload.get()).map_err(|e| {
-                        refused(EventRefusal::Payload {
-                            event: event.to_owned(),
-                            shape: String::new(),
-                            problem: format!("not JSON: {e}"),
-                        })
-                    })?;
-                declared
-                    .check(&description, event, &value)
-                    .map_err(refused)?;
-            }
+            check_event(&info, &description, event, payload.get())?;
         }
         self.send_inner(run_id, event, key, payload).await
     }
