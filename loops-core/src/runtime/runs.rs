@@ -286,14 +286,21 @@ impl Runtime {
         // A store only this process opens: the parked runs, whose timers are armed here.
         // (With a shared store, `claim_ready` returns waiting runs once their time has come.)
         // Read before any run is claimed, so that a failed read leaves nothing claimed.
-        let mut waiting: Vec<RunInfo> = Vec::new();
+        // A waiting run this build cannot route (recorded by another version, with no
+        // migration or `accepts` for it) is handed to a driver now, which blocks it visibly
+        // and once, rather than when its event or its time comes.
+        let mut waiting: Vec<(RunInfo, bool)> = Vec::new();
         if self.store().lease_ttl().is_none() {
             for workflow in &workflows {
-                waiting.extend(
-                    self.store()
-                        .list(RunStatus::Waiting, Some(workflow))
-                        .await?,
-                );
+                let known = self.registry(|r| r.known(workflow));
+                for info in self
+                    .store()
+                    .list(RunStatus::Waiting, Some(workflow))
+                    .await?
+                {
+                    let blocks = matches!(self.route_of(&info, &known).await?, Route::Block(_));
+                    waiting.push((info, blocks));
+                }
             }
         }
         let asked = std::time::Instant::now();
@@ -308,8 +315,14 @@ impl Runtime {
             taken.insert(info.run_id.clone());
             found.push(info);
         }
-        for info in waiting {
+        for (info, blocks) in waiting {
             if taken.contains(&info.run_id) {
+                continue;
+            }
+            if blocks {
+                self.spawn_driver_with(&info.workflow, &info.run_id, None);
+                taken.insert(info.run_id.clone());
+                found.push(info);
                 continue;
             }
             if let Some(until) = info.wait.as_ref().and_then(|w| w.until_ms) {
