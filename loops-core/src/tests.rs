@@ -9,7 +9,6 @@ use std::time::Duration;
 use loops_derive::Workflow;
 use serde::{Deserialize, Serialize};
 
-use crate::record::now_ms;
 use crate::*;
 
 #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -1608,43 +1607,58 @@ async fn parked_runs_hold_no_task_and_wake_on_events() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sleep_survives_a_restart_and_sleeps_only_the_remainder() {
+    // On a manual clock, so that load cannot move the times this test checks.
     let (_dir, path) = temp_store();
     let sleep = Duration::from_millis(1500);
-    let started = std::time::Instant::now();
-    {
-        let rt = Runtime::builder()
+    let clock = crate::ManualClock::new(std::time::UNIX_EPOCH + Duration::from_secs(1_000_000));
+    let open = || {
+        Runtime::builder()
+            .clock(clock.clone())
             .park_threshold(Duration::from_millis(100))
             .register::<Gate, _>(Gatekeeper::new(sleep, Duration::from_millis(1)))
             .open(&path)
-            .unwrap();
+            .unwrap()
+    };
+    let slept_at = clock.now_ms();
+    {
+        let rt = open();
         rt.start("g", Gate::Ask { doc: "d".into() }).await.unwrap();
         rt.send("g", "approval", "dan").await.unwrap();
-        let info = until_status(&rt, "g", RunStatus::Waiting).await;
-        if info.state == "Ask" {
-            // Still parked on the approval for a moment: wait for the sleep.
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        let info = rt.run_info("g").await.unwrap().unwrap();
-        assert_eq!(info.state, "Sleep");
+        let info = until(&rt, "g", |info| {
+            info.state == "Sleep" && info.status == RunStatus::Waiting
+        })
+        .await;
         let wait = info.wait.unwrap();
         assert_eq!(wait.event, None);
-        let until = wait.until_ms.unwrap();
-        assert!(
-            until > now_ms() + 1000,
-            "the wake-up is recorded about 1.5 s ahead"
+        assert_eq!(
+            wait.until_ms,
+            Some(slept_at + 1500),
+            "the wake-up is recorded 1.5 s ahead"
         );
         rt.shutdown().await;
     }
-    // A new process: the run waits only for what remains of its sleep.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let keeper = Gatekeeper::new(sleep, Duration::from_millis(1));
-    let rt = Runtime::builder()
-        .park_threshold(Duration::from_millis(100))
-        .register::<Gate, _>(keeper)
-        .open(&path)
-        .unwrap();
+    // A new process, 0.5 s later: the run waits only for what remains of its sleep.
+    clock.advance(Duration::from_millis(500));
+    let rt = open();
     let found = rt.resume_all().await.unwrap();
     assert_eq!(found.len(), 1);
+    clock.advance(Duration::from_millis(999));
+    let info = rt.run_info("g").await.unwrap().unwrap();
+    assert_eq!(
+        (info.state.as_str(), info.status),
+        ("Sleep", RunStatus::Waiting)
+    );
+    // At the recorded wake-up (not 1.5 s after the restart) it goes on to its note wait.
+    clock.advance(Duration::from_millis(1));
+    until(&rt, "g", |info| {
+        info.state == "Sleep"
+            && info
+                .wait
+                .as_ref()
+                .is_some_and(|w| w.event.as_deref() == Some("note"))
+    })
+    .await;
+    clock.advance(Duration::from_millis(1));
     let done: Gate = rt.wait("g").await.unwrap();
     assert_eq!(
         done,
@@ -1653,12 +1667,23 @@ async fn a_sleep_survives_a_restart_and_sleeps_only_the_remainder() {
             note: None
         }
     );
-    let elapsed = started.elapsed();
-    assert!(
-        elapsed < Duration::from_millis(1500 + 500 + 1500),
-        "slept {elapsed:?}: the sleep started over"
-    );
-    assert!(elapsed >= sleep, "woke early: {elapsed:?}");
+    let history = rt.history::<Gate>("g").await.unwrap();
+    assert_eq!(history.last().map(|r| r.at_ms), Some(slept_at + 1501));
+}
+
+/// Polls the run every 10 ms until `cond` holds (at most 30 s of real time).
+async fn until(rt: &Runtime, run_id: &str, cond: impl Fn(&RunInfo) -> bool) -> RunInfo {
+    let mut last = None;
+    for _ in 0..3000 {
+        if let Some(info) = rt.run_info(run_id).await.unwrap() {
+            if cond(&info) {
+                return info;
+            }
+            last = Some(info);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("run {run_id} never met the condition; last {last:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
