@@ -2761,7 +2761,7 @@ fn help_sends_the_event_the_deliver_example_waits_for() {
     )
     .unwrap();
     assert!(
-        workflow.contains("pub const APPROVAL_EVENT: &str = \"approve\";\n"),
+        workflow.contains("#[event(approve: Approval)]"),
         "the example waits for `approve`"
     );
     let approval = workflow

@@ -31,12 +31,8 @@ use crate::run::dispatch::Dispatch;
 use crate::run::settings::StepRun;
 use crate::runtime::{Runtime, RuntimeBuilder};
 use crate::store::{RedbStore, RunStatus, Store};
-use crate::testing::report::{Boundary, Exploration, ExploreError, Finding, When};
+use crate::testing::report::{Boundary, Exploration, ExploreError, Finding, ONLY_ENV, When};
 use crate::testing::store::{HookedStore, Verdict, WriteHook, WriteSeen};
-
-/// The environment variable that makes an explorer replay one boundary alone (its number,
-/// as a report prints it): `LOOPS_EXPLORE_ONLY=4 cargo test my_test`.
-pub const ONLY_ENV: &str = "LOOPS_EXPLORE_ONLY";
 
 /// How long one run of the workflow (before or after a crash) may take, by the real clock.
 const PROCESS_LIMIT: Duration = Duration::from_secs(60);

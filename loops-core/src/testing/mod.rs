@@ -21,7 +21,8 @@ mod wait;
 
 pub use crate::clock::{Clock, ManualClock};
 pub use crate::run::settings::StepRun;
-pub use explore::{Explorer, ONLY_ENV, explore};
+pub use explore::{Explorer, explore};
+pub use report::ONLY_ENV;
 pub use report::{Boundary, Exploration, ExploreError, Finding, When};
 pub use store::{HookedStore, Verdict, WriteHook, WriteSeen};
 pub use wait::{DEFAULT_WAIT_TIMEOUT, LastSeen, WaitError};

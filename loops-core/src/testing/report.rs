@@ -2,7 +2,9 @@
 
 use std::fmt;
 
-use crate::testing::explore::ONLY_ENV;
+/// The environment variable that makes an explorer replay one boundary alone (its number,
+/// as a report prints it): `LOOPS_EXPLORE_ONLY=4 cargo test my_test`.
+pub const ONLY_ENV: &str = "LOOPS_EXPLORE_ONLY";
 
 /// Where, around one write, a crash stops a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
