@@ -1671,6 +1671,57 @@ async fn a_sleep_survives_a_restart_and_sleeps_only_the_remainder() {
     assert_eq!(history.last().map(|r| r.at_ms), Some(slept_at + 1501));
 }
 
+/// `Gate` with another shape (a field retyped) and no migration: a build that registers only
+/// this version cannot route `Gate`'s runs.
+mod gate_v2 {
+    use super::*;
+
+    #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+    #[workflow(name = "gate", crate = crate)]
+    pub(super) enum GateV2 {
+        #[initial]
+        #[next(Done)]
+        Ask { doc: u64 },
+        #[terminal]
+        Done { by: String },
+    }
+
+    impl GateV2Handler for Worker {
+        type Error = BoxError;
+        async fn ask(&self, _: &Context, _: u64) -> Result<AskNext, BoxError> {
+            Err("GateV2 is never driven in these tests".into())
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_all_blocks_a_waiting_run_that_no_registered_version_routes() {
+    let (_dir, path) = temp_store();
+    {
+        let rt = Runtime::builder()
+            .register::<Gate, _>(Gatekeeper::new(Duration::ZERO, Duration::from_millis(1)))
+            .open(&path)
+            .unwrap();
+        rt.start("g", Gate::Ask { doc: "d".into() }).await.unwrap();
+        until(&rt, "g", |info| info.status == RunStatus::Waiting).await;
+        rt.shutdown().await;
+    }
+    // A build with another version only: the run waits for an event that may never come,
+    // so it is blocked now, not when its event arrives.
+    let rt = Runtime::builder()
+        .register::<gate_v2::GateV2, _>(Worker::default())
+        .open(&path)
+        .unwrap();
+    let found = rt.resume_all().await.unwrap();
+    assert_eq!(found.len(), 1);
+    let info = until(&rt, "g", |info| info.status == RunStatus::Blocked).await;
+    assert_eq!((info.state.as_str(), info.seq), ("Ask", 0));
+    assert!(info.block.is_some(), "{info:?}");
+    let history = rt.store().history("g").await.unwrap();
+    assert_eq!(history.len(), 1, "nothing but the block is written");
+    rt.shutdown().await;
+}
+
 /// Polls the run every 10 ms until `cond` holds (at most 30 s of real time).
 async fn until(rt: &Runtime, run_id: &str, cond: impl Fn(&RunInfo) -> bool) -> RunInfo {
     let mut last = None;
