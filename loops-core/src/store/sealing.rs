@@ -563,23 +563,7 @@ impl Store for SealedStore {
 
     fn write<'a>(&'a self, lease: Option<&'a Lease>, write: Write) -> BoxFuture<'a, Result<Reply>> {
         Box::pin(async move {
-            let run_id = match &write {
-                Write::Create { info, .. } => info.run_id.clone(),
-                Write::Prune { .. } => String::new(),
-                Write::Transition { run_id, .. }
-                | Write::Step { run_id, .. }
-                | Write::Failure { run_id, .. }
-                | Write::BeginAttempt { run_id, .. }
-                | Write::Cancel { run_id, .. }
-                | Write::EndCancelled { run_id, .. }
-                | Write::Retry { run_id, .. }
-                | Write::Wait { run_id, .. }
-                | Write::Send { run_id, .. }
-                | Write::Wake { run_id, .. }
-                | Write::Block { run_id, .. }
-                | Write::Unblock { run_id, .. }
-                | Write::Migrate { run_id, .. } => run_id.clone(),
-            };
+            let run_id = write.run_id().unwrap_or_default().to_owned();
             let event = match &write {
                 Write::Wait { event, .. } => event.clone(),
                 _ => None,
