@@ -298,7 +298,11 @@ impl Runtime {
                     .list(RunStatus::Waiting, Some(workflow))
                     .await?
                 {
-                    let blocks = matches!(self.route_of(&info, &known).await?, Route::Block(_));
+                    // A run of a compiled version is driven by it: no routing to do (the
+                    // common case, kept free of per-run work for many parked runs).
+                    let own = known.iter().any(|k| k.stored.hash == info.schema);
+                    let blocks =
+                        !own && matches!(self.route_of(&info, &known).await?, Route::Block(_));
                     waiting.push((info, blocks));
                 }
             }
