@@ -28,6 +28,7 @@ macro_rules! say {
 mod agent;
 mod forge;
 mod git;
+mod hints;
 mod hooks;
 mod model;
 mod model_args;
@@ -598,12 +599,12 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
                 );
             }
             if !cli.serve {
-                say!("{}", approval_hint(cli, &shown_store));
+                say!("{}", hints::approval_hint(cli, &shown_store));
                 return Ok(());
             }
             // --serve: the run waits in this process, which takes an approval sent through
             // the control endpoint at once.
-            say!("{}", serving_hint(cli, &shown_store));
+            say!("{}", hints::serving_hint(cli, &shown_store));
             tokio::select! {
                 result = &mut run => Some(result),
                 () = hooks.stopped() => None,
@@ -751,59 +752,6 @@ async fn parked_at_the_gate(runtime: &Runtime, run_id: &str, approve: bool) {
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// What to type to approve a run parked at the gate: this command again with the flags that
-/// name the run (and `--approve`), or the `loops` CLI's `send`.
-fn approval_hint(cli: &Cli, store: &Path) -> String {
-    let mut again = "cargo run -p deliver --".to_owned();
-    let path = |p: &Path| shell_word(&p.to_string_lossy());
-    if cli.workdir != Path::new(DEFAULT_WORKDIR) {
-        again.push_str(&format!(" --workdir {}", path(&cli.workdir)));
-    }
-    if let Some(store) = &cli.store {
-        again.push_str(&format!(" --store {}", path(store)));
-    }
-    if let Some(repo) = &cli.repo {
-        again.push_str(&format!(" --repo {}", path(repo)));
-    }
-    if cli.run_id != DEFAULT_RUN_ID {
-        again.push_str(&format!(" --run-id {}", shell_word(&cli.run_id)));
-    }
-    format!(
-        "waiting for approval: the run is parked (it holds no task) until an approval arrives. \
-         Approve and go on with:\n  {again} --approve\nor, while no deliver runs:\n  \
-         cargo run -p loops-cli -- --store {} send {} {APPROVAL_EVENT} --json {}",
-        path(store),
-        shell_word(&cli.run_id),
-        shell_word(r#"{"by":"you"}"#),
-    )
-}
-
-/// What to type to approve a run parked at the gate while this process serves: the `loops`
-/// CLI's `send`, which reaches it through the control endpoint.
-fn serving_hint(cli: &Cli, store: &Path) -> String {
-    format!(
-        "waiting for approval, and serving: this process goes on once an approval arrives. \
-         Approve with:\n  cargo run -p loops-cli -- --store {} send {} {APPROVAL_EVENT} --json {}",
-        shell_word(&store.to_string_lossy()),
-        shell_word(&cli.run_id),
-        shell_word(r#"{"by":"you"}"#),
-    )
-}
-
-/// `word` as a POSIX shell reads it back: as it is if it is made of characters no shell
-/// treats specially, else in single quotes.
-fn shell_word(word: &str) -> String {
-    let plain = !word.is_empty()
-        && word
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "-_./:=@%+,".contains(c));
-    if plain {
-        word.to_owned()
-    } else {
-        format!("'{}'", word.replace('\'', r"'\''"))
     }
 }
 
