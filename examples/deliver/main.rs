@@ -576,8 +576,10 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
         )
     };
     // A run this release cannot drive (recorded by a later one) is refused and blocked: it is
-    // sent nothing.
-    let approve = approve && versions::knows(runtime, &cli.run_id, cli.workflow_version).await?;
+    // sent nothing, and is not reported as waiting at the gate even if it waits there, since
+    // no approval would move it on this build.
+    let knows = versions::knows(runtime, &cli.run_id, cli.workflow_version).await?;
+    let approve = approve && knows;
     let run = versions::drive(
         runtime,
         &cli.run_id,
@@ -590,7 +592,7 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
     let outcome = tokio::select! {
         result = &mut run => Some(result),
         () = send_approval(runtime, &cli.run_id, approve, &approver) => None,
-        () = parked_at_the_gate(runtime, &cli.run_id, approve) => {
+        () = parked_at_the_gate(runtime, &cli.run_id, approve), if knows => {
             report_tokens().await?;
             if waits_already {
                 say!(

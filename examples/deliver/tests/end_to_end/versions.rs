@@ -14,7 +14,9 @@ use loops::{RunStatus, SchemaHash, TransitionRecord};
 use serde_json::Value;
 
 use crate::common::loops_bin;
-use crate::common::{HOLD_VAR, STOP_VAR, copy_dir, deliver_in, demo_at_start, describe, git};
+use crate::common::{
+    HOLD_VAR, STOP_VAR, copy_dir, deliver_in, demo_at_start, describe, git, parked_at_the_gate,
+};
 
 /// The example's own workflow, compiled into this test (by `schema_change`) for its two
 /// hashes.
@@ -455,4 +457,59 @@ fn hold_and_kill(workdir: &Path, run_id: &str, k: u64) {
     child.kill().expect("SIGKILL the example");
     child.wait().expect("reap the example");
     assert!(held, "{run_id}: the example never held at seq {k}");
+}
+
+/// A run of this release parked at the approval gate (`--auto-approve=false`): the previous
+/// release does not say it waits for approval (no approval moves it on that build); it refuses
+/// and blocks it in one line, exits with an error, and sends it nothing. This release then
+/// approves it: the run is unblocked back to waiting, takes the approval, and opens one pull
+/// request.
+#[test]
+fn the_previous_release_blocks_a_run_of_this_one_parked_at_the_approval_gate() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // Which of the run's refusal and the gate's check came first was a race: five tries, each
+    // on a fresh copy of the parked run, so that the gate winning would not pass unseen.
+    for attempt in 0..5 {
+        let workdir = &dir.path().join(format!("work-{attempt}"));
+        copy_dir(parked_at_the_gate(), workdir);
+        let store = workdir.join("deliver.redb");
+        let waiting = loops_json(&store, &["show", "deliver-1", "--json"]);
+        assert_eq!(waiting["run"]["status"], RunStatus::Waiting.as_str());
+
+        let out = run(previous(workdir, "deliver-1"));
+        assert!(!out.status.success(), "try {attempt}: {}", describe(&out));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stdout.contains("waiting for approval"), "{stdout}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(
+            stderr.starts_with(
+                "error: run deliver-1 is blocked, left as it is for a build that can drive it: "
+            ),
+            "{stderr}"
+        );
+        let blocked = loops_json(&store, &["runs", "--status", "blocked", "--json"]);
+        let blocked = blocked.as_array().expect("an array");
+        assert_eq!(blocked.len(), 1, "{blocked:?}");
+        assert_eq!(blocked[0]["run_id"], "deliver-1");
+        assert_eq!(blocked[0]["blocked"]["schema"], v2().to_string());
+        assert_eq!(blocked[0]["blocked"]["resume"], "waiting");
+        assert!(pulls(workdir).is_empty());
+    }
+
+    let workdir = &dir.path().join("work-4");
+    let store = workdir.join("deliver.redb");
+    let mut approve = current(workdir, "deliver-1");
+    approve.arg("--approve");
+    let out = succeeds(approve, "this release, approving");
+    assert!(out.contains("pull request: forge://demo/pulls/1"), "{out}");
+    assert_eq!(pulls(workdir).len(), 1);
+    let info = loops_json(&store, &["show", "deliver-1", "--json"]);
+    assert_eq!(info["run"]["status"], RunStatus::Completed.as_str());
+    assert_eq!(info["run"]["blocked"], Value::Null);
+    let states: Vec<String> = shape(&records(workdir, "deliver-1"))
+        .into_iter()
+        .map(|h| h.1)
+        .collect();
+    assert_eq!(states.last().map(String::as_str), Some("PrOpened"));
 }
