@@ -109,6 +109,23 @@ pub enum Error {
         reason: &'static str,
     },
 
+    /// An attribute of a run was refused: its key is empty, too long or has a character
+    /// outside ASCII letters, digits, `_`, `-` and `.`, or its string value is too long
+    /// ([`check_attribute`](crate::check_attribute)). Nothing was written.
+    #[error("run `{run_id}` at seq {seq} (state `{state}`): invalid attribute {}: {reason}", shown_id(key))]
+    InvalidAttribute {
+        /// The run.
+        run_id: String,
+        /// The state the run was in (its initial state, for attributes given at the start).
+        state: String,
+        /// The seq of that state.
+        seq: u64,
+        /// The rejected key.
+        key: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+
     /// No run has this id.
     #[error("run `{run_id}` does not exist")]
     RunNotFound {

@@ -6,6 +6,7 @@
 #![warn(missing_docs)]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+mod attribute;
 mod clock;
 mod codec;
 #[cfg(feature = "conformance")]
@@ -37,6 +38,10 @@ mod workflow;
 #[cfg(test)]
 mod tests;
 
+pub use attribute::{
+    AttributeFilter, AttributeValue, Attributes, MAX_ATTRIBUTE_KEY_BYTES, MAX_ATTRIBUTE_STRING_BYTES,
+    RunFilter, check_attribute,
+};
 pub use clock::{Clock, ManualClock};
 pub use codec::{
     CodecError, Keyring, KeyringError, PayloadCodec, Place, Sealed, envelope, parse_envelope,
@@ -62,7 +67,9 @@ pub use row::BlockInfo;
 pub use run::context::{Context, StepOptions, StepOutput};
 pub use run::dispatch::Dispatch;
 pub use run::settings::{DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PARK_THRESHOLD};
-pub use runtime::{DEFAULT_RETENTION_INTERVAL, Routed, Runtime, RuntimeBuilder, Sent, check_event};
+pub use runtime::{
+    DEFAULT_RETENTION_INTERVAL, Routed, Runtime, RuntimeBuilder, Sent, StartOptions, check_event,
+};
 pub use schema::{
     Change, Class, DeclaredEvent, DeclaredEvents, Enum, EventRefusal, EventShape, FORMAT_VERSION,
     Field, FieldFlags, Fields, ParseSchemaHashError, Repr, Schema, SchemaDiff, SchemaHash, Shape,
@@ -72,7 +79,7 @@ pub use store::{
     AfterFailure, BoxFuture, ClaimFilter, Compacted, CurrentLease, Effects, EventRecord, Facts,
     InboxChange, Lease, LeaseCheck, Needs, Payloads, PendingEvent, Pruned, Readiness, Ready,
     Record, RecordKey, RedbStore, Reply, RowWrite, RunInfo, RunStatus, SharedLimits, Store,
-    StoreOptions, Take, WaitInfo, WaitOutcome, Write, event_record, plan, prune,
+    StoreOptions, Take, WaitInfo, WaitOutcome, Write, event_record, find_runs, plan, prune,
 };
 pub use workflow::{BoxError, StateId, Workflow};
 

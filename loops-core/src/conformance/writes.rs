@@ -15,6 +15,7 @@ pub(super) fn create(info: RunInfo, record: Vec<u8>, schema_text: &'static str) 
         info,
         record,
         schema_text,
+        attributes: Vec::new(),
     }
 }
 

@@ -336,7 +336,7 @@ impl From<Error> for ApiError {
                 ErrorKind::InvalidArgument,
                 Some(run_id.clone()),
             ),
-            Error::InvalidName { .. } => {
+            Error::InvalidName { .. } | Error::InvalidAttribute { .. } => {
                 (StatusCode::BAD_REQUEST, ErrorKind::InvalidArgument, None)
             }
             Error::EventRefused { run_id, .. } => (

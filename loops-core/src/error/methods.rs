@@ -62,6 +62,7 @@ impl Error {
         match self {
             Error::InvalidRunId { run_id, .. }
             | Error::InvalidName { run_id, .. }
+            | Error::InvalidAttribute { run_id, .. }
             | Error::RunNotFound { run_id }
             | Error::WorkflowMismatch { run_id, .. }
             | Error::SchemaMismatch { run_id, .. }

@@ -177,8 +177,12 @@ impl Drive<'_> {
         })
     }
 
-    /// Creates the run in `initial`, which must be `W`'s initial state.
-    pub(crate) async fn create<W: Workflow>(&self, initial: W) -> Result<Entered> {
+    /// Creates the run in `initial`, which must be `W`'s initial state, with `attributes`.
+    pub(crate) async fn create<W: Workflow>(
+        &self,
+        initial: W,
+        attributes: Vec<(String, crate::attribute::AttributeValue)>,
+    ) -> Result<Entered> {
         let run_id = self.run_id();
         let store = &**self.store;
         let given = initial.state();
@@ -201,6 +205,7 @@ impl Drive<'_> {
                     info: info.clone(),
                     record: record.to_bytes(),
                     schema_text: W::SCHEMA,
+                    attributes,
                 },
             )
             .await?;

@@ -23,3 +23,4 @@ pub use evolve::Routed;
 pub use handle::Runtime;
 pub use requests::{Sent, check_event};
 pub use retention::DEFAULT_RETENTION_INTERVAL;
+pub use runs::StartOptions;

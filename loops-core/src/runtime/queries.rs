@@ -1,6 +1,7 @@
 //! Reading runs ([`Runtime::run_info`], [`Runtime::state`], [`Runtime::history`],
 //! [`Runtime::list_runs`]) and keeping the store ([`Runtime::prune`], [`Runtime::compact`]).
 
+use crate::attribute::{Attributes, RunFilter};
 use crate::error::{Error, Result};
 use crate::record::Transition;
 use crate::retention::RetentionPolicy;
@@ -8,7 +9,7 @@ use crate::row::RunInfo;
 use crate::runtime::handle::{Runtime, check_workflow};
 use crate::status::RunStatus;
 use crate::store::redb::{Compacted, RedbStore};
-use crate::store::{Pruned, prune};
+use crate::store::{Pruned, find_runs, prune};
 use crate::workflow::Workflow;
 
 impl Runtime {
@@ -114,5 +115,39 @@ impl Runtime {
         workflow: Option<&str>,
     ) -> Result<Vec<RunInfo>> {
         self.inner.store.list(status, workflow).await
+    }
+
+    /// The run's searchable attributes (empty if it has none or does not exist).
+    ///
+    /// # Errors
+    /// [`Error::Storage`](crate::Error::Storage) or [`Error::Database`](crate::Error::Database)
+    /// on a read error.
+    pub async fn attributes(&self, run_id: &str) -> Result<Attributes> {
+        self.inner.store.attributes(run_id).await
+    }
+
+    /// The runs that `filter` selects (status, workflow, last change, attributes), with their
+    /// attributes, by run id. With an attribute filter, the runs come from the store's
+    /// attribute index ([`find_runs`](crate::find_runs)), not from a scan.
+    ///
+    /// ```no_run
+    /// # async fn f(rt: loops::Runtime) -> loops::Result<()> {
+    /// use loops::{AttributeFilter, RunFilter, RunStatus};
+    /// let filter = RunFilter::new()
+    ///     .status(RunStatus::Running)
+    ///     .attribute("repo", "acme/api")
+    ///     .where_attribute(AttributeFilter::int_range("issue", 10..=20));
+    /// for (info, attributes) in rt.list_runs_where(&filter).await? {
+    ///     println!("{} {:?}", info.run_id, attributes.get("issue"));
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Storage`](crate::Error::Storage) or [`Error::Database`](crate::Error::Database)
+    /// on a read error; [`Error::Decode`](crate::Error::Decode) if a row is unreadable.
+    pub async fn list_runs_where(&self, filter: &RunFilter) -> Result<Vec<(RunInfo, Attributes)>> {
+        find_runs(self.store(), filter).await
     }
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tracing::Instrument;
 
+use crate::attribute::AttributeValue;
 use crate::error::{Error, Result};
 use crate::names::validate_run_id;
 use crate::record::TransitionRecord;
@@ -20,6 +21,32 @@ use crate::runtime::handle::{Prepared, Runtime, Start, check_workflow};
 use crate::schema::{SchemaDiff, SchemaHash};
 use crate::status::RunStatus;
 use crate::workflow::Workflow;
+
+/// How [`Runtime::run_with`] and [`Runtime::start_with`] start a run they create.
+///
+/// ```
+/// # use loops::StartOptions;
+/// let options = StartOptions::default()
+///     .attribute("repo", "acme/api")
+///     .attribute("issue", 17);
+/// # let _ = options;
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StartOptions {
+    /// The run's attributes, in order (a key given twice keeps its last value).
+    pub attributes: Vec<(String, AttributeValue)>,
+}
+
+impl StartOptions {
+    /// Also records the attribute `key` = `value` (searchable:
+    /// [`Runtime::list_runs_where`]). Checked when the run is created
+    /// ([`check_attribute`](crate::check_attribute)).
+    pub fn attribute(mut self, key: impl Into<String>, value: impl Into<AttributeValue>) -> Self {
+        self.attributes.push((key.into(), value.into()));
+        self
+    }
+}
 
 impl Runtime {
     /// Drives the run `run_id` to a terminal state and returns that state.
@@ -58,12 +85,38 @@ impl Runtime {
         W: Dispatch<H>,
         H: ?Sized + Sync,
     {
+        self.run_with(run_id, initial, handler, StartOptions::default())
+            .await
+    }
+
+    /// [`run`](Self::run), with `options` for a run this call creates: its
+    /// [attributes](StartOptions::attribute), recorded in the same commit as its first state.
+    /// A run that exists already keeps its attributes (as it ignores `initial`).
+    ///
+    /// # Errors
+    /// As [`run`](Self::run); [`Error::InvalidAttribute`](crate::Error::InvalidAttribute) for
+    /// an attribute [`check_attribute`](crate::check_attribute) refuses (nothing is written).
+    pub async fn run_with<W, H>(
+        &self,
+        run_id: &str,
+        initial: W,
+        handler: &H,
+        options: StartOptions,
+    ) -> Result<W>
+    where
+        W: Dispatch<H>,
+        H: ?Sized + Sync,
+    {
         validate_run_id(run_id)?;
         let claim = self.claim(run_id).await?;
         let span = tracing::info_span!("run", run_id, workflow = W::NAME);
         let result = async {
             let entered = match self.drive(&claim).find().await? {
-                None => self.drive(&claim).create(initial).await?,
+                None => {
+                    self.drive(&claim)
+                        .create(initial, options.attributes)
+                        .await?
+                }
                 Some(found) => {
                     let (entered, accepted) = self.route_attached::<W>(&claim, found).await?;
                     self.drive(&claim)
@@ -102,6 +155,24 @@ impl Runtime {
     /// moment; otherwise as [`run`](Self::run) for everything that happens before the first
     /// handler runs.
     pub async fn start<W: Workflow>(&self, run_id: &str, initial: W) -> Result<RunInfo> {
+        self.start_with(run_id, initial, StartOptions::default())
+            .await
+    }
+
+    /// [`start`](Self::start), with `options` for a run this call creates: its
+    /// [attributes](StartOptions::attribute), recorded in the same commit as its first state.
+    /// A run that exists already keeps its attributes (as it ignores `initial`).
+    ///
+    /// # Errors
+    /// As [`start`](Self::start); [`Error::InvalidAttribute`](crate::Error::InvalidAttribute)
+    /// for an attribute [`check_attribute`](crate::check_attribute) refuses (nothing is
+    /// written).
+    pub async fn start_with<W: Workflow>(
+        &self,
+        run_id: &str,
+        initial: W,
+        options: StartOptions,
+    ) -> Result<RunInfo> {
         validate_run_id(run_id)?;
         let compiled = W::SCHEMA_HASH.pinned();
         if self.registry(|r| r.driver(W::NAME, compiled)).is_none() {
@@ -127,7 +198,10 @@ impl Runtime {
         let prepared = async {
             match self.drive(&claim).find().await? {
                 None => Ok(Prepared {
-                    entered: self.drive(&claim).create(initial).await?,
+                    entered: self
+                        .drive(&claim)
+                        .create(initial, options.attributes)
+                        .await?,
                     version: compiled,
                     accepted: None,
                 }),

@@ -5,6 +5,7 @@ use std::borrow::Cow;
 
 use super::protocol::Reply;
 use super::{RunInfo, RunStatus};
+use crate::attribute::AttributeValue;
 use crate::error::Error;
 use crate::schema::SchemaHash;
 
@@ -24,7 +25,9 @@ pub struct Effects<'w> {
     pub inbox: Vec<InboxChange<'w>>,
     /// A schema description to store under its hash.
     pub schema: Option<(SchemaHash, &'w str)>,
-    /// Ended runs to delete with every record, index entry and event they have.
+    /// Attributes of the run to set, each replacing the key's value (and its index entry).
+    pub attributes: Vec<(&'w str, &'w AttributeValue)>,
+    /// Ended runs to delete with every record, index entry, attribute and event they have.
     pub delete: Vec<RunInfo>,
     /// What the store answers.
     pub reply: Reply,
@@ -39,6 +42,7 @@ impl<'w> Effects<'w> {
             records: Vec::new(),
             inbox: Vec::new(),
             schema: None,
+            attributes: Vec::new(),
             delete: Vec::new(),
             reply,
         }
@@ -60,6 +64,7 @@ impl<'w> Effects<'w> {
             && self.records.is_empty()
             && self.inbox.is_empty()
             && self.schema.is_none()
+            && self.attributes.is_empty()
             && self.delete.is_empty()
     }
 }

@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::attribute::{Attributes, RunFilter};
 use crate::error::Result;
 use crate::record::{FailureRecord, StepRecord, TransitionRecord};
 use crate::retention::RetentionPolicy;
@@ -125,6 +126,19 @@ pub trait Store: Send + Sync + 'static {
         workflow: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Vec<RunInfo>>>;
 
+    /// The run's attributes (empty if it has none or does not exist).
+    fn attributes<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Attributes>>;
+
+    /// The runs that `filter` selects, with their attributes, by run id. The candidates come
+    /// from the store's attribute index, by the filter's first attribute filter
+    /// ([`RunFilter::driving`]): the cost grows with the runs that match it, not with the
+    /// store. Each candidate is kept if [`RunFilter::matches`] accepts it. A filter with no
+    /// attribute filter selects nothing here: [`find_runs`] lists those by status.
+    fn search<'a>(
+        &'a self,
+        filter: &'a RunFilter,
+    ) -> BoxFuture<'a, Result<Vec<(RunInfo, Attributes)>>>;
+
     /// The schema description stored for `hash`.
     fn schema(&self, hash: SchemaHash) -> BoxFuture<'_, Result<Option<String>>>;
 
@@ -197,6 +211,40 @@ impl ClaimFilter {
     pub fn admits(&self, schema: SchemaHash) -> bool {
         self.schemas.as_ref().is_none_or(|s| s.contains(&schema))
     }
+}
+
+/// The runs that `filter` selects, with their attributes, by run id: through the store's
+/// attribute index ([`Store::search`]) when the filter has an attribute filter; otherwise
+/// from the status index (every status the filter names, or all), each run's attributes
+/// read one by one.
+///
+/// # Errors
+/// As the store's reads fail ([`Error::Storage`](crate::Error::Storage),
+/// [`Error::Database`](crate::Error::Database), [`Error::Decode`](crate::Error::Decode)).
+pub async fn find_runs(
+    store: &dyn Store,
+    filter: &RunFilter,
+) -> Result<Vec<(RunInfo, Attributes)>> {
+    if filter.driving().is_some() {
+        return store.search(filter).await;
+    }
+    let statuses = if filter.statuses.is_empty() {
+        RunStatus::ALL.to_vec()
+    } else {
+        filter.statuses.clone()
+    };
+    let mut out = Vec::new();
+    for status in statuses {
+        for info in store.list(status, filter.workflow.as_deref()).await? {
+            let attributes = store.attributes(&info.run_id).await?;
+            if filter.matches(&info, &attributes) {
+                out.push((info, attributes));
+            }
+        }
+    }
+    out.sort_by(|a, b| a.0.run_id.cmp(&b.0.run_id));
+    out.dedup_by(|a, b| a.0.run_id == b.0.run_id);
+    Ok(out)
 }
 
 /// What [`prune`] removed (or, in a dry run, would remove).

@@ -22,6 +22,7 @@ use super::evolve;
 use super::facts::{Facts, Needs, PendingEvent, RecordKey};
 use super::protocol::{AfterFailure, EventRecord, Reply, WaitOutcome, Write};
 use super::{RunInfo, RunStatus, WaitInfo};
+use crate::attribute::{AttributeValue, check_attribute};
 use crate::error::{Error, RecordKind, Result};
 use crate::record::{FailureRecord, StepRecord, to_vec};
 
@@ -43,6 +44,7 @@ impl Write {
             Write::Block { .. } => "Block",
             Write::Unblock { .. } => "Unblock",
             Write::Migrate { .. } => "Migrate",
+            Write::SetAttributes { .. } => "SetAttributes",
             Write::Prune { .. } => "Prune",
         }
     }
@@ -63,7 +65,8 @@ impl Write {
             | Write::Wake { run_id, .. }
             | Write::Block { run_id, .. }
             | Write::Unblock { run_id, .. }
-            | Write::Migrate { run_id, .. } => Some(run_id),
+            | Write::Migrate { run_id, .. }
+            | Write::SetAttributes { run_id, .. } => Some(run_id),
             Write::Prune { .. } => None,
         }
     }
@@ -139,7 +142,8 @@ impl Write {
             | Write::Retry { .. }
             | Write::Wake { .. }
             | Write::Block { .. }
-            | Write::Unblock { .. } => Needs {
+            | Write::Unblock { .. }
+            | Write::SetAttributes { .. } => Needs {
                 run,
                 ..Needs::default()
             },
@@ -170,7 +174,8 @@ pub fn plan<'w>(write: &'w Write, row: Option<&RunInfo>, facts: &Facts<'_>) -> R
             info,
             record,
             schema_text,
-        } => create(info, record, schema_text, &g),
+            attributes,
+        } => create(info, record, schema_text, attributes, &g),
         Write::Transition {
             run_id,
             seq,
@@ -266,6 +271,11 @@ pub fn plan<'w>(write: &'w Write, row: Option<&RunInfo>, facts: &Facts<'_>) -> R
             record,
             schema_text,
         } => evolve::migrate(run_id, *seq, record, schema_text, &g),
+        Write::SetAttributes {
+            run_id,
+            seq,
+            attributes,
+        } => set_attributes(run_id, *seq, attributes, &g),
         Write::Prune { .. } => Ok(prune(facts)),
     }
 }
@@ -274,6 +284,7 @@ fn create<'w>(
     info: &'w RunInfo,
     record: &'w [u8],
     schema_text: &'static str,
+    attributes: &'w [(String, AttributeValue)],
     g: &Given<'_, '_>,
 ) -> Result<Effects<'w>> {
     check_lease(g, &info.run_id, 0)?;
@@ -284,6 +295,7 @@ fn create<'w>(
         });
     }
     let mut effects = Effects::row(&info.run_id, None, info.clone());
+    effects.attributes = checked_attributes(info, attributes)?;
     effects.records.push(Record::Journal {
         seq: 0,
         bytes: Cow::Borrowed(record),
@@ -292,6 +304,40 @@ fn create<'w>(
         effects.schema = Some((info.schema, schema_text));
     }
     Ok(effects)
+}
+
+/// A handler's attributes: fenced like a step; the row is unchanged.
+fn set_attributes<'w>(
+    run_id: &'w str,
+    seq: u64,
+    attributes: &'w [(String, AttributeValue)],
+    g: &Given<'_, '_>,
+) -> Result<Effects<'w>> {
+    let info = fenced(run_id, seq, g)?;
+    let mut effects = Effects::unchanged(run_id, Reply::Done);
+    effects.attributes = checked_attributes(info, attributes)?;
+    Ok(effects)
+}
+
+/// `attributes` of the run with row `info`, each checked by [`check_attribute`]; a key given
+/// twice keeps its last value (one entry per key, so that a store writes each key once).
+fn checked_attributes<'w>(
+    info: &RunInfo,
+    attributes: &'w [(String, AttributeValue)],
+) -> Result<Vec<(&'w str, &'w AttributeValue)>> {
+    let mut out: Vec<(&'w str, &'w AttributeValue)> = Vec::with_capacity(attributes.len());
+    for (key, value) in attributes {
+        check_attribute(key, value).map_err(|reason| Error::InvalidAttribute {
+            run_id: info.run_id.clone(),
+            state: info.state.clone(),
+            seq: info.state_seq(),
+            key: key.clone(),
+            reason,
+        })?;
+        out.retain(|(k, _)| *k != key.as_str());
+        out.push((key, value));
+    }
+    Ok(out)
 }
 
 /// `(terminal, schema)`: whether the state ends the run, and the record's schema hash.

@@ -3,6 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::RunInfo;
+use crate::attribute::AttributeValue;
 use crate::error::{Error, Result};
 use crate::record::{FailureRecord, TransitionRecord};
 use crate::schema::SchemaHash;
@@ -29,6 +30,8 @@ pub enum Write {
         record: Vec<u8>,
         /// The workflow's schema description, stored once per schema hash.
         schema_text: &'static str,
+        /// The run's attributes given at its start (checked as [`Write::SetAttributes`]'s).
+        attributes: Vec<(String, AttributeValue)>,
     },
     /// Append the record of `seq` (the run's next sequence number) and move the run to it.
     Transition {
@@ -198,7 +201,21 @@ pub enum Write {
         /// The new version's schema description, stored once per schema hash.
         schema_text: &'static str,
     },
-    /// Delete every record, row, index entry and event of these ended runs.
+    /// Set searchable attributes of the run, from its handler in the state entered at `seq`:
+    /// each key gets its value, replacing the value it had (the same value again writes the
+    /// same entry: a handler run again after a crash sets nothing twice). Fenced like a
+    /// step: refused unless the run is in that state, not ended nor blocked, and (with a
+    /// lease) held by the writer. Each key and value is checked by
+    /// [`check_attribute`](crate::check_attribute). The row is unchanged.
+    SetAttributes {
+        /// The run.
+        run_id: String,
+        /// The state's sequence number (must be the run's current [`state_seq`](RunInfo::state_seq)).
+        seq: u64,
+        /// The attributes, in order (a key given twice keeps its last value).
+        attributes: Vec<(String, AttributeValue)>,
+    },
+    /// Delete every record, row, index entry, attribute and event of these ended runs.
     Prune {
         /// The runs; those that have not ended, or do not exist, are skipped.
         run_ids: Vec<String>,

@@ -285,14 +285,17 @@ impl Payloads {
     /// Seals the payloads `write` carries. A block reason is sealed by [`SealedStore`].
     fn seal_write(&self, write: Write) -> Result<Write> {
         Ok(match write {
+            // Attributes stay plaintext: they are meant to be searched.
             Write::Create {
                 info,
                 record,
                 schema_text,
+                attributes,
             } => Write::Create {
                 record: self.seal_record(&info.run_id, &record)?,
                 info,
                 schema_text,
+                attributes,
             },
             Write::Transition {
                 run_id,
@@ -671,6 +674,25 @@ impl Store for SealedStore {
         workflow: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Vec<RunInfo>>> {
         Box::pin(async move { self.opened_rows(self.inner.list(status, workflow).await) })
+    }
+
+    /// Attributes are plaintext in the store (they are meant to be searched): as they are.
+    fn attributes<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<crate::Attributes>> {
+        self.inner.attributes(run_id)
+    }
+
+    /// The rows found are opened; attributes are plaintext.
+    fn search<'a>(
+        &'a self,
+        filter: &'a crate::RunFilter,
+    ) -> BoxFuture<'a, Result<Vec<(RunInfo, crate::Attributes)>>> {
+        Box::pin(async move {
+            let mut found = self.inner.search(filter).await?;
+            for (info, _) in &mut found {
+                self.payloads.open_info(info)?;
+            }
+            Ok(found)
+        })
     }
 
     fn schema(&self, hash: SchemaHash) -> BoxFuture<'_, Result<Option<String>>> {

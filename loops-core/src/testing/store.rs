@@ -81,6 +81,9 @@ fn describe(write: &Write) -> String {
         Write::Send { name, .. } => format!("event `{name}` sent"),
         Write::Wake { seq, .. } => format!("wake-up at seq {seq}"),
         Write::Migrate { seq, .. } => format!("migration of seq {seq}"),
+        Write::SetAttributes {
+            seq, attributes, ..
+        } => format!("{} attribute(s) set at seq {seq}", attributes.len()),
         other => other.kind().to_owned(),
     }
 }
@@ -313,6 +316,17 @@ impl<S: Store> Store for HookedStore<S> {
         workflow: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Vec<RunInfo>>> {
         self.gate(self.inner.list(status, workflow))
+    }
+
+    fn attributes<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<crate::Attributes>> {
+        self.gate(self.inner.attributes(run_id))
+    }
+
+    fn search<'a>(
+        &'a self,
+        filter: &'a crate::RunFilter,
+    ) -> BoxFuture<'a, Result<Vec<(RunInfo, crate::Attributes)>>> {
+        self.gate(self.inner.search(filter))
     }
 
     fn schema(&self, hash: SchemaHash) -> BoxFuture<'_, Result<Option<String>>> {

@@ -15,7 +15,8 @@ use crate::names::{RESERVED_PREFIX, validate_name};
 use crate::record::StepRecord;
 use crate::run::limits::Limits;
 use crate::run::settings::{LeaseClock, StepObserver};
-use crate::store::{Lease, Store};
+use crate::attribute::AttributeValue;
+use crate::store::{Lease, Store, Write};
 
 /// What a state handler receives besides the state's data: which run, state and attempt it is
 /// handling, and the journal through which it runs steps.
@@ -226,6 +227,41 @@ impl Context {
             state: self.state,
             seq: self.seq,
         }
+    }
+
+    /// Records the run's searchable attribute `key` = `value` (a string, an `i64`, or a time:
+    /// [`AttributeValue`]), replacing the value `key` had. One durable write, made now and
+    /// fenced by the run's lease like a step's record; the run's other attributes stay.
+    /// Search with [`Runtime::list_runs_where`](crate::Runtime::list_runs_where) or
+    /// `loops runs --attr`.
+    ///
+    /// Not journaled as a step: a handler that runs again (a retry, a resume after a crash)
+    /// sets the attribute again, which writes the same entry over itself when the value is
+    /// the same (no duplicate, nothing to undo), or replaces it when the handler now computes
+    /// another value. Attributes are stored in plaintext even when a payload codec seals the
+    /// records.
+    ///
+    /// # Errors
+    /// [`Error::InvalidAttribute`](crate::Error::InvalidAttribute) for a key or value that
+    /// [`check_attribute`](crate::check_attribute) refuses, naming the run, state and seq
+    /// (nothing is written); [`Error::Fenced`](crate::Error::Fenced) or
+    /// [`Error::LeaseExpired`](crate::Error::LeaseExpired) if this driver no longer holds the
+    /// run; a store error if the write fails.
+    pub async fn set_attribute(&self, key: &str, value: impl Into<AttributeValue>) -> Result<()> {
+        self.run.clock.check(self.seq)?;
+        self.run
+            .store
+            .write(
+                Some(&self.run.lease),
+                Write::SetAttributes {
+                    run_id: self.run.run_id.clone(),
+                    seq: self.seq,
+                    attributes: vec![(key.to_owned(), value.into())],
+                },
+            )
+            .await?;
+        tracing::debug!(attribute = key, "attribute set");
+        Ok(())
     }
 
     /// A key that names one side effect of this state, the same on every execution of the

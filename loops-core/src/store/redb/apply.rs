@@ -3,7 +3,7 @@
 
 use redb::ReadableTable;
 
-use super::tables::{Tables, name_upper_bound};
+use super::tables::{ATTRIBUTE_KEY_ABOVE, Tables, name_upper_bound};
 use crate::error::{Error, RecordKind};
 use crate::store::protocol::{Reply, Write};
 use crate::store::{
@@ -203,6 +203,9 @@ fn store(t: &mut Tables<'_>, effects: &Effects<'_>) -> std::result::Result<(), A
     if let Some(row) = &effects.row {
         store_row(t, row)?;
     }
+    for (key, value) in &effects.attributes {
+        store_attribute(t, id, key, &value.index_bytes())?;
+    }
     for info in &effects.delete {
         delete_run(t, info)?;
     }
@@ -224,9 +227,36 @@ fn store_row(t: &mut Tables<'_>, row: &RowWrite) -> std::result::Result<(), Appl
     Ok(())
 }
 
-/// Deletes the run's row, index entry, records and events.
+/// Sets the run's attribute `key` to the value of index bytes `value`, moving its index entry
+/// off the value it replaces.
+fn store_attribute(
+    t: &mut Tables<'_>,
+    id: &str,
+    key: &str,
+    value: &[u8],
+) -> std::result::Result<(), ApplyError> {
+    let old = t
+        .attributes()?
+        .insert((id, key), value)?
+        .map(|old| old.value().to_vec());
+    if let Some(old) = old {
+        t.attribute_index()?.remove((key, old.as_slice(), id))?;
+    }
+    t.attribute_index()?.insert((key, value, id), ())?;
+    Ok(())
+}
+
+/// Deletes the run's row, index entries, records, attributes and events.
 fn delete_run(t: &mut Tables<'_>, info: &RunInfo) -> std::result::Result<(), ApplyError> {
     let id = info.run_id.as_str();
+    let mut attributes = Vec::new();
+    for entry in t.attributes()?.extract_from_if((id, "")..(id, ATTRIBUTE_KEY_ABOVE), |_, _| true)? {
+        let (key, value) = entry?;
+        attributes.push((key.value().1.to_owned(), value.value().to_vec()));
+    }
+    for (key, value) in &attributes {
+        t.attribute_index()?.remove((key.as_str(), value.as_slice(), id))?;
+    }
     t.runs()?.remove(id)?;
     t.status()?
         .remove((info.status.code(), info.workflow.as_str(), id))?;

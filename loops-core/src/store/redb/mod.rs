@@ -416,6 +416,17 @@ impl Store for RedbStore {
         Box::pin(std::future::ready(RedbStore::list(self, status, workflow)))
     }
 
+    fn attributes<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<crate::Attributes>> {
+        Box::pin(std::future::ready(RedbStore::attributes(self, run_id)))
+    }
+
+    fn search<'a>(
+        &'a self,
+        filter: &'a crate::RunFilter,
+    ) -> BoxFuture<'a, Result<Vec<(RunInfo, crate::Attributes)>>> {
+        Box::pin(std::future::ready(RedbStore::search(self, filter)))
+    }
+
     fn schema(&self, hash: crate::SchemaHash) -> BoxFuture<'_, Result<Option<String>>> {
         Box::pin(std::future::ready(RedbStore::schema(self, hash)))
     }

@@ -5,7 +5,11 @@ use std::sync::PoisonError;
 use redb::ReadableTable;
 
 use super::commit::reopen_if_needed;
-use super::tables::{FAILURES, INBOX, JOURNAL, PENDING, RUNS, SCHEMAS, STATUS, STEPS};
+use super::tables::{
+    ATTRIBUTE_INDEX, ATTRIBUTE_KEY_ABOVE, ATTRIBUTES, FAILURES, INBOX, JOURNAL, PENDING, RUNS,
+    SCHEMAS, STATUS, STEPS,
+};
+use crate::attribute::{AttributeValue, Attributes, RunFilter};
 use super::{RedbStore, corrupted};
 use crate::error::{Error, RecordKind, Result};
 use crate::record::{FailureRecord, StepRecord, TransitionRecord};
@@ -281,6 +285,58 @@ impl RedbStore {
         )
     }
 
+    /// The run's attributes (empty if it has none or does not exist; a file written before
+    /// attributes existed has none).
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on a read error; [`Error::Decode`] if a stored value is unreadable.
+    pub fn attributes(&self, run_id: &str) -> Result<Attributes> {
+        self.read(
+            || format!("reading the attributes of run `{run_id}`"),
+            |txn| read_attributes(txn, run_id),
+        )
+    }
+
+    /// The runs that `filter` selects, with their attributes, by run id: candidates from one
+    /// range scan of the attribute index (by [`RunFilter::driving`]), each kept if
+    /// [`RunFilter::matches`] accepts its row and attributes. No attribute filter: none.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on a read error; [`Error::Decode`] if a row or value is unreadable.
+    pub fn search(&self, filter: &RunFilter) -> Result<Vec<(RunInfo, Attributes)>> {
+        let Some(driving) = filter.driving() else {
+            return Ok(Vec::new());
+        };
+        self.read(
+            || format!("searching runs by attribute `{}`", driving.key),
+            |txn| {
+                let Some(index) = optional(txn.open_table(ATTRIBUTE_INDEX))? else {
+                    return Ok(Vec::new());
+                };
+                let runs = txn.open_table(RUNS)?;
+                let (lo, hi) = driving.index_range();
+                let mut out = Vec::new();
+                if lo >= hi {
+                    return Ok(out);
+                }
+                let key = driving.key.as_str();
+                for entry in index.range((key, lo.as_slice(), "")..(key, hi.as_slice(), ""))? {
+                    let (entry, _) = entry?;
+                    let run_id = entry.value().2;
+                    let Some(info) = read_info(&runs, run_id)? else {
+                        continue;
+                    };
+                    let attributes = read_attributes(txn, run_id)?;
+                    if filter.matches(&info, &attributes) {
+                        out.push((info, attributes));
+                    }
+                }
+                out.sort_by(|a, b| a.0.run_id.cmp(&b.0.run_id));
+                Ok(out)
+            },
+        )
+    }
+
     /// The ready runs of `workflows` (running runs, and waiting runs whose wait can end or
     /// whose cancellation was asked for), by workflow then status: what
     /// [`Store::claim_ready`](crate::store::Store::claim_ready) takes leases of.
@@ -322,6 +378,39 @@ impl<E: Into<redb::Error>> From<E> for ReadError {
 impl From<Error> for ReadError {
     fn from(e: Error) -> Self {
         ReadError::Loops(e)
+    }
+}
+
+/// The attributes of `run_id` in `txn`.
+fn read_attributes(
+    txn: &redb::ReadTransaction,
+    run_id: &str,
+) -> std::result::Result<Attributes, ReadError> {
+    let mut out = Attributes::new();
+    let Some(table) = optional(txn.open_table(ATTRIBUTES))? else {
+        return Ok(out);
+    };
+    for entry in table.range((run_id, "")..(run_id, ATTRIBUTE_KEY_ABOVE))? {
+        let (key, value) = entry?;
+        let key = key.value().1;
+        let value = AttributeValue::from_index_bytes(value.value()).ok_or_else(|| {
+            ReadError::Storage(redb::Error::Corrupted(format!(
+                "the value of attribute `{key}` of run `{run_id}` is not an attribute value"
+            )))
+        })?;
+        out.insert(key.to_owned(), value);
+    }
+    Ok(out)
+}
+
+/// A table that a file written before it existed lacks: `None` then.
+fn optional<T>(
+    opened: std::result::Result<T, redb::TableError>,
+) -> std::result::Result<Option<T>, ReadError> {
+    match opened {
+        Ok(table) => Ok(Some(table)),
+        Err(redb::TableError::TableDoesNotExist(_)) => Ok(None),
+        Err(e) => Err(e.into()),
     }
 }
 

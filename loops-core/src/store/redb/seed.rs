@@ -49,6 +49,7 @@ impl RedbStore {
                         info: RunInfo::new_run::<W>(&run_id, state, now),
                         record: record.to_bytes(),
                         schema_text: W::SCHEMA,
+                        attributes: Vec::new(),
                     }
                 } else {
                     Write::Transition {

@@ -15,7 +15,16 @@ pub(crate) const PENDING: TableDefinition<(&str, &str, u64), ()> = TableDefiniti
 pub(crate) const EVENT_KEYS: TableDefinition<(&str, &str), u64> =
     TableDefinition::new("event_keys");
 
-const TABLES: [&str; 9] = [
+/// A run's attributes: (run id, key) → the value's index bytes
+/// ([`AttributeValue::index_bytes`](crate::AttributeValue::index_bytes)), for display.
+pub(crate) const ATTRIBUTES: TableDefinition<(&str, &str), &[u8]> =
+    TableDefinition::new("attributes");
+/// The attribute index: (key, the value's index bytes, run id) → `()`: a key's runs by value,
+/// so an equality or a range is one range scan.
+pub(crate) const ATTRIBUTE_INDEX: TableDefinition<(&str, &[u8], &str), ()> =
+    TableDefinition::new("attribute_index");
+
+const TABLES: [&str; 11] = [
     "runs",
     "journal",
     "steps",
@@ -25,6 +34,8 @@ const TABLES: [&str; 9] = [
     "inbox",
     "pending",
     "event_keys",
+    "attributes",
+    "attribute_index",
 ];
 
 /// Creates the tables a new file lacks; writes nothing to a file that has them all.
@@ -46,13 +57,15 @@ pub(super) fn ensure_tables(db: &Database) -> std::result::Result<(), redb::Erro
     txn.open_table(INBOX)?;
     txn.open_table(PENDING)?;
     txn.open_table(EVENT_KEYS)?;
+    txn.open_table(ATTRIBUTES)?;
+    txn.open_table(ATTRIBUTE_INDEX)?;
     txn.commit()?;
     Ok(())
 }
 
 /// The tables of one write transaction, each opened on its first use: redb does work for
 /// every open table at the open and again at the commit (about 7 000 instructions per table),
-/// and most writes touch two or three of the nine.
+/// and most writes touch two or three of the eleven.
 pub(super) struct Tables<'t> {
     txn: &'t redb::WriteTransaction,
     runs: Lazy<'t, &'static str, &'static [u8]>,
@@ -64,12 +77,15 @@ pub(super) struct Tables<'t> {
     inbox: Lazy<'t, (&'static str, u64), &'static [u8]>,
     pending: Lazy<'t, (&'static str, &'static str, u64), ()>,
     event_keys: Lazy<'t, (&'static str, &'static str), u64>,
+    attributes: Lazy<'t, (&'static str, &'static str), &'static [u8]>,
+    attribute_index: Lazy<'t, AttributeIndexKey, ()>,
 }
 
 /// A table of [`Tables`]: `None` until first used.
 type Lazy<'t, K, V> = Option<redb::Table<'t, K, V>>;
 type StepKey = (&'static str, u64, &'static str, u32);
 type FailureKey = (&'static str, u64, u32, u32);
+type AttributeIndexKey = (&'static str, &'static [u8], &'static str);
 
 /// One accessor per table of [`Tables`], named after it, that opens it on first use.
 macro_rules! table_accessors {
@@ -104,6 +120,8 @@ table_accessors! {
     inbox: INBOX => ((&'static str, u64), &'static [u8]);
     pending: PENDING => ((&'static str, &'static str, u64), ());
     event_keys: EVENT_KEYS => ((&'static str, &'static str), u64);
+    attributes: ATTRIBUTES => ((&'static str, &'static str), &'static [u8]);
+    attribute_index: ATTRIBUTE_INDEX => (AttributeIndexKey, ());
 }
 
 /// A string above every valid event name or idempotency key (at most 256 bytes): 65 times
@@ -111,3 +129,7 @@ table_accessors! {
 pub(super) fn name_upper_bound() -> String {
     char::MAX.to_string().repeat(65)
 }
+
+/// A string above every valid attribute key (ASCII, at most 64 bytes): bounds range scans
+/// over `(run id, key)` keys.
+pub(crate) const ATTRIBUTE_KEY_ABOVE: &str = "\u{7f}";
