@@ -602,6 +602,7 @@ async fn a_refusal_says_when_only_the_record_format_changed() {
                 info,
                 record: serde_json::to_vec(&record).unwrap(),
                 schema_text: text,
+                attributes: Vec::new(),
             },
         )
         .await

@@ -189,6 +189,18 @@ impl Store for Flaky {
     fn schema(&self, hash: SchemaHash) -> BoxFuture<'_, loops::Result<Option<String>>> {
         Store::schema(&self.inner, hash)
     }
+    fn attributes<'a>(
+        &'a self,
+        run_id: &'a str,
+    ) -> BoxFuture<'a, loops::Result<loops::Attributes>> {
+        Store::attributes(&self.inner, run_id)
+    }
+    fn search<'a>(
+        &'a self,
+        filter: &'a loops::RunFilter,
+    ) -> BoxFuture<'a, loops::Result<Vec<(loops::RunInfo, loops::Attributes)>>> {
+        Store::search(&self.inner, filter)
+    }
     fn schemas(&self) -> BoxFuture<'_, loops::Result<Vec<(SchemaHash, String)>>> {
         Store::schemas(&self.inner)
     }

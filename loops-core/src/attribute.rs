@@ -319,11 +319,10 @@ impl RunFilter {
             && self.workflow.as_ref().is_none_or(|w| *w == info.workflow)
             && self.updated_from_ms.is_none_or(|t| info.updated_ms >= t)
             && self.updated_before_ms.is_none_or(|t| info.updated_ms < t)
-            && self.attributes.iter().all(|f| {
-                attributes
-                    .get(&f.key)
-                    .is_some_and(|value| f.matches(value))
-            })
+            && self
+                .attributes
+                .iter()
+                .all(|f| attributes.get(&f.key).is_some_and(|value| f.matches(value)))
     }
 }
 
@@ -351,7 +350,10 @@ mod tests {
             assert!(pair[0].index_bytes() < pair[1].index_bytes(), "{pair:?}");
         }
         for v in &values {
-            assert_eq!(AttributeValue::from_index_bytes(&v.index_bytes()).as_ref(), Some(v));
+            assert_eq!(
+                AttributeValue::from_index_bytes(&v.index_bytes()).as_ref(),
+                Some(v)
+            );
         }
         assert_eq!(AttributeValue::from_index_bytes(&[9, 1]), None);
         assert_eq!(AttributeValue::from_index_bytes(&[TAG_INT, 1]), None);
@@ -390,7 +392,10 @@ mod tests {
         assert!(check_attribute("a=b", &ok).is_err());
         assert!(check_attribute("a:b", &ok).is_err());
         assert!(check_attribute("k", &AttributeValue::Str("x".repeat(513))).is_err());
-        assert_eq!(check_attribute("k", &AttributeValue::Str("x".repeat(512))), Ok(()));
+        assert_eq!(
+            check_attribute("k", &AttributeValue::Str("x".repeat(512))),
+            Ok(())
+        );
     }
 
     #[test]

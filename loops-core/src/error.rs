@@ -112,7 +112,10 @@ pub enum Error {
     /// An attribute of a run was refused: its key is empty, too long or has a character
     /// outside ASCII letters, digits, `_`, `-` and `.`, or its string value is too long
     /// ([`check_attribute`](crate::check_attribute)). Nothing was written.
-    #[error("run `{run_id}` at seq {seq} (state `{state}`): invalid attribute {}: {reason}", shown_id(key))]
+    #[error(
+        "run `{run_id}` at seq {seq} (state `{state}`): invalid attribute {}: {reason}",
+        shown_id(key)
+    )]
     InvalidAttribute {
         /// The run.
         run_id: String,

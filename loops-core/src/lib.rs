@@ -39,8 +39,8 @@ mod workflow;
 mod tests;
 
 pub use attribute::{
-    AttributeFilter, AttributeValue, Attributes, MAX_ATTRIBUTE_KEY_BYTES, MAX_ATTRIBUTE_STRING_BYTES,
-    RunFilter, check_attribute,
+    AttributeFilter, AttributeValue, Attributes, MAX_ATTRIBUTE_KEY_BYTES,
+    MAX_ATTRIBUTE_STRING_BYTES, RunFilter, check_attribute,
 };
 pub use clock::{Clock, ManualClock};
 pub use codec::{

@@ -84,6 +84,7 @@
 #![warn(missing_docs)]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+mod attributes;
 mod connect;
 mod failpoint;
 mod guard;
@@ -524,6 +525,22 @@ impl Store for PgStore {
         workflow: Option<&'a str>,
     ) -> BoxFuture<'a, loops_core::Result<Vec<RunInfo>>> {
         Box::pin(self.read_list(status, workflow))
+    }
+
+    fn attributes<'a>(
+        &'a self,
+        run_id: &'a str,
+    ) -> BoxFuture<'a, loops_core::Result<loops_core::Attributes>> {
+        Box::pin(self.read_attributes(run_id))
+    }
+
+    /// One statement: the index range of the filter's first attribute filter, joined to the
+    /// runs (narrowed by status and workflow) and their attributes.
+    fn search<'a>(
+        &'a self,
+        filter: &'a loops_core::RunFilter,
+    ) -> BoxFuture<'a, loops_core::Result<Vec<(RunInfo, loops_core::Attributes)>>> {
+        Box::pin(self.read_search(filter))
     }
 
     fn schema(&self, hash: SchemaHash) -> BoxFuture<'_, loops_core::Result<Option<String>>> {

@@ -17,7 +17,13 @@ struct Migration {
 }
 
 /// Every migration, oldest first.
-const MIGRATIONS: &[Migration] = &[MIGRATION_1, MIGRATION_2, MIGRATION_3, MIGRATION_4];
+const MIGRATIONS: &[Migration] = &[
+    MIGRATION_1,
+    MIGRATION_2,
+    MIGRATION_3,
+    MIGRATION_4,
+    MIGRATION_5,
+];
 
 /// The tables.
 const MIGRATION_1: Migration = Migration {
@@ -151,8 +157,26 @@ CREATE INDEX limit_starts_name ON {s}.limit_starts (name, at_ms);
 "#,
 };
 
+/// Searchable run attributes (loops-core's `Write::SetAttributes`): one row per run and key,
+/// the value as its index bytes (`AttributeValue::index_bytes`, whose memcmp order is the
+/// values' order, as `bytea` compares), and the btree index a search scans: by key, then
+/// value, so that an equality or a range of one key is one index range.
+const MIGRATION_5: Migration = Migration {
+    version: 5,
+    description: "attributes: searchable run attributes and their index",
+    sql: r#"
+CREATE TABLE {s}.attributes (
+    run_id text COLLATE "C" NOT NULL,
+    key    text COLLATE "C" NOT NULL,
+    value  bytea NOT NULL,
+    PRIMARY KEY (run_id, key)
+);
+CREATE INDEX attributes_search ON {s}.attributes (key, value, run_id);
+"#,
+};
+
 /// The newest schema version this build knows (and creates).
-pub const SCHEMA_VERSION: i32 = 4;
+pub const SCHEMA_VERSION: i32 = 5;
 
 /// Checks, writing nothing, that schema `schema` is at [`SCHEMA_VERSION`]. Returns it.
 pub(crate) async fn check(client: &tokio_postgres::Client, schema: &str) -> Result<i32, Error> {

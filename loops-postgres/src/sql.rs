@@ -30,6 +30,9 @@ pub(crate) struct Sql {
     pub(crate) next_event_seq: String,
     pub(crate) insert_event: String,
     pub(crate) delete_runs: String,
+    pub(crate) set_attribute: String,
+    pub(crate) attributes: String,
+    pub(crate) search: String,
     pub(crate) read_info: String,
     pub(crate) latest: String,
     pub(crate) history: String,
@@ -120,9 +123,27 @@ impl Sql {
                  journal AS (DELETE FROM {s}.journal WHERE run_id = ANY($1)), \
                  steps AS (DELETE FROM {s}.steps WHERE run_id = ANY($1)), \
                  failures AS (DELETE FROM {s}.failures WHERE run_id = ANY($1)), \
-                 inbox AS (DELETE FROM {s}.inbox WHERE run_id = ANY($1)) \
+                 inbox AS (DELETE FROM {s}.inbox WHERE run_id = ANY($1)), \
+                 attributes AS (DELETE FROM {s}.attributes WHERE run_id = ANY($1)) \
                  DELETE FROM {s}.leases WHERE run_id = ANY($1)",
             ),
+            // A run's attribute $2 gets the value of index bytes $3, replacing the one it had.
+            set_attribute: f(
+                "INSERT INTO {s}.attributes (run_id, key, value) VALUES ($1, $2, $3) \
+                 ON CONFLICT (run_id, key) DO UPDATE SET value = EXCLUDED.value",
+            ),
+            attributes: f("SELECT key, value FROM {s}.attributes WHERE run_id = $1 ORDER BY key"),
+            // The candidates of a search: the runs whose attribute $1 lies in [$2, $3) (index
+            // bytes; a range of `attributes_search`), narrowed by status ($4, empty: any) and
+            // workflow ($5, null: any), each with every attribute it has, by run id.
+            search: f("SELECT r.run_id, r.info, a.key, a.value \
+                 FROM {s}.attributes c \
+                 JOIN {s}.runs r ON r.run_id = c.run_id \
+                 JOIN {s}.attributes a ON a.run_id = c.run_id \
+                 WHERE c.key = $1 AND c.value >= $2 AND c.value < $3 \
+                 AND (cardinality($4::text[]) = 0 OR r.status = ANY($4)) \
+                 AND ($5::text IS NULL OR r.workflow = $5) \
+                 ORDER BY r.run_id, a.key"),
             read_info: f("SELECT info FROM {s}.runs WHERE run_id = $1"),
             latest: f("SELECT r.info, j.record FROM {s}.runs r \
                  LEFT JOIN {s}.journal j ON j.run_id = r.run_id AND j.seq = r.seq \

@@ -104,6 +104,9 @@ fn describe(write: &Write) -> String {
         Write::Send { run_id, name, .. } => format!("sending event `{name}` to run `{run_id}`"),
         Write::Wake { run_id, .. } => format!("waking run `{run_id}`"),
         Write::Prune { run_ids } => format!("pruning {} runs", run_ids.len()),
+        Write::SetAttributes { run_id, seq, .. } => {
+            format!("setting attributes of run `{run_id}` seq {seq}")
+        }
         _ => "writing".to_owned(),
     }
 }
@@ -490,6 +493,14 @@ fn writes<'a>(sql: &'a Sql, effects: &Effects<'_>) -> Vec<(Stmt<'a>, Option<Erro
     }
     if let Some(row) = &effects.row {
         out.push((row_statement(sql, row), row.refusal_if_taken()));
+    }
+    for (key, value) in &effects.attributes {
+        let params: Vec<Param> = vec![
+            run(),
+            Box::new((*key).to_owned()),
+            Box::new(value.index_bytes()),
+        ];
+        out.push((statement(&sql.set_attribute, params), None));
     }
     if !effects.delete.is_empty() {
         let ids: Vec<String> = effects.delete.iter().map(|i| i.run_id.clone()).collect();

@@ -127,6 +127,7 @@ async fn store_latency(store: &dyn Store, n: usize) -> (Stats, Stats) {
                 info: info("lat"),
                 record: record(0),
                 schema_text: "bench",
+                attributes: Vec::new(),
             },
         )
         .await

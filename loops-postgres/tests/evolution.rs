@@ -177,6 +177,18 @@ impl Store for Claims {
     fn schema(&self, hash: SchemaHash) -> BoxFuture<'_, loops::Result<Option<String>>> {
         self.inner.schema(hash)
     }
+    fn attributes<'a>(
+        &'a self,
+        run_id: &'a str,
+    ) -> BoxFuture<'a, loops::Result<loops::Attributes>> {
+        self.inner.attributes(run_id)
+    }
+    fn search<'a>(
+        &'a self,
+        filter: &'a loops::RunFilter,
+    ) -> BoxFuture<'a, loops::Result<Vec<(loops::RunInfo, loops::Attributes)>>> {
+        self.inner.search(filter)
+    }
     fn schemas(&self) -> BoxFuture<'_, loops::Result<Vec<(SchemaHash, String)>>> {
         self.inner.schemas()
     }

@@ -115,6 +115,18 @@ impl Store for Counting {
     fn schema(&self, hash: SchemaHash) -> BoxFuture<'_, loops_core::Result<Option<String>>> {
         self.inner.schema(hash)
     }
+    fn attributes<'a>(
+        &'a self,
+        run_id: &'a str,
+    ) -> BoxFuture<'a, loops_core::Result<loops_core::Attributes>> {
+        self.inner.attributes(run_id)
+    }
+    fn search<'a>(
+        &'a self,
+        filter: &'a loops_core::RunFilter,
+    ) -> BoxFuture<'a, loops_core::Result<Vec<(loops_core::RunInfo, loops_core::Attributes)>>> {
+        self.inner.search(filter)
+    }
     fn schemas(&self) -> BoxFuture<'_, loops_core::Result<Vec<(SchemaHash, String)>>> {
         self.inner.schemas()
     }

@@ -45,6 +45,7 @@ async fn park(store: &dyn Store, run_id: &str) {
         info: info(run_id),
         record: record.into_bytes(),
         schema_text: "x",
+        attributes: Vec::new(),
     };
     store.write(Some(&lease), create).await.unwrap();
     let wait = Write::Wait {

@@ -104,9 +104,7 @@ pub fn core_failure(label: &str, e: loops_core::Error) -> Failure {
         Error::InvalidRunId { .. }
         | Error::InvalidName { .. }
         | Error::InvalidAttribute { .. }
-        | Error::EventRefused { .. } => {
-            Failure::usage(e.chain())
-        }
+        | Error::EventRefused { .. } => Failure::usage(e.chain()),
         other => other.into(),
     }
 }

@@ -89,6 +89,7 @@ use std::future::Future;
 #[cfg(doc)]
 use crate::store::Store;
 
+mod attributes;
 mod data;
 mod evolve;
 mod factory;
@@ -187,11 +188,21 @@ pub enum Case {
     /// removes, while it serves, the ended runs there were when it started and those that end
     /// later, and keeps the runs that have not ended.
     ScheduledRetention,
+    /// Attributes given at a run's creation and set by its driver read back exactly; setting
+    /// a key again replaces its value and index entry; a search by equality, by an integer
+    /// or time range, and combined with status, workflow, last change and a second
+    /// attribute returns exactly the runs that match, by run id, with their attributes; the
+    /// row is unchanged; a pruned run's attributes go with it.
+    AttributesSearch,
+    /// Invalid attribute keys and values are refused with the run, state and seq (one bad
+    /// attribute refuses the write, and a creation with one creates nothing); a seq the run
+    /// left, an old lease and an ended run are fenced; nothing refused is written.
+    AttributesRefused,
 }
 
 impl Case {
     /// Every case, in the order of their tests.
-    pub const ALL: [Case; 15] = [
+    pub const ALL: [Case; 17] = [
         Case::CreateAndRead,
         Case::TransitionsAppendInOrder,
         Case::StepsAreImmutable,
@@ -207,6 +218,8 @@ impl Case {
         Case::BlockAndUnblock,
         Case::Migrations,
         Case::ScheduledRetention,
+        Case::AttributesSearch,
+        Case::AttributesRefused,
     ];
 
     /// The case's name (`"create_and_read"`): the name of its test.
@@ -227,6 +240,8 @@ impl Case {
             Case::BlockAndUnblock => "block_and_unblock",
             Case::Migrations => "migrations",
             Case::ScheduledRetention => "scheduled_retention",
+            Case::AttributesSearch => "attributes_search",
+            Case::AttributesRefused => "attributes_refused",
         }
     }
 
@@ -256,6 +271,8 @@ impl Case {
             Case::BlockAndUnblock => evolve::block_and_unblock(factory).await,
             Case::Migrations => evolve::migrations(factory).await,
             Case::ScheduledRetention => data::scheduled_retention(factory).await,
+            Case::AttributesSearch => attributes::attributes_search(factory).await,
+            Case::AttributesRefused => attributes::attributes_refused(factory).await,
         }
         Outcome::Passed
     }
@@ -318,6 +335,8 @@ macro_rules! conformance_suite {
             block_and_unblock => BlockAndUnblock,
             migrations => Migrations,
             scheduled_retention => ScheduledRetention,
+            attributes_search => AttributesSearch,
+            attributes_refused => AttributesRefused,
         }
     };
 }

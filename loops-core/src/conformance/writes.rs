@@ -2,6 +2,7 @@
 //! the variant's fields in their declared order. When the protocol's writes change shape,
 //! this file is what follows them; the cases only call these.
 
+use crate::attribute::AttributeValue;
 use crate::record::{FailureRecord, TransitionRecord};
 use crate::schema::SchemaHash;
 use crate::store::{AfterFailure, RunInfo, Write};
@@ -16,6 +17,34 @@ pub(super) fn create(info: RunInfo, record: Vec<u8>, schema_text: &'static str) 
         record,
         schema_text,
         attributes: Vec::new(),
+    }
+}
+
+/// [`Write::Create`] with attributes.
+pub(super) fn create_with(
+    info: RunInfo,
+    record: Vec<u8>,
+    schema_text: &'static str,
+    attributes: Vec<(String, AttributeValue)>,
+) -> Write {
+    Write::Create {
+        info,
+        record,
+        schema_text,
+        attributes,
+    }
+}
+
+/// [`Write::SetAttributes`].
+pub(super) fn set_attributes(
+    run_id: &str,
+    seq: u64,
+    attributes: Vec<(String, AttributeValue)>,
+) -> Write {
+    Write::SetAttributes {
+        run_id: run_id.to_owned(),
+        seq,
+        attributes,
     }
 }
 

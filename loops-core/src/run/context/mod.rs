@@ -9,13 +9,13 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::attribute::AttributeValue;
 use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::names::{RESERVED_PREFIX, validate_name};
 use crate::record::StepRecord;
 use crate::run::limits::Limits;
 use crate::run::settings::{LeaseClock, StepObserver};
-use crate::attribute::AttributeValue;
 use crate::store::{Lease, Store, Write};
 
 /// What a state handler receives besides the state's data: which run, state and attempt it is

@@ -250,12 +250,16 @@ fn store_attribute(
 fn delete_run(t: &mut Tables<'_>, info: &RunInfo) -> std::result::Result<(), ApplyError> {
     let id = info.run_id.as_str();
     let mut attributes = Vec::new();
-    for entry in t.attributes()?.extract_from_if((id, "")..(id, ATTRIBUTE_KEY_ABOVE), |_, _| true)? {
+    for entry in t
+        .attributes()?
+        .extract_from_if((id, "")..(id, ATTRIBUTE_KEY_ABOVE), |_, _| true)?
+    {
         let (key, value) = entry?;
         attributes.push((key.value().1.to_owned(), value.value().to_vec()));
     }
     for (key, value) in &attributes {
-        t.attribute_index()?.remove((key.as_str(), value.as_slice(), id))?;
+        t.attribute_index()?
+            .remove((key.as_str(), value.as_slice(), id))?;
     }
     t.runs()?.remove(id)?;
     t.status()?

@@ -9,8 +9,8 @@ use super::tables::{
     ATTRIBUTE_INDEX, ATTRIBUTE_KEY_ABOVE, ATTRIBUTES, FAILURES, INBOX, JOURNAL, PENDING, RUNS,
     SCHEMAS, STATUS, STEPS,
 };
-use crate::attribute::{AttributeValue, Attributes, RunFilter};
 use super::{RedbStore, corrupted};
+use crate::attribute::{AttributeValue, Attributes, RunFilter};
 use crate::error::{Error, RecordKind, Result};
 use crate::record::{FailureRecord, StepRecord, TransitionRecord};
 use crate::store::protocol::EventRecord;
