@@ -183,6 +183,9 @@ Examples:
   loops runs --older-than 1h --newer-than 1d    # last changed between 1h and 1d ago
   loops runs --schema 3f9c0a1e                  # runs recorded with one schema
   loops runs --status blocked                   # runs no deployed build can drive
+  loops runs --attr repo=acme/api               # runs with the attribute repo = acme/api
+  loops runs --attr repo=acme/api --attr issue:int>=10 --status running
+  loops runs --attr due:time<=2026-01-01T00:00:00Z
 
 Runs are listed by last change, newest first. ATTEMPT is the number of the latest attempt
 at the current state, from 1; it counts on after `loops retry`, which gives the run a fresh
@@ -190,7 +193,9 @@ budget of attempts, not new numbers. --json prints an array of objects with the
 fields run_id, workflow, status, state, seq, attempt, created_at, created_ms, updated_at,
 updated_ms, waiting_for, retry_at, retry_at_ms, error, cancel_reason, schema, blocked
 (null, or {reason, changes, schema, at, at_ms, resume} for a blocked run: why, what changed
-in the schema, and the status it goes back to when a build that knows its schema drives it).
+in the schema, and the status it goes back to when a build that knows its schema drives it),
+attributes (the run's searchable attributes by key, each {\"str\": S}, {\"int\": N} or
+{\"time_ms\": MS}).
 A blocked run shows `blocked: REASON` under WAITING FOR; docs/evolution.md says what to do.";
 
 /// `loops runs`.
@@ -221,6 +226,13 @@ pub struct RunsArgs {
     /// At most this many runs (the most recently changed).
     #[arg(long, value_name = "N")]
     pub limit: Option<usize>,
+
+    /// Only runs with this attribute (repeat it: all must hold). `KEY=VALUE` for a string;
+    /// `KEY:int=42` for an integer, `KEY:time=2026-01-01T00:00:00Z` (or ms since the epoch)
+    /// for a time; `>=` and `<=` instead of `=` for a range of integers or times (both ends
+    /// included). Found through the store's attribute index.
+    #[arg(long = "attr", value_parser = crate::attrs::parse_attr, value_name = "KEY[:TYPE]=VALUE")]
+    pub attr: Vec<loops_core::AttributeFilter>,
 
     /// Print JSON (an array; stable field names) instead of a table.
     #[arg(long)]

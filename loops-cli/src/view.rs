@@ -1,7 +1,7 @@
 //! What `--json` prints: stable shapes with documented field names (see the README), built
 //! from loops-core's records. Every field is always present (`null` when it has no value).
 
-use loops_core::StepRecord;
+use loops_core::{Attributes, StepRecord};
 use loops_core::{BlockInfo, EventRecord, FailureRecord, FailureSource, RunInfo, RunStatus};
 use serde::Serialize;
 use serde_json::value::RawValue;
@@ -47,6 +47,18 @@ pub struct RunView {
     pub schema: String,
     /// Why a blocked run is blocked.
     pub blocked: Option<BlockView>,
+    /// The run's searchable attributes by key (`{"str": S}`, `{"int": N}` or
+    /// `{"time_ms": MS}`; `{}` if none) in the outputs that read them (`loops runs --json`,
+    /// `loops show --json`); `null` in the others.
+    pub attributes: Option<Attributes>,
+}
+
+impl RunView {
+    /// The view with the run's attributes.
+    pub fn with_attributes(mut self, attributes: Attributes) -> Self {
+        self.attributes = Some(attributes);
+        self
+    }
 }
 
 /// Why a run is blocked: what the build that blocked it said.
@@ -122,6 +134,7 @@ impl From<&RunInfo> for RunView {
                 .as_ref()
                 .filter(|_| info.status == RunStatus::Blocked)
                 .map(BlockView::from),
+            attributes: None,
         }
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use assert_cmd::Command;
 use loops_core::control::ControlServer;
-use loops_core::{BoxError, Context, RetryPolicy, RunStatus, Runtime};
+use loops_core::{BoxError, Context, RetryPolicy, RunStatus, Runtime, StartOptions};
 use loops_postgres::PgStore;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -38,7 +38,10 @@ struct Worker;
 
 impl GateHandler for Worker {
     type Error = BoxError;
-    async fn ask(&self, ctx: &Context, _: String) -> Result<AskNext, BoxError> {
+    async fn ask(&self, ctx: &Context, doc: String) -> Result<AskNext, BoxError> {
+        // An attribute from the handler (set again, to the same value, when the handler runs
+        // again after the wait).
+        ctx.set_attribute("doc", doc).await?;
         let approval = ctx.wait_for(Gate::APPROVE).await?;
         if approval.by == "fail" {
             return Err("approved by nobody".into());
@@ -76,15 +79,25 @@ async fn until(rt: &Runtime, run_id: &str, status: RunStatus) {
 
 /// The runs every path starts with: `done-1` completed (approved by bob), `failed-1`
 /// failed, `cancelled-1` cancelled, `waiting-1` and `waiting-2` waiting for `approve`.
+/// Each has the attributes `team` (`alpha` for `done-1` and `waiting-1`, else `beta`) and
+/// `n` (its place in this list, from 0), given at its start, and `doc` (`spec.md`), set by
+/// its handler.
 async fn populate(rt: &Runtime) {
-    for id in [
+    for (n, id) in [
         "done-1",
         "failed-1",
         "cancelled-1",
         "waiting-1",
         "waiting-2",
-    ] {
-        rt.start(id, ask()).await.unwrap();
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let team = if n % 3 == 0 { "alpha" } else { "beta" };
+        let options = StartOptions::default()
+            .attribute("team", team)
+            .attribute("n", n as i64);
+        rt.start_with(id, ask(), options).await.unwrap();
         until(rt, id, RunStatus::Waiting).await;
     }
     rt.send("done-1", "approve", &json!({"by": "bob"}))
@@ -226,6 +239,15 @@ fn reads(store: &Store) -> Vec<Value> {
         &["schema", "--json"],
         &["schema", "waiting-1", "--json"],
         &["prune", "--older-than", "0s", "--dry-run", "--json"],
+        &["runs", "--attr", "team=alpha", "--json"],
+        &[
+            "runs",
+            "--attr",
+            "n:int>=2",
+            "--attr",
+            "doc=spec.md",
+            "--json",
+        ],
     ]
     .iter()
     .map(|args| store.json(args))
@@ -304,6 +326,8 @@ fn check_reads(store: &Store, label: &str) {
         format!("error: no schema 00000000 is stored in {label} (`loops schema` lists them)\n")
     );
 
+    check_attributes(store);
+
     let mermaid = store.text(&["graph", "gate"]);
     assert!(mermaid.contains("Ask --> Done"), "{mermaid}");
     let path = store.text(&["graph", "--run", "done-1", "--format", "dot"]);
@@ -322,6 +346,66 @@ fn check_reads(store: &Store, label: &str) {
     );
     let bad = store.fails(&["history", " padded"], 2);
     assert!(bad.contains("starts or ends with white space"), "{bad}");
+}
+
+/// `loops runs --attr` and the attributes `show` and `--json` print, as `populate` set them.
+fn check_attributes(store: &Store) {
+    let runs = |args: &[&str]| {
+        let mut all = vec!["runs", "--json"];
+        all.extend_from_slice(args);
+        statuses(&store.json(&all))
+    };
+    assert_eq!(
+        runs(&["--attr", "team=alpha"]),
+        pairs(&[("done-1", "completed"), ("waiting-1", "waiting")])
+    );
+    assert_eq!(
+        runs(&["--attr", "team=beta", "--status", "waiting"]),
+        pairs(&[("waiting-2", "waiting")])
+    );
+    assert_eq!(
+        runs(&["--attr", "n:int>=1", "--attr", "n:int<=2"]),
+        pairs(&[("cancelled-1", "cancelled"), ("failed-1", "failed")])
+    );
+    assert_eq!(
+        runs(&[
+            "--attr",
+            "doc=spec.md",
+            "--workflow",
+            "gate",
+            "--status",
+            "waiting,failed"
+        ]),
+        pairs(&[
+            ("failed-1", "failed"),
+            ("waiting-1", "waiting"),
+            ("waiting-2", "waiting")
+        ])
+    );
+    // Another type, another value, another key: none.
+    for attr in ["n=3", "team=gamma", "owner=alpha", "n:int>=5"] {
+        assert_eq!(
+            runs(&["--attr", attr]),
+            Vec::<(String, String)>::new(),
+            "{attr}"
+        );
+    }
+    let found = store.json(&["runs", "--attr", "n:int=3", "--json"]);
+    assert_eq!(
+        found[0]["attributes"],
+        json!({"doc": {"str": "spec.md"}, "n": {"int": 3}, "team": {"str": "alpha"}})
+    );
+    let show = store.json(&["show", "waiting-2", "--json"]);
+    assert_eq!(
+        show["run"]["attributes"],
+        json!({"doc": {"str": "spec.md"}, "n": {"int": 4}, "team": {"str": "beta"}})
+    );
+    let text = store.text(&["show", "waiting-2"]);
+    for line in ["doc = spec.md (str)", "n = 4 (int)", "team = beta (str)"] {
+        assert!(text.contains(line), "{line} in {text}");
+    }
+    let bad = store.fails(&["runs", "--attr", "n:int=x"], 2);
+    assert!(bad.contains("`x` is not an integer"), "{bad}");
 }
 
 /// The steering commands on `store`; `driven` is the runtime that drives the runs, if one

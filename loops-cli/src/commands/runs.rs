@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use humantime::format_duration;
 use loops_core::now_ms;
-use loops_core::{RunInfo, RunStatus};
+use loops_core::{AttributeFilter, RunFilter, RunInfo, RunStatus};
 
 use super::schema::resolve;
 use crate::cli::RunsArgs;
@@ -29,6 +29,8 @@ pub struct Selection {
     pub newer_than: Option<Duration>,
     /// At most this many runs (the most recently changed).
     pub limit: Option<usize>,
+    /// Only runs whose attributes match all of these (found through the attribute index).
+    pub attributes: Vec<AttributeFilter>,
 }
 
 impl From<&RunsArgs> for Selection {
@@ -40,6 +42,7 @@ impl From<&RunsArgs> for Selection {
             older_than: args.older_than,
             newer_than: args.newer_than,
             limit: args.limit,
+            attributes: args.attr.clone(),
         }
     }
 }
@@ -59,8 +62,18 @@ pub fn select(store: &dyn Operator, selection: &Selection, now: u64) -> Result<V
         s
     };
     let mut runs: Vec<RunInfo> = Vec::new();
-    for status in statuses {
-        runs.extend(store.list(status, selection.workflow.as_deref())?);
+    if selection.attributes.is_empty() {
+        for status in statuses {
+            runs.extend(store.list(status, selection.workflow.as_deref())?);
+        }
+    } else {
+        let filter = RunFilter {
+            statuses,
+            workflow: selection.workflow.clone(),
+            attributes: selection.attributes.clone(),
+            ..RunFilter::default()
+        };
+        runs.extend(store.search(&filter)?.into_iter().map(|(info, _)| info));
     }
     if let Some(given) = &selection.schema {
         let (hash, _) = resolve(store.label(), &store.schemas()?, given)?;
@@ -94,7 +107,10 @@ pub fn run(target: &Target, args: &RunsArgs) -> Result<()> {
     let runs = select(&*store, &Selection::from(args), now)?;
 
     if args.json {
-        let views: Vec<RunView> = runs.iter().map(RunView::from).collect();
+        let views = runs
+            .iter()
+            .map(|info| Ok(RunView::from(info).with_attributes(store.attributes(&info.run_id)?)))
+            .collect::<Result<Vec<RunView>>>()?;
         return emit_json(&views);
     }
     let mut table = Table::with_header(&[

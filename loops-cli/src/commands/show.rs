@@ -5,6 +5,7 @@ use loops_core::{RunInfo, RunStatus, TransitionRecord};
 use serde::Serialize;
 use serde_json::value::RawValue;
 
+use crate::attrs::value_text;
 use crate::cli::ShowArgs;
 use crate::failure::{Result, run_id_arg};
 use crate::json::pretty;
@@ -39,6 +40,7 @@ pub fn run(target: &Target, args: &ShowArgs) -> Result<()> {
     let store = open::operator(target, Access::Read)?;
     let (info, record) = find(&*store, &run_id)?;
     let description = store.schema(info.schema)?;
+    let attributes = store.attributes(&run_id)?;
     let pending: Vec<EventView> = store
         .events(&run_id)?
         .into_iter()
@@ -48,7 +50,7 @@ pub fn run(target: &Target, args: &ShowArgs) -> Result<()> {
 
     if args.json {
         return emit_json(&ShowView {
-            run: RunView::from(&info),
+            run: RunView::from(&info).with_attributes(attributes),
             payload: record.payload,
             schema_description: description,
             pending_events: pending,
@@ -150,6 +152,13 @@ pub fn run(target: &Target, args: &ShowArgs) -> Result<()> {
                 block.resume, block.schema
             ),
             DIM,
+        );
+    }
+    for (key, value) in &attributes {
+        field(
+            "attribute",
+            format!("{key} = {} ({})", value_text(value), value.kind()),
+            PLAIN,
         );
     }
     field("schema", info.schema.to_string(), DIM);

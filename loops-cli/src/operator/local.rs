@@ -119,6 +119,17 @@ impl Operator for Local {
         self.wait(self.store().events(run_id))
     }
 
+    fn attributes(&self, run_id: &str) -> Result<loops_core::Attributes> {
+        self.wait(self.store().attributes(run_id))
+    }
+
+    fn search(
+        &self,
+        filter: &loops_core::RunFilter,
+    ) -> Result<Vec<(RunInfo, loops_core::Attributes)>> {
+        self.wait(loops_core::find_runs(self.store(), filter))
+    }
+
     fn schemas(&self) -> Result<Vec<(SchemaHash, String)>> {
         self.wait(self.store().schemas())
     }

@@ -14,7 +14,7 @@ mod local;
 mod remote;
 mod sealed;
 
-use loops_core::SchemaHash;
+use loops_core::{Attributes, RunFilter, SchemaHash};
 use loops_core::{Compacted, EventRecord, Pruned, RetentionPolicy, RunInfo, RunStatus, Sent};
 use loops_core::{FailureRecord, StepRecord, TransitionRecord};
 use serde_json::value::RawValue;
@@ -54,6 +54,14 @@ pub trait Operator {
 
     /// Every event sent to the run, as `(event seq, record, delivered)`.
     fn events(&self, run_id: &str) -> Result<Vec<(u64, EventRecord, bool)>>;
+
+    /// The run's searchable attributes (empty if none).
+    fn attributes(&self, run_id: &str) -> Result<Attributes>;
+
+    /// The runs `filter` selects, with their attributes, by run id: through the store's
+    /// attribute index when the filter has an attribute filter
+    /// ([`find_runs`](loops_core::find_runs)).
+    fn search(&self, filter: &RunFilter) -> Result<Vec<(RunInfo, Attributes)>>;
 
     /// Every stored schema, as `(hash, description)`.
     fn schemas(&self) -> Result<Vec<(SchemaHash, String)>>;

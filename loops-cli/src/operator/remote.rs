@@ -76,6 +76,17 @@ impl Operator for Remote {
         self.wait(self.client.run_info(run_id))
     }
 
+    fn attributes(&self, run_id: &str) -> Result<loops_core::Attributes> {
+        self.wait(self.client.attributes(run_id))
+    }
+
+    fn search(
+        &self,
+        filter: &loops_core::RunFilter,
+    ) -> Result<Vec<(RunInfo, loops_core::Attributes)>> {
+        self.wait(self.client.search(filter))
+    }
+
     fn latest(&self, run_id: &str) -> Result<Option<(RunInfo, TransitionRecord)>> {
         self.wait(self.client.latest(run_id))
     }

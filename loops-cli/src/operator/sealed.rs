@@ -74,6 +74,22 @@ impl Operator for Unsealing {
             .transpose()
     }
 
+    /// Attributes are stored in plaintext: as they are.
+    fn attributes(&self, run_id: &str) -> Result<loops_core::Attributes> {
+        self.inner.attributes(run_id)
+    }
+
+    fn search(
+        &self,
+        filter: &loops_core::RunFilter,
+    ) -> Result<Vec<(RunInfo, loops_core::Attributes)>> {
+        self.inner
+            .search(filter)?
+            .into_iter()
+            .map(|(info, attributes)| Ok((self.row(info)?, attributes)))
+            .collect()
+    }
+
     fn latest(&self, run_id: &str) -> Result<Option<(RunInfo, TransitionRecord)>> {
         let Some((info, mut record)) = self.inner.latest(run_id)? else {
             return Ok(None);

@@ -55,6 +55,7 @@ impl RunsQuery {
             older_than: age("older than", &self.older_than)?,
             newer_than: age("newer than", &self.newer_than)?,
             limit: None,
+            attributes: Vec::new(),
         })
     }
 }

@@ -158,6 +158,30 @@ impl Client {
         self.get(&run_path(run_id, "/events")).await
     }
 
+    /// The run's attributes (empty if it has none or does not exist).
+    ///
+    /// # Errors
+    /// As [`Client::list`].
+    pub async fn attributes(&self, run_id: &str) -> Result<crate::Attributes, ControlError> {
+        self.get(&run_path(run_id, "/attributes")).await
+    }
+
+    /// The runs `filter` selects, with their attributes, by run id
+    /// ([`Runtime::list_runs_where`](crate::Runtime::list_runs_where) in the process).
+    ///
+    /// # Errors
+    /// As [`Client::list`].
+    pub async fn search(
+        &self,
+        filter: &crate::RunFilter,
+    ) -> Result<Vec<(RunInfo, crate::Attributes)>, ControlError> {
+        let found: Vec<super::wire::Found> = self.post("/search", filter).await?;
+        Ok(found
+            .into_iter()
+            .map(|f| (RunInfo::from(f.run), f.attributes))
+            .collect())
+    }
+
     /// Every stored schema.
     ///
     /// # Errors

@@ -14,7 +14,7 @@ use axum::routing::{get, post};
 use tokio_util::sync::CancellationToken;
 
 use super::wire::{
-    CancelRequest, CompactReply, ErrorBody, ErrorKind, Event, Failed, LOOPS_VERSION, Latest,
+    CancelRequest, CompactReply, ErrorBody, ErrorKind, Event, Failed, Found, LOOPS_VERSION, Latest,
     ListQuery, PROTOCOL, PruneReply, PruneRequest, Run, SendRequest, SentReply, Step, StoredSchema,
     VERSION_HEADER, Version,
 };
@@ -247,6 +247,8 @@ fn router(served: Shared) -> Router {
         .route(&v("/runs/{run}/steps/{seq}"), get(steps))
         .route(&v("/runs/{run}/failures"), get(failures))
         .route(&v("/runs/{run}/events"), get(events).post(send))
+        .route(&v("/runs/{run}/attributes"), get(attributes))
+        .route(&v("/search"), post(search))
         .route(&v("/runs/{run}/cancel"), post(cancel))
         .route(&v("/runs/{run}/retry"), post(retry))
         .route(&v("/schemas"), get(schemas))
@@ -548,6 +550,31 @@ async fn prune(State(s): State<Shared>, Json(request): Json<PruneRequest>) -> An
         records,
         run_ids,
     }))
+}
+
+async fn attributes(
+    State(s): State<Shared>,
+    UrlPath(run): UrlPath<String>,
+) -> Answer<crate::Attributes> {
+    Ok(Json(s.runtime.stored().attributes(&run).await?))
+}
+
+/// The runs a filter selects: [`find_runs`](crate::find_runs) on the stored data (the
+/// attribute index when the filter has an attribute filter).
+async fn search(
+    State(s): State<Shared>,
+    Json(filter): Json<crate::RunFilter>,
+) -> Answer<Vec<Found>> {
+    let found = crate::find_runs(s.runtime.stored(), &filter).await?;
+    Ok(Json(
+        found
+            .into_iter()
+            .map(|(info, attributes)| Found {
+                run: info.into(),
+                attributes,
+            })
+            .collect(),
+    ))
 }
 
 async fn compact(State(s): State<Shared>) -> Answer<CompactReply> {

@@ -10,6 +10,8 @@
 //! | `GET /v1/runs/{run}/steps/{seq}` | | `[`[`Step`]`]` |
 //! | `GET /v1/runs/{run}/failures` | | `[`[`Failed`]`]` |
 //! | `GET /v1/runs/{run}/events` | | `[`[`Event`]`]` |
+//! | `GET /v1/runs/{run}/attributes` | | [`Attributes`](crate::Attributes) (`{}` if none) |
+//! | `POST /v1/search` | [`RunFilter`](crate::RunFilter) | `[`[`Found`]`]`, by run id |
 //! | `GET /v1/schemas` | | `[`[`StoredSchema`]`]` |
 //! | `GET /v1/schemas/{hash}` | | [`StoredSchema`] (`description` `null` if none) |
 //! | `POST /v1/runs/{run}/events` | [`SendRequest`] | [`SentReply`] |
@@ -87,6 +89,15 @@ impl From<Run> for RunInfo {
             ..run.info
         }
     }
+}
+
+/// One run of `POST /v1/search`: its row and its attributes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Found {
+    /// The run's row.
+    pub run: Run,
+    /// Its attributes, by key.
+    pub attributes: crate::Attributes,
 }
 
 /// `GET /v1/runs/{run}/latest`: the run's row and latest transition record.
