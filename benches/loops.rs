@@ -10,7 +10,8 @@
 //! Scenarios: `latency` (1 and 3: a transition and a journaled step against a raw redb
 //! commit), `throughput` (2: N concurrent runs against one commit per transition), `resume`
 //! (4: resume after 10 to 1 000 000 transitions), `startup` (5: 100 000 unfinished runs),
-//! `disk` (6: bytes per transition, prune and compact), `memory` (7: 10 000 waiting runs).
+//! `disk` (6: bytes per transition, prune and compact), `memory` (7: 10 000 waiting runs),
+//! `search` (8: attribute search on 100 000 runs).
 //! See docs/benchmarks.md for what each measures and the results. Nothing here runs under
 //! `cargo test`; no test asserts a time.
 
@@ -28,6 +29,8 @@ mod memory;
 mod report;
 #[path = "loops/resume.rs"]
 mod resume;
+#[path = "loops/search.rs"]
+mod search;
 #[path = "loops/startup.rs"]
 mod startup;
 #[path = "loops/throughput.rs"]
@@ -48,6 +51,7 @@ enum Scenario {
     Startup,
     Disk,
     Memory,
+    Search,
 }
 
 /// The loops benchmark suite (run it with `cargo bench --bench loops -- [OPTIONS]`).
@@ -85,6 +89,9 @@ struct Args {
     /// Waiting runs of the memory scenario.
     #[arg(long)]
     waiting_runs: Option<u64>,
+    /// Runs of the search scenario.
+    #[arg(long)]
+    search_runs: Option<u64>,
     /// Transitions of the large store of the disk scenario.
     #[arg(long)]
     disk_transitions: Option<u64>,
@@ -146,6 +153,7 @@ fn run(args: &Args) {
         && args.startup_runs.is_none()
         && args.waiting_runs.is_none()
         && args.disk_transitions.is_none()
+        && args.search_runs.is_none()
         && !args.disk_seeded;
     let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
     let out = args.out.clone().unwrap_or_else(|| {
@@ -251,6 +259,11 @@ fn run(args: &Args) {
         let runs = args.waiting_runs.unwrap_or(pick(10_000, 1_000));
         memory::run(dir, runs, pick(5, 1) as usize)
     });
+    let search = wants(Scenario::Search).then(|| {
+        eprintln!("8. attribute search");
+        let runs = args.search_runs.unwrap_or(pick(100_000, 10_000));
+        search::run(&tokio, dir, runs, pick(200, 20) as usize)
+    });
     drop(tokio);
 
     let report = report::Report {
@@ -265,6 +278,7 @@ fn run(args: &Args) {
         startup,
         disk,
         memory,
+        search,
     };
     print!("{}", report::markdown(&report));
     report::write(&report, &out).expect("write the report");

@@ -11,6 +11,7 @@ use crate::latency::{Latency, Variant};
 use crate::measure::Machine;
 use crate::memory::Memory;
 use crate::resume::Resume;
+use crate::search::Search;
 use crate::startup::Startup;
 use crate::throughput::Throughput;
 
@@ -29,6 +30,7 @@ pub struct Report {
     pub startup: Option<Startup>,
     pub disk: Option<Disk>,
     pub memory: Option<Memory>,
+    pub search: Option<Search>,
 }
 
 /// Markers in `benchmarks.md` between which the generated results go.
@@ -399,7 +401,50 @@ pub fn markdown(r: &Report) -> String {
             thousands(x.per_run_peak_bytes),
         );
     }
+
+    if let Some(x) = &r.search {
+        search_section(&mut s, x);
+    }
     s
+}
+
+/// Scenario 8's section.
+fn search_section(s: &mut String, x: &Search) {
+    let _ = writeln!(
+        s,
+        "### 8. Attribute search on {} runs\n\n\
+         `find_runs` (as `Runtime::list_runs_where` and `loops runs --attr`) on a redb store of \
+         {} running runs with three attributes each (`repo`: 100 values; `issue`: one per \
+         run; `due`: a time), {}; the attributes were set through `Write::SetAttributes` in \
+         {:.1} s. Each query {} times after one untimed call, warm.\n",
+        thousands(x.runs as f64),
+        thousands(x.runs as f64),
+        size(x.file_bytes as f64),
+        x.attributes_s,
+        x.queries.first().map_or(0, |q| q.reps),
+    );
+    let _ = writeln!(
+        s,
+        "| query | runs found | p50 | p99 |\n|---|---:|---:|---:|"
+    );
+    for q in &x.queries {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {:.0} µs | {:.0} µs |",
+            q.label,
+            thousands(q.found as f64),
+            q.p50_us,
+            q.p99_us
+        );
+    }
+    let _ = writeln!(
+        s,
+        "| {} (no index; {} times) | {} | {:.0} µs | |\n",
+        x.scan.label,
+        x.scan.reps,
+        thousands(x.scan.found as f64),
+        x.scan.p50_us
+    );
 }
 
 type Plot = Result<(), Box<dyn std::error::Error + Send + Sync>>;

@@ -308,3 +308,124 @@ async fn bench() {
         println!("| {runs} | {one:.0} | {three:.0} |");
     }
 }
+
+/// Attribute search on `LOOPS_BENCH_RUNS` runs (default 100 000), each created through
+/// `PgStore` with three attributes (`repo`: 100 values; `issue`: one per run; `due`: a time):
+/// `find_runs` by equality and by range, p50 and p99 of 200 calls each, and a scan of the
+/// same runs without the index for comparison. Figures in docs/benchmarks.md.
+///
+/// `cargo test --release -p loops-postgres --test bench attribute_search -- --ignored --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a benchmark: cargo test --release -p loops-postgres --test bench attribute_search -- --ignored --nocapture"]
+async fn attribute_search() {
+    use loops_core::{AttributeFilter, AttributeValue, RunFilter, find_runs};
+    use std::sync::Arc;
+
+    const T0: u64 = 1_767_225_600_000;
+    let runs: u64 = std::env::var("LOOPS_BENCH_RUNS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(100_000);
+    let schema = common::TestSchema::new("bench_search").await;
+    let store: Arc<dyn Store> = Arc::new(schema.store(Duration::from_secs(60)).await);
+    let t = Instant::now();
+    let ids: Vec<u64> = (0..runs).collect();
+    for chunk in ids.chunks(256) {
+        let tasks: Vec<_> = chunk
+            .iter()
+            .map(|&i| {
+                let store = Arc::clone(&store);
+                tokio::spawn(async move {
+                    let id = format!("run-{i:07}");
+                    let write = Write::Create {
+                        info: info(&id),
+                        record: record(0),
+                        schema_text: "bench",
+                        attributes: vec![
+                            (
+                                "repo".to_owned(),
+                                AttributeValue::Str(format!("acme/repo-{}", i % 100)),
+                            ),
+                            ("issue".to_owned(), AttributeValue::Int(i as i64)),
+                            ("due".to_owned(), AttributeValue::Time(T0 + i * 1000)),
+                        ],
+                    };
+                    store.write(None, write).await.unwrap();
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.unwrap();
+        }
+    }
+    let seed = t.elapsed();
+    common::admin()
+        .await
+        .batch_execute(&format!("ANALYZE \"{}\".attributes", schema.name))
+        .await
+        .unwrap();
+    let mid = runs / 2;
+    let cases: Vec<(&str, RunFilter)> = vec![
+        (
+            "issue = one value (int, 1 run)",
+            RunFilter::new().attribute("issue", mid as i64),
+        ),
+        (
+            "issue in a range of 100 (int)",
+            RunFilter::new().where_attribute(AttributeFilter::int_range(
+                "issue",
+                mid as i64..=mid as i64 + 99,
+            )),
+        ),
+        (
+            "due in a range of 100 s (time)",
+            RunFilter::new().where_attribute(AttributeFilter::time_range(
+                "due",
+                T0 + mid * 1000..=T0 + (mid + 99) * 1000,
+            )),
+        ),
+        (
+            "repo = one of 100 values (str, 1 % of the runs)",
+            RunFilter::new().attribute("repo", "acme/repo-7"),
+        ),
+        (
+            "repo and status running and issue range (3 conditions)",
+            RunFilter::new()
+                .attribute("repo", "acme/repo-7")
+                .status(RunStatus::Running)
+                .where_attribute(AttributeFilter::int_range("issue", 0..=mid as i64)),
+        ),
+    ];
+    println!();
+    println!(
+        "attribute search on {runs} PostgreSQL runs (created with their attributes in {:.1} s), µs",
+        seed.as_secs_f64()
+    );
+    println!("| query | runs found | p50 | p99 |");
+    println!("|---|---:|---:|---:|");
+    for (label, filter) in &cases {
+        let found = find_runs(&*store, filter).await.unwrap().len();
+        let mut samples = Vec::with_capacity(200);
+        for _ in 0..200 {
+            let t = Instant::now();
+            let n = find_runs(&*store, filter).await.unwrap().len();
+            samples.push(t.elapsed());
+            assert_eq!(n, found);
+        }
+        let s = stats(samples);
+        println!("| {label} | {found} | {} | {} |", us(s.p50), us(s.p99));
+    }
+    // Without the index: every running run's row, then its attributes, filtered in memory.
+    let t = Instant::now();
+    let mut found = 0;
+    for info in store.list(RunStatus::Running, None).await.unwrap() {
+        let attributes = store.attributes(&info.run_id).await.unwrap();
+        if attributes.get("repo") == Some(&AttributeValue::Str("acme/repo-7".into())) {
+            found += 1;
+        }
+    }
+    println!(
+        "| scan: every running run, filtered by repo (no index; once) | {found} | {} | |",
+        us(t.elapsed())
+    );
+}
