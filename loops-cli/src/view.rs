@@ -49,7 +49,7 @@ pub struct RunView {
     pub blocked: Option<BlockView>,
     /// The run's searchable attributes by key (`{"str": S}`, `{"int": N}` or
     /// `{"time_ms": MS}`; `{}` if none) in the outputs that read them (`loops runs --json`,
-    /// `loops show --json`); `null` in the others.
+    /// `loops show --json`, `loops history --json`); `null` in the others.
     pub attributes: Option<Attributes>,
 }
 

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use fantoccini::{Client, ClientBuilder, Locator};
 use loops_core::control::ControlServer;
-use loops_core::{BoxError, Context, RetryPolicy, RunStatus, Runtime};
+use loops_core::{BoxError, Context, RetryPolicy, RunStatus, Runtime, StartOptions};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -121,11 +121,12 @@ async fn held() -> Held {
         .open(&path)
         .unwrap();
     for id in ["progress-1", "approve-1", "cancel-1"] {
-        rt.start(
+        rt.start_with(
             id,
             Review::Asked {
                 doc: "spec.md".into(),
             },
+            attributes(),
         )
         .await
         .unwrap();
@@ -581,11 +582,29 @@ fn token_of(page: &str) -> String {
 
 /// Shows `cancel-1` waiting, cancels it through the UI at `addr` as a page would, and shows
 /// it cancelled.
+/// The attributes the runs start with, which the run page lists.
+fn attributes() -> StartOptions {
+    StartOptions::default()
+        .attribute("owner", "alice <a&b>")
+        .attribute("issue", 17)
+}
+
 fn cancel_through_the_page(addr: SocketAddr) {
     let host = ("Host", addr.to_string());
     let origin = ("Origin", format!("http://{addr}"));
     let (status, page) = request(addr, "GET /runs/cancel-1", std::slice::from_ref(&host), "");
     assert_eq!(status, 200, "{page}");
+    // The run's attributes, escaped, by key.
+    assert!(
+        page.contains(r#"<dd class="attribute"><code>issue</code> = 17 (int)</dd>"#),
+        "{page}"
+    );
+    assert!(
+        page.contains(
+            r#"<dd class="attribute"><code>owner</code> = alice &lt;a&amp;b&gt; (str)</dd>"#
+        ),
+        "{page}"
+    );
     assert!(page.contains(r#"data-status="waiting""#), "{page}");
     let cancel = form(&[("token", &token_of(&page)), ("reason", "from the page")]);
     let (status, body) = request(
@@ -636,11 +655,12 @@ fn the_page_reads_and_writes_a_file_no_process_holds_and_a_postgresql_store() {
             .retry(RetryPolicy::never())
             .register::<Review, _>(Reviewer)
             .build(store);
-        rt.start(
+        rt.start_with(
             "cancel-1",
             Review::Asked {
                 doc: "spec.md".into(),
             },
+            attributes(),
         )
         .await
         .unwrap();

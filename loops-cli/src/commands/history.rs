@@ -117,7 +117,7 @@ pub fn gather(store: &dyn Operator, run_id: &str) -> Result<(RunInfo, HistoryVie
         .map(|(seq, e, delivered)| EventView::new(seq, e, delivered))
         .collect();
     let view = HistoryView {
-        run: RunView::from(&info),
+        run: RunView::from(&info).with_attributes(store.attributes(run_id)?),
         transitions,
         events,
     };

@@ -1,9 +1,10 @@
 //! One run's page: what it is doing, the buttons that steer it, its graph, its timeline.
 
-use loops_core::{FailureSource, RunInfo, RunStatus};
+use loops_core::{Attributes, FailureSource, RunInfo, RunStatus};
 use maud::{Markup, html};
 
 use super::{layout, run_href, status};
+use crate::attrs::value_text;
 use crate::commands::history::{HistoryView, TransitionView};
 use crate::json::{pretty, preview};
 use crate::output::{duration, relative, rfc3339};
@@ -30,7 +31,7 @@ pub fn live(ui: &Ui, info: &RunInfo, view: &HistoryView, now: u64) -> Markup {
     let last = view.transitions.len().saturating_sub(1);
     html! {
         div.top {
-            section.summary data-part="summary" { (summary(info, now)) }
+            section.summary data-part="summary" { (summary(info, view.run.attributes.as_ref(), now)) }
             section.actions data-part="actions" { (actions(ui, info, view)) }
         }
         section.graph data-part="graph" {
@@ -51,7 +52,8 @@ pub fn live(ui: &Ui, info: &RunInfo, view: &HistoryView, now: u64) -> Markup {
     }
 }
 
-fn summary(info: &RunInfo, now: u64) -> Markup {
+/// The run's row, and its attributes (`None`: not read).
+fn summary(info: &RunInfo, attributes: Option<&Attributes>, now: u64) -> Markup {
     let waiting = waiting_text(info, now);
     let until = info
         .wait
@@ -87,6 +89,9 @@ fn summary(info: &RunInfo, now: u64) -> Markup {
             dt { "schema" } dd { code { (info.schema.to_string()) } }
             dt { "created" } dd { (rfc3339(info.created_ms)) }
             dt { "updated" } dd { (rfc3339(info.updated_ms)) " (" (relative(info.updated_ms, now)) ")" }
+            @for (key, value) in attributes.into_iter().flatten() {
+                dt { "attribute" } dd.attribute { code { (key) } " = " (value_text(value)) " (" (value.kind()) ")" }
+            }
         }
     }
 }
