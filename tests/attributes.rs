@@ -133,7 +133,7 @@ async fn handlers_and_starts_set_attributes_that_searches_find() {
         ])
     );
     // The invalid key: refused with the run, state and seq, once per run, nothing stored.
-    let refused = triager.refused.lock().unwrap();
+    let refused = std::mem::take(&mut *triager.refused.lock().unwrap());
     assert_eq!(refused.len(), 3);
     match &refused[2] {
         Error::InvalidAttribute {
@@ -158,7 +158,6 @@ async fn handlers_and_starts_set_attributes_that_searches_find() {
         refused[0].to_string(),
         "run `t1` at seq 0 (state `Start`): invalid attribute \"bad key\": the key has a character other than ASCII letters, digits, `_`, `-` and `.`"
     );
-    drop(refused);
 
     let api = || RunFilter::new().attribute("repo", "acme/api");
     assert_eq!(ids(&rt, &api()).await, ["t1", "t3"]);

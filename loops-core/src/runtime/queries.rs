@@ -131,6 +131,7 @@ impl Runtime {
     /// attribute index ([`find_runs`](crate::find_runs)), not from a scan.
     ///
     /// ```no_run
+    /// # extern crate loops_core as loops;
     /// # async fn f(rt: loops::Runtime) -> loops::Result<()> {
     /// use loops::{AttributeFilter, RunFilter, RunStatus};
     /// let filter = RunFilter::new()

@@ -25,7 +25,8 @@ use crate::workflow::Workflow;
 /// How [`Runtime::run_with`] and [`Runtime::start_with`] start a run they create.
 ///
 /// ```
-/// # use loops::StartOptions;
+/// # extern crate loops_core as loops;
+/// use loops::StartOptions;
 /// let options = StartOptions::default()
 ///     .attribute("repo", "acme/api")
 ///     .attribute("issue", 17);
