@@ -116,6 +116,12 @@ impl JobHandler for Agent {
             })
             .await?;
         self.hold_at("after_step");
+        if std::env::var_os("LOOPS_ATTRIBUTE").is_some() {
+            // Not a step: every execution of this handler sets it again.
+            ctx.set_attribute("receipt", receipt.as_str()).await?;
+            self.log("attribute_sets", &receipt);
+            self.hold_at("after_attribute");
+        }
         Ok(EffectNext::Approval { receipt })
     }
 
@@ -385,7 +391,12 @@ fn kill_at(dir: &Path, hold: &str) {
 
 /// Runs the child without holding until it prints its end; returns that line.
 fn finish(dir: &Path, hold: &str) -> String {
-    let (child, rx) = spawn_child(dir, hold);
+    finish_env(dir, hold, &[])
+}
+
+/// As [`finish`], with the variables `env` set.
+fn finish_env(dir: &Path, hold: &str, env: &[(&str, &str)]) -> String {
+    let (child, rx) = spawn_child_env(dir, hold, "", env);
     let mut child = Killed(child);
     let deadline = Instant::now() + Duration::from_secs(30);
     let end = loop {
@@ -462,6 +473,59 @@ async fn killed_inside_a_step_repeats_only_the_unrecorded_effect_under_the_same_
     let ledger = lines(dir.path(), "ledger");
     assert_eq!(ledger.len(), 2, "{ledger:?}");
     assert_eq!(ledger[0], ledger[1], "both executions used the same key");
+    assert_eq!(
+        entries(dir.path()),
+        counts(&[("Start 0", 1), ("Effect 1", 2), ("Approval 2", 1)])
+    );
+    assert_eq!(history(dir.path()), full_history());
+}
+
+/// The run's attributes, and the runs a search for `receipt = receipt-7` finds (read with no
+/// process holding the store).
+fn attributes(dir: &Path) -> (loops::Attributes, Vec<String>) {
+    let store = loops::RedbStore::open(dir.join("store.redb")).unwrap();
+    let found = store
+        .search(&loops::RunFilter::new().attribute("receipt", "receipt-7"))
+        .unwrap()
+        .into_iter()
+        .map(|(info, _)| info.run_id)
+        .collect();
+    (store.attributes("job").unwrap(), found)
+}
+
+#[tokio::test]
+async fn killed_after_setting_an_attribute_sets_it_again_on_resume_as_one_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let with = [("LOOPS_ATTRIBUTE", "1")];
+    {
+        let (child, rx) = spawn_child_env(dir.path(), "after_attribute", "", &with);
+        let _child = Killed(child);
+        expect_line(&rx, "holding after_attribute");
+    }
+    let set: loops::Attributes = [(
+        "receipt".to_owned(),
+        loops::AttributeValue::Str("receipt-7".into()),
+    )]
+    .into();
+    // Committed before the kill, and found through the index.
+    assert_eq!(
+        attributes(dir.path()),
+        (set.clone(), vec!["job".to_owned()])
+    );
+    approve(dir.path(), "dee").await;
+    let end = finish_env(dir.path(), "", &with);
+    assert_eq!(
+        end,
+        r#"ended {"Done":{"receipt":"receipt-7","approver":"dee"}}"#
+    );
+    // The handler ran twice and set it twice (the step replayed its receipt); one value,
+    // one index entry, one run found.
+    assert_eq!(
+        lines(dir.path(), "attribute_sets"),
+        ["receipt-7", "receipt-7"]
+    );
+    assert_eq!(lines(dir.path(), "ledger").len(), 1);
+    assert_eq!(attributes(dir.path()), (set, vec!["job".to_owned()]));
     assert_eq!(
         entries(dir.path()),
         counts(&[("Start 0", 1), ("Effect 1", 2), ("Approval 2", 1)])

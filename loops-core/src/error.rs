@@ -11,8 +11,10 @@ use crate::workflow::BoxError;
 
 mod codec;
 mod methods;
+mod text;
 
 pub use codec::CodecError;
+use text::{at_seq, attempts_text, cause_text, describe_changes, shown_id};
 
 /// Everything loops-core can fail with. Each variant names the run, the state and the sequence
 /// number involved, where there is one, so that a log line is enough to find the record.
@@ -740,60 +742,8 @@ fn decoded(record: &RecordKind, seq: u64, state: &str) -> String {
     }
 }
 
-fn attempts_text(
-    attempts: u32,
-    interrupted: u32,
-    last_error: &[String],
-    has_source: bool,
-) -> String {
-    let plural = |n: u32| if n == 1 { "" } else { "s" };
-    if interrupted == attempts {
-        return format!(
-            "{attempts} attempt{}, each cut short by the process stopping",
-            plural(attempts)
-        );
-    }
-    let counted = match interrupted {
-        0 => format!("{attempts} attempt{}", plural(attempts)),
-        i => format!(
-            "{attempts} attempt{} ({i} cut short by the process stopping)",
-            plural(attempts)
-        ),
-    };
-    // With a source, the chain is the source's to tell.
-    if has_source || last_error.is_empty() {
-        counted
-    } else {
-        format!("{counted}: {}", last_error.join(": "))
-    }
-}
-
-/// The run id as shown in a message: at most 64 characters, then how long it was.
-fn shown_id(run_id: &str) -> String {
-    if run_id.chars().count() <= 64 {
-        format!("{run_id:?}")
-    } else {
-        let head: String = run_id.chars().take(64).collect();
-        format!("{head:?}... ({} bytes)", run_id.len())
-    }
-}
-
-fn describe_changes(changes: &crate::schema::SchemaDiff) -> String {
-    if changes.is_empty() {
-        String::new()
-    } else {
-        format!("; changes: {changes}")
-    }
-}
-
 /// `Result` with loops' [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// `" at seq N"`, or nothing for `None`: for messages about a payload that may belong to no
-/// state.
-fn at_seq(seq: Option<u64>) -> String {
-    seq.map(|seq| format!(" at seq {seq}")).unwrap_or_default()
-}
 
 /// The error and its `source()` chain as text, outermost first. A source whose message
 /// the message before it already ends with (an error that prints its source and returns it
@@ -809,10 +759,4 @@ pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> Vec<String> {
         cur = e.source();
     }
     out
-}
-
-/// The cause of a store error as its message shows it: the cause and its own sources, as
-/// [`error_chain`] gives them, joined by `": "`.
-fn cause_text(cause: &(dyn std::error::Error + Send + Sync + 'static)) -> String {
-    error_chain(cause).join(": ")
 }
