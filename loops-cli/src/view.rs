@@ -48,8 +48,8 @@ pub struct RunView {
     /// Why a blocked run is blocked.
     pub blocked: Option<BlockView>,
     /// The run's searchable attributes by key (`{"str": S}`, `{"int": N}` or
-    /// `{"time_ms": MS}`; `{}` if none) in the outputs that read them (`loops runs --json`,
-    /// `loops show --json`, `loops history --json`); `null` in the others.
+    /// `{"time_ms": MS}`; `{}` if none). Every command's `--json` reads them; `null` only
+    /// where a view is built without them.
     pub attributes: Option<Attributes>,
 }
 

@@ -419,6 +419,7 @@ fn runs_lists_every_run_newest_first_with_stable_fields() {
         "cancel_reason",
         "schema",
         "blocked",
+        "attributes",
     ];
     for run in runs.as_array().unwrap() {
         let keys: Vec<&str> = run

@@ -14,6 +14,7 @@ mod methods;
 mod text;
 
 pub use codec::CodecError;
+pub use text::error_chain;
 use text::{at_seq, attempts_text, cause_text, describe_changes, shown_id};
 
 /// Everything loops-core can fail with. Each variant names the run, the state and the sequence
@@ -744,19 +745,3 @@ fn decoded(record: &RecordKind, seq: u64, state: &str) -> String {
 
 /// `Result` with loops' [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// The error and its `source()` chain as text, outermost first. A source whose message
-/// the message before it already ends with (an error that prints its source and returns it
-/// too) is left out, so that no cause is said twice.
-pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> Vec<String> {
-    let mut out = vec![err.to_string()];
-    let mut cur = err.source();
-    while let Some(e) = cur {
-        let text = e.to_string();
-        if !out.last().is_some_and(|last| last.ends_with(&text)) {
-            out.push(text);
-        }
-        cur = e.source();
-    }
-    out
-}

@@ -28,7 +28,7 @@ pub fn cancel(target: &Target, args: &CancelArgs) -> Result<()> {
         .ok_or_else(|| not_found(store.label(), &run_id))?;
     let info = store.cancel(&run_id, &args.reason)?;
     if args.json {
-        return emit_json(&RunView::from(&info));
+        return emit_json(&RunView::from(&info).with_attributes(store.attributes(&run_id)?));
     }
     emit(&format!(
         "{} run {} ({} in state {}, seq {}): {}\n",
@@ -44,9 +44,10 @@ pub fn cancel(target: &Target, args: &CancelArgs) -> Result<()> {
 /// Makes a failed run running again.
 pub fn retry(target: &Target, args: &RetryArgs) -> Result<()> {
     let run_id = run_id_arg(&args.run)?;
-    let info = open::operator(target, Access::Write)?.retry(&run_id)?;
+    let store = open::operator(target, Access::Write)?;
+    let info = store.retry(&run_id)?;
     if args.json {
-        return emit_json(&RunView::from(&info));
+        return emit_json(&RunView::from(&info).with_attributes(store.attributes(&run_id)?));
     }
     emit(&format!(
         "run {} is {} again in state {} (seq {}); its next attempt, number {}, starts a fresh budget of attempts; the process that drives workflow `{}` resumes it when it next starts (Runtime::resume_all) or drives it\n",
@@ -103,12 +104,13 @@ pub fn send(target: &Target, args: &SendArgs) -> Result<()> {
         ));
     }
     if args.output == OutputArg::Json {
+        let attributes = store.attributes(&run_id)?;
         return emit_json(&SentView {
             run_id,
             event,
             event_seq: sent.event_seq,
             duplicate: sent.duplicate,
-            run: RunView::from(&info),
+            run: RunView::from(&info).with_attributes(attributes),
         });
     }
     let what = if sent.duplicate {

@@ -41,9 +41,29 @@ fn str(s: &str) -> AttributeValue {
     AttributeValue::Str(s.to_owned())
 }
 
+/// A filter on the integer `n` from `lo` to `hi`.
+fn range(lo: i64, hi: i64) -> RunFilter {
+    RunFilter::new().where_attribute(AttributeFilter::int_range("n", lo..=hi))
+}
+
+/// A filter on `repo = acme/api`.
+fn api() -> RunFilter {
+    RunFilter::new().attribute("repo", "acme/api")
+}
+
 pub(super) async fn attributes_search(f: &dyn Factory) {
     let store = f.store();
     let store = &*store;
+    let lc = seeded(store).await;
+    found_by_value(store).await;
+    replaced(store).await;
+    combined(store, &lc).await;
+    pruned(store).await;
+}
+
+/// Runs "a" and "b", with attributes from their creation, and "c", with attributes from its
+/// driver; returns the lease of "c".
+async fn seeded(store: &dyn Store) -> crate::store::Lease {
     // "a" and "b" get attributes at their creation, "c" from its driver afterwards.
     for (id, repo, n) in [("a", "acme/api", 3), ("b", "acme/web", 7)] {
         let l = lease(store, id).await;
@@ -97,8 +117,11 @@ pub(super) async fn attributes_search(f: &dyn Factory) {
         ])
     );
     assert_eq!(store.attributes("ghost").await.unwrap(), Attributes::new());
+    lc
+}
 
-    // Equality, with every attribute of each run found, by run id.
+/// Equality, with every attribute of each run found, by run id; ranges.
+async fn found_by_value(store: &dyn Store) {
     let by_repo = store
         .search(&RunFilter::new().attribute("repo", "acme/api"))
         .await
@@ -120,15 +143,16 @@ pub(super) async fn attributes_search(f: &dyn Factory) {
         );
     }
     // Ranges, both ends included.
-    let range = |lo, hi| RunFilter::new().where_attribute(AttributeFilter::int_range("n", lo..=hi));
     assert_eq!(search(store, &range(3, 7)).await, ["a", "b"]);
     assert_eq!(search(store, &range(4, 12)).await, ["b", "c"]);
     assert_eq!(search(store, &range(-5, 2)).await, Vec::<String>::new());
     let due = RunFilter::new().where_attribute(AttributeFilter::time_range("due", 0..=5_000));
     assert_eq!(search(store, &due).await, ["c"]);
+}
 
-    // Setting a key again replaces its value (and its index entry); the same value again
-    // leaves one entry.
+/// Setting a key again replaces its value (and its index entry); the same value again
+/// leaves one entry.
+async fn replaced(store: &dyn Store) {
     let la = lease(store, "a").await;
     for _ in 0..2 {
         store
@@ -152,10 +176,11 @@ pub(super) async fn attributes_search(f: &dyn Factory) {
         ["a"]
     );
     assert_eq!(search(store, &range(5, 5)).await, ["a"]);
+}
 
-    // Combined with status, workflow, last change and a second attribute.
-    transition(store, &lc, "c", 1, true).await.unwrap();
-    let api = || RunFilter::new().attribute("repo", "acme/api");
+/// Combined with status, workflow, last change and a second attribute.
+async fn combined(store: &dyn Store, lc: &crate::store::Lease) {
+    transition(store, lc, "c", 1, true).await.unwrap();
     assert_eq!(
         search(store, &api().status(RunStatus::Running)).await,
         ["a"]
@@ -202,8 +227,10 @@ pub(super) async fn attributes_search(f: &dyn Factory) {
     let b_attrs = store.attributes("b").await.unwrap();
     let a_attrs = store.attributes("a").await.unwrap();
     assert_eq!(found(&all), vec![("a", &a_attrs), ("b", &b_attrs)]);
+}
 
-    // A pruned run's attributes go with it.
+/// A pruned run's attributes go with it.
+async fn pruned(store: &dyn Store) {
     store.write(None, writes::prune(&["c"])).await.unwrap();
     assert_eq!(store.attributes("c").await.unwrap(), Attributes::new());
     assert_eq!(search(store, &api()).await, ["a"]);

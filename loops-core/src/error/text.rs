@@ -1,8 +1,6 @@
 //! The texts error messages are built from: attempt counts, run ids as shown, schema changes,
 //! seqs, store causes.
 
-use super::error_chain;
-
 pub(super) fn attempts_text(
     attempts: u32,
     interrupted: u32,
@@ -59,4 +57,20 @@ pub(super) fn at_seq(seq: Option<u64>) -> String {
 /// [`error_chain`] gives them, joined by `": "`.
 pub(super) fn cause_text(cause: &(dyn std::error::Error + Send + Sync + 'static)) -> String {
     error_chain(cause).join(": ")
+}
+
+/// The error and its `source()` chain as text, outermost first. A source whose message
+/// the message before it already ends with (an error that prints its source and returns it
+/// too) is left out, so that no cause is said twice.
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> Vec<String> {
+    let mut out = vec![err.to_string()];
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        let text = e.to_string();
+        if !out.last().is_some_and(|last| last.ends_with(&text)) {
+            out.push(text);
+        }
+        cur = e.source();
+    }
+    out
 }
