@@ -406,3 +406,106 @@ async fn the_explorer_stops_a_step_between_its_effect_and_its_record() {
         ]
     );
 }
+
+// The same explorations with a real process per crash (`Explorer::in_child_processes`): this
+// test binary runs again on the one test, whose explorer plays the child's part (aborting
+// the process at the boundary, or resuming the run from the store file). A test runs one
+// explorer in child processes; what it compares with runs after it, in this process.
+
+/// The approval workflow's day of sleep, its event and its steps, each crash a real abort:
+/// the same boundaries, the same end, as in process.
+#[tokio::test]
+async fn in_child_processes_the_explorer_passes_on_a_correct_workflow_as_in_process() {
+    let draft = || Approval::Drafted { text: "hi".into() };
+    let in_children = Explorer::new(Desk::default, draft())
+        .event("approve", "ada")
+        .in_child_processes()
+        .run()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let in_process = Explorer::new(Desk::default, draft())
+        .event("approve", "ada")
+        .run()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(in_children.final_state, "Published");
+    assert_eq!(in_children.boundaries.len(), 12);
+    assert_eq!(in_children, in_process);
+}
+
+/// The count kept in memory: a fresh process per crash loses it as a rebuilt handler does,
+/// and the report is the in-process one, word for word.
+#[tokio::test]
+async fn in_child_processes_the_explorer_finds_a_count_kept_in_memory_as_in_process() {
+    let in_children = Explorer::new(Forgetful::default, Tally::Start)
+        .in_child_processes()
+        .run()
+        .await
+        .unwrap_err();
+    let in_process = explore(Forgetful::default, Tally::Start).await.unwrap_err();
+    println!("{in_children}");
+    let (
+        ExploreError::Found {
+            explored, findings, ..
+        },
+        ExploreError::Found {
+            findings: expected, ..
+        },
+    ) = (&in_children, &in_process)
+    else {
+        panic!("{in_children}\n{in_process}")
+    };
+    assert_eq!(*explored, 3);
+    assert_eq!(findings.len(), 1);
+    assert_eq!(findings[0].boundary.what, "transition to `Counted` (seq 1)");
+    assert_eq!(findings, expected);
+    assert_eq!(in_children.to_string(), in_process.to_string());
+}
+
+/// The count carried in the state passes in child processes too.
+#[tokio::test]
+async fn in_child_processes_the_explorer_passes_on_the_count_carried_in_the_state() {
+    let explored = Explorer::new(|| Careful, Tally::Start)
+        .in_child_processes()
+        .run()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(explored.final_state, "Done");
+    assert_eq!(explored.boundaries.len(), 3);
+    assert_eq!(explored.explored, 3);
+}
+
+/// A step aborted between its effect and its record runs again in the next process, with
+/// the same key: the children's journals of step runs reach the parent's checks.
+#[tokio::test]
+async fn in_child_processes_a_step_aborted_between_effect_and_record_runs_again() {
+    let explored = Explorer::new(|| Biller, Charge::Due { cents: 500 })
+        .in_child_processes()
+        .only(2)
+        .run()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(explored.explored, 1);
+    assert_eq!(explored.boundaries[1].when, When::BeforeCommit);
+    assert_eq!(
+        explored.boundaries[1].what,
+        "record of step `charge` #0 of seq 0"
+    );
+}
+
+/// The wrong test name: the child runs no explorer, and the error says so.
+#[tokio::test]
+async fn in_child_processes_a_wrong_test_name_is_reported() {
+    let err = Explorer::new(|| Careful, Tally::Start)
+        .in_child_processes_of("no_such_test")
+        .run()
+        .await
+        .unwrap_err();
+    let ExploreError::Reference { message, .. } = &err else {
+        panic!("{err}")
+    };
+    assert!(
+        message.contains("the child process ran no crash explorer: is `no_such_test` the name"),
+        "{message}"
+    );
+}

@@ -14,6 +14,7 @@
 //!
 //! Users reach it as `loops::testing`, whose documentation has runnable examples.
 
+mod child;
 mod explore;
 mod report;
 mod store;
