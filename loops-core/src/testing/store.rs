@@ -183,7 +183,9 @@ impl WriteHook for PassThrough {}
 /// them in order, and the hook ([`WriteHook`]) may fail a write or stop the store at one
 /// ([`Verdict::Stop`]), which is how the crash explorer stops a run at a boundary. Every
 /// other call is put to the hook too ([`WriteHook::call`]), then goes to `S` unchanged
-/// (until the store is stopped). Clones share the log, the hook and the stop.
+/// (until the store is stopped); [`Store::as_any`] is `S`'s, so that
+/// [`Runtime::redb`](crate::Runtime::redb) reaches a redb store behind it. Clones share the
+/// log, the hook and the stop.
 pub struct HookedStore<S> {
     inner: S,
     hook: Arc<dyn WriteHook>,
