@@ -1,8 +1,6 @@
 //! Typed events (`#[event(name: Type)]`): the constants the derive generates, the events in
 //! the schema description and hash, and the check of events sent from outside the program.
 
-use std::time::Duration;
-
 use loops::{Context, DeclaredEvents, Error, EventRefusal, RunStatus, Runtime, Schema, Workflow};
 use serde::{Deserialize, Serialize};
 
@@ -171,13 +169,10 @@ async fn typed_send_and_checked_send_json() {
         .build(loops::RedbStore::in_memory().unwrap());
     runtime.start("g-1", Gate::Open { n: 1 }).await.unwrap();
     // Until it waits, nothing to see; then a refused name, a refused payload: nothing written.
-    loop {
-        let info = runtime.run_info("g-1").await.unwrap().unwrap();
-        if info.status == RunStatus::Waiting {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    runtime
+        .wait_for_status("g-1", RunStatus::Waiting)
+        .await
+        .unwrap();
     let raw = |text: &str| serde_json::value::RawValue::from_string(text.to_owned()).unwrap();
     let err = runtime
         .send_json("g-1", "aprove", None, &raw(r#"{"by":"alice"}"#))

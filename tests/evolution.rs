@@ -89,18 +89,6 @@ fn calls(list: &[(u32, &str)]) -> Vec<(u32, String)> {
     list.iter().map(|(v, s)| (*v, (*s).to_owned())).collect()
 }
 
-/// Waits (without a deadline of its own) until `id` has `status`.
-async fn until_status(store: &Shared, id: &str, status: RunStatus) -> loops::RunInfo {
-    loop {
-        if let Some(info) = store.run_info(id).await.unwrap()
-            && info.status == status
-        {
-            return info;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_of_every_v1_state_migrate_through_v2_to_v3_and_finish() {
     let store = memory();
@@ -281,7 +269,7 @@ where
         .migration::<v1::Order, New>()
         .build(store.clone());
     rt.resume_all().await.unwrap();
-    let info = until_status(&store, "r", RunStatus::Blocked).await;
+    let info = rt.wait_for_status("r", RunStatus::Blocked).await.unwrap();
     // Resumed again, and the migration registered again: it fails again, and the run is
     // blocked for that already: nothing more is written.
     rt.resume_all().await.unwrap();
@@ -431,7 +419,7 @@ async fn a_refused_run_stays_blocked_and_quiet_under_serve() {
         let rt = rt.clone();
         tokio::spawn(async move { rt.serve(Duration::from_millis(20)).await })
     };
-    until_status(&store, "old", RunStatus::Blocked).await;
+    rt.wait_for_status("old", RunStatus::Blocked).await.unwrap();
     // Other runs progress meanwhile.
     rt.start(
         "fresh",
@@ -638,7 +626,7 @@ async fn registering_the_missing_version_on_a_running_runtime_unblocks_its_runs(
         .register::<v2::Order, _>(Handler::new(2, &log))
         .build(store.clone());
     rt.resume_all().await.unwrap();
-    until_status(&store, "r", RunStatus::Blocked).await;
+    rt.wait_for_status("r", RunStatus::Blocked).await.unwrap();
     assert!(matches!(
         rt.wait::<v1::Order>("r").await,
         Err(Error::RunBlocked { seq: 1, .. })
@@ -647,7 +635,7 @@ async fn registering_the_missing_version_on_a_running_runtime_unblocks_its_runs(
     // The old version, registered on the running runtime: the run is unblocked and finishes
     // on it, its recorded step replayed.
     rt.register::<v1::Order, _>(Handler::new(1, &log));
-    until_status(&store, "r", RunStatus::Completed).await;
+    rt.wait_for_status("r", RunStatus::Completed).await.unwrap();
     assert_eq!(
         rt.wait::<v1::Order>("r").await.unwrap(),
         v1::Order::Shipped { item: "r".into() }

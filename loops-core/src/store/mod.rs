@@ -29,6 +29,8 @@ mod checks;
 mod effects;
 mod evolve;
 mod facts;
+#[cfg(test)]
+pub(crate) mod forwarding_tests;
 mod limits;
 mod plan;
 #[cfg(test)]

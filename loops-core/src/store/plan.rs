@@ -47,6 +47,26 @@ impl Write {
         }
     }
 
+    /// Every name [`kind`](Self::kind) returns, in the order of the variants: what reads a
+    /// kind back from its name (the test kit's child processes report writes by name).
+    pub const KINDS: [&'static str; 15] = [
+        "Create",
+        "Transition",
+        "Step",
+        "Failure",
+        "BeginAttempt",
+        "Cancel",
+        "EndCancelled",
+        "Retry",
+        "Wait",
+        "Send",
+        "Wake",
+        "Block",
+        "Unblock",
+        "Migrate",
+        "Prune",
+    ];
+
     /// The run the write is for; `None` for [`Write::Prune`], which names several.
     pub fn run_id(&self) -> Option<&str> {
         match self {

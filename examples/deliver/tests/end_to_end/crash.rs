@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::{
     EXPECTED_STATES, HOLD_VAR, STOP_VAR, deliver_in, describe, entries, example, git, names_in,
-    user_repo,
+    poll, user_repo,
 };
 
 const RUN_ID: &str = "deliver-1";
@@ -299,12 +299,9 @@ fn random_kills_resume_to_the_same_result() {
                 .stderr(Stdio::null())
                 .spawn()
                 .expect("start the example");
-            let deadline = Instant::now() + delay;
-            let mut exited = None;
-            while exited.is_none() && Instant::now() < deadline {
-                exited = child.try_wait().expect("poll the example");
-                std::thread::sleep(Duration::from_millis(2));
-            }
+            let exited = poll(delay, Duration::from_millis(2), || {
+                child.try_wait().expect("poll the example")
+            });
             if let Some(status) = exited {
                 assert!(status.success(), "seed {seed}: a run exited with {status}");
                 break;
@@ -455,13 +452,10 @@ fn a_killed_fresh_start_or_setup_leaves_nothing_half_done() {
             // The store goes with the work directory (one rename): kill 0 to 3 ms after it
             // went, in the deletion.
             let store = workdir.join("deliver.redb");
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while store.exists() && Instant::now() < deadline {
-                if child.try_wait().expect("poll the example").is_some() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_micros(50));
-            }
+            poll(Duration::from_secs(30), Duration::from_micros(50), || {
+                let exited = child.try_wait().expect("poll the example").is_some();
+                (exited || !store.exists()).then_some(())
+            });
             let after = Duration::from_micros(250 * u64::from(i));
             std::thread::sleep(after);
             format!("{} µs after the store was deleted", after.as_micros())
@@ -599,18 +593,14 @@ fn two_started_at_once_on_a_new_workdir_one_runs_and_the_other_is_refused() {
         std::thread::sleep(Duration::from_millis(apart_ms));
         let mut both = [first, start()];
         // The refused one exits once it gave up waiting for the store; the other holds.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let exited = loop {
-            if let Some(i) = (0..2).find(|&i| both[i].try_wait().expect("poll").is_some()) {
-                break i;
+        let exited = poll(Duration::from_secs(60), Duration::from_millis(10), || {
+            (0..2).find(|&i| both[i].try_wait().expect("poll").is_some())
+        });
+        let Some(exited) = exited else {
+            for child in &mut both {
+                let _ = child.kill();
             }
-            if Instant::now() > deadline {
-                for child in &mut both {
-                    let _ = child.kill();
-                }
-                panic!("round {round}: neither process exited");
-            }
-            std::thread::sleep(Duration::from_millis(10));
+            panic!("round {round}: neither process exited");
         };
         let [first, second] = both;
         let (refused, mut running) = if exited == 0 {
