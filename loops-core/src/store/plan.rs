@@ -28,23 +28,7 @@ use crate::record::{FailureRecord, StepRecord, to_vec};
 impl Write {
     /// The write's kind, as its variant is spelled (`"Transition"`, `"Step"`, ...).
     pub fn kind(&self) -> &'static str {
-        match self {
-            Write::Create { .. } => "Create",
-            Write::Transition { .. } => "Transition",
-            Write::Step { .. } => "Step",
-            Write::Failure { .. } => "Failure",
-            Write::BeginAttempt { .. } => "BeginAttempt",
-            Write::Cancel { .. } => "Cancel",
-            Write::EndCancelled { .. } => "EndCancelled",
-            Write::Retry { .. } => "Retry",
-            Write::Wait { .. } => "Wait",
-            Write::Send { .. } => "Send",
-            Write::Wake { .. } => "Wake",
-            Write::Block { .. } => "Block",
-            Write::Unblock { .. } => "Unblock",
-            Write::Migrate { .. } => "Migrate",
-            Write::Prune { .. } => "Prune",
-        }
+        Self::KINDS[self.kind_index()]
     }
 
     /// Every name [`kind`](Self::kind) returns, in the order of the variants: what reads a
@@ -66,6 +50,28 @@ impl Write {
         "Migrate",
         "Prune",
     ];
+
+    /// The variant's place in [`KINDS`](Self::KINDS): the one match over the variants that
+    /// names them.
+    fn kind_index(&self) -> usize {
+        match self {
+            Write::Create { .. } => 0,
+            Write::Transition { .. } => 1,
+            Write::Step { .. } => 2,
+            Write::Failure { .. } => 3,
+            Write::BeginAttempt { .. } => 4,
+            Write::Cancel { .. } => 5,
+            Write::EndCancelled { .. } => 6,
+            Write::Retry { .. } => 7,
+            Write::Wait { .. } => 8,
+            Write::Send { .. } => 9,
+            Write::Wake { .. } => 10,
+            Write::Block { .. } => 11,
+            Write::Unblock { .. } => 12,
+            Write::Migrate { .. } => 13,
+            Write::Prune { .. } => 14,
+        }
+    }
 
     /// The run the write is for; `None` for [`Write::Prune`], which names several.
     pub fn run_id(&self) -> Option<&str> {
