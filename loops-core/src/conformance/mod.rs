@@ -98,7 +98,7 @@ mod support;
 mod waits;
 mod writes;
 
-pub use self::factory::{Factory, Outcome};
+pub use self::factory::{Factory, Outcome, Sealed};
 
 /// One case of the suite: what it checks is on each variant. Its [`name`](Case::name) is
 /// the name of its test in [`conformance_suite!`](crate::conformance_suite).
