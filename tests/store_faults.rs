@@ -192,6 +192,9 @@ impl Store for Flaky {
     fn schemas(&self) -> BoxFuture<'_, loops::Result<Vec<(SchemaHash, String)>>> {
         Store::schemas(&self.inner)
     }
+    fn sealing_keys(&self) -> BoxFuture<'_, loops::Result<Vec<String>>> {
+        Store::sealing_keys(&self.inner)
+    }
     fn acquire<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, loops::Result<Option<Lease>>> {
         Store::acquire(&self.inner, run_id)
     }

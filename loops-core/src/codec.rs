@@ -92,6 +92,14 @@ pub trait PayloadCodec: Send + Sync + 'static {
     /// when the payload does not authenticate for `place` under it (altered, moved, or a
     /// different key under that id), [`CodecError::Malformed`] for damaged data.
     fn open(&self, place: &Place<'_>, sealed: &Sealed) -> Result<Vec<u8>, CodecError>;
+
+    /// The id of the key that seals now, which the runtime records in the store before its
+    /// first sealed payload ([`Store::sealing_keys`](crate::Store::sealing_keys)), so that a
+    /// runtime or CLI without a key refuses the store at once. The default, `"codec"`, is for
+    /// a codec without key ids; [`Keyring`] returns its writing key's id.
+    fn key_id(&self) -> String {
+        "codec".to_owned()
+    }
 }
 
 /// The key of the envelope object.

@@ -42,7 +42,7 @@ pub use codec::{
     CodecError, Keyring, KeyringError, PayloadCodec, Place, Sealed, envelope, parse_envelope,
     redacted,
 };
-pub use error::{Error, RecordKind, Result, error_chain};
+pub use error::{Error, NO_KEY_HINT, RecordKind, Result, error_chain};
 pub use event::{Event, EventName};
 pub use hint::{Hinted, RetryHint, retry_hint};
 pub use limit::{Admission, Limit};

@@ -534,6 +534,10 @@ impl Store for PgStore {
         Box::pin(self.read_schemas())
     }
 
+    fn sealing_keys(&self) -> BoxFuture<'_, loops_core::Result<Vec<String>>> {
+        Box::pin(self.read_sealing_keys())
+    }
+
     fn acquire<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, loops_core::Result<Option<Lease>>> {
         Box::pin(self.lease_acquire(run_id))
     }

@@ -180,6 +180,9 @@ impl Store for Claims {
     fn schemas(&self) -> BoxFuture<'_, loops::Result<Vec<(SchemaHash, String)>>> {
         self.inner.schemas()
     }
+    fn sealing_keys(&self) -> BoxFuture<'_, loops::Result<Vec<String>>> {
+        self.inner.sealing_keys()
+    }
     fn acquire<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, loops::Result<Option<Lease>>> {
         self.inner.acquire(run_id)
     }

@@ -118,6 +118,9 @@ impl Store for Counting {
     fn schemas(&self) -> BoxFuture<'_, loops_core::Result<Vec<(SchemaHash, String)>>> {
         self.inner.schemas()
     }
+    fn sealing_keys(&self) -> BoxFuture<'_, loops_core::Result<Vec<String>>> {
+        self.inner.sealing_keys()
+    }
     fn acquire<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, loops_core::Result<Option<Lease>>> {
         self.inner.acquire(run_id)
     }

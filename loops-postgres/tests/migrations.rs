@@ -55,10 +55,11 @@ async fn workers_starting_at_once_migrate_once() {
             (
                 4,
                 "named limits: limits, limit_permits, limit_starts".to_owned()
-            )
+            ),
+            (5, "sealing_keys: the keys that sealed payloads".to_owned())
         ]
     );
-    assert_eq!(SCHEMA_VERSION, 4);
+    assert_eq!(SCHEMA_VERSION, 5);
     let tables: Vec<String> = common::admin()
         .await
         .query(
@@ -84,6 +85,7 @@ async fn workers_starting_at_once_migrate_once() {
             "migrations",
             "runs",
             "schemas",
+            "sealing_keys",
             "steps",
             "workers"
         ]
@@ -124,7 +126,7 @@ async fn a_newer_schema_is_refused_and_left_alone() {
     assert_eq!(
         err.to_string(),
         format!(
-            "schema \"{}\" is at version 7, newer than the version 4 this build knows; upgrade loops-postgres",
+            "schema \"{}\" is at version 7, newer than the version 5 this build knows; upgrade loops-postgres",
             schema.name
         )
     );

@@ -194,6 +194,10 @@ impl Keyring {
 }
 
 impl PayloadCodec for Keyring {
+    fn key_id(&self) -> String {
+        self.writing_key_id().to_owned()
+    }
+
     fn seal(&self, place: &Place<'_>, plain: &[u8]) -> Result<Sealed, CodecError> {
         let (id, cipher) = self.keys.first().ok_or_else(|| CodecError::UnknownKey {
             key: String::new(),

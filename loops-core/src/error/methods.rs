@@ -104,6 +104,7 @@ impl Error {
             | Error::Permanent { .. }
             | Error::RetryAfter { .. }
             | Error::AcceptsRefused { .. }
+            | Error::Encrypted { .. }
             | Error::Closed => None,
         }
     }

@@ -44,10 +44,12 @@ impl Write {
             Write::Unblock { .. } => "Unblock",
             Write::Migrate { .. } => "Migrate",
             Write::Prune { .. } => "Prune",
+            Write::Seal { .. } => "Seal",
         }
     }
 
-    /// The run the write is for; `None` for [`Write::Prune`], which names several.
+    /// The run the write is for; `None` for [`Write::Prune`], which names several, and for
+    /// [`Write::Seal`], which is about the store.
     pub fn run_id(&self) -> Option<&str> {
         match self {
             Write::Create { info, .. } => Some(&info.run_id),
@@ -64,7 +66,7 @@ impl Write {
             | Write::Block { run_id, .. }
             | Write::Unblock { run_id, .. }
             | Write::Migrate { run_id, .. } => Some(run_id),
-            Write::Prune { .. } => None,
+            Write::Prune { .. } | Write::Seal { .. } => None,
         }
     }
 
@@ -147,6 +149,7 @@ impl Write {
                 runs: run_ids,
                 ..Needs::default()
             },
+            Write::Seal { .. } => Needs::default(),
         }
     }
 }
@@ -267,6 +270,11 @@ pub fn plan<'w>(write: &'w Write, row: Option<&RunInfo>, facts: &Facts<'_>) -> R
             schema_text,
         } => evolve::migrate(run_id, *seq, record, schema_text, &g),
         Write::Prune { .. } => Ok(prune(facts)),
+        Write::Seal { key, at_ms } => {
+            let mut effects = Effects::unchanged("", Reply::Done);
+            effects.sealing = Some((key, *at_ms));
+            Ok(effects)
+        }
     }
 }
 

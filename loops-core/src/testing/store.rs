@@ -323,6 +323,10 @@ impl<S: Store> Store for HookedStore<S> {
         self.gate(self.inner.schemas())
     }
 
+    fn sealing_keys(&self) -> BoxFuture<'_, Result<Vec<String>>> {
+        self.gate(self.inner.sealing_keys())
+    }
+
     fn acquire<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<Lease>>> {
         self.gate(self.inner.acquire(run_id))
     }
