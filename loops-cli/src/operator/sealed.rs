@@ -46,8 +46,9 @@ impl Unsealing {
             && let Some(Ok(sealed)) = parse_envelope(record.payload.get())
         {
             return Err(Failure::new(format!(
-                "run `{run_id}` is encrypted (key `{}`): pass --key-file (or set LOOPS_KEY_FILE) so that the {what} is encrypted too",
-                sealed.key
+                "run `{run_id}` is encrypted (key `{}`), and the {what} would be stored in clear: {}",
+                sealed.key,
+                loops_core::NO_KEY_HINT
             )));
         }
         Ok(())
