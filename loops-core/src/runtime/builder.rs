@@ -28,6 +28,8 @@ pub struct RuntimeBuilder {
     config: Config,
     store_options: StoreOptions,
     codec: Option<Arc<dyn PayloadCodec>>,
+    /// Whether log lines carry error texts; `None`: only without a codec.
+    log_payloads: Option<bool>,
     /// Without a codec: read a sealed store anyway, its payloads shown as encrypted.
     redact_sealed: bool,
 }
@@ -37,6 +39,7 @@ impl Default for RuntimeBuilder {
         RuntimeBuilder {
             store_options: StoreOptions::default(),
             codec: None,
+            log_payloads: None,
             redact_sealed: false,
             config: Config {
                 settings: Settings::default(),
@@ -337,10 +340,23 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Whether loops' log lines carry error texts: a handler's error, a step's error, why an
+    /// event was set aside. They hold what payloads hold (a handler's `secret-token=...`).
+    /// Default: yes without a codec; with a [`codec`](Self::codec), no: the store seals the
+    /// text and a WARN line shows the run, state, seq, attempt and the error's kind
+    /// (`error_kind`: `handler`, `step`, `event decode`), with the text replaced by
+    /// `<not logged: ...>`. `log_payloads(true)` logs them anyway (your logs are then outside
+    /// the encryption); `false` leaves them out without a codec too.
+    pub fn log_payloads(mut self, on: bool) -> Self {
+        self.log_payloads = Some(on);
+        self
+    }
+
     /// As [`build`](Self::build), on a store already shared (the conformance suite's): the
     /// runtime reads and writes through a `SealedStore` over it, with its codec (or, without
     /// one, as [`read_sealed_redacted`](Self::read_sealed_redacted) says).
-    pub(crate) fn build_shared(self, store: Arc<dyn Store>) -> Runtime {
+    pub(crate) fn build_shared(mut self, store: Arc<dyn Store>) -> Runtime {
+        self.config.settings.log_texts = self.log_payloads.unwrap_or(self.codec.is_none());
         let payloads = match (self.codec, self.redact_sealed) {
             (Some(codec), _) => Payloads::new(codec),
             (None, true) => Payloads::redacting(),
