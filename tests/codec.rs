@@ -374,3 +374,19 @@ async fn a_sealed_store_is_refused_without_the_key_and_clear_runs_stay_readable(
         Error::NotFailed { .. }
     ));
 }
+
+/// A key file that does not exist: the OS's reason is said once, whether the error is
+/// printed alone or with its chain (anyhow's `{:#}`).
+#[test]
+fn a_missing_key_file_says_its_cause_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("no-such-keys");
+    let err = Keyring::from_file(&path).unwrap_err();
+    let expected = format!(
+        "cannot read key file {}: No such file or directory (os error 2)",
+        path.display()
+    );
+    assert_eq!(err.to_string(), expected);
+    assert_eq!(loops::error_chain(&err), [expected.clone()]);
+    assert_eq!(format!("{:#}", anyhow::Error::from(err)), expected);
+}

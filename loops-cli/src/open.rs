@@ -108,7 +108,7 @@ pub fn set_key_file(path: Option<&Path>) -> Result<()> {
     let payloads = match path {
         Some(path) => {
             let keys =
-                loops_core::Keyring::from_file(path).map_err(|e| Failure::new(format!("{e}")))?;
+                loops_core::Keyring::from_file(path).map_err(|e| Failure::usage(e.to_string()))?;
             let _ = KEYS.set(keys.clone());
             Payloads::new(std::sync::Arc::new(keys))
         }
@@ -247,8 +247,8 @@ pub fn read_only(path: &Path) -> Result<RedbStore> {
             let store = RedbStore::open_repaired_in_memory(path, options)
                 .map_err(|e| read_failure(path, e))?;
             note(&format!(
-                "store {} needs redb's repair (its process stopped without closing it, or the file was changed since: its length is not the one its header records); read through a repair made in memory, the file is unchanged; a writing command (or the process that drives it) repairs it",
-                path.display()
+                "{}; read through a repair made in memory, the file is unchanged; a writing command (or the process that drives it) repairs it",
+                Error::needs_repair(path)
             ));
             store
         }
@@ -302,8 +302,8 @@ pub fn writable(path: &Path) -> Result<(Runtime, bool)> {
     if repaired {
         is_loops_store(path, &redb(path, &runtime)?)?;
         note(&format!(
-            "store {} was not closed cleanly (its process stopped without closing it); redb repaired it on this open",
-            path.display()
+            "{}; redb repaired it on this open",
+            Error::needs_repair(path)
         ));
     }
     Ok((runtime, repaired))

@@ -33,7 +33,7 @@ pub enum Error {
     /// The store file was not closed cleanly (the process that had it open crashed); a
     /// read-only open cannot repair it. A writable open ([`Runtime::open`](crate::Runtime::open))
     /// repairs it.
-    #[error("store {path} was not closed cleanly and needs the repair a writable open makes")]
+    #[error("{}; a writable open repairs it", Error::needs_repair(path))]
     NeedsRecovery {
         /// The store file.
         path: PathBuf,

@@ -175,10 +175,10 @@ pub const SCHEMA_VERSION: i32 = 5;
 
 /// Checks, writing nothing, that schema `schema` is at [`SCHEMA_VERSION`]. Returns it.
 pub(crate) async fn check(client: &tokio_postgres::Client, schema: &str) -> Result<i32, Error> {
-    let failed = |source| Error::Migrate {
+    let failed = |cause| Error::Migrate {
         schema: schema.to_owned(),
         version: 0,
-        source,
+        cause,
     };
     let table = format!("\"{schema}\".migrations");
     let exists: bool = client
@@ -222,10 +222,10 @@ pub(crate) async fn migrate(
     let s = format!("\"{schema}\"");
     let failed = |version: i32| {
         let schema = schema.to_owned();
-        move |source: tokio_postgres::Error| Error::Migrate {
+        move |cause: tokio_postgres::Error| Error::Migrate {
             schema: schema.clone(),
             version,
-            source,
+            cause,
         }
     };
     let tx = client.transaction().await.map_err(failed(0))?;

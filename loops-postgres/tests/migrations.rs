@@ -180,6 +180,17 @@ async fn bad_settings_are_typed_errors() {
         }
         other => panic!("expected Connect, got {other:?}"),
     }
+    // A database that does not exist: the server's message and code, not "db error".
+    let err = bad(PgStore::builder(
+        "host=127.0.0.1 port=5432 user=postgres dbname=loops_no_such_database",
+    ))
+    .await;
+    assert!(matches!(err, Error::Connect { .. }), "{err:?}");
+    assert_eq!(
+        err.to_string(),
+        "cannot connect to postgres://postgres@127.0.0.1:5432/loops_no_such_database schema loops: FATAL: database \"loops_no_such_database\" does not exist (SQLSTATE 3D000)"
+    );
+    assert!(std::error::Error::source(&err).is_none());
 }
 
 mod backfill {

@@ -101,9 +101,6 @@ pub fn core_failure(label: &str, e: loops_core::Error) -> Failure {
     use loops_core::Error;
     match e {
         Error::RunNotFound { run_id } => not_found(label, &run_id),
-        Error::InvalidRunId { .. } | Error::InvalidName { .. } | Error::EventRefused { .. } => {
-            Failure::usage(e.chain())
-        }
         other => other.into(),
     }
 }
