@@ -23,8 +23,9 @@ pub struct Failure {
 pub enum Kind {
     /// The command failed: the store, the run's state, the system (exit code 1).
     Failed,
-    /// The input was bad: an argument, a payload that is not JSON or not the declared
-    /// event, a run id or name loops refuses (exit code 2, as clap's own usage errors).
+    /// The input was bad: an argument, a file or stdin it names that cannot be read, a
+    /// payload that is not JSON, too large or not the declared event, a run id or name loops
+    /// refuses (exit code 2, as clap's own usage errors).
     BadInput,
 }
 
@@ -43,7 +44,8 @@ impl Kind {
             Error::InvalidRunId { .. }
             | Error::InvalidName { .. }
             | Error::EventRefused { .. }
-            | Error::EventEncode { .. } => Kind::BadInput,
+            | Error::EventEncode { .. }
+            | Error::PayloadTooLarge { .. } => Kind::BadInput,
             _ => Kind::Failed,
         }
     }

@@ -674,7 +674,7 @@ fn a_missing_postgresql_store_or_a_server_that_is_down_is_one_line() {
     // Still nothing there: the read created nothing.
     let again = store.fails(&["runs"], 1);
     assert!(
-        again.ends_with(&format!(
+        again.trim_end().ends_with(&format!(
             "schema \"{}\" holds no loops store (no loops-postgres tables); a worker's connect creates it (`migrate` on, the default)",
             schema.name
         )),

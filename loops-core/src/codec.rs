@@ -135,7 +135,7 @@ pub fn envelope(sealed: &Sealed) -> String {
 ///
 /// A value is taken for an envelope when it is a JSON object whose first key is `"$sealed"`;
 /// anything else is a payload in clear (written before a codec was given, or a text loops
-/// wrote itself, such as "the process stopped while this attempt ran").
+/// wrote itself, such as [`INTERRUPTED`](crate::INTERRUPTED)).
 pub fn parse_envelope(json: &str) -> Option<Result<Sealed, CodecError>> {
     let trimmed = json.trim_start();
     let rest = trimmed.strip_prefix('{')?.trim_start();

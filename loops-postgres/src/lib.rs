@@ -206,7 +206,10 @@ pub enum Error {
     /// A migration failed; the schema stays at the version it had (migrations run in one
     /// transaction).
     /// The message names the cause as [`Error::Connect`]'s does.
-    #[error("migrating schema {schema:?} to version {version} failed: {}", cause_text(cause))]
+    #[error(
+        "migrating schema {schema:?} to version {version} failed: {}",
+        cause_text(cause)
+    )]
     Migrate {
         /// The PostgreSQL schema.
         schema: String,

@@ -1,6 +1,6 @@
 //! [`Remote`]: the store held by a running process, reached through its control endpoint.
 
-use loops_core::control::{Client, ControlError, wire::PruneRequest};
+use loops_core::control::{Client, ControlError, ErrorKind, wire::PruneRequest};
 use loops_core::{
     Compacted, EventRecord, Pruned, RetentionPolicy, RunInfo, RunStatus, SchemaHash, Sent,
 };

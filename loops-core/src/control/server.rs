@@ -339,6 +339,12 @@ impl From<Error> for ApiError {
             Error::InvalidName { .. } => {
                 (StatusCode::BAD_REQUEST, ErrorKind::InvalidArgument, None)
             }
+            // What the caller sent: said as a bad argument, as the CLI says it locally.
+            Error::EventEncode { run_id, .. } | Error::PayloadTooLarge { run_id, .. } => (
+                StatusCode::BAD_REQUEST,
+                ErrorKind::InvalidArgument,
+                Some(run_id.clone()),
+            ),
             Error::EventRefused { run_id, .. } => (
                 StatusCode::UNPROCESSABLE_ENTITY,
                 ErrorKind::EventRefused,
