@@ -387,6 +387,6 @@ fn a_missing_key_file_says_its_cause_once() {
         path.display()
     );
     assert_eq!(err.to_string(), expected);
-    assert_eq!(loops::error_chain(&err), [expected.clone()]);
+    assert_eq!(loops::error_chain(&err), std::slice::from_ref(&expected));
     assert_eq!(format!("{:#}", anyhow::Error::from(err)), expected);
 }

@@ -571,6 +571,38 @@ impl Store for PgStore {
     }
 }
 
+/// The cause of a connection or migration error as its message says it: the server's
+/// message, severity and SQLSTATE code when the server answered (tokio-postgres says only
+/// "db error" and keeps them in its source), else the error and its sources.
+fn cause_text(cause: &(dyn std::error::Error + 'static)) -> String {
+    let db = cause
+        .downcast_ref::<tokio_postgres::Error>()
+        .and_then(tokio_postgres::Error::as_db_error);
+    match db {
+        Some(db) => format!(
+            "{}: {} (SQLSTATE {})",
+            db.severity(),
+            db.message(),
+            db.code().code()
+        ),
+        None => loops_core::error_chain(cause).join(": "),
+    }
+}
+
+/// [`Error::NotMigrated`]'s message: plainly that the schema holds no store, or which
+/// version it holds.
+fn not_migrated(schema: &str, found: i32, supported: i32) -> String {
+    if found == 0 {
+        format!(
+            "schema {schema:?} holds no loops store (no loops-postgres tables); a worker's connect creates it (`migrate` on, the default)"
+        )
+    } else {
+        format!(
+            "schema {schema:?} holds a loops store of version {found}, older than the version {supported} this build needs; a worker's connect migrates it (`migrate` on, the default)"
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -607,37 +639,5 @@ mod tests {
             label(&config, "loops"),
             "postgres://u@db.example:6543/app schema loops"
         );
-    }
-}
-
-/// The cause of a connection or migration error as its message says it: the server's
-/// message, severity and SQLSTATE code when the server answered (tokio-postgres says only
-/// "db error" and keeps them in its source), else the error and its sources.
-fn cause_text(cause: &(dyn std::error::Error + 'static)) -> String {
-    let db = cause
-        .downcast_ref::<tokio_postgres::Error>()
-        .and_then(tokio_postgres::Error::as_db_error);
-    match db {
-        Some(db) => format!(
-            "{}: {} (SQLSTATE {})",
-            db.severity(),
-            db.message(),
-            db.code().code()
-        ),
-        None => loops_core::error_chain(cause).join(": "),
-    }
-}
-
-/// [`Error::NotMigrated`]'s message: plainly that the schema holds no store, or which
-/// version it holds.
-fn not_migrated(schema: &str, found: i32, supported: i32) -> String {
-    if found == 0 {
-        format!(
-            "schema {schema:?} holds no loops store (no loops-postgres tables); a worker's connect creates it (`migrate` on, the default)"
-        )
-    } else {
-        format!(
-            "schema {schema:?} holds a loops store of version {found}, older than the version {supported} this build needs; a worker's connect migrates it (`migrate` on, the default)"
-        )
     }
 }
