@@ -13,6 +13,7 @@ mod codec;
 mod methods;
 mod text;
 
+pub use text::{RecordKind, error_chain};
 use text::{at_seq, attempts_text, cause_text, decoded, describe_changes, shown_id};
 
 pub use codec::{CodecError, NO_KEY_HINT};
@@ -684,50 +685,5 @@ pub enum Error {
     Closed,
 }
 
-/// What kind of stored record an [`Error::Decode`] is about.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum RecordKind {
-    /// A transition record: the state the run entered at `seq`.
-    Transition,
-    /// The run's row: its current standing (status, state, seq, wait).
-    RunRow,
-    /// A step record of the state at `seq`.
-    Step {
-        /// The step's name.
-        name: String,
-        /// Which use of the name, from 0.
-        occurrence: u32,
-    },
-    /// The record of a failed attempt at the state at `seq`.
-    Failure,
-    /// An event in the run's inbox (`seq` is its event seq).
-    Event {
-        /// The event's name, when it was known before its record was read.
-        name: Option<String>,
-    },
-    /// The recorded outcome of a wait for an event, in the state at `seq`.
-    Wait {
-        /// The event waited for.
-        event: String,
-    },
-}
-
 /// `Result` with loops' [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// The error and its `source()` chain as text, outermost first. A source whose message
-/// the message before it already ends with (an error that prints its source and returns it
-/// too) is left out, so that no cause is said twice.
-pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> Vec<String> {
-    let mut out = vec![err.to_string()];
-    let mut cur = err.source();
-    while let Some(e) = cur {
-        let text = e.to_string();
-        if !out.last().is_some_and(|last| last.ends_with(&text)) {
-            out.push(text);
-        }
-        cur = e.source();
-    }
-    out
-}

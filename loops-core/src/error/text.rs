@@ -1,8 +1,7 @@
-//! The pieces of [`Error`](super::Error)'s messages that several variants share.
+//! The pieces of [`Error`](super::Error)'s messages that several variants share: what a
+//! record is ([`RecordKind`]), an error's chain ([`error_chain`]), and the texts made of them.
 
-use super::{RecordKind, error_chain};
-
-/// The record in [`Error::Decode`]'s message: `transition record at seq 3 (state `Work`)`,
+/// The record in [`Error::Decode`](crate::Error::Decode)'s message: `transition record at seq 3 (state `Work`)`,
 /// `run row`, `event record at event seq 0`, ...
 pub(super) fn decoded(record: &RecordKind, seq: u64, state: &str) -> String {
     match record {
@@ -81,4 +80,49 @@ pub(super) fn at_seq(seq: Option<u64>) -> String {
 /// [`error_chain`] gives them, joined by `": "`.
 pub(super) fn cause_text(cause: &(dyn std::error::Error + Send + Sync + 'static)) -> String {
     error_chain(cause).join(": ")
+}
+
+/// What kind of stored record an [`Error::Decode`](crate::Error::Decode) is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RecordKind {
+    /// A transition record: the state the run entered at `seq`.
+    Transition,
+    /// The run's row: its current standing (status, state, seq, wait).
+    RunRow,
+    /// A step record of the state at `seq`.
+    Step {
+        /// The step's name.
+        name: String,
+        /// Which use of the name, from 0.
+        occurrence: u32,
+    },
+    /// The record of a failed attempt at the state at `seq`.
+    Failure,
+    /// An event in the run's inbox (`seq` is its event seq).
+    Event {
+        /// The event's name, when it was known before its record was read.
+        name: Option<String>,
+    },
+    /// The recorded outcome of a wait for an event, in the state at `seq`.
+    Wait {
+        /// The event waited for.
+        event: String,
+    },
+}
+
+/// The error and its `source()` chain as text, outermost first. A source whose message
+/// the message before it already ends with (an error that prints its source and returns it
+/// too) is left out, so that no cause is said twice.
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> Vec<String> {
+    let mut out = vec![err.to_string()];
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        let text = e.to_string();
+        if !out.last().is_some_and(|last| last.ends_with(&text)) {
+            out.push(text);
+        }
+        cur = e.source();
+    }
+    out
 }
