@@ -233,6 +233,27 @@ fn a_running_process_serves_payloads_sealed_and_the_cli_opens_them_with_its_key(
     );
     let (ok, out, err) = run(loops(&path).args(["runs", "--json"]));
     assert!(ok && !out.contains("hunter2"), "{out} {err}");
+    // Without its key, the CLI refuses to send through the process in clear, with the one
+    // message a CLI that opens the store says.
+    let out = loops(&path)
+        .args(["send", "v", "approve", "--json", "\"in clear\""])
+        .output()
+        .unwrap();
+    assert_eq!(
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).trim_end()
+        ),
+        (
+            Some(1),
+            format!(
+                "error: store {} holds payloads encrypted with key k1: {}",
+                path.display(),
+                loops_core::NO_KEY_HINT
+            )
+            .as_str()
+        )
+    );
     // With its key, the CLI opens them.
     let (ok, out, err) = run(loops(&path)
         .args(["history", "v", "--json", "--key-file"])

@@ -108,6 +108,10 @@ impl Operator for Remote {
         self.wait(self.client.schema(hash))
     }
 
+    fn sealing_keys(&self) -> Result<Vec<String>> {
+        self.wait(self.client.sealing_keys())
+    }
+
     fn cancel(&self, run_id: &str, reason: &str) -> Result<RunInfo> {
         self.wait(self.client.cancel(run_id, reason))
     }
