@@ -105,6 +105,9 @@ pub trait PayloadCodec: Send + Sync + 'static {
 /// The key of the envelope object.
 const TAG: &str = "$sealed";
 
+/// [`TAG`] as a JSON string, as an envelope's text starts with it after its `{`.
+const QUOTED_TAG: &str = "\"$sealed\"";
+
 #[derive(Serialize, Deserialize)]
 struct Envelope<'a> {
     #[serde(rename = "$sealed", borrow)]
@@ -139,7 +142,7 @@ pub fn envelope(sealed: &Sealed) -> String {
 pub fn parse_envelope(json: &str) -> Option<Result<Sealed, CodecError>> {
     let trimmed = json.trim_start();
     let rest = trimmed.strip_prefix('{')?.trim_start();
-    if !rest.starts_with(&format!("\"{TAG}\"")) {
+    if !rest.starts_with(QUOTED_TAG) {
         return None;
     }
     let parsed = serde_json::from_str::<Envelope<'_>>(trimmed)

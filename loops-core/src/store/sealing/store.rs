@@ -156,6 +156,9 @@ impl Store for SealedStore {
                 _ => None,
             };
             let write = match write {
+                // Without a codec nothing is sealed: the write goes as it is (no copy, no
+                // decoding of its records).
+                write if !self.payloads.seals() => write,
                 Write::Block {
                     run_id,
                     schema,
