@@ -102,10 +102,8 @@ pub trait PayloadCodec: Send + Sync + 'static {
     }
 }
 
-/// The key of the envelope object.
-const TAG: &str = "$sealed";
-
-/// [`TAG`] as a JSON string, as an envelope's text starts with it after its `{`.
+/// The key of the envelope object (`$sealed`, as `Envelope` names its field) as a JSON
+/// string: an envelope's text starts with it after its `{`.
 const QUOTED_TAG: &str = "\"$sealed\"";
 
 #[derive(Serialize, Deserialize)]
