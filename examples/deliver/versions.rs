@@ -268,10 +268,7 @@ pub async fn report_start(runtime: &Runtime, run_id: &str, release: Release) -> 
             // short by the process stopping, cleanly (a test's stop hook, Ctrl-C) or not.
             let last_attempt = match &info.error {
                 Some(errors) => format!("attempt {} failed: {}", info.attempt, errors.join(": ")),
-                None => format!(
-                    "attempt {} did not finish: the previous process stopped during it",
-                    info.attempt
-                ),
+                None => loops::interrupted_attempt(info.attempt),
             };
             let skipped = if done.is_empty() {
                 "nothing".to_owned()

@@ -11,8 +11,12 @@ use crate::workflow::BoxError;
 
 mod codec;
 mod methods;
+mod text;
 
-pub use codec::CodecError;
+pub use text::{RecordKind, error_chain};
+use text::{at_seq, attempts_text, cause_text, decoded, describe_changes, shown_id};
+
+pub use codec::{CodecError, NO_KEY_HINT};
 
 /// Everything loops-core can fail with. Each variant names the run, the state and the sequence
 /// number involved, where there is one, so that a log line is enough to find the record.
@@ -30,7 +34,7 @@ pub enum Error {
     /// The store file was not closed cleanly (the process that had it open crashed); a
     /// read-only open cannot repair it. A writable open ([`Runtime::open`](crate::Runtime::open))
     /// repairs it.
-    #[error("store {path} was not closed cleanly and needs the repair a writable open makes")]
+    #[error("{}; a writable open repairs it", Error::needs_repair(path))]
     NeedsRecovery {
         /// The store file.
         path: PathBuf,
@@ -356,6 +360,19 @@ pub enum Error {
         source: serde_json::Error,
     },
 
+    /// The store holds sealed payloads (it lists the keys that sealed them:
+    /// [`Store::sealing_keys`](crate::Store::sealing_keys)) and the runtime was given no
+    /// codec: refused when the runtime opens the store (or, for a store built elsewhere, at
+    /// its first read or write), so that it neither fails later on a payload it cannot read
+    /// nor writes payloads in clear among sealed ones.
+    #[error("store {store} holds payloads encrypted with key {}: {NO_KEY_HINT}", keys.join(", "))]
+    Encrypted {
+        /// The store's label (a file path; a database without password).
+        store: String,
+        /// The ids of the keys that sealed its payloads, oldest first.
+        keys: Vec<String>,
+    },
+
     /// A payload could not be sealed or opened by the runtime's
     /// [`PayloadCodec`](crate::PayloadCodec): the key is missing or wrong, the payload was
     /// altered or moved, or it is sealed and no codec was given. Nothing is shown in clear.
@@ -668,131 +685,5 @@ pub enum Error {
     Closed,
 }
 
-/// What kind of stored record an [`Error::Decode`] is about.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum RecordKind {
-    /// A transition record: the state the run entered at `seq`.
-    Transition,
-    /// The run's row: its current standing (status, state, seq, wait).
-    RunRow,
-    /// A step record of the state at `seq`.
-    Step {
-        /// The step's name.
-        name: String,
-        /// Which use of the name, from 0.
-        occurrence: u32,
-    },
-    /// The record of a failed attempt at the state at `seq`.
-    Failure,
-    /// An event in the run's inbox (`seq` is its event seq).
-    Event {
-        /// The event's name, when it was known before its record was read.
-        name: Option<String>,
-    },
-    /// The recorded outcome of a wait for an event, in the state at `seq`.
-    Wait {
-        /// The event waited for.
-        event: String,
-    },
-}
-
-/// The record in [`Error::Decode`]'s message: `transition record at seq 3 (state `Work`)`,
-/// `run row`, `event record at event seq 0`, ...
-fn decoded(record: &RecordKind, seq: u64, state: &str) -> String {
-    match record {
-        RecordKind::Transition if state.is_empty() || state == "?" => {
-            format!("transition record at seq {seq}")
-        }
-        RecordKind::Transition => format!("transition record at seq {seq} (state `{state}`)"),
-        RecordKind::RunRow => "run row".to_owned(),
-        RecordKind::Step { name, occurrence } => {
-            format!("step record `{name}`#{occurrence} of seq {seq}")
-        }
-        RecordKind::Failure => format!("failure record of seq {seq}"),
-        RecordKind::Event { name: Some(name) } => {
-            format!("event record `{name}` at event seq {seq}")
-        }
-        RecordKind::Event { name: None } => format!("event record at event seq {seq}"),
-        RecordKind::Wait { event } => {
-            format!("recorded outcome of the wait for `{event}` of seq {seq}")
-        }
-    }
-}
-
-fn attempts_text(
-    attempts: u32,
-    interrupted: u32,
-    last_error: &[String],
-    has_source: bool,
-) -> String {
-    let plural = |n: u32| if n == 1 { "" } else { "s" };
-    if interrupted == attempts {
-        return format!(
-            "{attempts} attempt{}, each cut short by the process stopping",
-            plural(attempts)
-        );
-    }
-    let counted = match interrupted {
-        0 => format!("{attempts} attempt{}", plural(attempts)),
-        i => format!(
-            "{attempts} attempt{} ({i} cut short by the process stopping)",
-            plural(attempts)
-        ),
-    };
-    // With a source, the chain is the source's to tell.
-    if has_source || last_error.is_empty() {
-        counted
-    } else {
-        format!("{counted}: {}", last_error.join(": "))
-    }
-}
-
-/// The run id as shown in a message: at most 64 characters, then how long it was.
-fn shown_id(run_id: &str) -> String {
-    if run_id.chars().count() <= 64 {
-        format!("{run_id:?}")
-    } else {
-        let head: String = run_id.chars().take(64).collect();
-        format!("{head:?}... ({} bytes)", run_id.len())
-    }
-}
-
-fn describe_changes(changes: &crate::schema::SchemaDiff) -> String {
-    if changes.is_empty() {
-        String::new()
-    } else {
-        format!("; changes: {changes}")
-    }
-}
-
 /// `Result` with loops' [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// `" at seq N"`, or nothing for `None`: for messages about a payload that may belong to no
-/// state.
-fn at_seq(seq: Option<u64>) -> String {
-    seq.map(|seq| format!(" at seq {seq}")).unwrap_or_default()
-}
-
-/// The error and its `source()` chain as text, outermost first. A source whose message
-/// the message before it already ends with (an error that prints its source and returns it
-/// too) is left out, so that no cause is said twice.
-pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> Vec<String> {
-    let mut out = vec![err.to_string()];
-    let mut cur = err.source();
-    while let Some(e) = cur {
-        let text = e.to_string();
-        if !out.last().is_some_and(|last| last.ends_with(&text)) {
-            out.push(text);
-        }
-        cur = e.source();
-    }
-    out
-}
-
-/// The cause of a store error as its message shows it: the cause and its own sources, as
-/// [`error_chain`] gives them, joined by `": "`.
-fn cause_text(cause: &(dyn std::error::Error + Send + Sync + 'static)) -> String {
-    error_chain(cause).join(": ")
-}

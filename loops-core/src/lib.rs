@@ -42,7 +42,7 @@ pub use codec::{
     CodecError, Keyring, KeyringError, PayloadCodec, Place, Sealed, envelope, parse_envelope,
     redacted,
 };
-pub use error::{Error, RecordKind, Result, error_chain};
+pub use error::{Error, NO_KEY_HINT, RecordKind, Result, error_chain};
 pub use event::{Event, EventName};
 pub use hint::{Hinted, RetryHint, retry_hint};
 pub use limit::{Admission, Limit};
@@ -58,7 +58,7 @@ pub use record::{
 pub use retention::RetentionPolicy;
 pub use retry::{DEFAULT_MAX_INTERRUPTIONS, RetryPolicy};
 pub use route::{Blocked, KnownVersion, Route, StoredRun, route};
-pub use row::BlockInfo;
+pub use row::{BlockInfo, INTERRUPTED, interrupted_attempt};
 pub use run::context::{Context, StepOptions, StepOutput};
 pub use run::dispatch::Dispatch;
 pub use run::settings::{DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PARK_THRESHOLD};

@@ -17,7 +17,13 @@ struct Migration {
 }
 
 /// Every migration, oldest first.
-const MIGRATIONS: &[Migration] = &[MIGRATION_1, MIGRATION_2, MIGRATION_3, MIGRATION_4];
+const MIGRATIONS: &[Migration] = &[
+    MIGRATION_1,
+    MIGRATION_2,
+    MIGRATION_3,
+    MIGRATION_4,
+    MIGRATION_5,
+];
 
 /// The tables.
 const MIGRATION_1: Migration = Migration {
@@ -151,15 +157,28 @@ CREATE INDEX limit_starts_name ON {s}.limit_starts (name, at_ms);
 "#,
 };
 
+/// Payloads at rest: the ids of the keys that sealed payloads in the store (`Write::Seal`),
+/// so that a worker or CLI without a key refuses the store at once (docs/encryption.md).
+const MIGRATION_5: Migration = Migration {
+    version: 5,
+    description: "sealing_keys: the keys that sealed payloads",
+    sql: r#"
+CREATE TABLE {s}.sealing_keys (
+    key_id text COLLATE "C" PRIMARY KEY,
+    at_ms  bigint NOT NULL
+);
+"#,
+};
+
 /// The newest schema version this build knows (and creates).
-pub const SCHEMA_VERSION: i32 = 4;
+pub const SCHEMA_VERSION: i32 = 5;
 
 /// Checks, writing nothing, that schema `schema` is at [`SCHEMA_VERSION`]. Returns it.
 pub(crate) async fn check(client: &tokio_postgres::Client, schema: &str) -> Result<i32, Error> {
-    let failed = |source| Error::Migrate {
+    let failed = |cause| Error::Migrate {
         schema: schema.to_owned(),
         version: 0,
-        source,
+        cause,
     };
     let table = format!("\"{schema}\".migrations");
     let exists: bool = client
@@ -203,10 +222,10 @@ pub(crate) async fn migrate(
     let s = format!("\"{schema}\"");
     let failed = |version: i32| {
         let schema = schema.to_owned();
-        move |source: tokio_postgres::Error| Error::Migrate {
+        move |cause: tokio_postgres::Error| Error::Migrate {
             schema: schema.clone(),
             version,
-            source,
+            cause,
         }
     };
     let tx = client.transaction().await.map_err(failed(0))?;

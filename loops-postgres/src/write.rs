@@ -104,6 +104,7 @@ fn describe(write: &Write) -> String {
         Write::Send { run_id, name, .. } => format!("sending event `{name}` to run `{run_id}`"),
         Write::Wake { run_id, .. } => format!("waking run `{run_id}`"),
         Write::Prune { run_ids } => format!("pruning {} runs", run_ids.len()),
+        Write::Seal { key, .. } => format!("recording sealing key `{key}`"),
         _ => "writing".to_owned(),
     }
 }
@@ -487,6 +488,10 @@ fn writes<'a>(sql: &'a Sql, effects: &Effects<'_>) -> Vec<(Stmt<'a>, Option<Erro
     if let Some((hash, text)) = effects.schema {
         let params: Vec<Param> = vec![Box::new(hash.to_string()), Box::new(text.to_owned())];
         out.push((statement(&sql.insert_schema, params), None));
+    }
+    if let Some((key, at_ms)) = effects.sealing {
+        let params: Vec<Param> = vec![Box::new(key.to_owned()), Box::new(big(at_ms))];
+        out.push((statement(&sql.insert_sealing_key, params), None));
     }
     if let Some(row) = &effects.row {
         out.push((row_statement(sql, row), row.refusal_if_taken()));

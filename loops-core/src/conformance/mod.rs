@@ -98,7 +98,7 @@ mod support;
 mod waits;
 mod writes;
 
-pub use self::factory::{Factory, Outcome};
+pub use self::factory::{Factory, Outcome, Sealed};
 
 /// One case of the suite: what it checks is on each variant. Its [`name`](Case::name) is
 /// the name of its test in [`conformance_suite!`](crate::conformance_suite).
@@ -187,11 +187,15 @@ pub enum Case {
     /// removes, while it serves, the ended runs there were when it started and those that end
     /// later, and keeps the runs that have not ended.
     ScheduledRetention,
+    /// `sealing_keys`: a new store lists no key; [`Write::Seal`](crate::store::Write::Seal)
+    /// adds a key id once (a key recorded again keeps its place), the list comes oldest
+    /// first, a second handle sees it, and a prune leaves it.
+    SealingKeys,
 }
 
 impl Case {
     /// Every case, in the order of their tests.
-    pub const ALL: [Case; 15] = [
+    pub const ALL: [Case; 16] = [
         Case::CreateAndRead,
         Case::TransitionsAppendInOrder,
         Case::StepsAreImmutable,
@@ -207,6 +211,7 @@ impl Case {
         Case::BlockAndUnblock,
         Case::Migrations,
         Case::ScheduledRetention,
+        Case::SealingKeys,
     ];
 
     /// The case's name (`"create_and_read"`): the name of its test.
@@ -227,6 +232,7 @@ impl Case {
             Case::BlockAndUnblock => "block_and_unblock",
             Case::Migrations => "migrations",
             Case::ScheduledRetention => "scheduled_retention",
+            Case::SealingKeys => "sealing_keys",
         }
     }
 
@@ -256,6 +262,7 @@ impl Case {
             Case::BlockAndUnblock => evolve::block_and_unblock(factory).await,
             Case::Migrations => evolve::migrations(factory).await,
             Case::ScheduledRetention => data::scheduled_retention(factory).await,
+            Case::SealingKeys => data::sealing_keys(factory).await,
         }
         Outcome::Passed
     }
@@ -318,6 +325,7 @@ macro_rules! conformance_suite {
             block_and_unblock => BlockAndUnblock,
             migrations => Migrations,
             scheduled_retention => ScheduledRetention,
+            sealing_keys => SealingKeys,
         }
     };
 }

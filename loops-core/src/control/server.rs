@@ -250,6 +250,7 @@ fn router(served: Shared) -> Router {
         .route(&v("/runs/{run}/cancel"), post(cancel))
         .route(&v("/runs/{run}/retry"), post(retry))
         .route(&v("/schemas"), get(schemas))
+        .route(&v("/sealing"), get(sealing))
         .route(&v("/schemas/{hash}"), get(schema))
         .route(&v("/prune"), post(prune))
         .route(&v("/compact"), post(compact))
@@ -339,6 +340,12 @@ impl From<Error> for ApiError {
             Error::InvalidName { .. } => {
                 (StatusCode::BAD_REQUEST, ErrorKind::InvalidArgument, None)
             }
+            // What the caller sent: said as a bad argument, as the CLI says it locally.
+            Error::EventEncode { run_id, .. } | Error::PayloadTooLarge { run_id, .. } => (
+                StatusCode::BAD_REQUEST,
+                ErrorKind::InvalidArgument,
+                Some(run_id.clone()),
+            ),
             Error::EventRefused { run_id, .. } => (
                 StatusCode::UNPROCESSABLE_ENTITY,
                 ErrorKind::EventRefused,
@@ -474,6 +481,12 @@ async fn schemas(State(s): State<Shared>) -> Answer<Vec<StoredSchema>> {
             })
             .collect(),
     ))
+}
+
+/// The ids of the keys that sealed payloads in the store (the store as stored, under the
+/// process's codec): a CLI without the key refuses to send payloads in clear.
+async fn sealing(State(s): State<Shared>) -> Answer<Vec<String>> {
+    Ok(Json(s.runtime.stored().sealing_keys().await?))
 }
 
 async fn schema(State(s): State<Shared>, UrlPath(hash): UrlPath<String>) -> Answer<StoredSchema> {

@@ -24,7 +24,7 @@ use crate::row::RunInfo;
 use crate::run::attempts::{failed_attempts, is_ready, jitter_unit};
 use crate::run::context::{Context, RunScope};
 use crate::run::dispatch::Dispatch;
-use crate::run::settings::{Held, Settings};
+use crate::run::settings::{Held, Settings, logged_text};
 use crate::schema::{SchemaDiff, SchemaHash};
 use crate::status::RunStatus;
 use crate::store::{AfterFailure, Store, Write};
@@ -243,6 +243,7 @@ impl Drive<'_> {
             limits: Arc::clone(&self.settings.limits),
             time: self.settings.clock.clone(),
             observer: self.settings.observer.clone(),
+            log_texts: self.settings.log_texts,
         });
         let mut run = Progress {
             info: entered.info,
@@ -714,7 +715,8 @@ impl Drive<'_> {
             state = state.name(),
             seq,
             attempt,
-            error = %errors.join(": "),
+            error_kind = "handler",
+            error = %logged_text(self.settings.log_texts, || errors.join(": ")),
             gave_up = then == AfterFailure::GiveUp,
             "handler failed"
         );

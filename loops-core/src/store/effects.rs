@@ -26,6 +26,10 @@ pub struct Effects<'w> {
     pub schema: Option<(SchemaHash, &'w str)>,
     /// Ended runs to delete with every record, index entry and event they have.
     pub delete: Vec<RunInfo>,
+    /// A key id to add, with its time (ms since the Unix epoch), to the store's list of the
+    /// keys that sealed its payloads ([`Write::Seal`](super::Write::Seal)); a key listed
+    /// already keeps its first time.
+    pub sealing: Option<(&'w str, u64)>,
     /// What the store answers.
     pub reply: Reply,
 }
@@ -40,6 +44,7 @@ impl<'w> Effects<'w> {
             inbox: Vec::new(),
             schema: None,
             delete: Vec::new(),
+            sealing: None,
             reply,
         }
     }
@@ -61,6 +66,7 @@ impl<'w> Effects<'w> {
             && self.inbox.is_empty()
             && self.schema.is_none()
             && self.delete.is_empty()
+            && self.sealing.is_none()
     }
 }
 

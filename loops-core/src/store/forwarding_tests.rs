@@ -122,6 +122,10 @@ impl Store for Probe {
         self.answer("schemas", Vec::new())
     }
 
+    fn sealing_keys(&self) -> BoxFuture<'_, Result<Vec<String>>> {
+        self.answer("sealing_keys", Vec::new())
+    }
+
     fn acquire<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<Option<Lease>>> {
         self.answer("acquire", None)
     }
@@ -203,6 +207,8 @@ pub(crate) async fn assert_forwards(wrapper: &str, wrap: impl FnOnce(Probe) -> A
     store.schema(SchemaHash::from_u64(1)).await.unwrap();
     call("schemas");
     store.schemas().await.unwrap();
+    call("sealing_keys");
+    store.sealing_keys().await.unwrap();
     call("acquire");
     store.acquire("r").await.unwrap();
     call("release");
@@ -247,7 +253,7 @@ pub(crate) async fn assert_forwards(wrapper: &str, wrap: impl FnOnce(Probe) -> A
 fn the_method_list_is_read_from_the_trait() {
     let methods = store_methods();
     assert!(methods.contains("write") && methods.contains("shared_limits"));
-    assert_eq!(methods.len(), 19, "{methods:?}");
+    assert_eq!(methods.len(), 20, "{methods:?}");
 }
 
 #[tokio::test]

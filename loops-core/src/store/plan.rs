@@ -33,7 +33,7 @@ impl Write {
 
     /// Every name [`kind`](Self::kind) returns, in the order of the variants: what reads a
     /// kind back from its name (the test kit's child processes report writes by name).
-    pub const KINDS: [&'static str; 15] = [
+    pub const KINDS: [&'static str; 16] = [
         "Create",
         "Transition",
         "Step",
@@ -49,6 +49,7 @@ impl Write {
         "Unblock",
         "Migrate",
         "Prune",
+        "Seal",
     ];
 
     /// The variant's place in [`KINDS`](Self::KINDS): the one match over the variants that
@@ -70,10 +71,12 @@ impl Write {
             Write::Unblock { .. } => 12,
             Write::Migrate { .. } => 13,
             Write::Prune { .. } => 14,
+            Write::Seal { .. } => 15,
         }
     }
 
-    /// The run the write is for; `None` for [`Write::Prune`], which names several.
+    /// The run the write is for; `None` for [`Write::Prune`], which names several, and for
+    /// [`Write::Seal`], which is about the store.
     pub fn run_id(&self) -> Option<&str> {
         match self {
             Write::Create { info, .. } => Some(&info.run_id),
@@ -90,7 +93,7 @@ impl Write {
             | Write::Block { run_id, .. }
             | Write::Unblock { run_id, .. }
             | Write::Migrate { run_id, .. } => Some(run_id),
-            Write::Prune { .. } => None,
+            Write::Prune { .. } | Write::Seal { .. } => None,
         }
     }
 
@@ -173,6 +176,7 @@ impl Write {
                 runs: run_ids,
                 ..Needs::default()
             },
+            Write::Seal { .. } => Needs::default(),
         }
     }
 }
@@ -293,6 +297,11 @@ pub fn plan<'w>(write: &'w Write, row: Option<&RunInfo>, facts: &Facts<'_>) -> R
             schema_text,
         } => evolve::migrate(run_id, *seq, record, schema_text, &g),
         Write::Prune { .. } => Ok(prune(facts)),
+        Write::Seal { key, at_ms } => {
+            let mut effects = Effects::unchanged("", Reply::Done);
+            effects.sealing = Some((key, *at_ms));
+            Ok(effects)
+        }
     }
 }
 

@@ -121,6 +121,8 @@ pub enum Call<'a> {
     },
     /// [`Store::schema`] (`Some`) or [`Store::schemas`] (`None`).
     Schema(Option<SchemaHash>),
+    /// [`Store::sealing_keys`]: the key ids the store's payloads are sealed with.
+    SealingKeys,
     /// [`Store::acquire`] of the run's lease.
     Acquire {
         /// The run.
@@ -409,6 +411,10 @@ impl<S: Store> Store for HookedStore<S> {
 
     fn schemas(&self) -> BoxFuture<'_, Result<Vec<(SchemaHash, String)>>> {
         self.gate(Call::Schema(None), self.inner.schemas())
+    }
+
+    fn sealing_keys(&self) -> BoxFuture<'_, Result<Vec<String>>> {
+        self.gate(Call::SealingKeys, self.inner.sealing_keys())
     }
 
     fn acquire<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<Lease>>> {

@@ -231,8 +231,9 @@ fn a_kill_after_any_transition_resumes_to_the_same_result() {
         let dir = tempfile::tempdir().expect("temp dir");
         hold_and_kill(dir.path(), k);
         let stdout = run_to_completion(dir.path(), &format!("k={k}"));
-        let resumed_at =
-            format!("(seq {k}; attempt 1 did not finish: the previous process stopped during it)");
+        let resumed_at = format!(
+            "(seq {k}; attempt 1 did not finish: the process stopped while this attempt ran)"
+        );
         if k < transitions {
             assert!(stdout.contains(&resumed_at), "k={k}: {stdout}");
         } else {
@@ -659,8 +660,9 @@ fn fresh_while_another_runs_is_refused_and_deletes_nothing() {
     assert_eq!(after, before);
     let stdout = run_to_completion(&workdir, "after the refused --fresh");
     assert!(
-        stdout
-            .contains("(seq 3; attempt 1 did not finish: the previous process stopped during it)"),
+        stdout.contains(
+            "(seq 3; attempt 1 did not finish: the process stopped while this attempt ran)"
+        ),
         "{stdout}"
     );
     check(&workdir, reference, "after the refused --fresh");
@@ -698,7 +700,7 @@ fn a_killed_run_on_a_given_repo_resumes_whatever_is_checked_out() {
         assert!(output.status.success(), "{context}");
         assert!(
             String::from_utf8_lossy(&output.stdout).contains(&format!(
-                "(seq {k}; attempt 1 did not finish: the previous process stopped during it)"
+                "(seq {k}; attempt 1 did not finish: the process stopped while this attempt ran)"
             )),
             "{context}"
         );
@@ -934,8 +936,9 @@ fn ctrl_c_stops_cleanly_and_the_same_command_resumes() {
     interrupted(child, "held at seq 2", dir.path()).expect("interrupted, not finished");
     let stdout = run_to_completion(dir.path(), "after Ctrl-C at seq 2");
     assert!(
-        stdout
-            .contains("(seq 2; attempt 1 did not finish: the previous process stopped during it)"),
+        stdout.contains(
+            "(seq 2; attempt 1 did not finish: the process stopped while this attempt ran)"
+        ),
         "{stdout}"
     );
     check(dir.path(), &reference.outcome, "Ctrl-C at seq 2");

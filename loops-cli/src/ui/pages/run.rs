@@ -203,7 +203,7 @@ fn failure(f: &FailureView) -> Markup {
         }
         FailureSource::Step { name, .. } => format!("step `{name}`"),
         FailureSource::Handler => "the handler".to_owned(),
-        FailureSource::Interrupted => "interrupted: the process stopped during it".to_owned(),
+        FailureSource::Interrupted => format!("interrupted: {}", loops_core::INTERRUPTED),
     };
     html! {
         div.failure {

@@ -17,7 +17,7 @@ use crate::retry::RetryPolicy;
 use crate::run::context::stale::Resolved;
 use crate::run::context::{Context, StepOptions, millis};
 use crate::run::limits::Taken;
-use crate::run::settings::StepRun;
+use crate::run::settings::{StepRun, logged_text};
 use crate::store::{AfterFailure, Write};
 use crate::workflow::BoxError;
 
@@ -431,7 +431,8 @@ impl Context {
             occurrence,
             try_no,
             retry_at_ms,
-            error = %error_chain(&**err).join(": "),
+            error_kind = "step",
+            error = %logged_text(self.run.log_texts, || error_chain(&**err).join(": ")),
             "step failed"
         );
     }

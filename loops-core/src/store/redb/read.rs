@@ -5,7 +5,7 @@ use std::sync::PoisonError;
 use redb::ReadableTable;
 
 use super::commit::reopen_if_needed;
-use super::tables::{FAILURES, INBOX, JOURNAL, PENDING, RUNS, SCHEMAS, STATUS, STEPS};
+use super::tables::{FAILURES, INBOX, JOURNAL, PENDING, RUNS, SCHEMAS, SEALING, STATUS, STEPS};
 use super::{RedbStore, corrupted};
 use crate::error::{Error, RecordKind, Result};
 use crate::record::{FailureRecord, StepRecord, TransitionRecord};
@@ -256,6 +256,32 @@ impl RedbStore {
                 Ok(schemas
                     .get(hash.to_string().as_str())?
                     .map(|v| v.value().to_owned()))
+            },
+        )
+    }
+
+    /// The ids of the keys that sealed payloads in the store, by the time each was first
+    /// recorded, then by id; empty for a store in clear, and for a file written before
+    /// loops recorded them (it lacks the table).
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on a read error.
+    pub fn sealing_keys(&self) -> Result<Vec<String>> {
+        self.read(
+            || "reading the keys that sealed payloads".to_owned(),
+            |txn| {
+                let table = match txn.open_table(SEALING) {
+                    Ok(table) => table,
+                    Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+                    Err(e) => return Err(e.into()),
+                };
+                let mut keys = Vec::new();
+                for entry in table.iter()? {
+                    let (key, at_ms) = entry?;
+                    keys.push((at_ms.value(), key.value().to_owned()));
+                }
+                keys.sort();
+                Ok(keys.into_iter().map(|(_, key)| key).collect())
             },
         )
     }

@@ -14,8 +14,11 @@ pub(crate) const INBOX: TableDefinition<(&str, u64), &[u8]> = TableDefinition::n
 pub(crate) const PENDING: TableDefinition<(&str, &str, u64), ()> = TableDefinition::new("pending");
 pub(crate) const EVENT_KEYS: TableDefinition<(&str, &str), u64> =
     TableDefinition::new("event_keys");
+/// The ids of the keys that sealed payloads in the store, with the time each was first
+/// recorded (ms since the Unix epoch): [`Write::Seal`](crate::store::Write::Seal).
+pub(crate) const SEALING: TableDefinition<&str, u64> = TableDefinition::new("sealing");
 
-const TABLES: [&str; 9] = [
+const TABLES: [&str; 10] = [
     "runs",
     "journal",
     "steps",
@@ -25,6 +28,7 @@ const TABLES: [&str; 9] = [
     "inbox",
     "pending",
     "event_keys",
+    "sealing",
 ];
 
 /// Creates the tables a new file lacks; writes nothing to a file that has them all.
@@ -46,6 +50,7 @@ pub(super) fn ensure_tables(db: &Database) -> std::result::Result<(), redb::Erro
     txn.open_table(INBOX)?;
     txn.open_table(PENDING)?;
     txn.open_table(EVENT_KEYS)?;
+    txn.open_table(SEALING)?;
     txn.commit()?;
     Ok(())
 }
@@ -64,6 +69,7 @@ pub(super) struct Tables<'t> {
     inbox: Lazy<'t, (&'static str, u64), &'static [u8]>,
     pending: Lazy<'t, (&'static str, &'static str, u64), ()>,
     event_keys: Lazy<'t, (&'static str, &'static str), u64>,
+    sealing: Lazy<'t, &'static str, u64>,
 }
 
 /// A table of [`Tables`]: `None` until first used.
@@ -104,6 +110,7 @@ table_accessors! {
     inbox: INBOX => ((&'static str, u64), &'static [u8]);
     pending: PENDING => ((&'static str, &'static str, u64), ());
     event_keys: EVENT_KEYS => ((&'static str, &'static str), u64);
+    sealing: SEALING => (&'static str, u64);
 }
 
 /// A string above every valid event name or idempotency key (at most 256 bytes): 65 times

@@ -1,0 +1,128 @@
+//! The pieces of [`Error`](super::Error)'s messages that several variants share: what a
+//! record is ([`RecordKind`]), an error's chain ([`error_chain`]), and the texts made of them.
+
+/// The record in [`Error::Decode`](crate::Error::Decode)'s message: `transition record at seq 3 (state `Work`)`,
+/// `run row`, `event record at event seq 0`, ...
+pub(super) fn decoded(record: &RecordKind, seq: u64, state: &str) -> String {
+    match record {
+        RecordKind::Transition if state.is_empty() || state == "?" => {
+            format!("transition record at seq {seq}")
+        }
+        RecordKind::Transition => format!("transition record at seq {seq} (state `{state}`)"),
+        RecordKind::RunRow => "run row".to_owned(),
+        RecordKind::Step { name, occurrence } => {
+            format!("step record `{name}`#{occurrence} of seq {seq}")
+        }
+        RecordKind::Failure => format!("failure record of seq {seq}"),
+        RecordKind::Event { name: Some(name) } => {
+            format!("event record `{name}` at event seq {seq}")
+        }
+        RecordKind::Event { name: None } => format!("event record at event seq {seq}"),
+        RecordKind::Wait { event } => {
+            format!("recorded outcome of the wait for `{event}` of seq {seq}")
+        }
+    }
+}
+
+pub(super) fn attempts_text(
+    attempts: u32,
+    interrupted: u32,
+    last_error: &[String],
+    has_source: bool,
+) -> String {
+    let plural = |n: u32| if n == 1 { "" } else { "s" };
+    if interrupted == attempts {
+        return format!(
+            "{attempts} attempt{}, each cut short by the process stopping",
+            plural(attempts)
+        );
+    }
+    let counted = match interrupted {
+        0 => format!("{attempts} attempt{}", plural(attempts)),
+        i => format!(
+            "{attempts} attempt{} ({i} cut short by the process stopping)",
+            plural(attempts)
+        ),
+    };
+    // With a source, the chain is the source's to tell.
+    if has_source || last_error.is_empty() {
+        counted
+    } else {
+        format!("{counted}: {}", last_error.join(": "))
+    }
+}
+
+/// The run id as shown in a message: at most 64 characters, then how long it was.
+pub(super) fn shown_id(run_id: &str) -> String {
+    if run_id.chars().count() <= 64 {
+        format!("{run_id:?}")
+    } else {
+        let head: String = run_id.chars().take(64).collect();
+        format!("{head:?}... ({} bytes)", run_id.len())
+    }
+}
+
+pub(super) fn describe_changes(changes: &crate::schema::SchemaDiff) -> String {
+    if changes.is_empty() {
+        String::new()
+    } else {
+        format!("; changes: {changes}")
+    }
+}
+
+/// `" at seq N"`, or nothing for `None`: for messages about a payload that may belong to no
+/// state.
+pub(super) fn at_seq(seq: Option<u64>) -> String {
+    seq.map(|seq| format!(" at seq {seq}")).unwrap_or_default()
+}
+
+/// The cause of a store error as its message shows it: the cause and its own sources, as
+/// [`error_chain`] gives them, joined by `": "`.
+pub(super) fn cause_text(cause: &(dyn std::error::Error + Send + Sync + 'static)) -> String {
+    error_chain(cause).join(": ")
+}
+
+/// What kind of stored record an [`Error::Decode`](crate::Error::Decode) is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RecordKind {
+    /// A transition record: the state the run entered at `seq`.
+    Transition,
+    /// The run's row: its current standing (status, state, seq, wait).
+    RunRow,
+    /// A step record of the state at `seq`.
+    Step {
+        /// The step's name.
+        name: String,
+        /// Which use of the name, from 0.
+        occurrence: u32,
+    },
+    /// The record of a failed attempt at the state at `seq`.
+    Failure,
+    /// An event in the run's inbox (`seq` is its event seq).
+    Event {
+        /// The event's name, when it was known before its record was read.
+        name: Option<String>,
+    },
+    /// The recorded outcome of a wait for an event, in the state at `seq`.
+    Wait {
+        /// The event waited for.
+        event: String,
+    },
+}
+
+/// The error and its `source()` chain as text, outermost first. A source whose message
+/// the message before it already ends with (an error that prints its source and returns it
+/// too) is left out, so that no cause is said twice.
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> Vec<String> {
+    let mut out = vec![err.to_string()];
+    let mut cur = err.source();
+    while let Some(e) = cur {
+        let text = e.to_string();
+        if !out.last().is_some_and(|last| last.ends_with(&text)) {
+            out.push(text);
+        }
+        cur = e.source();
+    }
+    out
+}
