@@ -13,7 +13,7 @@ mod outcome;
 mod settle;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tracing::Instrument;
 
@@ -255,8 +255,18 @@ impl Drive<'_> {
         loop {
             let fault = match self.drive_from(&mut run, &scope, handler, mode).await {
                 Err(e) if e.is_store_fault() => e,
-                done => return done,
+                done => {
+                    match &done {
+                        Ok(Driven::Parked(info)) => {
+                            crate::metrics::parked(W::NAME, info.state.clone());
+                        }
+                        Err(Error::Fenced { .. }) => crate::metrics::lease_lost(W::NAME),
+                        _ => {}
+                    }
+                    return done;
+                }
             };
+            crate::metrics::failure(W::NAME, run.info.state.clone(), crate::metrics::STORE_FAULT);
             if run.info.seq != at_fault {
                 delay = FAULT_BACKOFF.0;
                 at_fault = run.info.seq;
@@ -314,6 +324,7 @@ impl Drive<'_> {
                 recorded,
             );
             let span = tracing::info_span!("state", state = state.name(), seq, attempt);
+            let started = Instant::now();
             let outcome = self.handle(value, handler, &ctx).instrument(span).await;
             drop(ctx);
             match outcome {
@@ -331,7 +342,9 @@ impl Drive<'_> {
                     // The wait committed the waiting status; read it back.
                     run.info = self.reread().await?;
                 }
-                Outcome::Next(next) => self.commit_transition(run, state, next).await?,
+                Outcome::Next(next) => {
+                    self.commit_transition(run, state, next, started).await?;
+                }
                 Outcome::Failed(failure) => {
                     if self.held.signals.cancel.is_cancelled() {
                         continue;

@@ -2,6 +2,7 @@
 //! the failed attempt recorded with what follows it.
 
 use std::panic::AssertUnwindSafe;
+use std::time::Instant;
 
 use futures_util::FutureExt;
 
@@ -60,6 +61,7 @@ impl Drive<'_> {
         run: &mut Progress,
         state: W::State,
         next: W,
+        started: Instant,
     ) -> Result<()> {
         let run_id = self.run_id();
         let seq = run.info.seq;
@@ -97,6 +99,7 @@ impl Drive<'_> {
             .await?
             .into_run(run_id)?;
         crate::failpoint::point("loops::transition::after_commit");
+        crate::metrics::transition(W::NAME, state.name(), started.elapsed());
         tracing::info!(
             from = state.name(),
             to = to.name(),
@@ -121,6 +124,7 @@ impl Drive<'_> {
         let run_id = self.run_id();
         let (seq, attempt) = (run.info.state_seq(), run.info.attempt);
         let policy = self.settings.retry_policy::<W>(state);
+        let source = failure.source();
         let err: BoxError = match failure {
             Failure::Handler(e) => e,
             Failure::Timeout(limit) => Box::new(Error::StateTimeout {
@@ -182,12 +186,24 @@ impl Drive<'_> {
             )
             .await?
             .into_run(run_id)?;
+        crate::metrics::failure(W::NAME, state.name(), source);
         run.last_error = Some(err);
         Ok(())
     }
 }
 
 impl Failure {
+    /// What failed the attempt, as the `source` label of
+    /// [`FAILURES_TOTAL`](crate::metrics::FAILURES_TOTAL): the one mapping of a failure to
+    /// its kind.
+    fn source(&self) -> &'static str {
+        match self {
+            Failure::Handler(_) => crate::metrics::HANDLER,
+            Failure::Timeout(_) => crate::metrics::TIMEOUT,
+            Failure::Panic(_) => crate::metrics::PANIC,
+        }
+    }
+
     /// The store fault that failed the handler, when its error holds one in its source
     /// chain (a step whose record could not be written, returned with `?`).
     pub(super) fn store_fault(&self) -> Option<Error> {
