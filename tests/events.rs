@@ -182,18 +182,23 @@ struct Review {
     computed: u64,
 }
 
-// Only its declared events are read: it is never run.
-#[allow(dead_code)]
-#[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
-#[workflow(name = "reviewed")]
-#[event(review: Review, note: String, count: u64)]
-enum Reviewed {
-    #[initial]
-    #[next(Closed)]
-    Reviewing,
-    #[terminal]
-    Closed,
+mod reviewed {
+    // Only its declared events are read: it is never run.
+    #![allow(dead_code)]
+    use super::*;
+
+    #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+    #[workflow(name = "reviewed")]
+    #[event(review: Review, note: String, count: u64)]
+    pub enum Reviewed {
+        #[initial]
+        #[next(Closed)]
+        Reviewing,
+        #[terminal]
+        Closed,
+    }
 }
+use reviewed::Reviewed;
 
 #[test]
 fn a_declared_event_gives_a_skeleton_of_its_payload_that_its_check_accepts() {

@@ -106,12 +106,15 @@ impl MeteredHandler for Meter {
 /// up and down are summed over snapshots, histograms keep all their samples, and gauges
 /// that loops sets (the gauges of runs) keep the value of the last snapshot. Keyed by name
 /// and sorted labels.
+/// A series: its name and its labels, sorted.
+type Series = (String, Vec<(String, String)>);
+
 #[derive(Default)]
 struct Seen {
-    counters: BTreeMap<(String, Vec<(String, String)>), u64>,
+    counters: BTreeMap<Series, u64>,
     /// Gauges moved by increments (summed) and gauges set (the last snapshot's value).
-    gauges: BTreeMap<(String, Vec<(String, String)>), f64>,
-    histograms: BTreeMap<(String, Vec<(String, String)>), Vec<f64>>,
+    gauges: BTreeMap<Series, f64>,
+    histograms: BTreeMap<Series, Vec<f64>>,
 }
 
 impl Seen {
@@ -157,10 +160,7 @@ impl Seen {
     }
 }
 
-fn filter<V: Clone>(
-    map: &BTreeMap<(String, Vec<(String, String)>), V>,
-    name: &str,
-) -> BTreeMap<Vec<(String, String)>, V> {
+fn filter<V: Clone>(map: &BTreeMap<Series, V>, name: &str) -> BTreeMap<Vec<(String, String)>, V> {
     map.iter()
         .filter(|((n, _), _)| n == name)
         .map(|((_, labels), v)| (labels.clone(), v.clone()))
