@@ -329,7 +329,7 @@ async fn a_workflow_records_exact_metrics() {
 }
 
 #[tokio::test(flavor = "current_thread")]
-async fn a_scheduled_prune_records_the_runs_it_removed() {
+async fn serve_refreshes_the_run_gauges_and_a_scheduled_prune_records_the_runs_it_removed() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let _local = facade::set_default_local_recorder(&recorder);
@@ -339,6 +339,7 @@ async fn a_scheduled_prune_records_the_runs_it_removed() {
     let path = dir.path().join("store.redb");
     {
         let runtime = Runtime::builder()
+            .metrics_interval(Duration::from_millis(10))
             .limit("model", loops::Limit::concurrent(1))
             .register::<Metered, _>(Meter(Arc::new(MeterState {
                 gated: Mutex::new(HashSet::from(["a".to_owned(), "b".to_owned()])),
@@ -346,13 +347,27 @@ async fn a_scheduled_prune_records_the_runs_it_removed() {
             })))
             .open(&path)
             .unwrap();
+        let serving = {
+            let runtime = runtime.clone();
+            tokio::spawn(async move { runtime.serve(Duration::from_secs(60)).await })
+        };
         for run in ["a", "b"] {
             runtime.start(run, Metered::Work).await.unwrap();
             until_status(&runtime, run, RunStatus::Waiting).await;
             runtime.send(run, Metered::GO, &1).await.unwrap();
             runtime.wait::<Metered>(run).await.unwrap();
         }
+        // `serve` refreshes the gauges of runs on its own, every `metrics_interval`.
+        let completed = labels(&[("workflow", "metered"), ("status", "completed")]);
+        loop {
+            seen.take(&snapshotter);
+            if seen.gauges_of(m::RUNS).get(&completed) == Some(&2.0) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         runtime.shutdown().await;
+        serving.await.unwrap().unwrap();
     }
     let runtime = Runtime::builder()
         .retention(loops::RetentionPolicy {

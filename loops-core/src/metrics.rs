@@ -13,7 +13,7 @@
 //!
 //! | name | type | unit | labels | changes when |
 //! |---|---|---|---|---|
-//! | [`RUNS`] `loops_runs` | gauge | runs | `workflow`, `status` | the store's runs by workflow and status, refreshed by [`Runtime::refresh_metrics`](crate::Runtime::refresh_metrics): at once when [`Runtime::serve`](crate::Runtime::serve) starts, then every [`RuntimeBuilder::metrics_interval`](crate::RuntimeBuilder::metrics_interval) (default [`DEFAULT_METRICS_INTERVAL`](crate::DEFAULT_METRICS_INTERVAL), 15 s) |
+//! | [`RUNS`] `loops_runs` | gauge | runs | `workflow`, `status` | the store's runs by workflow and status, refreshed by [`Runtime::refresh_metrics`](crate::Runtime::refresh_metrics), which [`Runtime::serve`](crate::Runtime::serve) calls at once and then every [`RuntimeBuilder::metrics_interval`](crate::RuntimeBuilder::metrics_interval) when one is set (with a Prometheus handle: [`DEFAULT_METRICS_INTERVAL`](crate::DEFAULT_METRICS_INTERVAL), 15 s, unless set) |
 //! | [`RUNS_PARKED`] `loops_runs_parked` | gauge | runs | `workflow` | same refresh: the store's waiting runs that no task of this process holds (durable waits and sleeps) |
 //! | [`PARKS_TOTAL`] `loops_parks_total` | counter | parks | `workflow`, `state` | a driver of this process parked a run (a wait or sleep committed) and freed its task |
 //! | [`TRANSITIONS_TOTAL`] `loops_transitions_total` | counter | transitions | `workflow`, `state` | this process committed a transition out of `state` |

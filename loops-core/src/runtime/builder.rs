@@ -41,7 +41,7 @@ impl Default for RuntimeBuilder {
                 checks: Vec::new(),
                 retention: RetentionPolicy::default(),
                 retention_interval: super::retention::DEFAULT_RETENTION_INTERVAL,
-                metrics_interval: super::gauges::DEFAULT_METRICS_INTERVAL,
+                metrics_interval: None,
                 #[cfg(feature = "prometheus")]
                 prometheus: None,
                 strict_schemas: false,
@@ -170,13 +170,15 @@ impl RuntimeBuilder {
         self
     }
 
-    /// How often [`Runtime::serve`] refreshes the gauges of runs
-    /// ([`Runtime::refresh_metrics`](crate::Runtime::refresh_metrics); default
-    /// [`DEFAULT_METRICS_INTERVAL`](crate::DEFAULT_METRICS_INTERVAL), 15 s; at least 10 ms).
-    /// Each refresh reads the store's status index (every run's row): keep it long on a
-    /// store of many runs. See [`metrics`](crate::metrics).
+    /// Has [`Runtime::serve`] refresh the gauges of runs
+    /// ([`Runtime::refresh_metrics`](crate::Runtime::refresh_metrics)) at once and then every
+    /// `every` (at least 10 ms; [`DEFAULT_METRICS_INTERVAL`](crate::DEFAULT_METRICS_INTERVAL),
+    /// 15 s, is a good start). Off by default, since each refresh reads the store's status
+    /// index (every run's row), which a process that installs no recorder should not pay
+    /// for; [`prometheus`](Self::prometheus) turns it on at the default interval. Keep it
+    /// long on a store of many runs. See [`metrics`](crate::metrics).
     pub fn metrics_interval(mut self, every: Duration) -> Self {
-        self.config.metrics_interval = every.max(Duration::from_millis(10));
+        self.config.metrics_interval = Some(every.max(Duration::from_millis(10)));
         self
     }
 
@@ -198,10 +200,18 @@ impl RuntimeBuilder {
     /// # }
     /// ```
     ///
+    /// The gauges of runs are then refreshed by [`Runtime::serve`] every
+    /// [`DEFAULT_METRICS_INTERVAL`](crate::DEFAULT_METRICS_INTERVAL) unless
+    /// [`metrics_interval`](Self::metrics_interval) names another interval.
+    ///
     /// Feature `prometheus`. See [`metrics`](crate::metrics) for the series.
     #[cfg(feature = "prometheus")]
     pub fn prometheus(mut self, handle: metrics_exporter_prometheus::PrometheusHandle) -> Self {
         self.config.prometheus = Some(handle);
+        self.config.metrics_interval = self
+            .config
+            .metrics_interval
+            .or(Some(super::gauges::DEFAULT_METRICS_INTERVAL));
         self
     }
 

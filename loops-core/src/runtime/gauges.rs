@@ -1,7 +1,9 @@
 //! The gauges of runs ([`RUNS`](crate::metrics::RUNS) and
 //! [`RUNS_PARKED`](crate::metrics::RUNS_PARKED)), refreshed from the store's status index:
-//! by [`Runtime::refresh_metrics`], at once when [`Runtime::serve`] starts and then every
-//! [`RuntimeBuilder::metrics_interval`](crate::RuntimeBuilder::metrics_interval).
+//! by [`Runtime::refresh_metrics`], and, when
+//! [`RuntimeBuilder::metrics_interval`](crate::RuntimeBuilder::metrics_interval) (or
+//! `RuntimeBuilder::prometheus`) asked for it, at once when [`Runtime::serve`] starts and then
+//! at that interval.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -13,9 +15,9 @@ use crate::metrics::{STATUSES, set_runs};
 use crate::runtime::handle::Runtime;
 use crate::status::RunStatus;
 
-/// How often [`Runtime::serve`] refreshes the gauges of runs unless
-/// [`RuntimeBuilder::metrics_interval`](crate::RuntimeBuilder::metrics_interval) says
-/// otherwise: every 15 seconds.
+/// How often [`Runtime::serve`] refreshes the gauges of runs when the builder was given a
+/// Prometheus handle and no [`RuntimeBuilder::metrics_interval`](crate::RuntimeBuilder::metrics_interval):
+/// every 15 seconds.
 pub const DEFAULT_METRICS_INTERVAL: Duration = Duration::from_secs(15);
 
 impl Runtime {
@@ -24,8 +26,9 @@ impl Runtime {
     /// store's waiting runs that no task of this runtime holds) from the store's status
     /// index, now. A workflow seen by an earlier refresh and gone since (pruned) is set to 0.
     ///
-    /// [`serve`](Self::serve) calls it on its own; call it yourself for fresh figures between
-    /// two refreshes (before a scrape, in a test). It reads every run's row, one status at a
+    /// [`serve`](Self::serve) calls it on its own when the builder asked for it
+    /// ([`RuntimeBuilder::metrics_interval`](crate::RuntimeBuilder::metrics_interval)); call it
+    /// yourself for fresh figures between two refreshes (before a scrape, in a test). It reads every run's row, one status at a
     /// time: on a store of millions of ended runs, keep the interval long.
     ///
     /// # Errors
@@ -57,14 +60,16 @@ impl Runtime {
         Ok(())
     }
 
-    /// Starts the background task that refreshes the gauges of runs, once per runtime. The
-    /// task holds the runtime weakly: it ends with the runtime's last clone, or at
-    /// [`shutdown`](Self::shutdown).
+    /// Starts the background task that refreshes the gauges of runs, once per runtime, if the
+    /// builder asked for it. The task holds the runtime weakly: it ends with the runtime's
+    /// last clone, or at [`shutdown`](Self::shutdown).
     pub(crate) fn start_gauges(&self) {
+        let Some(every) = self.inner.config.metrics_interval else {
+            return;
+        };
         if self.inner.gauging.swap(true, Ordering::AcqRel) {
             return;
         }
-        let every = self.inner.config.metrics_interval;
         let weak = Arc::downgrade(&self.inner);
         self.inner.background.spawn_task(async move {
             loop {

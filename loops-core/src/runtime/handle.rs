@@ -70,8 +70,8 @@ pub(crate) struct Config {
     pub(crate) retention: RetentionPolicy,
     /// How often `serve` applies `retention`.
     pub(crate) retention_interval: Duration,
-    /// How often `serve` refreshes the gauges of runs.
-    pub(crate) metrics_interval: Duration,
+    /// How often `serve` refreshes the gauges of runs (`None`: it does not).
+    pub(crate) metrics_interval: Option<Duration>,
     /// The Prometheus recorder's handle the control endpoint renders at `GET /metrics`.
     #[cfg(feature = "prometheus")]
     pub(crate) prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
