@@ -175,7 +175,7 @@ impl RuntimeBuilder {
     /// `every` (at least 10 ms; [`DEFAULT_METRICS_INTERVAL`](crate::DEFAULT_METRICS_INTERVAL),
     /// 15 s, is a good start). Off by default, since each refresh reads the store's status
     /// index (every run's row), which a process that installs no recorder should not pay
-    /// for; [`prometheus`](Self::prometheus) turns it on at the default interval. Keep it
+    /// for; `prometheus` (feature `prometheus`) turns it on at the default interval. Keep it
     /// long on a store of many runs. See [`metrics`](crate::metrics).
     pub fn metrics_interval(mut self, every: Duration) -> Self {
         self.config.metrics_interval = Some(every.max(Duration::from_millis(10)));
