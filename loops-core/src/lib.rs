@@ -17,6 +17,7 @@ mod event;
 mod failpoint;
 mod hint;
 mod limit;
+pub mod metrics;
 mod migrate;
 mod names;
 mod panics;
@@ -62,7 +63,10 @@ pub use row::{BlockInfo, INTERRUPTED, interrupted_attempt};
 pub use run::context::{Context, StepOptions, StepOutput};
 pub use run::dispatch::Dispatch;
 pub use run::settings::{DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PARK_THRESHOLD};
-pub use runtime::{DEFAULT_RETENTION_INTERVAL, Routed, Runtime, RuntimeBuilder, Sent, check_event};
+pub use runtime::{
+    DEFAULT_METRICS_INTERVAL, DEFAULT_RETENTION_INTERVAL, Routed, Runtime, RuntimeBuilder, Sent,
+    check_event,
+};
 pub use schema::{
     Change, Class, DeclaredEvent, DeclaredEvents, Enum, EventRefusal, EventShape, FORMAT_VERSION,
     Field, FieldFlags, Fields, ParseSchemaHashError, Repr, Schema, SchemaDiff, SchemaHash, Shape,

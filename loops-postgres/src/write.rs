@@ -36,6 +36,9 @@ use crate::read::text;
 use crate::sql::Sql;
 use crate::{PgStore, big, is_connection_error};
 
+/// The `store` label of this store's metrics ([`loops_core::metrics`]).
+const STORE_LABEL: &str = "postgres";
+
 /// Attempts of a write whose connection fails before its commit, on fresh connections.
 const TRIES: usize = 3;
 
@@ -589,6 +592,10 @@ async fn commit(
     }));
     let mut results = pipeline(steps).await;
     let committed = results.pop().map_or(Ok(()), |r| r.map(|_| ()));
+    if committed.is_ok() {
+        // One write per transaction: PostgreSQL's own group commit batches the fsyncs.
+        loops_core::metrics::commit_batch(STORE_LABEL, 1);
+    }
     let results = results
         .into_iter()
         .map(|r| r.map(|n| n.unwrap_or(0)))

@@ -47,6 +47,9 @@ impl Default for RuntimeBuilder {
                 checks: Vec::new(),
                 retention: RetentionPolicy::default(),
                 retention_interval: super::retention::DEFAULT_RETENTION_INTERVAL,
+                metrics_interval: None,
+                #[cfg(feature = "prometheus")]
+                prometheus: None,
                 strict_schemas: false,
                 registry: Registry::default(),
             },
@@ -170,6 +173,51 @@ impl RuntimeBuilder {
     /// at least 10 ms).
     pub fn retention_interval(mut self, every: Duration) -> Self {
         self.config.retention_interval = every.max(Duration::from_millis(10));
+        self
+    }
+
+    /// Has [`Runtime::serve`] refresh the gauges of runs
+    /// ([`Runtime::refresh_metrics`](crate::Runtime::refresh_metrics)) at once and then every
+    /// `every` (at least 10 ms; [`DEFAULT_METRICS_INTERVAL`](crate::DEFAULT_METRICS_INTERVAL),
+    /// 15 s, is a good start). Off by default, since each refresh reads the store's status
+    /// index (every run's row), which a process that installs no recorder should not pay
+    /// for; `prometheus` (feature `prometheus`) turns it on at the default interval. Keep it
+    /// long on a store of many runs. See [`metrics`](crate::metrics).
+    pub fn metrics_interval(mut self, every: Duration) -> Self {
+        self.config.metrics_interval = Some(every.max(Duration::from_millis(10)));
+        self
+    }
+
+    /// Serves `handle`'s metrics at `GET /metrics` on this runtime's control endpoint
+    /// ([`Runtime::serve_control`](crate::Runtime::serve_control)), in Prometheus' text
+    /// format, under the endpoint's own rules (the bearer token on TCP). `handle` is the
+    /// handle of a `metrics_exporter_prometheus::PrometheusRecorder` the application
+    /// installed (no HTTP listener of its own is needed):
+    ///
+    /// ```no_run
+    /// # extern crate loops_core as loops;
+    /// # fn build(builder: loops::RuntimeBuilder) -> loops::RuntimeBuilder {
+    /// use loops::metrics::{facade, prometheus::PrometheusBuilder};
+    /// let recorder = PrometheusBuilder::new().build_recorder();
+    /// let handle = recorder.handle();
+    /// facade::set_global_recorder(recorder).expect("no other recorder installed");
+    /// loops::metrics::describe();
+    /// builder.prometheus(handle)
+    /// # }
+    /// ```
+    ///
+    /// The gauges of runs are then refreshed by [`Runtime::serve`] every
+    /// [`DEFAULT_METRICS_INTERVAL`](crate::DEFAULT_METRICS_INTERVAL) unless
+    /// [`metrics_interval`](Self::metrics_interval) names another interval.
+    ///
+    /// Feature `prometheus`. See [`metrics`](crate::metrics) for the series.
+    #[cfg(feature = "prometheus")]
+    pub fn prometheus(mut self, handle: metrics_exporter_prometheus::PrometheusHandle) -> Self {
+        self.config.prometheus = Some(handle);
+        self.config.metrics_interval = self
+            .config
+            .metrics_interval
+            .or(Some(super::gauges::DEFAULT_METRICS_INTERVAL));
         self
     }
 
