@@ -12,8 +12,10 @@
 //!   [`wait_for_status`](crate::Runtime::wait_for_status): wait for a run, with a time-out
 //!   ([`DEFAULT_WAIT_TIMEOUT`]) whose error names the run's last status, state and seq.
 //!   Events are sent with [`Runtime::send`](crate::Runtime::send).
-//! - [`explore`] and [`Explorer`]: the crash explorer.
-//! - [`HookedStore`]: any store, with every write logged, and failed or stopped by a hook.
+//! - [`explore`] and [`Explorer`]: the crash explorer, in this process or, with
+//!   [`Explorer::in_child_processes`], with a real process per crash.
+//! - [`HookedStore`]: any store, with every write logged, and failed or stopped by a hook;
+//!   the hook sees reads, claims and lease renewals too ([`Call`]).
 //!
 //! A day's sleep, tested in no time:
 //!
@@ -92,6 +94,46 @@
 //! assert_eq!(explored.boundaries.len(), 4);
 //! # Ok(())
 //! # }
+//! ```
+//!
+//! The same exploration with a real process per crash: the test binary runs again on this
+//! test, and the explorer in it aborts the process at the boundary (`std::process::abort()`)
+//! or resumes the run from the store file; the explorer is its own child entry, so nothing
+//! else goes in the test. (Not run here: a documentation example has no test harness to run
+//! again; `tests/testing.rs` runs this.)
+//!
+//! ```no_run
+//! # use loops::{Context, Workflow};
+//! # use serde::{Deserialize, Serialize};
+//! # #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+//! # #[workflow(name = "greet", version = 1)]
+//! # enum Greet {
+//! #     #[initial]
+//! #     #[next(Done)]
+//! #     Start { name: String },
+//! #     #[terminal]
+//! #     Done { text: String },
+//! # }
+//! # struct Greeter;
+//! # impl GreetHandler for Greeter {
+//! #     type Error = loops::Error;
+//! #     async fn start(&self, ctx: &Context, name: String) -> Result<StartNext, Self::Error> {
+//! #         let text = ctx.step("greet", || async { Ok(format!("hello {name}")) }).await?;
+//! #         Ok(StartNext::Done { text })
+//! #     }
+//! # }
+//! use loops::testing::Explorer;
+//!
+//! #[tokio::test]
+//! async fn every_crash_of_a_greeting_in_a_child_process() {
+//!     let explored = Explorer::new(|| Greeter, Greet::Start { name: "ada".into() })
+//!         .in_child_processes()
+//!         .run()
+//!         .await
+//!         .unwrap_or_else(|e| panic!("{e}"));
+//!     assert_eq!(explored.final_state, "Done");
+//! }
+//! # fn main() {}
 //! ```
 
 pub use loops_core::testing::*;

@@ -235,16 +235,30 @@ async fn no_payload_is_stored_in_clear_and_runs_finish_and_read_back() {
     );
     drop(rt);
 
-    // No codec: the sealed payload is named, with its key id.
-    let rt = open(&path, None);
-    match rt.state::<Secrets>("r1").await {
+    // No codec: the store is refused when it opens, naming it and the keys that sealed it.
+    let err = open_err(&path);
+    assert!(
+        matches!(&err, Error::Encrypted { store, keys } if *store == path.display().to_string() && keys == &["k1", "k2"]),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "store {} holds payloads encrypted with key k1, k2: give the runtime the key with RuntimeBuilder::codec (the `loops` CLI: --key-file PATH or LOOPS_KEY_FILE)",
+            path.display()
+        )
+    );
+    // The raw store: a sealed record decoded without the key names its key, never a
+    // decode error of the workflow's type.
+    let store = loops::RedbStore::open(&path).unwrap();
+    let stored = store.history("r1").unwrap();
+    match stored[1].decode::<Secrets>("r1") {
         Err(Error::Payload { cause, .. }) => {
             assert_eq!(*cause, CodecError::NoCodec { key: "k1".into() })
         }
         other => panic!("expected a missing codec, got {other:?}"),
     }
     // The stored payloads, as stored: moved to another record or altered, they do not open.
-    let stored = rt.store().history("r1").await.unwrap();
     let payloads = Payloads::new(std::sync::Arc::new(key1()));
     let mut moved = stored[1].clone();
     moved.seq = 2;
@@ -279,6 +293,100 @@ async fn no_payload_is_stored_in_clear_and_runs_finish_and_read_back() {
         .open_transition("r1", &mut redacted)
         .unwrap();
     assert_eq!(redacted.payload.get(), r#""<encrypted: key k1>""#);
-    let info = rt.run_info("r1").await.unwrap().unwrap();
+    let info = store.run("r1").unwrap().unwrap();
     assert_eq!(info.status, RunStatus::Completed);
+}
+
+/// `Runtime::open` without a codec, for a store that must refuse it.
+fn open_err(path: &std::path::Path) -> Error {
+    Runtime::builder().open(path).unwrap_err()
+}
+
+/// A store that knows it is encrypted: the codec's key ids are recorded before the first
+/// sealed payload (after a rotation, both); runs stored in clear before the codec was given
+/// stay readable by the runtime with the codec; a runtime built on the store without a codec
+/// is refused at its first call, and one that reads it redacted reads on but refuses to store
+/// a payload in clear.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sealed_store_is_refused_without_the_key_and_clear_runs_stay_readable() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+
+    // Before encryption: r0 in clear; the store lists no key, and opens without a codec.
+    let rt = open(&path, None);
+    let (done, _, _) = finish(&rt, Agent::default(), "r0").await;
+    assert_eq!(done, expected_done());
+    assert_eq!(
+        rt.redb().unwrap().sealing_keys().unwrap(),
+        Vec::<String>::new()
+    );
+    rt.shutdown().await;
+    drop(rt);
+
+    // Encryption on: r0 still reads; r1 is sealed; k1 is recorded.
+    let rt = open(&path, Some(key1()));
+    assert_eq!(
+        rt.state::<Secrets>("r0").await.unwrap(),
+        Some((2, expected_done()))
+    );
+    finish(&rt, Agent::default(), "r1").await;
+    assert_eq!(rt.redb().unwrap().sealing_keys().unwrap(), ["k1"]);
+    rt.shutdown().await;
+    drop(rt);
+    let rt = open(&path, Some(rotated()));
+    finish(&rt, Agent::default(), "r2").await;
+    assert_eq!(rt.redb().unwrap().sealing_keys().unwrap(), ["k1", "k2"]);
+    rt.shutdown().await;
+    drop(rt);
+
+    // A store built elsewhere, without a codec: refused at the first call, whichever.
+    let rt = Runtime::builder().build(loops::RedbStore::open(&path).unwrap());
+    for err in [
+        rt.run_info("r0").await.unwrap_err(),
+        rt.resume_all().await.unwrap_err(),
+    ] {
+        assert!(
+            matches!(&err, Error::Encrypted { keys, .. } if keys == &["k1", "k2"]),
+            "{err:?}"
+        );
+    }
+    drop(rt);
+
+    // Redacted: reads go on (a sealed text shows its key), a payload is not stored in clear,
+    // a write without a payload goes on.
+    let rt = Runtime::builder()
+        .read_sealed_redacted()
+        .open(&path)
+        .unwrap();
+    let r1 = rt.store().history("r1").await.unwrap();
+    assert_eq!(r1[1].payload.get(), r#""<encrypted: key k1>""#);
+    assert_eq!(
+        rt.store().history("r0").await.unwrap()[2]
+            .decode::<Secrets>("r0")
+            .unwrap(),
+        expected_done()
+    );
+    let err = rt.send("r1", "approve", &"in clear").await.unwrap_err();
+    assert!(matches!(&err, Error::Encrypted { .. }), "{err:?}");
+    assert_eq!(rt.store().events("r1").await.unwrap().len(), 1);
+    assert!(matches!(
+        rt.retry("r1").await.unwrap_err(),
+        Error::NotFailed { .. }
+    ));
+}
+
+/// A key file that does not exist: the OS's reason is said once, whether the error is
+/// printed alone or with its chain (anyhow's `{:#}`).
+#[test]
+fn a_missing_key_file_says_its_cause_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("no-such-keys");
+    let err = Keyring::from_file(&path).unwrap_err();
+    let expected = format!(
+        "cannot read key file {}: No such file or directory (os error 2)",
+        path.display()
+    );
+    assert_eq!(err.to_string(), expected);
+    assert_eq!(loops::error_chain(&err), std::slice::from_ref(&expected));
+    assert_eq!(format!("{:#}", anyhow::Error::from(err)), expected);
 }

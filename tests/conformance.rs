@@ -1,5 +1,6 @@
-//! The store conformance suite (`loops::conformance`) on the redb store: on a file, and in
-//! memory. The PostgreSQL store runs it in loops-postgres/tests/conformance.rs, which
+//! The store conformance suite (`loops::conformance`) on the redb store: on a file, in
+//! memory, and on a file with every payload sealed (`conformance::Sealed`, as a runtime with a
+//! codec stores them). The PostgreSQL store runs it in loops-postgres/tests/conformance.rs, which
 //! docs/postgres.md shows as the example of a store running the suite (checked here).
 
 use std::sync::Arc;
@@ -31,6 +32,12 @@ async fn on_file(_case: &'static str) -> OnFile {
 
 mod file {
     loops::conformance_suite!(super::on_file);
+}
+
+mod sealed {
+    loops::conformance_suite!(|case| async move {
+        loops::conformance::Sealed::new(super::on_file(case).await)
+    });
 }
 
 mod memory {

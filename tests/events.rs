@@ -1,8 +1,6 @@
 //! Typed events (`#[event(name: Type)]`): the constants the derive generates, the events in
 //! the schema description and hash, and the check of events sent from outside the program.
 
-use std::time::Duration;
-
 use loops::{Context, DeclaredEvents, Error, EventRefusal, RunStatus, Runtime, Schema, Workflow};
 use serde::{Deserialize, Serialize};
 
@@ -164,6 +162,84 @@ fn payloads_are_checked_against_the_declared_shape() {
     );
 }
 
+#[derive(Schema, Serialize, Deserialize, Debug, Clone, PartialEq)]
+enum Verdict {
+    Ship,
+    Hold { reason: String },
+}
+
+#[derive(Schema, Serialize, Deserialize, Debug, Clone, PartialEq)]
+struct Review {
+    approval: Approval,
+    verdict: Verdict,
+    score: u8,
+    ok: bool,
+    tags: Vec<String>,
+    pair: (u32, String),
+    #[serde(skip_deserializing)]
+    computed: u64,
+}
+
+mod reviewed {
+    // Only its declared events are read: it is never run.
+    #![allow(dead_code)]
+    use super::*;
+
+    #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+    #[workflow(name = "reviewed")]
+    #[event(review: Review, note: String, count: u64)]
+    pub enum Reviewed {
+        #[initial]
+        #[next(Closed)]
+        Reviewing,
+        #[terminal]
+        Closed,
+    }
+}
+use reviewed::Reviewed;
+
+#[test]
+fn a_declared_event_gives_a_skeleton_of_its_payload_that_its_check_accepts() {
+    let declared = DeclaredEvents::from_description(Gate::SCHEMA);
+    let approve = declared.get("approve").unwrap();
+    assert_eq!(
+        approve.skeleton(),
+        &serde_json::json!({"by": "", "note": null})
+    );
+    assert_eq!(
+        declared.get("reject").unwrap().skeleton(),
+        &serde_json::json!("")
+    );
+    let declared = DeclaredEvents::from_description(Reviewed::SCHEMA);
+    let review = declared.get("review").unwrap().skeleton().clone();
+    assert_eq!(
+        review,
+        serde_json::json!({
+            "approval": {"by": "", "note": null},
+            "verdict": "Ship",
+            "score": 0,
+            "ok": false,
+            "tags": [],
+            "pair": [0, ""],
+        })
+    );
+    assert_eq!(
+        declared.get("count").unwrap().skeleton(),
+        &serde_json::json!(0)
+    );
+    // Each skeleton passes the check of its event, and deserializes as its type.
+    for event in declared.events() {
+        assert_eq!(
+            declared.check(Reviewed::SCHEMA, &event.name, event.skeleton()),
+            Ok(()),
+            "{}",
+            event.name
+        );
+    }
+    let parsed: Review = serde_json::from_value(review).unwrap();
+    assert_eq!(parsed.verdict, Verdict::Ship);
+}
+
 #[tokio::test]
 async fn typed_send_and_checked_send_json() {
     let runtime = Runtime::builder()
@@ -171,13 +247,10 @@ async fn typed_send_and_checked_send_json() {
         .build(loops::RedbStore::in_memory().unwrap());
     runtime.start("g-1", Gate::Open { n: 1 }).await.unwrap();
     // Until it waits, nothing to see; then a refused name, a refused payload: nothing written.
-    loop {
-        let info = runtime.run_info("g-1").await.unwrap().unwrap();
-        if info.status == RunStatus::Waiting {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    runtime
+        .wait_for_status("g-1", RunStatus::Waiting)
+        .await
+        .unwrap();
     let raw = |text: &str| serde_json::value::RawValue::from_string(text.to_owned()).unwrap();
     let err = runtime
         .send_json("g-1", "aprove", None, &raw(r#"{"by":"alice"}"#))

@@ -629,9 +629,7 @@ async fn plan_and_approve(
         let (rt, planner) = (std::sync::Arc::clone(&rt), std::sync::Arc::clone(&planner));
         tokio::spawn(async move { rt.run("r", Change::Planning, &*planner).await })
     };
-    while rt.run_info("r").await.unwrap().map(|i| i.status) != Some(RunStatus::Waiting) {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    rt.wait_for_status("r", RunStatus::Waiting).await.unwrap();
     if let Some(head) = moved_to {
         planner.head.store(head, Ordering::SeqCst);
     }
@@ -846,9 +844,7 @@ async fn a_step_waiting_for_its_limit_is_cancelled_with_its_run() {
         let (rt, shared) = (std::sync::Arc::clone(&rt), std::sync::Arc::clone(&shared));
         tokio::spawn(async move { rt.run("waiter", Limited::Query { n: 2 }, &*shared).await })
     };
-    while rt.run_info("waiter").await.unwrap().is_none() {
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    rt.wait_until("waiter", |_| true).await.unwrap();
     // Time to reach the limit and wait there (were it not, the step would not start after
     // the cancellation either: the count below holds both ways).
     tokio::time::sleep(Duration::from_millis(50)).await;

@@ -1,19 +1,16 @@
-//! Store faults met while runs are resumed or driven, injected by a `Store` wrapper around
-//! the redb store: a failed read of the status index resumes nothing (and `serve` tries
+//! Store faults met while runs are resumed or driven, injected by the test kit's `HookedStore`
+//! around the redb store: a failed read of the status index resumes nothing (and `serve` tries
 //! again by itself), and a failed step write is not the handler's failure (no attempt spent,
 //! the run goes on once the store recovers).
 
-use std::any::Any;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use loops::{
-    BoxFuture, Context, Error, EventRecord, FailureRecord, Lease, RedbStore, Reply, RunInfo,
-    RunStatus, Runtime, SchemaHash, StepRecord, Store, TransitionRecord, Workflow, Write,
-};
+use loops::testing::{Call, HookedStore, Verdict, WriteHook, WriteSeen};
+use loops::{Context, Error, RedbStore, RunStatus, Runtime, Workflow};
 use serde::{Deserialize, Serialize};
 
 #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -104,151 +101,44 @@ fn full(action: &str) -> Error {
     }
 }
 
-/// The redb store, failing what `faults` says.
-struct Flaky {
-    inner: RedbStore,
-    faults: Arc<Faults>,
-}
+/// Fails, on the redb store behind a `HookedStore`, what `faults` says.
+struct Flaky(Arc<Faults>);
 
-impl Store for Flaky {
-    fn label(&self) -> String {
-        Store::label(&self.inner)
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-    fn write<'a>(
-        &'a self,
-        lease: Option<&'a Lease>,
-        write: Write,
-    ) -> BoxFuture<'a, loops::Result<Reply>> {
-        Box::pin(async move {
-            match &write {
-                Write::Step { .. } if self.faults.take(&self.faults.steps) => {
-                    return Err(full("committing a step record"));
-                }
-                Write::Failure { .. } => {
-                    self.faults.failure_writes.fetch_add(1, Ordering::SeqCst);
-                }
-                _ => {}
+impl WriteHook for Flaky {
+    fn before(&self, seen: &WriteSeen) -> Verdict {
+        match seen.kind {
+            "Step" if self.0.take(&self.0.steps) => {
+                return Verdict::Fail(full("committing a step record"));
             }
-            Store::write(&self.inner, lease, write).await
-        })
-    }
-    fn run_info<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, loops::Result<Option<RunInfo>>> {
-        Store::run_info(&self.inner, run_id)
-    }
-    fn latest<'a>(
-        &'a self,
-        run_id: &'a str,
-    ) -> BoxFuture<'a, loops::Result<Option<(RunInfo, TransitionRecord)>>> {
-        Store::latest(&self.inner, run_id)
-    }
-    fn history<'a>(
-        &'a self,
-        run_id: &'a str,
-    ) -> BoxFuture<'a, loops::Result<Vec<TransitionRecord>>> {
-        Store::history(&self.inner, run_id)
-    }
-    fn steps<'a>(
-        &'a self,
-        run_id: &'a str,
-        seq: u64,
-    ) -> BoxFuture<'a, loops::Result<Vec<(String, u32, StepRecord)>>> {
-        Store::steps(&self.inner, run_id, seq)
-    }
-    fn failures<'a>(
-        &'a self,
-        run_id: &'a str,
-    ) -> BoxFuture<'a, loops::Result<Vec<(u64, FailureRecord)>>> {
-        Store::failures(&self.inner, run_id)
-    }
-    fn events<'a>(
-        &'a self,
-        run_id: &'a str,
-    ) -> BoxFuture<'a, loops::Result<Vec<(u64, EventRecord, bool)>>> {
-        Store::events(&self.inner, run_id)
-    }
-    fn has_pending<'a>(
-        &'a self,
-        run_id: &'a str,
-        event: &'a str,
-    ) -> BoxFuture<'a, loops::Result<bool>> {
-        Store::has_pending(&self.inner, run_id, event)
-    }
-    fn list<'a>(
-        &'a self,
-        status: RunStatus,
-        workflow: Option<&'a str>,
-    ) -> BoxFuture<'a, loops::Result<Vec<RunInfo>>> {
-        if status == RunStatus::Waiting && self.faults.take(&self.faults.lists) {
-            return Box::pin(async { Err(full("listing waiting runs")) });
+            "Failure" => {
+                self.0.failure_writes.fetch_add(1, Ordering::SeqCst);
+            }
+            _ => {}
         }
-        Store::list(&self.inner, status, workflow)
+        Verdict::Go
     }
-    fn schema(&self, hash: SchemaHash) -> BoxFuture<'_, loops::Result<Option<String>>> {
-        Store::schema(&self.inner, hash)
-    }
-    fn attributes<'a>(
-        &'a self,
-        run_id: &'a str,
-    ) -> BoxFuture<'a, loops::Result<loops::Attributes>> {
-        Store::attributes(&self.inner, run_id)
-    }
-    fn search<'a>(
-        &'a self,
-        filter: &'a loops::RunFilter,
-    ) -> BoxFuture<'a, loops::Result<Vec<(loops::RunInfo, loops::Attributes)>>> {
-        Store::search(&self.inner, filter)
-    }
-    fn schemas(&self) -> BoxFuture<'_, loops::Result<Vec<(SchemaHash, String)>>> {
-        Store::schemas(&self.inner)
-    }
-    fn acquire<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, loops::Result<Option<Lease>>> {
-        Store::acquire(&self.inner, run_id)
-    }
-    fn release<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, loops::Result<()>> {
-        Store::release(&self.inner, lease)
-    }
-    fn renew<'a>(&'a self, leases: &'a [Lease]) -> BoxFuture<'a, loops::Result<Vec<Lease>>> {
-        Store::renew(&self.inner, leases)
-    }
-    fn lease_ttl(&self) -> Option<Duration> {
-        Store::lease_ttl(&self.inner)
-    }
-    fn claim_ready<'a>(
-        &'a self,
-        workflows: &'a [loops::ClaimFilter],
-        limit: usize,
-    ) -> BoxFuture<'a, loops::Result<Vec<(RunInfo, Lease)>>> {
-        self.faults.claims.fetch_add(1, Ordering::SeqCst);
-        Store::claim_ready(&self.inner, workflows, limit)
+
+    fn call(&self, call: &Call<'_>) -> Verdict {
+        match call {
+            Call::List {
+                status: RunStatus::Waiting,
+                ..
+            } if self.0.take(&self.0.lists) => Verdict::Fail(full("listing waiting runs")),
+            Call::ClaimReady { .. } => {
+                self.0.claims.fetch_add(1, Ordering::SeqCst);
+                Verdict::Go
+            }
+            _ => Verdict::Go,
+        }
     }
 }
 
 fn flaky_runtime(path: &Path, faults: &Arc<Faults>, worker: &Worker) -> Runtime {
-    let store = Flaky {
-        inner: RedbStore::open(path).unwrap(),
-        faults: Arc::clone(faults),
-    };
+    let store = HookedStore::with_hook(RedbStore::open(path).unwrap(), Flaky(Arc::clone(faults)));
     Runtime::builder()
         .park_threshold(Duration::ZERO)
         .register::<Job, _>(worker.clone())
         .build(store)
-}
-
-async fn until_status(rt: &Runtime, run_id: &str, status: RunStatus) {
-    loop {
-        if rt
-            .run_info(run_id)
-            .await
-            .unwrap()
-            .is_some_and(|info| info.status == status)
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 /// A store where `busy` is running with no driver (stopped at its entry, before its effect)
@@ -274,7 +164,9 @@ async fn interrupted_store(path: &Path) -> Worker {
     rt.start("sleepy", Job::Start { nap_ms: 300 })
         .await
         .unwrap();
-    until_status(&rt, "sleepy", RunStatus::Waiting).await;
+    rt.wait_for_status("sleepy", RunStatus::Waiting)
+        .await
+        .unwrap();
     rt.shutdown().await;
     drop(rt);
     assert_eq!((worker.effects("busy"), worker.effects("sleepy")), (0, 1));

@@ -3,11 +3,12 @@
 //! store that sees every write, and the crash explorer, which must find the bug of a handler
 //! that keeps a counter in memory across a transition and pass on the correct handler.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use loops::testing::{ExploreError, Explorer, HookedStore, ManualClock, WaitError, When, explore};
-use loops::{Context, RedbStore, RunStatus, Runtime, Workflow};
+use loops::{Context, FailureSource, RedbStore, RetryPolicy, RunStatus, Runtime, Workflow};
 use serde::{Deserialize, Serialize};
 
 const DAY: Duration = Duration::from_secs(24 * 3600);
@@ -65,10 +66,6 @@ fn runtime(clock: &ManualClock) -> Runtime {
         .build(RedbStore::in_memory().unwrap())
 }
 
-fn states(history: &[loops::Transition<Approval>]) -> Vec<Approval> {
-    history.iter().map(|t| t.value.clone()).collect()
-}
-
 #[tokio::test]
 async fn a_days_sleep_and_a_weeks_deadline_pass_when_the_clock_is_advanced() {
     let clock = ManualClock::starting_now();
@@ -102,7 +99,7 @@ async fn a_days_sleep_and_a_weeks_deadline_pass_when_the_clock_is_advanced() {
     assert_eq!(done.status, RunStatus::Completed);
     let history = rt.history::<Approval>("late").await.unwrap();
     assert_eq!(
-        states(&history),
+        states_of(&history),
         vec![
             draft,
             Approval::Asked { text: "hi!".into() },
@@ -150,6 +147,122 @@ async fn an_approval_sent_before_the_deadline_publishes() {
             by: "ada".into()
         }
     );
+}
+
+#[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(name = "payout")]
+enum Payout {
+    #[initial]
+    #[next(Paid, Refused)]
+    Owed { cents: u64 },
+    #[terminal]
+    Paid { receipt: String },
+    #[terminal]
+    Refused { reason: String },
+}
+
+/// A bank that is down: every transfer fails.
+#[derive(Default)]
+struct DownBank {
+    transfers: Arc<AtomicU32>,
+}
+
+impl PayoutHandler for DownBank {
+    type Error = loops::Error;
+
+    async fn owed(&self, ctx: &Context, cents: u64) -> Result<OwedNext, Self::Error> {
+        let sent = ctx
+            .step("transfer", || async {
+                self.transfers.fetch_add(1, Ordering::SeqCst);
+                Err::<String, _>(format!("bank down: {cents} cents not sent").into())
+            })
+            .await;
+        match sent {
+            Ok(receipt) => Ok(OwedNext::Paid { receipt }),
+            // The last attempt takes the failure route rather than failing the run.
+            Err(e) if ctx.is_last_attempt() => Ok(OwedNext::Refused { reason: e.chain() }),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// A failure route: the step fails, the state is retried after a minute (by the manual
+/// clock), and the last attempt routes to `Refused`; each failed attempt left its record.
+#[tokio::test]
+async fn a_failing_step_is_retried_by_the_clock_then_routed_to_refused() {
+    let clock = ManualClock::starting_now();
+    let start = clock.now_ms();
+    let bank = DownBank::default();
+    let transfers = Arc::clone(&bank.transfers);
+    let rt = Runtime::builder()
+        .clock(clock.clone())
+        .retry(
+            RetryPolicy::attempts(2)
+                .with_delays(Duration::from_secs(60), Duration::from_secs(60))
+                .with_jitter(0.0),
+        )
+        .register::<Payout, _>(bank)
+        .build(RedbStore::in_memory().unwrap());
+    rt.start("p-1", Payout::Owed { cents: 500 }).await.unwrap();
+    // Attempt 1 failed: the run waits for its retry time, a minute on.
+    let failed = rt
+        .wait_until("p-1", |i| i.retry_at_ms.is_some())
+        .await
+        .unwrap();
+    assert_eq!(failed.retry_at_ms, Some(start + 60_000));
+    assert_eq!(transfers.load(Ordering::SeqCst), 1);
+    clock.advance(Duration::from_secs(60));
+    let done = rt
+        .wait_for_status("p-1", RunStatus::Completed)
+        .await
+        .unwrap();
+    assert_eq!(done.state, "Refused");
+    // Each failed try of the step, and the attempt it failed, left a record; the last
+    // attempt's routed, so it has no record of its own.
+    let failures: Vec<(u64, u32, u64, FailureSource, Vec<String>)> = rt
+        .store()
+        .failures("p-1")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(seq, f)| (seq, f.attempt, f.at_ms - start, f.source, f.errors))
+        .collect();
+    let transfer = || FailureSource::Step {
+        name: "transfer".into(),
+        occurrence: 0,
+    };
+    let down = "bank down: 500 cents not sent".to_owned();
+    let failed_after_one_try =
+        "run `p-1`: step `transfer`#0 of state `Owed` (seq 0) failed after 1 try".to_owned();
+    assert_eq!(
+        failures,
+        vec![
+            (0, 1, 0, transfer(), vec![down.clone()]),
+            (
+                0,
+                1,
+                0,
+                FailureSource::Handler,
+                vec![failed_after_one_try.clone(), down.clone()]
+            ),
+            (0, 2, 60_000, transfer(), vec![down.clone()]),
+        ]
+    );
+    let history = rt.history::<Payout>("p-1").await.unwrap();
+    assert_eq!(
+        states_of(&history),
+        vec![
+            Payout::Owed { cents: 500 },
+            Payout::Refused {
+                reason: format!("{failed_after_one_try}: {down}")
+            },
+        ]
+    );
+    assert_eq!(transfers.load(Ordering::SeqCst), 2);
+}
+
+fn states_of<W: Workflow + Clone>(history: &[loops::Transition<W>]) -> Vec<W> {
+    history.iter().map(|t| t.value.clone()).collect()
 }
 
 #[tokio::test]
@@ -404,5 +517,166 @@ async fn the_explorer_stops_a_step_between_its_effect_and_its_record() {
             When::AfterCommit,
             When::AfterCommit
         ]
+    );
+}
+
+// The same explorations with a real process per crash (`Explorer::in_child_processes`): this
+// test binary runs again on the one test, whose explorer plays the child's part (aborting
+// the process at the boundary, or resuming the run from the store file). A test runs one
+// explorer in child processes; what it compares with runs after it, in this process.
+
+/// The approval workflow's day of sleep, its event and its steps, each crash a real abort:
+/// the same boundaries, the same end, as in process.
+#[tokio::test]
+async fn in_child_processes_the_explorer_passes_on_a_correct_workflow_as_in_process() {
+    let draft = || Approval::Drafted { text: "hi".into() };
+    let in_children = Explorer::new(Desk::default, draft())
+        .event("approve", "ada")
+        .in_child_processes()
+        .run()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let in_process = Explorer::new(Desk::default, draft())
+        .event("approve", "ada")
+        .run()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(in_children.final_state, "Published");
+    assert_eq!(in_children.boundaries.len(), 12);
+    assert_eq!(in_children, in_process);
+}
+
+/// The count kept in memory: a fresh process per crash loses it as a rebuilt handler does,
+/// and the report is the in-process one, word for word.
+#[tokio::test]
+async fn in_child_processes_the_explorer_finds_a_count_kept_in_memory_as_in_process() {
+    let in_children = Explorer::new(Forgetful::default, Tally::Start)
+        .in_child_processes()
+        .run()
+        .await
+        .unwrap_err();
+    let in_process = explore(Forgetful::default, Tally::Start).await.unwrap_err();
+    println!("{in_children}");
+    let (
+        ExploreError::Found {
+            explored, findings, ..
+        },
+        ExploreError::Found {
+            findings: expected, ..
+        },
+    ) = (&in_children, &in_process)
+    else {
+        panic!("{in_children}\n{in_process}")
+    };
+    assert_eq!(*explored, 3);
+    assert_eq!(findings.len(), 1);
+    assert_eq!(findings[0].boundary.what, "transition to `Counted` (seq 1)");
+    assert_eq!(findings, expected);
+    assert_eq!(in_children.to_string(), in_process.to_string());
+}
+
+/// The count carried in the state passes in child processes too.
+#[tokio::test]
+async fn in_child_processes_the_explorer_passes_on_the_count_carried_in_the_state() {
+    let explored = Explorer::new(|| Careful, Tally::Start)
+        .in_child_processes()
+        .run()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(explored.final_state, "Done");
+    assert_eq!(explored.boundaries.len(), 3);
+    assert_eq!(explored.explored, 3);
+}
+
+/// A step aborted between its effect and its record runs again in the next process, with
+/// the same key: the children's journals of step runs reach the parent's checks.
+#[tokio::test]
+async fn in_child_processes_a_step_aborted_between_effect_and_record_runs_again() {
+    let explored = Explorer::new(|| Biller, Charge::Due { cents: 500 })
+        .in_child_processes()
+        .only(2)
+        .run()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(explored.explored, 1);
+    assert_eq!(explored.boundaries[1].when, When::BeforeCommit);
+    assert_eq!(
+        explored.boundaries[1].what,
+        "record of step `charge` #0 of seq 0"
+    );
+}
+
+/// The wrong test name: the child runs no explorer, and the error says so.
+#[tokio::test]
+async fn in_child_processes_a_wrong_test_name_is_reported() {
+    let err = Explorer::new(|| Careful, Tally::Start)
+        .in_child_processes_of("no_such_test")
+        .run()
+        .await
+        .unwrap_err();
+    let ExploreError::Reference { message, .. } = &err else {
+        panic!("{err}")
+    };
+    assert!(
+        message.contains("the child process ran no crash explorer: is `no_such_test` the name"),
+        "{message}"
+    );
+}
+
+/// The blocks of `guide` fenced as ```` ```lang ````, each as its lines.
+fn fenced<'a>(guide: &'a str, lang: &str) -> Vec<Vec<&'a str>> {
+    let mut blocks = Vec::new();
+    let mut open: Option<Vec<&str>> = None;
+    for line in guide.lines() {
+        match open.as_mut() {
+            None if line.trim_start() == format!("```{lang}") => open = Some(Vec::new()),
+            Some(_) if line.trim_start() == "```" => blocks.extend(open.take()),
+            Some(block) => block.push(line),
+            None => {}
+        }
+    }
+    blocks
+}
+
+/// docs/testing.md shows code of this file and what the explorer prints: each ```` ```rust
+/// ```` block of the guide, its lines trimmed, is a run of lines of this file (a line `//
+/// ...` stands for lines left out), and its reports are the explorer's, word for word.
+#[tokio::test]
+async fn the_guide_shows_this_file_s_code_and_the_explorer_s_real_reports() {
+    let guide = include_str!("../docs/testing.md");
+    let this: Vec<&str> = include_str!("testing.rs")
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let blocks = fenced(guide, "rust");
+    assert_eq!(blocks.len(), 8, "the guide's Rust blocks");
+    for block in &blocks {
+        let lines: Vec<&str> = block
+            .iter()
+            .map(|l| l.trim())
+            .filter(|l| !l.is_empty())
+            .collect();
+        for piece in lines.split(|l| *l == "// ...") {
+            assert!(
+                this.windows(piece.len()).any(|w| w == piece),
+                "docs/testing.md shows code that is not in tests/testing.rs:\n{}",
+                piece.join("\n")
+            );
+        }
+    }
+    let reports: Vec<String> = fenced(guide, "text")
+        .into_iter()
+        .map(|b| b.join("\n"))
+        .collect();
+    let explored = Explorer::new(Desk::default, Approval::Drafted { text: "hi".into() })
+        .event("approve", "ada")
+        .run()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let found = explore(Forgetful::default, Tally::Start).await.unwrap_err();
+    assert_eq!(
+        reports,
+        [explored.to_string().trim_end(), &found.to_string()]
     );
 }

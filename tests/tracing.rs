@@ -87,3 +87,77 @@ async fn runs_states_and_steps_are_traced_with_their_fields() {
         assert!(out.contains(want), "missing {want:?} in:\n{out}");
     }
 }
+
+struct Leaky;
+
+impl TracedHandler for Leaky {
+    type Error = loops::BoxError;
+
+    async fn start(&self, ctx: &Context, n: u32) -> Result<StartNext, Self::Error> {
+        let attempt = ctx.attempt();
+        ctx.step("call", || async move {
+            if attempt == 1 {
+                Err::<u32, loops::BoxError>("the API refused secret-token=hunter2".into())
+            } else {
+                Ok(n)
+            }
+        })
+        .await?;
+        Ok(StartNext::Done { n })
+    }
+}
+
+/// Runs `Leaky` (its first attempt fails with a secret in a step's error) on a runtime with
+/// a codec, `log_payloads` as given; returns what was logged.
+async fn logged_with_a_codec(log_payloads: Option<bool>) -> String {
+    let sink = Sink::default();
+    let writer = sink.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let dir = tempfile::tempdir().unwrap();
+    let mut builder = Runtime::builder()
+        .retry(RetryPolicy::attempts(2).with_delays(
+            std::time::Duration::from_millis(1),
+            std::time::Duration::from_millis(1),
+        ))
+        .codec(loops::Keyring::new("k1", [3; 32]).unwrap());
+    if let Some(on) = log_payloads {
+        builder = builder.log_payloads(on);
+    }
+    let rt = builder.open(dir.path().join("s.redb")).unwrap();
+    let done = rt.run("r-8", Traced::Start { n: 5 }, &Leaky).await.unwrap();
+    assert_eq!(done, Traced::Done { n: 5 });
+    let failures = rt.store().failures("r-8").await.unwrap();
+    assert_eq!(failures.len(), 2, "the step's failure and the attempt's");
+    String::from_utf8(sink.0.lock().unwrap().clone()).unwrap()
+}
+
+/// With a codec, error texts (sealed in the store) are not logged: the WARN lines name the
+/// run, state, seq, attempt and the error's kind. `log_payloads(true)` logs them.
+#[tokio::test]
+async fn with_a_codec_error_texts_are_not_logged_unless_asked() {
+    let out = logged_with_a_codec(None).await;
+    assert!(!out.contains("hunter2"), "a secret was logged:\n{out}");
+    let not_logged =
+        "error=<not logged: payloads are sealed; RuntimeBuilder::log_payloads logs them>";
+    for want in [
+        "run{run_id=\"r-8\" workflow=\"traced\"}",
+        "state{state=\"Start\" seq=0 attempt=1}",
+        "step failed",
+        "error_kind=\"step\"",
+        "handler failed",
+        "error_kind=\"handler\"",
+        not_logged,
+    ] {
+        assert!(out.contains(want), "missing {want:?} in:\n{out}");
+    }
+    assert_eq!(out.matches(not_logged).count(), 2, "{out}");
+
+    let out = logged_with_a_codec(Some(true)).await;
+    assert_eq!(out.matches("secret-token=hunter2").count(), 2, "{out}");
+    assert!(!out.contains("<not logged"), "{out}");
+}

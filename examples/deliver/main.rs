@@ -109,8 +109,12 @@ struct Cli {
     key_file: Option<PathBuf>,
 
     /// The run's id, its idempotency key: running the same id again resumes or reports it
-    #[arg(long, value_name = "ID", default_value = DEFAULT_RUN_ID)]
+    #[arg(long, value_name = "ID", default_value = DEFAULT_RUN_ID, value_parser = run_id_arg)]
     run_id: String,
+
+    /// Whether `--run-id` was on the command line (a dry run then speaks of that run only).
+    #[arg(skip)]
+    run_id_given: bool,
 
     /// Delete the store and the work directory first, and start over
     #[arg(long)]
@@ -149,7 +153,7 @@ struct Cli {
     serve: bool,
 
     /// Say what this build would do with every unfinished or blocked run in the store (drive,
-    /// migrate, or leave it blocked), and write nothing
+    /// migrate, or leave it blocked), or with the one `--run-id` names, and write nothing
     #[arg(long, conflicts_with_all = ["fresh", "retry", "approve", "auto_approve", "serve"])]
     dry_run: bool,
 
@@ -173,6 +177,14 @@ const DEFAULT_WORKDIR: &str = "target/loops-demo";
 /// The default run id.
 const DEFAULT_RUN_ID: &str = "deliver-1";
 
+/// `--run-id`'s parser: a run id loops takes, else a usage error (exit code 2, before anything
+/// is printed or touched).
+fn run_id_arg(id: &str) -> Result<String, String> {
+    loops::validate_run_id(id)
+        .map(|()| id.to_owned())
+        .map_err(|e| e.to_string())
+}
+
 /// Failed attempts per state before the run fails (short delays, so that a state that really
 /// fails gives up within seconds).
 const MAX_ATTEMPTS: u32 = 3;
@@ -188,7 +200,14 @@ async fn main() -> ExitCode {
     // A damaged store file makes redb panic inside loops, which reports it as an error: that
     // error, on one line, is all the user should see.
     loops::silence_caught_redb_panics();
-    let cli = Cli::parse();
+    let cli = {
+        use clap::{CommandFactory as _, FromArgMatches as _};
+        let matches = Cli::command().get_matches();
+        let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+        cli.run_id_given =
+            matches.value_source("run_id") == Some(clap::parser::ValueSource::CommandLine);
+        cli
+    };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -305,8 +324,6 @@ impl Interrupt {
 /// it touches what the first one is building. `--fresh` holds the old store's lock while it
 /// deletes.
 async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
-    // Refused before anything is printed or touched.
-    loops::validate_run_id(&cli.run_id).map_err(|e| anyhow::anyhow!("--run-id: {e}"))?;
     for (flag, path) in [
         ("--workdir", Some(&cli.workdir)),
         ("--store", cli.store.as_ref()),
@@ -477,19 +494,44 @@ async fn dry_run(cli: &Cli) -> Result<()> {
         Some(keys) => builder.codec(keys).build(read_only),
         None => builder.build(read_only),
     };
-    let lines = versions::dry_run(&runtime).await;
+    let only = cli.run_id_given.then_some(cli.run_id.as_str());
+    let lines = versions::dry_run(&runtime, only).await;
+    let asked = match only {
+        Some(id) => runtime.run_info(id).await.map(Some),
+        None => Ok(None),
+    };
     runtime.shutdown().await;
-    let lines = lines?;
-    say!(
-        "dry run: {} unfinished or blocked run{} in {}; this build (version {}) would:",
-        lines.len(),
-        if lines.len() == 1 { "" } else { "s" },
-        store.display(),
-        match cli.workflow_version {
-            Release::V1 => 1,
-            Release::V2 => 2,
+    let (lines, asked) = (lines?, asked?);
+    let version = match cli.workflow_version {
+        Release::V1 => 1,
+        Release::V2 => 2,
+    };
+    if let Some(id) = only {
+        if lines.is_empty() {
+            match asked.flatten() {
+                None => say!("dry run: no run {id} in {}", store.display()),
+                Some(info) => say!(
+                    "dry run: run {id} in {} is {} at {} (seq {}): nothing to do",
+                    store.display(),
+                    info.status,
+                    info.state,
+                    info.seq
+                ),
+            }
+            return Ok(());
         }
-    );
+        say!(
+            "dry run: run {id} in {}; this build (version {version}) would:",
+            store.display()
+        );
+    } else {
+        say!(
+            "dry run: {} unfinished or blocked run{} in {}; this build (version {version}) would:",
+            lines.len(),
+            if lines.len() == 1 { "" } else { "s" },
+            store.display(),
+        );
+    }
     for line in lines {
         say!("  {line}");
     }

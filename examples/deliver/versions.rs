@@ -268,10 +268,7 @@ pub async fn report_start(runtime: &Runtime, run_id: &str, release: Release) -> 
             // short by the process stopping, cleanly (a test's stop hook, Ctrl-C) or not.
             let last_attempt = match &info.error {
                 Some(errors) => format!("attempt {} failed: {}", info.attempt, errors.join(": ")),
-                None => format!(
-                    "attempt {} did not finish: the previous process stopped during it",
-                    info.attempt
-                ),
+                None => loops::interrupted_attempt(info.attempt),
             };
             let skipped = if done.is_empty() {
                 "nothing".to_owned()
@@ -300,13 +297,17 @@ pub async fn report_start(runtime: &Runtime, run_id: &str, release: Release) -> 
 /// as `Runtime::dry_run` says it for a runtime that registers the versions this build drives
 /// and the migration; a migration it names is tried on the run's state (in memory), and a
 /// run the migration refuses is said to finish on version 1, as [`choose`] decides. Writes
-/// nothing.
+/// nothing. With `only`, of that run alone.
 ///
 /// # Errors
 /// If the store cannot be read.
-pub async fn dry_run(runtime: &Runtime) -> Result<Vec<String>> {
+pub async fn dry_run(runtime: &Runtime, only: Option<&str>) -> Result<Vec<String>> {
     let mut lines = Vec::new();
-    for routed in runtime.dry_run().await? {
+    let routes = runtime.dry_run().await?;
+    for routed in routes
+        .into_iter()
+        .filter(|r| only.is_none_or(|id| r.run_id == id))
+    {
         let mut line = format!(
             "{} ({}, {} at {}, schema {}): {}",
             routed.run_id,

@@ -17,14 +17,64 @@ pub struct Failure {
     pub damage: bool,
 }
 
+/// What a command's failure is, for its exit code: the one place that maps kinds of failure
+/// to exit codes (docs/operations.md, loops-cli/README.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// The command failed: the store, the run's state, the system (exit code 1).
+    Failed,
+    /// The input was bad: an argument, a file or stdin it names that cannot be read, a
+    /// payload that is not JSON, too large or not the declared event, a run id or name loops
+    /// refuses (exit code 2, as clap's own usage errors).
+    BadInput,
+}
+
+impl Kind {
+    /// The process's exit code for this kind.
+    pub fn code(self) -> u8 {
+        match self {
+            Kind::Failed => 1,
+            Kind::BadInput => 2,
+        }
+    }
+
+    /// The kind of a loops error: bad input if it is about what the command was given.
+    pub fn of(e: &Error) -> Kind {
+        match e {
+            Error::InvalidRunId { .. }
+            | Error::InvalidName { .. }
+            | Error::InvalidAttribute { .. }
+            | Error::EventRefused { .. }
+            | Error::EventEncode { .. }
+            | Error::PayloadTooLarge { .. } => Kind::BadInput,
+            _ => Kind::Failed,
+        }
+    }
+
+    /// The kind of an error a control endpoint answered with (its `kind`), as [`Kind::of`]
+    /// says for the same error of a store this process opened.
+    pub fn of_remote(kind: &loops_core::control::ErrorKind) -> Kind {
+        use loops_core::control::ErrorKind;
+        match kind {
+            ErrorKind::InvalidArgument | ErrorKind::EventRefused => Kind::BadInput,
+            _ => Kind::Failed,
+        }
+    }
+}
+
 impl Failure {
-    /// A failed command (exit code 1).
-    pub fn new(message: impl Into<String>) -> Self {
+    /// A failure of `kind`, with its exit code.
+    pub fn of(kind: Kind, message: impl Into<String>) -> Self {
         Failure {
             message: one_line(&message.into()),
-            code: 1,
+            code: kind.code(),
             damage: false,
         }
+    }
+
+    /// A failed command (exit code 1).
+    pub fn new(message: impl Into<String>) -> Self {
+        Failure::of(Kind::Failed, message)
     }
 
     /// This failure, said to be damage to the store file at `path` if it is: that the file
@@ -51,10 +101,7 @@ impl Failure {
 
     /// A bad argument (exit code 2, as clap's own usage errors).
     pub fn usage(message: impl Into<String>) -> Self {
-        Failure {
-            code: 2,
-            ..Failure::new(message)
-        }
+        Failure::of(Kind::BadInput, message)
     }
 }
 
@@ -88,7 +135,7 @@ impl From<loops_core::Error> for Failure {
                 ..Failure::new(e.chain())
             },
             // The message and its source chain, on one line.
-            _ => Failure::new(e.chain()),
+            _ => Failure::of(Kind::of(&e), e.chain()),
         }
     }
 }

@@ -85,6 +85,19 @@ pub fn set_verbose(verbose: bool) {
 /// How payloads are opened: with the keys of `--key-file`, or shown as encrypted.
 static PAYLOADS: OnceLock<Payloads> = OnceLock::new();
 
+/// The keys of `--key-file`, for the runtimes this tool opens.
+static KEYS: OnceLock<loops_core::Keyring> = OnceLock::new();
+
+/// The builder of every runtime this tool opens: with the keys of `--key-file`; without
+/// them, reading a store whose payloads are sealed as `<encrypted: key K>` and refusing to
+/// store a payload in clear in it (`Error::Encrypted`, which says to pass `--key-file`).
+fn runtime_builder() -> loops_core::RuntimeBuilder {
+    match KEYS.get() {
+        Some(keys) => Runtime::builder().codec(keys.clone()),
+        None => Runtime::builder().read_sealed_redacted(),
+    }
+}
+
 /// Reads the key file of `--key-file` (or `LOOPS_KEY_FILE`), if one is given: every
 /// operator then opens sealed payloads with it and seals what `send` and `cancel` store.
 /// Without one, a sealed payload shows as `<encrypted: key K>`.
@@ -95,7 +108,8 @@ pub fn set_key_file(path: Option<&Path>) -> Result<()> {
     let payloads = match path {
         Some(path) => {
             let keys =
-                loops_core::Keyring::from_file(path).map_err(|e| Failure::new(format!("{e}")))?;
+                loops_core::Keyring::from_file(path).map_err(|e| Failure::usage(e.to_string()))?;
+            let _ = KEYS.set(keys.clone());
             Payloads::new(std::sync::Arc::new(keys))
         }
         None => Payloads::redacting(),
@@ -202,7 +216,7 @@ pub fn postgres(url: &str, schema: &str) -> Result<Local> {
         })
     })?;
     let label = store.label().to_owned();
-    let runtime = tokio.block_on(async { Runtime::builder().build(store) });
+    let runtime = tokio.block_on(async { runtime_builder().build(store) });
     let reached = "connected to the PostgreSQL store (shared with its workers)".to_owned();
     Ok(Local::runtime(runtime, label, reached, tokio))
 }
@@ -233,8 +247,8 @@ pub fn read_only(path: &Path) -> Result<RedbStore> {
             let store = RedbStore::open_repaired_in_memory(path, options)
                 .map_err(|e| read_failure(path, e))?;
             note(&format!(
-                "store {} needs redb's repair (its process stopped without closing it, or the file was changed since: its length is not the one its header records); read through a repair made in memory, the file is unchanged; a writing command (or the process that drives it) repairs it",
-                path.display()
+                "{}; read through a repair made in memory, the file is unchanged; a writing command (or the process that drives it) repairs it",
+                Error::needs_repair(path)
             ));
             store
         }
@@ -282,12 +296,14 @@ pub fn writable(path: &Path) -> Result<(Runtime, bool)> {
         Err(Error::NeedsRecovery { .. }) => true,
         Err(e) => return Err(open_failure(path, e)),
     };
-    let runtime = Runtime::open(path).map_err(|e| open_failure(path, e))?;
+    let runtime = runtime_builder()
+        .open(path)
+        .map_err(|e| open_failure(path, e))?;
     if repaired {
         is_loops_store(path, &redb(path, &runtime)?)?;
         note(&format!(
-            "store {} was not closed cleanly (its process stopped without closing it); redb repaired it on this open",
-            path.display()
+            "{}; redb repaired it on this open",
+            Error::needs_repair(path)
         ));
     }
     Ok((runtime, repaired))

@@ -1911,7 +1911,7 @@ fn send_reads_a_large_payload_from_a_file_or_stdin() {
                 "--json-file",
                 missing.to_str().unwrap()
             ],
-            1
+            2
         ),
         format!(
             "error: cannot read --json-file {}: {}\n",
@@ -1924,7 +1924,7 @@ fn send_reads_a_large_payload_from_a_file_or_stdin() {
         fails(
             &path,
             &["send", "waiting-1", "approval", "--json-file", file_arg],
-            1
+            2
         ),
         format!(
             "error: --json-file {} is not valid JSON: key must be a string at line 1 column 16\n",
@@ -1939,7 +1939,7 @@ fn send_reads_a_large_payload_from_a_file_or_stdin() {
     assert_eq!(
         (out.status.code(), String::from_utf8(out.stderr).unwrap()),
         (
-            Some(1),
+            Some(2),
             "error: the payload on stdin (--json-file -) is not valid JSON: EOF while parsing a value at line 1 column 0\n".to_owned()
         )
     );
@@ -1951,7 +1951,7 @@ fn send_reads_a_large_payload_from_a_file_or_stdin() {
     assert_eq!(
         (out.status.code(), String::from_utf8(out.stderr).unwrap()),
         (
-            Some(1),
+            Some(2),
             "error: cannot read the payload on stdin (--json-file -): stream did not contain valid UTF-8\n".to_owned()
         )
     );
@@ -1961,7 +1961,7 @@ fn send_reads_a_large_payload_from_a_file_or_stdin() {
         fails(
             &path,
             &["send", "waiting-1", "approval", "--json-file", file_arg],
-            1
+            2
         ),
         "error: run `waiting-1`: payload of event `approval` is 2097154 bytes, over the 2097152-byte limit\n"
     );
@@ -2008,13 +2008,13 @@ fn send_refuses_invalid_json_and_writes_nothing() {
     let err = fails(
         &path,
         &["send", "waiting-1", "approval", "--json", "{not json"],
-        1,
+        2,
     );
     assert_eq!(
         err,
         "error: --json is not valid JSON: key must be a string at line 1 column 2\n"
     );
-    let err = fails(&path, &["send", "waiting-1", "approval", "--json", ""], 1);
+    let err = fails(&path, &["send", "waiting-1", "approval", "--json", ""], 2);
     assert!(
         err.starts_with("error: --json is not valid JSON: EOF"),
         "{err}"
@@ -2213,8 +2213,8 @@ fn a_store_left_open_by_a_crash_is_repaired_then_read() {
     assert_eq!(
         String::from_utf8(out.stderr).unwrap(),
         format!(
-            "note: store {} was not closed cleanly (its process stopped without closing it); redb repaired it on this open\n",
-            crashed_too.display()
+            "note: {}; redb repaired it on this open\n",
+            loops_core::Error::needs_repair(&crashed_too)
         )
     );
     let v: Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -2835,8 +2835,8 @@ fn retry_of_a_run_at_the_largest_attempt_is_refused_without_writing_or_panicking
 /// The note of a reading command on a store that needs redb's repair.
 fn needs_repair(path: &Path) -> String {
     format!(
-        "note: store {} needs redb's repair (its process stopped without closing it, or the file was changed since: its length is not the one its header records); read through a repair made in memory, the file is unchanged; a writing command (or the process that drives it) repairs it\n",
-        path.display()
+        "note: {}; read through a repair made in memory, the file is unchanged; a writing command (or the process that drives it) repairs it\n",
+        loops_core::Error::needs_repair(path)
     )
 }
 

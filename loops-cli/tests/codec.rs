@@ -144,9 +144,21 @@ fn the_cli_decrypts_with_the_key_and_says_encrypted_without_it() {
     assert!(ok && out.contains(SECRET), "{out}");
 
     // `send` without the key refuses to store the event in clear, and writes nothing.
-    let (ok, _, err) = run(loops(&path).args(["send", "v", "approve", "--json", "\"ok\""]));
-    assert!(!ok);
-    assert!(err.contains("run `v` is encrypted (key `k1`)"), "{err}");
+    // The store says it is sealed, and what to pass.
+    let out = loops(&path)
+        .args(["send", "v", "approve", "--json", "\"ok\""])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert_eq!(
+        err.trim_end(),
+        format!(
+            "error: store {} holds payloads encrypted with key k1: {}",
+            path.display(),
+            loops_core::NO_KEY_HINT
+        )
+    );
     // With the key, the declared event's shape is checked in clear before it is sealed: a
     // payload that cannot be a `String` is refused (exit 2) and nothing is written (had it
     // been queued, the run's wait below would take it first, oldest first, and not finish
@@ -221,6 +233,27 @@ fn a_running_process_serves_payloads_sealed_and_the_cli_opens_them_with_its_key(
     );
     let (ok, out, err) = run(loops(&path).args(["runs", "--json"]));
     assert!(ok && !out.contains("hunter2"), "{out} {err}");
+    // Without its key, the CLI refuses to send through the process in clear, with the one
+    // message a CLI that opens the store says.
+    let out = loops(&path)
+        .args(["send", "v", "approve", "--json", "\"in clear\""])
+        .output()
+        .unwrap();
+    assert_eq!(
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).trim_end()
+        ),
+        (
+            Some(1),
+            format!(
+                "error: store {} holds payloads encrypted with key k1: {}",
+                path.display(),
+                loops_core::NO_KEY_HINT
+            )
+            .as_str()
+        )
+    );
     // With its key, the CLI opens them.
     let (ok, out, err) = run(loops(&path)
         .args(["history", "v", "--json", "--key-file"])

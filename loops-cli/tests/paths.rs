@@ -757,7 +757,13 @@ fn a_missing_postgresql_store_or_a_server_that_is_down_is_one_line() {
     assert!(err.contains("holds no loops store"), "{err}");
     // Still nothing there: the read created nothing.
     let again = store.fails(&["runs"], 1);
-    assert!(again.contains("found version 0"), "{again}");
+    assert!(
+        again.trim_end().ends_with(&format!(
+            "schema \"{}\" holds no loops store (no loops-postgres tables); a worker's connect creates it (`migrate` on, the default)",
+            schema.name
+        )),
+        "{again}"
+    );
 
     let down = Store {
         args: vec![
@@ -771,4 +777,61 @@ fn a_missing_postgresql_store_or_a_server_that_is_down_is_one_line() {
         err.starts_with("error: cannot connect to postgres://postgres@127.0.0.1:1/test"),
         "{err}"
     );
+}
+
+/// An encrypted PostgreSQL store and the CLI without the key: reads go on, each sealed
+/// payload shown as `<encrypted: key k1>`; a command that would store a payload in clear is
+/// refused with the store's one message (exit 1), and nothing is written; with the key, the
+/// payload is shown in clear.
+#[test]
+fn an_encrypted_postgresql_store_is_read_redacted_and_not_written_in_clear_without_the_key() {
+    let schema = PgSchema::new("encrypted");
+    let tokio = tokio();
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("keys");
+    std::fs::write(&keys, format!("k1 {}\n", "0b".repeat(32))).unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let label = tokio.block_on(async {
+        let store = schema.store().await;
+        let label = store.label().to_owned();
+        let rt = builder()
+            .codec(loops_core::Keyring::from_file(&keys).unwrap())
+            .build(store);
+        rt.start("waiting-1", ask()).await.unwrap();
+        until(&rt, "waiting-1", RunStatus::Waiting).await;
+        rt.shutdown().await;
+        label
+    });
+    let store = Store::postgres(&schema.name);
+    let latest = store.json(&["show", "waiting-1", "--json"]);
+    assert_eq!(latest["payload"], json!("<encrypted: key k1>"), "{latest}");
+    let err = store.fails(
+        &["send", "waiting-1", "approve", "--json", r#"{"by":"eve"}"#],
+        1,
+    );
+    assert_eq!(
+        err,
+        format!(
+            "error: store {label} holds payloads encrypted with key k1: {}\n",
+            loops_core::NO_KEY_HINT
+        )
+    );
+    let keyed = Store {
+        args: [
+            store.args.clone(),
+            vec!["--key-file".into(), keys.display().to_string()],
+        ]
+        .concat(),
+    };
+    assert_eq!(
+        keyed.json(&["show", "waiting-1", "--json"])["payload"],
+        json!({"Ask": {"doc": "spec.md"}})
+    );
+    // The refused event was not written.
+    let history = keyed.json(&["history", "waiting-1", "--json"]);
+    assert_eq!(history["events"], json!([]), "{history}");
 }

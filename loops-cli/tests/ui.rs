@@ -4,7 +4,8 @@
 //! This test process holds a redb store and serves its control endpoint, as a workflow's
 //! process does; `loops ui` (the binary) reaches it through that endpoint. The browser test
 //! sees a run progress on the runs page without a reload, approves a waiting run by filling
-//! the send form and confirming, cancels another, checks that a payload's markup stays text,
+//! the send form (pre-filled with a skeleton of the declared payload) and confirming, cancels
+//! another, retries a failed one, checks that a payload's markup stays text,
 //! and keeps screenshots under `target/ui-screenshots/`.
 //!
 //! Needs `chromium` and `chromedriver` on the PATH (`apt-get install chromium
@@ -26,6 +27,7 @@ use serde_json::json;
 /// A document drafted on an event, then approved on another.
 #[derive(loops_derive::Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
 #[workflow(crate = loops_core)]
+#[event(draft: Draft, approve: Approval)]
 enum Review {
     #[initial]
     #[next(Drafted)]
@@ -36,12 +38,14 @@ enum Review {
     Done { by: String },
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(loops_derive::Schema, Debug, Serialize, Deserialize)]
+#[schema(crate = loops_core)]
 struct Draft {
     text: String,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(loops_derive::Schema, Debug, Serialize, Deserialize)]
+#[schema(crate = loops_core)]
 struct Approval {
     by: String,
 }
@@ -52,6 +56,11 @@ impl ReviewHandler for Reviewer {
     type Error = BoxError;
     async fn asked(&self, ctx: &Context, _: String) -> Result<AskedNext, BoxError> {
         let draft: Draft = ctx.wait_for("draft").await?;
+        // A draft that says "fail" fails the first attempt (the run has no retries): the
+        // run `retry-1`, for the retry button.
+        if draft.text == "fail" && ctx.attempt() == 1 {
+            return Err("the draft says fail".into());
+        }
         let text = draft.text.clone();
         let words: usize = ctx
             .step("count words", || {
@@ -104,7 +113,8 @@ async fn until_status(rt: &Runtime, run_id: &str, status: RunStatus, state: &str
 
 /// A store held by this process with its control endpoint served, and these runs:
 /// `progress-1` waiting for `draft` in `Asked`; `approve-1` waiting for `approve` in
-/// `Drafted` (its draft holds [`MARKUP`]); `cancel-1` waiting for `draft`.
+/// `Drafted` (its draft holds [`MARKUP`]); `cancel-1` waiting for `draft`; `retry-1` failed
+/// in `Asked` (its draft says "fail").
 struct Held {
     rt: Runtime,
     server: Option<ControlServer>,
@@ -120,7 +130,7 @@ async fn held() -> Held {
         .register::<Review, _>(Reviewer)
         .open(&path)
         .unwrap();
-    for id in ["progress-1", "approve-1", "cancel-1"] {
+    for id in ["progress-1", "approve-1", "cancel-1", "retry-1"] {
         rt.start_with(
             id,
             Review::Asked {
@@ -136,6 +146,10 @@ async fn held() -> Held {
         .await
         .unwrap();
     until_status(&rt, "approve-1", RunStatus::Waiting, "Drafted").await;
+    rt.send("retry-1", "draft", &json!({ "text": "fail" }))
+        .await
+        .unwrap();
+    until_status(&rt, "retry-1", RunStatus::Failed, "Asked").await;
     let server = rt.serve_control_next_to_store().await.unwrap();
     Held {
         rt,
@@ -322,7 +336,7 @@ async fn screenshot(client: &Client, name: &str) {
 }
 
 #[test]
-fn a_browser_follows_a_run_approves_one_and_cancels_another() {
+fn a_browser_follows_a_run_approves_one_cancels_another_and_retries_a_failed_one() {
     let (_driver, port, chromium) = chromedriver();
     let tokio = tokio();
     let held = tokio.block_on(held());
@@ -376,11 +390,17 @@ fn a_browser_follows_a_run_approves_one_and_cancels_another() {
             "the form names the event the run waits for"
         );
 
-        // A payload that is not JSON is refused before the confirmation.
+        // The payload starts as a skeleton of the declared `approve: Approval { by: String }`.
         let payload = client
             .find(Locator::Css("#send-form textarea[name=payload]"))
             .await
             .unwrap();
+        assert_eq!(
+            payload.prop("value").await.unwrap().as_deref(),
+            Some("{\n  \"by\": \"\"\n}")
+        );
+
+        // A payload that is not JSON is refused before the confirmation.
         payload.clear().await.unwrap();
         payload.send_keys(r#"{"by": "alice""#).await.unwrap();
         click(&client, "#send-form [data-confirm]").await;
@@ -416,6 +436,20 @@ fn a_browser_follows_a_run_approves_one_and_cancels_another() {
         assert!(dialog_open(&client, "#cancel-form").await);
         click(&client, "#cancel-form dialog button[type=submit]").await;
         until_text(&client, "#status [data-status]", "cancelled").await;
+
+        // retry-1: failed; retried through its button and confirmation, it runs again (its
+        // second attempt takes the same draft and moves on to wait for an approval).
+        client.goto(&format!("{base}/runs/retry-1")).await.unwrap();
+        until_text(&client, "#status [data-status]", "failed").await;
+        assert!(!dialog_open(&client, "#retry-form").await);
+        click(&client, "#retry-form [data-confirm]").await;
+        assert!(dialog_open(&client, "#retry-form").await);
+        screenshot(&client, "retry.png").await;
+        click(&client, "#retry-form dialog button[type=submit]").await;
+        until_text(&client, "#state", "Drafted").await;
+        until_text(&client, "#status [data-status]", "waiting").await;
+        let note = text(&client, "p.note").await.unwrap();
+        assert!(note.contains("again in state Asked (seq 0)"), "{note}");
         client.close().await.unwrap();
     });
 
@@ -443,6 +477,28 @@ fn a_browser_follows_a_run_approves_one_and_cancels_another() {
             (RunStatus::Cancelled, Some("not needed"))
         );
         until_status(rt, "progress-1", RunStatus::Waiting, "Drafted").await;
+        until_status(rt, "retry-1", RunStatus::Waiting, "Drafted").await;
+        let retried = rt.history::<Review>("retry-1").await.unwrap();
+        let values: Vec<Review> = retried.into_iter().map(|t| t.value).collect();
+        assert_eq!(
+            values,
+            vec![
+                Review::Asked {
+                    doc: "spec.md".into()
+                },
+                Review::Drafted {
+                    text: "fail (1 words)".into()
+                },
+            ]
+        );
+        let failures = rt.store().failures("retry-1").await.unwrap();
+        assert_eq!(
+            failures
+                .iter()
+                .map(|(seq, f)| (*seq, f.attempt, f.errors.clone()))
+                .collect::<Vec<_>>(),
+            vec![(0, 1, vec!["the draft says fail".to_owned()])]
+        );
     });
     drop(tokio.block_on(held.stop()));
 }

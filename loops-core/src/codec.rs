@@ -92,10 +92,19 @@ pub trait PayloadCodec: Send + Sync + 'static {
     /// when the payload does not authenticate for `place` under it (altered, moved, or a
     /// different key under that id), [`CodecError::Malformed`] for damaged data.
     fn open(&self, place: &Place<'_>, sealed: &Sealed) -> Result<Vec<u8>, CodecError>;
+
+    /// The id of the key that seals now, which the runtime records in the store before its
+    /// first sealed payload ([`Store::sealing_keys`](crate::Store::sealing_keys)), so that a
+    /// runtime or CLI without a key refuses the store at once. The default, `"codec"`, is for
+    /// a codec without key ids; [`Keyring`] returns its writing key's id.
+    fn key_id(&self) -> String {
+        "codec".to_owned()
+    }
 }
 
-/// The key of the envelope object.
-const TAG: &str = "$sealed";
+/// The key of the envelope object (`$sealed`, as `Envelope` names its field) as a JSON
+/// string: an envelope's text starts with it after its `{`.
+const QUOTED_TAG: &str = "\"$sealed\"";
 
 #[derive(Serialize, Deserialize)]
 struct Envelope<'a> {
@@ -127,11 +136,11 @@ pub fn envelope(sealed: &Sealed) -> String {
 ///
 /// A value is taken for an envelope when it is a JSON object whose first key is `"$sealed"`;
 /// anything else is a payload in clear (written before a codec was given, or a text loops
-/// wrote itself, such as "the process stopped while this attempt ran").
+/// wrote itself, such as [`INTERRUPTED`](crate::INTERRUPTED)).
 pub fn parse_envelope(json: &str) -> Option<Result<Sealed, CodecError>> {
     let trimmed = json.trim_start();
     let rest = trimmed.strip_prefix('{')?.trim_start();
-    if !rest.starts_with(&format!("\"{TAG}\"")) {
+    if !rest.starts_with(QUOTED_TAG) {
         return None;
     }
     let parsed = serde_json::from_str::<Envelope<'_>>(trimmed)

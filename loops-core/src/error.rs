@@ -13,9 +13,10 @@ mod codec;
 mod methods;
 mod text;
 
-pub use codec::CodecError;
-pub use text::error_chain;
-use text::{at_seq, attempts_text, cause_text, describe_changes, shown_id};
+pub use text::{RecordKind, error_chain};
+use text::{at_seq, attempts_text, cause_text, decoded, describe_changes, shown_id};
+
+pub use codec::{CodecError, NO_KEY_HINT};
 
 /// Everything loops-core can fail with. Each variant names the run, the state and the sequence
 /// number involved, where there is one, so that a log line is enough to find the record.
@@ -33,7 +34,7 @@ pub enum Error {
     /// The store file was not closed cleanly (the process that had it open crashed); a
     /// read-only open cannot repair it. A writable open ([`Runtime::open`](crate::Runtime::open))
     /// repairs it.
-    #[error("store {path} was not closed cleanly and needs the repair a writable open makes")]
+    #[error("{}; a writable open repairs it", Error::needs_repair(path))]
     NeedsRecovery {
         /// The store file.
         path: PathBuf,
@@ -379,6 +380,19 @@ pub enum Error {
         source: serde_json::Error,
     },
 
+    /// The store holds sealed payloads (it lists the keys that sealed them:
+    /// [`Store::sealing_keys`](crate::Store::sealing_keys)) and the runtime was given no
+    /// codec: refused when the runtime opens the store (or, for a store built elsewhere, at
+    /// its first read or write), so that it neither fails later on a payload it cannot read
+    /// nor writes payloads in clear among sealed ones.
+    #[error("store {store} holds payloads encrypted with key {}: {NO_KEY_HINT}", keys.join(", "))]
+    Encrypted {
+        /// The store's label (a file path; a database without password).
+        store: String,
+        /// The ids of the keys that sealed its payloads, oldest first.
+        keys: Vec<String>,
+    },
+
     /// A payload could not be sealed or opened by the runtime's
     /// [`PayloadCodec`](crate::PayloadCodec): the key is missing or wrong, the payload was
     /// altered or moved, or it is sealed and no codec was given. Nothing is shown in clear.
@@ -689,58 +703,6 @@ pub enum Error {
     /// The runtime is shutting down; the store's writer has stopped.
     #[error("the store is closed")]
     Closed,
-}
-
-/// What kind of stored record an [`Error::Decode`] is about.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum RecordKind {
-    /// A transition record: the state the run entered at `seq`.
-    Transition,
-    /// The run's row: its current standing (status, state, seq, wait).
-    RunRow,
-    /// A step record of the state at `seq`.
-    Step {
-        /// The step's name.
-        name: String,
-        /// Which use of the name, from 0.
-        occurrence: u32,
-    },
-    /// The record of a failed attempt at the state at `seq`.
-    Failure,
-    /// An event in the run's inbox (`seq` is its event seq).
-    Event {
-        /// The event's name, when it was known before its record was read.
-        name: Option<String>,
-    },
-    /// The recorded outcome of a wait for an event, in the state at `seq`.
-    Wait {
-        /// The event waited for.
-        event: String,
-    },
-}
-
-/// The record in [`Error::Decode`]'s message: `transition record at seq 3 (state `Work`)`,
-/// `run row`, `event record at event seq 0`, ...
-fn decoded(record: &RecordKind, seq: u64, state: &str) -> String {
-    match record {
-        RecordKind::Transition if state.is_empty() || state == "?" => {
-            format!("transition record at seq {seq}")
-        }
-        RecordKind::Transition => format!("transition record at seq {seq} (state `{state}`)"),
-        RecordKind::RunRow => "run row".to_owned(),
-        RecordKind::Step { name, occurrence } => {
-            format!("step record `{name}`#{occurrence} of seq {seq}")
-        }
-        RecordKind::Failure => format!("failure record of seq {seq}"),
-        RecordKind::Event { name: Some(name) } => {
-            format!("event record `{name}` at event seq {seq}")
-        }
-        RecordKind::Event { name: None } => format!("event record at event seq {seq}"),
-        RecordKind::Wait { event } => {
-            format!("recorded outcome of the wait for `{event}` of seq {seq}")
-        }
-    }
 }
 
 /// `Result` with loops' [`Error`].

@@ -18,6 +18,7 @@ mod event;
 mod failpoint;
 mod hint;
 mod limit;
+pub mod metrics;
 mod migrate;
 mod names;
 mod panics;
@@ -47,7 +48,7 @@ pub use codec::{
     CodecError, Keyring, KeyringError, PayloadCodec, Place, Sealed, envelope, parse_envelope,
     redacted,
 };
-pub use error::{Error, RecordKind, Result, error_chain};
+pub use error::{Error, NO_KEY_HINT, RecordKind, Result, error_chain};
 pub use event::{Event, EventName};
 pub use hint::{Hinted, RetryHint, retry_hint};
 pub use limit::{Admission, Limit};
@@ -63,12 +64,13 @@ pub use record::{
 pub use retention::RetentionPolicy;
 pub use retry::{DEFAULT_MAX_INTERRUPTIONS, RetryPolicy};
 pub use route::{Blocked, KnownVersion, Route, StoredRun, route};
-pub use row::BlockInfo;
+pub use row::{BlockInfo, INTERRUPTED, interrupted_attempt};
 pub use run::context::{Context, StepOptions, StepOutput};
 pub use run::dispatch::Dispatch;
 pub use run::settings::{DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PARK_THRESHOLD};
 pub use runtime::{
-    DEFAULT_RETENTION_INTERVAL, Routed, Runtime, RuntimeBuilder, Sent, StartOptions, check_event,
+    DEFAULT_METRICS_INTERVAL, DEFAULT_RETENTION_INTERVAL, Routed, Runtime, RuntimeBuilder, Sent,
+    StartOptions, check_event,
 };
 pub use schema::{
     Change, Class, DeclaredEvent, DeclaredEvents, Enum, EventRefusal, EventShape, FORMAT_VERSION,

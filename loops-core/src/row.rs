@@ -9,6 +9,18 @@ use crate::schema::SchemaHash;
 use crate::status::RunStatus;
 use crate::workflow::{StateId, Workflow};
 
+/// The error loops records for an attempt that the process's stop cut short (a
+/// [`FailureSource::Interrupted`] failure record), and what every message about such an
+/// attempt says of it: the one wording ([`interrupted_attempt`]).
+pub const INTERRUPTED: &str = "the process stopped while this attempt ran";
+
+/// What to say of attempt `attempt` that the process's stop cut short:
+/// `attempt N did not finish: the process stopped while this attempt ran`. For the messages
+/// of a program that resumes a run (the CLI's, an agent's "resuming at ..." line).
+pub fn interrupted_attempt(attempt: u32) -> String {
+    format!("attempt {attempt} did not finish: {INTERRUPTED}")
+}
+
 /// A run's current standing: the one mutable row per run, updated in the same commit as the
 /// immutable record that changes it. Listing and resuming read this, never the history.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -125,7 +137,7 @@ impl RunInfo {
             attempt: self.attempt,
             at_ms,
             source: FailureSource::Interrupted,
-            errors: vec!["the process stopped while this attempt ran".to_owned()],
+            errors: vec![INTERRUPTED.to_owned()],
         });
         if let Some(record) = &interrupted {
             self.error = Some(record.errors.clone());
@@ -239,4 +251,20 @@ impl BlockInfo {
 
 fn is_zero(n: &u32) -> bool {
     *n == 0
+}
+
+#[cfg(test)]
+mod tests {
+    /// The one wording of an interrupted attempt: the record's text, and the resume line's.
+    #[test]
+    fn an_interrupted_attempt_is_said_one_way() {
+        assert_eq!(
+            super::interrupted_attempt(1),
+            format!("attempt 1 did not finish: {}", super::INTERRUPTED)
+        );
+        assert_eq!(
+            super::interrupted_attempt(2),
+            "attempt 2 did not finish: the process stopped while this attempt ran"
+        );
+    }
 }

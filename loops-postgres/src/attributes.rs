@@ -1,5 +1,5 @@
 //! Reads of run attributes: a run's own, and the search by the attribute index
-//! (`attributes_search`, migration 5). What a search selects is loops-core's
+//! (`attributes_search`, migration 6). What a search selects is loops-core's
 //! [`RunFilter::matches`]: the SQL only narrows the candidates.
 
 use loops_core::{AttributeValue, Attributes, Error, Result, RunFilter, RunInfo};

@@ -232,9 +232,9 @@ impl PgStoreBuilder {
             .keepalives_idle(self.lease_ttl.max(Duration::from_secs(1)))
             .keepalives_interval((self.lease_ttl / 3).max(Duration::from_secs(1)))
             .keepalives_retries(KEEPALIVE_PROBES);
-        let connect_err = |source: Box<dyn std::error::Error + Send + Sync>| Error::Connect {
+        let connect_err = |cause: Box<dyn std::error::Error + Send + Sync>| Error::Connect {
             label: label.clone(),
-            source,
+            cause,
         };
         // Migrations run on a connection of their own, before the pool exists.
         let (mut client, connection) = config
@@ -317,12 +317,12 @@ async fn clock_skew(
         .await
         .map_err(|e| Error::Connect {
             label: label.to_owned(),
-            source: e.into(),
+            cause: e.into(),
         })?;
     let after = loops_core::now_ms();
     let server: i64 = row.try_get(0).map_err(|e| Error::Connect {
         label: label.to_owned(),
-        source: e.into(),
+        cause: e.into(),
     })?;
     let slack_ms = after.saturating_sub(before).div_ceil(2);
     let middle =
@@ -461,7 +461,7 @@ async fn report_transport(
                 .await
                 .map_err(|e| Error::Connect {
                     label: label.to_owned(),
-                    source: e.into(),
+                    cause: e.into(),
                 })?;
             !row.is_some_and(|r| r.try_get::<_, bool>(0).unwrap_or(false))
         }

@@ -192,35 +192,38 @@ pub enum Error {
         bound_ms: u64,
     },
 
-    /// The server could not be reached, or refused the connection.
-    #[error("cannot connect to {label}: {source}")]
+    /// The server could not be reached, or refused the connection. The message names the
+    /// cause: the server's own message and SQLSTATE code when the server answered (a
+    /// database that does not exist, a login refused), else the client's error and its
+    /// sources; so `source()` is `None` (a chain printed whole says it once).
+    #[error("cannot connect to {label}: {}", cause_text(&**cause))]
     Connect {
         /// The server, as [`PgStore::label`] names it.
         label: String,
         /// The client's or the pool's error.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
+        cause: Box<dyn std::error::Error + Send + Sync>,
     },
 
     /// A migration failed; the schema stays at the version it had (migrations run in one
     /// transaction).
-    #[error("migrating schema {schema:?} to version {version} failed: {source}")]
+    /// The message names the cause as [`Error::Connect`]'s does.
+    #[error(
+        "migrating schema {schema:?} to version {version} failed: {}",
+        cause_text(cause)
+    )]
     Migrate {
         /// The PostgreSQL schema.
         schema: String,
         /// The version being applied (0: before any, while reading the version).
         version: i32,
         /// The server's error.
-        #[source]
-        source: tokio_postgres::Error,
+        cause: tokio_postgres::Error,
     },
 
     /// [`PgStoreBuilder::migrate`] is `false`, and the schema does not exist or is not at
     /// this build's [`SCHEMA_VERSION`] (`found` 0: it holds no loops store). Nothing was
     /// changed.
-    #[error(
-        "schema {schema:?} holds no loops store of version {supported} (found version {found}; 0: none); a worker's connect creates and migrates it"
-    )]
+    #[error("{}", not_migrated(schema, *found, *supported))]
     NotMigrated {
         /// The PostgreSQL schema.
         schema: String,
@@ -551,6 +554,10 @@ impl Store for PgStore {
         Box::pin(self.read_schemas())
     }
 
+    fn sealing_keys(&self) -> BoxFuture<'_, loops_core::Result<Vec<String>>> {
+        Box::pin(self.read_sealing_keys())
+    }
+
     fn acquire<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, loops_core::Result<Option<Lease>>> {
         Box::pin(self.lease_acquire(run_id))
     }
@@ -578,6 +585,38 @@ impl Store for PgStore {
     /// Every worker of the store counts its named limits in the store's tables.
     fn shared_limits(&self) -> Option<Arc<dyn loops_core::SharedLimits>> {
         Some(Arc::new(self.clone()))
+    }
+}
+
+/// The cause of a connection or migration error as its message says it: the server's
+/// message, severity and SQLSTATE code when the server answered (tokio-postgres says only
+/// "db error" and keeps them in its source), else the error and its sources.
+fn cause_text(cause: &(dyn std::error::Error + 'static)) -> String {
+    let db = cause
+        .downcast_ref::<tokio_postgres::Error>()
+        .and_then(tokio_postgres::Error::as_db_error);
+    match db {
+        Some(db) => format!(
+            "{}: {} (SQLSTATE {})",
+            db.severity(),
+            db.message(),
+            db.code().code()
+        ),
+        None => loops_core::error_chain(cause).join(": "),
+    }
+}
+
+/// [`Error::NotMigrated`]'s message: plainly that the schema holds no store, or which
+/// version it holds.
+fn not_migrated(schema: &str, found: i32, supported: i32) -> String {
+    if found == 0 {
+        format!(
+            "schema {schema:?} holds no loops store (no loops-postgres tables); a worker's connect creates it (`migrate` on, the default)"
+        )
+    } else {
+        format!(
+            "schema {schema:?} holds a loops store of version {found}, older than the version {supported} this build needs; a worker's connect migrates it (`migrate` on, the default)"
+        )
     }
 }
 

@@ -23,6 +23,7 @@ const MIGRATIONS: &[Migration] = &[
     MIGRATION_3,
     MIGRATION_4,
     MIGRATION_5,
+    MIGRATION_6,
 ];
 
 /// The tables.
@@ -157,12 +158,25 @@ CREATE INDEX limit_starts_name ON {s}.limit_starts (name, at_ms);
 "#,
 };
 
+/// Payloads at rest: the ids of the keys that sealed payloads in the store (`Write::Seal`),
+/// so that a worker or CLI without a key refuses the store at once (docs/encryption.md).
+const MIGRATION_5: Migration = Migration {
+    version: 5,
+    description: "sealing_keys: the keys that sealed payloads",
+    sql: r#"
+CREATE TABLE {s}.sealing_keys (
+    key_id text COLLATE "C" PRIMARY KEY,
+    at_ms  bigint NOT NULL
+);
+"#,
+};
+
 /// Searchable run attributes (loops-core's `Write::SetAttributes`): one row per run and key,
 /// the value as its index bytes (`AttributeValue::index_bytes`, whose memcmp order is the
 /// values' order, as `bytea` compares), and the btree index a search scans: by key, then
 /// value, so that an equality or a range of one key is one index range.
-const MIGRATION_5: Migration = Migration {
-    version: 5,
+const MIGRATION_6: Migration = Migration {
+    version: 6,
     description: "attributes: searchable run attributes and their index",
     sql: r#"
 CREATE TABLE {s}.attributes (
@@ -176,14 +190,14 @@ CREATE INDEX attributes_search ON {s}.attributes (key, value, run_id);
 };
 
 /// The newest schema version this build knows (and creates).
-pub const SCHEMA_VERSION: i32 = 5;
+pub const SCHEMA_VERSION: i32 = 6;
 
 /// Checks, writing nothing, that schema `schema` is at [`SCHEMA_VERSION`]. Returns it.
 pub(crate) async fn check(client: &tokio_postgres::Client, schema: &str) -> Result<i32, Error> {
-    let failed = |source| Error::Migrate {
+    let failed = |cause| Error::Migrate {
         schema: schema.to_owned(),
         version: 0,
-        source,
+        cause,
     };
     let table = format!("\"{schema}\".migrations");
     let exists: bool = client
@@ -227,10 +241,10 @@ pub(crate) async fn migrate(
     let s = format!("\"{schema}\"");
     let failed = |version: i32| {
         let schema = schema.to_owned();
-        move |source: tokio_postgres::Error| Error::Migrate {
+        move |cause: tokio_postgres::Error| Error::Migrate {
             schema: schema.clone(),
             version,
-            source,
+            cause,
         }
     };
     let tx = client.transaction().await.map_err(failed(0))?;

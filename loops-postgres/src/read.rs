@@ -278,6 +278,17 @@ impl PgStore {
         Ok(out)
     }
 
+    pub(crate) async fn read_sealing_keys(&self) -> Result<Vec<String>> {
+        let rows = self
+            .rows(
+                || "reading the keys that sealed payloads".to_owned(),
+                &self.inner.sql.sealing_keys,
+                &[],
+            )
+            .await?;
+        rows.iter().map(|row| text(row, 0, "?")).collect()
+    }
+
     pub(crate) async fn lease_acquire(&self, run_id: &str) -> Result<Option<Lease>> {
         let rows = self
             .rows(

@@ -44,6 +44,8 @@ pub(crate) struct Sql {
     pub(crate) list_workflow: String,
     pub(crate) schema: String,
     pub(crate) schemas: String,
+    pub(crate) sealing_keys: String,
+    pub(crate) insert_sealing_key: String,
     pub(crate) acquire: String,
     pub(crate) release: String,
     pub(crate) renew: String,
@@ -163,6 +165,11 @@ impl Sql {
                  WHERE status = $1 AND workflow = $2 ORDER BY run_id"),
             schema: f("SELECT description FROM {s}.schemas WHERE hash = $1"),
             schemas: f("SELECT hash, description FROM {s}.schemas ORDER BY hash"),
+            sealing_keys: f("SELECT key_id FROM {s}.sealing_keys ORDER BY at_ms, key_id"),
+            insert_sealing_key: f(
+                "INSERT INTO {s}.sealing_keys (key_id, at_ms) VALUES ($1, $2) \
+                 ON CONFLICT (key_id) DO NOTHING",
+            ),
             // A lease is granted if the run has none, if its lease lapsed, or if this store
             // holds it already (the runtime claims a run once per process; a lease of this
             // store that is still live belongs to a driver that stopped and whose release

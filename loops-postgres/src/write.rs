@@ -36,6 +36,9 @@ use crate::read::text;
 use crate::sql::Sql;
 use crate::{PgStore, big, is_connection_error};
 
+/// The `store` label of this store's metrics ([`loops_core::metrics`]).
+const STORE_LABEL: &str = "postgres";
+
 /// Attempts of a write whose connection fails before its commit, on fresh connections.
 const TRIES: usize = 3;
 
@@ -107,6 +110,7 @@ fn describe(write: &Write) -> String {
         Write::SetAttributes { run_id, seq, .. } => {
             format!("setting attributes of run `{run_id}` seq {seq}")
         }
+        Write::Seal { key, .. } => format!("recording sealing key `{key}`"),
         _ => "writing".to_owned(),
     }
 }
@@ -491,6 +495,10 @@ fn writes<'a>(sql: &'a Sql, effects: &Effects<'_>) -> Vec<(Stmt<'a>, Option<Erro
         let params: Vec<Param> = vec![Box::new(hash.to_string()), Box::new(text.to_owned())];
         out.push((statement(&sql.insert_schema, params), None));
     }
+    if let Some((key, at_ms)) = effects.sealing {
+        let params: Vec<Param> = vec![Box::new(key.to_owned()), Box::new(big(at_ms))];
+        out.push((statement(&sql.insert_sealing_key, params), None));
+    }
     if let Some(row) = &effects.row {
         out.push((row_statement(sql, row), row.refusal_if_taken()));
     }
@@ -595,6 +603,10 @@ async fn commit(
     }));
     let mut results = pipeline(steps).await;
     let committed = results.pop().map_or(Ok(()), |r| r.map(|_| ()));
+    if committed.is_ok() {
+        // One write per transaction: PostgreSQL's own group commit batches the fsyncs.
+        loops_core::metrics::commit_batch(STORE_LABEL, 1);
+    }
     let results = results
         .into_iter()
         .map(|r| r.map(|n| n.unwrap_or(0)))

@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::{TestSchema, admin};
-use loops::{CodecError, Context, Error, Keyring, RetryPolicy, Runtime, Workflow};
+use loops::{CodecError, Context, Error, Keyring, RetryPolicy, Runtime, Store, Workflow};
 use serde::{Deserialize, Serialize};
 
 const SECRET: &str = "secret-token=hunter2";
@@ -98,14 +98,39 @@ async fn the_tables_hold_no_payload_in_clear_and_the_run_finishes() {
     // 2 transitions, 2 steps (`call`, the wait), 1 failure, 1 event have sealed payloads.
     assert!(seen >= 6, "{seen} sealed rows");
 
-    // Without the codec: the payload is named as sealed under k1.
-    let rt = Runtime::builder().build(schema.store(Duration::from_secs(5)).await);
-    match rt.state::<Secrets>("s").await {
+    // The store lists the key that sealed it (table sealing_keys, migration 5).
+    let store = schema.store(Duration::from_secs(5)).await;
+    assert_eq!(store.sealing_keys().await.unwrap(), ["k1"]);
+
+    // Without the codec: the store is refused at the first call, naming it and the key.
+    let label = store.label().to_owned();
+    let rt = Runtime::builder().build(store);
+    let err = rt.state::<Secrets>("s").await.unwrap_err();
+    assert!(
+        matches!(&err, Error::Encrypted { store, keys } if *store == label && keys == &["k1"]),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "store {label} holds payloads encrypted with key k1: {}",
+            loops::NO_KEY_HINT
+        )
+    );
+    assert!(matches!(
+        rt.resume_all().await.unwrap_err(),
+        Error::Encrypted { .. }
+    ));
+    rt.shutdown().await;
+
+    // A sealed record read from the raw store without the key names its key.
+    let raw = schema.store(Duration::from_secs(5)).await;
+    let history = raw.history("s").await.unwrap();
+    match history[1].decode::<Secrets>("s") {
         Err(Error::Payload { cause, run_id, .. }) => assert_eq!(
             (run_id.as_str(), *cause),
             ("s", CodecError::NoCodec { key: "k1".into() })
         ),
         other => panic!("expected a sealed payload, got {other:?}"),
     }
-    rt.shutdown().await;
 }

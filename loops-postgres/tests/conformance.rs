@@ -1,6 +1,7 @@
 //! The store conformance suite (`loops::conformance`) on the PostgreSQL store: each case on a
 //! PostgreSQL schema of its own, under leases of 1 s; its second handle is a second store
-//! (a pool of its own) on the same schema, as another worker opens it. The redb store runs
+//! (a pool of its own) on the same schema, as another worker opens it; and again with every
+//! payload sealed (`conformance::Sealed`), on schemas of their own. The redb store runs
 //! the suite in the root package's tests/conformance.rs.
 
 mod common;
@@ -29,12 +30,20 @@ impl Factory for PgFactory {
     }
 }
 
-/// A store on a fresh schema named after the case (dropped with everything in it when the
-/// case ends).
-async fn fresh(case: &'static str) -> PgFactory {
-    let schema = common::TestSchema::new(&format!("c_{case}")).await;
+/// A store on a fresh schema `name` (dropped with everything in it when the case ends).
+async fn fresh(name: String) -> PgFactory {
+    let schema = common::TestSchema::new(&name).await;
     let store = Arc::new(schema.store(TTL).await);
     PgFactory { schema, store }
 }
 
-loops::conformance_suite!(fresh);
+loops::conformance_suite!(|case| fresh(format!("c_{case}")));
+
+/// The same cases with payloads sealed, as a runtime with a codec stores them.
+mod sealed {
+    use loops::conformance::Sealed;
+
+    loops::conformance_suite!(|case| async move {
+        Sealed::new(super::fresh(format!("s_{case}")).await)
+    });
+}

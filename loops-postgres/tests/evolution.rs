@@ -11,10 +11,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use loops::{
-    BoxFuture, ClaimFilter, Context, EventRecord, FailureRecord, Lease, Reply, RunInfo, RunStatus,
-    Runtime, SchemaHash, StepRecord, Store, TransitionRecord, Write,
-};
+use loops::testing::{HookedStore, Verdict, WriteHook, WriteSeen};
+use loops::{Context, Lease, RunInfo, RunStatus, Runtime, Store};
 
 mod v1 {
     use loops::Workflow;
@@ -92,131 +90,31 @@ impl v2::OrderHandler for Worker {
     }
 }
 
-/// A store that logs the runs its `claim_ready` handed out, and its blocks and unblocks
-/// (`Block <run>`, `Unblock <run>`).
+/// Logs, on the store behind a `HookedStore`, the runs its `claim_ready` handed out, and its
+/// blocks and unblocks (`Block <run>`, `Unblock <run>`).
 struct Claims {
-    inner: loops_postgres::PgStore,
     claimed: Arc<Mutex<Vec<String>>>,
     blocks: Arc<Mutex<Vec<String>>>,
 }
 
-impl Store for Claims {
-    fn label(&self) -> String {
-        self.inner.label().to_owned()
-    }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-    fn write<'a>(
-        &'a self,
-        lease: Option<&'a Lease>,
-        write: Write,
-    ) -> BoxFuture<'a, loops::Result<Reply>> {
-        match &write {
-            Write::Block { run_id, .. } => {
-                self.blocks.lock().unwrap().push(format!("Block {run_id}"))
-            }
-            Write::Unblock { run_id, .. } => {
-                self.blocks
-                    .lock()
-                    .unwrap()
-                    .push(format!("Unblock {run_id}"));
-            }
-            _ => {}
+impl WriteHook for Claims {
+    fn before(&self, seen: &WriteSeen) -> Verdict {
+        if let ("Block" | "Unblock", Some(run_id)) = (seen.kind, &seen.run_id) {
+            self.blocks
+                .lock()
+                .unwrap()
+                .push(format!("{} {run_id}", seen.kind));
         }
-        self.inner.write(lease, write)
+        Verdict::Go
     }
-    fn run_info<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, loops::Result<Option<RunInfo>>> {
-        self.inner.run_info(run_id)
-    }
-    fn latest<'a>(
-        &'a self,
-        run_id: &'a str,
-    ) -> BoxFuture<'a, loops::Result<Option<(RunInfo, TransitionRecord)>>> {
-        self.inner.latest(run_id)
-    }
-    fn history<'a>(
-        &'a self,
-        run_id: &'a str,
-    ) -> BoxFuture<'a, loops::Result<Vec<TransitionRecord>>> {
-        self.inner.history(run_id)
-    }
-    fn steps<'a>(
-        &'a self,
-        run_id: &'a str,
-        seq: u64,
-    ) -> BoxFuture<'a, loops::Result<Vec<(String, u32, StepRecord)>>> {
-        self.inner.steps(run_id, seq)
-    }
-    fn failures<'a>(
-        &'a self,
-        run_id: &'a str,
-    ) -> BoxFuture<'a, loops::Result<Vec<(u64, FailureRecord)>>> {
-        self.inner.failures(run_id)
-    }
-    fn events<'a>(
-        &'a self,
-        run_id: &'a str,
-    ) -> BoxFuture<'a, loops::Result<Vec<(u64, EventRecord, bool)>>> {
-        self.inner.events(run_id)
-    }
-    fn has_pending<'a>(
-        &'a self,
-        run_id: &'a str,
-        event: &'a str,
-    ) -> BoxFuture<'a, loops::Result<bool>> {
-        self.inner.has_pending(run_id, event)
-    }
-    fn list<'a>(
-        &'a self,
-        status: RunStatus,
-        workflow: Option<&'a str>,
-    ) -> BoxFuture<'a, loops::Result<Vec<RunInfo>>> {
-        self.inner.list(status, workflow)
-    }
-    fn schema(&self, hash: SchemaHash) -> BoxFuture<'_, loops::Result<Option<String>>> {
-        self.inner.schema(hash)
-    }
-    fn attributes<'a>(
-        &'a self,
-        run_id: &'a str,
-    ) -> BoxFuture<'a, loops::Result<loops::Attributes>> {
-        self.inner.attributes(run_id)
-    }
-    fn search<'a>(
-        &'a self,
-        filter: &'a loops::RunFilter,
-    ) -> BoxFuture<'a, loops::Result<Vec<(loops::RunInfo, loops::Attributes)>>> {
-        self.inner.search(filter)
-    }
-    fn schemas(&self) -> BoxFuture<'_, loops::Result<Vec<(SchemaHash, String)>>> {
-        self.inner.schemas()
-    }
-    fn acquire<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, loops::Result<Option<Lease>>> {
-        self.inner.acquire(run_id)
-    }
-    fn release<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, loops::Result<()>> {
-        self.inner.release(lease)
-    }
-    fn renew<'a>(&'a self, leases: &'a [Lease]) -> BoxFuture<'a, loops::Result<Vec<Lease>>> {
-        self.inner.renew(leases)
-    }
-    fn lease_ttl(&self) -> Option<Duration> {
-        self.inner.lease_ttl()
-    }
-    fn claim_ready<'a>(
-        &'a self,
-        workflows: &'a [ClaimFilter],
-        limit: usize,
-    ) -> BoxFuture<'a, loops::Result<Vec<(RunInfo, Lease)>>> {
-        Box::pin(async move {
-            let claimed = self.inner.claim_ready(workflows, limit).await?;
+
+    fn claimed(&self, reply: &loops::Result<Vec<(RunInfo, Lease)>>) {
+        if let Ok(claimed) = reply {
             self.claimed
                 .lock()
                 .unwrap()
                 .extend(claimed.iter().map(|(info, _)| info.run_id.clone()));
-            Ok(claimed)
-        })
+        }
     }
 }
 
@@ -265,11 +163,13 @@ async fn a_v1_worker_and_a_v2_worker_each_finish_their_own_runs_once() {
         .build(schema.store(ttl).await);
     let new = Runtime::builder()
         .register::<v2::Order, _>(worker(2))
-        .build(Claims {
-            inner: schema.store(ttl).await,
-            claimed: Arc::clone(&claimed_by_v2),
-            blocks: Arc::default(),
-        });
+        .build(HookedStore::with_hook(
+            schema.store(ttl).await,
+            Claims {
+                claimed: Arc::clone(&claimed_by_v2),
+                blocks: Arc::default(),
+            },
+        ));
     let serve = |rt: &Runtime| {
         let rt = rt.clone();
         tokio::spawn(async move { rt.serve(Duration::from_millis(20)).await })
@@ -414,11 +314,13 @@ async fn a_run_no_live_worker_routes_is_blocked_once_and_a_worker_that_joins_fin
     );
     let new = Runtime::builder()
         .register::<v2::Order, _>(worker(2, false))
-        .build(Claims {
-            inner: schema.store(ttl).await,
-            claimed: Arc::clone(&claimed),
-            blocks: Arc::clone(&blocks),
-        });
+        .build(HookedStore::with_hook(
+            schema.store(ttl).await,
+            Claims {
+                claimed: Arc::clone(&claimed),
+                blocks: Arc::clone(&blocks),
+            },
+        ));
     let serving_new = serve(&new);
     new.send("a0", "go", &1u32).await.unwrap();
     while at_gate.load(Ordering::SeqCst) == 0 {

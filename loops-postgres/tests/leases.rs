@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::chain::{Chain, Ledger, Linker, verify};
+use loops::testing::{HookedStore, Verdict, WriteHook, WriteSeen};
+use loops::{Lease, Reply, Store};
 use loops::{RunStatus, Runtime};
-use loops_core::{BoxFuture, EventRecord, Lease, Reply, RunInfo, Store, Write};
-use loops_core::{FailureRecord, SchemaHash, StepRecord, TransitionRecord};
 
 /// Side effects in memory: `run seq exec` lines.
 #[derive(Default)]
@@ -28,11 +28,9 @@ impl Ledger for MemoryLedger {
     }
 }
 
-/// A store that counts the leases its renewals did not extend, and the writes it fenced.
-struct Counting {
-    inner: loops_postgres::PgStore,
-    counts: Arc<Counts>,
-}
+/// Counts, on the store behind a `HookedStore`, the leases its renewals did not extend, and
+/// the writes it fenced.
+struct Counting(Arc<Counts>);
 
 #[derive(Default)]
 struct Counts {
@@ -41,126 +39,26 @@ struct Counts {
     renewals: AtomicU64,
 }
 
-impl Store for Counting {
-    fn label(&self) -> String {
-        self.inner.label().to_owned()
+impl WriteHook for Counting {
+    fn after(&self, _seen: &WriteSeen, reply: &loops::Result<Reply>) -> Verdict {
+        if matches!(reply, Err(loops::Error::Fenced { .. })) {
+            self.0.fenced.fetch_add(1, Ordering::SeqCst);
+        }
+        Verdict::Go
     }
-    fn as_any(&self) -> &dyn std::any::Any {
-        self
-    }
-    fn write<'a>(
-        &'a self,
-        lease: Option<&'a Lease>,
-        write: Write,
-    ) -> BoxFuture<'a, loops_core::Result<Reply>> {
-        Box::pin(async move {
-            let result = self.inner.write(lease, write).await;
-            if matches!(result, Err(loops_core::Error::Fenced { .. })) {
-                self.counts.fenced.fetch_add(1, Ordering::SeqCst);
-            }
-            result
-        })
-    }
-    fn run_info<'a>(
-        &'a self,
-        run_id: &'a str,
-    ) -> BoxFuture<'a, loops_core::Result<Option<RunInfo>>> {
-        self.inner.run_info(run_id)
-    }
-    fn latest<'a>(
-        &'a self,
-        run_id: &'a str,
-    ) -> BoxFuture<'a, loops_core::Result<Option<(RunInfo, TransitionRecord)>>> {
-        self.inner.latest(run_id)
-    }
-    fn history<'a>(
-        &'a self,
-        run_id: &'a str,
-    ) -> BoxFuture<'a, loops_core::Result<Vec<TransitionRecord>>> {
-        self.inner.history(run_id)
-    }
-    fn steps<'a>(
-        &'a self,
-        run_id: &'a str,
-        seq: u64,
-    ) -> BoxFuture<'a, loops_core::Result<Vec<(String, u32, StepRecord)>>> {
-        self.inner.steps(run_id, seq)
-    }
-    fn failures<'a>(
-        &'a self,
-        run_id: &'a str,
-    ) -> BoxFuture<'a, loops_core::Result<Vec<(u64, FailureRecord)>>> {
-        self.inner.failures(run_id)
-    }
-    fn events<'a>(
-        &'a self,
-        run_id: &'a str,
-    ) -> BoxFuture<'a, loops_core::Result<Vec<(u64, EventRecord, bool)>>> {
-        self.inner.events(run_id)
-    }
-    fn has_pending<'a>(
-        &'a self,
-        run_id: &'a str,
-        event: &'a str,
-    ) -> BoxFuture<'a, loops_core::Result<bool>> {
-        self.inner.has_pending(run_id, event)
-    }
-    fn list<'a>(
-        &'a self,
-        status: RunStatus,
-        workflow: Option<&'a str>,
-    ) -> BoxFuture<'a, loops_core::Result<Vec<RunInfo>>> {
-        self.inner.list(status, workflow)
-    }
-    fn schema(&self, hash: SchemaHash) -> BoxFuture<'_, loops_core::Result<Option<String>>> {
-        self.inner.schema(hash)
-    }
-    fn attributes<'a>(
-        &'a self,
-        run_id: &'a str,
-    ) -> BoxFuture<'a, loops_core::Result<loops_core::Attributes>> {
-        self.inner.attributes(run_id)
-    }
-    fn search<'a>(
-        &'a self,
-        filter: &'a loops_core::RunFilter,
-    ) -> BoxFuture<'a, loops_core::Result<Vec<(loops_core::RunInfo, loops_core::Attributes)>>> {
-        self.inner.search(filter)
-    }
-    fn schemas(&self) -> BoxFuture<'_, loops_core::Result<Vec<(SchemaHash, String)>>> {
-        self.inner.schemas()
-    }
-    fn acquire<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, loops_core::Result<Option<Lease>>> {
-        self.inner.acquire(run_id)
-    }
-    fn release<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, loops_core::Result<()>> {
-        self.inner.release(lease)
-    }
-    fn renew<'a>(&'a self, leases: &'a [Lease]) -> BoxFuture<'a, loops_core::Result<Vec<Lease>>> {
-        Box::pin(async move {
-            let renewed = self.inner.renew(leases).await?;
-            self.counts.renewals.fetch_add(1, Ordering::SeqCst);
-            let lost = leases
-                .iter()
-                .filter(|l| {
-                    !renewed
-                        .iter()
-                        .any(|r| r.run_id == l.run_id && r.token == l.token)
-                })
-                .count();
-            self.counts.lost.fetch_add(lost as u64, Ordering::SeqCst);
-            Ok(renewed)
-        })
-    }
-    fn lease_ttl(&self) -> Option<Duration> {
-        self.inner.lease_ttl()
-    }
-    fn claim_ready<'a>(
-        &'a self,
-        workflows: &'a [loops_core::ClaimFilter],
-        limit: usize,
-    ) -> BoxFuture<'a, loops_core::Result<Vec<(RunInfo, Lease)>>> {
-        self.inner.claim_ready(workflows, limit)
+
+    fn renewed(&self, asked: &[Lease], reply: &loops::Result<Vec<Lease>>) {
+        let Ok(renewed) = reply else { return };
+        self.0.renewals.fetch_add(1, Ordering::SeqCst);
+        let lost = asked
+            .iter()
+            .filter(|l| {
+                !renewed
+                    .iter()
+                    .any(|r| r.run_id == l.run_id && r.token == l.token)
+            })
+            .count();
+        self.0.lost.fetch_add(lost as u64, Ordering::SeqCst);
     }
 }
 
@@ -188,10 +86,7 @@ async fn renewals_on_a_pool_of_one_lose_no_lease_under_write_load() {
             ledger: ledger.clone(),
             delay: Duration::ZERO,
         })
-        .build(Counting {
-            inner,
-            counts: counts.clone(),
-        });
+        .build(HookedStore::with_hook(inner, Counting(counts.clone())));
     let run_ids: Vec<String> = (0..runs).map(|i| format!("run-{i:03}")).collect();
     let started = Instant::now();
     // All at once: every run's driver queues for the one connection.

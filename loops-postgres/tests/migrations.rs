@@ -56,13 +56,14 @@ async fn workers_starting_at_once_migrate_once() {
                 4,
                 "named limits: limits, limit_permits, limit_starts".to_owned()
             ),
+            (5, "sealing_keys: the keys that sealed payloads".to_owned()),
             (
-                5,
+                6,
                 "attributes: searchable run attributes and their index".to_owned()
             )
         ]
     );
-    assert_eq!(SCHEMA_VERSION, 5);
+    assert_eq!(SCHEMA_VERSION, 6);
     let tables: Vec<String> = common::admin()
         .await
         .query(
@@ -89,6 +90,7 @@ async fn workers_starting_at_once_migrate_once() {
             "migrations",
             "runs",
             "schemas",
+            "sealing_keys",
             "steps",
             "workers"
         ]
@@ -129,7 +131,7 @@ async fn a_newer_schema_is_refused_and_left_alone() {
     assert_eq!(
         err.to_string(),
         format!(
-            "schema \"{}\" is at version 7, newer than the version 5 this build knows; upgrade loops-postgres",
+            "schema \"{}\" is at version 7, newer than the version 6 this build knows; upgrade loops-postgres",
             schema.name
         )
     );
@@ -183,6 +185,17 @@ async fn bad_settings_are_typed_errors() {
         }
         other => panic!("expected Connect, got {other:?}"),
     }
+    // A database that does not exist: the server's message and code, not "db error".
+    let err = bad(PgStore::builder(
+        "host=127.0.0.1 port=5432 user=postgres dbname=loops_no_such_database",
+    ))
+    .await;
+    assert!(matches!(err, Error::Connect { .. }), "{err:?}");
+    assert_eq!(
+        err.to_string(),
+        "cannot connect to postgres://postgres@127.0.0.1:5432/loops_no_such_database schema loops: FATAL: database \"loops_no_such_database\" does not exist (SQLSTATE 3D000)"
+    );
+    assert!(std::error::Error::source(&err).is_none());
 }
 
 mod backfill {

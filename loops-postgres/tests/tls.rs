@@ -155,11 +155,11 @@ async fn a_certificate_the_connector_does_not_trust_is_refused_at_connect() {
         .connect_tls(verifying)
         .await
         .expect_err("an untrusted certificate");
-    let Error::Connect { label, source } = &err else {
+    let Error::Connect { label, cause } = &err else {
         panic!("expected Error::Connect, got {err:?}");
     };
     assert!(label.contains(&schema.name), "{label}");
-    let chain = format!("{source:?}");
+    let chain = format!("{cause:?}");
     assert!(
         chain.to_lowercase().contains("certificate"),
         "the error should say why: {chain}"
@@ -293,7 +293,7 @@ async fn sslmode_prefer_does_not_fall_back_to_plaintext_unless_allowed() {
         .connect_tls(accepting())
         .await
         .expect_err("a server without TLS under sslmode=prefer");
-    let Error::Connect { source, .. } = &err else {
+    let Error::Connect { cause: source, .. } = &err else {
         panic!("expected Error::Connect, got {err:?}");
     };
     let mut chain = vec![source.to_string()];

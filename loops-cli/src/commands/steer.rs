@@ -83,7 +83,7 @@ pub fn send(target: &Target, args: &SendArgs) -> Result<()> {
     // Read and checked before the store is opened: a bad payload writes nothing.
     let (from, text) = payload_text(args)?;
     let payload: Box<RawValue> = serde_json::from_str(&text)
-        .map_err(|e| Failure::new(format!("{from} is not valid JSON: {e}")))?;
+        .map_err(|e| Failure::usage(format!("{from} is not valid JSON: {e}")))?;
     drop(text);
     let store = open::operator(target, Access::Write)?;
     let before = store
@@ -141,13 +141,13 @@ fn payload_text(args: &SendArgs) -> Result<(String, String)> {
             let mut text = String::new();
             std::io::stdin()
                 .read_to_string(&mut text)
-                .map_err(|e| Failure::new(format!("cannot read {from}: {e}")))?;
+                .map_err(|e| Failure::usage(format!("cannot read {from}: {e}")))?;
             Ok((from, text))
         }
         (None, Some(file)) => {
             let from = format!("--json-file {}", file.display());
             let text = std::fs::read_to_string(file)
-                .map_err(|e| Failure::new(format!("cannot read {from}: {e}")))?;
+                .map_err(|e| Failure::usage(format!("cannot read {from}: {e}")))?;
             Ok((from, text))
         }
         (None, None) => Err(Failure::usage(

@@ -138,6 +138,10 @@ impl Operator for Local {
         self.wait(self.store().schema(hash))
     }
 
+    fn sealing_keys(&self) -> Result<Vec<String>> {
+        self.wait(self.store().sealing_keys())
+    }
+
     fn cancel(&self, run_id: &str, reason: &str) -> Result<RunInfo> {
         let runtime = self.runtime_for("cancel a run")?;
         self.wait(runtime.cancel(run_id, reason))

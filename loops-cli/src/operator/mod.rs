@@ -69,6 +69,9 @@ pub trait Operator {
     /// The description stored for `hash`.
     fn schema(&self, hash: SchemaHash) -> Result<Option<String>>;
 
+    /// The ids of the keys that sealed payloads in the store; empty for a store in clear.
+    fn sealing_keys(&self) -> Result<Vec<String>>;
+
     /// Cancels the run with `reason`; returns its row after.
     fn cancel(&self, run_id: &str, reason: &str) -> Result<RunInfo>;
 
@@ -109,10 +112,6 @@ pub fn core_failure(label: &str, e: loops_core::Error) -> Failure {
     use loops_core::Error;
     match e {
         Error::RunNotFound { run_id } => not_found(label, &run_id),
-        Error::InvalidRunId { .. }
-        | Error::InvalidName { .. }
-        | Error::InvalidAttribute { .. }
-        | Error::EventRefused { .. } => Failure::usage(e.chain()),
         other => other.into(),
     }
 }

@@ -8,7 +8,7 @@ use loops_core::{FailureRecord, StepRecord, TransitionRecord};
 use serde_json::value::RawValue;
 
 use super::{Operator, not_found};
-use crate::failure::{Failure, Result};
+use crate::failure::{Failure, Kind, Result};
 
 /// The process's control endpoint: every operation is one request, and every write is made
 /// by the process's runtime.
@@ -45,12 +45,7 @@ pub fn remote_failure(label: &str, e: ControlError) -> Failure {
             run_id: Some(run_id),
             ..
         } => not_found(label, &run_id),
-        ControlError::Remote {
-            kind: ErrorKind::InvalidArgument | ErrorKind::EventRefused,
-            message,
-            ..
-        } => Failure::usage(message),
-        ControlError::Remote { message, .. } => Failure::new(message),
+        ControlError::Remote { kind, message, .. } => Failure::of(Kind::of_remote(&kind), message),
         other => Failure::new(format!("store {label}: {other}")),
     }
 }
@@ -122,6 +117,10 @@ impl Operator for Remote {
 
     fn schema(&self, hash: SchemaHash) -> Result<Option<String>> {
         self.wait(self.client.schema(hash))
+    }
+
+    fn sealing_keys(&self) -> Result<Vec<String>> {
+        self.wait(self.client.sealing_keys())
     }
 
     fn cancel(&self, run_id: &str, reason: &str) -> Result<RunInfo> {

@@ -37,17 +37,28 @@ impl Unsealing {
         Ok(info)
     }
 
-    /// Without a key, refuses to store a text in clear in a run whose payloads are sealed.
+    /// Without a key, refuses to store a text in clear in a store that lists sealing keys
+    /// (the store's `Error::Encrypted`, the same on every path), or in a run whose payloads
+    /// are sealed (a store sealed by a loops that did not record its keys).
     fn check_sealable(&self, run_id: &str, what: &str) -> Result<()> {
         if self.payloads.seals() {
             return Ok(());
+        }
+        let keys = self.inner.sealing_keys()?;
+        if !keys.is_empty() {
+            return Err(loops_core::Error::Encrypted {
+                store: self.inner.label().to_owned(),
+                keys,
+            }
+            .into());
         }
         if let Some((_, record)) = self.inner.latest(run_id)?
             && let Some(Ok(sealed)) = parse_envelope(record.payload.get())
         {
             return Err(Failure::new(format!(
-                "run `{run_id}` is encrypted (key `{}`): pass --key-file (or set LOOPS_KEY_FILE) so that the {what} is encrypted too",
-                sealed.key
+                "run `{run_id}` is encrypted (key `{}`), and the {what} would be stored in clear: {}",
+                sealed.key,
+                loops_core::NO_KEY_HINT
             )));
         }
         Ok(())
@@ -137,6 +148,10 @@ impl Operator for Unsealing {
 
     fn schema(&self, hash: SchemaHash) -> Result<Option<String>> {
         self.inner.schema(hash)
+    }
+
+    fn sealing_keys(&self) -> Result<Vec<String>> {
+        self.inner.sealing_keys()
     }
 
     fn cancel(&self, run_id: &str, reason: &str) -> Result<RunInfo> {

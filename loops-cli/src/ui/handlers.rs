@@ -60,13 +60,19 @@ pub struct NoteQuery {
     note: Option<u64>,
 }
 
-/// The run's row and history, or `None` if there is no such run.
-async fn history(ui: &Arc<Ui>, run_id: String) -> Result<Option<(RunInfo, HistoryView)>> {
+/// A run as its page shows it: its row, its history and its stored schema description (for
+/// the send form's payload; `None` if the store has none for the run's schema).
+type Shown = (RunInfo, HistoryView, Option<String>);
+
+/// The run's row, history and schema description, or `None` if there is no such run.
+async fn history(ui: &Arc<Ui>, run_id: String) -> Result<Option<Shown>> {
     ui.with(Access::Read, move |store| {
         if store.run(&run_id)?.is_none() {
             return Ok(None);
         }
-        gather(store, &run_id).map(Some)
+        let (info, view) = gather(store, &run_id)?;
+        let description = store.schema(info.schema)?;
+        Ok(Some((info, view, description)))
     })
     .await
 }
@@ -78,9 +84,14 @@ pub async fn run_page(
     Query(query): Query<NoteQuery>,
 ) -> Response {
     match history(&ui, run_id.clone()).await {
-        Ok(Some((info, view))) => {
+        Ok(Some((info, view, description))) => {
             let note = query.note.and_then(|n| ui.note(n));
-            let page = pages::run::page(&ui, &info, &view, note.as_deref(), now_ms());
+            let shown = pages::run::Shown {
+                info: &info,
+                view: &view,
+                description: description.as_deref(),
+            };
+            let page = pages::run::page(&ui, &shown, note.as_deref(), now_ms());
             Html(page.into_string()).into_response()
         }
         Ok(None) => missing(&ui, &run_id),
@@ -91,8 +102,13 @@ pub async fn run_page(
 /// `GET /live/runs/{run_id}`: the part of the run's page that refreshes.
 pub async fn run_live(State(ui): State<Arc<Ui>>, Path(run_id): Path<String>) -> Response {
     match history(&ui, run_id.clone()).await {
-        Ok(Some((info, view))) => {
-            Html(pages::run::live(&ui, &info, &view, now_ms()).into_string()).into_response()
+        Ok(Some((info, view, description))) => {
+            let shown = pages::run::Shown {
+                info: &info,
+                view: &view,
+                description: description.as_deref(),
+            };
+            Html(pages::run::live(&ui, &shown, now_ms()).into_string()).into_response()
         }
         Ok(None) => (
             StatusCode::NOT_FOUND,

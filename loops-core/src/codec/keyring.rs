@@ -42,13 +42,14 @@ impl fmt::Debug for Keyring {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum KeyringError {
-    /// The key file could not be read.
-    #[error("cannot read key file {}: {source}", path.display())]
+    /// The key file could not be read. The I/O error is said in the message, and is not
+    /// the error's `source()` too (a chain printed whole, as anyhow's `{:#}`, says it once).
+    #[error("cannot read key file {}: {cause}", path.display())]
     Read {
         /// The file.
         path: PathBuf,
         /// The I/O error.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// The key file may be read by its group or by others: refused, as ssh refuses such a
     /// private key, since a key anyone on the machine can read protects nothing.
@@ -163,9 +164,9 @@ impl Keyring {
     /// or others may read or write it; the errors of [`parse`](Self::parse).
     pub fn from_file(path: impl AsRef<Path>) -> Result<Keyring, KeyringError> {
         let path = path.as_ref();
-        let read = |source| KeyringError::Read {
+        let read = |cause| KeyringError::Read {
             path: path.to_owned(),
-            source,
+            cause,
         };
         #[cfg(unix)]
         {
@@ -194,6 +195,10 @@ impl Keyring {
 }
 
 impl PayloadCodec for Keyring {
+    fn key_id(&self) -> String {
+        self.writing_key_id().to_owned()
+    }
+
     fn seal(&self, place: &Place<'_>, plain: &[u8]) -> Result<Sealed, CodecError> {
         let (id, cipher) = self.keys.first().ok_or_else(|| CodecError::UnknownKey {
             key: String::new(),

@@ -94,7 +94,10 @@ pub(super) async fn scheduled_retention(f: &dyn Factory) {
         }
         store.release(&l).await.unwrap();
     }
+    // Redacting: a factory's store may be a sealing store already (`conformance::Sealed`),
+    // which opens every payload itself; this runtime only prunes.
     let runtime = crate::Runtime::builder()
+        .read_sealed_redacted()
         .retention(RetentionPolicy::default().keep_last(0))
         .retention_interval(std::time::Duration::from_millis(20))
         .build_shared(store.clone());
@@ -155,4 +158,27 @@ pub(super) async fn payloads_read_back_byte_for_byte(f: &dyn Factory) {
         long_id
     );
     store.release(&l2).await.unwrap();
+}
+
+/// The keys that sealed payloads: recorded once each, listed oldest first, seen by every
+/// handle, kept by a prune. (No payload is written, so that a sealing store adds no key of
+/// its own.)
+pub(super) async fn sealing_keys(f: &dyn Factory) {
+    let store = f.store();
+    let seal = |key: &str, at_ms: u64| store::Write::Seal {
+        key: key.to_owned(),
+        at_ms,
+    };
+    assert_eq!(store.sealing_keys().await.unwrap(), Vec::<String>::new());
+    for (key, at_ms) in [("k1", 100), ("k0", 200), ("k1", 300)] {
+        let reply = store.write(None, seal(key, at_ms)).await.unwrap();
+        assert!(matches!(reply, Reply::Done), "{reply:?}");
+    }
+    let both = vec!["k1".to_owned(), "k0".to_owned()];
+    assert_eq!(store.sealing_keys().await.unwrap(), both);
+    store.write(None, writes::prune(&["ghost"])).await.unwrap();
+    assert_eq!(store.sealing_keys().await.unwrap(), both);
+    if let Some(second) = f.second().await {
+        assert_eq!(second.sealing_keys().await.unwrap(), both);
+    }
 }

@@ -34,3 +34,57 @@ pub enum Outcome {
     /// The case does not apply to this store, for the reason given (nothing was asserted).
     Skipped(&'static str),
 }
+
+/// The stores of another factory with every payload sealed: each handle is wrapped in the
+/// sealing store a runtime with [`RuntimeBuilder::codec`](crate::RuntimeBuilder::codec)
+/// drives (here with a [`Keyring`](crate::Keyring) of one fixed test key, id `conformance`),
+/// so that the suite checks every store behaviour with encryption on. The store underneath
+/// holds sealed payloads; the cases see them opened.
+///
+/// ```
+/// use std::sync::Arc;
+///
+/// use loops_core::RedbStore;
+/// use loops_core::conformance::Sealed;
+///
+/// // In a test file: the whole suite, on an in-memory store whose payloads are sealed.
+/// loops_core::conformance_suite!(|_case| async {
+///     Sealed::new(Arc::new(RedbStore::in_memory().expect("an in-memory store")))
+/// });
+/// # fn main() {}
+/// ```
+pub struct Sealed<F> {
+    inner: F,
+    payloads: crate::store::Payloads,
+}
+
+impl<F: Factory> Sealed<F> {
+    /// `inner`'s stores, with payloads sealed by the suite's test key.
+    ///
+    /// # Panics
+    /// Never in practice: the fixed test key is a valid key.
+    pub fn new(inner: F) -> Sealed<F> {
+        let keys = crate::Keyring::new("conformance", [0x5a; 32]).expect("a valid test key");
+        Sealed {
+            inner,
+            payloads: crate::store::Payloads::new(Arc::new(keys)),
+        }
+    }
+
+    fn seal(&self, store: Arc<dyn Store>) -> Arc<dyn Store> {
+        Arc::new(crate::store::sealing::SealedStore::new(
+            store,
+            self.payloads.clone(),
+        ))
+    }
+}
+
+impl<F: Factory> Factory for Sealed<F> {
+    fn store(&self) -> Arc<dyn Store> {
+        self.seal(self.inner.store())
+    }
+
+    fn second(&self) -> BoxFuture<'_, Option<Arc<dyn Store>>> {
+        Box::pin(async { self.inner.second().await.map(|store| self.seal(store)) })
+    }
+}

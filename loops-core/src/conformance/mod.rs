@@ -99,7 +99,7 @@ mod support;
 mod waits;
 mod writes;
 
-pub use self::factory::{Factory, Outcome};
+pub use self::factory::{Factory, Outcome, Sealed};
 
 /// One case of the suite: what it checks is on each variant. Its [`name`](Case::name) is
 /// the name of its test in [`conformance_suite!`](crate::conformance_suite).
@@ -188,6 +188,10 @@ pub enum Case {
     /// removes, while it serves, the ended runs there were when it started and those that end
     /// later, and keeps the runs that have not ended.
     ScheduledRetention,
+    /// `sealing_keys`: a new store lists no key; [`Write::Seal`](crate::store::Write::Seal)
+    /// adds a key id once (a key recorded again keeps its place), the list comes oldest
+    /// first, a second handle sees it, and a prune leaves it.
+    SealingKeys,
     /// Attributes given at a run's creation and set by its driver read back exactly; setting
     /// a key again replaces its value and index entry; a search by equality, by an integer
     /// or time range, and combined with status, workflow, last change and a second
@@ -202,7 +206,7 @@ pub enum Case {
 
 impl Case {
     /// Every case, in the order of their tests.
-    pub const ALL: [Case; 17] = [
+    pub const ALL: [Case; 18] = [
         Case::CreateAndRead,
         Case::TransitionsAppendInOrder,
         Case::StepsAreImmutable,
@@ -218,6 +222,7 @@ impl Case {
         Case::BlockAndUnblock,
         Case::Migrations,
         Case::ScheduledRetention,
+        Case::SealingKeys,
         Case::AttributesSearch,
         Case::AttributesRefused,
     ];
@@ -240,6 +245,7 @@ impl Case {
             Case::BlockAndUnblock => "block_and_unblock",
             Case::Migrations => "migrations",
             Case::ScheduledRetention => "scheduled_retention",
+            Case::SealingKeys => "sealing_keys",
             Case::AttributesSearch => "attributes_search",
             Case::AttributesRefused => "attributes_refused",
         }
@@ -271,6 +277,7 @@ impl Case {
             Case::BlockAndUnblock => evolve::block_and_unblock(factory).await,
             Case::Migrations => evolve::migrations(factory).await,
             Case::ScheduledRetention => data::scheduled_retention(factory).await,
+            Case::SealingKeys => data::sealing_keys(factory).await,
             Case::AttributesSearch => attributes::attributes_search(factory).await,
             Case::AttributesRefused => attributes::attributes_refused(factory).await,
         }
@@ -335,6 +342,7 @@ macro_rules! conformance_suite {
             block_and_unblock => BlockAndUnblock,
             migrations => Migrations,
             scheduled_retention => ScheduledRetention,
+            sealing_keys => SealingKeys,
             attributes_search => AttributesSearch,
             attributes_refused => AttributesRefused,
         }

@@ -274,12 +274,7 @@ pub(super) async fn failures_and_attempts(f: &dyn Factory) {
     // Attempt 2 stopped without a failure record: an interrupted failure is recorded.
     let row = begin_attempt(store, &l, 0, 3).await;
     assert_eq!(row.attempt, 3);
-    assert_eq!(
-        row.error,
-        Some(vec![
-            "the process stopped while this attempt ran".to_owned()
-        ])
-    );
+    assert_eq!(row.error, Some(vec![crate::INTERRUPTED.to_owned()]));
     let failures: Vec<(u64, u32, FailureSource, String)> = store
         .failures("r")
         .await
@@ -292,12 +287,7 @@ pub(super) async fn failures_and_attempts(f: &dyn Factory) {
         vec![
             (0, 1, FailureSource::Handler, "step broke".into()),
             (0, 1, FailureSource::Handler, "handler broke".into()),
-            (
-                0,
-                2,
-                FailureSource::Interrupted,
-                "the process stopped while this attempt ran".into()
-            ),
+            (0, 2, FailureSource::Interrupted, crate::INTERRUPTED.into()),
         ]
     );
     // Attempt 3 stopped too: two interruptions use up their budget of 2 (while one failed

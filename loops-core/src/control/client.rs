@@ -203,6 +203,15 @@ impl Client {
         Ok(schema.description)
     }
 
+    /// The ids of the keys that sealed payloads in the store, oldest first
+    /// ([`Store::sealing_keys`](crate::Store::sealing_keys)); empty for a store in clear.
+    ///
+    /// # Errors
+    /// As [`Client::list`].
+    pub async fn sealing_keys(&self) -> Result<Vec<String>, ControlError> {
+        self.get("/sealing").await
+    }
+
     /// Sends event `name` with `payload` (and idempotency key `key`) to the run, as
     /// [`Runtime::send`](crate::Runtime::send) in the process.
     ///

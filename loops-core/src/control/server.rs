@@ -238,7 +238,7 @@ type Shared = Arc<Served>;
 
 fn router(served: Shared) -> Router {
     let v = |path: &str| format!("/{PROTOCOL}{path}");
-    Router::new()
+    let routes = Router::new()
         .route(&v("/version"), get(version))
         .route(&v("/runs"), get(list))
         .route(&v("/runs/{run}"), get(run_info))
@@ -252,9 +252,14 @@ fn router(served: Shared) -> Router {
         .route(&v("/runs/{run}/cancel"), post(cancel))
         .route(&v("/runs/{run}/retry"), post(retry))
         .route(&v("/schemas"), get(schemas))
+        .route(&v("/sealing"), get(sealing))
         .route(&v("/schemas/{hash}"), get(schema))
         .route(&v("/prune"), post(prune))
-        .route(&v("/compact"), post(compact))
+        .route(&v("/compact"), post(compact));
+    // Prometheus' conventional path, outside the versioned protocol: scrapers know it.
+    #[cfg(feature = "prometheus")]
+    let routes = routes.route("/metrics", get(scrape));
+    routes
         .fallback(no_route)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::from_fn_with_state(Arc::clone(&served), gate))
@@ -341,6 +346,12 @@ impl From<Error> for ApiError {
             Error::InvalidName { .. } | Error::InvalidAttribute { .. } => {
                 (StatusCode::BAD_REQUEST, ErrorKind::InvalidArgument, None)
             }
+            // What the caller sent: said as a bad argument, as the CLI says it locally.
+            Error::EventEncode { run_id, .. } | Error::PayloadTooLarge { run_id, .. } => (
+                StatusCode::BAD_REQUEST,
+                ErrorKind::InvalidArgument,
+                Some(run_id.clone()),
+            ),
             Error::EventRefused { run_id, .. } => (
                 StatusCode::UNPROCESSABLE_ENTITY,
                 ErrorKind::EventRefused,
@@ -376,6 +387,25 @@ async fn no_route() -> ApiError {
         ErrorKind::NoRoute,
         format!("no such path in control protocol {PROTOCOL}"),
     )
+}
+
+/// `GET /metrics`: the Prometheus text exposition of the recorder whose handle was given to
+/// [`RuntimeBuilder::prometheus`](crate::RuntimeBuilder::prometheus); 404 without one.
+#[cfg(feature = "prometheus")]
+async fn scrape(State(s): State<Shared>) -> Response {
+    match &s.runtime.inner.config.prometheus {
+        Some(handle) => (
+            [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+            handle.render(),
+        )
+            .into_response(),
+        None => ApiError::new(
+            StatusCode::NOT_FOUND,
+            ErrorKind::NoRoute,
+            "this process serves no metrics: give RuntimeBuilder::prometheus the handle of the installed Prometheus recorder".to_owned(),
+        )
+        .into_response(),
+    }
 }
 
 async fn version(State(s): State<Shared>) -> Json<Version> {
@@ -476,6 +506,12 @@ async fn schemas(State(s): State<Shared>) -> Answer<Vec<StoredSchema>> {
             })
             .collect(),
     ))
+}
+
+/// The ids of the keys that sealed payloads in the store (the store as stored, under the
+/// process's codec): a CLI without the key refuses to send payloads in clear.
+async fn sealing(State(s): State<Shared>) -> Answer<Vec<String>> {
+    Ok(Json(s.runtime.stored().sealing_keys().await?))
 }
 
 async fn schema(State(s): State<Shared>, UrlPath(hash): UrlPath<String>) -> Answer<StoredSchema> {

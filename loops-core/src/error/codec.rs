@@ -1,13 +1,16 @@
-//! [`CodecError`]: why a payload could not be sealed or opened.
+//! [`CodecError`]: why a payload could not be sealed or opened; and what to pass when a
+//! reader has no key ([`NO_KEY_HINT`]), said by every error about a missing key.
+
+/// What a reader without the key must pass, in the API and in the CLI: the one wording of
+/// [`CodecError::NoCodec`] and [`Error::Encrypted`](crate::Error::Encrypted).
+pub const NO_KEY_HINT: &str = "give the runtime the key with RuntimeBuilder::codec (the `loops` CLI: --key-file PATH or LOOPS_KEY_FILE)";
 
 /// Why a payload could not be sealed or opened.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum CodecError {
     /// The payload is sealed, and the reader has no codec.
-    #[error(
-        "it is encrypted with key `{key}` and no key was given (RuntimeBuilder::codec; `--key-file` or LOOPS_KEY_FILE for the CLI)"
-    )]
+    #[error("it is encrypted with key `{key}` and no key was given: {NO_KEY_HINT}")]
     NoCodec {
         /// The id of the key that sealed it.
         key: String,

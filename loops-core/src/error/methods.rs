@@ -105,12 +105,23 @@ impl Error {
             | Error::Permanent { .. }
             | Error::RetryAfter { .. }
             | Error::AcceptsRefused { .. }
+            | Error::Encrypted { .. }
             | Error::Closed => None,
         }
     }
 }
 
 impl Error {
+    /// What is wrong with the store file at `path` when it needs redb's repair: the one
+    /// wording of [`NeedsRecovery`](Error::NeedsRecovery) and of the `loops` CLI's notes
+    /// about such a file, whichever command meets it.
+    pub fn needs_repair(path: &std::path::Path) -> String {
+        format!(
+            "store {} needs redb's repair (its process stopped without closing it, or the file was changed since: its length is not the one its header records)",
+            path.display()
+        )
+    }
+
     /// Whether the error is a fault of the store while it was in use: a read or a commit
     /// that failed on the system, a lost connection ([`Storage`](Error::Storage),
     /// [`Database`](Error::Database)), rather than about the run, the request or the stored

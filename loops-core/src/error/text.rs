@@ -1,5 +1,28 @@
-//! The texts error messages are built from: attempt counts, run ids as shown, schema changes,
-//! seqs, store causes.
+//! The pieces of [`Error`](super::Error)'s messages that several variants share: what a
+//! record is ([`RecordKind`]), an error's chain ([`error_chain`]), and the texts made of them.
+
+/// The record in [`Error::Decode`](crate::Error::Decode)'s message: `transition record at seq 3 (state `Work`)`,
+/// `run row`, `event record at event seq 0`, ...
+pub(super) fn decoded(record: &RecordKind, seq: u64, state: &str) -> String {
+    match record {
+        RecordKind::Transition if state.is_empty() || state == "?" => {
+            format!("transition record at seq {seq}")
+        }
+        RecordKind::Transition => format!("transition record at seq {seq} (state `{state}`)"),
+        RecordKind::RunRow => "run row".to_owned(),
+        RecordKind::Step { name, occurrence } => {
+            format!("step record `{name}`#{occurrence} of seq {seq}")
+        }
+        RecordKind::Failure => format!("failure record of seq {seq}"),
+        RecordKind::Event { name: Some(name) } => {
+            format!("event record `{name}` at event seq {seq}")
+        }
+        RecordKind::Event { name: None } => format!("event record at event seq {seq}"),
+        RecordKind::Wait { event } => {
+            format!("recorded outcome of the wait for `{event}` of seq {seq}")
+        }
+    }
+}
 
 pub(super) fn attempts_text(
     attempts: u32,
@@ -57,6 +80,35 @@ pub(super) fn at_seq(seq: Option<u64>) -> String {
 /// [`error_chain`] gives them, joined by `": "`.
 pub(super) fn cause_text(cause: &(dyn std::error::Error + Send + Sync + 'static)) -> String {
     error_chain(cause).join(": ")
+}
+
+/// What kind of stored record an [`Error::Decode`](crate::Error::Decode) is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RecordKind {
+    /// A transition record: the state the run entered at `seq`.
+    Transition,
+    /// The run's row: its current standing (status, state, seq, wait).
+    RunRow,
+    /// A step record of the state at `seq`.
+    Step {
+        /// The step's name.
+        name: String,
+        /// Which use of the name, from 0.
+        occurrence: u32,
+    },
+    /// The record of a failed attempt at the state at `seq`.
+    Failure,
+    /// An event in the run's inbox (`seq` is its event seq).
+    Event {
+        /// The event's name, when it was known before its record was read.
+        name: Option<String>,
+    },
+    /// The recorded outcome of a wait for an event, in the state at `seq`.
+    Wait {
+        /// The event waited for.
+        event: String,
+    },
 }
 
 /// The error and its `source()` chain as text, outermost first. A source whose message

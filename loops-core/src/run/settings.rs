@@ -41,6 +41,20 @@ pub(crate) struct Settings {
     pub(crate) clock: Clock,
     /// Told of every run of a step's closure (the test kit).
     pub(crate) observer: Option<StepObserver>,
+    /// Whether log lines carry error texts (which hold payloads); see [`logged_text`].
+    pub(crate) log_texts: bool,
+}
+
+/// What a log line shows for an error text `text`: the text when `log_texts` (no codec, or
+/// [`RuntimeBuilder::log_payloads`](crate::RuntimeBuilder::log_payloads)), else a mark that
+/// it was left out, since a codec seals it in the store and a log is outside the codec. The
+/// one rule for every log line of a handler's or a step's error text.
+pub(crate) fn logged_text(log_texts: bool, text: impl FnOnce() -> String) -> String {
+    if log_texts {
+        text()
+    } else {
+        "<not logged: payloads are sealed; RuntimeBuilder::log_payloads logs them>".to_owned()
+    }
 }
 
 impl Default for Settings {
@@ -56,6 +70,7 @@ impl Default for Settings {
             limits: Arc::default(),
             clock: Clock::system(),
             observer: None,
+            log_texts: true,
         }
     }
 }

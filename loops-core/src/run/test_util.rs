@@ -37,6 +37,7 @@ pub fn __for_tests(run_id: impl Into<String>, seq: u64, attempt: u32) -> Context
         limits: Arc::default(),
         time: crate::clock::Clock::system(),
         observer: None,
+        log_texts: true,
     };
     Context::new(Arc::new(scope), "test", seq, attempt, 0, Vec::new())
 }

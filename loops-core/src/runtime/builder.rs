@@ -18,7 +18,7 @@ use crate::runtime::registered::Registered;
 use crate::store::Store;
 use crate::store::precheck::{SchemaCheck, check_schemas, precheck};
 use crate::store::redb::{RedbStore, StoreOptions};
-use crate::store::sealing::{Payloads, SealedStore};
+use crate::store::sealing::{Payloads, SealedStore, refuse_sealed};
 use crate::workflow::{StateId, Workflow};
 
 /// Configures a [`Runtime`]: retry policies, time-outs, limits and registered workflows.
@@ -28,6 +28,10 @@ pub struct RuntimeBuilder {
     config: Config,
     store_options: StoreOptions,
     codec: Option<Arc<dyn PayloadCodec>>,
+    /// Whether log lines carry error texts; `None`: only without a codec.
+    log_payloads: Option<bool>,
+    /// Without a codec: read a sealed store anyway, its payloads shown as encrypted.
+    redact_sealed: bool,
 }
 
 impl Default for RuntimeBuilder {
@@ -35,12 +39,17 @@ impl Default for RuntimeBuilder {
         RuntimeBuilder {
             store_options: StoreOptions::default(),
             codec: None,
+            log_payloads: None,
+            redact_sealed: false,
             config: Config {
                 settings: Settings::default(),
                 max_active_runs: None,
                 checks: Vec::new(),
                 retention: RetentionPolicy::default(),
                 retention_interval: super::retention::DEFAULT_RETENTION_INTERVAL,
+                metrics_interval: None,
+                #[cfg(feature = "prometheus")]
+                prometheus: None,
                 strict_schemas: false,
                 registry: Registry::default(),
             },
@@ -167,6 +176,51 @@ impl RuntimeBuilder {
         self
     }
 
+    /// Has [`Runtime::serve`] refresh the gauges of runs
+    /// ([`Runtime::refresh_metrics`](crate::Runtime::refresh_metrics)) at once and then every
+    /// `every` (at least 10 ms; [`DEFAULT_METRICS_INTERVAL`](crate::DEFAULT_METRICS_INTERVAL),
+    /// 15 s, is a good start). Off by default, since each refresh reads the store's status
+    /// index (every run's row), which a process that installs no recorder should not pay
+    /// for; `prometheus` (feature `prometheus`) turns it on at the default interval. Keep it
+    /// long on a store of many runs. See [`metrics`](crate::metrics).
+    pub fn metrics_interval(mut self, every: Duration) -> Self {
+        self.config.metrics_interval = Some(every.max(Duration::from_millis(10)));
+        self
+    }
+
+    /// Serves `handle`'s metrics at `GET /metrics` on this runtime's control endpoint
+    /// ([`Runtime::serve_control`](crate::Runtime::serve_control)), in Prometheus' text
+    /// format, under the endpoint's own rules (the bearer token on TCP). `handle` is the
+    /// handle of a `metrics_exporter_prometheus::PrometheusRecorder` the application
+    /// installed (no HTTP listener of its own is needed):
+    ///
+    /// ```no_run
+    /// # extern crate loops_core as loops;
+    /// # fn build(builder: loops::RuntimeBuilder) -> loops::RuntimeBuilder {
+    /// use loops::metrics::{facade, prometheus::PrometheusBuilder};
+    /// let recorder = PrometheusBuilder::new().build_recorder();
+    /// let handle = recorder.handle();
+    /// facade::set_global_recorder(recorder).expect("no other recorder installed");
+    /// loops::metrics::describe();
+    /// builder.prometheus(handle)
+    /// # }
+    /// ```
+    ///
+    /// The gauges of runs are then refreshed by [`Runtime::serve`] every
+    /// [`DEFAULT_METRICS_INTERVAL`](crate::DEFAULT_METRICS_INTERVAL) unless
+    /// [`metrics_interval`](Self::metrics_interval) names another interval.
+    ///
+    /// Feature `prometheus`. See [`metrics`](crate::metrics) for the series.
+    #[cfg(feature = "prometheus")]
+    pub fn prometheus(mut self, handle: metrics_exporter_prometheus::PrometheusHandle) -> Self {
+        self.config.prometheus = Some(handle);
+        self.config.metrics_interval = self
+            .config
+            .metrics_interval
+            .or(Some(super::gauges::DEFAULT_METRICS_INTERVAL));
+        self
+    }
+
     /// At most `n` runs driven at once by this runtime's claims: [`Runtime::resume_all`] (and
     /// so [`Runtime::serve`]) take no more than that (default: no limit). With a store shared
     /// by several workers, this spreads the runs over the workers. Runs started here
@@ -253,6 +307,9 @@ impl RuntimeBuilder {
             check_schemas(&store, checks)?;
         }
         self.check_accepts(&store)?;
+        if self.codec.is_none() && !self.redact_sealed {
+            refuse_sealed(Store::label(&store), store.sealing_keys()?)?;
+        }
         Ok(self.build(store))
     }
 
@@ -316,13 +373,44 @@ impl RuntimeBuilder {
         self
     }
 
-    /// As [`build`](Self::build), on a store already shared (the conformance suite's): with
-    /// a codec, the runtime reads and writes through a `SealedStore` over it.
-    pub(crate) fn build_shared(self, store: Arc<dyn Store>) -> Runtime {
-        let sealed: Arc<dyn Store> = match self.codec {
-            Some(codec) => Arc::new(SealedStore::new(Arc::clone(&store), Payloads::new(codec))),
-            None => Arc::clone(&store),
+    /// Without a codec, reads a store that holds sealed payloads anyway: each sealed payload
+    /// reads as the text `<encrypted: key K>`, and a write that would store a payload (a
+    /// start, an event, a cancellation, ...) is refused with
+    /// [`Error::Encrypted`](crate::Error::Encrypted) rather than stored in clear; writes
+    /// without a payload (retry, prune) go on. For tools that inspect runs without the key
+    /// (the `loops` CLI without `--key-file`); not for a runtime that drives runs. Without
+    /// it (the default), a runtime without a codec refuses a store whose payloads are sealed
+    /// with [`Error::Encrypted`](crate::Error::Encrypted), naming the store and its key ids:
+    /// [`open`](Self::open) at once, a store given to [`build`](Self::build) at its first
+    /// read or write.
+    pub fn read_sealed_redacted(mut self) -> Self {
+        self.redact_sealed = true;
+        self
+    }
+
+    /// Whether loops' log lines carry error texts: a handler's error, a step's error, why an
+    /// event was set aside. They hold what payloads hold (a handler's `secret-token=...`).
+    /// Default: yes without a codec; with a [`codec`](Self::codec), no: the store seals the
+    /// text and a WARN line shows the run, state, seq, attempt and the error's kind
+    /// (`error_kind`: `handler`, `step`, `event decode`), with the text replaced by
+    /// `<not logged: ...>`. `log_payloads(true)` logs them anyway (your logs are then outside
+    /// the encryption); `false` leaves them out without a codec too.
+    pub fn log_payloads(mut self, on: bool) -> Self {
+        self.log_payloads = Some(on);
+        self
+    }
+
+    /// As [`build`](Self::build), on a store already shared (the conformance suite's): the
+    /// runtime reads and writes through a `SealedStore` over it, with its codec (or, without
+    /// one, as [`read_sealed_redacted`](Self::read_sealed_redacted) says).
+    pub(crate) fn build_shared(mut self, store: Arc<dyn Store>) -> Runtime {
+        self.config.settings.log_texts = self.log_payloads.unwrap_or(self.codec.is_none());
+        let payloads = match (self.codec, self.redact_sealed) {
+            (Some(codec), _) => Payloads::new(codec),
+            (None, true) => Payloads::redacting(),
+            (None, false) => Payloads::guard(),
         };
+        let sealed: Arc<dyn Store> = Arc::new(SealedStore::new(Arc::clone(&store), payloads));
         Runtime::new(sealed, store, self.config)
     }
 }

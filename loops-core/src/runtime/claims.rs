@@ -98,6 +98,11 @@ impl Claims {
         self.lock().len()
     }
 
+    /// Whether a driver of this runtime holds `run_id` now.
+    pub(crate) fn holds(&self, run_id: &str) -> bool {
+        self.lock().contains_key(run_id)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Signals>> {
         self.active.lock().unwrap_or_else(PoisonError::into_inner)
     }

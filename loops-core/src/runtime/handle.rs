@@ -54,6 +54,10 @@ pub(crate) struct Inner {
     pub(crate) started: AtomicBool,
     /// Whether the retention task was started (by the first `serve`).
     pub(crate) retaining: AtomicBool,
+    /// Whether the task refreshing the gauges of runs was started (by the first `serve`).
+    pub(crate) gauging: AtomicBool,
+    /// The workflows the gauges of runs were set for, so that one gone is set to 0.
+    pub(crate) gauged: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 /// The runtime's configuration, as its builder left it.
@@ -66,6 +70,11 @@ pub(crate) struct Config {
     pub(crate) retention: RetentionPolicy,
     /// How often `serve` applies `retention`.
     pub(crate) retention_interval: Duration,
+    /// How often `serve` refreshes the gauges of runs (`None`: it does not).
+    pub(crate) metrics_interval: Option<Duration>,
+    /// The Prometheus recorder's handle the control endpoint renders at `GET /metrics`.
+    #[cfg(feature = "prometheus")]
+    pub(crate) prometheus: Option<metrics_exporter_prometheus::PrometheusHandle>,
     /// Whether `open` refuses a store holding unfinished runs of another schema.
     pub(crate) strict_schemas: bool,
     pub(crate) registry: Registry,
@@ -246,6 +255,8 @@ impl Runtime {
                 sweep: AtomicBool::new(true),
                 started: AtomicBool::new(false),
                 retaining: AtomicBool::new(false),
+                gauging: AtomicBool::new(false),
+                gauged: std::sync::Mutex::default(),
             }),
         }
     }

@@ -10,6 +10,7 @@
 mod builder;
 mod claims;
 mod evolve;
+mod gauges;
 mod handle;
 mod queries;
 mod registered;
@@ -20,6 +21,7 @@ mod scheduler;
 
 pub use builder::RuntimeBuilder;
 pub use evolve::Routed;
+pub use gauges::DEFAULT_METRICS_INTERVAL;
 pub use handle::Runtime;
 pub use requests::{Sent, check_event};
 pub use retention::DEFAULT_RETENTION_INTERVAL;

@@ -37,12 +37,15 @@ impl Runtime {
                 let store = Arc::clone(&inner.store);
                 drop(inner);
                 match prune(&*store, &policy, now_ms(), false).await {
-                    Ok(pruned) => tracing::info!(
-                        runs = pruned.runs,
-                        records = pruned.records,
-                        every_ms = every.as_millis() as u64,
-                        "retention removed ended runs"
-                    ),
+                    Ok(pruned) => {
+                        crate::metrics::pruned(pruned.runs);
+                        tracing::info!(
+                            runs = pruned.runs,
+                            records = pruned.records,
+                            every_ms = every.as_millis() as u64,
+                            "retention removed ended runs"
+                        );
+                    }
                     Err(e) => tracing::warn!(
                         error = %e,
                         every_ms = every.as_millis() as u64,

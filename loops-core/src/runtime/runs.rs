@@ -465,6 +465,7 @@ impl Runtime {
             }
         }
         self.start_retention();
+        self.start_gauges();
         let Some(ttl) = self.store().lease_ttl() else {
             stopped.cancelled().await;
             return Ok(());

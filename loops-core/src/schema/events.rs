@@ -34,6 +34,8 @@ pub struct DeclaredEvent {
     pub payload: String,
     /// The payload's top-level fields, as `name: Type` (empty for a payload without fields).
     pub fields: Vec<String>,
+    /// A payload of the declared shape to start from ([`DeclaredEvent::skeleton`]).
+    skeleton: Value,
 }
 
 /// Why [`DeclaredEvents::check`] refused an event.
@@ -151,7 +153,18 @@ impl DeclaredEvent {
                 .filter(|l| matches!(l.segs.as_slice(), [Seg::Field(_)]))
                 .map(|l| format!("{}: {}", l.path, l.ty))
                 .collect(),
+            skeleton: Checker { lines: &e.lines }.skeleton(&Ty::parse(&e.ty), &[]),
         }
+    }
+
+    /// A payload of the declared shape to start from, for a form to fill in: every field the
+    /// payload must have, each with an empty value of its type (`""`, `0`, `false`, `[]`,
+    /// `{}`, `null` for an `Option` or a type the description does not model, the first
+    /// variant's name for an enum), nested structs filled the same way. Fields that serde
+    /// skips when reading are left out. `{"by": "", "note": null}` for `Approval { by:
+    /// String, note: Option<String> }`.
+    pub fn skeleton(&self) -> &Value {
+        &self.skeleton
     }
 
     /// `Approval { by: String }`, or the type alone for a payload without fields.
@@ -182,6 +195,65 @@ struct Checker<'a> {
 }
 
 impl Checker<'_> {
+    /// An empty value of `ty` at `path` ([`DeclaredEvent::skeleton`]).
+    fn skeleton(&self, ty: &Ty, path: &[Seg]) -> Value {
+        let inside = |seg: Seg| {
+            let mut inside = path.to_vec();
+            inside.push(seg);
+            inside
+        };
+        match ty {
+            Ty::Scalar(kind) => match kind.as_str() {
+                "bool" => Value::Bool(false),
+                "String" | "char" => Value::String(String::new()),
+                k if STRINGS.contains(&k) => Value::String(String::new()),
+                k if k.starts_with("NonZero") => Value::from(1),
+                // A number kind: takes 0, refuses a boolean (unknown kinds take anything).
+                k if scalar(&Value::from(0), k).is_ok()
+                    && scalar(&Value::Bool(true), k).is_err() =>
+                {
+                    Value::from(0)
+                }
+                _ => Value::Null,
+            },
+            Ty::Option(_) | Ty::Text(_) => Value::Null,
+            Ty::Newtype(inner) => self.skeleton(inner, path),
+            Ty::Seq(_) | Ty::Set(_) => Value::Array(Vec::new()),
+            Ty::Map(..) => Value::Object(serde_json::Map::new()),
+            Ty::Array(inner, len) => {
+                let item = self.skeleton(inner, &inside(Seg::Element));
+                Value::Array(vec![item; len.parse().unwrap_or(0)])
+            }
+            Ty::Tuple(items) => Value::Array(
+                items
+                    .iter()
+                    .map(|item| self.skeleton(item, &inside(Seg::Element)))
+                    .collect(),
+            ),
+            Ty::Named(_) => {
+                let below: Vec<&Line> = self.below(path).collect();
+                if let Some(Seg::Variant(first)) = below.first().and_then(|l| l.segs.last()) {
+                    return Value::String(first.clone());
+                }
+                if below.is_empty() {
+                    return Value::Null;
+                }
+                let fields = below.iter().filter_map(|line| match line.segs.last() {
+                    Some(Seg::Field(name))
+                        if !line.notes.skip_deserializing && !line.notes.flatten =>
+                    {
+                        Some((
+                            name.clone(),
+                            self.skeleton(&Ty::parse(&line.ty), &line.segs),
+                        ))
+                    }
+                    _ => None,
+                });
+                Value::Object(fields.collect())
+            }
+        }
+    }
+
     /// The lines directly below `path`.
     fn below<'s>(&'s self, path: &'s [Seg]) -> impl Iterator<Item = &'s Line> + 's {
         self.lines

@@ -29,6 +29,10 @@ pub struct Effects<'w> {
     pub attributes: Vec<(&'w str, &'w AttributeValue)>,
     /// Ended runs to delete with every record, index entry, attribute and event they have.
     pub delete: Vec<RunInfo>,
+    /// A key id to add, with its time (ms since the Unix epoch), to the store's list of the
+    /// keys that sealed its payloads ([`Write::Seal`](super::Write::Seal)); a key listed
+    /// already keeps its first time.
+    pub sealing: Option<(&'w str, u64)>,
     /// What the store answers.
     pub reply: Reply,
 }
@@ -44,6 +48,7 @@ impl<'w> Effects<'w> {
             schema: None,
             attributes: Vec::new(),
             delete: Vec::new(),
+            sealing: None,
             reply,
         }
     }
@@ -66,6 +71,7 @@ impl<'w> Effects<'w> {
             && self.schema.is_none()
             && self.attributes.is_empty()
             && self.delete.is_empty()
+            && self.sealing.is_none()
     }
 }
 

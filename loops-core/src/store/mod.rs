@@ -30,6 +30,8 @@ mod checks;
 mod effects;
 mod evolve;
 mod facts;
+#[cfg(test)]
+pub(crate) mod forwarding_tests;
 mod limits;
 mod plan;
 #[cfg(test)]
@@ -179,6 +181,12 @@ pub trait Store: Send + Sync + 'static {
         workflows: &'a [ClaimFilter],
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<(RunInfo, Lease)>>>;
+
+    /// The ids of the keys that sealed payloads in this store ([`Write::Seal`]), oldest first
+    /// (by the time each was first recorded, then by id); empty for a store whose payloads
+    /// are in clear. A runtime without a codec refuses a store that lists any
+    /// ([`Error::Encrypted`](crate::Error::Encrypted)).
+    fn sealing_keys(&self) -> BoxFuture<'_, Result<Vec<String>>>;
 
     /// The named limits this store counts for all the workers that share it, or `None` (the
     /// default): the runtime then counts its limits in the process, which is all a store

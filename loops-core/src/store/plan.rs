@@ -29,27 +29,57 @@ use crate::record::{FailureRecord, StepRecord, to_vec};
 impl Write {
     /// The write's kind, as its variant is spelled (`"Transition"`, `"Step"`, ...).
     pub fn kind(&self) -> &'static str {
+        Self::KINDS[self.kind_index()]
+    }
+
+    /// Every name [`kind`](Self::kind) returns, in the order of the variants: what reads a
+    /// kind back from its name (the test kit's child processes report writes by name).
+    pub const KINDS: [&'static str; 17] = [
+        "Create",
+        "Transition",
+        "Step",
+        "Failure",
+        "BeginAttempt",
+        "Cancel",
+        "EndCancelled",
+        "Retry",
+        "Wait",
+        "Send",
+        "Wake",
+        "Block",
+        "Unblock",
+        "Migrate",
+        "SetAttributes",
+        "Prune",
+        "Seal",
+    ];
+
+    /// The variant's place in [`KINDS`](Self::KINDS): the one match over the variants that
+    /// names them.
+    fn kind_index(&self) -> usize {
         match self {
-            Write::Create { .. } => "Create",
-            Write::Transition { .. } => "Transition",
-            Write::Step { .. } => "Step",
-            Write::Failure { .. } => "Failure",
-            Write::BeginAttempt { .. } => "BeginAttempt",
-            Write::Cancel { .. } => "Cancel",
-            Write::EndCancelled { .. } => "EndCancelled",
-            Write::Retry { .. } => "Retry",
-            Write::Wait { .. } => "Wait",
-            Write::Send { .. } => "Send",
-            Write::Wake { .. } => "Wake",
-            Write::Block { .. } => "Block",
-            Write::Unblock { .. } => "Unblock",
-            Write::Migrate { .. } => "Migrate",
-            Write::SetAttributes { .. } => "SetAttributes",
-            Write::Prune { .. } => "Prune",
+            Write::Create { .. } => 0,
+            Write::Transition { .. } => 1,
+            Write::Step { .. } => 2,
+            Write::Failure { .. } => 3,
+            Write::BeginAttempt { .. } => 4,
+            Write::Cancel { .. } => 5,
+            Write::EndCancelled { .. } => 6,
+            Write::Retry { .. } => 7,
+            Write::Wait { .. } => 8,
+            Write::Send { .. } => 9,
+            Write::Wake { .. } => 10,
+            Write::Block { .. } => 11,
+            Write::Unblock { .. } => 12,
+            Write::Migrate { .. } => 13,
+            Write::SetAttributes { .. } => 14,
+            Write::Prune { .. } => 15,
+            Write::Seal { .. } => 16,
         }
     }
 
-    /// The run the write is for; `None` for [`Write::Prune`], which names several.
+    /// The run the write is for; `None` for [`Write::Prune`], which names several, and for
+    /// [`Write::Seal`], which is about the store.
     pub fn run_id(&self) -> Option<&str> {
         match self {
             Write::Create { info, .. } => Some(&info.run_id),
@@ -67,7 +97,7 @@ impl Write {
             | Write::Unblock { run_id, .. }
             | Write::Migrate { run_id, .. }
             | Write::SetAttributes { run_id, .. } => Some(run_id),
-            Write::Prune { .. } => None,
+            Write::Prune { .. } | Write::Seal { .. } => None,
         }
     }
 
@@ -151,6 +181,7 @@ impl Write {
                 runs: run_ids,
                 ..Needs::default()
             },
+            Write::Seal { .. } => Needs::default(),
         }
     }
 }
@@ -277,6 +308,11 @@ pub fn plan<'w>(write: &'w Write, row: Option<&RunInfo>, facts: &Facts<'_>) -> R
             attributes,
         } => set_attributes(run_id, *seq, attributes, &g),
         Write::Prune { .. } => Ok(prune(facts)),
+        Write::Seal { key, at_ms } => {
+            let mut effects = Effects::unchanged("", Reply::Done);
+            effects.sealing = Some((key, *at_ms));
+            Ok(effects)
+        }
     }
 }
 

@@ -220,6 +220,15 @@ pub enum Write {
         /// The runs; those that have not ended, or do not exist, are skipped.
         run_ids: Vec<String>,
     },
+    /// Record that the store holds payloads sealed with key `key` (a runtime with a codec
+    /// writes it before its first payload; see [`Store::sealing_keys`](super::Store::sealing_keys)).
+    /// A key recorded already keeps its first time.
+    Seal {
+        /// The id of the key that seals (`PayloadCodec::key_id`).
+        key: String,
+        /// When, in ms since the Unix epoch.
+        at_ms: u64,
+    },
 }
 
 /// What a [`Write::Failure`] does to the run besides keeping the record.

@@ -7,20 +7,18 @@
 //! `payload`, and in the run's row its `error` (a failure's errors), `cancel` reason and
 //! block `reason`. In clear: everything else (what stores index and workers route by).
 
-use std::any::Any;
+mod store;
+
+pub(crate) use self::store::{SealedStore, refuse_sealed};
+
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde_json::value::RawValue;
 
-use super::{
-    BoxFuture, ClaimFilter, EventRecord, Lease, Reply, RunInfo, RunStatus, Store, WaitOutcome,
-    Write,
-};
+use super::{EventRecord, Reply, RunInfo, WaitOutcome, Write};
 use crate::codec::{CodecError, PayloadCodec, Place, envelope, parse_envelope, redacted};
 use crate::error::{Error, RecordKind, Result};
 use crate::record::{FailureRecord, StepRecord, TransitionRecord, to_vec};
-use crate::schema::SchemaHash;
 
 /// Seals the payloads of writes and opens those of records read back, through a codec (or,
 /// without one, says which key a sealed payload needs). Cheap to clone.
@@ -65,6 +63,26 @@ impl Payloads {
     /// Whether payloads are sealed on write.
     pub fn seals(&self) -> bool {
         self.codec.is_some()
+    }
+
+    /// Without a codec, a guard: a sealed payload is an error ([`Error::Payload`] naming
+    /// its key), never passed on as it is stored. What a runtime without a codec reads
+    /// through.
+    pub(crate) fn guard() -> Payloads {
+        Payloads {
+            codec: None,
+            redact: false,
+        }
+    }
+
+    /// The id of the codec's writing key, if there is a codec.
+    pub(crate) fn key_id(&self) -> Option<String> {
+        self.codec.as_ref().map(|codec| codec.key_id())
+    }
+
+    /// Whether a sealed payload is shown as `<encrypted: key K>` (no codec, redacting).
+    pub(crate) fn redacts(&self) -> bool {
+        self.redact
     }
 
     fn error(at: &At<'_>, action: &'static str, cause: CodecError) -> Error {
@@ -509,234 +527,5 @@ fn row_at<'a>(run_id: &'a str, field: &'static str) -> Place<'a> {
         record: RecordKind::RunRow,
         seq: 0,
         field,
-    }
-}
-
-/// A [`Store`] whose payloads go through [`Payloads`]: what the runtime drives when it was
-/// given a codec ([`RuntimeBuilder::codec`](crate::RuntimeBuilder::codec)).
-pub(crate) struct SealedStore {
-    inner: Arc<dyn Store>,
-    payloads: Payloads,
-}
-
-impl SealedStore {
-    /// `inner` with payloads sealed and opened by `payloads`.
-    pub(crate) fn new(inner: Arc<dyn Store>, payloads: Payloads) -> SealedStore {
-        SealedStore { inner, payloads }
-    }
-
-    fn opened_rows(&self, rows: Result<Vec<RunInfo>>) -> Result<Vec<RunInfo>> {
-        let mut rows = rows?;
-        for info in &mut rows {
-            self.payloads.open_info(info)?;
-        }
-        Ok(rows)
-    }
-
-    /// A block reason sealed, or the reason stored already if the run is blocked for the
-    /// same schema and reason (so that the plan sees the block as a repeat and writes
-    /// nothing, as it would in clear).
-    async fn seal_block(&self, run_id: &str, schema: SchemaHash, reason: String) -> Result<String> {
-        if let Some(info) = self.inner.run_info(run_id).await?
-            && let Some(block) = info.block
-            && block.schema == schema
-        {
-            let mut opened = block.reason.clone();
-            if self
-                .payloads
-                .open_text(&row_at(run_id, "block"), &mut opened)
-                .is_ok()
-                && opened == reason
-            {
-                return Ok(block.reason);
-            }
-        }
-        self.payloads.seal(&row_at(run_id, "block"), &reason)
-    }
-}
-
-impl Store for SealedStore {
-    fn label(&self) -> String {
-        self.inner.label()
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self.inner.as_any()
-    }
-
-    fn write<'a>(&'a self, lease: Option<&'a Lease>, write: Write) -> BoxFuture<'a, Result<Reply>> {
-        Box::pin(async move {
-            let run_id = write.run_id().unwrap_or_default().to_owned();
-            let event = match &write {
-                Write::Wait { event, .. } => event.clone(),
-                _ => None,
-            };
-            let write = match write {
-                Write::Block {
-                    run_id,
-                    schema,
-                    reason,
-                    changes,
-                    at_ms,
-                } => Write::Block {
-                    reason: self.seal_block(&run_id, schema, reason).await?,
-                    run_id,
-                    schema,
-                    changes,
-                    at_ms,
-                },
-                other => self.payloads.seal_write(other)?,
-            };
-            let reply = self.inner.write(lease, write).await?;
-            self.payloads.open_reply(reply, &run_id, event.as_deref())
-        })
-    }
-
-    fn run_info<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<RunInfo>>> {
-        Box::pin(async move {
-            let mut info = self.inner.run_info(run_id).await?;
-            if let Some(info) = &mut info {
-                self.payloads.open_info(info)?;
-            }
-            Ok(info)
-        })
-    }
-
-    fn latest<'a>(
-        &'a self,
-        run_id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<(RunInfo, TransitionRecord)>>> {
-        Box::pin(async move {
-            let mut latest = self.inner.latest(run_id).await?;
-            if let Some((info, record)) = &mut latest {
-                self.payloads.open_info(info)?;
-                self.payloads.open_transition(run_id, record)?;
-            }
-            Ok(latest)
-        })
-    }
-
-    fn history<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<TransitionRecord>>> {
-        Box::pin(async move {
-            let mut records = self.inner.history(run_id).await?;
-            for record in &mut records {
-                self.payloads.open_transition(run_id, record)?;
-            }
-            Ok(records)
-        })
-    }
-
-    fn steps<'a>(
-        &'a self,
-        run_id: &'a str,
-        seq: u64,
-    ) -> BoxFuture<'a, Result<Vec<(String, u32, StepRecord)>>> {
-        Box::pin(async move {
-            let mut steps = self.inner.steps(run_id, seq).await?;
-            for (name, occurrence, record) in &mut steps {
-                self.payloads
-                    .open_step(run_id, seq, name, *occurrence, record)?;
-            }
-            Ok(steps)
-        })
-    }
-
-    fn failures<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<(u64, FailureRecord)>>> {
-        Box::pin(async move {
-            let mut failures = self.inner.failures(run_id).await?;
-            for (seq, record) in &mut failures {
-                self.payloads.open_failure(run_id, *seq, record)?;
-            }
-            Ok(failures)
-        })
-    }
-
-    fn events<'a>(
-        &'a self,
-        run_id: &'a str,
-    ) -> BoxFuture<'a, Result<Vec<(u64, EventRecord, bool)>>> {
-        Box::pin(async move {
-            let mut events = self.inner.events(run_id).await?;
-            for (_, record, _) in &mut events {
-                self.payloads.open_event(run_id, record)?;
-            }
-            Ok(events)
-        })
-    }
-
-    fn has_pending<'a>(&'a self, run_id: &'a str, event: &'a str) -> BoxFuture<'a, Result<bool>> {
-        self.inner.has_pending(run_id, event)
-    }
-
-    fn list<'a>(
-        &'a self,
-        status: RunStatus,
-        workflow: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<Vec<RunInfo>>> {
-        Box::pin(async move { self.opened_rows(self.inner.list(status, workflow).await) })
-    }
-
-    /// Attributes are plaintext in the store (they are meant to be searched): as they are.
-    fn attributes<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<crate::Attributes>> {
-        self.inner.attributes(run_id)
-    }
-
-    /// The rows found are opened; attributes are plaintext.
-    fn search<'a>(
-        &'a self,
-        filter: &'a crate::RunFilter,
-    ) -> BoxFuture<'a, Result<Vec<(RunInfo, crate::Attributes)>>> {
-        Box::pin(async move {
-            let mut found = self.inner.search(filter).await?;
-            for (info, _) in &mut found {
-                self.payloads.open_info(info)?;
-            }
-            Ok(found)
-        })
-    }
-
-    fn schema(&self, hash: SchemaHash) -> BoxFuture<'_, Result<Option<String>>> {
-        self.inner.schema(hash)
-    }
-
-    fn schemas(&self) -> BoxFuture<'_, Result<Vec<(SchemaHash, String)>>> {
-        self.inner.schemas()
-    }
-
-    fn acquire<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<Lease>>> {
-        self.inner.acquire(run_id)
-    }
-
-    fn release<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<()>> {
-        self.inner.release(lease)
-    }
-
-    fn renew<'a>(&'a self, leases: &'a [Lease]) -> BoxFuture<'a, Result<Vec<Lease>>> {
-        self.inner.renew(leases)
-    }
-
-    fn lease_ttl(&self) -> Option<Duration> {
-        self.inner.lease_ttl()
-    }
-
-    fn claim_ready<'a>(
-        &'a self,
-        workflows: &'a [ClaimFilter],
-        limit: usize,
-    ) -> BoxFuture<'a, Result<Vec<(RunInfo, Lease)>>> {
-        Box::pin(async move {
-            let mut claimed = self.inner.claim_ready(workflows, limit).await?;
-            for (info, _) in &mut claimed {
-                // The leases are taken: a row whose texts do not open is returned as
-                // stored, and its driver meets the error when it reads the run.
-                if let Err(e) = self.payloads.open_info(info) {
-                    tracing::warn!(run_id = %info.run_id, error = %e, "claimed a run whose row does not open");
-                }
-            }
-            Ok(claimed)
-        })
-    }
-    fn shared_limits(&self) -> Option<std::sync::Arc<dyn crate::store::SharedLimits>> {
-        self.inner.shared_limits()
     }
 }

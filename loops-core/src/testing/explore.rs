@@ -3,6 +3,7 @@
 //! the resumed run ends as the uninterrupted one did.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -31,6 +32,7 @@ use crate::run::dispatch::Dispatch;
 use crate::run::settings::StepRun;
 use crate::runtime::{Runtime, RuntimeBuilder};
 use crate::store::{RedbStore, RunStatus, Store};
+use crate::testing::child::{self, AbortAt, CaseDir, Journal, Role};
 use crate::testing::report::{Boundary, Exploration, ExploreError, Finding, ONLY_ENV, When};
 use crate::testing::store::{HookedStore, Verdict, WriteHook, WriteSeen};
 
@@ -47,6 +49,9 @@ type Configure = dyn Fn(RuntimeBuilder) -> RuntimeBuilder + Send + Sync;
 /// Says which boundaries an explorer explores ([`Explorer::boundaries_where`]).
 type Keep = dyn Fn(&Boundary) -> bool + Send + Sync;
 
+/// What a process of the workflow calls for each run of a step's closure.
+type StepSink = Arc<dyn Fn(&StepRun) + Send + Sync>;
+
 /// Explores the crashes of one run of `W`: see [`explore`], and the methods for events, the
 /// runtime's configuration and replaying one case.
 pub struct Explorer<W, H> {
@@ -59,6 +64,9 @@ pub struct Explorer<W, H> {
     only: Option<usize>,
     filter: Option<Box<Keep>>,
     start: SystemTime,
+    /// In child processes: the name of the test that runs the explorer (`Err`: why it is
+    /// not known).
+    children: Option<std::result::Result<String, String>>,
 }
 
 /// Explores every crash of one run of `W` from `initial`, with a handler made by `factory`
@@ -99,7 +107,47 @@ where
             filter: None,
             // A fixed start (2026-01-01 UTC), so that runs see the same times.
             start: UNIX_EPOCH + Duration::from_secs(1_767_225_600),
+            children: None,
         }
+    }
+
+    /// Runs every case in child processes rather than in this one: the test binary runs
+    /// again, on this test alone (its name is the name of the thread the test runs on, as
+    /// the standard test harness and `#[tokio::test]` name it; see
+    /// [`in_child_processes_of`](Self::in_child_processes_of) otherwise). The uninterrupted
+    /// run is one child; each boundary is a child that runs the workflow on a store file
+    /// and calls `std::process::abort()` at the boundary (a real crash: no destructor runs,
+    /// only what the store committed survives), then a fresh child that reopens the file
+    /// and resumes the run to its end. The parent reads the store file and the children's
+    /// journals, and checks and reports exactly as in process ([`run`](Self::run)).
+    ///
+    /// In a child process, the test runs again up to this explorer's [`run`](Self::run),
+    /// which plays the child's part and ends the process: nothing else is needed in the
+    /// test. So the test must reach the explorer without depending on what the parent did
+    /// (state a handler shares with the parent must live in files or a service both reach),
+    /// and run one explorer in child processes.
+    pub fn in_child_processes(self) -> Self {
+        let name = std::thread::current()
+            .name()
+            .filter(|name| *name != "main")
+            .map(str::to_owned)
+            .ok_or_else(|| {
+                "the test's name is not known (the explorer is not on a thread named by the \
+                 test harness): name the test with Explorer::in_child_processes_of"
+                    .to_owned()
+            });
+        Explorer {
+            children: Some(name),
+            ..self
+        }
+    }
+
+    /// As [`in_child_processes`](Self::in_child_processes), the test being the one named
+    /// `test` (its full path in the test binary, as `cargo test -- --list` prints it,
+    /// without `: test`).
+    pub fn in_child_processes_of(mut self, test: impl Into<String>) -> Self {
+        self.children = Some(Ok(test.into()));
+        self
     }
 
     /// Sends the event `name` (a declared [`Event`](crate::Event), whose payload type the
@@ -176,6 +224,11 @@ where
     /// What this shows, and what not: a crash here drops memory and tasks, at a write's
     /// boundary; it cannot lose the operating system's page cache, tear a write, or crash
     /// inside the store's commit. Kill real processes for those (docs/testing.md).
+    /// [`in_child_processes`](Self::in_child_processes) runs the same cases with a real
+    /// process per crash, on a store file.
+    ///
+    /// In a child process of an explorer in child processes, this plays the child's part
+    /// and ends the process: it does not return.
     ///
     /// # Errors
     /// [`ExploreError::Found`] listing each boundary whose resumed run differed, what
@@ -183,6 +236,17 @@ where
     /// a crash could not be run to its end (an error of the runtime, an event it waits for
     /// that the explorer was not given, or more than 60 s of real time).
     pub async fn run(self) -> Result<Exploration, ExploreError> {
+        if let Some(Ok(_)) = &self.children
+            && let Some(case) = child::role_from_env(&self.run_id)
+        {
+            self.serve_as_child(case).await
+        }
+        if let Some(Err(why)) = &self.children {
+            return Err(ExploreError::Reference {
+                run_id: self.run_id.clone(),
+                message: why.clone(),
+            });
+        }
         let reference = self.case(None).await.map_err(|e| ExploreError::Reference {
             run_id: self.run_id.clone(),
             message: e.to_string(),
@@ -231,32 +295,45 @@ where
         }
     }
 
-    /// One case: the run without a crash (`None`), or stopped at `boundary` and resumed.
+    /// One case: the run without a crash (`None`), or stopped at `boundary` and resumed;
+    /// in this process or in child processes.
     async fn case(&self, boundary: Option<&Boundary>) -> Result<Case, Problem> {
         (self.before_each)();
+        match &self.children {
+            Some(Ok(test)) => self.case_in_children(test, boundary).await,
+            _ => self.case_in_process(boundary).await,
+        }
+    }
+
+    /// [`case`](Self::case) in this process, on an in-memory store.
+    async fn case_in_process(&self, boundary: Option<&Boundary>) -> Result<Case, Problem> {
         let base = RedbStore::in_memory()?;
         let clock = ManualClock::new(self.start);
         let steps: Arc<Mutex<Vec<StepRun>>> = Arc::default();
+        let seen = Arc::clone(&steps);
+        let sink: StepSink = Arc::new(move |run: &StepRun| {
+            seen.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(run.clone());
+        });
+        let take = || std::mem::take(&mut *steps.lock().unwrap_or_else(PoisonError::into_inner));
         let hook = StopAt(boundary.map(|b| (b.write, b.when)));
         let store = HookedStore::with_hook(base.clone(), hook);
-        let first = self.process(&store, &clock, &steps).await?;
+        let first = self.process(&store, &clock, &sink).await?;
         let first_writes = store.writes();
-        let first_steps =
-            std::mem::take(&mut *steps.lock().unwrap_or_else(PoisonError::into_inner));
+        let first_steps = take();
         let Some(()) = first else {
             return Ok(Case::Ended(
-                self.ended(&store, first_writes, first_steps).await?,
+                self.ended(&base, first_writes, first_steps).await?,
             ));
         };
         // The crash: the runtime and the handler are gone; the leases die with the process.
         base.forget_leases();
-        let store = HookedStore::new(base);
-        match self.process(&store, &clock, &steps).await? {
+        let store = HookedStore::new(base.clone());
+        match self.process(&store, &clock, &sink).await? {
             Some(()) => Err(Problem("the store was stopped after the crash".to_owned())),
             None => {
-                let second_steps =
-                    std::mem::take(&mut *steps.lock().unwrap_or_else(PoisonError::into_inner));
-                let ended = self.ended(&store, store.writes(), second_steps).await?;
+                let ended = self.ended(&base, store.writes(), take()).await?;
                 Ok(Case::Stopped(
                     First {
                         writes: first_writes,
@@ -268,23 +345,98 @@ where
         }
     }
 
+    /// [`case`](Self::case) in child processes of the test `test`, on a store file: one
+    /// child runs the workflow (and aborts at the boundary), another resumes it.
+    async fn case_in_children(
+        &self,
+        test: &str,
+        boundary: Option<&Boundary>,
+    ) -> Result<Case, Problem> {
+        let dir = CaseDir::new()
+            .map_err(|e| Problem(format!("cannot create a directory for the case: {e}")))?;
+        let role = boundary.map_or(Role::Reference, |b| Role::Crash(b.write, b.when));
+        let first = child::run_child(test, &dir, role, &self.run_id)
+            .await
+            .map_err(Problem)?;
+        if !first.crashed {
+            let store = RedbStore::open(dir.store())?;
+            return Ok(Case::Ended(
+                self.ended(&store, first.writes, first.steps).await?,
+            ));
+        }
+        let then = child::run_child(test, &dir, Role::Resume(first.clock_ms), &self.run_id)
+            .await
+            .map_err(|e| Problem(format!("after the crash: {e}")))?;
+        let store = RedbStore::open(dir.store())?;
+        let ended = self.ended(&store, then.writes, then.steps).await?;
+        Ok(Case::Stopped(
+            First {
+                writes: first.writes,
+                steps: first.steps,
+            },
+            ended,
+        ))
+    }
+
+    /// The part of a child process: runs the workflow of `case` on its store file,
+    /// journaling every write and step run, until it ends or the process aborts at the
+    /// boundary; then ends the process.
+    async fn serve_as_child(&self, case: std::result::Result<(PathBuf, Role), String>) -> ! {
+        let (dir, role) = match case {
+            Ok(case) => case,
+            Err(why) => {
+                eprintln!("crash explorer child: {why}");
+                std::process::exit(2)
+            }
+        };
+        let journal = match Journal::open(&dir) {
+            Ok(journal) => journal,
+            Err(e) => {
+                eprintln!("crash explorer child: cannot open its journal: {e}");
+                std::process::exit(2)
+            }
+        };
+        let clock = ManualClock::new(self.start);
+        let at = match role {
+            Role::Reference => None,
+            Role::Crash(write, when) => Some((write, when)),
+            Role::Resume(clock_ms) => {
+                // Time goes on from where the crashed process's clock was.
+                clock.set(UNIX_EPOCH + Duration::from_millis(clock_ms));
+                None
+            }
+        };
+        let ran = async {
+            let base = RedbStore::open(dir.join("store.redb"))?;
+            let hook = AbortAt {
+                journal: journal.clone(),
+                clock: clock.clone(),
+                at,
+            };
+            let store = HookedStore::with_hook(base, hook);
+            let steps = journal.clone();
+            let sink: StepSink = Arc::new(move |run: &StepRun| steps.step(run));
+            self.process(&store, &clock, &sink).await
+        };
+        match ran.await {
+            Ok(None) => journal.ended(),
+            Ok(Some(())) => journal.problem("the store was stopped, not aborted"),
+            Err(why) => journal.problem(&why.0),
+        }
+    }
+
     /// Runs the workflow in one "process" (a runtime and a handler of its own) until it
     /// ends (`None`) or the store is stopped at the boundary (`Some`).
     async fn process(
         &self,
         store: &HookedStore<RedbStore>,
         clock: &ManualClock,
-        steps: &Arc<Mutex<Vec<StepRun>>>,
+        steps: &StepSink,
     ) -> Result<Option<()>, Problem> {
-        let seen = Arc::clone(steps);
         let builder = Runtime::builder()
             .clock(clock.clone())
             .park_threshold(Duration::ZERO)
-            .observe_steps(Arc::new(move |run: &StepRun| {
-                seen.lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push(run.clone());
-            }));
+            .observe_steps(Arc::clone(steps));
         let runtime = (self.configure)(builder).build(store.clone());
         let handler = (self.factory)();
         let drive = runtime.run(&self.run_id, self.initial.clone(), &handler);
@@ -370,11 +522,10 @@ where
     /// What the run ended with.
     async fn ended(
         &self,
-        store: &HookedStore<RedbStore>,
+        base: &RedbStore,
         writes: Vec<WriteSeen>,
         steps: Vec<StepRun>,
     ) -> Result<Ended, Problem> {
-        let base = store.inner();
         let info =
             Store::run_info(base, &self.run_id)
                 .await?

@@ -10,10 +10,12 @@
 //!   whose error names the run's last status, state and seq. Events are sent with
 //!   [`Runtime::send`](crate::Runtime::send).
 //! - [`explore`] and [`Explorer`]: the crash explorer.
-//! - [`HookedStore`]: any store, with every write logged, and failed or stopped by a hook.
+//! - [`HookedStore`]: any store, with every write logged, and failed or stopped by a hook;
+//!   the hook sees reads, claims and lease renewals too ([`Call`]).
 //!
 //! Users reach it as `loops::testing`, whose documentation has runnable examples.
 
+mod child;
 mod explore;
 mod report;
 mod store;
@@ -24,5 +26,5 @@ pub use crate::run::settings::StepRun;
 pub use explore::{Explorer, explore};
 pub use report::ONLY_ENV;
 pub use report::{Boundary, Exploration, ExploreError, Finding, When};
-pub use store::{HookedStore, Verdict, WriteHook, WriteSeen};
+pub use store::{Call, HookedStore, Verdict, WriteHook, WriteSeen};
 pub use wait::{DEFAULT_WAIT_TIMEOUT, LastSeen, WaitError};

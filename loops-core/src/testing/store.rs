@@ -1,5 +1,6 @@
-//! A store in front of another that sees every write: it logs them, and a hook may fail
-//! one or stop the store at one, as a crash would.
+//! A store in front of another that sees every write and every other call: it logs the
+//! writes, and a hook may fail one or stop the store at one, as a crash would, fail a read,
+//! and see what claims and lease renewals return.
 
 use std::any::Any;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -101,8 +102,57 @@ pub enum Verdict {
     Stop,
 }
 
-/// Decides, write by write, what a [`HookedStore`] does. Both methods default to
-/// [`Verdict::Go`].
+/// A call to a [`HookedStore`] other than a write, as its [`WriteHook`] sees it: the
+/// [`Store`] method and its arguments.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub enum Call<'a> {
+    /// A read of one run: `method` is the [`Store`] method (`"run_info"`, `"latest"`,
+    /// `"history"`, `"steps"`, `"failures"`, `"events"`, `"has_pending"` or
+    /// `"attributes"`).
+    Read {
+        /// The method.
+        method: &'static str,
+        /// The run read.
+        run_id: &'a str,
+    },
+    /// [`Store::list`]: the runs with `status` (of `workflow`, if given).
+    List {
+        /// The status listed.
+        status: RunStatus,
+        /// The workflow the list is limited to.
+        workflow: Option<&'a str>,
+    },
+    /// [`Store::search`]: the runs `filter` selects, with their attributes.
+    Search {
+        /// The filter searched by.
+        filter: &'a crate::RunFilter,
+    },
+    /// [`Store::schema`] (`Some`) or [`Store::schemas`] (`None`).
+    Schema(Option<SchemaHash>),
+    /// [`Store::sealing_keys`]: the key ids the store's payloads are sealed with.
+    SealingKeys,
+    /// [`Store::acquire`] of the run's lease.
+    Acquire {
+        /// The run.
+        run_id: &'a str,
+    },
+    /// [`Store::release`] of a lease.
+    Release(&'a Lease),
+    /// [`Store::renew`] of leases; [`WriteHook::renewed`] sees the answer.
+    Renew(&'a [Lease]),
+    /// [`Store::claim_ready`] of at most `limit` runs; [`WriteHook::claimed`] sees the answer.
+    ClaimReady {
+        /// The workflows and schemas claimed.
+        workflows: &'a [ClaimFilter],
+        /// The most runs to claim.
+        limit: usize,
+    },
+}
+
+/// Decides, write by write and call by call, what a [`HookedStore`] does, and sees what
+/// claims and renewals return. The methods that decide default to [`Verdict::Go`], the
+/// others to doing nothing.
 pub trait WriteHook: Send + Sync + 'static {
     /// Before `seen` goes to the inner store.
     fn before(&self, seen: &WriteSeen) -> Verdict {
@@ -115,6 +165,24 @@ pub trait WriteHook: Send + Sync + 'static {
         let _ = (seen, reply);
         Verdict::Go
     }
+
+    /// Before `call` (any call but a write, [`Store::lease_ttl`] and
+    /// [`Store::shared_limits`]) goes to the inner store: [`Verdict::Fail`] answers it with
+    /// the error instead, [`Verdict::Stop`] stops the store.
+    fn call(&self, call: &Call<'_>) -> Verdict {
+        let _ = call;
+        Verdict::Go
+    }
+
+    /// After [`Store::renew`] of `asked` answered `reply` (the leases it extended).
+    fn renewed(&self, asked: &[Lease], reply: &Result<Vec<Lease>>) {
+        let _ = (asked, reply);
+    }
+
+    /// After [`Store::claim_ready`] answered `reply` (the runs it claimed).
+    fn claimed(&self, reply: &Result<Vec<(RunInfo, Lease)>>) {
+        let _ = reply;
+    }
 }
 
 /// A hook that lets every write through.
@@ -124,9 +192,11 @@ impl WriteHook for PassThrough {}
 
 /// Another store, `S`, behind a hook that sees every write: [`writes`](Self::writes) logs
 /// them in order, and the hook ([`WriteHook`]) may fail a write or stop the store at one
-/// ([`Verdict::Stop`]), which is how the crash explorer stops a run at a boundary. Reads
-/// and leases go to `S` unchanged (until the store is stopped). Clones share the log, the
-/// hook and the stop.
+/// ([`Verdict::Stop`]), which is how the crash explorer stops a run at a boundary. Every
+/// other call is put to the hook too ([`WriteHook::call`]), then goes to `S` unchanged
+/// (until the store is stopped); [`Store::as_any`] is `S`'s, so that
+/// [`Runtime::redb`](crate::Runtime::redb) reaches a redb store behind it. Clones share the
+/// log, the hook and the stop.
 pub struct HookedStore<S> {
     inner: S,
     hook: Arc<dyn WriteHook>,
@@ -223,12 +293,34 @@ impl<S: Store> HookedStore<S> {
         self.stop.notify_waiters();
     }
 
-    /// `fut`, unless the store is stopped: then never.
-    fn gate<'a, T: Send + 'a>(&'a self, fut: BoxFuture<'a, Result<T>>) -> BoxFuture<'a, Result<T>> {
+    /// `fut`, the inner store's answer to `call`, unless the store is stopped (then never)
+    /// or the hook says otherwise.
+    fn gate<'a, T: Send + 'a>(
+        &'a self,
+        call: Call<'_>,
+        fut: BoxFuture<'a, Result<T>>,
+    ) -> BoxFuture<'a, Result<T>> {
         if self.stopped() {
             return Box::pin(std::future::pending());
         }
-        fut
+        match self.hook.call(&call) {
+            Verdict::Go => fut,
+            Verdict::Fail(e) => Box::pin(std::future::ready(Err(e))),
+            Verdict::Stop => {
+                self.halt();
+                Box::pin(std::future::pending())
+            }
+        }
+    }
+
+    /// [`gate`](Self::gate) for a read of one run.
+    fn read<'a, T: Send + 'a>(
+        &'a self,
+        method: &'static str,
+        run_id: &str,
+        fut: BoxFuture<'a, Result<T>>,
+    ) -> BoxFuture<'a, Result<T>> {
+        self.gate(Call::Read { method, run_id }, fut)
     }
 }
 
@@ -238,7 +330,8 @@ impl<S: Store> Store for HookedStore<S> {
     }
 
     fn as_any(&self) -> &dyn Any {
-        self
+        // The store behind, as SealedStore does: `Runtime::redb` and `compact` reach it.
+        self.inner.as_any()
     }
 
     fn write<'a>(&'a self, lease: Option<&'a Lease>, write: Write) -> BoxFuture<'a, Result<Reply>> {
@@ -273,18 +366,18 @@ impl<S: Store> Store for HookedStore<S> {
     }
 
     fn run_info<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<RunInfo>>> {
-        self.gate(self.inner.run_info(run_id))
+        self.read("run_info", run_id, self.inner.run_info(run_id))
     }
 
     fn latest<'a>(
         &'a self,
         run_id: &'a str,
     ) -> BoxFuture<'a, Result<Option<(RunInfo, TransitionRecord)>>> {
-        self.gate(self.inner.latest(run_id))
+        self.read("latest", run_id, self.inner.latest(run_id))
     }
 
     fn history<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<TransitionRecord>>> {
-        self.gate(self.inner.history(run_id))
+        self.read("history", run_id, self.inner.history(run_id))
     }
 
     fn steps<'a>(
@@ -292,22 +385,22 @@ impl<S: Store> Store for HookedStore<S> {
         run_id: &'a str,
         seq: u64,
     ) -> BoxFuture<'a, Result<Vec<(String, u32, StepRecord)>>> {
-        self.gate(self.inner.steps(run_id, seq))
+        self.read("steps", run_id, self.inner.steps(run_id, seq))
     }
 
     fn failures<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<(u64, FailureRecord)>>> {
-        self.gate(self.inner.failures(run_id))
+        self.read("failures", run_id, self.inner.failures(run_id))
     }
 
     fn events<'a>(
         &'a self,
         run_id: &'a str,
     ) -> BoxFuture<'a, Result<Vec<(u64, EventRecord, bool)>>> {
-        self.gate(self.inner.events(run_id))
+        self.read("events", run_id, self.inner.events(run_id))
     }
 
     fn has_pending<'a>(&'a self, run_id: &'a str, event: &'a str) -> BoxFuture<'a, Result<bool>> {
-        self.gate(self.inner.has_pending(run_id, event))
+        self.read("has_pending", run_id, self.inner.has_pending(run_id, event))
     }
 
     fn list<'a>(
@@ -315,38 +408,50 @@ impl<S: Store> Store for HookedStore<S> {
         status: RunStatus,
         workflow: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Vec<RunInfo>>> {
-        self.gate(self.inner.list(status, workflow))
+        self.gate(
+            Call::List { status, workflow },
+            self.inner.list(status, workflow),
+        )
     }
 
     fn attributes<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<crate::Attributes>> {
-        self.gate(self.inner.attributes(run_id))
+        self.read("attributes", run_id, self.inner.attributes(run_id))
     }
 
     fn search<'a>(
         &'a self,
         filter: &'a crate::RunFilter,
     ) -> BoxFuture<'a, Result<Vec<(RunInfo, crate::Attributes)>>> {
-        self.gate(self.inner.search(filter))
+        self.gate(Call::Search { filter }, self.inner.search(filter))
     }
 
     fn schema(&self, hash: SchemaHash) -> BoxFuture<'_, Result<Option<String>>> {
-        self.gate(self.inner.schema(hash))
+        self.gate(Call::Schema(Some(hash)), self.inner.schema(hash))
     }
 
     fn schemas(&self) -> BoxFuture<'_, Result<Vec<(SchemaHash, String)>>> {
-        self.gate(self.inner.schemas())
+        self.gate(Call::Schema(None), self.inner.schemas())
+    }
+
+    fn sealing_keys(&self) -> BoxFuture<'_, Result<Vec<String>>> {
+        self.gate(Call::SealingKeys, self.inner.sealing_keys())
     }
 
     fn acquire<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<Lease>>> {
-        self.gate(self.inner.acquire(run_id))
+        self.gate(Call::Acquire { run_id }, self.inner.acquire(run_id))
     }
 
     fn release<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<()>> {
-        self.gate(self.inner.release(lease))
+        self.gate(Call::Release(lease), self.inner.release(lease))
     }
 
     fn renew<'a>(&'a self, leases: &'a [Lease]) -> BoxFuture<'a, Result<Vec<Lease>>> {
-        self.gate(self.inner.renew(leases))
+        let renew = Box::pin(async move {
+            let reply = self.inner.renew(leases).await;
+            self.hook.renewed(leases, &reply);
+            reply
+        });
+        self.gate(Call::Renew(leases), renew)
     }
 
     fn lease_ttl(&self) -> Option<Duration> {
@@ -358,9 +463,28 @@ impl<S: Store> Store for HookedStore<S> {
         workflows: &'a [ClaimFilter],
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<(RunInfo, Lease)>>> {
-        self.gate(self.inner.claim_ready(workflows, limit))
+        let claim = Box::pin(async move {
+            let reply = self.inner.claim_ready(workflows, limit).await;
+            self.hook.claimed(&reply);
+            reply
+        });
+        self.gate(Call::ClaimReady { workflows, limit }, claim)
     }
+
     fn shared_limits(&self) -> Option<std::sync::Arc<dyn crate::store::SharedLimits>> {
         self.inner.shared_limits()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::HookedStore;
+    use crate::store::forwarding_tests::assert_forwards;
+
+    #[tokio::test]
+    async fn the_hooked_store_forwards_every_method() {
+        assert_forwards("HookedStore", |probe| Arc::new(HookedStore::new(probe))).await;
     }
 }

@@ -9,6 +9,27 @@ use std::process::{Command, Output, Stdio};
 use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
+/// Looks at `ready` every `every` of real time until it returns `Some`, for at most `limit`
+/// (`None` then): the one polling loop of the tests that watch a child process (its exit, a
+/// file, a fake server's requests). Tests in this process wait with the test kit instead
+/// (`Runtime::wait_until`, `wait_for_status`).
+pub fn poll<T>(
+    limit: Duration,
+    every: Duration,
+    mut ready: impl FnMut() -> Option<T>,
+) -> Option<T> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(value) = ready() {
+            return Some(value);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(every);
+    }
+}
+
 /// The `deliver` binary, built by cargo for this test target (with this build's features).
 pub fn example() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_deliver"))

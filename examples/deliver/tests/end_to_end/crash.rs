@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::{
     EXPECTED_STATES, HOLD_VAR, STOP_VAR, deliver_in, describe, entries, example, git, names_in,
-    user_repo,
+    poll, user_repo,
 };
 
 const RUN_ID: &str = "deliver-1";
@@ -132,6 +132,17 @@ fn outcome(workdir: &Path) -> Outcome {
     let mut pulls = Vec::new();
     for entry in std::fs::read_dir(workdir.join("forge/pulls")).expect("forge directory") {
         let path = entry.expect("forge entry").path();
+        // A pull request is `N.json`. A process killed between writing a pull request's
+        // temporary file and renaming it leaves `.N.json.tmp-PID`, whole: not a pull request
+        // (the forge skips it too), though it reads as one. Counting it made this test fail
+        // about once in ten runs under load, with "two pull requests" of one idempotency key.
+        let is_pull = path.extension().is_some_and(|e| e == "json")
+            && path
+                .file_stem()
+                .is_some_and(|s| s.to_string_lossy().parse::<u64>().is_ok());
+        if !is_pull {
+            continue;
+        }
         let text = std::fs::read_to_string(&path).expect("read pull request");
         let pull: serde_json::Value = serde_json::from_str(&text)
             .unwrap_or_else(|e| panic!("{} is not a pull request: {e}", path.display()));
@@ -231,8 +242,9 @@ fn a_kill_after_any_transition_resumes_to_the_same_result() {
         let dir = tempfile::tempdir().expect("temp dir");
         hold_and_kill(dir.path(), k);
         let stdout = run_to_completion(dir.path(), &format!("k={k}"));
-        let resumed_at =
-            format!("(seq {k}; attempt 1 did not finish: the previous process stopped during it)");
+        let resumed_at = format!(
+            "(seq {k}; attempt 1 did not finish: the process stopped while this attempt ran)"
+        );
         if k < transitions {
             assert!(stdout.contains(&resumed_at), "k={k}: {stdout}");
         } else {
@@ -299,12 +311,9 @@ fn random_kills_resume_to_the_same_result() {
                 .stderr(Stdio::null())
                 .spawn()
                 .expect("start the example");
-            let deadline = Instant::now() + delay;
-            let mut exited = None;
-            while exited.is_none() && Instant::now() < deadline {
-                exited = child.try_wait().expect("poll the example");
-                std::thread::sleep(Duration::from_millis(2));
-            }
+            let exited = poll(delay, Duration::from_millis(2), || {
+                child.try_wait().expect("poll the example")
+            });
             if let Some(status) = exited {
                 assert!(status.success(), "seed {seed}: a run exited with {status}");
                 break;
@@ -455,13 +464,10 @@ fn a_killed_fresh_start_or_setup_leaves_nothing_half_done() {
             // The store goes with the work directory (one rename): kill 0 to 3 ms after it
             // went, in the deletion.
             let store = workdir.join("deliver.redb");
-            let deadline = Instant::now() + Duration::from_secs(30);
-            while store.exists() && Instant::now() < deadline {
-                if child.try_wait().expect("poll the example").is_some() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_micros(50));
-            }
+            poll(Duration::from_secs(30), Duration::from_micros(50), || {
+                let exited = child.try_wait().expect("poll the example").is_some();
+                (exited || !store.exists()).then_some(())
+            });
             let after = Duration::from_micros(250 * u64::from(i));
             std::thread::sleep(after);
             format!("{} µs after the store was deleted", after.as_micros())
@@ -599,18 +605,14 @@ fn two_started_at_once_on_a_new_workdir_one_runs_and_the_other_is_refused() {
         std::thread::sleep(Duration::from_millis(apart_ms));
         let mut both = [first, start()];
         // The refused one exits once it gave up waiting for the store; the other holds.
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let exited = loop {
-            if let Some(i) = (0..2).find(|&i| both[i].try_wait().expect("poll").is_some()) {
-                break i;
+        let exited = poll(Duration::from_secs(60), Duration::from_millis(10), || {
+            (0..2).find(|&i| both[i].try_wait().expect("poll").is_some())
+        });
+        let Some(exited) = exited else {
+            for child in &mut both {
+                let _ = child.kill();
             }
-            if Instant::now() > deadline {
-                for child in &mut both {
-                    let _ = child.kill();
-                }
-                panic!("round {round}: neither process exited");
-            }
-            std::thread::sleep(Duration::from_millis(10));
+            panic!("round {round}: neither process exited");
         };
         let [first, second] = both;
         let (refused, mut running) = if exited == 0 {
@@ -669,8 +671,9 @@ fn fresh_while_another_runs_is_refused_and_deletes_nothing() {
     assert_eq!(after, before);
     let stdout = run_to_completion(&workdir, "after the refused --fresh");
     assert!(
-        stdout
-            .contains("(seq 3; attempt 1 did not finish: the previous process stopped during it)"),
+        stdout.contains(
+            "(seq 3; attempt 1 did not finish: the process stopped while this attempt ran)"
+        ),
         "{stdout}"
     );
     check(&workdir, reference, "after the refused --fresh");
@@ -708,7 +711,7 @@ fn a_killed_run_on_a_given_repo_resumes_whatever_is_checked_out() {
         assert!(output.status.success(), "{context}");
         assert!(
             String::from_utf8_lossy(&output.stdout).contains(&format!(
-                "(seq {k}; attempt 1 did not finish: the previous process stopped during it)"
+                "(seq {k}; attempt 1 did not finish: the process stopped while this attempt ran)"
             )),
             "{context}"
         );
@@ -944,8 +947,9 @@ fn ctrl_c_stops_cleanly_and_the_same_command_resumes() {
     interrupted(child, "held at seq 2", dir.path()).expect("interrupted, not finished");
     let stdout = run_to_completion(dir.path(), "after Ctrl-C at seq 2");
     assert!(
-        stdout
-            .contains("(seq 2; attempt 1 did not finish: the previous process stopped during it)"),
+        stdout.contains(
+            "(seq 2; attempt 1 did not finish: the process stopped while this attempt ran)"
+        ),
         "{stdout}"
     );
     check(dir.path(), &reference.outcome, "Ctrl-C at seq 2");

@@ -8,12 +8,13 @@
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
 use crate::common::deliver_in;
 use crate::common::describe;
+use crate::common::poll;
 use crate::crash::{check, reference, start_held};
 use crate::fake_api::{FakeApi, Reply, Request};
 
@@ -194,21 +195,20 @@ fn against_a_local_api_one_pull_request_and_exact_token_totals() {
 
 /// Waits until `api` has received `n` requests (the child is still running).
 fn await_requests(api: &FakeApi, n: usize, child: &mut std::process::Child) {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while api.requests().len() < n {
+    let arrived = poll(Duration::from_secs(120), Duration::from_millis(10), || {
         if let Some(status) = child.try_wait().expect("poll the example") {
             panic!(
                 "the example exited ({status}) after {} requests",
                 api.requests().len()
             );
         }
-        assert!(
-            Instant::now() < deadline,
-            "{} requests, waiting for {n}",
-            api.requests().len()
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+        (api.requests().len() >= n).then_some(())
+    });
+    assert!(
+        arrived.is_some(),
+        "{} requests, waiting for {n}",
+        api.requests().len()
+    );
 }
 
 #[test]
@@ -237,7 +237,7 @@ fn a_sigkill_mid_run_re_spends_no_tokens_on_recorded_calls() {
 
     let stdout = String::from_utf8_lossy(&run(&mut deliver(dir.path(), &api)).stdout).into_owned();
     assert!(
-        stdout.contains("resuming at Tested (seq 3; attempt 1 did not finish: the previous process stopped during it)"),
+        stdout.contains("resuming at Tested (seq 3; attempt 1 did not finish: the process stopped while this attempt ran)"),
         "{stdout}"
     );
     // The plan is not asked again; the fix whose answer never came is.

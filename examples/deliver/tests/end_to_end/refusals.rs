@@ -39,13 +39,32 @@ fn assert_refused(output: &Output, wanted: &str, dir: &Path, existing: &[&str]) 
     assert_eq!(names_in(dir), existing, "{}", describe(output));
 }
 
+/// A run id loops does not take is a usage error, as clap reports one (exit 2, the rule it
+/// breaks), before anything is printed or made.
 #[test]
-fn bad_run_ids_are_refused_in_one_line() {
+fn bad_run_ids_are_usage_errors() {
     let long = "x".repeat(257);
-    for id in ["", " deliver", "deliver ", "a\nb", "a\u{7}b", long.as_str()] {
+    for (id, rule) in [
+        ("", "empty"),
+        (" deliver", "white space"),
+        ("deliver ", "white space"),
+        ("a\nb", "control character"),
+        ("a\u{7}b", "control character"),
+        (long.as_str(), "bytes"),
+    ] {
         let dir = tempfile::tempdir().expect("temp dir");
         let output = deliver(dir.path(), &["--run-id".into(), id.into()]);
-        assert_refused(&output, "error: --run-id: invalid run id", dir.path(), &[]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            output.status.code() == Some(2)
+                && output.stdout.is_empty()
+                && stderr.starts_with("error: invalid value ")
+                && stderr.contains("for '--run-id <ID>': invalid run id ")
+                && stderr.contains(rule),
+            "{id:?}: {}",
+            describe(&output)
+        );
+        assert!(names_in(dir.path()).is_empty(), "{}", describe(&output));
     }
 }
 

@@ -181,9 +181,25 @@ fn runs_of_the_previous_release_finish_on_this_one_by_migration_or_on_version_1(
 
     // The dry run of this release says, for each, what it will do, and writes nothing.
     let before = std::fs::read(&store).expect("read the store");
-    let mut cmd = current(workdir, "deliver-1");
+    let mut cmd = deliver_in(workdir);
     cmd.arg("--dry-run");
     let dry = succeeds(cmd, "dry run");
+    assert!(
+        dry.starts_with("dry run: 8 unfinished or blocked runs in "),
+        "{dry}"
+    );
+    // Of one run, with `--run-id`.
+    let mut cmd = current(workdir, "gate");
+    cmd.arg("--dry-run");
+    let gate = succeeds(cmd, "dry run of one run");
+    let gate: Vec<&str> = gate.lines().collect();
+    assert_eq!(gate.len(), 2, "{gate:?}");
+    assert!(gate[0].starts_with("dry run: run gate in "), "{gate:?}");
+    assert!(
+        gate[1].trim_start().starts_with("gate (")
+            && gate[1].contains("finish on version 1, its kept handler"),
+        "{gate:?}"
+    );
     assert!(
         std::fs::read(&store).expect("read the store") == before,
         "the dry run changed the store file"
@@ -429,8 +445,8 @@ fn the_previous_release_says_once_why_it_blocks_a_run_in_a_state_it_lacks() {
     let out = succeeds(current(workdir, "deliver-1"), "this release");
     assert!(
         out.contains(
-            "resuming at Reviewed (seq 6; attempt 1 did not finish: the previous process stopped \
-             during it)"
+            "resuming at Reviewed (seq 6; attempt 1 did not finish: the process stopped while \
+             this attempt ran)"
         ),
         "{out}"
     );

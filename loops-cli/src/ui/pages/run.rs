@@ -1,6 +1,6 @@
 //! One run's page: what it is doing, the buttons that steer it, its graph, its timeline.
 
-use loops_core::{Attributes, FailureSource, RunInfo, RunStatus};
+use loops_core::{Attributes, DeclaredEvents, FailureSource, RunInfo, RunStatus};
 use maud::{Markup, html};
 
 use super::{layout, run_href, status};
@@ -14,12 +14,24 @@ use crate::view::{EventView, FailureView, StepView, waiting_text};
 /// Longest preview of a payload or a step's output, in characters.
 const PREVIEW: usize = 80;
 
+/// What a run's page shows.
+pub struct Shown<'a> {
+    /// The run's row.
+    pub info: &'a RunInfo,
+    /// Its history.
+    pub view: &'a HistoryView,
+    /// The stored schema description of the run's schema, if the store has it: the declared
+    /// events, whose payload shape fills the send form.
+    pub description: Option<&'a str>,
+}
+
 /// The run's page; `note` says what the write that led here did.
-pub fn page(ui: &Ui, info: &RunInfo, view: &HistoryView, note: Option<&str>, now: u64) -> Markup {
+pub fn page(ui: &Ui, shown: &Shown<'_>, note: Option<&str>, now: u64) -> Markup {
+    let info = shown.info;
     let body = html! {
         h1 { "Run " code { (info.run_id) } }
         @if let Some(note) = note { p.note role="status" { (note) } }
-        div #live data-live={ "/live" (run_href(&info.run_id)) } { (live(ui, info, view, now)) }
+        div #live data-live={ "/live" (run_href(&info.run_id)) } { (live(ui, shown, now)) }
     };
     layout(ui, &format!("Run {}", info.run_id), body)
 }
@@ -27,12 +39,13 @@ pub fn page(ui: &Ui, info: &RunInfo, view: &HistoryView, note: Option<&str>, now
 /// The part of the run's page that refreshes: everything but the title, in parts that the
 /// page's script replaces one by one, each only when it changed (so a form is not redrawn
 /// under the user's pointer while only a time on the page moved on).
-pub fn live(ui: &Ui, info: &RunInfo, view: &HistoryView, now: u64) -> Markup {
+pub fn live(ui: &Ui, shown: &Shown<'_>, now: u64) -> Markup {
+    let (info, view) = (shown.info, shown.view);
     let last = view.transitions.len().saturating_sub(1);
     html! {
         div.top {
             section.summary data-part="summary" { (summary(info, view.run.attributes.as_ref(), now)) }
-            section.actions data-part="actions" { (actions(ui, info, view)) }
+            section.actions data-part="actions" { (actions(ui, shown)) }
         }
         section.graph data-part="graph" {
             h2 { "Graph" }
@@ -98,7 +111,8 @@ fn summary(info: &RunInfo, attributes: Option<&Attributes>, now: u64) -> Markup 
 
 /// The forms that steer the run, each behind a confirmation dialog (assets/ui.js opens it;
 /// the server checks the token and the JSON again).
-fn actions(ui: &Ui, info: &RunInfo, view: &HistoryView) -> Markup {
+fn actions(ui: &Ui, shown: &Shown<'_>) -> Markup {
+    let (info, view) = (shown.info, shown.view);
     let href = run_href(&info.run_id);
     let token = ui.guard.token();
     let waits_for = info
@@ -110,6 +124,7 @@ fn actions(ui: &Ui, info: &RunInfo, view: &HistoryView) -> Markup {
     // The same form sent twice (a double click, a resubmission) is one event: its key is
     // made of the state and the inbox's length when the page was drawn.
     let key = format!("ui-{}-{}", info.seq, view.events.len());
+    let payload = skeleton(shown.description, waits_for);
     html! {
         @if !info.status.is_ended() {
             form #send-form method="post" action={ (href) "/send" } {
@@ -117,7 +132,7 @@ fn actions(ui: &Ui, info: &RunInfo, view: &HistoryView) -> Markup {
                 input type="hidden" name="token" value=(token);
                 input type="hidden" name="key" value=(key);
                 label { "event " input name="event" required value=(waits_for) placeholder="event name"; }
-                label.payload { "payload (JSON)" textarea name="payload" rows="4" spellcheck="false" { "{}" } }
+                label.payload { "payload (JSON)" textarea name="payload" rows=(payload.lines().count().clamp(4, 16)) spellcheck="false" { (payload) } }
                 p.json-error role="alert" {}
                 button type="button" data-confirm { "Send…" }
                 dialog {
@@ -152,6 +167,20 @@ fn actions(ui: &Ui, info: &RunInfo, view: &HistoryView) -> Markup {
             }
         }
     }
+}
+
+/// The send form's payload for `event`: a skeleton of the payload shape the workflow declares
+/// for it (`DeclaredEvent::skeleton`), pretty-printed; `{}` when no event is named, or the
+/// description declares none of that name.
+fn skeleton(description: Option<&str>, event: &str) -> String {
+    let declared = description
+        .filter(|_| !event.is_empty())
+        .map(DeclaredEvents::from_description);
+    declared
+        .as_ref()
+        .and_then(|d| d.get(event))
+        .and_then(|e| serde_json::to_string_pretty(e.skeleton()).ok())
+        .unwrap_or_else(|| "{}".to_owned())
 }
 
 /// One transition: the state entered, how long the run stayed, its steps and failures.
@@ -208,7 +237,7 @@ fn failure(f: &FailureView) -> Markup {
         }
         FailureSource::Step { name, .. } => format!("step `{name}`"),
         FailureSource::Handler => "the handler".to_owned(),
-        FailureSource::Interrupted => "interrupted: the process stopped during it".to_owned(),
+        FailureSource::Interrupted => format!("interrupted: {}", loops_core::INTERRUPTED),
     };
     html! {
         div.failure {

@@ -53,6 +53,8 @@ pub(crate) struct RunScope {
     pub(crate) limits: Arc<Limits>,
     /// The runtime's clock: recorded times, sleeps, deadlines, back-offs, time-outs.
     pub(crate) time: Clock,
+    /// Whether log lines carry error texts ([`logged_text`](crate::run::settings::logged_text)).
+    pub(crate) log_texts: bool,
     /// Told of every run of a step's closure (the test kit's crash explorer).
     pub(crate) observer: Option<StepObserver>,
 }

@@ -12,12 +12,13 @@ use tracing::Instrument;
 
 use crate::error::{Error, Result, error_chain};
 use crate::hint::retry_hint;
+use crate::metrics::{LimitWait, StepLabels};
 use crate::record::{FailureRecord, FailureSource, StepRecord};
 use crate::retry::RetryPolicy;
 use crate::run::context::stale::Resolved;
 use crate::run::context::{Context, StepOptions, millis};
 use crate::run::limits::Taken;
-use crate::run::settings::StepRun;
+use crate::run::settings::{StepRun, logged_text};
 use crate::store::{AfterFailure, Write};
 use crate::workflow::BoxError;
 
@@ -245,6 +246,7 @@ impl Context {
         }
         let policy = options.retry.unwrap_or(RetryPolicy::never());
         let mut tries = self.tries(name, occurrence, policy)?;
+        let metrics = StepLabels::new(self.run.workflow, self.state, name);
         loop {
             if let Some(at_ms) = tries.next_at_ms() {
                 self.pause_until(at_ms).await?;
@@ -266,15 +268,18 @@ impl Context {
             let outcome = self
                 .one_try(name, occurrence, options.timeout, &mut f)
                 .await;
-            let duration_ms = millis(started.elapsed());
+            let elapsed = started.elapsed();
+            let duration_ms = millis(elapsed);
             if let Some(taken) = taken {
                 taken.release().await;
             }
             let err = match outcome {
                 Ok(value) => {
                     crate::failpoint::point("loops::step::after_effect");
+                    metrics.tried(elapsed, false, false);
                     self.record_step(name, occurrence, &value, duration_ms)
                         .await?;
+                    metrics.ended(true);
                     crate::failpoint::point("loops::step::after_record");
                     return Ok(value);
                 }
@@ -290,10 +295,12 @@ impl Context {
                     .max(hint.retry_after.unwrap_or_default());
                 Some(self.run.time.now_ms().saturating_add(millis(delay)))
             };
+            metrics.tried(elapsed, true, retry_at_ms.is_some());
             self.record_failed_try(name, occurrence, try_no, &err, retry_at_ms)
                 .await;
             tries.failed(self, try_no, retry_at_ms).await?;
             if retry_at_ms.is_none() {
+                metrics.ended(false);
                 return Err(Error::StepFailed {
                     run_id: self.run.run_id.clone(),
                     state: self.state,
@@ -328,7 +335,7 @@ impl Context {
                 reason: "no limit of this name is declared (RuntimeBuilder::limit)",
             });
         }
-        let asked = Instant::now();
+        let wait = LimitWait::start(limit);
         let taken = tokio::select! {
             taken = self.run.limits.take(
                 limit,
@@ -339,7 +346,7 @@ impl Context {
             ) => taken?,
             () = self.run.cancel.cancelled() => return Err(self.cancelled_error()),
         };
-        let waited_ms = millis(asked.elapsed());
+        let waited_ms = millis(wait.end());
         if waited_ms > 0 {
             tracing::info!(step = name, limit, waited_ms, "waited for the limit");
         }
@@ -431,7 +438,8 @@ impl Context {
             occurrence,
             try_no,
             retry_at_ms,
-            error = %error_chain(&**err).join(": "),
+            error_kind = "step",
+            error = %logged_text(self.run.log_texts, || error_chain(&**err).join(": ")),
             "step failed"
         );
     }

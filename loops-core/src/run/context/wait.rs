@@ -10,6 +10,7 @@ use crate::event::EventName;
 use crate::names::RESERVED_PREFIX;
 use crate::record::{FailureRecord, FailureSource};
 use crate::run::context::Context;
+use crate::run::settings::logged_text;
 use crate::store::{AfterFailure, Reply, WaitOutcome, Write};
 
 impl Context {
@@ -210,7 +211,7 @@ impl Context {
                     // the run: it is set aside, recorded as a failure for inspection, and the
                     // wait goes on. Its delivery record stays, so a replay skips it the same
                     // way.
-                    tracing::warn!(event, error = %e.chain(), "event set aside: its payload does not decode");
+                    tracing::warn!(event, error_kind = "event decode", error = %logged_text(self.run.log_texts, || e.chain()), "event set aside: its payload does not decode");
                     if delivered_now {
                         self.record_set_aside(&step_name, occurrence, &e).await;
                     }

@@ -200,6 +200,11 @@ fn store(t: &mut Tables<'_>, effects: &Effects<'_>) -> std::result::Result<(), A
     if let Some((hash, text)) = &effects.schema {
         t.schemas()?.insert(hash.to_string().as_str(), *text)?;
     }
+    if let Some((key, at_ms)) = effects.sealing
+        && t.sealing()?.get(key)?.is_none()
+    {
+        t.sealing()?.insert(key, at_ms)?;
+    }
     if let Some(row) = &effects.row {
         store_row(t, row)?;
     }

@@ -75,7 +75,7 @@ impl RedbStore {
             };
             match queued {
                 Ok(Ok((write, lease))) => return self.lead(write, lease),
-                Ok(Err(rx)) => return rx.await.map_err(|_| Error::Closed)?,
+                Ok(Err(rx)) => return answered(rx).await,
                 Err((write, lease)) => {
                     let (reply, rx) = oneshot::channel();
                     tx.send(Request {
@@ -85,7 +85,7 @@ impl RedbStore {
                     })
                     .await
                     .map_err(|_| Error::Closed)?;
-                    return rx.await.map_err(|_| Error::Closed)?;
+                    return answered(rx).await;
                 }
             }
         }
@@ -97,7 +97,7 @@ impl RedbStore {
         })
         .await
         .map_err(|_| Error::Closed)?;
-        rx.await.map_err(|_| Error::Closed)?
+        answered(rx).await
     }
 
     /// Commits `own` and what queues up meanwhile, as the leader (see [`submit`]); returns
@@ -131,13 +131,14 @@ impl RedbStore {
                 writes.push((write, own_lease.as_ref()));
             }
             writes.extend(pending.iter().map(|r| (&r.write, r.lease.as_ref())));
+            crate::metrics::commit_batch(STORE_LABEL, writes.len());
             let mut results =
                 commit_writes(&inner.db, opener, &inner.path, &inner.leases, writes).into_iter();
             if own.take().is_some() {
                 own_result = results.next().unwrap_or(Err(Error::Closed));
             }
             for (request, result) in pending.into_iter().zip(results) {
-                let _ = request.reply.send(result);
+                let _ = request.reply.send((result, 0));
             }
         }
         own_result
@@ -165,6 +166,7 @@ impl RedbStore {
         let Some(opener) = self.inner.opener.as_ref() else {
             return;
         };
+        crate::metrics::commit_batch(STORE_LABEL, left.len());
         let results = commit_writes(
             &self.inner.db,
             opener,
@@ -173,9 +175,22 @@ impl RedbStore {
             left.iter().map(|r| (&r.write, r.lease.as_ref())).collect(),
         );
         for (request, result) in left.into_iter().zip(results) {
-            let _ = request.reply.send(result);
+            let _ = request.reply.send((result, 0));
         }
     }
+}
+
+/// The `store` label of this store's metrics.
+const STORE_LABEL: &str = "redb";
+
+/// The answer of a write queued for another committer; records its batch when the answer
+/// says it was the first of one (see [`Request`]).
+async fn answered(rx: oneshot::Receiver<(Result<Reply>, usize)>) -> Result<Reply> {
+    let (result, batch) = rx.await.map_err(|_| Error::Closed)?;
+    if batch > 0 {
+        crate::metrics::commit_batch(STORE_LABEL, batch);
+    }
+    result
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -205,9 +220,10 @@ pub(super) fn writer_loop(
             leases,
             batch.iter().map(|r| (&r.write, r.lease.as_ref())).collect(),
         );
+        let mut size = batch.len();
         for (request, result) in batch.drain(..).zip(results) {
             // The caller may have stopped waiting (its task was dropped); the write stands.
-            let _ = request.reply.send(result);
+            let _ = request.reply.send((result, std::mem::take(&mut size)));
         }
     }
 }

@@ -307,7 +307,10 @@ struct Request {
     write: Write,
     /// The lease the write carries: checked against the run's current one at commit.
     lease: Option<Lease>,
-    reply: oneshot::Sender<Result<Reply>>,
+    /// The write's answer, and the size of its batch when this write is the first of a
+    /// batch the writer thread committed (0 otherwise): the caller records the batch in
+    /// [`metrics`](crate::metrics), on its own task (where a test's local recorder sees it).
+    reply: oneshot::Sender<(Result<Reply>, usize)>,
 }
 
 impl RedbStore {
@@ -433,6 +436,10 @@ impl Store for RedbStore {
 
     fn schemas(&self) -> BoxFuture<'_, Result<Vec<(crate::SchemaHash, String)>>> {
         Box::pin(std::future::ready(RedbStore::schemas(self)))
+    }
+
+    fn sealing_keys(&self) -> BoxFuture<'_, Result<Vec<String>>> {
+        Box::pin(std::future::ready(RedbStore::sealing_keys(self)))
     }
 
     /// One process owns the file; within it, a run's lease is held by one clone at a time

@@ -7,7 +7,7 @@ use redb::ReadableTable;
 use super::commit::reopen_if_needed;
 use super::tables::{
     ATTRIBUTE_INDEX, ATTRIBUTE_KEY_ABOVE, ATTRIBUTES, FAILURES, INBOX, JOURNAL, PENDING, RUNS,
-    SCHEMAS, STATUS, STEPS,
+    SCHEMAS, SEALING, STATUS, STEPS,
 };
 use super::{RedbStore, corrupted};
 use crate::attribute::{AttributeValue, Attributes, RunFilter};
@@ -260,6 +260,32 @@ impl RedbStore {
                 Ok(schemas
                     .get(hash.to_string().as_str())?
                     .map(|v| v.value().to_owned()))
+            },
+        )
+    }
+
+    /// The ids of the keys that sealed payloads in the store, by the time each was first
+    /// recorded, then by id; empty for a store in clear, and for a file written before
+    /// loops recorded them (it lacks the table).
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on a read error.
+    pub fn sealing_keys(&self) -> Result<Vec<String>> {
+        self.read(
+            || "reading the keys that sealed payloads".to_owned(),
+            |txn| {
+                let table = match txn.open_table(SEALING) {
+                    Ok(table) => table,
+                    Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+                    Err(e) => return Err(e.into()),
+                };
+                let mut keys = Vec::new();
+                for entry in table.iter()? {
+                    let (key, at_ms) = entry?;
+                    keys.push((at_ms.value(), key.value().to_owned()));
+                }
+                keys.sort();
+                Ok(keys.into_iter().map(|(_, key)| key).collect())
             },
         )
     }

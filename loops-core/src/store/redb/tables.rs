@@ -14,6 +14,9 @@ pub(crate) const INBOX: TableDefinition<(&str, u64), &[u8]> = TableDefinition::n
 pub(crate) const PENDING: TableDefinition<(&str, &str, u64), ()> = TableDefinition::new("pending");
 pub(crate) const EVENT_KEYS: TableDefinition<(&str, &str), u64> =
     TableDefinition::new("event_keys");
+/// The ids of the keys that sealed payloads in the store, with the time each was first
+/// recorded (ms since the Unix epoch): [`Write::Seal`](crate::store::Write::Seal).
+pub(crate) const SEALING: TableDefinition<&str, u64> = TableDefinition::new("sealing");
 
 /// A run's attributes: (run id, key) → the value's index bytes
 /// ([`AttributeValue::index_bytes`](crate::AttributeValue::index_bytes)), for display.
@@ -24,7 +27,7 @@ pub(crate) const ATTRIBUTES: TableDefinition<(&str, &str), &[u8]> =
 pub(crate) const ATTRIBUTE_INDEX: TableDefinition<(&str, &[u8], &str), ()> =
     TableDefinition::new("attribute_index");
 
-const TABLES: [&str; 11] = [
+const TABLES: [&str; 12] = [
     "runs",
     "journal",
     "steps",
@@ -34,6 +37,7 @@ const TABLES: [&str; 11] = [
     "inbox",
     "pending",
     "event_keys",
+    "sealing",
     "attributes",
     "attribute_index",
 ];
@@ -57,6 +61,7 @@ pub(super) fn ensure_tables(db: &Database) -> std::result::Result<(), redb::Erro
     txn.open_table(INBOX)?;
     txn.open_table(PENDING)?;
     txn.open_table(EVENT_KEYS)?;
+    txn.open_table(SEALING)?;
     txn.open_table(ATTRIBUTES)?;
     txn.open_table(ATTRIBUTE_INDEX)?;
     txn.commit()?;
@@ -77,6 +82,7 @@ pub(super) struct Tables<'t> {
     inbox: Lazy<'t, (&'static str, u64), &'static [u8]>,
     pending: Lazy<'t, (&'static str, &'static str, u64), ()>,
     event_keys: Lazy<'t, (&'static str, &'static str), u64>,
+    sealing: Lazy<'t, &'static str, u64>,
     attributes: Lazy<'t, (&'static str, &'static str), &'static [u8]>,
     attribute_index: Lazy<'t, AttributeIndexKey, ()>,
 }
@@ -120,6 +126,7 @@ table_accessors! {
     inbox: INBOX => ((&'static str, u64), &'static [u8]);
     pending: PENDING => ((&'static str, &'static str, u64), ());
     event_keys: EVENT_KEYS => ((&'static str, &'static str), u64);
+    sealing: SEALING => (&'static str, u64);
     attributes: ATTRIBUTES => ((&'static str, &'static str), &'static [u8]);
     attribute_index: ATTRIBUTE_INDEX => (AttributeIndexKey, ());
 }

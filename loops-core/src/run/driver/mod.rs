@@ -1,0 +1,377 @@
+//! The drive loop: the one code path that takes a run from its last record to its end.
+//!
+//! A first run and a resume are the same: [`Drive::enter`] looks the run up (a miss creates
+//! it), then [`Drive::drive_loop`] repeats: decode the latest record, run the state's handler
+//! with the state's recorded steps preloaded (so completed steps hit and are skipped), commit
+//! the transition. Failures, waits and cancellation are statuses of the run's row, handled at
+//! the top of the loop ([`Drive::settle`]).
+//!
+//! The driver knows one run, the store and the settings it is given: nothing of the runtime
+//! that claimed the run for it.
+
+mod outcome;
+mod settle;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tracing::Instrument;
+
+use crate::error::{Error, Result};
+use crate::record::TransitionRecord;
+use crate::row::RunInfo;
+use crate::run::attempts::failed_attempts;
+use crate::run::context::{Context, RunScope};
+use crate::run::dispatch::Dispatch;
+use crate::run::settings::{Held, Settings};
+use crate::schema::{SchemaDiff, SchemaHash};
+use crate::store::{Store, Write};
+use crate::workflow::{BoxError, StateId, Workflow};
+
+/// How often an attached driver waiting on a store shared by several workers reads its run's
+/// row again, to see an event or a cancellation that another process wrote.
+pub(crate) const SHARED_POLL: Duration = Duration::from_millis(200);
+
+/// How long a driver waits after a store fault (an [`Error::Storage`] or
+/// [`Error::Database`] while it drives the run) before it looks at the run again: the first
+/// wait, doubled after each fault that follows without the run moving to a next state, up
+/// to the second.
+pub(crate) const FAULT_BACKOFF: (Duration, Duration) =
+    (Duration::from_millis(100), Duration::from_secs(10));
+
+/// How a driver treats a run that parks (waits for an event or a time).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// The caller awaits the end of the run (`Runtime::run`): wait in place.
+    Attached,
+    /// A background driver of a registered workflow: stop, and let the scheduler or
+    /// `Runtime::send` start a driver again when the wait can end.
+    Background,
+}
+
+/// Where a driver stopped.
+pub(crate) enum Driven<W> {
+    /// The run reached a terminal state.
+    Ended(W),
+    /// The run is waiting and holds no task ([`Mode::Background`] only).
+    Parked(Box<RunInfo>),
+}
+
+/// A run as found (or created) by [`Drive::enter`].
+pub(crate) struct Entered {
+    pub(crate) info: RunInfo,
+    pub(crate) record: TransitionRecord,
+    /// Whether the current state's attempt was started by the commit that created it in this
+    /// process (so no new attempt is counted before its first execution).
+    pub(crate) fresh: bool,
+}
+
+enum Failure {
+    Handler(BoxError),
+    Timeout(Duration),
+    /// The handler panicked: the panic's message.
+    Panic(String),
+}
+
+enum Outcome<W> {
+    Next(W),
+    Failed(Failure),
+    Parked,
+    /// Another worker took the run over (its lease lapsed here).
+    Lost,
+}
+
+/// One run's driver: the run it holds, the store and the settings it drives it with.
+pub(crate) struct Drive<'a> {
+    pub(crate) store: &'a Arc<dyn Store>,
+    pub(crate) settings: &'a Settings,
+    pub(crate) held: &'a Held,
+}
+
+/// Where the drive loop stands between two looks at the run's row.
+struct Progress {
+    info: RunInfo,
+    record: TransitionRecord,
+    /// Whether the current attempt was started by a commit of this driver (a creation, a
+    /// transition or a wake), so that its first execution counts no new attempt.
+    fresh: bool,
+    /// Whether the current state was entered by a commit of this driver (the run's creation
+    /// or a transition): then no step of it can be recorded yet, and the journal is not
+    /// read. (Not after a wake: the handler ran before the run parked.)
+    entered_here: bool,
+    /// The last failed attempt's error, when it failed in this driver.
+    last_error: Option<BoxError>,
+    /// `(seq, attempt)` of the attempt this driver is executing (counted, by its own write
+    /// or by the commit that entered the state), until its failure is recorded: after a
+    /// store fault the driver executes that attempt again without counting another.
+    ours: Option<(u64, u32)>,
+}
+
+/// What the drive loop does after a look at the run's row.
+enum Settled<W> {
+    /// Stop: the run ended or parked.
+    Done(Driven<W>),
+    /// The row changed: look again.
+    Again,
+    /// The run is running: run its handler.
+    Handle,
+}
+
+impl Drive<'_> {
+    fn run_id(&self) -> &str {
+        &self.held.run_id
+    }
+
+    /// Ms since the Unix epoch by the runtime's clock.
+    fn now(&self) -> u64 {
+        self.settings.clock.now_ms()
+    }
+
+    /// The run's row and latest record, if the run exists.
+    pub(crate) async fn find(&self) -> Result<Option<(RunInfo, TransitionRecord)>> {
+        self.store.latest(self.run_id()).await
+    }
+
+    /// Checks that a found run can be driven as `W`: of `W`'s workflow, with `W`'s schema or
+    /// with `accepted` (a schema the route found `W` accepts), in its row and its latest
+    /// record; refuses without writing anything.
+    pub(crate) async fn check<W: Workflow>(
+        &self,
+        info: RunInfo,
+        record: TransitionRecord,
+        accepted: Option<SchemaHash>,
+    ) -> Result<Entered> {
+        let run_id = self.run_id();
+        if info.workflow != W::NAME {
+            return Err(Error::WorkflowMismatch {
+                run_id: run_id.to_owned(),
+                stored: info.workflow,
+                requested: W::NAME,
+            });
+        }
+        let compiled = W::SCHEMA_HASH.pinned();
+        let ok = |h: SchemaHash| h == compiled || Some(h) == accepted;
+        if !ok(info.schema) || !ok(record.schema) {
+            let stored = if ok(info.schema) {
+                record.schema
+            } else {
+                info.schema
+            };
+            tracing::warn!(%stored, %compiled, "schema changed; refusing to resume");
+            return Err(Error::SchemaMismatch {
+                run_id: run_id.to_owned(),
+                workflow: W::NAME.to_owned(),
+                stored,
+                compiled,
+                changes: schema_changes::<W>(&**self.store, stored).await,
+            });
+        }
+        tracing::info!(state = %record.state, seq = info.seq, status = %info.status, "resuming run");
+        crate::failpoint::point("loops::resume::after_read");
+        Ok(Entered {
+            info,
+            record,
+            fresh: false,
+        })
+    }
+
+    /// Creates the run in `initial`, which must be `W`'s initial state, with `attributes`.
+    pub(crate) async fn create<W: Workflow>(
+        &self,
+        initial: W,
+        attributes: Vec<(String, crate::attribute::AttributeValue)>,
+    ) -> Result<Entered> {
+        let run_id = self.run_id();
+        let store = &**self.store;
+        let given = initial.state();
+        if given != <W::State as StateId>::INITIAL {
+            return Err(Error::NotInitial {
+                run_id: run_id.to_owned(),
+                workflow: W::NAME,
+                initial: <W::State as StateId>::INITIAL.name(),
+                given: given.name(),
+            });
+        }
+        let now = self.now();
+        let record = TransitionRecord::encode(run_id, 0, &initial, now)?;
+        self.settings.check_size(run_id, &record)?;
+        let info = RunInfo::new_run::<W>(run_id, given, now);
+        store
+            .write(
+                Some(&self.held.lease),
+                Write::Create {
+                    info: info.clone(),
+                    record: record.to_bytes(),
+                    schema_text: W::SCHEMA,
+                    attributes,
+                },
+            )
+            .await?;
+        tracing::info!(state = given.name(), seq = 0, "run started");
+        Ok(Entered {
+            info,
+            record,
+            fresh: true,
+        })
+    }
+
+    /// Drives the run from `entered` until it ends (or, in [`Mode::Background`], parks).
+    ///
+    /// A store fault while it drives the run ([`Error::Storage`], [`Error::Database`],
+    /// returned by the store or by the handler, whose error holds one when a step's write
+    /// failed) is not the handler's failure: nothing is recorded, no attempt is counted, and
+    /// the driver waits ([`FAULT_BACKOFF`]: 100 ms, doubling up to 10 s; each wait logged as a
+    /// warning with the error), reads the run again and goes on where it was, for as long as
+    /// the fault lasts. It stops only if its lease is lost.
+    pub(crate) async fn drive_loop<W, H>(
+        &self,
+        entered: Entered,
+        handler: &H,
+        mode: Mode,
+    ) -> Result<Driven<W>>
+    where
+        W: Dispatch<H>,
+        H: ?Sized + Sync,
+    {
+        let run_id = self.run_id();
+        let scope = Arc::new(RunScope {
+            run_id: run_id.to_owned(),
+            workflow: W::NAME,
+            store: Arc::clone(self.store),
+            lease: self.held.lease.clone(),
+            cancel: self.held.signals.cancel.clone(),
+            max_payload_bytes: self.settings.max_payload_bytes,
+            park_threshold: self.settings.park_threshold,
+            clock: self.held.signals.clock(run_id),
+            limits: Arc::clone(&self.settings.limits),
+            time: self.settings.clock.clone(),
+            observer: self.settings.observer.clone(),
+            log_texts: self.settings.log_texts,
+        });
+        let mut run = Progress {
+            info: entered.info,
+            record: entered.record,
+            fresh: entered.fresh,
+            entered_here: entered.fresh,
+            last_error: None,
+            ours: None,
+        };
+        let mut delay = FAULT_BACKOFF.0;
+        let mut at_fault = run.info.seq;
+        loop {
+            let fault = match self.drive_from(&mut run, &scope, handler, mode).await {
+                Err(e) if e.is_store_fault() => e,
+                done => {
+                    match &done {
+                        Ok(Driven::Parked(info)) => {
+                            crate::metrics::parked(W::NAME, info.state.clone());
+                        }
+                        Err(Error::Fenced { .. }) => crate::metrics::lease_lost(W::NAME),
+                        _ => {}
+                    }
+                    return done;
+                }
+            };
+            crate::metrics::failure(W::NAME, run.info.state.clone(), crate::metrics::STORE_FAULT);
+            if run.info.seq != at_fault {
+                delay = FAULT_BACKOFF.0;
+                at_fault = run.info.seq;
+            }
+            self.ride_out(&mut run, fault, &mut delay).await?;
+        }
+    }
+
+    /// The drive loop proper, until the run ends, parks, or an error stops it.
+    async fn drive_from<W, H>(
+        &self,
+        run: &mut Progress,
+        scope: &Arc<RunScope>,
+        handler: &H,
+        mode: Mode,
+    ) -> Result<Driven<W>>
+    where
+        W: Dispatch<H>,
+        H: ?Sized + Sync,
+    {
+        let run_id = self.run_id();
+        loop {
+            match self.settle::<W>(run, mode).await? {
+                Settled::Done(driven) => return Ok(driven),
+                Settled::Again => continue,
+                Settled::Handle => {}
+            }
+            let value: W = run.record.decode(run_id)?;
+            let state = value.state();
+            if !run.fresh && !self.begin_attempt::<W>(run, state).await? {
+                continue;
+            }
+            run.fresh = false;
+            // The state's seq: steps, waits and failures of a migrated state stay keyed by
+            // the seq it was entered at.
+            let seq = run.info.state_seq();
+            let attempt = run.info.attempt;
+            run.ours = Some((seq, attempt));
+            let recorded = if std::mem::take(&mut run.entered_here) {
+                Vec::new()
+            } else {
+                self.store.steps(run_id, seq).await?
+            };
+            let attempts_left = self
+                .settings
+                .retry_policy::<W>(state)
+                .max_attempts
+                .saturating_sub(failed_attempts(&run.info));
+            let ctx = Context::new(
+                Arc::clone(scope),
+                state.name(),
+                seq,
+                attempt,
+                attempts_left,
+                recorded,
+            );
+            let span = tracing::info_span!("state", state = state.name(), seq, attempt);
+            let started = Instant::now();
+            let outcome = self.handle(value, handler, &ctx).instrument(span).await;
+            drop(ctx);
+            match outcome {
+                Outcome::Lost => {
+                    // Lost by its own clock (the lease lapsed), or told by a renewal.
+                    self.held.signals.check_lease(run_id, seq)?;
+                    return Err(Error::Fenced {
+                        run_id: run_id.to_owned(),
+                        seq,
+                        current: seq,
+                        status: run.info.status,
+                    });
+                }
+                Outcome::Parked => {
+                    // The wait committed the waiting status; read it back.
+                    run.info = self.reread().await?;
+                }
+                Outcome::Next(next) => {
+                    self.commit_transition(run, state, next, started).await?;
+                }
+                Outcome::Failed(failure) => {
+                    if self.held.signals.cancel.is_cancelled() {
+                        continue;
+                    }
+                    if let Some(fault) = failure.store_fault() {
+                        return Err(fault);
+                    }
+                    self.record_failure::<W>(run, state, failure).await?;
+                    run.ours = None;
+                }
+            }
+        }
+    }
+}
+
+/// What changed between the stored schema description of `stored` and `W`'s compiled one
+/// (never empty: an unavailable stored description is a change of its own).
+pub(crate) async fn schema_changes<W: Workflow>(
+    store: &dyn Store,
+    stored: SchemaHash,
+) -> SchemaDiff {
+    let old = store.schema(stored).await.ok().flatten();
+    SchemaDiff::of_mismatch(old.as_deref(), W::SCHEMA)
+}

@@ -1,0 +1,90 @@
+//! The gauges of runs ([`RUNS`](crate::metrics::RUNS) and
+//! [`RUNS_PARKED`](crate::metrics::RUNS_PARKED)), refreshed from the store's status index:
+//! by [`Runtime::refresh_metrics`], and, when
+//! [`RuntimeBuilder::metrics_interval`](crate::RuntimeBuilder::metrics_interval) (or
+//! `RuntimeBuilder::prometheus`) asked for it, at once when [`Runtime::serve`] starts and then
+//! at that interval.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError};
+use std::time::Duration;
+
+use crate::error::Result;
+use crate::metrics::{STATUSES, set_runs};
+use crate::runtime::handle::Runtime;
+use crate::status::RunStatus;
+
+/// How often [`Runtime::serve`] refreshes the gauges of runs when the builder was given a
+/// Prometheus handle and no [`RuntimeBuilder::metrics_interval`](crate::RuntimeBuilder::metrics_interval):
+/// every 15 seconds.
+pub const DEFAULT_METRICS_INTERVAL: Duration = Duration::from_secs(15);
+
+impl Runtime {
+    /// Sets the gauges [`loops_runs`](crate::metrics::RUNS) (the store's runs by workflow and
+    /// status, every worker's) and [`loops_runs_parked`](crate::metrics::RUNS_PARKED) (the
+    /// store's waiting runs that no task of this runtime holds) from the store's status
+    /// index, now. A workflow seen by an earlier refresh and gone since (pruned) is set to 0.
+    ///
+    /// [`serve`](Self::serve) calls it on its own when the builder asked for it
+    /// ([`RuntimeBuilder::metrics_interval`](crate::RuntimeBuilder::metrics_interval)); call it
+    /// yourself for fresh figures between two refreshes (before a scrape, in a test). It reads every run's row, one status at a
+    /// time: on a store of millions of ended runs, keep the interval long.
+    ///
+    /// # Errors
+    /// The store's error if a list of runs could not be read ([`Error::Storage`](crate::Error::Storage),
+    /// [`Error::Database`](crate::Error::Database)); no gauge is changed then.
+    pub async fn refresh_metrics(&self) -> Result<()> {
+        let mut counts: BTreeMap<String, ([u64; 6], u64)> = BTreeMap::new();
+        for (i, status) in STATUSES.iter().enumerate() {
+            let runs = self.inner.store.list(*status, None).await?;
+            for run in runs {
+                let parked = *status == RunStatus::Waiting && !self.inner.claims.holds(&run.run_id);
+                let entry = counts.entry(run.workflow).or_default();
+                entry.0[i] += 1;
+                entry.1 += u64::from(parked);
+            }
+        }
+        let mut seen = self
+            .inner
+            .gauged
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        for gone in seen.iter().filter(|w| !counts.contains_key(*w)) {
+            set_runs(gone, [0; 6], 0);
+        }
+        for (workflow, (by_status, parked)) in &counts {
+            set_runs(workflow, *by_status, *parked);
+        }
+        seen.extend(counts.into_keys());
+        Ok(())
+    }
+
+    /// Starts the background task that refreshes the gauges of runs, once per runtime, if the
+    /// builder asked for it. The task holds the runtime weakly: it ends with the runtime's
+    /// last clone, or at [`shutdown`](Self::shutdown).
+    pub(crate) fn start_gauges(&self) {
+        let Some(every) = self.inner.config.metrics_interval else {
+            return;
+        };
+        if self.inner.gauging.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let weak = Arc::downgrade(&self.inner);
+        self.inner.background.spawn_task(async move {
+            loop {
+                let Some(inner) = weak.upgrade() else {
+                    return;
+                };
+                if let Err(e) = (Runtime { inner }).refresh_metrics().await {
+                    tracing::warn!(
+                        error = %e,
+                        every_ms = every.as_millis() as u64,
+                        "could not refresh the gauges of runs; trying again at the next interval"
+                    );
+                }
+                tokio::time::sleep(every).await;
+            }
+        });
+    }
+}

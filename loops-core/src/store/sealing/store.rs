@@ -1,0 +1,345 @@
+//! [`SealedStore`]: the store a runtime drives, between it and any [`Store`], with payloads
+//! through [`Payloads`]; and the one rule of a store that holds sealed payloads: a codec's
+//! key is recorded before its first payload ([`Write::Seal`]), and a runtime without a codec
+//! refuses a store that lists any key ([`Error::Encrypted`]).
+
+use std::any::Any;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::OnceCell;
+
+use super::{Payloads, row_at};
+use crate::error::{Error, Result};
+use crate::record::{FailureRecord, StepRecord, TransitionRecord};
+use crate::schema::SchemaHash;
+use crate::store::{
+    BoxFuture, ClaimFilter, EventRecord, Lease, Reply, RunInfo, RunStatus, Store, Write,
+};
+
+/// A [`Store`] whose payloads go through [`Payloads`]: what the runtime drives, with its
+/// codec ([`RuntimeBuilder::codec`](crate::RuntimeBuilder::codec)) or without one.
+///
+/// - With a codec: payloads are sealed on write and opened on read, and the codec's key id
+///   is recorded in the store ([`Write::Seal`]) before the first write that carries a
+///   payload (once per `SealedStore`).
+/// - Without a codec: the store's [`sealing_keys`](Store::sealing_keys) are read before the
+///   first read or write; a store that lists any is refused with [`Error::Encrypted`]. A
+///   sealed payload found anyway (a store sealed by a loops that did not record its keys)
+///   is [`Error::Payload`] naming its key, never a decode error of the workflow's type.
+/// - Redacting (a reader such as the CLI): reads go on, a sealed payload reads as
+///   `<encrypted: key K>`; a write that carries a payload into a store that lists keys is
+///   refused with [`Error::Encrypted`] rather than stored in clear.
+pub(crate) struct SealedStore {
+    inner: Arc<dyn Store>,
+    payloads: Payloads,
+    /// Set once the rule above held: the key recorded (codec), the store found in clear (no
+    /// codec, redacting).
+    checked: OnceCell<()>,
+}
+
+impl SealedStore {
+    /// `inner` with payloads sealed and opened by `payloads`.
+    pub(crate) fn new(inner: Arc<dyn Store>, payloads: Payloads) -> SealedStore {
+        SealedStore {
+            inner,
+            payloads,
+            checked: OnceCell::new(),
+        }
+    }
+
+    /// The rule of the module's doc, before a read (`carries` false) or a write.
+    async fn check(&self, carries: bool) -> Result<()> {
+        match (self.payloads.key_id(), self.payloads.redacts()) {
+            (Some(key), _) if carries => {
+                self.checked
+                    .get_or_try_init(|| async {
+                        let at_ms = crate::record::now_ms();
+                        self.inner.write(None, Write::Seal { key, at_ms }).await?;
+                        Ok::<(), Error>(())
+                    })
+                    .await?;
+            }
+            (Some(_), _) | (None, true) if !carries => {}
+            _ => {
+                self.checked
+                    .get_or_try_init(|| async { clear(&*self.inner).await })
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    fn opened_rows(&self, rows: Result<Vec<RunInfo>>) -> Result<Vec<RunInfo>> {
+        let mut rows = rows?;
+        for info in &mut rows {
+            self.payloads.open_info(info)?;
+        }
+        Ok(rows)
+    }
+
+    /// A block reason sealed, or the reason stored already if the run is blocked for the
+    /// same schema and reason (so that the plan sees the block as a repeat and writes
+    /// nothing, as it would in clear).
+    async fn seal_block(&self, run_id: &str, schema: SchemaHash, reason: String) -> Result<String> {
+        if let Some(info) = self.inner.run_info(run_id).await?
+            && let Some(block) = info.block
+            && block.schema == schema
+        {
+            let mut opened = block.reason.clone();
+            if self
+                .payloads
+                .open_text(&row_at(run_id, "block"), &mut opened)
+                .is_ok()
+                && opened == reason
+            {
+                return Ok(block.reason);
+            }
+        }
+        self.payloads.seal(&row_at(run_id, "block"), &reason)
+    }
+}
+
+/// `Ok` if `store` lists no key that sealed payloads in it, else [`Error::Encrypted`]
+/// naming it and its keys: the one check of a reader or writer without the key.
+///
+/// # Errors
+/// [`Error::Encrypted`]; the store's error if its keys cannot be read.
+async fn clear(store: &dyn Store) -> Result<()> {
+    refuse_sealed(store.label(), store.sealing_keys().await?)
+}
+
+/// `Ok` if `keys` (a store's [`sealing_keys`](Store::sealing_keys)) is empty, else
+/// [`Error::Encrypted`] naming the store `label` and the keys.
+///
+/// # Errors
+/// [`Error::Encrypted`].
+pub(crate) fn refuse_sealed(label: String, keys: Vec<String>) -> Result<()> {
+    if keys.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Encrypted { store: label, keys })
+    }
+}
+
+/// Whether `write` stores a payload (a state, a step output, an error text, an event, a
+/// cancellation or block reason).
+fn carries_payload(write: &Write) -> bool {
+    matches!(
+        write,
+        Write::Create { .. }
+            | Write::Transition { .. }
+            | Write::Step { .. }
+            | Write::Failure { .. }
+            | Write::Cancel { .. }
+            | Write::Send { .. }
+            | Write::Block { .. }
+            | Write::Migrate { .. }
+    )
+}
+
+impl Store for SealedStore {
+    fn label(&self) -> String {
+        self.inner.label()
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self.inner.as_any()
+    }
+
+    fn write<'a>(&'a self, lease: Option<&'a Lease>, write: Write) -> BoxFuture<'a, Result<Reply>> {
+        Box::pin(async move {
+            self.check(carries_payload(&write)).await?;
+            let run_id = write.run_id().unwrap_or_default().to_owned();
+            let event = match &write {
+                Write::Wait { event, .. } => event.clone(),
+                _ => None,
+            };
+            let write = match write {
+                // Without a codec nothing is sealed: the write goes as it is (no copy, no
+                // decoding of its records).
+                write if !self.payloads.seals() => write,
+                Write::Block {
+                    run_id,
+                    schema,
+                    reason,
+                    changes,
+                    at_ms,
+                } => Write::Block {
+                    reason: self.seal_block(&run_id, schema, reason).await?,
+                    run_id,
+                    schema,
+                    changes,
+                    at_ms,
+                },
+                other => self.payloads.seal_write(other)?,
+            };
+            let reply = self.inner.write(lease, write).await?;
+            self.payloads.open_reply(reply, &run_id, event.as_deref())
+        })
+    }
+
+    fn run_info<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<RunInfo>>> {
+        Box::pin(async move {
+            self.check(false).await?;
+            let mut info = self.inner.run_info(run_id).await?;
+            if let Some(info) = &mut info {
+                self.payloads.open_info(info)?;
+            }
+            Ok(info)
+        })
+    }
+
+    fn latest<'a>(
+        &'a self,
+        run_id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<(RunInfo, TransitionRecord)>>> {
+        Box::pin(async move {
+            self.check(false).await?;
+            let mut latest = self.inner.latest(run_id).await?;
+            if let Some((info, record)) = &mut latest {
+                self.payloads.open_info(info)?;
+                self.payloads.open_transition(run_id, record)?;
+            }
+            Ok(latest)
+        })
+    }
+
+    fn history<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<TransitionRecord>>> {
+        Box::pin(async move {
+            self.check(false).await?;
+            let mut records = self.inner.history(run_id).await?;
+            for record in &mut records {
+                self.payloads.open_transition(run_id, record)?;
+            }
+            Ok(records)
+        })
+    }
+
+    fn steps<'a>(
+        &'a self,
+        run_id: &'a str,
+        seq: u64,
+    ) -> BoxFuture<'a, Result<Vec<(String, u32, StepRecord)>>> {
+        Box::pin(async move {
+            self.check(false).await?;
+            let mut steps = self.inner.steps(run_id, seq).await?;
+            for (name, occurrence, record) in &mut steps {
+                self.payloads
+                    .open_step(run_id, seq, name, *occurrence, record)?;
+            }
+            Ok(steps)
+        })
+    }
+
+    fn failures<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<(u64, FailureRecord)>>> {
+        Box::pin(async move {
+            self.check(false).await?;
+            let mut failures = self.inner.failures(run_id).await?;
+            for (seq, record) in &mut failures {
+                self.payloads.open_failure(run_id, *seq, record)?;
+            }
+            Ok(failures)
+        })
+    }
+
+    fn events<'a>(
+        &'a self,
+        run_id: &'a str,
+    ) -> BoxFuture<'a, Result<Vec<(u64, EventRecord, bool)>>> {
+        Box::pin(async move {
+            self.check(false).await?;
+            let mut events = self.inner.events(run_id).await?;
+            for (_, record, _) in &mut events {
+                self.payloads.open_event(run_id, record)?;
+            }
+            Ok(events)
+        })
+    }
+
+    fn has_pending<'a>(&'a self, run_id: &'a str, event: &'a str) -> BoxFuture<'a, Result<bool>> {
+        self.inner.has_pending(run_id, event)
+    }
+
+    fn list<'a>(
+        &'a self,
+        status: RunStatus,
+        workflow: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Vec<RunInfo>>> {
+        Box::pin(async move {
+            self.check(false).await?;
+            self.opened_rows(self.inner.list(status, workflow).await)
+        })
+    }
+
+    /// Attributes are plaintext in the store (they are meant to be searched): as they are.
+    fn attributes<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<crate::Attributes>> {
+        self.inner.attributes(run_id)
+    }
+
+    /// The rows found are opened; attributes are plaintext.
+    fn search<'a>(
+        &'a self,
+        filter: &'a crate::RunFilter,
+    ) -> BoxFuture<'a, Result<Vec<(RunInfo, crate::Attributes)>>> {
+        Box::pin(async move {
+            self.check(false).await?;
+            let mut found = self.inner.search(filter).await?;
+            for (info, _) in &mut found {
+                self.payloads.open_info(info)?;
+            }
+            Ok(found)
+        })
+    }
+
+    fn schema(&self, hash: SchemaHash) -> BoxFuture<'_, Result<Option<String>>> {
+        self.inner.schema(hash)
+    }
+
+    fn schemas(&self) -> BoxFuture<'_, Result<Vec<(SchemaHash, String)>>> {
+        self.inner.schemas()
+    }
+
+    fn sealing_keys(&self) -> BoxFuture<'_, Result<Vec<String>>> {
+        self.inner.sealing_keys()
+    }
+
+    fn acquire<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<Lease>>> {
+        self.inner.acquire(run_id)
+    }
+
+    fn release<'a>(&'a self, lease: &'a Lease) -> BoxFuture<'a, Result<()>> {
+        self.inner.release(lease)
+    }
+
+    fn renew<'a>(&'a self, leases: &'a [Lease]) -> BoxFuture<'a, Result<Vec<Lease>>> {
+        self.inner.renew(leases)
+    }
+
+    fn lease_ttl(&self) -> Option<Duration> {
+        self.inner.lease_ttl()
+    }
+
+    fn claim_ready<'a>(
+        &'a self,
+        workflows: &'a [ClaimFilter],
+        limit: usize,
+    ) -> BoxFuture<'a, Result<Vec<(RunInfo, Lease)>>> {
+        Box::pin(async move {
+            self.check(false).await?;
+            let mut claimed = self.inner.claim_ready(workflows, limit).await?;
+            for (info, _) in &mut claimed {
+                // The leases are taken: a row whose texts do not open is returned as
+                // stored, and its driver meets the error when it reads the run.
+                if let Err(e) = self.payloads.open_info(info) {
+                    tracing::warn!(run_id = %info.run_id, error = %e, "claimed a run whose row does not open");
+                }
+            }
+            Ok(claimed)
+        })
+    }
+
+    fn shared_limits(&self) -> Option<Arc<dyn crate::store::SharedLimits>> {
+        self.inner.shared_limits()
+    }
+}
