@@ -1568,6 +1568,8 @@ fn torture(kills_wanted: u64) {
     h.add_gen(0);
     let mut stalled = 0;
     let mut last_progress = String::new();
+    const REPORT_EVERY: u64 = 500;
+    let mut next_report = REPORT_EVERY;
     loop {
         let killing = h.stats.kills < kills_wanted;
         // A child that made no progress in many tries runs to quiet once (a slow machine).
@@ -1584,6 +1586,15 @@ fn torture(kills_wanted: u64) {
         }
         let end = h.incarnation((gen_, gen_), kill);
         h.check_all(false);
+        // A long run says how far it got, so that one stopped early still tells something.
+        if h.stats.kills >= next_report {
+            println!(
+                "torture: {} kills, generation {gen_}, {:.0?}, every check passed so far",
+                h.stats.kills,
+                started.elapsed()
+            );
+            next_report += REPORT_EVERY;
+        }
         let progress = format!(
             "{:?}",
             h.runs
