@@ -636,8 +636,6 @@ fn token_of(page: &str) -> String {
         .to_owned()
 }
 
-/// Shows `cancel-1` waiting, cancels it through the UI at `addr` as a page would, and shows
-/// it cancelled.
 /// The attributes the runs start with, which the run page lists.
 fn attributes() -> StartOptions {
     StartOptions::default()
@@ -645,6 +643,8 @@ fn attributes() -> StartOptions {
         .attribute("issue", 17)
 }
 
+/// Shows `cancel-1` waiting, cancels it through the UI at `addr` as a page would, and shows
+/// it cancelled.
 fn cancel_through_the_page(addr: SocketAddr) {
     let host = ("Host", addr.to_string());
     let origin = ("Origin", format!("http://{addr}"));
