@@ -15,7 +15,7 @@ use loops::{AttributeFilter, AttributeValue, RedbStore, RunFilter, RunStatus, St
 use serde::Serialize;
 
 use crate::measure::{median, micros};
-use crate::workload::{Bench, note};
+use crate::workload::seed_unfinished;
 
 /// The first run's `due`, ms since the Unix epoch.
 const T0: u64 = 1_767_225_600_000;
@@ -49,18 +49,7 @@ pub fn run(tokio: &tokio::runtime::Runtime, dir: &Path, runs: u64, reps: usize) 
     let path = dir.join("search.redb");
     let store = RedbStore::open(&path).expect("open the search store");
     let started = Instant::now();
-    let note = note();
-    store
-        .__seed_history((0..runs).map(|i| {
-            (
-                format!("run-{i:07}"),
-                Bench::Start {
-                    left: 1,
-                    note: note.clone(),
-                },
-            )
-        }))
-        .expect("seed the runs");
+    seed_unfinished(&store, runs);
     let seed_s = started.elapsed().as_secs_f64();
     let started = Instant::now();
     tokio.block_on(async {

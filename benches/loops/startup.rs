@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::child;
 use crate::measure::{median, micros, status_kib};
-use crate::workload::{Bench, Blocker, note};
+use crate::workload::{Bench, Blocker, seed_unfinished};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Child {
@@ -53,18 +53,7 @@ pub fn run(dir: &Path, runs: u64, reps: usize) -> Startup {
     let started = Instant::now();
     {
         let store = RedbStore::open(&template).expect("open the template");
-        let note = note();
-        store
-            .__seed_history((0..runs).map(|i| {
-                (
-                    format!("run-{i:07}"),
-                    Bench::Start {
-                        left: 1,
-                        note: note.clone(),
-                    },
-                )
-            }))
-            .expect("seed the runs");
+        seed_unfinished(&store, runs);
     }
     let seed_s = started.elapsed().as_secs_f64();
     let file_bytes = std::fs::metadata(&template).map_or(0, |m| m.len());

@@ -25,6 +25,23 @@ pub fn note() -> String {
         .collect()
 }
 
+/// Seeds `store` with `runs` unfinished runs `run-0000000`, … at `Bench::Start` (one record
+/// each, written directly): the population of the startup and search scenarios.
+pub fn seed_unfinished(store: &loops::RedbStore, runs: u64) {
+    let note = note();
+    store
+        .__seed_history((0..runs).map(|i| {
+            (
+                format!("run-{i:07}"),
+                Bench::Start {
+                    left: 1,
+                    note: note.clone(),
+                },
+            )
+        }))
+        .expect("seed the runs");
+}
+
 #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
 #[workflow(name = "bench", version = 1)]
 pub enum Bench {
