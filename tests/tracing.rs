@@ -47,8 +47,8 @@ impl Write for Sink {
     }
 }
 
-#[tokio::test]
-async fn runs_states_and_steps_are_traced_with_their_fields() {
+/// A DEBUG subscriber of this thread writing into a [`Sink`], until the guard drops.
+fn capture() -> (Sink, tracing::subscriber::DefaultGuard) {
     let sink = Sink::default();
     let writer = sink.clone();
     let subscriber = tracing_subscriber::fmt()
@@ -56,7 +56,12 @@ async fn runs_states_and_steps_are_traced_with_their_fields() {
         .with_ansi(false)
         .with_writer(move || writer.clone())
         .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    (sink, tracing::subscriber::set_default(subscriber))
+}
+
+#[tokio::test]
+async fn runs_states_and_steps_are_traced_with_their_fields() {
+    let (sink, _guard) = capture();
 
     let dir = tempfile::tempdir().unwrap();
     let rt = Runtime::builder()
@@ -110,14 +115,7 @@ impl TracedHandler for Leaky {
 /// Runs `Leaky` (its first attempt fails with a secret in a step's error) on a runtime with
 /// a codec, `log_payloads` as given; returns what was logged.
 async fn logged_with_a_codec(log_payloads: Option<bool>) -> String {
-    let sink = Sink::default();
-    let writer = sink.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (sink, _guard) = capture();
     let dir = tempfile::tempdir().unwrap();
     let mut builder = Runtime::builder()
         .retry(RetryPolicy::attempts(2).with_delays(
