@@ -390,3 +390,31 @@ fn a_missing_key_file_says_its_cause_once() {
     assert_eq!(loops::error_chain(&err), std::slice::from_ref(&expected));
     assert_eq!(format!("{:#}", anyhow::Error::from(err)), expected);
 }
+
+/// A key file that is a directory or a FIFO is refused as not a regular file, at once: a
+/// FIFO made `deliver --key-file` wait forever, and a directory was blamed on its mode.
+#[cfg(unix)]
+#[test]
+fn a_key_file_that_is_not_a_regular_file_is_refused_at_once() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("fifo-keys");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("run mkfifo");
+    assert!(made.success());
+    let folder = dir.path().join("dir-keys");
+    std::fs::create_dir(&folder).unwrap();
+    for path in [&fifo, &folder] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let err = Keyring::from_file(path).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "cannot read key file {}: not a regular file",
+                path.display()
+            )
+        );
+    }
+}

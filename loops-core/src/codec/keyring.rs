@@ -168,10 +168,19 @@ impl Keyring {
             path: path.to_owned(),
             cause,
         };
+        let metadata = std::fs::metadata(path).map_err(read)?;
+        // A FIFO would block the read below forever, and a directory's mode says nothing of
+        // a key: refused before anything else is said of them.
+        if !metadata.is_file() {
+            return Err(read(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "not a regular file",
+            )));
+        }
         #[cfg(unix)]
         {
             use std::os::unix::fs::PermissionsExt;
-            let mode = std::fs::metadata(path).map_err(read)?.permissions().mode() & 0o777;
+            let mode = metadata.permissions().mode() & 0o777;
             if mode & 0o077 != 0 {
                 return Err(KeyringError::Exposed {
                     path: path.to_owned(),
