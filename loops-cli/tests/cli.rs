@@ -1639,10 +1639,7 @@ fn send_notes_when_the_run_is_not_waiting_for_the_event_and_refuses_ended_runs()
             r#"{"by":"alice"}"#,
         ],
     );
-    assert_eq!(
-        out,
-        "sent event `approve` to run waiting-1 (event seq 0); the run waits for event `approval` now; the event stays in its inbox until a wait for `approve` takes it\n"
-    );
+    assert_eq!(out, "sent event `approve` to run waiting-1 (event seq 0)\n");
     assert_eq!(
         err,
         "note: run waiting-1 is not waiting for event `approve` now (it waits for event `approval` in state Ask); `approve` is kept in its inbox until a wait for `approve` takes it\n"
@@ -1694,7 +1691,7 @@ fn send_notes_when_the_run_is_not_waiting_for_the_event_and_refuses_ended_runs()
     assert_eq!(
         (out.as_str(), err.as_str()),
         (
-            "sent event `approval` to run waiting-1 (event seq 2); the run waits for it and takes it when the process that drives workflow `gate` next runs\n",
+            "sent event `approval` to run waiting-1 (event seq 2); the run waits for it and takes it when a process that drives workflow `gate` next starts\n",
             ""
         )
     );
@@ -1709,7 +1706,7 @@ fn send_notes_when_the_run_is_not_waiting_for_the_event_and_refuses_ended_runs()
     assert_eq!(
         (out.as_str(), err.as_str()),
         (
-            "sent event `approve` to run running-1 (event seq 0); the run is running; the event stays in its inbox until a wait for `approve` takes it\n",
+            "sent event `approve` to run running-1 (event seq 0)\n",
             "note: run running-1 is not waiting for event `approve` now (it is running in state Work); `approve` is kept in its inbox until a wait for `approve` takes it\n"
         )
     );
@@ -1857,7 +1854,7 @@ fn send_reads_a_large_payload_from_a_file_or_stdin() {
     assert_eq!(
         (out.as_str(), err.as_str()),
         (
-            "sent event `approval` to run waiting-1 (event seq 0); the run waits for it and takes it when the process that drives workflow `gate` next runs\n",
+            "sent event `approval` to run waiting-1 (event seq 0); the run waits for it and takes it when a process that drives workflow `gate` next starts\n",
             ""
         )
     );

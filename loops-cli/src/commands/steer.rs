@@ -9,7 +9,7 @@ use serde_json::value::RawValue;
 use crate::cli::{CancelArgs, DEFAULT_CANCEL_REASON, OutputArg, RetryArgs, SendArgs};
 use crate::failure::{Failure, Result, run_id_arg, utf8_arg};
 use crate::open::{self, Access, Target};
-use crate::operator::not_found;
+use crate::operator::{Taker, not_found};
 use crate::output::{ID, emit, emit_json, note, paint, status_style};
 use crate::view::RunView;
 
@@ -120,12 +120,28 @@ pub fn send(target: &Target, args: &SendArgs) -> Result<()> {
             paint(ID, &run_id),
             sent.event_seq
         )
-    } else {
+    } else if waits_for(&info, &event) {
         format!(
             "sent event `{event}` to run {} (event seq {}); {}",
             paint(ID, &run_id),
             sent.event_seq,
-            delivery(&info, &event)
+            delivery(&info, &event, store.taker())
+        )
+    } else if waits_for(&before, &event) {
+        // A process that holds the store handed it over before the row was read again.
+        format!(
+            "sent event `{event}` to run {} (event seq {}); the run took it and is {} in state {}",
+            paint(ID, &run_id),
+            sent.event_seq,
+            info.status,
+            info.state
+        )
+    } else {
+        // Where the event stays was said on stderr above: once is enough.
+        format!(
+            "sent event `{event}` to run {} (event seq {})",
+            paint(ID, &run_id),
+            sent.event_seq,
         )
     };
     emit(&format!("{what}\n"))
@@ -176,14 +192,24 @@ fn now_doing(info: &RunInfo) -> String {
     }
 }
 
-/// When the event will be taken, as far as the run's row tells.
-pub fn delivery(info: &RunInfo, event: &str) -> String {
+/// When the event will be taken, as far as the run's row and `taker` tell.
+pub fn delivery(info: &RunInfo, event: &str, taker: Taker) -> String {
     let waits_for = info.wait.as_ref().and_then(|w| w.event.as_deref());
     match info.status {
-        RunStatus::Waiting if waits_for == Some(event) => format!(
-            "the run waits for it and takes it when the process that drives workflow `{}` next runs",
-            info.workflow
-        ),
+        RunStatus::Waiting if waits_for == Some(event) => match taker {
+            Taker::Serving => {
+                "the run waits for it, and the process that holds the store hands it over now"
+                    .to_owned()
+            }
+            Taker::Workers => format!(
+                "the run waits for it; a worker that serves workflow `{}` takes it when it next claims ready runs",
+                info.workflow
+            ),
+            Taker::NextStart => format!(
+                "the run waits for it and takes it when a process that drives workflow `{}` next starts",
+                info.workflow
+            ),
+        },
         RunStatus::Waiting => format!(
             "the run waits for {} now; the event stays in its inbox until a wait for `{event}` takes it",
             waits_for.map_or_else(|| "a time".to_owned(), |e| format!("event `{e}`"))

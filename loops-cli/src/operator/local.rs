@@ -6,7 +6,7 @@ use loops_core::{
 };
 use serde_json::value::RawValue;
 
-use super::{Operator, core_failure};
+use super::{Operator, Taker, core_failure};
 use crate::failure::{Failure, Result};
 
 /// Most runs `loops prune` deletes in one write: small enough that one commit stays short
@@ -89,6 +89,14 @@ impl Operator for Local {
 
     fn reached(&self) -> String {
         self.reached.clone()
+    }
+
+    fn taker(&self) -> Taker {
+        match &self.opened {
+            // A store whose leases lapse is shared by workers that claim its ready runs.
+            Opened::Runtime(runtime) if runtime.store().lease_ttl().is_some() => Taker::Workers,
+            _ => Taker::NextStart,
+        }
     }
 
     fn list(&self, status: RunStatus, workflow: Option<&str>) -> Result<Vec<RunInfo>> {

@@ -34,6 +34,9 @@ pub trait Operator {
     /// How the store is reached, in a few words (for `--verbose`).
     fn reached(&self) -> String;
 
+    /// Who takes an event sent to a run that waits for it: what `send` can promise.
+    fn taker(&self) -> Taker;
+
     /// The runs with `status`, optionally of one workflow.
     fn list(&self, status: RunStatus, workflow: Option<&str>) -> Result<Vec<RunInfo>>;
 
@@ -102,6 +105,19 @@ pub trait Operator {
     /// Closes the store (a redb file writes its allocator state on close), so that its file
     /// size can be measured after.
     fn close(self: Box<Self>) {}
+}
+
+/// Who takes an event sent through an [`Operator`] to a run waiting for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Taker {
+    /// No process holds the redb file: the next process that drives the run's workflow
+    /// takes it when it starts (`Runtime::resume_all`).
+    NextStart,
+    /// The process that holds the store got the event: its runtime hands it to the run now.
+    Serving,
+    /// A store shared by workers: one that serves the run's workflow takes it when it next
+    /// claims ready runs.
+    Workers,
 }
 
 /// The failure of an operation on run `run_id`'s store `label`, from loops' error: no such

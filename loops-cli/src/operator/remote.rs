@@ -7,7 +7,7 @@ use loops_core::{
 use loops_core::{FailureRecord, StepRecord, TransitionRecord};
 use serde_json::value::RawValue;
 
-use super::{Operator, not_found};
+use super::{Operator, Taker, not_found};
 use crate::failure::{Failure, Kind, Result};
 
 /// The process's control endpoint: every operation is one request, and every write is made
@@ -61,6 +61,10 @@ impl Operator for Remote {
             self.client.endpoint(),
             self.client.server().loops_version
         )
+    }
+
+    fn taker(&self) -> Taker {
+        Taker::Serving
     }
 
     fn list(&self, status: RunStatus, workflow: Option<&str>) -> Result<Vec<RunInfo>> {

@@ -9,7 +9,7 @@ use loops_core::{
 use loops_core::{FailureRecord, StepRecord, TransitionRecord};
 use serde_json::value::RawValue;
 
-use super::Operator;
+use super::{Operator, Taker};
 use crate::failure::{Failure, Result};
 
 /// An operator whose reads open sealed payloads (or, without a key, show
@@ -72,6 +72,10 @@ impl Operator for Unsealing {
 
     fn reached(&self) -> String {
         self.inner.reached()
+    }
+
+    fn taker(&self) -> Taker {
+        self.inner.taker()
     }
 
     fn list(&self, status: RunStatus, workflow: Option<&str>) -> Result<Vec<RunInfo>> {

@@ -185,7 +185,7 @@ pub async fn send(
             format!(
                 "sent event `{event}` (event seq {}); {}",
                 sent.event_seq,
-                delivery(&info, event)
+                delivery(&info, event, store.taker())
             )
         })
     })
