@@ -315,6 +315,9 @@ fn check_file(path: &Path) -> Result<()> {
             "store {} is a directory, not a store file",
             path.display()
         ))),
+        // A FIFO, socket or device: the store's open refuses it and says what it is (its
+        // length says nothing).
+        Ok(meta) if !meta.is_file() => Ok(()),
         Ok(meta) if meta.len() == 0 => Err(Failure::new(format!(
             "store {} is an empty file, not a loops store",
             path.display()

@@ -2243,6 +2243,27 @@ fn missing_empty_foreign_and_corrupt_files_are_one_line_errors() {
         )
     );
 
+    // A FIFO is named as one, on the reading and the writing paths (it never blocks).
+    #[cfg(unix)]
+    {
+        let fifo = dir.path().join("fifo.redb");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap();
+        assert!(made.success());
+        for args in [&["runs"][..], &["cancel", "x"]] {
+            assert_eq!(
+                fails(&fifo, args, 1),
+                format!(
+                    "error: cannot open store {}: it is a FIFO (named pipe), not a regular file; a store is a regular file\n",
+                    fifo.display()
+                ),
+                "loops {args:?}"
+            );
+        }
+    }
+
     // Random bytes (a fixed xorshift sequence).
     let random = dir.path().join("random.redb");
     let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
