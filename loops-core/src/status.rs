@@ -61,6 +61,11 @@ impl RunStatus {
         }
     }
 
+    /// The status whose [`code`](Self::code) is `code`; `None` for a code no status has.
+    pub(crate) fn from_code(code: u8) -> Option<RunStatus> {
+        RunStatus::ALL.into_iter().find(|s| s.code() == code)
+    }
+
     pub(crate) fn code(self) -> u8 {
         match self {
             RunStatus::Running => 0,

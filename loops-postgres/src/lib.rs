@@ -530,6 +530,10 @@ impl Store for PgStore {
         Box::pin(self.read_list(status, workflow))
     }
 
+    fn count_runs(&self) -> BoxFuture<'_, loops_core::Result<Vec<loops_core::RunCount>>> {
+        Box::pin(self.read_count_runs())
+    }
+
     fn attributes<'a>(
         &'a self,
         run_id: &'a str,

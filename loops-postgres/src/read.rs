@@ -247,6 +247,42 @@ impl PgStore {
             .collect()
     }
 
+    pub(crate) async fn read_count_runs(&self) -> Result<Vec<loops_core::RunCount>> {
+        let rows = self
+            .rows(
+                || "counting runs".to_owned(),
+                &self.inner.sql.count_runs,
+                &[],
+            )
+            .await?;
+        let mut out = rows
+            .iter()
+            .map(|row| {
+                let workflow = text(row, 0, "?")?;
+                let status = text(row, 1, "?")?;
+                let runs: i64 = row.try_get(2).map_err(|e| column("?", e))?;
+                let status = RunStatus::ALL
+                    .into_iter()
+                    .find(|s| s.as_str() == status)
+                    .ok_or_else(|| {
+                        Error::database(
+                            "counting runs",
+                            std::io::Error::other(format!(
+                                "a run has status `{status}`, which loops does not know"
+                            )),
+                        )
+                    })?;
+                Ok(loops_core::RunCount {
+                    workflow,
+                    status,
+                    runs: u64::try_from(runs).unwrap_or(0),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        out.sort_by(|a, b| (&a.workflow, a.status.as_str()).cmp(&(&b.workflow, b.status.as_str())));
+        Ok(out)
+    }
+
     pub(crate) async fn read_schema(&self, hash: SchemaHash) -> Result<Option<String>> {
         let key = hash.to_string();
         let rows = self

@@ -42,6 +42,7 @@ pub(crate) struct Sql {
     pub(crate) has_pending: String,
     pub(crate) list: String,
     pub(crate) list_workflow: String,
+    pub(crate) count_runs: String,
     pub(crate) schema: String,
     pub(crate) schemas: String,
     pub(crate) sealing_keys: String,
@@ -163,6 +164,9 @@ impl Sql {
                  ORDER BY workflow, run_id"),
             list_workflow: f("SELECT run_id, info FROM {s}.runs \
                  WHERE status = $1 AND workflow = $2 ORDER BY run_id"),
+            // Served by the index `runs_status` (status, workflow, run_id).
+            count_runs: f("SELECT workflow, status, count(*) FROM {s}.runs \
+                 GROUP BY workflow, status"),
             schema: f("SELECT description FROM {s}.schemas WHERE hash = $1"),
             schemas: f("SELECT hash, description FROM {s}.schemas ORDER BY hash"),
             sealing_keys: f("SELECT key_id FROM {s}.sealing_keys ORDER BY at_ms, key_id"),

@@ -109,12 +109,13 @@ pub enum Case {
     /// latest record, history and schema text read back as written; a second create of the
     /// same id is refused ([`SequenceConflict`](crate::Error::SequenceConflict)) and changes
     /// nothing; [`list`](crate::Store::list) reads runs by status, optionally of one workflow, in
-    /// run id order.
+    /// run id order, and [`count_runs`](crate::Store::count_runs) counts them by workflow and
+    /// status.
     CreateAndRead,
     /// `transitions_append_in_order`: a transition must take the run's next sequence number
     /// (else [`Fenced`](crate::Error::Fenced), naming the run's current seq and status); a
-    /// terminal state completes the run, which takes no more transitions; history, latest
-    /// and the status index follow; a transition of an unknown run is
+    /// terminal state completes the run, which takes no more transitions; history, latest,
+    /// the status index and the counts follow; a transition of an unknown run is
     /// [`RunNotFound`](crate::Error::RunNotFound).
     TransitionsAppendInOrder,
     /// `steps_are_immutable`: a step is recorded once per (name, occurrence) (again is

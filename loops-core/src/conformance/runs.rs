@@ -4,7 +4,7 @@
 use crate::error::Error;
 use crate::record::FailureSource;
 use crate::schema::SchemaHash;
-use crate::store::{AfterFailure, Lease, Reply, RunInfo, RunStatus};
+use crate::store::{AfterFailure, Lease, Reply, RunCount, RunInfo, RunStatus};
 
 use super::factory::Factory;
 use super::support::{
@@ -96,6 +96,19 @@ pub(super) async fn create_and_read(f: &dyn Factory) {
             .unwrap()
             .is_empty()
     );
+    // The counts by workflow and status, by workflow then status.
+    let count = |workflow: &str, status, runs| RunCount {
+        workflow: workflow.to_owned(),
+        status,
+        runs,
+    };
+    assert_eq!(
+        store.count_runs().await.unwrap(),
+        vec![
+            count("other", RunStatus::Running, 1),
+            count(WF, RunStatus::Running, 2)
+        ]
+    );
 }
 
 pub(super) async fn transitions_append_in_order(f: &dyn Factory) {
@@ -159,6 +172,14 @@ pub(super) async fn transitions_append_in_order(f: &dyn Factory) {
     assert_eq!(
         ids(&store.list(RunStatus::Completed, Some(WF)).await.unwrap()),
         vec!["r"]
+    );
+    assert_eq!(
+        store.count_runs().await.unwrap(),
+        vec![RunCount {
+            workflow: WF.to_owned(),
+            status: RunStatus::Completed,
+            runs: 1
+        }]
     );
     assert!(
         store

@@ -114,6 +114,10 @@ impl Store for Probe {
         self.answer("list", Vec::new())
     }
 
+    fn count_runs(&self) -> BoxFuture<'_, Result<Vec<super::RunCount>>> {
+        self.answer("count_runs", Vec::new())
+    }
+
     fn attributes<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<crate::Attributes>> {
         self.answer("attributes", crate::Attributes::default())
     }

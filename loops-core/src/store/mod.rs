@@ -128,6 +128,11 @@ pub trait Store: Send + Sync + 'static {
         workflow: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Vec<RunInfo>>>;
 
+    /// How many runs the store holds, by workflow and status (only the pairs with runs), by
+    /// workflow then status: from the status index, without reading any run's row (what the
+    /// gauge [`loops_runs`](crate::metrics::RUNS) is refreshed from).
+    fn count_runs(&self) -> BoxFuture<'_, Result<Vec<RunCount>>>;
+
     /// The run's attributes (empty if it has none or does not exist).
     fn attributes<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Attributes>>;
 
@@ -194,6 +199,17 @@ pub trait Store: Send + Sync + 'static {
     fn shared_limits(&self) -> Option<Arc<dyn SharedLimits>> {
         None
     }
+}
+
+/// How many runs of a workflow have a status: one entry of [`Store::count_runs`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunCount {
+    /// The workflow.
+    pub workflow: String,
+    /// The status.
+    pub status: RunStatus,
+    /// The number of runs of `workflow` with `status` (at least 1).
+    pub runs: u64,
 }
 
 /// Which runs of a workflow a worker claims: what [`Store::claim_ready`] is given.

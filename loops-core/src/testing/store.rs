@@ -123,6 +123,8 @@ pub enum Call<'a> {
         /// The workflow the list is limited to.
         workflow: Option<&'a str>,
     },
+    /// [`Store::count_runs`]: how many runs by workflow and status.
+    CountRuns,
     /// [`Store::search`]: the runs `filter` selects, with their attributes.
     Search {
         /// The filter searched by.
@@ -412,6 +414,10 @@ impl<S: Store> Store for HookedStore<S> {
             Call::List { status, workflow },
             self.inner.list(status, workflow),
         )
+    }
+
+    fn count_runs(&self) -> BoxFuture<'_, Result<Vec<crate::store::RunCount>>> {
+        self.gate(Call::CountRuns, self.inner.count_runs())
     }
 
     fn attributes<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<crate::Attributes>> {

@@ -419,6 +419,10 @@ impl Store for RedbStore {
         Box::pin(std::future::ready(RedbStore::list(self, status, workflow)))
     }
 
+    fn count_runs(&self) -> BoxFuture<'_, Result<Vec<crate::store::RunCount>>> {
+        Box::pin(std::future::ready(RedbStore::count_runs(self)))
+    }
+
     fn attributes<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<crate::Attributes>> {
         Box::pin(std::future::ready(RedbStore::attributes(self, run_id)))
     }

@@ -199,6 +199,51 @@ impl RedbStore {
         )
     }
 
+    /// How many runs there are by workflow and status ([`Store::count_runs`]): one pass
+    /// over the status index's keys, no row read.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on a read error, or for a status code no status has (a damaged
+    /// index).
+    ///
+    /// [`Store::count_runs`]: crate::Store::count_runs
+    pub fn count_runs(&self) -> Result<Vec<crate::store::RunCount>> {
+        self.read(
+            || "counting runs".to_owned(),
+            |txn| {
+                let index = txn.open_table(STATUS)?;
+                // The index is ordered by (status code, workflow, run id): each (code,
+                // workflow) pair is one stretch of keys.
+                let mut counts: Vec<(u8, String, u64)> = Vec::new();
+                for entry in index.iter()? {
+                    let (key, _) = entry?;
+                    let (code, workflow, _) = key.value();
+                    match counts.last_mut() {
+                        Some((c, w, n)) if *c == code && w == workflow => *n += 1,
+                        _ => counts.push((code, workflow.to_owned(), 1)),
+                    }
+                }
+                let mut out = counts
+                    .into_iter()
+                    .map(|(code, workflow, runs)| {
+                        let status = RunStatus::from_code(code).ok_or_else(|| {
+                            ReadError::Storage(redb::Error::Corrupted(format!(
+                                "the status index holds status code {code}, which no status has: the file is damaged"
+                            )))
+                        })?;
+                        Ok(crate::store::RunCount {
+                            workflow,
+                            status,
+                            runs,
+                        })
+                    })
+                    .collect::<std::result::Result<Vec<_>, ReadError>>()?;
+                out.sort_by(|a, b| (&a.workflow, a.status.as_str()).cmp(&(&b.workflow, b.status.as_str())));
+                Ok(out)
+            },
+        )
+    }
+
     /// Every event sent to the run, as `(event seq, record, delivered)`, by event seq.
     ///
     /// # Errors

@@ -272,6 +272,11 @@ impl Store for SealedStore {
         })
     }
 
+    /// Counts carry no payload: as they are.
+    fn count_runs(&self) -> BoxFuture<'_, Result<Vec<crate::store::RunCount>>> {
+        self.inner.count_runs()
+    }
+
     /// Attributes are plaintext in the store (they are meant to be searched): as they are.
     fn attributes<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<crate::Attributes>> {
         self.inner.attributes(run_id)
