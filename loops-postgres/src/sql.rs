@@ -199,12 +199,17 @@ impl Sql {
                  RETURNING token, expires_ms",
             ),
             // A run let go while it still needs a driver (its worker stops, or its driver
-            // failed) wakes the other workers (docs/postgres.md, "Wake-ups").
+            // failed) wakes the other workers (docs/postgres.md, "Wake-ups"); so does a run
+            // let go that waits for an event. A send of that event committing meanwhile
+            // notified already, but the claims it woke may have found this lease still held,
+            // and this statement's snapshot may not show the event: the later of the two
+            // commits must notify, and only the send knows it is one of them.
             release: f("WITH gone AS ( \
                    DELETE FROM {s}.leases WHERE run_id = $1 AND token = $2 RETURNING run_id) \
                  SELECT pg_notify('{channel}', '') FROM gone \
                  JOIN {s}.runs r ON r.run_id = gone.run_id \
-                 WHERE r.status IN ('running', 'waiting') AND {ready}"),
+                 WHERE r.status IN ('running', 'waiting') \
+                 AND (r.wait_event IS NOT NULL OR {ready})"),
             // In the transaction of a write that makes a run ready (`Effects::wakes`): sent
             // to the listeners when it commits, never if it rolls back.
             notify: f("SELECT pg_notify('{channel}', '')"),
