@@ -11,9 +11,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::wake::{Wait, listener_pids, until, worker};
+use common::wake::{Wait, listener_pids, sender, until, worker};
 use common::{TestSchema, admin};
-use loops::{RunStatus, Runtime};
+use loops::RunStatus;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn polling_carries_on_while_the_listener_is_down() {
@@ -39,7 +39,7 @@ async fn polling_carries_on_while_the_listener_is_down() {
         a.store().run_info("g1").await.unwrap().map(|i| i.status) == Some(RunStatus::Waiting)
     })
     .await;
-    let b = Runtime::builder().build(schema.store(Duration::from_secs(120)).await);
+    let b = sender(&schema).await;
     b.send("g1", "go", &5u32).await.unwrap();
     until("g1 ends", || async {
         b.state::<Wait>("g1").await.unwrap() == Some((1, Wait::Done { n: 1, go: 5 }))

@@ -43,8 +43,8 @@ impl WaitHandler for Agent {
 }
 
 /// A worker serving [`Wait`] on `schema`, polling every `poll`, listening for wake-ups if
-/// `listen`: its store (leases of 120 s, so that the poll is not shortened to a third of the
-/// lease time), its runtime, and the task of `serve`.
+/// `listen`: its store (leases of 300 s, so that a poll up to 100 s is not shortened to a
+/// third of the lease time), its runtime, and the task of `serve`.
 pub async fn worker(
     schema: &TestSchema,
     listen: bool,
@@ -57,7 +57,7 @@ pub async fn worker(
     let store = PgStore::builder(pg_config())
         .schema(&schema.name)
         .pool_size(4)
-        .lease_ttl(Duration::from_secs(120))
+        .lease_ttl(Duration::from_secs(300))
         .application_name("loops-test-worker-a")
         .listen(listen)
         .connect()
@@ -72,20 +72,35 @@ pub async fn worker(
     ((store, runtime), serving)
 }
 
-/// Waits until `done` says so; fails the test naming `what` if that takes 30 s (a liveness
+/// Another process's runtime on `schema`: it sends events, and neither drives [`Wait`] nor
+/// listens (so that the only listening session is the worker's).
+pub async fn sender(schema: &TestSchema) -> Runtime {
+    let store = PgStore::builder(pg_config())
+        .schema(&schema.name)
+        .pool_size(2)
+        .application_name("loops-test-sender")
+        .listen(false)
+        .connect()
+        .await
+        .unwrap();
+    assert!(!store.is_listening());
+    Runtime::builder().build(store)
+}
+
+/// Waits until `done` says so; fails the test naming `what` if that takes 60 s (a liveness
 /// bound, not a measure of speed).
 pub async fn until<F, Fut>(what: &str, mut done: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
-    let waited = tokio::time::timeout(Duration::from_secs(30), async {
+    let waited = tokio::time::timeout(Duration::from_secs(60), async {
         while !done().await {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     })
     .await;
-    assert!(waited.is_ok(), "waited 30 s for {what}");
+    assert!(waited.is_ok(), "waited 60 s for {what}");
 }
 
 /// The server's sessions that listen on the channel of the store in `schema`.
