@@ -198,7 +198,9 @@ pub fn postgres(url: &str, schema: &str) -> Result<Local> {
         .schema(schema)
         .pool_size(2)
         // A command never creates or migrates a store: a missing schema is refused.
-        .migrate(false);
+        .migrate(false)
+        // Nor serves: no session of its own for wake-ups (its writes still notify).
+        .listen(false);
     // As loops-postgres takes TLS: with a connector when the URL asks for it
     // (`sslmode=require`), checking the server's certificate against the system's roots;
     // otherwise in the clear, as `connect` does.

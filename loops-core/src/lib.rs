@@ -81,7 +81,8 @@ pub use store::{
     AfterFailure, BoxFuture, ClaimFilter, Compacted, CurrentLease, Effects, EventRecord, Facts,
     InboxChange, Lease, LeaseCheck, Needs, Payloads, PendingEvent, Pruned, Readiness, Ready,
     Record, RecordKey, RedbStore, Reply, RowWrite, RunCount, RunInfo, RunStatus, SharedLimits,
-    Store, StoreOptions, Take, WaitInfo, WaitOutcome, Write, event_record, find_runs, plan, prune,
+    Store, StoreOptions, Take, WaitInfo, WaitOutcome, Wakeups, Write, event_record, find_runs,
+    plan, prune,
 };
 pub use workflow::{BoxError, StateId, Workflow};
 

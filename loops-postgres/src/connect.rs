@@ -7,6 +7,9 @@
 //!   trips of a write (SIGSTOP, a dead network) frees its row locks once its lease lapsed;
 //!   TCP keepalives on both ends notice a dead peer. The pool's connections also stop a
 //!   statement, or a wait for a lock, after the store's time-out.
+//! - **Wake-ups.** Unless [`PgStoreBuilder::listen`] is off, one more connection, with the
+//!   pool's settings, `LISTEN`s for the notifications of writes that make runs ready
+//!   (`listen.rs`).
 //! - **Plaintext.** A connection without TLS to a host that is not this machine's loopback is
 //!   refused unless [`PgStoreBuilder::allow_plaintext`] was called, and with `sslmode=prefer`
 //!   [`connect_tls`](PgStoreBuilder::connect_tls) requires TLS of such a host instead of
@@ -41,6 +44,7 @@ pub struct PgStoreBuilder {
     allow_plaintext: bool,
     migrate: bool,
     max_clock_skew: Duration,
+    listen: bool,
 }
 
 impl PgStoreBuilder {
@@ -56,6 +60,7 @@ impl PgStoreBuilder {
             allow_plaintext: false,
             migrate: true,
             max_clock_skew: DEFAULT_MAX_CLOCK_SKEW,
+            listen: true,
         }
     }
 
@@ -67,6 +72,17 @@ impl PgStoreBuilder {
     /// A clock stepped after the store connected is not seen.
     pub fn max_clock_skew(mut self, bound: Duration) -> Self {
         self.max_clock_skew = bound;
+        self
+    }
+
+    /// Whether this worker listens for wake-ups (default `true`): a connection of its own
+    /// (one more session) `LISTEN`s on the store's channel, and a notification wakes
+    /// [`Runtime::serve`](loops_core::Runtime::serve) at once, when another process's write
+    /// makes a run ready (docs/postgres.md, "Wake-ups"). With `false`, the worker finds such
+    /// runs at its next poll only. Turn it off behind a pooler in transaction mode (PgBouncer
+    /// `pool_mode = transaction`), where `LISTEN` does not work. Writes notify either way.
+    pub fn listen(mut self, listen: bool) -> Self {
+        self.listen = listen;
         self
     }
 
@@ -83,7 +99,8 @@ impl PgStoreBuilder {
     /// Connections in the pool for reads and writes (default [`DEFAULT_POOL_SIZE`]). Each
     /// concurrent write or read holds one for its duration; more concurrent runs than
     /// connections wait for one. Lease renewals do not wait behind them: they have one more
-    /// connection of their own, so a store opens `connections + 1` sessions.
+    /// connection of their own, and wake-ups another ([`listen`](Self::listen)), so a store
+    /// opens `connections + 2` sessions (`connections + 1` without listening).
     pub fn pool_size(mut self, connections: usize) -> Self {
         self.pool_size = connections;
         self
@@ -281,9 +298,19 @@ impl PgStoreBuilder {
                 .build()
                 .map_err(|e| connect_err(e.into()))
         };
+        let sql = Sql::new(&self.schema);
+        let listener = self.listen.then(|| {
+            crate::listen::spawn(
+                config.clone(),
+                tls.clone(),
+                sql.listen.clone(),
+                label.clone(),
+            )
+        });
         Ok(PgStore {
             inner: Arc::new(Inner {
-                sql: Sql::new(&self.schema),
+                sql,
+                listener,
                 pool: pool(self.pool_size)?,
                 lease_pool: pool(1)?,
                 label,

@@ -59,10 +59,15 @@
 //! - **Stopped workers.** A session idle inside a transaction for longer than the lease time
 //!   is ended by the server, so a worker stopped between the two round trips of a write frees
 //!   its row locks by the time its lease lapses; TCP keepalives notice a peer that is gone.
-//! - **Wake-ups.** Events, timers and cancellations written by another process reach the
-//!   worker that holds a run by polling: a parked run is claimed by the next
-//!   [`Runtime::serve`](loops_core::Runtime::serve) poll of any worker once its wait can end,
-//!   and an attached driver re-reads its row every 200 ms.
+//! - **Wake-ups.** A write that makes a run ready for another worker (an event a parked run
+//!   waits for, a retry, a cancellation of a waiting run, a run created without a driver)
+//!   sends a notification on the store's channel (`pg_notify`, in its transaction: only if
+//!   it commits), and so does the release of a lease whose run still needs a driver. Each
+//!   worker `LISTEN`s on a connection of its own ([`PgStoreBuilder::listen`]), and a
+//!   notification makes [`Runtime::serve`](loops_core::Runtime::serve) claim at once.
+//!   Polling stays: times that come (a durable sleep's end) are found by the next poll, and
+//!   so is everything while the listening connection is down. An attached driver re-reads
+//!   its row every 200 ms.
 //!
 //! # Why deadpool-postgres
 //! tokio-postgres is the async PostgreSQL client of the tokio ecosystem, with pipelining,
@@ -89,6 +94,7 @@ mod connect;
 mod failpoint;
 mod guard;
 mod limits;
+mod listen;
 mod migrate;
 mod read;
 mod sql;
@@ -266,6 +272,8 @@ pub struct PgStore {
 
 struct Inner {
     sql: Sql,
+    /// The task that listens for wake-ups, unless [`PgStoreBuilder::listen`] is off.
+    listener: Option<listen::Listener>,
     pool: Pool,
     /// One connection for lease renewals alone, so that they never queue behind the writes
     /// of `pool` (with a small pool and many runs, they did until leases lapsed).
@@ -337,6 +345,23 @@ impl PgStore {
     /// ms (negative: behind); within [`PgStoreBuilder::max_clock_skew`].
     pub fn clock_skew_ms(&self) -> i64 {
         self.inner.clock_skew_ms
+    }
+
+    /// Whether this worker listens for wake-ups now: `false` with
+    /// [`PgStoreBuilder::listen`] off, before its listening connection first `LISTEN`s, and
+    /// while that connection is lost (polling carries on; it connects again after a
+    /// back-off of 100 ms, doubling up to 10 s).
+    pub fn is_listening(&self) -> bool {
+        self.inner
+            .listener
+            .as_ref()
+            .is_some_and(|l| l.listening.load(Ordering::Acquire))
+    }
+
+    /// The PostgreSQL channel of the store's wake-ups: its schema's name (see
+    /// docs/postgres.md, "Wake-ups").
+    pub fn channel(&self) -> &str {
+        &self.inner.schema
     }
 
     /// The connection pool, for statements of your own on the store's server.
@@ -589,6 +614,12 @@ impl Store for PgStore {
     /// Every worker of the store counts its named limits in the store's tables.
     fn shared_limits(&self) -> Option<Arc<dyn loops_core::SharedLimits>> {
         Some(Arc::new(self.clone()))
+    }
+
+    /// The notifications of the store's channel, as the listener receives them; `None` with
+    /// [`PgStoreBuilder::listen`] off.
+    fn wakeups(&self) -> Option<loops_core::Wakeups> {
+        self.inner.listener.as_ref().map(|l| l.wakeups.clone())
     }
 }
 

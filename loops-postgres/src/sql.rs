@@ -7,6 +7,15 @@
 /// The server's wall clock, in ms since the Unix epoch.
 pub(crate) const NOW_MS: &str = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
 
+/// Whether the run of row `r` (running or waiting) needs a driver now, from the columns that
+/// keep its [`RunInfo::readiness`](loops_core::RunInfo::readiness): `wait_until_ms` (ready
+/// from then on) and `wait_event` (ready once that event is in the inbox, undelivered). Rows
+/// written before the columns meant that leave them empty for a running run, hence
+/// `status = 'running'`.
+const READY: &str = "(r.status = 'running' OR r.wait_until_ms <= {now} \
+     OR EXISTS (SELECT 1 FROM {s}.inbox i WHERE i.run_id = r.run_id \
+       AND i.name = r.wait_event AND NOT i.delivered))";
+
 /// The statements of one store, for one PostgreSQL schema.
 #[derive(Debug)]
 pub(crate) struct Sql {
@@ -49,6 +58,8 @@ pub(crate) struct Sql {
     pub(crate) insert_sealing_key: String,
     pub(crate) acquire: String,
     pub(crate) release: String,
+    pub(crate) notify: String,
+    pub(crate) listen: String,
     pub(crate) renew: String,
     pub(crate) claim_ready: String,
     pub(crate) announce: String,
@@ -72,7 +83,12 @@ impl Sql {
     // statements would be farther from the struct they fill.
     pub(crate) fn new(schema: &str) -> Sql {
         let s = format!("\"{schema}\"");
-        let f = |sql: &str| sql.replace("{s}", &s).replace("{now}", NOW_MS);
+        let f = |sql: &str| {
+            sql.replace("{ready}", READY)
+                .replace("{channel}", schema)
+                .replace("{s}", &s)
+                .replace("{now}", NOW_MS)
+        };
         Sql {
             lock_lease: f("SELECT token, expires_ms > {now} FROM {s}.leases \
                  WHERE run_id = $1 FOR UPDATE"),
@@ -186,7 +202,22 @@ impl Sql {
                  WHERE l.expires_ms <= {now} OR l.owner = EXCLUDED.owner \
                  RETURNING token, expires_ms",
             ),
-            release: f("DELETE FROM {s}.leases WHERE run_id = $1 AND token = $2"),
+            // A run let go while it still needs a driver (its worker stops, or its driver
+            // failed) wakes the other workers (docs/postgres.md, "Wake-ups"); so does a run
+            // let go that waits for an event. A send of that event committing meanwhile
+            // notified already, but the claims it woke may have found this lease still held,
+            // and this statement's snapshot may not show the event: the later of the two
+            // commits must notify, and only the send knows it is one of them.
+            release: f("WITH gone AS ( \
+                   DELETE FROM {s}.leases WHERE run_id = $1 AND token = $2 RETURNING run_id) \
+                 SELECT pg_notify('{channel}', '') FROM gone \
+                 JOIN {s}.runs r ON r.run_id = gone.run_id \
+                 WHERE r.status IN ('running', 'waiting') \
+                 AND (r.wait_event IS NOT NULL OR {ready})"),
+            // In the transaction of a write that makes a run ready (`Effects::wakes`): sent
+            // to the listeners when it commits, never if it rolls back.
+            notify: f("SELECT pg_notify('{channel}', '')"),
+            listen: f("LISTEN \"{channel}\""),
             renew: f("UPDATE {s}.leases AS l SET expires_ms = {now} + $3 \
                  FROM unnest($1::text[], $2::bigint[]) AS h(run_id, token) \
                  WHERE l.run_id = h.run_id AND l.token = h.token AND l.expires_ms > {now} \
@@ -194,11 +225,9 @@ impl Sql {
             // Runs that need a driver and that no live lease holds, locked with SKIP LOCKED
             // so that workers claiming at once take different runs and never wait for each
             // other; then a lease for each, unless a lease was granted meanwhile. Whether a
-            // run needs a driver is its row's `RunInfo::readiness`, kept in the columns
-            // `wait_until_ms` (ready from then on) and `wait_event` (ready once that event
-            // is in the inbox). Rows written before the columns meant that leave them empty
-            // for a running run, hence `status = 'running'`; the status filter also keeps
-            // the query on an index (`runs_status`, or `runs_claim`, which has the schema).
+            // run needs a driver is its row's `RunInfo::readiness` ([`READY`]); the status
+            // filter keeps the query on an index (`runs_status`, or `runs_claim`, which has
+            // the schema).
             // Only runs of the schemas the worker can route are taken: `$5` and `$6` are
             // pairs (workflow, schema hash), a null hash meaning every schema of the
             // workflow; and, if `$7`, the runs of those workflows whose schema no live worker
@@ -212,9 +241,7 @@ impl Sql {
                      OR ($7 AND NOT EXISTS (SELECT 1 FROM {s}.workers w \
                        WHERE w.workflow = r.workflow AND (w.schema = '' OR w.schema = r.schema) \
                        AND w.expires_ms > {now}))) \
-                   AND (r.status = 'running' OR r.wait_until_ms <= {now} \
-                     OR EXISTS (SELECT 1 FROM {s}.inbox i WHERE i.run_id = r.run_id \
-                       AND i.name = r.wait_event AND NOT i.delivered)) \
+                   AND {ready} \
                    AND NOT EXISTS (SELECT 1 FROM {s}.leases l \
                      WHERE l.run_id = r.run_id AND l.expires_ms > {now}) \
                    ORDER BY r.workflow, r.run_id \

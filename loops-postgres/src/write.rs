@@ -12,6 +12,10 @@
 //!    unique violation there is a key a concurrent write took first (a create of the same
 //!    run id), refused as the effect says ([`Record::refusal_if_taken`]).
 //!
+//! A write that makes a run ready for other workers ([`Effects::wakes`]) also sends the
+//! store's notification in its transaction (`pg_notify`, with the changes), which the
+//! server delivers to the listening workers when it commits (docs/postgres.md, "Wake-ups").
+//!
 //! A write refused by its checks is rolled back and leaves no trace. If the connection fails
 //! during the first round trip, nothing was written and the write is tried again on another
 //! connection; if it fails during the second, whether it committed is unknown and the caller
@@ -513,6 +517,10 @@ fn writes<'a>(sql: &'a Sql, effects: &Effects<'_>) -> Vec<(Stmt<'a>, Option<Erro
     if !effects.delete.is_empty() {
         let ids: Vec<String> = effects.delete.iter().map(|i| i.run_id.clone()).collect();
         out.push((statement(&sql.delete_runs, vec![Box::new(ids)]), None));
+    }
+    if effects.wakes {
+        // Delivered to the other workers' listeners when (and only if) the write commits.
+        out.push((statement(&sql.notify, Vec::new()), None));
     }
     out
 }

@@ -429,7 +429,8 @@ impl Runtime {
     /// a run that no live worker can route is blocked, once, by one of them (see
     /// [`Store::claim_ready`](crate::store::Store::claim_ready) and docs/postgres.md).
     /// With such a store, an event sent by a process that does not drive the run reaches it
-    /// within `poll`. (The leases of the runs this runtime drives are renewed by a task of
+    /// within `poll`, or at once if the store wakes its workers ([`Store::wakeups`](crate::store::Store::wakeups):
+    /// PostgreSQL's `LISTEN`/`NOTIFY`). (The leases of the runs this runtime drives are renewed by a task of
     /// their own, every third of the lease time, whether `serve` runs or not.)
     /// With a store only this process opens, everything after the first resume is driven by
     /// events in this process, and `serve` just waits.
@@ -476,9 +477,19 @@ impl Runtime {
         // no live worker that routes it) committed that block within its lease, so by then
         // (docs/postgres.md, "Runs no live worker can route").
         let mut sweep_again = Some(tokio::time::Instant::now() + ttl);
+        // Another worker's write that makes a run ready wakes the claim at once
+        // (`Store::wakeups`); the poll stays, for times that come and for a store whose
+        // signal is down or gone.
+        let mut wakeups = self.store().wakeups();
         loop {
             tokio::select! {
                 () = tokio::time::sleep(every) => {}
+                woken = woken(&mut wakeups) => {
+                    if !woken {
+                        tracing::debug!("the store's wake-ups ended; polling only");
+                        wakeups = None;
+                    }
+                }
                 () = stopped.cancelled() => return Ok(()),
             }
             if sweep_again.is_some_and(|at| tokio::time::Instant::now() >= at) {
@@ -496,6 +507,15 @@ impl Runtime {
     /// Runs stay as they are, to be resumed by the next [`resume_all`](Self::resume_all).
     pub async fn shutdown(&self) {
         self.inner.background.shutdown().await;
+    }
+}
+
+/// Resolves when `wakeups` changes (`true`), or when its sender is gone (`false`); never
+/// without a signal.
+async fn woken(wakeups: &mut Option<crate::store::Wakeups>) -> bool {
+    match wakeups {
+        Some(rx) => rx.changed().await.is_ok(),
+        None => std::future::pending().await,
     }
 }
 

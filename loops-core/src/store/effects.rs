@@ -33,6 +33,14 @@ pub struct Effects<'w> {
     /// keys that sealed its payloads ([`Write::Seal`](super::Write::Seal)); a key listed
     /// already keeps its first time.
     pub sealing: Option<(&'w str, u64)>,
+    /// Whether the write makes its run need a driver that the writer does not provide, so
+    /// that other workers should look for runs to claim now rather than at their next poll:
+    /// the write carries no lease, and after it the run needs a driver at once
+    /// ([`RunInfo::readiness`]) where it did not before (a retry, a cancelled wait, a new
+    /// run), or an event it waits for arrives in its inbox. Set by
+    /// [`plan`](super::plan::plan) for every write; a store shared by several workers tells
+    /// them on commit (PostgreSQL: `NOTIFY`), a store only one process opens may ignore it.
+    pub wakes: bool,
     /// What the store answers.
     pub reply: Reply,
 }
@@ -49,6 +57,7 @@ impl<'w> Effects<'w> {
             attributes: Vec::new(),
             delete: Vec::new(),
             sealing: None,
+            wakes: false,
             reply,
         }
     }

@@ -170,6 +170,11 @@ impl Store for Probe {
         self.note("shared_limits");
         None
     }
+
+    fn wakeups(&self) -> Option<crate::store::Wakeups> {
+        self.note("wakeups");
+        None
+    }
 }
 
 /// Calls every method of [`Store`] on the store `wrap` puts in front of a [`Probe`], and
@@ -247,6 +252,8 @@ pub(crate) async fn assert_forwards(wrapper: &str, wrap: impl FnOnce(Probe) -> A
         .unwrap();
     call("shared_limits");
     assert!(store.shared_limits().is_none());
+    call("wakeups");
+    assert!(store.wakeups().is_none());
 
     let methods = store_methods();
     let untested: Vec<&String> = methods.difference(&called).collect();
@@ -272,7 +279,7 @@ pub(crate) async fn assert_forwards(wrapper: &str, wrap: impl FnOnce(Probe) -> A
 fn the_method_list_is_read_from_the_trait() {
     let methods = store_methods();
     assert!(methods.contains("write") && methods.contains("shared_limits"));
-    assert_eq!(methods.len(), 22, "{methods:?}");
+    assert_eq!(methods.len(), 23, "{methods:?}");
 }
 
 #[tokio::test]

@@ -199,6 +199,18 @@ pub trait Store: Send + Sync + 'static {
     fn shared_limits(&self) -> Option<Arc<dyn SharedLimits>> {
         None
     }
+
+    /// A signal that another worker's write made a run need a driver (a write whose
+    /// [`Effects::wakes`] is set), or `None` (the default): a store only one process opens
+    /// wakes its drivers itself, and a shared store without one is polled. Each change of
+    /// the value (a count, which only says that something happened: compare nothing but
+    /// `changed`) asks [`Runtime::serve`](crate::Runtime::serve) to claim ready runs at
+    /// once rather than at its next poll; several wake-ups before it looks count as one.
+    /// The store may also change it when it cannot know what it missed (its listening
+    /// connection came back). Each call returns a receiver of its own.
+    fn wakeups(&self) -> Option<Wakeups> {
+        None
+    }
 }
 
 /// How many runs of a workflow have a status: one entry of [`Store::count_runs`].
@@ -211,6 +223,10 @@ pub struct RunCount {
     /// The number of runs of `workflow` with `status` (at least 1).
     pub runs: u64,
 }
+
+/// What [`Store::wakeups`] returns: a receiver whose value changes when runs may need a
+/// driver.
+pub type Wakeups = tokio::sync::watch::Receiver<u64>;
 
 /// Which runs of a workflow a worker claims: what [`Store::claim_ready`] is given.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -199,6 +199,13 @@ impl Write {
 /// (retrying a run that has not failed); [`Error::RecordMissing`] and [`Error::Decode`]
 /// for an inbox record a wait cannot read.
 pub fn plan<'w>(write: &'w Write, row: Option<&RunInfo>, facts: &Facts<'_>) -> Result<Effects<'w>> {
+    let mut effects = planned(write, row, facts)?;
+    effects.wakes = super::ready::wakes(row, &effects, facts.lease.is_some());
+    Ok(effects)
+}
+
+/// [`plan`]'s effects, but for [`Effects::wakes`], which `plan` derives from them.
+fn planned<'w>(write: &'w Write, row: Option<&RunInfo>, facts: &Facts<'_>) -> Result<Effects<'w>> {
     let g = Given { row, facts };
     match write {
         Write::Create {

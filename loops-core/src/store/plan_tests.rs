@@ -252,3 +252,101 @@ fn prune_deletes_only_ended_runs() {
     assert_eq!(deleted, ["a", "c"]);
     assert!(matches!(effects.reply, Reply::Pruned { records: 4 }));
 }
+
+/// [`Effects::wakes`], for each kind of write that can make a run ready and for writes that
+/// do not: set only when the run needs a driver afterwards that it did not need before (or
+/// an event it waits for arrives), and never for a write under the run's lease.
+#[test]
+fn a_write_wakes_other_workers_only_when_it_makes_the_run_ready() {
+    let waiting = |event: &str| RunInfo {
+        wait: Some(WaitInfo {
+            event: Some(event.to_owned()),
+            until_ms: None,
+        }),
+        ..row("r", RunStatus::Waiting, 3)
+    };
+    let send = |name: &str| Write::Send {
+        run_id: "r".to_owned(),
+        name: name.to_owned(),
+        payload: "1".to_owned(),
+        key: None,
+        at_ms: 5,
+    };
+    let wakes = |write: &Write, before: Option<&RunInfo>| {
+        plan(write, before, &Facts::default()).unwrap().wakes
+    };
+    // An event the parked run waits for arrives; another event does not wake it.
+    assert!(wakes(&send("go"), Some(&waiting("go"))));
+    assert!(!wakes(&send("other"), Some(&waiting("go"))));
+    // A send to a running run: its driver takes the event at its next wait.
+    assert!(!wakes(&send("go"), Some(&row("r", RunStatus::Running, 3))));
+    // A cancellation of a waiting run makes it ready (its driver ends it); one that ends
+    // it at once does not.
+    let cancel = |end_now| Write::Cancel {
+        run_id: "r".to_owned(),
+        reason: "stop".to_owned(),
+        end_now,
+        at_ms: 5,
+    };
+    assert!(wakes(&cancel(false), Some(&waiting("go"))));
+    assert!(!wakes(&cancel(true), Some(&waiting("go"))));
+    // A running run that is cancelled was ready already.
+    assert!(!wakes(
+        &cancel(false),
+        Some(&row("r", RunStatus::Running, 3))
+    ));
+    // A retry makes a failed run running.
+    let retry = Write::Retry {
+        run_id: "r".to_owned(),
+        at_ms: 5,
+    };
+    assert!(wakes(&retry, Some(&row("r", RunStatus::Failed, 3))));
+    // A transition of a running run changes nothing of its readiness.
+    assert!(!wakes(
+        &transition(4, false),
+        Some(&row("r", RunStatus::Running, 3))
+    ));
+    // A run created without a lease needs a driver; with the lease, its creator drives it.
+    let info = RunInfo {
+        retry_at_ms: None,
+        error: None,
+        ..row("r", RunStatus::Running, 0)
+    };
+    let create = Write::Create {
+        info,
+        record: b"{}".to_vec(),
+        schema_text: "s",
+        attributes: Vec::new(),
+    };
+    assert!(wakes(&create, None));
+    let lease = Lease {
+        run_id: "r".to_owned(),
+        token: 7,
+        expires_ms: Some(1),
+    };
+    let leased = Facts {
+        lease: Some(LeaseCheck {
+            lease: &lease,
+            current: Some(CurrentLease {
+                token: 7,
+                live: true,
+            }),
+        }),
+        ..Facts::default()
+    };
+    assert!(!plan(&create, None, &leased).unwrap().wakes);
+    // A wake under the driver's lease: the driver goes on itself.
+    let wake = Write::Wake {
+        run_id: "r".to_owned(),
+        seq: 3,
+        at_ms: 5,
+    };
+    let woken = plan(&wake, Some(&waiting("go")), &leased).unwrap();
+    assert_eq!(
+        (woken.row.map(|r| r.info.status), woken.wakes),
+        (Some(RunStatus::Running), false)
+    );
+    // A refused write has no effects at all.
+    let ended = row("r", RunStatus::Completed, 3);
+    assert!(plan(&send("go"), Some(&ended), &Facts::default()).is_err());
+}

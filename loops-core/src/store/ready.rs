@@ -1,5 +1,6 @@
 //! When a run needs a driver: the one rule both stores, the scheduler and the driver use.
 
+use super::effects::{Effects, InboxChange};
 use super::{RunInfo, RunStatus};
 
 /// When a run needs a driver, as [`RunInfo::readiness`] computes it from the row alone: from a
@@ -28,6 +29,12 @@ pub enum Ready<'a> {
 }
 
 impl<'a> Readiness<'a> {
+    /// Whether the run needs a driver at once, whatever the time (`from_ms` 0, the readiness
+    /// of a running run): not only from a time on, nor only once an event arrives.
+    pub fn is_immediate(&self) -> bool {
+        self.from_ms == Some(0)
+    }
+
     /// Whether the run needs a driver at `now_ms` (ms since the Unix epoch), as far as the
     /// row tells: at once, if an event is in its inbox, or not.
     pub fn at(&self, now_ms: u64) -> Ready<'a> {
@@ -70,6 +77,37 @@ impl RunInfo {
             },
         }
     }
+}
+
+/// Whether a write whose effects are `effects`, on the run whose row was `before` (`None`:
+/// a new run), makes the run need a driver that nobody provides: what
+/// [`Effects::wakes`] says, decided here once from the effects for every kind of write.
+///
+/// `leased`: the write carried a lease (its plan checked it), so its writer drives the run
+/// (a driver's own writes, a run created by the runtime that drives it); if that driver
+/// lets the run go while it still needs one, the store's lease release says so instead.
+/// Otherwise the write wakes other workers when, after it, the run needs a driver at once
+/// and did not before (a retry, a cancellation of a waiting run, a new run, a wake), or when
+/// an event the run waits for is appended to its inbox (a send, a child's end). A time that
+/// passes is not a write: a sleeping run's time comes at a poll.
+pub(crate) fn wakes(before: Option<&RunInfo>, effects: &Effects<'_>, leased: bool) -> bool {
+    if leased {
+        return false;
+    }
+    let Some(after) = effects.row.as_ref().map(|r| &r.info).or(before) else {
+        return false;
+    };
+    let ready = after.readiness();
+    let was_immediate = before.is_some_and(|b| b.readiness().is_immediate());
+    if ready.is_immediate() && !was_immediate {
+        return true;
+    }
+    ready.event.is_some_and(|event| {
+        effects
+            .inbox
+            .iter()
+            .any(|change| matches!(change, InboxChange::Append { name, .. } if *name == event))
+    })
 }
 
 #[cfg(test)]

@@ -480,6 +480,10 @@ impl<S: Store> Store for HookedStore<S> {
     fn shared_limits(&self) -> Option<std::sync::Arc<dyn crate::store::SharedLimits>> {
         self.inner.shared_limits()
     }
+
+    fn wakeups(&self) -> Option<crate::store::Wakeups> {
+        self.inner.wakeups()
+    }
 }
 
 #[cfg(test)]

@@ -100,4 +100,5 @@ impl Drop for TestSchema {
 }
 
 pub mod chain;
+pub mod wake;
 pub mod worker;

@@ -347,4 +347,8 @@ impl Store for SealedStore {
     fn shared_limits(&self) -> Option<Arc<dyn crate::store::SharedLimits>> {
         self.inner.shared_limits()
     }
+
+    fn wakeups(&self) -> Option<crate::store::Wakeups> {
+        self.inner.wakeups()
+    }
 }
