@@ -3,7 +3,7 @@
 
 use std::borrow::Cow;
 
-use super::protocol::Reply;
+use super::protocol::{Reply, Write};
 use super::{RunInfo, RunStatus};
 use crate::attribute::AttributeValue;
 use crate::error::Error;
@@ -33,6 +33,12 @@ pub struct Effects<'w> {
     /// keys that sealed its payloads ([`Write::Seal`](super::Write::Seal)); a key listed
     /// already keeps its first time.
     pub sealing: Option<(&'w str, u64)>,
+    /// Writes of other runs that follow from this one, to apply after it in the same
+    /// commit, each planned on its own (its facts gathered after this write's effects are
+    /// written): the wake-up of a child's parent when the child ends, the cancellation of a
+    /// cancelled run's children. A follow-up its plan refuses (the parent ended, say) is
+    /// skipped: it writes nothing and does not refuse this write.
+    pub follow_ups: Vec<Write>,
     /// What the store answers.
     pub reply: Reply,
 }
@@ -49,6 +55,7 @@ impl<'w> Effects<'w> {
             attributes: Vec::new(),
             delete: Vec::new(),
             sealing: None,
+            follow_ups: Vec::new(),
             reply,
         }
     }
@@ -72,6 +79,7 @@ impl<'w> Effects<'w> {
             && self.attributes.is_empty()
             && self.delete.is_empty()
             && self.sealing.is_none()
+            && self.follow_ups.is_empty()
     }
 }
 

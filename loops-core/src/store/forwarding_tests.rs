@@ -79,6 +79,10 @@ impl Store for Probe {
         self.answer("run_info", None)
     }
 
+    fn children<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<Vec<RunInfo>>> {
+        self.answer("children", Vec::new())
+    }
+
     fn latest<'a>(
         &'a self,
         _: &'a str,
@@ -200,6 +204,8 @@ pub(crate) async fn assert_forwards(wrapper: &str, wrap: impl FnOnce(Probe) -> A
         .unwrap();
     call("run_info");
     store.run_info("r").await.unwrap();
+    call("children");
+    store.children("r").await.unwrap();
     call("latest");
     store.latest("r").await.unwrap();
     call("history");
@@ -268,7 +274,7 @@ pub(crate) async fn assert_forwards(wrapper: &str, wrap: impl FnOnce(Probe) -> A
 fn the_method_list_is_read_from_the_trait() {
     let methods = store_methods();
     assert!(methods.contains("write") && methods.contains("shared_limits"));
-    assert_eq!(methods.len(), 22, "{methods:?}");
+    assert_eq!(methods.len(), 23, "{methods:?}");
 }
 
 #[tokio::test]

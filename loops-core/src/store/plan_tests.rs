@@ -23,6 +23,7 @@ pub(super) fn row(run_id: &str, status: RunStatus, seq: u64) -> RunInfo {
         wait: None,
         block: None,
         entered: None,
+        parent: None,
     }
 }
 

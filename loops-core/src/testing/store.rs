@@ -403,6 +403,10 @@ impl<S: Store> Store for HookedStore<S> {
         self.read("has_pending", run_id, self.inner.has_pending(run_id, event))
     }
 
+    fn children<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<RunInfo>>> {
+        self.read("children", run_id, self.inner.children(run_id))
+    }
+
     fn list<'a>(
         &'a self,
         status: RunStatus,
