@@ -340,6 +340,7 @@ impl Context {
                 if ended.len() >= k {
                     ended.sort_by_key(|j| (j.ended_ms, j.index));
                     ended.truncate(k);
+                    self.with_states(children, &mut ended).await?;
                     self.record_step(JOIN_STEP, occurrence, &ended, 0).await?;
                     break ended;
                 }
@@ -360,7 +361,9 @@ impl Context {
     }
 
     /// The children of `children` that have ended, read from their rows (one read of this
-    /// run's children; a child linked to another parent is read on its own).
+    /// run's children; a child linked to another parent is read on its own). A completed
+    /// child's terminal state is not read here (see [`with_states`](Self::with_states)):
+    /// a join looks at the rows once per wake-up, and reads the states once, at the end.
     async fn look<W: Workflow>(&self, children: &[ChildRun<W>]) -> Result<Vec<Joined>> {
         let rows = self.run.store.children(&self.run.run_id).await?;
         let mut ended = Vec::new();
@@ -384,17 +387,19 @@ impl Context {
                 });
             }
             let outcome = match info.status {
-                RunStatus::Completed => {
-                    let Some((_, record)) = self.run.store.latest(&child.run_id).await? else {
-                        return Err(Error::RunNotFound {
+                // The state is read once the join has its children (`with_states`).
+                RunStatus::Completed => Ended::Completed {
+                    seq: info.seq,
+                    state: RawValue::from_string("null".to_owned()).map_err(|source| {
+                        Error::Decode {
                             run_id: child.run_id.clone(),
-                        });
-                    };
-                    Ended::Completed {
-                        seq: record.seq,
-                        state: record.payload,
-                    }
-                }
+                            record: RecordKind::Transition,
+                            seq: info.seq,
+                            state: info.state.clone(),
+                            source,
+                        }
+                    })?,
+                },
                 RunStatus::Failed => Ended::Not(ChildError::Failed {
                     run_id: child.run_id.clone(),
                     state: info.state.clone(),
@@ -416,6 +421,25 @@ impl Context {
             });
         }
         Ok(ended)
+    }
+
+    /// Fills in the terminal state of each completed child of `joined` from its latest
+    /// record (a completed run's record never changes).
+    async fn with_states<W>(&self, children: &[ChildRun<W>], joined: &mut [Joined]) -> Result<()> {
+        for j in joined {
+            let Ended::Completed { seq, state } = &mut j.outcome else {
+                continue;
+            };
+            let child = children.get(j.index).map_or("?", |c| c.run_id.as_str());
+            let Some((_, record)) = self.run.store.latest(child).await? else {
+                return Err(Error::RunNotFound {
+                    run_id: child.to_owned(),
+                });
+            };
+            *seq = record.seq;
+            *state = record.payload;
+        }
+        Ok(())
     }
 }
 
