@@ -108,8 +108,8 @@ pub enum Verdict {
 #[non_exhaustive]
 pub enum Call<'a> {
     /// A read of one run: `method` is the [`Store`] method (`"run_info"`, `"latest"`,
-    /// `"history"`, `"steps"`, `"failures"`, `"events"`, `"has_pending"` or
-    /// `"attributes"`).
+    /// `"history"`, `"steps"`, `"failures"`, `"events"`, `"has_pending"`,
+    /// `"attributes"` or `"children"`).
     Read {
         /// The method.
         method: &'static str,
