@@ -122,6 +122,9 @@ pub enum Command {
     /// List stored schemas with their runs by status; show one's description; diff two.
     #[command(after_help = SCHEMA_EXAMPLES)]
     Schema(SchemaArgs),
+    /// Show a run and its child runs, and theirs: the tree of runs it started.
+    #[command(after_help = TREE_EXAMPLES)]
+    Tree(TreeArgs),
     /// Draw a workflow's state graph (Mermaid, DOT or SVG), or the path one run took.
     #[command(after_help = GRAPH_EXAMPLES)]
     Graph(GraphArgs),
@@ -266,6 +269,26 @@ pub struct ShowArgs {
     #[arg(long)]
     pub json: bool,
 }
+
+/// `loops tree`.
+#[derive(Debug, Args)]
+pub struct TreeArgs {
+    /// The run at the root of the tree.
+    #[arg(value_name = "RUN", value_parser = clap::value_parser!(OsString))]
+    pub run: OsString,
+
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+const TREE_EXAMPLES: &str = "\
+Examples:
+  loops tree deliver-1
+  loops tree deliver-1 --json | jq '.children[].run.status'
+
+One line per run: its id, workflow, status and state, each child indented under the run that
+started it (ctx.start_child), children by run id. A child's parent is in `loops show` too.";
 
 const HISTORY_EXAMPLES: &str = "\
 Examples:

@@ -79,6 +79,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
         Command::Schema(args) => commands::schema::run(&target, args),
         Command::Check(args) => commands::check::run(&target, args),
         Command::Graph(args) => commands::graph::run(&target, args),
+        Command::Tree(args) => commands::tree::run(&target, args),
         Command::Ui(args) => ui::serve(&target, args),
     };
     match target.file() {

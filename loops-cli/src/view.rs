@@ -43,6 +43,8 @@ pub struct RunView {
     pub error: Option<Vec<String>>,
     /// The reason the run was cancelled (or asked to be).
     pub cancel_reason: Option<String>,
+    /// The run that started this one as its child (`Context::start_child`), if any.
+    pub parent: Option<String>,
     /// The schema hash the run was recorded with (16 hex digits).
     pub schema: String,
     /// Why a blocked run is blocked.
@@ -128,6 +130,7 @@ impl From<&RunInfo> for RunView {
             retry_at_ms: info.retry_at_ms,
             error: info.error.clone(),
             cancel_reason: info.cancel.clone(),
+            parent: info.parent.as_ref().map(|p| p.run_id.clone()),
             schema: info.schema.to_string(),
             blocked: info
                 .block

@@ -417,6 +417,7 @@ fn runs_lists_every_run_newest_first_with_stable_fields() {
         "retry_at_ms",
         "error",
         "cancel_reason",
+        "parent",
         "schema",
         "blocked",
         "attributes",
@@ -2882,4 +2883,76 @@ fn a_store_with_trailing_bytes_is_read_without_changing_it() {
     }
     let runs = json(&path, &["runs", "--json"]);
     assert_eq!(ids(&runs).len(), 6);
+}
+
+/// Starts two `Gate` children (`{run}/a`, `{run}/b`) and ends without joining them.
+#[derive(loops_derive::Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(crate = loops_core)]
+enum Family {
+    #[initial]
+    #[next(Started)]
+    Begin,
+    #[terminal]
+    Started { children: u32 },
+}
+
+impl FamilyHandler for Worker {
+    type Error = BoxError;
+    async fn begin(&self, ctx: &Context) -> Result<BeginNext, BoxError> {
+        for name in ["a", "b"] {
+            let id = format!("{}/{name}", ctx.run_id());
+            let doc = format!("{name}.md");
+            ctx.start_child(&id, Gate::Ask { doc }).await?;
+        }
+        Ok(BeginNext::Started { children: 2 })
+    }
+}
+
+#[test]
+fn tree_shows_a_run_and_its_children_and_show_names_the_parent() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("family.redb");
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let rt = Runtime::builder()
+                .register::<Gate, _>(Worker)
+                .open(&path)
+                .unwrap();
+            rt.run("root", Family::Begin, &Worker).await.unwrap();
+            until_status(&rt, "root/a", RunStatus::Waiting).await;
+            until_status(&rt, "root/b", RunStatus::Waiting).await;
+            rt.shutdown().await;
+        });
+    assert_eq!(
+        text(&path, &["tree", "root"]),
+        "root      family  completed  Started (seq 1)\n  root/a  gate    waiting    Ask (seq 0)\n  root/b  gate    waiting    Ask (seq 0)\n"
+    );
+    let tree = json(&path, &["tree", "root", "--json"]);
+    assert_eq!(tree["run"]["run_id"], "root");
+    assert_eq!(tree["run"]["parent"], Value::Null);
+    let children: Vec<(&str, &str)> = tree["children"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["run"]["run_id"].as_str().unwrap(),
+                c["run"]["parent"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(children, [("root/a", "root"), ("root/b", "root")]);
+    assert!(
+        text(&path, &["show", "root/a"]).contains("parent          root\n"),
+        "{}",
+        text(&path, &["show", "root/a"])
+    );
+    assert_eq!(
+        json(&path, &["show", "root/b", "--json"])["run"]["parent"],
+        "root"
+    );
 }

@@ -151,6 +151,23 @@ pub enum Error {
         requested: &'static str,
     },
 
+    /// A handler's [`Context::start_child`](crate::Context::start_child) found a run with the
+    /// child's id that is not this run's child of that workflow (another workflow, another
+    /// parent, or no parent): nothing was written, and the run is left alone.
+    #[error("run `{run_id}` (state `{state}`, seq {seq}) cannot start child `{child}`: {reason}")]
+    ChildConflict {
+        /// The parent run.
+        run_id: String,
+        /// The parent's state.
+        state: &'static str,
+        /// That state's sequence number.
+        seq: u64,
+        /// The child's run id.
+        child: String,
+        /// What the existing run is (`a run of workflow `w``, `the child of run `p``, ...).
+        reason: String,
+    },
+
     /// The stored schema hash differs from the compiled one: the workflow enum (or loops'
     /// record format) changed since the run was recorded. Nothing was written.
     #[error(

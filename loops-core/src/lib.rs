@@ -56,7 +56,7 @@ pub use migrate::{
     Chain, Migrate, Migrated, Migration, MigrationError, MigrationFailure, SameWorkflow,
     StoredVersion, Versioned,
 };
-pub use names::{MAX_NAME_BYTES, MAX_RUN_ID_BYTES, RESERVED_PREFIX, validate_run_id};
+pub use names::{CHILD_ENDED, MAX_NAME_BYTES, MAX_RUN_ID_BYTES, RESERVED_PREFIX, validate_run_id};
 pub use panics::silence_caught_redb_panics;
 pub use record::{
     FailureRecord, FailureSource, MigratedFrom, StepRecord, Transition, TransitionRecord, now_ms,
@@ -64,8 +64,8 @@ pub use record::{
 pub use retention::RetentionPolicy;
 pub use retry::{DEFAULT_MAX_INTERRUPTIONS, RetryPolicy};
 pub use route::{Blocked, KnownVersion, Route, StoredRun, route};
-pub use row::{BlockInfo, INTERRUPTED, interrupted_attempt};
-pub use run::context::{Context, StepOptions, StepOutput};
+pub use row::{BlockInfo, INTERRUPTED, OnParentCancel, ParentLink, interrupted_attempt};
+pub use run::context::{ChildError, ChildOptions, ChildRun, Context, StepOptions, StepOutput};
 pub use run::dispatch::Dispatch;
 pub use run::settings::{DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PARK_THRESHOLD};
 pub use runtime::{

@@ -12,6 +12,11 @@ pub const MAX_NAME_BYTES: usize = 256;
 /// with it.
 pub const RESERVED_PREFIX: &str = "loops:";
 
+/// The event a child run's end sends to its parent, in the commit that ends the child (its
+/// payload: `{"child": CHILD_ID}`): what wakes a parent waiting to join its children
+/// ([`Context::join_child`](crate::Context::join_child)).
+pub const CHILD_ENDED: &str = "loops:child-ended";
+
 /// Checks a run id: not empty, at most [`MAX_RUN_ID_BYTES`] bytes, no control characters, no
 /// white space at either end (any other Unicode is accepted).
 ///

@@ -74,6 +74,40 @@ pub struct RunInfo {
     /// entered there. `None`: the state was entered at `seq`. See [`state_seq`](Self::state_seq).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub entered: Option<u64>,
+    /// The run that started this one as its child
+    /// ([`Context::start_child`](crate::Context::start_child)), and what that run's
+    /// cancellation does to this one; `None` for a run started otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<ParentLink>,
+}
+
+/// A child run's link to its parent: stored in the child's row ([`RunInfo::parent`]) when the
+/// parent's handler starts it, never changed afterwards.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ParentLink {
+    /// The parent run's id.
+    pub run_id: String,
+    /// What the parent's cancellation does to this run.
+    #[serde(default, skip_serializing_if = "OnParentCancel::is_default")]
+    pub on_cancel: OnParentCancel,
+}
+
+/// What a parent's cancellation does to a child run that has not ended: the child's policy,
+/// chosen when the parent starts it ([`ChildOptions`](crate::ChildOptions)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnParentCancel {
+    /// The child is cancelled too, in the commit that cancels the parent (the default).
+    #[default]
+    Cancel,
+    /// The child goes on, to its own end; nobody joins it.
+    Abandon,
+}
+
+impl OnParentCancel {
+    fn is_default(&self) -> bool {
+        *self == OnParentCancel::Cancel
+    }
 }
 
 impl RunInfo {
@@ -103,6 +137,7 @@ impl RunInfo {
             wait: None,
             block: None,
             entered: None,
+            parent: None,
         }
     }
 

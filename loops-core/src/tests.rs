@@ -1906,6 +1906,7 @@ async fn retention_selects_by_age_and_count() {
         wait: None,
         block: None,
         entered: None,
+        parent: None,
     };
     let runs = vec![info("a", 1_000), info("b", 5_000), info("c", 9_000)];
     let by_age = RetentionPolicy::older_than(Duration::from_millis(4_000));

@@ -559,6 +559,10 @@ impl Store for PgStore {
         Box::pin(self.read_count_runs())
     }
 
+    fn children<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, loops_core::Result<Vec<RunInfo>>> {
+        Box::pin(self.read_children(run_id))
+    }
+
     fn attributes<'a>(
         &'a self,
         run_id: &'a str,

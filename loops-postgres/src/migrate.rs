@@ -24,6 +24,7 @@ const MIGRATIONS: &[Migration] = &[
     MIGRATION_4,
     MIGRATION_5,
     MIGRATION_6,
+    MIGRATION_7,
 ];
 
 /// The tables.
@@ -189,8 +190,21 @@ CREATE INDEX attributes_search ON {s}.attributes (key, value, run_id);
 "#,
 };
 
+/// Child runs (loops-core's `Context::start_child`): each run's parent as a column (its row's
+/// `parent.run_id`; no run had one before this version, so there is nothing to backfill),
+/// and the index that finds a run's children: for a cancellation's cascade (the unfinished
+/// ones, in the cancel's transaction) and for `Store::children`.
+const MIGRATION_7: Migration = Migration {
+    version: 7,
+    description: "runs: parent column and its index (child runs)",
+    sql: r#"
+ALTER TABLE {s}.runs ADD COLUMN parent text COLLATE "C";
+CREATE INDEX runs_parent ON {s}.runs (parent, run_id) WHERE parent IS NOT NULL;
+"#,
+};
+
 /// The newest schema version this build knows (and creates).
-pub const SCHEMA_VERSION: i32 = 6;
+pub const SCHEMA_VERSION: i32 = 7;
 
 /// Checks, writing nothing, that schema `schema` is at [`SCHEMA_VERSION`]. Returns it.
 pub(crate) async fn check(client: &tokio_postgres::Client, schema: &str) -> Result<i32, Error> {

@@ -283,6 +283,19 @@ impl PgStore {
         Ok(out)
     }
 
+    pub(crate) async fn read_children(&self, run_id: &str) -> Result<Vec<RunInfo>> {
+        let action = || format!("listing the children of run `{run_id}`");
+        let rows = self
+            .rows(action, &self.inner.sql.children, &[&run_id])
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let child = text(row, 0, "?")?;
+                RunInfo::decode(&child, text(row, 1, &child)?.as_bytes())
+            })
+            .collect()
+    }
+
     pub(crate) async fn read_schema(&self, hash: SchemaHash) -> Result<Option<String>> {
         let key = hash.to_string();
         let rows = self

@@ -50,6 +50,8 @@ pub(crate) struct Sql {
     pub(crate) events: String,
     pub(crate) has_pending: String,
     pub(crate) list: String,
+    pub(crate) children: String,
+    pub(crate) live_children: String,
     pub(crate) list_workflow: String,
     pub(crate) count_runs: String,
     pub(crate) schema: String,
@@ -96,8 +98,8 @@ impl Sql {
             lock_runs: f("SELECT info, run_id FROM {s}.runs WHERE run_id = ANY($1) \
                  ORDER BY run_id FOR UPDATE"),
             insert_run: f("INSERT INTO {s}.runs \
-                 (run_id, workflow, status, seq, wait_event, wait_until_ms, info, schema) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)"),
+                 (run_id, workflow, status, seq, wait_event, wait_until_ms, info, schema, parent) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)"),
             update_run: f(
                 "UPDATE {s}.runs SET status = $2, seq = $3, wait_event = $4, \
                  wait_until_ms = $5, info = $6, schema = $7 WHERE run_id = $1",
@@ -178,6 +180,11 @@ impl Sql {
                  WHERE run_id = $1 AND name = $2 AND NOT delivered)"),
             list: f("SELECT run_id, info FROM {s}.runs WHERE status = $1 \
                  ORDER BY workflow, run_id"),
+            children: f("SELECT run_id, info FROM {s}.runs WHERE parent = $1 ORDER BY run_id"),
+            // The fact of a cancellation: the run's children that have not ended (each is
+            // locked by its own follow-up cancellation, parent row first).
+            live_children: f("SELECT info, run_id FROM {s}.runs WHERE parent = $1 \
+                 AND status IN ('running', 'waiting', 'blocked') ORDER BY run_id"),
             list_workflow: f("SELECT run_id, info FROM {s}.runs \
                  WHERE status = $1 AND workflow = $2 ORDER BY run_id"),
             // Served by the index `runs_status` (status, workflow, run_id).

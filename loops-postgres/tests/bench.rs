@@ -97,6 +97,7 @@ fn info(run_id: &str) -> RunInfo {
         wait: None,
         block: None,
         entered: None,
+        parent: None,
     }
 }
 

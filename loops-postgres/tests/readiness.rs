@@ -31,6 +31,7 @@ fn info(run_id: &str) -> RunInfo {
         wait: None,
         block: None,
         entered: None,
+        parent: None,
     }
 }
 

@@ -93,6 +93,7 @@ fn info(run_id: &str) -> RunInfo {
         updated_ms: 1_000,
         retry_at_ms: None,
         error: None,
+        parent: None,
         cancel: None,
         wait: None,
         block: None,

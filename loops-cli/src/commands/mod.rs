@@ -8,6 +8,7 @@ pub mod runs;
 pub mod schema;
 pub mod show;
 pub mod steer;
+pub mod tree;
 
 use std::future::Future;
 

@@ -64,6 +64,9 @@ pub fn run(target: &Target, args: &ShowArgs) -> Result<()> {
         t.row(vec![Cell::new(label, HEADER), Cell::new(value, style)]);
     };
     field("run", info.run_id.clone(), ID);
+    if let Some(parent) = &info.parent {
+        field("parent", parent.run_id.clone(), ID);
+    }
     field("workflow", info.workflow.clone(), PLAIN);
     field("status", info.status.to_string(), status_style(info.status));
     // After `loops retry`, attempt numbers count on; the budget counts from the retry.

@@ -90,6 +90,7 @@ use std::future::Future;
 use crate::store::Store;
 
 mod attributes;
+mod children;
 mod data;
 mod evolve;
 mod factory;
@@ -203,11 +204,20 @@ pub enum Case {
     /// attribute refuses the write, and a creation with one creates nothing); a seq the run
     /// left, an old lease and an ended run are fenced; nothing refused is written.
     AttributesRefused,
+    /// A child run's end (a terminal transition, a failure that gives up, a cancellation)
+    /// appends `loops:child-ended` (`{"child": ID}`) to its parent's inbox in the commit
+    /// that ends it; an ended parent gets nothing, and the child's write is not refused for
+    /// it. `Store::children` lists a run's children, with their links, by run id.
+    ChildEndWakesParent,
+    /// A parent's cancellation, in its one commit, ends its waiting children (policy
+    /// cancel), asks its running children to stop, leaves its abandoned children alone, and
+    /// cascades through grandchildren; the children that ended wake their parents.
+    CancelCascades,
 }
 
 impl Case {
     /// Every case, in the order of their tests.
-    pub const ALL: [Case; 18] = [
+    pub const ALL: [Case; 20] = [
         Case::CreateAndRead,
         Case::TransitionsAppendInOrder,
         Case::StepsAreImmutable,
@@ -226,6 +236,8 @@ impl Case {
         Case::SealingKeys,
         Case::AttributesSearch,
         Case::AttributesRefused,
+        Case::ChildEndWakesParent,
+        Case::CancelCascades,
     ];
 
     /// The case's name (`"create_and_read"`): the name of its test.
@@ -249,6 +261,8 @@ impl Case {
             Case::SealingKeys => "sealing_keys",
             Case::AttributesSearch => "attributes_search",
             Case::AttributesRefused => "attributes_refused",
+            Case::ChildEndWakesParent => "child_end_wakes_parent",
+            Case::CancelCascades => "cancel_cascades",
         }
     }
 
@@ -281,6 +295,8 @@ impl Case {
             Case::SealingKeys => data::sealing_keys(factory).await,
             Case::AttributesSearch => attributes::attributes_search(factory).await,
             Case::AttributesRefused => attributes::attributes_refused(factory).await,
+            Case::ChildEndWakesParent => children::child_end_wakes_parent(factory).await,
+            Case::CancelCascades => children::cancel_cascades(factory).await,
         }
         Outcome::Passed
     }
@@ -346,6 +362,8 @@ macro_rules! conformance_suite {
             sealing_keys => SealingKeys,
             attributes_search => AttributesSearch,
             attributes_refused => AttributesRefused,
+            child_end_wakes_parent => ChildEndWakesParent,
+            cancel_cascades => CancelCascades,
         }
     };
 }

@@ -34,6 +34,7 @@ pub(super) fn info(run_id: &str) -> RunInfo {
         wait: None,
         block: None,
         entered: None,
+        parent: None,
     }
 }
 

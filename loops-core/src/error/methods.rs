@@ -65,6 +65,7 @@ impl Error {
             | Error::InvalidAttribute { run_id, .. }
             | Error::RunNotFound { run_id }
             | Error::WorkflowMismatch { run_id, .. }
+            | Error::ChildConflict { run_id, .. }
             | Error::SchemaMismatch { run_id, .. }
             | Error::RunActive { run_id }
             | Error::MigrationRefused { run_id, .. }

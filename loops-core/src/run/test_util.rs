@@ -38,6 +38,7 @@ pub fn __for_tests(run_id: impl Into<String>, seq: u64, attempt: u32) -> Context
         time: crate::clock::Clock::system(),
         observer: None,
         log_texts: true,
+        kin: None,
     };
     Context::new(Arc::new(scope), "test", seq, attempt, 0, Vec::new())
 }

@@ -286,10 +286,12 @@ impl Runtime {
 
     /// The driver of the run `claim` holds.
     pub(crate) fn drive<'a>(&'a self, claim: &'a Claim) -> Drive<'a> {
+        let inner: std::sync::Weak<Inner> = Arc::downgrade(&self.inner);
         Drive {
             store: &self.inner.store,
             settings: &self.inner.config.settings,
             held: claim.held(),
+            kin: Some(inner),
         }
     }
 

@@ -8,6 +8,7 @@
 //! `handle` imports none of them but `claims` and `scheduler`.
 
 mod builder;
+mod children;
 mod claims;
 mod evolve;
 mod gauges;

@@ -187,6 +187,10 @@ impl Runtime {
         run_id: &str,
         result: Result<Option<Stopped>>,
     ) {
+        let ended = matches!(
+            result,
+            Ok(Some(Stopped::Ended)) | Err(Error::RunFailed { .. } | Error::RunCancelled { .. })
+        );
         let hand_off = match result {
             Ok(Some(Stopped::Parked(info))) => {
                 if let Some(until) = info.wait.as_ref().and_then(|w| w.until_ms) {
@@ -227,6 +231,9 @@ impl Runtime {
         // driver, which was stopping. Look again now that the run is free.
         if hand_off && needs_driver(self, run_id).await {
             self.spawn_driver(workflow, run_id);
+        }
+        if ended && let Ok(Some(info)) = self.store().run_info(run_id).await {
+            self.wake_parent(&info).await;
         }
     }
 

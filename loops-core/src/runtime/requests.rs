@@ -256,7 +256,9 @@ impl Runtime {
         }
         if info.status.is_ended() {
             self.inner.background.notify_ended();
+            self.wake_parent(&info).await;
         }
+        self.signal_cancelled_children(run_id).await;
         tracing::info!(run_id, reason, "cancellation requested");
         Ok(info)
     }

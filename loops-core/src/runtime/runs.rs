@@ -133,6 +133,13 @@ impl Runtime {
         .await;
         drop(claim);
         self.inner.background.notify_ended();
+        if matches!(
+            result,
+            Ok(Driven::Ended(_)) | Err(Error::RunFailed { .. } | Error::RunCancelled { .. })
+        ) && let Ok(Some(info)) = self.store().run_info(run_id).await
+        {
+            self.wake_parent(&info).await;
+        }
         match result? {
             Driven::Ended(value) => Ok(value),
             Driven::Parked(info) => Err(Error::RunNotFound {

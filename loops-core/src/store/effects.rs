@@ -3,7 +3,7 @@
 
 use std::borrow::Cow;
 
-use super::protocol::Reply;
+use super::protocol::{Reply, Write};
 use super::{RunInfo, RunStatus};
 use crate::attribute::AttributeValue;
 use crate::error::Error;
@@ -41,6 +41,12 @@ pub struct Effects<'w> {
     /// [`plan`](super::plan::plan) for every write; a store shared by several workers tells
     /// them on commit (PostgreSQL: `NOTIFY`), a store only one process opens may ignore it.
     pub wakes: bool,
+    /// Writes of other runs that follow from this one, to apply after it in the same
+    /// commit, each planned on its own (its facts gathered after this write's effects are
+    /// written): the wake-up of a child's parent when the child ends, the cancellation of a
+    /// cancelled run's children. A follow-up its plan refuses (the parent ended, say) is
+    /// skipped: it writes nothing and does not refuse this write.
+    pub follow_ups: Vec<Write>,
     /// What the store answers.
     pub reply: Reply,
 }
@@ -58,6 +64,7 @@ impl<'w> Effects<'w> {
             delete: Vec::new(),
             sealing: None,
             wakes: false,
+            follow_ups: Vec::new(),
             reply,
         }
     }
@@ -81,6 +88,7 @@ impl<'w> Effects<'w> {
             && self.attributes.is_empty()
             && self.delete.is_empty()
             && self.sealing.is_none()
+            && self.follow_ups.is_empty()
     }
 }
 

@@ -35,6 +35,8 @@ pub struct Needs<'w> {
     pub next_event_seq: bool,
     /// Runs whose rows the write reads (and locks): [`Facts::runs`].
     pub runs: &'w [String],
+    /// The rows of the run's children that have not ended: [`Facts::children`].
+    pub children: bool,
 }
 
 /// A key of one of a run's immutable records.
@@ -85,6 +87,9 @@ pub struct Facts<'a> {
     pub next_event_seq: u64,
     /// The rows of [`Needs::runs`] that exist, in any order.
     pub runs: Vec<RunInfo>,
+    /// With [`Needs::children`]: the rows of the runs whose [`parent`](RunInfo::parent) is
+    /// the run, that have not ended (status running, waiting or blocked), by run id.
+    pub children: Vec<RunInfo>,
 }
 
 /// The lease a write carries and the run's current one.

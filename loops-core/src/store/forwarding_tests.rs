@@ -79,6 +79,10 @@ impl Store for Probe {
         self.answer("run_info", None)
     }
 
+    fn children<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<Vec<RunInfo>>> {
+        self.answer("children", Vec::new())
+    }
+
     fn latest<'a>(
         &'a self,
         _: &'a str,
@@ -209,6 +213,8 @@ pub(crate) async fn assert_forwards(wrapper: &str, wrap: impl FnOnce(Probe) -> A
         .unwrap();
     call("run_info");
     store.run_info("r").await.unwrap();
+    call("children");
+    store.children("r").await.unwrap();
     call("latest");
     store.latest("r").await.unwrap();
     call("history");

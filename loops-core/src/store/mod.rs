@@ -27,6 +27,7 @@ use crate::schema::SchemaHash;
 pub use crate::status::RunStatus;
 
 mod checks;
+mod children;
 mod effects;
 mod evolve;
 mod facts;
@@ -120,6 +121,10 @@ pub trait Store: Send + Sync + 'static {
 
     /// Whether an event named `event` waits undelivered in the run's inbox.
     fn has_pending<'a>(&'a self, run_id: &'a str, event: &'a str) -> BoxFuture<'a, Result<bool>>;
+
+    /// The rows of the run's children (runs its handler started with
+    /// [`Context::start_child`](crate::Context::start_child)), any status, by run id.
+    fn children<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<RunInfo>>>;
 
     /// The runs with `status` (optionally of one workflow), from the status index.
     fn list<'a>(

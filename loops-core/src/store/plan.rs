@@ -17,6 +17,7 @@ use std::borrow::Cow;
 use super::checks::{
     Given, check_lease, existing, fence, fenced, fenced_journal, leased, run_ended,
 };
+use super::children;
 use super::effects::{DUE_OUTPUT, Effects, InboxChange, Record, delivered_output, event_record};
 use super::evolve;
 use super::facts::{Facts, Needs, PendingEvent, RecordKey};
@@ -167,8 +168,12 @@ impl Write {
                 schema: Some(record.schema),
                 ..Needs::default()
             },
-            Write::Cancel { .. }
-            | Write::EndCancelled { .. }
+            Write::Cancel { .. } => Needs {
+                run,
+                children: true,
+                ..Needs::default()
+            },
+            Write::EndCancelled { .. }
             | Write::Retry { .. }
             | Write::Wake { .. }
             | Write::Block { .. }
@@ -199,13 +204,22 @@ impl Write {
 /// (retrying a run that has not failed); [`Error::RecordMissing`] and [`Error::Decode`]
 /// for an inbox record a wait cannot read.
 pub fn plan<'w>(write: &'w Write, row: Option<&RunInfo>, facts: &Facts<'_>) -> Result<Effects<'w>> {
-    let mut effects = planned(write, row, facts)?;
+    let mut effects = own_effects(write, row, facts)?;
+    children::add_follow_ups(write, facts, &mut effects);
     effects.wakes = super::ready::wakes(row, &effects, facts.lease.is_some());
     Ok(effects)
 }
 
-/// [`plan`]'s effects, but for [`Effects::wakes`], which `plan` derives from them.
-fn planned<'w>(write: &'w Write, row: Option<&RunInfo>, facts: &Facts<'_>) -> Result<Effects<'w>> {
+/// What `write` does to its own run (or, for `Prune` and `Seal`, to the store): [`plan`]
+/// without the follow-ups for other runs and without [`Effects::wakes`], which `plan` derives
+/// from these effects.
+// This function is long because it is the one match over every write, one arm each that only
+// unpacks the variant for its function: split, the arms would be farther from the variants.
+fn own_effects<'w>(
+    write: &'w Write,
+    row: Option<&RunInfo>,
+    facts: &Facts<'_>,
+) -> Result<Effects<'w>> {
     let g = Given { row, facts };
     match write {
         Write::Create {

@@ -23,6 +23,7 @@ pub(super) fn row(run_id: &str, status: RunStatus, seq: u64) -> RunInfo {
         wait: None,
         block: None,
         entered: None,
+        parent: None,
     }
 }
 
@@ -349,4 +350,93 @@ fn a_write_wakes_other_workers_only_when_it_makes_the_run_ready() {
     // A refused write has no effects at all.
     let ended = row("r", RunStatus::Completed, 3);
     assert!(plan(&send("go"), Some(&ended), &Facts::default()).is_err());
+}
+
+fn child_of(parent: &str, on_cancel: crate::OnParentCancel) -> Option<crate::ParentLink> {
+    Some(crate::ParentLink {
+        run_id: parent.to_owned(),
+        on_cancel,
+    })
+}
+
+#[test]
+fn a_childs_end_sends_child_ended_to_its_parent_and_nothing_else_does() {
+    let child = RunInfo {
+        parent: child_of("p", crate::OnParentCancel::Cancel),
+        ..row("r", RunStatus::Running, 3)
+    };
+    // A transition that does not end the child: no follow-up.
+    let (inner, last) = (transition(4, false), transition(4, true));
+    let effects = plan(&inner, Some(&child), &Facts::default()).unwrap();
+    assert!(effects.follow_ups.is_empty());
+    // The terminal transition: one Send to the parent, at the child's commit time.
+    let effects = plan(&last, Some(&child), &Facts::default()).unwrap();
+    match effects.follow_ups.as_slice() {
+        [
+            Write::Send {
+                run_id,
+                name,
+                payload,
+                key,
+                at_ms,
+            },
+        ] => assert_eq!(
+            (
+                run_id.as_str(),
+                name.as_str(),
+                payload.as_str(),
+                key.as_deref(),
+                *at_ms
+            ),
+            ("p", crate::CHILD_ENDED, r#"{"child":"r"}"#, None, 99)
+        ),
+        other => panic!("expected one Send, got {other:?}"),
+    }
+    // A run without a parent ends without a follow-up.
+    let orphan = row("r", RunStatus::Running, 3);
+    let effects = plan(&last, Some(&orphan), &Facts::default()).unwrap();
+    assert!(effects.follow_ups.is_empty());
+}
+
+#[test]
+fn a_cancel_cancels_the_children_whose_policy_is_cancel() {
+    let parent = row("p", RunStatus::Running, 1);
+    let kid = |id: &str, status, on_cancel| RunInfo {
+        parent: child_of("p", on_cancel),
+        ..row(id, status, 0)
+    };
+    let facts = Facts {
+        children: vec![
+            kid("a", RunStatus::Waiting, crate::OnParentCancel::Cancel),
+            kid("b", RunStatus::Running, crate::OnParentCancel::Cancel),
+            kid("c", RunStatus::Waiting, crate::OnParentCancel::Abandon),
+        ],
+        ..Facts::default()
+    };
+    let write = Write::Cancel {
+        run_id: "p".to_owned(),
+        reason: "stop".to_owned(),
+        end_now: false,
+        at_ms: 50,
+    };
+    assert!(write.needs().children);
+    let effects = plan(&write, Some(&parent), &facts).unwrap();
+    let cascaded: Vec<(&str, &str, bool, u64)> = effects
+        .follow_ups
+        .iter()
+        .map(|w| match w {
+            Write::Cancel {
+                run_id,
+                reason,
+                end_now,
+                at_ms,
+            } => (run_id.as_str(), reason.as_str(), *end_now, *at_ms),
+            other => panic!("expected a Cancel, got {other:?}"),
+        })
+        .collect();
+    let reason = "parent run `p` was cancelled";
+    assert_eq!(
+        cascaded,
+        [("a", reason, true, 50), ("b", reason, false, 50)]
+    );
 }

@@ -108,8 +108,8 @@ pub enum Verdict {
 #[non_exhaustive]
 pub enum Call<'a> {
     /// A read of one run: `method` is the [`Store`] method (`"run_info"`, `"latest"`,
-    /// `"history"`, `"steps"`, `"failures"`, `"events"`, `"has_pending"` or
-    /// `"attributes"`).
+    /// `"history"`, `"steps"`, `"failures"`, `"events"`, `"has_pending"`,
+    /// `"attributes"` or `"children"`).
     Read {
         /// The method.
         method: &'static str,
@@ -403,6 +403,10 @@ impl<S: Store> Store for HookedStore<S> {
 
     fn has_pending<'a>(&'a self, run_id: &'a str, event: &'a str) -> BoxFuture<'a, Result<bool>> {
         self.read("has_pending", run_id, self.inner.has_pending(run_id, event))
+    }
+
+    fn children<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<RunInfo>>> {
+        self.read("children", run_id, self.inner.children(run_id))
     }
 
     fn list<'a>(

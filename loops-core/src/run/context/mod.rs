@@ -57,6 +57,8 @@ pub(crate) struct RunScope {
     pub(crate) log_texts: bool,
     /// Told of every run of a step's closure (the test kit's crash explorer).
     pub(crate) observer: Option<StepObserver>,
+    /// The runtime, to drive the child runs the handler starts (`None` outside a runtime).
+    pub(crate) kin: Option<std::sync::Weak<dyn Kin>>,
 }
 
 #[derive(Default)]
@@ -81,12 +83,15 @@ impl std::fmt::Debug for Context {
     }
 }
 
+mod children;
 mod options;
 mod stale;
 mod step;
 mod tries;
 mod wait;
 
+pub(crate) use children::Kin;
+pub use children::{ChildError, ChildOptions, ChildRun};
 pub use options::StepOptions;
 pub use step::StepOutput;
 

@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::record::TransitionRecord;
 use crate::row::RunInfo;
 use crate::run::attempts::failed_attempts;
-use crate::run::context::{Context, RunScope};
+use crate::run::context::{Context, Kin, RunScope};
 use crate::run::dispatch::Dispatch;
 use crate::run::settings::{Held, Settings};
 use crate::schema::{SchemaDiff, SchemaHash};
@@ -86,6 +86,8 @@ pub(crate) struct Drive<'a> {
     pub(crate) store: &'a Arc<dyn Store>,
     pub(crate) settings: &'a Settings,
     pub(crate) held: &'a Held,
+    /// The runtime, for the child runs the handler starts.
+    pub(crate) kin: Option<std::sync::Weak<dyn Kin>>,
 }
 
 /// Where the drive loop stands between two looks at the run's row.
@@ -247,6 +249,7 @@ impl Drive<'_> {
             time: self.settings.clock.clone(),
             observer: self.settings.observer.clone(),
             log_texts: self.settings.log_texts,
+            kin: self.kin.clone(),
         });
         let mut run = Progress {
             info: entered.info,

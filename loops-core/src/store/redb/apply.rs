@@ -53,7 +53,23 @@ pub(super) fn apply(
         return Ok(Applied::Unchanged(effects.reply));
     }
     store(t, &effects)?;
+    apply_follow_ups(t, &effects.follow_ups)?;
     Ok(Applied::Wrote(effects.reply))
+}
+
+/// Applies the [follow-up writes](Effects::follow_ups) of a write, after its effects, in the
+/// same transaction; one that its plan refuses writes nothing and is skipped.
+fn apply_follow_ups(t: &mut Tables<'_>, writes: &[Write]) -> std::result::Result<(), ApplyError> {
+    for write in writes {
+        match apply(t, write, None) {
+            Ok(_) => {}
+            Err(ApplyError::Rejected(e)) => {
+                tracing::debug!(error = %e, "a follow-up write was refused; skipped");
+            }
+            Err(e @ ApplyError::Storage(_)) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 fn load_row(t: &mut Tables<'_>, run_id: &str) -> std::result::Result<Option<RunInfo>, ApplyError> {
@@ -147,6 +163,21 @@ fn gather<'w>(t: &mut Tables<'_>, needs: &Needs<'w>) -> std::result::Result<Fact
             facts.runs.push(info);
         }
     }
+    if needs.children {
+        let top = name_upper_bound();
+        let ids: Vec<String> = t
+            .children()?
+            .range((id, "")..(id, top.as_str()))?
+            .map(|entry| entry.map(|(key, _)| key.value().1.to_owned()))
+            .collect::<std::result::Result<_, _>>()?;
+        for child in ids {
+            if let Some(info) = load_row(t, &child)?
+                && !info.status.is_ended()
+            {
+                facts.children.push(info);
+            }
+        }
+    }
     Ok(facts)
 }
 
@@ -222,6 +253,11 @@ fn store_row(t: &mut Tables<'_>, row: &RowWrite) -> std::result::Result<(), Appl
     let info = &row.info;
     let id = info.run_id.as_str();
     t.runs()?.insert(id, info.encode().as_slice())?;
+    if row.was.is_none()
+        && let Some(parent) = &info.parent
+    {
+        t.children()?.insert((parent.run_id.as_str(), id), ())?;
+    }
     if let Some((from, to)) = row.status_move() {
         let workflow = info.workflow.as_str();
         if let Some(from) = from {
@@ -267,6 +303,9 @@ fn delete_run(t: &mut Tables<'_>, info: &RunInfo) -> std::result::Result<(), App
             .remove((key.as_str(), value.as_slice(), id))?;
     }
     t.runs()?.remove(id)?;
+    if let Some(parent) = &info.parent {
+        t.children()?.remove((parent.run_id.as_str(), id))?;
+    }
     t.status()?
         .remove((info.status.code(), info.workflow.as_str(), id))?;
     t.journal()?

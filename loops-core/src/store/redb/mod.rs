@@ -382,6 +382,10 @@ impl Store for RedbStore {
         Box::pin(std::future::ready(RedbStore::latest(self, run_id)))
     }
 
+    fn children<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<RunInfo>>> {
+        Box::pin(std::future::ready(RedbStore::children(self, run_id)))
+    }
+
     fn history<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<TransitionRecord>>> {
         Box::pin(std::future::ready(RedbStore::history(self, run_id)))
     }

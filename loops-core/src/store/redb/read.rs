@@ -6,8 +6,8 @@ use redb::ReadableTable;
 
 use super::commit::reopen_if_needed;
 use super::tables::{
-    ATTRIBUTE_INDEX, ATTRIBUTE_KEY_ABOVE, ATTRIBUTES, FAILURES, INBOX, JOURNAL, PENDING, RUNS,
-    SCHEMAS, SEALING, STATUS, STEPS,
+    ATTRIBUTE_INDEX, ATTRIBUTE_KEY_ABOVE, ATTRIBUTES, CHILDREN, FAILURES, INBOX, JOURNAL, PENDING,
+    RUNS, SCHEMAS, SEALING, STATUS, STEPS, name_upper_bound,
 };
 use super::{RedbStore, corrupted};
 use crate::attribute::{AttributeValue, Attributes, RunFilter};
@@ -161,6 +161,35 @@ impl RedbStore {
                             source,
                         })?;
                     out.push((seq, record));
+                }
+                Ok(out)
+            },
+        )
+    }
+
+    /// The rows of the run's children (the runs whose [`parent`](RunInfo::parent) is
+    /// `run_id`), any status, by run id; empty for a run without children.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on a read error; [`Error::Decode`] if a row is unreadable.
+    pub fn children(&self, run_id: &str) -> Result<Vec<RunInfo>> {
+        self.read(
+            || format!("listing the children of run `{run_id}`"),
+            |txn| {
+                // A file written before child runs has no such table: no run has children.
+                let index = match txn.open_table(CHILDREN) {
+                    Ok(index) => index,
+                    Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+                    Err(e) => return Err(e.into()),
+                };
+                let runs = txn.open_table(RUNS)?;
+                let top = name_upper_bound();
+                let mut out = Vec::new();
+                for entry in index.range((run_id, "")..(run_id, top.as_str()))? {
+                    let (key, _) = entry?;
+                    if let Some(info) = read_info(&runs, key.value().1)? {
+                        out.push(info);
+                    }
                 }
                 Ok(out)
             },

@@ -27,7 +27,11 @@ pub(crate) const ATTRIBUTES: TableDefinition<(&str, &str), &[u8]> =
 pub(crate) const ATTRIBUTE_INDEX: TableDefinition<(&str, &[u8], &str), ()> =
     TableDefinition::new("attribute_index");
 
-const TABLES: [&str; 12] = [
+/// A run's children: (parent run id, child run id) → `()`, written with the child's row
+/// ([`RunInfo::parent`](crate::RunInfo::parent)), deleted when the child is pruned.
+pub(crate) const CHILDREN: TableDefinition<(&str, &str), ()> = TableDefinition::new("children");
+
+const TABLES: [&str; 13] = [
     "runs",
     "journal",
     "steps",
@@ -40,6 +44,7 @@ const TABLES: [&str; 12] = [
     "sealing",
     "attributes",
     "attribute_index",
+    "children",
 ];
 
 /// Creates the tables a new file lacks; writes nothing to a file that has them all.
@@ -64,6 +69,7 @@ pub(super) fn ensure_tables(db: &Database) -> std::result::Result<(), redb::Erro
     txn.open_table(SEALING)?;
     txn.open_table(ATTRIBUTES)?;
     txn.open_table(ATTRIBUTE_INDEX)?;
+    txn.open_table(CHILDREN)?;
     txn.commit()?;
     Ok(())
 }
@@ -85,6 +91,7 @@ pub(super) struct Tables<'t> {
     sealing: Lazy<'t, &'static str, u64>,
     attributes: Lazy<'t, (&'static str, &'static str), &'static [u8]>,
     attribute_index: Lazy<'t, AttributeIndexKey, ()>,
+    children: Lazy<'t, (&'static str, &'static str), ()>,
 }
 
 /// A table of [`Tables`]: `None` until first used.
@@ -129,10 +136,12 @@ table_accessors! {
     sealing: SEALING => (&'static str, u64);
     attributes: ATTRIBUTES => ((&'static str, &'static str), &'static [u8]);
     attribute_index: ATTRIBUTE_INDEX => (AttributeIndexKey, ());
+    children: CHILDREN => ((&'static str, &'static str), ());
 }
 
-/// A string above every valid event name or idempotency key (at most 256 bytes): 65 times
-/// the highest code point, 260 bytes. Bounds range scans over `(run id, name, ..)` keys.
+/// A string above every valid event name, idempotency key or run id (at most 256 bytes): 65
+/// times the highest code point, 260 bytes. Bounds range scans over `(run id, name, ..)`
+/// and `(parent, child)` keys.
 pub(super) fn name_upper_bound() -> String {
     char::MAX.to_string().repeat(65)
 }

@@ -261,6 +261,13 @@ impl Store for SealedStore {
         self.inner.has_pending(run_id, event)
     }
 
+    fn children<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<RunInfo>>> {
+        Box::pin(async move {
+            self.check(false).await?;
+            self.opened_rows(self.inner.children(run_id).await)
+        })
+    }
+
     fn list<'a>(
         &'a self,
         status: RunStatus,

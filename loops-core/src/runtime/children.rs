@@ -1,0 +1,59 @@
+//! Child runs, as the runtime sees them: driving a child a handler started, waking a parent
+//! when its child ends, and telling the drivers of a cancelled run's children.
+
+use std::sync::Arc;
+
+use crate::row::RunInfo;
+use crate::run::context::Kin;
+use crate::runtime::handle::{Inner, Runtime};
+
+impl Kin for Inner {
+    fn drive_child(self: Arc<Self>, workflow: &str, run_id: &str) {
+        Runtime { inner: self }.spawn_driver(workflow, run_id);
+    }
+}
+
+impl Runtime {
+    /// After the run `info` ended here: wakes its parent, if it has one, in this process
+    /// (the event that wakes it is in its inbox already, written with the child's end; this
+    /// only starts or signals the parent's driver, as [`send`](Self::send) does). A store
+    /// shared by several workers makes the parent claimable by any of them anyway.
+    pub(crate) async fn wake_parent(&self, info: &RunInfo) {
+        let Some(parent) = &info.parent else {
+            return;
+        };
+        match self.store().run_info(&parent.run_id).await {
+            Ok(Some(parent)) => self.wake(&parent),
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(run_id = %info.run_id, parent = %parent.run_id, error = %e, "could not read the parent of an ended run; its next claim or resume wakes it");
+            }
+        }
+    }
+
+    /// After the run `run_id` was cancelled: signals the drivers in this process of its
+    /// descendants whose cancellation the same commit asked for (those not ended), so that
+    /// a running child stops at its next step, and a child waiting in place sees its row.
+    pub(crate) async fn signal_cancelled_children(&self, run_id: &str) {
+        let mut todo = vec![run_id.to_owned()];
+        while let Some(parent) = todo.pop() {
+            let children = match self.store().children(&parent).await {
+                Ok(children) => children,
+                Err(e) => {
+                    tracing::warn!(run_id = %parent, error = %e, "could not list the children of a cancelled run; they end at their next boundary");
+                    continue;
+                }
+            };
+            for child in children {
+                if child.cancel.is_none() {
+                    continue;
+                }
+                if let Some(signals) = self.inner.claims.signals(&child.run_id) {
+                    signals.cancel.cancel();
+                    signals.wake.notify_one();
+                }
+                todo.push(child.run_id);
+            }
+        }
+    }
+}

@@ -1,0 +1,582 @@
+//! Child runs (`Context::start_child`, `join_all`, `join_first`, `join_child`) on the embedded
+//! store, in one process: fan-out and fan-in with exact results, each child started and run
+//! once, typed failures and cancellations, and the cancellation of a parent cascading to its
+//! children in the order docs/design.md gives.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use loops::{
+    ChildError, ChildOptions, ChildRun, Context, Error, OnParentCancel, RedbStore, RunStatus,
+    Runtime, Workflow,
+};
+use serde::{Deserialize, Serialize};
+
+#[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(name = "leaf")]
+#[event(go: u64)]
+enum Leaf {
+    #[initial]
+    #[next(Squared)]
+    Start { i: u64, mode: Mode },
+    #[terminal]
+    Squared { i: u64, square: u64 },
+}
+
+/// What a leaf does before it ends.
+#[derive(loops::Schema, Serialize, Deserialize, Debug, Clone, Copy, PartialEq)]
+enum Mode {
+    /// Squares at once.
+    Now,
+    /// Fails for good.
+    Fail,
+    /// Waits for the event `go` (parked).
+    Wait,
+    /// Runs a step that lasts until the run is cancelled.
+    Busy,
+}
+
+#[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(name = "fan")]
+enum Fan {
+    #[initial]
+    #[next(Summed)]
+    Split {
+        modes: Vec<Mode>,
+        first: usize,
+        abandon_last: bool,
+    },
+    #[terminal]
+    Summed { lines: Vec<String> },
+}
+
+/// Counts each leaf's executions of its square step, by child id; with a ledger, also
+/// appends a line `CHILD KEY` to that file for each (the crash tests' count, outside the
+/// store and the process).
+#[derive(Clone, Default)]
+struct Counts(Arc<Mutex<BTreeMap<String, u32>>>, Option<PathBuf>);
+
+impl Counts {
+    fn get(&self) -> BTreeMap<String, u32> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+impl LeafHandler for Counts {
+    type Error = Error;
+    async fn start(&self, ctx: &Context, i: u64, mode: Mode) -> Result<StartNext, Error> {
+        match mode {
+            Mode::Now => {}
+            Mode::Fail => return Err(Error::permanent(std::io::Error::other("leaf says no"))),
+            Mode::Wait => {
+                ctx.wait_for(Leaf::GO).await?;
+            }
+            Mode::Busy => {
+                ctx.step("busy", || async {
+                    ctx.cancelled().await;
+                    Ok(0u64)
+                })
+                .await?;
+            }
+        }
+        let counts = self.clone();
+        let id = ctx.run_id().to_owned();
+        let square = ctx
+            .step_keyed("square", |key| async move {
+                if let Some(ledger) = &counts.1 {
+                    let mut f = std::fs::OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(ledger)
+                        .unwrap();
+                    writeln!(f, "{id} {key}").unwrap();
+                    f.sync_all().unwrap();
+                }
+                *counts.0.lock().unwrap().entry(id).or_default() += 1;
+                Ok(i * i)
+            })
+            .await?;
+        Ok(StartNext::Squared { i, square })
+    }
+}
+
+struct Parent;
+
+impl FanHandler for Parent {
+    type Error = Error;
+    async fn split(
+        &self,
+        ctx: &Context,
+        modes: Vec<Mode>,
+        first: usize,
+        abandon_last: bool,
+    ) -> Result<SplitNext, Error> {
+        let mut children: Vec<ChildRun<Leaf>> = Vec::new();
+        for (i, mode) in modes.iter().enumerate() {
+            let id = format!("{}/{i}", ctx.run_id());
+            let mut options = ChildOptions::default();
+            if abandon_last && i + 1 == modes.len() {
+                options = options.abandon();
+            }
+            let initial = Leaf::Start {
+                i: i as u64,
+                mode: *mode,
+            };
+            children.push(ctx.start_child_with(&id, initial, options).await?);
+        }
+        let joined = if first < modes.len() {
+            ctx.join_first(first, &children).await?
+        } else {
+            ctx.join_all(&children)
+                .await?
+                .into_iter()
+                .enumerate()
+                .collect()
+        };
+        let lines = joined
+            .into_iter()
+            .map(|(index, result)| match result {
+                Ok(Leaf::Squared { i, square }) => format!("{index}: {i}^2 = {square}"),
+                Ok(other) => format!("{index}: {other:?}"),
+                Err(ChildError::Failed { errors, .. }) => format!("{index}: failed: {errors:?}"),
+                Err(ChildError::Cancelled { reason, .. }) => {
+                    format!("{index}: cancelled: {reason}")
+                }
+                Err(other) => format!("{index}: {other}"),
+            })
+            .collect();
+        Ok(SplitNext::Summed { lines })
+    }
+}
+
+fn runtime(counts: &Counts) -> Runtime {
+    Runtime::builder()
+        .register::<Leaf, _>(counts.clone())
+        .register::<Fan, _>(Parent)
+        .build(RedbStore::in_memory().unwrap())
+}
+
+async fn wait_status(rt: &Runtime, run_id: &str, status: RunStatus) -> loops::RunInfo {
+    loop {
+        let info = rt.store().run_info(run_id).await.unwrap().unwrap();
+        if info.status == status {
+            return info;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fan_out_and_join_all_gives_each_childs_result_in_order() {
+    let counts = Counts::default();
+    let rt = runtime(&counts);
+    let modes = vec![Mode::Now; 20];
+    rt.start(
+        "p",
+        Fan::Split {
+            modes,
+            first: usize::MAX,
+            abandon_last: false,
+        },
+    )
+    .await
+    .unwrap();
+    let done: Fan = rt.wait("p").await.unwrap();
+    let expected: Vec<String> = (0..20u64)
+        .map(|i| format!("{i}: {i}^2 = {}", i * i))
+        .collect();
+    assert_eq!(done, Fan::Summed { lines: expected });
+    // Each child ran its step once, and records the parent.
+    let once: BTreeMap<String, u32> = (0..20).map(|i| (format!("p/{i}"), 1)).collect();
+    assert_eq!(counts.get(), once);
+    let children = rt.store().children("p").await.unwrap();
+    assert_eq!(children.len(), 20);
+    for child in &children {
+        assert_eq!(child.status, RunStatus::Completed);
+        let parent = child.parent.as_ref().unwrap();
+        assert_eq!(
+            (parent.run_id.as_str(), parent.on_cancel),
+            ("p", OnParentCancel::Cancel)
+        );
+    }
+    // The start and the join are journaled: one start step per child, one join.
+    let steps = rt.store().steps("p", 0).await.unwrap();
+    let starts = steps
+        .iter()
+        .filter(|(n, _, _)| n.starts_with("loops:child:"))
+        .count();
+    let joins = steps.iter().filter(|(n, _, _)| n == "loops:join").count();
+    assert_eq!((starts, joins), (20, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_child_is_a_typed_error_and_join_first_orders_by_end() {
+    let counts = Counts::default();
+    let rt = runtime(&counts);
+    rt.start(
+        "p",
+        Fan::Split {
+            modes: vec![Mode::Wait, Mode::Fail, Mode::Now],
+            first: 2,
+            abandon_last: false,
+        },
+    )
+    .await
+    .unwrap();
+    let done: Fan = rt.wait("p").await.unwrap();
+    let Fan::Summed { lines } = done else {
+        panic!("not summed")
+    };
+    // Child 0 waits for ever; 1 fails and 2 squares, in either order of ending.
+    let mut sorted = lines.clone();
+    sorted.sort();
+    assert_eq!(
+        sorted,
+        vec![
+            "1: failed: [\"permanent error, not retried\", \"leaf says no\"]".to_owned(),
+            "2: 2^2 = 4".to_owned()
+        ]
+    );
+    let ended: Vec<u64> = {
+        let mut v = Vec::new();
+        for id in ["p/1", "p/2"] {
+            v.push(rt.store().run_info(id).await.unwrap().unwrap().updated_ms);
+        }
+        v
+    };
+    let first = if ended[0] <= ended[1] { "1" } else { "2" };
+    assert!(lines[0].starts_with(first), "{lines:?} ended at {ended:?}");
+    assert_eq!(
+        rt.store().run_info("p/0").await.unwrap().unwrap().status,
+        RunStatus::Waiting
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_parent_cancels_its_waiting_and_running_children_but_not_an_abandoned_one() {
+    let counts = Counts::default();
+    let rt = runtime(&counts);
+    rt.start(
+        "p",
+        Fan::Split {
+            modes: vec![Mode::Wait, Mode::Busy, Mode::Wait],
+            first: usize::MAX,
+            abandon_last: true,
+        },
+    )
+    .await
+    .unwrap();
+    // The parent parks in its join; child 0 and 2 park at their waits; 1 runs its step.
+    wait_status(&rt, "p", RunStatus::Waiting).await;
+    wait_status(&rt, "p/0", RunStatus::Waiting).await;
+    wait_status(&rt, "p/2", RunStatus::Waiting).await;
+    let busy = wait_status(&rt, "p/1", RunStatus::Running).await;
+    assert_eq!(busy.cancel, None);
+    // The waiting child ends in the cancel's commit; so does the parent, unless its
+    // driver holds it at this moment (a child's end made it look at its children again):
+    // then that driver ends it on the signal.
+    let info = rt.cancel("p", "enough").await.unwrap();
+    assert_eq!(info.cancel.as_deref(), Some("enough"));
+    let waiting = rt.store().run_info("p/0").await.unwrap().unwrap();
+    assert_eq!(
+        (waiting.status, waiting.cancel.as_deref()),
+        (RunStatus::Cancelled, Some("parent run `p` was cancelled"))
+    );
+    // The running child ends when its driver sees the request (its step is cancelled).
+    let busy = wait_status(&rt, "p/1", RunStatus::Cancelled).await;
+    assert_eq!(busy.cancel.as_deref(), Some("parent run `p` was cancelled"));
+    // The abandoned child goes on, and ends on its own.
+    let abandoned = rt.store().run_info("p/2").await.unwrap().unwrap();
+    assert_eq!(
+        (abandoned.status, abandoned.cancel),
+        (RunStatus::Waiting, None)
+    );
+    rt.send("p/2", Leaf::GO, &1).await.unwrap();
+    let leaf: Leaf = rt.wait("p/2").await.unwrap();
+    assert_eq!(leaf, Leaf::Squared { i: 2, square: 4 });
+    assert_eq!(
+        counts.get(),
+        BTreeMap::from([("p/2".to_owned(), 1)]),
+        "only the abandoned child squared"
+    );
+    match rt.wait::<Fan>("p").await {
+        Err(Error::RunCancelled { reason, .. }) => assert_eq!(reason, "enough"),
+        other => panic!("expected the parent cancelled, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_id_taken_by_another_run_is_a_typed_error() {
+    let counts = Counts::default();
+    let rt = runtime(&counts);
+    // A run that is not the parent's child holds the id of child 0.
+    rt.start(
+        "p/0",
+        Leaf::Start {
+            i: 9,
+            mode: Mode::Wait,
+        },
+    )
+    .await
+    .unwrap();
+    rt.start(
+        "p",
+        Fan::Split {
+            modes: vec![Mode::Now],
+            first: usize::MAX,
+            abandon_last: false,
+        },
+    )
+    .await
+    .unwrap();
+    let info = loop {
+        let info = rt.store().run_info("p").await.unwrap().unwrap();
+        if info.error.is_some() {
+            break info;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    assert_eq!(
+        info.error.unwrap(),
+        vec![
+            "run `p` (state `Split`, seq 0) cannot start child `p/0`: a run without a parent has that id"
+                .to_owned()
+        ]
+    );
+    rt.cancel("p", "done").await.unwrap();
+}
+
+/// The crash tests' child process: drives the parent `p` with `LOOPS_CHILDREN` children on
+/// the store file in `LOOPS_DIR` (resuming whatever is there), prints `ended STATE` at the
+/// end. With `LOOPS_ABORT=N before|after`, aborts the process (a real crash: only what
+/// committed survives) before or after the `N`-th write the parent's driver makes (its own
+/// writes and its children's creations; the children's drivers' writes are not counted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "run by the crash tests of this file as their child process"]
+async fn child_process() {
+    let dir = PathBuf::from(std::env::var("LOOPS_DIR").expect("LOOPS_DIR"));
+    let n: usize = std::env::var("LOOPS_CHILDREN").unwrap().parse().unwrap();
+    let abort = std::env::var("LOOPS_ABORT").ok().map(|v| {
+        let (n, when) = v.split_once(' ').unwrap();
+        (n.parse::<u64>().unwrap(), when == "after")
+    });
+    let done = drive(&dir, n, abort).await;
+    println!("ended {}", serde_json::to_string(&done).unwrap());
+}
+
+/// Drives the parent `p` with `n` children on the store file in `dir` (resuming whatever is
+/// there) to its end, aborting the process at the parent driver's write `abort`, if given.
+async fn drive(dir: &Path, n: usize, abort: Option<(u64, bool)>) -> Fan {
+    let store = RedbStore::open(dir.join("store.redb")).unwrap();
+    let hook = AbortAt {
+        at: abort,
+        seen: AtomicU64::new(0),
+    };
+    let store = loops::testing::HookedStore::with_hook(store, hook);
+    let counts = Counts(Arc::default(), Some(dir.join("ledger")));
+    let rt = Runtime::builder()
+        .register::<Leaf, _>(counts)
+        .register::<Fan, _>(Parent)
+        .build(store);
+    rt.resume_all().await.unwrap();
+    let initial = Fan::Split {
+        modes: vec![Mode::Now; n],
+        first: usize::MAX,
+        abandon_last: false,
+    };
+    rt.start("p", initial).await.unwrap();
+    let done: Fan = rt.wait("p").await.unwrap();
+    rt.shutdown().await;
+    done
+}
+
+/// Aborts the process at the parent driver's `at` write (`(n, after)`).
+struct AbortAt {
+    at: Option<(u64, bool)>,
+    seen: AtomicU64,
+}
+
+impl AbortAt {
+    /// Whether `seen` is a write of the parent's driver: its own, or a child's creation.
+    fn parents(seen: &loops::testing::WriteSeen) -> bool {
+        let run = seen.run_id.as_deref().unwrap_or("");
+        run == "p" || (seen.kind == "Create" && run.starts_with("p/"))
+    }
+}
+
+impl loops::testing::WriteHook for AbortAt {
+    fn before(&self, seen: &loops::testing::WriteSeen) -> loops::testing::Verdict {
+        if Self::parents(seen) {
+            let n = self.seen.fetch_add(1, Ordering::SeqCst) + 1;
+            if self.at == Some((n, false)) {
+                println!("aborting before write {n}: {}", seen.what);
+                std::process::abort();
+            }
+        }
+        loops::testing::Verdict::Go
+    }
+
+    fn after(
+        &self,
+        seen: &loops::testing::WriteSeen,
+        _: &loops::Result<loops::Reply>,
+    ) -> loops::testing::Verdict {
+        if Self::parents(seen) && self.at == Some((self.seen.load(Ordering::SeqCst), true)) {
+            println!(
+                "aborting after write {}: {}",
+                self.seen.load(Ordering::SeqCst),
+                seen.what
+            );
+            std::process::abort();
+        }
+        loops::testing::Verdict::Go
+    }
+}
+
+/// Runs the child process on `dir` with `env`; returns its last line (`ended ...` if it
+/// ended) once it exits (killed after 120 s without a line).
+fn run_child(dir: &Path, children: usize, env: &[(&str, String)]) -> Option<String> {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "child_process",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("LOOPS_DIR", dir)
+        .env("LOOPS_CHILDREN", children.to_string())
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut ended = None;
+    while let Ok(line) = rx.recv_timeout(Duration::from_secs(120)) {
+        if let Some(at) = line.find("ended ") {
+            ended = Some(line[at + 6..].to_owned());
+        }
+    }
+    let _ = child.kill();
+    child.wait().unwrap();
+    ended
+}
+
+/// The lines `i: i^2 = square` of `n` children.
+fn squares(n: u64) -> Vec<String> {
+    (0..n).map(|i| format!("{i}: {i}^2 = {}", i * i)).collect()
+}
+
+/// What a crashed and resumed fan-out must show: the parent ended once with every child's
+/// result, each child id one run (of `p`, completed), each child's effect made under one
+/// idempotency key and recorded once.
+async fn check_fan_out(dir: &Path, n: u64, ended: &str) {
+    let done: Fan = serde_json::from_str(ended).unwrap();
+    assert_eq!(done, Fan::Summed { lines: squares(n) });
+    let store = RedbStore::open(dir.join("store.redb")).unwrap();
+    let history: Vec<String> = store
+        .history("p")
+        .unwrap()
+        .into_iter()
+        .map(|r| r.state)
+        .collect();
+    assert_eq!(history, ["Split", "Summed"]);
+    let children = store.children("p").unwrap();
+    assert_eq!(children.len(), n as usize);
+    for child in &children {
+        assert_eq!(child.status, RunStatus::Completed, "{}", child.run_id);
+        let steps = store.steps(&child.run_id, 0).unwrap();
+        let squares = steps.iter().filter(|(name, _, _)| name == "square").count();
+        assert_eq!(squares, 1, "{}", child.run_id);
+    }
+    // The parent recorded one start per child and one join.
+    let steps = store.steps("p", 0).unwrap();
+    let starts = steps
+        .iter()
+        .filter(|(n, _, _)| n.starts_with("loops:child:"))
+        .count();
+    let joins = steps.iter().filter(|(n, _, _)| n == "loops:join").count();
+    assert_eq!((starts, joins), (n as usize, 1));
+    // Each effect was made under its child's one key (twice only if a crash fell between
+    // the effect and its record).
+    let ledger = std::fs::read_to_string(dir.join("ledger")).unwrap_or_default();
+    let mut keys: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
+    for line in ledger.lines() {
+        let (id, key) = line.split_once(' ').unwrap();
+        keys.entry(id.to_owned())
+            .or_default()
+            .insert(key.to_owned());
+    }
+    assert_eq!(keys.len(), n as usize, "{ledger}");
+    assert!(keys.values().all(|k| k.len() == 1), "{ledger}");
+}
+
+/// Kills the parent process before and after every write its driver makes around the
+/// children's starts and the join (2 children: the parent's creation, 2 creations and 2
+/// start records, the join's waits and record, the transition), resumes it in a new
+/// process, and checks the outcome each time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_at_every_write_around_start_and_join_ends_with_each_childs_result_once() {
+    let mut explored = 0;
+    'writes: for n in 1.. {
+        for when in ["before", "after"] {
+            let dir = tempfile::tempdir().unwrap();
+            let crashed = run_child(dir.path(), 2, &[("LOOPS_ABORT", format!("{n} {when}"))]);
+            if crashed.is_some() {
+                // The run ended before its n-th write: every write was explored.
+                break 'writes;
+            }
+            // Resumed in this process (a process of its own would only cost a start).
+            let done = drive(dir.path(), 2, None).await;
+            check_fan_out(dir.path(), 2, &serde_json::to_string(&done).unwrap()).await;
+            explored += 1;
+        }
+    }
+    // At least: p's creation, 2 creations, 2 start records, one join record, the
+    // transition; before and after each.
+    assert!(explored >= 14, "explored {explored}");
+}
+
+/// Fan-out of 50 children; the process is SIGKILLed at random times while they run (5
+/// times by default, `LOOPS_FAN_KILLS` to change it), then resumed to the end: each child
+/// ran once, the parent ended once, with every result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fan_out_of_50_under_random_kills_runs_each_child_once() {
+    let kills: u32 = std::env::var("LOOPS_FAN_KILLS").map_or(5, |v| v.parse().unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    for _ in 0..kills {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "child_process",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("LOOPS_DIR", dir.path())
+            .env("LOOPS_CHILDREN", "50")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(fastrand::u64(20..400)));
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+    let ended = run_child(dir.path(), 50, &[]).expect("the resumed run ends");
+    check_fan_out(dir.path(), 50, &ended).await;
+}
