@@ -24,6 +24,7 @@ const MIGRATIONS: &[Migration] = &[
     MIGRATION_4,
     MIGRATION_5,
     MIGRATION_6,
+    MIGRATION_7,
 ];
 
 /// The tables.
@@ -189,8 +190,21 @@ CREATE INDEX attributes_search ON {s}.attributes (key, value, run_id);
 "#,
 };
 
+/// Schedules (loops-core's `Write::PutSchedule` and its siblings): one row per schedule, its
+/// `ScheduleInfo` as JSON, as redb keeps it.
+const MIGRATION_7: Migration = Migration {
+    version: 7,
+    description: "schedules: runs started per tick",
+    sql: r#"
+CREATE TABLE {s}.schedules (
+    name text COLLATE "C" PRIMARY KEY,
+    info text NOT NULL
+);
+"#,
+};
+
 /// The newest schema version this build knows (and creates).
-pub const SCHEMA_VERSION: i32 = 6;
+pub const SCHEMA_VERSION: i32 = 7;
 
 /// Checks, writing nothing, that schema `schema` is at [`SCHEMA_VERSION`]. Returns it.
 pub(crate) async fn check(client: &tokio_postgres::Client, schema: &str) -> Result<i32, Error> {

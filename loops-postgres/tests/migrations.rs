@@ -60,10 +60,11 @@ async fn workers_starting_at_once_migrate_once() {
             (
                 6,
                 "attributes: searchable run attributes and their index".to_owned()
-            )
+            ),
+            (7, "schedules: runs started per tick".to_owned())
         ]
     );
-    assert_eq!(SCHEMA_VERSION, 6);
+    assert_eq!(SCHEMA_VERSION, 7);
     let tables: Vec<String> = common::admin()
         .await
         .query(
@@ -89,6 +90,7 @@ async fn workers_starting_at_once_migrate_once() {
             "limits",
             "migrations",
             "runs",
+            "schedules",
             "schemas",
             "sealing_keys",
             "steps",
@@ -105,7 +107,7 @@ async fn a_newer_schema_is_refused_and_left_alone() {
     admin
         .execute(
             &format!(
-                "INSERT INTO \"{}\".migrations (version, description) VALUES (7, 'from the future')",
+                "INSERT INTO \"{}\".migrations (version, description) VALUES (8, 'from the future')",
                 schema.name
             ),
             &[],
@@ -124,14 +126,14 @@ async fn a_newer_schema_is_refused_and_left_alone() {
             supported,
         } => assert_eq!(
             (s.as_str(), *found, *supported),
-            (schema.name.as_str(), 7, SCHEMA_VERSION)
+            (schema.name.as_str(), 8, SCHEMA_VERSION)
         ),
         other => panic!("expected SchemaTooNew, got {other:?}"),
     }
     assert_eq!(
         err.to_string(),
         format!(
-            "schema \"{}\" is at version 7, newer than the version 6 this build knows; upgrade loops-postgres",
+            "schema \"{}\" is at version 8, newer than the version 7 this build knows; upgrade loops-postgres",
             schema.name
         )
     );

@@ -95,6 +95,7 @@ mod evolve;
 mod factory;
 mod leases;
 mod runs;
+mod schedules;
 mod support;
 mod waits;
 mod writes;
@@ -202,11 +203,23 @@ pub enum Case {
     /// attribute refuses the write, and a creation with one creates nothing); a seq the run
     /// left, an old lease and an ended run are fenced; nothing refused is written.
     AttributesRefused,
+    /// `schedules`: a registration stores its row as given; registered again, it takes the
+    /// new spec and policy and keeps its pause, ticks and creation time; ticks move
+    /// `through_ms` and `last_tick_ms` forward only; resuming settles the paused ticks; the
+    /// list comes by name, the same from a second handle; a removed schedule is gone and a
+    /// late tick does not bring it back.
+    Schedules,
+    /// `schedules_refused`: bad names and specs are refused
+    /// ([`InvalidSchedule`](crate::Error::InvalidSchedule)), pausing or removing a schedule
+    /// that does not exist is [`ScheduleNotFound`](crate::Error::ScheduleNotFound), nothing
+    /// refused is written; two handles registering one schedule at once both succeed and
+    /// leave one row.
+    SchedulesRefused,
 }
 
 impl Case {
     /// Every case, in the order of their tests.
-    pub const ALL: [Case; 18] = [
+    pub const ALL: [Case; 20] = [
         Case::CreateAndRead,
         Case::TransitionsAppendInOrder,
         Case::StepsAreImmutable,
@@ -225,6 +238,8 @@ impl Case {
         Case::SealingKeys,
         Case::AttributesSearch,
         Case::AttributesRefused,
+        Case::Schedules,
+        Case::SchedulesRefused,
     ];
 
     /// The case's name (`"create_and_read"`): the name of its test.
@@ -248,6 +263,8 @@ impl Case {
             Case::SealingKeys => "sealing_keys",
             Case::AttributesSearch => "attributes_search",
             Case::AttributesRefused => "attributes_refused",
+            Case::Schedules => "schedules",
+            Case::SchedulesRefused => "schedules_refused",
         }
     }
 
@@ -280,6 +297,8 @@ impl Case {
             Case::SealingKeys => data::sealing_keys(factory).await,
             Case::AttributesSearch => attributes::attributes_search(factory).await,
             Case::AttributesRefused => attributes::attributes_refused(factory).await,
+            Case::Schedules => schedules::schedules(factory).await,
+            Case::SchedulesRefused => schedules::schedules_refused(factory).await,
         }
         Outcome::Passed
     }
@@ -345,6 +364,8 @@ macro_rules! conformance_suite {
             sealing_keys => SealingKeys,
             attributes_search => AttributesSearch,
             attributes_refused => AttributesRefused,
+            schedules => Schedules,
+            schedules_refused => SchedulesRefused,
         }
     };
 }

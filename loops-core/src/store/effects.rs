@@ -7,6 +7,7 @@ use super::protocol::Reply;
 use super::{RunInfo, RunStatus};
 use crate::attribute::AttributeValue;
 use crate::error::Error;
+use crate::schedule::ScheduleInfo;
 use crate::schema::SchemaHash;
 
 /// Everything one write stores, and what the store answers once it is durable: the outcome
@@ -33,6 +34,8 @@ pub struct Effects<'w> {
     /// keys that sealed its payloads ([`Write::Seal`](super::Write::Seal)); a key listed
     /// already keeps its first time.
     pub sealing: Option<(&'w str, u64)>,
+    /// A schedule's row to write or delete.
+    pub schedule: Option<ScheduleChange<'w>>,
     /// What the store answers.
     pub reply: Reply,
 }
@@ -49,6 +52,7 @@ impl<'w> Effects<'w> {
             attributes: Vec::new(),
             delete: Vec::new(),
             sealing: None,
+            schedule: None,
             reply,
         }
     }
@@ -72,7 +76,26 @@ impl<'w> Effects<'w> {
             && self.attributes.is_empty()
             && self.delete.is_empty()
             && self.sealing.is_none()
+            && self.schedule.is_none()
     }
+}
+
+/// A change to a schedule's row ([`Effects::schedule`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScheduleChange<'w> {
+    /// Write the row `info` (keyed by its name).
+    Put {
+        /// The row.
+        info: ScheduleInfo,
+        /// Whether the plan saw no row of that name: a store that finds one when it inserts
+        /// (a concurrent registration committed first) keeps the one it found.
+        new: bool,
+    },
+    /// Delete the row of this name.
+    Delete {
+        /// The schedule's name.
+        name: &'w str,
+    },
 }
 
 /// A run's new row.

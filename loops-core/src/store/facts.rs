@@ -7,6 +7,7 @@
 //! every backend, as documented on its field.
 
 use super::{Lease, RunInfo};
+use crate::schedule::ScheduleInfo;
 use crate::schema::SchemaHash;
 
 /// Which facts a [`Write`](super::Write) needs, besides its run's row: what [`Write::needs`](super::Write::needs) answers. A
@@ -35,6 +36,9 @@ pub struct Needs<'w> {
     pub next_event_seq: bool,
     /// Runs whose rows the write reads (and locks): [`Facts::runs`].
     pub runs: &'w [String],
+    /// A schedule whose row the write reads (and locks, in a store that locks rows):
+    /// [`Facts::schedule`].
+    pub schedule: Option<&'w str>,
 }
 
 /// A key of one of a run's immutable records.
@@ -85,6 +89,8 @@ pub struct Facts<'a> {
     pub next_event_seq: u64,
     /// The rows of [`Needs::runs`] that exist, in any order.
     pub runs: Vec<RunInfo>,
+    /// The row of the schedule [`Needs::schedule`], if it exists.
+    pub schedule: Option<ScheduleInfo>,
 }
 
 /// The lease a write carries and the run's current one.

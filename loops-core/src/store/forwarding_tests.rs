@@ -137,6 +137,10 @@ impl Store for Probe {
         self.answer("sealing_keys", Vec::new())
     }
 
+    fn schedules(&self) -> BoxFuture<'_, Result<Vec<crate::ScheduleInfo>>> {
+        self.answer("schedules", Vec::new())
+    }
+
     fn acquire<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<Option<Lease>>> {
         self.answer("acquire", None)
     }
@@ -224,6 +228,8 @@ pub(crate) async fn assert_forwards(wrapper: &str, wrap: impl FnOnce(Probe) -> A
     store.schemas().await.unwrap();
     call("sealing_keys");
     store.sealing_keys().await.unwrap();
+    call("schedules");
+    store.schedules().await.unwrap();
     call("acquire");
     store.acquire("r").await.unwrap();
     call("release");
@@ -268,7 +274,7 @@ pub(crate) async fn assert_forwards(wrapper: &str, wrap: impl FnOnce(Probe) -> A
 fn the_method_list_is_read_from_the_trait() {
     let methods = store_methods();
     assert!(methods.contains("write") && methods.contains("shared_limits"));
-    assert_eq!(methods.len(), 22, "{methods:?}");
+    assert_eq!(methods.len(), 23, "{methods:?}");
 }
 
 #[tokio::test]

@@ -21,6 +21,7 @@ use super::effects::{DUE_OUTPUT, Effects, InboxChange, Record, delivered_output,
 use super::evolve;
 use super::facts::{Facts, Needs, PendingEvent, RecordKey};
 use super::protocol::{AfterFailure, EventRecord, Reply, WaitOutcome, Write};
+use super::schedule_plan;
 use super::{RunInfo, RunStatus, WaitInfo};
 use crate::attribute::{AttributeValue, check_attribute};
 use crate::error::{Error, RecordKind, Result};
@@ -34,7 +35,7 @@ impl Write {
 
     /// Every name [`kind`](Self::kind) returns, in the order of the variants: what reads a
     /// kind back from its name (the test kit's child processes report writes by name).
-    pub const KINDS: [&'static str; 17] = [
+    pub const KINDS: [&'static str; 21] = [
         "Create",
         "Transition",
         "Step",
@@ -52,6 +53,10 @@ impl Write {
         "SetAttributes",
         "Prune",
         "Seal",
+        "PutSchedule",
+        "PauseSchedule",
+        "RemoveSchedule",
+        "TickSchedule",
     ];
 
     /// The variant's place in [`KINDS`](Self::KINDS): the one match over the variants that
@@ -75,11 +80,15 @@ impl Write {
             Write::SetAttributes { .. } => 14,
             Write::Prune { .. } => 15,
             Write::Seal { .. } => 16,
+            Write::PutSchedule { .. } => 17,
+            Write::PauseSchedule { .. } => 18,
+            Write::RemoveSchedule { .. } => 19,
+            Write::TickSchedule { .. } => 20,
         }
     }
 
-    /// The run the write is for; `None` for [`Write::Prune`], which names several, and for
-    /// [`Write::Seal`], which is about the store.
+    /// The run the write is for; `None` for [`Write::Prune`], which names several, for
+    /// [`Write::Seal`], which is about the store, and for the writes of schedules.
     pub fn run_id(&self) -> Option<&str> {
         match self {
             Write::Create { info, .. } => Some(&info.run_id),
@@ -98,6 +107,10 @@ impl Write {
             | Write::Migrate { run_id, .. }
             | Write::SetAttributes { run_id, .. } => Some(run_id),
             Write::Prune { .. } | Write::Seal { .. } => None,
+            Write::PutSchedule { .. }
+            | Write::PauseSchedule { .. }
+            | Write::RemoveSchedule { .. }
+            | Write::TickSchedule { .. } => None,
         }
     }
 
@@ -182,6 +195,16 @@ impl Write {
                 ..Needs::default()
             },
             Write::Seal { .. } => Needs::default(),
+            Write::PutSchedule { info } => Needs {
+                schedule: Some(&info.name),
+                ..Needs::default()
+            },
+            Write::PauseSchedule { name, .. }
+            | Write::RemoveSchedule { name }
+            | Write::TickSchedule { name, .. } => Needs {
+                schedule: Some(name),
+                ..Needs::default()
+            },
         }
     }
 }
@@ -197,7 +220,9 @@ impl Write {
 /// [`Error::SequenceConflict`] and [`Error::StepExists`] for a record key that is taken;
 /// [`Error::RunEnded`] (cancelling, or sending to, an ended run); [`Error::NotFailed`]
 /// (retrying a run that has not failed); [`Error::RecordMissing`] and [`Error::Decode`]
-/// for an inbox record a wait cannot read.
+/// for an inbox record a wait cannot read; [`Error::ScheduleNotFound`] (pausing, resuming or
+/// removing a schedule that does not exist) and [`Error::InvalidSchedule`] (registering one
+/// whose name or spec is refused).
 pub fn plan<'w>(write: &'w Write, row: Option<&RunInfo>, facts: &Facts<'_>) -> Result<Effects<'w>> {
     let g = Given { row, facts };
     match write {
@@ -312,6 +337,16 @@ pub fn plan<'w>(write: &'w Write, row: Option<&RunInfo>, facts: &Facts<'_>) -> R
             let mut effects = Effects::unchanged("", Reply::Done);
             effects.sealing = Some((key, *at_ms));
             Ok(effects)
+        }
+        Write::PutSchedule { info } => schedule_plan::put(info, facts),
+        Write::PauseSchedule {
+            name,
+            paused,
+            at_ms,
+        } => schedule_plan::pause(name, *paused, *at_ms, facts),
+        Write::RemoveSchedule { name } => schedule_plan::remove(name, facts),
+        Write::TickSchedule { tick_ms, at_ms, .. } => {
+            Ok(schedule_plan::tick(*tick_ms, *at_ms, facts))
         }
     }
 }
@@ -741,28 +776,5 @@ fn step_exists(run_id: &str, seq: u64, name: &str, occurrence: u32) -> Error {
         seq,
         step: name.to_owned(),
         occurrence,
-    }
-}
-
-impl RunInfo {
-    /// Reads a run's row as stored (JSON; the run id is the row's key, not in the value).
-    ///
-    /// # Errors
-    /// [`Error::Decode`] (a run row of `run_id`) if `bytes` is not a row.
-    pub fn decode(run_id: &str, bytes: &[u8]) -> Result<RunInfo> {
-        let mut info: RunInfo = serde_json::from_slice(bytes).map_err(|source| Error::Decode {
-            run_id: run_id.to_owned(),
-            record: RecordKind::RunRow,
-            seq: 0,
-            state: String::new(),
-            source,
-        })?;
-        info.run_id = run_id.to_owned();
-        Ok(info)
-    }
-
-    /// The row as stored (JSON, without the run id): what [`decode`](Self::decode) reads.
-    pub fn encode(&self) -> Vec<u8> {
-        to_vec(self)
     }
 }

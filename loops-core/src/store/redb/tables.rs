@@ -27,7 +27,10 @@ pub(crate) const ATTRIBUTES: TableDefinition<(&str, &str), &[u8]> =
 pub(crate) const ATTRIBUTE_INDEX: TableDefinition<(&str, &[u8], &str), ()> =
     TableDefinition::new("attribute_index");
 
-const TABLES: [&str; 12] = [
+/// Schedules: name → the [`ScheduleInfo`](crate::ScheduleInfo) row (JSON).
+pub(crate) const SCHEDULES: TableDefinition<&str, &[u8]> = TableDefinition::new("schedules");
+
+const TABLES: [&str; 13] = [
     "runs",
     "journal",
     "steps",
@@ -40,6 +43,7 @@ const TABLES: [&str; 12] = [
     "sealing",
     "attributes",
     "attribute_index",
+    "schedules",
 ];
 
 /// Creates the tables a new file lacks; writes nothing to a file that has them all.
@@ -64,6 +68,7 @@ pub(super) fn ensure_tables(db: &Database) -> std::result::Result<(), redb::Erro
     txn.open_table(SEALING)?;
     txn.open_table(ATTRIBUTES)?;
     txn.open_table(ATTRIBUTE_INDEX)?;
+    txn.open_table(SCHEDULES)?;
     txn.commit()?;
     Ok(())
 }
@@ -85,6 +90,7 @@ pub(super) struct Tables<'t> {
     sealing: Lazy<'t, &'static str, u64>,
     attributes: Lazy<'t, (&'static str, &'static str), &'static [u8]>,
     attribute_index: Lazy<'t, AttributeIndexKey, ()>,
+    schedules: Lazy<'t, &'static str, &'static [u8]>,
 }
 
 /// A table of [`Tables`]: `None` until first used.
@@ -129,6 +135,7 @@ table_accessors! {
     sealing: SEALING => (&'static str, u64);
     attributes: ATTRIBUTES => ((&'static str, &'static str), &'static [u8]);
     attribute_index: ATTRIBUTE_INDEX => (AttributeIndexKey, ());
+    schedules: SCHEDULES => (&'static str, &'static [u8]);
 }
 
 /// A string above every valid event name or idempotency key (at most 256 bytes): 65 times
