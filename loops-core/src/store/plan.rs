@@ -223,6 +223,8 @@ impl Write {
 /// for an inbox record a wait cannot read; [`Error::ScheduleNotFound`] (pausing, resuming or
 /// removing a schedule that does not exist) and [`Error::InvalidSchedule`] (registering one
 /// whose name or spec is refused).
+// It is long because it has one arm per write of the protocol, each only unpacking the write's
+// fields for the function that means it: splitting it would split the one list of writes.
 pub fn plan<'w>(write: &'w Write, row: Option<&RunInfo>, facts: &Facts<'_>) -> Result<Effects<'w>> {
     let g = Given { row, facts };
     match write {
@@ -338,16 +340,10 @@ pub fn plan<'w>(write: &'w Write, row: Option<&RunInfo>, facts: &Facts<'_>) -> R
             effects.sealing = Some((key, *at_ms));
             Ok(effects)
         }
-        Write::PutSchedule { info } => schedule_plan::put(info, facts),
-        Write::PauseSchedule {
-            name,
-            paused,
-            at_ms,
-        } => schedule_plan::pause(name, *paused, *at_ms, facts),
-        Write::RemoveSchedule { name } => schedule_plan::remove(name, facts),
-        Write::TickSchedule { tick_ms, at_ms, .. } => {
-            Ok(schedule_plan::tick(*tick_ms, *at_ms, facts))
-        }
+        Write::PutSchedule { .. }
+        | Write::PauseSchedule { .. }
+        | Write::RemoveSchedule { .. }
+        | Write::TickSchedule { .. } => schedule_plan::plan(write, facts),
     }
 }
 

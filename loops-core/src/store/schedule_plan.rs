@@ -6,9 +6,31 @@
 
 use super::effects::{Effects, ScheduleChange};
 use super::facts::Facts;
-use super::protocol::Reply;
+use super::protocol::{Reply, Write};
 use crate::error::{Error, Result};
 use crate::schedule::{ScheduleInfo, check_schedule_name};
+
+/// What the schedule write `write` means, given the schedule's row in `facts`.
+///
+/// # Errors
+/// As [`plan`](super::plan::plan) says for schedules.
+pub(super) fn plan<'w>(write: &'w Write, facts: &Facts<'_>) -> Result<Effects<'w>> {
+    match write {
+        Write::PutSchedule { info } => put(info, facts),
+        Write::PauseSchedule {
+            name,
+            paused,
+            at_ms,
+        } => pause(name, *paused, *at_ms, facts),
+        Write::RemoveSchedule { name } => remove(name, facts),
+        Write::TickSchedule { tick_ms, at_ms, .. } => Ok(tick(*tick_ms, *at_ms, facts)),
+        // `plan` sends only the schedule writes here.
+        other => Err(Error::InvalidSchedule {
+            name: String::new(),
+            reason: format!("`{}` is not a write of schedules", other.kind()),
+        }),
+    }
+}
 
 /// [`Write::PutSchedule`](super::Write::PutSchedule): a new row as given, or the existing
 /// one with `info`'s definition (its pause, ticks and creation time kept).
@@ -98,7 +120,6 @@ fn put_row<'w>(row: ScheduleInfo, new: bool) -> Effects<'w> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::Write;
     use super::super::plan::plan;
     use super::*;
     use crate::schedule::{CatchUp, Schedule};
