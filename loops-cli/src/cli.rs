@@ -135,7 +135,53 @@ pub enum Command {
     /// send an event, cancel, retry.
     #[command(after_help = UI_EXAMPLES)]
     Ui(UiArgs),
+    /// List the stored schedules (runs started per tick), or pause, resume or remove one.
+    #[command(after_help = SCHEDULES_EXAMPLES)]
+    Schedules(SchedulesArgs),
 }
+
+/// `loops schedules`.
+#[derive(Debug, Args)]
+pub struct SchedulesArgs {
+    /// What to do; without one, list the schedules.
+    #[command(subcommand)]
+    pub action: Option<ScheduleAction>,
+
+    /// Print JSON (the list, or the schedule after the change) instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+/// `loops schedules pause|resume|remove NAME`.
+#[derive(Debug, Subcommand)]
+pub enum ScheduleAction {
+    /// Pause a schedule: its ticks start nothing until it is resumed (a process running it
+    /// sees the pause at its next tick; registering it again keeps the pause).
+    Pause {
+        /// The schedule's name.
+        name: String,
+    },
+    /// Resume a paused schedule: the ticks that fell while it was paused are not caught up.
+    Resume {
+        /// The schedule's name.
+        name: String,
+    },
+    /// Remove a schedule from the store (its runs stay). A process whose code registers it
+    /// at each start registers it anew then: pause it instead to stop it for good.
+    Remove {
+        /// The schedule's name.
+        name: String,
+    },
+}
+
+const SCHEDULES_EXAMPLES: &str = "\
+Examples:
+  loops schedules                      # name, workflow, spec, catch-up, paused, last and next tick
+  loops schedules --json
+  loops schedules pause nightly
+  loops schedules resume nightly
+  loops schedules remove nightly
+  loops runs --attr loops.schedule=nightly   # the runs its ticks started";
 
 /// `--json` alone.
 #[derive(Debug, Args)]

@@ -81,6 +81,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
         Command::Graph(args) => commands::graph::run(&target, args),
         Command::Tree(args) => commands::tree::run(&target, args),
         Command::Ui(args) => ui::serve(&target, args),
+        Command::Schedules(args) => commands::schedules::run(&target, args),
     };
     match target.file() {
         Some(path) => done.map_err(|failure| failure.in_store(path, checking)),

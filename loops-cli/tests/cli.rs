@@ -2737,8 +2737,18 @@ fn help_has_examples_for_every_command() {
     assert!(help.contains("Examples:\n  export LOOPS_STORE="), "{help}");
     assert!(help.contains("[env: LOOPS_STORE="), "{help}");
     for sub in [
-        "runs", "show", "history", "cancel", "retry", "send", "prune", "compact", "schema",
-        "check", "graph",
+        "runs",
+        "show",
+        "history",
+        "cancel",
+        "retry",
+        "send",
+        "prune",
+        "compact",
+        "schema",
+        "check",
+        "graph",
+        "schedules",
     ] {
         assert!(help.contains(&format!("  {sub} ")), "{sub} listed");
         let out = Command::cargo_bin("loops")

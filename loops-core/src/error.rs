@@ -717,6 +717,24 @@ pub enum Error {
         workflow: String,
     },
 
+    /// No schedule has this name (pausing, resuming or removing it).
+    #[error("schedule `{name}` does not exist")]
+    ScheduleNotFound {
+        /// The schedule's name.
+        name: String,
+    },
+
+    /// A schedule that cannot be registered or read back: its name breaks
+    /// [`check_schedule_name`](crate::check_schedule_name), its spec does not parse (a bad
+    /// cron pattern, an unknown time zone, a zero interval), or its workflow has no handler.
+    #[error("schedule `{name}`: {reason}")]
+    InvalidSchedule {
+        /// The schedule's name.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+
     /// The runtime is shutting down; the store's writer has stopped.
     #[error("the store is closed")]
     Closed,

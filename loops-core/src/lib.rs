@@ -29,6 +29,7 @@ mod route;
 mod row;
 mod run;
 mod runtime;
+mod schedule;
 mod schema;
 mod status;
 mod store;
@@ -69,8 +70,12 @@ pub use run::context::{ChildError, ChildOptions, ChildRun, Context, StepOptions,
 pub use run::dispatch::Dispatch;
 pub use run::settings::{DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PARK_THRESHOLD};
 pub use runtime::{
-    DEFAULT_METRICS_INTERVAL, DEFAULT_RETENTION_INTERVAL, Routed, Runtime, RuntimeBuilder, Sent,
-    StartOptions, check_event,
+    DEFAULT_METRICS_INTERVAL, DEFAULT_RETENTION_INTERVAL, Routed, Runtime, RuntimeBuilder,
+    ScheduleStatus, Sent, StartOptions, check_event,
+};
+pub use schedule::{
+    CatchUp, InvalidSchedule, MAX_CATCH_UP, MAX_SCHEDULE_NAME_BYTES, SCHEDULE_ATTRIBUTE, Schedule,
+    ScheduleInfo, Tick, check_schedule_name, tick_run_id,
 };
 pub use schema::{
     Change, Class, DeclaredEvent, DeclaredEvents, Enum, EventRefusal, EventShape, FORMAT_VERSION,
@@ -80,9 +85,9 @@ pub use schema::{
 pub use store::{
     AfterFailure, BoxFuture, ClaimFilter, Compacted, CurrentLease, Effects, EventRecord, Facts,
     InboxChange, Lease, LeaseCheck, Needs, Payloads, PendingEvent, Pruned, Readiness, Ready,
-    Record, RecordKey, RedbStore, Reply, RowWrite, RunCount, RunInfo, RunStatus, SharedLimits,
-    Store, StoreOptions, Take, WaitInfo, WaitOutcome, Wakeups, Write, event_record, find_runs,
-    plan, prune,
+    Record, RecordKey, RedbStore, Reply, RowWrite, RunCount, RunInfo, RunStatus, ScheduleChange,
+    SharedLimits, Store, StoreOptions, Take, WaitInfo, WaitOutcome, Wakeups, Write, event_record,
+    find_runs, plan, prune,
 };
 pub use workflow::{BoxError, StateId, Workflow};
 

@@ -288,6 +288,29 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
+impl RunInfo {
+    /// Reads a run's row as stored (JSON; the run id is the row's key, not in the value).
+    ///
+    /// # Errors
+    /// [`Error::Decode`] (a run row of `run_id`) if `bytes` is not a row.
+    pub fn decode(run_id: &str, bytes: &[u8]) -> Result<RunInfo> {
+        let mut info: RunInfo = serde_json::from_slice(bytes).map_err(|source| Error::Decode {
+            run_id: run_id.to_owned(),
+            record: RecordKind::RunRow,
+            seq: 0,
+            state: String::new(),
+            source,
+        })?;
+        info.run_id = run_id.to_owned();
+        Ok(info)
+    }
+
+    /// The row as stored (JSON, without the run id): what [`decode`](Self::decode) reads.
+    pub fn encode(&self) -> Vec<u8> {
+        crate::record::to_vec(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     /// The one wording of an interrupted attempt: the record's text, and the resume line's.

@@ -591,6 +591,10 @@ impl Store for PgStore {
         Box::pin(self.read_sealing_keys())
     }
 
+    fn schedules(&self) -> BoxFuture<'_, loops_core::Result<Vec<loops_core::ScheduleInfo>>> {
+        Box::pin(self.read_schedules())
+    }
+
     fn acquire<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, loops_core::Result<Option<Lease>>> {
         Box::pin(self.lease_acquire(run_id))
     }

@@ -25,6 +25,7 @@ const MIGRATIONS: &[Migration] = &[
     MIGRATION_5,
     MIGRATION_6,
     MIGRATION_7,
+    MIGRATION_8,
 ];
 
 /// The tables.
@@ -203,8 +204,21 @@ CREATE INDEX runs_parent ON {s}.runs (parent, run_id) WHERE parent IS NOT NULL;
 "#,
 };
 
+/// Schedules (loops-core's `Write::PutSchedule` and its siblings): one row per schedule, its
+/// `ScheduleInfo` as JSON, as redb keeps it.
+const MIGRATION_8: Migration = Migration {
+    version: 8,
+    description: "schedules: runs started per tick",
+    sql: r#"
+CREATE TABLE {s}.schedules (
+    name text COLLATE "C" PRIMARY KEY,
+    info text NOT NULL
+);
+"#,
+};
+
 /// The newest schema version this build knows (and creates).
-pub const SCHEMA_VERSION: i32 = 7;
+pub const SCHEMA_VERSION: i32 = 8;
 
 /// Checks, writing nothing, that schema `schema` is at [`SCHEMA_VERSION`]. Returns it.
 pub(crate) async fn check(client: &tokio_postgres::Client, schema: &str) -> Result<i32, Error> {

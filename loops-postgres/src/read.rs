@@ -338,6 +338,22 @@ impl PgStore {
         rows.iter().map(|row| text(row, 0, "?")).collect()
     }
 
+    pub(crate) async fn read_schedules(&self) -> Result<Vec<loops_core::ScheduleInfo>> {
+        let rows = self
+            .rows(
+                || "reading schedules".to_owned(),
+                &self.inner.sql.schedules,
+                &[],
+            )
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let name = text(row, 0, "?")?;
+                loops_core::ScheduleInfo::decode(&name, text(row, 1, &name)?.as_bytes())
+            })
+            .collect()
+    }
+
     pub(crate) async fn lease_acquire(&self, run_id: &str) -> Result<Option<Lease>> {
         let rows = self
             .rows(

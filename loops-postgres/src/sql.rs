@@ -58,6 +58,11 @@ pub(crate) struct Sql {
     pub(crate) schemas: String,
     pub(crate) sealing_keys: String,
     pub(crate) insert_sealing_key: String,
+    pub(crate) lock_schedule: String,
+    pub(crate) insert_schedule: String,
+    pub(crate) update_schedule: String,
+    pub(crate) delete_schedule: String,
+    pub(crate) schedules: String,
     pub(crate) acquire: String,
     pub(crate) release: String,
     pub(crate) notify: String,
@@ -197,6 +202,14 @@ impl Sql {
                 "INSERT INTO {s}.sealing_keys (key_id, at_ms) VALUES ($1, $2) \
                  ON CONFLICT (key_id) DO NOTHING",
             ),
+            lock_schedule: f("SELECT info FROM {s}.schedules WHERE name = $1 FOR UPDATE"),
+            // A registration that finds the row taken when it inserts (another worker
+            // registered the same schedule since this one read it) keeps the stored one.
+            insert_schedule: f("INSERT INTO {s}.schedules (name, info) VALUES ($1, $2) \
+                 ON CONFLICT (name) DO NOTHING"),
+            update_schedule: f("UPDATE {s}.schedules SET info = $2 WHERE name = $1"),
+            delete_schedule: f("DELETE FROM {s}.schedules WHERE name = $1"),
+            schedules: f("SELECT name, info FROM {s}.schedules ORDER BY name"),
             // A lease is granted if the run has none, if its lease lapsed, or if this store
             // holds it already (the runtime claims a run once per process; a lease of this
             // store that is still live belongs to a driver that stopped and whose release

@@ -28,7 +28,7 @@ use std::task::Poll;
 use deadpool_postgres::Object;
 use loops_core::{
     CurrentLease, Effects, Facts, InboxChange, Lease, LeaseCheck, Needs, PendingEvent, Record,
-    RecordKey, Reply, RowWrite, RunInfo, Write, plan,
+    RecordKey, Reply, RowWrite, RunInfo, ScheduleChange, ScheduleInfo, Write, plan,
 };
 use loops_core::{Error, Result};
 use tokio_postgres::error::SqlState;
@@ -115,6 +115,15 @@ fn describe(write: &Write) -> String {
             format!("setting attributes of run `{run_id}` seq {seq}")
         }
         Write::Seal { key, .. } => format!("recording sealing key `{key}`"),
+        Write::PutSchedule { info } => format!("registering schedule `{}`", info.name),
+        Write::PauseSchedule { name, paused, .. } => {
+            let verb = if *paused { "pausing" } else { "resuming" };
+            format!("{verb} schedule `{name}`")
+        }
+        Write::RemoveSchedule { name } => format!("removing schedule `{name}`"),
+        Write::TickSchedule { name, tick_ms, .. } => {
+            format!("recording that tick {tick_ms} of schedule `{name}` fired")
+        }
         _ => "writing".to_owned(),
     }
 }
@@ -195,6 +204,7 @@ enum Fact {
     EventKey,
     NextEventSeq,
     Children,
+    Schedule,
 }
 
 /// The statements of the first round trip after `BEGIN`: the locks, then one per fact.
@@ -273,6 +283,10 @@ fn reads<'a>(sql: &'a Sql, lease: Option<&Lease>, needs: &Needs<'_>) -> Vec<(Fac
     if needs.children {
         out.push((Fact::Children, statement(&sql.live_children, vec![run()])));
     }
+    if let Some(name) = needs.schedule {
+        let name: Param = Box::new(name.to_owned());
+        out.push((Fact::Schedule, statement(&sql.lock_schedule, vec![name])));
+    }
     out
 }
 
@@ -285,11 +299,13 @@ enum Unreadable {
 }
 
 /// The run's row and the facts, from the first round trip's answers to `reads`.
+///
+/// `(run_id, schedule)`: the run and the schedule the write needs, if any.
 fn facts<'l>(
     reads: &[(Fact, Stmt<'_>)],
     answers: Vec<Vec<Row>>,
     lease: Option<&'l Lease>,
-    run_id: &str,
+    (run_id, needs_schedule): (&str, Option<&str>),
 ) -> std::result::Result<(Option<RunInfo>, Facts<'l>), Unreadable> {
     let broken = |e: tokio_postgres::Error| {
         Unreadable::Broken(Error::database(
@@ -355,6 +371,13 @@ fn facts<'l>(
             }
             Fact::NextEventSeq => {
                 facts.next_event_seq = number::<i64>(first).map_err(broken)?.unwrap_or(0) as u64;
+            }
+            Fact::Schedule => {
+                if let (Some(r), Some(name)) = (first, needs_schedule) {
+                    let json = text(r, 0, name).map_err(Unreadable::Broken)?;
+                    let decoded = ScheduleInfo::decode(name, json.as_bytes());
+                    facts.schedule = Some(decoded.map_err(Unreadable::Refused)?);
+                }
             }
         }
     }
@@ -526,6 +549,23 @@ fn writes<'a>(sql: &'a Sql, effects: &Effects<'_>) -> Vec<(Stmt<'a>, Option<Erro
         let ids: Vec<String> = effects.delete.iter().map(|i| i.run_id.clone()).collect();
         out.push((statement(&sql.delete_runs, vec![Box::new(ids)]), None));
     }
+    match &effects.schedule {
+        Some(ScheduleChange::Put { info, new }) => {
+            let json = utf8(&info.encode()).to_owned();
+            let params: Vec<Param> = vec![Box::new(info.name.clone()), Box::new(json)];
+            let sql = if *new {
+                &sql.insert_schedule
+            } else {
+                &sql.update_schedule
+            };
+            out.push((statement(sql, params), None));
+        }
+        Some(ScheduleChange::Delete { name }) => {
+            let params: Vec<Param> = vec![Box::new((*name).to_owned())];
+            out.push((statement(&sql.delete_schedule, params), None));
+        }
+        None => {}
+    }
     if effects.wakes {
         // Delivered to the other workers' listeners when (and only if) the write commits.
         out.push((statement(&sql.notify, Vec::new()), None));
@@ -646,7 +686,8 @@ async fn apply(
     let needs = write.needs();
     let reads = reads(sql, lease, &needs);
     let answers = begin(c, action, &reads).await?;
-    let (row, facts) = match facts(&reads, answers, lease, needs.run.unwrap_or_default()) {
+    let needed = (needs.run.unwrap_or_default(), needs.schedule);
+    let (row, facts) = match facts(&reads, answers, lease, needed) {
         Ok(read) => read,
         Err(Unreadable::Refused(e)) => return Err(reject(c, e).await),
         Err(Unreadable::Broken(e)) => return Err(Fail::Broken(e)),
@@ -714,7 +755,8 @@ fn follow_up<'a>(
         let needs = write.needs();
         let reads = reads(sql, None, &needs);
         let answers = query(c, &action, &reads).await?;
-        let (row, facts) = match facts(&reads, answers, None, needs.run.unwrap_or_default()) {
+        let needed = (needs.run.unwrap_or_default(), needs.schedule);
+        let (row, facts) = match facts(&reads, answers, None, needed) {
             Ok(read) => read,
             Err(Unreadable::Refused(e)) => {
                 tracing::debug!(error = %e, "a follow-up write was refused; skipped");

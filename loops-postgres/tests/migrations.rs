@@ -64,10 +64,11 @@ async fn workers_starting_at_once_migrate_once() {
             (
                 7,
                 "runs: parent column and its index (child runs)".to_owned()
-            )
+            ),
+            (8, "schedules: runs started per tick".to_owned())
         ]
     );
-    assert_eq!(SCHEMA_VERSION, 7);
+    assert_eq!(SCHEMA_VERSION, 8);
     let tables: Vec<String> = common::admin()
         .await
         .query(
@@ -93,6 +94,7 @@ async fn workers_starting_at_once_migrate_once() {
             "limits",
             "migrations",
             "runs",
+            "schedules",
             "schemas",
             "sealing_keys",
             "steps",

@@ -5,6 +5,7 @@ pub mod graph;
 pub mod history;
 pub mod prune;
 pub mod runs;
+pub mod schedules;
 pub mod schema;
 pub mod show;
 pub mod steer;

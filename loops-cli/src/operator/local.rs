@@ -2,7 +2,8 @@
 
 use loops_core::{
     Compacted, EventRecord, FailureRecord, Pruned, RedbStore, Reply, RetentionPolicy, RunInfo,
-    RunStatus, Runtime, SchemaHash, Sent, StepRecord, Store, TransitionRecord, Write, now_ms,
+    RunStatus, Runtime, ScheduleStatus, SchemaHash, Sent, StepRecord, Store, TransitionRecord,
+    Write, now_ms,
 };
 use serde_json::value::RawValue;
 
@@ -148,6 +149,34 @@ impl Operator for Local {
 
     fn sealing_keys(&self) -> Result<Vec<String>> {
         self.wait(self.store().sealing_keys())
+    }
+
+    fn schedules(&self) -> Result<Vec<ScheduleStatus>> {
+        let now = now_ms();
+        let rows = self.wait(self.store().schedules())?;
+        Ok(rows
+            .into_iter()
+            .map(|info| ScheduleStatus::of(info, now))
+            .collect())
+    }
+
+    fn pause_schedule(&self, name: &str, paused: bool) -> Result<ScheduleStatus> {
+        let runtime = self.runtime_for(if paused {
+            "pause a schedule"
+        } else {
+            "resume a schedule"
+        })?;
+        let info = if paused {
+            self.wait(runtime.pause_schedule(name))?
+        } else {
+            self.wait(runtime.resume_schedule(name))?
+        };
+        Ok(ScheduleStatus::of(info, now_ms()))
+    }
+
+    fn remove_schedule(&self, name: &str) -> Result<()> {
+        let runtime = self.runtime_for("remove a schedule")?;
+        self.wait(runtime.remove_schedule(name))
     }
 
     fn cancel(&self, run_id: &str, reason: &str) -> Result<RunInfo> {

@@ -14,7 +14,7 @@ mod local;
 mod remote;
 mod sealed;
 
-use loops_core::{Attributes, RunFilter, SchemaHash};
+use loops_core::{Attributes, RunFilter, ScheduleStatus, SchemaHash};
 use loops_core::{Compacted, EventRecord, Pruned, RetentionPolicy, RunInfo, RunStatus, Sent};
 use loops_core::{FailureRecord, StepRecord, TransitionRecord};
 use serde_json::value::RawValue;
@@ -74,6 +74,15 @@ pub trait Operator {
 
     /// The ids of the keys that sealed payloads in the store; empty for a store in clear.
     fn sealing_keys(&self) -> Result<Vec<String>>;
+
+    /// Every stored schedule with its next tick.
+    fn schedules(&self) -> Result<Vec<ScheduleStatus>>;
+
+    /// Pauses (`paused`) or resumes the schedule `name`; returns it after.
+    fn pause_schedule(&self, name: &str, paused: bool) -> Result<ScheduleStatus>;
+
+    /// Removes the schedule `name` (its runs stay).
+    fn remove_schedule(&self, name: &str) -> Result<()>;
 
     /// Cancels the run with `reason`; returns its row after.
     fn cancel(&self, run_id: &str, reason: &str) -> Result<RunInfo>;

@@ -127,6 +127,18 @@ impl Operator for Remote {
         self.wait(self.client.sealing_keys())
     }
 
+    fn schedules(&self) -> Result<Vec<loops_core::ScheduleStatus>> {
+        self.wait(self.client.schedules())
+    }
+
+    fn pause_schedule(&self, name: &str, paused: bool) -> Result<loops_core::ScheduleStatus> {
+        self.wait(self.client.pause_schedule(name, paused))
+    }
+
+    fn remove_schedule(&self, name: &str) -> Result<()> {
+        self.wait(self.client.remove_schedule(name))
+    }
+
     fn cancel(&self, run_id: &str, reason: &str) -> Result<RunInfo> {
         self.wait(self.client.cancel(run_id, reason))
     }

@@ -158,6 +158,19 @@ impl Operator for Unsealing {
         self.inner.sealing_keys()
     }
 
+    // Schedules hold no payload: they pass as they are.
+    fn schedules(&self) -> Result<Vec<loops_core::ScheduleStatus>> {
+        self.inner.schedules()
+    }
+
+    fn pause_schedule(&self, name: &str, paused: bool) -> Result<loops_core::ScheduleStatus> {
+        self.inner.pause_schedule(name, paused)
+    }
+
+    fn remove_schedule(&self, name: &str) -> Result<()> {
+        self.inner.remove_schedule(name)
+    }
+
     fn cancel(&self, run_id: &str, reason: &str) -> Result<RunInfo> {
         self.check_sealable(run_id, "cancellation reason")?;
         let reason = self.payloads.seal_cancel(run_id, reason)?;

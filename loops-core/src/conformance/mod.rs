@@ -96,6 +96,7 @@ mod evolve;
 mod factory;
 mod leases;
 mod runs;
+mod schedules;
 mod support;
 mod waits;
 mod writes;
@@ -213,11 +214,23 @@ pub enum Case {
     /// cancel), asks its running children to stop, leaves its abandoned children alone, and
     /// cascades through grandchildren; the children that ended wake their parents.
     CancelCascades,
+    /// `schedules`: a registration stores its row as given; registered again, it takes the
+    /// new spec and policy and keeps its pause, ticks and creation time; ticks move
+    /// `through_ms` and `last_tick_ms` forward only; resuming settles the paused ticks; the
+    /// list comes by name, the same from a second handle; a removed schedule is gone and a
+    /// late tick does not bring it back.
+    Schedules,
+    /// `schedules_refused`: bad names and specs are refused
+    /// ([`InvalidSchedule`](crate::Error::InvalidSchedule)), pausing or removing a schedule
+    /// that does not exist is [`ScheduleNotFound`](crate::Error::ScheduleNotFound), nothing
+    /// refused is written; two handles registering one schedule at once both succeed and
+    /// leave one row.
+    SchedulesRefused,
 }
 
 impl Case {
     /// Every case, in the order of their tests.
-    pub const ALL: [Case; 20] = [
+    pub const ALL: [Case; 22] = [
         Case::CreateAndRead,
         Case::TransitionsAppendInOrder,
         Case::StepsAreImmutable,
@@ -238,6 +251,8 @@ impl Case {
         Case::AttributesRefused,
         Case::ChildEndWakesParent,
         Case::CancelCascades,
+        Case::Schedules,
+        Case::SchedulesRefused,
     ];
 
     /// The case's name (`"create_and_read"`): the name of its test.
@@ -263,6 +278,8 @@ impl Case {
             Case::AttributesRefused => "attributes_refused",
             Case::ChildEndWakesParent => "child_end_wakes_parent",
             Case::CancelCascades => "cancel_cascades",
+            Case::Schedules => "schedules",
+            Case::SchedulesRefused => "schedules_refused",
         }
     }
 
@@ -297,6 +314,8 @@ impl Case {
             Case::AttributesRefused => attributes::attributes_refused(factory).await,
             Case::ChildEndWakesParent => children::child_end_wakes_parent(factory).await,
             Case::CancelCascades => children::cancel_cascades(factory).await,
+            Case::Schedules => schedules::schedules(factory).await,
+            Case::SchedulesRefused => schedules::schedules_refused(factory).await,
         }
         Outcome::Passed
     }
@@ -364,6 +383,8 @@ macro_rules! conformance_suite {
             attributes_refused => AttributesRefused,
             child_end_wakes_parent => ChildEndWakesParent,
             cancel_cascades => CancelCascades,
+            schedules => Schedules,
+            schedules_refused => SchedulesRefused,
         }
     };
 }

@@ -255,6 +255,48 @@ impl Client {
         Ok(run.into())
     }
 
+    /// Every stored schedule with its next tick, as
+    /// [`Runtime::schedules`](crate::Runtime::schedules).
+    ///
+    /// # Errors
+    /// As [`Client::send`].
+    pub async fn schedules(&self) -> Result<Vec<crate::ScheduleStatus>, ControlError> {
+        let listed: Vec<crate::ScheduleStatus> = self.get("/schedules").await?;
+        Ok(listed
+            .into_iter()
+            .map(crate::ScheduleStatus::named)
+            .collect())
+    }
+
+    /// Pauses (`paused`) or resumes the schedule `name`, as
+    /// [`Runtime::pause_schedule`](crate::Runtime::pause_schedule) and
+    /// [`resume_schedule`](crate::Runtime::resume_schedule); returns it after.
+    ///
+    /// # Errors
+    /// As [`Client::send`]; the process's `schedule ... does not exist` for a schedule it
+    /// does not have.
+    pub async fn pause_schedule(
+        &self,
+        name: &str,
+        paused: bool,
+    ) -> Result<crate::ScheduleStatus, ControlError> {
+        let verb = if paused { "pause" } else { "resume" };
+        let path = format!("/schedules/{}/{verb}", encode(name));
+        let status: crate::ScheduleStatus = self.post(&path, &serde_json::json!({})).await?;
+        Ok(status.named())
+    }
+
+    /// Removes the schedule `name`, as
+    /// [`Runtime::remove_schedule`](crate::Runtime::remove_schedule).
+    ///
+    /// # Errors
+    /// As [`pause_schedule`](Self::pause_schedule).
+    pub async fn remove_schedule(&self, name: &str) -> Result<(), ControlError> {
+        let path = format!("/schedules/{}/remove", encode(name));
+        let _: serde_json::Value = self.post(&path, &serde_json::json!({})).await?;
+        Ok(())
+    }
+
     /// Prunes (or lists, with `dry_run`) ended runs, as
     /// [`Runtime::prune_with`](crate::Runtime::prune_with).
     ///

@@ -254,6 +254,10 @@ fn router(served: Shared) -> Router {
         .route(&v("/schemas"), get(schemas))
         .route(&v("/sealing"), get(sealing))
         .route(&v("/schemas/{hash}"), get(schema))
+        .route(&v("/schedules"), get(schedules))
+        .route(&v("/schedules/{name}/pause"), post(pause_schedule))
+        .route(&v("/schedules/{name}/resume"), post(resume_schedule))
+        .route(&v("/schedules/{name}/remove"), post(remove_schedule))
         .route(&v("/prune"), post(prune))
         .route(&v("/compact"), post(compact));
     // Prometheus' conventional path, outside the versioned protocol: scrapers know it.
@@ -343,9 +347,12 @@ impl From<Error> for ApiError {
                 ErrorKind::InvalidArgument,
                 Some(run_id.clone()),
             ),
-            Error::InvalidName { .. } | Error::InvalidAttribute { .. } => {
+            Error::InvalidName { .. }
+            | Error::InvalidAttribute { .. }
+            | Error::InvalidSchedule { .. } => {
                 (StatusCode::BAD_REQUEST, ErrorKind::InvalidArgument, None)
             }
+            Error::ScheduleNotFound { .. } => (StatusCode::NOT_FOUND, ErrorKind::Failed, None),
             // What the caller sent: said as a bad argument, as the CLI says it locally.
             Error::EventEncode { run_id, .. } | Error::PayloadTooLarge { run_id, .. } => (
                 StatusCode::BAD_REQUEST,
@@ -611,6 +618,34 @@ async fn search(
             })
             .collect(),
     ))
+}
+
+async fn schedules(State(s): State<Shared>) -> Answer<Vec<crate::ScheduleStatus>> {
+    Ok(Json(s.runtime.schedules().await?))
+}
+
+async fn pause_schedule(
+    State(s): State<Shared>,
+    UrlPath(name): UrlPath<String>,
+) -> Answer<crate::ScheduleStatus> {
+    let info = s.runtime.pause_schedule(&name).await?;
+    Ok(Json(crate::ScheduleStatus::of(info, s.runtime.now_ms())))
+}
+
+async fn resume_schedule(
+    State(s): State<Shared>,
+    UrlPath(name): UrlPath<String>,
+) -> Answer<crate::ScheduleStatus> {
+    let info = s.runtime.resume_schedule(&name).await?;
+    Ok(Json(crate::ScheduleStatus::of(info, s.runtime.now_ms())))
+}
+
+async fn remove_schedule(
+    State(s): State<Shared>,
+    UrlPath(name): UrlPath<String>,
+) -> Answer<serde_json::Value> {
+    s.runtime.remove_schedule(&name).await?;
+    Ok(Json(serde_json::json!({})))
 }
 
 async fn compact(State(s): State<Shared>) -> Answer<CompactReply> {

@@ -103,6 +103,8 @@ impl Error {
             | Error::Storage { .. }
             | Error::Database { .. }
             | Error::NotRegistered { .. }
+            | Error::ScheduleNotFound { .. }
+            | Error::InvalidSchedule { .. }
             | Error::Permanent { .. }
             | Error::RetryAfter { .. }
             | Error::AcceptsRefused { .. }

@@ -58,6 +58,8 @@ pub(crate) struct Inner {
     pub(crate) gauging: AtomicBool,
     /// The workflows the gauges of runs were set for, so that one gone is set to 0.
     pub(crate) gauged: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    /// The loops of the schedules this runtime registered, by name: what stops each one.
+    pub(crate) schedules: std::sync::Mutex<BTreeMap<String, tokio_util::sync::CancellationToken>>,
 }
 
 /// The runtime's configuration, as its builder left it.
@@ -257,6 +259,7 @@ impl Runtime {
                 retaining: AtomicBool::new(false),
                 gauging: AtomicBool::new(false),
                 gauged: std::sync::Mutex::default(),
+                schedules: std::sync::Mutex::default(),
             }),
         }
     }

@@ -4,7 +4,7 @@
 //! `handle` holds [`Runtime`] and what its clones share; `claims` which runs it drives;
 //! `scheduler` its background tasks and timers; `registered` the drivers of registered
 //! workflows. The public operations are `impl Runtime` blocks in `builder`, `runs`,
-//! `requests` and `queries`. Every file imports `handle` or nothing of this folder;
+//! `requests`, `queries` and `schedules`. Every file imports `handle` or nothing of this folder;
 //! `handle` imports none of them but `claims` and `scheduler`.
 
 mod builder;
@@ -19,6 +19,7 @@ mod requests;
 mod retention;
 mod runs;
 mod scheduler;
+mod schedules;
 
 pub use builder::RuntimeBuilder;
 pub use evolve::Routed;
@@ -27,3 +28,4 @@ pub use handle::Runtime;
 pub use requests::{Sent, check_event};
 pub use retention::DEFAULT_RETENTION_INTERVAL;
 pub use runs::StartOptions;
+pub use schedules::ScheduleStatus;

@@ -7,6 +7,7 @@ use super::protocol::{Reply, Write};
 use super::{RunInfo, RunStatus};
 use crate::attribute::AttributeValue;
 use crate::error::Error;
+use crate::schedule::ScheduleInfo;
 use crate::schema::SchemaHash;
 
 /// Everything one write stores, and what the store answers once it is durable: the outcome
@@ -47,6 +48,8 @@ pub struct Effects<'w> {
     /// cancelled run's children. A follow-up its plan refuses (the parent ended, say) is
     /// skipped: it writes nothing and does not refuse this write.
     pub follow_ups: Vec<Write>,
+    /// A schedule's row to write or delete.
+    pub schedule: Option<ScheduleChange<'w>>,
     /// What the store answers.
     pub reply: Reply,
 }
@@ -65,6 +68,7 @@ impl<'w> Effects<'w> {
             sealing: None,
             wakes: false,
             follow_ups: Vec::new(),
+            schedule: None,
             reply,
         }
     }
@@ -89,7 +93,26 @@ impl<'w> Effects<'w> {
             && self.delete.is_empty()
             && self.sealing.is_none()
             && self.follow_ups.is_empty()
+            && self.schedule.is_none()
     }
+}
+
+/// A change to a schedule's row ([`Effects::schedule`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScheduleChange<'w> {
+    /// Write the row `info` (keyed by its name).
+    Put {
+        /// The row.
+        info: ScheduleInfo,
+        /// Whether the plan saw no row of that name: a store that finds one when it inserts
+        /// (a concurrent registration committed first) keeps the one it found.
+        new: bool,
+    },
+    /// Delete the row of this name.
+    Delete {
+        /// The schedule's name.
+        name: &'w str,
+    },
 }
 
 /// A run's new row.

@@ -7,6 +7,7 @@
 //! every backend, as documented on its field.
 
 use super::{Lease, RunInfo};
+use crate::schedule::ScheduleInfo;
 use crate::schema::SchemaHash;
 
 /// Which facts a [`Write`](super::Write) needs, besides its run's row: what [`Write::needs`](super::Write::needs) answers. A
@@ -37,6 +38,9 @@ pub struct Needs<'w> {
     pub runs: &'w [String],
     /// The rows of the run's children that have not ended: [`Facts::children`].
     pub children: bool,
+    /// A schedule whose row the write reads (and locks, in a store that locks rows):
+    /// [`Facts::schedule`].
+    pub schedule: Option<&'w str>,
 }
 
 /// A key of one of a run's immutable records.
@@ -90,6 +94,8 @@ pub struct Facts<'a> {
     /// With [`Needs::children`]: the rows of the runs whose [`parent`](RunInfo::parent) is
     /// the run, that have not ended (status running, waiting or blocked), by run id.
     pub children: Vec<RunInfo>,
+    /// The row of the schedule [`Needs::schedule`], if it exists.
+    pub schedule: Option<ScheduleInfo>,
 }
 
 /// The lease a write carries and the run's current one.

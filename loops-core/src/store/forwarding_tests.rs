@@ -145,6 +145,10 @@ impl Store for Probe {
         self.answer("sealing_keys", Vec::new())
     }
 
+    fn schedules(&self) -> BoxFuture<'_, Result<Vec<crate::ScheduleInfo>>> {
+        self.answer("schedules", Vec::new())
+    }
+
     fn acquire<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<Option<Lease>>> {
         self.answer("acquire", None)
     }
@@ -239,6 +243,8 @@ pub(crate) async fn assert_forwards(wrapper: &str, wrap: impl FnOnce(Probe) -> A
     store.schemas().await.unwrap();
     call("sealing_keys");
     store.sealing_keys().await.unwrap();
+    call("schedules");
+    store.schedules().await.unwrap();
     call("acquire");
     store.acquire("r").await.unwrap();
     call("release");

@@ -41,9 +41,10 @@ pub(crate) mod precheck;
 pub(crate) mod protocol;
 mod ready;
 pub(crate) mod redb;
+mod schedule_plan;
 pub(crate) mod sealing;
 
-pub use self::effects::{Effects, InboxChange, Record, RowWrite, event_record};
+pub use self::effects::{Effects, InboxChange, Record, RowWrite, ScheduleChange, event_record};
 pub use self::facts::{CurrentLease, Facts, LeaseCheck, Needs, PendingEvent, RecordKey};
 pub use self::limits::{SharedLimits, Take};
 pub use self::plan::plan;
@@ -197,6 +198,15 @@ pub trait Store: Send + Sync + 'static {
     /// are in clear. A runtime without a codec refuses a store that lists any
     /// ([`Error::Encrypted`](crate::Error::Encrypted)).
     fn sealing_keys(&self) -> BoxFuture<'_, Result<Vec<String>>>;
+
+    /// Every schedule stored ([`Write::PutSchedule`]), by name; empty for a store that has
+    /// none (and for a file written before loops had schedules).
+    ///
+    /// # Errors
+    /// [`Error::Storage`](crate::Error::Storage) or [`Error::Database`](crate::Error::Database)
+    /// on a read error; [`Error::InvalidSchedule`](crate::Error::InvalidSchedule) for a
+    /// stored row loops did not write.
+    fn schedules(&self) -> BoxFuture<'_, Result<Vec<crate::ScheduleInfo>>>;
 
     /// The named limits this store counts for all the workers that share it, or `None` (the
     /// default): the runtime then counts its limits in the process, which is all a store

@@ -22,6 +22,7 @@ use super::effects::{DUE_OUTPUT, Effects, InboxChange, Record, delivered_output,
 use super::evolve;
 use super::facts::{Facts, Needs, PendingEvent, RecordKey};
 use super::protocol::{AfterFailure, EventRecord, Reply, WaitOutcome, Write};
+use super::schedule_plan;
 use super::{RunInfo, RunStatus, WaitInfo};
 use crate::attribute::{AttributeValue, check_attribute};
 use crate::error::{Error, RecordKind, Result};
@@ -35,7 +36,7 @@ impl Write {
 
     /// Every name [`kind`](Self::kind) returns, in the order of the variants: what reads a
     /// kind back from its name (the test kit's child processes report writes by name).
-    pub const KINDS: [&'static str; 17] = [
+    pub const KINDS: [&'static str; 21] = [
         "Create",
         "Transition",
         "Step",
@@ -53,6 +54,10 @@ impl Write {
         "SetAttributes",
         "Prune",
         "Seal",
+        "PutSchedule",
+        "PauseSchedule",
+        "RemoveSchedule",
+        "TickSchedule",
     ];
 
     /// The variant's place in [`KINDS`](Self::KINDS): the one match over the variants that
@@ -76,11 +81,15 @@ impl Write {
             Write::SetAttributes { .. } => 14,
             Write::Prune { .. } => 15,
             Write::Seal { .. } => 16,
+            Write::PutSchedule { .. } => 17,
+            Write::PauseSchedule { .. } => 18,
+            Write::RemoveSchedule { .. } => 19,
+            Write::TickSchedule { .. } => 20,
         }
     }
 
-    /// The run the write is for; `None` for [`Write::Prune`], which names several, and for
-    /// [`Write::Seal`], which is about the store.
+    /// The run the write is for; `None` for [`Write::Prune`], which names several, for
+    /// [`Write::Seal`], which is about the store, and for the writes of schedules.
     pub fn run_id(&self) -> Option<&str> {
         match self {
             Write::Create { info, .. } => Some(&info.run_id),
@@ -99,6 +108,10 @@ impl Write {
             | Write::Migrate { run_id, .. }
             | Write::SetAttributes { run_id, .. } => Some(run_id),
             Write::Prune { .. } | Write::Seal { .. } => None,
+            Write::PutSchedule { .. }
+            | Write::PauseSchedule { .. }
+            | Write::RemoveSchedule { .. }
+            | Write::TickSchedule { .. } => None,
         }
     }
 
@@ -187,6 +200,16 @@ impl Write {
                 ..Needs::default()
             },
             Write::Seal { .. } => Needs::default(),
+            Write::PutSchedule { info } => Needs {
+                schedule: Some(&info.name),
+                ..Needs::default()
+            },
+            Write::PauseSchedule { name, .. }
+            | Write::RemoveSchedule { name }
+            | Write::TickSchedule { name, .. } => Needs {
+                schedule: Some(name),
+                ..Needs::default()
+            },
         }
     }
 }
@@ -202,7 +225,11 @@ impl Write {
 /// [`Error::SequenceConflict`] and [`Error::StepExists`] for a record key that is taken;
 /// [`Error::RunEnded`] (cancelling, or sending to, an ended run); [`Error::NotFailed`]
 /// (retrying a run that has not failed); [`Error::RecordMissing`] and [`Error::Decode`]
-/// for an inbox record a wait cannot read.
+/// for an inbox record a wait cannot read; [`Error::ScheduleNotFound`] (pausing, resuming or
+/// removing a schedule that does not exist) and [`Error::InvalidSchedule`] (registering one
+/// whose name or spec is refused).
+// It is long because it has one arm per write of the protocol, each only unpacking the write's
+// fields for the function that means it: splitting it would split the one list of writes.
 pub fn plan<'w>(write: &'w Write, row: Option<&RunInfo>, facts: &Facts<'_>) -> Result<Effects<'w>> {
     let mut effects = own_effects(write, row, facts)?;
     children::add_follow_ups(write, facts, &mut effects);
@@ -334,6 +361,10 @@ fn own_effects<'w>(
             effects.sealing = Some((key, *at_ms));
             Ok(effects)
         }
+        Write::PutSchedule { .. }
+        | Write::PauseSchedule { .. }
+        | Write::RemoveSchedule { .. }
+        | Write::TickSchedule { .. } => schedule_plan::plan(write, facts),
     }
 }
 
@@ -762,28 +793,5 @@ fn step_exists(run_id: &str, seq: u64, name: &str, occurrence: u32) -> Error {
         seq,
         step: name.to_owned(),
         occurrence,
-    }
-}
-
-impl RunInfo {
-    /// Reads a run's row as stored (JSON; the run id is the row's key, not in the value).
-    ///
-    /// # Errors
-    /// [`Error::Decode`] (a run row of `run_id`) if `bytes` is not a row.
-    pub fn decode(run_id: &str, bytes: &[u8]) -> Result<RunInfo> {
-        let mut info: RunInfo = serde_json::from_slice(bytes).map_err(|source| Error::Decode {
-            run_id: run_id.to_owned(),
-            record: RecordKind::RunRow,
-            seq: 0,
-            state: String::new(),
-            source,
-        })?;
-        info.run_id = run_id.to_owned();
-        Ok(info)
-    }
-
-    /// The row as stored (JSON, without the run id): what [`decode`](Self::decode) reads.
-    pub fn encode(&self) -> Vec<u8> {
-        to_vec(self)
     }
 }

@@ -6,6 +6,7 @@ use super::RunInfo;
 use crate::attribute::AttributeValue;
 use crate::error::{Error, Result};
 use crate::record::{FailureRecord, TransitionRecord};
+use crate::schedule::ScheduleInfo;
 use crate::schema::SchemaHash;
 
 /// One write of the storage protocol. A store applies each write atomically (one redb write
@@ -229,6 +230,43 @@ pub enum Write {
         /// When, in ms since the Unix epoch.
         at_ms: u64,
     },
+    /// Register the schedule `info.name`: a new one is stored as `info` is; an existing one
+    /// takes `info`'s workflow, spec and catch-up policy and keeps its pause, its ticks
+    /// ([`through_ms`](ScheduleInfo::through_ms), [`last_tick_ms`](ScheduleInfo::last_tick_ms))
+    /// and its creation time. Replies [`Reply::Schedule`] with the stored row.
+    PutSchedule {
+        /// The schedule as a new registration would store it.
+        info: ScheduleInfo,
+    },
+    /// Pause (`paused`) or resume a schedule. Resuming settles every tick up to `at_ms`
+    /// (they fell while it was paused: none is caught up). Replies [`Reply::Schedule`];
+    /// refused with [`Error::ScheduleNotFound`] if there is no such schedule.
+    PauseSchedule {
+        /// The schedule.
+        name: String,
+        /// Paused (`true`) or resumed.
+        paused: bool,
+        /// Now, ms since the Unix epoch.
+        at_ms: u64,
+    },
+    /// Delete a schedule (the runs its ticks started stay). Refused with
+    /// [`Error::ScheduleNotFound`] if there is no such schedule.
+    RemoveSchedule {
+        /// The schedule.
+        name: String,
+    },
+    /// Record that a schedule's tick `tick_ms` fired (its run exists): its
+    /// [`through_ms`](ScheduleInfo::through_ms) and [`last_tick_ms`](ScheduleInfo::last_tick_ms)
+    /// move up to it; neither ever moves back. Replies [`Reply::Schedule`], or
+    /// [`Reply::Done`] (nothing written) if the schedule was removed.
+    TickSchedule {
+        /// The schedule.
+        name: String,
+        /// The tick's time, ms since the Unix epoch.
+        tick_ms: u64,
+        /// Now, ms since the Unix epoch.
+        at_ms: u64,
+    },
 }
 
 /// What a [`Write::Failure`] does to the run besides keeping the record.
@@ -267,6 +305,8 @@ pub enum Reply {
         /// The run's row.
         info: RunInfo,
     },
+    /// A schedule's row after the write.
+    Schedule(ScheduleInfo),
 }
 
 /// The outcome of a [`Write::Wait`].
@@ -293,7 +333,7 @@ impl Reply {
     pub fn into_run(self, run_id: &str) -> Result<RunInfo> {
         match self {
             Reply::Run(info) | Reply::Waited(_, info) | Reply::Sent { info, .. } => Ok(info),
-            Reply::Done | Reply::Pruned { .. } => Err(Error::RunNotFound {
+            Reply::Done | Reply::Pruned { .. } | Reply::Schedule(_) => Err(Error::RunNotFound {
                 run_id: run_id.to_owned(),
             }),
         }

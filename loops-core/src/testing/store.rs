@@ -134,6 +134,8 @@ pub enum Call<'a> {
     Schema(Option<SchemaHash>),
     /// [`Store::sealing_keys`]: the key ids the store's payloads are sealed with.
     SealingKeys,
+    /// [`Store::schedules`]: every stored schedule.
+    Schedules,
     /// [`Store::acquire`] of the run's lease.
     Acquire {
         /// The run.
@@ -445,6 +447,10 @@ impl<S: Store> Store for HookedStore<S> {
 
     fn sealing_keys(&self) -> BoxFuture<'_, Result<Vec<String>>> {
         self.gate(Call::SealingKeys, self.inner.sealing_keys())
+    }
+
+    fn schedules(&self) -> BoxFuture<'_, Result<Vec<crate::ScheduleInfo>>> {
+        self.gate(Call::Schedules, self.inner.schedules())
     }
 
     fn acquire<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<Lease>>> {

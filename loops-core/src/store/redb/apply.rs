@@ -5,10 +5,11 @@ use redb::ReadableTable;
 
 use super::tables::{ATTRIBUTE_KEY_ABOVE, Tables, name_upper_bound};
 use crate::error::{Error, RecordKind};
+use crate::schedule::ScheduleInfo;
 use crate::store::protocol::{Reply, Write};
 use crate::store::{
     Effects, Facts, InboxChange, LeaseCheck, Needs, PendingEvent, Record, RecordKey, RowWrite,
-    RunInfo, plan,
+    RunInfo, ScheduleChange, plan,
 };
 
 /// An outcome of applying one write inside the batch's transaction.
@@ -178,6 +179,13 @@ fn gather<'w>(t: &mut Tables<'_>, needs: &Needs<'w>) -> std::result::Result<Fact
             }
         }
     }
+    if let Some(name) = needs.schedule {
+        let row = t.schedules()?.get(name)?.map(|b| b.value().to_vec());
+        facts.schedule = row
+            .map(|bytes| ScheduleInfo::decode(name, &bytes))
+            .transpose()
+            .map_err(ApplyError::Rejected)?;
+    }
     Ok(facts)
 }
 
@@ -244,6 +252,16 @@ fn store(t: &mut Tables<'_>, effects: &Effects<'_>) -> std::result::Result<(), A
     }
     for info in &effects.delete {
         delete_run(t, info)?;
+    }
+    match &effects.schedule {
+        Some(ScheduleChange::Put { info, .. }) => {
+            t.schedules()?
+                .insert(info.name.as_str(), info.encode().as_slice())?;
+        }
+        Some(ScheduleChange::Delete { name }) => {
+            t.schedules()?.remove(*name)?;
+        }
+        None => {}
     }
     Ok(())
 }

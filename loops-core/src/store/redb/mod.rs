@@ -450,6 +450,10 @@ impl Store for RedbStore {
         Box::pin(std::future::ready(RedbStore::sealing_keys(self)))
     }
 
+    fn schedules(&self) -> BoxFuture<'_, Result<Vec<crate::ScheduleInfo>>> {
+        Box::pin(std::future::ready(RedbStore::schedules(self)))
+    }
+
     /// One process owns the file; within it, a run's lease is held by one clone at a time
     /// and never lapses (`None` while another clone holds it). Ready at once.
     fn acquire<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<Lease>>> {

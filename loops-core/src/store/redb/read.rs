@@ -7,7 +7,7 @@ use redb::ReadableTable;
 use super::commit::reopen_if_needed;
 use super::tables::{
     ATTRIBUTE_INDEX, ATTRIBUTE_KEY_ABOVE, ATTRIBUTES, CHILDREN, FAILURES, INBOX, JOURNAL, PENDING,
-    RUNS, SCHEMAS, SEALING, STATUS, STEPS, name_upper_bound,
+    RUNS, SCHEDULES, SCHEMAS, SEALING, STATUS, STEPS, name_upper_bound,
 };
 use super::{RedbStore, corrupted};
 use crate::attribute::{AttributeValue, Attributes, RunFilter};
@@ -362,6 +362,34 @@ impl RedbStore {
                 Ok(keys.into_iter().map(|(_, key)| key).collect())
             },
         )
+    }
+
+    /// Every stored schedule, by name; empty for a file written before loops had schedules
+    /// (it lacks the table).
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on a read error; [`Error::InvalidSchedule`] for a row loops did not
+    /// write.
+    pub fn schedules(&self) -> Result<Vec<crate::ScheduleInfo>> {
+        let rows = self.read(
+            || "reading schedules".to_owned(),
+            |txn| {
+                let table = match txn.open_table(SCHEDULES) {
+                    Ok(table) => table,
+                    Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+                    Err(e) => return Err(e.into()),
+                };
+                let mut rows = Vec::new();
+                for entry in table.iter()? {
+                    let (name, bytes) = entry?;
+                    rows.push((name.value().to_owned(), bytes.value().to_vec()));
+                }
+                Ok(rows)
+            },
+        )?;
+        rows.iter()
+            .map(|(name, bytes)| crate::ScheduleInfo::decode(name, bytes))
+            .collect()
     }
 
     /// Every stored schema description, as `(hash, description)`, by hash.

@@ -30,8 +30,10 @@ pub(crate) const ATTRIBUTE_INDEX: TableDefinition<(&str, &[u8], &str), ()> =
 /// A run's children: (parent run id, child run id) → `()`, written with the child's row
 /// ([`RunInfo::parent`](crate::RunInfo::parent)), deleted when the child is pruned.
 pub(crate) const CHILDREN: TableDefinition<(&str, &str), ()> = TableDefinition::new("children");
+/// Schedules: name → the [`ScheduleInfo`](crate::ScheduleInfo) row (JSON).
+pub(crate) const SCHEDULES: TableDefinition<&str, &[u8]> = TableDefinition::new("schedules");
 
-const TABLES: [&str; 13] = [
+const TABLES: [&str; 14] = [
     "runs",
     "journal",
     "steps",
@@ -45,6 +47,7 @@ const TABLES: [&str; 13] = [
     "attributes",
     "attribute_index",
     "children",
+    "schedules",
 ];
 
 /// Creates the tables a new file lacks; writes nothing to a file that has them all.
@@ -70,6 +73,7 @@ pub(super) fn ensure_tables(db: &Database) -> std::result::Result<(), redb::Erro
     txn.open_table(ATTRIBUTES)?;
     txn.open_table(ATTRIBUTE_INDEX)?;
     txn.open_table(CHILDREN)?;
+    txn.open_table(SCHEDULES)?;
     txn.commit()?;
     Ok(())
 }
@@ -92,6 +96,7 @@ pub(super) struct Tables<'t> {
     attributes: Lazy<'t, (&'static str, &'static str), &'static [u8]>,
     attribute_index: Lazy<'t, AttributeIndexKey, ()>,
     children: Lazy<'t, (&'static str, &'static str), ()>,
+    schedules: Lazy<'t, &'static str, &'static [u8]>,
 }
 
 /// A table of [`Tables`]: `None` until first used.
@@ -137,6 +142,7 @@ table_accessors! {
     attributes: ATTRIBUTES => ((&'static str, &'static str), &'static [u8]);
     attribute_index: ATTRIBUTE_INDEX => (AttributeIndexKey, ());
     children: CHILDREN => ((&'static str, &'static str), ());
+    schedules: SCHEDULES => (&'static str, &'static [u8]);
 }
 
 /// A string above every valid event name, idempotency key or run id (at most 256 bytes): 65

@@ -316,6 +316,11 @@ impl Store for SealedStore {
         self.inner.sealing_keys()
     }
 
+    fn schedules(&self) -> BoxFuture<'_, Result<Vec<crate::ScheduleInfo>>> {
+        // Schedules hold no payload: they pass as they are.
+        self.inner.schedules()
+    }
+
     fn acquire<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Option<Lease>>> {
         self.inner.acquire(run_id)
     }
