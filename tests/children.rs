@@ -580,3 +580,40 @@ async fn fan_out_of_50_under_random_kills_runs_each_child_once() {
     let ended = run_child(dir.path(), 50, &[]).expect("the resumed run ends");
     check_fan_out(dir.path(), 50, &ended).await;
 }
+
+/// A child that ended is kept by pruning while its parent has not ended (the parent's join
+/// reads it), and pruned with it once the parent ended: before, retention removed it and the
+/// parent's join failed for good ("run `p/0` does not exist").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pruning_keeps_an_ended_child_until_its_parent_ends() {
+    let counts = Counts::default();
+    let rt = runtime(&counts);
+    rt.start(
+        "p",
+        Fan::Split {
+            modes: vec![Mode::Now, Mode::Wait],
+            first: usize::MAX,
+            abandon_last: false,
+        },
+    )
+    .await
+    .unwrap();
+    wait_status(&rt, "p/0", RunStatus::Completed).await;
+    wait_status(&rt, "p/1", RunStatus::Waiting).await;
+    let everything = loops::RetentionPolicy::older_than(Duration::ZERO);
+    for dry_run in [true, false] {
+        let pruned = rt.prune_with(&everything, dry_run).await.unwrap();
+        assert_eq!(pruned.run_ids, Vec::<String>::new(), "dry run: {dry_run}");
+    }
+    rt.send("p/1", Leaf::GO, &1).await.unwrap();
+    let done: Fan = rt.wait("p").await.unwrap();
+    assert_eq!(
+        done,
+        Fan::Summed {
+            lines: vec!["0: 0^2 = 0".to_owned(), "1: 1^2 = 1".to_owned()]
+        }
+    );
+    let mut pruned = rt.prune_with(&everything, false).await.unwrap().run_ids;
+    pruned.sort();
+    assert_eq!(pruned, vec!["p", "p/0", "p/1"]);
+}

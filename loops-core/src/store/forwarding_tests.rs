@@ -233,6 +233,8 @@ pub(crate) async fn assert_forwards(wrapper: &str, wrap: impl FnOnce(Probe) -> A
     store.has_pending("r", "e").await.unwrap();
     call("list");
     store.list(RunStatus::Waiting, None).await.unwrap();
+    call("count_runs");
+    store.count_runs().await.unwrap();
     call("attributes");
     store.attributes("r").await.unwrap();
     call("search");
@@ -291,7 +293,7 @@ pub(crate) async fn assert_forwards(wrapper: &str, wrap: impl FnOnce(Probe) -> A
 fn the_method_list_is_read_from_the_trait() {
     let methods = store_methods();
     assert!(methods.contains("write") && methods.contains("shared_limits"));
-    assert_eq!(methods.len(), 23, "{methods:?}");
+    assert_eq!(methods.len(), 26, "{methods:?}");
 }
 
 #[tokio::test]

@@ -302,6 +302,35 @@ pub async fn find_runs(
     Ok(out)
 }
 
+/// `ended` without the child runs whose parent has not ended (each parent read once): a
+/// parent that is running, waiting or blocked may still join them. A parent that no longer
+/// exists holds nothing.
+async fn without_joinable_children(store: &dyn Store, ended: Vec<RunInfo>) -> Result<Vec<RunInfo>> {
+    let mut parent_ended: std::collections::HashMap<String, bool> =
+        std::collections::HashMap::new();
+    let mut kept = Vec::with_capacity(ended.len());
+    for info in ended {
+        if let Some(link) = &info.parent {
+            let done = match parent_ended.get(&link.run_id) {
+                Some(done) => *done,
+                None => {
+                    let done = store
+                        .run_info(&link.run_id)
+                        .await?
+                        .is_none_or(|p| p.status.is_ended());
+                    parent_ended.insert(link.run_id.clone(), done);
+                    done
+                }
+            };
+            if !done {
+                continue;
+            }
+        }
+        kept.push(info);
+    }
+    Ok(kept)
+}
+
 /// What [`prune`] removed (or, in a dry run, would remove).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
 pub struct Pruned {
@@ -318,7 +347,9 @@ pub(crate) const PRUNE_BATCH: usize = 256;
 
 /// Selects the ended runs `policy` expires at `now_ms` and, unless `dry_run`, deletes their
 /// records, rows, index entries and events with [`Write::Prune`], a batch of runs per
-/// write. Runs that have not ended are never touched.
+/// write. Runs that have not ended are never touched, and neither is a child run whose
+/// parent has not ended: the parent may still join it (it reads the child's row and final
+/// state), so the child is kept until its parent ends.
 ///
 /// # Errors
 /// [`Error::Storage`](crate::Error::Storage) if a read or a commit fails (runs deleted by
@@ -334,6 +365,7 @@ pub async fn prune(
     for status in policy.statuses() {
         ended.extend(store.list(status, None).await?);
     }
+    let ended = without_joinable_children(store, ended).await?;
     let expired = policy.select(ended, now_ms);
     let mut report = Pruned {
         runs: expired.len() as u64,
