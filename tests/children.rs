@@ -198,6 +198,19 @@ async fn fan_out_and_join_all_gives_each_childs_result_in_order() {
     assert_eq!(children.len(), 20);
     for child in &children {
         assert_eq!(child.status, RunStatus::Completed);
+        // One attempt, and no failure: no false "interrupted" attempt before it.
+        assert_eq!(
+            (child.attempt, child.interrupted),
+            (1, 0),
+            "{}",
+            child.run_id
+        );
+        assert_eq!(
+            rt.store().failures(&child.run_id).await.unwrap(),
+            Vec::new(),
+            "{}",
+            child.run_id
+        );
         let parent = child.parent.as_ref().unwrap();
         assert_eq!(
             (parent.run_id.as_str(), parent.on_cancel),

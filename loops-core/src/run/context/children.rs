@@ -214,6 +214,10 @@ impl Context {
             });
         }
         let mut info = RunInfo::new_run::<W>(child_id, given, now);
+        // No attempt of the child has begun: the driver that takes it begins attempt 1
+        // (`Write::BeginAttempt`). With attempt 1 here, that driver took the child for a
+        // run whose first attempt was interrupted, and recorded a failure that never was.
+        info.attempt = 0;
         info.parent = Some(ParentLink {
             run_id: self.run.run_id.clone(),
             on_cancel: options.on_parent_cancel,
