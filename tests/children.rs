@@ -161,10 +161,12 @@ fn runtime(counts: &Counts) -> Runtime {
         .build(RedbStore::in_memory().unwrap())
 }
 
+/// The row of `run_id` once it exists and has `status`.
 async fn wait_status(rt: &Runtime, run_id: &str, status: RunStatus) -> loops::RunInfo {
     loop {
-        let info = rt.store().run_info(run_id).await.unwrap().unwrap();
-        if info.status == status {
+        if let Some(info) = rt.store().run_info(run_id).await.unwrap()
+            && info.status == status
+        {
             return info;
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -347,13 +349,10 @@ async fn a_child_id_taken_by_another_run_is_a_typed_error() {
     )
     .await
     .unwrap();
-    let info = loop {
-        let info = rt.store().run_info("p").await.unwrap().unwrap();
-        if info.error.is_some() {
-            break info;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    };
+    // The conflict comes out the same at every try: the parent fails at its first attempt.
+    rt.wait::<Fan>("p").await.unwrap_err();
+    let info = rt.store().run_info("p").await.unwrap().unwrap();
+    assert_eq!((info.status, info.attempt), (RunStatus::Failed, 1));
     assert_eq!(
         info.error.unwrap(),
         vec![
@@ -361,7 +360,6 @@ async fn a_child_id_taken_by_another_run_is_a_typed_error() {
                 .to_owned()
         ]
     );
-    rt.cancel("p", "done").await.unwrap();
 }
 
 /// The crash tests' child process: drives the parent `p` with `LOOPS_CHILDREN` children on
@@ -629,4 +627,87 @@ async fn pruning_keeps_an_ended_child_until_its_parent_ends() {
     let mut pruned = rt.prune_with(&everything, false).await.unwrap().run_ids;
     pruned.sort();
     assert_eq!(pruned, vec!["p", "p/0", "p/1"]);
+}
+
+/// Starts the child `twin` twice in one state (`twice`), or the child `orphan` (a leaf,
+/// which the second runtime of the test has no handler for).
+#[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(name = "careless")]
+enum Careless {
+    #[initial]
+    #[next(Done)]
+    Go { twice: bool },
+    #[terminal]
+    Done,
+}
+
+struct CarelessParent;
+
+impl CarelessHandler for CarelessParent {
+    type Error = Error;
+    async fn go(&self, ctx: &Context, twice: bool) -> Result<GoNext, Error> {
+        if twice {
+            for mode in [Mode::Now, Mode::Wait] {
+                ctx.start_child("twin", Leaf::Start { i: 0, mode }).await?;
+            }
+        } else {
+            ctx.start_child(
+                "orphan",
+                Leaf::Start {
+                    i: 0,
+                    mode: Mode::Now,
+                },
+            )
+            .await?;
+        }
+        Ok(GoNext::Done)
+    }
+}
+
+/// A second start of one child id in one state, and a child no process here can drive, are
+/// refused at once: the parent fails at its first attempt (those errors come out the same at
+/// every try), and no second child nor an undriven one is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_started_twice_or_of_an_unregistered_workflow_fails_the_parent_at_once() {
+    let counts = Counts::default();
+    let with_careless = |store| {
+        Runtime::builder()
+            .register::<Leaf, _>(counts.clone())
+            .register::<Careless, _>(CarelessParent)
+            .build(store)
+    };
+    let rt = with_careless(RedbStore::in_memory().unwrap());
+    rt.start("dup", Careless::Go { twice: true }).await.unwrap();
+    let err = rt.wait::<Careless>("dup").await.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("cannot start child `twin`: this state started a child with that id already"),
+        "{err}"
+    );
+    let info = rt.store().run_info("dup").await.unwrap().unwrap();
+    assert_eq!((info.status, info.attempt), (RunStatus::Failed, 1));
+    let children = rt.store().children("dup").await.unwrap();
+    assert_eq!(children.len(), 1, "{children:?}");
+
+    // `Leaf` is not registered in this runtime: its child would never be driven.
+    let rt = Runtime::builder()
+        .register::<Careless, _>(CarelessParent)
+        .build(RedbStore::in_memory().unwrap());
+    rt.start("lonely", Careless::Go { twice: false })
+        .await
+        .unwrap();
+    rt.wait::<Careless>("lonely").await.unwrap_err();
+    let info = rt.store().run_info("lonely").await.unwrap().unwrap();
+    assert_eq!((info.status, info.attempt), (RunStatus::Failed, 1));
+    let failures = rt.store().failures("lonely").await.unwrap();
+    assert_eq!(failures.len(), 1);
+    assert!(
+        failures[0]
+            .1
+            .errors
+            .join(": ")
+            .contains("no handler is registered"),
+        "{failures:?}"
+    );
+    assert_eq!(rt.store().run_info("orphan").await.unwrap(), None);
 }

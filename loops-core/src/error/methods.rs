@@ -115,6 +115,23 @@ impl Error {
 }
 
 impl Error {
+    /// Whether the error comes out the same at every try of a handler, whatever time passes:
+    /// a bad run id or name, a child id taken by another run, a workflow no process here
+    /// drives, a state that is not the initial one. A handler that returns one (with `?`)
+    /// fails its run at once instead of spending its retries
+    /// ([`retry_hint`](crate::retry_hint) calls it permanent).
+    pub fn repeats(&self) -> bool {
+        matches!(
+            self,
+            Error::InvalidRunId { .. }
+                | Error::InvalidName { .. }
+                | Error::InvalidAttribute { .. }
+                | Error::ChildConflict { .. }
+                | Error::NotRegistered { .. }
+                | Error::NotInitial { .. }
+        )
+    }
+
     /// What is wrong with the store file at `path` when it needs redb's repair: the one
     /// wording of [`NeedsRecovery`](Error::NeedsRecovery) and of the `loops` CLI's notes
     /// about such a file, whichever command meets it.

@@ -11,6 +11,16 @@ impl Kin for Inner {
     fn drive_child(self: Arc<Self>, workflow: &str, run_id: &str) {
         Runtime { inner: self }.spawn_driver(workflow, run_id);
     }
+
+    fn can_drive(&self, workflow: &str, schema: crate::SchemaHash) -> bool {
+        self.store.lease_ttl().is_some()
+            || self
+                .registry
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .driver(workflow, schema)
+                .is_some()
+    }
 }
 
 impl Runtime {

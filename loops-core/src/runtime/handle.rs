@@ -45,7 +45,7 @@ pub(crate) struct Inner {
     /// The runs this runtime drives now.
     pub(crate) claims: Claims,
     /// The registered versions of each workflow, and the migrations.
-    registry: RwLock<Registry>,
+    pub(crate) registry: RwLock<Registry>,
     pub(crate) background: Background,
     /// Whether blocked runs are to be looked at again (at the first `resume_all`, and after
     /// a version or a migration is registered).

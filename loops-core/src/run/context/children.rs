@@ -25,6 +25,10 @@ pub(crate) trait Kin: Send + Sync {
     /// Drive the run `run_id` of `workflow`, just created (or found) as a child, in the
     /// background if this process has a handler for it; else leave it to a worker that has.
     fn drive_child(self: Arc<Self>, workflow: &str, run_id: &str);
+
+    /// Whether a child of `workflow` with schema `schema` can be driven: this process has a
+    /// handler for it, or the store is shared by workers (one that has a handler claims it).
+    fn can_drive(&self, workflow: &str, schema: crate::SchemaHash) -> bool;
 }
 
 /// A child run started by [`Context::start_child`]: its id, typed by its workflow. Join it
@@ -177,7 +181,11 @@ impl Context {
     /// # Errors
     /// [`Error::InvalidRunId`]; [`Error::NotInitial`] (naming the child) if `initial` is not
     /// `W`'s initial state; [`Error::ChildConflict`] if a run `child_id` exists that is not
-    /// this run's child of `W` (nothing written); [`Error::PayloadTooLarge`],
+    /// this run's child of `W` (nothing written), or if this state started a child
+    /// `child_id` already; [`Error::NotRegistered`] if no handler for `W` is registered and
+    /// the store is not shared by workers (nobody would drive the child); these come out the
+    /// same at every try, so a handler that returns them fails at once
+    /// ([`Error::repeats`]); [`Error::PayloadTooLarge`],
     /// [`Error::Encode`]; [`Error::Fenced`] or [`Error::LeaseExpired`] if this driver no
     /// longer holds the run; a store error.
     pub async fn start_child_with<W: Workflow>(
@@ -191,6 +199,25 @@ impl Context {
         let (occurrence, recorded) = self.next_occurrence(&name);
         if recorded.is_some() {
             return Ok(ChildRun::new(child_id));
+        }
+        if occurrence > 0 {
+            // A second start of the same id in this state: a bug of the handler (two
+            // children meant, one id), not the re-execution that attaching is for.
+            return Err(Error::ChildConflict {
+                run_id: self.run.run_id.clone(),
+                state: self.state,
+                seq: self.seq,
+                child: child_id.to_owned(),
+                reason: "this state started a child with that id already; give each child an id of its own".to_owned(),
+            });
+        }
+        if let Some(kin) = self.run.kin.as_ref().and_then(std::sync::Weak::upgrade)
+            && !kin.can_drive(W::NAME, W::SCHEMA_HASH.pinned())
+        {
+            // On a store that only this process opens, nobody would ever drive it.
+            return Err(Error::NotRegistered {
+                workflow: W::NAME.to_owned(),
+            });
         }
         let given = initial.state();
         if given != <W::State as StateId>::INITIAL {
