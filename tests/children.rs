@@ -624,6 +624,17 @@ async fn pruning_keeps_an_ended_child_until_its_parent_ends() {
             lines: vec!["0: 0^2 = 0".to_owned(), "1: 1^2 = 1".to_owned()]
         }
     );
+    // loops' own event is not for senders outside it.
+    let refused = rt
+        .send("p", loops::CHILD_ENDED, &serde_json::json!({"child": "x"}))
+        .await
+        .unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("reserves for the events it sends itself"),
+        "{refused}"
+    );
     let mut pruned = rt.prune_with(&everything, false).await.unwrap().run_ids;
     pruned.sort();
     assert_eq!(pruned, vec!["p", "p/0", "p/1"]);

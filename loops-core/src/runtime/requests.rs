@@ -5,7 +5,7 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::event::EventName;
-use crate::names::{validate_name, validate_run_id};
+use crate::names::{RESERVED_PREFIX, validate_name, validate_run_id};
 use crate::row::RunInfo;
 use crate::runtime::handle::Runtime;
 use crate::schema::{DeclaredEvents, EventRefusal};
@@ -146,6 +146,15 @@ impl Runtime {
                 name: name.to_owned(),
                 reason,
             })?;
+        }
+        // loops' own events (a child's end, `CHILD_ENDED`) are sent by its writes only.
+        if event.starts_with(RESERVED_PREFIX) {
+            return Err(Error::InvalidName {
+                run_id: run_id.to_owned(),
+                what: "event name",
+                name: event.to_owned(),
+                reason: "starts with `loops:`, which loops reserves for the events it sends itself",
+            });
         }
         let json = serde_json::to_string(payload).map_err(|source| Error::EventEncode {
             run_id: run_id.to_owned(),
