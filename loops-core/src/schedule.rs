@@ -109,8 +109,9 @@ impl Schedule {
     }
 
     /// A tick at each time that the cron `pattern` matches in UTC. The pattern has 5 fields
-    /// (minute, hour, day of month, month, day of week) or 6 (seconds first), with the
-    /// extensions of the `croner` crate (`L`, `W`, `#`, `@hourly`, ...). Catch-up
+    /// (minute, hour, day of month, month, day of week), 6 (seconds first) or 7 (seconds
+    /// first, year last), with the extensions of the `croner` crate (`L`, `W`, `#`,
+    /// `@hourly`, ...). A pattern that never matches (`0 0 31 2 *`) is refused. Catch-up
     /// [`CatchUp::Skip`].
     ///
     /// # Errors
@@ -126,21 +127,29 @@ impl Schedule {
     /// (croner's rules).
     ///
     /// # Errors
-    /// [`InvalidSchedule`] for a pattern the parser refuses or a zone it does not know.
+    /// [`InvalidSchedule`] for a pattern the parser refuses, one that never matches, or a
+    /// zone it does not know.
     pub fn cron_in(pattern: &str, zone: &str) -> Result<Schedule, InvalidSchedule> {
         let pattern = pattern.split_whitespace().collect::<Vec<_>>().join(" ");
+        let never = format!("cron pattern `{pattern}` never matches a time");
         let cron = croner::Cron::from_str(&pattern)
             .map_err(|e| InvalidSchedule(format!("cron pattern `{pattern}`: {e}")))?;
         let zone = chrono_tz::Tz::from_str(zone)
             .map_err(|_| InvalidSchedule(format!("unknown time zone `{zone}`")))?;
-        Ok(Schedule {
+        let schedule = Schedule {
             spec: Spec::Cron {
                 pattern,
                 cron: Box::new(cron),
                 zone,
             },
             catch_up: CatchUp::default(),
-        })
+        };
+        // Every tick of a pattern comes within some years of any time (a leap day's, within
+        // 8): one that finds none after the Unix epoch never ticks.
+        if schedule.next_after(0).is_none() {
+            return Err(InvalidSchedule(never));
+        }
+        Ok(schedule)
     }
 
     /// The same schedule with catch-up policy `policy`.
@@ -292,7 +301,9 @@ pub fn tick_run_id(name: &str, tick_ms: u64) -> String {
 }
 
 /// Checks a schedule name: 1 to [`MAX_SCHEDULE_NAME_BYTES`] bytes of ASCII letters, digits,
-/// `_`, `-` and `.` (so that a tick's run id, `{name}@{time}`, reads back unambiguously).
+/// `_`, `-` and `.`, starting with a letter or a digit (so that a tick's run id,
+/// `{name}@{time}`, reads back unambiguously, and a name is never read as a path or an
+/// option on a command line).
 ///
 /// # Errors
 /// The rule broken.
@@ -306,6 +317,9 @@ pub fn check_schedule_name(name: &str) -> Result<(), &'static str> {
         .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
     {
         Err("not only ASCII letters, digits, `_`, `-` and `.`")
+    } else if !name.starts_with(|c: char| c.is_ascii_alphanumeric()) {
+        // `.`, `..` and `-x` read as paths or options on a command line.
+        Err("does not start with an ASCII letter or digit")
     } else {
         Ok(())
     }
@@ -467,5 +481,21 @@ mod tests {
         assert!(check_schedule_name("a b").is_err());
         assert!(check_schedule_name("").is_err());
         assert!(check_schedule_name("a@b").is_err());
+        for name in [".", "..", "-x", "_x"] {
+            assert_eq!(
+                check_schedule_name(name),
+                Err("does not start with an ASCII letter or digit"),
+                "{name}"
+            );
+        }
+        let never = Schedule::cron("0 0 31 2 *").map(drop).unwrap_err();
+        assert_eq!(
+            never.to_string(),
+            "cron pattern `0 0 31 2 *` never matches a time"
+        );
+        assert!(
+            Schedule::cron("0 0 29 2 *").is_ok(),
+            "a leap day's pattern ticks"
+        );
     }
 }
