@@ -17,9 +17,23 @@ use crate::workflow::edit::{EditRun, EditRunHandler, RequestedNext};
 use crate::workflow::{Base, Change, Edit};
 
 /// The run id of the child that applies edit `index` (from 0, in the plan's order) of the
-/// run `run_id`: `<run_id>/edit-<index>`.
+/// run `run_id`: `<run_id>/edit-<index>`. A run id too long for that (run ids are at most
+/// [`loops::MAX_RUN_ID_BYTES`] bytes) is cut at a character boundary and followed by `.` and
+/// 8 hex digits of the XXH3 hash of the whole id: `<cut>.<hash>/edit-<index>`.
 pub fn edit_run_id(run_id: &str, index: usize) -> String {
-    format!("{run_id}/edit-{index}")
+    let suffix = format!("/edit-{index}");
+    let plain = format!("{run_id}{suffix}");
+    if plain.len() <= loops::MAX_RUN_ID_BYTES {
+        return plain;
+    }
+    let hash = xxhash_rust::xxh3::xxh3_64(run_id.as_bytes()) as u32;
+    // `.` and 8 hex digits.
+    let room = loops::MAX_RUN_ID_BYTES.saturating_sub(suffix.len() + 9);
+    let mut cut = room.min(run_id.len());
+    while !run_id.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}.{hash:08x}{suffix}", &run_id[..cut])
 }
 
 impl<M: Model> Agent<M> {
@@ -130,5 +144,19 @@ mod tests {
     fn child_ids_name_the_parent_and_the_place() {
         assert_eq!(edit_run_id("deliver-1", 0), "deliver-1/edit-0");
         assert_eq!(edit_run_id("deliver-1", 12), "deliver-1/edit-12");
+        // The longest run ids still give valid child ids, distinct per run and per edit.
+        let long = "é".repeat(loops::MAX_RUN_ID_BYTES / 2);
+        let other = format!("{}x", &long[..long.len() - 2]);
+        let ids = [
+            edit_run_id(&long, 0),
+            edit_run_id(&long, 1),
+            edit_run_id(&other, 0),
+        ];
+        for id in &ids {
+            loops::validate_run_id(id).unwrap();
+            assert!(id.len() <= loops::MAX_RUN_ID_BYTES, "{id}");
+        }
+        assert!(ids[0].ends_with("/edit-0") && ids[1].ends_with("/edit-1"));
+        assert_ne!(ids[0], ids[2]);
     }
 }
