@@ -27,7 +27,10 @@ use crate::workflow::{
     APPROVAL_EVENT, Approval, Base, Change, Issue, MAX_FIX_ROUNDS, TestReport, Work,
 };
 
+mod edits;
 mod v2;
+
+pub use edits::EditApplier;
 
 /// The names of the steps that call the model: their outputs are [`Answer`]s, whose usage
 /// the summary adds up (`tokens.rs`). `review` is version 2's.

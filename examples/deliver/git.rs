@@ -321,7 +321,7 @@ impl Git {
     ///
     /// # Errors
     /// If `commit` has no regular file there, it is not UTF-8, or git fails.
-    async fn file_at(&self, commit: &str, path: &str) -> Result<(String, String)> {
+    pub async fn file_at(&self, commit: &str, path: &str) -> Result<(String, String)> {
         let listing = self.run(&["ls-tree", "-z", commit, "--", path]).await?;
         // Entries `<mode> <type> <object>\t<path>`, each ended by a NUL.
         let entry = listing

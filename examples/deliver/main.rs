@@ -574,6 +574,7 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
         scratch: paths.scratch.clone(),
         hooks: hooks.clone(),
     };
+    versions::drive_children(runtime, cli.workflow_version, &agent.git).await?;
 
     if cli.retry
         && let Some(info) = runtime.run_info(&cli.run_id).await?

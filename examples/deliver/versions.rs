@@ -15,8 +15,11 @@ use loops::{
 };
 
 use crate::agent::Agent;
+use crate::agent::EditApplier;
+use crate::git::Git;
 use crate::model::Model;
-use crate::workflow::{Base, Change, Issue, Review, TestReport, Work, v1, v2};
+use crate::workflow::edit::{EditRun, EditRunHandler, RequestedNext};
+use crate::workflow::{Base, Change, Edit, Issue, Review, TestReport, Work, v1, v2};
 
 /// The versions a build drives: `--workflow-version`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -38,6 +41,22 @@ pub fn builder(release: Release) -> RuntimeBuilder {
             .workflow::<v2::Deliver>()
             .migration::<v1::Deliver, v2::Deliver>(),
     }
+}
+
+/// For `release` 2, whose `Planned` starts one child run per edit: registers their handler
+/// ([`EditApplier`], on the repository `git`) so that `runtime` drives them in the background,
+/// and resumes the children a killed process left unfinished (`Runtime::resume_all`, which
+/// takes the runs of registered workflows only: the `deliver` run is driven by
+/// [`drive`]). Version 1 starts no children: nothing is done for it.
+///
+/// # Errors
+/// The store's, as `Runtime::resume_all` returns them.
+pub async fn drive_children(runtime: &Runtime, release: Release, git: &Git) -> loops::Result<()> {
+    if release == Release::V2 {
+        runtime.register::<EditRun, _>(EditApplier { git: git.clone() });
+        runtime.resume_all().await?;
+    }
+    Ok(())
 }
 
 /// How a run ended, whichever version drove it.
@@ -417,6 +436,14 @@ impl v2::DeliverHandler for NotDriven {
     }
 }
 
+impl EditRunHandler for NotDriven {
+    type Error = anyhow::Error;
+
+    async fn requested(&self, ctx: &Context, _: String, _: Edit) -> Result<RequestedNext> {
+        not_driven(ctx)
+    }
+}
+
 /// The dry run's builder for `release`: the versions it drives registered (with
 /// [`NotDriven`]), so that `Runtime::dry_run` routes among them. Version 1 is registered
 /// only in the previous release: this one keeps version 1's handler for the runs the
@@ -426,6 +453,7 @@ pub fn dry_run_builder(release: Release) -> RuntimeBuilder {
         Release::V1 => Runtime::builder().register::<v1::Deliver, _>(NotDriven),
         Release::V2 => Runtime::builder()
             .register::<v2::Deliver, _>(NotDriven)
+            .register::<EditRun, _>(NotDriven)
             .migration::<v1::Deliver, v2::Deliver>(),
     }
 }

@@ -196,6 +196,40 @@ pub mod v2 {
     }
 }
 
+/// The child workflow version 2's `Planned` starts once per edit of its plan (run id
+/// `<run id>/edit-<i>`, `i` from 0 in the plan's order): it checks that its one edit applies
+/// to the run's base and records where. The parent joins all of them and commits their edits,
+/// in the plan's order, in one commit (see the README, "One child run per edit").
+pub mod edit {
+    use loops::Workflow;
+    use serde::{Deserialize, Serialize};
+
+    use super::Edit;
+
+    /// One edit of a plan, checked against the commit the plan was made on.
+    #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+    #[workflow(name = "deliver-edit", version = 1)]
+    pub enum EditRun {
+        /// The parent asked for this edit; nothing has been read yet.
+        #[initial]
+        #[next(Applied)]
+        Requested {
+            /// The commit the edit applies to (the run's base).
+            base: String,
+            /// The edit.
+            edit: Edit,
+        },
+        /// The edit applies to the base: its `find` text occurs exactly once in its file.
+        #[terminal]
+        Applied {
+            /// The edit, as the parent commits it.
+            edit: Edit,
+            /// The line (from 1) of the base's file where its `find` text starts.
+            line: u64,
+        },
+    }
+}
+
 /// What the model says of a change whose tests pass, before the pull request.
 #[derive(Schema, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct Review {

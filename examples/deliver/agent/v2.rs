@@ -71,6 +71,9 @@ impl<M: Model> DeliverHandler for Agent<M> {
         base: Base,
         plan: Change,
     ) -> Result<PlannedNext> {
+        // One child run per edit, all joined, before the state's entry line: a handler that
+        // parks in the join runs again when the children end, and enters once.
+        let plan = self.apply_edits(ctx, &base, &plan).await?;
         let work = self.commit_plan(ctx, &issue, base, &plan).await?;
         Ok(PlannedNext::Edited {
             issue,
@@ -191,6 +194,7 @@ mod tests {
     use crate::hooks::Hooks;
     use crate::model::ScriptedModel;
     use crate::project::{self, Paths};
+    use crate::workflow::edit::EditRun;
     use crate::workflow::{APPROVAL_EVENT, v2::Deliver};
 
     /// Sends the approval as soon as the run exists.
@@ -231,6 +235,10 @@ mod tests {
             .limit(crate::agent::MODEL_LIMIT_NAME, crate::agent::model_limit())
             .open(&paths.store)
             .unwrap();
+        // The children `Planned` starts, one per edit, are driven by the runtime.
+        runtime.register::<EditRun, _>(crate::agent::EditApplier {
+            git: agent.git.clone(),
+        });
         let initial = Deliver::Received {
             issue: project::issue(),
             base,
@@ -265,6 +273,36 @@ mod tests {
             "{}",
             review.summary
         );
+        // `Planned` started one child per edit of the plan (the demo's has one), joined it,
+        // and committed the edit it returned: the plan's edit, found at line 5 of the base.
+        let Deliver::Planned { plan, base, .. } = &history[1].value else {
+            panic!("expected Planned at seq 1");
+        };
+        let children = runtime.store().children("v2").await.unwrap();
+        let ids: Vec<(&str, &str, loops::RunStatus)> = children
+            .iter()
+            .map(|c| (c.run_id.as_str(), c.state.as_str(), c.status))
+            .collect();
+        assert_eq!(ids, [("v2/edit-0", "Applied", loops::RunStatus::Completed)]);
+        let child = runtime.history::<EditRun>("v2/edit-0").await.unwrap();
+        assert_eq!(
+            child.iter().map(|t| t.value.clone()).collect::<Vec<_>>(),
+            [
+                EditRun::Requested {
+                    base: base.commit.clone(),
+                    edit: plan.edits[0].clone(),
+                },
+                EditRun::Applied {
+                    edit: plan.edits[0].clone(),
+                    // `    a - b`, in `add`, at line 5 of the demo's `src/lib.rs`.
+                    line: 5,
+                },
+            ]
+        );
+        let planned = runtime.store().steps("v2", 1).await.unwrap();
+        let names: Vec<&str> = planned.iter().map(|(n, _, _)| n.as_str()).collect();
+        // The state's steps, listed by name: the child's start, the join, the commit.
+        assert_eq!(names, ["commit", "loops:child:v2/edit-0", "loops:join"]);
         let steps = runtime.store().steps("v2", 5).await.unwrap();
         let names: Vec<&str> = steps.iter().map(|(n, _, _)| n.as_str()).collect();
         assert_eq!(names, ["review"]);

@@ -106,14 +106,22 @@ pub(crate) fn await_hold(child: &mut std::process::Child, k: u64) {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Outcome {
     /// (seq, state, payload JSON) of every transition.
-    history: Vec<(u64, String, String)>,
+    history: History,
     /// The run's status and state.
     status: (loops::RunStatus, String),
     /// The pushed branch's commits, newest first.
     commits: Vec<String>,
     /// Every pull request on the forge.
     pulls: Vec<serde_json::Value>,
+    /// The run's child runs (one per edit of its plan): id, status, and history.
+    children: Vec<(String, loops::RunStatus, History)>,
 }
+
+/// (seq, state, payload JSON) of every transition of a run.
+type History = Vec<(u64, String, String)>;
+
+/// An event as (name, idempotency key, delivered).
+type EventSeen = (String, Option<String>, bool);
 
 fn outcome(workdir: &Path) -> Outcome {
     let store = loops::RedbStore::open(workdir.join("deliver.redb")).expect("open the store");
@@ -124,6 +132,20 @@ fn outcome(workdir: &Path) -> Outcome {
         .map(|r| (r.seq, r.state.clone(), r.payload.get().to_owned()))
         .collect();
     let info = store.run(RUN_ID).expect("read the run").expect("the run");
+    let children = store
+        .children(RUN_ID)
+        .expect("read the children")
+        .into_iter()
+        .map(|child| {
+            let history = store
+                .history(&child.run_id)
+                .expect("read a child's history")
+                .into_iter()
+                .map(|r| (r.seq, r.state.clone(), r.payload.get().to_owned()))
+                .collect();
+            (child.run_id, child.status, history)
+        })
+        .collect();
     drop(store);
     let commits = git(
         &workdir.join("remote.git"),
@@ -153,6 +175,7 @@ fn outcome(workdir: &Path) -> Outcome {
         status: (info.status, info.state),
         commits: commits.lines().map(str::to_owned).collect(),
         pulls,
+        children,
     }
 }
 
@@ -188,6 +211,29 @@ pub(crate) fn check(workdir: &Path, reference: &Outcome, context: &str) -> Outco
         got.commits, reference.commits,
         "{context}: pushed commits differ"
     );
+    // One child run per edit of the plan (the demo's plan has one edit), each started once
+    // and ended in `Applied`, whatever moment the process was killed at.
+    let children: Vec<(&str, loops::RunStatus, Vec<&str>)> = got
+        .children
+        .iter()
+        .map(|(id, status, history)| {
+            let states = history.iter().map(|h| h.1.as_str()).collect();
+            (id.as_str(), *status, states)
+        })
+        .collect();
+    assert_eq!(
+        children,
+        [(
+            "deliver-1/edit-0",
+            loops::RunStatus::Completed,
+            vec!["Requested", "Applied"]
+        )],
+        "{context}: the child runs"
+    );
+    assert_eq!(
+        got.children, reference.children,
+        "{context}: the child runs differ from the reference's"
+    );
     // Each idempotency key is on one commit only, across every branch of the checkout.
     let keys = git(
         &workdir.join("repo"),
@@ -204,6 +250,24 @@ pub(crate) fn check(workdir: &Path, reference: &Outcome, context: &str) -> Outco
     assert_eq!(keys.len(), total, "{context}: a commit was made twice");
     assert_eq!(total, 2, "{context}: the agent makes two commits");
     got
+}
+
+/// A run's events as (name, key, delivered), but for the ends of its children
+/// (`loops:child-ended`), whose payloads come second. Whether such an event is delivered
+/// depends on when the child ended: a join that finds it ended in its row does not take it.
+fn split_events(events: Vec<(u64, loops::EventRecord, bool)>) -> (Vec<EventSeen>, Vec<String>) {
+    let (ends, others): (Vec<_>, Vec<_>) = events
+        .into_iter()
+        .partition(|(_, e, _)| e.name == loops::CHILD_ENDED);
+    (
+        others
+            .into_iter()
+            .map(|(_, e, delivered)| (e.name, e.key, delivered))
+            .collect(),
+        ends.into_iter()
+            .map(|(_, e, _)| e.payload.get().to_owned())
+            .collect(),
+    )
 }
 
 /// The reference run and what it left behind.
@@ -397,9 +461,13 @@ fn the_approval_gate_waits_durably_for_an_approval_sent_while_down() {
     assert!(pull.contains("Approved by alice."), "{pull}");
     rt.block_on(async {
         let runtime = runtime_of();
-        let events = runtime.store().events(RUN_ID).await.unwrap();
-        assert_eq!(events.len(), 1, "the duplicate send wrote nothing");
-        assert!(events[0].2, "delivered");
+        let (events, ends) = split_events(runtime.store().events(RUN_ID).await.unwrap());
+        assert_eq!(
+            events,
+            [("approve".to_owned(), Some("ticket-7".to_owned()), true)],
+            "the duplicate send wrote nothing; the approval was delivered"
+        );
+        assert_eq!(ends, [r#"{"child":"deliver-1/edit-0"}"#]);
         let states: Vec<String> = runtime
             .store()
             .history(RUN_ID)
@@ -795,18 +863,12 @@ fn an_early_approval_is_taken_and_auto_approve_adds_none() {
     assert!(pull.contains("Approved by early."), "{pull}");
     rt.block_on(async {
         let runtime = loops::Runtime::open(&store).expect("open the store");
-        let events: Vec<(u64, String, Option<String>, bool)> = runtime
-            .store()
-            .events(RUN_ID)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|(seq, e, delivered)| (seq, e.name, e.key, delivered))
-            .collect();
+        let (events, ends) = split_events(runtime.store().events(RUN_ID).await.unwrap());
         assert_eq!(
             events,
-            vec![(0, "approve".to_owned(), Some("ticket-1".to_owned()), true)]
+            [("approve".to_owned(), Some("ticket-1".to_owned()), true)]
         );
+        assert_eq!(ends, [r#"{"child":"deliver-1/edit-0"}"#]);
     });
 }
 

@@ -40,10 +40,25 @@ fn the_cli_sees_steers_and_inspects_a_run_of_the_example() {
     copy_dir(parked_at_the_gate(), workdir);
     let store = workdir.join("deliver.redb");
 
-    // The run waits at the gate.
+    // The run waits at the gate; its one child (the demo's plan has one edit) is done.
     let runs = json(&store, &["runs", "--json"]);
     let runs = runs.as_array().expect("an array of runs");
-    assert_eq!(runs.len(), 1);
+    let ids: Vec<(&str, &str, &str)> = runs
+        .iter()
+        .map(|r| {
+            let field = |k: &str| r[k].as_str().expect("a string");
+            (field("run_id"), field("workflow"), field("status"))
+        })
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            ("deliver-1", "deliver", "waiting"),
+            ("deliver-1/edit-0", "deliver-edit", "completed")
+        ]
+    );
+    assert_eq!(runs[1]["parent"], "deliver-1");
+    assert_eq!(runs[1]["state"], "Applied");
     assert_eq!(runs[0]["run_id"], "deliver-1");
     assert_eq!(runs[0]["workflow"], "deliver");
     assert_eq!(runs[0]["status"], "waiting");
@@ -102,10 +117,28 @@ fn the_cli_sees_steers_and_inspects_a_run_of_the_example() {
     let runs = json(&store, &["runs", "--json", "--status", "completed"]);
     assert_eq!(runs[0]["state"], "PrOpened");
     assert_eq!(runs[0]["seq"], 7);
+    // `loops tree`: the run and its one child per edit, nothing under the child.
+    let tree = json(&store, &["tree", "deliver-1", "--json"]);
+    assert_eq!(tree["run"]["run_id"], "deliver-1");
+    let children = tree["children"].as_array().expect("children");
+    assert_eq!(children.len(), 1);
+    assert_eq!(children[0]["run"]["run_id"], "deliver-1/edit-0");
+    assert_eq!(children[0]["run"]["state"], "Applied");
+    assert_eq!(children[0]["children"], serde_json::json!([]));
+    let pulls = std::fs::read_dir(workdir.join("forge/pulls"))
+        .expect("the forge")
+        .count();
+    assert_eq!(pulls, 1, "one pull request");
     let history = json(&store, &["history", "deliver-1", "--json"]);
     assert_eq!(history["transitions"].as_array().map(Vec::len), Some(8));
+    // The approval, and the end of the child (the event that wakes a parent in a join).
     let events = history["events"].as_array().expect("events");
-    assert_eq!(events.len(), 1);
+    let mut names: Vec<&str> = events
+        .iter()
+        .map(|e| e["name"].as_str().expect("an event name"))
+        .collect();
+    names.sort_unstable();
+    assert_eq!(names, ["approve", "loops:child-ended"], "{events:?}");
     let pruned = json(
         &store,
         &["prune", "--older-than", "1d", "--dry-run", "--json"],
