@@ -78,11 +78,6 @@ pub fn retry_hint(err: &(dyn std::error::Error + 'static)) -> RetryHint {
             hint.permanent |= h.permanent;
             hint.retry_after = hint.retry_after.max(h.retry_after);
         }
-        if e.downcast_ref::<crate::error::Error>()
-            .is_some_and(crate::error::Error::repeats)
-        {
-            hint.permanent = true;
-        }
         cur = e.source();
     }
     hint

@@ -89,6 +89,7 @@
 #![warn(missing_docs)]
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+mod action;
 mod attributes;
 mod connect;
 mod failpoint;
@@ -96,6 +97,7 @@ mod guard;
 mod limits;
 mod listen;
 mod migrate;
+mod pipeline;
 mod read;
 mod sql;
 mod write;

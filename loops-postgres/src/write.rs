@@ -23,7 +23,6 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::task::Poll;
 
 use deadpool_postgres::Object;
 use loops_core::{
@@ -35,14 +34,14 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Row, Statement};
 
+use crate::action::describe;
 use crate::guard::Guard;
+use crate::pipeline::{Step, pipeline};
 use crate::read::text;
 use crate::sql::Sql;
 use crate::{PgStore, big, is_connection_error};
 
 /// The `store` label of this store's metrics ([`loops_core::metrics`]).
-mod follow_ups;
-
 const STORE_LABEL: &str = "postgres";
 
 /// Attempts of a write whose connection fails before its commit, on fresh connections.
@@ -87,46 +86,6 @@ impl PgStore {
                 Err(Fail::Broken(e)) => return Err(e),
             }
         }
-    }
-}
-
-/// What a write is doing, for errors.
-fn describe(write: &Write) -> String {
-    match write {
-        Write::Create { info, .. } => format!("creating run `{}`", info.run_id),
-        Write::Transition { run_id, seq, .. } => {
-            format!("committing seq {seq} of run `{run_id}`")
-        }
-        Write::Step {
-            run_id, seq, name, ..
-        } => format!("recording step `{name}` of run `{run_id}` seq {seq}"),
-        Write::Failure { run_id, seq, .. } => {
-            format!("recording a failure of run `{run_id}` seq {seq}")
-        }
-        Write::BeginAttempt { run_id, seq, .. } => {
-            format!("starting an attempt of run `{run_id}` seq {seq}")
-        }
-        Write::Cancel { run_id, .. } => format!("cancelling run `{run_id}`"),
-        Write::EndCancelled { run_id, .. } => format!("ending cancelled run `{run_id}`"),
-        Write::Retry { run_id, .. } => format!("retrying run `{run_id}`"),
-        Write::Wait { run_id, seq, .. } => format!("recording a wait of run `{run_id}` seq {seq}"),
-        Write::Send { run_id, name, .. } => format!("sending event `{name}` to run `{run_id}`"),
-        Write::Wake { run_id, .. } => format!("waking run `{run_id}`"),
-        Write::Prune { run_ids } => format!("pruning {} runs", run_ids.len()),
-        Write::SetAttributes { run_id, seq, .. } => {
-            format!("setting attributes of run `{run_id}` seq {seq}")
-        }
-        Write::Seal { key, .. } => format!("recording sealing key `{key}`"),
-        Write::PutSchedule { info } => format!("registering schedule `{}`", info.name),
-        Write::PauseSchedule { name, paused, .. } => {
-            let verb = if *paused { "pausing" } else { "resuming" };
-            format!("{verb} schedule `{name}`")
-        }
-        Write::RemoveSchedule { name } => format!("removing schedule `{name}`"),
-        Write::TickSchedule { name, tick_ms, .. } => {
-            format!("recording that tick {tick_ms} of schedule `{name}` fired")
-        }
-        _ => "writing".to_owned(),
     }
 }
 
@@ -405,35 +364,6 @@ where
         .flatten())
 }
 
-/// A statement's future in a pipeline: its rows, or nothing.
-type Step<'a> =
-    Pin<Box<dyn Future<Output = std::result::Result<Vec<Row>, tokio_postgres::Error>> + Send + 'a>>;
-
-/// Awaits `futures` together, polling them in order: each sends its statement when first
-/// polled, so they go to the server in this order, in one round trip.
-async fn pipeline<T>(futures: Vec<Pin<Box<dyn Future<Output = T> + Send + '_>>>) -> Vec<T> {
-    let mut futures = futures;
-    let mut done: Vec<Option<T>> = futures.iter().map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (f, slot) in futures.iter_mut().zip(done.iter_mut()) {
-            if slot.is_none() {
-                match f.as_mut().poll(cx) {
-                    Poll::Ready(v) => *slot = Some(v),
-                    Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            Poll::Pending
-        } else {
-            Poll::Ready(())
-        }
-    })
-    .await;
-    done.into_iter().flatten().collect()
-}
-
 /// The first round trip: `BEGIN` and `reads`, pipelined; their rows.
 async fn begin(
     c: &Object,
@@ -702,7 +632,7 @@ async fn apply(
         return unchanged(c, effects.reply).await;
     }
     if !effects.follow_ups.is_empty() {
-        return follow_ups::with_follow_ups(c, sql, action, effects).await;
+        return with_follow_ups(c, sql, action, effects).await;
     }
     let mut writes = writes(sql, &effects);
     let sqls: Vec<&str> = writes.iter().map(|(s, _)| s.sql).collect();
@@ -718,4 +648,122 @@ async fn apply(
         writes.get_mut(i).and_then(|(_, refusal)| refusal.take())
     })?;
     Ok(effects.reply)
+}
+
+/// The rest of [`apply`] for a write with [follow-ups](Effects::follow_ups): its effects,
+/// then each follow-up (its facts read, under its locks, after those effects), then
+/// `COMMIT`: one transaction. Locks are taken in the order of the writes (a child's row, then
+/// its parent's; a parent's, then its children's); a deadlock between two such transactions
+/// aborts one, which is tried again on a fresh connection like a failed connection
+/// ([`early`]): nothing of it was committed.
+async fn with_follow_ups(
+    c: &Object,
+    sql: &Sql,
+    action: &str,
+    effects: Effects<'_>,
+) -> std::result::Result<Reply, Fail> {
+    execute(c, action, writes(sql, &effects)).await?;
+    for write in &effects.follow_ups {
+        follow_up(c, sql, write).await?;
+    }
+    crate::failpoint::before_commit();
+    c.batch_execute("COMMIT")
+        .await
+        .map_err(|e| Fail::Broken(Error::database(action, e)))?;
+    loops_core::metrics::commit_batch(STORE_LABEL, 1);
+    Ok(effects.reply)
+}
+
+/// Applies one follow-up `write` inside the open transaction: its facts, [`plan`], its
+/// effects, and its own follow-ups. A follow-up the plan refuses (or whose row does not
+/// decode) writes nothing and is skipped.
+fn follow_up<'a>(
+    c: &'a Object,
+    sql: &'a Sql,
+    write: &'a Write,
+) -> Pin<Box<dyn Future<Output = std::result::Result<(), Fail>> + Send + 'a>> {
+    Box::pin(async move {
+        let action = describe(write);
+        let needs = write.needs();
+        let reads = reads(sql, None, &needs);
+        let answers = query(c, &action, &reads).await?;
+        let needed = (needs.run.unwrap_or_default(), needs.schedule);
+        let (row, facts) = match facts(&reads, answers, None, needed) {
+            Ok(read) => read,
+            Err(Unreadable::Refused(e)) => {
+                tracing::debug!(error = %e, "a follow-up write was refused; skipped");
+                return Ok(());
+            }
+            Err(Unreadable::Broken(e)) => return Err(Fail::Broken(e)),
+        };
+        let effects = match plan(write, row.as_ref(), &facts) {
+            Ok(effects) => effects,
+            Err(e) => {
+                tracing::debug!(error = %e, "a follow-up write was refused; skipped");
+                return Ok(());
+            }
+        };
+        if effects.is_empty() {
+            return Ok(());
+        }
+        execute(c, &action, writes(sql, &effects)).await?;
+        for next in &effects.follow_ups {
+            follow_up(c, sql, next).await?;
+        }
+        Ok(())
+    })
+}
+
+/// The statements of `reads`, pipelined inside the open transaction; their rows.
+async fn query(
+    c: &Object,
+    action: &str,
+    reads: &[(Fact, Stmt<'_>)],
+) -> std::result::Result<Vec<Vec<Row>>, Fail> {
+    let sqls: Vec<&str> = reads.iter().map(|(_, s)| s.sql).collect();
+    let prepared = prepare(c, action, &sqls).await?;
+    let params: Vec<Vec<&(dyn ToSql + Sync)>> = reads.iter().map(|(_, s)| s.params()).collect();
+    let client: &tokio_postgres::Client = c;
+    let mut steps: Vec<Step<'_>> = Vec::with_capacity(reads.len());
+    for (st, params) in prepared.iter().zip(&params) {
+        steps.push(Box::pin(async move { client.query(st, params).await }));
+    }
+    pipeline(steps)
+        .await
+        .into_iter()
+        .map(|result| result.map_err(|e| early(action, e)))
+        .collect()
+}
+
+/// Executes `writes` inside the open transaction, pipelined, without committing. A unique
+/// violation is the refusal its write names (the transaction is rolled back); any other
+/// failure leaves nothing committed ([`early`]).
+async fn execute(
+    c: &Object,
+    action: &str,
+    mut writes: Vec<(Stmt<'_>, Option<Error>)>,
+) -> std::result::Result<(), Fail> {
+    let sqls: Vec<&str> = writes.iter().map(|(s, _)| s.sql).collect();
+    let prepared = prepare(c, action, &sqls).await?;
+    let params: Vec<Vec<&(dyn ToSql + Sync)>> = writes.iter().map(|(s, _)| s.params()).collect();
+    let client: &tokio_postgres::Client = c;
+    let mut steps: Vec<Step<'_>> = Vec::with_capacity(writes.len());
+    for (st, params) in prepared.iter().zip(&params) {
+        steps.push(Box::pin(async move {
+            client.execute(st, params).await.map(|_| Vec::new())
+        }));
+    }
+    let results = pipeline(steps).await;
+    drop(params);
+    for (i, result) in results.into_iter().enumerate() {
+        if let Err(e) = result {
+            if e.code() == Some(&SqlState::UNIQUE_VIOLATION)
+                && let Some(refusal) = writes.get_mut(i).and_then(|(_, r)| r.take())
+            {
+                return Err(reject(c, refusal).await);
+            }
+            return Err(early(action, e));
+        }
+    }
+    Ok(())
 }

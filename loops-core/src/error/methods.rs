@@ -118,8 +118,8 @@ impl Error {
     /// Whether the error comes out the same at every try of a handler, whatever time passes:
     /// a bad run id or name, a child id taken by another run, a workflow no process here
     /// drives, a state that is not the initial one. A handler that returns one (with `?`)
-    /// fails its run at once instead of spending its retries
-    /// ([`retry_hint`](crate::retry_hint) calls it permanent).
+    /// fails its run at once instead of spending its retries, as if it were marked
+    /// [`permanent`](Self::permanent).
     pub fn repeats(&self) -> bool {
         matches!(
             self,

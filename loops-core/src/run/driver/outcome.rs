@@ -149,7 +149,13 @@ impl Drive<'_> {
         // An error marked permanent ends the run's tries; a retry-after hint lengthens the
         // back-off (`hint.rs`).
         let hint = retry_hint(&*err);
-        let then = if used >= policy.max_attempts || hint.permanent {
+        // loops' own errors that come out the same at every try end the tries too.
+        let repeats =
+            std::iter::successors(Some(&*err as &(dyn std::error::Error + 'static)), |e| {
+                e.source()
+            })
+            .any(|e| e.downcast_ref::<Error>().is_some_and(Error::repeats));
+        let then = if used >= policy.max_attempts || hint.permanent || repeats {
             AfterFailure::GiveUp
         } else {
             let unit = jitter_unit(run_id, seq, attempt, now);
