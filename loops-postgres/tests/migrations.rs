@@ -107,11 +107,12 @@ async fn workers_starting_at_once_migrate_once() {
 async fn a_newer_schema_is_refused_and_left_alone() {
     let schema = common::TestSchema::new("m_newer").await;
     drop(schema.store(Duration::from_secs(10)).await);
+    let future = SCHEMA_VERSION + 1;
     let admin = common::admin().await;
     admin
         .execute(
             &format!(
-                "INSERT INTO \"{}\".migrations (version, description) VALUES (8, 'from the future')",
+                "INSERT INTO \"{}\".migrations (version, description) VALUES ({future}, 'from the future')",
                 schema.name
             ),
             &[],
@@ -130,14 +131,14 @@ async fn a_newer_schema_is_refused_and_left_alone() {
             supported,
         } => assert_eq!(
             (s.as_str(), *found, *supported),
-            (schema.name.as_str(), 8, SCHEMA_VERSION)
+            (schema.name.as_str(), future, SCHEMA_VERSION)
         ),
         other => panic!("expected SchemaTooNew, got {other:?}"),
     }
     assert_eq!(
         err.to_string(),
         format!(
-            "schema \"{}\" is at version 8, newer than the version 7 this build knows; upgrade loops-postgres",
+            "schema \"{}\" is at version {future}, newer than the version {SCHEMA_VERSION} this build knows; upgrade loops-postgres",
             schema.name
         )
     );
