@@ -370,20 +370,35 @@ async fn begin(
     action: &str,
     reads: &[(Fact, Stmt<'_>)],
 ) -> std::result::Result<Vec<Vec<Row>>, Fail> {
+    read_pipelined(c, action, Some("BEGIN"), reads).await
+}
+
+/// `reads` in one round trip, after `first` (a statement without rows, such as `BEGIN`) if
+/// given; the rows of each read.
+async fn read_pipelined(
+    c: &Object,
+    action: &str,
+    first: Option<&'static str>,
+    reads: &[(Fact, Stmt<'_>)],
+) -> std::result::Result<Vec<Vec<Row>>, Fail> {
     let sqls: Vec<&str> = reads.iter().map(|(_, s)| s.sql).collect();
     let prepared = prepare(c, action, &sqls).await?;
     let params: Vec<Vec<&(dyn ToSql + Sync)>> = reads.iter().map(|(_, s)| s.params()).collect();
     let client: &tokio_postgres::Client = c;
-    let mut steps: Vec<Step<'_>> = vec![Box::pin(async move {
-        client.batch_execute("BEGIN").await.map(|()| Vec::new())
-    })];
+    let mut steps: Vec<Step<'_>> = Vec::with_capacity(reads.len() + 1);
+    if let Some(first) = first {
+        steps.push(Box::pin(async move {
+            client.batch_execute(first).await.map(|()| Vec::new())
+        }));
+    }
     for (st, params) in prepared.iter().zip(&params) {
         steps.push(Box::pin(async move { client.query(st, params).await }));
     }
+    let skip = usize::from(first.is_some());
     let mut answers = Vec::with_capacity(reads.len());
     for (i, result) in pipeline(steps).await.into_iter().enumerate() {
         let rows = result.map_err(|e| early(action, e))?;
-        if i > 0 {
+        if i >= skip {
             answers.push(rows);
         }
     }
@@ -686,7 +701,7 @@ fn follow_up<'a>(
         let action = describe(write);
         let needs = write.needs();
         let reads = reads(sql, None, &needs);
-        let answers = query(c, &action, &reads).await?;
+        let answers = read_pipelined(c, &action, None, &reads).await?;
         let needed = (needs.run.unwrap_or_default(), needs.schedule);
         let (row, facts) = match facts(&reads, answers, None, needed) {
             Ok(read) => read,
@@ -712,27 +727,6 @@ fn follow_up<'a>(
         }
         Ok(())
     })
-}
-
-/// The statements of `reads`, pipelined inside the open transaction; their rows.
-async fn query(
-    c: &Object,
-    action: &str,
-    reads: &[(Fact, Stmt<'_>)],
-) -> std::result::Result<Vec<Vec<Row>>, Fail> {
-    let sqls: Vec<&str> = reads.iter().map(|(_, s)| s.sql).collect();
-    let prepared = prepare(c, action, &sqls).await?;
-    let params: Vec<Vec<&(dyn ToSql + Sync)>> = reads.iter().map(|(_, s)| s.params()).collect();
-    let client: &tokio_postgres::Client = c;
-    let mut steps: Vec<Step<'_>> = Vec::with_capacity(reads.len());
-    for (st, params) in prepared.iter().zip(&params) {
-        steps.push(Box::pin(async move { client.query(st, params).await }));
-    }
-    pipeline(steps)
-        .await
-        .into_iter()
-        .map(|result| result.map_err(|e| early(action, e)))
-        .collect()
 }
 
 /// Executes `writes` inside the open transaction, pipelined, without committing. A unique
