@@ -13,26 +13,7 @@ use loops_core::{Reply, Store, WaitOutcome, Write};
 const WF: &str = "wf";
 
 fn info(run_id: &str) -> RunInfo {
-    RunInfo {
-        run_id: run_id.to_owned(),
-        workflow: WF.to_owned(),
-        schema: SchemaHash::from_u64(7),
-        status: RunStatus::Running,
-        state: "A".to_owned(),
-        seq: 0,
-        attempt: 1,
-        attempt_base: 0,
-        interrupted: 0,
-        created_ms: 1_000,
-        updated_ms: 1_000,
-        retry_at_ms: None,
-        error: None,
-        cancel: None,
-        wait: None,
-        block: None,
-        entered: None,
-        parent: None,
-    }
+    common::new_row(run_id, WF)
 }
 
 /// Creates `run_id` and parks it waiting for an event that never comes (no time-out).

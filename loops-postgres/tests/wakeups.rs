@@ -79,26 +79,7 @@ async fn count(
 }
 
 fn info(run_id: &str) -> RunInfo {
-    RunInfo {
-        run_id: run_id.to_owned(),
-        workflow: "wf".to_owned(),
-        schema: SchemaHash::from_u64(7),
-        status: RunStatus::Running,
-        state: "A".to_owned(),
-        seq: 0,
-        attempt: 1,
-        attempt_base: 0,
-        interrupted: 0,
-        created_ms: 1_000,
-        updated_ms: 1_000,
-        retry_at_ms: None,
-        error: None,
-        parent: None,
-        cancel: None,
-        wait: None,
-        block: None,
-        entered: None,
-    }
+    common::new_row(run_id, "wf")
 }
 
 fn create(run_id: &str) -> Write {

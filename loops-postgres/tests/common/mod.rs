@@ -102,3 +102,28 @@ impl Drop for TestSchema {
 pub mod chain;
 pub mod wake;
 pub mod worker;
+
+/// The row of a new run `run_id` of `workflow` in state `A` (schema hash 7, created at 1 s):
+/// what the tests that write through the `Store` trait create.
+pub fn new_row(run_id: &str, workflow: &str) -> loops::RunInfo {
+    loops::RunInfo {
+        run_id: run_id.to_owned(),
+        workflow: workflow.to_owned(),
+        schema: loops::SchemaHash::from_u64(7),
+        status: loops::RunStatus::Running,
+        state: "A".to_owned(),
+        seq: 0,
+        attempt: 1,
+        attempt_base: 0,
+        interrupted: 0,
+        created_ms: 1_000,
+        updated_ms: 1_000,
+        retry_at_ms: None,
+        error: None,
+        cancel: None,
+        wait: None,
+        block: None,
+        entered: None,
+        parent: None,
+    }
+}
