@@ -39,6 +39,8 @@ enum Mode {
     Wait,
     /// Runs a step that lasts until the run is cancelled.
     Busy,
+    /// Sleeps durably for a second (parked on a timer); says `sleeping ID` on stdout first.
+    Sleep,
 }
 
 #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -82,6 +84,10 @@ impl LeafHandler for Counts {
                     Ok(0u64)
                 })
                 .await?;
+            }
+            Mode::Sleep => {
+                println!("sleeping {}", ctx.run_id());
+                ctx.sleep(Duration::from_secs(1)).await?;
             }
         }
         let counts = self.clone();
@@ -369,6 +375,8 @@ async fn a_child_id_taken_by_another_run_is_a_typed_error() {
 /// end. With `LOOPS_ABORT=N before|after`, aborts the process (a real crash: only what
 /// committed survives) before or after the `N`-th write the parent's driver makes (its own
 /// writes and its children's creations; the children's drivers' writes are not counted).
+/// With `LOOPS_SLEEP=1`, the children sleep durably (`Mode::Sleep`) and the process drives
+/// only the parent, with `Runtime::run` (no `resume_all`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "run by the crash tests of this file as their child process"]
 async fn child_process() {
@@ -378,8 +386,28 @@ async fn child_process() {
         let (n, when) = v.split_once(' ').unwrap();
         (n.parse::<u64>().unwrap(), when == "after")
     });
-    let done = drive(&dir, n, abort).await;
+    let done = if std::env::var("LOOPS_SLEEP").is_ok() {
+        run_parent_only(&dir, n).await
+    } else {
+        drive(&dir, n, abort).await
+    };
     println!("ended {}", serde_json::to_string(&done).unwrap());
+}
+
+/// Drives only the parent `p`, with `n` sleeping children, on the store file in `dir` with
+/// [`Runtime::run`]: the children are driven because the parent started or joins them.
+async fn run_parent_only(dir: &Path, n: usize) -> Fan {
+    let store = RedbStore::open(dir.join("store.redb")).unwrap();
+    let counts = Counts(Arc::default(), Some(dir.join("ledger")));
+    let rt = Runtime::builder().register::<Leaf, _>(counts).build(store);
+    let initial = Fan::Split {
+        modes: vec![Mode::Sleep; n],
+        first: usize::MAX,
+        abandon_last: false,
+    };
+    let done = rt.run("p", initial, &Parent).await.unwrap();
+    rt.shutdown().await;
+    done
 }
 
 /// Drives the parent `p` with `n` children on the store file in `dir` (resuming whatever is
@@ -592,6 +620,51 @@ async fn fan_out_of_50_under_random_kills_runs_each_child_once() {
     }
     let ended = run_child(dir.path(), 50, &[]).expect("the resumed run ends");
     check_fan_out(dir.path(), 50, &ended).await;
+}
+
+/// The process is SIGKILLed while the 3 children sleep (parked on their timers); the next
+/// process drives only the parent (`Runtime::run`, no `resume_all`): its join gives each
+/// child a driver, which re-arms the child's timer, and the parent ends with every result.
+/// Before, the children were never driven again and the parent waited for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parent_run_alone_after_a_kill_drives_its_sleeping_children() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "child_process",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("LOOPS_DIR", dir.path())
+        .env("LOOPS_CHILDREN", "3")
+        .env("LOOPS_SLEEP", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Killed once all 3 are asleep: each said so before its sleep's first write, so wait
+    // for the 3 lines and a little more (the kill may also fall before a child parked: the
+    // next process finds it running, which it must drive as well).
+    let mut sleeping = std::collections::BTreeSet::new();
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let line = line.unwrap();
+        // The test harness's `test child_process ... ` may begin the line.
+        if let Some(at) = line.find("sleeping ") {
+            sleeping.insert(line[at + 9..].to_owned());
+            if sleeping.len() == 3 {
+                break;
+            }
+        }
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(sleeping.len(), 3);
+    let ended = run_child(dir.path(), 3, &[("LOOPS_SLEEP", "1".to_owned())])
+        .expect("the parent, run alone, ends");
+    check_fan_out(dir.path(), 3, &ended).await;
 }
 
 /// A child that ended is kept by pruning while its parent has not ended (the parent's join

@@ -9,7 +9,21 @@ use crate::runtime::handle::{Inner, Runtime};
 
 impl Kin for Inner {
     fn drive_child(self: Arc<Self>, workflow: &str, run_id: &str) {
+        self.looked_after(run_id);
         Runtime { inner: self }.spawn_driver(workflow, run_id);
+    }
+
+    fn look_after_child(self: Arc<Self>, workflow: &str, run_id: &str) {
+        if self.looked_after(run_id) {
+            Runtime { inner: self }.spawn_driver(workflow, run_id);
+        }
+    }
+
+    fn first_look_at_children(&self, parent: &str) -> bool {
+        self.parents
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(parent.to_owned())
     }
 
     fn can_drive(&self, workflow: &str, schema: crate::SchemaHash) -> bool {
@@ -23,7 +37,26 @@ impl Kin for Inner {
     }
 }
 
+impl Inner {
+    /// Marks the child `run_id` as looked after by this process; whether it was not yet.
+    fn looked_after(&self, run_id: &str) -> bool {
+        self.children
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(run_id.to_owned())
+    }
+}
+
 impl Runtime {
+    /// Forgets the run `run_id` (it ended) as a child and as a parent looked after.
+    pub(crate) fn forget_ended(&self, run_id: &str) {
+        for set in [&self.inner.children, &self.inner.parents] {
+            set.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(run_id);
+        }
+    }
+
     /// After the run `info` ended here: wakes its parent, if it has one, in this process
     /// (the event that wakes it is in its inbox already, written with the child's end; this
     /// only starts or signals the parent's driver, as [`send`](Self::send) does). A store

@@ -60,6 +60,11 @@ pub(crate) struct Inner {
     pub(crate) gauged: std::sync::Mutex<std::collections::BTreeSet<String>>,
     /// The loops of the schedules this runtime registered, by name: what stops each one.
     pub(crate) schedules: std::sync::Mutex<BTreeMap<String, tokio_util::sync::CancellationToken>>,
+    /// The child runs this process has given a driver (`Kin`), until they end: a parent's
+    /// join looks after each unfinished child once per process, not at every wake-up.
+    pub(crate) children: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// The runs waiting for their children whose children this process looked after.
+    pub(crate) parents: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 /// The runtime's configuration, as its builder left it.
@@ -260,6 +265,8 @@ impl Runtime {
                 gauging: AtomicBool::new(false),
                 gauged: std::sync::Mutex::default(),
                 schedules: std::sync::Mutex::default(),
+                children: std::sync::Mutex::default(),
+                parents: std::sync::Mutex::default(),
             }),
         }
     }

@@ -232,8 +232,11 @@ impl Runtime {
         if hand_off && needs_driver(self, run_id).await {
             self.spawn_driver(workflow, run_id);
         }
-        if ended && let Ok(Some(info)) = self.store().run_info(run_id).await {
-            self.wake_parent(&info).await;
+        if ended {
+            self.forget_ended(run_id);
+            if let Ok(Some(info)) = self.store().run_info(run_id).await {
+                self.wake_parent(&info).await;
+            }
         }
     }
 

@@ -26,6 +26,19 @@ pub(crate) trait Kin: Send + Sync {
     /// background if this process has a handler for it; else leave it to a worker that has.
     fn drive_child(self: Arc<Self>, workflow: &str, run_id: &str);
 
+    /// Make sure the child run `run_id` of `workflow`, started in an earlier execution of
+    /// the parent's handler (perhaps by a process that stopped), is driven: once per
+    /// process, a driver for it if none drives it here already. That driver takes it up where
+    /// it stands: a child parked on a timer parks again with its timer armed here, one that
+    /// waits for an event looks at its inbox. Without it, a process that drives only the
+    /// parent (`Runtime::run`, no `resume_all`) would join children nobody drives.
+    fn look_after_child(self: Arc<Self>, workflow: &str, run_id: &str);
+
+    /// Whether this process has not looked after the children of the run `parent` yet
+    /// (marks it): a parent waiting for its children lists them once per process, not at
+    /// each of its wake-ups.
+    fn first_look_at_children(&self, parent: &str) -> bool;
+
     /// Whether a child of `workflow` with schema `schema` can be driven: this process has a
     /// handler for it, or the store is shared by workers (one that has a handler claims it).
     fn can_drive(&self, workflow: &str, schema: crate::SchemaHash) -> bool;
@@ -198,6 +211,7 @@ impl Context {
         let name = start_step(child_id);
         let (occurrence, recorded) = self.next_occurrence(&name);
         if recorded.is_some() {
+            self.look_after_child(W::NAME, child_id);
             return Ok(ChildRun::new(child_id));
         }
         if occurrence > 0 {
@@ -274,6 +288,14 @@ impl Context {
             kin.drive_child(W::NAME, child_id);
         }
         Ok(ChildRun::new(child_id))
+    }
+
+    /// Asks the runtime driving this run (if any) to look after the child `child_id` of
+    /// `workflow`: [`Kin::look_after_child`].
+    fn look_after_child(&self, workflow: &str, child_id: &str) {
+        if let Some(kin) = self.run.kin.as_ref().and_then(std::sync::Weak::upgrade) {
+            kin.look_after_child(workflow, child_id);
+        }
     }
 
     /// Checks that the existing run `child_id` is this run's child of `W`.
@@ -443,7 +465,12 @@ impl Context {
                     seq: info.seq,
                     reason: info.cancel.clone().unwrap_or_default(),
                 }),
-                RunStatus::Running | RunStatus::Waiting | RunStatus::Blocked => continue,
+                RunStatus::Running | RunStatus::Waiting => {
+                    self.look_after_child(W::NAME, &child.run_id);
+                    continue;
+                }
+                // Waits for a build that can route it, which looks for it itself.
+                RunStatus::Blocked => continue,
             };
             ended.push(Joined {
                 index,

@@ -1,10 +1,12 @@
 //! The drive loop's looks at the run's row: riding out a store fault, settling a row that
 //! ended, waits or was cancelled, and starting a counted attempt.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Drive, Driven, FAULT_BACKOFF, Mode, Progress, SHARED_POLL, Settled};
 use crate::error::{Error, Result};
+use crate::names::CHILD_ENDED;
 use crate::row::RunInfo;
 use crate::run::attempts::is_ready;
 use crate::run::settings::Held;
@@ -113,6 +115,7 @@ impl Drive<'_> {
             }
             RunStatus::Waiting => {
                 if !is_ready(&**self.store, info, self.now()).await? {
+                    self.look_after_children(info).await;
                     match mode {
                         Mode::Background => {
                             return Ok(Settled::Done(Driven::Parked(Box::new(info.clone()))));
@@ -153,6 +156,37 @@ impl Drive<'_> {
                     .map(|b| b.reason.clone())
                     .unwrap_or_default(),
             }),
+        }
+    }
+
+    /// If the run `info` waits for its children ([`CHILD_ENDED`]): makes sure, once per
+    /// process and run, that each child not ended has a driver here (`Kin::look_after_child`).
+    /// A process that only drives the parent (`Runtime::run`, or `start` of a run that
+    /// exists, without `resume_all`) would otherwise wait for children nobody drives: their
+    /// drivers stopped with the process that started them. A failed read is logged: the
+    /// children are then driven as any run is (`resume_all`, `serve`, another worker).
+    async fn look_after_children(&self, info: &RunInfo) {
+        let waits_for_children = info
+            .wait
+            .as_ref()
+            .is_some_and(|w| w.event.as_deref() == Some(CHILD_ENDED));
+        let Some(kin) = self.kin.as_ref().and_then(std::sync::Weak::upgrade) else {
+            return;
+        };
+        if !waits_for_children || !kin.first_look_at_children(&info.run_id) {
+            return;
+        }
+        match self.store.children(&info.run_id).await {
+            Ok(children) => {
+                for child in children {
+                    if matches!(child.status, RunStatus::Running | RunStatus::Waiting) {
+                        Arc::clone(&kin).look_after_child(&child.workflow, &child.run_id);
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not list the children this run waits for; they are driven when runs are resumed");
+            }
         }
     }
 
