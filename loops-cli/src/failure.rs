@@ -44,6 +44,7 @@ impl Kind {
             Error::InvalidRunId { .. }
             | Error::InvalidName { .. }
             | Error::InvalidAttribute { .. }
+            | Error::InvalidSchedule { .. }
             | Error::EventRefused { .. }
             | Error::EventEncode { .. }
             | Error::PayloadTooLarge { .. } => Kind::BadInput,

@@ -173,6 +173,16 @@ fn steer(path: &Path, now: u64) {
         let err = String::from_utf8(out.stderr).unwrap();
         assert!(err.contains("schedule `morning` does not exist"), "{err}");
     }
+    // A name no schedule can have is bad input (exit 2), said with the rule it breaks.
+    for action in ["pause", "resume", "remove"] {
+        let out = loops(path, &["schedules", action, "bad name"]);
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert!(
+            err.contains("schedule `bad name`: ") && !err.contains("does not exist"),
+            "{err}"
+        );
+    }
 }
 
 #[test]

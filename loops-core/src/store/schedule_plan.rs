@@ -102,13 +102,19 @@ pub(super) fn tick<'w>(tick_ms: u64, at_ms: u64, facts: &Facts<'_>) -> Effects<'
 }
 
 /// The schedule's row, or [`Error::ScheduleNotFound`].
+/// The stored row of the schedule `name`. A name no schedule can have is said so (the rule it
+/// breaks), not as a schedule that does not exist; a stored row is found whatever its name.
 fn existing(name: &str, facts: &Facts<'_>) -> Result<ScheduleInfo> {
-    facts
-        .schedule
-        .clone()
-        .ok_or_else(|| Error::ScheduleNotFound {
-            name: name.to_owned(),
-        })
+    if let Some(row) = &facts.schedule {
+        return Ok(row.clone());
+    }
+    check_schedule_name(name).map_err(|reason| Error::InvalidSchedule {
+        name: name.to_owned(),
+        reason: reason.to_owned(),
+    })?;
+    Err(Error::ScheduleNotFound {
+        name: name.to_owned(),
+    })
 }
 
 /// Effects that write `row` (`new`: none was there) and answer it.
