@@ -272,9 +272,10 @@ pub struct RunsArgs {
     #[arg(long, value_parser = parse_age, value_name = "AGE")]
     pub newer_than: Option<Duration>,
 
-    /// At most this many runs (the most recently changed).
-    #[arg(long, value_name = "N")]
-    pub limit: Option<usize>,
+    /// At most this many runs, the most recently changed (0: all of them). When more match,
+    /// a note on stderr says how many were left out.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    pub limit: usize,
 
     /// Only runs with this attribute (repeat it: all must hold). `KEY=VALUE` for a string;
     /// `KEY:int=42` for an integer, `KEY:time=2026-01-01T00:00:00Z` (or ms since the epoch)

@@ -479,6 +479,19 @@ fn runs_filters_by_status_workflow_and_age() {
     assert_eq!(ids(&runs), ["waiting-1"]);
     let runs = json(&path, &["runs", "--json", "--limit", "2"]);
     assert_eq!(ids(&runs), ["cancelled-1", "waiting-1"]);
+    // A limit that leaves runs out says how many (on stderr; stdout stays JSON); 0 is all.
+    let out = loops(&path)
+        .args(["runs", "--json", "--limit", "2"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8(out.stderr).unwrap(),
+        "note: 4 more runs match; the 2 most recently changed are shown (--limit N, or --limit 0 for all)\n"
+    );
+    assert_eq!(
+        ids(&json(&path, &["runs", "--json", "--limit", "0"])).len(),
+        6
+    );
     // Everything changed in the last day; nothing more than a day ago.
     assert_eq!(
         ids(&json(&path, &["runs", "--json", "--newer-than", "1d"])).len(),

@@ -41,7 +41,7 @@ impl From<&RunsArgs> for Selection {
             schema: args.schema.clone(),
             older_than: args.older_than,
             newer_than: args.newer_than,
-            limit: args.limit,
+            limit: (args.limit > 0).then_some(args.limit),
             attributes: args.attr.clone(),
         }
     }
@@ -104,7 +104,24 @@ pub fn run(target: &Target, args: &RunsArgs) -> Result<()> {
     check_ages(&Selection::from(args))?;
     let store = open::operator(target, Access::Read)?;
     let now = now_ms();
-    let runs = select(&*store, &Selection::from(args), now)?;
+    let selection = Selection::from(args);
+    let mut runs = select(
+        &*store,
+        &Selection {
+            limit: None,
+            ..selection.clone()
+        },
+        now,
+    )?;
+    if let Some(limit) = selection.limit
+        && runs.len() > limit
+    {
+        note(&format!(
+            "{} more runs match; the {limit} most recently changed are shown (--limit N, or --limit 0 for all)",
+            runs.len() - limit
+        ));
+        runs.truncate(limit);
+    }
 
     if args.json {
         let views = runs
