@@ -36,6 +36,9 @@ struct Probe {
     tries: AtomicU32,
     /// Mark the `call` step's error permanent.
     permanent: bool,
+    /// Fail the `call` step with one of loops' errors that repeat at every try
+    /// ([`Error::repeats`]).
+    repeats: bool,
     /// A retry-after hint on the `call` step's error.
     retry_after: Option<Duration>,
     /// The step's retry policy (none: one try).
@@ -72,7 +75,12 @@ impl AgentHandler for Probe {
                 let n = self.tries.fetch_add(1, Ordering::SeqCst) + 1;
                 if n <= fail_tries {
                     let err = std::io::Error::other(format!("try {n} failed"));
-                    return Err(if self.permanent {
+                    return Err(if self.repeats {
+                        Error::NotRegistered {
+                            workflow: format!("nobody (try {n})"),
+                        }
+                        .into()
+                    } else if self.permanent {
                         Error::permanent(err).into()
                     } else if let Some(after) = self.retry_after {
                         Error::retry_after(err, after).into()
@@ -275,6 +283,33 @@ async fn a_permanent_error_is_retried_neither_by_the_step_nor_by_the_state() {
         rt.run_info("r").await.unwrap().unwrap().status,
         RunStatus::Failed
     );
+}
+
+/// One of loops' own errors that comes out the same at every try (`Error::repeats`) is
+/// permanent to a step's retries as to the state's: one try, one execution.
+#[tokio::test]
+async fn an_error_that_repeats_is_retried_neither_by_the_step_nor_by_the_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = runtime(&dir, 5);
+    let probe = Probe {
+        policy: Some(fast(5)),
+        repeats: true,
+        ..Probe::default()
+    };
+    let err = rt
+        .run("r", Agent::Call { fail_tries: 10 }, &probe)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::RunFailed { attempts: 1, .. }),
+        "{err}"
+    );
+    assert_eq!(probe.entries.load(Ordering::SeqCst), 1);
+    assert_eq!(probe.tries.load(Ordering::SeqCst), 1);
+    let f = failures(&rt, "r").await;
+    assert_eq!(f.len(), 2, "{f:?}");
+    assert_eq!(f[0].2, "step call#0");
+    assert!(f[0].3.contains("nobody (try 1)"), "{f:?}");
 }
 
 #[tokio::test]

@@ -1,7 +1,8 @@
 //! Retry hints an error can carry: that it is permanent (no retry will fix it), or when to
 //! try again. Made by [`Error::permanent`](crate::Error::permanent) and
 //! [`Error::retry_after`](crate::Error::retry_after); read, anywhere in an error's `source()`
-//! chain, by [`retry_hint`], which steps and the driver both call.
+//! chain, by [`retry_hint`](crate::retry_hint), which steps and the driver both call (it
+//! lives beside [`Error`](crate::Error), whose own errors it also reads).
 
 use std::fmt;
 use std::time::Duration;
@@ -12,7 +13,7 @@ use crate::workflow::BoxError;
 /// [`Error::RetryAfter`](crate::Error::RetryAfter). It shows as the error it holds (its `Display` and `source()` are
 /// the inner error's); [`inner`](Self::inner) gives the error itself, to downcast.
 ///
-/// It is a type of its own, found in the chain by [`retry_hint`], so that the hint survives
+/// It is a type of its own, found in the chain by [`retry_hint`](crate::retry_hint), so that the hint survives
 /// the conversions a handler's `?` makes (into `anyhow::Error`, into a
 /// [`BoxError`](crate::BoxError)), which may hide the outer error's type.
 #[derive(Debug)]
@@ -29,6 +30,14 @@ impl Hinted {
             permanent,
             retry_after,
             inner,
+        }
+    }
+
+    /// The hints this error carries itself.
+    pub(crate) fn own(&self) -> RetryHint {
+        RetryHint {
+            permanent: self.permanent,
+            retry_after: self.retry_after,
         }
     }
 
@@ -55,7 +64,7 @@ impl std::error::Error for Hinted {
     }
 }
 
-/// What an error's chain says about trying again: see [`retry_hint`].
+/// What an error's chain says about trying again: see [`retry_hint`](crate::retry_hint).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RetryHint {
     /// No retry will fix it ([`Error::permanent`](crate::Error::permanent)): neither a step nor the state tries
@@ -66,27 +75,10 @@ pub struct RetryHint {
     pub retry_after: Option<Duration>,
 }
 
-/// The retry hints anywhere in `err`'s `source()` chain (`err` included): whether an error
-/// in it was marked [permanent](crate::Error::permanent), and the longest
-/// [retry-after](crate::Error::retry_after) hint in it. Steps and the driver read hints this way,
-/// so a hint counts wherever a handler's conversions put it.
-pub fn retry_hint(err: &(dyn std::error::Error + 'static)) -> RetryHint {
-    let mut hint = RetryHint::default();
-    let mut cur = Some(err);
-    while let Some(e) = cur {
-        if let Some(h) = e.downcast_ref::<Hinted>() {
-            hint.permanent |= h.permanent;
-            hint.retry_after = hint.retry_after.max(h.retry_after);
-        }
-        cur = e.source();
-    }
-    hint
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::error::Error;
+    use crate::error::{Error, retry_hint};
 
     #[test]
     fn hints_survive_boxing_and_wrapping() {

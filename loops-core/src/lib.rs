@@ -49,9 +49,9 @@ pub use codec::{
     CodecError, Keyring, KeyringError, PayloadCodec, Place, Sealed, envelope, parse_envelope,
     redacted,
 };
-pub use error::{Error, NO_KEY_HINT, RecordKind, Result, error_chain};
+pub use error::{Error, NO_KEY_HINT, RecordKind, Result, error_chain, retry_hint};
 pub use event::{Event, EventName};
-pub use hint::{Hinted, RetryHint, retry_hint};
+pub use hint::{Hinted, RetryHint};
 pub use limit::{Admission, Limit};
 pub use migrate::{
     Chain, Migrate, Migrated, Migration, MigrationError, MigrationFailure, SameWorkflow,

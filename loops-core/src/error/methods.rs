@@ -117,9 +117,10 @@ impl Error {
 impl Error {
     /// Whether the error comes out the same at every try of a handler, whatever time passes:
     /// a bad run id or name, a child id taken by another run, a workflow no process here
-    /// drives, a state that is not the initial one. A handler that returns one (with `?`)
-    /// fails its run at once instead of spending its retries, as if it were marked
-    /// [`permanent`](Self::permanent).
+    /// drives, a state that is not the initial one. [`retry_hint`](crate::retry_hint) calls
+    /// such an error permanent: a step that returns one is not tried again, and a handler
+    /// that returns one (with `?`) fails its run at once instead of spending its retries, as
+    /// if it were marked [`permanent`](Self::permanent).
     pub fn repeats(&self) -> bool {
         matches!(
             self,

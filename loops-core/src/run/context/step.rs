@@ -10,8 +10,7 @@ use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 use tracing::Instrument;
 
-use crate::error::{Error, Result, error_chain};
-use crate::hint::retry_hint;
+use crate::error::{Error, Result, error_chain, retry_hint};
 use crate::metrics::{LimitWait, StepLabels};
 use crate::record::{FailureRecord, FailureSource, StepRecord};
 use crate::retry::RetryPolicy;

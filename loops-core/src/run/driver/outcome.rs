@@ -7,8 +7,7 @@ use std::time::Instant;
 use futures_util::FutureExt;
 
 use super::{Drive, Failure, Outcome, Progress};
-use crate::error::{Error, Result, error_chain};
-use crate::hint::retry_hint;
+use crate::error::{Error, Result, error_chain, retry_hint};
 use crate::panics::panic_message;
 use crate::record::{FailureRecord, FailureSource, TransitionRecord};
 use crate::run::attempts::{failed_attempts, jitter_unit};
@@ -146,16 +145,10 @@ impl Drive<'_> {
         let errors = error_chain(&*err);
         let used = failed_attempts(&run.info);
         let now = self.now();
-        // An error marked permanent ends the run's tries; a retry-after hint lengthens the
-        // back-off (`hint.rs`).
+        // An error marked permanent (or one of loops' own that comes out the same at every
+        // try) ends the run's tries; a retry-after hint lengthens the back-off.
         let hint = retry_hint(&*err);
-        // loops' own errors that come out the same at every try end the tries too.
-        let repeats =
-            std::iter::successors(Some(&*err as &(dyn std::error::Error + 'static)), |e| {
-                e.source()
-            })
-            .any(|e| e.downcast_ref::<Error>().is_some_and(Error::repeats));
-        let then = if used >= policy.max_attempts || hint.permanent || repeats {
+        let then = if used >= policy.max_attempts || hint.permanent {
             AfterFailure::GiveUp
         } else {
             let unit = jitter_unit(run_id, seq, attempt, now);
