@@ -2978,4 +2978,24 @@ fn tree_shows_a_run_and_its_children_and_show_names_the_parent() {
         json(&path, &["show", "root/b", "--json"])["run"]["parent"],
         "root"
     );
+    // The same tree through the control endpoint of a process that holds the store.
+    let tokio = tokio::runtime::Runtime::new().unwrap();
+    let (rt, server) = tokio.block_on(async {
+        let rt = Runtime::builder()
+            .register::<Gate, _>(Worker)
+            .open(&path)
+            .unwrap();
+        let server = rt.serve_control_next_to_store().await.unwrap();
+        (rt, server)
+    });
+    assert_eq!(
+        text(&path, &["tree", "root"]),
+        "root      family  completed  Started (seq 1)\n  root/a  gate    waiting    Ask (seq 0)\n  root/b  gate    waiting    Ask (seq 0)\n"
+    );
+    assert_eq!(
+        json(&path, &["tree", "root/a", "--json"])["children"],
+        json!([])
+    );
+    tokio.block_on(server.stop());
+    tokio.block_on(rt.shutdown());
 }

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use loops_core::{RunInfo, RunStatus};
+use loops_core::RunInfo;
 use serde::Serialize;
 
 use crate::cli::TreeArgs;
@@ -20,7 +20,8 @@ struct TreeView {
 }
 
 /// Prints the run `args.run` and its descendants, each child under its parent, children by
-/// run id. Reads every run's row once (the parent links are in the rows).
+/// run id. Reads the root's row, then each run's children through the store's children index
+/// (one read per run of the tree, not a scan of the store).
 pub fn run(target: &Target, args: &TreeArgs) -> Result<()> {
     let run_id = run_id_arg(&args.run)?;
     let store = open::operator(target, Access::Read)?;
@@ -28,24 +29,22 @@ pub fn run(target: &Target, args: &TreeArgs) -> Result<()> {
         .run(&run_id)?
         .ok_or_else(|| not_found(store.label(), &run_id))?;
     let mut children: BTreeMap<String, Vec<RunInfo>> = BTreeMap::new();
-    for status in RunStatus::ALL {
-        for info in store.list(status, None)? {
-            if let Some(parent) = &info.parent {
-                children
-                    .entry(parent.run_id.clone())
-                    .or_default()
-                    .push(info);
-            }
+    let mut todo = vec![root.run_id.clone()];
+    while let Some(parent) = todo.pop() {
+        // A run is its own ancestor only in a corrupt store: each run is read once.
+        if children.contains_key(&parent) {
+            continue;
         }
-    }
-    for list in children.values_mut() {
-        list.sort_by(|a, b| a.run_id.cmp(&b.run_id));
+        let mut own = store.children(&parent)?;
+        own.sort_by(|a, b| a.run_id.cmp(&b.run_id));
+        todo.extend(own.iter().map(|c| c.run_id.clone()));
+        children.insert(parent, own);
     }
     if args.json {
         return emit_json(&view(root, &mut children));
     }
     let mut t = Table::new();
-    lines(&root, 0, &children, &mut t);
+    lines(&root, 0, &mut children, &mut t);
     emit(&t.render(0))
 }
 
@@ -58,14 +57,20 @@ fn view(info: RunInfo, children: &mut BTreeMap<String, Vec<RunInfo>>) -> TreeVie
 }
 
 /// One row per run, its id indented two spaces per generation below the root.
-fn lines(info: &RunInfo, depth: usize, children: &BTreeMap<String, Vec<RunInfo>>, t: &mut Table) {
+/// Each run's children are taken from `children` as they are shown, so each shows once.
+fn lines(
+    info: &RunInfo,
+    depth: usize,
+    children: &mut BTreeMap<String, Vec<RunInfo>>,
+    t: &mut Table,
+) {
     t.row(vec![
         Cell::new(format!("{}{}", "  ".repeat(depth), info.run_id), ID),
         Cell::new(info.workflow.clone(), PLAIN),
         Cell::new(info.status.to_string(), status_style(info.status)),
         Cell::new(format!("{} (seq {})", info.state, info.seq), PLAIN),
     ]);
-    for child in children.get(&info.run_id).into_iter().flatten() {
-        lines(child, depth + 1, children, t);
+    for child in children.remove(&info.run_id).unwrap_or_default() {
+        lines(&child, depth + 1, children, t);
     }
 }

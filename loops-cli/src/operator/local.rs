@@ -128,6 +128,10 @@ impl Operator for Local {
         self.wait(self.store().events(run_id))
     }
 
+    fn children(&self, run_id: &str) -> Result<Vec<RunInfo>> {
+        self.wait(self.store().children(run_id))
+    }
+
     fn attributes(&self, run_id: &str) -> Result<loops_core::Attributes> {
         self.wait(self.store().attributes(run_id))
     }

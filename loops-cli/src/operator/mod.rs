@@ -40,6 +40,9 @@ pub trait Operator {
     /// The runs with `status`, optionally of one workflow.
     fn list(&self, status: RunStatus, workflow: Option<&str>) -> Result<Vec<RunInfo>>;
 
+    /// The child runs of `run_id`, by run id (none if it has none or does not exist).
+    fn children(&self, run_id: &str) -> Result<Vec<RunInfo>>;
+
     /// The run's row, or `None`.
     fn run(&self, run_id: &str) -> Result<Option<RunInfo>>;
 

@@ -75,6 +75,10 @@ impl Operator for Remote {
         self.wait(self.client.run_info(run_id))
     }
 
+    fn children(&self, run_id: &str) -> Result<Vec<RunInfo>> {
+        self.wait(self.client.children(run_id))
+    }
+
     fn attributes(&self, run_id: &str) -> Result<loops_core::Attributes> {
         self.wait(self.client.attributes(run_id))
     }

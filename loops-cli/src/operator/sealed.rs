@@ -90,6 +90,14 @@ impl Operator for Unsealing {
     }
 
     /// Attributes are stored in plaintext: as they are.
+    fn children(&self, run_id: &str) -> Result<Vec<RunInfo>> {
+        self.inner
+            .children(run_id)?
+            .into_iter()
+            .map(|info| self.row(info))
+            .collect()
+    }
+
     fn attributes(&self, run_id: &str) -> Result<loops_core::Attributes> {
         self.inner.attributes(run_id)
     }

@@ -166,6 +166,17 @@ impl Client {
         self.get(&run_path(run_id, "/attributes")).await
     }
 
+    /// The child runs of the run `run_id` (those it started with
+    /// [`Context::start_child`](crate::Context::start_child)), by run id; empty if it has none
+    /// or does not exist.
+    ///
+    /// # Errors
+    /// As [`Client::list`].
+    pub async fn children(&self, run_id: &str) -> Result<Vec<RunInfo>, ControlError> {
+        let runs: Vec<Run> = self.get(&run_path(run_id, "/children")).await?;
+        Ok(runs.into_iter().map(RunInfo::from).collect())
+    }
+
     /// The runs `filter` selects, with their attributes, by run id
     /// ([`Runtime::list_runs_where`](crate::Runtime::list_runs_where) in the process).
     ///

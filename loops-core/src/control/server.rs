@@ -248,6 +248,7 @@ fn router(served: Shared) -> Router {
         .route(&v("/runs/{run}/failures"), get(failures))
         .route(&v("/runs/{run}/events"), get(events).post(send))
         .route(&v("/runs/{run}/attributes"), get(attributes))
+        .route(&v("/runs/{run}/children"), get(children))
         .route(&v("/search"), post(search))
         .route(&v("/runs/{run}/cancel"), post(cancel))
         .route(&v("/runs/{run}/retry"), post(retry))
@@ -600,6 +601,12 @@ async fn attributes(
     UrlPath(run): UrlPath<String>,
 ) -> Answer<crate::Attributes> {
     Ok(Json(s.runtime.stored().attributes(&run).await?))
+}
+
+/// The child runs of a run, by run id (none if it has none or does not exist).
+async fn children(State(s): State<Shared>, UrlPath(run): UrlPath<String>) -> Answer<Vec<Run>> {
+    let children = s.runtime.stored().children(&run).await?;
+    Ok(Json(children.into_iter().map(Run::from).collect()))
 }
 
 /// The runs a filter selects: [`find_runs`](crate::find_runs) on the stored data (the
