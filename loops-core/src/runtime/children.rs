@@ -3,7 +3,6 @@
 
 use std::sync::Arc;
 
-use crate::row::RunInfo;
 use crate::run::context::Kin;
 use crate::runtime::handle::{Inner, Runtime};
 
@@ -57,19 +56,16 @@ impl Runtime {
         }
     }
 
-    /// After the run `info` ended here: wakes its parent, if it has one, in this process
-    /// (the event that wakes it is in its inbox already, written with the child's end; this
-    /// only starts or signals the parent's driver, as [`send`](Self::send) does). A store
-    /// shared by several workers makes the parent claimable by any of them anyway.
-    pub(crate) async fn wake_parent(&self, info: &RunInfo) {
-        let Some(parent) = &info.parent else {
-            return;
-        };
-        match self.store().run_info(&parent.run_id).await {
+    /// After the run `run_id` ended here: wakes its parent `parent` in this process (the
+    /// event that wakes it is in its inbox already, written with the child's end; this only
+    /// starts or signals the parent's driver, as [`send`](Self::send) does). A store shared
+    /// by several workers makes the parent claimable by any of them anyway.
+    pub(crate) async fn wake_parent(&self, run_id: &str, parent: &str) {
+        match self.store().run_info(parent).await {
             Ok(Some(parent)) => self.wake(&parent),
             Ok(None) => {}
             Err(e) => {
-                tracing::warn!(run_id = %info.run_id, parent = %parent.run_id, error = %e, "could not read the parent of an ended run; its next claim or resume wakes it");
+                tracing::warn!(run_id, parent, error = %e, "could not read the parent of an ended run; its next claim or resume wakes it");
             }
         }
     }

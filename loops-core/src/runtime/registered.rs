@@ -105,33 +105,35 @@ impl Runtime {
             };
             let run_id = claim.run_id().to_owned();
             let span = tracing::info_span!("run", run_id = %run_id);
-            let (workflow, result) = rt
+            let (workflow, parent, result) = rt
                 .route_and_drive(&claim, prepared, granted)
                 .instrument(span)
                 .await;
             drop(claim);
-            rt.after_background(&workflow, &run_id, result).await;
+            rt.after_background(&workflow, &run_id, parent.as_deref(), result)
+                .await;
             rt.inner.background.notify_ended();
         };
         self.inner.background.spawn_task(task);
     }
 
     /// Routes the run `claim` holds (unless `prepared` is given) and drives it; returns its
-    /// workflow's name with the outcome (`Ok(None)`: blocked, or gone). `granted`: the claim's
-    /// lease came from [`Store::claim_ready`](crate::store::Store::claim_ready).
+    /// workflow's name and its parent's run id (if it was driven and has one) with the outcome
+    /// (`Ok(None)`: blocked, or gone). `granted`: the claim's lease came from
+    /// [`Store::claim_ready`](crate::store::Store::claim_ready).
     async fn route_and_drive(
         &self,
         claim: &Claim,
         prepared: Option<Prepared>,
         granted: bool,
-    ) -> (String, Result<Option<Stopped>>) {
+    ) -> (String, Option<String>, Result<Option<Stopped>>) {
         let prepared = match prepared {
             Some(p) => p,
             None => {
                 let found = match self.drive(claim).find().await {
                     Ok(Some(found)) => found,
-                    Ok(None) => return (String::new(), Ok(None)),
-                    Err(e) => return (String::new(), Err(e)),
+                    Ok(None) => return (String::new(), None, Ok(None)),
+                    Err(e) => return (String::new(), None, Err(e)),
                 };
                 let workflow = found.0.workflow.clone();
                 // A store shared with other workers hands a worker a run of a schema it
@@ -140,22 +142,29 @@ impl Runtime {
                 // with the run's version takes it: nothing written, nothing said.
                 if !granted && !self.routes_here(&found.0) {
                     tracing::debug!("not a schema this worker routes; left to another worker");
-                    return (workflow, Ok(None));
+                    return (workflow, None, Ok(None));
                 }
                 let known = self.registry(|r| r.known(&workflow));
                 match self.prepare(claim, found, &known, OnBlock::Warn).await {
                     Ok(Routing::Ready(p)) => *p,
-                    Ok(Routing::Blocked(_)) => return (workflow, Ok(None)),
-                    Err(e) => return (workflow, Err(e)),
+                    Ok(Routing::Blocked(_)) => return (workflow, None, Ok(None)),
+                    Err(e) => return (workflow, None, Err(e)),
                 }
             }
         };
         let workflow = prepared.entered.info.workflow.clone();
+        // A run's parent never changes: known now, it need not be read again at the end.
+        let parent = prepared
+            .entered
+            .info
+            .parent
+            .as_ref()
+            .map(|p| p.run_id.clone());
         let Some(driver) = self.registry(|r| r.driver(&workflow, prepared.version)) else {
             let error = Error::NotRegistered {
                 workflow: workflow.clone(),
             };
-            return (workflow, Err(error));
+            return (workflow, parent, Err(error));
         };
         let span = tracing::info_span!("workflow", workflow = %workflow);
         let result = driver
@@ -163,7 +172,7 @@ impl Runtime {
             .instrument(span)
             .await
             .map(Some);
-        (workflow, result)
+        (workflow, parent, result)
     }
 
     /// Whether this worker drives (or blocks) the run: always with a store only this process
@@ -185,6 +194,7 @@ impl Runtime {
         &self,
         workflow: &str,
         run_id: &str,
+        parent: Option<&str>,
         result: Result<Option<Stopped>>,
     ) {
         let ended = matches!(
@@ -234,8 +244,8 @@ impl Runtime {
         }
         if ended {
             self.forget_ended(run_id);
-            if let Ok(Some(info)) = self.store().run_info(run_id).await {
-                self.wake_parent(&info).await;
+            if let Some(parent) = parent {
+                self.wake_parent(run_id, parent).await;
             }
         }
     }

@@ -265,7 +265,9 @@ impl Runtime {
         }
         if info.status.is_ended() {
             self.inner.background.notify_ended();
-            self.wake_parent(&info).await;
+            if let Some(parent) = &info.parent {
+                self.wake_parent(run_id, &parent.run_id).await;
+            }
         }
         self.signal_cancelled_children(run_id).await;
         tracing::info!(run_id, reason, "cancellation requested");

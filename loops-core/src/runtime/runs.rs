@@ -111,6 +111,8 @@ impl Runtime {
         validate_run_id(run_id)?;
         let claim = self.claim(run_id).await?;
         let span = tracing::info_span!("run", run_id, workflow = W::NAME);
+        // A run's parent never changes: known at entry, it need not be read again at the end.
+        let mut parent = None;
         let result = async {
             let entered = match self.drive(&claim).find().await? {
                 None => {
@@ -125,6 +127,7 @@ impl Runtime {
                         .await?
                 }
             };
+            parent = entered.info.parent.as_ref().map(|p| p.run_id.clone());
             self.drive(&claim)
                 .drive_loop(entered, handler, Mode::Attached)
                 .await
@@ -136,9 +139,9 @@ impl Runtime {
         if matches!(
             result,
             Ok(Driven::Ended(_)) | Err(Error::RunFailed { .. } | Error::RunCancelled { .. })
-        ) && let Ok(Some(info)) = self.store().run_info(run_id).await
+        ) && let Some(parent) = &parent
         {
-            self.wake_parent(&info).await;
+            self.wake_parent(run_id, parent).await;
         }
         match result? {
             Driven::Ended(value) => Ok(value),
