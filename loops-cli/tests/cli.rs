@@ -2153,6 +2153,28 @@ fn compact_and_check_report_on_a_good_file() {
 // ---------------------------------------------------------------------------------------------
 // Errors: one line, non-zero exit, nothing written.
 
+/// A store file a newer loops wrote (its format recorded as 2) is refused in one line naming
+/// both formats, by every command, and keeps its format.
+#[test]
+fn a_store_of_a_newer_format_is_refused_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("newer.redb");
+    drop(RedbStore::open(&path).unwrap());
+    {
+        let db = redb::Database::open(&path).unwrap();
+        let txn = db.begin_write().unwrap();
+        let meta: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("meta");
+        txn.open_table(meta).unwrap().insert("format", 2).unwrap();
+        txn.commit().unwrap();
+    }
+    for args in [&["runs"][..], &["show", "r1"], &["cancel", "r1"]] {
+        loops(&path).args(args).assert().code(1).stderr(format!(
+            "error: store {} has format 2, written by a newer loops; this build reads format 1 only: open it with a loops that reads format 2\n",
+            path.display()
+        ));
+    }
+}
+
 #[test]
 fn a_store_held_by_a_running_process_is_refused_in_one_line() {
     let (_dir, path) = store();

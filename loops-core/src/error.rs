@@ -31,6 +31,19 @@ pub enum Error {
         path: PathBuf,
     },
 
+    /// The store file records a format (the layout of its tables) other than the one this
+    /// build reads, [`STORE_FORMAT`](crate::STORE_FORMAT): a newer loops wrote it. Nothing
+    /// was read from it or written to it. Open it with a loops that reads its format.
+    #[error("{}", format_text(path, *found, *supported))]
+    StoreFormat {
+        /// The store file.
+        path: PathBuf,
+        /// The format the file records.
+        found: u64,
+        /// The format this build reads and writes.
+        supported: u64,
+    },
+
     /// The store file was not closed cleanly (the process that had it open crashed); a
     /// read-only open cannot repair it. A writable open ([`Runtime::open`](crate::Runtime::open))
     /// repairs it.
@@ -758,6 +771,20 @@ pub fn retry_hint(err: &(dyn std::error::Error + 'static)) -> RetryHint {
         cur = e.source();
     }
     hint
+}
+
+/// The message of [`Error::StoreFormat`].
+fn format_text(path: &std::path::Path, found: u64, supported: u64) -> String {
+    let path = path.display();
+    if found > supported {
+        format!(
+            "store {path} has format {found}, written by a newer loops; this build reads format {supported} only: open it with a loops that reads format {found}"
+        )
+    } else {
+        format!(
+            "store {path} has format {found}, which this build does not read (it reads format {supported})"
+        )
+    }
 }
 
 /// `Result` with loops' [`Error`].

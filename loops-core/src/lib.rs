@@ -85,9 +85,9 @@ pub use schema::{
 pub use store::{
     AfterFailure, BoxFuture, ClaimFilter, Compacted, CurrentLease, Effects, EventRecord, Facts,
     InboxChange, Lease, LeaseCheck, Needs, Payloads, PendingEvent, Pruned, Readiness, Ready,
-    Record, RecordKey, RedbStore, Reply, RowWrite, RunCount, RunInfo, RunStatus, ScheduleChange,
-    SharedLimits, Store, StoreOptions, Take, WaitInfo, WaitOutcome, Wakeups, Write, event_record,
-    find_runs, plan, prune,
+    Record, RecordKey, RedbStore, Reply, RowWrite, RunCount, RunInfo, RunStatus, STORE_FORMAT,
+    ScheduleChange, SharedLimits, Store, StoreOptions, Take, WaitInfo, WaitOutcome, Wakeups, Write,
+    event_record, find_runs, plan, prune,
 };
 pub use workflow::{BoxError, StateId, Workflow};
 

@@ -97,6 +97,7 @@ impl Error {
             | Error::StepFailed { run_id, .. }
             | Error::Cancelled { run_id, .. } => Some(run_id),
             Error::StoreLocked { .. }
+            | Error::StoreFormat { .. }
             | Error::NeedsRecovery { .. }
             | Error::ReadOnly { .. }
             | Error::Open { .. }

@@ -47,6 +47,9 @@ mod verify;
 pub use maintain::Compacted;
 pub(in crate::store) use open::refuse_special_file;
 pub(in crate::store) use read::{ReadError, read_info};
+pub use tables::STORE_FORMAT;
+#[cfg(test)]
+mod format_tests;
 pub(crate) use tables::{RUNS, SCHEMAS, STATUS};
 
 use std::collections::HashMap;

@@ -11,7 +11,7 @@ use redb::backends::FileBackend;
 use tokio::sync::mpsc;
 
 use super::commit::{QUEUE, writer_loop};
-use super::tables::ensure_tables;
+use super::tables::{NotOpened, STORE_FORMAT, ensure_tables, stored_format};
 use super::{Db, Inner, Leases, Opener, Queue, RedbStore, StoreOptions};
 use crate::error::{Error, Result};
 
@@ -154,7 +154,17 @@ impl RedbStore {
             }
             Err(e) => return Err(open_err(open_source(e))),
         };
-        ensure_tables(&db).map_err(|e| open_err(e.into()))?;
+        match ensure_tables(&db) {
+            Ok(()) => {}
+            Err(NotOpened::Format(found)) => {
+                return Err(Error::StoreFormat {
+                    path,
+                    found,
+                    supported: STORE_FORMAT,
+                });
+            }
+            Err(NotOpened::Redb(e)) => return Err(open_err(e.into())),
+        }
         let db = Arc::new(RwLock::new(Db::Writable(db)));
         let (tx, rx) = mpsc::channel(QUEUE);
         let writer_db = Arc::clone(&db);
@@ -236,6 +246,27 @@ impl RedbStore {
                 });
             }
         };
+        // A file made before the format was recorded has this build's format; one that
+        // records another is refused before anything is read.
+        let format = redb::ReadableDatabase::begin_read(&db)
+            .map_err(redb::Error::from)
+            .and_then(|txn| stored_format(&txn));
+        match format {
+            Ok(None | Some(STORE_FORMAT)) => {}
+            Ok(Some(found)) => {
+                return Err(Error::StoreFormat {
+                    path,
+                    found,
+                    supported: STORE_FORMAT,
+                });
+            }
+            Err(e) => {
+                return Err(Error::Open {
+                    path,
+                    cause: Box::new(e),
+                });
+            }
+        }
         // Verified while the read-only handle holds the file, so that no writer changes it
         // between the check and the reads.
         if options.verify_on_open
@@ -397,7 +428,13 @@ fn create_atomically(path: &Path) -> std::io::Result<()> {
     let file = options.open(&tmp)?;
     let made = (|| -> std::result::Result<(), redb::Error> {
         let db = Database::builder().create_with_backend(FileBackend::new(file)?)?;
-        ensure_tables(&db)?;
+        ensure_tables(&db).map_err(|e| match e {
+            NotOpened::Redb(e) => e,
+            // A file it just made records the format of this build.
+            NotOpened::Format(found) => {
+                redb::Error::Corrupted(format!("a new store file records format {found}"))
+            }
+        })?;
         Ok(())
     })();
     if let Err(e) = made {

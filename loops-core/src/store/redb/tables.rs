@@ -33,7 +33,22 @@ pub(crate) const CHILDREN: TableDefinition<(&str, &str), ()> = TableDefinition::
 /// Schedules: name → the [`ScheduleInfo`](crate::ScheduleInfo) row (JSON).
 pub(crate) const SCHEDULES: TableDefinition<&str, &[u8]> = TableDefinition::new("schedules");
 
-const TABLES: [&str; 14] = [
+/// What the file says of itself: `"format"` → [`STORE_FORMAT`], the layout its tables
+/// follow.
+pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+
+/// The key of the file's format in [`META`].
+const FORMAT_KEY: &str = "format";
+
+/// The layout of the store file (its tables, their keys and values) that this build reads and
+/// writes. A file records it when it is created, or when a build that knows the number first
+/// opens a file made before it was recorded (those have this layout: the number came with it).
+/// A file of another format is refused at the open ([`Error::StoreFormat`](crate::Error::StoreFormat)),
+/// never misread; a change of the layout raises the number.
+pub const STORE_FORMAT: u64 = 1;
+
+const TABLES: [&str; 15] = [
+    "meta",
     "runs",
     "journal",
     "steps",
@@ -50,16 +65,57 @@ const TABLES: [&str; 14] = [
     "schedules",
 ];
 
-/// Creates the tables a new file lacks; writes nothing to a file that has them all.
-pub(super) fn ensure_tables(db: &Database) -> std::result::Result<(), redb::Error> {
-    let present: Vec<String> = {
-        let txn = db.begin_read()?;
-        txn.list_tables()?.map(|t| t.name().to_owned()).collect()
+/// Why [`ensure_tables`] did not open a file.
+#[derive(Debug)]
+pub(super) enum NotOpened {
+    /// The file records a format this build does not read (the number it records).
+    Format(u64),
+    /// redb failed.
+    Redb(redb::Error),
+}
+
+impl<E: Into<redb::Error>> From<E> for NotOpened {
+    fn from(e: E) -> Self {
+        NotOpened::Redb(e.into())
+    }
+}
+
+/// The format the file records in [`META`], if it records one.
+pub(super) fn stored_format(
+    txn: &redb::ReadTransaction,
+) -> std::result::Result<Option<u64>, redb::Error> {
+    let table = match txn.open_table(META) {
+        Ok(table) => table,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+        Err(e) => return Err(e.into()),
     };
-    if TABLES.iter().all(|w| present.iter().any(|p| p == w)) {
+    Ok(table.get(FORMAT_KEY)?.map(|v| v.value()))
+}
+
+/// Checks the file's format, then creates the tables a new file lacks and records the format
+/// if it is not recorded; writes nothing to a file that has them all and its format.
+///
+/// # Errors
+/// [`NotOpened::Format`] if the file records a format other than [`STORE_FORMAT`] (nothing
+/// is written to it).
+pub(super) fn ensure_tables(db: &Database) -> std::result::Result<(), NotOpened> {
+    let (present, format): (Vec<String>, Option<u64>) = {
+        let txn = db.begin_read()?;
+        let present = txn.list_tables()?.map(|t| t.name().to_owned()).collect();
+        (present, stored_format(&txn)?)
+    };
+    match format {
+        Some(STORE_FORMAT) => {}
+        Some(other) => return Err(NotOpened::Format(other)),
+        None => {}
+    }
+    if format.is_some() && TABLES.iter().all(|w| present.iter().any(|p| p == w)) {
         return Ok(());
     }
     let txn = db.begin_write()?;
+    if format.is_none() {
+        txn.open_table(META)?.insert(FORMAT_KEY, STORE_FORMAT)?;
+    }
     txn.open_table(RUNS)?;
     txn.open_table(JOURNAL)?;
     txn.open_table(STEPS)?;

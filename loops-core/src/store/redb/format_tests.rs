@@ -1,0 +1,92 @@
+//! The store file's format: recorded by a new file and by the first open of a file made
+//! before the format was recorded; a file of another format is refused, read-only or not,
+//! and keeps the format it records.
+
+use redb::{Database, ReadableDatabase};
+
+use super::tables::{META, STORE_FORMAT};
+use crate::error::Error;
+use crate::store::RedbStore;
+
+/// The format `path` records, read with redb alone.
+fn recorded(path: &std::path::Path) -> Option<u64> {
+    let db = Database::open(path).unwrap();
+    let txn = db.begin_read().unwrap();
+    super::tables::stored_format(&txn).unwrap()
+}
+
+/// Sets (or, with `None`, removes) the format `path` records, with redb alone.
+fn record(path: &std::path::Path, format: Option<u64>) {
+    let db = Database::open(path).unwrap();
+    let txn = db.begin_write().unwrap();
+    match format {
+        Some(format) => {
+            txn.open_table(META)
+                .unwrap()
+                .insert("format", format)
+                .unwrap();
+        }
+        None => {
+            txn.delete_table(META).unwrap();
+        }
+    }
+    txn.commit().unwrap();
+}
+
+#[test]
+fn a_new_store_records_its_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    drop(RedbStore::open(&path).unwrap());
+    assert_eq!(recorded(&path), Some(STORE_FORMAT));
+    assert_eq!(STORE_FORMAT, 1);
+}
+
+#[test]
+fn a_store_made_before_the_format_was_recorded_is_read_and_records_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    drop(RedbStore::open(&path).unwrap());
+    record(&path, None);
+    assert_eq!(recorded(&path), None);
+    // A read-only open reads it as it is (and cannot record anything).
+    drop(RedbStore::open_read_only(&path).unwrap());
+    assert_eq!(recorded(&path), None);
+    drop(RedbStore::open(&path).unwrap());
+    assert_eq!(recorded(&path), Some(STORE_FORMAT));
+}
+
+#[test]
+fn a_store_of_a_newer_format_is_refused_and_left_as_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    drop(RedbStore::open(&path).unwrap());
+    record(&path, Some(2));
+    let expected = format!(
+        "store {} has format 2, written by a newer loops; this build reads format 1 only: open it with a loops that reads format 2",
+        path.display()
+    );
+    for read_only in [false, true] {
+        let opened = if read_only {
+            RedbStore::open_read_only(&path)
+        } else {
+            RedbStore::open(&path)
+        };
+        match opened {
+            Err(
+                e @ Error::StoreFormat {
+                    found: 2,
+                    supported: 1,
+                    ..
+                },
+            ) => {
+                assert_eq!(e.to_string(), expected);
+            }
+            Err(other) => panic!("read-only {read_only}: {other}"),
+            Ok(_) => panic!("read-only {read_only}: opened a store of format 2"),
+        }
+    }
+    // Nothing of loops was written to it (redb's own open marks its header, as any
+    // writable open does): it still records format 2.
+    assert_eq!(recorded(&path), Some(2));
+}
