@@ -154,7 +154,13 @@ impl RedbStore {
             }
             Err(e) => return Err(open_err(open_source(e))),
         };
-        match ensure_tables(&db) {
+        // redb may panic on reading a damaged file, as on opening it.
+        let ensured = crate::panics::catch(|| ensure_tables(&db)).unwrap_or_else(|_| {
+            Err(NotOpened::Redb(redb::Error::Corrupted(
+                "redb panicked while reading the file's tables".to_owned(),
+            )))
+        });
+        match ensured {
             Ok(()) => {}
             Err(NotOpened::Format(found)) => {
                 return Err(Error::StoreFormat {
@@ -248,9 +254,17 @@ impl RedbStore {
         };
         // A file made before the format was recorded has this build's format; one that
         // records another is refused before anything is read.
-        let format = redb::ReadableDatabase::begin_read(&db)
-            .map_err(redb::Error::from)
-            .and_then(|txn| stored_format(&txn));
+        // redb may panic on reading a damaged file, as on opening it.
+        let format = crate::panics::catch(|| {
+            redb::ReadableDatabase::begin_read(&db)
+                .map_err(redb::Error::from)
+                .and_then(|txn| stored_format(&txn))
+        })
+        .unwrap_or_else(|_| {
+            Err(redb::Error::Corrupted(
+                "redb panicked while reading the file's format".to_owned(),
+            ))
+        });
         match format {
             Ok(None | Some(STORE_FORMAT)) => {}
             Ok(Some(found)) => {
