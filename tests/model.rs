@@ -367,14 +367,15 @@ impl MRun {
         self.drv = Drv::Idle;
         if self.cancel {
             // Cancelled while it held the run: an unrecorded step refuses to start and the
-            // attempt ends as cancelled; a recorded one replays.
+            // attempt ends as cancelled; a recorded one replays, but the next state is not
+            // committed (the store refuses a transition of a run asked to stop): the run
+            // ends as cancelled where it is.
             if self.step.is_none() {
                 return self.drive(false);
             }
             match action {
                 Action::FreezeAfterRecord => self.drv = Drv::Frozen,
-                Action::FailAfterStep => self.drive(false),
-                _ => self.transition(next, out),
+                _ => self.drive(false),
             }
             return;
         }

@@ -812,8 +812,19 @@ async fn cancel_ends_idle_runs_at_once_and_running_runs_at_a_boundary() {
     }
     let info = rt.run_info("busy").await.unwrap().unwrap();
     assert_eq!(info.status, RunStatus::Cancelled);
-    // The attempt in flight finished its state; no later state was started.
-    assert_eq!((info.state.as_str(), info.seq), ("Work", 2));
+    // The attempt in flight ran to its end, but its next state was not committed: the run
+    // ended where the cancellation found it.
+    assert_eq!((info.state.as_str(), info.seq), ("Work", 1));
+    assert_eq!(
+        rt.store()
+            .history("busy")
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.state.as_str())
+            .collect::<Vec<_>>(),
+        ["Start", "Work"]
+    );
     assert!(matches!(
         rt.cancel("busy", "again").await,
         Err(Error::RunEnded {

@@ -30,13 +30,24 @@ pub fn cancel(target: &Target, args: &CancelArgs) -> Result<()> {
     if args.json {
         return emit_json(&RunView::from(&info).with_attributes(store.attributes(&run_id)?));
     }
+    if info.status.is_ended() {
+        return emit(&format!(
+            "{} run {} ({} in state {}, seq {}): {}\n",
+            paint(status_style(info.status), "cancelled"),
+            paint(ID, &run_id),
+            before.status,
+            before.state,
+            before.seq,
+            args.reason
+        ));
+    }
+    // Driven right now: its driver ends it, where it is, at its next step or state boundary.
     emit(&format!(
-        "{} run {} ({} in state {}, seq {}): {}\n",
-        paint(status_style(info.status), "cancelled"),
+        "cancellation of run {} asked ({} in state {}, seq {}): {}; it ends as cancelled at its next step or state boundary, in the state it is in\n",
         paint(ID, &run_id),
-        before.status,
-        before.state,
-        before.seq,
+        info.status,
+        info.state,
+        info.seq,
         args.reason
     ))
 }

@@ -1,6 +1,7 @@
 //! The cases of child runs: a child's end wakes its parent in the commit that ends it, and a
 //! parent's cancellation cascades to its children in the commit that cancels it.
 
+use crate::error::Error;
 use crate::names::CHILD_ENDED;
 use crate::record::FailureSource;
 use crate::row::{OnParentCancel, ParentLink};
@@ -73,10 +74,22 @@ pub(super) async fn child_end_wakes_parent(f: &dyn Factory) {
     let lp = super::support::create(store, "p").await;
     let la = create_child(store, "a", "p", OnParentCancel::Cancel).await;
     let lb = create_child(store, "b", "p", OnParentCancel::Abandon).await;
-    let lc = create_child(store, "c", "p", OnParentCancel::Cancel).await;
+    // Abandoned, so that the parent's cancellation below leaves it to end on its own.
+    let lc = create_child(store, "c", "p", OnParentCancel::Abandon).await;
     // The children are found by their parent, with their link, by run id.
     let children = store.children("p").await.unwrap();
     assert_eq!(ids(&children), ["a", "b", "c"]);
+    assert_eq!(
+        children
+            .iter()
+            .map(|c| c.parent.as_ref().map(|p| p.on_cancel))
+            .collect::<Vec<_>>(),
+        [
+            Some(OnParentCancel::Cancel),
+            Some(OnParentCancel::Abandon),
+            Some(OnParentCancel::Abandon)
+        ]
+    );
     assert_eq!(
         children[1].parent,
         Some(ParentLink {
@@ -130,7 +143,7 @@ pub(super) async fn cancel_cascades(f: &dyn Factory) {
     // waiting child e of its own.
     let la = create_child(store, "a", "p", OnParentCancel::Cancel).await;
     park(store, &la, "a", "go").await;
-    create_child(store, "b", "p", OnParentCancel::Cancel).await;
+    let lb = create_child(store, "b", "p", OnParentCancel::Cancel).await;
     let lc = create_child(store, "c", "p", OnParentCancel::Abandon).await;
     park(store, &lc, "c", "go").await;
     create_child(store, "d", "p", OnParentCancel::Cancel).await;
@@ -164,6 +177,24 @@ pub(super) async fn cancel_cascades(f: &dyn Factory) {
             "child {id}"
         );
     }
+    // b, asked to stop while it ran, commits no next state, not even a terminal one: its
+    // driver ends it as cancelled where it is.
+    match transition(store, &lb, "b", 1, true).await {
+        Err(Error::RunCancelled {
+            run_id,
+            state,
+            seq: 0,
+            reason,
+        }) => assert_eq!(
+            (run_id.as_str(), state.as_str(), reason.as_str()),
+            ("b", "A", by_p)
+        ),
+        other => panic!("a transition of a run asked to stop: {other:?}"),
+    }
+    assert_eq!(
+        (row("b").await.status, row("b").await.seq),
+        (RunStatus::Running, 0)
+    );
     // The children that ended woke their parents: a woke p, e woke d.
     assert_eq!(inbox(store, "p").await, [ended("a")]);
     assert_eq!(inbox(store, "d").await, [ended("e")]);

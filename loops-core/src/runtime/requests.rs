@@ -208,7 +208,10 @@ impl Runtime {
     /// through its [`Context`](crate::Context) and ends as cancelled at its next step or state
     /// boundary; a run nobody drives (parked, or not resumed since a crash) ends as cancelled
     /// at once. With a store shared by several workers, a run that another worker drives
-    /// ends as cancelled at its next state boundary, or, if it waits, within 200 ms.
+    /// ends as cancelled at its next state boundary, or, if it waits, within 200 ms. A driven
+    /// run ends in the state it is in: the attempt in flight may finish its steps (their
+    /// records stay), but the store refuses its next state, even a terminal one, so a run
+    /// whose cancellation was asked never completes afterwards.
     ///
     /// # Errors
     /// [`Error::RunNotFound`](crate::Error::RunNotFound); [`Error::RunEnded`](crate::Error::RunEnded) if the run has ended already;

@@ -439,6 +439,17 @@ fn transition<'w>(
     g: &Given<'_, '_>,
 ) -> Result<Effects<'w>> {
     let info = fenced_journal(run_id, seq, g)?;
+    if let Some(reason) = &info.cancel {
+        // Its cancellation was asked for while the state ran: the run ends where it is (its
+        // driver ends it as cancelled), not in the state the handler chose, even a terminal
+        // one. The attempt's step records stay: what it did is on record.
+        return Err(Error::RunCancelled {
+            run_id: run_id.to_owned(),
+            state: info.state.clone(),
+            seq: info.seq,
+            reason: reason.clone(),
+        });
+    }
     if g.facts.record_taken {
         return Err(Error::SequenceConflict {
             run_id: run_id.to_owned(),

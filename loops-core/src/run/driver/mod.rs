@@ -352,7 +352,16 @@ impl Drive<'_> {
                     run.info = self.reread().await?;
                 }
                 Outcome::Next(next) => {
-                    self.commit_transition(run, state, next, started).await?;
+                    if self.held.signals.cancel.is_cancelled() {
+                        // Cancelled while the state ran: the run ends where it is.
+                        continue;
+                    }
+                    match self.commit_transition(run, state, next, started).await {
+                        // The store refused the transition for a cancellation asked for
+                        // meanwhile (another process's, say): read the row, which ends it.
+                        Err(Error::RunCancelled { .. }) => run.info = self.reread().await?,
+                        done => done?,
+                    }
                 }
                 Outcome::Failed(failure) => {
                     if self.held.signals.cancel.is_cancelled() {
