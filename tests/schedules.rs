@@ -296,3 +296,58 @@ async fn two_runtimes_on_one_store_start_each_tick_once() {
     a.shutdown().await;
     b.shutdown().await;
 }
+
+/// A handler that never returns: its run stays running until its process stops.
+struct Stuck;
+
+impl ReportHandler for Stuck {
+    type Error = BoxError;
+
+    async fn start(&self, _ctx: &Context, _tick_ms: u64) -> Result<StartNext, BoxError> {
+        std::future::pending().await
+    }
+}
+
+/// A tick whose run was started but not settled (the process stopped in between) is fired
+/// again by the next catch-up, which finds its run unfinished and drives it: without
+/// `resume_all`, it would stay running for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tick_cut_short_before_it_settled_is_driven_by_the_next_catch_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let clock = clock();
+    let reporter = Reporter::default();
+    let rt = runtime(&clock, RedbStore::open(&path).unwrap(), &reporter);
+    schedule(&rt, "s", every_minute(CatchUp::All)).await;
+    rt.shutdown().await;
+    drop(rt);
+    // What a process that stopped between the tick's creation and its settlement left: the
+    // run of minute 1, created, never driven; the schedule's row still at T0.
+    advance(&clock, MINUTE);
+    let nobody = Runtime::builder()
+        .clock(clock.clone())
+        .register::<Report, _>(Stuck)
+        .build(RedbStore::open(&path).unwrap());
+    nobody
+        .start(
+            &tick("s", 1),
+            Report::Start {
+                tick_ms: T0 + MINUTE,
+            },
+        )
+        .await
+        .unwrap();
+    // Shutting down drops the stuck driver as a crash would.
+    nobody.shutdown().await;
+    drop(nobody);
+
+    advance(&clock, MINUTE / 2);
+    let rt = runtime(&clock, RedbStore::open(&path).unwrap(), &reporter);
+    let row = schedule(&rt, "s", every_minute(CatchUp::All)).await;
+    assert_eq!(row.last_tick_ms, Some(T0 + MINUTE));
+    tokio::time::timeout(Duration::from_secs(30), completed(&rt, "s", 1))
+        .await
+        .expect("the tick's run is driven");
+    assert_eq!(*reporter.ticks.lock().unwrap(), [T0 + MINUTE]);
+    rt.shutdown().await;
+}

@@ -19,6 +19,7 @@ use crate::schedule::{
     CatchUp, MAX_CATCH_UP, SCHEDULE_ATTRIBUTE, Schedule, ScheduleInfo, Tick, check_schedule_name,
     tick_run_id,
 };
+use crate::status::RunStatus;
 use crate::store::{BoxFuture, Reply, Write};
 use crate::workflow::Workflow;
 
@@ -84,6 +85,11 @@ impl Runtime {
     /// its [`CatchUp`] policy says. A tick fires at most once across restarts and workers:
     /// its run id is derived from the schedule and the tick, and a run id is created once.
     /// Calling this again with the same name in the same runtime replaces its loop.
+    ///
+    /// The runs of ticks are runs like any other: after a crash, those cut short are driven
+    /// again by [`resume_all`](Self::resume_all) or [`serve`](Self::serve), which a process
+    /// that keeps schedules calls at its start. (A tick fired again, found started but not
+    /// ended, gets a driver here too.)
     ///
     /// Returns the stored row after the catch-up.
     ///
@@ -213,7 +219,14 @@ impl Runtime {
     async fn fire(&self, l: &Loop, tick_ms: u64) {
         let run_id = tick_run_id(&l.name, tick_ms);
         let fired = match self.store().run_info(&run_id).await {
-            Ok(Some(_)) => Ok(()),
+            Ok(Some(info)) => {
+                // Started before a crash cut the tick short (it was not settled): drive it,
+                // unless it ended or is driven here already.
+                if matches!(info.status, RunStatus::Running | RunStatus::Waiting) {
+                    self.spawn_driver(&info.workflow, &info.run_id);
+                }
+                Ok(())
+            }
             Ok(None) => {
                 let tick = Tick {
                     schedule: l.name.clone(),
