@@ -16,8 +16,8 @@ use serde::{Deserialize, Serialize};
 /// Longest schedule name, in bytes.
 pub const MAX_SCHEDULE_NAME_BYTES: usize = 128;
 
-/// The most missed ticks [`CatchUp::All`] runs at once: the latest ones; older missed ticks
-/// are skipped (with a warning in the log).
+/// The most missed ticks [`CatchUp::All`] runs at once, at a catch-up or in a loop that woke
+/// late: the latest ones; older missed ticks are skipped (with a warning in the log).
 pub const MAX_CATCH_UP: usize = 100;
 
 /// The attribute every run a schedule starts carries: its key, with the schedule's name as

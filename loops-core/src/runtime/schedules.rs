@@ -188,17 +188,8 @@ impl Runtime {
             CatchUp::Latest => &due[due.len() - 1..],
             CatchUp::All => &due,
         };
-        if policy == CatchUp::All
-            && let Some(older) = due.first().and_then(|t| t.checked_sub(1))
-            && l.schedule
-                .last_at_or_before(older)
-                .is_some_and(|t| t > row.through_ms)
-        {
-            tracing::warn!(
-                schedule = l.name,
-                max = MAX_CATCH_UP,
-                "more missed ticks than catch-up runs: the older ones are skipped"
-            );
+        if policy == CatchUp::All {
+            warn_if_capped(l, &due, row.through_ms);
         }
         tracing::info!(
             schedule = l.name,
@@ -363,6 +354,7 @@ async fn run_loop(weak: Weak<Inner>, clock: crate::clock::Clock, l: Loop, mut af
         let rt = Runtime { inner };
         let now = rt.now_ms().max(next);
         let due = l.schedule.ticks_between(after, now, MAX_CATCH_UP);
+        let after_before = after;
         after = now;
         let row = match rt.schedule_row(&l.name).await {
             Ok(Some(row)) => row,
@@ -379,11 +371,31 @@ async fn run_loop(weak: Weak<Inner>, clock: crate::clock::Clock, l: Loop, mut af
             continue;
         }
         let fire: &[u64] = match l.schedule.catch_up_policy() {
-            CatchUp::All => &due,
+            CatchUp::All => {
+                warn_if_capped(&l, &due, row.through_ms.max(after_before));
+                &due
+            }
             CatchUp::Skip | CatchUp::Latest => &due[due.len().saturating_sub(1)..],
         };
         for &tick in fire.iter().filter(|t| **t > row.through_ms) {
             rt.fire(&l, tick).await;
         }
+    }
+}
+
+/// Warns that ticks of `l` after `after_ms` were left out of `due` (the ticks up to now, at
+/// most [`MAX_CATCH_UP`] of them, the latest kept): under [`CatchUp::All`], a loop or a
+/// catch-up more than `MAX_CATCH_UP` ticks behind fires only the latest ones.
+fn warn_if_capped(l: &Loop, due: &[u64], after_ms: u64) {
+    if let Some(older) = due.first().and_then(|t| t.checked_sub(1))
+        && l.schedule
+            .last_at_or_before(older)
+            .is_some_and(|t| t > after_ms)
+    {
+        tracing::warn!(
+            schedule = l.name,
+            max = MAX_CATCH_UP,
+            "more missed ticks than catch-up runs: the older ones are skipped"
+        );
     }
 }
