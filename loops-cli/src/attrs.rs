@@ -64,6 +64,9 @@ pub fn parse_attr(given: &str) -> Result<AttributeFilter, String> {
             ));
         }
     };
+    // A key or value no run can have matches nothing: say why instead of "no runs match".
+    loops_core::check_attribute(key, &value)
+        .map_err(|reason| format!("`{given}`: {reason}, so no run can have it"))?;
     let filter = AttributeFilter::eq(key, value.clone());
     Ok(match (op, value) {
         (Op::Eq, _) => filter,
@@ -150,6 +153,17 @@ mod tests {
         ] {
             assert!(parse_attr(bad).is_err(), "{bad}");
         }
+        // Keys and values no run can have are said so, with the rule they break.
+        assert_eq!(
+            parse_attr("bad key=x").unwrap_err(),
+            "`bad key=x`: the key has a character other than ASCII letters, digits, `_`, `-` and `.`, so no run can have it"
+        );
+        let long = format!("repo={}", "x".repeat(513));
+        assert!(
+            parse_attr(&long)
+                .unwrap_err()
+                .ends_with("the string value is longer than 512 bytes, so no run can have it")
+        );
     }
 
     #[test]
