@@ -3021,3 +3021,59 @@ fn tree_shows_a_run_and_its_children_and_show_names_the_parent() {
     tokio.block_on(server.stop());
     tokio.block_on(rt.shutdown());
 }
+
+/// Runs until it is cancelled, then asks to end (which the store refuses: a run asked to stop
+/// commits no next state).
+#[derive(loops_derive::Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(crate = loops_core)]
+enum Spin {
+    #[initial]
+    #[next(Done)]
+    Spinning,
+    #[terminal]
+    Done,
+}
+
+/// Set once `Spin`'s handler runs: its run is driven from then on.
+static SPINNING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+impl SpinHandler for Worker {
+    type Error = BoxError;
+
+    async fn spinning(&self, ctx: &Context) -> Result<SpinningNext, BoxError> {
+        SPINNING.store(true, std::sync::atomic::Ordering::SeqCst);
+        ctx.cancelled().await;
+        Ok(SpinningNext::Done)
+    }
+}
+
+/// `loops cancel` of a run a process drives says the cancellation was asked and where the
+/// run will end; the run then ends cancelled in that state, its terminal state never
+/// committed.
+#[test]
+fn cancel_of_a_driven_run_says_where_it_will_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("spin.redb");
+    let tokio = tokio::runtime::Runtime::new().unwrap();
+    let (rt, server) = tokio.block_on(async {
+        let rt = Runtime::builder()
+            .register::<Spin, _>(Worker)
+            .open(&path)
+            .unwrap();
+        let server = rt.serve_control_next_to_store().await.unwrap();
+        rt.start("s1", Spin::Spinning).await.unwrap();
+        while !SPINNING.load(std::sync::atomic::Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        (rt, server)
+    });
+    assert_eq!(
+        text(&path, &["cancel", "s1", "--reason", "enough"]),
+        "cancellation of run s1 asked (running in state Spinning, seq 0): enough; it ends as cancelled at its next step or state boundary, in the state it is in\n"
+    );
+    tokio.block_on(until_status(&rt, "s1", RunStatus::Cancelled));
+    let info = tokio.block_on(rt.run_info("s1")).unwrap().unwrap();
+    assert_eq!((info.state.as_str(), info.seq), ("Spinning", 0));
+    tokio.block_on(server.stop());
+    tokio.block_on(rt.shutdown());
+}
