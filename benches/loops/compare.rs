@@ -367,7 +367,8 @@ fn resumes(dir: &Path, cfg: &Config) -> Vec<ResumeRow> {
                 let w = work.display().to_string();
                 let out: resume::Child = child::run(&["resume", "--path", &w, "--verify", "true"]);
                 eprintln!(
-                    "  {records:>6} records, loops:  open {:>7.0} µs  read {:>5.0} µs  resume {:>6.0} µs  floor {:>5.0} µs",
+                    "  {records:>6} records, loops:  open {:>7.0} µs  read {:>5.0} µs  \
+                     resume {:>6.0} µs  floor {:>5.0} µs",
                     out.open_us, out.read_us, out.resume_us, out.floor_us
                 );
                 loops_children[i].push(out);
@@ -378,7 +379,8 @@ fn resumes(dir: &Path, cfg: &Config) -> Vec<ResumeRow> {
                 let w = work.display().to_string();
                 let out: sqlite::Child = child::run(&["compare-sqlite", "--path", &w]);
                 eprintln!(
-                    "  {records:>6} records, SQLite: open {:>7.0} µs  read {:>5.0} µs  resume {:>6.0} µs  floor {:>5.0} µs",
+                    "  {records:>6} records, SQLite: open {:>7.0} µs  read {:>5.0} µs  \
+                     resume {:>6.0} µs  floor {:>5.0} µs",
                     out.open_us, out.read_us, out.resume_us, out.floor_us
                 );
                 sqlite_children[i].push(out);
@@ -565,7 +567,8 @@ fn rates(
         slices,
     };
     eprintln!(
-        "  {n} runs: loops {:.0}/s  floor {:.0}/s  SQLite {:.0}/s (connections) {:.0}/s (mutex)  loops / SQLite {:.2}x",
+        "  {n} runs: loops {:.0}/s  floor {:.0}/s  SQLite {:.0}/s (connections) \
+         {:.0}/s (mutex)  loops / SQLite {:.2}x",
         r.loops_per_s, r.floor_per_s, conns, mtx, r.loops_over_sqlite
     );
     r
