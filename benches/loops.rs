@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo bench --bench loops                  # the full run (~6 minutes): docs/benchmarks.*
-//! cargo bench --bench loops -- --quick       # a smoke run (~1.5 minutes): target/tmp/loops-bench/
+//! cargo bench --bench loops -- --quick       # a smoke run (~1 minute): target/tmp/loops-bench/
 //! cargo bench --bench loops -- --only latency,throughput --out /tmp/report
 //! ```
 //!
