@@ -2,7 +2,7 @@
 //! run, on the same machine, with the absolute values beside it.
 //!
 //! ```text
-//! cargo bench --bench loops                  # the full run (~4 minutes): docs/benchmarks.*
+//! cargo bench --bench loops                  # the full run (~6 minutes): docs/benchmarks.*
 //! cargo bench --bench loops -- --quick       # a smoke run (~1 minute): target/tmp/loops-bench/
 //! cargo bench --bench loops -- --only latency,throughput --out /tmp/report
 //! ```
@@ -11,12 +11,15 @@
 //! commit), `throughput` (2: N concurrent runs against one commit per transition), `resume`
 //! (4: resume after 10 to 1 000 000 transitions), `startup` (5: 100 000 unfinished runs),
 //! `disk` (6: bytes per transition, prune and compact), `memory` (7: 10 000 waiting runs),
-//! `search` (8: attribute search on 100 000 runs).
+//! `search` (8: attribute search on 100 000 runs), `compare` (10: a 200-step workflow,
+//! resume and 64 runs' throughput, side by side with raw redb and a hand-rolled SQLite store).
 //! See docs/benchmarks.md for what each measures and the results. Nothing here runs under
 //! `cargo test`; no test asserts a time.
 
 #[path = "loops/child.rs"]
 mod child;
+#[path = "loops/compare.rs"]
+mod compare;
 #[path = "loops/disk.rs"]
 mod disk;
 #[path = "loops/latency.rs"]
@@ -31,6 +34,8 @@ mod report;
 mod resume;
 #[path = "loops/search.rs"]
 mod search;
+#[path = "loops/sqlite.rs"]
+mod sqlite;
 #[path = "loops/startup.rs"]
 mod startup;
 #[path = "loops/throughput.rs"]
@@ -52,6 +57,8 @@ enum Scenario {
     Disk,
     Memory,
     Search,
+    /// Scenario 10 (9 is taken by `parked`).
+    Compare,
 }
 
 /// The loops benchmark suite (run it with `cargo bench --bench loops -- [OPTIONS]`).
@@ -130,6 +137,7 @@ fn main() {
             "resume" => child::finish(&resume::child_main(&path, args.verify.unwrap_or(true))),
             "startup" => child::finish(&startup::child_main(&path, args.child_runs.unwrap_or(0))),
             "waiting" => child::finish(&memory::child_main(&path, args.child_runs.unwrap_or(0))),
+            "compare-sqlite" => child::finish(&sqlite::child_main(&path)),
             other => panic!("unknown child {other}"),
         }
     }
@@ -264,6 +272,20 @@ fn run(args: &Args) {
         let runs = args.search_runs.unwrap_or(pick(100_000, 10_000));
         search::run(&tokio, dir, runs, pick(200, 20) as usize)
     });
+    let compare = wants(Scenario::Compare).then(|| {
+        eprintln!("10. side by side: loops, raw redb, SQLite (WAL, synchronous=FULL)");
+        let cfg = compare::Config {
+            steps: 200,
+            rounds: pick(40, 4) as usize,
+            resume_sizes: vec![10, 1_000],
+            resume_reps: pick(9, 2) as usize,
+            runs: 64,
+            slices: pick(24, 3) as usize,
+            slice: Duration::from_millis(pick(250, 150)),
+            warmup: Duration::from_millis(pick(500, 200)),
+        };
+        compare::run(&tokio, dir, &cfg)
+    });
     drop(tokio);
 
     let report = report::Report {
@@ -279,6 +301,7 @@ fn run(args: &Args) {
         disk,
         memory,
         search,
+        compare,
     };
     print!("{}", report::markdown(&report));
     report::write(&report, &out).expect("write the report");

@@ -6,6 +6,7 @@ use std::path::Path;
 use plotters::prelude::*;
 use serde::Serialize;
 
+use crate::compare::Compare;
 use crate::disk::Disk;
 use crate::latency::{Latency, Variant};
 use crate::measure::Machine;
@@ -31,6 +32,7 @@ pub struct Report {
     pub disk: Option<Disk>,
     pub memory: Option<Memory>,
     pub search: Option<Search>,
+    pub compare: Option<Compare>,
 }
 
 /// Markers in `benchmarks.md` between which the generated results go.
@@ -86,7 +88,7 @@ fn mib(bytes: f64) -> String {
 }
 
 /// A size in the unit that suits it.
-fn size(bytes: f64) -> String {
+pub fn size(bytes: f64) -> String {
     if bytes >= 1024.0 * 1024.0 {
         format!("{} MiB", mib(bytes))
     } else if bytes >= 1024.0 {
@@ -96,11 +98,11 @@ fn size(bytes: f64) -> String {
     }
 }
 
-fn plural(n: usize, one: &str, many: &str) -> String {
+pub fn plural(n: usize, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
 
-fn thousands(x: f64) -> String {
+pub fn thousands(x: f64) -> String {
     let n = x.round() as i64;
     let s = n.abs().to_string();
     let mut out = String::new();
@@ -404,6 +406,9 @@ pub fn markdown(r: &Report) -> String {
 
     if let Some(x) = &r.search {
         search_section(&mut s, x);
+    }
+    if let Some(x) = &r.compare {
+        crate::compare::section(&mut s, x);
     }
     s
 }

@@ -198,7 +198,7 @@ fn point(
 
 /// Waits until no handler has been entered for 20 ms: every run is held at its entry, no
 /// write is in flight.
-fn quiesce(looper: &Looper) {
+pub fn quiesce(looper: &Looper) {
     let mut last = looper.entries.load(Ordering::Relaxed);
     loop {
         std::thread::sleep(Duration::from_millis(20));
@@ -212,7 +212,7 @@ fn quiesce(looper: &Looper) {
 
 /// Records per second of raw commits of `runs` records (and rows) each, for `window`, and
 /// the CPU time per record.
-fn raw_rate(raw: &mut Raw, runs: usize, rows: bool, window: Duration) -> (f64, f64) {
+pub fn raw_rate(raw: &mut Raw, runs: usize, rows: bool, window: Duration) -> (f64, f64) {
     let cpu = process_cpu_ns();
     let started = Instant::now();
     let mut commits = 0u64;
@@ -227,7 +227,7 @@ fn raw_rate(raw: &mut Raw, runs: usize, rows: bool, window: Duration) -> (f64, f
 
 /// Lets the held runs go for `window` (after a short ramp), then holds them again; returns
 /// transitions per second and the process's CPU time per transition.
-fn loops_rate(looper: &Looper, window: Duration) -> (f64, f64) {
+pub fn loops_rate(looper: &Looper, window: Duration) -> (f64, f64) {
     looper.unpause();
     std::thread::sleep(Duration::from_millis(10));
     let (c0, t0, cpu0) = (
