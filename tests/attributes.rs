@@ -46,6 +46,10 @@ impl TriageHandler for Triager {
         if let Err(e) = ctx.set_attribute("bad key", 1).await {
             self.refused.lock().unwrap().push(e);
         }
+        // So is a key of loops' own: a handler cannot pass its run off as a schedule's.
+        if let Err(e) = ctx.set_attribute("loops.schedule", "nightly").await {
+            self.refused.lock().unwrap().push(e);
+        }
         Ok(StartNext::Work {
             flaky: issue % 2 == 1,
         })
@@ -134,8 +138,12 @@ async fn handlers_and_starts_set_attributes_that_searches_find() {
     );
     // The invalid key: refused with the run, state and seq, once per run, nothing stored.
     let refused = std::mem::take(&mut *triager.refused.lock().unwrap());
-    assert_eq!(refused.len(), 3);
-    match &refused[2] {
+    assert_eq!(refused.len(), 6);
+    assert_eq!(
+        refused[5].to_string(),
+        "run `t3` at seq 0 (state `Start`): invalid attribute \"loops.schedule\": keys that start with `loops.` are loops' own (such as `loops.schedule`)"
+    );
+    match &refused[4] {
         Error::InvalidAttribute {
             run_id,
             state,
@@ -224,6 +232,18 @@ async fn start_attributes_are_checked_and_a_run_that_exists_keeps_its_own() {
         }) => {
             assert_eq!((run_id.as_str(), state.as_str(), seq), ("s1", "Start", 0));
         }
+        other => panic!("expected InvalidAttribute, got {other:?}"),
+    }
+    assert!(rt.run_info("s1").await.unwrap().is_none());
+    let reserved = StartOptions::default().attribute("loops.schedule", "nightly");
+    match rt.start_with("s1", start("acme/api", 2), reserved).await {
+        Err(Error::InvalidAttribute { key, reason, .. }) => assert_eq!(
+            (key.as_str(), reason),
+            (
+                "loops.schedule",
+                "keys that start with `loops.` are loops' own (such as `loops.schedule`)"
+            )
+        ),
         other => panic!("expected InvalidAttribute, got {other:?}"),
     }
     assert!(rt.run_info("s1").await.unwrap().is_none());

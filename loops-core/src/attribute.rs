@@ -160,6 +160,20 @@ impl std::fmt::Display for AttributeValue {
     }
 }
 
+/// The prefix of the attribute keys loops sets itself (such as
+/// [`SCHEDULE_ATTRIBUTE`](crate::SCHEDULE_ATTRIBUTE)): a run's own code cannot set them, so
+/// that a search by them finds only what loops recorded.
+pub const RESERVED_ATTRIBUTE_PREFIX: &str = "loops.";
+
+/// Refuses a key a run's own code sets (through `Context::set_attribute`, `StartOptions` or
+/// `ChildOptions`) that starts with [`RESERVED_ATTRIBUTE_PREFIX`]: the reason, in a few words.
+pub(crate) fn refuse_reserved(key: &str) -> Result<(), &'static str> {
+    if key.starts_with(RESERVED_ATTRIBUTE_PREFIX) {
+        return Err("keys that start with `loops.` are loops' own (such as `loops.schedule`)");
+    }
+    Ok(())
+}
+
 /// Checks an attribute: its key is 1 to [`MAX_ATTRIBUTE_KEY_BYTES`] bytes of ASCII letters,
 /// digits, `_`, `-` and `.`; a string value is at most [`MAX_ATTRIBUTE_STRING_BYTES`] bytes.
 /// Integers and times are always valid.

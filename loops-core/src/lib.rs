@@ -42,7 +42,7 @@ mod tests;
 
 pub use attribute::{
     AttributeFilter, AttributeValue, Attributes, MAX_ATTRIBUTE_KEY_BYTES,
-    MAX_ATTRIBUTE_STRING_BYTES, RunFilter, check_attribute,
+    MAX_ATTRIBUTE_STRING_BYTES, RESERVED_ATTRIBUTE_PREFIX, RunFilter, check_attribute,
 };
 pub use clock::{Clock, ManualClock};
 pub use codec::{

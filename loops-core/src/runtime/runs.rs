@@ -20,7 +20,7 @@ use crate::runtime::evolve::{OnBlock, Routing};
 use crate::runtime::handle::{Prepared, Runtime, Start, check_workflow};
 use crate::schema::{SchemaDiff, SchemaHash};
 use crate::status::RunStatus;
-use crate::workflow::Workflow;
+use crate::workflow::{StateId, Workflow};
 
 /// How [`Runtime::run_with`] and [`Runtime::start_with`] start a run they create.
 ///
@@ -35,17 +35,49 @@ use crate::workflow::Workflow;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct StartOptions {
-    /// The run's attributes, in order (a key given twice keeps its last value).
+    /// The run's attributes, in order (a key given twice keeps its last value). Keys that
+    /// start with [`RESERVED_ATTRIBUTE_PREFIX`](crate::RESERVED_ATTRIBUTE_PREFIX) are refused.
     pub attributes: Vec<(String, AttributeValue)>,
+    /// Attributes loops itself sets (a schedule's name on the runs of its ticks), after
+    /// `attributes`.
+    own: Vec<(String, AttributeValue)>,
 }
 
 impl StartOptions {
     /// Also records the attribute `key` = `value` (searchable:
     /// [`Runtime::list_runs_where`]). Checked when the run is created
-    /// ([`check_attribute`](crate::check_attribute)).
+    /// ([`check_attribute`](crate::check_attribute)); a key that starts with
+    /// [`RESERVED_ATTRIBUTE_PREFIX`](crate::RESERVED_ATTRIBUTE_PREFIX) is refused then.
     pub fn attribute(mut self, key: impl Into<String>, value: impl Into<AttributeValue>) -> Self {
         self.attributes.push((key.into(), value.into()));
         self
+    }
+
+    /// Also records loops' own attribute `key` (one with the reserved prefix).
+    pub(crate) fn own_attribute(mut self, key: &str, value: impl Into<AttributeValue>) -> Self {
+        self.own.push((key.to_owned(), value.into()));
+        self
+    }
+
+    /// The attributes to create the run `run_id` in `state` with: the caller's, then loops'
+    /// own.
+    ///
+    /// # Errors
+    /// [`Error::InvalidAttribute`](crate::Error::InvalidAttribute) for a caller's key with the
+    /// reserved prefix.
+    fn into_attributes(self, run_id: &str, state: &str) -> Result<Vec<(String, AttributeValue)>> {
+        for (key, _) in &self.attributes {
+            crate::attribute::refuse_reserved(key).map_err(|reason| Error::InvalidAttribute {
+                run_id: run_id.to_owned(),
+                state: state.to_owned(),
+                seq: 0,
+                key: key.clone(),
+                reason,
+            })?;
+        }
+        let mut attributes = self.attributes;
+        attributes.extend(self.own);
+        Ok(attributes)
     }
 }
 
@@ -116,9 +148,8 @@ impl Runtime {
         let result = async {
             let entered = match self.drive(&claim).find().await? {
                 None => {
-                    self.drive(&claim)
-                        .create(initial, options.attributes)
-                        .await?
+                    let attributes = options.into_attributes(run_id, initial.state().name())?;
+                    self.drive(&claim).create(initial, attributes).await?
                 }
                 Some(found) => {
                     let (entered, accepted) = self.route_attached::<W>(&claim, found).await?;
@@ -209,10 +240,10 @@ impl Runtime {
         let prepared = async {
             match self.drive(&claim).find().await? {
                 None => Ok(Prepared {
-                    entered: self
-                        .drive(&claim)
-                        .create(initial, options.attributes)
-                        .await?,
+                    entered: {
+                        let attributes = options.into_attributes(run_id, initial.state().name())?;
+                        self.drive(&claim).create(initial, attributes).await?
+                    },
                     version: compiled,
                     accepted: None,
                 }),

@@ -129,8 +129,8 @@ impl Runtime {
         let start: Starter = Arc::new(move |rt: Runtime, tick: Tick| {
             let initial = make(&tick);
             Box::pin(async move {
-                let options =
-                    StartOptions::default().attribute(SCHEDULE_ATTRIBUTE, tick.schedule.as_str());
+                let options = StartOptions::default()
+                    .own_attribute(SCHEDULE_ATTRIBUTE, tick.schedule.as_str());
                 rt.start_with::<W>(&tick.run_id, initial, options)
                     .await
                     .map(drop)

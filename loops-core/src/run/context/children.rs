@@ -98,7 +98,8 @@ impl ChildOptions {
     }
 
     /// Also records the child's attribute `key` = `value` (checked when it is created, by
-    /// [`check_attribute`](crate::check_attribute)).
+    /// [`check_attribute`](crate::check_attribute); a key that starts with
+    /// [`RESERVED_ATTRIBUTE_PREFIX`](crate::RESERVED_ATTRIBUTE_PREFIX) is refused).
     pub fn attribute(mut self, key: impl Into<String>, value: impl Into<AttributeValue>) -> Self {
         self.attributes.push((key.into(), value.into()));
         self
@@ -232,6 +233,15 @@ impl Context {
             return Err(Error::NotRegistered {
                 workflow: W::NAME.to_owned(),
             });
+        }
+        for (key, _) in &options.attributes {
+            crate::attribute::refuse_reserved(key).map_err(|reason| Error::InvalidAttribute {
+                run_id: child_id.to_owned(),
+                state: initial.state().name().to_owned(),
+                seq: 0,
+                key: key.clone(),
+                reason,
+            })?;
         }
         let given = initial.state();
         if given != <W::State as StateId>::INITIAL {

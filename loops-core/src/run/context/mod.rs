@@ -250,11 +250,19 @@ impl Context {
     ///
     /// # Errors
     /// [`Error::InvalidAttribute`](crate::Error::InvalidAttribute) for a key or value that
-    /// [`check_attribute`](crate::check_attribute) refuses, naming the run, state and seq
-    /// (nothing is written); [`Error::Fenced`](crate::Error::Fenced) or
+    /// [`check_attribute`](crate::check_attribute) refuses, or a key that starts with
+    /// [`RESERVED_ATTRIBUTE_PREFIX`](crate::RESERVED_ATTRIBUTE_PREFIX), naming the run, state
+    /// and seq (nothing is written); [`Error::Fenced`](crate::Error::Fenced) or
     /// [`Error::LeaseExpired`](crate::Error::LeaseExpired) if this driver no longer holds the
     /// run; a store error if the write fails.
     pub async fn set_attribute(&self, key: &str, value: impl Into<AttributeValue>) -> Result<()> {
+        crate::attribute::refuse_reserved(key).map_err(|reason| Error::InvalidAttribute {
+            run_id: self.run.run_id.clone(),
+            state: self.state.to_owned(),
+            seq: self.seq,
+            key: key.to_owned(),
+            reason,
+        })?;
         self.run.clock.check(self.seq)?;
         self.run
             .store
