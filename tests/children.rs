@@ -37,7 +37,7 @@ enum Mode {
     Fail,
     /// Waits for the event `go` (parked).
     Wait,
-    /// Runs a step that lasts until the run is cancelled.
+    /// Runs a step that lasts until the run is cancelled; says `busy ID` on stdout first.
     Busy,
     /// Sleeps durably for a second (parked on a timer); says `sleeping ID` on stdout first.
     Sleep,
@@ -80,6 +80,7 @@ impl LeafHandler for Counts {
             }
             Mode::Busy => {
                 ctx.step("busy", || async {
+                    println!("busy {}", ctx.run_id());
                     ctx.cancelled().await;
                     Ok(0u64)
                 })
@@ -375,8 +376,9 @@ async fn a_child_id_taken_by_another_run_is_a_typed_error() {
 /// end. With `LOOPS_ABORT=N before|after`, aborts the process (a real crash: only what
 /// committed survives) before or after the `N`-th write the parent's driver makes (its own
 /// writes and its children's creations; the children's drivers' writes are not counted).
-/// With `LOOPS_SLEEP=1`, the children sleep durably (`Mode::Sleep`) and the process drives
-/// only the parent, with `Runtime::run` (no `resume_all`).
+/// With `LOOPS_MODE=sleep` (or `busy`), the children sleep durably (`Mode::Sleep`, or run a
+/// step until cancelled: `Mode::Busy`) and the process drives only the parent, with
+/// `Runtime::run` (no `resume_all`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "run by the crash tests of this file as their child process"]
 async fn child_process() {
@@ -386,22 +388,22 @@ async fn child_process() {
         let (n, when) = v.split_once(' ').unwrap();
         (n.parse::<u64>().unwrap(), when == "after")
     });
-    let done = if std::env::var("LOOPS_SLEEP").is_ok() {
-        run_parent_only(&dir, n).await
-    } else {
-        drive(&dir, n, abort).await
+    let done = match std::env::var("LOOPS_MODE").as_deref() {
+        Ok("sleep") => run_parent_only(&dir, n, Mode::Sleep).await,
+        Ok("busy") => run_parent_only(&dir, n, Mode::Busy).await,
+        _ => drive(&dir, n, abort).await,
     };
     println!("ended {}", serde_json::to_string(&done).unwrap());
 }
 
-/// Drives only the parent `p`, with `n` sleeping children, on the store file in `dir` with
+/// Drives only the parent `p`, with `n` children in `mode`, on the store file in `dir` with
 /// [`Runtime::run`]: the children are driven because the parent started or joins them.
-async fn run_parent_only(dir: &Path, n: usize) -> Fan {
+async fn run_parent_only(dir: &Path, n: usize, mode: Mode) -> Fan {
     let store = RedbStore::open(dir.join("store.redb")).unwrap();
     let counts = Counts(Arc::default(), Some(dir.join("ledger")));
     let rt = Runtime::builder().register::<Leaf, _>(counts).build(store);
     let initial = Fan::Split {
-        modes: vec![Mode::Sleep; n],
+        modes: vec![mode; n],
         first: usize::MAX,
         abandon_last: false,
     };
@@ -629,6 +631,16 @@ async fn fan_out_of_50_under_random_kills_runs_each_child_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_parent_run_alone_after_a_kill_drives_its_sleeping_children() {
     let dir = tempfile::tempdir().unwrap();
+    kill_once_all_say(dir.path(), "sleep", 3);
+    let ended = run_child(dir.path(), 3, &[("LOOPS_MODE", "sleep".to_owned())])
+        .expect("the parent, run alone, ends");
+    check_fan_out(dir.path(), 3, &ended).await;
+}
+
+/// Runs the child process driving only the parent with `n` children in `mode` (`sleep` or
+/// `busy`), and SIGKILLs it once every child said so (each says `MODE ID` before its sleep or
+/// inside its step), and a little more.
+fn kill_once_all_say(dir: &Path, mode: &str, n: usize) {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([
             "child_process",
@@ -637,34 +649,62 @@ async fn a_parent_run_alone_after_a_kill_drives_its_sleeping_children() {
             "--nocapture",
             "--test-threads=1",
         ])
-        .env("LOOPS_DIR", dir.path())
-        .env("LOOPS_CHILDREN", "3")
-        .env("LOOPS_SLEEP", "1")
+        .env("LOOPS_DIR", dir)
+        .env("LOOPS_CHILDREN", n.to_string())
+        .env("LOOPS_MODE", mode)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    // Killed once all 3 are asleep: each said so before its sleep's first write, so wait
-    // for the 3 lines and a little more (the kill may also fall before a child parked: the
-    // next process finds it running, which it must drive as well).
-    let mut sleeping = std::collections::BTreeSet::new();
+    let word = format!("{} ", if mode == "sleep" { "sleeping" } else { mode });
+    let mut said = std::collections::BTreeSet::new();
     for line in BufReader::new(child.stdout.take().unwrap()).lines() {
         let line = line.unwrap();
         // The test harness's `test child_process ... ` may begin the line.
-        if let Some(at) = line.find("sleeping ") {
-            sleeping.insert(line[at + 9..].to_owned());
-            if sleeping.len() == 3 {
+        if let Some(at) = line.find(&word) {
+            said.insert(line[at + word.len()..].to_owned());
+            if said.len() == n {
                 break;
             }
         }
     }
+    // A kill that falls before a sleeping child parked leaves it running: the next process
+    // must take it up as well.
     std::thread::sleep(Duration::from_millis(200));
     child.kill().unwrap();
     child.wait().unwrap();
-    assert_eq!(sleeping.len(), 3);
-    let ended = run_child(dir.path(), 3, &[("LOOPS_SLEEP", "1".to_owned())])
-        .expect("the parent, run alone, ends");
-    check_fan_out(dir.path(), 3, &ended).await;
+    assert_eq!(said.len(), n, "{said:?}");
+}
+
+/// The process is SIGKILLed while the 3 children run a step; a new process, which drives
+/// nothing (no `resume_all`), cancels the parent: the parent and every child end cancelled at
+/// once, since nobody drives them. Before, the children stayed running, their cancellation
+/// asked of drivers that were gone, until some process resumed them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_parent_after_a_kill_ends_the_children_nobody_drives_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    kill_once_all_say(dir.path(), "busy", 3);
+    let rt = Runtime::builder()
+        .register::<Leaf, _>(Counts::default())
+        .register::<Fan, _>(Parent)
+        .build(RedbStore::open(dir.path().join("store.redb")).unwrap());
+    let p = rt.cancel("p", "stop").await.unwrap();
+    assert_eq!(p.status, RunStatus::Cancelled);
+    let children = rt.store().children("p").await.unwrap();
+    let ended: Vec<(String, RunStatus, Option<String>)> = children
+        .into_iter()
+        .map(|c| (c.run_id, c.status, c.cancel))
+        .collect();
+    let by_p = Some("parent run `p` was cancelled".to_owned());
+    assert_eq!(
+        ended,
+        [
+            ("p/0".to_owned(), RunStatus::Cancelled, by_p.clone()),
+            ("p/1".to_owned(), RunStatus::Cancelled, by_p.clone()),
+            ("p/2".to_owned(), RunStatus::Cancelled, by_p),
+        ]
+    );
+    rt.shutdown().await;
 }
 
 /// A child that ended is kept by pruning while its parent has not ended (the parent's join

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::run::context::Kin;
 use crate::runtime::handle::{Inner, Runtime};
+use crate::store::Write;
 
 impl Kin for Inner {
     fn drive_child(self: Arc<Self>, workflow: &str, run_id: &str) {
@@ -73,6 +74,36 @@ impl Runtime {
     /// After the run `run_id` was cancelled: signals the drivers in this process of its
     /// descendants whose cancellation the same commit asked for (those not ended), so that
     /// a running child stops at its next step, and a child waiting in place sees its row.
+    /// Ends as cancelled the run `run_id`, whose cancellation was asked, if nobody drives it:
+    /// a child left running by a process that stopped (its cancellation by the parent's
+    /// cascade was asked of a driver that is gone), as [`cancel`](Self::cancel) ends a run
+    /// nobody drives. Its lease is taken meanwhile, so that no worker starts driving it; a
+    /// run some driver holds is left to it. A failure is logged: the run then ends when it is
+    /// next driven.
+    async fn end_undriven(&self, run_id: &str) {
+        let lease = match self.store().acquire(run_id).await {
+            Ok(Some(lease)) => lease,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::warn!(run_id, error = %e, "could not take a cancelled child; it ends when it is next driven");
+                return;
+            }
+        };
+        let end = Write::EndCancelled {
+            run_id: run_id.to_owned(),
+            at_ms: self.now_ms(),
+        };
+        match self.store().write(None, end).await {
+            Ok(_) => self.inner.background.notify_ended(),
+            Err(e) => {
+                tracing::warn!(run_id, error = %e, "could not end a cancelled child; it ends when it is next driven");
+            }
+        }
+        if let Err(e) = self.store().release(&lease).await {
+            tracing::warn!(run_id, error = %e, "could not release a lease");
+        }
+    }
+
     pub(crate) async fn signal_cancelled_children(&self, run_id: &str) {
         let mut todo = vec![run_id.to_owned()];
         while let Some(parent) = todo.pop() {
@@ -90,6 +121,8 @@ impl Runtime {
                 if let Some(signals) = self.inner.claims.signals(&child.run_id) {
                     signals.cancel.cancel();
                     signals.wake.notify_one();
+                } else if !child.status.is_ended() {
+                    self.end_undriven(&child.run_id).await;
                 }
                 todo.push(child.run_id);
             }

@@ -46,6 +46,24 @@ pub(super) fn fenced_journal<'a>(run_id: &str, seq: u64, g: &Given<'a, '_>) -> R
     Ok(info)
 }
 
+/// Refuses to move on a run whose cancellation was asked while its state ran: the run ends
+/// where it is (its driver ends it as cancelled), not in the state the handler chose, even a
+/// terminal one. The attempt's step records stay: what it did is on record.
+///
+/// # Errors
+/// [`Error::RunCancelled`], naming the state it is in and the reason.
+pub(super) fn not_asked_to_stop(info: &RunInfo) -> Result<()> {
+    match &info.cancel {
+        Some(reason) => Err(Error::RunCancelled {
+            run_id: info.run_id.clone(),
+            state: info.state.clone(),
+            seq: info.seq,
+            reason: reason.clone(),
+        }),
+        None => Ok(()),
+    }
+}
+
 /// The checks of a write for the run as it is (not for a seq): the run exists, the lease.
 pub(super) fn leased<'a>(run_id: &str, g: &Given<'a, '_>) -> Result<&'a RunInfo> {
     let info = existing(run_id, g.row)?;

@@ -15,7 +15,8 @@
 use std::borrow::Cow;
 
 use super::checks::{
-    Given, check_lease, existing, fence, fenced, fenced_journal, leased, run_ended,
+    Given, check_lease, existing, fence, fenced, fenced_journal, leased, not_asked_to_stop,
+    run_ended,
 };
 use super::children;
 use super::effects::{DUE_OUTPUT, Effects, InboxChange, Record, delivered_output, event_record};
@@ -439,17 +440,7 @@ fn transition<'w>(
     g: &Given<'_, '_>,
 ) -> Result<Effects<'w>> {
     let info = fenced_journal(run_id, seq, g)?;
-    if let Some(reason) = &info.cancel {
-        // Its cancellation was asked for while the state ran: the run ends where it is (its
-        // driver ends it as cancelled), not in the state the handler chose, even a terminal
-        // one. The attempt's step records stay: what it did is on record.
-        return Err(Error::RunCancelled {
-            run_id: run_id.to_owned(),
-            state: info.state.clone(),
-            seq: info.seq,
-            reason: reason.clone(),
-        });
-    }
+    not_asked_to_stop(info)?;
     if g.facts.record_taken {
         return Err(Error::SequenceConflict {
             run_id: run_id.to_owned(),
