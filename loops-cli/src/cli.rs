@@ -442,7 +442,7 @@ pub struct SendArgs {
     pub event: OsString,
 
     /// The event's payload, as JSON text.
-    #[arg(long = "json", value_name = "PAYLOAD")]
+    #[arg(long = "json", value_name = "PAYLOAD", allow_hyphen_values = true)]
     pub payload: Option<String>,
 
     /// Read the payload (JSON text) from this file instead; `-` reads stdin.

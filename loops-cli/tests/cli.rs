@@ -1716,6 +1716,12 @@ fn send_notes_when_the_run_is_not_waiting_for_the_event_and_refuses_ended_runs()
         );
         assert_eq!(err, "");
     }
+    // A payload that starts with `-` is a payload, not an option.
+    let (out, err) = out_err(&path, &["send", "waiting-1", "approval", "--json", "-5"]);
+    assert!(
+        out.starts_with("sent event `approval` to run waiting-1 (event seq 4)"),
+        "{out}{err}"
+    );
     let (out, err) = out_err(&path, &["send", "running-1", "approve", "--json", "1"]);
     assert_eq!(
         (out.as_str(), err.as_str()),
