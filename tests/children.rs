@@ -481,10 +481,11 @@ impl loops::testing::WriteHook for AbortAt {
     }
 }
 
-/// Runs the child process on `dir` with `env`; returns its last line (`ended ...` if it
-/// ended) once it exits (killed after 120 s without a line).
-fn run_child(dir: &Path, children: usize, env: &[(&str, String)]) -> Option<String> {
-    let mut child = Command::new(std::env::current_exe().unwrap())
+/// The command that runs this file's `child_process` on the store in `dir` with `children`
+/// children (its output and environment left to the caller).
+fn child_command(dir: &Path, children: usize) -> Command {
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command
         .args([
             "child_process",
             "--exact",
@@ -493,7 +494,14 @@ fn run_child(dir: &Path, children: usize, env: &[(&str, String)]) -> Option<Stri
             "--test-threads=1",
         ])
         .env("LOOPS_DIR", dir)
-        .env("LOOPS_CHILDREN", children.to_string())
+        .env("LOOPS_CHILDREN", children.to_string());
+    command
+}
+
+/// Runs the child process on `dir` with `env`; returns its last line (`ended ...` if it
+/// ended) once it exits (killed after 120 s without a line).
+fn run_child(dir: &Path, children: usize, env: &[(&str, String)]) -> Option<String> {
+    let mut child = child_command(dir, children)
         .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -602,16 +610,7 @@ async fn fan_out_of_50_under_random_kills_runs_each_child_once() {
     let kills: u32 = std::env::var("LOOPS_FAN_KILLS").map_or(5, |v| v.parse().unwrap());
     let dir = tempfile::tempdir().unwrap();
     for _ in 0..kills {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args([
-                "child_process",
-                "--exact",
-                "--ignored",
-                "--nocapture",
-                "--test-threads=1",
-            ])
-            .env("LOOPS_DIR", dir.path())
-            .env("LOOPS_CHILDREN", "50")
+        let mut child = child_command(dir.path(), 50)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -641,16 +640,7 @@ async fn a_parent_run_alone_after_a_kill_drives_its_sleeping_children() {
 /// `busy`), and SIGKILLs it once every child said so (each says `MODE ID` before its sleep or
 /// inside its step), and a little more.
 fn kill_once_all_say(dir: &Path, mode: &str, n: usize) {
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "child_process",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("LOOPS_DIR", dir)
-        .env("LOOPS_CHILDREN", n.to_string())
+    let mut child = child_command(dir, n)
         .env("LOOPS_MODE", mode)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())

@@ -12,20 +12,19 @@
 
 use std::fmt::Write as _;
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use loops::{RedbStore, Runtime};
 use serde::Serialize;
-use tokio::task::JoinSet;
 
 use crate::child;
+use crate::latency::drive;
 use crate::measure::{Raw, median, process_cpu_ns};
 use crate::report::{size, thousands};
 use crate::resume;
 use crate::sqlite::{self, Sharing, Sqlite, Workers};
-use crate::throughput::{loops_rate, quiesce, raw_rate};
+use crate::throughput::{loops_rate, raw_rate, start_runs};
 use crate::workload::{Bench, Looper, history, note};
 
 pub struct Config {
@@ -218,17 +217,6 @@ pub fn run(tokio: &tokio::runtime::Runtime, dir: &Path, cfg: &Config) -> Compare
         resume,
         rates,
     }
-}
-
-/// Drives one run from `Start { left }` to `Done` on a tokio worker.
-fn drive(tokio: &tokio::runtime::Runtime, rt: &Runtime, id: &str, left: u64, h: &Arc<Looper>) {
-    let (rt, h, id) = (rt.clone(), Arc::clone(h), id.to_owned());
-    tokio
-        .block_on(
-            tokio.spawn(async move { rt.run(&id, Bench::Start { left, note: note() }, &*h).await }),
-        )
-        .expect("the driver task")
-        .expect("the run ends");
 }
 
 /// The workflow rows: `cfg.rounds` rounds of one workflow of each variant.
@@ -434,35 +422,6 @@ fn remove_sqlite(path: &Path) {
     for ext in ["sqlite", "sqlite-wal", "sqlite-shm"] {
         let _ = std::fs::remove_file(path.with_extension(ext));
     }
-}
-
-/// Starts `n` runs that count down from far away, lets them go for `warmup`, then holds them
-/// at their next handler entry (as the throughput scenario does).
-fn start_runs(
-    tokio: &tokio::runtime::Runtime,
-    rt: &Runtime,
-    n: usize,
-    warmup: Duration,
-) -> (Arc<Looper>, JoinSet<loops::Result<()>>) {
-    let looper = Looper::counting();
-    let mut tasks = JoinSet::new();
-    for i in 0..n {
-        let (rt, h) = (rt.clone(), looper.clone());
-        tasks.spawn_on(
-            async move {
-                let start = Bench::Start {
-                    left: 1 << 40,
-                    note: note(),
-                };
-                rt.run(&format!("run-{i:06}"), start, &*h).await.map(|_| ())
-            },
-            tokio.handle(),
-        );
-    }
-    std::thread::sleep(warmup);
-    looper.pause();
-    quiesce(&looper);
-    (looper, tasks)
 }
 
 /// The throughput rows: `cfg.runs` runs of each, measured in slices rotated between loops,

@@ -239,7 +239,7 @@ pub fn run(tokio: &tokio::runtime::Runtime, dir: &Path, rounds: usize, samples: 
 }
 
 /// Drives one run from `Start { left }` to `Done` on a tokio worker.
-fn drive(tokio: &tokio::runtime::Runtime, rt: &Runtime, id: &str, left: u64, h: &Arc<Looper>) {
+pub fn drive(tokio: &tokio::runtime::Runtime, rt: &Runtime, id: &str, left: u64, h: &Arc<Looper>) {
     let (rt, h, id) = (rt.clone(), Arc::clone(h), id.to_owned());
     tokio
         .block_on(

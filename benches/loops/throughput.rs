@@ -13,6 +13,7 @@
 //! median of the ratios within a slice triple.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -125,24 +126,7 @@ fn point(
         ceiling.commit(n, true);
     }
     let rt = Runtime::open(&loops_path).expect("open the loops store");
-    let looper = Looper::counting();
-    let mut tasks = JoinSet::new();
-    for i in 0..n {
-        let (rt, h) = (rt.clone(), looper.clone());
-        tasks.spawn_on(
-            async move {
-                let start = Bench::Start {
-                    left: 1 << 40,
-                    note: note(),
-                };
-                rt.run(&format!("run-{i:06}"), start, &*h).await.map(|_| ())
-            },
-            tokio.handle(),
-        );
-    }
-    std::thread::sleep(cfg.warmup);
-    looper.pause();
-    quiesce(&looper);
+    let (looper, mut tasks) = start_runs(tokio, &rt, n, cfg.warmup);
 
     let mut slices = Vec::with_capacity(cfg.slices);
     for s in 0..cfg.slices {
@@ -248,4 +232,33 @@ pub fn loops_rate(looper: &Looper, window: Duration) -> (f64, f64) {
         transitions / (t1 - t0).as_secs_f64(),
         (cpu1 - cpu0) as f64 / 1000.0 / transitions.max(1.0),
     )
+}
+
+/// Starts `n` runs that count down from far away, lets them go for `warmup`, then holds them
+/// at their next handler entry (the throughput scenarios' runs).
+pub fn start_runs(
+    tokio: &tokio::runtime::Runtime,
+    rt: &Runtime,
+    n: usize,
+    warmup: Duration,
+) -> (Arc<Looper>, JoinSet<loops::Result<()>>) {
+    let looper = Looper::counting();
+    let mut tasks = JoinSet::new();
+    for i in 0..n {
+        let (rt, h) = (rt.clone(), looper.clone());
+        tasks.spawn_on(
+            async move {
+                let start = Bench::Start {
+                    left: 1 << 40,
+                    note: note(),
+                };
+                rt.run(&format!("run-{i:06}"), start, &*h).await.map(|_| ())
+            },
+            tokio.handle(),
+        );
+    }
+    std::thread::sleep(warmup);
+    looper.pause();
+    quiesce(&looper);
+    (looper, tasks)
 }
