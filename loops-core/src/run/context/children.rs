@@ -193,7 +193,9 @@ impl Context {
     /// has one claims it).
     ///
     /// # Errors
-    /// [`Error::InvalidRunId`]; [`Error::NotInitial`] (naming the child) if `initial` is not
+    /// [`Error::Cancelled`] if this run was cancelled before the start (nothing is created;
+    /// a start recorded before the cancellation replays); [`Error::InvalidRunId`];
+    /// [`Error::NotInitial`] (naming the child) if `initial` is not
     /// `W`'s initial state; [`Error::ChildConflict`] if a run `child_id` exists that is not
     /// this run's child of `W` (nothing written), or if this state started a child
     /// `child_id` already; [`Error::NotRegistered`] if no handler for `W` is registered and
@@ -225,6 +227,10 @@ impl Context {
                 child: child_id.to_owned(),
                 reason: "this state started a child with that id already; give each child an id of its own".to_owned(),
             });
+        }
+        if self.is_cancelled() {
+            // As a step started after the cancellation: the child is not created.
+            return Err(self.cancelled_error());
         }
         if let Some(kin) = self.run.kin.as_ref().and_then(std::sync::Weak::upgrade)
             && !kin.can_drive(W::NAME, W::SCHEMA_HASH.pinned())

@@ -34,9 +34,13 @@ impl Context {
     /// handler runs again at the wake-up time (recorded steps replay from the journal).
     ///
     /// # Errors
-    /// [`Error::Cancelled`](crate::Error::Cancelled) if the run is cancelled while it sleeps in place;
+    /// [`Error::Cancelled`](crate::Error::Cancelled) if the run was cancelled before the sleep
+    /// (nothing is recorded) or is cancelled while it sleeps in place;
     /// [`Error::Storage`](crate::Error::Storage) if the wake-up time could not be recorded.
     pub async fn sleep_until(&self, wake: SystemTime) -> Result<()> {
+        if self.is_cancelled() {
+            return Err(self.cancelled_error());
+        }
         let wanted = wake
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
@@ -130,6 +134,8 @@ impl Context {
     ///
     /// # Errors
     /// - [`Error::InvalidName`](crate::Error::InvalidName) for an empty, over-long or control-character name;
+    /// - [`Error::Cancelled`](crate::Error::Cancelled) if the run was cancelled before the wait
+    ///   (nothing is recorded) or while it waits in place;
     /// - none for a payload that does not decode as `T`: such an event is set aside (recorded
     ///   as a failure of this wait, for inspection) and the wait goes on for the next one;
     /// - [`Error::Storage`](crate::Error::Storage) if the wait could not be recorded.
@@ -147,6 +153,10 @@ impl Context {
         timeout: Option<Duration>,
     ) -> Result<Option<T>> {
         self.check_name("event name", event)?;
+        if self.is_cancelled() {
+            // As a step started after the cancellation: nothing is recorded, nothing taken.
+            return Err(self.cancelled_error());
+        }
         let step_name = format!("{RESERVED_PREFIX}wait:{event}");
         // The deadline is journaled first, on every execution (a replay reads it back), so
         // that each wait of the handler keeps its own occurrence of it.
