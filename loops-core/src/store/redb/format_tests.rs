@@ -90,3 +90,36 @@ fn a_store_of_a_newer_format_is_refused_and_left_as_it_is() {
     // writable open does): it still records format 2.
     assert_eq!(recorded(&path), Some(2));
 }
+
+#[test]
+fn a_redb_file_of_another_application_is_refused_and_left_as_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("other.redb");
+    {
+        let db = Database::create(&path).unwrap();
+        let txn = db.begin_write().unwrap();
+        let foo: redb::TableDefinition<u64, u64> = redb::TableDefinition::new("foo");
+        txn.open_table(foo).unwrap().insert(1, 2).unwrap();
+        txn.commit().unwrap();
+    }
+    match RedbStore::open(&path) {
+        Err(e @ Error::Open { .. }) => assert_eq!(
+            e.to_string(),
+            format!(
+                "cannot open store {}: not a loops store: a redb database of another application (its tables: foo)",
+                path.display()
+            )
+        ),
+        Err(other) => panic!("{other}"),
+        Ok(_) => panic!("opened another application's database"),
+    }
+    // Nothing of loops was added to it.
+    let db = Database::open(&path).unwrap();
+    let txn = db.begin_read().unwrap();
+    let tables: Vec<String> = txn
+        .list_tables()
+        .unwrap()
+        .map(|t| redb::TableHandle::name(&t).to_owned())
+        .collect();
+    assert_eq!(tables, ["foo"]);
+}

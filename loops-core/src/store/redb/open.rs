@@ -169,6 +169,15 @@ impl RedbStore {
                     supported: STORE_FORMAT,
                 });
             }
+            Err(NotOpened::Foreign(tables)) => {
+                return Err(open_err(
+                    format!(
+                        "not a loops store: a redb database of another application (its tables: {})",
+                        tables.join(", ")
+                    )
+                    .into(),
+                ));
+            }
             Err(NotOpened::Redb(e)) => return Err(open_err(e.into())),
         }
         let db = Arc::new(RwLock::new(Db::Writable(db)));
@@ -447,6 +456,9 @@ fn create_atomically(path: &Path) -> std::io::Result<()> {
             // A file it just made records the format of this build.
             NotOpened::Format(found) => {
                 redb::Error::Corrupted(format!("a new store file records format {found}"))
+            }
+            NotOpened::Foreign(_) => {
+                redb::Error::Corrupted("a new store file has tables of another application".into())
             }
         })?;
         Ok(())

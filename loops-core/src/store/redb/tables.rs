@@ -70,6 +70,9 @@ const TABLES: [&str; 15] = [
 pub(super) enum NotOpened {
     /// The file records a format this build does not read (the number it records).
     Format(u64),
+    /// The file is a redb database of another application: it has these tables, and neither
+    /// a recorded format nor loops' tables.
+    Foreign(Vec<String>),
     /// redb failed.
     Redb(redb::Error),
 }
@@ -96,8 +99,8 @@ pub(super) fn stored_format(
 /// if it is not recorded; writes nothing to a file that has them all and its format.
 ///
 /// # Errors
-/// [`NotOpened::Format`] if the file records a format other than [`STORE_FORMAT`] (nothing
-/// is written to it).
+/// [`NotOpened::Format`] if the file records a format other than [`STORE_FORMAT`];
+/// [`NotOpened::Foreign`] for another application's redb file (nothing is written to either).
 pub(super) fn ensure_tables(db: &Database) -> std::result::Result<(), NotOpened> {
     let (present, format): (Vec<String>, Option<u64>) = {
         let txn = db.begin_read()?;
@@ -107,6 +110,11 @@ pub(super) fn ensure_tables(db: &Database) -> std::result::Result<(), NotOpened>
     match format {
         Some(STORE_FORMAT) => {}
         Some(other) => return Err(NotOpened::Format(other)),
+        // A file made before the format was recorded has loops' first tables; a redb file
+        // with tables but none of those is another application's database: left alone.
+        None if !present.is_empty() && !present.iter().any(|t| t == "runs") => {
+            return Err(NotOpened::Foreign(present));
+        }
         None => {}
     }
     if format.is_some() && TABLES.iter().all(|w| present.iter().any(|p| p == w)) {
