@@ -111,14 +111,15 @@ pub enum Error {
     },
 
     /// A step name, event name or idempotency key is empty, too long or contains control
-    /// characters.
+    /// characters, or a cancellation reason is empty.
     #[error("run `{run_id}`: invalid {what} {}: {reason}", shown_id(name))]
     InvalidName {
         /// The run.
         run_id: String,
         /// What was rejected: `"step name"`, `"event name"`, `"idempotency key"` (given to
-        /// [`Runtime::send_with_key`](crate::Runtime::send_with_key)) or `"key name"` (given
-        /// to [`Context::idempotency_key`](crate::Context::idempotency_key)).
+        /// [`Runtime::send_with_key`](crate::Runtime::send_with_key)), `"key name"` (given
+        /// to [`Context::idempotency_key`](crate::Context::idempotency_key)) or
+        /// `"cancellation reason"` (given to [`Runtime::cancel`](crate::Runtime::cancel)).
         what: &'static str,
         /// The rejected name (or key).
         name: String,

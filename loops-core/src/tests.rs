@@ -785,6 +785,13 @@ async fn cancel_ends_idle_runs_at_once_and_running_runs_at_a_boundary() {
         rt.cancel("nope", "x").await,
         Err(Error::RunNotFound { .. })
     ));
+    match rt.cancel("idle", " ").await {
+        Err(e @ Error::InvalidName { .. }) => assert_eq!(
+            e.to_string(),
+            "run `idle`: invalid cancellation reason \" \": empty: say why the run is cancelled"
+        ),
+        other => panic!("expected InvalidName, got {other:?}"),
+    }
 
     let slow = Worker {
         work_delay: Duration::from_millis(300),

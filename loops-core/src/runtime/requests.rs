@@ -214,10 +214,20 @@ impl Runtime {
     /// whose cancellation was asked never completes afterwards.
     ///
     /// # Errors
+    /// [`Error::InvalidName`](crate::Error::InvalidName) for an empty (or blank) `reason`;
     /// [`Error::RunNotFound`](crate::Error::RunNotFound); [`Error::RunEnded`](crate::Error::RunEnded) if the run has ended already;
     /// [`Error::Storage`](crate::Error::Storage) if the request could not be committed.
     pub async fn cancel(&self, run_id: &str, reason: &str) -> Result<RunInfo> {
         validate_run_id(run_id)?;
+        if reason.trim().is_empty() {
+            // Kept with the run to tell people why it ended: an empty one tells nothing.
+            return Err(Error::InvalidName {
+                run_id: run_id.to_owned(),
+                what: "cancellation reason",
+                name: reason.to_owned(),
+                reason: "empty: say why the run is cancelled",
+            });
+        }
         let signals = self.inner.claims.signals(run_id);
         // A run nobody drives ends at once. Another worker (or another runtime on the same
         // store) may drive it: take its lease to know, and hold it meanwhile so that no worker
