@@ -10,6 +10,7 @@ use crate::disk::Disk;
 use crate::latency::{Latency, Variant};
 use crate::measure::Machine;
 use crate::memory::Memory;
+use crate::parked::Parked;
 use crate::resume::Resume;
 use crate::search::Search;
 use crate::startup::Startup;
@@ -31,6 +32,7 @@ pub struct Report {
     pub disk: Option<Disk>,
     pub memory: Option<Memory>,
     pub search: Option<Search>,
+    pub parked: Option<Parked>,
 }
 
 /// Markers in `benchmarks.md` between which the generated results go.
@@ -169,6 +171,9 @@ pub fn markdown(r: &Report) -> String {
             x.ratio_memory,
             met(x.goal_met)
         );
+    }
+    if let Some(x) = &r.parked {
+        crate::parked::goals(&mut s, x, met, thousands);
     }
     s.push('\n');
 
@@ -404,6 +409,9 @@ pub fn markdown(r: &Report) -> String {
 
     if let Some(x) = &r.search {
         search_section(&mut s, x);
+    }
+    if let Some(x) = &r.parked {
+        crate::parked::section(&mut s, x, thousands);
     }
     s
 }
