@@ -1,6 +1,5 @@
 //! When a run needs a driver: the one rule both stores, the scheduler and the driver use.
 
-use std::borrow::Cow;
 use std::sync::Arc;
 
 use super::effects::{Effects, InboxChange};
@@ -133,21 +132,7 @@ impl ParkedRun {
 /// whole row then ([`RunInfo::decode`], which says what is wrong, if anything).
 pub(crate) fn row_readiness(bytes: &[u8]) -> Option<(SchemaHash, Readiness<'_>)> {
     let row: RowReadiness<'_> = serde_json::from_slice(bytes).ok()?;
-    let wait = match row.wait {
-        None => None,
-        Some(WaitView {
-            event: Some(Cow::Owned(_)),
-            ..
-        }) => return None,
-        Some(WaitView {
-            event: Some(Cow::Borrowed(event)),
-            until_ms,
-        }) => Some((Some(event), until_ms)),
-        Some(WaitView {
-            event: None,
-            until_ms,
-        }) => Some((None, until_ms)),
-    };
+    let wait = row.wait.map(|w| (w.event, w.until_ms));
     Some((
         row.schema,
         Readiness::of(row.status, row.cancel.is_some(), wait),
@@ -166,11 +151,12 @@ struct RowReadiness<'a> {
     wait: Option<WaitView<'a>>,
 }
 
-/// [`WaitInfo`](super::WaitInfo)'s fields, borrowed.
+/// [`WaitInfo`](super::WaitInfo)'s fields, borrowed (a name with escapes does not decode so:
+/// `row_readiness` says `None`, and the whole row is decoded).
 #[derive(serde::Deserialize)]
 struct WaitView<'a> {
     #[serde(default, borrow)]
-    event: Option<Cow<'a, str>>,
+    event: Option<&'a str>,
     #[serde(default)]
     until_ms: Option<u64>,
 }
@@ -251,6 +237,25 @@ mod tests {
             }
         );
         assert_eq!(at(&cancelled, 0), Ready::Now);
+        // The lean decode of a stored row says the same, with the row's schema.
+        let escaped = row(RunStatus::Waiting, wait(Some("g\"o"), Some(10)), false);
+        for info in [
+            &row(RunStatus::Running, None, false),
+            &sleeping,
+            &waiting,
+            &forever,
+            &cancelled,
+        ] {
+            let bytes = info.encode();
+            assert_eq!(
+                row_readiness(&bytes),
+                Some((info.schema, info.readiness())),
+                "{info:?}"
+            );
+        }
+        // An event name with escapes cannot be borrowed: the caller decodes the whole row.
+        assert_eq!(row_readiness(&escaped.encode()), None);
+        assert_eq!(row_readiness(b"not a row"), None);
         for status in [
             RunStatus::Completed,
             RunStatus::Failed,
