@@ -2,8 +2,8 @@
 //! run, on the same machine, with the absolute values beside it.
 //!
 //! ```text
-//! cargo bench --bench loops                  # the full run (~6 minutes): docs/benchmarks.*
-//! cargo bench --bench loops -- --quick       # a smoke run (~1 minute): target/tmp/loops-bench/
+//! cargo bench --bench loops                  # the full run (~11 minutes): docs/benchmarks.*
+//! cargo bench --bench loops -- --quick       # a smoke run (~2 minutes): target/tmp/loops-bench/
 //! cargo bench --bench loops -- --only latency,throughput --out /tmp/report
 //! ```
 //!
@@ -11,8 +11,9 @@
 //! commit), `throughput` (2: N concurrent runs against one commit per transition), `resume`
 //! (4: resume after 10 to 1 000 000 transitions), `startup` (5: 100 000 unfinished runs),
 //! `disk` (6: bytes per transition, prune and compact), `memory` (7: 10 000 waiting runs),
-//! `search` (8: attribute search on 100 000 runs), `compare` (10: a 200-step workflow,
-//! resume and 64 runs' throughput, side by side with raw redb and a hand-rolled SQLite store).
+//! `search` (8: attribute search on 100 000 runs), `parked` (9: 1 000 000 parked runs: start,
+//! memory and timer lateness), `compare` (10: a 200-step workflow, resume and 64 runs'
+//! throughput, side by side with raw redb and a hand-rolled SQLite store).
 //! See docs/benchmarks.md for what each measures and the results. Nothing here runs under
 //! `cargo test`; no test asserts a time.
 
@@ -28,6 +29,8 @@ mod latency;
 mod measure;
 #[path = "loops/memory.rs"]
 mod memory;
+#[path = "loops/parked.rs"]
+mod parked;
 #[path = "loops/report.rs"]
 mod report;
 #[path = "loops/resume.rs"]
@@ -57,7 +60,8 @@ enum Scenario {
     Disk,
     Memory,
     Search,
-    /// Scenario 10 (9 is taken by `parked`).
+    Parked,
+    /// Scenario 10.
     Compare,
 }
 
@@ -99,6 +103,12 @@ struct Args {
     /// Runs of the search scenario.
     #[arg(long)]
     search_runs: Option<u64>,
+    /// Parked runs of the parked scenario (half asleep, half waiting for an event).
+    #[arg(long)]
+    parked_runs: Option<u64>,
+    /// Seconds over which the parked scenario's sleeping runs wake.
+    #[arg(long)]
+    parked_window: Option<f64>,
     /// Transitions of the large store of the disk scenario.
     #[arg(long)]
     disk_transitions: Option<u64>,
@@ -108,7 +118,7 @@ struct Args {
     /// Passed by `cargo bench`.
     #[arg(long, hide = true)]
     bench: bool,
-    /// Internal: run as a measuring child process (`resume`, `startup`, `waiting`), with
+    /// Internal: run as a measuring child process (`resume`, `startup`, `waiting`, `parked`), with
     /// `--path P [--verify B] [--child-runs N]`.
     #[arg(long, hide = true)]
     child: Option<String>,
@@ -137,6 +147,16 @@ fn main() {
             "resume" => child::finish(&resume::child_main(&path, args.verify.unwrap_or(true))),
             "startup" => child::finish(&startup::child_main(&path, args.child_runs.unwrap_or(0))),
             "waiting" => child::finish(&memory::child_main(&path, args.child_runs.unwrap_or(0))),
+            "parked" => child::finish(&parked::child_main(
+                &path,
+                args.child_runs.unwrap_or(0),
+                true,
+            )),
+            "parked-start" => child::finish(&parked::child_main(
+                &path,
+                args.child_runs.unwrap_or(0),
+                false,
+            )),
             "compare-sqlite" => child::finish(&sqlite::child_main(&path)),
             other => panic!("unknown child {other}"),
         }
@@ -162,6 +182,8 @@ fn run(args: &Args) {
         && args.waiting_runs.is_none()
         && args.disk_transitions.is_none()
         && args.search_runs.is_none()
+        && args.parked_runs.is_none()
+        && args.parked_window.is_none()
         && !args.disk_seeded;
     let tmp = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
     let out = args.out.clone().unwrap_or_else(|| {
@@ -272,6 +294,12 @@ fn run(args: &Args) {
         let runs = args.search_runs.unwrap_or(pick(100_000, 10_000));
         search::run(&tokio, dir, runs, pick(200, 20) as usize)
     });
+    let parked = wants(Scenario::Parked).then(|| {
+        eprintln!("9. parked runs");
+        let runs = args.parked_runs.unwrap_or(pick(1_000_000, 100_000));
+        let window = args.parked_window.unwrap_or(pick(120, 20) as f64);
+        parked::run(dir, runs, window, pick(5, 1) as usize)
+    });
     let compare = wants(Scenario::Compare).then(|| {
         eprintln!("10. side by side: loops, raw redb, SQLite (WAL, synchronous=FULL)");
         let cfg = compare::Config {
@@ -301,6 +329,7 @@ fn run(args: &Args) {
         disk,
         memory,
         search,
+        parked,
         compare,
     };
     print!("{}", report::markdown(&report));

@@ -139,7 +139,12 @@ async fn two_runtimes_resuming_one_store_take_each_run_once() {
     let (a, b) = tokio::join!(rt1.resume_all(), rt2.resume_all());
     let (a, b) = (a.unwrap(), b.unwrap());
     // Only one claimed the run (the other found nothing to drive).
-    let mut resumed: Vec<&str> = a.iter().chain(&b).map(|i| i.run_id.as_str()).collect();
+    let mut resumed: Vec<&str> = a
+        .driven
+        .iter()
+        .chain(&b.driven)
+        .map(|i| i.run_id.as_str())
+        .collect();
     resumed.sort_unstable();
     assert_eq!(resumed, ["r"]);
     entered_rx.recv().await.unwrap();

@@ -123,8 +123,13 @@ impl WriteHook for Flaky {
             Call::List {
                 status: RunStatus::Waiting,
                 ..
-            } if self.0.take(&self.0.lists) => Verdict::Fail(full("listing waiting runs")),
-            Call::ClaimReady { .. } => {
+            }
+            | Call::ClaimReadyAndParked { .. }
+                if self.0.take(&self.0.lists) =>
+            {
+                Verdict::Fail(full("listing waiting runs"))
+            }
+            Call::ClaimReady { .. } | Call::ClaimReadyAndParked { .. } => {
                 self.0.claims.fetch_add(1, Ordering::SeqCst);
                 Verdict::Go
             }
@@ -193,8 +198,16 @@ async fn a_failed_read_while_resuming_resumes_nothing_and_a_second_call_resumes_
 
     // The fault cleared: the same call resumes both.
     let found = rt.resume_all().await.unwrap();
-    let ids: Vec<&str> = found.iter().map(|info| info.run_id.as_str()).collect();
-    assert_eq!(ids, ["busy", "sleepy"]);
+    // `busy` gets a driver; `sleepy` too if its time has passed, else it stays parked with
+    // a timer.
+    let ids: Vec<&str> = found
+        .driven
+        .iter()
+        .map(|info| info.run_id.as_str())
+        .collect();
+    assert_eq!(found.len(), 2);
+    assert_eq!(ids[0], "busy");
+    assert_eq!(found.timers, found.parked);
     assert_eq!(
         rt.wait::<Job>("busy").await.unwrap(),
         Job::Done { effects: 1 }

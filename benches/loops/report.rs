@@ -11,6 +11,7 @@ use crate::disk::Disk;
 use crate::latency::{Latency, Variant};
 use crate::measure::Machine;
 use crate::memory::Memory;
+use crate::parked::Parked;
 use crate::resume::Resume;
 use crate::search::Search;
 use crate::startup::Startup;
@@ -32,6 +33,7 @@ pub struct Report {
     pub disk: Option<Disk>,
     pub memory: Option<Memory>,
     pub search: Option<Search>,
+    pub parked: Option<Parked>,
     pub compare: Option<Compare>,
 }
 
@@ -171,6 +173,9 @@ pub fn markdown(r: &Report) -> String {
             x.ratio_memory,
             met(x.goal_met)
         );
+    }
+    if let Some(x) = &r.parked {
+        crate::parked::goals(&mut s, x, met, thousands);
     }
     s.push('\n');
 
@@ -406,6 +411,9 @@ pub fn markdown(r: &Report) -> String {
 
     if let Some(x) = &r.search {
         search_section(&mut s, x);
+    }
+    if let Some(x) = &r.parked {
+        crate::parked::section(&mut s, x, thousands);
     }
     if let Some(x) = &r.compare {
         crate::compare::section(&mut s, x);

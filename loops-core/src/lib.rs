@@ -70,7 +70,7 @@ pub use run::context::{ChildError, ChildOptions, ChildRun, Context, StepOptions,
 pub use run::dispatch::Dispatch;
 pub use run::settings::{DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PARK_THRESHOLD};
 pub use runtime::{
-    DEFAULT_METRICS_INTERVAL, DEFAULT_RETENTION_INTERVAL, Routed, Runtime, RuntimeBuilder,
+    DEFAULT_METRICS_INTERVAL, DEFAULT_RETENTION_INTERVAL, Resumed, Routed, Runtime, RuntimeBuilder,
     ScheduleStatus, Sent, StartOptions, check_event,
 };
 pub use schedule::{
@@ -84,10 +84,10 @@ pub use schema::{
 };
 pub use store::{
     AfterFailure, BoxFuture, ClaimFilter, Compacted, CurrentLease, Effects, EventRecord, Facts,
-    InboxChange, Lease, LeaseCheck, Needs, Payloads, PendingEvent, Pruned, Readiness, Ready,
-    Record, RecordKey, RedbStore, Reply, RowWrite, RunCount, RunInfo, RunStatus, STORE_FORMAT,
-    ScheduleChange, SharedLimits, Store, StoreOptions, Take, WaitInfo, WaitOutcome, Wakeups, Write,
-    event_record, find_runs, plan, prune,
+    InboxChange, Lease, LeaseCheck, Needs, ParkedRun, Payloads, PendingEvent, Pruned, Readiness,
+    Ready, ReadyAndParked, Record, RecordKey, RedbStore, Reply, RowWrite, RunCount, RunInfo,
+    RunStatus, STORE_FORMAT, ScheduleChange, SharedLimits, Store, StoreOptions, Take, WaitInfo,
+    WaitOutcome, Wakeups, Write, event_record, find_runs, plan, prune,
 };
 pub use workflow::{BoxError, StateId, Workflow};
 

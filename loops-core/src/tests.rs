@@ -11,6 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::*;
 
+mod parked;
+
 #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
 #[workflow(crate = crate)]
 enum Job {
@@ -512,6 +514,7 @@ async fn a_background_driver_refused_for_its_schema_is_not_retried() {
         let resumed = rt.resume_all().await.unwrap();
         assert_eq!(
             resumed
+                .driven
                 .iter()
                 .map(|i| i.run_id.as_str())
                 .collect::<Vec<_>>(),

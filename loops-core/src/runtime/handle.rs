@@ -16,7 +16,7 @@ use crate::row::RunInfo;
 use crate::run::driver::{Drive, Entered};
 use crate::run::settings::Settings;
 use crate::runtime::claims::{Claim, Claims};
-use crate::runtime::scheduler::Background;
+use crate::runtime::scheduler::{Background, Timer};
 use crate::schema::SchemaHash;
 use crate::store::precheck::SchemaCheck;
 use crate::store::redb::RedbStore;
@@ -355,14 +355,17 @@ impl Runtime {
 
     /// Arms a timer that starts a driver for the run at `until` (ms since the Unix epoch).
     pub(crate) fn add_timer(&self, until: u64, workflow: &str, run_id: &str) {
+        self.arm_timers([(until, Arc::from(workflow), run_id.to_owned())]);
+    }
+
+    /// [`add_timer`](Self::add_timer) for many runs at once, `(until, workflow, run id)`:
+    /// one lock and one wake-up of the timer task (`resume_all` arms a timer for every
+    /// sleeping run, the workflow's name shared between them).
+    pub(crate) fn arm_timers(&self, timers: impl IntoIterator<Item = Timer>) {
         let hooks: std::sync::Weak<Inner> = Arc::downgrade(&self.inner);
-        self.inner.background.add_timer(
-            hooks,
-            &self.inner.config.settings.clock,
-            until,
-            workflow,
-            run_id,
-        );
+        self.inner
+            .background
+            .add_timers(hooks, &self.inner.config.settings.clock, timers);
     }
 }
 

@@ -27,5 +27,5 @@ pub use gauges::DEFAULT_METRICS_INTERVAL;
 pub use handle::Runtime;
 pub use requests::{Sent, check_event};
 pub use retention::DEFAULT_RETENTION_INTERVAL;
-pub use runs::StartOptions;
+pub use runs::{Resumed, StartOptions};
 pub use schedules::ScheduleStatus;

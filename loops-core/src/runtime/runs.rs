@@ -1,7 +1,7 @@
 //! Driving runs: one to its end ([`Runtime::run`]), or in the background ([`Runtime::start`],
 //! [`Runtime::resume_all`], [`Runtime::serve`]), and waiting for their ends.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -20,6 +20,7 @@ use crate::runtime::evolve::{OnBlock, Routing};
 use crate::runtime::handle::{Prepared, Runtime, Start, check_workflow};
 use crate::schema::{SchemaDiff, SchemaHash};
 use crate::status::RunStatus;
+use crate::store::ParkedRun;
 use crate::workflow::{StateId, Workflow};
 
 /// How [`Runtime::run_with`] and [`Runtime::start_with`] start a run they create.
@@ -78,6 +79,33 @@ impl StartOptions {
         let mut attributes = self.attributes;
         attributes.extend(self.own);
         Ok(attributes)
+    }
+}
+
+/// What [`Runtime::resume_all`] did: the runs it gave a driver, and how many it left
+/// parked.
+#[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
+pub struct Resumed {
+    /// The runs given a background driver, by workflow then run id: running runs, waiting
+    /// runs whose event arrived, whose time passed or whose cancellation was asked for, runs
+    /// this build must block, and blocked runs it can route now.
+    pub driven: Vec<RunInfo>,
+    /// Waiting runs left parked, holding no task (a store only this process opens).
+    pub parked: usize,
+    /// Of those, the runs waiting for a time, each with a timer armed.
+    pub timers: usize,
+}
+
+impl Resumed {
+    /// The unfinished runs found: driven and parked.
+    pub fn len(&self) -> usize {
+        self.driven.len() + self.parked
+    }
+
+    /// Whether no unfinished run was found.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }
 
@@ -377,12 +405,15 @@ impl Runtime {
 
     /// Resumes every unfinished run of the registered workflows, reading the status index
     /// (never a history): running runs get a background driver at once; waiting runs whose
-    /// event arrived or whose time passed too; the others stay parked, with a timer if they
-    /// wait for a time. With a store shared by several workers, only runs no live worker holds
-    /// are taken (each with its lease). Call it at startup (and, with a shared store,
-    /// periodically: see [`serve`](Self::serve)).
+    /// event arrived or whose time passed too; the others stay parked, holding no task, with
+    /// a timer if they wait for a time. With a store shared by several workers, only runs no
+    /// live worker holds are taken (each with its lease). Call it at startup (and, with a
+    /// shared store, periodically: see [`serve`](Self::serve)).
     ///
-    /// Returns the unfinished runs found, by workflow then run id.
+    /// Returns the runs given a driver, and how many were left parked ([`Resumed`]). The
+    /// parked runs are read lean, in one pass with the ready ones
+    /// ([`Store::claim_ready_and_parked`](crate::Store::claim_ready_and_parked)), and
+    /// counted, not returned: a process may hold a million of them.
     ///
     /// All or nothing: every read comes first, then the drivers and timers start, which
     /// cannot fail. So when it returns an error it has resumed nothing (no driver started,
@@ -391,75 +422,103 @@ impl Runtime {
     ///
     /// # Errors
     /// [`Error::Storage`](crate::Error::Storage) or [`Error::Decode`](crate::Error::Decode) if the index cannot be read.
-    pub async fn resume_all(&self) -> Result<Vec<RunInfo>> {
+    pub async fn resume_all(&self) -> Result<Resumed> {
         self.inner.started.store(true, Ordering::Release);
-        let workflows = self.workflows();
         let filters = self.registry(|r| r.claim_filters());
         let limit = match self.inner.config.max_active_runs {
             Some(max) => max.saturating_sub(self.inner.claims.count()),
             None => usize::MAX,
         };
-        // A store only this process opens: the parked runs, whose timers are armed here.
-        // (With a shared store, `claim_ready` returns waiting runs once their time has come.)
-        // Read before any run is claimed, so that a failed read leaves nothing claimed.
+        // A store only this process opens: the parked runs, whose timers are armed here,
+        // read in the same pass as the ready runs. (With a shared store, `claim_ready`
+        // returns waiting runs once their time has come.) Asked even at the limit (for no
+        // run): a shared store counts the call as this worker's sign of life, for the runs
+        // of the schemas it routes (`Store::claim_ready`).
+        let asked = std::time::Instant::now();
+        let (ready, parked) = if self.store().lease_ttl().is_none() {
+            self.store().claim_ready_and_parked(&filters, limit).await?
+        } else {
+            (self.store().claim_ready(&filters, limit).await?, Vec::new())
+        };
         // A waiting run this build cannot route (recorded by another version, with no
         // migration or `accepts` for it) is handed to a driver now, which blocks it visibly
-        // and once, rather than when its event or its time comes.
-        let mut waiting: Vec<(RunInfo, bool)> = Vec::new();
-        if self.store().lease_ttl().is_none() {
-            for workflow in &workflows {
-                let known = self.registry(|r| r.known(workflow));
-                for info in self
-                    .store()
-                    .list(RunStatus::Waiting, Some(workflow))
-                    .await?
-                {
-                    // A run of a compiled version is driven by it: no routing to do (the
-                    // common case, kept free of per-run work for many parked runs).
-                    let own = known.iter().any(|k| k.stored.hash == info.schema);
-                    let blocks =
-                        !own && matches!(self.route_of(&info, &known).await?, Route::Block(_));
-                    waiting.push((info, blocks));
+        // and once, rather than when its event or its time comes. Read before any driver
+        // starts: a failed read gives the leases back, and leaves nothing resumed.
+        let mut to_block = match self.to_block(&parked).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                for (_, lease) in &ready {
+                    let _ = self.store().release(lease).await;
                 }
+                return Err(e);
             }
-        }
-        let asked = std::time::Instant::now();
-        // Asked even at the limit (for no run): a shared store counts the call as this
-        // worker's sign of life, for the runs of the schemas it routes (`Store::claim_ready`).
-        let ready = self.store().claim_ready(&filters, limit).await?;
+        };
         let mut taken: HashSet<String> = HashSet::with_capacity(ready.len());
-        let mut found: Vec<RunInfo> = Vec::with_capacity(ready.len() + waiting.len());
+        let mut resumed = Resumed::default();
         for (info, lease) in ready {
             self.inner.claims.asked_at(&info.run_id, asked);
             self.spawn_driver_with(&info.workflow, &info.run_id, Some(lease));
             taken.insert(info.run_id.clone());
-            found.push(info);
+            resumed.driven.push(info);
         }
-        for (info, blocks) in waiting {
-            if taken.contains(&info.run_id) {
+        let mut timers = Vec::new();
+        for run in parked {
+            if taken.contains(&run.run_id) {
                 continue;
             }
-            if blocks {
-                self.spawn_driver_with(&info.workflow, &info.run_id, None);
-                taken.insert(info.run_id.clone());
-                found.push(info);
+            if let Some(info) = to_block.remove(&run.run_id) {
+                self.spawn_driver_with(&run.workflow, &run.run_id, None);
+                taken.insert(run.run_id);
+                resumed.driven.push(info);
                 continue;
             }
-            if let Some(until) = info.wait.as_ref().and_then(|w| w.until_ms) {
-                self.add_timer(until, &info.workflow, &info.run_id);
+            resumed.parked += 1;
+            if let Some(from) = run.from_ms {
+                timers.push((from, run.workflow, run.run_id));
             }
-            found.push(info);
         }
+        resumed.timers = timers.len();
+        self.arm_timers(timers);
         // Blocked runs this build can route now (once per start and per registration: a run
         // whose migration still fails is not tried again at every poll).
         for info in self.sweep_blocked().await? {
             if taken.insert(info.run_id.clone()) {
-                found.push(info);
+                resumed.driven.push(info);
             }
         }
-        found.sort_by(|a, b| (&a.workflow, &a.run_id).cmp(&(&b.workflow, &b.run_id)));
-        tracing::info!(runs = found.len(), "resumed unfinished runs");
-        Ok(found)
+        resumed
+            .driven
+            .sort_by(|a, b| (&a.workflow, &a.run_id).cmp(&(&b.workflow, &b.run_id)));
+        tracing::info!(
+            driven = resumed.driven.len(),
+            parked = resumed.parked,
+            "resumed unfinished runs"
+        );
+        Ok(resumed)
+    }
+
+    /// The rows of the `parked` runs this build cannot route (recorded by another version,
+    /// with no migration or `accepts` for it), by run id. A run of a compiled version is
+    /// driven by it: no read, no routing (the common case, kept free of per-run work for
+    /// many parked runs).
+    async fn to_block(&self, parked: &[ParkedRun]) -> Result<HashMap<String, RunInfo>> {
+        let mut known: HashMap<&str, Vec<KnownVersion>> = HashMap::new();
+        let mut out = HashMap::new();
+        for run in parked {
+            let known = known
+                .entry(&*run.workflow)
+                .or_insert_with(|| self.registry(|r| r.known(&run.workflow)));
+            if known.iter().any(|k| k.stored.hash == run.schema) {
+                continue;
+            }
+            let Some(info) = self.store().run_info(&run.run_id).await? else {
+                continue;
+            };
+            if matches!(self.route_of(&info, known).await?, Route::Block(_)) {
+                out.insert(run.run_id.clone(), info);
+            }
+        }
+        Ok(out)
     }
 
     /// Keeps driving the registered workflows' runs until [`shutdown`](Self::shutdown):

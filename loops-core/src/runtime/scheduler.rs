@@ -20,6 +20,9 @@ use crate::clock::Clock;
 use crate::error::Result;
 use crate::store::BoxFuture;
 
+/// A timer: (wake-up ms, workflow, run id).
+pub(crate) type Timer = (u64, Arc<str>, String);
+
 /// What the scheduler's tasks call back into: the runtime, reached through a weak reference
 /// so that dropping the last runtime handle closes the store.
 pub(crate) trait Hooks: Send + Sync + 'static {
@@ -37,8 +40,9 @@ pub(crate) trait Hooks: Send + Sync + 'static {
 pub(crate) struct Background {
     /// The live background tasks (a finished task is freed at once).
     tasks: TaskTracker,
-    /// Parked runs waiting for a time: (wake-up ms, workflow, run id).
-    timers: Mutex<BTreeSet<(u64, String, String)>>,
+    /// Parked runs waiting for a time: (wake-up ms, workflow, run id). The workflow's name is
+    /// shared by the timers `resume_all` arms.
+    timers: Mutex<BTreeSet<Timer>>,
     timer_changed: Arc<Notify>,
     timer_task: AtomicBool,
     /// Whether the task that renews leases (stores shared by several workers) was started.
@@ -100,19 +104,23 @@ impl Background {
         );
     }
 
-    /// Arms a timer that starts a driver for the run at `until` (ms since the Unix epoch).
-    pub(crate) fn add_timer(
+    /// Arms timers, each starting a driver for its run at its time (ms since the Unix
+    /// epoch): under one lock, with one wake-up of the timer task (`resume_all` arms one
+    /// for every sleeping run).
+    pub(crate) fn add_timers(
         &self,
         hooks: Weak<dyn Hooks>,
         clock: &Clock,
-        until: u64,
-        workflow: &str,
-        run_id: &str,
+        timers: impl IntoIterator<Item = Timer>,
     ) {
+        let mut any = false;
         self.timers
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert((until, workflow.to_owned(), run_id.to_owned()));
+            .extend(timers.into_iter().inspect(|_| any = true));
+        if !any {
+            return;
+        }
         if !self.timer_task.swap(true, Ordering::AcqRel) {
             let changed = Arc::clone(&self.timer_changed);
             self.spawn_task(timer_loop(hooks, changed, clock.clone()));
@@ -196,7 +204,7 @@ async fn timer_loop(runtime: Weak<dyn Hooks>, changed: Arc<Notify>, clock: Clock
                 return;
             }
             let now = clock.now_ms();
-            let due: Vec<(u64, String, String)> = {
+            let due: Vec<Timer> = {
                 let mut timers = background
                     .timers
                     .lock()

@@ -174,6 +174,14 @@ impl Store for Probe {
         self.answer("claim_ready", Vec::new())
     }
 
+    fn claim_ready_and_parked<'a>(
+        &'a self,
+        _: &'a [ClaimFilter],
+        _: usize,
+    ) -> BoxFuture<'a, Result<super::ReadyAndParked>> {
+        self.answer("claim_ready_and_parked", (Vec::new(), Vec::new()))
+    }
+
     fn shared_limits(&self) -> Option<Arc<dyn SharedLimits>> {
         self.note("shared_limits");
         None
@@ -264,6 +272,11 @@ pub(crate) async fn assert_forwards(wrapper: &str, wrap: impl FnOnce(Probe) -> A
         .claim_ready(&[ClaimFilter::any("w")], 1)
         .await
         .unwrap();
+    call("claim_ready_and_parked");
+    store
+        .claim_ready_and_parked(&[ClaimFilter::any("w")], 1)
+        .await
+        .unwrap();
     call("shared_limits");
     assert!(store.shared_limits().is_none());
     call("wakeups");
@@ -293,7 +306,7 @@ pub(crate) async fn assert_forwards(wrapper: &str, wrap: impl FnOnce(Probe) -> A
 fn the_method_list_is_read_from_the_trait() {
     let methods = store_methods();
     assert!(methods.contains("write") && methods.contains("shared_limits"));
-    assert_eq!(methods.len(), 26, "{methods:?}");
+    assert_eq!(methods.len(), 27, "{methods:?}");
 }
 
 #[tokio::test]

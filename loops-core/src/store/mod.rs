@@ -49,7 +49,7 @@ pub use self::facts::{CurrentLease, Facts, LeaseCheck, Needs, PendingEvent, Reco
 pub use self::limits::{SharedLimits, Take};
 pub use self::plan::plan;
 pub use self::protocol::{AfterFailure, EventRecord, Reply, WaitOutcome, Write};
-pub use self::ready::{Readiness, Ready};
+pub use self::ready::{ParkedRun, Readiness, Ready};
 pub use self::redb::{Compacted, RedbStore, STORE_FORMAT, StoreOptions};
 pub use self::sealing::Payloads;
 
@@ -193,6 +193,35 @@ pub trait Store: Send + Sync + 'static {
         limit: usize,
     ) -> BoxFuture<'a, Result<Vec<(RunInfo, Lease)>>>;
 
+    /// What [`Runtime::resume_all`](crate::Runtime::resume_all) reads from a store only
+    /// this process opens ([`lease_ttl`](Self::lease_ttl) `None`): every
+    /// [waiting](RunStatus::Waiting) run of `workflows`, lean ([`ParkedRun`], by workflow
+    /// then run id, the ready ones included), and [`claim_ready`](Self::claim_ready)'s
+    /// answer. Every read comes before any lease is taken. The default calls
+    /// [`list`](Self::list), then `claim_ready`; a store that can read each waiting row once
+    /// for both does (the redb store: a million parked runs are one pass over their rows,
+    /// decoded one at a time).
+    fn claim_ready_and_parked<'a>(
+        &'a self,
+        workflows: &'a [ClaimFilter],
+        limit: usize,
+    ) -> BoxFuture<'a, Result<ReadyAndParked>> {
+        Box::pin(async move {
+            let mut parked = Vec::new();
+            for filter in workflows {
+                let workflow: Arc<str> = Arc::from(filter.workflow.as_str());
+                let runs = self
+                    .list(RunStatus::Waiting, Some(&filter.workflow))
+                    .await?;
+                parked.extend(
+                    runs.iter()
+                        .map(|info| ParkedRun::of(Arc::clone(&workflow), info)),
+                );
+            }
+            Ok((self.claim_ready(workflows, limit).await?, parked))
+        })
+    }
+
     /// The ids of the keys that sealed payloads in this store ([`Write::Seal`]), oldest first
     /// (by the time each was first recorded, then by id); empty for a store whose payloads
     /// are in clear. A runtime without a codec refuses a store that lists any
@@ -242,6 +271,10 @@ pub struct RunCount {
 /// What [`Store::wakeups`] returns: a receiver whose value changes when runs may need a
 /// driver.
 pub type Wakeups = tokio::sync::watch::Receiver<u64>;
+
+/// [`Store::claim_ready_and_parked`]'s answer: the ready runs claimed, with their leases,
+/// and the waiting runs, lean.
+pub type ReadyAndParked = (Vec<(RunInfo, Lease)>, Vec<ParkedRun>);
 
 /// Which runs of a workflow a worker claims: what [`Store::claim_ready`] is given.
 #[derive(Debug, Clone, PartialEq, Eq)]

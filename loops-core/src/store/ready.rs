@@ -1,7 +1,10 @@
 //! When a run needs a driver: the one rule both stores, the scheduler and the driver use.
 
+use std::sync::Arc;
+
 use super::effects::{Effects, InboxChange};
 use super::{RunInfo, RunStatus};
+use crate::schema::SchemaHash;
 
 /// When a run needs a driver, as [`RunInfo::readiness`] computes it from the row alone: from a
 /// time on, or once an event arrives, whichever comes first. A run with neither never needs
@@ -53,18 +56,32 @@ impl RunInfo {
     /// cancellation was asked for (the driver ends it) or if it waits for nothing, else
     /// when its wait's time passes or its event arrives; an ended or blocked run never.
     pub fn readiness(&self) -> Readiness<'_> {
+        let wait = self.wait.as_ref().map(|w| (w.event.as_deref(), w.until_ms));
+        Readiness::of(self.status, self.cancel.is_some(), wait)
+    }
+}
+
+impl<'a> Readiness<'a> {
+    /// [`RunInfo::readiness`] from the fields of a row it reads: its status, whether a
+    /// cancellation was asked for, and its wait as `(event, until_ms)`. (The rule is here
+    /// once, for a reader that decodes only these fields of many rows.)
+    pub(crate) fn of(
+        status: RunStatus,
+        cancel_asked: bool,
+        wait: Option<(Option<&'a str>, Option<u64>)>,
+    ) -> Readiness<'a> {
         const NOW: Readiness<'static> = Readiness {
             from_ms: Some(0),
             event: None,
         };
-        match self.status {
+        match status {
             RunStatus::Running => NOW,
-            RunStatus::Waiting if self.cancel.is_some() => NOW,
-            RunStatus::Waiting => match &self.wait {
+            RunStatus::Waiting if cancel_asked => NOW,
+            RunStatus::Waiting => match wait {
                 None => NOW,
-                Some(wait) => Readiness {
-                    from_ms: wait.until_ms,
-                    event: wait.event.as_deref(),
+                Some((event, until_ms)) => Readiness {
+                    from_ms: until_ms,
+                    event,
                 },
             },
             // A blocked run waits for a build that can route it, which looks for it itself.
@@ -77,6 +94,71 @@ impl RunInfo {
             },
         }
     }
+}
+
+/// A waiting run, as much of it as [`Runtime::resume_all`](crate::Runtime::resume_all) needs
+/// to leave it parked: its workflow, id and row's schema, and from when it needs a driver
+/// ([`Store::claim_ready_and_parked`](crate::Store::claim_ready_and_parked)). A few dozen
+/// bytes, where a [`RunInfo`] is a few hundred: a process may hold a million parked runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ParkedRun {
+    /// The run's workflow (shared by the parked runs of a listing).
+    pub workflow: Arc<str>,
+    /// The run.
+    pub run_id: String,
+    /// The schema its row is recorded with.
+    pub schema: SchemaHash,
+    /// From when it needs a driver, in ms since the Unix epoch: its
+    /// [`readiness`](RunInfo::readiness)'s `from_ms` (`None`: only once an event arrives).
+    pub from_ms: Option<u64>,
+}
+
+impl ParkedRun {
+    /// The parked run whose row is `info`, of `workflow` (`info.workflow`, shared).
+    pub fn of(workflow: Arc<str>, info: &RunInfo) -> ParkedRun {
+        ParkedRun {
+            workflow,
+            run_id: info.run_id.clone(),
+            schema: info.schema,
+            from_ms: info.readiness().from_ms,
+        }
+    }
+}
+
+/// When the run whose stored row is `bytes` needs a driver ([`RunInfo::readiness`]), and
+/// its schema, decoding only the fields they are made of (a store listing many parked
+/// runs). `None` if `bytes` does not decode so, or names its event with escapes: decode the
+/// whole row then ([`RunInfo::decode`], which says what is wrong, if anything).
+pub(crate) fn row_readiness(bytes: &[u8]) -> Option<(SchemaHash, Readiness<'_>)> {
+    let row: RowReadiness<'_> = serde_json::from_slice(bytes).ok()?;
+    let wait = row.wait.map(|w| (w.event, w.until_ms));
+    Some((
+        row.schema,
+        Readiness::of(row.status, row.cancel.is_some(), wait),
+    ))
+}
+
+/// The fields of a stored row (the JSON [`RunInfo`] is stored as) that say when its run
+/// needs a driver, and its schema; the others are skipped unread.
+#[derive(serde::Deserialize)]
+struct RowReadiness<'a> {
+    schema: SchemaHash,
+    status: RunStatus,
+    #[serde(default)]
+    cancel: Option<serde::de::IgnoredAny>,
+    #[serde(default, borrow)]
+    wait: Option<WaitView<'a>>,
+}
+
+/// [`WaitInfo`](super::WaitInfo)'s fields, borrowed (a name with escapes does not decode so:
+/// `row_readiness` says `None`, and the whole row is decoded).
+#[derive(serde::Deserialize)]
+struct WaitView<'a> {
+    #[serde(default, borrow)]
+    event: Option<&'a str>,
+    #[serde(default)]
+    until_ms: Option<u64>,
 }
 
 /// Whether a write whose effects are `effects`, on the run whose row was `before` (`None`:
@@ -155,6 +237,25 @@ mod tests {
             }
         );
         assert_eq!(at(&cancelled, 0), Ready::Now);
+        // The lean decode of a stored row says the same, with the row's schema.
+        let escaped = row(RunStatus::Waiting, wait(Some("g\"o"), Some(10)), false);
+        for info in [
+            &row(RunStatus::Running, None, false),
+            &sleeping,
+            &waiting,
+            &forever,
+            &cancelled,
+        ] {
+            let bytes = info.encode();
+            assert_eq!(
+                row_readiness(&bytes),
+                Some((info.schema, info.readiness())),
+                "{info:?}"
+            );
+        }
+        // An event name with escapes cannot be borrowed: the caller decodes the whole row.
+        assert_eq!(row_readiness(&escaped.encode()), None);
+        assert_eq!(row_readiness(b"not a row"), None);
         for status in [
             RunStatus::Completed,
             RunStatus::Failed,

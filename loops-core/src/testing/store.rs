@@ -152,6 +152,14 @@ pub enum Call<'a> {
         /// The most runs to claim.
         limit: usize,
     },
+    /// [`Store::claim_ready_and_parked`]: every waiting run of `workflows`, lean, and
+    /// [`Store::claim_ready`]'s answer (which [`WriteHook::claimed`] sees).
+    ClaimReadyAndParked {
+        /// The workflows listed and claimed.
+        workflows: &'a [ClaimFilter],
+        /// The most runs to claim.
+        limit: usize,
+    },
 }
 
 /// Decides, write by write and call by call, what a [`HookedStore`] does, and sees what
@@ -485,6 +493,23 @@ impl<S: Store> Store for HookedStore<S> {
             reply
         });
         self.gate(Call::ClaimReady { workflows, limit }, claim)
+    }
+
+    fn claim_ready_and_parked<'a>(
+        &'a self,
+        workflows: &'a [ClaimFilter],
+        limit: usize,
+    ) -> BoxFuture<'a, Result<crate::store::ReadyAndParked>> {
+        let claim = Box::pin(async move {
+            let reply = self.inner.claim_ready_and_parked(workflows, limit).await;
+            let (claimed, parked) = match reply {
+                Ok((claimed, parked)) => (Ok(claimed), parked),
+                Err(e) => (Err(e), Vec::new()),
+            };
+            self.hook.claimed(&claimed);
+            claimed.map(|claimed| (claimed, parked))
+        });
+        self.gate(Call::ClaimReadyAndParked { workflows, limit }, claim)
     }
 
     fn shared_limits(&self) -> Option<std::sync::Arc<dyn crate::store::SharedLimits>> {

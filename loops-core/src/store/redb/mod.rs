@@ -324,11 +324,15 @@ impl RedbStore {
         &self,
         workflows: &[crate::store::ClaimFilter],
         limit: usize,
+        parked: Option<&mut Vec<crate::store::ParkedRun>>,
     ) -> Result<Vec<(RunInfo, Lease)>> {
+        if limit == 0 && parked.is_none() {
+            return Ok(Vec::new());
+        }
+        let ready = self.ready_runs(workflows, parked)?;
         if limit == 0 {
             return Ok(Vec::new());
         }
-        let ready = self.ready_runs(workflows)?;
         let leases = self.inner.leases.claim(
             self.worker,
             ready.iter().map(|info| info.run_id.clone()),
@@ -484,7 +488,20 @@ impl Store for RedbStore {
     ) -> BoxFuture<'a, Result<Vec<(RunInfo, Lease)>>> {
         // One process owns the file: its runtime takes every ready run of the workflows,
         // whatever its schema, and blocks those it cannot route.
-        Box::pin(std::future::ready(self.claim_ready_runs(workflows, limit)))
+        Box::pin(std::future::ready(
+            self.claim_ready_runs(workflows, limit, None),
+        ))
+    }
+
+    /// One pass over the waiting rows for both answers.
+    fn claim_ready_and_parked<'a>(
+        &'a self,
+        workflows: &'a [super::ClaimFilter],
+        limit: usize,
+    ) -> BoxFuture<'a, Result<super::ReadyAndParked>> {
+        let mut parked = Vec::new();
+        let ready = self.claim_ready_runs(workflows, limit, Some(&mut parked));
+        Box::pin(std::future::ready(ready.map(|ready| (ready, parked))))
     }
 }
 

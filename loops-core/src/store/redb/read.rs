@@ -1,6 +1,6 @@
 //! Reads, each in its own read transaction, and which runs are ready to be driven.
 
-use std::sync::PoisonError;
+use std::sync::{Arc, PoisonError};
 
 use redb::ReadableTable;
 
@@ -14,7 +14,8 @@ use crate::attribute::{AttributeValue, Attributes, RunFilter};
 use crate::error::{Error, RecordKind, Result};
 use crate::record::{FailureRecord, StepRecord, TransitionRecord};
 use crate::store::protocol::EventRecord;
-use crate::store::{Ready, RunInfo, RunStatus};
+use crate::store::ready::row_readiness;
+use crate::store::{ParkedRun, Readiness, Ready, RunInfo, RunStatus};
 
 impl RedbStore {
     pub(in crate::store) fn read<T>(
@@ -205,24 +206,11 @@ impl RedbStore {
         self.read(
             || format!("listing {status} runs"),
             |txn| {
-                let index = txn.open_table(STATUS)?;
-                let runs = txn.open_table(RUNS)?;
-                let code = status.code();
-                let range = match workflow {
-                    Some(w) => index.range((code, w, "")..)?,
-                    None => index.range((code, "", "")..)?,
-                };
                 let mut out = Vec::new();
-                for entry in range {
-                    let (key, _) = entry?;
-                    let (c, w, run_id) = key.value();
-                    if c != code || workflow.is_some_and(|want| want != w) {
-                        break;
-                    }
-                    if let Some(info) = read_info(&runs, run_id)? {
-                        out.push(info);
-                    }
-                }
+                scan(txn, status, workflow, |info| {
+                    out.push(info);
+                    Ok(())
+                })?;
                 Ok(out)
             },
         )
@@ -467,29 +455,115 @@ impl RedbStore {
 
     /// The ready runs of `workflows` (running runs, and waiting runs whose wait can end or
     /// whose cancellation was asked for), by workflow then status: what
-    /// [`Store::claim_ready`](crate::store::Store::claim_ready) takes leases of.
+    /// [`Store::claim_ready`](crate::store::Store::claim_ready) takes leases of. With
+    /// `parked`, also every waiting run, lean, read in the same pass
+    /// ([`Store::claim_ready_and_parked`](crate::store::Store::claim_ready_and_parked)).
     pub(super) fn ready_runs(
         &self,
         workflows: &[crate::store::ClaimFilter],
+        mut parked: Option<&mut Vec<ParkedRun>>,
     ) -> Result<Vec<RunInfo>> {
         let now = crate::record::now_ms();
-        let mut out = Vec::new();
-        for filter in workflows {
-            for status in [RunStatus::Running, RunStatus::Waiting] {
-                for info in RedbStore::list(self, status, Some(&filter.workflow))? {
-                    let ready = match info.readiness().at(now) {
+        self.read(
+            || "listing the ready runs".to_owned(),
+            |txn| {
+                let pending = txn.open_table(PENDING)?;
+                let is_ready = |run_id: &str, readiness: Readiness<'_>| {
+                    Ok::<_, ReadError>(match readiness.at(now) {
                         Ready::Now => true,
-                        Ready::OnEvent(event) => RedbStore::has_pending(self, &info.run_id, event)?,
+                        Ready::OnEvent(event) => pending
+                            .range((run_id, event, 0)..=(run_id, event, u64::MAX))?
+                            .next()
+                            .is_some(),
                         Ready::No => false,
-                    };
-                    if ready {
-                        out.push(info);
-                    }
+                    })
+                };
+                let mut out = Vec::new();
+                for filter in workflows {
+                    let workflow: Arc<str> = Arc::from(filter.workflow.as_str());
+                    // A running run is ready, and claimed with its row: decoded whole.
+                    scan(txn, RunStatus::Running, Some(&filter.workflow), |info| {
+                        if is_ready(&info.run_id, info.readiness())? {
+                            out.push(info);
+                        }
+                        Ok(())
+                    })?;
+                    // Row by row, and of a waiting run only what says when it is ready
+                    // (most are not: parked, they are kept lean, if at all).
+                    scan_rows(
+                        txn,
+                        RunStatus::Waiting,
+                        Some(&filter.workflow),
+                        |run_id, bytes| {
+                            let Some((schema, readiness)) = row_readiness(bytes) else {
+                                let info = RunInfo::decode(run_id, bytes)?;
+                                if let Some(parked) = parked.as_deref_mut() {
+                                    parked.push(ParkedRun::of(Arc::clone(&workflow), &info));
+                                }
+                                if is_ready(run_id, info.readiness())? {
+                                    out.push(info);
+                                }
+                                return Ok(());
+                            };
+                            if let Some(parked) = parked.as_deref_mut() {
+                                parked.push(ParkedRun {
+                                    workflow: Arc::clone(&workflow),
+                                    run_id: run_id.to_owned(),
+                                    schema,
+                                    from_ms: readiness.from_ms,
+                                });
+                            }
+                            if is_ready(run_id, readiness)? {
+                                out.push(RunInfo::decode(run_id, bytes)?);
+                            }
+                            Ok(())
+                        },
+                    )?;
                 }
-            }
-        }
-        Ok(out)
+                Ok(out)
+            },
+        )
     }
+}
+
+/// Calls `each` with the row of every run with `status` (only of `workflow`, if given), in
+/// the status index's order (by workflow, then run id), decoding one row at a time.
+fn scan(
+    txn: &redb::ReadTransaction,
+    status: RunStatus,
+    workflow: Option<&str>,
+    mut each: impl FnMut(RunInfo) -> std::result::Result<(), ReadError>,
+) -> std::result::Result<(), ReadError> {
+    scan_rows(txn, status, workflow, |run_id, bytes| {
+        each(RunInfo::decode(run_id, bytes)?)
+    })
+}
+
+/// [`scan`], with each row as stored: `(run id, bytes)`.
+fn scan_rows(
+    txn: &redb::ReadTransaction,
+    status: RunStatus,
+    workflow: Option<&str>,
+    mut each: impl FnMut(&str, &[u8]) -> std::result::Result<(), ReadError>,
+) -> std::result::Result<(), ReadError> {
+    let index = txn.open_table(STATUS)?;
+    let runs = txn.open_table(RUNS)?;
+    let code = status.code();
+    let range = match workflow {
+        Some(w) => index.range((code, w, "")..)?,
+        None => index.range((code, "", "")..)?,
+    };
+    for entry in range {
+        let (key, _) = entry?;
+        let (c, w, run_id) = key.value();
+        if c != code || workflow.is_some_and(|want| want != w) {
+            break;
+        }
+        if let Some(bytes) = runs.get(run_id)? {
+            each(run_id, bytes.value())?;
+        }
+    }
+    Ok(())
 }
 
 pub(in crate::store) enum ReadError {

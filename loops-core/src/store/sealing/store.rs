@@ -356,6 +356,25 @@ impl Store for SealedStore {
         })
     }
 
+    /// A parked run's listing carries no payload: as it is; the claimed rows are opened as
+    /// [`claim_ready`](Store::claim_ready)'s.
+    fn claim_ready_and_parked<'a>(
+        &'a self,
+        workflows: &'a [ClaimFilter],
+        limit: usize,
+    ) -> BoxFuture<'a, Result<crate::store::ReadyAndParked>> {
+        Box::pin(async move {
+            self.check(false).await?;
+            let (mut claimed, parked) = self.inner.claim_ready_and_parked(workflows, limit).await?;
+            for (info, _) in &mut claimed {
+                if let Err(e) = self.payloads.open_info(info) {
+                    tracing::warn!(run_id = %info.run_id, error = %e, "claimed a run whose row does not open");
+                }
+            }
+            Ok((claimed, parked))
+        })
+    }
+
     fn shared_limits(&self) -> Option<Arc<dyn crate::store::SharedLimits>> {
         self.inner.shared_limits()
     }
