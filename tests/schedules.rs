@@ -351,3 +351,40 @@ async fn a_tick_cut_short_before_it_settled_is_driven_by_the_next_catch_up() {
     assert_eq!(*reporter.ticks.lock().unwrap(), [T0 + MINUTE]);
     rt.shutdown().await;
 }
+
+/// A tick's run cut short in its handler (its tick settled) is driven when the process
+/// registers the schedule again, without `resume_all`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ticks_run_cut_short_in_its_handler_is_driven_when_the_schedule_is_registered() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let clock = clock();
+    let stuck = Runtime::builder()
+        .clock(clock.clone())
+        .register::<Report, _>(Stuck)
+        .build(RedbStore::open(&path).unwrap());
+    schedule(&stuck, "s", every_minute(CatchUp::All)).await;
+    advance(&clock, MINUTE);
+    // The tick fires, its run sticks in its handler, and the tick settles.
+    loop {
+        let listed = stuck.schedules().await.unwrap();
+        if listed[0].info.last_tick_ms == Some(T0 + MINUTE) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Shutting down drops the stuck driver as a crash would.
+    stuck.shutdown().await;
+    drop(stuck);
+
+    advance(&clock, MINUTE / 2);
+    let reporter = Reporter::default();
+    let rt = runtime(&clock, RedbStore::open(&path).unwrap(), &reporter);
+    let row = schedule(&rt, "s", every_minute(CatchUp::All)).await;
+    assert_eq!(row.last_tick_ms, Some(T0 + MINUTE));
+    tokio::time::timeout(Duration::from_secs(30), completed(&rt, "s", 1))
+        .await
+        .expect("the tick's run is driven");
+    assert_eq!(*reporter.ticks.lock().unwrap(), [T0 + MINUTE]);
+    rt.shutdown().await;
+}

@@ -86,10 +86,10 @@ impl Runtime {
     /// its run id is derived from the schedule and the tick, and a run id is created once.
     /// Calling this again with the same name in the same runtime replaces its loop.
     ///
-    /// The runs of ticks are runs like any other: after a crash, those cut short are driven
-    /// again by [`resume_all`](Self::resume_all) or [`serve`](Self::serve), which a process
-    /// that keeps schedules calls at its start. (A tick fired again, found started but not
-    /// ended, gets a driver here too.)
+    /// The runs of ticks are runs like any other, and [`resume_all`](Self::resume_all) or
+    /// [`serve`](Self::serve) drive them after a crash; this call also gives a driver to each
+    /// run of the schedule's earlier ticks that has not ended (found through the attribute
+    /// index), so that a process that only registers its schedules finishes them too.
     ///
     /// Returns the stored row after the catch-up.
     ///
@@ -142,6 +142,7 @@ impl Runtime {
             start,
         };
         let row = self.catch_up(&looped, now).await?;
+        self.drive_unfinished_ticks(name).await;
         let after = row.through_ms.max(now);
         let stop = tokio_util::sync::CancellationToken::new();
         let old = self
@@ -162,6 +163,28 @@ impl Runtime {
             }
         });
         Ok(row)
+    }
+
+    /// Gives a driver to each run of the schedule `name`'s earlier ticks that has not ended
+    /// (a crash cut it short, in its handler or before its tick settled), found through the
+    /// attribute index, unless one drives it here already (or, on a shared store, elsewhere):
+    /// so that a process that registers its schedules but does not call `resume_all` still
+    /// finishes them. A failed search is logged: `resume_all` or `serve` drives them anyway.
+    async fn drive_unfinished_ticks(&self, name: &str) {
+        let filter = crate::attribute::RunFilter::new()
+            .attribute(SCHEDULE_ATTRIBUTE, name)
+            .status(RunStatus::Running)
+            .status(RunStatus::Waiting);
+        match crate::store::find_runs(self.store(), &filter).await {
+            Ok(runs) => {
+                for (info, _) in runs {
+                    self.spawn_driver(&info.workflow, &info.run_id);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(schedule = name, error = %e, "could not look for the schedule's unfinished runs; resume_all drives them");
+            }
+        }
     }
 
     /// The catch-up at registration: the ticks after the stored row's last settled one, up
