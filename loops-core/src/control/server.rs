@@ -348,9 +348,12 @@ impl From<Error> for ApiError {
                 ErrorKind::InvalidArgument,
                 Some(run_id.clone()),
             ),
-            Error::InvalidName { .. }
-            | Error::InvalidAttribute { .. }
-            | Error::InvalidSchedule { .. } => {
+            Error::InvalidName { run_id, .. } | Error::InvalidAttribute { run_id, .. } => (
+                StatusCode::BAD_REQUEST,
+                ErrorKind::InvalidArgument,
+                Some(run_id.clone()),
+            ),
+            Error::InvalidSchedule { .. } => {
                 (StatusCode::BAD_REQUEST, ErrorKind::InvalidArgument, None)
             }
             Error::ScheduleNotFound { .. } => (StatusCode::NOT_FOUND, ErrorKind::Failed, None),
