@@ -309,7 +309,7 @@ impl ReportHandler for Stuck {
 }
 
 /// A tick whose run was started but not settled (the process stopped in between) is fired
-/// again by the next catch-up, which finds its run unfinished and drives it: without
+/// again by the next catch-up and driven when the schedule is registered again: without
 /// `resume_all`, it would stay running for ever.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tick_cut_short_before_it_settled_is_driven_by_the_next_catch_up() {
@@ -341,15 +341,7 @@ async fn a_tick_cut_short_before_it_settled_is_driven_by_the_next_catch_up() {
     nobody.shutdown().await;
     drop(nobody);
 
-    advance(&clock, MINUTE / 2);
-    let rt = runtime(&clock, RedbStore::open(&path).unwrap(), &reporter);
-    let row = schedule(&rt, "s", every_minute(CatchUp::All)).await;
-    assert_eq!(row.last_tick_ms, Some(T0 + MINUTE));
-    tokio::time::timeout(Duration::from_secs(30), completed(&rt, "s", 1))
-        .await
-        .expect("the tick's run is driven");
-    assert_eq!(*reporter.ticks.lock().unwrap(), [T0 + MINUTE]);
-    rt.shutdown().await;
+    finishes_tick_one_when_registered_again(&path, &clock).await;
 }
 
 /// A tick's run cut short in its handler (its tick settled) is driven when the process
@@ -377,9 +369,15 @@ async fn a_ticks_run_cut_short_in_its_handler_is_driven_when_the_schedule_is_reg
     stuck.shutdown().await;
     drop(stuck);
 
-    advance(&clock, MINUTE / 2);
+    finishes_tick_one_when_registered_again(&path, &clock).await;
+}
+
+/// Half a minute later, a process registers schedule `s` again (no `resume_all`): the run of
+/// its tick at minute 1, left unfinished in the store at `path`, is driven to its end, once.
+async fn finishes_tick_one_when_registered_again(path: &std::path::Path, clock: &ManualClock) {
+    advance(clock, MINUTE / 2);
     let reporter = Reporter::default();
-    let rt = runtime(&clock, RedbStore::open(&path).unwrap(), &reporter);
+    let rt = runtime(clock, RedbStore::open(path).unwrap(), &reporter);
     let row = schedule(&rt, "s", every_minute(CatchUp::All)).await;
     assert_eq!(row.last_tick_ms, Some(T0 + MINUTE));
     tokio::time::timeout(Duration::from_secs(30), completed(&rt, "s", 1))
