@@ -40,10 +40,12 @@ impl Kin for Inner {
 impl Inner {
     /// Marks the child `run_id` as looked after by this process; whether it was not yet.
     fn looked_after(&self, run_id: &str) -> bool {
-        self.children
+        let mut children = self
+            .children
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(run_id.to_owned())
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // A join looks at each unfinished child at every wake-up: no allocation once known.
+        !children.contains(run_id) && children.insert(run_id.to_owned())
     }
 }
 

@@ -166,14 +166,18 @@ impl Drive<'_> {
     /// drivers stopped with the process that started them. A failed read is logged: the
     /// children are then driven as any run is (`resume_all`, `serve`, another worker).
     async fn look_after_children(&self, info: &RunInfo) {
+        // Most parked runs wait for something else: settled by a field, before anything else.
         let waits_for_children = info
             .wait
             .as_ref()
             .is_some_and(|w| w.event.as_deref() == Some(CHILD_ENDED));
+        if !waits_for_children {
+            return;
+        }
         let Some(kin) = self.kin.as_ref().and_then(std::sync::Weak::upgrade) else {
             return;
         };
-        if !waits_for_children || !kin.first_look_at_children(&info.run_id) {
+        if !kin.first_look_at_children(&info.run_id) {
             return;
         }
         match self.store.children(&info.run_id).await {
