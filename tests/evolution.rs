@@ -672,6 +672,120 @@ async fn registering_the_missing_version_on_a_running_runtime_unblocks_its_runs(
     rt.shutdown().await;
 }
 
+/// Where the driver that blocks a run stands, for
+/// `a_version_registered_while_the_run_is_being_blocked_unblocks_it`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Holding {
+    Driving,
+    /// The driver committed the block and holds the run (in the hook).
+    Held,
+    /// The version is being registered (while the driver holds the run).
+    Registering,
+    /// The registration's sweep listed the blocked runs while the driver held the run.
+    Listed,
+    /// The driver may go on.
+    Released,
+}
+
+/// Holds the driver that commits a block, with the run claimed, until the test releases it;
+/// notes the sweep's list of blocked runs meanwhile.
+#[derive(Clone)]
+struct HoldBlock(Arc<(Mutex<Holding>, std::sync::Condvar)>);
+
+impl HoldBlock {
+    fn set(&self, to: Holding) {
+        *self.0.0.lock().unwrap() = to;
+        self.0.1.notify_all();
+    }
+
+    /// Waits (on a blocking thread) until the driver stands at `at`, for at most 10 s.
+    async fn reached(&self, at: Holding) {
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let guard = this.0.0.lock().unwrap();
+            let (guard, _) = this
+                .0
+                .1
+                .wait_timeout_while(guard, Duration::from_secs(10), |h| *h != at)
+                .unwrap();
+            assert_eq!(*guard, at);
+        })
+        .await
+        .unwrap();
+    }
+}
+
+impl loops::testing::WriteHook for HoldBlock {
+    fn after(
+        &self,
+        seen: &loops::testing::WriteSeen,
+        _: &loops::Result<loops::Reply>,
+    ) -> loops::testing::Verdict {
+        if seen.kind == "Block" {
+            self.set(Holding::Held);
+            let guard = self.0.0.lock().unwrap();
+            let _ = self
+                .0
+                .1
+                .wait_timeout_while(guard, Duration::from_secs(10), |h| *h != Holding::Released)
+                .unwrap();
+        }
+        loops::testing::Verdict::Go
+    }
+
+    fn call(&self, call: &loops::testing::Call<'_>) -> loops::testing::Verdict {
+        if let loops::testing::Call::List {
+            status: RunStatus::Blocked,
+            ..
+        } = call
+        {
+            let mut holding = self.0.0.lock().unwrap();
+            if *holding == Holding::Registering {
+                *holding = Holding::Listed;
+                self.0.1.notify_all();
+            }
+        }
+        loops::testing::Verdict::Go
+    }
+}
+
+/// The race the test above runs into now and then, made certain: the version is registered
+/// while the driver that blocked the run still holds it, so the registration's sweep finds
+/// the run driven and leaves it; the driver, done, routes it again and it finishes on v1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_registered_while_the_run_is_being_blocked_unblocks_it() {
+    let base = memory();
+    let log = Log::default();
+    stop_v1_at(&base, &log, "r", "Packed").await;
+    let hold = HoldBlock(Arc::new((
+        Mutex::new(Holding::Driving),
+        std::sync::Condvar::new(),
+    )));
+    let store = HookedStore::with_hook(base.inner().clone(), hold.clone());
+    let rt = Runtime::builder()
+        .register::<v2::Order, _>(Handler::new(2, &log))
+        .build(store.clone());
+    rt.resume_all().await.unwrap();
+    hold.reached(Holding::Held).await;
+    hold.set(Holding::Registering);
+    rt.register::<v1::Order, _>(Handler::new(1, &log));
+    hold.reached(Holding::Listed).await;
+    // The sweep looks at the listed run while the driver holds it.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    hold.set(Holding::Released);
+    rt.wait_for_status("r", RunStatus::Completed).await.unwrap();
+    assert_eq!(
+        rt.wait::<v1::Order>("r").await.unwrap(),
+        v1::Order::Shipped { item: "r".into() }
+    );
+    assert_eq!(
+        store.kinds_of("r"),
+        ["Block", "Unblock", "BeginAttempt", "Transition"]
+    );
+    assert_eq!(log.effects_of("r"), ["reserve", "weigh"]);
+    rt.shutdown().await;
+}
+
 /// A refusal that `Runtime::start` or `Runtime::run` returns carries the changes itself: the
 /// block is logged once at INFO, without them, not at WARN (which would print them twice).
 #[tokio::test]

@@ -15,7 +15,7 @@ use crate::route::{Blocked, KnownVersion, Route, StoredRun, route};
 use crate::row::RunInfo;
 use crate::run::driver::Entered;
 use crate::runtime::claims::Claim;
-use crate::runtime::handle::{Prepared, Runtime};
+use crate::runtime::handle::{Prepared, Registry, Runtime};
 use crate::schema::{SchemaDiff, SchemaHash};
 use crate::status::RunStatus;
 use crate::store::Write;
@@ -329,8 +329,7 @@ impl Runtime {
                 .list(RunStatus::Blocked, Some(&workflow))
                 .await?
             {
-                if !matches!(self.route_of(&info, &known).await?, Route::Block(_)) {
-                    self.spawn_driver(&workflow, &info.run_id);
+                if self.drive_blocked_if_routable(&info, &known).await? {
                     routable.push(info);
                 }
             }
@@ -342,6 +341,44 @@ impl Runtime {
             );
         }
         Ok(routable)
+    }
+
+    /// Gives the blocked run `info` a driver if this build can route it now (among `known`,
+    /// the registered versions of its workflow, and the registered migrations); returns
+    /// whether it did.
+    async fn drive_blocked_if_routable(
+        &self,
+        info: &RunInfo,
+        known: &[KnownVersion],
+    ) -> Result<bool> {
+        if info.status != RunStatus::Blocked
+            || matches!(self.route_of(info, known).await?, Route::Block(_))
+        {
+            return Ok(false);
+        }
+        self.spawn_driver(&info.workflow, &info.run_id);
+        Ok(true)
+    }
+
+    /// After a driver that could not route `run_id` let it go: if a version or migration was
+    /// registered since the registry's generation was `registrations` (when the driver
+    /// began), that registration's sweep found the run driven and left it, so the run, if
+    /// blocked, is routed again and driven if it can be now. Errors reading the store are
+    /// logged (the next registration or `resume_all` looks again).
+    pub(crate) async fn route_again_if_registered(&self, run_id: &str, registrations: u64) {
+        if self.registry(Registry::generation) == registrations {
+            return;
+        }
+        let routed = async {
+            let Some(info) = self.store().run_info(run_id).await? else {
+                return Ok(false);
+            };
+            let known = self.registry(|r| r.known(&info.workflow));
+            self.drive_blocked_if_routable(&info, &known).await
+        };
+        if let Err(e) = routed.await {
+            tracing::warn!(run_id, error = %e, "could not look at the blocked run again");
+        }
     }
 
     /// What this build would do with every unfinished or blocked run in the store, by

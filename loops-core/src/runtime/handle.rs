@@ -100,6 +100,9 @@ pub(crate) struct Version {
 pub(crate) struct Registry {
     workflows: BTreeMap<String, Vec<Version>>,
     migrations: Vec<Migration>,
+    /// How many registrations changed it: a driver that routed a run before a registration
+    /// looks at its blocked run again after (see `Runtime::after_background`).
+    generation: u64,
 }
 
 impl Registry {
@@ -111,6 +114,7 @@ impl Registry {
             Some(v) => *v = version,
             None => versions.push(version),
         }
+        self.generation += 1;
     }
 
     /// Adds `migration`, replacing one registered between the same two schemas.
@@ -124,6 +128,13 @@ impl Registry {
             Some(m) => *m = migration,
             None => self.migrations.push(migration),
         }
+        self.generation += 1;
+    }
+
+    /// How many registrations (versions and migrations) changed the registry: unchanged
+    /// between two reads, nothing was registered between them.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation
     }
 
     /// The registered versions of `workflow`.

@@ -17,7 +17,7 @@ use crate::run::dispatch::Dispatch;
 use crate::run::driver::{Driven, Mode};
 use crate::runtime::claims::Claim;
 use crate::runtime::evolve::{OnBlock, Routing};
-use crate::runtime::handle::{Driver, Inner, Prepared, Runtime, Start, Stopped, Version};
+use crate::runtime::handle::{Driver, Inner, Prepared, Registry, Runtime, Start, Stopped, Version};
 use crate::runtime::scheduler::{Background, Hooks};
 use crate::status::RunStatus;
 use crate::store::{BoxFuture, Lease};
@@ -85,6 +85,7 @@ impl Runtime {
     pub(crate) fn spawn_background(&self, start: Start) {
         let rt = self.clone();
         let task = async move {
+            let registrations = rt.registry(Registry::generation);
             let (claim, prepared, granted) = match start {
                 Start::Claimed(claimed) => {
                     let (claim, prepared) = *claimed;
@@ -110,7 +111,7 @@ impl Runtime {
                 .instrument(span)
                 .await;
             drop(claim);
-            rt.after_background(&workflow, &run_id, parent.as_deref(), result)
+            rt.after_background(&workflow, &run_id, parent.as_deref(), result, registrations)
                 .await;
             rt.inner.background.notify_ended();
         };
@@ -190,30 +191,34 @@ impl Runtime {
 
     /// What follows a background driver's end: a timer for a parked run, a log line for an
     /// error, another driver for news that reached the run while this one stopped.
+    /// `registrations`: the registry's generation when the driver began.
     async fn after_background(
         &self,
         workflow: &str,
         run_id: &str,
         parent: Option<&str>,
         result: Result<Option<Stopped>>,
+        registrations: u64,
     ) {
         let ended = matches!(
             result,
             Ok(Some(Stopped::Ended)) | Err(Error::RunFailed { .. } | Error::RunCancelled { .. })
         );
-        let hand_off = match result {
+        // `hand_off`: the run is free for news that reached it meanwhile; `blocked`: this
+        // build could not drive it (or it is gone).
+        let (hand_off, blocked) = match result {
             Ok(Some(Stopped::Parked(info))) => {
                 if let Some(until) = info.wait.as_ref().and_then(|w| w.until_ms) {
                     self.add_timer(until, workflow, run_id);
                 }
-                true
+                (true, false)
             }
-            Ok(Some(Stopped::Ended)) => true,
+            Ok(Some(Stopped::Ended)) => (true, false),
             // Blocked (said once, by the block), or gone.
-            Ok(None) => false,
+            Ok(None) => (false, true),
             Err(e @ (Error::RunFailed { .. } | Error::RunCancelled { .. })) => {
                 tracing::info!(run_id, error = %e, "run ended");
-                true
+                (true, false)
             }
             // Its records are of a shape this version does not compile, or another build
             // blocked it: trying again changes nothing (issue 14). Said once; the run is left
@@ -225,7 +230,7 @@ impl Runtime {
                 | Error::MigrationRefused { .. }),
             ) => {
                 tracing::warn!(run_id, error = %e, "this build cannot drive the run; not retried");
-                false
+                (false, true)
             }
             Err(e) => {
                 // A storage error, say: try again in a second rather than at once.
@@ -233,7 +238,7 @@ impl Runtime {
                 if !workflow.is_empty() {
                     self.add_timer(self.now_ms() + 1000, workflow, run_id);
                 }
-                false
+                (false, false)
             }
         };
         // Whatever reached the run while this driver still held it (an event, a
@@ -241,6 +246,9 @@ impl Runtime {
         // driver, which was stopping. Look again now that the run is free.
         if hand_off && needs_driver(self, run_id).await {
             self.spawn_driver(workflow, run_id);
+        }
+        if blocked {
+            self.route_again_if_registered(run_id, registrations).await;
         }
         if ended {
             self.forget_ended(run_id);

@@ -17,7 +17,7 @@ use crate::run::dispatch::Dispatch;
 use crate::run::driver::{Driven, Entered, FAULT_BACKOFF, Mode, schema_changes};
 use crate::runtime::claims::Claim;
 use crate::runtime::evolve::{OnBlock, Routing};
-use crate::runtime::handle::{Prepared, Runtime, Start, check_workflow};
+use crate::runtime::handle::{Prepared, Registry, Runtime, Start, check_workflow};
 use crate::schema::{SchemaDiff, SchemaHash};
 use crate::status::RunStatus;
 use crate::store::ParkedRun;
@@ -169,6 +169,7 @@ impl Runtime {
         H: ?Sized + Sync,
     {
         validate_run_id(run_id)?;
+        let registrations = self.registry(Registry::generation);
         let claim = self.claim(run_id).await?;
         let span = tracing::info_span!("run", run_id, workflow = W::NAME);
         // A run's parent never changes: known at entry, it need not be read again at the end.
@@ -195,6 +196,9 @@ impl Runtime {
         .await;
         drop(claim);
         self.inner.background.notify_ended();
+        if matches!(result, Err(Error::SchemaMismatch { .. })) {
+            self.route_again_if_registered(run_id, registrations).await;
+        }
         if matches!(
             result,
             Ok(Driven::Ended(_)) | Err(Error::RunFailed { .. } | Error::RunCancelled { .. })
@@ -250,6 +254,7 @@ impl Runtime {
                 workflow: W::NAME.to_owned(),
             });
         }
+        let registrations = self.registry(Registry::generation);
         let claim = match self.claim(run_id).await {
             Ok(claim) => claim,
             Err(Error::RunActive { run_id: active }) => {
@@ -293,7 +298,17 @@ impl Runtime {
             }
         }
         .instrument(span)
-        .await?;
+        .await;
+        let prepared = match prepared {
+            Ok(prepared) => prepared,
+            Err(e) => {
+                drop(claim);
+                if matches!(e, Error::SchemaMismatch { .. }) {
+                    self.route_again_if_registered(run_id, registrations).await;
+                }
+                return Err(e);
+            }
+        };
         let info = prepared.entered.info.clone();
         self.spawn_background(Start::Claimed(Box::new((claim, prepared))));
         Ok(info)
