@@ -17,12 +17,18 @@
 //! See docs/benchmarks.md for what each measures and the results. Nothing here runs under
 //! `cargo test`; no test asserts a time.
 
+#[path = "loops/batches.rs"]
+mod batches;
 #[path = "loops/child.rs"]
 mod child;
 #[path = "loops/compare.rs"]
 mod compare;
 #[path = "loops/disk.rs"]
 mod disk;
+#[path = "loops/goals.rs"]
+mod goals;
+#[path = "loops/langgraph.rs"]
+mod langgraph;
 #[path = "loops/latency.rs"]
 mod latency;
 #[path = "loops/measure.rs"]
@@ -244,7 +250,7 @@ fn run(args: &Args) {
         let l = latency.as_ref().expect("measured with the latency");
         let cfg = throughput::Config {
             runs: if args.runs.is_empty() {
-                vec![1, 8, 64, 512]
+                vec![1, 8, 64, 256, 512]
             } else {
                 args.runs.clone()
             },

@@ -6,7 +6,8 @@
 //!   medians over rounds, ratios medians of the ratios within a round.
 //! - **Resume** after 10 and 1 000 transitions: child processes on fresh copies of seeded
 //!   files, loops (`resume::child_main`) and SQLite (`sqlite::child_main`) alternating; each
-//!   child takes its own floor.
+//!   child takes its own floor. With a Python that has LangGraph (`langgraph.rs`), LangGraph +
+//!   SqliteSaver's resume of the same history length follows each pair (issue 19, goal 5).
 //! - **64 concurrent runs**: transitions per second in slices rotated between loops, the
 //!   floor, and SQLite with one connection per thread and with one shared connection.
 
@@ -19,6 +20,7 @@ use loops::{RedbStore, Runtime};
 use serde::Serialize;
 
 use crate::child;
+use crate::langgraph;
 use crate::latency::drive;
 use crate::measure::{Raw, median, process_cpu_ns};
 use crate::report::{size, thousands};
@@ -140,8 +142,25 @@ pub struct ResumeRow {
     pub sqlite_in_floors: f64,
     /// Median over reps of (loops total / SQLite total), each in the child's floors.
     pub loops_over_sqlite: f64,
+    /// Median over children of loops' open plus its resume until the handler is entered:
+    /// open to the first new step.
+    pub loops_entry_us: f64,
+    /// LangGraph + SqliteSaver's resume of a thread of as many steps, if measured.
+    pub langgraph: Option<LangGraphResume>,
     pub loops_children: Vec<resume::Child>,
     pub sqlite_children: Vec<sqlite::Child>,
+}
+
+/// LangGraph's resume figures of one history length (medians over children, µs).
+#[derive(Debug, Clone, Serialize)]
+pub struct LangGraphResume {
+    pub file_bytes: u64,
+    pub open_us: f64,
+    /// Open to the first new step's entry.
+    pub entry_total_us: f64,
+    /// Open to that step's checkpoint committed.
+    pub total_us: f64,
+    pub children: Vec<langgraph::Child>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -184,6 +203,8 @@ pub struct Compare {
     pub flows: Vec<FlowRow>,
     pub resume_reps: usize,
     pub resume: Vec<ResumeRow>,
+    /// The LangGraph and saver versions of the resume's peer rows, if measured.
+    pub langgraph_version: Option<String>,
     pub rates: Rates,
 }
 
@@ -204,7 +225,11 @@ pub fn run(tokio: &tokio::runtime::Runtime, dir: &Path, cfg: &Config) -> Compare
     let flows = flows(tokio, &rt, dir, cfg, record_bytes, row_bytes);
     drop(store);
     drop(rt);
-    let resume = resumes(dir, cfg);
+    let python = langgraph::python();
+    if python.is_none() {
+        eprintln!("  (no Python with LangGraph: its resume rows are left out)");
+    }
+    let resume = resumes(dir, cfg, python.as_deref());
     let rates = rates(tokio, dir, cfg, record_bytes, row_bytes);
     Compare {
         sqlite_version: rusqlite::version().to_owned(),
@@ -215,6 +240,7 @@ pub fn run(tokio: &tokio::runtime::Runtime, dir: &Path, cfg: &Config) -> Compare
         flows,
         resume_reps: cfg.resume_reps,
         resume,
+        langgraph_version: python.as_deref().map(langgraph::version),
         rates,
     }
 }
@@ -325,8 +351,9 @@ fn sqlite_flow(db: &mut Sqlite, id: &str, steps: u64, journaled: bool) {
 }
 
 /// The resume rows: for each history size, `cfg.resume_reps` loops children and as many
-/// SQLite children, alternating, each on a fresh copy of its template.
-fn resumes(dir: &Path, cfg: &Config) -> Vec<ResumeRow> {
+/// SQLite children, alternating, each on a fresh copy of its template; and as many LangGraph
+/// children after each pair, with `python`.
+fn resumes(dir: &Path, cfg: &Config, python: Option<&Path>) -> Vec<ResumeRow> {
     let mut templates = Vec::new();
     for &records in &cfg.resume_sizes {
         let loops_path = dir.join(format!("compare-resume-{records}.redb"));
@@ -341,9 +368,34 @@ fn resumes(dir: &Path, cfg: &Config) -> Vec<ResumeRow> {
         templates.push((records, loops_path, sqlite_path));
     }
     let n = templates.len();
+    let lg_templates: Vec<std::path::PathBuf> = match python {
+        Some(python) => cfg
+            .resume_sizes
+            .iter()
+            .map(|&records| {
+                let path = dir.join(format!("compare-resume-{records}.langgraph.sqlite"));
+                langgraph::seed(python, &path, records);
+                path
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    let mut lg_children: Vec<Vec<langgraph::Child>> = vec![Vec::new(); n];
     let mut loops_children: Vec<Vec<resume::Child>> = vec![Vec::new(); n];
     let mut sqlite_children: Vec<Vec<sqlite::Child>> = vec![Vec::new(); n];
     for rep in 0..cfg.resume_reps {
+        if let Some(python) = python {
+            for (i, template) in lg_templates.iter().enumerate() {
+                let work = dir.join("compare-resume-work.langgraph.sqlite");
+                let out = langgraph::resume(python, template, &work);
+                eprintln!(
+                    "  {:>6} records, LangGraph: open {:>7.0} µs  first step {:>6.0} µs  \
+                     committed {:>6.0} µs",
+                    cfg.resume_sizes[i], out.open_us, out.entry_us, out.resume_us
+                );
+                lg_children[i].push(out);
+            }
+        }
         for k in 0..2 * n {
             // Rotate sizes and stores: loops first at even reps, SQLite first at odd ones.
             let j = (k + rep) % (2 * n);
@@ -376,6 +428,8 @@ fn resumes(dir: &Path, cfg: &Config) -> Vec<ResumeRow> {
             }
         }
     }
+    let mut lg_children = lg_children.into_iter();
+    let mut lg_templates = lg_templates.into_iter();
     templates
         .into_iter()
         .zip(loops_children.into_iter().zip(sqlite_children))
@@ -384,6 +438,21 @@ fn resumes(dir: &Path, cfg: &Config) -> Vec<ResumeRow> {
             let (loops_file_bytes, sqlite_file_bytes) = (file(&loops_path), file(&sqlite_path));
             let _ = std::fs::remove_file(loops_path);
             let _ = std::fs::remove_file(sqlite_path);
+            let lg = lg_children.next().unwrap_or_default();
+            let langgraph = lg_templates.next().map(|template| {
+                let file_bytes = file(&template);
+                langgraph::remove(&template);
+                let m = |f: &dyn Fn(&langgraph::Child) -> f64| {
+                    median(&lg.iter().map(f).collect::<Vec<_>>())
+                };
+                LangGraphResume {
+                    file_bytes,
+                    open_us: m(&|c| c.open_us),
+                    entry_total_us: m(&|c| c.open_us + c.entry_us),
+                    total_us: m(&|c| c.open_us + c.resume_us),
+                    children: lg.clone(),
+                }
+            });
             let ml =
                 |f: &dyn Fn(&resume::Child) -> f64| median(&l.iter().map(f).collect::<Vec<_>>());
             let ms =
@@ -410,6 +479,8 @@ fn resumes(dir: &Path, cfg: &Config) -> Vec<ResumeRow> {
                 sqlite_total_us: ms(&|c| c.open_us + c.resume_us),
                 sqlite_in_floors: ms(&sqlite_floors),
                 loops_over_sqlite: median(&per_rep),
+                loops_entry_us: ml(&|c| c.open_us + c.entry_us),
+                langgraph,
                 loops_children: l,
                 sqlite_children: s,
             }
@@ -548,6 +619,7 @@ pub fn section(s: &mut String, x: &Compare) {
     );
     flows_table(s, x);
     resume_table(s, x);
+    langgraph_table(s, x);
     rates_table(s, &x.rates);
 }
 
@@ -625,6 +697,49 @@ fn resume_table(s: &mut String, x: &Compare) {
             r.sqlite_resume_us,
             r.sqlite_total_us,
             r.sqlite_in_floors,
+        );
+    }
+}
+
+/// The resume rows against LangGraph (issue 19, goal 5), with the text above them.
+fn langgraph_table(s: &mut String, x: &Compare) {
+    let Some(version) = &x.langgraph_version else {
+        s.push_str(
+            "\nLangGraph's resume was not measured in this run (no Python with LangGraph; \
+             docs/benchmarks.md, \"Run it\").\n",
+        );
+        return;
+    };
+    let _ = writeln!(
+        s,
+        "\n**Resume against LangGraph** (langgraph and langgraph-checkpoint-sqlite {version}): a \
+         thread of N steps of a one-node graph that loops, checkpointed by `SqliteSaver` with \
+         `durability=\"sync\"`, killed in step N+1; {} Python children per size, each on a \
+         fresh copy, after Python is warmed up (imports, and a run and a resume of the same \
+         graph on an in-memory saver, uncounted). Open: the connection, the saver and \
+         `compile`; first new step: until it is entered (loops: `Runtime::run` until the \
+         handler is entered, which includes the attempt's commit); committed: until its \
+         checkpoint is (LangGraph: the entry of the step after it; loops: the transition's \
+         commit).\n",
+        x.resume_reps
+    );
+    let _ = writeln!(
+        s,
+        "| history | open to first new step: loops | LangGraph | loops / LangGraph | open to its commit: loops | LangGraph | loops / LangGraph |\n\
+         |---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for r in &x.resume {
+        let Some(lg) = &r.langgraph else { continue };
+        let _ = writeln!(
+            s,
+            "| {} | {:.0} µs | {:.0} µs | {:.2}x | {:.0} µs | {:.0} µs | {:.2}x |",
+            thousands(r.records as f64),
+            r.loops_entry_us,
+            lg.entry_total_us,
+            r.loops_entry_us / lg.entry_total_us,
+            r.loops_total_us,
+            lg.total_us,
+            r.loops_total_us / lg.total_us,
         );
     }
 }

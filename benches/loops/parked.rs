@@ -371,7 +371,7 @@ pub fn goals(s: &mut String, x: &Parked, met: fn(bool) -> &'static str, n: fn(f6
     };
     let _ = writeln!(
         s,
-        "| 9. 1 000 000 parked runs started (open + `resume_all()`) in under {:.0} s{at} | {:.2} s, median of {} (idle runtime {:.3} s) | {} |",
+        "| 3. 1 000 000 parked runs started (open + `resume_all()`) in under {:.0} s{at} | {:.2} s, median of {} (idle runtime {:.3} s) | {} |",
         x.goal_start_s,
         x.start_s,
         x.starts.len(),
@@ -380,7 +380,7 @@ pub fn goals(s: &mut String, x: &Parked, met: fn(bool) -> &'static str, n: fn(f6
     );
     let _ = writeln!(
         s,
-        "| 9. peak resident memory under {:.0} GiB{at} | {:.0} MiB after `resume_all()`, {:.0} MiB after every timer fired (idle runtime {:.1} MiB) | {} |",
+        "| 3. peak resident memory under {:.0} GiB{at} | {:.0} MiB after `resume_all()`, {:.0} MiB after every timer fired (idle runtime {:.1} MiB) | {} |",
         x.goal_peak_mib / 1024.0,
         x.peak_kib / 1024.0,
         mib(x.parked.peak_end_kib),

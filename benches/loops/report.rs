@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use crate::compare::Compare;
 use crate::disk::Disk;
-use crate::latency::{Latency, Variant};
+use crate::latency::Latency;
 use crate::measure::Machine;
 use crate::memory::Memory;
 use crate::parked::Parked;
@@ -81,7 +81,7 @@ pub fn write(report: &Report, out: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-fn met(m: bool) -> &'static str {
+pub fn met(m: bool) -> &'static str {
     if m { "**met**" } else { "**missed**" }
 }
 
@@ -135,48 +135,7 @@ pub fn markdown(r: &Report) -> String {
     let _ = writeln!(s, "| compiler | {} (release profile) |", m.rustc);
     let _ = writeln!(s, "| redb | {} (`Durability::Immediate`) |\n", m.redb);
 
-    let _ = writeln!(s, "### Goals\n\n| goal | measured | |\n|---|---|---|");
-    if let Some(l) = &r.latency {
-        let t = l.variant(Variant::Transition);
-        let _ = writeln!(
-            s,
-            "| 1. a transition's p50 and p99 at most {}x a raw single-record commit | p50 {:.2}x, p99 {:.2}x | {} |",
-            l.goal,
-            t.ratio_p50,
-            t.ratio_p99,
-            met(l.goal_met)
-        );
-    }
-    if let Some(t) = &r.throughput
-        && let Some(p) = t.points.iter().find(|p| p.runs == t.goal_runs)
-    {
-        let _ = writeln!(
-            s,
-            "| 2. at least {}x one-commit-per-transition at {} runs | {:.1}x | {} |",
-            t.goal,
-            t.goal_runs,
-            p.ratio,
-            met(p.ratio >= t.goal)
-        );
-    }
-    if let Some(x) = &r.resume {
-        let (a, b) = (&x.points[0], &x.points[x.points.len() - 1]);
-        let _ = writeln!(
-            s,
-            "| 4. resuming after {} transitions within {}x of after {} (time and memory) | time {:.2}x (in floors; wall {:.2}x, without `verify_on_open` {:.2}x), memory {:.2}x | {} |",
-            thousands(b.records as f64),
-            x.goal,
-            thousands(a.records as f64),
-            x.ratio_resume_floors,
-            x.ratio_resume,
-            x.ratio_resume_no_verify,
-            x.ratio_memory,
-            met(x.goal_met)
-        );
-    }
-    if let Some(x) = &r.parked {
-        crate::parked::goals(&mut s, x, met, thousands);
-    }
+    crate::goals::table(&mut s, r);
     s.push('\n');
 
     if let Some(l) = &r.latency {
@@ -539,11 +498,11 @@ fn throughput_chart(t: &Throughput, path: &Path) -> Plot {
         .points
         .iter()
         .map(|p| {
-            let goal = if p.runs == t.goal_runs {
-                p.floor_per_s * t.goal
-            } else {
-                0.0
-            };
+            let goal = t
+                .goals
+                .iter()
+                .find(|(runs, _)| *runs == p.runs)
+                .map_or(0.0, |(_, x)| p.floor_per_s * x);
             p.ceiling_per_s.max(p.loops_per_s).max(goal)
         })
         .fold(1.0f64, f64::max)
@@ -600,17 +559,17 @@ fn throughput_chart(t: &Throughput, path: &Path) -> Plot {
                 .map(|p| Circle::new(p, 4, color.filled())),
         )?;
     }
-    if let Some(p) = t.points.iter().find(|p| p.runs == t.goal_runs) {
-        let (n, goal) = (p.runs as f64, p.floor_per_s * t.goal);
+    for &(runs, x) in &t.goals {
+        let Some(p) = t.points.iter().find(|p| p.runs == runs) else {
+            continue;
+        };
+        let (n, goal) = (p.runs as f64, p.floor_per_s * x);
         chart
             .draw_series(LineSeries::new(
-                [(n / 2.0, goal), (n * 2.0, goal)],
+                [(n / 1.5, goal), (n * 1.5, goal)],
                 RED.stroke_width(3),
             ))?
-            .label(format!(
-                "goal: {}x the floor at {} runs",
-                t.goal, t.goal_runs
-            ))
+            .label(format!("goal: {x}x the floor at {runs} runs"))
             .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], RED.stroke_width(3)));
     }
     chart

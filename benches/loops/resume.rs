@@ -30,6 +30,9 @@ pub struct Child {
     /// `Runtime::run` to the end: read, attempt commit, one handler, the last transition's
     /// commit.
     pub resume_us: f64,
+    /// `Runtime::run` until its handler was entered (the first new step: read, attempt
+    /// commit).
+    pub entry_us: f64,
     /// CPU time of the whole process (all threads) during `resume_us`.
     pub resume_cpu_us: f64,
     /// p50 of 50 more `state()` reads afterwards (warm).
@@ -208,7 +211,7 @@ pub fn child_main(path: &Path, verify: bool) -> Child {
     let rss_before_kib = status_kib("VmRSS");
     let open_peak_kib = status_kib("VmHWM");
     let peak_reset = reset_peak_rss();
-    let (read_us, resume_us, resume_cpu_us, warm) = tokio.block_on(async {
+    let (read_us, resume_us, entry_us, resume_cpu_us, warm) = tokio.block_on(async {
         let started = Instant::now();
         let (seq, state) = rt
             .state::<Bench>("target")
@@ -220,7 +223,7 @@ pub fn child_main(path: &Path, verify: bool) -> Child {
             state,
             Bench::Work { left: 0, .. } | Bench::Start { left: 0, .. }
         ));
-        let h = Looper::counting();
+        let h = Looper::stamping(0, 1);
         let cpu = process_cpu_ns();
         let started = Instant::now();
         let done = rt
@@ -238,6 +241,8 @@ pub fn child_main(path: &Path, verify: bool) -> Child {
         let resume_cpu_us = (process_cpu_ns() - cpu) as f64 / 1000.0;
         assert!(matches!(done, Bench::Done { .. }));
         assert_eq!(h.entries.load(std::sync::atomic::Ordering::Relaxed), 1);
+        let entered = h.take_stamps();
+        let entry_us = micros(entered[0].duration_since(started));
         let mut warm = Vec::with_capacity(50);
         for _ in 0..50 {
             let started = Instant::now();
@@ -249,7 +254,7 @@ pub fn child_main(path: &Path, verify: bool) -> Child {
             warm.push(micros(started.elapsed()));
             assert_eq!(s, seq + 1);
         }
-        (read_us, resume_us, resume_cpu_us, warm)
+        (read_us, resume_us, entry_us, resume_cpu_us, warm)
     });
     let resume_peak = status_kib("VmHWM");
     Child {
@@ -257,6 +262,7 @@ pub fn child_main(path: &Path, verify: bool) -> Child {
         open_us,
         read_us,
         resume_us,
+        entry_us,
         resume_cpu_us,
         read_warm_us: percentile(&warm, 50.0),
         floor_us,
