@@ -831,7 +831,8 @@ async fn a_child_started_twice_or_of_an_unregistered_workflow_fails_the_parent_a
 }
 
 /// Waits for its cancellation, then tries what a handler might do next: start a child, sleep,
-/// wait for an event. Each is refused (`Error::Cancelled`) and records nothing.
+/// wait for an event, set an attribute. Each is refused (`Error::Cancelled`) and records
+/// nothing.
 #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
 #[workflow(name = "late")]
 enum Late {
@@ -863,8 +864,9 @@ impl LateHandler for Tries {
             .map(|c| c.run_id().to_owned());
         let slept = ctx.sleep(Duration::from_secs(60)).await;
         let got = ctx.wait_for::<u64>("go").await;
+        let attribute = ctx.set_attribute("repo", "acme/api").await;
         let mut tries = self.0.lock().unwrap();
-        for result in [child.map(drop), slept, got.map(drop)] {
+        for result in [child.map(drop), slept, got.map(drop), attribute] {
             tries.push(match result {
                 Err(Error::Cancelled { run_id, state, seq }) => format!("{run_id} {state} {seq}"),
                 other => format!("{other:?}"),
@@ -874,8 +876,9 @@ impl LateHandler for Tries {
     }
 }
 
-/// A handler that goes on after its run's cancellation starts no child, records no sleep and
-/// no wait: before, a child started then was created, was not cancelled, and ran to its end.
+/// A handler that goes on after its run's cancellation starts no child, records no sleep, no
+/// wait and no attribute: before, a child started then was created, was not cancelled, and
+/// ran to its end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_is_started_or_recorded_after_a_cancellation() {
     let tries = Tries::default();
@@ -890,14 +893,21 @@ async fn nothing_is_started_or_recorded_after_a_cancellation() {
     rt.cancel("late", "stop").await.unwrap();
     let info = wait_status(&rt, "late", RunStatus::Cancelled).await;
     assert_eq!((info.state.as_str(), info.seq), ("Hold", 0));
-    while tries.0.lock().unwrap().len() < 4 {
+    while tries.0.lock().unwrap().len() < 5 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert_eq!(
         *tries.0.lock().unwrap(),
-        ["entered", "late Hold 0", "late Hold 0", "late Hold 0"]
+        [
+            "entered",
+            "late Hold 0",
+            "late Hold 0",
+            "late Hold 0",
+            "late Hold 0"
+        ]
     );
     assert!(rt.run_info("late/child").await.unwrap().is_none());
     assert!(rt.store().children("late").await.unwrap().is_empty());
     assert!(rt.store().steps("late", 0).await.unwrap().is_empty());
+    assert!(rt.store().attributes("late").await.unwrap().is_empty());
 }

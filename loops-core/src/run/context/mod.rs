@@ -252,7 +252,8 @@ impl Context {
     /// [`Error::InvalidAttribute`](crate::Error::InvalidAttribute) for a key or value that
     /// [`check_attribute`](crate::check_attribute) refuses, or a key that starts with
     /// [`RESERVED_ATTRIBUTE_PREFIX`](crate::RESERVED_ATTRIBUTE_PREFIX), naming the run, state
-    /// and seq (nothing is written); [`Error::Fenced`](crate::Error::Fenced) or
+    /// and seq (nothing is written); [`Error::Cancelled`](crate::Error::Cancelled) if the run
+    /// was cancelled (nothing is written); [`Error::Fenced`](crate::Error::Fenced) or
     /// [`Error::LeaseExpired`](crate::Error::LeaseExpired) if this driver no longer holds the
     /// run; a store error if the write fails.
     pub async fn set_attribute(&self, key: &str, value: impl Into<AttributeValue>) -> Result<()> {
@@ -263,6 +264,9 @@ impl Context {
             key: key.to_owned(),
             reason,
         })?;
+        if self.is_cancelled() {
+            return Err(self.cancelled_error());
+        }
         self.run.clock.check(self.seq)?;
         self.run
             .store
