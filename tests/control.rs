@@ -153,3 +153,105 @@ async fn a_tcp_endpoint_needs_its_token_and_the_same_version() {
     .unwrap_err();
     assert!(matches!(gone, ControlError::Unreachable { .. }), "{gone:?}");
 }
+
+/// One raw HTTP/1.1 request with `body` (and the headers in `head`); returns the status line
+/// and the body of the answer.
+fn raw_body(addr: std::net::SocketAddr, head: &str, body: &str) -> (String, String) {
+    let mut conn = TcpStream::connect(addr).unwrap();
+    write!(
+        conn,
+        "{head}\r\nhost: x\r\nconnection: close\r\nauthorization: Bearer t0ken\r\n\
+         content-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    conn.read_to_string(&mut answer).unwrap();
+    let status = answer.lines().next().unwrap_or_default().to_owned();
+    let body = answer
+        .split("\r\n\r\n")
+        .nth(1)
+        .unwrap_or_default()
+        .to_owned();
+    (status, body)
+}
+
+/// A request axum cannot read (no JSON content type, bad JSON, a missing field, a seq that is
+/// not a number, an unknown status) answers as every error does: a JSON `ErrorBody` of kind
+/// `invalid_argument`, naming the run of the path; before, axum's plain-text rejections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_request_answers_with_the_error_body() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::open(dir.path().join("s.redb")).unwrap();
+    let token = token_file(dir.path(), 0o600, "t0ken\n");
+    let server = rt
+        .serve_control(Endpoint::loopback(0, &token))
+        .await
+        .unwrap();
+    let Endpoint::Tcp { addr, .. } = server.endpoint().clone() else {
+        panic!("a TCP endpoint");
+    };
+    let json = "\r\ncontent-type: application/json";
+    let answers = tokio::task::spawn_blocking(move || {
+        [
+            raw_body(
+                addr,
+                "POST /v1/runs/r1/cancel HTTP/1.1",
+                r#"{"reason":"x"}"#,
+            ),
+            raw_body(
+                addr,
+                &format!("POST /v1/runs/r1/cancel HTTP/1.1{json}"),
+                "{",
+            ),
+            raw_body(
+                addr,
+                &format!("POST /v1/runs/r1/cancel HTTP/1.1{json}"),
+                "{}",
+            ),
+            raw_body(addr, "GET /v1/runs/r1/steps/first HTTP/1.1", ""),
+            raw_body(addr, "GET /v1/runs?status=bogus HTTP/1.1", ""),
+            raw_body(addr, &format!("POST /v1/search HTTP/1.1{json}"), "[1]"),
+        ]
+    })
+    .await
+    .unwrap();
+    let got: Vec<(String, serde_json::Value)> = answers
+        .iter()
+        .map(|(status, body)| {
+            let body: serde_json::Value = serde_json::from_str(body)
+                .unwrap_or_else(|e| panic!("{status}: not JSON ({e}): {body}"));
+            (status.clone(), body)
+        })
+        .collect();
+    let statuses: Vec<&str> = got
+        .iter()
+        .map(|(s, _)| s.split(' ').nth(1).unwrap_or_default())
+        .collect();
+    assert_eq!(statuses, ["415", "400", "422", "400", "400", "422"]);
+    for (status, body) in &got {
+        assert_eq!(body["kind"], "invalid_argument", "{status}: {body}");
+        assert!(
+            !body["message"].as_str().unwrap_or_default().is_empty(),
+            "{status}: {body}"
+        );
+    }
+    let runs: Vec<&serde_json::Value> = got.iter().map(|(_, b)| &b["run_id"]).collect();
+    assert_eq!(
+        runs,
+        [
+            &serde_json::json!("r1"),
+            &serde_json::json!("r1"),
+            &serde_json::json!("r1"),
+            &serde_json::json!("r1"),
+            &serde_json::Value::Null,
+            &serde_json::Value::Null
+        ]
+    );
+    assert!(
+        got[2].1["message"].as_str().unwrap().contains("reason"),
+        "{:?}",
+        got[2]
+    );
+    server.stop().await;
+}

@@ -17,6 +17,7 @@
 //! The protocol (paths, bodies, errors, version check) is in [`wire`] and in
 //! `docs/operations.md`.
 
+mod answer;
 mod client;
 mod server;
 pub mod wire;

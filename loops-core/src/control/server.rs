@@ -6,16 +6,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, Json, Path as UrlPath, Query, Request, State};
+use axum::extract::{DefaultBodyLimit, Json, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use tokio_util::sync::CancellationToken;
 
+use super::answer::{ApiError, Body, Params, PathOf};
 use super::wire::{
-    CancelRequest, CompactReply, ErrorBody, ErrorKind, Event, Failed, Found, LOOPS_VERSION, Latest,
-    ListQuery, PROTOCOL, PruneReply, PruneRequest, Run, SendRequest, SentReply, Step, StoredSchema,
+    CancelRequest, CompactReply, ErrorKind, Event, Failed, Found, LOOPS_VERSION, Latest, ListQuery,
+    PROTOCOL, PruneReply, PruneRequest, Run, SendRequest, SentReply, Step, StoredSchema,
     VERSION_HEADER, Version,
 };
 use super::{ControlError, Endpoint};
@@ -316,80 +317,6 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// An error answer.
-struct ApiError {
-    status: StatusCode,
-    body: ErrorBody,
-}
-
-impl ApiError {
-    fn new(status: StatusCode, kind: ErrorKind, message: String) -> Self {
-        ApiError {
-            status,
-            body: ErrorBody {
-                kind,
-                message,
-                run_id: None,
-            },
-        }
-    }
-}
-
-impl From<Error> for ApiError {
-    fn from(e: Error) -> Self {
-        let (status, kind, run_id) = match &e {
-            Error::RunNotFound { run_id } => (
-                StatusCode::NOT_FOUND,
-                ErrorKind::RunNotFound,
-                Some(run_id.clone()),
-            ),
-            Error::InvalidRunId { run_id, .. } => (
-                StatusCode::BAD_REQUEST,
-                ErrorKind::InvalidArgument,
-                Some(run_id.clone()),
-            ),
-            Error::InvalidName { run_id, .. } | Error::InvalidAttribute { run_id, .. } => (
-                StatusCode::BAD_REQUEST,
-                ErrorKind::InvalidArgument,
-                Some(run_id.clone()),
-            ),
-            Error::InvalidSchedule { .. } => {
-                (StatusCode::BAD_REQUEST, ErrorKind::InvalidArgument, None)
-            }
-            Error::ScheduleNotFound { .. } => (StatusCode::NOT_FOUND, ErrorKind::Failed, None),
-            // What the caller sent: said as a bad argument, as the CLI says it locally.
-            Error::EventEncode { run_id, .. } | Error::PayloadTooLarge { run_id, .. } => (
-                StatusCode::BAD_REQUEST,
-                ErrorKind::InvalidArgument,
-                Some(run_id.clone()),
-            ),
-            Error::EventRefused { run_id, .. } => (
-                StatusCode::UNPROCESSABLE_ENTITY,
-                ErrorKind::EventRefused,
-                Some(run_id.clone()),
-            ),
-            Error::Storage { .. } | Error::Database { .. } | Error::Open { .. } => {
-                (StatusCode::INTERNAL_SERVER_ERROR, ErrorKind::Failed, None)
-            }
-            _ => (StatusCode::CONFLICT, ErrorKind::Failed, None),
-        };
-        ApiError {
-            status,
-            body: ErrorBody {
-                kind,
-                message: e.chain(),
-                run_id,
-            },
-        }
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        (self.status, Json(self.body)).into_response()
-    }
-}
-
 type Answer<T> = Result<Json<T>, ApiError>;
 
 async fn no_route() -> ApiError {
@@ -427,7 +354,7 @@ async fn version(State(s): State<Shared>) -> Json<Version> {
     })
 }
 
-async fn list(State(s): State<Shared>, Query(q): Query<ListQuery>) -> Answer<Vec<Run>> {
+async fn list(State(s): State<Shared>, Params(q): Params<ListQuery>) -> Answer<Vec<Run>> {
     let statuses = match q.status {
         Some(status) => vec![status],
         None => RunStatus::ALL.to_vec(),
@@ -444,13 +371,13 @@ async fn list(State(s): State<Shared>, Query(q): Query<ListQuery>) -> Answer<Vec
     Ok(Json(runs))
 }
 
-async fn run_info(State(s): State<Shared>, UrlPath(run): UrlPath<String>) -> Answer<Option<Run>> {
+async fn run_info(State(s): State<Shared>, PathOf(run): PathOf<String>) -> Answer<Option<Run>> {
     Ok(Json(
         s.runtime.stored().run_info(&run).await?.map(Run::from),
     ))
 }
 
-async fn latest(State(s): State<Shared>, UrlPath(run): UrlPath<String>) -> Answer<Option<Latest>> {
+async fn latest(State(s): State<Shared>, PathOf(run): PathOf<String>) -> Answer<Option<Latest>> {
     let latest = s.runtime.stored().latest(&run).await?;
     Ok(Json(latest.map(|(run, record)| Latest {
         run: run.into(),
@@ -460,14 +387,14 @@ async fn latest(State(s): State<Shared>, UrlPath(run): UrlPath<String>) -> Answe
 
 async fn history(
     State(s): State<Shared>,
-    UrlPath(run): UrlPath<String>,
+    PathOf(run): PathOf<String>,
 ) -> Answer<Vec<TransitionRecord>> {
     Ok(Json(s.runtime.stored().history(&run).await?))
 }
 
 async fn steps(
     State(s): State<Shared>,
-    UrlPath((run, seq)): UrlPath<(String, u64)>,
+    PathOf((run, seq)): PathOf<(String, u64)>,
 ) -> Answer<Vec<Step>> {
     let steps = s.runtime.stored().steps(&run, seq).await?;
     Ok(Json(
@@ -482,7 +409,7 @@ async fn steps(
     ))
 }
 
-async fn failures(State(s): State<Shared>, UrlPath(run): UrlPath<String>) -> Answer<Vec<Failed>> {
+async fn failures(State(s): State<Shared>, PathOf(run): PathOf<String>) -> Answer<Vec<Failed>> {
     let failures = s.runtime.stored().failures(&run).await?;
     Ok(Json(
         failures
@@ -492,7 +419,7 @@ async fn failures(State(s): State<Shared>, UrlPath(run): UrlPath<String>) -> Ans
     ))
 }
 
-async fn events(State(s): State<Shared>, UrlPath(run): UrlPath<String>) -> Answer<Vec<Event>> {
+async fn events(State(s): State<Shared>, PathOf(run): PathOf<String>) -> Answer<Vec<Event>> {
     let events = s.runtime.stored().events(&run).await?;
     Ok(Json(
         events
@@ -525,7 +452,7 @@ async fn sealing(State(s): State<Shared>) -> Answer<Vec<String>> {
     Ok(Json(s.runtime.stored().sealing_keys().await?))
 }
 
-async fn schema(State(s): State<Shared>, UrlPath(hash): UrlPath<String>) -> Answer<StoredSchema> {
+async fn schema(State(s): State<Shared>, PathOf(hash): PathOf<String>) -> Answer<StoredSchema> {
     let hash: SchemaHash = hash.parse().map_err(|_| {
         ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -539,8 +466,8 @@ async fn schema(State(s): State<Shared>, UrlPath(hash): UrlPath<String>) -> Answ
 
 async fn send(
     State(s): State<Shared>,
-    UrlPath(run): UrlPath<String>,
-    Json(request): Json<SendRequest>,
+    PathOf(run): PathOf<String>,
+    Body(request): Body<SendRequest>,
 ) -> Answer<SentReply> {
     // Checked against the events the run's workflow declares, as the CLI's other paths do.
     let sent = s
@@ -560,8 +487,8 @@ async fn send(
 
 async fn cancel(
     State(s): State<Shared>,
-    UrlPath(run): UrlPath<String>,
-    Json(request): Json<CancelRequest>,
+    PathOf(run): PathOf<String>,
+    Body(request): Body<CancelRequest>,
 ) -> Answer<Run> {
     s.runtime.cancel(&run, &request.reason).await?;
     stored_row(&s, run).await
@@ -576,12 +503,12 @@ async fn stored_row(s: &Shared, run: String) -> Answer<Run> {
     }
 }
 
-async fn retry(State(s): State<Shared>, UrlPath(run): UrlPath<String>) -> Answer<Run> {
+async fn retry(State(s): State<Shared>, PathOf(run): PathOf<String>) -> Answer<Run> {
     s.runtime.retry(&run).await?;
     stored_row(&s, run).await
 }
 
-async fn prune(State(s): State<Shared>, Json(request): Json<PruneRequest>) -> Answer<PruneReply> {
+async fn prune(State(s): State<Shared>, Body(request): Body<PruneRequest>) -> Answer<PruneReply> {
     let policy = RetentionPolicy {
         max_age: request.max_age_ms.map(Duration::from_millis),
         keep_last: request.keep_last,
@@ -601,13 +528,13 @@ async fn prune(State(s): State<Shared>, Json(request): Json<PruneRequest>) -> An
 
 async fn attributes(
     State(s): State<Shared>,
-    UrlPath(run): UrlPath<String>,
+    PathOf(run): PathOf<String>,
 ) -> Answer<crate::Attributes> {
     Ok(Json(s.runtime.stored().attributes(&run).await?))
 }
 
 /// The child runs of a run, by run id (none if it has none or does not exist).
-async fn children(State(s): State<Shared>, UrlPath(run): UrlPath<String>) -> Answer<Vec<Run>> {
+async fn children(State(s): State<Shared>, PathOf(run): PathOf<String>) -> Answer<Vec<Run>> {
     let children = s.runtime.stored().children(&run).await?;
     Ok(Json(children.into_iter().map(Run::from).collect()))
 }
@@ -616,7 +543,7 @@ async fn children(State(s): State<Shared>, UrlPath(run): UrlPath<String>) -> Ans
 /// attribute index when the filter has an attribute filter).
 async fn search(
     State(s): State<Shared>,
-    Json(filter): Json<crate::RunFilter>,
+    Body(filter): Body<crate::RunFilter>,
 ) -> Answer<Vec<Found>> {
     let found = crate::find_runs(s.runtime.stored(), &filter).await?;
     Ok(Json(
@@ -636,7 +563,7 @@ async fn schedules(State(s): State<Shared>) -> Answer<Vec<crate::ScheduleStatus>
 
 async fn pause_schedule(
     State(s): State<Shared>,
-    UrlPath(name): UrlPath<String>,
+    PathOf(name): PathOf<String>,
 ) -> Answer<crate::ScheduleStatus> {
     let info = s.runtime.pause_schedule(&name).await?;
     Ok(Json(crate::ScheduleStatus::of(info, s.runtime.now_ms())))
@@ -644,7 +571,7 @@ async fn pause_schedule(
 
 async fn resume_schedule(
     State(s): State<Shared>,
-    UrlPath(name): UrlPath<String>,
+    PathOf(name): PathOf<String>,
 ) -> Answer<crate::ScheduleStatus> {
     let info = s.runtime.resume_schedule(&name).await?;
     Ok(Json(crate::ScheduleStatus::of(info, s.runtime.now_ms())))
@@ -652,7 +579,7 @@ async fn resume_schedule(
 
 async fn remove_schedule(
     State(s): State<Shared>,
-    UrlPath(name): UrlPath<String>,
+    PathOf(name): PathOf<String>,
 ) -> Answer<serde_json::Value> {
     s.runtime.remove_schedule(&name).await?;
     Ok(Json(serde_json::json!({})))

@@ -220,7 +220,9 @@ pub struct CompactReply {
 pub enum ErrorKind {
     /// No run has the id ([`Error::RunNotFound`](crate::Error::RunNotFound)); 404.
     RunNotFound,
-    /// A run id, event name or key breaks loops' rules, or the request is malformed; 400.
+    /// A run id, event name or key breaks loops' rules, or the request is malformed; 400 (a
+    /// body the endpoint cannot read: 415 without a JSON content type, 413 over the body
+    /// limit, 422 for JSON of the wrong shape).
     InvalidArgument,
     /// The request lacks the endpoint's bearer token, or has another; 401.
     Unauthorized,
