@@ -26,6 +26,7 @@ const MIGRATIONS: &[Migration] = &[
     MIGRATION_6,
     MIGRATION_7,
     MIGRATION_8,
+    MIGRATION_9,
 ];
 
 /// The tables.
@@ -217,8 +218,55 @@ CREATE TABLE {s}.schedules (
 "#,
 };
 
+/// The guard of the one-round-trip commit (fast.rs; docs/postgres.md, "The commit path"):
+/// in the transaction of a lease holder's write, before its effects, it locks the lease row,
+/// then the run's row (`FOR UPDATE`, in the order of the two-round-trip path), and raises
+/// SQLSTATE `LP001` unless the lease still has token `p_token` and has not expired on the
+/// server's clock, the row's text is `p_info`, and the record key (`p_seq`: the journal's;
+/// with `p_step`, that step record's) is free. Under READ COMMITTED each statement of the
+/// function sees what committed before it started, and a row lock waited for is checked
+/// against the row's newest version: what it checks is what the two-round-trip path would
+/// read under the same locks. The error aborts the transaction, so its pipelined `COMMIT`
+/// rolls back.
+const MIGRATION_9: Migration = Migration {
+    version: 9,
+    description: "commit_guard: the guard of a lease holder's one-round-trip commit",
+    sql: r#"
+CREATE FUNCTION {s}.commit_guard(p_run text, p_token bigint, p_info text,
+                                 p_seq bigint, p_step text, p_occurrence integer)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM {s}.leases
+        WHERE run_id = p_run COLLATE "C" AND token = p_token
+        AND expires_ms > (extract(epoch from clock_timestamp()) * 1000)::bigint
+        FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'the lease % of run % is no longer live', p_token, p_run
+            USING ERRCODE = 'LP001';
+    END IF;
+    PERFORM 1 FROM {s}.runs WHERE run_id = p_run COLLATE "C" AND info = p_info FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'the row of run % changed', p_run USING ERRCODE = 'LP001';
+    END IF;
+    IF p_seq IS NULL THEN
+        RETURN;
+    ELSIF p_step IS NULL THEN
+        PERFORM 1 FROM {s}.journal WHERE run_id = p_run COLLATE "C" AND seq = p_seq;
+    ELSE
+        PERFORM 1 FROM {s}.steps WHERE run_id = p_run COLLATE "C" AND seq = p_seq
+            AND name = p_step COLLATE "C" AND occurrence = p_occurrence;
+    END IF;
+    IF FOUND THEN
+        RAISE EXCEPTION 'a record of run % at seq % exists', p_run, p_seq
+            USING ERRCODE = 'LP001';
+    END IF;
+END
+$$;
+"#,
+};
+
 /// The newest schema version this build knows (and creates).
-pub const SCHEMA_VERSION: i32 = 8;
+pub const SCHEMA_VERSION: i32 = 9;
 
 /// Checks, writing nothing, that schema `schema` is at [`SCHEMA_VERSION`]. Returns it.
 pub(crate) async fn check(client: &tokio_postgres::Client, schema: &str) -> Result<i32, Error> {

@@ -1,0 +1,266 @@
+//! The one-round-trip commit of a lease holder's write (docs/postgres.md, "The commit path").
+//!
+//! The store remembers, per lease, the text of the run's row (`runs.info`) that its last
+//! write under that lease committed or read ([`Cache`]). A write that needs nothing but the
+//! lease, the run's row and whether one record key is free ([`Needs::run`] and
+//! [`Needs::record`]: a transition, a step record, a wake, attributes) is planned against
+//! that row, with the facts of a lease that holds and a key that is free, by the same
+//! [`plan`] as every write; then `BEGIN`, the guard, the plan's effects and `COMMIT` go in one
+//! pipeline. The guard (`commit_guard`, a function of the schema: migration 9) locks the
+//! lease row and the run's row, as the two-round-trip path does and in the same order, and
+//! raises [`GUARD_FAILED`] unless the lease still has the write's token and has not expired
+//! (on the server's clock), the row's text is the one remembered, and the record key is
+//! free. It passes only if the two-round-trip path would have read exactly the row and facts
+//! the plan was given, under the same locks, so the effects are the ones that path would
+//! write. If it raises, PostgreSQL aborts the transaction, the pipelined `COMMIT` rolls it
+//! back, nothing is written and the connection is left without a transaction: the write goes
+//! the two-round-trip way, whose plan gives the typed refusal if there is one.
+//!
+//! A write whose plan against the remembered row refuses, changes nothing, or has
+//! follow-ups also goes the two-round-trip way, where the facts are read.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use deadpool_postgres::Object;
+use loops_core::{
+    CurrentLease, Facts, Lease, LeaseCheck, Needs, RecordKey, Reply, RunInfo, Write, plan,
+};
+
+use crate::commit::{Fail, Param, finish, send, statement, writes};
+use crate::sql::Sql;
+use crate::{PgStore, big};
+
+/// The SQLSTATE the guard raises (migration 9's `commit_guard`).
+pub(crate) const GUARD_FAILED: &str = "LP001";
+
+/// The most leases the cache remembers rows of; it is emptied when full (an entry is only a
+/// hint: a write without one takes two round trips).
+const CAPACITY: usize = 16_384;
+
+/// A run's row as this store last committed or read it under a lease.
+pub(crate) struct Entry {
+    token: u64,
+    text: String,
+    info: RunInfo,
+}
+
+/// The rows this store's leases last saw, by run id, and what became of the writes that
+/// used them.
+pub(crate) struct Cache {
+    enabled: bool,
+    rows: Mutex<HashMap<String, Entry>>,
+    one_round_trip: AtomicU64,
+    fell_back: AtomicU64,
+}
+
+/// How a store's writes under a lease committed, since it connected
+/// ([`PgStore::commit_counts`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CommitCounts {
+    /// Writes committed in one round trip.
+    pub one_round_trip: u64,
+    /// Writes that tried one round trip and found the run's row or lease changed (an event
+    /// sent, a cancellation, a lease taken over) or the key taken: nothing was written and
+    /// they went the two-round-trip way.
+    pub fell_back: u64,
+}
+
+impl PgStore {
+    /// How this store's writes under a lease committed so far: in one round trip, or back
+    /// on the two-round-trip path after its guard found something changed (docs/postgres.md,
+    /// "The commit path"). Diagnostics: a store whose runs are often changed by other
+    /// writers (events, cancellations) falls back more.
+    pub fn commit_counts(&self) -> CommitCounts {
+        let cache = &self.inner.cache;
+        CommitCounts {
+            one_round_trip: cache.one_round_trip.load(Ordering::Relaxed),
+            fell_back: cache.fell_back.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Cache {
+    /// A cache; with `enabled` false, it remembers nothing and every write takes two round
+    /// trips.
+    pub(crate) fn new(enabled: bool) -> Cache {
+        Cache {
+            enabled,
+            rows: Mutex::new(HashMap::new()),
+            one_round_trip: AtomicU64::new(0),
+            fell_back: AtomicU64::new(0),
+        }
+    }
+
+    fn rows(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
+        // The map is consistent after any panic: every change is one insert or remove.
+        self.rows.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Takes out the row remembered for `lease` (none if it was remembered under another
+    /// token): a write holds it while it runs and puts the row back only if it commits, so
+    /// that a failed or refused write leaves nothing remembered.
+    pub(crate) fn take(&self, lease: &Lease) -> Option<Entry> {
+        if !self.enabled {
+            return None;
+        }
+        self.rows()
+            .remove(&lease.run_id)
+            .filter(|e| e.token == lease.token)
+    }
+
+    /// Remembers `text` (decoded: `info`) as the row of `lease`'s run, committed or read
+    /// under `lease` by a write that committed.
+    pub(crate) fn put(&self, lease: &Lease, text: String, info: RunInfo) {
+        if !self.enabled {
+            return;
+        }
+        let mut rows = self.rows();
+        if rows.len() >= CAPACITY && !rows.contains_key(&lease.run_id) {
+            rows.clear();
+        }
+        let token = lease.token;
+        rows.insert(lease.run_id.clone(), Entry { token, text, info });
+    }
+
+    /// Remembers `entry` again, after the write that took it out committed.
+    pub(crate) fn put_entry(&self, lease: &Lease, entry: Entry) {
+        self.put(lease, entry.text, entry.info);
+    }
+
+    /// Forgets the row of `run_id` (its lease was released, or lost).
+    pub(crate) fn forget(&self, run_id: &str) {
+        if self.enabled {
+            self.rows().remove(run_id);
+        }
+    }
+}
+
+/// What [`try_commit`] did.
+// Returned once per write and matched at once: boxing the row would cost an allocation.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Fast {
+    /// Committed in one round trip: the reply, and the run's row as it is now.
+    Committed(Reply, Entry),
+    /// Nothing was written and the connection has no transaction open: the write is not
+    /// one for this path, or the guard found the lease, the row or the key changed.
+    Declined,
+}
+
+/// The record key `write` needs to know is free, if `write` needs nothing but `lease`, its
+/// run's row and that key (`Some(None)`: no key); `None` if it needs more (or is for another
+/// run than `lease`'s).
+fn needs_only_row<'w>(lease: &Lease, write: &'w Write) -> Option<Option<RecordKey<'w>>> {
+    let needs = write.needs();
+    let mut only = Needs::default();
+    only.run = needs.run;
+    only.record = needs.record;
+    (needs == only && needs.run == Some(lease.run_id.as_str())).then_some(needs.record)
+}
+
+/// The parameters of the guard's statement: `commit_guard(run, token, row text, key)`.
+fn guard(lease: &Lease, text: &str, key: Option<RecordKey<'_>>) -> Vec<Param> {
+    let (seq, name, occurrence): (Option<i64>, Option<String>, Option<i32>) = match key {
+        None => (None, None, None),
+        Some(RecordKey::Journal { seq }) => (Some(big(seq)), None, None),
+        Some(RecordKey::Step {
+            seq,
+            name,
+            occurrence,
+        }) => (
+            Some(big(seq)),
+            Some(name.to_owned()),
+            Some(i32::try_from(occurrence).unwrap_or(i32::MAX)),
+        ),
+    };
+    vec![
+        Box::new(lease.run_id.clone()),
+        Box::new(big(lease.token)),
+        Box::new(text.to_owned()),
+        Box::new(seq),
+        Box::new(name),
+        Box::new(occurrence),
+    ]
+}
+
+/// Commits `write` of the holder of `lease` in one round trip, planned against `entry` (the
+/// row remembered for the lease), if it is a write for this path and the guard passes.
+///
+/// # Errors
+/// As the second round trip of the two-round-trip path: a refusal for a key a concurrent
+/// write took ([`Fail::Rejected`]), or an outcome unknown once the pipeline with `COMMIT` was
+/// sent ([`Fail::Broken`]); [`Fail::Retry`] if preparing a statement failed on the
+/// connection, before anything of the transaction was sent.
+pub(crate) async fn try_commit(
+    c: &Object,
+    sql: &Sql,
+    cache: &Cache,
+    (lease, write, action): (&Lease, &Write, &str),
+    entry: Entry,
+) -> std::result::Result<Fast, Fail> {
+    let Some(key) = needs_only_row(lease, write) else {
+        return Ok(Fast::Declined);
+    };
+    let mut facts = Facts::default();
+    facts.lease = Some(LeaseCheck {
+        lease,
+        current: Some(CurrentLease {
+            token: lease.token,
+            live: true,
+        }),
+    });
+    let Ok(mut effects) = plan(write, Some(&entry.info), &facts) else {
+        return Ok(Fast::Declined);
+    };
+    let inserts_row = effects.row.as_ref().is_some_and(|r| r.was.is_none());
+    if effects.is_empty() || !effects.follow_ups.is_empty() || inserts_row {
+        return Ok(Fast::Declined);
+    }
+    let planned = writes(sql, &effects);
+    let mut statements = Vec::with_capacity(planned.statements.len() + 1);
+    statements.push((
+        statement(&sql.commit_guard, guard(lease, &entry.text, key)),
+        None,
+    ));
+    statements.extend(planned.statements);
+    let (results, committed) = match send(c, action, true, &statements).await {
+        Ok(sent) => sent,
+        // A statement could not be prepared (the guard of a schema altered outside loops):
+        // nothing of the transaction was sent.
+        Err(Fail::Broken(e)) => {
+            tracing::debug!(error = %e, "the one-round-trip guard failed; two round trips");
+            cache.fell_back.fetch_add(1, Ordering::Relaxed);
+            return Ok(Fast::Declined);
+        }
+        Err(e) => return Err(e),
+    };
+    if let Some(Err(e)) = results.first()
+        && e.as_db_error().is_some()
+        && committed.is_ok()
+    {
+        // The guard raised (or its lock wait failed): the transaction was rolled back by the
+        // `COMMIT`, which answered, so the connection is out of it.
+        if e.code().map(tokio_postgres::error::SqlState::code) != Some(GUARD_FAILED) {
+            tracing::debug!(error = %e, "the one-round-trip guard failed; two round trips");
+        }
+        cache.fell_back.fetch_add(1, Ordering::Relaxed);
+        return Ok(Fast::Declined);
+    }
+    finish(action, results, committed, |i| {
+        statements
+            .get_mut(i)
+            .and_then(|(_, refusal)| refusal.take())
+    })?;
+    cache.one_round_trip.fetch_add(1, Ordering::Relaxed);
+    let now = match (effects.row.take(), planned.row_text) {
+        (Some(row), Some(text)) => Entry {
+            token: lease.token,
+            text,
+            info: row.info,
+        },
+        _ => entry,
+    };
+    Ok(Fast::Committed(effects.reply, now))
+}
