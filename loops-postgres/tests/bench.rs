@@ -228,10 +228,63 @@ async fn store_latency(store: &dyn Store, run_id: &str, n: usize) -> (Stats, Sta
     (stats(transitions), stats(steps))
 }
 
+/// CPU time in clock ticks (1/100 s on Linux): `(this process, its waited-for children,
+/// the PostgreSQL server)`; the server's is every live `postgres` process's plus the
+/// children its postmaster reaped (ended sessions). Linux only; zeros elsewhere.
+fn cpu_ticks() -> (u64, u64, u64) {
+    // Fields 14-17 of /proc/<pid>/stat: utime, stime, cutime, cstime.
+    let stat = |pid: &str| -> Option<(String, [u64; 4])> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let (head, rest) = text.rsplit_once(')')?;
+        let comm = head.split_once('(')?.1.to_owned();
+        let f: Vec<u64> = rest
+            .split_whitespace()
+            .skip(11)
+            .take(4)
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        Some((comm, [*f.first()?, *f.get(1)?, *f.get(2)?, *f.get(3)?]))
+    };
+    let (me, children) = stat("self").map_or((0, 0), |(_, f)| (f[0] + f[1], f[2] + f[3]));
+    let mut server = 0;
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.bytes().all(|b| b.is_ascii_digit())
+            && let Some((comm, f)) = stat(&name)
+            && comm == "postgres"
+        {
+            server += f[0] + f[1] + f[2] + f[3];
+        }
+    }
+    (me, children, server)
+}
+
+/// A throughput figure: commits per second, and the CPU per commit, in µs, of the client
+/// (loops' process, or pgbench) and of the server.
+struct Rate {
+    per_s: f64,
+    client_us: f64,
+    server_us: f64,
+}
+
+fn rate(commits: u64, elapsed: Duration, client_ticks: u64, server_ticks: u64) -> Rate {
+    let us = |ticks: u64| ticks as f64 * 10_000.0 / commits.max(1) as f64;
+    Rate {
+        per_s: commits as f64 / elapsed.as_secs_f64(),
+        client_us: us(client_ticks),
+        server_us: us(server_ticks),
+    }
+}
+
 /// Transitions per second of `workers` runtimes, each with a store and pool of its own of
 /// [`POOL`] connections and `2 * POOL` runs, over `secs` seconds (after one second of
 /// warm-up), counted by the handler (one handler call per transition).
-async fn throughput(schema: &common::TestSchema, workers: usize, secs: u64) -> f64 {
+async fn throughput(
+    schema: &common::TestSchema,
+    workers: usize,
+    secs: u64,
+    one_round_trip: bool,
+) -> Rate {
     let steps = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
@@ -239,13 +292,14 @@ async fn throughput(schema: &common::TestSchema, workers: usize, secs: u64) -> f
         let store = loops_postgres::PgStore::builder(common::pg_config())
             .schema(schema.name.clone())
             .pool_size(POOL)
+            .one_round_trip(one_round_trip)
             .connect()
             .await
             .unwrap();
         let rt = Runtime::builder().build(store);
         for i in 0..2 * POOL {
             let rt = rt.clone();
-            let id = format!("t{workers}-{w}-{i}");
+            let id = format!("t{workers}-{one_round_trip}-{w}-{i}");
             let handler = Timed {
                 steps: Arc::clone(&steps),
                 stop: Arc::clone(&stop),
@@ -258,20 +312,20 @@ async fn throughput(schema: &common::TestSchema, workers: usize, secs: u64) -> f
         }
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let (from, t) = (steps.load(Ordering::Relaxed), Instant::now());
+    let (from, t, cpu) = (steps.load(Ordering::Relaxed), Instant::now(), cpu_ticks());
     tokio::time::sleep(Duration::from_secs(secs)).await;
-    let (to, elapsed) = (steps.load(Ordering::Relaxed), t.elapsed());
+    let (to, elapsed, end) = (steps.load(Ordering::Relaxed), t.elapsed(), cpu_ticks());
     stop.store(true, Ordering::Relaxed);
     for t in tasks {
         t.await.unwrap();
     }
-    (to - from) as f64 / elapsed.as_secs_f64()
+    rate(to - from, elapsed, end.0 - cpu.0, end.2 - cpu.2)
 }
 
 /// Transactions per second of `pgbench` at `clients` connections for `secs` seconds, each
 /// transaction one single-row `INSERT` (of a payload the size of a transition record) into
 /// a table of `schema`, committed durably (`synchronous_commit = on`).
-fn pgbench_floor(schema: &str, clients: usize, secs: u64) -> f64 {
+fn pgbench_floor(schema: &str, clients: usize, secs: u64) -> Rate {
     let config: tokio_postgres::Config = common::pg_config().parse().unwrap();
     let host = match config.get_hosts().first() {
         Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
@@ -292,6 +346,7 @@ fn pgbench_floor(schema: &str, clients: usize, secs: u64) -> f64 {
     )
     .unwrap();
     let bin = std::env::var("PGBENCH").unwrap_or_else(|_| "/usr/bin/pgbench".to_owned());
+    let cpu = cpu_ticks();
     let out = std::process::Command::new(bin)
         .env("PGOPTIONS", "-c synchronous_commit=on")
         .args(["-h", &host, "-p", &port.to_string(), "-U", &user])
@@ -307,13 +362,22 @@ fn pgbench_floor(schema: &str, clients: usize, secs: u64) -> f64 {
         "pgbench failed: {stdout}{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let end = cpu_ticks();
     // "tps = 1234.567890 (without initial connection time)"
-    stdout
+    let tps: f64 = stdout
         .lines()
         .find_map(|l| l.strip_prefix("tps = "))
         .and_then(|l| l.split_whitespace().next())
         .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no tps in pgbench's output: {stdout}"))
+        .unwrap_or_else(|| panic!("no tps in pgbench's output: {stdout}"));
+    // pgbench's CPU includes its connections' setup: a little over the run's own.
+    let commits = (tps * secs as f64) as u64;
+    rate(
+        commits,
+        Duration::from_secs(secs),
+        end.1 - cpu.1,
+        end.2 - cpu.2,
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -419,15 +483,25 @@ async fn bench() {
          {} runs each) against pgbench single-row INSERT transactions/s at as many connections",
         2 * POOL
     );
-    println!("| workers | connections | loops transitions/s | pgbench floor tps | loops / floor |");
-    println!("|---:|---:|---:|---:|---:|");
+    println!(
+        "| workers | connections | pgbench floor tps | loops, two round trips | loops, one round trip | one round trip / floor | CPU µs per commit, client + server: pgbench | two round trips | one round trip |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let cpu = |r: &Rate| format!("{:.0} + {:.0}", r.client_us, r.server_us);
     for workers in [1, 2, 4] {
         let connections = workers * POOL;
         let floor = pgbench_floor(&schema.name, connections, secs);
-        let loops = throughput(&schema, workers, secs).await;
+        let two = throughput(&schema, workers, secs, false).await;
+        let one = throughput(&schema, workers, secs, true).await;
         println!(
-            "| {workers} | {connections} | {loops:.0} | {floor:.0} | {:.2} |",
-            loops / floor
+            "| {workers} | {connections} | {:.0} | {:.0} | {:.0} | {:.2} | {} | {} | {} |",
+            floor.per_s,
+            two.per_s,
+            one.per_s,
+            one.per_s / floor.per_s,
+            cpu(&floor),
+            cpu(&two),
+            cpu(&one)
         );
     }
 }
