@@ -1,7 +1,7 @@
-//! What both commit paths share: the statements that write a plan's [`Effects`] out, and
-//! the pipeline that sends them with `COMMIT` ([`commit`]), whose outcome [`finish`] reads.
-//! The two-round-trip path is `write.rs`; the one-round-trip path of a lease holder is
-//! `fast.rs`.
+//! The statements that write a plan's [`Effects`] out, and the pipeline that sends them
+//! with `COMMIT` ([`send`]), whose outcome [`finish`] reads: the second round trip of
+//! `write.rs`. The one-round-trip path of a lease holder (`fast.rs`) shares the row's
+//! columns ([`row_columns`]) and the statement cache ([`prepare`]).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -205,20 +205,28 @@ pub(crate) fn writes<'a>(sql: &'a Sql, effects: &Effects<'_>) -> Writes<'a> {
     }
 }
 
-/// The insert or update of a run's row. The `wait_event` and `wait_until_ms` columns hold
-/// the row's [`readiness`](RunInfo::readiness), and `schema` its schema hash, which
-/// `claim_ready` filters on. With the row's text, as stored.
+/// The text of a run's row (its `info` column) and its other columns, as stored: `status`,
+/// `seq`, `wait_event` and `wait_until_ms` (its [`readiness`](loops_core::RunInfo::readiness),
+/// which `claim_ready` filters on) and `schema` (its schema hash).
+pub(crate) fn row_columns(info: &loops_core::RunInfo) -> (String, [Param; 5]) {
+    let ready = info.readiness();
+    let text = utf8(&info.encode()).to_owned();
+    let columns: [Param; 5] = [
+        Box::new(info.status.as_str()),
+        Box::new(big(info.seq)),
+        Box::new(ready.event.map(str::to_owned)),
+        Box::new(ready.from_ms.map(big)),
+        Box::new(info.schema.to_string()),
+    ];
+    (text, columns)
+}
+
+/// The insert or update of a run's row ([`row_columns`]). With the row's text, as stored.
 fn row_statement<'a>(sql: &'a Sql, row: &RowWrite) -> (Stmt<'a>, String) {
     let info = &row.info;
-    let ready = info.readiness();
-    let run_id: Param = Box::new(info.run_id.clone());
-    let status: Param = Box::new(info.status.as_str());
-    let seq: Param = Box::new(big(info.seq));
-    let event: Param = Box::new(ready.event.map(str::to_owned));
-    let from: Param = Box::new(ready.from_ms.map(big));
-    let text = utf8(&info.encode()).to_owned();
+    let (text, [status, seq, event, from, schema]) = row_columns(info);
     let json: Param = Box::new(text.clone());
-    let schema: Param = Box::new(info.schema.to_string());
+    let run_id: Param = Box::new(info.run_id.clone());
     let st = match row.was {
         None => {
             let workflow: Param = Box::new(info.workflow.clone());
@@ -273,13 +281,11 @@ pub(crate) type Sent = (
 );
 
 /// Prepares `writes` (from the connection's statement cache: a round trip only for a
-/// statement this connection has not prepared yet, before anything of the transaction is
-/// sent), then sends them and `COMMIT`, pipelined: after `BEGIN` if `begin` (the
-/// one-round-trip path), else inside the transaction the caller opened.
+/// statement this connection has not prepared yet), then sends them and `COMMIT`, pipelined,
+/// inside the transaction the caller opened.
 pub(crate) async fn send(
     c: &Object,
     action: &str,
-    begin: bool,
     writes: &[(Stmt<'_>, Option<Error>)],
 ) -> std::result::Result<Sent, Fail> {
     let sqls: Vec<&str> = writes.iter().map(|(s, _)| s.sql).collect();
@@ -290,13 +296,11 @@ pub(crate) async fn send(
         .zip(&params)
         .map(|(st, p)| (st, p.as_slice()))
         .collect();
-    Ok(commit(c, begin, &pairs).await)
+    Ok(commit(c, &pairs).await)
 }
 
-/// Sends `writes` (each a prepared statement and its parameters) and `COMMIT`, pipelined,
-/// after `BEGIN` if `begin`. A `BEGIN` that failed is the `COMMIT`'s failure: the
-/// statements after it did not run in one transaction, so the outcome is unknown.
-async fn commit(c: &Object, begin: bool, writes: &[(&Statement, &[&(dyn ToSql + Sync)])]) -> Sent {
+/// Sends `writes` (each a prepared statement and its parameters) and `COMMIT`, pipelined.
+async fn commit(c: &Object, writes: &[(&Statement, &[&(dyn ToSql + Sync)])]) -> Sent {
     type Step<'a> = Pin<
         Box<
             dyn Future<Output = std::result::Result<Option<u64>, tokio_postgres::Error>>
@@ -306,12 +310,7 @@ async fn commit(c: &Object, begin: bool, writes: &[(&Statement, &[&(dyn ToSql + 
     >;
     crate::failpoint::before_commit();
     let client: &tokio_postgres::Client = c;
-    let mut steps: Vec<Step<'_>> = Vec::with_capacity(writes.len() + 2);
-    if begin {
-        steps.push(Box::pin(async move {
-            client.batch_execute("BEGIN").await.map(|()| None)
-        }));
-    }
+    let mut steps: Vec<Step<'_>> = Vec::with_capacity(writes.len() + 1);
     for (st, params) in writes {
         let st: &Statement = st;
         let params: &[&(dyn ToSql + Sync)] = params;
@@ -323,11 +322,7 @@ async fn commit(c: &Object, begin: bool, writes: &[(&Statement, &[&(dyn ToSql + 
         client.batch_execute("COMMIT").await.map(|()| None)
     }));
     let mut results = pipeline(steps).await;
-    let mut committed = results.pop().map_or(Ok(()), |r| r.map(|_| ()));
-    if begin && !results.is_empty() {
-        let begun = results.remove(0).map(|_| ());
-        committed = begun.and(committed);
-    }
+    let committed = results.pop().map_or(Ok(()), |r| r.map(|_| ()));
     let results: Vec<_> = results
         .into_iter()
         .map(|r| r.map(|n| n.unwrap_or(0)))

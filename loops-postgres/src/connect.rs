@@ -90,9 +90,9 @@ impl PgStoreBuilder {
 
     /// Whether a lease holder's writes may commit in one round trip (default `true`): the
     /// store remembers the run's row each such write left, and the next write of the same
-    /// lease that needs nothing else (a transition, a step record) sends `BEGIN`, a guard,
-    /// its changes and `COMMIT` together, falling back to two round trips if the guard finds
-    /// the lease or the row changed (docs/postgres.md, "The commit path";
+    /// lease that needs nothing else (a transition, a step record) commits in one statement
+    /// that checks the lease and the row and writes its changes, falling back to two round
+    /// trips if the lease or the row changed (docs/postgres.md, "The commit path";
     /// [`PgStore::commit_counts`]). With `false`, every write takes two round trips, as
     /// before schema version 9: for measurements, and for tests that stop a worker inside
     /// a transaction.

@@ -3,21 +3,23 @@
 //! The store remembers, per lease, the text of the run's row (`runs.info`) that its last
 //! write under that lease committed or read ([`Cache`]). A write that needs nothing but the
 //! lease, the run's row and whether one record key is free ([`Needs::run`] and
-//! [`Needs::record`]: a transition, a step record, a wake, attributes) is planned against
-//! that row, with the facts of a lease that holds and a key that is free, by the same
-//! [`plan`] as every write; then `BEGIN`, the guard, the plan's effects and `COMMIT` go in one
-//! pipeline. The guard (`commit_guard`, a function of the schema: migration 9) locks the
-//! lease row and the run's row, as the two-round-trip path does and in the same order, and
-//! raises [`GUARD_FAILED`] unless the lease still has the write's token and has not expired
-//! (on the server's clock), the row's text is the one remembered, and the record key is
-//! free. It passes only if the two-round-trip path would have read exactly the row and facts
-//! the plan was given, under the same locks, so the effects are the ones that path would
-//! write. If it raises, PostgreSQL aborts the transaction, the pipelined `COMMIT` rolls it
-//! back, nothing is written and the connection is left without a transaction: the write goes
-//! the two-round-trip way, whose plan gives the typed refusal if there is one.
+//! [`Needs::record`]: a transition, a step record, a wake, a sleep) is planned against that
+//! row, with the facts of a lease that holds and a key that is free, by the same [`plan`] as
+//! every write. If its effects are a record at that key and an update of the row, one
+//! statement commits them, in a transaction of its own: `commit_one` (a function of the
+//! schema, migration 9). Its guard locks the lease row and the run's row, as the
+//! two-round-trip path does and in the same order, and raises SQLSTATE `LP001` unless the
+//! lease still has the write's token and has not expired (on the server's clock), the row's
+//! text is the one remembered, and the record key is free (when the effects write a record
+//! at the key, by the table's unique key as it inserts): it commits only if the
+//! two-round-trip path would have read exactly the row and facts the plan was given, under
+//! the same locks, so the effects are the ones that path would write. If it fails, the
+//! statement's transaction rolls back, nothing is written and the connection is left
+//! without a transaction: the write goes the two-round-trip way, whose plan gives the typed
+//! refusal if there is one.
 //!
-//! A write whose plan against the remembered row refuses, changes nothing, or has
-//! follow-ups also goes the two-round-trip way, where the facts are read.
+//! A write whose plan against the remembered row refuses, changes nothing, or has other
+//! effects (follow-ups, attributes, a wake-up to send) also goes the two-round-trip way.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,15 +27,14 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use deadpool_postgres::Object;
 use loops_core::{
-    CurrentLease, Facts, Lease, LeaseCheck, Needs, RecordKey, Reply, RunInfo, Write, plan,
+    CurrentLease, Effects, Error, Facts, Lease, LeaseCheck, Needs, Record, RecordKey, Reply,
+    RunInfo, Write, plan,
 };
+use tokio_postgres::types::ToSql;
 
-use crate::commit::{Fail, Param, finish, send, statement, writes};
+use crate::commit::{Fail, Param, STORE_LABEL, prepare, row_columns, utf8};
 use crate::sql::Sql;
-use crate::{PgStore, big};
-
-/// The SQLSTATE the guard raises (migration 9's `commit_guard`).
-pub(crate) const GUARD_FAILED: &str = "LP001";
+use crate::{PgStore, big, is_connection_error};
 
 /// The most leases the cache remembers rows of; it is emptied when full (an entry is only a
 /// hint: a write without one takes two round trips).
@@ -160,9 +161,56 @@ fn needs_only_row<'w>(lease: &Lease, write: &'w Write) -> Option<Option<RecordKe
     (needs == only && needs.run == Some(lease.run_id.as_str())).then_some(needs.record)
 }
 
-/// The parameters of the guard's statement: `commit_guard(run, token, row text, key)`.
-fn guard(lease: &Lease, text: &str, key: Option<RecordKey<'_>>) -> Vec<Param> {
-    let (seq, name, occurrence): (Option<i64>, Option<String>, Option<i32>) = match key {
+/// Whether `record` is the record at `key`.
+fn at_key(record: &Record<'_>, key: Option<RecordKey<'_>>) -> bool {
+    match (record, key) {
+        (Record::Journal { seq, .. }, Some(RecordKey::Journal { seq: at })) => *seq == at,
+        (
+            Record::Step {
+                seq,
+                name,
+                occurrence,
+                ..
+            },
+            Some(RecordKey::Step {
+                seq: at,
+                name: named,
+                occurrence: nth,
+            }),
+        ) => *seq == at && *name == named && *occurrence == nth,
+        _ => false,
+    }
+}
+
+/// The parameters of `commit_one` (migration 9) for `effects`, planned against `entry`
+/// under `lease` with the record key `key` free; with the new row's text, if the row
+/// changes. `None` if the effects are more than a record at `key` and an update of the row
+/// (those go the two-round-trip way).
+fn commit_params(
+    lease: &Lease,
+    entry: &Entry,
+    key: Option<RecordKey<'_>>,
+    effects: &Effects<'_>,
+) -> Option<(Vec<Param>, Option<String>)> {
+    let record = match effects.records.as_slice() {
+        [] => None,
+        [record] if at_key(record, key) => Some(utf8(record.bytes()).to_owned()),
+        _ => return None,
+    };
+    let only_record_and_row = effects.inbox.is_empty()
+        && effects.schema.is_none()
+        && effects.attributes.is_empty()
+        && effects.delete.is_empty()
+        && effects.sealing.is_none()
+        && effects.follow_ups.is_empty()
+        && effects.schedule.is_none()
+        && !effects.wakes
+        && effects.row.as_ref().is_none_or(|r| r.was.is_some())
+        && !effects.is_empty();
+    if !only_record_and_row {
+        return None;
+    }
+    let (seq, step, occurrence): (Option<i64>, Option<String>, Option<i32>) = match key {
         None => (None, None, None),
         Some(RecordKey::Journal { seq }) => (Some(big(seq)), None, None),
         Some(RecordKey::Step {
@@ -175,24 +223,39 @@ fn guard(lease: &Lease, text: &str, key: Option<RecordKey<'_>>) -> Vec<Param> {
             Some(i32::try_from(occurrence).unwrap_or(i32::MAX)),
         ),
     };
-    vec![
+    let mut params: Vec<Param> = vec![
         Box::new(lease.run_id.clone()),
         Box::new(big(lease.token)),
-        Box::new(text.to_owned()),
+        Box::new(entry.text.clone()),
         Box::new(seq),
-        Box::new(name),
+        Box::new(step),
         Box::new(occurrence),
-    ]
+        Box::new(record),
+    ];
+    let text = match &effects.row {
+        Some(row) => {
+            let (text, [status, row_seq, event, from, schema]) = row_columns(&row.info);
+            let new: Param = Box::new(text.clone());
+            params.extend([status, row_seq, event, from, new, schema]);
+            Some(text)
+        }
+        None => {
+            let none = || -> Param { Box::new(None::<String>) };
+            let number = || -> Param { Box::new(None::<i64>) };
+            params.extend([none(), number(), none(), number(), none(), none()]);
+            None
+        }
+    };
+    Some((params, text))
 }
 
 /// Commits `write` of the holder of `lease` in one round trip, planned against `entry` (the
-/// row remembered for the lease), if it is a write for this path and the guard passes.
+/// row remembered for the lease), if it is a write for this path and the guard passes: one
+/// statement (`commit_one`), in a transaction of its own.
 ///
 /// # Errors
-/// As the second round trip of the two-round-trip path: a refusal for a key a concurrent
-/// write took ([`Fail::Rejected`]), or an outcome unknown once the pipeline with `COMMIT` was
-/// sent ([`Fail::Broken`]); [`Fail::Retry`] if preparing a statement failed on the
-/// connection, before anything of the transaction was sent.
+/// [`Fail::Broken`] if the connection failed once the statement was sent (whether it
+/// committed is unknown); [`Fail::Retry`] if it failed before (preparing the statement).
 pub(crate) async fn try_commit(
     c: &Object,
     sql: &Sql,
@@ -214,47 +277,36 @@ pub(crate) async fn try_commit(
     let Ok(mut effects) = plan(write, Some(&entry.info), &facts) else {
         return Ok(Fast::Declined);
     };
-    let inserts_row = effects.row.as_ref().is_some_and(|r| r.was.is_none());
-    if effects.is_empty() || !effects.follow_ups.is_empty() || inserts_row {
+    let Some((params, text)) = commit_params(lease, &entry, key, &effects) else {
         return Ok(Fast::Declined);
-    }
-    let planned = writes(sql, &effects);
-    let mut statements = Vec::with_capacity(planned.statements.len() + 1);
-    statements.push((
-        statement(&sql.commit_guard, guard(lease, &entry.text, key)),
-        None,
-    ));
-    statements.extend(planned.statements);
-    let (results, committed) = match send(c, action, true, &statements).await {
-        Ok(sent) => sent,
-        // A statement could not be prepared (the guard of a schema altered outside loops):
-        // nothing of the transaction was sent.
-        Err(Fail::Broken(e)) => {
-            tracing::debug!(error = %e, "the one-round-trip guard failed; two round trips");
-            cache.fell_back.fetch_add(1, Ordering::Relaxed);
-            return Ok(Fast::Declined);
-        }
+    };
+    let fell_back = |e: &dyn std::fmt::Display| {
+        tracing::debug!(error = %e, "the one-round-trip commit fell back to two round trips");
+        cache.fell_back.fetch_add(1, Ordering::Relaxed);
+        Ok(Fast::Declined)
+    };
+    let statement = match prepare(c, action, &[&sql.commit_one]).await {
+        Ok(mut prepared) if prepared.len() == 1 => prepared.remove(0),
+        Ok(_) => return fell_back(&"no statement prepared"),
+        // A guard that cannot be prepared (a schema altered outside loops); nothing was sent.
+        Err(Fail::Broken(e)) => return fell_back(&e),
         Err(e) => return Err(e),
     };
-    if let Some(Err(e)) = results.first()
-        && e.as_db_error().is_some()
-        && committed.is_ok()
-    {
-        // The guard raised (or its lock wait failed): the transaction was rolled back by the
-        // `COMMIT`, which answered, so the connection is out of it.
-        if e.code().map(tokio_postgres::error::SqlState::code) != Some(GUARD_FAILED) {
-            tracing::debug!(error = %e, "the one-round-trip guard failed; two round trips");
+    let params: Vec<&(dyn ToSql + Sync)> =
+        params.iter().map(|p| &**p as &(dyn ToSql + Sync)).collect();
+    crate::failpoint::before_commit();
+    match c.execute(&statement, &params).await {
+        Ok(_) => {}
+        Err(e) if e.as_db_error().is_none() || is_connection_error(&e) => {
+            return Err(Fail::Broken(Error::database(action, e)));
         }
-        cache.fell_back.fetch_add(1, Ordering::Relaxed);
-        return Ok(Fast::Declined);
+        // The statement failed (its guard raised, or the record's key was taken: a unique
+        // violation), so its transaction rolled back: nothing was written.
+        Err(e) => return fell_back(&e),
     }
-    finish(action, results, committed, |i| {
-        statements
-            .get_mut(i)
-            .and_then(|(_, refusal)| refusal.take())
-    })?;
+    loops_core::metrics::commit_batch(STORE_LABEL, 1);
     cache.one_round_trip.fetch_add(1, Ordering::Relaxed);
-    let now = match (effects.row.take(), planned.row_text) {
+    let now = match (effects.row.take(), text) {
         (Some(row), Some(text)) => Entry {
             token: lease.token,
             text,

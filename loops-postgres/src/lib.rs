@@ -54,11 +54,11 @@
 //!   run's, unexpired, and the write's sequence number is the run's next one; otherwise it is
 //!   refused with [`loops_core::Error::Fenced`] and leaves no trace.
 //! - **One round trip.** A lease holder's transitions and step records are planned against
-//!   the run's row as its last write left it, and sent with `BEGIN`, a guard and `COMMIT` in
-//!   one pipeline; the guard (a function of the schema) takes the same locks and aborts the
-//!   transaction if the lease or the row changed, and the write then takes two round trips,
-//!   reading the row ([`PgStoreBuilder::one_round_trip`], docs/postgres.md, "The commit
-//!   path").
+//!   the run's row as its last write left it, and committed by one statement, a function of
+//!   the schema that takes the same locks, checks that the lease and the row are unchanged
+//!   and writes the effects; if they changed, it writes nothing and the write takes two
+//!   round trips, reading the row ([`PgStoreBuilder::one_round_trip`], docs/postgres.md,
+//!   "The commit path").
 //! - **Durability.** Every connection runs with `synchronous_commit = on`: a write returns
 //!   after its commit is flushed to the server's WAL. Concurrent commits share WAL flushes
 //!   (PostgreSQL's own group commit).

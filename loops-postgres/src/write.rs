@@ -3,7 +3,7 @@
 //! its [`Effects`] out as SQL (with `commit.rs`).
 //!
 //! A lease holder's write whose run's row the store remembers first tries one round trip
-//! (`fast.rs`); it falls back here, having written nothing, if the guard finds the lease or
+//! (`fast.rs`, one statement); it falls back here, having written nothing, if the lease or
 //! the row changed. Here a write takes two round trips on one connection, each a pipeline of
 //! statements:
 //! 1. `BEGIN`; lock the lease row (`FOR UPDATE`, if the write carries a lease); lock the run's
@@ -399,7 +399,7 @@ async fn apply(
         return with_follow_ups(c, sql, action, effects).await;
     }
     let mut planned = writes(sql, &effects);
-    let (results, committed) = send(c, action, false, &planned.statements).await?;
+    let (results, committed) = send(c, action, &planned.statements).await?;
     finish(action, results, committed, |i| {
         let refusal = planned.statements.get_mut(i).map(|(_, r)| r.take());
         refusal.flatten()

@@ -68,7 +68,7 @@ async fn workers_starting_at_once_migrate_once() {
             (8, "schedules: runs started per tick".to_owned()),
             (
                 9,
-                "commit_guard: the guard of a lease holder's one-round-trip commit".to_owned()
+                "commit_one: a lease holder's guarded commit in one statement".to_owned()
             )
         ]
     );

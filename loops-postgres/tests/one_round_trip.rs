@@ -351,7 +351,7 @@ async fn a_store_migrated_from_version_8_commits_in_one_round_trip() {
     let s = format!("\"{}\"", schema.name);
     admin
         .batch_execute(&format!(
-            "DROP FUNCTION {s}.commit_guard; DELETE FROM {s}.migrations WHERE version = 9"
+            "DROP FUNCTION {s}.commit_one; DELETE FROM {s}.migrations WHERE version = 9"
         ))
         .await
         .unwrap();
