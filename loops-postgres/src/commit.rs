@@ -1,7 +1,7 @@
 //! The statements that write a plan's [`Effects`] out, and the pipeline that sends them
 //! with `COMMIT` ([`send`]), whose outcome [`finish`] reads: the second round trip of
 //! `write.rs`. The one-round-trip path of a lease holder (`fast.rs`) shares the row's
-//! columns ([`row_columns`]) and the statement cache ([`prepare`]).
+//! columns ([`row_columns`]).
 
 use std::future::Future;
 use std::pin::Pin;

@@ -32,7 +32,7 @@ use loops_core::{
 };
 use tokio_postgres::types::ToSql;
 
-use crate::commit::{Fail, Param, STORE_LABEL, prepare, row_columns, utf8};
+use crate::commit::{Fail, Param, STORE_LABEL, row_columns, utf8};
 use crate::sql::Sql;
 use crate::{PgStore, big, is_connection_error};
 
@@ -63,9 +63,9 @@ pub(crate) struct Cache {
 pub struct CommitCounts {
     /// Writes committed in one round trip.
     pub one_round_trip: u64,
-    /// Writes that tried one round trip and found the run's row or lease changed (an event
-    /// sent, a cancellation, a lease taken over) or the key taken: nothing was written and
-    /// they went the two-round-trip way.
+    /// Writes that tried one round trip and found the run's row or lease changed (a
+    /// cancellation or a failure recorded by another handle, a lease taken over) or the key
+    /// taken: nothing was written and they went the two-round-trip way.
     pub fell_back: u64,
 }
 
@@ -220,7 +220,8 @@ fn commit_params(
         }) => (
             Some(big(seq)),
             Some(name.to_owned()),
-            Some(i32::try_from(occurrence).unwrap_or(i32::MAX)),
+            // As the two-round-trip path stores it (`commit::writes`).
+            Some(occurrence as i32),
         ),
     };
     let mut params: Vec<Param> = vec![
@@ -285,12 +286,12 @@ pub(crate) async fn try_commit(
         cache.fell_back.fetch_add(1, Ordering::Relaxed);
         Ok(Fast::Declined)
     };
-    let statement = match prepare(c, action, &[&sql.commit_one]).await {
-        Ok(mut prepared) if prepared.len() == 1 => prepared.remove(0),
-        Ok(_) => return fell_back(&"no statement prepared"),
-        // A guard that cannot be prepared (a schema altered outside loops); nothing was sent.
-        Err(Fail::Broken(e)) => return fell_back(&e),
-        Err(e) => return Err(e),
+    let statement = match c.prepare_cached(&sql.commit_one).await {
+        Ok(statement) => statement,
+        Err(e) if is_connection_error(&e) => return Err(Fail::Retry(e)),
+        // A function that cannot be prepared (a schema altered outside loops): nothing of the
+        // write was sent.
+        Err(e) => return fell_back(&e),
     };
     let params: Vec<&(dyn ToSql + Sync)> =
         params.iter().map(|p| &**p as &(dyn ToSql + Sync)).collect();
