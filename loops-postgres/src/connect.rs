@@ -45,6 +45,7 @@ pub struct PgStoreBuilder {
     migrate: bool,
     max_clock_skew: Duration,
     listen: bool,
+    one_round_trip: bool,
 }
 
 impl PgStoreBuilder {
@@ -61,6 +62,7 @@ impl PgStoreBuilder {
             migrate: true,
             max_clock_skew: DEFAULT_MAX_CLOCK_SKEW,
             listen: true,
+            one_round_trip: true,
         }
     }
 
@@ -83,6 +85,19 @@ impl PgStoreBuilder {
     /// `pool_mode = transaction`), where `LISTEN` does not work. Writes notify either way.
     pub fn listen(mut self, listen: bool) -> Self {
         self.listen = listen;
+        self
+    }
+
+    /// Whether a lease holder's writes may commit in one round trip (default `true`): the
+    /// store remembers the run's row each such write left, and the next write of the same
+    /// lease that needs nothing else (a transition, a step record) commits in one statement
+    /// that checks the lease and the row and writes its changes, falling back to two round
+    /// trips if the lease or the row changed (docs/postgres.md, "The commit path";
+    /// [`PgStore::commit_counts`]). With `false`, every write takes two round trips, as
+    /// before schema version 9: for measurements, and for tests that stop a worker inside
+    /// a transaction.
+    pub fn one_round_trip(mut self, enabled: bool) -> Self {
+        self.one_round_trip = enabled;
         self
     }
 
@@ -310,6 +325,7 @@ impl PgStoreBuilder {
         Ok(PgStore {
             inner: Arc::new(Inner {
                 sql,
+                cache: crate::fast::Cache::new(self.one_round_trip),
                 listener,
                 pool: pool(self.pool_size)?,
                 lease_pool: pool(1)?,

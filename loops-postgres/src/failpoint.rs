@@ -7,7 +7,7 @@
 //!
 //! | name | where |
 //! |---|---|
-//! | `loops_postgres::write::before_commit` | a write's first round trip (`BEGIN`, the row locks, its reads) is done; its second (the changes and `COMMIT`) is not sent yet |
+//! | `loops_postgres::write::before_commit` | a write's first round trip (`BEGIN`, the row locks, its reads) is done; its second (the changes and `COMMIT`) is not sent yet. On the one-round-trip path: its one statement is not sent yet |
 //! | `loops_postgres::listen::connect` | the wake-up listener is about to connect; `return` makes the attempt fail (the listener stays down and tries again after its back-off) |
 
 /// The fault point `loops_postgres::write::before_commit`.

@@ -53,6 +53,12 @@
 //!   run's row in the transaction that writes, and commits only if the lease is still the
 //!   run's, unexpired, and the write's sequence number is the run's next one; otherwise it is
 //!   refused with [`loops_core::Error::Fenced`] and leaves no trace.
+//! - **One round trip.** A lease holder's transitions and step records are planned against
+//!   the run's row as its last write left it, and committed by one statement, a function of
+//!   the schema that takes the same locks, checks that the lease and the row are unchanged
+//!   and writes the effects; if they changed, it writes nothing and the write takes two
+//!   round trips, reading the row ([`PgStoreBuilder::one_round_trip`], docs/postgres.md,
+//!   "The commit path").
 //! - **Durability.** Every connection runs with `synchronous_commit = on`: a write returns
 //!   after its commit is flushed to the server's WAL. Concurrent commits share WAL flushes
 //!   (PostgreSQL's own group commit).
@@ -71,7 +77,8 @@
 //!
 //! # Why deadpool-postgres
 //! tokio-postgres is the async PostgreSQL client of the tokio ecosystem, with pipelining,
-//! which the write path uses to send a transaction's statements in two round trips.
+//! which the write path uses to send a transaction's statements in one round trip (a lease
+//! holder's transitions and steps) or two.
 //! deadpool-postgres is the pool most used with it: small, tokio-native, with a per-connection
 //! statement cache, and it drops a connection the server closed instead of handing it out
 //! again. bb8 would do as well; sqlx would bring its own driver and a compile-time query
@@ -91,8 +98,10 @@
 
 mod action;
 mod attributes;
+mod commit;
 mod connect;
 mod failpoint;
+mod fast;
 mod guard;
 mod limits;
 mod listen;
@@ -112,6 +121,7 @@ use loops_core::{BoxFuture, EventRecord, Lease, Reply, RunInfo, RunStatus, Store
 use loops_core::{FailureRecord, SchemaHash, StepRecord, TransitionRecord};
 
 pub use connect::PgStoreBuilder;
+pub use fast::CommitCounts;
 pub use migrate::SCHEMA_VERSION;
 
 use crate::sql::Sql;
@@ -274,6 +284,8 @@ pub struct PgStore {
 
 struct Inner {
     sql: Sql,
+    /// The rows this store's leases last saw, for one-round-trip commits (fast.rs).
+    cache: fast::Cache,
     /// The task that listens for wake-ups, unless [`PgStoreBuilder::listen`] is off.
     listener: Option<listen::Listener>,
     pool: Pool,

@@ -26,6 +26,7 @@ const MIGRATIONS: &[Migration] = &[
     MIGRATION_6,
     MIGRATION_7,
     MIGRATION_8,
+    MIGRATION_9,
 ];
 
 /// The tables.
@@ -217,8 +218,74 @@ CREATE TABLE {s}.schedules (
 "#,
 };
 
+/// The one-round-trip commit of a lease holder's write (fast.rs; docs/postgres.md, "The
+/// commit path"), one statement in a transaction of its own. It locks the lease row, then the
+/// run's row (in the order of the two-round-trip path), and raises SQLSTATE `LP001` unless the
+/// lease still has token `p_token` and has not expired on the server's clock, and the row's
+/// text is `p_info`; the row is locked by its update to `p_new` (with its columns, as
+/// `update_run` writes them), or `FOR UPDATE` if it does not change. Then the record
+/// `p_record` at its key (`p_seq`: the journal's; with `p_step`, that step record's), whose
+/// key taken is a unique violation; without a record, a key taken raises `LP001`. Under READ
+/// COMMITTED each statement of the function sees what committed before it started, and a row
+/// lock waited for is checked against the row's newest version: what it checks is what the
+/// two-round-trip path would read under the same locks. Any error rolls the whole statement
+/// back.
+const MIGRATION_9: Migration = Migration {
+    version: 9,
+    description: "commit_one: a lease holder's guarded commit in one statement",
+    sql: r#"
+CREATE FUNCTION {s}.commit_one(
+    p_run text, p_token bigint, p_info text,
+    p_seq bigint, p_step text, p_occurrence integer, p_record text,
+    p_status text, p_row_seq bigint, p_wait_event text, p_wait_until_ms bigint,
+    p_new text, p_schema text)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM 1 FROM {s}.leases
+        WHERE run_id = p_run COLLATE "C" AND token = p_token
+        AND expires_ms > (extract(epoch from clock_timestamp()) * 1000)::bigint
+        FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'the lease % of run % is no longer live', p_token, p_run
+            USING ERRCODE = 'LP001';
+    END IF;
+    IF p_new IS NULL THEN
+        PERFORM 1 FROM {s}.runs WHERE run_id = p_run COLLATE "C" AND info = p_info
+            FOR UPDATE;
+    ELSE
+        UPDATE {s}.runs SET status = p_status, seq = p_row_seq, wait_event = p_wait_event,
+            wait_until_ms = p_wait_until_ms, info = p_new, schema = p_schema
+            WHERE run_id = p_run COLLATE "C" AND info = p_info;
+    END IF;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'the row of run % changed', p_run USING ERRCODE = 'LP001';
+    END IF;
+    IF p_record IS NOT NULL THEN
+        IF p_step IS NULL THEN
+            INSERT INTO {s}.journal (run_id, seq, record) VALUES (p_run, p_seq, p_record);
+        ELSE
+            INSERT INTO {s}.steps (run_id, seq, name, occurrence, record)
+                VALUES (p_run, p_seq, p_step, p_occurrence, p_record);
+        END IF;
+    ELSIF p_seq IS NOT NULL THEN
+        IF p_step IS NULL THEN
+            PERFORM 1 FROM {s}.journal WHERE run_id = p_run COLLATE "C" AND seq = p_seq;
+        ELSE
+            PERFORM 1 FROM {s}.steps WHERE run_id = p_run COLLATE "C" AND seq = p_seq
+                AND name = p_step COLLATE "C" AND occurrence = p_occurrence;
+        END IF;
+        IF FOUND THEN
+            RAISE EXCEPTION 'a record of run % at seq % exists', p_run, p_seq
+                USING ERRCODE = 'LP001';
+        END IF;
+    END IF;
+END
+$$;
+"#,
+};
+
 /// The newest schema version this build knows (and creates).
-pub const SCHEMA_VERSION: i32 = 8;
+pub const SCHEMA_VERSION: i32 = 9;
 
 /// Checks, writing nothing, that schema `schema` is at [`SCHEMA_VERSION`]. Returns it.
 pub(crate) async fn check(client: &tokio_postgres::Client, schema: &str) -> Result<i32, Error> {

@@ -368,6 +368,7 @@ impl PgStore {
     }
 
     pub(crate) async fn lease_release(&self, lease: &Lease) -> Result<()> {
+        self.inner.cache.forget(&lease.run_id);
         self.rows(
             || format!("releasing the lease of run `{}`", lease.run_id),
             &self.inner.sql.release,
@@ -384,20 +385,33 @@ impl PgStore {
         let ids: Vec<&str> = leases.iter().map(|l| l.run_id.as_str()).collect();
         let tokens: Vec<i64> = leases.iter().map(|l| big(l.token)).collect();
         // On the renewals' own connection: never behind the writes waiting for the pool.
-        let rows = self
+        let renewed = self
             .rows_on(
                 &self.inner.lease_pool,
                 || format!("renewing {} leases", leases.len()),
                 &self.inner.sql.renew,
                 &[&ids, &tokens, &self.ttl_ms()],
             )
-            .await?;
-        rows.iter()
-            .map(|row| {
-                let run_id = text(row, 0, "?")?;
-                lease(row, run_id, 1)
-            })
-            .collect()
+            .await
+            .and_then(|rows| {
+                rows.iter()
+                    .map(|row| {
+                        let run_id = text(row, 0, "?")?;
+                        lease(row, run_id, 1)
+                    })
+                    .collect::<Result<Vec<Lease>>>()
+            });
+        // A lease not renewed is lost (or may be): its row is not remembered.
+        let kept: std::collections::HashSet<&str> = renewed
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .map(|l| l.run_id.as_str())
+            .collect();
+        for lost in leases.iter().filter(|l| !kept.contains(l.run_id.as_str())) {
+            self.inner.cache.forget(&lost.run_id);
+        }
+        renewed
     }
 
     pub(crate) async fn lease_claim_ready(

@@ -1,8 +1,11 @@
 //! The commit path: each [`Write`] in one PostgreSQL transaction. What the write means is
 //! [`plan`]'s (loops-core); this module only gathers the [`Facts`] it [`Needs`] and writes
-//! its [`Effects`] out as SQL.
+//! its [`Effects`] out as SQL (with `commit.rs`).
 //!
-//! A write takes two round trips on one connection, each a pipeline of statements:
+//! A lease holder's write whose run's row the store remembers first tries one round trip
+//! (`fast.rs`, one statement); it falls back here, having written nothing, if the lease or
+//! the row changed. Here a write takes two round trips on one connection, each a pipeline of
+//! statements:
 //! 1. `BEGIN`; lock the lease row (`FOR UPDATE`, if the write carries a lease); lock the run's
 //!    row (`FOR UPDATE`, or the rows of the runs a prune names); and one statement per fact
 //!    the write needs (the next failure index, the oldest pending event, ...), which run
@@ -18,45 +21,35 @@
 //!
 //! A write refused by its checks is rolled back and leaves no trace. If the connection fails
 //! during the first round trip, nothing was written and the write is tried again on another
-//! connection; if it fails during the second, whether it committed is unknown and the caller
-//! gets [`Error::Database`].
+//! connection; if it fails during the second (or during the one-round-trip pipeline), whether
+//! it committed is unknown and the caller gets [`Error::Database`].
 
 use std::future::Future;
 use std::pin::Pin;
 
 use deadpool_postgres::Object;
 use loops_core::{
-    CurrentLease, Effects, Facts, InboxChange, Lease, LeaseCheck, Needs, PendingEvent, Record,
-    RecordKey, Reply, RowWrite, RunInfo, ScheduleChange, ScheduleInfo, Write, plan,
+    CurrentLease, Effects, Facts, Lease, LeaseCheck, Needs, PendingEvent, RecordKey, Reply,
+    RunInfo, ScheduleInfo, Write, plan,
 };
 use loops_core::{Error, Result};
+use tokio_postgres::Row;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Row, Statement};
 
 use crate::action::describe;
+use crate::commit::{
+    Fail, Param, STORE_LABEL, Stmt, early, finish, prepare, send, statement, writes,
+};
+use crate::fast::{Cache, Fast, try_commit};
 use crate::guard::Guard;
 use crate::pipeline::{Step, pipeline};
 use crate::read::text;
 use crate::sql::Sql;
-use crate::{PgStore, big, is_connection_error};
-
-/// The `store` label of this store's metrics ([`loops_core::metrics`]).
-const STORE_LABEL: &str = "postgres";
+use crate::{PgStore, big};
 
 /// Attempts of a write whose connection fails before its commit, on fresh connections.
 const TRIES: usize = 3;
-
-/// Why a write did not commit.
-enum Fail {
-    /// Refused by its checks; the connection has no transaction open.
-    Rejected(Error),
-    /// The connection failed before anything was sent for commit: nothing took effect, and
-    /// the write may be tried again on another connection.
-    Retry(tokio_postgres::Error),
-    /// Failed otherwise; the connection's state is unknown and it is dropped.
-    Broken(Error),
-}
 
 impl PgStore {
     pub(crate) async fn write_impl(&self, lease: Option<&Lease>, write: Write) -> Result<Reply> {
@@ -70,7 +63,8 @@ impl PgStore {
         loop {
             tries += 1;
             let guard = Guard(Some(self.client(action).await?));
-            match apply(guard.client(), &self.inner.sql, lease, write).await {
+            let (sql, cache) = (&self.inner.sql, &self.inner.cache);
+            match apply(guard.client(), sql, cache, lease, write).await {
                 Ok(reply) => {
                     guard.keep();
                     return Ok(reply);
@@ -89,30 +83,6 @@ impl PgStore {
     }
 }
 
-/// A failure of the first round trip (before anything was sent for commit).
-fn early(action: &str, e: tokio_postgres::Error) -> Fail {
-    if is_connection_error(&e)
-        || e.code() == Some(&SqlState::T_R_DEADLOCK_DETECTED)
-        || e.code() == Some(&SqlState::T_R_SERIALIZATION_FAILURE)
-    {
-        Fail::Retry(e)
-    } else {
-        Fail::Broken(Error::database(action, e))
-    }
-}
-
-async fn prepare(
-    c: &Object,
-    action: &str,
-    statements: &[&str],
-) -> std::result::Result<Vec<Statement>, Fail> {
-    let mut out = Vec::with_capacity(statements.len());
-    for s in statements {
-        out.push(c.prepare_cached(s).await.map_err(|e| early(action, e))?);
-    }
-    Ok(out)
-}
-
 /// Rolls the open transaction back and returns the refusal.
 async fn reject(c: &Object, e: Error) -> Fail {
     match c.batch_execute("ROLLBACK").await {
@@ -127,28 +97,6 @@ async fn unchanged(c: &Object, reply: Reply) -> std::result::Result<Reply, Fail>
         .await
         .map_err(|e| Fail::Broken(Error::database("rolling back", e)))?;
     Ok(reply)
-}
-
-/// A parameter of a statement.
-type Param = Box<dyn ToSql + Sync + Send>;
-
-/// A statement and its parameters.
-struct Stmt<'a> {
-    sql: &'a str,
-    params: Vec<Param>,
-}
-
-fn statement<'a>(sql: &'a str, params: Vec<Param>) -> Stmt<'a> {
-    Stmt { sql, params }
-}
-
-impl Stmt<'_> {
-    fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
-        self.params
-            .iter()
-            .map(|p| &**p as &(dyn ToSql + Sync))
-            .collect()
-    }
 }
 
 /// What a statement of the first round trip reads.
@@ -259,7 +207,8 @@ enum Unreadable {
     Broken(Error),
 }
 
-/// The run's row and the facts, from the first round trip's answers to `reads`.
+/// The run's row (decoded, and as stored) and the facts, from the first round trip's
+/// answers to `reads`.
 ///
 /// `(run_id, schedule)`: the run and the schedule the write needs, if any.
 fn facts<'l>(
@@ -267,16 +216,17 @@ fn facts<'l>(
     answers: Vec<Vec<Row>>,
     lease: Option<&'l Lease>,
     (run_id, needs_schedule): (&str, Option<&str>),
-) -> std::result::Result<(Option<RunInfo>, Facts<'l>), Unreadable> {
+) -> std::result::Result<(Option<(RunInfo, String)>, Facts<'l>), Unreadable> {
     let broken = |e: tokio_postgres::Error| {
         Unreadable::Broken(Error::database(
             format!("reading a row of run `{run_id}`"),
             e,
         ))
     };
-    let info = |id: &str, row: &Row| -> std::result::Result<RunInfo, Unreadable> {
+    let info = |id: &str, row: &Row| -> std::result::Result<(RunInfo, String), Unreadable> {
         let json = text(row, 0, id).map_err(Unreadable::Broken)?;
-        RunInfo::decode(id, json.as_bytes()).map_err(Unreadable::Refused)
+        let info = RunInfo::decode(id, json.as_bytes()).map_err(Unreadable::Refused)?;
+        Ok((info, json))
     };
     let mut row = None;
     let mut facts = Facts::default();
@@ -405,231 +355,30 @@ async fn read_pipelined(
     Ok(answers)
 }
 
-/// The statements that write `effects` out, each with the refusal a unique violation of it
-/// means.
-fn writes<'a>(sql: &'a Sql, effects: &Effects<'_>) -> Vec<(Stmt<'a>, Option<Error>)> {
-    let id = effects.run_id;
-    let run = || -> Param { Box::new(id.to_owned()) };
-    let mut out = Vec::new();
-    for record in &effects.records {
-        let text: Param = Box::new(utf8(record.bytes()).to_owned());
-        let st = match record {
-            Record::Journal { seq, .. } => {
-                statement(&sql.insert_journal, vec![run(), Box::new(big(*seq)), text])
-            }
-            Record::Step {
-                seq,
-                name,
-                occurrence,
-                ..
-            } => statement(
-                &sql.insert_step,
-                vec![
-                    run(),
-                    Box::new(big(*seq)),
-                    Box::new((*name).to_owned()),
-                    Box::new(*occurrence as i32),
-                    text,
-                ],
-            ),
-            Record::Failure {
-                seq,
-                attempt,
-                index,
-                ..
-            } => statement(
-                &sql.insert_failure,
-                vec![
-                    run(),
-                    Box::new(big(*seq)),
-                    Box::new(*attempt as i32),
-                    Box::new(*index as i32),
-                    text,
-                ],
-            ),
-        };
-        out.push((st, record.refusal_if_taken(id)));
-    }
-    for change in &effects.inbox {
-        let st = match change {
-            InboxChange::Append {
-                event_seq,
-                name,
-                key,
-                record,
-            } => statement(
-                &sql.insert_event,
-                vec![
-                    run(),
-                    Box::new(big(*event_seq)),
-                    Box::new((*name).to_owned()),
-                    Box::new(key.map(str::to_owned)),
-                    Box::new(utf8(record).to_owned()),
-                ],
-            ),
-            InboxChange::Deliver { event_seq, .. } => {
-                statement(&sql.mark_delivered, vec![run(), Box::new(big(*event_seq))])
-            }
-        };
-        out.push((st, None));
-    }
-    if let Some((hash, text)) = effects.schema {
-        let params: Vec<Param> = vec![Box::new(hash.to_string()), Box::new(text.to_owned())];
-        out.push((statement(&sql.insert_schema, params), None));
-    }
-    if let Some((key, at_ms)) = effects.sealing {
-        let params: Vec<Param> = vec![Box::new(key.to_owned()), Box::new(big(at_ms))];
-        out.push((statement(&sql.insert_sealing_key, params), None));
-    }
-    if let Some(row) = &effects.row {
-        out.push((row_statement(sql, row), row.refusal_if_taken()));
-    }
-    for (key, value) in &effects.attributes {
-        let params: Vec<Param> = vec![
-            run(),
-            Box::new((*key).to_owned()),
-            Box::new(value.index_bytes()),
-        ];
-        out.push((statement(&sql.set_attribute, params), None));
-    }
-    if !effects.delete.is_empty() {
-        let ids: Vec<String> = effects.delete.iter().map(|i| i.run_id.clone()).collect();
-        out.push((statement(&sql.delete_runs, vec![Box::new(ids)]), None));
-    }
-    match &effects.schedule {
-        Some(ScheduleChange::Put { info, new }) => {
-            let json = utf8(&info.encode()).to_owned();
-            let params: Vec<Param> = vec![Box::new(info.name.clone()), Box::new(json)];
-            let sql = if *new {
-                &sql.insert_schedule
-            } else {
-                &sql.update_schedule
-            };
-            out.push((statement(sql, params), None));
-        }
-        Some(ScheduleChange::Delete { name }) => {
-            let params: Vec<Param> = vec![Box::new((*name).to_owned())];
-            out.push((statement(&sql.delete_schedule, params), None));
-        }
-        None => {}
-    }
-    if effects.wakes {
-        // Delivered to the other workers' listeners when (and only if) the write commits.
-        out.push((statement(&sql.notify, Vec::new()), None));
-    }
-    out
-}
-
-/// The insert or update of a run's row. The `wait_event` and `wait_until_ms` columns hold
-/// the row's [`readiness`](RunInfo::readiness), and `schema` its schema hash, which
-/// `claim_ready` filters on.
-fn row_statement<'a>(sql: &'a Sql, row: &RowWrite) -> Stmt<'a> {
-    let info = &row.info;
-    let ready = info.readiness();
-    let run_id: Param = Box::new(info.run_id.clone());
-    let status: Param = Box::new(info.status.as_str());
-    let seq: Param = Box::new(big(info.seq));
-    let event: Param = Box::new(ready.event.map(str::to_owned));
-    let from: Param = Box::new(ready.from_ms.map(big));
-    let json: Param = Box::new(utf8(&info.encode()).to_owned());
-    let schema: Param = Box::new(info.schema.to_string());
-    match row.was {
-        None => {
-            let workflow: Param = Box::new(info.workflow.clone());
-            let parent: Param = Box::new(info.parent.as_ref().map(|p| p.run_id.clone()));
-            statement(
-                &sql.insert_run,
-                vec![
-                    run_id, workflow, status, seq, event, from, json, schema, parent,
-                ],
-            )
-        }
-        Some(_) => statement(
-            &sql.update_run,
-            vec![run_id, status, seq, event, from, json, schema],
-        ),
-    }
-}
-
-fn utf8(bytes: &[u8]) -> &str {
-    // Records are serde_json output: always UTF-8.
-    std::str::from_utf8(bytes).unwrap_or("{}")
-}
-
-/// The outcome of the second round trip: `results` of the writes pipelined with `COMMIT`.
-/// The first failed write decides: a unique violation maps through `taken`, anything else is
-/// an error of unknown outcome.
-fn finish(
-    action: &str,
-    results: Vec<std::result::Result<u64, tokio_postgres::Error>>,
-    commit: std::result::Result<(), tokio_postgres::Error>,
-    taken: impl FnOnce(usize) -> Option<Error>,
-) -> std::result::Result<(), Fail> {
-    for (i, result) in results.into_iter().enumerate() {
-        if let Err(e) = result {
-            if e.code() == Some(&SqlState::UNIQUE_VIOLATION)
-                && commit.is_ok()
-                && let Some(refusal) = taken(i)
-            {
-                return Err(Fail::Rejected(refusal));
-            }
-            return Err(Fail::Broken(Error::database(action, e)));
-        }
-    }
-    commit.map_err(|e| Fail::Broken(Error::database(action, e)))
-}
-
-/// Sends `writes` (each a prepared statement and its parameters) and `COMMIT`, pipelined.
-async fn commit(
-    c: &Object,
-    writes: &[(&Statement, &[&(dyn ToSql + Sync)])],
-) -> (
-    Vec<std::result::Result<u64, tokio_postgres::Error>>,
-    std::result::Result<(), tokio_postgres::Error>,
-) {
-    type Sent<'a> = Pin<
-        Box<
-            dyn Future<Output = std::result::Result<Option<u64>, tokio_postgres::Error>>
-                + Send
-                + 'a,
-        >,
-    >;
-    crate::failpoint::before_commit();
-    let client: &tokio_postgres::Client = c;
-    let mut steps: Vec<Sent<'_>> = writes
-        .iter()
-        .map(|(st, params)| -> Sent<'_> {
-            let st: &Statement = st;
-            let params: &[&(dyn ToSql + Sync)] = params;
-            Box::pin(async move { client.execute(st, params).await.map(Some) })
-        })
-        .collect();
-    steps.push(Box::pin(async move {
-        client.batch_execute("COMMIT").await.map(|()| None)
-    }));
-    let mut results = pipeline(steps).await;
-    let committed = results.pop().map_or(Ok(()), |r| r.map(|_| ()));
-    if committed.is_ok() {
-        // One write per transaction: PostgreSQL's own group commit batches the fsyncs.
-        loops_core::metrics::commit_batch(STORE_LABEL, 1);
-    }
-    let results = results
-        .into_iter()
-        .map(|r| r.map(|n| n.unwrap_or(0)))
-        .collect();
-    (results, committed)
-}
-
-/// Applies `write` in one transaction on `c`: the facts it needs (first round trip),
-/// [`plan`], then its effects and `COMMIT` (second round trip).
+/// Applies `write` in one transaction on `c`: in one round trip if the lease's row is
+/// remembered and the guard passes ([`try_commit`]); else the facts it needs (first round
+/// trip), [`plan`], then its effects and `COMMIT` (second round trip). A write under a lease
+/// that commits leaves its run's row remembered for the next.
 async fn apply(
     c: &Object,
     sql: &Sql,
+    cache: &Cache,
     lease: Option<&Lease>,
     write: &Write,
 ) -> std::result::Result<Reply, Fail> {
     let action = describe(write);
     let action = action.as_str();
+    // Taken out for the time of the write: put back only by a commit.
+    let remembered = lease.and_then(|lease| Some((lease, cache.take(lease)?)));
+    if let Some((lease, entry)) = remembered {
+        match try_commit(c, sql, cache, (lease, write, action), entry).await? {
+            Fast::Committed(reply, entry) => {
+                cache.put_entry(lease, entry);
+                return Ok(reply);
+            }
+            Fast::Declined => {}
+        }
+    }
     let needs = write.needs();
     let reads = reads(sql, lease, &needs);
     let answers = begin(c, action, &reads).await?;
@@ -639,7 +388,7 @@ async fn apply(
         Err(Unreadable::Refused(e)) => return Err(reject(c, e).await),
         Err(Unreadable::Broken(e)) => return Err(Fail::Broken(e)),
     };
-    let effects = match plan(write, row.as_ref(), &facts) {
+    let mut effects = match plan(write, row.as_ref().map(|(info, _)| info), &facts) {
         Ok(effects) => effects,
         Err(e) => return Err(reject(c, e).await),
     };
@@ -649,19 +398,21 @@ async fn apply(
     if !effects.follow_ups.is_empty() {
         return with_follow_ups(c, sql, action, effects).await;
     }
-    let mut writes = writes(sql, &effects);
-    let sqls: Vec<&str> = writes.iter().map(|(s, _)| s.sql).collect();
-    let prepared = prepare(c, action, &sqls).await?;
-    let params: Vec<Vec<&(dyn ToSql + Sync)>> = writes.iter().map(|(s, _)| s.params()).collect();
-    let pairs: Vec<(&Statement, &[&(dyn ToSql + Sync)])> = prepared
-        .iter()
-        .zip(&params)
-        .map(|(st, p)| (st, p.as_slice()))
-        .collect();
-    let (results, committed) = commit(c, &pairs).await;
+    let mut planned = writes(sql, &effects);
+    let (results, committed) = send(c, action, &planned.statements).await?;
     finish(action, results, committed, |i| {
-        writes.get_mut(i).and_then(|(_, refusal)| refusal.take())
+        let refusal = planned.statements.get_mut(i).map(|(_, r)| r.take());
+        refusal.flatten()
     })?;
+    if let Some(lease) = lease.filter(|l| needs.run == Some(l.run_id.as_str())) {
+        let now = match (effects.row.take(), planned.row_text) {
+            (Some(new), Some(text)) => Some((text, new.info)),
+            _ => row.map(|(info, text)| (text, info)),
+        };
+        if let Some((text, info)) = now {
+            cache.put(lease, text, info);
+        }
+    }
     Ok(effects.reply)
 }
 
@@ -677,7 +428,7 @@ async fn with_follow_ups(
     action: &str,
     effects: Effects<'_>,
 ) -> std::result::Result<Reply, Fail> {
-    execute(c, action, writes(sql, &effects)).await?;
+    execute(c, action, writes(sql, &effects).statements).await?;
     for write in &effects.follow_ups {
         follow_up(c, sql, write).await?;
     }
@@ -711,7 +462,7 @@ fn follow_up<'a>(
             }
             Err(Unreadable::Broken(e)) => return Err(Fail::Broken(e)),
         };
-        let effects = match plan(write, row.as_ref(), &facts) {
+        let effects = match plan(write, row.as_ref().map(|(info, _)| info), &facts) {
             Ok(effects) => effects,
             Err(e) => {
                 tracing::debug!(error = %e, "a follow-up write was refused; skipped");
@@ -721,7 +472,7 @@ fn follow_up<'a>(
         if effects.is_empty() {
             return Ok(());
         }
-        execute(c, &action, writes(sql, &effects)).await?;
+        execute(c, &action, writes(sql, &effects).statements).await?;
         for next in &effects.follow_ups {
             follow_up(c, sql, next).await?;
         }

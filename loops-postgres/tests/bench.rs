@@ -1,16 +1,25 @@
-//! Measurements of the PostgreSQL store, printed as a table (figures in `docs/postgres.md`):
+//! Measurements of the PostgreSQL store, printed as tables (figures in `docs/postgres.md`):
 //!
 //! - one durable commit of a raw single-row `INSERT` (the floor), and of one transition and
-//!   one step record through `PgStore` (and through `RedbStore`, for comparison), one after
-//!   another on one run: p50, p99 and mean, and the ratio to the raw `INSERT`;
-//! - throughput, in transitions per second, of 8 and 64 concurrent runs driven by 1 and by 3
-//!   workers (each worker a runtime with a `PgStore` and pool of its own, in this process).
+//!   one step record through `PgStore` with two round trips per commit (`one_round_trip(false)`,
+//!   as before schema version 9) and with one, and through `RedbStore` for comparison, one
+//!   after another on one run: p50, p99 and mean, and the ratio to the raw `INSERT`;
+//! - throughput, in transitions per second, of 1, 2 and 4 workers, each a runtime with a
+//!   `PgStore` and a pool of its own of [`POOL`] connections, in this process, driving twice
+//!   as many runs as connections; against the floor at the same number of connections: the
+//!   `pgbench` binary with a script of one single-row `INSERT` per transaction
+//!   (`-M prepared -c N -j N -T secs -n`), run in the same process's benchmark, on a table
+//!   of the bench's schema.
 //!
 //! `cargo test --release -p loops-postgres --test bench -- --ignored --nocapture`
-//! (`LOOPS_BENCH_N` sets the commits per latency figure, default 2000.)
+//! (`LOOPS_BENCH_N` sets the commits per latency figure, default 2000; `LOOPS_BENCH_SECS`
+//! the seconds of each throughput figure, default 10; `PGBENCH` the pgbench binary, default
+//! `/usr/bin/pgbench`.)
 
 mod common;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use loops::{Context, Runtime, Workflow};
@@ -57,6 +66,42 @@ impl CountHandler for Counter {
         })
     }
 }
+
+/// Counts its steps, and ends each run at its next step once `stop` is set.
+struct Timed {
+    steps: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+}
+
+impl CountHandler for Timed {
+    type Error = std::convert::Infallible;
+
+    async fn start(&self, _ctx: &Context, n: u32) -> Result<StartNext, Self::Error> {
+        Ok(StartNext::Step {
+            i: 0,
+            n,
+            note: "x".repeat(100),
+        })
+    }
+
+    async fn step(
+        &self,
+        _ctx: &Context,
+        i: u32,
+        n: u32,
+        note: String,
+    ) -> Result<StepNext, Self::Error> {
+        self.steps.fetch_add(1, Ordering::Relaxed);
+        Ok(if self.stop.load(Ordering::Relaxed) {
+            StepNext::Done { n }
+        } else {
+            StepNext::Step { i: i + 1, n, note }
+        })
+    }
+}
+
+/// Connections in each worker's pool in the throughput figures.
+const POOL: usize = 4;
 
 struct Stats {
     p50: Duration,
@@ -118,14 +163,14 @@ fn record(seq: u64) -> Vec<u8> {
 }
 
 /// p50/p99/mean of `n` transitions, then of `n` step records, committed one after another on
-/// one run of `store`.
-async fn store_latency(store: &dyn Store, n: usize) -> (Stats, Stats) {
-    let lease: Lease = store.acquire("lat").await.unwrap().unwrap();
+/// one run `run_id` of `store`.
+async fn store_latency(store: &dyn Store, run_id: &str, n: usize) -> (Stats, Stats) {
+    let lease: Lease = store.acquire(run_id).await.unwrap().unwrap();
     store
         .write(
             Some(&lease),
             Write::Create {
-                info: info("lat"),
+                info: info(run_id),
                 record: record(0),
                 schema_text: "bench",
                 attributes: Vec::new(),
@@ -141,7 +186,7 @@ async fn store_latency(store: &dyn Store, n: usize) -> (Stats, Stats) {
             .write(
                 Some(&lease),
                 Write::Transition {
-                    run_id: "lat".into(),
+                    run_id: run_id.into(),
                     seq,
                     state: "Step".into(),
                     record: bytes,
@@ -169,7 +214,7 @@ async fn store_latency(store: &dyn Store, n: usize) -> (Stats, Stats) {
             .write(
                 Some(&lease),
                 Write::Step {
-                    run_id: "lat".into(),
+                    run_id: run_id.into(),
                     seq: n as u64,
                     name: "effect".into(),
                     occurrence,
@@ -183,41 +228,156 @@ async fn store_latency(store: &dyn Store, n: usize) -> (Stats, Stats) {
     (stats(transitions), stats(steps))
 }
 
-/// Transitions per second of `runs` concurrent runs of `transitions` each, spread over
-/// `workers` runtimes (each with a store and pool of its own).
+/// CPU time in clock ticks (1/100 s on Linux): `(this process, its waited-for children,
+/// the PostgreSQL server)`; the server's is every live `postgres` process's plus the
+/// children its postmaster reaped (ended sessions). Linux only; zeros elsewhere.
+fn cpu_ticks() -> (u64, u64, u64) {
+    // Fields 14-17 of /proc/<pid>/stat: utime, stime, cutime, cstime.
+    let stat = |pid: &str| -> Option<(String, [u64; 4])> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let (head, rest) = text.rsplit_once(')')?;
+        let comm = head.split_once('(')?.1.to_owned();
+        let f: Vec<u64> = rest
+            .split_whitespace()
+            .skip(11)
+            .take(4)
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        Some((comm, [*f.first()?, *f.get(1)?, *f.get(2)?, *f.get(3)?]))
+    };
+    let (me, children) = stat("self").map_or((0, 0), |(_, f)| (f[0] + f[1], f[2] + f[3]));
+    let mut server = 0;
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.bytes().all(|b| b.is_ascii_digit())
+            && let Some((comm, f)) = stat(&name)
+            && comm == "postgres"
+        {
+            server += f[0] + f[1] + f[2] + f[3];
+        }
+    }
+    (me, children, server)
+}
+
+/// A throughput figure: commits per second, and the CPU per commit, in µs, of the client
+/// (loops' process, or pgbench) and of the server.
+struct Rate {
+    per_s: f64,
+    client_us: f64,
+    server_us: f64,
+}
+
+fn rate(commits: u64, elapsed: Duration, client_ticks: u64, server_ticks: u64) -> Rate {
+    let us = |ticks: u64| ticks as f64 * 10_000.0 / commits.max(1) as f64;
+    Rate {
+        per_s: commits as f64 / elapsed.as_secs_f64(),
+        client_us: us(client_ticks),
+        server_us: us(server_ticks),
+    }
+}
+
+/// Transitions per second of `workers` runtimes, each with a store and pool of its own of
+/// [`POOL`] connections and `2 * POOL` runs, over `secs` seconds (after one second of
+/// warm-up), counted by the handler (one handler call per transition).
 async fn throughput(
     schema: &common::TestSchema,
     workers: usize,
-    runs: usize,
-    transitions: u32,
-) -> f64 {
-    let mut runtimes = Vec::new();
-    for _ in 0..workers {
+    secs: u64,
+    one_round_trip: bool,
+) -> Rate {
+    let steps = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for w in 0..workers {
         let store = loops_postgres::PgStore::builder(common::pg_config())
             .schema(schema.name.clone())
+            .pool_size(POOL)
+            .one_round_trip(one_round_trip)
             .connect()
             .await
             .unwrap();
-        runtimes.push(Runtime::builder().build(store));
+        let rt = Runtime::builder().build(store);
+        for i in 0..2 * POOL {
+            let rt = rt.clone();
+            let id = format!("t{workers}-{one_round_trip}-{w}-{i}");
+            let handler = Timed {
+                steps: Arc::clone(&steps),
+                stop: Arc::clone(&stop),
+            };
+            tasks.push(tokio::spawn(async move {
+                rt.run(&id, Count::Start { n: u32::MAX }, &handler)
+                    .await
+                    .unwrap();
+            }));
+        }
     }
-    let tag = format!("w{workers}-r{runs}");
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for i in 0..runs {
-        let rt = runtimes[i % workers].clone();
-        let id = format!("{tag}-{i}");
-        tasks.push(tokio::spawn(async move {
-            // Start .. Step x (transitions - 1) .. Done: `transitions` commits after the create.
-            rt.run(&id, Count::Start { n: transitions - 1 }, &Counter)
-                .await
-                .unwrap();
-        }));
-    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (from, t, cpu) = (steps.load(Ordering::Relaxed), Instant::now(), cpu_ticks());
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    let (to, elapsed, end) = (steps.load(Ordering::Relaxed), t.elapsed(), cpu_ticks());
+    stop.store(true, Ordering::Relaxed);
     for t in tasks {
         t.await.unwrap();
     }
-    let elapsed = started.elapsed();
-    (runs as f64 * f64::from(transitions)) / elapsed.as_secs_f64()
+    rate(to - from, elapsed, end.0 - cpu.0, end.2 - cpu.2)
+}
+
+/// Transactions per second of `pgbench` at `clients` connections for `secs` seconds, each
+/// transaction one single-row `INSERT` (of a payload the size of a transition record) into
+/// a table of `schema`, committed durably (`synchronous_commit = on`).
+fn pgbench_floor(schema: &str, clients: usize, secs: u64) -> Rate {
+    let config: tokio_postgres::Config = common::pg_config().parse().unwrap();
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+        Some(tokio_postgres::config::Host::Unix(p)) => p.display().to_string(),
+        None => "127.0.0.1".to_owned(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let user = config.get_user().unwrap_or("postgres").to_owned();
+    let db = config.get_dbname().unwrap_or(&user).to_owned();
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("insert.sql");
+    std::fs::write(
+        &script,
+        format!(
+            "INSERT INTO \"{schema}\".floor (payload) VALUES (repeat('x', {}));\n",
+            record(1).len()
+        ),
+    )
+    .unwrap();
+    let bin = std::env::var("PGBENCH").unwrap_or_else(|_| "/usr/bin/pgbench".to_owned());
+    let cpu = cpu_ticks();
+    let out = std::process::Command::new(bin)
+        .env("PGOPTIONS", "-c synchronous_commit=on")
+        .args(["-h", &host, "-p", &port.to_string(), "-U", &user])
+        .args(["-n", "-M", "prepared", "-f"])
+        .arg(&script)
+        .args(["-c", &clients.to_string(), "-j", &clients.to_string()])
+        .args(["-T", &secs.to_string(), &db])
+        .output()
+        .expect("run pgbench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "pgbench failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let end = cpu_ticks();
+    // "tps = 1234.567890 (without initial connection time)"
+    let tps: f64 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("tps = "))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no tps in pgbench's output: {stdout}"));
+    // pgbench's CPU includes its connections' setup: a little over the run's own.
+    let commits = (tps * secs as f64) as u64;
+    rate(
+        commits,
+        Duration::from_secs(secs),
+        end.1 - cpu.1,
+        end.2 - cpu.2,
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -227,9 +387,21 @@ async fn bench() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(2000);
+    let secs: u64 = std::env::var("LOOPS_BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10);
     let schema = common::TestSchema::new("bench").await;
     // The latency loops hold one lease without a runtime to renew it: make it outlast them.
-    let store = schema.store(Duration::from_secs(3600)).await;
+    let ttl = Duration::from_secs(3600);
+    let one_trip = schema.store(ttl).await;
+    let two_trips = loops_postgres::PgStore::builder(common::pg_config())
+        .schema(schema.name.clone())
+        .lease_ttl(ttl)
+        .one_round_trip(false)
+        .connect()
+        .await
+        .unwrap();
 
     // The floor: a raw single-row INSERT, one durable commit each, on the same server,
     // with the same settings (synchronous_commit = on).
@@ -239,8 +411,9 @@ async fn bench() {
     tokio::spawn(connection);
     client
         .batch_execute(&format!(
-            "CREATE TABLE \"{}\".raw (id bigint PRIMARY KEY, payload text NOT NULL)",
-            schema.name
+            "CREATE TABLE \"{s}\".raw (id bigint PRIMARY KEY, payload text NOT NULL); \
+             CREATE TABLE \"{s}\".floor (id bigserial PRIMARY KEY, payload text NOT NULL)",
+            s = schema.name
         ))
         .await
         .unwrap();
@@ -259,11 +432,14 @@ async fn bench() {
         raw.push(t.elapsed());
     }
     let raw = stats(raw);
-    let (pg_transition, pg_step) = store_latency(&store, n).await;
+    let (two_transition, two_step) = store_latency(&two_trips, "lat2", n).await;
+    let (one_transition, one_step) = store_latency(&one_trip, "lat1", n).await;
+    // Every write after the create, on one round trip.
+    assert_eq!(one_trip.commit_counts().one_round_trip, 2 * n as u64);
 
     let dir = tempfile::tempdir().unwrap();
     let redb = loops_core::RedbStore::open(dir.path().join("bench.redb")).unwrap();
-    let (redb_transition, redb_step) = store_latency(&redb, n).await;
+    let (redb_transition, redb_step) = store_latency(&redb, "lat", n).await;
 
     // One run driven by the runtime: handler, encoding, lease check and commit.
     let rt = Runtime::builder().build(schema.store(Duration::from_secs(10)).await);
@@ -280,8 +456,10 @@ async fn bench() {
     println!("|---|---:|---:|---:|---:|");
     for (name, s) in [
         ("raw single-row INSERT (PostgreSQL)", &raw),
-        ("PgStore transition", &pg_transition),
-        ("PgStore step record", &pg_step),
+        ("PgStore transition, two round trips", &two_transition),
+        ("PgStore transition, one round trip", &one_transition),
+        ("PgStore step record, two round trips", &two_step),
+        ("PgStore step record, one round trip", &one_step),
         ("RedbStore transition", &redb_transition),
         ("RedbStore step record", &redb_step),
     ] {
@@ -300,13 +478,31 @@ async fn bench() {
     );
 
     println!();
-    println!("throughput, transitions/s (each run: 50 transitions)");
-    println!("| concurrent runs | 1 worker | 3 workers |");
-    println!("|---:|---:|---:|");
-    for runs in [8, 64] {
-        let one = throughput(&schema, 1, runs, 50).await;
-        let three = throughput(&schema, 3, runs, 50).await;
-        println!("| {runs} | {one:.0} | {three:.0} |");
+    println!(
+        "throughput over {secs} s: loops transitions/s (workers of {POOL} connections, \
+         {} runs each) against pgbench single-row INSERT transactions/s at as many connections",
+        2 * POOL
+    );
+    println!(
+        "| workers | connections | pgbench floor tps | loops, two round trips | loops, one round trip | one round trip / floor | CPU µs per commit, client + server: pgbench | two round trips | one round trip |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let cpu = |r: &Rate| format!("{:.0} + {:.0}", r.client_us, r.server_us);
+    for workers in [1, 2, 4] {
+        let connections = workers * POOL;
+        let floor = pgbench_floor(&schema.name, connections, secs);
+        let two = throughput(&schema, workers, secs, false).await;
+        let one = throughput(&schema, workers, secs, true).await;
+        println!(
+            "| {workers} | {connections} | {:.0} | {:.0} | {:.0} | {:.2} | {} | {} | {} |",
+            floor.per_s,
+            two.per_s,
+            one.per_s,
+            one.per_s / floor.per_s,
+            cpu(&floor),
+            cpu(&two),
+            cpu(&one)
+        );
     }
 }
 

@@ -65,10 +65,14 @@ async fn workers_starting_at_once_migrate_once() {
                 7,
                 "runs: parent column and its index (child runs)".to_owned()
             ),
-            (8, "schedules: runs started per tick".to_owned())
+            (8, "schedules: runs started per tick".to_owned()),
+            (
+                9,
+                "commit_one: a lease holder's guarded commit in one statement".to_owned()
+            )
         ]
     );
-    assert_eq!(SCHEMA_VERSION, 8);
+    assert_eq!(SCHEMA_VERSION, 9);
     let tables: Vec<String> = common::admin()
         .await
         .query(

@@ -122,6 +122,8 @@ async fn worker_process() {
         .pool_size(4)
         .lease_ttl(ttl)
         .application_name(format!("loops-worker-{}", std::process::id()))
+        // A stall between the two round trips of a commit needs a commit that takes two.
+        .one_round_trip(std::env::var("LOOPS_STALL").as_deref() != Ok("1"))
         .connect()
         .await
         .unwrap();

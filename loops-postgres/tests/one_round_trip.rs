@@ -1,0 +1,389 @@
+//! The one-round-trip commit of a lease holder's writes (docs/postgres.md, "The commit
+//! path"): taken by transitions and step records once the store knows the run's row; left,
+//! with nothing written, when another writer changed the row or the lease moved, for the
+//! two-round-trip path and its exact answer; and taken on a store migrated from schema
+//! version 8, which had no guard.
+
+mod common;
+
+use std::time::Duration;
+
+use loops::{
+    AfterFailure, Error, FailureRecord, FailureSource, Lease, Reply, RunStatus, SchemaHash,
+    StepRecord, Store, TransitionRecord, Write,
+};
+use loops_postgres::{CommitCounts, PgStore};
+
+/// The transition record of `seq` (state `S<seq>`).
+fn record(seq: u64) -> Vec<u8> {
+    serde_json::to_vec(&TransitionRecord {
+        seq,
+        state: format!("S{seq}"),
+        at_ms: 1_000 + seq,
+        schema: SchemaHash::from_u64(7),
+        payload: serde_json::value::RawValue::from_string(format!("{seq}")).unwrap(),
+        migrated: None,
+    })
+    .unwrap()
+}
+
+fn transition(run_id: &str, seq: u64) -> Write {
+    Write::Transition {
+        run_id: run_id.to_owned(),
+        seq,
+        state: format!("S{seq}"),
+        record: record(seq),
+        terminal: false,
+        schema: SchemaHash::from_u64(7),
+        at_ms: 1_000 + seq,
+    }
+}
+
+fn step(run_id: &str, seq: u64, occurrence: u32) -> Write {
+    let output = format!("\"out-{occurrence}\"");
+    Write::Step {
+        run_id: run_id.to_owned(),
+        seq,
+        name: "effect".to_owned(),
+        occurrence,
+        record: serde_json::to_vec(&StepRecord {
+            attempt: 1,
+            at_ms: 2_000,
+            duration_ms: 0,
+            output: serde_json::value::RawValue::from_string(output).unwrap(),
+        })
+        .unwrap(),
+    }
+}
+
+/// A store of one connection (every write of the test on the same session), whose sessions
+/// are named after the schema and `tag`.
+async fn store(
+    schema: &common::TestSchema,
+    tag: &str,
+    ttl: Duration,
+    one_round_trip: bool,
+) -> PgStore {
+    PgStore::builder(common::pg_config())
+        .schema(&schema.name)
+        .application_name(format!("{}-{tag}", schema.name))
+        .pool_size(1)
+        .lease_ttl(ttl)
+        .one_round_trip(one_round_trip)
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// Creates run `run_id` under a fresh lease of `store`.
+async fn create(store: &PgStore, run_id: &str) -> Lease {
+    let lease = store.acquire(run_id).await.unwrap().unwrap();
+    let write = Write::Create {
+        info: common::new_row(run_id, "w"),
+        record: record(0),
+        schema_text: "w",
+        attributes: Vec::new(),
+    };
+    store.write(Some(&lease), write).await.unwrap();
+    lease
+}
+
+/// The run's history as `(seq, state)`.
+async fn history(store: &PgStore, run_id: &str) -> Vec<(u64, String)> {
+    let records = store.history(run_id).await.unwrap();
+    records.into_iter().map(|r| (r.seq, r.state)).collect()
+}
+
+fn counts(one_round_trip: u64, fell_back: u64) -> CommitCounts {
+    let mut counts = CommitCounts::default();
+    counts.one_round_trip = one_round_trip;
+    counts.fell_back = fell_back;
+    counts
+}
+
+/// The sessions of `store`'s pool that are inside a transaction (none once a write returned).
+async fn in_transaction(store: &PgStore) -> i64 {
+    let c = store.pool().get().await.unwrap();
+    c.query_one(
+        "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() \
+         AND application_name = current_setting('application_name') \
+         AND state LIKE 'idle in transaction%'",
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_holders_transitions_and_steps_take_one_round_trip() {
+    let schema = common::TestSchema::new("one_trip").await;
+    let fast = store(&schema, "fast", Duration::from_secs(60), true).await;
+    let lease = create(&fast, "r").await;
+    // The create reads the row (none) and inserts it: two round trips; every write after it
+    // knows the row.
+    assert_eq!(fast.commit_counts(), counts(0, 0));
+    for seq in 1..=3 {
+        let reply = fast
+            .write(Some(&lease), transition("r", seq))
+            .await
+            .unwrap();
+        match reply {
+            Reply::Run(info) => {
+                assert_eq!((info.seq, info.state.as_str()), (seq, &*format!("S{seq}")))
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    for occurrence in 0..2 {
+        let reply = fast.write(Some(&lease), step("r", 3, occurrence)).await;
+        assert!(matches!(reply, Ok(Reply::Done)), "{reply:?}");
+    }
+    fast.write(Some(&lease), transition("r", 4)).await.unwrap();
+    assert_eq!(fast.commit_counts(), counts(6, 0));
+    // The same writes as the two-round-trip path stores them.
+    let slow = store(&schema, "slow", Duration::from_secs(60), false).await;
+    let other = create(&slow, "s").await;
+    for seq in 1..=3 {
+        slow.write(Some(&other), transition("s", seq))
+            .await
+            .unwrap();
+    }
+    for occurrence in 0..2 {
+        slow.write(Some(&other), step("s", 3, occurrence))
+            .await
+            .unwrap();
+    }
+    slow.write(Some(&other), transition("s", 4)).await.unwrap();
+    assert_eq!(slow.commit_counts(), counts(0, 0));
+    let (mut a, mut b) = (
+        fast.run_info("r").await.unwrap().unwrap(),
+        slow.run_info("s").await.unwrap().unwrap(),
+    );
+    b.run_id = a.run_id.clone();
+    a.created_ms = b.created_ms;
+    assert_eq!(a, b);
+    assert_eq!(
+        history(&fast, "r").await,
+        (0..=4).map(|s| (s, format!("S{s}"))).collect::<Vec<_>>()
+    );
+    let steps = |store: PgStore, run: &'static str| async move {
+        let steps = store.steps(run, 3).await.unwrap();
+        steps
+            .into_iter()
+            .map(|(name, n, r)| (name, n, r.output.get().to_owned()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        steps(fast.clone(), "r").await,
+        steps(slow.clone(), "s").await
+    );
+    assert_eq!(steps(fast.clone(), "r").await.len(), 2);
+    // A step record whose key is taken is refused as on two round trips, with nothing written.
+    let taken = fast.write(Some(&lease), step("r", 4, 0)).await;
+    assert!(matches!(taken, Ok(Reply::Done)), "{taken:?}");
+    let again = fast.write(Some(&lease), step("r", 4, 0)).await;
+    assert!(
+        matches!(&again, Err(Error::StepExists { run_id, seq: 4, occurrence: 0, .. }) if run_id == "r"),
+        "{again:?}"
+    );
+    // Its guard saw the key taken: nothing written, the connection out of the transaction.
+    assert_eq!(fast.commit_counts(), counts(7, 1));
+    assert_eq!(in_transaction(&fast).await, 0);
+    assert_eq!(fast.steps("r", 4).await.unwrap().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_of_another_handle_between_two_commits_of_the_holder() {
+    let schema = common::TestSchema::new("one_trip_other").await;
+    let holder = store(&schema, "holder", Duration::from_secs(60), true).await;
+    let other = store(&schema, "other", Duration::from_secs(60), true).await;
+    let lease = create(&holder, "r").await;
+    holder
+        .write(Some(&lease), transition("r", 1))
+        .await
+        .unwrap();
+    assert_eq!(holder.commit_counts(), counts(1, 0));
+
+    // An event leaves the row as it is: the next transition needs nothing of the inbox and
+    // still commits in one round trip; the event stays pending.
+    let send = Write::Send {
+        run_id: "r".into(),
+        name: "go".into(),
+        payload: "1".into(),
+        key: None,
+        at_ms: 5_000,
+    };
+    other.write(None, send).await.unwrap();
+    holder
+        .write(Some(&lease), transition("r", 2))
+        .await
+        .unwrap();
+    assert_eq!(holder.commit_counts(), counts(2, 0));
+    let events = holder.events("r").await.unwrap();
+    assert_eq!(events.len(), 1);
+    assert!(!events[0].2, "the event is still pending");
+
+    // A failure recorded through the other handle (under the same lease) changes the row:
+    // the holder's guard sees it, and its transition commits on two round trips, from the
+    // row as it is (the error cleared).
+    let failure = Write::Failure {
+        run_id: "r".into(),
+        seq: 2,
+        record: FailureRecord {
+            attempt: 1,
+            at_ms: 6_000,
+            source: FailureSource::Handler,
+            errors: vec!["boom".into()],
+        },
+        then: AfterFailure::Nothing,
+    };
+    other.write(Some(&lease), failure).await.unwrap();
+    assert!(holder.run_info("r").await.unwrap().unwrap().error.is_some());
+    holder
+        .write(Some(&lease), transition("r", 3))
+        .await
+        .unwrap();
+    assert_eq!(holder.commit_counts(), counts(2, 1));
+    let info = holder.run_info("r").await.unwrap().unwrap();
+    assert_eq!((info.seq, info.error.is_none()), (3, true));
+    assert_eq!(holder.failures("r").await.unwrap().len(), 1);
+    // The row it committed is known again: the next one takes one round trip.
+    holder
+        .write(Some(&lease), transition("r", 4))
+        .await
+        .unwrap();
+    assert_eq!(holder.commit_counts(), counts(3, 1));
+
+    // A cancellation from the other handle: the holder's next transition falls back, and is
+    // refused as on two round trips; nothing is written.
+    let cancel = Write::Cancel {
+        run_id: "r".into(),
+        reason: "stop".into(),
+        end_now: false,
+        at_ms: 7_000,
+    };
+    other.write(None, cancel).await.unwrap();
+    let refused = holder.write(Some(&lease), transition("r", 5)).await;
+    assert!(
+        matches!(&refused, Err(Error::RunCancelled { run_id, seq: 4, reason, .. }) if run_id == "r" && reason == "stop"),
+        "{refused:?}"
+    );
+    assert_eq!(holder.commit_counts(), counts(3, 2));
+    assert_eq!(in_transaction(&holder).await, 0);
+    let info = holder.run_info("r").await.unwrap().unwrap();
+    assert_eq!(
+        (info.seq, info.status, info.cancel.as_deref()),
+        (4, RunStatus::Running, Some("stop"))
+    );
+    let end = Write::EndCancelled {
+        run_id: "r".into(),
+        at_ms: 8_000,
+    };
+    holder.write(Some(&lease), end).await.unwrap();
+    let info = holder.run_info("r").await.unwrap().unwrap();
+    assert_eq!((info.seq, info.status), (4, RunStatus::Cancelled));
+    assert_eq!(
+        history(&holder, "r").await,
+        vec![
+            (0, "S0".into()),
+            (1, "S1".into()),
+            (2, "S2".into()),
+            (3, "S3".into()),
+            (4, "S4".into())
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_taken_over_fences_the_holders_one_round_trip() {
+    let schema = common::TestSchema::new("one_trip_fence").await;
+    let ttl = Duration::from_millis(300);
+    let holder = store(&schema, "holder", ttl, true).await;
+    let other = store(&schema, "other", ttl, true).await;
+    let lease = create(&holder, "r").await;
+    holder
+        .write(Some(&lease), transition("r", 1))
+        .await
+        .unwrap();
+    assert_eq!(holder.commit_counts(), counts(1, 0));
+    // The lease lapses; another worker takes the run over and writes nothing yet: the row
+    // is the one the holder knows, only the lease moved.
+    tokio::time::sleep(ttl * 2).await;
+    let taken = other.acquire("r").await.unwrap().expect("the lease lapsed");
+    let before = holder.run_info("r").await.unwrap().unwrap();
+    for write in [transition("r", 2), step("r", 1, 0)] {
+        let fenced = holder.write(Some(&lease), write).await;
+        assert!(
+            matches!(&fenced, Err(Error::Fenced { run_id, current: 1, status: RunStatus::Running, .. }) if run_id == "r"),
+            "{fenced:?}"
+        );
+    }
+    // The first fell back from its guard; the second found nothing remembered.
+    assert_eq!(holder.commit_counts(), counts(1, 1));
+    assert_eq!(holder.run_info("r").await.unwrap().unwrap(), before);
+    assert_eq!(history(&holder, "r").await.len(), 2);
+    assert!(holder.steps("r", 1).await.unwrap().is_empty());
+    assert_eq!(in_transaction(&holder).await, 0);
+    // The new holder goes on.
+    other.write(Some(&taken), transition("r", 2)).await.unwrap();
+    other.write(Some(&taken), transition("r", 3)).await.unwrap();
+    assert_eq!(other.commit_counts(), counts(1, 0));
+    assert_eq!(
+        history(&other, "r").await,
+        vec![
+            (0, "S0".into()),
+            (1, "S1".into()),
+            (2, "S2".into()),
+            (3, "S3".into())
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_migrated_from_version_8_commits_in_one_round_trip() {
+    let schema = common::TestSchema::new("one_trip_v8").await;
+    let old = store(&schema, "old", Duration::from_secs(60), true).await;
+    let lease = create(&old, "r").await;
+    old.write(Some(&lease), transition("r", 1)).await.unwrap();
+    // The schema as version 8 left it: migration 9 only adds the guard.
+    let admin = common::admin().await;
+    let s = format!("\"{}\"", schema.name);
+    admin
+        .batch_execute(&format!(
+            "DROP FUNCTION {s}.commit_one; DELETE FROM {s}.migrations WHERE version = 9"
+        ))
+        .await
+        .unwrap();
+    // A store whose guard is gone commits on two round trips.
+    old.write(Some(&lease), transition("r", 2)).await.unwrap();
+    assert_eq!(old.commit_counts(), counts(1, 1));
+    assert_eq!(in_transaction(&old).await, 0);
+
+    let new = store(&schema, "new", Duration::from_secs(60), true).await;
+    let versions: Vec<i32> = admin
+        .query(
+            &format!("SELECT version FROM {s}.migrations ORDER BY version"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(versions, (1..=9).collect::<Vec<_>>());
+    // The run goes on under its lease, through the new store: the first write learns the
+    // row, the others take one round trip.
+    for seq in 3..=5 {
+        new.write(Some(&lease), transition("r", seq)).await.unwrap();
+    }
+    assert_eq!(new.commit_counts(), counts(2, 0));
+    // And through the old one again, once the row it knew is stale.
+    old.write(Some(&lease), transition("r", 6)).await.unwrap();
+    old.write(Some(&lease), transition("r", 7)).await.unwrap();
+    assert_eq!(old.commit_counts(), counts(2, 1));
+    assert_eq!(
+        history(&new, "r").await,
+        (0..=7).map(|s| (s, format!("S{s}"))).collect::<Vec<_>>()
+    );
+}
