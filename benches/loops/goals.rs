@@ -32,7 +32,7 @@ pub fn table(s: &mut String, r: &Report) {
     }
     let _ = writeln!(
         s,
-        "| 4. PostgreSQL: one round trip per commit, at least 0.8x pgbench's INSERT+COMMIT floor at the same connections; 1, 2, 4 workers | measured by loops-postgres's own benchmark (it needs a server): docs/postgres.md, \"Benchmarks\" | see there |"
+        "| 4. PostgreSQL: one round trip per commit, at least 0.8x pgbench's INSERT+COMMIT floor at the same connections; 1, 2, 4 workers | measured by loops-postgres's own benchmark, which needs a server (`cargo test --release -p loops-postgres --test bench -- --ignored --nocapture`): section 11 above and docs/postgres.md, \"Benchmarks\" | not measured in this run |"
     );
     langgraph(s, r);
     let _ = writeln!(
