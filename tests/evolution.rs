@@ -672,6 +672,86 @@ async fn registering_the_missing_version_on_a_running_runtime_unblocks_its_runs(
     rt.shutdown().await;
 }
 
+/// A run that ended under version 1, run or started again by a build of version 2 with the
+/// migration v1 -> v2: its terminal state is returned through the migration, in memory, and
+/// nothing is written (an ended run is not migrated in the store). Before, the build tried to
+/// commit the migration and the caller got `Error::Fenced` (found by a fresh user with the
+/// example: a run finished by `--workflow-version 1`, then reported by the default build).
+/// Without the migration, the refusal is `SchemaMismatch`, and the ended run is not blocked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ended_run_of_an_older_version_is_read_through_the_migration_and_not_written() {
+    let store = memory();
+    let log = Log::default();
+    let old = Runtime::builder().build(store.clone());
+    let ended = old
+        .run(
+            "ended",
+            v1::Order::Placed {
+                item: "ended".into(),
+            },
+            &Handler::new(1, &log),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        ended,
+        v1::Order::Shipped {
+            item: "ended".into()
+        }
+    );
+    old.shutdown().await;
+    let stored = store.run_info("ended").await.unwrap().unwrap();
+    store.clear_writes();
+
+    let rt = Runtime::builder()
+        .register::<v2::Order, _>(Handler::new(2, &log))
+        .migration::<v1::Order, v2::Order>()
+        .build(store.clone());
+    let initial = || v2::Order::Placed {
+        item: "ended".into(),
+        qty: 5,
+    };
+    assert_eq!(
+        rt.run("ended", initial(), &Handler::new(2, &log))
+            .await
+            .unwrap(),
+        v2::Order::Shipped {
+            item: "ended".into(),
+            qty: 1
+        }
+    );
+    let started = rt.start("ended", initial()).await.unwrap();
+    assert_eq!(
+        (started.status, started.state.as_str(), started.seq),
+        (RunStatus::Completed, "Shipped", stored.seq)
+    );
+    assert_eq!(
+        rt.wait::<v2::Order>("ended").await.unwrap(),
+        v2::Order::Shipped {
+            item: "ended".into(),
+            qty: 1
+        }
+    );
+    assert!(store.writes().is_empty(), "{:?}", store.writes());
+    assert_eq!(store.run_info("ended").await.unwrap().unwrap(), stored);
+    assert!(log.calls_of("ended").iter().all(|(version, _)| *version == 1));
+    rt.shutdown().await;
+
+    // No migration: refused with the diff; the ended run is not blocked.
+    let refusing = Runtime::builder()
+        .register::<v2::Order, _>(Handler::new(2, &log))
+        .build(store.clone());
+    let refused = refusing
+        .run("ended", initial(), &Handler::new(2, &log))
+        .await;
+    assert!(
+        matches!(refused, Err(Error::SchemaMismatch { .. })),
+        "{refused:?}"
+    );
+    assert!(store.writes().is_empty(), "{:?}", store.writes());
+    refusing.shutdown().await;
+}
+
 /// Where the driver that blocks a run stands, for
 /// `a_version_registered_while_the_run_is_being_blocked_unblocks_it`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,7 +8,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 
 use crate::error::{Error, Result, error_chain};
-use crate::migrate::Chain;
+use crate::migrate::{Chain, Migration};
 use crate::panics::panic_message;
 use crate::record::{MigratedFrom, TransitionRecord};
 use crate::route::{Blocked, KnownVersion, Route, StoredRun, route};
@@ -19,6 +19,7 @@ use crate::runtime::handle::{Prepared, Registry, Runtime};
 use crate::schema::{SchemaDiff, SchemaHash};
 use crate::status::RunStatus;
 use crate::store::Write;
+use crate::workflow::Workflow;
 
 /// What routing a found run came to.
 pub(crate) enum Routing {
@@ -166,6 +167,22 @@ impl Runtime {
             .map_err(|panic| panic_message(&*panic));
         let migrated = match applied {
             Ok(Ok(migrated)) => migrated,
+            // An ended run is not blocked (nothing more is written for it): the refusal goes
+            // to the caller that reads its terminal state.
+            Ok(Err(e)) if info.status.is_ended() => {
+                return Err(Error::MigrationRefused {
+                    run_id: run_id.clone(),
+                    seq: info.seq,
+                    reason: error_chain(&e).join(": "),
+                });
+            }
+            Err(message) if info.status.is_ended() => {
+                return Err(Error::MigrationRefused {
+                    run_id: run_id.clone(),
+                    seq: info.seq,
+                    reason: format!("the migration panicked: {message}"),
+                });
+            }
             Ok(Err(e)) => {
                 let blocked = Blocked {
                     reason: error_chain(&e).join(": "),
@@ -189,6 +206,9 @@ impl Runtime {
                 workflow: info.workflow.clone(),
             });
         };
+        if info.status.is_ended() {
+            return Ok(Ok(ended_through(info, record, chain, migrated)?));
+        }
         let seq = info
             .seq
             .checked_add(1)
@@ -246,6 +266,42 @@ impl Runtime {
         Ok(Ok((info, new)))
     }
 
+    /// The terminal state of the ended run `info` (its terminal `record`), typed as `W`:
+    /// decoded, or, when it ended under another version from which the registered
+    /// migrations lead to `W`, read through them in memory ([`ended_through`]: an ended run
+    /// is not migrated in the store).
+    ///
+    /// # Errors
+    /// [`Error::MigrationRefused`] if a migration of the chain fails; [`Error::Decode`] (or
+    /// [`Error::Payload`]) if the state does not decode as `W`.
+    pub(crate) fn terminal_as<W: Workflow>(
+        &self,
+        info: &RunInfo,
+        record: TransitionRecord,
+    ) -> Result<W> {
+        let compiled = W::SCHEMA_HASH.pinned();
+        let chain = (record.schema != compiled)
+            .then(|| {
+                self.registry(|r| {
+                    Migration::path(r.migrations(), W::NAME, record.schema, |h| h == compiled)
+                })
+            })
+            .flatten();
+        let Some(chain) = chain else {
+            return record.decode(&info.run_id);
+        };
+        let migrated =
+            chain
+                .apply(record.payload.get())
+                .map_err(|e| Error::MigrationRefused {
+                    run_id: info.run_id.clone(),
+                    seq: info.seq,
+                    reason: error_chain(&e).join(": "),
+                })?;
+        let (_, view) = ended_through(info, &record, &chain, migrated)?;
+        view.decode(&info.run_id)
+    }
+
     /// Marks the run blocked for `blocked`'s reason, once: nothing is written (nor logged)
     /// if it is blocked for that already. The block is logged once: at WARN with the reason
     /// and the changes if `warn` (nobody else reports it), else at INFO without the changes
@@ -262,7 +318,10 @@ impl Runtime {
                 .block
                 .as_ref()
                 .is_some_and(|b| b.schema == info.schema && b.reason == blocked.reason);
-        if already {
+        // An ended run is never blocked: nothing more is written for it (the store would
+        // refuse the write), and no build drives it again; the caller says why it cannot
+        // read it.
+        if already || info.status.is_ended() {
             return Ok(info.clone());
         }
         let changes: Vec<String> = blocked.changes.iter().map(ToString::to_string).collect();
@@ -421,4 +480,44 @@ impl Runtime {
         out.sort_by(|a, b| (&a.workflow, &a.run_id).cmp(&(&b.workflow, &b.run_id)));
         Ok(out)
     }
+}
+
+/// The terminal record of the ended run `info` read through the migration `chain`
+/// (`migrated`: its state and payload as the chain's last version has them), in memory: an
+/// ended run is not migrated in the store, where nothing more is written for it, but its
+/// caller (a `run` or `start` of the id by a later version) gets its terminal state typed as
+/// that version. The view keeps the record's seq and time; its schema, and the row's, are the
+/// version's, and `migrated` says from what.
+fn ended_through(
+    info: &RunInfo,
+    record: &TransitionRecord,
+    chain: &Chain,
+    migrated: crate::migrate::Migrated,
+) -> Result<(RunInfo, TransitionRecord)> {
+    let to = chain.to().hash;
+    let payload =
+        serde_json::value::RawValue::from_string(migrated.payload).map_err(|source| {
+            Error::Encode {
+                run_id: info.run_id.clone(),
+                state: migrated.state.to_owned(),
+                seq: record.seq,
+                source,
+            }
+        })?;
+    let view = TransitionRecord {
+        seq: record.seq,
+        state: migrated.state.to_owned(),
+        at_ms: record.at_ms,
+        schema: to,
+        payload,
+        migrated: Some(MigratedFrom {
+            schema: info.schema,
+            version: chain.from().version,
+            seq: info.state_seq(),
+        }),
+    };
+    let mut info = info.clone();
+    info.schema = to;
+    info.state = view.state.clone();
+    Ok((info, view))
 }

@@ -373,7 +373,7 @@ impl Runtime {
             };
             check_workflow::<W>(&info)?;
             match info.status {
-                RunStatus::Completed => return record.decode(run_id),
+                RunStatus::Completed => return self.terminal_as::<W>(&info, record),
                 RunStatus::Failed => {
                     return Err(Error::RunFailed {
                         run_id: run_id.to_owned(),
