@@ -574,6 +574,16 @@ async fn a_compatible_change_is_accepted_at_open_and_a_wrong_claim_refused() {
             ("Closed".to_owned(), hash::<ticket::v2::Ticket>(), false),
         ]
     );
+    // The move to version 2's schema stored its description (before, only a run created by
+    // version 2 did: `loops schema`, `graph` and a later refusal's diff knew nothing of it).
+    assert_eq!(
+        rt.store()
+            .schema(hash::<ticket::v2::Ticket>())
+            .await
+            .unwrap()
+            .as_deref(),
+        Some(ticket::v2::Ticket::SCHEMA)
+    );
     rt.shutdown().await;
 }
 
@@ -734,7 +744,11 @@ async fn an_ended_run_of_an_older_version_is_read_through_the_migration_and_not_
     );
     assert!(store.writes().is_empty(), "{:?}", store.writes());
     assert_eq!(store.run_info("ended").await.unwrap().unwrap(), stored);
-    assert!(log.calls_of("ended").iter().all(|(version, _)| *version == 1));
+    assert!(
+        log.calls_of("ended")
+            .iter()
+            .all(|(version, _)| *version == 1)
+    );
     rt.shutdown().await;
 
     // No migration: refused with the diff; the ended run is not blocked.

@@ -285,6 +285,7 @@ fn store_writes(
                         record: bytes,
                         terminal: false,
                         schema: record.schema,
+                        schema_text: None,
                         at_ms,
                     },
                 )

@@ -192,6 +192,7 @@ async fn store_latency(store: &dyn Store, run_id: &str, n: usize) -> (Stats, Sta
                     record: bytes,
                     terminal: false,
                     schema: SchemaHash::from_u64(1),
+                    schema_text: None,
                     at_ms: 1,
                 },
             )

@@ -35,6 +35,7 @@ fn transition(run_id: &str, seq: u64) -> Write {
         record: record(seq),
         terminal: false,
         schema: SchemaHash::from_u64(7),
+        schema_text: None,
         at_ms: 1_000 + seq,
     }
 }

@@ -5,10 +5,10 @@ use crate::error::Error;
 use crate::record::{MigratedFrom, TransitionRecord};
 use crate::row::BlockInfo;
 use crate::schema::SchemaHash;
-use crate::store::{RunInfo, RunStatus, WaitOutcome};
+use crate::store::{RunInfo, RunStatus, WaitOutcome, Write};
 
 use super::factory::Factory;
-use super::support::{HASH, WF, create, info, step, step_outputs, transition, wait};
+use super::support::{HASH, WF, create, info, record, step, step_outputs, transition, wait};
 use super::writes;
 
 /// The schema a migration moves the suite's runs to.
@@ -332,4 +332,24 @@ pub(super) async fn migrations(f: &dyn Factory) {
     // The next transition leaves the migrated state: seq 3, entered there.
     let next = transition(store, &l, "r", 3, false).await.unwrap();
     assert_eq!((next.seq, next.entered, next.state_seq()), (3, None, 3));
+    // A transition that moves the run to another schema (a version that accepts the run's)
+    // stores that schema's description with the move; given again, it is not stored twice.
+    const ACCEPTING: SchemaHash = SchemaHash::from_u64(0x9abc);
+    for seq in [4, 5] {
+        let mut moved = writes::transition("r", seq, "A", record(seq, "A", "{}"), false, 6_000);
+        if let Write::Transition {
+            schema,
+            schema_text,
+            ..
+        } = &mut moved
+        {
+            (*schema, *schema_text) = (ACCEPTING, Some("workflow wf v3\n"));
+        }
+        let row = store.write(Some(&l), moved).await.unwrap().into_run("r");
+        assert_eq!(row.map(|r| (r.seq, r.schema)).unwrap(), (seq, ACCEPTING));
+    }
+    assert_eq!(
+        store.schema(ACCEPTING).await.unwrap().as_deref(),
+        Some("workflow wf v3\n")
+    );
 }

@@ -184,7 +184,8 @@ pub enum Case {
     /// [`MigrationRefused`](crate::Error::MigrationRefused)); it appends its record (byte for
     /// byte), moves the row to its state and schema with `entered` at the old state's seq,
     /// unblocks the run and stores the new schema's description; the state's steps stay
-    /// under its seq; the next transition leaves it.
+    /// under its seq; the next transition leaves it. A transition that moves a run to
+    /// another schema with its description (an accepted run's first) stores it, once.
     Migrations,
     /// A runtime given a retention policy and an interval
     /// ([`RuntimeBuilder::retention_interval`](crate::RuntimeBuilder::retention_interval))

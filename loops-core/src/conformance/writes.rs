@@ -64,6 +64,7 @@ pub(super) fn transition(
         record,
         terminal,
         schema: HASH,
+        schema_text: None,
         at_ms,
     }
 }

@@ -290,14 +290,13 @@ impl Runtime {
         let Some(chain) = chain else {
             return record.decode(&info.run_id);
         };
-        let migrated =
-            chain
-                .apply(record.payload.get())
-                .map_err(|e| Error::MigrationRefused {
-                    run_id: info.run_id.clone(),
-                    seq: info.seq,
-                    reason: error_chain(&e).join(": "),
-                })?;
+        let migrated = chain
+            .apply(record.payload.get())
+            .map_err(|e| Error::MigrationRefused {
+                run_id: info.run_id.clone(),
+                seq: info.seq,
+                reason: error_chain(&e).join(": "),
+            })?;
         let (_, view) = ended_through(info, &record, &chain, migrated)?;
         view.decode(&info.run_id)
     }
@@ -495,15 +494,14 @@ fn ended_through(
     migrated: crate::migrate::Migrated,
 ) -> Result<(RunInfo, TransitionRecord)> {
     let to = chain.to().hash;
-    let payload =
-        serde_json::value::RawValue::from_string(migrated.payload).map_err(|source| {
-            Error::Encode {
-                run_id: info.run_id.clone(),
-                state: migrated.state.to_owned(),
-                seq: record.seq,
-                source,
-            }
-        })?;
+    let payload = serde_json::value::RawValue::from_string(migrated.payload).map_err(|source| {
+        Error::Encode {
+            run_id: info.run_id.clone(),
+            state: migrated.state.to_owned(),
+            seq: record.seq,
+            source,
+        }
+    })?;
     let view = TransitionRecord {
         seq: record.seq,
         state: migrated.state.to_owned(),

@@ -1,9 +1,10 @@
 //! The checks every write's plan makes: the lease a write carries, the run's existence, the
-//! fence of a driver's writes. Used by [`plan`](super::plan::plan) and the plans of the
+//! fence of a driver's writes, the attributes a write sets. Used by [`plan`](super::plan::plan) and the plans of the
 //! evolution writes ([`evolve`](super::evolve)).
 
 use super::facts::Facts;
 use super::{RunInfo, RunStatus};
+use crate::attribute::{AttributeValue, check_attribute};
 use crate::error::{Error, Result};
 
 /// What [`plan`] is given besides the write.
@@ -119,4 +120,25 @@ pub(super) fn run_ended(info: &RunInfo, action: &'static str) -> Error {
         status: info.status,
         action,
     }
+}
+
+/// `attributes` of the run with row `info`, each checked by [`check_attribute`]; a key given
+/// twice keeps its last value (one entry per key, so that a store writes each key once).
+pub(super) fn checked_attributes<'w>(
+    info: &RunInfo,
+    attributes: &'w [(String, AttributeValue)],
+) -> Result<Vec<(&'w str, &'w AttributeValue)>> {
+    let mut out: Vec<(&'w str, &'w AttributeValue)> = Vec::with_capacity(attributes.len());
+    for (key, value) in attributes {
+        check_attribute(key, value).map_err(|reason| Error::InvalidAttribute {
+            run_id: info.run_id.clone(),
+            state: info.state.clone(),
+            seq: info.state_seq(),
+            key: key.clone(),
+            reason,
+        })?;
+        out.retain(|(k, _)| *k != key.as_str());
+        out.push((key, value));
+    }
+    Ok(out)
 }

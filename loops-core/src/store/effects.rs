@@ -55,6 +55,15 @@ pub struct Effects<'w> {
 }
 
 impl<'w> Effects<'w> {
+    /// Stores `text`, the description of `schema`, unless the store has it already
+    /// (`stored`: [`Facts::schema_stored`](crate::store::Facts::schema_stored)) or there is
+    /// none to store.
+    pub(crate) fn store_schema(&mut self, stored: bool, schema: SchemaHash, text: Option<&'w str>) {
+        if !stored {
+            self.schema = text.map(|text| (schema, text));
+        }
+    }
+
     /// Effects that store nothing and answer `reply`.
     pub(crate) fn unchanged(run_id: &'w str, reply: Reply) -> Self {
         Effects {

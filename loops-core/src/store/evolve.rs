@@ -129,9 +129,7 @@ pub(super) fn migrate<'w>(
         seq: next,
         bytes: Cow::Owned(record.to_bytes()),
     });
-    if !g.facts.schema_stored {
-        effects.schema = Some((record.schema, schema_text));
-    }
+    effects.store_schema(g.facts.schema_stored, record.schema, Some(schema_text));
     Ok(effects)
 }
 

@@ -15,8 +15,8 @@
 use std::borrow::Cow;
 
 use super::checks::{
-    Given, check_lease, existing, fence, fenced, fenced_journal, leased, not_asked_to_stop,
-    run_ended,
+    Given, check_lease, checked_attributes, existing, fence, fenced, fenced_journal, leased,
+    not_asked_to_stop, run_ended,
 };
 use super::children;
 use super::effects::{DUE_OUTPUT, Effects, InboxChange, Record, delivered_output, event_record};
@@ -25,7 +25,7 @@ use super::facts::{Facts, Needs, PendingEvent, RecordKey};
 use super::protocol::{AfterFailure, EventRecord, Reply, WaitOutcome, Write};
 use super::schedule_plan;
 use super::{RunInfo, RunStatus, WaitInfo};
-use crate::attribute::{AttributeValue, check_attribute};
+use crate::attribute::AttributeValue;
 use crate::error::{Error, RecordKind, Result};
 use crate::record::{FailureRecord, StepRecord, to_vec};
 
@@ -127,9 +127,15 @@ impl Write {
                 schema: Some(info.schema),
                 ..Needs::default()
             },
-            Write::Transition { seq, .. } => Needs {
+            Write::Transition {
+                seq,
+                schema,
+                schema_text,
+                ..
+            } => Needs {
                 run,
                 record: Some(RecordKey::Journal { seq: *seq }),
+                schema: schema_text.map(|_| *schema),
                 ..Needs::default()
             },
             Write::Step {
@@ -263,13 +269,14 @@ fn own_effects<'w>(
             record,
             terminal,
             schema,
+            schema_text,
             at_ms,
         } => transition(
             run_id,
             *seq,
             state,
             record,
-            (*terminal, *schema),
+            (*terminal, *schema, *schema_text),
             *at_ms,
             &g,
         ),
@@ -389,9 +396,7 @@ fn create<'w>(
         seq: 0,
         bytes: Cow::Borrowed(record),
     });
-    if !g.facts.schema_stored {
-        effects.schema = Some((info.schema, schema_text));
-    }
+    effects.store_schema(g.facts.schema_stored, info.schema, Some(schema_text));
     Ok(effects)
 }
 
@@ -408,34 +413,14 @@ fn set_attributes<'w>(
     Ok(effects)
 }
 
-/// `attributes` of the run with row `info`, each checked by [`check_attribute`]; a key given
-/// twice keeps its last value (one entry per key, so that a store writes each key once).
-fn checked_attributes<'w>(
-    info: &RunInfo,
-    attributes: &'w [(String, AttributeValue)],
-) -> Result<Vec<(&'w str, &'w AttributeValue)>> {
-    let mut out: Vec<(&'w str, &'w AttributeValue)> = Vec::with_capacity(attributes.len());
-    for (key, value) in attributes {
-        check_attribute(key, value).map_err(|reason| Error::InvalidAttribute {
-            run_id: info.run_id.clone(),
-            state: info.state.clone(),
-            seq: info.state_seq(),
-            key: key.clone(),
-            reason,
-        })?;
-        out.retain(|(k, _)| *k != key.as_str());
-        out.push((key, value));
-    }
-    Ok(out)
-}
-
-/// `(terminal, schema)`: whether the state ends the run, and the record's schema hash.
+/// `(terminal, schema, text)`: whether the state ends the run, the record's schema hash, and
+/// its description if the transition moves the run to it (an accepted run's first).
 fn transition<'w>(
     run_id: &'w str,
     seq: u64,
     state: &str,
     record: &'w [u8],
-    (terminal, schema): (bool, crate::schema::SchemaHash),
+    (terminal, schema, text): (bool, crate::schema::SchemaHash, Option<&'static str>),
     at_ms: u64,
     g: &Given<'_, '_>,
 ) -> Result<Effects<'w>> {
@@ -466,6 +451,7 @@ fn transition<'w>(
         seq,
         bytes: Cow::Borrowed(record),
     });
+    effects.store_schema(g.facts.schema_stored, schema, text);
     Ok(effects)
 }
 

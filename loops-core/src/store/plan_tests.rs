@@ -35,6 +35,7 @@ fn transition(seq: u64, terminal: bool) -> Write {
         record: b"{}".to_vec(),
         terminal,
         schema: crate::SchemaHash::from_u64(9),
+        schema_text: None,
         at_ms: 99,
     }
 }

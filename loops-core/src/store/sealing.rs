@@ -322,6 +322,7 @@ impl Payloads {
                 record,
                 terminal,
                 schema,
+                schema_text,
                 at_ms,
             } => Write::Transition {
                 record: self.seal_record(&run_id, &record)?,
@@ -330,6 +331,7 @@ impl Payloads {
                 state,
                 terminal,
                 schema,
+                schema_text,
                 at_ms,
             },
             Write::Step {

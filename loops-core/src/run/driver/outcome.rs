@@ -93,6 +93,9 @@ impl Drive<'_> {
                     record: next_record.to_bytes(),
                     terminal: to.is_terminal(),
                     schema: W::SCHEMA_HASH.pinned(),
+                    // An accepted run moves to this version's schema now: its description
+                    // goes with the move, so that the store can say what the run is.
+                    schema_text: (run.info.schema != W::SCHEMA_HASH.pinned()).then_some(W::SCHEMA),
                     at_ms: now,
                 },
             )

@@ -60,6 +60,7 @@ impl RedbStore {
                         record: record.to_bytes(),
                         terminal: state.is_terminal(),
                         schema: W::SCHEMA_HASH.pinned(),
+                        schema_text: None,
                         at_ms: now,
                     }
                 };
