@@ -161,7 +161,8 @@ pub(super) async fn events_and_waits(f: &dyn Factory) {
             (1, "note".into(), None, r#""n1""#.into(), true),
         ]
     );
-    // An ended run takes no events.
+    // An ended run takes no events; an event sent again with a key it took is a duplicate,
+    // answered as the first send was (a client's retry after a lost answer).
     transition(store, &l, "r", 1, true).await.unwrap();
     assert!(matches!(
         send(store, "r", "note", "1", None).await,
@@ -171,6 +172,15 @@ pub(super) async fn events_and_waits(f: &dyn Factory) {
             ..
         })
     ));
+    assert_eq!(
+        send(store, "r", "note", r#""again""#, Some("k")).await.unwrap(),
+        (0, true)
+    );
+    assert!(matches!(
+        send(store, "r", "note", "1", Some("new")).await,
+        Err(Error::RunEnded { .. })
+    ));
+    assert_eq!(store.events("r").await.unwrap().len(), 2);
 }
 
 pub(super) async fn wake(f: &dyn Factory) {

@@ -695,9 +695,8 @@ fn send<'w>(
     g: &Given<'_, '_>,
 ) -> Result<Effects<'w>> {
     let info = leased(run_id, g)?;
-    if info.status.is_ended() {
-        return Err(run_ended(info, "sending an event"));
-    }
+    // A key seen is the same event sent again (a client's retry after a lost answer): its
+    // answer is the first send's, whether or not the run has ended since.
     if key.is_some()
         && let Some(existing) = g.facts.key_seen
     {
@@ -707,6 +706,9 @@ fn send<'w>(
             info: info.clone(),
         };
         return Ok(Effects::unchanged(run_id, reply));
+    }
+    if info.status.is_ended() {
+        return Err(run_ended(info, "sending an event"));
     }
     let event_seq = g.facts.next_event_seq;
     let reply = Reply::Sent {
