@@ -484,10 +484,15 @@ async fn dry_run(cli: &Cli) -> Result<()> {
         say!("no store at {}: no run to drive", store.display());
         return Ok(());
     }
-    // Read-only: not one byte of the file changes.
-    let read_only = open_store(|| loops::RedbStore::open_read_only(&store))
-        .await
-        .map_err(store_error)?;
+    // Read-only: not one byte of the file changes. A file its process did not close (a
+    // crash: when a dry run is most wanted) is read through redb's repair made in memory.
+    let read_only = match open_store(|| loops::RedbStore::open_read_only(&store)).await {
+        Err(loops::Error::NeedsRecovery { .. }) => {
+            loops::RedbStore::open_repaired_in_memory(&store, loops::StoreOptions::default())
+        }
+        opened => opened,
+    }
+    .map_err(store_error)?;
     let builder = versions::dry_run_builder(cli.workflow_version);
     let keys = cli.key_file.as_deref().map(loops::Keyring::from_file);
     let runtime = match keys.transpose()? {
