@@ -173,7 +173,9 @@ pub(super) async fn events_and_waits(f: &dyn Factory) {
         })
     ));
     assert_eq!(
-        send(store, "r", "note", r#""again""#, Some("k")).await.unwrap(),
+        send(store, "r", "note", r#""again""#, Some("k"))
+            .await
+            .unwrap(),
         (0, true)
     );
     assert!(matches!(
