@@ -88,6 +88,12 @@ impl Runtime {
         let (version, accepted, info, record) = match route {
             Route::Drive(version) => (version.hash, None, info, record),
             Route::Accept { version, .. } => (version.hash, Some(info.schema), info, record),
+            // An ended run is not migrated in the store (nothing more is written for it):
+            // its terminal state is read through the chain, for its caller.
+            Route::Migrate(chain) if info.status.is_ended() => {
+                let (info, record) = read_through(&info, &record, &chain)?;
+                (chain.to().hash, None, info, record)
+            }
             Route::Migrate(chain) => match self
                 .migrate_run(claim, (&info, &record), &chain, known, on_block.warns())
                 .await?
@@ -167,22 +173,6 @@ impl Runtime {
             .map_err(|panic| panic_message(&*panic));
         let migrated = match applied {
             Ok(Ok(migrated)) => migrated,
-            // An ended run is not blocked (nothing more is written for it): the refusal goes
-            // to the caller that reads its terminal state.
-            Ok(Err(e)) if info.status.is_ended() => {
-                return Err(Error::MigrationRefused {
-                    run_id: run_id.clone(),
-                    seq: info.seq,
-                    reason: error_chain(&e).join(": "),
-                });
-            }
-            Err(message) if info.status.is_ended() => {
-                return Err(Error::MigrationRefused {
-                    run_id: run_id.clone(),
-                    seq: info.seq,
-                    reason: format!("the migration panicked: {message}"),
-                });
-            }
             Ok(Err(e)) => {
                 let blocked = Blocked {
                     reason: error_chain(&e).join(": "),
@@ -206,9 +196,6 @@ impl Runtime {
                 workflow: info.workflow.clone(),
             });
         };
-        if info.status.is_ended() {
-            return Ok(Ok(ended_through(info, record, chain, migrated)?));
-        }
         let seq = info
             .seq
             .checked_add(1)
@@ -268,7 +255,7 @@ impl Runtime {
 
     /// The terminal state of the ended run `info` (its terminal `record`), typed as `W`:
     /// decoded, or, when it ended under another version from which the registered
-    /// migrations lead to `W`, read through them in memory ([`ended_through`]: an ended run
+    /// migrations lead to `W`, read through them in memory ([`read_through`]: an ended run
     /// is not migrated in the store).
     ///
     /// # Errors
@@ -287,18 +274,10 @@ impl Runtime {
                 })
             })
             .flatten();
-        let Some(chain) = chain else {
-            return record.decode(&info.run_id);
-        };
-        let migrated = chain
-            .apply(record.payload.get())
-            .map_err(|e| Error::MigrationRefused {
-                run_id: info.run_id.clone(),
-                seq: info.seq,
-                reason: error_chain(&e).join(": "),
-            })?;
-        let (_, view) = ended_through(info, &record, &chain, migrated)?;
-        view.decode(&info.run_id)
+        match chain {
+            Some(chain) => read_through(info, &record, &chain)?.1.decode(&info.run_id),
+            None => record.decode(&info.run_id),
+        }
     }
 
     /// Marks the run blocked for `blocked`'s reason, once: nothing is written (nor logged)
@@ -481,18 +460,33 @@ impl Runtime {
     }
 }
 
-/// The terminal record of the ended run `info` read through the migration `chain`
-/// (`migrated`: its state and payload as the chain's last version has them), in memory: an
-/// ended run is not migrated in the store, where nothing more is written for it, but its
-/// caller (a `run` or `start` of the id by a later version) gets its terminal state typed as
-/// that version. The view keeps the record's seq and time; its schema, and the row's, are the
-/// version's, and `migrated` says from what.
-fn ended_through(
+/// The terminal record of the ended run `info` read through the migration `chain`, in
+/// memory: an ended run is not migrated in the store, where nothing more is written for it,
+/// but its caller (a `run`, `start` or `wait` of the id by a later version) gets its terminal
+/// state typed as that version. The view keeps the record's seq and time; its schema, and
+/// the row's, are the version's, and `migrated` says from what.
+///
+/// # Errors
+/// [`Error::MigrationRefused`] if a migration of the chain fails or panics (the run is not
+/// blocked: it has ended); [`Error::Encode`] if the migrated state is not JSON.
+fn read_through(
     info: &RunInfo,
     record: &TransitionRecord,
     chain: &Chain,
-    migrated: crate::migrate::Migrated,
 ) -> Result<(RunInfo, TransitionRecord)> {
+    let refused = |reason: String| Error::MigrationRefused {
+        run_id: info.run_id.clone(),
+        seq: info.seq,
+        reason,
+    };
+    let migrated = std::panic::catch_unwind(AssertUnwindSafe(|| chain.apply(record.payload.get())))
+        .map_err(|panic| {
+            refused(format!(
+                "the migration panicked: {}",
+                panic_message(&*panic)
+            ))
+        })?
+        .map_err(|e| refused(error_chain(&e).join(": ")))?;
     let to = chain.to().hash;
     let payload = serde_json::value::RawValue::from_string(migrated.payload).map_err(|source| {
         Error::Encode {
