@@ -30,9 +30,8 @@ use loops_core::{
     CurrentLease, Effects, Error, Facts, Lease, LeaseCheck, Needs, Record, RecordKey, Reply,
     RunInfo, Write, plan,
 };
-use tokio_postgres::types::ToSql;
 
-use crate::commit::{Fail, Param, STORE_LABEL, row_columns, utf8};
+use crate::commit::{Fail, Param, STORE_LABEL, row_columns, statement as statement_of, utf8};
 use crate::sql::Sql;
 use crate::{PgStore, big, is_connection_error};
 
@@ -293,10 +292,9 @@ pub(crate) async fn try_commit(
         // write was sent.
         Err(e) => return fell_back(&e),
     };
-    let params: Vec<&(dyn ToSql + Sync)> =
-        params.iter().map(|p| &**p as &(dyn ToSql + Sync)).collect();
+    let params = statement_of(&sql.commit_one, params);
     crate::failpoint::before_commit();
-    match c.execute(&statement, &params).await {
+    match c.execute(&statement, &params.params()).await {
         Ok(_) => {}
         Err(e) if e.as_db_error().is_none() || is_connection_error(&e) => {
             return Err(Fail::Broken(Error::database(action, e)));

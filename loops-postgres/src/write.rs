@@ -21,8 +21,8 @@
 //!
 //! A write refused by its checks is rolled back and leaves no trace. If the connection fails
 //! during the first round trip, nothing was written and the write is tried again on another
-//! connection; if it fails during the second (or during the one-round-trip pipeline), whether
-//! it committed is unknown and the caller gets [`Error::Database`].
+//! connection; if it fails during the second (or once the one-round-trip statement was
+//! sent), whether it committed is unknown and the caller gets [`Error::Database`].
 
 use std::future::Future;
 use std::pin::Pin;
