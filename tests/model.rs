@@ -780,11 +780,13 @@ impl Sut {
                 }
                 .map(|sent| (sent.event_seq, sent.duplicate))
                 .map_err(|e| kind(&e));
+                // A seen key is answered before an ended run is refused: a
+                // repeated keyed send is a duplicate even after the run ended.
                 let want = match self.model.runs.get_mut(&id) {
                     None => Err("RunNotFound".to_owned()),
-                    Some(m) if m.status.is_ended() => Err("RunEnded".to_owned()),
                     Some(m) => match key.and_then(|k| m.keys.get(&k)) {
                         Some(&seq) => Ok((seq, true)),
+                        None if m.status.is_ended() => Err("RunEnded".to_owned()),
                         None => {
                             self.counts.events += 1;
                             let seq = m.inbox.len() as u64;
