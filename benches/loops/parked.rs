@@ -247,8 +247,14 @@ pub fn child_main(path: &Path, runs: u64, fire: bool) -> Child {
     let tokio = crate::tokio_runtime();
     let stamper = Stamper::default();
     let started = Instant::now();
+    // `LOOPS_BENCH_CACHE_MIB` sets redb's page cache, to compare sizes (default: loops').
+    let cache = std::env::var("LOOPS_BENCH_CACHE_MIB")
+        .ok()
+        .and_then(|mib| mib.parse::<usize>().ok())
+        .map_or(loops::DEFAULT_CACHE_BYTES, |mib| mib << 20);
     let rt = Runtime::builder()
         .register::<Park, _>(stamper.clone())
+        .cache_bytes(cache)
         .open(path)
         .expect("open the store");
     let open_us = micros(started.elapsed());

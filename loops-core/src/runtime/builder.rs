@@ -353,6 +353,13 @@ impl RuntimeBuilder {
         self
     }
 
+    /// The most memory, in bytes, redb's page cache may hold (default: 256 MiB). See
+    /// [`StoreOptions::cache_bytes`](crate::StoreOptions::cache_bytes).
+    pub fn cache_bytes(mut self, bytes: usize) -> Self {
+        self.store_options.cache_bytes = bytes;
+        self
+    }
+
     /// Builds the runtime on a store opened elsewhere: [`RedbStore::with_storage`](crate::RedbStore::with_storage),
     /// [`RedbStore::in_memory`](crate::RedbStore::in_memory), or another [`Store`] such as the PostgreSQL one. The schema
     /// checks of [`workflow`](Self::workflow) are not made before such a store opens; each run

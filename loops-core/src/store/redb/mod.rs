@@ -271,13 +271,24 @@ pub struct StoreOptions {
     /// about 0.2 ms here); tokio's other workers take over its queued tasks meanwhile. Turn
     /// it off if no task may ever block a worker for that long. Default: on.
     pub commit_on_caller: bool,
+    /// The most memory, in bytes, that redb's cache of the file's pages may hold: pages read
+    /// or written stay there until it is full. A process that reads many runs (a million
+    /// parked runs woken over hours, listings of large stores) grows to about this much
+    /// above its own needs; a smaller cache costs reads from the OS's page cache when the
+    /// pages a run needs were evicted. Default: 256 MiB ([`DEFAULT_CACHE_BYTES`]).
+    pub cache_bytes: usize,
 }
+
+/// The default [`StoreOptions::cache_bytes`]: 256 MiB (redb's own default is 1 GiB, which a
+/// process that reads a large store fills: `docs/benchmarks.md`, scenario 9).
+pub const DEFAULT_CACHE_BYTES: usize = 256 * 1024 * 1024;
 
 impl Default for StoreOptions {
     fn default() -> Self {
         StoreOptions {
             verify_on_open: true,
             commit_on_caller: true,
+            cache_bytes: DEFAULT_CACHE_BYTES,
         }
     }
 }

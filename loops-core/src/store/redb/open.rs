@@ -78,7 +78,7 @@ impl RedbStore {
             PathBuf::from(":memory:"),
             StoreOptions {
                 verify_on_open: false,
-                commit_on_caller: true,
+                ..StoreOptions::default()
             },
             move || {
                 backend
@@ -135,6 +135,7 @@ impl RedbStore {
             let backend = make_backend()?;
             let mut builder = Database::builder();
             builder.set_check_integrity_on_open(options.verify_on_open);
+            builder.set_cache_size(options.cache_bytes);
             // redb documents that a plain open of an altered file may panic: never let that
             // reach the caller.
             crate::panics::catch(|| builder.create_with_backend(backend)).unwrap_or_else(|_| {
@@ -233,19 +234,24 @@ impl RedbStore {
     }
 
     /// As [`open_read_only`](Self::open_read_only), verifying the file only if
-    /// `options.verify_on_open` is set (`commit_on_caller` does not apply).
+    /// `options.verify_on_open` is set, with a cache of `options.cache_bytes`
+    /// (`commit_on_caller` does not apply).
     ///
     /// # Errors
     /// As [`open_read_only`](Self::open_read_only).
     pub fn open_read_only_with(path: impl AsRef<Path>, options: StoreOptions) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
         refuse_special_file(&path)?;
-        let opened = crate::panics::catch(|| redb::Builder::new().open_read_only(&path))
-            .unwrap_or_else(|_| {
-                Err(redb::DatabaseError::Storage(redb::StorageError::Corrupted(
-                    "redb panicked while opening the file".to_owned(),
-                )))
-            });
+        let opened = crate::panics::catch(|| {
+            redb::Builder::new()
+                .set_cache_size(options.cache_bytes)
+                .open_read_only(&path)
+        })
+        .unwrap_or_else(|_| {
+            Err(redb::DatabaseError::Storage(redb::StorageError::Corrupted(
+                "redb panicked while opening the file".to_owned(),
+            )))
+        });
         let db = match opened {
             Ok(db) => db,
             Err(redb::DatabaseError::DatabaseAlreadyOpen) => {
