@@ -336,17 +336,11 @@ fn header_changes(old: &Description, new: &Description, changes: &mut Vec<Change
 }
 
 /// Events added (compatible: no run waits for them yet), removed or retyped (breaking: a
-/// run waiting for one, or an event in an inbox, would not decode).
+/// run waiting for one, or an event in an inbox, would not decode). A payload of the same
+/// type whose fields or variants changed is classed line by line as a state's data is (a
+/// field added with `#[serde(default)]` is compatible): events sent before, and waits
+/// recorded before, are read by the new type as a state's records are.
 fn event_changes(old: &Description, new: &Description, changes: &mut Vec<Change>) {
-    let text = |e: &parse::EventDecl| -> Vec<String> {
-        let mut lines: Vec<String> = e
-            .lines
-            .iter()
-            .map(|l| format!("{}: {}", l.path, l.value))
-            .collect();
-        lines.sort();
-        lines
-    };
     for b in &new.events {
         match old.event(&b.name) {
             None => changes.push(Change::new(
@@ -354,39 +348,20 @@ fn event_changes(old: &Description, new: &Description, changes: &mut Vec<Change>
                 Class::Compatible,
                 "no run waits for it yet",
             )),
-            Some(a) if a.value != b.value || text(a) != text(b) => {
-                let (was, now) = (text(a), text(b));
-                let mut what: Vec<String> = Vec::new();
-                what.extend(
-                    now.iter()
-                        .filter(|l| !was.contains(l))
-                        .map(|l| format!("`{l}` added")),
-                );
-                what.extend(
-                    was.iter()
-                        .filter(|l| !now.contains(l))
-                        .map(|l| format!("`{l}` removed")),
-                );
-                let text = if a.value == b.value {
-                    format!(
-                        "event `{}`: payload `{}` changed: {}",
-                        b.name,
-                        b.value,
-                        what.join(", ")
-                    )
-                } else {
-                    format!(
-                        "event `{}` retyped from `{}` to `{}`",
-                        b.name, a.value, b.value
-                    )
-                };
-                changes.push(Change::new(
-                    text,
-                    Class::Breaking,
-                    "an event sent before, or a wait recorded before, holds the old payload",
-                ));
-            }
-            Some(_) => {}
+            Some(a) if a.value != b.value => changes.push(Change::new(
+                format!(
+                    "event `{}` retyped from `{}` to `{}`",
+                    b.name, a.value, b.value
+                ),
+                Class::Breaking,
+                "an event sent before, or a wait recorded before, holds the old payload",
+            )),
+            Some(a) => lines::compare(
+                &format!("event `{}`: payload `{}`", b.name, b.value),
+                &a.payload(),
+                &b.payload(),
+                changes,
+            ),
         }
     }
     for a in old.events.iter().filter(|a| new.event(&a.name).is_none()) {
@@ -502,7 +477,7 @@ fn state_changes(a: &State, b: &State, changes: &mut Vec<Change>) {
             "where a run goes next is the new handler's to decide",
         );
     }
-    lines::compare(name, a, b, changes);
+    lines::compare(&format!("state `{name}`"), a, b, changes);
 }
 
 #[cfg(test)]

@@ -20,11 +20,12 @@ impl Diff<'_> {
     }
 }
 
-/// Pushes the changes between the lines of `a` (old) and `b` (new), both of state `name`.
+/// Pushes the changes between the lines of `a` (old) and `b` (new), both of `subject` (as
+/// the changes name it: ``state `Planned` `` or ``event `approve`: payload `Approval` ``).
 ///
 /// A line added (or removed) below one added (removed) is part of it, and a line below one
 /// whose change is breaking adds nothing: neither is listed.
-pub(super) fn compare(name: &str, a: &State, b: &State, changes: &mut Vec<Change>) {
+pub(super) fn compare(subject: &str, a: &State, b: &State, changes: &mut Vec<Change>) {
     let sides = Sides { old: a, new: b };
     let mut diffs = Vec::new();
     // The n-th line of a path matches the n-th line of the same path (a path appears twice
@@ -58,12 +59,12 @@ pub(super) fn compare(name: &str, a: &State, b: &State, changes: &mut Vec<Change
         }
         let (class, reason) = classed[i].clone();
         changes.push(Change::new(
-            format!("state `{name}`: {}", text(d)),
+            format!("{subject}: {}", text(d)),
             class,
             reason,
         ));
     }
-    untagged_order(name, &sides, changes);
+    untagged_order(subject, &sides, changes);
 }
 
 /// Each line of `state` with its path and how many lines of that path come before it.
@@ -289,7 +290,7 @@ fn is_rename(a: &str, b: &str, segs: &[Seg], sides: &Sides) -> bool {
 
 /// The order of the variants of each untagged enum present on both sides: a value is read
 /// as the first variant that fits, so reordering them changes what stored values mean.
-fn untagged_order(name: &str, sides: &Sides, changes: &mut Vec<Change>) {
+fn untagged_order(subject: &str, sides: &Sides, changes: &mut Vec<Change>) {
     for line in &sides.new.lines {
         let Some(old) = sides.old.line(&line.segs) else {
             continue;
@@ -306,7 +307,7 @@ fn untagged_order(name: &str, sides: &Sides, changes: &mut Vec<Change>) {
         if was != now {
             changes.push(Change::new(
                 format!(
-                    "state `{name}`: variants of untagged `{}` reordered from `{}` to `{}`",
+                    "{subject}: variants of untagged `{}` reordered from `{}` to `{}`",
                     line.path,
                     was.join(", "),
                     now.join(", ")

@@ -55,7 +55,25 @@ pub(in crate::schema) struct EventDecl {
     pub(in crate::schema) lines: Vec<Line>,
 }
 
+impl EventDecl {
+    /// The payload's lines as the data of a state named after the event, for comparing
+    /// two payloads by the rules of a state's data.
+    pub(in crate::schema) fn payload(&self) -> State {
+        State {
+            name: self.name.clone(),
+            stored: String::new(),
+            kind: self.ty.clone(),
+            initial: false,
+            terminal: false,
+            notes: String::new(),
+            next: Vec::new(),
+            lines: self.lines.clone(),
+        }
+    }
+}
+
 /// `  path: Type (notes)`.
+#[derive(Clone)]
 pub(in crate::schema) struct Line {
     /// As written.
     pub(in crate::schema) path: String,

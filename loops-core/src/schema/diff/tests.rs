@@ -224,3 +224,52 @@ fn a_diff_round_trips_through_json_and_reads_in_a_refusal() {
         "run `r1` of workflow `deliver` was recorded with schema 0000000000000001 but this build has 0000000000000002; refusing to resume; changes: state `Received`: field `issue.number` changed from `u64` to `u128` (compatible: a `u128` reads every stored `u64`) (keep the old version registered, or write a migration: see docs/evolution.md)"
     );
 }
+
+#[test]
+fn an_event_payload_is_classed_by_its_fields() {
+    let old = "\
+workflow w version 1
+state A (struct, initial, terminal)
+  n: u32
+event approve: Approval
+  by: String
+";
+    let with = |lines: &str| format!("{old}{lines}");
+    // A field old payloads lack, that reads as its default: compatible.
+    let diff = schema_diff(old, &with("  note: String (default)\n"));
+    assert_eq!(
+        classes(&diff),
+        [(
+            "event `approve`: payload `Approval`: field `note: String (default)` added",
+            &Class::Compatible
+        )]
+    );
+    assert!(diff.is_compatible(|_| true));
+    // One that old payloads lack and that has no default: breaking.
+    let diff = schema_diff(old, &with("  note: String\n"));
+    assert_eq!(
+        classes(&diff),
+        [(
+            "event `approve`: payload `Approval`: field `note: String` added",
+            &Class::Breaking
+        )]
+    );
+    // A field retyped in place is classed as a state's is.
+    let diff = schema_diff(old, &old.replace("  by: String", "  by: u64"));
+    assert_eq!(
+        classes(&diff),
+        [(
+            "event `approve`: payload `Approval`: field `by` changed from `String` to `u64`",
+            &Class::Breaking
+        )]
+    );
+    // Another payload type: retyped, breaking.
+    let diff = schema_diff(old, &old.replace("approve: Approval", "approve: Verdict"));
+    assert_eq!(
+        classes(&diff),
+        [(
+            "event `approve` retyped from `Approval` to `Verdict`",
+            &Class::Breaking
+        )]
+    );
+}
