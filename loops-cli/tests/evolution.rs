@@ -328,3 +328,27 @@ fn history_shows_a_migration_record_with_where_it_comes_from() {
         "{line}"
     );
 }
+
+#[test]
+fn graph_of_a_migrated_run_draws_no_move_for_the_migration() {
+    let (_dir, path) = store();
+    let graph = text(&path, &["graph", "--run", "moved-1", "--format", "mermaid"]);
+    // Start -> Work -> (migrated at Work) -> Done: three states visited, two moves, no
+    // Work -> Work.
+    let moves: Vec<&str> = graph
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.contains(" --> "))
+        .collect();
+    assert_eq!(
+        moves,
+        [
+            "[*] --> Start",
+            "Start --> Work: 1×",
+            "Work --> Done: 1×",
+            "Done --> [*]"
+        ],
+        "{graph}"
+    );
+    assert!(graph.contains("after 3 transitions"), "{graph}");
+}

@@ -89,7 +89,15 @@ pub fn run_graph(store: &dyn Operator, run_id: &str, workflow: Option<&str>) -> 
     })?;
     let mut graph = graph_of(&text, info.schema)?;
     let history = store.history(run_id)?;
-    let states: Vec<&str> = history.iter().map(|r| r.state.as_str()).collect();
+    // A migration's record re-records the run's state under the new schema: the run did
+    // not move, so it is not drawn as a move (it is one only if the migration renamed it).
+    let mut states: Vec<&str> = Vec::with_capacity(history.len());
+    for r in &history {
+        let same = states.last() == Some(&r.state.as_str());
+        if !(r.migrated.is_some() && same) {
+            states.push(&r.state);
+        }
+    }
     graph.follow(run_id, info.status, &states);
     Ok(graph)
 }
