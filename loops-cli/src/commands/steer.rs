@@ -106,12 +106,25 @@ pub fn send(target: &Target, args: &SendArgs) -> Result<()> {
     let info = store
         .run(&run_id)?
         .ok_or_else(|| not_found(store.label(), &run_id))?;
+    // Whether the run has taken this very event: another sender's event of the same name
+    // may have been taken instead, while this one stays in the inbox.
+    let delivered = !sent.duplicate
+        && store
+            .events(&run_id)?
+            .iter()
+            .any(|(seq, _, delivered)| *seq == sent.event_seq && *delivered);
     // Sending ahead of a wait is legitimate, but a run that does not wait for the event now
     // may have been sent the wrong one: said on stderr, in JSON mode too.
     if !sent.duplicate && !waits_for(&before, &event) {
         note(&format!(
             "run {run_id} is not waiting for event `{event}` now ({}); `{event}` is kept in its inbox until a wait for `{event}` takes it",
             now_doing(&before)
+        ));
+    } else if !sent.duplicate && !delivered && !waits_for(&info, &event) {
+        // It waited for the event, but took another one sent meanwhile.
+        note(&format!(
+            "run {run_id} took another `{event}` sent meanwhile and is {} in state {}; this one (event seq {}) is kept in its inbox until a wait for `{event}` takes it",
+            info.status, info.state, sent.event_seq
         ));
     }
     if args.output == OutputArg::Json {
@@ -138,7 +151,7 @@ pub fn send(target: &Target, args: &SendArgs) -> Result<()> {
             sent.event_seq,
             delivery(&info, &event, store.taker())
         )
-    } else if waits_for(&before, &event) {
+    } else if waits_for(&before, &event) && delivered {
         // A process that holds the store handed it over before the row was read again.
         format!(
             "sent event `{event}` to run {} (event seq {}); the run took it and is {} in state {}",
