@@ -667,13 +667,26 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
         // the store file cleanly.
         return Ok(());
     };
+    let result = match result {
+        // A run of a version this build does not compile: blocked and left as it is, or, if
+        // it has ended, only unreadable here. The refusal says why and what changed (the one
+        // place that says it).
+        Err(e @ loops::Error::SchemaMismatch { .. }) => {
+            let ended = runtime
+                .run_info(&cli.run_id)
+                .await?
+                .is_some_and(|info| info.status.is_ended());
+            let what = if ended {
+                "has ended under a version this build does not compile, so its result is not \
+                 read here (run the build that ended it)"
+            } else {
+                "is blocked, left as it is for a build that can drive it"
+            };
+            return Err(anyhow::anyhow!("run {} {what}: {e}", cli.run_id));
+        }
+        other => other,
+    };
     let last = result.map_err(|e| match e {
-        // A run of a version this build does not compile: blocked, and left as it is. The
-        // refusal says why and what changed (the one place that says it).
-        e @ loops::Error::SchemaMismatch { .. } => anyhow::anyhow!(
-            "run {} is blocked, left as it is for a build that can drive it: {e}",
-            cli.run_id
-        ),
         loops::Error::RunFailed { .. } => anyhow::anyhow!(
             "{}. Run with --retry to resume it with a fresh budget of attempts, or with \
              --fresh to start over",

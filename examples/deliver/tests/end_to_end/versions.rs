@@ -384,6 +384,19 @@ fn the_previous_release_blocks_a_run_of_this_one_which_then_finishes_it() {
     let info = loops_json(&store, &["show", "deliver-1", "--json"]);
     assert_eq!(info["run"]["status"], RunStatus::Completed.as_str());
     assert_eq!(info["run"]["blocked"], Value::Null);
+
+    // The previous release, given the ended run: it cannot read its result, says so (not
+    // "blocked"), and writes nothing.
+    let out = run(previous(workdir, "deliver-1"));
+    assert!(!out.status.success(), "{}", describe(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.starts_with(
+            "error: run deliver-1 has ended under a version this build does not compile"
+        ),
+        "{err}"
+    );
+    assert_eq!(loops_json(&store, &["show", "deliver-1", "--json"]), info);
 }
 
 /// A run of this release stopped (cleanly) in `Reviewed`, a state the previous release lacks:
