@@ -239,3 +239,191 @@ async fn make_format_1_fixture() {
     text.push('\n');
     std::fs::write(fixtures().join("store-format-1.expected.txt"), text).unwrap();
 }
+
+/// A copy of the fixture in a new directory.
+fn fixture_copy() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    std::fs::copy(fixtures().join("store-format-1.redb"), &path).unwrap();
+    (dir, path)
+}
+
+fn expected() -> Vec<String> {
+    std::fs::read_to_string(fixtures().join("store-format-1.expected.txt"))
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+fn refused_as_format_1(path: &Path) {
+    let counts = Counts::default();
+    match runtime(path, &counts) {
+        Err(
+            e @ Error::StoreFormat {
+                found: 1,
+                supported: 2,
+                ..
+            },
+        ) => {
+            let text = e.to_string();
+            assert_eq!(
+                text,
+                format!(
+                    "store {0} has format 1, which this build does not read (it reads format 2): run `loops upgrade {0}` to convert it to format 2 (it keeps a backup)",
+                    path.display()
+                )
+            );
+            assert!(!text.contains('\n'));
+        }
+        Err(other) => panic!("{other}"),
+        Ok(_) => panic!("opened a store of format 1"),
+    }
+}
+
+#[test]
+fn a_store_of_format_1_is_refused_with_a_line_naming_loops_upgrade() {
+    let (_dir, path) = fixture_copy();
+    refused_as_format_1(&path);
+    // Read-only too; nothing of loops was written (redb's writable open marks its header,
+    // as any does): it is refused again.
+    assert!(matches!(
+        loops::RedbStore::open_read_only(&path),
+        Err(Error::StoreFormat { found: 1, .. })
+    ));
+    refused_as_format_1(&path);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgraded_store_reads_as_format_1_did_and_its_waiting_run_ends() {
+    let (dir, path) = fixture_copy();
+    let upgraded = loops::RedbStore::upgrade(&path).unwrap();
+    let backup = dir.path().join("store.redb.format-1.bak");
+    assert_eq!(
+        upgraded,
+        loops::Upgraded::Converted {
+            from: 1,
+            to: 2,
+            backup: backup.clone(),
+            runs: 3,
+            records: 23,
+        }
+    );
+    assert!(
+        std::fs::read(&backup).unwrap()
+            == std::fs::read(fixtures().join("store-format-1.redb")).unwrap(),
+        "the backup is the file as it was"
+    );
+    let counts = Counts::default();
+    let rt = runtime(&path, &counts).unwrap();
+    let before = dump(&rt).await;
+    assert_eq!(before, expected());
+    // `b` waits for `approve` in `Approval` (its step `prepare` recorded): sent, it ends,
+    // replaying what it recorded and running only what it had not.
+    rt.send("b", Job::APPROVE, &"ok".to_owned()).await.unwrap();
+    rt.resume_all().await.unwrap();
+    let done: Job = rt.wait("b").await.unwrap();
+    assert_eq!(
+        done,
+        Job::Done {
+            total: 43 * 43 + 43,
+            note: "ok".to_owned()
+        }
+    );
+    // No step of `b` ran again; its child squared once, and `add` ran once.
+    assert_eq!(counts.get(), [0, 0, 0, 1, 1]);
+    let history = rt.history::<Job>("b").await.unwrap();
+    let states: Vec<(u64, Job)> = history.into_iter().map(|t| (t.seq, t.value)).collect();
+    assert_eq!(
+        states,
+        [
+            (0, Job::Start { n: 7 }),
+            (1, Job::Work { n: 7 }),
+            (2, Job::Approval { n: 42 }),
+            (
+                3,
+                Job::Finish {
+                    n: 43,
+                    note: "ok".to_owned()
+                }
+            ),
+            (
+                4,
+                Job::Done {
+                    total: 43 * 43 + 43,
+                    note: "ok".to_owned()
+                }
+            ),
+        ]
+    );
+    let steps: Vec<String> = rt
+        .store()
+        .steps("b", 2)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(name, occurrence, _)| format!("{name}#{occurrence}"))
+        .collect();
+    assert_eq!(steps, ["loops:wait:approve#0", "prepare#0"]);
+    assert_eq!(rt.store().failures("b").await.unwrap().len(), 1);
+    // The runs that ended before the upgrade read as they did.
+    let after = dump(&rt).await;
+    let of_a = |lines: &[String]| -> Vec<String> {
+        lines
+            .iter()
+            .filter(|l| l.starts_with("a ") || l.starts_with("a/child "))
+            .cloned()
+            .collect()
+    };
+    assert_eq!(of_a(&after), of_a(&expected()));
+    rt.shutdown().await;
+}
+
+#[test]
+fn upgrading_twice_says_there_is_nothing_to_do() {
+    let (_dir, path) = fixture_copy();
+    assert!(matches!(
+        loops::RedbStore::upgrade(&path).unwrap(),
+        loops::Upgraded::Converted { .. }
+    ));
+    let bytes = std::fs::read(&path).unwrap();
+    assert_eq!(
+        loops::RedbStore::upgrade(&path).unwrap(),
+        loops::Upgraded::Current { format: 2 }
+    );
+    assert!(std::fs::read(&path).unwrap() == bytes, "nothing written");
+}
+
+#[test]
+fn an_upgrade_refused_leaves_the_store_of_format_1_as_it_was() {
+    let (dir, path) = fixture_copy();
+    let original = std::fs::read(&path).unwrap();
+    // A backup from before: refused, nothing done.
+    let backup = dir.path().join("store.redb.format-1.bak");
+    std::fs::write(&backup, b"an earlier backup").unwrap();
+    match loops::RedbStore::upgrade(&path) {
+        Err(e @ Error::Open { .. }) => assert_eq!(
+            e.to_string(),
+            format!(
+                "cannot open store {}: its backup {} exists already (from an earlier upgrade?): move it away, then upgrade again",
+                path.display(),
+                backup.display()
+            )
+        ),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(std::fs::read(&backup).unwrap(), b"an earlier backup");
+    assert!(std::fs::read(&path).unwrap() == original, "nothing written");
+    refused_as_format_1(&path);
+    std::fs::remove_file(&backup).unwrap();
+    // Open elsewhere: refused, nothing done.
+    {
+        let _held = redb::Database::open(&path).unwrap();
+        assert!(matches!(
+            loops::RedbStore::upgrade(&path),
+            Err(Error::StoreLocked { .. })
+        ));
+        assert!(!backup.exists());
+    }
+    refused_as_format_1(&path);
+}
