@@ -3083,3 +3083,63 @@ fn cancel_of_a_driven_run_says_where_it_will_end() {
     tokio.block_on(server.stop());
     tokio.block_on(rt.shutdown());
 }
+
+/// `loops upgrade PATH`: converts the format-1 fixture of the workspace's tests, says what
+/// it did and where the backup is; a second time it has nothing to do; a file it cannot
+/// convert exits 1 with the error.
+#[test]
+fn upgrade_converts_a_store_of_format_1_and_keeps_a_backup() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let format_1 =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/store-format-1.redb");
+    std::fs::copy(&format_1, &path).unwrap();
+    // Refused by a reading command, with the way out.
+    loops(&path)
+        .args(["runs"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains(format!(
+            "run `loops upgrade {}`",
+            path.display()
+        )));
+    let backup = dir.path().join("store.redb.format-1.bak");
+    Command::cargo_bin("loops")
+        .unwrap()
+        .env_remove("LOOPS_STORE")
+        .env("NO_COLOR", "1")
+        .arg("upgrade")
+        .arg(&path)
+        .assert()
+        .success()
+        .stdout(format!(
+            "upgraded {} from format 1 to format 2: 3 runs, 23 records moved to the log\n  backup of the file as it was: {}\n",
+            path.display(),
+            backup.display()
+        ));
+    assert!(std::fs::read(&backup).unwrap() == std::fs::read(&format_1).unwrap());
+    let runs = json(&path, &["runs", "--json"]);
+    assert_eq!(runs.as_array().unwrap().len(), 3, "{runs}");
+    loops(&path)
+        .arg("upgrade")
+        .arg(&path)
+        .assert()
+        .success()
+        .stdout(format!(
+            "{} has format 2 already: nothing to do\n",
+            path.display()
+        ));
+    // A second copy of format 1 beside a backup: refused, exit 1.
+    std::fs::copy(&format_1, &path).unwrap();
+    loops(&path)
+        .arg("upgrade")
+        .arg(&path)
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("exists already"));
+    loops(&path)
+        .arg("upgrade")
+        .arg(dir.path().join("missing.redb"))
+        .assert()
+        .code(1);
+}
