@@ -359,7 +359,7 @@ fn replace_transition(
     let log: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("log");
     let mut table = txn.open_table(log).unwrap();
     let mut found = None;
-    for entry in redb::ReadableTable::iter(&table).unwrap() {
+    for entry in table.iter().unwrap() {
         let (key, value) = entry.unwrap();
         let bytes = value.value();
         // A transition: kind 1, previous entry, previous transition, seq, run id, record.
