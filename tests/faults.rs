@@ -347,6 +347,39 @@ async fn a_file_that_is_not_a_store_is_refused() {
     assert_open_fails(&dir_path, "a directory");
 }
 
+/// Replaces the record of the transition of `run` at `seq` in the store's log (format 2:
+/// see loops-core's `store/redb/log.rs`) with what `edit` makes of it, as a foreign tool
+/// might.
+fn replace_transition(
+    txn: &redb::WriteTransaction,
+    run: &str,
+    seq: u64,
+    edit: impl FnOnce(&[u8]) -> Vec<u8>,
+) {
+    let log: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("log");
+    let mut table = txn.open_table(log).unwrap();
+    let mut found = None;
+    for entry in table.iter().unwrap() {
+        let (key, value) = entry.unwrap();
+        let bytes = value.value();
+        // A transition: kind 1, previous entry, previous transition, seq, run id, record.
+        if bytes[0] != 1 || u64::from_le_bytes(bytes[17..25].try_into().unwrap()) != seq {
+            continue;
+        }
+        let len = usize::from(u16::from_le_bytes(bytes[25..27].try_into().unwrap()));
+        if &bytes[27..27 + len] == run.as_bytes() {
+            found = Some((
+                key.value(),
+                bytes[..27 + len].to_vec(),
+                bytes[27 + len..].to_vec(),
+            ));
+        }
+    }
+    let (key, mut header, record) = found.expect("the transition is in the log");
+    header.extend_from_slice(&edit(&record));
+    table.insert(key, header.as_slice()).unwrap();
+}
+
 #[tokio::test]
 async fn a_record_that_does_not_decode_names_its_run_and_seq_and_spares_other_runs() {
     let dir = tempfile::tempdir().unwrap();
@@ -355,24 +388,13 @@ async fn a_record_that_does_not_decode_names_its_run_and_seq_and_spares_other_ru
         // Edit r1's record at seq 3 by hand, as a foreign tool might.
         let db = redb::Database::open(&path).unwrap();
         let txn = db.begin_write().unwrap();
-        {
-            let table: redb::TableDefinition<(&str, u64), &[u8]> =
-                redb::TableDefinition::new("journal");
-            let mut journal = txn.open_table(table).unwrap();
-            journal
-                .insert(
-                    ("r1", 3),
-                    br#"{"seq":3,"state":"Step","at_ms":1,"schema":"zz"}"#.as_slice(),
-                )
-                .unwrap();
-            journal
-                .insert(
-                    ("r2", 5),
-                    br#"{"seq":5,"state":"Done","at_ms":1,"schema":"0000000000000000","payload":{"Done":{"n":"five"}}}"#
-                        .as_slice(),
-                )
-                .unwrap();
-        }
+        replace_transition(&txn, "r1", 3, |_| {
+            br#"{"seq":3,"state":"Step","at_ms":1,"schema":"zz"}"#.to_vec()
+        });
+        replace_transition(&txn, "r2", 5, |_| {
+            br#"{"seq":5,"state":"Done","at_ms":1,"schema":"0000000000000000","payload":{"Done":{"n":"five"}}}"#
+                .to_vec()
+        });
         txn.commit().unwrap();
     }
     let rt = Runtime::open(&path).unwrap();
@@ -408,17 +430,17 @@ async fn a_record_that_does_not_decode_names_its_run_and_seq_and_spares_other_ru
 async fn a_record_whose_seq_is_not_its_key_is_refused_on_read() {
     let dir = tempfile::tempdir().unwrap();
     let path = good_store(dir.path()).await;
-    let journal: redb::TableDefinition<(&str, u64), &[u8]> = redb::TableDefinition::new("journal");
     {
         // Put r1's record of seq 0 under the key of seq 3, as a foreign tool might.
         let db = redb::Database::open(&path).unwrap();
         let txn = db.begin_write().unwrap();
-        {
-            let mut table = txn.open_table(journal).unwrap();
-            let first = table.get(("r1", 0)).unwrap().unwrap().value().to_vec();
-            assert!(String::from_utf8_lossy(&first).contains(r#""seq":0"#));
-            table.insert(("r1", 3), first.as_slice()).unwrap();
-        }
+        let mut first = Vec::new();
+        replace_transition(&txn, "r1", 0, |record| {
+            first = record.to_vec();
+            record.to_vec()
+        });
+        assert!(String::from_utf8_lossy(&first).contains(r#""seq":0"#));
+        replace_transition(&txn, "r1", 3, |_| first.clone());
         txn.commit().unwrap();
     }
     let rt = Runtime::open(&path).unwrap();

@@ -38,7 +38,8 @@ impl ClimbHandler for Climber {
 }
 
 const RUNS: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("runs");
-const JOURNAL: redb::TableDefinition<(&str, u64), &[u8]> = redb::TableDefinition::new("journal");
+/// Format 2's log (see loops-core's `store/redb/log.rs`): global sequence → entry.
+const LOG: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("log");
 const STATUS: redb::TableDefinition<(u8, &str, &str), ()> = redb::TableDefinition::new("status");
 const INBOX: redb::TableDefinition<(&str, u64), &[u8]> = redb::TableDefinition::new("inbox");
 
@@ -58,30 +59,46 @@ fn edit(path: &Path, run_id: &str, status: &str, fields: &[(&str, serde_json::Va
     let txn = db.begin_write().unwrap();
     {
         let mut runs = txn.open_table(RUNS).unwrap();
-        let mut row: serde_json::Value =
-            serde_json::from_slice(runs.get(run_id).unwrap().unwrap().value()).unwrap();
+        // A row is the run's head in the log (its newest entry, its newest transition: 8
+        // bytes each), then the row's JSON.
+        let stored = runs.get(run_id).unwrap().unwrap().value().to_vec();
+        let (head, json) = stored.split_at(16);
+        let mut last_entry = u64::from_le_bytes(head[..8].try_into().unwrap());
+        let mut last_transition = u64::from_le_bytes(head[8..].try_into().unwrap());
+        let mut row: serde_json::Value = serde_json::from_slice(json).unwrap();
         assert_eq!(row["status"], "failed", "{row}");
         row["status"] = status.into();
         for (field, value) in fields {
             row[*field] = value.clone();
         }
-        runs.insert(run_id, serde_json::to_vec(&row).unwrap().as_slice())
-            .unwrap();
+        if let Some(seq) = row["seq"].as_u64().filter(|seq| *seq != 0) {
+            // The run's only transition is of seq 0: a copy of it at `seq`, appended to the
+            // log as loops appends one (kind 1, previous entry, previous transition, seq,
+            // run id, record).
+            let mut log = txn.open_table(LOG).unwrap();
+            let entry = log.get(last_transition).unwrap().unwrap().value().to_vec();
+            assert_eq!(entry[0], 1, "a transition");
+            let id_len = usize::from(u16::from_le_bytes(entry[25..27].try_into().unwrap()));
+            let mut record: serde_json::Value =
+                serde_json::from_slice(&entry[27 + id_len..]).unwrap();
+            record["seq"] = seq.into();
+            let mut new = vec![1u8];
+            new.extend_from_slice(&last_entry.to_le_bytes());
+            new.extend_from_slice(&last_transition.to_le_bytes());
+            new.extend_from_slice(&seq.to_le_bytes());
+            new.extend_from_slice(&entry[25..27 + id_len]);
+            new.extend_from_slice(&serde_json::to_vec(&record).unwrap());
+            let at = log.last().unwrap().unwrap().0.value() + 1;
+            log.insert(at, new.as_slice()).unwrap();
+            (last_entry, last_transition) = (at, at);
+        }
+        let mut value = last_entry.to_le_bytes().to_vec();
+        value.extend_from_slice(&last_transition.to_le_bytes());
+        value.extend_from_slice(&serde_json::to_vec(&row).unwrap());
+        runs.insert(run_id, value.as_slice()).unwrap();
         let mut index = txn.open_table(STATUS).unwrap();
         assert!(index.remove((2, "limits", run_id)).unwrap().is_some());
         index.insert((code(status), "limits", run_id), ()).unwrap();
-        if let Some(seq) = row["seq"].as_u64().filter(|seq| *seq != 0) {
-            let mut journal = txn.open_table(JOURNAL).unwrap();
-            let mut record: serde_json::Value =
-                serde_json::from_slice(journal.get((run_id, 0)).unwrap().unwrap().value()).unwrap();
-            record["seq"] = seq.into();
-            journal
-                .insert(
-                    (run_id, seq),
-                    serde_json::to_vec(&record).unwrap().as_slice(),
-                )
-                .unwrap();
-        }
     }
     txn.commit().unwrap();
 }

@@ -135,6 +135,9 @@ pub enum Command {
     /// send an event, cancel, retry.
     #[command(after_help = UI_EXAMPLES)]
     Ui(UiArgs),
+    /// Convert a store file of an older format to this build's (format 1 to 2), keeping a
+    /// copy of it beside it (FILE.format-1.bak). The file must not be open elsewhere.
+    Upgrade(UpgradeArgs),
     /// List the stored schedules (runs started per tick), or pause, resume or remove one.
     #[command(after_help = SCHEDULES_EXAMPLES)]
     Schedules(SchedulesArgs),
@@ -182,6 +185,14 @@ Examples:
   loops schedules resume nightly
   loops schedules remove nightly
   loops runs --attr loops.schedule=nightly   # the runs its ticks started";
+
+/// `loops upgrade PATH`.
+#[derive(Debug, Args)]
+pub struct UpgradeArgs {
+    /// The store file to convert (a redb file; a PostgreSQL store has no format to convert).
+    #[arg(value_name = "PATH")]
+    pub path: PathBuf,
+}
 
 /// `--json` alone.
 #[derive(Debug, Args)]

@@ -59,6 +59,10 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<(), Failure> {
+    // The file to convert is the command's own argument: it cannot be opened as a store.
+    if let Command::Upgrade(args) = &cli.command {
+        return commands::upgrade::run(args);
+    }
     let target = open::target(cli.store, cli.pg_schema)?;
     if let Some(path) = target.file() {
         panics::set_store(path);
@@ -82,6 +86,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
         Command::Tree(args) => commands::tree::run(&target, args),
         Command::Ui(args) => ui::serve(&target, args),
         Command::Schedules(args) => commands::schedules::run(&target, args),
+        Command::Upgrade(args) => commands::upgrade::run(args),
     };
     match target.file() {
         Some(path) => done.map_err(|failure| failure.in_store(path, checking)),

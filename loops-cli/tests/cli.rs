@@ -2159,7 +2159,7 @@ fn compact_and_check_report_on_a_good_file() {
 // ---------------------------------------------------------------------------------------------
 // Errors: one line, non-zero exit, nothing written.
 
-/// A store file a newer loops wrote (its format recorded as 2) is refused in one line naming
+/// A store file a newer loops wrote (its format recorded as 3) is refused in one line naming
 /// both formats, by every command, and keeps its format.
 #[test]
 fn a_store_of_a_newer_format_is_refused_in_one_line() {
@@ -2170,12 +2170,12 @@ fn a_store_of_a_newer_format_is_refused_in_one_line() {
         let db = redb::Database::open(&path).unwrap();
         let txn = db.begin_write().unwrap();
         let meta: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("meta");
-        txn.open_table(meta).unwrap().insert("format", 2).unwrap();
+        txn.open_table(meta).unwrap().insert("format", 3).unwrap();
         txn.commit().unwrap();
     }
     for args in [&["runs"][..], &["show", "r1"], &["cancel", "r1"]] {
         loops(&path).args(args).assert().code(1).stderr(format!(
-            "error: store {} has format 2, written by a newer loops; this build reads format 1 only: open it with a loops that reads format 2\n",
+            "error: store {} has format 3, written by a newer loops; this build reads format 2 only: open it with a loops that reads format 3\n",
             path.display()
         ));
     }
@@ -2399,9 +2399,51 @@ fn overwrite(path: &Path, edit: impl FnOnce(&redb::WriteTransaction)) {
     txn.commit().unwrap();
 }
 
+/// Replaces the record of `run`'s log entry of `seq` and `what` ("transition", "step
+/// NAME#OCCURRENCE" or "failure ATTEMPT#INDEX") with `record`, in the log of store format
+/// 2 (loops-core's `store/redb/log.rs`: kind, previous entry, previous transition for a
+/// transition, seq, run id, the key's rest, the record).
+fn replace_in_log(txn: &redb::WriteTransaction, run: &str, seq: u64, what: &str, record: &[u8]) {
+    use redb::{ReadableTable, TableDefinition};
+    let log: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
+    let mut table = txn.open_table(log).unwrap();
+    let u16_at = |b: &[u8], i: usize| usize::from(u16::from_le_bytes([b[i], b[i + 1]]));
+    let u32_at = |b: &[u8], i: usize| u32::from_le_bytes(b[i..i + 4].try_into().unwrap());
+    let mut found = None;
+    for entry in table.iter().unwrap() {
+        let (key, value) = entry.unwrap();
+        let b = value.value();
+        let mut at = if b[0] == 1 { 17 } else { 9 };
+        let entry_seq = u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+        at += 8;
+        let len = u16_at(b, at);
+        let entry_run = std::str::from_utf8(&b[at + 2..at + 2 + len]).unwrap();
+        at += 2 + len;
+        let kind = match b[0] {
+            1 => "transition".to_owned(),
+            2 => {
+                let len = u16_at(b, at);
+                let name = std::str::from_utf8(&b[at + 2..at + 2 + len]).unwrap();
+                at += 2 + len + 4;
+                format!("step {name}#{}", u32_at(b, at - 4))
+            }
+            _ => {
+                at += 8;
+                format!("failure {}#{}", u32_at(b, at - 8), u32_at(b, at - 4))
+            }
+        };
+        if entry_run == run && entry_seq == seq && kind == what {
+            found = Some((key.value(), b[..at].to_vec()));
+        }
+    }
+    let (key, mut entry) = found.unwrap_or_else(|| panic!("no {what} of {run} at seq {seq}"));
+    entry.extend_from_slice(record);
+    table.insert(key, entry.as_slice()).unwrap();
+}
+
 #[test]
 fn a_record_that_does_not_decode_is_named_for_what_it_is_and_the_store_as_damaged() {
-    use redb::TableDefinition;
+    use redb::{ReadableTable, TableDefinition};
     let (_dir, path) = store();
     overwrite(&path, |txn| {
         let bad = b"{oops".as_slice();
@@ -2410,27 +2452,15 @@ fn a_record_that_does_not_decode_is_named_for_what_it_is_and_the_store_as_damage
             .unwrap()
             .insert(("waiting-1", 0), bad)
             .unwrap();
-        let steps: TableDefinition<(&str, u64, &str, u32), &[u8]> = TableDefinition::new("steps");
-        txn.open_table(steps)
-            .unwrap()
-            .insert(("done-1", 0, "fetch", 0), bad)
-            .unwrap();
-        let failures: TableDefinition<(&str, u64, u32, u32), &[u8]> =
-            TableDefinition::new("failures");
-        txn.open_table(failures)
-            .unwrap()
-            .insert(("failed-1", 1, 1, 0), bad)
-            .unwrap();
-        let journal: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("journal");
-        txn.open_table(journal)
-            .unwrap()
-            .insert(("v2-1", 1), bad)
-            .unwrap();
+        replace_in_log(txn, "done-1", 0, "step fetch#0", bad);
+        replace_in_log(txn, "failed-1", 1, "failure 1#0", bad);
+        replace_in_log(txn, "v2-1", 1, "transition", bad);
         let runs: TableDefinition<&str, &[u8]> = TableDefinition::new("runs");
-        txn.open_table(runs)
-            .unwrap()
-            .insert("running-1", b"{}".as_slice())
-            .unwrap();
+        let mut runs = txn.open_table(runs).unwrap();
+        // A row of format 2 keeps its head in the log (16 bytes), then the row's JSON.
+        let mut row = runs.get("running-1").unwrap().unwrap().value()[..16].to_vec();
+        row.extend_from_slice(b"{}");
+        runs.insert("running-1", row.as_slice()).unwrap();
     });
     let damaged = |what: &str| {
         format!(
@@ -2487,13 +2517,13 @@ fn a_record_that_does_not_decode_is_named_for_what_it_is_and_the_store_as_damage
 fn a_read_past_the_end_of_the_file_is_reported_as_damage() {
     let (dir, path) = store();
     let good = std::fs::read(&path).unwrap();
-    // A byte flipped in the root page number of the `journal` table, in redb's table of
-    // tables: the table definition ends with the key type's name, `(&str,u64)`, preceded
+    // A byte flipped in the root page number of the `log` table (the records), in redb's
+    // table of tables: the table definition ends with the key type's name, `u64`, preceded
     // by its classification byte, lengths, alignments and fixed sizes (23 bytes), which
-    // follow the root's 32-byte header (page number first). Stale copies of the table of
-    // tables may be in the file too, as the definition of `inbox` (empty here): every
-    // candidate is tried.
-    let name = b"(&str,u64)";
+    // follow the root's 32-byte header (page number first), and followed by the value
+    // type's (`log`'s alone is `&[u8]` after `u64`). Stale copies of the table of tables
+    // may be in the file too: every candidate is tried.
+    let name = b"u64\x01&[u8]";
     let mut outcomes = Vec::new();
     for at in (56..good.len()).filter(|&i| good[i..].starts_with(name)) {
         let root = at - 23 - 32;
@@ -2504,7 +2534,8 @@ fn a_read_past_the_end_of_the_file_is_reported_as_damage() {
         bytes[root + 3] ^= 0x80; // the page number's region: far past the end of the file
         let file = dir.path().join(format!("flipped-{at}.redb"));
         std::fs::write(&file, &bytes).unwrap();
-        // Without the verification that refuses the file before any read (see below).
+        // Without the verification that refuses the file before any read (see below). The
+        // command's first read of the log is of the run's failures.
         let out = loops(&file)
             .args(["--no-verify", "history", "done-1"])
             .output()
@@ -2514,7 +2545,7 @@ fn a_read_past_the_end_of_the_file_is_reported_as_damage() {
     }
     let want = |file: &Path| {
         format!(
-            "error: store {} looks damaged: reading the history of run `done-1` failed: I/O error: failed to fill whole buffer (the file ends before data it refers to); `loops check` verifies every page of the file\n",
+            "error: store {} looks damaged: reading the failures of run `done-1` failed: I/O error: failed to fill whole buffer (the file ends before data it refers to); `loops check` verifies every page of the file\n",
             file.display()
         )
     };
@@ -2883,12 +2914,14 @@ fn retry_of_a_run_at_the_largest_attempt_is_refused_without_writing_or_panicking
     let runs: TableDefinition<&str, &[u8]> = TableDefinition::new("runs");
     overwrite(&path, |txn| {
         let mut table = txn.open_table(runs).unwrap();
-        let mut row: Value =
-            serde_json::from_slice(table.get("failed-1").unwrap().unwrap().value()).unwrap();
+        // A row of format 2: the run's head in the log (16 bytes), then the row's JSON.
+        let stored = table.get("failed-1").unwrap().unwrap().value().to_vec();
+        let (head, json_row) = stored.split_at(16);
+        let mut row: Value = serde_json::from_slice(json_row).unwrap();
         row["attempt"] = json!(u32::MAX);
-        table
-            .insert("failed-1", serde_json::to_vec(&row).unwrap().as_slice())
-            .unwrap();
+        let mut value = head.to_vec();
+        value.extend_from_slice(&serde_json::to_vec(&row).unwrap());
+        table.insert("failed-1", value.as_slice()).unwrap();
     });
     let err = fails(&path, &["retry", "failed-1"], 1);
     assert_eq!(
@@ -3082,4 +3115,64 @@ fn cancel_of_a_driven_run_says_where_it_will_end() {
     assert_eq!((info.state.as_str(), info.seq), ("Spinning", 0));
     tokio.block_on(server.stop());
     tokio.block_on(rt.shutdown());
+}
+
+/// `loops upgrade PATH`: converts the format-1 fixture of the workspace's tests, says what
+/// it did and where the backup is; a second time it has nothing to do; a file it cannot
+/// convert exits 1 with the error.
+#[test]
+fn upgrade_converts_a_store_of_format_1_and_keeps_a_backup() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let format_1 =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/store-format-1.redb");
+    std::fs::copy(&format_1, &path).unwrap();
+    // Refused by a reading command, with the way out.
+    loops(&path)
+        .args(["runs"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains(format!(
+            "run `loops upgrade {}`",
+            path.display()
+        )));
+    let backup = dir.path().join("store.redb.format-1.bak");
+    Command::cargo_bin("loops")
+        .unwrap()
+        .env_remove("LOOPS_STORE")
+        .env("NO_COLOR", "1")
+        .arg("upgrade")
+        .arg(&path)
+        .assert()
+        .success()
+        .stdout(format!(
+            "upgraded {} from format 1 to format 2: 3 runs, 23 records moved to the log\n  backup of the file as it was: {}\n",
+            path.display(),
+            backup.display()
+        ));
+    assert!(std::fs::read(&backup).unwrap() == std::fs::read(&format_1).unwrap());
+    let runs = json(&path, &["runs", "--json"]);
+    assert_eq!(runs.as_array().unwrap().len(), 3, "{runs}");
+    loops(&path)
+        .arg("upgrade")
+        .arg(&path)
+        .assert()
+        .success()
+        .stdout(format!(
+            "{} has format 2 already: nothing to do\n",
+            path.display()
+        ));
+    // A second copy of format 1 beside a backup: refused, exit 1.
+    std::fs::copy(&format_1, &path).unwrap();
+    loops(&path)
+        .arg("upgrade")
+        .arg(&path)
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("exists already"));
+    loops(&path)
+        .arg("upgrade")
+        .arg(dir.path().join("missing.redb"))
+        .assert()
+        .code(1);
 }

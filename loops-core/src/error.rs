@@ -32,8 +32,10 @@ pub enum Error {
     },
 
     /// The store file records a format (the layout of its tables) other than the one this
-    /// build reads, [`STORE_FORMAT`](crate::STORE_FORMAT): a newer loops wrote it. Nothing
-    /// was read from it or written to it. Open it with a loops that reads its format.
+    /// build reads, [`STORE_FORMAT`](crate::STORE_FORMAT). Nothing was read from it or
+    /// written to it. An older format is converted by `loops upgrade PATH`
+    /// ([`RedbStore::upgrade`](crate::RedbStore::upgrade)); a newer one (a newer loops
+    /// wrote it) is opened with a loops that reads it.
     #[error("{}", format_text(path, *found, *supported))]
     StoreFormat {
         /// The store file.
@@ -783,7 +785,7 @@ fn format_text(path: &std::path::Path, found: u64, supported: u64) -> String {
         )
     } else {
         format!(
-            "store {path} has format {found}, which this build does not read (it reads format {supported})"
+            "store {path} has format {found}, which this build does not read (it reads format {supported}): run `loops upgrade {path}` to convert it to format {supported} (it keeps a backup)"
         )
     }
 }

@@ -87,7 +87,7 @@ pub use store::{
     EventRecord, Facts, InboxChange, Lease, LeaseCheck, Needs, ParkedRun, Payloads, PendingEvent,
     Pruned, Readiness, Ready, ReadyAndParked, Record, RecordKey, RedbStore, Reply, RowWrite,
     RunCount, RunInfo, RunStatus, STORE_FORMAT, ScheduleChange, SharedLimits, Store, StoreOptions,
-    Take, WaitInfo, WaitOutcome, Wakeups, Write, event_record, find_runs, plan, prune,
+    Take, Upgraded, WaitInfo, WaitOutcome, Wakeups, Write, event_record, find_runs, plan, prune,
 };
 pub use workflow::{BoxError, StateId, Workflow};
 

@@ -10,6 +10,7 @@ pub mod schema;
 pub mod show;
 pub mod steer;
 pub mod tree;
+pub mod upgrade;
 
 use std::future::Future;
 

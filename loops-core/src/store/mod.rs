@@ -50,7 +50,9 @@ pub use self::limits::{SharedLimits, Take};
 pub use self::plan::plan;
 pub use self::protocol::{AfterFailure, EventRecord, Reply, WaitOutcome, Write};
 pub use self::ready::{ParkedRun, Readiness, Ready};
-pub use self::redb::{Compacted, DEFAULT_CACHE_BYTES, RedbStore, STORE_FORMAT, StoreOptions};
+pub use self::redb::{
+    Compacted, DEFAULT_CACHE_BYTES, RedbStore, STORE_FORMAT, StoreOptions, Upgraded,
+};
 pub use self::sealing::Payloads;
 
 /// A boxed, `Send` future: what [`Store`] methods return, so that `dyn Store` works.

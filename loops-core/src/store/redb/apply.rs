@@ -3,6 +3,7 @@
 
 use redb::ReadableTable;
 
+use super::log::{self, Chain, Head, Kind, LogError};
 use super::tables::{ATTRIBUTE_KEY_ABOVE, Tables, name_upper_bound};
 use crate::error::{Error, RecordKind};
 use crate::schedule::ScheduleInfo;
@@ -43,17 +44,18 @@ pub(super) fn apply(
     lease: Option<LeaseCheck<'_>>,
 ) -> std::result::Result<Applied, ApplyError> {
     let needs = write.needs();
-    let row = match needs.run {
-        Some(run_id) => load_row(t, run_id)?,
-        None => None,
+    let (head, row) = match needs.run {
+        Some(run_id) => load_row(t, run_id)?.unzip(),
+        None => (None, None),
     };
-    let mut facts = gather(t, &needs)?;
+    let head = head.unwrap_or_default();
+    let mut facts = gather(t, &needs, head)?;
     facts.lease = lease;
     let effects = plan(write, row.as_ref(), &facts).map_err(ApplyError::Rejected)?;
     if effects.is_empty() {
         return Ok(Applied::Unchanged(effects.reply));
     }
-    store(t, &effects)?;
+    store(t, &effects, needs.run.map(|run_id| (run_id, head)))?;
     apply_follow_ups(t, &effects.follow_ups)?;
     Ok(Applied::Wrote(effects.reply))
 }
@@ -73,40 +75,113 @@ fn apply_follow_ups(t: &mut Tables<'_>, writes: &[Write]) -> std::result::Result
     Ok(())
 }
 
-fn load_row(t: &mut Tables<'_>, run_id: &str) -> std::result::Result<Option<RunInfo>, ApplyError> {
+/// The run's head and row, if it has one.
+fn load_row(
+    t: &mut Tables<'_>,
+    run_id: &str,
+) -> std::result::Result<Option<(Head, RunInfo)>, ApplyError> {
     match t.runs()?.get(run_id)? {
-        Some(bytes) => RunInfo::decode(run_id, bytes.value())
+        Some(bytes) => log::decode_row(run_id, bytes.value())
             .map(Some)
             .map_err(ApplyError::Rejected),
         None => Ok(None),
     }
 }
 
-/// Reads the facts of `needs` in the write transaction.
-fn gather<'w>(t: &mut Tables<'_>, needs: &Needs<'w>) -> std::result::Result<Facts<'w>, ApplyError> {
-    let mut facts = Facts::default();
-    let id = needs.run.unwrap_or_default();
-    facts.record_taken = match needs.record {
-        Some(RecordKey::Journal { seq }) => t.journal()?.get((id, seq))?.is_some(),
-        Some(RecordKey::Step {
+/// A walk of the run's log that failed: a damaged chain refuses the write (nothing is
+/// written yet when facts are read); a failure of redb fails the batch.
+fn refused(run_id: &str) -> impl Fn(LogError) -> ApplyError + '_ {
+    move |e| match e {
+        LogError::Storage(e) => ApplyError::Storage(e),
+        e @ LogError::Damaged(_) => ApplyError::Rejected(Error::storage(
+            format!("reading the log of run `{run_id}`"),
+            e.into_redb(),
+        )),
+    }
+}
+
+/// A walk of the run's log that failed while the write's effects are written: the batch
+/// fails, so that no write is half done.
+fn failed(e: LogError) -> ApplyError {
+    ApplyError::Storage(e.into_redb())
+}
+
+/// Whether the run whose newest entries `head` leads to has the record `key`: a walk back
+/// from its newest transition (a transition) or entry (a step), that stops at the first
+/// entry of an earlier seq (a run's entries are appended in the order of their seqs).
+fn record_taken(
+    t: &mut Tables<'_>,
+    id: &str,
+    head: Head,
+    key: RecordKey<'_>,
+) -> std::result::Result<bool, ApplyError> {
+    let mut taken = false;
+    let walked = match key {
+        RecordKey::Journal { seq } => log::walk(
+            &*t.log()?,
+            id,
+            head.last_transition,
+            Chain::Transitions,
+            |_, entry| {
+                taken = entry.seq == seq;
+                entry.seq > seq
+            },
+        ),
+        RecordKey::Step {
             seq,
             name,
             occurrence,
-        }) => t.steps()?.get((id, seq, name, occurrence))?.is_some(),
-        None => false,
+        } => log::walk(&*t.log()?, id, head.last_entry, Chain::All, |_, entry| {
+            taken = entry.seq == seq && entry.kind == Kind::Step { name, occurrence };
+            !taken && entry.seq >= seq
+        }),
     };
+    walked.map_err(refused(id))?;
+    Ok(taken)
+}
+
+/// The highest `(attempt, index)` of the failure records of the state at `seq` (of
+/// `attempt` only, if given), from a walk back from the run's newest entry to the first of
+/// an earlier seq.
+fn last_failure(
+    t: &mut Tables<'_>,
+    id: &str,
+    head: Head,
+    seq: u64,
+    attempt: Option<u32>,
+) -> std::result::Result<Option<(u32, u32)>, ApplyError> {
+    let mut last: Option<(u32, u32)> = None;
+    log::walk(&*t.log()?, id, head.last_entry, Chain::All, |_, entry| {
+        if let Kind::Failure { attempt: a, index } = entry.kind
+            && entry.seq == seq
+            && attempt.is_none_or(|want| want == a)
+        {
+            last = last.max(Some((a, index)));
+        }
+        entry.seq >= seq
+    })
+    .map_err(refused(id))?;
+    Ok(last)
+}
+
+/// Reads the facts of `needs` in the write transaction; `head` is the run's.
+fn gather<'w>(
+    t: &mut Tables<'_>,
+    needs: &Needs<'w>,
+    head: Head,
+) -> std::result::Result<Facts<'w>, ApplyError> {
+    let mut facts = Facts::default();
+    let id = needs.run.unwrap_or_default();
+    if let Some(key) = needs.record {
+        facts.record_taken = record_taken(t, id, head, key)?;
+    }
     if let Some(hash) = needs.schema {
         facts.schema_stored = t.schemas()?.get(hash.to_string().as_str())?.is_some();
     }
     if let Some((seq, attempt)) = needs.failure_index {
-        let last = t
-            .failures()?
-            .range((id, seq, attempt, 0)..=(id, seq, attempt, u32::MAX))?
-            .next_back()
-            .transpose()?;
-        facts.failure_index = match last {
+        facts.failure_index = match last_failure(t, id, head, seq, Some(attempt))? {
             None => 0,
-            Some((key, _)) => key.value().3.checked_add(1).ok_or_else(|| {
+            Some((_, index)) => index.checked_add(1).ok_or_else(|| {
                 ApplyError::Rejected(Error::counter_overflow(
                     id,
                     (RecordKind::Failure, seq),
@@ -118,12 +193,7 @@ fn gather<'w>(t: &mut Tables<'_>, needs: &Needs<'w>) -> std::result::Result<Fact
         };
     }
     if let Some(seq) = needs.failure_attempt {
-        let last = t
-            .failures()?
-            .range((id, seq, 0, 0)..=(id, seq, u32::MAX, u32::MAX))?
-            .next_back()
-            .transpose()?;
-        facts.failure_attempt = last.map(|(key, _)| key.value().2);
+        facts.failure_attempt = last_failure(t, id, head, seq, None)?.map(|(attempt, _)| attempt);
     }
     if let Some(event) = needs.pending {
         let first = t
@@ -160,7 +230,7 @@ fn gather<'w>(t: &mut Tables<'_>, needs: &Needs<'w>) -> std::result::Result<Fact
         };
     }
     for run_id in needs.runs {
-        if let Some(info) = load_row(t, run_id)? {
+        if let Some((_, info)) = load_row(t, run_id)? {
             facts.runs.push(info);
         }
     }
@@ -172,7 +242,7 @@ fn gather<'w>(t: &mut Tables<'_>, needs: &Needs<'w>) -> std::result::Result<Fact
             .map(|entry| entry.map(|(key, _)| key.value().1.to_owned()))
             .collect::<std::result::Result<_, _>>()?;
         for child in ids {
-            if let Some(info) = load_row(t, &child)?
+            if let Some((_, info)) = load_row(t, &child)?
                 && !info.status.is_ended()
             {
                 facts.children.push(info);
@@ -189,32 +259,96 @@ fn gather<'w>(t: &mut Tables<'_>, needs: &Needs<'w>) -> std::result::Result<Fact
     Ok(facts)
 }
 
-/// Writes `effects` out as table writes.
-fn store(t: &mut Tables<'_>, effects: &Effects<'_>) -> std::result::Result<(), ApplyError> {
-    let id = effects.run_id;
-    for record in &effects.records {
-        match record {
-            Record::Journal { seq, bytes } => {
-                t.journal()?.insert((id, *seq), bytes.as_ref())?;
-            }
-            Record::Step {
-                seq,
+/// The head of `run_id` as its row stores it (a run without a row has none yet).
+fn stored_head(t: &mut Tables<'_>, run_id: &str) -> std::result::Result<Head, ApplyError> {
+    let Some(row) = t.runs()?.get(run_id)? else {
+        return Ok(Head::default());
+    };
+    Head::split(row.value())
+        .map(|(head, _)| head)
+        .ok_or_else(|| {
+            ApplyError::Storage(redb::Error::Corrupted(format!(
+                "the row of run `{run_id}` is too short to hold its head: the file is damaged"
+            )))
+        })
+}
+
+/// A record of the plan as a log entry's seq, kind and record bytes.
+fn entry_of<'r>(record: &'r Record<'_>) -> (u64, Kind<'r>, &'r [u8]) {
+    match record {
+        Record::Journal { seq, bytes } => (*seq, Kind::Transition, bytes.as_ref()),
+        Record::Step {
+            seq,
+            name,
+            occurrence,
+            bytes,
+        } => (
+            *seq,
+            Kind::Step {
                 name,
-                occurrence,
-                bytes,
-            } => {
-                t.steps()?
-                    .insert((id, *seq, *name, *occurrence), &**bytes)?;
-            }
-            Record::Failure {
-                seq,
-                attempt,
-                index,
-                bytes,
-            } => {
-                t.failures()?
-                    .insert((id, *seq, *attempt, *index), bytes.as_slice())?;
-            }
+                occurrence: *occurrence,
+            },
+            bytes.as_ref(),
+        ),
+        Record::Failure {
+            seq,
+            attempt,
+            index,
+            bytes,
+        } => (
+            *seq,
+            Kind::Failure {
+                attempt: *attempt,
+                index: *index,
+            },
+            bytes.as_slice(),
+        ),
+    }
+}
+
+/// Appends the records of the run `id` to the log; returns the run's head after them.
+/// `known`: a run's head as read by the write (`None`: read it from the row).
+fn append_records(
+    t: &mut Tables<'_>,
+    id: &str,
+    records: &[Record<'_>],
+    known: Option<(&str, Head)>,
+) -> std::result::Result<Head, ApplyError> {
+    let mut head = match known {
+        Some((run, head)) if run == id => head,
+        _ => stored_head(t, id)?,
+    };
+    for record in records {
+        let (seq, kind, bytes) = entry_of(record);
+        let at = t.take_sequence().map_err(failed)?;
+        log::append(t.log()?, at, &mut head, id, seq, kind, bytes)?;
+    }
+    Ok(head)
+}
+
+/// Writes `effects` out as table writes. `known`: the run the write read, with its head.
+fn store<'a>(
+    t: &mut Tables<'_>,
+    effects: &'a Effects<'a>,
+    mut known: Option<(&'a str, Head)>,
+) -> std::result::Result<(), ApplyError> {
+    let id = effects.run_id;
+    if !effects.records.is_empty() {
+        let head = append_records(t, id, &effects.records, known)?;
+        known = Some((id, head));
+        if effects.row.as_ref().is_none_or(|row| row.info.run_id != id) {
+            // The row is unchanged but for its head.
+            let info = t.runs()?.get(id)?.map(|row| row.value().to_vec());
+            let info = info
+                .as_deref()
+                .and_then(Head::split)
+                .ok_or_else(|| {
+                    ApplyError::Storage(redb::Error::Corrupted(format!(
+                        "records of run `{id}` were written, and it has no row: the file is damaged"
+                    )))
+                })?
+                .1;
+            t.runs()?.insert(id, head.row(info).as_slice())?;
         }
     }
     for change in &effects.inbox {
@@ -245,7 +379,12 @@ fn store(t: &mut Tables<'_>, effects: &Effects<'_>) -> std::result::Result<(), A
         t.sealing()?.insert(key, at_ms)?;
     }
     if let Some(row) = &effects.row {
-        store_row(t, row)?;
+        let id = row.info.run_id.as_str();
+        let head = match known {
+            Some((run, head)) if run == id => head,
+            _ => stored_head(t, id)?,
+        };
+        store_row(t, row, head)?;
     }
     for (key, value) in &effects.attributes {
         store_attribute(t, id, key, &value.index_bytes())?;
@@ -266,11 +405,16 @@ fn store(t: &mut Tables<'_>, effects: &Effects<'_>) -> std::result::Result<(), A
     Ok(())
 }
 
-/// Writes the run's new row, moving its status index entry if the status changed.
-fn store_row(t: &mut Tables<'_>, row: &RowWrite) -> std::result::Result<(), ApplyError> {
+/// Writes the run's new row with its head, moving its status index entry if the status
+/// changed.
+fn store_row(
+    t: &mut Tables<'_>,
+    row: &RowWrite,
+    head: Head,
+) -> std::result::Result<(), ApplyError> {
     let info = &row.info;
     let id = info.run_id.as_str();
-    t.runs()?.insert(id, info.encode().as_slice())?;
+    t.runs()?.insert(id, head.row(&info.encode()).as_slice())?;
     if row.was.is_none()
         && let Some(parent) = &info.parent
     {
@@ -320,20 +464,22 @@ fn delete_run(t: &mut Tables<'_>, info: &RunInfo) -> std::result::Result<(), App
         t.attribute_index()?
             .remove((key.as_str(), value.as_slice(), id))?;
     }
-    t.runs()?.remove(id)?;
+    let row = t.runs()?.remove(id)?.map(|row| row.value().to_vec());
+    if let Some(row) = row {
+        let (head, _) = Head::split(&row).ok_or_else(|| {
+            ApplyError::Storage(redb::Error::Corrupted(format!(
+                "the row of run `{id}` is too short to hold its head: the file is damaged"
+            )))
+        })?;
+        for at in log::chain_of(&*t.log()?, id, head).map_err(failed)? {
+            t.log()?.remove(at)?;
+        }
+    }
     if let Some(parent) = &info.parent {
         t.children()?.remove((parent.run_id.as_str(), id))?;
     }
     t.status()?
         .remove((info.status.code(), info.workflow.as_str(), id))?;
-    t.journal()?
-        .retain_in((id, 0)..=(id, u64::MAX), |_, _| false)?;
-    t.steps()?
-        .retain_in((id, 0, "", 0)..(id, u64::MAX, "", 0), |_, _| false)?;
-    t.failures()?.retain_in(
-        (id, 0, 0, 0)..=(id, u64::MAX, u32::MAX, u32::MAX),
-        |_, _| false,
-    )?;
     t.inbox()?
         .retain_in((id, 0)..=(id, u64::MAX), |_, _| false)?;
     let top = name_upper_bound();

@@ -39,31 +39,18 @@ fn a_new_store_records_its_format() {
     let path = dir.path().join("store.redb");
     drop(RedbStore::open(&path).unwrap());
     assert_eq!(recorded(&path), Some(STORE_FORMAT));
-    assert_eq!(STORE_FORMAT, 1);
+    assert_eq!(STORE_FORMAT, 2);
 }
 
 #[test]
-fn a_store_made_before_the_format_was_recorded_is_read_and_records_it() {
+fn a_store_made_before_the_format_was_recorded_is_format_1_and_refused() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store.redb");
     drop(RedbStore::open(&path).unwrap());
     record(&path, None);
     assert_eq!(recorded(&path), None);
-    // A read-only open reads it as it is (and cannot record anything).
-    drop(RedbStore::open_read_only(&path).unwrap());
-    assert_eq!(recorded(&path), None);
-    drop(RedbStore::open(&path).unwrap());
-    assert_eq!(recorded(&path), Some(STORE_FORMAT));
-}
-
-#[test]
-fn a_store_of_a_newer_format_is_refused_and_left_as_it_is() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("store.redb");
-    drop(RedbStore::open(&path).unwrap());
-    record(&path, Some(2));
     let expected = format!(
-        "store {} has format 2, written by a newer loops; this build reads format 1 only: open it with a loops that reads format 2",
+        "store {0} has format 1, which this build does not read (it reads format 2): run `loops upgrade {0}` to convert it to format 2 (it keeps a backup)",
         path.display()
     );
     for read_only in [false, true] {
@@ -75,20 +62,52 @@ fn a_store_of_a_newer_format_is_refused_and_left_as_it_is() {
         match opened {
             Err(
                 e @ Error::StoreFormat {
-                    found: 2,
-                    supported: 1,
+                    found: 1,
+                    supported: 2,
+                    ..
+                },
+            ) => assert_eq!(e.to_string(), expected),
+            Err(other) => panic!("read-only {read_only}: {other}"),
+            Ok(_) => panic!("read-only {read_only}: opened a store of format 1"),
+        }
+    }
+    // Nothing was recorded.
+    assert_eq!(recorded(&path), None);
+}
+
+#[test]
+fn a_store_of_a_newer_format_is_refused_and_left_as_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    drop(RedbStore::open(&path).unwrap());
+    record(&path, Some(3));
+    let expected = format!(
+        "store {} has format 3, written by a newer loops; this build reads format 2 only: open it with a loops that reads format 3",
+        path.display()
+    );
+    for read_only in [false, true] {
+        let opened = if read_only {
+            RedbStore::open_read_only(&path)
+        } else {
+            RedbStore::open(&path)
+        };
+        match opened {
+            Err(
+                e @ Error::StoreFormat {
+                    found: 3,
+                    supported: 2,
                     ..
                 },
             ) => {
                 assert_eq!(e.to_string(), expected);
             }
             Err(other) => panic!("read-only {read_only}: {other}"),
-            Ok(_) => panic!("read-only {read_only}: opened a store of format 2"),
+            Ok(_) => panic!("read-only {read_only}: opened a store of format 3"),
         }
     }
     // Nothing of loops was written to it (redb's own open marks its header, as any
-    // writable open does): it still records format 2.
-    assert_eq!(recorded(&path), Some(2));
+    // writable open does): it still records format 3.
+    assert_eq!(recorded(&path), Some(3));
 }
 
 #[test]

@@ -3,19 +3,25 @@
 //! # Key layout
 //! | table      | key                                   | value                          |
 //! |------------|---------------------------------------|--------------------------------|
-//! | `runs`     | run id                                | [`RunInfo`] (JSON), mutable    |
-//! | `journal`  | (run id, seq)                         | [`TransitionRecord`] (JSON)    |
-//! | `steps`    | (run id, seq, step name, occurrence)  | [`StepRecord`] (JSON)          |
-//! | `failures` | (run id, seq, attempt, index)         | [`FailureRecord`] (JSON)       |
+//! | `runs`     | run id                                | the run's head in `log` (16 bytes), then [`RunInfo`] (JSON), mutable |
+//! | `log`      | global sequence (u64, from 1)         | one [`TransitionRecord`], [`StepRecord`] or [`FailureRecord`] (JSON) of a run, with its run id, key and back-pointers |
 //! | `status`   | (status code, workflow, run id)       | `()`: the index runs are listed and resumed from |
 //! | `schemas`  | schema hash (hex)                     | schema description             |
 //! | `inbox`    | (run id, event seq)                   | [`EventRecord`] (JSON)         |
 //! | `pending`  | (run id, event name, event seq)       | `()`: events not yet delivered |
 //! | `event_keys` | (run id, idempotency key)           | event seq: duplicate sends     |
 //!
-//! Records in `journal`, `steps` and `failures` are immutable: every write checks that its key
-//! is free and is refused otherwise. The `runs` row and the `status` index change in the same
-//! write transaction as the record that changes them.
+//! This is store format 2 ([`STORE_FORMAT`]). The records of every run go to one
+//! append-only log, in the order they are written, so that a commit of many runs' writes
+//! appends to the end of one tree; each entry points back at its run's previous entry (and
+//! a transition at its run's previous transition), and the run's row starts with the
+//! positions of its newest entry and newest transition (`log` has the details). Format 1
+//! kept them in `journal` (run id, seq), `steps` (run id, seq, step name, occurrence) and
+//! `failures` (run id, seq, attempt, index); [`RedbStore::upgrade`] converts such a file.
+//!
+//! Records are immutable: every write checks that its key (the run, its seq and, for a step,
+//! its name and occurrence) is free, and is refused otherwise. The `runs` row and the
+//! `status` index change in the same write transaction as the record that changes them.
 //!
 //! # Commit path
 //! Writers send their write to one thread that owns redb's single write transaction. The thread
@@ -27,7 +33,8 @@
 //! leaves no trace; a failed commit fails every write in it.
 //!
 //! # Files
-//! `tables` defines the tables; `open` opens, creates and checks the file; `commit` is the
+//! `tables` defines the tables; `log` encodes the log's entries and the rows' heads and walks
+//! a run's entries; `upgrade` converts a file of format 1; `open` opens, creates and checks the file; `commit` is the
 //! commit path (the leader on the caller's thread, the writer thread, one write transaction
 //! per batch); `apply` gathers a write's facts and stores its effects; `read` answers reads
 //! and says which runs are ready; `maintain` compacts, checks and prunes; `seed` bulk-writes
@@ -36,18 +43,21 @@
 
 mod apply;
 mod commit;
+mod log;
 mod maintain;
 mod open;
 mod read;
 #[cfg(any(test, feature = "test-util"))]
 mod seed;
 mod tables;
+mod upgrade;
 mod verify;
 
 pub use maintain::Compacted;
 pub(in crate::store) use open::refuse_special_file;
 pub(in crate::store) use read::{ReadError, read_info};
 pub use tables::STORE_FORMAT;
+pub use upgrade::Upgraded;
 #[cfg(test)]
 mod format_tests;
 pub(crate) use tables::{RUNS, SCHEMAS, STATUS};

@@ -11,7 +11,7 @@ use redb::backends::FileBackend;
 use tokio::sync::mpsc;
 
 use super::commit::{QUEUE, writer_loop};
-use super::tables::{NotOpened, STORE_FORMAT, ensure_tables, stored_format};
+use super::tables::{NotOpened, STORE_FORMAT, ensure_tables, file_format};
 use super::{Db, Inner, Leases, Opener, Queue, RedbStore, StoreOptions};
 use crate::error::{Error, Result};
 
@@ -267,13 +267,13 @@ impl RedbStore {
                 });
             }
         };
-        // A file made before the format was recorded has this build's format; one that
-        // records another is refused before anything is read.
+        // A file of another format (one made before the format was recorded has format 1)
+        // is refused before anything is read.
         // redb may panic on reading a damaged file, as on opening it.
         let format = crate::panics::catch(|| {
             redb::ReadableDatabase::begin_read(&db)
                 .map_err(redb::Error::from)
-                .and_then(|txn| stored_format(&txn))
+                .and_then(|txn| file_format(&txn))
         })
         .unwrap_or_else(|_| {
             Err(redb::Error::Corrupted(

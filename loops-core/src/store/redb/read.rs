@@ -5,9 +5,10 @@ use std::sync::{Arc, PoisonError};
 use redb::ReadableTable;
 
 use super::commit::reopen_if_needed;
+use super::log::{self, Chain, Head, Kind, LOG, LogError};
 use super::tables::{
-    ATTRIBUTE_INDEX, ATTRIBUTE_KEY_ABOVE, ATTRIBUTES, CHILDREN, FAILURES, INBOX, JOURNAL, PENDING,
-    RUNS, SCHEDULES, SCHEMAS, SEALING, STATUS, STEPS, name_upper_bound,
+    ATTRIBUTE_INDEX, ATTRIBUTE_KEY_ABOVE, ATTRIBUTES, CHILDREN, INBOX, PENDING, RUNS, SCHEDULES,
+    SCHEMAS, SEALING, STATUS, name_upper_bound,
 };
 use super::{RedbStore, corrupted};
 use crate::attribute::{AttributeValue, Attributes, RunFilter};
@@ -64,24 +65,39 @@ impl RedbStore {
             || format!("reading run `{run_id}`"),
             |txn| {
                 let runs = txn.open_table(RUNS)?;
-                let Some(info) = read_info(&runs, run_id)? else {
+                let Some((head, info)) = read_row(&runs, run_id)? else {
                     return Ok(None);
                 };
-                let journal = txn.open_table(JOURNAL)?;
-                let bytes = journal.get((run_id, info.seq))?.ok_or_else(|| {
+                // The newest transition is the row's (walked back to it, should the row have
+                // been written ahead of it).
+                let log = txn.open_table(LOG)?;
+                let mut found = None;
+                log::walk(
+                    &log,
+                    run_id,
+                    head.last_transition,
+                    Chain::Transitions,
+                    |_, entry| {
+                        if entry.seq == info.seq {
+                            found = Some(entry.record.to_vec());
+                        }
+                        entry.seq > info.seq
+                    },
+                )?;
+                let bytes = found.ok_or_else(|| {
                     ReadError::Loops(Error::RecordMissing {
                         run_id: run_id.to_owned(),
                         seq: info.seq,
                     })
                 })?;
-                let record = TransitionRecord::from_stored(run_id, info.seq, bytes.value())?;
+                let record = TransitionRecord::from_stored(run_id, info.seq, &bytes)?;
                 Ok(Some((info, record)))
             },
         )
     }
 
     /// Every transition record of the run, by sequence number (empty if the run does not
-    /// exist).
+    /// exist): its chain of transitions in the log, walked back from the newest.
     ///
     /// # Errors
     /// [`Error::Storage`] on a read error; [`Error::Decode`] if a record is unreadable.
@@ -89,20 +105,36 @@ impl RedbStore {
         self.read(
             || format!("reading the history of run `{run_id}`"),
             |txn| {
-                let journal = txn.open_table(JOURNAL)?;
+                let runs = txn.open_table(RUNS)?;
+                let Some(head) = read_head(&runs, run_id)? else {
+                    return Ok(Vec::new());
+                };
+                let log = txn.open_table(LOG)?;
                 let mut out = Vec::new();
-                for entry in journal.range((run_id, 0)..=(run_id, u64::MAX))? {
-                    let (key, value) = entry?;
-                    let seq = key.value().1;
-                    out.push(TransitionRecord::from_stored(run_id, seq, value.value())?);
-                }
+                let mut decoded = Ok(());
+                log::walk(
+                    &log,
+                    run_id,
+                    head.last_transition,
+                    Chain::Transitions,
+                    |_, entry| {
+                        match TransitionRecord::from_stored(run_id, entry.seq, entry.record) {
+                            Ok(record) => out.push(record),
+                            Err(e) => decoded = Err(e),
+                        }
+                        decoded.is_ok()
+                    },
+                )?;
+                decoded?;
+                out.reverse();
                 Ok(out)
             },
         )
     }
 
     /// The step records of the run's state at `seq`, as `(name, occurrence, record)`, ordered
-    /// by name then occurrence.
+    /// by name then occurrence: the run's entries walked back from the newest to the first
+    /// of an earlier seq.
     ///
     /// # Errors
     /// [`Error::Storage`] on a read error; [`Error::Decode`] if a record is unreadable.
@@ -110,35 +142,43 @@ impl RedbStore {
         self.read(
             || format!("reading the steps of run `{run_id}` seq {seq}"),
             |txn| {
-                let steps = txn.open_table(STEPS)?;
-                let mut out = Vec::new();
-                // Every key from the seq's first on, up to the first of another seq (or run):
-                // no `seq + 1` bound, which a stored seq of u64::MAX has not.
-                for entry in steps.range((run_id, seq, "", 0)..)? {
-                    let (key, value) = entry?;
-                    let (id, at, name, occurrence) = key.value();
-                    if id != run_id || at != seq {
-                        break;
+                let runs = txn.open_table(RUNS)?;
+                let Some(head) = read_head(&runs, run_id)? else {
+                    return Ok(Vec::new());
+                };
+                let log = txn.open_table(LOG)?;
+                let mut found = Vec::new();
+                log::walk(&log, run_id, head.last_entry, Chain::All, |_, entry| {
+                    if let Kind::Step { name, occurrence } = entry.kind
+                        && entry.seq == seq
+                    {
+                        found.push((name.to_owned(), occurrence, entry.record.to_vec()));
                     }
+                    entry.seq >= seq
+                })?;
+                found.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
+                let mut out = Vec::with_capacity(found.len());
+                for (name, occurrence, bytes) in found {
                     let record: StepRecord =
-                        serde_json::from_slice(value.value()).map_err(|source| Error::Decode {
+                        serde_json::from_slice(&bytes).map_err(|source| Error::Decode {
                             run_id: run_id.to_owned(),
                             record: RecordKind::Step {
-                                name: name.to_owned(),
+                                name: name.clone(),
                                 occurrence,
                             },
                             seq,
                             state: String::new(),
                             source,
                         })?;
-                    out.push((name.to_owned(), occurrence, record));
+                    out.push((name, occurrence, record));
                 }
                 Ok(out)
             },
         )
     }
 
-    /// Every failed attempt of the run, as `(seq, record)`, by seq, attempt and order.
+    /// Every failed attempt of the run, as `(seq, record)`, by seq, attempt and order: its
+    /// whole chain of entries in the log.
     ///
     /// # Errors
     /// [`Error::Storage`] on a read error; [`Error::Decode`] if a record is unreadable.
@@ -146,15 +186,23 @@ impl RedbStore {
         self.read(
             || format!("reading the failures of run `{run_id}`"),
             |txn| {
-                let failures = txn.open_table(FAILURES)?;
-                let mut out = Vec::new();
-                for entry in
-                    failures.range((run_id, 0, 0, 0)..=(run_id, u64::MAX, u32::MAX, u32::MAX))?
-                {
-                    let (key, value) = entry?;
-                    let seq = key.value().1;
+                let runs = txn.open_table(RUNS)?;
+                let Some(head) = read_head(&runs, run_id)? else {
+                    return Ok(Vec::new());
+                };
+                let log = txn.open_table(LOG)?;
+                let mut found = Vec::new();
+                log::walk(&log, run_id, head.last_entry, Chain::All, |_, entry| {
+                    if let Kind::Failure { attempt, index } = entry.kind {
+                        found.push(((entry.seq, attempt, index), entry.record.to_vec()));
+                    }
+                    true
+                })?;
+                found.sort_by_key(|(key, _)| *key);
+                let mut out = Vec::with_capacity(found.len());
+                for ((seq, _, _), bytes) in found {
                     let record: FailureRecord =
-                        serde_json::from_slice(value.value()).map_err(|source| Error::Decode {
+                        serde_json::from_slice(&bytes).map_err(|source| Error::Decode {
                             run_id: run_id.to_owned(),
                             record: RecordKind::Failure,
                             seq,
@@ -560,7 +608,8 @@ fn scan_rows(
             break;
         }
         if let Some(bytes) = runs.get(run_id)? {
-            each(run_id, bytes.value())?;
+            let (_, info) = split_row(run_id, bytes.value())?;
+            each(run_id, info)?;
         }
     }
     Ok(())
@@ -574,6 +623,12 @@ pub(in crate::store) enum ReadError {
 impl<E: Into<redb::Error>> From<E> for ReadError {
     fn from(e: E) -> Self {
         ReadError::Storage(e.into())
+    }
+}
+
+impl From<LogError> for ReadError {
+    fn from(e: LogError) -> Self {
+        ReadError::Storage(e.into_redb())
     }
 }
 
@@ -620,10 +675,38 @@ pub(in crate::store) fn read_info(
     runs: &impl ReadableTable<&'static str, &'static [u8]>,
     run_id: &str,
 ) -> std::result::Result<Option<RunInfo>, ReadError> {
+    Ok(read_row(runs, run_id)?.map(|(_, info)| info))
+}
+
+/// The run's head and row, if it has one.
+fn read_row(
+    runs: &impl ReadableTable<&'static str, &'static [u8]>,
+    run_id: &str,
+) -> std::result::Result<Option<(Head, RunInfo)>, ReadError> {
     let Some(bytes) = runs.get(run_id)? else {
         return Ok(None);
     };
-    RunInfo::decode(run_id, bytes.value())
+    log::decode_row(run_id, bytes.value())
         .map(Some)
         .map_err(ReadError::Loops)
+}
+
+/// The run's head, if it has a row (the rest of the row is not decoded).
+fn read_head(
+    runs: &impl ReadableTable<&'static str, &'static [u8]>,
+    run_id: &str,
+) -> std::result::Result<Option<Head>, ReadError> {
+    let Some(bytes) = runs.get(run_id)? else {
+        return Ok(None);
+    };
+    Ok(Some(split_row(run_id, bytes.value())?.0))
+}
+
+/// A stored row as its head and its [`RunInfo`] bytes.
+fn split_row<'a>(run_id: &str, row: &'a [u8]) -> std::result::Result<(Head, &'a [u8]), ReadError> {
+    Head::split(row).ok_or_else(|| {
+        ReadError::Storage(redb::Error::Corrupted(format!(
+            "the row of run `{run_id}` is too short to hold its head: the file is damaged"
+        )))
+    })
 }

@@ -2,12 +2,11 @@
 
 use redb::{Database, ReadableDatabase, TableDefinition, TableHandle};
 
+use super::log::{LOG, LogError, next_sequence};
+
+/// The runs' rows: run id → the run's [`Head`](super::log::Head) in the log, then its
+/// [`RunInfo`](crate::RunInfo) bytes.
 pub(crate) const RUNS: TableDefinition<&str, &[u8]> = TableDefinition::new("runs");
-pub(crate) const JOURNAL: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("journal");
-pub(crate) const STEPS: TableDefinition<(&str, u64, &str, u32), &[u8]> =
-    TableDefinition::new("steps");
-pub(crate) const FAILURES: TableDefinition<(&str, u64, u32, u32), &[u8]> =
-    TableDefinition::new("failures");
 pub(crate) const STATUS: TableDefinition<(u8, &str, &str), ()> = TableDefinition::new("status");
 pub(crate) const SCHEMAS: TableDefinition<&str, &str> = TableDefinition::new("schemas");
 pub(crate) const INBOX: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("inbox");
@@ -45,14 +44,20 @@ const FORMAT_KEY: &str = "format";
 /// opens a file made before it was recorded (those have this layout: the number came with it).
 /// A file of another format is refused at the open ([`Error::StoreFormat`](crate::Error::StoreFormat)),
 /// never misread; a change of the layout raises the number.
-pub const STORE_FORMAT: u64 = 1;
+///
+/// Format 1 kept each run's records in three tables keyed by run (`journal`, `steps`,
+/// `failures`); format 2 keeps them in one append-only log
+/// ([`RedbStore::upgrade`](crate::RedbStore::upgrade) converts a file of format 1).
+pub const STORE_FORMAT: u64 = 2;
 
-const TABLES: [&str; 15] = [
+/// The format of a file that records none but has loops' tables: they came before the
+/// number.
+pub(crate) const UNRECORDED_FORMAT: u64 = 1;
+
+const TABLES: [&str; 13] = [
     "meta",
     "runs",
-    "journal",
-    "steps",
-    "failures",
+    "log",
     "status",
     "schemas",
     "inbox",
@@ -95,6 +100,25 @@ pub(super) fn stored_format(
     Ok(table.get(FORMAT_KEY)?.map(|v| v.value()))
 }
 
+/// The format of the file: the one it records; [`UNRECORDED_FORMAT`] for a file with loops'
+/// tables that records none; `None` for a file without tables (a new one) or another
+/// application's.
+pub(crate) fn file_format(
+    txn: &redb::ReadTransaction,
+) -> std::result::Result<Option<u64>, redb::Error> {
+    if let Some(format) = stored_format(txn)? {
+        return Ok(Some(format));
+    }
+    let runs = txn.list_tables()?.any(|t| t.name() == "runs");
+    Ok(runs.then_some(UNRECORDED_FORMAT))
+}
+
+/// Records in `txn` that the file has this build's format, [`STORE_FORMAT`].
+pub(super) fn record_format(txn: &redb::WriteTransaction) -> std::result::Result<(), redb::Error> {
+    txn.open_table(META)?.insert(FORMAT_KEY, STORE_FORMAT)?;
+    Ok(())
+}
+
 /// Checks the file's format, then creates the tables a new file lacks and records the format
 /// if it is not recorded; writes nothing to a file that has them all and its format.
 ///
@@ -110,11 +134,13 @@ pub(super) fn ensure_tables(db: &Database) -> std::result::Result<(), NotOpened>
     match format {
         Some(STORE_FORMAT) => {}
         Some(other) => return Err(NotOpened::Format(other)),
-        // A file made before the format was recorded has loops' first tables; a redb file
-        // with tables but none of those is another application's database: left alone.
-        None if !present.is_empty() && !present.iter().any(|t| t == "runs") => {
-            return Err(NotOpened::Foreign(present));
+        // A file made before the format was recorded has loops' first tables, of format 1;
+        // a redb file with tables but none of those is another application's database:
+        // left alone.
+        None if present.iter().any(|t| t == "runs") => {
+            return Err(NotOpened::Format(UNRECORDED_FORMAT));
         }
+        None if !present.is_empty() => return Err(NotOpened::Foreign(present)),
         None => {}
     }
     if format.is_some() && TABLES.iter().all(|w| present.iter().any(|p| p == w)) {
@@ -122,12 +148,10 @@ pub(super) fn ensure_tables(db: &Database) -> std::result::Result<(), NotOpened>
     }
     let txn = db.begin_write()?;
     if format.is_none() {
-        txn.open_table(META)?.insert(FORMAT_KEY, STORE_FORMAT)?;
+        record_format(&txn)?;
     }
     txn.open_table(RUNS)?;
-    txn.open_table(JOURNAL)?;
-    txn.open_table(STEPS)?;
-    txn.open_table(FAILURES)?;
+    txn.open_table(LOG)?;
     txn.open_table(STATUS)?;
     txn.open_table(SCHEMAS)?;
     txn.open_table(INBOX)?;
@@ -144,13 +168,13 @@ pub(super) fn ensure_tables(db: &Database) -> std::result::Result<(), NotOpened>
 
 /// The tables of one write transaction, each opened on its first use: redb does work for
 /// every open table at the open and again at the commit (about 7 000 instructions per table),
-/// and most writes touch two or three of the eleven.
+/// and most writes touch two or three of the thirteen.
 pub(super) struct Tables<'t> {
     txn: &'t redb::WriteTransaction,
+    /// The global sequence of the next entry appended to the log, once read.
+    next: Option<u64>,
     runs: Lazy<'t, &'static str, &'static [u8]>,
-    journal: Lazy<'t, (&'static str, u64), &'static [u8]>,
-    steps: Lazy<'t, StepKey, &'static [u8]>,
-    failures: Lazy<'t, FailureKey, &'static [u8]>,
+    log: Lazy<'t, u64, &'static [u8]>,
     status: Lazy<'t, (u8, &'static str, &'static str), ()>,
     schemas: Lazy<'t, &'static str, &'static str>,
     inbox: Lazy<'t, (&'static str, u64), &'static [u8]>,
@@ -165,8 +189,6 @@ pub(super) struct Tables<'t> {
 
 /// A table of [`Tables`]: `None` until first used.
 type Lazy<'t, K, V> = Option<redb::Table<'t, K, V>>;
-type StepKey = (&'static str, u64, &'static str, u32);
-type FailureKey = (&'static str, u64, u32, u32);
 type AttributeIndexKey = (&'static str, &'static [u8], &'static str);
 
 /// One accessor per table of [`Tables`], named after it, that opens it on first use.
@@ -174,7 +196,7 @@ macro_rules! table_accessors {
     ($($name:ident: $def:ident => ($k:ty, $v:ty);)*) => {
         impl<'t> Tables<'t> {
             pub(super) fn new(txn: &'t redb::WriteTransaction) -> Self {
-                Tables { txn, $($name: None),* }
+                Tables { txn, next: None, $($name: None),* }
             }
 
             $(
@@ -194,9 +216,7 @@ macro_rules! table_accessors {
 
 table_accessors! {
     runs: RUNS => (&'static str, &'static [u8]);
-    journal: JOURNAL => ((&'static str, u64), &'static [u8]);
-    steps: STEPS => (StepKey, &'static [u8]);
-    failures: FAILURES => (FailureKey, &'static [u8]);
+    log: LOG => (u64, &'static [u8]);
     status: STATUS => ((u8, &'static str, &'static str), ());
     schemas: SCHEMAS => (&'static str, &'static str);
     inbox: INBOX => ((&'static str, u64), &'static [u8]);
@@ -207,6 +227,21 @@ table_accessors! {
     attribute_index: ATTRIBUTE_INDEX => (AttributeIndexKey, ());
     children: CHILDREN => ((&'static str, &'static str), ());
     schedules: SCHEDULES => (&'static str, &'static [u8]);
+}
+
+impl Tables<'_> {
+    /// Takes the global sequence of the next entry of the log: one more than the last
+    /// key's the first time, then one more than the one taken before.
+    pub(super) fn take_sequence(&mut self) -> std::result::Result<u64, LogError> {
+        let next = match self.next {
+            Some(next) => next,
+            None => next_sequence(self.log()?)?,
+        };
+        self.next = Some(next.checked_add(1).ok_or_else(|| {
+            LogError::Damaged("the log's sequence numbers are used up".to_owned())
+        })?);
+        Ok(next)
+    }
 }
 
 /// A string above every valid event name, idempotency key or run id (at most 256 bytes): 65
