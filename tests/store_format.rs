@@ -377,6 +377,36 @@ async fn an_upgraded_store_reads_as_format_1_did_and_its_waiting_run_ends() {
     };
     assert_eq!(of_a(&after), of_a(&expected()));
     rt.shutdown().await;
+    drop(rt);
+    // Every step in one walk (what `loops history` reads) is every seq's steps, in order.
+    let store = loops::RedbStore::open_read_only(&path).unwrap();
+    for run in RUNS {
+        let seqs = store.history(run).unwrap().into_iter().map(|t| t.seq);
+        let mut each = Vec::new();
+        for seq in seqs {
+            for (name, occurrence, record) in store.steps(run, seq).unwrap() {
+                each.push((seq, name, occurrence, record.output.get().to_owned()));
+            }
+        }
+        let walked: Vec<_> = store
+            .all_steps(run)
+            .unwrap()
+            .into_iter()
+            .map(|(seq, name, occurrence, record)| {
+                (seq, name, occurrence, record.output.get().to_owned())
+            })
+            .collect();
+        assert_eq!(walked, each, "run {run}");
+    }
+    assert_eq!(
+        store
+            .all_steps("b")
+            .unwrap()
+            .iter()
+            .filter(|s| s.0 == 2)
+            .count(),
+        2
+    );
 }
 
 #[test]

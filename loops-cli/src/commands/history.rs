@@ -87,14 +87,18 @@ pub fn gather(store: &dyn Operator, run_id: &str) -> Result<(RunInfo, HistoryVie
     for (seq, record) in store.failures(run_id)? {
         failures.entry(seq).or_default().push(record.into());
     }
+    let history = store.history(run_id)?;
+    let mut steps_at: BTreeMap<u64, Vec<StepView>> = BTreeMap::new();
+    for (seq, name, occurrence, r) in store.all_steps(run_id, &history)? {
+        steps_at
+            .entry(seq)
+            .or_default()
+            .push(StepView::new(name, occurrence, r));
+    }
     let mut transitions = Vec::new();
     let mut previous: Option<u64> = None;
-    for record in store.history(run_id)? {
-        let mut steps: Vec<StepView> = store
-            .steps(run_id, record.seq)?
-            .into_iter()
-            .map(|(name, occurrence, r)| StepView::new(name, occurrence, r))
-            .collect();
+    for record in history {
+        let mut steps = steps_at.remove(&record.seq).unwrap_or_default();
         // Stored by name; shown in the order they were recorded.
         steps.sort_by_key(|s| (s.at_ms, s.attempt));
         transitions.push(TransitionView {

@@ -120,6 +120,19 @@ impl Operator for Local {
         self.wait(self.store().steps(run_id, seq))
     }
 
+    fn all_steps(
+        &self,
+        run_id: &str,
+        history: &[TransitionRecord],
+    ) -> Result<Vec<(u64, String, u32, StepRecord)>> {
+        match &self.opened {
+            Opened::ReadOnly(store) => store
+                .all_steps(run_id)
+                .map_err(|e| core_failure(&self.label, e)),
+            Opened::Runtime(_) => super::steps_of_each_seq(self, run_id, history),
+        }
+    }
+
     fn failures(&self, run_id: &str) -> Result<Vec<(u64, FailureRecord)>> {
         self.wait(self.store().failures(run_id))
     }

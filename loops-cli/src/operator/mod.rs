@@ -55,6 +55,17 @@ pub trait Operator {
     /// The step records of the run's state at `seq`, as `(name, occurrence, record)`.
     fn steps(&self, run_id: &str, seq: u64) -> Result<Vec<(String, u32, StepRecord)>>;
 
+    /// The step records of every seq of the run (those of `history`), as `(seq, name,
+    /// occurrence, record)`, by seq. By default [`steps`](Self::steps) for each seq; a redb
+    /// file read here answers in one walk of the run's records.
+    fn all_steps(
+        &self,
+        run_id: &str,
+        history: &[TransitionRecord],
+    ) -> Result<Vec<(u64, String, u32, StepRecord)>> {
+        steps_of_each_seq(self, run_id, history)
+    }
+
     /// Every failed attempt of the run, as `(seq, record)`.
     fn failures(&self, run_id: &str) -> Result<Vec<(u64, FailureRecord)>>;
 
@@ -130,6 +141,20 @@ pub enum Taker {
     /// A store shared by workers: one that serves the run's workflow takes it when it next
     /// claims ready runs.
     Workers,
+}
+
+/// [`Operator::all_steps`] by [`Operator::steps`] for each seq of `history`.
+pub fn steps_of_each_seq(
+    store: &(impl Operator + ?Sized),
+    run_id: &str,
+    history: &[TransitionRecord],
+) -> Result<Vec<(u64, String, u32, StepRecord)>> {
+    let mut out = Vec::new();
+    for record in history {
+        let steps = store.steps(run_id, record.seq)?;
+        out.extend(steps.into_iter().map(|(n, o, r)| (record.seq, n, o, r)));
+    }
+    Ok(out)
 }
 
 /// The failure of an operation on run `run_id`'s store `label`, from loops' error: no such

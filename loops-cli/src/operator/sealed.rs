@@ -138,6 +138,19 @@ impl Operator for Unsealing {
         Ok(steps)
     }
 
+    fn all_steps(
+        &self,
+        run_id: &str,
+        history: &[TransitionRecord],
+    ) -> Result<Vec<(u64, String, u32, StepRecord)>> {
+        let mut steps = self.inner.all_steps(run_id, history)?;
+        for (seq, name, occurrence, record) in &mut steps {
+            self.payloads
+                .open_step(run_id, *seq, name, *occurrence, record)?;
+        }
+        Ok(steps)
+    }
+
     fn failures(&self, run_id: &str) -> Result<Vec<(u64, FailureRecord)>> {
         let mut failures = self.inner.failures(run_id)?;
         for (seq, record) in &mut failures {

@@ -139,42 +139,77 @@ impl RedbStore {
     /// # Errors
     /// [`Error::Storage`] on a read error; [`Error::Decode`] if a record is unreadable.
     pub fn steps(&self, run_id: &str, seq: u64) -> Result<Vec<(String, u32, StepRecord)>> {
-        self.read(
+        let steps = self.steps_where(
             || format!("reading the steps of run `{run_id}` seq {seq}"),
-            |txn| {
-                let runs = txn.open_table(RUNS)?;
-                let Some(head) = read_head(&runs, run_id)? else {
-                    return Ok(Vec::new());
-                };
-                let log = txn.open_table(LOG)?;
-                let mut found = Vec::new();
-                log::walk(&log, run_id, head.last_entry, Chain::All, |_, entry| {
-                    if let Kind::Step { name, occurrence } = entry.kind
-                        && entry.seq == seq
-                    {
-                        found.push((name.to_owned(), occurrence, entry.record.to_vec()));
-                    }
-                    entry.seq >= seq
-                })?;
-                found.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
-                let mut out = Vec::with_capacity(found.len());
-                for (name, occurrence, bytes) in found {
-                    let record: StepRecord =
-                        serde_json::from_slice(&bytes).map_err(|source| Error::Decode {
-                            run_id: run_id.to_owned(),
-                            record: RecordKind::Step {
-                                name: name.clone(),
-                                occurrence,
-                            },
-                            seq,
-                            state: String::new(),
-                            source,
-                        })?;
-                    out.push((name, occurrence, record));
-                }
-                Ok(out)
-            },
+            run_id,
+            Some(seq),
+        )?;
+        Ok(steps.into_iter().map(|(_, n, o, r)| (n, o, r)).collect())
+    }
+
+    /// Every step record of the run, of every seq, as `(seq, name, occurrence, record)`, by
+    /// seq, then name and occurrence: one walk of the run's entries, for a reader that shows
+    /// the whole history (calling [`steps`](Self::steps) for each seq walks the newer entries
+    /// again for each).
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on a read error; [`Error::Decode`] if a record is unreadable.
+    pub fn all_steps(&self, run_id: &str) -> Result<Vec<(u64, String, u32, StepRecord)>> {
+        self.steps_where(
+            || format!("reading the steps of run `{run_id}`"),
+            run_id,
+            None,
         )
+    }
+
+    /// The run's step records of seq `only` (walking its entries back from the newest until
+    /// they pass it), or of every seq if `None`; by seq, then name and occurrence.
+    fn steps_where(
+        &self,
+        action: impl Fn() -> String,
+        run_id: &str,
+        only: Option<u64>,
+    ) -> Result<Vec<(u64, String, u32, StepRecord)>> {
+        let from = only.unwrap_or(0);
+        let only = |seq: u64| only.is_none_or(|only| seq == only);
+        self.read(action, |txn| {
+            let runs = txn.open_table(RUNS)?;
+            let Some(head) = read_head(&runs, run_id)? else {
+                return Ok(Vec::new());
+            };
+            let log = txn.open_table(LOG)?;
+            let mut found = Vec::new();
+            log::walk(&log, run_id, head.last_entry, Chain::All, |_, entry| {
+                if let Kind::Step { name, occurrence } = entry.kind
+                    && only(entry.seq)
+                {
+                    found.push((
+                        entry.seq,
+                        name.to_owned(),
+                        occurrence,
+                        entry.record.to_vec(),
+                    ));
+                }
+                entry.seq >= from
+            })?;
+            found.sort_by(|a, b| (a.0, &a.1, a.2).cmp(&(b.0, &b.1, b.2)));
+            let mut out = Vec::with_capacity(found.len());
+            for (seq, name, occurrence, bytes) in found {
+                let record: StepRecord =
+                    serde_json::from_slice(&bytes).map_err(|source| Error::Decode {
+                        run_id: run_id.to_owned(),
+                        record: RecordKind::Step {
+                            name: name.clone(),
+                            occurrence,
+                        },
+                        seq,
+                        state: String::new(),
+                        source,
+                    })?;
+                out.push((seq, name, occurrence, record));
+            }
+            Ok(out)
+        })
     }
 
     /// Every failed attempt of the run, as `(seq, record)`, by seq, attempt and order: its
