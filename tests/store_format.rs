@@ -428,21 +428,26 @@ fn upgrading_twice_says_there_is_nothing_to_do() {
 fn an_upgrade_refused_leaves_the_store_of_format_1_as_it_was() {
     let (dir, path) = fixture_copy();
     let original = std::fs::read(&path).unwrap();
-    // A backup from before: refused, nothing done.
+    // A backup from before (as an upgrade interrupted after its copy leaves): kept as it
+    // is; this upgrade's backup takes the next name.
     let backup = dir.path().join("store.redb.format-1.bak");
     std::fs::write(&backup, b"an earlier backup").unwrap();
-    match loops::RedbStore::upgrade(&path) {
-        Err(e @ Error::Open { .. }) => assert_eq!(
-            e.to_string(),
-            format!(
-                "cannot open store {}: its backup {} exists already (from an earlier upgrade?): move it away, then upgrade again",
-                path.display(),
-                backup.display()
-            )
-        ),
-        other => panic!("{other:?}"),
+    {
+        let (dir, path) = fixture_copy();
+        let earlier = dir.path().join("store.redb.format-1.bak");
+        std::fs::write(&earlier, b"an earlier backup").unwrap();
+        let next = dir.path().join("store.redb.format-1.bak.1");
+        match loops::RedbStore::upgrade(&path).unwrap() {
+            loops::Upgraded::Converted { backup, .. } => assert_eq!(backup, next),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(std::fs::read(&earlier).unwrap(), b"an earlier backup");
+        assert!(
+            std::fs::read(&next).unwrap() == original,
+            "the file as it was"
+        );
+        assert!(!dir.path().join("store.redb.format-1.bak.tmp").exists());
     }
-    assert_eq!(std::fs::read(&backup).unwrap(), b"an earlier backup");
     assert!(std::fs::read(&path).unwrap() == original, "nothing written");
     refused_as_format_1(&path);
     std::fs::remove_file(&backup).unwrap();

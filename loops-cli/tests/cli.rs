@@ -3162,14 +3162,21 @@ fn upgrade_converts_a_store_of_format_1_and_keeps_a_backup() {
             "{} has format 2 already: nothing to do\n",
             path.display()
         ));
-    // A second copy of format 1 beside a backup: refused, exit 1.
+    // A second copy of format 1 beside a backup (as after an upgrade interrupted after its
+    // copy): the backup is kept, the new one takes the next name.
     std::fs::copy(&format_1, &path).unwrap();
+    let next = dir.path().join("store.redb.format-1.bak.1");
     loops(&path)
         .arg("upgrade")
         .arg(&path)
         .assert()
-        .code(1)
-        .stderr(predicate::str::contains("exists already"));
+        .success()
+        .stdout(predicate::str::contains(format!(
+            "backup of the file as it was: {}",
+            next.display()
+        )));
+    assert!(std::fs::read(&backup).unwrap() == std::fs::read(&format_1).unwrap());
+    assert!(std::fs::read(&next).unwrap() == std::fs::read(&format_1).unwrap());
     loops(&path)
         .arg("upgrade")
         .arg(dir.path().join("missing.redb"))

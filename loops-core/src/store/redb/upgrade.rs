@@ -45,16 +45,25 @@ pub enum Upgraded {
     },
 }
 
-/// The path of the backup [`RedbStore::upgrade`] makes of `path`: `<path>.format-1.bak`.
-pub(crate) fn backup_path(path: &Path) -> PathBuf {
+/// The name of the backup [`RedbStore::upgrade`] makes of `path`: `<path>.format-1.bak`,
+/// followed by `.N` for the `n`-th (from 1) when the names before it are taken.
+pub(crate) fn backup_path(path: &Path, n: u32) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
     name.push(format!(".format-{FROM}.bak"));
+    if n > 0 {
+        name.push(format!(".{n}"));
+    }
     PathBuf::from(name)
 }
 
+/// How many backup names [`back_up`] tries before it gives up.
+const BACKUP_NAMES: u32 = 100;
+
 impl RedbStore {
     /// Converts the store file at `path` from format 1 to this build's format
-    /// ([`STORE_FORMAT`]): copies it to `<path>.format-1.bak` first, then moves every
+    /// ([`STORE_FORMAT`]): copies it to `<path>.format-1.bak` first (or, if that name is
+    /// taken, as by the backup of an upgrade that was interrupted, `<path>.format-1.bak.1`,
+    /// `.2`, ...: a backup is never overwritten), then moves every
     /// transition, step and failure record to the log in one write transaction, so that a
     /// crash leaves the file of format 1 as it was. `loops upgrade PATH` calls it.
     ///
@@ -65,8 +74,8 @@ impl RedbStore {
     /// # Errors
     /// - [`Error::StoreLocked`] if the file is open in this or another process;
     /// - [`Error::StoreFormat`] if it has a format this build neither reads nor converts;
-    /// - [`Error::Open`] if it does not exist, is not a loops store, or its backup exists
-    ///   already (nothing is done then);
+    /// - [`Error::Open`] if it does not exist, is not a loops store, or cannot be copied
+    ///   (nothing is done then);
     /// - [`Error::Storage`] if redb fails, or if the file is damaged (nothing is converted).
     pub fn upgrade(path: impl AsRef<Path>) -> Result<Upgraded> {
         let path = path.as_ref().to_path_buf();
@@ -110,18 +119,8 @@ impl RedbStore {
             }
             None => return Err(open_err("not a loops store (it has no runs table)".into())),
         }
-        let backup = backup_path(&path);
-        copy_new(&path, &backup).map_err(|e| {
-            open_err(if e.kind() == std::io::ErrorKind::AlreadyExists {
-                format!(
-                    "its backup {} exists already (from an earlier upgrade?): move it away, then upgrade again",
-                    backup.display()
-                )
-                .into()
-            } else {
-                format!("copying it to {}: {e}", backup.display()).into()
-            })
-        })?;
+        let backup = back_up(&path)
+            .map_err(|e| open_err(format!("copying it to a backup beside it: {e}").into()))?;
         drop(held);
         let db = open_writable(&path)?;
         let txn = db
@@ -154,19 +153,50 @@ fn open_writable(path: &Path) -> Result<Database> {
     })
 }
 
-/// Copies `from` to `to`, which must not exist, and syncs the copy.
-fn copy_new(from: &Path, to: &Path) -> std::io::Result<()> {
+/// Copies `from` to a backup beside it under the first of its [backup names](backup_path)
+/// that is free, and returns that name. The copy is written and synced under a temporary
+/// name, then linked to the backup's name (which fails if the name exists): a crash never
+/// leaves a partial copy under a backup's name, and no backup is overwritten.
+fn back_up(from: &Path) -> std::io::Result<PathBuf> {
+    let mut tmp = backup_path(from, 0).into_os_string();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
     let mut source = std::fs::File::open(from)?;
     let mut options = std::fs::OpenOptions::new();
-    options.write(true).create_new(true);
+    options.write(true).create(true).truncate(true);
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    let mut target = options.open(to)?;
-    let copied = std::io::copy(&mut source, &mut target).and_then(|_| target.sync_all());
-    if copied.is_err() {
-        let _ = std::fs::remove_file(to);
+    let copied = options.open(&tmp).and_then(|mut target| {
+        std::io::copy(&mut source, &mut target)?;
+        target.sync_all()
+    });
+    let linked = copied.and_then(|()| {
+        for n in 0..BACKUP_NAMES {
+            let name = backup_path(from, n);
+            match std::fs::hard_link(&tmp, &name) {
+                Ok(()) => return Ok(name),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Err(std::io::Error::other(format!(
+            "{} and the {} names after it are taken: move earlier backups away",
+            backup_path(from, 0).display(),
+            BACKUP_NAMES - 1
+        )))
+    });
+    let _ = std::fs::remove_file(&tmp);
+    let name = linked?;
+    // The link's directory entry, durable before the conversion begins.
+    if let Some(dir) = from.parent() {
+        let dir = if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        };
+        std::fs::File::open(dir)?.sync_all()?;
     }
-    copied
+    Ok(name)
 }
 
 /// One record of format 1, in the order the log gets them: by seq, the transition, then
