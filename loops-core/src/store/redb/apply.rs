@@ -264,13 +264,7 @@ fn stored_head(t: &mut Tables<'_>, run_id: &str) -> std::result::Result<Head, Ap
     let Some(row) = t.runs()?.get(run_id)? else {
         return Ok(Head::default());
     };
-    Head::split(row.value())
-        .map(|(head, _)| head)
-        .ok_or_else(|| {
-            ApplyError::Storage(redb::Error::Corrupted(format!(
-                "the row of run `{run_id}` is too short to hold its head: the file is damaged"
-            )))
-        })
+    Ok(log::split_row(run_id, row.value())?.0)
 }
 
 /// A record of the plan as a log entry's seq, kind and record bytes.
@@ -466,11 +460,7 @@ fn delete_run(t: &mut Tables<'_>, info: &RunInfo) -> std::result::Result<(), App
     }
     let row = t.runs()?.remove(id)?.map(|row| row.value().to_vec());
     if let Some(row) = row {
-        let (head, _) = Head::split(&row).ok_or_else(|| {
-            ApplyError::Storage(redb::Error::Corrupted(format!(
-                "the row of run `{id}` is too short to hold its head: the file is damaged"
-            )))
-        })?;
+        let (head, _) = log::split_row(id, &row)?;
         for at in log::chain_of(&*t.log()?, id, head).map_err(failed)? {
             t.log()?.remove(at)?;
         }

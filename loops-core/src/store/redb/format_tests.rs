@@ -33,6 +33,31 @@ fn record(path: &std::path::Path, format: Option<u64>) {
     txn.commit().unwrap();
 }
 
+/// Asserts that opening `path`, writable and read-only, is refused as a store of format
+/// `found`, with the message `expected`.
+fn refused_both_ways(path: &std::path::Path, found: u64, expected: &str) {
+    for read_only in [false, true] {
+        let opened = if read_only {
+            RedbStore::open_read_only(path)
+        } else {
+            RedbStore::open(path)
+        };
+        match opened {
+            Err(
+                e @ Error::StoreFormat {
+                    found: f,
+                    supported: 2,
+                    ..
+                },
+            ) if f == found => {
+                assert_eq!(e.to_string(), expected);
+            }
+            Err(other) => panic!("read-only {read_only}: {other}"),
+            Ok(_) => panic!("read-only {read_only}: opened a store of format {found}"),
+        }
+    }
+}
+
 #[test]
 fn a_new_store_records_its_format() {
     let dir = tempfile::tempdir().unwrap();
@@ -53,24 +78,7 @@ fn a_store_made_before_the_format_was_recorded_is_format_1_and_refused() {
         "store {0} has format 1, which this build does not read (it reads format 2): run `loops upgrade {0}` to convert it to format 2 (it keeps a backup)",
         path.display()
     );
-    for read_only in [false, true] {
-        let opened = if read_only {
-            RedbStore::open_read_only(&path)
-        } else {
-            RedbStore::open(&path)
-        };
-        match opened {
-            Err(
-                e @ Error::StoreFormat {
-                    found: 1,
-                    supported: 2,
-                    ..
-                },
-            ) => assert_eq!(e.to_string(), expected),
-            Err(other) => panic!("read-only {read_only}: {other}"),
-            Ok(_) => panic!("read-only {read_only}: opened a store of format 1"),
-        }
-    }
+    refused_both_ways(&path, 1, &expected);
     // Nothing was recorded.
     assert_eq!(recorded(&path), None);
 }
@@ -85,26 +93,7 @@ fn a_store_of_a_newer_format_is_refused_and_left_as_it_is() {
         "store {} has format 3, written by a newer loops; this build reads format 2 only: open it with a loops that reads format 3",
         path.display()
     );
-    for read_only in [false, true] {
-        let opened = if read_only {
-            RedbStore::open_read_only(&path)
-        } else {
-            RedbStore::open(&path)
-        };
-        match opened {
-            Err(
-                e @ Error::StoreFormat {
-                    found: 3,
-                    supported: 2,
-                    ..
-                },
-            ) => {
-                assert_eq!(e.to_string(), expected);
-            }
-            Err(other) => panic!("read-only {read_only}: {other}"),
-            Ok(_) => panic!("read-only {read_only}: opened a store of format 3"),
-        }
-    }
+    refused_both_ways(&path, 3, &expected);
     // Nothing of loops was written to it (redb's own open marks its header, as any
     // writable open does): it still records format 3.
     assert_eq!(recorded(&path), Some(3));

@@ -87,15 +87,21 @@ impl Head {
 /// [`Error::Storage`](crate::Error::Storage) (a damaged file) if the row is too short to
 /// hold a head; [`Error::Decode`](crate::Error::Decode) if the rest is not a row.
 pub(crate) fn decode_row(run_id: &str, row: &[u8]) -> crate::Result<(Head, crate::RunInfo)> {
-    let (head, info) = Head::split(row).ok_or_else(|| {
-        crate::Error::storage(
-            format!("reading run `{run_id}`"),
-            redb::Error::Corrupted(format!(
-                "the row of run `{run_id}` is too short to hold its head: the file is damaged"
-            )),
-        )
-    })?;
+    let (head, info) = split_row(run_id, row)
+        .map_err(|e| crate::Error::storage(format!("reading run `{run_id}`"), e))?;
     Ok((head, crate::RunInfo::decode(run_id, info)?))
+}
+
+/// The stored row of `run_id` as its head and its [`RunInfo`](crate::RunInfo) bytes.
+///
+/// # Errors
+/// [`redb::Error::Corrupted`] (a damaged file) if the row is too short to hold a head.
+pub(crate) fn split_row<'a>(run_id: &str, row: &'a [u8]) -> Result<(Head, &'a [u8]), redb::Error> {
+    Head::split(row).ok_or_else(|| {
+        redb::Error::Corrupted(format!(
+            "the row of run `{run_id}` is too short to hold its head: the file is damaged"
+        ))
+    })
 }
 
 /// What a log entry records.

@@ -105,26 +105,15 @@ impl RedbStore {
         self.read(
             || format!("reading the history of run `{run_id}`"),
             |txn| {
-                let runs = txn.open_table(RUNS)?;
-                let Some(head) = read_head(&runs, run_id)? else {
-                    return Ok(Vec::new());
-                };
-                let log = txn.open_table(LOG)?;
                 let mut out = Vec::new();
                 let mut decoded = Ok(());
-                log::walk(
-                    &log,
-                    run_id,
-                    head.last_transition,
-                    Chain::Transitions,
-                    |_, entry| {
-                        match TransitionRecord::from_stored(run_id, entry.seq, entry.record) {
-                            Ok(record) => out.push(record),
-                            Err(e) => decoded = Err(e),
-                        }
-                        decoded.is_ok()
-                    },
-                )?;
+                walk_run(txn, run_id, Chain::Transitions, |entry| {
+                    match TransitionRecord::from_stored(run_id, entry.seq, entry.record) {
+                        Ok(record) => out.push(record),
+                        Err(e) => decoded = Err(e),
+                    }
+                    decoded.is_ok()
+                })?;
                 decoded?;
                 out.reverse();
                 Ok(out)
@@ -173,13 +162,8 @@ impl RedbStore {
         let from = only.unwrap_or(0);
         let only = |seq: u64| only.is_none_or(|only| seq == only);
         self.read(action, |txn| {
-            let runs = txn.open_table(RUNS)?;
-            let Some(head) = read_head(&runs, run_id)? else {
-                return Ok(Vec::new());
-            };
-            let log = txn.open_table(LOG)?;
             let mut found = Vec::new();
-            log::walk(&log, run_id, head.last_entry, Chain::All, |_, entry| {
+            walk_run(txn, run_id, Chain::All, |entry| {
                 if let Kind::Step { name, occurrence } = entry.kind
                     && only(entry.seq)
                 {
@@ -221,13 +205,8 @@ impl RedbStore {
         self.read(
             || format!("reading the failures of run `{run_id}`"),
             |txn| {
-                let runs = txn.open_table(RUNS)?;
-                let Some(head) = read_head(&runs, run_id)? else {
-                    return Ok(Vec::new());
-                };
-                let log = txn.open_table(LOG)?;
                 let mut found = Vec::new();
-                log::walk(&log, run_id, head.last_entry, Chain::All, |_, entry| {
+                walk_run(txn, run_id, Chain::All, |entry| {
                     if let Kind::Failure { attempt, index } = entry.kind {
                         found.push(((entry.seq, attempt, index), entry.record.to_vec()));
                     }
@@ -727,6 +706,28 @@ fn read_row(
 }
 
 /// The run's head, if it has a row (the rest of the row is not decoded).
+/// Calls `each` with the entries of run `run_id` along `chain`, newest first, from the
+/// head of its row, until `each` answers `false` or the chain ends; nothing for a run that
+/// does not exist.
+fn walk_run(
+    txn: &redb::ReadTransaction,
+    run_id: &str,
+    chain: Chain,
+    mut each: impl FnMut(&log::Entry<'_>) -> bool,
+) -> std::result::Result<(), ReadError> {
+    let runs = txn.open_table(RUNS)?;
+    let Some(head) = read_head(&runs, run_id)? else {
+        return Ok(());
+    };
+    let from = match chain {
+        Chain::All => head.last_entry,
+        Chain::Transitions => head.last_transition,
+    };
+    let log = txn.open_table(LOG)?;
+    log::walk(&log, run_id, from, chain, |_, entry| each(entry))?;
+    Ok(())
+}
+
 fn read_head(
     runs: &impl ReadableTable<&'static str, &'static [u8]>,
     run_id: &str,
@@ -739,9 +740,5 @@ fn read_head(
 
 /// A stored row as its head and its [`RunInfo`] bytes.
 fn split_row<'a>(run_id: &str, row: &'a [u8]) -> std::result::Result<(Head, &'a [u8]), ReadError> {
-    Head::split(row).ok_or_else(|| {
-        ReadError::Storage(redb::Error::Corrupted(format!(
-            "the row of run `{run_id}` is too short to hold its head: the file is damaged"
-        )))
-    })
+    log::split_row(run_id, row).map_err(ReadError::Storage)
 }
