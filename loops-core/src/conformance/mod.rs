@@ -123,7 +123,9 @@ pub enum Case {
     /// `steps_are_immutable`: a step is recorded once per (name, occurrence) (again is
     /// [`StepExists`](crate::Error::StepExists)), and read back by name, then occurrence; a
     /// step of a state the run has left is fenced and adds nothing; a step of an unknown run
-    /// is `RunNotFound`.
+    /// is `RunNotFound`. In a state of 121 steps (failures between them), every key is
+    /// refused again, newest, oldest or between, also when copies come at once; the next
+    /// state's keys, and those of a run id pruned and created again, start afresh.
     StepsAreImmutable,
     /// `failures_and_attempts`: a failure keeps its record, sets the row's error and retry
     /// time, and is fenced at a seq the run is not at; beginning an attempt counts attempts,

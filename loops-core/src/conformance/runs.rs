@@ -4,7 +4,7 @@
 use crate::error::Error;
 use crate::record::FailureSource;
 use crate::schema::SchemaHash;
-use crate::store::{AfterFailure, Lease, Reply, RunCount, RunInfo, RunStatus};
+use crate::store::{AfterFailure, Lease, Reply, RunCount, RunInfo, RunStatus, Store};
 
 use super::factory::Factory;
 use super::support::{
@@ -243,6 +243,101 @@ pub(super) async fn steps_are_immutable(f: &dyn Factory) {
         step(store, &l2, "nope", 0, "a", 0).await,
         Err(Error::RunNotFound { .. })
     ));
+    many_steps_in_one_state(store, &l).await;
+}
+
+/// A state of many steps (as an agent's loop of tool calls records): every key recorded is
+/// refused again, whether it is the newest, the oldest or between, whether failures came
+/// between them, and whether the copies come in one commit; the next state's keys start
+/// afresh. `l`: the lease of run `r`, at seq 1.
+async fn many_steps_in_one_state(store: &dyn Store, l: &Lease) {
+    const STEPS: u32 = 120;
+    let refused = |result: Result<Reply, Error>, name: &str, occurrence: u32| match result {
+        Err(Error::StepExists {
+            step: s,
+            occurrence: o,
+            seq: 1,
+            ..
+        }) if s == name && o == occurrence => {}
+        other => panic!("step {name}#{occurrence} again: expected StepExists, got {other:?}"),
+    };
+    for i in 0..STEPS {
+        let (name, occurrence) = (format!("s{}", i / 2), i % 2);
+        assert!(matches!(
+            step(store, l, "r", 1, &name, occurrence).await,
+            Ok(Reply::Done)
+        ));
+        refused(
+            step(store, l, "r", 1, &name, occurrence).await,
+            &name,
+            occurrence,
+        );
+        refused(step(store, l, "r", 1, "s0", 0).await, "s0", 0);
+        let middle = i / 2;
+        let name = format!("s{}", middle / 2);
+        refused(
+            step(store, l, "r", 1, &name, middle % 2).await,
+            &name,
+            middle % 2,
+        );
+        if i % 40 == 7 {
+            fail(
+                store,
+                l,
+                1,
+                failure(1, "a tool failed"),
+                AfterFailure::Nothing,
+            )
+            .await
+            .unwrap();
+        }
+    }
+    // A new key and a copy of it, and copies of old keys, at once: one of the new two is
+    // recorded, every other is refused.
+    let news = [("t", 0), ("t", 0), ("s3", 1), ("s59", 0)]
+        .map(|(name, occurrence)| async move { step(store, l, "r", 1, name, occurrence).await });
+    let answers = futures_util::future::join_all(news).await;
+    let recorded = answers
+        .iter()
+        .filter(|a| matches!(a, Ok(Reply::Done)))
+        .count();
+    assert_eq!(recorded, 1, "{answers:?}");
+    for answer in answers.into_iter().filter(Result::is_err) {
+        assert!(
+            matches!(answer, Err(Error::StepExists { .. })),
+            "{answer:?}"
+        );
+    }
+    let count = STEPS as usize + 1;
+    assert_eq!(store.steps("r", 1).await.unwrap().len(), count);
+    refused(step(store, l, "r", 1, "t", 0).await, "t", 0);
+    // The next state: its keys are its own.
+    transition(store, l, "r", 2, false).await.unwrap();
+    for occurrence in 0..20 {
+        assert!(matches!(
+            step(store, l, "r", 2, "s0", occurrence).await,
+            Ok(Reply::Done)
+        ));
+    }
+    assert!(matches!(
+        step(store, l, "r", 2, "s0", 0).await,
+        Err(Error::StepExists { seq: 2, .. })
+    ));
+    assert_eq!(store.steps("r", 1).await.unwrap().len(), count);
+    assert_eq!(store.steps("r", 2).await.unwrap().len(), 20);
+    // Ended, pruned and created again, the run id's steps start afresh.
+    transition(store, l, "r", 3, true).await.unwrap();
+    store.release(l).await.unwrap();
+    let pruned = store.write(None, writes::prune(&["r"])).await.unwrap();
+    assert!(matches!(pruned, Reply::Pruned { .. }), "{pruned:?}");
+    let l = create(store, "r").await;
+    for occurrence in 0..20 {
+        assert!(matches!(
+            step(store, &l, "r", 0, "s0", occurrence).await,
+            Ok(Reply::Done)
+        ));
+    }
+    assert_eq!(store.steps("r", 0).await.unwrap().len(), 20);
 }
 
 pub(super) async fn failures_and_attempts(f: &dyn Factory) {

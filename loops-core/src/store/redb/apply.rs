@@ -131,10 +131,12 @@ fn record_taken(
             seq,
             name,
             occurrence,
-        } => log::walk(&*t.log()?, id, head.last_entry, Chain::All, |_, entry| {
-            taken = entry.seq == seq && entry.kind == Kind::Step { name, occurrence };
-            !taken && entry.seq >= seq
-        }),
+        } => {
+            let step_keys = t.step_keys;
+            step_keys
+                .taken(&*t.log()?, id, head.last_entry, (seq, name, occurrence))
+                .map(|found| taken = found)
+        }
     };
     walked.map_err(refused(id))?;
     Ok(taken)
@@ -459,6 +461,7 @@ fn delete_run(t: &mut Tables<'_>, info: &RunInfo) -> std::result::Result<(), App
             .remove((key.as_str(), value.as_slice(), id))?;
     }
     let row = t.runs()?.remove(id)?.map(|row| row.value().to_vec());
+    t.step_keys.forget(id);
     if let Some(row) = row {
         let (head, _) = log::split_row(id, &row)?;
         for at in log::chain_of(&*t.log()?, id, head).map_err(failed)? {

@@ -8,6 +8,7 @@ use redb::Database;
 use tokio::sync::{mpsc, oneshot};
 
 use super::apply::{Applied, ApplyError, apply};
+use super::step_keys::StepKeys;
 use super::tables::Tables;
 use super::{Db, Leases, Mode, Opener, Queue, RedbStore, Request, corrupted};
 use crate::error::{Error, Result};
@@ -132,8 +133,15 @@ impl RedbStore {
             }
             writes.extend(pending.iter().map(|r| (&r.write, r.lease.as_ref())));
             crate::metrics::commit_batch(STORE_LABEL, writes.len());
-            let mut results =
-                commit_writes(&inner.db, opener, &inner.path, &inner.leases, writes).into_iter();
+            let mut results = commit_writes(
+                &inner.db,
+                opener,
+                &inner.path,
+                &inner.leases,
+                &inner.step_keys,
+                writes,
+            )
+            .into_iter();
             if own.take().is_some() {
                 own_result = results.next().unwrap_or(Err(Error::Closed));
             }
@@ -172,6 +180,7 @@ impl RedbStore {
             opener,
             &self.inner.path,
             &self.inner.leases,
+            &self.inner.step_keys,
             left.iter().map(|r| (&r.write, r.lease.as_ref())).collect(),
         );
         for (request, result) in left.into_iter().zip(results) {
@@ -202,6 +211,7 @@ pub(super) fn writer_loop(
     path: &Path,
     queue: &Mutex<Queue>,
     leases: &Leases,
+    step_keys: &StepKeys,
     mut rx: mpsc::Receiver<Request>,
 ) {
     let mut batch: Vec<Request> = Vec::with_capacity(MAX_BATCH);
@@ -218,6 +228,7 @@ pub(super) fn writer_loop(
             opener,
             path,
             leases,
+            step_keys,
             batch.iter().map(|r| (&r.write, r.lease.as_ref())).collect(),
         );
         let mut size = batch.len();
@@ -237,6 +248,7 @@ fn commit_writes(
     opener: &Opener,
     path: &Path,
     leases: &Leases,
+    step_keys: &StepKeys,
     writes: Vec<Leased<'_>>,
 ) -> Vec<Result<Reply>> {
     let n = writes.len();
@@ -244,21 +256,22 @@ fn commit_writes(
     let (results, storage_failed) = {
         let guard = db.read().unwrap_or_else(PoisonError::into_inner);
         match (&*guard, reopened) {
-            (Db::Writable(db), _) => {
-                crate::panics::catch(|| commit_batch(db, Some(leases), writes.iter().copied()))
-                    .unwrap_or_else(|_| {
-                        let e = Arc::new(corrupted("a commit"));
-                        let results = (0..n)
-                            .map(|_| {
-                                Err(Error::Storage {
-                                    action: format!("committing {n} writes"),
-                                    cause: e.clone(),
-                                })
-                            })
-                            .collect();
-                        (results, true)
+            (Db::Writable(db), _) => crate::panics::catch(|| {
+                commit_batch(db, Some(leases), step_keys, writes.iter().copied())
+            })
+            .unwrap_or_else(|_| {
+                step_keys.forget_all();
+                let e = Arc::new(corrupted("a commit"));
+                let results = (0..n)
+                    .map(|_| {
+                        Err(Error::Storage {
+                            action: format!("committing {n} writes"),
+                            cause: e.clone(),
+                        })
                     })
-            }
+                    .collect();
+                (results, true)
+            }),
             (Db::Reopening(_), Err(e)) => (
                 (0..n)
                     .map(|_| {
@@ -342,10 +355,13 @@ pub(super) fn reopen_if_needed(
 pub(super) fn commit_batch<'a>(
     db: &Database,
     leases: Option<&Leases>,
+    step_keys: &StepKeys,
     writes: impl ExactSizeIterator<Item = Leased<'a>>,
 ) -> (Vec<Result<Reply>>, bool) {
     let n = writes.len();
     let fail_all = |action: String, e: redb::Error| -> (Vec<Result<Reply>>, bool) {
+        // The batch's log positions are taken again by the next one.
+        step_keys.forget_all();
         let shared = Arc::new(e);
         let results = (0..n)
             .map(|_| {
@@ -364,7 +380,7 @@ pub(super) fn commit_batch<'a>(
     let mut results = Vec::with_capacity(n);
     let mut wrote = false;
     let outcome: std::result::Result<(), redb::Error> = (|| {
-        let mut t = Tables::new(&txn);
+        let mut t = Tables::new(&txn, step_keys);
         for (write, lease) in writes {
             let check = lease.map(|lease| LeaseCheck {
                 lease,

@@ -49,6 +49,7 @@ mod open;
 mod read;
 #[cfg(any(test, feature = "test-util"))]
 mod seed;
+mod step_keys;
 mod tables;
 mod upgrade;
 mod verify;
@@ -70,6 +71,7 @@ use std::thread::JoinHandle;
 use redb::{Database, ReadableDatabase};
 use tokio::sync::{mpsc, oneshot};
 
+use self::step_keys::StepKeys;
 use super::protocol::{EventRecord, Reply, Write};
 use super::{BoxFuture, Lease, RunInfo, RunStatus, Store};
 use crate::error::Result;
@@ -227,6 +229,9 @@ struct Inner {
     writer: Mutex<Option<JoinHandle<()>>>,
     /// The runs' leases (shared with the writer thread, which checks them at commit).
     leases: Arc<Leases>,
+    /// The step keys of states with many steps, for the check of a new step record (shared
+    /// with the writer thread).
+    step_keys: Arc<StepKeys>,
 }
 
 impl Drop for Inner {

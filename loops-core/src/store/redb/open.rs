@@ -11,6 +11,7 @@ use redb::backends::FileBackend;
 use tokio::sync::mpsc;
 
 use super::commit::{QUEUE, writer_loop};
+use super::step_keys::StepKeys;
 use super::tables::{NotOpened, STORE_FORMAT, ensure_tables, file_format};
 use super::{Db, Inner, Leases, Opener, Queue, RedbStore, StoreOptions};
 use crate::error::{Error, Result};
@@ -190,6 +191,8 @@ impl RedbStore {
         let writer_path = path.clone();
         let leases = Arc::new(Leases::default());
         let writer_leases = Arc::clone(&leases);
+        let step_keys = Arc::new(StepKeys::default());
+        let writer_step_keys = Arc::clone(&step_keys);
         let writer = std::thread::Builder::new()
             .name("loops-writer".into())
             .spawn(move || {
@@ -199,6 +202,7 @@ impl RedbStore {
                     &writer_path,
                     &writer_queue,
                     &writer_leases,
+                    &writer_step_keys,
                     rx,
                 );
             })
@@ -212,6 +216,7 @@ impl RedbStore {
             tx: Some(tx),
             writer: Mutex::new(Some(writer)),
             leases,
+            step_keys,
         }))
     }
 
@@ -323,6 +328,7 @@ impl RedbStore {
             tx: None,
             writer: Mutex::new(None),
             leases: Arc::new(Leases::default()),
+            step_keys: Arc::new(StepKeys::default()),
         }))
     }
 }

@@ -165,7 +165,15 @@ impl RedbStore {
         let results = {
             let guard = self.inner.db.read().unwrap_or_else(PoisonError::into_inner);
             match &*guard {
-                Db::Writable(db) => commit_batch(db, None, batch.iter().map(|w| (w, None))).0,
+                Db::Writable(db) => {
+                    commit_batch(
+                        db,
+                        None,
+                        &self.inner.step_keys,
+                        batch.iter().map(|w| (w, None)),
+                    )
+                    .0
+                }
                 Db::ReadOnly(_) => {
                     return Err(Error::ReadOnly {
                         path: self.inner.path.clone(),

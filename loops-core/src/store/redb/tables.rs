@@ -3,6 +3,7 @@
 use redb::{Database, ReadableDatabase, TableDefinition, TableHandle};
 
 use super::log::{LOG, LogError, next_sequence};
+use super::step_keys::StepKeys;
 
 /// The runs' rows: run id → the run's [`Head`](super::log::Head) in the log, then its
 /// [`RunInfo`](crate::RunInfo) bytes.
@@ -171,6 +172,8 @@ pub(super) fn ensure_tables(db: &Database) -> std::result::Result<(), NotOpened>
 /// and most writes touch two or three of the thirteen.
 pub(super) struct Tables<'t> {
     txn: &'t redb::WriteTransaction,
+    /// The store's cache of step keys, for [`record_taken`](super::apply).
+    pub(super) step_keys: &'t StepKeys,
     /// The global sequence of the next entry appended to the log, once read.
     next: Option<u64>,
     runs: Lazy<'t, &'static str, &'static [u8]>,
@@ -195,8 +198,8 @@ type AttributeIndexKey = (&'static str, &'static [u8], &'static str);
 macro_rules! table_accessors {
     ($($name:ident: $def:ident => ($k:ty, $v:ty);)*) => {
         impl<'t> Tables<'t> {
-            pub(super) fn new(txn: &'t redb::WriteTransaction) -> Self {
-                Tables { txn, next: None, $($name: None),* }
+            pub(super) fn new(txn: &'t redb::WriteTransaction, step_keys: &'t StepKeys) -> Self {
+                Tables { txn, step_keys, next: None, $($name: None),* }
             }
 
             $(
