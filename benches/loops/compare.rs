@@ -22,7 +22,7 @@ use serde::Serialize;
 use crate::child;
 use crate::langgraph;
 use crate::latency::drive;
-use crate::measure::{Raw, median, process_cpu_ns};
+use crate::measure::{Layout, Raw, median, process_cpu_ns};
 use crate::report::{size, thousands};
 use crate::resume;
 use crate::sqlite::{self, Sharing, Sqlite, Workers};
@@ -536,7 +536,7 @@ fn rates(
                     slice.loops_per_s = rate;
                     cpu[0].push(c);
                 }
-                1 => slice.floor_per_s = raw_rate(&mut floor, 1, false, cfg.slice).0,
+                1 => slice.floor_per_s = raw_rate(&mut floor, Layout::ByRun, 1, false, cfg.slice).0,
                 2 => {
                     let (rate, c) = connections.rate(cfg.slice);
                     slice.sqlite_connections_per_s = rate;

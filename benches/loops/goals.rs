@@ -132,7 +132,7 @@ fn cpu(s: &mut String, r: &Report) {
     let ratio = p.loops_cpu_us / p.ceiling_cpu_us;
     let _ = writeln!(
         s,
-        "| 2. CPU per transition at 64 runs within {GOAL}x a raw record's (raw redb, 64 records and rows per commit) | {:.1} µs against {:.1} µs: {:.2}x | {} |",
+        "| 2. CPU per transition at 64 runs within {GOAL}x a raw record's (raw redb, 64 log records and rows per commit) | {:.1} µs against {:.1} µs: {:.2}x | {} |",
         p.loops_cpu_us,
         p.ceiling_cpu_us,
         ratio,

@@ -195,6 +195,16 @@ fn describe_disk(device: &str) -> String {
 
 const JOURNAL: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("journal");
 const RUNS: TableDefinition<&str, &[u8]> = TableDefinition::new("runs");
+const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("log");
+
+/// How [`Raw::commit`] lays out its records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    /// Keyed by (run id, seq), in one table per kind of record (store format 1's layout).
+    ByRun,
+    /// Appended to one log keyed by a global sequence (store format 2's layout).
+    Log,
+}
 
 /// A plain redb database written the way loops' records are keyed, with
 /// `Durability::Immediate` (redb's default): the floor a durable transition cannot beat.
@@ -203,6 +213,8 @@ pub struct Raw {
     record: Vec<u8>,
     row: Vec<u8>,
     seq: u64,
+    /// The next key of the log ([`Layout::Log`]).
+    next: u64,
 }
 
 impl Raw {
@@ -214,6 +226,7 @@ impl Raw {
             record: vec![b'x'; record_bytes],
             row: vec![b'r'; row_bytes],
             seq: 0,
+            next: 0,
         }
     }
 
@@ -221,12 +234,24 @@ impl Raw {
     /// and, with `rows`, each run's row in a second table; one Immediate commit. Returns its
     /// duration.
     pub fn commit(&mut self, runs: usize, rows: bool) -> Duration {
+        self.commit_as(Layout::ByRun, runs, rows)
+    }
+
+    /// [`commit`](Self::commit), with the records laid out as `layout` says.
+    pub fn commit_as(&mut self, layout: Layout, runs: usize, rows: bool) -> Duration {
         let started = Instant::now();
         let mut txn = self.db.begin_write().expect("begin a raw write");
         txn.set_durability(redb::Durability::Immediate)
             .expect("Immediate durability");
         {
-            let mut journal = txn.open_table(JOURNAL).expect("open journal");
+            let mut journal = match layout {
+                Layout::ByRun => Some(txn.open_table(JOURNAL).expect("open journal")),
+                Layout::Log => None,
+            };
+            let mut log = match layout {
+                Layout::ByRun => None,
+                Layout::Log => Some(txn.open_table(LOG).expect("open log")),
+            };
             let mut table = if rows {
                 Some(txn.open_table(RUNS).expect("open runs"))
             } else {
@@ -234,9 +259,16 @@ impl Raw {
             };
             for i in 0..runs {
                 let id = format!("run-{i:06}");
-                journal
-                    .insert((id.as_str(), self.seq), self.record.as_slice())
-                    .expect("insert a record");
+                if let Some(journal) = journal.as_mut() {
+                    journal
+                        .insert((id.as_str(), self.seq), self.record.as_slice())
+                        .expect("insert a record");
+                }
+                if let Some(log) = log.as_mut() {
+                    log.insert(self.next, self.record.as_slice())
+                        .expect("append a record");
+                    self.next += 1;
+                }
                 if let Some(t) = table.as_mut() {
                     t.insert(id.as_str(), self.row.as_slice())
                         .expect("insert a row");

@@ -184,8 +184,9 @@ pub fn markdown(r: &Report) -> String {
              medians over slices, ratios medians of the ratios within a slice. Floor: raw redb, \
              one record per commit (the rate of one commit per transition; redb runs one write \
              transaction at a time, so concurrency cannot raise it). Ceiling: raw redb \
-             committing N records and N rows per commit, what a perfect group commit of N runs \
-             could reach. CPU: time on CPU of all the process's threads (user and kernel: \
+             committing N records appended to one log keyed by a global sequence and N rows \
+             per commit (store format 2's layout), what a perfect group commit of N runs could \
+             reach. CPU: time on CPU of all the process's threads (user and kernel: \
              encoding, the writer, redb, the page cache), per transition or record.\n",
             t.warmup_s, t.slices, t.slice_s,
         );
@@ -542,7 +543,7 @@ fn throughput_chart(t: &Throughput, path: &Path) -> Plot {
             |p| p.floor_per_s,
         ),
         (
-            "ceiling: raw redb, N records + rows per commit",
+            "ceiling: raw redb, N log records + rows per commit",
             RGBColor(115, 115, 115),
             |p| p.ceiling_per_s,
         ),

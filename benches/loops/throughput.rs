@@ -2,8 +2,9 @@
 //!
 //! The floor is the raw redb commit rate with one record per commit (redb runs one write
 //! transaction at a time, so concurrent writers cannot beat it without batching). The
-//! ceiling, for context, is raw redb committing N records and N rows per commit: what a
-//! perfect group commit of N runs' transitions could reach.
+//! ceiling, for context, is raw redb committing N records appended to one log keyed by a
+//! global sequence and N rows per commit (store format 2's layout): what a perfect group
+//! commit of N runs' transitions could reach.
 //!
 //! For each N, the N runs are started once and then measured in short slices interleaved with
 //! slices of the floor and of the ceiling (loops, floor, ceiling, in an order rotated slice by
@@ -22,7 +23,7 @@ use serde::Serialize;
 use tokio::task::JoinSet;
 
 use crate::batches::{self, Distribution};
-use crate::measure::{Raw, median, process_cpu_ns};
+use crate::measure::{Layout, Raw, median, process_cpu_ns};
 use crate::workload::{Bench, Looper, note};
 
 #[derive(Debug, Clone, Serialize)]
@@ -117,7 +118,7 @@ fn point(
     );
     for _ in 0..5 {
         floor.commit(1, false);
-        ceiling.commit(n, true);
+        ceiling.commit_as(Layout::Log, n, true);
     }
     let rt = Runtime::open(&loops_path).expect("open the loops store");
     let (looper, mut tasks) = start_runs(tokio, &rt, n, cfg.warmup);
@@ -135,10 +136,13 @@ fn point(
         };
         for k in 0..3 {
             match (k + s) % 3 {
-                0 => (slice.floor_per_s, _) = raw_rate(&mut floor, 1, false, cfg.slice),
+                0 => {
+                    (slice.floor_per_s, _) =
+                        raw_rate(&mut floor, Layout::ByRun, 1, false, cfg.slice)
+                }
                 1 => {
                     (slice.ceiling_per_s, slice.ceiling_cpu_us) =
-                        raw_rate(&mut ceiling, n, true, cfg.slice)
+                        raw_rate(&mut ceiling, Layout::Log, n, true, cfg.slice)
                 }
                 _ => (slice.loops_per_s, slice.loops_cpu_us) = loops_rate(&looper, cfg.slice),
             }
@@ -203,12 +207,18 @@ pub fn quiesce(looper: &Looper) {
 
 /// Records per second of raw commits of `runs` records (and rows) each, for `window`, and
 /// the CPU time per record.
-pub fn raw_rate(raw: &mut Raw, runs: usize, rows: bool, window: Duration) -> (f64, f64) {
+pub fn raw_rate(
+    raw: &mut Raw,
+    layout: Layout,
+    runs: usize,
+    rows: bool,
+    window: Duration,
+) -> (f64, f64) {
     let cpu = process_cpu_ns();
     let started = Instant::now();
     let mut commits = 0u64;
     while started.elapsed() < window {
-        raw.commit(runs, rows);
+        raw.commit_as(layout, runs, rows);
         commits += 1;
     }
     let records = (commits * runs as u64) as f64;
