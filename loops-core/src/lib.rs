@@ -86,8 +86,9 @@ pub use store::{
     AfterFailure, BoxFuture, ClaimFilter, Compacted, CurrentLease, DEFAULT_CACHE_BYTES, Effects,
     EventRecord, Facts, InboxChange, Lease, LeaseCheck, Needs, ParkedRun, Payloads, PendingEvent,
     Pruned, Readiness, Ready, ReadyAndParked, Record, RecordKey, RedbStore, Reply, RowWrite,
-    RunCount, RunInfo, RunStatus, STORE_FORMAT, ScheduleChange, SharedLimits, Store, StoreOptions,
-    Take, Upgraded, WaitInfo, WaitOutcome, Wakeups, Write, event_record, find_runs, plan, prune,
+    RunCount, RunInfo, RunStatus, STORE_FORMAT, ScheduleChange, SeqStep, SharedLimits, Store,
+    StoreOptions, Take, Upgraded, WaitInfo, WaitOutcome, Wakeups, Write, event_record, find_runs,
+    plan, prune,
 };
 pub use workflow::{BoxError, StateId, Workflow};
 

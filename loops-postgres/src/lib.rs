@@ -117,7 +117,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use deadpool_postgres::{Object, Pool};
-use loops_core::{BoxFuture, EventRecord, Lease, Reply, RunInfo, RunStatus, Store, Write};
+use loops_core::{BoxFuture, EventRecord, Lease, Reply, RunInfo, RunStatus, SeqStep, Store, Write};
 use loops_core::{FailureRecord, SchemaHash, StepRecord, TransitionRecord};
 
 pub use connect::PgStoreBuilder;
@@ -537,6 +537,10 @@ impl Store for PgStore {
         seq: u64,
     ) -> BoxFuture<'a, loops_core::Result<Vec<(String, u32, StepRecord)>>> {
         Box::pin(self.read_steps(run_id, seq))
+    }
+
+    fn all_steps<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, loops_core::Result<Vec<SeqStep>>> {
+        Box::pin(self.read_all_steps(run_id))
     }
 
     fn failures<'a>(

@@ -144,22 +144,29 @@ impl PgStore {
             .await?;
         rows.iter()
             .map(|row| {
-                let name = text(row, 0, run_id)?;
-                let occurrence: i32 = row.try_get(1).map_err(|e| column(run_id, e))?;
-                let record: StepRecord =
-                    serde_json::from_str(&text(row, 2, run_id)?).map_err(|source| {
-                        Error::Decode {
-                            run_id: run_id.to_owned(),
-                            record: RecordKind::Step {
-                                name: name.clone(),
-                                occurrence: occurrence as u32,
-                            },
-                            seq,
-                            state: String::new(),
-                            source,
-                        }
-                    })?;
-                Ok((name, occurrence as u32, record))
+                let (name, occurrence, record) = step_row(row, 0, run_id, seq)?;
+                Ok((name, occurrence, record))
+            })
+            .collect()
+    }
+
+    /// The step records of every seq of the run, by seq, then name and occurrence: one query.
+    pub(crate) async fn read_all_steps(
+        &self,
+        run_id: &str,
+    ) -> Result<Vec<(u64, String, u32, StepRecord)>> {
+        let rows = self
+            .rows(
+                || format!("reading the steps of run `{run_id}`"),
+                &self.inner.sql.all_steps,
+                &[&run_id],
+            )
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let seq: i64 = row.try_get(0).map_err(|e| column(run_id, e))?;
+                let (name, occurrence, record) = step_row(row, 1, run_id, seq as u64)?;
+                Ok((seq as u64, name, occurrence, record))
             })
             .collect()
     }
@@ -543,4 +550,28 @@ pub(crate) fn decode_event(run_id: &str, event_seq: u64, json: &str) -> Result<E
         state: String::new(),
         source,
     })
+}
+
+/// The `(name, occurrence, record)` of a step row whose columns start at `first`; `seq`
+/// names the state in a decode error.
+fn step_row(
+    row: &tokio_postgres::Row,
+    first: usize,
+    run_id: &str,
+    seq: u64,
+) -> Result<(String, u32, StepRecord)> {
+    let name = text(row, first, run_id)?;
+    let occurrence: i32 = row.try_get(first + 1).map_err(|e| column(run_id, e))?;
+    let record: StepRecord =
+        serde_json::from_str(&text(row, first + 2, run_id)?).map_err(|source| Error::Decode {
+            run_id: run_id.to_owned(),
+            record: RecordKind::Step {
+                name: name.clone(),
+                occurrence: occurrence as u32,
+            },
+            seq,
+            state: String::new(),
+            source,
+        })?;
+    Ok((name, occurrence as u32, record))
 }

@@ -47,6 +47,7 @@ pub(crate) struct Sql {
     pub(crate) latest: String,
     pub(crate) history: String,
     pub(crate) steps: String,
+    pub(crate) all_steps: String,
     pub(crate) failures: String,
     pub(crate) events: String,
     pub(crate) has_pending: String,
@@ -183,6 +184,8 @@ impl Sql {
             history: f("SELECT seq, record FROM {s}.journal WHERE run_id = $1 ORDER BY seq"),
             steps: f("SELECT name, occurrence, record FROM {s}.steps \
                  WHERE run_id = $1 AND seq = $2 ORDER BY name, occurrence"),
+            all_steps: f("SELECT seq, name, occurrence, record FROM {s}.steps \
+                 WHERE run_id = $1 ORDER BY seq, name, occurrence"),
             failures: f("SELECT seq, record FROM {s}.failures WHERE run_id = $1 \
                  ORDER BY seq, attempt, idx"),
             events: f("SELECT event_seq, record, delivered FROM {s}.inbox \

@@ -106,6 +106,18 @@ impl Operator for Remote {
             .collect())
     }
 
+    fn all_steps(
+        &self,
+        run_id: &str,
+        _: &[TransitionRecord],
+    ) -> Result<Vec<(u64, String, u32, StepRecord)>> {
+        let steps = self.wait(self.client.all_steps(run_id))?;
+        Ok(steps
+            .into_iter()
+            .map(|s| (s.seq, s.name, s.occurrence, s.record))
+            .collect())
+    }
+
     fn failures(&self, run_id: &str) -> Result<Vec<(u64, FailureRecord)>> {
         let failures = self.wait(self.client.failures(run_id))?;
         Ok(failures.into_iter().map(|f| (f.seq, f.record)).collect())

@@ -14,7 +14,7 @@ use serde_json::value::RawValue;
 
 use super::wire::{
     CancelRequest, CompactReply, ErrorBody, ErrorKind, Event, Failed, LOOPS_VERSION, Latest,
-    PROTOCOL, PruneReply, PruneRequest, Run, SendRequest, SentReply, Step, StoredSchema,
+    PROTOCOL, PruneReply, PruneRequest, Run, RunStep, SendRequest, SentReply, Step, StoredSchema,
     VERSION_HEADER, Version,
 };
 use super::{ControlError, Endpoint};
@@ -140,6 +140,15 @@ impl Client {
     /// As [`Client::list`].
     pub async fn steps(&self, run_id: &str, seq: u64) -> Result<Vec<Step>, ControlError> {
         self.get(&run_path(run_id, &format!("/steps/{seq}"))).await
+    }
+
+    /// The step records of every state of the run, by seq, then name and occurrence (empty
+    /// for an unknown run): [`steps`](Self::steps) of each seq, in one request.
+    ///
+    /// # Errors
+    /// As [`Client::list`].
+    pub async fn all_steps(&self, run_id: &str) -> Result<Vec<RunStep>, ControlError> {
+        self.get(&run_path(run_id, "/steps")).await
     }
 
     /// Every failed attempt of the run.

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use super::answer::{ApiError, Body, Params, PathOf};
 use super::wire::{
     CancelRequest, CompactReply, ErrorKind, Event, Failed, Found, LOOPS_VERSION, Latest, ListQuery,
-    PROTOCOL, PruneReply, PruneRequest, Run, SendRequest, SentReply, Step, StoredSchema,
+    PROTOCOL, PruneReply, PruneRequest, Run, RunStep, SendRequest, SentReply, Step, StoredSchema,
     VERSION_HEADER, Version,
 };
 use super::{ControlError, Endpoint};
@@ -246,6 +246,7 @@ fn router(served: Shared) -> Router {
         .route(&v("/runs/{run}/latest"), get(latest))
         .route(&v("/runs/{run}/history"), get(history))
         .route(&v("/runs/{run}/steps/{seq}"), get(steps))
+        .route(&v("/runs/{run}/steps"), get(all_steps))
         .route(&v("/runs/{run}/failures"), get(failures))
         .route(&v("/runs/{run}/events"), get(events).post(send))
         .route(&v("/runs/{run}/attributes"), get(attributes))
@@ -401,6 +402,21 @@ async fn steps(
         steps
             .into_iter()
             .map(|(name, occurrence, record)| Step {
+                name,
+                occurrence,
+                record,
+            })
+            .collect(),
+    ))
+}
+
+async fn all_steps(State(s): State<Shared>, PathOf(run): PathOf<String>) -> Answer<Vec<RunStep>> {
+    let steps = s.runtime.stored().all_steps(&run).await?;
+    Ok(Json(
+        steps
+            .into_iter()
+            .map(|(seq, name, occurrence, record)| RunStep {
+                seq,
                 name,
                 occurrence,
                 record,

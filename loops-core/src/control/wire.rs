@@ -8,6 +8,7 @@
 //! | `GET /v1/runs/{run}/latest` | | [`Latest`] or `null` |
 //! | `GET /v1/runs/{run}/history` | | `[TransitionRecord]` |
 //! | `GET /v1/runs/{run}/steps/{seq}` | | `[`[`Step`]`]` |
+//! | `GET /v1/runs/{run}/steps` | | `[`[`RunStep`]`]`: every state's, by seq |
 //! | `GET /v1/runs/{run}/failures` | | `[`[`Failed`]`]` |
 //! | `GET /v1/runs/{run}/events` | | `[`[`Event`]`]` |
 //! | `GET /v1/runs/{run}/attributes` | | [`Attributes`](crate::Attributes) (`{}` if none) |
@@ -112,6 +113,20 @@ pub struct Latest {
 /// One step record of `GET /v1/runs/{run}/steps/{seq}`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Step {
+    /// The step's name.
+    pub name: String,
+    /// Which use of the name in the state's handler, from 0.
+    pub occurrence: u32,
+    /// The record.
+    pub record: StepRecord,
+}
+
+/// One step record of `GET /v1/runs/{run}/steps`: every state's steps, by seq, then name
+/// and occurrence.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunStep {
+    /// The sequence number of the state that recorded it.
+    pub seq: u64,
     /// The step's name.
     pub name: String,
     /// Which use of the name in the state's handler, from 0.

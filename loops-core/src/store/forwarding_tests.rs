@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::{
-    BoxFuture, ClaimFilter, EventRecord, Lease, Reply, RunInfo, RunStatus, SharedLimits, Store,
-    Write,
+    BoxFuture, ClaimFilter, EventRecord, Lease, Reply, RunInfo, RunStatus, SeqStep, SharedLimits,
+    Store, Write,
 };
 use crate::error::Result;
 use crate::record::{FailureRecord, StepRecord, TransitionRecord};
@@ -100,6 +100,10 @@ impl Store for Probe {
         _: u64,
     ) -> BoxFuture<'a, Result<Vec<(String, u32, StepRecord)>>> {
         self.answer("steps", Vec::new())
+    }
+
+    fn all_steps<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<Vec<SeqStep>>> {
+        self.answer("all_steps", Vec::new())
     }
 
     fn failures<'a>(&'a self, _: &'a str) -> BoxFuture<'a, Result<Vec<(u64, FailureRecord)>>> {
@@ -233,6 +237,8 @@ pub(crate) async fn assert_forwards(wrapper: &str, wrap: impl FnOnce(Probe) -> A
     store.history("r").await.unwrap();
     call("steps");
     store.steps("r", 0).await.unwrap();
+    call("all_steps");
+    store.all_steps("r").await.unwrap();
     call("failures");
     store.failures("r").await.unwrap();
     call("events");
@@ -306,7 +312,7 @@ pub(crate) async fn assert_forwards(wrapper: &str, wrap: impl FnOnce(Probe) -> A
 fn the_method_list_is_read_from_the_trait() {
     let methods = store_methods();
     assert!(methods.contains("write") && methods.contains("shared_limits"));
-    assert_eq!(methods.len(), 27, "{methods:?}");
+    assert_eq!(methods.len(), 28, "{methods:?}");
 }
 
 #[tokio::test]

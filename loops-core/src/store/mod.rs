@@ -73,6 +73,10 @@ pub struct Lease {
     pub expires_ms: Option<u64>,
 }
 
+/// A step record with the seq of the state that recorded it, as
+/// [`Store::all_steps`] answers it: `(seq, name, occurrence, record)`.
+pub type SeqStep = (u64, String, u32, StepRecord);
+
 /// Where runs' records live. Implemented by [`RedbStore`] (embedded, one process) and by the
 /// PostgreSQL store (many workers); the runtime drives runs through `dyn Store`.
 ///
@@ -112,6 +116,28 @@ pub trait Store: Send + Sync + 'static {
         run_id: &'a str,
         seq: u64,
     ) -> BoxFuture<'a, Result<Vec<(String, u32, StepRecord)>>>;
+
+    /// The step records of every state of the run, as `(seq, name, occurrence, record)`, by
+    /// seq, then name and occurrence (empty for an unknown run): what
+    /// [`steps`](Self::steps) answers for each seq, in one read, for a run's whole history
+    /// (the CLI's `history`, the control endpoint, the UI).
+    ///
+    /// By default [`history`](Self::history), then [`steps`](Self::steps) for each of its
+    /// seqs; a store whose reads of one seq cost a pass over the run's records answers in
+    /// one pass instead.
+    fn all_steps<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<SeqStep>>> {
+        Box::pin(async move {
+            let mut all = Vec::new();
+            let mut seqs: Vec<u64> = self.history(run_id).await?.iter().map(|r| r.seq).collect();
+            seqs.dedup();
+            for seq in seqs {
+                for (name, occurrence, record) in self.steps(run_id, seq).await? {
+                    all.push((seq, name, occurrence, record));
+                }
+            }
+            Ok(all)
+        })
+    }
 
     /// Every failed attempt of the run, as `(seq, record)`.
     fn failures<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<(u64, FailureRecord)>>>;

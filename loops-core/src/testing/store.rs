@@ -11,7 +11,7 @@ use crate::error::{Error, Result};
 use crate::record::{FailureRecord, StepRecord, TransitionRecord};
 use crate::schema::SchemaHash;
 use crate::store::{
-    BoxFuture, ClaimFilter, EventRecord, Lease, Reply, RunInfo, RunStatus, Store, Write,
+    BoxFuture, ClaimFilter, EventRecord, Lease, Reply, RunInfo, RunStatus, SeqStep, Store, Write,
 };
 
 /// One write a [`HookedStore`] was given.
@@ -108,7 +108,7 @@ pub enum Verdict {
 #[non_exhaustive]
 pub enum Call<'a> {
     /// A read of one run: `method` is the [`Store`] method (`"run_info"`, `"latest"`,
-    /// `"history"`, `"steps"`, `"failures"`, `"events"`, `"has_pending"`,
+    /// `"history"`, `"steps"`, `"all_steps"`, `"failures"`, `"events"`, `"has_pending"`,
     /// `"attributes"` or `"children"`).
     Read {
         /// The method.
@@ -398,6 +398,10 @@ impl<S: Store> Store for HookedStore<S> {
         seq: u64,
     ) -> BoxFuture<'a, Result<Vec<(String, u32, StepRecord)>>> {
         self.read("steps", run_id, self.inner.steps(run_id, seq))
+    }
+
+    fn all_steps<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<SeqStep>>> {
+        self.read("all_steps", run_id, self.inner.all_steps(run_id))
     }
 
     fn failures<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<(u64, FailureRecord)>>> {

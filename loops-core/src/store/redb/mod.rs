@@ -73,7 +73,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use self::step_keys::StepKeys;
 use super::protocol::{EventRecord, Reply, Write};
-use super::{BoxFuture, Lease, RunInfo, RunStatus, Store};
+use super::{BoxFuture, Lease, RunInfo, RunStatus, SeqStep, Store};
 use crate::error::Result;
 use crate::record::{FailureRecord, StepRecord, TransitionRecord};
 
@@ -429,6 +429,10 @@ impl Store for RedbStore {
         seq: u64,
     ) -> BoxFuture<'a, Result<Vec<(String, u32, StepRecord)>>> {
         Box::pin(std::future::ready(RedbStore::steps(self, run_id, seq)))
+    }
+
+    fn all_steps<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<SeqStep>>> {
+        Box::pin(std::future::ready(RedbStore::all_steps(self, run_id)))
     }
 
     fn failures<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<(u64, FailureRecord)>>> {

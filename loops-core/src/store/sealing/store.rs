@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::record::{FailureRecord, StepRecord, TransitionRecord};
 use crate::schema::SchemaHash;
 use crate::store::{
-    BoxFuture, ClaimFilter, EventRecord, Lease, Reply, RunInfo, RunStatus, Store, Write,
+    BoxFuture, ClaimFilter, EventRecord, Lease, Reply, RunInfo, RunStatus, SeqStep, Store, Write,
 };
 
 /// A [`Store`] whose payloads go through [`Payloads`]: what the runtime drives, with its
@@ -227,6 +227,18 @@ impl Store for SealedStore {
             for (name, occurrence, record) in &mut steps {
                 self.payloads
                     .open_step(run_id, seq, name, *occurrence, record)?;
+            }
+            Ok(steps)
+        })
+    }
+
+    fn all_steps<'a>(&'a self, run_id: &'a str) -> BoxFuture<'a, Result<Vec<SeqStep>>> {
+        Box::pin(async move {
+            self.check(false).await?;
+            let mut steps = self.inner.all_steps(run_id).await?;
+            for (seq, name, occurrence, record) in &mut steps {
+                self.payloads
+                    .open_step(run_id, *seq, name, *occurrence, record)?;
             }
             Ok(steps)
         })
