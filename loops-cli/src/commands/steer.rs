@@ -102,17 +102,29 @@ pub fn send(target: &Target, args: &SendArgs) -> Result<()> {
         .ok_or_else(|| not_found(store.label(), &run_id))?;
     // The name and payload are checked against the events the run's workflow declares
     // (`Runtime::send_json`, on every path): a refusal writes nothing and exits 2.
+    // The events of this name still pending before the send: one of them taken meanwhile
+    // is another sender's event taken instead of this one.
+    let pending_before: Vec<u64> = store
+        .events(&run_id)?
+        .into_iter()
+        .filter(|(_, record, delivered)| record.name == event && !delivered)
+        .map(|(seq, _, _)| seq)
+        .collect();
     let sent = store.send(&run_id, &event, key.as_deref(), &payload)?;
     let info = store
         .run(&run_id)?
         .ok_or_else(|| not_found(store.label(), &run_id))?;
-    // Whether the run has taken this very event: another sender's event of the same name
-    // may have been taken instead, while this one stays in the inbox.
-    let delivered = !sent.duplicate
-        && store
-            .events(&run_id)?
+    let events = store.events(&run_id)?;
+    // Whether the run took another sender's event of this name instead of this one, which
+    // then stays in the inbox. (A run woken for this event that has not taken it yet is
+    // neither: it takes it next.)
+    let taken_instead = !sent.duplicate
+        && !events
             .iter()
-            .any(|(seq, _, delivered)| *seq == sent.event_seq && *delivered);
+            .any(|(seq, _, delivered)| *seq == sent.event_seq && *delivered)
+        && events
+            .iter()
+            .any(|(seq, _, delivered)| *delivered && pending_before.contains(seq));
     // Sending ahead of a wait is legitimate, but a run that does not wait for the event now
     // may have been sent the wrong one: said on stderr, in JSON mode too.
     if !sent.duplicate && !waits_for(&before, &event) {
@@ -120,7 +132,7 @@ pub fn send(target: &Target, args: &SendArgs) -> Result<()> {
             "run {run_id} is not waiting for event `{event}` now ({}); `{event}` is kept in its inbox until a wait for `{event}` takes it",
             now_doing(&before)
         ));
-    } else if !sent.duplicate && !delivered && !waits_for(&info, &event) {
+    } else if taken_instead {
         // It waited for the event, but took another one sent meanwhile.
         note(&format!(
             "run {run_id} took another `{event}` sent meanwhile and is {} in state {}; this one (event seq {}) is kept in its inbox until a wait for `{event}` takes it",
@@ -151,8 +163,9 @@ pub fn send(target: &Target, args: &SendArgs) -> Result<()> {
             sent.event_seq,
             delivery(&info, &event, store.taker())
         )
-    } else if waits_for(&before, &event) && delivered {
-        // A process that holds the store handed it over before the row was read again.
+    } else if waits_for(&before, &event) && !taken_instead {
+        // A process that holds the store handed it over before the row was read again (the
+        // run may be woken and not have read the event yet: it reads it next).
         format!(
             "sent event `{event}` to run {} (event seq {}); the run took it and is {} in state {}",
             paint(ID, &run_id),
