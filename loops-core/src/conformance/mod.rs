@@ -126,7 +126,7 @@ pub enum Case {
     /// is `RunNotFound`. In a state of 121 steps (failures between them), every key is
     /// refused again, newest, oldest or between, also when copies come at once; the next
     /// state's keys, and those of a run id pruned and created again, start afresh.
-    /// [`Store::all_steps`](crate::store::Store::all_steps) answers what `steps` answers
+    /// [`Store::all_steps`] answers what `steps` answers
     /// for each seq, by seq (nothing for an unknown run).
     StepsAreImmutable,
     /// `failures_and_attempts`: a failure keeps its record, sets the row's error and retry
