@@ -175,7 +175,8 @@ pub async fn choose(runtime: &Runtime, run_id: &str, release: Release) -> Result
 }
 
 /// Whether `release` can drive the run `run_id`: it is new, or was recorded by one of the
-/// versions the release compiles (version 1 only, for the previous release).
+/// versions the release compiles (version 1 only, for the previous release), or by a schema
+/// one of them accepts as a compatible change (`accepts = [...]`).
 ///
 /// # Errors
 /// If the store cannot be read.
@@ -183,10 +184,13 @@ pub async fn knows(runtime: &Runtime, run_id: &str, release: Release) -> Result<
     let Some(info) = runtime.run_info(run_id).await? else {
         return Ok(true);
     };
-    let v1 = v1::Deliver::SCHEMA_HASH.pinned();
+    let drives = |hash: loops::SchemaHash, accepts: &[loops::SchemaHash]| {
+        info.schema == hash || accepts.contains(&info.schema)
+    };
+    let v1 = drives(v1::Deliver::SCHEMA_HASH.pinned(), v1::Deliver::ACCEPTS);
     Ok(match release {
-        Release::V1 => info.schema == v1,
-        Release::V2 => info.schema == v1 || info.schema == v2::Deliver::SCHEMA_HASH.pinned(),
+        Release::V1 => v1,
+        Release::V2 => v1 || drives(v2::Deliver::SCHEMA_HASH.pinned(), v2::Deliver::ACCEPTS),
     })
 }
 
