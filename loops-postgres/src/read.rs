@@ -143,10 +143,7 @@ impl PgStore {
             )
             .await?;
         rows.iter()
-            .map(|row| {
-                let (name, occurrence, record) = step_row(row, 0, run_id, seq)?;
-                Ok((name, occurrence, record))
-            })
+            .map(|row| step_row(row, 0, run_id, seq))
             .collect()
     }
 

@@ -38,9 +38,8 @@ pub(super) struct StepKeys {
 struct Seen {
     seq: u64,
     at: u64,
-    /// Step name → the occurrences recorded.
-    keys: HashMap<String, HashSet<u32>>,
-    len: usize,
+    /// `(name, occurrence)` of each step recorded.
+    keys: HashSet<(String, u32)>,
 }
 
 impl StepKeys {
@@ -78,45 +77,75 @@ impl StepKeys {
             .remove(run_id)
             .filter(|seen| seen.seq == seq && seen.at <= newest);
         let stop = seen.as_ref().map(|seen| seen.at);
-        let mut found: Vec<(String, u32)> = Vec::new();
+        // Entries are compared in place (a state of a few steps allocates nothing); owned
+        // copies are kept only for a remembered state.
+        let mut taken = false;
+        let mut steps = 0usize;
+        let mut added = Vec::new();
         let mut met = false;
         log::walk(log, run_id, newest, Chain::All, |at, entry| {
             if Some(at) == stop {
                 met = true;
                 return false;
             }
-            if let Kind::Step { name, occurrence } = entry.kind
+            if let Kind::Step {
+                name: n,
+                occurrence: o,
+            } = entry.kind
                 && entry.seq == seq
             {
-                found.push((name.to_owned(), occurrence));
+                taken |= n == name && o == occurrence;
+                steps += 1;
+                if stop.is_some() {
+                    added.push((n.to_owned(), o));
+                }
             }
             entry.seq >= seq
         })?;
-        let mut seen = match seen {
-            Some(seen) if met => seen,
-            _ => Seen {
-                seq,
-                at: newest,
-                keys: HashMap::new(),
-                len: 0,
-            },
-        };
-        seen.at = newest;
-        for (name, occurrence) in found {
-            if seen.keys.entry(name).or_default().insert(occurrence) {
-                seen.len += 1;
+        let keys = match seen {
+            Some(mut seen) if met => {
+                seen.keys.extend(added);
+                seen.keys
             }
-        }
-        let taken = seen
-            .keys
-            .get(name)
-            .is_some_and(|occurrences| occurrences.contains(&occurrence));
-        if seen.len >= REMEMBERED_FROM {
+            // The remembered entry is not on the chain: the walk read the whole state.
+            Some(_) => added.into_iter().collect(),
+            // A state of many steps, not remembered yet: its keys, read once.
+            None if steps >= REMEMBERED_FROM => state_keys(log, run_id, newest, seq)?,
+            None => return Ok(taken),
+        };
+        taken = taken || keys.contains(&(name.to_owned(), occurrence));
+        if keys.len() >= REMEMBERED_FROM {
             if runs.len() >= MOST_RUNS {
                 runs.clear();
             }
-            runs.insert(run_id.to_owned(), seen);
+            runs.insert(
+                run_id.to_owned(),
+                Seen {
+                    seq,
+                    at: newest,
+                    keys,
+                },
+            );
         }
         Ok(taken)
     }
+}
+
+/// The keys of the step records of the run's state at `seq`, walking back from `newest`.
+fn state_keys(
+    log: &impl ReadableTable<u64, &'static [u8]>,
+    run_id: &str,
+    newest: u64,
+    seq: u64,
+) -> Result<HashSet<(String, u32)>, LogError> {
+    let mut keys = HashSet::new();
+    log::walk(log, run_id, newest, Chain::All, |_, entry| {
+        if let Kind::Step { name, occurrence } = entry.kind
+            && entry.seq == seq
+        {
+            keys.insert((name.to_owned(), occurrence));
+        }
+        entry.seq >= seq
+    })?;
+    Ok(keys)
 }
