@@ -202,6 +202,26 @@ fn fixtures() -> PathBuf {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "makes the fixture; run by hand on a build of format 1"]
 async fn make_format_1_fixture() {
+    make_fixture(1).await;
+}
+
+/// Makes `tests/fixtures/store-format-2.redb` and its expected reads with the build of
+/// format 2, as [`make_format_1_fixture`] (`-- --ignored make_format_2_fixture` on that
+/// build).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "makes the fixture; run by hand on a build of format 2"]
+async fn make_format_2_fixture() {
+    make_fixture(2).await;
+}
+
+/// Runs the fixture's runs on this build (`a` to its end, `b` to its wait) and writes the
+/// store and its reads as the fixture of `format`, this build's format.
+async fn make_fixture(format: u64) {
+    assert_eq!(
+        format,
+        loops::STORE_FORMAT,
+        "run it on the build of format {format}"
+    );
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store.redb");
     let counts = Counts::default();
@@ -234,10 +254,18 @@ async fn make_format_1_fixture() {
     rt.compact().await.unwrap();
     drop(rt);
     std::fs::create_dir_all(fixtures()).unwrap();
-    std::fs::copy(&path, fixtures().join("store-format-1.redb")).unwrap();
+    std::fs::copy(
+        &path,
+        fixtures().join(format!("store-format-{format}.redb")),
+    )
+    .unwrap();
     let mut text = lines.join("\n");
     text.push('\n');
-    std::fs::write(fixtures().join("store-format-1.expected.txt"), text).unwrap();
+    std::fs::write(
+        fixtures().join(format!("store-format-{format}.expected.txt")),
+        text,
+    )
+    .unwrap();
 }
 
 /// A copy of the fixture in a new directory.
