@@ -347,7 +347,7 @@ async fn a_file_that_is_not_a_store_is_refused() {
     assert_open_fails(&dir_path, "a directory");
 }
 
-/// Replaces the record of the transition of `run` at `seq` in the store's log (format 2:
+/// Replaces the record of the transition of `run` at `seq` in the store's log (formats 2 and 3:
 /// see loops-core's `store/redb/log.rs`) with what `edit` makes of it, as a foreign tool
 /// might.
 fn replace_transition(

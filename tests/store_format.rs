@@ -1,8 +1,9 @@
 //! The store file's format: a file of format 1 (journal, steps and failures keyed by run)
-//! is refused at the open, upgraded by `upgrade` to format 2 (one append-only log), and
-//! reads the same afterwards: every record of `tests/fixtures/store-format-1.redb`, made by
-//! [`make_format_1_fixture`] with the build of format 1, equals what that build read
-//! (`tests/fixtures/store-format-1.expected.txt`), and the run it left waiting resumes to
+//! or 2 (one append-only log, rows in JSON) is refused at the open, upgraded by `upgrade` to
+//! format 3 (rows in binary), and reads the same afterwards: every record of
+//! `tests/fixtures/store-format-N.redb`, made by [`make_format_1_fixture`] or
+//! [`make_format_2_fixture`] with the build of that format, equals what that build read
+//! (`tests/fixtures/store-format-N.expected.txt`), and the run it left waiting resumes to
 //! its end with no step executed again.
 
 use std::path::{Path, PathBuf};
@@ -268,84 +269,104 @@ async fn make_fixture(format: u64) {
     .unwrap();
 }
 
-/// A copy of the fixture in a new directory.
-fn fixture_copy() -> (tempfile::TempDir, PathBuf) {
+/// The formats before this build's, each with a fixture.
+const OLDER: [u64; 2] = [1, 2];
+
+/// A copy of the fixture of `format` in a new directory.
+fn fixture_copy(format: u64) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store.redb");
-    std::fs::copy(fixtures().join("store-format-1.redb"), &path).unwrap();
+    std::fs::copy(
+        fixtures().join(format!("store-format-{format}.redb")),
+        &path,
+    )
+    .unwrap();
     (dir, path)
 }
 
-fn expected() -> Vec<String> {
-    std::fs::read_to_string(fixtures().join("store-format-1.expected.txt"))
+fn expected(format: u64) -> Vec<String> {
+    std::fs::read_to_string(fixtures().join(format!("store-format-{format}.expected.txt")))
         .unwrap()
         .lines()
         .map(str::to_owned)
         .collect()
 }
 
-fn refused_as_format_1(path: &Path) {
+fn refused_as_older(path: &Path, format: u64) {
     let counts = Counts::default();
     match runtime(path, &counts) {
         Err(
             e @ Error::StoreFormat {
-                found: 1,
-                supported: 2,
+                found,
+                supported: 3,
                 ..
             },
-        ) => {
+        ) if found == format => {
             let text = e.to_string();
             assert_eq!(
                 text,
                 format!(
-                    "store {0} has format 1, which this build does not read (it reads format 2): run `loops upgrade {0}` to convert it to format 2 (it keeps a backup)",
+                    "store {0} has format {format}, which this build does not read (it reads format 3): run `loops upgrade {0}` to convert it to format 3 (it keeps a backup)",
                     path.display()
                 )
             );
             assert!(!text.contains('\n'));
         }
         Err(other) => panic!("{other}"),
-        Ok(_) => panic!("opened a store of format 1"),
+        Ok(_) => panic!("opened a store of format {format}"),
     }
 }
 
 #[test]
-fn a_store_of_format_1_is_refused_with_a_line_naming_loops_upgrade() {
-    let (_dir, path) = fixture_copy();
-    refused_as_format_1(&path);
-    // Read-only too; nothing of loops was written (redb's writable open marks its header,
-    // as any does): it is refused again.
-    assert!(matches!(
-        loops::RedbStore::open_read_only(&path),
-        Err(Error::StoreFormat { found: 1, .. })
-    ));
-    refused_as_format_1(&path);
+fn a_store_of_an_older_format_is_refused_with_a_line_naming_loops_upgrade() {
+    for format in OLDER {
+        let (_dir, path) = fixture_copy(format);
+        refused_as_older(&path, format);
+        // Read-only too; nothing of loops was written (redb's writable open marks its
+        // header, as any does): it is refused again.
+        assert!(matches!(
+            loops::RedbStore::open_read_only(&path),
+            Err(Error::StoreFormat { found, .. }) if found == format
+        ));
+        refused_as_older(&path, format);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_upgraded_store_reads_as_format_1_did_and_its_waiting_run_ends() {
-    let (dir, path) = fixture_copy();
+async fn an_upgraded_store_of_format_1_reads_as_it_did_and_its_waiting_run_ends() {
+    upgraded_reads_as_before_and_its_waiting_run_ends(1, 23).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgraded_store_of_format_2_reads_as_it_did_and_its_waiting_run_ends() {
+    upgraded_reads_as_before_and_its_waiting_run_ends(2, 0).await;
+}
+
+/// Upgrades the fixture of `format` (`moved`: the records it moves to the log), checks
+/// every read against what the build of that format read, then ends its waiting run.
+async fn upgraded_reads_as_before_and_its_waiting_run_ends(format: u64, moved: u64) {
+    let (dir, path) = fixture_copy(format);
     let upgraded = loops::RedbStore::upgrade(&path).unwrap();
-    let backup = dir.path().join("store.redb.format-1.bak");
+    let backup = dir.path().join(format!("store.redb.format-{format}.bak"));
     assert_eq!(
         upgraded,
         loops::Upgraded::Converted {
-            from: 1,
-            to: 2,
+            from: format,
+            to: 3,
             backup: backup.clone(),
             runs: 3,
-            records: 23,
+            records: moved,
         }
     );
     assert!(
         std::fs::read(&backup).unwrap()
-            == std::fs::read(fixtures().join("store-format-1.redb")).unwrap(),
+            == std::fs::read(fixtures().join(format!("store-format-{format}.redb"))).unwrap(),
         "the backup is the file as it was"
     );
     let counts = Counts::default();
     let rt = runtime(&path, &counts).unwrap();
     let before = dump(&rt).await;
-    assert_eq!(before, expected());
+    assert_eq!(before, expected(format));
     // `b` waits for `approve` in `Approval` (its step `prepare` recorded): sent, it ends,
     // replaying what it recorded and running only what it had not.
     rt.send("b", Job::APPROVE, &"ok".to_owned()).await.unwrap();
@@ -403,7 +424,7 @@ async fn an_upgraded_store_reads_as_format_1_did_and_its_waiting_run_ends() {
             .cloned()
             .collect()
     };
-    assert_eq!(of_a(&after), of_a(&expected()));
+    assert_eq!(of_a(&after), of_a(&expected(format)));
     rt.shutdown().await;
     drop(rt);
     // Every step in one walk (what `loops history` reads) is every seq's steps, in order.
@@ -439,29 +460,31 @@ async fn an_upgraded_store_reads_as_format_1_did_and_its_waiting_run_ends() {
 
 #[test]
 fn upgrading_twice_says_there_is_nothing_to_do() {
-    let (_dir, path) = fixture_copy();
-    assert!(matches!(
-        loops::RedbStore::upgrade(&path).unwrap(),
-        loops::Upgraded::Converted { .. }
-    ));
-    let bytes = std::fs::read(&path).unwrap();
-    assert_eq!(
-        loops::RedbStore::upgrade(&path).unwrap(),
-        loops::Upgraded::Current { format: 2 }
-    );
-    assert!(std::fs::read(&path).unwrap() == bytes, "nothing written");
+    for format in OLDER {
+        let (_dir, path) = fixture_copy(format);
+        assert!(matches!(
+            loops::RedbStore::upgrade(&path).unwrap(),
+            loops::Upgraded::Converted { .. }
+        ));
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(
+            loops::RedbStore::upgrade(&path).unwrap(),
+            loops::Upgraded::Current { format: 3 }
+        );
+        assert!(std::fs::read(&path).unwrap() == bytes, "nothing written");
+    }
 }
 
 #[test]
 fn an_upgrade_refused_leaves_the_store_of_format_1_as_it_was() {
-    let (dir, path) = fixture_copy();
+    let (dir, path) = fixture_copy(1);
     let original = std::fs::read(&path).unwrap();
     // A backup from before (as an upgrade interrupted after its copy leaves): kept as it
     // is; this upgrade's backup takes the next name.
     let backup = dir.path().join("store.redb.format-1.bak");
     std::fs::write(&backup, b"an earlier backup").unwrap();
     {
-        let (dir, path) = fixture_copy();
+        let (dir, path) = fixture_copy(1);
         let earlier = dir.path().join("store.redb.format-1.bak");
         std::fs::write(&earlier, b"an earlier backup").unwrap();
         let next = dir.path().join("store.redb.format-1.bak.1");
@@ -477,7 +500,7 @@ fn an_upgrade_refused_leaves_the_store_of_format_1_as_it_was() {
         assert!(!dir.path().join("store.redb.format-1.bak.tmp").exists());
     }
     assert!(std::fs::read(&path).unwrap() == original, "nothing written");
-    refused_as_format_1(&path);
+    refused_as_older(&path, 1);
     std::fs::remove_file(&backup).unwrap();
     // Open elsewhere: refused, nothing done.
     {
@@ -488,5 +511,5 @@ fn an_upgrade_refused_leaves_the_store_of_format_1_as_it_was() {
         ));
         assert!(!backup.exists());
     }
-    refused_as_format_1(&path);
+    refused_as_older(&path, 1);
 }

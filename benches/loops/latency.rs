@@ -126,8 +126,10 @@ pub fn run(tokio: &tokio::runtime::Runtime, dir: &Path, rounds: usize, samples: 
     let store = rt.redb().expect("a redb store").clone();
     let records = store.history("warm").expect("history");
     let record_bytes = serde_json::to_vec(&records[1]).expect("encode").len();
-    let row = store.run("warm").expect("row").expect("the run exists");
-    let row_bytes = serde_json::to_vec(&row).expect("encode").len();
+    let row_bytes = store
+        .__stored_row_len("warm")
+        .expect("row")
+        .expect("the run exists");
     let steps = store.steps("warm", 1).expect("steps");
     let step_record_bytes = serde_json::to_vec(&steps[0].2).expect("encode").len();
 

@@ -135,9 +135,9 @@ pub enum Command {
     /// send an event, cancel, retry.
     #[command(after_help = UI_EXAMPLES)]
     Ui(UiArgs),
-    /// Convert a store file of an older format to this build's (format 1 to 2), keeping a
-    /// copy of it beside it (FILE.format-1.bak, or .bak.1, .bak.2, ... if taken). The file
-    /// must not be open elsewhere.
+    /// Convert a store file of an older format to this build's (format 1 or 2 to 3),
+    /// keeping a copy of it beside it (FILE.format-N.bak, N its format, or .bak.1, .bak.2,
+    /// ... if taken). The file must not be open elsewhere.
     Upgrade(UpgradeArgs),
     /// List the stored schedules (runs started per tick), or pause, resume or remove one.
     #[command(after_help = SCHEDULES_EXAMPLES)]

@@ -2170,12 +2170,12 @@ fn a_store_of_a_newer_format_is_refused_in_one_line() {
         let db = redb::Database::open(&path).unwrap();
         let txn = db.begin_write().unwrap();
         let meta: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("meta");
-        txn.open_table(meta).unwrap().insert("format", 3).unwrap();
+        txn.open_table(meta).unwrap().insert("format", 4).unwrap();
         txn.commit().unwrap();
     }
     for args in [&["runs"][..], &["show", "r1"], &["cancel", "r1"]] {
         loops(&path).args(args).assert().code(1).stderr(format!(
-            "error: store {} has format 3, written by a newer loops; this build reads format 2 only: open it with a loops that reads format 3\n",
+            "error: store {} has format 4, written by a newer loops; this build reads format 3 only: open it with a loops that reads format 4\n",
             path.display()
         ));
     }
@@ -2457,7 +2457,8 @@ fn a_record_that_does_not_decode_is_named_for_what_it_is_and_the_store_as_damage
         replace_in_log(txn, "v2-1", 1, "transition", bad);
         let runs: TableDefinition<&str, &[u8]> = TableDefinition::new("runs");
         let mut runs = txn.open_table(runs).unwrap();
-        // A row of format 2 keeps its head in the log (16 bytes), then the row's JSON.
+        // A row of format 3 keeps its head in the log (16 bytes), then the row: here the JSON
+        // format 2 stored.
         let mut row = runs.get("running-1").unwrap().unwrap().value()[..16].to_vec();
         row.extend_from_slice(b"{}");
         runs.insert("running-1", row.as_slice()).unwrap();
@@ -2496,7 +2497,7 @@ fn a_record_that_does_not_decode_is_named_for_what_it_is_and_the_store_as_damage
         ),
         (
             &["runs"],
-            "run `running-1`: run row does not decode: missing field `workflow` at line 1 column 2"
+            "run `running-1`: run row does not decode: an encoding version this build does not read at byte 16"
                 .to_owned(),
         ),
     ] {
@@ -2507,7 +2508,7 @@ fn a_record_that_does_not_decode_is_named_for_what_it_is_and_the_store_as_damage
     assert_eq!(
         fails(&path, &["check"], 1),
         format!(
-            "error: store {} is damaged: run `running-1`: run row does not decode: missing field `workflow` at line 1 column 2\n",
+            "error: store {} is damaged: run `running-1`: run row does not decode: an encoding version this build does not read at byte 16\n",
             path.display()
         )
     );
@@ -2914,14 +2915,11 @@ fn retry_of_a_run_at_the_largest_attempt_is_refused_without_writing_or_panicking
     let runs: TableDefinition<&str, &[u8]> = TableDefinition::new("runs");
     overwrite(&path, |txn| {
         let mut table = txn.open_table(runs).unwrap();
-        // A row of format 2: the run's head in the log (16 bytes), then the row's JSON.
-        let stored = table.get("failed-1").unwrap().unwrap().value().to_vec();
-        let (head, json_row) = stored.split_at(16);
-        let mut row: Value = serde_json::from_slice(json_row).unwrap();
-        row["attempt"] = json!(u32::MAX);
-        let mut value = head.to_vec();
-        value.extend_from_slice(&serde_json::to_vec(&row).unwrap());
-        table.insert("failed-1", value.as_slice()).unwrap();
+        // A row of format 3: the run's head in the log (16 bytes), the encoding's version,
+        // status, fields present (4 bytes), schema hash, seq (16), then the attempt (u32).
+        let mut row = table.get("failed-1").unwrap().unwrap().value().to_vec();
+        row[36..40].copy_from_slice(&u32::MAX.to_le_bytes());
+        table.insert("failed-1", row.as_slice()).unwrap();
     });
     let err = fails(&path, &["retry", "failed-1"], 1);
     assert_eq!(
@@ -3146,7 +3144,7 @@ fn upgrade_converts_a_store_of_format_1_and_keeps_a_backup() {
         .assert()
         .success()
         .stdout(format!(
-            "upgraded {} from format 1 to format 2: 3 runs, 23 records moved to the log\n  backup of the file as it was: {}\n",
+            "upgraded {} from format 1 to format 3: 3 runs, 23 records moved to the log\n  backup of the file as it was: {}\n",
             path.display(),
             backup.display()
         ));
@@ -3159,7 +3157,7 @@ fn upgrade_converts_a_store_of_format_1_and_keeps_a_backup() {
         .assert()
         .success()
         .stdout(format!(
-            "{} has format 2 already: nothing to do\n",
+            "{} has format 3 already: nothing to do\n",
             path.display()
         ));
     // A second copy of format 1 beside a backup (as after an upgrade interrupted after its

@@ -20,11 +20,18 @@ pub fn run(args: &UpgradeArgs) -> Result<()> {
             backup,
             runs,
             records,
-        } => format!(
-            "upgraded {} from format {from} to format {to}: {runs} runs, {records} records moved to the log\n  backup of the file as it was: {}\n",
-            path.display(),
-            backup.display()
-        ),
+        } => {
+            let moved = if records > 0 {
+                format!(", {records} records moved to the log")
+            } else {
+                String::new()
+            };
+            format!(
+                "upgraded {} from format {from} to format {to}: {runs} runs{moved}\n  backup of the file as it was: {}\n",
+                path.display(),
+                backup.display()
+            )
+        }
         // A later kind of outcome: said as it is.
         other => format!("{}: {other:?}\n", path.display()),
     };

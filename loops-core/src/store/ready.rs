@@ -126,41 +126,6 @@ impl ParkedRun {
     }
 }
 
-/// When the run whose stored row is `bytes` needs a driver ([`RunInfo::readiness`]), and
-/// its schema, decoding only the fields they are made of (a store listing many parked
-/// runs). `None` if `bytes` does not decode so, or names its event with escapes: decode the
-/// whole row then ([`RunInfo::decode`], which says what is wrong, if anything).
-pub(crate) fn row_readiness(bytes: &[u8]) -> Option<(SchemaHash, Readiness<'_>)> {
-    let row: RowReadiness<'_> = serde_json::from_slice(bytes).ok()?;
-    let wait = row.wait.map(|w| (w.event, w.until_ms));
-    Some((
-        row.schema,
-        Readiness::of(row.status, row.cancel.is_some(), wait),
-    ))
-}
-
-/// The fields of a stored row (the JSON [`RunInfo`] is stored as) that say when its run
-/// needs a driver, and its schema; the others are skipped unread.
-#[derive(serde::Deserialize)]
-struct RowReadiness<'a> {
-    schema: SchemaHash,
-    status: RunStatus,
-    #[serde(default)]
-    cancel: Option<serde::de::IgnoredAny>,
-    #[serde(default, borrow)]
-    wait: Option<WaitView<'a>>,
-}
-
-/// [`WaitInfo`](super::WaitInfo)'s fields, borrowed (a name with escapes does not decode so:
-/// `row_readiness` says `None`, and the whole row is decoded).
-#[derive(serde::Deserialize)]
-struct WaitView<'a> {
-    #[serde(default, borrow)]
-    event: Option<&'a str>,
-    #[serde(default)]
-    until_ms: Option<u64>,
-}
-
 /// Whether a write whose effects are `effects`, on the run whose row was `before` (`None`:
 /// a new run), makes the run need a driver that nobody provides: what
 /// [`Effects::wakes`] says, decided here once from the effects for every kind of write.
@@ -237,25 +202,6 @@ mod tests {
             }
         );
         assert_eq!(at(&cancelled, 0), Ready::Now);
-        // The lean decode of a stored row says the same, with the row's schema.
-        let escaped = row(RunStatus::Waiting, wait(Some("g\"o"), Some(10)), false);
-        for info in [
-            &row(RunStatus::Running, None, false),
-            &sleeping,
-            &waiting,
-            &forever,
-            &cancelled,
-        ] {
-            let bytes = info.encode();
-            assert_eq!(
-                row_readiness(&bytes),
-                Some((info.schema, info.readiness())),
-                "{info:?}"
-            );
-        }
-        // An event name with escapes cannot be borrowed: the caller decodes the whole row.
-        assert_eq!(row_readiness(&escaped.encode()), None);
-        assert_eq!(row_readiness(b"not a row"), None);
         for status in [
             RunStatus::Completed,
             RunStatus::Failed,

@@ -4,6 +4,7 @@
 use redb::ReadableTable;
 
 use super::log::{self, Chain, Head, Kind, LogError};
+use super::row;
 use super::tables::{ATTRIBUTE_KEY_ABOVE, Tables, name_upper_bound};
 use crate::error::{Error, RecordKind};
 use crate::schedule::ScheduleInfo;
@@ -81,7 +82,7 @@ fn load_row(
     run_id: &str,
 ) -> std::result::Result<Option<(Head, RunInfo)>, ApplyError> {
     match t.runs()?.get(run_id)? {
-        Some(bytes) => log::decode_row(run_id, bytes.value())
+        Some(bytes) => row::decode(run_id, bytes.value())
             .map(Some)
             .map_err(ApplyError::Rejected),
         None => Ok(None),
@@ -266,7 +267,7 @@ fn stored_head(t: &mut Tables<'_>, run_id: &str) -> std::result::Result<Head, Ap
     let Some(row) = t.runs()?.get(run_id)? else {
         return Ok(Head::default());
     };
-    Ok(log::split_row(run_id, row.value())?.0)
+    Ok(row::head(run_id, row.value())?)
 }
 
 /// A record of the plan as a log entry's seq, kind and record bytes.
@@ -410,7 +411,7 @@ fn store_row(
 ) -> std::result::Result<(), ApplyError> {
     let info = &row.info;
     let id = info.run_id.as_str();
-    t.runs()?.insert(id, head.row(&info.encode()).as_slice())?;
+    t.runs()?.insert(id, row::encode(head, info).as_slice())?;
     if row.was.is_none()
         && let Some(parent) = &info.parent
     {
@@ -463,7 +464,7 @@ fn delete_run(t: &mut Tables<'_>, info: &RunInfo) -> std::result::Result<(), App
     let row = t.runs()?.remove(id)?.map(|row| row.value().to_vec());
     t.step_keys.forget(id);
     if let Some(row) = row {
-        let (head, _) = log::split_row(id, &row)?;
+        let head = row::head(id, &row)?;
         for at in log::chain_of(&*t.log()?, id, head).map_err(failed)? {
             t.log()?.remove(at)?;
         }

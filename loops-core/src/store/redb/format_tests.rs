@@ -46,7 +46,7 @@ fn refused_both_ways(path: &std::path::Path, found: u64, expected: &str) {
             Err(
                 e @ Error::StoreFormat {
                     found: f,
-                    supported: 2,
+                    supported: 3,
                     ..
                 },
             ) if f == found => {
@@ -64,7 +64,7 @@ fn a_new_store_records_its_format() {
     let path = dir.path().join("store.redb");
     drop(RedbStore::open(&path).unwrap());
     assert_eq!(recorded(&path), Some(STORE_FORMAT));
-    assert_eq!(STORE_FORMAT, 2);
+    assert_eq!(STORE_FORMAT, 3);
 }
 
 #[test]
@@ -75,7 +75,7 @@ fn a_store_made_before_the_format_was_recorded_is_format_1_and_refused() {
     record(&path, None);
     assert_eq!(recorded(&path), None);
     let expected = format!(
-        "store {0} has format 1, which this build does not read (it reads format 2): run `loops upgrade {0}` to convert it to format 2 (it keeps a backup)",
+        "store {0} has format 1, which this build does not read (it reads format 3): run `loops upgrade {0}` to convert it to format 3 (it keeps a backup)",
         path.display()
     );
     refused_both_ways(&path, 1, &expected);
@@ -88,15 +88,15 @@ fn a_store_of_a_newer_format_is_refused_and_left_as_it_is() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store.redb");
     drop(RedbStore::open(&path).unwrap());
-    record(&path, Some(3));
+    record(&path, Some(4));
     let expected = format!(
-        "store {} has format 3, written by a newer loops; this build reads format 2 only: open it with a loops that reads format 3",
+        "store {} has format 4, written by a newer loops; this build reads format 3 only: open it with a loops that reads format 4",
         path.display()
     );
-    refused_both_ways(&path, 3, &expected);
+    refused_both_ways(&path, 4, &expected);
     // Nothing of loops was written to it (redb's own open marks its header, as any
-    // writable open does): it still records format 3.
-    assert_eq!(recorded(&path), Some(3));
+    // writable open does): it still records format 4.
+    assert_eq!(recorded(&path), Some(4));
 }
 
 #[test]

@@ -23,8 +23,8 @@
 //!
 //! # Row
 //! A run's row in `runs` is its head ([`HEAD_LEN`] bytes: the global sequences of its
-//! newest entry and of its newest transition, 0 for none), then the
-//! [`RunInfo`](crate::RunInfo) bytes of format 1.
+//! newest entry and of its newest transition, 0 for none), then its
+//! [`RunInfo`](crate::RunInfo) (`row` encodes it).
 
 use redb::{ReadableTable, TableDefinition};
 
@@ -48,7 +48,8 @@ pub(crate) struct Head {
 }
 
 impl Head {
-    /// The row of format 2: this head, then `info` (the [`RunInfo`](crate::RunInfo) bytes).
+    /// A row: this head, then `info` (the [`RunInfo`](crate::RunInfo) bytes, as `row`
+    /// encodes them).
     pub(crate) fn row(self, info: &[u8]) -> Vec<u8> {
         let mut out = Vec::with_capacity(HEAD_LEN + info.len());
         out.extend_from_slice(&self.last_entry.to_le_bytes());
@@ -79,29 +80,6 @@ impl Head {
             self.last_transition = entry;
         }
     }
-}
-
-/// The head and the row of `run_id` from its stored row.
-///
-/// # Errors
-/// [`Error::Storage`](crate::Error::Storage) (a damaged file) if the row is too short to
-/// hold a head; [`Error::Decode`](crate::Error::Decode) if the rest is not a row.
-pub(crate) fn decode_row(run_id: &str, row: &[u8]) -> crate::Result<(Head, crate::RunInfo)> {
-    let (head, info) = split_row(run_id, row)
-        .map_err(|e| crate::Error::storage(format!("reading run `{run_id}`"), e))?;
-    Ok((head, crate::RunInfo::decode(run_id, info)?))
-}
-
-/// The stored row of `run_id` as its head and its [`RunInfo`](crate::RunInfo) bytes.
-///
-/// # Errors
-/// [`redb::Error::Corrupted`] (a damaged file) if the row is too short to hold a head.
-pub(crate) fn split_row<'a>(run_id: &str, row: &'a [u8]) -> Result<(Head, &'a [u8]), redb::Error> {
-    Head::split(row).ok_or_else(|| {
-        redb::Error::Corrupted(format!(
-            "the row of run `{run_id}` is too short to hold its head: the file is damaged"
-        ))
-    })
 }
 
 /// What a log entry records.

@@ -3,7 +3,7 @@
 //! # Key layout
 //! | table      | key                                   | value                          |
 //! |------------|---------------------------------------|--------------------------------|
-//! | `runs`     | run id                                | the run's head in `log` (16 bytes), then [`RunInfo`] (JSON), mutable |
+//! | `runs`     | run id                                | the run's head in `log` (16 bytes), then [`RunInfo`] (binary, `row`), mutable |
 //! | `log`      | global sequence (u64, from 1)         | one [`TransitionRecord`], [`StepRecord`] or [`FailureRecord`] (JSON) of a run, with its run id, key and back-pointers |
 //! | `status`   | (status code, workflow, run id)       | `()`: the index runs are listed and resumed from |
 //! | `schemas`  | schema hash (hex)                     | schema description             |
@@ -11,13 +11,15 @@
 //! | `pending`  | (run id, event name, event seq)       | `()`: events not yet delivered |
 //! | `event_keys` | (run id, idempotency key)           | event seq: duplicate sends     |
 //!
-//! This is store format 2 ([`STORE_FORMAT`]). The records of every run go to one
+//! This is store format 3 ([`STORE_FORMAT`]). The records of every run go to one
 //! append-only log, in the order they are written, so that a commit of many runs' writes
 //! appends to the end of one tree; each entry points back at its run's previous entry (and
 //! a transition at its run's previous transition), and the run's row starts with the
 //! positions of its newest entry and newest transition (`log` has the details). Format 1
 //! kept them in `journal` (run id, seq), `steps` (run id, seq, step name, occurrence) and
-//! `failures` (run id, seq, attempt, index); [`RedbStore::upgrade`] converts such a file.
+//! `failures` (run id, seq, attempt, index); format 2 stored the rest of a run's row as
+//! JSON, format 3 in a compact binary encoding (`row`); [`RedbStore::upgrade`] converts a
+//! file of format 1 or 2.
 //!
 //! Records are immutable: every write checks that its key (the run, its seq and, for a step,
 //! its name and occurrence) is free, and is refused otherwise. The `runs` row and the
@@ -34,7 +36,7 @@
 //!
 //! # Files
 //! `tables` defines the tables; `log` encodes the log's entries and the rows' heads and walks
-//! a run's entries; `upgrade` converts a file of format 1; `open` opens, creates and checks the file; `commit` is the
+//! a run's entries; `row` encodes a run's row; `upgrade` converts a file of format 1 or 2; `open` opens, creates and checks the file; `commit` is the
 //! commit path (the leader on the caller's thread, the writer thread, one write transaction
 //! per batch); `apply` gathers a write's facts and stores its effects; `read` answers reads
 //! and says which runs are ready; `maintain` compacts, checks and prunes; `seed` bulk-writes
@@ -47,6 +49,7 @@ mod log;
 mod maintain;
 mod open;
 mod read;
+mod row;
 #[cfg(any(test, feature = "test-util"))]
 mod seed;
 mod step_keys;

@@ -6,6 +6,7 @@ use redb::ReadableTable;
 
 use super::commit::reopen_if_needed;
 use super::log::{self, Chain, Head, Kind, LOG, LogError};
+use super::row;
 use super::tables::{
     ATTRIBUTE_INDEX, ATTRIBUTE_KEY_ABOVE, ATTRIBUTES, CHILDREN, INBOX, PENDING, RUNS, SCHEDULES,
     SCHEMAS, SEALING, STATUS, name_upper_bound,
@@ -15,7 +16,6 @@ use crate::attribute::{AttributeValue, Attributes, RunFilter};
 use crate::error::{Error, RecordKind, Result};
 use crate::record::{FailureRecord, StepRecord, TransitionRecord};
 use crate::store::protocol::EventRecord;
-use crate::store::ready::row_readiness;
 use crate::store::{ParkedRun, Readiness, Ready, RunInfo, RunStatus};
 
 impl RedbStore {
@@ -557,16 +557,8 @@ impl RedbStore {
                         RunStatus::Waiting,
                         Some(&filter.workflow),
                         |run_id, bytes| {
-                            let Some((schema, readiness)) = row_readiness(bytes) else {
-                                let info = RunInfo::decode(run_id, bytes)?;
-                                if let Some(parked) = parked.as_deref_mut() {
-                                    parked.push(ParkedRun::of(Arc::clone(&workflow), &info));
-                                }
-                                if is_ready(run_id, info.readiness())? {
-                                    out.push(info);
-                                }
-                                return Ok(());
-                            };
+                            let (schema, readiness) =
+                                row::readiness(run_id, bytes).map_err(ReadError::Loops)?;
                             if let Some(parked) = parked.as_deref_mut() {
                                 parked.push(ParkedRun {
                                     workflow: Arc::clone(&workflow),
@@ -576,7 +568,7 @@ impl RedbStore {
                                 });
                             }
                             if is_ready(run_id, readiness)? {
-                                out.push(RunInfo::decode(run_id, bytes)?);
+                                out.push(row::decode(run_id, bytes).map_err(ReadError::Loops)?.1);
                             }
                             Ok(())
                         },
@@ -597,11 +589,11 @@ fn scan(
     mut each: impl FnMut(RunInfo) -> std::result::Result<(), ReadError>,
 ) -> std::result::Result<(), ReadError> {
     scan_rows(txn, status, workflow, |run_id, bytes| {
-        each(RunInfo::decode(run_id, bytes)?)
+        each(row::decode(run_id, bytes).map_err(ReadError::Loops)?.1)
     })
 }
 
-/// [`scan`], with each row as stored: `(run id, bytes)`.
+/// [`scan`], with each row as stored: `(run id, bytes)` (see [`row`]).
 fn scan_rows(
     txn: &redb::ReadTransaction,
     status: RunStatus,
@@ -622,8 +614,7 @@ fn scan_rows(
             break;
         }
         if let Some(bytes) = runs.get(run_id)? {
-            let (_, info) = split_row(run_id, bytes.value())?;
-            each(run_id, info)?;
+            each(run_id, bytes.value())?;
         }
     }
     Ok(())
@@ -700,12 +691,11 @@ fn read_row(
     let Some(bytes) = runs.get(run_id)? else {
         return Ok(None);
     };
-    log::decode_row(run_id, bytes.value())
+    row::decode(run_id, bytes.value())
         .map(Some)
         .map_err(ReadError::Loops)
 }
 
-/// The run's head, if it has a row (the rest of the row is not decoded).
 /// Calls `each` with the entries of run `run_id` along `chain`, newest first, from the
 /// head of its row, until `each` answers `false` or the chain ends; nothing for a run that
 /// does not exist.
@@ -728,6 +718,7 @@ fn walk_run(
     Ok(())
 }
 
+/// The run's head, if it has a row (the rest of the row is not decoded).
 fn read_head(
     runs: &impl ReadableTable<&'static str, &'static [u8]>,
     run_id: &str,
@@ -735,10 +726,5 @@ fn read_head(
     let Some(bytes) = runs.get(run_id)? else {
         return Ok(None);
     };
-    Ok(Some(split_row(run_id, bytes.value())?.0))
-}
-
-/// A stored row as its head and its [`RunInfo`] bytes.
-fn split_row<'a>(run_id: &str, row: &'a [u8]) -> std::result::Result<(Head, &'a [u8]), ReadError> {
-    log::split_row(run_id, row).map_err(ReadError::Storage)
+    Ok(Some(row::head(run_id, bytes.value())?))
 }

@@ -159,6 +159,34 @@ impl RedbStore {
         Ok(written)
     }
 
+    /// The length in bytes of `run_id`'s row as stored (its head included), for benchmarks
+    /// whose raw floor writes rows of the same size. Not a public API.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] if redb fails to read it.
+    #[doc(hidden)]
+    pub fn __stored_row_len(&self, run_id: &str) -> Result<Option<usize>> {
+        use redb::ReadableDatabase;
+        let storage = |e: redb::Error| Error::storage("reading a row's length", e);
+        let guard = self.inner.db.read().unwrap_or_else(PoisonError::into_inner);
+        let txn = match &*guard {
+            Db::Writable(db) => db.begin_read(),
+            Db::ReadOnly(db) => db.begin_read(),
+            Db::Reopening(e) => {
+                return Err(Error::Storage {
+                    action: "reading a row's length".to_owned(),
+                    cause: e.clone(),
+                });
+            }
+        }
+        .map_err(|e| storage(e.into()))?;
+        let runs = txn
+            .open_table(super::tables::RUNS)
+            .map_err(|e| storage(e.into()))?;
+        let row = runs.get(run_id).map_err(|e| storage(e.into()))?;
+        Ok(row.map(|row| row.value().len()))
+    }
+
     /// Commits `batch` in one write transaction; returns the number of writes applied.
     fn commit_seeded(&self, batch: &[Write]) -> Result<u64> {
         let mut written = 0u64;

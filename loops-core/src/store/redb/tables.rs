@@ -47,9 +47,10 @@ const FORMAT_KEY: &str = "format";
 /// never misread; a change of the layout raises the number.
 ///
 /// Format 1 kept each run's records in three tables keyed by run (`journal`, `steps`,
-/// `failures`); format 2 keeps them in one append-only log
-/// ([`RedbStore::upgrade`](crate::RedbStore::upgrade) converts a file of format 1).
-pub const STORE_FORMAT: u64 = 2;
+/// `failures`); format 2 keeps them in one append-only log; format 3 encodes each run's row
+/// in binary instead of JSON ([`RedbStore::upgrade`](crate::RedbStore::upgrade) converts a
+/// file of format 1 or 2).
+pub const STORE_FORMAT: u64 = 3;
 
 /// The format of a file that records none but has loops' tables: they came before the
 /// number.

@@ -1,5 +1,7 @@
-//! Converting a store file of format 1 (records in `journal`, `steps` and `failures`, keyed
-//! by run) to format 2 (one append-only log): [`RedbStore::upgrade`].
+//! Converting a store file of an earlier format to this build's: [`RedbStore::upgrade`].
+//! Format 1 kept records in `journal`, `steps` and `failures`, keyed by run; format 2 moved
+//! them to one append-only log, with each run's row its head then JSON; format 3 encodes
+//! the rest of the row in binary (`row`).
 
 use std::path::{Path, PathBuf};
 
@@ -8,8 +10,10 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use super::RedbStore;
 use super::log::{self, Head, Kind, LOG};
 use super::open::refuse_special_file;
+use super::row;
 use super::tables::{RUNS, STORE_FORMAT, file_format, record_format};
 use crate::error::{Error, Result};
+use crate::row::RunInfo;
 
 /// Format 1's transition records: (run id, seq) → record.
 const JOURNAL: TableDefinition<(&str, u64), &[u8]> = TableDefinition::new("journal");
@@ -18,8 +22,8 @@ const STEPS: TableDefinition<(&str, u64, &str, u32), &[u8]> = TableDefinition::n
 /// Format 1's failure records: (run id, seq, attempt, index) → record.
 const FAILURES: TableDefinition<(&str, u64, u32, u32), &[u8]> = TableDefinition::new("failures");
 
-/// The format [`RedbStore::upgrade`] converts from.
-const FROM: u64 = 1;
+/// The formats [`RedbStore::upgrade`] converts from.
+const FROM: [u64; 2] = [1, 2];
 
 /// What [`RedbStore::upgrade`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,16 +44,17 @@ pub enum Upgraded {
         backup: PathBuf,
         /// Its runs.
         runs: u64,
-        /// The records moved to the log.
+        /// The records moved to the log (none from format 2, which has it).
         records: u64,
     },
 }
 
-/// The name of the backup [`RedbStore::upgrade`] makes of `path`: `<path>.format-1.bak`,
-/// followed by `.N` for the `n`-th (from 1) when the names before it are taken.
-pub(crate) fn backup_path(path: &Path, n: u32) -> PathBuf {
+/// The name of the backup [`RedbStore::upgrade`] makes of `path`, a file of format `from`:
+/// `<path>.format-<from>.bak`, followed by `.N` for the `n`-th (from 1) when the names
+/// before it are taken.
+pub(crate) fn backup_path(path: &Path, from: u64, n: u32) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
-    name.push(format!(".format-{FROM}.bak"));
+    name.push(format!(".format-{from}.bak"));
     if n > 0 {
         name.push(format!(".{n}"));
     }
@@ -60,12 +65,13 @@ pub(crate) fn backup_path(path: &Path, n: u32) -> PathBuf {
 const BACKUP_NAMES: u32 = 100;
 
 impl RedbStore {
-    /// Converts the store file at `path` from format 1 to this build's format
-    /// ([`STORE_FORMAT`]): copies it to `<path>.format-1.bak` first (or, if that name is
-    /// taken, as by the backup of an upgrade that was interrupted, `<path>.format-1.bak.1`,
-    /// `.2`, ...: a backup is never overwritten), then moves every
-    /// transition, step and failure record to the log in one write transaction, so that a
-    /// crash leaves the file of format 1 as it was. `loops upgrade PATH` calls it.
+    /// Converts the store file at `path` from format 1 or 2 to this build's format
+    /// ([`STORE_FORMAT`]): copies it to `<path>.format-N.bak` first, N its format (or, if
+    /// that name is taken, as by the backup of an upgrade that was interrupted,
+    /// `<path>.format-N.bak.1`, `.2`, ...: a backup is never overwritten), then, in one
+    /// write transaction, so that a crash leaves the file as it was: from format 1, moves
+    /// every transition, step and failure record to the log; from either, encodes every
+    /// run's row anew. `loops upgrade PATH` calls it.
     ///
     /// The file must not be open elsewhere: it is refused if it is, and held (shared, then
     /// exclusively) while it is copied and converted; another process that opens it between
@@ -103,13 +109,13 @@ impl RedbStore {
                 .map_err(|e| Error::storage("reading the store's format", e))?;
             file_format(&txn).map_err(|e| Error::storage("reading the store's format", e))?
         };
-        match format {
+        let from = match format {
             Some(STORE_FORMAT) => {
                 return Ok(Upgraded::Current {
                     format: STORE_FORMAT,
                 });
             }
-            Some(FROM) => {}
+            Some(from) if FROM.contains(&from) => from,
             Some(found) => {
                 return Err(Error::StoreFormat {
                     path,
@@ -118,20 +124,20 @@ impl RedbStore {
                 });
             }
             None => return Err(open_err("not a loops store (it has no runs table)".into())),
-        }
-        let backup = back_up(&path)
+        };
+        let backup = back_up(&path, from)
             .map_err(|e| open_err(format!("copying it to a backup beside it: {e}").into()))?;
         drop(held);
         let db = open_writable(&path)?;
         let txn = db
             .begin_write()
             .map_err(|e| Error::storage("beginning the upgrade", e))?;
-        let (runs, records) = convert(&txn)?;
+        let (runs, records) = convert(&txn, from)?;
         crate::failpoint::point("loops::upgrade::before_commit");
         txn.commit()
             .map_err(|e| Error::storage("committing the upgrade", e))?;
         Ok(Upgraded::Converted {
-            from: FROM,
+            from,
             to: STORE_FORMAT,
             backup,
             runs,
@@ -153,12 +159,12 @@ fn open_writable(path: &Path) -> Result<Database> {
     })
 }
 
-/// Copies `from` to a backup beside it under the first of its [backup names](backup_path)
-/// that is free, and returns that name. The copy is written and synced under a temporary
+/// Copies `from`, a file of format `format`, to a backup beside it under the first of its
+/// [backup names](backup_path) that is free, and returns that name. The copy is written and synced under a temporary
 /// name, then linked to the backup's name (which fails if the name exists): a crash never
 /// leaves a partial copy under a backup's name, and no backup is overwritten.
-fn back_up(from: &Path) -> std::io::Result<PathBuf> {
-    let mut tmp = backup_path(from, 0).into_os_string();
+fn back_up(from: &Path, format: u64) -> std::io::Result<PathBuf> {
+    let mut tmp = backup_path(from, format, 0).into_os_string();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
     let mut source = std::fs::File::open(from)?;
@@ -172,7 +178,7 @@ fn back_up(from: &Path) -> std::io::Result<PathBuf> {
     });
     let linked = copied.and_then(|()| {
         for n in 0..BACKUP_NAMES {
-            let name = backup_path(from, n);
+            let name = backup_path(from, format, n);
             match std::fs::hard_link(&tmp, &name) {
                 Ok(()) => return Ok(name),
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
@@ -181,7 +187,7 @@ fn back_up(from: &Path) -> std::io::Result<PathBuf> {
         }
         Err(std::io::Error::other(format!(
             "{} and the {} names after it are taken: move earlier backups away",
-            backup_path(from, 0).display(),
+            backup_path(from, format, 0).display(),
             BACKUP_NAMES - 1
         )))
     });
@@ -208,13 +214,19 @@ enum Old {
     Failure(u32, u32),
 }
 
-/// Moves every record of format 1 to the log, sets each run's head, deletes format 1's
-/// tables and records format 2, in `txn`. Returns the runs and the records converted.
+/// Converts the file of format `from` in `txn` to this build's: from format 1, moves every
+/// record to the log (each run's head then leads to them) and deletes format 1's tables;
+/// from either, encodes every run's row as [`row`] does; then records [`STORE_FORMAT`].
+/// Returns the runs and the records moved to the log.
 ///
 /// # Errors
-/// [`Error::Storage`] if redb fails or a key of format 1 names a run without a row.
-pub(super) fn convert(txn: &redb::WriteTransaction) -> Result<(u64, u64)> {
-    let storage = |e: redb::Error| Error::storage("converting the store to format 2", e);
+/// [`Error::Storage`] if redb fails, a key of format 1 names a run without a row, or a row
+/// of format 2 is too short to hold its head; [`Error::Decode`] if a row's JSON does not
+/// decode. Nothing is converted then (the caller does not commit).
+pub(super) fn convert(txn: &redb::WriteTransaction, from: u64) -> Result<(u64, u64)> {
+    let storage = |e: redb::Error| {
+        Error::storage(format!("converting the store to format {STORE_FORMAT}"), e)
+    };
     let ids: Vec<String> = {
         let runs = txn.open_table(RUNS).map_err(|e| storage(e.into()))?;
         let mut ids = Vec::new();
@@ -224,11 +236,47 @@ pub(super) fn convert(txn: &redb::WriteTransaction) -> Result<(u64, u64)> {
         }
         ids
     };
+    let (heads, records) = if from == 1 {
+        move_to_log(txn, &ids)?
+    } else {
+        (Vec::new(), 0)
+    };
+    let mut runs = txn.open_table(RUNS).map_err(|e| storage(e.into()))?;
+    for (i, id) in ids.iter().enumerate() {
+        let stored = runs
+            .get(id.as_str())
+            .map_err(|e| storage(e.into()))?
+            .map(|row| row.value().to_vec())
+            .unwrap_or_default();
+        let (head, json) = match heads.get(i) {
+            Some(head) => (*head, stored.as_slice()),
+            None => Head::split(&stored).ok_or_else(|| {
+                storage(redb::Error::Corrupted(format!(
+                    "the row of run `{id}` is too short to hold its head: the file is damaged"
+                )))
+            })?,
+        };
+        let info = RunInfo::decode(id, json)?;
+        let row = row::encode(head, &info);
+        runs.insert(id.as_str(), row.as_slice())
+            .map_err(|e| storage(e.into()))?;
+    }
+    drop(runs);
+    record_format(txn).map_err(storage)?;
+    Ok((ids.len() as u64, records))
+}
+
+/// Moves every record of format 1 to the log and deletes format 1's tables, in `txn`.
+/// Returns the head of each of `ids` (the runs, in order) and the records moved.
+fn move_to_log(txn: &redb::WriteTransaction, ids: &[String]) -> Result<(Vec<Head>, u64)> {
+    let storage = |e: redb::Error| {
+        Error::storage(format!("converting the store to format {STORE_FORMAT}"), e)
+    };
     let mut next = 1u64;
     let mut records = 0u64;
+    let mut heads = Vec::with_capacity(ids.len());
     let mut log_table = txn.open_table(LOG).map_err(|e| storage(e.into()))?;
-    let mut runs = txn.open_table(RUNS).map_err(|e| storage(e.into()))?;
-    for id in &ids {
+    for id in ids {
         let mut old = old_records(txn, id).map_err(storage)?;
         old.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
         let mut head = Head::default();
@@ -248,16 +296,10 @@ pub(super) fn convert(txn: &redb::WriteTransaction) -> Result<(u64, u64)> {
             next += 1;
         }
         records += old.len() as u64;
-        let row = runs
-            .get(id.as_str())
-            .map_err(|e| storage(e.into()))?
-            .map(|row| row.value().to_vec())
-            .unwrap_or_default();
-        runs.insert(id.as_str(), head.row(&row).as_slice())
-            .map_err(|e| storage(e.into()))?;
+        heads.push(head);
     }
-    drop((log_table, runs));
-    let orphans = old_records_left(txn, &ids).map_err(storage)?;
+    drop(log_table);
+    let orphans = old_records_left(txn, ids).map_err(storage)?;
     if let Some(run) = orphans {
         return Err(storage(redb::Error::Corrupted(format!(
             "format 1's tables hold records of run `{run}`, which has no row: the file is damaged"
@@ -270,8 +312,7 @@ pub(super) fn convert(txn: &redb::WriteTransaction) -> Result<(u64, u64)> {
             Err(e) => return Err(storage(e.into())),
         }
     }
-    record_format(txn).map_err(storage)?;
-    Ok((ids.len() as u64, records))
+    Ok((heads, records))
 }
 
 type OldRecord = (u64, Old, Vec<u8>);
@@ -376,14 +417,14 @@ mod tests {
         {
             let db = Database::open(&path).unwrap();
             let txn = db.begin_write().unwrap();
-            let (runs, records) = convert(&txn).unwrap();
+            let (runs, records) = convert(&txn, 1).unwrap();
             assert_eq!(runs, 3);
             assert!(records > 10, "{records}");
             drop(txn);
         }
         let db = Database::open(&path).unwrap();
         let txn = db.begin_read().unwrap();
-        assert_eq!(file_format(&txn).unwrap(), Some(FROM));
+        assert_eq!(file_format(&txn).unwrap(), Some(1));
         assert!(txn.open_table(JOURNAL).unwrap().len().unwrap() > 0);
         assert!(matches!(
             txn.open_table(LOG),
