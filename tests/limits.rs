@@ -38,7 +38,8 @@ impl ClimbHandler for Climber {
 }
 
 const RUNS: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("runs");
-/// Format 2's log (see loops-core's `store/redb/log.rs`): global sequence → entry.
+/// The log of store formats 2 and 3 (see loops-core's `store/redb/log.rs`): global sequence
+/// → entry.
 const LOG: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("log");
 const STATUS: redb::TableDefinition<(u8, &str, &str), ()> = redb::TableDefinition::new("status");
 const INBOX: redb::TableDefinition<(&str, u64), &[u8]> = redb::TableDefinition::new("inbox");
@@ -51,27 +52,39 @@ fn code(status: &str) -> u8 {
     }
 }
 
-/// Edits the row of `run_id` (status `failed` now) as a foreign tool might: sets `fields`,
-/// moves the run to `status` in the status index, and, for a new seq, puts the run's record
-/// of seq 0 under it (with its own `seq` changed to match).
-fn edit(path: &Path, run_id: &str, status: &str, fields: &[(&str, serde_json::Value)]) {
+/// Where a field of a stored row is, and its width, in store format 3's binary row
+/// (loops-core's `store/redb/row.rs`): the head (16 bytes: the run's newest entry and newest
+/// transition in the log), the encoding's version (1), the status' code (1: byte 17), the fields
+/// present (2), the schema hash (8), then seq (8), attempt (4), attempt base (4).
+fn field_at(field: &str) -> (usize, usize) {
+    match field {
+        "seq" => (28, 8),
+        "attempt" => (36, 4),
+        "attempt_base" => (40, 4),
+        other => panic!("field {other}"),
+    }
+}
+
+/// Edits the row of `run_id` (status `failed` now) as a foreign tool might: sets `fields`
+/// (little-endian, each its field's width), moves the run to `status` in the row and the
+/// status index, and, for a new seq, puts the run's record of seq 0 under it (with its own
+/// `seq` changed to match).
+fn edit(path: &Path, run_id: &str, status: &str, fields: &[(&str, u64)]) {
     let db = redb::Database::open(path).unwrap();
     let txn = db.begin_write().unwrap();
     {
         let mut runs = txn.open_table(RUNS).unwrap();
-        // A row is the run's head in the log (its newest entry, its newest transition: 8
-        // bytes each), then the row's JSON.
-        let stored = runs.get(run_id).unwrap().unwrap().value().to_vec();
-        let (head, json) = stored.split_at(16);
-        let mut last_entry = u64::from_le_bytes(head[..8].try_into().unwrap());
-        let mut last_transition = u64::from_le_bytes(head[8..].try_into().unwrap());
-        let mut row: serde_json::Value = serde_json::from_slice(json).unwrap();
-        assert_eq!(row["status"], "failed", "{row}");
-        row["status"] = status.into();
+        let mut row = runs.get(run_id).unwrap().unwrap().value().to_vec();
+        let mut last_entry = u64::from_le_bytes(row[..8].try_into().unwrap());
+        let mut last_transition = u64::from_le_bytes(row[8..16].try_into().unwrap());
+        assert_eq!(row[17], code("failed"), "the run has failed");
+        row[17] = code(status);
         for (field, value) in fields {
-            row[*field] = value.clone();
+            let (at, width) = field_at(field);
+            row[at..at + width].copy_from_slice(&value.to_le_bytes()[..width]);
         }
-        if let Some(seq) = row["seq"].as_u64().filter(|seq| *seq != 0) {
+        let seq = u64::from_le_bytes(row[28..36].try_into().unwrap());
+        if seq != 0 {
             // The run's only transition is of seq 0: a copy of it at `seq`, appended to the
             // log as loops appends one (kind 1, previous entry, previous transition, seq,
             // run id, record).
@@ -92,10 +105,9 @@ fn edit(path: &Path, run_id: &str, status: &str, fields: &[(&str, serde_json::Va
             log.insert(at, new.as_slice()).unwrap();
             (last_entry, last_transition) = (at, at);
         }
-        let mut value = last_entry.to_le_bytes().to_vec();
-        value.extend_from_slice(&last_transition.to_le_bytes());
-        value.extend_from_slice(&serde_json::to_vec(&row).unwrap());
-        runs.insert(run_id, value.as_slice()).unwrap();
+        row[..8].copy_from_slice(&last_entry.to_le_bytes());
+        row[8..16].copy_from_slice(&last_transition.to_le_bytes());
+        runs.insert(run_id, row.as_slice()).unwrap();
         let mut index = txn.open_table(STATUS).unwrap();
         assert!(index.remove((2, "limits", run_id)).unwrap().is_some());
         index.insert((code(status), "limits", run_id), ()).unwrap();
@@ -137,7 +149,7 @@ async fn values_at_their_limit_are_refused_with_a_typed_error_and_nothing_is_wri
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store.redb");
     failed_runs(&path, &["seq", "attempt", "retry", "event"]).await;
-    edit(&path, "seq", "running", &[("seq", u64::MAX.into())]);
+    edit(&path, "seq", "running", &[("seq", u64::MAX)]);
     // attempt_base just below: the budget is not used up, so the next attempt needs a number.
     edit(
         &path,

@@ -404,8 +404,44 @@ mod tests {
     use super::*;
 
     fn fixture() -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/store-format-1.redb")
+        fixture_of(1)
     }
+
+    fn fixture_of(format: u64) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("../tests/fixtures/store-format-{format}.redb"))
+    }
+
+    /// The same from format 2: its rows keep their JSON until the conversion commits.
+    #[test]
+    fn a_conversion_of_format_2_not_committed_leaves_format_2() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.redb");
+        std::fs::copy(fixture_of(2), &path).unwrap();
+        let row_of_b = |db: &Database| {
+            let txn = db.begin_read().unwrap();
+            let runs = txn.open_table(RUNS).unwrap();
+            runs.get("b").unwrap().unwrap().value().to_vec()
+        };
+        let before = row_of_b(&Database::open(&path).unwrap());
+        assert_eq!(before[HEAD], b'{', "format 2's row: its head, then JSON");
+        {
+            let db = Database::open(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            assert_eq!(convert(&txn, 2).unwrap(), (3, 0));
+            drop(txn);
+            assert_eq!(row_of_b(&db), before);
+        }
+        let db = Database::open(&path).unwrap();
+        assert_eq!(file_format(&db.begin_read().unwrap()).unwrap(), Some(2));
+        drop(db);
+        assert!(matches!(
+            RedbStore::open(&path),
+            Err(Error::StoreFormat { found: 2, .. })
+        ));
+    }
+
+    const HEAD: usize = log::HEAD_LEN;
 
     /// A conversion that is not committed (a crash before the commit) leaves the file of
     /// format 1 as it was.
