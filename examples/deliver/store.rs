@@ -1,0 +1,130 @@
+//! The store file, as the command line meets it: opened while a killed process's lock lingers,
+//! its errors said for a `deliver` user, and deleted by `--fresh` only if it is one.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+
+use crate::project::Paths;
+
+/// `--fresh`: deletes the store and the work directory, holding the store's lock meanwhile,
+/// so that a `deliver` started now is refused until the work directory is gone, and then
+/// starts in a new one. (Not quite with a `--store` outside the work directory: that store
+/// goes first, and a `deliver` started in the instant before the work directory goes would
+/// find it gone under it.)
+///
+/// A store that cannot be opened for another reason than its lock (a damaged file) is not
+/// open in any process: it is deleted all the same, as `--fresh` asks.
+pub async fn delete_for_fresh(paths: &Paths) -> Result<()> {
+    check_is_a_store(&paths.store)?;
+    let held = if paths.store.exists() {
+        match open_store(|| loops::RedbStore::open(&paths.store)).await {
+            Ok(store) => Some(store),
+            Err(e @ loops::Error::StoreLocked { .. }) => {
+                return Err(store_error(e).context("--fresh"));
+            }
+            Err(e) => {
+                say!(
+                    "--fresh: {:#}; deleting it all the same",
+                    anyhow::Error::new(e)
+                );
+                None
+            }
+        }
+    } else {
+        None
+    };
+    // Elsewhere than on Unix, a directory that holds an open file cannot be renamed, nor an
+    // open file deleted: there the lock is let go first.
+    let held = held.filter(|_| cfg!(unix));
+    paths.delete()?;
+    drop(held);
+    Ok(())
+}
+
+/// The first bytes of every redb file, so of every loops store (redb's file format:
+/// `MAGICNUMBER` in its `tree_store/page_store/header.rs`).
+const REDB_MAGIC: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
+
+/// Checks, for `--fresh`, that `store` is missing or a file that starts as a redb file does:
+/// `--fresh` deletes a store, damaged or not, but never a file of the user's named with
+/// `--store` by mistake, nor a directory. Nothing has been deleted yet when it refuses.
+///
+/// # Errors
+/// If `store` exists and is not a regular file starting with redb's magic number, or cannot
+/// be read.
+fn check_is_a_store(store: &Path) -> Result<()> {
+    let refuse = |what: &str| {
+        anyhow::anyhow!(
+            "--fresh: --store {} {what}, not a loops store; nothing was deleted (move it away, \
+             or name another --store)",
+            store.display()
+        )
+    };
+    let metadata = match std::fs::metadata(store) {
+        Ok(metadata) => metadata,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => {
+            return Err(e).with_context(|| format!("--fresh: cannot read {}", store.display()));
+        }
+    };
+    if metadata.is_dir() {
+        return Err(refuse("is a directory"));
+    }
+    if !metadata.is_file() {
+        return Err(refuse("is not a regular file"));
+    }
+    let mut head = [0; REDB_MAGIC.len()];
+    let read = std::fs::File::open(store).and_then(|mut f| {
+        use std::io::Read as _;
+        let mut filled = 0;
+        while filled < head.len() {
+            match f.read(&mut head[filled..])? {
+                0 => break,
+                n => filled += n,
+            }
+        }
+        Ok(filled)
+    });
+    match read {
+        Ok(n) if n == REDB_MAGIC.len() && head == REDB_MAGIC => Ok(()),
+        Ok(_) => Err(refuse("does not start with redb's header")),
+        Err(e) => Err(e).with_context(|| format!("--fresh: cannot read {}", store.display())),
+    }
+}
+
+/// The error for a store that `open_store` could not open.
+pub fn store_error(e: loops::Error) -> anyhow::Error {
+    match e {
+        loops::Error::StoreLocked { .. } => {
+            anyhow::anyhow!("{e}: is another `deliver` running?")
+        }
+        // It says "cannot open store <path>" itself.
+        e @ loops::Error::Open { .. } => anyhow::Error::new(e),
+        e => anyhow::Error::new(e).context("cannot open the store"),
+    }
+}
+
+/// How long a store found locked is tried again, and how long apart.
+const STORE_LOCK_WAIT: Duration = Duration::from_secs(2);
+const STORE_LOCK_PAUSE: Duration = Duration::from_millis(50);
+
+/// Opens the store with `open`, trying again for up to [`STORE_LOCK_WAIT`] while it is locked.
+///
+/// A process killed with SIGKILL gives its lock back at once, yet about one open in a
+/// thousand right after `kill -9` found the store still locked: most likely a child (git,
+/// rustc) that the killed process had just forked, holding a copy of the store's file
+/// descriptor (and so its lock) until it executes its program, which closes it. That lasts
+/// a moment; a store still locked after 2 s is open in a live process.
+pub async fn open_store<T>(mut open: impl FnMut() -> loops::Result<T>) -> loops::Result<T> {
+    let deadline = tokio::time::Instant::now() + STORE_LOCK_WAIT;
+    loop {
+        match open() {
+            Err(loops::Error::StoreLocked { .. }) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(STORE_LOCK_PAUSE).await;
+            }
+            result => return result,
+        }
+    }
+}
