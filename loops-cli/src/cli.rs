@@ -378,7 +378,9 @@ const CANCEL_EXAMPLES: &str = "\
 Examples:
   loops cancel deliver-2 --reason 'duplicate of deliver-1'
 
-The run ends as cancelled at once (no process drives it while this tool holds the store).";
+A run no process drives ends as cancelled at once. One a process drives (through its control
+endpoint, or another worker of a shared PostgreSQL store) ends in the state it is in: a waiting
+run as soon as its driver sees the request, a running one at its next step or state boundary.";
 
 /// The reason `loops cancel` gives without `--reason`.
 pub const DEFAULT_CANCEL_REASON: &str = "cancelled with the loops CLI";

@@ -3117,6 +3117,47 @@ fn cancel_of_a_driven_run_says_where_it_will_end() {
     tokio.block_on(rt.shutdown());
 }
 
+/// `loops cancel` of a waiting run that a process drives (its caller's `Runtime::run` waits
+/// on it) says the driver ends it as soon as it sees the request, not at a step boundary;
+/// the driver then returns `RunCancelled` in that state.
+#[test]
+fn cancel_of_a_waiting_driven_run_says_it_ends_when_its_driver_sees_the_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gate.redb");
+    let tokio = tokio::runtime::Runtime::new().unwrap();
+    let (rt, server) = tokio.block_on(async {
+        let rt = Runtime::builder()
+            .register::<Gate, _>(Worker)
+            .open(&path)
+            .unwrap();
+        let server = rt.serve_control_next_to_store().await.unwrap();
+        (rt, server)
+    });
+    let driver = rt.clone();
+    let attached = tokio.spawn(async move {
+        let initial = Gate::Ask { doc: "d".into() };
+        driver.run("g1", initial, &Worker).await
+    });
+    tokio.block_on(until_status(&rt, "g1", RunStatus::Waiting));
+    assert_eq!(
+        text(&path, &["cancel", "g1", "--reason", "not needed"]),
+        "cancellation of run g1 asked (waiting in state Ask, seq 0): not needed; its driver stops waiting and ends it as cancelled as soon as it sees the request (at once, or within 200 ms from another process sharing the store), in the state it is in\n"
+    );
+    match tokio.block_on(attached).unwrap() {
+        Err(loops_core::Error::RunCancelled { state, seq, .. }) => {
+            assert_eq!((state.as_str(), seq), ("Ask", 0));
+        }
+        other => panic!("expected RunCancelled, got {other:?}"),
+    }
+    let info = tokio.block_on(rt.run_info("g1")).unwrap().unwrap();
+    assert_eq!(
+        (info.status, info.state.as_str(), info.seq),
+        (RunStatus::Cancelled, "Ask", 0)
+    );
+    tokio.block_on(server.stop());
+    tokio.block_on(rt.shutdown());
+}
+
 /// `loops upgrade PATH`: converts the format-1 fixture of the workspace's tests, says what
 /// it did and where the backup is; a second time it has nothing to do; a file it cannot
 /// convert exits 1 with the error.
