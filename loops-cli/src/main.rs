@@ -19,12 +19,14 @@ mod operator;
 mod output;
 mod panics;
 mod ui;
+mod usage;
 mod view;
 
 use std::io::Write as _;
 use std::process::ExitCode;
 
 use clap::Parser;
+use clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand;
 
 use crate::cli::{Cli, ColorArg, Command};
 use crate::failure::Failure;
@@ -35,7 +37,21 @@ fn main() -> ExitCode {
     // Installed after ours, so that a redb panic loops catches (and reports as an error)
     // never reaches ours: on the store's writer thread, ours would end the process.
     loops_core::silence_caught_redb_panics();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // `--help`, `--version` (stdout, exit 0), and the help that `loops` alone prints.
+        Err(e) if !e.use_stderr() || e.kind() == DisplayHelpOnMissingArgumentOrSubcommand => {
+            e.exit()
+        }
+        Err(e) => {
+            let message = usage::one_line(
+                &e.render().to_string(),
+                &usage::command_path(std::env::args_os()),
+            );
+            report(&message);
+            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+        }
+    };
     match cli.color {
         ColorArg::Auto => {}
         ColorArg::Always => anstream::ColorChoice::Always.write_global(),
@@ -46,16 +62,20 @@ fn main() -> ExitCode {
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
-            let style = ERROR.effects(anstyle::Effects::BOLD);
-            let _ = writeln!(
-                anstream::stderr().lock(),
-                "{}: {}",
-                paint(style, "error"),
-                failure.message
-            );
+            report(&failure.message);
             ExitCode::from(failure.code)
         }
     }
+}
+
+/// Writes the failure's one line to stderr: `error: message`.
+fn report(message: &str) {
+    let style = ERROR.effects(anstyle::Effects::BOLD);
+    let _ = writeln!(
+        anstream::stderr().lock(),
+        "{}: {message}",
+        paint(style, "error")
+    );
 }
 
 fn run(cli: Cli) -> Result<(), Failure> {

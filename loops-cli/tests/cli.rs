@@ -2005,16 +2005,14 @@ fn send_reads_a_large_payload_from_a_file_or_stdin() {
         ],
         2,
     );
-    assert!(
-        err.starts_with(
-            "error: the argument '--json <PAYLOAD>' cannot be used with '--json-file <PATH>'\n"
-        ),
-        "{err}"
+    assert_eq!(
+        err,
+        "error: the argument '--json <PAYLOAD>' cannot be used with '--json-file <PATH>'; try 'loops send --help'\n"
     );
     let err = fails(&path, &["send", "waiting-1", "approval"], 2);
-    assert!(
-        err.starts_with("error: the following required arguments were not provided:\n  <--json <PAYLOAD>|--json-file <PATH>>\n"),
-        "{err}"
+    assert_eq!(
+        err,
+        "error: the following required arguments were not provided: <--json <PAYLOAD>|--json-file <PATH>>; try 'loops send --help'\n"
     );
 }
 
@@ -2755,16 +2753,32 @@ fn bad_arguments_are_clear_errors() {
         err.starts_with("error: invalid value 'soon' for '--older-than <AGE>'"),
         "{err}"
     );
-    let err = fails(&path, &["runs", "--status", "sleeping"], 2);
-    assert!(
-        err.starts_with("error: invalid value 'sleeping' for '--status <STATUS>'"),
-        "{err}"
-    );
-    let err = fails(&path, &["frobnicate"], 2);
-    assert!(
-        err.starts_with("error: unrecognized subcommand 'frobnicate'"),
-        "{err}"
-    );
+    // clap's usage errors are one line too (its lines joined, usage left out), with where
+    // to look; exit code 2.
+    for (args, expected) in [
+        (
+            &["runs", "--status", "sleeping"][..],
+            "error: invalid value 'sleeping' for '--status <STATUS>' [possible values: running, waiting, completed, failed, cancelled, blocked]; try 'loops runs --help'\n",
+        ),
+        (
+            &["runs", "--statu", "failed"],
+            "error: unexpected argument '--statu' found (a similar argument exists: '--status'); try 'loops runs --help'\n",
+        ),
+        (
+            &["frobnicate"],
+            "error: unrecognized subcommand 'frobnicate'; try 'loops --help'\n",
+        ),
+        (
+            &["schedules", "pause"],
+            "error: the following required arguments were not provided: <NAME>; try 'loops schedules pause --help'\n",
+        ),
+        (
+            &["--color", "sometimes", "runs"],
+            "error: invalid value 'sometimes' for '--color <WHEN>' [possible values: auto, always, never]; try 'loops runs --help'\n",
+        ),
+    ] {
+        assert_eq!(fails(&path, args, 2), expected, "{args:?}");
+    }
 
     // No store given.
     Command::cargo_bin("loops")
