@@ -645,8 +645,19 @@ Examples:
 Exits 1 if the file is damaged beyond repair. Opens the file for writing: redb repairs
 what it can (a file left by a crash, damaged allocator state).";
 
-/// Parses an age such as `30d`, `12h`, `1h 30m` (humantime's syntax).
+/// Parses an age such as `30d`, `12h`, `1h 30m` (humantime's syntax); the error says what is
+/// wrong in the user's words (humantime's own, such as `expected number at 0`, name a byte
+/// offset) and which forms are accepted.
 pub fn parse_age(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s)
-        .map_err(|e| format!("{e} (expected an age such as 30d, 12h or 90m)"))
+    use humantime::DurationError as E;
+    const FORMS: &str = "give a number and a unit, such as 30d, 12h, 90m or 1h 30m \
+                         (units: s, m, h, d, w; M for months, y for years)";
+    humantime::parse_duration(s).map_err(|e| match e {
+        E::UnknownUnit { unit, value, .. } if unit.is_empty() => {
+            format!("{value} has no unit: {FORMS}")
+        }
+        E::UnknownUnit { unit, .. } => format!("unknown unit `{unit}`: {FORMS}"),
+        E::NumberOverflow => format!("too long an age: {FORMS}"),
+        E::Empty | E::InvalidCharacter(_) | E::NumberExpected(_) => format!("not an age: {FORMS}"),
+    })
 }

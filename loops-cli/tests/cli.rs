@@ -2748,11 +2748,19 @@ fn bad_arguments_are_clear_errors() {
         );
     }
 
-    let err = fails(&path, &["runs", "--older-than", "soon"], 2);
-    assert!(
-        err.starts_with("error: invalid value 'soon' for '--older-than <AGE>'"),
-        "{err}"
-    );
+    // An age that does not parse: what is wrong, and the forms an age takes.
+    let forms = "give a number and a unit, such as 30d, 12h, 90m or 1h 30m (units: s, m, h, d, w; M for months, y for years); try 'loops runs --help'";
+    for (age, what) in [
+        ("yesterday", "not an age"),
+        ("soon", "not an age"),
+        ("30", "30 has no unit"),
+        ("5x", "unknown unit `x`"),
+    ] {
+        assert_eq!(
+            fails(&path, &["runs", "--older-than", age], 2),
+            format!("error: invalid value '{age}' for '--older-than <AGE>': {what}: {forms}\n")
+        );
+    }
     // clap's usage errors are one line too (its lines joined, usage left out), with where
     // to look; exit code 2.
     for (args, expected) in [
