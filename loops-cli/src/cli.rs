@@ -41,6 +41,12 @@ pub struct Cli {
     #[arg(long, global = true, env = "LOOPS_STORE", value_name = "PATH|URL")]
     pub store: Option<PathBuf>,
 
+    /// Whether `store` came from `--store` on the command line rather than from
+    /// LOOPS_STORE (set by [`usage::parse`](crate::usage::parse)): `upgrade PATH` refuses
+    /// a `--store` that names another file, and takes PATH over LOOPS_STORE.
+    #[arg(skip)]
+    pub store_on_command_line: bool,
+
     /// The PostgreSQL schema that holds the store's tables (with a postgres:// store).
     #[arg(
         long,
@@ -138,6 +144,7 @@ pub enum Command {
     /// Convert a store file of an older format to this build's (format 1 to 2), keeping a
     /// copy of it beside it (FILE.format-1.bak, or .bak.1, .bak.2, ... if taken). The file
     /// must not be open elsewhere.
+    #[command(after_help = UPGRADE_EXAMPLES)]
     Upgrade(UpgradeArgs),
     /// List the stored schedules (runs started per tick), or pause, resume or remove one.
     #[command(after_help = SCHEDULES_EXAMPLES)]
@@ -187,12 +194,22 @@ Examples:
   loops schedules remove nightly
   loops runs --attr loops.schedule=nightly   # the runs its ticks started";
 
-/// `loops upgrade PATH`.
+const UPGRADE_EXAMPLES: &str = "\
+Examples:
+  loops upgrade /var/lib/agent/loops.redb
+  loops --store /var/lib/agent/loops.redb upgrade
+  LOOPS_STORE=/var/lib/agent/loops.redb loops upgrade
+
+Without PATH, the file is the store (--store or LOOPS_STORE). PATH is taken over LOOPS_STORE;
+PATH and a --store that names another file are refused.";
+
+/// `loops upgrade [PATH]`.
 #[derive(Debug, Args)]
 pub struct UpgradeArgs {
-    /// The store file to convert (a redb file; a PostgreSQL store has no format to convert).
+    /// The store file to convert (a redb file; a PostgreSQL store has no format to convert);
+    /// without it, the store (--store or LOOPS_STORE).
     #[arg(value_name = "PATH")]
-    pub path: PathBuf,
+    pub path: Option<PathBuf>,
 }
 
 /// `--json` alone.

@@ -25,7 +25,6 @@ mod view;
 use std::io::Write as _;
 use std::process::ExitCode;
 
-use clap::Parser;
 use clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand;
 
 use crate::cli::{Cli, ColorArg, Command};
@@ -37,7 +36,7 @@ fn main() -> ExitCode {
     // Installed after ours, so that a redb panic loops catches (and reports as an error)
     // never reaches ours: on the store's writer thread, ours would end the process.
     loops_core::silence_caught_redb_panics();
-    let cli = match Cli::try_parse() {
+    let cli = match usage::parse() {
         Ok(cli) => cli,
         // `--help`, `--version` (stdout, exit 0), and the help that `loops` alone prints.
         Err(e) if !e.use_stderr() || e.kind() == DisplayHelpOnMissingArgumentOrSubcommand => {
@@ -81,9 +80,9 @@ fn report(message: &str) {
 fn run(cli: Cli) -> Result<(), Failure> {
     // The file to convert is the command's own argument: it cannot be opened as a store.
     if let Command::Upgrade(args) = &cli.command {
-        return commands::upgrade::run(args);
+        return commands::upgrade::run(args, &cli);
     }
-    let target = open::target(cli.store, cli.pg_schema)?;
+    let target = open::target(cli.store.clone(), cli.pg_schema.clone())?;
     if let Some(path) = target.file() {
         panics::set_store(path);
     }
@@ -106,7 +105,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
         Command::Tree(args) => commands::tree::run(&target, args),
         Command::Ui(args) => ui::serve(&target, args),
         Command::Schedules(args) => commands::schedules::run(&target, args),
-        Command::Upgrade(args) => commands::upgrade::run(args),
+        Command::Upgrade(args) => commands::upgrade::run(args, &cli),
     };
     match target.file() {
         Some(path) => done.map_err(|failure| failure.in_store(path, checking)),

@@ -4,9 +4,23 @@
 
 use std::ffi::OsString;
 
-use clap::CommandFactory;
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches};
 
 use crate::cli::Cli;
+
+/// Parses the process's arguments as `Cli::try_parse` does, noting whether `--store` was
+/// given on the command line (rather than by LOOPS_STORE).
+///
+/// # Errors
+/// clap's error, as `Cli::try_parse` returns it (help and version are errors too).
+pub fn parse() -> Result<Cli, clap::Error> {
+    let mut command = Cli::command();
+    let matches = command.try_get_matches_from_mut(std::env::args_os())?;
+    let mut cli = Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut command))?;
+    cli.store_on_command_line = matches.value_source("store") == Some(ValueSource::CommandLine);
+    Ok(cli)
+}
 
 /// The words of the (sub)command that `args` (the process's arguments, the program first)
 /// name: `loops`, `loops runs`, `loops schedules pause`. Each argument that names a

@@ -3180,6 +3180,102 @@ fn cancel_of_a_waiting_driven_run_says_it_ends_when_its_driver_sees_the_request(
     tokio.block_on(rt.shutdown());
 }
 
+/// `loops upgrade` without PATH converts the store (`--store` or LOOPS_STORE); PATH is
+/// taken over LOOPS_STORE, and refused with a `--store` that names another store.
+#[test]
+fn upgrade_without_path_converts_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let format_1 =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/store-format-1.redb");
+    let (a, b) = (dir.path().join("a.redb"), dir.path().join("b.redb"));
+    std::fs::copy(&format_1, &a).unwrap();
+    std::fs::copy(&format_1, &b).unwrap();
+    let loops = || {
+        let mut cmd = Command::cargo_bin("loops").unwrap();
+        cmd.env_remove("LOOPS_STORE").env("NO_COLOR", "1");
+        cmd
+    };
+    let upgraded = |path: &Path| {
+        format!(
+            "upgraded {} from format 1 to format 2: 3 runs, 23 records moved to the log\n  backup of the file as it was: {}.format-1.bak\n",
+            path.display(),
+            path.display()
+        )
+    };
+    // --store names the file.
+    loops()
+        .arg("--store")
+        .arg(&a)
+        .arg("upgrade")
+        .assert()
+        .success()
+        .stdout(upgraded(&a));
+    // LOOPS_STORE names it.
+    loops()
+        .env("LOOPS_STORE", &b)
+        .arg("upgrade")
+        .assert()
+        .success()
+        .stdout(upgraded(&b));
+    // PATH and --store naming the same file: one file.
+    loops()
+        .arg("--store")
+        .arg(&a)
+        .arg("upgrade")
+        .arg(&a)
+        .assert()
+        .success()
+        .stdout(format!(
+            "{} has format 2 already: nothing to do\n",
+            a.display()
+        ));
+    // PATH over LOOPS_STORE.
+    std::fs::copy(&format_1, &a).unwrap();
+    loops()
+        .env("LOOPS_STORE", &b)
+        .arg("upgrade")
+        .arg(&a)
+        .assert()
+        .success()
+        .stdout(predicate::str::starts_with(format!(
+            "upgraded {} from format 1 to format 2",
+            a.display()
+        )));
+    // Refused, exit 2, one line: two files, no file, a PostgreSQL store (its URL not said).
+    loops()
+        .arg("--store")
+        .arg(&b)
+        .arg("upgrade")
+        .arg(&a)
+        .assert()
+        .code(2)
+        .stdout("")
+        .stderr(format!(
+            "error: upgrade {} and --store {} name two files: give the file once, as PATH or as --store\n",
+            a.display(),
+            b.display()
+        ));
+    loops()
+        .arg("upgrade")
+        .assert()
+        .code(2)
+        .stderr("error: no file to convert: pass PATH, or --store PATH, or set LOOPS_STORE\n");
+    loops()
+        .args(["--store", "postgres://u:secret@localhost/db", "upgrade"])
+        .assert()
+        .code(2)
+        .stderr("error: the store is a PostgreSQL database, which has no file format to convert: loops upgrade converts a redb file\n");
+    loops()
+        .args(["--store", "postgres://u:secret@localhost/db", "upgrade"])
+        .arg(&a)
+        .assert()
+        .code(2)
+        .stderr(format!(
+            "error: upgrade {} and --store name two stores (--store is a PostgreSQL database, which has no file format to convert): give the file once, as PATH or as --store\n",
+            a.display()
+        ));
+}
+
 /// `loops upgrade PATH`: converts the format-1 fixture of the workspace's tests, says what
 /// it did and where the backup is; a second time it has nothing to do; a file it cannot
 /// convert exits 1 with the error.
