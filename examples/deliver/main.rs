@@ -447,10 +447,8 @@ async fn dry_run(cli: &Cli) -> Result<()> {
         );
     } else {
         say!(
-            "dry run: {} unfinished or blocked run{} in {}; this build (version {version}) would:",
-            lines.len(),
-            if lines.len() == 1 { "" } else { "s" },
-            store.display(),
+            "{}",
+            versions::dry_run_heading(lines.len(), &store, version)
         );
     }
     for line in lines {

@@ -9,6 +9,8 @@
 //! binary the previous release: version 1 only, which refuses (and marks blocked) a run
 //! recorded by version 2, for tests that play a rolling upgrade.
 
+use std::path::Path;
+
 use anyhow::{Result, bail};
 use loops::{
     Context, Migration, MigrationFailure, Route, RunStatus, Runtime, RuntimeBuilder, Workflow as _,
@@ -357,6 +359,22 @@ pub async fn dry_run(runtime: &Runtime, only: Option<&str>) -> Result<Vec<String
         lines.push(line);
     }
     Ok(lines)
+}
+
+/// The first line of `--dry-run` over every run of the store at `store`, for `count` lines of
+/// [`dry_run`] from a build of `version`: what follows, or that there is nothing to do.
+pub fn dry_run_heading(count: usize, store: &Path, version: u32) -> String {
+    match count {
+        0 => format!(
+            "dry run: no unfinished or blocked run in {}: nothing to do",
+            store.display()
+        ),
+        n => format!(
+            "dry run: {n} unfinished or blocked run{} in {}; this build (version {version}) would:",
+            if n == 1 { "" } else { "s" },
+            store.display()
+        ),
+    }
 }
 
 /// The dry run's handler: registered so that the runtime knows which versions this build

@@ -41,6 +41,12 @@ pub struct Cli {
     #[arg(long, global = true, env = "LOOPS_STORE", value_name = "PATH|URL")]
     pub store: Option<PathBuf>,
 
+    /// Whether `store` came from `--store` on the command line rather than from
+    /// LOOPS_STORE (set by [`usage::parse`](crate::usage::parse)): `upgrade PATH` refuses
+    /// a `--store` that names another file, and takes PATH over LOOPS_STORE.
+    #[arg(skip)]
+    pub store_on_command_line: bool,
+
     /// The PostgreSQL schema that holds the store's tables (with a postgres:// store).
     #[arg(
         long,
@@ -138,6 +144,7 @@ pub enum Command {
     /// Convert a store file of an older format to this build's (format 1 or 2 to 3),
     /// keeping a copy of it beside it (FILE.format-N.bak, N its format, or .bak.1, .bak.2,
     /// ... if taken). The file must not be open elsewhere.
+    #[command(after_help = UPGRADE_EXAMPLES)]
     Upgrade(UpgradeArgs),
     /// List the stored schedules (runs started per tick), or pause, resume or remove one.
     #[command(after_help = SCHEDULES_EXAMPLES)]
@@ -187,12 +194,22 @@ Examples:
   loops schedules remove nightly
   loops runs --attr loops.schedule=nightly   # the runs its ticks started";
 
-/// `loops upgrade PATH`.
+const UPGRADE_EXAMPLES: &str = "\
+Examples:
+  loops upgrade /var/lib/agent/loops.redb
+  loops --store /var/lib/agent/loops.redb upgrade
+  LOOPS_STORE=/var/lib/agent/loops.redb loops upgrade
+
+Without PATH, the file is the store (--store or LOOPS_STORE). PATH is taken over LOOPS_STORE;
+PATH and a --store that names another file are refused.";
+
+/// `loops upgrade [PATH]`.
 #[derive(Debug, Args)]
 pub struct UpgradeArgs {
-    /// The store file to convert (a redb file; a PostgreSQL store has no format to convert).
+    /// The store file to convert (a redb file; a PostgreSQL store has no format to convert);
+    /// without it, the store (--store or LOOPS_STORE).
     #[arg(value_name = "PATH")]
-    pub path: PathBuf,
+    pub path: Option<PathBuf>,
 }
 
 /// `--json` alone.
@@ -378,7 +395,9 @@ const CANCEL_EXAMPLES: &str = "\
 Examples:
   loops cancel deliver-2 --reason 'duplicate of deliver-1'
 
-The run ends as cancelled at once (no process drives it while this tool holds the store).";
+A run no process drives ends as cancelled at once. One a process drives (through its control
+endpoint, or another worker of a shared PostgreSQL store) ends in the state it is in: a waiting
+run as soon as its driver sees the request, a running one at its next step or state boundary.";
 
 /// The reason `loops cancel` gives without `--reason`.
 pub const DEFAULT_CANCEL_REASON: &str = "cancelled with the loops CLI";
@@ -643,8 +662,19 @@ Examples:
 Exits 1 if the file is damaged beyond repair. Opens the file for writing: redb repairs
 what it can (a file left by a crash, damaged allocator state).";
 
-/// Parses an age such as `30d`, `12h`, `1h 30m` (humantime's syntax).
+/// Parses an age such as `30d`, `12h`, `1h 30m` (humantime's syntax); the error says what is
+/// wrong in the user's words (humantime's own, such as `expected number at 0`, name a byte
+/// offset) and which forms are accepted.
 pub fn parse_age(s: &str) -> Result<Duration, String> {
-    humantime::parse_duration(s)
-        .map_err(|e| format!("{e} (expected an age such as 30d, 12h or 90m)"))
+    use humantime::DurationError as E;
+    const FORMS: &str = "give a number and a unit, such as 30d, 12h, 90m or 1h 30m \
+                         (units: s, m, h, d, w; M for months, y for years)";
+    humantime::parse_duration(s).map_err(|e| match e {
+        E::UnknownUnit { unit, value, .. } if unit.is_empty() => {
+            format!("{value} has no unit: {FORMS}")
+        }
+        E::UnknownUnit { unit, .. } => format!("unknown unit `{unit}`: {FORMS}"),
+        E::NumberOverflow => format!("too long an age: {FORMS}"),
+        E::Empty | E::InvalidCharacter(_) | E::NumberExpected(_) => format!("not an age: {FORMS}"),
+    })
 }

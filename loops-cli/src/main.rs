@@ -19,12 +19,13 @@ mod operator;
 mod output;
 mod panics;
 mod ui;
+mod usage;
 mod view;
 
 use std::io::Write as _;
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand;
 
 use crate::cli::{Cli, ColorArg, Command};
 use crate::failure::Failure;
@@ -35,7 +36,21 @@ fn main() -> ExitCode {
     // Installed after ours, so that a redb panic loops catches (and reports as an error)
     // never reaches ours: on the store's writer thread, ours would end the process.
     loops_core::silence_caught_redb_panics();
-    let cli = Cli::parse();
+    let cli = match usage::parse() {
+        Ok(cli) => cli,
+        // `--help`, `--version` (stdout, exit 0), and the help that `loops` alone prints.
+        Err(e) if !e.use_stderr() || e.kind() == DisplayHelpOnMissingArgumentOrSubcommand => {
+            e.exit()
+        }
+        Err(e) => {
+            let message = usage::one_line(
+                &e.render().to_string(),
+                &usage::command_path(std::env::args_os()),
+            );
+            report(&message);
+            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+        }
+    };
     match cli.color {
         ColorArg::Auto => {}
         ColorArg::Always => anstream::ColorChoice::Always.write_global(),
@@ -46,24 +61,28 @@ fn main() -> ExitCode {
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(failure) => {
-            let style = ERROR.effects(anstyle::Effects::BOLD);
-            let _ = writeln!(
-                anstream::stderr().lock(),
-                "{}: {}",
-                paint(style, "error"),
-                failure.message
-            );
+            report(&failure.message);
             ExitCode::from(failure.code)
         }
     }
 }
 
+/// Writes the failure's one line to stderr: `error: message`.
+fn report(message: &str) {
+    let style = ERROR.effects(anstyle::Effects::BOLD);
+    let _ = writeln!(
+        anstream::stderr().lock(),
+        "{}: {message}",
+        paint(style, "error")
+    );
+}
+
 fn run(cli: Cli) -> Result<(), Failure> {
     // The file to convert is the command's own argument: it cannot be opened as a store.
     if let Command::Upgrade(args) = &cli.command {
-        return commands::upgrade::run(args);
+        return commands::upgrade::run(args, &cli);
     }
-    let target = open::target(cli.store, cli.pg_schema)?;
+    let target = open::target(cli.store.clone(), cli.pg_schema.clone())?;
     if let Some(path) = target.file() {
         panics::set_store(path);
     }
@@ -86,7 +105,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
         Command::Tree(args) => commands::tree::run(&target, args),
         Command::Ui(args) => ui::serve(&target, args),
         Command::Schedules(args) => commands::schedules::run(&target, args),
-        Command::Upgrade(args) => commands::upgrade::run(args),
+        Command::Upgrade(args) => commands::upgrade::run(args, &cli),
     };
     match target.file() {
         Some(path) => done.map_err(|failure| failure.in_store(path, checking)),

@@ -2005,16 +2005,14 @@ fn send_reads_a_large_payload_from_a_file_or_stdin() {
         ],
         2,
     );
-    assert!(
-        err.starts_with(
-            "error: the argument '--json <PAYLOAD>' cannot be used with '--json-file <PATH>'\n"
-        ),
-        "{err}"
+    assert_eq!(
+        err,
+        "error: the argument '--json <PAYLOAD>' cannot be used with '--json-file <PATH>'; try 'loops send --help'\n"
     );
     let err = fails(&path, &["send", "waiting-1", "approval"], 2);
-    assert!(
-        err.starts_with("error: the following required arguments were not provided:\n  <--json <PAYLOAD>|--json-file <PATH>>\n"),
-        "{err}"
+    assert_eq!(
+        err,
+        "error: the following required arguments were not provided: <--json <PAYLOAD>|--json-file <PATH>>; try 'loops send --help'\n"
     );
 }
 
@@ -2751,21 +2749,45 @@ fn bad_arguments_are_clear_errors() {
         );
     }
 
-    let err = fails(&path, &["runs", "--older-than", "soon"], 2);
-    assert!(
-        err.starts_with("error: invalid value 'soon' for '--older-than <AGE>'"),
-        "{err}"
-    );
-    let err = fails(&path, &["runs", "--status", "sleeping"], 2);
-    assert!(
-        err.starts_with("error: invalid value 'sleeping' for '--status <STATUS>'"),
-        "{err}"
-    );
-    let err = fails(&path, &["frobnicate"], 2);
-    assert!(
-        err.starts_with("error: unrecognized subcommand 'frobnicate'"),
-        "{err}"
-    );
+    // An age that does not parse: what is wrong, and the forms an age takes.
+    let forms = "give a number and a unit, such as 30d, 12h, 90m or 1h 30m (units: s, m, h, d, w; M for months, y for years); try 'loops runs --help'";
+    for (age, what) in [
+        ("yesterday", "not an age"),
+        ("soon", "not an age"),
+        ("30", "30 has no unit"),
+        ("5x", "unknown unit `x`"),
+    ] {
+        assert_eq!(
+            fails(&path, &["runs", "--older-than", age], 2),
+            format!("error: invalid value '{age}' for '--older-than <AGE>': {what}: {forms}\n")
+        );
+    }
+    // clap's usage errors are one line too (its lines joined, usage left out), with where
+    // to look; exit code 2.
+    for (args, expected) in [
+        (
+            &["runs", "--status", "sleeping"][..],
+            "error: invalid value 'sleeping' for '--status <STATUS>' [possible values: running, waiting, completed, failed, cancelled, blocked]; try 'loops runs --help'\n",
+        ),
+        (
+            &["runs", "--statu", "failed"],
+            "error: unexpected argument '--statu' found (a similar argument exists: '--status'); try 'loops runs --help'\n",
+        ),
+        (
+            &["frobnicate"],
+            "error: unrecognized subcommand 'frobnicate'; try 'loops --help'\n",
+        ),
+        (
+            &["schedules", "pause"],
+            "error: the following required arguments were not provided: <NAME>; try 'loops schedules pause --help'\n",
+        ),
+        (
+            &["--color", "sometimes", "runs"],
+            "error: invalid value 'sometimes' for '--color <WHEN>' [possible values: auto, always, never]; try 'loops runs --help'\n",
+        ),
+    ] {
+        assert_eq!(fails(&path, args, 2), expected, "{args:?}");
+    }
 
     // No store given.
     Command::cargo_bin("loops")
@@ -3113,6 +3135,143 @@ fn cancel_of_a_driven_run_says_where_it_will_end() {
     assert_eq!((info.state.as_str(), info.seq), ("Spinning", 0));
     tokio.block_on(server.stop());
     tokio.block_on(rt.shutdown());
+}
+
+/// `loops cancel` of a waiting run that a process drives (its caller's `Runtime::run` waits
+/// on it) says the driver ends it as soon as it sees the request, not at a step boundary;
+/// the driver then returns `RunCancelled` in that state.
+#[test]
+fn cancel_of_a_waiting_driven_run_says_it_ends_when_its_driver_sees_the_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gate.redb");
+    let tokio = tokio::runtime::Runtime::new().unwrap();
+    let (rt, server) = tokio.block_on(async {
+        let rt = Runtime::builder()
+            .register::<Gate, _>(Worker)
+            .open(&path)
+            .unwrap();
+        let server = rt.serve_control_next_to_store().await.unwrap();
+        (rt, server)
+    });
+    let driver = rt.clone();
+    let attached = tokio.spawn(async move {
+        let initial = Gate::Ask { doc: "d".into() };
+        driver.run("g1", initial, &Worker).await
+    });
+    tokio.block_on(until_status(&rt, "g1", RunStatus::Waiting));
+    assert_eq!(
+        text(&path, &["cancel", "g1", "--reason", "not needed"]),
+        "cancellation of run g1 asked (waiting in state Ask, seq 0): not needed; its driver stops waiting and ends it as cancelled as soon as it sees the request (at once, or within 200 ms from another process sharing the store), in the state it is in\n"
+    );
+    match tokio.block_on(attached).unwrap() {
+        Err(loops_core::Error::RunCancelled { state, seq, .. }) => {
+            assert_eq!((state.as_str(), seq), ("Ask", 0));
+        }
+        other => panic!("expected RunCancelled, got {other:?}"),
+    }
+    let info = tokio.block_on(rt.run_info("g1")).unwrap().unwrap();
+    assert_eq!(
+        (info.status, info.state.as_str(), info.seq),
+        (RunStatus::Cancelled, "Ask", 0)
+    );
+    tokio.block_on(server.stop());
+    tokio.block_on(rt.shutdown());
+}
+
+/// `loops upgrade` without PATH converts the store (`--store` or LOOPS_STORE); PATH is
+/// taken over LOOPS_STORE, and refused with a `--store` that names another store.
+#[test]
+fn upgrade_without_path_converts_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let format_1 =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/store-format-1.redb");
+    let (a, b) = (dir.path().join("a.redb"), dir.path().join("b.redb"));
+    std::fs::copy(&format_1, &a).unwrap();
+    std::fs::copy(&format_1, &b).unwrap();
+    let loops = || {
+        let mut cmd = Command::cargo_bin("loops").unwrap();
+        cmd.env_remove("LOOPS_STORE").env("NO_COLOR", "1");
+        cmd
+    };
+    let upgraded = |path: &Path| {
+        format!(
+            "upgraded {} from format 1 to format 3: 3 runs, 23 records moved to the log\n  backup of the file as it was: {}.format-1.bak\n",
+            path.display(),
+            path.display()
+        )
+    };
+    // --store names the file.
+    loops()
+        .arg("--store")
+        .arg(&a)
+        .arg("upgrade")
+        .assert()
+        .success()
+        .stdout(upgraded(&a));
+    // LOOPS_STORE names it.
+    loops()
+        .env("LOOPS_STORE", &b)
+        .arg("upgrade")
+        .assert()
+        .success()
+        .stdout(upgraded(&b));
+    // PATH and --store naming the same file: one file.
+    loops()
+        .arg("--store")
+        .arg(&a)
+        .arg("upgrade")
+        .arg(&a)
+        .assert()
+        .success()
+        .stdout(format!(
+            "{} has format 3 already: nothing to do\n",
+            a.display()
+        ));
+    // PATH over LOOPS_STORE.
+    std::fs::copy(&format_1, &a).unwrap();
+    loops()
+        .env("LOOPS_STORE", &b)
+        .arg("upgrade")
+        .arg(&a)
+        .assert()
+        .success()
+        .stdout(predicate::str::starts_with(format!(
+            "upgraded {} from format 1 to format 3",
+            a.display()
+        )));
+    // Refused, exit 2, one line: two files, no file, a PostgreSQL store (its URL not said).
+    loops()
+        .arg("--store")
+        .arg(&b)
+        .arg("upgrade")
+        .arg(&a)
+        .assert()
+        .code(2)
+        .stdout("")
+        .stderr(format!(
+            "error: upgrade {} and --store {} name two files: give the file once, as PATH or as --store\n",
+            a.display(),
+            b.display()
+        ));
+    loops()
+        .arg("upgrade")
+        .assert()
+        .code(2)
+        .stderr("error: no file to convert: pass PATH, or --store PATH, or set LOOPS_STORE\n");
+    loops()
+        .args(["--store", "postgres://u:secret@localhost/db", "upgrade"])
+        .assert()
+        .code(2)
+        .stderr("error: the store is a PostgreSQL database, which has no file format to convert: loops upgrade converts a redb file\n");
+    loops()
+        .args(["--store", "postgres://u:secret@localhost/db", "upgrade"])
+        .arg(&a)
+        .assert()
+        .code(2)
+        .stderr(format!(
+            "error: upgrade {} and --store name two stores (--store is a PostgreSQL database, which has no file format to convert): give the file once, as PATH or as --store\n",
+            a.display()
+        ));
 }
 
 /// `loops upgrade PATH`: converts the format-1 fixture of the workspace's tests, says what

@@ -207,7 +207,13 @@ fn text(path: &Path, args: &[&str]) -> String {
 
 /// The changes a build of version 2 alone reports for a run of version 1.
 const VERSION_CHANGE: &str = "version changed from 1 to 2 (compatible: the version is not in the records; accept the old version's runs only if their data means the same)";
-const FIELD_CHANGE: &str = "state `Work`: field `count: u32` added (breaking: records written before lack it; give it `#[serde(default)]` or make it an `Option`)";
+/// The field change, whose reason names both steps with the run's schema.
+fn field_change() -> String {
+    format!(
+        "state `Work`: field `count: u32` added (breaking: records written before lack it; give it `#[serde(default)]` or make it an `Option`, then list the old schema in the workflow's `accepts = [\"{}\"]`)",
+        h1()
+    )
+}
 
 fn h1() -> String {
     v1::Job::SCHEMA_HASH.pinned().to_string()
@@ -236,7 +242,7 @@ fn a_blocked_run_is_listed_as_blocked_and_shown_with_its_reason_and_changes() {
     let block = &run["blocked"];
     assert_eq!(block["schema"], h1());
     assert_eq!(block["resume"], "running");
-    assert_eq!(block["changes"], json!([VERSION_CHANGE, FIELD_CHANGE]));
+    assert_eq!(block["changes"], json!([VERSION_CHANGE, field_change()]));
     let reason = block["reason"].as_str().unwrap().to_owned();
     assert!(reason.contains(&h1()), "{reason}");
     // Every other listing has it too, and no other run is blocked.
@@ -261,7 +267,7 @@ fn a_blocked_run_is_listed_as_blocked_and_shown_with_its_reason_and_changes() {
         format!("status          {}\n", RunStatus::Blocked),
         format!("blocked         {reason}\n"),
         format!("change          {VERSION_CHANGE}\n"),
-        format!("change          {FIELD_CHANGE}\n"),
+        format!("change          {}\n", field_change()),
         format!(
             "unblocked       goes back to running when a build that knows schema {} (or a \
              migration from it) drives it; see docs/evolution.md\n",

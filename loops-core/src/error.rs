@@ -14,7 +14,9 @@ mod methods;
 mod text;
 
 pub use text::{RecordKind, error_chain};
-use text::{at_seq, attempts_text, cause_text, decoded, describe_changes, shown_id};
+use text::{
+    at_seq, attempts_text, cause_text, decoded, describe_changes, mismatch_remedy, shown_id,
+};
 
 pub use codec::{CodecError, NO_KEY_HINT};
 
@@ -187,8 +189,9 @@ pub enum Error {
     /// The stored schema hash differs from the compiled one: the workflow enum (or loops'
     /// record format) changed since the run was recorded. Nothing was written.
     #[error(
-        "run `{run_id}` of workflow `{workflow}` was recorded with schema {stored} but this build has {compiled}; refusing to resume{} (keep the old version registered, or write a migration: see docs/evolution.md)",
-        describe_changes(changes)
+        "run `{run_id}` of workflow `{workflow}` was recorded with schema {stored} but this build has {compiled}; refusing to resume{} ({}: see docs/evolution.md)",
+        describe_changes(changes),
+        mismatch_remedy(stored, changes)
     )]
     SchemaMismatch {
         /// The run.

@@ -176,13 +176,23 @@ pub fn route(run: &StoredRun<'_>, known: &[KnownVersion], migrations: &[Migratio
             ),
             changes: breaking.for_run_in(run.state),
         },
-        (None, Some(newest)) => Blocked {
-            reason: format!(
+        (None, Some(newest)) => {
+            let changes = SchemaDiff::of_mismatch(run.description, newest.schema)
+                .for_run_in(run.state)
+                .with_accepts_hint(run.schema);
+            let mut reason = format!(
                 "no compiled version of `{}` has schema {}, accepts it, or has a migration from it",
                 run.workflow, run.schema
-            ),
-            changes: SchemaDiff::of_mismatch(run.description, newest.schema).for_run_in(run.state),
-        },
+            );
+            if changes.is_compatible(|_| false) {
+                // The one step left: a compatible change alone does not route the run.
+                reason.push_str(&format!(
+                    "; every change to version {} is compatible: list the schema in its `accepts = [\"{}\"]` to drive the run as it is",
+                    newest.stored.version, run.schema
+                ));
+            }
+            Blocked { reason, changes }
+        }
         (None, None) => Blocked {
             reason: format!("this build compiles no version of `{}`", run.workflow),
             changes: SchemaDiff::default(),

@@ -41,9 +41,17 @@ pub fn cancel(target: &Target, args: &CancelArgs) -> Result<()> {
             args.reason
         ));
     }
-    // Driven right now: its driver ends it, where it is, at its next step or state boundary.
+    // Held by a driver (a process serving the store, or another worker of a shared store):
+    // the driver ends it, in the state it is in. A waiting driver is woken by the request
+    // (in its process) or sees it at its next look at the run's row (another process, every
+    // 200 ms at most); a running one stops at its next step or state boundary.
+    let when = if info.status == RunStatus::Waiting {
+        "its driver stops waiting and ends it as cancelled as soon as it sees the request (at once, or within 200 ms from another process sharing the store)"
+    } else {
+        "it ends as cancelled at its next step or state boundary"
+    };
     emit(&format!(
-        "cancellation of run {} asked ({} in state {}, seq {}): {}; it ends as cancelled at its next step or state boundary, in the state it is in\n",
+        "cancellation of run {} asked ({} in state {}, seq {}): {}; {when}, in the state it is in\n",
         paint(ID, &run_id),
         info.status,
         info.state,

@@ -1,15 +1,19 @@
-//! `loops upgrade PATH`: converting a store file of an older format to this build's.
+//! `loops upgrade [PATH]`: converting a store file of an older format to this build's.
+
+use std::path::{Path, PathBuf};
 
 use loops_core::{RedbStore, Upgraded};
 
-use crate::cli::UpgradeArgs;
-use crate::failure::Result;
+use crate::cli::{Cli, UpgradeArgs};
+use crate::failure::{Failure, Result};
+use crate::open::{self, Target};
 use crate::output::emit;
 
-/// Converts the store file `args.path` ([`RedbStore::upgrade`]) and says what was done.
-pub fn run(args: &UpgradeArgs) -> Result<()> {
-    let path = &args.path;
-    let text = match RedbStore::upgrade(path)? {
+/// Converts the store file ([`RedbStore::upgrade`]) and says what was done: `args.path`, or
+/// else the store (`--store` or LOOPS_STORE) of `cli`.
+pub fn run(args: &UpgradeArgs, cli: &Cli) -> Result<()> {
+    let path = file(args, cli)?;
+    let text = match RedbStore::upgrade(&path)? {
         Upgraded::Current { format } => format!(
             "{} has format {format} already: nothing to do\n",
             path.display()
@@ -36,4 +40,47 @@ pub fn run(args: &UpgradeArgs) -> Result<()> {
         other => format!("{}: {other:?}\n", path.display()),
     };
     emit(&text)
+}
+
+/// The file to convert: PATH, which LOOPS_STORE does not override; else the store. PATH and
+/// a `--store` that names another store are refused, and so is a PostgreSQL store (whose URL,
+/// which may hold a password, is not printed).
+fn file(args: &UpgradeArgs, cli: &Cli) -> Result<PathBuf> {
+    const POSTGRES: &str = "a PostgreSQL database, which has no file format to convert";
+    let given = cli.store.as_ref().filter(|s| !s.as_os_str().is_empty());
+    let store = match given {
+        Some(_) => Some(open::target(cli.store.clone(), cli.pg_schema.clone())?),
+        None => None,
+    };
+    let flag = cli.store_on_command_line;
+    match (&args.path, store) {
+        (Some(path), Some(Target::File(store))) if flag && !same_file(path, &store) => {
+            Err(Failure::usage(format!(
+                "upgrade {} and --store {} name two files: give the file once, as PATH or as --store",
+                path.display(),
+                store.display()
+            )))
+        }
+        (Some(path), Some(Target::Postgres { .. })) if flag => Err(Failure::usage(format!(
+            "upgrade {} and --store name two stores (--store is {POSTGRES}): give the file once, as PATH or as --store",
+            path.display()
+        ))),
+        (Some(path), _) => Ok(path.clone()),
+        (None, Some(Target::File(store))) => Ok(store),
+        (None, Some(Target::Postgres { .. })) => Err(Failure::usage(format!(
+            "the store is {POSTGRES}: loops upgrade converts a redb file"
+        ))),
+        (None, None) => Err(Failure::usage(
+            "no file to convert: pass PATH, or --store PATH, or set LOOPS_STORE",
+        )),
+    }
+}
+
+/// Whether `a` and `b` name the same file: the same path, or the same file once resolved.
+fn same_file(a: &Path, b: &Path) -> bool {
+    a == b
+        || matches!(
+            (std::fs::canonicalize(a), std::fs::canonicalize(b)),
+            (Ok(a), Ok(b)) if a == b
+        )
 }

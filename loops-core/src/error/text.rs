@@ -70,6 +70,25 @@ pub(super) fn describe_changes(changes: &crate::schema::SchemaDiff) -> String {
     }
 }
 
+/// What [`Error::SchemaMismatch`](crate::Error::SchemaMismatch)'s message says to do: when
+/// every change is compatible, first the one step left, listing the `stored` schema in
+/// `accepts` (a compatible change alone does not let the new version drive the run).
+pub(super) fn mismatch_remedy(
+    stored: &crate::SchemaHash,
+    changes: &crate::schema::SchemaDiff,
+) -> String {
+    let fallback = "keep the old version registered, or write a migration";
+    // A change compatible only while no pending run is in a state counts as breaking here:
+    // the changes do not say which state the run is in.
+    if !changes.is_empty() && changes.is_compatible(|_| true) {
+        format!(
+            "every change is compatible: list the old schema in the workflow's `accepts = [\"{stored}\"]` to drive the run as it is; or {fallback}"
+        )
+    } else {
+        fallback.to_owned()
+    }
+}
+
 /// `" at seq N"`, or nothing for `None`: for messages about a payload that may belong to no
 /// state.
 pub(super) fn at_seq(seq: Option<u64>) -> String {

@@ -103,6 +103,27 @@ mod v4 {
     }
 }
 
+/// Breaking for v1: a field added that must be present.
+#[allow(
+    dead_code,
+    reason = "never driven: the generated `{V}Next` enums go unused"
+)]
+mod v2_required {
+    use super::*;
+
+    #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+    #[workflow(name = "job", version = 1, crate = crate)]
+    pub enum Job {
+        #[initial]
+        #[next(Work)]
+        Start { n: u32, note: String },
+        #[next(Done)]
+        Work { n: u32 },
+        #[terminal]
+        Done,
+    }
+}
+
 fn version<W: Workflow>(accepts: &[SchemaHash]) -> KnownVersion {
     KnownVersion {
         accepts: Box::leak(accepts.to_vec().into_boxed_slice()),
@@ -216,11 +237,14 @@ fn an_unknown_schema_is_blocked_with_what_changed_to_the_newest_version() {
     let Route::Block(blocked) = route(&run::<v1::Job>("Start"), &known, &[]) else {
         panic!("expected Block");
     };
+    // Every change is compatible for a run in `Start`: the reason names the step left.
     assert_eq!(
         blocked.reason,
         format!(
-            "no compiled version of `job` has schema {}, accepts it, or has a migration from it",
-            h::<v1::Job>()
+            "no compiled version of `job` has schema {h1}, accepts it, or has a migration from it; \
+             every change to version 3 is compatible: list the schema in its `accepts = [\"{h1}\"]` \
+             to drive the run as it is",
+            h1 = h::<v1::Job>()
         )
     );
     let diff = SchemaDiff::of_mismatch(Some(v1::Job::SCHEMA), v3::Job::SCHEMA);
@@ -257,6 +281,14 @@ fn an_unknown_schema_is_blocked_with_what_changed_to_the_newest_version() {
         removed(&in_work.changes),
         Some((Class::Breaking, format!("{reason}; this run is in `Work`")))
     );
+    // A change stops this one: `accepts` alone would not drive it, and the reason says no more.
+    assert_eq!(
+        in_work.reason,
+        format!(
+            "no compiled version of `job` has schema {}, accepts it, or has a migration from it",
+            h::<v1::Job>()
+        )
+    );
     // No stored description: still a change that says so.
     let mut bare = run::<v1::Job>("Start");
     bare.description = None;
@@ -270,4 +302,70 @@ fn an_unknown_schema_is_blocked_with_what_changed_to_the_newest_version() {
     };
     assert_eq!(blocked.reason, "this build compiles no version of `job`");
     assert!(blocked.changes.is_empty());
+}
+
+#[test]
+fn a_field_added_that_must_be_present_names_both_steps_with_the_old_schema() {
+    let h1 = h::<v1::Job>();
+    let known = [version::<v2_required::Job>(&[])];
+    let Route::Block(blocked) = route(&run::<v1::Job>("Start"), &known, &[]) else {
+        panic!("expected Block");
+    };
+    assert_eq!(
+        blocked.changes.to_string(),
+        format!(
+            "state `Start`: field `note: String` added (breaking: records written before lack \
+             it; give it `#[serde(default)]` or make it an `Option`, then list the old schema \
+             in the workflow's `accepts = [\"{h1}\"]`)"
+        )
+    );
+    // With another breaking change, `accepts` would still be refused: no hint.
+    let known = [version::<v2_required::Job>(&[])];
+    let Route::Block(mixed) = route(&run::<v4::Job>("Start"), &known, &[]) else {
+        panic!("expected Block");
+    };
+    let reasons: Vec<&str> = mixed.changes.iter().map(|c| c.reason.as_str()).collect();
+    assert!(
+        reasons.contains(
+            &"records written before lack it; give it `#[serde(default)]` or make it an `Option`"
+        ) && reasons.iter().all(|r| !r.contains("accepts")),
+        "{}",
+        mixed.changes
+    );
+    // Not compatible yet: the reason does not offer `accepts` alone.
+    assert_eq!(
+        blocked.reason,
+        format!(
+            "no compiled version of `job` has schema {h1}, accepts it, or has a migration from it"
+        )
+    );
+    // A version that accepts the schema and still cannot take the run: the claim is there,
+    // so the change says only what to fix.
+    let known = [version::<v2_required::Job>(&[h1])];
+    let Route::Block(blocked) = route(&run::<v1::Job>("Start"), &known, &[]) else {
+        panic!("expected Block");
+    };
+    assert_eq!(
+        blocked.changes.changes()[0].reason,
+        "records written before lack it; give it `#[serde(default)]` or make it an `Option`"
+    );
+    // The error a caller gets for such a run carries the changes and what to do.
+    let mismatch = |changes: SchemaDiff| crate::Error::SchemaMismatch {
+        run_id: "r1".into(),
+        workflow: "job".into(),
+        stored: h1,
+        compiled: h::<v2::Job>(),
+        changes,
+    };
+    let compatible = SchemaDiff::of_mismatch(Some(v1::Job::SCHEMA), v2::Job::SCHEMA);
+    assert_eq!(
+        mismatch(compatible.clone()).to_string(),
+        format!(
+            "run `r1` of workflow `job` was recorded with schema {h1} but this build has {}; \
+             refusing to resume; changes: {compatible} (every change is compatible: list the \
+             old schema in the workflow's `accepts = [\"{h1}\"]` to drive the run as it is; or \
+             keep the old version registered, or write a migration: see docs/evolution.md)",
+            h::<v2::Job>()
+        )
+    );
 }

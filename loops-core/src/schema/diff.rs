@@ -38,6 +38,8 @@ use serde::{Deserialize, Serialize};
 
 use parse::{Description, State};
 
+use super::SchemaHash;
+
 /// Every difference between two schema descriptions, classified: what [`schema_diff`]
 /// returns.
 ///
@@ -140,6 +142,33 @@ impl SchemaDiff {
                     format!("{}; this run is not in `{s}`", c.reason),
                 ),
                 _ => c.clone(),
+            })
+            .collect::<Vec<_>>()
+            .into()
+    }
+
+    /// The same changes, for a run stored with the schema `stored` that no compiled version
+    /// accepts: when the only breaking changes are fields added that must be present, the
+    /// reason of each names both steps that let the run be driven as it is, the fix
+    /// (`#[serde(default)]` or an `Option`) and then `accepts = ["<stored>"]`, since a
+    /// compatible change alone does not bring the run under the new version. (A change
+    /// compatible only while no pending run is in a state counts as breaking.)
+    pub(crate) fn with_accepts_hint(self, stored: SchemaHash) -> SchemaDiff {
+        let fixable = self
+            .changes
+            .iter()
+            .filter(|c| c.is_breaking(|_| true))
+            .all(|c| c.reason == lines::LACKS_FIELD);
+        self.changes
+            .into_iter()
+            .map(|mut c| {
+                if fixable && c.reason == lines::LACKS_FIELD {
+                    c.reason = format!(
+                        "{}, then list the old schema in the workflow's `accepts = [\"{stored}\"]`",
+                        c.reason
+                    );
+                }
+                c
             })
             .collect::<Vec<_>>()
             .into()

@@ -250,11 +250,12 @@ async fn a_changed_workflow_is_refused_and_the_run_blocked_with_nothing_else_wri
         (
             refused.0,
             loops::RunStatus::Running,
-            vec![
+            vec![format!(
                 "state `Received`: field `priority: u8` added (breaking: records written before \
-                 lack it; give it `#[serde(default)]` or make it an `Option`)"
-                    .to_owned()
-            ]
+                 lack it; give it `#[serde(default)]` or make it an `Option`, then list the old \
+                 schema in the workflow's `accepts = [\"{}\"]`)",
+                refused.0
+            )]
         )
     );
     // Refused again: nothing more is written.

@@ -541,3 +541,21 @@ fn the_previous_release_blocks_a_run_of_this_one_parked_at_the_approval_gate() {
         .collect();
     assert_eq!(states.last().map(String::as_str), Some("PrOpened"));
 }
+
+/// `--dry-run` over a store that holds no unfinished or blocked run says there is nothing to
+/// do (it said "0 unfinished or blocked runs in ...; this build would:", ending with a colon).
+#[test]
+fn a_dry_run_with_no_run_to_route_says_there_is_nothing_to_do() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = dir.path().join("deliver.redb");
+    drop(loops::RedbStore::open(&store).expect("create an empty store"));
+    let mut cmd = deliver_in(dir.path());
+    cmd.arg("--dry-run");
+    assert_eq!(
+        succeeds(cmd, "dry run"),
+        format!(
+            "dry run: no unfinished or blocked run in {}: nothing to do\n",
+            store.display()
+        )
+    );
+}

@@ -385,5 +385,5 @@ pub(crate) async fn schema_changes<W: Workflow>(
     stored: SchemaHash,
 ) -> SchemaDiff {
     let old = store.schema(stored).await.ok().flatten();
-    SchemaDiff::of_mismatch(old.as_deref(), W::SCHEMA)
+    SchemaDiff::of_mismatch(old.as_deref(), W::SCHEMA).with_accepts_hint(stored)
 }

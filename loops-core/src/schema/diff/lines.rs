@@ -180,11 +180,14 @@ fn added(l: &Line, sides: &Sides) -> (Class, String) {
     }
     match may_be_missing(&l.notes, &l.ty) {
         Some(why) => compatible(format!("{why}: a record written before without it reads")),
-        None => breaking(
-            "records written before lack it; give it `#[serde(default)]` or make it an `Option`",
-        ),
+        None => breaking(LACKS_FIELD),
     }
 }
+
+/// The reason a field added that must be present is breaking, with its fix: what
+/// [`SchemaDiff::with_accepts_hint`](super::SchemaDiff::with_accepts_hint) finds and extends.
+pub(super) const LACKS_FIELD: &str =
+    "records written before lack it; give it `#[serde(default)]` or make it an `Option`";
 
 /// Why a field may be missing from a stored object, if it may: what the new build does then.
 fn may_be_missing(notes: &Notes, ty: &str) -> Option<&'static str> {
