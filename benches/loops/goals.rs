@@ -37,7 +37,7 @@ pub fn table(s: &mut String, r: &Report) {
     langgraph(s, r);
     let _ = writeln!(
         s,
-        "| 6. a store of the previous format upgraded by `loops upgrade` (backup beside it), or refused in one line naming both formats and the command | every open and command refuses a file of format 1 in one line naming both formats and `loops upgrade PATH`, which converts it to format {} after copying it to `<file>.format-1.bak` (tests/store_format.rs, loops-cli's upgrade test) | **met** |",
+        "| 6. a store of the previous format upgraded by `loops upgrade` (backup beside it), or refused in one line naming both formats and the command | every open and command refuses a file of format 1 or 2 in one line naming both formats and `loops upgrade PATH`, which converts it to format {} after copying it to `<file>.format-N.bak`, N its format (tests/store_format.rs, with a fixture made by each older format's build; loops-cli's upgrade test) | **met** |",
         loops::STORE_FORMAT
     );
 }
