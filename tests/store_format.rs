@@ -513,3 +513,26 @@ fn an_upgrade_refused_leaves_the_store_of_format_1_as_it_was() {
     }
     refused_as_older(&path, 1);
 }
+
+#[test]
+fn upgrading_a_missing_or_empty_file_says_so_in_the_words_of_the_other_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.redb");
+    let empty = dir.path().join("empty.redb");
+    std::fs::write(&empty, b"").unwrap();
+    for (path, why) in [
+        (&missing, "no such file: there is nothing to upgrade"),
+        (
+            &empty,
+            "the file is empty (0 bytes), not a loops store: there is nothing to upgrade",
+        ),
+    ] {
+        let e = loops::RedbStore::upgrade(path).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("cannot open store {}: {why}", path.display())
+        );
+    }
+    assert!(!missing.exists(), "nothing created");
+    assert_eq!(std::fs::read(&empty).unwrap(), b"", "nothing written");
+}

@@ -110,12 +110,12 @@ pub fn send(target: &Target, args: &SendArgs) -> Result<()> {
         .ok_or_else(|| not_found(store.label(), &run_id))?;
     // The name and payload are checked against the events the run's workflow declares
     // (`Runtime::send_json`, on every path): a refusal writes nothing and exits 2.
-    // The events of this name still pending before the send: one of them taken meanwhile
-    // is another sender's event taken instead of this one.
-    let pending_before: Vec<u64> = store
+    // The events of this name delivered before the send: any other of this name sent before
+    // this one (pending then, or sent meanwhile by another sender) is taken first.
+    let delivered_before: Vec<u64> = store
         .events(&run_id)?
         .into_iter()
-        .filter(|(_, record, delivered)| record.name == event && !delivered)
+        .filter(|(_, record, delivered)| record.name == event && *delivered)
         .map(|(seq, _, _)| seq)
         .collect();
     let sent = store.send(&run_id, &event, key.as_deref(), &payload)?;
@@ -123,16 +123,24 @@ pub fn send(target: &Target, args: &SendArgs) -> Result<()> {
         .run(&run_id)?
         .ok_or_else(|| not_found(store.label(), &run_id))?;
     let events = store.events(&run_id)?;
-    // Whether the run took another sender's event of this name instead of this one, which
-    // then stays in the inbox. (A run woken for this event that has not taken it yet is
-    // neither: it takes it next.)
-    let taken_instead = !sent.duplicate
-        && !events
-            .iter()
-            .any(|(seq, _, delivered)| *seq == sent.event_seq && *delivered)
-        && events
-            .iter()
-            .any(|(seq, _, delivered)| *delivered && pending_before.contains(seq));
+    // The event of this name, sent before this one and not delivered before the send, that
+    // a wait takes first (events are taken in the order they were sent): this one then stays
+    // in the inbox. None if this one was taken, or is the next to be (a run woken for it that
+    // has not read it yet takes it next).
+    let delivered_now = events
+        .iter()
+        .any(|(seq, _, delivered)| *seq == sent.event_seq && *delivered);
+    let ahead = (!sent.duplicate && !delivered_now)
+        .then(|| {
+            events
+                .iter()
+                .filter(|(seq, record, _)| {
+                    record.name == event && *seq < sent.event_seq && !delivered_before.contains(seq)
+                })
+                .map(|(seq, _, _)| *seq)
+                .min()
+        })
+        .flatten();
     // Sending ahead of a wait is legitimate, but a run that does not wait for the event now
     // may have been sent the wrong one: said on stderr, in JSON mode too.
     if !sent.duplicate && !waits_for(&before, &event) {
@@ -140,11 +148,11 @@ pub fn send(target: &Target, args: &SendArgs) -> Result<()> {
             "run {run_id} is not waiting for event `{event}` now ({}); `{event}` is kept in its inbox until a wait for `{event}` takes it",
             now_doing(&before)
         ));
-    } else if taken_instead {
-        // It waited for the event, but took another one sent meanwhile.
+    } else if let Some(first) = ahead {
+        // It waits for the event, but takes one sent before this one first.
         note(&format!(
-            "run {run_id} took another `{event}` sent meanwhile and is {} in state {}; this one (event seq {}) is kept in its inbox until a wait for `{event}` takes it",
-            info.status, info.state, sent.event_seq
+            "run {run_id} takes the `{event}` sent before this one (event seq {first}) first; this one (event seq {}) is kept in its inbox until a wait for `{event}` takes it",
+            sent.event_seq
         ));
     }
     if args.output == OutputArg::Json {
@@ -164,6 +172,13 @@ pub fn send(target: &Target, args: &SendArgs) -> Result<()> {
             paint(ID, &run_id),
             sent.event_seq
         )
+    } else if ahead.is_some() {
+        // Where the event stays was said on stderr above: once is enough.
+        format!(
+            "sent event `{event}` to run {} (event seq {})",
+            paint(ID, &run_id),
+            sent.event_seq,
+        )
     } else if waits_for(&info, &event) {
         format!(
             "sent event `{event}` to run {} (event seq {}); {}",
@@ -171,7 +186,7 @@ pub fn send(target: &Target, args: &SendArgs) -> Result<()> {
             sent.event_seq,
             delivery(&info, &event, store.taker())
         )
-    } else if waits_for(&before, &event) && !taken_instead {
+    } else if waits_for(&before, &event) {
         // A process that holds the store handed it over before the row was read again (the
         // run may be woken and not have read the event yet: it reads it next).
         format!(

@@ -90,6 +90,19 @@ impl RedbStore {
             path: path.clone(),
             cause,
         };
+        // Said as the other opens say it, not as redb's I/O errors.
+        match std::fs::metadata(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(open_err("no such file: there is nothing to upgrade".into()));
+            }
+            Ok(m) if m.is_file() && m.len() == 0 => {
+                return Err(open_err(
+                    "the file is empty (0 bytes), not a loops store: there is nothing to upgrade"
+                        .into(),
+                ));
+            }
+            _ => {}
+        }
         // Held shared while the file's format is read and it is copied: no writer meanwhile.
         let held = match redb::Builder::new().open_read_only(&path) {
             Err(redb::DatabaseError::RepairAborted) => {
