@@ -760,7 +760,16 @@ impl Sut {
                             Drv::Waiting => {
                                 let status = m.status;
                                 m.drive(false);
-                                Ok(status)
+                                // A run waiting in place is seen Waiting once its wait is
+                                // committed, a moment before its driver holds it again to
+                                // wait: a cancel in that moment finds nobody driving it and
+                                // ends it at once. Either way it ends cancelled, its driver
+                                // with it; only the status the cancel returns differs.
+                                if got == Ok(RunStatus::Cancelled) {
+                                    Ok(RunStatus::Cancelled)
+                                } else {
+                                    Ok(status)
+                                }
                             }
                             Drv::Gate | Drv::Frozen => Ok(m.status),
                         }
