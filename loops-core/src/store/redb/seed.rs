@@ -166,25 +166,13 @@ impl RedbStore {
     /// [`Error::Storage`] if redb fails to read it.
     #[doc(hidden)]
     pub fn __stored_row_len(&self, run_id: &str) -> Result<Option<usize>> {
-        use redb::ReadableDatabase;
-        let storage = |e: redb::Error| Error::storage("reading a row's length", e);
-        let guard = self.inner.db.read().unwrap_or_else(PoisonError::into_inner);
-        let txn = match &*guard {
-            Db::Writable(db) => db.begin_read(),
-            Db::ReadOnly(db) => db.begin_read(),
-            Db::Reopening(e) => {
-                return Err(Error::Storage {
-                    action: "reading a row's length".to_owned(),
-                    cause: e.clone(),
-                });
-            }
-        }
-        .map_err(|e| storage(e.into()))?;
-        let runs = txn
-            .open_table(super::tables::RUNS)
-            .map_err(|e| storage(e.into()))?;
-        let row = runs.get(run_id).map_err(|e| storage(e.into()))?;
-        Ok(row.map(|row| row.value().len()))
+        self.read(
+            || format!("reading the row of run `{run_id}`"),
+            |txn| {
+                let runs = txn.open_table(super::tables::RUNS)?;
+                Ok(runs.get(run_id)?.map(|row| row.value().len()))
+            },
+        )
     }
 
     /// Commits `batch` in one write transaction; returns the number of writes applied.

@@ -237,9 +237,6 @@ enum Old {
 /// of format 2 is too short to hold its head; [`Error::Decode`] if a row's JSON does not
 /// decode. Nothing is converted then (the caller does not commit).
 pub(super) fn convert(txn: &redb::WriteTransaction, from: u64) -> Result<(u64, u64)> {
-    let storage = |e: redb::Error| {
-        Error::storage(format!("converting the store to format {STORE_FORMAT}"), e)
-    };
     let ids: Vec<String> = {
         let runs = txn.open_table(RUNS).map_err(|e| storage(e.into()))?;
         let mut ids = Vec::new();
@@ -263,11 +260,10 @@ pub(super) fn convert(txn: &redb::WriteTransaction, from: u64) -> Result<(u64, u
             .unwrap_or_default();
         let (head, json) = match heads.get(i) {
             Some(head) => (*head, stored.as_slice()),
-            None => Head::split(&stored).ok_or_else(|| {
-                storage(redb::Error::Corrupted(format!(
-                    "the row of run `{id}` is too short to hold its head: the file is damaged"
-                )))
-            })?,
+            None => (
+                row::head(id, &stored).map_err(storage)?,
+                &stored[log::HEAD_LEN..],
+            ),
         };
         let info = RunInfo::decode(id, json)?;
         let row = row::encode(head, &info);
@@ -279,12 +275,14 @@ pub(super) fn convert(txn: &redb::WriteTransaction, from: u64) -> Result<(u64, u
     Ok((ids.len() as u64, records))
 }
 
+/// The error of a conversion that redb failed, or that found the file damaged.
+fn storage(e: redb::Error) -> Error {
+    Error::storage(format!("converting the store to format {STORE_FORMAT}"), e)
+}
+
 /// Moves every record of format 1 to the log and deletes format 1's tables, in `txn`.
 /// Returns the head of each of `ids` (the runs, in order) and the records moved.
 fn move_to_log(txn: &redb::WriteTransaction, ids: &[String]) -> Result<(Vec<Head>, u64)> {
-    let storage = |e: redb::Error| {
-        Error::storage(format!("converting the store to format {STORE_FORMAT}"), e)
-    };
     let mut next = 1u64;
     let mut records = 0u64;
     let mut heads = Vec::with_capacity(ids.len());
