@@ -61,10 +61,18 @@ impl RedbStore {
             ));
         }
         let file_path = path.clone();
-        Self::with_storage(path, store_options, move || {
-            let file = OpenOptions::new().read(true).write(true).open(&file_path)?;
-            FileBackend::new(file).map_err(|e| std::io::Error::other(e.to_string()))
-        })
+        let verified_path = path.clone();
+        Self::open_backend(
+            path,
+            store_options,
+            move || {
+                let file = OpenOptions::new().read(true).write(true).open(&file_path)?;
+                FileBackend::new(file).map_err(|e| std::io::Error::other(e.to_string()))
+            },
+            Some(Box::new(move || {
+                super::verify::verify_file(&verified_path).is_ok()
+            })),
+        )
     }
 
     /// A store kept in memory only: nothing survives the process. For tests of workflows
@@ -131,11 +139,35 @@ impl RedbStore {
         B: redb::StorageBackend,
         F: Fn() -> std::io::Result<B> + Send + Sync + 'static,
     {
+        Self::open_backend(label, options, make_backend, None)
+    }
+
+    /// As [`with_storage`](Self::with_storage). With `options.verify_on_open`,
+    /// `verified_clean` (if given) is asked first: `true` if it verified every page of the
+    /// file and found that it needs no repair (`verify::verify_file`, in memory, writing
+    /// nothing). redb's own check on open is then not needed: it would verify the same pages
+    /// again, rebuild the allocator state just checked, and commit it (three more fdatasyncs:
+    /// most of the open of a small store). Otherwise redb's check on open runs as without
+    /// it: it repairs a file a crash left, and reports the damage of a corrupt one. (The
+    /// check runs before redb takes the file's lock: a redb writer could commit in between,
+    /// leaving a file written by redb, not altered outside it.)
+    fn open_backend<B, F>(
+        label: PathBuf,
+        options: StoreOptions,
+        make_backend: F,
+        verified_clean: Option<Box<dyn Fn() -> bool + Send + Sync>>,
+    ) -> Result<Self>
+    where
+        B: redb::StorageBackend,
+        F: Fn() -> std::io::Result<B> + Send + Sync + 'static,
+    {
         let path = label;
         let opener: Opener = Arc::new(move || {
             let backend = make_backend()?;
+            let check = options.verify_on_open
+                && !verified_clean.as_ref().is_some_and(|verified| verified());
             let mut builder = Database::builder();
-            builder.set_check_integrity_on_open(options.verify_on_open);
+            builder.set_check_integrity_on_open(check);
             builder.set_cache_size(options.cache_bytes);
             // redb documents that a plain open of an altered file may panic: never let that
             // reach the caller.

@@ -9,7 +9,6 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{Read as _, Seek as _, SeekFrom};
 use std::path::Path;
 use std::sync::{Mutex, PoisonError};
 
@@ -99,8 +98,7 @@ impl State {
         }
         let n = usize::try_from((self.file_len - offset).min(out.len() as u64))
             .map_err(std::io::Error::other)?;
-        self.file.seek(SeekFrom::Start(offset))?;
-        self.file.read_exact(&mut out[..n])
+        read_at(&self.file, offset, &mut out[..n])
     }
 
     /// The written block `block`, copied from the file first if it is new.
@@ -114,6 +112,20 @@ impl State {
             .get_mut(&block)
             .ok_or_else(|| std::io::Error::other("a written block vanished"))
     }
+}
+
+/// Reads `out.len()` bytes of `file` at `offset`: one `pread` where there is one (the check
+/// reads every page of the file through here).
+#[cfg(unix)]
+fn read_at(file: &File, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::read_exact_at(file, out, offset)
+}
+
+#[cfg(not(unix))]
+fn read_at(mut file: &File, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+    use std::io::{Read as _, Seek as _, SeekFrom};
+    file.seek(SeekFrom::Start(offset))?;
+    file.read_exact(out)
 }
 
 fn out_of_range() -> std::io::Error {
