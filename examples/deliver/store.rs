@@ -101,6 +101,11 @@ pub fn store_error(e: loops::Error) -> anyhow::Error {
             anyhow::anyhow!("{e}: is another `deliver` running?")
         }
         // It says "cannot open store <path>" itself.
+        loops::Error::Open { ref path, .. } if e.is_store_damage() => anyhow::anyhow!(
+            "{e}: the file is damaged; `loops --store {} check` verifies every page of it. \
+             Restore it from a backup, or start over with --fresh (which deletes it)",
+            path.display()
+        ),
         e @ loops::Error::Open { .. } => anyhow::Error::new(e),
         e => anyhow::Error::new(e).context("cannot open the store"),
     }

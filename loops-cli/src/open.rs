@@ -263,8 +263,9 @@ pub fn read_only(path: &Path) -> Result<RedbStore> {
 /// The failure of a read-only open: damage that redb found (a checksum that does not match)
 /// is said to be damage, pointing to `loops check`; other errors as [`open_failure`] says.
 fn read_failure(path: &Path, e: Error) -> Failure {
+    let damaged = e.is_store_damage();
     match e {
-        Error::Open { cause: source, .. } if is_corrupted(&*source) => Failure {
+        Error::Open { cause: source, .. } if damaged => Failure {
             damage: true,
             ..Failure::new(match source.downcast_ref::<redb::DatabaseError>() {
                 // Without redb's "DB corrupted: ": the message says that it looks damaged.
@@ -350,6 +351,7 @@ fn is_loops_store(path: &Path, store: &RedbStore) -> Result<()> {
 
 /// The one-line failure for an error of opening the store at `path`.
 pub fn open_failure(path: &Path, e: Error) -> Failure {
+    let damaged = e.is_store_damage();
     match e {
         Error::StoreLocked { .. } => Failure::new(format!(
             "store {} is in use by a running process that serves no control endpoint (none answers on {}; redb allows no reader beside the process): serve one in it (Runtime::serve_control_next_to_store), or stop it, then run this command again",
@@ -357,7 +359,7 @@ pub fn open_failure(path: &Path, e: Error) -> Failure {
             socket_path(path).display()
         )),
         // The same words as for a panic of redb on a damaged file (see panics.rs).
-        Error::Open { cause: source, .. } if is_corrupted(&*source) => Failure::new(format!(
+        Error::Open { cause: source, .. } if damaged => Failure::new(format!(
             "store {} is damaged: redb cannot open it ({source}); restore it from a backup",
             path.display()
         )),
@@ -365,17 +367,6 @@ pub fn open_failure(path: &Path, e: Error) -> Failure {
         e @ Error::Open { .. } => Failure::new(e.to_string()),
         other => Failure::from(other),
     }
-}
-
-/// Whether opening failed because redb found the file's contents damaged (a checksum that
-/// does not match, a layout the file does not have), rather than not a redb file at all.
-fn is_corrupted(source: &(dyn std::error::Error + 'static)) -> bool {
-    matches!(
-        source.downcast_ref::<redb::DatabaseError>(),
-        Some(redb::DatabaseError::Storage(redb::StorageError::Corrupted(
-            _
-        )))
-    )
 }
 
 /// The redb store under a runtime this tool opened (always a redb file).

@@ -276,6 +276,7 @@ fn a_damaged_store_is_one_clean_error_without_a_panic() {
     let copy = dir.path().join("copy.redb");
     flip(offset, &copy);
     let err = loops::RedbStore::open(&copy).expect_err("a damaged store");
+    assert!(err.is_store_damage(), "{err:?}");
     let mut said = format!("error: {err}");
     let mut source = std::error::Error::source(&err);
     while let Some(e) = source {
@@ -298,7 +299,11 @@ fn a_damaged_store_is_one_clean_error_without_a_panic() {
     );
     assert_eq!(
         String::from_utf8_lossy(&output.stderr),
-        format!("{said}\n"),
+        format!(
+            "{said}: the file is damaged; `loops --store {} check` verifies every page of it. \
+             Restore it from a backup, or start over with --fresh (which deletes it)\n",
+            damaged.display()
+        ),
         "offset {offset}"
     );
 

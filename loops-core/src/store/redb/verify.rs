@@ -203,3 +203,72 @@ impl redb::StorageBackend for Overlay {
         Ok(())
     }
 }
+
+impl crate::Error {
+    /// Whether this error reports damage to a redb store file: at an open
+    /// ([`Error::Open`](crate::Error::Open)) or a read or commit
+    /// ([`Error::Storage`](crate::Error::Storage)), redb found a page whose checksum does not
+    /// match, a file shorter than the layout its header records, or bytes it cannot read as
+    /// its own. `false` for every other error (a lock, a missing file, permissions, a full
+    /// disk, an error of another store). Trying again does not help a damaged file: `loops
+    /// check` verifies it, and a backup restores it.
+    pub fn is_store_damage(&self) -> bool {
+        let cause: &(dyn std::error::Error + 'static) = match self {
+            crate::Error::Open { cause, .. } => &**cause,
+            crate::Error::Storage { cause, .. } => &**cause,
+            _ => return false,
+        };
+        if let Some(e) = cause.downcast_ref::<redb::DatabaseError>() {
+            matches!(
+                e,
+                redb::DatabaseError::Storage(redb::StorageError::Corrupted(_))
+            )
+        } else if let Some(e) = cause.downcast_ref::<redb::StorageError>() {
+            matches!(e, redb::StorageError::Corrupted(_))
+        } else if let Some(e) = cause.downcast_ref::<redb::Error>() {
+            matches!(e, redb::Error::Corrupted(_))
+        } else {
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::error::Error;
+    use crate::store::RedbStore;
+
+    /// A truncated store is damage; a locked store and a file that is not redb's are not.
+    #[test]
+    fn damage_is_told_from_a_lock_and_a_foreign_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("runs.redb");
+        drop(RedbStore::open(&path).unwrap());
+        let held = RedbStore::open(&path).unwrap();
+        let locked = RedbStore::open(&path).map(drop).unwrap_err();
+        assert!(matches!(locked, Error::StoreLocked { .. }), "{locked:?}");
+        assert!(!locked.is_store_damage());
+        drop(held);
+
+        let len = std::fs::metadata(&path).unwrap().len();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .unwrap()
+            .set_len(len / 2)
+            .unwrap();
+        let truncated = RedbStore::open(&path).map(drop).unwrap_err();
+        assert!(matches!(truncated, Error::Open { .. }), "{truncated:?}");
+        assert!(truncated.is_store_damage(), "{truncated:?}");
+
+        let foreign = dir.path().join("notes.txt");
+        std::fs::write(
+            &foreign,
+            "not a store, and long enough to hold a header ".repeat(100),
+        )
+        .unwrap();
+        let refused = RedbStore::open(&foreign).map(drop).unwrap_err();
+        assert!(matches!(refused, Error::Open { .. }), "{refused:?}");
+        assert!(!refused.is_store_damage(), "{refused}");
+    }
+}
