@@ -21,8 +21,10 @@ const BLOCK: u64 = 4096;
 
 /// Verifies the checksum of every page of the committed trees of the file at `path`, without
 /// writing to it. `Ok(())` if redb finds the file intact; otherwise the error redb reports, or
-/// [`redb::StorageError::Corrupted`] if redb would have to repair the file (roll back to an
-/// earlier commit, or rebuild its allocator state) to open it.
+/// [`redb::StorageError::Corrupted`] if the check had to repair it (a page, or the allocator
+/// state, that does not match the file). A file that a crash left (not closed cleanly) is
+/// repaired by the view's open first, as any open of it repairs it, and that result is
+/// checked.
 ///
 /// The caller must keep other writers away (a read-only redb handle on the file does).
 pub(crate) fn verify_file(path: &Path) -> Result<(), redb::Error> {
