@@ -225,7 +225,10 @@ impl RuntimeBuilder {
     /// so [`Runtime::serve`]) take no more than that (default: no limit). With a store shared
     /// by several workers, this spreads the runs over the workers. Runs started here
     /// ([`Runtime::start`], [`Runtime::run`]) or woken by an event do not count against it
-    /// when they start, but do when claims are made.
+    /// when they start, but do when claims are made. A parked run woken by its timer takes a
+    /// place as it wakes: when more timers come due than there are places, the others wait,
+    /// holding no driver (their lateness grows), until a driven run ends, which bounds the
+    /// memory a burst of timers takes.
     pub fn max_active_runs(mut self, n: usize) -> Self {
         self.config.max_active_runs = Some(n.max(1));
         self

@@ -2,10 +2,12 @@
 //! with the store's lease that fences its writes against other workers.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use futures_util::FutureExt;
+use tokio::sync::Notify;
 
 use crate::error::{Error, Result};
 use crate::run::settings::{Held, Signals};
@@ -21,6 +23,25 @@ pub(crate) struct Claims {
     /// When the leases `claim_ready` granted were asked for, by run id, until their claims
     /// take them ([`Claims::asked_at`]).
     asked: Mutex<HashMap<String, Instant>>,
+    /// Runs woken by their timer whose drivers have not claimed them yet ([`Waking`]).
+    waking: Arc<AtomicUsize>,
+    /// Notified when a claim ends, or a woken run's driver stops before claiming it: a place
+    /// under `max_active_runs` may be free (the timer loop waits on it).
+    freed: Arc<Notify>,
+}
+
+/// A run woken by its timer, counted against `max_active_runs` from the wake until its
+/// driver's claim counts instead (or the driver stops without one): dropped then.
+pub(crate) struct Waking {
+    waking: Arc<AtomicUsize>,
+    freed: Arc<Notify>,
+}
+
+impl Drop for Waking {
+    fn drop(&mut self) {
+        self.waking.fetch_sub(1, Ordering::AcqRel);
+        self.freed.notify_one();
+    }
 }
 
 /// The right to drive one run: at most one per run id per runtime. Removed from the active
@@ -28,6 +49,7 @@ pub(crate) struct Claims {
 pub(crate) struct Claim {
     store: Arc<dyn Store>,
     active: Active,
+    freed: Arc<Notify>,
     held: Held,
 }
 
@@ -49,6 +71,7 @@ impl Drop for Claim {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&self.held.run_id);
+        self.freed.notify_one();
         // Leases are given back, so that another worker (or runtime) may take the run at once.
         release_later(&self.store, self.held.lease.clone());
     }
@@ -61,7 +84,33 @@ impl Claims {
             store,
             active: Arc::new(Mutex::new(HashMap::new())),
             asked: Mutex::new(HashMap::new()),
+            waking: Arc::new(AtomicUsize::new(0)),
+            freed: Arc::new(Notify::new()),
         }
+    }
+
+    /// Counts a run woken by its timer until the returned [`Waking`] is dropped.
+    pub(crate) fn waking(&self) -> Waking {
+        self.waking.fetch_add(1, Ordering::AcqRel);
+        Waking {
+            waking: Arc::clone(&self.waking),
+            freed: Arc::clone(&self.freed),
+        }
+    }
+
+    /// How many runs count against `max_active_runs`: those driven here, and those woken by
+    /// their timer whose drivers have not claimed them yet. (A driver that has just claimed
+    /// its run and not yet dropped its [`Waking`] counts twice for that moment: never less
+    /// than the truth.)
+    pub(crate) fn driven_or_waking(&self) -> usize {
+        // The waking count first: a driver's claim is added before its Waking goes.
+        let waking = self.waking.load(Ordering::Acquire);
+        self.count().saturating_add(waking)
+    }
+
+    /// Notified when a place under `max_active_runs` may have freed.
+    pub(crate) fn freed(&self) -> Arc<Notify> {
+        Arc::clone(&self.freed)
     }
 
     /// Notes that the lease of `run_id` that a claim will be given was asked for at `asked`
@@ -135,6 +184,7 @@ impl Claims {
         let mut claim = Claim {
             store: Arc::clone(&self.store),
             active: Arc::clone(&self.active),
+            freed: Arc::clone(&self.freed),
             held: Held {
                 run_id: run_id.to_owned(),
                 signals,

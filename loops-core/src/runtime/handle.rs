@@ -15,7 +15,7 @@ use crate::route::KnownVersion;
 use crate::row::RunInfo;
 use crate::run::driver::{Drive, Entered};
 use crate::run::settings::Settings;
-use crate::runtime::claims::{Claim, Claims};
+use crate::runtime::claims::{Claim, Claims, Waking};
 use crate::runtime::scheduler::{Background, Timer};
 use crate::schema::SchemaHash;
 use crate::store::precheck::SchemaCheck;
@@ -223,10 +223,12 @@ pub(crate) struct Prepared {
 pub(crate) enum Start {
     /// The run is claimed and prepared already (`Runtime::start`).
     Claimed(Box<(Claim, Prepared)>),
-    /// Claim the run (with this lease, if the store granted one), enter it, drive it.
+    /// Claim the run (with this lease, if the store granted one), enter it, drive it. A run
+    /// woken by its timer counts against `max_active_runs` with `waking` until it is claimed.
     Find {
         run_id: String,
         lease: Option<Lease>,
+        waking: Option<Waking>,
     },
 }
 

@@ -91,9 +91,16 @@ impl Runtime {
                     let (claim, prepared) = *claimed;
                     (claim, Some(Box::new(prepared)), false)
                 }
-                Start::Find { run_id, lease } => {
+                Start::Find {
+                    run_id,
+                    lease,
+                    waking,
+                } => {
                     let granted = lease.is_some();
-                    match Box::pin(rt.claim_with(&run_id, lease)).await {
+                    let claimed = Box::pin(rt.claim_with(&run_id, lease)).await;
+                    // Claimed, the run counts as driven; not, it frees its place.
+                    drop(waking);
+                    match claimed {
                         Ok(claim) => (claim, None, granted),
                         // Driven already, here or by another worker: it will see the news.
                         Err(Error::RunActive { .. }) => return,
@@ -292,6 +299,13 @@ impl Runtime {
 
     /// As [`spawn_driver`](Self::spawn_driver), with a lease the store granted already.
     pub(crate) fn spawn_driver_with(&self, workflow: &str, run_id: &str, lease: Option<Lease>) {
+        self.spawn_finding(workflow, run_id, lease, false);
+    }
+
+    /// Starts a background driver that claims the run `run_id` of `workflow` (see
+    /// [`spawn_driver_with`](Self::spawn_driver_with)); `woken`: by its timer, counted against
+    /// `max_active_runs` from now.
+    fn spawn_finding(&self, workflow: &str, run_id: &str, lease: Option<Lease>, woken: bool) {
         if !self.registry(|r| r.names().iter().any(|n| n == workflow)) {
             return;
         }
@@ -305,6 +319,7 @@ impl Runtime {
         self.spawn_background(Start::Find {
             run_id: run_id.to_owned(),
             lease,
+            waking: woken.then(|| self.inner.claims.waking()),
         });
     }
 
@@ -373,7 +388,18 @@ impl Hooks for Inner {
     }
 
     fn timer_due(self: Arc<Self>, workflow: &str, run_id: &str) {
-        Runtime { inner: self }.spawn_driver(workflow, run_id);
+        Runtime { inner: self }.spawn_finding(workflow, run_id, None, true);
+    }
+
+    fn wakes_allowed(&self) -> usize {
+        match self.config.max_active_runs {
+            Some(max) => max.saturating_sub(self.claims.driven_or_waking()),
+            None => usize::MAX,
+        }
+    }
+
+    fn freed(&self) -> Arc<tokio::sync::Notify> {
+        self.claims.freed()
     }
 
     fn renew(self: Arc<Self>) -> BoxFuture<'static, Result<()>> {

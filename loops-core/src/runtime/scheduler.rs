@@ -32,6 +32,13 @@ pub(crate) trait Hooks: Send + Sync + 'static {
     /// A parked run's time came: start its driver.
     fn timer_due(self: Arc<Self>, workflow: &str, run_id: &str);
 
+    /// How many more runs timers may wake now: the places left under `max_active_runs`
+    /// (`usize::MAX` without a limit).
+    fn wakes_allowed(&self) -> usize;
+
+    /// Notified when a place under `max_active_runs` may have freed.
+    fn freed(&self) -> Arc<Notify>;
+
     /// Renews the leases of the runs being driven.
     fn renew(self: Arc<Self>) -> BoxFuture<'static, Result<()>>;
 }
@@ -191,11 +198,17 @@ async fn renew_loop(
 /// Starts drivers for parked runs whose time came by `clock`. Holds the runtime only while it
 /// works, so that dropping the last runtime handle closes the store.
 async fn timer_loop(runtime: Weak<dyn Hooks>, changed: Arc<Notify>, clock: Clock) {
+    let Some(freed) = runtime.upgrade().map(|hooks| hooks.freed()) else {
+        return;
+    };
     loop {
         let notified = changed.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let next = {
+        let place_freed = freed.notified();
+        tokio::pin!(place_freed);
+        place_freed.as_mut().enable();
+        let (next, held_back) = {
             let Some(hooks) = runtime.upgrade() else {
                 return;
             };
@@ -204,33 +217,38 @@ async fn timer_loop(runtime: Weak<dyn Hooks>, changed: Arc<Notify>, clock: Clock
                 return;
             }
             let now = clock.now_ms();
-            let due: Vec<Timer> = {
+            // Under `max_active_runs`, as many as there are places; the other due timers stay
+            // armed until a place frees.
+            let allowed = hooks.wakes_allowed();
+            let (due, next) = {
                 let mut timers = background
                     .timers
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner);
                 let mut due = Vec::new();
-                while let Some(first) = timers.first() {
-                    if first.0 > now {
-                        break;
-                    }
+                while due.len() < allowed
+                    && let Some(first) = timers.first()
+                    && first.0 <= now
+                {
                     if let Some(entry) = timers.pop_first() {
                         due.push(entry);
                     }
                 }
-                due
+                (due, timers.first().map(|t| t.0))
             };
             for (_, workflow, run_id) in due {
                 Arc::clone(&hooks).timer_due(&workflow, &run_id);
             }
-            background
-                .timers
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .first()
-                .map(|t| t.0)
+            (next, next.is_some_and(|at_ms| at_ms <= now))
         };
         match next {
+            // Due but held back by the limit: until a place frees (or a timer changes).
+            Some(_) if held_back => {
+                tokio::select! {
+                    () = &mut place_freed => {}
+                    () = &mut notified => {}
+                }
+            }
             Some(at_ms) => {
                 tokio::select! {
                     () = clock.sleep_until_ms(at_ms) => {}

@@ -1,6 +1,8 @@
 //! Parked runs seeded by `RedbStore::__seed_waiting`: stored as the runtime parks them, and
 //! resumed by `resume_all` without a task each.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use loops_derive::Workflow;
@@ -191,4 +193,87 @@ async fn resume_all_gives_parked_runs_no_task_and_their_timers_fire() {
         .unwrap()
         .unwrap();
     assert_eq!(done, Nap::Done { slept: false });
+}
+
+/// Sleeps as [`Napper`] does, then counts itself in `inside` (and the most seen at once in
+/// `most`) until `gate` lets it end.
+struct GatedNapper {
+    inside: Arc<AtomicUsize>,
+    most: Arc<AtomicUsize>,
+    gate: Arc<tokio::sync::Semaphore>,
+}
+
+impl NapHandler for GatedNapper {
+    type Error = Error;
+    async fn start(&self, ctx: &Context, until_ms: Option<u64>) -> Result<StartNext> {
+        if let Some(until) = until_ms {
+            ctx.sleep_until(UNIX_EPOCH + Duration::from_millis(until))
+                .await?;
+        }
+        let now = self.inside.fetch_add(1, Ordering::AcqRel) + 1;
+        self.most.fetch_max(now, Ordering::AcqRel);
+        let permit = self.gate.acquire().await;
+        self.inside.fetch_sub(1, Ordering::AcqRel);
+        drop(permit);
+        Ok(StartNext::Done {
+            slept: until_ms.is_some(),
+        })
+    }
+}
+
+/// With `max_active_runs(3)` and 8 parked runs whose timers come due at once, the timers wake
+/// 3 runs; the other 5 stay armed, holding no driver, until a place frees, and every run ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timer_wakes_take_no_more_places_than_max_active_runs() {
+    let (_dir, path) = super::temp_store();
+    let due = now_ms() + 1_500;
+    {
+        let store = RedbStore::open(&path).unwrap();
+        let runs = (0..8).map(|i| {
+            let value = Nap::Start {
+                until_ms: Some(due),
+            };
+            (format!("sleep-{i}"), value, sleep_wait(due))
+        });
+        assert_eq!(store.__seed_waiting(runs).unwrap(), 8);
+    }
+    let (inside, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let rt = Runtime::builder()
+        .max_active_runs(3)
+        .register::<Nap, _>(GatedNapper {
+            inside: Arc::clone(&inside),
+            most: Arc::clone(&most),
+            gate: Arc::clone(&gate),
+        })
+        .open(&path)
+        .unwrap();
+    let found = rt.resume_all().await.unwrap();
+    assert!(now_ms() < due, "resumed before the timers were due");
+    assert_eq!(found.timers, 8);
+    for _ in 0..3000 {
+        if inside.load(Ordering::Acquire) == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(inside.load(Ordering::Acquire), 3);
+    // Held there: the other timers wait for a place, not for their time.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(inside.load(Ordering::Acquire), 3);
+    assert_eq!(rt.inner.claims.count(), 3);
+    assert_eq!(rt.inner.background.armed_timers(), 5);
+    gate.add_permits(8);
+    for i in 0..8 {
+        let done = tokio::time::timeout(
+            Duration::from_secs(60),
+            rt.wait::<Nap>(&format!("sleep-{i}")),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        assert_eq!(done, Nap::Done { slept: true });
+    }
+    assert_eq!(most.load(Ordering::Acquire), 3);
+    assert_eq!(rt.inner.background.armed_timers(), 0);
 }
