@@ -144,14 +144,15 @@ impl RedbStore {
 
     /// As [`with_storage`](Self::with_storage). With `options.verify_on_open`,
     /// `verified_clean` (if given) is asked first: `true` if it verified every page of the
-    /// file (`verify::verify_file`, on a view in memory, writing nothing). redb's own check on open is then not needed: it would verify the same pages
-    /// again, rebuild the allocator state just checked, and commit it (three more fdatasyncs:
-    /// most of the open of a small store). A file a crash left passes when the view's repair
-    /// (in memory) verifies; the plain open then makes the same repair on the file, as every
-    /// open of such a file does. Otherwise redb's check on open runs as without it, and
-    /// reports the damage. (The
-    /// check runs before redb takes the file's lock: a redb writer could commit in between,
-    /// leaving a file written by redb, not altered outside it.)
+    /// file (`verify::verify_file`, on a view in memory, writing nothing). redb's own check
+    /// on open is then not needed: it would verify the same pages again, rebuild the
+    /// allocator state just checked, and commit it (three more fdatasyncs: most of the open
+    /// of a small store). A file a crash left passes when the view's repair (in memory)
+    /// verifies; the plain open then makes the same repair on the file, as every open of such
+    /// a file does. Otherwise redb's check on open runs as without it, and reports the
+    /// damage. (The check runs before redb takes the file's lock: a redb writer could commit
+    /// in between, leaving a file written by redb, not altered outside it; a writer still
+    /// holding the file makes the open fail as locked either way.)
     fn open_backend<B, F>(
         label: PathBuf,
         options: StoreOptions,
