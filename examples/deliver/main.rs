@@ -218,12 +218,16 @@ async fn main() -> ExitCode {
         .init();
     match run(cli).await {
         Ok(Ended::Done) => ExitCode::SUCCESS,
-        Ok(Ended::Interrupted) => {
+        Ok(Ended::Interrupted(stop)) => {
+            let (said, code) = match stop {
+                Stop::CtrlC => ("interrupted", 130),
+                Stop::Terminate => ("terminated (SIGTERM)", 143),
+            };
             let _ = writeln!(
                 std::io::stderr(),
-                "interrupted; run the same command again to resume"
+                "{said}; run the same command again to resume"
             );
-            ExitCode::from(130)
+            ExitCode::from(code)
         }
         Err(err) => {
             // Written like `say!`: a closed standard error must not turn this into a panic.
@@ -244,13 +248,22 @@ enum Ended {
     /// It did what it was asked: the run ended, parked at the approval gate, or a test hook
     /// stopped it.
     Done,
-    /// Ctrl-C stopped it.
-    Interrupted,
+    /// Ctrl-C or SIGTERM stopped it.
+    Interrupted(Stop),
 }
 
-/// Sets up, then drives the run until it ends or parks, or until Ctrl-C: then it stops
-/// driving (the handler's future is dropped, as a crash would drop it: rustc and the tests
-/// are killed, a git command finishes) and closes the store cleanly, so that the same
+/// What asked this program to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// Ctrl-C (SIGINT): exit code 130.
+    CtrlC,
+    /// SIGTERM, as a deploy or `systemctl stop` sends it: exit code 143.
+    Terminate,
+}
+
+/// Sets up, then drives the run until it ends or parks, or until Ctrl-C or SIGTERM: then it
+/// stops driving (the handler's future is dropped, as a crash would drop it: rustc and the
+/// tests are killed, a git command finishes) and closes the store cleanly, so that the same
 /// command resumes the run.
 async fn run(cli: Cli) -> Result<Ended> {
     // Refused before anything is printed or touched.
@@ -261,7 +274,7 @@ async fn run(cli: Cli) -> Result<Ended> {
     let interrupt = Interrupt::listen();
     let (paths, runtime) = tokio::select! {
         biased;
-        () = interrupt.wait() => return Ok(Ended::Interrupted),
+        stop = interrupt.wait() => return Ok(Ended::Interrupted(stop)),
         set_up = set_up(&cli) => set_up?,
     };
     let control = if cli.serve {
@@ -279,7 +292,7 @@ async fn run(cli: Cli) -> Result<Ended> {
     };
     let ended = tokio::select! {
         biased;
-        () = interrupt.wait() => Ok(Ended::Interrupted),
+        stop = interrupt.wait() => Ok(Ended::Interrupted(stop)),
         driven = drive(&cli, &paths, &runtime, model) => driven.map(|()| Ended::Done),
     };
     if let Some(control) = control {
@@ -291,16 +304,21 @@ async fn run(cli: Cli) -> Result<Ended> {
     ended
 }
 
-/// Set when Ctrl-C is pressed.
-struct Interrupt(tokio::sync::watch::Receiver<bool>);
+/// Set when Ctrl-C is pressed or SIGTERM arrives.
+struct Interrupt(tokio::sync::watch::Receiver<Option<Stop>>);
 
 impl Interrupt {
-    /// Starts listening for Ctrl-C (from then on it no longer ends the process at once).
+    /// Starts listening for Ctrl-C and SIGTERM (from then on neither ends the process at
+    /// once).
     fn listen() -> Interrupt {
-        let (tx, rx) = tokio::sync::watch::channel(false);
+        let (tx, rx) = tokio::sync::watch::channel(None);
         tokio::spawn(async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                let _ = tx.send(true);
+            let stop = tokio::select! {
+                pressed = tokio::signal::ctrl_c() => pressed.ok().map(|()| Stop::CtrlC),
+                () = terminated() => Some(Stop::Terminate),
+            };
+            if let Some(stop) = stop {
+                let _ = tx.send(Some(stop));
             }
             // Keeps the sender: were it dropped, `wait` would resolve.
             std::future::pending::<()>().await;
@@ -308,13 +326,27 @@ impl Interrupt {
         Interrupt(rx)
     }
 
-    /// Resolves once Ctrl-C was pressed.
-    async fn wait(&self) {
+    /// Resolves with what stopped this program, once something did.
+    async fn wait(&self) -> Stop {
         let mut rx = self.0.clone();
-        if rx.wait_for(|&pressed| pressed).await.is_err() {
-            std::future::pending::<()>().await;
+        match rx.wait_for(Option::is_some).await {
+            Ok(stop) => stop.unwrap_or(Stop::CtrlC),
+            Err(_) => std::future::pending().await,
         }
     }
+}
+
+/// Resolves when SIGTERM arrives; never where there is no SIGTERM, or if it cannot be
+/// listened for.
+async fn terminated() {
+    #[cfg(unix)]
+    if let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+    {
+        if term.recv().await.is_some() {
+            return;
+        }
+    }
+    std::future::pending::<()>().await;
 }
 
 /// Checks the arguments and the tools, deletes what `--fresh` deletes, creates the work

@@ -957,7 +957,21 @@ fn ctrl_c(group: u32) {
 /// code 130, the one line that says so, and the store closed cleanly. `None` if it had
 /// finished before (exit code 0).
 #[cfg(unix)]
-fn interrupted(mut child: std::process::Child, context: &str, workdir: &Path) -> Option<()> {
+fn interrupted(child: std::process::Child, context: &str, workdir: &Path) -> Option<()> {
+    stopped(child, context, workdir, 130, "interrupted")
+}
+
+/// Waits for a child stopped by a signal and checks that it stopped as it should: exit code
+/// `code`, the one line that says it was `said`, and the store closed cleanly. `None` if it
+/// had finished before (exit code 0).
+#[cfg(unix)]
+fn stopped(
+    mut child: std::process::Child,
+    context: &str,
+    workdir: &Path,
+    code: i32,
+    said: &str,
+) -> Option<()> {
     use std::io::Read as _;
 
     let status = child.wait().expect("wait for the example");
@@ -973,11 +987,12 @@ fn interrupted(mut child: std::process::Child, context: &str, workdir: &Path) ->
     }
     assert_eq!(
         status.code(),
-        Some(130),
+        Some(code),
         "{context}: {status}; stderr:\n{stderr}"
     );
     assert_eq!(
-        stderr, "interrupted; run the same command again to resume\n",
+        stderr,
+        format!("{said}; run the same command again to resume\n"),
         "{context}"
     );
     // A read-only open refuses a store that was not closed cleanly.
@@ -1040,4 +1055,39 @@ fn ctrl_c_stops_cleanly_and_the_same_command_resumes() {
     }
     run_to_completion(dir.path(), "after Ctrl-C at moments");
     check(dir.path(), &reference.outcome, "Ctrl-C at moments");
+}
+
+/// SIGTERM to the example's process (as a deploy, or `systemctl stop`, sends it): the example
+/// stops as on Ctrl-C, closes the store cleanly, says so and exits 143, and the same command
+/// resumes the run to the reference's result.
+#[cfg(unix)]
+#[test]
+fn sigterm_stops_cleanly_and_the_same_command_resumes() {
+    let reference = reference();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut cmd = deliver(dir.path());
+    cmd.stderr(Stdio::piped());
+    let child = start_held(cmd, 2);
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -TERM: {status}");
+    stopped(
+        child,
+        "SIGTERM at seq 2",
+        dir.path(),
+        143,
+        "terminated (SIGTERM)",
+    )
+    .expect("stopped, not finished");
+    let stdout = run_to_completion(dir.path(), "after SIGTERM at seq 2");
+    assert!(
+        stdout.contains(
+            "(seq 2; attempt 1 did not finish: the process stopped while this attempt ran)"
+        ),
+        "{stdout}"
+    );
+    check(dir.path(), &reference.outcome, "SIGTERM at seq 2");
+    assert_eq!(entries(dir.path()).get(&2), Some(&2));
 }
