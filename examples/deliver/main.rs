@@ -340,9 +340,11 @@ impl Interrupt {
 /// listened for.
 async fn terminated() {
     #[cfg(unix)]
-    if let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
     {
-        if term.recv().await.is_some() {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate())
+            && term.recv().await.is_some()
+        {
             return;
         }
     }
