@@ -417,8 +417,22 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
     // in use.
     paths.clear_leftovers()?;
     // Before the run starts: which repository it works on, recorded or given.
-    let exists = runtime.run_info(&cli.run_id).await?.is_some();
-    paths.settle_repo(&cli.run_id, exists).await?;
+    let info = runtime.run_info(&cli.run_id).await?;
+    if let Some(info) = &info
+        && info.workflow != <workflow::v2::Deliver as loops::Workflow>::NAME
+    {
+        // A child run (`deliver-1/edit-0`, of `deliver-edit`) or another program's run: its
+        // parent drives it, and driving it as a deliver run would only be refused later for
+        // a schema mismatch, a reason that misleads.
+        bail!(
+            "run {} is a run of the workflow {:?}, not a deliver run; pass the id of a deliver \
+             run to --run-id (`loops --store {} runs` lists the runs and their workflows)",
+            cli.run_id,
+            info.workflow,
+            paths.store.display()
+        );
+    }
+    paths.settle_repo(&cli.run_id, info.is_some()).await?;
     Ok((paths, runtime))
 }
 

@@ -94,6 +94,22 @@ fn the_cli_sees_steers_and_inspects_a_run_of_the_example() {
         ]
     );
 
+    // A child's id given to the example is refused for what it is, and nothing moves.
+    let child = deliver(workdir, &["--run-id", "deliver-1/edit-0"]);
+    assert_eq!(child.status.code(), Some(1), "{}", describe(&child));
+    let err = String::from_utf8_lossy(&child.stderr);
+    assert!(
+        err.contains(
+            "run deliver-1/edit-0 is a run of the workflow \"deliver-edit\", not a deliver run; \
+             pass the id of a deliver run to --run-id"
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        json(&store, &["runs", "--json"]),
+        serde_json::Value::Array(runs.clone())
+    );
+
     // Approve through the CLI while no deliver runs; a bad payload first is refused.
     let bad = loops(&store, &["send", "deliver-1", "approve", "--json", "{by:"]);
     assert!(!bad.status.success());
