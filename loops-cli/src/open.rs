@@ -214,6 +214,12 @@ pub fn postgres(url: &str, schema: &str) -> Result<Local> {
     let store = connect.map_err(|e| {
         Failure::new(match &e {
             loops_postgres::Error::Connect { .. } => e.to_string(),
+            // The library's remedy names its builder's methods; a command's is in the URL.
+            loops_postgres::Error::Plaintext { label, host } => format!(
+                "refusing to connect to {label} without TLS: {host:?} is not a loopback \
+                 address; add sslmode=require to the URL to connect over TLS (the server's \
+                 certificate is checked against the system's roots)"
+            ),
             _ => format!("PostgreSQL store (schema {schema}): {e}"),
         })
     })?;

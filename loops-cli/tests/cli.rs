@@ -1318,13 +1318,18 @@ fn graph_writes_an_svg_that_parses_and_names_every_state() {
         err.starts_with("error: --svg - and --format both write to stdout"),
         "{err}"
     );
+    // A path under a regular file cannot be written, whoever runs the test (root too).
+    let under_a_file = file.join("fix.svg");
     let err = fails(
         &fix,
-        &["graph", "fix", "--svg", "/nonexistent/dir/fix.svg"],
+        &["graph", "fix", "--svg", under_a_file.to_str().unwrap()],
         1,
     );
     assert!(
-        err.starts_with("error: cannot write the SVG to /nonexistent/dir/fix.svg: "),
+        err.starts_with(&format!(
+            "error: cannot write the SVG to {}: ",
+            under_a_file.display()
+        )),
         "{err}"
     );
 }
@@ -3283,6 +3288,35 @@ fn upgrade_without_path_converts_the_store() {
             "error: upgrade {} and --store name two stores (--store is a PostgreSQL database, which has no file format to convert): give the file once, as PATH or as --store\n",
             a.display()
         ));
+}
+
+/// A PostgreSQL URL naming a host off this machine without `sslmode=require` is refused before
+/// anything connects, in one line that names the host (the password not shown) and the
+/// remedy a command has: the URL's `sslmode`.
+#[test]
+fn a_remote_postgres_url_without_tls_is_refused_with_the_remedy_in_the_url() {
+    for (url, shown, host) in [
+        (
+            "postgres://u:secret@db.example.com/db",
+            "postgres://u@db.example.com:5432/db",
+            "db.example.com",
+        ),
+        // Not a host name at all: the refusal shows what the URL was read as.
+        ("postgres://%%%", "postgres://@%%%:5432/", "%%%"),
+    ] {
+        Command::cargo_bin("loops")
+            .unwrap()
+            .env_remove("LOOPS_STORE")
+            .args(["--store", url, "runs"])
+            .assert()
+            .code(1)
+            .stdout("")
+            .stderr(format!(
+                "error: refusing to connect to {shown} schema loops without TLS: {host:?} is not \
+                 a loopback address; add sslmode=require to the URL to connect over TLS (the \
+                 server's certificate is checked against the system's roots)\n"
+            ));
+    }
 }
 
 /// `loops upgrade PATH`: converts the format-1 fixture of the workspace's tests, says what
