@@ -782,6 +782,18 @@ fn history_merges_transitions_steps_failures_and_events() {
     );
     assert!(out.contains("\nEVENT  NAME  KEY  SENT"), "{out}");
     assert!(out.contains("pending  [1,2]\n"), "{out}");
+
+    // A cancelled run's history ends with its cancellation: where, when and why.
+    let out = text(&path, &["history", "cancelled-1"]);
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[0].starts_with("run cancelled-1  workflow gate  cancelled  1 transition"),
+        "{out}"
+    );
+    assert!(lines[3].starts_with("0    state      Ask"), "{out}");
+    assert!(lines[4].starts_with("     cancelled  Ask"), "{out}");
+    assert!(lines[4].ends_with("not needed"), "{out}");
+    assert_eq!(lines.len(), 5, "{out}");
 }
 
 #[test]

@@ -226,6 +226,18 @@ fn render(view: &HistoryView, waiting: &str) -> String {
             t.row(cells);
         }
     }
+    // A cancellation is no transition (the run ends where it is): its row says when and why.
+    if run.status == loops_core::RunStatus::Cancelled {
+        t.row(vec![
+            Cell::plain(""),
+            Cell::new("cancelled", status_style(run.status)),
+            Cell::new(&run.state, HEADER),
+            Cell::plain(""),
+            Cell::new(&run.updated_at, DIM),
+            Cell::plain(""),
+            Cell::plain(run.cancel_reason.clone().unwrap_or_default()),
+        ]);
+    }
     out.push_str(&t.render(0));
     if !view.events.is_empty() {
         out.push('\n');
