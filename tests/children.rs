@@ -720,6 +720,7 @@ async fn pruning_keeps_an_ended_child_until_its_parent_ends() {
     for dry_run in [true, false] {
         let pruned = rt.prune_with(&everything, dry_run).await.unwrap();
         assert_eq!(pruned.run_ids, Vec::<String>::new(), "dry run: {dry_run}");
+        assert_eq!(pruned.kept_for_parents, 1, "p/0, dry run: {dry_run}");
     }
     rt.send("p/1", Leaf::GO, &1).await.unwrap();
     let done: Fan = rt.wait("p").await.unwrap();
@@ -742,7 +743,9 @@ async fn pruning_keeps_an_ended_child_until_its_parent_ends() {
     );
     // A run is older than 0 once a millisecond has passed since it ended.
     tokio::time::sleep(Duration::from_millis(5)).await;
-    let mut pruned = rt.prune_with(&everything, false).await.unwrap().run_ids;
+    let pruned = rt.prune_with(&everything, false).await.unwrap();
+    assert_eq!(pruned.kept_for_parents, 0);
+    let mut pruned = pruned.run_ids;
     pruned.sort();
     assert_eq!(pruned, vec!["p", "p/0", "p/1"]);
 }

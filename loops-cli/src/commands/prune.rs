@@ -19,6 +19,7 @@ struct PruneView {
     runs: u64,
     records: u64,
     run_ids: Vec<String>,
+    kept_for_parents: u64,
     bytes_before: u64,
     bytes_after: u64,
 }
@@ -77,6 +78,7 @@ pub fn prune(target: &Target, args: &PruneArgs) -> Result<()> {
         runs: pruned.runs,
         records: pruned.records,
         run_ids: pruned.run_ids,
+        kept_for_parents: pruned.kept_for_parents,
         bytes_before,
         bytes_after: file.map_or(0, file_bytes),
     };
@@ -115,6 +117,15 @@ fn report(view: &PruneView, json: bool, file: bool) -> Result<()> {
                 bytes(view.bytes_after),
             ));
         }
+    }
+    if view.kept_for_parents > 0 {
+        let n = view.kept_for_parents;
+        out.push_str(&format!(
+            "kept {n} ended child run{} whose parent has not ended (the parent may still join \
+             {}); pruned once it has\n",
+            plural(n),
+            if n == 1 { "it" } else { "them" },
+        ));
     }
     emit(&out)
 }

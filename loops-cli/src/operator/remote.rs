@@ -201,6 +201,7 @@ impl Operator for Remote {
             runs: reply.runs,
             records: reply.records,
             run_ids: reply.run_ids,
+            kept_for_parents: reply.kept_for_parents,
         })
     }
 

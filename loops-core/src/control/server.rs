@@ -534,11 +534,13 @@ async fn prune(State(s): State<Shared>, Body(request): Body<PruneRequest>) -> An
         runs,
         records,
         run_ids,
+        kept_for_parents,
     } = s.runtime.prune_with(&policy, request.dry_run).await?;
     Ok(Json(PruneReply {
         runs,
         records,
         run_ids,
+        kept_for_parents,
     }))
 }
 

@@ -216,6 +216,11 @@ pub struct PruneReply {
     pub records: u64,
     /// Their ids, oldest first.
     pub run_ids: Vec<String>,
+    /// Ended child runs kept because their parent has not ended
+    /// ([`Pruned::kept_for_parents`](crate::Pruned::kept_for_parents)); 0 from a server that
+    /// predates the field.
+    #[serde(default)]
+    pub kept_for_parents: u64,
 }
 
 /// The answer to `POST /v1/compact`: [`Compacted`](crate::Compacted) as JSON.

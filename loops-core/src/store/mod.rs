@@ -363,13 +363,17 @@ pub async fn find_runs(
     Ok(out)
 }
 
-/// `ended` without the child runs whose parent has not ended (each parent read once): a
-/// parent that is running, waiting or blocked may still join them. A parent that no longer
-/// exists holds nothing.
-async fn without_joinable_children(store: &dyn Store, ended: Vec<RunInfo>) -> Result<Vec<RunInfo>> {
+/// `ended` split in two: the runs free to expire, and the child runs whose parent has not
+/// ended (each parent read once), which a parent that is running, waiting or blocked may
+/// still join. A parent that no longer exists holds nothing.
+async fn without_joinable_children(
+    store: &dyn Store,
+    ended: Vec<RunInfo>,
+) -> Result<(Vec<RunInfo>, Vec<RunInfo>)> {
     let mut parent_ended: std::collections::HashMap<String, bool> =
         std::collections::HashMap::new();
-    let mut kept = Vec::with_capacity(ended.len());
+    let mut free = Vec::with_capacity(ended.len());
+    let mut held = Vec::new();
     for info in ended {
         if let Some(link) = &info.parent {
             let done = match parent_ended.get(&link.run_id) {
@@ -384,12 +388,13 @@ async fn without_joinable_children(store: &dyn Store, ended: Vec<RunInfo>) -> Re
                 }
             };
             if !done {
+                held.push(info);
                 continue;
             }
         }
-        kept.push(info);
+        free.push(info);
     }
-    Ok(kept)
+    Ok((free, held))
 }
 
 /// What [`prune`] removed (or, in a dry run, would remove).
@@ -401,6 +406,9 @@ pub struct Pruned {
     pub records: u64,
     /// The ids of the runs removed, oldest first.
     pub run_ids: Vec<String>,
+    /// Ended child runs left alone, whatever the policy, because their parent has not ended
+    /// (it may still join them): they are pruned once it has.
+    pub kept_for_parents: u64,
 }
 
 /// Most runs deleted by one write of [`prune`].
@@ -426,12 +434,13 @@ pub async fn prune(
     for status in policy.statuses() {
         ended.extend(store.list(status, None).await?);
     }
-    let ended = without_joinable_children(store, ended).await?;
+    let (ended, held) = without_joinable_children(store, ended).await?;
     let expired = policy.select(ended, now_ms);
     let mut report = Pruned {
         runs: expired.len() as u64,
         records: 0,
         run_ids: expired.clone(),
+        kept_for_parents: held.len() as u64,
     };
     if dry_run {
         for run_id in &expired {

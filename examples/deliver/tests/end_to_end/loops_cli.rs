@@ -109,6 +109,14 @@ fn the_cli_sees_steers_and_inspects_a_run_of_the_example() {
         json(&store, &["runs", "--json"]),
         serde_json::Value::Array(runs.clone())
     );
+    // Nor does retention take the ended child from its waiting parent, and it says why.
+    let prune = loops(&store, &["prune", "--keep-last", "0", "--dry-run"]);
+    assert!(prune.status.success(), "{}", describe(&prune));
+    assert_eq!(
+        String::from_utf8_lossy(&prune.stdout),
+        "no ended run matches; nothing removed\nkept 1 ended child run whose parent has not \
+         ended (the parent may still join it); pruned once it has\n"
+    );
 
     // Approve through the CLI while no deliver runs; a bad payload first is refused.
     let bad = loops(&store, &["send", "deliver-1", "approve", "--json", "{by:"]);
