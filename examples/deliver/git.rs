@@ -126,7 +126,7 @@ impl Git {
                 .output()
                 .await
                 .with_context(|| format!("cannot run `git {}`", args.join(" ")))?;
-            await_ctrl_c_if_interrupted(&output.status).await;
+            await_stop_if_interrupted(&output.status).await;
             let stderr = String::from_utf8_lossy(&output.stderr);
             if output.status.success() || !is_lock_error(&stderr) || tries == LOCK_RETRIES {
                 return Ok(output);
@@ -451,10 +451,11 @@ fn command(dir: &Path) -> Command {
 }
 
 /// Starts `cmd` in a process group of its own, so that Ctrl-C in a terminal (SIGINT to the
-/// whole foreground group) reaches this program only: it stops driving and drops the step
-/// (a git command finishes, rustc and the tests are killed). Were the child interrupted
-/// too, its failure could be recorded as the step's outcome (a compile error, a failed git
-/// command) before this program saw the Ctrl-C.
+/// whole foreground group), or a SIGTERM sent to this program's group (`kill -- -PGID`, a
+/// service manager stopping it), reaches this program only: it stops driving and drops the
+/// step (a git command finishes, rustc and the tests are killed). Were the child stopped too,
+/// its failure could be recorded as the step's outcome (a compile error, a failed git
+/// command) before this program saw the signal.
 pub fn own_process_group(cmd: &mut Command) {
     #[cfg(unix)]
     cmd.process_group(0);
@@ -462,16 +463,17 @@ pub fn own_process_group(cmd: &mut Command) {
     let _ = cmd;
 }
 
-/// How long a step that started a child which died of SIGINT waits for the Ctrl-C that most
-/// likely sent it ([`await_ctrl_c_if_interrupted`]).
-const SIGINT_GRACE: Duration = Duration::from_secs(10);
+/// How long a step that started a child which died of SIGINT or SIGTERM waits for the same
+/// signal to reach this program ([`await_stop_if_interrupted`]).
+const STOP_GRACE: Duration = Duration::from_secs(10);
 
-/// Whether `status` is that of a child killed by SIGINT.
-pub fn died_of_sigint(status: &std::process::ExitStatus) -> bool {
+/// Whether `status` is that of a child killed by SIGINT or SIGTERM, the two signals this
+/// program stops cleanly on (`main`'s `Interrupt`).
+pub fn died_of_stop_signal(status: &std::process::ExitStatus) -> bool {
     #[cfg(unix)]
     {
         use std::os::unix::process::ExitStatusExt as _;
-        status.signal() == Some(2)
+        matches!(status.signal(), Some(2 | 15))
     }
     #[cfg(not(unix))]
     {
@@ -480,19 +482,21 @@ pub fn died_of_sigint(status: &std::process::ExitStatus) -> bool {
     }
 }
 
-/// If the child whose exit status is `status` died of SIGINT, waits [`SIGINT_GRACE`] before
-/// the caller goes on to report it.
+/// If the child whose exit status is `status` died of SIGINT or SIGTERM, waits
+/// [`STOP_GRACE`] before the caller goes on to report it.
 ///
 /// A child started in a process group of its own ([`own_process_group`]) moves there in the
-/// instant between its fork and its exec: a Ctrl-C (SIGINT to this program's whole group)
-/// that lands in that instant kills it too. Its death must not become the step's outcome (a
-/// failed git command, a compile error recorded as the test report): the same Ctrl-C reaches
-/// this program, which stops driving and drops the waiting step meanwhile. A SIGINT sent to
-/// the child alone is reported after the wait.
-pub async fn await_ctrl_c_if_interrupted(status: &std::process::ExitStatus) {
-    if died_of_sigint(status) {
-        tracing::debug!("a child died of SIGINT: waiting for this program's own Ctrl-C");
-        tokio::time::sleep(SIGINT_GRACE).await;
+/// instant between its fork and its exec: a Ctrl-C, or a SIGTERM sent to this program's
+/// whole group, that lands in that instant stops it too. Its death must not become the step's
+/// outcome (a failed git command, a compile error recorded as the test report): the same
+/// signal reaches this program, which stops driving and drops the waiting step meanwhile.
+/// The same holds when a service manager stops every process of the service at once (systemd
+/// sends SIGTERM to its whole control group, children in their own process groups
+/// included). A signal sent to the child alone is reported after the wait.
+pub async fn await_stop_if_interrupted(status: &std::process::ExitStatus) {
+    if died_of_stop_signal(status) {
+        tracing::debug!("a child died of SIGINT or SIGTERM: waiting for this program's own");
+        tokio::time::sleep(STOP_GRACE).await;
     }
 }
 

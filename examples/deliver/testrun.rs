@@ -65,7 +65,7 @@ pub async fn run_tests(git: &Git, commit: &str, scratch: &Path) -> Result<TestRe
         .output()
         .await
         .context("cannot run rustc (is the Rust toolchain on PATH?)")?;
-    crate::git::await_ctrl_c_if_interrupted(&compiled.status).await;
+    crate::git::await_stop_if_interrupted(&compiled.status).await;
     if !compiled.status.success() {
         let stderr = String::from_utf8_lossy(&compiled.stderr)
             .replace(&build.path().to_string_lossy().into_owned(), "<build>");
@@ -88,7 +88,7 @@ pub async fn run_tests(git: &Git, commit: &str, scratch: &Path) -> Result<TestRe
         .output()
         .await
         .with_context(|| format!("cannot run {}", binary.display()))?;
-    crate::git::await_ctrl_c_if_interrupted(&ran.status).await;
+    crate::git::await_stop_if_interrupted(&ran.status).await;
     let stdout = String::from_utf8_lossy(&ran.stdout);
     Ok(parse(&stdout, ran.status.success(), ran.status.code()))
 }

@@ -2,17 +2,19 @@ use super::*;
 
 #[cfg(unix)]
 #[tokio::test]
-async fn a_child_killed_by_sigint_is_told_from_one_that_failed() {
+async fn a_child_killed_by_sigint_or_sigterm_is_told_from_one_that_failed() {
     let status = |script: &str| {
         std::process::Command::new("sh")
             .args(["-c", script])
             .status()
             .expect("run sh")
     };
-    assert!(died_of_sigint(&status("kill -INT $$")));
-    assert!(!died_of_sigint(&status("kill -TERM $$")));
-    assert!(!died_of_sigint(&status("exit 130")));
-    assert!(!died_of_sigint(&status("true")));
+    assert!(died_of_stop_signal(&status("kill -INT $$")));
+    assert!(died_of_stop_signal(&status("kill -TERM $$")));
+    assert!(!died_of_stop_signal(&status("kill -KILL $$")));
+    assert!(!died_of_stop_signal(&status("exit 130")));
+    assert!(!died_of_stop_signal(&status("exit 143")));
+    assert!(!died_of_stop_signal(&status("true")));
 }
 
 async fn repo_with_file(dir: &Path) -> Git {

@@ -1091,3 +1091,94 @@ fn sigterm_stops_cleanly_and_the_same_command_resumes() {
     check(dir.path(), &reference.outcome, "SIGTERM at seq 2");
     assert_eq!(entries(dir.path()).get(&2), Some(&2));
 }
+
+/// `pid` and every process descended from it, read from `/proc`: what a service manager that
+/// stops a whole control group (systemd's default `KillMode=control-group`) signals.
+#[cfg(target_os = "linux")]
+fn process_tree(pid: u32) -> Vec<u32> {
+    let mut parents = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("read /proc").flatten() {
+        let Some(child) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        // `pid (comm) state ppid ...`: comm may hold spaces and parentheses, so split after
+        // its last ')'.
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if let Some(ppid) = ppid {
+            parents.push((child, ppid));
+        }
+    }
+    let mut tree = vec![pid];
+    let mut i = 0;
+    while i < tree.len() {
+        let parent = tree[i];
+        tree.extend(
+            parents
+                .iter()
+                .filter(|(_, p)| *p == parent)
+                .map(|(c, _)| *c),
+        );
+        i += 1;
+    }
+    tree
+}
+
+/// SIGTERM to every process of the example at once, at moments spread over a run, as
+/// `systemctl stop` sends it to a service's whole control group: git, rustc and the tests,
+/// though in process groups of their own, are stopped too, and first (the example a moment
+/// later, the order that could go wrong). A child's death by SIGTERM must not become a step's
+/// outcome (a compile error recorded as the test report, a failed git command): the example
+/// stops cleanly, exits 143, and the same command resumes to the reference's result.
+#[cfg(target_os = "linux")]
+#[test]
+fn sigterm_to_every_process_of_the_example_resumes_to_the_same_result() {
+    let reference = reference();
+    let dir = tempfile::tempdir().expect("temp dir");
+    const STOPS: u32 = 8;
+    let mut children_stopped = 0;
+    for i in 1..=STOPS {
+        let child = deliver(dir.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the example");
+        let after = reference
+            .took
+            .mul_f64(f64::from(i) / f64::from(STOPS + 1))
+            .max(Duration::from_millis(50));
+        std::thread::sleep(after);
+        let tree = process_tree(child.id());
+        let others: Vec<String> = tree[1..].iter().map(u32::to_string).collect();
+        if !others.is_empty() {
+            children_stopped += 1;
+            // Fails only if they ended meanwhile.
+            let _ = Command::new("kill").arg("-TERM").args(&others).status();
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let context = format!(
+            "SIGTERM to {} process(es) {} ms after start",
+            tree.len(),
+            after.as_millis()
+        );
+        if stopped(child, &context, dir.path(), 143, "terminated (SIGTERM)").is_none() {
+            break;
+        }
+    }
+    run_to_completion(dir.path(), "after SIGTERM to every process");
+    check(dir.path(), &reference.outcome, "SIGTERM to every process");
+    // Were no child running at any of the moments, this test would show nothing.
+    assert!(children_stopped > 0, "no stop reached a child process");
+}
