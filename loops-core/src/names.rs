@@ -17,11 +17,6 @@ pub const RESERVED_PREFIX: &str = "loops:";
 /// ([`Context::join_child`](crate::Context::join_child)).
 pub const CHILD_ENDED: &str = "loops:child-ended";
 
-/// The step name a join of children is recorded under (one occurrence per join). Its record
-/// delivers the run's undelivered [`CHILD_ENDED`] events: the join read the children's rows,
-/// which those events only announce.
-pub(crate) const JOIN_STEP: &str = "loops:join";
-
 /// Checks a run id: not empty, at most [`MAX_RUN_ID_BYTES`] bytes, no control characters, no
 /// white space at either end (any other Unicode is accepted).
 ///

@@ -149,10 +149,6 @@ pub(crate) fn writes<'a>(sql: &'a Sql, effects: &Effects<'_>) -> Writes<'a> {
             InboxChange::Deliver { event_seq, .. } => {
                 statement(&sql.mark_delivered, vec![run(), Box::new(big(*event_seq))])
             }
-            InboxChange::DeliverAll { name } => statement(
-                &sql.mark_all_delivered,
-                vec![run(), Box::new((*name).to_owned())],
-            ),
         };
         out.push((st, None));
     }

@@ -36,7 +36,6 @@ pub(crate) struct Sql {
     pub(crate) last_failure_attempt: String,
     pub(crate) first_pending: String,
     pub(crate) mark_delivered: String,
-    pub(crate) mark_all_delivered: String,
     pub(crate) event_by_key: String,
     pub(crate) next_event_seq: String,
     pub(crate) insert_event: String,
@@ -144,8 +143,6 @@ impl Sql {
                  ORDER BY event_seq LIMIT 1"),
             mark_delivered: f("UPDATE {s}.inbox SET delivered = true \
                  WHERE run_id = $1 AND event_seq = $2"),
-            mark_all_delivered: f("UPDATE {s}.inbox SET delivered = true \
-                 WHERE run_id = $1 AND name = $2 AND NOT delivered"),
             event_by_key: f("SELECT event_seq FROM {s}.inbox WHERE run_id = $1 AND key = $2"),
             next_event_seq: f("SELECT coalesce(max(event_seq) + 1, 0) FROM {s}.inbox \
                  WHERE run_id = $1"),

@@ -133,33 +133,6 @@ pub(super) async fn child_end_wakes_parent(f: &dyn Factory) {
     let c = transition(store, &lc, "c", 1, true).await.unwrap();
     assert_eq!(c.status, RunStatus::Completed);
     assert_eq!(inbox(store, "p").await, [ended("a"), ended("b")]);
-
-    // A join's record (step `loops:join`) delivers the child-ended events pending on its run,
-    // and only those: another step leaves them, and another event stays pending.
-    let lq = super::support::create(store, "q").await;
-    for child in ["x", "y"] {
-        let l = create_child(store, child, "q", OnParentCancel::Cancel).await;
-        transition(store, &l, child, 1, true).await.unwrap();
-    }
-    store
-        .write(None, writes::send("q", "note", "1", None, 7_000))
-        .await
-        .unwrap();
-    let note = ("note".to_owned(), "1".to_owned(), false);
-    let step = |name: &str| writes::step("q", 0, name, 0, super::support::step_record(1, "[]"));
-    store.write(Some(&lq), step("fetch")).await.unwrap();
-    assert_eq!(
-        inbox(store, "q").await,
-        [ended("x"), ended("y"), note.clone()]
-    );
-    store.write(Some(&lq), step("loops:join")).await.unwrap();
-    let delivered = |(name, payload, _): (String, String, bool)| (name, payload, true);
-    assert_eq!(
-        inbox(store, "q").await,
-        [delivered(ended("x")), delivered(ended("y")), note]
-    );
-    assert!(!store.has_pending("q", CHILD_ENDED).await.unwrap());
-    assert!(store.has_pending("q", "note").await.unwrap());
 }
 
 pub(super) async fn cancel_cascades(f: &dyn Factory) {

@@ -213,9 +213,7 @@ pub enum Case {
     /// A child run's end (a terminal transition, a failure that gives up, a cancellation)
     /// appends `loops:child-ended` (`{"child": ID}`) to its parent's inbox in the commit
     /// that ends it; an ended parent gets nothing, and the child's write is not refused for
-    /// it. `Store::children` lists a run's children, with their links, by run id. A join's
-    /// step record (`loops:join`) delivers the child-ended events pending on its run, and no
-    /// other event; another step delivers none.
+    /// it. `Store::children` lists a run's children, with their links, by run id.
     ChildEndWakesParent,
     /// A parent's cancellation, in its one commit, ends its waiting children (policy
     /// cancel), asks its running children to stop, leaves its abandoned children alone, and

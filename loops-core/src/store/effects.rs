@@ -240,12 +240,6 @@ pub enum InboxChange<'w> {
         /// Its name.
         name: &'w str,
     },
-    /// Every undelivered event of the run named `name` is delivered (they stay in the inbox,
-    /// for inspection): wake-ups that what the write records has made moot.
-    DeliverAll {
-        /// Their name.
-        name: &'w str,
-    },
 }
 
 /// The [`EventRecord`](super::EventRecord) of an event, serialized: what every store keeps in

@@ -27,7 +27,6 @@ use super::schedule_plan;
 use super::{RunInfo, RunStatus, WaitInfo};
 use crate::attribute::AttributeValue;
 use crate::error::{Error, RecordKind, Result};
-use crate::names::{CHILD_ENDED, JOIN_STEP};
 use crate::record::{FailureRecord, StepRecord, to_vec};
 
 impl Write {
@@ -475,14 +474,6 @@ fn step<'w>(
         occurrence,
         bytes: Cow::Borrowed(record),
     });
-    if name == JOIN_STEP {
-        // A join read its children's rows: the child-ended events that announced those ends
-        // (or any other child's: a later join reads the rows first too) would only wake the
-        // run for nothing, and would stay pending on it for good once it ends.
-        effects
-            .inbox
-            .push(InboxChange::DeliverAll { name: CHILD_ENDED });
-    }
     Ok(effects)
 }
 

@@ -10,7 +10,7 @@ use serde_json::value::RawValue;
 
 use crate::attribute::AttributeValue;
 use crate::error::{Error, RecordKind, Result};
-use crate::names::{CHILD_ENDED, JOIN_STEP, RESERVED_PREFIX, validate_run_id};
+use crate::names::{CHILD_ENDED, RESERVED_PREFIX, validate_run_id};
 use crate::record::TransitionRecord;
 use crate::row::{OnParentCancel, ParentLink, RunInfo};
 use crate::run::context::Context;
@@ -162,6 +162,9 @@ enum Ended {
 fn start_step(child: &str) -> String {
     format!("{RESERVED_PREFIX}child:{child}")
 }
+
+/// The step name joins are recorded under (one occurrence per join).
+const JOIN_STEP: &str = "loops:join";
 
 impl Context {
     /// Starts the child run `child_id` of workflow `W` in `initial` (its initial state),
@@ -384,9 +387,7 @@ impl Context {
     /// holds no task, and the handler runs again when a child ends (its recorded steps,
     /// starts of children included, replay). N children that end together cost one wake-up,
     /// not N. The outcome is journaled as a step (under `loops:join`), so a re-execution
-    /// returns the same, even once the children are pruned; its record delivers the
-    /// child-ended events still pending on this run (the rows they announce were read), so
-    /// that none is left pending once the run ends.
+    /// returns the same, even once the children are pruned.
     ///
     /// # Errors
     /// [`Error::RunNotFound`] for a child that does not exist; [`Error::WorkflowMismatch`]

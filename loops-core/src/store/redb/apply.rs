@@ -365,16 +365,6 @@ fn store<'a>(
             InboxChange::Deliver { event_seq, name } => {
                 t.pending()?.remove((id, *name, *event_seq))?;
             }
-            InboxChange::DeliverAll { name } => {
-                let pending = t.pending()?;
-                let seqs = pending
-                    .range((id, *name, 0)..=(id, *name, u64::MAX))?
-                    .map(|entry| entry.map(|(key, _)| key.value().2))
-                    .collect::<std::result::Result<Vec<u64>, _>>()?;
-                for event_seq in seqs {
-                    pending.remove((id, *name, event_seq))?;
-                }
-            }
         }
     }
     if let Some((hash, text)) = &effects.schema {
