@@ -167,6 +167,7 @@ fn runtime(counts: &Counts) -> Runtime {
     Runtime::builder()
         .register::<Leaf, _>(counts.clone())
         .register::<Fan, _>(Parent)
+        .register::<Pair, _>(Joiner)
         .build(RedbStore::in_memory().unwrap())
 }
 
@@ -957,10 +958,7 @@ impl PairHandler for Joiner {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_joins_of_one_handler_each_get_their_child() {
     let counts = Counts::default();
-    let rt = Runtime::builder()
-        .register::<Leaf, _>(counts.clone())
-        .register::<Pair, _>(Joiner)
-        .build(RedbStore::in_memory().unwrap());
+    let rt = runtime(&counts);
     for p in 0..20 {
         rt.start(&format!("p{p}"), Pair::Spread { n: 6 })
             .await

@@ -85,6 +85,31 @@ pub(crate) struct Writes<'a> {
     pub(crate) row_text: Option<String>,
 }
 
+/// The statement that makes `change` to run `id`'s inbox.
+fn inbox_statement<'a>(sql: &'a Sql, id: &str, change: &InboxChange<'_>) -> Stmt<'a> {
+    let run: Param = Box::new(id.to_owned());
+    match change {
+        InboxChange::Append {
+            event_seq,
+            name,
+            key,
+            record,
+        } => statement(
+            &sql.insert_event,
+            vec![
+                run,
+                Box::new(big(*event_seq)),
+                Box::new((*name).to_owned()),
+                Box::new(key.map(str::to_owned)),
+                Box::new(utf8(record).to_owned()),
+            ],
+        ),
+        InboxChange::Deliver { event_seq, .. } => {
+            statement(&sql.mark_delivered, vec![run, Box::new(big(*event_seq))])
+        }
+    }
+}
+
 /// The statements that write `effects` out.
 pub(crate) fn writes<'a>(sql: &'a Sql, effects: &Effects<'_>) -> Writes<'a> {
     let id = effects.run_id;
@@ -130,27 +155,7 @@ pub(crate) fn writes<'a>(sql: &'a Sql, effects: &Effects<'_>) -> Writes<'a> {
         out.push((st, record.refusal_if_taken(id)));
     }
     for change in &effects.inbox {
-        let st = match change {
-            InboxChange::Append {
-                event_seq,
-                name,
-                key,
-                record,
-            } => statement(
-                &sql.insert_event,
-                vec![
-                    run(),
-                    Box::new(big(*event_seq)),
-                    Box::new((*name).to_owned()),
-                    Box::new(key.map(str::to_owned)),
-                    Box::new(utf8(record).to_owned()),
-                ],
-            ),
-            InboxChange::Deliver { event_seq, .. } => {
-                statement(&sql.mark_delivered, vec![run(), Box::new(big(*event_seq))])
-            }
-        };
-        out.push((st, None));
+        out.push((inbox_statement(sql, id, change), None));
     }
     if let Some((hash, text)) = effects.schema {
         let params: Vec<Param> = vec![Box::new(hash.to_string()), Box::new(text.to_owned())];

@@ -943,14 +943,62 @@ fn the_approval_hint_and_an_explicit_auto_approve_approve_a_parked_run() {
     );
 }
 
+/// Sends `signal` (`INT`, `TERM`) to each of `targets` (pids, or `-PGID` for a process
+/// group) with kill(1); whether kill reached them all.
+#[cfg(unix)]
+fn kill<T: ToString>(signal: &str, targets: &[T]) -> bool {
+    Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg("--")
+        .args(targets.iter().map(ToString::to_string))
+        .status()
+        .expect("run kill")
+        .success()
+}
+
 /// Sends SIGINT to the process group `group`, as a terminal does on Ctrl-C.
 #[cfg(unix)]
 fn ctrl_c(group: u32) {
-    let status = Command::new("kill")
-        .args(["-INT", "--", &format!("-{group}")])
-        .status()
-        .expect("run kill");
-    assert!(status.success(), "kill -INT -{group}: {status}");
+    assert!(kill("INT", &[format!("-{group}")]), "kill -INT -{group}");
+}
+
+/// `stops` moments spread over the reference run's time: the i-th (from 1) at
+/// `i / of` of it, and never before 50 ms.
+fn moments(stops: u32, of: u32) -> impl Iterator<Item = Duration> {
+    let took = reference().took;
+    (1..=stops).map(move |i| {
+        took.mul_f64(f64::from(i) / f64::from(of))
+            .max(Duration::from_millis(50))
+    })
+}
+
+/// Runs the example on `workdir` once for each of `moments`, each run resuming the last:
+/// `start` sets up its command, `stop` is called with its pid that long after it started,
+/// and it must then stop as [`stopped`] checks (exit `code`, saying `said`). Returns at the
+/// first run that finished before it was stopped.
+#[cfg(unix)]
+fn stop_at_moments(
+    workdir: &Path,
+    moments: impl IntoIterator<Item = Duration>,
+    start: impl Fn(&mut Command),
+    mut stop: impl FnMut(u32),
+    (code, said): (i32, &str),
+) {
+    for after in moments {
+        let mut cmd = deliver(workdir);
+        start(&mut cmd);
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the example");
+        std::thread::sleep(after);
+        stop(child.id());
+        let context = format!("{said} {} ms after start", after.as_millis());
+        if stopped(child, &context, workdir, code, said).is_none() {
+            return;
+        }
+    }
 }
 
 /// Waits for a child interrupted with Ctrl-C and checks that it stopped as it should: exit
@@ -1034,25 +1082,15 @@ fn ctrl_c_stops_cleanly_and_the_same_command_resumes() {
     assert_eq!(counts.get(&2), Some(&2), "{counts:?}");
 
     let dir = tempfile::tempdir().expect("temp dir");
-    const PRESSES: u32 = 8;
-    for i in 1..=PRESSES {
-        let child = deliver(dir.path())
-            .process_group(0)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start the example");
-        let after = reference
-            .took
-            .mul_f64(f64::from(i) / f64::from(PRESSES))
-            .max(Duration::from_millis(50));
-        std::thread::sleep(after);
-        ctrl_c(child.id());
-        let context = format!("Ctrl-C {} ms after start", after.as_millis());
-        if interrupted(child, &context, dir.path()).is_none() {
-            break;
-        }
-    }
+    stop_at_moments(
+        dir.path(),
+        moments(8, 8),
+        |cmd| {
+            cmd.process_group(0);
+        },
+        ctrl_c,
+        (130, "interrupted"),
+    );
     run_to_completion(dir.path(), "after Ctrl-C at moments");
     check(dir.path(), &reference.outcome, "Ctrl-C at moments");
 }
@@ -1068,11 +1106,7 @@ fn sigterm_stops_cleanly_and_the_same_command_resumes() {
     let mut cmd = deliver(dir.path());
     cmd.stderr(Stdio::piped());
     let child = start_held(cmd, 2);
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .expect("run kill");
-    assert!(status.success(), "kill -TERM: {status}");
+    assert!(kill("TERM", &[child.id()]), "kill -TERM {}", child.id());
     stopped(
         child,
         "SIGTERM at seq 2",
@@ -1144,39 +1178,23 @@ fn process_tree(pid: u32) -> Vec<u32> {
 fn sigterm_to_every_process_of_the_example_resumes_to_the_same_result() {
     let reference = reference();
     let dir = tempfile::tempdir().expect("temp dir");
-    const STOPS: u32 = 8;
     let mut children_stopped = 0;
-    for i in 1..=STOPS {
-        let child = deliver(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start the example");
-        let after = reference
-            .took
-            .mul_f64(f64::from(i) / f64::from(STOPS + 1))
-            .max(Duration::from_millis(50));
-        std::thread::sleep(after);
-        let tree = process_tree(child.id());
-        let others: Vec<String> = tree[1..].iter().map(u32::to_string).collect();
-        if !others.is_empty() {
-            children_stopped += 1;
-            // Fails only if they ended meanwhile.
-            let _ = Command::new("kill").arg("-TERM").args(&others).status();
-            std::thread::sleep(Duration::from_millis(300));
-        }
-        let _ = Command::new("kill")
-            .args(["-TERM", &child.id().to_string()])
-            .status();
-        let context = format!(
-            "SIGTERM to {} process(es) {} ms after start",
-            tree.len(),
-            after.as_millis()
-        );
-        if stopped(child, &context, dir.path(), 143, "terminated (SIGTERM)").is_none() {
-            break;
-        }
-    }
+    stop_at_moments(
+        dir.path(),
+        moments(8, 9),
+        |_| {},
+        |pid| {
+            let tree = process_tree(pid);
+            if tree.len() > 1 {
+                children_stopped += 1;
+                // Fails only if they ended meanwhile.
+                kill("TERM", &tree[1..]);
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            kill("TERM", &[pid]);
+        },
+        (143, "terminated (SIGTERM)"),
+    );
     run_to_completion(dir.path(), "after SIGTERM to every process");
     check(dir.path(), &reference.outcome, "SIGTERM to every process");
     // Were no child running at any of the moments, this test would show nothing.
