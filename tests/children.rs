@@ -926,11 +926,12 @@ enum Pair {
     Joined { squares: Vec<u64> },
 }
 
+/// Returns `anyhow::Error`, as most applications' handlers do.
 struct Joiner;
 
 impl PairHandler for Joiner {
-    type Error = Error;
-    async fn spread(&self, ctx: &Context, n: u64) -> Result<SpreadNext, Error> {
+    type Error = anyhow::Error;
+    async fn spread(&self, ctx: &Context, n: u64) -> anyhow::Result<SpreadNext> {
         let mut children: Vec<ChildRun<Leaf>> = Vec::new();
         for i in 0..n {
             let id = format!("{}/{i}", ctx.run_id());
@@ -949,6 +950,34 @@ impl PairHandler for Joiner {
         }
         Ok(SpreadNext::Joined { squares })
     }
+}
+
+/// A handler that returns `anyhow::Error` and meets a child id taken with `?` fails at its
+/// first attempt, as one returning loops' `Error` does (anyhow's own boxing hid the error:
+/// its state spent every retry on a conflict that comes out the same each time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_id_taken_fails_an_anyhow_handler_at_its_first_attempt() {
+    let counts = Counts::default();
+    let rt = runtime(&counts);
+    rt.start(
+        "q/0",
+        Leaf::Start {
+            i: 9,
+            mode: Mode::Wait,
+        },
+    )
+    .await
+    .unwrap();
+    rt.start("q", Pair::Spread { n: 1 }).await.unwrap();
+    let err = rt.wait::<Pair>("q").await.unwrap_err();
+    let conflict = "run `q` (state `Spread`, seq 0) cannot start child `q/0`: a run without a parent has that id";
+    assert!(err.to_string().contains(conflict), "{err}");
+    let info = rt.store().run_info("q").await.unwrap().unwrap();
+    assert_eq!(
+        (info.status, info.attempt, info.error),
+        (RunStatus::Failed, 1, Some(vec![conflict.to_owned()]))
+    );
+    assert_eq!(rt.store().failures("q").await.unwrap().len(), 1);
 }
 
 /// Joins of one handler in flight at once, over children that end at once and a second

@@ -138,11 +138,32 @@ impl WriteHook for Flaky {
     }
 }
 
+/// [`Worker`], with a handler that returns `anyhow::Error`, as most applications' do.
+#[derive(Clone)]
+struct AnyhowWorker(Worker);
+
+impl JobHandler for AnyhowWorker {
+    type Error = anyhow::Error;
+
+    async fn start(&self, ctx: &Context, nap_ms: u64) -> anyhow::Result<StartNext> {
+        Ok(self.0.start(ctx, nap_ms).await?)
+    }
+}
+
 fn flaky_runtime(path: &Path, faults: &Arc<Faults>, worker: &Worker) -> Runtime {
+    flaky_runtime_of(path, faults, worker.clone())
+}
+
+/// A runtime on the store file `path`, failing what `faults` says, with `handler`.
+fn flaky_runtime_of<H>(path: &Path, faults: &Arc<Faults>, handler: H) -> Runtime
+where
+    Job: loops::Dispatch<H>,
+    H: Send + Sync + 'static,
+{
     let store = HookedStore::with_hook(RedbStore::open(path).unwrap(), Flaky(Arc::clone(faults)));
     Runtime::builder()
         .park_threshold(Duration::ZERO)
-        .register::<Job, _>(worker.clone())
+        .register::<Job, _>(handler)
         .build(store)
 }
 
@@ -252,15 +273,34 @@ async fn serve_retries_a_failed_first_resume_until_the_store_recovers() {
 /// `Runtime::run` (attached) and a background driver: three failed step records each.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_step_write_spends_no_attempt_and_the_run_goes_on_when_the_store_recovers() {
+    let worker = Worker::default();
+    failed_step_writes_spend_no_attempt(&worker, worker.clone()).await;
+}
+
+/// As above, with a handler that returns the store fault inside an `anyhow::Error` (with
+/// `?`): still the store's fault, not the handler's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_step_write_returned_in_an_anyhow_error_spends_no_attempt() {
+    let worker = Worker::default();
+    failed_step_writes_spend_no_attempt(&worker, AnyhowWorker(worker.clone())).await;
+}
+
+/// Fails three step records of a run driven by `Runtime::run` with `handler`, then three
+/// of a run started in the background; checks that each run ended with its effect run
+/// once per failed record plus once, in its first attempt, with no failure recorded.
+async fn failed_step_writes_spend_no_attempt<H>(worker: &Worker, handler: H)
+where
+    Job: loops::Dispatch<H>,
+    H: Clone + Send + Sync + 'static,
+{
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store.redb");
-    let worker = Worker::default();
     let faults = Arc::new(Faults::default());
-    let rt = flaky_runtime(&path, &faults, &worker);
+    let rt = flaky_runtime_of(&path, &faults, handler.clone());
 
     faults.steps.store(3, Ordering::SeqCst);
     let done = rt
-        .run("attached", Job::Start { nap_ms: 0 }, &worker)
+        .run("attached", Job::Start { nap_ms: 0 }, &handler)
         .await
         .unwrap();
     // The effect ran once per failed record (each repeat under the same idempotency key),

@@ -2,7 +2,8 @@
 //! try again. Made by [`Error::permanent`](crate::Error::permanent) and
 //! [`Error::retry_after`](crate::Error::retry_after); read, anywhere in an error's `source()`
 //! chain, by [`retry_hint`](crate::retry_hint), which steps and the driver both call (it
-//! lives beside [`Error`](crate::Error), whose own errors it also reads).
+//! lives beside [`Error`](crate::Error), whose own errors it also reads). Also the boxing of
+//! a handler's error that keeps the chain readable to it: `handler_error`.
 
 use std::fmt;
 use std::time::Duration;
@@ -75,8 +76,29 @@ pub struct RetryHint {
     pub retry_after: Option<Duration>,
 }
 
+/// The error a handler returned, boxed for the driver ([`BoxError`]). An
+/// `anyhow::Error` is unwrapped into a box of the error it holds (without its
+/// backtrace, which loops does not record): anyhow's own conversion boxes a wrapper
+/// whose type hides that error, so that the driver would not see loops' errors returned
+/// with `?` ([`Error::repeats`](crate::Error::repeats), a store fault) nor a caller
+/// downcast its own. Every other error converts with its `Into`.
+pub fn handler_error<E: Into<BoxError> + 'static>(error: E) -> BoxError {
+    let mut slot = Some(error);
+    let held = (&mut slot as &mut dyn std::any::Any)
+        .downcast_mut::<Option<anyhow::Error>>()
+        .and_then(Option::take);
+    match (held, slot) {
+        (Some(held), _) => held.reallocate_into_boxed_dyn_error_without_backtrace(),
+        (None, Some(error)) => error.into(),
+        // Cannot happen: `slot` is emptied only by taking its error into `held`.
+        (None, None) => "a handler's error was lost while it was boxed".into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
     use crate::error::{Error, retry_hint};
 
@@ -99,5 +121,61 @@ mod tests {
 
     fn error_text(e: &Error) -> String {
         e.chain()
+    }
+
+    fn conflict() -> Error {
+        Error::ChildConflict {
+            run_id: "p".into(),
+            state: "Split",
+            seq: 0,
+            child: "p/0".into(),
+            reason: "a run without a parent has that id".into(),
+        }
+    }
+
+    /// What the driver reads of a boxed handler error: its text, whether it repeats, and
+    /// the store fault in it.
+    fn seen(boxed: &BoxError) -> (String, bool, bool) {
+        let first: &(dyn std::error::Error + 'static) = &**boxed;
+        let store_fault = std::iter::successors(Some(first), |e| e.source())
+            .any(|e| e.downcast_ref::<Error>().is_some_and(Error::is_store_fault));
+        (boxed.to_string(), retry_hint(first).permanent, store_fault)
+    }
+
+    #[test]
+    fn an_anyhow_error_is_boxed_as_the_error_it_holds() {
+        let text = conflict().to_string();
+        // anyhow's own conversion hides the error: what `handler_error` is for.
+        let hidden: BoxError = anyhow::Error::from(conflict()).into();
+        assert_eq!(seen(&hidden), (text.clone(), false, false));
+
+        let boxed = handler_error(anyhow::Error::from(conflict()));
+        assert_eq!(seen(&boxed), (text.clone(), true, false));
+        assert!(matches!(
+            boxed.downcast_ref::<Error>(),
+            Some(Error::ChildConflict { child, .. }) if child == "p/0"
+        ));
+
+        // With context, the error is the context's source, as before.
+        let wrapped = handler_error(anyhow::Error::from(conflict()).context("starting edits"));
+        assert_eq!(seen(&wrapped), ("starting edits".to_owned(), true, false));
+
+        let fault = Error::Storage {
+            action: "committing a step record".into(),
+            cause: Arc::new(std::io::Error::from(std::io::ErrorKind::StorageFull)),
+        };
+        let fault_text = fault.to_string();
+        let boxed = handler_error(anyhow::Error::from(fault));
+        assert_eq!(seen(&boxed), (fault_text, false, true));
+    }
+
+    #[test]
+    fn other_errors_convert_with_their_into() {
+        let boxed = handler_error(conflict());
+        assert_eq!(seen(&boxed), (conflict().to_string(), true, false));
+        let boxed = handler_error::<BoxError>("plain".into());
+        assert_eq!(seen(&boxed), ("plain".to_owned(), false, false));
+        let boxed = handler_error(std::fmt::Error);
+        assert!(boxed.downcast_ref::<std::fmt::Error>().is_some());
     }
 }

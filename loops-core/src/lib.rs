@@ -111,6 +111,7 @@ pub use record::__set_clock_offset_ms;
 pub mod __private {
     pub use serde;
 
+    pub use crate::hint::handler_error;
     pub use crate::migrate::{Named, SameName};
     pub use crate::schema::__describe::{describe, describe_len, utf8};
     pub use crate::{

@@ -555,7 +555,7 @@ fn dispatch_body(w: &Workflow) -> TokenStream {
                             <Self as ::core::convert::From<#next_ident>>::from(__next),
                         ),
                         ::core::result::Result::Err(__error) => ::core::result::Result::Err(
-                            ::core::convert::Into::<#krate::BoxError>::into(__error),
+                            #krate::handler_error(__error),
                         ),
                     }
                 }
