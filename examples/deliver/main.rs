@@ -179,12 +179,17 @@ const DEFAULT_WORKDIR: &str = "target/loops-demo";
 /// The default run id.
 const DEFAULT_RUN_ID: &str = "deliver-1";
 
-/// `--run-id`'s parser: a run id loops takes, else a usage error (exit code 2, before anything
-/// is printed or touched).
+/// `--run-id`'s parser: a run id loops takes and that is not an edit child's, else a usage
+/// error (exit code 2, before anything is printed or touched).
 fn run_id_arg(id: &str) -> Result<String, String> {
-    loops::validate_run_id(id)
-        .map(|()| id.to_owned())
-        .map_err(|e| e.to_string())
+    loops::validate_run_id(id).map_err(|e| e.to_string())?;
+    if agent::is_edit_run_id(id) {
+        let parent = id.rsplit_once("/edit-").map_or(id, |(parent, _)| parent);
+        return Err(format!(
+            "invalid run id {id:?}: ids of the form <RUN_ID>/edit-<N> are those of the child runs that apply a plan's edits (run {parent:?} would start this one)"
+        ));
+    }
+    Ok(id.to_owned())
 }
 
 /// Failed attempts per state before the run fails (short delays, so that a state that really

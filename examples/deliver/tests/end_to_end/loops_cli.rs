@@ -94,14 +94,15 @@ fn the_cli_sees_steers_and_inspects_a_run_of_the_example() {
         ]
     );
 
-    // A child's id given to the example is refused for what it is, and nothing moves.
+    // A child's id given to the example is refused for what it is (a usage error: ids of
+    // that form are the edit runs'), and nothing moves.
     let child = deliver(workdir, &["--run-id", "deliver-1/edit-0"]);
-    assert_eq!(child.status.code(), Some(1), "{}", describe(&child));
+    assert_eq!(child.status.code(), Some(2), "{}", describe(&child));
     let err = String::from_utf8_lossy(&child.stderr);
     assert!(
         err.contains(
-            "run deliver-1/edit-0 is a run of the workflow \"deliver-edit\", not a deliver run; \
-             pass the id of a deliver run to --run-id"
+            "invalid run id \"deliver-1/edit-0\": ids of the form <RUN_ID>/edit-<N> are those \
+             of the child runs that apply a plan's edits (run \"deliver-1\" would start this one)"
         ),
         "{err}"
     );

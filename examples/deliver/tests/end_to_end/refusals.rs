@@ -39,8 +39,8 @@ fn assert_refused(output: &Output, wanted: &str, dir: &Path, existing: &[&str]) 
     assert_eq!(names_in(dir), existing, "{}", describe(output));
 }
 
-/// A run id loops does not take is a usage error, as clap reports one (exit 2, the rule it
-/// breaks), before anything is printed or made.
+/// A run id loops does not take, or one an edit's child run would need, is a usage error,
+/// as clap reports one (exit 2, the rule it breaks), before anything is printed or made.
 #[test]
 fn bad_run_ids_are_usage_errors() {
     let long = "x".repeat(257);
@@ -51,6 +51,10 @@ fn bad_run_ids_are_usage_errors() {
         ("a\nb", "control character"),
         ("a\u{7}b", "control character"),
         (long.as_str(), "bytes"),
+        (
+            "zz/edit-0",
+            "child runs that apply a plan's edits (run \"zz\" would start this one)",
+        ),
     ] {
         let dir = tempfile::tempdir().expect("temp dir");
         let output = deliver(dir.path(), &["--run-id".into(), id.into()]);
