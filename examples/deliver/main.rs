@@ -26,6 +26,7 @@ macro_rules! say {
 }
 
 mod agent;
+mod approval;
 mod forge;
 mod git;
 mod hints;
@@ -60,7 +61,6 @@ use crate::model_args::ModelArgs;
 use crate::project::Paths;
 use crate::store::{delete_for_fresh, open_store, store_error};
 use crate::versions::{Finished, Release};
-use crate::workflow::{APPROVAL_EVENT, Approval};
 
 const HOOKS_HELP: &str = "\
 Logging: RUST_LOG=loops=info shows the store's commits; RUST_LOG=loops=info,deliver=debug also
@@ -128,10 +128,11 @@ struct Cli {
     retry: bool,
 
     /// Approve the pull request automatically, by sending the approval event from this
-    /// process (the one-command demo) [default: true, unless the run waits at the approval
-    /// gate already]. With `--auto-approve=false` the run stops at the approval gate and
-    /// waits, durably, for a human; the same command without `--auto-approve` leaves it
-    /// waiting. Approve with `--approve`, or while no `deliver` runs with
+    /// process (the one-command demo) [default: true, unless the run was started with
+    /// `--auto-approve=false` or waits at the approval gate already]. With
+    /// `--auto-approve=false` the run stops at the approval gate and waits, durably, for a
+    /// human (the run records it: attribute `approval = human`); the same command without
+    /// `--auto-approve` leaves it waiting, whatever happened to the run meanwhile. Approve with `--approve`, or while no `deliver` runs with
     /// `cargo run -p loops-cli -- --store <STORE> send <RUN> approve --json '{"by":"you"}'`
     #[arg(
         long,
@@ -564,17 +565,21 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
         }
         Ok(())
     };
-    // A run parked at the approval gate waits for a human (an earlier run said so with
-    // `--auto-approve=false`): running the same command again without the flag must not
-    // approve it behind their back. An explicit `--auto-approve` or `--approve` does.
-    let waits_already = cli.auto_approve.is_none()
-        && !cli.approve
-        && waits_at_the_gate(runtime, &cli.run_id).await?;
+    // A run started with `--auto-approve=false`, or parked at the approval gate, waits for a
+    // human: running the same command again without the flag must not approve it behind
+    // their back, whatever its status (a run blocked by another release, or stopped before
+    // its wait was recorded, is still theirs). An explicit `--auto-approve` or `--approve`
+    // does.
+    let left_to_a_human = if cli.auto_approve.is_none() && !cli.approve {
+        approval::left_to_a_human(runtime, &cli.run_id).await?
+    } else {
+        None
+    };
     let (approve, approver) = if cli.approve {
-        (true, approver_name())
+        (true, approval::approver_name())
     } else {
         (
-            cli.auto_approve.unwrap_or(!waits_already),
+            cli.auto_approve.unwrap_or(left_to_a_human.is_none()),
             "--auto-approve".to_owned(),
         )
     };
@@ -590,18 +595,16 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
         project::issue(),
         base,
         &agent,
+        approval::start_options(cli.auto_approve),
     );
     tokio::pin!(run);
     let outcome = tokio::select! {
         result = &mut run => Some(result),
-        () = send_approval(runtime, &cli.run_id, approve, &approver) => None,
-        () = parked_at_the_gate(runtime, &cli.run_id, approve), if knows => {
+        () = approval::send(runtime, &cli.run_id, approve, &approver) => None,
+        () = approval::parked_at_the_gate(runtime, &cli.run_id, approve), if knows => {
             report_tokens().await?;
-            if waits_already {
-                say!(
-                    "not approving it automatically: it waited at the approval gate already \
-                     (--auto-approve approves it)"
-                );
+            if let Some(why) = left_to_a_human {
+                say!("not approving it automatically: {why} (--auto-approve approves it)");
             }
             if !cli.serve {
                 say!("{}", hints::approval_hint(cli, &shown_store));
@@ -682,79 +685,6 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
         }
     }
     Ok(())
-}
-
-/// Sends the approval event (once: it carries an idempotency key) as soon as the run exists,
-/// if `approve` and no approval waits in its inbox already (one sent early with `loops send`
-/// is the one the gate takes: a second would stay pending after the run ended); then, or
-/// else, never resolves.
-async fn send_approval(runtime: &Runtime, run_id: &str, approve: bool, by: &str) {
-    if approve {
-        let approval = Approval { by: by.to_owned() };
-        loop {
-            if runtime
-                .store()
-                .has_pending(run_id, APPROVAL_EVENT.name())
-                .await
-                .unwrap_or(false)
-            {
-                break;
-            }
-            match runtime
-                .send_with_key(run_id, APPROVAL_EVENT, "approval", &approval)
-                .await
-            {
-                Ok(_) | Err(loops::Error::RunEnded { .. }) => break,
-                // The run's first commit creates it.
-                Err(loops::Error::RunNotFound { .. }) => {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-                Err(e) => {
-                    let _ = writeln!(std::io::stderr(), "warning: cannot send the approval: {e}");
-                    break;
-                }
-            }
-        }
-    }
-    std::future::pending::<()>().await;
-}
-
-/// Whether the run is parked at the approval gate.
-async fn waits_at_the_gate(runtime: &Runtime, run_id: &str) -> Result<bool> {
-    Ok(runtime.run_info(run_id).await?.is_some_and(|info| {
-        info.status == RunStatus::Waiting
-            && info
-                .wait
-                .as_ref()
-                .is_some_and(|w| w.event.as_deref() == Some(APPROVAL_EVENT.name()))
-    }))
-}
-
-/// Resolves when the run is parked at the approval gate and nothing here will approve it.
-async fn parked_at_the_gate(runtime: &Runtime, run_id: &str, approve: bool) {
-    if approve {
-        std::future::pending::<()>().await;
-    }
-    loop {
-        if waits_at_the_gate(runtime, run_id).await.unwrap_or(false)
-            // An approval sent while no deliver ran is taken as soon as the run is driven.
-            && !runtime
-                .store()
-                .has_pending(run_id, APPROVAL_EVENT.name())
-                .await
-                .unwrap_or(true)
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// Who approves with `--approve`: the user running the command.
-fn approver_name() -> String {
-    std::env::var("USER")
-        .or_else(|_| std::env::var("USERNAME"))
-        .unwrap_or_else(|_| "operator".to_owned())
 }
 
 /// Writes `args` and a newline to standard output, ignoring errors (see [`say!`]).

@@ -13,7 +13,8 @@ use std::path::Path;
 
 use anyhow::{Result, bail};
 use loops::{
-    Context, Migration, MigrationFailure, Route, RunStatus, Runtime, RuntimeBuilder, Workflow as _,
+    Context, Migration, MigrationFailure, Route, RunStatus, Runtime, RuntimeBuilder, StartOptions,
+    Workflow as _,
 };
 
 use crate::agent::Agent;
@@ -197,7 +198,8 @@ pub async fn knows(runtime: &Runtime, run_id: &str, release: Release) -> Result<
 }
 
 /// Drives the run `run_id` on `version` (chosen by [`choose`]) with `agent`, from `base` if
-/// it is new, until it ends (or parks: then this waits, as `Runtime::run` does).
+/// it is new (created with `options`), until it ends (or parks: then this waits, as
+/// `Runtime::run` does).
 ///
 /// # Errors
 /// The runtime's, as `Runtime::run` returns them.
@@ -208,15 +210,16 @@ pub async fn drive<M: Model>(
     issue: Issue,
     base: Base,
     agent: &Agent<M>,
+    options: StartOptions,
 ) -> loops::Result<Result<Finished>> {
     Ok(match version {
         Release::V1 => {
             let initial = v1::Deliver::Received { issue, base };
-            Finished::try_from(runtime.run(run_id, initial, agent).await?)
+            Finished::try_from(runtime.run_with(run_id, initial, agent, options).await?)
         }
         Release::V2 => {
             let initial = v2::Deliver::Received { issue, base };
-            Finished::try_from(runtime.run(run_id, initial, agent).await?)
+            Finished::try_from(runtime.run_with(run_id, initial, agent, options).await?)
         }
     })
 }

@@ -527,6 +527,25 @@ fn the_previous_release_blocks_a_run_of_this_one_parked_at_the_approval_gate() {
 
     let workdir = &dir.path().join("work-4");
     let store = workdir.join("deliver.redb");
+    // Blocked, the run is still the human's: this release without a flag drives it back to
+    // the gate and leaves it there (it approved a blocked run, whose status is not
+    // `waiting`, by itself).
+    let out = succeeds(current(workdir, "deliver-1"), "this release, no flag");
+    assert!(
+        out.contains(
+            "not approving it automatically: it was started with --auto-approve=false \
+             (--auto-approve approves it)"
+        ),
+        "{out}"
+    );
+    assert!(pulls(workdir).is_empty(), "{out}");
+    let info = loops_json(&store, &["show", "deliver-1", "--json"]);
+    assert_eq!(info["run"]["status"], RunStatus::Waiting.as_str());
+    assert_eq!(info["run"]["blocked"], Value::Null);
+    assert_eq!(
+        info["run"]["attributes"]["approval"],
+        serde_json::json!({"str": "human"})
+    );
     let mut approve = current(workdir, "deliver-1");
     approve.arg("--approve");
     let out = succeeds(approve, "this release, approving");
