@@ -377,6 +377,15 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
             bail!("{flag} {path:?} is not valid UTF-8; this example needs UTF-8 paths");
         }
     }
+    // A URL would be taken for a relative path (`postgres:/host/db` under the current
+    // directory): the `loops` CLI takes `postgres://` stores, this example only files.
+    if let Some(store) = cli.store.as_ref().and_then(|p| p.to_str())
+        && let Some((scheme, _)) = store.split_once("://")
+    {
+        bail!(
+            "--store {store:?} is a {scheme}:// URL; this example runs on an embedded store file only (a PostgreSQL store is for programs of your own: docs/postgres.md)"
+        );
+    }
     git::check_installed().await?;
     testrun::check_rustc().await?;
     let absolute = |p: &Path| {

@@ -14,7 +14,10 @@ fn deliver(dir: &Path, args: &[OsString]) -> Output {
     if !args.iter().any(|a| a == "--workdir") {
         cmd.arg("--workdir").arg(dir.join("work"));
     }
+    // In `dir`, so that whatever a refused command would create relative to the current
+    // directory is seen there.
     cmd.args(args)
+        .current_dir(dir)
         .env_remove(HOLD_VAR)
         .env_remove(STOP_VAR)
         .env_remove("RUST_LOG")
@@ -107,6 +110,26 @@ fn non_utf8_paths_are_refused_in_one_line() {
             String::from_utf8_lossy(&output.stderr).contains("is not valid UTF-8"),
             "{}",
             describe(&output)
+        );
+    }
+}
+
+/// `--store` names a file: a URL (the `loops` CLI's PostgreSQL stores) is refused, not
+/// taken for a relative path and created under the current directory.
+#[test]
+fn a_store_url_is_refused_in_one_line() {
+    for url in [
+        "postgres://postgres@127.0.0.1/test",
+        "postgresql://h/db",
+        "file:///tmp/x",
+    ] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let output = deliver(dir.path(), &["--store".into(), url.into()]);
+        assert_refused(
+            &output,
+            "URL; this example runs on an embedded store file only",
+            dir.path(),
+            &[],
         );
     }
 }
