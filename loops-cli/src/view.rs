@@ -255,7 +255,42 @@ pub struct EventView {
     pub payload: Box<RawValue>,
 }
 
+/// What became of an event in a run's inbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventFate {
+    /// A wait took it.
+    Delivered,
+    /// A wait of the run may still take it.
+    Pending,
+    /// The run completed or was cancelled before a wait took it, and no wait will: it stays
+    /// in the inbox, for inspection, until the run is pruned (a child's end announced after
+    /// its parent's join had read it ended; an approval sent twice).
+    NotTaken,
+}
+
+impl EventFate {
+    /// Its word in the CLI's tables: `delivered`, `pending`, `not taken (run ended)`.
+    pub fn text(self) -> &'static str {
+        match self {
+            EventFate::Delivered => "delivered",
+            EventFate::Pending => "pending",
+            EventFate::NotTaken => "not taken (run ended)",
+        }
+    }
+}
+
 impl EventView {
+    /// What became of the event, for a run in `status`: see [`EventFate`].
+    pub fn fate(&self, status: RunStatus) -> EventFate {
+        if self.delivered {
+            EventFate::Delivered
+        } else if matches!(status, RunStatus::Completed | RunStatus::Cancelled) {
+            EventFate::NotTaken
+        } else {
+            EventFate::Pending
+        }
+    }
+
     /// The view of an inbox entry.
     pub fn new(event_seq: u64, record: EventRecord, delivered: bool) -> Self {
         EventView {

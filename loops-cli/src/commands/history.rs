@@ -15,7 +15,7 @@ use crate::operator::{Operator, not_found};
 use crate::output::{
     Cell, DIM, ERROR, HEADER, ID, Table, duration, emit, emit_json, paint, rfc3339, status_style,
 };
-use crate::view::{EventView, FailureView, RunView, StepView, waiting_text};
+use crate::view::{EventFate, EventView, FailureView, RunView, StepView, waiting_text};
 
 /// Longest preview of a payload or step output in the text form.
 const PREVIEW: usize = 60;
@@ -248,10 +248,12 @@ fn render(view: &HistoryView, waiting: &str) -> String {
                 Cell::plain(&ev.name),
                 Cell::plain(ev.key.clone().unwrap_or_default()),
                 Cell::new(&ev.at, DIM),
-                if ev.delivered {
-                    Cell::plain("delivered")
-                } else {
-                    Cell::new("pending", status_style(loops_core::RunStatus::Waiting))
+                match ev.fate(view.run.status) {
+                    EventFate::Pending => Cell::new(
+                        EventFate::Pending.text(),
+                        status_style(loops_core::RunStatus::Waiting),
+                    ),
+                    fate => Cell::plain(fate.text()),
                 },
                 Cell::new(preview(ev.payload.get(), PREVIEW), DIM),
             ]);

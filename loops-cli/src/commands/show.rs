@@ -15,7 +15,7 @@ use crate::output::{
     Cell, DIM, ERROR, HEADER, ID, PLAIN, Table, emit, emit_json, paint, relative, rfc3339,
     status_style,
 };
-use crate::view::{EventView, RunView, waiting_text};
+use crate::view::{EventFate, EventView, RunView, waiting_text};
 
 /// `loops show --json`.
 #[derive(Debug, Serialize)]
@@ -126,12 +126,16 @@ pub fn run(target: &Target, args: &ShowArgs) -> Result<()> {
         };
         field(label, reason.clone(), PLAIN);
     }
-    if !pending.is_empty() {
+    if let Some(first) = pending.first() {
         let names: Vec<String> = pending
             .iter()
             .map(|e| format!("{} (event seq {})", e.name, e.event_seq))
             .collect();
-        field("pending events", names.join(", "), PLAIN);
+        let label = match first.fate(info.status) {
+            EventFate::NotTaken => "events not taken (the run ended first)",
+            _ => "pending events",
+        };
+        field(label, names.join(", "), PLAIN);
     }
     if let Some(block) = info
         .block

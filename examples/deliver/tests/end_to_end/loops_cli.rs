@@ -164,6 +164,29 @@ fn the_cli_sees_steers_and_inspects_a_run_of_the_example() {
         .collect();
     names.sort_unstable();
     assert_eq!(names, ["approve", "loops:child-ended"], "{events:?}");
+    // The child ended before the join read it, so no wait took its event; once the run has
+    // completed, the CLI says that none will (it said `pending`).
+    let text = |args: &[&str]| {
+        let out = loops(&store, args);
+        assert!(out.status.success(), "{}", describe(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let shown = text(&["show", "deliver-1"]);
+    assert!(
+        shown.contains("events not taken (the run ended first)  loops:child-ended (event seq 0)"),
+        "{shown}"
+    );
+    assert!(!shown.contains("pending"), "{shown}");
+    let lines = text(&["history", "deliver-1"]);
+    let child_ended: Vec<&str> = lines
+        .lines()
+        .filter(|l| l.contains("{\"child\":\"deliver-1/edit-0\"}"))
+        .collect();
+    assert_eq!(child_ended.len(), 1, "{lines}");
+    assert!(
+        child_ended[0].contains(" not taken (run ended) "),
+        "{lines}"
+    );
     let pruned = json(
         &store,
         &["prune", "--older-than", "1d", "--dry-run", "--json"],

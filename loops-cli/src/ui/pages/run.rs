@@ -9,7 +9,7 @@ use crate::commands::history::{HistoryView, TransitionView};
 use crate::json::{pretty, preview};
 use crate::output::{duration, relative, rfc3339};
 use crate::ui::state::Ui;
-use crate::view::{EventView, FailureView, StepView, waiting_text};
+use crate::view::{EventFate, EventView, FailureView, StepView, waiting_text};
 
 /// Longest preview of a payload or a step's output, in characters.
 const PREVIEW: usize = 80;
@@ -60,7 +60,7 @@ pub fn live(ui: &Ui, shown: &Shown<'_>, now: u64) -> Markup {
         }
         section.events data-part="events" {
             h2 { "Events" }
-            (events(&view.events, now))
+            (events(&view.events, info.status, now))
         }
     }
 }
@@ -247,7 +247,7 @@ fn failure(f: &FailureView) -> Markup {
     }
 }
 
-fn events(events: &[EventView], now: u64) -> Markup {
+fn events(events: &[EventView], status: RunStatus, now: u64) -> Markup {
     html! {
         @if events.is_empty() {
             p.empty { "no events sent" }
@@ -261,7 +261,7 @@ fn events(events: &[EventView], now: u64) -> Markup {
                             td { code { (e.name) } }
                             td { @if let Some(key) = &e.key { code { (key) } } }
                             td title=(e.at) { (relative(e.at_ms, now)) }
-                            td { @if e.delivered { "yes" } @else { "pending" } }
+                            td { @match e.fate(status) { EventFate::Delivered => "yes", fate => (fate.text()) } }
                             td { (json_details(&format!("e{}", e.event_seq), &preview(e.payload.get(), PREVIEW), e.payload.get())) }
                         }
                     }
