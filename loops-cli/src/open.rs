@@ -364,9 +364,10 @@ pub fn open_failure(path: &Path, e: Error) -> Failure {
             path.display(),
             socket_path(path).display()
         )),
-        // The same words as for a panic of redb on a damaged file (see panics.rs).
+        // The same words as for a panic of redb on a damaged file (see panics.rs), and what
+        // may still be read before the file is replaced.
         Error::Open { cause: source, .. } if damaged => Failure::new(format!(
-            "store {} is damaged: redb cannot open it ({source}); restore it from a backup",
+            "store {} is damaged: redb cannot open it ({source}); restore it from a backup (until then, `loops --no-verify runs` and `history RUN --json` read what they still can, unverified)",
             path.display()
         )),
         // "cannot open store PATH: the cause", said once.
