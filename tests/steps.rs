@@ -895,3 +895,82 @@ async fn a_step_waiting_for_its_limit_is_cancelled_with_its_run() {
     assert_eq!(first.await.unwrap().unwrap(), Limited::Finished { n: 2 });
     assert_eq!(shared.calls.load(Ordering::SeqCst), 1);
 }
+
+#[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(name = "unrecordable")]
+enum Unrecordable {
+    #[initial]
+    #[next(Kept)]
+    Produce { big: bool },
+    #[terminal]
+    Kept { bytes: usize },
+}
+
+/// Counts the effects of a step whose output cannot be recorded: too large when `big`, not
+/// encodable as JSON (a map with non-string keys) otherwise. Returns `anyhow::Error`, as most
+/// handlers do.
+#[derive(Default)]
+struct Producer {
+    effects: AtomicU32,
+}
+
+impl UnrecordableHandler for Producer {
+    type Error = anyhow::Error;
+
+    async fn produce(&self, ctx: &Context, big: bool) -> anyhow::Result<ProduceNext> {
+        let bytes = if big {
+            let out: String = ctx
+                .step("transcript", || async {
+                    self.effects.fetch_add(1, Ordering::SeqCst);
+                    Ok("y".repeat(4096))
+                })
+                .await?;
+            out.len()
+        } else {
+            let out: BTreeMap<(u32, u32), u32> = ctx
+                .step("pairs", || async {
+                    self.effects.fetch_add(1, Ordering::SeqCst);
+                    Ok(BTreeMap::from([((1, 2), 3)]))
+                })
+                .await?;
+            out.len()
+        };
+        Ok(ProduceNext::Kept { bytes })
+    }
+}
+
+/// A step whose output cannot be recorded has run its effect, and every further try would
+/// run it again for a record that cannot be made: the run fails at its first attempt, the
+/// effect ran once (it ran at each of the state's 3 attempts).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_output_that_cannot_be_recorded_fails_the_run_at_once() {
+    let rt = Runtime::builder()
+        .max_payload_bytes(1024)
+        .retry(fast(3))
+        .build(loops::RedbStore::in_memory().unwrap());
+    for (id, big, error) in [
+        (
+            "big",
+            true,
+            "run `big`: output of step `transcript`#0 at seq 0 is 4098 bytes, over the 1024-byte limit",
+        ),
+        (
+            "pairs",
+            false,
+            "run `pairs`: output of step `pairs`#0 of state `Produce` (seq 0) cannot be encoded",
+        ),
+    ] {
+        let producer = Producer::default();
+        let err = rt
+            .run(id, Unrecordable::Produce { big }, &producer)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::RunFailed { .. }), "{id}: {err:?}");
+        assert_eq!(producer.effects.load(Ordering::SeqCst), 1, "{id}");
+        let info = rt.run_info(id).await.unwrap().unwrap();
+        assert_eq!((info.status, info.attempt), (RunStatus::Failed, 1), "{id}");
+        let errors = info.error.unwrap();
+        assert_eq!(errors[0], error, "{id}: {errors:?}");
+        assert!(rt.store().steps(id, 0).await.unwrap().is_empty(), "{id}");
+    }
+}

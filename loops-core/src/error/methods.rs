@@ -118,10 +118,14 @@ impl Error {
 impl Error {
     /// Whether the error comes out the same at every try of a handler, whatever time passes:
     /// a bad run id or name, a child id taken by another run, a workflow no process here
-    /// drives, a state that is not the initial one. [`retry_hint`](crate::retry_hint) calls
-    /// such an error permanent: a step that returns one is not tried again, and a handler
-    /// that returns one (with `?`) fails its run at once instead of spending its retries, as
-    /// if it were marked [`permanent`](Self::permanent).
+    /// drives, a state that is not the initial one, and a state, step output or payload that
+    /// cannot be recorded (over [`max_payload_bytes`](crate::RuntimeBuilder::max_payload_bytes),
+    /// or not encodable as JSON). [`retry_hint`](crate::retry_hint) calls such an error
+    /// permanent: a step that returns one is not tried again, and a handler that returns one
+    /// (with `?`) fails its run at once instead of spending its retries, as if it were marked
+    /// [`permanent`](Self::permanent). A step whose output cannot be recorded has run its
+    /// effect already: each further try would run it again for a record that cannot be made.
+    /// `loops retry` (after a deploy that raised the limit, say) tries again.
     pub fn repeats(&self) -> bool {
         matches!(
             self,
@@ -131,6 +135,9 @@ impl Error {
                 | Error::ChildConflict { .. }
                 | Error::NotRegistered { .. }
                 | Error::NotInitial { .. }
+                | Error::PayloadTooLarge { .. }
+                | Error::StepEncode { .. }
+                | Error::Encode { .. }
         )
     }
 
