@@ -65,7 +65,12 @@ impl Runtime {
     /// Sends the event `event` with `payload` to the run `run_id`: appended durably to the
     /// run's inbox, delivered to the run's next (or current) wait for `event`, once. `event`
     /// is a declared event (`runtime.send(id, Deliver::APPROVE, &approval)`: the compiler
-    /// checks the payload's type) or a name (`"approve"`: any serializable payload).
+    /// checks the payload's type) or a name (`"approve"`: any serializable payload). A name
+    /// is not checked against the events the workflow declares: a misspelt one waits in the
+    /// inbox for a wait that never comes, and a payload of the wrong type is set aside by
+    /// the wait that takes it (recorded as that wait's failed step). For names and payloads
+    /// that come from outside the program, use [`send_json`](Self::send_json), which
+    /// refuses both before writing.
     ///
     /// # Errors
     /// [`Error::RunNotFound`](crate::Error::RunNotFound) for an unknown run; [`Error::RunEnded`](crate::Error::RunEnded) for a run that has

@@ -129,7 +129,7 @@ impl Runtime {
     /// and use [`start`](Self::start).
     ///
     /// # Errors
-    /// - [`Error::InvalidRunId`](crate::Error::InvalidRunId); [`Error::RunActive`](crate::Error::RunActive) if this runtime drives the run already;
+    /// - [`Error::InvalidRunId`](crate::Error::InvalidRunId); [`Error::RunActive`](crate::Error::RunActive) if this runtime drives the run already (another `run` of the same id in flight, or a background driver): wait for its end with [`wait`](Self::wait) instead;
     /// - [`Error::WorkflowMismatch`](crate::Error::WorkflowMismatch) if the run is of another workflow;
     /// - [`Error::SchemaMismatch`](crate::Error::SchemaMismatch) if it was recorded with another schema that `W` neither
     ///   accepts nor has a registered migration from (a failing migration included): the
