@@ -284,6 +284,16 @@ pub async fn report_start(runtime: &Runtime, run_id: &str, release: Release) -> 
         _ => info.status,
     };
     match status {
+        // Asked to cancel while a process drove it, which stopped before ending it: the
+        // driver ends it at once, and runs nothing of the state.
+        RunStatus::Running if info.cancel.is_some() => {
+            say!(
+                "run {run_id} was asked to cancel at {} (seq {}) while a process drove it; \
+                 ending it as cancelled",
+                info.state,
+                info.seq
+            );
+        }
         RunStatus::Completed => {
             say!(
                 "run {run_id} completed already at {} (seq {}); reporting its result",

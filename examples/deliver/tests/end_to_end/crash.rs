@@ -1126,6 +1126,54 @@ fn sigterm_stops_cleanly_and_the_same_command_resumes() {
     assert_eq!(entries(dir.path()).get(&2), Some(&2));
 }
 
+/// `loops cancel` reaches a process that serves the store while its run is held in a state
+/// (the run is then asked to cancel, and goes on running there); SIGTERM stops the process
+/// before it ends the run. The same command then says the run was asked to cancel (it said
+/// `resuming at Edited`), ends it as cancelled, and enters no state again.
+#[cfg(unix)]
+#[test]
+fn a_run_asked_to_cancel_in_a_stopped_process_is_reported_and_ended_by_the_next() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut cmd = deliver(dir.path());
+    cmd.args(["--auto-approve=false", "--serve"])
+        .stderr(Stdio::piped());
+    let child = start_held(cmd, 2);
+    let cancel = Command::new(crate::common::loops_bin())
+        .arg("--store")
+        .arg(dir.path().join("deliver.redb"))
+        .args(["cancel", RUN_ID, "--reason", "not needed"])
+        .output()
+        .expect("run loops cancel");
+    assert!(cancel.status.success(), "{}", describe(&cancel));
+    assert!(kill("TERM", &[child.id()]), "kill -TERM {}", child.id());
+    stopped(
+        child,
+        "SIGTERM at seq 2, cancel asked",
+        dir.path(),
+        143,
+        "terminated (SIGTERM)",
+    )
+    .expect("stopped, not finished");
+    let out = deliver(dir.path()).output().expect("run the example");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
+    assert!(
+        stdout.contains(
+            "run deliver-1 was asked to cancel at Edited (seq 2) while a process drove it; \
+             ending it as cancelled"
+        ),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("resuming"), "{stdout}");
+    assert!(
+        stderr.contains("run `deliver-1` was cancelled in state `Edited` (seq 2): not needed"),
+        "{stderr}"
+    );
+    // Seq 2 was entered once, by the held process.
+    assert_eq!(entries(dir.path()).get(&2), Some(&1));
+}
+
 /// `pid` and every process descended from it, read from `/proc`: what a service manager that
 /// stops a whole control group (systemd's default `KillMode=control-group`) signals.
 #[cfg(target_os = "linux")]
