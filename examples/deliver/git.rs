@@ -51,11 +51,11 @@ pub async fn check_installed() -> Result<String> {
                  (https://git-scm.com/downloads) and make sure it is on PATH"
             )
         })?;
-    ensure!(
-        output.status.success(),
-        "`git --version` {}",
-        failure(&output)
-    );
+    if !output.status.success() {
+        // Stopped with this program (a service manager's SIGTERM to every process).
+        await_stop_if_interrupted(&output.status).await;
+        bail!("`git --version` {}", failure(&output));
+    }
     Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
 }
 

@@ -28,7 +28,11 @@ pub async fn check_rustc() -> Result<()> {
         .await;
     match output {
         Ok(output) if output.status.success() => Ok(()),
-        Ok(output) => anyhow::bail!("`rustc --version` {}", crate::git::failure(&output)),
+        Ok(output) => {
+            // Stopped with this program (a service manager's SIGTERM to every process).
+            crate::git::await_stop_if_interrupted(&output.status).await;
+            anyhow::bail!("`rustc --version` {}", crate::git::failure(&output))
+        }
         Err(e) => anyhow::bail!(
             "this example builds the demo crate's tests with rustc, and `rustc --version` \
              could not run ({e}); install Rust (https://rustup.rs) and make sure rustc is on PATH"
