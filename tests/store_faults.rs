@@ -150,12 +150,8 @@ impl JobHandler for AnyhowWorker {
     }
 }
 
-fn flaky_runtime(path: &Path, faults: &Arc<Faults>, worker: &Worker) -> Runtime {
-    flaky_runtime_of(path, faults, worker.clone())
-}
-
 /// A runtime on the store file `path`, failing what `faults` says, with `handler`.
-fn flaky_runtime_of<H>(path: &Path, faults: &Arc<Faults>, handler: H) -> Runtime
+fn flaky_runtime<H>(path: &Path, faults: &Arc<Faults>, handler: H) -> Runtime
 where
     Job: loops::Dispatch<H>,
     H: Send + Sync + 'static,
@@ -206,7 +202,7 @@ async fn a_failed_read_while_resuming_resumes_nothing_and_a_second_call_resumes_
     let worker = interrupted_store(&path).await;
     let faults = Arc::new(Faults::default());
     faults.lists.store(1, Ordering::SeqCst);
-    let rt = flaky_runtime(&path, &faults, &worker);
+    let rt = flaky_runtime(&path, &faults, worker.clone());
 
     let err = rt.resume_all().await.unwrap_err();
     assert!(matches!(err, Error::Storage { .. }), "{err:?}");
@@ -248,7 +244,7 @@ async fn serve_retries_a_failed_first_resume_until_the_store_recovers() {
     let worker = interrupted_store(&path).await;
     let faults = Arc::new(Faults::default());
     faults.lists.store(3, Ordering::SeqCst);
-    let rt = flaky_runtime(&path, &faults, &worker);
+    let rt = flaky_runtime(&path, &faults, worker.clone());
     let mut serving = {
         let rt = rt.clone();
         tokio::spawn(async move { rt.serve(Duration::from_millis(50)).await })
@@ -296,7 +292,7 @@ where
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store.redb");
     let faults = Arc::new(Faults::default());
-    let rt = flaky_runtime_of(&path, &faults, handler.clone());
+    let rt = flaky_runtime(&path, &faults, handler.clone());
 
     faults.steps.store(3, Ordering::SeqCst);
     let done = rt

@@ -30,7 +30,7 @@ use crate::workflow::{
 mod edits;
 mod v2;
 
-pub use edits::{EditApplier, is_edit_run_id};
+pub use edits::{EditApplier, edit_parent};
 
 /// The names of the steps that call the model: their outputs are [`Answer`]s, whose usage
 /// the summary adds up (`tokens.rs`). `review` is version 2's.

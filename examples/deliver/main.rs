@@ -132,7 +132,8 @@ struct Cli {
     /// `--auto-approve=false` or waits at the approval gate already]. With
     /// `--auto-approve=false` the run stops at the approval gate and waits, durably, for a
     /// human (the run records it: attribute `approval = human`); the same command without
-    /// `--auto-approve` leaves it waiting, whatever happened to the run meanwhile. Approve with `--approve`, or while no `deliver` runs with
+    /// `--auto-approve` leaves it waiting, whatever happened to the run meanwhile. Approve
+    /// with `--approve`, or while no `deliver` runs with
     /// `cargo run -p loops-cli -- --store <STORE> send <RUN> approve --json '{"by":"you"}'`
     #[arg(
         long,
@@ -184,8 +185,7 @@ const DEFAULT_RUN_ID: &str = "deliver-1";
 /// error (exit code 2, before anything is printed or touched).
 fn run_id_arg(id: &str) -> Result<String, String> {
     loops::validate_run_id(id).map_err(|e| e.to_string())?;
-    if agent::is_edit_run_id(id) {
-        let parent = id.rsplit_once("/edit-").map_or(id, |(parent, _)| parent);
+    if let Some(parent) = agent::edit_parent(id) {
         return Err(format!(
             "invalid run id {id:?}: ids of the form <RUN_ID>/edit-<N> are those of the child runs that apply a plan's edits (run {parent:?} would start this one)"
         ));

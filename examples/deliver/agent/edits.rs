@@ -36,13 +36,15 @@ pub fn edit_run_id(run_id: &str, index: usize) -> String {
     format!("{}.{hash:08x}{suffix}", &run_id[..cut])
 }
 
-/// Whether `run_id` has the form of an edit child's id (ends in `/edit-<index>`, as every id
-/// [`edit_run_id`] makes does): `--run-id` refuses such ids, so that a run started by hand
-/// never takes the id a later run's child needs.
-pub fn is_edit_run_id(run_id: &str) -> bool {
+/// If `run_id` has the form of an edit child's id (ends in `/edit-<index>`, as every id
+/// [`edit_run_id`] makes does), the part before that: the run that would start it.
+/// `--run-id` refuses such ids, so that a run started by hand never takes the id a later
+/// run's child needs.
+pub fn edit_parent(run_id: &str) -> Option<&str> {
     run_id
         .rsplit_once("/edit-")
-        .is_some_and(|(_, index)| !index.is_empty() && index.bytes().all(|b| b.is_ascii_digit()))
+        .filter(|(_, index)| !index.is_empty() && index.bytes().all(|b| b.is_ascii_digit()))
+        .map(|(parent, _)| parent)
 }
 
 impl<M: Model> Agent<M> {
@@ -167,13 +169,13 @@ mod tests {
         }
         assert!(ids[0].ends_with("/edit-0") && ids[1].ends_with("/edit-1"));
         assert_ne!(ids[0], ids[2]);
-        assert!(ids.iter().all(|id| is_edit_run_id(id)));
+        assert!(ids.iter().all(|id| edit_parent(id).is_some()));
     }
 
     #[test]
     fn edit_run_ids_are_told_apart() {
         for id in ["deliver-1/edit-0", "a/b/edit-12", "x.0badcafe/edit-3"] {
-            assert!(is_edit_run_id(id), "{id}");
+            assert!(edit_parent(id).is_some(), "{id}");
         }
         for id in [
             "deliver-1",
@@ -183,7 +185,7 @@ mod tests {
             "a/edit-0/b",
             "a/edits-1",
         ] {
-            assert!(!is_edit_run_id(id), "{id}");
+            assert!(edit_parent(id).is_none(), "{id}");
         }
     }
 }

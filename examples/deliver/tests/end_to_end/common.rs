@@ -44,6 +44,34 @@ pub fn loops_bin() -> &'static Path {
     })
 }
 
+/// `loops --store STORE ARGS`, colour off: its output, whatever its exit status.
+pub fn loops(store: &Path, args: &[&str]) -> Output {
+    Command::new(loops_bin())
+        .arg("--store")
+        .arg(store)
+        .args(args)
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("run loops")
+}
+
+/// `loops --store STORE ARGS`, which must succeed.
+fn loops_ok(store: &Path, args: &[&str]) -> Output {
+    let out = loops(store, args);
+    assert!(out.status.success(), "loops {args:?}: {}", describe(&out));
+    out
+}
+
+/// `loops --store STORE ARGS`, which must succeed: its standard output.
+pub fn loops_text(store: &Path, args: &[&str]) -> String {
+    String::from_utf8_lossy(&loops_ok(store, args).stdout).into_owned()
+}
+
+/// `loops --store STORE ARGS`, which must succeed: its standard output as JSON.
+pub fn loops_json(store: &Path, args: &[&str]) -> serde_json::Value {
+    serde_json::from_slice(&loops_ok(store, args).stdout).expect("JSON on stdout")
+}
+
 /// Runs `$CARGO build --quiet ARGS` in the profile of this test binary, and returns that
 /// profile's directory (`target/<profile>`): a no-op when the build is up to date, and never
 /// a stale binary when it is not.

@@ -1138,12 +1138,10 @@ fn a_run_asked_to_cancel_in_a_stopped_process_is_reported_and_ended_by_the_next(
     cmd.args(["--auto-approve=false", "--serve"])
         .stderr(Stdio::piped());
     let child = start_held(cmd, 2);
-    let cancel = Command::new(crate::common::loops_bin())
-        .arg("--store")
-        .arg(dir.path().join("deliver.redb"))
-        .args(["cancel", RUN_ID, "--reason", "not needed"])
-        .output()
-        .expect("run loops cancel");
+    let cancel = crate::common::loops(
+        &dir.path().join("deliver.redb"),
+        &["cancel", RUN_ID, "--reason", "not needed"],
+    );
     assert!(cancel.status.success(), "{}", describe(&cancel));
     assert!(kill("TERM", &[child.id()]), "kill -TERM {}", child.id());
     stopped(

@@ -3,27 +3,13 @@
 //! the finished run.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use serde_json::Value;
 
-use crate::common::{copy_dir, deliver_in, describe, loops_bin, parked_at_the_gate};
-
-fn loops(store: &Path, args: &[&str]) -> Output {
-    Command::new(loops_bin())
-        .arg("--store")
-        .arg(store)
-        .args(args)
-        .env("NO_COLOR", "1")
-        .output()
-        .expect("run loops")
-}
-
-fn json(store: &Path, args: &[&str]) -> Value {
-    let out = loops(store, args);
-    assert!(out.status.success(), "loops {args:?}: {}", describe(&out));
-    serde_json::from_slice(&out.stdout).expect("JSON on stdout")
-}
+use crate::common::{
+    copy_dir, deliver_in, describe, loops, loops_json, loops_text, parked_at_the_gate,
+};
 
 fn deliver(workdir: &Path, args: &[&str]) -> Output {
     deliver_in(workdir)
@@ -41,7 +27,7 @@ fn the_cli_sees_steers_and_inspects_a_run_of_the_example() {
     let store = workdir.join("deliver.redb");
 
     // The run waits at the gate; its one child (the demo's plan has one edit) is done.
-    let runs = json(&store, &["runs", "--json"]);
+    let runs = loops_json(&store, &["runs", "--json"]);
     let runs = runs.as_array().expect("an array of runs");
     let ids: Vec<(&str, &str, &str)> = runs
         .iter()
@@ -66,7 +52,7 @@ fn the_cli_sees_steers_and_inspects_a_run_of_the_example() {
     assert_eq!(runs[0]["seq"], 6);
     assert_eq!(runs[0]["waiting_for"]["event"], "approve");
 
-    let shown = json(&store, &["show", "deliver-1", "--json"]);
+    let shown = loops_json(&store, &["show", "deliver-1", "--json"]);
     assert_eq!(
         shown["payload"]["Reviewed"]["review"]["concerns"],
         serde_json::json!([
@@ -80,7 +66,7 @@ fn the_cli_sees_steers_and_inspects_a_run_of_the_example() {
             .starts_with("workflow deliver version 2 format 1\n")
     );
 
-    let history = json(&store, &["history", "deliver-1", "--json"]);
+    let history = loops_json(&store, &["history", "deliver-1", "--json"]);
     let states: Vec<&str> = history["transitions"]
         .as_array()
         .expect("transitions")
@@ -107,7 +93,7 @@ fn the_cli_sees_steers_and_inspects_a_run_of_the_example() {
         "{err}"
     );
     assert_eq!(
-        json(&store, &["runs", "--json"]),
+        loops_json(&store, &["runs", "--json"]),
         serde_json::Value::Array(runs.clone())
     );
     // Nor does retention take the ended child from its waiting parent, and it says why.
@@ -139,11 +125,11 @@ fn the_cli_sees_steers_and_inspects_a_run_of_the_example() {
     assert!(out.status.success(), "{}", describe(&out));
     assert!(String::from_utf8_lossy(&out.stdout).contains("approved by cli-user"));
 
-    let runs = json(&store, &["runs", "--json", "--status", "completed"]);
+    let runs = loops_json(&store, &["runs", "--json", "--status", "completed"]);
     assert_eq!(runs[0]["state"], "PrOpened");
     assert_eq!(runs[0]["seq"], 7);
     // `loops tree`: the run and its one child per edit, nothing under the child.
-    let tree = json(&store, &["tree", "deliver-1", "--json"]);
+    let tree = loops_json(&store, &["tree", "deliver-1", "--json"]);
     assert_eq!(tree["run"]["run_id"], "deliver-1");
     let children = tree["children"].as_array().expect("children");
     assert_eq!(children.len(), 1);
@@ -154,7 +140,7 @@ fn the_cli_sees_steers_and_inspects_a_run_of_the_example() {
         .expect("the forge")
         .count();
     assert_eq!(pulls, 1, "one pull request");
-    let history = json(&store, &["history", "deliver-1", "--json"]);
+    let history = loops_json(&store, &["history", "deliver-1", "--json"]);
     assert_eq!(history["transitions"].as_array().map(Vec::len), Some(8));
     // The approval, and the end of the child (the event that wakes a parent in a join).
     let events = history["events"].as_array().expect("events");
@@ -166,18 +152,13 @@ fn the_cli_sees_steers_and_inspects_a_run_of_the_example() {
     assert_eq!(names, ["approve", "loops:child-ended"], "{events:?}");
     // The child ended before the join read it, so no wait took its event; once the run has
     // completed, the CLI says that none will (it said `pending`).
-    let text = |args: &[&str]| {
-        let out = loops(&store, args);
-        assert!(out.status.success(), "{}", describe(&out));
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    let shown = text(&["show", "deliver-1"]);
+    let shown = loops_text(&store, &["show", "deliver-1"]);
     assert!(
         shown.contains("events not taken (the run ended first)  loops:child-ended (event seq 0)"),
         "{shown}"
     );
     assert!(!shown.contains("pending"), "{shown}");
-    let lines = text(&["history", "deliver-1"]);
+    let lines = loops_text(&store, &["history", "deliver-1"]);
     let child_ended: Vec<&str> = lines
         .lines()
         .filter(|l| l.contains("{\"child\":\"deliver-1/edit-0\"}"))
@@ -187,7 +168,7 @@ fn the_cli_sees_steers_and_inspects_a_run_of_the_example() {
         child_ended[0].contains(" not taken (run ended) "),
         "{lines}"
     );
-    let pruned = json(
+    let pruned = loops_json(
         &store,
         &["prune", "--older-than", "1d", "--dry-run", "--json"],
     );
@@ -281,10 +262,10 @@ fn the_cli_approves_a_run_while_the_example_serves_it() {
     );
     assert!(!workdir.join("deliver.redb.sock").exists());
     // Now no process holds the file: read directly.
-    let done = json(&store, &["show", "deliver-1", "--json"]);
+    let done = loops_json(&store, &["show", "deliver-1", "--json"]);
     assert_eq!(done["run"]["status"], "completed");
     assert_eq!(done["run"]["state"], "PrOpened");
-    let history = json(&store, &["history", "deliver-1", "--json"]);
+    let history = loops_json(&store, &["history", "deliver-1", "--json"]);
     let approval = history["events"]
         .as_array()
         .expect("events")

@@ -13,9 +13,9 @@ use std::process::{Command, Output, Stdio};
 use loops::{RunStatus, SchemaHash, TransitionRecord};
 use serde_json::Value;
 
-use crate::common::loops_bin;
 use crate::common::{
-    HOLD_VAR, STOP_VAR, copy_dir, deliver_in, demo_at_start, describe, git, parked_at_the_gate,
+    HOLD_VAR, STOP_VAR, copy_dir, deliver_in, demo_at_start, describe, git, loops_json, loops_text,
+    parked_at_the_gate,
 };
 
 /// The example's own workflow, compiled into this test (by `schema_change`) for its two
@@ -53,32 +53,6 @@ fn run(mut cmd: Command) -> Output {
 fn succeeds(cmd: Command, context: &str) -> String {
     let out = run(cmd);
     assert!(out.status.success(), "{context}: {}", describe(&out));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// `loops --store STORE ARGS`, its output as JSON.
-fn loops_json(store: &Path, args: &[&str]) -> Value {
-    let out = Command::new(loops_bin())
-        .arg("--store")
-        .arg(store)
-        .args(args)
-        .env("NO_COLOR", "1")
-        .output()
-        .expect("run loops");
-    assert!(out.status.success(), "loops {args:?}: {}", describe(&out));
-    serde_json::from_slice(&out.stdout).expect("JSON on stdout")
-}
-
-/// `loops --store STORE ARGS`, its text output.
-fn loops_text(store: &Path, args: &[&str]) -> String {
-    let out = Command::new(loops_bin())
-        .arg("--store")
-        .arg(store)
-        .args(args)
-        .env("NO_COLOR", "1")
-        .output()
-        .expect("run loops");
-    assert!(out.status.success(), "loops {args:?}: {}", describe(&out));
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
