@@ -115,9 +115,40 @@ pub async fn parked_at_the_gate(runtime: &Runtime, run_id: &str, approve: bool) 
     }
 }
 
-/// Who approves with `--approve`: the user running the command.
+/// Who approves with `--approve`: the user running the command (`$USER`, else `$USERNAME`),
+/// else `operator`.
 pub fn approver_name() -> String {
-    std::env::var("USER")
-        .or_else(|_| std::env::var("USERNAME"))
-        .unwrap_or_else(|_| "operator".to_owned())
+    approver_of(|name| std::env::var(name).ok())
+}
+
+/// [`approver_name`], with the environment read through `var`: an unset or empty (or
+/// all-blank) variable names nobody.
+fn approver_of(var: impl Fn(&str) -> Option<String>) -> String {
+    ["USER", "USERNAME"]
+        .into_iter()
+        .filter_map(var)
+        .map(|name| name.trim().to_owned())
+        .find(|name| !name.is_empty())
+        .unwrap_or_else(|| "operator".to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::approver_of;
+
+    #[test]
+    fn an_empty_user_is_nobody_and_operator_approves() {
+        let env = |user: Option<&str>, username: Option<&str>| {
+            approver_of(move |name| match name {
+                "USER" => user.map(str::to_owned),
+                "USERNAME" => username.map(str::to_owned),
+                _ => None,
+            })
+        };
+        assert_eq!(env(Some("alice"), Some("bob")), "alice");
+        assert_eq!(env(Some(""), Some("bob")), "bob");
+        assert_eq!(env(None, Some("bob")), "bob");
+        assert_eq!(env(Some(" "), Some("")), "operator");
+        assert_eq!(env(None, None), "operator");
+    }
 }
