@@ -387,11 +387,22 @@ fn sync_dir(dir: &Path) -> Result<()> {
 /// # Errors
 /// Saying which of these it is not.
 pub async fn check_repo(repo: &Path) -> Result<()> {
-    ensure!(
-        repo.is_dir(),
-        "--repo {}: no such directory; name an existing git repository",
-        repo.display()
-    );
+    match std::fs::metadata(repo) {
+        Ok(meta) if meta.is_dir() => {}
+        Ok(_) => bail!(
+            "--repo {}: not a directory; name the top directory of an existing git repository",
+            repo.display()
+        ),
+        Err(e) => bail!(
+            "--repo {}: {}; name an existing git repository",
+            repo.display(),
+            if e.kind() == std::io::ErrorKind::NotFound {
+                "no such directory".to_owned()
+            } else {
+                e.to_string()
+            }
+        ),
+    }
     let output = Git::new(repo)
         .output(&["rev-parse", "--show-toplevel"])
         .await?;

@@ -143,6 +143,17 @@ fn a_repo_must_be_the_top_of_an_existing_work_tree() {
     let output = deliver(dir.path(), &repo("nowhere"));
     assert_refused(&output, "no such directory", dir.path(), &[]);
 
+    let files = tempfile::tempdir().expect("temp dir");
+    let notes = files.path().join("notes.txt");
+    std::fs::write(&notes, "not a repository\n").expect("a file");
+    let output = deliver(files.path(), &["--repo".into(), notes.into_os_string()]);
+    assert_refused(
+        &output,
+        "notes.txt: not a directory",
+        files.path(),
+        &["notes.txt"],
+    );
+
     std::fs::create_dir(dir.path().join("plain")).expect("a directory");
     let output = deliver(dir.path(), &repo("plain"));
     assert_refused(&output, "is not a git work tree", dir.path(), &["plain"]);
