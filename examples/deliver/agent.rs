@@ -297,11 +297,20 @@ impl<M: Model> Agent<M> {
 
     /// Waits, durably, for the approval event: with nothing to deliver yet, the run parks
     /// (status waiting) and its handler runs again, its recorded steps replayed, when the
-    /// approval arrives.
+    /// approval arrives. An approval that names no one (`by` blank, as `loops send` accepts)
+    /// is refused, and the run waits for the next: a pull request says who approved it.
     pub async fn approval(&self, ctx: &Context) -> Result<Approval> {
-        let approval = ctx.wait_for(APPROVAL_EVENT).await?;
-        say!("  approved by {}", approval.by);
-        Ok(approval)
+        loop {
+            let approval = ctx.wait_for(APPROVAL_EVENT).await?;
+            if approval.by.trim().is_empty() {
+                say!(
+                    "  refused an approval that names no one (\"by\" is blank); waiting for another"
+                );
+                continue;
+            }
+            say!("  approved by {}", approval.by);
+            return Ok(approval);
+        }
     }
 
     /// Pushes the work branch and opens its pull request, described by `body`: two steps

@@ -109,6 +109,12 @@ fn the_cli_sees_steers_and_inspects_a_run_of_the_example() {
     let bad = loops(&store, &["send", "deliver-1", "approve", "--json", "{by:"]);
     assert!(!bad.status.success());
     assert_eq!(String::from_utf8_lossy(&bad.stderr).lines().count(), 1);
+    // An approval that names no one is taken from the inbox and refused by the run.
+    let blank = loops(
+        &store,
+        &["send", "deliver-1", "approve", "--json", r#"{"by":" "}"#],
+    );
+    assert!(blank.status.success(), "{}", describe(&blank));
     let sent = loops(
         &store,
         &[
@@ -123,7 +129,12 @@ fn the_cli_sees_steers_and_inspects_a_run_of_the_example() {
 
     let out = deliver(workdir, &[]);
     assert!(out.status.success(), "{}", describe(&out));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("approved by cli-user"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("refused an approval that names no one"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("approved by cli-user"), "{stdout}");
 
     let runs = loops_json(&store, &["runs", "--json", "--status", "completed"]);
     assert_eq!(runs[0]["state"], "PrOpened");
@@ -140,16 +151,23 @@ fn the_cli_sees_steers_and_inspects_a_run_of_the_example() {
         .expect("the forge")
         .count();
     assert_eq!(pulls, 1, "one pull request");
+    let pull = std::fs::read_to_string(workdir.join("forge/pulls/1.json")).expect("the pull");
+    assert!(pull.contains("Approved by cli-user."), "{pull}");
     let history = loops_json(&store, &["history", "deliver-1", "--json"]);
     assert_eq!(history["transitions"].as_array().map(Vec::len), Some(8));
-    // The approval, and the end of the child (the event that wakes a parent in a join).
+    // The two approvals (the blank one refused), and the end of the child (the event that
+    // wakes a parent in a join).
     let events = history["events"].as_array().expect("events");
     let mut names: Vec<&str> = events
         .iter()
         .map(|e| e["name"].as_str().expect("an event name"))
         .collect();
     names.sort_unstable();
-    assert_eq!(names, ["approve", "loops:child-ended"], "{events:?}");
+    assert_eq!(
+        names,
+        ["approve", "approve", "loops:child-ended"],
+        "{events:?}"
+    );
     // The child ended before the join read it, so no wait took its event; once the run has
     // completed, the CLI says that none will (it said `pending`).
     let shown = loops_text(&store, &["show", "deliver-1"]);
