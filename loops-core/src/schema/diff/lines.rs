@@ -43,7 +43,8 @@ pub(super) fn compare(subject: &str, a: &State, b: &State, changes: &mut Vec<Cha
             diffs.push(Diff::Removed(line));
         }
     }
-    let classed: Vec<(Class, String)> = diffs.iter().map(|d| class(d, &sides)).collect();
+    let mut classed: Vec<(Class, String)> = diffs.iter().map(|d| class(d, &sides)).collect();
+    rename_hints(&diffs, &mut classed);
     for (i, d) in diffs.iter().enumerate() {
         let covered = diffs.iter().zip(&classed).any(|(other, (class, _))| {
             let above = other.segs().len() < d.segs().len() && d.segs().starts_with(other.segs());
@@ -65,6 +66,37 @@ pub(super) fn compare(subject: &str, a: &State, b: &State, changes: &mut Vec<Cha
         ));
     }
     untagged_order(subject, &sides, changes);
+}
+
+/// A field removed and a field added beside it with the same type may be one field renamed,
+/// which the two lines cannot tell: the added field's reason, when it is breaking, says how
+/// to keep the records written before (the description names fields as stored, so a
+/// `#[serde(rename)]` to the old name leaves no difference at all).
+fn rename_hints(diffs: &[Diff], classed: &mut [(Class, String)]) {
+    for (i, d) in diffs.iter().enumerate() {
+        let Diff::Added(added) = d else { continue };
+        let Some((Seg::Field(_), parent)) = added.segs.split_last() else {
+            continue;
+        };
+        if classed[i].0 != Class::Breaking {
+            continue;
+        }
+        let old = diffs.iter().find_map(|other| match other {
+            Diff::Removed(removed) => match removed.segs.split_last() {
+                Some((Seg::Field(name), at)) if at == parent && removed.ty == added.ty => {
+                    Some(name)
+                }
+                _ => None,
+            },
+            _ => None,
+        });
+        if let Some(old) = old {
+            classed[i].1 = format!(
+                "{}; if it is `{old}` renamed (removed, of the same type), keep its stored name with `#[serde(rename = \"{old}\")]`, or write a migration",
+                classed[i].1
+            );
+        }
+    }
 }
 
 /// Each line of `state` with its path and how many lines of that path come before it.
