@@ -295,3 +295,87 @@ async fn typed_send_and_checked_send_json() {
     assert_eq!(done, Gate::Done { by: "alice".into() });
     runtime.shutdown().await;
 }
+
+/// `send` by a plain name checks the name and the payload as `send_json` does: a misspelt
+/// name waited in the inbox for a wait that never came.
+#[tokio::test]
+async fn send_by_name_is_checked_against_the_declared_events() {
+    let runtime = Runtime::builder()
+        .register::<Gate, _>(Handler)
+        .build(loops::RedbStore::in_memory().unwrap());
+    runtime.start("g-2", Gate::Open { n: 1 }).await.unwrap();
+    runtime
+        .wait_for_status("g-2", RunStatus::Waiting)
+        .await
+        .unwrap();
+    let approval = Approval {
+        by: "bob".into(),
+        note: None,
+    };
+    let err = runtime.send("g-2", "aprove", &approval).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "run `g-2` (state `Open`, seq 0): event `aprove` refused: workflow `gate` declares no \
+         event `aprove`; it declares approve: Approval { by: String, note: Option<String> }, \
+         reject: String"
+    );
+    let err = runtime
+        .send_with_key("g-2", "approve", "k-1", &serde_json::json!({"wrong": 1}))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            Error::EventRefused { run_id, event, refusal, .. }
+                if run_id == "g-2" && event == "approve"
+                    && matches!(**refusal, EventRefusal::Payload { .. })
+        ),
+        "{err}"
+    );
+    let err = runtime
+        .send("nobody", "approve", &approval)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::RunNotFound { run_id } if run_id == "nobody"),
+        "{err}"
+    );
+    let events = runtime.store().events("g-2").await.unwrap();
+    assert!(events.is_empty(), "{events:?}");
+    // The declared name with a payload of its shape is taken.
+    let sent = runtime.send("g-2", "approve", &approval).await.unwrap();
+    assert_eq!(sent.event_seq, 0);
+    let done: Gate = runtime.wait("g-2").await.unwrap();
+    assert_eq!(done, Gate::Done { by: "bob".into() });
+    runtime.shutdown().await;
+}
+
+/// A workflow that declares no events takes any name by `send`, as before.
+#[tokio::test]
+async fn send_by_name_to_a_workflow_without_events_takes_any_name() {
+    struct Waits;
+    impl without_events::GateHandler for Waits {
+        type Error = loops::BoxError;
+        async fn open(
+            &self,
+            ctx: &Context,
+            _n: u64,
+        ) -> Result<without_events::OpenNext, Self::Error> {
+            let by: String = ctx.wait_for("anything").await?;
+            Ok(without_events::OpenNext::Done { by })
+        }
+    }
+    let runtime = Runtime::builder()
+        .register::<without_events::Gate, _>(Waits)
+        .build(loops::RedbStore::in_memory().unwrap());
+    runtime
+        .start("g-3", without_events::Gate::Open { n: 1 })
+        .await
+        .unwrap();
+    let other = runtime.send("g-3", "other", &42u64).await.unwrap();
+    assert_eq!(other.event_seq, 0);
+    runtime.send("g-3", "anything", "carol").await.unwrap();
+    let done: without_events::Gate = runtime.wait("g-3").await.unwrap();
+    assert_eq!(done, without_events::Gate::Done { by: "carol".into() });
+    runtime.shutdown().await;
+}

@@ -56,15 +56,27 @@ impl<T> fmt::Display for Event<T> {
 }
 
 /// What names an event whose payload is a `T`: a declared [`Event<T>`] (only for its own
-/// `T`), or a plain name (`&str`, `String`: any `T`, checked when the run decodes it).
+/// `T`), or a plain name (`&str`, `String`: any `T`; [`Runtime::send`](crate::Runtime::send)
+/// checks it against the events the run's workflow declares).
 pub trait EventName<T: ?Sized> {
     /// The event's name.
     fn event_name(&self) -> &str;
+
+    /// `true` for an [`Event<T>`], whose payload type the compiler checked; `false` (the
+    /// default) for a plain name, which [`Runtime::send`](crate::Runtime::send) checks, with
+    /// its payload, against the run's declared events before it writes.
+    fn is_declared(&self) -> bool {
+        false
+    }
 }
 
 impl<T> EventName<T> for Event<T> {
     fn event_name(&self) -> &str {
         self.name
+    }
+
+    fn is_declared(&self) -> bool {
+        true
     }
 }
 

@@ -65,25 +65,36 @@ impl Runtime {
     /// Sends the event `event` with `payload` to the run `run_id`: appended durably to the
     /// run's inbox, delivered to the run's next (or current) wait for `event`, once. `event`
     /// is a declared event (`runtime.send(id, Deliver::APPROVE, &approval)`: the compiler
-    /// checks the payload's type) or a name (`"approve"`: any serializable payload). A name
-    /// is not checked against the events the workflow declares: a misspelt one waits in the
-    /// inbox for a wait that never comes, and a payload of the wrong type is set aside by
-    /// the wait that takes it (recorded as that wait's failed step). For names and payloads
-    /// that come from outside the program, use [`send_json`](Self::send_json), which
-    /// refuses both before writing.
+    /// checks the payload's type) or a name (`"approve"`). A name and its payload are
+    /// checked, as [`send_json`](Self::send_json) checks them, against the events the run's
+    /// workflow declares (`#[event(name: Type)]`, read from the run's stored schema
+    /// description; one more read of the store): a misspelt name or a payload of another
+    /// shape is refused before anything is written. A workflow that declares no events
+    /// takes any name and payload.
     ///
     /// # Errors
-    /// [`Error::RunNotFound`](crate::Error::RunNotFound) for an unknown run; [`Error::RunEnded`](crate::Error::RunEnded) for a run that has
-    /// ended; [`Error::InvalidName`](crate::Error::InvalidName); [`Error::EventEncode`](crate::Error::EventEncode) or [`Error::PayloadTooLarge`](crate::Error::PayloadTooLarge) for a
-    /// payload that cannot be stored; [`Error::Storage`](crate::Error::Storage).
+    /// [`Error::EventRefused`](crate::Error::EventRefused) (nothing written) for a name the
+    /// run's workflow does not declare, or a payload that cannot be the declared type (a
+    /// name only); [`Error::RunNotFound`](crate::Error::RunNotFound) for an unknown run;
+    /// [`Error::RunEnded`](crate::Error::RunEnded) for a run that has ended;
+    /// [`Error::InvalidName`](crate::Error::InvalidName);
+    /// [`Error::EventEncode`](crate::Error::EventEncode) or
+    /// [`Error::PayloadTooLarge`](crate::Error::PayloadTooLarge) for a payload that cannot be
+    /// stored; [`Error::Storage`](crate::Error::Storage).
     pub async fn send<T: Serialize + ?Sized>(
         &self,
         run_id: &str,
         event: impl EventName<T>,
         payload: &T,
     ) -> Result<Sent> {
-        self.send_inner(run_id, event.event_name(), None, payload)
-            .await
+        self.send_inner(
+            run_id,
+            event.event_name(),
+            None,
+            payload,
+            !event.is_declared(),
+        )
+        .await
     }
 
     /// As [`send`](Self::send), once per `key`: a second send with the same key for the same
@@ -98,8 +109,14 @@ impl Runtime {
         key: &str,
         payload: &T,
     ) -> Result<Sent> {
-        self.send_inner(run_id, event.event_name(), Some(key), payload)
-            .await
+        self.send_inner(
+            run_id,
+            event.event_name(),
+            Some(key),
+            payload,
+            !event.is_declared(),
+        )
+        .await
     }
 
     /// Sends an event whose name and payload come from outside the program (the `loops`
@@ -120,26 +137,18 @@ impl Runtime {
         key: Option<&str>,
         payload: &serde_json::value::RawValue,
     ) -> Result<Sent> {
-        validate_run_id(run_id)?;
-        let info = self
-            .store()
-            .run_info(run_id)
-            .await?
-            .ok_or_else(|| Error::RunNotFound {
-                run_id: run_id.to_owned(),
-            })?;
-        if let Some(description) = self.store().schema(info.schema).await? {
-            check_event(&info, &description, event, payload.get())?;
-        }
-        self.send_inner(run_id, event, key, payload).await
+        self.send_inner(run_id, event, key, payload, true).await
     }
 
+    /// Writes the event; with `check`, first checks its name and payload against the run's
+    /// declared events ([`check_event`]).
     async fn send_inner<T: Serialize + ?Sized>(
         &self,
         run_id: &str,
         event: &str,
         key: Option<&str>,
         payload: &T,
+        check: bool,
     ) -> Result<Sent> {
         validate_run_id(run_id)?;
         let names =
@@ -175,6 +184,18 @@ impl Runtime {
                 bytes: json.len(),
                 limit,
             });
+        }
+        if check {
+            let info = self
+                .store()
+                .run_info(run_id)
+                .await?
+                .ok_or_else(|| Error::RunNotFound {
+                    run_id: run_id.to_owned(),
+                })?;
+            if let Some(description) = self.store().schema(info.schema).await? {
+                check_event(&info, &description, event, &json)?;
+            }
         }
         let reply = self
             .store()
