@@ -402,11 +402,10 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
     if cli.fresh {
         delete_for_fresh(&paths).await?;
     }
-    paths.create_workdir()?;
-
     let keys = cli.key_file.as_deref().map(loops::Keyring::from_file);
     let keys = keys.transpose()?;
-    let runtime = open_store(|| {
+    let made = paths.create_workdir()?;
+    let opened = open_store(|| {
         let builder = versions::builder(cli.workflow_version);
         let builder = match keys.clone() {
             Some(keys) => builder.codec(keys),
@@ -427,7 +426,18 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
             anyhow::anyhow!("{e}. Run with --fresh to start over, or use another --run-id")
         }
         e => store_error(e),
-    })?;
+    });
+    let runtime = match opened {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            // A refused store (a directory, another program's file, a damaged one) leaves no
+            // work directory made for it.
+            if made {
+                paths.remove_new_workdir();
+            }
+            return Err(e);
+        }
+    };
     // The store's lock is ours: what an earlier process left in the work directory is not
     // in use.
     paths.clear_leftovers()?;

@@ -212,14 +212,16 @@ impl Paths {
         }
     }
 
-    /// Creates the work directory and its marker. Nothing in it is touched: that waits for
-    /// the store's lock ([`clear_leftovers`](Self::clear_leftovers)).
+    /// Creates the work directory and its marker, and says whether the directory is new
+    /// (for [`remove_new_workdir`](Self::remove_new_workdir)). Nothing in it is touched: that
+    /// waits for the store's lock ([`clear_leftovers`](Self::clear_leftovers)).
     ///
     /// # Errors
     /// If the directory cannot be created, or exists, is not empty and was not made by this
     /// example (so that `--fresh` never deletes a directory of the user's).
-    pub fn create_workdir(&self) -> Result<()> {
-        if self.workdir.exists() && !self.is_ours()? {
+    pub fn create_workdir(&self) -> Result<bool> {
+        let existed = self.workdir.exists();
+        if existed && !self.is_ours()? {
             bail!(
                 "{} is not empty and is not a work directory of this example (no {MARKER} in \
                  it); name a new or empty directory with --workdir",
@@ -229,7 +231,16 @@ impl Paths {
         std::fs::create_dir_all(&self.workdir)
             .with_context(|| format!("cannot create {}", self.workdir.display()))?;
         std::fs::write(self.workdir.join(MARKER), "")
-            .with_context(|| format!("cannot write in {}", self.workdir.display()))
+            .with_context(|| format!("cannot write in {}", self.workdir.display()))?;
+        Ok(!existed)
+    }
+
+    /// Removes the work directory [`create_workdir`](Self::create_workdir) has just made, when
+    /// the store it was made for was refused: only the marker and the then empty directory,
+    /// never anything else (best effort: a directory something was put in stays).
+    pub fn remove_new_workdir(&self) {
+        let _ = std::fs::remove_file(self.workdir.join(MARKER));
+        let _ = std::fs::remove_dir(&self.workdir);
     }
 
     /// Clears what interrupted runs left behind: a work directory moved aside to be deleted,

@@ -214,7 +214,8 @@ fn fresh_never_deletes_what_is_not_a_store() {
     std::fs::write(&precious, "precious\n").expect("write");
     let store = |path: &Path| vec!["--store".into(), path.as_os_str().to_owned()];
 
-    // Without --fresh, it is not opened as a store (and the work directory is made).
+    // Without --fresh, it is not opened as a store, and the work directory made for it is
+    // removed.
     let output = deliver(dir.path(), &store(&precious));
     assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
     assert_eq!(
@@ -224,6 +225,11 @@ fn fresh_never_deletes_what_is_not_a_store() {
             precious.display()
         )
     );
+    assert_eq!(names_in(dir.path()), ["precious.txt"]);
+    // A work directory that existed stays.
+    std::fs::create_dir(dir.path().join("work")).expect("a directory");
+    let output = deliver(dir.path(), &store(&precious));
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
     assert!(dir.path().join("work/.loops-deliver-workdir").exists());
 
     let mut args = store(&precious);
