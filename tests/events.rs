@@ -379,3 +379,64 @@ async fn send_by_name_to_a_workflow_without_events_takes_any_name() {
     assert_eq!(done, without_events::Gate::Done { by: "carol".into() });
     runtime.shutdown().await;
 }
+
+mod strict {
+    use super::*;
+
+    #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+    #[workflow(name = "strict")]
+    #[event(approve: Approval)]
+    pub enum Strict {
+        #[initial]
+        #[next(Done)]
+        Open { n: u64 },
+        #[terminal]
+        Done { by: String },
+    }
+}
+
+/// A wait by a plain name that the workflow does not declare, when it declares events, fails
+/// the run at its first attempt, naming the declared events: `send` refuses every such
+/// event, so the run waited for ever.
+#[tokio::test]
+async fn a_wait_for_an_undeclared_name_fails_the_run_at_once() {
+    struct Misspelt {
+        entries: std::sync::atomic::AtomicU32,
+    }
+    impl strict::StrictHandler for Misspelt {
+        type Error = loops::BoxError;
+        async fn open(&self, ctx: &Context, _n: u64) -> Result<strict::OpenNext, Self::Error> {
+            self.entries
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let approval: Approval = ctx.wait_for("aprove").await?;
+            Ok(strict::OpenNext::Done { by: approval.by })
+        }
+    }
+    let runtime = Runtime::builder()
+        .register::<strict::Strict, _>(Misspelt {
+            entries: Default::default(),
+        })
+        .build(loops::RedbStore::in_memory().unwrap());
+    let handler = Misspelt {
+        entries: Default::default(),
+    };
+    let err = runtime
+        .run("s-1", strict::Strict::Open { n: 1 }, &handler)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::RunFailed { attempts: 1, .. }),
+        "{err:?}"
+    );
+    assert_eq!(handler.entries.load(std::sync::atomic::Ordering::SeqCst), 1);
+    let info = runtime.run_info("s-1").await.unwrap().unwrap();
+    assert_eq!((info.status, info.attempt), (RunStatus::Failed, 1));
+    assert_eq!(
+        info.error.unwrap()[0],
+        "run `s-1` (state `Open`, seq 0): event `aprove` refused: workflow `strict` declares no \
+         event `aprove`; it declares approve: Approval { by: String, note: Option<String> }"
+    );
+    // Nothing was recorded for the wait.
+    assert!(runtime.store().steps("s-1", 0).await.unwrap().is_empty());
+    runtime.shutdown().await;
+}

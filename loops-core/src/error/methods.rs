@@ -118,7 +118,8 @@ impl Error {
 impl Error {
     /// Whether the error comes out the same at every try of a handler, whatever time passes:
     /// a bad run id or name, a child id taken by another run, a workflow no process here
-    /// drives, a state that is not the initial one, and a state, step output or payload that
+    /// drives, a state that is not the initial one, an event the workflow does not declare
+    /// (or a payload not of its declared shape), and a state, step output or payload that
     /// cannot be recorded (over [`max_payload_bytes`](crate::RuntimeBuilder::max_payload_bytes),
     /// or not encodable as JSON). [`retry_hint`](crate::retry_hint) calls such an error
     /// permanent: a step that returns one is not tried again, and a handler that returns one
@@ -138,6 +139,7 @@ impl Error {
                 | Error::PayloadTooLarge { .. }
                 | Error::StepEncode { .. }
                 | Error::Encode { .. }
+                | Error::EventRefused { .. }
         )
     }
 

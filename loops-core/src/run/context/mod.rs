@@ -41,6 +41,9 @@ pub struct Context {
 pub(crate) struct RunScope {
     pub(crate) run_id: String,
     pub(crate) workflow: &'static str,
+    /// The workflow's schema description (`Workflow::SCHEMA`): the events a wait by a plain
+    /// name is checked against.
+    pub(crate) schema: &'static str,
     pub(crate) store: Arc<dyn Store>,
     /// The driver's lease: every write of this run carries it.
     pub(crate) lease: Lease,

@@ -101,8 +101,9 @@ impl Context {
     /// # Errors
     /// As [`wait_for_timeout`](Self::wait_for_timeout).
     pub async fn wait_for<T: DeserializeOwned>(&self, event: impl EventName<T>) -> Result<T> {
+        let declared = event.is_declared();
         let event = event.event_name();
-        match self.wait_inner(event, None).await? {
+        match self.wait_inner(event, declared, None).await? {
             Some(value) => Ok(value),
             None => Err(Error::Decode {
                 run_id: self.run.run_id.clone(),
@@ -134,6 +135,9 @@ impl Context {
     ///
     /// # Errors
     /// - [`Error::InvalidName`](crate::Error::InvalidName) for an empty, over-long or control-character name;
+    /// - [`Error::EventRefused`](crate::Error::EventRefused), nothing recorded, for a plain
+    ///   name the workflow does not declare when it declares events (no send could reach
+    ///   such a wait); the run fails at once ([`Error::repeats`](crate::Error::repeats));
     /// - [`Error::Cancelled`](crate::Error::Cancelled) if the run was cancelled before the wait
     ///   (nothing is recorded) or while it waits in place;
     /// - none for a payload that does not decode as `T`: such an event is set aside (recorded
@@ -144,15 +148,22 @@ impl Context {
         event: impl EventName<T>,
         timeout: Duration,
     ) -> Result<Option<T>> {
-        self.wait_inner(event.event_name(), Some(timeout)).await
+        self.wait_inner(event.event_name(), event.is_declared(), Some(timeout))
+            .await
     }
 
+    /// The wait; `declared` if `event` is an [`Event<T>`](crate::Event), which names an event
+    /// its workflow declares: a plain name is checked first ([`check_declared`](Self::check_declared)).
     async fn wait_inner<T: DeserializeOwned>(
         &self,
         event: &str,
+        declared: bool,
         timeout: Option<Duration>,
     ) -> Result<Option<T>> {
         self.check_name("event name", event)?;
+        if !declared {
+            self.check_declared(event)?;
+        }
         if self.is_cancelled() {
             // As a step started after the cancellation: nothing is recorded, nothing taken.
             return Err(self.cancelled_error());
@@ -270,6 +281,30 @@ impl Context {
                     event_seq: seq,
                     source,
                 }),
+        }
+    }
+
+    /// Refuses a wait by the plain name `event` in a workflow that declares events but not
+    /// this one: [`Runtime::send`](crate::Runtime::send) refuses such an event, so the run
+    /// would wait for ever. A workflow that declares no events waits for any name, and
+    /// loops' own events (`loops:`) are not declared.
+    fn check_declared(&self, event: &str) -> Result<()> {
+        if event.starts_with(RESERVED_PREFIX) {
+            return Ok(());
+        }
+        let declared = crate::schema::DeclaredEvents::from_description(self.run.schema);
+        if declared.is_empty() || declared.get(event).is_some() {
+            return Ok(());
+        }
+        match declared.check(self.run.schema, event, &serde_json::Value::Null) {
+            Ok(()) => Ok(()),
+            Err(refusal) => Err(Error::EventRefused {
+                run_id: self.run.run_id.clone(),
+                state: self.state.to_owned(),
+                seq: self.seq,
+                event: event.to_owned(),
+                refusal: Box::new(refusal),
+            }),
         }
     }
 

@@ -239,6 +239,7 @@ impl Drive<'_> {
         let scope = Arc::new(RunScope {
             run_id: run_id.to_owned(),
             workflow: W::NAME,
+            schema: W::SCHEMA,
             store: Arc::clone(self.store),
             lease: self.held.lease.clone(),
             cancel: self.held.signals.cancel.clone(),
