@@ -432,8 +432,8 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
         Err(e) => {
             // A refused store (a directory, another program's file, a damaged one) leaves no
             // work directory made for it.
-            if made {
-                paths.remove_new_workdir();
+            if let Some(made) = &made {
+                paths.remove_new_workdir(made);
             }
             return Err(e);
         }

@@ -212,15 +212,22 @@ impl Paths {
         }
     }
 
-    /// Creates the work directory and its marker, and says whether the directory is new
-    /// (for [`remove_new_workdir`](Self::remove_new_workdir)). Nothing in it is touched: that
+    /// Creates the work directory and its marker, and returns the topmost directory it made
+    /// (the work directory, or a missing parent of it; `None` if the work directory existed),
+    /// for [`remove_new_workdir`](Self::remove_new_workdir). Nothing in it is touched: that
     /// waits for the store's lock ([`clear_leftovers`](Self::clear_leftovers)).
     ///
     /// # Errors
     /// If the directory cannot be created, or exists, is not empty and was not made by this
     /// example (so that `--fresh` never deletes a directory of the user's).
-    pub fn create_workdir(&self) -> Result<bool> {
+    pub fn create_workdir(&self) -> Result<Option<PathBuf>> {
         let existed = self.workdir.exists();
+        let made = self
+            .workdir
+            .ancestors()
+            .take_while(|dir| !dir.as_os_str().is_empty() && !dir.exists())
+            .last()
+            .map(Path::to_path_buf);
         if existed && !self.is_ours()? {
             bail!(
                 "{} is not empty and is not a work directory of this example (no {MARKER} in \
@@ -232,15 +239,20 @@ impl Paths {
             .with_context(|| format!("cannot create {}", self.workdir.display()))?;
         std::fs::write(self.workdir.join(MARKER), "")
             .with_context(|| format!("cannot write in {}", self.workdir.display()))?;
-        Ok(!existed)
+        Ok(made)
     }
 
-    /// Removes the work directory [`create_workdir`](Self::create_workdir) has just made, when
-    /// the store it was made for was refused: only the marker and the then empty directory,
-    /// never anything else (best effort: a directory something was put in stays).
-    pub fn remove_new_workdir(&self) {
+    /// Removes what [`create_workdir`](Self::create_workdir) has just made, up to `made` (the
+    /// topmost directory it returned), when the store it was made for was refused: the marker
+    /// and each directory once empty, never anything else (best effort: a directory something
+    /// was put in stays).
+    pub fn remove_new_workdir(&self, made: &Path) {
         let _ = std::fs::remove_file(self.workdir.join(MARKER));
-        let _ = std::fs::remove_dir(&self.workdir);
+        for dir in self.workdir.ancestors() {
+            if std::fs::remove_dir(dir).is_err() || dir == made {
+                break;
+            }
+        }
     }
 
     /// Clears what interrupted runs left behind: a work directory moved aside to be deleted,

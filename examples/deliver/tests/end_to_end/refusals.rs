@@ -226,6 +226,15 @@ fn fresh_never_deletes_what_is_not_a_store() {
         )
     );
     assert_eq!(names_in(dir.path()), ["precious.txt"]);
+    // So are the missing parents it was made in.
+    let mut args = store(&precious);
+    args.extend([
+        "--workdir".into(),
+        dir.path().join("a/b/work").into_os_string(),
+    ]);
+    let output = deliver(dir.path(), &args);
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert_eq!(names_in(dir.path()), ["precious.txt"]);
     // A work directory that existed stays.
     std::fs::create_dir(dir.path().join("work")).expect("a directory");
     let output = deliver(dir.path(), &store(&precious));
