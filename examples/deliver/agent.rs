@@ -297,15 +297,14 @@ impl<M: Model> Agent<M> {
 
     /// Waits, durably, for the approval event: with nothing to deliver yet, the run parks
     /// (status waiting) and its handler runs again, its recorded steps replayed, when the
-    /// approval arrives. An approval that names no one (`by` blank, as `loops send` accepts)
-    /// is refused, and the run waits for the next: a pull request says who approved it.
+    /// approval arrives. An approval whose `by` is not a name to print and put in the pull
+    /// request ([`not_a_name`]; `loops send` checks only the payload's shape) is refused, and
+    /// the run waits for the next: a pull request says who approved it.
     pub async fn approval(&self, ctx: &Context) -> Result<Approval> {
         loop {
             let approval = ctx.wait_for(APPROVAL_EVENT).await?;
-            if approval.by.trim().is_empty() {
-                say!(
-                    "  refused an approval that names no one (\"by\" is blank); waiting for another"
-                );
+            if let Some(why) = not_a_name(&approval.by) {
+                say!("  refused an approval that {why}; waiting for another");
                 continue;
             }
             say!("  approved by {}", approval.by);
@@ -497,6 +496,25 @@ fn files_of(change: &Change) -> String {
     files.join(", ")
 }
 
+/// Why `by`, an approval's approver, is not a name to print and put in a pull request, if it
+/// is not: blank (white space or invisible characters only), holding control characters
+/// (a terminal's escape sequences, new lines that would write the pull request's text), or
+/// over 100 characters.
+pub fn not_a_name(by: &str) -> Option<&'static str> {
+    let invisible = |c: char| {
+        c.is_whitespace() || matches!(c, '\u{200B}'..='\u{200F}' | '\u{2060}' | '\u{FEFF}')
+    };
+    if by.chars().all(invisible) {
+        Some("names no one (\"by\" is blank)")
+    } else if by.chars().any(char::is_control) {
+        Some("holds control characters in \"by\"")
+    } else if by.chars().count() > 100 {
+        Some("has a \"by\" over 100 characters")
+    } else {
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use loops::{Runtime, StateId as _};
@@ -506,6 +524,26 @@ mod tests {
     use crate::project::{self, Paths};
     use crate::workflow::Edit;
     use crate::workflow::v1::Deliver;
+
+    #[test]
+    fn an_approver_must_be_a_printable_name() {
+        for by in ["alice", "Zoë O'Brien", "ops-bot (deploy)", &"x".repeat(100)] {
+            assert_eq!(not_a_name(by), None, "{by:?}");
+        }
+        for (by, why) in [
+            ("", "names no one (\"by\" is blank)"),
+            (" \t ", "names no one (\"by\" is blank)"),
+            ("\u{200B}", "names no one (\"by\" is blank)"),
+            (
+                "\u{1b}[31mRED\u{1b}[0m",
+                "holds control characters in \"by\"",
+            ),
+            ("alice\n\n## LGTM", "holds control characters in \"by\""),
+            (&"x".repeat(101), "has a \"by\" over 100 characters"),
+        ] {
+            assert_eq!(not_a_name(by), Some(why), "{by:?}");
+        }
+    }
 
     #[test]
     fn work_branches_are_distinct_and_stable() {
