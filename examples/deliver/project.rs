@@ -346,6 +346,10 @@ impl Paths {
                 self.repo_given = true;
                 self.repo_recorded = true;
             }
+            // `--repo` naming the demo's repository itself is no other one.
+            (None, true) if same_dir(&self.workdir.join("repo"), &self.repo) => {
+                self.repo_given = false;
+            }
             (None, true) => bail!(
                 "run {run_id} works on the demo's repository {}; --repo {} is another: {hint}",
                 self.workdir.join("repo").display(),

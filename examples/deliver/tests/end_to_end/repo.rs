@@ -235,4 +235,12 @@ fn a_run_remembers_its_repo() {
             repo.display()
         )
     );
+    // Naming the demo's repository itself is no other repository: the run goes on there.
+    let output = deliver(&workdir, &workdir.join("repo"), &["--run-id", "demo-1"]);
+    assert!(output.status.success(), "{}", describe(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains("pull request: forge://demo/pulls/2"),
+        "{}",
+        describe(&output)
+    );
 }
