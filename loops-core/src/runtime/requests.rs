@@ -124,7 +124,11 @@ impl Runtime {
     /// [`send_with_key`](Self::send_with_key)), after checking them against the events the
     /// run's workflow declares (`#[event(name: Type)]`), read from the run's stored schema
     /// description ([`DeclaredEvents`](crate::DeclaredEvents)). A workflow that declares no
-    /// events takes any name and payload, as [`send`](Self::send) does.
+    /// events takes any name and payload. The payload check refuses what serde's derive
+    /// would refuse for sure (a missing field, a value of the wrong kind, an unknown
+    /// variant); a field the declared type does not have is not refused (serde ignores it
+    /// when the run reads the payload; with `#[serde(deny_unknown_fields)]` on the type, the
+    /// wait that takes the event sets it aside).
     ///
     /// # Errors
     /// [`Error::EventRefused`](crate::Error::EventRefused) (nothing written) for a name the
