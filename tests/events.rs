@@ -240,17 +240,23 @@ fn a_declared_event_gives_a_skeleton_of_its_payload_that_its_check_accepts() {
     assert_eq!(parsed.verdict, Verdict::Ship);
 }
 
-#[tokio::test]
-async fn typed_send_and_checked_send_json() {
+/// A runtime whose run `run_id` of `Gate` waits for its approval.
+async fn waiting_gate(run_id: &str) -> Runtime {
     let runtime = Runtime::builder()
         .register::<Gate, _>(Handler)
         .build(loops::RedbStore::in_memory().unwrap());
-    runtime.start("g-1", Gate::Open { n: 1 }).await.unwrap();
-    // Until it waits, nothing to see; then a refused name, a refused payload: nothing written.
+    runtime.start(run_id, Gate::Open { n: 1 }).await.unwrap();
     runtime
-        .wait_for_status("g-1", RunStatus::Waiting)
+        .wait_for_status(run_id, RunStatus::Waiting)
         .await
         .unwrap();
+    runtime
+}
+
+#[tokio::test]
+async fn typed_send_and_checked_send_json() {
+    // Once it waits: a refused name, a refused payload: nothing written.
+    let runtime = waiting_gate("g-1").await;
     let raw = |text: &str| serde_json::value::RawValue::from_string(text.to_owned()).unwrap();
     let err = runtime
         .send_json("g-1", "aprove", None, &raw(r#"{"by":"alice"}"#))
@@ -300,14 +306,7 @@ async fn typed_send_and_checked_send_json() {
 /// name waited in the inbox for a wait that never came.
 #[tokio::test]
 async fn send_by_name_is_checked_against_the_declared_events() {
-    let runtime = Runtime::builder()
-        .register::<Gate, _>(Handler)
-        .build(loops::RedbStore::in_memory().unwrap());
-    runtime.start("g-2", Gate::Open { n: 1 }).await.unwrap();
-    runtime
-        .wait_for_status("g-2", RunStatus::Waiting)
-        .await
-        .unwrap();
+    let runtime = waiting_gate("g-2").await;
     let approval = Approval {
         by: "bob".into(),
         note: None,

@@ -121,14 +121,15 @@ pub fn approver_name() -> String {
     approver_of(|name| std::env::var(name).ok())
 }
 
-/// [`approver_name`], with the environment read through `var`: an unset or empty (or
-/// all-blank) variable names nobody.
+/// [`approver_name`], with the environment read through `var`: an unset variable, or one
+/// the approval gate would refuse ([`not_a_name`](crate::agent::not_a_name): blank, say),
+/// names nobody.
 fn approver_of(var: impl Fn(&str) -> Option<String>) -> String {
     ["USER", "USERNAME"]
         .into_iter()
         .filter_map(var)
         .map(|name| name.trim().to_owned())
-        .find(|name| !name.is_empty())
+        .find(|name| crate::agent::not_a_name(name).is_none())
         .unwrap_or_else(|| "operator".to_owned())
 }
 

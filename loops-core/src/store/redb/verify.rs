@@ -101,6 +101,16 @@ impl Overlay {
             answered: Arc::new(AtomicBool::new(false)),
         })
     }
+
+    /// The state, unless the check has answered: then the error every access gets.
+    fn state(&self) -> std::io::Result<std::sync::MutexGuard<'_, State>> {
+        if self.answered.load(Ordering::Acquire) {
+            return Err(std::io::Error::other(
+                "the verification has answered: the view is closed",
+            ));
+        }
+        Ok(self.state.lock().unwrap_or_else(PoisonError::into_inner))
+    }
 }
 
 impl State {
@@ -140,18 +150,6 @@ fn read_at(mut file: &File, offset: u64, out: &mut [u8]) -> std::io::Result<()> 
     use std::io::{Read as _, Seek as _, SeekFrom};
     file.seek(SeekFrom::Start(offset))?;
     file.read_exact(out)
-}
-
-impl Overlay {
-    /// The state, unless the check has answered: then the error every access gets.
-    fn state(&self) -> std::io::Result<std::sync::MutexGuard<'_, State>> {
-        if self.answered.load(Ordering::Acquire) {
-            return Err(std::io::Error::other(
-                "the verification has answered: the view is closed",
-            ));
-        }
-        Ok(self.state.lock().unwrap_or_else(PoisonError::into_inner))
-    }
 }
 
 fn out_of_range() -> std::io::Error {
