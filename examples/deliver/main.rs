@@ -420,8 +420,11 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
             )
             .open(&paths.store)
     })
-    .await
-    .map_err(|e| match e {
+    .await;
+    // Another process holds the store: the work directory is its too, made at the same
+    // moment as this one's, perhaps.
+    let locked = matches!(opened, Err(loops::Error::StoreLocked { .. }));
+    let opened = opened.map_err(|e| match e {
         loops::Error::SchemaMismatch { .. } => {
             anyhow::anyhow!("{e}. Run with --fresh to start over, or use another --run-id")
         }
@@ -432,7 +435,7 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
         Err(e) => {
             // A refused store (a directory, another program's file, a damaged one) leaves no
             // work directory made for it.
-            if let Some(made) = &made {
+            if let Some(made) = made.as_deref().filter(|_| !locked) {
                 paths.remove_new_workdir(made);
             }
             return Err(e);
