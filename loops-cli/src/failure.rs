@@ -15,6 +15,9 @@ pub struct Failure {
     pub code: u8,
     /// Whether it is damage found in the store file (see [`Failure::in_store`]).
     pub damage: bool,
+    /// Whether the store file is held by a running process (redb's lock), so that the same
+    /// command may get through once the process answers on its endpoint or ends.
+    pub held: bool,
 }
 
 /// What a command's failure is, for its exit code: the one place that maps kinds of failure
@@ -70,6 +73,7 @@ impl Failure {
             message: one_line(&message.into()),
             code: kind.code(),
             damage: false,
+            held: false,
         }
     }
 

@@ -14,6 +14,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use loops_core::control::{Client, ControlError, Endpoint, socket_path};
 use loops_core::{Error, Payloads, RedbStore, Runtime, StoreOptions};
@@ -155,21 +156,46 @@ pub fn tokio() -> Result<tokio::runtime::Runtime> {
         .map_err(|e| Failure::new(format!("cannot start the async runtime: {e}")))
 }
 
-fn file_operator(path: &Path, access: Access) -> Result<Box<dyn Operator>> {
+/// How long a command waits for a store file that a running process holds while no control
+/// endpoint answers next to it. A process that serves one holds the file a few milliseconds
+/// before its endpoint answers, and a few after it stops answering, as it starts and stops;
+/// a process that serves none holds it until it ends, and the command then fails.
+const HELD_PATIENCE: Duration = Duration::from_secs(1);
+
+/// How often a command looks again at a store file a running process holds.
+const HELD_POLL: Duration = Duration::from_millis(20);
+
+/// The operator of the store file at `path`: through the control endpoint of the process that
+/// holds it, if one answers (falling back to the file should the process stop answering:
+/// [`Remote`]), else on the file itself, opened as `access` allows. A file held by a
+/// process whose endpoint does not answer (yet, or any more) is tried again for up to
+/// [`HELD_PATIENCE`].
+pub fn file_operator(path: &Path, access: Access) -> Result<Box<dyn Operator>> {
     check_file(path)?;
-    let tokio = tokio()?;
     let label = path.display().to_string();
-    if let Some(client) = served(path, &tokio)? {
-        return Ok(Box::new(Remote::new(label, client, tokio)));
-    }
-    Ok(match access {
-        Access::Read => Box::new(Local::read_only(read_only(path)?, tokio)),
-        Access::Write => {
-            let (runtime, _) = writable(path)?;
-            let reached = "opened the store file for writing (no process holds it)".to_owned();
-            Box::new(Local::runtime(runtime, label, reached, tokio))
+    let deadline = Instant::now() + HELD_PATIENCE;
+    loop {
+        let tokio = tokio()?;
+        if let Some(client) = served(path, &tokio)? {
+            let fallback = (path.to_owned(), access);
+            return Ok(Box::new(Remote::new(label, client, tokio, Some(fallback))));
         }
-    })
+        let opened: Result<Box<dyn Operator>> = match access {
+            Access::Read => {
+                read_only(path).map(|store| Box::new(Local::read_only(store, tokio)) as _)
+            }
+            Access::Write => writable(path).map(|(runtime, _)| {
+                let reached = "opened the store file for writing (no process holds it)".to_owned();
+                Box::new(Local::runtime(runtime, label.clone(), reached, tokio)) as _
+            }),
+        };
+        match opened {
+            Err(failure) if failure.held && Instant::now() < deadline => {
+                std::thread::sleep(HELD_POLL);
+            }
+            opened => return opened,
+        }
+    }
 }
 
 /// The client of the control endpoint next to the store file at `path`, if a process
@@ -359,11 +385,26 @@ fn is_loops_store(path: &Path, store: &RedbStore) -> Result<()> {
 pub fn open_failure(path: &Path, e: Error) -> Failure {
     let damaged = e.is_store_damage();
     match e {
-        Error::StoreLocked { .. } => Failure::new(format!(
-            "store {} is in use by a running process that serves no control endpoint (none answers on {}; redb allows no reader beside the process): serve one in it (Runtime::serve_control_next_to_store), or stop it, then run this command again",
-            path.display(),
-            socket_path(path).display()
-        )),
+        Error::StoreLocked { .. } => {
+            let socket = socket_path(path);
+            let message = if std::fs::symlink_metadata(&socket).is_ok() {
+                format!(
+                    "store {} is in use by a running process, and nothing answers on the control endpoint {} (a socket an earlier process left, or one this process has not opened yet or has closed; redb allows no reader beside the process): run this command again once the process answers there, or has stopped",
+                    path.display(),
+                    socket.display()
+                )
+            } else {
+                format!(
+                    "store {} is in use by a running process that serves no control endpoint (none answers on {}; redb allows no reader beside the process): serve one in it (Runtime::serve_control_next_to_store), or stop it, then run this command again",
+                    path.display(),
+                    socket.display()
+                )
+            };
+            Failure {
+                held: true,
+                ..Failure::new(message)
+            }
+        }
         // The same words as for a panic of redb on a damaged file (see panics.rs), and what
         // may still be read before the file is replaced.
         Error::Open { cause: source, .. } if damaged => Failure::new(format!(

@@ -2207,16 +2207,15 @@ fn a_store_of_a_newer_format_is_refused_in_one_line() {
     }
 }
 
+/// A store file that a running process holds, with no control endpoint answering next to it,
+/// is refused in one line by every command, after the command waited a second for the
+/// process to answer or to end. The line says whether a socket is there that nothing answers
+/// on.
 #[test]
 fn a_store_held_by_a_running_process_is_refused_in_one_line() {
     let (_dir, path) = store();
     let rt = Runtime::open(&path).unwrap();
-    let want = format!(
-        "error: store {} is in use by a running process that serves no control endpoint (none answers on {}.sock; redb allows no reader beside the process): serve one in it (Runtime::serve_control_next_to_store), or stop it, then run this command again\n",
-        path.display(),
-        path.display()
-    );
-    for args in [
+    let commands = [
         &["runs"][..],
         &["show", "done-1"],
         &["history", "done-1", "--json"],
@@ -2225,11 +2224,63 @@ fn a_store_held_by_a_running_process_is_refused_in_one_line() {
         &["prune", "--keep-last", "0"],
         &["compact"],
         &["check"],
-    ] {
-        assert_eq!(fails(&path, args, 1), want, "loops {args:?}");
+    ];
+    // Each command waits a second before it fails: run them side by side.
+    let refusals = |commands: &[&[&str]]| -> Vec<String> {
+        std::thread::scope(|s| {
+            let started: Vec<_> = commands
+                .iter()
+                .map(|args| s.spawn(|| fails(&path, args, 1)))
+                .collect();
+            started.into_iter().map(|t| t.join().unwrap()).collect()
+        })
+    };
+    let want = format!(
+        "error: store {} is in use by a running process that serves no control endpoint (none answers on {}.sock; redb allows no reader beside the process): serve one in it (Runtime::serve_control_next_to_store), or stop it, then run this command again\n",
+        path.display(),
+        path.display()
+    );
+    for (args, got) in commands.iter().zip(refusals(&commands)) {
+        assert_eq!(got, want, "loops {args:?}");
+    }
+    // A socket that an earlier process left, with nothing behind it.
+    let socket = path.with_extension("redb.sock");
+    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+    let want = format!(
+        "error: store {} is in use by a running process, and nothing answers on the control endpoint {} (a socket an earlier process left, or one this process has not opened yet or has closed; redb allows no reader beside the process): run this command again once the process answers there, or has stopped\n",
+        path.display(),
+        socket.display()
+    );
+    for (args, got) in commands[..2].iter().zip(refusals(&commands[..2])) {
+        assert_eq!(got, want, "loops {args:?}");
     }
     drop(rt);
     text(&path, &["runs"]);
+}
+
+/// A command started while a process that serves no control endpoint still holds the store
+/// (as one does for a few milliseconds as it ends) waits for the file, then reads it.
+#[test]
+fn a_command_waits_for_a_process_that_ends_to_release_the_store() {
+    let (_dir, path) = store();
+    let rt = Runtime::open(&path).unwrap();
+    let command = std::process::Command::new(assert_cmd::cargo::cargo_bin("loops"))
+        .env("LOOPS_STORE", &path)
+        .args(["show", "done-1", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    drop(rt);
+    let out = command.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["run"]["run_id"], "done-1");
 }
 
 #[test]

@@ -7,31 +7,85 @@ use loops_core::{
 use loops_core::{FailureRecord, StepRecord, TransitionRecord};
 use serde_json::value::RawValue;
 
+use std::cell::OnceCell;
+use std::path::PathBuf;
+
 use super::{Operator, Taker, not_found};
 use crate::failure::{Failure, Kind, Result};
+use crate::open::{self, Access};
 
-/// The process's control endpoint: every operation is one request, and every write is made
-/// by the process's runtime.
+/// The process's control endpoint: every operation is one request (one connection), and
+/// every write is made by the process's runtime.
+///
+/// A process may stop between two operations of one command (its endpoint closes as it
+/// ends). An operation that then reaches no process was not received by one, so it is made
+/// on the store file instead (`fallback`: opened as [`open::file_operator`] does, which waits
+/// for the ending process to release the file), and so is every operation after it. An
+/// operation whose request reached the process and got no answer is not made again: its
+/// outcome is unknown, and the command fails.
 pub struct Remote {
     label: String,
     client: Client,
     tokio: tokio::runtime::Runtime,
+    /// The store file and the access the command needs, to go on with when the process no
+    /// longer answers.
+    fallback: Option<(PathBuf, Access)>,
+    /// The operator on the store file, once an operation fell back to it.
+    local: OnceCell<Box<dyn Operator>>,
 }
 
 impl Remote {
-    /// The operator for store `label` over `client`.
-    pub fn new(label: String, client: Client, tokio: tokio::runtime::Runtime) -> Remote {
+    /// The operator for store `label` over `client`; `fallback` is the store file and the
+    /// access the command needs, for when the process stops answering (`None`: fail then).
+    pub fn new(
+        label: String,
+        client: Client,
+        tokio: tokio::runtime::Runtime,
+        fallback: Option<(PathBuf, Access)>,
+    ) -> Remote {
         Remote {
             label,
             client,
             tokio,
+            fallback,
+            local: OnceCell::new(),
         }
     }
 
-    fn wait<T>(&self, future: impl Future<Output = Result<T, ControlError>>) -> Result<T> {
-        self.tokio
-            .block_on(future)
-            .map_err(|e| remote_failure(&self.label, e))
+    /// One operation: `remote`, through the endpoint, or `local`, on the store file once the
+    /// process no longer answers (see [`Remote`]).
+    fn call<'a, T, F>(
+        &'a self,
+        remote: impl FnOnce(&'a Client) -> F,
+        local: impl FnOnce(&dyn Operator) -> Result<T>,
+    ) -> Result<T>
+    where
+        F: Future<Output = Result<T, ControlError>>,
+    {
+        if let Some(operator) = self.local.get() {
+            return local(&**operator);
+        }
+        match self.tokio.block_on(remote(&self.client)) {
+            Err(ControlError::Unreachable { .. }) if self.fallback.is_some() => {
+                local(self.fallen_back()?)
+            }
+            answered => answered.map_err(|e| remote_failure(&self.label, e)),
+        }
+    }
+
+    /// The operator on the store file, opened at the first call.
+    fn fallen_back(&self) -> Result<&dyn Operator> {
+        if let Some(operator) = self.local.get() {
+            return Ok(&**operator);
+        }
+        let Some((path, access)) = &self.fallback else {
+            return Err(Failure::new(format!(
+                "store {}: the process that held it stopped answering",
+                self.label
+            )));
+        };
+        let operator = open::file_operator(path, *access)?;
+        Ok(&**self.local.get_or_init(|| operator))
     }
 }
 
@@ -56,111 +110,146 @@ impl Operator for Remote {
     }
 
     fn reached(&self) -> String {
-        format!(
+        let served = format!(
             "through the control endpoint {} of the process that holds the store (loops {})",
             self.client.endpoint(),
             self.client.server().loops_version
-        )
+        );
+        match self.local.get() {
+            Some(local) => format!(
+                "{served}, then, once it stopped answering, {}",
+                local.reached()
+            ),
+            None => served,
+        }
     }
 
     fn taker(&self) -> Taker {
-        Taker::Serving
+        self.local
+            .get()
+            .map_or(Taker::Serving, |local| local.taker())
     }
 
     fn list(&self, status: RunStatus, workflow: Option<&str>) -> Result<Vec<RunInfo>> {
-        self.wait(self.client.list(Some(status), workflow))
+        self.call(
+            |c| c.list(Some(status), workflow),
+            |l| l.list(status, workflow),
+        )
     }
 
     fn run(&self, run_id: &str) -> Result<Option<RunInfo>> {
-        self.wait(self.client.run_info(run_id))
+        self.call(|c| c.run_info(run_id), |l| l.run(run_id))
     }
 
     fn children(&self, run_id: &str) -> Result<Vec<RunInfo>> {
-        self.wait(self.client.children(run_id))
+        self.call(|c| c.children(run_id), |l| l.children(run_id))
     }
 
     fn attributes(&self, run_id: &str) -> Result<loops_core::Attributes> {
-        self.wait(self.client.attributes(run_id))
+        self.call(|c| c.attributes(run_id), |l| l.attributes(run_id))
     }
 
     fn search(
         &self,
         filter: &loops_core::RunFilter,
     ) -> Result<Vec<(RunInfo, loops_core::Attributes)>> {
-        self.wait(self.client.search(filter))
+        self.call(|c| c.search(filter), |l| l.search(filter))
     }
 
     fn latest(&self, run_id: &str) -> Result<Option<(RunInfo, TransitionRecord)>> {
-        self.wait(self.client.latest(run_id))
+        self.call(|c| c.latest(run_id), |l| l.latest(run_id))
     }
 
     fn history(&self, run_id: &str) -> Result<Vec<TransitionRecord>> {
-        self.wait(self.client.history(run_id))
+        self.call(|c| c.history(run_id), |l| l.history(run_id))
     }
 
     fn steps(&self, run_id: &str, seq: u64) -> Result<Vec<(String, u32, StepRecord)>> {
-        let steps = self.wait(self.client.steps(run_id, seq))?;
-        Ok(steps
-            .into_iter()
-            .map(|s| (s.name, s.occurrence, s.record))
-            .collect())
+        self.call(
+            |c| async move {
+                let steps = c.steps(run_id, seq).await?;
+                Ok(steps
+                    .into_iter()
+                    .map(|s| (s.name, s.occurrence, s.record))
+                    .collect())
+            },
+            |l| l.steps(run_id, seq),
+        )
     }
 
     fn all_steps(
         &self,
         run_id: &str,
-        _: &[TransitionRecord],
+        history: &[TransitionRecord],
     ) -> Result<Vec<(u64, String, u32, StepRecord)>> {
-        let steps = self.wait(self.client.all_steps(run_id))?;
-        Ok(steps
-            .into_iter()
-            .map(|s| (s.seq, s.name, s.occurrence, s.record))
-            .collect())
+        self.call(
+            |c| async move {
+                let steps = c.all_steps(run_id).await?;
+                Ok(steps
+                    .into_iter()
+                    .map(|s| (s.seq, s.name, s.occurrence, s.record))
+                    .collect())
+            },
+            |l| l.all_steps(run_id, history),
+        )
     }
 
     fn failures(&self, run_id: &str) -> Result<Vec<(u64, FailureRecord)>> {
-        let failures = self.wait(self.client.failures(run_id))?;
-        Ok(failures.into_iter().map(|f| (f.seq, f.record)).collect())
+        self.call(
+            |c| async move {
+                let failures = c.failures(run_id).await?;
+                Ok(failures.into_iter().map(|f| (f.seq, f.record)).collect())
+            },
+            |l| l.failures(run_id),
+        )
     }
 
     fn events(&self, run_id: &str) -> Result<Vec<(u64, EventRecord, bool)>> {
-        let events = self.wait(self.client.events(run_id))?;
-        Ok(events
-            .into_iter()
-            .map(|e| (e.event_seq, e.record, e.delivered))
-            .collect())
+        self.call(
+            |c| async move {
+                let events = c.events(run_id).await?;
+                Ok(events
+                    .into_iter()
+                    .map(|e| (e.event_seq, e.record, e.delivered))
+                    .collect())
+            },
+            |l| l.events(run_id),
+        )
     }
 
     fn schemas(&self) -> Result<Vec<(SchemaHash, String)>> {
-        self.wait(self.client.schemas())
+        self.call(|c| c.schemas(), |l| l.schemas())
     }
 
     fn schema(&self, hash: SchemaHash) -> Result<Option<String>> {
-        self.wait(self.client.schema(hash))
+        self.call(|c| c.schema(hash), |l| l.schema(hash))
     }
 
     fn sealing_keys(&self) -> Result<Vec<String>> {
-        self.wait(self.client.sealing_keys())
+        self.call(|c| c.sealing_keys(), |l| l.sealing_keys())
     }
 
     fn schedules(&self) -> Result<Vec<loops_core::ScheduleStatus>> {
-        self.wait(self.client.schedules())
+        self.call(|c| c.schedules(), |l| l.schedules())
     }
 
     fn pause_schedule(&self, name: &str, paused: bool) -> Result<loops_core::ScheduleStatus> {
-        self.wait(self.client.pause_schedule(name, paused))
+        self.call(
+            |c| c.pause_schedule(name, paused),
+            |l| l.pause_schedule(name, paused),
+        )
     }
 
     fn remove_schedule(&self, name: &str) -> Result<()> {
-        self.wait(self.client.remove_schedule(name))
+        self.call(|c| c.remove_schedule(name), |l| l.remove_schedule(name))
     }
 
     fn cancel(&self, run_id: &str, reason: &str) -> Result<RunInfo> {
-        self.wait(self.client.cancel(run_id, reason))
+        self.call(|c| c.cancel(run_id, reason), |l| l.cancel(run_id, reason))
     }
 
     fn retry(&self, run_id: &str) -> Result<RunInfo> {
-        self.wait(self.client.retry(run_id))
+        self.call(|c| c.retry(run_id), |l| l.retry(run_id))
     }
 
     fn send(
@@ -170,11 +259,16 @@ impl Operator for Remote {
         key: Option<&str>,
         payload: &RawValue,
     ) -> Result<Sent> {
-        let sent = self.wait(self.client.send(run_id, event, key, payload))?;
-        Ok(Sent {
-            event_seq: sent.event_seq,
-            duplicate: sent.duplicate,
-        })
+        self.call(
+            |c| async move {
+                let sent = c.send(run_id, event, key, payload).await?;
+                Ok(Sent {
+                    event_seq: sent.event_seq,
+                    duplicate: sent.duplicate,
+                })
+            },
+            |l| l.send(run_id, event, key, payload),
+        )
     }
 
     /// One request: the process selects and deletes (in its own batches); progress is told
@@ -193,23 +287,149 @@ impl Operator for Remote {
             keep_failed: policy.keep_failed,
             dry_run,
         };
-        let reply = self.wait(self.client.prune(&request))?;
-        if !dry_run {
-            progress(reply.runs, reply.runs);
-        }
-        Ok(Pruned {
-            runs: reply.runs,
-            records: reply.records,
-            run_ids: reply.run_ids,
-            kept_for_parents: reply.kept_for_parents,
-        })
+        let request = &request;
+        self.call(
+            |c| async move {
+                let reply = c.prune(request).await?;
+                if !dry_run {
+                    progress(reply.runs, reply.runs);
+                }
+                Ok(Pruned {
+                    runs: reply.runs,
+                    records: reply.records,
+                    run_ids: reply.run_ids,
+                    kept_for_parents: reply.kept_for_parents,
+                })
+            },
+            |l| l.prune(policy, dry_run, progress),
+        )
     }
 
     fn compact(&self) -> Result<Compacted> {
-        let reply = self.wait(self.client.compact())?;
-        Ok(Compacted {
-            bytes_before: reply.bytes_before,
-            bytes_after: reply.bytes_after,
-        })
+        self.call(
+            |c| async move {
+                let reply = c.compact().await?;
+                Ok(Compacted {
+                    bytes_before: reply.bytes_before,
+                    bytes_after: reply.bytes_after,
+                })
+            },
+            |l| l.compact(),
+        )
+    }
+
+    fn close(self: Box<Self>) {
+        let Remote { local, tokio, .. } = *self;
+        drop(tokio);
+        if let Some(local) = local.into_inner() {
+            local.close();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use loops_core::control::Endpoint;
+    use loops_core::{BoxError, Context, Runtime};
+    use serde::{Deserialize, Serialize};
+
+    use super::*;
+
+    #[derive(loops_derive::Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+    #[workflow(crate = loops_core)]
+    enum Job {
+        #[initial]
+        #[next(Done)]
+        Start,
+        #[terminal]
+        Done,
+    }
+
+    struct Worker;
+
+    impl JobHandler for Worker {
+        type Error = BoxError;
+
+        async fn start(&self, _: &Context) -> std::result::Result<StartNext, BoxError> {
+            Ok(StartNext::Done)
+        }
+    }
+
+    /// A process that stops between two operations of a command: the operation that finds
+    /// no process answering is made on the store file, and so is every one after it.
+    #[test]
+    fn an_operation_falls_back_to_the_file_once_the_process_stopped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.redb");
+        let process = tokio::runtime::Runtime::new().unwrap();
+        let (rt, server) = process.block_on(async {
+            let rt = Runtime::builder()
+                .register::<Job, _>(Worker)
+                .open(&path)
+                .unwrap();
+            rt.run("j1", Job::Start, &Worker).await.unwrap();
+            let server = rt.serve_control_next_to_store().await.unwrap();
+            (rt, server)
+        });
+        let tokio = open::tokio().unwrap();
+        let socket = loops_core::control::socket_path(&path);
+        let client = tokio
+            .block_on(Client::connect(Endpoint::Unix(socket)))
+            .unwrap();
+        let label = path.display().to_string();
+        let remote = Remote::new(label, client, tokio, Some((path.clone(), Access::Write)));
+        let served = remote.run("j1").unwrap().unwrap();
+        assert_eq!((served.state.as_str(), served.seq), ("Done", 1));
+        assert_eq!(remote.taker(), Taker::Serving);
+
+        process.block_on(async {
+            server.stop().await;
+            rt.shutdown().await;
+        });
+        drop(rt);
+        let read = remote.run("j1").unwrap().unwrap();
+        assert_eq!((read.state.as_str(), read.seq), ("Done", 1));
+        assert_eq!(remote.history("j1").unwrap().len(), 2);
+        assert_eq!(remote.taker(), Taker::NextStart);
+        assert!(
+            remote.reached().ends_with(
+                "then, once it stopped answering, opened the store file for writing (no process holds it)"
+            ),
+            "{}",
+            remote.reached()
+        );
+        Box::new(remote).close();
+    }
+
+    /// Without a store file to go on with, a process that stopped answering fails the
+    /// operation, in one line naming the endpoint.
+    #[test]
+    fn without_a_fallback_an_operation_fails_once_the_process_stopped() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.redb");
+        let process = tokio::runtime::Runtime::new().unwrap();
+        let (rt, server) = process.block_on(async {
+            let rt = Runtime::open(&path).unwrap();
+            let server = rt.serve_control_next_to_store().await.unwrap();
+            (rt, server)
+        });
+        let tokio = open::tokio().unwrap();
+        let socket = loops_core::control::socket_path(&path);
+        let client = tokio
+            .block_on(Client::connect(Endpoint::Unix(socket.clone())))
+            .unwrap();
+        let remote = Remote::new("s".to_owned(), client, tokio, None);
+        process.block_on(async {
+            server.stop().await;
+            rt.shutdown().await;
+        });
+        let failure = remote.run("j1").unwrap_err();
+        assert_eq!(
+            failure.message,
+            format!(
+                "store s: no process answers on control endpoint unix:{}: No such file or directory (os error 2)",
+                socket.display()
+            )
+        );
     }
 }
