@@ -4,9 +4,11 @@
 //! `--auto-approve` never approves a run that was left to a human.
 
 use std::io::Write as _;
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Result;
+use loops::control::{Client, ControlError, Endpoint, socket_path};
 use loops::{AttributeValue, RunStatus, Runtime, StartOptions};
 
 use crate::workflow::{APPROVAL_EVENT, Approval};
@@ -82,6 +84,54 @@ pub async fn send(runtime: &Runtime, run_id: &str, approve: bool, by: &str) {
         }
     }
     std::future::pending::<()>().await;
+}
+
+/// `--approve` while another `deliver --serve` holds the store: the approval goes through
+/// that process's control endpoint (the socket next to `store`), which hands it to the run at
+/// once, and this command ends there. The approval carries the idempotency key the
+/// in-process one does, so that it is taken once however often it is sent. Returns what to
+/// say, or `None` when no process answers on the endpoint (this command then opens the
+/// store itself, as usual).
+///
+/// # Errors
+/// The process refuses the approval (no such run, or an ended one), or what answers on the
+/// socket is not a loops control endpoint of this version.
+pub async fn through_the_serving_process(store: &Path, run_id: &str) -> Result<Option<String>> {
+    let socket = socket_path(store);
+    if std::fs::symlink_metadata(&socket).is_err() {
+        return Ok(None);
+    }
+    let client = match Client::connect(Endpoint::Unix(socket.clone())).await {
+        Ok(client) => client,
+        // A socket left by a process that is gone.
+        Err(ControlError::Unreachable { .. }) => return Ok(None),
+        Err(e) => return Err(anyhow::Error::new(e).context("--approve")),
+    };
+    let by = approver_name();
+    let payload = serde_json::value::to_raw_value(&Approval { by: by.clone() })?;
+    let sent = client
+        .send(run_id, APPROVAL_EVENT.name(), Some("approval"), &payload)
+        .await
+        .map_err(|e| {
+            anyhow::Error::new(e).context(format!(
+                "--approve: the process serving {} did not take the approval",
+                store.display()
+            ))
+        })?;
+    Ok(Some(if sent.duplicate {
+        format!(
+            "run {run_id} was sent an approval already (event {}); the `deliver` serving {} \
+             takes it, once",
+            sent.event_seq,
+            store.display()
+        )
+    } else {
+        format!(
+            "approved run {run_id} as {by}, through the control endpoint {} of the `deliver` \
+             serving the store: it hands the approval to the run now, and ends when the run does",
+            socket.display()
+        )
+    }))
 }
 
 /// Whether the run is parked at the approval gate.

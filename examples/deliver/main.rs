@@ -144,7 +144,9 @@ struct Cli {
     )]
     auto_approve: Option<bool>,
 
-    /// Approve the run's pull request (as $USER, or `operator`) and go on
+    /// Approve the run's pull request (as $USER, or `operator`) and go on; while another
+    /// `deliver --serve` holds the store, through that process's control endpoint (it then
+    /// finishes the run, and this command ends at once)
     #[arg(long, conflicts_with = "auto_approve")]
     approve: bool,
 
@@ -276,6 +278,15 @@ async fn run(cli: Cli) -> Result<Ended> {
     let model = cli.model.choose()?;
     if cli.dry_run {
         return dry_run(&cli).await.map(|()| Ended::Done);
+    }
+    if cli.approve {
+        // Another `deliver --serve` holds the store: it takes the approval instead.
+        let store = cli.store.clone();
+        let store = store.unwrap_or_else(|| cli.workdir.join("deliver.redb"));
+        if let Some(said) = approval::through_the_serving_process(&store, &cli.run_id).await? {
+            say!("{said}");
+            return Ok(Ended::Done);
+        }
     }
     let interrupt = Interrupt::listen();
     let (paths, runtime) = tokio::select! {

@@ -195,17 +195,31 @@ fn the_cli_sees_steers_and_inspects_a_run_of_the_example() {
     assert!(checked.status.success(), "{}", describe(&checked));
 }
 
-/// `deliver --auto-approve=false --serve`: the process keeps serving while its run waits at
-/// the approval gate; `loops runs`, `show` and `send` reach it through its control endpoint
-/// (the file is the process's), and the run finishes in that process.
-#[test]
-fn the_cli_approves_a_run_while_the_example_serves_it() {
+/// A process of the example that is killed if the test ends before it (a failed assertion),
+/// so that it does not serve on for ever.
+struct Serving(std::process::Child);
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// The example started with `--auto-approve=false --serve` in `workdir`, once its run waits
+/// at the approval gate: the process, the rest of its stdout, and what it said until then.
+fn serving_at_the_gate(
+    workdir: &std::path::Path,
+) -> (
+    Serving,
+    std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+    Vec<String>,
+) {
     use std::io::{BufRead as _, BufReader};
     use std::process::Stdio;
 
-    let dir = tempfile::tempdir().expect("temp dir");
-    let workdir = &dir.path().join("work");
-    let store = workdir.join("deliver.redb");
     let mut child = deliver_in(workdir)
         .args(["--auto-approve=false", "--serve"])
         .stdout(Stdio::piped())
@@ -226,9 +240,20 @@ fn the_cli_approves_a_run_while_the_example_serves_it() {
         let waits = line.contains("waiting for approval, and serving");
         said.push(line);
         if waits {
-            break;
+            return (Serving(child), lines, said);
         }
     }
+}
+
+/// `deliver --auto-approve=false --serve`: the process keeps serving while its run waits at
+/// the approval gate; `loops runs`, `show` and `send` reach it through its control endpoint
+/// (the file is the process's), and the run finishes in that process.
+#[test]
+fn the_cli_approves_a_run_while_the_example_serves_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let workdir = &dir.path().join("work");
+    let store = workdir.join("deliver.redb");
+    let (mut child, lines, said) = serving_at_the_gate(workdir);
     assert!(
         said.iter().any(|l| l.ends_with(
             "deliver.redb.sock (`loops --store <STORE>` reaches this process through it)"
@@ -272,7 +297,7 @@ fn the_cli_approves_a_run_while_the_example_serves_it() {
 
     // The process takes the approval and finishes the run, then exits.
     let rest: Vec<String> = lines.map(|l| l.expect("a line")).collect();
-    let status = child.wait().expect("the example ends");
+    let status = child.0.wait().expect("the example ends");
     assert!(status.success(), "{said:?} {rest:?}");
     assert!(
         rest.iter().any(|l| l.starts_with("pull request: ")),
@@ -292,4 +317,48 @@ fn the_cli_approves_a_run_while_the_example_serves_it() {
         .expect("the approval");
     assert_eq!(approval["payload"], serde_json::json!({"by": "alice"}));
     assert_eq!(approval["delivered"], true);
+}
+
+/// `deliver --approve` while another `deliver --serve` holds the store and waits at the gate:
+/// the approval goes through the serving process's control endpoint, which finishes the run.
+#[test]
+fn deliver_approve_goes_through_the_example_that_serves_the_store() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let workdir = &dir.path().join("work");
+    let store = workdir.join("deliver.redb");
+    let (mut child, lines, said) = serving_at_the_gate(workdir);
+
+    let approved = deliver_in(workdir)
+        .arg("--approve")
+        .env("USER", "carol")
+        .output()
+        .expect("run deliver --approve");
+    assert!(approved.status.success(), "{}", describe(&approved));
+    assert_eq!(
+        String::from_utf8_lossy(&approved.stdout),
+        format!(
+            "approved run deliver-1 as carol, through the control endpoint {}.sock of the `deliver` serving the store: it hands the approval to the run now, and ends when the run does\n",
+            store.display()
+        )
+    );
+
+    let rest: Vec<String> = lines.map(|l| l.expect("a line")).collect();
+    let status = child.0.wait().expect("the example ends");
+    assert!(status.success(), "{said:?} {rest:?}");
+    assert!(
+        rest.iter().any(|l| l.starts_with("pull request: ")),
+        "{rest:?}"
+    );
+    let done = loops_json(&store, &["show", "deliver-1", "--json"]);
+    assert_eq!(done["run"]["status"], "completed");
+    let history = loops_json(&store, &["history", "deliver-1", "--json"]);
+    let approvals: Vec<&Value> = history["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter(|e| e["name"] == "approve")
+        .collect();
+    assert_eq!(approvals.len(), 1, "{history}");
+    assert_eq!(approvals[0]["payload"], serde_json::json!({"by": "carol"}));
+    assert_eq!(approvals[0]["delivered"], true);
 }
