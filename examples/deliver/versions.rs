@@ -302,11 +302,22 @@ pub async fn report_start(runtime: &Runtime, run_id: &str, release: Release) -> 
             );
         }
         RunStatus::Running => {
-            // An attempt begins when its state is entered; one that left no failure was cut
-            // short by the process stopping, cleanly (a test's stop hook, Ctrl-C) or not.
+            // An attempt begins when its state is entered; one that left no failure record
+            // was cut short by the process stopping, cleanly (a test's stop hook, Ctrl-C) or
+            // not. The row's error may be an earlier attempt's (the last one to fail), so the
+            // current attempt's own records decide.
+            let seq = info.state_seq();
+            let failed = runtime
+                .store()
+                .failures(run_id)
+                .await?
+                .iter()
+                .any(|(s, f)| *s == seq && f.attempt == info.attempt);
             let last_attempt = match &info.error {
-                Some(errors) => format!("attempt {} failed: {}", info.attempt, errors.join(": ")),
-                None => loops::interrupted_attempt(info.attempt),
+                Some(errors) if failed => {
+                    format!("attempt {} failed: {}", info.attempt, errors.join(": "))
+                }
+                _ => loops::interrupted_attempt(info.attempt),
             };
             let skipped = if done.is_empty() {
                 "nothing".to_owned()

@@ -747,6 +747,26 @@ fn fresh_while_another_runs_is_refused_and_deletes_nothing() {
     check(&workdir, reference, "after the refused --fresh");
 }
 
+/// A run killed twice in the same state says, when it resumes, that its second attempt did
+/// not finish, as it said of the first (not that it "failed" with the first one's error).
+#[test]
+fn a_run_killed_twice_in_one_state_says_its_second_attempt_did_not_finish() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let workdir = dir.path().join("work");
+    for _ in 0..2 {
+        let mut child = start_held(deliver(&workdir), 2);
+        child.kill().expect("SIGKILL the example");
+        child.wait().expect("reap the example");
+    }
+    let stdout = run_to_completion(&workdir, "after two kills at seq 2");
+    assert!(
+        stdout.contains(
+            "(seq 2; attempt 2 did not finish: the process stopped while this attempt ran)"
+        ),
+        "{stdout}"
+    );
+}
+
 /// A run on a repository of the user's (`--repo`) killed after a transition (before its first
 /// commit, and after it) resumes to one pull request with each commit made once, whatever
 /// the user did to the checkout meanwhile (here: HEAD detached, as earlier versions of this
