@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 use loops::{Context, StepOptions, StepOutput};
+use unicode_properties::{GeneralCategory, UnicodeGeneralCategory as _};
 
 use crate::forge::{Forge, NewPullRequest, Opened};
 use crate::git::{Committed, Git};
@@ -497,17 +498,18 @@ fn files_of(change: &Change) -> String {
 }
 
 /// Why `by`, an approval's approver, is not a name to print and put in a pull request, if it
-/// is not: blank (white space or invisible characters only), holding control characters
-/// (a terminal's escape sequences, new lines that would write the pull request's text), or
-/// over 100 characters.
+/// is not: blank (white space or format characters only), holding control characters (a
+/// terminal's escape sequences, new lines that would write the pull request's text), holding
+/// format characters (Unicode general category Cf: zero-width and bidirectional controls such
+/// as U+202E, which reverses the text after it, soft hyphens, joiners), or over 100 characters.
 pub fn not_a_name(by: &str) -> Option<&'static str> {
-    let invisible = |c: char| {
-        c.is_whitespace() || matches!(c, '\u{200B}'..='\u{200F}' | '\u{2060}' | '\u{FEFF}')
-    };
-    if by.chars().all(invisible) {
+    let format = |c: char| c.general_category() == GeneralCategory::Format;
+    if by.chars().all(|c| c.is_whitespace() || format(c)) {
         Some("names no one (\"by\" is blank)")
     } else if by.chars().any(char::is_control) {
         Some("holds control characters in \"by\"")
+    } else if by.chars().any(format) {
+        Some("holds invisible or bidirectional formatting characters in \"by\"")
     } else if by.chars().count() > 100 {
         Some("has a \"by\" over 100 characters")
     } else {
@@ -530,10 +532,22 @@ mod tests {
         for by in ["alice", "Zoë O'Brien", "ops-bot (deploy)", &"x".repeat(100)] {
             assert_eq!(not_a_name(by), None, "{by:?}");
         }
+        let (blank, format) = (
+            "names no one (\"by\" is blank)",
+            "holds invisible or bidirectional formatting characters in \"by\"",
+        );
         for (by, why) in [
-            ("", "names no one (\"by\" is blank)"),
-            (" \t ", "names no one (\"by\" is blank)"),
-            ("\u{200B}", "names no one (\"by\" is blank)"),
+            ("", blank),
+            (" \t ", blank),
+            ("\u{200B}", blank),
+            ("\u{202E}", blank),
+            ("\u{2066}", blank),
+            ("\u{00AD}", blank),
+            ("\u{2066} \u{00AD}\u{202E}", blank),
+            ("alice\u{202E}ecila", format),
+            ("\u{2066}alice\u{2069}", format),
+            ("al\u{00AD}ice", format),
+            ("al\u{200B}ice", format),
             (
                 "\u{1b}[31mRED\u{1b}[0m",
                 "holds control characters in \"by\"",
