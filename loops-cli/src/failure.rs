@@ -191,11 +191,13 @@ pub fn utf8_arg(what: &str, arg: &OsStr) -> Result<String> {
     })
 }
 
-/// The RUN argument as a run id: UTF-8, and valid as loops-core's rules say (not empty, not
-/// too long, no control characters, no white space at either end), or a usage failure (exit
-/// code 2) saying which rule it breaks, for every subcommand alike.
+/// The RUN argument as a run id: UTF-8, and valid as loops-core's rules for finding a run say
+/// (`validate_run_id_lookup`: not empty, not too long, no control characters, no white space
+/// at either end), or a usage failure (exit code 2) saying which rule it breaks, for every
+/// subcommand alike. Every command names a stored run: a run stored before loops refused
+/// bidirectional controls in new ids is still reached.
 pub fn run_id_arg(arg: &OsStr) -> Result<String> {
     let run_id = utf8_arg("run id", arg)?;
-    loops_core::validate_run_id(&run_id).map_err(|e| Failure::usage(e.chain()))?;
+    loops_core::validate_run_id_lookup(&run_id).map_err(|e| Failure::usage(e.chain()))?;
     Ok(run_id)
 }

@@ -105,7 +105,8 @@ pub enum Error {
         cause: Arc<dyn std::error::Error + Send + Sync + 'static>,
     },
 
-    /// The run id is empty, too long or contains control characters.
+    /// The run id is empty, too long, contains control characters or white space at an end, or
+    /// (a new run's) bidirectional controls or only invisible characters.
     #[error("invalid run id {}: {reason}", shown_id(run_id))]
     InvalidRunId {
         /// The rejected id (escaped when printed).

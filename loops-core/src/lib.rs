@@ -57,7 +57,10 @@ pub use migrate::{
     Chain, Migrate, Migrated, Migration, MigrationError, MigrationFailure, SameWorkflow,
     StoredVersion, Versioned,
 };
-pub use names::{CHILD_ENDED, MAX_NAME_BYTES, MAX_RUN_ID_BYTES, RESERVED_PREFIX, validate_run_id};
+pub use names::{
+    CHILD_ENDED, MAX_NAME_BYTES, MAX_RUN_ID_BYTES, RESERVED_PREFIX, validate_run_id,
+    validate_run_id_lookup,
+};
 pub use panics::silence_caught_redb_panics;
 pub use record::{
     FailureRecord, FailureSource, MigratedFrom, StepRecord, Transition, TransitionRecord, now_ms,

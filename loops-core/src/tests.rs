@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use crate::*;
 
 mod parked;
+mod run_ids;
 
 #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
 #[workflow(crate = crate)]

@@ -5,7 +5,7 @@ use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::event::EventName;
-use crate::names::{RESERVED_PREFIX, validate_name, validate_run_id};
+use crate::names::{RESERVED_PREFIX, validate_name, validate_run_id_lookup};
 use crate::row::RunInfo;
 use crate::runtime::handle::Runtime;
 use crate::schema::{DeclaredEvents, EventRefusal};
@@ -154,7 +154,7 @@ impl Runtime {
         payload: &T,
         check: bool,
     ) -> Result<Sent> {
-        validate_run_id(run_id)?;
+        validate_run_id_lookup(run_id)?;
         let names =
             std::iter::once(("event name", event)).chain(key.map(|k| ("idempotency key", k)));
         for (what, name) in names {
@@ -248,7 +248,7 @@ impl Runtime {
     /// [`Error::RunNotFound`](crate::Error::RunNotFound); [`Error::RunEnded`](crate::Error::RunEnded) if the run has ended already;
     /// [`Error::Storage`](crate::Error::Storage) if the request could not be committed.
     pub async fn cancel(&self, run_id: &str, reason: &str) -> Result<RunInfo> {
-        validate_run_id(run_id)?;
+        validate_run_id_lookup(run_id)?;
         if reason.trim().is_empty() {
             // Kept with the run to tell people why it ended: an empty one tells nothing.
             return Err(Error::InvalidName {
@@ -328,7 +328,7 @@ impl Runtime {
     /// [`Error::RunNotFound`](crate::Error::RunNotFound); [`Error::NotFailed`](crate::Error::NotFailed) if the run is not failed;
     /// [`Error::Storage`](crate::Error::Storage) if the change could not be committed.
     pub async fn retry(&self, run_id: &str) -> Result<RunInfo> {
-        validate_run_id(run_id)?;
+        validate_run_id_lookup(run_id)?;
         let info = self
             .store()
             .write(

@@ -9,7 +9,7 @@ use tracing::Instrument;
 
 use crate::attribute::AttributeValue;
 use crate::error::{Error, Result};
-use crate::names::validate_run_id;
+use crate::names::validate_run_id_lookup;
 use crate::record::TransitionRecord;
 use crate::route::{KnownVersion, Route};
 use crate::row::RunInfo;
@@ -129,7 +129,7 @@ impl Runtime {
     /// and use [`start`](Self::start).
     ///
     /// # Errors
-    /// - [`Error::InvalidRunId`](crate::Error::InvalidRunId); [`Error::RunActive`](crate::Error::RunActive) if this runtime drives the run already (another `run` of the same id in flight, or a background driver): wait for its end with [`wait`](Self::wait) instead;
+    /// - [`Error::InvalidRunId`](crate::Error::InvalidRunId) (an existing run is found by an id that [`validate_run_id_lookup`](crate::validate_run_id_lookup) takes; a new run's id must pass [`validate_run_id`](crate::validate_run_id)); [`Error::RunActive`](crate::Error::RunActive) if this runtime drives the run already (another `run` of the same id in flight, or a background driver): wait for its end with [`wait`](Self::wait) instead;
     /// - [`Error::WorkflowMismatch`](crate::Error::WorkflowMismatch) if the run is of another workflow;
     /// - [`Error::SchemaMismatch`](crate::Error::SchemaMismatch) if it was recorded with another schema that `W` neither
     ///   accepts nor has a registered migration from (a failing migration included): the
@@ -168,7 +168,7 @@ impl Runtime {
         W: Dispatch<H>,
         H: ?Sized + Sync,
     {
-        validate_run_id(run_id)?;
+        validate_run_id_lookup(run_id)?;
         let registrations = self.registry(Registry::generation);
         let claim = self.claim(run_id).await?;
         let span = tracing::info_span!("run", run_id, workflow = W::NAME);
@@ -247,7 +247,7 @@ impl Runtime {
         initial: W,
         options: StartOptions,
     ) -> Result<RunInfo> {
-        validate_run_id(run_id)?;
+        validate_run_id_lookup(run_id)?;
         let compiled = W::SCHEMA_HASH.pinned();
         if self.registry(|r| r.driver(W::NAME, compiled)).is_none() {
             return Err(Error::NotRegistered {

@@ -10,7 +10,7 @@ use serde_json::value::RawValue;
 
 use crate::attribute::AttributeValue;
 use crate::error::{Error, RecordKind, Result};
-use crate::names::{CHILD_ENDED, RESERVED_PREFIX, validate_run_id};
+use crate::names::{CHILD_ENDED, RESERVED_PREFIX, validate_run_id, validate_run_id_lookup};
 use crate::record::TransitionRecord;
 use crate::row::{OnParentCancel, ParentLink, RunInfo};
 use crate::run::context::Context;
@@ -210,13 +210,16 @@ impl Context {
         initial: W,
         options: ChildOptions,
     ) -> Result<ChildRun<W>> {
-        validate_run_id(child_id)?;
+        // A start recorded before `validate_run_id` refused more replays: the rules of a
+        // lookup here, those of a new run before the child is created.
+        validate_run_id_lookup(child_id)?;
         let name = start_step(child_id);
         let (occurrence, recorded) = self.next_occurrence(&name);
         if recorded.is_some() {
             self.look_after_child(W::NAME, child_id);
             return Ok(ChildRun::new(child_id));
         }
+        validate_run_id(child_id)?;
         if occurrence > 0 {
             // A second start of the same id in this state: a bug of the handler (two
             // children meant, one id), not the re-execution that attaching is for.

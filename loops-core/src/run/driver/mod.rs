@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use tracing::Instrument;
 
 use crate::error::{Error, Result};
+use crate::names::validate_run_id;
 use crate::record::TransitionRecord;
 use crate::row::RunInfo;
 use crate::run::attempts::failed_attempts;
@@ -178,12 +179,15 @@ impl Drive<'_> {
     }
 
     /// Creates the run in `initial`, which must be `W`'s initial state, with `attributes`.
+    /// Its id must pass [`validate_run_id`], the rules for a new run (callers checked the
+    /// ones of a lookup only: an existing run is found by its id).
     pub(crate) async fn create<W: Workflow>(
         &self,
         initial: W,
         attributes: Vec<(String, crate::attribute::AttributeValue)>,
     ) -> Result<Entered> {
         let run_id = self.run_id();
+        validate_run_id(run_id)?;
         let store = &**self.store;
         let given = initial.state();
         if given != <W::State as StateId>::INITIAL {
