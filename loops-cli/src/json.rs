@@ -8,6 +8,7 @@ use std::fmt;
 
 use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
+use serde_json::value::RawValue;
 
 /// A JSON value whose objects keep their keys in the order written.
 #[derive(Debug, Clone, PartialEq)]
@@ -126,6 +127,20 @@ pub fn preview(raw: &str, max: usize) -> String {
         cut.push('…');
         cut
     }
+}
+
+/// A payload given as JSON text (`loops send`, the UI's send form), kept as written, once it
+/// reads as a value too: the parse of a `RawValue` checks the syntax only and takes a
+/// string's lone surrogate escape (`"\ud800"`, no character), which no payload type reads and
+/// the run's check would refuse only after the store was reached.
+///
+/// # Errors
+/// serde_json's error, with its line and column (`unexpected end of hex escape at line 1
+/// column 14`).
+pub fn payload(text: &str) -> serde_json::Result<Box<RawValue>> {
+    let payload: Box<RawValue> = serde_json::from_str(text)?;
+    serde_json::from_str::<serde_json::Value>(text)?;
+    Ok(payload)
 }
 
 #[cfg(test)]

@@ -2062,6 +2062,25 @@ fn send_refuses_invalid_json_and_writes_nothing() {
         err.starts_with("error: --json is not valid JSON: EOF"),
         "{err}"
     );
+    // Valid syntax, but a lone surrogate escape is no character: refused before the store is
+    // opened, as not JSON, in one line.
+    for (payload, problem) in [
+        (
+            r#"{"by":"\ud800"}"#,
+            "unexpected end of hex escape at line 1 column 14",
+        ),
+        (
+            r#"{"by":"\udc00x"}"#,
+            "lone leading surrogate in hex escape at line 1 column 13",
+        ),
+    ] {
+        let err = fails(
+            &path,
+            &["send", "waiting-1", "approval", "--json", payload],
+            2,
+        );
+        assert_eq!(err, format!("error: --json is not valid JSON: {problem}\n"));
+    }
     assert_eq!(
         std::fs::read(&path).unwrap(),
         before,

@@ -602,6 +602,26 @@ fn writes_need_the_token_and_the_page_s_origin_and_pages_answer_only_their_host(
     );
     assert_eq!(status, 400, "{body}");
     assert!(body.contains("the payload is not valid JSON"), "{body}");
+    // Valid syntax, but a lone surrogate escape: refused the same way.
+    let lone = form(&[
+        ("token", &token),
+        ("event", "approve"),
+        ("payload", r#"{"by":"\ud800"}"#),
+    ]);
+    let (status, body) = request(
+        addr,
+        "POST /runs/approve-1/send",
+        &[host.clone(), origin.clone()],
+        &lone,
+    );
+    assert_eq!(status, 400, "{body}");
+    // Before the store is reached: the message is the form's, not the run's refusal.
+    assert!(
+        body.contains(
+            r#"<p class="problem" role="alert">the payload is not valid JSON: unexpected end of hex escape at line 1 column 14</p>"#
+        ),
+        "{body}"
+    );
 
     tokio.block_on(async {
         let rt = &held.rt;

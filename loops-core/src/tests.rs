@@ -13,6 +13,7 @@ use crate::*;
 
 mod parked;
 mod run_ids;
+mod send_json;
 
 #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
 #[workflow(crate = crate)]

@@ -4,7 +4,6 @@ use std::io::Read as _;
 
 use loops_core::{RunInfo, RunStatus};
 use serde::Serialize;
-use serde_json::value::RawValue;
 
 use crate::cli::{CancelArgs, DEFAULT_CANCEL_REASON, OutputArg, RetryArgs, SendArgs};
 use crate::failure::{Failure, Result, run_id_arg, utf8_arg};
@@ -101,7 +100,7 @@ pub fn send(target: &Target, args: &SendArgs) -> Result<()> {
         .transpose()?;
     // Read and checked before the store is opened: a bad payload writes nothing.
     let (from, text) = payload_text(args)?;
-    let payload: Box<RawValue> = serde_json::from_str(&text)
+    let payload = crate::json::payload(&text)
         .map_err(|e| Failure::usage(format!("{from} is not valid JSON: {e}")))?;
     drop(text);
     let store = open::operator(target, Access::Write)?;

@@ -6,7 +6,6 @@ use axum::http::{StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use loops_core::{RunInfo, RunStatus, now_ms};
 use serde::Deserialize;
-use serde_json::value::RawValue;
 use std::sync::Arc;
 
 use super::pages;
@@ -163,7 +162,7 @@ pub async fn send(
         return stale_token(&ui);
     }
     // Checked before the store is reached: a bad payload writes nothing.
-    let payload: Box<RawValue> = match serde_json::from_str(&form.payload) {
+    let payload = match crate::json::payload(&form.payload) {
         Ok(payload) => payload,
         Err(e) => {
             let failure = Failure::usage(format!("the payload is not valid JSON: {e}"));

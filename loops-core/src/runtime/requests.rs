@@ -26,16 +26,16 @@ pub struct Sent {
 /// `info`: the one check of [`Runtime::send_json`], for a sender that must check before it
 /// seals the payload (the `loops` CLI with a key file). A sealed payload (the codec's
 /// envelope) has its name checked only: its shape was checked by whoever sealed it, who holds
-/// the key. A workflow that declares no events takes any name and payload.
+/// the key. A workflow that declares no events takes any name and any payload that is JSON
+/// a type can read.
 ///
 /// # Errors
 /// [`Error::EventRefused`] naming the run, its state and seq, for a name the workflow does
-/// not declare, a payload that is not JSON, or one that cannot be the declared type.
+/// not declare, a payload that is not JSON a type can read ([`EventRefusal::NotJson`]: a
+/// lone surrogate escape, a number out of range; whether or not the workflow declares
+/// events), or one that cannot be the declared type.
 pub fn check_event(info: &RunInfo, description: &str, event: &str, payload: &str) -> Result<()> {
     let declared = DeclaredEvents::from_description(description);
-    if declared.is_empty() {
-        return Ok(());
-    }
     let refused = |refusal| Error::EventRefused {
         run_id: info.run_id.clone(),
         state: info.state.clone(),
@@ -44,18 +44,18 @@ pub fn check_event(info: &RunInfo, description: &str, event: &str, payload: &str
         refusal: Box::new(refusal),
     };
     if crate::codec::parse_envelope(payload).is_some() {
-        if declared.get(event).is_some() {
+        if declared.is_empty() || declared.get(event).is_some() {
             return Ok(());
         }
         return declared
             .check(description, event, &serde_json::Value::Null)
             .map_err(refused);
     }
+    // Parsed as a value: the payload came as a `RawValue`, whose parse checks the syntax
+    // only and takes a string's lone surrogate escape, which no payload type reads.
     let value: serde_json::Value = serde_json::from_str(payload).map_err(|e| {
-        refused(EventRefusal::Payload {
-            event: event.to_owned(),
-            shape: String::new(),
-            problem: format!("not JSON: {e}"),
+        refused(EventRefusal::NotJson {
+            problem: e.to_string(),
         })
     })?;
     declared.check(description, event, &value).map_err(refused)
@@ -124,15 +124,17 @@ impl Runtime {
     /// [`send_with_key`](Self::send_with_key)), after checking them against the events the
     /// run's workflow declares (`#[event(name: Type)]`), read from the run's stored schema
     /// description ([`DeclaredEvents`](crate::DeclaredEvents)). A workflow that declares no
-    /// events takes any name and payload. The payload check refuses what serde's derive
-    /// would refuse for sure (a missing field, a value of the wrong kind, an unknown
-    /// variant); a field the declared type does not have is not refused (serde ignores it
-    /// when the run reads the payload; with `#[serde(deny_unknown_fields)]` on the type, the
-    /// wait that takes the event sets it aside).
+    /// events takes any name and any payload that is JSON a type can read (not a lone
+    /// surrogate escape, `"\ud800"`, which a `RawValue` takes). The payload check refuses
+    /// what serde's derive would refuse for sure (a missing field, a value of the wrong
+    /// kind, an unknown variant); a field the declared type does not have is not refused
+    /// (serde ignores it when the run reads the payload; with `#[serde(deny_unknown_fields)]`
+    /// on the type, the wait that takes the event sets it aside).
     ///
     /// # Errors
     /// [`Error::EventRefused`](crate::Error::EventRefused) (nothing written) for a name the
-    /// workflow does not declare, or a payload that cannot be the declared type;
+    /// workflow does not declare, a payload that is not JSON a type can read, or one that
+    /// cannot be the declared type ([`check_event`]);
     /// [`Error::RunNotFound`](crate::Error::RunNotFound); otherwise as [`send`](Self::send).
     pub async fn send_json(
         &self,

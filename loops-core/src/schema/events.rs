@@ -62,6 +62,15 @@ pub enum EventRefusal {
         /// What does not match, with its path in the payload (`field `by` is missing`).
         problem: String,
     },
+    /// The payload is not JSON that a payload type can read: a text whose syntax a
+    /// [`RawValue`](serde_json::value::RawValue) takes can still hold a lone surrogate
+    /// escape (`"\ud800"`, no character) or a number out of range, which no type reads.
+    #[error("the payload is not valid JSON: {problem}")]
+    NotJson {
+        /// serde_json's error, with its line and column
+        /// (`lone leading surrogate in hex escape at line 1 column 13`).
+        problem: String,
+    },
 }
 
 impl DeclaredEvents {

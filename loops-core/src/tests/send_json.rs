@@ -1,0 +1,110 @@
+//! `Runtime::send_json`'s check of a payload that came as a `RawValue`: its parse checks the
+//! syntax only, so a string's lone surrogate escape gets this far, and is refused as not
+//! JSON (never as a mismatch with an empty shape), whether or not the workflow declares
+//! events.
+
+use loops_derive::{Schema, Workflow};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use super::{Job, temp_store};
+use crate::*;
+
+/// Waits for an approval, and ends with its approver.
+#[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(name = "gate", crate = crate)]
+#[event(approve: Approval)]
+enum Gate {
+    #[initial]
+    #[next(Done)]
+    Ask,
+    #[terminal]
+    Done { by: String },
+}
+
+struct Approver;
+
+impl GateHandler for Approver {
+    type Error = Error;
+    async fn ask(&self, ctx: &Context) -> Result<AskNext> {
+        let approval = ctx.wait_for(Gate::APPROVE).await?;
+        Ok(AskNext::Done { by: approval.by })
+    }
+}
+
+#[derive(Schema, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[schema(crate = crate)]
+struct Approval {
+    by: String,
+}
+
+fn raw(text: &str) -> Box<RawValue> {
+    serde_json::from_str(text).unwrap()
+}
+
+#[tokio::test]
+async fn a_lone_surrogate_is_refused_as_not_json_whether_or_not_events_are_declared() {
+    let (_dir, path) = temp_store();
+    let rt = Runtime::open(&path).unwrap();
+    let store = rt.redb().unwrap();
+    store
+        .__seed_history([("gate".to_owned(), Gate::Ask)])
+        .unwrap();
+    store
+        .__seed_history([("job".to_owned(), Job::Start { n: 0 })])
+        .unwrap();
+    let problem = "unexpected end of hex escape at line 1 column 14";
+    for (run, event, state) in [("gate", "approve", "Ask"), ("job", "go", "Start")] {
+        let err = rt
+            .send_json(run, event, None, &raw(r#"{"by":"\ud800"}"#))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "run `{run}` (state `{state}`, seq 0): event `{event}` refused: the payload is not valid JSON: {problem}"
+            )
+        );
+        let Error::EventRefused { refusal, .. } = err else {
+            panic!("expected EventRefused, got {err:?}");
+        };
+        assert_eq!(
+            *refusal,
+            EventRefusal::NotJson {
+                problem: problem.to_owned()
+            }
+        );
+        assert!(rt.store().events(run).await.unwrap().is_empty(), "{run}");
+    }
+    // A trailing surrogate alone, in a payload of the declared shape otherwise.
+    let err = rt
+        .send_json("gate", "approve", None, &raw(r#"{"by":"a\udc00"}"#))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "run `gate` (state `Ask`, seq 0): event `approve` refused: the payload is not valid JSON: lone leading surrogate in hex escape at line 1 column 14"
+    );
+    // A payload of another shape names the declared one.
+    let err = rt
+        .send_json("gate", "approve", None, &raw(r#"{"by":1}"#))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "run `gate` (state `Ask`, seq 0): event `approve` refused: the payload does not match event `approve`'s declared shape `Approval { by: String }`: `by`: expected a String, found the number 1"
+    );
+    // A pair of surrogates is one character: sent, and read by the run.
+    let sent = rt
+        .send_json("gate", "approve", None, &raw(r#"{"by":"\ud83d\ude00"}"#))
+        .await
+        .unwrap();
+    assert_eq!((sent.event_seq, sent.duplicate), (0, false));
+    let done = rt.run("gate", Gate::Ask, &Approver).await.unwrap();
+    assert_eq!(
+        done,
+        Gate::Done {
+            by: "\u{1F600}".to_owned()
+        }
+    );
+}
