@@ -48,22 +48,43 @@ impl Target {
 }
 
 /// The store from `--store` or `LOOPS_STORE` (a file path, or a `postgres://` or
-/// `postgresql://` URL with `--pg-schema`), or a usage failure saying how to give it.
+/// `postgresql://` URL with `--pg-schema`), or a usage failure saying how to give it. A URL
+/// of another scheme (`http://host/x`, `file:///x`) is refused as one, naming its scheme only
+/// (the rest may hold a password), unless a file of that path exists.
 pub fn target(given: Option<PathBuf>, pg_schema: String) -> Result<Target> {
-    match given {
-        Some(path) if !path.as_os_str().is_empty() => match path.to_str() {
-            Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
-                Ok(Target::Postgres {
-                    url: url.to_owned(),
-                    schema: pg_schema,
-                })
-            }
-            _ => Ok(Target::File(path)),
-        },
-        _ => Err(Failure::usage(
+    let Some(path) = given.filter(|path| !path.as_os_str().is_empty()) else {
+        return Err(Failure::usage(
             "no store given: pass --store PATH (or a postgres:// URL) or set LOOPS_STORE (the file the workflow's process opens with Runtime::open)",
-        )),
+        ));
+    };
+    let text = path.to_str().unwrap_or_default();
+    if text.starts_with("postgres://") || text.starts_with("postgresql://") {
+        return Ok(Target::Postgres {
+            url: text.to_owned(),
+            schema: pg_schema,
+        });
     }
+    if let Some(scheme) = url_scheme(text)
+        && !path.exists()
+    {
+        return Err(Failure::usage(format!(
+            "the store is a {scheme}:// URL, a scheme loops does not open: give the path of a redb store file, or a postgres:// (or postgresql://) URL for a PostgreSQL store"
+        )));
+    }
+    Ok(Target::File(path))
+}
+
+/// The scheme of `text` if it starts as a URL does, `SCHEME://` (RFC 3986: a letter, then
+/// letters, digits, `+`, `-` or `.`). One letter is not taken for a scheme: `C://` is a
+/// Windows drive.
+fn url_scheme(text: &str) -> Option<&str> {
+    let (scheme, _) = text.split_once("://")?;
+    let mut chars = scheme.chars();
+    let first = chars.next()?;
+    (first.is_ascii_alphabetic()
+        && scheme.len() > 1
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
+    .then_some(scheme)
 }
 
 /// What a command does to the store.

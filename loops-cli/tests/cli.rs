@@ -3407,6 +3407,57 @@ fn a_remote_postgres_url_without_tls_is_refused_with_the_remedy_in_the_url() {
     }
 }
 
+/// A store given as a URL of a scheme loops does not open is refused as one, in one line that
+/// names the scheme only (the rest may hold a password) and what loops opens; exit 2, a bad
+/// argument, from `--store` and `LOOPS_STORE` alike. Before, it was taken for a file path
+/// and said not to exist. A file at that path (`http:/x/y`, relative) is still opened.
+#[test]
+fn a_store_url_of_a_scheme_loops_does_not_open_is_refused_naming_what_it_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    let loops_in_dir = || {
+        let mut cmd = Command::cargo_bin("loops").unwrap();
+        cmd.env_remove("LOOPS_STORE")
+            .env("NO_COLOR", "1")
+            .current_dir(dir.path());
+        cmd
+    };
+    for (store, scheme) in [
+        ("http://x/y", "http"),
+        ("https://u:secret@db.example.com/loops", "https"),
+        ("file:///var/lib/agent/loops.redb", "file"),
+        ("redis+tls://cache", "redis+tls"),
+    ] {
+        let line = format!(
+            "error: the store is a {scheme}:// URL, a scheme loops does not open: give the path of a redb store file, or a postgres:// (or postgresql://) URL for a PostgreSQL store\n"
+        );
+        for args in [&["runs"][..], &["send", "r", "go", "--json", "1"]] {
+            loops_in_dir()
+                .arg("--store")
+                .arg(store)
+                .args(args)
+                .assert()
+                .code(2)
+                .stdout("")
+                .stderr(line.clone());
+        }
+        loops_in_dir()
+            .env("LOOPS_STORE", store)
+            .arg("runs")
+            .assert()
+            .code(2)
+            .stdout("")
+            .stderr(line);
+    }
+    let file = dir.path().join("http:/x/y");
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    std::fs::File::create(&file).unwrap();
+    loops_in_dir()
+        .args(["--store", "http://x/y", "runs"])
+        .assert()
+        .code(1)
+        .stderr("error: store http://x/y is an empty file, not a loops store\n");
+}
+
 /// `loops upgrade PATH`: converts the format-1 fixture of the workspace's tests, says what
 /// it did and where the backup is; a second time it has nothing to do; a file it cannot
 /// convert exits 1 with the error.
