@@ -9,6 +9,36 @@ use crate::{Cli, DEFAULT_RUN_ID, DEFAULT_WORKDIR};
 /// What to type to approve a run parked at the gate: this command again with the flags that
 /// name the run (and `--approve`), or the `loops` CLI's `send`.
 pub fn approval_hint(cli: &Cli, store: &Path) -> String {
+    let (again, key) = this_command_again(cli);
+    format!(
+        "waiting for approval: the run is parked (it holds no task) until an approval arrives. \
+         Approve and go on with:\n  {again} --approve\nor, while no deliver runs:\n  \
+         cargo run -p loops-cli -- --store {}{key} send {} {APPROVAL_EVENT} --json {}",
+        shell_word(&store.to_string_lossy()),
+        shell_word(&cli.run_id),
+        shell_word(r#"{"by":"you"}"#),
+    )
+}
+
+/// What to type to approve a run parked at the gate while this process serves: this command
+/// again with `--approve`, or the `loops` CLI's `send`; both reach this process through its
+/// control endpoint.
+pub fn serving_hint(cli: &Cli, store: &Path) -> String {
+    let (again, key) = this_command_again(cli);
+    format!(
+        "waiting for approval, and serving: this process goes on once an approval arrives. \
+         Approve with:\n  {again} --approve\nor:\n  cargo run -p loops-cli -- --store {}{key} \
+         send {} {APPROVAL_EVENT} --json {}",
+        shell_word(&store.to_string_lossy()),
+        shell_word(&cli.run_id),
+        shell_word(r#"{"by":"you"}"#),
+    )
+}
+
+/// This command as a person types it again for the same run: `cargo run -p deliver --` with
+/// the flags that name the run's work directory, store, repository, run id and key file;
+/// and the ` --key-file K` part alone (empty without one), for the `loops` command.
+fn this_command_again(cli: &Cli) -> (String, String) {
     let mut again = "cargo run -p deliver --".to_owned();
     let path = |p: &Path| shell_word(&p.to_string_lossy());
     if cli.workdir != Path::new(DEFAULT_WORKDIR) {
@@ -30,32 +60,7 @@ pub fn approval_hint(cli: &Cli, store: &Path) -> String {
         .map(|k| format!(" --key-file {}", path(k)))
         .unwrap_or_default();
     again.push_str(&key);
-    format!(
-        "waiting for approval: the run is parked (it holds no task) until an approval arrives. \
-         Approve and go on with:\n  {again} --approve\nor, while no deliver runs:\n  \
-         cargo run -p loops-cli -- --store {}{key} send {} {APPROVAL_EVENT} --json {}",
-        path(store),
-        shell_word(&cli.run_id),
-        shell_word(r#"{"by":"you"}"#),
-    )
-}
-
-/// What to type to approve a run parked at the gate while this process serves: the `loops`
-/// CLI's `send`, which reaches it through the control endpoint.
-pub fn serving_hint(cli: &Cli, store: &Path) -> String {
-    let key = cli
-        .key_file
-        .as_deref()
-        .map(|k| format!(" --key-file {}", shell_word(&k.to_string_lossy())))
-        .unwrap_or_default();
-    format!(
-        "waiting for approval, and serving: this process goes on once an approval arrives. \
-         Approve with:\n  cargo run -p loops-cli -- --store {}{key} send {} {APPROVAL_EVENT} \
-         --json {}",
-        shell_word(&store.to_string_lossy()),
-        shell_word(&cli.run_id),
-        shell_word(r#"{"by":"you"}"#),
-    )
+    (again, key)
 }
 
 /// `word` as a POSIX shell reads it back: as it is if it is made of characters no shell

@@ -327,6 +327,24 @@ fn deliver_approve_goes_through_the_example_that_serves_the_store() {
     let workdir = &dir.path().join("work");
     let store = workdir.join("deliver.redb");
     let (mut child, lines, said) = serving_at_the_gate(workdir);
+    // What it says to type: this command again with --approve, first.
+    let mut lines = lines;
+    let hint: Vec<String> = (&mut lines).take(3).map(|l| l.expect("a line")).collect();
+    assert_eq!(
+        hint,
+        [
+            format!(
+                "  cargo run -p deliver -- --workdir {} --approve",
+                workdir.display()
+            ),
+            "or:".to_owned(),
+            format!(
+                "  cargo run -p loops-cli -- --store {} send deliver-1 approve --json '{{\"by\":\"you\"}}'",
+                store.display()
+            ),
+        ],
+        "{said:?}"
+    );
 
     let approved = deliver_in(workdir)
         .arg("--approve")
