@@ -255,3 +255,46 @@ async fn a_malformed_request_answers_with_the_error_body() {
     );
     server.stop().await;
 }
+
+/// A process that closes the connection before it answers (it stopped while it took the
+/// request) is said to have dropped it, not to speak something other than HTTP: a read may be
+/// made again; whether a write was carried out is unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_closed_before_the_answer_is_a_dropped_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let rt = Runtime::open(&path).unwrap();
+    let server = rt.serve_control_next_to_store().await.unwrap();
+    let socket = loops::control::socket_path(&path);
+    let client = Client::connect(Endpoint::Unix(socket.clone()))
+        .await
+        .unwrap();
+    server.stop().await;
+    // In the socket's place, a process that takes each request and closes the connection,
+    // having read the request or not.
+    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+    let closer = tokio::spawn(async move {
+        for read_first in [true, false] {
+            let (stream, _) = listener.accept().await.unwrap();
+            if read_first {
+                let mut head = [0; 64];
+                stream.readable().await.unwrap();
+                let _ = stream.try_read(&mut head);
+            }
+            drop(stream);
+        }
+    });
+    for _ in 0..2 {
+        match client.run_info("r1").await {
+            Err(ControlError::Dropped { endpoint, what }) => {
+                assert_eq!(endpoint, format!("unix:{}", socket.display()));
+                assert!(!what.is_empty());
+            }
+            other => panic!("expected Dropped, got {other:?}"),
+        }
+    }
+    closer.await.unwrap();
+    let e = client.run_info("r1").await.unwrap_err();
+    assert!(matches!(e, ControlError::Unreachable { .. }), "{e:?}");
+    rt.shutdown().await;
+}

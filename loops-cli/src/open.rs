@@ -228,7 +228,8 @@ pub fn served(path: &Path, tokio: &tokio::runtime::Runtime) -> Result<Option<Cli
     }
     match tokio.block_on(Client::connect(Endpoint::Unix(socket))) {
         Ok(client) => Ok(Some(client)),
-        Err(ControlError::Unreachable { .. }) => Ok(None),
+        // No process, or one that closed the connection unanswered (it is stopping).
+        Err(ControlError::Unreachable { .. } | ControlError::Dropped { .. }) => Ok(None),
         Err(e) => Err(crate::operator::remote_failure(
             &path.display().to_string(),
             e,

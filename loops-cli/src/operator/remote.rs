@@ -17,12 +17,13 @@ use crate::open::{self, Access};
 /// The process's control endpoint: every operation is one request (one connection), and
 /// every write is made by the process's runtime.
 ///
-/// A process may stop between two operations of one command (its endpoint closes as it
-/// ends). An operation that then reaches no process was not received by one, so it is made
+/// A process may stop between two operations of one command, or during one (its endpoint
+/// closes as it ends). An operation that then reaches no process was not received by one,
+/// and a read whose connection closed before its answer came changed nothing: either is made
 /// on the store file instead (`fallback`: opened as [`open::file_operator`] does, which waits
-/// for the ending process to release the file), and so is every operation after it. An
-/// operation whose request reached the process and got no answer is not made again: its
-/// outcome is unknown, and the command fails.
+/// for the ending process to release the file), and so is every operation after it. A write
+/// whose request reached the process and got no answer is not made again: its outcome is
+/// unknown, and the command fails saying so.
 pub struct Remote {
     label: String,
     client: Client,
@@ -52,10 +53,37 @@ impl Remote {
         }
     }
 
-    /// One operation: `remote`, through the endpoint, or `local`, on the store file once the
-    /// process no longer answers (see [`Remote`]).
+    /// A reading operation: `remote`, through the endpoint, or `local`, on the store file once
+    /// the process no longer answers, or closed the connection before it answered (see
+    /// [`Remote`]).
+    fn read<'a, T, F>(
+        &'a self,
+        remote: impl FnOnce(&'a Client) -> F,
+        local: impl FnOnce(&dyn Operator) -> Result<T>,
+    ) -> Result<T>
+    where
+        F: Future<Output = Result<T, ControlError>>,
+    {
+        self.call(true, remote, local)
+    }
+
+    /// A writing operation: `remote`, through the endpoint, or `local`, on the store file
+    /// once the process no longer answers (see [`Remote`]).
+    fn write<'a, T, F>(
+        &'a self,
+        remote: impl FnOnce(&'a Client) -> F,
+        local: impl FnOnce(&dyn Operator) -> Result<T>,
+    ) -> Result<T>
+    where
+        F: Future<Output = Result<T, ControlError>>,
+    {
+        self.call(false, remote, local)
+    }
+
+    /// [`Remote::read`] (`reads`) or [`Remote::write`].
     fn call<'a, T, F>(
         &'a self,
+        reads: bool,
         remote: impl FnOnce(&'a Client) -> F,
         local: impl FnOnce(&dyn Operator) -> Result<T>,
     ) -> Result<T>
@@ -67,6 +95,9 @@ impl Remote {
         }
         match self.tokio.block_on(remote(&self.client)) {
             Err(ControlError::Unreachable { .. }) if self.fallback.is_some() => {
+                local(self.fallen_back()?)
+            }
+            Err(ControlError::Dropped { .. }) if reads && self.fallback.is_some() => {
                 local(self.fallen_back()?)
             }
             answered => answered.map_err(|e| remote_failure(&self.label, e)),
@@ -131,41 +162,41 @@ impl Operator for Remote {
     }
 
     fn list(&self, status: RunStatus, workflow: Option<&str>) -> Result<Vec<RunInfo>> {
-        self.call(
+        self.read(
             |c| c.list(Some(status), workflow),
             |l| l.list(status, workflow),
         )
     }
 
     fn run(&self, run_id: &str) -> Result<Option<RunInfo>> {
-        self.call(|c| c.run_info(run_id), |l| l.run(run_id))
+        self.read(|c| c.run_info(run_id), |l| l.run(run_id))
     }
 
     fn children(&self, run_id: &str) -> Result<Vec<RunInfo>> {
-        self.call(|c| c.children(run_id), |l| l.children(run_id))
+        self.read(|c| c.children(run_id), |l| l.children(run_id))
     }
 
     fn attributes(&self, run_id: &str) -> Result<loops_core::Attributes> {
-        self.call(|c| c.attributes(run_id), |l| l.attributes(run_id))
+        self.read(|c| c.attributes(run_id), |l| l.attributes(run_id))
     }
 
     fn search(
         &self,
         filter: &loops_core::RunFilter,
     ) -> Result<Vec<(RunInfo, loops_core::Attributes)>> {
-        self.call(|c| c.search(filter), |l| l.search(filter))
+        self.read(|c| c.search(filter), |l| l.search(filter))
     }
 
     fn latest(&self, run_id: &str) -> Result<Option<(RunInfo, TransitionRecord)>> {
-        self.call(|c| c.latest(run_id), |l| l.latest(run_id))
+        self.read(|c| c.latest(run_id), |l| l.latest(run_id))
     }
 
     fn history(&self, run_id: &str) -> Result<Vec<TransitionRecord>> {
-        self.call(|c| c.history(run_id), |l| l.history(run_id))
+        self.read(|c| c.history(run_id), |l| l.history(run_id))
     }
 
     fn steps(&self, run_id: &str, seq: u64) -> Result<Vec<(String, u32, StepRecord)>> {
-        self.call(
+        self.read(
             |c| async move {
                 let steps = c.steps(run_id, seq).await?;
                 Ok(steps
@@ -182,7 +213,7 @@ impl Operator for Remote {
         run_id: &str,
         history: &[TransitionRecord],
     ) -> Result<Vec<(u64, String, u32, StepRecord)>> {
-        self.call(
+        self.read(
             |c| async move {
                 let steps = c.all_steps(run_id).await?;
                 Ok(steps
@@ -195,7 +226,7 @@ impl Operator for Remote {
     }
 
     fn failures(&self, run_id: &str) -> Result<Vec<(u64, FailureRecord)>> {
-        self.call(
+        self.read(
             |c| async move {
                 let failures = c.failures(run_id).await?;
                 Ok(failures.into_iter().map(|f| (f.seq, f.record)).collect())
@@ -205,7 +236,7 @@ impl Operator for Remote {
     }
 
     fn events(&self, run_id: &str) -> Result<Vec<(u64, EventRecord, bool)>> {
-        self.call(
+        self.read(
             |c| async move {
                 let events = c.events(run_id).await?;
                 Ok(events
@@ -218,38 +249,38 @@ impl Operator for Remote {
     }
 
     fn schemas(&self) -> Result<Vec<(SchemaHash, String)>> {
-        self.call(|c| c.schemas(), |l| l.schemas())
+        self.read(|c| c.schemas(), |l| l.schemas())
     }
 
     fn schema(&self, hash: SchemaHash) -> Result<Option<String>> {
-        self.call(|c| c.schema(hash), |l| l.schema(hash))
+        self.read(|c| c.schema(hash), |l| l.schema(hash))
     }
 
     fn sealing_keys(&self) -> Result<Vec<String>> {
-        self.call(|c| c.sealing_keys(), |l| l.sealing_keys())
+        self.read(|c| c.sealing_keys(), |l| l.sealing_keys())
     }
 
     fn schedules(&self) -> Result<Vec<loops_core::ScheduleStatus>> {
-        self.call(|c| c.schedules(), |l| l.schedules())
+        self.read(|c| c.schedules(), |l| l.schedules())
     }
 
     fn pause_schedule(&self, name: &str, paused: bool) -> Result<loops_core::ScheduleStatus> {
-        self.call(
+        self.write(
             |c| c.pause_schedule(name, paused),
             |l| l.pause_schedule(name, paused),
         )
     }
 
     fn remove_schedule(&self, name: &str) -> Result<()> {
-        self.call(|c| c.remove_schedule(name), |l| l.remove_schedule(name))
+        self.write(|c| c.remove_schedule(name), |l| l.remove_schedule(name))
     }
 
     fn cancel(&self, run_id: &str, reason: &str) -> Result<RunInfo> {
-        self.call(|c| c.cancel(run_id, reason), |l| l.cancel(run_id, reason))
+        self.write(|c| c.cancel(run_id, reason), |l| l.cancel(run_id, reason))
     }
 
     fn retry(&self, run_id: &str) -> Result<RunInfo> {
-        self.call(|c| c.retry(run_id), |l| l.retry(run_id))
+        self.write(|c| c.retry(run_id), |l| l.retry(run_id))
     }
 
     fn send(
@@ -259,7 +290,7 @@ impl Operator for Remote {
         key: Option<&str>,
         payload: &RawValue,
     ) -> Result<Sent> {
-        self.call(
+        self.write(
             |c| async move {
                 let sent = c.send(run_id, event, key, payload).await?;
                 Ok(Sent {
@@ -288,7 +319,7 @@ impl Operator for Remote {
             dry_run,
         };
         let request = &request;
-        self.call(
+        self.write(
             |c| async move {
                 let reply = c.prune(request).await?;
                 if !dry_run {
@@ -306,7 +337,7 @@ impl Operator for Remote {
     }
 
     fn compact(&self) -> Result<Compacted> {
-        self.call(
+        self.write(
             |c| async move {
                 let reply = c.compact().await?;
                 Ok(Compacted {
@@ -430,6 +461,69 @@ mod tests {
                 "store s: no process answers on control endpoint unix:{}: No such file or directory (os error 2)",
                 socket.display()
             )
+        );
+    }
+
+    /// A process that closes each connection before it answers (it is stopping): a read is
+    /// made on the store file instead; a write fails, saying its outcome is unknown.
+    #[test]
+    fn a_dropped_read_falls_back_to_the_file_and_a_dropped_write_fails() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.redb");
+        let process = tokio::runtime::Runtime::new().unwrap();
+        let (rt, server) = process.block_on(async {
+            let rt = Runtime::builder()
+                .register::<Job, _>(Worker)
+                .open(&path)
+                .unwrap();
+            rt.run("j1", Job::Start, &Worker).await.unwrap();
+            let server = rt.serve_control_next_to_store().await.unwrap();
+            (rt, server)
+        });
+        let socket = loops_core::control::socket_path(&path);
+        let remote = |access: Access| {
+            let tokio = open::tokio().unwrap();
+            let endpoint = Endpoint::Unix(socket.clone());
+            let client = tokio.block_on(Client::connect(endpoint)).unwrap();
+            let label = path.display().to_string();
+            Remote::new(label, client, tokio, Some((path.clone(), access)))
+        };
+        let (reader, writer) = (remote(Access::Read), remote(Access::Write));
+        process.block_on(async {
+            server.stop().await;
+            rt.shutdown().await;
+        });
+        drop(rt);
+        let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let mut stream = stream.unwrap();
+                let _ = std::io::Read::read(&mut stream, &mut [0; 64]);
+            }
+        });
+
+        let failure = writer.cancel("j1", "enough").unwrap_err();
+        let said = format!(
+            "store {}: control endpoint unix:{}: the connection closed before the process answered (",
+            path.display(),
+            socket.display()
+        );
+        assert!(failure.message.starts_with(&said), "{}", failure.message);
+        assert!(
+            failure.message.ends_with(
+                "): the process may have stopped; whether it carried the request out is unknown"
+            ),
+            "{}",
+            failure.message
+        );
+        let read = reader.run("j1").unwrap().unwrap();
+        assert_eq!((read.state.as_str(), read.seq), ("Done", 1));
+        assert!(
+            reader.reached().ends_with(
+                "then, once it stopped answering, read the store file directly (no process holds it)"
+            ),
+            "{}",
+            reader.reached()
         );
     }
 }

@@ -390,6 +390,10 @@ impl Client {
             .map_err(|e| match e {
                 Exchange::Control(e) => e,
                 Exchange::Http(e) => self.protocol(e),
+                Exchange::Dropped(what) => ControlError::Dropped {
+                    endpoint: self.endpoint.to_string(),
+                    what,
+                },
             })?;
         if !status.is_success() {
             return Err(self.refusal(status, version, &bytes));
@@ -453,6 +457,26 @@ impl Client {
 enum Exchange {
     Control(ControlError),
     Http(String),
+    /// The connection closed (or failed) before the whole answer came.
+    Dropped(String),
+}
+
+/// The failure of an exchange for hyper's error `e`: the connection closed or failed before
+/// the answer was read whole ([`Exchange::Dropped`]: hyper's "connection closed before
+/// message completed", "connection error", "error writing a body to connection"), or the
+/// peer spoke something other than HTTP/1 ([`Exchange::Http`]).
+fn failed_exchange(e: &hyper::Error) -> Exchange {
+    let io = std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>());
+    if e.is_closed()
+        || e.is_incomplete_message()
+        || e.is_canceled()
+        || e.is_body_write_aborted()
+        || io
+    {
+        Exchange::Dropped(e.to_string())
+    } else {
+        Exchange::Http(e.to_string())
+    }
 }
 
 /// Sends `request` on `stream` and reads the whole answer: its status, loops version
@@ -464,7 +488,7 @@ async fn exchange<S>(
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let http = |e: hyper::Error| Exchange::Http(format!("{e}"));
+    let http = |e: hyper::Error| failed_exchange(&e);
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(http)?;

@@ -127,7 +127,20 @@ pub enum ControlError {
         #[source]
         source: std::io::Error,
     },
-    /// The connection failed during the request, or the answer is not HTTP.
+    /// The connection closed before the whole answer came: the process stopped (or closed
+    /// it) while it took the request. Whether the process carried a write out is unknown; a
+    /// read can be made again.
+    #[error(
+        "control endpoint {endpoint}: the connection closed before the process answered ({what}): the process may have stopped; whether it carried the request out is unknown"
+    )]
+    Dropped {
+        /// The endpoint.
+        endpoint: String,
+        /// What the connection said (hyper's words).
+        what: String,
+    },
+    /// The answer is not HTTP, or not the answer of a loops endpoint, or it did not come in
+    /// time.
     #[error("control endpoint {endpoint}: {what}")]
     Protocol {
         /// The endpoint.
