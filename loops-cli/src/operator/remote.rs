@@ -35,6 +35,16 @@ pub struct Remote {
     local: OnceCell<Box<dyn Operator>>,
 }
 
+/// What an operation does to the store: whether it may be made again after its connection
+/// closed unanswered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    /// It reads: made again on the file.
+    Read,
+    /// It writes: its outcome is unknown, and it fails.
+    Write,
+}
+
 impl Remote {
     /// The operator for store `label` over `client`; `fallback` is the store file and the
     /// access the command needs, for when the process stops answering (`None`: fail then).
@@ -53,37 +63,12 @@ impl Remote {
         }
     }
 
-    /// A reading operation: `remote`, through the endpoint, or `local`, on the store file once
-    /// the process no longer answers, or closed the connection before it answered (see
-    /// [`Remote`]).
-    fn read<'a, T, F>(
-        &'a self,
-        remote: impl FnOnce(&'a Client) -> F,
-        local: impl FnOnce(&dyn Operator) -> Result<T>,
-    ) -> Result<T>
-    where
-        F: Future<Output = Result<T, ControlError>>,
-    {
-        self.call(true, remote, local)
-    }
-
-    /// A writing operation: `remote`, through the endpoint, or `local`, on the store file
-    /// once the process no longer answers (see [`Remote`]).
-    fn write<'a, T, F>(
-        &'a self,
-        remote: impl FnOnce(&'a Client) -> F,
-        local: impl FnOnce(&dyn Operator) -> Result<T>,
-    ) -> Result<T>
-    where
-        F: Future<Output = Result<T, ControlError>>,
-    {
-        self.call(false, remote, local)
-    }
-
-    /// [`Remote::read`] (`reads`) or [`Remote::write`].
+    /// One operation, `op`: `remote`, through the endpoint, or `local`, on the store file once
+    /// the process no longer answers, or (a read) closed the connection before it answered
+    /// (see [`Remote`]).
     fn call<'a, T, F>(
         &'a self,
-        reads: bool,
+        op: Op,
         remote: impl FnOnce(&'a Client) -> F,
         local: impl FnOnce(&dyn Operator) -> Result<T>,
     ) -> Result<T>
@@ -97,7 +82,7 @@ impl Remote {
             Err(ControlError::Unreachable { .. }) if self.fallback.is_some() => {
                 local(self.fallen_back()?)
             }
-            Err(ControlError::Dropped { .. }) if reads && self.fallback.is_some() => {
+            Err(ControlError::Dropped { .. }) if op == Op::Read && self.fallback.is_some() => {
                 local(self.fallen_back()?)
             }
             answered => answered.map_err(|e| remote_failure(&self.label, e)),
@@ -162,41 +147,43 @@ impl Operator for Remote {
     }
 
     fn list(&self, status: RunStatus, workflow: Option<&str>) -> Result<Vec<RunInfo>> {
-        self.read(
+        self.call(
+            Op::Read,
             |c| c.list(Some(status), workflow),
             |l| l.list(status, workflow),
         )
     }
 
     fn run(&self, run_id: &str) -> Result<Option<RunInfo>> {
-        self.read(|c| c.run_info(run_id), |l| l.run(run_id))
+        self.call(Op::Read, |c| c.run_info(run_id), |l| l.run(run_id))
     }
 
     fn children(&self, run_id: &str) -> Result<Vec<RunInfo>> {
-        self.read(|c| c.children(run_id), |l| l.children(run_id))
+        self.call(Op::Read, |c| c.children(run_id), |l| l.children(run_id))
     }
 
     fn attributes(&self, run_id: &str) -> Result<loops_core::Attributes> {
-        self.read(|c| c.attributes(run_id), |l| l.attributes(run_id))
+        self.call(Op::Read, |c| c.attributes(run_id), |l| l.attributes(run_id))
     }
 
     fn search(
         &self,
         filter: &loops_core::RunFilter,
     ) -> Result<Vec<(RunInfo, loops_core::Attributes)>> {
-        self.read(|c| c.search(filter), |l| l.search(filter))
+        self.call(Op::Read, |c| c.search(filter), |l| l.search(filter))
     }
 
     fn latest(&self, run_id: &str) -> Result<Option<(RunInfo, TransitionRecord)>> {
-        self.read(|c| c.latest(run_id), |l| l.latest(run_id))
+        self.call(Op::Read, |c| c.latest(run_id), |l| l.latest(run_id))
     }
 
     fn history(&self, run_id: &str) -> Result<Vec<TransitionRecord>> {
-        self.read(|c| c.history(run_id), |l| l.history(run_id))
+        self.call(Op::Read, |c| c.history(run_id), |l| l.history(run_id))
     }
 
     fn steps(&self, run_id: &str, seq: u64) -> Result<Vec<(String, u32, StepRecord)>> {
-        self.read(
+        self.call(
+            Op::Read,
             |c| async move {
                 let steps = c.steps(run_id, seq).await?;
                 Ok(steps
@@ -213,7 +200,8 @@ impl Operator for Remote {
         run_id: &str,
         history: &[TransitionRecord],
     ) -> Result<Vec<(u64, String, u32, StepRecord)>> {
-        self.read(
+        self.call(
+            Op::Read,
             |c| async move {
                 let steps = c.all_steps(run_id).await?;
                 Ok(steps
@@ -226,7 +214,8 @@ impl Operator for Remote {
     }
 
     fn failures(&self, run_id: &str) -> Result<Vec<(u64, FailureRecord)>> {
-        self.read(
+        self.call(
+            Op::Read,
             |c| async move {
                 let failures = c.failures(run_id).await?;
                 Ok(failures.into_iter().map(|f| (f.seq, f.record)).collect())
@@ -236,7 +225,8 @@ impl Operator for Remote {
     }
 
     fn events(&self, run_id: &str) -> Result<Vec<(u64, EventRecord, bool)>> {
-        self.read(
+        self.call(
+            Op::Read,
             |c| async move {
                 let events = c.events(run_id).await?;
                 Ok(events
@@ -249,38 +239,47 @@ impl Operator for Remote {
     }
 
     fn schemas(&self) -> Result<Vec<(SchemaHash, String)>> {
-        self.read(|c| c.schemas(), |l| l.schemas())
+        self.call(Op::Read, |c| c.schemas(), |l| l.schemas())
     }
 
     fn schema(&self, hash: SchemaHash) -> Result<Option<String>> {
-        self.read(|c| c.schema(hash), |l| l.schema(hash))
+        self.call(Op::Read, |c| c.schema(hash), |l| l.schema(hash))
     }
 
     fn sealing_keys(&self) -> Result<Vec<String>> {
-        self.read(|c| c.sealing_keys(), |l| l.sealing_keys())
+        self.call(Op::Read, |c| c.sealing_keys(), |l| l.sealing_keys())
     }
 
     fn schedules(&self) -> Result<Vec<loops_core::ScheduleStatus>> {
-        self.read(|c| c.schedules(), |l| l.schedules())
+        self.call(Op::Read, |c| c.schedules(), |l| l.schedules())
     }
 
     fn pause_schedule(&self, name: &str, paused: bool) -> Result<loops_core::ScheduleStatus> {
-        self.write(
+        self.call(
+            Op::Write,
             |c| c.pause_schedule(name, paused),
             |l| l.pause_schedule(name, paused),
         )
     }
 
     fn remove_schedule(&self, name: &str) -> Result<()> {
-        self.write(|c| c.remove_schedule(name), |l| l.remove_schedule(name))
+        self.call(
+            Op::Write,
+            |c| c.remove_schedule(name),
+            |l| l.remove_schedule(name),
+        )
     }
 
     fn cancel(&self, run_id: &str, reason: &str) -> Result<RunInfo> {
-        self.write(|c| c.cancel(run_id, reason), |l| l.cancel(run_id, reason))
+        self.call(
+            Op::Write,
+            |c| c.cancel(run_id, reason),
+            |l| l.cancel(run_id, reason),
+        )
     }
 
     fn retry(&self, run_id: &str) -> Result<RunInfo> {
-        self.write(|c| c.retry(run_id), |l| l.retry(run_id))
+        self.call(Op::Write, |c| c.retry(run_id), |l| l.retry(run_id))
     }
 
     fn send(
@@ -290,7 +289,8 @@ impl Operator for Remote {
         key: Option<&str>,
         payload: &RawValue,
     ) -> Result<Sent> {
-        self.write(
+        self.call(
+            Op::Write,
             |c| async move {
                 let sent = c.send(run_id, event, key, payload).await?;
                 Ok(Sent {
@@ -319,7 +319,8 @@ impl Operator for Remote {
             dry_run,
         };
         let request = &request;
-        self.write(
+        self.call(
+            Op::Write,
             |c| async move {
                 let reply = c.prune(request).await?;
                 if !dry_run {
@@ -337,7 +338,8 @@ impl Operator for Remote {
     }
 
     fn compact(&self) -> Result<Compacted> {
-        self.write(
+        self.call(
+            Op::Write,
             |c| async move {
                 let reply = c.compact().await?;
                 Ok(Compacted {
@@ -386,22 +388,35 @@ mod tests {
         }
     }
 
+    /// A process that holds the store at `path`, with the run `j1` completed in it, and
+    /// serves its control endpoint: its tokio runtime, its runtime and its server.
+    fn serving(
+        path: &std::path::Path,
+    ) -> (
+        tokio::runtime::Runtime,
+        Runtime,
+        loops_core::control::ControlServer,
+    ) {
+        let process = tokio::runtime::Runtime::new().unwrap();
+        let (rt, server) = process.block_on(async {
+            let rt = Runtime::builder()
+                .register::<Job, _>(Worker)
+                .open(path)
+                .unwrap();
+            rt.run("j1", Job::Start, &Worker).await.unwrap();
+            let server = rt.serve_control_next_to_store().await.unwrap();
+            (rt, server)
+        });
+        (process, rt, server)
+    }
+
     /// A process that stops between two operations of a command: the operation that finds
     /// no process answering is made on the store file, and so is every one after it.
     #[test]
     fn an_operation_falls_back_to_the_file_once_the_process_stopped() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("store.redb");
-        let process = tokio::runtime::Runtime::new().unwrap();
-        let (rt, server) = process.block_on(async {
-            let rt = Runtime::builder()
-                .register::<Job, _>(Worker)
-                .open(&path)
-                .unwrap();
-            rt.run("j1", Job::Start, &Worker).await.unwrap();
-            let server = rt.serve_control_next_to_store().await.unwrap();
-            (rt, server)
-        });
+        let (process, rt, server) = serving(&path);
         let tokio = open::tokio().unwrap();
         let socket = loops_core::control::socket_path(&path);
         let client = tokio
@@ -470,16 +485,7 @@ mod tests {
     fn a_dropped_read_falls_back_to_the_file_and_a_dropped_write_fails() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("store.redb");
-        let process = tokio::runtime::Runtime::new().unwrap();
-        let (rt, server) = process.block_on(async {
-            let rt = Runtime::builder()
-                .register::<Job, _>(Worker)
-                .open(&path)
-                .unwrap();
-            rt.run("j1", Job::Start, &Worker).await.unwrap();
-            let server = rt.serve_control_next_to_store().await.unwrap();
-            (rt, server)
-        });
+        let (process, rt, server) = serving(&path);
         let socket = loops_core::control::socket_path(&path);
         let remote = |access: Access| {
             let tokio = open::tokio().unwrap();
