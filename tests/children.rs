@@ -983,16 +983,11 @@ async fn a_child_id_taken_fails_an_anyhow_handler_at_its_first_attempt() {
 /// Joins of one handler in flight at once, over children that end at once and a second
 /// later: each join gets its child's result and the parent ends (no wake-up is lost to
 /// another join; a join that delivered every pending child-ended event lost one in 2 of 3
-/// runs of this test).
-///
-/// Quarantined: under heavy disk writeback (a fresh clone's build, as in CI) a join still
-/// loses its wake-up now and then (2 of 2 CI runs on 2026-12-04; 1 in 8 runs beside a `dd`
-/// with `conv=fsync`): the run parks with every child ended and no event pending. A likely
-/// race: one join's wait takes the child-ended event another join's child sent, while that
-/// join's wait parks the run. Run it with `cargo test --test children -- --ignored
-/// concurrent_joins` until the race is fixed.
+/// runs of this test, and before the joins took turns, one join's wait took the event
+/// another join's child sent while that join's wait parked the run: under disk pressure,
+/// 2 of 2 CI runs, and 1 in 8 runs beside a `dd` with `conv=fsync`;
+/// `a_join_whose_wake_up_another_join_took_still_ends` makes that order every time).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a join can lose its wake-up under disk pressure (a known race, not fixed yet)"]
 async fn concurrent_joins_of_one_handler_each_get_their_child() {
     let counts = Counts::default();
     let rt = runtime(&counts);
@@ -1017,5 +1012,107 @@ async fn concurrent_joins_of_one_handler_each_get_their_child() {
     let once: BTreeMap<String, u32> = (0..20)
         .flat_map(|p| (0..6).map(move |i| (format!("p{p}/{i}"), 1)))
         .collect();
+    assert_eq!(counts.get(), once);
+}
+
+#[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(name = "duo")]
+enum Duo {
+    #[initial]
+    #[next(Both)]
+    Fork,
+    #[terminal]
+    Both { squares: Vec<u64> },
+}
+
+/// Joins its two children (`ID/0` and `ID/1`, each waiting for `go`) at once; the second
+/// join starts 100 ms after the first, so that the first one looks and waits first.
+struct TwoJoins;
+
+impl DuoHandler for TwoJoins {
+    type Error = Error;
+    async fn fork(&self, ctx: &Context) -> Result<ForkNext, Error> {
+        let mut children: Vec<ChildRun<Leaf>> = Vec::new();
+        for i in 0..2 {
+            let id = format!("{}/{i}", ctx.run_id());
+            let initial = Leaf::Start {
+                i: i + 2,
+                mode: Mode::Wait,
+            };
+            children.push(ctx.start_child(&id, initial).await?);
+        }
+        let (first, second) = tokio::join!(ctx.join_child(&children[0]), async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            ctx.join_child(&children[1]).await
+        });
+        let mut squares = Vec::new();
+        for joined in [first?, second?] {
+            match joined {
+                Ok(Leaf::Squared { square, .. }) => squares.push(square),
+                other => {
+                    return Err(Error::permanent(std::io::Error::other(format!(
+                        "{other:?}"
+                    ))));
+                }
+            }
+        }
+        Ok(ForkNext::Both { squares })
+    }
+}
+
+/// Holds back the parent's waits for a child's end, by their occurrence: the first for 4 s,
+/// the second for 1 s, the third for 1.5 s.
+struct SlowJoinWaits;
+
+impl loops::testing::WriteHook for SlowJoinWaits {
+    fn before(&self, seen: &loops::testing::WriteSeen) -> loops::testing::Verdict {
+        let ms = match &seen.step {
+            Some((0, name, occurrence))
+                if seen.run_id.as_deref() == Some("d") && name.ends_with(loops::CHILD_ENDED) =>
+            {
+                [4000, 1000, 1500].get(*occurrence as usize).copied()
+            }
+            _ => None,
+        };
+        match ms {
+            Some(ms) => loops::testing::Verdict::Delay(Duration::from_millis(ms)),
+            None => loops::testing::Verdict::Go,
+        }
+    }
+}
+
+/// Two joins of one handler, where one takes the wake-up the other's child sent: the first
+/// join looks (child 0 running) and its wait reaches the store last (4 s); meanwhile child 0
+/// ends (0.5 s) and the second join's wait takes its event (1 s), looks again (child 1
+/// running), and takes child 1's event (2.5 s). Without turns between the joins, the first
+/// join's wait then found nothing pending and parked the run for ever, with both children
+/// ended (the lost wake-up `concurrent_joins_of_one_handler_each_get_their_child` met under
+/// disk pressure, here every time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_whose_wake_up_another_join_took_still_ends() {
+    let store =
+        loops::testing::HookedStore::with_hook(RedbStore::in_memory().unwrap(), SlowJoinWaits);
+    let counts = Counts::default();
+    let rt = Runtime::builder()
+        .register::<Leaf, _>(counts.clone())
+        .register::<Duo, _>(TwoJoins)
+        .build(store);
+    rt.start("d", Duo::Fork).await.unwrap();
+    wait_status(&rt, "d/1", RunStatus::Waiting).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    rt.send("d/0", Leaf::GO, &1).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    rt.send("d/1", Leaf::GO, &1).await.unwrap();
+    let done: Duo = tokio::time::timeout(Duration::from_secs(30), rt.wait("d"))
+        .await
+        .expect("d did not end: a join lost its wake-up")
+        .unwrap();
+    assert_eq!(
+        done,
+        Duo::Both {
+            squares: vec![4, 9]
+        }
+    );
+    let once: BTreeMap<String, u32> = [("d/0".to_owned(), 1), ("d/1".to_owned(), 1)].into();
     assert_eq!(counts.get(), once);
 }

@@ -26,7 +26,8 @@ pub struct WriteSeen {
     /// What it records, in words (`transition to `Planned` (seq 1)`, `step `plan` #0 of
     /// seq 0`, ...).
     pub what: String,
-    /// For a step record: `(seq, name, occurrence)`.
+    /// For a step record, and for a wait that records its outcome as a step (a wait for an
+    /// event: `loops:wait:NAME`): `(seq, name, occurrence)`.
     pub step: Option<(u64, String, u32)>,
 }
 
@@ -37,6 +38,11 @@ impl WriteSeen {
                 seq,
                 name,
                 occurrence,
+                ..
+            } => Some((*seq, name.clone(), *occurrence)),
+            Write::Wait {
+                seq,
+                step: Some((name, occurrence)),
                 ..
             } => Some((*seq, name.clone(), *occurrence)),
             _ => None,
@@ -91,9 +97,13 @@ fn describe(write: &Write) -> String {
 
 /// What a [`WriteHook`] decides about one write.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Verdict {
     /// Let it through (before), or answer it (after).
     Go,
+    /// Let it through (before), or answer it (after), once this time has passed (tokio's
+    /// clock): a slow store, or writes of concurrent steps that reach it in another order.
+    Delay(Duration),
     /// Answer it with this error instead: before, the write is not made; after, it was
     /// committed all the same (a lost answer).
     Fail(Error),
@@ -180,7 +190,8 @@ pub trait WriteHook: Send + Sync + 'static {
 
     /// Before `call` (any call but a write, [`Store::lease_ttl`] and
     /// [`Store::shared_limits`]) goes to the inner store: [`Verdict::Fail`] answers it with
-    /// the error instead, [`Verdict::Stop`] stops the store.
+    /// the error instead, [`Verdict::Delay`] makes it later, [`Verdict::Stop`] stops the
+    /// store.
     fn call(&self, call: &Call<'_>) -> Verdict {
         let _ = call;
         Verdict::Go
@@ -317,6 +328,10 @@ impl<S: Store> HookedStore<S> {
         }
         match self.hook.call(&call) {
             Verdict::Go => fut,
+            Verdict::Delay(pause) => Box::pin(async move {
+                tokio::time::sleep(pause).await;
+                fut.await
+            }),
             Verdict::Fail(e) => Box::pin(std::future::ready(Err(e))),
             Verdict::Stop => {
                 self.halt();
@@ -359,6 +374,7 @@ impl<S: Store> Store for HookedStore<S> {
                 .push(seen.clone());
             match self.hook.before(&seen) {
                 Verdict::Go => {}
+                Verdict::Delay(pause) => tokio::time::sleep(pause).await,
                 Verdict::Fail(e) => return Err(e),
                 Verdict::Stop => {
                     self.halt();
@@ -368,6 +384,10 @@ impl<S: Store> Store for HookedStore<S> {
             let reply = self.inner.write(lease, write).await;
             match self.hook.after(&seen, &reply) {
                 Verdict::Go => reply,
+                Verdict::Delay(pause) => {
+                    tokio::time::sleep(pause).await;
+                    reply
+                }
                 Verdict::Fail(e) => Err(e),
                 Verdict::Stop => {
                     self.halt();

@@ -389,8 +389,10 @@ impl Context {
     /// commit that ends it, then reads them again. With nothing to deliver the run parks: it
     /// holds no task, and the handler runs again when a child ends (its recorded steps,
     /// starts of children included, replay). N children that end together cost one wake-up,
-    /// not N. The outcome is journaled as a step (under `loops:join`), so a re-execution
-    /// returns the same, even once the children are pruned.
+    /// not N. Joins of one handler in flight at once (`tokio::join!`) take turns to look and
+    /// wait, so that none takes the event meant to wake another. The outcome is journaled as
+    /// a step (under `loops:join`), so a re-execution returns the same, even once the
+    /// children are pruned.
     ///
     /// # Errors
     /// [`Error::RunNotFound`] for a child that does not exist; [`Error::WorkflowMismatch`]
@@ -408,8 +410,13 @@ impl Context {
         let joined: Vec<Joined> = match recorded {
             Some(record) => self.decode_step(JOIN_STEP, occurrence, &record.output)?,
             None => loop {
+                // The look and the wait are one turn: a child that ends after the look sends
+                // an event that this join's wait takes (or that wakes the parked run), as no
+                // other join of the handler waits meanwhile.
+                let turn = self.joins.lock().await;
                 let mut ended = self.look(children).await?;
                 if ended.len() >= k {
+                    drop(turn);
                     ended.sort_by_key(|j| (j.ended_ms, j.index));
                     ended.truncate(k);
                     self.with_states(children, &mut ended).await?;

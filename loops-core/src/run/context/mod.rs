@@ -35,6 +35,11 @@ pub struct Context {
     keys: KeyArena,
     parked: AtomicBool,
     park_signal: Notify,
+    /// Held by a join from its look at the children's rows to the end of its wait for
+    /// [`CHILD_ENDED`](crate::CHILD_ENDED): the joins of one handler look and wait one at a
+    /// time, so that no join takes the event another one's child sent between that join's
+    /// look and its wait (which would then park the run with nothing left to wake it).
+    joins: tokio::sync::Mutex<()>,
 }
 
 /// What all contexts of one driven run share.
@@ -158,6 +163,7 @@ impl Context {
             }),
             parked: AtomicBool::new(false),
             park_signal: Notify::new(),
+            joins: tokio::sync::Mutex::new(()),
         }
     }
 
