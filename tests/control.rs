@@ -298,3 +298,34 @@ async fn a_connection_closed_before_the_answer_is_a_dropped_request() {
     assert!(matches!(e, ControlError::Unreachable { .. }), "{e:?}");
     rt.shutdown().await;
 }
+
+/// `Client::next_to_store` finds the process serving next to a store file, and nobody where
+/// there is no socket, a socket its process left, or one whose process closes connections
+/// unanswered (it is stopping).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn next_to_store_finds_the_serving_process_or_nobody() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    assert!(Client::next_to_store(&path).await.unwrap().is_none());
+    let rt = Runtime::open(&path).unwrap();
+    let server = rt.serve_control_next_to_store().await.unwrap();
+    let client = Client::next_to_store(&path).await.unwrap().unwrap();
+    let socket = loops::control::socket_path(&path);
+    assert_eq!(client.endpoint(), &Endpoint::Unix(socket.clone()));
+    assert_eq!(client.run_info("r1").await.unwrap(), None);
+    server.stop().await;
+    rt.shutdown().await;
+    // A socket file with no process behind it.
+    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+    assert!(socket.exists());
+    assert!(Client::next_to_store(&path).await.unwrap().is_none());
+    std::fs::remove_file(&socket).unwrap();
+    // A process that closes each connection unanswered.
+    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+    let closer = tokio::spawn(async move {
+        let (stream, _) = listener.accept().await.unwrap();
+        drop(stream);
+    });
+    assert!(Client::next_to_store(&path).await.unwrap().is_none());
+    closer.await.unwrap();
+}

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Result;
-use loops::control::{Client, ControlError, Endpoint, socket_path};
+use loops::control::{Client, socket_path};
 use loops::{AttributeValue, RunStatus, Runtime, StartOptions};
 
 use crate::workflow::{APPROVAL_EVENT, Approval};
@@ -97,15 +97,11 @@ pub async fn send(runtime: &Runtime, run_id: &str, approve: bool, by: &str) {
 /// The process refuses the approval (no such run, or an ended one), or what answers on the
 /// socket is not a loops control endpoint of this version.
 pub async fn through_the_serving_process(store: &Path, run_id: &str) -> Result<Option<String>> {
-    let socket = socket_path(store);
-    if std::fs::symlink_metadata(&socket).is_err() {
+    let Some(client) = Client::next_to_store(store)
+        .await
+        .map_err(|e| anyhow::Error::new(e).context("--approve"))?
+    else {
         return Ok(None);
-    }
-    let client = match Client::connect(Endpoint::Unix(socket.clone())).await {
-        Ok(client) => client,
-        // A socket left by a process that is gone.
-        Err(ControlError::Unreachable { .. }) => return Ok(None),
-        Err(e) => return Err(anyhow::Error::new(e).context("--approve")),
     };
     let by = approver_name();
     let payload = serde_json::value::to_raw_value(&Approval { by: by.clone() })?;
@@ -129,7 +125,7 @@ pub async fn through_the_serving_process(store: &Path, run_id: &str) -> Result<O
         format!(
             "approved run {run_id} as {by}, through the control endpoint {} of the `deliver` \
              serving the store: it hands the approval to the run now, and ends when the run does",
-            socket.display()
+            socket_path(store).display()
         )
     }))
 }

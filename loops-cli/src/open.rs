@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use loops_core::control::{Client, ControlError, Endpoint, socket_path};
+use loops_core::control::{Client, socket_path};
 use loops_core::{Error, Payloads, RedbStore, Runtime, StoreOptions};
 
 use crate::failure::{Failure, Result};
@@ -222,19 +222,9 @@ pub fn file_operator(path: &Path, access: Access) -> Result<Box<dyn Operator>> {
 /// The client of the control endpoint next to the store file at `path`, if a process
 /// answers on it; `None` if there is no socket, or a stale one (its process is gone).
 pub fn served(path: &Path, tokio: &tokio::runtime::Runtime) -> Result<Option<Client>> {
-    let socket = socket_path(path);
-    if std::fs::symlink_metadata(&socket).is_err() {
-        return Ok(None);
-    }
-    match tokio.block_on(Client::connect(Endpoint::Unix(socket))) {
-        Ok(client) => Ok(Some(client)),
-        // No process, or one that closed the connection unanswered (it is stopping).
-        Err(ControlError::Unreachable { .. } | ControlError::Dropped { .. }) => Ok(None),
-        Err(e) => Err(crate::operator::remote_failure(
-            &path.display().to_string(),
-            e,
-        )),
-    }
+    tokio
+        .block_on(Client::next_to_store(path))
+        .map_err(|e| crate::operator::remote_failure(&path.display().to_string(), e))
 }
 
 /// The operator of the PostgreSQL store at `url` (tables in `schema`): a runtime on a pool of

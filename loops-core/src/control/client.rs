@@ -70,6 +70,28 @@ impl Client {
         Ok(client)
     }
 
+    /// The client of the process that serves the control endpoint next to the store file
+    /// `store` ([`socket_path`](super::socket_path)), if one answers there: what a command
+    /// that finds the file held asks first.
+    ///
+    /// Returns `Ok(None)` if there is no socket, or a socket whose process is gone
+    /// ([`ControlError::Unreachable`]) or closed the connection unanswered, as a process
+    /// that is stopping does ([`ControlError::Dropped`]).
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect), but for those two.
+    pub async fn next_to_store(store: &std::path::Path) -> Result<Option<Client>, ControlError> {
+        let socket = super::socket_path(store);
+        if std::fs::symlink_metadata(&socket).is_err() {
+            return Ok(None);
+        }
+        match Client::connect(Endpoint::Unix(socket)).await {
+            Ok(client) => Ok(Some(client)),
+            Err(ControlError::Unreachable { .. } | ControlError::Dropped { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The endpoint.
     pub fn endpoint(&self) -> &Endpoint {
         &self.endpoint
