@@ -718,6 +718,7 @@ fn compare_steps(
         .writes
         .iter()
         .filter(|w| !(w.n == boundary.write && boundary.when == When::BeforeCommit))
+        .filter(|w| w.kind == "Step")
         .filter_map(|w| w.step.clone())
         .collect();
     // Started before the crash, not recorded by it: the closures stopped between their
@@ -735,7 +736,7 @@ fn compare_steps(
         let own = first
             .writes
             .iter()
-            .find(|w| w.n == boundary.write)
+            .find(|w| w.n == boundary.write && w.kind == "Step")
             .and_then(|w| w.step.clone());
         if let Some(own) = own.filter(|id| !stopped.contains(id)) {
             out.push(format!(
