@@ -974,3 +974,86 @@ async fn a_step_output_that_cannot_be_recorded_fails_the_run_at_once() {
         assert!(rt.store().steps(id, 0).await.unwrap().is_empty(), "{id}");
     }
 }
+
+#[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(name = "oversized")]
+enum Oversized {
+    #[initial]
+    #[next(Grown)]
+    Grow { bytes: usize },
+    #[terminal]
+    Grown { text: String },
+}
+
+/// Counts its entries; moves to a state of `bytes` bytes of text.
+#[derive(Default)]
+struct Grower {
+    entries: AtomicU32,
+}
+
+impl OversizedHandler for Grower {
+    type Error = anyhow::Error;
+
+    async fn grow(&self, _: &Context, bytes: usize) -> anyhow::Result<GrowNext> {
+        self.entries.fetch_add(1, Ordering::SeqCst);
+        Ok(GrowNext::Grown {
+            text: "z".repeat(bytes),
+        })
+    }
+}
+
+/// A next state over the payload limit fails its attempt with that error, once: the run
+/// fails at once, saying why (the driver stopped instead, and each try was recorded as
+/// interrupted, "the process stopped while this attempt ran", until the retries ran out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_next_state_over_the_payload_limit_fails_the_run_at_once_saying_why() {
+    let rt = Runtime::builder()
+        .max_payload_bytes(1024)
+        .retry(fast(3))
+        .register::<Oversized, _>(Grower::default())
+        .build(loops::RedbStore::in_memory().unwrap());
+    let grower = Grower::default();
+    let err = rt
+        .run("big", Oversized::Grow { bytes: 4096 }, &grower)
+        .await
+        .unwrap_err();
+    let said = "run `big`: state `Grown` at seq 1 is 4117 bytes, over the 1024-byte limit";
+    match &err {
+        Error::RunFailed {
+            attempts,
+            interrupted,
+            last_error,
+            ..
+        } => assert_eq!(
+            (*attempts, *interrupted, last_error.as_slice()),
+            (1, 0, [said.to_owned()].as_slice())
+        ),
+        other => panic!("expected RunFailed, got {other:?}"),
+    }
+    assert_eq!(grower.entries.load(Ordering::SeqCst), 1);
+    let info = rt.run_info("big").await.unwrap().unwrap();
+    assert_eq!(
+        (
+            info.status,
+            info.attempt,
+            info.interrupted,
+            info.state.as_str()
+        ),
+        (RunStatus::Failed, 1, 0, "Grow")
+    );
+    let failures = rt.store().failures("big").await.unwrap();
+    assert_eq!(failures.len(), 1);
+    assert_eq!(failures[0].1.errors, vec![said.to_owned()]);
+    assert_eq!(rt.store().history("big").await.unwrap().len(), 1);
+    // Under the limit, the same handler moves on.
+    let small = rt
+        .run("small", Oversized::Grow { bytes: 10 }, &grower)
+        .await
+        .unwrap();
+    assert_eq!(
+        small,
+        Oversized::Grown {
+            text: "z".repeat(10)
+        }
+    );
+}

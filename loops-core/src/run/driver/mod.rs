@@ -365,6 +365,15 @@ impl Drive<'_> {
                         // The store refused the transition for a cancellation asked for
                         // meanwhile (another process's, say): read the row, which ends it.
                         Err(Error::RunCancelled { .. }) => run.info = self.reread().await?,
+                        // A next state that cannot be recorded (over the payload limit, or
+                        // not encodable): the attempt failed with that error, which comes out
+                        // the same at every try, so the run fails now, saying why. (Stopping
+                        // the driver instead counted each try as interrupted.)
+                        Err(e) if e.repeats() => {
+                            let failure = Failure::Handler(Box::new(e));
+                            self.record_failure::<W>(run, state, failure).await?;
+                            run.ours = None;
+                        }
                         done => done?,
                     }
                 }
