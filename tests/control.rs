@@ -4,6 +4,7 @@
 use std::io::{Read as _, Write as _};
 use std::net::TcpStream;
 use std::path::Path;
+use std::time::Duration;
 
 use loops::Runtime;
 use loops::control::{Client, ControlError, Endpoint, ErrorKind};
@@ -328,4 +329,37 @@ async fn next_to_store_finds_the_serving_process_or_nobody() {
     });
     assert!(Client::next_to_store(&path).await.unwrap().is_none());
     closer.await.unwrap();
+}
+
+/// A process that takes the connection and never answers (stopped with SIGSTOP, say): the
+/// version check of `connect` gives up with `NoAnswer` (after `CONNECT_TIMEOUT`, 10 s, for
+/// `connect` and `next_to_store`: a command must not hang, nor take the file for free).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_that_never_answers_is_no_answer_after_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let socket = loops::control::socket_path(&path);
+    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+    let silent = tokio::spawn(async move {
+        let mut held = Vec::new();
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            held.push(stream);
+        }
+    });
+    let limit = Duration::from_millis(300);
+    let started = std::time::Instant::now();
+    match Client::connect_within(Endpoint::Unix(socket.clone()), limit).await {
+        Err(e @ ControlError::NoAnswer { .. }) => assert_eq!(
+            e.to_string(),
+            format!(
+                "control endpoint unix:{}: the process took the connection but did not answer within 300ms: it may be stopped (SIGSTOP, a debugger) or overloaded",
+                socket.display()
+            )
+        ),
+        other => panic!("expected NoAnswer, got {other:?}"),
+    }
+    assert!(started.elapsed() >= limit);
+    assert_eq!(loops::control::CONNECT_TIMEOUT, Duration::from_secs(10));
+    silent.abort();
 }

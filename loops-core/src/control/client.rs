@@ -33,6 +33,11 @@ const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
 /// while; a read takes milliseconds).
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(300);
 
+/// Longest wait for the answer to [`Client::connect`]'s version check, which a process
+/// answers at once unless it is stopped or overloaded: a command against a frozen process
+/// fails after this, not after the 5 minutes any other request may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// A client of a process's control endpoint: what `loops` uses to read and steer the runs
 /// of a store that a running process holds. Each method is one request; its errors are
 /// [`ControlError`]s, the process's own errors as [`ControlError::Remote`].
@@ -49,10 +54,23 @@ impl Client {
     ///
     /// # Errors
     /// [`ControlError::Unreachable`] if nothing answers (no socket, or no process behind
-    /// it); [`ControlError::Token`] for a TCP endpoint whose token file cannot be used;
+    /// it); [`ControlError::NoAnswer`] if the process took the connection but did not answer
+    /// within [`CONNECT_TIMEOUT`] (it is stopped, or overloaded); [`ControlError::Token`] for a TCP endpoint whose token file cannot be used;
     /// [`ControlError::VersionMismatch`] naming both versions; [`ControlError::Remote`] if
     /// the process refuses the request (a wrong token: [`ErrorKind::Unauthorized`]).
     pub async fn connect(endpoint: Endpoint) -> Result<Client, ControlError> {
+        Client::connect_within(endpoint, CONNECT_TIMEOUT).await
+    }
+
+    /// [`connect`](Self::connect), waiting at most `limit` for the process's answer to the
+    /// version check.
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect), with [`ControlError::NoAnswer`] after `limit`.
+    pub async fn connect_within(
+        endpoint: Endpoint,
+        limit: Duration,
+    ) -> Result<Client, ControlError> {
         let token = match &endpoint {
             Endpoint::Tcp { token_file, .. } => Some(super::server::read_token(token_file)?),
             Endpoint::Unix(_) => None,
@@ -66,7 +84,9 @@ impl Client {
                 store: String::new(),
             },
         };
-        client.server = client.get("/version").await?;
+        client.server = client
+            .request(Method::GET, "/version", Bytes::new(), limit)
+            .await?;
         Ok(client)
     }
 
@@ -357,7 +377,8 @@ impl Client {
     }
 
     async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T, ControlError> {
-        self.request(Method::GET, path, Bytes::new()).await
+        self.request(Method::GET, path, Bytes::new(), ANSWER_TIMEOUT)
+            .await
     }
 
     async fn post<B: Serialize + ?Sized, T: DeserializeOwned>(
@@ -366,7 +387,8 @@ impl Client {
         body: &B,
     ) -> Result<T, ControlError> {
         let body = serde_json::to_vec(body).map_err(|e| self.protocol(format!("{e}")))?;
-        self.request(Method::POST, path, Bytes::from(body)).await
+        self.request(Method::POST, path, Bytes::from(body), ANSWER_TIMEOUT)
+            .await
     }
 
     fn protocol(&self, what: String) -> ControlError {
@@ -381,6 +403,7 @@ impl Client {
         method: Method,
         path: &str,
         body: Bytes,
+        limit: Duration,
     ) -> Result<T, ControlError> {
         let mut request = Request::builder()
             .method(method)
@@ -406,9 +429,12 @@ impl Client {
                 }
             }
         };
-        let (status, version, bytes) = tokio::time::timeout(ANSWER_TIMEOUT, exchange)
+        let (status, version, bytes) = tokio::time::timeout(limit, exchange)
             .await
-            .map_err(|_| self.protocol(format!("no answer within {} s", ANSWER_TIMEOUT.as_secs())))?
+            .map_err(|_| ControlError::NoAnswer {
+                endpoint: self.endpoint.to_string(),
+                waited: limit,
+            })?
             .map_err(|e| match e {
                 Exchange::Control(e) => e,
                 Exchange::Http(e) => self.protocol(e),

@@ -25,7 +25,7 @@ pub mod wire;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-pub use client::Client;
+pub use client::{CONNECT_TIMEOUT, Client};
 pub use server::ControlServer;
 pub use wire::ErrorKind;
 
@@ -139,8 +139,18 @@ pub enum ControlError {
         /// What the connection said (hyper's words).
         what: String,
     },
-    /// The answer is not HTTP, or not the answer of a loops endpoint, or it did not come in
-    /// time.
+    /// The process took the connection but did not answer in time: it is stopped
+    /// (`SIGSTOP`, a debugger), or too busy to answer.
+    #[error(
+        "control endpoint {endpoint}: the process took the connection but did not answer within {waited:?}: it may be stopped (SIGSTOP, a debugger) or overloaded"
+    )]
+    NoAnswer {
+        /// The endpoint.
+        endpoint: String,
+        /// How long the client waited.
+        waited: std::time::Duration,
+    },
+    /// The answer is not HTTP, or not the answer of a loops endpoint.
     #[error("control endpoint {endpoint}: {what}")]
     Protocol {
         /// The endpoint.
