@@ -548,7 +548,11 @@ fn cancel<'w>(
         return Err(run_ended(info, "cancel"));
     }
     let mut new = info.clone();
-    new.cancel = Some(reason.to_owned());
+    // The first reason stands: a second cancellation of a run that is ending asks for what
+    // was asked already (it may still end it at once).
+    if new.cancel.is_none() {
+        new.cancel = Some(reason.to_owned());
+    }
     // Nobody drives a blocked run: it ends at once.
     if end_now || info.status == RunStatus::Blocked {
         new.status = RunStatus::Cancelled;

@@ -441,3 +441,36 @@ fn a_cancel_cancels_the_children_whose_policy_is_cancel() {
         [("a", reason, true, 50), ("b", reason, false, 50)]
     );
 }
+
+/// A second cancellation of a run being cancelled keeps the first reason; one that ends the
+/// run at once still ends it.
+#[test]
+fn a_second_cancellation_keeps_the_first_reason() {
+    let cancel = |reason: &str, end_now| Write::Cancel {
+        run_id: "r".to_owned(),
+        reason: reason.to_owned(),
+        end_now,
+        at_ms: 5,
+    };
+    let applied = |write: &Write, before: &RunInfo| -> RunInfo {
+        match plan(write, Some(before), &Facts::default()).unwrap().row {
+            Some(row) => row.info,
+            None => panic!("no row written"),
+        }
+    };
+    let first = applied(
+        &cancel("operator stop", false),
+        &row("r", RunStatus::Running, 3),
+    );
+    assert_eq!(
+        (first.status, first.cancel.as_deref()),
+        (RunStatus::Running, Some("operator stop"))
+    );
+    let second = applied(&cancel("again", false), &first);
+    assert_eq!(second.cancel.as_deref(), Some("operator stop"));
+    let now = applied(&cancel("now", true), &first);
+    assert_eq!(
+        (now.status, now.cancel.as_deref()),
+        (RunStatus::Cancelled, Some("operator stop"))
+    );
+}
