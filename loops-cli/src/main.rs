@@ -72,8 +72,9 @@ fn report(message: &str) {
     let style = ERROR.effects(anstyle::Effects::BOLD);
     let _ = writeln!(
         anstream::stderr().lock(),
-        "{}: {message}",
-        paint(style, "error")
+        "{}: {}",
+        paint(style, "error"),
+        crate::output::shown(message)
     );
 }
 

@@ -151,6 +151,7 @@ impl Table {
 /// Writes `text` to stdout (styles dropped where colour is off). A closed pipe (`| head`) is
 /// not an error.
 pub fn emit(text: &str) -> Result<()> {
+    let text = shown(text);
     let mut out = anstream::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
         Ok(()) => Ok(()),
@@ -159,11 +160,38 @@ pub fn emit(text: &str) -> Result<()> {
     }
 }
 
-/// Writes `value` to stdout as pretty JSON, followed by a newline.
+/// Writes `value` to stdout as pretty JSON, followed by a newline. Bidirectional control
+/// characters are written as JSON escapes (`\u202e`): the same strings to a JSON reader, the
+/// text in its own order on a terminal.
 pub fn emit_json(value: &impl Serialize) -> Result<()> {
     let text = serde_json::to_string_pretty(value)
         .map_err(|e| Failure::new(format!("cannot encode the output as JSON: {e}")))?;
+    // They can only stand inside JSON strings, where an escape means the same character.
+    let text = escaped(&text, |c| format!("\\u{:04x}", u32::from(c)));
     emit(&format!("{text}\n"))
+}
+
+/// `text` with each bidirectional control character ([`loops_core::is_bidi_control`])
+/// written as `\u{202e}`: text the CLI shows (payloads, reasons, run ids, errors) may hold
+/// them, and a terminal would show the rest of the line in another order.
+pub fn shown(text: &str) -> std::borrow::Cow<'_, str> {
+    escaped(text, |c| format!("\\u{{{:04x}}}", u32::from(c)))
+}
+
+/// `text` with each bidirectional control character replaced by `escape` of it.
+fn escaped(text: &str, escape: impl Fn(char) -> String) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(loops_core::is_bidi_control) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if loops_core::is_bidi_control(c) {
+            out.push_str(&escape(c));
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// Writes a one-line note to stderr (`note: ...`).
@@ -173,7 +201,7 @@ pub fn note(text: &str) {
         anstream::stderr().lock(),
         "{}: {}",
         paint(style.effects(Effects::BOLD), "note"),
-        crate::failure::one_line(text)
+        shown(&crate::failure::one_line(text))
     );
 }
 

@@ -3524,3 +3524,31 @@ fn upgrade_converts_a_store_of_format_1_and_keeps_a_backup() {
         .assert()
         .code(1);
 }
+
+/// Bidirectional control characters in text the CLI shows (a cancellation's reason, an
+/// event's payload) are escaped, so that a terminal shows each line in its own order: as
+/// `\u{202e}` in text, as a JSON escape (the same string to a JSON reader) with `--json`.
+#[test]
+fn bidirectional_controls_are_shown_escaped() {
+    let (_dir, path) = store();
+    let said = text(
+        &path,
+        &["cancel", "waiting-1", "--reason", "stop \u{202e}it now"],
+    );
+    assert_eq!(
+        said,
+        "cancelled run waiting-1 (waiting in state Ask, seq 0): stop \\u{202e}it now\n"
+    );
+    let shown = text(&path, &["show", "waiting-1"]);
+    assert!(!shown.contains('\u{202e}'), "{shown}");
+    assert!(shown.contains("stop \\u{202e}it now"), "{shown}");
+    let out = loops(&path)
+        .args(["show", "waiting-1", "--json"])
+        .output()
+        .unwrap();
+    let raw = String::from_utf8(out.stdout).unwrap();
+    assert!(!raw.contains('\u{202e}'), "{raw}");
+    assert!(raw.contains(r"stop \u202eit now"), "{raw}");
+    let v: Value = serde_json::from_str(&raw).unwrap();
+    assert_eq!(v["run"]["cancel_reason"], "stop \u{202e}it now", "{raw}");
+}

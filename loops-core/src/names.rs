@@ -30,6 +30,15 @@ const BIDI_CONTROLS: [char; 12] = [
     '\u{2066}', '\u{2067}', '\u{2068}', '\u{2069}',
 ];
 
+/// Whether `c` is a bidirectional control character (Unicode's Bidi_Control: U+061C, U+200E,
+/// U+200F, U+202A to U+202E, U+2066 to U+2069), which makes a terminal or a page show the
+/// text around it in an order other than its own. New run ids may not hold one
+/// ([`validate_run_id`]); text that may (an event's payload, a cancellation's reason, an
+/// old run id) is shown with them escaped by the `loops` CLI.
+pub fn is_bidi_control(c: char) -> bool {
+    BIDI_CONTROLS.contains(&c)
+}
+
 /// Checks the id of a new run: the rules of [`validate_run_id_lookup`] (not empty, at most
 /// [`MAX_RUN_ID_BYTES`] bytes, no control characters, no white space at either end), no
 /// bidirectional control character (Unicode's Bidi_Control: U+061C, U+200E, U+200F, U+202A to
@@ -44,7 +53,7 @@ const BIDI_CONTROLS: [char; 12] = [
 /// [`Error::InvalidRunId`](crate::Error::InvalidRunId) saying which rule the id breaks.
 pub fn validate_run_id(run_id: &str) -> Result<()> {
     validate_run_id_lookup(run_id)?;
-    let reason = if run_id.chars().any(|c| BIDI_CONTROLS.contains(&c)) {
+    let reason = if run_id.chars().any(is_bidi_control) {
         "contains bidirectional control characters (Unicode Bidi_Control), which make text show in an order other than its own"
     } else if run_id
         .chars()
