@@ -363,3 +363,27 @@ async fn a_process_that_never_answers_is_no_answer_after_the_limit() {
     assert_eq!(loops::control::CONNECT_TIMEOUT, Duration::from_secs(10));
     silent.abort();
 }
+
+/// A request over the endpoint's body limit (64 MiB) is refused as an invalid argument that
+/// names the limit and what to do, not in axum's words.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_over_the_body_limit_is_refused_naming_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let rt = Runtime::open(&path).unwrap();
+    let server = rt.serve_control_next_to_store().await.unwrap();
+    let client = Client::next_to_store(&path).await.unwrap().unwrap();
+    let huge = serde_json::value::to_raw_value(&"x".repeat(65 * 1024 * 1024)).unwrap();
+    match client.send("r1", "go", None, &huge).await {
+        Err(ControlError::Remote { kind, message, .. }) => {
+            assert_eq!(kind, ErrorKind::InvalidArgument);
+            assert_eq!(
+                message,
+                "the request is over the control endpoint's limit of 64 MiB; an event's payload is at most the runtime's max_payload_bytes (2 MiB by default): keep large data outside the store and send a reference to it"
+            );
+        }
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    server.stop().await;
+    rt.shutdown().await;
+}

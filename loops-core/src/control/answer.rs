@@ -118,7 +118,17 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
             Ok(Json(value)) => Ok(Body(value)),
             Err(e) => {
                 let e: JsonRejection = e;
-                Err(malformed(e.status(), e.body_text(), run))
+                let reason = if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    // axum's words ("Failed to buffer the request body: length limit
+                    // exceeded") name neither the limit nor what to do.
+                    format!(
+                        "the request is over the control endpoint's limit of {} MiB; an event's payload is at most the runtime's max_payload_bytes (2 MiB by default): keep large data outside the store and send a reference to it",
+                        super::server::MAX_BODY_BYTES / (1024 * 1024)
+                    )
+                } else {
+                    e.body_text()
+                };
+                Err(malformed(e.status(), reason, run))
             }
         }
     }

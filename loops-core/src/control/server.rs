@@ -29,7 +29,7 @@ use crate::{Pruned, TransitionRecord};
 
 /// Largest request body: a payload of the runtime's default limit (2 MiB) many times over;
 /// the runtime refuses payloads over its own limit.
-const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
+pub(super) const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
 
 /// A running control endpoint. Dropping it (or [`stop`](Self::stop)) stops the server and
 /// removes its socket file.
