@@ -205,6 +205,15 @@ pub fn note(text: &str) {
     );
 }
 
+/// The plural ending of a count: `""` for 1, `"s"` otherwise (`2 attempts`, `1 attempt`).
+pub fn plural(n: impl TryInto<u64>) -> &'static str {
+    if n.try_into().ok() == Some(1) {
+        ""
+    } else {
+        "s"
+    }
+}
+
 /// A time as RFC 3339 in UTC with milliseconds (`2026-05-01T10:00:00.123Z`).
 pub fn rfc3339(ms: u64) -> String {
     humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()

@@ -690,6 +690,7 @@ fn show_prints_state_payload_wait_and_the_schema_only_when_asked() {
         out.contains("last error      deploy failed: connection refused\n"),
         "{out}"
     );
+    assert!(out.contains("gave up         after 1 attempt\n"), "{out}");
     let out = text(&path, &["show", "cancelled-1"]);
     assert!(out.contains("cancelled       not needed\n"), "{out}");
     // Keys keep the order the workflow wrote them in.

@@ -13,7 +13,8 @@ use crate::json::preview;
 use crate::open::{self, Access, Target};
 use crate::operator::{Operator, not_found};
 use crate::output::{
-    Cell, DIM, ERROR, HEADER, ID, Table, duration, emit, emit_json, paint, rfc3339, status_style,
+    Cell, DIM, ERROR, HEADER, ID, Table, duration, emit, emit_json, paint, plural, rfc3339,
+    status_style,
 };
 use crate::view::{EventFate, EventView, FailureView, RunView, StepView, waiting_text};
 
@@ -289,8 +290,4 @@ fn failed_attempts(transitions: &[TransitionView]) -> usize {
         }
     }
     attempts.len()
-}
-
-fn plural(n: usize) -> &'static str {
-    if n == 1 { "" } else { "s" }
 }

@@ -10,7 +10,7 @@ use serde::Serialize;
 use crate::cli::{JsonArg, PruneArgs};
 use crate::failure::Result;
 use crate::open::{self, Access, Target};
-use crate::output::{ID, bytes, emit, emit_json, paint};
+use crate::output::{ID, bytes, emit, emit_json, paint, plural};
 
 /// `loops prune --json`.
 #[derive(Debug, Serialize)]
@@ -173,8 +173,4 @@ pub fn compact(target: &Target, args: &JsonArg) -> Result<()> {
 /// The file's size in bytes (0 if it cannot be read; the open that follows says why).
 fn file_bytes(path: &Path) -> u64 {
     std::fs::metadata(path).map_or(0, |m| m.len())
-}
-
-fn plural(n: u64) -> &'static str {
-    if n == 1 { "" } else { "s" }
 }

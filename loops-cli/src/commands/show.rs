@@ -12,7 +12,7 @@ use crate::json::pretty;
 use crate::open::{self, Access, Target};
 use crate::operator::{Operator, not_found};
 use crate::output::{
-    Cell, DIM, ERROR, HEADER, ID, PLAIN, Table, emit, emit_json, paint, relative, rfc3339,
+    Cell, DIM, ERROR, HEADER, ID, PLAIN, Table, emit, emit_json, paint, plural, relative, rfc3339,
     status_style,
 };
 use crate::view::{EventFate, EventView, RunView, waiting_text};
@@ -118,6 +118,9 @@ pub fn run(target: &Target, args: &ShowArgs) -> Result<()> {
     if let Some(error) = &info.error {
         field("last error", error.join(": "), ERROR);
     }
+    if let Some(text) = gave_up(&info) {
+        field("gave up", text, ERROR);
+    }
     if let Some(reason) = &info.cancel {
         let label = if info.status == RunStatus::Cancelled {
             "cancelled"
@@ -196,4 +199,53 @@ pub fn run(target: &Target, args: &ShowArgs) -> Result<()> {
         None => out.push_str("  (no description stored)\n"),
     }
     emit(&out)
+}
+
+/// For a failed run, after how many attempts it gave up and how many of them the process's
+/// stop cut short: a last error of "the process stopped" alone hides that the budget ran out
+/// on interruptions.
+fn gave_up(info: &RunInfo) -> Option<String> {
+    if info.status != RunStatus::Failed {
+        return None;
+    }
+    let attempts = info.attempt.saturating_sub(info.attempt_base);
+    Some(match info.interrupted {
+        0 => format!("after {attempts} attempt{}", plural(attempts)),
+        n => format!(
+            "after {attempts} attempt{}, {n} of them interrupted (the process stopped while they ran)",
+            plural(attempts)
+        ),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_run_says_after_how_many_attempts_and_interruptions_it_gave_up() {
+        let row = |status: &str, attempt: u32, base: u32, interrupted: u32| -> RunInfo {
+            serde_json::from_value(serde_json::json!({
+                "run_id": "c0", "workflow": "work", "schema": "0000000000000009",
+                "status": status, "state": "Run", "seq": 0, "attempt": attempt,
+                "attempt_base": base, "interrupted": interrupted,
+                "created_ms": 0, "updated_ms": 0,
+            }))
+            .unwrap()
+        };
+        assert_eq!(
+            gave_up(&row("failed", 10, 0, 10)).as_deref(),
+            Some("after 10 attempts, 10 of them interrupted (the process stopped while they ran)")
+        );
+        assert_eq!(
+            gave_up(&row("failed", 1, 0, 0)).as_deref(),
+            Some("after 1 attempt")
+        );
+        // After `loops retry` at attempt 3, the budget counts from there.
+        assert_eq!(
+            gave_up(&row("failed", 5, 3, 0)).as_deref(),
+            Some("after 2 attempts")
+        );
+        assert_eq!(gave_up(&row("running", 5, 0, 2)), None);
+    }
 }
