@@ -570,7 +570,8 @@ fn writes_need_the_token_and_the_page_s_origin_and_pages_answer_only_their_host(
     let local = ("Host", format!("localhost:{}", addr.port()));
     assert_eq!(request(addr, "GET /", &[local], "").0, 200);
 
-    let cancel = form(&[("token", &token), ("reason", "from elsewhere")]);
+    // The reason holds a bidirectional override, which the page shows escaped.
+    let cancel = form(&[("token", &token), ("reason", "from \u{202e}elsewhere")]);
     // No Origin, another Origin, a cross-site fetch: refused.
     let path = "POST /runs/cancel-1/cancel";
     assert_eq!(
@@ -638,9 +639,12 @@ fn writes_need_the_token_and_the_page_s_origin_and_pages_answer_only_their_host(
         let info = held.rt.run_info("cancel-1").await.unwrap().unwrap();
         assert_eq!(
             (info.status, info.cancel.as_deref()),
-            (RunStatus::Cancelled, Some("from elsewhere"))
+            (RunStatus::Cancelled, Some("from \u{202e}elsewhere"))
         );
     });
+    let (_, page) = request(addr, "GET /runs/cancel-1", std::slice::from_ref(&host), "");
+    assert!(page.contains("from \\u{202e}elsewhere"), "{page}");
+    assert!(!page.contains('\u{202e}'), "{page}");
     let graph = request(addr, "GET /runs/approve-1/graph.svg", &[host], "");
     assert_eq!(graph.0, 200);
     assert!(graph.1.contains("<svg"), "{}", graph.1);

@@ -44,13 +44,13 @@ async fn listed(ui: &Arc<Ui>, query: &RunsQuery) -> Result<Listed> {
 /// `GET /`: the runs, filtered by the query.
 pub async fn runs_page(State(ui): State<Arc<Ui>>, Query(query): Query<RunsQuery>) -> Response {
     let listed = listed(&ui, &query).await;
-    Html(pages::runs(&ui, &query, &listed, now_ms()).into_string()).into_response()
+    page(pages::runs(&ui, &query, &listed, now_ms())).into_response()
 }
 
 /// `GET /live/runs`: the rows of the runs page, for its refresh.
 pub async fn runs_live(State(ui): State<Arc<Ui>>, Query(query): Query<RunsQuery>) -> Response {
     let listed = listed(&ui, &query).await;
-    Html(pages::runs_live(&listed, now_ms()).into_string()).into_response()
+    page(pages::runs_live(&listed, now_ms())).into_response()
 }
 
 /// The `?note=N` of the page a write redirects to.
@@ -90,8 +90,8 @@ pub async fn run_page(
                 view: &view,
                 description: description.as_deref(),
             };
-            let page = pages::run::page(&ui, &shown, note.as_deref(), now_ms());
-            Html(page.into_string()).into_response()
+            let markup = pages::run::page(&ui, &shown, note.as_deref(), now_ms());
+            page(markup).into_response()
         }
         Ok(None) => missing(&ui, &run_id),
         Err(failure) => failed(&ui, StatusCode::INTERNAL_SERVER_ERROR, &failure),
@@ -107,16 +107,16 @@ pub async fn run_live(State(ui): State<Arc<Ui>>, Path(run_id): Path<String>) -> 
                 view: &view,
                 description: description.as_deref(),
             };
-            Html(pages::run::live(&ui, &shown, now_ms()).into_string()).into_response()
+            page(pages::run::live(&ui, &shown, now_ms())).into_response()
         }
         Ok(None) => (
             StatusCode::NOT_FOUND,
-            Html(pages::problem(&not_found(&ui.label, &run_id).message).into_string()),
+            page(pages::problem(&not_found(&ui.label, &run_id).message)),
         )
             .into_response(),
         Err(failure) => (
             StatusCode::INTERNAL_SERVER_ERROR,
-            Html(pages::problem(&failure.message).into_string()),
+            page(pages::problem(&failure.message)),
         )
             .into_response(),
     }
@@ -320,9 +320,16 @@ fn failed(ui: &Ui, status: StatusCode, failure: &Failure) -> Response {
     } else {
         status
     };
-    (
-        status,
-        Html(pages::failure(ui, &failure.message).into_string()),
-    )
-        .into_response()
+    (status, page(pages::failure(ui, &failure.message))).into_response()
+}
+
+/// A page's HTML, with bidirectional control characters shown escaped (`\u{202e}`), as the
+/// CLI shows them: maud escapes what HTML would read as markup, but a payload's U+202E would
+/// still make the browser show the text around it in another order.
+fn page(markup: maud::Markup) -> Html<String> {
+    let html = markup.into_string();
+    match crate::output::shown(&html) {
+        std::borrow::Cow::Borrowed(_) => Html(html),
+        std::borrow::Cow::Owned(escaped) => Html(escaped),
+    }
 }
