@@ -1016,13 +1016,15 @@ async fn concurrent_joins_of_one_handler_each_get_their_child() {
 }
 
 #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
-#[workflow(name = "duo")]
+// `Pair` has states `Spread` and `Joined` too: the prefix keeps the generated enums apart
+// (`DuoSpreadNext`, not a second `SpreadNext`).
+#[workflow(name = "duo", next_prefix = "Duo")]
 enum Duo {
     #[initial]
-    #[next(Both)]
-    Fork,
+    #[next(Joined)]
+    Spread,
     #[terminal]
-    Both { squares: Vec<u64> },
+    Joined { squares: Vec<u64> },
 }
 
 /// Joins its two children (`ID/0` and `ID/1`, each waiting for `go`) at once; the second
@@ -1031,7 +1033,7 @@ struct TwoJoins;
 
 impl DuoHandler for TwoJoins {
     type Error = Error;
-    async fn fork(&self, ctx: &Context) -> Result<ForkNext, Error> {
+    async fn spread(&self, ctx: &Context) -> Result<DuoSpreadNext, Error> {
         let mut children: Vec<ChildRun<Leaf>> = Vec::new();
         for i in 0..2 {
             let id = format!("{}/{i}", ctx.run_id());
@@ -1056,7 +1058,7 @@ impl DuoHandler for TwoJoins {
                 }
             }
         }
-        Ok(ForkNext::Both { squares })
+        Ok(DuoSpreadNext::Joined { squares })
     }
 }
 
@@ -1097,7 +1099,7 @@ async fn a_join_whose_wake_up_another_join_took_still_ends() {
         .register::<Leaf, _>(counts.clone())
         .register::<Duo, _>(TwoJoins)
         .build(store);
-    rt.start("d", Duo::Fork).await.unwrap();
+    rt.start("d", Duo::Spread).await.unwrap();
     wait_status(&rt, "d/1", RunStatus::Waiting).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     rt.send("d/0", Leaf::GO, &1).await.unwrap();
@@ -1109,7 +1111,7 @@ async fn a_join_whose_wake_up_another_join_took_still_ends() {
         .unwrap();
     assert_eq!(
         done,
-        Duo::Both {
+        Duo::Joined {
             squares: vec![4, 9]
         }
     );

@@ -324,3 +324,55 @@ mod hash {
         );
     }
 }
+
+/// `next_prefix` renames the generated `{V}Next` enums (two workflows of one module may then
+/// share a state name) and changes nothing else: not the states, not the schema hash.
+mod next_prefix {
+    use loops::Workflow;
+    use serde::{Deserialize, Serialize};
+
+    mod plain {
+        use super::*;
+        #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+        #[workflow(name = "review", version = 1)]
+        pub enum Review {
+            #[initial]
+            #[next(Done)]
+            Open { pr: u64 },
+            #[terminal]
+            Done,
+        }
+    }
+
+    // Beside `Ticket`, which has a state `Open` too.
+    #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+    #[workflow(name = "review", version = 1, next_prefix = "Review")]
+    pub enum Review {
+        #[initial]
+        #[next(Done)]
+        Open { pr: u64 },
+        #[terminal]
+        Done,
+    }
+
+    #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+    #[workflow(name = "ticket", version = 1)]
+    pub enum Ticket {
+        #[initial]
+        #[next(Done)]
+        Open { id: u64 },
+        #[terminal]
+        Done,
+    }
+
+    #[test]
+    fn renames_the_next_enums_and_keeps_the_schema() {
+        assert_eq!(Review::SCHEMA_HASH, plain::Review::SCHEMA_HASH);
+        assert_eq!(Review::SCHEMA, plain::Review::SCHEMA);
+        let next: Review = ReviewOpenNext::Done.into();
+        assert_eq!(next, Review::Done);
+        let next: Ticket = OpenNext::Done.into();
+        assert_eq!(next, Ticket::Done);
+        let _: plain::OpenNext = plain::OpenNext::Done;
+    }
+}

@@ -37,7 +37,7 @@ pub(crate) struct State<'a> {
     pub fields: Vec<Field<'a>>,
     /// The handler method: the variant's name in snake case.
     pub method: Ident,
-    /// `{Variant}Next`.
+    /// `{Variant}Next`, or `{prefix}{Variant}Next` with `next_prefix`.
     pub next_ident: Ident,
     /// The `#[next(...)]` targets resolved to indices into `Workflow::states`, in the order
     /// written, without unknown names and repeats (`valid` reports those).
@@ -139,6 +139,9 @@ impl<'a> Workflow<'a> {
             .collect();
         for (state, next) in states.iter_mut().zip(targets) {
             state.next = next;
+            if let Some(prefix) = &attrs.next_prefix {
+                state.next_ident = format_ident!("{}{}Next", prefix, state.ident);
+            }
         }
         let ident = &input.ident;
         Some(Workflow {

@@ -22,6 +22,9 @@ pub(crate) struct WorkflowAttrs {
     /// the order written; `None` if the key is absent.
     pub accepts: Option<Vec<u64>>,
     pub krate: CratePath,
+    /// `next_prefix = "Duo"`: the generated `{V}Next` enums are named `{prefix}{V}Next`, so
+    /// that two workflows in one module may have a state of the same name.
+    pub next_prefix: Option<Ident>,
     /// `#[event(name: Type, ...)]`: the events the workflow's states wait for, with their
     /// payload types, in the order written (duplicates included: `valid` reports them).
     pub events: Vec<EventDecl>,
@@ -178,6 +181,9 @@ pub(crate) fn workflow(cx: &Errors, attrs: &[Attribute]) -> WorkflowAttrs {
     out
 }
 
+/// The form of `next_prefix`, for its errors.
+const NEXT_PREFIX_FORM: &str = "expected `next_prefix = \"Name\"`, a string that starts a type name: the generated enums are then named `{Name}{State}Next`";
+
 fn parse_workflow(cx: &Errors, attr: &Attribute, out: &mut WorkflowAttrs) {
     if !matches!(attr.meta, Meta::List(_)) {
         cx.spanned(attr, "expected `#[workflow(name = \"...\", version = N)]`");
@@ -223,6 +229,28 @@ fn parse_workflow(cx: &Errors, attr: &Attribute, out: &mut WorkflowAttrs) {
             } else {
                 out.version = Some((version, value.span()));
             }
+        } else if key.is_ident("next_prefix") {
+            let Some(value) = value else {
+                cx.spanned(&key, NEXT_PREFIX_FORM);
+                return Ok(());
+            };
+            let Expr::Lit(ExprLit {
+                lit: Lit::Str(lit), ..
+            }) = &value
+            else {
+                cx.spanned(&value, NEXT_PREFIX_FORM);
+                return Ok(());
+            };
+            // The prefix starts the names of types: `{prefix}{State}Next` must be one.
+            let Ok(prefix) = syn::parse_str::<Ident>(&lit.value()) else {
+                cx.spanned(lit, NEXT_PREFIX_FORM);
+                return Ok(());
+            };
+            if out.next_prefix.is_some() {
+                cx.spanned(&key, "duplicate `next_prefix` in `#[workflow(...)]`");
+            } else {
+                out.next_prefix = Some(Ident::new(&prefix.to_string(), lit.span()));
+            }
         } else if key.is_ident("accepts") {
             let Some(value) = value else {
                 cx.spanned(&key, ACCEPTS_FORM);
@@ -242,7 +270,7 @@ fn parse_workflow(cx: &Errors, attr: &Attribute, out: &mut WorkflowAttrs) {
             cx.spanned(
                 &key,
                 format!(
-                    "unknown key `{}` in `#[workflow(...)]`: expected `name`, `version`, `accepts` or `crate`",
+                    "unknown key `{}` in `#[workflow(...)]`: expected `name`, `version`, `accepts`, `next_prefix` or `crate`",
                     path_text(&key)
                 ),
             );
