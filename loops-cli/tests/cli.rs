@@ -746,7 +746,7 @@ fn history_merges_transitions_steps_failures_and_events() {
     let out = text(&path, &["history", "failed-1"]);
     let lines: Vec<&str> = out.lines().collect();
     assert!(
-        lines[0].starts_with("run failed-1  workflow job  failed  2 transitions, 1 failed attempt"),
+        lines[0].starts_with("run failed-1  workflow job  failed  1 transition, 1 failed attempt"),
         "{out}"
     );
     assert!(
@@ -778,7 +778,7 @@ fn history_merges_transitions_steps_failures_and_events() {
     );
     let out = text(&path, &["history", "waiting-1"]);
     assert!(
-        out.starts_with("run waiting-1  workflow gate  waiting  1 transition, 0 failed attempts; waiting for event approval\n"),
+        out.starts_with("run waiting-1  workflow gate  waiting  0 transitions, 0 failed attempts; waiting for event approval\n"),
         "{out}"
     );
     assert!(out.contains("\nEVENT  NAME  KEY  SENT"), "{out}");
@@ -788,7 +788,7 @@ fn history_merges_transitions_steps_failures_and_events() {
     let out = text(&path, &["history", "cancelled-1"]);
     let lines: Vec<&str> = out.lines().collect();
     assert!(
-        lines[0].starts_with("run cancelled-1  workflow gate  cancelled  1 transition"),
+        lines[0].starts_with("run cancelled-1  workflow gate  cancelled  0 transitions"),
         "{out}"
     );
     assert!(lines[3].starts_with("0    state      Ask"), "{out}");
@@ -1137,7 +1137,7 @@ fn graph_of_a_run_highlights_its_path_with_counts_and_its_current_state() {
     assert_eq!(
         text(&path, &["graph", "--run", "fix-1"]),
         format!(
-            "---\ntitle: \"run fix-1 (fix version 1, schema {fix}) completed at Merged after 7 transitions\"\n---\n\
+            "---\ntitle: \"run fix-1 (fix version 1, schema {fix}) completed at Merged after 6 transitions\"\n---\n\
              stateDiagram-v2\n    \
              [*] --> Edit\n    \
              Edit --> Test: 3×\n    \
@@ -1159,7 +1159,7 @@ fn graph_of_a_run_highlights_its_path_with_counts_and_its_current_state() {
         ),
         format!(
             "digraph \"fix\" {{\n    \
-             label=\"run fix-1 (fix version 1, schema {fix}) completed at Merged after 7 transitions\";\n    \
+             label=\"run fix-1 (fix version 1, schema {fix}) completed at Merged after 6 transitions\";\n    \
              labelloc=t;\n    \
              node [shape=box, style=rounded];\n    \
              \"[*] start\" [shape=circle, style=filled, fillcolor=\"#000000\", label=\"\", width=0.2];\n    \
@@ -1186,7 +1186,7 @@ fn graph_of_a_run_highlights_its_path_with_counts_and_its_current_state() {
     assert_eq!(
         text(&path, &["graph", "--run", "failed-1"]),
         format!(
-            "---\ntitle: \"run failed-1 (job version 1, schema {job1}) failed at Work after 2 transitions\"\n---\n\
+            "---\ntitle: \"run failed-1 (job version 1, schema {job1}) failed at Work after 1 transition\"\n---\n\
              stateDiagram-v2\n    \
              [*] --> Start\n    \
              Start --> Work: 1×\n    \
@@ -2785,7 +2785,7 @@ fn history_counts_a_failing_step_once_per_attempt() {
     let out = text(&path, &["history", "steps-1"]);
     assert_eq!(
         out.lines().next().unwrap(),
-        "run steps-1  workflow job  failed  2 transitions, 2 failed attempts"
+        "run steps-1  workflow job  failed  1 transition, 2 failed attempts"
     );
 }
 

@@ -356,5 +356,5 @@ fn graph_of_a_migrated_run_draws_no_move_for_the_migration() {
         ],
         "{graph}"
     );
-    assert!(graph.contains("after 3 transitions"), "{graph}");
+    assert!(graph.contains("after 2 transitions"), "{graph}");
 }

@@ -137,7 +137,7 @@ mod tests {
         assert_eq!(
             render(&g),
             "digraph \"w \\\"x\\\"\" {\n    \
-             label=\"run r (w \\\"x\\\" version 1, schema 0000000000000001) failed at Gone after 2 transitions\";\n    \
+             label=\"run r (w \\\"x\\\" version 1, schema 0000000000000001) failed at Gone after 1 transition\";\n    \
              labelloc=t;\n    \
              node [shape=box, style=rounded];\n    \
              \"[*] start\" [shape=circle, style=filled, fillcolor=\"#000000\", label=\"\", width=0.2];\n    \

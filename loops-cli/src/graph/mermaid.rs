@@ -160,7 +160,7 @@ mod tests {
         assert_eq!(
             render(&g),
             "---\n\
-             title: \"run a \\\"b\\\" (w version 1, schema 0000000000000001) waiting at Ünï after 2 transitions\"\n\
+             title: \"run a \\\"b\\\" (w version 1, schema 0000000000000001) waiting at Ünï after 1 transition\"\n\
              ---\n\
              stateDiagram-v2\n    \
              state \"end\" as state_0\n    \

@@ -260,14 +260,17 @@ impl Graph {
         let workflow = format!("{}{version}, schema {}", self.workflow, self.schema);
         match &self.run {
             None => workflow,
-            Some(run) => format!(
-                "run {} ({workflow}) {} at {} after {} transition{}",
-                run.run_id,
-                run.status,
-                self.states[run.current].name,
-                run.records,
-                if run.records == 1 { "" } else { "s" }
-            ),
+            Some(run) => {
+                // The first record is the run's creation, not a transition.
+                let moves = run.records.saturating_sub(1);
+                format!(
+                    "run {} ({workflow}) {} at {} after {moves} transition{}",
+                    run.run_id,
+                    run.status,
+                    self.states[run.current].name,
+                    crate::output::plural(moves)
+                )
+            }
         }
     }
 
@@ -434,7 +437,7 @@ mod tests {
         assert_eq!(g.transition_label(&g.transitions[0]), "");
         assert_eq!(
             g.title(),
-            "run r-1 (loop version 2, schema 00000000000000ab) completed at C after 6 transitions"
+            "run r-1 (loop version 2, schema 00000000000000ab) completed at C after 5 transitions"
         );
         let current = g.state_look(2);
         assert_eq!((current.fill, current.width), (0xbbf7d0, 3));
