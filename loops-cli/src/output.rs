@@ -55,12 +55,15 @@ pub struct Cell {
 }
 
 impl Cell {
-    /// A cell showing `text` in `style`.
+    /// A cell showing `text` in `style`, its bidirectional controls escaped ([`shown`]) before
+    /// the table measures it.
     pub fn new(text: impl Into<String>, style: Style) -> Self {
-        Cell {
-            text: text.into(),
-            style,
-        }
+        let text = text.into();
+        let text = match shown(&text) {
+            std::borrow::Cow::Borrowed(_) => text,
+            std::borrow::Cow::Owned(escaped) => escaped,
+        };
+        Cell { text, style }
     }
 
     /// A cell showing `text` unstyled.
@@ -274,6 +277,16 @@ pub fn bytes(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A cell holding a bidirectional control is measured as it is printed, escaped: its
+    /// column stays aligned.
+    #[test]
+    fn a_cell_with_a_bidi_control_keeps_its_column_aligned() {
+        let mut t = Table::new();
+        t.row(vec![Cell::plain("k\u{202e}"), Cell::plain("now")]);
+        t.row(vec![Cell::plain("plain"), Cell::plain("then")]);
+        assert_eq!(t.render(0), "k\\u{202e}  now\nplain      then\n");
+    }
 
     #[test]
     fn times_and_spans() {

@@ -49,6 +49,9 @@ pub struct RunView {
     pub schema: String,
     /// Why a blocked run is blocked.
     pub blocked: Option<BlockView>,
+    /// For a failed run: after how many attempts it gave up, and how many of them the
+    /// process's stops cut short.
+    pub gave_up: Option<GaveUpView>,
     /// The run's searchable attributes by key (`{"str": S}`, `{"int": N}` or
     /// `{"time_ms": MS}`; `{}` if none). Every command's `--json` reads them; `null` only
     /// where a view is built without them.
@@ -60,6 +63,38 @@ impl RunView {
     pub fn with_attributes(mut self, attributes: Attributes) -> Self {
         self.attributes = Some(attributes);
         self
+    }
+}
+
+/// After how many attempts a failed run gave up: a last error of "the process stopped" alone
+/// hides that the budget ran out on interruptions.
+#[derive(Debug, Serialize, PartialEq, Eq)]
+pub struct GaveUpView {
+    /// The attempts of its last budget (since `loops retry`, if it was retried).
+    pub attempts: u32,
+    /// How many of them were cut short by the process stopping.
+    pub interrupted: u32,
+}
+
+impl GaveUpView {
+    /// For a failed run, its attempts; `None` for any other.
+    pub fn of(info: &RunInfo) -> Option<GaveUpView> {
+        (info.status == RunStatus::Failed).then(|| GaveUpView {
+            attempts: info.attempt.saturating_sub(info.attempt_base),
+            interrupted: info.interrupted,
+        })
+    }
+
+    /// In words: `after 10 attempts, 10 of them interrupted (...)`.
+    pub fn text(&self) -> String {
+        let attempts = self.attempts;
+        let s = crate::output::plural(attempts);
+        match self.interrupted {
+            0 => format!("after {attempts} attempt{s}"),
+            n => format!(
+                "after {attempts} attempt{s}, {n} of them interrupted (the process stopped while they ran)"
+            ),
+        }
     }
 }
 
@@ -137,6 +172,7 @@ impl From<&RunInfo> for RunView {
                 .as_ref()
                 .filter(|_| info.status == RunStatus::Blocked)
                 .map(BlockView::from),
+            gave_up: GaveUpView::of(info),
             attributes: None,
         }
     }

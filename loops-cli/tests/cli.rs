@@ -3553,3 +3553,71 @@ fn bidirectional_controls_are_shown_escaped() {
     let v: Value = serde_json::from_str(&raw).unwrap();
     assert_eq!(v["run"]["cancel_reason"], "stop \u{202e}it now", "{raw}");
 }
+
+/// Runs until the test lets it go, whatever is asked meanwhile.
+#[derive(loops_derive::Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(crate = loops_core, next_prefix = "Stall")]
+enum Stall {
+    #[initial]
+    #[next(Done)]
+    Holding,
+    #[terminal]
+    Done,
+}
+
+/// Set once `Stall`'s handler runs; its handler returns once `RELEASED` is notified.
+static HOLDING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static RELEASED: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+impl StallHandler for Worker {
+    type Error = BoxError;
+
+    async fn holding(&self, _: &Context) -> Result<StallHoldingNext, BoxError> {
+        HOLDING.store(true, std::sync::atomic::Ordering::SeqCst);
+        RELEASED.notified().await;
+        Ok(StallHoldingNext::Done)
+    }
+}
+
+/// A second `loops cancel` of a run that is ending says the cancellation was asked already,
+/// with the first reason, which the run ends with; the second writes nothing.
+#[test]
+fn a_second_cancel_says_it_was_asked_already_with_the_first_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("stall.redb");
+    let tokio = tokio::runtime::Runtime::new().unwrap();
+    let (rt, server) = tokio.block_on(async {
+        let rt = Runtime::builder()
+            .register::<Stall, _>(Worker)
+            .open(&path)
+            .unwrap();
+        let server = rt.serve_control_next_to_store().await.unwrap();
+        rt.start("h1", Stall::Holding).await.unwrap();
+        while !HOLDING.load(std::sync::atomic::Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        (rt, server)
+    });
+    let boundary = "it ends as cancelled at its next step or state boundary, in the state it is in";
+    assert_eq!(
+        text(&path, &["cancel", "h1", "--reason", "first"]),
+        format!(
+            "cancellation of run h1 asked (running in state Holding, seq 0): first; {boundary}\n"
+        )
+    );
+    let asked = tokio.block_on(rt.run_info("h1")).unwrap().unwrap();
+    assert_eq!(
+        text(&path, &["cancel", "h1", "--reason", "second"]),
+        format!(
+            "cancellation of run h1 was asked already (running in state Holding, seq 0): first; {boundary}\n"
+        )
+    );
+    // Nothing written: the row is as the first cancellation left it.
+    assert_eq!(tokio.block_on(rt.run_info("h1")).unwrap().unwrap(), asked);
+    RELEASED.notify_one();
+    tokio.block_on(until_status(&rt, "h1", RunStatus::Cancelled));
+    let info = tokio.block_on(rt.run_info("h1")).unwrap().unwrap();
+    assert_eq!(info.cancel.as_deref(), Some("first"));
+    tokio.block_on(server.stop());
+    tokio.block_on(rt.shutdown());
+}

@@ -12,10 +12,10 @@ use crate::json::pretty;
 use crate::open::{self, Access, Target};
 use crate::operator::{Operator, not_found};
 use crate::output::{
-    Cell, DIM, ERROR, HEADER, ID, PLAIN, Table, emit, emit_json, paint, plural, relative, rfc3339,
+    Cell, DIM, ERROR, HEADER, ID, PLAIN, Table, emit, emit_json, paint, relative, rfc3339,
     status_style,
 };
-use crate::view::{EventFate, EventView, RunView, waiting_text};
+use crate::view::{EventFate, EventView, GaveUpView, RunView, waiting_text};
 
 /// `loops show --json`.
 #[derive(Debug, Serialize)]
@@ -118,8 +118,8 @@ pub fn run(target: &Target, args: &ShowArgs) -> Result<()> {
     if let Some(error) = &info.error {
         field("last error", error.join(": "), ERROR);
     }
-    if let Some(text) = gave_up(&info) {
-        field("gave up", text, ERROR);
+    if let Some(gave_up) = GaveUpView::of(&info) {
+        field("gave up", gave_up.text(), ERROR);
     }
     if let Some(reason) = &info.cancel {
         let label = if info.status == RunStatus::Cancelled {
@@ -201,23 +201,6 @@ pub fn run(target: &Target, args: &ShowArgs) -> Result<()> {
     emit(&out)
 }
 
-/// For a failed run, after how many attempts it gave up and how many of them the process's
-/// stop cut short: a last error of "the process stopped" alone hides that the budget ran out
-/// on interruptions.
-fn gave_up(info: &RunInfo) -> Option<String> {
-    if info.status != RunStatus::Failed {
-        return None;
-    }
-    let attempts = info.attempt.saturating_sub(info.attempt_base);
-    Some(match info.interrupted {
-        0 => format!("after {attempts} attempt{}", plural(attempts)),
-        n => format!(
-            "after {attempts} attempt{}, {n} of them interrupted (the process stopped while they ran)",
-            plural(attempts)
-        ),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -233,19 +216,23 @@ mod tests {
             }))
             .unwrap()
         };
+        let text = |info: RunInfo| GaveUpView::of(&info).map(|g| g.text());
         assert_eq!(
-            gave_up(&row("failed", 10, 0, 10)).as_deref(),
+            text(row("failed", 10, 0, 10)).as_deref(),
             Some("after 10 attempts, 10 of them interrupted (the process stopped while they ran)")
         );
         assert_eq!(
-            gave_up(&row("failed", 1, 0, 0)).as_deref(),
+            text(row("failed", 1, 0, 0)).as_deref(),
             Some("after 1 attempt")
         );
         // After `loops retry` at attempt 3, the budget counts from there.
         assert_eq!(
-            gave_up(&row("failed", 5, 3, 0)).as_deref(),
-            Some("after 2 attempts")
+            GaveUpView::of(&row("failed", 5, 3, 1)),
+            Some(GaveUpView {
+                attempts: 2,
+                interrupted: 1
+            })
         );
-        assert_eq!(gave_up(&row("running", 5, 0, 2)), None);
+        assert_eq!(text(row("running", 5, 0, 2)), None);
     }
 }

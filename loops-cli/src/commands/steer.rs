@@ -29,15 +29,16 @@ pub fn cancel(target: &Target, args: &CancelArgs) -> Result<()> {
     if args.json {
         return emit_json(&RunView::from(&info).with_attributes(store.attributes(&run_id)?));
     }
+    // The first reason asked stands (a later one is not recorded).
+    let reason = info.cancel.as_deref().unwrap_or(&args.reason);
     if info.status.is_ended() {
         return emit(&format!(
-            "{} run {} ({} in state {}, seq {}): {}\n",
+            "{} run {} ({} in state {}, seq {}): {reason}\n",
             paint(status_style(info.status), "cancelled"),
             paint(ID, &run_id),
             before.status,
             before.state,
             before.seq,
-            args.reason
         ));
     }
     // Held by a driver (a process serving the store, or another worker of a shared store):
@@ -49,13 +50,17 @@ pub fn cancel(target: &Target, args: &CancelArgs) -> Result<()> {
     } else {
         "it ends as cancelled at its next step or state boundary"
     };
+    let asked = if before.cancel.is_some() {
+        "was asked already"
+    } else {
+        "asked"
+    };
     emit(&format!(
-        "cancellation of run {} asked ({} in state {}, seq {}): {}; {when}, in the state it is in\n",
+        "cancellation of run {} {asked} ({} in state {}, seq {}): {reason}; {when}, in the state it is in\n",
         paint(ID, &run_id),
         info.status,
         info.state,
         info.seq,
-        args.reason
     ))
 }
 

@@ -547,14 +547,19 @@ fn cancel<'w>(
     if info.status.is_ended() {
         return Err(run_ended(info, "cancel"));
     }
+    let ends_now = end_now || info.status == RunStatus::Blocked;
+    if info.cancel.is_some() && !ends_now {
+        // Asked already: the first reason stands, and nothing changes (not even the row's
+        // time).
+        return Ok(Effects::unchanged(run_id, Reply::Run(info.clone())));
+    }
     let mut new = info.clone();
-    // The first reason stands: a second cancellation of a run that is ending asks for what
-    // was asked already (it may still end it at once).
+    // The first reason stands: a second cancellation that ends the run at once keeps it.
     if new.cancel.is_none() {
         new.cancel = Some(reason.to_owned());
     }
     // Nobody drives a blocked run: it ends at once.
-    if end_now || info.status == RunStatus::Blocked {
+    if ends_now {
         new.status = RunStatus::Cancelled;
     }
     new.updated_ms = at_ms;

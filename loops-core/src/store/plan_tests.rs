@@ -466,8 +466,11 @@ fn a_second_cancellation_keeps_the_first_reason() {
         (first.status, first.cancel.as_deref()),
         (RunStatus::Running, Some("operator stop"))
     );
-    let second = applied(&cancel("again", false), &first);
-    assert_eq!(second.cancel.as_deref(), Some("operator stop"));
+    // Asked again: nothing is written, and the answer is the row as it was.
+    let write = cancel("again", false);
+    let again = plan(&write, Some(&first), &Facts::default()).unwrap();
+    assert!(again.row.is_none());
+    assert!(matches!(&again.reply, Reply::Run(info) if *info == first));
     let now = applied(&cancel("now", true), &first);
     assert_eq!(
         (now.status, now.cancel.as_deref()),
