@@ -3621,3 +3621,51 @@ fn a_second_cancel_says_it_was_asked_already_with_the_first_reason() {
     tokio.block_on(server.stop());
     tokio.block_on(rt.shutdown());
 }
+
+/// `loops retry` through a process that holds the store says that process takes the run up
+/// now (it does: the run's next attempt fails again at once, as its handler does).
+#[test]
+fn retry_through_a_serving_process_says_it_takes_the_run_up_now() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("retry.redb");
+    let tokio = tokio::runtime::Runtime::new().unwrap();
+    let (rt, server) = tokio.block_on(async {
+        let rt = Runtime::builder()
+            .retry(RetryPolicy::never())
+            .register::<Job, _>(Worker)
+            .open(&path)
+            .unwrap();
+        let server = rt.serve_control_next_to_store().await.unwrap();
+        rt.run(
+            "f1",
+            Job::Start {
+                mode: "fail".into(),
+            },
+            &Worker,
+        )
+        .await
+        .unwrap_err();
+        (rt, server)
+    });
+    let before = tokio.block_on(rt.run_info("f1")).unwrap().unwrap();
+    assert_eq!(before.status, RunStatus::Failed);
+    let said = text(&path, &["retry", "f1"]);
+    assert!(
+        said.ends_with(
+            "starts a fresh budget of attempts; the process that holds the store takes it up now, if it drives workflow `job`\n"
+        ),
+        "{said}"
+    );
+    // It did: the next attempt ran (and failed, as the handler always does).
+    tokio.block_on(async {
+        loop {
+            let info = rt.run_info("f1").await.unwrap().unwrap();
+            if info.status == RunStatus::Failed && info.attempt > before.attempt {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+    tokio.block_on(server.stop());
+    tokio.block_on(rt.shutdown());
+}

@@ -72,15 +72,26 @@ pub fn retry(target: &Target, args: &RetryArgs) -> Result<()> {
     if args.json {
         return emit_json(&RunView::from(&info).with_attributes(store.attributes(&run_id)?));
     }
+    let workflow = &info.workflow;
+    let who = match store.taker() {
+        Taker::Serving => format!(
+            "the process that holds the store takes it up now, if it drives workflow `{workflow}`"
+        ),
+        Taker::Workers => format!(
+            "a worker that serves workflow `{workflow}` takes it up when it next claims ready runs"
+        ),
+        Taker::NextStart => format!(
+            "the process that drives workflow `{workflow}` resumes it when it next starts (Runtime::resume_all) or drives it"
+        ),
+    };
     emit(&format!(
-        "run {} is {} again in state {} (seq {}); its next attempt, number {}, starts a fresh budget of attempts; the process that drives workflow `{}` resumes it when it next starts (Runtime::resume_all) or drives it\n",
+        "run {} is {} again in state {} (seq {}); its next attempt, number {}, starts a fresh budget of attempts; {who}\n",
         paint(ID, &run_id),
         paint(status_style(info.status), info.status.as_str()),
         info.state,
         info.seq,
         // In u64: the printed number of an attempt that loops refuses to start (u32::MAX + 1).
         u64::from(info.attempt) + 1,
-        info.workflow,
     ))
 }
 
