@@ -12,6 +12,10 @@ use serde::de::DeserializeOwned;
 use super::wire::{ErrorBody, ErrorKind};
 use crate::error::Error;
 
+/// Largest request body: a payload of the runtime's default limit (2 MiB) many times over;
+/// the runtime refuses payloads over its own limit.
+pub(super) const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
+
 /// An error answer: its status and its [`ErrorBody`].
 pub(super) struct ApiError {
     status: StatusCode,
@@ -123,7 +127,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
                     // exceeded") name neither the limit nor what to do.
                     format!(
                         "the request is over the control endpoint's limit of {} MiB; an event's payload is at most the runtime's max_payload_bytes (2 MiB by default): keep large data outside the store and send a reference to it",
-                        super::server::MAX_BODY_BYTES / (1024 * 1024)
+                        MAX_BODY_BYTES / (1024 * 1024)
                     )
                 } else {
                     e.body_text()

@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use tokio_util::sync::CancellationToken;
 
-use super::answer::{ApiError, Body, Params, PathOf};
+use super::answer::{ApiError, Body, MAX_BODY_BYTES, Params, PathOf};
 use super::wire::{
     CancelRequest, CompactReply, ErrorKind, Event, Failed, Found, LOOPS_VERSION, Latest, ListQuery,
     PROTOCOL, PruneReply, PruneRequest, Run, RunStep, SendRequest, SentReply, Step, StoredSchema,
@@ -26,10 +26,6 @@ use crate::runtime::Runtime;
 use crate::schema::SchemaHash;
 use crate::store::RunStatus;
 use crate::{Pruned, TransitionRecord};
-
-/// Largest request body: a payload of the runtime's default limit (2 MiB) many times over;
-/// the runtime refuses payloads over its own limit.
-pub(super) const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
 
 /// A running control endpoint. Dropping it (or [`stop`](Self::stop)) stops the server and
 /// removes its socket file.
