@@ -420,6 +420,7 @@ fn runs_lists_every_run_newest_first_with_stable_fields() {
         "parent",
         "schema",
         "blocked",
+        "gave_up",
         "attributes",
     ];
     for run in runs.as_array().unwrap() {
@@ -444,6 +445,8 @@ fn runs_lists_every_run_newest_first_with_stable_fields() {
         json!(["deploy failed", "connection refused"])
     );
     assert_eq!(failed["waiting_for"], Value::Null);
+    assert_eq!(failed["gave_up"], json!({"attempts": 1, "interrupted": 0}));
+    assert_eq!(by_id("done-1")["gave_up"], Value::Null);
     assert_eq!(by_id("cancelled-1")["cancel_reason"], "not needed");
     assert_eq!(by_id("done-1")["schema"].as_str().unwrap().len(), 16);
     assert_ne!(by_id("done-1")["schema"], by_id("v2-1")["schema"]);

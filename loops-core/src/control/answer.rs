@@ -16,6 +16,15 @@ use crate::error::Error;
 /// the runtime refuses payloads over its own limit.
 pub(super) const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
 
+/// The refusal of a request body over [`MAX_BODY_BYTES`]: the process's, and the client's,
+/// which refuses such a body before sending it.
+pub(super) fn over_the_body_limit() -> String {
+    format!(
+        "the request is over the control endpoint's limit of {} MiB; an event's payload is at most the runtime's max_payload_bytes (2 MiB by default): keep large data outside the store and send a reference to it",
+        MAX_BODY_BYTES / (1024 * 1024)
+    )
+}
+
 /// An error answer: its status and its [`ErrorBody`].
 pub(super) struct ApiError {
     status: StatusCode,
@@ -125,10 +134,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {
                 let reason = if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
                     // axum's words ("Failed to buffer the request body: length limit
                     // exceeded") name neither the limit nor what to do.
-                    format!(
-                        "the request is over the control endpoint's limit of {} MiB; an event's payload is at most the runtime's max_payload_bytes (2 MiB by default): keep large data outside the store and send a reference to it",
-                        MAX_BODY_BYTES / (1024 * 1024)
-                    )
+                    over_the_body_limit()
                 } else {
                     e.body_text()
                 };

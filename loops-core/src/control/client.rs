@@ -387,6 +387,15 @@ impl Client {
         body: &B,
     ) -> Result<T, ControlError> {
         let body = serde_json::to_vec(body).map_err(|e| self.protocol(format!("{e}")))?;
+        if body.len() > super::answer::MAX_BODY_BYTES {
+            // Refused here as the process would refuse it: sent, the process answers before it
+            // has read the whole body, and the connection may close under the rest of it.
+            return Err(ControlError::Remote {
+                kind: ErrorKind::InvalidArgument,
+                message: super::answer::over_the_body_limit(),
+                run_id: None,
+            });
+        }
         self.request(Method::POST, path, Bytes::from(body), ANSWER_TIMEOUT)
             .await
     }
