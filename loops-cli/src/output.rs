@@ -217,6 +217,14 @@ pub fn plural(n: impl TryInto<u64>) -> &'static str {
     }
 }
 
+/// How many transitions a run's history of `records` transition records holds, as text
+/// (`"1 transition"`, `"7 transitions"`): its first record is the run's creation, not a
+/// transition, so a run that never moved has made none.
+pub fn transitions(records: usize) -> String {
+    let moves = records.saturating_sub(1);
+    format!("{moves} transition{}", plural(moves))
+}
+
 /// A time as RFC 3339 in UTC with milliseconds (`2026-05-01T10:00:00.123Z`).
 pub fn rfc3339(ms: u64) -> String {
     humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
@@ -277,6 +285,15 @@ pub fn bytes(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A history's first record is the run's creation: it counts one transition fewer.
+    #[test]
+    fn a_history_counts_its_moves() {
+        assert_eq!(transitions(0), "0 transitions");
+        assert_eq!(transitions(1), "0 transitions");
+        assert_eq!(transitions(2), "1 transition");
+        assert_eq!(transitions(8), "7 transitions");
+    }
 
     /// A cell holding a bidirectional control is measured as it is printed, escaped: its
     /// column stays aligned.

@@ -143,16 +143,13 @@ pub fn run(target: &Target, args: &HistoryArgs) -> Result<()> {
 fn render(view: &HistoryView, waiting: &str) -> String {
     let run = &view.run;
     let failed = failed_attempts(&view.transitions);
-    // The first record is the run's creation, not a transition.
-    let moves = view.transitions.len().saturating_sub(1);
     let mut out = format!(
-        "{} {}  workflow {}  {}  {} transition{}, {} failed attempt{}",
+        "{} {}  workflow {}  {}  {}, {} failed attempt{}",
         paint(HEADER, "run"),
         paint(ID, &run.run_id),
         run.workflow,
         paint(status_style(run.status), run.status.as_str()),
-        moves,
-        plural(moves),
+        crate::output::transitions(view.transitions.len()),
         failed,
         plural(failed),
     );

@@ -69,7 +69,7 @@ pub struct RunPath {
     /// The index of its current state in [`Graph::states`].
     pub current: usize,
     /// How many transition records it has.
-    pub records: u64,
+    pub records: usize,
 }
 
 /// A workflow's state graph.
@@ -191,7 +191,7 @@ impl Graph {
             run_id: run_id.to_owned(),
             status,
             current,
-            records: history.len() as u64,
+            records: history.len(),
         });
     }
 
@@ -261,14 +261,12 @@ impl Graph {
         match &self.run {
             None => workflow,
             Some(run) => {
-                // The first record is the run's creation, not a transition.
-                let moves = run.records.saturating_sub(1);
                 format!(
-                    "run {} ({workflow}) {} at {} after {moves} transition{}",
+                    "run {} ({workflow}) {} at {} after {}",
                     run.run_id,
                     run.status,
                     self.states[run.current].name,
-                    crate::output::plural(moves)
+                    crate::output::transitions(run.records)
                 )
             }
         }
