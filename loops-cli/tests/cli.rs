@@ -1717,6 +1717,11 @@ fn send_notes_when_the_run_is_not_waiting_for_the_event_and_refuses_ended_runs()
             (&json!("approve"), &json!(2))
         ]
     );
+    let shown = text(&path, &["show", "waiting-1"]);
+    assert!(
+        shown.contains("\npending events  approve (event seq 0), approve (event seq 1)\n"),
+        "{shown}"
+    );
 
     // The event it waits for, a duplicate key: no note; a running run: a note.
     let (out, err) = out_err(
@@ -1776,6 +1781,16 @@ fn send_notes_when_the_run_is_not_waiting_for_the_event_and_refuses_ended_runs()
         let store = RedbStore::open_read_only(&path).unwrap();
         assert_eq!(store.events(run).unwrap().len(), 0, "{run}");
     }
+
+    // A waiting run cancelled ends at once: the events it had not taken are shown as such,
+    // in the column the other labels set.
+    text(&path, &["cancel", "waiting-1", "--reason", "not needed"]);
+    let shown = text(&path, &["show", "waiting-1"]);
+    assert!(
+        shown.contains("\nnot taken       approve (event seq 0), approve (event seq 1), approval (event seq 2), approval (event seq 3), approval (event seq 4) (the run ended first)\n"),
+        "{shown}"
+    );
+    assert!(shown.contains("\nstatus          cancelled\n"), "{shown}");
 }
 
 #[test]

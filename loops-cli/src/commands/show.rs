@@ -134,11 +134,12 @@ pub fn run(target: &Target, args: &ShowArgs) -> Result<()> {
             .iter()
             .map(|e| format!("{} (event seq {})", e.name, e.event_seq))
             .collect();
-        let label = match first.fate(info.status) {
-            EventFate::NotTaken => "events not taken (the run ended first)",
-            _ => "pending events",
+        // Both labels fit the column's width, which the longest, `pending events`, sets.
+        let (label, why) = match first.fate(info.status) {
+            EventFate::NotTaken => ("not taken", " (the run ended first)"),
+            _ => ("pending events", ""),
         };
-        field(label, names.join(", "), PLAIN);
+        field(label, format!("{}{why}", names.join(", ")), PLAIN);
     }
     if let Some(block) = info
         .block
