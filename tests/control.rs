@@ -387,3 +387,54 @@ async fn a_request_over_the_body_limit_is_refused_naming_the_limit() {
     server.stop().await;
     rt.shutdown().await;
 }
+
+/// The process's own refusal of a body over its limit, for a client other than loops' (curl,
+/// a script): 413, with the same words as the client's. The body is one byte over the limit
+/// and sent whole, so that the process has read all of it when it answers (bytes left unread
+/// would make the kernel reset the connection under the answer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_process_refuses_a_body_over_its_limit_in_its_own_words() {
+    let said = "the request is over the control endpoint's limit of 64 MiB; an event's payload is at most the runtime's max_payload_bytes (2 MiB by default): keep large data outside the store and send a reference to it";
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::open(dir.path().join("s.redb")).unwrap();
+    let token = token_file(dir.path(), 0o600, "t0ken\n");
+    let server = rt
+        .serve_control(Endpoint::loopback(0, &token))
+        .await
+        .unwrap();
+    let Endpoint::Tcp { addr, .. } = server.endpoint().clone() else {
+        panic!("a TCP endpoint");
+    };
+    let (status, body) = tokio::task::spawn_blocking(move || {
+        let len = 64 * 1024 * 1024 + 1;
+        let mut conn = TcpStream::connect(addr).unwrap();
+        write!(
+            conn,
+            "POST /v1/runs/r1/events HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\
+             authorization: Bearer t0ken\r\ncontent-type: application/json\r\n\
+             content-length: {len}\r\n\r\n"
+        )
+        .unwrap();
+        let mut writer = conn.try_clone().unwrap();
+        // Written beside the read: the process may answer before the last byte is written.
+        let sent = std::thread::spawn(move || writer.write_all(&vec![b' '; len]).is_ok());
+        let mut answer = String::new();
+        conn.read_to_string(&mut answer).unwrap();
+        let _ = sent.join();
+        let status = answer.lines().next().unwrap_or_default().to_owned();
+        let body = answer
+            .split("\r\n\r\n")
+            .nth(1)
+            .unwrap_or_default()
+            .to_owned();
+        (status, body)
+    })
+    .await
+    .unwrap();
+    assert_eq!(status, "HTTP/1.1 413 Payload Too Large");
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(body["kind"], "invalid_argument", "{body}");
+    assert_eq!(body["message"], said, "{body}");
+    server.stop().await;
+    rt.shutdown().await;
+}
