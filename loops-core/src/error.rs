@@ -13,9 +13,12 @@ mod codec;
 mod methods;
 mod text;
 
+pub use methods::retry_hint;
+
 pub use text::{RecordKind, error_chain};
 use text::{
-    at_seq, attempts_text, cause_text, decoded, describe_changes, mismatch_remedy, shown_id,
+    at_seq, attempts_text, cause_text, decoded, describe_changes, format_text, mismatch_remedy,
+    shown_id,
 };
 
 pub use codec::{CodecError, NO_KEY_HINT};
@@ -758,40 +761,6 @@ pub enum Error {
     /// The runtime is shutting down; the store's writer has stopped.
     #[error("the store is closed")]
     Closed,
-}
-
-/// The retry hints anywhere in `err`'s `source()` chain (`err` included): whether an error
-/// in it was marked [permanent](crate::Error::permanent), and the longest
-/// [retry-after](crate::Error::retry_after) hint in it. Steps and the driver read hints this way,
-/// so a hint counts wherever a handler's conversions put it. One of loops' own errors that
-/// comes out the same at every try ([`Error::repeats`]) counts as permanent too: neither a
-/// step's retries nor the state's are spent on it.
-pub fn retry_hint(err: &(dyn std::error::Error + 'static)) -> RetryHint {
-    let mut hint = RetryHint::default();
-    let mut cur = Some(err);
-    while let Some(e) = cur {
-        if let Some(own) = e.downcast_ref::<Hinted>().map(Hinted::own) {
-            hint.permanent |= own.permanent;
-            hint.retry_after = hint.retry_after.max(own.retry_after);
-        }
-        hint.permanent |= e.downcast_ref::<Error>().is_some_and(Error::repeats);
-        cur = e.source();
-    }
-    hint
-}
-
-/// The message of [`Error::StoreFormat`].
-fn format_text(path: &std::path::Path, found: u64, supported: u64) -> String {
-    let path = path.display();
-    if found > supported {
-        format!(
-            "store {path} has format {found}, written by a newer loops; this build reads format {supported} only: open it with a loops that reads format {found}"
-        )
-    } else {
-        format!(
-            "store {path} has format {found}, which this build does not read (it reads format {supported}): run `loops upgrade {path}` to convert it to format {supported} (it keeps a backup)"
-        )
-    }
 }
 
 /// `Result` with loops' [`Error`].

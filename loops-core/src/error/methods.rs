@@ -228,6 +228,26 @@ impl Error {
     }
 }
 
+/// The retry hints anywhere in `err`'s `source()` chain (`err` included): whether an error
+/// in it was marked [permanent](crate::Error::permanent), and the longest
+/// [retry-after](crate::Error::retry_after) hint in it. Steps and the driver read hints this way,
+/// so a hint counts wherever a handler's conversions put it. One of loops' own errors that
+/// comes out the same at every try ([`Error::repeats`]) counts as permanent too: neither a
+/// step's retries nor the state's are spent on it.
+pub fn retry_hint(err: &(dyn std::error::Error + 'static)) -> RetryHint {
+    let mut hint = RetryHint::default();
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        if let Some(own) = e.downcast_ref::<Hinted>().map(Hinted::own) {
+            hint.permanent |= own.permanent;
+            hint.retry_after = hint.retry_after.max(own.retry_after);
+        }
+        hint.permanent |= e.downcast_ref::<Error>().is_some_and(Error::repeats);
+        cur = e.source();
+    }
+    hint
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

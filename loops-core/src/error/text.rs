@@ -145,3 +145,17 @@ pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> Vec<String> {
     }
     out
 }
+
+/// The message of [`Error::StoreFormat`].
+pub(super) fn format_text(path: &std::path::Path, found: u64, supported: u64) -> String {
+    let path = path.display();
+    if found > supported {
+        format!(
+            "store {path} has format {found}, written by a newer loops; this build reads format {supported} only: open it with a loops that reads format {found}"
+        )
+    } else {
+        format!(
+            "store {path} has format {found}, which this build does not read (it reads format {supported}): run `loops upgrade {path}` to convert it to format {supported} (it keeps a backup)"
+        )
+    }
+}
