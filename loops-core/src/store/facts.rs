@@ -6,6 +6,7 @@
 //! PostgreSQL: one statement of the first round trip), but every fact means the same in
 //! every backend, as documented on its field.
 
+use super::protocol::Write;
 use super::{Lease, RunInfo};
 use crate::schedule::ScheduleInfo;
 use crate::schema::SchemaHash;
@@ -124,4 +125,110 @@ pub struct PendingEvent {
     /// Its [`EventRecord`](super::EventRecord) as stored (JSON), or `None` if the inbox has
     /// no record for it (a damaged store: the plan refuses with `RecordMissing`).
     pub record: Option<Vec<u8>>,
+}
+
+impl Write {
+    /// The facts the write needs besides its run's row, for the backend to gather (in one
+    /// read, or one round trip together with the locks) before it calls [`plan`](super::plan::plan).
+    pub fn needs(&self) -> Needs<'_> {
+        let run = self.run_id();
+        match self {
+            Write::Create { info, .. } => Needs {
+                run,
+                record: Some(RecordKey::Journal { seq: 0 }),
+                schema: Some(info.schema),
+                ..Needs::default()
+            },
+            Write::Transition {
+                seq,
+                schema,
+                schema_text,
+                ..
+            } => Needs {
+                run,
+                record: Some(RecordKey::Journal { seq: *seq }),
+                schema: schema_text.map(|_| *schema),
+                ..Needs::default()
+            },
+            Write::Step {
+                seq,
+                name,
+                occurrence,
+                ..
+            } => Needs {
+                run,
+                record: Some(RecordKey::Step {
+                    seq: *seq,
+                    name,
+                    occurrence: *occurrence,
+                }),
+                ..Needs::default()
+            },
+            Write::Failure { seq, record, .. } => Needs {
+                run,
+                failure_index: Some((*seq, record.attempt)),
+                ..Needs::default()
+            },
+            Write::BeginAttempt { seq, .. } => Needs {
+                run,
+                failure_attempt: Some(*seq),
+                ..Needs::default()
+            },
+            Write::Wait {
+                seq, step, event, ..
+            } => Needs {
+                run,
+                record: step.as_ref().map(|(name, occurrence)| RecordKey::Step {
+                    seq: *seq,
+                    name,
+                    occurrence: *occurrence,
+                }),
+                pending: event.as_deref(),
+                ..Needs::default()
+            },
+            Write::Send { key, .. } => Needs {
+                run,
+                event_key: key.as_deref(),
+                next_event_seq: true,
+                ..Needs::default()
+            },
+            Write::Migrate { seq, record, .. } => Needs {
+                run,
+                record: Some(RecordKey::Journal {
+                    seq: seq.saturating_add(1),
+                }),
+                schema: Some(record.schema),
+                ..Needs::default()
+            },
+            Write::Cancel { .. } => Needs {
+                run,
+                children: true,
+                ..Needs::default()
+            },
+            Write::EndCancelled { .. }
+            | Write::Retry { .. }
+            | Write::Wake { .. }
+            | Write::Block { .. }
+            | Write::Unblock { .. }
+            | Write::SetAttributes { .. } => Needs {
+                run,
+                ..Needs::default()
+            },
+            Write::Prune { run_ids } => Needs {
+                runs: run_ids,
+                ..Needs::default()
+            },
+            Write::Seal { .. } => Needs::default(),
+            Write::PutSchedule { info } => Needs {
+                schedule: Some(&info.name),
+                ..Needs::default()
+            },
+            Write::PauseSchedule { name, .. }
+            | Write::RemoveSchedule { name }
+            | Write::TickSchedule { name, .. } => Needs {
+                schedule: Some(name),
+                ..Needs::default()
+            },
+        }
+    }
 }

@@ -329,6 +329,94 @@ pub enum WaitOutcome {
     Parked,
 }
 
+impl Write {
+    /// The write's kind, as its variant is spelled (`"Transition"`, `"Step"`, ...).
+    pub fn kind(&self) -> &'static str {
+        Self::KINDS[self.kind_index()]
+    }
+
+    /// Every name [`kind`](Self::kind) returns, in the order of the variants: what reads a
+    /// kind back from its name (the test kit's child processes report writes by name).
+    pub const KINDS: [&'static str; 21] = [
+        "Create",
+        "Transition",
+        "Step",
+        "Failure",
+        "BeginAttempt",
+        "Cancel",
+        "EndCancelled",
+        "Retry",
+        "Wait",
+        "Send",
+        "Wake",
+        "Block",
+        "Unblock",
+        "Migrate",
+        "SetAttributes",
+        "Prune",
+        "Seal",
+        "PutSchedule",
+        "PauseSchedule",
+        "RemoveSchedule",
+        "TickSchedule",
+    ];
+
+    /// The variant's place in [`KINDS`](Self::KINDS): the one match over the variants that
+    /// names them.
+    fn kind_index(&self) -> usize {
+        match self {
+            Write::Create { .. } => 0,
+            Write::Transition { .. } => 1,
+            Write::Step { .. } => 2,
+            Write::Failure { .. } => 3,
+            Write::BeginAttempt { .. } => 4,
+            Write::Cancel { .. } => 5,
+            Write::EndCancelled { .. } => 6,
+            Write::Retry { .. } => 7,
+            Write::Wait { .. } => 8,
+            Write::Send { .. } => 9,
+            Write::Wake { .. } => 10,
+            Write::Block { .. } => 11,
+            Write::Unblock { .. } => 12,
+            Write::Migrate { .. } => 13,
+            Write::SetAttributes { .. } => 14,
+            Write::Prune { .. } => 15,
+            Write::Seal { .. } => 16,
+            Write::PutSchedule { .. } => 17,
+            Write::PauseSchedule { .. } => 18,
+            Write::RemoveSchedule { .. } => 19,
+            Write::TickSchedule { .. } => 20,
+        }
+    }
+
+    /// The run the write is for; `None` for [`Write::Prune`], which names several, for
+    /// [`Write::Seal`], which is about the store, and for the writes of schedules.
+    pub fn run_id(&self) -> Option<&str> {
+        match self {
+            Write::Create { info, .. } => Some(&info.run_id),
+            Write::Transition { run_id, .. }
+            | Write::Step { run_id, .. }
+            | Write::Failure { run_id, .. }
+            | Write::BeginAttempt { run_id, .. }
+            | Write::Cancel { run_id, .. }
+            | Write::EndCancelled { run_id, .. }
+            | Write::Retry { run_id, .. }
+            | Write::Wait { run_id, .. }
+            | Write::Send { run_id, .. }
+            | Write::Wake { run_id, .. }
+            | Write::Block { run_id, .. }
+            | Write::Unblock { run_id, .. }
+            | Write::Migrate { run_id, .. }
+            | Write::SetAttributes { run_id, .. } => Some(run_id),
+            Write::Prune { .. } | Write::Seal { .. } => None,
+            Write::PutSchedule { .. }
+            | Write::PauseSchedule { .. }
+            | Write::RemoveSchedule { .. }
+            | Write::TickSchedule { .. } => None,
+        }
+    }
+}
+
 impl Reply {
     /// The run's row carried by the reply.
     ///
