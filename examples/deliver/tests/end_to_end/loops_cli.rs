@@ -172,7 +172,7 @@ fn the_cli_sees_steers_and_inspects_a_run_of_the_example() {
     // completed, the CLI says that none will (it said `pending`).
     let shown = loops_text(&store, &["show", "deliver-1"]);
     assert!(
-        shown.contains("events not taken (the run ended first)  loops:child-ended (event seq 0)"),
+        shown.contains("\nnot taken       loops:child-ended (event seq 0) (the run ended first)\n"),
         "{shown}"
     );
     assert!(!shown.contains("pending"), "{shown}");
