@@ -168,6 +168,11 @@ fn raw_body(addr: std::net::SocketAddr, head: &str, body: &str) -> (String, Stri
     .unwrap();
     let mut answer = String::new();
     conn.read_to_string(&mut answer).unwrap();
+    status_and_body(&answer)
+}
+
+/// The status line and the body of a raw HTTP/1.1 answer.
+fn status_and_body(answer: &str) -> (String, String) {
     let status = answer.lines().next().unwrap_or_default().to_owned();
     let body = answer
         .split("\r\n\r\n")
@@ -364,13 +369,15 @@ async fn a_process_that_never_answers_is_no_answer_after_the_limit() {
     silent.abort();
 }
 
+/// How the client and the process refuse a request body over the endpoint's limit.
+const OVER_THE_LIMIT: &str = "the request is over the control endpoint's limit of 64 MiB; an event's payload is at most the runtime's max_payload_bytes (2 MiB by default): keep large data outside the store and send a reference to it";
+
 /// A request over the endpoint's body limit (64 MiB) is refused as an invalid argument that
 /// names the limit and what to do, not in axum's words, by the client before it sends the
 /// body (sent, the process answered before reading all of it, and the connection could close
 /// under the rest: a dropped request, now and then, under load).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_over_the_body_limit_is_refused_naming_the_limit() {
-    let said = "the request is over the control endpoint's limit of 64 MiB; an event's payload is at most the runtime's max_payload_bytes (2 MiB by default): keep large data outside the store and send a reference to it";
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store.redb");
     let rt = Runtime::open(&path).unwrap();
@@ -380,7 +387,7 @@ async fn a_request_over_the_body_limit_is_refused_naming_the_limit() {
     match client.send("r1", "go", None, &huge).await {
         Err(ControlError::Remote { kind, message, .. }) => {
             assert_eq!(kind, ErrorKind::InvalidArgument);
-            assert_eq!(message, said);
+            assert_eq!(message, OVER_THE_LIMIT);
         }
         other => panic!("expected a refusal, got {other:?}"),
     }
@@ -394,7 +401,6 @@ async fn a_request_over_the_body_limit_is_refused_naming_the_limit() {
 /// would make the kernel reset the connection under the answer).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_process_refuses_a_body_over_its_limit_in_its_own_words() {
-    let said = "the request is over the control endpoint's limit of 64 MiB; an event's payload is at most the runtime's max_payload_bytes (2 MiB by default): keep large data outside the store and send a reference to it";
     let dir = tempfile::tempdir().unwrap();
     let rt = Runtime::open(dir.path().join("s.redb")).unwrap();
     let token = token_file(dir.path(), 0o600, "t0ken\n");
@@ -421,20 +427,14 @@ async fn the_process_refuses_a_body_over_its_limit_in_its_own_words() {
         let mut answer = String::new();
         conn.read_to_string(&mut answer).unwrap();
         let _ = sent.join();
-        let status = answer.lines().next().unwrap_or_default().to_owned();
-        let body = answer
-            .split("\r\n\r\n")
-            .nth(1)
-            .unwrap_or_default()
-            .to_owned();
-        (status, body)
+        status_and_body(&answer)
     })
     .await
     .unwrap();
     assert_eq!(status, "HTTP/1.1 413 Payload Too Large");
     let body: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(body["kind"], "invalid_argument", "{body}");
-    assert_eq!(body["message"], said, "{body}");
+    assert_eq!(body["message"], OVER_THE_LIMIT, "{body}");
     server.stop().await;
     rt.shutdown().await;
 }
