@@ -155,6 +155,21 @@ async fn a_tcp_endpoint_needs_its_token_and_the_same_version() {
     assert!(matches!(gone, ControlError::Unreachable { .. }), "{gone:?}");
 }
 
+/// A runtime on a store in `dir`, serving its control endpoint on the loopback with the
+/// token `t0ken` (what [`raw_body`] sends); and the endpoint's address.
+async fn on_loopback(dir: &Path) -> (Runtime, loops::control::ControlServer, std::net::SocketAddr) {
+    let rt = Runtime::open(dir.join("s.redb")).unwrap();
+    let token = token_file(dir, 0o600, "t0ken\n");
+    let server = rt
+        .serve_control(Endpoint::loopback(0, &token))
+        .await
+        .unwrap();
+    let Endpoint::Tcp { addr, .. } = server.endpoint().clone() else {
+        panic!("a TCP endpoint");
+    };
+    (rt, server, addr)
+}
+
 /// One raw HTTP/1.1 request with `body` (and the headers in `head`); returns the status line
 /// and the body of the answer.
 fn raw_body(addr: std::net::SocketAddr, head: &str, body: &str) -> (String, String) {
@@ -188,15 +203,7 @@ fn status_and_body(answer: &str) -> (String, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_request_answers_with_the_error_body() {
     let dir = tempfile::tempdir().unwrap();
-    let rt = Runtime::open(dir.path().join("s.redb")).unwrap();
-    let token = token_file(dir.path(), 0o600, "t0ken\n");
-    let server = rt
-        .serve_control(Endpoint::loopback(0, &token))
-        .await
-        .unwrap();
-    let Endpoint::Tcp { addr, .. } = server.endpoint().clone() else {
-        panic!("a TCP endpoint");
-    };
+    let (_rt, server, addr) = on_loopback(dir.path()).await;
     let json = "\r\ncontent-type: application/json";
     let answers = tokio::task::spawn_blocking(move || {
         [
@@ -402,15 +409,7 @@ async fn a_request_over_the_body_limit_is_refused_naming_the_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_process_refuses_a_body_over_its_limit_in_its_own_words() {
     let dir = tempfile::tempdir().unwrap();
-    let rt = Runtime::open(dir.path().join("s.redb")).unwrap();
-    let token = token_file(dir.path(), 0o600, "t0ken\n");
-    let server = rt
-        .serve_control(Endpoint::loopback(0, &token))
-        .await
-        .unwrap();
-    let Endpoint::Tcp { addr, .. } = server.endpoint().clone() else {
-        panic!("a TCP endpoint");
-    };
+    let (rt, server, addr) = on_loopback(dir.path()).await;
     let (status, body) = tokio::task::spawn_blocking(move || {
         let len = 64 * 1024 * 1024 + 1;
         let mut conn = TcpStream::connect(addr).unwrap();
