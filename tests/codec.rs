@@ -418,3 +418,122 @@ fn a_key_file_that_is_not_a_regular_file_is_refused_at_once() {
         );
     }
 }
+
+/// An event sealed outside the program (a CLI with a key file) is stored only by a runtime
+/// that opens it: refused by one without a codec (its store is in clear) and by one whose
+/// key of that id is another key, with nothing written; taken by the run under the right
+/// key. A runtime that seals as the store does (the CLI's) records no key in a store in
+/// clear and stores its payloads in clear, and refuses to seal into a store whose payloads
+/// are sealed with other keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_payload_sealed_elsewhere_is_stored_only_where_it_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    let sealed = Payloads::new(std::sync::Arc::new(key1()))
+        .seal_event("r", "approve", &serde_json::to_string("approved").unwrap())
+        .unwrap();
+    let sealed = serde_json::value::RawValue::from_string(sealed).unwrap();
+    let waiting = async |rt: &Runtime| {
+        rt.register::<Secrets, _>(Agent::default());
+        rt.start("r", Secrets::Start { token: "t".into() })
+            .await
+            .unwrap();
+        for _ in 0..2000 {
+            if rt.run_info("r").await.unwrap().unwrap().status == RunStatus::Waiting {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        panic!("run r never waited");
+    };
+    // No codec (a store in clear), then a key of the same id with other bytes: refused,
+    // nothing written.
+    let clear = "run `r`: the payload of event `approve` arrived encrypted and is refused: it is encrypted with key `k1`, and this runtime keeps payloads in clear (it has no codec): send it in clear (the `loops` CLI: without --key-file or LOOPS_KEY_FILE)";
+    let other_bytes = "run `r`: the payload of event `approve` arrived encrypted and is refused: it does not authenticate under key `k1`: the payload was altered, moved from another record or run, or sealed with another key of the same id";
+    for (file, keys, cause, message) in [
+        (
+            "clear.redb",
+            None,
+            CodecError::SealedForClear { key: "k1".into() },
+            clear,
+        ),
+        (
+            "other.redb",
+            Some(Keyring::new("k1", [9; 32]).unwrap()),
+            CodecError::Rejected { key: "k1".into() },
+            other_bytes,
+        ),
+    ] {
+        let rt = open(&dir.path().join(file), keys);
+        waiting(&rt).await;
+        let err = rt
+            .send_json("r", "approve", None, &sealed)
+            .await
+            .unwrap_err();
+        assert_eq!(err.to_string(), message);
+        let Error::SealedRefused {
+            run_id,
+            record,
+            field,
+            cause: got,
+        } = err
+        else {
+            panic!("{err:?}");
+        };
+        let event = RecordKind::Event {
+            name: Some("approve".into()),
+        };
+        assert_eq!(
+            (run_id, record, field, *got),
+            ("r".into(), event, "payload", cause)
+        );
+        assert_eq!(rt.store().events("r").await.unwrap().len(), 0);
+        rt.shutdown().await;
+        drop(rt);
+    }
+
+    // The right key: taken, and the run ends with it.
+    let rt = open(&dir.path().join("sealed.redb"), Some(key1()));
+    waiting(&rt).await;
+    rt.send_json("r", "approve", None, &sealed).await.unwrap();
+    let Secrets::Done { approval, .. } = rt.wait::<Secrets>("r").await.unwrap() else {
+        panic!("not done");
+    };
+    assert_eq!(approval, "approved");
+    rt.shutdown().await;
+    drop(rt);
+
+    // Sealing as the store does: in clear in the store in clear, no key recorded there...
+    let following = |path: &std::path::Path, keys: Keyring| {
+        Runtime::builder()
+            .codec(keys)
+            .seal_as_store_does()
+            .open(path)
+            .unwrap()
+    };
+    let rt = following(&dir.path().join("clear.redb"), key1());
+    rt.send("r", "approve", &"in clear").await.unwrap();
+    let events = rt.sealed_store().events("r").await.unwrap();
+    assert_eq!(events[0].1.payload.get(), r#""in clear""#);
+    assert_eq!(
+        rt.sealed_store().sealing_keys().await.unwrap(),
+        Vec::<String>::new()
+    );
+    rt.shutdown().await;
+    drop(rt);
+    // ... and never with a key the store does not list.
+    let rt = following(&dir.path().join("sealed.redb"), rotated());
+    rt.register::<Secrets, _>(Agent::default());
+    let err = rt
+        .start("r2", Secrets::Start { token: "t".into() })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "store {} holds payloads encrypted with key k1, not with key `k2` that would seal this one: its workers may not hold `k2` (give the key file the workers use)",
+            dir.path().join("sealed.redb").display()
+        )
+    );
+    assert_eq!(rt.run_info("r2").await.unwrap(), None);
+    assert_eq!(rt.sealed_store().sealing_keys().await.unwrap(), ["k1"]);
+}

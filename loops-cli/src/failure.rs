@@ -28,7 +28,8 @@ pub enum Kind {
     Failed,
     /// The input was bad: an argument, a file or stdin it names that cannot be read, a
     /// payload that is not JSON, too large or not the declared event, a run id or name loops
-    /// refuses (exit code 2, as clap's own usage errors).
+    /// refuses, a key file the store's workers cannot have sealed with or a payload sealed
+    /// with a key the process cannot open (exit code 2, as clap's own usage errors).
     BadInput,
 }
 
@@ -50,7 +51,9 @@ impl Kind {
             | Error::InvalidSchedule { .. }
             | Error::EventRefused { .. }
             | Error::EventEncode { .. }
-            | Error::PayloadTooLarge { .. } => Kind::BadInput,
+            | Error::PayloadTooLarge { .. }
+            | Error::SealedRefused { .. }
+            | Error::KeyNotInStore { .. } => Kind::BadInput,
             _ => Kind::Failed,
         }
     }

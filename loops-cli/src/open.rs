@@ -110,19 +110,22 @@ static PAYLOADS: OnceLock<Payloads> = OnceLock::new();
 /// The keys of `--key-file`, for the runtimes this tool opens.
 static KEYS: OnceLock<loops_core::Keyring> = OnceLock::new();
 
-/// The builder of every runtime this tool opens: with the keys of `--key-file`; without
-/// them, reading a store whose payloads are sealed as `<encrypted: key K>` and refusing to
-/// store a payload in clear in it (`Error::Encrypted`, which says to pass `--key-file`).
+/// The builder of every runtime this tool opens: with the keys of `--key-file`, sealing
+/// only as the store's workers do (`seal_as_store_does`: in clear in a store in clear, and
+/// never with a key the store does not list); without them, reading a store whose payloads
+/// are sealed as `<encrypted: key K>` and refusing to store a payload in clear in it
+/// (`Error::Encrypted`, which says to pass `--key-file`).
 fn runtime_builder() -> loops_core::RuntimeBuilder {
     match KEYS.get() {
-        Some(keys) => Runtime::builder().codec(keys.clone()),
+        Some(keys) => Runtime::builder().codec(keys.clone()).seal_as_store_does(),
         None => Runtime::builder().read_sealed_redacted(),
     }
 }
 
 /// Reads the key file of `--key-file` (or `LOOPS_KEY_FILE`), if one is given: every
-/// operator then opens sealed payloads with it and seals what `send` and `cancel` store.
-/// Without one, a sealed payload shows as `<encrypted: key K>`.
+/// operator then opens sealed payloads with it and seals what `send` and `cancel` store in
+/// a store whose payloads are sealed with its writing key (in a store in clear, they are
+/// stored in clear). Without one, a sealed payload shows as `<encrypted: key K>`.
 ///
 /// # Errors
 /// The key file cannot be read, may be read by others, or is not a key file.
@@ -132,7 +135,7 @@ pub fn set_key_file(path: Option<&Path>) -> Result<()> {
             let keys =
                 loops_core::Keyring::from_file(path).map_err(|e| Failure::usage(e.to_string()))?;
             let _ = KEYS.set(keys.clone());
-            Payloads::new(std::sync::Arc::new(keys))
+            Payloads::new(std::sync::Arc::new(keys)).showing_unopened()
         }
         None => Payloads::redacting(),
     };

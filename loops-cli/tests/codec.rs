@@ -46,45 +46,33 @@ impl VaultHandler for Worker {
 fn encrypted_store() -> (tempfile::TempDir, PathBuf, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store.redb");
-    let keys = dir.path().join("keys");
-    std::fs::write(&keys, KEY).unwrap();
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o600)).unwrap();
-    }
+    let keys = key_file(dir.path(), "keys", KEY);
+    waiting_store(&path, Some(Keyring::from_file(&keys).unwrap()), &["v"]);
+    (dir, path, keys)
+}
+
+/// Runs `runs` of `Vault` (token [`SECRET`]) in the store at `path`, sealed with `keys` if
+/// given, each waiting for `approve` in `Open` after one failed attempt.
+fn waiting_store(path: &Path, keys: Option<Keyring>, runs: &[&str]) {
     tokio::runtime::Runtime::new().unwrap().block_on(async {
-        let rt = Runtime::builder()
-            .retry(RetryPolicy::attempts(3).with_delays(
-                std::time::Duration::from_millis(1),
-                std::time::Duration::from_millis(2),
-            ))
-            .codec(Keyring::from_file(&keys).unwrap())
-            .open(&path)
-            .unwrap();
-        rt.register::<Vault, _>(Worker);
-        rt.start(
-            "v",
-            Vault::Open {
-                token: SECRET.to_owned(),
-            },
-        )
-        .await
-        .unwrap();
-        for _ in 0..2000 {
-            let info = rt.run_info("v").await.unwrap().unwrap();
-            if info.status == RunStatus::Waiting {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        let mut builder = Runtime::builder().retry(RetryPolicy::attempts(3).with_delays(
+            std::time::Duration::from_millis(1),
+            std::time::Duration::from_millis(2),
+        ));
+        if let Some(keys) = keys {
+            builder = builder.codec(keys);
         }
-        assert_eq!(
-            rt.run_info("v").await.unwrap().unwrap().status,
-            RunStatus::Waiting
-        );
+        let rt = builder.open(path).unwrap();
+        rt.register::<Vault, _>(Worker);
+        for run in runs {
+            let token = SECRET.to_owned();
+            rt.start(*run, Vault::Open { token }).await.unwrap();
+        }
+        for run in runs {
+            rt.wait_for_status(run, RunStatus::Waiting).await.unwrap();
+        }
         rt.shutdown().await;
     });
-    (dir, path, keys)
 }
 
 fn loops(path: &Path) -> Command {
@@ -280,4 +268,177 @@ fn a_running_process_serves_payloads_sealed_and_the_cli_opens_them_with_its_key(
     );
     drop(rt);
     assert!(!contains(&std::fs::read(&path).unwrap(), b"hunter2"));
+}
+
+/// A key file `name` in `dir` holding `text` (mode 0600).
+fn key_file(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let keys = dir.join(name);
+    std::fs::write(&keys, text).unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&keys, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    keys
+}
+
+#[test]
+fn a_key_file_never_seals_into_a_store_in_clear() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("clear.redb");
+    waiting_store(&path, None, &["v", "w", "x"]);
+    let keys = key_file(dir.path(), "keys", KEY);
+    // On the file: the event is stored in clear, and no key is recorded in the store.
+    let (ok, _, err) = run(loops(&path)
+        .args([
+            "send",
+            "w",
+            "approve",
+            "--json",
+            "\"on the file\"",
+            "--key-file",
+        ])
+        .arg(&keys));
+    assert!(ok, "{err}");
+    // Through the endpoint of a process without a codec: the same.
+    let tokio = tokio::runtime::Runtime::new().unwrap();
+    let (rt, server) = tokio.block_on(async {
+        let rt = Runtime::builder().open(&path).unwrap();
+        rt.register::<Vault, _>(Worker);
+        rt.resume_all().await.unwrap();
+        let server = rt.serve_control_next_to_store().await.unwrap();
+        (rt, server)
+    });
+    let (ok, _, err) = run(loops(&path)
+        .args(["send", "v", "approve", "--json", "\"via the endpoint\""])
+        .arg("--key-file")
+        .arg(&keys)
+        .arg("--verbose"));
+    assert!(ok && err.contains("through the control endpoint"), "{err}");
+    let (v, w, keys_recorded) = tokio.block_on(async {
+        let v = rt.wait::<Vault>("v").await.unwrap();
+        let w = rt.wait::<Vault>("w").await.unwrap();
+        let keys = rt.store().sealing_keys().await.unwrap();
+        server.stop().await;
+        rt.shutdown().await;
+        (v, w, keys)
+    });
+    assert_eq!(
+        (v, w, keys_recorded),
+        (
+            Vault::Done {
+                approval: "via the endpoint".into()
+            },
+            Vault::Done {
+                approval: "on the file".into()
+            },
+            Vec::<String>::new()
+        )
+    );
+    drop(rt);
+    // A cancellation reason given with the key file is in clear too, and a runtime without
+    // a codec still opens the store.
+    let (ok, _, err) = run(loops(&path)
+        .args([
+            "cancel",
+            "x",
+            "--reason",
+            "stuck since Tuesday",
+            "--key-file",
+        ])
+        .arg(&keys));
+    assert!(ok, "{err}");
+    let bytes = std::fs::read(&path).unwrap();
+    for clear in [
+        &b"via the endpoint"[..],
+        b"on the file",
+        b"stuck since Tuesday",
+    ] {
+        assert!(
+            contains(&bytes, clear),
+            "{}",
+            String::from_utf8_lossy(clear)
+        );
+    }
+    let rt = Runtime::builder().open(&path).unwrap();
+    let keys = tokio.block_on(rt.store().sealing_keys()).unwrap();
+    assert!(keys.is_empty(), "{keys:?}");
+}
+
+#[test]
+fn a_key_file_the_workers_do_not_use_seals_nothing() {
+    let (dir, path, _) = encrypted_store();
+    let other_id = key_file(
+        dir.path(),
+        "other-id",
+        "k2 0808080808080808080808080808080808080808080808080808080808080808\n",
+    );
+    let other_bytes = key_file(
+        dir.path(),
+        "other-bytes",
+        "k1 0909090909090909090909090909090909090909090909090909090909090909\n",
+    );
+    let refusal = |keys: &Path| {
+        let out = loops(&path)
+            .args(["send", "v", "approve", "--json", "\"sealed elsewhere\""])
+            .arg("--key-file")
+            .arg(keys)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8(out.stderr).unwrap().trim_end().to_owned(),
+        )
+    };
+    let other_id_refused = (
+        Some(2),
+        format!(
+            "error: store {} holds payloads encrypted with key k1, not with key `k2` that would seal this one: its workers may not hold `k2` (give the key file the workers use)",
+            path.display()
+        ),
+    );
+    let other_bytes_refused = (
+        Some(2),
+        "error: the event is not sent: the key file does not open the run's records (run `v`: the payload of the transition record at seq 0 cannot be opened: it does not authenticate under key `k1`: the payload was altered, moved from another record or run, or sealed with another key of the same id), so the run could not open what it seals; give the key file the workers use".to_owned(),
+    );
+    // On the file, then through the endpoint of the process that holds the key.
+    assert_eq!(refusal(&other_id), other_id_refused);
+    assert_eq!(refusal(&other_bytes), other_bytes_refused);
+    // Read with such a key file, each payload it cannot open says why, and the rest reads.
+    let (ok, out, err) = run(loops(&path)
+        .args(["history", "v", "--json", "--key-file"])
+        .arg(&other_id));
+    assert!(ok, "{err}");
+    let history: Value = serde_json::from_str(&out).unwrap();
+    let transitions = history["transitions"].as_array().unwrap();
+    assert_eq!(
+        (transitions.len(), &transitions[0]["payload"]),
+        (
+            1,
+            &Value::from(
+                "<cannot open: it is encrypted with key `k1`, which is not in the keyring (it has k2)>"
+            )
+        )
+    );
+    let tokio = tokio::runtime::Runtime::new().unwrap();
+    let (rt, server) = tokio.block_on(async {
+        let rt = Runtime::builder()
+            .codec(Keyring::parse(KEY).unwrap())
+            .open(&path)
+            .unwrap();
+        rt.register::<Vault, _>(Worker);
+        rt.resume_all().await.unwrap();
+        let server = rt.serve_control_next_to_store().await.unwrap();
+        (rt, server)
+    });
+    assert_eq!(refusal(&other_id), other_id_refused);
+    assert_eq!(refusal(&other_bytes), other_bytes_refused);
+    let (events, keys) = tokio.block_on(async {
+        let events = rt.store().events("v").await.unwrap();
+        let keys = rt.store().sealing_keys().await.unwrap();
+        server.stop().await;
+        rt.shutdown().await;
+        (events.len(), keys)
+    });
+    assert_eq!((events, keys), (0, vec!["k1".to_owned()]));
 }

@@ -17,8 +17,8 @@ pub use methods::retry_hint;
 
 pub use text::{RecordKind, error_chain};
 use text::{
-    at_seq, attempts_text, cause_text, decoded, describe_changes, format_text, mismatch_remedy,
-    shown_id,
+    arriving, at_seq, attempts_text, cause_text, decoded, describe_changes, format_text,
+    mismatch_remedy, shown_id,
 };
 
 pub use codec::{CodecError, NO_KEY_HINT};
@@ -93,13 +93,11 @@ pub enum Error {
         cause: Arc<dyn std::error::Error + Send + Sync + 'static>,
     },
 
-    /// A database store (PostgreSQL, in the `loops-postgres` crate) failed a read or a write:
-    /// the server could not be reached, the connection was lost, or it refused a statement.
-    /// A write that fails so has not committed, except when the connection was lost during
-    /// its commit: then whether it committed is unknown, and the run's next write (or its
-    /// next driver, after a resume) finds out from the store. The message names the cause
-    /// (the client's error and its own sources), so `source()` is `None`; the cause itself
-    /// is in `cause` ([`Error::store_cause`]).
+    /// A database store (PostgreSQL, `loops-postgres`) failed a read or a write: the server
+    /// could not be reached, the connection was lost, or it refused a statement. A write
+    /// that fails so has not committed, unless the connection was lost during its commit:
+    /// the run's next write (or driver) then finds out from the store. The message names the
+    /// cause, so `source()` is `None`; the cause is in `cause` ([`Error::store_cause`]).
     #[error("store error while {action}: {}", cause_text(&**cause))]
     Database {
         /// What the store was doing ("committing a transition of run `r1`").
@@ -431,6 +429,40 @@ pub enum Error {
         store: String,
         /// The ids of the keys that sealed its payloads, oldest first.
         keys: Vec<String>,
+    },
+
+    /// A writer that [seals as the store does](crate::RuntimeBuilder::seal_as_store_does)
+    /// (the CLI with a key file) would seal with `key`, which the store does not list: its
+    /// workers may not hold it. Nothing was written.
+    #[error(
+        "store {store} holds payloads encrypted with key {}, not with key `{key}` that would seal this one: its workers may not hold `{key}` (give the key file the workers use)",
+        keys.join(", ")
+    )]
+    KeyNotInStore {
+        /// The store's label (a file path; a database without password).
+        store: String,
+        /// The id of the key that would seal.
+        key: String,
+        /// The ids of the keys that sealed the store's payloads, oldest first.
+        keys: Vec<String>,
+    },
+
+    /// A payload sent from outside (an event, a cancellation reason) arrived sealed, and
+    /// this runtime cannot open it (no codec, a key it lacks, another key of the same id):
+    /// its run could not read it. Nothing was written.
+    #[error(
+        "run `{run_id}`: the {} arrived encrypted and is refused: {cause}",
+        arriving(record, field)
+    )]
+    SealedRefused {
+        /// The run.
+        run_id: String,
+        /// The record: an event (by name) or the run's row (a cancellation reason).
+        record: RecordKind,
+        /// The field (`payload`, `cancel`).
+        field: &'static str,
+        /// Why; it names the key id.
+        cause: Box<CodecError>,
     },
 
     /// A payload could not be sealed or opened by the runtime's

@@ -58,10 +58,12 @@ impl Local {
         }
     }
 
+    /// The store as it holds payloads (sealed ones as stored: [`Unsealing`](super::Unsealing)
+    /// opens them, as it does what a control endpoint serves).
     fn store(&self) -> &dyn Store {
         match &self.opened {
             Opened::ReadOnly(store) => store,
-            Opened::Runtime(runtime) => runtime.store(),
+            Opened::Runtime(runtime) => runtime.sealed_store(),
         }
     }
 

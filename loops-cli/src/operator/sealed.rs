@@ -10,7 +10,7 @@ use loops_core::{FailureRecord, StepRecord, TransitionRecord};
 use serde_json::value::RawValue;
 
 use super::{Operator, Taker};
-use crate::failure::{Failure, Result};
+use crate::failure::{Failure, Kind, Result};
 
 /// An operator whose reads open sealed payloads (or, without a key, show
 /// `<encrypted: key K>`), and whose `send` and `cancel` seal what they store.
@@ -37,20 +37,38 @@ impl Unsealing {
         Ok(info)
     }
 
-    /// Without a key, refuses to store a text in clear in a store that lists sealing keys
-    /// (the store's `Error::Encrypted`, the same on every path), or in a run whose payloads
-    /// are sealed (a store sealed by a loops that did not record its keys).
-    fn check_sealable(&self, run_id: &str, what: &str) -> Result<()> {
-        if self.payloads.seals() {
-            return Ok(());
-        }
+    /// Whether the text `send` or `cancel` stores (`what`) in run `run_id` is sealed: as
+    /// the store does (`loops_core::seals_as_store_does`, the rule of the CLI's own
+    /// runtimes too): with a key file, sealed in a store that lists its writing key, in
+    /// clear in a store that lists none, refused in one that lists only other keys; and
+    /// when sealed, only if the key file opens the run's state (a key of the same id and
+    /// other bytes would seal what no worker opens). Without a key file, refused in a store
+    /// that lists sealing keys (the store's `Error::Encrypted`, the same on every path) or
+    /// in a run whose payloads are sealed (a store sealed by a loops that did not record
+    /// its keys).
+    fn sealing(&self, run_id: &str, what: &str) -> Result<bool> {
         let keys = self.inner.sealing_keys()?;
-        if !keys.is_empty() {
-            return Err(loops_core::Error::Encrypted {
-                store: self.inner.label().to_owned(),
-                keys,
+        let label = self.inner.label().to_owned();
+        if let Some(key) = self.payloads.key_id() {
+            let seals = loops_core::seals_as_store_does(label, keys, &key)?;
+            let verified = match self.inner.latest(run_id)? {
+                Some((_, record)) if seals => self.payloads.verify_transition(run_id, &record),
+                _ => Ok(()),
+            };
+            if let Err(e) = verified {
+                let e = Failure::from(e);
+                return Err(Failure::of(
+                    Kind::BadInput,
+                    format!(
+                        "the {what} is not sent: the key file does not open the run's records ({}), so the run could not open what it seals; give the key file the workers use",
+                        e.message
+                    ),
+                ));
             }
-            .into());
+            return Ok(seals);
+        }
+        if !keys.is_empty() {
+            return Err(loops_core::Error::Encrypted { store: label, keys }.into());
         }
         if let Some((_, record)) = self.inner.latest(run_id)?
             && let Some(Ok(sealed)) = parse_envelope(record.payload.get())
@@ -61,7 +79,7 @@ impl Unsealing {
                 loops_core::NO_KEY_HINT
             )));
         }
-        Ok(())
+        Ok(false)
     }
 }
 
@@ -193,9 +211,11 @@ impl Operator for Unsealing {
     }
 
     fn cancel(&self, run_id: &str, reason: &str) -> Result<RunInfo> {
-        self.check_sealable(run_id, "cancellation reason")?;
-        let reason = self.payloads.seal_cancel(run_id, reason)?;
-        self.row(self.inner.cancel(run_id, &reason)?)
+        if self.sealing(run_id, "cancellation reason")? {
+            let reason = self.payloads.seal_cancel(run_id, reason)?;
+            return self.row(self.inner.cancel(run_id, &reason)?);
+        }
+        self.row(self.inner.cancel(run_id, reason)?)
     }
 
     fn retry(&self, run_id: &str) -> Result<RunInfo> {
@@ -209,11 +229,12 @@ impl Operator for Unsealing {
         key: Option<&str>,
         payload: &RawValue,
     ) -> Result<Sent> {
-        self.check_sealable(run_id, "event")?;
+        if !self.sealing(run_id, "event")? {
+            return self.inner.send(run_id, event, key, payload);
+        }
         // The declared events are checked on the payload in clear, before it is sealed (the
         // receiver checks only a sealed payload's name).
-        if self.payloads.seals()
-            && let Some(info) = self.inner.run(run_id)?
+        if let Some(info) = self.inner.run(run_id)?
             && let Some(description) = self.inner.schema(info.schema)?
         {
             loops_core::check_event(&info, &description, event, payload.get())

@@ -73,6 +73,11 @@ impl From<Error> for ApiError {
                 ErrorKind::InvalidArgument,
                 Some(run_id.clone()),
             ),
+            Error::SealedRefused { run_id, .. } => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                ErrorKind::InvalidArgument,
+                Some(run_id.clone()),
+            ),
             Error::EventRefused { run_id, .. } => (
                 StatusCode::UNPROCESSABLE_ENTITY,
                 ErrorKind::EventRefused,

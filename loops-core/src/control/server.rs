@@ -360,7 +360,7 @@ async fn list(State(s): State<Shared>, Params(q): Params<ListQuery>) -> Answer<V
     for status in statuses {
         let listed = s
             .runtime
-            .stored()
+            .sealed_store()
             .list(status, q.workflow.as_deref())
             .await?;
         runs.extend(listed.into_iter().map(Run::from));
@@ -370,12 +370,16 @@ async fn list(State(s): State<Shared>, Params(q): Params<ListQuery>) -> Answer<V
 
 async fn run_info(State(s): State<Shared>, PathOf(run): PathOf<String>) -> Answer<Option<Run>> {
     Ok(Json(
-        s.runtime.stored().run_info(&run).await?.map(Run::from),
+        s.runtime
+            .sealed_store()
+            .run_info(&run)
+            .await?
+            .map(Run::from),
     ))
 }
 
 async fn latest(State(s): State<Shared>, PathOf(run): PathOf<String>) -> Answer<Option<Latest>> {
-    let latest = s.runtime.stored().latest(&run).await?;
+    let latest = s.runtime.sealed_store().latest(&run).await?;
     Ok(Json(latest.map(|(run, record)| Latest {
         run: run.into(),
         record,
@@ -386,14 +390,14 @@ async fn history(
     State(s): State<Shared>,
     PathOf(run): PathOf<String>,
 ) -> Answer<Vec<TransitionRecord>> {
-    Ok(Json(s.runtime.stored().history(&run).await?))
+    Ok(Json(s.runtime.sealed_store().history(&run).await?))
 }
 
 async fn steps(
     State(s): State<Shared>,
     PathOf((run, seq)): PathOf<(String, u64)>,
 ) -> Answer<Vec<Step>> {
-    let steps = s.runtime.stored().steps(&run, seq).await?;
+    let steps = s.runtime.sealed_store().steps(&run, seq).await?;
     Ok(Json(
         steps
             .into_iter()
@@ -407,7 +411,7 @@ async fn steps(
 }
 
 async fn all_steps(State(s): State<Shared>, PathOf(run): PathOf<String>) -> Answer<Vec<RunStep>> {
-    let steps = s.runtime.stored().all_steps(&run).await?;
+    let steps = s.runtime.sealed_store().all_steps(&run).await?;
     Ok(Json(
         steps
             .into_iter()
@@ -422,7 +426,7 @@ async fn all_steps(State(s): State<Shared>, PathOf(run): PathOf<String>) -> Answ
 }
 
 async fn failures(State(s): State<Shared>, PathOf(run): PathOf<String>) -> Answer<Vec<Failed>> {
-    let failures = s.runtime.stored().failures(&run).await?;
+    let failures = s.runtime.sealed_store().failures(&run).await?;
     Ok(Json(
         failures
             .into_iter()
@@ -432,7 +436,7 @@ async fn failures(State(s): State<Shared>, PathOf(run): PathOf<String>) -> Answe
 }
 
 async fn events(State(s): State<Shared>, PathOf(run): PathOf<String>) -> Answer<Vec<Event>> {
-    let events = s.runtime.stored().events(&run).await?;
+    let events = s.runtime.sealed_store().events(&run).await?;
     Ok(Json(
         events
             .into_iter()
@@ -461,7 +465,7 @@ async fn schemas(State(s): State<Shared>) -> Answer<Vec<StoredSchema>> {
 /// The ids of the keys that sealed payloads in the store (the store as stored, under the
 /// process's codec): a CLI without the key refuses to send payloads in clear.
 async fn sealing(State(s): State<Shared>) -> Answer<Vec<String>> {
-    Ok(Json(s.runtime.stored().sealing_keys().await?))
+    Ok(Json(s.runtime.sealed_store().sealing_keys().await?))
 }
 
 async fn schema(State(s): State<Shared>, PathOf(hash): PathOf<String>) -> Answer<StoredSchema> {
@@ -509,7 +513,7 @@ async fn cancel(
 /// The run's row as stored: under a codec, its texts stay sealed (the endpoint never opens
 /// a payload; the CLI does, with its own key).
 async fn stored_row(s: &Shared, run: String) -> Answer<Run> {
-    match s.runtime.stored().run_info(&run).await? {
+    match s.runtime.sealed_store().run_info(&run).await? {
         Some(info) => Ok(Json(info.into())),
         None => Err(Error::RunNotFound { run_id: run }.into()),
     }
@@ -544,12 +548,12 @@ async fn attributes(
     State(s): State<Shared>,
     PathOf(run): PathOf<String>,
 ) -> Answer<crate::Attributes> {
-    Ok(Json(s.runtime.stored().attributes(&run).await?))
+    Ok(Json(s.runtime.sealed_store().attributes(&run).await?))
 }
 
 /// The child runs of a run, by run id (none if it has none or does not exist).
 async fn children(State(s): State<Shared>, PathOf(run): PathOf<String>) -> Answer<Vec<Run>> {
-    let children = s.runtime.stored().children(&run).await?;
+    let children = s.runtime.sealed_store().children(&run).await?;
     Ok(Json(children.into_iter().map(Run::from).collect()))
 }
 
@@ -559,7 +563,7 @@ async fn search(
     State(s): State<Shared>,
     Body(filter): Body<crate::RunFilter>,
 ) -> Answer<Vec<Found>> {
-    let found = crate::find_runs(s.runtime.stored(), &filter).await?;
+    let found = crate::find_runs(s.runtime.sealed_store(), &filter).await?;
     Ok(Json(
         found
             .into_iter()

@@ -15,6 +15,15 @@ pub enum CodecError {
         /// The id of the key that sealed it.
         key: String,
     },
+    /// The payload arrived sealed at a runtime without a codec, whose store keeps payloads
+    /// in clear.
+    #[error(
+        "it is encrypted with key `{key}`, and this runtime keeps payloads in clear (it has no codec): send it in clear (the `loops` CLI: without --key-file or LOOPS_KEY_FILE)"
+    )]
+    SealedForClear {
+        /// The id of the key that sealed it.
+        key: String,
+    },
     /// The payload was sealed with a key the codec does not have.
     #[error("it is encrypted with key `{key}`, which is not in the keyring (it has {known})")]
     UnknownKey {

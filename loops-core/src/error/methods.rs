@@ -82,6 +82,7 @@ impl Error {
             | Error::Encode { run_id, .. }
             | Error::Decode { run_id, .. }
             | Error::Payload { run_id, .. }
+            | Error::SealedRefused { run_id, .. }
             | Error::PayloadTooLarge { run_id, .. }
             | Error::CounterOverflow { run_id, .. }
             | Error::RunFailed { run_id, .. }
@@ -110,6 +111,7 @@ impl Error {
             | Error::RetryAfter { .. }
             | Error::AcceptsRefused { .. }
             | Error::Encrypted { .. }
+            | Error::KeyNotInStore { .. }
             | Error::Closed => None,
         }
     }
@@ -119,7 +121,8 @@ impl Error {
     /// Whether the error comes out the same at every try of a handler, whatever time passes:
     /// a bad run id or name, a child id taken by another run, a workflow no process here
     /// drives, a state that is not the initial one, an event the workflow does not declare
-    /// (or a payload not of its declared shape), and a state, step output or payload that
+    /// (or a payload not of its declared shape, or sealed with a key this runtime cannot
+    /// open), and a state, step output or payload that
     /// cannot be recorded (over [`max_payload_bytes`](crate::RuntimeBuilder::max_payload_bytes),
     /// or not encodable as JSON). [`retry_hint`](crate::retry_hint) calls such an error
     /// permanent: a step that returns one is not tried again, and a handler that returns one
@@ -140,6 +143,7 @@ impl Error {
                 | Error::StepEncode { .. }
                 | Error::Encode { .. }
                 | Error::EventRefused { .. }
+                | Error::SealedRefused { .. }
         )
     }
 

@@ -24,6 +24,16 @@ pub(super) fn decoded(record: &RecordKind, seq: u64, state: &str) -> String {
     }
 }
 
+/// What a payload sent from outside is, for [`Error::SealedRefused`](super::Error::SealedRefused):
+/// the payload of an event, a cancellation reason.
+pub(super) fn arriving(record: &RecordKind, field: &str) -> String {
+    match (record, field) {
+        (RecordKind::Event { name: Some(name) }, _) => format!("payload of event `{name}`"),
+        (RecordKind::RunRow, "cancel") => "cancellation reason".to_owned(),
+        _ => format!("{field} of the {}", decoded(record, 0, "")),
+    }
+}
+
 pub(super) fn attempts_text(
     attempts: u32,
     interrupted: u32,

@@ -32,6 +32,8 @@ pub struct RuntimeBuilder {
     log_payloads: Option<bool>,
     /// Without a codec: read a sealed store anyway, its payloads shown as encrypted.
     redact_sealed: bool,
+    /// With a codec: seal only as the store does ([`seal_as_store_does`](Self::seal_as_store_does)).
+    follow_store: bool,
 }
 
 impl Default for RuntimeBuilder {
@@ -41,6 +43,7 @@ impl Default for RuntimeBuilder {
             codec: None,
             log_payloads: None,
             redact_sealed: false,
+            follow_store: false,
             config: Config {
                 settings: Settings::default(),
                 max_active_runs: None,
@@ -398,6 +401,23 @@ impl RuntimeBuilder {
         self
     }
 
+    /// With a [`codec`](Self::codec), seals what this runtime stores only as the store's
+    /// workers do, and records no key of its own: in a store that lists the codec's writing
+    /// key ([`Store::sealing_keys`](crate::Store::sealing_keys)) payloads are sealed, in a
+    /// store that lists none they are stored in clear (its workers have no codec, and one
+    /// sealed payload would stop all of them). For tools that write into a store others
+    /// drive (the `loops` CLI with `--key-file`: `send`, `cancel`); not for a runtime that
+    /// drives runs, which decides the store's sealing by having a codec. Without a codec it
+    /// changes nothing.
+    ///
+    /// A write that would store a payload into a store that lists keys, none of them the
+    /// codec's writing key, fails with [`Error::KeyNotInStore`](crate::Error::KeyNotInStore)
+    /// (the workers may not hold that key); nothing is written.
+    pub fn seal_as_store_does(mut self) -> Self {
+        self.follow_store = true;
+        self
+    }
+
     /// Whether loops' log lines carry error texts: a handler's error, a step's error, why an
     /// event was set aside. They hold what payloads hold (a handler's `secret-token=...`).
     /// Default: yes without a codec; with a [`codec`](Self::codec), no: the store seals the
@@ -416,6 +436,7 @@ impl RuntimeBuilder {
     pub(crate) fn build_shared(mut self, store: Arc<dyn Store>) -> Runtime {
         self.config.settings.log_texts = self.log_payloads.unwrap_or(self.codec.is_none());
         let payloads = match (self.codec, self.redact_sealed) {
+            (Some(codec), _) if self.follow_store => Payloads::following(codec),
             (Some(codec), _) => Payloads::new(codec),
             (None, true) => Payloads::redacting(),
             (None, false) => Payloads::guard(),

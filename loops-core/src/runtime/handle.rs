@@ -289,11 +289,13 @@ impl Runtime {
         &*self.inner.store
     }
 
-    /// The store as it stores payloads: under a codec ([`RuntimeBuilder::codec`](crate::RuntimeBuilder::codec)),
-    /// the store beneath it, whose reads return payloads sealed (what the control endpoint
-    /// serves: it never opens a payload for a caller).
-    #[cfg_attr(not(feature = "control"), allow(dead_code))]
-    pub(crate) fn stored(&self) -> &dyn Store {
+    /// The store as it holds payloads: under a codec ([`RuntimeBuilder::codec`](crate::RuntimeBuilder::codec)),
+    /// the store beneath it, whose reads return payloads sealed (`{"$sealed":..}`, as the
+    /// control endpoint serves them: it never opens a payload for a caller); without one,
+    /// the store itself. For tools that open payloads themselves
+    /// ([`Payloads`](crate::Payloads)); write through the runtime, or through
+    /// [`store`](Self::store), which seals.
+    pub fn sealed_store(&self) -> &dyn Store {
         &*self.inner.stored
     }
 

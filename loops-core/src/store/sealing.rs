@@ -9,6 +9,7 @@
 
 mod store;
 
+pub use self::store::seals_as_store_does;
 pub(crate) use self::store::{SealedStore, refuse_sealed};
 
 use std::sync::Arc;
@@ -27,6 +28,11 @@ pub struct Payloads {
     codec: Option<Arc<dyn PayloadCodec>>,
     /// Without a codec: show a sealed payload as `"<encrypted: key K>"` rather than fail.
     redact: bool,
+    /// With a codec: seal only as the store does ([`seals_as_store_does`]).
+    follow: bool,
+    /// With a codec: show a payload it cannot open as `"<cannot open: why>"` rather than
+    /// fail ([`showing_unopened`](Payloads::showing_unopened)).
+    show_unopened: bool,
 }
 
 impl std::fmt::Debug for Payloads {
@@ -34,6 +40,8 @@ impl std::fmt::Debug for Payloads {
         f.debug_struct("Payloads")
             .field("codec", &self.codec.is_some())
             .field("redact", &self.redact)
+            .field("follow", &self.follow)
+            .field("show_unopened", &self.show_unopened)
             .finish()
     }
 }
@@ -47,6 +55,19 @@ impl Payloads {
         Payloads {
             codec: Some(codec),
             redact: false,
+            follow: false,
+            show_unopened: false,
+        }
+    }
+
+    /// Seals and opens with `codec`, as a writer into a store its workers own (a tool such
+    /// as the `loops` CLI): a runtime's store over it
+    /// ([`RuntimeBuilder::seal_as_store_does`](crate::RuntimeBuilder::seal_as_store_does))
+    /// seals only as the store does ([`seals_as_store_does`]) and records no key of its own.
+    pub fn following(codec: Arc<dyn PayloadCodec>) -> Payloads {
+        Payloads {
+            follow: true,
+            ..Payloads::new(codec)
         }
     }
 
@@ -57,6 +78,19 @@ impl Payloads {
         Payloads {
             codec: None,
             redact: true,
+            follow: false,
+            show_unopened: false,
+        }
+    }
+
+    /// These payloads, for a reader that shows what it reads (the `loops` CLI): a payload
+    /// the codec cannot open (a key it lacks, another key of the same id, an altered
+    /// record) reads as the text `<cannot open: why>` naming the key, rather than failing
+    /// the whole read. Sealing is unchanged.
+    pub fn showing_unopened(self) -> Payloads {
+        Payloads {
+            show_unopened: true,
+            ..self
         }
     }
 
@@ -72,12 +106,19 @@ impl Payloads {
         Payloads {
             codec: None,
             redact: false,
+            follow: false,
+            show_unopened: false,
         }
     }
 
     /// The id of the codec's writing key, if there is a codec.
-    pub(crate) fn key_id(&self) -> Option<String> {
+    pub fn key_id(&self) -> Option<String> {
         self.codec.as_ref().map(|codec| codec.key_id())
+    }
+
+    /// Whether this seals only as the store does ([`following`](Self::following)).
+    pub(crate) fn follows(&self) -> bool {
+        self.follow
     }
 
     /// Whether a sealed payload is shown as `<encrypted: key K>` (no codec, redacting).
@@ -97,12 +138,14 @@ impl Payloads {
     }
 
     /// Seals `plain` (JSON or text) for `at` into envelope text; a value already sealed
-    /// (by a CLI that has the key) is kept as it is, and without a codec nothing changes.
+    /// (by a CLI that has the key) is kept as it is if the codec opens it
+    /// ([`accept_sealed`](Self::accept_sealed)), and without a codec nothing changes.
     fn seal(&self, at: &At<'_>, plain: &str) -> Result<String> {
         let Some(codec) = &self.codec else {
             return Ok(plain.to_owned());
         };
         if parse_envelope(plain).is_some() {
+            self.accept_sealed(at, plain)?;
             return Ok(plain.to_owned());
         }
         let sealed = codec
@@ -112,12 +155,14 @@ impl Payloads {
     }
 
     /// Opens `stored` (envelope text, or a value in clear, returned as it is) read from
-    /// `at`. `redact_as` turns the key id into what a reader without a codec sees.
+    /// `at`. `shown_as` turns a text shown instead of the payload (`<encrypted: key K>` to a
+    /// reader without a codec, `<cannot open: why>` to one that
+    /// [shows what it cannot open](Self::showing_unopened)) into the field's form.
     fn open(
         &self,
         at: &At<'_>,
         stored: &str,
-        redact_as: fn(&str) -> String,
+        shown_as: fn(&str) -> String,
     ) -> Result<Option<String>> {
         let Some(parsed) = parse_envelope(stored) else {
             return Ok(None);
@@ -126,11 +171,17 @@ impl Payloads {
         let sealed = parsed.map_err(fail)?;
         let Some(codec) = &self.codec else {
             if self.redact {
-                return Ok(Some(redact_as(&sealed.key)));
+                return Ok(Some(shown_as(&redacted(&sealed.key))));
             }
             return Err(fail(CodecError::NoCodec { key: sealed.key }));
         };
-        let plain = codec.open(at, &sealed).map_err(fail)?;
+        let plain = match codec.open(at, &sealed) {
+            Ok(plain) => plain,
+            Err(cause) if self.show_unopened => {
+                return Ok(Some(shown_as(&format!("<cannot open: {cause}>"))));
+            }
+            Err(cause) => return Err(fail(cause)),
+        };
         String::from_utf8(plain).map(Some).map_err(|_| {
             fail(CodecError::Malformed {
                 reason: "it opens to bytes that are not UTF-8".to_owned(),
@@ -138,10 +189,54 @@ impl Payloads {
         })
     }
 
+    /// `Ok` if `stored` is in clear, or sealed and this codec opens it; else
+    /// [`Error::SealedRefused`]: a payload that arrived sealed (from a CLI with a key file)
+    /// and that this runtime could not read back (no codec, a key it lacks, another key of
+    /// the same id) is never stored.
+    fn accept_sealed(&self, at: &At<'_>, stored: &str) -> Result<()> {
+        let Some(parsed) = parse_envelope(stored) else {
+            return Ok(());
+        };
+        let refused = |cause| Error::SealedRefused {
+            run_id: at.run_id.to_owned(),
+            record: at.record.clone(),
+            field: at.field,
+            cause: Box::new(cause),
+        };
+        let sealed = parsed.map_err(refused)?;
+        match &self.codec {
+            None => Err(refused(CodecError::SealedForClear { key: sealed.key })),
+            Some(codec) => codec.open(at, &sealed).map(drop).map_err(refused),
+        }
+    }
+
+    /// Refuses a write that is stored as it is (not sealed by this codec: no codec, or a
+    /// store in clear that a [`following`](Self::following) writer leaves so) and carries a
+    /// payload that arrived sealed from outside (an event, a cancellation reason): no run
+    /// of such a store could open it.
+    ///
+    /// # Errors
+    /// [`Error::SealedRefused`].
+    pub(crate) fn refuse_sealed_from_outside(write: &Write) -> Result<()> {
+        let clear = Payloads::guard();
+        match write {
+            Write::Send {
+                run_id,
+                name,
+                payload,
+                ..
+            } => clear.accept_sealed(&event_at(run_id, name), payload),
+            Write::Cancel { run_id, reason, .. } => {
+                clear.accept_sealed(&row_at(run_id, "cancel"), reason)
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// [`open`](Self::open) of a JSON value.
     fn open_raw(&self, at: &At<'_>, raw: &mut Box<RawValue>) -> Result<()> {
-        let redact_json = |key: &str| serde_json::Value::String(redacted(key)).to_string();
-        if let Some(json) = self.open(at, raw.get(), redact_json)? {
+        let as_json = |text: &str| serde_json::Value::String(text.to_owned()).to_string();
+        if let Some(json) = self.open(at, raw.get(), as_json)? {
             *raw = RawValue::from_string(json).map_err(|_| {
                 Self::error(
                     at,
@@ -168,7 +263,7 @@ impl Payloads {
 
     /// [`open`](Self::open) of a text field.
     fn open_text(&self, at: &At<'_>, text: &mut String) -> Result<()> {
-        if let Some(plain) = self.open(at, text, redacted)? {
+        if let Some(plain) = self.open(at, text, str::to_owned)? {
             *text = plain;
         }
         Ok(())
@@ -187,8 +282,8 @@ impl Payloads {
         let [only] = errors.as_slice() else {
             return Ok(());
         };
-        let redact_list = |key: &str| serde_json::to_string(&[redacted(key)]).unwrap_or_default();
-        if let Some(json) = self.open(at, only, redact_list)? {
+        let as_list = |text: &str| serde_json::to_string(&[text]).unwrap_or_default();
+        if let Some(json) = self.open(at, only, as_list)? {
             *errors = serde_json::from_str(&json).map_err(|_| {
                 Self::error(
                     at,
@@ -229,6 +324,21 @@ impl Payloads {
     /// [`Error::Payload`] as for [`open_info`](Self::open_info).
     pub fn open_transition(&self, run_id: &str, record: &mut TransitionRecord) -> Result<()> {
         self.open_raw(&transition_at(run_id, record.seq), &mut record.payload)
+    }
+
+    /// `Ok` if the transition record's payload is in clear or opens with the codec (however
+    /// this reader [shows](Self::showing_unopened) what it cannot open): whether the codec's
+    /// keys are the ones that sealed the run.
+    ///
+    /// # Errors
+    /// [`Error::Payload`] as for [`open_info`](Self::open_info).
+    pub fn verify_transition(&self, run_id: &str, record: &TransitionRecord) -> Result<()> {
+        let strict = Payloads {
+            show_unopened: false,
+            ..self.clone()
+        };
+        let mut payload = record.payload.clone();
+        strict.open_raw(&transition_at(run_id, record.seq), &mut payload)
     }
 
     /// Opens a step record's output: the step `(name, occurrence)` of the state at `seq`.

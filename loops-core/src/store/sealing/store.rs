@@ -22,20 +22,26 @@ use crate::store::{
 ///
 /// - With a codec: payloads are sealed on write and opened on read, and the codec's key id
 ///   is recorded in the store ([`Write::Seal`]) before the first write that carries a
-///   payload (once per `SealedStore`).
+///   payload (once per `SealedStore`). A payload that arrived sealed (an event a CLI
+///   sealed) is stored only if the codec opens it ([`Error::SealedRefused`]).
+/// - With a codec that follows the store ([`Payloads::following`]: a tool such as the CLI):
+///   no key is recorded; payloads are sealed only in a store that lists the codec's key, in
+///   clear in one that lists none ([`seals_as_store_does`]).
 /// - Without a codec: the store's [`sealing_keys`](Store::sealing_keys) are read before the
 ///   first read or write; a store that lists any is refused with [`Error::Encrypted`]. A
 ///   sealed payload found anyway (a store sealed by a loops that did not record its keys)
-///   is [`Error::Payload`] naming its key, never a decode error of the workflow's type.
+///   is [`Error::Payload`] naming its key, never a decode error of the workflow's type. A
+///   payload that arrives sealed is refused ([`Error::SealedRefused`]).
 /// - Redacting (a reader such as the CLI): reads go on, a sealed payload reads as
 ///   `<encrypted: key K>`; a write that carries a payload into a store that lists keys is
 ///   refused with [`Error::Encrypted`] rather than stored in clear.
 pub(crate) struct SealedStore {
     inner: Arc<dyn Store>,
     payloads: Payloads,
-    /// Set once the rule above held: the key recorded (codec), the store found in clear (no
+    /// Set once the rule above held, to whether writes are sealed: the key recorded (codec),
+    /// the store's sealing followed ([`Payloads::following`]), the store found in clear (no
     /// codec, redacting).
-    checked: OnceCell<()>,
+    checked: OnceCell<bool>,
 }
 
 impl SealedStore {
@@ -48,26 +54,34 @@ impl SealedStore {
         }
     }
 
-    /// The rule of the module's doc, before a read (`carries` false) or a write.
-    async fn check(&self, carries: bool) -> Result<()> {
+    /// The rule of the module's doc, before a read (`carries` false) or a write; returns
+    /// whether a write's payloads are sealed.
+    async fn check(&self, carries: bool) -> Result<bool> {
         match (self.payloads.key_id(), self.payloads.redacts()) {
             (Some(key), _) if carries => {
-                self.checked
+                let seals = self
+                    .checked
                     .get_or_try_init(|| async {
+                        if self.payloads.follows() {
+                            let keys = self.inner.sealing_keys().await?;
+                            return seals_as_store_does(self.inner.label(), keys, &key);
+                        }
                         let at_ms = crate::record::now_ms();
                         self.inner.write(None, Write::Seal { key, at_ms }).await?;
-                        Ok::<(), Error>(())
+                        Ok::<bool, Error>(true)
                     })
                     .await?;
+                Ok(*seals)
             }
-            (Some(_), _) | (None, true) if !carries => {}
+            (Some(_), _) => Ok(true),
+            (None, true) if !carries => Ok(false),
             _ => {
                 self.checked
-                    .get_or_try_init(|| async { clear(&*self.inner).await })
+                    .get_or_try_init(|| async { clear(&*self.inner).await.map(|()| false) })
                     .await?;
+                Ok(false)
             }
         }
-        Ok(())
     }
 
     fn opened_rows(&self, rows: Result<Vec<RunInfo>>) -> Result<Vec<RunInfo>> {
@@ -122,6 +136,30 @@ pub(crate) fn refuse_sealed(label: String, keys: Vec<String>) -> Result<()> {
     }
 }
 
+/// Whether a writer that follows a store's sealing (a tool such as the `loops` CLI with a
+/// key file, whose writing key is `key`) seals what it stores in the store `label`, whose
+/// payloads are sealed with `keys` ([`Store::sealing_keys`]): not in a store that lists no
+/// key (its workers keep payloads in clear, and a sealed one would stop every one of
+/// them), yes in one that lists `key`. The one rule of [`Payloads::following`] and of the
+/// CLI's writes through a control endpoint.
+///
+/// # Errors
+/// [`Error::KeyNotInStore`] when the store lists keys but not `key`: its workers may not
+/// hold it.
+pub fn seals_as_store_does(label: String, keys: Vec<String>, key: &str) -> Result<bool> {
+    if keys.is_empty() {
+        Ok(false)
+    } else if keys.iter().any(|k| k == key) {
+        Ok(true)
+    } else {
+        Err(Error::KeyNotInStore {
+            store: label,
+            key: key.to_owned(),
+            keys,
+        })
+    }
+}
+
 /// Whether `write` stores a payload (a state, a step output, an error text, an event, a
 /// cancellation or block reason).
 fn carries_payload(write: &Write) -> bool {
@@ -149,16 +187,20 @@ impl Store for SealedStore {
 
     fn write<'a>(&'a self, lease: Option<&'a Lease>, write: Write) -> BoxFuture<'a, Result<Reply>> {
         Box::pin(async move {
-            self.check(carries_payload(&write)).await?;
+            let seals = self.check(carries_payload(&write)).await?;
             let run_id = write.run_id().unwrap_or_default().to_owned();
             let event = match &write {
                 Write::Wait { event, .. } => event.clone(),
                 _ => None,
             };
             let write = match write {
-                // Without a codec nothing is sealed: the write goes as it is (no copy, no
-                // decoding of its records).
-                write if !self.payloads.seals() => write,
+                // Not sealed (no codec, or a store in clear that this writer follows): the
+                // write goes as it is (no copy, no decoding of its records), unless it
+                // carries a payload sealed outside that no run here could open.
+                write if !seals => {
+                    Payloads::refuse_sealed_from_outside(&write)?;
+                    write
+                }
                 Write::Block {
                     run_id,
                     schema,
