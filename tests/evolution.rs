@@ -255,8 +255,9 @@ async fn versions_side_by_side_each_drive_their_own_runs() {
 }
 
 /// A v1 run at `Placed`, then a build with only `New` and a migration to it that fails:
-/// returns the run's row once blocked, and the store's writes for it.
-async fn failing_migration<New>() -> (loops::RunInfo, Vec<&'static str>, usize)
+/// returns what the build's dry run said of the run, the run's row once blocked, and the
+/// store's writes for it.
+async fn failing_migration<New>() -> (Route, loops::RunInfo, Vec<&'static str>, usize)
 where
     New: loops::Dispatch<Handler> + loops::Migrate<v1::Order>,
 {
@@ -268,6 +269,8 @@ where
         .register::<New, _>(Handler::new(2, &log))
         .migration::<v1::Order, New>()
         .build(store.clone());
+    let [dry] = <[_; 1]>::try_from(rt.dry_run().await.unwrap()).unwrap();
+    assert!(store.writes().is_empty(), "a dry run writes nothing");
     rt.resume_all().await.unwrap();
     let info = rt.wait_for_status("r", RunStatus::Blocked).await.unwrap();
     // Resumed again, and the migration registered again: it fails again, and the run is
@@ -276,16 +279,27 @@ where
     rt.migration::<v1::Order, New>();
     rt.shutdown().await;
     let history = store.history("r").await.unwrap().len();
-    (info, store.kinds_of("r"), history)
+    (dry.route, info, store.kinds_of("r"), history)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_migration_blocks_the_run_with_one_write() {
-    let (info, writes, history) = failing_migration::<v2_refuses::Order>().await;
+    let (dry, info, writes, history) = failing_migration::<v2_refuses::Order>().await;
     assert_eq!(writes, ["Block"]);
     assert_eq!(history, 1);
     assert_eq!((info.state.as_str(), info.seq), ("Placed", 0));
     let block = info.block.unwrap();
+    // The dry run tried the migration, and said the block the run then got.
+    let Route::Block(dry) = dry else {
+        panic!("the dry run says {dry}");
+    };
+    assert_eq!(
+        dry,
+        loops::Blocked {
+            reason: block.reason.clone(),
+            changes: Default::default(),
+        }
+    );
     assert_eq!(block.resume, RunStatus::Running);
     assert_eq!(block.schema, hash::<v1::Order>());
     assert!(
@@ -297,10 +311,11 @@ async fn a_failing_migration_blocks_the_run_with_one_write() {
     );
     assert!(block.changes.is_empty());
 
-    let (info, writes, history) = failing_migration::<v2_panics::Order>().await;
+    let (dry, info, writes, history) = failing_migration::<v2_panics::Order>().await;
     assert_eq!(writes, ["Block"]);
     assert_eq!(history, 1);
     let reason = info.block.unwrap().reason;
+    assert_eq!(dry.to_string(), format!("blocked: {reason}"));
     assert!(
         reason.ends_with("the migration panicked: cannot migrate Placed { item: \"r\" }"),
         "{reason}"

@@ -159,3 +159,125 @@ async fn with_a_codec_error_texts_are_not_logged_unless_asked() {
     assert_eq!(out.matches("secret-token=hunter2").count(), 2, "{out}");
     assert!(!out.contains("<not logged"), "{out}");
 }
+
+mod moved_v1 {
+    use loops::Workflow;
+    use serde::{Deserialize, Serialize};
+
+    #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+    #[workflow(name = "moved", version = 1)]
+    pub enum Moved {
+        #[initial]
+        #[next(Done)]
+        Start { token: String },
+        #[terminal]
+        Done { token: String },
+    }
+}
+
+/// Version 2 of `moved`, whose migration refuses every state, quoting it.
+mod moved_v2 {
+    use loops::Workflow;
+    use serde::{Deserialize, Serialize};
+
+    #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+    #[workflow(name = "moved", version = 2)]
+    pub enum Moved {
+        #[initial]
+        #[next(Done)]
+        Start { token: String, tries: u32 },
+        #[terminal]
+        Done { token: String },
+    }
+
+    impl loops::Migrate<super::moved_v1::Moved> for Moved {
+        fn migrate(old: super::moved_v1::Moved) -> Result<Self, loops::BoxError> {
+            Err(format!("cannot migrate {old:?}").into())
+        }
+    }
+}
+
+/// Waits in `Start` (version 1) for `go`.
+struct Parks;
+
+impl moved_v1::MovedHandler for Parks {
+    type Error = loops::Error;
+
+    async fn start(
+        &self,
+        ctx: &Context,
+        token: String,
+    ) -> Result<moved_v1::StartNext, Self::Error> {
+        ctx.wait_for::<()>("go").await?;
+        Ok(moved_v1::StartNext::Done { token })
+    }
+}
+
+struct Never;
+
+impl moved_v2::MovedHandler for Never {
+    type Error = loops::Error;
+
+    async fn start(
+        &self,
+        _: &Context,
+        token: String,
+        _: u32,
+    ) -> Result<moved_v2::StartNext, Self::Error> {
+        Ok(moved_v2::StartNext::Done { token })
+    }
+}
+
+/// With a codec, a block's reason (sealed in the store: a migration's refusal may quote the
+/// state) is not logged either; the line still names the run, state and schema.
+#[tokio::test]
+async fn with_a_codec_a_block_reason_is_not_logged() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.redb");
+    let keys = || loops::Keyring::new("k1", [3; 32]).unwrap();
+    let rt = Runtime::builder().codec(keys()).open(&path).unwrap();
+    rt.register::<moved_v1::Moved, _>(Parks);
+    rt.start(
+        "r-9",
+        moved_v1::Moved::Start {
+            token: "secret-token=hunter2".into(),
+        },
+    )
+    .await
+    .unwrap();
+    rt.wait_for_status("r-9", loops::RunStatus::Waiting)
+        .await
+        .unwrap();
+    rt.shutdown().await;
+    drop(rt);
+
+    let (sink, _guard) = capture();
+    let rt = Runtime::builder()
+        .codec(keys())
+        .register::<moved_v2::Moved, _>(Never)
+        .migration::<moved_v1::Moved, moved_v2::Moved>()
+        .open(&path)
+        .unwrap();
+    rt.resume_all().await.unwrap();
+    // The parked run is routed when it is ready: when `go` wakes it.
+    rt.send("r-9", "go", &()).await.unwrap();
+    let info = rt
+        .wait_for_status("r-9", loops::RunStatus::Blocked)
+        .await
+        .unwrap();
+    assert!(
+        info.block.unwrap().reason.contains("hunter2"),
+        "the reason is in the store, sealed"
+    );
+    rt.shutdown().await;
+    let out = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
+    assert!(!out.contains("hunter2"), "a secret was logged:\n{out}");
+    assert!(
+        out.contains("run blocked")
+            && out.contains("run_id=r-9")
+            && out.contains(
+                "reason=<not logged: payloads are sealed; RuntimeBuilder::log_payloads logs them>"
+            ),
+        "{out}"
+    );
+}

@@ -8,12 +8,13 @@ use std::panic::AssertUnwindSafe;
 use std::sync::atomic::Ordering;
 
 use crate::error::{Error, Result, error_chain};
-use crate::migrate::{Chain, Migration};
+use crate::migrate::{Chain, Migrated, Migration};
 use crate::panics::panic_message;
 use crate::record::{MigratedFrom, TransitionRecord};
 use crate::route::{Blocked, KnownVersion, Route, StoredRun, route};
 use crate::row::RunInfo;
 use crate::run::driver::Entered;
+use crate::run::settings::logged_text;
 use crate::runtime::claims::Claim;
 use crate::runtime::handle::{Prepared, Registry, Runtime};
 use crate::schema::{SchemaDiff, SchemaHash};
@@ -166,26 +167,9 @@ impl Runtime {
         warn: bool,
     ) -> Result<std::result::Result<(RunInfo, TransitionRecord), Blocked>> {
         let run_id = &info.run_id;
-        let payload = record.payload.get();
-        // `Migration::apply` catches the migration's own panics; a hand-written serde impl
-        // may panic too.
-        let applied = std::panic::catch_unwind(AssertUnwindSafe(|| chain.apply(payload)))
-            .map_err(|panic| panic_message(&*panic));
-        let migrated = match applied {
-            Ok(Ok(migrated)) => migrated,
-            Ok(Err(e)) => {
-                let blocked = Blocked {
-                    reason: error_chain(&e).join(": "),
-                    changes: SchemaDiff::default(),
-                };
-                self.block_run(claim, info, &blocked, warn).await?;
-                return Ok(Err(blocked));
-            }
-            Err(message) => {
-                let blocked = Blocked {
-                    reason: format!("the migration panicked: {message}"),
-                    changes: SchemaDiff::default(),
-                };
+        let migrated = match apply_chain(chain, record.payload.get()) {
+            Ok(migrated) => migrated,
+            Err(blocked) => {
                 self.block_run(claim, info, &blocked, warn).await?;
                 return Ok(Err(blocked));
             }
@@ -317,13 +301,19 @@ impl Runtime {
             )
             .await?
             .into_run(&info.run_id)?;
+        // The reason is sealed in the store under a codec (a migration's refusal may quote
+        // the state): a log line leaves it out then, as it does error texts. The changes are
+        // schema facts, in clear in the store too.
+        let reason = logged_text(self.inner.config.settings.log_texts, || {
+            blocked.reason.clone()
+        });
         if warn {
             tracing::warn!(
                 run_id = %info.run_id,
                 workflow = %info.workflow,
                 schema = %info.schema,
                 state = %info.state,
-                reason = %blocked.reason,
+                reason = %reason,
                 changes = %blocked.changes,
                 "run blocked: this build cannot drive it; it is left as it is until a build that can starts (see docs/evolution.md)"
             );
@@ -333,7 +323,7 @@ impl Runtime {
                 workflow = %info.workflow,
                 schema = %info.schema,
                 state = %info.state,
-                reason = %blocked.reason,
+                reason = %reason,
                 "run blocked: this build cannot drive it (the refusal returned says what changed)"
             );
         }
@@ -422,7 +412,9 @@ impl Runtime {
     /// workflow then run id, writing nothing: drive it on the version with its schema,
     /// migrate it to a later version, drive it on a version that accepts its schema, or
     /// leave it blocked (runs of workflows this runtime registers no version of included,
-    /// with a reason saying so).
+    /// with a reason saying so). A migration is tried on the run's state in memory: a run
+    /// it refuses (or that makes it panic) is said blocked with the reason its migration
+    /// would record.
     ///
     /// # Errors
     /// The store's errors, reading the status index or the schema descriptions.
@@ -445,6 +437,18 @@ impl Runtime {
                 } else {
                     self.route_of(&info, versions).await?
                 };
+                // A migration is tried on the run's state, in memory: one that refuses it
+                // (or panics) would leave the run blocked, and says so here.
+                let route = match route {
+                    Route::Migrate(chain) => match self.store().latest(&info.run_id).await? {
+                        Some((_, record)) => match apply_chain(&chain, record.payload.get()) {
+                            Ok(_) => Route::Migrate(chain),
+                            Err(blocked) => Route::Block(blocked),
+                        },
+                        None => Route::Migrate(chain),
+                    },
+                    other => other,
+                };
                 out.push(Routed {
                     run_id: info.run_id,
                     workflow: info.workflow,
@@ -458,6 +462,24 @@ impl Runtime {
         out.sort_by(|a, b| (&a.workflow, &a.run_id).cmp(&(&b.workflow, &b.run_id)));
         Ok(out)
     }
+}
+
+/// `chain` applied to a run's stored state `payload`, in memory: the migrated state, or the
+/// block a refusal or panic of a migration leaves the run in (its reason the refusal's
+/// chain of causes, or the panic's message). The one meaning of a migration's outcome, for a
+/// run migrated ([`Runtime::migrate_run`]) and for a dry run.
+fn apply_chain(chain: &Chain, payload: &str) -> std::result::Result<Migrated, Blocked> {
+    // `Migration::apply` catches the migration's own panics; a hand-written serde impl may
+    // panic too.
+    let reason = match std::panic::catch_unwind(AssertUnwindSafe(|| chain.apply(payload))) {
+        Ok(Ok(migrated)) => return Ok(migrated),
+        Ok(Err(e)) => error_chain(&e).join(": "),
+        Err(panic) => format!("the migration panicked: {}", panic_message(&*panic)),
+    };
+    Err(Blocked {
+        reason,
+        changes: SchemaDiff::default(),
+    })
 }
 
 /// The terminal record of the ended run `info` read through the migration `chain`, in
