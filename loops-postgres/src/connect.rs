@@ -280,7 +280,10 @@ impl PgStoreBuilder {
             migrate::check(&client, &self.schema).await
         };
         let reported = match migrated {
-            Ok(_) => report_transport(&client, transport, &label).await,
+            Ok(_) => {
+                let remote = remote_host(&config).is_some();
+                report_transport(&client, transport, remote, &label).await
+            }
             Err(_) => Ok(()),
         };
         let skew = match (&migrated, &reported) {
@@ -485,11 +488,13 @@ fn remote_host(config: &tokio_postgres::Config) -> Option<String> {
 }
 
 /// Says in one line if the store's connections are unencrypted: a WARN for a host off this
-/// machine (only when plaintext was allowed), a DEBUG for the loopback. `client` is the first
-/// connection, which shows whether `sslmode=prefer` fell back.
+/// machine (`remote`: only when plaintext was allowed), a DEBUG for the loopback, where no
+/// network carries the connection. `client` is the first connection, which shows whether
+/// `sslmode=prefer` fell back.
 async fn report_transport(
     client: &tokio_postgres::Client,
     transport: Transport,
+    remote: bool,
     label: &str,
 ) -> Result<(), Error> {
     let plain = match transport {
@@ -509,10 +514,15 @@ async fn report_transport(
             !row.is_some_and(|r| r.try_get::<_, bool>(0).unwrap_or(false))
         }
     };
-    if plain {
+    if plain && remote {
         tracing::warn!(
             store = label,
             "the connections of this store are unencrypted (no TLS)"
+        );
+    } else if plain {
+        tracing::debug!(
+            store = label,
+            "the connections of this store are unencrypted (no TLS), on this machine's loopback"
         );
     }
     Ok(())
