@@ -66,7 +66,7 @@ fn waiting_store(path: &Path, keys: Option<Keyring>, runs: &[&str]) {
         rt.register::<Vault, _>(Worker);
         for run in runs {
             let token = SECRET.to_owned();
-            rt.start(*run, Vault::Open { token }).await.unwrap();
+            rt.start(run, Vault::Open { token }).await.unwrap();
         }
         for run in runs {
             rt.wait_for_status(run, RunStatus::Waiting).await.unwrap();
