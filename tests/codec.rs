@@ -537,3 +537,79 @@ async fn a_payload_sealed_elsewhere_is_stored_only_where_it_opens() {
     assert_eq!(rt.run_info("r2").await.unwrap(), None);
     assert_eq!(rt.sealed_store().sealing_keys().await.unwrap(), ["k1"]);
 }
+
+#[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(name = "gate")]
+enum Gate {
+    #[initial]
+    #[next(Done)]
+    Open { n: u32 },
+    #[terminal]
+    Done { approval: String },
+}
+
+struct Approves;
+
+impl GateHandler for Approves {
+    type Error = Error;
+
+    async fn open(&self, ctx: &Context, _n: u32) -> Result<OpenNext, Self::Error> {
+        let approval: String = ctx.wait_for("approve").await?;
+        Ok(OpenNext::Done { approval })
+    }
+}
+
+/// An event stored sealed under another key of the same id (written past the runtime, as a
+/// store altered outside loops would be): each attempt fails with the payload error, said as
+/// it is, and the run fails when its retries are spent; never "interrupted" attempts a
+/// second apart (a recorded wait outcome that did not open stopped the driver).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recorded_payload_that_does_not_open_fails_its_attempts_with_the_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let rt = open(&path, Some(key1()));
+    rt.register::<Gate, _>(Approves);
+    rt.start("r", Gate::Open { n: 1 }).await.unwrap();
+    rt.wait_for_status("r", RunStatus::Waiting).await.unwrap();
+    rt.shutdown().await;
+    drop(rt);
+    let raw = loops::RedbStore::open(&path).unwrap();
+    let payload = Payloads::new(std::sync::Arc::new(Keyring::new("k1", [9; 32]).unwrap()))
+        .seal_event("r", "approve", r#""approved""#)
+        .unwrap();
+    let send = loops::Write::Send {
+        run_id: "r".into(),
+        name: "approve".into(),
+        payload,
+        key: None,
+        at_ms: 1,
+    };
+    loops::Store::write(&raw, None, send).await.unwrap();
+    drop(raw);
+
+    let rt = open(&path, Some(key1()));
+    rt.register::<Gate, _>(Approves);
+    rt.resume_all().await.unwrap();
+    let info = rt.wait_for_status("r", RunStatus::Failed).await.unwrap();
+    let cause = "run `r`: the payload of the event record `approve` at event seq 0 cannot be opened: it does not authenticate under key `k1`: the payload was altered, moved from another record or run, or sealed with another key of the same id";
+    assert_eq!((info.attempt, info.interrupted), (3, 0));
+    let failures: Vec<(u32, loops::FailureSource, Vec<String>)> = rt
+        .store()
+        .failures("r")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(_, f)| (f.attempt, f.source, f.errors))
+        .collect();
+    assert_eq!(
+        failures,
+        (1..=3)
+            .map(|attempt| (
+                attempt,
+                loops::FailureSource::Handler,
+                vec![cause.to_owned()]
+            ))
+            .collect::<Vec<_>>()
+    );
+    rt.shutdown().await;
+}

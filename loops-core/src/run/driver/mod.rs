@@ -322,7 +322,20 @@ impl Drive<'_> {
             let recorded = if std::mem::take(&mut run.entered_here) {
                 Vec::new()
             } else {
-                self.store.steps(run_id, seq).await?
+                match self.store.steps(run_id, seq).await {
+                    Ok(recorded) => recorded,
+                    // A recorded step or wait outcome that does not open (a key this process
+                    // lacks, another key of the same id): the attempt failed with that error,
+                    // said as it is. (Stopping the driver instead counted each try as
+                    // interrupted, a second apart, forever.)
+                    Err(e @ Error::Payload { .. }) => {
+                        let failure = Failure::Handler(Box::new(e));
+                        self.record_failure::<W>(run, state, failure).await?;
+                        run.ours = None;
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                }
             };
             let attempts_left = self
                 .settings
