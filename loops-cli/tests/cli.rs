@@ -491,6 +491,22 @@ fn runs_filters_by_status_workflow_and_age() {
         String::from_utf8(out.stderr).unwrap(),
         "note: 4 more runs match; the 2 most recently changed are shown (--limit N, or --limit 0 for all)\n"
     );
+    for (limit, note) in [
+        ("1", "5 more runs match; the most recently changed is shown"),
+        (
+            "5",
+            "1 more run matches; the 5 most recently changed are shown",
+        ),
+    ] {
+        let out = loops(&path)
+            .args(["runs", "--limit", limit])
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8(out.stderr).unwrap(),
+            format!("note: {note} (--limit N, or --limit 0 for all)\n")
+        );
+    }
     assert_eq!(
         ids(&json(&path, &["runs", "--json", "--limit", "0"])).len(),
         6

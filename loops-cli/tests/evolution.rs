@@ -278,6 +278,15 @@ fn a_blocked_run_is_listed_as_blocked_and_shown_with_its_reason_and_changes() {
     }
     let shown = json(&path, &["show", "blocked-1", "--json"]);
     assert_eq!(shown["run"]["blocked"], *block);
+    // `retry` is for failed runs, and says what resumes a blocked one.
+    let out = loops(&path).args(["retry", "blocked-1"]).output().unwrap();
+    assert_eq!(
+        (out.status.code(), String::from_utf8(out.stderr).unwrap()),
+        (
+            Some(1),
+            "error: run `blocked-1` is blocked, not failed; only a failed run can be retried; a blocked run goes back to running when a build that knows its schema (or a migration from it) drives it: `loops show` says why it is blocked (docs/evolution.md)\n".to_owned()
+        )
+    );
 }
 
 #[test]

@@ -18,7 +18,7 @@ pub use methods::retry_hint;
 pub use text::{RecordKind, error_chain};
 use text::{
     arriving, at_seq, attempts_text, cause_text, decoded, describe_changes, format_text,
-    mismatch_remedy, shown_id,
+    mismatch_remedy, not_failed_text, shown_id,
 };
 
 pub use codec::{CodecError, NO_KEY_HINT};
@@ -581,7 +581,7 @@ pub enum Error {
     },
 
     /// The operation needs a failed run.
-    #[error("run `{run_id}` is {status}, not failed; only a failed run can be retried")]
+    #[error("run `{run_id}` is {status}, not failed; {}", not_failed_text(*status))]
     NotFailed {
         /// The run.
         run_id: String,

@@ -116,9 +116,21 @@ pub fn run(target: &Target, args: &RunsArgs) -> Result<()> {
     if let Some(limit) = selection.limit
         && runs.len() > limit
     {
+        let more = runs.len() - limit;
+        let (more, shown) = (
+            if more == 1 {
+                "1 more run matches".to_owned()
+            } else {
+                format!("{more} more runs match")
+            },
+            if limit == 1 {
+                "the most recently changed is shown".to_owned()
+            } else {
+                format!("the {limit} most recently changed are shown")
+            },
+        );
         note(&format!(
-            "{} more runs match; the {limit} most recently changed are shown (--limit N, or --limit 0 for all)",
-            runs.len() - limit
+            "{more}; {shown} (--limit N, or --limit 0 for all)"
         ));
         runs.truncate(limit);
     }

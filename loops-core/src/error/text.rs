@@ -34,6 +34,17 @@ pub(super) fn arriving(record: &RecordKind, field: &str) -> String {
     }
 }
 
+/// The rest of [`Error::NotFailed`](super::Error::NotFailed)'s message for a run of `status`:
+/// what retries, and for a blocked run, what resumes it.
+pub(super) fn not_failed_text(status: crate::status::RunStatus) -> &'static str {
+    match status {
+        crate::status::RunStatus::Blocked => {
+            "only a failed run can be retried; a blocked run goes back to running when a build that knows its schema (or a migration from it) drives it: `loops show` says why it is blocked (docs/evolution.md)"
+        }
+        _ => "only a failed run can be retried",
+    }
+}
+
 pub(super) fn attempts_text(
     attempts: u32,
     interrupted: u32,
