@@ -152,14 +152,15 @@ pub enum RecordKind {
 }
 
 /// The error and its `source()` chain as text, outermost first. A source whose message
-/// the message before it already ends with (an error that prints its source and returns it
-/// too) is left out, so that no cause is said twice.
+/// the message before it already holds (an error that prints its source and returns it too,
+/// perhaps with a note after it, as a TLS handshake error does) is left out, so that no
+/// cause is said twice.
 pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> Vec<String> {
     let mut out = vec![err.to_string()];
     let mut cur = err.source();
     while let Some(e) = cur {
         let text = e.to_string();
-        if !out.last().is_some_and(|last| last.ends_with(&text)) {
+        if !out.last().is_some_and(|last| last.contains(&text)) {
             out.push(text);
         }
         cur = e.source();
@@ -178,5 +179,49 @@ pub(super) fn format_text(path: &std::path::Path, found: u64, supported: u64) ->
         format!(
             "store {path} has format {found}, which this build does not read (it reads format {supported}): run `loops upgrade {path}` to convert it to format {supported} (it keeps a backup)"
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_chain;
+
+    #[derive(Debug)]
+    struct Layer(String, Option<Box<Layer>>);
+
+    impl std::fmt::Display for Layer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(&self.0)
+        }
+    }
+
+    impl std::error::Error for Layer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|e| e as _)
+        }
+    }
+
+    /// A cause the message before it holds (at its end, or with a note after it) is said
+    /// once; one it does not hold is said.
+    #[test]
+    fn a_cause_is_said_once() {
+        let chain = |outer: &str, inner: &str| {
+            error_chain(&Layer(
+                outer.to_owned(),
+                Some(Box::new(Layer(inner.to_owned(), None))),
+            ))
+        };
+        assert_eq!(
+            chain("handshake: bad cert", "bad cert"),
+            ["handshake: bad cert"]
+        );
+        assert_eq!(
+            chain("handshake: bad cert (IP address mismatch)", "bad cert"),
+            ["handshake: bad cert (IP address mismatch)"]
+        );
+        assert_eq!(
+            chain("handshake failed", "bad cert"),
+            ["handshake failed", "bad cert"]
+        );
     }
 }
