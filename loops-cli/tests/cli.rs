@@ -3400,7 +3400,7 @@ fn upgrade_without_path_converts_the_store() {
     loops()
         .args(["--store", "postgres://u:secret@localhost/db", "upgrade"])
         .assert()
-        .code(2)
+        .code(1)
         .stderr("error: the store is a PostgreSQL database, which has no file format to convert: loops upgrade converts a redb file\n");
     loops()
         .args(["--store", "postgres://u:secret@localhost/db", "upgrade"])

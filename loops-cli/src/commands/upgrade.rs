@@ -67,7 +67,9 @@ fn file(args: &UpgradeArgs, cli: &Cli) -> Result<PathBuf> {
         ))),
         (Some(path), _) => Ok(path.clone()),
         (None, Some(Target::File(store))) => Ok(store),
-        (None, Some(Target::Postgres { .. })) => Err(Failure::usage(format!(
+        // Exit code 1, as check and compact on a PostgreSQL store: the command is right,
+        // the store is not one it works on.
+        (None, Some(Target::Postgres { .. })) => Err(Failure::new(format!(
             "the store is {POSTGRES}: loops upgrade converts a redb file"
         ))),
         (None, None) => Err(Failure::usage(
