@@ -41,10 +41,15 @@ pub fn run(target: &Target, args: &ShowArgs) -> Result<()> {
     let (info, record) = find(&*store, &run_id)?;
     let description = store.schema(info.schema)?;
     let attributes = store.attributes(&run_id)?;
+    // A child's end that no wait took, once the run has ended, is left out: it only said
+    // "look again" to a join, which read the child's row instead (docs/design.md, "Join
+    // reads the truth from the rows"); listed, it read as an event the run missed.
+    // `loops history` still lists it, as not taken.
     let pending: Vec<EventView> = store
         .events(&run_id)?
         .into_iter()
         .filter(|(_, _, delivered)| !delivered)
+        .filter(|(_, e, _)| !(info.status.is_ended() && e.name == loops_core::CHILD_ENDED))
         .map(|(seq, e, delivered)| EventView::new(seq, e, delivered))
         .collect();
 
