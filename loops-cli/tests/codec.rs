@@ -365,6 +365,42 @@ fn a_key_file_never_seals_into_a_store_in_clear() {
     assert!(keys.is_empty(), "{keys:?}");
 }
 
+/// The refusal of a key file whose `k1` is not the workers' `k1`, found by opening run
+/// `sealed`'s state.
+fn other_bytes_refusal(sealed: &str) -> String {
+    format!(
+        "error: the event is not sent: the key file's key `k1` does not open what the store holds sealed with `k1` (run `{sealed}`: the payload of the transition record at seq 0 cannot be opened: it does not authenticate under key `k1`: the payload was altered, moved from another record or run, or sealed with another key of the same id), so no worker could open what it seals; give the key file the workers use"
+    )
+}
+
+/// A run stored in clear before the store was encrypted: a key file of the right id and
+/// other bytes is still refused, found out on another run's state.
+#[test]
+fn a_wrong_key_file_is_refused_for_a_run_in_clear_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    waiting_store(&path, None, &["clear"]);
+    waiting_store(&path, Some(Keyring::parse(KEY).unwrap()), &["sealed"]);
+    let other_bytes = key_file(
+        dir.path(),
+        "other-bytes",
+        "k1 0909090909090909090909090909090909090909090909090909090909090909\n",
+    );
+    let out = loops(&path)
+        .args(["send", "clear", "approve", "--json", "\"x\"", "--key-file"])
+        .arg(&other_bytes)
+        .output()
+        .unwrap();
+    assert_eq!(
+        (out.status.code(), String::from_utf8(out.stderr).unwrap()),
+        (Some(2), format!("{}\n", other_bytes_refusal("sealed")))
+    );
+    let (ok, out, err) = run(loops(&path).args(["show", "clear", "--json"]));
+    assert!(ok, "{err}");
+    let shown: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(shown["pending_events"], serde_json::json!([]));
+}
+
 #[test]
 fn a_key_file_the_workers_do_not_use_seals_nothing() {
     let (dir, path, _) = encrypted_store();
@@ -397,10 +433,7 @@ fn a_key_file_the_workers_do_not_use_seals_nothing() {
             path.display()
         ),
     );
-    let other_bytes_refused = (
-        Some(2),
-        "error: the event is not sent: the key file does not open the run's records (run `v`: the payload of the transition record at seq 0 cannot be opened: it does not authenticate under key `k1`: the payload was altered, moved from another record or run, or sealed with another key of the same id), so the run could not open what it seals; give the key file the workers use".to_owned(),
-    );
+    let other_bytes_refused = (Some(2), other_bytes_refusal("v"));
     // On the file, then through the endpoint of the process that holds the key.
     assert_eq!(refusal(&other_id), other_id_refused);
     assert_eq!(refusal(&other_bytes), other_bytes_refused);

@@ -41,8 +41,8 @@ impl Unsealing {
     /// the store does (`loops_core::seals_as_store_does`, the rule of the CLI's own
     /// runtimes too): with a key file, sealed in a store that lists its writing key, in
     /// clear in a store that lists none, refused in one that lists only other keys; and
-    /// when sealed, only if the key file opens the run's state (a key of the same id and
-    /// other bytes would seal what no worker opens). Without a key file, refused in a store
+    /// when sealed, only if the key file opens a state the store holds sealed with that key
+    /// ([`check_key`](Self::check_key)). Without a key file, refused in a store
     /// that lists sealing keys (the store's `Error::Encrypted`, the same on every path) or
     /// in a run whose payloads are sealed (a store sealed by a loops that did not record
     /// its keys).
@@ -51,16 +51,11 @@ impl Unsealing {
         let label = self.inner.label().to_owned();
         if let Some(key) = self.payloads.key_id() {
             let seals = loops_core::seals_as_store_does(label, keys, &key)?;
-            let verified = match self.inner.latest(run_id)? {
-                Some((_, record)) if seals => self.payloads.verify_transition(run_id, &record),
-                _ => Ok(()),
-            };
-            if let Err(e) = verified {
-                let e = Failure::from(e);
+            if seals && let Err(e) = self.check_key(run_id, &key) {
                 return Err(Failure::of(
                     Kind::BadInput,
                     format!(
-                        "the {what} is not sent: the key file does not open the run's records ({}), so the run could not open what it seals; give the key file the workers use",
+                        "the {what} is not sent: the key file's key `{key}` does not open what the store holds sealed with `{key}` ({}), so no worker could open what it seals; give the key file the workers use",
                         e.message
                     ),
                 ));
@@ -82,6 +77,42 @@ impl Unsealing {
         Ok(false)
     }
 }
+
+impl Unsealing {
+    /// `Ok` unless the key file's key `key` fails to open a state the store holds sealed
+    /// with `key`: the latest state of run `run_id`, else of the first run (of at most
+    /// [`KEY_CHECK_RUNS`]) whose latest state is sealed with it. A key of the same id with
+    /// other bytes (a wrong key file, a botched rotation) would seal what no worker opens.
+    /// `Ok` too if no such state is found (its runs were pruned, say): nothing to check
+    /// against.
+    fn check_key(&self, run_id: &str, key: &str) -> Result<()> {
+        let sealed_with = |record: &TransitionRecord| matches!(parse_envelope(record.payload.get()), Some(Ok(sealed)) if sealed.key == key);
+        if let Some((_, record)) = self.inner.latest(run_id)?
+            && sealed_with(&record)
+        {
+            return Ok(self.payloads.verify_transition(run_id, &record)?);
+        }
+        let mut looked = 0;
+        for status in RunStatus::ALL {
+            for info in self.inner.list(status, None)? {
+                if looked == KEY_CHECK_RUNS {
+                    return Ok(());
+                }
+                looked += 1;
+                if let Some((_, record)) = self.inner.latest(&info.run_id)?
+                    && sealed_with(&record)
+                {
+                    return Ok(self.payloads.verify_transition(&info.run_id, &record)?);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How many runs' latest states [`Unsealing::check_key`] reads for one sealed with the key
+/// file's key: one of the first few is, in any store sealed with it that keeps its runs.
+const KEY_CHECK_RUNS: usize = 1_000;
 
 impl Operator for Unsealing {
     fn label(&self) -> &str {
