@@ -152,7 +152,8 @@ pub fn operator(target: &Target, access: Access) -> Result<Box<dyn Operator>> {
         Target::Postgres { url, schema } => Box::new(postgres(url, schema)?),
     };
     let payloads = PAYLOADS.get().cloned().unwrap_or_else(Payloads::redacting);
-    let operator: Box<dyn Operator> = Box::new(Unsealing::new(operator, payloads));
+    let operator: Box<dyn Operator> =
+        Box::new(Unsealing::new(operator, payloads, KEYS.get().cloned()));
     if VERBOSE.get().copied().unwrap_or(false) {
         note(&format!(
             "store {}: {}",

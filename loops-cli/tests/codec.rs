@@ -475,3 +475,50 @@ fn a_key_file_the_workers_do_not_use_seals_nothing() {
     });
     assert_eq!((events, keys), (0, vec!["k1".to_owned()]));
 }
+
+/// After a rotation that no worker has sealed under yet (the store lists `k1`; the key file
+/// writes with `k2` and reads `k1`), `send` seals with `k1`, the key the workers seal with
+/// now: the worker, which holds `k1` alone, takes the event and finishes the run.
+#[test]
+fn a_rotated_key_file_seals_with_the_key_the_store_lists() {
+    let (dir, path, _) = encrypted_store();
+    let rotated = key_file(
+        dir.path(),
+        "rotated",
+        &format!("k2 0808080808080808080808080808080808080808080808080808080808080808\n{KEY}"),
+    );
+    let (ok, _, err) = run(loops(&path)
+        .args(["send", "v", "approve", "--json", "\"after the rotation\""])
+        .arg("--key-file")
+        .arg(&rotated));
+    assert!(ok, "{err}");
+    let tokio = tokio::runtime::Runtime::new().unwrap();
+    let (done, keys, sealed_with) = tokio.block_on(async {
+        let rt = Runtime::builder()
+            .codec(Keyring::parse(KEY).unwrap())
+            .open(&path)
+            .unwrap();
+        rt.register::<Vault, _>(Worker);
+        rt.resume_all().await.unwrap();
+        let done = rt.wait::<Vault>("v").await.unwrap();
+        let events = rt.sealed_store().events("v").await.unwrap();
+        let sealed_with: Vec<String> = events
+            .iter()
+            .filter_map(|(_, e, _)| loops_core::parse_envelope(e.payload.get()))
+            .map(|sealed| sealed.unwrap().key)
+            .collect();
+        let keys = rt.store().sealing_keys().await.unwrap();
+        rt.shutdown().await;
+        (done, keys, sealed_with)
+    });
+    assert_eq!(
+        (done, keys, sealed_with),
+        (
+            Vault::Done {
+                approval: "after the rotation".into()
+            },
+            vec!["k1".to_owned()],
+            vec!["k1".to_owned()]
+        )
+    );
+}

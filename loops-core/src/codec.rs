@@ -100,6 +100,14 @@ pub trait PayloadCodec: Send + Sync + 'static {
     fn key_id(&self) -> String {
         "codec".to_owned()
     }
+
+    /// The ids of every key the codec opens with, the writing key first: what a writer that
+    /// [seals as the store does](crate::RuntimeBuilder::seal_as_store_does) may accept
+    /// payloads sealed under. The default is the writing key alone; [`Keyring`] lists its
+    /// reading keys too.
+    fn key_ids(&self) -> Vec<String> {
+        vec![self.key_id()]
+    }
 }
 
 /// The key of the envelope object (`$sealed`, as `Envelope` names its field) as a JSON

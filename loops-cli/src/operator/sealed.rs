@@ -3,8 +3,8 @@
 //! never opens them for a caller), so the key stays with whoever runs the CLI.
 
 use loops_core::{
-    Compacted, EventRecord, Payloads, Pruned, RetentionPolicy, RunInfo, RunStatus, SchemaHash,
-    Sent, parse_envelope,
+    Compacted, EventRecord, Keyring, Payloads, Pruned, RetentionPolicy, RunInfo, RunStatus,
+    SchemaHash, Sent, parse_envelope,
 };
 use loops_core::{FailureRecord, StepRecord, TransitionRecord};
 use serde_json::value::RawValue;
@@ -17,12 +17,20 @@ use crate::failure::{Failure, Kind, Result};
 pub struct Unsealing {
     inner: Box<dyn Operator>,
     payloads: Payloads,
+    /// The key file's keys, which seal what `send` and `cancel` store (with the key the
+    /// store's sealing calls for).
+    keys: Option<Keyring>,
 }
 
 impl Unsealing {
-    /// `inner`, its payloads opened by `payloads`.
-    pub fn new(inner: Box<dyn Operator>, payloads: Payloads) -> Unsealing {
-        Unsealing { inner, payloads }
+    /// `inner`, its payloads opened by `payloads`; what it stores sealed with `keys`, if
+    /// given.
+    pub fn new(inner: Box<dyn Operator>, payloads: Payloads, keys: Option<Keyring>) -> Unsealing {
+        Unsealing {
+            inner,
+            payloads,
+            keys,
+        }
     }
 
     fn rows(&self, mut rows: Vec<RunInfo>) -> Result<Vec<RunInfo>> {
@@ -37,21 +45,25 @@ impl Unsealing {
         Ok(info)
     }
 
-    /// Whether the text `send` or `cancel` stores (`what`) in run `run_id` is sealed: as
-    /// the store does (`loops_core::seals_as_store_does`, the rule of the CLI's own
-    /// runtimes too): with a key file, sealed in a store that lists its writing key, in
-    /// clear in a store that lists none, refused in one that lists only other keys; and
-    /// when sealed, only if the key file opens a state the store holds sealed with that key
-    /// ([`check_key`](Self::check_key)). Without a key file, refused in a store
-    /// that lists sealing keys (the store's `Error::Encrypted`, the same on every path) or
-    /// in a run whose payloads are sealed (a store sealed by a loops that did not record
-    /// its keys).
-    fn sealing(&self, run_id: &str, what: &str) -> Result<bool> {
+    /// How the text `send` or `cancel` stores (`what`) in run `run_id` is sealed: as the
+    /// store does (`loops_core::seals_as_store_does`, the rule of the CLI's own runtimes
+    /// too). With a key file: in clear (`None`) in a store that lists no key; else sealed
+    /// (the payloads returned) with its writing key if the store lists it, or the newest
+    /// key of the file the store lists (after a rotation no worker has sealed under yet);
+    /// refused in a store that lists none of its keys; and only if the key file opens a
+    /// state the store holds sealed with that key ([`check_key`](Self::check_key)).
+    /// Without a key file, refused in a store that lists sealing keys (the store's
+    /// `Error::Encrypted`, the same on every path) or in a run whose payloads are sealed (a
+    /// store sealed by a loops that did not record its keys).
+    fn sealing(&self, run_id: &str, what: &str) -> Result<Option<Payloads>> {
         let keys = self.inner.sealing_keys()?;
         let label = self.inner.label().to_owned();
-        if let Some(key) = self.payloads.key_id() {
-            let seals = loops_core::seals_as_store_does(label, keys, &key)?;
-            if seals && let Err(e) = self.check_key(run_id, &key) {
+        if let Some(ring) = &self.keys {
+            let held: Vec<String> = ring.key_ids().into_iter().map(str::to_owned).collect();
+            let Some(key) = loops_core::seals_as_store_does(label, keys, &held)? else {
+                return Ok(None);
+            };
+            if let Err(e) = self.check_key(run_id, &key) {
                 return Err(Failure::of(
                     Kind::BadInput,
                     format!(
@@ -60,7 +72,8 @@ impl Unsealing {
                     ),
                 ));
             }
-            return Ok(seals);
+            let sealer = ring.writing_with(&key).unwrap_or_else(|| ring.clone());
+            return Ok(Some(Payloads::new(std::sync::Arc::new(sealer))));
         }
         if !keys.is_empty() {
             return Err(loops_core::Error::Encrypted { store: label, keys }.into());
@@ -74,7 +87,7 @@ impl Unsealing {
                 loops_core::NO_KEY_HINT
             )));
         }
-        Ok(false)
+        Ok(None)
     }
 }
 
@@ -242,8 +255,8 @@ impl Operator for Unsealing {
     }
 
     fn cancel(&self, run_id: &str, reason: &str) -> Result<RunInfo> {
-        if self.sealing(run_id, "cancellation reason")? {
-            let reason = self.payloads.seal_cancel(run_id, reason)?;
+        if let Some(sealer) = self.sealing(run_id, "cancellation reason")? {
+            let reason = sealer.seal_cancel(run_id, reason)?;
             return self.row(self.inner.cancel(run_id, &reason)?);
         }
         self.row(self.inner.cancel(run_id, reason)?)
@@ -260,9 +273,9 @@ impl Operator for Unsealing {
         key: Option<&str>,
         payload: &RawValue,
     ) -> Result<Sent> {
-        if !self.sealing(run_id, "event")? {
+        let Some(sealer) = self.sealing(run_id, "event")? else {
             return self.inner.send(run_id, event, key, payload);
-        }
+        };
         // The declared events are checked on the payload in clear, before it is sealed (the
         // receiver checks only a sealed payload's name).
         if let Some(info) = self.inner.run(run_id)?
@@ -271,7 +284,7 @@ impl Operator for Unsealing {
             loops_core::check_event(&info, &description, event, payload.get())
                 .map_err(|e| super::core_failure(self.label(), e))?;
         }
-        let sealed = self.payloads.seal_event(run_id, event, payload.get())?;
+        let sealed = sealer.seal_event(run_id, event, payload.get())?;
         let sealed = RawValue::from_string(sealed)
             .map_err(|e| Failure::new(format!("the sealed event is not JSON: {e}")))?;
         self.inner.send(run_id, event, key, &sealed)

@@ -201,11 +201,27 @@ impl Keyring {
     pub fn key_ids(&self) -> Vec<&str> {
         self.keys.iter().map(|(id, _)| id.as_str()).collect()
     }
+
+    /// This keyring with `id` as its writing key (the others kept for reading, in their
+    /// order), or `None` if it holds no key `id`. What a tool that seals as the store does
+    /// seals with when the store lists an older key of the ring but not its writing key
+    /// (after a rotation no worker has sealed under yet).
+    pub fn writing_with(&self, id: &str) -> Option<Keyring> {
+        let at = self.keys.iter().position(|(key, _)| key == id)?;
+        let mut keys = self.keys.clone();
+        let writing = keys.remove(at);
+        keys.insert(0, writing);
+        Some(Keyring { keys })
+    }
 }
 
 impl PayloadCodec for Keyring {
     fn key_id(&self) -> String {
         self.writing_key_id().to_owned()
+    }
+
+    fn key_ids(&self) -> Vec<String> {
+        self.keys.iter().map(|(id, _)| id.clone()).collect()
     }
 
     fn seal(&self, place: &Place<'_>, plain: &[u8]) -> Result<Sealed, CodecError> {

@@ -116,6 +116,14 @@ impl Payloads {
         self.codec.as_ref().map(|codec| codec.key_id())
     }
 
+    /// The ids of the codec's keys, the writing key first (none without a codec).
+    pub fn key_ids(&self) -> Vec<String> {
+        self.codec
+            .as_ref()
+            .map(|codec| codec.key_ids())
+            .unwrap_or_default()
+    }
+
     /// Whether this seals only as the store does ([`following`](Self::following)).
     pub(crate) fn follows(&self) -> bool {
         self.follow
@@ -208,6 +216,17 @@ impl Payloads {
             None => Err(refused(CodecError::SealedForClear { key: sealed.key })),
             Some(codec) => codec.open(at, &sealed).map(drop).map_err(refused),
         }
+    }
+
+    /// Whether `write` is an event or a cancellation whose payload arrived sealed (by a CLI
+    /// with a key file).
+    pub(crate) fn arrives_sealed(write: &Write) -> bool {
+        let stored = match write {
+            Write::Send { payload, .. } => payload,
+            Write::Cancel { reason, .. } => reason,
+            _ => return false,
+        };
+        parse_envelope(stored).is_some()
     }
 
     /// Refuses a write that is stored as it is (not sealed by this codec: no codec, or a

@@ -38,10 +38,24 @@ use crate::store::{
 pub(crate) struct SealedStore {
     inner: Arc<dyn Store>,
     payloads: Payloads,
-    /// Set once the rule above held, to whether writes are sealed: the key recorded (codec),
+    /// Set once the rule above held, to how writes are sealed: the key recorded (codec),
     /// the store's sealing followed ([`Payloads::following`]), the store found in clear (no
     /// codec, redacting).
-    checked: OnceCell<bool>,
+    checked: OnceCell<Sealing>,
+}
+
+/// How a [`SealedStore`]'s writes store their payloads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sealing {
+    /// In clear; a payload that arrives sealed is refused.
+    Clear,
+    /// Sealed with the codec's writing key (one that arrives sealed is kept if it opens).
+    Sealed,
+    /// A writer that follows a store which lists another key the codec holds, not its
+    /// writing key: only payloads that arrive sealed (under that key, by a CLI that chose
+    /// it: [`seals_as_store_does`]) are stored, if they open; one in clear would be sealed
+    /// with a key the workers may not hold, and is refused ([`Error::KeyNotInStore`]).
+    ArrivingSealedOnly,
 }
 
 impl SealedStore {
@@ -55,31 +69,40 @@ impl SealedStore {
     }
 
     /// The rule of the module's doc, before a read (`carries` false) or a write; returns
-    /// whether a write's payloads are sealed.
-    async fn check(&self, carries: bool) -> Result<bool> {
+    /// how a write's payloads are stored.
+    async fn check(&self, carries: bool) -> Result<Sealing> {
         match (self.payloads.key_id(), self.payloads.redacts()) {
             (Some(key), _) if carries => {
-                let seals = self
+                let sealing = self
                     .checked
                     .get_or_try_init(|| async {
                         if self.payloads.follows() {
                             let keys = self.inner.sealing_keys().await?;
-                            return seals_as_store_does(self.inner.label(), keys, &key);
+                            let held = self.payloads.key_ids();
+                            return Ok(
+                                match seals_as_store_does(self.inner.label(), keys, &held)? {
+                                    None => Sealing::Clear,
+                                    Some(chosen) if chosen == key => Sealing::Sealed,
+                                    Some(_) => Sealing::ArrivingSealedOnly,
+                                },
+                            );
                         }
                         let at_ms = crate::record::now_ms();
                         self.inner.write(None, Write::Seal { key, at_ms }).await?;
-                        Ok::<bool, Error>(true)
+                        Ok::<Sealing, Error>(Sealing::Sealed)
                     })
                     .await?;
-                Ok(*seals)
+                Ok(*sealing)
             }
-            (Some(_), _) => Ok(true),
-            (None, true) if !carries => Ok(false),
+            (Some(_), _) => Ok(Sealing::Sealed),
+            (None, true) if !carries => Ok(Sealing::Clear),
             _ => {
                 self.checked
-                    .get_or_try_init(|| async { clear(&*self.inner).await.map(|()| false) })
+                    .get_or_try_init(|| async {
+                        clear(&*self.inner).await.map(|()| Sealing::Clear)
+                    })
                     .await?;
-                Ok(false)
+                Ok(Sealing::Clear)
             }
         }
     }
@@ -136,27 +159,37 @@ pub(crate) fn refuse_sealed(label: String, keys: Vec<String>) -> Result<()> {
     }
 }
 
-/// Whether a writer that follows a store's sealing (a tool such as the `loops` CLI with a
-/// key file, whose writing key is `key`) seals what it stores in the store `label`, whose
-/// payloads are sealed with `keys` ([`Store::sealing_keys`]): not in a store that lists no
-/// key (its workers keep payloads in clear, and a sealed one would stop every one of
-/// them), yes in one that lists `key`. The one rule of [`Payloads::following`] and of the
-/// CLI's writes through a control endpoint.
+/// The key a writer that follows a store's sealing (a tool such as the `loops` CLI with a
+/// key file) seals with, in the store `label` whose payloads are sealed with `keys`
+/// ([`Store::sealing_keys`], oldest first), given `held`, the ids of its own keys (the
+/// writing key first): `None` in a store that lists no key (its workers keep payloads in
+/// clear, and a sealed one would stop every one of them); the writing key if the store
+/// lists it; else the newest key the store lists that it holds (after a rotation that no
+/// worker has sealed under yet, the key the workers seal with now). The one rule of
+/// [`Payloads::following`] and of the CLI's writes through a control endpoint.
 ///
 /// # Errors
-/// [`Error::KeyNotInStore`] when the store lists keys but not `key`: its workers may not
-/// hold it.
-pub fn seals_as_store_does(label: String, keys: Vec<String>, key: &str) -> Result<bool> {
+/// [`Error::KeyNotInStore`] when the store lists keys and none it holds: its workers may
+/// not hold its key.
+pub fn seals_as_store_does(
+    label: String,
+    keys: Vec<String>,
+    held: &[String],
+) -> Result<Option<String>> {
+    let writing = held.first().cloned().unwrap_or_default();
     if keys.is_empty() {
-        Ok(false)
-    } else if keys.iter().any(|k| k == key) {
-        Ok(true)
-    } else {
-        Err(Error::KeyNotInStore {
+        return Ok(None);
+    }
+    if keys.contains(&writing) {
+        return Ok(Some(writing));
+    }
+    match keys.iter().rev().find(|k| held.contains(k)) {
+        Some(older) => Ok(Some(older.clone())),
+        None => Err(Error::KeyNotInStore {
             store: label,
-            key: key.to_owned(),
+            key: writing,
             keys,
-        })
+        }),
     }
 }
 
@@ -187,7 +220,7 @@ impl Store for SealedStore {
 
     fn write<'a>(&'a self, lease: Option<&'a Lease>, write: Write) -> BoxFuture<'a, Result<Reply>> {
         Box::pin(async move {
-            let seals = self.check(carries_payload(&write)).await?;
+            let sealing = self.check(carries_payload(&write)).await?;
             let run_id = write.run_id().unwrap_or_default().to_owned();
             let event = match &write {
                 Write::Wait { event, .. } => event.clone(),
@@ -197,9 +230,21 @@ impl Store for SealedStore {
                 // Not sealed (no codec, or a store in clear that this writer follows): the
                 // write goes as it is (no copy, no decoding of its records), unless it
                 // carries a payload sealed outside that no run here could open.
-                write if !seals => {
+                write if sealing == Sealing::Clear => {
                     Payloads::refuse_sealed_from_outside(&write)?;
                     write
+                }
+                write
+                    if sealing == Sealing::ArrivingSealedOnly
+                        && carries_payload(&write)
+                        && !Payloads::arrives_sealed(&write) =>
+                {
+                    let keys = self.inner.sealing_keys().await?;
+                    return Err(Error::KeyNotInStore {
+                        store: self.inner.label(),
+                        key: self.payloads.key_id().unwrap_or_default(),
+                        keys,
+                    });
                 }
                 Write::Block {
                     run_id,
