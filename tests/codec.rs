@@ -613,3 +613,35 @@ async fn a_recorded_payload_that_does_not_open_fails_its_attempts_with_the_cause
     );
     rt.shutdown().await;
 }
+
+/// An event that arrives sealed counts its sealed bytes against the payload limit, not its
+/// envelope's base64: 1.8 MB in clear is under the 2 MiB default with a codec too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_that_arrives_sealed_counts_its_sealed_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = open(&dir.path().join("store.redb"), Some(key1()));
+    rt.register::<Gate, _>(Approves);
+    rt.start("r", Gate::Open { n: 1 }).await.unwrap();
+    rt.wait_for_status("r", RunStatus::Waiting).await.unwrap();
+    let seal = |text: &str| {
+        let json = serde_json::to_string(text).unwrap();
+        let sealed = Payloads::new(std::sync::Arc::new(key1()))
+            .seal_event("r", "approve", &json)
+            .unwrap();
+        serde_json::value::RawValue::from_string(sealed).unwrap()
+    };
+    let over = "x".repeat(2 * 1024 * 1024);
+    let Err(Error::PayloadTooLarge { bytes, .. }) =
+        rt.send_json("r", "approve", None, &seal(&over)).await
+    else {
+        panic!("2 MiB of text is over the limit");
+    };
+    // The text, its two quotes, and the codec's nonce (24 bytes) and tag (16).
+    assert_eq!(bytes, over.len() + 2 + 40);
+    let approval = "x".repeat(1_800_000);
+    rt.send_json("r", "approve", None, &seal(&approval))
+        .await
+        .unwrap();
+    assert_eq!(rt.wait::<Gate>("r").await.unwrap(), Gate::Done { approval });
+    rt.shutdown().await;
+}

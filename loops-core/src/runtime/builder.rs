@@ -113,7 +113,9 @@ impl RuntimeBuilder {
     }
 
     /// The largest serialized state, step output or event payload, in bytes (default
-    /// [`DEFAULT_MAX_PAYLOAD_BYTES`](crate::DEFAULT_MAX_PAYLOAD_BYTES), 2 MiB). Larger ones fail with
+    /// [`DEFAULT_MAX_PAYLOAD_BYTES`](crate::DEFAULT_MAX_PAYLOAD_BYTES), 2 MiB), measured in
+    /// clear, before a [`codec`](Self::codec) seals it (an event that arrives sealed counts
+    /// its sealed bytes, not its envelope's base64). Larger ones fail with
     /// [`Error::PayloadTooLarge`](crate::Error::PayloadTooLarge) before anything is written.
     pub fn max_payload_bytes(mut self, bytes: usize) -> Self {
         self.config.settings.max_payload_bytes = bytes;

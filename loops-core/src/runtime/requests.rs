@@ -182,12 +182,18 @@ impl Runtime {
             source,
         })?;
         let limit = self.inner.config.settings.max_payload_bytes;
-        if json.len() > limit {
+        // A payload that arrives sealed (by a CLI with a key file) counts its sealed bytes,
+        // not its envelope's base64 (a third more): the limit is the same with a codec.
+        let bytes = match crate::codec::parse_envelope(&json) {
+            Some(Ok(sealed)) => sealed.data.len(),
+            _ => json.len(),
+        };
+        if bytes > limit {
             return Err(Error::PayloadTooLarge {
                 run_id: run_id.to_owned(),
                 what: format!("payload of event `{event}`"),
                 seq: None,
-                bytes: json.len(),
+                bytes,
                 limit,
             });
         }
