@@ -410,11 +410,13 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
         cli.store.as_deref().map(absolute).transpose()?,
         cli.repo.as_deref().map(absolute).transpose()?,
     );
+    // The key file is read before --fresh deletes anything: a bad one stops the command
+    // with the old work directory still there.
+    let keys = cli.key_file.as_deref().map(loops::Keyring::from_file);
+    let keys = keys.transpose()?;
     if cli.fresh {
         delete_for_fresh(&paths).await?;
     }
-    let keys = cli.key_file.as_deref().map(loops::Keyring::from_file);
-    let keys = keys.transpose()?;
     let made = paths.create_workdir()?;
     let opened = open_store(|| {
         let builder = versions::builder(cli.workflow_version);

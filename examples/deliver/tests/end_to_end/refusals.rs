@@ -299,6 +299,25 @@ fn fresh_never_deletes_what_is_not_a_store() {
         "mine\n"
     );
     assert!(dir.path().join("work/.loops-deliver-workdir").exists());
+
+    // A key file that cannot be read stops --fresh before it deletes the work directory.
+    let missing = dir.path().join("no-such-keys");
+    let args: Vec<OsString> = vec![
+        "--fresh".into(),
+        "--key-file".into(),
+        missing.clone().into(),
+    ];
+    let output = deliver(dir.path(), &args);
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).starts_with(&format!(
+            "error: cannot read key file {}: ",
+            missing.display()
+        )),
+        "{}",
+        describe(&output)
+    );
+    assert!(dir.path().join("work/.loops-deliver-workdir").exists());
 }
 
 /// A store file with one byte flipped, where the flip makes redb panic as it opens the file:
