@@ -447,7 +447,7 @@ async fn a_payload_sealed_elsewhere_is_stored_only_where_it_opens() {
     };
     // No codec (a store in clear), then a key of the same id with other bytes: refused,
     // nothing written.
-    let clear = "run `r`: the payload of event `approve` arrived encrypted and is refused: it is encrypted with key `k1`, and this runtime keeps payloads in clear (it has no codec): send it in clear (the `loops` CLI: without --key-file or LOOPS_KEY_FILE)";
+    let clear = "run `r`: the payload of event `approve` arrived encrypted and is refused: it is encrypted with key `k1`, and this runtime keeps payloads in clear (it has no codec): send it in clear";
     let other_bytes = "run `r`: the payload of event `approve` arrived encrypted and is refused: it does not authenticate under key `k1`: the payload was altered, moved from another record or run, or sealed with another key of the same id";
     for (file, keys, cause, message) in [
         (
@@ -591,7 +591,7 @@ async fn a_recorded_payload_that_does_not_open_fails_its_attempts_with_the_cause
     rt.register::<Gate, _>(Approves);
     rt.resume_all().await.unwrap();
     let info = rt.wait_for_status("r", RunStatus::Failed).await.unwrap();
-    let cause = "run `r`: the payload of the event record `approve` at event seq 0 cannot be opened: it does not authenticate under key `k1`: the payload was altered, moved from another record or run, or sealed with another key of the same id";
+    let cause = "run `r`: the payload of event `approve` cannot be opened: it does not authenticate under key `k1`: the payload was altered, moved from another record or run, or sealed with another key of the same id";
     assert_eq!((info.attempt, info.interrupted), (3, 0));
     let failures: Vec<(u32, loops::FailureSource, Vec<String>)> = rt
         .store()

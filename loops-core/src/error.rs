@@ -17,8 +17,8 @@ pub use methods::retry_hint;
 
 pub use text::{RecordKind, error_chain};
 use text::{
-    arriving, at_seq, attempts_text, cause_text, decoded, describe_changes, format_text,
-    mismatch_remedy, not_failed_text, shown_id,
+    at_seq, attempts_text, cause_text, decoded, describe_changes, format_text, mismatch_remedy,
+    not_failed_text, sealed_field, shown_id,
 };
 
 pub use codec::{CodecError, NO_KEY_HINT};
@@ -452,7 +452,7 @@ pub enum Error {
     /// its run could not read it. Nothing was written.
     #[error(
         "run `{run_id}`: the {} arrived encrypted and is refused: {cause}",
-        arriving(record, field)
+        sealed_field(record, 0, field)
     )]
     SealedRefused {
         /// The run.
@@ -468,7 +468,7 @@ pub enum Error {
     /// A payload could not be sealed or opened by the runtime's
     /// [`PayloadCodec`](crate::PayloadCodec): the key is missing or wrong, the payload was
     /// altered or moved, or it is sealed and no codec was given. Nothing is shown in clear.
-    #[error("run `{run_id}`: the {field} of the {} cannot be {action}: {cause}", decoded(record, *seq, ""))]
+    #[error("run `{run_id}`: the {} cannot be {action}: {cause}", sealed_field(record, *seq, field))]
     Payload {
         /// The run.
         run_id: String,

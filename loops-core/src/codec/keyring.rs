@@ -132,6 +132,8 @@ impl Keyring {
     /// with 64 hex digits; [`KeyringError::BadId`]; [`KeyringError::Empty`] without a key.
     pub fn parse(text: &str) -> Result<Keyring, KeyringError> {
         let mut ring = Keyring { keys: Vec::new() };
+        // A byte-order mark (an editor's) is not part of the first key's id.
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         for (index, line) in text.lines().enumerate() {
             let line = line.trim();
             if line.is_empty() || line.starts_with('#') {
@@ -386,6 +388,12 @@ mod tests {
         let text = format!("# keys\n\nk2 {}\nk1 {}\n", "ab".repeat(32), "01".repeat(32));
         let ring = Keyring::parse(&text).unwrap();
         assert_eq!(ring.key_ids(), ["k2", "k1"]);
+        // An editor's byte-order mark is not part of the first id.
+        let marked = Keyring::parse(&format!("\u{feff}{text}")).unwrap();
+        assert_eq!(marked.key_ids(), ["k2", "k1"]);
+        // Another writing key of the ring; none for an id it does not hold.
+        assert_eq!(ring.writing_with("k1").unwrap().key_ids(), ["k1", "k2"]);
+        assert!(ring.writing_with("k3").is_none());
         assert_eq!(
             format!("{ring:?}"),
             r#"Keyring { writing: "k2", keys: ["k2", "k1"] }"#

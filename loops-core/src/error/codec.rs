@@ -18,7 +18,7 @@ pub enum CodecError {
     /// The payload arrived sealed at a runtime without a codec, whose store keeps payloads
     /// in clear.
     #[error(
-        "it is encrypted with key `{key}`, and this runtime keeps payloads in clear (it has no codec): send it in clear (the `loops` CLI: without --key-file or LOOPS_KEY_FILE)"
+        "it is encrypted with key `{key}`, and this runtime keeps payloads in clear (it has no codec): send it in clear"
     )]
     SealedForClear {
         /// The id of the key that sealed it.

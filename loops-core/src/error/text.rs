@@ -24,13 +24,18 @@ pub(super) fn decoded(record: &RecordKind, seq: u64, state: &str) -> String {
     }
 }
 
-/// What a payload sent from outside is, for [`Error::SealedRefused`](super::Error::SealedRefused):
-/// the payload of an event, a cancellation reason.
-pub(super) fn arriving(record: &RecordKind, field: &str) -> String {
+/// A sealed field, for [`Error::Payload`](super::Error::Payload) and
+/// [`Error::SealedRefused`](super::Error::SealedRefused): `payload of event `approve``,
+/// `cancellation reason of the run row`, `output of the step record ...`. An event's place
+/// has no seq (it is chosen after the payload is sealed), so none is said.
+pub(super) fn sealed_field(record: &RecordKind, seq: u64, field: &str) -> String {
     match (record, field) {
-        (RecordKind::Event { name: Some(name) }, _) => format!("payload of event `{name}`"),
-        (RecordKind::RunRow, "cancel") => "cancellation reason".to_owned(),
-        _ => format!("{field} of the {}", decoded(record, 0, "")),
+        (RecordKind::Event { name: Some(name) }, _) => format!("{field} of event `{name}`"),
+        (RecordKind::Event { name: None }, _) => format!("{field} of an event"),
+        (RecordKind::RunRow, "cancel") => "cancellation reason of the run row".to_owned(),
+        (RecordKind::RunRow, "block") => "block reason of the run row".to_owned(),
+        (RecordKind::RunRow, "errors") => "error texts of the run row".to_owned(),
+        _ => format!("{field} of the {}", decoded(record, seq, "")),
     }
 }
 
