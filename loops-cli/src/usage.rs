@@ -16,6 +16,13 @@ use crate::cli::Cli;
 /// clap's error, as `Cli::try_parse` returns it (help and version are errors too).
 pub fn parse() -> Result<Cli, clap::Error> {
     let mut command = Cli::command();
+    // A variable set but empty (`LOOPS_KEY_FILE=`, as a shell unsets one for a command) is
+    // taken as not set, as the shell's own variables are, rather than as an empty value.
+    for (arg, var) in [("store", "LOOPS_STORE"), ("key_file", "LOOPS_KEY_FILE")] {
+        if std::env::var_os(var).is_some_and(|value| value.is_empty()) {
+            command = command.mut_arg(arg, |a| a.env(None::<&str>));
+        }
+    }
     let matches = command.try_get_matches_from_mut(std::env::args_os())?;
     let mut cli = Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut command))?;
     cli.store_on_command_line = matches.value_source("store") == Some(ValueSource::CommandLine);

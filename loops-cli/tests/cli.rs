@@ -2936,6 +2936,20 @@ fn bad_arguments_are_clear_errors() {
         .assert()
         .code(2)
         .stderr("error: no store given: pass --store PATH (or a postgres:// URL) or set LOOPS_STORE (the file the workflow's process opens with Runtime::open)\n");
+    // A variable set but empty is not set: no store given, no key file.
+    Command::cargo_bin("loops")
+        .unwrap()
+        .env("LOOPS_STORE", "")
+        .env("LOOPS_KEY_FILE", "")
+        .args(["runs"])
+        .assert()
+        .code(2)
+        .stderr("error: no store given: pass --store PATH (or a postgres:// URL) or set LOOPS_STORE (the file the workflow's process opens with Runtime::open)\n");
+    loops(&path)
+        .env("LOOPS_KEY_FILE", "")
+        .args(["runs", "--json"])
+        .assert()
+        .success();
     // --store wins over the environment.
     Command::cargo_bin("loops")
         .unwrap()
