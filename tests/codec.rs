@@ -6,7 +6,8 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use loops::{
-    CodecError, Context, Error, Keyring, Payloads, RecordKind, RunStatus, Runtime, Workflow,
+    CodecError, Context, Error, Keyring, PayloadCodec, Payloads, RecordKind, RunStatus, Runtime,
+    Workflow,
 };
 use serde::{Deserialize, Serialize};
 
@@ -643,5 +644,37 @@ async fn an_event_that_arrives_sealed_counts_its_sealed_bytes() {
         .await
         .unwrap();
     assert_eq!(rt.wait::<Gate>("r").await.unwrap(), Gate::Done { approval });
+    rt.shutdown().await;
+}
+
+/// A worker whose key has the store's id and other bytes is refused before its first
+/// sealed payload, by the key's check value the store recorded with the id: it never seals
+/// what the other workers cannot open. Nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_of_the_same_id_and_other_bytes_is_refused_before_it_seals() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let rt = open(&path, Some(key1()));
+    rt.register::<Gate, _>(Approves);
+    rt.start("r", Gate::Open { n: 1 }).await.unwrap();
+    rt.wait_for_status("r", RunStatus::Waiting).await.unwrap();
+    let checks = rt.store().sealing_checks().await.unwrap();
+    assert_eq!(checks, [("k1".to_owned(), key1().key_check("k1").unwrap())]);
+    rt.shutdown().await;
+    drop(rt);
+
+    let other = Keyring::new("k1", [9; 32]).unwrap();
+    assert_ne!(other.key_check("k1"), key1().key_check("k1"));
+    let rt = open(&path, Some(other));
+    rt.register::<Gate, _>(Approves);
+    let err = rt.start("r2", Gate::Open { n: 2 }).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "store {}: key `k1` is not the key `k1` its payloads were sealed with (another key under the same id): give the runtime the key the workers use",
+            path.display()
+        )
+    );
+    assert_eq!(rt.run_info("r2").await.unwrap(), None);
     rt.shutdown().await;
 }

@@ -53,7 +53,8 @@ impl Kind {
             | Error::EventEncode { .. }
             | Error::PayloadTooLarge { .. }
             | Error::SealedRefused { .. }
-            | Error::KeyNotInStore { .. } => Kind::BadInput,
+            | Error::KeyNotInStore { .. }
+            | Error::KeyMismatch { .. } => Kind::BadInput,
             _ => Kind::Failed,
         }
     }

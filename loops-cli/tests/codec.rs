@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use assert_cmd::Command;
-use loops_core::{BoxError, Context, Keyring, RetryPolicy, RunStatus, Runtime};
+use loops_core::{BoxError, Context, Keyring, PayloadCodec, RetryPolicy, RunStatus, Runtime};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -53,7 +53,7 @@ fn encrypted_store() -> (tempfile::TempDir, PathBuf, PathBuf) {
 
 /// Runs `runs` of `Vault` (token [`SECRET`]) in the store at `path`, sealed with `keys` if
 /// given, each waiting for `approve` in `Open` after one failed attempt.
-fn waiting_store(path: &Path, keys: Option<Keyring>, runs: &[&str]) {
+fn waiting_store<C: PayloadCodec>(path: &Path, keys: Option<C>, runs: &[&str]) {
     tokio::runtime::Runtime::new().unwrap().block_on(async {
         let mut builder = Runtime::builder().retry(RetryPolicy::attempts(3).with_delays(
             std::time::Duration::from_millis(1),
@@ -286,7 +286,7 @@ fn key_file(dir: &Path, name: &str, text: &str) -> PathBuf {
 fn a_key_file_never_seals_into_a_store_in_clear() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("clear.redb");
-    waiting_store(&path, None, &["v", "w", "x"]);
+    waiting_store(&path, None::<Keyring>, &["v", "w", "x"]);
     let keys = key_file(dir.path(), "keys", KEY);
     // On the file: the event is stored in clear, and no key is recorded in the store.
     let (ok, _, err) = run(loops(&path)
@@ -365,22 +365,44 @@ fn a_key_file_never_seals_into_a_store_in_clear() {
     assert!(keys.is_empty(), "{keys:?}");
 }
 
-/// The refusal of a key file whose `k1` is not the workers' `k1`, found by opening run
-/// `sealed`'s state.
-fn other_bytes_refusal(sealed: &str) -> String {
-    format!(
-        "error: the event is not sent: the key file's key `k1` does not open what the store holds sealed with `k1` (run `{sealed}`: the payload of the transition record at seq 0 cannot be opened: it does not authenticate under key `k1`: the payload was altered, moved from another record or run, or sealed with another key of the same id), so no worker could open what it seals; give the key file the workers use"
-    )
+/// A keyring that gives no check values (as a codec of a loops before them, or one of
+/// your own): its keys are recorded without one.
+struct NoChecks(Keyring);
+
+impl PayloadCodec for NoChecks {
+    fn seal(
+        &self,
+        place: &loops_core::Place<'_>,
+        plain: &[u8],
+    ) -> Result<loops_core::Sealed, loops_core::CodecError> {
+        self.0.seal(place, plain)
+    }
+
+    fn open(
+        &self,
+        place: &loops_core::Place<'_>,
+        sealed: &loops_core::Sealed,
+    ) -> Result<Vec<u8>, loops_core::CodecError> {
+        self.0.open(place, sealed)
+    }
+
+    fn key_id(&self) -> String {
+        self.0.key_id()
+    }
 }
 
-/// A run stored in clear before the store was encrypted: a key file of the right id and
-/// other bytes is still refused, found out on another run's state.
+/// A store whose key has no recorded check value: a key file of the right id and other
+/// bytes is found out by opening a state sealed with the key, and refused.
 #[test]
-fn a_wrong_key_file_is_refused_for_a_run_in_clear_too() {
+fn without_a_recorded_check_a_wrong_key_file_is_found_out_on_a_sealed_state() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store.redb");
-    waiting_store(&path, None, &["clear"]);
-    waiting_store(&path, Some(Keyring::parse(KEY).unwrap()), &["sealed"]);
+    waiting_store(&path, None::<Keyring>, &["clear"]);
+    waiting_store(
+        &path,
+        Some(NoChecks(Keyring::parse(KEY).unwrap())),
+        &["sealed"],
+    );
     let other_bytes = key_file(
         dir.path(),
         "other-bytes",
@@ -394,6 +416,55 @@ fn a_wrong_key_file_is_refused_for_a_run_in_clear_too() {
     assert_eq!(
         (out.status.code(), String::from_utf8(out.stderr).unwrap()),
         (Some(2), format!("{}\n", other_bytes_refusal("sealed")))
+    );
+}
+
+/// The refusal of a key file whose `k1` is not the workers' `k1`, found by opening run
+/// `sealed`'s state.
+fn other_bytes_refusal(sealed: &str) -> String {
+    format!(
+        "error: the event is not sent: the key file's key `k1` does not open what the store holds sealed with `k1` (run `{sealed}`: the payload of the transition record at seq 0 cannot be opened: it does not authenticate under key `k1`: the payload was altered, moved from another record or run, or sealed with another key of the same id), so no worker could open what it seals; give the key file the workers use"
+    )
+}
+
+/// A run stored in clear before the store was encrypted, every run sealed with the key
+/// pruned since: a key file of the right id and other bytes is still refused, by the key's
+/// check value that the store recorded with it.
+#[test]
+fn a_wrong_key_file_is_refused_for_a_run_in_clear_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    waiting_store(&path, None::<Keyring>, &["clear"]);
+    let keys = key_file(dir.path(), "keys", KEY);
+    waiting_store(&path, Some(Keyring::parse(KEY).unwrap()), &["sealed"]);
+    for args in [
+        &["cancel", "sealed", "--key-file"][..],
+        &["prune", "--keep-last", "0", "--key-file"],
+    ] {
+        let (ok, _, err) = run(loops(&path).args(args).arg(&keys));
+        assert!(ok, "{args:?}: {err}");
+    }
+    let (ok, out, err) = run(loops(&path).args(["runs", "--json"]));
+    assert!(ok && !out.contains("\"sealed\""), "{out} {err}");
+    let other_bytes = key_file(
+        dir.path(),
+        "other-bytes",
+        "k1 0909090909090909090909090909090909090909090909090909090909090909\n",
+    );
+    let out = loops(&path)
+        .args(["send", "clear", "approve", "--json", "\"x\"", "--key-file"])
+        .arg(&other_bytes)
+        .output()
+        .unwrap();
+    assert_eq!(
+        (out.status.code(), String::from_utf8(out.stderr).unwrap()),
+        (
+            Some(2),
+            format!(
+                "error: store {}: key `k1` is not the key `k1` its payloads were sealed with (another key under the same id): give the runtime the key the workers use\n",
+                path.display()
+            )
+        )
     );
     let (ok, out, err) = run(loops(&path).args(["show", "clear", "--json"]));
     assert!(ok, "{err}");
@@ -433,10 +504,18 @@ fn a_key_file_the_workers_do_not_use_seals_nothing() {
             path.display()
         ),
     );
-    let other_bytes_refused = (Some(2), other_bytes_refusal("v"));
-    // On the file, then through the endpoint of the process that holds the key.
+    // On the file, by the key's recorded check value; through a control endpoint (which
+    // serves no check values), by opening a state sealed with the key.
+    let other_bytes_refused = (
+        Some(2),
+        format!(
+            "error: store {}: key `k1` is not the key `k1` its payloads were sealed with (another key under the same id): give the runtime the key the workers use",
+            path.display()
+        ),
+    );
     assert_eq!(refusal(&other_id), other_id_refused);
     assert_eq!(refusal(&other_bytes), other_bytes_refused);
+    let other_bytes_refused = (Some(2), other_bytes_refusal("v"));
     // Read with such a key file, each payload it cannot open says why, and the rest reads.
     let (ok, out, err) = run(loops(&path)
         .args(["history", "v", "--json", "--key-file"])

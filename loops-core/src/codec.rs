@@ -108,6 +108,18 @@ pub trait PayloadCodec: Send + Sync + 'static {
     fn key_ids(&self) -> Vec<String> {
         vec![self.key_id()]
     }
+
+    /// A check value of the codec's key `key` (one of [`key_ids`](Self::key_ids)): the same
+    /// text for the same key bytes, another for other bytes under the same id, and nothing
+    /// that helps recover the key. Recorded in the store with the key's id
+    /// ([`Store::sealing_checks`](crate::Store::sealing_checks)), so that a key of the same
+    /// id and other bytes is refused before it seals what no other worker opens. The
+    /// default, `None`, records and checks nothing; [`Keyring`] returns the tag of an empty
+    /// message sealed for the id under a fixed nonce.
+    fn key_check(&self, key: &str) -> Option<String> {
+        let _ = key;
+        None
+    }
 }
 
 /// The key of the envelope object (`$sealed`, as `Envelope` names its field) as a JSON

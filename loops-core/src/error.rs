@@ -36,11 +36,9 @@ pub enum Error {
         path: PathBuf,
     },
 
-    /// The store file records a format (the layout of its tables) other than the one this
-    /// build reads, [`STORE_FORMAT`](crate::STORE_FORMAT). Nothing was read from it or
-    /// written to it. An older format is converted by `loops upgrade PATH`
-    /// ([`RedbStore::upgrade`](crate::RedbStore::upgrade)); a newer one (a newer loops
-    /// wrote it) is opened with a loops that reads it.
+    /// The store file records a format other than [`STORE_FORMAT`](crate::STORE_FORMAT);
+    /// nothing was read or written. An older one is converted by `loops upgrade PATH`
+    /// ([`RedbStore::upgrade`](crate::RedbStore::upgrade)); a newer one needs a newer loops.
     #[error("{}", format_text(path, *found, *supported))]
     StoreFormat {
         /// The store file.
@@ -93,11 +91,9 @@ pub enum Error {
         cause: Arc<dyn std::error::Error + Send + Sync + 'static>,
     },
 
-    /// A database store (PostgreSQL, `loops-postgres`) failed a read or a write: the server
-    /// could not be reached, the connection was lost, or it refused a statement. A write
-    /// that fails so has not committed, unless the connection was lost during its commit:
-    /// the run's next write (or driver) then finds out from the store. The message names the
-    /// cause, so `source()` is `None`; the cause is in `cause` ([`Error::store_cause`]).
+    /// A database store (PostgreSQL) failed a read or a write (unreachable, connection lost,
+    /// statement refused): not committed, unless the connection was lost during the commit
+    /// (the run's next write finds out). The cause is in `cause` ([`Error::store_cause`]).
     #[error("store error while {action}: {}", cause_text(&**cause))]
     Database {
         /// What the store was doing ("committing a transition of run `r1`").
@@ -237,11 +233,9 @@ pub enum Error {
         reason: String,
     },
 
-    /// A registered version claims to accept an older stored schema
-    /// ([`Workflow::ACCEPTS`](crate::Workflow::ACCEPTS), `#[workflow(accepts = [..])]`), but
-    /// the store's description of that schema differs from the version's by changes that are
-    /// breaking whatever state a run is in: the store is not opened. Write a migration
-    /// instead (docs/evolution.md).
+    /// A version claims to accept an older schema ([`Workflow::ACCEPTS`](crate::Workflow::ACCEPTS))
+    /// whose stored description differs from it by breaking changes: the store is not
+    /// opened. Write a migration instead (docs/evolution.md).
     #[error(
         "version {version} of workflow `{workflow}` claims to accept schema {accepts}, but these changes are breaking{}",
         describe_changes(changes)
@@ -418,11 +412,9 @@ pub enum Error {
         source: serde_json::Error,
     },
 
-    /// The store holds sealed payloads (it lists the keys that sealed them:
-    /// [`Store::sealing_keys`](crate::Store::sealing_keys)) and the runtime was given no
-    /// codec: refused when the runtime opens the store (or, for a store built elsewhere, at
-    /// its first read or write), so that it neither fails later on a payload it cannot read
-    /// nor writes payloads in clear among sealed ones.
+    /// The store lists keys that sealed payloads ([`Store::sealing_keys`](crate::Store::sealing_keys))
+    /// and the runtime has no codec: refused at the open (a store built elsewhere: at its first
+    /// read or write), rather than fail later or write in clear among sealed payloads.
     #[error("store {store} holds payloads encrypted with key {}: {NO_KEY_HINT}", keys.join(", "))]
     Encrypted {
         /// The store's label (a file path; a database without password).
@@ -432,8 +424,7 @@ pub enum Error {
     },
 
     /// A writer that [seals as the store does](crate::RuntimeBuilder::seal_as_store_does)
-    /// (the CLI with a key file) would seal with `key`, which the store does not list: its
-    /// workers may not hold it. Nothing was written.
+    /// holds no key the store lists (`key` is its own): its workers may not hold it.
     #[error(
         "store {store} holds payloads encrypted with key {}, not with key `{key}` that would seal this one: its workers may not hold `{key}` (give the key file the workers use)",
         keys.join(", ")
@@ -447,9 +438,20 @@ pub enum Error {
         keys: Vec<String>,
     },
 
-    /// A payload sent from outside (an event, a cancellation reason) arrived sealed, and
-    /// this runtime cannot open it (no codec, a key it lacks, another key of the same id):
-    /// its run could not read it. Nothing was written.
+    /// The codec's key `key` has another [check value](crate::PayloadCodec::key_check) than
+    /// the store recorded for that id: it would seal what no other worker opens. Nothing written.
+    #[error(
+        "store {store}: key `{key}` is not the key `{key}` its payloads were sealed with (another key under the same id): give the runtime the key the workers use"
+    )]
+    KeyMismatch {
+        /// The store's label (a file path; a database without password).
+        store: String,
+        /// The key id.
+        key: String,
+    },
+
+    /// A payload sent from outside (an event, a cancellation reason) arrived sealed and this
+    /// runtime cannot open it (no codec, a key it lacks, another key of the same id).
     #[error(
         "run `{run_id}`: the {} arrived encrypted and is refused: {cause}",
         sealed_field(record, 0, field)
@@ -484,11 +486,9 @@ pub enum Error {
         cause: Box<CodecError>,
     },
 
-    /// A number read from the store is the largest its type holds, and the write needs the
-    /// next one: the seq after the row's (a transition), the attempt after the current one
-    /// (a new attempt, a retry), the interruption count, a failure index or an event seq.
-    /// loops never stores such a value, so the store was altered outside loops. Nothing was
-    /// written; the run stays as it is.
+    /// A number read from the store (a seq, an attempt, the interruption count, a failure
+    /// index, an event seq) is the largest its type holds and the write needs the next:
+    /// loops never stores that, so the store was altered outside loops. Nothing written.
     #[error(
         "run `{run_id}`: {counter} {value} in the {} is the largest it can be, so {action} is not possible",
         decoded(record, *seq, "")

@@ -90,8 +90,8 @@ pub use store::{
     EventRecord, Facts, InboxChange, Lease, LeaseCheck, Needs, ParkedRun, Payloads, PendingEvent,
     Pruned, Readiness, Ready, ReadyAndParked, Record, RecordKey, RedbStore, Reply, RowWrite,
     RunCount, RunInfo, RunStatus, STORE_FORMAT, ScheduleChange, SeqStep, SharedLimits, Store,
-    StoreOptions, Take, Upgraded, WaitInfo, WaitOutcome, Wakeups, Write, event_record, find_runs,
-    plan, prune, seals_as_store_does,
+    StoreOptions, Take, Upgraded, WaitInfo, WaitOutcome, Wakeups, Write, check_keys, event_record,
+    find_runs, plan, prune, seals_as_store_does,
 };
 pub use workflow::{BoxError, StateId, Workflow};
 

@@ -161,8 +161,12 @@ pub(crate) fn writes<'a>(sql: &'a Sql, effects: &Effects<'_>) -> Writes<'a> {
         let params: Vec<Param> = vec![Box::new(hash.to_string()), Box::new(text.to_owned())];
         out.push((statement(&sql.insert_schema, params), None));
     }
-    if let Some((key, at_ms)) = effects.sealing {
-        let params: Vec<Param> = vec![Box::new(key.to_owned()), Box::new(big(at_ms))];
+    if let Some((key, check, at_ms)) = effects.sealing {
+        let params: Vec<Param> = vec![
+            Box::new(key.to_owned()),
+            Box::new(big(at_ms)),
+            Box::new(check.map(str::to_owned)),
+        ];
         out.push((statement(&sql.insert_sealing_key, params), None));
     }
     let mut row_text = None;

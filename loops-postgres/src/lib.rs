@@ -609,6 +609,10 @@ impl Store for PgStore {
         Box::pin(self.read_sealing_keys())
     }
 
+    fn sealing_checks(&self) -> BoxFuture<'_, loops_core::Result<Vec<(String, String)>>> {
+        Box::pin(self.read_sealing_checks())
+    }
+
     fn schedules(&self) -> BoxFuture<'_, loops_core::Result<Vec<loops_core::ScheduleInfo>>> {
         Box::pin(self.read_schedules())
     }

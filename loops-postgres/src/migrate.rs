@@ -27,6 +27,7 @@ const MIGRATIONS: &[Migration] = &[
     MIGRATION_7,
     MIGRATION_8,
     MIGRATION_9,
+    MIGRATION_10,
 ];
 
 /// The tables.
@@ -284,8 +285,17 @@ $$;
 "#,
 };
 
+/// The check value of each sealing key (`PayloadCodec::key_check`), so that a key of the
+/// same id and other bytes is refused before it seals (`Error::KeyMismatch`). Keys recorded
+/// before have none.
+const MIGRATION_10: Migration = Migration {
+    version: 10,
+    description: "sealing_keys.key_check: the check value of each sealing key",
+    sql: "ALTER TABLE {s}.sealing_keys ADD COLUMN key_check text;",
+};
+
 /// The newest schema version this build knows (and creates).
-pub const SCHEMA_VERSION: i32 = 9;
+pub const SCHEMA_VERSION: i32 = 10;
 
 /// Checks, writing nothing, that schema `schema` is at [`SCHEMA_VERSION`]. Returns it.
 pub(crate) async fn check(client: &tokio_postgres::Client, schema: &str) -> Result<i32, Error> {

@@ -342,6 +342,19 @@ impl PgStore {
         rows.iter().map(|row| text(row, 0, "?")).collect()
     }
 
+    pub(crate) async fn read_sealing_checks(&self) -> Result<Vec<(String, String)>> {
+        let rows = self
+            .rows(
+                || "reading the check values of the sealing keys".to_owned(),
+                &self.inner.sql.sealing_checks,
+                &[],
+            )
+            .await?;
+        rows.iter()
+            .map(|row| Ok((text(row, 0, "?")?, text(row, 1, "?")?)))
+            .collect()
+    }
+
     pub(crate) async fn read_schedules(&self) -> Result<Vec<loops_core::ScheduleInfo>> {
         let rows = self
             .rows(

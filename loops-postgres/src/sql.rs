@@ -60,6 +60,7 @@ pub(crate) struct Sql {
     pub(crate) schemas: String,
     pub(crate) sealing_keys: String,
     pub(crate) insert_sealing_key: String,
+    pub(crate) sealing_checks: String,
     pub(crate) lock_schedule: String,
     pub(crate) insert_schedule: String,
     pub(crate) update_schedule: String,
@@ -207,10 +208,14 @@ impl Sql {
             schema: f("SELECT description FROM {s}.schemas WHERE hash = $1"),
             schemas: f("SELECT hash, description FROM {s}.schemas ORDER BY hash"),
             sealing_keys: f("SELECT key_id FROM {s}.sealing_keys ORDER BY at_ms, key_id"),
+            // A key recorded already keeps its time and its first check value.
             insert_sealing_key: f(
-                "INSERT INTO {s}.sealing_keys (key_id, at_ms) VALUES ($1, $2) \
-                 ON CONFLICT (key_id) DO NOTHING",
+                "INSERT INTO {s}.sealing_keys (key_id, at_ms, key_check) VALUES ($1, $2, $3) \
+                 ON CONFLICT (key_id) DO UPDATE \
+                 SET key_check = coalesce({s}.sealing_keys.key_check, EXCLUDED.key_check)",
             ),
+            sealing_checks: f("SELECT key_id, key_check FROM {s}.sealing_keys \
+                 WHERE key_check IS NOT NULL ORDER BY key_id"),
             lock_schedule: f("SELECT info FROM {s}.schedules WHERE name = $1 FOR UPDATE"),
             // A registration that finds the row taken when it inserts (another worker
             // registered the same schedule since this one read it) keeps the stored one.

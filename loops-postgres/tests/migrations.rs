@@ -69,10 +69,14 @@ async fn workers_starting_at_once_migrate_once() {
             (
                 9,
                 "commit_one: a lease holder's guarded commit in one statement".to_owned()
+            ),
+            (
+                10,
+                "sealing_keys.key_check: the check value of each sealing key".to_owned()
             )
         ]
     );
-    assert_eq!(SCHEMA_VERSION, 9);
+    assert_eq!(SCHEMA_VERSION, 10);
     let tables: Vec<String> = common::admin()
         .await
         .query(

@@ -170,6 +170,10 @@ impl Operator for Local {
         self.wait(self.store().sealing_keys())
     }
 
+    fn sealing_checks(&self) -> Result<Vec<(String, String)>> {
+        self.wait(self.store().sealing_checks())
+    }
+
     fn schedules(&self) -> Result<Vec<ScheduleStatus>> {
         let now = now_ms();
         let rows = self.wait(self.store().schedules())?;

@@ -1,6 +1,7 @@
 //! [`Keyring`]: the ready [`PayloadCodec`], XChaCha20-Poly1305 with a random nonce per
 //! payload, keys by id, one key writing and older keys still reading.
 
+use base64::Engine as _;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -224,6 +225,24 @@ impl PayloadCodec for Keyring {
 
     fn key_ids(&self) -> Vec<String> {
         self.keys.iter().map(|(id, _)| id.clone()).collect()
+    }
+
+    /// The base64 of the tag of an empty message under a nonce of zeros, with the id as
+    /// associated data (a key check value, as cards and HSMs show one): the nonce is never
+    /// drawn for a payload (those are random, 24 bytes), and a tag says nothing of the key.
+    fn key_check(&self, key: &str) -> Option<String> {
+        let (id, cipher) = self.keys.iter().find(|(id, _)| id == key)?;
+        let aad = format!("loops-key-check-1\0{id}");
+        let tag = cipher
+            .encrypt(
+                &XNonce::default(),
+                Payload {
+                    msg: &[],
+                    aad: aad.as_bytes(),
+                },
+            )
+            .ok()?;
+        Some(base64::engine::general_purpose::STANDARD.encode(tag))
     }
 
     fn seal(&self, place: &Place<'_>, plain: &[u8]) -> Result<Sealed, CodecError> {

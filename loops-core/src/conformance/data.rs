@@ -160,22 +160,36 @@ pub(super) async fn payloads_read_back_byte_for_byte(f: &dyn Factory) {
     store.release(&l2).await.unwrap();
 }
 
-/// The keys that sealed payloads: recorded once each, listed oldest first, seen by every
-/// handle, kept by a prune. (No payload is written, so that a sealing store adds no key of
-/// its own.)
+/// The keys that sealed payloads: recorded once each with the first check value given,
+/// listed oldest first, seen by every handle, kept by a prune. (No payload is written, so
+/// that a sealing store adds no key of its own.)
 pub(super) async fn sealing_keys(f: &dyn Factory) {
     let store = f.store();
-    let seal = |key: &str, at_ms: u64| store::Write::Seal {
+    let seal = |key: &str, check: Option<&str>, at_ms: u64| store::Write::Seal {
         key: key.to_owned(),
+        check: check.map(str::to_owned),
         at_ms,
     };
     assert_eq!(store.sealing_keys().await.unwrap(), Vec::<String>::new());
-    for (key, at_ms) in [("k1", 100), ("k0", 200), ("k1", 300)] {
-        let reply = store.write(None, seal(key, at_ms)).await.unwrap();
+    for (key, check, at_ms) in [
+        ("k1", None, 100),
+        ("k0", Some("c0"), 200),
+        ("k1", Some("c1"), 300),
+        ("k1", Some("other"), 400),
+        ("k0", Some("other"), 500),
+    ] {
+        let reply = store.write(None, seal(key, check, at_ms)).await.unwrap();
         assert!(matches!(reply, Reply::Done), "{reply:?}");
     }
     let both = vec!["k1".to_owned(), "k0".to_owned()];
     assert_eq!(store.sealing_keys().await.unwrap(), both);
+    let mut checks = store.sealing_checks().await.unwrap();
+    checks.sort();
+    let recorded = vec![
+        ("k0".to_owned(), "c0".to_owned()),
+        ("k1".to_owned(), "c1".to_owned()),
+    ];
+    assert_eq!(checks, recorded);
     store.write(None, writes::prune(&["ghost"])).await.unwrap();
     assert_eq!(store.sealing_keys().await.unwrap(), both);
     if let Some(second) = f.second().await {

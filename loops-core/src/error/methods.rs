@@ -112,6 +112,7 @@ impl Error {
             | Error::AcceptsRefused { .. }
             | Error::Encrypted { .. }
             | Error::KeyNotInStore { .. }
+            | Error::KeyMismatch { .. }
             | Error::Closed => None,
         }
     }

@@ -30,10 +30,10 @@ pub struct Effects<'w> {
     pub attributes: Vec<(&'w str, &'w AttributeValue)>,
     /// Ended runs to delete with every record, index entry, attribute and event they have.
     pub delete: Vec<RunInfo>,
-    /// A key id to add, with its time (ms since the Unix epoch), to the store's list of the
-    /// keys that sealed its payloads ([`Write::Seal`](super::Write::Seal)); a key listed
-    /// already keeps its first time.
-    pub sealing: Option<(&'w str, u64)>,
+    /// A key id to add, with its check value and its time (ms since the Unix epoch), to the
+    /// store's list of the keys that sealed its payloads ([`Write::Seal`](super::Write::Seal));
+    /// a key listed already keeps its first time, and its first check value.
+    pub sealing: Option<(&'w str, Option<&'w str>, u64)>,
     /// Whether the write makes its run need a driver that the writer does not provide, so
     /// that other workers should look for runs to claim now rather than at their next poll:
     /// the write carries no lease, and after it the run needs a driver at once

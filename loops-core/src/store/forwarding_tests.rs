@@ -149,6 +149,10 @@ impl Store for Probe {
         self.answer("sealing_keys", Vec::new())
     }
 
+    fn sealing_checks(&self) -> BoxFuture<'_, Result<Vec<(String, String)>>> {
+        self.answer("sealing_checks", Vec::new())
+    }
+
     fn schedules(&self) -> BoxFuture<'_, Result<Vec<crate::ScheduleInfo>>> {
         self.answer("schedules", Vec::new())
     }
@@ -259,6 +263,8 @@ pub(crate) async fn assert_forwards(wrapper: &str, wrap: impl FnOnce(Probe) -> A
     store.schemas().await.unwrap();
     call("sealing_keys");
     store.sealing_keys().await.unwrap();
+    call("sealing_checks");
+    store.sealing_checks().await.unwrap();
     call("schedules");
     store.schedules().await.unwrap();
     call("acquire");
@@ -312,7 +318,7 @@ pub(crate) async fn assert_forwards(wrapper: &str, wrap: impl FnOnce(Probe) -> A
 fn the_method_list_is_read_from_the_trait() {
     let methods = store_methods();
     assert!(methods.contains("write") && methods.contains("shared_limits"));
-    assert_eq!(methods.len(), 28, "{methods:?}");
+    assert_eq!(methods.len(), 29, "{methods:?}");
 }
 
 #[tokio::test]

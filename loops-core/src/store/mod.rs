@@ -53,7 +53,7 @@ pub use self::ready::{ParkedRun, Readiness, Ready};
 pub use self::redb::{
     Compacted, DEFAULT_CACHE_BYTES, RedbStore, STORE_FORMAT, StoreOptions, Upgraded,
 };
-pub use self::sealing::{Payloads, seals_as_store_does};
+pub use self::sealing::{Payloads, check_keys, seals_as_store_does};
 
 /// A boxed, `Send` future: what [`Store`] methods return, so that `dyn Store` works.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -255,6 +255,15 @@ pub trait Store: Send + Sync + 'static {
     /// are in clear. A runtime without a codec refuses a store that lists any
     /// ([`Error::Encrypted`](crate::Error::Encrypted)).
     fn sealing_keys(&self) -> BoxFuture<'_, Result<Vec<String>>>;
+
+    /// The check values recorded with the [sealing keys](Self::sealing_keys), `(key id,
+    /// check)` ([`PayloadCodec::key_check`](crate::PayloadCodec::key_check)): a runtime or
+    /// CLI whose key of a listed id gives another check holds other bytes under that id, and
+    /// is refused ([`Error::KeyMismatch`](crate::Error::KeyMismatch)). Empty for a store that
+    /// records none (the default).
+    fn sealing_checks(&self) -> BoxFuture<'_, Result<Vec<(String, String)>>> {
+        Box::pin(std::future::ready(Ok(Vec::new())))
+    }
 
     /// Every schedule stored ([`Write::PutSchedule`]), by name; empty for a store that has
     /// none (and for a file written before loops had schedules).

@@ -172,9 +172,9 @@ fn own_effects<'w>(
             attributes,
         } => set_attributes(run_id, *seq, attributes, &g),
         Write::Prune { .. } => Ok(prune(facts)),
-        Write::Seal { key, at_ms } => {
+        Write::Seal { key, check, at_ms } => {
             let mut effects = Effects::unchanged("", Reply::Done);
-            effects.sealing = Some((key, *at_ms));
+            effects.sealing = Some((key, check.as_deref(), *at_ms));
             Ok(effects)
         }
         Write::PutSchedule { .. }

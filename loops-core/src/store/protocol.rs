@@ -231,6 +231,8 @@ pub enum Write {
     Seal {
         /// The id of the key that seals (`PayloadCodec::key_id`).
         key: String,
+        /// Its check value (`PayloadCodec::key_check`), recorded if the key has none yet.
+        check: Option<String>,
         /// When, in ms since the Unix epoch.
         at_ms: u64,
     },

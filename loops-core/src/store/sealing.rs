@@ -9,8 +9,8 @@
 
 mod store;
 
-pub use self::store::seals_as_store_does;
 pub(crate) use self::store::{SealedStore, refuse_sealed};
+pub use self::store::{check_keys, seals_as_store_does};
 
 use std::sync::Arc;
 
@@ -122,6 +122,12 @@ impl Payloads {
             .as_ref()
             .map(|codec| codec.key_ids())
             .unwrap_or_default()
+    }
+
+    /// The codec's check value of its key `key`, if it has that key and gives one
+    /// ([`PayloadCodec::key_check`]).
+    pub fn key_check(&self, key: &str) -> Option<String> {
+        self.codec.as_ref().and_then(|codec| codec.key_check(key))
     }
 
     /// Whether this seals only as the store does ([`following`](Self::following)).

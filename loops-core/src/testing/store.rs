@@ -481,6 +481,10 @@ impl<S: Store> Store for HookedStore<S> {
         self.gate(Call::SealingKeys, self.inner.sealing_keys())
     }
 
+    fn sealing_checks(&self) -> BoxFuture<'_, Result<Vec<(String, String)>>> {
+        self.inner.sealing_checks()
+    }
+
     fn schedules(&self) -> BoxFuture<'_, Result<Vec<crate::ScheduleInfo>>> {
         self.gate(Call::Schedules, self.inner.schedules())
     }

@@ -370,10 +370,15 @@ fn store<'a>(
     if let Some((hash, text)) = &effects.schema {
         t.schemas()?.insert(hash.to_string().as_str(), *text)?;
     }
-    if let Some((key, at_ms)) = effects.sealing
-        && t.sealing()?.get(key)?.is_none()
-    {
-        t.sealing()?.insert(key, at_ms)?;
+    if let Some((key, check, at_ms)) = effects.sealing {
+        if t.sealing()?.get(key)?.is_none() {
+            t.sealing()?.insert(key, at_ms)?;
+        }
+        if let Some(check) = check
+            && t.sealing_checks()?.get(key)?.is_none()
+        {
+            t.sealing_checks()?.insert(key, check)?;
+        }
     }
     if let Some(row) = &effects.row {
         let id = row.info.run_id.as_str();

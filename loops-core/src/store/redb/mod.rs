@@ -490,6 +490,10 @@ impl Store for RedbStore {
         Box::pin(std::future::ready(RedbStore::sealing_keys(self)))
     }
 
+    fn sealing_checks(&self) -> BoxFuture<'_, Result<Vec<(String, String)>>> {
+        Box::pin(std::future::ready(RedbStore::sealing_checks(self)))
+    }
+
     fn schedules(&self) -> BoxFuture<'_, Result<Vec<crate::ScheduleInfo>>> {
         Box::pin(std::future::ready(RedbStore::schedules(self)))
     }

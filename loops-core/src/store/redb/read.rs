@@ -9,7 +9,7 @@ use super::log::{self, Chain, Head, Kind, LOG, LogError};
 use super::row;
 use super::tables::{
     ATTRIBUTE_INDEX, ATTRIBUTE_KEY_ABOVE, ATTRIBUTES, CHILDREN, INBOX, PENDING, RUNS, SCHEDULES,
-    SCHEMAS, SEALING, STATUS, name_upper_bound,
+    SCHEMAS, SEALING, SEALING_CHECKS, STATUS, name_upper_bound,
 };
 use super::{RedbStore, corrupted};
 use crate::attribute::{AttributeValue, Attributes, RunFilter};
@@ -410,6 +410,30 @@ impl RedbStore {
                 }
                 keys.sort();
                 Ok(keys.into_iter().map(|(_, key)| key).collect())
+            },
+        )
+    }
+
+    /// The check values of the keys that sealed payloads (`Write::Seal`), `(key id,
+    /// check)`, by id; empty for a file written before they were recorded.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on a read error.
+    pub fn sealing_checks(&self) -> Result<Vec<(String, String)>> {
+        self.read(
+            || "reading the check values of the sealing keys".to_owned(),
+            |txn| {
+                let table = match txn.open_table(SEALING_CHECKS) {
+                    Ok(table) => table,
+                    Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+                    Err(e) => return Err(e.into()),
+                };
+                let mut checks = Vec::new();
+                for entry in table.iter()? {
+                    let (key, check) = entry?;
+                    checks.push((key.value().to_owned(), check.value().to_owned()));
+                }
+                Ok(checks)
             },
         )
     }

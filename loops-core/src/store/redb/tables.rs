@@ -17,6 +17,10 @@ pub(crate) const EVENT_KEYS: TableDefinition<(&str, &str), u64> =
 /// The ids of the keys that sealed payloads in the store, with the time each was first
 /// recorded (ms since the Unix epoch): [`Write::Seal`](crate::store::Write::Seal).
 pub(crate) const SEALING: TableDefinition<&str, u64> = TableDefinition::new("sealing");
+/// Key id → its check value (`PayloadCodec::key_check`), for the keys of `sealing` whose
+/// codec gives one. A file written before it lacks the table: its keys have no check.
+pub(crate) const SEALING_CHECKS: TableDefinition<&str, &str> =
+    TableDefinition::new("sealing_checks");
 
 /// A run's attributes: (run id, key) → the value's index bytes
 /// ([`AttributeValue::index_bytes`](crate::AttributeValue::index_bytes)), for display.
@@ -56,7 +60,7 @@ pub const STORE_FORMAT: u64 = 3;
 /// number.
 pub(crate) const UNRECORDED_FORMAT: u64 = 1;
 
-const TABLES: [&str; 13] = [
+const TABLES: [&str; 14] = [
     "meta",
     "runs",
     "log",
@@ -66,6 +70,7 @@ const TABLES: [&str; 13] = [
     "pending",
     "event_keys",
     "sealing",
+    "sealing_checks",
     "attributes",
     "attribute_index",
     "children",
@@ -160,6 +165,7 @@ pub(super) fn ensure_tables(db: &Database) -> std::result::Result<(), NotOpened>
     txn.open_table(PENDING)?;
     txn.open_table(EVENT_KEYS)?;
     txn.open_table(SEALING)?;
+    txn.open_table(SEALING_CHECKS)?;
     txn.open_table(ATTRIBUTES)?;
     txn.open_table(ATTRIBUTE_INDEX)?;
     txn.open_table(CHILDREN)?;
@@ -185,6 +191,7 @@ pub(super) struct Tables<'t> {
     pending: Lazy<'t, (&'static str, &'static str, u64), ()>,
     event_keys: Lazy<'t, (&'static str, &'static str), u64>,
     sealing: Lazy<'t, &'static str, u64>,
+    sealing_checks: Lazy<'t, &'static str, &'static str>,
     attributes: Lazy<'t, (&'static str, &'static str), &'static [u8]>,
     attribute_index: Lazy<'t, AttributeIndexKey, ()>,
     children: Lazy<'t, (&'static str, &'static str), ()>,
@@ -227,6 +234,7 @@ table_accessors! {
     pending: PENDING => ((&'static str, &'static str, u64), ());
     event_keys: EVENT_KEYS => ((&'static str, &'static str), u64);
     sealing: SEALING => (&'static str, u64);
+    sealing_checks: SEALING_CHECKS => (&'static str, &'static str);
     attributes: ATTRIBUTES => ((&'static str, &'static str), &'static [u8]);
     attribute_index: ATTRIBUTE_INDEX => (AttributeIndexKey, ());
     children: CHILDREN => ((&'static str, &'static str), ());

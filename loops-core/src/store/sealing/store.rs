@@ -76,6 +76,8 @@ impl SealedStore {
                 let sealing = self
                     .checked
                     .get_or_try_init(|| async {
+                        let recorded = self.inner.sealing_checks().await?;
+                        check_keys(self.inner.label(), recorded, &self.payloads)?;
                         if self.payloads.follows() {
                             let keys = self.inner.sealing_keys().await?;
                             let held = self.payloads.key_ids();
@@ -88,7 +90,9 @@ impl SealedStore {
                             );
                         }
                         let at_ms = crate::record::now_ms();
-                        self.inner.write(None, Write::Seal { key, at_ms }).await?;
+                        let check = self.payloads.key_check(&key);
+                        let seal = Write::Seal { key, check, at_ms };
+                        self.inner.write(None, seal).await?;
                         Ok::<Sealing, Error>(Sealing::Sealed)
                     })
                     .await?;
@@ -135,6 +139,26 @@ impl SealedStore {
         }
         self.payloads.seal(&row_at(run_id, "block"), &reason)
     }
+}
+
+/// `Ok` unless a key of `payloads`' codec has another check value than the store `label`
+/// recorded for its id (`recorded`: [`Store::sealing_checks`]): [`Error::KeyMismatch`],
+/// the one check of a key's bytes, for a runtime before its first sealed payload and for
+/// the CLI before it seals.
+///
+/// # Errors
+/// [`Error::KeyMismatch`].
+pub fn check_keys(
+    label: String,
+    recorded: Vec<(String, String)>,
+    payloads: &Payloads,
+) -> Result<()> {
+    for (key, check) in recorded {
+        if payloads.key_check(&key).is_some_and(|ours| ours != check) {
+            return Err(Error::KeyMismatch { store: label, key });
+        }
+    }
+    Ok(())
 }
 
 /// `Ok` if `store` lists no key that sealed payloads in it, else [`Error::Encrypted`]
@@ -413,6 +437,10 @@ impl Store for SealedStore {
 
     fn sealing_keys(&self) -> BoxFuture<'_, Result<Vec<String>>> {
         self.inner.sealing_keys()
+    }
+
+    fn sealing_checks(&self) -> BoxFuture<'_, Result<Vec<(String, String)>>> {
+        self.inner.sealing_checks()
     }
 
     fn schedules(&self) -> BoxFuture<'_, Result<Vec<crate::ScheduleInfo>>> {
