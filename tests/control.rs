@@ -365,7 +365,7 @@ async fn a_process_that_never_answers_is_no_answer_after_the_limit() {
         Err(e @ ControlError::NoAnswer { .. }) => assert_eq!(
             e.to_string(),
             format!(
-                "control endpoint unix:{}: the process took the connection but did not answer within 300ms: it may be stopped (SIGSTOP, a debugger) or overloaded",
+                "control endpoint unix:{}: the process took the connection but did not answer within 300ms: it may be stopped (SIGSTOP, a debugger) or overloaded; whether it carries the request out is unknown",
                 socket.display()
             )
         ),

@@ -140,9 +140,10 @@ pub enum ControlError {
         what: String,
     },
     /// The process took the connection but did not answer in time: it is stopped
-    /// (`SIGSTOP`, a debugger), or too busy to answer.
+    /// (`SIGSTOP`, a debugger), or too busy to answer. Whether it carries a write out (when
+    /// it goes on) is unknown; a read can be made again.
     #[error(
-        "control endpoint {endpoint}: the process took the connection but did not answer within {waited:?}: it may be stopped (SIGSTOP, a debugger) or overloaded"
+        "control endpoint {endpoint}: the process took the connection but did not answer within {waited:?}: it may be stopped (SIGSTOP, a debugger) or overloaded; whether it carries the request out is unknown"
     )]
     NoAnswer {
         /// The endpoint.
