@@ -455,7 +455,10 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
         }
     };
     // The store's lock is ours: what an earlier process left in the work directory is not
-    // in use.
+    // in use. The directory is ours too, and marked so: a `--fresh` of another process that
+    // deleted it (marker included) before this one took the lock, as this one made it, left
+    // it without its marker, which neither a rerun nor `--fresh` would then touch.
+    paths.mark()?;
     paths.clear_leftovers()?;
     // Before the run starts: which repository it works on, recorded or given.
     let info = runtime.run_info(&cli.run_id).await?;

@@ -237,9 +237,17 @@ impl Paths {
         }
         std::fs::create_dir_all(&self.workdir)
             .with_context(|| format!("cannot create {}", self.workdir.display()))?;
-        std::fs::write(self.workdir.join(MARKER), "")
-            .with_context(|| format!("cannot write in {}", self.workdir.display()))?;
+        self.mark()?;
         Ok(made)
+    }
+
+    /// Writes the work directory's marker ([`MARKER`]), which says that it is this example's.
+    ///
+    /// # Errors
+    /// If it cannot be written.
+    pub fn mark(&self) -> Result<()> {
+        std::fs::write(self.workdir.join(MARKER), "")
+            .with_context(|| format!("cannot write in {}", self.workdir.display()))
     }
 
     /// Removes what [`create_workdir`](Self::create_workdir) has just made, up to `made` (the
