@@ -560,6 +560,16 @@ impl GateHandler for Approves {
     }
 }
 
+/// A runtime sealing with [`key1`] on the store at `path`, with run `r` of [`Gate`]
+/// waiting for `approve`.
+async fn gate_waiting(path: &std::path::Path) -> Runtime {
+    let rt = open(path, Some(key1()));
+    rt.register::<Gate, _>(Approves);
+    rt.start("r", Gate::Open { n: 1 }).await.unwrap();
+    rt.wait_for_status("r", RunStatus::Waiting).await.unwrap();
+    rt
+}
+
 /// An event stored sealed under another key of the same id (written past the runtime, as a
 /// store altered outside loops would be): each attempt fails with the payload error, said as
 /// it is, and the run fails when its retries are spent; never "interrupted" attempts a
@@ -568,10 +578,7 @@ impl GateHandler for Approves {
 async fn a_recorded_payload_that_does_not_open_fails_its_attempts_with_the_cause() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store.redb");
-    let rt = open(&path, Some(key1()));
-    rt.register::<Gate, _>(Approves);
-    rt.start("r", Gate::Open { n: 1 }).await.unwrap();
-    rt.wait_for_status("r", RunStatus::Waiting).await.unwrap();
+    let rt = gate_waiting(&path).await;
     rt.shutdown().await;
     drop(rt);
     let raw = loops::RedbStore::open(&path).unwrap();
@@ -620,10 +627,7 @@ async fn a_recorded_payload_that_does_not_open_fails_its_attempts_with_the_cause
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_that_arrives_sealed_counts_its_sealed_bytes() {
     let dir = tempfile::tempdir().unwrap();
-    let rt = open(&dir.path().join("store.redb"), Some(key1()));
-    rt.register::<Gate, _>(Approves);
-    rt.start("r", Gate::Open { n: 1 }).await.unwrap();
-    rt.wait_for_status("r", RunStatus::Waiting).await.unwrap();
+    let rt = gate_waiting(&dir.path().join("store.redb")).await;
     let seal = |text: &str| {
         let json = serde_json::to_string(text).unwrap();
         let sealed = Payloads::new(std::sync::Arc::new(key1()))

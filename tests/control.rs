@@ -54,12 +54,7 @@ async fn a_tcp_endpoint_needs_its_token_and_the_same_version() {
         .unwrap_err();
     assert!(none.to_string().contains("is empty"), "{none}");
 
-    let token = dir.path().join("token");
-    std::fs::write(&token, "s3cret\n").unwrap();
-    {
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
-    }
+    let token = token_file(dir.path(), 0o600, "s3cret\n");
     let server = rt
         .serve_control(Endpoint::loopback(0, &token))
         .await

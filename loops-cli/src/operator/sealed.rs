@@ -59,7 +59,7 @@ impl Unsealing {
         let keys = self.inner.sealing_keys()?;
         let label = self.inner.label().to_owned();
         if let Some(ring) = &self.keys {
-            let held: Vec<String> = ring.key_ids().into_iter().map(str::to_owned).collect();
+            let held = self.payloads.key_ids();
             let Some(key) = loops_core::seals_as_store_does(label.clone(), keys, &held)? else {
                 return Ok(None);
             };

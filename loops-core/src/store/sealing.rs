@@ -158,8 +158,7 @@ impl Payloads {
         let Some(codec) = &self.codec else {
             return Ok(plain.to_owned());
         };
-        if parse_envelope(plain).is_some() {
-            self.accept_sealed(at, plain)?;
+        if self.accept_sealed(at, plain)? {
             return Ok(plain.to_owned());
         }
         let sealed = codec
@@ -203,13 +202,13 @@ impl Payloads {
         })
     }
 
-    /// `Ok` if `stored` is in clear, or sealed and this codec opens it; else
-    /// [`Error::SealedRefused`]: a payload that arrived sealed (from a CLI with a key file)
-    /// and that this runtime could not read back (no codec, a key it lacks, another key of
-    /// the same id) is never stored.
-    fn accept_sealed(&self, at: &At<'_>, stored: &str) -> Result<()> {
+    /// Whether `stored` arrived sealed (`false`: in clear), if it did and this codec opens
+    /// it; else [`Error::SealedRefused`]: a payload that arrived sealed (from a CLI with a
+    /// key file) and that this runtime could not read back (no codec, a key it lacks,
+    /// another key of the same id) is never stored.
+    fn accept_sealed(&self, at: &At<'_>, stored: &str) -> Result<bool> {
         let Some(parsed) = parse_envelope(stored) else {
-            return Ok(());
+            return Ok(false);
         };
         let refused = |cause| Error::SealedRefused {
             run_id: at.run_id.to_owned(),
@@ -220,19 +219,29 @@ impl Payloads {
         let sealed = parsed.map_err(refused)?;
         match &self.codec {
             None => Err(refused(CodecError::SealedForClear { key: sealed.key })),
-            Some(codec) => codec.open(at, &sealed).map(drop).map_err(refused),
+            Some(codec) => codec.open(at, &sealed).map(|_| true).map_err(refused),
+        }
+    }
+
+    /// The payload of `write` that comes from outside the program, with its place: an
+    /// event's payload, a cancellation's reason (what a CLI with a key file may have sealed).
+    fn from_outside(write: &Write) -> Option<(Place<'_>, &str)> {
+        match write {
+            Write::Send {
+                run_id,
+                name,
+                payload,
+                ..
+            } => Some((event_at(run_id, name), payload)),
+            Write::Cancel { run_id, reason, .. } => Some((row_at(run_id, "cancel"), reason)),
+            _ => None,
         }
     }
 
     /// Whether `write` is an event or a cancellation whose payload arrived sealed (by a CLI
     /// with a key file).
     pub(crate) fn arrives_sealed(write: &Write) -> bool {
-        let stored = match write {
-            Write::Send { payload, .. } => payload,
-            Write::Cancel { reason, .. } => reason,
-            _ => return false,
-        };
-        parse_envelope(stored).is_some()
+        Payloads::from_outside(write).is_some_and(|(_, stored)| parse_envelope(stored).is_some())
     }
 
     /// Refuses a write that is stored as it is (not sealed by this codec: no codec, or a
@@ -243,18 +252,9 @@ impl Payloads {
     /// # Errors
     /// [`Error::SealedRefused`].
     pub(crate) fn refuse_sealed_from_outside(write: &Write) -> Result<()> {
-        let clear = Payloads::guard();
-        match write {
-            Write::Send {
-                run_id,
-                name,
-                payload,
-                ..
-            } => clear.accept_sealed(&event_at(run_id, name), payload),
-            Write::Cancel { run_id, reason, .. } => {
-                clear.accept_sealed(&row_at(run_id, "cancel"), reason)
-            }
-            _ => Ok(()),
+        match Payloads::from_outside(write) {
+            Some((at, stored)) => Payloads::guard().accept_sealed(&at, stored).map(drop),
+            None => Ok(()),
         }
     }
 

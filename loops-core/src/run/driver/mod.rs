@@ -331,7 +331,6 @@ impl Drive<'_> {
                     Err(e @ Error::Payload { .. }) => {
                         let failure = Failure::Handler(Box::new(e));
                         self.record_failure::<W>(run, state, failure).await?;
-                        run.ours = None;
                         continue;
                     }
                     Err(e) => return Err(e),
@@ -385,7 +384,6 @@ impl Drive<'_> {
                         Err(e) if e.repeats() => {
                             let failure = Failure::Handler(Box::new(e));
                             self.record_failure::<W>(run, state, failure).await?;
-                            run.ours = None;
                         }
                         done => done?,
                     }
@@ -398,7 +396,6 @@ impl Drive<'_> {
                         return Err(fault);
                     }
                     self.record_failure::<W>(run, state, failure).await?;
-                    run.ours = None;
                 }
             }
         }

@@ -117,7 +117,8 @@ impl Drive<'_> {
     }
 
     /// Records the failed attempt at `state` and what follows it: a retry at a time its
-    /// policy computes, or giving up.
+    /// policy computes, or giving up. The attempt is then no longer this driver's
+    /// (`run.ours`).
     pub(super) async fn record_failure<W: Workflow>(
         &self,
         run: &mut Progress,
@@ -192,6 +193,7 @@ impl Drive<'_> {
             .into_run(run_id)?;
         crate::metrics::failure(W::NAME, state.name(), source);
         run.last_error = Some(err);
+        run.ours = None;
         Ok(())
     }
 }
