@@ -223,18 +223,10 @@ async fn no_payload_is_stored_in_clear_and_runs_finish_and_read_back() {
     }
     drop(rt);
 
-    // A wrong key under the right id: refused, not garbage.
-    let rt = open(&path, Some(Keyring::new("k1", [9; 32]).unwrap()));
-    let err = rt.state::<Secrets>("r1").await.unwrap_err();
-    assert!(
-        matches!(&err, Error::Payload { cause, .. } if **cause == CodecError::Rejected { key: "k1".into() }),
-        "{err:?}"
-    );
-    assert_eq!(
-        err.to_string(),
-        "run `r1`: the payload of the transition record at seq 2 cannot be opened: it does not authenticate under key `k1`: the payload was altered, moved from another record or run, or sealed with another key of the same id"
-    );
-    drop(rt);
+    // A wrong key under the right id: refused when the store opens, by the check value the
+    // store recorded with the id, before anything is read.
+    let err = open_with(&path, Keyring::new("k1", [9; 32]).unwrap()).unwrap_err();
+    assert_eq!(err.to_string(), mismatch(&path));
 
     // No codec: the store is refused when it opens, naming it and the keys that sealed it.
     let err = open_err(&path);
@@ -301,6 +293,29 @@ async fn no_payload_is_stored_in_clear_and_runs_finish_and_read_back() {
 /// `Runtime::open` without a codec, for a store that must refuse it.
 fn open_err(path: &std::path::Path) -> Error {
     Runtime::builder().open(path).unwrap_err()
+}
+
+/// `Runtime::open` with the codec `keys`.
+fn open_with(path: &std::path::Path, keys: Keyring) -> Result<Runtime, Error> {
+    Runtime::builder().codec(keys).open(path)
+}
+
+/// A runtime with the codec `keys` built on the store file at `path` opened elsewhere (as a
+/// PostgreSQL store is), with [`Gate`] registered.
+fn built_on(path: &std::path::Path, keys: Keyring) -> Runtime {
+    let rt = Runtime::builder()
+        .codec(keys)
+        .build(loops::RedbStore::open(path).unwrap());
+    rt.register::<Gate, _>(Approves);
+    rt
+}
+
+/// [`Error::KeyMismatch`]'s text for key `k1` of the store at `path`.
+fn mismatch(path: &std::path::Path) -> String {
+    format!(
+        "store {}: key `k1` is not the key `k1` its payloads were sealed with (another key under the same id): give the runtime the key the workers use",
+        path.display()
+    )
 }
 
 /// A store that knows it is encrypted: the codec's key ids are recorded before the first
@@ -531,7 +546,7 @@ async fn a_payload_sealed_elsewhere_is_stored_only_where_it_opens() {
     assert_eq!(
         err.to_string(),
         format!(
-            "store {} holds payloads encrypted with key k1, not with key `k2` that would seal this one: its workers may not hold `k2` (give the key file the workers use)",
+            "store {} holds payloads encrypted with key k1 and none of them is held here: what key `k2` sealed, its workers may not open (give the key file the workers use; after a rotation it holds the old key too)",
             dir.path().join("sealed.redb").display()
         )
     );
@@ -651,34 +666,89 @@ async fn an_event_that_arrives_sealed_counts_its_sealed_bytes() {
     rt.shutdown().await;
 }
 
-/// A worker whose key has the store's id and other bytes is refused before its first
-/// sealed payload, by the key's check value the store recorded with the id: it never seals
-/// what the other workers cannot open. Nothing is written.
+/// A worker whose key has the store's id and other bytes is refused, by the key's check
+/// value the store recorded with the id, when its store file opens, or (a store opened
+/// elsewhere) at its first read or write: resuming a run says so rather than that a payload
+/// was altered, and it never seals what the other workers cannot open. Nothing is written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_key_of_the_same_id_and_other_bytes_is_refused_before_it_seals() {
+async fn a_key_of_the_same_id_and_other_bytes_is_refused_before_it_reads() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store.redb");
-    let rt = open(&path, Some(key1()));
-    rt.register::<Gate, _>(Approves);
-    rt.start("r", Gate::Open { n: 1 }).await.unwrap();
-    rt.wait_for_status("r", RunStatus::Waiting).await.unwrap();
+    let rt = gate_waiting(&path).await;
     let checks = rt.store().sealing_checks().await.unwrap();
     assert_eq!(checks, [("k1".to_owned(), key1().key_check("k1").unwrap())]);
     rt.shutdown().await;
     drop(rt);
 
-    let other = Keyring::new("k1", [9; 32]).unwrap();
-    assert_ne!(other.key_check("k1"), key1().key_check("k1"));
-    let rt = open(&path, Some(other));
-    rt.register::<Gate, _>(Approves);
-    let err = rt.start("r2", Gate::Open { n: 2 }).await.unwrap_err();
-    assert_eq!(
-        err.to_string(),
-        format!(
-            "store {}: key `k1` is not the key `k1` its payloads were sealed with (another key under the same id): give the runtime the key the workers use",
-            path.display()
-        )
+    let other = || Keyring::new("k1", [9; 32]).unwrap();
+    assert_ne!(other().key_check("k1"), key1().key_check("k1"));
+    let err = open_with(&path, other()).unwrap_err();
+    assert!(
+        matches!(&err, Error::KeyMismatch { key, .. } if key == "k1"),
+        "{err:?}"
     );
+    assert_eq!(err.to_string(), mismatch(&path));
+
+    let rt = built_on(&path, other());
+    let resumed = rt.resume_all().await.unwrap_err();
+    let read = rt.state::<Gate>("r").await.unwrap_err();
+    let started = rt.start("r2", Gate::Open { n: 2 }).await.unwrap_err();
+    for err in [resumed, read, started] {
+        assert_eq!(err.to_string(), mismatch(&path));
+    }
+    rt.shutdown().await;
+    drop(rt);
+    let rt = open(&path, Some(key1()));
     assert_eq!(rt.run_info("r2").await.unwrap(), None);
+    assert_eq!(
+        rt.run_info("r").await.unwrap().unwrap().status,
+        RunStatus::Waiting
+    );
+    rt.shutdown().await;
+}
+
+/// A worker whose keyring holds none of the keys a store lists (`k9` on a store sealed with
+/// `k1`) is refused: it could open none of the store's payloads, and the key it would
+/// record splits the store (what it seals, the other workers cannot open). A rotated
+/// keyring that keeps the old key beside the new opens it and records the new key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_holds_none_of_the_stores_keys_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    gate_waiting(&path).await.shutdown().await;
+    let k9 = || Keyring::new("k9", [9; 32]).unwrap();
+    let refused = format!(
+        "store {} holds payloads encrypted with key k1 and none of them is held here: what key `k9` sealed, its workers may not open (give the key file the workers use; after a rotation it holds the old key too)",
+        path.display()
+    );
+    let err = open_with(&path, k9()).unwrap_err();
+    assert!(
+        matches!(&err, Error::KeyNotInStore { key, keys, .. } if key == "k9" && keys == &["k1"]),
+        "{err:?}"
+    );
+    assert_eq!(err.to_string(), refused);
+
+    let rt = built_on(&path, k9());
+    let read = rt.state::<Gate>("r").await.unwrap_err();
+    let started = rt.start("r2", Gate::Open { n: 2 }).await.unwrap_err();
+    for err in [read, started] {
+        assert_eq!(err.to_string(), refused);
+    }
+    rt.shutdown().await;
+    drop(rt);
+
+    let rt = open_with(&path, rotated()).unwrap();
+    assert_eq!(rt.store().sealing_keys().await.unwrap(), ["k1"]);
+    assert_eq!(rt.run_info("r2").await.unwrap(), None);
+    rt.register::<Gate, _>(Approves);
+    rt.resume_all().await.unwrap();
+    rt.send("r", "approve", &"yes".to_owned()).await.unwrap();
+    assert_eq!(
+        rt.wait::<Gate>("r").await.unwrap(),
+        Gate::Done {
+            approval: "yes".into()
+        }
+    );
+    assert_eq!(rt.store().sealing_keys().await.unwrap(), ["k1", "k2"]);
     rt.shutdown().await;
 }

@@ -423,10 +423,10 @@ pub enum Error {
         keys: Vec<String>,
     },
 
-    /// A writer that [seals as the store does](crate::RuntimeBuilder::seal_as_store_does)
-    /// holds no key the store lists (`key` is its own): its workers may not hold it.
+    /// A runtime's codec, or a writer that [seals as the store does](crate::RuntimeBuilder::seal_as_store_does),
+    /// holds none of the keys the store lists (`key`: its writing key). Nothing written.
     #[error(
-        "store {store} holds payloads encrypted with key {}, not with key `{key}` that would seal this one: its workers may not hold `{key}` (give the key file the workers use)",
+        "store {store} holds payloads encrypted with key {} and none of them is held here: what key `{key}` sealed, its workers may not open (give the key file the workers use; after a rotation it holds the old key too)",
         keys.join(", ")
     )]
     KeyNotInStore {

@@ -90,11 +90,8 @@ pub trait Operator {
     fn sealing_keys(&self) -> Result<Vec<String>>;
 
     /// The check values recorded with the sealing keys, `(key id, check)`
-    /// (`Store::sealing_checks`). Empty through a control endpoint, which serves none: the
-    /// process checks what arrives sealed itself, by opening it.
-    fn sealing_checks(&self) -> Result<Vec<(String, String)>> {
-        Ok(Vec::new())
-    }
+    /// (`Store::sealing_checks`).
+    fn sealing_checks(&self) -> Result<Vec<(String, String)>>;
 
     /// Every stored schedule with its next tick.
     fn schedules(&self) -> Result<Vec<ScheduleStatus>>;

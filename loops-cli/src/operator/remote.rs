@@ -250,6 +250,10 @@ impl Operator for Remote {
         self.call(Op::Read, |c| c.sealing_keys(), |l| l.sealing_keys())
     }
 
+    fn sealing_checks(&self) -> Result<Vec<(String, String)>> {
+        self.call(Op::Read, |c| c.sealing_checks(), |l| l.sealing_checks())
+    }
+
     fn schedules(&self) -> Result<Vec<loops_core::ScheduleStatus>> {
         self.call(Op::Read, |c| c.schedules(), |l| l.schedules())
     }

@@ -274,6 +274,16 @@ impl Client {
         self.get("/sealing").await
     }
 
+    /// The check values recorded with those keys, `(key id, check)`
+    /// ([`Store::sealing_checks`](crate::Store::sealing_checks)): what
+    /// [`check_keys`](crate::check_keys) compares a key file's keys with.
+    ///
+    /// # Errors
+    /// As [`Client::list`].
+    pub async fn sealing_checks(&self) -> Result<Vec<(String, String)>, ControlError> {
+        self.get("/sealing/checks").await
+    }
+
     /// Sends event `name` with `payload` (and idempotency key `key`) to the run, as
     /// [`Runtime::send`](crate::Runtime::send) in the process.
     ///

@@ -252,6 +252,7 @@ fn router(served: Shared) -> Router {
         .route(&v("/runs/{run}/retry"), post(retry))
         .route(&v("/schemas"), get(schemas))
         .route(&v("/sealing"), get(sealing))
+        .route(&v("/sealing/checks"), get(sealing_checks))
         .route(&v("/schemas/{hash}"), get(schema))
         .route(&v("/schedules"), get(schedules))
         .route(&v("/schedules/{name}/pause"), post(pause_schedule))
@@ -466,6 +467,12 @@ async fn schemas(State(s): State<Shared>) -> Answer<Vec<StoredSchema>> {
 /// process's codec): a CLI without the key refuses to send payloads in clear.
 async fn sealing(State(s): State<Shared>) -> Answer<Vec<String>> {
     Ok(Json(s.runtime.sealed_store().sealing_keys().await?))
+}
+
+/// The check values recorded with those keys, `[key id, check]`: they say nothing of a key,
+/// and let a CLI with a key file refuse a key of a listed id and other bytes before it seals.
+async fn sealing_checks(State(s): State<Shared>) -> Answer<Vec<(String, String)>> {
+    Ok(Json(s.runtime.sealed_store().sealing_checks().await?))
 }
 
 async fn schema(State(s): State<Shared>, PathOf(hash): PathOf<String>) -> Answer<StoredSchema> {

@@ -18,7 +18,7 @@ use crate::runtime::registered::Registered;
 use crate::store::Store;
 use crate::store::precheck::{SchemaCheck, check_schemas, precheck};
 use crate::store::redb::{RedbStore, StoreOptions};
-use crate::store::sealing::{Payloads, SealedStore, refuse_sealed};
+use crate::store::sealing::{Payloads, SealedStore, refuse_foreign_codec, refuse_sealed};
 use crate::workflow::{StateId, Workflow};
 
 /// Configures a [`Runtime`]: retry policies, time-outs, limits and registered workflows.
@@ -299,6 +299,12 @@ impl RuntimeBuilder {
     ///   [`workflow`](Self::workflow) or [`register`](Self::register) has another schema: the
     ///   file is not opened for writing, unless it needs redb's crash repair (it was not closed
     ///   cleanly), which the open then makes before checking; loops itself writes nothing;
+    /// - without a [`codec`](Self::codec), [`Error::Encrypted`](crate::Error::Encrypted) if
+    ///   the store lists keys (unless [`read_sealed_redacted`](Self::read_sealed_redacted));
+    ///   with one, [`Error::KeyMismatch`](crate::Error::KeyMismatch) if the store recorded
+    ///   another key under one of its ids, [`Error::KeyNotInStore`](crate::Error::KeyNotInStore)
+    ///   if the store lists keys and it holds none of them (a store built elsewhere is
+    ///   checked the same way before its first read or write); nothing written;
     /// - as [`RedbStore::open`](crate::RedbStore::open): [`Error::StoreLocked`](crate::Error::StoreLocked) if the file is open elsewhere,
     ///   [`Error::Open`](crate::Error::Open) if it is not a loops store or cannot be read.
     pub fn open(self, path: impl AsRef<Path>) -> Result<Runtime> {
@@ -315,8 +321,17 @@ impl RuntimeBuilder {
             check_schemas(&store, checks)?;
         }
         self.check_accepts(&store)?;
-        if self.codec.is_none() && !self.redact_sealed {
-            refuse_sealed(Store::label(&store), store.sealing_keys()?)?;
+        match &self.codec {
+            None if !self.redact_sealed => {
+                refuse_sealed(Store::label(&store), store.sealing_keys()?)?;
+            }
+            Some(codec) if !self.follow_store => refuse_foreign_codec(
+                Store::label(&store),
+                store.sealing_keys()?,
+                store.sealing_checks()?,
+                &Payloads::new(Arc::clone(codec)),
+            )?,
+            _ => {}
         }
         Ok(self.build(store))
     }

@@ -22,7 +22,9 @@ use crate::store::{
 ///
 /// - With a codec: payloads are sealed on write and opened on read, and the codec's key id
 ///   is recorded in the store ([`Write::Seal`]) before the first write that carries a
-///   payload (once per `SealedStore`). A payload that arrived sealed (an event a CLI
+///   payload (once per `SealedStore`). Before the first read or write, a store that lists
+///   another key under one of the codec's ids, or only keys the codec does not hold, is
+///   refused ([`refuse_foreign_codec`]). A payload that arrived sealed (an event a CLI
 ///   sealed) is stored only if the codec opens it ([`Error::SealedRefused`]).
 /// - With a codec that follows the store ([`Payloads::following`]: a tool such as the CLI):
 ///   no key is recorded; payloads are sealed only in a store that lists the codec's key, in
@@ -42,6 +44,9 @@ pub(crate) struct SealedStore {
     /// the store's sealing followed ([`Payloads::following`]), the store found in clear (no
     /// codec, redacting).
     checked: OnceCell<Sealing>,
+    /// A runtime's codec (not following): set once [`refuse_foreign_codec`] held, before
+    /// its first read or write.
+    verified: OnceCell<()>,
 }
 
 /// How a [`SealedStore`]'s writes store their payloads.
@@ -65,20 +70,31 @@ impl SealedStore {
             inner,
             payloads,
             checked: OnceCell::new(),
+            verified: OnceCell::new(),
         }
     }
 
     /// The rule of the module's doc, before a read (`carries` false) or a write; returns
     /// how a write's payloads are stored.
     async fn check(&self, carries: bool) -> Result<Sealing> {
-        match (self.payloads.key_id(), self.payloads.redacts()) {
+        let key = self.payloads.key_id();
+        if key.is_some() && !self.payloads.follows() {
+            self.verified
+                .get_or_try_init(|| async {
+                    let keys = self.inner.sealing_keys().await?;
+                    let recorded = self.inner.sealing_checks().await?;
+                    refuse_foreign_codec(self.inner.label(), keys, recorded, &self.payloads)
+                })
+                .await?;
+        }
+        match (key, self.payloads.redacts()) {
             (Some(key), _) if carries => {
                 let sealing = self
                     .checked
                     .get_or_try_init(|| async {
-                        let recorded = self.inner.sealing_checks().await?;
-                        check_keys(self.inner.label(), recorded, &self.payloads)?;
                         if self.payloads.follows() {
+                            let recorded = self.inner.sealing_checks().await?;
+                            check_keys(self.inner.label(), recorded, &self.payloads)?;
                             let keys = self.inner.sealing_keys().await?;
                             let held = self.payloads.key_ids();
                             return Ok(
@@ -159,6 +175,28 @@ pub fn check_keys(
         }
     }
     Ok(())
+}
+
+/// `Ok` if a runtime whose codec is `payloads` may read and seal the payloads of the store
+/// `label`, which lists the keys `keys` ([`Store::sealing_keys`]) with the check values
+/// `recorded` ([`Store::sealing_checks`]): the one check of a runtime's codec, at the open
+/// of its store file and before the first read or write of a store built elsewhere.
+///
+/// # Errors
+/// - [`Error::KeyMismatch`] if one of its keys has another check value than the store
+///   recorded for that id ([`check_keys`]);
+/// - [`Error::KeyNotInStore`] if the store lists keys and the codec holds none of them: it
+///   could open none of the store's payloads, and would record a second key whose payloads
+///   the other workers could not open (a rotation keeps the old key in the keyring beside
+///   the new one).
+pub(crate) fn refuse_foreign_codec(
+    label: String,
+    keys: Vec<String>,
+    recorded: Vec<(String, String)>,
+    payloads: &Payloads,
+) -> Result<()> {
+    check_keys(label.clone(), recorded, payloads)?;
+    seals_as_store_does(label, keys, &payloads.key_ids()).map(drop)
 }
 
 /// `Ok` if `store` lists no key that sealed payloads in it, else [`Error::Encrypted`]
