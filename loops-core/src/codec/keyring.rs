@@ -84,6 +84,16 @@ pub enum KeyringError {
     /// The key text holds no key.
     #[error("no key given: a key file holds one `KEY_ID HEX` line per key, the writing key first")]
     Empty,
+    /// The key file `path` does not hold a keyring: `cause` is [`Format`](Self::Format)
+    /// (naming the line) or [`Empty`](Self::Empty). Said in the message, not as the
+    /// `source()` too.
+    #[error("key file {}: {cause}", path.display())]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong in it.
+        cause: Box<KeyringError>,
+    },
 }
 
 impl Keyring {
@@ -130,7 +140,8 @@ impl Keyring {
     ///
     /// # Errors
     /// [`KeyringError::Format`] naming the line (never the key) if it is not `KEY_ID HEX`
-    /// with 64 hex digits; [`KeyringError::BadId`]; [`KeyringError::Empty`] without a key.
+    /// with 64 hex digits, or its key id is malformed or appears twice;
+    /// [`KeyringError::Empty`] without a key.
     pub fn parse(text: &str) -> Result<Keyring, KeyringError> {
         let mut ring = Keyring { keys: Vec::new() };
         // A byte-order mark (an editor's) is not part of the first key's id.
@@ -151,7 +162,9 @@ impl Keyring {
             let key = decode_hex(hex).ok_or_else(|| {
                 format("the key must be 64 hex digits (32 bytes; `openssl rand -hex 32`)")
             })?;
-            ring = ring.with_reading_key(id, *key)?;
+            ring = ring
+                .with_reading_key(id, *key)
+                .map_err(|e| format(&e.to_string()))?;
         }
         if ring.keys.is_empty() {
             return Err(KeyringError::Empty);
@@ -164,7 +177,8 @@ impl Keyring {
     ///
     /// # Errors
     /// [`KeyringError::Read`] if it cannot be read; [`KeyringError::Exposed`] if its group
-    /// or others may read or write it; the errors of [`parse`](Self::parse).
+    /// or others may read or write it; [`KeyringError::File`] naming it, with the error of
+    /// [`parse`](Self::parse).
     pub fn from_file(path: impl AsRef<Path>) -> Result<Keyring, KeyringError> {
         let path = path.as_ref();
         let read = |cause| KeyringError::Read {
@@ -192,7 +206,10 @@ impl Keyring {
             }
         }
         let text = Zeroizing::new(std::fs::read_to_string(path).map_err(read)?);
-        Keyring::parse(&text)
+        Keyring::parse(&text).map_err(|cause| KeyringError::File {
+            path: path.to_owned(),
+            cause: Box::new(cause),
+        })
     }
 
     /// The id of the key that seals new payloads.
@@ -427,12 +444,13 @@ mod tests {
         ));
         assert!(matches!(
             Keyring::parse(&format!("k/1 {}", "ab".repeat(32))),
-            Err(KeyringError::BadId { .. })
+            Err(KeyringError::Format { line: 1, .. })
         ));
-        assert!(matches!(
-            Keyring::parse(&format!("k1 {}\nk1 {}", "ab".repeat(32), "cd".repeat(32))),
-            Err(KeyringError::BadId { .. })
-        ));
+        let twice = format!("# keys\nk1 {}\n\nk1 {}", "ab".repeat(32), "cd".repeat(32));
+        assert_eq!(
+            Keyring::parse(&twice).unwrap_err().to_string(),
+            "key line 4: key id `k1`: appears twice"
+        );
     }
 
     #[cfg(unix)]
@@ -449,5 +467,13 @@ mod tests {
         ));
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert_eq!(Keyring::from_file(&path).unwrap().key_ids(), ["k1"]);
+        std::fs::write(&path, "k1 abcd\n").unwrap();
+        assert_eq!(
+            Keyring::from_file(&path).unwrap_err().to_string(),
+            format!(
+                "key file {}: key line 1: the key must be 64 hex digits (32 bytes; `openssl rand -hex 32`)",
+                path.display()
+            )
+        );
     }
 }
