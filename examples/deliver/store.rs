@@ -107,6 +107,11 @@ pub fn store_error(e: loops::Error) -> anyhow::Error {
             path.display()
         ),
         e @ loops::Error::Open { .. } => anyhow::Error::new(e),
+        // Its own text names the library's setting: say this program's option instead.
+        loops::Error::Encrypted { store, keys } => anyhow::anyhow!(
+            "store {store} holds payloads encrypted with key {}: give this program the key file with --key-file PATH",
+            keys.join(", ")
+        ),
         e => anyhow::Error::new(e).context("cannot open the store"),
     }
 }

@@ -134,6 +134,37 @@ fn a_store_url_is_refused_in_one_line() {
     }
 }
 
+/// A store whose payloads are sealed, and no `--key-file`: refused in one line naming this
+/// program's option (not the library's setting), and nothing else made.
+#[test]
+fn an_encrypted_store_without_a_key_file_is_refused_in_one_line() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("sealed.redb");
+    let store = loops::RedbStore::open(&path).expect("a store");
+    let seal = loops::Write::Seal {
+        key: "k1".into(),
+        check: None,
+        at_ms: 1,
+    };
+    let tokio = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("tokio");
+    tokio
+        .block_on(loops::Store::write(&store, None, seal))
+        .expect("record the key");
+    drop(store);
+    let output = deliver(dir.path(), &["--store".into(), path.clone().into()]);
+    assert_refused(
+        &output,
+        &format!(
+            "error: store {} holds payloads encrypted with key k1: give this program the key file with --key-file PATH\n",
+            path.display()
+        ),
+        dir.path(),
+        &["sealed.redb"],
+    );
+}
+
 /// `--repo` names the top directory of an existing git work tree: nothing is created there.
 #[test]
 fn a_repo_must_be_the_top_of_an_existing_work_tree() {
