@@ -112,6 +112,10 @@ pub fn store_error(e: loops::Error) -> anyhow::Error {
             "store {store} holds payloads encrypted with key {}: give this program the key file with --key-file PATH",
             keys.join(", ")
         ),
+        // They say "store <path>: ..." themselves.
+        e @ (loops::Error::KeyMismatch { .. } | loops::Error::KeyNotInStore { .. }) => {
+            anyhow::Error::new(e)
+        }
         e => anyhow::Error::new(e).context("cannot open the store"),
     }
 }

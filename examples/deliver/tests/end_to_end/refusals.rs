@@ -163,6 +163,29 @@ fn an_encrypted_store_without_a_key_file_is_refused_in_one_line() {
         dir.path(),
         &["sealed.redb"],
     );
+    // A key file that holds none of the store's keys: the library's refusal, as it is.
+    let k9 = dir.path().join("k9");
+    std::fs::write(&k9, format!("k9 {}\n", "09".repeat(32))).expect("write");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&k9, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    }
+    let args: Vec<OsString> = vec![
+        "--store".into(),
+        path.clone().into(),
+        "--key-file".into(),
+        k9.into(),
+    ];
+    assert_refused(
+        &deliver(dir.path(), &args),
+        &format!(
+            "error: store {} holds payloads encrypted with key k1 and none of them is held here: what key `k9` sealed",
+            path.display()
+        ),
+        dir.path(),
+        &["k9", "sealed.redb"],
+    );
 }
 
 /// `--repo` names the top directory of an existing git work tree: nothing is created there.
