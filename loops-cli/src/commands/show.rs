@@ -41,15 +41,20 @@ pub fn run(target: &Target, args: &ShowArgs) -> Result<()> {
     let (info, record) = find(&*store, &run_id)?;
     let description = store.schema(info.schema)?;
     let attributes = store.attributes(&run_id)?;
-    // A child's end that no wait took, once the run has ended, is left out: it only said
-    // "look again" to a join, which read the child's row instead (docs/design.md, "Join
-    // reads the truth from the rows"); listed, it read as an event the run missed.
-    // `loops history` still lists it, as not taken.
+    // A child's end that no wait took is left out unless the run waits for one: it only
+    // says "look again" to a join, which read the child's row instead (docs/design.md,
+    // "Join reads the truth from the rows"); listed for a run that waits for something else
+    // or has ended, it read as an event the run missed or is yet to take. `loops history`
+    // still lists it.
+    let waits_for_children = info
+        .wait
+        .as_ref()
+        .is_some_and(|w| w.event.as_deref() == Some(loops_core::CHILD_ENDED));
     let pending: Vec<EventView> = store
         .events(&run_id)?
         .into_iter()
         .filter(|(_, _, delivered)| !delivered)
-        .filter(|(_, e, _)| !(info.status.is_ended() && e.name == loops_core::CHILD_ENDED))
+        .filter(|(_, e, _)| waits_for_children || e.name != loops_core::CHILD_ENDED)
         .map(|(seq, e, delivered)| EventView::new(seq, e, delivered))
         .collect();
 

@@ -53,6 +53,18 @@ fn the_cli_sees_steers_and_inspects_a_run_of_the_example() {
     assert_eq!(runs[0]["waiting_for"]["event"], "approve");
 
     let shown = loops_json(&store, &["show", "deliver-1", "--json"]);
+    // The edit child ended before the join read it: its wake-up, never taken, is no event
+    // the run waits for at the approval gate.
+    assert_eq!(shown["pending_events"], serde_json::json!([]), "{shown}");
+    let inbox = loops_json(&store, &["history", "deliver-1", "--json"]);
+    assert!(
+        inbox["events"]
+            .as_array()
+            .expect("events")
+            .iter()
+            .any(|e| e["name"] == "loops:child-ended"),
+        "{inbox}"
+    );
     assert_eq!(
         shown["payload"]["Reviewed"]["review"]["concerns"],
         serde_json::json!([
