@@ -133,4 +133,38 @@ async fn the_tables_hold_no_payload_in_clear_and_the_run_finishes() {
         ),
         other => panic!("expected a sealed payload, got {other:?}"),
     }
+
+    // A worker with another key under `k1`, or with none of the store's keys: refused at
+    // its first read (KeyMismatch, KeyNotInStore), never recording a second key.
+    for (ring, wanted) in [
+        (
+            Keyring::new("k1", [6; 32]).unwrap(),
+            format!(
+                "store {label}: key `k1` is not the key `k1` its payloads were sealed with (another key under the same id): give the runtime the key the workers use"
+            ),
+        ),
+        (
+            Keyring::new("k9", [5; 32]).unwrap(),
+            format!(
+                "store {label} holds payloads encrypted with key k1 and none of them is held here: what key `k9` sealed, its workers may not open (give the key file the workers use; after a rotation it holds the old key too)"
+            ),
+        ),
+    ] {
+        let rt = Runtime::builder()
+            .codec(ring)
+            .build(schema.store(Duration::from_secs(5)).await);
+        rt.register::<Secrets, _>(Agent);
+        let read = rt.state::<Secrets>("s").await.unwrap_err();
+        let started = rt
+            .start("t", Secrets::Open { token: "t".into() })
+            .await
+            .unwrap_err();
+        assert_eq!(
+            (read.to_string(), started.to_string()),
+            (wanted.clone(), wanted)
+        );
+        rt.shutdown().await;
+    }
+    assert_eq!(raw.sealing_keys().await.unwrap(), ["k1"]);
+    assert_eq!(raw.run_info("t").await.unwrap(), None);
 }
