@@ -752,3 +752,72 @@ async fn a_worker_that_holds_none_of_the_stores_keys_is_refused() {
     assert_eq!(rt.store().sealing_keys().await.unwrap(), ["k1", "k2"]);
     rt.shutdown().await;
 }
+
+/// A keyring that gives no check values (as a codec of a loops before them): its key is
+/// recorded without one.
+struct NoChecks(Keyring);
+
+impl PayloadCodec for NoChecks {
+    fn seal(&self, place: &loops::Place<'_>, plain: &[u8]) -> Result<loops::Sealed, CodecError> {
+        self.0.seal(place, plain)
+    }
+
+    fn open(
+        &self,
+        place: &loops::Place<'_>,
+        sealed: &loops::Sealed,
+    ) -> Result<Vec<u8>, CodecError> {
+        self.0.open(place, sealed)
+    }
+
+    fn key_id(&self) -> String {
+        self.0.key_id()
+    }
+}
+
+/// A store whose key was recorded without a check value (by a loops before them): the first
+/// worker of this version that seals records the check only once its key opens the state
+/// of the run it writes to. One with another key under the id is refused there, and records
+/// nothing that would lock the right workers out; the right one records the check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_value_is_recorded_only_for_a_key_that_opens_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let rt = Runtime::builder()
+        .codec(NoChecks(key1()))
+        .open(&path)
+        .unwrap();
+    rt.register::<Gate, _>(Approves);
+    rt.start("r", Gate::Open { n: 1 }).await.unwrap();
+    rt.wait_for_status("r", RunStatus::Waiting).await.unwrap();
+    assert_eq!(rt.store().sealing_checks().await.unwrap(), []);
+    rt.shutdown().await;
+    drop(rt);
+
+    let rt = open_with(&path, Keyring::new("k1", [9; 32]).unwrap()).unwrap();
+    rt.register::<Gate, _>(Approves);
+    let err = rt
+        .send("r", "approve", &"wrong".to_owned())
+        .await
+        .unwrap_err();
+    assert_eq!(err.to_string(), mismatch(&path));
+    assert_eq!(rt.store().sealing_checks().await.unwrap(), []);
+    rt.shutdown().await;
+    drop(rt);
+
+    let rt = open_with(&path, key1()).unwrap();
+    rt.register::<Gate, _>(Approves);
+    rt.resume_all().await.unwrap();
+    rt.send("r", "approve", &"right".to_owned()).await.unwrap();
+    assert_eq!(
+        rt.wait::<Gate>("r").await.unwrap(),
+        Gate::Done {
+            approval: "right".into()
+        }
+    );
+    assert_eq!(
+        rt.store().sealing_checks().await.unwrap(),
+        [("k1".to_owned(), key1().key_check("k1").unwrap())]
+    );
+    rt.shutdown().await;
+}

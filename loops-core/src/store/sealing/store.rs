@@ -45,8 +45,9 @@ pub(crate) struct SealedStore {
     /// codec, redacting).
     checked: OnceCell<Sealing>,
     /// A runtime's codec (not following): set once [`refuse_foreign_codec`] held, before
-    /// its first read or write.
-    verified: OnceCell<()>,
+    /// its first read or write, to whether the store lists its writing key without a check
+    /// value (recorded by a loops before check values).
+    verified: OnceCell<bool>,
 }
 
 /// How a [`SealedStore`]'s writes store their payloads.
@@ -77,13 +78,23 @@ impl SealedStore {
     /// The rule of the module's doc, before a read (`carries` false) or a write; returns
     /// how a write's payloads are stored.
     async fn check(&self, carries: bool) -> Result<Sealing> {
+        self.check_for(carries, None).await
+    }
+
+    /// [`check`](Self::check), for a write to run `run_id` if it has one.
+    async fn check_for(&self, carries: bool, run_id: Option<&str>) -> Result<Sealing> {
         let key = self.payloads.key_id();
-        if key.is_some() && !self.payloads.follows() {
-            self.verified
+        let mut unchecked = false;
+        if let Some(key) = key.as_deref().filter(|_| !self.payloads.follows()) {
+            unchecked = *self
+                .verified
                 .get_or_try_init(|| async {
                     let keys = self.inner.sealing_keys().await?;
                     let recorded = self.inner.sealing_checks().await?;
-                    refuse_foreign_codec(self.inner.label(), keys, recorded, &self.payloads)
+                    let unchecked =
+                        keys.iter().any(|k| k == key) && !recorded.iter().any(|(id, _)| id == key);
+                    refuse_foreign_codec(self.inner.label(), keys, recorded, &self.payloads)?;
+                    Ok::<bool, Error>(unchecked)
                 })
                 .await?;
         }
@@ -106,7 +117,10 @@ impl SealedStore {
                             );
                         }
                         let at_ms = crate::record::now_ms();
-                        let check = self.payloads.key_check(&key);
+                        let mut check = self.payloads.key_check(&key);
+                        if unchecked && check.is_some() {
+                            check = self.verified_check(&key, run_id, check).await?;
+                        }
                         let seal = Write::Seal { key, check, at_ms };
                         self.inner.write(None, seal).await?;
                         Ok::<Sealing, Error>(Sealing::Sealed)
@@ -124,6 +138,41 @@ impl SealedStore {
                     .await?;
                 Ok(Sealing::Clear)
             }
+        }
+    }
+
+    /// For the writing key `key` that the store lists without a check value (recorded by a
+    /// loops before check values): `check`, its check value, if the key opens the latest
+    /// state of run `run_id` (the run of the first write) and that state is sealed with
+    /// `key`; `None` if there is no such state to try (the check is not recorded unverified:
+    /// a worker with another key under the id would then lock the right ones out).
+    ///
+    /// # Errors
+    /// [`Error::KeyMismatch`] if it does not open that state: the key has the id and other
+    /// bytes, and what it sealed no other worker would open. The store's read errors.
+    async fn verified_check(
+        &self,
+        key: &str,
+        run_id: Option<&str>,
+        check: Option<String>,
+    ) -> Result<Option<String>> {
+        let Some(run_id) = run_id else {
+            return Ok(None);
+        };
+        let Some((_, record)) = self.inner.latest(run_id).await? else {
+            return Ok(None);
+        };
+        match crate::codec::parse_envelope(record.payload.get()) {
+            Some(Ok(sealed)) if sealed.key == key => {
+                match self.payloads.verify_transition(run_id, &record) {
+                    Ok(()) => Ok(check),
+                    Err(_) => Err(Error::KeyMismatch {
+                        store: self.inner.label(),
+                        key: key.to_owned(),
+                    }),
+                }
+            }
+            _ => Ok(None),
         }
     }
 
@@ -282,7 +331,9 @@ impl Store for SealedStore {
 
     fn write<'a>(&'a self, lease: Option<&'a Lease>, write: Write) -> BoxFuture<'a, Result<Reply>> {
         Box::pin(async move {
-            let sealing = self.check(carries_payload(&write)).await?;
+            let sealing = self
+                .check_for(carries_payload(&write), write.run_id())
+                .await?;
             let run_id = write.run_id().unwrap_or_default().to_owned();
             let event = match &write {
                 Write::Wait { event, .. } => event.clone(),
