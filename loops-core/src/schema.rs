@@ -91,6 +91,7 @@ mod hash;
 mod impls;
 
 pub use diff::{Change, Class, SchemaDiff, schema_diff};
+pub(crate) use events::duplicate_key;
 pub use events::{DeclaredEvent, DeclaredEvents, EventRefusal};
 
 /// The `const fn`s that write a description at compile time, for the code

@@ -33,7 +33,9 @@ pub struct Sent {
 /// [`Error::EventRefused`] naming the run, its state and seq, for a name the workflow does
 /// not declare, a payload that is not JSON a type can read ([`EventRefusal::NotJson`]: a
 /// lone surrogate escape, a number out of range; whether or not the workflow declares
-/// events), or one that cannot be the declared type.
+/// events), one whose objects name a key twice ([`EventRefusal::DuplicateKey`]: a struct
+/// would refuse it when the run takes it, a map keep one of them; likewise), or one that
+/// cannot be the declared type.
 pub fn check_event(info: &RunInfo, description: &str, event: &str, payload: &str) -> Result<()> {
     let declared = DeclaredEvents::from_description(description);
     let refused = |refusal| Error::EventRefused {
@@ -58,6 +60,9 @@ pub fn check_event(info: &RunInfo, description: &str, event: &str, payload: &str
             problem: e.to_string(),
         })
     })?;
+    if let Some(problem) = crate::schema::duplicate_key(payload) {
+        return Err(refused(EventRefusal::DuplicateKey { problem }));
+    }
     declared.check(description, event, &value).map_err(refused)
 }
 

@@ -71,6 +71,75 @@ pub enum EventRefusal {
         /// (`lone leading surrogate in hex escape at line 1 column 13`).
         problem: String,
     },
+    /// An object of the payload names a key twice: a run's type would read one of them, or
+    /// refuse the whole payload when the run takes it (a struct), after it was accepted.
+    #[error("the payload names a key twice in one object: {problem}; send each key once")]
+    DuplicateKey {
+        /// The key and where, `duplicate key `by` at line 1 column 17`.
+        problem: String,
+    },
+}
+
+/// The first key that an object of the JSON text `json` names twice, with its line and
+/// column (`duplicate key `by` at line 1 column 17`); `None` if there is none (or `json` is
+/// not JSON: said by its parse).
+pub(crate) fn duplicate_key(json: &str) -> Option<String> {
+    use serde::de::{Error as _, MapAccess, SeqAccess, Visitor};
+
+    /// Any JSON value, whose objects name each key once.
+    struct Unique;
+
+    impl<'de> serde::Deserialize<'de> for Unique {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Unique, D::Error> {
+            d.deserialize_any(Unique)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Unique {
+        type Value = Unique;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a JSON value")
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<Unique, E> {
+            Ok(Unique)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<Unique, E> {
+            Ok(Unique)
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<Unique, E> {
+            Ok(Unique)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Unique, E> {
+            Ok(Unique)
+        }
+        fn visit_str<E>(self, _: &str) -> Result<Unique, E> {
+            Ok(Unique)
+        }
+        fn visit_unit<E>(self) -> Result<Unique, E> {
+            Ok(Unique)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Unique, A::Error> {
+            while seq.next_element::<Unique>()?.is_some() {}
+            Ok(Unique)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Unique, A::Error> {
+            let mut seen = std::collections::HashSet::new();
+            while let Some(key) = map.next_key::<String>()? {
+                if seen.contains(&key) {
+                    return Err(A::Error::custom(format!("duplicate key `{key}`")));
+                }
+                map.next_value::<Unique>()?;
+                seen.insert(key);
+            }
+            Ok(Unique)
+        }
+    }
+
+    match serde_json::from_str::<Unique>(json) {
+        Err(e) if e.is_data() => Some(e.to_string()),
+        _ => None,
+    }
 }
 
 impl DeclaredEvents {

@@ -108,3 +108,53 @@ async fn a_lone_surrogate_is_refused_as_not_json_whether_or_not_events_are_decla
         }
     );
 }
+
+/// A payload whose objects name a key twice is refused when it is sent, whether or not the
+/// workflow declares events: a struct would refuse it only when the run takes it (the event
+/// set aside after it was accepted), a map would keep one of the two. Nothing is stored.
+#[tokio::test]
+async fn a_payload_that_names_a_key_twice_is_refused_when_sent() {
+    let (_dir, path) = temp_store();
+    let rt = Runtime::open(&path).unwrap();
+    let store = rt.redb().unwrap();
+    store
+        .__seed_history([("gate".to_owned(), Gate::Ask)])
+        .unwrap();
+    store
+        .__seed_history([("job".to_owned(), Job::Start { n: 0 })])
+        .unwrap();
+    for (run, event, state, payload, at) in [
+        (
+            "gate",
+            "approve",
+            "Ask",
+            r#"{"by":"a","by":"b"}"#,
+            "line 1 column 14",
+        ),
+        (
+            "job",
+            "go",
+            "Start",
+            r#"[{"x":{"y":1,"y":2}}]"#,
+            "line 1 column 16",
+        ),
+    ] {
+        let err = rt
+            .send_json(run, event, None, &raw(payload))
+            .await
+            .unwrap_err();
+        let key = if run == "gate" { "by" } else { "y" };
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "run `{run}` (state `{state}`, seq 0): event `{event}` refused: the payload names a key twice in one object: duplicate key `{key}` at {at}; send each key once"
+            )
+        );
+        assert!(rt.store().events(run).await.unwrap().is_empty(), "{run}");
+    }
+    // The same key in two objects is no repeat.
+    rt.send_json("job", "go", None, &raw(r#"[{"y":1},{"y":2}]"#))
+        .await
+        .unwrap();
+    assert_eq!(rt.store().events("job").await.unwrap().len(), 1);
+}
