@@ -658,8 +658,11 @@ const CHECK_EXAMPLES: &str = "\
 Examples:
   loops check
   loops check --json    # {path, intact, repaired_on_open, runs, by_status}
+  loops check --key-file keys   # also: does the key file hold the store's keys?
 
-Exits 1 if the file is damaged beyond repair. Opens the file for writing: redb repairs
+Exits 1 if the file is damaged beyond repair; 2 if --key-file holds another key under an id
+the store lists, or none of the store's keys (a worker with those keys is refused the same
+way). Opens the file for writing: redb repairs
 what it can (a file left by a crash, damaged allocator state).";
 
 /// Parses an age such as `30d`, `12h`, `1h 30m` (humantime's syntax); the error says what is

@@ -122,6 +122,11 @@ fn runtime_builder() -> loops_core::RuntimeBuilder {
     }
 }
 
+/// The keys of `--key-file` (or `LOOPS_KEY_FILE`), if one was given.
+pub fn key_file_keys() -> Option<loops_core::Keyring> {
+    KEYS.get().cloned()
+}
+
 /// Reads the key file of `--key-file` (or `LOOPS_KEY_FILE`), if one is given: every
 /// operator then opens sealed payloads with it and seals what `send` and `cancel` store in
 /// a store whose payloads are sealed with its writing key (in a store in clear, they are

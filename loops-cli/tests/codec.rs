@@ -582,3 +582,59 @@ fn a_rotated_key_file_seals_with_the_key_the_store_lists() {
         )
     );
 }
+
+/// `loops check --key-file` checks the key file as a worker's keys are checked: the right
+/// one is said to hold the store's keys (or some of them), one with another key under the
+/// id or none of the store's keys is refused with the worker's error (exit 2).
+#[test]
+fn check_with_a_key_file_says_whether_it_holds_the_stores_keys() {
+    let (dir, path, keys) = encrypted_store();
+    let second_line = |keys: &Path| {
+        let (ok, out, err) = run(loops(&path).args(["check", "--key-file"]).arg(keys));
+        assert!(ok, "{err}");
+        out.lines().nth(1).unwrap().to_owned()
+    };
+    assert_eq!(
+        second_line(&keys),
+        "key file: holds every key the store's payloads were sealed with (k1)"
+    );
+    let other_bytes = key_file(dir.path(), "other-bytes", OTHER_BYTES);
+    let other_id = key_file(
+        dir.path(),
+        "other-id",
+        "k2 0808080808080808080808080808080808080808080808080808080808080808\n",
+    );
+    for (keys, wanted) in [
+        (
+            &other_bytes,
+            format!(
+                "error: store {}: key `k1` is not the key `k1` its payloads were sealed with (another key under the same id): give the runtime the key the workers use\n",
+                path.display()
+            ),
+        ),
+        (
+            &other_id,
+            format!(
+                "error: store {} holds payloads encrypted with key k1 and none of them is held here: what key `k2` sealed, its workers may not open (give the key file the workers use; after a rotation it holds the old key too)\n",
+                path.display()
+            ),
+        ),
+    ] {
+        let out = loops(&path)
+            .args(["check", "--key-file"])
+            .arg(keys)
+            .output()
+            .unwrap();
+        assert_eq!(
+            (out.status.code(), String::from_utf8(out.stderr).unwrap()),
+            (Some(2), wanted)
+        );
+    }
+    // After a rotation to k2, the old key file holds one of the two keys.
+    let rotated = Keyring::parse(&format!("k2 {}\n{KEY}", "08".repeat(32))).unwrap();
+    waiting_store(&path, Some(rotated), &["w"]);
+    assert_eq!(
+        second_line(&keys),
+        "key file: holds key k1 of those the store's payloads were sealed with (k1, k2): payloads sealed with the others do not open"
+    );
+}

@@ -91,7 +91,7 @@ pub use store::{
     Pruned, Readiness, Ready, ReadyAndParked, Record, RecordKey, RedbStore, Reply, RowWrite,
     RunCount, RunInfo, RunStatus, STORE_FORMAT, ScheduleChange, SeqStep, SharedLimits, Store,
     StoreOptions, Take, Upgraded, WaitInfo, WaitOutcome, Wakeups, Write, check_keys, event_record,
-    find_runs, plan, prune, seals_as_store_does,
+    find_runs, plan, prune, refuse_foreign_codec, seals_as_store_does,
 };
 pub use workflow::{BoxError, StateId, Workflow};
 

@@ -37,6 +37,39 @@ pub fn run(target: &Target, args: &JsonArg) -> Result<()> {
     let (rt, repaired_on_open) = open::writable(path)?;
     let store = open::redb(path, &rt)?;
     let reader = store.clone();
+    // With a key file: the workers' check of it (a key of a listed id and other bytes, or
+    // none of the store's keys, is refused as a worker would be), before the pages.
+    let sealing_keys = reader.sealing_keys()?;
+    let key_file = match open::key_file_keys() {
+        Some(ring) => {
+            loops_core::refuse_foreign_codec(
+                path.display().to_string(),
+                sealing_keys.clone(),
+                reader.sealing_checks()?,
+                &loops_core::Payloads::new(std::sync::Arc::new(ring.clone())),
+            )?;
+            let held: Vec<&str> = sealing_keys
+                .iter()
+                .map(String::as_str)
+                .filter(|k| ring.key_ids().contains(k))
+                .collect();
+            Some(if sealing_keys.is_empty() {
+                "key file: not needed, the store's payloads are in clear\n".to_owned()
+            } else if held.len() == sealing_keys.len() {
+                format!(
+                    "key file: holds every key the store's payloads were sealed with ({})\n",
+                    held.join(", ")
+                )
+            } else {
+                format!(
+                    "key file: holds key {} of those the store's payloads were sealed with ({}): payloads sealed with the others do not open\n",
+                    held.join(", "),
+                    sealing_keys.join(", ")
+                )
+            })
+        }
+        None => None,
+    };
     let intact =
         block_on(
             async move { tokio::task::spawn_blocking(move || store.check_integrity()).await },
@@ -71,6 +104,7 @@ pub fn run(target: &Target, args: &JsonArg) -> Result<()> {
         "damaged, and repaired by redb's integrity check".to_owned()
     };
     let mut out = format!("store {}: {verdict}\n", path.display());
+    out.push_str(key_file.as_deref().unwrap_or(""));
     out.push_str(&format!(
         "{runs} run{} read back (row and latest record of each)\n",
         if runs == 1 { "" } else { "s" }

@@ -18,7 +18,8 @@ use crate::runtime::registered::Registered;
 use crate::store::Store;
 use crate::store::precheck::{SchemaCheck, check_schemas, precheck};
 use crate::store::redb::{RedbStore, StoreOptions};
-use crate::store::sealing::{Payloads, SealedStore, refuse_foreign_codec, refuse_sealed};
+use crate::store::refuse_foreign_codec;
+use crate::store::sealing::{Payloads, SealedStore, refuse_sealed};
 use crate::workflow::{StateId, Workflow};
 
 /// Configures a [`Runtime`]: retry policies, time-outs, limits and registered workflows.

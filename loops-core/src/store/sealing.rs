@@ -9,8 +9,8 @@
 
 mod store;
 
-pub(crate) use self::store::{SealedStore, refuse_foreign_codec, refuse_sealed};
-pub use self::store::{check_keys, seals_as_store_does};
+pub(crate) use self::store::{SealedStore, refuse_sealed};
+pub use self::store::{check_keys, refuse_foreign_codec, seals_as_store_does};
 
 use std::sync::Arc;
 

@@ -229,7 +229,8 @@ pub fn check_keys(
 /// `Ok` if a runtime whose codec is `payloads` may read and seal the payloads of the store
 /// `label`, which lists the keys `keys` ([`Store::sealing_keys`]) with the check values
 /// `recorded` ([`Store::sealing_checks`]): the one check of a runtime's codec, at the open
-/// of its store file and before the first read or write of a store built elsewhere.
+/// of its store file and before the first read or write of a store built elsewhere (and of
+/// a key file given to `loops check`).
 ///
 /// # Errors
 /// - [`Error::KeyMismatch`] if one of its keys has another check value than the store
@@ -238,7 +239,7 @@ pub fn check_keys(
 ///   could open none of the store's payloads, and would record a second key whose payloads
 ///   the other workers could not open (a rotation keeps the old key in the keyring beside
 ///   the new one).
-pub(crate) fn refuse_foreign_codec(
+pub fn refuse_foreign_codec(
     label: String,
     keys: Vec<String>,
     recorded: Vec<(String, String)>,
