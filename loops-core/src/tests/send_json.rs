@@ -38,13 +38,10 @@ struct Approval {
     by: String,
 }
 
-fn raw(text: &str) -> Box<RawValue> {
-    serde_json::from_str(text).unwrap()
-}
-
-#[tokio::test]
-async fn a_lone_surrogate_is_refused_as_not_json_whether_or_not_events_are_declared() {
-    let (_dir, path) = temp_store();
+/// A runtime on a new store with run `gate` of [`Gate`] (declares `approve`) in `Ask`, and
+/// run `job` of [`Job`] (declares no event) in `Start`.
+fn seeded() -> (tempfile::TempDir, Runtime) {
+    let (dir, path) = temp_store();
     let rt = Runtime::open(&path).unwrap();
     let store = rt.redb().unwrap();
     store
@@ -53,6 +50,16 @@ async fn a_lone_surrogate_is_refused_as_not_json_whether_or_not_events_are_decla
     store
         .__seed_history([("job".to_owned(), Job::Start { n: 0 })])
         .unwrap();
+    (dir, rt)
+}
+
+fn raw(text: &str) -> Box<RawValue> {
+    serde_json::from_str(text).unwrap()
+}
+
+#[tokio::test]
+async fn a_lone_surrogate_is_refused_as_not_json_whether_or_not_events_are_declared() {
+    let (_dir, rt) = seeded();
     let problem = "unexpected end of hex escape at line 1 column 14";
     for (run, event, state) in [("gate", "approve", "Ask"), ("job", "go", "Start")] {
         let err = rt
@@ -114,15 +121,7 @@ async fn a_lone_surrogate_is_refused_as_not_json_whether_or_not_events_are_decla
 /// set aside after it was accepted), a map would keep one of the two. Nothing is stored.
 #[tokio::test]
 async fn a_payload_that_names_a_key_twice_is_refused_when_sent() {
-    let (_dir, path) = temp_store();
-    let rt = Runtime::open(&path).unwrap();
-    let store = rt.redb().unwrap();
-    store
-        .__seed_history([("gate".to_owned(), Gate::Ask)])
-        .unwrap();
-    store
-        .__seed_history([("job".to_owned(), Job::Start { n: 0 })])
-        .unwrap();
+    let (_dir, rt) = seeded();
     for (run, event, state, payload, at) in [
         (
             "gate",
