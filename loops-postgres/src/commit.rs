@@ -1,6 +1,6 @@
 //! The statements that write a plan's [`Effects`] out, and the pipeline that sends them
 //! with `COMMIT` ([`send`]), whose outcome [`finish`] reads: the second round trip of
-//! `write.rs`. The one-round-trip path of a lease holder (`fast.rs`) shares the row's
+//! `write.rs`. The one-round-trip path of lease holders (`fast.rs`) shares the row's
 //! columns ([`row_columns`]).
 
 use std::future::Future;
@@ -214,28 +214,45 @@ pub(crate) fn writes<'a>(sql: &'a Sql, effects: &Effects<'_>) -> Writes<'a> {
     }
 }
 
-/// The text of a run's row (its `info` column) and its other columns, as stored: `status`,
-/// `seq`, `wait_event` and `wait_until_ms` (its [`readiness`](loops_core::RunInfo::readiness),
-/// which `claim_ready` filters on) and `schema` (its schema hash).
-pub(crate) fn row_columns(info: &loops_core::RunInfo) -> (String, [Param; 5]) {
+/// A run's row as stored: the text of its `info` column and its other columns.
+pub(crate) struct RowColumns {
+    /// The `info` column: the row's encoding.
+    pub(crate) text: String,
+    pub(crate) status: &'static str,
+    pub(crate) seq: i64,
+    /// `wait_event` and `wait_until_ms`: the row's
+    /// [`readiness`](loops_core::RunInfo::readiness), which `claim_ready` filters on.
+    pub(crate) wait_event: Option<String>,
+    pub(crate) wait_until_ms: Option<i64>,
+    /// The schema hash.
+    pub(crate) schema: String,
+}
+
+/// The columns of `info`'s row, as stored.
+pub(crate) fn row_columns(info: &loops_core::RunInfo) -> RowColumns {
     let ready = info.readiness();
-    let text = utf8(&info.encode()).to_owned();
-    let columns: [Param; 5] = [
-        Box::new(info.status.as_str()),
-        Box::new(big(info.seq)),
-        Box::new(ready.event.map(str::to_owned)),
-        Box::new(ready.from_ms.map(big)),
-        Box::new(info.schema.to_string()),
-    ];
-    (text, columns)
+    RowColumns {
+        text: utf8(&info.encode()).to_owned(),
+        status: info.status.as_str(),
+        seq: big(info.seq),
+        wait_event: ready.event.map(str::to_owned),
+        wait_until_ms: ready.from_ms.map(big),
+        schema: info.schema.to_string(),
+    }
 }
 
 /// The insert or update of a run's row ([`row_columns`]). With the row's text, as stored.
 fn row_statement<'a>(sql: &'a Sql, row: &RowWrite) -> (Stmt<'a>, String) {
     let info = &row.info;
-    let (text, [status, seq, event, from, schema]) = row_columns(info);
-    let json: Param = Box::new(text.clone());
+    let columns = row_columns(info);
+    let text = columns.text.clone();
+    let json: Param = Box::new(columns.text);
     let run_id: Param = Box::new(info.run_id.clone());
+    let status: Param = Box::new(columns.status);
+    let seq: Param = Box::new(columns.seq);
+    let event: Param = Box::new(columns.wait_event);
+    let from: Param = Box::new(columns.wait_until_ms);
+    let schema: Param = Box::new(columns.schema);
     let st = match row.was {
         None => {
             let workflow: Param = Box::new(info.workflow.clone());

@@ -1,4 +1,4 @@
-//! The one-round-trip commit of a lease holder's write (docs/postgres.md, "The commit path").
+//! The one-round-trip commit of lease holders' writes (docs/postgres.md, "The commit path").
 //!
 //! The store remembers, per lease, the text of the run's row (`runs.info`) that its last
 //! write under that lease committed or read ([`Cache`]). A write that needs nothing but the
@@ -6,34 +6,44 @@
 //! [`Needs::record`]: a transition, a step record, a wake, a sleep) is planned against that
 //! row, with the facts of a lease that holds and a key that is free, by the same [`plan`] as
 //! every write. If its effects are a record at that key and an update of the row, one
-//! statement commits them, in a transaction of its own: `commit_one` (a function of the
-//! schema, migration 9). Its guard locks the lease row and the run's row, as the
-//! two-round-trip path does and in the same order, and raises SQLSTATE `LP001` unless the
-//! lease still has the write's token and has not expired (on the server's clock), the row's
-//! text is the one remembered, and the record key is free (when the effects write a record
-//! at the key, by the table's unique key as it inserts): it commits only if the
-//! two-round-trip path would have read exactly the row and facts the plan was given, under
-//! the same locks, so the effects are the ones that path would write. If it fails, the
-//! statement's transaction rolls back, nothing is written and the connection is left
-//! without a transaction: the write goes the two-round-trip way, whose plan gives the typed
-//! refusal if there is one.
+//! statement commits them, in a transaction of its own: `commit_batch` (a function of the
+//! schema, migration 11). Its guard locks the lease row and the run's row, as the
+//! two-round-trip path does and in the same order, and commits the write only if the lease
+//! still has the write's token and has not expired (on the server's clock), the row's text is
+//! the one remembered, and the record key is free: only if the two-round-trip path would have
+//! read exactly the row and facts the plan was given, under the same locks, so the effects
+//! are the ones that path would write. A write whose guard fails writes nothing and goes the
+//! two-round-trip way, whose plan gives the typed refusal if there is one.
+//!
+//! **Group commit.** The statement takes many writes, of as many runs, at once: each is
+//! guarded and committed or declined on its own, in one transaction and one round trip. A
+//! write that finds no batch in progress commits alone, at once, on its caller's task (a
+//! lone run never waits); writes that arrive meanwhile queue, and a task of the store's
+//! ([`drain`]) commits what has queued in one statement each time, until the queue is empty.
+//! One batch is in progress per store at a time; other writes use the pool's other
+//! connections.
 //!
 //! A write whose plan against the remembered row refuses, changes nothing, or has other
 //! effects (follow-ups, attributes, a wake-up to send) also goes the two-round-trip way.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use deadpool_postgres::Object;
 use loops_core::{
     CurrentLease, Effects, Error, Facts, Lease, LeaseCheck, Needs, Record, RecordKey, Reply,
     RunInfo, Write, plan,
 };
+use tokio::sync::oneshot;
+use tokio_postgres::types::ToSql;
 
-use crate::commit::{Fail, Param, STORE_LABEL, row_columns, statement as statement_of, utf8};
-use crate::sql::Sql;
-use crate::{PgStore, big, is_connection_error};
+use crate::action::describe;
+use crate::commit::{RowColumns, STORE_LABEL, row_columns, utf8};
+use crate::guard::Guard;
+use crate::{Inner, PgStore, big, is_connection_error};
+
+/// The most writes one `commit_batch` statement carries.
+const BATCH: usize = 512;
 
 /// The most leases the cache remembers rows of; it is emptied when full (an entry is only a
 /// hint: a write without one takes two round trips).
@@ -51,8 +61,25 @@ pub(crate) struct Entry {
 pub(crate) struct Cache {
     enabled: bool,
     rows: Mutex<HashMap<String, Entry>>,
+    /// The writes waiting for the batch after the one in progress.
+    queue: Mutex<Queue>,
     one_round_trip: AtomicU64,
     fell_back: AtomicU64,
+    batches: AtomicU64,
+}
+
+/// The writes waiting for a batch, and whether one is in progress.
+#[derive(Default)]
+struct Queue {
+    waiting: Vec<Queued>,
+    /// Whether a batch is in progress.
+    busy: bool,
+}
+
+/// A write waiting for its batch, and where its outcome goes.
+struct Queued {
+    item: Item,
+    done: oneshot::Sender<Outcome>,
 }
 
 /// How a store's writes under a lease committed, since it connected
@@ -64,8 +91,14 @@ pub struct CommitCounts {
     pub one_round_trip: u64,
     /// Writes that tried one round trip and found the run's row or lease changed (a
     /// cancellation or a failure recorded by another handle, a lease taken over) or the key
-    /// taken: nothing was written and they went the two-round-trip way.
+    /// taken, or whose statement rolled back: nothing was written and they went the
+    /// two-round-trip way.
     pub fell_back: u64,
+    /// The one-round-trip statements that answered (group commit: one statement carries the
+    /// writes that queued together, `one_round_trip / batches` of them on average).
+    pub batches: u64,
+    /// The writes queued now for the next statement, behind the one in progress.
+    pub waiting: u64,
 }
 
 impl PgStore {
@@ -78,6 +111,8 @@ impl PgStore {
         CommitCounts {
             one_round_trip: cache.one_round_trip.load(Ordering::Relaxed),
             fell_back: cache.fell_back.load(Ordering::Relaxed),
+            batches: cache.batches.load(Ordering::Relaxed),
+            waiting: cache.queue().waiting.len() as u64,
         }
     }
 }
@@ -89,14 +124,22 @@ impl Cache {
         Cache {
             enabled,
             rows: Mutex::new(HashMap::new()),
+            queue: Mutex::new(Queue::default()),
             one_round_trip: AtomicU64::new(0),
             fell_back: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
         }
     }
 
     fn rows(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
         // The map is consistent after any panic: every change is one insert or remove.
         self.rows.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn queue(&self) -> MutexGuard<'_, Queue> {
+        // Consistent after any panic: every change is a push, a take of the whole queue, or
+        // a flag set.
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Takes out the row remembered for `lease` (none if it was remembered under another
@@ -138,17 +181,6 @@ impl Cache {
     }
 }
 
-/// What [`try_commit`] did.
-// Returned once per write and matched at once: boxing the row would cost an allocation.
-#[allow(clippy::large_enum_variant)]
-pub(crate) enum Fast {
-    /// Committed in one round trip: the reply, and the run's row as it is now.
-    Committed(Reply, Entry),
-    /// Nothing was written and the connection has no transaction open: the write is not
-    /// one for this path, or the guard found the lease, the row or the key changed.
-    Declined,
-}
-
 /// The record key `write` needs to know is free, if `write` needs nothing but `lease`, its
 /// run's row and that key (`Some(None)`: no key); `None` if it needs more (or is for another
 /// run than `lease`'s).
@@ -181,16 +213,30 @@ fn at_key(record: &Record<'_>, key: Option<RecordKey<'_>>) -> bool {
     }
 }
 
-/// The parameters of `commit_one` (migration 9) for `effects`, planned against `entry`
-/// under `lease` with the record key `key` free; with the new row's text, if the row
-/// changes. `None` if the effects are more than a record at `key` and an update of the row
-/// (those go the two-round-trip way).
-fn commit_params(
+/// One write's columns of `commit_batch` (migration 11).
+struct Item {
+    run: String,
+    token: i64,
+    /// The row's text the write was planned against.
+    info: String,
+    /// The record key: seq; a step record's name and occurrence.
+    seq: Option<i64>,
+    step: Option<String>,
+    occurrence: Option<i32>,
+    record: Option<String>,
+    /// The new row, if the row changes.
+    row: Option<RowColumns>,
+}
+
+/// The columns of `commit_batch` for `effects`, planned against `entry` under `lease` with
+/// the record key `key` free. `None` if the effects are more than a record at `key` and an
+/// update of the row (those go the two-round-trip way).
+fn item(
     lease: &Lease,
     entry: &Entry,
     key: Option<RecordKey<'_>>,
     effects: &Effects<'_>,
-) -> Option<(Vec<Param>, Option<String>)> {
+) -> Option<Item> {
     let record = match effects.records.as_slice() {
         [] => None,
         [record] if at_key(record, key) => Some(utf8(record.bytes()).to_owned()),
@@ -209,7 +255,7 @@ fn commit_params(
     if !only_record_and_row {
         return None;
     }
-    let (seq, step, occurrence): (Option<i64>, Option<String>, Option<i32>) = match key {
+    let (seq, step, occurrence) = match key {
         None => (None, None, None),
         Some(RecordKey::Journal { seq }) => (Some(big(seq)), None, None),
         Some(RecordKey::Step {
@@ -223,48 +269,49 @@ fn commit_params(
             Some(occurrence as i32),
         ),
     };
-    let mut params: Vec<Param> = vec![
-        Box::new(lease.run_id.clone()),
-        Box::new(big(lease.token)),
-        Box::new(entry.text.clone()),
-        Box::new(seq),
-        Box::new(step),
-        Box::new(occurrence),
-        Box::new(record),
-    ];
-    let text = match &effects.row {
-        Some(row) => {
-            let (text, [status, row_seq, event, from, schema]) = row_columns(&row.info);
-            let new: Param = Box::new(text.clone());
-            params.extend([status, row_seq, event, from, new, schema]);
-            Some(text)
-        }
-        None => {
-            let none = || -> Param { Box::new(None::<String>) };
-            let number = || -> Param { Box::new(None::<i64>) };
-            params.extend([none(), number(), none(), number(), none(), none()]);
-            None
-        }
-    };
-    Some((params, text))
+    Some(Item {
+        run: lease.run_id.clone(),
+        token: big(lease.token),
+        info: entry.text.clone(),
+        seq,
+        step,
+        occurrence,
+        record,
+        row: effects.row.as_ref().map(|row| row_columns(&row.info)),
+    })
+}
+
+/// What became of a write sent for a batch.
+#[derive(Clone)]
+enum Outcome {
+    Committed,
+    /// Its guard found the lease, the row or the key changed, or the statement failed and
+    /// rolled back: nothing was written.
+    Declined,
+    /// Never sent (no connection, or the statement could not be prepared): nothing was
+    /// written.
+    NotSent,
+    /// The connection failed, or the batch was cancelled, once the statement was sent:
+    /// whether the write committed is unknown.
+    Unknown(Arc<dyn std::error::Error + Send + Sync>),
 }
 
 /// Commits `write` of the holder of `lease` in one round trip, planned against `entry` (the
-/// row remembered for the lease), if it is a write for this path and the guard passes: one
-/// statement (`commit_one`), in a transaction of its own.
+/// row remembered for the lease), if it is a write for this path and its guard passes, and
+/// remembers the row it leaves. Returns its reply, or `None` if nothing was written and the
+/// write goes the two-round-trip way.
 ///
 /// # Errors
-/// [`Fail::Broken`] if the connection failed once the statement was sent (whether it
-/// committed is unknown); [`Fail::Retry`] if it failed before (preparing the statement).
-pub(crate) async fn try_commit(
-    c: &Object,
-    sql: &Sql,
-    cache: &Cache,
-    (lease, write, action): (&Lease, &Write, &str),
+/// [`Error::Database`] if the connection failed once the write was sent: whether it
+/// committed is unknown.
+pub(crate) async fn commit(
+    store: &PgStore,
+    lease: &Lease,
+    write: &Write,
     entry: Entry,
-) -> std::result::Result<Fast, Fail> {
+) -> loops_core::Result<Option<Reply>> {
     let Some(key) = needs_only_row(lease, write) else {
-        return Ok(Fast::Declined);
+        return Ok(None);
     };
     let mut facts = Facts::default();
     facts.lease = Some(LeaseCheck {
@@ -275,43 +322,245 @@ pub(crate) async fn try_commit(
         }),
     });
     let Ok(mut effects) = plan(write, Some(&entry.info), &facts) else {
-        return Ok(Fast::Declined);
+        return Ok(None);
     };
-    let Some((params, text)) = commit_params(lease, &entry, key, &effects) else {
-        return Ok(Fast::Declined);
+    let Some(item) = item(lease, &entry, key, &effects) else {
+        return Ok(None);
     };
-    let fell_back = |e: &dyn std::fmt::Display| {
-        tracing::debug!(error = %e, "the one-round-trip commit fell back to two round trips");
-        cache.fell_back.fetch_add(1, Ordering::Relaxed);
-        Ok(Fast::Declined)
-    };
-    let statement = match c.prepare_cached(&sql.commit_one).await {
-        Ok(statement) => statement,
-        Err(e) if is_connection_error(&e) => return Err(Fail::Retry(e)),
-        // A function that cannot be prepared (a schema altered outside loops): nothing of the
-        // write was sent.
-        Err(e) => return fell_back(&e),
-    };
-    let params = statement_of(&sql.commit_one, params);
-    crate::failpoint::before_commit();
-    match c.execute(&statement, &params.params()).await {
-        Ok(_) => {}
-        Err(e) if e.as_db_error().is_none() || is_connection_error(&e) => {
-            return Err(Fail::Broken(Error::database(action, e)));
+    let text = item.row.as_ref().map(|row| row.text.clone());
+    let cache = &store.inner.cache;
+    match submit(&store.inner, item).await {
+        Outcome::Committed => {
+            cache.one_round_trip.fetch_add(1, Ordering::Relaxed);
+            let now = match (effects.row.take(), text) {
+                (Some(row), Some(text)) => Entry {
+                    token: lease.token,
+                    text,
+                    info: row.info,
+                },
+                _ => entry,
+            };
+            cache.put_entry(lease, now);
+            Ok(Some(effects.reply))
         }
-        // The statement failed (its guard raised, or the record's key was taken: a unique
-        // violation), so its transaction rolled back: nothing was written.
-        Err(e) => return fell_back(&e),
+        Outcome::Declined => {
+            tracing::debug!(run = %lease.run_id, "the one-round-trip commit fell back to two round trips");
+            cache.fell_back.fetch_add(1, Ordering::Relaxed);
+            Ok(None)
+        }
+        Outcome::NotSent => Ok(None),
+        Outcome::Unknown(e) => Err(Error::database(describe(write), e)),
     }
-    loops_core::metrics::commit_batch(STORE_LABEL, 1);
-    cache.one_round_trip.fetch_add(1, Ordering::Relaxed);
-    let now = match (effects.row.take(), text) {
-        (Some(row), Some(text)) => Entry {
-            token: lease.token,
-            text,
-            info: row.info,
-        },
-        _ => entry,
+}
+
+/// Sends `item` for a batch and returns its outcome: commits it at once on this task if no
+/// batch is in progress, else queues it for [`drain`].
+async fn submit(inner: &Arc<Inner>, item: Item) -> Outcome {
+    let (done, outcome) = oneshot::channel();
+    let queued = Queued { item, done };
+    let alone = {
+        let mut queue = inner.cache.queue();
+        if queue.busy {
+            queue.waiting.push(queued);
+            None
+        } else {
+            queue.busy = true;
+            Some(queued)
+        }
     };
-    Ok(Fast::Committed(effects.reply, now))
+    if let Some(queued) = alone {
+        let handover = Handover(Some(Arc::clone(inner)));
+        let outcome = commit_batch(inner, std::slice::from_ref(&queued.item))
+            .await
+            .swap_remove(0);
+        drop(handover);
+        return outcome;
+    }
+    outcome.await.unwrap_or_else(|_| {
+        Outcome::Unknown(Arc::new(std::io::Error::other(
+            "the batch that carried the write ended before it answered: whether it committed \
+             is unknown",
+        )))
+    })
+}
+
+/// Ends the batch in progress, when the write that committed alone is done or cancelled:
+/// the writes that queued meanwhile go to a [`drain`] task.
+struct Handover(Option<Arc<Inner>>);
+
+impl Drop for Handover {
+    fn drop(&mut self) {
+        let Some(inner) = self.0.take() else { return };
+        let mut queue = inner.cache.queue();
+        if queue.waiting.is_empty() {
+            queue.busy = false;
+            return;
+        }
+        drop(queue);
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(drain(inner))),
+            // No runtime to commit them on: they go the two-round-trip way.
+            Err(_) => {
+                let mut queue = inner.cache.queue();
+                for queued in queue.waiting.drain(..) {
+                    drop(queued.done.send(Outcome::NotSent));
+                }
+                queue.busy = false;
+            }
+        }
+    }
+}
+
+/// Commits what has queued, one statement at a time, until the queue is empty; then no
+/// batch is in progress. A task of its own: a caller's cancellation cannot cut a batch that
+/// carries other runs' writes.
+async fn drain(inner: Arc<Inner>) {
+    loop {
+        let batch: Vec<Queued> = {
+            let mut queue = inner.cache.queue();
+            if queue.waiting.is_empty() {
+                queue.busy = false;
+                return;
+            }
+            let n = queue.waiting.len().min(BATCH);
+            queue.waiting.drain(..n).collect()
+        };
+        let (items, senders): (Vec<Item>, Vec<_>) =
+            batch.into_iter().map(|q| (q.item, q.done)).unzip();
+        let outcomes = commit_batch(&inner, &items).await;
+        for (done, outcome) in senders.into_iter().zip(outcomes) {
+            // A caller that stopped waiting (its write timed out) gets nothing.
+            drop(done.send(outcome));
+        }
+    }
+}
+
+/// Commits `items` in one `commit_batch` statement, on a connection of the pool, within the
+/// store's timeout. Returns each item's outcome, in order.
+async fn commit_batch(inner: &Inner, items: &[Item]) -> Vec<Outcome> {
+    let all = |outcome: Outcome| vec![outcome; items.len()];
+    let Ok(client) = inner.pool.get().await else {
+        return all(Outcome::NotSent);
+    };
+    let guard = Guard(Some(client));
+    let statement = match guard.client().prepare_cached(&inner.sql.commit_batch).await {
+        Ok(statement) => statement,
+        // The connection is dropped with the guard.
+        Err(e) if is_connection_error(&e) => return all(Outcome::NotSent),
+        Err(e) => {
+            // A function that cannot be prepared (a schema altered outside loops): nothing
+            // was sent.
+            tracing::debug!(error = %e, "the one-round-trip commit cannot be prepared");
+            guard.keep();
+            return all(Outcome::Declined);
+        }
+    };
+    let columns = Columns::of(items);
+    crate::failpoint::before_commit();
+    let params = columns.params();
+    let sent = guard.client().query_one(&statement, &params);
+    let answer = match tokio::time::timeout(inner.timeout, sent).await {
+        Ok(answer) => answer,
+        Err(_) => {
+            let e = std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no answer in {} ms", inner.timeout.as_millis()),
+            );
+            return all(Outcome::Unknown(Arc::new(e)));
+        }
+    };
+    match answer {
+        Ok(row) => {
+            guard.keep();
+            inner.cache.batches.fetch_add(1, Ordering::Relaxed);
+            loops_core::metrics::commit_batch(STORE_LABEL, items.len());
+            let done: Vec<Option<bool>> = row.try_get(0).unwrap_or_default();
+            (0..items.len())
+                .map(|i| match done.get(i) {
+                    Some(Some(true)) => Outcome::Committed,
+                    Some(Some(false)) => Outcome::Declined,
+                    // The function answers every item; an answer without one is not
+                    // understood.
+                    _ => Outcome::Unknown(Arc::new(std::io::Error::other(
+                        "commit_batch gave no answer for the write",
+                    ))),
+                })
+                .collect()
+        }
+        Err(e) if e.as_db_error().is_none() || is_connection_error(&e) => {
+            all(Outcome::Unknown(Arc::new(e)))
+        }
+        // The statement failed (a key taken after its row was updated, a deadlock), so its
+        // transaction rolled back: nothing was written.
+        Err(e) => {
+            tracing::debug!(error = %e, "a one-round-trip batch rolled back");
+            guard.keep();
+            all(Outcome::Declined)
+        }
+    }
+}
+
+/// The array parameters of `commit_batch`, one element per item.
+struct Columns<'a> {
+    run: Vec<&'a str>,
+    token: Vec<i64>,
+    info: Vec<&'a str>,
+    seq: Vec<Option<i64>>,
+    step: Vec<Option<&'a str>>,
+    occurrence: Vec<Option<i32>>,
+    record: Vec<Option<&'a str>>,
+    status: Vec<Option<&'static str>>,
+    row_seq: Vec<Option<i64>>,
+    wait_event: Vec<Option<&'a str>>,
+    wait_until_ms: Vec<Option<i64>>,
+    new: Vec<Option<&'a str>>,
+    schema: Vec<Option<&'a str>>,
+}
+
+impl<'a> Columns<'a> {
+    fn of(items: &'a [Item]) -> Columns<'a> {
+        let row = |it: &'a Item| it.row.as_ref();
+        Columns {
+            run: items.iter().map(|it| it.run.as_str()).collect(),
+            token: items.iter().map(|it| it.token).collect(),
+            info: items.iter().map(|it| it.info.as_str()).collect(),
+            seq: items.iter().map(|it| it.seq).collect(),
+            step: items.iter().map(|it| it.step.as_deref()).collect(),
+            occurrence: items.iter().map(|it| it.occurrence).collect(),
+            record: items.iter().map(|it| it.record.as_deref()).collect(),
+            status: items.iter().map(|it| row(it).map(|r| r.status)).collect(),
+            row_seq: items.iter().map(|it| row(it).map(|r| r.seq)).collect(),
+            wait_event: (items.iter())
+                .map(|it| row(it).and_then(|r| r.wait_event.as_deref()))
+                .collect(),
+            wait_until_ms: (items.iter())
+                .map(|it| row(it).and_then(|r| r.wait_until_ms))
+                .collect(),
+            new: items
+                .iter()
+                .map(|it| row(it).map(|r| r.text.as_str()))
+                .collect(),
+            schema: (items.iter())
+                .map(|it| row(it).map(|r| r.schema.as_str()))
+                .collect(),
+        }
+    }
+
+    fn params(&self) -> [&(dyn ToSql + Sync); 13] {
+        [
+            &self.run,
+            &self.token,
+            &self.info,
+            &self.seq,
+            &self.step,
+            &self.occurrence,
+            &self.record,
+            &self.status,
+            &self.row_seq,
+            &self.wait_event,
+            &self.wait_until_ms,
+            &self.new,
+            &self.schema,
+        ]
+    }
 }

@@ -28,6 +28,7 @@ const MIGRATIONS: &[Migration] = &[
     MIGRATION_8,
     MIGRATION_9,
     MIGRATION_10,
+    MIGRATION_11,
 ];
 
 /// The tables.
@@ -294,8 +295,78 @@ const MIGRATION_10: Migration = Migration {
     sql: "ALTER TABLE {s}.sealing_keys ADD COLUMN key_check text;",
 };
 
+/// The one-round-trip commit of the lease holders' writes that queued together (fast.rs;
+/// docs/postgres.md, "The commit path"): one statement, in a transaction of its own, whose
+/// arrays hold one write at each index, with `commit_one`'s parameters. For each write in
+/// turn it locks the lease row and checks that it still has the token and has not expired on
+/// the server's clock, then locks the run's row where its text is `p_info`, then inserts the
+/// record at its key (`ON CONFLICT DO NOTHING`) or checks that the key is free when the write
+/// has none, and last updates the row to `p_new` (if the row changes). Its locks are taken
+/// `SKIP LOCKED`: a row another transaction holds is not waited for, so a run's row locked
+/// elsewhere holds up no other write of the statement, and the statement waits for no lock
+/// (no deadlock). A write whose lease or row changed or is locked elsewhere, or whose key is
+/// taken, writes nothing and is `false` in the result; the others commit. `commit_one` stays
+/// for the workers of the previous build during a rolling deploy.
+const MIGRATION_11: Migration = Migration {
+    version: 11,
+    description: "commit_batch: the guarded commits of many lease holders in one statement",
+    sql: r#"
+CREATE FUNCTION {s}.commit_batch(
+    p_run text[], p_token bigint[], p_info text[],
+    p_seq bigint[], p_step text[], p_occurrence integer[], p_record text[],
+    p_status text[], p_row_seq bigint[], p_wait_event text[], p_wait_until_ms bigint[],
+    p_new text[], p_schema text[])
+RETURNS boolean[] LANGUAGE plpgsql AS $$
+DECLARE
+    done boolean[] := '{}';
+    ok boolean;
+BEGIN
+    FOR i IN 1 .. coalesce(array_length(p_run, 1), 0) LOOP
+        PERFORM 1 FROM {s}.leases
+            WHERE run_id = p_run[i] COLLATE "C" AND token = p_token[i]
+            AND expires_ms > (extract(epoch from clock_timestamp()) * 1000)::bigint
+            FOR UPDATE SKIP LOCKED;
+        ok := FOUND;
+        IF ok THEN
+            PERFORM 1 FROM {s}.runs WHERE run_id = p_run[i] COLLATE "C" AND info = p_info[i]
+                FOR UPDATE SKIP LOCKED;
+            ok := FOUND;
+        END IF;
+        IF ok AND p_record[i] IS NOT NULL THEN
+            IF p_step[i] IS NULL THEN
+                INSERT INTO {s}.journal (run_id, seq, record)
+                    VALUES (p_run[i], p_seq[i], p_record[i]) ON CONFLICT DO NOTHING;
+            ELSE
+                INSERT INTO {s}.steps (run_id, seq, name, occurrence, record)
+                    VALUES (p_run[i], p_seq[i], p_step[i], p_occurrence[i], p_record[i])
+                    ON CONFLICT DO NOTHING;
+            END IF;
+            ok := FOUND;
+        ELSIF ok AND p_seq[i] IS NOT NULL THEN
+            IF p_step[i] IS NULL THEN
+                PERFORM 1 FROM {s}.journal WHERE run_id = p_run[i] COLLATE "C" AND seq = p_seq[i];
+            ELSE
+                PERFORM 1 FROM {s}.steps WHERE run_id = p_run[i] COLLATE "C" AND seq = p_seq[i]
+                    AND name = p_step[i] COLLATE "C" AND occurrence = p_occurrence[i];
+            END IF;
+            ok := NOT FOUND;
+        END IF;
+        IF ok AND p_new[i] IS NOT NULL THEN
+            UPDATE {s}.runs SET status = p_status[i], seq = p_row_seq[i],
+                wait_event = p_wait_event[i], wait_until_ms = p_wait_until_ms[i],
+                info = p_new[i], schema = p_schema[i]
+                WHERE run_id = p_run[i] COLLATE "C";
+        END IF;
+        done := done || ok;
+    END LOOP;
+    RETURN done;
+END
+$$;
+"#,
+};
+
 /// The newest schema version this build knows (and creates).
-pub const SCHEMA_VERSION: i32 = 10;
+pub const SCHEMA_VERSION: i32 = 11;
 
 /// Checks, writing nothing, that schema `schema` is at [`SCHEMA_VERSION`]. Returns it.
 pub(crate) async fn check(client: &tokio_postgres::Client, schema: &str) -> Result<i32, Error> {

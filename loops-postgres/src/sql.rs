@@ -20,7 +20,7 @@ const READY: &str = "(r.status = 'running' OR r.wait_until_ms <= {now} \
 #[derive(Debug)]
 pub(crate) struct Sql {
     pub(crate) lock_lease: String,
-    pub(crate) commit_one: String,
+    pub(crate) commit_batch: String,
     pub(crate) lock_run: String,
     pub(crate) lock_runs: String,
     pub(crate) insert_run: String,
@@ -103,10 +103,11 @@ impl Sql {
             lock_lease: f("SELECT token, expires_ms > {now} FROM {s}.leases \
                  WHERE run_id = $1 FOR UPDATE"),
             lock_run: f("SELECT info FROM {s}.runs WHERE run_id = $1 FOR UPDATE"),
-            // The one-round-trip commit (fast.rs, migration 9): $1 run, $2 token, $3 the row's
-            // text; $4..$6 a record key (seq; step name and occurrence), $7 its record; $8..$13
-            // the new row's columns (as `update_run`'s $2..$7).
-            commit_one: f("SELECT {s}.commit_one($1, $2, $3, $4, $5, $6, $7, \
+            // The one-round-trip commit (fast.rs, migration 11): one array per column, one
+            // write at each index: $1 run, $2 lease token, $3 the row's text; $4..$6 a record
+            // key (seq; step name and occurrence), $7 its record; $8..$13 the new row's
+            // columns (as `update_run`'s $2..$7).
+            commit_batch: f("SELECT {s}.commit_batch($1, $2, $3, $4, $5, $6, $7, \
                  $8, $9, $10, $11, $12, $13)"),
             lock_runs: f("SELECT info, run_id FROM {s}.runs WHERE run_id = ANY($1) \
                  ORDER BY run_id FOR UPDATE"),

@@ -41,7 +41,7 @@ use crate::action::describe;
 use crate::commit::{
     Fail, Param, STORE_LABEL, Stmt, early, finish, prepare, send, statement, writes,
 };
-use crate::fast::{Cache, Fast, try_commit};
+use crate::fast::Cache;
 use crate::guard::Guard;
 use crate::pipeline::{Step, pipeline};
 use crate::read::text;
@@ -59,6 +59,13 @@ impl PgStore {
 
     async fn write_untimed(&self, lease: Option<&Lease>, write: &Write) -> Result<Reply> {
         let action = || describe(write);
+        // Taken out for the time of the write: put back only by a commit.
+        let remembered = lease.and_then(|lease| Some((lease, self.inner.cache.take(lease)?)));
+        if let Some((lease, entry)) = remembered
+            && let Some(reply) = crate::fast::commit(self, lease, write, entry).await?
+        {
+            return Ok(reply);
+        }
         let mut tries = 0;
         loop {
             tries += 1;
@@ -355,10 +362,10 @@ async fn read_pipelined(
     Ok(answers)
 }
 
-/// Applies `write` in one transaction on `c`: in one round trip if the lease's row is
-/// remembered and the guard passes ([`try_commit`]); else the facts it needs (first round
-/// trip), [`plan`], then its effects and `COMMIT` (second round trip). A write under a lease
-/// that commits leaves its run's row remembered for the next.
+/// Applies `write` in one transaction on `c`, in two round trips: the facts it needs,
+/// [`plan`], then its effects and `COMMIT`. A write under a lease that commits leaves its
+/// run's row remembered for the next, which may then commit in one round trip
+/// (`fast.rs`).
 async fn apply(
     c: &Object,
     sql: &Sql,
@@ -368,17 +375,6 @@ async fn apply(
 ) -> std::result::Result<Reply, Fail> {
     let action = describe(write);
     let action = action.as_str();
-    // Taken out for the time of the write: put back only by a commit.
-    let remembered = lease.and_then(|lease| Some((lease, cache.take(lease)?)));
-    if let Some((lease, entry)) = remembered {
-        match try_commit(c, sql, cache, (lease, write, action), entry).await? {
-            Fast::Committed(reply, entry) => {
-                cache.put_entry(lease, entry);
-                return Ok(reply);
-            }
-            Fast::Declined => {}
-        }
-    }
     let needs = write.needs();
     let reads = reads(sql, lease, &needs);
     let answers = begin(c, action, &reads).await?;

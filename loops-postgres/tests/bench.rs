@@ -6,7 +6,9 @@
 //!   after another on one run: p50, p99 and mean, and the ratio to the raw `INSERT`;
 //! - throughput, in transitions per second, of 1, 2 and 4 workers, each a runtime with a
 //!   `PgStore` and a pool of its own of [`POOL`] connections, in this process, driving twice
-//!   as many runs as connections; against the floor at the same number of connections: the
+//!   and sixteen times as many runs as connections ([`RUNS`]), with the mean number of
+//!   writes per one-round-trip statement; against the floor at the same number of
+//!   connections: the
 //!   `pgbench` binary with a script of one single-row `INSERT` per transaction
 //!   (`-M prepared -c N -j N -T secs -n`), run in the same process's benchmark, on a table
 //!   of the bench's schema.
@@ -277,18 +279,24 @@ fn rate(commits: u64, elapsed: Duration, client_ticks: u64, server_ticks: u64) -
     }
 }
 
+/// Runs per worker in the throughput figures: as many as it has connections, twice as many
+/// (the figure against the floor before group commit), and sixteen times as many (where
+/// the writes of many runs share a statement).
+const RUNS: [usize; 2] = [2 * POOL, 16 * POOL];
+
 /// Transitions per second of `workers` runtimes, each with a store and pool of its own of
-/// [`POOL`] connections and `2 * POOL` runs, over `secs` seconds (after one second of
-/// warm-up), counted by the handler (one handler call per transition).
+/// [`POOL`] connections and `runs` runs, over `secs` seconds (after one second of warm-up),
+/// counted by the handler (one handler call per transition), and the commits' mean batch.
 async fn throughput(
     schema: &common::TestSchema,
-    workers: usize,
+    (workers, runs): (usize, usize),
     secs: u64,
     one_round_trip: bool,
-) -> Rate {
+) -> (Rate, f64) {
     let steps = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
+    let mut stores = Vec::new();
     for w in 0..workers {
         let store = loops_postgres::PgStore::builder(common::pg_config())
             .schema(schema.name.clone())
@@ -297,10 +305,11 @@ async fn throughput(
             .connect()
             .await
             .unwrap();
+        stores.push(store.clone());
         let rt = Runtime::builder().build(store);
-        for i in 0..2 * POOL {
+        for i in 0..runs {
             let rt = rt.clone();
-            let id = format!("t{workers}-{one_round_trip}-{w}-{i}");
+            let id = format!("t{workers}-{runs}-{one_round_trip}-{w}-{i}");
             let handler = Timed {
                 steps: Arc::clone(&steps),
                 stop: Arc::clone(&stop),
@@ -312,15 +321,27 @@ async fn throughput(
             }));
         }
     }
+    let counts = || {
+        stores.iter().fold((0, 0), |(writes, batches), store| {
+            let c = store.commit_counts();
+            (writes + c.one_round_trip, batches + c.batches)
+        })
+    };
     tokio::time::sleep(Duration::from_secs(1)).await;
     let (from, t, cpu) = (steps.load(Ordering::Relaxed), Instant::now(), cpu_ticks());
+    let before = counts();
     tokio::time::sleep(Duration::from_secs(secs)).await;
     let (to, elapsed, end) = (steps.load(Ordering::Relaxed), t.elapsed(), cpu_ticks());
+    let after = counts();
     stop.store(true, Ordering::Relaxed);
     for t in tasks {
         t.await.unwrap();
     }
-    rate(to - from, elapsed, end.0 - cpu.0, end.2 - cpu.2)
+    let batch = (after.0 - before.0) as f64 / (after.1 - before.1).max(1) as f64;
+    (
+        rate(to - from, elapsed, end.0 - cpu.0, end.2 - cpu.2),
+        batch,
+    )
 }
 
 /// Transactions per second of `pgbench` at `clients` connections for `secs` seconds, each
@@ -480,29 +501,35 @@ async fn bench() {
 
     println!();
     println!(
-        "throughput over {secs} s: loops transitions/s (workers of {POOL} connections, \
-         {} runs each) against pgbench single-row INSERT transactions/s at as many connections",
-        2 * POOL
+        "throughput over {secs} s: loops transitions/s (workers of {POOL} connections, {} or {} \
+         runs each) against pgbench single-row INSERT transactions/s at as many connections",
+        RUNS[0], RUNS[1]
     );
     println!(
-        "| workers | connections | pgbench floor tps | loops, two round trips | loops, one round trip | one round trip / floor | CPU µs per commit, client + server: pgbench | two round trips | one round trip |"
+        "| workers | connections | pgbench floor tps | loops, two round trips, {a} runs | loops, one round trip, {a} runs | / floor | mean batch | loops, one round trip, {b} runs | / floor | mean batch | CPU µs per commit, client + server: pgbench | two round trips | one round trip, {a} runs | {b} runs |",
+        a = RUNS[0],
+        b = RUNS[1]
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let cpu = |r: &Rate| format!("{:.0} + {:.0}", r.client_us, r.server_us);
     for workers in [1, 2, 4] {
         let connections = workers * POOL;
         let floor = pgbench_floor(&schema.name, connections, secs);
-        let two = throughput(&schema, workers, secs, false).await;
-        let one = throughput(&schema, workers, secs, true).await;
+        let (two, _) = throughput(&schema, (workers, RUNS[0]), secs, false).await;
+        let (one, batch) = throughput(&schema, (workers, RUNS[0]), secs, true).await;
+        let (many, many_batch) = throughput(&schema, (workers, RUNS[1]), secs, true).await;
         println!(
-            "| {workers} | {connections} | {:.0} | {:.0} | {:.0} | {:.2} | {} | {} | {} |",
+            "| {workers} | {connections} | {:.0} | {:.0} | {:.0} | {:.2} | {batch:.1} | {:.0} | {:.2} | {many_batch:.1} | {} | {} | {} | {} |",
             floor.per_s,
             two.per_s,
             one.per_s,
             one.per_s / floor.per_s,
+            many.per_s,
+            many.per_s / floor.per_s,
             cpu(&floor),
             cpu(&two),
-            cpu(&one)
+            cpu(&one),
+            cpu(&many)
         );
     }
 }

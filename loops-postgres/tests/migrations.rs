@@ -73,10 +73,15 @@ async fn workers_starting_at_once_migrate_once() {
             (
                 10,
                 "sealing_keys.key_check: the check value of each sealing key".to_owned()
+            ),
+            (
+                11,
+                "commit_batch: the guarded commits of many lease holders in one statement"
+                    .to_owned()
             )
         ]
     );
-    assert_eq!(SCHEMA_VERSION, 10);
+    assert_eq!(SCHEMA_VERSION, 11);
     let tables: Vec<String> = common::admin()
         .await
         .query(

@@ -1,8 +1,9 @@
 //! The one-round-trip commit of a lease holder's writes (docs/postgres.md, "The commit
 //! path"): taken by transitions and step records once the store knows the run's row; left,
 //! with nothing written, when another writer changed the row or the lease moved, for the
-//! two-round-trip path and its exact answer; and taken on a store migrated from schema
-//! version 8, which had no guard.
+//! two-round-trip path and its exact answer; the writes of many runs that queue together
+//! committed in one statement, each guarded on its own; and taken on a store migrated from
+//! schema version 8, which had no guard.
 
 mod common;
 
@@ -95,11 +96,10 @@ async fn history(store: &PgStore, run_id: &str) -> Vec<(u64, String)> {
     records.into_iter().map(|r| (r.seq, r.state)).collect()
 }
 
-fn counts(one_round_trip: u64, fell_back: u64) -> CommitCounts {
-    let mut counts = CommitCounts::default();
-    counts.one_round_trip = one_round_trip;
-    counts.fell_back = fell_back;
-    counts
+/// The writes of `store` committed in one round trip, and those that fell back from it.
+fn trips(store: &PgStore) -> (u64, u64) {
+    let counts: CommitCounts = store.commit_counts();
+    (counts.one_round_trip, counts.fell_back)
 }
 
 /// The sessions of `store`'s pool that are inside a transaction (none once a write returned).
@@ -123,7 +123,7 @@ async fn a_lease_holders_transitions_and_steps_take_one_round_trip() {
     let lease = create(&fast, "r").await;
     // The create reads the row (none) and inserts it: two round trips; every write after it
     // knows the row.
-    assert_eq!(fast.commit_counts(), counts(0, 0));
+    assert_eq!(trips(&fast), (0, 0));
     for seq in 1..=3 {
         let reply = fast
             .write(Some(&lease), transition("r", seq))
@@ -141,7 +141,7 @@ async fn a_lease_holders_transitions_and_steps_take_one_round_trip() {
         assert!(matches!(reply, Ok(Reply::Done)), "{reply:?}");
     }
     fast.write(Some(&lease), transition("r", 4)).await.unwrap();
-    assert_eq!(fast.commit_counts(), counts(6, 0));
+    assert_eq!(trips(&fast), (6, 0));
     // The same writes as the two-round-trip path stores them.
     let slow = store(&schema, "slow", Duration::from_secs(60), false).await;
     let other = create(&slow, "s").await;
@@ -156,7 +156,7 @@ async fn a_lease_holders_transitions_and_steps_take_one_round_trip() {
             .unwrap();
     }
     slow.write(Some(&other), transition("s", 4)).await.unwrap();
-    assert_eq!(slow.commit_counts(), counts(0, 0));
+    assert_eq!(trips(&slow), (0, 0));
     let (mut a, mut b) = (
         fast.run_info("r").await.unwrap().unwrap(),
         slow.run_info("s").await.unwrap().unwrap(),
@@ -189,7 +189,7 @@ async fn a_lease_holders_transitions_and_steps_take_one_round_trip() {
         "{again:?}"
     );
     // Its guard saw the key taken: nothing written, the connection out of the transaction.
-    assert_eq!(fast.commit_counts(), counts(7, 1));
+    assert_eq!(trips(&fast), (7, 1));
     assert_eq!(in_transaction(&fast).await, 0);
     assert_eq!(fast.steps("r", 4).await.unwrap().len(), 1);
 }
@@ -204,7 +204,7 @@ async fn writes_of_another_handle_between_two_commits_of_the_holder() {
         .write(Some(&lease), transition("r", 1))
         .await
         .unwrap();
-    assert_eq!(holder.commit_counts(), counts(1, 0));
+    assert_eq!(trips(&holder), (1, 0));
 
     // An event leaves the row as it is: the next transition needs nothing of the inbox and
     // still commits in one round trip; the event stays pending.
@@ -220,7 +220,7 @@ async fn writes_of_another_handle_between_two_commits_of_the_holder() {
         .write(Some(&lease), transition("r", 2))
         .await
         .unwrap();
-    assert_eq!(holder.commit_counts(), counts(2, 0));
+    assert_eq!(trips(&holder), (2, 0));
     let events = holder.events("r").await.unwrap();
     assert_eq!(events.len(), 1);
     assert!(!events[0].2, "the event is still pending");
@@ -245,7 +245,7 @@ async fn writes_of_another_handle_between_two_commits_of_the_holder() {
         .write(Some(&lease), transition("r", 3))
         .await
         .unwrap();
-    assert_eq!(holder.commit_counts(), counts(2, 1));
+    assert_eq!(trips(&holder), (2, 1));
     let info = holder.run_info("r").await.unwrap().unwrap();
     assert_eq!((info.seq, info.error.is_none()), (3, true));
     assert_eq!(holder.failures("r").await.unwrap().len(), 1);
@@ -254,7 +254,7 @@ async fn writes_of_another_handle_between_two_commits_of_the_holder() {
         .write(Some(&lease), transition("r", 4))
         .await
         .unwrap();
-    assert_eq!(holder.commit_counts(), counts(3, 1));
+    assert_eq!(trips(&holder), (3, 1));
 
     // A cancellation from the other handle: the holder's next transition falls back, and is
     // refused as on two round trips; nothing is written.
@@ -270,7 +270,7 @@ async fn writes_of_another_handle_between_two_commits_of_the_holder() {
         matches!(&refused, Err(Error::RunCancelled { run_id, seq: 4, reason, .. }) if run_id == "r" && reason == "stop"),
         "{refused:?}"
     );
-    assert_eq!(holder.commit_counts(), counts(3, 2));
+    assert_eq!(trips(&holder), (3, 2));
     assert_eq!(in_transaction(&holder).await, 0);
     let info = holder.run_info("r").await.unwrap().unwrap();
     assert_eq!(
@@ -307,7 +307,7 @@ async fn a_lease_taken_over_fences_the_holders_one_round_trip() {
         .write(Some(&lease), transition("r", 1))
         .await
         .unwrap();
-    assert_eq!(holder.commit_counts(), counts(1, 0));
+    assert_eq!(trips(&holder), (1, 0));
     // The lease lapses; another worker takes the run over and writes nothing yet: the row
     // is the one the holder knows, only the lease moved.
     tokio::time::sleep(ttl * 2).await;
@@ -321,7 +321,7 @@ async fn a_lease_taken_over_fences_the_holders_one_round_trip() {
         );
     }
     // The first fell back from its guard; the second found nothing remembered.
-    assert_eq!(holder.commit_counts(), counts(1, 1));
+    assert_eq!(trips(&holder), (1, 1));
     assert_eq!(holder.run_info("r").await.unwrap().unwrap(), before);
     assert_eq!(history(&holder, "r").await.len(), 2);
     assert!(holder.steps("r", 1).await.unwrap().is_empty());
@@ -329,7 +329,7 @@ async fn a_lease_taken_over_fences_the_holders_one_round_trip() {
     // The new holder goes on.
     other.write(Some(&taken), transition("r", 2)).await.unwrap();
     other.write(Some(&taken), transition("r", 3)).await.unwrap();
-    assert_eq!(other.commit_counts(), counts(1, 0));
+    assert_eq!(trips(&other), (1, 0));
     assert_eq!(
         history(&other, "r").await,
         vec![
@@ -347,20 +347,20 @@ async fn a_store_migrated_from_version_8_commits_in_one_round_trip() {
     let old = store(&schema, "old", Duration::from_secs(60), true).await;
     let lease = create(&old, "r").await;
     old.write(Some(&lease), transition("r", 1)).await.unwrap();
-    // The schema as version 8 left it: migration 9 only adds the guard, 10 a column of the
-    // sealing keys.
+    // The schema as version 8 left it: migrations 9 and 11 only add the guards, 10 a column
+    // of the sealing keys.
     let admin = common::admin().await;
     let s = format!("\"{}\"", schema.name);
     admin
         .batch_execute(&format!(
-            "DROP FUNCTION {s}.commit_one; ALTER TABLE {s}.sealing_keys DROP COLUMN key_check; \
+            "DROP FUNCTION {s}.commit_one; DROP FUNCTION {s}.commit_batch; ALTER TABLE {s}.sealing_keys DROP COLUMN key_check; \
              DELETE FROM {s}.migrations WHERE version >= 9"
         ))
         .await
         .unwrap();
     // A store whose guard is gone commits on two round trips.
     old.write(Some(&lease), transition("r", 2)).await.unwrap();
-    assert_eq!(old.commit_counts(), counts(1, 1));
+    assert_eq!(trips(&old), (1, 1));
     assert_eq!(in_transaction(&old).await, 0);
 
     let new = store(&schema, "new", Duration::from_secs(60), true).await;
@@ -383,13 +383,197 @@ async fn a_store_migrated_from_version_8_commits_in_one_round_trip() {
     for seq in 3..=5 {
         new.write(Some(&lease), transition("r", seq)).await.unwrap();
     }
-    assert_eq!(new.commit_counts(), counts(2, 0));
+    assert_eq!(trips(&new), (2, 0));
     // And through the old one again, once the row it knew is stale.
     old.write(Some(&lease), transition("r", 6)).await.unwrap();
     old.write(Some(&lease), transition("r", 7)).await.unwrap();
-    assert_eq!(old.commit_counts(), counts(2, 1));
+    assert_eq!(trips(&old), (2, 1));
     assert_eq!(
         history(&new, "r").await,
         (0..=7).map(|s| (s, format!("S{s}"))).collect::<Vec<_>>()
     );
+}
+
+/// The pool of the store of the group-commit test: one connection for a write that waits
+/// for a lock, one for the others.
+const POOL: usize = 2;
+
+/// A write under way, on a task of its own.
+type Pending = tokio::task::JoinHandle<loops::Result<Reply>>;
+
+/// Starts a transition to `seq` of each run of `leases` while the store's connections are
+/// held (its pool has [`POOL`]), waits until all but the first (which holds the batch,
+/// waiting for a connection) have queued, then lets the connections go. Returns the writes,
+/// in the order of `leases`.
+async fn queue_together(store: &PgStore, leases: &[Lease], seq: u64) -> Vec<Pending> {
+    let mut held = Vec::new();
+    for _ in 0..POOL {
+        held.push(store.pool().get().await.unwrap());
+    }
+    let writes: Vec<Pending> = leases
+        .iter()
+        .map(|lease| {
+            let (store, lease) = (store.clone(), lease.clone());
+            tokio::spawn(async move {
+                let write = transition(&lease.run_id, seq);
+                store.write(Some(&lease), write).await
+            })
+        })
+        .collect();
+    let queued = leases.len() as u64 - 1;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while store.commit_counts().waiting < queued {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the writes did not queue"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    drop(held);
+    writes
+}
+
+/// [`queue_together`], and each write's reply.
+async fn queued_together(store: &PgStore, leases: &[Lease], seq: u64) -> Vec<loops::Result<Reply>> {
+    let mut replies = Vec::new();
+    for write in queue_together(store, leases, seq).await {
+        replies.push(write.await.unwrap());
+    }
+    replies
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_of_many_runs_queued_together_commit_in_one_statement_each_on_its_own_guard() {
+    let schema = common::TestSchema::new("one_trip_batch").await;
+    let store = PgStore::builder(common::pg_config())
+        .schema(&schema.name)
+        .application_name(format!("{}-batch", schema.name))
+        .pool_size(POOL)
+        .connect()
+        .await
+        .unwrap();
+    let other = store_with(&schema, "other").await;
+    let ids: Vec<String> = (0..12).map(|i| format!("r{i:02}")).collect();
+    let mut leases = Vec::new();
+    for id in &ids {
+        let lease = create(&store, id).await;
+        store.write(Some(&lease), transition(id, 1)).await.unwrap();
+        leases.push(lease);
+    }
+    assert_eq!(trips(&store), (12, 0));
+    // Run r05 is cancelled through another handle: its row changed, so its guard fails in
+    // the batch and its write alone falls back, to be refused as on two round trips.
+    let cancel = Write::Cancel {
+        run_id: "r05".into(),
+        reason: "stop".into(),
+        end_now: false,
+        at_ms: 7_000,
+    };
+    other.write(None, cancel).await.unwrap();
+    let batches = store.commit_counts().batches;
+    let replies = queued_together(&store, &leases, 2).await;
+    for (id, reply) in ids.iter().zip(&replies) {
+        match (id.as_str(), reply) {
+            ("r05", Err(Error::RunCancelled { run_id, seq: 1, .. })) if run_id == "r05" => {}
+            (_, Ok(Reply::Run(info))) if id != "r05" => {
+                assert_eq!((&info.run_id, info.seq, info.state.as_str()), (id, 2, "S2"))
+            }
+            _ => panic!("{id}: {reply:?}"),
+        }
+    }
+    // The first commits alone, the others in one statement, in which r05's guard fails.
+    let counts = store.commit_counts();
+    assert_eq!((counts.one_round_trip, counts.fell_back), (23, 1));
+    assert_eq!((counts.batches - batches, counts.waiting), (2, 0));
+    for id in &ids {
+        let expected = if id == "r05" { 1 } else { 2 };
+        let states: Vec<_> = (0..=expected).map(|s| (s, format!("S{s}"))).collect();
+        assert_eq!(history(&store, id).await, states, "{id}");
+        assert_eq!(store.run_info(id).await.unwrap().unwrap().seq, expected);
+    }
+    assert_eq!(in_transaction(&store).await, 0);
+
+    // A record key taken behind the store's back (the row still at seq 2): that write alone
+    // is declined in its statement, with nothing written, and refused on two round trips;
+    // the others commit.
+    let admin = common::admin().await;
+    let s = format!("\"{}\"", schema.name);
+    admin
+        .execute(
+            &format!("INSERT INTO {s}.journal (run_id, seq, record) VALUES ('r07', 3, $1)"),
+            &[&String::from_utf8(record(3)).unwrap()],
+        )
+        .await
+        .unwrap();
+    let live: Vec<Lease> = leases.into_iter().filter(|l| l.run_id != "r05").collect();
+    let batches = store.commit_counts().batches;
+    let replies = queued_together(&store, &live, 3).await;
+    for (lease, reply) in live.iter().zip(&replies) {
+        let id = lease.run_id.as_str();
+        match reply {
+            Err(Error::SequenceConflict { run_id, seq: 3 }) if id == "r07" && run_id == id => {}
+            Ok(Reply::Run(info)) if id != "r07" => {
+                assert_eq!((info.seq, info.state.as_str()), (3, "S3"))
+            }
+            _ => panic!("{id}: {reply:?}"),
+        }
+    }
+    let counts = store.commit_counts();
+    assert_eq!((counts.one_round_trip, counts.fell_back), (33, 2));
+    assert_eq!(counts.batches - batches, 2);
+    let r07 = store.run_info("r07").await.unwrap().unwrap();
+    assert_eq!((r07.seq, r07.state.as_str()), (2, "S2"));
+    for lease in live.iter().filter(|l| l.run_id != "r07") {
+        assert_eq!(store.run_info(&lease.run_id).await.unwrap().unwrap().seq, 3);
+        assert_eq!(history(&store, &lease.run_id).await.len(), 4);
+    }
+    assert_eq!(in_transaction(&store).await, 0);
+
+    // A run's row locked by another transaction: the statement does not wait for it, its
+    // write alone is declined and waits on two round trips, and the others commit.
+    let live: Vec<Lease> = live.into_iter().filter(|l| l.run_id != "r07").collect();
+    let mut locker = common::admin().await;
+    let tx = locker.transaction().await.unwrap();
+    tx.execute(
+        &format!("SELECT 1 FROM {s}.runs WHERE run_id = 'r03' FOR UPDATE"),
+        &[],
+    )
+    .await
+    .unwrap();
+    let batches = store.commit_counts().batches;
+    let mut writes = queue_together(&store, &live, 4).await;
+    let r03 = writes.remove(live.iter().position(|l| l.run_id == "r03").unwrap());
+    for write in writes {
+        let reply = write.await.unwrap();
+        assert!(
+            matches!(&reply, Ok(Reply::Run(info)) if info.seq == 4),
+            "{reply:?}"
+        );
+    }
+    let counts = store.commit_counts();
+    assert_eq!((counts.one_round_trip, counts.fell_back), (42, 3));
+    assert_eq!(counts.batches - batches, 2);
+    assert!(
+        !r03.is_finished(),
+        "r03's write waits for the lock on two round trips"
+    );
+    tx.commit().await.unwrap();
+    let reply = r03.await.unwrap();
+    assert!(
+        matches!(&reply, Ok(Reply::Run(info)) if info.seq == 4),
+        "{reply:?}"
+    );
+    for lease in &live {
+        assert_eq!(
+            history(&store, &lease.run_id).await.len(),
+            5,
+            "{}",
+            lease.run_id
+        );
+    }
+}
+
+/// A second store of `schema`, whose sessions are named after `tag`.
+async fn store_with(schema: &common::TestSchema, tag: &str) -> PgStore {
+    store(schema, tag, Duration::from_secs(60), true).await
 }
