@@ -21,7 +21,9 @@
 //! lone run never waits); writes that arrive meanwhile queue, and a task of the store's
 //! ([`drain`]) commits what has queued in one statement each time, until the queue is empty.
 //! One batch is in progress per store at a time; other writes use the pool's other
-//! connections.
+//! connections. The statement takes its locks `SKIP LOCKED`: a write whose lease or row
+//! another transaction holds is declined (and waits on two round trips), so no run's lock
+//! holds up the others' writes.
 //!
 //! A write whose plan against the remembered row refuses, changes nothing, or has other
 //! effects (follow-ups, attributes, a wake-up to send) also goes the two-round-trip way.
@@ -356,26 +358,26 @@ pub(crate) async fn commit(
 /// Sends `item` for a batch and returns its outcome: commits it at once on this task if no
 /// batch is in progress, else queues it for [`drain`].
 async fn submit(inner: &Arc<Inner>, item: Item) -> Outcome {
-    let (done, outcome) = oneshot::channel();
-    let queued = Queued { item, done };
-    let alone = {
+    let queued = {
         let mut queue = inner.cache.queue();
         if queue.busy {
-            queue.waiting.push(queued);
-            None
+            let (done, outcome) = oneshot::channel();
+            queue.waiting.push(Queued { item, done });
+            Err(outcome)
         } else {
             queue.busy = true;
-            Some(queued)
+            Ok(item)
         }
     };
-    if let Some(queued) = alone {
-        let handover = Handover(Some(Arc::clone(inner)));
-        let outcome = commit_batch(inner, std::slice::from_ref(&queued.item))
-            .await
-            .swap_remove(0);
-        drop(handover);
-        return outcome;
-    }
+    let outcome = match queued {
+        Ok(item) => {
+            let handover = Handover(Some(Arc::clone(inner)));
+            let mut outcome = commit_batch(inner, std::slice::from_ref(&item)).await;
+            drop(handover);
+            return outcome.swap_remove(0);
+        }
+        Err(outcome) => outcome,
+    };
     outcome.await.unwrap_or_else(|_| {
         Outcome::Unknown(Arc::new(std::io::Error::other(
             "the batch that carried the write ended before it answered: whether it committed \
@@ -490,8 +492,8 @@ async fn commit_batch(inner: &Inner, items: &[Item]) -> Vec<Outcome> {
         Err(e) if e.as_db_error().is_none() || is_connection_error(&e) => {
             all(Outcome::Unknown(Arc::new(e)))
         }
-        // The statement failed (a key taken after its row was updated, a deadlock), so its
-        // transaction rolled back: nothing was written.
+        // The statement failed (the schema altered outside loops, a server-side error), so
+        // its transaction rolled back: nothing was written.
         Err(e) => {
             tracing::debug!(error = %e, "a one-round-trip batch rolled back");
             guard.keep();

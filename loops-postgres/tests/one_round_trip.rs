@@ -96,6 +96,16 @@ async fn history(store: &PgStore, run_id: &str) -> Vec<(u64, String)> {
     records.into_iter().map(|r| (r.seq, r.state)).collect()
 }
 
+/// A cancellation of `run_id`, with reason "stop".
+fn cancel(run_id: &str) -> Write {
+    Write::Cancel {
+        run_id: run_id.into(),
+        reason: "stop".into(),
+        end_now: false,
+        at_ms: 7_000,
+    }
+}
+
 /// The writes of `store` committed in one round trip, and those that fell back from it.
 fn trips(store: &PgStore) -> (u64, u64) {
     let counts: CommitCounts = store.commit_counts();
@@ -258,13 +268,7 @@ async fn writes_of_another_handle_between_two_commits_of_the_holder() {
 
     // A cancellation from the other handle: the holder's next transition falls back, and is
     // refused as on two round trips; nothing is written.
-    let cancel = Write::Cancel {
-        run_id: "r".into(),
-        reason: "stop".into(),
-        end_now: false,
-        at_ms: 7_000,
-    };
-    other.write(None, cancel).await.unwrap();
+    other.write(None, cancel("r")).await.unwrap();
     let refused = holder.write(Some(&lease), transition("r", 5)).await;
     assert!(
         matches!(&refused, Err(Error::RunCancelled { run_id, seq: 4, reason, .. }) if run_id == "r" && reason == "stop"),
@@ -463,13 +467,7 @@ async fn writes_of_many_runs_queued_together_commit_in_one_statement_each_on_its
     assert_eq!(trips(&store), (12, 0));
     // Run r05 is cancelled through another handle: its row changed, so its guard fails in
     // the batch and its write alone falls back, to be refused as on two round trips.
-    let cancel = Write::Cancel {
-        run_id: "r05".into(),
-        reason: "stop".into(),
-        end_now: false,
-        at_ms: 7_000,
-    };
-    other.write(None, cancel).await.unwrap();
+    other.write(None, cancel("r05")).await.unwrap();
     let batches = store.commit_counts().batches;
     let replies = queued_together(&store, &leases, 2).await;
     for (id, reply) in ids.iter().zip(&replies) {
