@@ -47,21 +47,58 @@ impl Write for Sink {
     }
 }
 
-/// A DEBUG subscriber of this thread writing into a [`Sink`], until the guard drops.
-fn capture() -> (Sink, tracing::subscriber::DefaultGuard) {
-    let sink = Sink::default();
-    let writer = sink.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    (sink, tracing::subscriber::set_default(subscriber))
+impl Sink {
+    /// Everything logged so far, as text.
+    fn text(&self) -> String {
+        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+    }
+
+    /// The lines logged so far that name `run_id` (in a span's fields or an event's, as
+    /// `run_id="ID"` or `run_id=ID`), one per line.
+    fn of(&self, run_id: &str) -> String {
+        let quoted = format!("run_id=\"{run_id}\"");
+        let bare = format!("run_id={run_id}");
+        let names = |line: &str| {
+            line.contains(&quoted)
+                || line.match_indices(&bare).any(|(at, _)| {
+                    line[at + bare.len()..]
+                        .chars()
+                        .next()
+                        .is_none_or(|c| c.is_whitespace() || c == '}')
+                })
+        };
+        let mut out = String::new();
+        for line in self.text().lines().filter(|l| names(l)) {
+            out.push_str(line);
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// The log lines of this test process at DEBUG and above, from every thread: one global
+/// subscriber, installed once. (A subscriber set per test with `set_default` lost lines
+/// about 1 time in 10 under load while the file's other tests set and dropped theirs: the
+/// callsites' interest is cached process-wide.) Tests tell their lines apart by run ids, and
+/// each secret is one no test logs, or one only its own run logs.
+fn captured() -> &'static Sink {
+    static SINK: std::sync::OnceLock<Sink> = std::sync::OnceLock::new();
+    SINK.get_or_init(|| {
+        let sink = Sink::default();
+        let writer = sink.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).expect("the only global subscriber");
+        sink
+    })
 }
 
 #[tokio::test]
 async fn runs_states_and_steps_are_traced_with_their_fields() {
-    let (sink, _guard) = capture();
+    let sink = captured();
 
     let dir = tempfile::tempdir().unwrap();
     let rt = Runtime::builder()
@@ -77,7 +114,7 @@ async fn runs_states_and_steps_are_traced_with_their_fields() {
         .unwrap();
     assert_eq!(done, Traced::Done { n: 42 });
 
-    let out = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
+    let out = sink.of("r-7");
     for want in [
         "run{run_id=\"r-7\" workflow=\"traced\"}",
         "state{state=\"Start\" seq=0 attempt=1}",
@@ -93,16 +130,18 @@ async fn runs_states_and_steps_are_traced_with_their_fields() {
     }
 }
 
-struct Leaky;
+/// Fails its first attempt with `.0`, a secret, in a step's error.
+struct Leaky(&'static str);
 
 impl TracedHandler for Leaky {
     type Error = loops::BoxError;
 
     async fn start(&self, ctx: &Context, n: u32) -> Result<StartNext, Self::Error> {
         let attempt = ctx.attempt();
+        let secret = self.0;
         ctx.step("call", || async move {
             if attempt == 1 {
-                Err::<u32, loops::BoxError>("the API refused secret-token=hunter2".into())
+                Err::<u32, loops::BoxError>(format!("the API refused {secret}").into())
             } else {
                 Ok(n)
             }
@@ -112,10 +151,14 @@ impl TracedHandler for Leaky {
     }
 }
 
-/// Runs `Leaky` (its first attempt fails with a secret in a step's error) on a runtime with
-/// a codec, `log_payloads` as given; returns what was logged.
-async fn logged_with_a_codec(log_payloads: Option<bool>) -> String {
-    let (sink, _guard) = capture();
+/// Runs `Leaky(secret)` as `run_id` on a runtime with a codec, `log_payloads` as given;
+/// returns everything logged so far (by any test).
+async fn logged_with_a_codec(
+    run_id: &str,
+    secret: &'static str,
+    log_payloads: Option<bool>,
+) -> String {
+    let sink = captured();
     let dir = tempfile::tempdir().unwrap();
     let mut builder = Runtime::builder()
         .retry(RetryPolicy::attempts(2).with_delays(
@@ -127,19 +170,23 @@ async fn logged_with_a_codec(log_payloads: Option<bool>) -> String {
         builder = builder.log_payloads(on);
     }
     let rt = builder.open(dir.path().join("s.redb")).unwrap();
-    let done = rt.run("r-8", Traced::Start { n: 5 }, &Leaky).await.unwrap();
+    let done = rt
+        .run(run_id, Traced::Start { n: 5 }, &Leaky(secret))
+        .await
+        .unwrap();
     assert_eq!(done, Traced::Done { n: 5 });
-    let failures = rt.store().failures("r-8").await.unwrap();
+    let failures = rt.store().failures(run_id).await.unwrap();
     assert_eq!(failures.len(), 2, "the step's failure and the attempt's");
-    String::from_utf8(sink.0.lock().unwrap().clone()).unwrap()
+    sink.text()
 }
 
 /// With a codec, error texts (sealed in the store) are not logged: the WARN lines name the
 /// run, state, seq, attempt and the error's kind. `log_payloads(true)` logs them.
 #[tokio::test]
 async fn with_a_codec_error_texts_are_not_logged_unless_asked() {
-    let out = logged_with_a_codec(None).await;
-    assert!(!out.contains("hunter2"), "a secret was logged:\n{out}");
+    let all = logged_with_a_codec("r-8", "secret-token=hunter2", None).await;
+    assert!(!all.contains("hunter2"), "a secret was logged:\n{all}");
+    let out = captured().of("r-8");
     let not_logged =
         "error=<not logged: payloads are sealed; RuntimeBuilder::log_payloads logs them>";
     for want in [
@@ -155,8 +202,10 @@ async fn with_a_codec_error_texts_are_not_logged_unless_asked() {
     }
     assert_eq!(out.matches(not_logged).count(), 2, "{out}");
 
-    let out = logged_with_a_codec(Some(true)).await;
-    assert_eq!(out.matches("secret-token=hunter2").count(), 2, "{out}");
+    let all = logged_with_a_codec("r-8-logged", "secret-token=swordfish", Some(true)).await;
+    assert_eq!(all.matches("secret-token=swordfish").count(), 2, "{all}");
+    let out = captured().of("r-8-logged");
+    assert_eq!(out.matches("secret-token=swordfish").count(), 2, "{out}");
     assert!(!out.contains("<not logged"), "{out}");
 }
 
@@ -251,7 +300,7 @@ async fn with_a_codec_a_block_reason_is_not_logged() {
     rt.shutdown().await;
     drop(rt);
 
-    let (sink, _guard) = capture();
+    let sink = captured();
     let rt = Runtime::builder()
         .codec(keys())
         .register::<moved_v2::Moved, _>(Never)
@@ -269,8 +318,22 @@ async fn with_a_codec_a_block_reason_is_not_logged() {
         info.block.unwrap().reason.contains("hunter2"),
         "the reason is in the store, sealed"
     );
+    // The driver logs the block after its write commits, and `shutdown` drops drivers at
+    // their next await as a crash would: wait for the line before stopping it.
+    let out = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        loop {
+            let out = sink.of("r-9");
+            if out.contains("run blocked") {
+                return out;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no `run blocked` line within 10 s:\n{}", sink.of("r-9")));
     rt.shutdown().await;
-    let out = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
+    let all = sink.text();
+    assert!(!all.contains("hunter2"), "a secret was logged:\n{all}");
     assert!(!out.contains("hunter2"), "a secret was logged:\n{out}");
     assert!(
         out.contains("run blocked")

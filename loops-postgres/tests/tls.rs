@@ -273,9 +273,29 @@ impl std::io::Write for Captured {
     }
 }
 
-// One thread: the subscriber set below sees everything the store's `connect` logs.
+/// The log lines of this test process at INFO and above, from every thread: one global
+/// subscriber, installed once. (A subscriber set per test with `set_default` can miss lines
+/// while other tests run: the callsites' interest is cached process-wide.) A test picks its
+/// lines by its store's label.
+fn captured() -> &'static Captured {
+    static LOGS: std::sync::OnceLock<Captured> = std::sync::OnceLock::new();
+    LOGS.get_or_init(|| {
+        let logs = Captured::default();
+        let writer = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .without_time()
+            .with_max_level(tracing::Level::INFO)
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).expect("the only global subscriber");
+        logs
+    })
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn sslmode_prefer_does_not_fall_back_to_plaintext_unless_allowed() {
+    let logs = captured();
     let schema = common::TestSchema::new("tls_prefer").await;
     let proxy = proxy_without_tls().await;
     let server: tokio_postgres::Config = common::pg_config().parse().unwrap();
@@ -311,15 +331,6 @@ async fn sslmode_prefer_does_not_fall_back_to_plaintext_unless_allowed() {
     );
 
     // Allowed: connects in the clear, and says so in one WARN line.
-    let logs = Captured::default();
-    let writer = logs.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .without_time()
-        .with_max_level(tracing::Level::INFO)
-        .finish();
-    let guard = tracing::subscriber::set_default(subscriber);
     let store = PgStore::builder(&config)
         .schema(&schema.name)
         .pool_size(1)
@@ -327,9 +338,12 @@ async fn sslmode_prefer_does_not_fall_back_to_plaintext_unless_allowed() {
         .connect_tls(accepting())
         .await
         .expect("plaintext allowed");
-    drop(guard);
     let logs = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
-    let warnings: Vec<&str> = logs.lines().filter(|l| l.contains("WARN")).collect();
+    let ours = format!("store=\"{}\"", store.label());
+    let warnings: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains(&ours))
+        .collect();
     assert_eq!(
         warnings,
         vec![format!(
