@@ -231,7 +231,7 @@ async fn a_v1_worker_and_a_v2_worker_each_finish_their_own_runs_once() {
     }
 }
 
-/// Log lines, as text, from a subscriber of this test's thread.
+/// Log lines, as text, from the global subscriber [`captured`] installs.
 #[derive(Clone, Default)]
 struct Lines(Arc<Mutex<Vec<u8>>>);
 
@@ -246,13 +246,43 @@ impl std::io::Write for Lines {
 }
 
 impl Lines {
-    /// The lines that contain every one of `words`.
-    fn count(&self, words: &[&str]) -> usize {
+    /// The lines that name run `run_id` (`run_id=ID` or `run_id="ID"`) and contain every
+    /// one of `words`.
+    fn count(&self, run_id: &str, words: &[&str]) -> usize {
+        let names = [format!("run_id={run_id} "), format!("run_id=\"{run_id}\"")];
         let text = String::from_utf8(self.0.lock().unwrap().clone()).unwrap();
         text.lines()
-            .filter(|l| words.iter().all(|w| l.contains(w)))
+            .map(|l| format!("{l} "))
+            .filter(|l| names.iter().any(|n| l.contains(n)) && words.iter().all(|w| l.contains(w)))
             .count()
     }
+
+    /// The lines at level ERROR.
+    fn errors(&self) -> usize {
+        let text = String::from_utf8(self.0.lock().unwrap().clone()).unwrap();
+        text.lines().filter(|l| l.contains("ERROR")).count()
+    }
+}
+
+/// The log lines of this test process at INFO and above, from every thread: one global
+/// subscriber, installed once. (A subscriber set per test with `set_default` can lose lines
+/// while other tests run: the callsites' interest is cached process-wide.) A test picks its
+/// lines by run id.
+fn captured() -> &'static Lines {
+    static LINES: std::sync::OnceLock<Lines> = std::sync::OnceLock::new();
+    LINES.get_or_init(|| {
+        let lines = Lines::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_max_level(tracing::Level::INFO)
+            .with_writer({
+                let lines = lines.clone();
+                move || lines.clone()
+            })
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).expect("the only global subscriber");
+        lines
+    })
 }
 
 async fn until_status(store: &loops_postgres::PgStore, run_id: &str, status: RunStatus) {
@@ -266,20 +296,10 @@ async fn until_status(store: &loops_postgres::PgStore, run_id: &str, status: Run
 /// that routes it and joins later unblocks it and finishes it. While a worker that routes a
 /// run is live, even one too busy to take it, nothing is blocked.
 ///
-/// Every worker is a runtime with a store (a pool and a lease owner) of its own, on this
-/// test's thread, so that the log lines of all of them are counted.
+/// Every worker is a runtime with a store (a pool and a lease owner) of its own.
 #[tokio::test]
 async fn a_run_no_live_worker_routes_is_blocked_once_and_a_worker_that_joins_finishes_it() {
-    let lines = Lines::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_ansi(false)
-        .with_max_level(tracing::Level::INFO)
-        .with_writer({
-            let lines = lines.clone();
-            move || lines.clone()
-        })
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let lines = captured();
 
     let schema = common::TestSchema::new("evo_block").await;
     let ttl = Duration::from_secs(1);
@@ -354,8 +374,8 @@ async fn a_run_no_live_worker_routes_is_blocked_once_and_a_worker_that_joins_fin
     tokio::time::sleep(ttl * 3).await;
     assert_eq!(*blocks.lock().unwrap(), ["Block a2"]);
     assert_eq!(*claimed.lock().unwrap(), ["a2"]);
-    assert_eq!(lines.count(&["run blocked", "a2"]), 1);
-    assert_eq!(lines.count(&["WARN", "a2"]), 1);
+    assert_eq!(lines.count("a2", &["run blocked"]), 1);
+    assert_eq!(lines.count("a2", &["WARN"]), 1);
     let a2 = store.run_info("a2").await.unwrap().unwrap();
     let block = a2.block.expect("the block");
     assert_eq!(
@@ -396,6 +416,6 @@ async fn a_run_no_live_worker_routes_is_blocked_once_and_a_worker_that_joins_fin
         .collect();
     assert_eq!(by_run, expected);
     assert_eq!(store.history("a2").await.unwrap().len(), 2);
-    assert_eq!(lines.count(&["WARN", "a2"]), 1);
-    assert_eq!(lines.count(&["ERROR"]), 0);
+    assert_eq!(lines.count("a2", &["WARN"]), 1);
+    assert_eq!(lines.errors(), 0);
 }
