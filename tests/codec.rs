@@ -777,8 +777,9 @@ impl PayloadCodec for NoChecks {
 
 /// A store whose key was recorded without a check value (by a loops before them): the first
 /// worker of this version that seals records the check only once its key opens the state
-/// of the run it writes to. One with another key under the id is refused there, and records
-/// nothing that would lock the right workers out; the right one records the check.
+/// of the run it writes to (or, for a run it creates, of another run). One with another key
+/// under the id is refused there, and records nothing that would lock the right workers
+/// out; the right one records the check.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_check_value_is_recorded_only_for_a_key_that_opens_the_store() {
     let dir = tempfile::tempdir().unwrap();
@@ -801,6 +802,17 @@ async fn a_check_value_is_recorded_only_for_a_key_that_opens_the_store() {
         .await
         .unwrap_err();
     assert_eq!(err.to_string(), mismatch(&path));
+    assert_eq!(rt.store().sealing_checks().await.unwrap(), []);
+    rt.shutdown().await;
+    drop(rt);
+
+    // Nor can it start a run: its first write creates a run with no state to open, so the
+    // key is tried on the state of another run sealed with it, before anything is written.
+    let rt = open_with(&path, Keyring::new("k1", [9; 32]).unwrap()).unwrap();
+    rt.register::<Gate, _>(Approves);
+    let err = rt.start("new", Gate::Open { n: 2 }).await.unwrap_err();
+    assert_eq!(err.to_string(), mismatch(&path));
+    assert_eq!(rt.store().run_info("new").await.unwrap(), None);
     assert_eq!(rt.store().sealing_checks().await.unwrap(), []);
     rt.shutdown().await;
     drop(rt);

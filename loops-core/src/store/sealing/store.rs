@@ -142,10 +142,13 @@ impl SealedStore {
     }
 
     /// For the writing key `key` that the store lists without a check value (recorded by a
-    /// loops before check values): `check`, its check value, if the key opens the latest
-    /// state of run `run_id` (the run of the first write) and that state is sealed with
-    /// `key`; `None` if there is no such state to try (the check is not recorded unverified:
-    /// a worker with another key under the id would then lock the right ones out).
+    /// loops before check values): `check`, its check value, if the key opens a state sealed
+    /// with `key`: the latest state of run `run_id` (the run of the first write), or, when
+    /// that run has none sealed with `key` (a write that creates it), the latest state of
+    /// the first run in status order that has one. `None` if no run has one (the check is
+    /// not recorded unverified: a worker with another key under the id would then lock the
+    /// right ones out). Looking for another run lists the store's runs by status until one
+    /// is found: once per process, and only on a store written before check values.
     ///
     /// # Errors
     /// [`Error::KeyMismatch`] if it does not open that state: the key has the id and other
@@ -156,16 +159,42 @@ impl SealedStore {
         run_id: Option<&str>,
         check: Option<String>,
     ) -> Result<Option<String>> {
-        let Some(run_id) = run_id else {
-            return Ok(None);
-        };
+        if let Some(run_id) = run_id
+            && let Some(verified) = self.verify_latest(key, run_id, &check).await?
+        {
+            return Ok(verified);
+        }
+        for status in RunStatus::ALL {
+            for info in self.inner.list(status, None).await? {
+                if Some(info.run_id.as_str()) == run_id {
+                    continue;
+                }
+                if let Some(verified) = self.verify_latest(key, &info.run_id, &check).await? {
+                    return Ok(verified);
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// `Some(check)` if the latest state of run `run_id` is sealed with `key` and the key
+    /// opens it; `None` if that run has no state sealed with `key`.
+    ///
+    /// # Errors
+    /// [`Error::KeyMismatch`] if the key does not open it; the store's read errors.
+    async fn verify_latest(
+        &self,
+        key: &str,
+        run_id: &str,
+        check: &Option<String>,
+    ) -> Result<Option<Option<String>>> {
         let Some((_, record)) = self.inner.latest(run_id).await? else {
             return Ok(None);
         };
         match crate::codec::parse_envelope(record.payload.get()) {
             Some(Ok(sealed)) if sealed.key == key => {
                 match self.payloads.verify_transition(run_id, &record) {
-                    Ok(()) => Ok(check),
+                    Ok(()) => Ok(Some(check.clone())),
                     Err(_) => Err(Error::KeyMismatch {
                         store: self.inner.label(),
                         key: key.to_owned(),
