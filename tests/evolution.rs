@@ -7,6 +7,7 @@
 //! `serve` (it costs wall time, not CPU: the binary's other tests run meanwhile); a shorter
 //! one for local iteration: `LOOPS_EVOLUTION_WINDOW_MS=2000 cargo test --test evolution quiet`.
 
+mod logs;
 #[path = "evolution/ticket.rs"]
 mod ticket;
 #[path = "evolution/workflows.rs"]
@@ -19,6 +20,7 @@ use loops::{
     Error, MigratedFrom, RedbStore, Route, RunStatus, Runtime, SchemaHash, Store, Workflow,
 };
 
+use logs::captured;
 use loops::testing::HookedStore;
 use workflows::{Handler, Log, v1, v2, v2_panics, v2_refuses, v3};
 
@@ -380,55 +382,6 @@ async fn an_attached_run_of_an_unknown_schema_is_refused_and_blocked_once() {
     );
     assert_eq!(log.effects_of("r"), ["reserve", "weigh", "inspect"]);
     rt.shutdown().await;
-}
-
-/// Log lines, as text, collected by the global subscriber [`captured`] installs.
-#[derive(Clone, Default)]
-struct Lines(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Lines {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Lines {
-    /// How many lines hold both `level` and `run` (a run id no other test of this file uses).
-    fn matching(&self, level: &str, run: &str) -> usize {
-        self.text()
-            .lines()
-            .filter(|l| l.contains(level) && l.contains(run))
-            .count()
-    }
-
-    fn text(&self) -> String {
-        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
-    }
-}
-
-/// The log lines of this test process at INFO and above, from every thread: one global
-/// subscriber, installed once. (A subscriber set per test with `set_default` sees only its
-/// own thread, and lost a WARN line about 1 time in 10 under load while other tests of the
-/// file set and dropped theirs.) Tests tell their lines apart by their run ids.
-fn captured() -> &'static Lines {
-    static LINES: std::sync::OnceLock<Lines> = std::sync::OnceLock::new();
-    LINES.get_or_init(|| {
-        let lines = Lines::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_ansi(false)
-            .with_max_level(tracing::Level::INFO)
-            .with_writer({
-                let lines = lines.clone();
-                move || lines.clone()
-            })
-            .finish();
-        tracing::subscriber::set_global_default(subscriber).expect("the only global subscriber");
-        lines
-    })
 }
 
 #[tokio::test]

@@ -1,11 +1,11 @@
 //! The runtime's spans and events: a run, its states and its steps carry run_id, workflow,
 //! state, seq, attempt and step, and commits, failures and waits are logged.
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
-
 use loops::{Context, RetryPolicy, Runtime, Workflow};
 use serde::{Deserialize, Serialize};
+
+mod logs;
+use logs::captured;
 
 #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
 #[workflow(name = "traced")]
@@ -31,69 +31,6 @@ impl TracedHandler for Handler {
         }
         Ok(StartNext::Done { n })
     }
-}
-
-/// Collects everything the subscriber writes.
-#[derive(Clone, Default)]
-struct Sink(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Sink {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Sink {
-    /// Everything logged so far, as text.
-    fn text(&self) -> String {
-        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
-    }
-
-    /// The lines logged so far that name `run_id` (in a span's fields or an event's, as
-    /// `run_id="ID"` or `run_id=ID`), one per line.
-    fn of(&self, run_id: &str) -> String {
-        let quoted = format!("run_id=\"{run_id}\"");
-        let bare = format!("run_id={run_id}");
-        let names = |line: &str| {
-            line.contains(&quoted)
-                || line.match_indices(&bare).any(|(at, _)| {
-                    line[at + bare.len()..]
-                        .chars()
-                        .next()
-                        .is_none_or(|c| c.is_whitespace() || c == '}')
-                })
-        };
-        let mut out = String::new();
-        for line in self.text().lines().filter(|l| names(l)) {
-            out.push_str(line);
-            out.push('\n');
-        }
-        out
-    }
-}
-
-/// The log lines of this test process at DEBUG and above, from every thread: one global
-/// subscriber, installed once. (A subscriber set per test with `set_default` lost lines
-/// about 1 time in 10 under load while the file's other tests set and dropped theirs: the
-/// callsites' interest is cached process-wide.) Tests tell their lines apart by run ids, and
-/// each secret is one no test logs, or one only its own run logs.
-fn captured() -> &'static Sink {
-    static SINK: std::sync::OnceLock<Sink> = std::sync::OnceLock::new();
-    SINK.get_or_init(|| {
-        let sink = Sink::default();
-        let writer = sink.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::DEBUG)
-            .with_ansi(false)
-            .with_writer(move || writer.clone())
-            .finish();
-        tracing::subscriber::set_global_default(subscriber).expect("the only global subscriber");
-        sink
-    })
 }
 
 #[tokio::test]
