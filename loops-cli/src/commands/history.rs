@@ -185,44 +185,7 @@ fn render(view: &HistoryView, waiting: &str) -> String {
             detail,
         ]);
         // Steps and failed attempts of this state, in the order they happened.
-        let mut lines: Vec<(u64, u32, Vec<Cell>)> = Vec::new();
-        for s in &tr.steps {
-            lines.push((
-                s.at_ms,
-                s.attempt,
-                vec![
-                    Cell::plain(""),
-                    Cell::plain("step"),
-                    Cell::plain(format!("{}#{}", s.name, s.occurrence)),
-                    Cell::plain(s.attempt.to_string()),
-                    Cell::new(&s.at, DIM),
-                    Cell::plain(duration(s.duration_ms)),
-                    Cell::new(preview(s.output.get(), PREVIEW), DIM),
-                ],
-            ));
-        }
-        for f in &tr.failures {
-            let what = match &f.source {
-                FailureSource::Step { name, occurrence } => format!("step {name}#{occurrence}"),
-                FailureSource::Handler => "handler".to_owned(),
-                FailureSource::Interrupted => "interrupted".to_owned(),
-            };
-            lines.push((
-                f.at_ms,
-                f.attempt,
-                vec![
-                    Cell::plain(""),
-                    Cell::new("failed", ERROR),
-                    Cell::plain(what),
-                    Cell::plain(f.attempt.to_string()),
-                    Cell::new(&f.at, DIM),
-                    Cell::plain(""),
-                    Cell::new(f.errors.join(": "), ERROR),
-                ],
-            ));
-        }
-        lines.sort_by_key(|(at, attempt, _)| (*at, *attempt));
-        for (_, _, cells) in lines {
+        for cells in attempt_rows(tr) {
             t.row(cells);
         }
     }
@@ -241,26 +204,75 @@ fn render(view: &HistoryView, waiting: &str) -> String {
     out.push_str(&t.render(0));
     if !view.events.is_empty() {
         out.push('\n');
-        let mut e = Table::with_header(&["EVENT", "NAME", "KEY", "SENT", "STATUS", "PAYLOAD"]);
-        for ev in &view.events {
-            e.row(vec![
-                Cell::plain(ev.event_seq.to_string()),
-                Cell::plain(&ev.name),
-                Cell::plain(ev.key.clone().unwrap_or_default()),
-                Cell::new(&ev.at, DIM),
-                match ev.fate(view.run.status) {
-                    EventFate::Pending => Cell::new(
-                        EventFate::Pending.text(),
-                        status_style(loops_core::RunStatus::Waiting),
-                    ),
-                    fate => Cell::plain(fate.text()),
-                },
-                Cell::new(preview(ev.payload.get(), PREVIEW), DIM),
-            ]);
-        }
-        out.push_str(&e.render(0));
+        out.push_str(&events_table(view).render(0));
     }
     out
+}
+
+/// The rows of the steps and failed attempts of the state `tr`, in the order they happened
+/// (by time, then attempt).
+fn attempt_rows(tr: &TransitionView) -> Vec<Vec<Cell>> {
+    let mut lines: Vec<(u64, u32, Vec<Cell>)> = Vec::new();
+    for s in &tr.steps {
+        lines.push((
+            s.at_ms,
+            s.attempt,
+            vec![
+                Cell::plain(""),
+                Cell::plain("step"),
+                Cell::plain(format!("{}#{}", s.name, s.occurrence)),
+                Cell::plain(s.attempt.to_string()),
+                Cell::new(&s.at, DIM),
+                Cell::plain(duration(s.duration_ms)),
+                Cell::new(preview(s.output.get(), PREVIEW), DIM),
+            ],
+        ));
+    }
+    for f in &tr.failures {
+        let what = match &f.source {
+            FailureSource::Step { name, occurrence } => format!("step {name}#{occurrence}"),
+            FailureSource::Handler => "handler".to_owned(),
+            FailureSource::Interrupted => "interrupted".to_owned(),
+        };
+        lines.push((
+            f.at_ms,
+            f.attempt,
+            vec![
+                Cell::plain(""),
+                Cell::new("failed", ERROR),
+                Cell::plain(what),
+                Cell::plain(f.attempt.to_string()),
+                Cell::new(&f.at, DIM),
+                Cell::plain(""),
+                Cell::new(f.errors.join(": "), ERROR),
+            ],
+        ));
+    }
+    lines.sort_by_key(|(at, attempt, _)| (*at, *attempt));
+    lines.into_iter().map(|(_, _, cells)| cells).collect()
+}
+
+/// The table of the run's events in `view`: each with its key, when it was sent, and whether
+/// a wait took it.
+fn events_table(view: &HistoryView) -> Table {
+    let mut e = Table::with_header(&["EVENT", "NAME", "KEY", "SENT", "STATUS", "PAYLOAD"]);
+    for ev in &view.events {
+        e.row(vec![
+            Cell::plain(ev.event_seq.to_string()),
+            Cell::plain(&ev.name),
+            Cell::plain(ev.key.clone().unwrap_or_default()),
+            Cell::new(&ev.at, DIM),
+            match ev.fate(view.run.status) {
+                EventFate::Pending => Cell::new(
+                    EventFate::Pending.text(),
+                    status_style(loops_core::RunStatus::Waiting),
+                ),
+                fate => Cell::plain(fate.text()),
+            },
+            Cell::new(preview(ev.payload.get(), PREVIEW), DIM),
+        ]);
+    }
+    e
 }
 
 /// `migrated from schema X (version N) to Y at seq M (continues seq K)`: the record at seq

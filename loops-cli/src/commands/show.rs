@@ -1,5 +1,6 @@
 //! `loops show RUN`: where one run stands.
 
+use anstyle::Style;
 use loops_core::now_ms;
 use loops_core::{RunInfo, RunStatus, TransitionRecord};
 use serde::Serialize;
@@ -68,6 +69,45 @@ pub fn run(target: &Target, args: &ShowArgs) -> Result<()> {
     }
 
     let now = now_ms();
+    let mut out = fields(&info, &pending, &attributes, now).render(0);
+    out.push('\n');
+    push_indented(
+        &mut out,
+        &format!("state {} (payload)", info.state),
+        &pretty(record.payload.get()),
+        PLAIN,
+    );
+    if args.schema {
+        out.push('\n');
+        let (text, style) = match description.as_deref() {
+            Some(text) => (text, DIM),
+            None => ("(no description stored)", PLAIN),
+        };
+        push_indented(&mut out, &format!("schema {}", info.schema), text, style);
+    }
+    emit(&out)
+}
+
+/// Appends `title` as a header line, then each line of `text` indented by two, in `style`.
+fn push_indented(out: &mut String, title: &str, text: &str, style: Style) {
+    out.push_str(&paint(HEADER, title));
+    out.push('\n');
+    for line in text.lines() {
+        out.push_str("  ");
+        out.push_str(&paint(style, line));
+        out.push('\n');
+    }
+}
+
+/// The table of `loops show`: one labelled row per fact of the run `info` (status, state,
+/// wait, times, error, cancellation, `pending` events, block, `attributes`, schema), times
+/// relative to `now` (ms since the epoch).
+fn fields(
+    info: &RunInfo,
+    pending: &[EventView],
+    attributes: &loops_core::Attributes,
+    now: u64,
+) -> Table {
     // As wide as the longest label, `pending events`.
     let mut t = Table::new().min_widths(&[14]);
     let mut field = |label: &str, value: String, style| {
@@ -92,7 +132,7 @@ pub fn run(target: &Target, args: &ShowArgs) -> Result<()> {
         ),
         PLAIN,
     );
-    let waiting = waiting_text(&info, now);
+    let waiting = waiting_text(info, now);
     // A blocked run's reason has a row of its own, below.
     if !waiting.is_empty() && info.status != RunStatus::Blocked {
         field("waiting for", waiting, PLAIN);
@@ -101,34 +141,14 @@ pub fn run(target: &Target, args: &ShowArgs) -> Result<()> {
         .retry_at_ms
         .filter(|_| info.status == RunStatus::Running)
     {
-        field(
-            "next attempt",
-            format!("{} ({})", rfc3339(at), relative(at, now)),
-            PLAIN,
-        );
+        field("next attempt", when(at, now), PLAIN);
     }
-    field(
-        "created",
-        format!(
-            "{} ({})",
-            rfc3339(info.created_ms),
-            relative(info.created_ms, now)
-        ),
-        PLAIN,
-    );
-    field(
-        "updated",
-        format!(
-            "{} ({})",
-            rfc3339(info.updated_ms),
-            relative(info.updated_ms, now)
-        ),
-        PLAIN,
-    );
+    field("created", when(info.created_ms, now), PLAIN);
+    field("updated", when(info.updated_ms, now), PLAIN);
     if let Some(error) = &info.error {
         field("last error", error.join(": "), ERROR);
     }
-    if let Some(gave_up) = GaveUpView::of(&info) {
+    if let Some(gave_up) = GaveUpView::of(info) {
         field("gave up", gave_up.text(), ERROR);
     }
     if let Some(reason) = &info.cancel {
@@ -160,11 +180,7 @@ pub fn run(target: &Target, args: &ShowArgs) -> Result<()> {
         for change in &block.changes {
             field("change", change.clone(), PLAIN);
         }
-        field(
-            "since",
-            format!("{} ({})", rfc3339(block.at_ms), relative(block.at_ms, now)),
-            PLAIN,
-        );
+        field("since", when(block.at_ms, now), PLAIN);
         field(
             "unblocked",
             format!(
@@ -175,7 +191,7 @@ pub fn run(target: &Target, args: &ShowArgs) -> Result<()> {
             DIM,
         );
     }
-    for (key, value) in &attributes {
+    for (key, value) in attributes {
         field(
             "attribute",
             format!("{key} = {} ({})", value_text(value), value.kind()),
@@ -183,33 +199,12 @@ pub fn run(target: &Target, args: &ShowArgs) -> Result<()> {
         );
     }
     field("schema", info.schema.to_string(), DIM);
+    t
+}
 
-    let mut out = t.render(0);
-    out.push('\n');
-    out.push_str(&paint(HEADER, &format!("state {} (payload)", info.state)));
-    out.push('\n');
-    for line in pretty(record.payload.get()).lines() {
-        out.push_str("  ");
-        out.push_str(line);
-        out.push('\n');
-    }
-    if !args.schema {
-        return emit(&out);
-    }
-    out.push('\n');
-    out.push_str(&paint(HEADER, &format!("schema {}", info.schema)));
-    out.push('\n');
-    match &description {
-        Some(text) => {
-            for line in text.lines() {
-                out.push_str("  ");
-                out.push_str(&paint(DIM, line));
-                out.push('\n');
-            }
-        }
-        None => out.push_str("  (no description stored)\n"),
-    }
-    emit(&out)
+/// `at` (ms since the epoch) as RFC 3339 and relative to `now`: `2026-... (3s ago)`.
+fn when(at: u64, now: u64) -> String {
+    format!("{} ({})", rfc3339(at), relative(at, now))
 }
 
 #[cfg(test)]
