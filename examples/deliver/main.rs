@@ -551,16 +551,7 @@ async fn dry_run(cli: &Cli) -> Result<()> {
 
 /// Drives the run until it ends, parks at the approval gate, or a test hook stops it.
 async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> Result<()> {
-    let shown_store = cli
-        .store
-        .clone()
-        .unwrap_or_else(|| cli.workdir.join("deliver.redb"));
-    say!("store:  {}", shown_store.display());
-    say!("run id: {}", cli.run_id);
-    if paths.repo_recorded {
-        say!("repo:   {} (recorded for this run)", paths.repo.display());
-    }
-    say!("model:  {}", model.describe());
+    let shown_store = say_where(cli, paths, &model);
 
     let recorded = versions::recorded_base(runtime, &cli.run_id).await?;
     let base = project::prepare(paths, &agent::work_branch(&cli.run_id), recorded).await?;
@@ -603,29 +594,7 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
         }
         Ok(())
     };
-    // A run started with `--auto-approve=false`, or parked at the approval gate, waits for a
-    // human: running the same command again without the flag must not approve it behind
-    // their back, whatever its status (a run blocked by another release, or stopped before
-    // its wait was recorded, is still theirs). An explicit `--auto-approve` or `--approve`
-    // does.
-    let left_to_a_human = if cli.auto_approve.is_none() && !cli.approve {
-        approval::left_to_a_human(runtime, &cli.run_id).await?
-    } else {
-        None
-    };
-    let (approve, approver) = if cli.approve {
-        (true, approval::approver_name())
-    } else {
-        (
-            cli.auto_approve.unwrap_or(left_to_a_human.is_none()),
-            "--auto-approve".to_owned(),
-        )
-    };
-    // A run this release cannot drive (recorded by a later one) is refused and blocked: it is
-    // sent nothing, and is not reported as waiting at the gate even if it waits there, since
-    // no approval would move it on this build.
-    let knows = versions::knows(runtime, &cli.run_id, cli.workflow_version).await?;
-    let approve = approve && knows;
+    let gate = Gate::of(cli, runtime).await?;
     let run = versions::drive(
         runtime,
         &cli.run_id,
@@ -638,10 +607,10 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
     tokio::pin!(run);
     let outcome = tokio::select! {
         result = &mut run => Some(result),
-        () = approval::send(runtime, &cli.run_id, approve, &approver) => None,
-        () = approval::parked_at_the_gate(runtime, &cli.run_id, approve), if knows => {
+        () = approval::send(runtime, &cli.run_id, gate.approve, &gate.approver) => None,
+        () = approval::parked_at_the_gate(runtime, &cli.run_id, gate.approve), if gate.knows => {
             report_tokens().await?;
-            if let Some(why) = left_to_a_human {
+            if let Some(why) = gate.left_to_a_human {
                 say!("not approving it automatically: {why} (--auto-approve approves it)");
             }
             if !cli.serve {
@@ -663,33 +632,7 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
         // the store file cleanly.
         return Ok(());
     };
-    let result = match result {
-        // A run of a version this build does not compile: blocked and left as it is, or, if
-        // it has ended, only unreadable here. The refusal says why and what changed (the one
-        // place that says it).
-        Err(e @ loops::Error::SchemaMismatch { .. }) => {
-            let ended = runtime
-                .run_info(&cli.run_id)
-                .await?
-                .is_some_and(|info| info.status.is_ended());
-            let what = if ended {
-                "has ended under a version this build does not compile, so its result is not \
-                 read here (run the build that ended it)"
-            } else {
-                "is blocked, left as it is for a build that can drive it"
-            };
-            return Err(anyhow::anyhow!("run {} {what}: {e}", cli.run_id));
-        }
-        other => other,
-    };
-    let last = result.map_err(|e| match e {
-        loops::Error::RunFailed { .. } => anyhow::anyhow!(
-            "{}. Run with --retry to resume it with a fresh budget of attempts, or with \
-             --fresh to start over",
-            e.to_string().trim_end_matches('.')
-        ),
-        e => anyhow::Error::new(e),
-    })??;
+    let last = ended_with(runtime, &cli.run_id, result).await?;
 
     let seq = runtime
         .run_info(&cli.run_id)
@@ -723,6 +666,106 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
         }
     }
     Ok(())
+}
+
+/// Prints where the run is stored, its id, its repository if recorded, and the model;
+/// returns the store's path as shown.
+fn say_where(cli: &Cli, paths: &Paths, model: &AnyModel) -> PathBuf {
+    let shown_store = cli
+        .store
+        .clone()
+        .unwrap_or_else(|| cli.workdir.join("deliver.redb"));
+    say!("store:  {}", shown_store.display());
+    say!("run id: {}", cli.run_id);
+    if paths.repo_recorded {
+        say!("repo:   {} (recorded for this run)", paths.repo.display());
+    }
+    say!("model:  {}", model.describe());
+    shown_store
+}
+
+/// What this process does at the approval gate.
+struct Gate {
+    /// Whether it sends the approval.
+    approve: bool,
+    /// Who the approval names.
+    approver: String,
+    /// Whether this build can drive the run (else it is sent nothing).
+    knows: bool,
+    /// Why the run is left to a human, if it is.
+    left_to_a_human: Option<&'static str>,
+}
+
+impl Gate {
+    /// The gate's plan for the run of `cli`, from its flags and the run's record.
+    async fn of(cli: &Cli, runtime: &Runtime) -> Result<Gate> {
+        // A run started with `--auto-approve=false`, or parked at the approval gate, waits for a
+        // human: running the same command again without the flag must not approve it behind
+        // their back, whatever its status (a run blocked by another release, or stopped before
+        // its wait was recorded, is still theirs). An explicit `--auto-approve` or `--approve`
+        // does.
+        let left_to_a_human = if cli.auto_approve.is_none() && !cli.approve {
+            approval::left_to_a_human(runtime, &cli.run_id).await?
+        } else {
+            None
+        };
+        let (approve, approver) = if cli.approve {
+            (true, approval::approver_name())
+        } else {
+            (
+                cli.auto_approve.unwrap_or(left_to_a_human.is_none()),
+                "--auto-approve".to_owned(),
+            )
+        };
+        // A run this release cannot drive (recorded by a later one) is refused and blocked: it is
+        // sent nothing, and is not reported as waiting at the gate even if it waits there, since
+        // no approval would move it on this build.
+        let knows = versions::knows(runtime, &cli.run_id, cli.workflow_version).await?;
+        let approve = approve && knows;
+        Ok(Gate {
+            approve,
+            approver,
+            knows,
+            left_to_a_human,
+        })
+    }
+}
+
+/// How the run `run_id` ended, from what driving it returned: its last state, or the error
+/// to print (a schema refusal says whether the run is blocked or ended under another build;
+/// a failed run says how to go on).
+async fn ended_with(
+    runtime: &Runtime,
+    run_id: &str,
+    result: loops::Result<Result<Finished>>,
+) -> Result<Finished> {
+    let result = match result {
+        // A run of a version this build does not compile: blocked and left as it is, or, if
+        // it has ended, only unreadable here. The refusal says why and what changed (the one
+        // place that says it).
+        Err(e @ loops::Error::SchemaMismatch { .. }) => {
+            let ended = runtime
+                .run_info(run_id)
+                .await?
+                .is_some_and(|info| info.status.is_ended());
+            let what = if ended {
+                "has ended under a version this build does not compile, so its result is not \
+                 read here (run the build that ended it)"
+            } else {
+                "is blocked, left as it is for a build that can drive it"
+            };
+            return Err(anyhow::anyhow!("run {run_id} {what}: {e}"));
+        }
+        other => other,
+    };
+    result.map_err(|e| match e {
+        loops::Error::RunFailed { .. } => anyhow::anyhow!(
+            "{}. Run with --retry to resume it with a fresh budget of attempts, or with \
+             --fresh to start over",
+            e.to_string().trim_end_matches('.')
+        ),
+        e => anyhow::Error::new(e),
+    })?
 }
 
 /// Writes `args` and a newline to standard output, ignoring errors (see [`say!`]).
