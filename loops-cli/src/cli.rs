@@ -663,7 +663,9 @@ Examples:
 Exits 1 if the file is damaged beyond repair; 2 if --key-file holds another key under an id
 the store lists, or none of the store's keys (a worker with those keys is refused the same
 way). Opens the file for writing: redb repairs
-what it can (a file left by a crash, damaged allocator state).";
+what it can (a file left by a crash, damaged allocator state) and may give free pages at
+the end of the file back (the file can get smaller; its runs and records are unchanged).
+To keep a suspect file exactly as it is, copy it first and check the copy.";
 
 /// Parses an age such as `30d`, `12h`, `1h 30m` (humantime's syntax); the error says what is
 /// wrong in the user's words (humantime's own, such as `expected number at 0`, name a byte

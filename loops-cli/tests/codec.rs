@@ -638,3 +638,42 @@ fn check_with_a_key_file_says_whether_it_holds_the_stores_keys() {
         "key file: holds key k1 of those the store's payloads were sealed with (k1, k2): payloads sealed with the others do not open"
     );
 }
+
+/// Every command that reads through the store checks the key file's keys against the
+/// check values the store recorded, before it reads: one with another key under the id is
+/// refused with the worker's error (exit 2) and prints nothing, instead of every payload
+/// reading as altered.
+#[test]
+fn a_key_file_with_other_bytes_under_the_id_is_refused_before_a_read() {
+    let (dir, path, keys) = encrypted_store();
+    let other_bytes = key_file(dir.path(), "other-bytes", OTHER_BYTES);
+    let wanted = format!(
+        "error: store {}: key `k1` is not the key `k1` its payloads were sealed with (another key under the same id): give the runtime the key the workers use\n",
+        path.display()
+    );
+    for args in [
+        &["runs"][..],
+        &["show", "v"],
+        &["history", "v"],
+        &["tree", "v"],
+    ] {
+        let (ok, out, err) = run(loops(&path).arg("--key-file").arg(&keys).args(args));
+        assert!(ok, "{args:?}: {err}");
+        assert!(out.contains('v'), "{args:?}: {out}");
+        let out = loops(&path)
+            .arg("--key-file")
+            .arg(&other_bytes)
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(
+            (
+                out.status.code(),
+                String::from_utf8(out.stdout).unwrap(),
+                String::from_utf8(out.stderr).unwrap()
+            ),
+            (Some(2), String::new(), wanted.clone()),
+            "{args:?}"
+        );
+    }
+}
