@@ -440,10 +440,20 @@ pub fn open_failure(path: &Path, e: Error) -> Failure {
         }
         // The same words as for a panic of redb on a damaged file (see panics.rs), and what
         // may still be read before the file is replaced.
-        Error::Open { cause: source, .. } if damaged => Failure::new(format!(
-            "store {} is damaged: redb cannot open it ({source}); restore it from a backup (until then, `loops --no-verify runs` and `history RUN --json` read what they still can, unverified)",
-            path.display()
-        )),
+        // A file shorter than its own layout opens with no check either: `--no-verify` is
+        // no way round (redb's words for it are the only sign; other wording gets the
+        // general advice).
+        Error::Open { cause: source, .. } if damaged => {
+            let until = if source.to_string().contains("truncated") {
+                "the file is shorter than its own layout says, so nothing reads it, verified or not"
+            } else {
+                "until then, `loops --no-verify runs` and `history RUN --json` read what they still can, unverified"
+            };
+            Failure::new(format!(
+                "store {} is damaged: redb cannot open it ({source}); restore it from a backup ({until})",
+                path.display()
+            ))
+        }
         // "cannot open store PATH: the cause", said once.
         e @ Error::Open { .. } => Failure::new(e.to_string()),
         other => Failure::from(other),

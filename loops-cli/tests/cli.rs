@@ -2484,7 +2484,21 @@ fn missing_empty_foreign_and_corrupt_files_are_one_line_errors() {
         assert!(err.starts_with("error: "), "loops {args:?}: {err}");
         assert_eq!(err.lines().count(), 1, "loops {args:?}: {err}");
         assert!(!err.contains("panicked"), "{err}");
+        // No advice to read it unverified: that fails on a truncated file too.
+        assert!(!err.contains("--no-verify"), "loops {args:?}: {err}");
     }
+    let err = String::from_utf8(loops(&truncated).arg("check").output().unwrap().stderr).unwrap();
+    assert!(
+        err.ends_with(
+            "; restore it from a backup (the file is shorter than its own layout says, so nothing reads it, verified or not)\n"
+        ),
+        "{err}"
+    );
+    let out = loops(&truncated)
+        .args(["--no-verify", "runs"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
 
     // Every 4 KiB page in turn overwritten with zeros: some pages are free (the commands
     // work), others break the file; redb panics on some kinds of damage, which the tool
