@@ -507,6 +507,33 @@ async fn a_compatible_change_is_accepted_at_open_and_a_wrong_claim_refused() {
         }
         other => panic!("expected AcceptsRefused, got {other:?}"),
     }
+    // A claim that breaks only runs in some states opens, and says so once at WARN, with
+    // the changes.
+    let lines = captured();
+    let partly = Runtime::builder()
+        .register::<ticket::partly::Ticket, _>(ticket::Closer::default())
+        .open(&path)
+        .unwrap();
+    partly.shutdown().await;
+    drop(partly);
+    let warned: Vec<String> = lines
+        .text()
+        .lines()
+        .filter(|l| {
+            l.contains("a claim to accept an older schema holds only for runs in some states")
+        })
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    assert!(
+        warned[0].contains(" WARN ")
+            && warned[0].contains("workflow=\"ticket\"")
+            && warned[0].contains("version=2")
+            && warned[0].contains(&format!("accepts={}", hash::<ticket::v1::Ticket>()))
+            && warned[0].contains("state `Closed`: now stored as"),
+        "{}",
+        warned[0]
+    );
     // The right claim opens, and the v1 run finishes on version 2 as it is: no migration.
     let rt = Runtime::builder()
         .register::<ticket::v2::Ticket, _>(ticket::Closer::default())

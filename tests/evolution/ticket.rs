@@ -56,6 +56,24 @@ pub mod wrong {
     }
 }
 
+/// A claim that holds only for runs in some states: `Closed` stored under another name breaks
+/// a run whose records are in `Closed`, and no other.
+pub mod partly {
+    use loops::Workflow;
+    use serde::{Deserialize, Serialize};
+
+    #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+    #[workflow(name = "ticket", version = 2, accepts = ["60714ac8ca0b9f06"])]
+    pub enum Ticket {
+        #[initial]
+        #[next(Closed)]
+        Open { title: String },
+        #[terminal]
+        #[serde(rename = "Done")]
+        Closed { title: String },
+    }
+}
+
 /// Closes tickets; stops for good in `Open` if `stop`, telling `reached`.
 #[derive(Clone, Default)]
 pub struct Closer {
@@ -103,5 +121,13 @@ impl wrong::TicketHandler for Closer {
         Ok(wrong::OpenNext::Closed {
             title: title.to_string(),
         })
+    }
+}
+
+impl partly::TicketHandler for Closer {
+    type Error = anyhow::Error;
+
+    async fn open(&self, _: &Context, title: String) -> anyhow::Result<partly::OpenNext> {
+        Ok(partly::OpenNext::Closed { title })
     }
 }

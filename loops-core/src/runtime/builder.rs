@@ -341,6 +341,9 @@ impl RuntimeBuilder {
     /// ([`Workflow::ACCEPTS`]) against the store's descriptions of them (a schema the store
     /// has never seen has no run to accept, and is not checked).
     ///
+    /// A claim whose changes break a run only in some states stands, and is logged at WARN
+    /// with those changes.
+    ///
     /// # Errors
     /// [`Error::AcceptsRefused`](crate::Error::AcceptsRefused), with the breaking changes, for
     /// the first wrong claim; the store's errors.
@@ -350,13 +353,30 @@ impl RuntimeBuilder {
                 let Some(stored) = store.schema(accepts)? else {
                     continue;
                 };
-                if let Err(changes) = known.check_accepts(Some(&stored)) {
-                    return Err(Error::AcceptsRefused {
-                        workflow: workflow.to_owned(),
-                        version: known.stored.version,
-                        accepts,
-                        changes,
-                    });
+                match known.check_accepts(Some(&stored)) {
+                    Err(changes) => {
+                        return Err(Error::AcceptsRefused {
+                            workflow: workflow.to_owned(),
+                            version: known.stored.version,
+                            accepts,
+                            changes,
+                        });
+                    }
+                    // Breaking only for a run in some states: the claim stands, and a run
+                    // in such a state is blocked when it is routed; said once, here, so
+                    // that a deploy hears of it before the first block.
+                    Ok(diff) => {
+                        let partly = diff.breaking(|_| true);
+                        if !partly.is_empty() {
+                            tracing::warn!(
+                                workflow,
+                                version = known.stored.version,
+                                accepts = %accepts,
+                                changes = %partly,
+                                "a claim to accept an older schema holds only for runs in some states: its runs in the states these changes name will be blocked (see docs/evolution.md)"
+                            );
+                        }
+                    }
                 }
             }
         }
