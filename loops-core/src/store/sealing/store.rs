@@ -17,6 +17,10 @@ use crate::store::{
     BoxFuture, ClaimFilter, EventRecord, Lease, Reply, RunInfo, RunStatus, SeqStep, Store, Write,
 };
 
+/// The most runs whose latest state is read to find one sealed with a key the store records
+/// no check value for (as the CLI's key check reads at most).
+const KEY_CHECK_RUNS: usize = 1_000;
+
 /// A [`Store`] whose payloads go through [`Payloads`]: what the runtime drives, with its
 /// codec ([`RuntimeBuilder::codec`](crate::RuntimeBuilder::codec)) or without one.
 ///
@@ -145,10 +149,10 @@ impl SealedStore {
     /// loops before check values): `check`, its check value, if the key opens a state sealed
     /// with `key`: the latest state of run `run_id` (the run of the first write), or, when
     /// that run has none sealed with `key` (a write that creates it), the latest state of
-    /// the first run in status order that has one. `None` if no run has one (the check is
-    /// not recorded unverified: a worker with another key under the id would then lock the
-    /// right ones out). Looking for another run lists the store's runs by status until one
-    /// is found: once per process, and only on a store written before check values.
+    /// the first run in status order (of at most [`KEY_CHECK_RUNS`]) that has one. `None` if
+    /// none has one (the check is not recorded unverified: a worker with another key under
+    /// the id would then lock the right ones out). Looking for another run lists the store's
+    /// runs by status: once per process, and only on a store written before check values.
     ///
     /// # Errors
     /// [`Error::KeyMismatch`] if it does not open that state: the key has the id and other
@@ -164,11 +168,16 @@ impl SealedStore {
         {
             return Ok(verified);
         }
+        let mut looked = 0;
         for status in RunStatus::ALL {
             for info in self.inner.list(status, None).await? {
                 if Some(info.run_id.as_str()) == run_id {
                     continue;
                 }
+                if looked == KEY_CHECK_RUNS {
+                    return Ok(None);
+                }
+                looked += 1;
                 if let Some(verified) = self.verify_latest(key, &info.run_id, &check).await? {
                     return Ok(verified);
                 }
