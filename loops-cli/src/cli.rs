@@ -504,10 +504,13 @@ Examples:
   loops prune --older-than 30d --keep-failed
   loops prune --keep-last 1000
   loops prune --older-than 90d && loops compact
+  loops prune --older-than 30d --keep-last 1000   # at most 1000 runs, none over 30 days
 
 Only ended runs (completed, failed, cancelled) are removed, with their transitions, steps,
 failures and events; running and waiting runs are never touched. Age counts from when the
-run ended. The file does not shrink until `loops compact`.";
+run ended. With both rules, a run is removed if either selects it: --keep-last caps how
+many are kept, it does not keep runs that --older-than removes. The file does not shrink
+until `loops compact`.";
 
 /// `loops prune`.
 #[derive(Debug, Args)]
@@ -517,7 +520,8 @@ pub struct PruneArgs {
     #[arg(long, value_parser = parse_age, value_name = "AGE")]
     pub older_than: Option<Duration>,
 
-    /// Keep at most this many ended runs (the most recently ended).
+    /// Keep at most this many ended runs (the most recently ended); with --older-than, the
+    /// runs it removes are removed too.
     #[arg(long, value_name = "N")]
     pub keep_last: Option<usize>,
 
