@@ -157,20 +157,8 @@ pub fn operator(target: &Target, access: Access) -> Result<Box<dyn Operator>> {
         Target::Postgres { url, schema } => Box::new(postgres(url, schema)?),
     };
     let payloads = PAYLOADS.get().cloned().unwrap_or_else(Payloads::redacting);
-    // A key file's keys are checked against the check values the store recorded, before
-    // any read: a key of a listed id and other bytes is refused (exit 2), as a worker's is,
-    // rather than every payload reading as altered. (A key file that holds none of the
-    // store's keys reads on: each payload it cannot open says which key it needs; `send`
-    // and `cancel` refuse to seal with it.)
-    if let Some(keys) = KEYS.get() {
-        loops_core::check_keys(
-            operator.label().to_owned(),
-            operator.sealing_checks()?,
-            &Payloads::new(std::sync::Arc::new(keys.clone())),
-        )?;
-    }
     let operator: Box<dyn Operator> =
-        Box::new(Unsealing::new(operator, payloads, KEYS.get().cloned()));
+        Box::new(Unsealing::new(operator, payloads, KEYS.get().cloned())?);
     if VERBOSE.get().copied().unwrap_or(false) {
         note(&format!(
             "store {}: {}",

@@ -503,6 +503,7 @@ async fn commit_batch(inner: &Inner, items: &[Item]) -> Vec<Outcome> {
 }
 
 /// The array parameters of `commit_batch`, one element per item.
+#[derive(Default)]
 struct Columns<'a> {
     run: Vec<&'a str>,
     token: Vec<i64>,
@@ -521,31 +522,24 @@ struct Columns<'a> {
 
 impl<'a> Columns<'a> {
     fn of(items: &'a [Item]) -> Columns<'a> {
-        let row = |it: &'a Item| it.row.as_ref();
-        Columns {
-            run: items.iter().map(|it| it.run.as_str()).collect(),
-            token: items.iter().map(|it| it.token).collect(),
-            info: items.iter().map(|it| it.info.as_str()).collect(),
-            seq: items.iter().map(|it| it.seq).collect(),
-            step: items.iter().map(|it| it.step.as_deref()).collect(),
-            occurrence: items.iter().map(|it| it.occurrence).collect(),
-            record: items.iter().map(|it| it.record.as_deref()).collect(),
-            status: items.iter().map(|it| row(it).map(|r| r.status)).collect(),
-            row_seq: items.iter().map(|it| row(it).map(|r| r.seq)).collect(),
-            wait_event: (items.iter())
-                .map(|it| row(it).and_then(|r| r.wait_event.as_deref()))
-                .collect(),
-            wait_until_ms: (items.iter())
-                .map(|it| row(it).and_then(|r| r.wait_until_ms))
-                .collect(),
-            new: items
-                .iter()
-                .map(|it| row(it).map(|r| r.text.as_str()))
-                .collect(),
-            schema: (items.iter())
-                .map(|it| row(it).map(|r| r.schema.as_str()))
-                .collect(),
+        let mut c = Columns::default();
+        for it in items {
+            let row = it.row.as_ref();
+            c.run.push(it.run.as_str());
+            c.token.push(it.token);
+            c.info.push(it.info.as_str());
+            c.seq.push(it.seq);
+            c.step.push(it.step.as_deref());
+            c.occurrence.push(it.occurrence);
+            c.record.push(it.record.as_deref());
+            c.status.push(row.map(|r| r.status));
+            c.row_seq.push(row.map(|r| r.seq));
+            c.wait_event.push(row.and_then(|r| r.wait_event.as_deref()));
+            c.wait_until_ms.push(row.and_then(|r| r.wait_until_ms));
+            c.new.push(row.map(|r| r.text.as_str()));
+            c.schema.push(row.map(|r| r.schema.as_str()));
         }
+        c
     }
 
     fn params(&self) -> [&(dyn ToSql + Sync); 13] {

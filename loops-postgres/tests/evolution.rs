@@ -5,12 +5,17 @@
 //! claims a v1 run (nor blocks one, nor logs about one).
 
 mod common;
+// The root package's log capture: one global subscriber per test binary, lines picked by
+// run id.
+#[path = "../../tests/logs/mod.rs"]
+mod logs;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use logs::{Lines, captured};
 use loops::testing::{HookedStore, Verdict, WriteHook, WriteSeen};
 use loops::{Context, Lease, RunInfo, RunStatus, Runtime, Store};
 
@@ -231,60 +236,6 @@ async fn a_v1_worker_and_a_v2_worker_each_finish_their_own_runs_once() {
     }
 }
 
-/// Log lines, as text, from the global subscriber [`captured`] installs.
-#[derive(Clone, Default)]
-struct Lines(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Lines {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Lines {
-    /// The lines that name run `run_id` (`run_id=ID` or `run_id="ID"`) and contain every
-    /// one of `words`.
-    fn count(&self, run_id: &str, words: &[&str]) -> usize {
-        let names = [format!("run_id={run_id} "), format!("run_id=\"{run_id}\"")];
-        let text = String::from_utf8(self.0.lock().unwrap().clone()).unwrap();
-        text.lines()
-            .map(|l| format!("{l} "))
-            .filter(|l| names.iter().any(|n| l.contains(n)) && words.iter().all(|w| l.contains(w)))
-            .count()
-    }
-
-    /// The lines at level ERROR.
-    fn errors(&self) -> usize {
-        let text = String::from_utf8(self.0.lock().unwrap().clone()).unwrap();
-        text.lines().filter(|l| l.contains("ERROR")).count()
-    }
-}
-
-/// The log lines of this test process at INFO and above, from every thread: one global
-/// subscriber, installed once. (A subscriber set per test with `set_default` can lose lines
-/// while other tests run: the callsites' interest is cached process-wide.) A test picks its
-/// lines by run id.
-fn captured() -> &'static Lines {
-    static LINES: std::sync::OnceLock<Lines> = std::sync::OnceLock::new();
-    LINES.get_or_init(|| {
-        let lines = Lines::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_ansi(false)
-            .with_max_level(tracing::Level::INFO)
-            .with_writer({
-                let lines = lines.clone();
-                move || lines.clone()
-            })
-            .finish();
-        tracing::subscriber::set_global_default(subscriber).expect("the only global subscriber");
-        lines
-    })
-}
-
 async fn until_status(store: &loops_postgres::PgStore, run_id: &str, status: RunStatus) {
     while store.run_info(run_id).await.unwrap().unwrap().status != status {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -300,6 +251,12 @@ async fn until_status(store: &loops_postgres::PgStore, run_id: &str, status: Run
 #[tokio::test]
 async fn a_run_no_live_worker_routes_is_blocked_once_and_a_worker_that_joins_finishes_it() {
     let lines = captured();
+    // The lines that name run `run` and contain each of `words`.
+    let count = |lines: &Lines, run: &str, words: &[&str]| {
+        (lines.of(run).lines())
+            .filter(|l| words.iter().all(|w| l.contains(w)))
+            .count()
+    };
 
     let schema = common::TestSchema::new("evo_block").await;
     let ttl = Duration::from_secs(1);
@@ -374,8 +331,8 @@ async fn a_run_no_live_worker_routes_is_blocked_once_and_a_worker_that_joins_fin
     tokio::time::sleep(ttl * 3).await;
     assert_eq!(*blocks.lock().unwrap(), ["Block a2"]);
     assert_eq!(*claimed.lock().unwrap(), ["a2"]);
-    assert_eq!(lines.count("a2", &["run blocked"]), 1);
-    assert_eq!(lines.count("a2", &["WARN"]), 1);
+    assert_eq!(count(lines, "a2", &["run blocked"]), 1);
+    assert_eq!(count(lines, "a2", &["WARN"]), 1);
     let a2 = store.run_info("a2").await.unwrap().unwrap();
     let block = a2.block.expect("the block");
     assert_eq!(
@@ -416,6 +373,9 @@ async fn a_run_no_live_worker_routes_is_blocked_once_and_a_worker_that_joins_fin
         .collect();
     assert_eq!(by_run, expected);
     assert_eq!(store.history("a2").await.unwrap().len(), 2);
-    assert_eq!(lines.count("a2", &["WARN"]), 1);
-    assert_eq!(lines.errors(), 0);
+    assert_eq!(count(lines, "a2", &["WARN"]), 1);
+    assert_eq!(
+        lines.text().lines().filter(|l| l.contains("ERROR")).count(),
+        0
+    );
 }

@@ -24,13 +24,28 @@ pub struct Unsealing {
 
 impl Unsealing {
     /// `inner`, its payloads opened by `payloads`; what it stores sealed with `keys`, if
-    /// given.
-    pub fn new(inner: Box<dyn Operator>, payloads: Payloads, keys: Option<Keyring>) -> Unsealing {
-        Unsealing {
+    /// given. With `keys`, their check values are first checked against those the store
+    /// recorded, as a worker's are: a key of a listed id and other bytes would read every
+    /// payload as altered and seal what no worker opens. (Keys that hold none of the store's
+    /// keys read on: each payload they cannot open says which key it needs; `send` and
+    /// `cancel` refuse to seal with them.)
+    ///
+    /// # Errors
+    /// `Error::KeyMismatch` (exit 2) for such a key; the store's errors reading its check
+    /// values.
+    pub fn new(
+        inner: Box<dyn Operator>,
+        payloads: Payloads,
+        keys: Option<Keyring>,
+    ) -> Result<Unsealing> {
+        if keys.is_some() {
+            loops_core::check_keys(inner.label().to_owned(), inner.sealing_checks()?, &payloads)?;
+        }
+        Ok(Unsealing {
             inner,
             payloads,
             keys,
-        }
+        })
     }
 
     fn rows(&self, mut rows: Vec<RunInfo>) -> Result<Vec<RunInfo>> {
@@ -63,9 +78,11 @@ impl Unsealing {
             let Some(key) = loops_core::seals_as_store_does(label.clone(), keys, &held)? else {
                 return Ok(None);
             };
-            let recorded = self.inner.sealing_checks()?;
-            let checked = recorded.iter().any(|(id, _)| *id == key);
-            loops_core::check_keys(label, recorded, &self.payloads)?;
+            // The key file's check values were checked against the store's when this
+            // operator was made (`new`).
+            let checked = (self.inner.sealing_checks()?)
+                .iter()
+                .any(|(id, _)| *id == key);
             // A key the store records no check for (recorded by an older loops): checked
             // against a state sealed with it instead.
             if !checked && let Err(e) = self.check_key(run_id, &key) {

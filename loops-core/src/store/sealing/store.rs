@@ -164,9 +164,9 @@ impl SealedStore {
         check: Option<String>,
     ) -> Result<Option<String>> {
         if let Some(run_id) = run_id
-            && let Some(verified) = self.verify_latest(key, run_id, &check).await?
+            && self.opens_latest(key, run_id).await?
         {
-            return Ok(verified);
+            return Ok(check);
         }
         let mut looked = 0;
         for status in RunStatus::ALL {
@@ -178,39 +178,34 @@ impl SealedStore {
                     return Ok(None);
                 }
                 looked += 1;
-                if let Some(verified) = self.verify_latest(key, &info.run_id, &check).await? {
-                    return Ok(verified);
+                if self.opens_latest(key, &info.run_id).await? {
+                    return Ok(check);
                 }
             }
         }
         Ok(None)
     }
 
-    /// `Some(check)` if the latest state of run `run_id` is sealed with `key` and the key
-    /// opens it; `None` if that run has no state sealed with `key`.
+    /// Whether the latest state of run `run_id` is sealed with `key` (and the key opens
+    /// it); `false` if that run has no state sealed with `key`.
     ///
     /// # Errors
     /// [`Error::KeyMismatch`] if the key does not open it; the store's read errors.
-    async fn verify_latest(
-        &self,
-        key: &str,
-        run_id: &str,
-        check: &Option<String>,
-    ) -> Result<Option<Option<String>>> {
+    async fn opens_latest(&self, key: &str, run_id: &str) -> Result<bool> {
         let Some((_, record)) = self.inner.latest(run_id).await? else {
-            return Ok(None);
+            return Ok(false);
         };
         match crate::codec::parse_envelope(record.payload.get()) {
             Some(Ok(sealed)) if sealed.key == key => {
                 match self.payloads.verify_transition(run_id, &record) {
-                    Ok(()) => Ok(Some(check.clone())),
+                    Ok(()) => Ok(true),
                     Err(_) => Err(Error::KeyMismatch {
                         store: self.inner.label(),
                         key: key.to_owned(),
                     }),
                 }
             }
-            _ => Ok(None),
+            _ => Ok(false),
         }
     }
 
