@@ -235,7 +235,7 @@ pub enum Error {
 
     /// A version claims to accept an older schema ([`Workflow::ACCEPTS`](crate::Workflow::ACCEPTS))
     /// whose stored description differs from it by breaking changes: the store is not
-    /// opened. Write a migration instead (docs/evolution.md).
+    /// opened, or its runs not resumed. Write a migration instead (docs/evolution.md).
     #[error(
         "version {version} of workflow `{workflow}` claims to accept schema {accepts}, but these changes are breaking{}",
         describe_changes(changes)

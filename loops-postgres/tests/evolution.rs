@@ -49,6 +49,25 @@ mod v2 {
     }
 }
 
+/// Version 2 with a wrong claim: it retypes `Start::n`, and claims to accept version 1.
+mod wrong {
+    use loops::Workflow;
+    use serde::{Deserialize, Serialize};
+
+    /// Version 1's schema hash (asserted by `the_wrong_claim_names_version_1`).
+    pub const V1_HASH: &str = "7351faedcfb607cd";
+
+    #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+    #[workflow(name = "pg_evo", version = 2, accepts = ["7351faedcfb607cd"])]
+    pub enum Order {
+        #[initial]
+        #[next(Done)]
+        Start { n: String },
+        #[terminal]
+        Done { n: u32 },
+    }
+}
+
 /// `(run id, version)` of every side effect, shared by every worker of the test.
 type Effects = Arc<Mutex<Vec<(String, u32)>>>;
 
@@ -378,4 +397,79 @@ async fn a_run_no_live_worker_routes_is_blocked_once_and_a_worker_that_joins_fin
         lines.text().lines().filter(|l| l.contains("ERROR")).count(),
         0
     );
+}
+
+impl wrong::OrderHandler for Worker {
+    type Error = anyhow::Error;
+    async fn start(&self, ctx: &Context, _n: String) -> anyhow::Result<wrong::StartNext> {
+        Worker::start(self, ctx).await?;
+        Ok(wrong::StartNext::Done { n: 0 })
+    }
+}
+
+/// A worker whose version claims to accept version 1 with a breaking change (a field
+/// retyped): on a store given to `build`, `serve` refuses at its start with the diff, and
+/// nothing is claimed or written; the v1 run waits on, untouched.
+#[tokio::test]
+async fn a_wrong_accepts_claim_refuses_the_workers_start() {
+    let schema = common::TestSchema::new("evo_wrong").await;
+    let ttl = Duration::from_secs(5);
+    let effects = Effects::default();
+    let worker = |version| Worker {
+        version,
+        effects: Arc::clone(&effects),
+        gate: None,
+    };
+    let creator = Runtime::builder()
+        .register::<v1::Order, _>(worker(1))
+        .build(schema.store(ttl).await);
+    creator
+        .start("w1", v1::Order::Start { n: 1 })
+        .await
+        .unwrap();
+    creator.resume_all().await.unwrap();
+    while creator.run_info("w1").await.unwrap().unwrap().status != RunStatus::Waiting {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    creator.shutdown().await;
+    let before = creator.run_info("w1").await.unwrap().unwrap();
+
+    let v2 = Runtime::builder()
+        .register::<wrong::Order, _>(worker(2))
+        .build(schema.store(ttl).await);
+    match v2.serve(Duration::from_millis(50)).await {
+        Err(loops::Error::AcceptsRefused {
+            workflow,
+            version,
+            accepts,
+            changes,
+        }) => {
+            assert_eq!((workflow.as_str(), version), ("pg_evo", 2));
+            assert_eq!(accepts.to_string(), wrong::V1_HASH);
+            assert_eq!(
+                changes.texts(),
+                ["state `Start`: field `n` changed from `u32` to `String`"]
+            );
+        }
+        other => panic!("expected AcceptsRefused, got {other:?}"),
+    }
+    v2.shutdown().await;
+    let after = schema
+        .store(ttl)
+        .await
+        .run_info("w1")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (after.status, after.seq, after.updated_ms, after.block),
+        (RunStatus::Waiting, before.seq, before.updated_ms, None)
+    );
+    assert!(effects.lock().unwrap().is_empty());
+}
+
+#[test]
+fn the_wrong_claim_names_version_1() {
+    use loops::Workflow;
+    assert_eq!(wrong::V1_HASH, v1::Order::SCHEMA_HASH.pinned().to_string());
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::clock::Clock;
 use crate::codec::PayloadCodec;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::migrate::{Migrate, Migration, Versioned};
 use crate::retention::RetentionPolicy;
 use crate::retry::RetryPolicy;
@@ -321,7 +321,6 @@ impl RuntimeBuilder {
             // open would); check now, still before loops writes anything.
             check_schemas(&store, checks)?;
         }
-        self.check_accepts(&store)?;
         match &self.codec {
             None if !self.redact_sealed => {
                 refuse_sealed(Store::label(&store), store.sealing_keys()?)?;
@@ -334,53 +333,13 @@ impl RuntimeBuilder {
             )?,
             _ => {}
         }
-        Ok(self.build(store))
-    }
-
-    /// Checks each registered version's claim to accept older schemas
-    /// ([`Workflow::ACCEPTS`]) against the store's descriptions of them (a schema the store
-    /// has never seen has no run to accept, and is not checked).
-    ///
-    /// A claim whose changes break a run only in some states stands, and is logged at WARN
-    /// with those changes.
-    ///
-    /// # Errors
-    /// [`Error::AcceptsRefused`](crate::Error::AcceptsRefused), with the breaking changes, for
-    /// the first wrong claim; the store's errors.
-    fn check_accepts(&self, store: &RedbStore) -> Result<()> {
-        for (workflow, known) in self.config.registry.versions() {
-            for &accepts in known.accepts {
-                let Some(stored) = store.schema(accepts)? else {
-                    continue;
-                };
-                match known.check_accepts(Some(&stored)) {
-                    Err(changes) => {
-                        return Err(Error::AcceptsRefused {
-                            workflow: workflow.to_owned(),
-                            version: known.stored.version,
-                            accepts,
-                            changes,
-                        });
-                    }
-                    // Breaking only for a run in some states: the claim stands, and a run
-                    // in such a state is blocked when it is routed; said once, here, so
-                    // that a deploy hears of it before the first block.
-                    Ok(diff) => {
-                        let partly = diff.breaking(|_| true);
-                        if !partly.is_empty() {
-                            tracing::warn!(
-                                workflow,
-                                version = known.stored.version,
-                                accepts = %accepts,
-                                changes = %partly,
-                                "a claim to accept an older schema holds only for runs in some states: its runs in the states these changes name will be blocked (see docs/evolution.md)"
-                            );
-                        }
-                    }
-                }
-            }
+        let runtime = self.build(store);
+        // The accepts claims, checked here (redb reads at once) so that a wrong one
+        // refuses the open; `resume_all` checks those registered later, on any store.
+        if let Some(store) = runtime.redb() {
+            runtime.judge_accepts(|hash| store.schema(hash))?;
         }
-        Ok(())
+        Ok(runtime)
     }
 
     /// Verify every page's checksum when the store opens (default: on). See

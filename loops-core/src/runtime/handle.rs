@@ -65,6 +65,9 @@ pub(crate) struct Inner {
     pub(crate) children: std::sync::Mutex<std::collections::HashSet<String>>,
     /// The runs waiting for their children whose children this process looked after.
     pub(crate) parents: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// The registered versions (by schema hash) whose claims to accept older schemas were
+    /// checked against the store (`accepts`).
+    pub(crate) accepts_checked: std::sync::Mutex<std::collections::HashSet<SchemaHash>>,
 }
 
 /// The runtime's configuration, as its builder left it.
@@ -280,6 +283,7 @@ impl Runtime {
                 schedules: std::sync::Mutex::default(),
                 children: std::sync::Mutex::default(),
                 parents: std::sync::Mutex::default(),
+                accepts_checked: std::sync::Mutex::default(),
             }),
         }
     }

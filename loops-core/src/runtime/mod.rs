@@ -7,6 +7,7 @@
 //! `requests`, `queries` and `schedules`. Every file imports `handle` or nothing of this folder;
 //! `handle` imports none of them but `claims` and `scheduler`.
 
+mod accepts;
 mod builder;
 mod children;
 mod claims;

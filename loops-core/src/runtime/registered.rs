@@ -374,6 +374,11 @@ impl Runtime {
         {
             let rt = self.clone();
             self.inner.background.spawn_task(async move {
+                // A wrong claim is refused by each run's routing (the run is blocked);
+                // said here once, at the registration.
+                if let Err(e) = rt.check_accepts().await {
+                    tracing::error!(error = %e, "a registered version's claim to accept an older schema is wrong");
+                }
                 if let Err(e) = rt.sweep_blocked().await {
                     tracing::warn!(error = %e, "could not look at the blocked runs");
                 }

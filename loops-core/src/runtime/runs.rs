@@ -435,9 +435,16 @@ impl Runtime {
     /// no timer armed, no lease taken) and can be called again as it was; [`serve`](Self::serve)
     /// does so by itself until the fault clears.
     ///
+    /// First, the registered versions' claims to accept older schemas are checked against
+    /// the store's descriptions of them, once per version (as [`RuntimeBuilder::open`](crate::RuntimeBuilder::open)
+    /// does for redb; here for any store, and for versions registered after the open).
+    ///
     /// # Errors
+    /// [`Error::AcceptsRefused`](crate::Error::AcceptsRefused) if a registered version claims
+    /// to accept a stored schema whose differences from it are breaking;
     /// [`Error::Storage`](crate::Error::Storage) or [`Error::Decode`](crate::Error::Decode) if the index cannot be read.
     pub async fn resume_all(&self) -> Result<Resumed> {
+        self.check_accepts().await?;
         self.inner.started.store(true, Ordering::Release);
         let filters = self.registry(|r| r.claim_filters());
         let limit = match self.inner.config.max_active_runs {
