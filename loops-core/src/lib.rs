@@ -87,11 +87,12 @@ pub use schema::{
 };
 pub use store::{
     AfterFailure, BoxFuture, ClaimFilter, Compacted, CurrentLease, DEFAULT_CACHE_BYTES, Effects,
-    EventRecord, Facts, InboxChange, Lease, LeaseCheck, Needs, ParkedRun, Payloads, PendingEvent,
-    Pruned, Readiness, Ready, ReadyAndParked, Record, RecordKey, RedbStore, Reply, RowWrite,
-    RunCount, RunInfo, RunStatus, STORE_FORMAT, ScheduleChange, SeqStep, SharedLimits, Store,
-    StoreOptions, Take, Upgraded, WaitInfo, WaitOutcome, Wakeups, Write, check_keys, event_record,
-    find_runs, plan, prune, refuse_foreign_codec, seals_as_store_does,
+    EventRecord, Facts, InboxChange, KEY_SEARCH_RUNS, KeyRead, KeySearch, Lease, LeaseCheck, Needs,
+    ParkedRun, Payloads, PendingEvent, Pruned, Readiness, Ready, ReadyAndParked, Record, RecordKey,
+    RedbStore, Reply, RowWrite, RunCount, RunInfo, RunStatus, STORE_FORMAT, ScheduleChange,
+    SeqStep, SharedLimits, Store, StoreOptions, Take, Upgraded, WaitInfo, WaitOutcome, Wakeups,
+    Write, check_keys, event_record, find_runs, plan, prune, refuse_foreign_codec,
+    seals_as_store_does,
 };
 pub use workflow::{BoxError, StateId, Workflow};
 

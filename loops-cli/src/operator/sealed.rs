@@ -3,8 +3,8 @@
 //! never opens them for a caller), so the key stays with whoever runs the CLI.
 
 use loops_core::{
-    Compacted, EventRecord, Keyring, Payloads, Pruned, RetentionPolicy, RunInfo, RunStatus,
-    SchemaHash, Sent, parse_envelope,
+    Compacted, EventRecord, KeyRead, KeySearch, Keyring, Payloads, Pruned, RetentionPolicy,
+    RunInfo, RunStatus, SchemaHash, Sent, parse_envelope,
 };
 use loops_core::{FailureRecord, StepRecord, TransitionRecord};
 use serde_json::value::RawValue;
@@ -115,39 +115,32 @@ impl Unsealing {
 
 impl Unsealing {
     /// `Ok` unless the key file's key `key` fails to open a state the store holds sealed
-    /// with `key`: the latest state of run `run_id`, else of the first run (of at most
-    /// [`KEY_CHECK_RUNS`]) whose latest state is sealed with it. A key of the same id with
-    /// other bytes (a wrong key file, a botched rotation) would seal what no worker opens.
-    /// `Ok` too if no such state is found (its runs were pruned, say): nothing to check
-    /// against.
+    /// with `key` (`loops_core::KeySearch`, the runtime's rule too: the latest state of run
+    /// `run_id`, else of the first run, of at most `loops_core::KEY_SEARCH_RUNS`, whose
+    /// latest state is sealed with it). A key of the same id with other bytes (a wrong key
+    /// file, a botched rotation) would seal what no worker opens. `Ok` too if no such state
+    /// is found (its runs were pruned, say): nothing to check against.
+    ///
+    /// # Errors
+    /// The error opening the state found (naming its run and record) if the key does not
+    /// open it; the store's errors.
     fn check_key(&self, run_id: &str, key: &str) -> Result<()> {
-        let sealed_with = |record: &TransitionRecord| matches!(parse_envelope(record.payload.get()), Some(Ok(sealed)) if sealed.key == key);
-        if let Some((_, record)) = self.inner.latest(run_id)?
-            && sealed_with(&record)
-        {
-            return Ok(self.payloads.verify_transition(run_id, &record)?);
-        }
-        let mut looked = 0;
-        for status in RunStatus::ALL {
-            for info in self.inner.list(status, None)? {
-                if looked == KEY_CHECK_RUNS {
-                    return Ok(());
+        let mut search = KeySearch::new(key, Some(run_id));
+        loop {
+            match search.needs() {
+                KeyRead::Runs(status) => {
+                    let runs = self.inner.list(status, None)?;
+                    search.listed(runs.into_iter().map(|info| info.run_id));
                 }
-                looked += 1;
-                if let Some((_, record)) = self.inner.latest(&info.run_id)?
-                    && sealed_with(&record)
-                {
-                    return Ok(self.payloads.verify_transition(&info.run_id, &record)?);
+                KeyRead::Latest(run) => {
+                    let latest = self.inner.latest(&run)?;
+                    search.read(&self.payloads, &run, latest.as_ref().map(|(_, r)| r))?;
                 }
+                KeyRead::Done(_) => return Ok(()),
             }
         }
-        Ok(())
     }
 }
-
-/// How many runs' latest states [`Unsealing::check_key`] reads for one sealed with the key
-/// file's key: one of the first few is, in any store sealed with it that keeps its runs.
-const KEY_CHECK_RUNS: usize = 1_000;
 
 impl Operator for Unsealing {
     fn label(&self) -> &str {

@@ -53,7 +53,10 @@ pub use self::ready::{ParkedRun, Readiness, Ready};
 pub use self::redb::{
     Compacted, DEFAULT_CACHE_BYTES, RedbStore, STORE_FORMAT, StoreOptions, Upgraded,
 };
-pub use self::sealing::{Payloads, check_keys, refuse_foreign_codec, seals_as_store_does};
+pub use self::sealing::{
+    KEY_SEARCH_RUNS, KeyRead, KeySearch, Payloads, check_keys, refuse_foreign_codec,
+    seals_as_store_does,
+};
 
 /// A boxed, `Send` future: what [`Store`] methods return, so that `dyn Store` works.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

@@ -7,8 +7,10 @@
 //! `payload`, and in the run's row its `error` (a failure's errors), `cancel` reason and
 //! block `reason`. In clear: everything else (what stores index and workers route by).
 
+mod search;
 mod store;
 
+pub use self::search::{KEY_SEARCH_RUNS, KeyRead, KeySearch};
 pub(crate) use self::store::{SealedStore, refuse_sealed};
 pub use self::store::{check_keys, refuse_foreign_codec, seals_as_store_does};
 

@@ -9,17 +9,13 @@ use std::time::Duration;
 
 use tokio::sync::OnceCell;
 
-use super::{Payloads, row_at};
+use super::{KeyRead, KeySearch, Payloads, row_at};
 use crate::error::{Error, Result};
 use crate::record::{FailureRecord, StepRecord, TransitionRecord};
 use crate::schema::SchemaHash;
 use crate::store::{
     BoxFuture, ClaimFilter, EventRecord, Lease, Reply, RunInfo, RunStatus, SeqStep, Store, Write,
 };
-
-/// The most runs whose latest state is read to find one sealed with a key the store records
-/// no check value for (as the CLI's key check reads at most).
-const KEY_CHECK_RUNS: usize = 1_000;
 
 /// A [`Store`] whose payloads go through [`Payloads`]: what the runtime drives, with its
 /// codec ([`RuntimeBuilder::codec`](crate::RuntimeBuilder::codec)) or without one.
@@ -147,65 +143,41 @@ impl SealedStore {
 
     /// For the writing key `key` that the store lists without a check value (recorded by a
     /// loops before check values): `check`, its check value, if the key opens a state sealed
-    /// with `key`: the latest state of run `run_id` (the run of the first write), or, when
-    /// that run has none sealed with `key` (a write that creates it), the latest state of
-    /// the first run in status order (of at most [`KEY_CHECK_RUNS`]) that has one. `None` if
-    /// none has one (the check is not recorded unverified: a worker with another key under
-    /// the id would then lock the right ones out). Looking for another run lists the store's
-    /// runs by status: once per process, and only on a store written before check values.
+    /// with `key` ([`KeySearch`], from run `run_id`, that of the first write); `None` if no
+    /// state sealed with it is found (the check is not recorded unverified: a worker with
+    /// another key under the id would then lock the right ones out). The search lists the
+    /// store's runs by status: once per process, and only on a store written before check
+    /// values.
     ///
     /// # Errors
-    /// [`Error::KeyMismatch`] if it does not open that state: the key has the id and other
-    /// bytes, and what it sealed no other worker would open. The store's read errors.
+    /// [`Error::KeyMismatch`] if the key does not open the state found: the key has the id
+    /// and other bytes, and what it sealed no other worker would open. The store's read
+    /// errors.
     async fn verified_check(
         &self,
         key: &str,
         run_id: Option<&str>,
         check: Option<String>,
     ) -> Result<Option<String>> {
-        if let Some(run_id) = run_id
-            && self.opens_latest(key, run_id).await?
-        {
-            return Ok(check);
-        }
-        let mut looked = 0;
-        for status in RunStatus::ALL {
-            for info in self.inner.list(status, None).await? {
-                if Some(info.run_id.as_str()) == run_id {
-                    continue;
+        let mut search = KeySearch::new(key, run_id);
+        loop {
+            match search.needs() {
+                KeyRead::Runs(status) => {
+                    let runs = self.inner.list(status, None).await?;
+                    search.listed(runs.into_iter().map(|info| info.run_id));
                 }
-                if looked == KEY_CHECK_RUNS {
-                    return Ok(None);
+                KeyRead::Latest(run) => {
+                    let latest = self.inner.latest(&run).await?;
+                    let latest = latest.as_ref().map(|(_, record)| record);
+                    if search.read(&self.payloads, &run, latest).is_err() {
+                        return Err(Error::KeyMismatch {
+                            store: self.inner.label(),
+                            key: key.to_owned(),
+                        });
+                    }
                 }
-                looked += 1;
-                if self.opens_latest(key, &info.run_id).await? {
-                    return Ok(check);
-                }
+                KeyRead::Done(found) => return Ok(check.filter(|_| found)),
             }
-        }
-        Ok(None)
-    }
-
-    /// Whether the latest state of run `run_id` is sealed with `key` (and the key opens
-    /// it); `false` if that run has no state sealed with `key`.
-    ///
-    /// # Errors
-    /// [`Error::KeyMismatch`] if the key does not open it; the store's read errors.
-    async fn opens_latest(&self, key: &str, run_id: &str) -> Result<bool> {
-        let Some((_, record)) = self.inner.latest(run_id).await? else {
-            return Ok(false);
-        };
-        match crate::codec::parse_envelope(record.payload.get()) {
-            Some(Ok(sealed)) if sealed.key == key => {
-                match self.payloads.verify_transition(run_id, &record) {
-                    Ok(()) => Ok(true),
-                    Err(_) => Err(Error::KeyMismatch {
-                        store: self.inner.label(),
-                        key: key.to_owned(),
-                    }),
-                }
-            }
-            _ => Ok(false),
         }
     }
 
