@@ -259,6 +259,14 @@ pub fn postgres(url: &str, schema: &str) -> Result<Local> {
         tokio.block_on(builder.connect())
     };
     let store = connect.map_err(|e| {
+        if let loops_postgres::Error::Config { .. }
+        | loops_postgres::Error::InvalidSetting {
+            setting: "host", ..
+        } = &e
+        {
+            // The URL itself: bad input, said without it (it may hold a password).
+            return Failure::usage(format!("the store URL is not one loops can use: {e}"));
+        }
         Failure::new(match &e {
             loops_postgres::Error::Connect { .. } => e.to_string(),
             // The library's remedy names its builder's methods; a command's is in the URL.

@@ -3470,6 +3470,38 @@ fn a_remote_postgres_url_without_tls_is_refused_with_the_remedy_in_the_url() {
     }
 }
 
+/// A PostgreSQL URL that does not parse, or names no server, is bad input (exit 2), said in
+/// one line naming what is wrong and not the URL (it may hold a password); before, `postgres://`
+/// was tried as `localhost` and failed as a connection (exit 1).
+#[test]
+fn a_postgres_url_that_names_no_server_or_does_not_parse_is_bad_input() {
+    for (url, why) in [
+        (
+            "postgres://",
+            "invalid setting `host`: the connection string names no server: give postgres://USER@HOST[:PORT]/DATABASE, or host=HOST",
+        ),
+        (
+            "postgres://u:secret@127.0.0.1:99999/x",
+            "invalid PostgreSQL connection string: invalid connection string: invalid value for option `port`",
+        ),
+        (
+            "postgresql://127.0.0.1/x?sslmode=bogus",
+            "invalid PostgreSQL connection string: invalid connection string: invalid value for option `sslmode`",
+        ),
+    ] {
+        Command::cargo_bin("loops")
+            .unwrap()
+            .env_remove("LOOPS_STORE")
+            .args(["--store", url, "runs"])
+            .assert()
+            .code(2)
+            .stdout("")
+            .stderr(format!(
+                "error: the store URL is not one loops can use: {why}\n"
+            ));
+    }
+}
+
 /// A store given as a URL of a scheme loops does not open is refused as one, in one line that
 /// names the scheme only (the rest may hold a password) and what loops opens; exit 2, a bad
 /// argument, from `--store` and `LOOPS_STORE` alike. Before, it was taken for a file path

@@ -253,6 +253,12 @@ impl PgStoreBuilder {
             .config
             .parse()
             .map_err(|source| Error::Config { source })?;
+        if config.get_hosts().is_empty() && config.get_hostaddrs().is_empty() {
+            return Err(Error::InvalidSetting {
+                setting: "host",
+                reason: "the connection string names no server: give postgres://USER@HOST[:PORT]/DATABASE, or host=HOST",
+            });
+        }
         let label = label(&config, &self.schema);
         let transport = transport(&mut config, with_tls, self.allow_plaintext, &label)?;
         let given = config.get_options().map(str::to_owned);

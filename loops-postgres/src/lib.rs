@@ -151,11 +151,11 @@ pub const DEFAULT_APPLICATION_NAME: &str = "loops";
 #[non_exhaustive]
 pub enum Error {
     /// The connection string does not parse (either form of libpq's: `host=.. user=..` or a
-    /// `postgres://` URL).
-    #[error("invalid PostgreSQL connection string: {source}")]
+    /// `postgres://` URL). The message names the parser's cause (`invalid value for option
+    /// `port``), so `source()` is `None` (a chain printed whole says it once).
+    #[error("invalid PostgreSQL connection string: {}", cause_text(source))]
     Config {
         /// The parser's error.
-        #[source]
         source: tokio_postgres::Error,
     },
 
@@ -169,7 +169,8 @@ pub enum Error {
         reason: &'static str,
     },
 
-    /// A setting is out of range (a pool of 0 connections, a lease time under 10 ms).
+    /// A setting is out of range (a pool of 0 connections, a lease time under 10 ms), or the
+    /// connection string names no server (`setting` is then `host`).
     #[error("invalid setting `{setting}`: {reason}")]
     InvalidSetting {
         /// The builder method.

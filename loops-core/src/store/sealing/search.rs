@@ -219,8 +219,16 @@ mod tests {
                 RunStatus::Waiting,
                 Some(state("other-key", Some(&k2))),
             ),
-            ("sealed", RunStatus::Completed, Some(state("sealed", Some(&k1)))),
-            ("later", RunStatus::Completed, Some(state("later", Some(&k1)))),
+            (
+                "sealed",
+                RunStatus::Completed,
+                Some(state("sealed", Some(&k1))),
+            ),
+            (
+                "later",
+                RunStatus::Completed,
+                Some(state("later", Some(&k1))),
+            ),
         ];
         let (found, reads) = drive(KeySearch::new("k1", Some("new")), &runs, &k1);
         assert!(found.unwrap());
