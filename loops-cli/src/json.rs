@@ -135,12 +135,45 @@ pub fn preview(raw: &str, max: usize) -> String {
 /// the run's check would refuse only after the store was reached.
 ///
 /// # Errors
+/// What is wrong, to follow the payload's name ("the payload ..."): `is not valid JSON: ` and
 /// serde_json's error, with its line and column (`unexpected end of hex escape at line 1
-/// column 14`).
-pub fn payload(text: &str) -> serde_json::Result<Box<RawValue>> {
-    let payload: Box<RawValue> = serde_json::from_str(text)?;
-    serde_json::from_str::<serde_json::Value>(text)?;
+/// column 14`), or, for arrays and objects nested deeper than serde_json reads (and so than
+/// any worker decodes), how deep.
+pub fn payload(text: &str) -> Result<Box<RawValue>, String> {
+    let depth = nesting(text);
+    if depth > MAX_NESTING {
+        return Err(format!(
+            "nests arrays and objects {depth} deep, and a payload may nest at most {MAX_NESTING} (serde_json's limit, which workers decode with)"
+        ));
+    }
+    let invalid = |e: serde_json::Error| format!("is not valid JSON: {e}");
+    let payload: Box<RawValue> = serde_json::from_str(text).map_err(invalid)?;
+    serde_json::from_str::<serde_json::Value>(text).map_err(invalid)?;
     Ok(payload)
+}
+
+/// How deep serde_json nests arrays and objects before it refuses a document.
+const MAX_NESTING: usize = 127;
+
+/// The deepest nesting of arrays and objects in `text` (brackets in strings not counted); on
+/// text that is not JSON, a count the parser's own error then supersedes.
+fn nesting(text: &str) -> usize {
+    let (mut depth, mut deepest) = (0usize, 0usize);
+    let (mut in_string, mut escaped) = (false, false);
+    for byte in text.bytes() {
+        match (in_string, byte) {
+            (true, _) if escaped => escaped = false,
+            (true, b'\\') => escaped = true,
+            (true, b'"') | (false, b'"') => in_string = !in_string,
+            (false, b'[' | b'{') => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            (false, b']' | b'}') => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
 }
 
 #[cfg(test)]
@@ -158,5 +191,22 @@ mod tests {
         assert_eq!(preview("{ \"a\" :  1 }", 200), r#"{"a":1}"#);
         assert_eq!(preview(r#""abcdefgh""#, 5), "\"abc…");
         assert_eq!(pretty("not json"), "not json");
+    }
+
+    #[test]
+    fn nesting_deeper_than_serde_json_reads_is_said_so() {
+        let at = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        assert!(payload(&at(MAX_NESTING)).is_ok());
+        assert_eq!(
+            payload(&at(MAX_NESTING + 1)).unwrap_err(),
+            "nests arrays and objects 128 deep, and a payload may nest at most 127 (serde_json's limit, which workers decode with)"
+        );
+        // Brackets in strings (escaped quotes too) are text.
+        assert_eq!(nesting(r#"{"a":"[[\"[{","b":[{}]}"#), 3);
+        assert!(payload(&format!(r#"{{"a":"{}"}}"#, "[".repeat(500))).is_ok());
+        assert_eq!(
+            payload("[1,").unwrap_err(),
+            "is not valid JSON: EOF while parsing a value at line 1 column 3"
+        );
     }
 }

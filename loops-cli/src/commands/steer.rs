@@ -117,7 +117,7 @@ pub fn send(target: &Target, args: &SendArgs) -> Result<()> {
     // Read and checked before the store is opened: a bad payload writes nothing.
     let (from, text) = payload_text(args)?;
     let payload = crate::json::payload(&text)
-        .map_err(|e| Failure::usage(format!("{from} is not valid JSON: {e}")))?;
+        .map_err(|problem| Failure::usage(format!("{from} {problem}")))?;
     drop(text);
     let store = open::operator(target, Access::Write)?;
     let before = store

@@ -164,8 +164,8 @@ pub async fn send(
     // Checked before the store is reached: a bad payload writes nothing.
     let payload = match crate::json::payload(&form.payload) {
         Ok(payload) => payload,
-        Err(e) => {
-            let failure = Failure::usage(format!("the payload is not valid JSON: {e}"));
+        Err(problem) => {
+            let failure = Failure::usage(format!("the payload {problem}"));
             return failed(&ui, StatusCode::BAD_REQUEST, &failure);
         }
     };
