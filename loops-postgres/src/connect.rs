@@ -228,14 +228,14 @@ impl PgStoreBuilder {
         self.open(tls, true).await
     }
 
-    /// [`connect`](Self::connect) (`with_tls` false) or [`connect_tls`](Self::connect_tls).
-    async fn open<T>(self, tls: T, with_tls: bool) -> Result<PgStore, Error>
-    where
-        T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
-        T::Stream: Send + Sync + 'static,
-        T::TlsConnect: Send + Sync,
-        <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
-    {
+    /// The settings checked, and the connection string parsed: what [`open`](Self::open)
+    /// connects with.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSchema`]; [`Error::InvalidSetting`] for a pool of 0 connections, a
+    /// lease under 10 ms, or a connection string that names no server; [`Error::Config`] if
+    /// it does not parse.
+    fn checked_config(&self) -> Result<tokio_postgres::Config, Error> {
         validate_schema(&self.schema)?;
         if self.pool_size == 0 {
             return Err(Error::InvalidSetting {
@@ -249,7 +249,7 @@ impl PgStoreBuilder {
                 reason: "a lease must last at least 10 ms",
             });
         }
-        let mut config: tokio_postgres::Config = self
+        let config: tokio_postgres::Config = self
             .config
             .parse()
             .map_err(|source| Error::Config { source })?;
@@ -259,6 +259,18 @@ impl PgStoreBuilder {
                 reason: "the connection string names no server: give postgres://USER@HOST[:PORT]/DATABASE, or host=HOST",
             });
         }
+        Ok(config)
+    }
+
+    /// [`connect`](Self::connect) (`with_tls` false) or [`connect_tls`](Self::connect_tls).
+    async fn open<T>(self, tls: T, with_tls: bool) -> Result<PgStore, Error>
+    where
+        T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+        T::Stream: Send + Sync + 'static,
+        T::TlsConnect: Send + Sync,
+        <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+    {
+        let mut config = self.checked_config()?;
         let label = label(&config, &self.schema);
         let transport = transport(&mut config, with_tls, self.allow_plaintext, &label)?;
         let given = config.get_options().map(str::to_owned);
