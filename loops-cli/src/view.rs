@@ -299,18 +299,23 @@ pub enum EventFate {
     /// A wait of the run may still take it.
     Pending,
     /// The run completed or was cancelled before a wait took it, and no wait will: it stays
-    /// in the inbox, for inspection, until the run is pruned (a child's end announced after
-    /// its parent's join had read it ended; an approval sent twice).
+    /// in the inbox, for inspection, until the run is pruned (an approval sent twice).
     NotTaken,
+    /// A child's end ([`loops_core::CHILD_ENDED`]) that no wait took, in a run that completed
+    /// or was cancelled: a wake-up its join did not need (the join read the child's row),
+    /// not an event the run missed.
+    NotNeeded,
 }
 
 impl EventFate {
-    /// Its word in the CLI's tables: `delivered`, `pending`, `not taken (run ended)`.
+    /// Its word in the CLI's tables: `delivered`, `pending`, `not taken (run ended)`, `not
+    /// needed (join read the child)`.
     pub fn text(self) -> &'static str {
         match self {
             EventFate::Delivered => "delivered",
             EventFate::Pending => "pending",
             EventFate::NotTaken => "not taken (run ended)",
+            EventFate::NotNeeded => "not needed (join read the child)",
         }
     }
 }
@@ -321,7 +326,11 @@ impl EventView {
         if self.delivered {
             EventFate::Delivered
         } else if matches!(status, RunStatus::Completed | RunStatus::Cancelled) {
-            EventFate::NotTaken
+            if self.name == loops_core::CHILD_ENDED {
+                EventFate::NotNeeded
+            } else {
+                EventFate::NotTaken
+            }
         } else {
             EventFate::Pending
         }
@@ -338,5 +347,43 @@ impl EventView {
             delivered,
             payload: record.payload,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(name: &str, delivered: bool) -> EventView {
+        EventView {
+            event_seq: 0,
+            name: name.to_owned(),
+            key: None,
+            at: String::new(),
+            at_ms: 0,
+            delivered,
+            payload: RawValue::from_string("null".to_owned()).unwrap(),
+        }
+    }
+
+    #[test]
+    fn a_childs_end_no_wait_took_in_an_ended_run_was_not_needed_not_missed() {
+        let ended = event(loops_core::CHILD_ENDED, false);
+        let approval = event("approve", false);
+        for status in [RunStatus::Completed, RunStatus::Cancelled] {
+            assert_eq!(ended.fate(status), EventFate::NotNeeded);
+            assert_eq!(approval.fate(status), EventFate::NotTaken);
+        }
+        for status in [RunStatus::Running, RunStatus::Waiting, RunStatus::Failed] {
+            assert_eq!(ended.fate(status), EventFate::Pending);
+        }
+        assert_eq!(
+            event(loops_core::CHILD_ENDED, true).fate(RunStatus::Completed),
+            EventFate::Delivered
+        );
+        assert_eq!(
+            EventFate::NotNeeded.text(),
+            "not needed (join read the child)"
+        );
     }
 }

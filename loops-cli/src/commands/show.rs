@@ -166,7 +166,7 @@ fn fields(
             .collect();
         // Both labels fit the column's width, which the longest, `pending events`, sets.
         let (label, why) = match first.fate(info.status) {
-            EventFate::NotTaken => ("not taken", " (the run ended first)"),
+            EventFate::NotTaken | EventFate::NotNeeded => ("not taken", " (the run ended first)"),
             _ => ("pending events", ""),
         };
         field(label, format!("{}{why}", names.join(", ")), PLAIN);
