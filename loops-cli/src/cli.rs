@@ -326,9 +326,10 @@ Examples:
 
 The text form names the run's schema by its hash; --schema adds its description (one line
 per field, as `loops schema RUN` prints it). A blocked run shows why (`blocked`), each change
-of its schema that stops it (`change`), and the status it goes back to when unblocked. --json prints {run, payload,
-schema_description, pending_events}, with the description always; run has the fields of
-`loops runs --json`.";
+of its schema that stops it (`change`), and the status it goes back to when unblocked. A cancelled
+or failed run lists the steps its last state recorded (`steps done`: their effects happened). --json
+prints {run, payload, schema_description, pending_events, state_steps}, with the description
+always; run has the fields of `loops runs --json`.";
 
 /// `loops show`.
 #[derive(Debug, Args)]

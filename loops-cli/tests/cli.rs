@@ -3248,8 +3248,9 @@ fn tree_shows_a_run_and_its_children_and_show_names_the_parent() {
     tokio.block_on(rt.shutdown());
 }
 
-/// Runs until it is cancelled, then asks to end (which the store refuses: a run asked to stop
-/// commits no next state).
+/// Runs a step until the run is cancelled (a side effect in flight when the cancel lands: it
+/// is recorded), then asks to end (which the store refuses: a run asked to stop commits no
+/// next state).
 #[derive(loops_derive::Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
 #[workflow(crate = loops_core)]
 enum Spin {
@@ -3267,8 +3268,12 @@ impl SpinHandler for Worker {
     type Error = BoxError;
 
     async fn spinning(&self, ctx: &Context) -> Result<SpinningNext, BoxError> {
-        SPINNING.store(true, std::sync::atomic::Ordering::SeqCst);
-        ctx.cancelled().await;
+        ctx.step("open_pr", || async {
+            SPINNING.store(true, std::sync::atomic::Ordering::SeqCst);
+            ctx.cancelled().await;
+            Ok(7u32)
+        })
+        .await?;
         Ok(SpinningNext::Done)
     }
 }
@@ -3302,6 +3307,22 @@ fn cancel_of_a_driven_run_says_where_it_will_end() {
     assert_eq!((info.state.as_str(), info.seq), ("Spinning", 0));
     tokio.block_on(server.stop());
     tokio.block_on(rt.shutdown());
+    drop(rt);
+    // The step in flight when the cancel landed was recorded: `show` says its effect
+    // happened, so that no one redoes it by hand.
+    assert!(
+        text(&path, &["show", "s1"]).contains(
+            "\nsteps done      open_pr#0 (recorded in state Spinning before the run ended: their effects happened; `loops history s1` shows their outputs)\n"
+        ),
+        "{}",
+        text(&path, &["show", "s1"])
+    );
+    let steps = &json(&path, &["show", "s1", "--json"])["state_steps"];
+    assert_eq!(steps.as_array().unwrap().len(), 1, "{steps}");
+    assert_eq!(
+        (&steps[0]["name"], &steps[0]["occurrence"], &steps[0]["attempt"]),
+        (&json!("open_pr"), &json!(0), &json!(1))
+    );
 }
 
 /// `loops cancel` of a waiting run that a process drives (its caller's `Runtime::run` waits

@@ -25,6 +25,20 @@ struct ShowView {
     payload: Box<RawValue>,
     schema_description: Option<String>,
     pending_events: Vec<EventView>,
+    state_steps: Vec<StateStep>,
+}
+
+/// A step the run's current state recorded (`loops show --json`'s `state_steps`).
+#[derive(Debug, Serialize)]
+struct StateStep {
+    /// The step's name (`loops:`... for loops' own: a wait, a child's start, a join).
+    name: String,
+    /// Which use of the name in the state, from 0.
+    occurrence: u32,
+    /// The attempt of the state's handler that ran it, from 1.
+    attempt: u32,
+    /// When it was recorded, in ms since the Unix epoch.
+    at_ms: u64,
 }
 
 /// The run's row and latest record, or a failure naming the run and the store.
@@ -58,6 +72,16 @@ pub fn run(target: &Target, args: &ShowArgs) -> Result<()> {
         .filter(|(_, e, _)| waits_for_children || e.name != loops_core::CHILD_ENDED)
         .map(|(seq, e, delivered)| EventView::new(seq, e, delivered))
         .collect();
+    let state_steps: Vec<StateStep> = store
+        .steps(&run_id, info.seq)?
+        .into_iter()
+        .map(|(name, occurrence, step)| StateStep {
+            name,
+            occurrence,
+            attempt: step.attempt,
+            at_ms: step.at_ms,
+        })
+        .collect();
 
     if args.json {
         return emit_json(&ShowView {
@@ -65,11 +89,19 @@ pub fn run(target: &Target, args: &ShowArgs) -> Result<()> {
             payload: record.payload,
             schema_description: description,
             pending_events: pending,
+            state_steps,
         });
     }
 
     let now = now_ms();
-    let mut out = fields(&info, &pending, &attributes, now).render(0);
+    let mut t = fields(&info, &pending, &attributes, now);
+    if let Some(done) = effects_before_the_end(&info, &state_steps) {
+        t.row(vec![
+            Cell::new("steps done", HEADER),
+            Cell::new(done, ERROR),
+        ]);
+    }
+    let mut out = t.render(0);
     out.push('\n');
     push_indented(
         &mut out,
@@ -200,6 +232,31 @@ fn fields(
     }
     field("schema", info.schema.to_string(), DIM);
     t
+}
+
+/// For a run that was cancelled or failed in a state whose handler had recorded steps of its
+/// own (not loops' `loops:` ones): those steps, and that their effects happened though the
+/// run never left the state (a cancel that landed while the last step ran refuses the next
+/// state, not the step). `None` otherwise. Shown so that no one redoes by hand what the run
+/// did (opened the pull request, say).
+fn effects_before_the_end(info: &RunInfo, steps: &[StateStep]) -> Option<String> {
+    if !matches!(info.status, RunStatus::Cancelled | RunStatus::Failed) {
+        return None;
+    }
+    let own: Vec<String> = steps
+        .iter()
+        .filter(|s| !s.name.starts_with(loops_core::RESERVED_PREFIX))
+        .map(|s| format!("{}#{}", s.name, s.occurrence))
+        .collect();
+    if own.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "{} (recorded in state {} before the run ended: their effects happened; `loops history {}` shows their outputs)",
+        own.join(", "),
+        info.state,
+        info.run_id
+    ))
 }
 
 /// `at` (ms since the epoch) as RFC 3339 and relative to `now`: `2026-... (3s ago)`.
