@@ -488,10 +488,7 @@ async fn a_compatible_change_is_accepted_at_open_and_a_wrong_claim_refused() {
         rt.shutdown().await;
     }
     // A claim that is wrong (a field retyped) refuses the open, with the diff.
-    match Runtime::builder()
-        .register::<ticket::wrong::Ticket, _>(ticket::Closer::default())
-        .open(&path)
-    {
+    let refused = |result: Result<(), Error>| match result {
         Err(Error::AcceptsRefused {
             workflow,
             version,
@@ -506,28 +503,19 @@ async fn a_compatible_change_is_accepted_at_open_and_a_wrong_claim_refused() {
             );
         }
         other => panic!("expected AcceptsRefused, got {other:?}"),
-    }
+    };
+    refused(
+        Runtime::builder()
+            .register::<ticket::wrong::Ticket, _>(ticket::Closer::default())
+            .open(&path)
+            .map(drop),
+    );
     // A store given to `build` (PostgreSQL's, say) is checked when the runtime resumes its
     // runs, as is a version registered after the store opened; nothing is resumed.
     {
         let rt = Runtime::builder().build(loops::RedbStore::open(&path).unwrap());
         rt.register::<ticket::wrong::Ticket, _>(ticket::Closer::default());
-        match rt.resume_all().await {
-            Err(Error::AcceptsRefused {
-                workflow,
-                version,
-                accepts,
-                changes,
-            }) => {
-                assert_eq!((workflow.as_str(), version), ("ticket", 2));
-                assert_eq!(accepts, hash::<ticket::v1::Ticket>());
-                assert_eq!(
-                    changes.texts(),
-                    ["state `Open`: field `title` changed from `String` to `u64`"]
-                );
-            }
-            other => panic!("expected AcceptsRefused, got {other:?}"),
-        }
+        refused(rt.resume_all().await.map(drop));
         let t1 = rt.store().run_info("t1").await.unwrap().unwrap();
         assert_eq!((t1.status, t1.seq), (RunStatus::Running, 0));
         rt.shutdown().await;

@@ -3320,7 +3320,11 @@ fn cancel_of_a_driven_run_says_where_it_will_end() {
     let steps = &json(&path, &["show", "s1", "--json"])["state_steps"];
     assert_eq!(steps.as_array().unwrap().len(), 1, "{steps}");
     assert_eq!(
-        (&steps[0]["name"], &steps[0]["occurrence"], &steps[0]["attempt"]),
+        (
+            &steps[0]["name"],
+            &steps[0]["occurrence"],
+            &steps[0]["attempt"]
+        ),
         (&json!("open_pr"), &json!(0), &json!(1))
     );
 }
