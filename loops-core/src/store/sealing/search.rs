@@ -25,15 +25,32 @@ pub const KEY_SEARCH_RUNS: usize = 1_000;
 /// store's runs in [`RunStatus::ALL`] order, at most [`KEY_SEARCH_RUNS`] of them, until one
 /// is sealed with the key.
 ///
-/// ```text
-/// let mut search = KeySearch::new(key, Some(run_id));
+/// ```
+/// # extern crate loops_core as loops;
+/// use std::sync::Arc;
+/// use loops::{KeyRead, KeySearch, Keyring, Payloads, RedbStore};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = RedbStore::in_memory()?;
+/// let keys = "k1 0101010101010101010101010101010101010101010101010101010101010101\n";
+/// let payloads = Payloads::new(Arc::new(Keyring::parse(keys)?));
+/// let mut search = KeySearch::new("k1", Some("run-7"));
 /// let found = loop {
 ///     match search.needs() {
-///         KeyRead::Runs(status) => search.listed(/* ids of the runs with `status` */),
-///         KeyRead::Latest(run) => search.read(&payloads, &run, /* its latest */)?,
+///         KeyRead::Runs(status) => {
+///             let runs = store.list(status, None)?;
+///             search.listed(runs.into_iter().map(|info| info.run_id));
+///         }
+///         KeyRead::Latest(run) => {
+///             let latest = store.latest(&run)?;
+///             search.read(&payloads, &run, latest.as_ref().map(|(_, record)| record))?;
+///         }
 ///         KeyRead::Done(found) => break found,
 ///     }
 /// };
+/// assert!(!found); // an empty store holds no state sealed with `k1`
+/// # Ok(())
+/// # }
 /// ```
 #[derive(Debug)]
 pub struct KeySearch {
