@@ -94,14 +94,7 @@ pub fn run(target: &Target, args: &ShowArgs) -> Result<()> {
     }
 
     let now = now_ms();
-    let mut t = fields(&info, &pending, &attributes, now);
-    if let Some(done) = effects_before_the_end(&info, &state_steps) {
-        t.row(vec![
-            Cell::new("steps done", HEADER),
-            Cell::new(done, ERROR),
-        ]);
-    }
-    let mut out = t.render(0);
+    let mut out = fields(&info, &pending, &state_steps, &attributes, now).render(0);
     out.push('\n');
     push_indented(
         &mut out,
@@ -132,11 +125,13 @@ fn push_indented(out: &mut String, title: &str, text: &str, style: Style) {
 }
 
 /// The table of `loops show`: one labelled row per fact of the run `info` (status, state,
-/// wait, times, error, cancellation, `pending` events, block, `attributes`, schema), times
-/// relative to `now` (ms since the epoch).
+/// wait, times, error, cancellation, the current state's `steps` done before a cancel or
+/// failure, `pending` events, block, `attributes`, schema), times relative to `now` (ms
+/// since the epoch).
 fn fields(
     info: &RunInfo,
     pending: &[EventView],
+    steps: &[StateStep],
     attributes: &loops_core::Attributes,
     now: u64,
 ) -> Table {
@@ -190,6 +185,9 @@ fn fields(
             "cancel asked"
         };
         field(label, reason.clone(), PLAIN);
+    }
+    if let Some(done) = effects_before_the_end(info, steps) {
+        field("steps done", done, ERROR);
     }
     if let Some(first) = pending.first() {
         let names: Vec<String> = pending
