@@ -182,7 +182,7 @@ fn the_cli_sees_steers_and_inspects_a_run_of_the_example() {
     );
     // The child ended before the join read it, so no wait took its event; once the run has
     // completed, `show` leaves that wake-up out (it said `pending`, then `not taken`, which
-    // read as an event the run missed).
+    // read as an event the run missed), and `history` says it was not needed.
     let shown = loops_text(&store, &["show", "deliver-1"]);
     assert!(
         !shown.contains("pending")
@@ -197,7 +197,7 @@ fn the_cli_sees_steers_and_inspects_a_run_of_the_example() {
         .collect();
     assert_eq!(child_ended.len(), 1, "{lines}");
     assert!(
-        child_ended[0].contains(" not taken (run ended) "),
+        child_ended[0].contains(" not needed (join read the child) "),
         "{lines}"
     );
     let pruned = loops_json(
