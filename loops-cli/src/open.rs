@@ -17,7 +17,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use loops_core::control::{Client, socket_path};
-use loops_core::{Error, Payloads, RedbStore, Runtime, StoreOptions};
+use loops_core::{Error, Payloads, RedbStore, RunStatus, Runtime, StoreOptions};
 
 use crate::failure::{Failure, Result};
 use crate::operator::{Local, Operator, Remote, Unsealing};
@@ -435,15 +435,16 @@ pub fn open_failure(path: &Path, e: Error) -> Failure {
             }
         }
         // The same words as for a panic of redb on a damaged file (see panics.rs), and what
-        // may still be read before the file is replaced.
-        // A file shorter than its own layout opens with no check either: `--no-verify` is
-        // no way round (redb's words for it are the only sign; other wording gets the
-        // general advice).
+        // may still be read before the file is replaced: `--no-verify` is advised only if an
+        // unverified read lists the file's runs (tried here, read-only); a file shorter than
+        // its own layout is named as such (redb's words for it are the only sign).
         Error::Open { cause: source, .. } if damaged => {
-            let until = if source.to_string().contains("truncated") {
+            let until = if reads_unverified(path) {
+                "until then, `loops --no-verify runs` and `history RUN --json` read what they still can, unverified"
+            } else if source.to_string().contains("truncated") {
                 "the file is shorter than its own layout says, so nothing reads it, verified or not"
             } else {
-                "until then, `loops --no-verify runs` and `history RUN --json` read what they still can, unverified"
+                "an unverified open fails too, so `--no-verify` is no way round"
             };
             Failure::new(format!(
                 "store {} is damaged: redb cannot open it ({source}); restore it from a backup ({until})",
@@ -454,6 +455,28 @@ pub fn open_failure(path: &Path, e: Error) -> Failure {
         e @ Error::Open { .. } => Failure::new(e.to_string()),
         other => Failure::from(other),
     }
+}
+
+/// Whether `loops --no-verify runs` reads the file at `path`: it opens read-only without
+/// verification (through a repair made in memory if it needs one) and lists its runs of
+/// every status. Whether that flag is a way to read what a damaged file still holds.
+fn reads_unverified(path: &Path) -> bool {
+    let options = StoreOptions {
+        verify_on_open: false,
+        ..StoreOptions::default()
+    };
+    let store = match RedbStore::open_read_only_with(path, options) {
+        Ok(store) => store,
+        Err(Error::NeedsRecovery { .. }) => match RedbStore::open_repaired_in_memory(path, options)
+        {
+            Ok(store) => store,
+            Err(_) => return false,
+        },
+        Err(_) => return false,
+    };
+    RunStatus::ALL
+        .iter()
+        .all(|&status| store.list(status, None).is_ok())
 }
 
 /// The redb store under a runtime this tool opened (always a redb file).

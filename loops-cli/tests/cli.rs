@@ -2736,6 +2736,66 @@ fn a_read_past_the_end_of_the_file_is_reported_as_damage() {
     assert!(ids(&listed).contains(&"done-1"), "{listed}");
 }
 
+/// `loops check` advises `--no-verify` for a file redb cannot open only when an unverified
+/// read does open it: over one flipped byte in each 4 KiB of the file, every file `check`
+/// says so of is listed by `--no-verify runs`, and every file it says `--no-verify` is no way
+/// round for is refused by it too. (A flip in the header made `check` advise a read that
+/// failed the same way.)
+#[test]
+fn check_advises_no_verify_only_when_an_unverified_read_opens_the_file() {
+    let (dir, path) = store();
+    let good = std::fs::read(&path).unwrap();
+    let mut not_advised = 0;
+    for offset in (0..good.len())
+        .step_by(4096)
+        .flat_map(|page| [page + 3, page + 35])
+    {
+        let Some(&byte) = good.get(offset) else {
+            continue;
+        };
+        let file = dir.path().join(format!("flip-{offset}.redb"));
+        let mut bytes = good.clone();
+        bytes[offset] = !byte;
+        std::fs::write(&file, &bytes).unwrap();
+        let check = loops(&file).arg("check").output().unwrap();
+        let err = String::from_utf8(check.stderr).unwrap();
+        if !err.contains("redb cannot open it") {
+            continue;
+        }
+        let unverified = loops(&file)
+            .args(["--no-verify", "runs", "--json"])
+            .output()
+            .unwrap();
+        if err.contains("read what they still can, unverified") {
+            assert!(
+                unverified.status.success(),
+                "{}: {err}; --no-verify runs: {}",
+                file.display(),
+                String::from_utf8_lossy(&unverified.stderr)
+            );
+        } else {
+            not_advised += 1;
+            assert!(
+                err.contains("`--no-verify` is no way round")
+                    || err.contains("nothing reads it, verified or not"),
+                "{err}"
+            );
+            assert_eq!(
+                unverified.status.code(),
+                Some(1),
+                "{}: {err}",
+                file.display()
+            );
+        }
+    }
+    // (A file it advises `--no-verify` for, and that reads, is made on purpose by the test
+    // above.)
+    assert!(
+        not_advised > 0,
+        "no flip made a file redb cannot open at all"
+    );
+}
+
 #[test]
 fn a_flipped_bit_in_a_record_is_refused_by_reading_commands_unless_no_verify() {
     let (dir, path) = store();
