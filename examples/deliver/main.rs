@@ -325,16 +325,15 @@ async fn run(cli: Cli) -> Result<Ended> {
 struct Interrupt(tokio::sync::watch::Receiver<Option<Stop>>);
 
 impl Interrupt {
-    /// Starts listening for Ctrl-C and SIGTERM (from then on neither ends the process at
-    /// once).
+    /// Starts listening for Ctrl-C and SIGTERM: from this call on, neither ends the process
+    /// at once. The handlers are registered here, not in the task that waits for them (which
+    /// would leave a window, until its first poll, in which the store is open and a signal
+    /// still kills the process).
     fn listen() -> Interrupt {
         let (tx, rx) = tokio::sync::watch::channel(None);
+        let signals = Signals::register();
         tokio::spawn(async move {
-            let stop = tokio::select! {
-                pressed = tokio::signal::ctrl_c() => pressed.ok().map(|()| Stop::CtrlC),
-                () = terminated() => Some(Stop::Terminate),
-            };
-            if let Some(stop) = stop {
+            if let Some(stop) = signals.next().await {
                 let _ = tx.send(Some(stop));
             }
             // Keeps the sender: were it dropped, `wait` would resolve.
@@ -353,19 +352,54 @@ impl Interrupt {
     }
 }
 
-/// Resolves when SIGTERM arrives; never where there is no SIGTERM, or if it cannot be
-/// listened for.
-async fn terminated() {
-    #[cfg(unix)]
-    {
+/// The handlers of Ctrl-C (SIGINT) and SIGTERM, registered: each one that could not be is
+/// `None`, and never arrives.
+#[cfg(unix)]
+struct Signals {
+    interrupt: Option<tokio::signal::unix::Signal>,
+    terminate: Option<tokio::signal::unix::Signal>,
+}
+
+#[cfg(unix)]
+impl Signals {
+    /// Registers both handlers (needs the tokio runtime).
+    fn register() -> Signals {
         use tokio::signal::unix::{SignalKind, signal};
-        if let Ok(mut term) = signal(SignalKind::terminate())
-            && term.recv().await.is_some()
-        {
-            return;
+        Signals {
+            interrupt: signal(SignalKind::interrupt()).ok(),
+            terminate: signal(SignalKind::terminate()).ok(),
         }
     }
-    std::future::pending::<()>().await;
+
+    /// The first of the two to arrive; `None` if neither can.
+    async fn next(mut self) -> Option<Stop> {
+        async fn arrived(signal: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
+            match signal {
+                Some(signal) => signal.recv().await,
+                None => None,
+            }
+        }
+        tokio::select! {
+            Some(()) = arrived(&mut self.interrupt) => Some(Stop::CtrlC),
+            Some(()) = arrived(&mut self.terminate) => Some(Stop::Terminate),
+            else => None,
+        }
+    }
+}
+
+/// Ctrl-C, where there is no SIGTERM.
+#[cfg(not(unix))]
+struct Signals;
+
+#[cfg(not(unix))]
+impl Signals {
+    fn register() -> Signals {
+        Signals
+    }
+
+    async fn next(self) -> Option<Stop> {
+        tokio::signal::ctrl_c().await.ok().map(|()| Stop::CtrlC)
+    }
 }
 
 /// Checks the arguments and the tools, deletes what `--fresh` deletes, creates the work
