@@ -510,6 +510,25 @@ async fn a_compatible_change_is_accepted_at_open_and_a_wrong_claim_refused() {
             .open(&path)
             .map(drop),
     );
+    // A version only declared (`workflow`, as a caller of `run` declares it) is checked at
+    // open too; one neither declared nor registered, before `run` drives its first run.
+    refused(
+        Runtime::builder()
+            .workflow::<ticket::wrong::Ticket>()
+            .open(&path)
+            .map(drop),
+    );
+    {
+        let rt = Runtime::open(&path).unwrap();
+        let wrong = ticket::wrong::Ticket::Open { title: 1 };
+        refused(
+            rt.run("t9", wrong, &ticket::Closer::default())
+                .await
+                .map(drop),
+        );
+        assert!(rt.store().run_info("t9").await.unwrap().is_none());
+        rt.shutdown().await;
+    }
     // A store given to `build` (PostgreSQL's, say) is checked when the runtime resumes its
     // runs, as is a version registered after the store opened; nothing is resumed.
     {

@@ -1,10 +1,12 @@
 //! The check of registered versions' claims to accept older schemas
 //! ([`Workflow::ACCEPTS`](crate::Workflow::ACCEPTS)) against the store's descriptions of
-//! them: once per version and runtime, on any store, when the store opens
-//! ([`RuntimeBuilder::open`](crate::RuntimeBuilder::open), redb) and when the runtime
+//! them: once per version and runtime, on any store, for the versions registered or
+//! declared ([`RuntimeBuilder::workflow`](crate::RuntimeBuilder::workflow)) when the store
+//! opens ([`RuntimeBuilder::open`](crate::RuntimeBuilder::open), redb) and when the runtime
 //! resumes its runs ([`Runtime::resume_all`], and so [`Runtime::serve`]: a store given to
 //! [`RuntimeBuilder::build`](crate::RuntimeBuilder::build), such as PostgreSQL's, and
-//! versions registered after the open).
+//! versions registered after the open), and for the version a caller drives a run with
+//! ([`Runtime::run`]) before its first run.
 
 use std::collections::BTreeMap;
 use std::collections::btree_map::Entry;
@@ -14,40 +16,62 @@ use crate::error::{Error, Result};
 use crate::route::KnownVersion;
 use crate::runtime::handle::Runtime;
 use crate::schema::SchemaHash;
+use crate::workflow::Workflow;
 
 impl Runtime {
-    /// Checks the claims of every registered version not checked yet, reading the
-    /// descriptions from the runtime's store ([`judge_accepts`](Self::judge_accepts)).
+    /// Checks the claims of every registered or declared version not checked yet, reading
+    /// the descriptions from the runtime's store ([`judge_accepts`](Self::judge_accepts)).
     ///
     /// # Errors
     /// As [`judge_accepts`](Self::judge_accepts); the store's read errors.
     pub(crate) async fn check_accepts(&self) -> Result<()> {
+        self.check_claims(self.unchecked_claims()).await
+    }
+
+    /// Checks the claim of `W`, the version a caller drives a run with
+    /// ([`run`](Self::run)), if it makes one and was not checked yet: a version neither
+    /// registered nor declared is checked before its first run is driven.
+    ///
+    /// # Errors
+    /// As [`judge_accepts`](Self::judge_accepts); the store's read errors.
+    pub(crate) async fn check_accepts_of<W: Workflow>(&self) -> Result<()> {
+        let known = KnownVersion::of::<W>();
+        if known.accepts.is_empty() || self.checked(known.stored.hash) {
+            return Ok(());
+        }
+        self.check_claims(vec![(W::NAME.to_owned(), known)]).await
+    }
+
+    /// [`judge_accepts`](Self::judge_accepts) of `claims`, the descriptions read from the
+    /// store first.
+    async fn check_claims(&self, claims: Vec<(String, KnownVersion)>) -> Result<()> {
         let mut stored = BTreeMap::new();
-        for (_, known) in self.unchecked_claims() {
+        for (_, known) in &claims {
             for &hash in known.accepts {
                 if let Entry::Vacant(entry) = stored.entry(hash) {
                     entry.insert(self.store().schema(hash).await?);
                 }
             }
         }
-        self.judge_accepts(|hash| Ok(stored.get(&hash).cloned().flatten()))
+        self.judge_accepts(claims, |hash| Ok(stored.get(&hash).cloned().flatten()))
     }
 
-    /// Checks the claims of every registered version not checked yet, with `stored`
-    /// giving the store's description of a schema (`None`: the store has never seen it,
-    /// so has no run to accept, and the claim is not checked). A claim whose changes break
-    /// a run only in some states stands, and is logged at WARN with those changes (a run
-    /// in such a state is blocked when it is routed; said here so that a deploy hears of it
-    /// before the first block). A version whose claims held is not checked again.
+    /// Checks `claims` (versions with their workflows' names), with `stored` giving the
+    /// store's description of a schema (`None`: the store has never seen it, so has no run
+    /// to accept, and the claim is not checked). A claim whose changes break a run only in
+    /// some states stands, and is logged at WARN with those changes (a run in such a state
+    /// is blocked when it is routed; said here so that a deploy hears of it before the first
+    /// block). A version whose claims held is not checked again.
     ///
     /// # Errors
     /// [`Error::AcceptsRefused`], with the breaking changes, for the first wrong claim
     /// (its version stays unchecked: the next check refuses it again); `stored`'s errors.
     pub(crate) fn judge_accepts(
         &self,
+        claims: Vec<(String, KnownVersion)>,
         mut stored: impl FnMut(SchemaHash) -> Result<Option<String>>,
     ) -> Result<()> {
-        for (workflow, known) in self.unchecked_claims() {
+        for (workflow, known) in claims {
             for &accepts in known.accepts {
                 let Some(description) = stored(accepts)? else {
                     continue;
@@ -84,22 +108,31 @@ impl Runtime {
         Ok(())
     }
 
-    /// The registered versions that claim to accept a schema and were not checked yet,
-    /// with their workflows' names.
-    fn unchecked_claims(&self) -> Vec<(String, KnownVersion)> {
-        let checked = self
-            .inner
+    /// Whether the version with schema `hash` had its claims checked.
+    fn checked(&self, hash: SchemaHash) -> bool {
+        self.inner
             .accepts_checked
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        self.registry(|r| {
+            .contains(&hash)
+    }
+
+    /// The registered and declared versions that claim to accept a schema and were not
+    /// checked yet, each once, with their workflows' names.
+    pub(crate) fn unchecked_claims(&self) -> Vec<(String, KnownVersion)> {
+        let mut claims: Vec<(String, KnownVersion)> = self.registry(|r| {
             r.versions()
-                .filter(|(_, known)| {
-                    !known.accepts.is_empty() && !checked.contains(&known.stored.hash)
-                })
                 .map(|(workflow, known)| (workflow.to_owned(), *known))
                 .collect()
-        })
+        });
+        let declared = self.inner.config.declared.iter();
+        claims.extend(declared.map(|(workflow, known)| ((*workflow).to_owned(), *known)));
+        let mut seen = std::collections::HashSet::new();
+        claims.retain(|(_, known)| {
+            !known.accepts.is_empty()
+                && !self.checked(known.stored.hash)
+                && seen.insert(known.stored.hash)
+        });
+        claims
     }
 }

@@ -49,6 +49,7 @@ impl Default for RuntimeBuilder {
                 settings: Settings::default(),
                 max_active_runs: None,
                 checks: Vec::new(),
+                declared: Vec::new(),
                 retention: RetentionPolicy::default(),
                 retention_interval: super::retention::DEFAULT_RETENTION_INTERVAL,
                 metrics_interval: None,
@@ -247,7 +248,13 @@ impl RuntimeBuilder {
     /// and the store file's bytes are left as they are. Without it (the default), each run is
     /// routed when it is driven: a run that no registered version takes is
     /// [blocked](crate::RunStatus::Blocked), and the others go on.
+    ///
+    /// Its claim to accept older schemas ([`Workflow::ACCEPTS`]) is checked when the store
+    /// opens and when the runtime resumes its runs, as a registered version's is.
     pub fn workflow<W: Workflow>(mut self) -> Self {
+        self.config
+            .declared
+            .push((W::NAME, crate::route::KnownVersion::of::<W>()));
         self.config.checks.push(SchemaCheck {
             workflow: W::NAME,
             pinned: W::SCHEMA_HASH.pinned(),
@@ -337,7 +344,7 @@ impl RuntimeBuilder {
         // The accepts claims, checked here (redb reads at once) so that a wrong one
         // refuses the open; `resume_all` checks those registered later, on any store.
         if let Some(store) = runtime.redb() {
-            runtime.judge_accepts(|hash| store.schema(hash))?;
+            runtime.judge_accepts(runtime.unchecked_claims(), |hash| store.schema(hash))?;
         }
         Ok(runtime)
     }

@@ -77,6 +77,9 @@ pub(crate) struct Config {
     pub(crate) settings: Settings,
     pub(crate) max_active_runs: Option<usize>,
     pub(crate) checks: Vec<SchemaCheck>,
+    /// The versions declared with `RuntimeBuilder::workflow` (and `register`), by workflow:
+    /// their claims to accept older schemas are checked as registered versions' are.
+    pub(crate) declared: Vec<(&'static str, crate::route::KnownVersion)>,
     pub(crate) retention: RetentionPolicy,
     /// How often `serve` applies `retention`.
     pub(crate) retention_interval: Duration,

@@ -130,6 +130,9 @@ impl Runtime {
     ///
     /// # Errors
     /// - [`Error::InvalidRunId`](crate::Error::InvalidRunId) (an existing run is found by an id that [`validate_run_id_lookup`](crate::validate_run_id_lookup) takes; a new run's id must pass [`validate_run_id`](crate::validate_run_id)); [`Error::RunActive`](crate::Error::RunActive) if this runtime drives the run already (another `run` of the same id in flight, or a background driver): wait for its end with [`wait`](Self::wait) instead;
+    /// - [`Error::AcceptsRefused`](crate::Error::AcceptsRefused) if `W` claims to accept a
+    ///   stored schema whose differences from it are breaking in every state (checked once
+    ///   per version and runtime, before anything is read or written);
     /// - [`Error::WorkflowMismatch`](crate::Error::WorkflowMismatch) if the run is of another workflow;
     /// - [`Error::SchemaMismatch`](crate::Error::SchemaMismatch) if it was recorded with another schema that `W` neither
     ///   accepts nor has a registered migration from (a failing migration included): the
@@ -169,6 +172,7 @@ impl Runtime {
         H: ?Sized + Sync,
     {
         validate_run_id_lookup(run_id)?;
+        self.check_accepts_of::<W>().await?;
         let registrations = self.registry(Registry::generation);
         let claim = self.claim(run_id).await?;
         let span = tracing::info_span!("run", run_id, workflow = W::NAME);
