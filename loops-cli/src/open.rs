@@ -304,21 +304,30 @@ pub fn read_only(path: &Path) -> Result<RedbStore> {
         verify_on_open: VERIFY.get().copied().unwrap_or(true),
         ..StoreOptions::default()
     };
-    let store = match RedbStore::open_read_only_with(path, options) {
-        Ok(store) => store,
-        Err(Error::NeedsRecovery { .. }) => {
-            let store = RedbStore::open_repaired_in_memory(path, options)
-                .map_err(|e| read_failure(path, e))?;
-            note(&format!(
-                "{}; read through a repair made in memory, the file is unchanged; a writing command (or the process that drives it) repairs it",
-                Error::needs_repair(path)
-            ));
-            store
-        }
-        Err(e) => return Err(read_failure(path, e)),
-    };
+    let (store, repaired) = open_reading(path, options).map_err(|e| read_failure(path, e))?;
+    if repaired {
+        note(&format!(
+            "{}; read through a repair made in memory, the file is unchanged; a writing command (or the process that drives it) repairs it",
+            Error::needs_repair(path)
+        ));
+    }
     is_loops_store(path, &store)?;
     Ok(store)
+}
+
+/// Opens the file at `path` read-only with `options`, through a repair made in memory if
+/// it needs one (its process did not close it cleanly); with whether it needed one.
+fn open_reading(
+    path: &Path,
+    options: StoreOptions,
+) -> std::result::Result<(RedbStore, bool), Error> {
+    match RedbStore::open_read_only_with(path, options) {
+        Ok(store) => Ok((store, false)),
+        Err(Error::NeedsRecovery { .. }) => {
+            RedbStore::open_repaired_in_memory(path, options).map(|store| (store, true))
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// The failure of a read-only open: damage that redb found (a checksum that does not match)
@@ -465,14 +474,8 @@ fn reads_unverified(path: &Path) -> bool {
         verify_on_open: false,
         ..StoreOptions::default()
     };
-    let store = match RedbStore::open_read_only_with(path, options) {
-        Ok(store) => store,
-        Err(Error::NeedsRecovery { .. }) => match RedbStore::open_repaired_in_memory(path, options)
-        {
-            Ok(store) => store,
-            Err(_) => return false,
-        },
-        Err(_) => return false,
+    let Ok((store, _)) = open_reading(path, options) else {
+        return false;
     };
     RunStatus::ALL
         .iter()

@@ -125,8 +125,8 @@ impl Runtime {
                 .map(|(workflow, known)| (workflow.to_owned(), *known))
                 .collect()
         });
-        let declared = self.inner.config.declared.iter();
-        claims.extend(declared.map(|(workflow, known)| ((*workflow).to_owned(), *known)));
+        let declared = self.inner.config.checks.iter();
+        claims.extend(declared.map(|check| (check.workflow.to_owned(), check.version)));
         let mut seen = std::collections::HashSet::new();
         claims.retain(|(_, known)| {
             !known.accepts.is_empty()

@@ -49,7 +49,6 @@ impl Default for RuntimeBuilder {
                 settings: Settings::default(),
                 max_active_runs: None,
                 checks: Vec::new(),
-                declared: Vec::new(),
                 retention: RetentionPolicy::default(),
                 retention_interval: super::retention::DEFAULT_RETENTION_INTERVAL,
                 metrics_interval: None,
@@ -252,14 +251,7 @@ impl RuntimeBuilder {
     /// Its claim to accept older schemas ([`Workflow::ACCEPTS`]) is checked when the store
     /// opens and when the runtime resumes its runs, as a registered version's is.
     pub fn workflow<W: Workflow>(mut self) -> Self {
-        self.config
-            .declared
-            .push((W::NAME, crate::route::KnownVersion::of::<W>()));
-        self.config.checks.push(SchemaCheck {
-            workflow: W::NAME,
-            pinned: W::SCHEMA_HASH.pinned(),
-            schema: W::SCHEMA,
-        });
+        self.config.checks.push(SchemaCheck::of::<W>());
         self
     }
 

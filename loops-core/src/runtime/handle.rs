@@ -76,10 +76,9 @@ pub(crate) struct Config {
     /// How each run is driven.
     pub(crate) settings: Settings,
     pub(crate) max_active_runs: Option<usize>,
+    /// The versions declared with `RuntimeBuilder::workflow` (and `register`): checked
+    /// at open with strict schemas, and for their claims to accept older schemas.
     pub(crate) checks: Vec<SchemaCheck>,
-    /// The versions declared with `RuntimeBuilder::workflow` (and `register`), by workflow:
-    /// their claims to accept older schemas are checked as registered versions' are.
-    pub(crate) declared: Vec<(&'static str, crate::route::KnownVersion)>,
     pub(crate) retention: RetentionPolicy,
     /// How often `serve` applies `retention`.
     pub(crate) retention_interval: Duration,

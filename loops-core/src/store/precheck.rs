@@ -8,16 +8,29 @@ use redb::ReadableDatabase;
 use super::redb::{RUNS, ReadError, RedbStore, SCHEMAS, STATUS, read_info};
 use crate::error::{Error, Result};
 use crate::panics::catch;
+use crate::route::KnownVersion;
 use crate::row::RunInfo;
-use crate::schema::{SchemaDiff, SchemaHash};
+use crate::schema::SchemaDiff;
 use crate::status::RunStatus;
+use crate::workflow::Workflow;
 
-/// A workflow whose unfinished runs must match the compiled schema for the store to open.
+/// A declared workflow version (`RuntimeBuilder::workflow`): with strict schemas, its
+/// unfinished runs must match its schema for the store to open; its claims to accept older
+/// schemas are checked as a registered version's are.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SchemaCheck {
     pub(crate) workflow: &'static str,
-    pub(crate) pinned: SchemaHash,
-    pub(crate) schema: &'static str,
+    pub(crate) version: KnownVersion,
+}
+
+impl SchemaCheck {
+    /// The declared version `W`.
+    pub(crate) fn of<W: Workflow>() -> SchemaCheck {
+        SchemaCheck {
+            workflow: W::NAME,
+            version: KnownVersion::of::<W>(),
+        }
+    }
 }
 
 /// Before the file is opened for writing: refuses, leaving the file's bytes as they are, if an
@@ -87,7 +100,7 @@ fn schemas_match(txn: &redb::ReadTransaction, checks: &[SchemaCheck]) -> Result<
                             break;
                         }
                         if let Some(info) = read_info(&runs, run_id)?
-                            && info.schema != check.pinned
+                            && info.schema != check.version.stored.hash
                         {
                             let stored = schemas
                                 .get(info.schema.to_string().as_str())?
@@ -102,11 +115,11 @@ fn schemas_match(txn: &redb::ReadTransaction, checks: &[SchemaCheck]) -> Result<
     match found {
         Ok(None) => Ok(()),
         Ok(Some((info, check, stored))) => Err(Error::SchemaMismatch {
-            changes: SchemaDiff::of_mismatch(stored.as_deref(), check.schema),
+            changes: SchemaDiff::of_mismatch(stored.as_deref(), check.version.schema),
             run_id: info.run_id,
             workflow: info.workflow,
             stored: info.schema,
-            compiled: check.pinned,
+            compiled: check.version.stored.hash,
         }),
         Err(ReadError::Loops(e)) => Err(e),
         Err(ReadError::Storage(e)) => Err(Error::storage("checking schemas", e)),
