@@ -84,6 +84,7 @@ fn from_v1(seq: u64) -> Option<MigratedFrom> {
         schema: hash::<v1::Order>(),
         version: 1,
         seq,
+        accepted: false,
     })
 }
 
@@ -566,7 +567,7 @@ async fn a_compatible_change_is_accepted_at_open_and_a_wrong_claim_refused() {
         "{}",
         warned[0]
     );
-    // The right claim opens, and the v1 run finishes on version 2 as it is: no migration.
+    // The right claim opens, and the v1 run finishes on version 2 as it is.
     let rt = Runtime::builder()
         .register::<ticket::v2::Ticket, _>(ticket::Closer::default())
         .open(&path)
@@ -586,23 +587,31 @@ async fn a_compatible_change_is_accepted_at_open_and_a_wrong_claim_refused() {
         rt.wait::<ticket::v2::Ticket>("t1").await.unwrap(),
         ticket::v2::Ticket::Closed { title: "t1".into() }
     );
-    let history: Vec<(String, SchemaHash, bool)> = rt
-        .store()
-        .history("t1")
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|r| (r.state, r.schema, r.migrated.is_some()))
+    // Version 2 took the run with a record of its own: the same state and data under its
+    // schema, marked accepted (no migration ran), continuing the state entered at seq 0.
+    let history = rt.store().history("t1").await.unwrap();
+    let shape: Vec<(&str, SchemaHash, Option<MigratedFrom>)> = history
+        .iter()
+        .map(|r| (r.state.as_str(), r.schema, r.migrated))
         .collect();
+    let (v1, v2) = (hash::<ticket::v1::Ticket>(), hash::<ticket::v2::Ticket>());
+    let accepted = MigratedFrom {
+        schema: v1,
+        version: 1,
+        seq: 0,
+        accepted: true,
+    };
     assert_eq!(
-        history,
+        shape,
         [
-            ("Open".to_owned(), hash::<ticket::v1::Ticket>(), false),
-            ("Closed".to_owned(), hash::<ticket::v2::Ticket>(), false),
+            ("Open", v1, None),
+            ("Open", v2, Some(accepted)),
+            ("Closed", v2, None),
         ]
     );
-    // The move to version 2's schema stored its description (before, only a run created by
-    // version 2 did: `loops schema`, `graph` and a later refusal's diff knew nothing of it).
+    assert_eq!(history[0].payload.get(), history[1].payload.get());
+    // The acceptance stored version 2's description (before, only a run created by version
+    // 2 did: `loops schema`, `graph` and a later refusal's diff knew nothing of it).
     assert_eq!(
         rt.store()
             .schema(hash::<ticket::v2::Ticket>())

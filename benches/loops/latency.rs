@@ -286,8 +286,6 @@ fn store_writes(
                         state: "Work".to_owned(),
                         record: bytes,
                         terminal: false,
-                        schema: record.schema,
-                        schema_text: None,
                         at_ms,
                     },
                 )

@@ -265,8 +265,11 @@ pub async fn report_start(runtime: &Runtime, run_id: &str, release: Release) -> 
         .filter(|t| t.seq < info.seq)
         .map(|t| match t.migrated {
             Some(m) => format!(
-                "{} ({}, migrated from version {})",
-                t.state, t.seq, m.version
+                "{} ({}, {} from version {})",
+                t.state,
+                t.seq,
+                if m.accepted { "accepted" } else { "migrated" },
+                m.version
             ),
             None => format!("{} ({})", t.state, t.seq),
         })

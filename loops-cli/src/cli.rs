@@ -376,9 +376,10 @@ One line per transition (KIND state; ELAPSED is the time since the previous tran
 per recorded step (ELAPSED is how long it ran) and per failed attempt (with its error chain),
 then the run's events. A migration is a record of its own, shown as `migrated from schema X
 (version N) to Y at seq M (continues seq K)`: the state it continues was entered at seq K,
-whose steps it keeps. --json prints {run, transitions: [{seq, state, at, at_ms,
-since_previous_ms, schema, migrated_from, payload, steps, failures}], events}, where
-migrated_from is null or {schema, version, seq}.";
+whose steps it keeps; so is an acceptance (a version whose `accepts` lists X took the run as
+it is: `accepted as it is from schema X ...`). --json prints {run, transitions: [{seq, state,
+at, at_ms, since_previous_ms, schema, migrated_from, payload, steps, failures}], events},
+where migrated_from is null or {schema, version, seq, accepted}.";
 
 /// `loops history`.
 #[derive(Debug, Args)]

@@ -306,7 +306,7 @@ fn history_shows_a_migration_record_with_where_it_comes_from() {
         })
         .collect();
     let (h1, h2) = (h1(), h2());
-    let from = json!({"schema": h1, "version": 1, "seq": 1});
+    let from = json!({"schema": h1, "version": 1, "seq": 1, "accepted": false});
     assert_eq!(
         shape,
         [
@@ -366,4 +366,263 @@ fn graph_of_a_migrated_run_draws_no_move_for_the_migration() {
         "{graph}"
     );
     assert!(graph.contains("after 2 transitions"), "{graph}");
+}
+
+/// A workflow whose version 2 adds an event (`reject`) and accepts version 1's runs as they
+/// are: a v1 run taken by version 2 and waiting for `reject` is sent it by `Runtime::send`,
+/// by `loops send` on the store, and by `loops send` through the serving process.
+mod review {
+    use super::*;
+
+    /// An event's payload.
+    #[derive(loops_derive::Schema, Serialize, Deserialize, Debug, Clone, PartialEq)]
+    #[schema(crate = loops_core)]
+    pub struct Note {
+        pub text: String,
+    }
+
+    pub mod v1 {
+        use super::*;
+
+        /// Version 1: reviews (and hangs there, for the tests); takes `approve` only.
+        #[derive(loops_derive::Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+        #[workflow(name = "review", version = 1, crate = loops_core)]
+        #[event(approve: Note)]
+        pub enum Review {
+            #[initial]
+            #[next(Done)]
+            Open { title: String },
+            #[terminal]
+            Done { verdict: String },
+        }
+
+        pub struct Hangs;
+
+        impl ReviewHandler for Hangs {
+            type Error = BoxError;
+
+            async fn open(&self, _: &Context, _: String) -> Result<OpenNext, BoxError> {
+                std::future::pending::<()>().await;
+                unreachable!()
+            }
+        }
+    }
+
+    pub mod v2 {
+        use super::*;
+
+        /// Version 2: declares `reject` too, and waits for it; accepts version 1 (adding an
+        /// event is compatible).
+        #[derive(loops_derive::Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+        #[workflow(name = "review", version = 2, accepts = ["a483c65cf7cc8add"], crate = loops_core)]
+        #[event(approve: Note)]
+        #[event(reject: Note)]
+        pub enum Review {
+            #[initial]
+            #[next(Done)]
+            Open { title: String },
+            #[terminal]
+            Done { verdict: String },
+        }
+
+        pub struct Rejects;
+
+        impl ReviewHandler for Rejects {
+            type Error = BoxError;
+
+            async fn open(&self, ctx: &Context, title: String) -> Result<OpenNext, BoxError> {
+                let note = ctx.wait_for(Review::REJECT).await?;
+                Ok(OpenNext::Done {
+                    verdict: format!("{title} rejected: {}", note.text),
+                })
+            }
+        }
+    }
+
+    /// Version 1's run `run_id`, left in `Open` with its driver dropped.
+    pub async fn opened_by_v1(path: &Path, run_id: &str) {
+        let rt = Runtime::open(path).unwrap();
+        let driver = {
+            let rt = rt.clone();
+            let run_id = run_id.to_owned();
+            tokio::spawn(async move {
+                let open = v1::Review::Open {
+                    title: run_id.clone(),
+                };
+                rt.run(&run_id, open, &v1::Hangs).await
+            })
+        };
+        while rt.run_info(run_id).await.unwrap().is_none() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        driver.abort();
+        let _ = driver.await;
+        rt.shutdown().await;
+    }
+
+    /// Version 2's runtime on `path`, its runs resumed: each v1 run is accepted and parks
+    /// waiting for `reject`.
+    pub async fn v2_waiting(path: &Path, run_ids: &[&str]) -> Runtime {
+        let rt = Runtime::builder()
+            .register::<v2::Review, _>(v2::Rejects)
+            .open(path)
+            .unwrap();
+        rt.resume_all().await.unwrap();
+        for run_id in run_ids {
+            until(&rt, run_id, RunStatus::Waiting).await;
+        }
+        rt
+    }
+
+    pub async fn until(rt: &Runtime, run_id: &str, status: RunStatus) {
+        for _ in 0..2000 {
+            if rt.run_info(run_id).await.unwrap().unwrap().status == status {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("run {run_id} never {status}");
+    }
+
+    pub async fn verdict(rt: &Runtime, run_id: &str) -> String {
+        match rt.wait::<v2::Review>(run_id).await.unwrap() {
+            v2::Review::Done { verdict } => verdict,
+            other => panic!("{other:?}"),
+        }
+    }
+}
+
+#[test]
+fn the_accepts_claim_names_version_1() {
+    assert_eq!(
+        review::v2::Review::ACCEPTS,
+        [review::v1::Review::SCHEMA_HASH.pinned()]
+    );
+}
+
+#[test]
+fn an_accepted_run_takes_the_events_of_the_version_that_accepted_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("review.redb");
+    let tokio = tokio();
+    let (h1, h2) = (
+        review::v1::Review::SCHEMA_HASH.pinned().to_string(),
+        review::v2::Review::SCHEMA_HASH.pinned().to_string(),
+    );
+    tokio.block_on(async {
+        for run_id in ["by-runtime", "by-cli", "by-endpoint"] {
+            review::opened_by_v1(&path, run_id).await;
+        }
+        // Version 2 takes them (one acceptance record each) and they wait for `reject`,
+        // which version 1 does not declare; its own `send` reaches the first (by name: a
+        // name is checked against the run's declared events, a typed event by the compiler).
+        let rt = review::v2_waiting(&path, &["by-runtime", "by-cli", "by-endpoint"]).await;
+        let note = review::Note { text: "no".into() };
+        rt.send("by-runtime", "reject", &note).await.unwrap();
+        assert_eq!(
+            review::verdict(&rt, "by-runtime").await,
+            "by-runtime rejected: no"
+        );
+        rt.shutdown().await;
+    });
+    // The store says the run is version 2's: the CLI, with no build at hand, takes `reject`.
+    let history = json(&path, &["history", "by-cli", "--json"]);
+    let shape: Vec<(u64, &str, &str, &Value)> = history["transitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["seq"].as_u64().unwrap(),
+                t["state"].as_str().unwrap(),
+                t["schema"].as_str().unwrap(),
+                &t["migrated_from"],
+            )
+        })
+        .collect();
+    let from = json!({"schema": h1, "version": 1, "seq": 0, "accepted": true});
+    assert_eq!(
+        shape,
+        [
+            (0, "Open", h1.as_str(), &Value::Null),
+            (1, "Open", h2.as_str(), &from),
+        ]
+    );
+    assert_eq!(history["run"]["schema"], json!(h2));
+    assert_eq!(
+        history["transitions"][0]["payload"],
+        history["transitions"][1]["payload"]
+    );
+    let line = text(&path, &["history", "by-cli"])
+        .lines()
+        .find(|l| l.contains("accepted"))
+        .map(str::to_owned)
+        .unwrap();
+    assert!(
+        line.starts_with("1    accepted  Open ")
+            && line.ends_with(&format!(
+                "accepted as it is from schema {h1} (version 1) to {h2} at seq 1 (continues seq 0)"
+            )),
+        "{line}"
+    );
+    let sent = text(
+        &path,
+        &["send", "by-cli", "reject", "--json", r#"{"text": "late"}"#],
+    );
+    assert!(
+        sent.starts_with("sent event `reject` to run by-cli"),
+        "{sent}"
+    );
+    // A name neither version declares is still refused.
+    let out = loops(&path)
+        .args(["send", "by-cli", "retract", "--json", "{}"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        (
+            out.status.code(),
+            String::from_utf8(out.stderr).unwrap().as_str()
+        ),
+        (
+            Some(2),
+            "error: run `by-cli` (state `Open`, seq 1): event `retract` refused: workflow `review` declares no event `retract`; it declares approve: Note { text: String }, reject: Note { text: String }\n"
+        )
+    );
+    tokio.block_on(async {
+        let rt = review::v2_waiting(&path, &[]).await;
+        assert_eq!(
+            review::verdict(&rt, "by-cli").await,
+            "by-cli rejected: late"
+        );
+        // Through the serving process (the CLI cannot open the store it holds).
+        review::until(&rt, "by-endpoint", RunStatus::Waiting).await;
+        let server = rt.serve_control_next_to_store().await.unwrap();
+        let sent = tokio::task::spawn_blocking({
+            let path = path.clone();
+            move || {
+                text(
+                    &path,
+                    &[
+                        "send",
+                        "by-endpoint",
+                        "reject",
+                        "--json",
+                        r#"{"text": "served"}"#,
+                    ],
+                )
+            }
+        })
+        .await
+        .unwrap();
+        assert!(
+            sent.starts_with("sent event `reject` to run by-endpoint"),
+            "{sent}"
+        );
+        assert_eq!(
+            review::verdict(&rt, "by-endpoint").await,
+            "by-endpoint rejected: served"
+        );
+        server.stop().await;
+        rt.shutdown().await;
+    });
 }

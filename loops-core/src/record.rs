@@ -27,24 +27,35 @@ pub struct TransitionRecord {
     pub schema: SchemaHash,
     /// The whole workflow value (the enum, serialized by serde_json).
     pub payload: Box<RawValue>,
-    /// Set on a migration's record: the run was migrated from another version of its
-    /// workflow, and this record continues the state entered at [`MigratedFrom::seq`]
-    /// (whose steps and idempotency keys stay valid: see [`state_seq`](Self::state_seq)).
+    /// Set on a migration's record, and on an acceptance's: the run was migrated from
+    /// another version of its workflow (or accepted as it is by a version that lists its
+    /// schema in `accepts`: [`MigratedFrom::accepted`]), and this record continues the state
+    /// entered at [`MigratedFrom::seq`] (whose steps and idempotency keys stay valid: see
+    /// [`state_seq`](Self::state_seq)).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub migrated: Option<MigratedFrom>,
 }
 
-/// Where a migration's [`TransitionRecord`] comes from: the schema and version the run was
-/// stored with, and the seq of the state the migrated state continues.
+/// Where a migration's (or an acceptance's) [`TransitionRecord`] comes from: the schema and
+/// version the run was stored with, and the seq of the state the new record continues.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MigratedFrom {
     /// The schema hash (pinned) of the record migrated from.
     pub schema: SchemaHash,
-    /// The version (`#[workflow(version = N)]`) migrated from.
+    /// The version (`#[workflow(version = N)]`) migrated from; for an acceptance, the
+    /// version the stored description of [`schema`](Self::schema) names (0 if it names
+    /// none).
     pub version: u32,
     /// The seq the state was entered at (the record before the migration, or the state
     /// that record continued, after migrations in a row).
     pub seq: u64,
+    /// `true` for an acceptance: the version of the record's schema lists
+    /// [`schema`](Self::schema) in its `accepts`, and took the run as it is (the same state
+    /// and data; no migration ran). From this record on, the run is that version's: its
+    /// row carries that version's schema hash, so the events it takes, and the workers
+    /// that may claim it, are that version's. Absent (`false`) in a migration's record.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub accepted: bool,
 }
 
 impl TransitionRecord {

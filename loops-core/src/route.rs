@@ -74,7 +74,9 @@ pub enum Route {
     /// Migrate the run through the chain, then drive it under the chain's last version.
     Migrate(Chain),
     /// Drive the run as it is under `version`, which accepts the run's schema; `changes` are
-    /// the (compatible) differences.
+    /// the (compatible) differences. The runtime first commits the acceptance, a record of
+    /// the same state and data under `version`'s schema
+    /// ([`MigratedFrom::accepted`](crate::MigratedFrom::accepted)), unless the run has ended.
     Accept {
         /// The version that drives the run.
         version: StoredVersion,

@@ -90,6 +90,7 @@ mod events;
 mod hash;
 mod impls;
 
+pub(crate) use diff::described_version;
 pub use diff::{Change, Class, SchemaDiff, schema_diff};
 pub(crate) use events::duplicate_key;
 pub use events::{DeclaredEvent, DeclaredEvents, EventRefusal};

@@ -193,8 +193,6 @@ async fn store_latency(store: &dyn Store, run_id: &str, n: usize) -> (Stats, Sta
                     state: "Step".into(),
                     record: bytes,
                     terminal: false,
-                    schema: SchemaHash::from_u64(1),
-                    schema_text: None,
                     at_ms: 1,
                 },
             )

@@ -35,8 +35,6 @@ fn transition(run_id: &str, seq: u64) -> Write {
         state: format!("S{seq}"),
         record: record(seq),
         terminal: false,
-        schema: SchemaHash::from_u64(7),
-        schema_text: None,
         at_ms: 1_000 + seq,
     }
 }

@@ -47,7 +47,8 @@ pub struct TransitionView {
     pub since_previous_ms: Option<u64>,
     /// The schema hash it was recorded with.
     pub schema: String,
-    /// For a migration's record: the schema, version and seq it migrated the run from.
+    /// For a migration's (or an acceptance's) record: the schema, version and seq it took the
+    /// run from.
     pub migrated_from: Option<MigratedFromView>,
     /// The state's data, as stored.
     pub payload: Box<RawValue>,
@@ -57,15 +58,19 @@ pub struct TransitionView {
     pub failures: Vec<FailureView>,
 }
 
-/// Where a migration's record comes from.
+/// Where a migration's (or an acceptance's) record comes from.
 #[derive(Debug, Serialize)]
 pub struct MigratedFromView {
     /// The schema hash it was migrated from.
     pub schema: String,
-    /// That schema's declared version.
+    /// That schema's declared version (for an acceptance, the version its stored description
+    /// names; 0 if none).
     pub version: u32,
-    /// The seq of the record it was migrated from.
+    /// The seq of the state it continues.
     pub seq: u64,
+    /// Whether the record is an acceptance: the version of the record's schema accepts the
+    /// old schema (`accepts`) and took the run as it is, with no migration.
+    pub accepted: bool,
 }
 
 impl From<MigratedFrom> for MigratedFromView {
@@ -74,6 +79,7 @@ impl From<MigratedFrom> for MigratedFromView {
             schema: m.schema.to_string(),
             version: m.version,
             seq: m.seq,
+            accepted: m.accepted,
         }
     }
 }
@@ -159,11 +165,14 @@ fn render(view: &HistoryView, waiting: &str) -> String {
     out.push_str("\n\n");
     let mut t = Table::with_header(&["SEQ", "KIND", "NAME", "ATTEMPT", "AT", "ELAPSED", "DETAIL"]);
     for tr in &view.transitions {
-        // A migration's record says where it comes from instead of its payload (the same
-        // state's data, read by the new version).
+        // A migration's (or acceptance's) record says where it comes from instead of its
+        // payload (the same state's data, read by the new version).
         let (kind, detail) = match &tr.migrated_from {
             Some(m) => (
-                Cell::new("migrated", status_style(loops_core::RunStatus::Blocked)),
+                Cell::new(
+                    if m.accepted { "accepted" } else { "migrated" },
+                    status_style(loops_core::RunStatus::Blocked),
+                ),
                 Cell::plain(migration_text(m, tr)),
             ),
             None => (
@@ -276,11 +285,21 @@ fn events_table(view: &HistoryView) -> Table {
 }
 
 /// `migrated from schema X (version N) to Y at seq M (continues seq K)`: the record at seq
-/// `M` carries the run over to schema `Y`, in the state entered at seq `K`.
+/// `M` carries the run over to schema `Y`, in the state entered at seq `K`; an acceptance
+/// says `accepted as it is from ...`.
 fn migration_text(m: &MigratedFromView, tr: &TransitionView) -> String {
     format!(
-        "migrated from schema {} (version {}) to {} at seq {} (continues seq {})",
-        m.schema, m.version, tr.schema, tr.seq, m.seq
+        "{} schema {} (version {}) to {} at seq {} (continues seq {})",
+        if m.accepted {
+            "accepted as it is from"
+        } else {
+            "migrated from"
+        },
+        m.schema,
+        m.version,
+        tr.schema,
+        tr.seq,
+        m.seq
     )
 }
 

@@ -5,10 +5,10 @@ use crate::error::Error;
 use crate::record::{MigratedFrom, TransitionRecord};
 use crate::row::BlockInfo;
 use crate::schema::SchemaHash;
-use crate::store::{RunInfo, RunStatus, WaitOutcome, Write};
+use crate::store::{RunInfo, RunStatus, WaitOutcome};
 
 use super::factory::Factory;
-use super::support::{HASH, WF, create, info, record, step, step_outputs, transition, wait};
+use super::support::{HASH, WF, create, info, step, step_outputs, transition, wait};
 use super::writes;
 
 /// The schema a migration moves the suite's runs to.
@@ -193,6 +193,7 @@ fn migration(seq: u64, state_seq: u64, payload: &str) -> TransitionRecord {
             schema: HASH,
             version: 1,
             seq: state_seq,
+            accepted: false,
         }),
     }
 }
@@ -235,6 +236,7 @@ pub(super) async fn migrations(f: &dyn Factory) {
         schema: NEW,
         version: 1,
         seq: 1,
+        accepted: false,
     });
     let wrong_from = store
         .write(Some(&l), writes::migrate("r", 1, other, "v2"))
@@ -332,22 +334,42 @@ pub(super) async fn migrations(f: &dyn Factory) {
     // The next transition leaves the migrated state: seq 3, entered there.
     let next = transition(store, &l, "r", 3, false).await.unwrap();
     assert_eq!((next.seq, next.entered, next.state_seq()), (3, None, 3));
-    // A transition that moves the run to another schema (a version that accepts the run's)
-    // stores that schema's description with the move; given again, it is not stored twice.
+    // An acceptance (a version that lists the run's schema in `accepts` takes it as it is)
+    // is written as a migration: the same state and data under the accepting schema, the
+    // state still the one entered at seq 3; the row carries that schema from then on, and
+    // the store keeps its description.
     const ACCEPTING: SchemaHash = SchemaHash::from_u64(0x9abc);
-    for seq in [4, 5] {
-        let mut moved = writes::transition("r", seq, "A", record(seq, "A", "{}"), false, 6_000);
-        if let Write::Transition {
-            schema,
-            schema_text,
-            ..
-        } = &mut moved
-        {
-            (*schema, *schema_text) = (ACCEPTING, Some("workflow wf v3\n"));
-        }
-        let row = store.write(Some(&l), moved).await.unwrap().into_run("r");
-        assert_eq!(row.map(|r| (r.seq, r.schema)).unwrap(), (seq, ACCEPTING));
-    }
+    let current = store.history("r").await.unwrap().pop().unwrap();
+    let acceptance = TransitionRecord {
+        seq: 4,
+        at_ms: 7_000,
+        schema: ACCEPTING,
+        migrated: Some(MigratedFrom {
+            schema: NEW,
+            version: 2,
+            seq: 3,
+            accepted: true,
+        }),
+        ..current.clone()
+    };
+    let row = store
+        .write(
+            Some(&l),
+            writes::migrate("r", 3, acceptance.clone(), "workflow wf v3\n"),
+        )
+        .await
+        .unwrap()
+        .into_run("r")
+        .unwrap();
+    assert_eq!(
+        (row.seq, row.schema, row.state.as_str(), row.state_seq()),
+        (4, ACCEPTING, "S3", 3)
+    );
+    let latest = store.history("r").await.unwrap().pop().unwrap();
+    assert_eq!(
+        (latest.migrated, latest.payload.get(), latest.state_seq()),
+        (acceptance.migrated, current.payload.get(), 3)
+    );
     assert_eq!(
         store.schema(ACCEPTING).await.unwrap().as_deref(),
         Some("workflow wf v3\n")

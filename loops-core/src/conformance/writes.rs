@@ -63,8 +63,6 @@ pub(super) fn transition(
         state: state.to_owned(),
         record,
         terminal,
-        schema: HASH,
-        schema_text: None,
         at_ms,
     }
 }

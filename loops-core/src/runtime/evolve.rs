@@ -88,7 +88,16 @@ impl Runtime {
         let route = self.route_of(&info, known).await?;
         let (version, accepted, info, record) = match route {
             Route::Drive(version) => (version.hash, None, info, record),
-            Route::Accept { version, .. } => (version.hash, Some(info.schema), info, record),
+            // An ended run is not accepted in the store either (nothing more is written).
+            Route::Accept { version, .. } if info.status.is_ended() => {
+                (version.hash, Some(info.schema), info, record)
+            }
+            Route::Accept { version, .. } => {
+                let (info, record) = self
+                    .accept_run(claim, (&info, &record), version.hash, known)
+                    .await?;
+                (version.hash, None, info, record)
+            }
             // An ended run is not migrated in the store (nothing more is written for it):
             // its terminal state is read through the chain, for its caller.
             Route::Migrate(chain) if info.status.is_ended() => {
@@ -175,19 +184,7 @@ impl Runtime {
             }
         };
         let to = chain.to();
-        let Some(schema_text) = known.iter().find(|k| k.stored.hash == to.hash) else {
-            return Err(Error::NotRegistered {
-                workflow: info.workflow.clone(),
-            });
-        };
-        let seq = info
-            .seq
-            .checked_add(1)
-            .ok_or_else(|| Error::MigrationRefused {
-                run_id: run_id.clone(),
-                seq: info.seq,
-                reason: "the run's seq is at its limit".to_owned(),
-            })?;
+        let seq = next_seq(info)?;
         let payload =
             serde_json::value::RawValue::from_string(migrated.payload).map_err(|source| {
                 Error::Encode {
@@ -207,24 +204,10 @@ impl Runtime {
                 schema: info.schema,
                 version: chain.from().version,
                 seq: info.state_seq(),
+                accepted: false,
             }),
         };
-        self.inner.config.settings.check_size(run_id, &new)?;
-        crate::failpoint::point("loops::migrate::before_commit");
-        let info = self
-            .store()
-            .write(
-                Some(&claim.held().lease),
-                Write::Migrate {
-                    run_id: run_id.clone(),
-                    seq: info.seq,
-                    record: new.clone(),
-                    schema_text: schema_text.schema,
-                },
-            )
-            .await?
-            .into_run(run_id)?;
-        crate::failpoint::point("loops::migrate::after_commit");
+        let info = self.commit_evolved(claim, info, &new, known).await?;
         tracing::info!(
             from = %chain.from().hash,
             from_version = chain.from().version,
@@ -235,6 +218,95 @@ impl Runtime {
             "run migrated"
         );
         Ok(Ok((info, new)))
+    }
+
+    /// Commits the acceptance of the run `(info, record)` by the registered version with the
+    /// schema hash `to`, which lists the run's schema in its `accepts`: a record of its own
+    /// at `seq + 1`, the same state and data under `to` ([`MigratedFrom::accepted`]),
+    /// written as a migration's record is ([`Write::Migrate`]). From it on the run is that
+    /// version's, in the store too: its row's schema is `to`, so that a sender (`loops send`
+    /// with no build at hand included) checks events against the events the version driving
+    /// the run declares, the CLI and the UI describe the run by it, and a worker of the old
+    /// version no longer claims a run whose state the new version has begun.
+    ///
+    /// # Errors
+    /// The store's errors; [`Error::PayloadTooLarge`] as for any record;
+    /// [`Error::MigrationRefused`] if the run's seq is at its limit.
+    async fn accept_run(
+        &self,
+        claim: &Claim,
+        (info, record): (&RunInfo, &TransitionRecord),
+        to: SchemaHash,
+        known: &[KnownVersion],
+    ) -> Result<(RunInfo, TransitionRecord)> {
+        let from_version = self
+            .store()
+            .schema(info.schema)
+            .await?
+            .as_deref()
+            .and_then(crate::schema::described_version)
+            .unwrap_or(0);
+        let new = TransitionRecord {
+            seq: next_seq(info)?,
+            state: record.state.clone(),
+            at_ms: self.now_ms(),
+            schema: to,
+            payload: record.payload.clone(),
+            migrated: Some(MigratedFrom {
+                schema: info.schema,
+                version: from_version,
+                seq: info.state_seq(),
+                accepted: true,
+            }),
+        };
+        let accepted = self.commit_evolved(claim, info, &new, known).await?;
+        tracing::info!(
+            from = %info.schema,
+            from_version,
+            to = %to,
+            seq = new.seq,
+            state = %new.state,
+            "run accepted as it is"
+        );
+        Ok((accepted, new))
+    }
+
+    /// Commits `new`, a migration's or an acceptance's record for the run `info` (held by
+    /// `claim`), with the description of its schema (a version among `known`); returns the
+    /// run's new row.
+    ///
+    /// # Errors
+    /// [`Error::NotRegistered`] if no version in `known` has `new`'s schema; the store's
+    /// errors; [`Error::PayloadTooLarge`] for a record over the limit.
+    async fn commit_evolved(
+        &self,
+        claim: &Claim,
+        info: &RunInfo,
+        new: &TransitionRecord,
+        known: &[KnownVersion],
+    ) -> Result<RunInfo> {
+        let Some(to) = known.iter().find(|k| k.stored.hash == new.schema) else {
+            return Err(Error::NotRegistered {
+                workflow: info.workflow.clone(),
+            });
+        };
+        self.inner.config.settings.check_size(&info.run_id, new)?;
+        crate::failpoint::point("loops::migrate::before_commit");
+        let info = self
+            .store()
+            .write(
+                Some(&claim.held().lease),
+                Write::Migrate {
+                    run_id: info.run_id.clone(),
+                    seq: info.seq,
+                    record: new.clone(),
+                    schema_text: to.schema,
+                },
+            )
+            .await?
+            .into_run(&info.run_id)?;
+        crate::failpoint::point("loops::migrate::after_commit");
+        Ok(info)
     }
 
     /// The terminal state of the ended run `info` (its terminal `record`), typed as `W`:
@@ -528,10 +600,25 @@ fn read_through(
             schema: info.schema,
             version: chain.from().version,
             seq: info.state_seq(),
+            accepted: false,
         }),
     };
     let mut info = info.clone();
     info.schema = to;
     info.state = view.state.clone();
     Ok((info, view))
+}
+
+/// The seq a migration's or an acceptance's record of the run `info` takes: the run's next.
+///
+/// # Errors
+/// [`Error::MigrationRefused`] if the run's seq is at its limit.
+fn next_seq(info: &RunInfo) -> Result<u64> {
+    info.seq
+        .checked_add(1)
+        .ok_or_else(|| Error::MigrationRefused {
+            run_id: info.run_id.clone(),
+            seq: info.seq,
+            reason: "the run's seq is at its limit".to_owned(),
+        })
 }

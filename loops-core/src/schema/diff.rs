@@ -259,6 +259,12 @@ pub fn schema_diff(old: &str, new: &str) -> SchemaDiff {
     SchemaDiff::new(old, new)
 }
 
+/// The version (`#[workflow(version = N)]`) the schema description `description` names in
+/// its header; `None` if it names none (a description without a header, or edited by hand).
+pub(crate) fn described_version(description: &str) -> Option<u32> {
+    Description::new(description).header?.version.parse().ok()
+}
+
 fn diff(old: &Description, new: &Description) -> SchemaDiff {
     let mut changes = Vec::new();
     header_changes(old, new, &mut changes);

@@ -139,15 +139,9 @@ impl Write {
                 schema: Some(info.schema),
                 ..Needs::default()
             },
-            Write::Transition {
-                seq,
-                schema,
-                schema_text,
-                ..
-            } => Needs {
+            Write::Transition { seq, .. } => Needs {
                 run,
                 record: Some(RecordKey::Journal { seq: *seq }),
-                schema: schema_text.map(|_| *schema),
                 ..Needs::default()
             },
             Write::Step {

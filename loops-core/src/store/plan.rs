@@ -76,18 +76,8 @@ fn own_effects<'w>(
             state,
             record,
             terminal,
-            schema,
-            schema_text,
             at_ms,
-        } => transition(
-            run_id,
-            *seq,
-            state,
-            record,
-            (*terminal, *schema, *schema_text),
-            *at_ms,
-            &g,
-        ),
+        } => transition(run_id, *seq, state, record, *terminal, *at_ms, &g),
         Write::Step {
             run_id,
             seq,
@@ -221,14 +211,15 @@ fn set_attributes<'w>(
     Ok(effects)
 }
 
-/// `(terminal, schema, text)`: whether the state ends the run, the record's schema hash, and
-/// its description if the transition moves the run to it (an accepted run's first).
+/// `terminal`: whether the state ends the run. The run keeps its schema: a record is written
+/// by the version with the row's schema (a run of another is migrated or accepted first,
+/// by a record of its own: [`Write::Migrate`]).
 fn transition<'w>(
     run_id: &'w str,
     seq: u64,
     state: &str,
     record: &'w [u8],
-    (terminal, schema, text): (bool, crate::schema::SchemaHash, Option<&'static str>),
+    terminal: bool,
     at_ms: u64,
     g: &Given<'_, '_>,
 ) -> Result<Effects<'w>> {
@@ -243,7 +234,6 @@ fn transition<'w>(
     let mut new = info.clone();
     new.seq = seq;
     new.entered = None;
-    new.schema = schema;
     state.clone_into(&mut new.state);
     new.attempt = 1;
     new.attempt_base = 0;
@@ -259,7 +249,6 @@ fn transition<'w>(
         seq,
         bytes: Cow::Borrowed(record),
     });
-    effects.store_schema(g.facts.schema_stored, schema, text);
     Ok(effects)
 }
 

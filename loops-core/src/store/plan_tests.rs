@@ -34,8 +34,6 @@ fn transition(seq: u64, terminal: bool) -> Write {
         state: "B".to_owned(),
         record: b"{}".to_vec(),
         terminal,
-        schema: crate::SchemaHash::from_u64(9),
-        schema_text: None,
         at_ms: 99,
     }
 }

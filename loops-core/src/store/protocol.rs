@@ -46,13 +46,6 @@ pub enum Write {
         record: Vec<u8>,
         /// Whether the state ends the run (status becomes completed).
         terminal: bool,
-        /// The record's schema hash (pinned): the row's schema from now on (a run accepted
-        /// by a version with another hash moves to that hash with its first transition).
-        schema: SchemaHash,
-        /// The description of `schema`, stored once per hash as [`Write::Create`] stores
-        /// it: given by the transition that moves an accepted run to its version's schema
-        /// (`None` otherwise: the row's schema is stored already).
-        schema_text: Option<&'static str>,
         /// Commit time, ms since the Unix epoch.
         at_ms: u64,
     },

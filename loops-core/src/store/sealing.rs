@@ -458,8 +458,6 @@ impl Payloads {
                 state,
                 record,
                 terminal,
-                schema,
-                schema_text,
                 at_ms,
             } => Write::Transition {
                 record: self.seal_record(&run_id, &record)?,
@@ -467,8 +465,6 @@ impl Payloads {
                 seq,
                 state,
                 terminal,
-                schema,
-                schema_text,
                 at_ms,
             },
             Write::Step {

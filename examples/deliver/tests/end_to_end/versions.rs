@@ -293,7 +293,7 @@ fn runs_of_the_previous_release_finish_on_this_one_by_migration_or_on_version_1(
     let json = loops_json(&store, &["history", "r2", "--json"]);
     assert_eq!(
         json["transitions"][3]["migrated_from"],
-        serde_json::json!({"schema": v1().to_string(), "version": 1, "seq": 2})
+        serde_json::json!({"schema": v1().to_string(), "version": 1, "seq": 2, "accepted": false})
     );
     assert_eq!(json["transitions"][2]["migrated_from"], Value::Null);
 }

@@ -203,7 +203,10 @@ fn transition(
                 span.stayed { (stayed) }
             }
             @if let Some(m) = &t.migrated_from {
-                p.migrated { "migrated from schema " code { (m.schema) } " (version " (m.version) ") at seq " (m.seq) }
+                p.migrated {
+                    (if m.accepted { "accepted as it is from schema " } else { "migrated from schema " })
+                    code { (m.schema) } " (version " (m.version) "), continues seq " (m.seq)
+                }
             }
             (json_details(&format!("t{}", t.seq), "data", t.payload.get()))
             @if !t.steps.is_empty() {

@@ -92,10 +92,6 @@ impl Drive<'_> {
                     state: to.name().to_owned(),
                     record: next_record.to_bytes(),
                     terminal: to.is_terminal(),
-                    schema: W::SCHEMA_HASH.pinned(),
-                    // An accepted run moves to this version's schema now: its description
-                    // goes with the move, so that the store can say what the run is.
-                    schema_text: (run.info.schema != W::SCHEMA_HASH.pinned()).then_some(W::SCHEMA),
                     at_ms: now,
                 },
             )

@@ -59,8 +59,6 @@ impl RedbStore {
                         state: state.name().to_owned(),
                         record: record.to_bytes(),
                         terminal: state.is_terminal(),
-                        schema: W::SCHEMA_HASH.pinned(),
-                        schema_text: None,
                         at_ms: now,
                     }
                 };
