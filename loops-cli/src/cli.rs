@@ -411,7 +411,8 @@ pub struct CancelArgs {
     #[arg(value_name = "RUN", value_parser = clap::value_parser!(OsString))]
     pub run: OsString,
 
-    /// Why: kept with the run and shown by `loops show` (it may not be empty).
+    /// Why: kept with the run and shown by `loops show`: one line of text (it may not be empty,
+    /// nor hold a line break, a tab or another control character).
     #[arg(long, default_value = DEFAULT_CANCEL_REASON, value_name = "TEXT")]
     pub reason: String,
 

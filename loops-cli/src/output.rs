@@ -55,15 +55,26 @@ pub struct Cell {
 }
 
 impl Cell {
-    /// A cell showing `text` in `style`, its bidirectional controls escaped ([`shown`]) before
-    /// the table measures it.
+    /// A cell showing `text` in `style`, its control characters (a line break, a tab, a
+    /// terminal escape: stored text may hold them, from a store written before loops refused
+    /// them, or in an error's text) and bidirectional controls escaped as Rust writes them
+    /// (`\n`, `\u{1b}`, `\u{202e}`) before the table measures it: a cell is one line, and
+    /// shows what is stored rather than acting on the terminal.
     pub fn new(text: impl Into<String>, style: Style) -> Self {
         let text = text.into();
-        let text = match shown(&text) {
-            std::borrow::Cow::Borrowed(_) => text,
-            std::borrow::Cow::Owned(escaped) => escaped,
-        };
-        Cell { text, style }
+        let escape = |c: char| c.is_control() || loops_core::is_bidi_control(c);
+        if !text.chars().any(escape) {
+            return Cell { text, style };
+        }
+        let mut shown = String::with_capacity(text.len() + 16);
+        for c in text.chars() {
+            if escape(c) {
+                shown.extend(c.escape_debug());
+            } else {
+                shown.push(c);
+            }
+        }
+        Cell { text: shown, style }
     }
 
     /// A cell showing `text` unstyled.

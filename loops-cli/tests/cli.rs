@@ -916,6 +916,14 @@ fn schema_lists_shows_and_diffs_stored_descriptions() {
         )
     );
     assert_eq!(json(&path, &["schema", "--hash", &job2, "--json"]), *v2);
+    // A hash given where a run id goes: the error says `--hash` shows it.
+    assert_eq!(
+        fails(&path, &["schema", &job2], 1),
+        format!(
+            "error: run `{job2}` does not exist in store {} (`loops runs` lists the runs); {job2} is a stored schema's hash: `loops schema --hash {job2}` shows that schema\n",
+            path.display()
+        )
+    );
 
     let run = json(&path, &["schema", "v2-1", "--json"]);
     assert_eq!(run["hash"], v2["hash"]);
@@ -1810,12 +1818,22 @@ fn send_notes_when_the_run_is_not_waiting_for_the_event_and_refuses_ended_runs()
 }
 
 #[test]
-fn cancel_refuses_an_empty_reason() {
+fn cancel_refuses_an_empty_reason_or_one_with_control_characters() {
     let (_dir, path) = store();
     for reason in ["", "  "] {
         assert_eq!(
             fails(&path, &["cancel", "waiting-1", "--reason", reason], 2),
             "error: --reason is empty: say why the run is cancelled, or leave --reason out for the default reason (\"cancelled with the loops CLI\")\n"
+        );
+    }
+    // A reason is one line in `show`, `runs` and logs: a line break or a terminal escape in
+    // it is refused (by loops-core's rule, as `Runtime::cancel` refuses it).
+    for (reason, shown) in [("a\nb", r#""a\nb""#), ("a\u{1b}[2Jb", r#""a\u{1b}[2Jb""#)] {
+        assert_eq!(
+            fails(&path, &["cancel", "waiting-1", "--reason", reason], 2),
+            format!(
+                "error: run `waiting-1`: invalid cancellation reason {shown}: contains control characters (a line break, a tab, a terminal escape): a reason is one line of text\n"
+            )
         );
     }
     let store = RedbStore::open_read_only(&path).unwrap();
@@ -1826,6 +1844,37 @@ fn cancel_refuses_an_empty_reason() {
         text(&path, &["cancel", "waiting-1"]),
         "cancelled run waiting-1 (waiting in state Ask, seq 0): cancelled with the loops CLI\n"
     );
+}
+
+/// Text a store holds with control characters (written before loops refused them in a
+/// reason, or by hand) is shown escaped, on its line: `show` keeps its layout, and a terminal
+/// escape is printed, not obeyed.
+#[test]
+fn show_escapes_control_characters_in_stored_text() {
+    let (_dir, path) = store();
+    let tokio = tokio::runtime::Runtime::new().unwrap();
+    tokio.block_on(async {
+        let rt = Runtime::open(&path).unwrap();
+        rt.store()
+            .write(
+                None,
+                loops_core::Write::Cancel {
+                    run_id: "waiting-1".to_owned(),
+                    reason: "first line\nsecond \u{1b}[2J\tend".to_owned(),
+                    end_now: true,
+                    at_ms: 1,
+                },
+            )
+            .await
+            .unwrap();
+        rt.shutdown().await;
+    });
+    let shown = text(&path, &["show", "waiting-1"]);
+    assert!(
+        shown.contains("\ncancelled       first line\\nsecond \\u{1b}[2J\\tend\n"),
+        "{shown}"
+    );
+    assert!(!shown.contains('\u{1b}'), "{shown:?}");
 }
 
 #[test]

@@ -74,7 +74,7 @@ pub use run::dispatch::Dispatch;
 pub use run::settings::{DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PARK_THRESHOLD};
 pub use runtime::{
     DEFAULT_METRICS_INTERVAL, DEFAULT_RETENTION_INTERVAL, Resumed, Routed, Runtime, RuntimeBuilder,
-    ScheduleStatus, Sent, StartOptions, check_event,
+    ScheduleStatus, Sent, StartOptions, check_cancel_reason, check_event,
 };
 pub use schedule::{
     CatchUp, InvalidSchedule, MAX_CATCH_UP, MAX_SCHEDULE_NAME_BYTES, SCHEDULE_ATTRIBUTE, Schedule,

@@ -60,9 +60,9 @@ pub fn run(target: &Target, args: &SchemaArgs) -> Result<()> {
     match &args.run {
         Some(run) => {
             let run_id = run_id_arg(run)?;
-            let info = store
-                .run(&run_id)?
-                .ok_or_else(|| not_found(store.label(), &run_id))?;
+            let Some(info) = store.run(&run_id)? else {
+                return Err(run_or_hash_not_found(&*store, &run_id));
+            };
             let view = RunSchemaView {
                 description: store.schema(info.schema)?,
                 hash: info.schema.to_string(),
@@ -83,6 +83,19 @@ pub fn run(target: &Target, args: &SchemaArgs) -> Result<()> {
             emit(&out)
         }
         None => list(&*store, args.json),
+    }
+}
+
+/// The failure of `loops schema RUN` for a run that does not exist: when `run_id` is a
+/// stored schema's hash (or a unique prefix of one), it says `--hash` shows that schema.
+fn run_or_hash_not_found(store: &dyn Operator, run_id: &str) -> Failure {
+    let failure = not_found(store.label(), run_id);
+    match store.schemas() {
+        Ok(schemas) if resolve(store.label(), &schemas, run_id).is_ok() => Failure::new(format!(
+            "{}; {run_id} is a stored schema's hash: `loops schema --hash {run_id}` shows that schema",
+            failure.message
+        )),
+        _ => failure,
     }
 }
 

@@ -275,6 +275,9 @@ impl Operator for Unsealing {
 
     fn cancel(&self, run_id: &str, reason: &str) -> Result<RunInfo> {
         if let Some(sealer) = self.sealing(run_id, "cancellation reason")? {
+            // Checked in clear, before it is sealed (the runtime sees the sealed text only).
+            loops_core::check_cancel_reason(run_id, reason)
+                .map_err(|e| super::core_failure(self.label(), e))?;
             let reason = sealer.seal_cancel(run_id, reason)?;
             return self.row(self.inner.cancel(run_id, &reason)?);
         }

@@ -66,6 +66,37 @@ pub fn check_event(info: &RunInfo, description: &str, event: &str, payload: &str
     declared.check(description, event, &value).map_err(refused)
 }
 
+/// Checks `reason`, a cancellation reason for the run `run_id`: the one rule of
+/// [`Runtime::cancel`], for a caller that must check before it seals the reason (the `loops`
+/// CLI with a key file). A reason is kept with the run and shown on one line (`loops show`,
+/// `loops runs`, logs, the error a caller of the run gets), so it must say something and hold
+/// no control character (a line break, a tab, a terminal escape). A bidirectional control is
+/// kept: the CLI and the web UI show it escaped (`\u{202e}`).
+///
+/// # Errors
+/// [`Error::InvalidName`] (`what`: `"cancellation reason"`) naming the run and the rule.
+pub fn check_cancel_reason(run_id: &str, reason: &str) -> Result<()> {
+    let broken = if reason.trim().is_empty() {
+        // Kept with the run to tell people why it ended: an empty one tells nothing.
+        Some("empty: say why the run is cancelled")
+    } else if reason.chars().any(char::is_control) {
+        Some(
+            "contains control characters (a line break, a tab, a terminal escape): a reason is one line of text",
+        )
+    } else {
+        None
+    };
+    match broken {
+        Some(rule) => Err(Error::InvalidName {
+            run_id: run_id.to_owned(),
+            what: "cancellation reason",
+            name: reason.to_owned(),
+            reason: rule,
+        }),
+        None => Ok(()),
+    }
+}
+
 impl Runtime {
     /// Sends the event `event` with `payload` to the run `run_id`: appended durably to the
     /// run's inbox, delivered to the run's next (or current) wait for `event`, once. `event`
@@ -257,20 +288,13 @@ impl Runtime {
     /// whose cancellation was asked never completes afterwards.
     ///
     /// # Errors
-    /// [`Error::InvalidName`](crate::Error::InvalidName) for an empty (or blank) `reason`;
+    /// [`Error::InvalidName`](crate::Error::InvalidName) for an empty (or blank) `reason`, or
+    /// one with control characters ([`check_cancel_reason`]);
     /// [`Error::RunNotFound`](crate::Error::RunNotFound); [`Error::RunEnded`](crate::Error::RunEnded) if the run has ended already;
     /// [`Error::Storage`](crate::Error::Storage) if the request could not be committed.
     pub async fn cancel(&self, run_id: &str, reason: &str) -> Result<RunInfo> {
         validate_run_id_lookup(run_id)?;
-        if reason.trim().is_empty() {
-            // Kept with the run to tell people why it ended: an empty one tells nothing.
-            return Err(Error::InvalidName {
-                run_id: run_id.to_owned(),
-                what: "cancellation reason",
-                name: reason.to_owned(),
-                reason: "empty: say why the run is cancelled",
-            });
-        }
+        check_cancel_reason(run_id, reason)?;
         let signals = self.inner.claims.signals(run_id);
         // A run nobody drives ends at once. Another worker (or another runtime on the same
         // store) may drive it: take its lease to know, and hold it meanwhile so that no worker

@@ -35,6 +35,23 @@ async fn cancel_ends_idle_runs_at_once_and_running_runs_at_a_boundary() {
         ),
         other => panic!("expected InvalidName, got {other:?}"),
     }
+    for reason in ["two\nlines", "tab\there", "escape \u{1b}[2J", "del\u{7f}"] {
+        match rt.cancel("idle", reason).await {
+            Err(Error::InvalidName {
+                what: "cancellation reason",
+                name,
+                reason: why,
+                ..
+            }) => assert_eq!(
+                (name.as_str(), why),
+                (
+                    reason,
+                    "contains control characters (a line break, a tab, a terminal escape): a reason is one line of text"
+                )
+            ),
+            other => panic!("expected InvalidName, got {other:?}"),
+        }
+    }
 
     let slow = Worker {
         work_delay: Duration::from_millis(300),
