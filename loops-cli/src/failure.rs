@@ -18,6 +18,8 @@ pub struct Failure {
     /// Whether the store file is held by a running process (redb's lock), so that the same
     /// command may get through once the process answers on its endpoint or ends.
     pub held: bool,
+    /// Whether the run the command names does not exist (the web UI answers 404).
+    pub missing: bool,
 }
 
 /// What a command's failure is, for its exit code: the one place that maps kinds of failure
@@ -78,6 +80,7 @@ impl Failure {
             code: kind.code(),
             damage: false,
             held: false,
+            missing: false,
         }
     }
 

@@ -624,6 +624,33 @@ fn writes_need_the_token_and_the_page_s_origin_and_pages_answer_only_their_host(
         "{body}"
     );
 
+    // A form missing a field: 400, on a page that says so (not axum's plain text).
+    let (status, body) = request(
+        addr,
+        path,
+        &[host.clone(), origin.clone()],
+        &form(&[("reason", "no token field")]),
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body.contains(
+            "this request is not a form this loops ui sends (Failed to deserialize form body: missing field `token`)"
+        ),
+        "{body}"
+    );
+    // A run that does not exist: 404, nothing written.
+    let unknown = form(&[("token", &token), ("reason", "gone")]);
+    let (status, body) = request(
+        addr,
+        "POST /runs/nope-1/cancel",
+        &[host.clone(), origin.clone()],
+        &unknown,
+    );
+    assert_eq!(status, 404, "{body}");
+    assert!(
+        body.contains("run `nope-1` does not exist in store"),
+        "{body}"
+    );
     tokio.block_on(async {
         let rt = &held.rt;
         let info = rt.run_info("cancel-1").await.unwrap().unwrap();

@@ -175,7 +175,10 @@ pub fn core_failure(label: &str, e: loops_core::Error) -> Failure {
 
 /// The failure for a run id the store `label` does not have.
 pub fn not_found(label: &str, run_id: &str) -> Failure {
-    Failure::new(format!(
-        "run `{run_id}` does not exist in store {label} (`loops runs` lists the runs)"
-    ))
+    Failure {
+        missing: true,
+        ..Failure::new(format!(
+            "run `{run_id}` does not exist in store {label} (`loops runs` lists the runs)"
+        ))
+    }
 }

@@ -1,6 +1,7 @@
 //! The UI's requests: each reads or writes through the [`Operator`](crate::operator::Operator)
 //! as the matching command does, and answers with a page (or the part of one that refreshes).
 
+use axum::extract::rejection::FormRejection;
 use axum::extract::{Form, Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
@@ -156,8 +157,12 @@ pub struct SendForm {
 pub async fn send(
     State(ui): State<Arc<Ui>>,
     Path(run_id): Path<String>,
-    Form(form): Form<SendForm>,
+    form: std::result::Result<Form<SendForm>, FormRejection>,
 ) -> Response {
+    let form = match form {
+        Ok(Form(form)) => form,
+        Err(rejection) => return unreadable(&ui, &rejection),
+    };
     if !ui.guard.token_ok(&form.token) {
         return stale_token(&ui);
     }
@@ -203,8 +208,12 @@ pub struct CancelForm {
 pub async fn cancel(
     State(ui): State<Arc<Ui>>,
     Path(run_id): Path<String>,
-    Form(form): Form<CancelForm>,
+    form: std::result::Result<Form<CancelForm>, FormRejection>,
 ) -> Response {
+    let form = match form {
+        Ok(Form(form)) => form,
+        Err(rejection) => return unreadable(&ui, &rejection),
+    };
     steer(ui, run_id, &form.token.clone(), move |store, id| {
         let reason = match form.reason.trim() {
             "" => DEFAULT_CANCEL_REASON,
@@ -237,8 +246,12 @@ pub struct RetryForm {
 pub async fn retry(
     State(ui): State<Arc<Ui>>,
     Path(run_id): Path<String>,
-    Form(form): Form<RetryForm>,
+    form: std::result::Result<Form<RetryForm>, FormRejection>,
 ) -> Response {
+    let form = match form {
+        Ok(Form(form)) => form,
+        Err(rejection) => return unreadable(&ui, &rejection),
+    };
     steer(ui, run_id, &form.token, move |store, id| {
         let info = store.retry(id)?;
         Ok(format!(
@@ -313,10 +326,23 @@ fn missing(ui: &Ui, run_id: &str) -> Response {
     failed(ui, StatusCode::NOT_FOUND, &not_found(&ui.label, run_id))
 }
 
-/// The page of a failure; a bad argument is the request's fault (400) whatever `status`.
+/// The page of a form that could not be read (a field missing, a body that is not a form):
+/// 400, saying so on the page of a failure, not in axum's plain text.
+fn unreadable(ui: &Ui, rejection: &FormRejection) -> Response {
+    let failure = Failure::usage(format!(
+        "this request is not a form this loops ui sends ({}): reload the run's page and use its forms",
+        rejection.body_text()
+    ));
+    failed(ui, StatusCode::BAD_REQUEST, &failure)
+}
+
+/// The page of a failure; a bad argument is the request's fault (400), and a run that does
+/// not exist is not found (404), whatever `status`.
 fn failed(ui: &Ui, status: StatusCode, failure: &Failure) -> Response {
     let status = if failure.code == 2 {
         StatusCode::BAD_REQUEST
+    } else if failure.missing {
+        StatusCode::NOT_FOUND
     } else {
         status
     };
