@@ -1977,7 +1977,8 @@ fn send_reads_a_large_payload_from_a_file_or_stdin() {
     // Longer than one command-line argument may be on Linux (128 KiB).
     let payload = |by: &str| format!(r#"{{"by":"{by}","log":"{}"}}"#, "x".repeat(300_000));
     let file = dir.path().join("approval.json");
-    std::fs::write(&file, format!("{}\n", payload("file"))).unwrap();
+    // With a byte order mark, as some editors write one: not part of the payload.
+    std::fs::write(&file, format!("\u{feff}{}\n", payload("file"))).unwrap();
     let file_arg = file.to_str().unwrap();
     let (out, err) = out_err(
         &path,
@@ -2000,7 +2001,7 @@ fn send_reads_a_large_payload_from_a_file_or_stdin() {
             "--output",
             "json",
         ])
-        .write_stdin(payload("stdin"))
+        .write_stdin(format!("\u{feff}{}", payload("stdin")))
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0));

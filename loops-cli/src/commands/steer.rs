@@ -223,7 +223,9 @@ pub fn send(target: &Target, args: &SendArgs) -> Result<()> {
 }
 
 /// The payload's JSON text, from `--json` or `--json-file` (a file, or stdin for `-`), with
-/// where it came from (for messages).
+/// where it came from (for messages). A file's (or stdin's) leading UTF-8 byte order mark, as
+/// some editors and PowerShell write one, is not part of the JSON text (RFC 8259 lets a
+/// parser ignore it; serde_json would refuse it at column 1).
 fn payload_text(args: &SendArgs) -> Result<(String, String)> {
     match (&args.payload, &args.json_file) {
         (Some(text), _) => Ok(("--json".to_owned(), text.clone())),
@@ -233,17 +235,25 @@ fn payload_text(args: &SendArgs) -> Result<(String, String)> {
             std::io::stdin()
                 .read_to_string(&mut text)
                 .map_err(|e| Failure::usage(format!("cannot read {from}: {e}")))?;
-            Ok((from, text))
+            Ok((from, without_bom(text)))
         }
         (None, Some(file)) => {
             let from = format!("--json-file {}", file.display());
             let text = std::fs::read_to_string(file)
                 .map_err(|e| Failure::usage(format!("cannot read {from}: {e}")))?;
-            Ok((from, text))
+            Ok((from, without_bom(text)))
         }
         (None, None) => Err(Failure::usage(
             "no payload given: pass --json PAYLOAD or --json-file PATH",
         )),
+    }
+}
+
+/// `text` without its leading UTF-8 byte order mark, if it has one.
+fn without_bom(text: String) -> String {
+    match text.strip_prefix('\u{feff}') {
+        Some(rest) => rest.to_owned(),
+        None => text,
     }
 }
 
