@@ -1618,21 +1618,35 @@ fn cancel_retry_and_send_change_the_runs() {
         )
     );
     assert_eq!(v["run"]["status"], "waiting");
-    let out = text(
-        &path2,
-        &[
-            "send",
-            "waiting-1",
-            "approval",
-            "--json",
-            r#""bob""#,
-            "--key",
-            "k1",
-        ],
-    );
+    // The key again with another payload: nothing written, and stderr says the request the
+    // key names was another one.
+    let send_k1 = |payload: &str| {
+        out_err(
+            &path2,
+            &[
+                "send",
+                "waiting-1",
+                "approval",
+                "--json",
+                payload,
+                "--key",
+                "k1",
+            ],
+        )
+    };
+    let sent_already =
+        "an event with key `k1` was sent to run waiting-1 already (event seq 0); nothing written\n";
     assert_eq!(
-        out,
-        "an event with key `k1` was sent to run waiting-1 already (event seq 0); nothing written\n"
+        send_k1(r#""bob""#),
+        (
+            sent_already.to_owned(),
+            "note: the event sent with key `k1` (event seq 0) was `approval` with another payload: \"alice\"; this one was not sent: send it with another key if it is a new request\n".to_owned()
+        )
+    );
+    // The same request again (the same JSON value): a retry, said without a note.
+    assert_eq!(
+        send_k1(r#" "alice" "#),
+        (sent_already.to_owned(), String::new())
     );
     let events = RedbStore::open_read_only(&path2)
         .unwrap()

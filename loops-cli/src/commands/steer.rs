@@ -158,7 +158,16 @@ pub fn send(target: &Target, args: &SendArgs) -> Result<()> {
         .flatten();
     // Sending ahead of a wait is legitimate, but a run that does not wait for the event now
     // may have been sent the wrong one: said on stderr, in JSON mode too.
-    if !sent.duplicate && !waits_for(&before, &event) {
+    if sent.duplicate
+        && let Some(other) = other_than_sent(&events, sent.event_seq, &event, payload.get())
+    {
+        // The key names a request already made: this one's payload (or name) is not it.
+        note(&format!(
+            "the event sent with key `{}` (event seq {}) was {other}; this one was not sent: send it with another key if it is a new request",
+            key.as_deref().unwrap_or_default(),
+            sent.event_seq
+        ));
+    } else if !sent.duplicate && !waits_for(&before, &event) {
         note(&format!(
             "run {run_id} is not waiting for event `{event}` now ({}); `{event}` is kept in its inbox until a wait for `{event}` takes it",
             now_doing(&before)
@@ -246,6 +255,30 @@ fn payload_text(args: &SendArgs) -> Result<(String, String)> {
         (None, None) => Err(Failure::usage(
             "no payload given: pass --json PAYLOAD or --json-file PATH",
         )),
+    }
+}
+
+/// What the stored event `event_seq` of `events` was, if not `event` with the same JSON value
+/// as `payload` (`event `x` with another payload: {...}`); `None` if it was, or if its
+/// payload cannot be read (sealed with a key this process lacks).
+fn other_than_sent(
+    events: &[(u64, loops_core::EventRecord, bool)],
+    event_seq: u64,
+    event: &str,
+    payload: &str,
+) -> Option<String> {
+    let (_, stored, _) = events.iter().find(|(seq, _, _)| *seq == event_seq)?;
+    let value = |text: &str| serde_json::from_str::<serde_json::Value>(text).ok();
+    let (was, now) = (value(stored.payload.get())?, value(payload)?);
+    if stored.name != event {
+        Some(format!("event `{}`", stored.name))
+    } else if was != now {
+        Some(format!(
+            "`{event}` with another payload: {}",
+            crate::json::preview(stored.payload.get(), 60)
+        ))
+    } else {
+        None
     }
 }
 
