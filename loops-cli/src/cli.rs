@@ -37,7 +37,8 @@ of another loops version); 2 a bad argument.";
 #[command(name = "loops", version, after_help = EXAMPLES, max_term_width = 100)]
 pub struct Cli {
     /// The store: the redb file the workflow's process gives to Runtime::open, or a
-    /// PostgreSQL URL (postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?sslmode=require]).
+    /// PostgreSQL URL (postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?sslmode=require]) or
+    /// connection string in libpq's key=value form ("host=HOST user=USER dbname=DB").
     #[arg(long, global = true, env = "LOOPS_STORE", value_name = "PATH|URL")]
     pub store: Option<PathBuf>,
 

@@ -50,7 +50,9 @@ impl Target {
 /// The store from `--store` or `LOOPS_STORE` (a file path, or a `postgres://` or
 /// `postgresql://` URL with `--pg-schema`), or a usage failure saying how to give it. A URL
 /// of another scheme (`http://host/x`, `file:///x`) is refused as one, naming its scheme only
-/// (the rest may hold a password), unless a file of that path exists.
+/// (the rest may hold a password), unless a file of that path exists. A PostgreSQL connection
+/// string in libpq's `key=value` form (`host=db user=agent dbname=loops`, as
+/// `PgStoreBuilder` takes it) is one too, unless a file of that path exists.
 pub fn target(given: Option<PathBuf>, pg_schema: String) -> Result<Target> {
     let Some(path) = given.filter(|path| !path.as_os_str().is_empty()) else {
         return Err(Failure::usage(
@@ -58,7 +60,8 @@ pub fn target(given: Option<PathBuf>, pg_schema: String) -> Result<Target> {
         ));
     };
     let text = path.to_str().unwrap_or_default();
-    if text.starts_with("postgres://") || text.starts_with("postgresql://") {
+    let key_value = || is_libpq_key_value(text) && !path.exists();
+    if text.starts_with("postgres://") || text.starts_with("postgresql://") || key_value() {
         return Ok(Target::Postgres {
             url: text.to_owned(),
             schema: pg_schema,
@@ -72,6 +75,31 @@ pub fn target(given: Option<PathBuf>, pg_schema: String) -> Result<Target> {
         )));
     }
     Ok(Target::File(path))
+}
+
+/// Whether `text` starts as a libpq `key=value` connection string does: its first word is
+/// `KEYWORD=...`, with one of libpq's connection keywords that a PostgreSQL store takes.
+fn is_libpq_key_value(text: &str) -> bool {
+    const KEYWORDS: [&str; 14] = [
+        "host",
+        "hostaddr",
+        "port",
+        "user",
+        "password",
+        "dbname",
+        "options",
+        "application_name",
+        "sslmode",
+        "sslrootcert",
+        "connect_timeout",
+        "keepalives",
+        "target_session_attrs",
+        "channel_binding",
+    ];
+    text.split_whitespace()
+        .next()
+        .and_then(|word| word.split_once('='))
+        .is_some_and(|(key, _)| KEYWORDS.contains(&key))
 }
 
 /// The scheme of `text` if it starts as a URL does, `SCHEME://` (RFC 3986: a letter, then
@@ -169,12 +197,13 @@ pub fn operator(target: &Target, access: Access) -> Result<Box<dyn Operator>> {
     Ok(operator)
 }
 
-/// Whether the URL's `sslmode` asks for TLS (anything but `disable`, `allow` and `prefer`,
-/// the default).
+/// Whether the connection string's `sslmode` asks for TLS (anything but `disable` and
+/// `prefer`, the default), as tokio-postgres reads it (a URL's `?sslmode=` or libpq's
+/// `sslmode=`); a string it cannot parse is refused by the connect, which parses it again.
 fn wants_tls(url: &str) -> bool {
-    url.split(['?', '&'])
-        .filter_map(|kv| kv.strip_prefix("sslmode="))
-        .any(|mode| !matches!(mode, "disable" | "allow" | "prefer"))
+    use tokio_postgres::config::SslMode;
+    url.parse::<tokio_postgres::Config>()
+        .is_ok_and(|c| !matches!(c.get_ssl_mode(), SslMode::Disable | SslMode::Prefer))
 }
 
 /// A tokio runtime for one command's async calls (the runtime's API is async; the CLI does
@@ -488,4 +517,42 @@ pub fn redb(path: &Path, runtime: &Runtime) -> Result<RedbStore> {
         .redb()
         .cloned()
         .ok_or_else(|| Failure::new(format!("store {} is not a redb file", path.display())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sslmode_is_read_from_a_url_or_a_key_value_string() {
+        for (given, tls) in [
+            ("postgres://u@db/x", false),
+            ("postgres://u@db/x?sslmode=require", true),
+            (
+                "postgres://u@db/x?application_name=a&sslmode=disable",
+                false,
+            ),
+            ("host=db user=u dbname=x", false),
+            ("host=db user=u sslmode=require dbname=x", true),
+            ("host=db sslmode=prefer", false),
+            ("host=db port=99999", false),
+        ] {
+            assert_eq!(wants_tls(given), tls, "{given}");
+        }
+    }
+
+    #[test]
+    fn a_libpq_key_value_string_is_told_from_a_path() {
+        for (given, key_value) in [
+            ("host=127.0.0.1 user=postgres dbname=x", true),
+            ("dbname=x", true),
+            ("sslmode=require host=db", true),
+            ("store.redb", false),
+            ("./data=1.redb", false),
+            ("colour=blue.redb", false),
+            ("", false),
+        ] {
+            assert_eq!(is_libpq_key_value(given), key_value, "{given}");
+        }
+    }
 }

@@ -3603,6 +3603,12 @@ fn a_remote_postgres_url_without_tls_is_refused_with_the_remedy_in_the_url() {
         ),
         // Not a host name at all: the refusal shows what the URL was read as.
         ("postgres://%%%", "postgres://@%%%:5432/", "%%%"),
+        // libpq's key=value form, read as the same store.
+        (
+            "host=db.example.com user=u password=secret dbname=db",
+            "postgres://u@db.example.com:5432/db",
+            "db.example.com",
+        ),
     ] {
         Command::cargo_bin("loops")
             .unwrap()
@@ -3636,6 +3642,15 @@ fn a_postgres_url_that_names_no_server_or_does_not_parse_is_bad_input() {
         (
             "postgresql://127.0.0.1/x?sslmode=bogus",
             "invalid PostgreSQL connection string: invalid connection string: invalid value for option `sslmode`",
+        ),
+        // libpq's key=value form is a PostgreSQL store too (it was taken for a file path).
+        (
+            "host=127.0.0.1 port=99999 user=u dbname=x",
+            "invalid PostgreSQL connection string: invalid connection string: invalid value for option `port`",
+        ),
+        (
+            "user=u dbname=x",
+            "invalid setting `host`: the connection string names no server: give postgres://USER@HOST[:PORT]/DATABASE, or host=HOST",
         ),
     ] {
         Command::cargo_bin("loops")
