@@ -384,7 +384,8 @@ mod review {
     pub mod v1 {
         use super::*;
 
-        /// Version 1: reviews (and hangs there, for the tests); takes `approve` only.
+        /// Version 1: waits for `approve` (the only event it declares), or, for the run
+        /// `by-runtime`, hangs there (a run left running by a process that died).
         #[derive(loops_derive::Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
         #[workflow(name = "review", version = 1, crate = loops_core)]
         #[event(approve: Note)]
@@ -401,9 +402,14 @@ mod review {
         impl ReviewHandler for Hangs {
             type Error = BoxError;
 
-            async fn open(&self, _: &Context, _: String) -> Result<OpenNext, BoxError> {
-                std::future::pending::<()>().await;
-                unreachable!()
+            async fn open(&self, ctx: &Context, title: String) -> Result<OpenNext, BoxError> {
+                if title == "by-runtime" {
+                    std::future::pending::<()>().await;
+                }
+                let note = ctx.wait_for(Review::APPROVE).await?;
+                Ok(OpenNext::Done {
+                    verdict: format!("{title} approved: {}", note.text),
+                })
             }
         }
     }
@@ -439,7 +445,8 @@ mod review {
         }
     }
 
-    /// Version 1's run `run_id`, left in `Open` with its driver dropped.
+    /// Version 1's run `run_id`, left in `Open` with its driver dropped: waiting for
+    /// `approve`, or (`by-runtime`) running.
     pub async fn opened_by_v1(path: &Path, run_id: &str) {
         let rt = Runtime::open(path).unwrap();
         let driver = {
@@ -452,7 +459,12 @@ mod review {
                 rt.run(&run_id, open, &v1::Hangs).await
             })
         };
-        while rt.run_info(run_id).await.unwrap().is_none() {
+        let status = if run_id == "by-runtime" {
+            RunStatus::Running
+        } else {
+            RunStatus::Waiting
+        };
+        while rt.run_info(run_id).await.unwrap().map(|r| r.status) != Some(status) {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         driver.abort();
@@ -460,8 +472,8 @@ mod review {
         rt.shutdown().await;
     }
 
-    /// Version 2's runtime on `path`, its runs resumed: each v1 run is accepted and parks
-    /// waiting for `reject`.
+    /// Version 2's runtime on `path`, its runs resumed: each v1 run, waiting or not, is
+    /// accepted at once and waits for `reject`.
     pub async fn v2_waiting(path: &Path, run_ids: &[&str]) -> Runtime {
         let rt = Runtime::builder()
             .register::<v2::Review, _>(v2::Rejects)
@@ -469,19 +481,22 @@ mod review {
             .unwrap();
         rt.resume_all().await.unwrap();
         for run_id in run_ids {
-            until(&rt, run_id, RunStatus::Waiting).await;
+            until_waiting_for(&rt, run_id, "reject").await;
         }
         rt
     }
 
-    pub async fn until(rt: &Runtime, run_id: &str, status: RunStatus) {
+    pub async fn until_waiting_for(rt: &Runtime, run_id: &str, event: &str) {
         for _ in 0..2000 {
-            if rt.run_info(run_id).await.unwrap().unwrap().status == status {
+            let info = rt.run_info(run_id).await.unwrap().unwrap();
+            if info.status == RunStatus::Waiting
+                && info.wait.and_then(|w| w.event).as_deref() == Some(event)
+            {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        panic!("run {run_id} never {status}");
+        panic!("run {run_id} never waited for {event}");
     }
 
     pub async fn verdict(rt: &Runtime, run_id: &str) -> String {
@@ -513,9 +528,11 @@ fn an_accepted_run_takes_the_events_of_the_version_that_accepted_it() {
         for run_id in ["by-runtime", "by-cli", "by-endpoint"] {
             review::opened_by_v1(&path, run_id).await;
         }
-        // Version 2 takes them (one acceptance record each) and they wait for `reject`,
-        // which version 1 does not declare; its own `send` reaches the first (by name: a
-        // name is checked against the run's declared events, a typed event by the compiler).
+        // Version 2 takes them at its start (one acceptance record each: the two parked
+        // waiting for `approve` too, whose handler runs again under version 2) and they wait
+        // for `reject`, which version 1 does not declare; its own `send` reaches the first
+        // (by name: a name is checked against the run's declared events, a typed event by
+        // the compiler).
         let rt = review::v2_waiting(&path, &["by-runtime", "by-cli", "by-endpoint"]).await;
         let note = review::Note { text: "no".into() };
         rt.send("by-runtime", "reject", &note).await.unwrap();
@@ -595,7 +612,7 @@ fn an_accepted_run_takes_the_events_of_the_version_that_accepted_it() {
             "by-cli rejected: late"
         );
         // Through the serving process (the CLI cannot open the store it holds).
-        review::until(&rt, "by-endpoint", RunStatus::Waiting).await;
+        review::until_waiting_for(&rt, "by-endpoint", "reject").await;
         let server = rt.serve_control_next_to_store().await.unwrap();
         let sent = tokio::task::spawn_blocking({
             let path = path.clone();

@@ -86,29 +86,30 @@ impl Runtime {
         on_block: OnBlock,
     ) -> Result<Routing> {
         let route = self.route_of(&info, known).await?;
-        let (version, accepted, info, record) = match route {
-            Route::Drive(version) => (version.hash, None, info, record),
+        // `rerouted`: whether a record of this routing moved the run to the version.
+        let (version, accepted, rerouted, info, record) = match route {
+            Route::Drive(version) => (version.hash, None, false, info, record),
             // An ended run is not accepted in the store either (nothing more is written).
             Route::Accept { version, .. } if info.status.is_ended() => {
-                (version.hash, Some(info.schema), info, record)
+                (version.hash, Some(info.schema), false, info, record)
             }
             Route::Accept { version, .. } => {
                 let (info, record) = self
                     .accept_run(claim, (&info, &record), version.hash, known)
                     .await?;
-                (version.hash, None, info, record)
+                (version.hash, None, true, info, record)
             }
             // An ended run is not migrated in the store (nothing more is written for it):
             // its terminal state is read through the chain, for its caller.
             Route::Migrate(chain) if info.status.is_ended() => {
                 let (info, record) = read_through(&info, &record, &chain)?;
-                (chain.to().hash, None, info, record)
+                (chain.to().hash, None, false, info, record)
             }
             Route::Migrate(chain) => match self
                 .migrate_run(claim, (&info, &record), &chain, known, on_block.warns())
                 .await?
             {
-                Ok((info, record)) => (chain.to().hash, None, info, record),
+                Ok((info, record)) => (chain.to().hash, None, true, info, record),
                 Err(blocked) => return Ok(Routing::Blocked(blocked)),
             },
             Route::Block(blocked) => {
@@ -141,6 +142,7 @@ impl Runtime {
                 info,
                 record,
                 fresh: false,
+                rerouted,
             },
             version,
             accepted,

@@ -64,9 +64,7 @@ where
                 let Prepared {
                     entered, accepted, ..
                 } = prepared;
-                drive
-                    .check::<W>(entered.info, entered.record, accepted)
-                    .await?
+                drive.check::<W>(entered, accepted).await?
             };
             match drive
                 .drive_loop::<W, H>(entered, &*self.handler, Mode::Background)

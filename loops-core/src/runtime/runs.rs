@@ -88,8 +88,9 @@ impl StartOptions {
 #[non_exhaustive]
 pub struct Resumed {
     /// The runs given a background driver, by workflow then run id: running runs, waiting
-    /// runs whose event arrived, whose time passed or whose cancellation was asked for, runs
-    /// this build must block, and blocked runs it can route now.
+    /// runs whose event arrived, whose time passed or whose cancellation was asked for,
+    /// waiting runs recorded by a version this build does not compile (accepted or migrated
+    /// now, or blocked), and blocked runs it can route now.
     pub driven: Vec<RunInfo>,
     /// Waiting runs left parked, holding no task (a store only this process opens).
     pub parked: usize,
@@ -187,7 +188,7 @@ impl Runtime {
                 Some(found) => {
                     let (entered, accepted) = self.route_attached::<W>(&claim, found).await?;
                     self.drive(&claim)
-                        .check::<W>(entered.info, entered.record, accepted)
+                        .check::<W>(entered, accepted)
                         .await?
                 }
             };
@@ -466,11 +467,14 @@ impl Runtime {
         } else {
             (self.store().claim_ready(&filters, limit).await?, Vec::new())
         };
-        // A waiting run this build cannot route (recorded by another version, with no
-        // migration or `accepts` for it) is handed to a driver now, which blocks it visibly
-        // and once, rather than when its event or its time comes. Read before any driver
-        // starts: a failed read gives the leases back, and leaves nothing resumed.
-        let mut to_block = match self.to_block(&parked).await {
+        // A waiting run recorded by a version this build does not compile is handed to a
+        // driver now, rather than when its event or its time comes: one this build accepts
+        // or migrates is taken by the new version (its record committed) and its state's
+        // handler runs again under it, so that the run waits for what the new version waits
+        // for (an event only it declares can be sent at once); one it cannot route is
+        // blocked, visibly and once. Read before any driver starts: a failed read gives the
+        // leases back, and leaves nothing resumed.
+        let mut to_route = match self.to_route(&parked).await {
             Ok(rows) => rows,
             Err(e) => {
                 for (_, lease) in &ready {
@@ -492,7 +496,7 @@ impl Runtime {
             if taken.contains(&run.run_id) {
                 continue;
             }
-            if let Some(info) = to_block.remove(&run.run_id) {
+            if let Some(info) = to_route.remove(&run.run_id) {
                 self.spawn_driver_with(&run.workflow, &run.run_id, None);
                 taken.insert(run.run_id);
                 resumed.driven.push(info);
@@ -523,11 +527,12 @@ impl Runtime {
         Ok(resumed)
     }
 
-    /// The rows of the `parked` runs this build cannot route (recorded by another version,
-    /// with no migration or `accepts` for it), by run id. A run of a compiled version is
-    /// driven by it: no read, no routing (the common case, kept free of per-run work for
-    /// many parked runs).
-    async fn to_block(&self, parked: &[ParkedRun]) -> Result<HashMap<String, RunInfo>> {
+    /// The rows of the `parked` runs recorded by a version this build does not compile (it
+    /// accepts or migrates them, or must block them), by run id. A run of a compiled version
+    /// stays parked: no read, no routing (the common case, kept free of per-run work for
+    /// many parked runs; after a deploy, each run of the old version is read once, since
+    /// routing it moves it to the new version's schema or blocks it).
+    async fn to_route(&self, parked: &[ParkedRun]) -> Result<HashMap<String, RunInfo>> {
         let mut known: HashMap<&str, Vec<KnownVersion>> = HashMap::new();
         let mut out = HashMap::new();
         for run in parked {
@@ -537,10 +542,7 @@ impl Runtime {
             if known.iter().any(|k| k.stored.hash == run.schema) {
                 continue;
             }
-            let Some(info) = self.store().run_info(&run.run_id).await? else {
-                continue;
-            };
-            if matches!(self.route_of(&info, known).await?, Route::Block(_)) {
+            if let Some(info) = self.store().run_info(&run.run_id).await? {
                 out.insert(run.run_id.clone(), info);
             }
         }

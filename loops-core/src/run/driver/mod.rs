@@ -65,6 +65,10 @@ pub(crate) struct Entered {
     /// Whether the current state's attempt was started by the commit that created it in this
     /// process (so no new attempt is counted before its first execution).
     pub(crate) fresh: bool,
+    /// Whether this driver moved the run to its version (a migration's or an acceptance's
+    /// record): a waiting run is then woken at once, so that its state's handler runs again
+    /// under the new version and waits for what that version waits for.
+    pub(crate) rerouted: bool,
 }
 
 enum Failure {
@@ -98,6 +102,8 @@ struct Progress {
     /// Whether the current attempt was started by a commit of this driver (a creation, a
     /// transition or a wake), so that its first execution counts no new attempt.
     fresh: bool,
+    /// [`Entered::rerouted`], until the run is woken.
+    rerouted: bool,
     /// Whether the current state was entered by a commit of this driver (the run's creation
     /// or a transition): then no step of it can be recorded yet, and the journal is not
     /// read. (Not after a wake: the handler ran before the run parked.)
@@ -140,10 +146,15 @@ impl Drive<'_> {
     /// record; refuses without writing anything.
     pub(crate) async fn check<W: Workflow>(
         &self,
-        info: RunInfo,
-        record: TransitionRecord,
+        found: Entered,
         accepted: Option<SchemaHash>,
     ) -> Result<Entered> {
+        let Entered {
+            info,
+            record,
+            rerouted,
+            ..
+        } = found;
         let run_id = self.run_id();
         if info.workflow != W::NAME {
             return Err(Error::WorkflowMismatch {
@@ -175,6 +186,7 @@ impl Drive<'_> {
             info,
             record,
             fresh: false,
+            rerouted,
         })
     }
 
@@ -218,6 +230,7 @@ impl Drive<'_> {
             info,
             record,
             fresh: true,
+            rerouted: false,
         })
     }
 
@@ -261,6 +274,7 @@ impl Drive<'_> {
             record: entered.record,
             fresh: entered.fresh,
             entered_here: entered.fresh,
+            rerouted: entered.rerouted,
             last_error: None,
             ours: None,
         };

@@ -114,7 +114,7 @@ impl Drive<'_> {
                 Ok(Settled::Again)
             }
             RunStatus::Waiting => {
-                if !is_ready(&**self.store, info, self.now()).await? {
+                if !run.rerouted && !is_ready(&**self.store, info, self.now()).await? {
                     self.look_after_children(info).await;
                     match mode {
                         Mode::Background => {
@@ -142,6 +142,7 @@ impl Drive<'_> {
                     .into_run(run_id)?;
                 // Waking is not a new attempt: waiting is not failing.
                 run.fresh = true;
+                run.rerouted = false;
                 Ok(Settled::Again)
             }
             RunStatus::Running => Ok(Settled::Handle),
