@@ -651,6 +651,32 @@ fn writes_need_the_token_and_the_page_s_origin_and_pages_answer_only_their_host(
         body.contains("run `nope-1` does not exist in store"),
         "{body}"
     );
+    // The page's key names the form drawn: the same form sent again is one event, another
+    // event typed on the same page (a second tab) is sent, not dropped as "sent already".
+    for (event, payload) in [
+        ("draft", r#"{"text": "a"}"#),
+        ("draft", r#"{ "text":"a" }"#),
+        ("approve", r#"{"by": "bob"}"#),
+    ] {
+        let send = form(&[
+            ("token", &token),
+            ("key", "ui-0-0"),
+            ("event", event),
+            ("payload", payload),
+        ]);
+        let (status, body) = request(
+            addr,
+            "POST /runs/progress-1/send",
+            &[host.clone(), origin.clone()],
+            &send,
+        );
+        assert_eq!(status, 303, "{body}");
+    }
+    tokio.block_on(async {
+        let events = held.rt.store().events("progress-1").await.unwrap();
+        let names: Vec<&str> = events.iter().map(|(_, e, _)| e.name.as_str()).collect();
+        assert_eq!(names, ["draft", "approve"]);
+    });
     tokio.block_on(async {
         let rt = &held.rt;
         let info = rt.run_info("cancel-1").await.unwrap().unwrap();

@@ -176,7 +176,8 @@ pub async fn send(
     };
     steer(ui, run_id, &form.token.clone(), move |store, id| {
         let event = form.event.trim();
-        let key = Some(form.key.trim()).filter(|k| !k.is_empty());
+        let key = form_key(&form.key, event, &payload);
+        let key = key.as_deref();
         exists(store, id)?;
         let sent = store.send(id, event, key, &payload)?;
         let info = exists(store, id)?;
@@ -194,6 +195,28 @@ pub async fn send(
         })
     })
     .await
+}
+
+/// The idempotency key of a send form: the page's key (`ui-SEQ-EVENTS`, the run's state and
+/// inbox when the page was drawn) and a digest of the event and its payload (as a JSON value:
+/// the same form sent twice is one event, whatever its spacing; another event or payload
+/// typed on the same page, from a second tab or after a first send, is sent). `None` without
+/// a page key.
+fn form_key(page_key: &str, event: &str, payload: &serde_json::value::RawValue) -> Option<String> {
+    use std::hash::Hasher as _;
+    let page_key = page_key.trim();
+    if page_key.is_empty() {
+        return None;
+    }
+    let value = serde_json::from_str::<serde_json::Value>(payload.get())
+        .map_or_else(|_| payload.get().to_owned(), |v| v.to_string());
+    // FNV-1a: the same digest in every build (std's hasher may change between releases, and
+    // the key outlives the process in the store).
+    let mut digest = fnv::FnvHasher::default();
+    digest.write(event.as_bytes());
+    digest.write(&[0]);
+    digest.write(value.as_bytes());
+    Some(format!("{page_key}-{:016x}", digest.finish()))
 }
 
 /// The cancel form.

@@ -187,9 +187,7 @@ impl Runtime {
                 }
                 Some(found) => {
                     let (entered, accepted) = self.route_attached::<W>(&claim, found).await?;
-                    self.drive(&claim)
-                        .check::<W>(entered, accepted)
-                        .await?
+                    self.drive(&claim).check::<W>(entered, accepted).await?
                 }
             };
             parent = entered.info.parent.as_ref().map(|p| p.run_id.clone());
