@@ -3494,6 +3494,28 @@ fn cancel_of_a_waiting_driven_run_says_it_ends_when_its_driver_sees_the_request(
     tokio.block_on(rt.shutdown());
 }
 
+/// `loops upgrade` of a store a running process holds says so, as `loops check` does (it said
+/// redb's "already open in this or another process").
+#[test]
+fn upgrade_of_a_held_store_says_the_process_holds_it() {
+    let (_dir, path) = store();
+    let tokio = tokio::runtime::Runtime::new().unwrap();
+    let rt = tokio.block_on(async { Runtime::open(&path).unwrap() });
+    Command::cargo_bin("loops")
+        .unwrap()
+        .env_remove("LOOPS_STORE")
+        .arg("upgrade")
+        .arg(&path)
+        .assert()
+        .code(1)
+        .stdout("")
+        .stderr(format!(
+            "error: store {} is held by a running process: loops upgrade converts the file in place and needs it to itself; stop the process first\n",
+            path.display()
+        ));
+    tokio.block_on(rt.shutdown());
+}
+
 /// `loops upgrade` without PATH converts the store (`--store` or LOOPS_STORE); PATH is
 /// taken over LOOPS_STORE, and refused with a `--store` that names another store.
 #[test]

@@ -13,7 +13,17 @@ use crate::output::emit;
 /// else the store (`--store` or LOOPS_STORE) of `cli`.
 pub fn run(args: &UpgradeArgs, cli: &Cli) -> Result<()> {
     let path = file(args, cli)?;
-    let text = match RedbStore::upgrade(&path)? {
+    let upgraded = match RedbStore::upgrade(&path) {
+        Err(loops_core::Error::StoreLocked { .. }) => {
+            // As `loops check` says it: the command needs the file to itself.
+            return Err(Failure::new(format!(
+                "store {} is held by a running process: loops upgrade converts the file in place and needs it to itself; stop the process first",
+                path.display()
+            )));
+        }
+        other => other?,
+    };
+    let text = match upgraded {
         Upgraded::Current { format } => format!(
             "{} has format {format} already: nothing to do\n",
             path.display()
