@@ -59,6 +59,14 @@ pub struct RunView {
 }
 
 impl RunView {
+    /// Whether the run waits for its children now (a join: the event
+    /// [`loops_core::CHILD_ENDED`]).
+    pub fn waits_for_children(&self) -> bool {
+        self.status == RunStatus::Waiting
+            && self.waiting_for.as_ref().and_then(|w| w.event.as_deref())
+                == Some(loops_core::CHILD_ENDED)
+    }
+
     /// The view with the run's attributes.
     pub fn with_attributes(mut self, attributes: Attributes) -> Self {
         self.attributes = Some(attributes);
@@ -301,9 +309,9 @@ pub enum EventFate {
     /// The run completed or was cancelled before a wait took it, and no wait will: it stays
     /// in the inbox, for inspection, until the run is pruned (an approval sent twice).
     NotTaken,
-    /// A child's end ([`loops_core::CHILD_ENDED`]) that no wait took, in a run that completed
-    /// or was cancelled: a wake-up its join did not need (the join read the child's row),
-    /// not an event the run missed.
+    /// A child's end ([`loops_core::CHILD_ENDED`]) that no wait took, in a run that does not
+    /// wait for its children now (it went on, or ended): a wake-up its join did not need (the
+    /// join read the child's row), not an event the run missed or is yet to take.
     NotNeeded,
 }
 
@@ -321,16 +329,15 @@ impl EventFate {
 }
 
 impl EventView {
-    /// What became of the event, for a run in `status`: see [`EventFate`].
-    pub fn fate(&self, status: RunStatus) -> EventFate {
+    /// What became of the event, in the run `run`: see [`EventFate`]. (The one rule `show`,
+    /// `history` and the web UI follow.)
+    pub fn fate(&self, run: &RunView) -> EventFate {
         if self.delivered {
             EventFate::Delivered
-        } else if matches!(status, RunStatus::Completed | RunStatus::Cancelled) {
-            if self.name == loops_core::CHILD_ENDED {
-                EventFate::NotNeeded
-            } else {
-                EventFate::NotTaken
-            }
+        } else if self.name == loops_core::CHILD_ENDED && !run.waits_for_children() {
+            EventFate::NotNeeded
+        } else if matches!(run.status, RunStatus::Completed | RunStatus::Cancelled) {
+            EventFate::NotTaken
         } else {
             EventFate::Pending
         }
@@ -366,19 +373,42 @@ mod tests {
         }
     }
 
+    /// A run in `status`, waiting (if it is) for `event`.
+    fn run(status: RunStatus, event: Option<&str>) -> RunView {
+        let mut info: RunInfo = serde_json::from_value(serde_json::json!({
+            "run_id": "r", "workflow": "w", "schema": "0000000000000009",
+            "status": status.as_str(), "state": "A", "seq": 0, "attempt": 1,
+            "created_ms": 0, "updated_ms": 0,
+        }))
+        .unwrap();
+        info.wait = event.map(|e| loops_core::WaitInfo {
+            event: Some(e.to_owned()),
+            until_ms: None,
+        });
+        RunView::from(&info)
+    }
+
     #[test]
-    fn a_childs_end_no_wait_took_in_an_ended_run_was_not_needed_not_missed() {
+    fn a_childs_end_no_wait_took_was_not_needed_unless_the_run_waits_for_its_children() {
         let ended = event(loops_core::CHILD_ENDED, false);
         let approval = event("approve", false);
         for status in [RunStatus::Completed, RunStatus::Cancelled] {
-            assert_eq!(ended.fate(status), EventFate::NotNeeded);
-            assert_eq!(approval.fate(status), EventFate::NotTaken);
+            assert_eq!(ended.fate(&run(status, None)), EventFate::NotNeeded);
+            assert_eq!(approval.fate(&run(status, None)), EventFate::NotTaken);
         }
-        for status in [RunStatus::Running, RunStatus::Waiting, RunStatus::Failed] {
-            assert_eq!(ended.fate(status), EventFate::Pending);
+        // A live run that went on from its join (waiting for an approval, say): a wake-up
+        // the join did not need, not an event it is yet to take.
+        for status in [RunStatus::Running, RunStatus::Failed] {
+            assert_eq!(ended.fate(&run(status, None)), EventFate::NotNeeded);
+            assert_eq!(approval.fate(&run(status, None)), EventFate::Pending);
         }
+        let waiting = run(RunStatus::Waiting, Some("approve"));
+        assert_eq!(ended.fate(&waiting), EventFate::NotNeeded);
+        assert_eq!(approval.fate(&waiting), EventFate::Pending);
+        let joining = run(RunStatus::Waiting, Some(loops_core::CHILD_ENDED));
+        assert_eq!(ended.fate(&joining), EventFate::Pending);
         assert_eq!(
-            event(loops_core::CHILD_ENDED, true).fate(RunStatus::Completed),
+            event(loops_core::CHILD_ENDED, true).fate(&run(RunStatus::Completed, None)),
             EventFate::Delivered
         );
         assert_eq!(

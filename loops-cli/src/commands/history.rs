@@ -271,7 +271,7 @@ fn events_table(view: &HistoryView) -> Table {
             Cell::plain(&ev.name),
             Cell::plain(ev.key.clone().unwrap_or_default()),
             Cell::new(&ev.at, DIM),
-            match ev.fate(view.run.status) {
+            match ev.fate(&view.run) {
                 EventFate::Pending => Cell::new(
                     EventFate::Pending.text(),
                     status_style(loops_core::RunStatus::Waiting),

@@ -61,10 +61,7 @@ pub fn run(target: &Target, args: &ShowArgs) -> Result<()> {
     // "Join reads the truth from the rows"); listed for a run that waits for something else
     // or has ended, it read as an event the run missed or is yet to take. `loops history`
     // still lists it.
-    let waits_for_children = info
-        .wait
-        .as_ref()
-        .is_some_and(|w| w.event.as_deref() == Some(loops_core::CHILD_ENDED));
+    let waits_for_children = RunView::from(&info).waits_for_children();
     let pending: Vec<EventView> = store
         .events(&run_id)?
         .into_iter()
@@ -195,7 +192,7 @@ fn fields(
             .map(|e| format!("{} (event seq {})", e.name, e.event_seq))
             .collect();
         // Both labels fit the column's width, which the longest, `pending events`, sets.
-        let (label, why) = match first.fate(info.status) {
+        let (label, why) = match first.fate(&RunView::from(info)) {
             EventFate::NotTaken | EventFate::NotNeeded => ("not taken", " (the run ended first)"),
             _ => ("pending events", ""),
         };

@@ -9,6 +9,7 @@ use crate::commands::history::{HistoryView, TransitionView};
 use crate::json::{pretty, preview};
 use crate::output::{duration, relative, rfc3339};
 use crate::ui::state::Ui;
+use crate::view::RunView;
 use crate::view::{EventFate, EventView, FailureView, StepView, waiting_text};
 
 /// Longest preview of a payload or a step's output, in characters.
@@ -60,7 +61,7 @@ pub fn live(ui: &Ui, shown: &Shown<'_>, now: u64) -> Markup {
         }
         section.events data-part="events" {
             h2 { "Events" }
-            (events(&view.events, info.status, now))
+            (events(&view.events, &view.run, now))
         }
     }
 }
@@ -250,7 +251,7 @@ fn failure(f: &FailureView) -> Markup {
     }
 }
 
-fn events(events: &[EventView], status: RunStatus, now: u64) -> Markup {
+fn events(events: &[EventView], run: &RunView, now: u64) -> Markup {
     html! {
         @if events.is_empty() {
             p.empty { "no events sent" }
@@ -264,7 +265,7 @@ fn events(events: &[EventView], status: RunStatus, now: u64) -> Markup {
                             td { code { (e.name) } }
                             td { @if let Some(key) = &e.key { code { (key) } } }
                             td title=(e.at) { (relative(e.at_ms, now)) }
-                            td { @match e.fate(status) { EventFate::Delivered => "yes", fate => (fate.text()) } }
+                            td { @match e.fate(run) { EventFate::Delivered => "yes", fate => (fate.text()) } }
                             td { (json_details(&format!("e{}", e.event_seq), &preview(e.payload.get(), PREVIEW), e.payload.get())) }
                         }
                     }
