@@ -68,6 +68,33 @@ mod wrong {
     }
 }
 
+/// Version 2 that accepts version 1 as it is (only the version changed) and whose handler
+/// waits for another event, `stop`, where version 1's waits for `go`.
+mod accepting {
+    use loops::Workflow;
+    use serde::{Deserialize, Serialize};
+
+    #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+    #[workflow(name = "pg_evo", version = 2, accepts = ["7351faedcfb607cd"])]
+    pub enum Order {
+        #[initial]
+        #[next(Done)]
+        Start { n: u32 },
+        #[terminal]
+        Done { n: u32 },
+    }
+
+    pub struct Stops;
+
+    impl OrderHandler for Stops {
+        type Error = anyhow::Error;
+        async fn start(&self, ctx: &loops::Context, n: u32) -> anyhow::Result<StartNext> {
+            let _stop: u32 = ctx.wait_for("stop").await?;
+            Ok(StartNext::Done { n: n + 100 })
+        }
+    }
+}
+
 /// `(run id, version)` of every side effect, shared by every worker of the test.
 type Effects = Arc<Mutex<Vec<(String, u32)>>>;
 
@@ -466,6 +493,65 @@ async fn a_wrong_accepts_claim_refuses_the_workers_start() {
         (RunStatus::Waiting, before.seq, before.updated_ms, None)
     );
     assert!(effects.lock().unwrap().is_empty());
+}
+
+/// A run version 1 parked (waiting for `go`) is taken by a worker of a version that accepts
+/// it when that worker starts, not when the run's event comes: its acceptance is recorded,
+/// its handler runs again under version 2 and it waits for `stop`, which then finishes it.
+#[tokio::test]
+async fn a_parked_run_of_an_accepted_version_is_taken_when_the_new_worker_starts() {
+    let schema = common::TestSchema::new("evo_parked").await;
+    let ttl = Duration::from_secs(5);
+    let creator = Runtime::builder()
+        .register::<v1::Order, _>(Worker {
+            version: 1,
+            effects: Effects::default(),
+            gate: None,
+        })
+        .build(schema.store(ttl).await);
+    creator
+        .start("p1", v1::Order::Start { n: 1 })
+        .await
+        .unwrap();
+    let waits_for = |info: &RunInfo| info.wait.as_ref().and_then(|w| w.event.clone());
+    while waits_for(&creator.run_info("p1").await.unwrap().unwrap()).as_deref() != Some("go") {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    creator.shutdown().await;
+
+    let v2 = Runtime::builder()
+        .register::<accepting::Order, _>(accepting::Stops)
+        .build(schema.store(ttl).await);
+    let serving = {
+        let v2 = v2.clone();
+        tokio::spawn(async move { v2.serve(Duration::from_millis(50)).await })
+    };
+    let mut info = v2.run_info("p1").await.unwrap().unwrap();
+    for _ in 0..400 {
+        if waits_for(&info).as_deref() == Some("stop") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        info = v2.run_info("p1").await.unwrap().unwrap();
+    }
+    assert_eq!(
+        (info.status, info.seq, waits_for(&info).as_deref()),
+        (RunStatus::Waiting, 1, Some("stop"))
+    );
+    use loops::Workflow;
+    assert_eq!(info.schema, accepting::Order::SCHEMA_HASH.pinned());
+    let history = v2.store().history("p1").await.unwrap();
+    assert_eq!(
+        history[1].migrated.map(|m| (m.schema, m.accepted)),
+        Some((v1::Order::SCHEMA_HASH.pinned(), true))
+    );
+    v2.send("p1", "stop", &7u32).await.unwrap();
+    assert_eq!(
+        v2.wait::<accepting::Order>("p1").await.unwrap(),
+        accepting::Order::Done { n: 101 }
+    );
+    v2.shutdown().await;
+    serving.await.unwrap().unwrap();
 }
 
 #[test]

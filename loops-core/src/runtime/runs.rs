@@ -2,6 +2,7 @@
 //! [`Runtime::resume_all`], [`Runtime::serve`]), and waiting for their ends.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -20,7 +21,7 @@ use crate::runtime::evolve::{OnBlock, Routing};
 use crate::runtime::handle::{Prepared, Registry, Runtime, Start, check_workflow};
 use crate::schema::{SchemaDiff, SchemaHash};
 use crate::status::RunStatus;
-use crate::store::ParkedRun;
+use crate::store::{ClaimFilter, ParkedRun};
 use crate::workflow::{StateId, Workflow};
 
 /// How [`Runtime::run_with`] and [`Runtime::start_with`] start a run they create.
@@ -463,7 +464,11 @@ impl Runtime {
         let (ready, parked) = if self.store().lease_ttl().is_none() {
             self.store().claim_ready_and_parked(&filters, limit).await?
         } else {
-            (self.store().claim_ready(&filters, limit).await?, Vec::new())
+            // A shared store hands out waiting runs only once they are ready: the waiting
+            // runs of the older versions this build takes are listed here (before any lease
+            // is taken), to be taken now as on a store only this process opens.
+            let older = self.parked_of_older_versions(&filters).await?;
+            (self.store().claim_ready(&filters, limit).await?, older)
         };
         // A waiting run recorded by a version this build does not compile is handed to a
         // driver now, rather than when its event or its time comes: one this build accepts
@@ -523,6 +528,41 @@ impl Runtime {
             "resumed unfinished runs"
         );
         Ok(resumed)
+    }
+
+    /// The waiting runs, on a shared store, of the schemas `filters` route that no version
+    /// this build compiles has (those its versions accept, and those its migrations start
+    /// from). A build that routes no such schema reads nothing; one that does lists the
+    /// waiting runs of that workflow once, at its start (each is then taken by the new
+    /// version, or by another worker's driver first: the lease decides).
+    async fn parked_of_older_versions(&self, filters: &[ClaimFilter]) -> Result<Vec<ParkedRun>> {
+        let mut out = Vec::new();
+        for filter in filters {
+            let Some(schemas) = &filter.schemas else {
+                continue;
+            };
+            let known = self.registry(|r| r.known(&filter.workflow));
+            let older: Vec<SchemaHash> = schemas
+                .iter()
+                .copied()
+                .filter(|h| !known.iter().any(|k| k.stored.hash == *h))
+                .collect();
+            if older.is_empty() {
+                continue;
+            }
+            let workflow: Arc<str> = Arc::from(filter.workflow.as_str());
+            let waiting = self
+                .store()
+                .list(RunStatus::Waiting, Some(&filter.workflow))
+                .await?;
+            out.extend(
+                waiting
+                    .iter()
+                    .filter(|info| older.contains(&info.schema))
+                    .map(|info| ParkedRun::of(Arc::clone(&workflow), info)),
+            );
+        }
+        Ok(out)
     }
 
     /// The rows of the `parked` runs recorded by a version this build does not compile (it
