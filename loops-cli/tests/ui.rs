@@ -698,9 +698,24 @@ fn writes_need_the_token_and_the_page_s_origin_and_pages_answer_only_their_host(
     let (_, page) = request(addr, "GET /runs/cancel-1", std::slice::from_ref(&host), "");
     assert!(page.contains("from \\u{202e}elsewhere"), "{page}");
     assert!(!page.contains('\u{202e}'), "{page}");
-    let graph = request(addr, "GET /runs/approve-1/graph.svg", &[host], "");
+    let graph = request(addr, "GET /runs/approve-1/graph.svg", &[host.clone()], "");
     assert_eq!(graph.0, 200);
     assert!(graph.1.contains("<svg"), "{}", graph.1);
+    // A cancel form with no reason: the UI's own default reason (not the CLI's).
+    let (status, _) = request(
+        addr,
+        "POST /runs/approve-1/cancel",
+        &[host, origin],
+        &form(&[("token", &token), ("reason", "")]),
+    );
+    assert_eq!(status, 303);
+    tokio.block_on(async {
+        let info = held.rt.run_info("approve-1").await.unwrap().unwrap();
+        assert_eq!(
+            (info.status, info.cancel.as_deref()),
+            (RunStatus::Cancelled, Some("cancelled in the loops web UI"))
+        );
+    });
     drop(tokio.block_on(held.stop()));
 }
 

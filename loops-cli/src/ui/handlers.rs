@@ -12,7 +12,6 @@ use std::sync::Arc;
 use super::pages;
 use super::query::{Listed, RunsQuery};
 use super::state::Ui;
-use crate::cli::DEFAULT_CANCEL_REASON;
 use crate::commands::graph::run_graph;
 use crate::commands::history::{HistoryView, gather};
 use crate::commands::runs::select;
@@ -219,6 +218,9 @@ fn form_key(page_key: &str, event: &str, payload: &serde_json::value::RawValue) 
     Some(format!("{page_key}-{:016x}", digest.finish()))
 }
 
+/// The reason the UI's cancel form gives when its reason is left empty.
+const UI_CANCEL_REASON: &str = "cancelled in the loops web UI";
+
 /// The cancel form.
 #[derive(Debug, Deserialize)]
 pub struct CancelForm {
@@ -239,7 +241,7 @@ pub async fn cancel(
     };
     steer(ui, run_id, &form.token.clone(), move |store, id| {
         let reason = match form.reason.trim() {
-            "" => DEFAULT_CANCEL_REASON,
+            "" => UI_CANCEL_REASON,
             reason => reason,
         };
         let before = exists(store, id)?;
