@@ -698,7 +698,12 @@ fn writes_need_the_token_and_the_page_s_origin_and_pages_answer_only_their_host(
     let (_, page) = request(addr, "GET /runs/cancel-1", std::slice::from_ref(&host), "");
     assert!(page.contains("from \\u{202e}elsewhere"), "{page}");
     assert!(!page.contains('\u{202e}'), "{page}");
-    let graph = request(addr, "GET /runs/approve-1/graph.svg", &[host.clone()], "");
+    let graph = request(
+        addr,
+        "GET /runs/approve-1/graph.svg",
+        std::slice::from_ref(&host),
+        "",
+    );
     assert_eq!(graph.0, 200);
     assert!(graph.1.contains("<svg"), "{}", graph.1);
     // A cancel form with no reason: the UI's own default reason (not the CLI's).
