@@ -60,14 +60,14 @@ pub fn run(target: &Target, args: &ShowArgs) -> Result<()> {
     // says "look again" to a join, which read the child's row instead (docs/design.md,
     // "Join reads the truth from the rows"); listed for a run that waits for something else
     // or has ended, it read as an event the run missed or is yet to take. `loops history`
-    // still lists it.
-    let waits_for_children = RunView::from(&info).waits_for_children();
+    // still lists it (as `not needed`: the same rule, `EventView::fate`).
+    let run_view = RunView::from(&info);
     let pending: Vec<EventView> = store
         .events(&run_id)?
         .into_iter()
         .filter(|(_, _, delivered)| !delivered)
-        .filter(|(_, e, _)| waits_for_children || e.name != loops_core::CHILD_ENDED)
         .map(|(seq, e, delivered)| EventView::new(seq, e, delivered))
+        .filter(|e| e.fate(&run_view) != EventFate::NotNeeded)
         .collect();
     let state_steps: Vec<StateStep> = store
         .steps(&run_id, info.seq)?
@@ -82,7 +82,7 @@ pub fn run(target: &Target, args: &ShowArgs) -> Result<()> {
 
     if args.json {
         return emit_json(&ShowView {
-            run: RunView::from(&info).with_attributes(attributes),
+            run: run_view.with_attributes(attributes),
             payload: record.payload,
             schema_description: description,
             pending_events: pending,

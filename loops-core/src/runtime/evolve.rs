@@ -85,7 +85,7 @@ impl Runtime {
         known: &[KnownVersion],
         on_block: OnBlock,
     ) -> Result<Routing> {
-        let route = self.route_of(&info, known).await?;
+        let (route, description) = self.described_route(&info, known).await?;
         // `rerouted`: whether a record of this routing moved the run to the version.
         let (version, accepted, rerouted, info, record) = match route {
             Route::Drive(version) => (version.hash, None, false, info, record),
@@ -94,8 +94,11 @@ impl Runtime {
                 (version.hash, Some(info.schema), false, info, record)
             }
             Route::Accept { version, .. } => {
+                let from_version = description
+                    .as_deref()
+                    .and_then(crate::schema::described_version);
                 let (info, record) = self
-                    .accept_run(claim, (&info, &record), version.hash, known)
+                    .accept_run(claim, (&info, &record), (from_version, version.hash), known)
                     .await?;
                 (version.hash, None, true, info, record)
             }
@@ -151,6 +154,16 @@ impl Runtime {
 
     /// [`route`] for the stored run `info`, among `known` and the registered migrations.
     pub(crate) async fn route_of(&self, info: &RunInfo, known: &[KnownVersion]) -> Result<Route> {
+        Ok(self.described_route(info, known).await?.0)
+    }
+
+    /// [`route_of`](Self::route_of), with the stored description of the run's schema it read
+    /// (`None` if a compiled version has the schema, or the store has none).
+    async fn described_route(
+        &self,
+        info: &RunInfo,
+        known: &[KnownVersion],
+    ) -> Result<(Route, Option<String>)> {
         let description = if known.iter().any(|k| k.stored.hash == info.schema) {
             None
         } else {
@@ -163,7 +176,8 @@ impl Runtime {
             state: &info.state,
             description: description.as_deref(),
         };
-        Ok(route(&run, known, &migrations))
+        let route = route(&run, known, &migrations);
+        Ok((route, description))
     }
 
     /// Migrates the run `(info, record)` through `chain` and commits the migration's record;
@@ -222,8 +236,9 @@ impl Runtime {
         Ok(Ok((info, new)))
     }
 
-    /// Commits the acceptance of the run `(info, record)` by the registered version with the
-    /// schema hash `to`, which lists the run's schema in its `accepts`: a record of its own
+    /// Commits the acceptance of the run `(info, record)` (of the version `from_version`, as
+    /// its stored description names it) by the registered version with the schema hash `to`,
+    /// which lists the run's schema in its `accepts`: a record of its own
     /// at `seq + 1`, the same state and data under `to` ([`MigratedFrom::accepted`]),
     /// written as a migration's record is ([`Write::Migrate`]). From it on the run is that
     /// version's, in the store too: its row's schema is `to`, so that a sender (`loops send`
@@ -238,16 +253,10 @@ impl Runtime {
         &self,
         claim: &Claim,
         (info, record): (&RunInfo, &TransitionRecord),
-        to: SchemaHash,
+        (from_version, to): (Option<u32>, SchemaHash),
         known: &[KnownVersion],
     ) -> Result<(RunInfo, TransitionRecord)> {
-        let from_version = self
-            .store()
-            .schema(info.schema)
-            .await?
-            .as_deref()
-            .and_then(crate::schema::described_version)
-            .unwrap_or(0);
+        let from_version = from_version.unwrap_or(0);
         let new = TransitionRecord {
             seq: next_seq(info)?,
             state: record.state.clone(),

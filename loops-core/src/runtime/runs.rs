@@ -2,7 +2,6 @@
 //! [`Runtime::resume_all`], [`Runtime::serve`]), and waiting for their ends.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -461,14 +460,19 @@ impl Runtime {
         // run): a shared store counts the call as this worker's sign of life, for the runs
         // of the schemas it routes (`Store::claim_ready`).
         let asked = std::time::Instant::now();
-        let (ready, parked) = if self.store().lease_ttl().is_none() {
-            self.store().claim_ready_and_parked(&filters, limit).await?
+        let (ready, parked, older) = if self.store().lease_ttl().is_none() {
+            let (ready, parked) = self.store().claim_ready_and_parked(&filters, limit).await?;
+            (ready, parked, HashMap::new())
         } else {
             // A shared store hands out waiting runs only once they are ready: the waiting
             // runs of the older versions this build takes are listed here (before any lease
             // is taken), to be taken now as on a store only this process opens.
-            let older = self.parked_of_older_versions(&filters).await?;
-            (self.store().claim_ready(&filters, limit).await?, older)
+            let older = self.waiting_of_older_versions(&filters).await?;
+            (
+                self.store().claim_ready(&filters, limit).await?,
+                Vec::new(),
+                older,
+            )
         };
         // A waiting run recorded by a version this build does not compile is handed to a
         // driver now, rather than when its event or its time comes: one this build accepts
@@ -478,7 +482,10 @@ impl Runtime {
         // blocked, visibly and once. Read before any driver starts: a failed read gives the
         // leases back, and leaves nothing resumed.
         let mut to_route = match self.to_route(&parked).await {
-            Ok(rows) => rows,
+            Ok(mut rows) => {
+                rows.extend(older);
+                rows
+            }
             Err(e) => {
                 for (_, lease) in &ready {
                     let _ = self.store().release(lease).await;
@@ -512,6 +519,13 @@ impl Runtime {
         }
         resumed.timers = timers.len();
         self.arm_timers(timers);
+        // The rest to route: a shared store's waiting runs of older versions.
+        for (run_id, info) in to_route {
+            if taken.insert(run_id.clone()) {
+                self.spawn_driver_with(&info.workflow, &run_id, None);
+                resumed.driven.push(info);
+            }
+        }
         // Blocked runs this build can route now (once per start and per registration: a run
         // whose migration still fails is not tried again at every poll).
         for info in self.sweep_blocked().await? {
@@ -530,13 +544,16 @@ impl Runtime {
         Ok(resumed)
     }
 
-    /// The waiting runs, on a shared store, of the schemas `filters` route that no version
+    /// The rows of the waiting runs (by run id), on a shared store, of the schemas `filters` route that no version
     /// this build compiles has (those its versions accept, and those its migrations start
     /// from). A build that routes no such schema reads nothing; one that does lists the
     /// waiting runs of that workflow once, at its start (each is then taken by the new
     /// version, or by another worker's driver first: the lease decides).
-    async fn parked_of_older_versions(&self, filters: &[ClaimFilter]) -> Result<Vec<ParkedRun>> {
-        let mut out = Vec::new();
+    async fn waiting_of_older_versions(
+        &self,
+        filters: &[ClaimFilter],
+    ) -> Result<HashMap<String, RunInfo>> {
+        let mut out = HashMap::new();
         for filter in filters {
             let Some(schemas) = &filter.schemas else {
                 continue;
@@ -550,16 +567,15 @@ impl Runtime {
             if older.is_empty() {
                 continue;
             }
-            let workflow: Arc<str> = Arc::from(filter.workflow.as_str());
             let waiting = self
                 .store()
                 .list(RunStatus::Waiting, Some(&filter.workflow))
                 .await?;
             out.extend(
                 waiting
-                    .iter()
+                    .into_iter()
                     .filter(|info| older.contains(&info.schema))
-                    .map(|info| ParkedRun::of(Arc::clone(&workflow), info)),
+                    .map(|info| (info.run_id.clone(), info)),
             );
         }
         Ok(out)
