@@ -638,6 +638,19 @@ fn writes_need_the_token_and_the_page_s_origin_and_pages_answer_only_their_host(
         ),
         "{body}"
     );
+    // A run id the CLI refuses (a control character): 400 saying why, the byte not echoed.
+    let (status, body) = request(
+        addr,
+        "GET /runs/a%1b%5b31mb",
+        std::slice::from_ref(&host),
+        "",
+    );
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body.contains("invalid run id") && body.contains("contains control characters"),
+        "{body}"
+    );
+    assert!(!body.contains('\u{1b}'), "{body}");
     // A run that does not exist: 404, nothing written.
     let unknown = form(&[("token", &token), ("reason", "gone")]);
     let (status, body) = request(

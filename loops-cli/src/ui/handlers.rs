@@ -2,7 +2,8 @@
 //! as the matching command does, and answers with a page (or the part of one that refreshes).
 
 use axum::extract::rejection::FormRejection;
-use axum::extract::{Form, Path, Query, State};
+use axum::extract::{Form, FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use loops_core::{RunInfo, RunStatus, now_ms};
@@ -79,7 +80,7 @@ async fn history(ui: &Arc<Ui>, run_id: String) -> Result<Option<Shown>> {
 /// `GET /runs/{run_id}`: one run.
 pub async fn run_page(
     State(ui): State<Arc<Ui>>,
-    Path(run_id): Path<String>,
+    RunId(run_id): RunId,
     Query(query): Query<NoteQuery>,
 ) -> Response {
     match history(&ui, run_id.clone()).await {
@@ -99,7 +100,7 @@ pub async fn run_page(
 }
 
 /// `GET /live/runs/{run_id}`: the part of the run's page that refreshes.
-pub async fn run_live(State(ui): State<Arc<Ui>>, Path(run_id): Path<String>) -> Response {
+pub async fn run_live(State(ui): State<Arc<Ui>>, RunId(run_id): RunId) -> Response {
     match history(&ui, run_id.clone()).await {
         Ok(Some((info, view, description))) => {
             let shown = pages::run::Shown {
@@ -124,7 +125,7 @@ pub async fn run_live(State(ui): State<Arc<Ui>>, Path(run_id): Path<String>) -> 
 
 /// `GET /runs/{run_id}/graph.svg`: the workflow's graph with the run's path, as
 /// `loops graph --run RUN --svg` draws it.
-pub async fn graph(State(ui): State<Arc<Ui>>, Path(run_id): Path<String>) -> Response {
+pub async fn graph(State(ui): State<Arc<Ui>>, RunId(run_id): RunId) -> Response {
     let drawn = ui
         .with(Access::Read, move |store| {
             let graph = run_graph(store, &run_id, None)?;
@@ -155,7 +156,7 @@ pub struct SendForm {
 /// `POST /runs/{run_id}/send`: sends the event, as `loops send` does.
 pub async fn send(
     State(ui): State<Arc<Ui>>,
-    Path(run_id): Path<String>,
+    RunId(run_id): RunId,
     form: std::result::Result<Form<SendForm>, FormRejection>,
 ) -> Response {
     let form = match form {
@@ -232,7 +233,7 @@ pub struct CancelForm {
 /// `POST /runs/{run_id}/cancel`: cancels the run, as `loops cancel` does.
 pub async fn cancel(
     State(ui): State<Arc<Ui>>,
-    Path(run_id): Path<String>,
+    RunId(run_id): RunId,
     form: std::result::Result<Form<CancelForm>, FormRejection>,
 ) -> Response {
     let form = match form {
@@ -270,7 +271,7 @@ pub struct RetryForm {
 /// `POST /runs/{run_id}/retry`: makes a failed run running again, as `loops retry` does.
 pub async fn retry(
     State(ui): State<Arc<Ui>>,
-    Path(run_id): Path<String>,
+    RunId(run_id): RunId,
     form: std::result::Result<Form<RetryForm>, FormRejection>,
 ) -> Response {
     let form = match form {
@@ -349,6 +350,28 @@ fn stale_token(ui: &Ui) -> Response {
 
 fn missing(ui: &Ui, run_id: &str) -> Response {
     failed(ui, StatusCode::NOT_FOUND, &not_found(&ui.label, run_id))
+}
+
+/// A run id from the URL, checked as every CLI command checks one
+/// ([`loops_core::validate_run_id_lookup`], as `run_id_arg`): one the CLI refuses (a control
+/// character, white space at an end, too long) is answered 400 on a failure page, not looked
+/// up and echoed as a run that does not exist.
+pub struct RunId(String);
+
+impl FromRequestParts<Arc<Ui>> for RunId {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        ui: &Arc<Ui>,
+    ) -> std::result::Result<Self, Response> {
+        let Path(run_id) = Path::<String>::from_request_parts(parts, ui)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        loops_core::validate_run_id_lookup(&run_id)
+            .map_err(|e| failed(ui, StatusCode::BAD_REQUEST, &Failure::usage(e.chain())))?;
+        Ok(RunId(run_id))
+    }
 }
 
 /// The page of a form that could not be read (a field missing, a body that is not a form):
