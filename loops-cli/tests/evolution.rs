@@ -643,3 +643,38 @@ fn an_accepted_run_takes_the_events_of_the_version_that_accepted_it() {
         rt.shutdown().await;
     });
 }
+
+/// A version registered on a runtime that has resumed its runs already (a process that
+/// registers its workflows as it goes) takes the parked runs of the schema it accepts at
+/// once, as a start does: the run waits for `reject`, which only version 2 declares, and is
+/// sent it by name. Before, the run stayed version 1's, parked on `approve`, and `reject` was
+/// refused until something else woke it.
+#[test]
+fn a_version_registered_on_a_running_runtime_takes_the_parked_runs_it_accepts() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("review.redb");
+    let tokio = tokio();
+    tokio.block_on(async {
+        review::opened_by_v1(&path, "late").await;
+        let rt = Runtime::open(&path).unwrap();
+        let resumed = rt.resume_all().await.unwrap();
+        assert!(resumed.is_empty(), "{resumed:?}");
+        rt.register::<review::v2::Review, _>(review::v2::Rejects);
+        review::until_waiting_for(&rt, "late", "reject").await;
+        let note = review::Note {
+            text: "later".into(),
+        };
+        rt.send("late", "reject", &note).await.unwrap();
+        assert_eq!(review::verdict(&rt, "late").await, "late rejected: later");
+        let history = rt.store().history("late").await.unwrap();
+        let shape: Vec<(&str, Option<bool>)> = history
+            .iter()
+            .map(|r| (r.state.as_str(), r.migrated.map(|m| m.accepted)))
+            .collect();
+        assert_eq!(
+            shape,
+            [("Open", None), ("Open", Some(true)), ("Done", None)]
+        );
+        rt.shutdown().await;
+    });
+}

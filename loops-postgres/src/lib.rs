@@ -574,6 +574,16 @@ impl Store for PgStore {
         Box::pin(self.read_list(status, workflow))
     }
 
+    /// One statement on the index `runs_claim` (workflow, schema, run_id).
+    fn list_of_schemas<'a>(
+        &'a self,
+        status: RunStatus,
+        workflow: &'a str,
+        schemas: &'a [SchemaHash],
+    ) -> BoxFuture<'a, loops_core::Result<Vec<RunInfo>>> {
+        Box::pin(self.read_list_of_schemas(status, workflow, schemas))
+    }
+
     fn count_runs(&self) -> BoxFuture<'_, loops_core::Result<Vec<loops_core::RunCount>>> {
         Box::pin(self.read_count_runs())
     }

@@ -251,6 +251,32 @@ impl PgStore {
             .collect()
     }
 
+    pub(crate) async fn read_list_of_schemas(
+        &self,
+        status: RunStatus,
+        workflow: &str,
+        schemas: &[SchemaHash],
+    ) -> Result<Vec<RunInfo>> {
+        if schemas.is_empty() {
+            return Ok(Vec::new());
+        }
+        let status_text = status.as_str();
+        let hashes: Vec<String> = schemas.iter().map(ToString::to_string).collect();
+        let rows = self
+            .rows(
+                || format!("listing {status} runs of {workflow} by schema"),
+                &self.inner.sql.list_of_schemas,
+                &[&status_text, &workflow, &hashes],
+            )
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let run_id = text(row, 0, "?")?;
+                RunInfo::decode(&run_id, text(row, 1, &run_id)?.as_bytes())
+            })
+            .collect()
+    }
+
     pub(crate) async fn read_count_runs(&self) -> Result<Vec<loops_core::RunCount>> {
         let rows = self
             .rows(

@@ -55,6 +55,7 @@ pub(crate) struct Sql {
     pub(crate) children: String,
     pub(crate) live_children: String,
     pub(crate) list_workflow: String,
+    pub(crate) list_of_schemas: String,
     pub(crate) count_runs: String,
     pub(crate) schema: String,
     pub(crate) schemas: String,
@@ -203,6 +204,9 @@ impl Sql {
                  AND status IN ('running', 'waiting', 'blocked') ORDER BY run_id"),
             list_workflow: f("SELECT run_id, info FROM {s}.runs \
                  WHERE status = $1 AND workflow = $2 ORDER BY run_id"),
+            // Served by the index `runs_claim` (workflow, schema, run_id).
+            list_of_schemas: f("SELECT run_id, info FROM {s}.runs \
+                 WHERE workflow = $2 AND schema = ANY($3) AND status = $1 ORDER BY run_id"),
             // Served by the index `runs_status` (status, workflow, run_id).
             count_runs: f("SELECT workflow, status, count(*) FROM {s}.runs \
                  GROUP BY workflow, status"),

@@ -269,6 +269,28 @@ pub(super) async fn migrations(f: &dyn Factory) {
     assert_eq!(migrated, expected);
     assert_eq!(migrated.state_seq(), 1);
     assert_eq!(store.run_info("r").await.unwrap(), Some(expected.clone()));
+    // Listed by schema (`Store::list_of_schemas`): the migrated run under its new schema
+    // only, a run still of the old one under that, by run id, of the status and workflow
+    // asked for.
+    create(store, "s").await;
+    let ids = |v: Vec<RunInfo>| v.into_iter().map(|i| i.run_id).collect::<Vec<_>>();
+    for (status, workflow, schemas, expected) in [
+        (RunStatus::Running, WF, &[NEW][..], &["r"][..]),
+        (RunStatus::Running, WF, &[HASH], &["s"]),
+        (RunStatus::Running, WF, &[HASH, NEW], &["r", "s"]),
+        (RunStatus::Running, WF, &[], &[]),
+        (RunStatus::Waiting, WF, &[HASH, NEW], &[]),
+        (RunStatus::Running, "other", &[HASH, NEW], &[]),
+    ] {
+        assert_eq!(
+            ids(store
+                .list_of_schemas(status, workflow, schemas)
+                .await
+                .unwrap()),
+            expected,
+            "{status} {workflow} {schemas:?}"
+        );
+    }
     let (row, latest) = store.latest("r").await.unwrap().unwrap();
     assert_eq!(row, expected);
     assert_eq!(

@@ -188,8 +188,10 @@ pub enum Case {
     /// [`MigrationRefused`](crate::Error::MigrationRefused)); it appends its record (byte for
     /// byte), moves the row to its state and schema with `entered` at the old state's seq,
     /// unblocks the run and stores the new schema's description; the state's steps stay
-    /// under its seq; the next transition leaves it. A transition that moves a run to
-    /// another schema with its description (an accepted run's first) stores it, once.
+    /// under its seq; the next transition leaves it. An acceptance, written as a migration
+    /// marked accepted, moves the row to the accepting schema and stores its description.
+    /// [`list_of_schemas`](crate::Store::list_of_schemas) lists the runs of a status and
+    /// workflow by the schema in their rows.
     Migrations,
     /// A runtime given a retention policy and an interval
     /// ([`RuntimeBuilder::retention_interval`](crate::RuntimeBuilder::retention_interval))

@@ -341,7 +341,9 @@ impl Runtime {
     /// version again (the same schema hash) replaces its handler, for runs driven afterwards.
     ///
     /// On a runtime that has resumed its runs already, blocked runs that this version lets
-    /// the runtime route are unblocked and driven at once (in a background task).
+    /// the runtime route are unblocked and driven at once, and waiting runs of a schema it
+    /// accepts that no registered version has are taken by it at once (in a background task),
+    /// as [`resume_all`](Self::resume_all) takes them at a start.
     pub fn register<W, H>(&self, handler: H)
     where
         W: Dispatch<H>,
@@ -357,7 +359,8 @@ impl Runtime {
     /// own. See [`Migrate`].
     ///
     /// On a runtime that has resumed its runs already, blocked runs that the migration lets
-    /// the runtime route are migrated and driven at once (in a background task).
+    /// the runtime route, and waiting runs of its `Old` schema that no registered version
+    /// has, are migrated and driven at once (in a background task).
     pub fn migration<Old: Versioned, New: Migrate<Old>>(&self) {
         self.with_registry(|r| r.add_migration(Migration::of::<Old, New>()));
         self.registered();
@@ -379,6 +382,11 @@ impl Runtime {
                 }
                 if let Err(e) = rt.sweep_blocked().await {
                     tracing::warn!(error = %e, "could not look at the blocked runs");
+                }
+                // Parked runs of a schema the registration lets this build route: taken now,
+                // as at a start, so that an event only the new version declares can be sent.
+                if let Err(e) = rt.route_older_waiting().await {
+                    tracing::warn!(error = %e, "could not look at the waiting runs of older versions");
                 }
             });
         }

@@ -544,11 +544,29 @@ impl Runtime {
         Ok(resumed)
     }
 
-    /// The rows of the waiting runs (by run id), on a shared store, of the schemas `filters` route that no version
+    /// After a registration on a running runtime: the waiting runs of the older schemas the
+    /// registered versions now accept or migrate, and that no version compiles, get a driver,
+    /// as [`resume_all`](Self::resume_all) gives them at a start (each is taken by the new
+    /// version at once and waits for what it waits for, or is blocked). Returns how many.
+    ///
+    /// # Errors
+    /// The store's errors, listing the runs.
+    pub(crate) async fn route_older_waiting(&self) -> Result<usize> {
+        let filters = self.registry(|r| r.claim_filters());
+        let older = self.waiting_of_older_versions(&filters).await?;
+        for (run_id, info) in &older {
+            self.spawn_driver_with(&info.workflow, run_id, None);
+        }
+        Ok(older.len())
+    }
+
+    /// The rows of the waiting runs (by run id), of the schemas `filters` route that no version
     /// this build compiles has (those its versions accept, and those its migrations start
     /// from). A build that routes no such schema reads nothing; one that does lists the
-    /// waiting runs of that workflow once, at its start (each is then taken by the new
-    /// version, or by another worker's driver first: the lease decides).
+    /// waiting runs of those schemas once, at its start ([`Store::list_of_schemas`](crate::store::Store::list_of_schemas): on
+    /// PostgreSQL one indexed statement, whose cost grows with the runs of the older schemas,
+    /// not with the workflow's), and each is then taken by the new version, or by another
+    /// worker's driver first: the lease decides.
     async fn waiting_of_older_versions(
         &self,
         filters: &[ClaimFilter],
@@ -569,14 +587,9 @@ impl Runtime {
             }
             let waiting = self
                 .store()
-                .list(RunStatus::Waiting, Some(&filter.workflow))
+                .list_of_schemas(RunStatus::Waiting, &filter.workflow, &older)
                 .await?;
-            out.extend(
-                waiting
-                    .into_iter()
-                    .filter(|info| older.contains(&info.schema))
-                    .map(|info| (info.run_id.clone(), info)),
-            );
+            out.extend(waiting.into_iter().map(|info| (info.run_id.clone(), info)));
         }
         Ok(out)
     }

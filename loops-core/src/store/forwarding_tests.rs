@@ -122,6 +122,15 @@ impl Store for Probe {
         self.answer("list", Vec::new())
     }
 
+    fn list_of_schemas<'a>(
+        &'a self,
+        _: RunStatus,
+        _: &'a str,
+        _: &'a [SchemaHash],
+    ) -> BoxFuture<'a, Result<Vec<RunInfo>>> {
+        self.answer("list_of_schemas", Vec::new())
+    }
+
     fn count_runs(&self) -> BoxFuture<'_, Result<Vec<super::RunCount>>> {
         self.answer("count_runs", Vec::new())
     }
@@ -251,6 +260,11 @@ pub(crate) async fn assert_forwards(wrapper: &str, wrap: impl FnOnce(Probe) -> A
     store.has_pending("r", "e").await.unwrap();
     call("list");
     store.list(RunStatus::Waiting, None).await.unwrap();
+    call("list_of_schemas");
+    store
+        .list_of_schemas(RunStatus::Waiting, "w", &[SchemaHash::from_u64(1)])
+        .await
+        .unwrap();
     call("count_runs");
     store.count_runs().await.unwrap();
     call("attributes");
@@ -318,7 +332,7 @@ pub(crate) async fn assert_forwards(wrapper: &str, wrap: impl FnOnce(Probe) -> A
 fn the_method_list_is_read_from_the_trait() {
     let methods = store_methods();
     assert!(methods.contains("write") && methods.contains("shared_limits"));
-    assert_eq!(methods.len(), 29, "{methods:?}");
+    assert_eq!(methods.len(), 30, "{methods:?}");
 }
 
 #[tokio::test]

@@ -165,6 +165,31 @@ pub trait Store: Send + Sync + 'static {
         workflow: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Vec<RunInfo>>>;
 
+    /// The runs with `status` of `workflow` whose row's schema is one of `schemas`, by run id:
+    /// what [`list`](Self::list) returns for the workflow, narrowed to those schemas (a
+    /// runtime lists the waiting runs of the older versions it accepts or migrates, at its
+    /// start and when one is registered, without reading the runs of its own version). The
+    /// default does just that; a store with an index by schema (PostgreSQL's) overrides it so
+    /// that the cost grows with the runs returned, not with the workflow's runs.
+    ///
+    /// # Errors
+    /// As [`list`](Self::list).
+    fn list_of_schemas<'a>(
+        &'a self,
+        status: RunStatus,
+        workflow: &'a str,
+        schemas: &'a [SchemaHash],
+    ) -> BoxFuture<'a, Result<Vec<RunInfo>>> {
+        Box::pin(async move {
+            if schemas.is_empty() {
+                return Ok(Vec::new());
+            }
+            let mut runs = self.list(status, Some(workflow)).await?;
+            runs.retain(|info| schemas.contains(&info.schema));
+            Ok(runs)
+        })
+    }
+
     /// How many runs the store holds, by workflow and status (only the pairs with runs), by
     /// workflow then status: from the status index, without reading any run's row (what the
     /// gauge [`loops_runs`](crate::metrics::RUNS) is refreshed from).

@@ -133,6 +133,16 @@ pub enum Call<'a> {
         /// The workflow the list is limited to.
         workflow: Option<&'a str>,
     },
+    /// [`Store::list_of_schemas`]: the runs with `status` of `workflow` whose schema is one
+    /// of `schemas`.
+    ListOfSchemas {
+        /// The status listed.
+        status: RunStatus,
+        /// The workflow listed.
+        workflow: &'a str,
+        /// The schemas the list is limited to.
+        schemas: &'a [SchemaHash],
+    },
     /// [`Store::count_runs`]: how many runs by workflow and status.
     CountRuns,
     /// [`Store::search`]: the runs `filter` selects, with their attributes.
@@ -451,6 +461,22 @@ impl<S: Store> Store for HookedStore<S> {
         self.gate(
             Call::List { status, workflow },
             self.inner.list(status, workflow),
+        )
+    }
+
+    fn list_of_schemas<'a>(
+        &'a self,
+        status: RunStatus,
+        workflow: &'a str,
+        schemas: &'a [SchemaHash],
+    ) -> BoxFuture<'a, Result<Vec<RunInfo>>> {
+        self.gate(
+            Call::ListOfSchemas {
+                status,
+                workflow,
+                schemas,
+            },
+            self.inner.list_of_schemas(status, workflow, schemas),
         )
     }
 

@@ -497,6 +497,18 @@ impl Store for SealedStore {
         })
     }
 
+    fn list_of_schemas<'a>(
+        &'a self,
+        status: RunStatus,
+        workflow: &'a str,
+        schemas: &'a [SchemaHash],
+    ) -> BoxFuture<'a, Result<Vec<RunInfo>>> {
+        Box::pin(async move {
+            self.check(false).await?;
+            self.opened_rows(self.inner.list_of_schemas(status, workflow, schemas).await)
+        })
+    }
+
     /// Counts carry no payload: as they are.
     fn count_runs(&self) -> BoxFuture<'_, Result<Vec<crate::store::RunCount>>> {
         self.inner.count_runs()
