@@ -500,7 +500,20 @@ async fn a_wrong_accepts_claim_refuses_the_workers_start() {
 /// its handler runs again under version 2 and it waits for `stop`, which then finishes it.
 #[tokio::test]
 async fn a_parked_run_of_an_accepted_version_is_taken_when_the_new_worker_starts() {
-    let schema = common::TestSchema::new("evo_parked").await;
+    parked_run_taken_by_version_2("evo_parked", false).await;
+}
+
+/// The same, with version 2 registered on a worker that has resumed its runs already (and
+/// had no version of the workflow): the registration takes the parked run at once.
+#[tokio::test]
+async fn a_parked_run_of_an_accepted_version_is_taken_when_a_running_worker_registers_it() {
+    parked_run_taken_by_version_2("evo_parked_late", true).await;
+}
+
+/// Parks a version 1 run on `go` in a schema of its own (`name`), then lets a version 2
+/// worker take it: registered before the worker starts, or (`late`) after its first resume.
+async fn parked_run_taken_by_version_2(name: &str, late: bool) {
+    let schema = common::TestSchema::new(name).await;
     let ttl = Duration::from_secs(5);
     let creator = Runtime::builder()
         .register::<v1::Order, _>(Worker {
@@ -519,13 +532,22 @@ async fn a_parked_run_of_an_accepted_version_is_taken_when_the_new_worker_starts
     }
     creator.shutdown().await;
 
-    let v2 = Runtime::builder()
-        .register::<accepting::Order, _>(accepting::Stops)
-        .build(schema.store(ttl).await);
-    let serving = {
+    let v2 = if late {
+        let v2 = Runtime::builder().build(schema.store(ttl).await);
+        assert!(v2.resume_all().await.unwrap().is_empty());
+        v2.register::<accepting::Order, _>(accepting::Stops);
+        v2
+    } else {
+        Runtime::builder()
+            .register::<accepting::Order, _>(accepting::Stops)
+            .build(schema.store(ttl).await)
+    };
+    // Late, the worker does not serve: only the registration can take the run (`serve`
+    // would take it at its own first resume).
+    let serving = (!late).then(|| {
         let v2 = v2.clone();
         tokio::spawn(async move { v2.serve(Duration::from_millis(50)).await })
-    };
+    });
     let mut info = v2.run_info("p1").await.unwrap().unwrap();
     for _ in 0..400 {
         if waits_for(&info).as_deref() == Some("stop") {
@@ -551,7 +573,9 @@ async fn a_parked_run_of_an_accepted_version_is_taken_when_the_new_worker_starts
         accepting::Order::Done { n: 101 }
     );
     v2.shutdown().await;
-    serving.await.unwrap().unwrap();
+    if let Some(serving) = serving {
+        serving.await.unwrap().unwrap();
+    }
 }
 
 #[test]
