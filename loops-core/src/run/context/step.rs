@@ -460,7 +460,9 @@ impl Context {
             occurrence,
             source,
         };
-        let json = serde_json::to_string(value).map_err(step_encode)?;
+        // Serialized straight into the raw value, not parsed again (see `TransitionRecord::encode`).
+        let output = serde_json::value::to_raw_value(value).map_err(step_encode)?;
+        let json = output.get();
         if json.len() > self.run.max_payload_bytes {
             return Err(Error::PayloadTooLarge {
                 run_id: run_id.clone(),
@@ -470,7 +472,6 @@ impl Context {
                 limit: self.run.max_payload_bytes,
             });
         }
-        let output = RawValue::from_string(json).map_err(step_encode)?;
         let record = StepRecord {
             attempt: self.attempt,
             at_ms: self.run.time.now_ms(),
