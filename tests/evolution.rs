@@ -459,6 +459,11 @@ fn the_claims_name_version_1() {
         ticket::V1_HASH,
         ticket::v1::Ticket::SCHEMA_HASH.pinned().to_string()
     );
+    // The mistaken claim names version 1's hash before the format is folded in.
+    assert_eq!(
+        ticket::unpinned::Ticket::ACCEPTS,
+        [ticket::v1::Ticket::SCHEMA_HASH]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -564,6 +569,30 @@ async fn a_compatible_change_is_accepted_at_open_and_a_wrong_claim_refused() {
             && warned[0].contains("version=2")
             && warned[0].contains(&format!("accepts={}", hash::<ticket::v1::Ticket>()))
             && warned[0].contains("state `Closed`: now stored as"),
+        "{}",
+        warned[0]
+    );
+    // A claim that names version 1's hash before loops' format is folded in (the derive's
+    // `SCHEMA_HASH`, printed and pasted) matches no run: the open says so once at WARN,
+    // naming the hash the store holds.
+    let unpinned = Runtime::builder()
+        .register::<ticket::unpinned::Ticket, _>(ticket::Closer::default())
+        .open(&path)
+        .unwrap();
+    unpinned.shutdown().await;
+    drop(unpinned);
+    let warned: Vec<String> = lines
+        .text()
+        .lines()
+        .filter(|l| l.contains("a claim to accept an older schema names a hash no run can have"))
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    assert!(
+        warned[0].contains(" WARN ")
+            && warned[0].contains(&format!("accepts={}", ticket::v1::Ticket::SCHEMA_HASH))
+            && warned[0].contains(&format!("stored={}", hash::<ticket::v1::Ticket>()))
+            && warned[0].contains("`SCHEMA_HASH.pinned()` in code"),
         "{}",
         warned[0]
     );

@@ -60,7 +60,9 @@ pub trait Workflow: Serialize + DeserializeOwned + Send + 'static {
     /// The version the user declared (`#[workflow(version = N)]`); folded into the hash.
     const VERSION: u32;
 
-    /// The compile-time fingerprint of the enum's stored shape; see [`SchemaHash`].
+    /// The compile-time fingerprint of the enum's stored shape; see [`SchemaHash`]. Not the
+    /// hash stored with a run, listed by `loops schema` and named in `accepts`: that is
+    /// `SCHEMA_HASH.pinned()` ([`SchemaHash::pinned`], loops' format folded in).
     const SCHEMA_HASH: SchemaHash;
 
     /// A human-readable description of the shape the hash was computed from (states,

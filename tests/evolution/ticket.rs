@@ -74,6 +74,28 @@ pub mod partly {
     }
 }
 
+/// The claim of [`v2`] with the hash a user gets by printing `v1::Ticket::SCHEMA_HASH`
+/// (before loops' format is folded in: no run has it); the test `the_claims_name_version_1`
+/// checks it.
+pub mod unpinned {
+    use loops::Workflow;
+    use serde::{Deserialize, Serialize};
+
+    #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+    #[workflow(name = "ticket", version = 2, accepts = ["7d9429e48700892d"])]
+    pub enum Ticket {
+        #[initial]
+        #[next(Closed)]
+        Open {
+            title: String,
+            #[serde(default)]
+            labels: Vec<String>,
+        },
+        #[terminal]
+        Closed { title: String },
+    }
+}
+
 /// Closes tickets; stops for good in `Open` if `stop`, telling `reached`.
 #[derive(Clone, Default)]
 pub struct Closer {
@@ -129,5 +151,18 @@ impl partly::TicketHandler for Closer {
 
     async fn open(&self, _: &Context, title: String) -> anyhow::Result<partly::OpenNext> {
         Ok(partly::OpenNext::Closed { title })
+    }
+}
+
+impl unpinned::TicketHandler for Closer {
+    type Error = anyhow::Error;
+
+    async fn open(
+        &self,
+        _: &Context,
+        title: String,
+        _: Vec<String>,
+    ) -> anyhow::Result<unpinned::OpenNext> {
+        Ok(unpinned::OpenNext::Closed { title })
     }
 }

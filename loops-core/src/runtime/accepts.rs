@@ -48,8 +48,12 @@ impl Runtime {
         let mut stored = BTreeMap::new();
         for (_, known) in &claims {
             for &hash in known.accepts {
-                if let Entry::Vacant(entry) = stored.entry(hash) {
-                    entry.insert(self.store().schema(hash).await?);
+                // With the stored hash of a schema named before loops' format is folded in
+                // (see `judge_accepts`).
+                for hash in [hash, hash.pinned()] {
+                    if let Entry::Vacant(entry) = stored.entry(hash) {
+                        entry.insert(self.store().schema(hash).await?);
+                    }
                 }
             }
         }
@@ -58,7 +62,9 @@ impl Runtime {
 
     /// Checks `claims` (versions with their workflows' names), with `stored` giving the
     /// store's description of a schema (`None`: the store has never seen it, so has no run
-    /// to accept, and the claim is not checked). A claim whose changes break a run only in
+    /// to accept, and the claim is not checked; logged at WARN if the store holds the schema
+    /// under the claim's hash pinned, [`SchemaHash::pinned`]: a claim that names the
+    /// derive's `SCHEMA_HASH` instead of the stored hash). A claim whose changes break a run only in
     /// some states stands, and is logged at WARN with those changes (a run in such a state
     /// is blocked when it is routed; said here so that a deploy hears of it before the first
     /// block). A version whose claims held is not checked again.
@@ -74,6 +80,20 @@ impl Runtime {
         for (workflow, known) in claims {
             for &accepts in known.accepts {
                 let Some(description) = stored(accepts)? else {
+                    // A hash before loops' format is folded in (the derive's `SCHEMA_HASH`
+                    // printed and pasted into `accepts`) names a schema no run can have; if
+                    // the store holds it under its stored hash, say so now, at the open,
+                    // before its runs are blocked when routed.
+                    let pinned = accepts.pinned();
+                    if pinned != accepts && stored(pinned)?.is_some() {
+                        tracing::warn!(
+                            workflow,
+                            version = known.stored.version,
+                            accepts = %accepts,
+                            stored = %pinned,
+                            "a claim to accept an older schema names a hash no run can have: the store holds that schema as {pinned}; `accepts` takes the hash `loops schema` lists (`SCHEMA_HASH.pinned()` in code, not `SCHEMA_HASH`)"
+                        );
+                    }
                     continue;
                 };
                 match known.check_accepts(Some(&description)) {
