@@ -264,6 +264,69 @@ async fn a_malformed_request_answers_with_the_error_body() {
     server.stop().await;
 }
 
+/// A run id that breaks loops' rules (a control character) is refused as `invalid_argument`
+/// on every route that names a run, reads as writes, as the CLI and the UI refuse it; before,
+/// the read routes looked it up and answered 200 with nothing (`null`, `[]`). A valid id of
+/// no run still reads as nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_id_that_breaks_the_rules_is_refused_on_every_route() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_rt, server, addr) = on_loopback(dir.path()).await;
+    let json = "\r\ncontent-type: application/json";
+    let answers = tokio::task::spawn_blocking(move || {
+        let mut answers = Vec::new();
+        for id in ["%00", "a%1b%5b31mb"] {
+            for tail in [
+                "",
+                "/latest",
+                "/history",
+                "/steps/0",
+                "/steps",
+                "/failures",
+                "/events",
+                "/attributes",
+                "/children",
+            ] {
+                answers.push(raw_body(
+                    addr,
+                    &format!("GET /v1/runs/{id}{tail} HTTP/1.1"),
+                    "",
+                ));
+            }
+            for (tail, body) in [
+                ("/cancel", r#"{"reason":"x"}"#),
+                ("/retry", "{}"),
+                ("/events", r#"{"name":"e","payload":null}"#),
+            ] {
+                let head = format!("POST /v1/runs/{id}{tail} HTTP/1.1{json}");
+                answers.push(raw_body(addr, &head, body));
+            }
+        }
+        let unknown = raw_body(addr, "GET /v1/runs/no-such-run HTTP/1.1", "");
+        (answers, unknown)
+    })
+    .await
+    .unwrap();
+    let (answers, unknown) = answers;
+    assert_eq!(answers.len(), 24);
+    for (status, body) in &answers {
+        let body: serde_json::Value = serde_json::from_str(body)
+            .unwrap_or_else(|e| panic!("{status}: not JSON ({e}): {body}"));
+        assert!(status.contains(" 400 "), "{status}: {body}");
+        assert_eq!(body["kind"], "invalid_argument", "{status}: {body}");
+        assert!(
+            body["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("control characters"),
+            "{status}: {body}"
+        );
+    }
+    assert!(unknown.0.contains(" 200 "), "{unknown:?}");
+    assert_eq!(unknown.1, "null");
+    server.stop().await;
+}
+
 /// A process that closes the connection before it answers (it stopped while it took the
 /// request) is said to have dropped it, not to speak something other than HTTP: a read may be
 /// made again; whether a write was carried out is unknown.

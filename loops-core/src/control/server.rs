@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{DefaultBodyLimit, Json, Request, State};
+use axum::extract::{DefaultBodyLimit, Json, RawPathParams, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -264,10 +264,24 @@ fn router(served: Shared) -> Router {
     #[cfg(feature = "prometheus")]
     let routes = routes.route("/metrics", get(scrape));
     routes
+        .route_layer(middleware::from_fn(checked_run_id))
         .fallback(no_route)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::from_fn_with_state(Arc::clone(&served), gate))
         .with_state(served)
+}
+
+/// A route with a run id in its path (`/runs/{run}/..`): the id is checked as every
+/// reader and writer checks one ([`validate_run_id_lookup`](crate::validate_run_id_lookup)),
+/// so that one that breaks loops' rules is answered `invalid_argument` (400) on every route,
+/// a read as a write, not looked up and answered as a run that does not exist.
+async fn checked_run_id(params: RawPathParams, request: Request, next: Next) -> Response {
+    if let Some((_, run_id)) = params.iter().find(|(key, _)| *key == "run")
+        && let Err(e) = crate::validate_run_id_lookup(run_id)
+    {
+        return ApiError::from(e).into_response();
+    }
+    next.run(request).await
 }
 
 /// Every request: the bearer token first (an unauthenticated caller learns nothing, not
