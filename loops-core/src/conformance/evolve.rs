@@ -167,7 +167,13 @@ pub(super) async fn block_and_unblock(f: &dyn Factory) {
         .unwrap()
         .into_run("r")
         .unwrap();
-    assert_eq!(cancelled.status, RunStatus::Cancelled);
+    // Ended: not blocked, waiting for nothing (it was blocked while waiting for `go`), in
+    // the answer and in the stored row.
+    assert_eq!(
+        (cancelled.status, &cancelled.block, &cancelled.wait),
+        (RunStatus::Cancelled, &None, &None)
+    );
+    assert_eq!(store.run_info("r").await.unwrap(), Some(cancelled));
     let ended = store
         .write(Some(&l), writes::block("r", HASH, "no version", &[], 9_700))
         .await;

@@ -180,7 +180,8 @@ pub enum Case {
     /// same schema and reason changes nothing, for another reason takes the new one; a
     /// driver's writes in the state are fenced; a block for a schema the run no longer has
     /// changes nothing; unblocking restores the status it had (waiting with its wait) and
-    /// is a no-op on a run that is not blocked; a blocked run is cancelled at once; an ended
+    /// is a no-op on a run that is not blocked; a blocked run is cancelled at once (its row
+    /// then neither blocked nor waiting); an ended
     /// run cannot be blocked ([`RunEnded`](crate::Error::RunEnded)).
     BlockAndUnblock,
     /// `migrations`: a migration needs the row at its seq (else `Fenced`), a record for the

@@ -357,10 +357,19 @@ fn cancel<'w>(
     }
     // Nobody drives a blocked run: it ends at once.
     if ends_now {
-        new.status = RunStatus::Cancelled;
+        end_as_cancelled(&mut new);
     }
     new.updated_ms = at_ms;
     Ok(Effects::row(run_id, Some(info.status), new))
+}
+
+/// Ends the row `new` as cancelled: an ended run waits for nothing, and is not blocked (a
+/// blocked run's block, which says what to resume, and its wait go with it; before, a
+/// cancelled blocked run kept both in its row).
+fn end_as_cancelled(new: &mut RunInfo) {
+    new.status = RunStatus::Cancelled;
+    new.wait = None;
+    new.block = None;
 }
 
 fn end_cancelled<'w>(run_id: &'w str, at_ms: u64, g: &Given<'_, '_>) -> Result<Effects<'w>> {
@@ -369,7 +378,7 @@ fn end_cancelled<'w>(run_id: &'w str, at_ms: u64, g: &Given<'_, '_>) -> Result<E
         return Ok(Effects::unchanged(run_id, Reply::Run(info.clone())));
     }
     let mut new = info.clone();
-    new.status = RunStatus::Cancelled;
+    end_as_cancelled(&mut new);
     new.updated_ms = at_ms;
     Ok(Effects::row(run_id, Some(info.status), new))
 }
