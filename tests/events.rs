@@ -342,10 +342,42 @@ async fn send_by_name_is_checked_against_the_declared_events() {
     let events = runtime.store().events("g-2").await.unwrap();
     assert!(events.is_empty(), "{events:?}");
     // The declared name with a payload of its shape is taken.
-    let sent = runtime.send("g-2", "approve", &approval).await.unwrap();
-    assert_eq!(sent.event_seq, 0);
+    let sent = runtime
+        .send_with_key("g-2", "approve", "k-2", &approval)
+        .await
+        .unwrap();
+    assert_eq!((sent.event_seq, sent.duplicate), (0, false));
     let done: Gate = runtime.wait("g-2").await.unwrap();
     assert_eq!(done, Gate::Done { by: "bob".into() });
+    // Ended, it takes no event: an undeclared name, a payload of the wrong shape and a
+    // declared event are each refused as such (before, the first two were refused for their
+    // name or shape, as if a fixed one could be sent); the keyed send it took is answered
+    // again as the duplicate it is.
+    let sends = [
+        ("aprove", None, serde_json::json!({"by": "x"})),
+        ("approve", None, serde_json::json!({"wrong": 1})),
+        ("approve", None, serde_json::json!({"by": "x"})),
+        ("approve", Some("k-3"), serde_json::json!({"by": "x"})),
+    ];
+    for (event, key, payload) in sends {
+        let sent = match key {
+            Some(key) => runtime.send_with_key("g-2", event, key, &payload).await,
+            None => runtime.send("g-2", event, &payload).await,
+        };
+        assert!(
+            matches!(
+                &sent,
+                Err(Error::RunEnded { run_id, status: RunStatus::Completed, action })
+                    if run_id == "g-2" && *action == "sending an event"
+            ),
+            "{event} {key:?}: {sent:?}"
+        );
+    }
+    let again = runtime
+        .send_with_key("g-2", "approve", "k-2", &approval)
+        .await
+        .unwrap();
+    assert_eq!((again.event_seq, again.duplicate), (0, true));
     runtime.shutdown().await;
 }
 

@@ -35,8 +35,24 @@ pub struct Sent {
 /// lone surrogate escape, a number out of range; whether or not the workflow declares
 /// events), one whose objects name a key twice ([`EventRefusal::DuplicateKey`]: a struct
 /// would refuse it when the run takes it, a map keep one of them; likewise), or one that
-/// cannot be the declared type.
+/// cannot be the declared type; [`Error::RunEnded`] instead when the run has ended (it takes
+/// no event).
 pub fn check_event(info: &RunInfo, description: &str, event: &str, payload: &str) -> Result<()> {
+    match check_declared(info, description, event, payload) {
+        // An ended run takes no event at all: that, not the name or shape, is what the sender
+        // must hear (a valid event goes on to the store, which answers a keyed send made
+        // before the run ended as the duplicate it is, and refuses another as ended).
+        Err(Error::EventRefused { .. }) if info.status.is_ended() => Err(Error::RunEnded {
+            run_id: info.run_id.clone(),
+            status: info.status,
+            action: crate::store::SENDING_AN_EVENT,
+        }),
+        checked => checked,
+    }
+}
+
+/// [`check_event`] but for a run that has ended.
+fn check_declared(info: &RunInfo, description: &str, event: &str, payload: &str) -> Result<()> {
     let declared = DeclaredEvents::from_description(description);
     let refused = |refusal| Error::EventRefused {
         run_id: info.run_id.clone(),

@@ -114,6 +114,10 @@ pub(super) fn check_lease(g: &Given<'_, '_>, run_id: &str, seq: u64) -> Result<(
     })
 }
 
+/// The action of a send refused for a run that has ended ([`Error::RunEnded`]): one text for
+/// the store's refusal and for [`check_event`](crate::check_event)'s.
+pub(crate) const SENDING_AN_EVENT: &str = "sending an event";
+
 pub(super) fn run_ended(info: &RunInfo, action: &'static str) -> Error {
     Error::RunEnded {
         run_id: info.run_id.clone(),

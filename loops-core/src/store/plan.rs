@@ -523,7 +523,7 @@ fn send<'w>(
         return Ok(Effects::unchanged(run_id, reply));
     }
     if info.status.is_ended() {
-        return Err(run_ended(info, "sending an event"));
+        return Err(run_ended(info, super::SENDING_AN_EVENT));
     }
     let event_seq = g.facts.next_event_seq;
     let reply = Reply::Sent {

@@ -227,7 +227,7 @@ fn gather<'w>(
                     (RecordKind::Event { name: None }, u64::MAX),
                     "event seq",
                     u64::MAX,
-                    "sending an event",
+                    crate::store::SENDING_AN_EVENT,
                 ))
             })?,
         };
