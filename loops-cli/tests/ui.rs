@@ -530,6 +530,33 @@ fn request(addr: SocketAddr, head: &str, headers: &[(&str, String)], body: &str)
     (status, body)
 }
 
+/// A form POST to `addr` that announces `bytes` of body and sends none: the answer of a
+/// server that refuses it by its length alone (status and body).
+fn announced_only(
+    addr: SocketAddr,
+    head: &str,
+    headers: &[&(&str, String)],
+    bytes: usize,
+) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    let mut text = format!("{head} HTTP/1.1\r\nConnection: close\r\n");
+    for (name, value) in headers {
+        text.push_str(&format!("{name}: {value}\r\n"));
+    }
+    text.push_str(&format!(
+        "Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {bytes}\r\n\r\n"
+    ));
+    stream.write_all(text.as_bytes()).unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let status = answer[9..12].parse().unwrap();
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
 fn form(pairs: &[(&str, &str)]) -> String {
     pairs
         .iter()
@@ -664,6 +691,54 @@ fn writes_need_the_token_and_the_page_s_origin_and_pages_answer_only_their_host(
         body.contains("run `nope-1` does not exist in store"),
         "{body}"
     );
+    // Forms as large as an event's payload may be: 800 KB of text that is not ASCII arrives
+    // percent-encoded as 2.4 MB, over axum's default limit (it was refused as "not a form
+    // this loops ui sends"), and is sent; a payload over loops' limit is refused as `loops
+    // send` refuses it; a form over the page's own limit gets 413, saying what to use.
+    let wide = json!({ "text": "é".repeat(400_000) }).to_string();
+    let send = form(&[("token", &token), ("event", "draft"), ("payload", &wide)]);
+    assert!(send.len() > 2_400_000, "{}", send.len());
+    let (status, body) = request(
+        addr,
+        "POST /runs/cancel-1/send",
+        &[host.clone(), origin.clone()],
+        &send,
+    );
+    assert_eq!(status, 303, "{body}");
+    let over = json!({ "text": "a".repeat(loops_core::DEFAULT_MAX_PAYLOAD_BYTES) }).to_string();
+    let send = form(&[("token", &token), ("event", "draft"), ("payload", &over)]);
+    let (status, body) = request(
+        addr,
+        "POST /runs/cancel-1/send",
+        &[host.clone(), origin.clone()],
+        &send,
+    );
+    assert_eq!(status, 400, "{}", &body[..body.len().min(2000)]);
+    assert!(
+        body.contains(&format!(
+            "is {} bytes, over the {}-byte limit",
+            over.len(),
+            loops_core::DEFAULT_MAX_PAYLOAD_BYTES
+        )),
+        "{}",
+        &body[..body.len().min(2000)]
+    );
+    let (status, body) =
+        announced_only(addr, "POST /runs/cancel-1/send", &[&host, &origin], 7 << 20);
+    assert_eq!(status, 413, "{body}");
+    assert!(
+        body.contains("loops send RUN EVENT --json-file FILE"),
+        "{body}"
+    );
+    tokio.block_on(async {
+        let events = held.rt.store().events("cancel-1").await.unwrap();
+        let sizes: Vec<usize> = events
+            .iter()
+            .map(|(_, e, _)| e.payload.get().len())
+            .collect();
+        assert_eq!(sizes, [wide.len()]);
+    });
+
     // The page's key names the form drawn: the same form sent again is one event, another
     // event typed on the same page (a second tab) is sent, not dropped as "sent already".
     for (event, payload) in [

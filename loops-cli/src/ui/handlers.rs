@@ -375,13 +375,50 @@ impl FromRequestParts<Arc<Ui>> for RunId {
 }
 
 /// The page of a form that could not be read (a field missing, a body that is not a form):
-/// 400, saying so on the page of a failure, not in axum's plain text.
+/// 400, saying so on the page of a failure, not in axum's plain text; a form over
+/// [`FORM_LIMIT_BYTES`](super::FORM_LIMIT_BYTES): 413, saying how to send that much.
 fn unreadable(ui: &Ui, rejection: &FormRejection) -> Response {
+    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        return too_large(ui);
+    }
     let failure = Failure::usage(format!(
         "this request is not a form this loops ui sends ({}): reload the run's page and use its forms",
         rejection.body_text()
     ));
     failed(ui, StatusCode::BAD_REQUEST, &failure)
+}
+
+/// A request that announces a body over [`FORM_LIMIT_BYTES`](super::FORM_LIMIT_BYTES):
+/// refused at once (413, [`too_large`]), before a byte of it is read. (A body that does not
+/// announce its length is cut at the limit as it is read, with the same answer.)
+pub(super) async fn refuse_oversized(
+    State(ui): State<Arc<Ui>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let announced = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if announced.is_some_and(|bytes| bytes > super::FORM_LIMIT_BYTES as u64) {
+        return too_large(&ui);
+    }
+    next.run(request).await
+}
+
+/// The page of a form over [`FORM_LIMIT_BYTES`](super::FORM_LIMIT_BYTES): 413, saying what
+/// sends that much.
+fn too_large(ui: &Ui) -> Response {
+    let failure = Failure::usage(format!(
+        "the form is over the {} MiB this page takes (an event's payload, percent-encoded, up to three bytes for each of its bytes): send a payload this large with `loops send RUN EVENT --json-file FILE`",
+        super::FORM_LIMIT_BYTES / (1024 * 1024)
+    ));
+    (
+        StatusCode::PAYLOAD_TOO_LARGE,
+        page(pages::failure(ui, &failure.message)),
+    )
+        .into_response()
 }
 
 /// The page of a failure; a bad argument is the request's fault (400), and a run that does

@@ -108,9 +108,21 @@ fn router(ui: Arc<Ui>) -> Router {
         .route("/runs/{run_id}/retry", post(handlers::retry))
         .route("/assets/ui.js", get(handlers::script))
         .route("/assets/ui.css", get(handlers::style))
+        .layer(axum::extract::DefaultBodyLimit::max(FORM_LIMIT_BYTES))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&ui),
+            handlers::refuse_oversized,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&ui.guard),
             guard::check,
         ))
         .with_state(ui)
 }
+
+/// The most bytes a form posted to the UI may hold: an event's payload up to loops' limit
+/// ([`DEFAULT_MAX_PAYLOAD_BYTES`](loops_core::DEFAULT_MAX_PAYLOAD_BYTES)) arrives
+/// percent-encoded, up to three bytes for each of its bytes, beside the form's other fields.
+/// (axum's default, 2 MB, refused payloads well under loops' limit.) A payload over loops'
+/// limit that fits is refused by the send, as `loops send` refuses it.
+pub(crate) const FORM_LIMIT_BYTES: usize = 3 * loops_core::DEFAULT_MAX_PAYLOAD_BYTES + 64 * 1024;
