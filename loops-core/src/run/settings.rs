@@ -145,7 +145,9 @@ impl Signals {
     /// # Errors
     /// [`Error::LeaseExpired`].
     pub(crate) fn check_lease(&self, run_id: &str, seq: u64) -> Result<()> {
-        self.clock(run_id).check(seq)
+        // Not through a `LeaseClock`, which would copy the run id for each check (one per
+        // transition).
+        check_deadline(run_id, &self.deadline, &self.lost, seq)
     }
 
     /// The lease's deadline and the `lost` signal of the driver of `run_id`, for the run's
@@ -185,20 +187,35 @@ impl LeaseClock {
     /// # Errors
     /// [`Error::LeaseExpired`].
     pub(crate) fn check(&self, seq: u64) -> Result<()> {
-        let Some(at) = *self.deadline.lock().unwrap_or_else(PoisonError::into_inner) else {
-            return Ok(());
-        };
-        let now = Instant::now();
-        if now < at {
-            return Ok(());
-        }
-        self.lost.cancel();
-        Err(Error::LeaseExpired {
-            run_id: self.run_id.clone(),
-            seq,
-            late_ms: u64::try_from(now.duration_since(at).as_millis()).unwrap_or(u64::MAX),
-        })
+        check_deadline(&self.run_id, &self.deadline, &self.lost, seq)
     }
+}
+
+/// The one rule of [`LeaseClock::check`] and [`Signals::check_lease`]: refuses what the
+/// driver of `run_id` is about to do at `seq` once `deadline` has passed by the monotonic
+/// clock, and cancels `lost`.
+///
+/// # Errors
+/// [`Error::LeaseExpired`].
+fn check_deadline(
+    run_id: &str,
+    deadline: &Mutex<Option<Instant>>,
+    lost: &CancellationToken,
+    seq: u64,
+) -> Result<()> {
+    let Some(at) = *deadline.lock().unwrap_or_else(PoisonError::into_inner) else {
+        return Ok(());
+    };
+    let now = Instant::now();
+    if now < at {
+        return Ok(());
+    }
+    lost.cancel();
+    Err(Error::LeaseExpired {
+        run_id: run_id.to_owned(),
+        seq,
+        late_ms: u64::try_from(now.duration_since(at).as_millis()).unwrap_or(u64::MAX),
+    })
 }
 
 /// A run held by one driver: its id, its signals, and the lease every write of it carries.
