@@ -520,6 +520,11 @@ fn request(addr: SocketAddr, head: &str, headers: &[(&str, String)], body: &str)
     text.push_str("\r\n");
     text.push_str(body);
     stream.write_all(text.as_bytes()).unwrap();
+    answer(stream)
+}
+
+/// The status and the body of the answer read from `stream` to its end.
+fn answer(mut stream: TcpStream) -> (u16, String) {
     let mut answer = String::new();
     stream.read_to_string(&mut answer).unwrap();
     let status = answer[9..12].parse().unwrap();
@@ -547,14 +552,7 @@ fn announced_only(
         "Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {bytes}\r\n\r\n"
     ));
     stream.write_all(text.as_bytes()).unwrap();
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).unwrap();
-    let status = answer[9..12].parse().unwrap();
-    let body = answer
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
+    answer(stream)
 }
 
 fn form(pairs: &[(&str, &str)]) -> String {
