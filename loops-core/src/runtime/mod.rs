@@ -26,7 +26,7 @@ pub use builder::RuntimeBuilder;
 pub use evolve::Routed;
 pub use gauges::DEFAULT_METRICS_INTERVAL;
 pub use handle::Runtime;
-pub use requests::{Sent, check_cancel_reason, check_event};
+pub use requests::{MAX_CANCEL_REASON_BYTES, Sent, check_cancel_reason, check_event};
 pub use retention::DEFAULT_RETENTION_INTERVAL;
 pub use runs::{Resumed, StartOptions};
 pub use schedules::ScheduleStatus;

@@ -82,6 +82,9 @@ fn check_declared(info: &RunInfo, description: &str, event: &str, payload: &str)
     declared.check(description, event, &value).map_err(refused)
 }
 
+/// The most bytes a cancellation reason may hold ([`check_cancel_reason`]).
+pub const MAX_CANCEL_REASON_BYTES: usize = 4096;
+
 /// Checks `reason`, a cancellation reason for the run `run_id`: the one rule of
 /// [`Runtime::cancel`], for a caller that must check before it seals the reason (the `loops`
 /// CLI with a key file). A reason is kept with the run and shown on one line (`loops show`,
@@ -89,9 +92,23 @@ fn check_declared(info: &RunInfo, description: &str, event: &str, payload: &str)
 /// no control character (a line break, a tab, a terminal escape). A bidirectional control is
 /// kept: the CLI and the web UI show it escaped (`\u{202e}`).
 ///
+/// A reason of more than [`MAX_CANCEL_REASON_BYTES`] is refused too: it lives in the run's
+/// row, which every listing reads.
+///
 /// # Errors
 /// [`Error::InvalidName`] (`what`: `"cancellation reason"`) naming the run and the rule.
 pub fn check_cancel_reason(run_id: &str, reason: &str) -> Result<()> {
+    if reason.len() > MAX_CANCEL_REASON_BYTES {
+        // Kept in the run's row, which every listing reads: a reason is a line, not a
+        // payload. The error names its start, not all of it.
+        let start: String = reason.chars().take(40).collect();
+        return Err(Error::InvalidName {
+            run_id: run_id.to_owned(),
+            what: "cancellation reason",
+            name: format!("{start}… ({} bytes)", reason.len()),
+            reason: "over 4096 bytes: a reason is one line of text, kept in the run's row (give details in an event or an attribute)",
+        });
+    }
     let broken = if reason.trim().is_empty() {
         // Kept with the run to tell people why it ended: an empty one tells nothing.
         Some("empty: say why the run is cancelled")

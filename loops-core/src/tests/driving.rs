@@ -52,6 +52,25 @@ async fn cancel_ends_idle_runs_at_once_and_running_runs_at_a_boundary() {
             other => panic!("expected InvalidName, got {other:?}"),
         }
     }
+    // A reason over the limit (it is kept in the run's row, read by every listing): refused,
+    // the error naming its start, not all of it; one at the limit is taken.
+    let long = "é".repeat(crate::MAX_CANCEL_REASON_BYTES / 2 + 1);
+    match rt.cancel("idle", &long).await {
+        Err(Error::InvalidName {
+            what: "cancellation reason",
+            name,
+            reason: why,
+            ..
+        }) => {
+            assert_eq!(name, format!("{}… (4098 bytes)", "é".repeat(40)));
+            assert!(
+                why.starts_with("over 4096 bytes: a reason is one line"),
+                "{why}"
+            );
+        }
+        other => panic!("expected InvalidName, got {other:?}"),
+    }
+    assert!(crate::check_cancel_reason("idle", &"a".repeat(4096)).is_ok());
 
     let slow = Worker {
         work_delay: Duration::from_millis(300),
