@@ -983,3 +983,52 @@ async fn a_refusal_returned_to_the_caller_is_logged_once_without_the_changes() {
         "{ours:?}"
     );
 }
+
+/// The first version of a workflow registered on a runtime that has resumed its runs already
+/// (a process that registers its workflows as it goes) resumes that workflow's running runs,
+/// as a start with it would: before, a run left running by a process that died had no driver
+/// until the next `resume_all`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_version_registered_on_a_running_runtime_resumes_its_running_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tickets.loops");
+    {
+        let rt = Runtime::open(&path).unwrap();
+        let closer = ticket::Closer {
+            stop: true,
+            ..ticket::Closer::default()
+        };
+        let reached = Arc::clone(&closer.reached);
+        let driving = {
+            let rt = rt.clone();
+            tokio::spawn(async move {
+                rt.run(
+                    "late-1",
+                    ticket::v1::Ticket::Open {
+                        title: "late-1".into(),
+                    },
+                    &closer,
+                )
+                .await
+            })
+        };
+        reached.notified().await;
+        driving.abort();
+        let _ = driving.await;
+        rt.shutdown().await;
+    }
+    let rt = Runtime::open(&path).unwrap();
+    assert!(rt.resume_all().await.unwrap().is_empty());
+    assert_eq!(
+        rt.run_info("late-1").await.unwrap().unwrap().status,
+        RunStatus::Running
+    );
+    rt.register::<ticket::v1::Ticket, _>(ticket::Closer::default());
+    assert_eq!(
+        rt.wait::<ticket::v1::Ticket>("late-1").await.unwrap(),
+        ticket::v1::Ticket::Closed {
+            title: "late-1".into()
+        }
+    );
+    rt.shutdown().await;
+}

@@ -445,6 +445,41 @@ mod review {
         }
     }
 
+    pub mod v3 {
+        use super::*;
+
+        /// Version 3: a field added that must be present, no `accepts` and no migration: it
+        /// cannot take version 1's runs.
+        #[derive(loops_derive::Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+        #[workflow(name = "review", version = 3, crate = loops_core)]
+        #[event(approve: Note)]
+        pub enum Review {
+            #[initial]
+            #[next(Done)]
+            Open { title: String, due_ms: u64 },
+            #[terminal]
+            Done { verdict: String },
+        }
+
+        pub struct Approves;
+
+        impl ReviewHandler for Approves {
+            type Error = BoxError;
+
+            async fn open(
+                &self,
+                ctx: &Context,
+                title: String,
+                _: u64,
+            ) -> Result<OpenNext, BoxError> {
+                let note = ctx.wait_for(Review::APPROVE).await?;
+                Ok(OpenNext::Done {
+                    verdict: format!("{title} approved: {}", note.text),
+                })
+            }
+        }
+    }
+
     /// Version 1's run `run_id`, left in `Open` with its driver dropped: waiting for
     /// `approve`, or (`by-runtime`) running.
     pub async fn opened_by_v1(path: &Path, run_id: &str) {
@@ -674,6 +709,39 @@ fn a_version_registered_on_a_running_runtime_takes_the_parked_runs_it_accepts() 
         assert_eq!(
             shape,
             [("Open", None), ("Open", Some(true)), ("Done", None)]
+        );
+        rt.shutdown().await;
+    });
+}
+
+/// A version registered on a running runtime that cannot take version 1's parked run (it
+/// neither accepts nor migrates its schema) blocks it at once, with the reason, as a start
+/// with that version would: before, the run stayed `waiting`, looking healthy, until an
+/// event came (helper-70).
+#[test]
+fn a_version_registered_on_a_running_runtime_blocks_the_parked_runs_it_cannot_take() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("review.redb");
+    let tokio = tokio();
+    tokio.block_on(async {
+        review::opened_by_v1(&path, "stuck").await;
+        let rt = Runtime::open(&path).unwrap();
+        assert!(rt.resume_all().await.unwrap().is_empty());
+        rt.register::<review::v3::Review, _>(review::v3::Approves);
+        let mut info = rt.run_info("stuck").await.unwrap().unwrap();
+        for _ in 0..2000 {
+            if info.status == RunStatus::Blocked {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            info = rt.run_info("stuck").await.unwrap().unwrap();
+        }
+        assert_eq!((info.status, info.seq), (RunStatus::Blocked, 0));
+        let block = info.block.unwrap();
+        assert_eq!(block.schema, review::v1::Review::SCHEMA_HASH.pinned());
+        assert!(
+            block.changes.iter().any(|c| c.contains("due_ms")),
+            "{block:?}"
         );
         rt.shutdown().await;
     });

@@ -340,17 +340,20 @@ impl Runtime {
     /// workflow live side by side, each driving the runs of its own schema; registering a
     /// version again (the same schema hash) replaces its handler, for runs driven afterwards.
     ///
-    /// On a runtime that has resumed its runs already, blocked runs that this version lets
-    /// the runtime route are unblocked and driven at once, and waiting runs of a schema it
-    /// accepts that no registered version has are taken by it at once (in a background task),
-    /// as [`resume_all`](Self::resume_all) takes them at a start.
+    /// On a runtime that has resumed its runs already, the workflow's runs are resumed as
+    /// [`resume_all`](Self::resume_all) resumes them at a start, in a background task: blocked
+    /// runs this version lets the runtime route are unblocked and driven, waiting runs of a
+    /// schema no registered version has are taken by the version that accepts or migrates
+    /// them, or blocked; and, for the workflow's first version, on a store only this process
+    /// opens, its running and ready runs get a driver and its sleeping runs a timer.
     pub fn register<W, H>(&self, handler: H)
     where
         W: Dispatch<H>,
         H: Send + Sync + 'static,
     {
+        let first = !self.registry(|r| r.names().iter().any(|n| n == W::NAME));
         self.with_registry(|r| r.add_version(W::NAME, Registered::<W, H>::version(handler)));
-        self.registered();
+        self.registered(W::NAME, first);
     }
 
     /// Registers the migration `impl Migrate<Old> for New`: a run stored by version `Old` is
@@ -363,12 +366,12 @@ impl Runtime {
     /// has, are migrated and driven at once (in a background task).
     pub fn migration<Old: Versioned, New: Migrate<Old>>(&self) {
         self.with_registry(|r| r.add_migration(Migration::of::<Old, New>()));
-        self.registered();
+        self.registered(New::NAME, false);
     }
 
     /// After a registration: look at the blocked runs again, at once if the runtime is
     /// running.
-    fn registered(&self) {
+    fn registered(&self, workflow: &'static str, first: bool) {
         self.inner.sweep.store(true, Ordering::Release);
         if self.inner.started.load(Ordering::Acquire)
             && tokio::runtime::Handle::try_current().is_ok()
@@ -383,10 +386,12 @@ impl Runtime {
                 if let Err(e) = rt.sweep_blocked().await {
                     tracing::warn!(error = %e, "could not look at the blocked runs");
                 }
-                // Parked runs of a schema the registration lets this build route: taken now,
-                // as at a start, so that an event only the new version declares can be sent.
-                if let Err(e) = rt.route_older_waiting().await {
-                    tracing::warn!(error = %e, "could not look at the waiting runs of older versions");
+                // The workflow's runs, resumed as at a start: parked runs of a schema no
+                // registered version has are taken now (or blocked), so that an event only
+                // the new version declares can be sent, and a run this build cannot route
+                // does not look healthy while it waits.
+                if let Err(e) = rt.resume_registered(workflow, first).await {
+                    tracing::warn!(error = %e, workflow, "could not resume the runs of a workflow registered on a running runtime");
                 }
             });
         }

@@ -544,20 +544,59 @@ impl Runtime {
         Ok(resumed)
     }
 
-    /// After a registration on a running runtime: the waiting runs of the older schemas the
-    /// registered versions now accept or migrate, and that no version compiles, get a driver,
-    /// as [`resume_all`](Self::resume_all) gives them at a start (each is taken by the new
-    /// version at once and waits for what it waits for, or is blocked). Returns how many.
+    /// After a registration (of a version or migration of `workflow`; `first`: the first
+    /// version of it this runtime registers) on a running runtime: its runs are resumed as
+    /// [`resume_all`](Self::resume_all) resumes them at a start. On a store only this
+    /// process opens: a first version's running and ready runs get a driver and its sleeping
+    /// runs a timer; and the waiting runs whose schema no registered version has get a driver,
+    /// which moves each to the version that accepts or migrates it (it then waits for what
+    /// that version waits for) or blocks it, visibly and once (not left looking healthy while
+    /// it waits). On a shared store, `serve`'s polls claim the ready runs; the waiting runs of
+    /// the older schemas this build routes are taken here (a run of a schema another live
+    /// worker routes is that worker's). Returns how many runs got a driver.
     ///
     /// # Errors
     /// The store's errors, listing the runs.
-    pub(crate) async fn route_older_waiting(&self) -> Result<usize> {
-        let filters = self.registry(|r| r.claim_filters());
-        let older = self.waiting_of_older_versions(&filters).await?;
-        for (run_id, info) in &older {
-            self.spawn_driver_with(&info.workflow, run_id, None);
+    pub(crate) async fn resume_registered(&self, workflow: &str, first: bool) -> Result<usize> {
+        if self.store().lease_ttl().is_some() {
+            let filters: Vec<ClaimFilter> = self
+                .registry(|r| r.claim_filters())
+                .into_iter()
+                .filter(|f| f.workflow == workflow)
+                .collect();
+            let older = self.waiting_of_older_versions(&filters).await?;
+            for (run_id, info) in &older {
+                self.spawn_driver_with(&info.workflow, run_id, None);
+            }
+            return Ok(older.len());
         }
-        Ok(older.len())
+        let limit = match (first, self.inner.config.max_active_runs) {
+            (false, _) => 0,
+            (true, Some(max)) => max.saturating_sub(self.inner.claims.count()),
+            (true, None) => usize::MAX,
+        };
+        let any = [ClaimFilter::any(workflow)];
+        let (ready, parked) = self.store().claim_ready_and_parked(&any, limit).await?;
+        let mut to_route = self.to_route(&parked).await?;
+        let mut taken: HashSet<String> = HashSet::with_capacity(ready.len());
+        for (info, lease) in ready {
+            self.spawn_driver_with(&info.workflow, &info.run_id, Some(lease));
+            taken.insert(info.run_id);
+        }
+        let mut timers = Vec::new();
+        for run in parked {
+            if taken.contains(&run.run_id) {
+                continue;
+            }
+            if to_route.remove(&run.run_id).is_some() {
+                self.spawn_driver_with(&run.workflow, &run.run_id, None);
+                taken.insert(run.run_id);
+            } else if first && let Some(from) = run.from_ms {
+                timers.push((from, run.workflow, run.run_id));
+            }
+        }
+        self.arm_timers(timers);
+        Ok(taken.len())
     }
 
     /// The rows of the waiting runs (by run id), of the schemas `filters` route that no version
