@@ -376,3 +376,35 @@ mod next_prefix {
         let _: plain::OpenNext = plain::OpenNext::Done;
     }
 }
+
+/// `accepts` and `version` given through `macro_rules!` fragments (`$h:literal`,
+/// `$v:literal`, which the macro wraps in invisible groups) read as the literals written in
+/// place; before, `accepts = [$h]` was refused as "not 16 hex digits" (helper-70).
+mod through_a_macro {
+    use super::*;
+
+    macro_rules! accepting {
+        ($v:literal, $h:literal) => {
+            #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+            #[workflow(name = "gate", version = $v, accepts = [$h])]
+            pub enum Gate {
+                #[initial]
+                #[next(Done)]
+                Ask { topic: String },
+                #[terminal]
+                Done { by: String },
+            }
+        };
+    }
+
+    accepting!(2, "96974c84a095a465");
+
+    #[test]
+    fn the_fragments_read_as_literals() {
+        assert_eq!(Gate::VERSION, 2);
+        assert_eq!(
+            Gate::ACCEPTS,
+            [loops::SchemaHash::from_u64(0x9697_4c84_a095_a465)]
+        );
+    }
+}

@@ -357,7 +357,7 @@ const ACCEPTS_FORM: &str = "expected `accepts = [\"HASH\", ...]`, each HASH a st
 /// The hashes of `accepts = ["...", ...]`: each a string of 16 hex digits, listed once.
 /// Mistakes are reported, at the string; the valid hashes are returned.
 fn accepts_of(cx: &Errors, value: &Expr) -> Vec<u64> {
-    let Expr::Array(array) = value else {
+    let Expr::Array(array) = ungrouped(value) else {
         cx.spanned(value, ACCEPTS_FORM);
         return Vec::new();
     };
@@ -365,7 +365,7 @@ fn accepts_of(cx: &Errors, value: &Expr) -> Vec<u64> {
     for element in &array.elems {
         let Expr::Lit(ExprLit {
             lit: Lit::Str(lit), ..
-        }) = element
+        }) = ungrouped(element)
         else {
             cx.spanned(element, ACCEPTS_FORM);
             continue;
@@ -391,7 +391,17 @@ fn accepts_of(cx: &Errors, value: &Expr) -> Vec<u64> {
     out
 }
 
+/// `expr` without the invisible groups a `macro_rules!` fragment (`$h:literal`, `$e:expr`)
+/// is wrapped in: `accepts = [$h]` reads as the literal written in place.
+fn ungrouped(mut expr: &Expr) -> &Expr {
+    while let Expr::Group(group) = expr {
+        expr = &group.expr;
+    }
+    expr
+}
+
 fn version_of(cx: &Errors, value: &Expr) -> Option<u32> {
+    let value = ungrouped(value);
     match value {
         Expr::Lit(ExprLit {
             lit: Lit::Int(int), ..
