@@ -303,11 +303,17 @@ async fn a_run_id_that_breaks_the_rules_is_refused_on_every_route() {
             }
         }
         let unknown = raw_body(addr, "GET /v1/runs/no-such-run HTTP/1.1", "");
-        (answers, unknown)
+        let not_utf8 = raw_body(addr, "GET /v1/runs/%FF%FE/history HTTP/1.1", "");
+        (answers, (unknown, not_utf8))
     })
     .await
     .unwrap();
-    let (answers, unknown) = answers;
+    let (answers, (unknown, not_utf8)) = answers;
+    // Bytes that are not UTF-8: refused the same way, in JSON (not axum's plain text).
+    let body: serde_json::Value = serde_json::from_str(&not_utf8.1)
+        .unwrap_or_else(|e| panic!("{}: not JSON ({e}): {}", not_utf8.0, not_utf8.1));
+    assert!(not_utf8.0.contains(" 400 "), "{not_utf8:?}");
+    assert_eq!(body["kind"], "invalid_argument", "{body}");
     assert_eq!(answers.len(), 24);
     for (status, body) in &answers {
         let body: serde_json::Value = serde_json::from_str(body)

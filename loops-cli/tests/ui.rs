@@ -676,6 +676,13 @@ fn writes_need_the_token_and_the_page_s_origin_and_pages_answer_only_their_host(
         "{body}"
     );
     assert!(!body.contains('\u{1b}'), "{body}");
+    // Bytes that are not UTF-8: 400 on the failure page too (not axum's plain text).
+    let (status, body) = request(addr, "GET /runs/%FF", std::slice::from_ref(&host), "");
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body.contains("the run id in the URL cannot be read") && body.contains("<html"),
+        "{body}"
+    );
     // A run that does not exist: 404, nothing written.
     let unknown = form(&[("token", &token), ("reason", "gone")]);
     let (status, body) = request(

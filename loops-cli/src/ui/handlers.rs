@@ -365,9 +365,16 @@ impl FromRequestParts<Arc<Ui>> for RunId {
         parts: &mut Parts,
         ui: &Arc<Ui>,
     ) -> std::result::Result<Self, Response> {
+        // A path axum cannot read as text (bytes that are not UTF-8): the same failure page.
         let Path(run_id) = Path::<String>::from_request_parts(parts, ui)
             .await
-            .map_err(IntoResponse::into_response)?;
+            .map_err(|rejection| {
+                let why = format!(
+                    "the run id in the URL cannot be read: {}",
+                    rejection.body_text()
+                );
+                failed(ui, StatusCode::BAD_REQUEST, &Failure::usage(why))
+            })?;
         loops_core::validate_run_id_lookup(&run_id)
             .map_err(|e| failed(ui, StatusCode::BAD_REQUEST, &Failure::usage(e.chain())))?;
         Ok(RunId(run_id))

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use axum::extract::rejection::RawPathParamsRejection;
 use axum::extract::{DefaultBodyLimit, Json, RawPathParams, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
@@ -275,7 +276,23 @@ fn router(served: Shared) -> Router {
 /// reader and writer checks one ([`validate_run_id_lookup`](crate::validate_run_id_lookup)),
 /// so that one that breaks loops' rules is answered `invalid_argument` (400) on every route,
 /// a read as a write, not looked up and answered as a run that does not exist.
-async fn checked_run_id(params: RawPathParams, request: Request, next: Next) -> Response {
+async fn checked_run_id(
+    params: Result<RawPathParams, RawPathParamsRejection>,
+    request: Request,
+    next: Next,
+) -> Response {
+    // A path that is not UTF-8 once decoded: the same kind of answer, not axum's plain text.
+    let params = match params {
+        Ok(params) => params,
+        Err(rejection) => {
+            return ApiError::new(
+                StatusCode::BAD_REQUEST,
+                ErrorKind::InvalidArgument,
+                format!("the path cannot be read: {}", rejection.body_text()),
+            )
+            .into_response();
+        }
+    };
     if let Some((_, run_id)) = params.iter().find(|(key, _)| *key == "run")
         && let Err(e) = crate::validate_run_id_lookup(run_id)
     {
