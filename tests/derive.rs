@@ -406,5 +406,8 @@ mod through_a_macro {
             Gate::ACCEPTS,
             [loops::SchemaHash::from_u64(0x9697_4c84_a095_a465)]
         );
+        let done: Gate = AskNext::Done { by: "me".into() }.into();
+        assert!(done.state().is_terminal());
+        assert_ne!(Gate::Ask { topic: "t".into() }, done);
     }
 }
