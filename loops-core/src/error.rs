@@ -13,15 +13,13 @@ mod codec;
 mod methods;
 mod text;
 
+pub use codec::{CodecError, NO_KEY_HINT};
 pub use methods::retry_hint;
-
 pub use text::{RecordKind, error_chain};
 use text::{
     at_seq, attempts_text, cause_text, decoded, describe_changes, format_text, mismatch_remedy,
-    not_failed_text, sealed_field, shown_id,
+    not_failed_text, sealed_field, shown, shown_id,
 };
-
-pub use codec::{CodecError, NO_KEY_HINT};
 
 /// Everything loops-core can fail with. Each variant names the run, the state and the sequence
 /// number involved, where there is one, so that a log line is enough to find the record.
@@ -364,8 +362,7 @@ pub enum Error {
 
     /// An event sent from outside the program ([`Runtime::send_json`](crate::Runtime::send_json):
     /// the CLI, the control endpoint) was refused: its run's workflow declares events and
-    /// this is not one of them, or its payload cannot be the declared type. Nothing was
-    /// written.
+    /// this is not one of them, or its payload cannot be the declared type. Nothing was written.
     #[error("run `{run_id}` (state `{state}`, seq {seq}): event `{event}` refused: {refusal}")]
     EventRefused {
         /// The run.
@@ -557,7 +554,10 @@ pub enum Error {
     },
 
     /// The run was cancelled.
-    #[error("run `{run_id}` was cancelled in state `{state}` (seq {seq}): {reason}")]
+    #[error(
+        "run `{run_id}` was cancelled in state `{state}` (seq {seq}): {}",
+        shown(reason)
+    )]
     RunCancelled {
         /// The run.
         run_id: String,

@@ -680,3 +680,20 @@ impl KeyedProbe {
         Err("stop".into())
     }
 }
+
+/// A cancellation reason may hold a bidirectional control (kept, as the CLI and the UI show
+/// it escaped): the error a caller of the run gets shows it escaped too, so that a message
+/// printed as it is (the example prints it) reads in its own order (helper-70).
+#[test]
+fn a_cancellation_message_shows_a_bidirectional_control_escaped() {
+    let e = Error::RunCancelled {
+        run_id: "r".into(),
+        state: "S".into(),
+        seq: 2,
+        reason: "from \u{202e}elsewhere".into(),
+    };
+    assert_eq!(
+        e.to_string(),
+        "run `r` was cancelled in state `S` (seq 2): from \\u{202e}elsewhere"
+    );
+}
