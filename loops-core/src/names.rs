@@ -44,9 +44,10 @@ pub fn is_bidi_control(c: char) -> bool {
 /// bidirectional control character (Unicode's Bidi_Control: U+061C, U+200E, U+200F, U+202A to
 /// U+202E, U+2066 to U+2069; with them, an id and the text after it show in an order other
 /// than their own, in a terminal, a log or a branch name), and not only invisible characters
-/// (white space and Unicode format characters, general category Cf). Any other Unicode is
+/// (white space and Unicode format characters, general category Cf), and not `.` or `..`
+/// (a URL's dot segments: the web UI could not link to the run). Any other Unicode is
 /// accepted, U+200D ZERO WIDTH JOINER inside an emoji sequence included. The runtime checks
-/// it where it creates a run; runs stored before the last two rules are still found, driven
+/// it where it creates a run; runs stored before the last three rules are still found, driven
 /// and steered by their ids.
 ///
 /// # Errors
@@ -60,6 +61,8 @@ pub fn validate_run_id(run_id: &str) -> Result<()> {
         .all(|c| c.is_whitespace() || c.general_category() == GeneralCategory::Format)
     {
         "holds only invisible characters (white space or Unicode format characters, Cf)"
+    } else if run_id == "." || run_id == ".." {
+        "is `.` or `..`, which a URL (the web UI's, the control endpoint's) reads as a step in its path, not as a run"
     } else {
         return Ok(());
     };
@@ -130,6 +133,7 @@ mod tests {
         let bidi = "contains bidirectional control characters (Unicode Bidi_Control), which make text show in an order other than its own";
         let invisible =
             "holds only invisible characters (white space or Unicode format characters, Cf)";
+        let dots = "is `.` or `..`, which a URL (the web UI's, the control endpoint's) reads as a step in its path, not as a run";
         for (id, reason) in [
             ("\u{202E}", bidi),
             ("deliver-\u{202E}1-tset", bidi),
@@ -143,6 +147,8 @@ mod tests {
             ("\u{00AD}", invisible),
             ("\u{FEFF}\u{2060}", invisible),
             ("\u{200B} \u{200D}", invisible),
+            (".", dots),
+            ("..", dots),
             // The rules before them come first.
             ("", "empty"),
             (" \u{202E}", "starts or ends with white space"),
@@ -157,6 +163,8 @@ mod tests {
             "soft\u{00AD}hyphen",
             "\u{05E9}\u{05DC}\u{05D5}\u{05DD}-1",
             "r\u{00E9}sum\u{00E9}",
+            "...",
+            ".a",
         ] {
             assert_eq!(refusal(validate_run_id, id), None, "{id:?}");
         }
@@ -169,7 +177,7 @@ mod tests {
 
     #[test]
     fn a_lookup_takes_the_ids_of_runs_stored_before_the_new_rules() {
-        for id in ["\u{202E}", "a\u{2066}b", "\u{200B}"] {
+        for id in ["\u{202E}", "a\u{2066}b", "\u{200B}", ".", ".."] {
             assert_eq!(refusal(validate_run_id_lookup, id), None, "{id:?}");
         }
         for (id, reason) in [
