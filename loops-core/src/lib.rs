@@ -7,6 +7,7 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 mod attribute;
+mod bidi;
 mod clock;
 mod codec;
 #[cfg(feature = "conformance")]

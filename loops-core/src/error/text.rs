@@ -84,7 +84,7 @@ pub(super) fn attempts_text(
 pub(super) fn shown(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
-        if crate::names::is_bidi_control(c) {
+        if crate::bidi::is_bidi_control(c) {
             out.push_str(&c.escape_unicode().to_string());
         } else {
             out.push(c);

@@ -1,0 +1,23 @@
+//! Unicode's bidirectional controls: one set, for the rule of a new run's id
+//! ([`validate_run_id`](crate::validate_run_id)) and for the text loops shows escaped (an
+//! error's message). A leaf module: it imports nothing of loops.
+
+/// The characters of Unicode's property Bidi_Control (PropList.txt): U+061C ARABIC LETTER
+/// MARK, U+200E LEFT-TO-RIGHT MARK, U+200F RIGHT-TO-LEFT MARK, U+202A to U+202E (the
+/// embeddings, U+202C POP DIRECTIONAL FORMATTING and the overrides) and U+2066 to U+2069 (the
+/// isolates). They change the order in which a terminal or a page shows the text around them
+/// (the "Trojan Source" attack, CVE-2021-42574). The set has not changed since Unicode 6.3,
+/// which added U+061C and the isolates.
+const BIDI_CONTROLS: [char; 12] = [
+    '\u{061C}', '\u{200E}', '\u{200F}', '\u{202A}', '\u{202B}', '\u{202C}', '\u{202D}', '\u{202E}',
+    '\u{2066}', '\u{2067}', '\u{2068}', '\u{2069}',
+];
+
+/// Whether `c` is a bidirectional control character (Unicode's Bidi_Control: U+061C, U+200E,
+/// U+200F, U+202A to U+202E, U+2066 to U+2069), which makes a terminal or a page show the
+/// text around it in an order other than its own. New run ids may not hold one
+/// ([`validate_run_id`](crate::validate_run_id)); text that may (an event's payload, a cancellation's reason, an
+/// old run id) is shown with them escaped by the `loops` CLI.
+pub fn is_bidi_control(c: char) -> bool {
+    BIDI_CONTROLS.contains(&c)
+}
