@@ -48,12 +48,15 @@ impl Runtime {
         let mut stored = BTreeMap::new();
         for (_, known) in &claims {
             for &hash in known.accepts {
-                // With the stored hash of a schema named before loops' format is folded in
-                // (see `judge_accepts`).
-                for hash in [hash, hash.pinned()] {
-                    if let Entry::Vacant(entry) = stored.entry(hash) {
-                        entry.insert(self.store().schema(hash).await?);
-                    }
+                if let Entry::Vacant(entry) = stored.entry(hash) {
+                    entry.insert(self.store().schema(hash).await?);
+                }
+                // A schema the store does not hold: also under its hash pinned, in case the
+                // claim names it before loops' format is folded in (see `judge_accepts`).
+                if stored.get(&hash).is_some_and(Option::is_none)
+                    && let Entry::Vacant(entry) = stored.entry(hash.pinned())
+                {
+                    entry.insert(self.store().schema(hash.pinned()).await?);
                 }
             }
         }

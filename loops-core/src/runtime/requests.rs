@@ -42,16 +42,15 @@ pub fn check_event(info: &RunInfo, description: &str, event: &str, payload: &str
         // An ended run takes no event at all: that, not the name or shape, is what the sender
         // must hear (a valid event goes on to the store, which answers a keyed send made
         // before the run ended as the duplicate it is, and refuses another as ended).
-        Err(Error::EventRefused { .. }) if info.status.is_ended() => Err(Error::RunEnded {
-            run_id: info.run_id.clone(),
-            status: info.status,
-            action: crate::store::SENDING_AN_EVENT,
-        }),
+        Err(Error::EventRefused { .. }) if info.status.is_ended() => Err(crate::store::run_ended(
+            info,
+            crate::store::SENDING_AN_EVENT,
+        )),
         checked => checked,
     }
 }
 
-/// [`check_event`] but for a run that has ended.
+/// The checks of [`check_event`] on the event itself (its name and payload).
 fn check_declared(info: &RunInfo, description: &str, event: &str, payload: &str) -> Result<()> {
     let declared = DeclaredEvents::from_description(description);
     let refused = |refusal| Error::EventRefused {
@@ -84,6 +83,8 @@ fn check_declared(info: &RunInfo, description: &str, event: &str, payload: &str)
 
 /// The most bytes a cancellation reason may hold ([`check_cancel_reason`]).
 pub const MAX_CANCEL_REASON_BYTES: usize = 4096;
+// The refusal's text names the limit.
+const _: () = assert!(MAX_CANCEL_REASON_BYTES == 4096);
 
 /// Checks `reason`, a cancellation reason for the run `run_id`: the one rule of
 /// [`Runtime::cancel`], for a caller that must check before it seals the reason (the `loops`

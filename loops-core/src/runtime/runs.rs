@@ -454,6 +454,44 @@ impl Runtime {
             Some(max) => max.saturating_sub(self.inner.claims.count()),
             None => usize::MAX,
         };
+        let (mut resumed, mut taken) = self.resume_from(&filters, limit, true).await?;
+        // Blocked runs this build can route now (once per start and per registration: a run
+        // whose migration still fails is not tried again at every poll).
+        for info in self.sweep_blocked().await? {
+            if taken.insert(info.run_id.clone()) {
+                resumed.driven.push(info);
+            }
+        }
+        resumed
+            .driven
+            .sort_by(|a, b| (&a.workflow, &a.run_id).cmp(&(&b.workflow, &b.run_id)));
+        tracing::info!(
+            driven = resumed.driven.len(),
+            parked = resumed.parked,
+            "resumed unfinished runs"
+        );
+        Ok(resumed)
+    }
+
+    /// What [`resume_all`](Self::resume_all) does for the workflows of `filters`, after its
+    /// checks: reads the ready runs (at most `limit`, each claimed with its lease) and, on a
+    /// store only this process opens, the parked ones, in one pass; on a shared store, the
+    /// waiting runs of the older versions this build takes; then gives a driver to the ready
+    /// runs and to the waiting runs recorded by a version this build does not compile, and a
+    /// timer to each parked run waiting for a time (if `arm`). Returns what it did, and the
+    /// run ids it gave a driver.
+    ///
+    /// All or nothing: every read comes first; a failed read gives the leases back and
+    /// starts nothing.
+    ///
+    /// # Errors
+    /// The store's errors, reading the runs.
+    async fn resume_from(
+        &self,
+        filters: &[ClaimFilter],
+        limit: usize,
+        arm: bool,
+    ) -> Result<(Resumed, HashSet<String>)> {
         // A store only this process opens: the parked runs, whose timers are armed here,
         // read in the same pass as the ready runs. (With a shared store, `claim_ready`
         // returns waiting runs once their time has come.) Asked even at the limit (for no
@@ -461,15 +499,15 @@ impl Runtime {
         // of the schemas it routes (`Store::claim_ready`).
         let asked = std::time::Instant::now();
         let (ready, parked, older) = if self.store().lease_ttl().is_none() {
-            let (ready, parked) = self.store().claim_ready_and_parked(&filters, limit).await?;
+            let (ready, parked) = self.store().claim_ready_and_parked(filters, limit).await?;
             (ready, parked, HashMap::new())
         } else {
             // A shared store hands out waiting runs only once they are ready: the waiting
             // runs of the older versions this build takes are listed here (before any lease
             // is taken), to be taken now as on a store only this process opens.
-            let older = self.waiting_of_older_versions(&filters).await?;
+            let older = self.waiting_of_older_versions(filters).await?;
             (
-                self.store().claim_ready(&filters, limit).await?,
+                self.store().claim_ready(filters, limit).await?,
                 Vec::new(),
                 older,
             )
@@ -513,7 +551,7 @@ impl Runtime {
                 continue;
             }
             resumed.parked += 1;
-            if let Some(from) = run.from_ms {
+            if let (true, Some(from)) = (arm, run.from_ms) {
                 timers.push((from, run.workflow, run.run_id));
             }
         }
@@ -526,77 +564,35 @@ impl Runtime {
                 resumed.driven.push(info);
             }
         }
-        // Blocked runs this build can route now (once per start and per registration: a run
-        // whose migration still fails is not tried again at every poll).
-        for info in self.sweep_blocked().await? {
-            if taken.insert(info.run_id.clone()) {
-                resumed.driven.push(info);
-            }
-        }
-        resumed
-            .driven
-            .sort_by(|a, b| (&a.workflow, &a.run_id).cmp(&(&b.workflow, &b.run_id)));
-        tracing::info!(
-            driven = resumed.driven.len(),
-            parked = resumed.parked,
-            "resumed unfinished runs"
-        );
-        Ok(resumed)
+        Ok((resumed, taken))
     }
 
     /// After a registration (of a version or migration of `workflow`; `first`: the first
     /// version of it this runtime registers) on a running runtime: its runs are resumed as
-    /// [`resume_all`](Self::resume_all) resumes them at a start. On a store only this
-    /// process opens: a first version's running and ready runs get a driver and its sleeping
-    /// runs a timer; and the waiting runs whose schema no registered version has get a driver,
-    /// which moves each to the version that accepts or migrates it (it then waits for what
-    /// that version waits for) or blocks it, visibly and once (not left looking healthy while
-    /// it waits). On a shared store, `serve`'s polls claim the ready runs; the waiting runs of
-    /// the older schemas this build routes are taken here (a run of a schema another live
-    /// worker routes is that worker's). Returns how many runs got a driver.
+    /// [`resume_all`](Self::resume_all) resumes them at a start ([`resume_from`](Self::resume_from)).
+    /// The waiting runs whose schema no registered version has get a driver, which moves each
+    /// to the version that accepts or migrates it (it then waits for what that version waits
+    /// for) or blocks it, visibly and once (not left looking healthy while it waits). On a
+    /// store only this process opens, a first version's running and ready runs get a driver
+    /// too and its sleeping runs a timer; on a shared store, `serve`'s polls claim the ready
+    /// runs. Returns how many runs got a driver.
     ///
     /// # Errors
     /// The store's errors, listing the runs.
     pub(crate) async fn resume_registered(&self, workflow: &str, first: bool) -> Result<usize> {
-        if self.store().lease_ttl().is_some() {
-            let filters: Vec<ClaimFilter> = self
-                .registry(|r| r.claim_filters())
-                .into_iter()
-                .filter(|f| f.workflow == workflow)
-                .collect();
-            let older = self.waiting_of_older_versions(&filters).await?;
-            for (run_id, info) in &older {
-                self.spawn_driver_with(&info.workflow, run_id, None);
-            }
-            return Ok(older.len());
-        }
-        let limit = match (first, self.inner.config.max_active_runs) {
+        let filters: Vec<ClaimFilter> = self
+            .registry(|r| r.claim_filters())
+            .into_iter()
+            .filter(|f| f.workflow == workflow)
+            .collect();
+        let first_here = first && self.store().lease_ttl().is_none();
+        let limit = match (first_here, self.inner.config.max_active_runs) {
             (false, _) => 0,
             (true, Some(max)) => max.saturating_sub(self.inner.claims.count()),
             (true, None) => usize::MAX,
         };
-        let any = [ClaimFilter::any(workflow)];
-        let (ready, parked) = self.store().claim_ready_and_parked(&any, limit).await?;
-        let mut to_route = self.to_route(&parked).await?;
-        let mut taken: HashSet<String> = HashSet::with_capacity(ready.len());
-        for (info, lease) in ready {
-            self.spawn_driver_with(&info.workflow, &info.run_id, Some(lease));
-            taken.insert(info.run_id);
-        }
-        let mut timers = Vec::new();
-        for run in parked {
-            if taken.contains(&run.run_id) {
-                continue;
-            }
-            if to_route.remove(&run.run_id).is_some() {
-                self.spawn_driver_with(&run.workflow, &run.run_id, None);
-                taken.insert(run.run_id);
-            } else if first && let Some(from) = run.from_ms {
-                timers.push((from, run.workflow, run.run_id));
-            }
-        }
-        self.arm_timers(timers);
-        Ok(taken.len())
+        let (resumed, _) = self.resume_from(&filters, limit, first_here).await?;
+        Ok(resumed.driven.len())
     }
 
     /// The rows of the waiting runs (by run id), of the schemas `filters` route that no version

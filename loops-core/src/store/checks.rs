@@ -118,7 +118,7 @@ pub(super) fn check_lease(g: &Given<'_, '_>, run_id: &str, seq: u64) -> Result<(
 /// the store's refusal and for [`check_event`](crate::check_event)'s.
 pub(crate) const SENDING_AN_EVENT: &str = "sending an event";
 
-pub(super) fn run_ended(info: &RunInfo, action: &'static str) -> Error {
+pub(crate) fn run_ended(info: &RunInfo, action: &'static str) -> Error {
     Error::RunEnded {
         run_id: info.run_id.clone(),
         status: info.status,

@@ -27,7 +27,7 @@ use crate::schema::SchemaHash;
 pub use crate::status::RunStatus;
 
 mod checks;
-pub(crate) use checks::SENDING_AN_EVENT;
+pub(crate) use checks::{SENDING_AN_EVENT, run_ended};
 mod children;
 mod effects;
 mod evolve;
