@@ -470,29 +470,7 @@ fn the_claims_name_version_1() {
 async fn a_compatible_change_is_accepted_at_open_and_a_wrong_claim_refused() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tickets.loops");
-    {
-        let rt = Runtime::open(&path).unwrap();
-        let closer = ticket::Closer {
-            stop: true,
-            ..ticket::Closer::default()
-        };
-        let reached = Arc::clone(&closer.reached);
-        let driving = {
-            let rt = rt.clone();
-            tokio::spawn(async move {
-                rt.run(
-                    "t1",
-                    ticket::v1::Ticket::Open { title: "t1".into() },
-                    &closer,
-                )
-                .await
-            })
-        };
-        reached.notified().await;
-        driving.abort();
-        let _ = driving.await;
-        rt.shutdown().await;
-    }
+    left_running_by_v1(&path, "t1").await;
     // A claim that is wrong (a field retyped) refuses the open, with the diff.
     let refused = |result: Result<(), Error>| match result {
         Err(Error::AcceptsRefused {
@@ -992,31 +970,7 @@ async fn a_refusal_returned_to_the_caller_is_logged_once_without_the_changes() {
 async fn the_first_version_registered_on_a_running_runtime_resumes_its_running_runs() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tickets.loops");
-    {
-        let rt = Runtime::open(&path).unwrap();
-        let closer = ticket::Closer {
-            stop: true,
-            ..ticket::Closer::default()
-        };
-        let reached = Arc::clone(&closer.reached);
-        let driving = {
-            let rt = rt.clone();
-            tokio::spawn(async move {
-                rt.run(
-                    "late-1",
-                    ticket::v1::Ticket::Open {
-                        title: "late-1".into(),
-                    },
-                    &closer,
-                )
-                .await
-            })
-        };
-        reached.notified().await;
-        driving.abort();
-        let _ = driving.await;
-        rt.shutdown().await;
-    }
+    left_running_by_v1(&path, "late-1").await;
     let rt = Runtime::open(&path).unwrap();
     assert!(rt.resume_all().await.unwrap().is_empty());
     assert_eq!(
@@ -1030,5 +984,30 @@ async fn the_first_version_registered_on_a_running_runtime_resumes_its_running_r
             title: "late-1".into()
         }
     );
+    rt.shutdown().await;
+}
+
+/// Version 1's ticket `run_id` in `path`, left in `Open` and running, its driver dropped (a
+/// process that died there).
+async fn left_running_by_v1(path: &std::path::Path, run_id: &str) {
+    let rt = Runtime::open(path).unwrap();
+    let closer = ticket::Closer {
+        stop: true,
+        ..ticket::Closer::default()
+    };
+    let reached = Arc::clone(&closer.reached);
+    let driving = {
+        let rt = rt.clone();
+        let run_id = run_id.to_owned();
+        tokio::spawn(async move {
+            let open = ticket::v1::Ticket::Open {
+                title: run_id.clone(),
+            };
+            rt.run(&run_id, open, &closer).await
+        })
+    };
+    reached.notified().await;
+    driving.abort();
+    let _ = driving.await;
     rt.shutdown().await;
 }
