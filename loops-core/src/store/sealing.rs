@@ -331,16 +331,22 @@ impl Payloads {
     /// [`Error::Payload`] naming the run, the field and the key id when a field does not
     /// open (unknown key, altered or moved payload, no codec and no redaction).
     pub fn open_info(&self, info: &mut RunInfo) -> Result<()> {
-        let run_id = info.run_id.clone();
         let seq = info.state_seq();
-        if let Some(errors) = &mut info.error {
-            self.open_errors(&failure_at(&run_id, seq), errors)?;
+        let RunInfo {
+            run_id,
+            error,
+            cancel,
+            block,
+            ..
+        } = info;
+        if let Some(errors) = error {
+            self.open_errors(&failure_at(run_id, seq), errors)?;
         }
-        if let Some(reason) = &mut info.cancel {
-            self.open_text(&row_at(&run_id, "cancel"), reason)?;
+        if let Some(reason) = cancel {
+            self.open_text(&row_at(run_id, "cancel"), reason)?;
         }
-        if let Some(block) = &mut info.block {
-            self.open_text(&row_at(&run_id, "block"), &mut block.reason)?;
+        if let Some(block) = block {
+            self.open_text(&row_at(run_id, "block"), &mut block.reason)?;
         }
         Ok(())
     }
@@ -559,7 +565,7 @@ impl Payloads {
 
     /// Opens what a reply carries: the row, and a delivered event's payload (`event`: the
     /// event the write waited for).
-    fn open_reply(&self, reply: Reply, run_id: &str, event: Option<&str>) -> Result<Reply> {
+    fn open_reply(&self, reply: Reply, event: Option<&str>) -> Result<Reply> {
         Ok(match reply {
             Reply::Run(mut info) => {
                 self.open_info(&mut info)?;
@@ -571,7 +577,7 @@ impl Payloads {
                     (WaitOutcome::Delivered { event_seq, payload }, Some(event)) => {
                         let mut raw = RawValue::from_string(payload.clone())
                             .unwrap_or_else(|_| RawValue::NULL.to_owned());
-                        self.open_raw(&event_at(run_id, event), &mut raw)?;
+                        self.open_raw(&event_at(&info.run_id, event), &mut raw)?;
                         WaitOutcome::Delivered {
                             event_seq,
                             payload: raw.get().to_owned(),

@@ -47,61 +47,81 @@ impl RedbStore {
     /// transaction, for up to [`LEADER_ROUNDS`] rounds before it hands what is left to the
     /// writer thread. Elsewhere (a current-thread runtime) every write goes to the writer
     /// thread, which batches the same way.
-    pub(super) async fn submit(&self, write: Write, lease: Option<Lease>) -> Result<Reply> {
-        let Some(tx) = self.inner.tx.as_ref() else {
-            return Err(Error::ReadOnly {
-                path: self.inner.path.clone(),
-            });
-        };
-        if self.inner.commit_on_caller && inline_commit_allowed() {
-            let queued = {
-                let mut queue = self
-                    .inner
-                    .queue
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner);
-                match queue.mode {
-                    Mode::Idle => {
-                        queue.mode = Mode::Inline;
-                        Ok(Ok((write, lease)))
-                    }
-                    Mode::Inline => {
-                        let (reply, rx) = oneshot::channel();
-                        queue.pending.push(Request {
-                            write,
-                            lease,
-                            reply,
-                        });
-                        Ok(Err(rx))
-                    }
-                    Mode::Thread => Err((write, lease)),
-                }
+    ///
+    /// The future holds the write until its first poll, then at most a channel's receiver:
+    /// the choice of committer is made by [`route`](Self::route), a plain function, so that
+    /// the future (boxed by [`Store::write`](crate::store::Store::write)) stays small. Held
+    /// across the awaits of the routing, it took 2 KiB, an allocation too large for the
+    /// allocator's per-thread cache at every write.
+    pub(super) fn submit(
+        &self,
+        write: Write,
+        lease: Option<Lease>,
+    ) -> impl Future<Output = Result<Reply>> + Send + '_ {
+        async move {
+            // The routing's outcome is taken apart before any await: held across one, it
+            // would count in the future's size (as would arguments of an `async fn`).
+            let (full, rx) = match self.route(write, lease) {
+                Routed::Led(result) => return result,
+                Routed::Queued(rx) => (None, rx),
+                Routed::Full(request, rx) => (Some(request), rx),
             };
-            match queued {
-                Ok(Ok((write, lease))) => return self.lead(write, lease),
-                Ok(Err(rx)) => return answered(rx).await,
-                Err((write, lease)) => {
+            if let Some(request) = full {
+                let tx = self.inner.tx.as_ref().ok_or(Error::Closed)?;
+                // Rare (the writer thread's queue is full): the send waits for room, boxed so
+                // that its size does not count in every write's future.
+                Box::pin(tx.send(*request))
+                    .await
+                    .map_err(|_| Error::Closed)?;
+            }
+            answered(rx).await
+        }
+    }
+
+    /// Where `write` goes (see [`submit`](Self::submit)): committed here as the leader,
+    /// queued for the leader in progress, or sent to the writer thread.
+    fn route(&self, write: Write, lease: Option<Lease>) -> Routed {
+        let Some(tx) = self.inner.tx.as_ref() else {
+            return Routed::Led(Err(Error::ReadOnly {
+                path: self.inner.path.clone(),
+            }));
+        };
+        let (reply, rx) = if self.inner.commit_on_caller && inline_commit_allowed() {
+            let mut queue = self
+                .inner
+                .queue
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            match queue.mode {
+                Mode::Idle => {
+                    queue.mode = Mode::Inline;
+                    drop(queue);
+                    return Routed::Led(self.lead(write, lease));
+                }
+                Mode::Inline => {
                     let (reply, rx) = oneshot::channel();
-                    tx.send(Request {
+                    queue.pending.push(Request {
                         write,
                         lease,
                         reply,
-                    })
-                    .await
-                    .map_err(|_| Error::Closed)?;
-                    return answered(rx).await;
+                    });
+                    return Routed::Queued(rx);
                 }
+                Mode::Thread => oneshot::channel(),
             }
-        }
-        let (reply, rx) = oneshot::channel();
-        tx.send(Request {
+        } else {
+            oneshot::channel()
+        };
+        let request = Request {
             write,
             lease,
             reply,
-        })
-        .await
-        .map_err(|_| Error::Closed)?;
-        answered(rx).await
+        };
+        match tx.try_send(request) {
+            Ok(()) => Routed::Queued(rx),
+            Err(mpsc::error::TrySendError::Full(request)) => Routed::Full(Box::new(request), rx),
+            Err(mpsc::error::TrySendError::Closed(_)) => Routed::Led(Err(Error::Closed)),
+        }
     }
 
     /// Commits `own` and what queues up meanwhile, as the leader (see [`submit`]); returns
@@ -190,6 +210,16 @@ impl RedbStore {
             let _ = request.reply.send((result, 0));
         }
     }
+}
+
+/// Where [`RedbStore::route`] sent a write.
+enum Routed {
+    /// Committed by the caller, as the leader: its answer.
+    Led(Result<Reply>),
+    /// Queued for another committer, which answers on the channel.
+    Queued(oneshot::Receiver<(Result<Reply>, usize)>),
+    /// For the writer thread, whose queue is full: the request to send once it has room.
+    Full(Box<Request>, oneshot::Receiver<(Result<Reply>, usize)>),
 }
 
 /// The `store` label of this store's metrics.

@@ -86,56 +86,51 @@ impl SealedStore {
         let key = self.payloads.key_id();
         let mut unchecked = false;
         if let Some(key) = key.as_deref().filter(|_| !self.payloads.follows()) {
-            unchecked = *self
-                .verified
-                .get_or_try_init(|| async {
-                    let keys = self.inner.sealing_keys().await?;
-                    let recorded = self.inner.sealing_checks().await?;
-                    let unchecked =
-                        keys.iter().any(|k| k == key) && !recorded.iter().any(|(id, _)| id == key);
-                    refuse_foreign_codec(self.inner.label(), keys, recorded, &self.payloads)?;
-                    Ok::<bool, Error>(unchecked)
-                })
-                .await?;
+            unchecked = *settled(&self.verified, || async {
+                let keys = self.inner.sealing_keys().await?;
+                let recorded = self.inner.sealing_checks().await?;
+                let unchecked =
+                    keys.iter().any(|k| k == key) && !recorded.iter().any(|(id, _)| id == key);
+                refuse_foreign_codec(self.inner.label(), keys, recorded, &self.payloads)?;
+                Ok::<bool, Error>(unchecked)
+            })
+            .await?;
         }
         match (key, self.payloads.redacts()) {
             (Some(key), _) if carries => {
-                let sealing = self
-                    .checked
-                    .get_or_try_init(|| async {
-                        if self.payloads.follows() {
-                            let recorded = self.inner.sealing_checks().await?;
-                            check_keys(self.inner.label(), recorded, &self.payloads)?;
-                            let keys = self.inner.sealing_keys().await?;
-                            let held = self.payloads.key_ids();
-                            return Ok(
-                                match seals_as_store_does(self.inner.label(), keys, &held)? {
-                                    None => Sealing::Clear,
-                                    Some(chosen) if chosen == key => Sealing::Sealed,
-                                    Some(_) => Sealing::ArrivingSealedOnly,
-                                },
-                            );
-                        }
-                        let at_ms = crate::record::now_ms();
-                        let mut check = self.payloads.key_check(&key);
-                        if unchecked && check.is_some() {
-                            check = self.verified_check(&key, run_id, check).await?;
-                        }
-                        let seal = Write::Seal { key, check, at_ms };
-                        self.inner.write(None, seal).await?;
-                        Ok::<Sealing, Error>(Sealing::Sealed)
-                    })
-                    .await?;
+                let sealing = settled(&self.checked, || async {
+                    if self.payloads.follows() {
+                        let recorded = self.inner.sealing_checks().await?;
+                        check_keys(self.inner.label(), recorded, &self.payloads)?;
+                        let keys = self.inner.sealing_keys().await?;
+                        let held = self.payloads.key_ids();
+                        return Ok(
+                            match seals_as_store_does(self.inner.label(), keys, &held)? {
+                                None => Sealing::Clear,
+                                Some(chosen) if chosen == key => Sealing::Sealed,
+                                Some(_) => Sealing::ArrivingSealedOnly,
+                            },
+                        );
+                    }
+                    let at_ms = crate::record::now_ms();
+                    let mut check = self.payloads.key_check(&key);
+                    if unchecked && check.is_some() {
+                        check = self.verified_check(&key, run_id, check).await?;
+                    }
+                    let seal = Write::Seal { key, check, at_ms };
+                    self.inner.write(None, seal).await?;
+                    Ok::<Sealing, Error>(Sealing::Sealed)
+                })
+                .await?;
                 Ok(*sealing)
             }
             (Some(_), _) => Ok(Sealing::Sealed),
             (None, true) if !carries => Ok(Sealing::Clear),
             _ => {
-                self.checked
-                    .get_or_try_init(|| async {
-                        clear(&*self.inner).await.map(|()| Sealing::Clear)
-                    })
-                    .await?;
+                settled(&self.checked, || async {
+                    clear(&*self.inner).await.map(|()| Sealing::Clear)
+                })
+                .await?;
                 Ok(Sealing::Clear)
             }
         }
@@ -259,6 +254,20 @@ pub fn refuse_foreign_codec(
 ///
 /// # Errors
 /// [`Error::Encrypted`]; the store's error if its keys cannot be read.
+/// `cell`'s value, set by `init` first if it has none. The initialization is boxed: it
+/// runs once per [`SealedStore`], and inline it would count in the size of the future of
+/// every read and write (a write's future held 1.1 KiB, too large for the allocator's
+/// per-thread cache).
+async fn settled<T, F>(cell: &OnceCell<T>, init: impl FnOnce() -> F) -> Result<&T>
+where
+    F: Future<Output = Result<T>>,
+{
+    match cell.get() {
+        Some(value) => Ok(value),
+        None => Box::pin(cell.get_or_try_init(init)).await,
+    }
+}
+
 async fn clear(store: &dyn Store) -> Result<()> {
     refuse_sealed(store.label(), store.sealing_keys().await?)
 }
@@ -340,7 +349,6 @@ impl Store for SealedStore {
             let sealing = self
                 .check_for(carries_payload(&write), write.run_id())
                 .await?;
-            let run_id = write.run_id().unwrap_or_default().to_owned();
             let event = match &write {
                 Write::Wait { event, .. } => event.clone(),
                 _ => None,
@@ -372,7 +380,8 @@ impl Store for SealedStore {
                     changes,
                     at_ms,
                 } => Write::Block {
-                    reason: self.seal_block(&run_id, schema, reason).await?,
+                    // Boxed: it holds a row across its read, and blocks are rare.
+                    reason: Box::pin(self.seal_block(&run_id, schema, reason)).await?,
                     run_id,
                     schema,
                     changes,
@@ -381,7 +390,7 @@ impl Store for SealedStore {
                 other => self.payloads.seal_write(other)?,
             };
             let reply = self.inner.write(lease, write).await?;
-            self.payloads.open_reply(reply, &run_id, event.as_deref())
+            self.payloads.open_reply(reply, event.as_deref())
         })
     }
 
