@@ -40,8 +40,7 @@ pub const FORMAT_VERSION: u32 = 1;
 ///
 /// The hash function is XXH3-64 (the `xxhash-rust` crate), which is stable across builds,
 /// platforms and compiler versions. Displayed and parsed as 16 lowercase hex digits.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(into = "String", try_from = "String")]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SchemaHash(u64);
 
 impl SchemaHash {
@@ -371,9 +370,52 @@ pub struct StateShape {
     pub next: &'static [&'static str],
 }
 
+impl SchemaHash {
+    /// The 16 lowercase hex digits, most significant first, without the formatting
+    /// machinery or an allocation: every record's schema is written and read as them.
+    fn hex(self) -> [u8; 16] {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut out = [0u8; 16];
+        for (i, digit) in out.iter_mut().enumerate() {
+            // The nibble `i` from the top: the shift is at most 60.
+            let nibble = (self.0 >> (60 - 4 * i)) & 0xf;
+            *digit = DIGITS[nibble as usize];
+        }
+        out
+    }
+}
+
 impl fmt::Display for SchemaHash {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:016x}", self.0)
+        let hex = self.hex();
+        // ASCII digits: always UTF-8.
+        f.write_str(std::str::from_utf8(&hex).map_err(|_| fmt::Error)?)
+    }
+}
+
+/// Serialized as its 16 lowercase hex digits, a string.
+impl Serialize for SchemaHash {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let hex = self.hex();
+        let text = std::str::from_utf8(&hex).map_err(serde::ser::Error::custom)?;
+        serializer.serialize_str(text)
+    }
+}
+
+/// Deserialized from a string of 16 hex digits (either case), without allocating.
+impl<'de> Deserialize<'de> for SchemaHash {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Hex;
+        impl serde::de::Visitor<'_> for Hex {
+            type Value = SchemaHash;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a schema hash of 16 hex digits")
+            }
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<SchemaHash, E> {
+                text.parse().map_err(E::custom)
+            }
+        }
+        deserializer.deserialize_str(Hex)
     }
 }
 
@@ -418,6 +460,31 @@ impl TryFrom<String> for SchemaHash {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn serialized_as_its_hex_digits() {
+        for value in [0, 1, 0x00ab_cdef_0123_4567, u64::MAX] {
+            let h = SchemaHash::from_u64(value);
+            let json = serde_json::to_string(&h).unwrap();
+            assert_eq!(json, format!("\"{value:016x}\""));
+            assert_eq!(h.to_string(), format!("{value:016x}"));
+            assert_eq!(serde_json::from_str::<SchemaHash>(&json).unwrap(), h);
+        }
+        let upper: SchemaHash = serde_json::from_str("\"00ABCDEF01234567\"").unwrap();
+        assert_eq!(upper, SchemaHash::from_u64(0x00ab_cdef_0123_4567));
+        let short = serde_json::from_str::<SchemaHash>("\"abc\"").unwrap_err();
+        assert_eq!(
+            short.to_string(),
+            "invalid schema hash \"abc\": expected 16 hex digits at line 1 column 5"
+        );
+        let number = serde_json::from_str::<SchemaHash>("12").unwrap_err();
+        assert!(
+            number
+                .to_string()
+                .contains("a schema hash of 16 hex digits"),
+            "{number}"
+        );
+    }
 
     #[test]
     fn display_parse_round_trip() {
