@@ -117,7 +117,7 @@ impl TransitionRecord {
     }
 
     pub(crate) fn to_bytes(&self) -> Vec<u8> {
-        to_vec(self)
+        to_vec_sized(self, self.payload.get().len() + self.state.len())
     }
 
     /// Decodes the record a store keeps under the key `(run_id, seq)`: what a [`Store`]
@@ -211,9 +211,23 @@ pub struct FailureRecord {
 }
 
 pub(crate) fn to_vec<T: Serialize>(value: &T) -> Vec<u8> {
+    to_vec_sized(value, 0)
+}
+
+/// [`to_vec`] of a value whose variable parts (a payload, a name) take about `variable`
+/// bytes: the buffer is allocated once for them and the record's fixed fields, where
+/// serde_json's own `to_vec` starts at 128 bytes and grows (two reallocations for a
+/// 200-byte state).
+pub(crate) fn to_vec_sized<T: Serialize>(value: &T, variable: usize) -> Vec<u8> {
+    /// Room for a record's fixed fields: its keys, numbers and schema hash.
+    const FIXED: usize = 128;
+    let mut out = Vec::with_capacity(variable.saturating_add(FIXED));
     // Our record types hold only strings, integers and already-valid raw JSON: they cannot
     // fail to serialize. Fall back to an empty object rather than panicking all the same.
-    serde_json::to_vec(value).unwrap_or_else(|_| b"{}".to_vec())
+    match serde_json::to_writer(&mut out, value) {
+        Ok(()) => out,
+        Err(_) => b"{}".to_vec(),
+    }
 }
 
 /// Milliseconds since the Unix epoch, by the system clock (0 if the clock is before 1970).

@@ -488,7 +488,7 @@ impl Context {
                     seq: self.seq,
                     name: name.to_owned(),
                     occurrence,
-                    record: crate::record::to_vec(&record),
+                    record: crate::record::to_vec_sized(&record, record.output.get().len()),
                 },
             )
             .await?;
