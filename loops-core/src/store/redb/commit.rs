@@ -53,29 +53,23 @@ impl RedbStore {
     /// the future (boxed by [`Store::write`](crate::store::Store::write)) stays small. Held
     /// across the awaits of the routing, it took 2 KiB, an allocation too large for the
     /// allocator's per-thread cache at every write.
-    pub(super) fn submit(
-        &self,
-        write: Write,
-        lease: Option<Lease>,
-    ) -> impl Future<Output = Result<Reply>> + Send + '_ {
-        async move {
-            // The routing's outcome is taken apart before any await: held across one, it
-            // would count in the future's size (as would arguments of an `async fn`).
-            let (full, rx) = match self.route(write, lease) {
-                Routed::Led(result) => return result,
-                Routed::Queued(rx) => (None, rx),
-                Routed::Full(request, rx) => (Some(request), rx),
-            };
-            if let Some(request) = full {
-                let tx = self.inner.tx.as_ref().ok_or(Error::Closed)?;
-                // Rare (the writer thread's queue is full): the send waits for room, boxed so
-                // that its size does not count in every write's future.
-                Box::pin(tx.send(*request))
-                    .await
-                    .map_err(|_| Error::Closed)?;
-            }
-            answered(rx).await
+    pub(super) async fn submit(&self, write: Write, lease: Option<Lease>) -> Result<Reply> {
+        // The routing's outcome is taken apart before any await: held across one, it
+        // would count in the future's size.
+        let (full, rx) = match self.route(write, lease) {
+            Routed::Led(result) => return result,
+            Routed::Queued(rx) => (None, rx),
+            Routed::Full(request, rx) => (Some(request), rx),
+        };
+        if let Some(request) = full {
+            let tx = self.inner.tx.as_ref().ok_or(Error::Closed)?;
+            // Rare (the writer thread's queue is full): the send waits for room, boxed so
+            // that its size does not count in every write's future.
+            Box::pin(tx.send(*request))
+                .await
+                .map_err(|_| Error::Closed)?;
         }
+        answered(rx).await
     }
 
     /// Where `write` goes (see [`submit`](Self::submit)): committed here as the leader,
@@ -212,7 +206,9 @@ impl RedbStore {
     }
 }
 
-/// Where [`RedbStore::route`] sent a write.
+/// Where [`RedbStore::route`] sent a write. The answer of a write led here is moved out at
+/// once, never held: it need not be boxed.
+#[allow(clippy::large_enum_variant)]
 enum Routed {
     /// Committed by the caller, as the leader: its answer.
     Led(Result<Reply>),
