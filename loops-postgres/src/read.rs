@@ -243,12 +243,7 @@ impl PgStore {
                     .await?
             }
         };
-        rows.iter()
-            .map(|row| {
-                let run_id = text(row, 0, "?")?;
-                RunInfo::decode(&run_id, text(row, 1, &run_id)?.as_bytes())
-            })
-            .collect()
+        rows.iter().map(listed).collect()
     }
 
     pub(crate) async fn read_list_of_schemas(
@@ -269,12 +264,7 @@ impl PgStore {
                 &[&status_text, &workflow, &hashes],
             )
             .await?;
-        rows.iter()
-            .map(|row| {
-                let run_id = text(row, 0, "?")?;
-                RunInfo::decode(&run_id, text(row, 1, &run_id)?.as_bytes())
-            })
-            .collect()
+        rows.iter().map(listed).collect()
     }
 
     pub(crate) async fn read_count_runs(&self) -> Result<Vec<loops_core::RunCount>> {
@@ -565,6 +555,12 @@ fn lease(row: &Row, run_id: String, first: usize) -> Result<Lease> {
 }
 
 /// The text column `i` of `row`.
+/// A row of a listing, `(run_id, info)`: the run's row.
+fn listed(row: &Row) -> Result<RunInfo> {
+    let run_id = text(row, 0, "?")?;
+    RunInfo::decode(&run_id, text(row, 1, &run_id)?.as_bytes())
+}
+
 pub(crate) fn text(row: &Row, i: usize, run_id: &str) -> Result<String> {
     row.try_get(i).map_err(|e| column(run_id, e))
 }

@@ -85,7 +85,7 @@ pub(super) fn shown(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         if crate::bidi::is_bidi_control(c) {
-            out.push_str(&c.escape_unicode().to_string());
+            out.extend(c.escape_unicode());
         } else {
             out.push(c);
         }

@@ -450,11 +450,7 @@ impl Runtime {
         self.check_accepts().await?;
         self.inner.started.store(true, Ordering::Release);
         let filters = self.registry(|r| r.claim_filters());
-        let limit = match self.inner.config.max_active_runs {
-            Some(max) => max.saturating_sub(self.inner.claims.count()),
-            None => usize::MAX,
-        };
-        let (mut resumed, mut taken) = self.resume_from(&filters, limit, true).await?;
+        let (mut resumed, mut taken) = self.resume_from(&filters, self.places_left(), true).await?;
         // Blocked runs this build can route now (once per start and per registration: a run
         // whose migration still fails is not tried again at every poll).
         for info in self.sweep_blocked().await? {
@@ -567,6 +563,15 @@ impl Runtime {
         Ok((resumed, taken))
     }
 
+    /// How many more runs this runtime may drive under
+    /// [`max_active_runs`](crate::RuntimeBuilder::max_active_runs) (unbounded without it).
+    fn places_left(&self) -> usize {
+        match self.inner.config.max_active_runs {
+            Some(max) => max.saturating_sub(self.inner.claims.count()),
+            None => usize::MAX,
+        }
+    }
+
     /// After a registration (of a version or migration of `workflow`; `first`: the first
     /// version of it this runtime registers) on a running runtime: its runs are resumed as
     /// [`resume_all`](Self::resume_all) resumes them at a start ([`resume_from`](Self::resume_from)).
@@ -586,11 +591,7 @@ impl Runtime {
             .filter(|f| f.workflow == workflow)
             .collect();
         let first_here = first && self.store().lease_ttl().is_none();
-        let limit = match (first_here, self.inner.config.max_active_runs) {
-            (false, _) => 0,
-            (true, Some(max)) => max.saturating_sub(self.inner.claims.count()),
-            (true, None) => usize::MAX,
-        };
+        let limit = if first_here { self.places_left() } else { 0 };
         let (resumed, _) = self.resume_from(&filters, limit, first_here).await?;
         Ok(resumed.driven.len())
     }

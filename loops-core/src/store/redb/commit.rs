@@ -80,7 +80,7 @@ impl RedbStore {
                 path: self.inner.path.clone(),
             }));
         };
-        let (reply, rx) = if self.inner.commit_on_caller && inline_commit_allowed() {
+        if self.inner.commit_on_caller && inline_commit_allowed() {
             let mut queue = self
                 .inner
                 .queue
@@ -101,11 +101,10 @@ impl RedbStore {
                     });
                     return Routed::Queued(rx);
                 }
-                Mode::Thread => oneshot::channel(),
+                Mode::Thread => {}
             }
-        } else {
-            oneshot::channel()
-        };
+        }
+        let (reply, rx) = oneshot::channel();
         let request = Request {
             write,
             lease,

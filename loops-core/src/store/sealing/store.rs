@@ -249,11 +249,6 @@ pub fn refuse_foreign_codec(
     seals_as_store_does(label, keys, &payloads.key_ids()).map(drop)
 }
 
-/// `Ok` if `store` lists no key that sealed payloads in it, else [`Error::Encrypted`]
-/// naming it and its keys: the one check of a reader or writer without the key.
-///
-/// # Errors
-/// [`Error::Encrypted`]; the store's error if its keys cannot be read.
 /// `cell`'s value, set by `init` first if it has none. The initialization is boxed: it
 /// runs once per [`SealedStore`], and inline it would count in the size of the future of
 /// every read and write (a write's future held 1.1 KiB, too large for the allocator's
@@ -268,6 +263,11 @@ where
     }
 }
 
+/// `Ok` if `store` lists no key that sealed payloads in it, else [`Error::Encrypted`]
+/// naming it and its keys: the one check of a reader or writer without the key.
+///
+/// # Errors
+/// [`Error::Encrypted`]; the store's error if its keys cannot be read.
 async fn clear(store: &dyn Store) -> Result<()> {
     refuse_sealed(store.label(), store.sealing_keys().await?)
 }
