@@ -453,7 +453,8 @@ Examples:
   jq -n '{by: \"alice\"}' | loops send deliver-1 approve --json-file -
 
 --json-file reads the payload from a file (or from stdin, with -): for payloads longer
-than a command-line argument may be. Payloads are limited to 2 MiB (the runtime's default).
+than a command-line argument may be. Payloads are limited to 2 MiB (the runtime's default);
+no more than 64 MiB of a file or of stdin is read (more is refused at once).
 The event is kept in the run's inbox and delivered to the run's wait for it when the
 run is next driven; it may be sent before the run waits for it. If the run is not waiting
 for this event now, a note on stderr says so (the event is still sent). A run that has

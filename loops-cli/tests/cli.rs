@@ -2109,6 +2109,49 @@ fn send_reads_a_large_payload_from_a_file_or_stdin() {
         ),
         "error: run `waiting-1`: payload of event `approval` is 2097154 bytes, over the 2097152-byte limit\n"
     );
+    // Over what any loops process takes in one request: refused once that much is read, not
+    // read whole (a file), nor read until memory runs out (a stream that never ends).
+    let over = "error: cannot read {}: it is over 64 MiB, the most a loops process takes in one request; an event's payload is at most the runtime's max_payload_bytes (2 MiB by default): keep large data outside the store and send a reference to it\n";
+    let huge = dir.path().join("huge.json");
+    std::fs::write(&huge, vec![b' '; loops_core::control::MAX_BODY_BYTES + 1]).unwrap();
+    assert_eq!(
+        fails(
+            &path,
+            &[
+                "send",
+                "waiting-1",
+                "approval",
+                "--json-file",
+                huge.to_str().unwrap()
+            ],
+            2
+        ),
+        over.replace("{}", &format!("--json-file {}", huge.display()))
+    );
+    std::fs::remove_file(&huge).unwrap();
+    let mut endless = std::process::Command::new(assert_cmd::cargo::cargo_bin("loops"))
+        .env("LOOPS_STORE", &path)
+        .env("NO_COLOR", "1")
+        .args(["send", "waiting-1", "approval", "--json-file", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = endless.stdin.take().unwrap();
+    // Writes until the reader stops reading (a broken pipe).
+    let writer = std::thread::spawn(move || {
+        let chunk = vec![b' '; 1 << 20];
+        while std::io::Write::write_all(&mut stdin, &chunk).is_ok() {}
+    });
+    let out = endless.wait_with_output().unwrap();
+    writer.join().unwrap();
+    assert_eq!(
+        (out.status.code(), String::from_utf8(out.stderr).unwrap()),
+        (
+            Some(2),
+            over.replace("{}", "the payload on stdin (--json-file -)")
+        )
+    );
     assert_eq!(
         RedbStore::open_read_only(&path)
             .unwrap()

@@ -1,6 +1,6 @@
 //! `loops cancel`, `loops retry` and `loops send`: the commands that change a run.
 
-use std::io::Read as _;
+use std::io::Read;
 
 use loops_core::{RunInfo, RunStatus};
 use serde::Serialize;
@@ -240,16 +240,14 @@ fn payload_text(args: &SendArgs) -> Result<(String, String)> {
         (Some(text), _) => Ok(("--json".to_owned(), text.clone())),
         (None, Some(file)) if file.as_os_str() == "-" => {
             let from = "the payload on stdin (--json-file -)".to_owned();
-            let mut text = String::new();
-            std::io::stdin()
-                .read_to_string(&mut text)
-                .map_err(|e| Failure::usage(format!("cannot read {from}: {e}")))?;
+            let text = read_bounded(std::io::stdin(), &from)?;
             Ok((from, without_bom(text)))
         }
         (None, Some(file)) => {
             let from = format!("--json-file {}", file.display());
-            let text = std::fs::read_to_string(file)
+            let opened = std::fs::File::open(file)
                 .map_err(|e| Failure::usage(format!("cannot read {from}: {e}")))?;
+            let text = read_bounded(opened, &from)?;
             Ok((from, without_bom(text)))
         }
         (None, None) => Err(Failure::usage(
@@ -280,6 +278,32 @@ fn other_than_sent(
     } else {
         None
     }
+}
+
+/// The UTF-8 text `from` (a file, stdin) holds, read to at most
+/// [`MAX_BODY_BYTES`](loops_core::control::MAX_BODY_BYTES), the most any loops process takes
+/// in one request: an endless stream (`--json-file -` from a pipe that never ends) or a huge
+/// file is refused once that much is read, not read into memory whole. A payload under it but
+/// over the runtime's limit is refused by the send, with its size.
+fn read_bounded(reader: impl Read, from: &str) -> Result<String> {
+    let most = loops_core::control::MAX_BODY_BYTES;
+    let mut bytes = Vec::new();
+    reader
+        .take(u64::try_from(most).unwrap_or(u64::MAX).saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(|e| Failure::usage(format!("cannot read {from}: {e}")))?;
+    if bytes.len() > most {
+        return Err(Failure::usage(format!(
+            "cannot read {from}: it is over {} MiB, the most a loops process takes in one request; an event's payload is at most the runtime's max_payload_bytes (2 MiB by default): keep large data outside the store and send a reference to it",
+            most / (1024 * 1024)
+        )));
+    }
+    // Checked after the length: a cut at the bound may split a character.
+    String::from_utf8(bytes).map_err(|_| {
+        Failure::usage(format!(
+            "cannot read {from}: stream did not contain valid UTF-8"
+        ))
+    })
 }
 
 /// `text` without its leading UTF-8 byte order mark, if it has one.

@@ -12,9 +12,10 @@ use serde::de::DeserializeOwned;
 use super::wire::{ErrorBody, ErrorKind};
 use crate::error::Error;
 
-/// Largest request body: a payload of the runtime's default limit (2 MiB) many times over;
-/// the runtime refuses payloads over its own limit.
-pub(super) const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
+/// Largest request body the control endpoint takes, in bytes (64 MiB): a payload of the
+/// runtime's default limit (2 MiB) many times over; the runtime refuses payloads over its own
+/// limit. A client reading a payload to send need read no more than this.
+pub const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
 
 /// The refusal of a request body over [`MAX_BODY_BYTES`]: the process's, and the client's,
 /// which refuses such a body before sending it.

@@ -25,6 +25,7 @@ pub mod wire;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+pub use answer::MAX_BODY_BYTES;
 pub use client::{CONNECT_TIMEOUT, Client};
 pub use server::ControlServer;
 pub use wire::ErrorKind;
