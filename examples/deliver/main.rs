@@ -212,7 +212,17 @@ async fn main() -> ExitCode {
     loops::silence_caught_redb_panics();
     let cli = {
         use clap::{CommandFactory as _, FromArgMatches as _};
-        let matches = Cli::command().get_matches();
+        let matches = match Cli::command().try_get_matches() {
+            Ok(matches) => matches,
+            // clap shows a refused value as it was given: a bidirectional control in it
+            // would reorder the line on a terminal (the refusal itself says why), so it is
+            // escaped, as the `loops` CLI shows one.
+            Err(e) if e.use_stderr() => {
+                eprint!("{}", loops::escape_bidi_controls(&e.render().to_string()));
+                return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
+            }
+            Err(e) => e.exit(),
+        };
         let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
         cli.run_id_given =
             matches.value_source("run_id") == Some(clap::parser::ValueSource::CommandLine);

@@ -189,7 +189,7 @@ pub fn emit_json(value: &impl Serialize) -> Result<()> {
 /// written as `\u{202e}`: text the CLI shows (payloads, reasons, run ids, errors) may hold
 /// them, and a terminal would show the rest of the line in another order.
 pub fn shown(text: &str) -> std::borrow::Cow<'_, str> {
-    escaped(text, |c| format!("\\u{{{:04x}}}", u32::from(c)))
+    loops_core::escape_bidi_controls(text)
 }
 
 /// `text` with each bidirectional control character replaced by `escape` of it.

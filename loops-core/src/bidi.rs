@@ -1,6 +1,8 @@
 //! Unicode's bidirectional controls: one set, for the rule of a new run's id
 //! ([`validate_run_id`](crate::validate_run_id)) and for the text loops shows escaped (an
-//! error's message). A leaf module: it imports nothing of loops.
+//! error's message, the CLI's output). A leaf module: it imports nothing of loops.
+
+use std::borrow::Cow;
 
 /// The characters of Unicode's property Bidi_Control (PropList.txt): U+061C ARABIC LETTER
 /// MARK, U+200E LEFT-TO-RIGHT MARK, U+200F RIGHT-TO-LEFT MARK, U+202A to U+202E (the
@@ -20,4 +22,37 @@ const BIDI_CONTROLS: [char; 12] = [
 /// old run id) is shown with them escaped by the `loops` CLI.
 pub fn is_bidi_control(c: char) -> bool {
     BIDI_CONTROLS.contains(&c)
+}
+
+/// `text` with each bidirectional control character ([`is_bidi_control`]) written as its
+/// escape, `\u{202e}` (four hex digits at least): stored text (a payload, a cancellation's
+/// reason, an old run id) shown in a message or on a terminal reads in its own order.
+/// Borrowed when there is none.
+pub fn escape_bidi_controls(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(is_bidi_control) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if is_bidi_control(c) {
+            out.push_str(&format!("\\u{{{:04x}}}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bidi_controls_are_escaped_with_four_digits() {
+        assert_eq!(escape_bidi_controls("plain"), Cow::Borrowed("plain"));
+        assert_eq!(
+            escape_bidi_controls("a\u{202e}b\u{061c}"),
+            "a\\u{202e}b\\u{061c}"
+        );
+    }
 }

@@ -18,7 +18,7 @@ pub use methods::retry_hint;
 pub use text::{RecordKind, error_chain};
 use text::{
     at_seq, attempts_text, cause_text, decoded, describe_changes, format_text, mismatch_remedy,
-    not_failed_text, sealed_field, shown, shown_id,
+    not_failed_text, sealed_field, shown_id,
 };
 
 /// Everything loops-core can fail with. Each variant names the run, the state and the sequence
@@ -556,7 +556,7 @@ pub enum Error {
     /// The run was cancelled.
     #[error(
         "run `{run_id}` was cancelled in state `{state}` (seq {seq}): {}",
-        shown(reason)
+        crate::bidi::escape_bidi_controls(reason)
     )]
     RunCancelled {
         /// The run.

@@ -59,8 +59,8 @@ pub use migrate::{
     StoredVersion, Versioned,
 };
 pub use names::{
-    CHILD_ENDED, MAX_NAME_BYTES, MAX_RUN_ID_BYTES, RESERVED_PREFIX, is_bidi_control,
-    validate_run_id, validate_run_id_lookup,
+    CHILD_ENDED, MAX_NAME_BYTES, MAX_RUN_ID_BYTES, RESERVED_PREFIX, escape_bidi_controls,
+    is_bidi_control, validate_run_id, validate_run_id_lookup,
 };
 pub use panics::silence_caught_redb_panics;
 pub use record::{

@@ -78,21 +78,6 @@ pub(super) fn attempts_text(
     }
 }
 
-/// Stored text (a cancellation reason) as shown in a message: a bidirectional control, which
-/// the text may hold, escaped (`\u{202e}`), so that the message reads in its own order on a
-/// terminal or a page, as the CLI and the web UI show it.
-pub(super) fn shown(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        if crate::bidi::is_bidi_control(c) {
-            out.extend(c.escape_unicode());
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
 /// The run id as shown in a message: at most 64 characters, then how long it was.
 pub(super) fn shown_id(run_id: &str) -> String {
     if run_id.chars().count() <= 64 {

@@ -54,6 +54,8 @@ fn bad_run_ids_are_usage_errors() {
         ("a\nb", "control character"),
         ("a\u{7}b", "control character"),
         (long.as_str(), "bytes"),
+        // Shown escaped, as the `loops` CLI shows it: raw, it would reorder the line.
+        ("\u{202e}abc", "'\\u{202e}abc'"),
         (
             "zz/edit-0",
             "child runs that apply a plan's edits (run \"zz\" would start this one)",
@@ -67,7 +69,8 @@ fn bad_run_ids_are_usage_errors() {
                 && output.stdout.is_empty()
                 && stderr.starts_with("error: invalid value ")
                 && stderr.contains("for '--run-id <ID>': invalid run id ")
-                && stderr.contains(rule),
+                && stderr.contains(rule)
+                && !stderr.contains('\u{202e}'),
             "{id:?}: {}",
             describe(&output)
         );
