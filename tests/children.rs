@@ -751,6 +751,63 @@ async fn pruning_keeps_an_ended_child_until_its_parent_ends() {
     assert_eq!(pruned, vec!["p", "p/0", "p/1"]);
 }
 
+/// Retention counts a run with the child runs it started, as one run that ended when the
+/// last of them did, and removes them together: `keep_last(1)` keeps the newest parent
+/// with its children (before, it counted each child as a run and could keep a parent while
+/// removing the child its history names), and a child that ended long before its parent is
+/// as old as the parent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pruning_keeps_or_removes_a_parent_with_its_children() {
+    let counts = Counts::default();
+    let rt = runtime(&counts);
+    let split = |modes: Vec<Mode>| Fan::Split {
+        modes,
+        first: usize::MAX,
+        abandon_last: false,
+    };
+    rt.start("p", split(vec![Mode::Now, Mode::Wait]))
+        .await
+        .unwrap();
+    let early = wait_status(&rt, "p/0", RunStatus::Completed).await;
+    wait_status(&rt, "p/1", RunStatus::Waiting).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    rt.send("p/1", Leaf::GO, &1).await.unwrap();
+    let _: Fan = rt.wait("p").await.unwrap();
+    let p = wait_status(&rt, "p", RunStatus::Completed).await;
+    assert!(early.updated_ms < p.updated_ms, "{early:?} {p:?}");
+    // By age, at a moment when p/0 alone is older than the cutoff: nothing goes.
+    let cutoff = early.updated_ms + 1;
+    let by_age = loops::RetentionPolicy::older_than(Duration::ZERO);
+    let pruned = loops::prune(rt.store(), &by_age, cutoff, true)
+        .await
+        .unwrap();
+    assert_eq!(pruned.run_ids, Vec::<String>::new());
+    let pruned = loops::prune(rt.store(), &by_age, p.updated_ms + 1, true)
+        .await
+        .unwrap();
+    assert_eq!(pruned.run_ids, ["p", "p/0", "p/1"], "parent first");
+    assert_eq!(pruned.records, 2 + 2 + 2);
+
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    rt.start("q", split(vec![Mode::Now])).await.unwrap();
+    let _: Fan = rt.wait("q").await.unwrap();
+    let newest = loops::RetentionPolicy::default().keep_last(1);
+    let dry = rt.prune_with(&newest, true).await.unwrap();
+    assert_eq!(dry.run_ids, ["p", "p/0", "p/1"]);
+    let pruned = rt.prune_with(&newest, false).await.unwrap();
+    assert_eq!((pruned.runs, pruned.run_ids), (3, dry.run_ids));
+    for gone in ["p", "p/0", "p/1"] {
+        assert_eq!(rt.run_info(gone).await.unwrap(), None, "{gone}");
+    }
+    for kept in ["q", "q/0"] {
+        let info = rt.run_info(kept).await.unwrap().unwrap();
+        assert_eq!(info.status, RunStatus::Completed, "{kept}");
+    }
+    let again = rt.prune_with(&newest, false).await.unwrap();
+    assert_eq!(again.runs, 0, "q and its child are one run");
+    rt.shutdown().await;
+}
+
 /// Starts the child `twin` twice in one state (`twice`), or the child `orphan` (a leaf,
 /// which the second runtime of the test has no handler for).
 #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]

@@ -514,8 +514,10 @@ Examples:
 Only ended runs (completed, failed, cancelled) are removed, with their transitions, steps,
 failures and events; running and waiting runs are never touched. Age counts from when the
 run ended. With both rules, a run is removed if either selects it: --keep-last caps how
-many are kept, it does not keep runs that --older-than removes. The file does not shrink
-until `loops compact`.";
+many are kept, it does not keep runs that --older-than removes. A child run counts with
+its parent: the two are kept or removed together (--keep-last counts top-level runs, and
+a family's age is its last run's), and a child whose parent has not ended is kept. The
+file does not shrink until `loops compact`.";
 
 /// `loops prune`.
 #[derive(Debug, Args)]
@@ -525,8 +527,8 @@ pub struct PruneArgs {
     #[arg(long, value_parser = parse_age, value_name = "AGE")]
     pub older_than: Option<Duration>,
 
-    /// Keep at most this many ended runs (the most recently ended); with --older-than, the
-    /// runs it removes are removed too.
+    /// Keep at most this many ended top-level runs (the most recently ended), each with
+    /// its child runs; with --older-than, the runs it removes are removed too.
     #[arg(long, value_name = "N")]
     pub keep_last: Option<usize>,
 

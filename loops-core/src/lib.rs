@@ -92,7 +92,7 @@ pub use store::{
     ParkedRun, Payloads, PendingEvent, Pruned, Readiness, Ready, ReadyAndParked, Record, RecordKey,
     RedbStore, Reply, RowWrite, RunCount, RunInfo, RunStatus, STORE_FORMAT, ScheduleChange,
     SeqStep, SharedLimits, Store, StoreOptions, Take, Upgraded, WaitInfo, WaitOutcome, Wakeups,
-    Write, check_keys, event_record, find_runs, plan, prune, refuse_foreign_codec,
+    Write, check_keys, event_record, find_runs, plan, prune, prune_reporting, refuse_foreign_codec,
     seals_as_store_does,
 };
 pub use workflow::{BoxError, StateId, Workflow};

@@ -2,7 +2,6 @@
 
 use std::time::Duration;
 
-use crate::row::RunInfo;
 use crate::status::RunStatus;
 
 /// Which ended runs [`Runtime::prune`](crate::Runtime::prune) removes. Runs that have not
@@ -10,6 +9,12 @@ use crate::status::RunStatus;
 ///
 /// A run expires if it ended more than `max_age` ago, or if it is not among the `keep_last`
 /// most recently ended runs; with neither set, nothing expires.
+///
+/// A child run goes with its parent: a run and the child runs it started (and theirs) are kept
+/// or removed together, as one run that ended when the last of them did, so `keep_last`
+/// counts top-level runs, and a run's history never names a child that is gone. A child
+/// whose parent has not ended is kept (the parent may still join it), as is one whose parent
+/// the policy keeps (a failed parent under `keep_failed`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RetentionPolicy {
     /// Remove runs that ended longer ago than this.
@@ -54,26 +59,38 @@ impl RetentionPolicy {
         out
     }
 
-    /// The ids of the runs in `ended` that expire at `now_ms`, oldest first.
-    pub(crate) fn select(&self, mut ended: Vec<RunInfo>, now_ms: u64) -> Vec<String> {
+    /// The families in `ended` that expire at `now_ms`, oldest first: by count, those not
+    /// among the `keep_last` most recently ended; by age, those that ended before `max_age`
+    /// ago.
+    pub(crate) fn select(&self, mut ended: Vec<Family>, now_ms: u64) -> Vec<Family> {
         ended.sort_by(|a, b| {
-            b.updated_ms
-                .cmp(&a.updated_ms)
-                .then_with(|| a.run_id.cmp(&b.run_id))
+            b.ended_ms
+                .cmp(&a.ended_ms)
+                .then_with(|| a.run_ids.cmp(&b.run_ids))
         });
         let cutoff = self
             .max_age
-            .map(|age| now_ms.saturating_sub(age.as_millis() as u64));
-        let mut out: Vec<String> = ended
+            .map(|age| now_ms.saturating_sub(u64::try_from(age.as_millis()).unwrap_or(u64::MAX)));
+        let mut out: Vec<Family> = ended
             .into_iter()
             .enumerate()
-            .filter(|(rank, info)| {
+            .filter(|(rank, family)| {
                 self.keep_last.is_some_and(|n| *rank >= n)
-                    || cutoff.is_some_and(|c| info.updated_ms < c)
+                    || cutoff.is_some_and(|c| family.ended_ms < c)
             })
-            .map(|(_, info)| info.run_id)
+            .map(|(_, family)| family)
             .collect();
         out.reverse();
         out
     }
+}
+
+/// A run that was not started by another (or whose parent is gone), with the child runs it
+/// started, theirs, and so on: retention keeps or removes them together.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Family {
+    /// When the last of them ended (ms since the Unix epoch): a family's age and rank.
+    pub ended_ms: u64,
+    /// Their ids, each parent before its children (the top-level run first).
+    pub run_ids: Vec<String>,
 }

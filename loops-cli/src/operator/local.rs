@@ -1,18 +1,13 @@
 //! [`Local`]: the store opened by this process.
 
 use loops_core::{
-    Compacted, EventRecord, FailureRecord, Pruned, RedbStore, Reply, RetentionPolicy, RunInfo,
-    RunStatus, Runtime, ScheduleStatus, SchemaHash, Sent, StepRecord, Store, TransitionRecord,
-    Write, now_ms,
+    Compacted, EventRecord, FailureRecord, Pruned, RedbStore, RetentionPolicy, RunInfo, RunStatus,
+    Runtime, ScheduleStatus, SchemaHash, Sent, StepRecord, Store, TransitionRecord, now_ms,
 };
 use serde_json::value::RawValue;
 
 use super::{Operator, Taker, core_failure};
 use crate::failure::{Failure, Result};
-
-/// Most runs `loops prune` deletes in one write: small enough that one commit stays short
-/// and the progress bar moves, as loops' own prune batches its writes.
-const PRUNE_CHUNK: usize = 256;
 
 /// The store, opened by this process: reads go to the store, writes through a runtime on
 /// it (the same commit path as the workflow's process).
@@ -223,35 +218,24 @@ impl Operator for Local {
         self.wait(runtime.send_json(run_id, event, key, payload))
     }
 
-    /// Selects as a dry run would, then (unless `dry_run`) deletes the selected runs in
-    /// chunks of at most [`PRUNE_CHUNK`], about 50 of them, for progress. The deletion is
-    /// the store's own prune write, which skips a run that has not ended.
+    /// loops' own prune ([`loops_core::prune_reporting`]): whole families of runs per
+    /// write, about 50 writes, for progress. Writing needs the store opened for writing.
     fn prune(
         &self,
         policy: &RetentionPolicy,
         dry_run: bool,
         progress: &dyn Fn(u64, u64),
     ) -> Result<Pruned> {
-        let store = self.store();
-        let mut selected = self.wait(loops_core::prune(store, policy, now_ms(), true))?;
-        if dry_run || selected.run_ids.is_empty() {
-            return Ok(selected);
+        if !dry_run {
+            self.runtime_for("prune")?;
         }
-        self.runtime_for("prune")?;
-        let chunk = (selected.run_ids.len() / 50).clamp(1, PRUNE_CHUNK);
-        let (mut records, mut done) = (0, 0);
-        for ids in selected.run_ids.chunks(chunk) {
-            let write = Write::Prune {
-                run_ids: ids.to_vec(),
-            };
-            if let Reply::Pruned { records: n } = self.wait(store.write(None, write))? {
-                records += n;
-            }
-            done += ids.len() as u64;
-            progress(done, selected.runs);
-        }
-        selected.records = records;
-        Ok(selected)
+        self.wait(loops_core::prune_reporting(
+            self.store(),
+            policy,
+            now_ms(),
+            dry_run,
+            progress,
+        ))
     }
 
     fn compact(&self) -> Result<Compacted> {

@@ -207,3 +207,80 @@ pub(super) async fn cancel_cascades(f: &dyn Factory) {
     assert_eq!(row("a").await.updated_ms, 6_000);
     assert_eq!(inbox(store, "p").await, [ended("a")]);
 }
+
+/// `prune_families`: retention keeps or removes a run with its children and grandchildren
+/// as one run that ended when the last of them did, each parent listed before its
+/// children; a child whose parent (or grandparent) has not ended is kept; a child whose
+/// parent is gone is a run of its own.
+pub(super) async fn prune_families(f: &dyn Factory) {
+    use crate::retention::RetentionPolicy;
+    let store = f.store();
+    let store = &*store;
+    // n ends at 2,001 ms; o/c (its parent o never existed) at 2,002; t at 2,003, its child
+    // t/c and grandchild t/c/g at 2,001; u runs on, its child and grandchild ended.
+    let end = |l: Lease, id: &'static str, last: u64| async move {
+        for seq in 1..=last {
+            transition(store, &l, id, seq, seq == last).await.unwrap();
+        }
+        store.release(&l).await.unwrap();
+    };
+    end(super::support::create(store, "n").await, "n", 1).await;
+    let o = create_child(store, "o/c", "o", OnParentCancel::Cancel).await;
+    end(o, "o/c", 2).await;
+    let t = super::support::create(store, "t").await;
+    let tc = create_child(store, "t/c", "t", OnParentCancel::Cancel).await;
+    let tcg = create_child(store, "t/c/g", "t/c", OnParentCancel::Cancel).await;
+    end(tcg, "t/c/g", 1).await;
+    end(tc, "t/c", 1).await;
+    end(t, "t", 3).await;
+    let u = super::support::create(store, "u").await;
+    let uc = create_child(store, "u/c", "u", OnParentCancel::Cancel).await;
+    let ucg = create_child(store, "u/c/g", "u/c", OnParentCancel::Cancel).await;
+    end(ucg, "u/c/g", 1).await;
+    end(uc, "u/c", 1).await;
+
+    let pruned = |policy: RetentionPolicy, now_ms: u64, dry_run: bool| async move {
+        let p = crate::store::prune(store, &policy, now_ms, dry_run)
+            .await
+            .unwrap();
+        (p.run_ids, p.kept_for_parents, p.records)
+    };
+    // The newest family is t's: kept whole, though t/c and t/c/g ended first.
+    let newest = RetentionPolicy::default().keep_last(1);
+    assert_eq!(
+        pruned(newest, 10_000, true).await,
+        (owned(&["n", "o/c"]), 2, 2 + 3)
+    );
+    // By age, t's family is as old as t.
+    let by_age = RetentionPolicy::older_than(std::time::Duration::ZERO);
+    assert_eq!(
+        pruned(by_age, 2_003, true).await,
+        (owned(&["n", "o/c"]), 2, 2 + 3)
+    );
+    let everything = RetentionPolicy::default().keep_last(0);
+    assert_eq!(
+        pruned(everything.clone(), 10_000, false).await,
+        (
+            owned(&["n", "o/c", "t", "t/c", "t/c/g"]),
+            2,
+            2 + 3 + 4 + 2 + 2
+        )
+    );
+    for gone in ["n", "o/c", "t", "t/c", "t/c/g"] {
+        assert!(store.run_info(gone).await.unwrap().is_none(), "{gone}");
+        assert!(store.history(gone).await.unwrap().is_empty(), "{gone}");
+    }
+    for kept in ["u/c", "u/c/g"] {
+        let info = store.run_info(kept).await.unwrap().unwrap();
+        assert_eq!(info.status, RunStatus::Completed, "{kept}");
+    }
+    end(u, "u", 1).await;
+    assert_eq!(
+        pruned(everything, 10_000, false).await,
+        (owned(&["u", "u/c", "u/c/g"]), 0, 2 + 2 + 2)
+    );
+}
+
+fn owned(ids: &[&str]) -> Vec<String> {
+    ids.iter().map(|id| (*id).to_owned()).collect()
+}

@@ -222,6 +222,11 @@ pub enum Case {
     /// cancel), asks its running children to stop, leaves its abandoned children alone, and
     /// cascades through grandchildren; the children that ended wake their parents.
     CancelCascades,
+    /// `prune_families`: [`prune`](crate::store::prune) keeps or removes a run with its
+    /// children and grandchildren, as one run that ended when the last of them did (each
+    /// parent listed and removed before its children); a child whose parent or grandparent
+    /// has not ended is kept and counted; a child whose parent is gone is a run of its own.
+    PruneFamilies,
     /// `schedules`: a registration stores its row as given; registered again, it takes the
     /// new spec and policy and keeps its pause, ticks and creation time; ticks move
     /// `through_ms` and `last_tick_ms` forward only; resuming settles the paused ticks; the
@@ -238,7 +243,7 @@ pub enum Case {
 
 impl Case {
     /// Every case, in the order of their tests.
-    pub const ALL: [Case; 22] = [
+    pub const ALL: [Case; 23] = [
         Case::CreateAndRead,
         Case::TransitionsAppendInOrder,
         Case::StepsAreImmutable,
@@ -259,6 +264,7 @@ impl Case {
         Case::AttributesRefused,
         Case::ChildEndWakesParent,
         Case::CancelCascades,
+        Case::PruneFamilies,
         Case::Schedules,
         Case::SchedulesRefused,
     ];
@@ -286,6 +292,7 @@ impl Case {
             Case::AttributesRefused => "attributes_refused",
             Case::ChildEndWakesParent => "child_end_wakes_parent",
             Case::CancelCascades => "cancel_cascades",
+            Case::PruneFamilies => "prune_families",
             Case::Schedules => "schedules",
             Case::SchedulesRefused => "schedules_refused",
         }
@@ -322,6 +329,7 @@ impl Case {
             Case::AttributesRefused => attributes::attributes_refused(factory).await,
             Case::ChildEndWakesParent => children::child_end_wakes_parent(factory).await,
             Case::CancelCascades => children::cancel_cascades(factory).await,
+            Case::PruneFamilies => children::prune_families(factory).await,
             Case::Schedules => schedules::schedules(factory).await,
             Case::SchedulesRefused => schedules::schedules_refused(factory).await,
         }
@@ -391,6 +399,7 @@ macro_rules! conformance_suite {
             attributes_refused => AttributesRefused,
             child_end_wakes_parent => ChildEndWakesParent,
             cancel_cascades => CancelCascades,
+            prune_families => PruneFamilies,
             schedules => Schedules,
             schedules_refused => SchedulesRefused,
         }

@@ -16,12 +16,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Serialize;
-
 use crate::attribute::{Attributes, RunFilter};
 use crate::error::Result;
 use crate::record::{FailureRecord, StepRecord, TransitionRecord};
-use crate::retention::RetentionPolicy;
 pub use crate::row::{RunInfo, WaitInfo};
 use crate::schema::SchemaHash;
 pub use crate::status::RunStatus;
@@ -40,6 +37,7 @@ mod plan;
 mod plan_tests;
 pub(crate) mod precheck;
 pub(crate) mod protocol;
+mod prune;
 mod ready;
 pub(crate) mod redb;
 mod schedule_plan;
@@ -50,6 +48,7 @@ pub use self::facts::{CurrentLease, Facts, LeaseCheck, Needs, PendingEvent, Reco
 pub use self::limits::{SharedLimits, Take};
 pub use self::plan::plan;
 pub use self::protocol::{AfterFailure, EventRecord, Reply, WaitOutcome, Write};
+pub use self::prune::{Pruned, prune, prune_reporting};
 pub use self::ready::{ParkedRun, Readiness, Ready};
 pub use self::redb::{
     Compacted, DEFAULT_CACHE_BYTES, RedbStore, STORE_FORMAT, StoreOptions, Upgraded,
@@ -399,107 +398,4 @@ pub async fn find_runs(
     out.sort_by(|a, b| a.0.run_id.cmp(&b.0.run_id));
     out.dedup_by(|a, b| a.0.run_id == b.0.run_id);
     Ok(out)
-}
-
-/// `ended` split in two: the runs free to expire, and the child runs whose parent has not
-/// ended (each parent read once), which a parent that is running, waiting or blocked may
-/// still join. A parent that no longer exists holds nothing.
-async fn without_joinable_children(
-    store: &dyn Store,
-    ended: Vec<RunInfo>,
-) -> Result<(Vec<RunInfo>, Vec<RunInfo>)> {
-    let mut parent_ended: std::collections::HashMap<String, bool> =
-        std::collections::HashMap::new();
-    let mut free = Vec::with_capacity(ended.len());
-    let mut held = Vec::new();
-    for info in ended {
-        if let Some(link) = &info.parent {
-            let done = match parent_ended.get(&link.run_id) {
-                Some(done) => *done,
-                None => {
-                    let done = store
-                        .run_info(&link.run_id)
-                        .await?
-                        .is_none_or(|p| p.status.is_ended());
-                    parent_ended.insert(link.run_id.clone(), done);
-                    done
-                }
-            };
-            if !done {
-                held.push(info);
-                continue;
-            }
-        }
-        free.push(info);
-    }
-    Ok((free, held))
-}
-
-/// What [`prune`] removed (or, in a dry run, would remove).
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
-pub struct Pruned {
-    /// Runs removed.
-    pub runs: u64,
-    /// Transition records removed (step, failure and event records go with them).
-    pub records: u64,
-    /// The ids of the runs removed, oldest first.
-    pub run_ids: Vec<String>,
-    /// Ended child runs left alone, whatever the policy, because their parent has not ended
-    /// (it may still join them): they are pruned once it has.
-    pub kept_for_parents: u64,
-}
-
-/// Most runs deleted by one write of [`prune`].
-pub(crate) const PRUNE_BATCH: usize = 256;
-
-/// Selects the ended runs `policy` expires at `now_ms` and, unless `dry_run`, deletes their
-/// records, rows, index entries and events with [`Write::Prune`], a batch of runs per
-/// write. Runs that have not ended are never touched, and neither is a child run whose
-/// parent has not ended: the parent may still join it (it reads the child's row and final
-/// state), so the child is kept until its parent ends.
-///
-/// # Errors
-/// [`Error::Storage`](crate::Error::Storage) if a read or a commit fails (runs deleted by
-/// earlier writes stay deleted); [`Error::ReadOnly`](crate::Error::ReadOnly) for a read-only
-/// store unless `dry_run`.
-pub async fn prune(
-    store: &dyn Store,
-    policy: &RetentionPolicy,
-    now_ms: u64,
-    dry_run: bool,
-) -> Result<Pruned> {
-    let mut ended = Vec::new();
-    for status in policy.statuses() {
-        ended.extend(store.list(status, None).await?);
-    }
-    let (ended, held) = without_joinable_children(store, ended).await?;
-    let expired = policy.select(ended, now_ms);
-    let mut report = Pruned {
-        runs: expired.len() as u64,
-        records: 0,
-        run_ids: expired.clone(),
-        kept_for_parents: held.len() as u64,
-    };
-    if dry_run {
-        for run_id in &expired {
-            report.records = report
-                .records
-                .saturating_add(store.history(run_id).await?.len() as u64);
-        }
-        return Ok(report);
-    }
-    for chunk in expired.chunks(PRUNE_BATCH) {
-        if let Reply::Pruned { records } = store
-            .write(
-                None,
-                Write::Prune {
-                    run_ids: chunk.to_vec(),
-                },
-            )
-            .await?
-        {
-            report.records = report.records.saturating_add(records);
-        }
-    }
-    Ok(report)
 }

@@ -87,38 +87,48 @@ async fn prune_removes_only_expired_ended_runs_and_compact_reclaims_space() {
     assert!(rt.redb().unwrap().check_integrity().unwrap());
 }
 
-#[tokio::test]
-async fn retention_selects_by_age_and_count() {
-    let info = |id: &str, updated_ms: u64| RunInfo {
-        run_id: id.into(),
-        workflow: "w".into(),
-        schema: SchemaHash::from_u64(0),
-        status: RunStatus::Completed,
-        state: "Done".into(),
-        seq: 1,
-        attempt: 1,
-        attempt_base: 0,
-        interrupted: 0,
-        created_ms: 0,
-        updated_ms,
-        retry_at_ms: None,
-        error: None,
-        cancel: None,
-        wait: None,
-        block: None,
-        entered: None,
-        parent: None,
+#[test]
+fn retention_selects_families_by_age_and_count() {
+    use crate::retention::Family;
+    let family = |ids: &[&str], ended_ms: u64| Family {
+        ended_ms,
+        run_ids: ids.iter().map(|id| (*id).to_owned()).collect(),
     };
-    let runs = vec![info("a", 1_000), info("b", 5_000), info("c", 9_000)];
+    let ended = vec![
+        family(&["a", "a/0"], 1_000),
+        family(&["b"], 5_000),
+        family(&["c", "c/0", "c/0/0"], 9_000),
+    ];
     let by_age = RetentionPolicy::older_than(Duration::from_millis(4_000));
     assert_eq!(
-        by_age.select(runs.clone(), 10_000),
-        vec!["a", "b"],
+        by_age.select(ended.clone(), 10_000),
+        vec![family(&["a", "a/0"], 1_000), family(&["b"], 5_000)],
         "oldest first"
     );
+    // A family counts as one run: the newest is kept with its two children.
     let by_count = RetentionPolicy::default().keep_last(1);
-    assert_eq!(by_count.select(runs.clone(), 10_000), vec!["a", "b"]);
-    assert!(RetentionPolicy::default().select(runs, 10_000).is_empty());
+    assert_eq!(
+        by_count.select(ended.clone(), 10_000),
+        vec![family(&["a", "a/0"], 1_000), family(&["b"], 5_000)]
+    );
+    assert_eq!(
+        RetentionPolicy::default()
+            .keep_last(2)
+            .select(ended.clone(), 10_000),
+        vec![family(&["a", "a/0"], 1_000)]
+    );
+    // Ties in age go by the top-level run's id; a max_age past the epoch selects nothing.
+    let tied = vec![family(&["y"], 7), family(&["x"], 7)];
+    assert_eq!(
+        RetentionPolicy::default().keep_last(1).select(tied, 10),
+        vec![family(&["y"], 7)]
+    );
+    assert!(
+        RetentionPolicy::older_than(Duration::MAX)
+            .select(ended.clone(), 10_000)
+            .is_empty()
+    );
+    assert!(RetentionPolicy::default().select(ended, 10_000).is_empty());
 }
 
 #[tokio::test]

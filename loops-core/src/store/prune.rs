@@ -1,0 +1,211 @@
+//! Pruning: which ended runs a [`RetentionPolicy`] removes, and their removal in batches of
+//! whole families (a run with the child runs it started), for every store.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use super::{Reply, RunInfo, Store, Write};
+use crate::error::Result;
+use crate::retention::{Family, RetentionPolicy};
+
+/// What [`prune`] removed (or, in a dry run, would remove).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct Pruned {
+    /// Runs removed.
+    pub runs: u64,
+    /// Transition records removed (step, failure and event records go with them).
+    pub records: u64,
+    /// The ids of the runs removed, oldest first; each parent run before its children.
+    pub run_ids: Vec<String>,
+    /// Ended child runs left alone, whatever the policy, because their parent (or its
+    /// parent) has not ended and may still join them: they are pruned once it has.
+    pub kept_for_parents: u64,
+}
+
+/// Most runs deleted by one write of [`prune`] (a family larger than this goes in one write
+/// of its own).
+const PRUNE_BATCH: usize = 256;
+
+/// Writes a prune aims at, so that [`prune_reporting`]'s progress moves.
+const PRUNE_STEPS: usize = 50;
+
+/// Selects the ended runs `policy` expires at `now_ms` and, unless `dry_run`, deletes their
+/// records, rows, index entries and events with [`Write::Prune`]. Runs that have not ended
+/// are never touched. A run goes with the child runs it started (see [`RetentionPolicy`]),
+/// in the same write: a parent is never left naming a child that is gone, and a child whose
+/// parent has not ended is kept, since the parent may still join it (read its row and final
+/// state).
+///
+/// # Errors
+/// [`Error::Storage`](crate::Error::Storage) if a read or a commit fails (runs deleted by
+/// earlier writes stay deleted; each write removes whole families);
+/// [`Error::ReadOnly`](crate::Error::ReadOnly) for a read-only store unless `dry_run`.
+pub async fn prune(
+    store: &dyn Store,
+    policy: &RetentionPolicy,
+    now_ms: u64,
+    dry_run: bool,
+) -> Result<Pruned> {
+    prune_reporting(store, policy, now_ms, dry_run, |_, _| {}).await
+}
+
+/// [`prune`], calling `progress(removed, total)` (in runs) after each write: about 50
+/// writes of at most 256 runs each, whole families in each.
+///
+/// # Errors
+/// As [`prune`].
+pub async fn prune_reporting(
+    store: &dyn Store,
+    policy: &RetentionPolicy,
+    now_ms: u64,
+    dry_run: bool,
+    progress: impl Fn(u64, u64),
+) -> Result<Pruned> {
+    let mut ended = Vec::new();
+    for status in policy.statuses() {
+        ended.extend(store.list(status, None).await?);
+    }
+    let (families, held) = families(store, ended).await?;
+    let expired = policy.select(families, now_ms);
+    let run_ids: Vec<String> = expired
+        .iter()
+        .flat_map(|family| family.run_ids.iter().cloned())
+        .collect();
+    let mut report = Pruned {
+        runs: run_ids.len() as u64,
+        records: 0,
+        run_ids,
+        kept_for_parents: held,
+    };
+    if dry_run {
+        for run_id in &report.run_ids {
+            report.records = report
+                .records
+                .saturating_add(store.history(run_id).await?.len() as u64);
+        }
+        return Ok(report);
+    }
+    let batch = (report.run_ids.len() / PRUNE_STEPS).clamp(1, PRUNE_BATCH);
+    let mut removed = 0u64;
+    for run_ids in batches(&expired, batch) {
+        let n = run_ids.len() as u64;
+        if let Reply::Pruned { records } = store.write(None, Write::Prune { run_ids }).await? {
+            report.records = report.records.saturating_add(records);
+        }
+        removed = removed.saturating_add(n);
+        progress(removed, report.runs);
+    }
+    Ok(report)
+}
+
+/// The ids of `families`, in writes of about `batch` runs: whole families each, so that a
+/// prune that ends midway leaves no parent without the children its history names.
+fn batches(families: &[Family], batch: usize) -> Vec<Vec<String>> {
+    let mut out: Vec<Vec<String>> = Vec::new();
+    let mut current: Vec<String> = Vec::new();
+    for family in families {
+        if !current.is_empty() && current.len() + family.run_ids.len() > batch {
+            out.push(std::mem::take(&mut current));
+        }
+        current.extend(family.run_ids.iter().cloned());
+    }
+    if !current.is_empty() {
+        out.push(current);
+    }
+    out
+}
+
+/// Where an ended run stands among its ancestors.
+enum Lineage {
+    /// It heads a family: it has no parent, or its parent is gone. Holds its id.
+    Top(String),
+    /// It belongs to the family headed by the run named, `depth` generations below it.
+    Under(String, usize),
+    /// Its parent, or an ancestor, has not ended: it may still be joined.
+    Joinable,
+    /// Its parent has ended but is not a candidate (the policy keeps it): it stays too.
+    Kept,
+}
+
+/// The ended runs of `ended` grouped in families, each parent before its children, and the
+/// number of runs held because an ancestor has not ended. Each parent outside `ended` is
+/// read once.
+async fn families(store: &dyn Store, ended: Vec<RunInfo>) -> Result<(Vec<Family>, u64)> {
+    let by_id: HashMap<&str, &RunInfo> = ended.iter().map(|i| (i.run_id.as_str(), i)).collect();
+    // Parents outside `ended`: Some(true) if that parent has not ended, None if it is gone.
+    let mut outside: HashMap<String, Option<bool>> = HashMap::new();
+    let mut members: HashMap<String, Vec<(usize, &str)>> = HashMap::new();
+    let mut held = 0u64;
+    for info in &ended {
+        match lineage(store, &by_id, &mut outside, info).await? {
+            Lineage::Top(top) => members.entry(top).or_default().push((0, &info.run_id)),
+            Lineage::Under(top, depth) => {
+                members.entry(top).or_default().push((depth, &info.run_id))
+            }
+            Lineage::Joinable => held += 1,
+            Lineage::Kept => {}
+        }
+    }
+    let mut out = Vec::with_capacity(members.len());
+    for mut ids in members.into_values() {
+        ids.sort_unstable();
+        let ended_ms = ids
+            .iter()
+            .filter_map(|(_, id)| by_id.get(id).map(|info| info.updated_ms))
+            .max()
+            .unwrap_or(0);
+        out.push(Family {
+            ended_ms,
+            run_ids: ids.into_iter().map(|(_, id)| id.to_owned()).collect(),
+        });
+    }
+    Ok((out, held))
+}
+
+/// `info`'s place among its ancestors, walking its parent links through `by_id` (the ended
+/// candidates) and reading a parent outside them from the store (remembered in `outside`).
+async fn lineage(
+    store: &dyn Store,
+    by_id: &HashMap<&str, &RunInfo>,
+    outside: &mut HashMap<String, Option<bool>>,
+    info: &RunInfo,
+) -> Result<Lineage> {
+    let mut current = info;
+    // Parent links are set when a child is created and never change, so they cannot loop;
+    // the bound keeps a damaged store from looping anyway.
+    for depth in 0..=by_id.len() {
+        let Some(link) = &current.parent else {
+            return Ok(top_or_under(current, depth));
+        };
+        if let Some(parent) = by_id.get(link.run_id.as_str()) {
+            current = parent;
+            continue;
+        }
+        let running = match outside.get(&link.run_id) {
+            Some(known) => *known,
+            None => {
+                let running = store
+                    .run_info(&link.run_id)
+                    .await?
+                    .map(|p| !p.status.is_ended());
+                outside.insert(link.run_id.clone(), running);
+                running
+            }
+        };
+        return Ok(match running {
+            None => top_or_under(current, depth),
+            Some(true) => Lineage::Joinable,
+            Some(false) => Lineage::Kept,
+        });
+    }
+    Ok(Lineage::Top(info.run_id.clone()))
+}
+
+/// `top` heads the family; a run `depth` generations below it belongs to it.
+fn top_or_under(top: &RunInfo, depth: usize) -> Lineage {
+    match depth {
+        0 => Lineage::Top(top.run_id.clone()),
+        _ => Lineage::Under(top.run_id.clone(), depth),
+    }
+}
