@@ -181,7 +181,7 @@ pub fn emit_json(value: &impl Serialize) -> Result<()> {
     let text = serde_json::to_string_pretty(value)
         .map_err(|e| Failure::new(format!("cannot encode the output as JSON: {e}")))?;
     // They can only stand inside JSON strings, where an escape means the same character.
-    let text = escaped(&text, |c| format!("\\u{:04x}", u32::from(c)));
+    let text = loops_core::replace_bidi_controls(&text, |c| format!("\\u{:04x}", u32::from(c)));
     emit(&format!("{text}\n"))
 }
 
@@ -190,22 +190,6 @@ pub fn emit_json(value: &impl Serialize) -> Result<()> {
 /// them, and a terminal would show the rest of the line in another order.
 pub fn shown(text: &str) -> std::borrow::Cow<'_, str> {
     loops_core::escape_bidi_controls(text)
-}
-
-/// `text` with each bidirectional control character replaced by `escape` of it.
-fn escaped(text: &str, escape: impl Fn(char) -> String) -> std::borrow::Cow<'_, str> {
-    if !text.chars().any(loops_core::is_bidi_control) {
-        return std::borrow::Cow::Borrowed(text);
-    }
-    let mut out = String::with_capacity(text.len() + 16);
-    for c in text.chars() {
-        if loops_core::is_bidi_control(c) {
-            out.push_str(&escape(c));
-        } else {
-            out.push(c);
-        }
-    }
-    std::borrow::Cow::Owned(out)
 }
 
 /// Writes a one-line note to stderr (`note: ...`).

@@ -29,13 +29,20 @@ pub fn is_bidi_control(c: char) -> bool {
 /// reason, an old run id) shown in a message or on a terminal reads in its own order.
 /// Borrowed when there is none.
 pub fn escape_bidi_controls(text: &str) -> Cow<'_, str> {
+    replace_bidi_controls(text, |c| format!("\\u{{{:04x}}}", u32::from(c)))
+}
+
+/// `text` with each bidirectional control character ([`is_bidi_control`]) replaced by what
+/// `escape` returns for it: for an escape in another syntax than Rust's (JSON's `\u202e`, in
+/// text that is JSON). Borrowed when there is none.
+pub fn replace_bidi_controls(text: &str, escape: impl Fn(char) -> String) -> Cow<'_, str> {
     if !text.chars().any(is_bidi_control) {
         return Cow::Borrowed(text);
     }
     let mut out = String::with_capacity(text.len() + 16);
     for c in text.chars() {
         if is_bidi_control(c) {
-            out.push_str(&format!("\\u{{{:04x}}}", u32::from(c)));
+            out.push_str(&escape(c));
         } else {
             out.push(c);
         }
@@ -54,5 +61,8 @@ mod tests {
             escape_bidi_controls("a\u{202e}b\u{061c}"),
             "a\\u{202e}b\\u{061c}"
         );
+        let json = |c: char| format!("\\u{:04x}", u32::from(c));
+        assert_eq!(replace_bidi_controls("x\u{2066}", json), "x\\u2066");
+        assert_eq!(replace_bidi_controls("x", json), Cow::Borrowed("x"));
     }
 }

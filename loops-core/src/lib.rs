@@ -60,7 +60,7 @@ pub use migrate::{
 };
 pub use names::{
     CHILD_ENDED, MAX_NAME_BYTES, MAX_RUN_ID_BYTES, RESERVED_PREFIX, escape_bidi_controls,
-    is_bidi_control, validate_run_id, validate_run_id_lookup,
+    is_bidi_control, replace_bidi_controls, validate_run_id, validate_run_id_lookup,
 };
 pub use panics::silence_caught_redb_panics;
 pub use record::{

@@ -19,7 +19,7 @@ pub const RESERVED_PREFIX: &str = "loops:";
 /// ([`Context::join_child`](crate::Context::join_child)).
 pub const CHILD_ENDED: &str = "loops:child-ended";
 
-pub use crate::bidi::{escape_bidi_controls, is_bidi_control};
+pub use crate::bidi::{escape_bidi_controls, is_bidi_control, replace_bidi_controls};
 
 /// Checks the id of a new run: the rules of [`validate_run_id_lookup`] (not empty, at most
 /// [`MAX_RUN_ID_BYTES`] bytes, no control characters, no white space at either end), no
