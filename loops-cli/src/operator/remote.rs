@@ -41,9 +41,17 @@ pub struct Remote {
 enum Op {
     /// It reads: made again on the file.
     Read,
-    /// It writes: its outcome is unknown, and it fails.
-    Write,
+    /// It writes: its outcome is unknown, and it fails, adding `if_unknown` (what to do then)
+    /// to the message.
+    Write { if_unknown: &'static str },
 }
+
+/// What [`Op::Write`] adds for a write that may be repeated without harm.
+const SAFE_TO_REPEAT: &str = "";
+
+/// What `send` adds when its outcome is unknown: a second send without the key is a second
+/// event.
+const SEND_UNKNOWN: &str = "; `loops history RUN` shows whether the event was sent. A send repeated with the same --key is taken once; without --key, a second send is a second event";
 
 impl Remote {
     /// The operator for store `label` over `client`; `fallback` is the store file and the
@@ -85,7 +93,17 @@ impl Remote {
             Err(ControlError::Dropped { .. }) if op == Op::Read && self.fallback.is_some() => {
                 local(self.fallen_back()?)
             }
-            answered => answered.map_err(|e| remote_failure(&self.label, e)),
+            answered => answered.map_err(|e| {
+                let unknown = matches!(
+                    e,
+                    ControlError::Dropped { .. } | ControlError::NoAnswer { .. }
+                );
+                let mut failure = remote_failure(&self.label, e);
+                if let (true, Op::Write { if_unknown }) = (unknown, op) {
+                    failure.message.push_str(if_unknown);
+                }
+                failure
+            }),
         }
     }
 
@@ -260,7 +278,9 @@ impl Operator for Remote {
 
     fn pause_schedule(&self, name: &str, paused: bool) -> Result<loops_core::ScheduleStatus> {
         self.call(
-            Op::Write,
+            Op::Write {
+                if_unknown: SAFE_TO_REPEAT,
+            },
             |c| c.pause_schedule(name, paused),
             |l| l.pause_schedule(name, paused),
         )
@@ -268,7 +288,9 @@ impl Operator for Remote {
 
     fn remove_schedule(&self, name: &str) -> Result<()> {
         self.call(
-            Op::Write,
+            Op::Write {
+                if_unknown: SAFE_TO_REPEAT,
+            },
             |c| c.remove_schedule(name),
             |l| l.remove_schedule(name),
         )
@@ -276,14 +298,22 @@ impl Operator for Remote {
 
     fn cancel(&self, run_id: &str, reason: &str) -> Result<RunInfo> {
         self.call(
-            Op::Write,
+            Op::Write {
+                if_unknown: SAFE_TO_REPEAT,
+            },
             |c| c.cancel(run_id, reason),
             |l| l.cancel(run_id, reason),
         )
     }
 
     fn retry(&self, run_id: &str) -> Result<RunInfo> {
-        self.call(Op::Write, |c| c.retry(run_id), |l| l.retry(run_id))
+        self.call(
+            Op::Write {
+                if_unknown: SAFE_TO_REPEAT,
+            },
+            |c| c.retry(run_id),
+            |l| l.retry(run_id),
+        )
     }
 
     fn send(
@@ -294,7 +324,9 @@ impl Operator for Remote {
         payload: &RawValue,
     ) -> Result<Sent> {
         self.call(
-            Op::Write,
+            Op::Write {
+                if_unknown: SEND_UNKNOWN,
+            },
             |c| async move {
                 let sent = c.send(run_id, event, key, payload).await?;
                 Ok(Sent {
@@ -324,7 +356,9 @@ impl Operator for Remote {
         };
         let request = &request;
         self.call(
-            Op::Write,
+            Op::Write {
+                if_unknown: SAFE_TO_REPEAT,
+            },
             |c| async move {
                 let reply = c.prune(request).await?;
                 if !dry_run {
@@ -343,7 +377,9 @@ impl Operator for Remote {
 
     fn compact(&self) -> Result<Compacted> {
         self.call(
-            Op::Write,
+            Op::Write {
+                if_unknown: SAFE_TO_REPEAT,
+            },
             |c| async move {
                 let reply = c.compact().await?;
                 Ok(Compacted {
@@ -522,6 +558,17 @@ mod tests {
         assert!(
             failure.message.ends_with(
                 "): the process may have stopped; whether it carried the request out is unknown"
+            ),
+            "{}",
+            failure.message
+        );
+        // A send's outcome unknown: a second send without the key would be a second event.
+        let payload = serde_json::value::RawValue::from_string("1".to_owned()).unwrap();
+        let failure = writer.send("j1", "go", None, &payload).unwrap_err();
+        assert!(failure.message.starts_with(&said), "{}", failure.message);
+        assert!(
+            failure.message.ends_with(
+                "whether it carried the request out is unknown; `loops history RUN` shows whether the event was sent. A send repeated with the same --key is taken once; without --key, a second send is a second event"
             ),
             "{}",
             failure.message
