@@ -6,7 +6,10 @@
 //!   `holding at seq k` and wait forever, so that a test can SIGKILL the process right after
 //!   the `k`-th transition was committed;
 //! - `LOOPS_DELIVER_STOP_AT_SEQ=k`: at the entry of seq `k`, stop driving and exit 0 cleanly
-//!   without doing the state's work (the store file is closed properly);
+//!   without doing the state's work (the store file is closed properly); version 2's
+//!   `Planned` enters after its child runs have ended (the join comes before the entry
+//!   line, so that a handler that parks in the join enters once), so a stop at its seq
+//!   comes after the children;
 //! - every entry appends `seq state attempt` to `<workdir>/handler-entries.log`.
 
 use std::io::Write as _;

@@ -70,7 +70,8 @@ For tests only (environment variables):
   LOOPS_DELIVER_HOLD_AT_SEQ=k  at the entry of the state at seq k, print `holding at seq k`
                                and wait forever (for a test to SIGKILL the process there)
   LOOPS_DELIVER_STOP_AT_SEQ=k  at the entry of seq k, exit 0 without doing the state's work,
-                               closing the store cleanly
+                               closing the store cleanly (version 2's Planned enters once its
+                               child runs have ended: they are its work before the entry)
 Every state entry is appended to <workdir>/handler-entries.log as `seq state attempt`.
 
 Versions: this build starts new runs on version 2 of the workflow (a review of the change by
