@@ -585,3 +585,57 @@ fn store_errors_name_their_cause_once() {
         assert_eq!(format!("{:#}", anyhow::Error::from(err)), said);
     }
 }
+
+/// A damaged page is said to be damage by every open, never another format (a flip can hide
+/// the record of the format), and a writable open that succeeds reads every record back:
+/// before, a page redb's check on open let through left the runtime open on a file whose
+/// reads failed, and a read-only open called a damaged file "format 1" and sent the user to
+/// `loops upgrade`.
+#[tokio::test]
+async fn a_flipped_byte_is_damage_to_every_open_never_another_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = good_store(dir.path()).await;
+    let original = std::fs::read(&path).unwrap();
+    let copy = dir.path().join("flipped.redb");
+    let (mut refused, mut opened) = (0, 0);
+    // The bytes of the format's record (its key), and one byte in every 64 (at 10 past,
+    // where a page's first entries lie).
+    let format_key = original
+        .windows(6)
+        .position(|w| w == b"format")
+        .expect("the format's record");
+    let offsets = (format_key..format_key + 6).chain((10..original.len()).step_by(64));
+    for offset in offsets {
+        let mut bytes = original.clone();
+        bytes[offset] ^= 0xff;
+        std::fs::write(&copy, &bytes).unwrap();
+        match RedbStore::open_read_only(&copy) {
+            // Damage, or (the header's magic number) not a redb file: refused either way.
+            Err(Error::Open { .. }) => {}
+            Err(other) => panic!("flip at {offset}, read-only: {other:?}"),
+            Ok(store) => {
+                for i in 0..3 {
+                    let history = store.history(&format!("r{i}"));
+                    assert_eq!(history.map(|h| h.len()).ok(), Some(6), "flip at {offset}");
+                }
+            }
+        }
+        match Runtime::open(&copy) {
+            Err(Error::Open { .. }) => refused += 1,
+            Err(other) => panic!("flip at {offset}, writable: {other:?}"),
+            Ok(rt) => {
+                opened += 1;
+                for i in 0..3 {
+                    let history = rt.history::<Count>(&format!("r{i}")).await;
+                    let last = history.ok().and_then(|h| h.get(5).map(|t| t.value.clone()));
+                    assert_eq!(last, Some(Count::Done { n: 5 }), "flip at {offset}");
+                }
+                rt.shutdown().await;
+            }
+        }
+    }
+    assert!(
+        refused > 0 && opened > 0,
+        "{refused} refused, {opened} opened"
+    );
+}

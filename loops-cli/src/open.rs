@@ -391,11 +391,15 @@ pub fn writable(path: &Path) -> Result<(Runtime, bool)> {
         ..StoreOptions::default()
     };
     let repaired = match RedbStore::open_read_only_with(path, probe) {
-        Ok(store) => {
-            is_loops_store(path, &store)?;
-            false
-        }
+        Ok(store) => match is_loops_store(path, &store) {
+            Ok(()) => false,
+            Err(failure) => {
+                drop(store);
+                return Err(damage_or(path, failure));
+            }
+        },
         Err(Error::NeedsRecovery { .. }) => true,
+        Err(e @ Error::StoreFormat { .. }) => return Err(damage_or(path, open_failure(path, e))),
         Err(e) => return Err(open_failure(path, e)),
     };
     let runtime = runtime_builder()
@@ -409,6 +413,17 @@ pub fn writable(path: &Path) -> Result<(Runtime, bool)> {
         ));
     }
     Ok((runtime, repaired))
+}
+
+/// `failure` (of the unverified probe of [`writable`]), unless the file at `path` fails the
+/// verification of its pages: then that damage, as a verifying open says it. A damaged page
+/// can make a file look like another format (its record of the format unreadable), or like
+/// no loops store.
+fn damage_or(path: &Path, failure: Failure) -> Failure {
+    match RedbStore::open_read_only(path) {
+        Err(e) if e.is_store_damage() => open_failure(path, e),
+        _ => failure,
+    }
 }
 
 fn check_file(path: &Path) -> Result<()> {
@@ -496,8 +511,8 @@ pub fn open_failure(path: &Path, e: Error) -> Failure {
 }
 
 /// Whether `loops --no-verify runs` reads the file at `path`: it opens read-only without
-/// verification (through a repair made in memory if it needs one) and lists its runs of
-/// every status. Whether that flag is a way to read what a damaged file still holds.
+/// verification (through a repair made in memory if it needs one), reads its schemas and
+/// lists its runs of every status. Whether that flag is a way to read what a damaged file still holds.
 fn reads_unverified(path: &Path) -> bool {
     let options = StoreOptions {
         verify_on_open: false,
@@ -506,9 +521,12 @@ fn reads_unverified(path: &Path) -> bool {
     let Ok((store, _)) = open_reading(path, options) else {
         return false;
     };
-    RunStatus::ALL
-        .iter()
-        .all(|&status| store.list(status, None).is_ok())
+    // What an unverified reading command reads first: the schemas (`is_loops_store`), then
+    // the runs.
+    store.schemas().is_ok()
+        && RunStatus::ALL
+            .iter()
+            .all(|&status| store.list(status, None).is_ok())
 }
 
 /// The redb store under a runtime this tool opened (always a redb file).

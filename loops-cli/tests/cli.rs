@@ -2958,6 +2958,62 @@ fn a_flipped_bit_in_a_record_is_refused_by_reading_commands_unless_no_verify() {
     );
 }
 
+/// A flip in the format's own record (its key in the file's META table) is damage, to every
+/// command: before, reading commands called the file "format 1" and sent the user to `loops
+/// upgrade`, which backed it up and failed converting it.
+#[test]
+fn a_damaged_format_record_is_damage_not_an_older_format() {
+    let (dir, path) = store();
+    let mut bytes = std::fs::read(&path).unwrap();
+    let at = bytes
+        .windows(6)
+        .position(|w| w == b"format")
+        .expect("the format's record");
+    bytes[at + 1] ^= 0xff;
+    let file = dir.path().join("format-flipped.redb");
+    std::fs::write(&file, &bytes).unwrap();
+    let verifying =
+        "verifying the checksum of every page failed: Primary is corrupted despite 2-phase commit";
+    let looks = format!(
+        "error: store {} looks damaged: {verifying}; `loops check` verifies every page of the file\n",
+        file.display()
+    );
+    let is = format!(
+        "error: store {} is damaged: redb cannot open it (DB corrupted: {verifying}); restore it from a backup (an unverified open fails too, so `--no-verify` is no way round)\n",
+        file.display()
+    );
+    for (args, said) in [
+        (&["runs"][..], &looks),
+        (&["show", "done-1"], &looks),
+        (&["check"], &is),
+        (&["cancel", "done-1"], &is),
+    ] {
+        let out = loops(&file).args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(1), "loops {args:?}");
+        assert_eq!(
+            String::from_utf8(out.stderr).unwrap(),
+            *said,
+            "loops {args:?}"
+        );
+    }
+    let out = loops(&file)
+        .args(["upgrade", &file.display().to_string()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(String::from_utf8(out.stderr).unwrap(), is);
+    assert_eq!(std::fs::read(&file).unwrap(), bytes, "nothing wrote to it");
+    let backups: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().contains(".bak"))
+        .collect();
+    assert!(
+        backups.is_empty(),
+        "no backup of a damaged file: {backups:?}"
+    );
+}
+
 #[test]
 fn history_counts_a_failing_step_once_per_attempt() {
     let dir = tempfile::tempdir().unwrap();

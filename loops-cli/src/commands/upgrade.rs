@@ -21,6 +21,8 @@ pub fn run(args: &UpgradeArgs, cli: &Cli) -> Result<()> {
                 path.display()
             )));
         }
+        // A damaged file as every other command says it (restore it from a backup).
+        Err(e) if e.is_store_damage() => return Err(crate::open::open_failure(&path, e)),
         other => other?,
     };
     let text = match upgraded {

@@ -306,8 +306,16 @@ impl RedbStore {
                 });
             }
         };
+        // Verified while the read-only handle holds the file, so that no writer changes it
+        // between the check and the reads; before the format is read, so that a damaged
+        // file is said to be damaged, not of another format.
+        if options.verify_on_open
+            && let Err(e) = super::verify::verify_file(&path)
+        {
+            return Err(damaged(path, e));
+        }
         // A file of another format (one made before the format was recorded has format 1)
-        // is refused before anything is read.
+        // is refused before its tables are read.
         // redb may panic on reading a damaged file, as on opening it.
         let format = crate::panics::catch(|| {
             redb::ReadableDatabase::begin_read(&db)
@@ -334,24 +342,6 @@ impl RedbStore {
                     cause: Box::new(e),
                 });
             }
-        }
-        // Verified while the read-only handle holds the file, so that no writer changes it
-        // between the check and the reads.
-        if options.verify_on_open
-            && let Err(e) = super::verify::verify_file(&path)
-        {
-            return Err(Error::Open {
-                path,
-                cause: Box::new(redb::DatabaseError::Storage(match e {
-                    redb::Error::Io(io) => redb::StorageError::Io(io),
-                    redb::Error::Corrupted(what) => redb::StorageError::Corrupted(format!(
-                        "verifying the checksum of every page failed: {what}"
-                    )),
-                    other => redb::StorageError::Corrupted(format!(
-                        "verifying the checksum of every page failed: {other}"
-                    )),
-                })),
-            });
         }
         Ok(RedbStore::from_inner(Inner {
             db: Arc::new(RwLock::new(Db::ReadOnly(db))),
@@ -549,6 +539,23 @@ fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     #[cfg(unix)]
     std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
     builder.create(dir)
+}
+
+/// The refusal of the file at `path`, which failed the verification of its pages with `e`:
+/// said alike by the read-only open and the upgrade, which verify the file themselves.
+pub(super) fn damaged(path: PathBuf, e: redb::Error) -> Error {
+    Error::Open {
+        path,
+        cause: Box::new(redb::DatabaseError::Storage(match e {
+            redb::Error::Io(io) => redb::StorageError::Io(io),
+            redb::Error::Corrupted(what) => redb::StorageError::Corrupted(format!(
+                "verifying the checksum of every page failed: {what}"
+            )),
+            other => redb::StorageError::Corrupted(format!(
+                "verifying the checksum of every page failed: {other}"
+            )),
+        })),
+    }
 }
 
 /// Why an open failed, with I/O errors kept as such (so that their kind, such as

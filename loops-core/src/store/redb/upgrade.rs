@@ -116,6 +116,9 @@ impl RedbStore {
             redb::DatabaseError::DatabaseAlreadyOpen => Error::StoreLocked { path: path.clone() },
             e => open_err(e.into()),
         })?;
+        // A damaged file is said to be damaged, not of another format (a damaged page can
+        // hide the format's record), and is not copied or converted.
+        super::verify::verify_file(&path).map_err(|e| super::open::damaged(path.clone(), e))?;
         let format = {
             let txn = held
                 .begin_read()
