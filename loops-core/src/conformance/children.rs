@@ -274,6 +274,16 @@ pub(super) async fn prune_families(f: &dyn Factory) {
         let info = store.run_info(kept).await.unwrap().unwrap();
         assert_eq!(info.status, RunStatus::Completed, "{kept}");
     }
+    // A prune write naming u's family while u runs (a parent retried after a selection)
+    // deletes none of it.
+    let write = writes::prune(&["u", "u/c", "u/c/g"]);
+    match store.write(None, write).await.unwrap() {
+        crate::store::Reply::Pruned { records, run_ids } => {
+            assert_eq!((records, run_ids.len()), (0, 0));
+        }
+        other => panic!("expected Pruned, got {other:?}"),
+    }
+    assert!(store.run_info("u/c/g").await.unwrap().is_some());
     end(u, "u", 1).await;
     assert_eq!(
         pruned(everything, 10_000, false).await,

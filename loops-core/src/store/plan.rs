@@ -13,6 +13,7 @@
 //! code that reads or writes that in each backend.
 
 use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
 
 use super::checks::{
     Given, check_lease, checked_attributes, existing, fence, fenced, fenced_journal, leased,
@@ -161,7 +162,7 @@ fn own_effects<'w>(
             seq,
             attributes,
         } => set_attributes(run_id, *seq, attributes, &g),
-        Write::Prune { .. } => Ok(prune(facts)),
+        Write::Prune { run_ids } => Ok(prune(run_ids, facts)),
         Write::Seal { key, check, at_ms } => {
             let mut effects = Effects::unchanged("", Reply::Done);
             effects.sealing = Some((key, check.as_deref(), *at_ms));
@@ -554,20 +555,51 @@ fn wake<'w>(run_id: &'w str, seq: u64, at_ms: u64, g: &Given<'_, '_>) -> Result<
     Ok(Effects::row(run_id, Some(info.status), new))
 }
 
-/// [`Write::Prune`]: the ended runs among [`Facts::runs`] go; the others stay.
-fn prune(facts: &Facts<'_>) -> Effects<'static> {
-    let delete: Vec<RunInfo> = facts
+/// [`Write::Prune`]: the ended runs among [`Facts::runs`] go, in the order `run_ids` names
+/// them, except a family (runs linked by their parent links, among these) with a run that
+/// has not ended: it stays whole. (A parent retried after its family was selected stays
+/// with its children.)
+fn prune(run_ids: &[String], facts: &Facts<'_>) -> Effects<'static> {
+    let by_id: HashMap<&str, &RunInfo> = facts
         .runs
         .iter()
-        .filter(|info| info.status.is_ended())
-        .cloned()
+        .map(|info| (info.run_id.as_str(), info))
+        .collect();
+    // The top of `info`'s family among these runs: the first ancestor whose parent is not
+    // among them (parent links cannot loop; the bound keeps a damaged row from looping).
+    let top = |info: &RunInfo| {
+        let mut current = info;
+        for _ in 0..by_id.len() {
+            match current
+                .parent
+                .as_ref()
+                .and_then(|p| by_id.get(p.run_id.as_str()))
+            {
+                Some(parent) => current = parent,
+                None => break,
+            }
+        }
+        current.run_id.clone()
+    };
+    let unended: HashSet<String> = facts
+        .runs
+        .iter()
+        .filter(|info| !info.status.is_ended())
+        .map(&top)
+        .collect();
+    let delete: Vec<RunInfo> = run_ids
+        .iter()
+        .filter_map(|id| by_id.get(id.as_str()))
+        .filter(|info| info.status.is_ended() && !unended.contains(&top(info)))
+        .map(|info| (*info).clone())
         .collect();
     // A run's journal holds one record per seq, from 0 to its current seq. A count for the
     // report only: it saturates rather than refuse to prune a run whose row says seq u64::MAX.
     let records = delete
         .iter()
         .fold(0u64, |n, info| n.saturating_add(info.seq).saturating_add(1));
-    let mut effects = Effects::unchanged("", Reply::Pruned { records });
+    let run_ids = delete.iter().map(|info| info.run_id.clone()).collect();
+    let mut effects = Effects::unchanged("", Reply::Pruned { records, run_ids });
     effects.delete = delete;
     effects
 }

@@ -250,7 +250,50 @@ fn prune_deletes_only_ended_runs() {
     let effects = plan(&write, None, &facts).unwrap();
     let deleted: Vec<&str> = effects.delete.iter().map(|i| i.run_id.as_str()).collect();
     assert_eq!(deleted, ["a", "c"]);
-    assert!(matches!(effects.reply, Reply::Pruned { records: 4 }));
+    assert!(matches!(effects.reply, Reply::Pruned { records: 4, .. }));
+}
+
+/// A prune deletes a family (runs linked by parent links among its runs) whole or not at
+/// all: a parent retried after the selection keeps its ended child and grandchild; a child
+/// retried keeps its ended parent; another family goes; the reply names what went, in the
+/// write's order.
+#[test]
+fn prune_keeps_a_family_with_a_run_that_has_not_ended() {
+    let child = |id: &str, parent: &str, status: RunStatus| RunInfo {
+        parent: Some(crate::row::ParentLink {
+            run_id: parent.to_owned(),
+            on_cancel: crate::row::OnParentCancel::Cancel,
+        }),
+        ..row(id, status, 1)
+    };
+    let ids = ["p", "p/c", "p/c/g", "q", "q/c", "r", "r/c"];
+    let write = Write::Prune {
+        run_ids: ids.iter().map(|id| (*id).to_owned()).collect(),
+    };
+    let facts = Facts {
+        runs: vec![
+            child("p/c/g", "p/c", RunStatus::Completed),
+            row("p", RunStatus::Running, 1),
+            child("p/c", "p", RunStatus::Completed),
+            row("q", RunStatus::Completed, 1),
+            child("q/c", "q", RunStatus::Running),
+            child("r/c", "r", RunStatus::Failed),
+            row("r", RunStatus::Completed, 1),
+        ],
+        ..Facts::default()
+    };
+    let effects = plan(&write, None, &facts).unwrap();
+    let deleted: Vec<&str> = effects.delete.iter().map(|i| i.run_id.as_str()).collect();
+    assert_eq!(deleted, ["r", "r/c"]);
+    match effects.reply {
+        Reply::Pruned { records, run_ids } => {
+            assert_eq!(
+                (records, run_ids),
+                (4, vec!["r".to_owned(), "r/c".to_owned()])
+            );
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 /// [`Effects::wakes`], for each kind of write that can make a run ready and for writes that

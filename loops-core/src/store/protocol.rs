@@ -215,7 +215,9 @@ pub enum Write {
     },
     /// Delete every record, row, index entry, attribute and event of these ended runs.
     Prune {
-        /// The runs; those that have not ended, or do not exist, are skipped.
+        /// The runs; those that do not exist are skipped, and so is every run linked to one
+        /// that has not ended (its parent, its children, theirs) among them: a family goes
+        /// whole or not at all.
         run_ids: Vec<String>,
     },
     /// Record that the store holds payloads sealed with key `key` (a runtime with a codec
@@ -294,6 +296,8 @@ pub enum Reply {
     Pruned {
         /// Transition records deleted.
         records: u64,
+        /// The runs deleted, in the order the write named them.
+        run_ids: Vec<String>,
     },
     /// An event was appended (or was a duplicate of `event_seq`), with the run's row.
     Sent {

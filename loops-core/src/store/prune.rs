@@ -87,15 +87,22 @@ pub async fn prune_reporting(
         return Ok(report);
     }
     let batch = (report.run_ids.len() / PRUNE_STEPS).clamp(1, PRUNE_BATCH);
-    let mut removed = 0u64;
+    let selected = report.runs;
+    // What the writes deleted: a run that ended again since the selection (a retry), with
+    // its family, and a run pruned meanwhile by another, are not in it.
+    report.run_ids.clear();
+    let mut done = 0u64;
     for run_ids in batches(&expired, batch) {
-        let n = run_ids.len() as u64;
-        if let Reply::Pruned { records } = store.write(None, Write::Prune { run_ids }).await? {
+        done = done.saturating_add(run_ids.len() as u64);
+        if let Reply::Pruned { records, run_ids } =
+            store.write(None, Write::Prune { run_ids }).await?
+        {
             report.records = report.records.saturating_add(records);
+            report.run_ids.extend(run_ids);
         }
-        removed = removed.saturating_add(n);
-        progress(removed, report.runs);
+        progress(done, selected);
     }
+    report.runs = report.run_ids.len() as u64;
     Ok(report)
 }
 

@@ -132,7 +132,7 @@ impl RedbStore {
             )
             .await?
         {
-            Reply::Pruned { records } => Ok(records),
+            Reply::Pruned { records, .. } => Ok(records),
             _ => Ok(0),
         }
     }
