@@ -459,11 +459,12 @@ The event is kept in the run's inbox and delivered to the run's wait for it when
 run is next driven; it may be sent before the run waits for it. If the run is not waiting
 for this event now, a note on stderr says so (the event is still sent). A run that has
 ended (completed, failed or cancelled) takes no event. With --key, sending the same key
-again writes nothing. When the run's workflow declares its events (#[event(name: Type)]),
+again writes nothing: the same event again is a success (exit 0), another payload or name
+under that key is refused (exit 1; send it with another key). When the run's workflow declares its events (#[event(name: Type)]),
 a name it does not declare, or a payload that does not match the declared shape, is
 refused with exit code 2 and a line listing the declared events; nothing is written.
-Exit codes: 0 sent, 1 the run has ended or the store failed, 2 a bad argument or a
-refused event. (Here --json is the payload; --output json prints the receipt as JSON.)";
+Exit codes: 0 sent (or sent already with that key), 1 the run has ended, the key names
+another event, or the store failed, 2 a bad argument or a refused event. (Here --json is the payload; --output json prints the receipt as JSON.)";
 
 /// `loops send`.
 #[derive(Debug, Args)]
@@ -540,7 +541,7 @@ pub struct PruneArgs {
     #[arg(long)]
     pub dry_run: bool,
 
-    /// Print JSON: {dry_run, runs, records, run_ids, bytes_before, bytes_after}.
+    /// Print JSON: {dry_run, runs, records, run_ids, kept_for_parents, bytes_before, bytes_after}.
     #[arg(long)]
     pub json: bool,
 }

@@ -1636,11 +1636,28 @@ fn cancel_retry_and_send_change_the_runs() {
     };
     let sent_already =
         "an event with key `k1` was sent to run waiting-1 already (event seq 0); nothing written\n";
+    // Another request under the key: refused (exit 1), nothing on stdout.
+    let refused = loops(&path2)
+        .args([
+            "send",
+            "waiting-1",
+            "approval",
+            "--json",
+            r#""bob""#,
+            "--key",
+            "k1",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(1));
     assert_eq!(
-        send_k1(r#""bob""#),
         (
-            sent_already.to_owned(),
-            "note: the event sent with key `k1` (event seq 0) was `approval` with another payload: \"alice\"; this one was not sent: send it with another key if it is a new request\n".to_owned()
+            String::from_utf8(refused.stdout).unwrap(),
+            String::from_utf8(refused.stderr).unwrap()
+        ),
+        (
+            String::new(),
+            "error: run waiting-1: the event sent with key `k1` (event seq 0) was `approval` with another payload: \"alice\"; this one was not sent: send it with another key if it is a new request\n".to_owned()
         )
     );
     // The same request again (the same JSON value): a retry, said without a note.

@@ -623,6 +623,36 @@ fn every_command_through_the_control_endpoint_of_the_process_that_holds_the_file
     );
 }
 
+/// A process that serves the control endpoint but does not drive the run's workflow: a send
+/// says that it does not hand the event over (before, it said it did, and the run kept
+/// waiting with the event unread).
+#[test]
+fn a_send_through_a_process_that_does_not_drive_the_workflow_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = redb_store(dir.path());
+    let store = Store::file(&path);
+    let tokio = tokio();
+    let (rt, server): (Runtime, ControlServer) = tokio.block_on(async {
+        let rt = Runtime::builder().open(&path).unwrap();
+        let server = rt.serve_control_next_to_store().await.unwrap();
+        (rt, server)
+    });
+    let said = store.text(&["send", "waiting-1", "approve", "--json", r#"{"by":"al"}"#]);
+    assert_eq!(
+        said,
+        "sent event `approve` to run waiting-1 (event seq 0); the run waits for it, but the \
+         process that holds the store does not drive workflow `gate`: a process that does \
+         takes it when it drives the run\n"
+    );
+    let shown = store.json(&["show", "waiting-1", "--json"]);
+    assert_eq!(shown["run"]["status"], "waiting", "{shown}");
+    assert_eq!(shown["pending_events"][0]["delivered"], false, "{shown}");
+    tokio.block_on(async {
+        server.stop().await;
+        rt.shutdown().await;
+    });
+}
+
 /// A socket left by a process that died is not answered on: the file is read directly.
 #[test]
 fn a_stale_socket_is_passed_over() {

@@ -74,7 +74,7 @@ pub fn retry(target: &Target, args: &RetryArgs) -> Result<()> {
     }
     let workflow = &info.workflow;
     let who = match store.taker() {
-        Taker::Serving => format!(
+        Taker::Serving | Taker::NotServed => format!(
             "the process that holds the store takes it up now, if it drives workflow `{workflow}`"
         ),
         Taker::Workers => format!(
@@ -133,7 +133,7 @@ pub fn send(target: &Target, args: &SendArgs) -> Result<()> {
         .filter(|(_, record, delivered)| record.name == event && *delivered)
         .map(|(seq, _, _)| seq)
         .collect();
-    let sent = store.send(&run_id, &event, key.as_deref(), &payload)?;
+    let (sent, taker) = store.send(&run_id, &event, key.as_deref(), &payload)?;
     let info = store
         .run(&run_id)?
         .ok_or_else(|| not_found(store.label(), &run_id))?;
@@ -156,18 +156,20 @@ pub fn send(target: &Target, args: &SendArgs) -> Result<()> {
                 .min()
         })
         .flatten();
-    // Sending ahead of a wait is legitimate, but a run that does not wait for the event now
-    // may have been sent the wrong one: said on stderr, in JSON mode too.
+    // The key names a request already made, and this one's payload (or name) is not it:
+    // this request was not carried out (exit 1), though nothing is wrong with the store.
     if sent.duplicate
         && let Some(other) = other_than_sent(&events, sent.event_seq, &event, payload.get())
     {
-        // The key names a request already made: this one's payload (or name) is not it.
-        note(&format!(
-            "the event sent with key `{}` (event seq {}) was {other}; this one was not sent: send it with another key if it is a new request",
+        return Err(Failure::new(format!(
+            "run {run_id}: the event sent with key `{}` (event seq {}) was {other}; this one was not sent: send it with another key if it is a new request",
             key.as_deref().unwrap_or_default(),
             sent.event_seq
-        ));
-    } else if !sent.duplicate && !waits_for(&before, &event) {
+        )));
+    }
+    // Sending ahead of a wait is legitimate, but a run that does not wait for the event now
+    // may have been sent the wrong one: said on stderr, in JSON mode too.
+    if !sent.duplicate && !waits_for(&before, &event) {
         note(&format!(
             "run {run_id} is not waiting for event `{event}` now ({}); `{event}` is kept in its inbox until a wait for `{event}` takes it",
             now_doing(&before)
@@ -208,7 +210,7 @@ pub fn send(target: &Target, args: &SendArgs) -> Result<()> {
             "sent event `{event}` to run {} (event seq {}); {}",
             paint(ID, &run_id),
             sent.event_seq,
-            delivery(&info, &event, store.taker())
+            delivery(&info, &event, taker)
         )
     } else if waits_for(&before, &event) {
         // A process that holds the store handed it over before the row was read again (the
@@ -343,6 +345,10 @@ pub fn delivery(info: &RunInfo, event: &str, taker: Taker) -> String {
                 "the run waits for it, and the process that holds the store hands it over now"
                     .to_owned()
             }
+            Taker::NotServed => format!(
+                "the run waits for it, but the process that holds the store does not drive workflow `{}`: a process that does takes it when it drives the run",
+                info.workflow
+            ),
             Taker::Workers => format!(
                 "the run waits for it; a worker that serves workflow `{}` takes it when it next claims ready runs",
                 info.workflow

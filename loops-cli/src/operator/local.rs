@@ -213,9 +213,10 @@ impl Operator for Local {
         event: &str,
         key: Option<&str>,
         payload: &RawValue,
-    ) -> Result<Sent> {
+    ) -> Result<(Sent, Taker)> {
         let runtime = self.runtime_for("send an event")?;
-        self.wait(runtime.send_json(run_id, event, key, payload))
+        let sent = self.wait(runtime.send_json(run_id, event, key, payload))?;
+        Ok((sent, self.taker()))
     }
 
     /// loops' own prune ([`loops_core::prune_reporting`]): whole families of runs per

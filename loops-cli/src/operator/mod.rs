@@ -108,14 +108,15 @@ pub trait Operator {
     /// Makes a failed run running again; returns its row after.
     fn retry(&self, run_id: &str) -> Result<RunInfo>;
 
-    /// Sends event `event` with `payload` (and idempotency key `key`) to the run.
+    /// Sends event `event` with `payload` (and idempotency key `key`) to the run; returns the
+    /// receipt and who takes the event up if the run waits for it.
     fn send(
         &self,
         run_id: &str,
         event: &str,
         key: Option<&str>,
         payload: &RawValue,
-    ) -> Result<Sent>;
+    ) -> Result<(Sent, Taker)>;
 
     /// Removes (or, with `dry_run`, only lists) the ended runs `policy` expires now;
     /// `progress` is told `(runs removed so far, runs to remove)` as it goes.
@@ -142,6 +143,9 @@ pub enum Taker {
     NextStart,
     /// The process that holds the store got the event: its runtime hands it to the run now.
     Serving,
+    /// The process that holds the store got the event but does not drive the run's workflow
+    /// (nor the run): the run takes it when a process that drives the workflow drives it.
+    NotServed,
     /// A store shared by workers: one that serves the run's workflow takes it when it next
     /// claims ready runs.
     Workers,

@@ -322,17 +322,23 @@ impl Operator for Remote {
         event: &str,
         key: Option<&str>,
         payload: &RawValue,
-    ) -> Result<Sent> {
+    ) -> Result<(Sent, Taker)> {
         self.call(
             Op::Write {
                 if_unknown: SEND_UNKNOWN,
             },
             |c| async move {
                 let sent = c.send(run_id, event, key, payload).await?;
-                Ok(Sent {
+                let taker = if sent.taken_here {
+                    Taker::Serving
+                } else {
+                    Taker::NotServed
+                };
+                let receipt = Sent {
                     event_seq: sent.event_seq,
                     duplicate: sent.duplicate,
-                })
+                };
+                Ok((receipt, taker))
             },
             |l| l.send(run_id, event, key, payload),
         )

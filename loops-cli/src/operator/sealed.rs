@@ -294,7 +294,7 @@ impl Operator for Unsealing {
         event: &str,
         key: Option<&str>,
         payload: &RawValue,
-    ) -> Result<Sent> {
+    ) -> Result<(Sent, Taker)> {
         let Some(sealer) = self.sealing(run_id, "event")? else {
             return self.inner.send(run_id, event, key, payload);
         };

@@ -179,7 +179,7 @@ pub async fn send(
         let key = form_key(&form.key, event, &payload);
         let key = key.as_deref();
         exists(store, id)?;
-        let sent = store.send(id, event, key, &payload)?;
+        let (sent, taker) = store.send(id, event, key, &payload)?;
         let info = exists(store, id)?;
         Ok(if sent.duplicate {
             format!(
@@ -190,7 +190,7 @@ pub async fn send(
             format!(
                 "sent event `{event}` (event seq {}); {}",
                 sent.event_seq,
-                delivery(&info, event, store.taker())
+                delivery(&info, event, taker)
             )
         })
     })

@@ -533,9 +533,14 @@ async fn send(
             &request.payload,
         )
         .await?;
+    let taken_here = match s.runtime.run_info(&run).await? {
+        Some(info) => s.runtime.drives(&info),
+        None => false,
+    };
     Ok(Json(SentReply {
         event_seq: sent.event_seq,
         duplicate: sent.duplicate,
+        taken_here,
     }))
 }
 

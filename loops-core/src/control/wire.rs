@@ -184,6 +184,16 @@ pub struct SentReply {
     pub event_seq: u64,
     /// Whether an event with the same key had been sent already (nothing was written).
     pub duplicate: bool,
+    /// Whether the serving process takes the event up itself: it drives the run now, or
+    /// registers the run's workflow (`false`: the run waits until a process that drives its
+    /// workflow drives it). `true` from a server of a loops release before this field.
+    #[serde(default = "taken_here_by_default")]
+    pub taken_here: bool,
+}
+
+/// [`SentReply::taken_here`] from a server that does not say.
+fn taken_here_by_default() -> bool {
+    true
 }
 
 /// `POST /v1/runs/{run}/cancel`.

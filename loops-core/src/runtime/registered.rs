@@ -321,6 +321,15 @@ impl Runtime {
         });
     }
 
+    /// Whether this runtime takes up the run `info` when it is woken: it drives it now, or
+    /// registers a version of its workflow (see [`wake`](Self::wake)). For the control
+    /// endpoint's answer to a send.
+    #[cfg(feature = "control")]
+    pub(crate) fn drives(&self, info: &RunInfo) -> bool {
+        self.inner.claims.signals(&info.run_id).is_some()
+            || self.registry(|r| !r.known(&info.workflow).is_empty())
+    }
+
     /// Tells whoever drives the run that its wait may be over: the driver in this process,
     /// or a new background driver for a parked run of a registered workflow.
     pub(crate) fn wake(&self, info: &RunInfo) {
