@@ -1,7 +1,9 @@
 //! Retention: which ended runs' records expire.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
+use crate::row::RunInfo;
 use crate::status::RunStatus;
 
 /// Which ended runs [`Runtime::prune`](crate::Runtime::prune) removes. Runs that have not
@@ -93,4 +95,27 @@ pub(crate) struct Family {
     pub ended_ms: u64,
     /// Their ids, each parent before its children (the top-level run first).
     pub run_ids: Vec<String>,
+}
+
+/// The top of `info`'s family among the runs `by_id` (by run id): its farthest ancestor
+/// reached through parent links that stay among them, and how many generations below it
+/// `info` is. The one walk up a family, for [`prune`](crate::prune)'s selection and for the
+/// plan of its writes. Parent links are set when a child is created and never change, so
+/// they cannot loop; the bound keeps a damaged row from looping anyway.
+pub(crate) fn family_top<'a>(
+    by_id: &HashMap<&str, &'a RunInfo>,
+    info: &'a RunInfo,
+) -> (&'a RunInfo, usize) {
+    let mut current = info;
+    for depth in 0..by_id.len() {
+        match current
+            .parent
+            .as_ref()
+            .and_then(|p| by_id.get(p.run_id.as_str()))
+        {
+            Some(parent) => current = parent,
+            None => return (current, depth),
+        }
+    }
+    (current, by_id.len())
 }

@@ -29,6 +29,7 @@ use super::{RunInfo, RunStatus, WaitInfo};
 use crate::attribute::AttributeValue;
 use crate::error::{Error, RecordKind, Result};
 use crate::record::{FailureRecord, StepRecord, to_vec};
+use crate::retention::family_top;
 
 /// What `write` means: the [`Effects`] to store, given the run's current `row` (`None` if
 /// the run does not exist; always `None` for [`Write::Prune`]) and the [`Facts`] that
@@ -565,22 +566,7 @@ fn prune(run_ids: &[String], facts: &Facts<'_>) -> Effects<'static> {
         .iter()
         .map(|info| (info.run_id.as_str(), info))
         .collect();
-    // The top of `info`'s family among these runs: the first ancestor whose parent is not
-    // among them (parent links cannot loop; the bound keeps a damaged row from looping).
-    let top = |info: &RunInfo| {
-        let mut current = info;
-        for _ in 0..by_id.len() {
-            match current
-                .parent
-                .as_ref()
-                .and_then(|p| by_id.get(p.run_id.as_str()))
-            {
-                Some(parent) => current = parent,
-                None => break,
-            }
-        }
-        current.run_id.clone()
-    };
+    let top = |info: &RunInfo| family_top(&by_id, info).0.run_id.clone();
     let unended: HashSet<String> = facts
         .runs
         .iter()

@@ -7,7 +7,7 @@ use serde::Serialize;
 
 use super::{Reply, RunInfo, Store, Write};
 use crate::error::Result;
-use crate::retention::{Family, RetentionPolicy};
+use crate::retention::{Family, RetentionPolicy, family_top};
 
 /// What [`prune`] removed (or, in a dry run, would remove).
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
@@ -170,43 +170,36 @@ async fn families(store: &dyn Store, ended: Vec<RunInfo>) -> Result<(Vec<Family>
     Ok((out, held))
 }
 
-/// `info`'s place among its ancestors, walking its parent links through `by_id` (the ended
-/// candidates) and reading a parent outside them from the store (remembered in `outside`).
+/// `info`'s place among its ancestors: the top of its family among the candidates `by_id`
+/// ([`family_top`]), and what the parent of that top, outside them, says (read from the
+/// store, remembered in `outside`).
 async fn lineage(
     store: &dyn Store,
     by_id: &HashMap<&str, &RunInfo>,
     outside: &mut HashMap<String, Option<bool>>,
     info: &RunInfo,
 ) -> Result<Lineage> {
-    let mut current = info;
-    // Parent links are set when a child is created and never change, so they cannot loop;
-    // the bound keeps a damaged store from looping anyway.
-    for depth in 0..=by_id.len() {
-        let Some(link) = &current.parent else {
-            return Ok(top_or_under(current, depth));
-        };
-        if let Some(parent) = by_id.get(link.run_id.as_str()) {
-            current = parent;
-            continue;
+    let (top, depth) = family_top(by_id, info);
+    let Some(link) = &top.parent else {
+        return Ok(top_or_under(top, depth));
+    };
+    let running = match outside.get(&link.run_id) {
+        Some(known) => *known,
+        None => {
+            let running = store
+                .run_info(&link.run_id)
+                .await?
+                .map(|p| !p.status.is_ended());
+            outside.insert(link.run_id.clone(), running);
+            running
         }
-        let running = match outside.get(&link.run_id) {
-            Some(known) => *known,
-            None => {
-                let running = store
-                    .run_info(&link.run_id)
-                    .await?
-                    .map(|p| !p.status.is_ended());
-                outside.insert(link.run_id.clone(), running);
-                running
-            }
-        };
-        return Ok(match running {
-            None => top_or_under(current, depth),
-            Some(true) => Lineage::Joinable,
-            Some(false) => Lineage::Kept,
-        });
-    }
-    Ok(Lineage::Top(info.run_id.clone()))
+    };
+    Ok(match running {
+        // The parent is gone: the top heads a family of its own.
+        None => top_or_under(top, depth),
+        Some(true) => Lineage::Joinable,
+        Some(false) => Lineage::Kept,
+    })
 }
 
 /// `top` heads the family; a run `depth` generations below it belongs to it.
