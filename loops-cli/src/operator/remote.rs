@@ -554,31 +554,31 @@ mod tests {
             }
         });
 
-        let failure = writer.cancel("j1", "enough").unwrap_err();
         let said = format!(
             "store {}: control endpoint unix:{}: the connection closed before the process answered (",
             path.display(),
             socket.display()
         );
-        assert!(failure.message.starts_with(&said), "{}", failure.message);
-        assert!(
-            failure.message.ends_with(
-                "): the process may have stopped; whether it carried the request out is unknown"
-            ),
-            "{}",
-            failure.message
-        );
+        let unknown =
+            "): the process may have stopped; whether it carried the request out is unknown";
         // A send's outcome unknown: a second send without the key would be a second event.
         let payload = serde_json::value::RawValue::from_string("1".to_owned()).unwrap();
-        let failure = writer.send("j1", "go", None, &payload).unwrap_err();
-        assert!(failure.message.starts_with(&said), "{}", failure.message);
-        assert!(
-            failure.message.ends_with(
-                "whether it carried the request out is unknown; `loops history RUN` shows whether the event was sent. A send repeated with the same --key is taken once; without --key, a second send is a second event"
-            ),
-            "{}",
-            failure.message
+        let send_hint = format!(
+            "{unknown}; `loops history RUN` shows whether the event was sent. A send repeated with the same --key is taken once; without --key, a second send is a second event"
         );
+        for (failure, ends) in [
+            (
+                writer.cancel("j1", "enough").unwrap_err(),
+                unknown.to_owned(),
+            ),
+            (
+                writer.send("j1", "go", None, &payload).unwrap_err(),
+                send_hint,
+            ),
+        ] {
+            assert!(failure.message.starts_with(&said), "{}", failure.message);
+            assert!(failure.message.ends_with(&ends), "{}", failure.message);
+        }
         let read = reader.run("j1").unwrap().unwrap();
         assert_eq!((read.state.as_str(), read.seq), ("Done", 1));
         assert!(
