@@ -639,3 +639,43 @@ async fn a_flipped_byte_is_damage_to_every_open_never_another_format() {
         "{refused} refused, {opened} opened"
     );
 }
+
+/// A header that names an older redb file format (a bit flipped in its version byte): every
+/// loops store has redb's current format, so every open, and the upgrade, refuses it as
+/// damage, with no backup made. Before, each said redb's "Manual upgrade required", and
+/// `loops upgrade` said the same of itself.
+#[tokio::test]
+async fn a_header_naming_an_older_redb_format_is_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = good_store(dir.path()).await;
+    let original = std::fs::read(&path).unwrap();
+    assert_eq!(original[64], 3, "redb's file format version");
+    for version in [1u8, 2] {
+        let copy = dir.path().join(format!("version-{version}.redb"));
+        let mut bytes = original.clone();
+        bytes[64] = version;
+        std::fs::write(&copy, &bytes).unwrap();
+        let refusals = [
+            Runtime::open(&copy).err(),
+            RedbStore::open_read_only(&copy).err(),
+            RedbStore::upgrade(&copy).err(),
+        ];
+        for refused in refusals {
+            let refused = refused.expect("refused");
+            assert!(refused.is_store_damage(), "{refused}");
+            assert!(
+                refused.to_string().contains(&format!(
+                    "redb's header names file format version {version}, which no loops store has"
+                )),
+                "{refused}"
+            );
+        }
+        assert_eq!(std::fs::read(&copy).unwrap(), bytes);
+    }
+    let names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".bak"))
+        .collect();
+    assert!(names.is_empty(), "{names:?}");
+}

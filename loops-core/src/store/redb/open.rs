@@ -560,8 +560,15 @@ pub(super) fn damaged(path: PathBuf, e: redb::Error) -> Error {
 
 /// Why an open failed, with I/O errors kept as such (so that their kind, such as
 /// `PermissionDenied`, can be matched) and the short-file case said plainly.
-fn open_source(e: redb::DatabaseError) -> crate::BoxError {
+pub(super) fn open_source(e: redb::DatabaseError) -> crate::BoxError {
     match e {
+        // Every loops store is of redb's current file format: a header that names an older
+        // one was altered (a flipped bit), or the file is not a loops store.
+        redb::DatabaseError::UpgradeRequired(version) => Box::new(redb::DatabaseError::Storage(
+            redb::StorageError::Corrupted(format!(
+                "redb's header names file format version {version}, which no loops store has: the file is damaged, or not a loops store"
+            )),
+        )),
         redb::DatabaseError::Storage(redb::StorageError::Io(io))
             if io.kind() == std::io::ErrorKind::UnexpectedEof =>
         {

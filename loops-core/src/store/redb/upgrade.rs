@@ -114,7 +114,7 @@ impl RedbStore {
         };
         let held = held.map_err(|e| match e {
             redb::DatabaseError::DatabaseAlreadyOpen => Error::StoreLocked { path: path.clone() },
-            e => open_err(e.into()),
+            e => open_err(super::open::open_source(e)),
         })?;
         // A damaged file is said to be damaged, not of another format (a damaged page can
         // hide the format's record), and is not copied or converted.
@@ -170,7 +170,7 @@ fn open_writable(path: &Path) -> Result<Database> {
         },
         e => Error::Open {
             path: path.to_path_buf(),
-            cause: e.into(),
+            cause: super::open::open_source(e),
         },
     })
 }
