@@ -1657,7 +1657,7 @@ fn cancel_retry_and_send_change_the_runs() {
         ),
         (
             String::new(),
-            "error: run waiting-1: the event sent with key `k1` (event seq 0) was `approval` with another payload: \"alice\"; this one was not sent: send it with another key if it is a new request\n".to_owned()
+            "error: run `waiting-1`: the event sent with key `k1` (event seq 0) was `approval` with another payload: \"alice\"; this one was not sent: send it with another key if it is a new request\n".to_owned()
         )
     );
     // The same request again (the same JSON value): a retry, said without a note.
@@ -4048,7 +4048,7 @@ fn retry_through_a_serving_process_says_it_takes_the_run_up_now() {
     let said = text(&path, &["retry", "f1"]);
     assert!(
         said.ends_with(
-            "starts a fresh budget of attempts; the process that holds the store takes it up now, if it drives workflow `job`\n"
+            "starts a fresh budget of attempts; the process that holds the store takes it up now\n"
         ),
         "{said}"
     );

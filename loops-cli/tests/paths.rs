@@ -624,8 +624,8 @@ fn every_command_through_the_control_endpoint_of_the_process_that_holds_the_file
 }
 
 /// A process that serves the control endpoint but does not drive the run's workflow: a send
-/// says that it does not hand the event over (before, it said it did, and the run kept
-/// waiting with the event unread).
+/// and a retry say that it does not take the run up (before, a send said it handed the event
+/// over, and a retry that it did if it drove the workflow, while the run kept waiting).
 #[test]
 fn a_send_through_a_process_that_does_not_drive_the_workflow_says_so() {
     let dir = tempfile::tempdir().unwrap();
@@ -641,12 +641,23 @@ fn a_send_through_a_process_that_does_not_drive_the_workflow_says_so() {
     assert_eq!(
         said,
         "sent event `approve` to run waiting-1 (event seq 0); the run waits for it, but the \
-         process that holds the store does not drive workflow `gate`: a process that does \
-         takes it when it drives the run\n"
+         process that holds the store does not take it up (it neither drives this run nor \
+         registers workflow `gate`): a process that drives the workflow takes it when it \
+         drives the run\n"
     );
     let shown = store.json(&["show", "waiting-1", "--json"]);
     assert_eq!(shown["run"]["status"], "waiting", "{shown}");
     assert_eq!(shown["pending_events"][0]["delivered"], false, "{shown}");
+    // So is a retry: the run stays running, with nobody driving it here.
+    let retried = store.text(&["retry", "failed-1"]);
+    assert!(
+        retried.ends_with(
+            "the process that holds the store does not take it up (it neither drives this run \
+             nor registers workflow `gate`): a process that drives the workflow resumes it when \
+             it starts or drives it\n"
+        ),
+        "{retried}"
+    );
     tokio.block_on(async {
         server.stop().await;
         rt.shutdown().await;

@@ -68,14 +68,15 @@ pub fn cancel(target: &Target, args: &CancelArgs) -> Result<()> {
 pub fn retry(target: &Target, args: &RetryArgs) -> Result<()> {
     let run_id = run_id_arg(&args.run)?;
     let store = open::operator(target, Access::Write)?;
-    let info = store.retry(&run_id)?;
+    let (info, taker) = store.retry(&run_id)?;
     if args.json {
         return emit_json(&RunView::from(&info).with_attributes(store.attributes(&run_id)?));
     }
     let workflow = &info.workflow;
-    let who = match store.taker() {
-        Taker::Serving | Taker::NotServed => format!(
-            "the process that holds the store takes it up now, if it drives workflow `{workflow}`"
+    let who = match taker {
+        Taker::Serving => "the process that holds the store takes it up now".to_owned(),
+        Taker::NotServed => format!(
+            "the process that holds the store does not take it up (it neither drives this run nor registers workflow `{workflow}`): a process that drives the workflow resumes it when it starts or drives it"
         ),
         Taker::Workers => format!(
             "a worker that serves workflow `{workflow}` takes it up when it next claims ready runs"
@@ -162,7 +163,7 @@ pub fn send(target: &Target, args: &SendArgs) -> Result<()> {
         && let Some(other) = other_than_sent(&events, sent.event_seq, &event, payload.get())
     {
         return Err(Failure::new(format!(
-            "run {run_id}: the event sent with key `{}` (event seq {}) was {other}; this one was not sent: send it with another key if it is a new request",
+            "run `{run_id}`: the event sent with key `{}` (event seq {}) was {other}; this one was not sent: send it with another key if it is a new request",
             key.as_deref().unwrap_or_default(),
             sent.event_seq
         )));
@@ -346,7 +347,7 @@ pub fn delivery(info: &RunInfo, event: &str, taker: Taker) -> String {
                     .to_owned()
             }
             Taker::NotServed => format!(
-                "the run waits for it, but the process that holds the store does not drive workflow `{}`: a process that does takes it when it drives the run",
+                "the run waits for it, but the process that holds the store does not take it up (it neither drives this run nor registers workflow `{}`): a process that drives the workflow takes it when it drives the run",
                 info.workflow
             ),
             Taker::Workers => format!(

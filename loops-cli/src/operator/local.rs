@@ -202,9 +202,10 @@ impl Operator for Local {
         self.wait(runtime.cancel(run_id, reason))
     }
 
-    fn retry(&self, run_id: &str) -> Result<RunInfo> {
+    fn retry(&self, run_id: &str) -> Result<(RunInfo, Taker)> {
         let runtime = self.runtime_for("retry a run")?;
-        self.wait(runtime.retry(run_id))
+        let info = self.wait(runtime.retry(run_id))?;
+        Ok((info, self.taker()))
     }
 
     fn send(

@@ -105,8 +105,8 @@ pub trait Operator {
     /// Cancels the run with `reason`; returns its row after.
     fn cancel(&self, run_id: &str, reason: &str) -> Result<RunInfo>;
 
-    /// Makes a failed run running again; returns its row after.
-    fn retry(&self, run_id: &str) -> Result<RunInfo>;
+    /// Makes a failed run running again; returns its row after and who takes it up.
+    fn retry(&self, run_id: &str) -> Result<(RunInfo, Taker)>;
 
     /// Sends event `event` with `payload` (and idempotency key `key`) to the run; returns the
     /// receipt and who takes the event up if the run waits for it.
@@ -143,8 +143,9 @@ pub enum Taker {
     NextStart,
     /// The process that holds the store got the event: its runtime hands it to the run now.
     Serving,
-    /// The process that holds the store got the event but does not drive the run's workflow
-    /// (nor the run): the run takes it when a process that drives the workflow drives it.
+    /// The process that holds the store got the request but does not take the run up: it
+    /// neither drives the run nor registers its workflow (a process that drives its own runs
+    /// only). A process that drives the workflow takes it up when it drives the run.
     NotServed,
     /// A store shared by workers: one that serves the run's workflow takes it when it next
     /// claims ready runs.

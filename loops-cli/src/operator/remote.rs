@@ -123,6 +123,16 @@ impl Remote {
     }
 }
 
+/// Who takes up a run the serving process was sent an event for, or retried: it, if it says
+/// it drives the run (`taken_here`).
+fn taker(taken_here: bool) -> Taker {
+    if taken_here {
+        Taker::Serving
+    } else {
+        Taker::NotServed
+    }
+}
+
 /// The failure for an error of the control endpoint of store `label`, as the same error
 /// would be said for a store this process opened: no such run names the store, an invalid
 /// argument is a bad argument (exit 2), and the process's other errors are its message.
@@ -306,12 +316,15 @@ impl Operator for Remote {
         )
     }
 
-    fn retry(&self, run_id: &str) -> Result<RunInfo> {
+    fn retry(&self, run_id: &str) -> Result<(RunInfo, Taker)> {
         self.call(
             Op::Write {
                 if_unknown: SAFE_TO_REPEAT,
             },
-            |c| c.retry(run_id),
+            |c| async move {
+                let (info, taken_here) = c.retry(run_id).await?;
+                Ok((info, taker(taken_here)))
+            },
             |l| l.retry(run_id),
         )
     }
@@ -329,11 +342,7 @@ impl Operator for Remote {
             },
             |c| async move {
                 let sent = c.send(run_id, event, key, payload).await?;
-                let taker = if sent.taken_here {
-                    Taker::Serving
-                } else {
-                    Taker::NotServed
-                };
+                let taker = taker(sent.taken_here);
                 let receipt = Sent {
                     event_seq: sent.event_seq,
                     duplicate: sent.duplicate,

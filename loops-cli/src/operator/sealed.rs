@@ -284,8 +284,9 @@ impl Operator for Unsealing {
         self.row(self.inner.cancel(run_id, reason)?)
     }
 
-    fn retry(&self, run_id: &str) -> Result<RunInfo> {
-        self.row(self.inner.retry(run_id)?)
+    fn retry(&self, run_id: &str) -> Result<(RunInfo, Taker)> {
+        let (info, taker) = self.inner.retry(run_id)?;
+        Ok((self.row(info)?, taker))
     }
 
     fn send(

@@ -279,7 +279,7 @@ pub async fn retry(
         Err(rejection) => return unreadable(&ui, &rejection),
     };
     steer(ui, run_id, &form.token, move |store, id| {
-        let info = store.retry(id)?;
+        let (info, _) = store.retry(id)?;
         Ok(format!(
             "{} again in state {} (seq {}), with a fresh budget of attempts",
             info.status, info.state, info.seq

@@ -14,8 +14,8 @@ use serde_json::value::RawValue;
 
 use super::wire::{
     CancelRequest, CompactReply, ErrorBody, ErrorKind, Event, Failed, LOOPS_VERSION, Latest,
-    PROTOCOL, PruneReply, PruneRequest, Run, RunStep, SendRequest, SentReply, Step, StoredSchema,
-    VERSION_HEADER, Version,
+    PROTOCOL, PruneReply, PruneRequest, RetryReply, Run, RunStep, SendRequest, SentReply, Step,
+    StoredSchema, VERSION_HEADER, Version,
 };
 use super::{ControlError, Endpoint};
 use crate::record::TransitionRecord;
@@ -316,15 +316,17 @@ impl Client {
         Ok(run.into())
     }
 
-    /// Makes a failed run running again, as [`Runtime::retry`](crate::Runtime::retry).
+    /// Makes a failed run running again, as [`Runtime::retry`](crate::Runtime::retry);
+    /// returns the run's row after it, and whether the serving process takes the run up
+    /// ([`RetryReply::taken_here`]).
     ///
     /// # Errors
     /// As [`Client::send`].
-    pub async fn retry(&self, run_id: &str) -> Result<RunInfo, ControlError> {
-        let run: Run = self
+    pub async fn retry(&self, run_id: &str) -> Result<(RunInfo, bool), ControlError> {
+        let reply: RetryReply = self
             .post(&run_path(run_id, "/retry"), &serde_json::json!({}))
             .await?;
-        Ok(run.into())
+        Ok((reply.run.into(), reply.taken_here))
     }
 
     /// Every stored schedule with its next tick, as

@@ -17,8 +17,8 @@ use tokio_util::sync::CancellationToken;
 use super::answer::{ApiError, Body, MAX_BODY_BYTES, Params, PathOf};
 use super::wire::{
     CancelRequest, CompactReply, ErrorKind, Event, Failed, Found, LOOPS_VERSION, Latest, ListQuery,
-    PROTOCOL, PruneReply, PruneRequest, Run, RunStep, SendRequest, SentReply, Step, StoredSchema,
-    VERSION_HEADER, Version,
+    PROTOCOL, PruneReply, PruneRequest, RetryReply, Run, RunStep, SendRequest, SentReply, Step,
+    StoredSchema, VERSION_HEADER, Version,
 };
 use super::{ControlError, Endpoint};
 use crate::error::Error;
@@ -562,9 +562,11 @@ async fn stored_row(s: &Shared, run: String) -> Answer<Run> {
     }
 }
 
-async fn retry(State(s): State<Shared>, PathOf(run): PathOf<String>) -> Answer<Run> {
-    s.runtime.retry(&run).await?;
-    stored_row(&s, run).await
+async fn retry(State(s): State<Shared>, PathOf(run): PathOf<String>) -> Answer<RetryReply> {
+    let info = s.runtime.retry(&run).await?;
+    let taken_here = s.runtime.drives(&info);
+    let Json(run) = stored_row(&s, run).await?;
+    Ok(Json(RetryReply { run, taken_here }))
 }
 
 async fn prune(State(s): State<Shared>, Body(request): Body<PruneRequest>) -> Answer<PruneReply> {

@@ -196,6 +196,18 @@ fn taken_here_by_default() -> bool {
     true
 }
 
+/// The answer to `POST /v1/runs/{run}/retry`: the run's row after the retry, and whether the
+/// serving process takes it up (it drives the run now, or registers its workflow).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetryReply {
+    /// The run's row (its fields at the top level of the JSON object).
+    #[serde(flatten)]
+    pub run: Run,
+    /// Whether the serving process drives the run (`false`: it waits for a process that
+    /// drives its workflow).
+    pub taken_here: bool,
+}
+
 /// `POST /v1/runs/{run}/cancel`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CancelRequest {
