@@ -536,3 +536,28 @@ fn upgrading_a_missing_or_empty_file_says_so_in_the_words_of_the_other_opens() {
     assert!(!missing.exists(), "nothing created");
     assert_eq!(std::fs::read(&empty).unwrap(), b"", "nothing written");
 }
+
+/// A damaged page that makes redb panic while it reads a file of an older format (a byte of
+/// the format-1 fixture that helper-74 found): the upgrade refuses it as damage, and
+/// neither copies nor converts it. Before, redb's panic reached the CLI's panic hook
+/// ("redb cannot read it (called `Result::unwrap()` ...)", naming no store).
+#[test]
+fn an_upgrade_of_a_damaged_file_that_makes_redb_panic_is_refused_as_damage() {
+    loops::silence_caught_redb_panics();
+    let (dir, path) = fixture_copy(1);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[61_631] ^= 0xff;
+    std::fs::write(&path, &bytes).unwrap();
+    let refused = loops::RedbStore::upgrade(&path).unwrap_err();
+    assert!(
+        matches!(&refused, Error::Open { path: p, .. } if *p == path) && refused.is_store_damage(),
+        "{refused:?}"
+    );
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        bytes,
+        "the file is unchanged"
+    );
+    let files: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert_eq!(files.len(), 1, "no backup: {files:?}");
+}

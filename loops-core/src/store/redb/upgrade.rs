@@ -103,63 +103,81 @@ impl RedbStore {
             }
             _ => {}
         }
-        // Held shared while the file's format is read and it is copied: no writer meanwhile.
-        let held = match redb::Builder::new().open_read_only(&path) {
-            Err(redb::DatabaseError::RepairAborted) => {
-                // Not closed cleanly: redb repairs it at a writable open, then reads it.
-                drop(open_writable(&path)?);
-                redb::Builder::new().open_read_only(&path)
-            }
-            other => other,
-        };
-        let held = held.map_err(|e| match e {
-            redb::DatabaseError::DatabaseAlreadyOpen => Error::StoreLocked { path: path.clone() },
-            e => open_err(super::open::open_source(e)),
-        })?;
-        // A damaged file is said to be damaged, not of another format (a damaged page can
-        // hide the format's record), and is not copied or converted.
-        super::verify::verify_file(&path).map_err(|e| super::open::damaged(path.clone(), e))?;
-        let format = {
-            let txn = held
-                .begin_read()
-                .map_err(|e| Error::storage("reading the store's format", e))?;
-            file_format(&txn).map_err(|e| Error::storage("reading the store's format", e))?
-        };
-        let from = match format {
-            Some(STORE_FORMAT) => {
-                return Ok(Upgraded::Current {
-                    format: STORE_FORMAT,
-                });
-            }
-            Some(from) if FROM.contains(&from) => from,
-            Some(found) => {
-                return Err(Error::StoreFormat {
-                    path,
-                    found,
-                    supported: STORE_FORMAT,
-                });
-            }
-            None => return Err(open_err("not a loops store (it has no runs table)".into())),
-        };
-        let backup = back_up(&path, from)
-            .map_err(|e| open_err(format!("copying it to a backup beside it: {e}").into()))?;
-        drop(held);
-        let db = open_writable(&path)?;
-        let txn = db
-            .begin_write()
-            .map_err(|e| Error::storage("beginning the upgrade", e))?;
-        let (runs, records) = convert(&txn, from)?;
-        crate::failpoint::point("loops::upgrade::before_commit");
-        txn.commit()
-            .map_err(|e| Error::storage("committing the upgrade", e))?;
-        Ok(Upgraded::Converted {
-            from,
-            to: STORE_FORMAT,
-            backup,
-            runs,
-            records,
+        // redb may panic on reading a damaged file (its documented behaviour for a file
+        // altered outside it): said as damage, as every other open says it.
+        crate::panics::catch(|| upgrade_file(path.clone())).unwrap_or_else(|_| {
+            Err(Error::Open {
+                path,
+                cause: Box::new(redb::DatabaseError::Storage(redb::StorageError::Corrupted(
+                    "redb panicked while upgrading the file: the file is damaged".to_owned(),
+                ))),
+            })
         })
     }
+}
+
+/// [`RedbStore::upgrade`] of the file at `path`, which exists and is not empty.
+fn upgrade_file(path: PathBuf) -> Result<Upgraded> {
+    let open_err = |cause: crate::BoxError| Error::Open {
+        path: path.clone(),
+        cause,
+    };
+    // Held shared while the file's format is read and it is copied: no writer meanwhile.
+    let held = match redb::Builder::new().open_read_only(&path) {
+        Err(redb::DatabaseError::RepairAborted) => {
+            // Not closed cleanly: redb repairs it at a writable open, then reads it.
+            drop(open_writable(&path)?);
+            redb::Builder::new().open_read_only(&path)
+        }
+        other => other,
+    };
+    let held = held.map_err(|e| match e {
+        redb::DatabaseError::DatabaseAlreadyOpen => Error::StoreLocked { path: path.clone() },
+        e => open_err(super::open::open_source(e)),
+    })?;
+    // A damaged file is said to be damaged, not of another format (a damaged page can
+    // hide the format's record), and is not copied or converted.
+    super::verify::verify_file(&path).map_err(|e| super::open::damaged(path.clone(), e))?;
+    let format = {
+        let txn = held
+            .begin_read()
+            .map_err(|e| Error::storage("reading the store's format", e))?;
+        file_format(&txn).map_err(|e| Error::storage("reading the store's format", e))?
+    };
+    let from = match format {
+        Some(STORE_FORMAT) => {
+            return Ok(Upgraded::Current {
+                format: STORE_FORMAT,
+            });
+        }
+        Some(from) if FROM.contains(&from) => from,
+        Some(found) => {
+            return Err(Error::StoreFormat {
+                path,
+                found,
+                supported: STORE_FORMAT,
+            });
+        }
+        None => return Err(open_err("not a loops store (it has no runs table)".into())),
+    };
+    let backup = back_up(&path, from)
+        .map_err(|e| open_err(format!("copying it to a backup beside it: {e}").into()))?;
+    drop(held);
+    let db = open_writable(&path)?;
+    let txn = db
+        .begin_write()
+        .map_err(|e| Error::storage("beginning the upgrade", e))?;
+    let (runs, records) = convert(&txn, from)?;
+    crate::failpoint::point("loops::upgrade::before_commit");
+    txn.commit()
+        .map_err(|e| Error::storage("committing the upgrade", e))?;
+    Ok(Upgraded::Converted {
+        from,
+        to: STORE_FORMAT,
+        backup,
+        runs,
+        records,
+    })
 }
 
 /// The file opened for writing with redb alone (loops' open refuses format 1).
