@@ -16,7 +16,9 @@ use crate::status::RunStatus;
 /// or removed together, as one run that ended when the last of them did, so `keep_last`
 /// counts top-level runs, and a run's history never names a child that is gone. A child
 /// whose parent has not ended is kept (the parent may still join it), as is one whose parent
-/// the policy keeps (a failed parent under `keep_failed`).
+/// the policy keeps (a failed parent under `keep_failed`); and a parent with a child that
+/// has not ended or that the policy keeps (a failed child under `keep_failed`) is kept with
+/// it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RetentionPolicy {
     /// Remove runs that ended longer ago than this.

@@ -8,7 +8,7 @@ use crate::row::{OnParentCancel, ParentLink};
 use crate::store::{AfterFailure, Lease, RunInfo, RunStatus, Store, WaitOutcome};
 
 use super::factory::Factory;
-use super::support::{cancel, failure, ids, info, record, transition};
+use super::support::{cancel, fail, failure, ids, info, record, transition};
 use super::writes;
 
 /// Creates `run_id` (state `A`, seq 0) as a child of `parent` with `on_cancel`, under a
@@ -286,8 +286,34 @@ pub(super) async fn prune_families(f: &dyn Factory) {
     assert!(store.run_info("u/c/g").await.unwrap().is_some());
     end(u, "u", 1).await;
     assert_eq!(
-        pruned(everything, 10_000, false).await,
+        pruned(everything.clone(), 10_000, false).await,
         (owned(&["u", "u/c", "u/c/g"]), 0, 2 + 2 + 2)
+    );
+
+    // A parent that ended before its child (v: after a join_first, or a cancellation) stays
+    // with it; so does one whose failed child `keep_failed` keeps (k), which goes whole
+    // without that flag.
+    let v = super::support::create(store, "v").await;
+    let vc = create_child(store, "v/c", "v", OnParentCancel::Abandon).await;
+    end(v, "v", 1).await;
+    let k = super::support::create(store, "k").await;
+    let kc = create_child(store, "k/c", "k", OnParentCancel::Cancel).await;
+    let failed = fail(store, &kc, 0, failure(1, "x"), AfterFailure::GiveUp)
+        .await
+        .unwrap();
+    assert_eq!(failed.status, RunStatus::Failed);
+    end(k, "k", 1).await;
+    let keep_failed = RetentionPolicy::default().keep_last(0).keep_failed();
+    assert_eq!(pruned(keep_failed, 10_000, false).await, (Vec::new(), 0, 0));
+    assert_eq!(
+        pruned(everything.clone(), 10_000, false).await,
+        (owned(&["k", "k/c"]), 0, 2 + 1)
+    );
+    assert!(store.run_info("v").await.unwrap().is_some());
+    end(vc, "v/c", 1).await;
+    assert_eq!(
+        pruned(everything, 10_000, false).await,
+        (owned(&["v", "v/c"]), 0, 2 + 2)
     );
 }
 

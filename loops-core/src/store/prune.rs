@@ -33,9 +33,10 @@ const PRUNE_STEPS: usize = 50;
 /// Selects the ended runs `policy` expires at `now_ms` and, unless `dry_run`, deletes their
 /// records, rows, index entries and events with [`Write::Prune`]. Runs that have not ended
 /// are never touched. A run goes with the child runs it started (see [`RetentionPolicy`]),
-/// in the same write: a parent is never left naming a child that is gone, and a child whose
-/// parent has not ended is kept, since the parent may still join it (read its row and final
-/// state).
+/// in the same write: a parent is never left naming a child that is gone, nor a child
+/// naming a parent that is gone. A child whose parent has not ended is kept, since the
+/// parent may still join it (read its row and final state); a parent with a child that has
+/// not ended, or that the policy keeps, is kept with it.
 ///
 /// # Errors
 /// [`Error::Storage`](crate::Error::Storage) if a read or a commit fails (runs deleted by
@@ -67,7 +68,7 @@ pub async fn prune_reporting(
         ended.extend(store.list(status, None).await?);
     }
     let (families, held) = families(store, ended).await?;
-    let expired = policy.select(families, now_ms);
+    let expired = without_outside_children(store, policy.select(families, now_ms)).await?;
     let run_ids: Vec<String> = expired
         .iter()
         .flat_map(|family| family.run_ids.iter().cloned())
@@ -121,6 +122,26 @@ fn batches(families: &[Family], batch: usize) -> Vec<Vec<String>> {
         out.push(current);
     }
     out
+}
+
+/// `expired` without the families of which a run has a child outside the family: one that
+/// has not ended (a parent that ended before its children, after `join_first`, or cancelled
+/// while they ran), or that the policy keeps (a failed child under `keep_failed`). Such a
+/// family stays whole, with that child: a child is never left naming a parent that is gone.
+/// One read of the children index per run of an expired family.
+async fn without_outside_children(store: &dyn Store, expired: Vec<Family>) -> Result<Vec<Family>> {
+    let mut out = Vec::with_capacity(expired.len());
+    'families: for family in expired {
+        for run_id in &family.run_ids {
+            for child in store.children(run_id).await? {
+                if !family.run_ids.contains(&child.run_id) {
+                    continue 'families;
+                }
+            }
+        }
+        out.push(family);
+    }
+    Ok(out)
 }
 
 /// Where an ended run stands among its ancestors.
