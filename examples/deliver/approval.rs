@@ -88,7 +88,8 @@ pub async fn send(runtime: &Runtime, run_id: &str, approve: bool, by: &str) {
 
 /// `--approve` while another `deliver --serve` holds the store: the approval goes through
 /// that process's control endpoint (the socket next to `store`), which hands it to the run at
-/// once, and this command ends there. The approval carries the idempotency key the
+/// once if it drives that run (a serving process drives its own run only), and this command
+/// ends there. The approval carries the idempotency key the
 /// in-process one does, so that it is taken once however often it is sent. Returns what to
 /// say, or `None` when no process answers on the endpoint (this command then opens the
 /// store itself, as usual).
@@ -114,19 +115,32 @@ pub async fn through_the_serving_process(store: &Path, run_id: &str) -> Result<O
                 store.display()
             ))
         })?;
-    Ok(Some(if sent.duplicate {
-        format!(
+    // The serving process drives its own run only (`taken_here` says whether it drives this
+    // one): another run takes the approval when `deliver --run-id RUN` next drives it.
+    let later = format!(
+        "run {run_id} takes it when `deliver --run-id {run_id}` drives it, once the serving process has ended (that process drives another run)"
+    );
+    Ok(Some(match (sent.duplicate, sent.taken_here) {
+        (true, true) => format!(
             "run {run_id} was sent an approval already (event {}); the `deliver` serving {} \
              takes it, once",
             sent.event_seq,
             store.display()
-        )
-    } else {
-        format!(
+        ),
+        (true, false) => format!(
+            "run {run_id} was sent an approval already (event {}); {later}",
+            sent.event_seq
+        ),
+        (false, true) => format!(
             "approved run {run_id} as {by}, through the control endpoint {} of the `deliver` \
              serving the store: it hands the approval to the run now, and ends when the run does",
             socket_path(store).display()
-        )
+        ),
+        (false, false) => format!(
+            "approved run {run_id} as {by}, through the control endpoint {} of the `deliver` \
+             serving the store; {later}",
+            socket_path(store).display()
+        ),
     }))
 }
 

@@ -147,7 +147,7 @@ struct Cli {
 
     /// Approve the run's pull request (as $USER, or `operator`) and go on; while another
     /// `deliver --serve` holds the store, through that process's control endpoint (it then
-    /// finishes the run, and this command ends at once)
+    /// finishes the run if it is the run it drives, and this command ends at once)
     #[arg(long, conflicts_with = "auto_approve")]
     approve: bool,
 

@@ -394,3 +394,60 @@ fn deliver_approve_goes_through_the_example_that_serves_the_store() {
     assert_eq!(approvals[0]["payload"], serde_json::json!({"by": "carol"}));
     assert_eq!(approvals[0]["delivered"], true);
 }
+
+/// `deliver --run-id other --approve` while a `deliver --serve` of another run holds the
+/// store: the serving process drives its own run only, so the command says that `other`
+/// takes the approval when `deliver --run-id other` drives it (before, it said the process
+/// handed it over, and `other` kept waiting); it then does, once.
+#[test]
+fn deliver_approve_of_a_run_the_serving_example_does_not_drive_says_so() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let workdir = &dir.path().join("work");
+    let store = workdir.join("deliver.redb");
+    let parked = deliver_in(workdir)
+        .args(["--run-id", "other", "--auto-approve=false"])
+        .output()
+        .expect("run the example");
+    assert!(parked.status.success(), "{}", describe(&parked));
+    let (mut child, lines, _) = serving_at_the_gate(workdir);
+    let approve = |run: &str| {
+        let out = deliver_in(workdir)
+            .args(["--run-id", run, "--approve"])
+            .env("USER", "carol")
+            .output()
+            .expect("run deliver --approve");
+        assert!(out.status.success(), "{}", describe(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(
+        approve("other"),
+        format!(
+            "approved run other as carol, through the control endpoint {}.sock of the `deliver` \
+             serving the store; run other takes it when `deliver --run-id other` drives it, once \
+             the serving process has ended (that process drives another run)\n",
+            store.display()
+        )
+    );
+    let other = loops_json(&store, &["show", "other", "--json"]);
+    assert_eq!(other["run"]["status"], "waiting", "{other}");
+    assert!(approve("deliver-1").contains("it hands the approval to the run now"));
+    let rest: Vec<String> = lines.map(|l| l.expect("a line")).collect();
+    let status = child.0.wait().expect("the example ends");
+    assert!(status.success(), "{rest:?}");
+    let resumed = deliver_in(workdir)
+        .args(["--run-id", "other"])
+        .output()
+        .expect("run the example");
+    assert!(resumed.status.success(), "{}", describe(&resumed));
+    let done = loops_json(&store, &["show", "other", "--json"]);
+    assert_eq!(done["run"]["status"], "completed", "{done}");
+    let history = loops_json(&store, &["history", "other", "--json"]);
+    let approvals: Vec<&Value> = history["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .filter(|e| e["name"] == "approve")
+        .collect();
+    assert_eq!(approvals.len(), 1, "{history}");
+    assert_eq!(approvals[0]["payload"], serde_json::json!({"by": "carol"}));
+}
