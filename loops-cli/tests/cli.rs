@@ -2309,7 +2309,7 @@ fn prune_dry_run_then_prune_with_exact_counts() {
     std::thread::sleep(Duration::from_millis(5));
     let out = text(&path, &["prune", "--older-than", "1ms"]);
     assert!(
-        out.starts_with("removed 1 run (1 transition records, with their steps, failures and events)\nstore file: "),
+        out.starts_with("removed 1 run (1 transition records, with their steps, failures and events):\n  cancelled-1\nstore file: "),
         "{out}"
     );
     assert_eq!(

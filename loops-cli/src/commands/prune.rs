@@ -105,11 +105,14 @@ fn report(view: &PruneView, json: bool, file: bool) -> Result<()> {
         out.push_str("(dry run: nothing removed)\n");
     } else {
         out.push_str(&format!(
-            "removed {} run{} ({} transition records, with their steps, failures and events)\n",
+            "removed {} run{} ({} transition records, with their steps, failures and events):\n",
             view.runs,
             plural(view.runs),
             view.records,
         ));
+        for id in &view.run_ids {
+            out.push_str(&format!("  {}\n", paint(ID, id)));
+        }
         if file {
             out.push_str(&format!(
                 "store file: {} before, {} after; `loops compact` returns the free pages left inside it to the file system\n",
