@@ -89,8 +89,8 @@ pub async fn prune_reporting(
     }
     let batch = (report.run_ids.len() / PRUNE_STEPS).clamp(1, PRUNE_BATCH);
     let selected = report.runs;
-    // What the writes deleted: a run that ended again since the selection (a retry), with
-    // its family, and a run pruned meanwhile by another, are not in it.
+    // What the writes deleted: a run retried since the selection (no longer ended), with its
+    // family, and a run another prune removed meanwhile, are not in it.
     report.run_ids.clear();
     let mut done = 0u64;
     for run_ids in batches(&expired, batch) {
