@@ -460,11 +460,13 @@ run is next driven; it may be sent before the run waits for it. If the run is no
 for this event now, a note on stderr says so (the event is still sent). A run that has
 ended (completed, failed or cancelled) takes no event. With --key, sending the same key
 again writes nothing: the same event again is a success (exit 0), another payload or name
-under that key is refused (exit 1; send it with another key). When the run's workflow declares its events (#[event(name: Type)]),
-a name it does not declare, or a payload that does not match the declared shape, is
-refused with exit code 2 and a line listing the declared events; nothing is written.
+under that key is refused (exit 1; send it with another key). When the run's workflow
+declares its events (#[event(name: Type)]), a name it does not declare, or a payload that
+does not match the declared shape, is refused with exit code 2 and a line listing the
+declared events; nothing is written.
 Exit codes: 0 sent (or sent already with that key), 1 the run has ended, the key names
-another event, or the store failed, 2 a bad argument or a refused event. (Here --json is the payload; --output json prints the receipt as JSON.)";
+another event, or the store failed, 2 a bad argument or a refused event. (Here --json is
+the payload; --output json prints the receipt as JSON.)";
 
 /// `loops send`.
 #[derive(Debug, Args)]

@@ -554,13 +554,13 @@ fn lease(row: &Row, run_id: String, first: usize) -> Result<Lease> {
     })
 }
 
-/// The text column `i` of `row`.
 /// A row of a listing, `(run_id, info)`: the run's row.
 fn listed(row: &Row) -> Result<RunInfo> {
     let run_id = text(row, 0, "?")?;
     RunInfo::decode(&run_id, text(row, 1, &run_id)?.as_bytes())
 }
 
+/// The text column `i` of `row`.
 pub(crate) fn text(row: &Row, i: usize, run_id: &str) -> Result<String> {
     row.try_get(i).map_err(|e| column(run_id, e))
 }

@@ -41,16 +41,14 @@ pub struct Remote {
 enum Op {
     /// It reads: made again on the file.
     Read,
-    /// It writes: its outcome is unknown, and it fails, adding `if_unknown` (what to do then)
-    /// to the message.
-    Write { if_unknown: &'static str },
+    /// It writes: its outcome is unknown, and it fails.
+    Write,
+    /// It sends an event: as [`Op::Write`], and the failure says how to find out and how to
+    /// send again (a second send without the key is a second event).
+    Send,
 }
 
-/// What [`Op::Write`] adds for a write that may be repeated without harm.
-const SAFE_TO_REPEAT: &str = "";
-
-/// What `send` adds when its outcome is unknown: a second send without the key is a second
-/// event.
+/// What a send whose outcome is unknown adds to its failure.
 const SEND_UNKNOWN: &str = "; `loops history RUN` shows whether the event was sent. A send repeated with the same --key is taken once; without --key, a second send is a second event";
 
 impl Remote {
@@ -99,8 +97,8 @@ impl Remote {
                     ControlError::Dropped { .. } | ControlError::NoAnswer { .. }
                 );
                 let mut failure = remote_failure(&self.label, e);
-                if let (true, Op::Write { if_unknown }) = (unknown, op) {
-                    failure.message.push_str(if_unknown);
+                if unknown && op == Op::Send {
+                    failure.message.push_str(SEND_UNKNOWN);
                 }
                 failure
             }),
@@ -288,9 +286,7 @@ impl Operator for Remote {
 
     fn pause_schedule(&self, name: &str, paused: bool) -> Result<loops_core::ScheduleStatus> {
         self.call(
-            Op::Write {
-                if_unknown: SAFE_TO_REPEAT,
-            },
+            Op::Write,
             |c| c.pause_schedule(name, paused),
             |l| l.pause_schedule(name, paused),
         )
@@ -298,9 +294,7 @@ impl Operator for Remote {
 
     fn remove_schedule(&self, name: &str) -> Result<()> {
         self.call(
-            Op::Write {
-                if_unknown: SAFE_TO_REPEAT,
-            },
+            Op::Write,
             |c| c.remove_schedule(name),
             |l| l.remove_schedule(name),
         )
@@ -308,9 +302,7 @@ impl Operator for Remote {
 
     fn cancel(&self, run_id: &str, reason: &str) -> Result<RunInfo> {
         self.call(
-            Op::Write {
-                if_unknown: SAFE_TO_REPEAT,
-            },
+            Op::Write,
             |c| c.cancel(run_id, reason),
             |l| l.cancel(run_id, reason),
         )
@@ -318,9 +310,7 @@ impl Operator for Remote {
 
     fn retry(&self, run_id: &str) -> Result<(RunInfo, Taker)> {
         self.call(
-            Op::Write {
-                if_unknown: SAFE_TO_REPEAT,
-            },
+            Op::Write,
             |c| async move {
                 let (info, taken_here) = c.retry(run_id).await?;
                 Ok((info, taker(taken_here)))
@@ -337,9 +327,7 @@ impl Operator for Remote {
         payload: &RawValue,
     ) -> Result<(Sent, Taker)> {
         self.call(
-            Op::Write {
-                if_unknown: SEND_UNKNOWN,
-            },
+            Op::Send,
             |c| async move {
                 let sent = c.send(run_id, event, key, payload).await?;
                 let taker = taker(sent.taken_here);
@@ -371,9 +359,7 @@ impl Operator for Remote {
         };
         let request = &request;
         self.call(
-            Op::Write {
-                if_unknown: SAFE_TO_REPEAT,
-            },
+            Op::Write,
             |c| async move {
                 let reply = c.prune(request).await?;
                 if !dry_run {
@@ -392,9 +378,7 @@ impl Operator for Remote {
 
     fn compact(&self) -> Result<Compacted> {
         self.call(
-            Op::Write {
-                if_unknown: SAFE_TO_REPEAT,
-            },
+            Op::Write,
             |c| async move {
                 let reply = c.compact().await?;
                 Ok(Compacted {

@@ -524,23 +524,19 @@ async fn send(
     Body(request): Body<SendRequest>,
 ) -> Answer<SentReply> {
     // Checked against the events the run's workflow declares, as the CLI's other paths do.
-    let sent = s
+    let (sent, info) = s
         .runtime
-        .send_json(
+        .send_json_row(
             &run,
             &request.name,
             request.key.as_deref(),
             &request.payload,
         )
         .await?;
-    let taken_here = match s.runtime.run_info(&run).await? {
-        Some(info) => s.runtime.drives(&info),
-        None => false,
-    };
     Ok(Json(SentReply {
         event_seq: sent.event_seq,
         duplicate: sent.duplicate,
-        taken_here,
+        taken_here: s.runtime.drives(&info),
     }))
 }
 

@@ -186,14 +186,8 @@ pub struct SentReply {
     pub duplicate: bool,
     /// Whether the serving process takes the event up itself: it drives the run now, or
     /// registers the run's workflow (`false`: the run waits until a process that drives its
-    /// workflow drives it). `true` from a server of a loops release before this field.
-    #[serde(default = "taken_here_by_default")]
+    /// workflow drives it).
     pub taken_here: bool,
-}
-
-/// [`SentReply::taken_here`] from a server that does not say.
-fn taken_here_by_default() -> bool {
-    true
 }
 
 /// The answer to `POST /v1/runs/{run}/retry`: the run's row after the retry, and whether the

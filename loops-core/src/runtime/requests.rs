@@ -165,6 +165,7 @@ impl Runtime {
             !event.is_declared(),
         )
         .await
+        .map(|(sent, _)| sent)
     }
 
     /// As [`send`](Self::send), once per `key`: a second send with the same key for the same
@@ -187,6 +188,7 @@ impl Runtime {
             !event.is_declared(),
         )
         .await
+        .map(|(sent, _)| sent)
     }
 
     /// Sends an event whose name and payload come from outside the program (the `loops`
@@ -213,11 +215,29 @@ impl Runtime {
         key: Option<&str>,
         payload: &serde_json::value::RawValue,
     ) -> Result<Sent> {
+        self.send_inner(run_id, event, key, payload, true)
+            .await
+            .map(|(sent, _)| sent)
+    }
+
+    /// [`send_json`](Self::send_json), with the run's row after the send (the control
+    /// endpoint's answer says from it whether this process takes the event up).
+    ///
+    /// # Errors
+    /// As [`send_json`](Self::send_json).
+    #[cfg(feature = "control")]
+    pub(crate) async fn send_json_row(
+        &self,
+        run_id: &str,
+        event: &str,
+        key: Option<&str>,
+        payload: &serde_json::value::RawValue,
+    ) -> Result<(Sent, RunInfo)> {
         self.send_inner(run_id, event, key, payload, true).await
     }
 
     /// Writes the event; with `check`, first checks its name and payload against the run's
-    /// declared events ([`check_event`]).
+    /// declared events ([`check_event`]). Returns the receipt and the run's row after it.
     async fn send_inner<T: Serialize + ?Sized>(
         &self,
         run_id: &str,
@@ -225,7 +245,7 @@ impl Runtime {
         key: Option<&str>,
         payload: &T,
         check: bool,
-    ) -> Result<Sent> {
+    ) -> Result<(Sent, RunInfo)> {
         validate_run_id_lookup(run_id)?;
         let names =
             std::iter::once(("event name", event)).chain(key.map(|k| ("idempotency key", k)));
@@ -306,10 +326,13 @@ impl Runtime {
         if !duplicate {
             self.wake(&info);
         }
-        Ok(Sent {
-            event_seq,
-            duplicate,
-        })
+        Ok((
+            Sent {
+                event_seq,
+                duplicate,
+            },
+            info,
+        ))
     }
 
     /// Cancels the run `run_id`, durably. A run this runtime is driving sees the cancellation

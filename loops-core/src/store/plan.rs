@@ -566,8 +566,8 @@ fn prune(run_ids: &[String], facts: &Facts<'_>) -> Effects<'static> {
         .iter()
         .map(|info| (info.run_id.as_str(), info))
         .collect();
-    let top = |info: &RunInfo| family_top(&by_id, info).0.run_id.clone();
-    let unended: HashSet<String> = facts
+    let top = |info| family_top(&by_id, info).0.run_id.as_str();
+    let unended: HashSet<&str> = facts
         .runs
         .iter()
         .filter(|info| !info.status.is_ended())
@@ -576,7 +576,7 @@ fn prune(run_ids: &[String], facts: &Facts<'_>) -> Effects<'static> {
     let delete: Vec<RunInfo> = run_ids
         .iter()
         .filter_map(|id| by_id.get(id.as_str()))
-        .filter(|info| info.status.is_ended() && !unended.contains(&top(info)))
+        .filter(|info| info.status.is_ended() && !unended.contains(top(info)))
         .map(|info| (*info).clone())
         .collect();
     // A run's journal holds one record per seq, from 0 to its current seq. A count for the

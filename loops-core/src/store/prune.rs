@@ -69,31 +69,25 @@ pub async fn prune_reporting(
     }
     let (families, held) = families(store, ended).await?;
     let expired = without_outside_children(store, policy.select(families, now_ms)).await?;
-    let run_ids: Vec<String> = expired
-        .iter()
-        .flat_map(|family| family.run_ids.iter().cloned())
-        .collect();
+    let selected: usize = expired.iter().map(|family| family.run_ids.len()).sum();
     let mut report = Pruned {
-        runs: run_ids.len() as u64,
-        records: 0,
-        run_ids,
         kept_for_parents: held,
+        ..Pruned::default()
     };
     if dry_run {
+        report.run_ids = expired.into_iter().flat_map(|f| f.run_ids).collect();
         for run_id in &report.run_ids {
             report.records = report
                 .records
                 .saturating_add(store.history(run_id).await?.len() as u64);
         }
+        report.runs = report.run_ids.len() as u64;
         return Ok(report);
     }
-    let batch = (report.run_ids.len() / PRUNE_STEPS).clamp(1, PRUNE_BATCH);
-    let selected = report.runs;
     // What the writes deleted: a run retried since the selection (no longer ended), with its
     // family, and a run another prune removed meanwhile, are not in it.
-    report.run_ids.clear();
     let mut done = 0u64;
-    for run_ids in batches(&expired, batch) {
+    for run_ids in batches(expired, (selected / PRUNE_STEPS).clamp(1, PRUNE_BATCH)) {
         done = done.saturating_add(run_ids.len() as u64);
         if let Reply::Pruned { records, run_ids } =
             store.write(None, Write::Prune { run_ids }).await?
@@ -101,7 +95,7 @@ pub async fn prune_reporting(
             report.records = report.records.saturating_add(records);
             report.run_ids.extend(run_ids);
         }
-        progress(done, selected);
+        progress(done, selected as u64);
     }
     report.runs = report.run_ids.len() as u64;
     Ok(report)
@@ -109,14 +103,14 @@ pub async fn prune_reporting(
 
 /// The ids of `families`, in writes of about `batch` runs: whole families each, so that a
 /// prune that ends midway leaves no parent without the children its history names.
-fn batches(families: &[Family], batch: usize) -> Vec<Vec<String>> {
+fn batches(families: Vec<Family>, batch: usize) -> Vec<Vec<String>> {
     let mut out: Vec<Vec<String>> = Vec::new();
     let mut current: Vec<String> = Vec::new();
     for family in families {
         if !current.is_empty() && current.len() + family.run_ids.len() > batch {
             out.push(std::mem::take(&mut current));
         }
-        current.extend(family.run_ids.iter().cloned());
+        current.extend(family.run_ids);
     }
     if !current.is_empty() {
         out.push(current);

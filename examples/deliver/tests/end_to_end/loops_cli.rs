@@ -383,14 +383,8 @@ fn deliver_approve_goes_through_the_example_that_serves_the_store() {
     );
     let done = loops_json(&store, &["show", "deliver-1", "--json"]);
     assert_eq!(done["run"]["status"], "completed");
-    let history = loops_json(&store, &["history", "deliver-1", "--json"]);
-    let approvals: Vec<&Value> = history["events"]
-        .as_array()
-        .expect("events")
-        .iter()
-        .filter(|e| e["name"] == "approve")
-        .collect();
-    assert_eq!(approvals.len(), 1, "{history}");
+    let approvals = approvals(&store, "deliver-1");
+    assert_eq!(approvals.len(), 1, "{approvals:?}");
     assert_eq!(approvals[0]["payload"], serde_json::json!({"by": "carol"}));
     assert_eq!(approvals[0]["delivered"], true);
 }
@@ -441,13 +435,19 @@ fn deliver_approve_of_a_run_the_serving_example_does_not_drive_says_so() {
     assert!(resumed.status.success(), "{}", describe(&resumed));
     let done = loops_json(&store, &["show", "other", "--json"]);
     assert_eq!(done["run"]["status"], "completed", "{done}");
-    let history = loops_json(&store, &["history", "other", "--json"]);
-    let approvals: Vec<&Value> = history["events"]
+    let approvals = approvals(&store, "other");
+    assert_eq!(approvals.len(), 1, "{approvals:?}");
+    assert_eq!(approvals[0]["payload"], serde_json::json!({"by": "carol"}));
+}
+
+/// The `approve` events of `run`'s history, as `loops history --json` shows them.
+fn approvals(store: &std::path::Path, run: &str) -> Vec<Value> {
+    let history = loops_json(store, &["history", run, "--json"]);
+    history["events"]
         .as_array()
         .expect("events")
         .iter()
         .filter(|e| e["name"] == "approve")
-        .collect();
-    assert_eq!(approvals.len(), 1, "{history}");
-    assert_eq!(approvals[0]["payload"], serde_json::json!({"by": "carol"}));
+        .cloned()
+        .collect()
 }
