@@ -54,6 +54,7 @@ pub(crate) struct Sql {
     pub(crate) list: String,
     pub(crate) children: String,
     pub(crate) live_children: String,
+    pub(crate) children_of_runs: String,
     pub(crate) list_workflow: String,
     pub(crate) list_of_schemas: String,
     pub(crate) count_runs: String,
@@ -202,6 +203,9 @@ impl Sql {
             // locked by its own follow-up cancellation, parent row first).
             live_children: f("SELECT info, run_id FROM {s}.runs WHERE parent = $1 \
                  AND status IN ('running', 'waiting', 'blocked') ORDER BY run_id"),
+            // The fact of a prune: every child of the runs it names (a family with a child
+            // outside the write stays whole).
+            children_of_runs: f("SELECT parent, run_id FROM {s}.runs WHERE parent = ANY($1)"),
             list_workflow: f("SELECT run_id, info FROM {s}.runs \
                  WHERE status = $1 AND workflow = $2 ORDER BY run_id"),
             // Served by the index `runs_claim` (workflow, schema, run_id).

@@ -120,6 +120,7 @@ enum Fact {
     EventKey,
     NextEventSeq,
     Children,
+    ChildrenOfRuns,
     Schedule,
 }
 
@@ -199,6 +200,13 @@ fn reads<'a>(sql: &'a Sql, lease: Option<&Lease>, needs: &Needs<'_>) -> Vec<(Fac
     if needs.children {
         out.push((Fact::Children, statement(&sql.live_children, vec![run()])));
     }
+    if needs.children_of_runs && !needs.runs.is_empty() {
+        let ids = needs.runs.to_vec();
+        out.push((
+            Fact::ChildrenOfRuns,
+            statement(&sql.children_of_runs, vec![Box::new(ids)]),
+        ));
+    }
     if let Some(name) = needs.schedule {
         let name: Param = Box::new(name.to_owned());
         out.push((Fact::Schedule, statement(&sql.lock_schedule, vec![name])));
@@ -266,6 +274,13 @@ fn facts<'l>(
                     let json = text(r, 0, &id).map_err(Unreadable::Broken)?;
                     let decoded = RunInfo::decode(&id, json.as_bytes());
                     into.push(decoded.map_err(Unreadable::Refused)?);
+                }
+            }
+            Fact::ChildrenOfRuns => {
+                for r in &rows {
+                    let parent = text(r, 0, "?").map_err(Unreadable::Broken)?;
+                    let child = text(r, 1, &parent).map_err(Unreadable::Broken)?;
+                    facts.children_of_runs.push((parent, child));
                 }
             }
             Fact::Record => facts.record_taken = flag(first).map_err(broken)?,

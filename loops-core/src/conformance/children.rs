@@ -310,7 +310,18 @@ pub(super) async fn prune_families(f: &dyn Factory) {
         (owned(&["k", "k/c"]), 0, 2 + 1)
     );
     assert!(store.run_info("v").await.unwrap().is_some());
+    // A prune write naming v alone keeps it (its child is outside the write: a child a
+    // parent retried after the selection started), while v/c runs and after it ended.
+    let only_v = || async {
+        match store.write(None, writes::prune(&["v"])).await.unwrap() {
+            crate::store::Reply::Pruned { records, run_ids } => (records, run_ids),
+            other => panic!("expected Pruned, got {other:?}"),
+        }
+    };
+    assert_eq!(only_v().await, (0, Vec::new()));
     end(vc, "v/c", 1).await;
+    assert_eq!(only_v().await, (0, Vec::new()));
+    assert!(store.run_info("v").await.unwrap().is_some());
     assert_eq!(
         pruned(everything, 10_000, false).await,
         (owned(&["v", "v/c"]), 0, 2 + 2)

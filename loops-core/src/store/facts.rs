@@ -39,6 +39,8 @@ pub struct Needs<'w> {
     pub runs: &'w [String],
     /// The rows of the run's children that have not ended: [`Facts::children`].
     pub children: bool,
+    /// The children of [`Needs::runs`], ended or not: [`Facts::children_of_runs`].
+    pub children_of_runs: bool,
     /// A schedule whose row the write reads (and locks, in a store that locks rows):
     /// [`Facts::schedule`].
     pub schedule: Option<&'w str>,
@@ -95,6 +97,9 @@ pub struct Facts<'a> {
     /// With [`Needs::children`]: the rows of the runs whose [`parent`](RunInfo::parent) is
     /// the run, that have not ended (status running, waiting or blocked), by run id.
     pub children: Vec<RunInfo>,
+    /// With [`Needs::children_of_runs`]: `(parent, child)`, the run ids of every run whose
+    /// [`parent`](RunInfo::parent) is one of [`Needs::runs`], in any order.
+    pub children_of_runs: Vec<(String, String)>,
     /// The row of the schedule [`Needs::schedule`], if it exists.
     pub schedule: Option<ScheduleInfo>,
 }
@@ -210,6 +215,7 @@ impl Write {
             },
             Write::Prune { run_ids } => Needs {
                 runs: run_ids,
+                children_of_runs: true,
                 ..Needs::default()
             },
             Write::Seal { .. } => Needs::default(),

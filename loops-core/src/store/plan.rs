@@ -558,8 +558,9 @@ fn wake<'w>(run_id: &'w str, seq: u64, at_ms: u64, g: &Given<'_, '_>) -> Result<
 
 /// [`Write::Prune`]: the ended runs among [`Facts::runs`] go, in the order `run_ids` names
 /// them, except a family (runs linked by their parent links, among these) with a run that
-/// has not ended: it stays whole. (A parent retried after its family was selected stays
-/// with its children.)
+/// has not ended, or with a child the write does not name ([`Facts::children_of_runs`]): it
+/// stays whole. (A parent retried after its family was selected stays with its children,
+/// and with a child it started since.)
 fn prune(run_ids: &[String], facts: &Facts<'_>) -> Effects<'static> {
     let by_id: HashMap<&str, &RunInfo> = facts
         .runs
@@ -567,16 +568,17 @@ fn prune(run_ids: &[String], facts: &Facts<'_>) -> Effects<'static> {
         .map(|info| (info.run_id.as_str(), info))
         .collect();
     let top = |info| family_top(&by_id, info).0.run_id.as_str();
-    let unended: HashSet<&str> = facts
-        .runs
+    let unended = facts.runs.iter().filter(|info| !info.status.is_ended());
+    let outside_parents = facts
+        .children_of_runs
         .iter()
-        .filter(|info| !info.status.is_ended())
-        .map(&top)
-        .collect();
+        .filter(|(_, child)| !by_id.contains_key(child.as_str()))
+        .filter_map(|(parent, _)| by_id.get(parent.as_str()).copied());
+    let kept: HashSet<&str> = unended.chain(outside_parents).map(&top).collect();
     let delete: Vec<RunInfo> = run_ids
         .iter()
         .filter_map(|id| by_id.get(id.as_str()))
-        .filter(|info| info.status.is_ended() && !unended.contains(top(info)))
+        .filter(|info| info.status.is_ended() && !kept.contains(top(info)))
         .map(|info| (*info).clone())
         .collect();
     // A run's journal holds one record per seq, from 0 to its current seq. A count for the

@@ -296,6 +296,39 @@ fn prune_keeps_a_family_with_a_run_that_has_not_ended() {
     }
 }
 
+/// A prune keeps a family with a child the write does not name (started by a parent retried
+/// after the selection): the family whose grandchild has a child outside the write stays
+/// whole; the family whose children are all named goes.
+#[test]
+fn prune_keeps_a_family_with_a_child_outside_the_write() {
+    let child = |id: &str, parent: &str| RunInfo {
+        parent: Some(crate::row::ParentLink {
+            run_id: parent.to_owned(),
+            on_cancel: crate::row::OnParentCancel::Cancel,
+        }),
+        ..row(id, RunStatus::Completed, 1)
+    };
+    let write = Write::Prune {
+        run_ids: ["p", "p/c", "q", "q/c"].map(str::to_owned).to_vec(),
+    };
+    assert!(write.needs().children_of_runs);
+    let link = |parent: &str, child: &str| (parent.to_owned(), child.to_owned());
+    let facts = Facts {
+        runs: vec![
+            row("p", RunStatus::Completed, 1),
+            child("p/c", "p"),
+            row("q", RunStatus::Completed, 1),
+            child("q/c", "q"),
+        ],
+        children_of_runs: vec![link("p", "p/c"), link("p/c", "p/c/new"), link("q", "q/c")],
+        ..Facts::default()
+    };
+    let effects = plan(&write, None, &facts).unwrap();
+    let deleted: Vec<&str> = effects.delete.iter().map(|i| i.run_id.as_str()).collect();
+    assert_eq!(deleted, ["q", "q/c"]);
+    assert!(matches!(effects.reply, Reply::Pruned { records: 4, .. }));
+}
+
 /// [`Effects::wakes`], for each kind of write that can make a run ready and for writes that
 /// do not: set only when the run needs a driver afterwards that it did not need before (or
 /// an event it waits for arrives), and never for a write under the run's lease.

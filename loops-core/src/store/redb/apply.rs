@@ -247,14 +247,15 @@ fn gather<'w>(
             facts.runs.push(info);
         }
     }
+    if needs.children_of_runs {
+        for parent in needs.runs {
+            for child in children_of(t, parent)? {
+                facts.children_of_runs.push((parent.clone(), child));
+            }
+        }
+    }
     if needs.children {
-        let top = name_upper_bound();
-        let ids: Vec<String> = t
-            .children()?
-            .range((id, "")..(id, top.as_str()))?
-            .map(|entry| entry.map(|(key, _)| key.value().1.to_owned()))
-            .collect::<std::result::Result<_, _>>()?;
-        for child in ids {
+        for child in children_of(t, id)? {
             if let Some((_, info)) = load_row(t, &child)?
                 && !info.status.is_ended()
             {
@@ -270,6 +271,17 @@ fn gather<'w>(
             .map_err(ApplyError::Rejected)?;
     }
     Ok(facts)
+}
+
+/// The run ids of the children of `parent`, from the children index.
+fn children_of(t: &mut Tables<'_>, parent: &str) -> std::result::Result<Vec<String>, ApplyError> {
+    let top = name_upper_bound();
+    let ids = t
+        .children()?
+        .range((parent, "")..(parent, top.as_str()))?
+        .map(|entry| entry.map(|(key, _)| key.value().1.to_owned()))
+        .collect::<std::result::Result<_, _>>()?;
+    Ok(ids)
 }
 
 /// The head of `run_id` as its row stores it (a run without a row has none yet).
