@@ -90,7 +90,9 @@ pub struct Resumed {
     /// The runs given a background driver, by workflow then run id: running runs, waiting
     /// runs whose event arrived, whose time passed or whose cancellation was asked for,
     /// waiting runs recorded by a version this build does not compile (accepted or migrated
-    /// now, or blocked), and blocked runs it can route now.
+    /// now, or blocked), and blocked runs it can route now. Each row is as it was read,
+    /// before its driver started: a blocked run's says `blocked` until its driver unblocks
+    /// (or migrates) it, in the background.
     pub driven: Vec<RunInfo>,
     /// Waiting runs left parked, holding no task (a store only this process opens).
     pub parked: usize,
