@@ -527,6 +527,103 @@ async fn the_explorer_stops_a_step_between_its_effect_and_its_record() {
 
 /// The approval workflow's day of sleep, its event and its steps, each crash a real abort:
 /// the same boundaries, the same end, as in process.
+#[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(name = "fan")]
+enum Fan {
+    #[initial]
+    #[next(Joined)]
+    Go { fail: bool },
+    #[terminal]
+    Joined { seen: u32 },
+}
+
+/// Fails when its state says so; otherwise starts a `Tally` child run and joins it.
+struct Fanner;
+
+impl FanHandler for Fanner {
+    type Error = std::io::Error;
+
+    async fn go(&self, ctx: &Context, fail: bool) -> Result<GoNext, Self::Error> {
+        if fail {
+            return Err(std::io::Error::other("out of tokens"));
+        }
+        let child = ctx
+            .start_child("fan-1/tally", Tally::Start)
+            .await
+            .map_err(std::io::Error::other)?;
+        let seen = match ctx
+            .join_child(&child)
+            .await
+            .map_err(std::io::Error::other)?
+        {
+            Ok(Tally::Done { seen }) => seen,
+            other => return Err(std::io::Error::other(format!("{other:?}"))),
+        };
+        Ok(GoNext::Joined { seen })
+    }
+}
+
+/// A run that fails, and fails the same way after every crash, passes, with its status and
+/// error in the result and the report: never reported as if it had ended well.
+#[tokio::test]
+async fn the_explorer_reports_a_run_that_fails_as_failed() {
+    let explored = Explorer::new(|| Fanner, Fan::Go { fail: true })
+        .configure(|b| b.retry(RetryPolicy::attempts(1)))
+        .run_id("fan-1")
+        .run()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (explored.final_state.as_str(), explored.final_status),
+        ("Go", RunStatus::Failed)
+    );
+    let error = explored.error.clone().expect("the run's error");
+    assert!(error.ends_with("out of tokens"), "{error}");
+    let report = explored.to_string();
+    assert!(
+        report.starts_with(&format!(
+            "crash explorer: run `fan-1` ends failed in `Go` after a crash at each of {} \
+             boundaries ({} explored)\n  its error: {error}\n",
+            explored.boundaries.len(),
+            explored.explored
+        )),
+        "{report}"
+    );
+}
+
+/// A run that starts a child run is refused with what the explorer cannot do (never a hint
+/// to send loops' own events); one whose child's workflow is not registered fails to start
+/// it, and is reported failed with that error.
+#[tokio::test]
+async fn the_explorer_refuses_a_run_with_children_saying_so() {
+    let unregistered = Explorer::new(|| Fanner, Fan::Go { fail: false })
+        .configure(|b| b.retry(RetryPolicy::attempts(1)))
+        .run_id("fan-1")
+        .run()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (unregistered.final_status, unregistered.error.as_deref()),
+        (
+            RunStatus::Failed,
+            Some("no handler is registered for workflow `tally`")
+        )
+    );
+    let registered = Explorer::new(|| Fanner, Fan::Go { fail: false })
+        .configure(|b| b.register::<Tally, _>(Careful))
+        .run_id("fan-1")
+        .run()
+        .await
+        .expect_err("a run with children");
+    assert!(matches!(registered, ExploreError::Reference { .. }));
+    assert_eq!(
+        registered.to_string(),
+        "crash explorer: run `fan-1` could not be run without a crash: it starts child runs \
+         (`fan-1/tally`): the crash explorer explores one run, and not yet a run that starts \
+         children (explore the children's workflows on their own; see docs/testing.md)"
+    );
+}
+
 #[tokio::test]
 async fn in_child_processes_the_explorer_passes_on_a_correct_workflow_as_in_process() {
     let draft = || Approval::Drafted { text: "hi".into() };

@@ -255,6 +255,12 @@ where
             Case::Ended(ended) => ended,
             Case::Stopped(..) => unreachable_stop(&self.run_id)?,
         };
+        if !reference.children.is_empty() {
+            return Err(ExploreError::Reference {
+                run_id: self.run_id.clone(),
+                message: with_children(&reference.children),
+            });
+        }
         let boundaries = boundaries(&reference, &self.run_id);
         let mut findings = Vec::new();
         for boundary in &boundaries {
@@ -285,6 +291,8 @@ where
                 boundaries,
                 explored,
                 final_state: reference.outcome.state.clone(),
+                final_status: reference.outcome.status,
+                error: reference.error,
             })
         } else {
             Err(ExploreError::Found {
@@ -482,6 +490,11 @@ where
                     return Ok(());
                 };
                 if let Some(event) = &wait.event {
+                    if event == crate::CHILD_ENDED {
+                        let children = Store::children(store, &self.run_id).await?;
+                        let ids: Vec<String> = children.into_iter().map(|c| c.run_id).collect();
+                        return Err(Problem(with_children(&ids)));
+                    }
                     if Store::has_pending(store, &self.run_id, event).await? {
                         // Sent, not taken yet: the wait ends when the driver looks.
                         return Ok(());
@@ -538,7 +551,10 @@ where
             .map(|r| (r.seq, r.state, r.payload.get().to_owned()))
             .collect::<Vec<_>>();
         let payload = history.last().map(|h| h.2.clone()).unwrap_or_default();
+        let children = Store::children(base, &self.run_id).await?;
         Ok(Ended {
+            children: children.into_iter().map(|c| c.run_id).collect(),
+            error: info.error.map(|chain| chain.join(": ")),
             outcome: Outcome {
                 status: info.status,
                 state: info.state,
@@ -550,6 +566,17 @@ where
             steps,
         })
     }
+}
+
+/// Why a run that started child runs (`children`, their run ids) is not explored.
+fn with_children(children: &[String]) -> String {
+    let ids: Vec<String> = children.iter().map(|id| format!("`{id}`")).collect();
+    format!(
+        "it starts child runs ({}): the crash explorer explores one run, and not yet a run \
+         that starts children (explore the children's workflows on their own; see \
+         docs/testing.md)",
+        ids.join(", ")
+    )
 }
 
 /// A stop that cannot happen: the uninterrupted run has no boundary to stop at.
@@ -596,6 +623,10 @@ struct First {
 /// A run at its end, and what the (last) process did.
 struct Ended {
     outcome: Outcome,
+    /// The run ids of the child runs it started.
+    children: Vec<String>,
+    /// Its error chain, joined, if it failed.
+    error: Option<String>,
     /// `(seq, state, payload)` of each transition record.
     history: Vec<(u64, String, String)>,
     writes: Vec<WriteSeen>,

@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use crate::store::RunStatus;
+
 /// The environment variable that makes an explorer replay one boundary alone (its number,
 /// as a report prints it): `LOOPS_EXPLORE_ONLY=4 cargo test my_test`.
 pub const ONLY_ENV: &str = "LOOPS_EXPLORE_ONLY";
@@ -59,19 +61,31 @@ pub struct Exploration {
     pub explored: usize,
     /// The state the run ended in.
     pub final_state: String,
+    /// The status it ended with: completed, failed or cancelled (a run that fails, and
+    /// fails the same way after every crash, passes: assert the status you expect).
+    pub final_status: RunStatus,
+    /// Its error, each cause after the one it caused, joined by `": "`, if it failed.
+    pub error: Option<String>,
 }
 
 impl fmt::Display for Exploration {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ends = match self.final_status {
+            RunStatus::Completed => "ends".to_owned(),
+            status => format!("ends {}", status.as_str()),
+        };
         writeln!(
             f,
-            "crash explorer: run `{}` ends in `{}` after a crash at each of {} boundaries \
+            "crash explorer: run `{}` {ends} in `{}` after a crash at each of {} boundaries \
              ({} explored)",
             self.run_id,
             self.final_state,
             self.boundaries.len(),
             self.explored
         )?;
+        if let Some(error) = &self.error {
+            writeln!(f, "  its error: {error}")?;
+        }
         for boundary in &self.boundaries {
             writeln!(f, "  {boundary}")?;
         }
