@@ -264,6 +264,18 @@ async fn schedules_are_refused_when_invalid() {
         .unwrap_err();
     assert!(matches!(err, Error::NotRegistered { .. }), "{err}");
     assert_eq!(bare.schedules().await.unwrap(), Vec::new());
+    // A pattern whose times are all past (the clock is in 2026) is refused, nothing stored.
+    let past = Schedule::cron("* * * * * * 2020").unwrap();
+    let err = rt
+        .schedule::<Report, _>("past", past, |t| Report::Start { tick_ms: t.at_ms })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "schedule `past`: `cron * * * * * * 2020 UTC` has no tick after now: its times are \
+         all past"
+    );
+    assert_eq!(rt.schedules().await.unwrap(), Vec::new());
     assert!(Schedule::cron("0 25 * * *").is_err());
     assert!(Schedule::cron_in("0 9 * * *", "Nowhere/City").is_err());
     assert!(Schedule::every(Duration::ZERO).is_err());

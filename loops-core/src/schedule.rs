@@ -111,8 +111,9 @@ impl Schedule {
     /// A tick at each time that the cron `pattern` matches in UTC. The pattern has 5 fields
     /// (minute, hour, day of month, month, day of week), 6 (seconds first) or 7 (seconds
     /// first, year last), with the extensions of the `croner` crate (`L`, `W`, `#`,
-    /// `@hourly`, ...). A pattern that never matches (`0 0 31 2 *`) is refused. Catch-up
-    /// [`CatchUp::Skip`].
+    /// `@hourly`, ...). A pattern that never matches (`0 0 31 2 *`) is refused here, and one
+    /// whose times are all past (`0 0 1 1 * 2020`) by [`Runtime::schedule`](crate::Runtime::schedule).
+    /// Catch-up [`CatchUp::Skip`].
     ///
     /// # Errors
     /// [`InvalidSchedule`] with the parser's reason.

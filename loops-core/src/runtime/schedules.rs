@@ -95,7 +95,8 @@ impl Runtime {
     ///
     /// # Errors
     /// [`Error::NotRegistered`] if no handler is registered for `W`;
-    /// [`Error::InvalidSchedule`] for a name [`check_schedule_name`] refuses;
+    /// [`Error::InvalidSchedule`] for a name [`check_schedule_name`] refuses, or a schedule
+    /// with no tick after now (a cron pattern whose times are all past);
     /// [`Error::Storage`]/[`Error::Database`] if the registration could not be written (a
     /// tick that could not start is logged and left to the next catch-up).
     pub async fn schedule<W, F>(
@@ -121,6 +122,14 @@ impl Runtime {
             });
         }
         let now = self.now_ms();
+        if schedule.next_after(now).is_none() {
+            // A cron pattern whose times are all past (`* * * * * * 2020`): it would be
+            // stored and never tick.
+            return Err(Error::InvalidSchedule {
+                name: name.to_owned(),
+                reason: format!("`{schedule}` has no tick after now: its times are all past"),
+            });
+        }
         let info = ScheduleInfo::new(name, W::NAME, &schedule, now);
         self.store()
             .write(None, Write::PutSchedule { info })
