@@ -2624,6 +2624,37 @@ fn missing_empty_foreign_and_corrupt_files_are_one_line_errors() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
 
+    // A store with a few bytes added to its end: refused, saying how a copy may be
+    // recovered; the copy cut as said verifies intact.
+    let appended = dir.path().join("appended.redb");
+    let mut bytes = full.clone();
+    bytes.extend_from_slice(b"abc");
+    std::fs::write(&appended, &bytes).unwrap();
+    let whole = full.len();
+    assert_eq!(whole % 4096, 0);
+    let out = loops(&appended).arg("runs").output().unwrap();
+    assert_eq!(
+        String::from_utf8(out.stderr).unwrap(),
+        format!(
+            "error: store {} looks damaged: the file's length ({} bytes) is not one redb lays \
+             out, nor a whole number of its 4096-byte pages: bytes were added to its end, or it \
+             was cut short. A copy cut to {whole} bytes may open (`cp FILE COPY && truncate -s \
+             {whole} COPY`, then `loops --store COPY check`); the file itself is left as it is; \
+             `loops check` verifies every page of the file\n",
+            appended.display(),
+            whole + 3
+        )
+    );
+    assert_eq!(std::fs::read(&appended).unwrap(), bytes);
+    let copy = dir.path().join("copy.redb");
+    std::fs::write(&copy, &bytes[..whole]).unwrap();
+    let out = loops(&copy).arg("check").output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
     // Every 4 KiB page in turn overwritten with zeros: some pages are free (the commands
     // work), others break the file; redb panics on some kinds of damage, which the tool
     // reports as one line too.

@@ -578,6 +578,34 @@ pub(super) fn open_source(e: redb::DatabaseError) -> crate::BoxError {
             ))
         }
         redb::DatabaseError::Storage(redb::StorageError::Io(io)) => Box::new(io),
+        redb::DatabaseError::Storage(redb::StorageError::Corrupted(what)) => Box::new(
+            redb::DatabaseError::Storage(redb::StorageError::Corrupted(length_said(what))),
+        ),
         other => other.into(),
     }
+}
+
+/// redb's refusal of a file whose length is not one its layout can have, said with what
+/// happened and how a copy may be recovered; other damage as redb says it.
+fn length_said(what: String) -> String {
+    const PAGE: u64 = 4096;
+    let Some(len) = what
+        .strip_prefix("File length does not correspond to a valid region layout: file_len=")
+        .and_then(|n| n.trim().parse::<u64>().ok())
+    else {
+        return what;
+    };
+    let whole = len / PAGE * PAGE;
+    if whole == len || whole == 0 {
+        return format!(
+            "the file's length ({len} bytes) is not one redb lays out: it was cut short, or \
+             bytes were added to it"
+        );
+    }
+    format!(
+        "the file's length ({len} bytes) is not one redb lays out, nor a whole number of its \
+         {PAGE}-byte pages: bytes were added to its end, or it was cut short. A copy cut to \
+         {whole} bytes may open (`cp FILE COPY && truncate -s {whole} COPY`, then `loops \
+         --store COPY check`); the file itself is left as it is"
+    )
 }
