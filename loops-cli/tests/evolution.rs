@@ -99,11 +99,12 @@ mod v2 {
 
         async fn work(
             &self,
-            _: &Context,
+            ctx: &Context,
             _: String,
             _: Vec<String>,
             count: u32,
         ) -> Result<WorkNext, BoxError> {
+            ctx.step("deliver", || async { Ok(count) }).await?;
             Ok(WorkNext::Done { delivered: count })
         }
     }
@@ -316,8 +317,9 @@ fn history_shows_a_migration_record_with_where_it_comes_from() {
             (3, "Done", h2.as_str(), &Value::Null),
         ]
     );
-    // The migrated state's payload is version 2's; the step recorded before the migration
-    // stays with the state it continues (seq 1).
+    // The migrated state's payload is version 2's; the steps of the state it continues are
+    // recorded under that state's seq (1), before the migration (`begin`) and after it
+    // (`deliver`, by version 2).
     assert_eq!(
         transitions[2]["payload"],
         json!({"Work": {"mode": "m", "items": ["a", "b"], "count": 2}})
@@ -328,9 +330,37 @@ fn history_shows_a_migration_record_with_where_it_comes_from() {
         .iter()
         .map(|s| s["name"].as_str().unwrap())
         .collect();
-    assert_eq!(steps, ["begin"]);
+    assert_eq!(steps, ["begin", "deliver"]);
 
     let text = text(&path, &["history", "moved-1"]);
+    // The text is a timeline: the step after the migration is listed after its record.
+    let kinds: Vec<(&str, &str)> = text
+        .lines()
+        .skip(3)
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            let first = words.next()?;
+            if first.parse::<u64>().is_ok() {
+                Some((words.next()?, words.next()?))
+            } else {
+                Some((first, words.next()?))
+            }
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("state", "Start"),
+            ("state", "Work"),
+            ("step", "begin#0"),
+            ("migrated", "Work"),
+            // Version 1's attempt, cut short, is recorded as the new version resumes.
+            ("failed", "interrupted"),
+            ("step", "deliver#0"),
+            ("state", "Done"),
+        ],
+        "{text}"
+    );
     let line = text
         .lines()
         .find(|l| l.contains("migrated"))

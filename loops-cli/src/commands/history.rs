@@ -164,6 +164,9 @@ fn render(view: &HistoryView, waiting: &str) -> String {
     }
     out.push_str("\n\n");
     let mut t = Table::with_header(&["SEQ", "KIND", "NAME", "ATTEMPT", "AT", "ELAPSED", "DETAIL"]);
+    // A migration's (or acceptance's) record continues the state entered at an earlier seq,
+    // whose steps and failures go on after it: those are shown after its row, in time order.
+    let mut continued: BTreeMap<u64, Vec<(u64, Vec<Cell>)>> = BTreeMap::new();
     for tr in &view.transitions {
         // A migration's (or acceptance's) record says where it comes from instead of its
         // payload (the same state's data, read by the new version).
@@ -193,9 +196,30 @@ fn render(view: &HistoryView, waiting: &str) -> String {
             ),
             detail,
         ]);
-        // Steps and failed attempts of this state, in the order they happened.
-        for cells in attempt_rows(tr) {
+        // Steps and failed attempts of this state (and of the one it continues, after this
+        // record), in the order they happened; those after a later record that continues it
+        // are kept for that record's row.
+        let mut rows = attempt_rows(tr);
+        if let Some(m) = &tr.migrated_from {
+            rows.extend(continued.remove(&m.seq).unwrap_or_default());
+            rows.sort_by_key(|(at, _)| *at);
+        }
+        let until = view
+            .transitions
+            .iter()
+            .find(|later| {
+                later
+                    .migrated_from
+                    .as_ref()
+                    .is_some_and(|m| m.seq == tr.seq)
+            })
+            .map_or(u64::MAX, |later| later.at_ms);
+        let (before, after): (Vec<_>, Vec<_>) = rows.into_iter().partition(|(at, _)| *at < until);
+        for (_, cells) in before {
             t.row(cells);
+        }
+        if !after.is_empty() {
+            continued.insert(tr.seq, after);
         }
     }
     // A cancellation is no transition (the run ends where it is): its row says when and why.
@@ -219,8 +243,8 @@ fn render(view: &HistoryView, waiting: &str) -> String {
 }
 
 /// The rows of the steps and failed attempts of the state `tr`, in the order they happened
-/// (by time, then attempt).
-fn attempt_rows(tr: &TransitionView) -> Vec<Vec<Cell>> {
+/// (by time, then attempt), each with its time (ms since the Unix epoch).
+fn attempt_rows(tr: &TransitionView) -> Vec<(u64, Vec<Cell>)> {
     let mut lines: Vec<(u64, u32, Vec<Cell>)> = Vec::new();
     for s in &tr.steps {
         lines.push((
@@ -258,7 +282,10 @@ fn attempt_rows(tr: &TransitionView) -> Vec<Vec<Cell>> {
         ));
     }
     lines.sort_by_key(|(at, attempt, _)| (*at, *attempt));
-    lines.into_iter().map(|(_, _, cells)| cells).collect()
+    lines
+        .into_iter()
+        .map(|(at, _, cells)| (at, cells))
+        .collect()
 }
 
 /// The table of the run's events in `view`: each with its key, when it was sent, and whether
