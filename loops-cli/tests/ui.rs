@@ -593,7 +593,19 @@ fn writes_need_the_token_and_the_page_s_origin_and_pages_answer_only_their_host(
     assert_eq!(request(addr, "GET /", &[evil], "").0, 421);
     // `localhost` names the loopback address.
     let local = ("Host", format!("localhost:{}", addr.port()));
-    assert_eq!(request(addr, "GET /", &[local], "").0, 200);
+    assert_eq!(request(addr, "GET /", &[local.clone()], "").0, 200);
+    // A status the filter does not know is said in the table; the workflows are still
+    // offered.
+    let (status, page) = request(addr, "GET /?status=bogus", &[local], "");
+    assert_eq!(status, 200);
+    assert!(
+        page.contains(r#"<td class="problem" colspan="8">no status `bogus`</td>"#),
+        "{page}"
+    );
+    assert!(
+        page.contains(r#"<option value="review">review</option>"#),
+        "{page}"
+    );
 
     // The reason holds a bidirectional override, which the page shows escaped.
     let cancel = form(&[("token", &token), ("reason", "from \u{202e}elsewhere")]);

@@ -23,8 +23,10 @@ use crate::graph::svg;
 use crate::open::Access;
 use crate::operator::{Operator, not_found};
 
+/// The runs `query` selects, and the workflows for the filter; a filter that does not parse
+/// fails the runs only, so that the page still offers every workflow.
 async fn listed(ui: &Arc<Ui>, query: &RunsQuery) -> Result<Listed> {
-    let selection = query.selection()?;
+    let selection = query.selection();
     let now = now_ms();
     ui.with(Access::Read, move |store| {
         let mut workflows: Vec<String> = store
@@ -35,7 +37,7 @@ async fn listed(ui: &Arc<Ui>, query: &RunsQuery) -> Result<Listed> {
         workflows.sort();
         workflows.dedup();
         Ok(Listed {
-            runs: select(store, &selection, now)?,
+            runs: selection.and_then(|selection| select(store, &selection, now)),
             workflows,
         })
     })

@@ -62,8 +62,9 @@ impl RunsQuery {
 
 /// The runs a page lists, and the stored workflows' names (for the filter).
 pub struct Listed {
-    /// The selected runs, most recently changed first.
-    pub runs: Vec<RunInfo>,
+    /// The selected runs, most recently changed first; or why they could not be (a filter
+    /// that does not parse, a failed read).
+    pub runs: Result<Vec<RunInfo>>,
     /// Every workflow with a stored schema, sorted.
     pub workflows: Vec<String>,
 }

@@ -109,13 +109,15 @@ pub fn runs_live(listed: &Result<Listed>, now: u64) -> Markup {
 }
 
 fn runs_rows(listed: &Result<Listed>, now: u64) -> Markup {
-    match listed {
-        Err(failure) => html! { tr { td.problem colspan="8" { (failure.message) } } },
-        Ok(listed) if listed.runs.is_empty() => {
+    match listed.as_ref().map(|listed| &listed.runs) {
+        Err(failure) | Ok(Err(failure)) => {
+            html! { tr { td.problem colspan="8" { (failure.message) } } }
+        }
+        Ok(Ok(runs)) if runs.is_empty() => {
             html! { tr { td.empty colspan="8" { "no runs match" } } }
         }
-        Ok(listed) => html! {
-            @for info in &listed.runs { (run_row(info, now)) }
+        Ok(Ok(runs)) => html! {
+            @for info in runs { (run_row(info, now)) }
         },
     }
 }
