@@ -33,7 +33,9 @@ use crate::run::settings::StepRun;
 use crate::runtime::{Runtime, RuntimeBuilder};
 use crate::store::{RedbStore, RunStatus, Store};
 use crate::testing::child::{self, AbortAt, CaseDir, Journal, Role};
-use crate::testing::report::{Boundary, Exploration, ExploreError, Finding, ONLY_ENV, When};
+use crate::testing::report::{
+    Boundary, Exploration, ExploreError, Finding, ONLY_ENV, When, with_children,
+};
 use crate::testing::store::{HookedStore, Verdict, WriteHook, WriteSeen};
 
 /// How long one run of the workflow (before or after a crash) may take, by the real clock.
@@ -566,17 +568,6 @@ where
             steps,
         })
     }
-}
-
-/// Why a run that started child runs (`children`, their run ids) is not explored.
-fn with_children(children: &[String]) -> String {
-    let ids: Vec<String> = children.iter().map(|id| format!("`{id}`")).collect();
-    format!(
-        "it starts child runs ({}): the crash explorer explores one run, and not yet a run \
-         that starts children (explore the children's workflows on their own; see \
-         docs/testing.md)",
-        ids.join(", ")
-    )
 }
 
 /// A stop that cannot happen: the uninterrupted run has no boundary to stop at.

@@ -146,3 +146,14 @@ fn found_report(run_id: &str, explored: usize, findings: &[Finding]) -> String {
     }
     out
 }
+
+/// Why a run that started child runs (`children`, their run ids) is not explored.
+pub(crate) fn with_children(children: &[String]) -> String {
+    let ids: Vec<String> = children.iter().map(|id| format!("`{id}`")).collect();
+    format!(
+        "it starts child runs ({}): the crash explorer explores one run, and not yet a run \
+         that starts children (explore the children's workflows on their own; see \
+         docs/testing.md)",
+        ids.join(", ")
+    )
+}
