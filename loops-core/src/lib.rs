@@ -87,13 +87,13 @@ pub use schema::{
     StateShape, Struct, Variant, WorkflowShape, schema_diff,
 };
 pub use store::{
-    AfterFailure, BoxFuture, ClaimFilter, Compacted, CurrentLease, DEFAULT_CACHE_BYTES, Effects,
-    EventRecord, Facts, InboxChange, KEY_SEARCH_RUNS, KeyRead, KeySearch, Lease, LeaseCheck, Needs,
-    ParkedRun, Payloads, PendingEvent, Pruned, Readiness, Ready, ReadyAndParked, Record, RecordKey,
-    RedbStore, Reply, RowWrite, RunCount, RunInfo, RunStatus, STORE_FORMAT, ScheduleChange,
-    SeqStep, SharedLimits, Store, StoreOptions, Take, Upgraded, WaitInfo, WaitOutcome, Wakeups,
-    Write, check_keys, event_record, find_runs, plan, prune, prune_reporting, refuse_foreign_codec,
-    seals_as_store_does,
+    AfterFailure, AttemptFailures, BoxFuture, ClaimFilter, Compacted, CurrentLease,
+    DEFAULT_CACHE_BYTES, Effects, EventRecord, Facts, InboxChange, KEY_SEARCH_RUNS, KeyRead,
+    KeySearch, Lease, LeaseCheck, Needs, ParkedRun, Payloads, PendingEvent, Pruned, Readiness,
+    Ready, ReadyAndParked, Record, RecordKey, RedbStore, Reply, RowWrite, RunCount, RunInfo,
+    RunStatus, STORE_FORMAT, ScheduleChange, SeqStep, SharedLimits, Store, StoreOptions, Take,
+    Upgraded, WaitInfo, WaitOutcome, Wakeups, Write, check_keys, event_record, find_runs, plan,
+    prune, prune_reporting, refuse_foreign_codec, seals_as_store_does,
 };
 pub use workflow::{BoxError, StateId, Workflow};
 

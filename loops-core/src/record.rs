@@ -210,6 +210,31 @@ pub struct FailureRecord {
     pub errors: Vec<String>,
 }
 
+impl FailureRecord {
+    /// Whether the stored failure record `bytes` (as a store holds it, sealed or not) ended
+    /// its attempt: the handler's failure ([`FailureSource::Handler`]), or the record of an
+    /// attempt the process stopped during ([`FailureSource::Interrupted`]). A step's failure
+    /// ([`FailureSource::Step`]) does not: the handler may handle it and go on. What
+    /// [`AttemptFailures::ended`](crate::store::AttemptFailures::ended) says, in every store.
+    ///
+    /// # Errors
+    /// [`Error::Decode`] (naming `run_id` and `seq`) if the bytes hold no failure source.
+    pub fn ends_attempt(run_id: &str, seq: u64, bytes: &[u8]) -> Result<bool> {
+        #[derive(Deserialize)]
+        struct Source {
+            source: FailureSource,
+        }
+        let source = serde_json::from_slice::<Source>(bytes).map_err(|source| Error::Decode {
+            run_id: run_id.to_owned(),
+            record: RecordKind::Failure,
+            seq,
+            state: String::new(),
+            source,
+        })?;
+        Ok(!matches!(source.source, FailureSource::Step { .. }))
+    }
+}
+
 pub(crate) fn to_vec<T: Serialize>(value: &T) -> Vec<u8> {
     to_vec_sized(value, 0)
 }

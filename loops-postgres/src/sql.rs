@@ -33,7 +33,7 @@ pub(crate) struct Sql {
     pub(crate) step_exists: String,
     pub(crate) next_failure_index: String,
     pub(crate) insert_failure: String,
-    pub(crate) last_failure_attempt: String,
+    pub(crate) failures_of_seq: String,
     pub(crate) first_pending: String,
     pub(crate) mark_delivered: String,
     pub(crate) event_by_key: String,
@@ -140,8 +140,10 @@ impl Sql {
                 "INSERT INTO {s}.failures (run_id, seq, attempt, idx, record) \
                  VALUES ($1, $2, $3, $4, $5)",
             ),
-            last_failure_attempt: f("SELECT max(attempt) FROM {s}.failures \
-                 WHERE run_id = $1 AND seq = $2"),
+            // The records of the seq's highest attempt with any, highest index first.
+            failures_of_seq: f("SELECT attempt, idx, record FROM {s}.failures \
+                 WHERE run_id = $1 AND seq = $2 AND attempt = (SELECT max(attempt) \
+                 FROM {s}.failures WHERE run_id = $1 AND seq = $2) ORDER BY idx DESC"),
             first_pending: f("SELECT event_seq, record FROM {s}.inbox \
                  WHERE run_id = $1 AND name = $2 AND NOT delivered \
                  ORDER BY event_seq LIMIT 1"),

@@ -29,8 +29,8 @@ use std::pin::Pin;
 
 use deadpool_postgres::Object;
 use loops_core::{
-    CurrentLease, Effects, Facts, Lease, LeaseCheck, Needs, PendingEvent, RecordKey, Reply,
-    RunInfo, ScheduleInfo, Write, plan,
+    AttemptFailures, CurrentLease, Effects, Facts, FailureRecord, Lease, LeaseCheck, Needs,
+    PendingEvent, RecordKey, Reply, RunInfo, ScheduleInfo, Write, plan,
 };
 use loops_core::{Error, Result};
 use tokio_postgres::Row;
@@ -115,7 +115,8 @@ enum Fact {
     Record,
     Schema,
     FailureIndex,
-    FailureAttempt,
+    /// The failure records of a seq's highest attempt with any.
+    LastAttempt(u64),
     Pending,
     EventKey,
     NextEventSeq,
@@ -176,11 +177,11 @@ fn reads<'a>(sql: &'a Sql, lease: Option<&Lease>, needs: &Needs<'_>) -> Vec<(Fac
             statement(&sql.next_failure_index, params),
         ));
     }
-    if let Some(seq) = needs.failure_attempt {
+    if let Some(seq) = needs.last_attempt {
         let params: Vec<Param> = vec![run(), Box::new(big(seq))];
         out.push((
-            Fact::FailureAttempt,
-            statement(&sql.last_failure_attempt, params),
+            Fact::LastAttempt(seq),
+            statement(&sql.failures_of_seq, params),
         ));
     }
     if let Some(event) = needs.pending {
@@ -288,8 +289,21 @@ fn facts<'l>(
             Fact::FailureIndex => {
                 facts.failure_index = number::<i32>(first).map_err(broken)?.unwrap_or(0) as u32;
             }
-            Fact::FailureAttempt => {
-                facts.failure_attempt = number::<i32>(first).map_err(broken)?.map(|n| n as u32);
+            Fact::LastAttempt(seq) => {
+                for r in &rows {
+                    let attempt = r.try_get::<_, i32>(0).map_err(broken)? as u32;
+                    let index = r.try_get::<_, i32>(1).map_err(broken)? as u32;
+                    let record = text(r, 2, run_id).map_err(Unreadable::Broken)?;
+                    let ends = FailureRecord::ends_attempt(run_id, *seq, record.as_bytes())
+                        .map_err(Unreadable::Refused)?;
+                    let last = facts.last_attempt.get_or_insert(AttemptFailures {
+                        attempt,
+                        next_index: 0,
+                        ended: false,
+                    });
+                    last.next_index = last.next_index.max(index.saturating_add(1));
+                    last.ended |= ends;
+                }
             }
             Fact::Pending => {
                 if let Some(r) = first {

@@ -2,7 +2,7 @@
 //! attempts, cancellation and retry.
 
 use crate::error::Error;
-use crate::record::FailureSource;
+use crate::record::{FailureRecord, FailureSource};
 use crate::schema::SchemaHash;
 use crate::store::{AfterFailure, Lease, Reply, RunCount, RunInfo, RunStatus, Store};
 
@@ -367,6 +367,8 @@ async fn many_steps_in_one_state(store: &dyn Store, l: &Lease) {
     assert_eq!(store.steps("r", 0).await.unwrap().len(), 20);
 }
 
+// This function is long because it is one story on one run: each attempt's outcome (failed,
+// interrupted, handled) follows from the failure records the steps before it left.
 pub(super) async fn failures_and_attempts(f: &dyn Factory) {
     let store = f.store();
     let store = &*store;
@@ -414,9 +416,21 @@ pub(super) async fn failures_and_attempts(f: &dyn Factory) {
         (row.attempt, row.status, row.updated_ms),
         (2, RunStatus::Running, 4_000)
     );
-    // Attempt 2 stopped without a failure record: an interrupted failure is recorded.
+    // A step of attempt 2 failed and its handler went on (it handled the error); then the
+    // process stopped: attempt 2 did not fail, it was interrupted, and an interrupted
+    // failure is recorded (a step's failure record does not end its attempt).
+    let step_failed = FailureRecord {
+        source: FailureSource::Step {
+            name: "fetch".into(),
+            occurrence: 0,
+        },
+        ..failure(2, "fetch broke")
+    };
+    fail(store, &l, 0, step_failed, AfterFailure::Nothing)
+        .await
+        .unwrap();
     let row = begin_attempt(store, &l, 0, 3).await;
-    assert_eq!(row.attempt, 3);
+    assert_eq!((row.attempt, row.interrupted), (3, 1));
     assert_eq!(row.error, Some(vec![crate::INTERRUPTED.to_owned()]));
     let failures: Vec<(u64, u32, FailureSource, String)> = store
         .failures("r")
@@ -430,6 +444,15 @@ pub(super) async fn failures_and_attempts(f: &dyn Factory) {
         vec![
             (0, 1, FailureSource::Handler, "step broke".into()),
             (0, 1, FailureSource::Handler, "handler broke".into()),
+            (
+                0,
+                2,
+                FailureSource::Step {
+                    name: "fetch".into(),
+                    occurrence: 0
+                },
+                "fetch broke".into()
+            ),
             (0, 2, FailureSource::Interrupted, crate::INTERRUPTED.into()),
         ]
     );
@@ -437,7 +460,7 @@ pub(super) async fn failures_and_attempts(f: &dyn Factory) {
     // attempt of 3 allowed does not), and the run fails.
     let row = begin_attempt(store, &l, 0, 3).await;
     assert_eq!((row.attempt, row.status), (3, RunStatus::Failed));
-    assert_eq!(store.failures("r").await.unwrap().len(), 4);
+    assert_eq!(store.failures("r").await.unwrap().len(), 5);
     assert_eq!(
         ids(&store.list(RunStatus::Failed, None).await.unwrap()),
         vec!["r"]
@@ -445,7 +468,7 @@ pub(super) async fn failures_and_attempts(f: &dyn Factory) {
     // On a run that is not running, nothing changes.
     let again = begin_attempt(store, &l, 0, 3).await;
     assert_eq!(again, row);
-    assert_eq!(store.failures("r").await.unwrap().len(), 4);
+    assert_eq!(store.failures("r").await.unwrap().len(), 5);
     // A failure that gives up ends the run: on a fresh run.
     let l2 = create(store, "g").await;
     let row = store

@@ -26,9 +26,9 @@ pub struct Needs<'w> {
     /// `(seq, attempt)`: the next free failure index of that attempt:
     /// [`Facts::failure_index`].
     pub failure_index: Option<(u64, u32)>,
-    /// `seq`: the highest attempt with a failure record at that seq:
-    /// [`Facts::failure_attempt`].
-    pub failure_attempt: Option<u64>,
+    /// `seq`: the failure records of the highest attempt at that seq that has any:
+    /// [`Facts::last_attempt`].
+    pub last_attempt: Option<u64>,
     /// An event name: the run's oldest undelivered event of that name: [`Facts::pending`].
     pub pending: Option<&'w str>,
     /// An idempotency key: the event the run's inbox holds under it: [`Facts::key_seen`].
@@ -83,9 +83,9 @@ pub struct Facts<'a> {
     /// One more than the highest failure index of [`Needs::failure_index`]'s attempt; 0 if
     /// it has none.
     pub failure_index: u32,
-    /// The highest attempt number with a failure record at [`Needs::failure_attempt`]'s seq;
-    /// `None` if there is none.
-    pub failure_attempt: Option<u32>,
+    /// The highest attempt at [`Needs::last_attempt`]'s seq with a failure record, and what
+    /// its records say; `None` if the seq has none.
+    pub last_attempt: Option<AttemptFailures>,
     /// The oldest undelivered event named [`Needs::pending`], if any.
     pub pending: Option<PendingEvent>,
     /// The event sequence number of the event sent with [`Needs::event_key`], if any.
@@ -102,6 +102,20 @@ pub struct Facts<'a> {
     pub children_of_runs: Vec<(String, String)>,
     /// The row of the schedule [`Needs::schedule`], if it exists.
     pub schedule: Option<ScheduleInfo>,
+}
+
+/// The failure records of one attempt of a state ([`Facts::last_attempt`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttemptFailures {
+    /// The attempt, from 1.
+    pub attempt: u32,
+    /// One more than the highest failure index among its records.
+    pub next_index: u32,
+    /// Whether one of its records ended it
+    /// ([`FailureRecord::ends_attempt`](crate::FailureRecord::ends_attempt): its handler's
+    /// failure, or its interruption; a step's failure, which the handler may have handled,
+    /// does not).
+    pub ended: bool,
 }
 
 /// The lease a write carries and the run's current one.
@@ -170,7 +184,7 @@ impl Write {
             },
             Write::BeginAttempt { seq, .. } => Needs {
                 run,
-                failure_attempt: Some(*seq),
+                last_attempt: Some(*seq),
                 ..Needs::default()
             },
             Write::Wait {

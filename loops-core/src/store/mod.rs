@@ -44,7 +44,9 @@ mod schedule_plan;
 pub(crate) mod sealing;
 
 pub use self::effects::{Effects, InboxChange, Record, RowWrite, ScheduleChange, event_record};
-pub use self::facts::{CurrentLease, Facts, LeaseCheck, Needs, PendingEvent, RecordKey};
+pub use self::facts::{
+    AttemptFailures, CurrentLease, Facts, LeaseCheck, Needs, PendingEvent, RecordKey,
+};
 pub use self::limits::{SharedLimits, Take};
 pub use self::plan::plan;
 pub use self::protocol::{AfterFailure, EventRecord, Reply, WaitOutcome, Write};

@@ -321,14 +321,20 @@ fn begin_attempt<'w>(
     fence(info, seq)?;
     let mut new = info.clone();
     // Failure records of a seq are only ever made for its current attempt or earlier ones.
-    let has_failure = g.facts.failure_attempt == Some(info.attempt);
+    // An attempt with a step's failure record only did not end by failing: its handler may
+    // have handled the step's error, and the process stopped later (interrupted); its
+    // interruption's record takes the next index.
+    let (has_failure, index) = match g.facts.last_attempt {
+        Some(last) if last.attempt == info.attempt => (last.ended, last.next_index),
+        _ => (false, 0),
+    };
     let interrupted = new.begin_attempt(has_failure, at_ms, limits.0, limits.1)?;
     let mut effects = Effects::row(run_id, Some(info.status), new);
     if let Some(record) = interrupted {
         effects.records.push(Record::Failure {
             seq,
             attempt: record.attempt,
-            index: 0,
+            index,
             bytes: to_vec(&record),
         });
     }

@@ -7,11 +7,12 @@ use super::log::{self, Chain, Head, Kind, LogError};
 use super::row;
 use super::tables::{ATTRIBUTE_KEY_ABOVE, Tables, name_upper_bound};
 use crate::error::{Error, RecordKind};
+use crate::record::FailureRecord;
 use crate::schedule::ScheduleInfo;
 use crate::store::protocol::{Reply, Write};
 use crate::store::{
-    Effects, Facts, InboxChange, LeaseCheck, Needs, PendingEvent, Record, RecordKey, RowWrite,
-    RunInfo, ScheduleChange, plan,
+    AttemptFailures, Effects, Facts, InboxChange, LeaseCheck, Needs, PendingEvent, Record,
+    RecordKey, RowWrite, RunInfo, ScheduleChange, plan,
 };
 
 /// An outcome of applying one write inside the batch's transaction.
@@ -176,6 +177,46 @@ fn last_failure(
     Ok(last)
 }
 
+/// The failure records of the highest attempt of the state at `seq` that has any, from a
+/// walk back from the run's newest entry to the first of an earlier attempt or seq.
+fn last_attempt(
+    t: &mut Tables<'_>,
+    id: &str,
+    head: Head,
+    seq: u64,
+) -> std::result::Result<Option<AttemptFailures>, ApplyError> {
+    let mut last: Option<AttemptFailures> = None;
+    let mut undecodable = None;
+    log::walk(&*t.log()?, id, head.last_entry, Chain::All, |_, entry| {
+        let Kind::Failure { attempt, index } = entry.kind else {
+            return entry.seq >= seq;
+        };
+        if entry.seq != seq {
+            return entry.seq > seq;
+        }
+        // Attempts only go up along the log: the first met, walking back, is the highest.
+        let this = last.get_or_insert(AttemptFailures {
+            attempt,
+            next_index: 0,
+            ended: false,
+        });
+        if this.attempt != attempt {
+            return false;
+        }
+        this.next_index = this.next_index.max(index.saturating_add(1));
+        match FailureRecord::ends_attempt(id, seq, entry.record) {
+            Ok(ends) => this.ended |= ends,
+            Err(e) => undecodable = Some(e),
+        }
+        undecodable.is_none()
+    })
+    .map_err(refused(id))?;
+    match undecodable {
+        Some(e) => Err(ApplyError::Rejected(e)),
+        None => Ok(last),
+    }
+}
+
 /// Reads the facts of `needs` in the write transaction; `head` and `row` are the run's.
 fn gather<'w>(
     t: &mut Tables<'_>,
@@ -205,8 +246,8 @@ fn gather<'w>(
             })?,
         };
     }
-    if let Some(seq) = needs.failure_attempt {
-        facts.failure_attempt = last_failure(t, id, head, seq, None)?.map(|(attempt, _)| attempt);
+    if let Some(seq) = needs.last_attempt {
+        facts.last_attempt = last_attempt(t, id, head, seq)?;
     }
     if let Some(event) = needs.pending {
         let first = t
