@@ -527,6 +527,92 @@ async fn the_explorer_stops_a_step_between_its_effect_and_its_record() {
 
 /// The approval workflow's day of sleep, its event and its steps, each crash a real abort:
 /// the same boundaries, the same end, as in process.
+/// The failure route of a failing step, explored: a crash between the step's failed try
+/// and the attempt's end is an interrupted attempt (not a failed one), so the run still
+/// takes the route at its last counted attempt; a crash anywhere ends the run at `Refused`
+/// with the same history, in process and in child processes (a real abort).
+#[tokio::test]
+async fn the_explorer_passes_on_a_failure_route_with_a_failing_step() {
+    let policy = || {
+        RetryPolicy::attempts(2)
+            .with_delays(Duration::from_secs(60), Duration::from_secs(60))
+            .with_jitter(0.0)
+    };
+    for children in [false, true] {
+        let explorer = Explorer::new(DownBank::default, Payout::Owed { cents: 500 })
+            .configure(move |b| b.retry(policy()));
+        let explorer = if children {
+            explorer.in_child_processes()
+        } else {
+            explorer
+        };
+        let explored = explorer.run().await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            (explored.final_state.as_str(), explored.final_status),
+            ("Refused", RunStatus::Completed),
+            "in child processes: {children}"
+        );
+        let what: Vec<&str> = explored
+            .boundaries
+            .iter()
+            .map(|b| b.what.as_str())
+            .collect();
+        assert!(
+            what.contains(&"failed try of step `transfer` #0 in attempt 1 at seq 0"),
+            "{explored}"
+        );
+    }
+}
+
+#[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(name = "fallback")]
+enum Fallback {
+    #[initial]
+    #[next(Done)]
+    Try,
+    #[terminal]
+    Done { via: String },
+}
+
+/// Never fails: a failed primary step falls back to the secondary.
+struct Falls;
+
+impl FallbackHandler for Falls {
+    type Error = loops::Error;
+
+    async fn r#try(&self, ctx: &Context) -> Result<TryNext, Self::Error> {
+        let primary = ctx
+            .step("primary", || async {
+                Err::<String, _>("primary down".into())
+            })
+            .await;
+        let via = match primary {
+            Ok(via) => via,
+            Err(_) => {
+                ctx.step("secondary", || async { Ok("secondary".to_owned()) })
+                    .await?
+            }
+        };
+        Ok(TryNext::Done { via })
+    }
+}
+
+/// A handled step failure with one attempt allowed: a crash after the failed try's record
+/// (or after the fallback's) resumes the state and ends at `Done`, never `failed`.
+#[tokio::test]
+async fn the_explorer_passes_on_a_handled_step_failure_with_one_attempt() {
+    let explored = Explorer::new(|| Falls, Fallback::Try)
+        .configure(|b| b.retry(RetryPolicy::attempts(1)))
+        .run()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (explored.final_state.as_str(), explored.final_status),
+        ("Done", RunStatus::Completed)
+    );
+    assert_eq!(explored.explored, explored.boundaries.len());
+}
+
 #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
 #[workflow(name = "fan")]
 enum Fan {

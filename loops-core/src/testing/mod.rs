@@ -16,6 +16,7 @@
 //! Users reach it as `loops::testing`, whose documentation has runnable examples.
 
 mod child;
+mod compare;
 mod explore;
 mod report;
 mod store;

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::record::{FailureRecord, StepRecord, TransitionRecord};
+use crate::record::{FailureRecord, FailureSource, StepRecord, TransitionRecord};
 use crate::schema::SchemaHash;
 use crate::store::{
     BoxFuture, ClaimFilter, EventRecord, Lease, Reply, RunInfo, RunStatus, SeqStep, Store, Write,
@@ -26,8 +26,9 @@ pub struct WriteSeen {
     /// What it records, in words (`transition to `Planned` (seq 1)`, `step `plan` #0 of
     /// seq 0`, ...).
     pub what: String,
-    /// For a step record, and for a wait that records its outcome as a step (a wait for an
-    /// event: `loops:wait:NAME`): `(seq, name, occurrence)`.
+    /// For a step record, a step's failed try (its failure record), and a wait that records
+    /// its outcome as a step (a wait for an event: `loops:wait:NAME`): `(seq, name,
+    /// occurrence)`.
     pub step: Option<(u64, String, u32)>,
 }
 
@@ -45,6 +46,10 @@ impl WriteSeen {
                 step: Some((name, occurrence)),
                 ..
             } => Some((*seq, name.clone(), *occurrence)),
+            Write::Failure { seq, record, .. } => match &record.source {
+                FailureSource::Step { name, occurrence } => Some((*seq, name.clone(), *occurrence)),
+                _ => None,
+            },
             _ => None,
         };
         WriteSeen {
@@ -68,9 +73,13 @@ fn describe(write: &Write) -> String {
             occurrence,
             ..
         } => format!("record of step `{name}` #{occurrence} of seq {seq}"),
-        Write::Failure { seq, record, .. } => {
-            format!("failure of attempt {} at seq {seq}", record.attempt)
-        }
+        Write::Failure { seq, record, .. } => match &record.source {
+            FailureSource::Step { name, occurrence } => format!(
+                "failed try of step `{name}` #{occurrence} in attempt {} at seq {seq}",
+                record.attempt
+            ),
+            _ => format!("failure of attempt {} at seq {seq}", record.attempt),
+        },
         Write::BeginAttempt { seq, .. } => format!("new attempt at seq {seq}"),
         Write::Wait {
             seq,
