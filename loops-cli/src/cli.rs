@@ -520,8 +520,8 @@ run ended. With both rules, a run is removed if either selects it: --keep-last c
 many are kept, it does not keep runs that --older-than removes. A child run counts with
 its parent: the two are kept or removed together (--keep-last counts top-level runs, and
 a family's age is its last run's), a child whose parent has not ended is kept, and so is
-a parent with a child that has not ended or that --keep-failed keeps. The file does not
-shrink until `loops compact`.";
+a parent with a child that has not ended or that --keep-failed keeps. The file shrinks by
+the free pages at its end, if any; `loops compact` returns the free pages left inside it.";
 
 /// `loops prune`.
 #[derive(Debug, Args)]

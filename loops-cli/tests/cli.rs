@@ -3931,6 +3931,28 @@ fn upgrade_converts_a_store_of_format_1_and_keeps_a_backup() {
             "{} has format 3 already: nothing to do\n",
             path.display()
         ));
+    // A current store followed by a whole free page (as a crash can leave it): redb repairs
+    // it on the upgrade's open, which says so, and converts nothing.
+    let mut padded = std::fs::read(&path).unwrap();
+    padded.extend_from_slice(&[0; 4096]);
+    std::fs::write(&path, &padded).unwrap();
+    loops(&path)
+        .arg("upgrade")
+        .arg(&path)
+        .assert()
+        .success()
+        .stdout(format!(
+            "{} has format 3 already: nothing else to do\n",
+            path.display()
+        ))
+        .stderr(format!(
+            "note: {}; redb repaired it on this open\n",
+            loops_core::Error::needs_repair(&path)
+        ));
+    assert_eq!(
+        json(&path, &["runs", "--json"]).as_array().unwrap().len(),
+        3
+    );
     // A second copy of format 1 beside a backup (as after an upgrade interrupted after its
     // copy): the backup is kept, the new one takes the next name.
     std::fs::copy(&format_1, &path).unwrap();

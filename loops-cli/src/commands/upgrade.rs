@@ -30,6 +30,16 @@ pub fn run(args: &UpgradeArgs, cli: &Cli) -> Result<()> {
             "{} has format {format} already: nothing to do\n",
             path.display()
         ),
+        Upgraded::Repaired { format } => {
+            crate::output::note(&format!(
+                "{}; redb repaired it on this open",
+                loops_core::Error::needs_repair(&path)
+            ));
+            format!(
+                "{} has format {format} already: nothing else to do\n",
+                path.display()
+            )
+        }
         Upgraded::Converted {
             from,
             to,

@@ -34,6 +34,13 @@ pub enum Upgraded {
         /// The file's format.
         format: u64,
     },
+    /// The file has this build's format already, and redb repaired it on this open (the
+    /// process that wrote it last had not closed it cleanly, or whole free pages followed its
+    /// end): its committed data is as it was; nothing else was done.
+    Repaired {
+        /// The file's format.
+        format: u64,
+    },
     /// The file was converted.
     Converted {
         /// The format it had.
@@ -123,10 +130,12 @@ fn upgrade_file(path: PathBuf) -> Result<Upgraded> {
         cause,
     };
     // Held shared while the file's format is read and it is copied: no writer meanwhile.
+    let mut repaired = false;
     let held = match redb::Builder::new().open_read_only(&path) {
         Err(redb::DatabaseError::RepairAborted) => {
             // Not closed cleanly: redb repairs it at a writable open, then reads it.
             drop(open_writable(&path)?);
+            repaired = true;
             redb::Builder::new().open_read_only(&path)
         }
         other => other,
@@ -145,6 +154,11 @@ fn upgrade_file(path: PathBuf) -> Result<Upgraded> {
         file_format(&txn).map_err(|e| Error::storage("reading the store's format", e))?
     };
     let from = match format {
+        Some(STORE_FORMAT) if repaired => {
+            return Ok(Upgraded::Repaired {
+                format: STORE_FORMAT,
+            });
+        }
         Some(STORE_FORMAT) => {
             return Ok(Upgraded::Current {
                 format: STORE_FORMAT,
