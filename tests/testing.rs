@@ -649,16 +649,21 @@ impl FanHandler for Fanner {
     }
 }
 
-/// A run that fails, and fails the same way after every crash, passes, with its status and
-/// error in the result and the report: never reported as if it had ended well.
-#[tokio::test]
-async fn the_explorer_reports_a_run_that_fails_as_failed() {
-    let explored = Explorer::new(|| Fanner, Fan::Go { fail: true })
+/// Explores run `fan-1` of `Fan` (failing if `fail`), with one attempt and no child
+/// workflow registered.
+async fn explore_fan(fail: bool) -> Result<loops::testing::Exploration, ExploreError> {
+    Explorer::new(|| Fanner, Fan::Go { fail })
         .configure(|b| b.retry(RetryPolicy::attempts(1)))
         .run_id("fan-1")
         .run()
         .await
-        .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// A run that fails, and fails the same way after every crash, passes, with its status and
+/// error in the result and the report: never reported as if it had ended well.
+#[tokio::test]
+async fn the_explorer_reports_a_run_that_fails_as_failed() {
+    let explored = explore_fan(true).await.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
         (explored.final_state.as_str(), explored.final_status),
         ("Go", RunStatus::Failed)
@@ -682,12 +687,7 @@ async fn the_explorer_reports_a_run_that_fails_as_failed() {
 /// it, and is reported failed with that error.
 #[tokio::test]
 async fn the_explorer_refuses_a_run_with_children_saying_so() {
-    let unregistered = Explorer::new(|| Fanner, Fan::Go { fail: false })
-        .configure(|b| b.retry(RetryPolicy::attempts(1)))
-        .run_id("fan-1")
-        .run()
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let unregistered = explore_fan(false).await.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
         (unregistered.final_status, unregistered.error.as_deref()),
         (
