@@ -164,10 +164,8 @@ fn render(view: &HistoryView, waiting: &str) -> String {
     }
     out.push_str("\n\n");
     let mut t = Table::with_header(&["SEQ", "KIND", "NAME", "ATTEMPT", "AT", "ELAPSED", "DETAIL"]);
-    // A migration's (or acceptance's) record continues the state entered at an earlier seq,
-    // whose steps and failures go on after it: those are shown after its row, in time order.
-    let mut continued: BTreeMap<u64, Vec<(u64, Vec<Cell>)>> = BTreeMap::new();
-    for tr in &view.transitions {
+    let shown = shown_under(&view.transitions);
+    for (tr, items) in view.transitions.iter().zip(shown) {
         // A migration's (or acceptance's) record says where it comes from instead of its
         // payload (the same state's data, read by the new version).
         let (kind, detail) = match &tr.migrated_from {
@@ -196,30 +194,9 @@ fn render(view: &HistoryView, waiting: &str) -> String {
             ),
             detail,
         ]);
-        // Steps and failed attempts of this state (and of the one it continues, after this
-        // record), in the order they happened; those after a later record that continues it
-        // are kept for that record's row.
-        let mut rows = attempt_rows(tr);
-        if let Some(m) = &tr.migrated_from {
-            rows.extend(continued.remove(&m.seq).unwrap_or_default());
-            rows.sort_by_key(|(at, _)| *at);
-        }
-        let until = view
-            .transitions
-            .iter()
-            .find(|later| {
-                later
-                    .migrated_from
-                    .as_ref()
-                    .is_some_and(|m| m.seq == tr.seq)
-            })
-            .map_or(u64::MAX, |later| later.at_ms);
-        let (before, after): (Vec<_>, Vec<_>) = rows.into_iter().partition(|(at, _)| *at < until);
-        for (_, cells) in before {
-            t.row(cells);
-        }
-        if !after.is_empty() {
-            continued.insert(tr.seq, after);
+        // Steps and failed attempts, in the order they happened.
+        for item in items {
+            t.row(item_row(item));
         }
     }
     // A cancellation is no transition (the run ends where it is): its row says when and why.
@@ -242,34 +219,98 @@ fn render(view: &HistoryView, waiting: &str) -> String {
     out
 }
 
-/// The rows of the steps and failed attempts of the state `tr`, in the order they happened
-/// (by time, then attempt), each with its time (ms since the Unix epoch).
-fn attempt_rows(tr: &TransitionView) -> Vec<(u64, Vec<Cell>)> {
-    let mut lines: Vec<(u64, u32, Vec<Cell>)> = Vec::new();
-    for s in &tr.steps {
-        lines.push((
-            s.at_ms,
-            s.attempt,
-            vec![
-                Cell::plain(""),
-                Cell::plain("step"),
-                Cell::plain(format!("{}#{}", s.name, s.occurrence)),
-                Cell::plain(s.attempt.to_string()),
-                Cell::new(&s.at, DIM),
-                Cell::plain(duration(s.duration_ms)),
-                Cell::new(preview(s.output.get(), PREVIEW), DIM),
-            ],
-        ));
+/// A step run or a failed attempt, shown under a transition ([`shown_under`]).
+#[derive(Debug, Clone, Copy)]
+pub enum TimelineItem<'a> {
+    /// A step's run of the state entered at `seq`.
+    Step {
+        /// The seq of the state it belongs to.
+        seq: u64,
+        /// The step.
+        step: &'a StepView,
+    },
+    /// A failure record.
+    Failure {
+        /// The failure.
+        failure: &'a FailureView,
+    },
+}
+
+impl TimelineItem<'_> {
+    /// When it happened (ms since the Unix epoch), and its attempt: the timeline's order.
+    fn when(&self) -> (u64, u32) {
+        match self {
+            TimelineItem::Step { step, .. } => (step.at_ms, step.attempt),
+            TimelineItem::Failure { failure, .. } => (failure.at_ms, failure.attempt),
+        }
     }
-    for f in &tr.failures {
-        let what = match &f.source {
-            FailureSource::Step { name, occurrence } => format!("step {name}#{occurrence}"),
-            FailureSource::Handler => "handler".to_owned(),
-            FailureSource::Interrupted => "interrupted".to_owned(),
-        };
-        lines.push((
-            f.at_ms,
-            f.attempt,
+}
+
+/// The steps and failed attempts to show under each of `transitions` (one list per
+/// transition, in order), each list in the order they happened (by time, then attempt).
+/// A state's own, except those recorded after a later record that continues the state (a
+/// migration's or an acceptance's: the new version goes on in the same state, its records
+/// keyed by the state's seq), which are shown under that record. The text of `loops
+/// history` and the run page of `loops ui` both show them so.
+pub fn shown_under(transitions: &[TransitionView]) -> Vec<Vec<TimelineItem<'_>>> {
+    let mut out: Vec<Vec<TimelineItem<'_>>> = vec![Vec::new(); transitions.len()];
+    for (i, tr) in transitions.iter().enumerate() {
+        let items = (tr
+            .steps
+            .iter()
+            .map(|step| TimelineItem::Step { seq: tr.seq, step }))
+        .chain(
+            tr.failures
+                .iter()
+                .map(|failure| TimelineItem::Failure { failure }),
+        );
+        for item in items {
+            // The last record at or before the item that continues this state, if any.
+            let under = (i + 1..transitions.len())
+                .take_while(|&k| transitions[k].at_ms <= item.when().0)
+                .filter(|&k| continues(&transitions[k], tr.seq, transitions))
+                .last()
+                .unwrap_or(i);
+            out[under].push(item);
+        }
+    }
+    for items in &mut out {
+        items.sort_by_key(TimelineItem::when);
+    }
+    out
+}
+
+/// Whether the record `later` continues the state entered at `seq`: it was migrated (or
+/// accepted) from it, or from a record that continues it.
+fn continues(later: &TransitionView, seq: u64, transitions: &[TransitionView]) -> bool {
+    let Some(m) = &later.migrated_from else {
+        return false;
+    };
+    m.seq == seq
+        || transitions
+            .iter()
+            .find(|t| t.seq == m.seq)
+            .is_some_and(|from| from.seq != later.seq && continues(from, seq, transitions))
+}
+
+/// The text table's row of `item`.
+fn item_row(item: TimelineItem<'_>) -> Vec<Cell> {
+    match item {
+        TimelineItem::Step { step: s, .. } => vec![
+            Cell::plain(""),
+            Cell::plain("step"),
+            Cell::plain(format!("{}#{}", s.name, s.occurrence)),
+            Cell::plain(s.attempt.to_string()),
+            Cell::new(&s.at, DIM),
+            Cell::plain(duration(s.duration_ms)),
+            Cell::new(preview(s.output.get(), PREVIEW), DIM),
+        ],
+        TimelineItem::Failure { failure: f } => {
+            let what = match &f.source {
+                FailureSource::Step { name, occurrence } => format!("step {name}#{occurrence}"),
+                FailureSource::Handler => "handler".to_owned(),
+                FailureSource::Interrupted => "interrupted".to_owned(),
+            };
             vec![
                 Cell::plain(""),
                 Cell::new("failed", ERROR),
@@ -278,14 +319,9 @@ fn attempt_rows(tr: &TransitionView) -> Vec<(u64, Vec<Cell>)> {
                 Cell::new(&f.at, DIM),
                 Cell::plain(""),
                 Cell::new(f.errors.join(": "), ERROR),
-            ],
-        ));
+            ]
+        }
     }
-    lines.sort_by_key(|(at, attempt, _)| (*at, *attempt));
-    lines
-        .into_iter()
-        .map(|(at, _, cells)| (at, cells))
-        .collect()
 }
 
 /// The table of the run's events in `view`: each with its key, when it was sent, and whether
@@ -347,4 +383,79 @@ fn failed_attempts(transitions: &[TransitionView]) -> usize {
         }
     }
     attempts.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw() -> Box<RawValue> {
+        RawValue::from_string("null".to_owned()).unwrap()
+    }
+
+    fn step(name: &str, at_ms: u64) -> StepView {
+        StepView {
+            name: name.to_owned(),
+            occurrence: 0,
+            attempt: 1,
+            at: String::new(),
+            at_ms,
+            duration_ms: 0,
+            output: raw(),
+        }
+    }
+
+    fn transition(seq: u64, at_ms: u64, from: Option<u64>, steps: Vec<StepView>) -> TransitionView {
+        TransitionView {
+            seq,
+            state: "Work".to_owned(),
+            at: String::new(),
+            at_ms,
+            since_previous_ms: None,
+            schema: String::new(),
+            migrated_from: from.map(|seq| MigratedFromView {
+                schema: String::new(),
+                version: 1,
+                seq,
+                accepted: false,
+            }),
+            payload: raw(),
+            steps,
+            failures: Vec::new(),
+        }
+    }
+
+    /// A state's steps go under the last record that continues it by their time: before
+    /// the migration under the state, after it under the migration's record, after a second
+    /// record that continues the first under that one; a record's own steps stay with it.
+    #[test]
+    fn steps_after_a_record_that_continues_their_state_are_shown_under_it() {
+        let transitions = vec![
+            transition(0, 0, None, vec![step("plan", 5)]),
+            transition(
+                1,
+                10,
+                None,
+                vec![step("a", 15), step("b", 25), step("c", 45)],
+            ),
+            transition(2, 20, Some(1), vec![step("own", 30)]),
+            transition(3, 40, Some(2), Vec::new()),
+        ];
+        let names: Vec<Vec<&str>> = shown_under(&transitions)
+            .iter()
+            .map(|items| {
+                items
+                    .iter()
+                    .map(|item| match item {
+                        TimelineItem::Step { step, .. } => step.name.as_str(),
+                        TimelineItem::Failure { .. } => "failure",
+                    })
+                    .collect()
+            })
+            .collect();
+        assert_eq!(
+            names,
+            [vec!["plan"], vec!["a"], vec!["b", "own"], vec!["c"]]
+        );
+    }
 }

@@ -5,7 +5,7 @@ use maud::{Markup, html};
 
 use super::{layout, run_href, status};
 use crate::attrs::value_text;
-use crate::commands::history::{HistoryView, TransitionView};
+use crate::commands::history::{HistoryView, TimelineItem, TransitionView, shown_under};
 use crate::json::{pretty, preview};
 use crate::output::{duration, relative, rfc3339};
 use crate::ui::state::Ui;
@@ -55,8 +55,8 @@ pub fn live(ui: &Ui, shown: &Shown<'_>, now: u64) -> Markup {
         }
         section.timeline data-part="timeline" {
             h2 { "Timeline" }
-            @for (i, t) in view.transitions.iter().enumerate() {
-                (transition(t, view.transitions.get(i + 1), i == last && !info.status.is_ended(), now))
+            @for (i, (t, items)) in view.transitions.iter().zip(shown_under(&view.transitions)).enumerate() {
+                (transition(t, &items, view.transitions.get(i + 1), i == last && !info.status.is_ended(), now))
             }
         }
         section.events data-part="events" {
@@ -184,9 +184,11 @@ fn skeleton(description: Option<&str>, event: &str) -> String {
         .unwrap_or_else(|| "{}".to_owned())
 }
 
-/// One transition: the state entered, how long the run stayed, its steps and failures.
+/// One transition: the state entered, how long the run stayed, and `items`, the steps and
+/// failures shown under it ([`shown_under`]).
 fn transition(
     t: &TransitionView,
+    items: &[TimelineItem<'_>],
     next: Option<&TransitionView>,
     current: bool,
     now: u64,
@@ -210,13 +212,13 @@ fn transition(
                 }
             }
             (json_details(&format!("t{}", t.seq), "data", t.payload.get()))
-            @if !t.steps.is_empty() {
+            @if items.iter().any(|i| matches!(i, TimelineItem::Step { .. })) {
                 table.steps {
                     thead { tr { th { "step" } th { "attempt" } th { "took" } th { "recorded" } th { "output" } } }
-                    tbody { @for s in &t.steps { (step(t.seq, s, now)) } }
+                    tbody { @for i in items { @if let TimelineItem::Step { seq, step: s } = i { (step(*seq, s, now)) } } }
                 }
             }
-            @for f in &t.failures { (failure(f)) }
+            @for i in items { @if let TimelineItem::Failure { failure: f } = i { (failure(f)) } }
         }
     }
 }
