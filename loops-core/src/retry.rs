@@ -10,14 +10,17 @@ pub const DEFAULT_MAX_INTERRUPTIONS: u32 = 10;
 ///
 /// Attempt `n` (from 1) that fails is followed, if `n < max_attempts`, by attempt `n + 1`
 /// after `min(initial_delay * factor^(n-1), max_delay)`, spread by up to `jitter` of itself
-/// either way. Attempt counts are durable: a state that crashes the process on every attempt
-/// stops after `max_attempts` as well, and the run ends as
-/// [`RunStatus::Failed`](crate::RunStatus::Failed).
+/// either way. Attempt counts are durable. An attempt cut short by the process stopping is
+/// an interruption, counted apart from failed attempts: the `max_interruptions`-th
+/// interruption of a state ends its run as [`RunStatus::Failed`](crate::RunStatus::Failed)
+/// (so a state that crashes the process on every attempt ends), without another attempt.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RetryPolicy {
     /// Attempts that may fail, at least 1 (1 means no retry).
     pub max_attempts: u32,
-    /// Attempts that may be cut short by the process stopping, at least 1.
+    /// Interruptions (attempts cut short by the process stopping) that end the run, at
+    /// least 1: the run fails at the `max_interruptions`-th, so with 1 the first crash (a
+    /// restart during a deploy included) ends it; the default is 10.
     pub max_interruptions: u32,
     /// Delay before the second attempt.
     pub initial_delay: Duration,
@@ -46,7 +49,7 @@ impl Default for RetryPolicy {
 
 impl RetryPolicy {
     /// One attempt, no retry after a failure (a restart after an interruption still resumes
-    /// the state, up to [`DEFAULT_MAX_INTERRUPTIONS`] times).
+    /// the state; the [`DEFAULT_MAX_INTERRUPTIONS`]-th interruption fails the run).
     pub const fn never() -> Self {
         RetryPolicy {
             max_attempts: 1,
@@ -75,7 +78,8 @@ impl RetryPolicy {
         }
     }
 
-    /// This policy with `n` interruptions allowed (at least 1).
+    /// This policy with its run failed at the `n`-th interruption (at least 1; see
+    /// [`max_interruptions`](Self::max_interruptions)).
     pub fn with_max_interruptions(self, n: u32) -> Self {
         RetryPolicy {
             max_interruptions: n.max(1),

@@ -70,7 +70,10 @@ impl StepOptions {
     /// [retry-after hint](crate::Error::retry_after)). Each failed try is recorded as a
     /// failure. A back-off at or over the runtime's park threshold parks the run durably
     /// (its status becomes waiting until the next try's time), and the schedule is recorded,
-    /// so a restart neither shortens it nor gives the step a fresh budget.
+    /// so a restart neither shortens it nor gives the step a fresh budget. A round whose
+    /// tries were used up ends; the next attempt of the state (after its handler failed, or
+    /// after a crash cut it short, even once the round's error was handled) starts a fresh
+    /// round.
     /// `policy.max_interruptions` is not used here: the state's policy counts interruptions.
     pub fn with_retry(self, policy: RetryPolicy) -> Self {
         StepOptions {
