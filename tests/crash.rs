@@ -657,8 +657,11 @@ async fn killed_during_a_retry_back_off_waits_only_the_remainder() {
 /// Kills the child during the back-off after the first failed try of a step retried in
 /// place (parked when the back-off is over the park threshold of `park_ms`, in place
 /// otherwise), restarts it, and checks that the schedule went on: try 2, not a fresh try 1,
-/// not before its recorded time. Returns the handler's entries and the attempt of each try.
-async fn step_back_off_killed(park_ms: &str) -> (BTreeMap<String, usize>, Vec<String>) {
+/// not before its recorded time. Returns the handler's entries, the attempt of each try,
+/// and the errors of the failure records, in order.
+async fn step_back_off_killed(
+    park_ms: &str,
+) -> (BTreeMap<String, usize>, Vec<String>, Vec<String>) {
     let dir = tempfile::tempdir().unwrap();
     let env = [("LOOPS_PARK_MS", park_ms), ("LOOPS_TRACE", "1")];
     let (child, rx) = spawn_child_env(dir.path(), "step_retry", "", &env);
@@ -689,8 +692,12 @@ async fn step_back_off_killed(park_ms: &str) -> (BTreeMap<String, usize>, Vec<St
         .into_iter()
         .map(|(seq, f)| (seq, f.at_ms, f.errors.join(": ")))
         .collect();
-    let errors: Vec<&str> = failures.iter().map(|f| f.2.as_str()).collect();
-    assert_eq!(errors, ["try 1 fails", "try 2 fails"]);
+    let errors: Vec<String> = failures.iter().map(|f| f.2.clone()).collect();
+    let failed_tries: Vec<&(u64, u64, String)> = failures
+        .iter()
+        .filter(|f| f.2.starts_with("try "))
+        .collect();
+    assert_eq!(failed_tries.len(), 2, "{failures:?}");
     let steps = store.steps("job", 1).await.unwrap();
     let tries: Vec<(String, u32, serde_json::Value)> = steps
         .iter()
@@ -710,10 +717,10 @@ async fn step_back_off_killed(park_ms: &str) -> (BTreeMap<String, usize>, Vec<St
     );
     // The second try ran no earlier than the time the first failure recorded for it.
     let retry_at = tries[0].2["retry_at_ms"].as_u64().unwrap();
-    assert!(failures[1].1 >= retry_at, "{failures:?} {retry_at}");
+    assert!(failed_tries[1].1 >= retry_at, "{failures:?} {retry_at}");
     drop(runtime);
     assert_eq!(history(dir.path()), full_history());
-    (entries(dir.path()), lines(dir.path(), "tries"))
+    (entries(dir.path()), lines(dir.path(), "tries"), errors)
 }
 
 #[tokio::test]
@@ -721,8 +728,9 @@ async fn killed_during_a_parked_step_back_off_resumes_the_schedule() {
     // Parked: each back-off parks the run and the handler runs again when it wakes (its
     // recorded steps replay); a wake is not a new attempt, so all three tries are attempt
     // 1's, across the kill.
-    let (entries, tries) = step_back_off_killed("100").await;
+    let (entries, tries, errors) = step_back_off_killed("100").await;
     assert_eq!(tries, ["1 1", "2 1", "3 1"]);
+    assert_eq!(errors, ["try 1 fails", "try 2 fails"]);
     assert_eq!(
         entries,
         counts(&[("Start 0", 1), ("Effect 1", 3), ("Approval 2", 1)])
@@ -733,8 +741,10 @@ async fn killed_during_a_parked_step_back_off_resumes_the_schedule() {
 async fn killed_during_a_step_back_off_in_place_resumes_the_schedule() {
     // In place: the restart counts an attempt (interrupted) and enters the handler once
     // more; the step goes on with try 2, and try 3 follows in place.
-    let (entries, tries) = step_back_off_killed("5000").await;
+    let (entries, tries, errors) = step_back_off_killed("5000").await;
     assert_eq!(tries, ["1 1", "2 2", "3 2"]);
+    // Attempt 1 is recorded as interrupted (a step's failed try does not end an attempt).
+    assert_eq!(errors, ["try 1 fails", loops::INTERRUPTED, "try 2 fails"]);
     assert_eq!(
         entries,
         counts(&[("Start 0", 1), ("Effect 1", 2), ("Approval 2", 1)])
