@@ -99,6 +99,9 @@ impl GaveUpView {
         let s = crate::output::plural(attempts);
         match self.interrupted {
             0 => format!("after {attempts} attempt{s}"),
+            1 if attempts == 1 => {
+                "after 1 attempt, interrupted (the process stopped while it ran)".to_owned()
+            }
             n => format!(
                 "after {attempts} attempt{s}, {n} of them interrupted (the process stopped while they ran)"
             ),

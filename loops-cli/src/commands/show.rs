@@ -283,6 +283,10 @@ mod tests {
             text(row("failed", 1, 0, 0)).as_deref(),
             Some("after 1 attempt")
         );
+        assert_eq!(
+            text(row("failed", 1, 0, 1)).as_deref(),
+            Some("after 1 attempt, interrupted (the process stopped while it ran)")
+        );
         // After `loops retry` at attempt 3, the budget counts from there.
         assert_eq!(
             GaveUpView::of(&row("failed", 5, 3, 1)),

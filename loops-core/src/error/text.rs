@@ -57,6 +57,9 @@ pub(super) fn attempts_text(
     has_source: bool,
 ) -> String {
     let plural = |n: u32| if n == 1 { "" } else { "s" };
+    if interrupted == 1 && attempts == 1 {
+        return "1 attempt, cut short by the process stopping".to_owned();
+    }
     if interrupted == attempts {
         return format!(
             "{attempts} attempt{}, each cut short by the process stopping",
@@ -189,7 +192,20 @@ pub(super) fn format_text(path: &std::path::Path, found: u64, supported: u64) ->
 
 #[cfg(test)]
 mod tests {
-    use super::error_chain;
+    use super::{attempts_text, error_chain};
+
+    /// One attempt, cut short, is said in the singular; several, each.
+    #[test]
+    fn interrupted_attempts_are_counted_in_words() {
+        assert_eq!(
+            attempts_text(1, 1, &[], false),
+            "1 attempt, cut short by the process stopping"
+        );
+        assert_eq!(
+            attempts_text(3, 3, &[], false),
+            "3 attempts, each cut short by the process stopping"
+        );
+    }
 
     #[derive(Debug)]
     struct Layer(String, Option<Box<Layer>>);
