@@ -29,8 +29,8 @@ use std::pin::Pin;
 
 use deadpool_postgres::Object;
 use loops_core::{
-    AttemptFailures, CurrentLease, Effects, Facts, FailureRecord, Lease, LeaseCheck, Needs,
-    PendingEvent, RecordKey, Reply, RunInfo, ScheduleInfo, Write, plan,
+    AttemptFailures, CurrentLease, Effects, Facts, Lease, LeaseCheck, Needs, PendingEvent,
+    RecordKey, Reply, RunInfo, ScheduleInfo, Write, plan,
 };
 use loops_core::{Error, Result};
 use tokio_postgres::Row;
@@ -294,15 +294,14 @@ fn facts<'l>(
                     let attempt = r.try_get::<_, i32>(0).map_err(broken)? as u32;
                     let index = r.try_get::<_, i32>(1).map_err(broken)? as u32;
                     let record = text(r, 2, run_id).map_err(Unreadable::Broken)?;
-                    let ends = FailureRecord::ends_attempt(run_id, *seq, record.as_bytes())
-                        .map_err(Unreadable::Refused)?;
-                    let last = facts.last_attempt.get_or_insert(AttemptFailures {
-                        attempt,
-                        next_index: 0,
-                        ended: false,
-                    });
-                    last.next_index = last.next_index.max(index.saturating_add(1));
-                    last.ended |= ends;
+                    let at = (run_id, *seq);
+                    AttemptFailures::add(
+                        &mut facts.last_attempt,
+                        at,
+                        (attempt, index),
+                        record.as_bytes(),
+                    )
+                    .map_err(Unreadable::Refused)?;
                 }
             }
             Fact::Pending => {

@@ -118,6 +118,35 @@ pub struct AttemptFailures {
     pub ended: bool,
 }
 
+impl AttemptFailures {
+    /// Adds one failure record of `run_id`'s state at `seq` (its `attempt`, its `index` and
+    /// its stored `bytes`) to `last`, the records of the highest attempt met so far; the
+    /// records must come highest attempt first. Returns whether the record was of that
+    /// attempt (`false`: of an earlier one, which the fact does not count; a store walking
+    /// back may stop). Every store gathers [`Facts::last_attempt`] through it.
+    ///
+    /// # Errors
+    /// As [`FailureRecord::ends_attempt`](crate::FailureRecord::ends_attempt).
+    pub fn add(
+        last: &mut Option<AttemptFailures>,
+        (run_id, seq): (&str, u64),
+        (attempt, index): (u32, u32),
+        bytes: &[u8],
+    ) -> crate::error::Result<bool> {
+        let this = last.get_or_insert(AttemptFailures {
+            attempt,
+            next_index: 0,
+            ended: false,
+        });
+        if this.attempt != attempt {
+            return Ok(false);
+        }
+        this.next_index = this.next_index.max(index.saturating_add(1));
+        this.ended |= crate::FailureRecord::ends_attempt(run_id, seq, bytes)?;
+        Ok(true)
+    }
+}
+
 /// The lease a write carries and the run's current one.
 #[derive(Debug, Clone, Copy)]
 pub struct LeaseCheck<'a> {

@@ -7,7 +7,6 @@ use super::log::{self, Chain, Head, Kind, LogError};
 use super::row;
 use super::tables::{ATTRIBUTE_KEY_ABOVE, Tables, name_upper_bound};
 use crate::error::{Error, RecordKind};
-use crate::record::FailureRecord;
 use crate::schedule::ScheduleInfo;
 use crate::store::protocol::{Reply, Write};
 use crate::store::{
@@ -195,20 +194,13 @@ fn last_attempt(
             return entry.seq > seq;
         }
         // Attempts only go up along the log: the first met, walking back, is the highest.
-        let this = last.get_or_insert(AttemptFailures {
-            attempt,
-            next_index: 0,
-            ended: false,
-        });
-        if this.attempt != attempt {
-            return false;
+        match AttemptFailures::add(&mut last, (id, seq), (attempt, index), entry.record) {
+            Ok(more) => more,
+            Err(e) => {
+                undecodable = Some(e);
+                false
+            }
         }
-        this.next_index = this.next_index.max(index.saturating_add(1));
-        match FailureRecord::ends_attempt(id, seq, entry.record) {
-            Ok(ends) => this.ended |= ends,
-            Err(e) => undecodable = Some(e),
-        }
-        undecodable.is_none()
     })
     .map_err(refused(id))?;
     match undecodable {
