@@ -544,7 +544,8 @@ pub struct PruneArgs {
     #[arg(long)]
     pub dry_run: bool,
 
-    /// Print JSON: {dry_run, runs, records, run_ids, kept_for_parents, bytes_before, bytes_after}.
+    /// Print JSON: {dry_run, runs, records, run_ids, kept_for_parents, kept_for_children,
+    /// changed_since_selection, bytes_before, bytes_after}.
     #[arg(long)]
     pub json: bool,
 }

@@ -2261,6 +2261,7 @@ fn prune_dry_run_then_prune_with_exact_counts() {
         json!({
             "dry_run": true, "runs": 3, "records": 7,
             "run_ids": ["done-1", "v2-1", "failed-1"], "kept_for_parents": 0,
+            "kept_for_children": 0, "changed_since_selection": 0,
             "bytes_before": size, "bytes_after": size,
         })
     );

@@ -20,6 +20,8 @@ struct PruneView {
     records: u64,
     run_ids: Vec<String>,
     kept_for_parents: u64,
+    kept_for_children: u64,
+    changed_since_selection: u64,
     bytes_before: u64,
     bytes_after: u64,
 }
@@ -79,6 +81,8 @@ pub fn prune(target: &Target, args: &PruneArgs) -> Result<()> {
         records: pruned.records,
         run_ids: pruned.run_ids,
         kept_for_parents: pruned.kept_for_parents,
+        kept_for_children: pruned.kept_for_children,
+        changed_since_selection: pruned.changed_since_selection,
         bytes_before,
         bytes_after: file.map_or(0, file_bytes),
     };
@@ -89,6 +93,11 @@ fn report(view: &PruneView, json: bool, file: bool) -> Result<()> {
     if json {
         return emit_json(view);
     }
+    emit(&text(view, file))
+}
+
+/// What `loops prune` says of `view` (`file`: the store is a file, whose sizes it gives).
+fn text(view: &PruneView, file: bool) -> String {
     let mut out = String::new();
     if view.runs == 0 {
         out.push_str("no ended run matches; nothing removed\n");
@@ -130,7 +139,23 @@ fn report(view: &PruneView, json: bool, file: bool) -> Result<()> {
             if n == 1 { "it" } else { "them" },
         ));
     }
-    emit(&out)
+    if view.kept_for_children > 0 {
+        let n = view.kept_for_children;
+        out.push_str(&format!(
+            "kept {n} ended run{} whose family has a child run that has not ended, or that \
+             `--keep-failed` keeps; pruned once that child goes\n",
+            plural(n),
+        ));
+    }
+    if view.changed_since_selection > 0 {
+        let n = view.changed_since_selection;
+        out.push_str(&format!(
+            "left {n} run{} that changed after the selection (retried, given a new child run, \
+             or removed by another prune meanwhile)\n",
+            plural(n),
+        ));
+    }
+    out
 }
 
 /// Compacts the store file.
@@ -176,4 +201,34 @@ pub fn compact(target: &Target, args: &JsonArg) -> Result<()> {
 /// The file's size in bytes (0 if it cannot be read; the open that follows says why).
 fn file_bytes(path: &Path) -> u64 {
     std::fs::metadata(path).map_or(0, |m| m.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{PruneView, text};
+
+    /// Runs kept for a child and runs changed since the selection are each said on a line.
+    #[test]
+    fn says_the_runs_kept_for_children_and_those_changed_since_the_selection() {
+        let view = PruneView {
+            dry_run: false,
+            runs: 1,
+            records: 3,
+            run_ids: vec!["old".to_owned()],
+            kept_for_parents: 0,
+            kept_for_children: 2,
+            changed_since_selection: 1,
+            bytes_before: 0,
+            bytes_after: 0,
+        };
+        let said = anstream::adapter::strip_str(&text(&view, false)).to_string();
+        assert_eq!(
+            said,
+            "removed 1 run (3 transition records, with their steps, failures and events):\n  old\n\
+             kept 2 ended runs whose family has a child run that has not ended, or that \
+             `--keep-failed` keeps; pruned once that child goes\n\
+             left 1 run that changed after the selection (retried, given a new child run, or \
+             removed by another prune meanwhile)\n"
+        );
+    }
 }

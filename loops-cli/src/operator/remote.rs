@@ -370,6 +370,8 @@ impl Operator for Remote {
                     records: reply.records,
                     run_ids: reply.run_ids,
                     kept_for_parents: reply.kept_for_parents,
+                    kept_for_children: reply.kept_for_children,
+                    changed_since_selection: reply.changed_since_selection,
                 })
             },
             |l| l.prune(policy, dry_run, progress),

@@ -243,19 +243,24 @@ pub(super) async fn prune_families(f: &dyn Factory) {
         let p = crate::store::prune(store, &policy, now_ms, dry_run)
             .await
             .unwrap();
-        (p.run_ids, p.kept_for_parents, p.records)
+        (
+            p.run_ids,
+            p.kept_for_parents,
+            p.kept_for_children,
+            p.records,
+        )
     };
     // The newest family is t's: kept whole, though t/c and t/c/g ended first.
     let newest = RetentionPolicy::default().keep_last(1);
     assert_eq!(
         pruned(newest, 10_000, true).await,
-        (owned(&["n", "o/c"]), 2, 2 + 3)
+        (owned(&["n", "o/c"]), 2, 0, 2 + 3)
     );
     // By age, t's family is as old as t.
     let by_age = RetentionPolicy::older_than(std::time::Duration::ZERO);
     assert_eq!(
         pruned(by_age, 2_003, true).await,
-        (owned(&["n", "o/c"]), 2, 2 + 3)
+        (owned(&["n", "o/c"]), 2, 0, 2 + 3)
     );
     let everything = RetentionPolicy::default().keep_last(0);
     assert_eq!(
@@ -263,6 +268,7 @@ pub(super) async fn prune_families(f: &dyn Factory) {
         (
             owned(&["n", "o/c", "t", "t/c", "t/c/g"]),
             2,
+            0,
             2 + 3 + 4 + 2 + 2
         )
     );
@@ -287,7 +293,7 @@ pub(super) async fn prune_families(f: &dyn Factory) {
     end(u, "u", 1).await;
     assert_eq!(
         pruned(everything.clone(), 10_000, false).await,
-        (owned(&["u", "u/c", "u/c/g"]), 0, 2 + 2 + 2)
+        (owned(&["u", "u/c", "u/c/g"]), 0, 0, 2 + 2 + 2)
     );
 
     // A parent that ended before its child (v: after a join_first, or a cancellation) stays
@@ -304,10 +310,14 @@ pub(super) async fn prune_families(f: &dyn Factory) {
     assert_eq!(failed.status, RunStatus::Failed);
     end(k, "k", 1).await;
     let keep_failed = RetentionPolicy::default().keep_last(0).keep_failed();
-    assert_eq!(pruned(keep_failed, 10_000, false).await, (Vec::new(), 0, 0));
+    // Both are reported as kept for a child: v for v/c, k for k/c.
+    assert_eq!(
+        pruned(keep_failed, 10_000, false).await,
+        (Vec::new(), 0, 2, 0)
+    );
     assert_eq!(
         pruned(everything.clone(), 10_000, false).await,
-        (owned(&["k", "k/c"]), 0, 2 + 1)
+        (owned(&["k", "k/c"]), 0, 1, 2 + 1)
     );
     assert!(store.run_info("v").await.unwrap().is_some());
     // A prune write naming v alone keeps it (its child is outside the write: a child a
@@ -324,10 +334,59 @@ pub(super) async fn prune_families(f: &dyn Factory) {
     assert!(store.run_info("v").await.unwrap().is_some());
     assert_eq!(
         pruned(everything, 10_000, false).await,
-        (owned(&["v", "v/c"]), 0, 2 + 2)
+        (owned(&["v", "v/c"]), 0, 0, 2 + 2)
     );
 }
 
 fn owned(ids: &[&str]) -> Vec<String> {
     ids.iter().map(|id| (*id).to_owned()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::support::{create, fail, failure, retry};
+    use crate::retention::RetentionPolicy;
+    use crate::store::{AfterFailure, RedbStore, Store, prune_reporting};
+
+    /// A run retried between the selection and its write is left and counted as changed: two
+    /// failed runs are selected; after the first write (one run each, as so few runs make),
+    /// both are retried (the one already deleted refuses), so the second write finds its run
+    /// running and deletes nothing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_run_retried_after_the_selection_is_counted_as_changed() {
+        let store = RedbStore::in_memory().unwrap();
+        for id in ["a", "b"] {
+            let l = create(&store, id).await;
+            fail(&store, &l, 0, failure(1, "x"), AfterFailure::GiveUp)
+                .await
+                .unwrap();
+        }
+        let handle = tokio::runtime::Handle::current();
+        let retried = std::sync::Mutex::new(Vec::new());
+        let everything = RetentionPolicy::default().keep_last(0);
+        let pruned = prune_reporting(&store, &everything, 10_000, false, |done, total| {
+            assert_eq!(total, 2);
+            if done == 1 {
+                for id in ["a", "b"] {
+                    let r = tokio::task::block_in_place(|| handle.block_on(retry(&store, id)));
+                    if r.is_ok() {
+                        retried.lock().unwrap().push(id);
+                    }
+                }
+            }
+        })
+        .await
+        .unwrap();
+        let retried = retried.into_inner().unwrap();
+        assert_eq!(retried.len(), 1, "{retried:?}");
+        assert_eq!(pruned.runs, 1);
+        assert_eq!(pruned.changed_since_selection, 1);
+        assert_eq!(pruned.kept_for_children, 0);
+        assert!(
+            !pruned.run_ids.contains(&retried[0].to_owned()),
+            "{pruned:?}"
+        );
+        let left = store.run_info(retried[0]).await.unwrap().unwrap();
+        assert_eq!(left.status, crate::store::RunStatus::Running);
+    }
 }

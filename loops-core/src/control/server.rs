@@ -576,12 +576,16 @@ async fn prune(State(s): State<Shared>, Body(request): Body<PruneRequest>) -> An
         records,
         run_ids,
         kept_for_parents,
+        kept_for_children,
+        changed_since_selection,
     } = s.runtime.prune_with(&policy, request.dry_run).await?;
     Ok(Json(PruneReply {
         runs,
         records,
         run_ids,
         kept_for_parents,
+        kept_for_children,
+        changed_since_selection,
     }))
 }
 

@@ -237,6 +237,16 @@ pub struct PruneReply {
     /// predates the field.
     #[serde(default)]
     pub kept_for_parents: u64,
+    /// Expired runs kept with a child run outside their family
+    /// ([`Pruned::kept_for_children`](crate::Pruned::kept_for_children)); 0 from a server that
+    /// predates the field.
+    #[serde(default)]
+    pub kept_for_children: u64,
+    /// Selected runs the writes left because they changed after the selection
+    /// ([`Pruned::changed_since_selection`](crate::Pruned::changed_since_selection)); 0 from
+    /// a server that predates the field.
+    #[serde(default)]
+    pub changed_since_selection: u64,
 }
 
 /// The answer to `POST /v1/compact`: [`Compacted`](crate::Compacted) as JSON.

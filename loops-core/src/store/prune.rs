@@ -21,6 +21,15 @@ pub struct Pruned {
     /// Ended child runs left alone, whatever the policy, because their parent (or its
     /// parent) has not ended and may still join them: they are pruned once it has.
     pub kept_for_parents: u64,
+    /// Runs the policy expires, left alone with their family because one of them has a child
+    /// run outside it: a child that has not ended (a parent that ended before its children,
+    /// after `join_first` or a cancellation) or that the policy keeps (a failed child under
+    /// `keep_failed`). They are pruned with that child once it goes.
+    pub kept_for_children: u64,
+    /// Runs selected for removal that the writes left, because they changed after the
+    /// selection: retried (so no longer ended), given a new child run, or removed meanwhile by
+    /// another prune. Always 0 in a dry run.
+    pub changed_since_selection: u64,
 }
 
 /// Most runs deleted by one write of [`prune`] (a family larger than this goes in one write
@@ -68,10 +77,12 @@ pub async fn prune_reporting(
         ended.extend(store.list(status, None).await?);
     }
     let (families, held) = families(store, ended).await?;
-    let expired = without_outside_children(store, policy.select(families, now_ms)).await?;
+    let (expired, kept_for_children) =
+        without_outside_children(store, policy.select(families, now_ms)).await?;
     let selected: usize = expired.iter().map(|family| family.run_ids.len()).sum();
     let mut report = Pruned {
         kept_for_parents: held,
+        kept_for_children,
         ..Pruned::default()
     };
     if dry_run {
@@ -98,6 +109,7 @@ pub async fn prune_reporting(
         progress(done, selected as u64);
     }
     report.runs = report.run_ids.len() as u64;
+    report.changed_since_selection = (selected as u64).saturating_sub(report.runs);
     Ok(report)
 }
 
@@ -122,20 +134,26 @@ fn batches(families: Vec<Family>, batch: usize) -> Vec<Vec<String>> {
 /// has not ended (a parent that ended before its children, after `join_first`, or cancelled
 /// while they ran), or that the policy keeps (a failed child under `keep_failed`). Such a
 /// family stays whole, with that child: a child is never left naming a parent that is gone.
-/// One read of the children index per run of an expired family.
-async fn without_outside_children(store: &dyn Store, expired: Vec<Family>) -> Result<Vec<Family>> {
+/// Returns the families left and the number of runs in those kept. One read of the children
+/// index per run of an expired family.
+async fn without_outside_children(
+    store: &dyn Store,
+    expired: Vec<Family>,
+) -> Result<(Vec<Family>, u64)> {
     let mut out = Vec::with_capacity(expired.len());
+    let mut kept = 0u64;
     'families: for family in expired {
         for run_id in &family.run_ids {
             for child in store.children(run_id).await? {
                 if !family.run_ids.contains(&child.run_id) {
+                    kept = kept.saturating_add(family.run_ids.len() as u64);
                     continue 'families;
                 }
             }
         }
         out.push(family);
     }
-    Ok(out)
+    Ok((out, kept))
 }
 
 /// Where an ended run stands among its ancestors.
