@@ -40,7 +40,10 @@ impl fmt::Debug for Keyring {
 }
 
 /// Why a [`Keyring`] could not be made.
-#[derive(Debug, thiserror::Error)]
+///
+/// `Debug` is written by hand only to show [`Exposed`](Self::Exposed)'s `mode` in octal
+/// (`mode: 0o644`), as its message does; every other variant shows as derived.
+#[derive(thiserror::Error)]
 #[non_exhaustive]
 pub enum KeyringError {
     /// The key file could not be read. The I/O error is said in the message, and is not
@@ -62,7 +65,7 @@ pub enum KeyringError {
     Exposed {
         /// The file.
         path: PathBuf,
-        /// Its permission bits.
+        /// Its permission bits (`0o644`: said in octal by the message and by `Debug`).
         mode: u32,
     },
     /// A line of the key text is not `KEY_ID HEX`.
@@ -94,6 +97,39 @@ pub enum KeyringError {
         /// What is wrong in it.
         cause: Box<KeyringError>,
     },
+}
+
+impl fmt::Debug for KeyringError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeyringError::Read { path, cause } => f
+                .debug_struct("Read")
+                .field("path", path)
+                .field("cause", cause)
+                .finish(),
+            KeyringError::Exposed { path, mode } => f
+                .debug_struct("Exposed")
+                .field("path", path)
+                .field("mode", &format_args!("{mode:#o}"))
+                .finish(),
+            KeyringError::Format { line, reason } => f
+                .debug_struct("Format")
+                .field("line", line)
+                .field("reason", reason)
+                .finish(),
+            KeyringError::BadId { id, reason } => f
+                .debug_struct("BadId")
+                .field("id", id)
+                .field("reason", reason)
+                .finish(),
+            KeyringError::Empty => f.write_str("Empty"),
+            KeyringError::File { path, cause } => f
+                .debug_struct("File")
+                .field("path", path)
+                .field("cause", cause)
+                .finish(),
+        }
+    }
 }
 
 impl Keyring {
@@ -461,10 +497,21 @@ mod tests {
         let path = dir.path().join("keys");
         std::fs::write(&path, format!("k1 {}\n", "ab".repeat(32))).unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-        assert!(matches!(
-            Keyring::from_file(&path),
-            Err(KeyringError::Exposed { mode: 0o644, .. })
-        ));
+        let exposed = Keyring::from_file(&path).unwrap_err();
+        assert!(matches!(exposed, KeyringError::Exposed { mode: 0o644, .. }));
+        // The mode is octal in `Debug` as in the message, never the decimal 420.
+        assert_eq!(
+            format!("{exposed:?}"),
+            format!("Exposed {{ path: {path:?}, mode: 0o644 }}")
+        );
+        assert_eq!(
+            exposed.to_string(),
+            format!(
+                "key file {} has mode 644: it must be readable by its owner only (chmod 600 {})",
+                path.display(),
+                path.display()
+            )
+        );
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         assert_eq!(Keyring::from_file(&path).unwrap().key_ids(), ["k1"]);
         std::fs::write(&path, "k1 abcd\n").unwrap();
