@@ -2540,6 +2540,20 @@ fn missing_empty_foreign_and_corrupt_files_are_one_line_errors() {
             empty.display()
         )
     );
+    // Shorter than redb's magic number: said so, with its length, not as a number mismatch.
+    let short = dir.path().join("short.redb");
+    std::fs::write(&short, "abc").unwrap();
+    for args in [&["check"][..], &["runs"], &["cancel", "x"]] {
+        assert_eq!(
+            fails(&short, args, 1),
+            format!(
+                "error: cannot open store {}: the file is too short to be a loops store (3 bytes; every store starts with redb's 9-byte magic number): it was cut short, or is not a store\n",
+                short.display()
+            ),
+            "loops {args:?}"
+        );
+    }
+    assert_eq!(std::fs::read(&short).unwrap(), b"abc");
 
     // A FIFO is named as one, on the reading and the writing paths (it never blocks).
     #[cfg(unix)]

@@ -22,7 +22,8 @@ impl RedbStore {
     ///
     /// # Errors
     /// - [`Error::StoreLocked`] at once if this or another process has the file open;
-    /// - [`Error::Open`] if the file is not a redb file, is corrupt, or cannot be read.
+    /// - [`Error::Open`] if the file is empty or too short to be a store (under 9 bytes),
+    ///   is not a redb file, is corrupt, or cannot be read.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         Self::open_with(path, StoreOptions::default())
     }
@@ -52,13 +53,10 @@ impl RedbStore {
                 &new_file_prefix(&name.to_string_lossy()),
             );
         }
-        if std::fs::metadata(&path).is_ok_and(|m| m.is_file() && m.len() == 0) {
-            // redb would initialize an empty file as a new store: refuse, lest a truncated
-            // store silently becomes an empty one. loops never leaves an empty file behind.
-            return Err(open_err(
-                "the file is empty (0 bytes), not a loops store; delete it to start a new store"
-                    .into(),
-            ));
+        // redb would initialize an empty file as a new store: refuse, lest a truncated
+        // store silently becomes an empty one. loops never leaves an empty file behind.
+        if let Some(why) = too_short(&path) {
+            return Err(open_err(why.into()));
         }
         let file_path = path.clone();
         let verified_path = path.clone();
@@ -266,7 +264,8 @@ impl RedbStore {
     /// - [`Error::StoreLocked`] if a process has the file open for writing;
     /// - [`Error::NeedsRecovery`] if the file was not closed cleanly (a crash): redb repairs
     ///   it on the next writable open ([`RedbStore::open`]);
-    /// - [`Error::Open`] if it does not exist, is not a redb file, cannot be read, or fails
+    /// - [`Error::Open`] if it does not exist, is empty or too short to be a store (under 9
+    ///   bytes), is not a redb file, cannot be read, or fails
     ///   the verification (its source is then a [`redb::DatabaseError::Storage`]).
     pub fn open_read_only(path: impl AsRef<Path>) -> Result<Self> {
         Self::open_read_only_with(path, StoreOptions::default())
@@ -281,6 +280,12 @@ impl RedbStore {
     pub fn open_read_only_with(path: impl AsRef<Path>, options: StoreOptions) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
         refuse_special_file(&path)?;
+        if let Some(why) = too_short(&path) {
+            return Err(Error::Open {
+                path,
+                cause: why.into(),
+            });
+        }
         let opened = crate::panics::catch(|| {
             redb::Builder::new()
                 .set_cache_size(options.cache_bytes)
@@ -354,6 +359,30 @@ impl RedbStore {
             leases: Arc::new(Leases::default()),
             step_keys: Arc::new(StepKeys::default()),
         }))
+    }
+}
+
+/// Bytes of redb's magic number, which every redb file, so every loops store, starts with.
+const MAGIC_BYTES: u64 = 9;
+
+/// Why the regular file at `path` cannot be a loops store by its length alone: it is empty,
+/// or shorter than redb's magic number (redb would say only that the number does not match).
+/// `None` for a longer file, or one whose metadata cannot be read (the open says why).
+fn too_short(path: &Path) -> Option<String> {
+    let len = std::fs::metadata(path)
+        .ok()
+        .filter(std::fs::Metadata::is_file)?
+        .len();
+    match len {
+        0 => Some(
+            "the file is empty (0 bytes), not a loops store; delete it to start a new store"
+                .to_owned(),
+        ),
+        1..MAGIC_BYTES => Some(format!(
+            "the file is too short to be a loops store ({len} bytes; every store starts with \
+             redb's {MAGIC_BYTES}-byte magic number): it was cut short, or is not a store"
+        )),
+        _ => None,
     }
 }
 
@@ -608,4 +637,56 @@ fn length_said(what: String) -> String {
          {whole} bytes may open (`cp FILE COPY && truncate -s {whole} COPY`, then `loops \
          --store COPY check`); the file itself is left as it is"
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::error::Error;
+    use crate::store::RedbStore;
+
+    /// A file too short to hold redb's magic number is said to be so, with its length, by
+    /// the writable and the read-only open; the file is left as it is.
+    #[test]
+    fn a_file_shorter_than_the_magic_number_is_said_too_short() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("x.redb");
+        for (bytes, why) in [
+            (
+                &b""[..],
+                "the file is empty (0 bytes), not a loops store; delete it to start a new store"
+                    .to_owned(),
+            ),
+            (
+                b"abc",
+                "the file is too short to be a loops store (3 bytes; every store starts with \
+                 redb's 9-byte magic number): it was cut short, or is not a store"
+                    .to_owned(),
+            ),
+            (
+                b"redb\x1a\x0a\xa9\x0d",
+                "the file is too short to be a loops store (8 bytes; every store starts with \
+                 redb's 9-byte magic number): it was cut short, or is not a store"
+                    .to_owned(),
+            ),
+        ] {
+            std::fs::write(&path, bytes).unwrap();
+            for read_only in [false, true] {
+                let refused = if read_only {
+                    RedbStore::open_read_only(&path)
+                } else {
+                    RedbStore::open(&path)
+                }
+                .map(drop)
+                .unwrap_err();
+                assert!(matches!(refused, Error::Open { .. }), "{refused:?}");
+                assert_eq!(
+                    refused.to_string(),
+                    format!("cannot open store {}: {why}", path.display()),
+                    "read-only: {read_only}"
+                );
+                assert!(!refused.is_store_damage(), "{refused:?}");
+                assert_eq!(std::fs::read(&path).unwrap(), bytes);
+            }
+        }
+    }
 }
