@@ -46,10 +46,16 @@ enum Op {
     /// It sends an event: as [`Op::Write`], and the failure says how to find out and how to
     /// send again (a second send without the key is a second event).
     Send,
+    /// It asks for a run's cancellation: as [`Op::Write`], and the failure says how to find
+    /// out whether it was recorded.
+    Cancel,
 }
 
 /// What a send whose outcome is unknown adds to its failure.
 const SEND_UNKNOWN: &str = "; `loops history RUN` shows whether the event was sent. A send repeated with the same --key is taken once; without --key, a second send is a second event";
+
+/// What a cancel whose outcome is unknown adds to its failure.
+const CANCEL_UNKNOWN: &str = "; `loops show RUN` shows whether the cancellation was recorded (a `cancel asked` or `cancelled` line with its reason)";
 
 impl Remote {
     /// The operator for store `label` over `client`; `fallback` is the store file and the
@@ -97,8 +103,10 @@ impl Remote {
                     ControlError::Dropped { .. } | ControlError::NoAnswer { .. }
                 );
                 let mut failure = remote_failure(&self.label, e);
-                if unknown && op == Op::Send {
-                    failure.message.push_str(SEND_UNKNOWN);
+                match op {
+                    Op::Send if unknown => failure.message.push_str(SEND_UNKNOWN),
+                    Op::Cancel if unknown => failure.message.push_str(CANCEL_UNKNOWN),
+                    _ => {}
                 }
                 failure
             }),
@@ -302,7 +310,7 @@ impl Operator for Remote {
 
     fn cancel(&self, run_id: &str, reason: &str) -> Result<RunInfo> {
         self.call(
-            Op::Write,
+            Op::Cancel,
             |c| c.cancel(run_id, reason),
             |l| l.cancel(run_id, reason),
         )
@@ -561,11 +569,13 @@ mod tests {
         let send_hint = format!(
             "{unknown}; `loops history RUN` shows whether the event was sent. A send repeated with the same --key is taken once; without --key, a second send is a second event"
         );
+        // A cancel's outcome unknown: `loops show` tells; other writes say only that it is.
+        let cancel_hint = format!(
+            "{unknown}; `loops show RUN` shows whether the cancellation was recorded (a `cancel asked` or `cancelled` line with its reason)"
+        );
         for (failure, ends) in [
-            (
-                writer.cancel("j1", "enough").unwrap_err(),
-                unknown.to_owned(),
-            ),
+            (writer.cancel("j1", "enough").unwrap_err(), cancel_hint),
+            (writer.retry("j1").unwrap_err(), unknown.to_owned()),
             (
                 writer.send("j1", "go", None, &payload).unwrap_err(),
                 send_hint,
