@@ -103,7 +103,8 @@ pub fn store_error(e: loops::Error) -> anyhow::Error {
         // It says "cannot open store <path>" itself.
         loops::Error::Open { ref path, .. } if e.is_store_damage() => anyhow::anyhow!(
             "{e}: the file is damaged; `loops --store {} check` verifies every page of it. \
-             Restore it from a backup, or start over with --fresh (which deletes it)",
+             Restore it from a backup; only as a last resort, --fresh starts over and \
+             discards the run recorded in it (it deletes the file)",
             path.display()
         ),
         e @ loops::Error::Open { .. } => anyhow::Error::new(e),

@@ -430,7 +430,8 @@ fn a_damaged_store_is_one_clean_error_without_a_panic() {
         String::from_utf8_lossy(&output.stderr),
         format!(
             "{said}: the file is damaged; `loops --store {} check` verifies every page of it. \
-             Restore it from a backup, or start over with --fresh (which deletes it)\n",
+             Restore it from a backup; only as a last resort, --fresh starts over and \
+             discards the run recorded in it (it deletes the file)\n",
             damaged.display()
         ),
         "offset {offset}"
@@ -456,10 +457,41 @@ fn a_damaged_store_is_one_clean_error_without_a_panic() {
     assert!(stdout.ends_with(&done), "{stdout}");
 }
 
+/// A store with bytes added to its end: the recovery route (a copy cut to whole pages) comes
+/// first, and `--fresh`, which discards the recorded run, last, said as a last resort.
+#[test]
+fn a_damaged_stores_recovery_route_comes_before_fresh() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut bytes = std::fs::read(&reference().store_copy).expect("read the store");
+    let whole = bytes.len();
+    assert_eq!(whole % 4096, 0);
+    bytes.extend_from_slice(b"abc");
+    let appended = dir.path().join("appended.redb");
+    std::fs::write(&appended, &bytes).expect("write the appended copy");
+    let output = deliver(dir.path(), &["--store".into(), appended.clone().into()]);
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        format!(
+            "error: cannot open store {path}: DB corrupted: the file's length ({len} bytes) is \
+             not one redb lays out, nor a whole number of its 4096-byte pages: bytes were added \
+             to its end, or it was cut short. A copy cut to {whole} bytes may open (`cp FILE \
+             COPY && truncate -s {whole} COPY`, then `loops --store COPY check`); the file \
+             itself is left as it is: the file is damaged; `loops --store {path} check` \
+             verifies every page of it. Restore it from a backup; only as a last resort, \
+             --fresh starts over and discards the run recorded in it (it deletes the file)\n",
+            path = appended.display(),
+            len = whole + 3,
+        )
+    );
+    assert_eq!(std::fs::read(&appended).expect("read it again"), bytes);
+}
+
 /// The model's flags are checked before anything is made: a flag of `--model openai` with the
-/// scripted model, `--model openai` without its required flags (a usage error, exit 2), and,
-/// by the build: without the `openai` feature, `--model openai` names the feature to build
-/// with; with it, an API key variable that is not set and a base URL that is not HTTP.
+/// scripted model, and, by the build: without the `openai` feature, `--model openai` names
+/// the feature to build with, before (and whatever) its other flags; with it, `--model
+/// openai` without its required flags (a usage error, exit 2), an API key variable that is
+/// not set and a base URL that is not HTTP.
 #[test]
 fn the_openai_model_flags_are_checked_before_anything_is_made() {
     let dir = tempfile::tempdir().expect("temp dir");
