@@ -19,7 +19,10 @@ pub struct ModelArgs {
 
     /// With `--model openai`: the API's base URL, what comes before /chat/completions
     /// (http://127.0.0.1:8080/v1, https://api.openai.com/v1)
-    #[arg(long, value_name = "URL", required_if_eq("model", "openai"))]
+    // Required only in a build that has the client: without it, `--model openai` is refused
+    // first for the missing feature (by `choose`), not for flags that could not be used.
+    #[arg(long, value_name = "URL")]
+    #[cfg_attr(feature = "openai", arg(required_if_eq("model", "openai")))]
     base_url: Option<String>,
 
     /// With `--model openai`: the environment variable that holds the API key, sent as a
@@ -28,7 +31,8 @@ pub struct ModelArgs {
     api_key_env: Option<String>,
 
     /// With `--model openai`: the model to ask, as the server names it
-    #[arg(long, value_name = "NAME", required_if_eq("model", "openai"))]
+    #[arg(long, value_name = "NAME")]
+    #[cfg_attr(feature = "openai", arg(required_if_eq("model", "openai")))]
     model_name: Option<String>,
 
     /// With `--model openai`: how long one request may take, in seconds [default: 60]
@@ -90,12 +94,15 @@ impl ModelArgs {
     }
 }
 
-/// `--model openai` in a build without the `openai` feature.
+/// `--model openai` in a build without the `openai` feature: refused before any of its
+/// flags is asked for (none is required in such a build), with the command that builds
+/// with the feature and runs.
 #[cfg(not(feature = "openai"))]
 fn openai_model(_: &ModelArgs) -> Result<AnyModel> {
     bail!(
-        "--model openai needs the `openai` feature, which this build lacks: run `cargo run -p \
-         deliver --features openai -- --model openai ...`"
+        "--model openai needs the `openai` feature, which this build lacks: build with it and \
+         run, `cargo run -p deliver --features openai -- --model openai --base-url URL \
+         --model-name NAME ...`"
     )
 }
 

@@ -507,17 +507,30 @@ fn the_openai_model_flags_are_checked_before_anything_is_made() {
     );
 
     let output = deliver(dir.path(), &["--model".into(), "openai".into()]);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.code() == Some(2)
-            && output.stdout.is_empty()
-            && stderr.starts_with(
-                "error: the following required arguments were not provided:\n  --base-url \
-                 <URL>\n  --model-name <NAME>\n"
-            ),
-        "{}",
-        describe(&output)
+    // The missing feature is said first: no flag is asked for that this build cannot use.
+    #[cfg(not(feature = "openai"))]
+    assert_refused(
+        &output,
+        "error: --model openai needs the `openai` feature, which this build lacks: build with \
+         it and run, `cargo run -p deliver --features openai -- --model openai --base-url URL \
+         --model-name NAME ...`\n",
+        dir.path(),
+        &[],
     );
+    #[cfg(feature = "openai")]
+    {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            output.status.code() == Some(2)
+                && output.stdout.is_empty()
+                && stderr.starts_with(
+                    "error: the following required arguments were not provided:\n  --base-url \
+                     <URL>\n  --model-name <NAME>\n"
+                ),
+            "{}",
+            describe(&output)
+        );
+    }
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 
     let openai = |more: &[&str]| {
@@ -537,9 +550,10 @@ fn the_openai_model_flags_are_checked_before_anything_is_made() {
     };
     #[cfg(not(feature = "openai"))]
     assert_refused(
-        &openai(&[]),
-        "error: --model openai needs the `openai` feature, which this build lacks: run `cargo \
-         run -p deliver --features openai -- --model openai ...`\n",
+        &openai(&["--api-key-env", "LOOPS_DELIVER_TEST_NO_SUCH_VARIABLE"]),
+        "error: --model openai needs the `openai` feature, which this build lacks: build with \
+         it and run, `cargo run -p deliver --features openai -- --model openai --base-url URL \
+         --model-name NAME ...`\n",
         dir.path(),
         &[],
     );
