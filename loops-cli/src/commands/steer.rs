@@ -50,10 +50,10 @@ pub fn cancel(target: &Target, args: &CancelArgs) -> Result<()> {
     } else {
         "it ends as cancelled at its next step or state boundary"
     };
-    let asked = if before.cancel.is_some() {
-        "was asked already"
-    } else {
+    let asked = if asked_here(&before, &info, &args.reason) {
         "asked"
+    } else {
+        "was asked already"
     };
     emit(&format!(
         "cancellation of run {} {asked} ({} in state {}, seq {}): {reason}; {when}, in the state it is in\n",
@@ -62,6 +62,14 @@ pub fn cancel(target: &Target, args: &CancelArgs) -> Result<()> {
         info.state,
         info.seq,
     ))
+}
+
+/// Whether this call's cancellation is the one the run records: none was asked when the
+/// command read the row (`before`), and the row after the write (`after`) holds this call's
+/// `reason`. A concurrent `loops cancel` that committed between the read and the write
+/// leaves its own reason (the first stands), so this call says it was asked already.
+fn asked_here(before: &RunInfo, after: &RunInfo, reason: &str) -> bool {
+    before.cancel.is_none() && after.cancel.as_deref() == Some(reason)
 }
 
 /// Makes a failed run running again.
@@ -367,5 +375,30 @@ pub fn delivery(info: &RunInfo, event: &str, taker: Taker) -> String {
             "the run is {}; the event stays in its inbox until a wait for `{event}` takes it",
             info.status
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::asked_here;
+    use loops_core::RunInfo;
+
+    fn row(cancel: Option<&str>) -> RunInfo {
+        serde_json::from_value(serde_json::json!({
+            "run_id": "m0", "workflow": "work", "schema": "0000000000000009",
+            "status": "running", "state": "Run", "seq": 3, "attempt": 1,
+            "created_ms": 0, "updated_ms": 0, "cancel": cancel,
+        }))
+        .unwrap()
+    }
+
+    /// Five concurrent `loops cancel`s: only the one whose reason the run records says it
+    /// asked; one that read no cancellation but lost the race to another says it was asked
+    /// already (before, it said "asked" and showed the winner's reason as its own).
+    #[test]
+    fn only_the_cancellation_recorded_says_it_was_asked() {
+        assert!(asked_here(&row(None), &row(Some("r5")), "r5"));
+        assert!(!asked_here(&row(None), &row(Some("r5")), "r1"));
+        assert!(!asked_here(&row(Some("r5")), &row(Some("r5")), "r5"));
     }
 }
