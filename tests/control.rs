@@ -118,6 +118,15 @@ async fn a_tcp_endpoint_needs_its_token_and_the_same_version() {
         matches!(refused, ControlError::Remote { kind: ErrorKind::RunNotFound, ref run_id, .. } if run_id.as_deref() == Some("nope")),
         "{refused:?}"
     );
+    // A run's lists answer 404 for a run that does not exist, not an empty list.
+    let not_found = |e: ControlError| matches!(e, ControlError::Remote { kind: ErrorKind::RunNotFound, ref run_id, .. } if run_id.as_deref() == Some("nope"));
+    assert!(not_found(client.history("nope").await.unwrap_err()));
+    assert!(not_found(client.steps("nope", 0).await.unwrap_err()));
+    assert!(not_found(client.all_steps("nope").await.unwrap_err()));
+    assert!(not_found(client.failures("nope").await.unwrap_err()));
+    assert!(not_found(client.events("nope").await.unwrap_err()));
+    assert!(not_found(client.attributes("nope").await.unwrap_err()));
+    assert!(not_found(client.children("nope").await.unwrap_err()));
     let wrong = dir.path().join("wrong");
     std::fs::write(&wrong, "other").unwrap();
     {

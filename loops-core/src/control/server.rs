@@ -422,7 +422,18 @@ async fn history(
     State(s): State<Shared>,
     PathOf(run): PathOf<String>,
 ) -> Answer<Vec<TransitionRecord>> {
-    Ok(Json(s.runtime.sealed_store().history(&run).await?))
+    let history = s.runtime.sealed_store().history(&run).await?;
+    Ok(Json(existing(&s, run, history).await?))
+}
+
+/// `items`, read of `run`, unless they are none and the run does not exist: a path naming
+/// an unknown run answers 404 `run_not_found` (as `loops` says), not an empty list that
+/// reads like a run with nothing recorded. The row is read only when `items` is empty.
+async fn existing<T>(s: &Shared, run: String, items: Vec<T>) -> Result<Vec<T>, Error> {
+    if items.is_empty() && s.runtime.sealed_store().run_info(&run).await?.is_none() {
+        return Err(Error::RunNotFound { run_id: run });
+    }
+    Ok(items)
 }
 
 async fn steps(
@@ -430,6 +441,7 @@ async fn steps(
     PathOf((run, seq)): PathOf<(String, u64)>,
 ) -> Answer<Vec<Step>> {
     let steps = s.runtime.sealed_store().steps(&run, seq).await?;
+    let steps = existing(&s, run, steps).await?;
     Ok(Json(
         steps
             .into_iter()
@@ -444,6 +456,7 @@ async fn steps(
 
 async fn all_steps(State(s): State<Shared>, PathOf(run): PathOf<String>) -> Answer<Vec<RunStep>> {
     let steps = s.runtime.sealed_store().all_steps(&run).await?;
+    let steps = existing(&s, run, steps).await?;
     Ok(Json(
         steps
             .into_iter()
@@ -459,6 +472,7 @@ async fn all_steps(State(s): State<Shared>, PathOf(run): PathOf<String>) -> Answ
 
 async fn failures(State(s): State<Shared>, PathOf(run): PathOf<String>) -> Answer<Vec<Failed>> {
     let failures = s.runtime.sealed_store().failures(&run).await?;
+    let failures = existing(&s, run, failures).await?;
     Ok(Json(
         failures
             .into_iter()
@@ -469,6 +483,7 @@ async fn failures(State(s): State<Shared>, PathOf(run): PathOf<String>) -> Answe
 
 async fn events(State(s): State<Shared>, PathOf(run): PathOf<String>) -> Answer<Vec<Event>> {
     let events = s.runtime.sealed_store().events(&run).await?;
+    let events = existing(&s, run, events).await?;
     Ok(Json(
         events
             .into_iter()
@@ -593,12 +608,17 @@ async fn attributes(
     State(s): State<Shared>,
     PathOf(run): PathOf<String>,
 ) -> Answer<crate::Attributes> {
-    Ok(Json(s.runtime.sealed_store().attributes(&run).await?))
+    let attributes = s.runtime.sealed_store().attributes(&run).await?;
+    if attributes.is_empty() && s.runtime.sealed_store().run_info(&run).await?.is_none() {
+        return Err(Error::RunNotFound { run_id: run }.into());
+    }
+    Ok(Json(attributes))
 }
 
-/// The child runs of a run, by run id (none if it has none or does not exist).
+/// The child runs of a run, by run id (none if it has none; 404 if it does not exist).
 async fn children(State(s): State<Shared>, PathOf(run): PathOf<String>) -> Answer<Vec<Run>> {
     let children = s.runtime.sealed_store().children(&run).await?;
+    let children = existing(&s, run, children).await?;
     Ok(Json(children.into_iter().map(Run::from).collect()))
 }
 
