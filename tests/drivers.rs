@@ -101,7 +101,7 @@ async fn two_runtimes_on_one_store_never_drive_one_run_at_once() {
         (info.status, info.attempt, info.interrupted, info.error),
         (RunStatus::Completed, 1, 0, None)
     );
-    // No false "the process stopped while this attempt ran".
+    // No false "the process stopped (or lost the run's lease) while this attempt ran".
     assert_eq!(rt1.store().failures("x").await.unwrap(), vec![]);
     assert!(entered_rx.try_recv().is_err());
 }

@@ -1004,7 +1004,7 @@ impl OversizedHandler for Grower {
 
 /// A next state over the payload limit fails its attempt with that error, once: the run
 /// fails at once, saying why (the driver stopped instead, and each try was recorded as
-/// interrupted, "the process stopped while this attempt ran", until the retries ran out).
+/// interrupted, "the process stopped (or lost the run's lease) while this attempt ran", until the retries ran out).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_next_state_over_the_payload_limit_fails_the_run_at_once_saying_why() {
     let rt = Runtime::builder()

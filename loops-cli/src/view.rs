@@ -100,10 +100,10 @@ impl GaveUpView {
         match self.interrupted {
             0 => format!("after {attempts} attempt{s}"),
             1 if attempts == 1 => {
-                "after 1 attempt, interrupted (the process stopped while it ran)".to_owned()
+                "after 1 attempt, interrupted (the process stopped, or lost the run's lease, while it ran)".to_owned()
             }
             n => format!(
-                "after {attempts} attempt{s}, {n} of them interrupted (the process stopped while they ran)"
+                "after {attempts} attempt{s}, {n} of them interrupted (the process stopped, or lost the run's lease, while they ran)"
             ),
         }
     }

@@ -191,7 +191,8 @@ pub enum FailureSource {
     },
     /// The state's handler returned an error (or timed out).
     Handler,
-    /// The process stopped while the attempt ran (found on resume); there is no error text.
+    /// The attempt was cut short (found on resume): the process stopped, or its worker lost
+    /// the run's lease, while it ran; there is no error text.
     Interrupted,
 }
 

@@ -12,10 +12,11 @@ use crate::workflow::{StateId, Workflow};
 /// The error loops records for an attempt that the process's stop cut short (a
 /// [`FailureSource::Interrupted`] failure record), and what every message about such an
 /// attempt says of it: the one wording ([`interrupted_attempt`]).
-pub const INTERRUPTED: &str = "the process stopped while this attempt ran";
+pub const INTERRUPTED: &str =
+    "the process stopped (or lost the run's lease) while this attempt ran";
 
 /// What to say of attempt `attempt` that the process's stop cut short:
-/// `attempt N did not finish: the process stopped while this attempt ran`. For the messages
+/// `attempt N did not finish: the process stopped (or lost the run's lease) while this attempt ran`. For the messages
 /// of a program that resumes a run (the CLI's, an agent's "resuming at ..." line).
 pub fn interrupted_attempt(attempt: u32) -> String {
     format!("attempt {attempt} did not finish: {INTERRUPTED}")
@@ -322,7 +323,7 @@ mod tests {
         );
         assert_eq!(
             super::interrupted_attempt(2),
-            "attempt 2 did not finish: the process stopped while this attempt ran"
+            "attempt 2 did not finish: the process stopped (or lost the run's lease) while this attempt ran"
         );
     }
 }

@@ -123,7 +123,11 @@ impl PgStoreBuilder {
 
     /// How long a lease lasts without renewal (default [`DEFAULT_LEASE_TTL`], 10 s; at least
     /// 10 ms). The runtime renews every third of it. Shorter moves a dead worker's runs
-    /// sooner; longer tolerates longer pauses (GC, a slow network) without losing runs. It is
+    /// sooner; longer tolerates longer pauses (GC, a slow network) without losing runs: a live
+    /// worker that loses a lease stops the run's driver, and the worker that takes the run
+    /// over counts the attempt as interrupted, against the retry policy's
+    /// `max_interruptions`, so keep it well above the pauses you expect (under a second, a
+    /// loaded machine's scheduling alone can outlast it). It is
     /// also how long the server lets a session of the store sit idle inside a transaction
     /// before it ends the session (`idle_in_transaction_session_timeout`), and the idle time
     /// before TCP keepalives start (at least 1 s).

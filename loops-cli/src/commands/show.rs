@@ -277,7 +277,9 @@ mod tests {
         let text = |info: RunInfo| GaveUpView::of(&info).map(|g| g.text());
         assert_eq!(
             text(row("failed", 10, 0, 10)).as_deref(),
-            Some("after 10 attempts, 10 of them interrupted (the process stopped while they ran)")
+            Some(
+                "after 10 attempts, 10 of them interrupted (the process stopped, or lost the run's lease, while they ran)"
+            )
         );
         assert_eq!(
             text(row("failed", 1, 0, 0)).as_deref(),
@@ -285,7 +287,9 @@ mod tests {
         );
         assert_eq!(
             text(row("failed", 1, 0, 1)).as_deref(),
-            Some("after 1 attempt, interrupted (the process stopped while it ran)")
+            Some(
+                "after 1 attempt, interrupted (the process stopped, or lost the run's lease, while it ran)"
+            )
         );
         // After `loops retry` at attempt 3, the budget counts from there.
         assert_eq!(

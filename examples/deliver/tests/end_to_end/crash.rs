@@ -307,7 +307,7 @@ fn a_kill_after_any_transition_resumes_to_the_same_result() {
         hold_and_kill(dir.path(), k);
         let stdout = run_to_completion(dir.path(), &format!("k={k}"));
         let resumed_at = format!(
-            "(seq {k}; attempt 1 did not finish: the process stopped while this attempt ran)"
+            "(seq {k}; attempt 1 did not finish: the process stopped (or lost the run's lease) while this attempt ran)"
         );
         if k < transitions {
             assert!(stdout.contains(&resumed_at), "k={k}: {stdout}");
@@ -740,7 +740,7 @@ fn fresh_while_another_runs_is_refused_and_deletes_nothing() {
     let stdout = run_to_completion(&workdir, "after the refused --fresh");
     assert!(
         stdout.contains(
-            "(seq 3; attempt 1 did not finish: the process stopped while this attempt ran)"
+            "(seq 3; attempt 1 did not finish: the process stopped (or lost the run's lease) while this attempt ran)"
         ),
         "{stdout}"
     );
@@ -761,7 +761,7 @@ fn a_run_killed_twice_in_one_state_says_its_second_attempt_did_not_finish() {
     let stdout = run_to_completion(&workdir, "after two kills at seq 2");
     assert!(
         stdout.contains(
-            "(seq 2; attempt 2 did not finish: the process stopped while this attempt ran)"
+            "(seq 2; attempt 2 did not finish: the process stopped (or lost the run's lease) while this attempt ran)"
         ),
         "{stdout}"
     );
@@ -799,7 +799,7 @@ fn a_killed_run_on_a_given_repo_resumes_whatever_is_checked_out() {
         assert!(output.status.success(), "{context}");
         assert!(
             String::from_utf8_lossy(&output.stdout).contains(&format!(
-                "(seq {k}; attempt 1 did not finish: the process stopped while this attempt ran)"
+                "(seq {k}; attempt 1 did not finish: the process stopped (or lost the run's lease) while this attempt ran)"
             )),
             "{context}"
         );
@@ -1127,7 +1127,7 @@ fn ctrl_c_stops_cleanly_and_the_same_command_resumes() {
     let stdout = run_to_completion(dir.path(), "after Ctrl-C at seq 2");
     assert!(
         stdout.contains(
-            "(seq 2; attempt 1 did not finish: the process stopped while this attempt ran)"
+            "(seq 2; attempt 1 did not finish: the process stopped (or lost the run's lease) while this attempt ran)"
         ),
         "{stdout}"
     );
@@ -1172,7 +1172,7 @@ fn sigterm_stops_cleanly_and_the_same_command_resumes() {
     let stdout = run_to_completion(dir.path(), "after SIGTERM at seq 2");
     assert!(
         stdout.contains(
-            "(seq 2; attempt 1 did not finish: the process stopped while this attempt ran)"
+            "(seq 2; attempt 1 did not finish: the process stopped (or lost the run's lease) while this attempt ran)"
         ),
         "{stdout}"
     );

@@ -237,7 +237,7 @@ fn a_sigkill_mid_run_re_spends_no_tokens_on_recorded_calls() {
 
     let stdout = String::from_utf8_lossy(&run(&mut deliver(dir.path(), &api)).stdout).into_owned();
     assert!(
-        stdout.contains("resuming at Tested (seq 3; attempt 1 did not finish: the process stopped while this attempt ran)"),
+        stdout.contains("resuming at Tested (seq 3; attempt 1 did not finish: the process stopped (or lost the run's lease) while this attempt ran)"),
         "{stdout}"
     );
     // The plan is not asked again; the fix whose answer never came is.

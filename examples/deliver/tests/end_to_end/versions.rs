@@ -431,8 +431,8 @@ fn the_previous_release_says_once_why_it_blocks_a_run_in_a_state_it_lacks() {
     let out = succeeds(current(workdir, "deliver-1"), "this release");
     assert!(
         out.contains(
-            "resuming at Reviewed (seq 6; attempt 1 did not finish: the process stopped while \
-             this attempt ran)"
+            "resuming at Reviewed (seq 6; attempt 1 did not finish: the process stopped (or \
+             lost the run's lease) while this attempt ran)"
         ),
         "{out}"
     );
