@@ -4,6 +4,7 @@
 use crate::error::Error;
 use crate::names::CHILD_ENDED;
 use crate::record::FailureSource;
+use crate::retention::RetentionPolicy;
 use crate::row::{OnParentCancel, ParentLink};
 use crate::store::{AfterFailure, Lease, RunInfo, RunStatus, Store, WaitOutcome};
 
@@ -213,7 +214,6 @@ pub(super) async fn cancel_cascades(f: &dyn Factory) {
 /// children; a child whose parent (or grandparent) has not ended is kept; a child whose
 /// parent is gone is a run of its own.
 pub(super) async fn prune_families(f: &dyn Factory) {
-    use crate::retention::RetentionPolicy;
     let store = f.store();
     let store = &*store;
     // n ends at 2,001 ms; o/c (its parent o never existed) at 2,002; t at 2,003, its child
@@ -239,32 +239,21 @@ pub(super) async fn prune_families(f: &dyn Factory) {
     end(ucg, "u/c/g", 1).await;
     end(uc, "u/c", 1).await;
 
-    let pruned = |policy: RetentionPolicy, now_ms: u64, dry_run: bool| async move {
-        let p = crate::store::prune(store, &policy, now_ms, dry_run)
-            .await
-            .unwrap();
-        (
-            p.run_ids,
-            p.kept_for_parents,
-            p.kept_for_children,
-            p.records,
-        )
-    };
     // The newest family is t's: kept whole, though t/c and t/c/g ended first.
     let newest = RetentionPolicy::default().keep_last(1);
     assert_eq!(
-        pruned(newest, 10_000, true).await,
+        pruned(store, newest, 10_000, true).await,
         (owned(&["n", "o/c"]), 2, 0, 2 + 3)
     );
     // By age, t's family is as old as t.
     let by_age = RetentionPolicy::older_than(std::time::Duration::ZERO);
     assert_eq!(
-        pruned(by_age, 2_003, true).await,
+        pruned(store, by_age, 2_003, true).await,
         (owned(&["n", "o/c"]), 2, 0, 2 + 3)
     );
     let everything = RetentionPolicy::default().keep_last(0);
     assert_eq!(
-        pruned(everything.clone(), 10_000, false).await,
+        pruned(store, everything.clone(), 10_000, false).await,
         (
             owned(&["n", "o/c", "t", "t/c", "t/c/g"]),
             2,
@@ -292,7 +281,7 @@ pub(super) async fn prune_families(f: &dyn Factory) {
     assert!(store.run_info("u/c/g").await.unwrap().is_some());
     end(u, "u", 1).await;
     assert_eq!(
-        pruned(everything.clone(), 10_000, false).await,
+        pruned(store, everything.clone(), 10_000, false).await,
         (owned(&["u", "u/c", "u/c/g"]), 0, 0, 2 + 2 + 2)
     );
 
@@ -312,11 +301,11 @@ pub(super) async fn prune_families(f: &dyn Factory) {
     let keep_failed = RetentionPolicy::default().keep_last(0).keep_failed();
     // Both are reported as kept for a child: v for v/c, k for k/c.
     assert_eq!(
-        pruned(keep_failed, 10_000, false).await,
+        pruned(store, keep_failed, 10_000, false).await,
         (Vec::new(), 0, 2, 0)
     );
     assert_eq!(
-        pruned(everything.clone(), 10_000, false).await,
+        pruned(store, everything.clone(), 10_000, false).await,
         (owned(&["k", "k/c"]), 0, 1, 2 + 1)
     );
     assert!(store.run_info("v").await.unwrap().is_some());
@@ -333,9 +322,29 @@ pub(super) async fn prune_families(f: &dyn Factory) {
     assert_eq!(only_v().await, (0, Vec::new()));
     assert!(store.run_info("v").await.unwrap().is_some());
     assert_eq!(
-        pruned(everything, 10_000, false).await,
+        pruned(store, everything, 10_000, false).await,
         (owned(&["v", "v/c"]), 0, 0, 2 + 2)
     );
+}
+
+/// [`prune`](crate::store::prune) of `store` by `policy` at `now_ms`: the runs it removed (or
+/// would), the children kept for their parents, the runs kept for their children, and the
+/// transition records removed.
+async fn pruned(
+    store: &dyn Store,
+    policy: RetentionPolicy,
+    now_ms: u64,
+    dry_run: bool,
+) -> (Vec<String>, u64, u64, u64) {
+    let p = crate::store::prune(store, &policy, now_ms, dry_run)
+        .await
+        .unwrap();
+    (
+        p.run_ids,
+        p.kept_for_parents,
+        p.kept_for_children,
+        p.records,
+    )
 }
 
 fn owned(ids: &[&str]) -> Vec<String> {
