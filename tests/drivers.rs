@@ -161,3 +161,189 @@ async fn two_runtimes_resuming_one_store_take_each_run_once() {
         .collect();
     assert_eq!(failures, [(0, 1, FailureSource::Interrupted)]);
 }
+
+#[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(name = "relay")]
+enum Relay {
+    #[initial]
+    #[next(Middle)]
+    Begin,
+    #[next(Done)]
+    Middle,
+    #[terminal]
+    Done,
+}
+
+/// Each state's one step appends the state's name to `ledger`; `Begin`'s tells `entered`
+/// and waits at `gate` first.
+#[derive(Clone)]
+struct Relayer {
+    ledger: PathBuf,
+    entered: mpsc::UnboundedSender<()>,
+    gate: Arc<Semaphore>,
+}
+
+impl Relayer {
+    fn append(&self, line: &str) {
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.ledger)
+            .unwrap();
+        writeln!(file, "{line}").unwrap();
+    }
+}
+
+impl RelayHandler for Relayer {
+    type Error = Error;
+
+    async fn begin(&self, ctx: &Context) -> Result<BeginNext, Error> {
+        ctx.step("begin", || async {
+            let _ = self.entered.send(());
+            let _permit = self.gate.acquire().await.unwrap();
+            self.append("begin");
+            Ok(())
+        })
+        .await?;
+        Ok(BeginNext::Middle)
+    }
+
+    async fn middle(&self, ctx: &Context) -> Result<MiddleNext, Error> {
+        ctx.step("middle", || async {
+            self.append("middle");
+            Ok(())
+        })
+        .await?;
+        Ok(MiddleNext::Done)
+    }
+}
+
+fn ledger(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Starts run "r" in a runtime over `path` serving in the background, waits until `Begin`'s
+/// step is entered, and drains with `grace` while `release` permits are added to the gate
+/// (after the drain began). Returns what the drain said, what `serve` returned, and the row.
+async fn drain_inside_begin(
+    path: &Path,
+    relayer: &Relayer,
+    entered: &mut mpsc::UnboundedReceiver<()>,
+    grace: std::time::Duration,
+    release: usize,
+) -> (loops::Drained, loops::Result<()>, loops::RunInfo) {
+    let rt = Runtime::builder()
+        .register::<Relay, _>(relayer.clone())
+        .open(path)
+        .unwrap();
+    let serving = {
+        let rt = rt.clone();
+        tokio::spawn(async move { rt.serve(std::time::Duration::from_millis(50)).await })
+    };
+    rt.start("r", Relay::Begin).await.unwrap();
+    entered.recv().await.unwrap();
+    // `join!` polls the drain first: it has begun when the gate opens.
+    let (drained, ()) = tokio::join!(rt.drain(grace), async {
+        relayer.gate.add_permits(release);
+    });
+    let served = serving.await.unwrap();
+    let info = rt.run_info("r").await.unwrap().unwrap();
+    (drained, served, info)
+}
+
+/// A drain lets a run finish the state it is in and go at the boundary: the next process
+/// takes it up at the next state, runs no recorded step again, and counts no interruption
+/// (a shutdown cuts the state: its attempt counts as interrupted, and its step in flight
+/// runs again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_lets_a_run_go_after_its_state_and_the_next_process_counts_no_interruption() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let (entered, mut entered_rx) = mpsc::unbounded_channel();
+    let relayer = Relayer {
+        ledger: dir.path().join("ledger"),
+        entered,
+        gate: Arc::new(Semaphore::new(0)),
+    };
+    let grace = std::time::Duration::from_secs(60);
+    let (drained, served, info) =
+        drain_inside_begin(&path, &relayer, &mut entered_rx, grace, 1).await;
+    assert_eq!((drained.handed_over, drained.cut), (1, 0));
+    assert!(served.is_ok(), "{served:?}");
+    // Let go in `Middle` with its attempt not begun; `Middle` did not run here.
+    assert_eq!(
+        (info.status, info.state.as_str(), info.seq, info.attempt),
+        (RunStatus::Running, "Middle", 1, 0)
+    );
+    assert_eq!(ledger(&relayer.ledger), ["begin"]);
+
+    let rt = Runtime::builder()
+        .register::<Relay, _>(relayer.clone())
+        .open(&path)
+        .unwrap();
+    let resumed = rt.resume_all().await.unwrap();
+    assert_eq!(resumed.driven.len(), 1);
+    assert_eq!(rt.wait::<Relay>("r").await.unwrap(), Relay::Done);
+    assert_eq!(ledger(&relayer.ledger), ["begin", "middle"]);
+    assert_eq!(rt.store().failures("r").await.unwrap(), vec![]);
+    let info = rt.run_info("r").await.unwrap().unwrap();
+    assert_eq!((info.attempt, info.interrupted), (1, 0));
+    let states: Vec<String> = rt
+        .store()
+        .history("r")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.state)
+        .collect();
+    assert_eq!(states, ["Begin", "Middle", "Done"]);
+    assert!(entered_rx.try_recv().is_err());
+}
+
+/// A state that outlasts the drain's grace is cut as a shutdown cuts it: the next process
+/// records the attempt as interrupted and runs the step in flight again (once in all, since
+/// the cut came before its effect).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_that_outlasts_the_grace_is_cut_and_counted_as_interrupted() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let (entered, mut entered_rx) = mpsc::unbounded_channel();
+    let relayer = Relayer {
+        ledger: dir.path().join("ledger"),
+        entered,
+        gate: Arc::new(Semaphore::new(0)),
+    };
+    let grace = std::time::Duration::from_millis(200);
+    let (drained, served, info) =
+        drain_inside_begin(&path, &relayer, &mut entered_rx, grace, 0).await;
+    assert_eq!((drained.handed_over, drained.cut), (0, 1));
+    assert!(served.is_ok(), "{served:?}");
+    assert_eq!(
+        (info.status, info.state.as_str(), info.attempt),
+        (RunStatus::Running, "Begin", 1)
+    );
+    assert!(ledger(&relayer.ledger).is_empty());
+
+    let rt = Runtime::builder()
+        .register::<Relay, _>(relayer.clone())
+        .open(&path)
+        .unwrap();
+    rt.resume_all().await.unwrap();
+    entered_rx.recv().await.unwrap();
+    relayer.gate.add_permits(1);
+    assert_eq!(rt.wait::<Relay>("r").await.unwrap(), Relay::Done);
+    assert_eq!(ledger(&relayer.ledger), ["begin", "middle"]);
+    let failures: Vec<(u64, u32, FailureSource)> = rt
+        .store()
+        .failures("r")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(seq, f)| (seq, f.attempt, f.source))
+        .collect();
+    assert_eq!(failures, [(0, 1, FailureSource::Interrupted)]);
+}

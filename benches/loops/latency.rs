@@ -287,6 +287,7 @@ fn store_writes(
                         record: bytes,
                         terminal: false,
                         at_ms,
+                        hands_over: false,
                     },
                 )
                 .await

@@ -74,8 +74,9 @@ pub use run::context::{ChildError, ChildOptions, ChildRun, Context, StepOptions,
 pub use run::dispatch::Dispatch;
 pub use run::settings::{DEFAULT_MAX_PAYLOAD_BYTES, DEFAULT_PARK_THRESHOLD};
 pub use runtime::{
-    DEFAULT_METRICS_INTERVAL, DEFAULT_RETENTION_INTERVAL, MAX_CANCEL_REASON_BYTES, Resumed, Routed,
-    Runtime, RuntimeBuilder, ScheduleStatus, Sent, StartOptions, check_cancel_reason, check_event,
+    DEFAULT_METRICS_INTERVAL, DEFAULT_RETENTION_INTERVAL, Drained, MAX_CANCEL_REASON_BYTES,
+    Resumed, Routed, Runtime, RuntimeBuilder, ScheduleStatus, Sent, StartOptions,
+    check_cancel_reason, check_event,
 };
 pub use schedule::{
     CatchUp, InvalidSchedule, MAX_CATCH_UP, MAX_SCHEDULE_NAME_BYTES, SCHEDULE_ATTRIBUTE, Schedule,

@@ -194,6 +194,7 @@ async fn store_latency(store: &dyn Store, run_id: &str, n: usize) -> (Stats, Sta
                     record: bytes,
                     terminal: false,
                     at_ms: 1,
+                    hands_over: false,
                 },
             )
             .await

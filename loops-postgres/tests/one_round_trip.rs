@@ -36,6 +36,7 @@ fn transition(run_id: &str, seq: u64) -> Write {
         record: record(seq),
         terminal: false,
         at_ms: 1_000 + seq,
+        hands_over: false,
     }
 }
 

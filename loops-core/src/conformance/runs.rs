@@ -493,6 +493,55 @@ pub(super) async fn failures_and_attempts(f: &dyn Factory) {
             ..
         })
     ));
+    handed_over(store).await;
+}
+
+/// A transition that hands the run over (a draining driver lets it go) leaves the new
+/// state's attempt not begun (0): the next driver's `BeginAttempt` begins attempt 1 and
+/// records no interruption; a plain transition's first attempt is begun (1) and is.
+async fn handed_over(store: &dyn Store) {
+    let l = create(store, "h").await;
+    let mut write = writes::transition("h", 1, "S1", record(1, "S1", r#"{"S1":1}"#), false, 3_000);
+    if let crate::store::Write::Transition { hands_over, .. } = &mut write {
+        *hands_over = true;
+    }
+    let row = store
+        .write(Some(&l), write)
+        .await
+        .unwrap()
+        .into_run("h")
+        .unwrap();
+    assert_eq!(
+        (row.seq, row.attempt, row.status),
+        (1, 0, RunStatus::Running)
+    );
+    let begun = store
+        .write(Some(&l), writes::begin_attempt("h", 1, 3, 2, 3_100))
+        .await
+        .unwrap()
+        .into_run("h")
+        .unwrap();
+    assert_eq!(
+        (begun.attempt, begun.interrupted, begun.error),
+        (1, 0, None)
+    );
+    let row = transition(store, &l, "h", 2, false).await.unwrap();
+    assert_eq!(row.attempt, 1);
+    let begun = store
+        .write(Some(&l), writes::begin_attempt("h", 2, 3, 2, 3_200))
+        .await
+        .unwrap()
+        .into_run("h")
+        .unwrap();
+    assert_eq!((begun.attempt, begun.interrupted), (2, 1));
+    let sources: Vec<(u64, u32, FailureSource)> = store
+        .failures("h")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(seq, f)| (seq, f.attempt, f.source))
+        .collect();
+    assert_eq!(sources, [(2, 1, FailureSource::Interrupted)]);
 }
 
 pub(super) async fn cancel_and_retry(f: &dyn Factory) {

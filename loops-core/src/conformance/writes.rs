@@ -64,6 +64,7 @@ pub(super) fn transition(
         record,
         terminal,
         at_ms,
+        hands_over: false,
     }
 }
 

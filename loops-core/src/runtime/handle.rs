@@ -243,6 +243,8 @@ pub(crate) enum Stopped {
     Parked(Box<RunInfo>),
     /// The run reached a terminal state.
     Ended,
+    /// The runtime drains: the driver let the run go at a state boundary.
+    HandedOver,
 }
 
 /// Drives runs of one registered version of a workflow: its handler, type-erased.
@@ -323,6 +325,7 @@ impl Runtime {
             settings: &self.inner.config.settings,
             held: claim.held(),
             kin: Some(inner),
+            draining: Some(self.inner.background.draining()),
         }
     }
 

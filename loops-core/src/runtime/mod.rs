@@ -4,13 +4,14 @@
 //! `handle` holds [`Runtime`] and what its clones share; `claims` which runs it drives;
 //! `scheduler` its background tasks and timers; `registered` the drivers of registered
 //! workflows. The public operations are `impl Runtime` blocks in `builder`, `runs`,
-//! `requests`, `queries` and `schedules`. Every file imports `handle` or nothing of this folder;
+//! `requests`, `queries`, `schedules` and `drain`. Every file imports `handle` or nothing of this folder;
 //! `handle` imports none of them but `claims` and `scheduler`.
 
 mod accepts;
 mod builder;
 mod children;
 mod claims;
+mod drain;
 mod evolve;
 mod gauges;
 mod handle;
@@ -23,6 +24,7 @@ mod scheduler;
 mod schedules;
 
 pub use builder::RuntimeBuilder;
+pub use drain::Drained;
 pub use evolve::Routed;
 pub use gauges::DEFAULT_METRICS_INTERVAL;
 pub use handle::Runtime;

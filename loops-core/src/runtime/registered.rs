@@ -72,6 +72,7 @@ where
             {
                 Driven::Parked(info) => Ok(Stopped::Parked(info)),
                 Driven::Ended(_) => Ok(Stopped::Ended),
+                Driven::HandedOver => Ok(Stopped::HandedOver),
             }
         })
     }
@@ -79,8 +80,18 @@ where
 
 impl Runtime {
     /// Spawns the background task that claims the run (unless `start` holds it already),
-    /// routes it to the version that takes it, and drives it until it ends or parks.
+    /// routes it to the version that takes it, and drives it until it ends or parks. While
+    /// the runtime drains ([`Runtime::drain`]), a run to find is left to the next process or
+    /// worker (a lease the store granted for it goes back); a run `start` holds is driven.
     pub(crate) fn spawn_background(&self, start: Start) {
+        if let Start::Find { lease, .. } = &start
+            && self.inner.background.is_draining()
+        {
+            if let Some(lease) = lease {
+                self.inner.claims.release_later(lease.clone());
+            }
+            return;
+        }
         let rt = self.clone();
         let task = async move {
             let registrations = rt.registry(Registry::generation);
@@ -131,7 +142,7 @@ impl Runtime {
             .await;
             rt.inner.background.notify_ended();
         };
-        self.inner.background.spawn_task(task);
+        self.inner.background.spawn_driver(task);
     }
 
     /// Routes the run `claim` holds (unless `prepared` is given) and drives it; returns its
@@ -245,6 +256,12 @@ impl Runtime {
                 (true, false)
             }
             Ok(Some(Stopped::Ended)) => (true, false),
+            // Let go for a drain: the next process or worker takes it up.
+            Ok(Some(Stopped::HandedOver)) => {
+                self.inner.background.count_handed_over();
+                tracing::info!(run_id, "run let go at a state boundary (draining)");
+                (false, false)
+            }
             // Blocked (said once, by the block), or gone.
             Ok(None) => (false, true),
             Err(e @ (Error::RunFailed { .. } | Error::RunCancelled { .. })) => {

@@ -217,6 +217,10 @@ impl Runtime {
                 // Attached drivers wait in place and never park.
                 run_id: info.run_id,
             }),
+            // Attached drivers are not let go by a drain.
+            Driven::HandedOver => Err(Error::RunNotFound {
+                run_id: run_id.to_owned(),
+            }),
         }
     }
 
@@ -654,7 +658,8 @@ impl Runtime {
         Ok(out)
     }
 
-    /// Keeps driving the registered workflows' runs until [`shutdown`](Self::shutdown):
+    /// Keeps driving the registered workflows' runs until [`shutdown`](Self::shutdown) or
+    /// [`drain`](Self::drain):
     /// resumes them now ([`resume_all`](Self::resume_all)); then, with a store shared by
     /// several workers (one whose leases lapse), every `poll` (at most a third of the lease
     /// time) it claims the runs that need a driver: runs no worker holds, waiting runs whose
@@ -678,7 +683,8 @@ impl Runtime {
     /// # Errors
     /// As [`resume_all`](Self::resume_all), for the first resume only, but for store faults.
     pub async fn serve(&self, poll: Duration) -> Result<()> {
-        let stopped = self.inner.background.stopped();
+        // A drain ends serving too: it claims no more runs.
+        let stopped = self.inner.background.draining();
         let (mut delay, most) = FAULT_BACKOFF;
         loop {
             match self.resume_all().await {

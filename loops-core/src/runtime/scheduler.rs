@@ -9,7 +9,7 @@
 //! work.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
@@ -57,6 +57,14 @@ pub(crate) struct Background {
     ended: Notify,
     shut_down: AtomicBool,
     stop: tokio_util::sync::CancellationToken,
+    /// Cancelled by [`drain`](Self::drain) (and by [`shutdown`](Self::shutdown), whose
+    /// token is its parent): no new driver starts, and drivers let their runs go at the next
+    /// state boundary.
+    draining: tokio_util::sync::CancellationToken,
+    /// The live drivers of runs (a subset of `tasks`), which a drain waits for.
+    drivers: TaskTracker,
+    /// Drivers that let their run go at a state boundary since the drain began.
+    handed_over: AtomicU64,
 }
 
 impl Drop for Background {
@@ -68,6 +76,7 @@ impl Drop for Background {
 
 impl Background {
     pub(crate) fn new() -> Self {
+        let stop = tokio_util::sync::CancellationToken::new();
         Background {
             tasks: TaskTracker::new(),
             timers: Mutex::new(BTreeSet::new()),
@@ -76,7 +85,10 @@ impl Background {
             renewer: AtomicBool::new(false),
             ended: Notify::new(),
             shut_down: AtomicBool::new(false),
-            stop: tokio_util::sync::CancellationToken::new(),
+            draining: stop.child_token(),
+            stop,
+            drivers: TaskTracker::new(),
+            handed_over: AtomicU64::new(0),
         }
     }
 
@@ -109,6 +121,41 @@ impl Background {
             },
             &handle,
         );
+    }
+
+    /// [`spawn_task`](Self::spawn_task) for a run's driver, which a drain waits for.
+    pub(crate) fn spawn_driver(
+        &self,
+        task: impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
+        let task = self.drivers.track_future(task);
+        self.spawn_task(task);
+    }
+
+    /// Whether a drain (or a shutdown) began: no new driver should start.
+    pub(crate) fn is_draining(&self) -> bool {
+        self.draining.is_cancelled()
+    }
+
+    /// Cancelled when a drain or a shutdown begins.
+    pub(crate) fn draining(&self) -> tokio_util::sync::CancellationToken {
+        self.draining.clone()
+    }
+
+    /// Counts a driver that let its run go at a state boundary during a drain.
+    pub(crate) fn count_handed_over(&self) {
+        self.handed_over.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Begins a drain and waits up to `grace` for the live drivers to stop; returns how many
+    /// let their run go at a state boundary and how many were still driving at the end of
+    /// `grace` (stopped by the shutdown that follows).
+    pub(crate) async fn drain(&self, grace: Duration) -> (u64, u64) {
+        self.draining.cancel();
+        self.drivers.close();
+        let _ = tokio::time::timeout(grace, self.drivers.wait()).await;
+        let cut = self.drivers.len() as u64;
+        (self.handed_over.load(Ordering::Relaxed), cut)
     }
 
     /// Arms timers, each starting a driver for its run at its time (ms since the Unix
@@ -157,11 +204,6 @@ impl Background {
     #[cfg(test)]
     pub(crate) fn live_tasks(&self) -> usize {
         self.tasks.len()
-    }
-
-    /// Cancelled by [`shutdown`](Self::shutdown).
-    pub(crate) fn stopped(&self) -> tokio_util::sync::CancellationToken {
-        self.stop.clone()
     }
 
     pub(crate) async fn shutdown(&self) {

@@ -79,7 +79,15 @@ fn own_effects<'w>(
             record,
             terminal,
             at_ms,
-        } => transition(run_id, *seq, state, record, *terminal, *at_ms, &g),
+            hands_over,
+        } => transition(
+            run_id,
+            *seq,
+            (state, record),
+            (*terminal, *hands_over),
+            *at_ms,
+            &g,
+        ),
         Write::Step {
             run_id,
             seq,
@@ -216,12 +224,14 @@ fn set_attributes<'w>(
 /// `terminal`: whether the state ends the run. The run keeps its schema: a record is written
 /// by the version with the row's schema (a run of another is migrated or accepted first,
 /// by a record of its own: [`Write::Migrate`]).
+/// `(terminal, hands_over)`: the new state ends the run; the driver lets the run go after
+/// this commit, so the new state's first attempt is not begun (attempt 0: the next driver's
+/// `BeginAttempt` counts no interruption).
 fn transition<'w>(
     run_id: &'w str,
     seq: u64,
-    state: &str,
-    record: &'w [u8],
-    terminal: bool,
+    (state, record): (&str, &'w [u8]),
+    (terminal, hands_over): (bool, bool),
     at_ms: u64,
     g: &Given<'_, '_>,
 ) -> Result<Effects<'w>> {
@@ -237,7 +247,7 @@ fn transition<'w>(
     new.seq = seq;
     new.entered = None;
     state.clone_into(&mut new.state);
-    new.attempt = 1;
+    new.attempt = u32::from(!hands_over);
     new.attempt_base = 0;
     new.interrupted = 0;
     new.updated_ms = at_ms;

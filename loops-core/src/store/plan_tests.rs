@@ -35,6 +35,7 @@ fn transition(seq: u64, terminal: bool) -> Write {
         record: b"{}".to_vec(),
         terminal,
         at_ms: 99,
+        hands_over: false,
     }
 }
 

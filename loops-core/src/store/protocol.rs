@@ -48,6 +48,11 @@ pub enum Write {
         terminal: bool,
         /// Commit time, ms since the Unix epoch.
         at_ms: u64,
+        /// Whether the driver lets the run go once this is committed (a draining runtime,
+        /// [`Runtime::drain`](crate::Runtime::drain)): the new state's first attempt is then
+        /// not begun (the row's attempt is 0), so the worker or process that takes the run up
+        /// begins it without counting an interruption. `false` for every other transition.
+        hands_over: bool,
     },
     /// Record a step's output.
     Step {

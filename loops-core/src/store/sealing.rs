@@ -465,6 +465,7 @@ impl Payloads {
                 record,
                 terminal,
                 at_ms,
+                hands_over,
             } => Write::Transition {
                 record: self.seal_record(&run_id, &record)?,
                 run_id,
@@ -472,6 +473,7 @@ impl Payloads {
                 state,
                 terminal,
                 at_ms,
+                hands_over,
             },
             Write::Step {
                 run_id,

@@ -56,6 +56,9 @@ pub(crate) enum Driven<W> {
     Ended(W),
     /// The run is waiting and holds no task ([`Mode::Background`] only).
     Parked(Box<RunInfo>),
+    /// The runtime drains: the driver let the run go at a state boundary, with no attempt of
+    /// the current state begun ([`Mode::Background`] only).
+    HandedOver,
 }
 
 /// A run as found (or created) by [`Drive::enter`].
@@ -93,6 +96,9 @@ pub(crate) struct Drive<'a> {
     pub(crate) held: &'a Held,
     /// The runtime, for the child runs the handler starts.
     pub(crate) kin: Option<std::sync::Weak<dyn Kin>>,
+    /// Cancelled when the runtime drains: a background driver lets its run go at the next
+    /// state boundary. `None`: never (a driver outside a runtime).
+    pub(crate) draining: Option<tokio_util::sync::CancellationToken>,
 }
 
 /// Where the drive loop stands between two looks at the run's row.
@@ -129,6 +135,16 @@ enum Settled<W> {
 impl Drive<'_> {
     fn run_id(&self) -> &str {
         &self.held.run_id
+    }
+
+    /// Whether this driver lets its run go at the next state boundary: a background driver
+    /// of a runtime that drains ([`Runtime::drain`](crate::Runtime::drain)). It commits the
+    /// state's transition with `hands_over`, leaving the next state's attempt not begun (and
+    /// not counted), and stops; a driver that has begun no attempt (it resumed the run and
+    /// has not run its handler) stops at once, and the next driver begins that attempt,
+    /// counting what this one would have.
+    fn drains(&self, mode: Mode) -> bool {
+        mode == Mode::Background && self.draining.as_ref().is_some_and(|d| d.is_cancelled())
     }
 
     /// Ms since the Unix epoch by the runtime's clock.
@@ -322,6 +338,10 @@ impl Drive<'_> {
                 Settled::Again => continue,
                 Settled::Handle => {}
             }
+            // Draining, with no attempt begun: the next driver begins it (see `drains`).
+            if !run.fresh && self.drains(mode) {
+                return Ok(Driven::HandedOver);
+            }
             let value: W = run.record.decode(run_id)?;
             let state = value.state();
             if !run.fresh && !self.begin_attempt::<W>(run, state).await? {
@@ -387,7 +407,12 @@ impl Drive<'_> {
                         // Cancelled while the state ran: the run ends where it is.
                         continue;
                     }
-                    match self.commit_transition(run, state, next, started).await {
+                    match self
+                        .commit_transition(run, state, next, started, mode)
+                        .await
+                    {
+                        // Draining: let go at this boundary (see `drains`).
+                        Ok(true) => return Ok(Driven::HandedOver),
                         // The store refused the transition for a cancellation asked for
                         // meanwhile (another process's, say): read the row, which ends it.
                         Err(Error::RunCancelled { .. }) => run.info = self.reread().await?,
@@ -399,7 +424,7 @@ impl Drive<'_> {
                             let failure = Failure::Handler(Box::new(e));
                             self.record_failure::<W>(run, state, failure).await?;
                         }
-                        done => done?,
+                        done => drop(done?),
                     }
                 }
                 Outcome::Failed(failure) => {

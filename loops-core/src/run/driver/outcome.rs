@@ -55,17 +55,21 @@ impl Drive<'_> {
         }
     }
 
-    /// Commits the move from `state` to `next`, after checking it is an allowed one.
+    /// Commits the move from `state` to `next`, after checking it is an allowed one; returns
+    /// whether the driver lets the run go now (`mode` drains, see `Drive::drains`: the
+    /// transition was committed with `hands_over`, and the run goes on).
     pub(super) async fn commit_transition<W: Workflow>(
         &self,
         run: &mut Progress,
         state: W::State,
         next: W,
         started: Instant,
-    ) -> Result<()> {
+        mode: super::Mode,
+    ) -> Result<bool> {
         let run_id = self.run_id();
         let seq = run.info.seq;
         let to = next.state();
+        let hands_over = self.drains(mode) && !to.is_terminal();
         if !state.can_move_to(to) {
             return Err(Error::IllegalTransition {
                 run_id: run_id.to_owned(),
@@ -93,6 +97,7 @@ impl Drive<'_> {
                     record: next_record.to_bytes(),
                     terminal: to.is_terminal(),
                     at_ms: now,
+                    hands_over,
                 },
             )
             .await?
@@ -109,7 +114,7 @@ impl Drive<'_> {
         run.fresh = true;
         run.entered_here = true;
         run.last_error = None;
-        Ok(())
+        Ok(hands_over && run.info.status == crate::status::RunStatus::Running)
     }
 
     /// Records the failed attempt at `state` and what follows it: a retry at a time its

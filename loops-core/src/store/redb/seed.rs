@@ -60,6 +60,7 @@ impl RedbStore {
                         record: record.to_bytes(),
                         terminal: state.is_terminal(),
                         at_ms: now,
+                        hands_over: false,
                     }
                 };
                 let after = seq.checked_add(1).ok_or_else(|| {
