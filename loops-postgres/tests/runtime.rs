@@ -38,6 +38,8 @@ struct Agent {
     fail_work: u32,
     /// `Work` takes this long after its step.
     work_delay: Duration,
+    /// `Work` waits for a permit of this after its step.
+    work_gate: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 impl Agent {
@@ -70,6 +72,9 @@ impl JobHandler for Arc<Agent> {
             .await?;
         if !self.work_delay.is_zero() {
             tokio::time::sleep(self.work_delay).await;
+        }
+        if let Some(gate) = &self.work_gate {
+            let _permit = gate.acquire().await?;
         }
         anyhow::ensure!(
             ctx.attempt() > self.fail_work,
@@ -419,6 +424,66 @@ async fn a_run_moves_to_another_worker_when_its_driver_stops() {
             .collect::<Vec<_>>(),
         vec![(1, 1, loops::FailureSource::Interrupted)]
     );
+    second.shutdown().await;
+    serving.await.unwrap().unwrap();
+}
+
+/// A drained worker lets its run go when the state it is in has committed its transition,
+/// and gives the lease back: another worker takes the run at its next poll, long before the
+/// lease (60 s) would lapse, runs nothing the first recorded, and counts no interruption.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_worker_hands_its_run_to_another_at_the_state_boundary() {
+    let schema = common::TestSchema::new("r_drain").await;
+    let ttl = Duration::from_secs(60);
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let slow = Arc::new(Agent {
+        work_gate: Some(Arc::clone(&gate)),
+        ..Agent::default()
+    });
+    let first = Runtime::builder()
+        .register::<Job, _>(slow.clone())
+        .build(schema.store(ttl).await);
+    first.start("m", Job::Start { n: 0 }).await.unwrap();
+    for _ in 0..500 {
+        if !first.store().steps("m", 1).await.unwrap().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Inside `Work`, after its step: the drain lets `Work` finish (`join!` polls the drain
+    // first, so it has begun when the gate opens) and stops at `Approve`.
+    let (drained, ()) = tokio::join!(first.drain(Duration::from_secs(30)), async {
+        gate.add_permits(1);
+    });
+    assert_eq!((drained.handed_over, drained.cut), (1, 0));
+    let info = first.run_info("m").await.unwrap().unwrap();
+    assert_eq!(
+        (info.state.as_str(), info.seq, info.attempt, info.status),
+        ("Approve", 2, 0, RunStatus::Running)
+    );
+
+    let agent = Arc::new(Agent::default());
+    let second = Runtime::builder()
+        .register::<Job, _>(agent.clone())
+        .build(schema.store(ttl).await);
+    let serving = {
+        let second = second.clone();
+        tokio::spawn(async move { second.serve(Duration::from_millis(50)).await })
+    };
+    until_status(&second, "m", RunStatus::Waiting).await;
+    second.send("m", "approval", "fin").await.unwrap();
+    assert_eq!(
+        second.wait::<Job>("m").await.unwrap(),
+        Job::Done {
+            acc: 0,
+            by: "fin".into()
+        }
+    );
+    assert_eq!(slow.calls(), [("Start", 0, 1), ("Work", 1, 1)]);
+    assert_eq!(slow.effects.load(Ordering::SeqCst), 1);
+    assert_eq!(agent.effects.load(Ordering::SeqCst), 0);
+    assert_eq!(agent.calls(), [("Approve", 2, 1), ("Approve", 2, 1)]);
+    assert_eq!(second.store().failures("m").await.unwrap(), vec![]);
     second.shutdown().await;
     serving.await.unwrap().unwrap();
 }

@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use futures_util::FutureExt;
 use tokio::sync::Notify;
+use tokio_util::task::TaskTracker;
 
 use crate::error::{Error, Result};
 use crate::run::settings::{Held, Signals};
@@ -28,6 +29,8 @@ pub(crate) struct Claims {
     /// Notified when a claim ends, or a woken run's driver stops before claiming it: a place
     /// under `max_active_runs` may be free (the timer loop waits on it).
     freed: Arc<Notify>,
+    /// The tasks giving leases back, which a drain waits for ([`Claims::released`]).
+    releasing: TaskTracker,
 }
 
 /// A run woken by its timer, counted against `max_active_runs` from the wake until its
@@ -50,6 +53,7 @@ pub(crate) struct Claim {
     store: Arc<dyn Store>,
     active: Active,
     freed: Arc<Notify>,
+    releasing: TaskTracker,
     held: Held,
 }
 
@@ -73,7 +77,7 @@ impl Drop for Claim {
             .remove(&self.held.run_id);
         self.freed.notify_one();
         // Leases are given back, so that another worker (or runtime) may take the run at once.
-        release_later(&self.store, self.held.lease.clone());
+        release_later(&self.store, &self.releasing, self.held.lease.clone());
     }
 }
 
@@ -86,7 +90,16 @@ impl Claims {
             asked: Mutex::new(HashMap::new()),
             waking: Arc::new(AtomicUsize::new(0)),
             freed: Arc::new(Notify::new()),
+            releasing: TaskTracker::new(),
         }
+    }
+
+    /// Resolves once every lease given back so far is released in the store (a drain waits
+    /// for it, so that another worker can take its runs at once).
+    pub(crate) async fn released(&self) {
+        self.releasing.close();
+        self.releasing.wait().await;
+        self.releasing.reopen();
     }
 
     /// Counts a run woken by its timer until the returned [`Waking`] is dropped.
@@ -185,6 +198,7 @@ impl Claims {
             store: Arc::clone(&self.store),
             active: Arc::clone(&self.active),
             freed: Arc::clone(&self.freed),
+            releasing: self.releasing.clone(),
             held: Held {
                 run_id: run_id.to_owned(),
                 signals,
@@ -223,7 +237,7 @@ impl Claims {
 
     /// Gives `lease` back in a task of its own, when the store's leases lapse.
     pub(crate) fn release_later(&self, lease: Lease) {
-        release_later(&self.store, lease);
+        release_later(&self.store, &self.releasing, lease);
     }
 
     /// Renews the leases of the runs this runtime drives; a driver whose lease was lost is
@@ -272,7 +286,7 @@ impl Claims {
 
 /// Gives `lease` back to `store`: at once if the store's leases never lapse (the redb
 /// store keeps them in memory, and its release is ready at once), else in a task of its own.
-fn release_later(store: &Arc<dyn Store>, lease: Lease) {
+fn release_later(store: &Arc<dyn Store>, releasing: &TaskTracker, lease: Lease) {
     if store.lease_ttl().is_none() {
         match store.release(&lease).now_or_never() {
             Some(Ok(())) => return,
@@ -286,10 +300,13 @@ fn release_later(store: &Arc<dyn Store>, lease: Lease) {
     }
     if let Ok(handle) = tokio::runtime::Handle::try_current() {
         let store = Arc::clone(store);
-        handle.spawn(async move {
-            if let Err(e) = store.release(&lease).await {
-                tracing::warn!(run_id = %lease.run_id, error = %e, "could not release a lease");
-            }
-        });
+        releasing.spawn_on(
+            async move {
+                if let Err(e) = store.release(&lease).await {
+                    tracing::warn!(run_id = %lease.run_id, error = %e, "could not release a lease");
+                }
+            },
+            &handle,
+        );
     }
 }

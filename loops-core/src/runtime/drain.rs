@@ -5,6 +5,9 @@ use std::time::Duration;
 
 use super::handle::Runtime;
 
+/// The least time a drain waits for the leases it gives back, past `grace` if need be.
+const RELEASES: Duration = Duration::from_secs(1);
+
 /// What [`Runtime::drain`] did with the runs it drove in the background.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -40,8 +43,15 @@ impl Runtime {
     /// at its first transition); runs the program awaits itself ([`run`](Self::run)) are its
     /// own to stop. Returns how many runs were let go and how many cut.
     pub async fn drain(&self, grace: Duration) -> Drained {
+        let began = tokio::time::Instant::now();
         let (handed_over, cut) = self.inner.background.drain(grace).await;
         self.shutdown().await;
+        // The leases of the runs let go (or cut) are given back in tasks of their own: waited
+        // for, within what is left of `grace` but at least a second, so that a process that
+        // exits after the drain leaves its runs free for another worker at once, not after
+        // the lease time.
+        let left = grace.saturating_sub(began.elapsed()).max(RELEASES);
+        let _ = tokio::time::timeout(left, self.inner.claims.released()).await;
         Drained { handed_over, cut }
     }
 }
