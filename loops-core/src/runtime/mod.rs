@@ -4,14 +4,13 @@
 //! `handle` holds [`Runtime`] and what its clones share; `claims` which runs it drives;
 //! `scheduler` its background tasks and timers; `registered` the drivers of registered
 //! workflows. The public operations are `impl Runtime` blocks in `builder`, `runs`,
-//! `requests`, `queries`, `schedules` and `drain`. Every file imports `handle` or nothing of this folder;
+//! `requests`, `queries`, `schedules` and `serve`. Every file imports `handle` or nothing of this folder;
 //! `handle` imports none of them but `claims` and `scheduler`.
 
 mod accepts;
 mod builder;
 mod children;
 mod claims;
-mod drain;
 mod evolve;
 mod gauges;
 mod handle;
@@ -22,9 +21,9 @@ mod retention;
 mod runs;
 mod scheduler;
 mod schedules;
+mod serve;
 
 pub use builder::RuntimeBuilder;
-pub use drain::Drained;
 pub use evolve::Routed;
 pub use gauges::DEFAULT_METRICS_INTERVAL;
 pub use handle::Runtime;
@@ -32,3 +31,4 @@ pub use requests::{MAX_CANCEL_REASON_BYTES, Sent, check_cancel_reason, check_eve
 pub use retention::DEFAULT_RETENTION_INTERVAL;
 pub use runs::{Resumed, StartOptions};
 pub use schedules::ScheduleStatus;
+pub use serve::Drained;

@@ -221,12 +221,11 @@ fn set_attributes<'w>(
     Ok(effects)
 }
 
-/// `terminal`: whether the state ends the run. The run keeps its schema: a record is written
-/// by the version with the row's schema (a run of another is migrated or accepted first,
-/// by a record of its own: [`Write::Migrate`]).
-/// `(terminal, hands_over)`: the new state ends the run; the driver lets the run go after
-/// this commit, so the new state's first attempt is not begun (attempt 0: the next driver's
-/// `BeginAttempt` counts no interruption).
+/// `(terminal, hands_over)`: whether the new state ends the run; whether the driver lets the
+/// run go after this commit, so that the new state's first attempt is not begun (attempt 0:
+/// the next driver's `BeginAttempt` counts no interruption). The run keeps its schema: a
+/// record is written by the version with the row's schema (a run of another is migrated or
+/// accepted first, by a record of its own: [`Write::Migrate`]).
 fn transition<'w>(
     run_id: &'w str,
     seq: u64,
