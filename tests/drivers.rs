@@ -347,3 +347,66 @@ async fn a_state_that_outlasts_the_grace_is_cut_and_counted_as_interrupted() {
         .collect();
     assert_eq!(failures, [(0, 1, FailureSource::Interrupted)]);
 }
+
+/// `enqueue` records a run that a runtime without its workflow does not drive: its attempt
+/// is not begun (0), queuing the id again returns that run, and the process that registers
+/// the workflow takes it up, beginning attempt 1 with no interruption counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_run_is_driven_by_the_runtime_that_registers_its_workflow() {
+    let dir = tempfile::tempdir().unwrap();
+    let (entered, mut entered_rx) = mpsc::unbounded_channel();
+    let relayer = Relayer {
+        ledger: dir.path().join("ledger"),
+        entered,
+        gate: Arc::new(Semaphore::new(1)),
+    };
+    let store = RedbStore::open(dir.path().join("store.redb")).unwrap();
+    let front = Runtime::builder().build(store.clone());
+    let options = || loops::StartOptions::default().attribute("issue", 17);
+    let queued = front.enqueue("q", Relay::Begin, options()).await.unwrap();
+    assert_eq!(
+        (
+            queued.status,
+            queued.state.as_str(),
+            queued.seq,
+            queued.attempt
+        ),
+        (RunStatus::Running, "Begin", 0, 0)
+    );
+    let again = front.enqueue("q", Relay::Begin, options()).await.unwrap();
+    assert_eq!(again, queued);
+    let refused = front
+        .enqueue("q2", Relay::Middle, options())
+        .await
+        .unwrap_err();
+    assert!(matches!(refused, Error::NotInitial { .. }), "{refused:?}");
+    assert!(front.run_info("q2").await.unwrap().is_none());
+    assert!(
+        entered_rx.try_recv().is_err(),
+        "the front end drove the run"
+    );
+
+    let worker = Runtime::builder()
+        .register::<Relay, _>(relayer.clone())
+        .build(store);
+    let resumed = worker.resume_all().await.unwrap();
+    assert_eq!(resumed.driven.len(), 1);
+    assert_eq!(worker.wait::<Relay>("q").await.unwrap(), Relay::Done);
+    assert_eq!(ledger(&relayer.ledger), ["begin", "middle"]);
+    assert_eq!(worker.store().failures("q").await.unwrap(), vec![]);
+    let attributes = worker.store().attributes("q").await.unwrap();
+    assert_eq!(
+        attributes.get("issue"),
+        Some(&loops::AttributeValue::from(17))
+    );
+    // A runtime that registers the workflow drives what it queues, as `start` does.
+    relayer.gate.add_permits(1);
+    worker
+        .enqueue("q3", Relay::Begin, loops::StartOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(worker.wait::<Relay>("q3").await.unwrap(), Relay::Done);
+    let info = worker.run_info("q3").await.unwrap().unwrap();
+    assert_eq!((info.attempt, info.interrupted), (1, 0));
+    assert_eq!(worker.store().failures("q3").await.unwrap(), vec![]);
+}

@@ -487,3 +487,40 @@ async fn a_drained_worker_hands_its_run_to_another_at_the_state_boundary() {
     second.shutdown().await;
     serving.await.unwrap().unwrap();
 }
+
+/// A front end that registers no workflow queues a run; a worker that polls only every
+/// minute takes it up at once, woken by the queuing commit's notification, and begins its
+/// first attempt without counting an interruption.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_queued_by_a_front_end_is_taken_up_by_a_worker_at_once() {
+    let schema = common::TestSchema::new("r_queue").await;
+    let agent = Arc::new(Agent::default());
+    let worker = Runtime::builder()
+        .register::<Job, _>(agent.clone())
+        .build(schema.store(TTL).await);
+    let serving = {
+        let worker = worker.clone();
+        tokio::spawn(async move { worker.serve(Duration::from_secs(60)).await })
+    };
+    // The worker's first resume is over (it found nothing) before the run is queued.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let front = Runtime::builder().build(schema.store(TTL).await);
+    let queued = front
+        .enqueue("q", Job::Start { n: 0 }, loops::StartOptions::default())
+        .await
+        .unwrap();
+    assert_eq!((queued.status, queued.attempt), (RunStatus::Running, 0));
+    until_status(&worker, "q", RunStatus::Waiting).await;
+    front.send("q", "approval", "front").await.unwrap();
+    assert_eq!(
+        worker.wait::<Job>("q").await.unwrap(),
+        Job::Done {
+            acc: 0,
+            by: "front".into()
+        }
+    );
+    assert_eq!(agent.calls()[..2], [("Start", 0, 1), ("Work", 1, 1)]);
+    assert_eq!(worker.store().failures("q").await.unwrap(), vec![]);
+    worker.shutdown().await;
+    serving.await.unwrap().unwrap();
+}

@@ -323,6 +323,85 @@ impl Runtime {
         Ok(info)
     }
 
+    /// Records the run `run_id` of workflow `W` in `initial` without driving it here: the
+    /// process or worker that serves `W` takes it up, as it takes up any run that needs a
+    /// driver (on PostgreSQL, at once: the commit notifies the workers that listen, and the
+    /// others claim it at their next poll; on a redb store, at the next
+    /// [`resume_all`](Self::resume_all) of the process that holds the file). For a program
+    /// that only queues work, such as a web front-end of a fleet of workers: no handler need be
+    /// registered. If this runtime registers `W`, it drives the run itself, as
+    /// [`start`](Self::start) would. The run's first attempt is not begun (the row's attempt
+    /// is 0): the driver that takes it up begins attempt 1, counting no interruption. A run
+    /// that exists already is left as it is (`initial` is ignored) and its row returned, so
+    /// queuing the same run id twice queues one run.
+    ///
+    /// # Errors
+    /// [`Error::NotInitial`](crate::Error::NotInitial) if `initial` is not `W`'s initial
+    /// state; [`Error::WorkflowMismatch`](crate::Error::WorkflowMismatch) if the run exists as
+    /// another workflow; [`Error::InvalidRunId`](crate::Error::InvalidRunId),
+    /// [`Error::InvalidAttribute`](crate::Error::InvalidAttribute) and
+    /// [`Error::PayloadTooLarge`](crate::Error::PayloadTooLarge) for what a creation refuses
+    /// (nothing is written); a store error.
+    pub async fn enqueue<W: Workflow>(
+        &self,
+        run_id: &str,
+        initial: W,
+        options: StartOptions,
+    ) -> Result<RunInfo> {
+        crate::names::validate_run_id(run_id)?;
+        let given = initial.state();
+        if given != <W::State as StateId>::INITIAL {
+            return Err(Error::NotInitial {
+                run_id: run_id.to_owned(),
+                workflow: W::NAME,
+                initial: <W::State as StateId>::INITIAL.name(),
+                given: given.name(),
+            });
+        }
+        let found = |info: RunInfo| {
+            check_workflow::<W>(&info)?;
+            Ok(info)
+        };
+        if let Some(info) = self.store().run_info(run_id).await? {
+            return found(info);
+        }
+        let now = self.now_ms();
+        let record = TransitionRecord::encode(run_id, 0, &initial, now)?;
+        self.inner.config.settings.check_size(run_id, &record)?;
+        let mut info = RunInfo::new_run::<W>(run_id, given, now);
+        info.attempt = 0;
+        let write = crate::store::Write::Create {
+            info,
+            record: record.to_bytes(),
+            schema_text: W::SCHEMA,
+            attributes: options.into_attributes(run_id, given.name())?,
+        };
+        // No lease: the write tells the workers that a run needs a driver (`Effects::wakes`).
+        let info = match self.store().write(None, write).await {
+            Ok(reply) => reply.into_run(run_id)?,
+            // Queued (or started) meanwhile by another caller: that run stands.
+            Err(Error::SequenceConflict { .. }) => match self.store().run_info(run_id).await? {
+                Some(info) => return found(info),
+                None => {
+                    return Err(Error::RunNotFound {
+                        run_id: run_id.to_owned(),
+                    });
+                }
+            },
+            Err(e) => return Err(e),
+        };
+        tracing::info!(
+            run_id,
+            workflow = W::NAME,
+            state = given.name(),
+            "run queued"
+        );
+        if info.status == RunStatus::Running {
+            self.spawn_driver(W::NAME, run_id);
+        }
+        Ok(info)
+    }
+
     /// Routes a found run for an attached driver of `W`: to `W` itself (unblocking or
     /// migrating it as needed), returning it with the schema `W` accepts it as, if it does;
     /// else refuses with `SchemaMismatch`, blocking the run only if no registered version can
