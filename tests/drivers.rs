@@ -251,6 +251,9 @@ async fn drain_inside_begin(
         relayer.gate.add_permits(release);
     });
     let served = serving.await.unwrap();
+    // A second drain has nothing left to let go or cut.
+    let again = rt.drain(grace).await;
+    assert_eq!((again.handed_over, again.cut), (0, 0));
     let info = rt.run_info("r").await.unwrap().unwrap();
     (drained, served, info)
 }

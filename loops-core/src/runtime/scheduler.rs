@@ -155,7 +155,8 @@ impl Background {
         self.drivers.close();
         let _ = tokio::time::timeout(grace, self.drivers.wait()).await;
         let cut = self.drivers.len() as u64;
-        (self.handed_over.load(Ordering::Relaxed), cut)
+        // Counted once: a second drain reports only what it let go itself.
+        (self.handed_over.swap(0, Ordering::Relaxed), cut)
     }
 
     /// Arms timers, each starting a driver for its run at its time (ms since the Unix
