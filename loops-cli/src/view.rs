@@ -360,6 +360,16 @@ impl EventView {
     }
 }
 
+/// A run's current attempt in words: `attempt N`, or, for 0, that none is begun yet (a run
+/// queued by `Runtime::enqueue`, or let go by a draining driver at a state it had just
+/// entered). For `loops show` and the UI's run page.
+pub fn attempt_text(attempt: u32) -> String {
+    match attempt {
+        0 => "no attempt begun yet".to_owned(),
+        n => format!("attempt {n}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -40,7 +40,9 @@ pub struct RunInfo {
     /// The current state's sequence number (the latest transition record's key).
     pub seq: u64,
     /// Attempts started at handling the current state, from 1 (counting on across an
-    /// explicit retry of a failed run).
+    /// explicit retry of a failed run); 0 while none is begun: a run queued by
+    /// [`Runtime::enqueue`](crate::Runtime::enqueue), or let go by a draining driver
+    /// ([`Runtime::drain`](crate::Runtime::drain)) at the state it had just entered.
     pub attempt: u32,
     /// Attempts made before the last explicit retry of a failed run: the retry policy's
     /// budget counts from here.

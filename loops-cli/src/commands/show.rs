@@ -148,14 +148,7 @@ fn fields(
         0 => String::new(),
         base => format!("; retried after attempt {base}"),
     };
-    field(
-        "state",
-        format!(
-            "{} (seq {}, attempt {}{retried})",
-            info.state, info.seq, info.attempt
-        ),
-        PLAIN,
-    );
+    field("state", state_text(info, &retried), PLAIN);
     let waiting = waiting_text(info, now);
     // A blocked run's reason has a row of its own, below.
     if !waiting.is_empty() && info.status != RunStatus::Blocked {
@@ -259,9 +252,33 @@ fn when(at: u64, now: u64) -> String {
     format!("{} ({})", rfc3339(at), relative(at, now))
 }
 
+/// The run's state, seq and attempt (`retried`: what a retry adds), in words.
+fn state_text(info: &RunInfo, retried: &str) -> String {
+    let attempt = crate::view::attempt_text(info.attempt);
+    format!("{} (seq {}, {attempt}{retried})", info.state, info.seq)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A queued run (or one a drain let go) has no attempt begun: said so, not "attempt 0".
+    #[test]
+    fn a_run_with_no_attempt_begun_says_so() {
+        let row = |attempt: u32| -> RunInfo {
+            serde_json::from_value(serde_json::json!({
+                "run_id": "q", "workflow": "work", "schema": "0000000000000009",
+                "status": "running", "state": "Begin", "seq": 0, "attempt": attempt,
+                "created_ms": 0, "updated_ms": 0,
+            }))
+            .unwrap()
+        };
+        assert_eq!(
+            state_text(&row(0), ""),
+            "Begin (seq 0, no attempt begun yet)"
+        );
+        assert_eq!(state_text(&row(2), ""), "Begin (seq 0, attempt 2)");
+    }
 
     #[test]
     fn a_failed_run_says_after_how_many_attempts_and_interruptions_it_gave_up() {

@@ -78,7 +78,7 @@ fn summary(info: &RunInfo, attributes: Option<&Attributes>, now: u64) -> Markup 
         dl {
             dt { "status" } dd #status { (status(info.status)) }
             dt { "workflow" } dd { (info.workflow) }
-            dt { "state" } dd { span #state { (info.state) } " (seq " (info.seq) ", attempt " (info.attempt) ")" }
+            dt { "state" } dd { span #state { (info.state) } " (seq " (info.seq) ", " (crate::view::attempt_text(info.attempt)) ")" }
             @if !waiting.is_empty() {
                 dt { "waiting for" } dd #waiting { (waiting) }
             }
