@@ -349,15 +349,7 @@ impl Runtime {
         options: StartOptions,
     ) -> Result<RunInfo> {
         crate::names::validate_run_id(run_id)?;
-        let given = initial.state();
-        if given != <W::State as StateId>::INITIAL {
-            return Err(Error::NotInitial {
-                run_id: run_id.to_owned(),
-                workflow: W::NAME,
-                initial: <W::State as StateId>::INITIAL.name(),
-                given: given.name(),
-            });
-        }
+        let given = crate::run::driver::initial_state(run_id, &initial)?;
         let found = |info: RunInfo| {
             check_workflow::<W>(&info)?;
             Ok(info)

@@ -252,15 +252,7 @@ impl Context {
                 reason,
             })?;
         }
-        let given = initial.state();
-        if given != <W::State as StateId>::INITIAL {
-            return Err(Error::NotInitial {
-                run_id: child_id.to_owned(),
-                workflow: W::NAME,
-                initial: <W::State as StateId>::INITIAL.name(),
-                given: given.name(),
-            });
-        }
+        let given = crate::run::driver::initial_state(child_id, &initial)?;
         let now = self.run.time.now_ms();
         let record = TransitionRecord::encode(child_id, 0, &initial, now)?;
         let bytes = record.payload.get().len();

@@ -217,15 +217,7 @@ impl Drive<'_> {
         let run_id = self.run_id();
         validate_run_id(run_id)?;
         let store = &**self.store;
-        let given = initial.state();
-        if given != <W::State as StateId>::INITIAL {
-            return Err(Error::NotInitial {
-                run_id: run_id.to_owned(),
-                workflow: W::NAME,
-                initial: <W::State as StateId>::INITIAL.name(),
-                given: given.name(),
-            });
-        }
+        let given = initial_state(run_id, &initial)?;
         let now = self.now();
         let record = TransitionRecord::encode(run_id, 0, &initial, now)?;
         self.settings.check_size(run_id, &record)?;
@@ -439,6 +431,24 @@ impl Drive<'_> {
             }
         }
     }
+}
+
+/// The state of `initial`, if it is `W`'s initial state: the one check of every creation of
+/// a run (a driver's, a child's, a queued one's).
+///
+/// # Errors
+/// [`Error::NotInitial`] otherwise, naming the run `run_id`.
+pub(crate) fn initial_state<W: Workflow>(run_id: &str, initial: &W) -> Result<W::State> {
+    let given = initial.state();
+    if given != <W::State as StateId>::INITIAL {
+        return Err(Error::NotInitial {
+            run_id: run_id.to_owned(),
+            workflow: W::NAME,
+            initial: <W::State as StateId>::INITIAL.name(),
+            given: given.name(),
+        });
+    }
+    Ok(given)
 }
 
 /// What changed between the stored schema description of `stored` and `W`'s compiled one
