@@ -413,3 +413,40 @@ async fn a_queued_run_is_driven_by_the_runtime_that_registers_its_workflow() {
     assert_eq!((info.attempt, info.interrupted), (1, 0));
     assert_eq!(worker.store().failures("q3").await.unwrap(), vec![]);
 }
+
+/// A run started on a runtime that drained is recorded for the next process, its first
+/// attempt not begun: that process drives it and counts no interruption (before, `start`
+/// recorded attempt 1 as begun with no driver, and the next process counted it interrupted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_started_after_a_drain_is_left_for_the_next_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let (entered, mut entered_rx) = mpsc::unbounded_channel();
+    let relayer = Relayer {
+        ledger: dir.path().join("ledger"),
+        entered,
+        gate: Arc::new(Semaphore::new(1)),
+    };
+    {
+        let rt = Runtime::builder()
+            .register::<Relay, _>(relayer.clone())
+            .open(&path)
+            .unwrap();
+        let drained = rt.drain(std::time::Duration::from_secs(5)).await;
+        assert_eq!((drained.handed_over, drained.cut), (0, 0));
+        let late = rt.start("late", Relay::Begin).await.unwrap();
+        assert_eq!((late.status, late.attempt), (RunStatus::Running, 0));
+        assert!(
+            entered_rx.try_recv().is_err(),
+            "a drained runtime drove the run"
+        );
+    }
+    let rt = Runtime::builder()
+        .register::<Relay, _>(relayer.clone())
+        .open(&path)
+        .unwrap();
+    rt.resume_all().await.unwrap();
+    assert_eq!(rt.wait::<Relay>("late").await.unwrap(), Relay::Done);
+    assert_eq!(ledger(&relayer.ledger), ["begin", "middle"]);
+    assert_eq!(rt.store().failures("late").await.unwrap(), vec![]);
+}

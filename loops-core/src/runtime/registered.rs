@@ -82,7 +82,7 @@ impl Runtime {
     /// Spawns the background task that claims the run (unless `start` holds it already),
     /// routes it to the version that takes it, and drives it until it ends or parks. While
     /// the runtime drains ([`Runtime::drain`]), a run to find is left to the next process or
-    /// worker (a lease the store granted for it goes back); a run `start` holds is driven.
+    /// worker (a lease the store granted for it goes back).
     pub(crate) fn spawn_background(&self, start: Start) {
         if let Start::Find { lease, .. } = &start
             && self.inner.background.is_draining()

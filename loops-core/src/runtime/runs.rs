@@ -237,6 +237,10 @@ impl Runtime {
     /// [`Error::RunActive`](crate::Error::RunActive) only while another call is creating the same run at this very
     /// moment; otherwise as [`run`](Self::run) for everything that happens before the first
     /// handler runs.
+    ///
+    /// On a runtime that drains or was shut down ([`drain`](Self::drain),
+    /// [`shutdown`](Self::shutdown)), the run is recorded as [`enqueue`](Self::enqueue)
+    /// records it, and left to the next process or worker that serves `W`.
     pub async fn start<W: Workflow>(&self, run_id: &str, initial: W) -> Result<RunInfo> {
         self.start_with(run_id, initial, StartOptions::default())
             .await
@@ -262,6 +266,12 @@ impl Runtime {
             return Err(Error::NotRegistered {
                 workflow: W::NAME.to_owned(),
             });
+        }
+        // Draining or shut down, this runtime drives no more runs: the run is recorded for
+        // the next process or worker, its first attempt not begun (before, it was recorded
+        // begun and left without a driver: the next process counted an interruption).
+        if self.inner.background.is_draining() {
+            return self.enqueue(run_id, initial, options).await;
         }
         let registrations = self.registry(Registry::generation);
         let claim = match self.claim(run_id).await {

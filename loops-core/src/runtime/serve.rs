@@ -133,9 +133,10 @@ impl Runtime {
     /// state that ends within `grace`. Give it what the deploy allows (Kubernetes'
     /// `terminationGracePeriodSeconds`, less a margin).
     ///
-    /// A run started with [`start`](Self::start) during the drain is still driven (and let go
-    /// at its first transition); runs the program awaits itself ([`run`](Self::run)) are its
-    /// own to stop. Returns how many runs were let go and how many cut.
+    /// A run started with [`start`](Self::start) during the drain or after it is recorded as
+    /// [`enqueue`](Self::enqueue) records it, for the next process or worker; runs the
+    /// program awaits itself ([`run`](Self::run)) are its own to stop. Returns how many runs
+    /// were let go and how many cut.
     pub async fn drain(&self, grace: Duration) -> Drained {
         let began = tokio::time::Instant::now();
         let (handed_over, cut) = self.inner.background.drain(grace).await;
