@@ -267,7 +267,8 @@ Examples:
   loops runs --attr due:time<=2026-01-01T00:00:00Z
 
 Runs are listed by last change, newest first. ATTEMPT is the number of the latest attempt
-at the current state, from 1; it counts on after `loops retry`, which gives the run a fresh
+at the current state, from 1 (0 while none is begun: a run queued by Runtime::enqueue, or let
+go by a draining worker at a state it had just entered); it counts on after `loops retry`, which gives the run a fresh
 budget of attempts, not new numbers. --json prints an array of objects with the
 fields run_id, workflow, status, state, seq, attempt, created_at, created_ms, updated_at,
 updated_ms, waiting_for, retry_at, retry_at_ms, error, cancel_reason, schema, blocked

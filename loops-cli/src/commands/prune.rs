@@ -86,18 +86,19 @@ pub fn prune(target: &Target, args: &PruneArgs) -> Result<()> {
         bytes_before,
         bytes_after: file.map_or(0, file_bytes),
     };
-    report(&view, args.json, file.is_some())
+    report(&view, args.json, file.is_some(), args.keep_failed)
 }
 
-fn report(view: &PruneView, json: bool, file: bool) -> Result<()> {
+fn report(view: &PruneView, json: bool, file: bool, keep_failed: bool) -> Result<()> {
     if json {
         return emit_json(view);
     }
-    emit(&text(view, file))
+    emit(&text(view, file, keep_failed))
 }
 
-/// What `loops prune` says of `view` (`file`: the store is a file, whose sizes it gives).
-fn text(view: &PruneView, file: bool) -> String {
+/// What `loops prune` says of `view` (`file`: the store is a file, whose sizes it gives;
+/// `keep_failed`: the policy keeps failed runs).
+fn text(view: &PruneView, file: bool, keep_failed: bool) -> String {
     let mut out = String::new();
     if view.runs == 0 {
         out.push_str("no ended run matches; nothing removed\n");
@@ -141,9 +142,14 @@ fn text(view: &PruneView, file: bool) -> String {
     }
     if view.kept_for_children > 0 {
         let n = view.kept_for_children;
+        let why = if keep_failed {
+            "a child run that has not ended, or a failed one that `--keep-failed` keeps"
+        } else {
+            "a child run that has not ended"
+        };
         out.push_str(&format!(
-            "kept {n} ended run{} whose family has a child run that has not ended, or that \
-             `--keep-failed` keeps; pruned once that child goes\n",
+            "kept {n} ended run{} whose family has {why}; pruned once that child goes \
+             (`loops tree RUN` shows a family)\n",
             plural(n),
         ));
     }
@@ -221,14 +227,24 @@ mod tests {
             bytes_before: 0,
             bytes_after: 0,
         };
-        let said = anstream::adapter::strip_str(&text(&view, false)).to_string();
+        let said = |keep_failed| {
+            anstream::adapter::strip_str(&text(&view, false, keep_failed)).to_string()
+        };
         assert_eq!(
-            said,
+            said(false),
             "removed 1 run (3 transition records, with their steps, failures and events):\n  old\n\
-             kept 2 ended runs whose family has a child run that has not ended, or that \
-             `--keep-failed` keeps; pruned once that child goes\n\
+             kept 2 ended runs whose family has a child run that has not ended; pruned once \
+             that child goes (`loops tree RUN` shows a family)\n\
              left 1 run that changed after the selection (retried, given a new child run, or \
              removed by another prune meanwhile)\n"
+        );
+        assert!(
+            said(true).contains(
+                "whose family has a child run that has not ended, or a failed one that \
+                 `--keep-failed` keeps;"
+            ),
+            "{}",
+            said(true)
         );
     }
 }
