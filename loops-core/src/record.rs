@@ -225,15 +225,34 @@ impl FailureRecord {
         struct Source {
             source: FailureSource,
         }
-        let source = serde_json::from_slice::<Source>(bytes).map_err(|source| Error::Decode {
-            run_id: run_id.to_owned(),
-            record: RecordKind::Failure,
-            seq,
-            state: String::new(),
-            source,
-        })?;
+        let source: Source = decode_failure(run_id, seq, bytes)?;
         Ok(!matches!(source.source, FailureSource::Step { .. }))
     }
+
+    /// Decodes the stored failure record `bytes` of the run `run_id`'s state at `seq` (as a
+    /// store holds it: JSON, its texts sealed or not).
+    ///
+    /// # Errors
+    /// [`Error::Decode`] (naming `run_id` and `seq`) if the bytes are no failure record.
+    pub fn decode(run_id: &str, seq: u64, bytes: &[u8]) -> Result<FailureRecord> {
+        decode_failure(run_id, seq, bytes)
+    }
+}
+
+/// `bytes`, a stored failure record of `run_id`'s state at `seq`, decoded as `T`: the one
+/// decoding of failure records, and its error, for every store's read.
+fn decode_failure<T: serde::de::DeserializeOwned>(
+    run_id: &str,
+    seq: u64,
+    bytes: &[u8],
+) -> Result<T> {
+    serde_json::from_slice(bytes).map_err(|source| Error::Decode {
+        run_id: run_id.to_owned(),
+        record: RecordKind::Failure,
+        seq,
+        state: String::new(),
+        source,
+    })
 }
 
 pub(crate) fn to_vec<T: Serialize>(value: &T) -> Vec<u8> {

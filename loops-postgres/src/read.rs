@@ -179,16 +179,8 @@ impl PgStore {
         rows.iter()
             .map(|row| {
                 let seq: i64 = row.try_get(0).map_err(|e| column(run_id, e))?;
-                let record: FailureRecord =
-                    serde_json::from_str(&text(row, 1, run_id)?).map_err(|source| {
-                        Error::Decode {
-                            run_id: run_id.to_owned(),
-                            record: RecordKind::Failure,
-                            seq: seq as u64,
-                            state: String::new(),
-                            source,
-                        }
-                    })?;
+                let text = text(row, 1, run_id)?;
+                let record = FailureRecord::decode(run_id, seq as u64, text.as_bytes())?;
                 Ok((seq as u64, record))
             })
             .collect()

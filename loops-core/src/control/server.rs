@@ -423,14 +423,20 @@ async fn history(
     PathOf(run): PathOf<String>,
 ) -> Answer<Vec<TransitionRecord>> {
     let history = s.runtime.sealed_store().history(&run).await?;
-    Ok(Json(existing(&s, run, history).await?))
+    Ok(Json(existing(&s, run, history, Vec::is_empty).await?))
 }
 
 /// `items`, read of `run`, unless they are none and the run does not exist: a path naming
 /// an unknown run answers 404 `run_not_found` (as `loops` says), not an empty list that
-/// reads like a run with nothing recorded. The row is read only when `items` is empty.
-async fn existing<T>(s: &Shared, run: String, items: Vec<T>) -> Result<Vec<T>, Error> {
-    if items.is_empty() && s.runtime.sealed_store().run_info(&run).await?.is_none() {
+/// reads like a run with nothing recorded. The row is read only when `empty` says `items`
+/// holds nothing.
+async fn existing<T>(
+    s: &Shared,
+    run: String,
+    items: T,
+    empty: impl FnOnce(&T) -> bool,
+) -> Result<T, Error> {
+    if empty(&items) && s.runtime.sealed_store().run_info(&run).await?.is_none() {
         return Err(Error::RunNotFound { run_id: run });
     }
     Ok(items)
@@ -441,7 +447,7 @@ async fn steps(
     PathOf((run, seq)): PathOf<(String, u64)>,
 ) -> Answer<Vec<Step>> {
     let steps = s.runtime.sealed_store().steps(&run, seq).await?;
-    let steps = existing(&s, run, steps).await?;
+    let steps = existing(&s, run, steps, Vec::is_empty).await?;
     Ok(Json(
         steps
             .into_iter()
@@ -456,7 +462,7 @@ async fn steps(
 
 async fn all_steps(State(s): State<Shared>, PathOf(run): PathOf<String>) -> Answer<Vec<RunStep>> {
     let steps = s.runtime.sealed_store().all_steps(&run).await?;
-    let steps = existing(&s, run, steps).await?;
+    let steps = existing(&s, run, steps, Vec::is_empty).await?;
     Ok(Json(
         steps
             .into_iter()
@@ -472,7 +478,7 @@ async fn all_steps(State(s): State<Shared>, PathOf(run): PathOf<String>) -> Answ
 
 async fn failures(State(s): State<Shared>, PathOf(run): PathOf<String>) -> Answer<Vec<Failed>> {
     let failures = s.runtime.sealed_store().failures(&run).await?;
-    let failures = existing(&s, run, failures).await?;
+    let failures = existing(&s, run, failures, Vec::is_empty).await?;
     Ok(Json(
         failures
             .into_iter()
@@ -483,7 +489,7 @@ async fn failures(State(s): State<Shared>, PathOf(run): PathOf<String>) -> Answe
 
 async fn events(State(s): State<Shared>, PathOf(run): PathOf<String>) -> Answer<Vec<Event>> {
     let events = s.runtime.sealed_store().events(&run).await?;
-    let events = existing(&s, run, events).await?;
+    let events = existing(&s, run, events, Vec::is_empty).await?;
     Ok(Json(
         events
             .into_iter()
@@ -609,16 +615,15 @@ async fn attributes(
     PathOf(run): PathOf<String>,
 ) -> Answer<crate::Attributes> {
     let attributes = s.runtime.sealed_store().attributes(&run).await?;
-    if attributes.is_empty() && s.runtime.sealed_store().run_info(&run).await?.is_none() {
-        return Err(Error::RunNotFound { run_id: run }.into());
-    }
-    Ok(Json(attributes))
+    Ok(Json(
+        existing(&s, run, attributes, crate::Attributes::is_empty).await?,
+    ))
 }
 
 /// The child runs of a run, by run id (none if it has none; 404 if it does not exist).
 async fn children(State(s): State<Shared>, PathOf(run): PathOf<String>) -> Answer<Vec<Run>> {
     let children = s.runtime.sealed_store().children(&run).await?;
-    let children = existing(&s, run, children).await?;
+    let children = existing(&s, run, children, Vec::is_empty).await?;
     Ok(Json(children.into_iter().map(Run::from).collect()))
 }
 

@@ -98,19 +98,26 @@ impl Settings {
     /// # Errors
     /// [`Error::PayloadTooLarge`](crate::Error::PayloadTooLarge) naming the state and its seq.
     pub(crate) fn check_size(&self, run_id: &str, record: &TransitionRecord) -> Result<()> {
-        let bytes = record.payload.get().len();
-        let limit = self.max_payload_bytes;
-        if bytes > limit {
-            return Err(Error::PayloadTooLarge {
-                run_id: run_id.to_owned(),
-                what: format!("state `{}`", record.state),
-                seq: Some(record.seq),
-                bytes,
-                limit,
-            });
-        }
-        Ok(())
+        check_size(run_id, record, self.max_payload_bytes)
     }
+}
+
+/// Refuses a transition record whose state is over `limit` bytes.
+///
+/// # Errors
+/// [`Error::PayloadTooLarge`](crate::Error::PayloadTooLarge) naming the state and its seq.
+pub(crate) fn check_size(run_id: &str, record: &TransitionRecord, limit: usize) -> Result<()> {
+    let bytes = record.payload.get().len();
+    if bytes > limit {
+        return Err(Error::PayloadTooLarge {
+            run_id: run_id.to_owned(),
+            what: format!("state `{}`", record.state),
+            seq: Some(record.seq),
+            bytes,
+            limit,
+        });
+    }
+    Ok(())
 }
 
 /// What a driven run listens to, and the lease its driver holds.

@@ -84,14 +84,15 @@ impl Runtime {
     /// the runtime drains ([`Runtime::drain`]), a run to find is left to the next process or
     /// worker (a lease the store granted for it goes back).
     pub(crate) fn spawn_background(&self, start: Start) {
-        if let Start::Find { lease, .. } = &start
-            && self.inner.background.is_draining()
-        {
-            if let Some(lease) = lease {
-                self.inner.claims.release_later(lease.clone());
+        let start = match start {
+            Start::Find { lease, .. } if self.inner.background.is_draining() => {
+                if let Some(lease) = lease {
+                    self.inner.claims.release_later(lease);
+                }
+                return;
             }
-            return;
-        }
+            start => start,
+        };
         let rt = self.clone();
         let task = async move {
             let registrations = rt.registry(Registry::generation);

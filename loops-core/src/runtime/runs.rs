@@ -359,7 +359,10 @@ impl Runtime {
         options: StartOptions,
     ) -> Result<RunInfo> {
         crate::names::validate_run_id(run_id)?;
-        let given = crate::run::driver::initial_state(run_id, &initial)?;
+        let max = self.inner.config.settings.max_payload_bytes;
+        let (info, record) =
+            crate::run::driver::first_record(run_id, &initial, self.now_ms(), max, false)?;
+        let state = record.state.clone();
         let found = |info: RunInfo| {
             check_workflow::<W>(&info)?;
             Ok(info)
@@ -367,16 +370,11 @@ impl Runtime {
         if let Some(info) = self.store().run_info(run_id).await? {
             return found(info);
         }
-        let now = self.now_ms();
-        let record = TransitionRecord::encode(run_id, 0, &initial, now)?;
-        self.inner.config.settings.check_size(run_id, &record)?;
-        let mut info = RunInfo::new_run::<W>(run_id, given, now);
-        info.attempt = 0;
         let write = crate::store::Write::Create {
+            attributes: options.into_attributes(run_id, &state)?,
             info,
             record: record.to_bytes(),
             schema_text: W::SCHEMA,
-            attributes: options.into_attributes(run_id, given.name())?,
         };
         // No lease: the write tells the workers that a run needs a driver (`Effects::wakes`).
         let info = match self.store().write(None, write).await {
@@ -392,12 +390,7 @@ impl Runtime {
             },
             Err(e) => return Err(e),
         };
-        tracing::info!(
-            run_id,
-            workflow = W::NAME,
-            state = given.name(),
-            "run queued"
-        );
+        tracing::info!(run_id, workflow = W::NAME, state, "run queued");
         if info.status == RunStatus::Running {
             self.spawn_driver(W::NAME, run_id);
         }

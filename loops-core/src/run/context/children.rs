@@ -11,8 +11,7 @@ use serde_json::value::RawValue;
 use crate::attribute::AttributeValue;
 use crate::error::{Error, RecordKind, Result};
 use crate::names::{CHILD_ENDED, RESERVED_PREFIX, validate_run_id, validate_run_id_lookup};
-use crate::record::TransitionRecord;
-use crate::row::{OnParentCancel, ParentLink, RunInfo};
+use crate::row::{OnParentCancel, ParentLink};
 use crate::run::context::Context;
 use crate::status::RunStatus;
 use crate::store::Write;
@@ -252,24 +251,17 @@ impl Context {
                 reason,
             })?;
         }
-        let given = crate::run::driver::initial_state(child_id, &initial)?;
         let now = self.run.time.now_ms();
-        let record = TransitionRecord::encode(child_id, 0, &initial, now)?;
-        let bytes = record.payload.get().len();
-        if bytes > self.run.max_payload_bytes {
-            return Err(Error::PayloadTooLarge {
-                run_id: child_id.to_owned(),
-                what: format!("state `{}`", record.state),
-                seq: Some(0),
-                bytes,
-                limit: self.run.max_payload_bytes,
-            });
-        }
-        let mut info = RunInfo::new_run::<W>(child_id, given, now);
         // No attempt of the child has begun: the driver that takes it begins attempt 1
         // (`Write::BeginAttempt`). With attempt 1 here, that driver took the child for a
         // run whose first attempt was interrupted, and recorded a failure that never was.
-        info.attempt = 0;
+        let (mut info, record) = crate::run::driver::first_record(
+            child_id,
+            &initial,
+            now,
+            self.run.max_payload_bytes,
+            false,
+        )?;
         info.parent = Some(ParentLink {
             run_id: self.run.run_id.clone(),
             on_cancel: options.on_parent_cancel,

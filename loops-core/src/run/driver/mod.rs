@@ -217,11 +217,8 @@ impl Drive<'_> {
         let run_id = self.run_id();
         validate_run_id(run_id)?;
         let store = &**self.store;
-        let given = initial_state(run_id, &initial)?;
-        let now = self.now();
-        let record = TransitionRecord::encode(run_id, 0, &initial, now)?;
-        self.settings.check_size(run_id, &record)?;
-        let info = RunInfo::new_run::<W>(run_id, given, now);
+        let max = self.settings.max_payload_bytes;
+        let (info, record) = first_record(run_id, &initial, self.now(), max, true)?;
         store
             .write(
                 Some(&self.held.lease),
@@ -233,7 +230,7 @@ impl Drive<'_> {
                 },
             )
             .await?;
-        tracing::info!(state = given.name(), seq = 0, "run started");
+        tracing::info!(state = %info.state, seq = 0, "run started");
         Ok(Entered {
             info,
             record,
@@ -433,12 +430,23 @@ impl Drive<'_> {
     }
 }
 
-/// The state of `initial`, if it is `W`'s initial state: the one check of every creation of
-/// a run (a driver's, a child's, a queued one's).
+/// The row and first record of the run `run_id` in `initial`, created at `now_ms` (ms since
+/// the Unix epoch): the one creation of a run, for a driver's ([`Drive::create`]), a child's
+/// and a queued one's ([`Runtime::enqueue`](crate::Runtime::enqueue)). `begun`: whether the
+/// commit that creates it begins its first attempt (a driver that goes on to handle the
+/// state), or leaves it not begun (attempt 0) for whichever driver takes the run, which then
+/// begins attempt 1 counting no interruption.
 ///
 /// # Errors
-/// [`Error::NotInitial`] otherwise, naming the run `run_id`.
-pub(crate) fn initial_state<W: Workflow>(run_id: &str, initial: &W) -> Result<W::State> {
+/// [`Error::NotInitial`] if `initial` is not `W`'s initial state;
+/// [`Error::PayloadTooLarge`] over `max_payload_bytes`; as [`TransitionRecord::encode`].
+pub(crate) fn first_record<W: Workflow>(
+    run_id: &str,
+    initial: &W,
+    now_ms: u64,
+    max_payload_bytes: usize,
+    begun: bool,
+) -> Result<(RunInfo, TransitionRecord)> {
     let given = initial.state();
     if given != <W::State as StateId>::INITIAL {
         return Err(Error::NotInitial {
@@ -448,7 +456,13 @@ pub(crate) fn initial_state<W: Workflow>(run_id: &str, initial: &W) -> Result<W:
             given: given.name(),
         });
     }
-    Ok(given)
+    let record = TransitionRecord::encode(run_id, 0, initial, now_ms)?;
+    crate::run::settings::check_size(run_id, &record, max_payload_bytes)?;
+    let mut info = RunInfo::new_run::<W>(run_id, given, now_ms);
+    if !begun {
+        info.attempt = 0;
+    }
+    Ok((info, record))
 }
 
 /// What changed between the stored schema description of `stored` and `W`'s compiled one

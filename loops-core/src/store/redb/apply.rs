@@ -152,23 +152,22 @@ fn record_taken(
     Ok(taken)
 }
 
-/// The highest `(attempt, index)` of the failure records of the state at `seq` (of
-/// `attempt` only, if given), from a walk back from the run's newest entry to the first of
-/// an earlier seq.
+/// The highest index of the failure records of `attempt` of the state at `seq`, from a walk
+/// back from the run's newest entry to the first of an earlier seq.
 fn last_failure(
     t: &mut Tables<'_>,
     id: &str,
     head: Head,
     seq: u64,
-    attempt: Option<u32>,
-) -> std::result::Result<Option<(u32, u32)>, ApplyError> {
-    let mut last: Option<(u32, u32)> = None;
+    attempt: u32,
+) -> std::result::Result<Option<u32>, ApplyError> {
+    let mut last: Option<u32> = None;
     log::walk(&*t.log()?, id, head.last_entry, Chain::All, |_, entry| {
         if let Kind::Failure { attempt: a, index } = entry.kind
             && entry.seq == seq
-            && attempt.is_none_or(|want| want == a)
+            && a == attempt
         {
-            last = last.max(Some((a, index)));
+            last = last.max(Some(index));
         }
         entry.seq >= seq
     })
@@ -225,9 +224,9 @@ fn gather<'w>(
         facts.schema_stored = t.schemas()?.get(hash.to_string().as_str())?.is_some();
     }
     if let Some((seq, attempt)) = needs.failure_index {
-        facts.failure_index = match last_failure(t, id, head, seq, Some(attempt))? {
+        facts.failure_index = match last_failure(t, id, head, seq, attempt)? {
             None => 0,
-            Some((_, index)) => index.checked_add(1).ok_or_else(|| {
+            Some(index) => index.checked_add(1).ok_or_else(|| {
                 ApplyError::Rejected(Error::counter_overflow(
                     id,
                     (RecordKind::Failure, seq),

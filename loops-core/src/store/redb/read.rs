@@ -215,15 +215,7 @@ impl RedbStore {
                 found.sort_by_key(|(key, _)| *key);
                 let mut out = Vec::with_capacity(found.len());
                 for ((seq, _, _), bytes) in found {
-                    let record: FailureRecord =
-                        serde_json::from_slice(&bytes).map_err(|source| Error::Decode {
-                            run_id: run_id.to_owned(),
-                            record: RecordKind::Failure,
-                            seq,
-                            state: String::new(),
-                            source,
-                        })?;
-                    out.push((seq, record));
+                    out.push((seq, FailureRecord::decode(run_id, seq, &bytes)?));
                 }
                 Ok(out)
             },
