@@ -185,7 +185,7 @@ impl Context {
     /// returns its handle. The start is journaled like a step (under the reserved name
     /// `loops:child:{child_id}`): a re-execution of the handler returns the handle without
     /// writing anything. The child's row records this run as its parent
-    /// ([`RunInfo::parent`]) with its cancel policy; its creation is idempotent by id: if the
+    /// ([`RunInfo::parent`](crate::RunInfo::parent)) with its cancel policy; its creation is idempotent by id: if the
     /// process stopped between the creation and the step's record, the re-execution finds
     /// the child (this run's, of `W`) and attaches to it. The runtime drives the child in the
     /// background if it has a handler registered for `W` (on a shared store, any worker that
