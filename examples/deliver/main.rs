@@ -61,6 +61,7 @@ use crate::model_args::ModelArgs;
 use crate::project::Paths;
 use crate::store::{delete_for_fresh, open_store, store_error};
 use crate::versions::{Finished, Release};
+use crate::workflow::Base;
 
 const HOOKS_HELP: &str = "\
 Logging: RUST_LOG=loops=info shows the store's commits; RUST_LOG=loops=info,deliver=debug also
@@ -598,8 +599,16 @@ async fn dry_run(cli: &Cli) -> Result<()> {
 async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> Result<()> {
     let shown_store = say_where(cli, paths, &model);
 
-    let recorded = versions::recorded_base(runtime, &cli.run_id).await?;
-    let base = project::prepare(paths, &agent::work_branch(&cli.run_id), recorded).await?;
+    // A run this build does not know (recorded by a later release, or by another workflow of
+    // the same name) is the runtime's to refuse: it marks the run blocked and says what
+    // changed. Its records are not read here, and no repository is prepared for it; the
+    // initial state's base is then never read (the run exists).
+    let base = if versions::knows(runtime, &cli.run_id, cli.workflow_version).await? {
+        let recorded = versions::recorded_base(runtime, &cli.run_id).await?;
+        project::prepare(paths, &agent::work_branch(&cli.run_id), recorded).await?
+    } else {
+        Base::default()
+    };
     let hooks = Hooks::from_env(paths.entries_log.clone())?;
     let agent = Agent {
         model,

@@ -312,8 +312,9 @@ pub struct Issue {
     pub body: String,
 }
 
-/// The commit a run starts from, on the branch the pull request will target.
-#[derive(Schema, Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+/// The commit a run starts from, on the branch the pull request will target (`Default`: empty,
+/// for a run that exists, whose initial state is not read).
+#[derive(Schema, Serialize, Deserialize, Debug, Clone, Default, PartialEq, Eq)]
 pub struct Base {
     /// The target branch (`main`).
     pub branch: String,

@@ -61,6 +61,24 @@ mod changed {
     }
 }
 
+/// Another workflow of the name `deliver`: its first state holds no `base`, which the example
+/// reads from a run's first record. (`Done` is declared, never reached.)
+#[allow(dead_code)]
+mod another {
+    use loops::Workflow;
+    use serde::{Deserialize, Serialize};
+
+    #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+    #[workflow(name = "deliver", version = 1)]
+    pub enum Deliver {
+        #[initial]
+        #[next(Done)]
+        Received { note: String },
+        #[terminal]
+        Done,
+    }
+}
+
 /// A handler for the changed workflow that must never run.
 struct MustNotRun;
 
@@ -282,4 +300,63 @@ async fn a_changed_workflow_is_refused_and_the_run_blocked_with_nothing_else_wri
         .expect("the run");
     assert_eq!(seq, STOP_AT);
     assert_eq!(state.state().name(), "Tested");
+}
+
+/// A run recorded by another workflow of the same name, whose first record the example cannot
+/// read, is refused as any run of a schema the build does not know: blocked, with what
+/// changed, and nothing prepared for it (no demo repository is made).
+#[tokio::test]
+async fn a_run_of_another_workflow_named_deliver_is_blocked_with_its_changes() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = dir.path().join("shared.redb");
+    let runtime = Runtime::open(&store).expect("create the store");
+    let first = another::Deliver::Received { note: "n".into() };
+    let queued = runtime
+        .enqueue("deliver-1", first, loops::StartOptions::default())
+        .await
+        .expect("record the run");
+    runtime.shutdown().await;
+    drop(runtime);
+
+    let workdir = dir.path().join("work");
+    let output = deliver_in(&workdir)
+        .arg("--store")
+        .arg(&store)
+        .output()
+        .expect("run the example");
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.starts_with(
+            "error: run deliver-1 is blocked, left as it is for a build that can drive it: "
+        ),
+        "{}",
+        describe(&output)
+    );
+    assert!(
+        stderr.contains(&another::Deliver::SCHEMA_HASH.pinned().to_string()),
+        "{}",
+        describe(&output)
+    );
+    assert!(!workdir.join("repo").exists(), "{}", describe(&output));
+
+    let runtime = Runtime::open(&store).expect("open the store");
+    let blocked = runtime
+        .run_info("deliver-1")
+        .await
+        .expect("run info")
+        .expect("the run");
+    assert_eq!(
+        (blocked.status, blocked.seq, blocked.state.as_str()),
+        (loops::RunStatus::Blocked, 0, "Received")
+    );
+    let block = blocked.block.expect("why it is blocked");
+    assert_eq!(
+        (block.schema, block.resume),
+        (queued.schema, loops::RunStatus::Running)
+    );
+    let removed = "state `Received`: field `note: String` removed (breaking: records written \
+                   before hold it, and its data would be dropped (a migration can drop it))";
+    assert!(block.changes.iter().any(|c| c == removed), "{block:?}");
+    assert!(stderr.contains(removed), "{}", describe(&output));
 }
