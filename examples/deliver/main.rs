@@ -90,7 +90,8 @@ struct Cli {
     #[arg(long, value_name = "PATH")]
     store: Option<PathBuf>,
 
-    /// Where the repository, its remote, the forge and the store live
+    /// Where the repository, its remote, the forge and the store live. A run works in the
+    /// directory it started in (recorded with it): another is refused
     #[arg(long, value_name = "DIR", default_value = DEFAULT_WORKDIR)]
     workdir: PathBuf,
 
@@ -500,17 +501,34 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
             return Err(e);
         }
     };
+    // Before anything is done in the work directory: whether the run is a deliver run, and
+    // where it works (a run that exists goes on where it started). A refused run leaves no
+    // work directory made for it.
+    if let Err(e) = settle_run(cli, &mut paths, &runtime).await {
+        if let Some(made) = made.as_deref() {
+            paths.remove_new_workdir(made);
+        }
+        return Err(e);
+    }
     // The store's lock is ours: what an earlier process left in the work directory is not
     // in use. The directory is ours too, and marked so: a `--fresh` of another process that
     // deleted it (marker included) before this one took the lock, as this one made it, left
     // it without its marker, which neither a rerun nor `--fresh` would then touch.
     paths.mark()?;
     paths.clear_leftovers()?;
-    // Before the run starts: which repository it works on, recorded or given.
-    let info = runtime.run_info(&cli.run_id).await?;
-    if let Some(info) = &info
-        && info.workflow != <workflow::v2::Deliver as loops::Workflow>::NAME
-    {
+    Ok((paths, runtime))
+}
+
+/// Refuses the run `cli` names if it is not a deliver run, and settles where it works
+/// ([`Paths::settle_run`]).
+///
+/// # Errors
+/// If the run is of another workflow, works elsewhere, or the store cannot be read.
+async fn settle_run(cli: &Cli, paths: &mut Paths, runtime: &Runtime) -> Result<()> {
+    let Some(info) = runtime.run_info(&cli.run_id).await? else {
+        return paths.settle_run(&cli.run_id, None).await;
+    };
+    if info.workflow != <workflow::v2::Deliver as loops::Workflow>::NAME {
         // A child run (`deliver-1/edit-0`, of `deliver-edit`) or another program's run: its
         // parent drives it, and driving it as a deliver run would only be refused later for
         // a schema mismatch, a reason that misleads.
@@ -522,8 +540,8 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
             paths.store.display()
         );
     }
-    paths.settle_repo(&cli.run_id, info.is_some()).await?;
-    Ok((paths, runtime))
+    let attributes = runtime.attributes(&cli.run_id).await?;
+    paths.settle_run(&cli.run_id, Some(&attributes)).await
 }
 
 /// `--dry-run`: prints what this build would do with every unfinished or blocked run of the
@@ -656,7 +674,7 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
         project::issue(),
         base,
         &agent,
-        approval::start_options(cli.auto_approve),
+        paths.recorded_in(approval::start_options(cli.auto_approve))?,
     );
     tokio::pin!(run);
     let outcome = tokio::select! {

@@ -8,6 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result, bail, ensure};
+use loops::{AttributeValue, Attributes, StartOptions};
 
 use crate::git::{self, Git};
 use crate::workflow::{Base, Issue};
@@ -77,7 +78,7 @@ pub struct Paths {
     /// Whether `repo` was given by the user (`--repo`, or recorded for the run when it was
     /// started so) rather than the demo's own.
     pub repo_given: bool,
-    /// Whether `repo` was read from the run's record ([`settle_repo`](Self::settle_repo))
+    /// Whether `repo` was read from the run's attributes ([`settle_run`](Self::settle_run))
     /// rather than given with `--repo`.
     pub repo_recorded: bool,
     /// The bare repository branches are pushed to.
@@ -241,13 +242,33 @@ impl Paths {
         Ok(made)
     }
 
-    /// Writes the work directory's marker ([`MARKER`]), which says that it is this example's.
+    /// Writes the work directory's marker ([`MARKER`]), which says that it is this example's
+    /// and holds its id ([`workdir_id`](Self::workdir_id)), if it has no id yet (a new
+    /// directory, or one whose marker an earlier version of this example left empty). Written
+    /// durably: runs record the id.
     ///
     /// # Errors
-    /// If it cannot be written.
+    /// If it cannot be read or written.
     pub fn mark(&self) -> Result<()> {
-        std::fs::write(self.workdir.join(MARKER), "")
-            .with_context(|| format!("cannot write in {}", self.workdir.display()))
+        if self.workdir_id()?.is_none() {
+            write_durably(&self.workdir.join(MARKER), new_workdir_id().as_bytes())?;
+        }
+        Ok(())
+    }
+
+    /// The work directory's id, in its marker: made with the directory, the same in a copy of
+    /// it (a backup restored elsewhere, with its remote and forge), another in any other
+    /// directory. `None` if the directory has no marker, or an empty one.
+    ///
+    /// # Errors
+    /// If the marker cannot be read.
+    pub fn workdir_id(&self) -> Result<Option<String>> {
+        let marker = self.workdir.join(MARKER);
+        match std::fs::read_to_string(&marker) {
+            Ok(id) => Ok(Some(id.trim().to_owned()).filter(|id| !id.is_empty())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(e).with_context(|| format!("cannot read {}", marker.display())),
+        }
     }
 
     /// Removes what [`create_workdir`](Self::create_workdir) has just made, up to `made` (the
@@ -275,14 +296,8 @@ impl Paths {
         if let Ok(entries) = std::fs::read_dir(&self.workdir) {
             for entry in entries.flatten() {
                 if entry.file_name().to_string_lossy().contains(".tmp-") {
-                    let _ = std::fs::remove_dir_all(entry.path());
-                }
-            }
-        }
-        if let Ok(entries) = std::fs::read_dir(self.workdir.join(RECORDS)) {
-            for entry in entries.flatten() {
-                if entry.file_name().to_string_lossy().contains(".tmp-") {
-                    let _ = std::fs::remove_file(entry.path());
+                    let path = entry.path();
+                    let _ = std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));
                 }
             }
         }
@@ -292,54 +307,81 @@ impl Paths {
     }
 }
 
-/// The directory of the work directory where each run's repository is recorded.
-const RECORDS: &str = "runs";
+/// The run attribute that records, at a run's start, its work directory's id
+/// ([`Paths::workdir_id`]): the remote the run pushes to, the forge its pull request is filed
+/// in and the demo's repository are there.
+pub const WORKDIR_ID_ATTRIBUTE: &str = "workdir_id";
 
-/// What `<workdir>/runs/<run>.repo.json` says: the repository a run works on. States hold no
-/// absolute paths (see `workflow.rs`), so this is kept beside the store, in the work
-/// directory, where the remote and the forge the run uses live too.
-#[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-struct RepoRecord {
-    /// The repository given with `--repo` (absolute), or `None` for the demo's own.
-    repo: Option<PathBuf>,
-}
+/// The run attribute that records, at a run's start, the path of its work directory
+/// (absolute), to name it.
+pub const WORKDIR_ATTRIBUTE: &str = "workdir";
+
+/// The run attribute that records, at a run's start, the repository given with `--repo`
+/// (absolute); a run on the demo's repository has none.
+pub const REPO_ATTRIBUTE: &str = "repo";
 
 impl Paths {
-    /// The file that records the repository of run `run_id`: named like its work branch (a
-    /// file name of safe characters, at most 209 bytes, distinct for distinct ids).
-    pub fn repo_record(&self, run_id: &str) -> PathBuf {
-        let branch = crate::agent::work_branch(run_id);
-        let name = branch.strip_prefix("loops/").unwrap_or(&branch);
-        self.workdir.join(RECORDS).join(format!("{name}.repo.json"))
-    }
-
-    /// Settles which repository run `run_id` works on, once the store's lock is held.
-    ///
-    /// A run that does not exist yet (`exists` false) is about to start on the repository
-    /// given with `--repo`, or the demo's: that is recorded (durably, before the run starts),
-    /// replacing any record a start killed before its run began left. A run that exists goes
-    /// on with the repository recorded for it: without `--repo` the recorded one is used
-    /// (`repo_recorded`), and a `--repo` naming another is refused. A run without a record
-    /// (started by an earlier version of this example) uses what it is given, as it did.
+    /// `options` with the attributes that record where a new run works
+    /// ([`WORKDIR_ID_ATTRIBUTE`], [`WORKDIR_ATTRIBUTE`], [`REPO_ATTRIBUTE`]): written with its
+    /// first record, so a run never exists without them, and a start stopped before its run
+    /// began binds nothing.
     ///
     /// # Errors
-    /// If `--repo` names another repository than the recorded one, the record cannot be read
-    /// or written, or the recorded repository is no longer a git work tree.
-    pub async fn settle_repo(&mut self, run_id: &str, exists: bool) -> Result<()> {
-        let record = self.repo_record(run_id);
-        if !exists {
-            let repo = self.repo_given.then(|| self.repo.clone());
-            return write_durably(&record, &serde_json::to_vec(&RepoRecord { repo })?);
-        }
-        let text = match std::fs::read(&record) {
-            Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => return Err(e).with_context(|| format!("cannot read {}", record.display())),
+    /// If the work directory's marker cannot be read, or holds no id (it is
+    /// [`mark`](Self::mark)ed before a run starts).
+    pub fn recorded_in(&self, options: StartOptions) -> Result<StartOptions> {
+        let text = |path: &Path| path.to_string_lossy().into_owned();
+        let id = self
+            .workdir_id()?
+            .with_context(|| format!("{} has no id in its {MARKER}", self.workdir.display()))?;
+        let options = options
+            .attribute(WORKDIR_ID_ATTRIBUTE, id)
+            .attribute(WORKDIR_ATTRIBUTE, text(&self.workdir));
+        Ok(match self.repo_given {
+            true => options.attribute(REPO_ATTRIBUTE, text(&self.repo)),
+            false => options,
+        })
+    }
+
+    /// Settles where the run with `attributes` (`None`: it does not exist yet) works.
+    ///
+    /// A new run works where it is told. A run that exists goes on where it started: in
+    /// another work directory than its own (or a copy of it) it is refused, its remote and
+    /// forge being elsewhere; so is a `--repo` naming another repository than its own, and
+    /// without `--repo` its own is used ([`repo_recorded`](Self::repo_recorded)). A run that
+    /// records neither (started by an earlier version of this example) uses what it is given,
+    /// as it did.
+    ///
+    /// # Errors
+    /// If the run started in another work directory or on another repository than `--repo`
+    /// names, the work directory's marker cannot be read, or the run's recorded repository is
+    /// no longer a git work tree.
+    pub async fn settle_run(
+        &mut self,
+        run_id: &str,
+        attributes: Option<&Attributes>,
+    ) -> Result<()> {
+        let Some(attributes) = attributes else {
+            return Ok(());
         };
-        let recorded: RepoRecord = serde_json::from_slice(&text)
-            .with_context(|| format!("cannot read {}", record.display()))?;
+        let text = |key: &str| match attributes.get(key) {
+            Some(AttributeValue::Str(text)) => Some(text.as_str()),
+            _ => None,
+        };
+        let Some(id) = text(WORKDIR_ID_ATTRIBUTE) else {
+            return Ok(());
+        };
+        if self.workdir_id()?.as_deref() != Some(id) {
+            let started = text(WORKDIR_ATTRIBUTE).unwrap_or("(not recorded)");
+            bail!(
+                "run {run_id} works in the work directory it started in, {started} (its remote \
+                 and forge are there); --workdir {} is another: pass --workdir {started} (or a \
+                 copy of it), or use another --run-id",
+                self.workdir.display()
+            );
+        }
         let hint = "leave --repo out to go on with it, or use another --run-id";
-        match (recorded.repo, self.repo_given) {
+        match (text(REPO_ATTRIBUTE).map(PathBuf::from), self.repo_given) {
             (Some(repo), true) if !same_dir(&repo, &self.repo) => bail!(
                 "run {run_id} works on the repository {}; --repo {} is another: {hint}",
                 repo.display(),
@@ -366,6 +408,17 @@ impl Paths {
         }
         Ok(())
     }
+}
+
+/// A new work directory id: 16 hex digits hashed from the time, the process id and the
+/// random keys of std's hash maps.
+fn new_workdir_id() -> String {
+    use std::hash::{BuildHasher as _, Hasher as _};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    hasher.write_u128(now.map_or(0, |d| d.as_nanos()));
+    hasher.write_u32(std::process::id());
+    format!("{:016x}", hasher.finish())
 }
 
 /// Whether `a` and `b` name the same directory (compared as they are if either cannot be

@@ -143,8 +143,8 @@ fn deliver_without_repo(workdir: &Path, args: &[&str], stop_at: Option<u64>) -> 
 }
 
 /// A run remembers the repository it works on: resumed without `--repo` it goes on there
-/// (and says so), with another `--repo` it is refused naming both. A start that recorded its
-/// repository but stopped before its run began (as a kill there would) binds nothing.
+/// (and says so), with another `--repo` it is refused naming both; so is another work
+/// directory. A start refused before its run began binds nothing.
 #[test]
 fn a_run_remembers_its_repo() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -240,6 +240,46 @@ fn a_run_remembers_its_repo() {
     assert!(output.status.success(), "{}", describe(&output));
     assert!(
         String::from_utf8_lossy(&output.stdout).contains("pull request: forge://demo/pulls/2"),
+        "{}",
+        describe(&output)
+    );
+
+    // Its work directory is recorded too: the store under another one is refused, naming
+    // both, and nothing is made there.
+    let elsewhere = dir.path().join("elsewhere");
+    let store = workdir.join("deliver.redb");
+    let store = ["--store", store.to_str().expect("a UTF-8 path")];
+    let output = deliver_without_repo(&elsewhere, &store, None);
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        format!(
+            "error: run deliver-1 works in the work directory it started in, {} (its remote \
+             and forge are there); --workdir {} is another: pass --workdir {} (or a copy of \
+             it), or use another --run-id\n",
+            workdir.display(),
+            elsewhere.display(),
+            workdir.display()
+        )
+    );
+    assert!(!elsewhere.exists(), "{}", describe(&output));
+    assert_eq!(pulls(&workdir), ["1.json", "2.json"]);
+    // A copy of the work directory (a backup restored elsewhere) is the same one.
+    let copy = dir.path().join("copy");
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(&workdir)
+        .arg(&copy)
+        .status()
+        .expect("run cp");
+    assert!(copied.success());
+    let output = deliver_without_repo(&copy, &[], None);
+    assert!(output.status.success(), "{}", describe(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stdout).ends_with(&format!(
+            "pull request: forge://demo/pulls/1\n  stored in {}\n",
+            copy.join("forge/pulls/1.json").display()
+        )),
         "{}",
         describe(&output)
     );
