@@ -2576,6 +2576,28 @@ fn missing_empty_foreign_and_corrupt_files_are_one_line_errors() {
         }
     }
 
+    // Another application's redb file: named as one by every command, and never written.
+    let foreign = dir.path().join("foreign.redb");
+    {
+        let db = redb::Database::create(&foreign).unwrap();
+        let txn = db.begin_write().unwrap();
+        let foo: redb::TableDefinition<u64, u64> = redb::TableDefinition::new("foo");
+        txn.open_table(foo).unwrap().insert(1, 2).unwrap();
+        txn.commit().unwrap();
+    }
+    let bytes = std::fs::read(&foreign).unwrap();
+    for args in [&["runs"][..], &["cancel", "x"], &["check"], &["upgrade"]] {
+        assert_eq!(
+            fails(&foreign, args, 1),
+            format!(
+                "error: cannot open store {}: not a loops store: a redb database of another application (its tables: foo)\n",
+                foreign.display()
+            ),
+            "loops {args:?}"
+        );
+    }
+    assert_eq!(std::fs::read(&foreign).unwrap(), bytes);
+
     // Random bytes (a fixed xorshift sequence).
     let random = dir.path().join("random.redb");
     let mut x: u64 = 0x9E37_79B9_7F4A_7C15;

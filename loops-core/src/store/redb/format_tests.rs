@@ -121,6 +121,18 @@ fn a_redb_file_of_another_application_is_refused_and_left_as_it_is() {
         Err(other) => panic!("{other}"),
         Ok(_) => panic!("opened another application's database"),
     }
+    // A read-only open says the same.
+    match RedbStore::open_read_only(&path) {
+        Err(e @ Error::Open { .. }) => assert_eq!(
+            e.to_string(),
+            format!(
+                "cannot open store {}: not a loops store: a redb database of another application (its tables: foo)",
+                path.display()
+            )
+        ),
+        Err(other) => panic!("{other}"),
+        Ok(_) => panic!("opened another application's database read-only"),
+    }
     // Nothing of loops was added to it.
     let db = Database::open(&path).unwrap();
     let txn = db.begin_read().unwrap();

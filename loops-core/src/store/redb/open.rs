@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 
 use super::commit::{QUEUE, writer_loop};
 use super::step_keys::StepKeys;
-use super::tables::{NotOpened, STORE_FORMAT, ensure_tables, file_format};
+use super::tables::{Contents, NotOpened, STORE_FORMAT, contents, ensure_tables, foreign};
 use super::{Db, Inner, Leases, Opener, Queue, RedbStore, StoreOptions};
 use crate::error::{Error, Result};
 
@@ -203,15 +203,7 @@ impl RedbStore {
                     supported: STORE_FORMAT,
                 });
             }
-            Err(NotOpened::Foreign(tables)) => {
-                return Err(open_err(
-                    format!(
-                        "not a loops store: a redb database of another application (its tables: {})",
-                        tables.join(", ")
-                    )
-                    .into(),
-                ));
-            }
+            Err(NotOpened::Foreign(tables)) => return Err(open_err(foreign(&tables).into())),
             Err(NotOpened::Redb(e)) => return Err(open_err(e.into())),
         }
         let db = Arc::new(RwLock::new(Db::Writable(db)));
@@ -325,7 +317,7 @@ impl RedbStore {
         let format = crate::panics::catch(|| {
             redb::ReadableDatabase::begin_read(&db)
                 .map_err(redb::Error::from)
-                .and_then(|txn| file_format(&txn))
+                .and_then(|txn| contents(&txn))
         })
         .unwrap_or_else(|_| {
             Err(redb::Error::Corrupted(
@@ -333,12 +325,18 @@ impl RedbStore {
             ))
         });
         match format {
-            Ok(None | Some(STORE_FORMAT)) => {}
-            Ok(Some(found)) => {
+            Ok(Contents::Empty | Contents::Format(STORE_FORMAT)) => {}
+            Ok(Contents::Format(found)) => {
                 return Err(Error::StoreFormat {
                     path,
                     found,
                     supported: STORE_FORMAT,
+                });
+            }
+            Ok(Contents::Foreign(tables)) => {
+                return Err(Error::Open {
+                    path,
+                    cause: foreign(&tables).into(),
                 });
             }
             Err(e) => {

@@ -107,17 +107,49 @@ pub(super) fn stored_format(
     Ok(table.get(FORMAT_KEY)?.map(|v| v.value()))
 }
 
-/// The format of the file: the one it records; [`UNRECORDED_FORMAT`] for a file with loops'
-/// tables that records none; `None` for a file without tables (a new one) or another
-/// application's.
-pub(crate) fn file_format(
-    txn: &redb::ReadTransaction,
-) -> std::result::Result<Option<u64>, redb::Error> {
-    if let Some(format) = stored_format(txn)? {
-        return Ok(Some(format));
+/// What a redb file holds, by its tables and the format it records: the one rule that every
+/// open (writable, read-only, `loops upgrade`) applies before it reads a loops table.
+#[derive(Debug, PartialEq)]
+pub(crate) enum Contents {
+    /// No table: a new file.
+    Empty,
+    /// A loops store of this format: the one it records, or [`UNRECORDED_FORMAT`] for a file
+    /// with loops' first tables that records none.
+    Format(u64),
+    /// Another application's database: its tables (it has neither a recorded format nor
+    /// loops' tables).
+    Foreign(Vec<String>),
+}
+
+impl Contents {
+    /// The contents of a file with the tables `present` that records `format`.
+    fn of(present: &[String], format: Option<u64>) -> Contents {
+        match format {
+            Some(format) => Contents::Format(format),
+            None if present.iter().any(|t| t == "runs") => Contents::Format(UNRECORDED_FORMAT),
+            None if present.is_empty() => Contents::Empty,
+            None => Contents::Foreign(present.to_vec()),
+        }
     }
-    let runs = txn.list_tables()?.any(|t| t.name() == "runs");
-    Ok(runs.then_some(UNRECORDED_FORMAT))
+}
+
+/// The names of the file's tables.
+fn table_names(txn: &redb::ReadTransaction) -> std::result::Result<Vec<String>, redb::Error> {
+    Ok(txn.list_tables()?.map(|t| t.name().to_owned()).collect())
+}
+
+/// What the file holds ([`Contents`]).
+pub(crate) fn contents(txn: &redb::ReadTransaction) -> std::result::Result<Contents, redb::Error> {
+    Ok(Contents::of(&table_names(txn)?, stored_format(txn)?))
+}
+
+/// The refusal of another application's redb file with the tables `tables`, as every open
+/// says it: nothing is written to it.
+pub(crate) fn foreign(tables: &[String]) -> String {
+    format!(
+        "not a loops store: a redb database of another application (its tables: {})",
+        tables.join(", ")
+    )
 }
 
 /// Records in `txn` that the file has this build's format, [`STORE_FORMAT`].
@@ -135,20 +167,12 @@ pub(super) fn record_format(txn: &redb::WriteTransaction) -> std::result::Result
 pub(super) fn ensure_tables(db: &Database) -> std::result::Result<(), NotOpened> {
     let (present, format): (Vec<String>, Option<u64>) = {
         let txn = db.begin_read()?;
-        let present = txn.list_tables()?.map(|t| t.name().to_owned()).collect();
-        (present, stored_format(&txn)?)
+        (table_names(&txn)?, stored_format(&txn)?)
     };
-    match format {
-        Some(STORE_FORMAT) => {}
-        Some(other) => return Err(NotOpened::Format(other)),
-        // A file made before the format was recorded has loops' first tables, of format 1;
-        // a redb file with tables but none of those is another application's database:
-        // left alone.
-        None if present.iter().any(|t| t == "runs") => {
-            return Err(NotOpened::Format(UNRECORDED_FORMAT));
-        }
-        None if !present.is_empty() => return Err(NotOpened::Foreign(present)),
-        None => {}
+    match Contents::of(&present, format) {
+        Contents::Format(STORE_FORMAT) | Contents::Empty => {}
+        Contents::Format(other) => return Err(NotOpened::Format(other)),
+        Contents::Foreign(tables) => return Err(NotOpened::Foreign(tables)),
     }
     if format.is_some() && TABLES.iter().all(|w| present.iter().any(|p| p == w)) {
         return Ok(());

@@ -11,7 +11,7 @@ use super::RedbStore;
 use super::log::{self, Head, Kind, LOG};
 use super::open::refuse_special_file;
 use super::row;
-use super::tables::{RUNS, STORE_FORMAT, file_format, record_format};
+use super::tables::{Contents, RUNS, STORE_FORMAT, contents, foreign, record_format};
 use crate::error::{Error, Result};
 use crate::row::RunInfo;
 
@@ -151,28 +151,29 @@ fn upgrade_file(path: PathBuf) -> Result<Upgraded> {
         let txn = held
             .begin_read()
             .map_err(|e| Error::storage("reading the store's format", e))?;
-        file_format(&txn).map_err(|e| Error::storage("reading the store's format", e))?
+        contents(&txn).map_err(|e| Error::storage("reading the store's format", e))?
     };
     let from = match format {
-        Some(STORE_FORMAT) if repaired => {
+        Contents::Format(STORE_FORMAT) if repaired => {
             return Ok(Upgraded::Repaired {
                 format: STORE_FORMAT,
             });
         }
-        Some(STORE_FORMAT) => {
+        Contents::Format(STORE_FORMAT) => {
             return Ok(Upgraded::Current {
                 format: STORE_FORMAT,
             });
         }
-        Some(from) if FROM.contains(&from) => from,
-        Some(found) => {
+        Contents::Format(from) if FROM.contains(&from) => from,
+        Contents::Format(found) => {
             return Err(Error::StoreFormat {
                 path,
                 found,
                 supported: STORE_FORMAT,
             });
         }
-        None => return Err(open_err("not a loops store (it has no runs table)".into())),
+        Contents::Foreign(tables) => return Err(open_err(foreign(&tables).into())),
+        Contents::Empty => return Err(open_err("not a loops store (it has no tables)".into())),
     };
     let backup = back_up(&path, from)
         .map_err(|e| open_err(format!("copying it to a backup beside it: {e}").into()))?;
@@ -479,7 +480,10 @@ mod tests {
             assert_eq!(row_of_b(&db), before);
         }
         let db = Database::open(&path).unwrap();
-        assert_eq!(file_format(&db.begin_read().unwrap()).unwrap(), Some(2));
+        assert_eq!(
+            contents(&db.begin_read().unwrap()).unwrap(),
+            Contents::Format(2)
+        );
         drop(db);
         assert!(matches!(
             RedbStore::open(&path),
@@ -506,7 +510,7 @@ mod tests {
         }
         let db = Database::open(&path).unwrap();
         let txn = db.begin_read().unwrap();
-        assert_eq!(file_format(&txn).unwrap(), Some(1));
+        assert_eq!(contents(&txn).unwrap(), Contents::Format(1));
         assert!(txn.open_table(JOURNAL).unwrap().len().unwrap() > 0);
         assert!(matches!(
             txn.open_table(LOG),
