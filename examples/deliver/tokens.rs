@@ -65,6 +65,8 @@ pub async fn recorded_calls(runtime: &Runtime, run_id: &str) -> Result<Vec<Model
 /// tokens: plan (seq 0) 1,350, fix (seq 3) 1,590; 2,940 in all (2,700 prompt, 240 completion) over 2 model calls
 /// resumed: 1 model call, 1,350 tokens not spent again
 /// ```
+///
+/// (with the scripted model, which spends none: `resumed: 1 model call not made again`).
 pub fn summary(calls: &[ModelCall], saved: &[ModelCall], resumed: bool) -> Vec<String> {
     let mut lines = Vec::new();
     if calls.is_empty() {
@@ -102,11 +104,16 @@ pub fn summary(calls: &[ModelCall], saved: &[ModelCall], resumed: bool) -> Vec<S
         ));
     }
     if resumed && !saved.is_empty() {
-        lines.push(format!(
-            "resumed: {}, {} tokens not spent again",
-            model_calls(saved.len()),
-            thousands(total(saved).total_tokens())
-        ));
+        let spent = total(saved);
+        lines.push(if spent.requests == 0 {
+            format!("resumed: {} not made again", model_calls(saved.len()))
+        } else {
+            format!(
+                "resumed: {}, {} tokens not spent again",
+                model_calls(saved.len()),
+                thousands(spent.total_tokens())
+            )
+        });
     }
     lines
 }
@@ -204,7 +211,7 @@ mod tests {
             [
                 "tokens: none: 2 model calls to a model that makes no requests (the scripted \
                  stand-in)",
-                "resumed: 1 model call, 0 tokens not spent again",
+                "resumed: 1 model call not made again",
             ]
         );
     }
