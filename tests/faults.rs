@@ -505,6 +505,41 @@ fn a_fifo_is_refused_by_every_open_without_blocking() {
     }
 }
 
+#[cfg(unix)]
+#[test]
+fn a_symbolic_link_to_nothing_is_refused_by_every_open_and_stays_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let link = dir.path().join("store.redb");
+    let target = dir.path().join("gone").join("store.redb");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    type Open = fn(&Path) -> Option<Error>;
+    let opens: [(&str, Open); 3] = [
+        ("Runtime::open", |p| Runtime::open(p).err()),
+        ("RedbStore::open", |p| RedbStore::open(p).err()),
+        ("RedbStore::open_read_only", |p| {
+            RedbStore::open_read_only(p).err()
+        }),
+    ];
+    for (what, open) in opens {
+        match open(&link) {
+            Some(e @ Error::Open { .. }) => assert_eq!(
+                e.to_string(),
+                format!(
+                    "cannot open store {}: it is a symbolic link to {}, which does not exist; a \
+                     new store is not created through a link: name the path it points to \
+                     instead",
+                    link.display(),
+                    target.display()
+                ),
+                "{what}"
+            ),
+            other => panic!("{what}: expected Error::Open, got {other:?}"),
+        }
+    }
+    assert_eq!(std::fs::read_link(&link).unwrap(), target);
+    assert!(!dir.path().join("gone").exists());
+}
+
 #[tokio::test]
 async fn run_ids_and_payload_limits_are_enforced_before_writing() {
     let dir = tempfile::tempdir().unwrap();

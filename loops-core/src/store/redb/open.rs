@@ -411,11 +411,23 @@ fn is_abandoned(path: &Path, pid: Option<u32>) -> bool {
 static NEW_FILES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Refuses a `path` that exists and is not a regular file (a FIFO, a socket, a device or a
-/// directory), before any open touches it: opening a FIFO would block until a writer came.
-/// A path that does not exist passes (the open that follows says so, or creates the store).
+/// directory), before any open touches it: opening a FIFO would block until a writer came;
+/// and a symbolic link to nothing, which no open would say more of than "no such file". A
+/// path that does not exist passes (the open that follows says so, or creates the store).
 pub(in crate::store) fn refuse_special_file(path: &Path) -> Result<()> {
     let Ok(meta) = std::fs::metadata(path) else {
-        return Ok(());
+        return match std::fs::read_link(path) {
+            Ok(target) => Err(Error::Open {
+                path: path.to_path_buf(),
+                cause: format!(
+                    "it is a symbolic link to {}, which does not exist; a new store is not \
+                     created through a link: name the path it points to instead",
+                    target.display()
+                )
+                .into(),
+            }),
+            Err(_) => Ok(()),
+        };
     };
     let file_type = meta.file_type();
     if file_type.is_file() {
