@@ -22,6 +22,7 @@ pub(crate) struct Sql {
     pub(crate) lock_lease: String,
     pub(crate) commit_batch: String,
     pub(crate) lock_run: String,
+    pub(crate) read_run: String,
     pub(crate) lock_runs: String,
     pub(crate) insert_run: String,
     pub(crate) update_run: String,
@@ -105,6 +106,7 @@ impl Sql {
             lock_lease: f("SELECT token, expires_ms > {now} FROM {s}.leases \
                  WHERE run_id = $1 FOR UPDATE"),
             lock_run: f("SELECT info FROM {s}.runs WHERE run_id = $1 FOR UPDATE"),
+            read_run: f("SELECT info FROM {s}.runs WHERE run_id = $1"),
             // The one-round-trip commit (fast.rs, migration 11): one array per column, one
             // write at each index: $1 run, $2 lease token, $3 the row's text; $4..$6 a record
             // key (seq; step name and occurrence), $7 its record; $8..$13 the new row's

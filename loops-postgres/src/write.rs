@@ -7,7 +7,8 @@
 //! the row changed. Here a write takes two round trips on one connection, each a pipeline of
 //! statements:
 //! 1. `BEGIN`; lock the lease row (`FOR UPDATE`, if the write carries a lease); lock the run's
-//!    row (`FOR UPDATE`, or the rows of the runs a prune names); and one statement per fact
+//!    row (`FOR UPDATE`, or the rows of the runs a prune names; a creation only reads it:
+//!    [`Needs::run_unlocked`]); and one statement per fact
 //!    the write needs (the next failure index, the oldest pending event, ...), which run
 //!    after the locks are held.
 //! 2. After [`plan`]: the inserts, updates and deletes of its effects, then `COMMIT`. If any
@@ -137,7 +138,12 @@ fn reads<'a>(sql: &'a Sql, lease: Option<&Lease>, needs: &Needs<'_>) -> Vec<(Fac
     let id = needs.run.unwrap_or_default().to_owned();
     let run = || -> Param { Box::new(id.clone()) };
     if needs.run.is_some() {
-        out.push((Fact::Run, statement(&sql.lock_run, vec![run()])));
+        let read = if needs.run_unlocked {
+            &sql.read_run
+        } else {
+            &sql.lock_run
+        };
+        out.push((Fact::Run, statement(read, vec![run()])));
     }
     if !needs.runs.is_empty() {
         let ids = needs.runs.to_vec();
@@ -535,4 +541,30 @@ async fn execute(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The run's row is locked by every write of a run but a creation, which only reads it
+    /// ([`Needs::run_unlocked`]).
+    #[test]
+    fn a_creation_reads_its_run_row_without_a_lock() {
+        let sql = Sql::new("s");
+        let first = |unlocked: bool| {
+            let mut needs = Needs::default();
+            needs.run = Some("r");
+            needs.run_unlocked = unlocked;
+            reads(&sql, None, &needs)[0].1.sql.to_owned()
+        };
+        assert_eq!(
+            first(true),
+            r#"SELECT info FROM "s".runs WHERE run_id = $1"#
+        );
+        assert_eq!(
+            first(false),
+            r#"SELECT info FROM "s".runs WHERE run_id = $1 FOR UPDATE"#
+        );
+    }
 }

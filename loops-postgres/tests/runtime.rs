@@ -488,6 +488,50 @@ async fn a_drained_worker_hands_its_run_to_another_at_the_state_boundary() {
     serving.await.unwrap().unwrap();
 }
 
+/// Eight front ends queue one run id at the same moment: the worker woken by the creation
+/// takes it at once. (The creations that lose only read the new run's row: a lock held while
+/// they were refused made the woken claim pass the run by, leaving it to the next poll.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_queued_by_several_front_ends_at_once_is_taken_up_at_once() {
+    let schema = common::TestSchema::new("r_queue_many").await;
+    let agent = Arc::new(Agent::default());
+    // A minute's lease: the worker polls every 20 s, twice the time `until_status` waits.
+    let worker = Runtime::builder()
+        .register::<Job, _>(agent.clone())
+        .build(schema.store(Duration::from_secs(60)).await);
+    let serving = {
+        let worker = worker.clone();
+        tokio::spawn(async move { worker.serve(Duration::from_secs(60)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut fronts = Vec::new();
+    for _ in 0..8 {
+        fronts.push(Runtime::builder().build(schema.store(TTL).await));
+    }
+    let go = Arc::new(tokio::sync::Barrier::new(fronts.len()));
+    let queuing: Vec<_> = fronts
+        .into_iter()
+        .map(|front| {
+            let go = go.clone();
+            tokio::spawn(async move {
+                go.wait().await;
+                front
+                    .enqueue("c", Job::Start { n: 0 }, loops::StartOptions::default())
+                    .await
+            })
+        })
+        .collect();
+    for queuing in queuing {
+        // The run, as created or as read back (a worker may have driven it on by then).
+        assert_eq!(queuing.await.unwrap().unwrap().run_id, "c");
+    }
+    until_status(&worker, "c", RunStatus::Waiting).await;
+    assert_eq!(agent.calls()[..2], [("Start", 0, 1), ("Work", 1, 1)]);
+    assert_eq!(worker.store().history("c").await.unwrap().len(), 3);
+    worker.shutdown().await;
+    serving.await.unwrap().unwrap();
+}
+
 /// A front end that registers no workflow queues a run; a worker that polls only every
 /// minute takes it up at once, woken by the queuing commit's notification, and begins its
 /// first attempt without counting an interruption.
@@ -495,9 +539,10 @@ async fn a_drained_worker_hands_its_run_to_another_at_the_state_boundary() {
 async fn a_run_queued_by_a_front_end_is_taken_up_by_a_worker_at_once() {
     let schema = common::TestSchema::new("r_queue").await;
     let agent = Arc::new(Agent::default());
+    // A minute's lease: the worker polls every 20 s, twice the time `until_status` waits.
     let worker = Runtime::builder()
         .register::<Job, _>(agent.clone())
-        .build(schema.store(TTL).await);
+        .build(schema.store(Duration::from_secs(60)).await);
     let serving = {
         let worker = worker.clone();
         tokio::spawn(async move { worker.serve(Duration::from_secs(60)).await })

@@ -19,6 +19,11 @@ pub struct Needs<'w> {
     /// The run whose row the write reads (and locks, in a store that locks rows): the row is
     /// [`plan`](super::plan::plan)'s `row` argument. `None` only for [`Write::Prune`](super::Write::Prune).
     pub run: Option<&'w str>,
+    /// Whether the run's row is read without a lock, in a store that locks rows: a creation's
+    /// (the row refuses it if it is there, and is not there to lock otherwise). Held by a
+    /// creation that is refused, the lock would keep the run just created from the workers
+    /// woken to claim it, whose claims pass locked rows by.
+    pub run_unlocked: bool,
     /// A record key of the run whose use the write must know: [`Facts::record_taken`].
     pub record: Option<RecordKey<'w>>,
     /// A schema hash whose description may be stored already: [`Facts::schema_stored`].
@@ -183,6 +188,7 @@ impl Write {
         match self {
             Write::Create { info, .. } => Needs {
                 run,
+                run_unlocked: true,
                 record: Some(RecordKey::Journal { seq: 0 }),
                 schema: Some(info.schema),
                 ..Needs::default()

@@ -396,6 +396,9 @@ fn a_write_wakes_other_workers_only_when_it_makes_the_run_ready() {
         attributes: Vec::new(),
     };
     assert!(wakes(&create, None));
+    // A creation reads its row unlocked: a refused one must not hold back the claims it woke.
+    assert!(create.needs().run_unlocked);
+    assert!(!transition(4, false).needs().run_unlocked);
     let lease = Lease {
         run_id: "r".to_owned(),
         token: 7,
