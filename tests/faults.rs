@@ -464,6 +464,20 @@ async fn a_record_whose_seq_is_not_its_key_is_refused_on_read() {
     assert_eq!(rt.history::<Count>("r0").await.unwrap().len(), 6);
 }
 
+/// An open of a store file, with the error it returns, if any.
+#[cfg(unix)]
+type Open = fn(&Path) -> Option<Error>;
+
+/// Every open of a store file, by name: writable (the runtime's and the store's) and read-only.
+#[cfg(unix)]
+const EVERY_OPEN: [(&str, Open); 3] = [
+    ("Runtime::open", |p| Runtime::open(p).err()),
+    ("RedbStore::open", |p| RedbStore::open(p).err()),
+    ("RedbStore::open_read_only", |p| {
+        RedbStore::open_read_only(p).err()
+    }),
+];
+
 #[cfg(unix)]
 #[test]
 fn a_fifo_is_refused_by_every_open_without_blocking() {
@@ -476,15 +490,7 @@ fn a_fifo_is_refused_by_every_open_without_blocking() {
     assert!(made.success());
     // Each open runs on a thread of its own: one that blocks fails the test instead of
     // hanging it.
-    type Open = fn(&Path) -> Option<Error>;
-    let opens: [(&str, Open); 3] = [
-        ("Runtime::open", |p| Runtime::open(p).err()),
-        ("RedbStore::open", |p| RedbStore::open(p).err()),
-        ("RedbStore::open_read_only", |p| {
-            RedbStore::open_read_only(p).err()
-        }),
-    ];
-    for (what, open) in opens {
+    for (what, open) in EVERY_OPEN {
         let (tx, rx) = std::sync::mpsc::channel();
         let path = fifo.clone();
         std::thread::spawn(move || {
@@ -512,15 +518,7 @@ fn a_symbolic_link_to_nothing_is_refused_by_every_open_and_stays_one() {
     let link = dir.path().join("store.redb");
     let target = dir.path().join("gone").join("store.redb");
     std::os::unix::fs::symlink(&target, &link).unwrap();
-    type Open = fn(&Path) -> Option<Error>;
-    let opens: [(&str, Open); 3] = [
-        ("Runtime::open", |p| Runtime::open(p).err()),
-        ("RedbStore::open", |p| RedbStore::open(p).err()),
-        ("RedbStore::open_read_only", |p| {
-            RedbStore::open_read_only(p).err()
-        }),
-    ];
-    for (what, open) in opens {
+    for (what, open) in EVERY_OPEN {
         match open(&link) {
             Some(e @ Error::Open { .. }) => assert_eq!(
                 e.to_string(),

@@ -488,14 +488,12 @@ async fn a_drained_worker_hands_its_run_to_another_at_the_state_boundary() {
     serving.await.unwrap().unwrap();
 }
 
-/// Eight front ends queue one run id at the same moment: the worker woken by the creation
-/// takes it at once. (The creations that lose only read the new run's row: a lock held while
-/// they were refused made the woken claim pass the run by, leaving it to the next poll.)
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_run_queued_by_several_front_ends_at_once_is_taken_up_at_once() {
-    let schema = common::TestSchema::new("r_queue_many").await;
-    let agent = Arc::new(Agent::default());
-    // A minute's lease: the worker polls every 20 s, twice the time `until_status` waits.
+/// A worker of `Job` with `agent` on `schema` that polls only every 20 s (a minute's lease,
+/// twice the time `until_status` waits): a run it takes up in time, it took woken.
+async fn slow_polling_worker(
+    schema: &common::TestSchema,
+    agent: &Arc<Agent>,
+) -> (Runtime, tokio::task::JoinHandle<loops::Result<()>>) {
     let worker = Runtime::builder()
         .register::<Job, _>(agent.clone())
         .build(schema.store(Duration::from_secs(60)).await);
@@ -503,6 +501,17 @@ async fn a_run_queued_by_several_front_ends_at_once_is_taken_up_at_once() {
         let worker = worker.clone();
         tokio::spawn(async move { worker.serve(Duration::from_secs(60)).await })
     };
+    (worker, serving)
+}
+
+/// Eight front ends queue one run id at the same moment: the worker woken by the creation
+/// takes it at once. (The creations that lose only read the new run's row: a lock held while
+/// they were refused made the woken claim pass the run by, leaving it to the next poll.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_queued_by_several_front_ends_at_once_is_taken_up_at_once() {
+    let schema = common::TestSchema::new("r_queue_many").await;
+    let agent = Arc::new(Agent::default());
+    let (worker, serving) = slow_polling_worker(&schema, &agent).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let mut fronts = Vec::new();
     for _ in 0..8 {
@@ -539,14 +548,7 @@ async fn a_run_queued_by_several_front_ends_at_once_is_taken_up_at_once() {
 async fn a_run_queued_by_a_front_end_is_taken_up_by_a_worker_at_once() {
     let schema = common::TestSchema::new("r_queue").await;
     let agent = Arc::new(Agent::default());
-    // A minute's lease: the worker polls every 20 s, twice the time `until_status` waits.
-    let worker = Runtime::builder()
-        .register::<Job, _>(agent.clone())
-        .build(schema.store(Duration::from_secs(60)).await);
-    let serving = {
-        let worker = worker.clone();
-        tokio::spawn(async move { worker.serve(Duration::from_secs(60)).await })
-    };
+    let (worker, serving) = slow_polling_worker(&schema, &agent).await;
     // The worker's first resume is over (it found nothing) before the run is queued.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let front = Runtime::builder().build(schema.store(TTL).await);
