@@ -414,6 +414,67 @@ async fn a_queued_run_is_driven_by_the_runtime_that_registers_its_workflow() {
     assert_eq!(worker.store().failures("q3").await.unwrap(), vec![]);
 }
 
+/// Holds the first creation it sees for `DELAY`, telling `seen` that it does.
+struct HoldFirstCreation {
+    seen: std::sync::Mutex<Option<mpsc::UnboundedSender<()>>>,
+}
+
+impl loops::testing::WriteHook for HoldFirstCreation {
+    fn before(&self, seen: &loops::testing::WriteSeen) -> loops::testing::Verdict {
+        let mut tell = self.seen.lock().unwrap();
+        match tell.take_if(|_| seen.kind == "Create") {
+            Some(tell) => {
+                let _ = tell.send(());
+                loops::testing::Verdict::Delay(std::time::Duration::from_secs(2))
+            }
+            None => loops::testing::Verdict::Go,
+        }
+    }
+}
+
+/// A run that a front end queues between a driver's read (no such run) and its creation:
+/// the driver's creation loses (the record of seq 0 is taken) and the driver takes the
+/// queued run up instead of failing with `SequenceConflict`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_queued_while_a_driver_creates_it_is_driven_by_that_driver() {
+    let dir = tempfile::tempdir().unwrap();
+    let (entered, mut entered_rx) = mpsc::unbounded_channel();
+    let effect = Effect {
+        ledger: dir.path().join("ledger"),
+        entered,
+        gate: Arc::new(Semaphore::new(1)),
+    };
+    let store = RedbStore::open(dir.path().join("store.redb")).unwrap();
+    let (tell, mut creating) = mpsc::unbounded_channel();
+    let hook = HoldFirstCreation {
+        seen: std::sync::Mutex::new(Some(tell)),
+    };
+    let driver =
+        Runtime::builder().build(loops::testing::HookedStore::with_hook(store.clone(), hook));
+    let front = Runtime::builder().build(store);
+    let driving = {
+        let (driver, effect) = (driver.clone(), effect.clone());
+        tokio::spawn(async move { driver.run("x", Once::Start, &effect).await })
+    };
+    creating.recv().await.unwrap();
+    let queued = front
+        .enqueue("x", Once::Start, loops::StartOptions::default())
+        .await
+        .unwrap();
+    // The front end's creation is the one recorded (the driver's is held back still).
+    assert_eq!((queued.seq, queued.attempt), (0, 0));
+    assert!(entered_rx.try_recv().is_err());
+    assert_eq!(driving.await.unwrap().unwrap(), Once::Done { line: 1 });
+    assert_eq!(lines(&effect.ledger), 1);
+    let info = front.run_info("x").await.unwrap().unwrap();
+    assert_eq!(
+        (info.status, info.attempt, info.interrupted),
+        (RunStatus::Completed, 1, 0)
+    );
+    assert_eq!(front.store().failures("x").await.unwrap(), vec![]);
+    assert_eq!(front.store().history("x").await.unwrap().len(), 2);
+}
+
 /// A run started on a runtime that drained is recorded for the next process, its first
 /// attempt not begun: that process drives it and counts no interruption (before, `start`
 /// recorded attempt 1 as begun with no driver, and the next process counted it interrupted).

@@ -14,7 +14,7 @@ use crate::record::TransitionRecord;
 use crate::route::{KnownVersion, Route};
 use crate::row::RunInfo;
 use crate::run::dispatch::Dispatch;
-use crate::run::driver::{Driven, Entered, Mode, schema_changes};
+use crate::run::driver::{Driven, Entered, Found, Mode, schema_changes};
 use crate::runtime::claims::Claim;
 use crate::runtime::evolve::{OnBlock, Routing};
 use crate::runtime::handle::{Prepared, Registry, Runtime, Start, check_workflow};
@@ -182,12 +182,15 @@ impl Runtime {
         // A run's parent never changes: known at entry, it need not be read again at the end.
         let mut parent = None;
         let result = async {
-            let entered = match self.drive(&claim).find().await? {
-                None => {
-                    let attributes = options.into_attributes(run_id, initial.state().name())?;
-                    self.drive(&claim).create(initial, attributes).await?
-                }
-                Some(found) => {
+            let state = initial.state().name();
+            let attributes = || options.into_attributes(run_id, state);
+            let entered = match self
+                .drive(&claim)
+                .find_or_create(initial, attributes)
+                .await?
+            {
+                Found::Created(entered) => entered,
+                Found::Existing(found) => {
                     let (entered, accepted) = self.route_attached::<W>(&claim, found).await?;
                     self.drive(&claim).check::<W>(entered, accepted).await?
                 }
@@ -290,16 +293,19 @@ impl Runtime {
         };
         let span = tracing::info_span!("run", run_id, workflow = W::NAME);
         let prepared = async {
-            match self.drive(&claim).find().await? {
-                None => Ok(Prepared {
-                    entered: {
-                        let attributes = options.into_attributes(run_id, initial.state().name())?;
-                        self.drive(&claim).create(initial, attributes).await?
-                    },
+            let state = initial.state().name();
+            let attributes = || options.into_attributes(run_id, state);
+            match self
+                .drive(&claim)
+                .find_or_create(initial, attributes)
+                .await?
+            {
+                Found::Created(entered) => Ok(Prepared {
+                    entered,
                     version: compiled,
                     accepted: None,
                 }),
-                Some(found) => {
+                Found::Existing(found) => {
                     check_workflow::<W>(&found.0)?;
                     let known = self.registry(|r| r.known(W::NAME));
                     let stored = found.0.schema;

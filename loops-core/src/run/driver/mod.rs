@@ -74,6 +74,14 @@ pub(crate) struct Entered {
     pub(crate) rerouted: bool,
 }
 
+/// What [`Drive::find_or_create`] found.
+pub(crate) enum Found {
+    /// The run existed: its row and latest record.
+    Existing((RunInfo, TransitionRecord)),
+    /// This call created it.
+    Created(Entered),
+}
+
 enum Failure {
     Handler(BoxError),
     Timeout(Duration),
@@ -204,6 +212,33 @@ impl Drive<'_> {
             fresh: false,
             rerouted,
         })
+    }
+
+    /// The run, if it exists ([`Found::Existing`], to be checked and routed by the caller);
+    /// else created in `initial` with the attributes `attributes` makes (asked for a
+    /// creation only) as [`create`](Self::create) does ([`Found::Created`]). A creation that
+    /// a concurrent one beat (an [`enqueue`](crate::Runtime::enqueue) of the same id in
+    /// another process, which takes no lease, between this read and the creation:
+    /// [`Error::SequenceConflict`]) finds the run that one made.
+    ///
+    /// # Errors
+    /// A store error; what `attributes` or [`create`](Self::create) return.
+    pub(crate) async fn find_or_create<W: Workflow>(
+        &self,
+        initial: W,
+        attributes: impl FnOnce() -> Result<Vec<(String, crate::attribute::AttributeValue)>>,
+    ) -> Result<Found> {
+        if let Some(found) = self.find().await? {
+            return Ok(Found::Existing(found));
+        }
+        match self.create(initial, attributes()?).await {
+            Ok(entered) => Ok(Found::Created(entered)),
+            Err(e @ Error::SequenceConflict { .. }) => match self.find().await? {
+                Some(found) => Ok(Found::Existing(found)),
+                None => Err(e),
+            },
+            Err(e) => Err(e),
+        }
     }
 
     /// Creates the run in `initial`, which must be `W`'s initial state, with `attributes`.
