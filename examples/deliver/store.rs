@@ -18,12 +18,24 @@ use crate::project::Paths;
 /// open in any process: it is deleted all the same, as `--fresh` asks.
 pub async fn delete_for_fresh(paths: &Paths) -> Result<()> {
     check_is_a_store(&paths.store)?;
+    // Another application's redb database starts as a store does: it is refused, and a
+    // read-only open says so without writing to it (a writable one rewrites redb's header).
+    let refuse = |e: loops::Error| {
+        anyhow::anyhow!("--fresh: {e}; nothing was deleted (move it away, or name another --store)")
+    };
+    if paths.store.exists()
+        && let Err(e) = loops::RedbStore::open_read_only(&paths.store)
+        && e.is_foreign_database()
+    {
+        return Err(refuse(e));
+    }
     let held = if paths.store.exists() {
         match open_store(|| loops::RedbStore::open(&paths.store)).await {
             Ok(store) => Some(store),
             Err(e @ loops::Error::StoreLocked { .. }) => {
                 return Err(store_error(e).context("--fresh"));
             }
+            Err(e) if e.is_foreign_database() => return Err(refuse(e)),
             Err(e) => {
                 say!(
                     "--fresh: {:#}; deleting it all the same",

@@ -357,6 +357,36 @@ fn fresh_never_deletes_what_is_not_a_store() {
     );
     assert!(dir.path().join("work/.loops-deliver-workdir").exists());
 
+    // Another application's redb database starts as a store does: refused by its tables,
+    // and not one byte of it changes.
+    let foreign = dir.path().join("users.redb");
+    {
+        let db = redb::Database::create(&foreign).expect("a redb file");
+        let txn = db.begin_write().expect("a write");
+        let users: redb::TableDefinition<u64, &str> = redb::TableDefinition::new("users");
+        txn.open_table(users)
+            .expect("a table")
+            .insert(1, "ada")
+            .expect("a row");
+        txn.commit().expect("commit");
+    }
+    let bytes = std::fs::read(&foreign).expect("read");
+    let mut args = store(&foreign);
+    args.push("--fresh".into());
+    let output = deliver(dir.path(), &args);
+    assert_refused(
+        &output,
+        &format!(
+            "error: --fresh: cannot open store {}: not a loops store: a redb database of another \
+             application (its tables: users); nothing was deleted (move it away, or name another \
+             --store)\n",
+            foreign.display()
+        ),
+        dir.path(),
+        &["precious.txt", "stores", "users.redb", "work"],
+    );
+    assert!(std::fs::read(&foreign).expect("read") == bytes);
+
     // A key file that cannot be read stops --fresh before it deletes the work directory.
     let missing = dir.path().join("no-such-keys");
     let args: Vec<OsString> = vec![

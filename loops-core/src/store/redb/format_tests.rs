@@ -99,38 +99,77 @@ fn a_store_of_a_newer_format_is_refused_and_left_as_it_is() {
     assert_eq!(recorded(&path), Some(4));
 }
 
-#[test]
-fn a_redb_file_of_another_application_is_refused_and_left_as_it_is() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("other.redb");
-    {
-        let db = Database::create(&path).unwrap();
-        let txn = db.begin_write().unwrap();
-        let foo: redb::TableDefinition<u64, u64> = redb::TableDefinition::new("foo");
-        txn.open_table(foo).unwrap().insert(1, 2).unwrap();
-        txn.commit().unwrap();
-    }
-    // The writable and the read-only open say the same.
-    for opened in [RedbStore::open(&path), RedbStore::open_read_only(&path)] {
-        match opened {
-            Err(e @ Error::Open { .. }) => assert_eq!(
-                e.to_string(),
-                format!(
-                    "cannot open store {}: not a loops store: a redb database of another application (its tables: foo)",
-                    path.display()
-                )
-            ),
-            Err(other) => panic!("{other}"),
-            Ok(_) => panic!("opened another application's database"),
-        }
-    }
-    // Nothing of loops was added to it.
-    let db = Database::open(&path).unwrap();
+/// Another application's redb file with `make`'s tables, at `path`.
+fn foreign_file(path: &std::path::Path, make: fn(&redb::WriteTransaction)) {
+    let db = Database::create(path).unwrap();
+    let txn = db.begin_write().unwrap();
+    make(&txn);
+    txn.commit().unwrap();
+}
+
+/// The names of the tables of the file at `path`, multimap tables after the others.
+fn table_names(path: &std::path::Path) -> Vec<String> {
+    let db = Database::open(path).unwrap();
     let txn = db.begin_read().unwrap();
-    let tables: Vec<String> = txn
+    let mut names: Vec<String> = txn
         .list_tables()
         .unwrap()
         .map(|t| redb::TableHandle::name(&t).to_owned())
         .collect();
-    assert_eq!(tables, ["foo"]);
+    names.extend(
+        txn.list_multimap_tables()
+            .unwrap()
+            .map(|t| redb::MultimapTableHandle::name(&t).to_owned()),
+    );
+    names
+}
+
+#[test]
+fn a_redb_file_of_another_application_is_refused_and_left_as_it_is() {
+    // Plain tables; only multimap tables (no plain table to list); a table named like
+    // loops' first one (`runs`, without the `journal` of format 1); a `meta` table of other
+    // types than loops'.
+    let files: [(&str, fn(&redb::WriteTransaction)); 4] = [
+        ("foo", |txn| {
+            let foo: redb::TableDefinition<u64, u64> = redb::TableDefinition::new("foo");
+            txn.open_table(foo).unwrap().insert(1, 2).unwrap();
+        }),
+        ("tags", |txn| {
+            let tags: redb::MultimapTableDefinition<u64, u64> =
+                redb::MultimapTableDefinition::new("tags");
+            txn.open_multimap_table(tags).unwrap().insert(1, 2).unwrap();
+        }),
+        ("runs", |txn| {
+            let runs: redb::TableDefinition<&str, u64> = redb::TableDefinition::new("runs");
+            txn.open_table(runs).unwrap().insert("a", 2).unwrap();
+        }),
+        ("meta", |txn| {
+            let meta: redb::TableDefinition<&str, &str> = redb::TableDefinition::new("meta");
+            txn.open_table(meta).unwrap().insert("format", "x").unwrap();
+        }),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    for (table, make) in files {
+        let path = dir.path().join(format!("{table}.redb"));
+        foreign_file(&path, make);
+        // The writable and the read-only open say the same.
+        for opened in [RedbStore::open(&path), RedbStore::open_read_only(&path)] {
+            match opened {
+                Err(e @ Error::Open { .. }) => {
+                    assert!(e.is_foreign_database(), "{e}");
+                    assert_eq!(
+                        e.to_string(),
+                        format!(
+                            "cannot open store {}: not a loops store: a redb database of another application (its tables: {table})",
+                            path.display()
+                        )
+                    );
+                }
+                Err(other) => panic!("{table}: {other}"),
+                Ok(_) => panic!("{table}: opened another application's database"),
+            }
+        }
+        // Nothing of loops was added to it.
+        assert_eq!(table_names(&path), [table]);
+    }
 }

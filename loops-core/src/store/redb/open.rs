@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 
 use super::commit::{QUEUE, writer_loop};
 use super::step_keys::StepKeys;
-use super::tables::{Contents, NotOpened, STORE_FORMAT, contents, ensure_tables, foreign};
+use super::tables::{Contents, ForeignDatabase, NotOpened, STORE_FORMAT, contents, ensure_tables};
 use super::{Db, Inner, Leases, Opener, Queue, RedbStore, StoreOptions};
 use crate::error::{Error, Result};
 
@@ -203,7 +203,9 @@ impl RedbStore {
                     supported: STORE_FORMAT,
                 });
             }
-            Err(NotOpened::Foreign(tables)) => return Err(open_err(foreign(&tables).into())),
+            Err(NotOpened::Foreign(tables)) => {
+                return Err(open_err(Box::new(ForeignDatabase { tables })));
+            }
             Err(NotOpened::Redb(e)) => return Err(open_err(e.into())),
         }
         let db = Arc::new(RwLock::new(Db::Writable(db)));
@@ -336,7 +338,7 @@ impl RedbStore {
             Ok(Contents::Foreign(tables)) => {
                 return Err(Error::Open {
                     path,
-                    cause: foreign(&tables).into(),
+                    cause: Box::new(ForeignDatabase { tables }),
                 });
             }
             Err(e) => {

@@ -1,6 +1,6 @@
 //! The tables of the store file, and the set of them a write transaction opens lazily.
 
-use redb::{Database, ReadableDatabase, TableDefinition, TableHandle};
+use redb::{Database, MultimapTableHandle, ReadableDatabase, TableDefinition, TableHandle};
 
 use super::log::{LOG, LogError, next_sequence};
 use super::step_keys::StepKeys;
@@ -101,7 +101,12 @@ pub(super) fn stored_format(
 ) -> std::result::Result<Option<u64>, redb::Error> {
     let table = match txn.open_table(META) {
         Ok(table) => table,
-        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+        // Another application's table of that name records no loops format.
+        Err(
+            redb::TableError::TableDoesNotExist(_)
+            | redb::TableError::TableTypeMismatch { .. }
+            | redb::TableError::TableIsMultimap(_),
+        ) => return Ok(None),
         Err(e) => return Err(e.into()),
     };
     Ok(table.get(FORMAT_KEY)?.map(|v| v.value()))
@@ -114,7 +119,7 @@ pub(crate) enum Contents {
     /// No table: a new file.
     Empty,
     /// A loops store of this format: the one it records, or [`UNRECORDED_FORMAT`] for a file
-    /// with loops' first tables that records none.
+    /// with the tables of loops' every format (`runs`, `status`, `schemas`) that records none.
     Format(u64),
     /// Another application's database: its tables (it has neither a recorded format nor
     /// loops' tables).
@@ -126,16 +131,24 @@ impl Contents {
     fn of(present: &[String], format: Option<u64>) -> Contents {
         match format {
             Some(format) => Contents::Format(format),
-            None if present.iter().any(|t| t == "runs") => Contents::Format(UNRECORDED_FORMAT),
+            None if ["runs", "status", "schemas"]
+                .iter()
+                .all(|t| present.iter().any(|p| p == t)) =>
+            {
+                Contents::Format(UNRECORDED_FORMAT)
+            }
             None if present.is_empty() => Contents::Empty,
             None => Contents::Foreign(present.to_vec()),
         }
     }
 }
 
-/// The names of the file's tables.
+/// The names of the file's tables, multimap tables included (loops has none: a file with
+/// only those is another application's, not an empty one).
 fn table_names(txn: &redb::ReadTransaction) -> std::result::Result<Vec<String>, redb::Error> {
-    Ok(txn.list_tables()?.map(|t| t.name().to_owned()).collect())
+    let mut names: Vec<String> = txn.list_tables()?.map(|t| t.name().to_owned()).collect();
+    names.extend(txn.list_multimap_tables()?.map(|t| t.name().to_owned()));
+    Ok(names)
 }
 
 /// What the file holds ([`Contents`]).
@@ -143,13 +156,34 @@ pub(crate) fn contents(txn: &redb::ReadTransaction) -> std::result::Result<Conte
     Ok(Contents::of(&table_names(txn)?, stored_format(txn)?))
 }
 
-/// The refusal of another application's redb file with the tables `tables`, as every open
-/// says it: nothing is written to it.
-pub(crate) fn foreign(tables: &[String]) -> String {
-    format!(
-        "not a loops store: a redb database of another application (its tables: {})",
-        tables.join(", ")
-    )
+/// The cause of the [`Error::Open`](crate::Error::Open) that refuses another application's
+/// redb file, as every open says it ([`Error::is_foreign_database`](crate::Error::is_foreign_database)).
+#[derive(Debug)]
+pub(crate) struct ForeignDatabase {
+    /// The file's tables.
+    pub(crate) tables: Vec<String>,
+}
+
+impl std::fmt::Display for ForeignDatabase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "not a loops store: a redb database of another application (its tables: {})",
+            self.tables.join(", ")
+        )
+    }
+}
+
+impl std::error::Error for ForeignDatabase {}
+
+impl crate::Error {
+    /// Whether this is an open's refusal of a redb file of another application (one with
+    /// tables, and neither loops' tables nor a loops format): no loops table was added to
+    /// it. A program that deletes a store it cannot open (to start over) must not delete
+    /// such a file: it is not a damaged store.
+    pub fn is_foreign_database(&self) -> bool {
+        matches!(self, crate::Error::Open { cause, .. } if cause.is::<ForeignDatabase>())
+    }
 }
 
 /// Records in `txn` that the file has this build's format, [`STORE_FORMAT`].
@@ -163,7 +197,9 @@ pub(super) fn record_format(txn: &redb::WriteTransaction) -> std::result::Result
 ///
 /// # Errors
 /// [`NotOpened::Format`] if the file records a format other than [`STORE_FORMAT`];
-/// [`NotOpened::Foreign`] for another application's redb file (nothing is written to either).
+/// [`NotOpened::Foreign`] for another application's redb file (no table is added to either;
+/// redb's writable open itself rewrites the file's header and allocator state, as it does at
+/// every open and close).
 pub(super) fn ensure_tables(db: &Database) -> std::result::Result<(), NotOpened> {
     let (present, format): (Vec<String>, Option<u64>) = {
         let txn = db.begin_read()?;

@@ -11,7 +11,7 @@ use super::RedbStore;
 use super::log::{self, Head, Kind, LOG};
 use super::open::refuse_special_file;
 use super::row;
-use super::tables::{Contents, RUNS, STORE_FORMAT, contents, foreign, record_format};
+use super::tables::{Contents, ForeignDatabase, RUNS, STORE_FORMAT, contents, record_format};
 use crate::error::{Error, Result};
 use crate::row::RunInfo;
 
@@ -172,7 +172,7 @@ fn upgrade_file(path: PathBuf) -> Result<Upgraded> {
                 supported: STORE_FORMAT,
             });
         }
-        Contents::Foreign(tables) => return Err(open_err(foreign(&tables).into())),
+        Contents::Foreign(tables) => return Err(open_err(Box::new(ForeignDatabase { tables }))),
         Contents::Empty => return Err(open_err("not a loops store (it has no tables)".into())),
     };
     let backup = back_up(&path, from)
