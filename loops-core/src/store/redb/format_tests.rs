@@ -99,8 +99,11 @@ fn a_store_of_a_newer_format_is_refused_and_left_as_it_is() {
     assert_eq!(recorded(&path), Some(4));
 }
 
+/// What makes another application's tables in a new redb file.
+type MakeTables = fn(&redb::WriteTransaction);
+
 /// Another application's redb file with `make`'s tables, at `path`.
-fn foreign_file(path: &std::path::Path, make: fn(&redb::WriteTransaction)) {
+fn foreign_file(path: &std::path::Path, make: MakeTables) {
     let db = Database::create(path).unwrap();
     let txn = db.begin_write().unwrap();
     make(&txn);
@@ -129,7 +132,7 @@ fn a_redb_file_of_another_application_is_refused_and_left_as_it_is() {
     // Plain tables; only multimap tables (no plain table to list); a table named like
     // loops' first one (`runs`, without the `journal` of format 1); a `meta` table of other
     // types than loops'.
-    let files: [(&str, fn(&redb::WriteTransaction)); 4] = [
+    let files: [(&str, MakeTables); 4] = [
         ("foo", |txn| {
             let foo: redb::TableDefinition<u64, u64> = redb::TableDefinition::new("foo");
             txn.open_table(foo).unwrap().insert(1, 2).unwrap();
