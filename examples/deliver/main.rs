@@ -47,7 +47,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result, bail, ensure};
 use clap::Parser;
 use loops::{RetryPolicy, RunStatus, Runtime};
 use tracing_subscriber::EnvFilter;
@@ -296,6 +296,8 @@ async fn run(cli: Cli) -> Result<Ended> {
         // Another `deliver --serve` holds the store: it takes the approval instead.
         let store = cli.store.clone();
         let store = store.unwrap_or_else(|| cli.workdir.join("deliver.redb"));
+        // No store, no run: refused before a store or a work directory is made.
+        ensure!(store.exists(), no_run_to_approve(&cli, &store));
         if let Some(said) = approval::through_the_serving_process(&store, &cli.run_id).await? {
             say!("{said}");
             return Ok(Ended::Done);
@@ -526,6 +528,9 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
 /// If the run is of another workflow, works elsewhere, or the store cannot be read.
 async fn settle_run(cli: &Cli, paths: &mut Paths, runtime: &Runtime) -> Result<()> {
     let Some(info) = runtime.run_info(&cli.run_id).await? else {
+        // Approving a run that is not there would start a new one, approved: most likely the
+        // store or the id is not the one meant.
+        ensure!(!cli.approve, no_run_to_approve(cli, &paths.store));
         return paths.settle_run(&cli.run_id, None).await;
     };
     if info.workflow != <workflow::v2::Deliver as loops::Workflow>::NAME {
@@ -542,6 +547,16 @@ async fn settle_run(cli: &Cli, paths: &mut Paths, runtime: &Runtime) -> Result<(
     }
     let attributes = runtime.attributes(&cli.run_id).await?;
     paths.settle_run(&cli.run_id, Some(&attributes)).await
+}
+
+/// The refusal of `--approve` for a run that is not in `store`.
+fn no_run_to_approve(cli: &Cli, store: &Path) -> String {
+    format!(
+        "--approve: there is no run {} in {} to approve (check --store and --run-id; a new run \
+         starts without --approve)",
+        cli.run_id,
+        store.display()
+    )
 }
 
 /// `--dry-run`: prints what this build would do with every unfinished or blocked run of the
@@ -623,7 +638,10 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
     // initial state's base is then never read (the run exists).
     let base = if versions::knows(runtime, &cli.run_id, cli.workflow_version).await? {
         let recorded = versions::recorded_base(runtime, &cli.run_id).await?;
-        project::prepare(paths, &agent::work_branch(&cli.run_id), recorded).await?
+        let base = project::prepare(paths, &agent::work_branch(&cli.run_id), recorded).await?;
+        let head = versions::recorded_head(runtime, &cli.run_id).await?;
+        project::check_holds(paths, &cli.run_id, head.as_deref()).await?;
+        base
     } else {
         Base::default()
     };

@@ -164,13 +164,16 @@ impl Paths {
         Ok(())
     }
 
-    /// Whether the work directory (which exists) is empty or marked as made by this example.
+    /// Whether the work directory (which exists) is empty or marked as made by this example:
+    /// it holds the marker, or nothing but the marker being written (by another process that
+    /// made it a moment ago).
     fn is_ours(&self) -> Result<bool> {
-        let empty = std::fs::read_dir(&self.workdir)
-            .with_context(|| format!("cannot read {}", self.workdir.display()))?
-            .next()
-            .is_none();
-        Ok(empty || self.workdir.join(MARKER).exists())
+        let mut entries = std::fs::read_dir(&self.workdir)
+            .with_context(|| format!("cannot read {}", self.workdir.display()))?;
+        let marking = entries.all(|entry| {
+            entry.is_ok_and(|entry| entry.file_name().to_string_lossy().starts_with(MARKER))
+        });
+        Ok(marking || self.workdir.join(MARKER).exists())
     }
 
     /// Where [`delete`](Self::delete) moves the work directory: `<workdir>.deleting-<pid>`,
@@ -250,10 +253,14 @@ impl Paths {
     /// # Errors
     /// If it cannot be read or written.
     pub fn mark(&self) -> Result<()> {
-        if self.workdir_id()?.is_none() {
-            write_durably(&self.workdir.join(MARKER), new_workdir_id().as_bytes())?;
+        if self.workdir_id()?.is_some() {
+            return Ok(());
         }
-        Ok(())
+        // Linked into place in a new directory: of two processes that mark it at once, the
+        // first one's id stands, and the second's is dropped (before either records a run).
+        let marker = self.workdir.join(MARKER);
+        let replace = marker.exists();
+        write_durably(&marker, new_workdir_id().as_bytes(), replace).map(drop)
     }
 
     /// The work directory's id, in its marker: made with the directory, the same in a copy of
@@ -371,8 +378,19 @@ impl Paths {
         let Some(id) = text(WORKDIR_ID_ATTRIBUTE) else {
             return Ok(());
         };
-        if self.workdir_id()?.as_deref() != Some(id) {
+        let here = self.workdir_id()?;
+        if here.as_deref() != Some(id) {
             let started = text(WORKDIR_ATTRIBUTE).unwrap_or("(not recorded)");
+            let marker = self.workdir.join(MARKER);
+            ensure!(
+                !same_dir(Path::new(started), &self.workdir),
+                "run {run_id} started in this work directory, {}, but its marker {} holds {} \
+                 instead of the id the run recorded, {id} (the file was edited or replaced): \
+                 write {id} back into it to go on",
+                self.workdir.display(),
+                marker.display(),
+                here.map_or_else(|| "no id".to_owned(), |here| format!("the id {here}"))
+            );
             bail!(
                 "run {run_id} works in the work directory it started in, {started} (its remote \
                  and forge are there); --workdir {} is another: pass --workdir {started} (or a \
@@ -430,20 +448,15 @@ fn same_dir(a: &Path, b: &Path) -> bool {
     }
 }
 
-/// Writes `bytes` to `path` so that a crash leaves either the old file or the new one,
-/// complete: written to `<path>.tmp-<pid>` beside it, synced, renamed over `path`, and the
-/// directory synced (it is created, and its parent synced, if missing).
-fn write_durably(path: &Path, bytes: &[u8]) -> Result<()> {
+/// Writes `bytes` to `path` so that a crash leaves the file as it was or the new one,
+/// complete: written to `<path>.tmp-<pid>` beside it and synced, then moved into place
+/// (renamed over `path` if `replace`; else linked to it, which leaves a file there as it is,
+/// and returns `false`), and the directory synced.
+fn write_durably(path: &Path, bytes: &[u8], replace: bool) -> Result<bool> {
     use std::io::Write as _;
     let dir = path
         .parent()
         .with_context(|| format!("{} has no parent directory", path.display()))?;
-    if !dir.exists() {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        if let Some(parent) = dir.parent() {
-            sync_dir(parent)?;
-        }
-    }
     let tmp = temp_sibling(path)?;
     let written = std::fs::File::create(&tmp).and_then(|mut file| {
         file.write_all(bytes)?;
@@ -453,9 +466,20 @@ fn write_durably(path: &Path, bytes: &[u8]) -> Result<()> {
         let _ = std::fs::remove_file(&tmp);
         return Err(e).with_context(|| format!("cannot write {}", tmp.display()));
     }
-    std::fs::rename(&tmp, path)
-        .with_context(|| format!("cannot move {} to {}", tmp.display(), path.display()))?;
-    sync_dir(dir)
+    let placed = if replace {
+        std::fs::rename(&tmp, path)
+    } else {
+        let linked = std::fs::hard_link(&tmp, path);
+        let _ = std::fs::remove_file(&tmp);
+        linked
+    };
+    match placed {
+        Ok(()) => sync_dir(dir).map(|()| true),
+        Err(e) if !replace && e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => {
+            Err(e).with_context(|| format!("cannot move {} to {}", tmp.display(), path.display()))
+        }
+    }
 }
 
 /// Makes the entries of directory `dir` durable (a no-op where directories cannot be opened).
@@ -561,6 +585,28 @@ pub async fn prepare(paths: &Paths, work_branch: &str, recorded: Option<Base>) -
         create_remote(&git, &paths.remote, &base.branch, &base.commit).await?;
     }
     Ok(base)
+}
+
+/// Checks that the repository holds `head`, the last commit the run `run_id` recorded
+/// (`None`: it made none yet): a copy of the work directory made before the run made it has
+/// the run's id but not its commits, whose push would fail.
+///
+/// # Errors
+/// If the repository lacks `head`, or git fails.
+pub async fn check_holds(paths: &Paths, run_id: &str, head: Option<&str>) -> Result<()> {
+    let Some(head) = head else {
+        return Ok(());
+    };
+    let found = Git::new(&paths.repo)
+        .resolve(&format!("{head}^{{commit}}"))
+        .await?;
+    ensure!(
+        found.is_some(),
+        "run {run_id} made commit {head}, which the repository {} lacks (is this work directory \
+         a copy made before the run made it?): go on in the work directory the run made it in",
+        paths.repo.display()
+    );
+    Ok(())
 }
 
 /// Where a new run in the repository given with `--repo` starts: the branch checked out

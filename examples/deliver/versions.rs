@@ -244,6 +244,26 @@ pub async fn recorded_base(runtime: &Runtime, run_id: &str) -> Result<Option<Bas
     }
 }
 
+/// The head commit of the run `run_id`'s work, if its latest state holds one (`work`, in
+/// every state from `Edited` on, either version), read as stored.
+///
+/// # Errors
+/// If the store cannot be read.
+pub async fn recorded_head(runtime: &Runtime, run_id: &str) -> Result<Option<String>> {
+    let Some((_, record)) = runtime.store().latest(run_id).await? else {
+        return Ok(None);
+    };
+    let payload: serde_json::Value = serde_json::from_str(record.payload.get())?;
+    // A state is `{"Name": {fields}}`; its work's commits are oldest first.
+    let head = payload
+        .as_object()
+        .and_then(|state| state.values().next())
+        .and_then(|fields| fields["work"]["commits"].as_array())
+        .and_then(|commits| commits.last())
+        .and_then(|commit| commit["id"].as_str());
+    Ok(head.map(str::to_owned))
+}
+
 /// Says whether the run is new, resumed (at which state, skipping which) or finished; read
 /// from the records as stored, so the same for either version (and a migration's record is
 /// named so). Says nothing of a run that `release` does not know ([`knows`]): this build

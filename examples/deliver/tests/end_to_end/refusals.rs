@@ -5,7 +5,7 @@ use std::ffi::OsString;
 use std::path::Path;
 use std::process::{Command, Output};
 
-use crate::common::{HOLD_VAR, STOP_VAR, describe, example, names_in, reference};
+use crate::common::{HOLD_VAR, STOP_VAR, describe, example, loops, names_in, reference};
 
 /// Runs the example with `args` (in the work directory `dir/work` unless they name one),
 /// without test hooks.
@@ -76,6 +76,34 @@ fn bad_run_ids_are_usage_errors() {
         );
         assert!(names_in(dir.path()).is_empty(), "{}", describe(&output));
     }
+}
+
+/// `--approve` of a run that does not exist is refused (it would start a new run, approved):
+/// with no store, before anything is made; with a store, nothing is added to it.
+#[test]
+fn approve_refuses_a_run_that_is_not_there() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = dir.path().join("work/deliver.redb");
+    let refusal = format!(
+        "error: --approve: there is no run deliver-1 in {} to approve (check --store and \
+         --run-id; a new run starts without --approve)\n",
+        store.display()
+    );
+    let output = deliver(dir.path(), &["--approve".into()]);
+    assert_refused(&output, &refusal, dir.path(), &[]);
+    let other = deliver(dir.path(), &["--run-id".into(), "other".into()]);
+    assert!(other.status.success(), "{}", describe(&other));
+    let output = deliver(dir.path(), &["--approve".into()]);
+    assert_refused(&output, &refusal, dir.path(), &["work"]);
+    let listed = loops(&store, &["runs", "--json"]);
+    let runs: serde_json::Value = serde_json::from_slice(&listed.stdout).expect("JSON");
+    let ids: Vec<&str> = runs
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter_map(|run| run["run_id"].as_str())
+        .collect();
+    assert_eq!(ids, ["other", "other/edit-0"]);
 }
 
 /// `--approve` with `--auto-approve` (either value) is a usage error: exit 2, nothing made.

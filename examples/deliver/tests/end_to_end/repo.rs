@@ -283,4 +283,68 @@ fn a_run_remembers_its_repo() {
         "{}",
         describe(&output)
     );
+    // A marker edited in place is named as such, with the id to write back.
+    let marker = workdir.join(".loops-deliver-workdir");
+    let id = std::fs::read_to_string(&marker).expect("the marker");
+    std::fs::write(&marker, "0000").expect("edit the marker");
+    let output = deliver_without_repo(&workdir, &[], None);
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        format!(
+            "error: run deliver-1 started in this work directory, {}, but its marker {} holds \
+             the id 0000 instead of the id the run recorded, {id} (the file was edited or \
+             replaced): write {id} back into it to go on\n",
+            workdir.display(),
+            marker.display()
+        )
+    );
+    std::fs::write(&marker, &id).expect("restore the marker");
+    let output = deliver_without_repo(&workdir, &[], None);
+    assert!(output.status.success(), "{}", describe(&output));
+}
+
+/// A copy of the work directory made before a run made its commits has the run's id but not
+/// its commits: the run is refused there (its push would fail), and goes on in its own.
+#[test]
+fn a_stale_copy_of_the_work_directory_is_refused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let workdir = dir.path().join("work");
+    // The run starts and stops at its first state, before any commit; the copy is made then.
+    let output = deliver_without_repo(&workdir, &["--auto-approve=false"], Some(0));
+    assert!(output.status.success(), "{}", describe(&output));
+    let copy = dir.path().join("copy");
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(&workdir)
+        .arg(&copy)
+        .status()
+        .expect("run cp");
+    assert!(copied.success());
+    let output = deliver_without_repo(&workdir, &[], None);
+    assert!(output.status.success(), "{}", describe(&output));
+    let head = git(&workdir.join("repo"), &["rev-parse", "loops/deliver-1"]);
+
+    let store = workdir.join("deliver.redb");
+    let args = [
+        "--store",
+        store.to_str().expect("a UTF-8 path"),
+        "--approve",
+    ];
+    let output = deliver_without_repo(&copy, &args, None);
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        format!(
+            "error: run deliver-1 made commit {}, which the repository {} lacks (is this work \
+             directory a copy made before the run made it?): go on in the work directory the run \
+             made it in\n",
+            head.trim(),
+            copy.join("repo").display()
+        )
+    );
+    assert_eq!(pulls(&copy), Vec::<String>::new());
+    let output = deliver_without_repo(&workdir, &["--approve"], None);
+    assert!(output.status.success(), "{}", describe(&output));
+    assert_eq!(pulls(&workdir), ["1.json"]);
 }
