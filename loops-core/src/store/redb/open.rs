@@ -23,7 +23,10 @@ impl RedbStore {
     /// # Errors
     /// - [`Error::StoreLocked`] at once if this or another process has the file open;
     /// - [`Error::Open`] if the file is empty or too short to be a store (under 9 bytes),
-    ///   is not a redb file, is corrupt, or cannot be read.
+    ///   is not a redb file, is corrupt, or cannot be read; or is a redb file of another
+    ///   application ([`Error::is_foreign_database`]: no table is added to it, though redb's
+    ///   writable open rewrites its header and allocator state, as at every open and close;
+    ///   [`open_read_only`](Self::open_read_only) refuses it without writing a byte).
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         Self::open_with(path, StoreOptions::default())
     }
