@@ -354,8 +354,9 @@ impl Paths {
     ///
     /// A new run works where it is told. A run that exists goes on where it started: in
     /// another work directory than its own (or a copy of it) it is refused, its remote and
-    /// forge being elsewhere; so is a `--repo` naming another repository than its own, and
-    /// without `--repo` its own is used ([`repo_recorded`](Self::repo_recorded)). A run that
+    /// forge being elsewhere; so is a `--repo` naming another repository than its own (unless
+    /// its own is gone: moved, and `--repo` names its new place), and without `--repo` its
+    /// own is used ([`repo_recorded`](Self::repo_recorded)). A run that
     /// records neither (started by an earlier version of this example) uses what it is given,
     /// as it did.
     ///
@@ -400,6 +401,15 @@ impl Paths {
         }
         let hint = "leave --repo out to go on with it, or use another --run-id";
         match (text(REPO_ATTRIBUTE).map(PathBuf::from), self.repo_given) {
+            // The recorded repository is gone (moved): `--repo` names where it went, which
+            // must hold the run's commits ([`check_holds`]).
+            (Some(repo), true) if !repo.exists() => {
+                say!(
+                    "repo:   {} (given with --repo; the run's repository {} is gone)",
+                    self.repo.display(),
+                    repo.display()
+                );
+            }
             (Some(repo), true) if !same_dir(&repo, &self.repo) => bail!(
                 "run {run_id} works on the repository {}; --repo {} is another: {hint}",
                 repo.display(),
@@ -408,7 +418,10 @@ impl Paths {
             (Some(_), true) | (None, false) => {}
             (Some(repo), false) => {
                 check_repo(&repo).await.with_context(|| {
-                    format!("run {run_id} works on the repository recorded for it")
+                    format!(
+                        "run {run_id} works on the repository recorded for it (moved? name its \
+                         new place with --repo)"
+                    )
                 })?;
                 self.repo = repo;
                 self.repo_given = true;

@@ -348,3 +348,43 @@ fn a_stale_copy_of_the_work_directory_is_refused() {
     assert!(output.status.success(), "{}", describe(&output));
     assert_eq!(pulls(&workdir), ["1.json"]);
 }
+
+/// A run whose repository moved goes on where `--repo` names its new place (which holds the
+/// run's commits); without `--repo` the refusal says how.
+#[test]
+fn a_run_follows_its_moved_repo_where_repo_names_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let repo = user_repo(dir.path());
+    let workdir = dir.path().join("work");
+    let output = deliver(&workdir, &repo, &["--auto-approve=false"]);
+    assert!(output.status.success(), "{}", describe(&output));
+    let moved = dir.path().join("moved");
+    std::fs::rename(&repo, &moved).expect("move the repository");
+
+    let output = deliver_without_repo(&workdir, &["--approve"], None);
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).starts_with(
+            "error: run deliver-1 works on the repository recorded for it (moved? name its new \
+             place with --repo): "
+        ),
+        "{}",
+        describe(&output)
+    );
+    let output = deliver(&workdir, &moved, &["--approve"]);
+    assert!(output.status.success(), "{}", describe(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains(&format!(
+            "repo:   {} (given with --repo; the run's repository {} is gone)\n",
+            moved.display(),
+            repo.display()
+        )),
+        "{}",
+        describe(&output)
+    );
+    assert_eq!(pulls(&workdir), ["1.json"]);
+    assert_eq!(
+        git(&moved, &["rev-list", "--count", "main..loops/deliver-1"]),
+        "2\n"
+    );
+}
