@@ -150,7 +150,7 @@ struct Cli {
     /// Approve the run's pull request (as $USER, or `operator`) and go on; while another
     /// `deliver --serve` holds the store, through that process's control endpoint (it then
     /// finishes the run if it is the run it drives, and this command ends at once)
-    #[arg(long, conflicts_with = "auto_approve")]
+    #[arg(long, conflicts_with_all = ["auto_approve", "fresh"])]
     approve: bool,
 
     /// Serve the store's control endpoint (the socket <STORE>.sock) while this process runs,
@@ -640,7 +640,8 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
         let recorded = versions::recorded_base(runtime, &cli.run_id).await?;
         let base = project::prepare(paths, &agent::work_branch(&cli.run_id), recorded).await?;
         let head = versions::recorded_head(runtime, &cli.run_id).await?;
-        project::check_holds(paths, &cli.run_id, head.as_deref()).await?;
+        let pushed = versions::recorded_push(runtime, &cli.run_id).await?;
+        project::check_holds(paths, &cli.run_id, head.as_deref(), pushed).await?;
         base
     } else {
         Base::default()
@@ -747,7 +748,17 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
             hooks.enter(seq, state, None, &line).await?;
             report_tokens().await?;
             say!("pull request: {url}");
-            say!("  stored in {}", agent.forge.path_of(*number).display());
+            let file = agent.forge.path_of(*number);
+            if file.exists() {
+                say!("  stored in {}", file.display());
+            } else {
+                // Opened from a copy of this work directory, into that copy's forge.
+                say!(
+                    "  not in this work directory's forge ({} is missing: was it opened from a \
+                     copy of this work directory?)",
+                    file.display()
+                );
+            }
         }
         Finished::Abandoned { reason } => {
             hooks.enter(seq, state, None, reason).await?;

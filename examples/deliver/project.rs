@@ -235,7 +235,9 @@ impl Paths {
         if existed && !self.is_ours()? {
             bail!(
                 "{} is not empty and is not a work directory of this example (no {MARKER} in \
-                 it); name a new or empty directory with --workdir",
+                 it); name a new or empty directory with --workdir (or, if its marker was \
+                 deleted, write into {MARKER} the `workdir_id` its runs record: `loops --store \
+                 STORE show RUN`)",
                 self.workdir.display()
             );
         }
@@ -600,24 +602,40 @@ pub async fn prepare(paths: &Paths, work_branch: &str, recorded: Option<Base>) -
     Ok(base)
 }
 
-/// Checks that the repository holds `head`, the last commit the run `run_id` recorded
-/// (`None`: it made none yet): a copy of the work directory made before the run made it has
-/// the run's id but not its commits, whose push would fail.
+/// Checks that the repository holds `head`, the last commit the run `run_id`'s state holds
+/// (`None`: none yet, or none any more, in a terminal state), and, if the run recorded its push (`pushed`), that the remote
+/// holds its work branch: a copy of the work directory made before the run did either has
+/// the run's id but not what the run did since (its push, or its pull request, would fail).
 ///
 /// # Errors
-/// If the repository lacks `head`, or git fails.
-pub async fn check_holds(paths: &Paths, run_id: &str, head: Option<&str>) -> Result<()> {
-    let Some(head) = head else {
-        return Ok(());
-    };
-    let found = Git::new(&paths.repo)
-        .resolve(&format!("{head}^{{commit}}"))
+/// If the repository lacks `head` or the remote the branch, or git fails.
+pub async fn check_holds(
+    paths: &Paths,
+    run_id: &str,
+    head: Option<&str>,
+    pushed: bool,
+) -> Result<()> {
+    if let Some(head) = head {
+        let found = Git::new(&paths.repo)
+            .resolve(&format!("{head}^{{commit}}"))
+            .await?;
+        ensure!(
+            found.is_some(),
+            "run {run_id} made commit {head}, which the repository {} lacks (is this work directory \
+         a copy made before the run made it?): go on in the work directory the run made it in",
+            paths.repo.display()
+        );
+    }
+    let branch = crate::agent::work_branch(run_id);
+    let remote = Git::new(&paths.remote)
+        .resolve(&format!("refs/heads/{branch}"))
         .await?;
     ensure!(
-        found.is_some(),
-        "run {run_id} made commit {head}, which the repository {} lacks (is this work directory \
-         a copy made before the run made it?): go on in the work directory the run made it in",
-        paths.repo.display()
+        !pushed || remote.is_some(),
+        "run {run_id} pushed its branch {branch}, which the remote {} lacks (is this work \
+         directory a copy made before the run pushed?): go on in the work directory the run \
+         pushed from",
+        paths.remote.display()
     );
     Ok(())
 }

@@ -74,6 +74,14 @@ fn check_is_a_store(store: &Path) -> Result<()> {
             store.display()
         )
     };
+    // A link is not deleted in the store's stead (nor a new store made in its place).
+    if std::fs::symlink_metadata(store).is_ok_and(|m| m.file_type().is_symlink()) {
+        anyhow::bail!(
+            "--fresh: --store {} is a symbolic link; --fresh deletes a store file itself: name \
+             the file it points to (nothing was deleted)",
+            store.display()
+        );
+    }
     let metadata = match std::fs::metadata(store) {
         Ok(metadata) => metadata,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),

@@ -264,6 +264,16 @@ pub async fn recorded_head(runtime: &Runtime, run_id: &str) -> Result<Option<Str
     Ok(head.map(str::to_owned))
 }
 
+/// Whether the run `run_id` recorded a push of its work branch (the step `push`, in any
+/// state).
+///
+/// # Errors
+/// If the store cannot be read.
+pub async fn recorded_push(runtime: &Runtime, run_id: &str) -> Result<bool> {
+    let steps = runtime.store().all_steps(run_id).await?;
+    Ok(steps.iter().any(|(_, name, _, _)| name == "push"))
+}
+
 /// Says whether the run is new, resumed (at which state, skipping which) or finished; read
 /// from the records as stored, so the same for either version (and a migration's record is
 /// named so). Says nothing of a run that `release` does not know ([`knows`]): this build

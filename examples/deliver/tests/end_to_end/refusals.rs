@@ -106,19 +106,24 @@ fn approve_refuses_a_run_that_is_not_there() {
     assert_eq!(ids, ["other", "other/edit-0"]);
 }
 
-/// `--approve` with `--auto-approve` (either value) is a usage error: exit 2, nothing made.
+/// `--approve` with `--auto-approve` (either value) or `--fresh` (which would delete the run
+/// to approve) is a usage error: exit 2, nothing made or deleted.
 #[test]
-fn approve_and_auto_approve_exclude_each_other() {
-    for auto in ["--auto-approve=false", "--auto-approve"] {
+fn approve_excludes_auto_approve_and_fresh() {
+    for (other, named) in [
+        ("--auto-approve=false", "--auto-approve [<BOOL>]"),
+        ("--auto-approve", "--auto-approve [<BOOL>]"),
+        ("--fresh", "--fresh"),
+    ] {
         let dir = tempfile::tempdir().expect("temp dir");
-        let output = deliver(dir.path(), &["--approve".into(), auto.into()]);
+        let output = deliver(dir.path(), &["--approve".into(), other.into()]);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(
             output.status.code() == Some(2)
                 && output.stdout.is_empty()
-                && stderr.starts_with(
-                    "error: the argument '--approve' cannot be used with '--auto-approve [<BOOL>]'"
-                ),
+                && stderr.starts_with(&format!(
+                    "error: the argument '--approve' cannot be used with '{named}'"
+                )),
             "{}",
             describe(&output)
         );
@@ -414,6 +419,28 @@ fn fresh_never_deletes_what_is_not_a_store() {
         &["precious.txt", "stores", "users.redb", "work"],
     );
     assert!(std::fs::read(&foreign).expect("read") == bytes);
+
+    // A symbolic link, to nothing or to a store, is not deleted (nor replaced by a store).
+    #[cfg(unix)]
+    {
+        let link = dir.path().join("link.redb");
+        std::os::unix::fs::symlink(dir.path().join("nowhere.redb"), &link).expect("a link");
+        let mut args = store(&link);
+        args.push("--fresh".into());
+        let output = deliver(dir.path(), &args);
+        assert_refused(
+            &output,
+            &format!(
+                "error: --fresh: --store {} is a symbolic link; --fresh deletes a store file \
+                 itself: name the file it points to (nothing was deleted)\n",
+                link.display()
+            ),
+            dir.path(),
+            &["link.redb", "precious.txt", "stores", "users.redb", "work"],
+        );
+        assert!(std::fs::symlink_metadata(&link).is_ok_and(|m| m.file_type().is_symlink()));
+        std::fs::remove_file(&link).expect("remove the link");
+    }
 
     // A key file that cannot be read stops --fresh before it deletes the work directory.
     let missing = dir.path().join("no-such-keys");

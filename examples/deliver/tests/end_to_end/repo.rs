@@ -349,6 +349,42 @@ fn a_stale_copy_of_the_work_directory_is_refused() {
     assert_eq!(pulls(&workdir), ["1.json"]);
 }
 
+/// A copy of the work directory made before the run pushed has its commits but not its
+/// pushed branch: the run is refused there (its pull request could not be opened).
+#[test]
+fn a_copy_made_before_the_push_is_refused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let workdir = dir.path().join("work");
+    // Stopped as it enters `Reviewed` (seq 6), where it pushes once approved.
+    let output = deliver_without_repo(&workdir, &["--auto-approve=false"], Some(6));
+    assert!(output.status.success(), "{}", describe(&output));
+    let copy = dir.path().join("copy");
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(&workdir)
+        .arg(&copy)
+        .status()
+        .expect("run cp");
+    assert!(copied.success());
+    let output = deliver_without_repo(&workdir, &["--approve"], None);
+    assert!(output.status.success(), "{}", describe(&output));
+    assert_eq!(pulls(&workdir), ["1.json"]);
+
+    let store = workdir.join("deliver.redb");
+    let output = deliver_without_repo(&copy, &["--store", store.to_str().expect("UTF-8")], None);
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        format!(
+            "error: run deliver-1 pushed its branch loops/deliver-1, which the remote {} lacks \
+             (is this work directory a copy made before the run pushed?): go on in the work \
+             directory the run pushed from\n",
+            copy.join("remote.git").display()
+        )
+    );
+    assert_eq!(pulls(&copy), Vec::<String>::new());
+}
+
 /// A run whose repository moved goes on where `--repo` names its new place (which holds the
 /// run's commits); without `--repo` the refusal says how.
 #[test]
