@@ -89,6 +89,8 @@ pub struct Paths {
     pub scratch: PathBuf,
     /// The test hook's log of handler entries.
     pub entries_log: PathBuf,
+    /// The work directory's lock, once this process holds it ([`lock`](Self::lock)).
+    pub held: Option<std::sync::Arc<std::fs::File>>,
 }
 
 /// The file that marks a directory as a work directory of this example, so that `--fresh`
@@ -107,6 +109,7 @@ impl Paths {
             forge: workdir.join("forge"),
             scratch: workdir.join("scratch"),
             entries_log: workdir.join("handler-entries.log"),
+            held: None,
             workdir,
         }
     }
@@ -291,6 +294,44 @@ impl Paths {
                 break;
             }
         }
+    }
+
+    /// Takes the work directory for this process, until `self` is dropped: an exclusive lock
+    /// on `<workdir>/.loops-deliver-workdir.lock`, waited for up to 2 s (as the store's).
+    /// Two `deliver`s with one store are kept apart by its lock already; with two stores,
+    /// both would build the demo's repository and clear leftovers in one directory at once.
+    ///
+    /// # Errors
+    /// If another process holds the directory after 2 s, or the lock file cannot be opened.
+    pub async fn lock(&mut self) -> Result<()> {
+        let path = self.workdir.join(format!("{MARKER}.lock"));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("cannot open {}", path.display()))?;
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
+        loop {
+            match file.try_lock() {
+                Ok(()) => break,
+                Err(std::fs::TryLockError::WouldBlock)
+                    if tokio::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                Err(std::fs::TryLockError::WouldBlock) => bail!(
+                    "work directory {} is in use by another `deliver` (with another --store): \
+                     wait for it to end, or name another --workdir",
+                    self.workdir.display()
+                ),
+                Err(std::fs::TryLockError::Error(e)) => {
+                    return Err(e).with_context(|| format!("cannot lock {}", path.display()));
+                }
+            }
+        }
+        self.held = Some(std::sync::Arc::new(file));
+        Ok(())
     }
 
     /// Clears what interrupted runs left behind: a work directory moved aside to be deleted,

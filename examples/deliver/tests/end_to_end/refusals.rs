@@ -664,3 +664,31 @@ fn the_openai_model_flags_are_checked_before_anything_is_made() {
         );
     }
 }
+
+/// A work directory in use by another `deliver` with another store is refused after the
+/// lock's wait (here the test holds the work directory's lock), with nothing done in it.
+#[test]
+fn a_work_directory_in_use_with_another_store_is_refused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let output = deliver(dir.path(), &["--run-id".into(), "first".into()]);
+    assert!(output.status.success(), "{}", describe(&output));
+    let workdir = dir.path().join("work");
+    let lock = std::fs::File::open(workdir.join(".loops-deliver-workdir.lock")).expect("lock file");
+    lock.lock().expect("take the lock");
+    let other = dir.path().join("other.redb");
+    let output = deliver(dir.path(), &["--store".into(), other.clone().into()]);
+    assert!(
+        output.status.code() == Some(1)
+            && String::from_utf8_lossy(&output.stderr)
+                == format!(
+                    "error: work directory {} is in use by another `deliver` (with another \
+                     --store): wait for it to end, or name another --workdir\n",
+                    workdir.display()
+                ),
+        "{}",
+        describe(&output)
+    );
+    drop(lock);
+    let output = deliver(dir.path(), &["--store".into(), other.into()]);
+    assert!(output.status.success(), "{}", describe(&output));
+}
