@@ -130,6 +130,15 @@ impl Paths {
     /// If the work directory exists, is not empty and was not made by this example, holds
     /// the repository given with `--repo`, or if deleting fails.
     pub fn delete(&self) -> Result<()> {
+        // A link would be renamed aside in the directory's stead, and a new directory made in
+        // its place, beside the old one.
+        if std::fs::symlink_metadata(&self.workdir).is_ok_and(|m| m.file_type().is_symlink()) {
+            bail!(
+                "--fresh: --workdir {} is a symbolic link; --fresh deletes a work directory \
+                 itself: name the directory it points to (nothing was deleted)",
+                self.workdir.display()
+            );
+        }
         if self.repo_given && self.repo.starts_with(&self.workdir) {
             bail!(
                 "refusing to delete {}: the repository given with --repo is inside it",
@@ -660,10 +669,17 @@ pub async fn check_holds(
         let found = Git::new(&paths.repo)
             .resolve(&format!("{head}^{{commit}}"))
             .await?;
+        // The demo's repository is the work directory's; a repository of the user's is not.
+        let why = if paths.repo_given {
+            "was it re-cloned or reset since? restore the commit there, or start over with \
+             --fresh or another --run-id"
+        } else {
+            "is this work directory a copy made before the run made it? go on in the work \
+             directory the run made it in"
+        };
         ensure!(
             found.is_some(),
-            "run {run_id} made commit {head}, which the repository {} lacks (is this work directory \
-         a copy made before the run made it?): go on in the work directory the run made it in",
+            "run {run_id} made commit {head}, which the repository {} lacks ({why})",
             paths.repo.display()
         );
     }

@@ -440,6 +440,22 @@ fn fresh_never_deletes_what_is_not_a_store() {
         );
         assert!(std::fs::symlink_metadata(&link).is_ok_and(|m| m.file_type().is_symlink()));
         std::fs::remove_file(&link).expect("remove the link");
+        // A work directory given as a link is not replaced by a new one either.
+        let link = dir.path().join("work-link");
+        std::os::unix::fs::symlink(dir.path().join("work"), &link).expect("a link");
+        let args: Vec<OsString> = vec!["--workdir".into(), link.clone().into(), "--fresh".into()];
+        let output = deliver(dir.path(), &args);
+        assert_refused(
+            &output,
+            &format!(
+                "error: --fresh: --workdir {} is a symbolic link; --fresh deletes a work \
+                 directory itself: name the directory it points to (nothing was deleted)\n",
+                link.display()
+            ),
+            dir.path(),
+            &["precious.txt", "stores", "users.redb", "work", "work-link"],
+        );
+        std::fs::remove_file(&link).expect("remove the link");
     }
 
     // A key file that cannot be read stops --fresh before it deletes the work directory.

@@ -337,8 +337,8 @@ fn a_stale_copy_of_the_work_directory_is_refused() {
         String::from_utf8_lossy(&output.stderr),
         format!(
             "error: run deliver-1 made commit {}, which the repository {} lacks (is this work \
-             directory a copy made before the run made it?): go on in the work directory the run \
-             made it in\n",
+             directory a copy made before the run made it? go on in the work directory the run \
+             made it in)\n",
             head.trim(),
             copy.join("repo").display()
         )
