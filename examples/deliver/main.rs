@@ -35,6 +35,7 @@ mod model;
 mod model_args;
 #[cfg(feature = "openai")]
 mod openai;
+mod place;
 mod project;
 mod store;
 mod testrun;
@@ -297,7 +298,7 @@ async fn run(cli: Cli) -> Result<Ended> {
         let store = cli.store.clone();
         let store = store.unwrap_or_else(|| cli.workdir.join("deliver.redb"));
         // No store, no run: refused before a store or a work directory is made.
-        ensure!(store.exists(), no_run_to_approve(&cli, &store));
+        ensure!(store.exists(), place::no_run_to_approve(&cli, &store));
         if let Some(said) = approval::through_the_serving_process(&store, &cli.run_id).await? {
             say!("{said}");
             return Ok(Ended::Done);
@@ -506,7 +507,7 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
     // Before anything is done in the work directory: whether the run is a deliver run, and
     // where it works (a run that exists goes on where it started). A refused run leaves no
     // work directory made for it.
-    if let Err(e) = settle_run(cli, &mut paths, &runtime).await {
+    if let Err(e) = place::settle_run(cli, &mut paths, &runtime).await {
         if let Some(made) = made.as_deref() {
             paths.remove_new_workdir(made);
         }
@@ -520,44 +521,6 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
     paths.mark()?;
     paths.clear_leftovers()?;
     Ok((paths, runtime))
-}
-
-/// Refuses the run `cli` names if it is not a deliver run, and settles where it works
-/// ([`Paths::settle_run`]).
-///
-/// # Errors
-/// If the run is of another workflow, works elsewhere, or the store cannot be read.
-async fn settle_run(cli: &Cli, paths: &mut Paths, runtime: &Runtime) -> Result<()> {
-    let Some(info) = runtime.run_info(&cli.run_id).await? else {
-        // Approving a run that is not there would start a new one, approved: most likely the
-        // store or the id is not the one meant.
-        ensure!(!cli.approve, no_run_to_approve(cli, &paths.store));
-        return paths.settle_run(&cli.run_id, None).await;
-    };
-    if info.workflow != <workflow::v2::Deliver as loops::Workflow>::NAME {
-        // A child run (`deliver-1/edit-0`, of `deliver-edit`) or another program's run: its
-        // parent drives it, and driving it as a deliver run would only be refused later for
-        // a schema mismatch, a reason that misleads.
-        bail!(
-            "run {} is a run of the workflow {:?}, not a deliver run; pass the id of a deliver \
-             run to --run-id (`loops --store {} runs` lists the runs and their workflows)",
-            cli.run_id,
-            info.workflow,
-            paths.store.display()
-        );
-    }
-    let attributes = runtime.attributes(&cli.run_id).await?;
-    paths.settle_run(&cli.run_id, Some(&attributes)).await
-}
-
-/// The refusal of `--approve` for a run that is not in `store`.
-fn no_run_to_approve(cli: &Cli, store: &Path) -> String {
-    format!(
-        "--approve: there is no run {} in {} to approve (check --store and --run-id; a new run \
-         starts without --approve)",
-        cli.run_id,
-        store.display()
-    )
 }
 
 /// `--dry-run`: prints what this build would do with every unfinished or blocked run of the
@@ -642,7 +605,7 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
         let base = project::prepare(paths, &agent::work_branch(&cli.run_id), recorded).await?;
         let head = versions::recorded_head(runtime, &cli.run_id).await?;
         let pushed = versions::recorded_push(runtime, &cli.run_id).await?;
-        project::check_holds(paths, &cli.run_id, head.as_deref(), pushed).await?;
+        place::check_holds(paths, &cli.run_id, head.as_deref(), pushed).await?;
         base
     } else {
         Base::default()

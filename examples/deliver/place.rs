@@ -1,0 +1,222 @@
+//! Where a run works, as the run records it: at its start, the attributes that name its work
+//! directory and repository; when it is resumed, the checks that it is resumed there (or in a
+//! copy that holds what it did), before anything is done in the work directory.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use loops::{AttributeValue, Attributes, Runtime, StartOptions};
+
+use crate::Cli;
+use crate::git::Git;
+use crate::project::{MARKER, Paths, check_repo, same_dir};
+
+/// The run attribute that records, at a run's start, its work directory's id
+/// ([`Paths::workdir_id`]): the remote the run pushes to, the forge its pull request is filed
+/// in and the demo's repository are there.
+pub const WORKDIR_ID_ATTRIBUTE: &str = "workdir_id";
+
+/// The run attribute that records, at a run's start, the path of its work directory
+/// (absolute), to name it.
+pub const WORKDIR_ATTRIBUTE: &str = "workdir";
+
+/// The run attribute that records, at a run's start, the repository given with `--repo`
+/// (absolute); a run on the demo's repository has none.
+pub const REPO_ATTRIBUTE: &str = "repo";
+
+impl Paths {
+    /// `options` with the attributes that record where a new run works
+    /// ([`WORKDIR_ID_ATTRIBUTE`], [`WORKDIR_ATTRIBUTE`], [`REPO_ATTRIBUTE`]): written with its
+    /// first record, so a run never exists without them, and a start stopped before its run
+    /// began binds nothing.
+    ///
+    /// # Errors
+    /// If the work directory's marker cannot be read, or holds no id (it is
+    /// [`mark`](Self::mark)ed before a run starts).
+    pub fn recorded_in(&self, options: StartOptions) -> Result<StartOptions> {
+        let text = |path: &Path| path.to_string_lossy().into_owned();
+        let id = self
+            .workdir_id()?
+            .with_context(|| format!("{} has no id in its {MARKER}", self.workdir.display()))?;
+        let options = options
+            .attribute(WORKDIR_ID_ATTRIBUTE, id)
+            .attribute(WORKDIR_ATTRIBUTE, text(&self.workdir));
+        Ok(match self.repo_given {
+            true => options.attribute(REPO_ATTRIBUTE, text(&self.repo)),
+            false => options,
+        })
+    }
+
+    /// Settles where the run with `attributes` (`None`: it does not exist yet) works.
+    ///
+    /// A new run works where it is told. A run that exists goes on where it started: in
+    /// another work directory than its own (or a copy of it) it is refused, its remote and
+    /// forge being elsewhere; so is a `--repo` naming another repository than its own (unless
+    /// its own is gone: moved, and `--repo` names its new place), and without `--repo` its
+    /// own is used ([`repo_recorded`](Self::repo_recorded)). A run that
+    /// records neither (started by an earlier version of this example) uses what it is given,
+    /// as it did.
+    ///
+    /// # Errors
+    /// If the run started in another work directory or on another repository than `--repo`
+    /// names, the work directory's marker cannot be read, or the run's recorded repository is
+    /// no longer a git work tree.
+    pub async fn settle_run(
+        &mut self,
+        run_id: &str,
+        attributes: Option<&Attributes>,
+    ) -> Result<()> {
+        let Some(attributes) = attributes else {
+            return Ok(());
+        };
+        let text = |key: &str| match attributes.get(key) {
+            Some(AttributeValue::Str(text)) => Some(text.as_str()),
+            _ => None,
+        };
+        let Some(id) = text(WORKDIR_ID_ATTRIBUTE) else {
+            return Ok(());
+        };
+        let here = self.workdir_id()?;
+        if here.as_deref() != Some(id) {
+            let started = text(WORKDIR_ATTRIBUTE).unwrap_or("(not recorded)");
+            let marker = self.workdir.join(MARKER);
+            ensure!(
+                !same_dir(Path::new(started), &self.workdir),
+                "run {run_id} started in this work directory, {}, but its marker {} holds {} \
+                 instead of the id the run recorded, {id} (the file was edited or replaced): \
+                 write {id} back into it to go on",
+                self.workdir.display(),
+                marker.display(),
+                here.map_or_else(|| "no id".to_owned(), |here| format!("the id {here}"))
+            );
+            bail!(
+                "run {run_id} works in the work directory it started in, {started} (its remote \
+                 and forge are there); --workdir {} is another: pass --workdir {started} (or a \
+                 copy of it), or use another --run-id",
+                self.workdir.display()
+            );
+        }
+        let hint = "leave --repo out to go on with it, or use another --run-id";
+        match (text(REPO_ATTRIBUTE).map(PathBuf::from), self.repo_given) {
+            // The recorded repository is gone (moved): `--repo` names where it went, which
+            // must hold the run's commits ([`check_holds`]).
+            (Some(repo), true) if !repo.exists() => {
+                say!(
+                    "repo:   {} (given with --repo; the run's repository {} is gone)",
+                    self.repo.display(),
+                    repo.display()
+                );
+            }
+            (Some(repo), true) if !same_dir(&repo, &self.repo) => bail!(
+                "run {run_id} works on the repository {}; --repo {} is another: {hint}",
+                repo.display(),
+                self.repo.display()
+            ),
+            (Some(_), true) | (None, false) => {}
+            (Some(repo), false) => {
+                check_repo(&repo).await.with_context(|| {
+                    format!(
+                        "run {run_id} works on the repository recorded for it (moved? name its \
+                         new place with --repo)"
+                    )
+                })?;
+                self.repo = repo;
+                self.repo_given = true;
+                self.repo_recorded = true;
+            }
+            // `--repo` naming the demo's repository itself is no other one.
+            (None, true) if same_dir(&self.workdir.join("repo"), &self.repo) => {
+                self.repo_given = false;
+            }
+            (None, true) => bail!(
+                "run {run_id} works on the demo's repository {}; --repo {} is another: {hint}",
+                self.workdir.join("repo").display(),
+                self.repo.display()
+            ),
+        }
+        Ok(())
+    }
+}
+
+/// Checks that the repository holds `head`, the last commit the run `run_id`'s state holds
+/// (`None`: none yet, or none any more, in a terminal state), and, if the run recorded its push (`pushed`), that the remote
+/// holds its work branch: a copy of the work directory made before the run did either has
+/// the run's id but not what the run did since (its push, or its pull request, would fail).
+///
+/// # Errors
+/// If the repository lacks `head` or the remote the branch, or git fails.
+pub async fn check_holds(
+    paths: &Paths,
+    run_id: &str,
+    head: Option<&str>,
+    pushed: bool,
+) -> Result<()> {
+    if let Some(head) = head {
+        let found = Git::new(&paths.repo)
+            .resolve(&format!("{head}^{{commit}}"))
+            .await?;
+        // The demo's repository is the work directory's; a repository of the user's is not.
+        let why = if paths.repo_given {
+            "was it re-cloned or reset since? restore the commit there, or start over with \
+             --fresh or another --run-id"
+        } else {
+            "is this work directory a copy made before the run made it? go on in the work \
+             directory the run made it in"
+        };
+        ensure!(
+            found.is_some(),
+            "run {run_id} made commit {head}, which the repository {} lacks ({why})",
+            paths.repo.display()
+        );
+    }
+    let branch = crate::agent::work_branch(run_id);
+    let remote = Git::new(&paths.remote)
+        .resolve(&format!("refs/heads/{branch}"))
+        .await?;
+    ensure!(
+        !pushed || remote.is_some(),
+        "run {run_id} pushed its branch {branch}, which the remote {} lacks (is this work \
+         directory a copy made before the run pushed?): go on in the work directory the run \
+         pushed from",
+        paths.remote.display()
+    );
+    Ok(())
+}
+
+/// Refuses the run `cli` names if it is not a deliver run, and settles where it works
+/// ([`Paths::settle_run`]).
+///
+/// # Errors
+/// If the run is of another workflow, works elsewhere, or the store cannot be read.
+pub async fn settle_run(cli: &Cli, paths: &mut Paths, runtime: &Runtime) -> Result<()> {
+    let Some(info) = runtime.run_info(&cli.run_id).await? else {
+        // Approving a run that is not there would start a new one, approved: most likely the
+        // store or the id is not the one meant.
+        ensure!(!cli.approve, no_run_to_approve(cli, &paths.store));
+        return paths.settle_run(&cli.run_id, None).await;
+    };
+    if info.workflow != <crate::workflow::v2::Deliver as loops::Workflow>::NAME {
+        // A child run (`deliver-1/edit-0`, of `deliver-edit`) or another program's run: its
+        // parent drives it, and driving it as a deliver run would only be refused later for
+        // a schema mismatch, a reason that misleads.
+        bail!(
+            "run {} is a run of the workflow {:?}, not a deliver run; pass the id of a deliver \
+             run to --run-id (`loops --store {} runs` lists the runs and their workflows)",
+            cli.run_id,
+            info.workflow,
+            paths.store.display()
+        );
+    }
+    let attributes = runtime.attributes(&cli.run_id).await?;
+    paths.settle_run(&cli.run_id, Some(&attributes)).await
+}
+
+/// The refusal of `--approve` for a run that is not in `store`.
+pub fn no_run_to_approve(cli: &Cli, store: &Path) -> String {
+    format!(
+        "--approve: there is no run {} in {} to approve (check --store and --run-id; a new run \
+         starts without --approve)",
+        cli.run_id,
+        store.display()
+    )
+}
