@@ -515,9 +515,10 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
     }
     paths.lock().await?;
     // The store's lock and the work directory's are ours: what an earlier process left in
-    // the work directory is not in use. The directory is ours too, and marked so: a `--fresh` of another process that
-    // deleted it (marker included) before this one took the lock, as this one made it, left
-    // it without its marker, which neither a rerun nor `--fresh` would then touch.
+    // the work directory is not in use. The directory is ours too, and marked so: a
+    // `--fresh` of another process that deleted it (marker included) before this one took
+    // the lock, as this one made it, left it without its marker, which neither a rerun nor
+    // `--fresh` would then touch.
     paths.mark()?;
     paths.clear_leftovers()?;
     Ok((paths, runtime))

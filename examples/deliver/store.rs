@@ -35,6 +35,7 @@ pub async fn delete_for_fresh(paths: &Paths) -> Result<()> {
             Err(e @ loops::Error::StoreLocked { .. }) => {
                 return Err(store_error(e).context("--fresh"));
             }
+            // The probe above did not say (it found the file locked, or needing repair).
             Err(e) if e.is_foreign_database() => return Err(refuse(e)),
             Err(e) => {
                 say!(

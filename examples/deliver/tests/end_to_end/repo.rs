@@ -266,13 +266,7 @@ fn a_run_remembers_its_repo() {
     assert_eq!(pulls(&workdir), ["1.json", "2.json"]);
     // A copy of the work directory (a backup restored elsewhere) is the same one.
     let copy = dir.path().join("copy");
-    let copied = Command::new("cp")
-        .arg("-a")
-        .arg(&workdir)
-        .arg(&copy)
-        .status()
-        .expect("run cp");
-    assert!(copied.success());
+    copy_dir(&workdir, &copy);
     let output = deliver_without_repo(&copy, &[], None);
     assert!(output.status.success(), "{}", describe(&output));
     assert!(
@@ -314,13 +308,7 @@ fn a_stale_copy_of_the_work_directory_is_refused() {
     let output = deliver_without_repo(&workdir, &["--auto-approve=false"], Some(0));
     assert!(output.status.success(), "{}", describe(&output));
     let copy = dir.path().join("copy");
-    let copied = Command::new("cp")
-        .arg("-a")
-        .arg(&workdir)
-        .arg(&copy)
-        .status()
-        .expect("run cp");
-    assert!(copied.success());
+    copy_dir(&workdir, &copy);
     let output = deliver_without_repo(&workdir, &[], None);
     assert!(output.status.success(), "{}", describe(&output));
     let head = git(&workdir.join("repo"), &["rev-parse", "loops/deliver-1"]);
@@ -359,13 +347,7 @@ fn a_copy_made_before_the_push_is_refused() {
     let output = deliver_without_repo(&workdir, &["--auto-approve=false"], Some(6));
     assert!(output.status.success(), "{}", describe(&output));
     let copy = dir.path().join("copy");
-    let copied = Command::new("cp")
-        .arg("-a")
-        .arg(&workdir)
-        .arg(&copy)
-        .status()
-        .expect("run cp");
-    assert!(copied.success());
+    copy_dir(&workdir, &copy);
     let output = deliver_without_repo(&workdir, &["--approve"], None);
     assert!(output.status.success(), "{}", describe(&output));
     assert_eq!(pulls(&workdir), ["1.json"]);
@@ -422,5 +404,21 @@ fn a_run_follows_its_moved_repo_where_repo_names_it() {
     assert_eq!(
         git(&moved, &["rev-list", "--count", "main..loops/deliver-1"]),
         "2\n"
+    );
+}
+
+/// Copies the directory `from` to `to` as `cp -a` does (a backup restored elsewhere).
+fn copy_dir(from: &Path, to: &Path) {
+    let copied = Command::new("cp")
+        .arg("-a")
+        .arg(from)
+        .arg(to)
+        .status()
+        .expect("run cp");
+    assert!(
+        copied.success(),
+        "cp -a {} {}",
+        from.display(),
+        to.display()
     );
 }

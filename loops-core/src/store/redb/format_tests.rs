@@ -110,28 +110,17 @@ fn foreign_file(path: &std::path::Path, make: MakeTables) {
     txn.commit().unwrap();
 }
 
-/// The names of the tables of the file at `path`, multimap tables after the others.
+/// The names of the tables of the file at `path`, as the store lists them.
 fn table_names(path: &std::path::Path) -> Vec<String> {
     let db = Database::open(path).unwrap();
-    let txn = db.begin_read().unwrap();
-    let mut names: Vec<String> = txn
-        .list_tables()
-        .unwrap()
-        .map(|t| redb::TableHandle::name(&t).to_owned())
-        .collect();
-    names.extend(
-        txn.list_multimap_tables()
-            .unwrap()
-            .map(|t| redb::MultimapTableHandle::name(&t).to_owned()),
-    );
-    names
+    super::tables::table_names(&db.begin_read().unwrap()).unwrap()
 }
 
 #[test]
 fn a_redb_file_of_another_application_is_refused_and_left_as_it_is() {
-    // Plain tables; only multimap tables (no plain table to list); a table named like
-    // loops' first one (`runs`, without the `journal` of format 1); a `meta` table of other
-    // types than loops'.
+    // Plain tables; only multimap tables (no plain table to list); a table named like one
+    // of loops' (`runs`, without `status` and `schemas`); a `meta` table of other types than
+    // loops'.
     let files: [(&str, MakeTables); 4] = [
         ("foo", |txn| {
             let foo: redb::TableDefinition<u64, u64> = redb::TableDefinition::new("foo");

@@ -145,7 +145,9 @@ impl Contents {
 
 /// The names of the file's tables, multimap tables included (loops has none: a file with
 /// only those is another application's, not an empty one).
-fn table_names(txn: &redb::ReadTransaction) -> std::result::Result<Vec<String>, redb::Error> {
+pub(super) fn table_names(
+    txn: &redb::ReadTransaction,
+) -> std::result::Result<Vec<String>, redb::Error> {
     let mut names: Vec<String> = txn.list_tables()?.map(|t| t.name().to_owned()).collect();
     names.extend(txn.list_multimap_tables()?.map(|t| t.name().to_owned()));
     Ok(names)
