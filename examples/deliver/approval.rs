@@ -4,13 +4,14 @@
 //! `--auto-approve` never approves a run that was left to a human.
 
 use std::io::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use loops::control::{Client, socket_path};
 use loops::{AttributeValue, RunStatus, Runtime, StartOptions};
 
+use crate::Cli;
 use crate::workflow::{APPROVAL_EVENT, Approval};
 
 /// The run attribute that says who approves the run's pull request: [`HUMAN`] for a run
@@ -35,12 +36,22 @@ pub fn start_options(auto_approve: Option<bool>) -> StartOptions {
 
 /// Why the run `run_id` is left to a human when no flag says otherwise, if it is: it was
 /// created with `--auto-approve=false` (its [`ATTRIBUTE`]), or it waits at the approval gate
-/// (runs created by earlier builds of this example have no attribute). `None` for a run that
-/// does not exist yet, or one this example approves.
+/// (runs created by earlier builds of this example have no attribute), or, not recorded yet,
+/// a start of it in `workdir` asked so and was stopped before its first record
+/// ([`asked_for_a_human`]). `None` for a new run, or one this example approves.
 ///
 /// # Errors
-/// If the store cannot be read.
-pub async fn left_to_a_human(runtime: &Runtime, run_id: &str) -> Result<Option<&'static str>> {
+/// If the store or the work directory's record of the wish cannot be read.
+pub async fn left_to_a_human(
+    runtime: &Runtime,
+    workdir: &Path,
+    run_id: &str,
+) -> Result<Option<&'static str>> {
+    if runtime.run_info(run_id).await?.is_none() {
+        return Ok(asked_for_a_human(workdir, run_id)?.then_some(
+            "it was started with --auto-approve=false (stopped before its first record)",
+        ));
+    }
     let attributes = runtime.attributes(run_id).await?;
     if attributes.get(ATTRIBUTE) == Some(&AttributeValue::from(HUMAN)) {
         return Ok(Some("it was started with --auto-approve=false"));
@@ -49,6 +60,120 @@ pub async fn left_to_a_human(runtime: &Runtime, run_id: &str) -> Result<Option<&
         return Ok(Some("it waited at the approval gate already"));
     }
     Ok(None)
+}
+
+/// What this process does at the approval gate.
+pub struct Gate {
+    /// Whether it sends the approval.
+    pub approve: bool,
+    /// Who the approval names.
+    pub approver: String,
+    /// Whether this build can drive the run (else it is sent nothing).
+    pub knows: bool,
+    /// Why the run is left to a human, if it is.
+    pub left_to_a_human: Option<&'static str>,
+}
+
+impl Gate {
+    /// The gate's plan for the run of `cli` in `workdir`, from its flags and the run's
+    /// record (or, for a run not recorded yet, what an earlier start of it asked).
+    pub async fn of(cli: &Cli, workdir: &Path, runtime: &Runtime) -> Result<Gate> {
+        // A run started with `--auto-approve=false`, or parked at the approval gate, waits for a
+        // human: running the same command again without the flag must not approve it behind
+        // their back, whatever its status (a run blocked by another release, or stopped before
+        // its wait was recorded, is still theirs). An explicit `--auto-approve` or `--approve`
+        // does.
+        let left_to_a_human = if cli.auto_approve.is_none() && !cli.approve {
+            left_to_a_human(runtime, workdir, &cli.run_id).await?
+        } else {
+            None
+        };
+        let (approve, approver) = if cli.approve {
+            (true, approver_name())
+        } else {
+            (
+                cli.auto_approve.unwrap_or(left_to_a_human.is_none()),
+                "--auto-approve".to_owned(),
+            )
+        };
+        // A run this release cannot drive (recorded by a later one) is refused and blocked: it is
+        // sent nothing, and is not reported as waiting at the gate even if it waits there, since
+        // no approval would move it on this build.
+        let knows = crate::versions::knows(runtime, &cli.run_id, cli.workflow_version).await?;
+        let approve = approve && knows;
+        Ok(Gate {
+            approve,
+            approver,
+            knows,
+            left_to_a_human,
+        })
+    }
+}
+
+/// The directory, in a work directory, that keeps what `--auto-approve=false` asked for runs
+/// not recorded yet: one file per run (named by a hash of its id, holding the id), written
+/// before anything of the run is made, so that a start stopped before its run's first record
+/// (killed while the demo's repository was being set up) and run again without the flag
+/// leaves the run to a human, as the README promises. Read only while the run does not exist:
+/// once it does, its [`ATTRIBUTE`] says.
+pub const ASKED_DIR: &str = ".loops-deliver-approval";
+
+/// The file of [`ASKED_DIR`] for the run `run_id`.
+fn asked_path(workdir: &Path, run_id: &str) -> PathBuf {
+    let hash = xxhash_rust::xxh3::xxh3_128(run_id.as_bytes());
+    workdir.join(ASKED_DIR).join(format!("{hash:032x}"))
+}
+
+/// Records in `workdir`, durably, what `--auto-approve` (`auto_approve`) asks of the run
+/// `run_id` before its first record: `Some(false)` that a human approves it, `Some(true)` that
+/// this example does (an earlier wish is dropped), `None` nothing. Called before anything of
+/// the run is made; the run's own record rules once it exists.
+///
+/// # Errors
+/// If the file cannot be written or removed.
+pub fn remember_asked(workdir: &Path, run_id: &str, auto_approve: Option<bool>) -> Result<()> {
+    let path = asked_path(workdir, run_id);
+    match auto_approve {
+        None => Ok(()),
+        Some(true) => forget_asked(workdir, run_id),
+        Some(false) => {
+            let dir = workdir.join(ASKED_DIR);
+            std::fs::create_dir_all(&dir)
+                .with_context(|| format!("cannot create {}", dir.display()))?;
+            crate::project::write_durably(&path, run_id.as_bytes(), true).map(drop)
+        }
+    }
+}
+
+/// Whether a start of the run `run_id` asked, with `--auto-approve=false`, that a human
+/// approves it ([`remember_asked`]): only a file holding this very id counts.
+///
+/// # Errors
+/// If the file exists but cannot be read.
+pub fn asked_for_a_human(workdir: &Path, run_id: &str) -> Result<bool> {
+    let path = asked_path(workdir, run_id);
+    match std::fs::read(&path) {
+        Ok(id) => Ok(id == run_id.as_bytes()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e).with_context(|| format!("cannot read {}", path.display())),
+    }
+}
+
+/// Drops what [`remember_asked`] kept for the run `run_id`, once the run exists (its
+/// [`ATTRIBUTE`] says who approves it), and [`ASKED_DIR`] once empty.
+///
+/// # Errors
+/// If the file exists but cannot be removed.
+pub fn forget_asked(workdir: &Path, run_id: &str) -> Result<()> {
+    let path = asked_path(workdir, run_id);
+    match std::fs::remove_file(&path) {
+        Ok(()) => {
+            let _ = std::fs::remove_dir(workdir.join(ASKED_DIR));
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e).with_context(|| format!("cannot remove {}", path.display())),
+    }
 }
 
 /// Sends the approval event (once: it carries an idempotency key) as soon as the run exists,

@@ -10,6 +10,9 @@
 //!   `Planned` enters after its child runs have ended (the join comes before the entry
 //!   line, so that a handler that parks in the join enters once), so a stop at its seq
 //!   comes after the children;
+//! - `LOOPS_DELIVER_HOLD_IN_SETUP=1` (any value): once the work directory is held, before the
+//!   demo's repository is set up and a new run's first record, print `holding in setup` and
+//!   wait forever, so that a test can SIGKILL a start before its run exists;
 //! - every entry appends `seq state attempt` to `<workdir>/handler-entries.log`.
 
 use std::io::Write as _;
@@ -24,9 +27,13 @@ pub const HOLD_VAR: &str = "LOOPS_DELIVER_HOLD_AT_SEQ";
 /// Name of the stop hook's variable.
 pub const STOP_VAR: &str = "LOOPS_DELIVER_STOP_AT_SEQ";
 
+/// Name of the setup hook's variable.
+pub const HOLD_IN_SETUP_VAR: &str = "LOOPS_DELIVER_HOLD_IN_SETUP";
+
 /// The entry hooks of one process.
 #[derive(Debug, Clone)]
 pub struct Hooks {
+    hold_in_setup: bool,
     hold_at: Option<u64>,
     stop_at: Option<u64>,
     entries_log: PathBuf,
@@ -40,6 +47,7 @@ impl Hooks {
     /// If a variable is set but is not a number.
     pub fn from_env(entries_log: PathBuf) -> Result<Hooks> {
         Ok(Hooks {
+            hold_in_setup: std::env::var_os(HOLD_IN_SETUP_VAR).is_some(),
             hold_at: seq_var(HOLD_VAR)?,
             stop_at: seq_var(STOP_VAR)?,
             entries_log,
@@ -51,6 +59,7 @@ impl Hooks {
     #[cfg(test)]
     pub fn none(entries_log: PathBuf) -> Hooks {
         Hooks {
+            hold_in_setup: false,
             hold_at: None,
             stop_at: None,
             entries_log,
@@ -96,6 +105,16 @@ impl Hooks {
             std::future::pending::<()>().await;
         }
         Ok(())
+    }
+
+    /// The setup hook: if [`HOLD_IN_SETUP_VAR`] is set, prints `holding in setup` and never
+    /// returns (the process is to be killed there); else returns at once.
+    pub async fn hold_in_setup(&self) {
+        if self.hold_in_setup {
+            say!("holding in setup");
+            let _ = std::io::stdout().flush();
+            std::future::pending::<()>().await;
+        }
     }
 
     /// Resolves when the stop hook has fired.

@@ -74,6 +74,9 @@ For tests only (environment variables):
   LOOPS_DELIVER_STOP_AT_SEQ=k  at the entry of seq k, exit 0 without doing the state's work,
                                closing the store cleanly (version 2's Planned enters once its
                                child runs have ended: they are its work before the entry)
+  LOOPS_DELIVER_HOLD_IN_SETUP=1  once the work directory is held, before the demo's
+                               repository is set up and the run recorded, print `holding in
+                               setup` and wait forever
 Every state entry is appended to <workdir>/handler-entries.log as `seq state attempt`.
 
 Versions: this build starts new runs on version 2 of the workflow (a review of the change by
@@ -468,6 +471,9 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
         delete_for_fresh(&paths).await?;
     }
     let made = paths.create_workdir()?;
+    // First, before anything of the run is made: a start stopped before its run's first record
+    // and run again without `--auto-approve=false` must still leave the run to a human.
+    approval::remember_asked(&paths.workdir, &cli.run_id, cli.auto_approve)?;
     let opened = open_store(|| {
         let builder = versions::builder(cli.workflow_version);
         let builder = match keys.clone() {
@@ -596,6 +602,8 @@ async fn dry_run(cli: &Cli) -> Result<()> {
 /// Drives the run until it ends, parks at the approval gate, or a test hook stops it.
 async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> Result<()> {
     let shown_store = say_where(cli, paths, &model);
+    let hooks = Hooks::from_env(paths.entries_log.clone())?;
+    hooks.hold_in_setup().await;
 
     // A run this build does not know (recorded by a later release, or by another workflow of
     // the same name) is the runtime's to refuse: it marks the run blocked and says what
@@ -611,7 +619,6 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
     } else {
         Base::default()
     };
-    let hooks = Hooks::from_env(paths.entries_log.clone())?;
     let agent = Agent {
         model,
         git: Git::new(&paths.repo),
@@ -650,7 +657,10 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
         }
         Ok(())
     };
-    let gate = Gate::of(cli, runtime).await?;
+    let gate = approval::Gate::of(cli, &paths.workdir, runtime).await?;
+    // A new run's record of who approves it: as asked now, or by an earlier start of it
+    // stopped before its first record.
+    let auto_approve = cli.auto_approve.or(gate.left_to_a_human.map(|_| false));
     let run = versions::drive(
         runtime,
         &cli.run_id,
@@ -658,13 +668,14 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
         project::issue(),
         base,
         &agent,
-        paths.recorded_in(approval::start_options(cli.auto_approve))?,
+        paths.recorded_in(approval::start_options(auto_approve))?,
     );
     tokio::pin!(run);
     let outcome = tokio::select! {
         result = &mut run => Some(result),
         () = approval::send(runtime, &cli.run_id, gate.approve, &gate.approver) => None,
         () = approval::parked_at_the_gate(runtime, &cli.run_id, gate.approve), if gate.knows => {
+            approval::forget_asked(&paths.workdir, &cli.run_id)?;
             report_tokens().await?;
             if let Some(why) = gate.left_to_a_human {
                 say!("not approving it automatically: {why} (--auto-approve approves it)");
@@ -688,6 +699,7 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
         // the store file cleanly.
         return Ok(());
     };
+    approval::forget_asked(&paths.workdir, &cli.run_id)?;
     let last = ended_with(runtime, &cli.run_id, result).await?;
 
     let seq = runtime
@@ -748,53 +760,6 @@ fn say_where(cli: &Cli, paths: &Paths, model: &AnyModel) -> PathBuf {
     }
     say!("model:  {}", model.describe());
     shown_store
-}
-
-/// What this process does at the approval gate.
-struct Gate {
-    /// Whether it sends the approval.
-    approve: bool,
-    /// Who the approval names.
-    approver: String,
-    /// Whether this build can drive the run (else it is sent nothing).
-    knows: bool,
-    /// Why the run is left to a human, if it is.
-    left_to_a_human: Option<&'static str>,
-}
-
-impl Gate {
-    /// The gate's plan for the run of `cli`, from its flags and the run's record.
-    async fn of(cli: &Cli, runtime: &Runtime) -> Result<Gate> {
-        // A run started with `--auto-approve=false`, or parked at the approval gate, waits for a
-        // human: running the same command again without the flag must not approve it behind
-        // their back, whatever its status (a run blocked by another release, or stopped before
-        // its wait was recorded, is still theirs). An explicit `--auto-approve` or `--approve`
-        // does.
-        let left_to_a_human = if cli.auto_approve.is_none() && !cli.approve {
-            approval::left_to_a_human(runtime, &cli.run_id).await?
-        } else {
-            None
-        };
-        let (approve, approver) = if cli.approve {
-            (true, approval::approver_name())
-        } else {
-            (
-                cli.auto_approve.unwrap_or(left_to_a_human.is_none()),
-                "--auto-approve".to_owned(),
-            )
-        };
-        // A run this release cannot drive (recorded by a later one) is refused and blocked: it is
-        // sent nothing, and is not reported as waiting at the gate even if it waits there, since
-        // no approval would move it on this build.
-        let knows = versions::knows(runtime, &cli.run_id, cli.workflow_version).await?;
-        let approve = approve && knows;
-        Ok(Gate {
-            approve,
-            approver,
-            knows,
-            left_to_a_human,
-        })
-    }
 }
 
 /// How the run `run_id` ended, from what driving it returned: its last state, or the error

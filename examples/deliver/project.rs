@@ -292,11 +292,19 @@ impl Paths {
     }
 
     /// Removes what [`create_workdir`](Self::create_workdir) has just made, up to `made` (the
-    /// topmost directory it returned), when the store it was made for was refused: the marker
-    /// and each directory once empty, never anything else (best effort: a directory something
-    /// was put in stays).
+    /// topmost directory it returned), when the store it was made for was refused: the
+    /// marker, the approval asked for the run ([`ASKED_DIR`](crate::approval::ASKED_DIR)) and
+    /// each directory once empty, never anything else (best effort: a directory something was
+    /// put in stays).
     pub fn remove_new_workdir(&self, made: &Path) {
         let _ = std::fs::remove_file(self.workdir.join(MARKER));
+        let asked = self.workdir.join(crate::approval::ASKED_DIR);
+        if let Ok(entries) = std::fs::read_dir(&asked) {
+            for entry in entries.flatten() {
+                let _ = std::fs::remove_file(entry.path());
+            }
+            let _ = std::fs::remove_dir(&asked);
+        }
         for dir in self.workdir.ancestors() {
             if std::fs::remove_dir(dir).is_err() || dir == made {
                 break;
@@ -351,7 +359,11 @@ impl Paths {
     pub fn clear_leftovers(&self) -> Result<()> {
         self.clear_asides();
         // Best effort: a process killed earlier may still be writing there.
-        if let Ok(entries) = std::fs::read_dir(&self.workdir) {
+        let asked = self.workdir.join(crate::approval::ASKED_DIR);
+        for dir in [&self.workdir, &asked] {
+            let Ok(entries) = std::fs::read_dir(dir) else {
+                continue;
+            };
             for entry in entries.flatten() {
                 if entry.file_name().to_string_lossy().contains(".tmp-") {
                     let path = entry.path();
@@ -389,7 +401,7 @@ pub fn same_dir(a: &Path, b: &Path) -> bool {
 /// complete: written to `<path>.tmp-<pid>` beside it and synced, then moved into place
 /// (renamed over `path` if `replace`; else linked to it, which leaves a file there as it is,
 /// and returns `false`), and the directory synced.
-fn write_durably(path: &Path, bytes: &[u8], replace: bool) -> Result<bool> {
+pub fn write_durably(path: &Path, bytes: &[u8], replace: bool) -> Result<bool> {
     use std::io::Write as _;
     let dir = path
         .parent()

@@ -113,6 +113,7 @@ pub fn describe(output: &Output) -> String {
 /// The test hooks' variables (see `deliver --help`).
 pub const HOLD_VAR: &str = "LOOPS_DELIVER_HOLD_AT_SEQ";
 pub const STOP_VAR: &str = "LOOPS_DELIVER_STOP_AT_SEQ";
+pub const HOLD_IN_SETUP_VAR: &str = "LOOPS_DELIVER_HOLD_IN_SETUP";
 
 /// The example's command on the work directory `workdir`, without test hooks or log settings
 /// from outside, and with no standard input.
@@ -122,6 +123,7 @@ pub fn deliver_in(workdir: &Path) -> Command {
         .arg(workdir)
         .env_remove(HOLD_VAR)
         .env_remove(STOP_VAR)
+        .env_remove(HOLD_IN_SETUP_VAR)
         .env_remove("RUST_LOG")
         .stdin(Stdio::null());
     cmd

@@ -20,8 +20,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use crate::common::{
-    EXPECTED_STATES, HOLD_VAR, STOP_VAR, deliver_in, describe, entries, example, git, names_in,
-    poll, user_repo,
+    EXPECTED_STATES, HOLD_IN_SETUP_VAR, HOLD_VAR, STOP_VAR, deliver_in, describe, entries, example,
+    git, names_in, poll, user_repo,
 };
 
 const RUN_ID: &str = "deliver-1";
@@ -72,6 +72,13 @@ pub(crate) fn start_held(mut cmd: Command, k: u64) -> std::process::Child {
 /// Waits for `child`, started held at seq `k` with its standard output piped, to print
 /// `holding at seq k`. The rest of its standard output is read (and dropped) by a thread.
 pub(crate) fn await_hold(child: &mut std::process::Child, k: u64) {
+    await_line(child, &format!("holding at seq {k}"));
+}
+
+/// Waits (up to a minute) for `child`, its standard output piped, to print the line
+/// `wanted`; kills it and fails if it does not. The rest of its standard output is read (and
+/// dropped) by a thread.
+fn await_line(child: &mut std::process::Child, wanted: &str) {
     let stdout = child.stdout.take().expect("piped stdout");
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
@@ -82,7 +89,6 @@ pub(crate) fn await_hold(child: &mut std::process::Child, k: u64) {
             }
         }
     });
-    let wanted = format!("holding at seq {k}");
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut seen = Vec::new();
     loop {
@@ -94,7 +100,7 @@ pub(crate) fn await_hold(child: &mut std::process::Child, k: u64) {
                 let _ = child.kill();
                 let _ = child.wait();
                 panic!(
-                    "k={k}: no `{wanted}` ({e}); the example printed:\n{}",
+                    "no `{wanted}` ({e}); the example printed:\n{}",
                     seen.join("\n")
                 );
             }
@@ -390,6 +396,74 @@ fn random_kills_resume_to_the_same_result() {
         check(dir.path(), &reference.outcome, &format!("seed {seed}"));
     }
     eprintln!("random kills: 8 kills landed in {scenarios} run(s), each resumed to its end");
+}
+
+/// A start with `--auto-approve=false` killed before its run's first record (before the
+/// demo's repository is set up) leaves the wish in the work directory: the same command
+/// without the flag records the new run as a human's to approve, parks it at the gate, and
+/// opens no pull request.
+#[test]
+fn a_start_killed_before_its_first_record_still_leaves_the_run_to_a_human() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let workdir = dir.path();
+    let mut child = deliver(workdir)
+        .arg("--auto-approve=false")
+        .env(HOLD_IN_SETUP_VAR, "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the example");
+    await_line(&mut child, "holding in setup");
+    child.kill().expect("SIGKILL the example");
+    child.wait().expect("reap the example");
+    let store = workdir.join("deliver.redb");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio");
+    let recorded = rt.block_on(async {
+        let runtime = loops::Runtime::open(&store).expect("open the store");
+        runtime.run_info(RUN_ID).await.expect("read the run")
+    });
+    assert!(recorded.is_none(), "killed before its first record");
+    assert!(!workdir.join("repo").exists(), "killed before the setup");
+
+    let output = deliver(workdir).output().expect("run the example");
+    assert!(output.status.success(), "{}", describe(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains(
+            "not approving it automatically: it was started with --auto-approve=false (stopped \
+             before its first record)"
+        ) && stdout.contains("waiting for approval"),
+        "{stdout}"
+    );
+    assert_eq!(names_in(&workdir.join("forge/pulls")), Vec::<String>::new());
+    rt.block_on(async {
+        let runtime = loops::Runtime::open(&store).expect("open the store");
+        let info = runtime.run_info(RUN_ID).await.unwrap().unwrap();
+        assert_eq!(
+            (info.status, info.state.as_str(), info.seq),
+            (loops::RunStatus::Waiting, "Reviewed", 6)
+        );
+        let attributes = runtime.attributes(RUN_ID).await.unwrap();
+        assert_eq!(
+            attributes.get("approval"),
+            Some(&loops::AttributeValue::from("human"))
+        );
+    });
+    // Once the run records it, the work directory's copy of the wish is dropped.
+    assert!(!workdir.join(".loops-deliver-approval").exists());
+    // And the next command, too, leaves it waiting.
+    let output = deliver(workdir).output().expect("run the example");
+    assert!(output.status.success(), "{}", describe(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("not approving it automatically: it was started with --auto-approve=false")
+            && stdout.contains("waiting for approval"),
+        "{stdout}"
+    );
+    assert_eq!(names_in(&workdir.join("forge/pulls")), Vec::<String>::new());
 }
 
 /// The approval gate: with `--auto-approve=false` the run parks before it pushes, the process
