@@ -416,6 +416,62 @@ async fn next_to_store_finds_the_serving_process_or_nobody() {
     closer.await.unwrap();
 }
 
+/// Serving next to a store replaces a socket its process left, and nothing else: a regular
+/// file, a directory or a symbolic link at the socket's path is refused (`Bind`, naming it
+/// once) and left as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_stale_socket_is_replaced_by_a_new_endpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let socket = loops::control::socket_path(&path);
+    let rt = Runtime::open(&path).unwrap();
+    drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+    let server = rt.serve_control_next_to_store().await.unwrap();
+    let client = Client::next_to_store(&path).await.unwrap().unwrap();
+    assert_eq!(client.run_info("r1").await.unwrap(), None);
+    server.stop().await;
+    assert!(!socket.exists());
+
+    let target = dir.path().join("elsewhere");
+    std::fs::write(&target, "kept").unwrap();
+    let make: [(&str, &dyn Fn()); 3] = [
+        ("a regular file", &|| {
+            std::fs::write(&socket, "notes").unwrap()
+        }),
+        ("a directory", &|| std::fs::create_dir(&socket).unwrap()),
+        ("a symbolic link", &|| {
+            std::os::unix::fs::symlink(&target, &socket).unwrap();
+        }),
+    ];
+    for (kind, make) in make {
+        make();
+        let e = rt.serve_control_next_to_store().await.unwrap_err();
+        assert!(matches!(e, ControlError::Bind { .. }), "{kind}: {e:?}");
+        assert!(std::error::Error::source(&e).is_none(), "{kind}");
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "cannot listen on control endpoint unix:{}: {kind} is at the socket's path, not \
+                 a socket: it is left as it is (move it away, or name another endpoint)",
+                socket.display()
+            )
+        );
+        let meta = std::fs::symlink_metadata(&socket).unwrap();
+        match kind {
+            "a regular file" => assert_eq!(std::fs::read_to_string(&socket).unwrap(), "notes"),
+            "a directory" => assert!(meta.is_dir()),
+            _ => assert_eq!(std::fs::read_link(&socket).unwrap(), target),
+        }
+        if meta.is_dir() {
+            std::fs::remove_dir(&socket).unwrap();
+        } else {
+            std::fs::remove_file(&socket).unwrap();
+        }
+    }
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "kept");
+    rt.shutdown().await;
+}
+
 /// A process that takes the connection and never answers (stopped with SIGSTOP, say): the
 /// version check of `connect` gives up with `NoAnswer` (after `CONNECT_TIMEOUT`, 10 s, for
 /// `connect` and `next_to_store`: a command must not hang, nor take the file for free).

@@ -478,10 +478,10 @@ impl Client {
             .map_err(|e| self.protocol(format!("cannot read the answer to {path}: {e}")))
     }
 
-    fn unreachable(&self, source: std::io::Error) -> Exchange {
+    fn unreachable(&self, cause: std::io::Error) -> Exchange {
         Exchange::Control(ControlError::Unreachable {
             endpoint: self.endpoint.to_string(),
-            source,
+            cause,
         })
     }
 

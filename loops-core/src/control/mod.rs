@@ -89,14 +89,15 @@ pub fn socket_path(store: &Path) -> PathBuf {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ControlError {
-    /// The endpoint's socket or port could not be bound.
-    #[error("cannot listen on control endpoint {endpoint}: {source}")]
+    /// The endpoint's socket or port could not be bound, or a file that is not a socket is at
+    /// the socket's path (it is never replaced). The message names the cause, so `source()`
+    /// is `None` (a chain printed from it says the cause once); the cause is in `cause`.
+    #[error("cannot listen on control endpoint {endpoint}: {cause}")]
     Bind {
         /// The endpoint.
         endpoint: String,
         /// The system's error.
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// Another process answers on the endpoint's socket already.
     #[error("control endpoint {endpoint} is served by another process already")]
@@ -119,14 +120,14 @@ pub enum ControlError {
         /// The store's label.
         store: String,
     },
-    /// Nothing answers on the endpoint (no socket, or no process behind it).
-    #[error("no process answers on control endpoint {endpoint}: {source}")]
+    /// Nothing answers on the endpoint (no socket, or no process behind it). The message
+    /// names the cause, so `source()` is `None`; the cause is in `cause`.
+    #[error("no process answers on control endpoint {endpoint}: {cause}")]
     Unreachable {
         /// The endpoint.
         endpoint: String,
         /// The system's error.
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// The connection closed before the whole answer came: the process stopped (or closed
     /// it) while it took the request. Whether the process carried a write out is unknown; a

@@ -75,12 +75,13 @@ impl Runtime {
     ///
     /// A Unix socket is created with mode 0600 (it is bound under a temporary name, made
     /// owner-only, then renamed into place); a stale socket left by a process that died is
-    /// replaced. A TCP endpoint reads its token file first.
+    /// replaced, anything else at the path is not. A TCP endpoint reads its token file first.
     ///
     /// # Errors
     /// [`ControlError::Token`] if a TCP endpoint's token file is missing, empty or readable
     /// by others; [`ControlError::InUse`] if another process answers on the socket;
-    /// [`ControlError::Bind`] if the socket or port cannot be bound.
+    /// [`ControlError::Bind`] if the socket or port cannot be bound, or a file, directory or
+    /// link that is not a socket is at the socket's path.
     pub async fn serve_control(&self, endpoint: Endpoint) -> Result<ControlServer, ControlError> {
         let token = match &endpoint {
             Endpoint::Tcp { token_file, .. } => Some(read_token(token_file)?),
@@ -92,9 +93,9 @@ impl Runtime {
         }));
         let stop = CancellationToken::new();
         let stopped = stop.clone().cancelled_owned();
-        let bind_error = |source| ControlError::Bind {
+        let bind_error = |cause| ControlError::Bind {
             endpoint: endpoint.to_string(),
-            source,
+            cause,
         };
         let (bound, task, socket) = match &endpoint {
             Endpoint::Unix(path) => {
@@ -157,14 +158,24 @@ async fn bind_unix(
     path: &Path,
     endpoint: &Endpoint,
 ) -> Result<tokio::net::UnixListener, ControlError> {
-    let bind_error = |source| ControlError::Bind {
+    let bind_error = |cause| ControlError::Bind {
         endpoint: endpoint.to_string(),
-        source,
+        cause,
     };
     if tokio::net::UnixStream::connect(path).await.is_ok() {
         return Err(ControlError::InUse {
             endpoint: endpoint.to_string(),
         });
+    }
+    // Only a socket is replaced: a file, a directory or a link at the path is someone's.
+    if let Some(kind) = not_a_socket(path) {
+        return Err(bind_error(std::io::Error::new(
+            std::io::ErrorKind::AlreadyExists,
+            format!(
+                "{kind} is at the socket's path, not a socket: it is left as it is (move it \
+                 away, or name another endpoint)"
+            ),
+        )));
     }
     let mut temporary = path.as_os_str().to_owned();
     temporary.push(format!(".{}.tmp", std::process::id()));
@@ -177,6 +188,28 @@ async fn bind_unix(
         return Err(bind_error(e));
     }
     Ok(listener)
+}
+
+/// What is at `path` if it is there and is not a socket ("a regular file", "a directory",
+/// "a symbolic link", "a special file"); `None` if nothing is, or a socket.
+fn not_a_socket(path: &Path) -> Option<&'static str> {
+    let kind = std::fs::symlink_metadata(path).ok()?.file_type();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt as _;
+        if kind.is_socket() {
+            return None;
+        }
+    }
+    Some(if kind.is_file() {
+        "a regular file"
+    } else if kind.is_dir() {
+        "a directory"
+    } else if kind.is_symlink() {
+        "a symbolic link"
+    } else {
+        "a special file"
+    })
 }
 
 #[cfg(unix)]
