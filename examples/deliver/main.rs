@@ -463,6 +463,7 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
         cli.store.as_deref().map(absolute).transpose()?,
         cli.repo.as_deref().map(absolute).transpose()?,
     );
+    paths.check_store_place()?;
     // The key file is read before --fresh deletes anything: a bad one stops the command
     // with the old work directory still there.
     let keys = cli.key_file.as_deref().map(loops::Keyring::from_file);

@@ -258,6 +258,33 @@ impl Paths {
         Ok(made)
     }
 
+    /// Refuses a store inside what this example builds, clears or deletes in the work
+    /// directory: the demo's repository (built aside and renamed into place, so a store there
+    /// would stop its setup), the remote, the forge and the scratch space (compared as given,
+    /// made absolute).
+    ///
+    /// # Errors
+    /// If the store is inside one of them.
+    pub fn check_store_place(&self) -> Result<()> {
+        let built = [
+            ("the demo's repository", self.workdir.join("repo")),
+            ("the remote", self.remote.clone()),
+            ("the forge", self.forge.clone()),
+            ("the scratch space", self.scratch.clone()),
+        ];
+        for (what, dir) in built {
+            ensure!(
+                !self.store.starts_with(&dir),
+                "--store {} is inside {what} {}, which this example builds and clears: put the \
+                 store elsewhere (the default is {})",
+                self.store.display(),
+                dir.display(),
+                self.workdir.join("deliver.redb").display()
+            );
+        }
+        Ok(())
+    }
+
     /// Writes the work directory's marker ([`MARKER`]), which says that it is this example's
     /// and holds its id ([`workdir_id`](Self::workdir_id)), if it has no id yet (a new
     /// directory, or one whose marker an earlier version of this example left empty). Written

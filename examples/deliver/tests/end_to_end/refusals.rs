@@ -170,6 +170,42 @@ fn a_store_url_is_refused_in_one_line() {
     }
 }
 
+/// A store inside what the example builds and clears in its work directory (the demo's
+/// repository, the remote, the forge, the scratch space) is refused before anything is made,
+/// with `--fresh` too.
+#[test]
+fn a_store_inside_what_the_example_builds_is_refused() {
+    for (inside, what) in [
+        ("repo/s.redb", "the demo's repository"),
+        ("remote.git/s.redb", "the remote"),
+        ("forge/pulls/s.redb", "the forge"),
+        ("scratch/s.redb", "the scratch space"),
+    ] {
+        for fresh in [false, true] {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let store = dir.path().join("work").join(inside);
+            let mut args: Vec<OsString> = vec!["--store".into(), store.clone().into()];
+            if fresh {
+                args.push("--fresh".into());
+            }
+            let output = deliver(dir.path(), &args);
+            assert_refused(
+                &output,
+                &format!(
+                    "--store {} is inside {what} {}, which this example builds and clears",
+                    store.display(),
+                    dir.path()
+                        .join("work")
+                        .join(inside.split('/').next().unwrap())
+                        .display()
+                ),
+                dir.path(),
+                &[],
+            );
+        }
+    }
+}
+
 /// A store whose payloads are sealed, and no `--key-file`: refused in one line naming this
 /// program's option (not the library's setting), and nothing else made.
 #[test]
