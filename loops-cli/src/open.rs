@@ -440,10 +440,16 @@ fn check_file(path: &Path) -> Result<()> {
             path.display()
         ))),
         Ok(_) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Failure::new(format!(
-            "store {} does not exist",
-            path.display()
-        ))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(Failure::new(match std::fs::read_link(path) {
+                Ok(target) => format!(
+                    "store {} is a symbolic link to {}, which does not exist",
+                    path.display(),
+                    target.display()
+                ),
+                Err(_) => format!("store {} does not exist", path.display()),
+            }))
+        }
         Err(e) => Err(Failure::new(format!(
             "cannot read store {}: {e}",
             path.display()

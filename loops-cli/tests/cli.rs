@@ -2530,6 +2530,23 @@ fn missing_empty_foreign_and_corrupt_files_are_one_line_errors() {
         );
     }
     assert!(!missing.exists(), "no command creates a store");
+    // A link to nothing is named as one.
+    let link = dir.path().join("link.redb");
+    std::os::unix::fs::symlink(&missing, &link).unwrap();
+    for args in [&["runs"][..], &["show", "x"], &["cancel", "x"], &["check"]] {
+        assert_eq!(
+            fails(&link, args, 1),
+            format!(
+                "error: store {} is a symbolic link to {}, which does not exist\n",
+                link.display(),
+                missing.display()
+            )
+        );
+    }
+    assert!(
+        !missing.exists(),
+        "no command creates a store through a link"
+    );
 
     let empty = dir.path().join("empty.redb");
     std::fs::File::create(&empty).unwrap();
