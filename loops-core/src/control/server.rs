@@ -191,7 +191,7 @@ async fn bind_unix(
 }
 
 /// What is at `path` if it is there and is not a socket ("a regular file", "a directory",
-/// "a symbolic link", "a special file"); `None` if nothing is, or a socket.
+/// "a symbolic link", ...); `None` if nothing is, or a socket.
 fn not_a_socket(path: &Path) -> Option<&'static str> {
     let kind = std::fs::symlink_metadata(path).ok()?.file_type();
     #[cfg(unix)]
@@ -201,15 +201,7 @@ fn not_a_socket(path: &Path) -> Option<&'static str> {
             return None;
         }
     }
-    Some(if kind.is_file() {
-        "a regular file"
-    } else if kind.is_dir() {
-        "a directory"
-    } else if kind.is_symlink() {
-        "a symbolic link"
-    } else {
-        "a special file"
-    })
+    Some(crate::store::redb::file_kind(&kind))
 }
 
 #[cfg(unix)]

@@ -58,6 +58,8 @@ mod upgrade;
 mod verify;
 
 pub use maintain::Compacted;
+#[cfg(feature = "control")]
+pub(crate) use open::file_kind;
 pub(in crate::store) use open::refuse_special_file;
 pub(in crate::store) use read::{ReadError, read_info};
 pub use tables::STORE_FORMAT;

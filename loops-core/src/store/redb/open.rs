@@ -438,15 +438,25 @@ pub(in crate::store) fn refuse_special_file(path: &Path) -> Result<()> {
     if file_type.is_file() {
         return Ok(());
     }
-    let what = if file_type.is_dir() {
-        "a directory"
-    } else {
-        special_file_kind(&file_type)
-    };
+    let what = file_kind(&file_type);
     Err(Error::Open {
         path: path.to_path_buf(),
         cause: format!("it is {what}, not a regular file; a store is a regular file").into(),
     })
+}
+
+/// What a file of `file_type` is, in words ("a regular file", "a directory", "a symbolic
+/// link", "a FIFO (named pipe)", "a socket", ...), for refusals that name what they found.
+pub(crate) fn file_kind(file_type: &std::fs::FileType) -> &'static str {
+    if file_type.is_file() {
+        "a regular file"
+    } else if file_type.is_dir() {
+        "a directory"
+    } else if file_type.is_symlink() {
+        "a symbolic link"
+    } else {
+        special_file_kind(file_type)
+    }
 }
 
 #[cfg(unix)]
