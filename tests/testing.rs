@@ -520,6 +520,90 @@ async fn the_explorer_stops_a_step_between_its_effect_and_its_record() {
     );
 }
 
+/// A biller whose bank refuses the first transfer of the whole test: the count is outside
+/// the handler (a restart does not reset it, as a real bank's would not be), so the second
+/// run without a crash charges at once where the first failed a try.
+struct FlakyBiller(Arc<AtomicU32>);
+
+impl ChargeHandler for FlakyBiller {
+    type Error = loops::Error;
+
+    async fn due(&self, ctx: &Context, cents: u64) -> Result<DueNext, Self::Error> {
+        let calls = Arc::clone(&self.0);
+        let receipt = ctx
+            .step_keyed("charge", |key| async move {
+                if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                    return Err::<String, _>("bank busy".into());
+                }
+                Ok(format!("{cents} under {key}"))
+            })
+            .await?;
+        Ok(DueNext::Charged { receipt })
+    }
+}
+
+/// A workflow that does not do the same twice without a crash is reported as such, before
+/// any crash is explored (its chance would be taken for the crash's doing); reset before
+/// each case, the same workflow explores.
+#[tokio::test]
+async fn the_explorer_refuses_a_workflow_that_does_not_repeat_without_a_crash() {
+    let policy = || {
+        RetryPolicy::attempts(3)
+            .with_delays(Duration::from_secs(1), Duration::from_secs(1))
+            .with_jitter(0.0)
+    };
+    let calls = Arc::new(AtomicU32::new(0));
+    let factory = {
+        let calls = Arc::clone(&calls);
+        move || FlakyBiller(Arc::clone(&calls))
+    };
+    let e = Explorer::new(factory.clone(), Charge::Due { cents: 500 })
+        .configure(move |b| b.retry(policy()))
+        .run()
+        .await
+        .unwrap_err();
+    let ExploreError::NotRepeatable {
+        run_id,
+        differences,
+    } = &e
+    else {
+        panic!("expected NotRepeatable, got {e}");
+    };
+    assert_eq!(run_id, "explored");
+    assert_eq!(
+        differences,
+        &[
+            "the failed try of step `charge` #0 in attempt 1 at seq 0 was written 1 time(s) in \
+             the first, 0 in the second",
+            "the failure of attempt 1 at seq 0 was written 1 time(s) in the first, 0 in the \
+             second",
+            "the new attempt at seq 0 was written 1 time(s) in the first, 0 in the second",
+            "step `charge` #0 of seq 0 ran its closure 2 time(s) in the first, 1 in the second",
+        ],
+        "{e}"
+    );
+    assert!(
+        e.to_string()
+            .starts_with("crash explorer: run `explored` did not do the same in two runs"),
+        "{e}"
+    );
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        3,
+        "two runs, nothing explored"
+    );
+
+    let reset = Arc::clone(&calls);
+    let explored = Explorer::new(factory, Charge::Due { cents: 500 })
+        .configure(move |b| b.retry(policy()))
+        .before_each(move || reset.store(0, Ordering::SeqCst))
+        .run()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(explored.final_state, "Charged");
+    assert_eq!(explored.explored, explored.boundaries.len());
+}
+
 // The same explorations with a real process per crash (`Explorer::in_child_processes`): this
 // test binary runs again on the one test, whose explorer plays the child's part (aborting
 // the process at the boundary, or resuming the run from the store file). A test runs one

@@ -136,6 +136,75 @@ pub(super) fn compare(
     out
 }
 
+/// What differs between two runs without a crash (`first`, `second`), in the order of their
+/// writes left aside (concurrent steps may commit in either order): their final state, their
+/// history, the writes each made (the failed tries of a step included) and how often each
+/// step's closure ran. Empty when the workflow did the same both times, which every
+/// comparison of a crashed case with the uninterrupted run takes for granted.
+pub(super) fn repeat_differences(first: &Ended, second: &Ended) -> Vec<String> {
+    let mut out = Vec::new();
+    if first.outcome != second.outcome {
+        out.push(format!(
+            "the first ended {} in `{}` (seq {}) {}, the second {} in `{}` (seq {}) {}",
+            first.outcome.status,
+            first.outcome.state,
+            first.outcome.seq,
+            first.outcome.payload,
+            second.outcome.status,
+            second.outcome.state,
+            second.outcome.seq,
+            second.outcome.payload
+        ));
+    } else if first.history != second.history {
+        out.push(format!(
+            "their histories differ ({} records against {})",
+            first.history.len(),
+            second.history.len()
+        ));
+    }
+    let made = |ended: &Ended| {
+        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+        for write in &ended.writes {
+            *counts.entry(write.what.clone()).or_default() += 1;
+        }
+        counts
+    };
+    let (a, b) = (made(first), made(second));
+    let whats: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+    for what in whats {
+        let (x, y) = (a.get(what).copied(), b.get(what).copied());
+        if x != y {
+            out.push(format!(
+                "the {what} was written {} time(s) in the first, {} in the second",
+                x.unwrap_or(0),
+                y.unwrap_or(0)
+            ));
+        }
+    }
+    let ran = |ended: &Ended| {
+        let mut counts: BTreeMap<StepId, usize> = BTreeMap::new();
+        for run in &ended.steps {
+            *counts.entry(step_id(run)).or_default() += 1;
+        }
+        counts
+    };
+    let (a, b) = (ran(first), ran(second));
+    let ids: BTreeSet<&StepId> = a.keys().chain(b.keys()).collect();
+    for id in ids {
+        let (x, y) = (a.get(id).copied(), b.get(id).copied());
+        if x != y {
+            let (seq, name, occurrence) = id;
+            out.push(format!(
+                "step `{name}` #{occurrence} of seq {seq} ran its closure {} time(s) in the \
+                 first, {} in the second",
+                x.unwrap_or(0),
+                y.unwrap_or(0)
+            ));
+        }
+    }
+    out
+}
+
 /// Checks the runs of the step closures: see [`Explorer::run`].
 fn compare_steps(
     reference: &Ended,

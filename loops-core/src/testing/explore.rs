@@ -32,7 +32,9 @@ use crate::run::settings::StepRun;
 use crate::runtime::{Runtime, RuntimeBuilder};
 use crate::store::{RedbStore, RunStatus, Store};
 use crate::testing::child::{self, AbortAt, CaseDir, Journal, Role};
-use crate::testing::compare::{Case, Ended, First, Outcome, boundaries, compare};
+use crate::testing::compare::{
+    Case, Ended, First, Outcome, boundaries, compare, repeat_differences,
+};
 use crate::testing::report::{
     Boundary, Exploration, ExploreError, Finding, ONLY_ENV, When, with_children,
 };
@@ -261,6 +263,21 @@ where
             return Err(ExploreError::Reference {
                 run_id: self.run_id.clone(),
                 message: with_children(&reference.children),
+            });
+        }
+        // Every case is compared with the reference: a workflow that does not do the same
+        // twice without a crash would have its chance taken for the crash's doing.
+        let again = match self.case(None).await {
+            Ok(Case::Ended(again)) => repeat_differences(&reference, &again),
+            Ok(Case::Stopped(..)) => {
+                repeat_differences(&reference, &unreachable_stop(&self.run_id)?)
+            }
+            Err(e) => vec![format!("the second could not be run: {e}")],
+        };
+        if !again.is_empty() {
+            return Err(ExploreError::NotRepeatable {
+                run_id: self.run_id.clone(),
+                differences: again,
             });
         }
         let boundaries = boundaries(&reference, &self.run_id);

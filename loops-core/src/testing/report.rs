@@ -116,6 +116,25 @@ pub enum ExploreError {
         /// The boundaries whose resumed run differed, in order.
         findings: Vec<Finding>,
     },
+    /// Two runs without a crash did not do the same (a step that fails at random or reads
+    /// the real clock, an outside world that [`Explorer::before_each`] does not reset), so
+    /// what a crash changes cannot be told from what changes anyway: nothing was explored.
+    ///
+    /// [`Explorer::before_each`]: crate::testing::Explorer::before_each
+    #[error(
+        "crash explorer: run `{run_id}` did not do the same in two runs without a crash, so \
+         what a crash changes cannot be told apart (nothing was explored): {}. Every case must \
+         do the same without a crash: make the steps' outcomes (failures too) independent of \
+         chance and the real clock, and reset the handler's outside world (files, a fake \
+         service) in Explorer::before_each",
+        differences.join("; ")
+    )]
+    NotRepeatable {
+        /// The explored run.
+        run_id: String,
+        /// What differed, one sentence each.
+        differences: Vec<String>,
+    },
     /// The run without a crash, which the others are compared with, could not be run.
     #[error("crash explorer: run `{run_id}` could not be run without a crash: {message}")]
     Reference {
