@@ -102,7 +102,8 @@ pub enum ColorArg {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// List runs: id, workflow, status, current state, attempt, last change, what it waits for.
+    /// List runs, most recently changed first: id, workflow, status, current state, attempt,
+    /// last change, what it waits for.
     #[command(after_help = RUNS_EXAMPLES)]
     Runs(RunsArgs),
     /// Show one run: status, current state and its data, what it waits for, its schema.
