@@ -675,7 +675,7 @@ mod tests {
     fn fresh_world(run_id: &str) -> (tempfile::TempDir, Paths, crate::workflow::Base) {
         let dir = tempfile::tempdir().unwrap();
         let paths = Paths::new(dir.path().to_path_buf(), None, None);
-        paths.create_workdir().unwrap();
+        paths.create_workdir("deliver-1", None).unwrap();
         paths.clear_leftovers().unwrap();
         let branch = work_branch(run_id);
         let prepared = paths.clone();
@@ -750,7 +750,7 @@ mod tests {
     async fn gives_up_when_the_fix_rounds_run_out() {
         let dir = tempfile::tempdir().unwrap();
         let paths = Paths::new(dir.path().to_path_buf(), None, None);
-        paths.create_workdir().unwrap();
+        paths.create_workdir("deliver-1", None).unwrap();
         paths.clear_leftovers().unwrap();
         let base = project::prepare(&paths, "loops/stubborn", None)
             .await

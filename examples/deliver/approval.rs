@@ -110,6 +110,41 @@ impl Gate {
     }
 }
 
+/// Says so when `--auto-approve=false` is given for a run that was sent its approval already
+/// (by an earlier `--auto-approve` start killed before the gate, or `loops send`): an event
+/// cannot be taken back, and the run takes it at the gate (or took it), so the flag does not
+/// make it wait.
+///
+/// # Errors
+/// If the run's events cannot be read.
+pub async fn note_approved_already(cli: &Cli, runtime: &Runtime) -> Result<()> {
+    if cli.auto_approve != Some(false) {
+        return Ok(());
+    }
+    let events = runtime.store().events(&cli.run_id).await?;
+    let Some((seq, record, taken)) = events
+        .into_iter()
+        .find(|(_, record, _)| record.name == APPROVAL_EVENT.name())
+    else {
+        return Ok(());
+    };
+    let by = serde_json::from_str::<Approval>(record.payload.get()).map_or_else(
+        |_| "an approval this build cannot read".to_owned(),
+        |a| a.by,
+    );
+    let where_ = if taken {
+        "taken at the approval gate"
+    } else {
+        "waiting in its inbox for the approval gate"
+    };
+    say!(
+        "note: run {} was approved already, by {by} (event {seq}, {where_}): \
+         --auto-approve=false does not withdraw an approval that was sent",
+        cli.run_id
+    );
+    Ok(())
+}
+
 /// The directory, in a work directory, that keeps what `--auto-approve=false` asked for runs
 /// not recorded yet: one file per run (named by a hash of its id, holding the id), written
 /// before anything of the run is made, so that a start stopped before its run's first record
@@ -143,6 +178,34 @@ pub fn remember_asked(workdir: &Path, run_id: &str, auto_approve: Option<bool>) 
             crate::project::write_durably(&path, run_id.as_bytes(), true).map(drop)
         }
     }
+}
+
+/// Copies into the work directory `workdir` the wishes ([`remember_asked`]) kept in `from`,
+/// a work directory that an interrupted `--fresh` moved aside, where `workdir` has none of
+/// its own for the run: so that a `--fresh --auto-approve=false` killed after it moved the
+/// old directory aside, and run again without the flag, still leaves the run to a human.
+///
+/// # Errors
+/// If a wish cannot be read or written.
+pub fn carry_asked(from: &Path, workdir: &Path) -> Result<()> {
+    let Ok(entries) = std::fs::read_dir(from.join(ASKED_DIR)) else {
+        return Ok(());
+    };
+    let dir = workdir.join(ASKED_DIR);
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let target = dir.join(&name);
+        // A temporary file of a write a kill interrupted holds no wish yet.
+        if name.to_string_lossy().contains(".tmp-") || target.exists() {
+            continue;
+        }
+        let wish = std::fs::read(entry.path())
+            .with_context(|| format!("cannot read {}", entry.path().display()))?;
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+        crate::project::write_durably(&target, &wish, true)?;
+    }
+    Ok(())
 }
 
 /// Whether a start of the run `run_id` asked, with `--auto-approve=false`, that a human

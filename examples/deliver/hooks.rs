@@ -10,9 +10,10 @@
 //!   `Planned` enters after its child runs have ended (the join comes before the entry
 //!   line, so that a handler that parks in the join enters once), so a stop at its seq
 //!   comes after the children;
-//! - `LOOPS_DELIVER_HOLD_IN_SETUP=1` (any value): once the work directory is held, before the
-//!   demo's repository is set up and a new run's first record, print `holding in setup` and
-//!   wait forever, so that a test can SIGKILL a start before its run exists;
+//! - `LOOPS_DELIVER_HOLD_IN_SETUP=point`: at that point of the setup, print `holding in
+//!   setup at point` and wait forever, so that a test can SIGKILL a start before its run
+//!   exists: `aside` (`--fresh` has moved the old work directory aside), `repo` (the work
+//!   directory is held; the demo's repository is not set up, the run not recorded);
 //! - every entry appends `seq state attempt` to `<workdir>/handler-entries.log`.
 
 use std::io::Write as _;
@@ -30,10 +31,22 @@ pub const STOP_VAR: &str = "LOOPS_DELIVER_STOP_AT_SEQ";
 /// Name of the setup hook's variable.
 pub const HOLD_IN_SETUP_VAR: &str = "LOOPS_DELIVER_HOLD_IN_SETUP";
 
+/// The setup hook: if [`HOLD_IN_SETUP_VAR`] names `point`, prints `holding in setup at
+/// point` and never returns (the process is to be killed there; the thread sleeps, so it may
+/// be called outside async code); else returns at once.
+pub fn hold_in_setup(point: &str) {
+    if std::env::var_os(HOLD_IN_SETUP_VAR).is_some_and(|held| held == point) {
+        say!("holding in setup at {point}");
+        let _ = std::io::stdout().flush();
+        loop {
+            std::thread::park();
+        }
+    }
+}
+
 /// The entry hooks of one process.
 #[derive(Debug, Clone)]
 pub struct Hooks {
-    hold_in_setup: bool,
     hold_at: Option<u64>,
     stop_at: Option<u64>,
     entries_log: PathBuf,
@@ -47,7 +60,6 @@ impl Hooks {
     /// If a variable is set but is not a number.
     pub fn from_env(entries_log: PathBuf) -> Result<Hooks> {
         Ok(Hooks {
-            hold_in_setup: std::env::var_os(HOLD_IN_SETUP_VAR).is_some(),
             hold_at: seq_var(HOLD_VAR)?,
             stop_at: seq_var(STOP_VAR)?,
             entries_log,
@@ -59,7 +71,6 @@ impl Hooks {
     #[cfg(test)]
     pub fn none(entries_log: PathBuf) -> Hooks {
         Hooks {
-            hold_in_setup: false,
             hold_at: None,
             stop_at: None,
             entries_log,
@@ -105,16 +116,6 @@ impl Hooks {
             std::future::pending::<()>().await;
         }
         Ok(())
-    }
-
-    /// The setup hook: if [`HOLD_IN_SETUP_VAR`] is set, prints `holding in setup` and never
-    /// returns (the process is to be killed there); else returns at once.
-    pub async fn hold_in_setup(&self) {
-        if self.hold_in_setup {
-            say!("holding in setup");
-            let _ = std::io::stdout().flush();
-            std::future::pending::<()>().await;
-        }
     }
 
     /// Resolves when the stop hook has fired.

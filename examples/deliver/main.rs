@@ -74,9 +74,10 @@ For tests only (environment variables):
   LOOPS_DELIVER_STOP_AT_SEQ=k  at the entry of seq k, exit 0 without doing the state's work,
                                closing the store cleanly (version 2's Planned enters once its
                                child runs have ended: they are its work before the entry)
-  LOOPS_DELIVER_HOLD_IN_SETUP=1  once the work directory is held, before the demo's
-                               repository is set up and the run recorded, print `holding in
-                               setup` and wait forever
+  LOOPS_DELIVER_HOLD_IN_SETUP=p  at point p of the setup, print `holding in setup at p` and
+                               wait forever: `aside` (--fresh moved the old work directory
+                               aside), `repo` (before the demo's repository is set up and the
+                               run recorded)
 Every state entry is appended to <workdir>/handler-entries.log as `seq state attempt`.
 
 Versions: this build starts new runs on version 2 of the workflow (a review of the change by
@@ -463,18 +464,19 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
         cli.store.as_deref().map(absolute).transpose()?,
         cli.repo.as_deref().map(absolute).transpose()?,
     );
-    paths.check_store_place()?;
+    paths.check_places()?;
     // The key file is read before --fresh deletes anything: a bad one stops the command
     // with the old work directory still there.
     let keys = cli.key_file.as_deref().map(loops::Keyring::from_file);
     let keys = keys.transpose()?;
+    // What `--auto-approve` asks is kept before anything is deleted or made: a start stopped
+    // before its run's first record and run again without `--auto-approve=false` must still
+    // leave the run to a human.
     if cli.fresh {
+        paths.remember_before_fresh(&cli.run_id, cli.auto_approve)?;
         delete_for_fresh(&paths).await?;
     }
-    let made = paths.create_workdir()?;
-    // First, before anything of the run is made: a start stopped before its run's first record
-    // and run again without `--auto-approve=false` must still leave the run to a human.
-    approval::remember_asked(&paths.workdir, &cli.run_id, cli.auto_approve)?;
+    let made = paths.create_workdir(&cli.run_id, cli.auto_approve)?;
     let opened = open_store(|| {
         let builder = versions::builder(cli.workflow_version);
         let builder = match keys.clone() {
@@ -603,8 +605,7 @@ async fn dry_run(cli: &Cli) -> Result<()> {
 /// Drives the run until it ends, parks at the approval gate, or a test hook stops it.
 async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> Result<()> {
     let shown_store = say_where(cli, paths, &model);
-    let hooks = Hooks::from_env(paths.entries_log.clone())?;
-    hooks.hold_in_setup().await;
+    hooks::hold_in_setup("repo");
 
     // A run this build does not know (recorded by a later release, or by another workflow of
     // the same name) is the runtime's to refuse: it marks the run blocked and says what
@@ -620,6 +621,7 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
     } else {
         Base::default()
     };
+    let hooks = Hooks::from_env(paths.entries_log.clone())?;
     let agent = Agent {
         model,
         git: Git::new(&paths.repo),
@@ -659,6 +661,7 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
         Ok(())
     };
     let gate = approval::Gate::of(cli, &paths.workdir, runtime).await?;
+    approval::note_approved_already(cli, runtime).await?;
     // A new run's record of who approves it: as asked now, or by an earlier start of it
     // stopped before its first record.
     let auto_approve = cli.auto_approve.or(gate.left_to_a_human.map(|_| false));

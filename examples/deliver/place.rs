@@ -24,7 +24,88 @@ pub const WORKDIR_ATTRIBUTE: &str = "workdir";
 /// (absolute); a run on the demo's repository has none.
 pub const REPO_ATTRIBUTE: &str = "repo";
 
+/// What a work directory holds that this example builds, clears or deletes, by name: a store
+/// or a work directory inside one of them would be lost.
+const BUILT: [(&str, &str); 4] = [
+    ("repo", "the demo's repository"),
+    ("remote.git", "the remote"),
+    ("forge", "the forge"),
+    ("scratch", "the scratch space"),
+];
+
+/// `path` with every symbolic link in it resolved, one to nothing included (its target is
+/// where a file would be made), and the part that does not exist kept as written.
+pub fn resolved(path: &Path) -> PathBuf {
+    fn resolve(path: &Path, links: u32) -> PathBuf {
+        if let Ok(real) = path.canonicalize() {
+            return real;
+        }
+        // A link to nothing (at most 40 in a row, as the kernel follows).
+        if links < 40
+            && let Ok(target) = std::fs::read_link(path)
+        {
+            let target = path
+                .parent()
+                .map_or(target.clone(), |dir| dir.join(&target));
+            return resolve(&target, links + 1);
+        }
+        match (path.parent(), path.file_name()) {
+            (Some(parent), Some(name)) => resolve(parent, links).join(name),
+            _ => path.to_path_buf(),
+        }
+    }
+    resolve(path, 0)
+}
+
 impl Paths {
+    /// Refuses a store, or a work directory, inside what a work directory's runs build and
+    /// clear ([`BUILT`]: the demo's repository is built aside and renamed into place, the
+    /// scratch space emptied at every start): this work directory's, or that of any work
+    /// directory (marked) that holds it. Compared with links resolved.
+    ///
+    /// # Errors
+    /// If the store or the work directory is inside one of them.
+    pub fn check_places(&self) -> Result<()> {
+        let workdir = resolved(&self.workdir);
+        let default = self.workdir.join("deliver.redb");
+        // The work directory first: the default store is inside it.
+        let checks = [
+            (
+                "--workdir",
+                &self.workdir,
+                "name a directory outside it".to_owned(),
+            ),
+            (
+                "--store",
+                &self.store,
+                format!(
+                    "put the store elsewhere (the default is {})",
+                    default.display()
+                ),
+            ),
+        ];
+        for (flag, given, hint) in checks {
+            let path = resolved(given);
+            let homes = path
+                .ancestors()
+                .skip(1)
+                .filter(|dir| *dir == workdir || dir.join(MARKER).is_file());
+            for home in homes {
+                for (name, what) in BUILT {
+                    let dir = home.join(name);
+                    ensure!(
+                        !path.starts_with(&dir),
+                        "{flag} {} is inside {what} {}, which this example builds and clears: \
+                         {hint}",
+                        given.display(),
+                        dir.display()
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// `options` with the attributes that record where a new run works
     /// ([`WORKDIR_ID_ATTRIBUTE`], [`WORKDIR_ATTRIBUTE`], [`REPO_ATTRIBUTE`]): written with its
     /// first record, so a run never exists without them, and a start stopped before its run

@@ -96,6 +96,10 @@ pub struct Paths {
 /// never deletes a directory it did not create.
 pub const MARKER: &str = ".loops-deliver-workdir";
 
+/// How the names of this example's own files in a work directory begin (the marker, its
+/// lock, the approval wishes).
+const OWN_PREFIX: &str = ".loops-deliver-";
+
 impl Paths {
     /// The layout under `workdir`, with the store and the repository where given.
     pub fn new(workdir: PathBuf, store: Option<PathBuf>, repo: Option<PathBuf>) -> Self {
@@ -117,13 +121,14 @@ impl Paths {
     /// `--repo` is left alone. The caller holds the store's lock meanwhile, where it can.
     ///
     /// Safe to interrupt. A store in the work directory (the default) goes with it: the work
-    /// directory is renamed aside to `<workdir>.deleting-<pid>` (one rename) and removed from
-    /// there. A store elsewhere goes first (one unlink), then the work directory the same
-    /// way. A kill leaves the work directory either whole (with its store, whose run the next
-    /// start resumes or reports; or without it, and the next start begins a new run there,
-    /// whose steps find their commits and pull request by their idempotency keys) or gone;
-    /// never half deleted. What a kill leaves aside is removed by the next start
-    /// ([`clear_leftovers`](Self::clear_leftovers)).
+    /// directory is renamed aside to `<workdir>.deleting-<pid>` (one rename), and removed
+    /// from there once the new work directory has taken over its approval wishes
+    /// ([`create_workdir`](Self::create_workdir), then
+    /// [`clear_leftovers`](Self::clear_leftovers)). A store elsewhere goes first (one
+    /// unlink), then the work directory the same way. A kill leaves the work directory either
+    /// whole (with its store, whose run the next start resumes or reports; or without it, and
+    /// the next start begins a new run there, whose steps find their commits and pull request
+    /// by their idempotency keys) or aside; never half deleted.
     ///
     /// # Errors
     /// If the work directory exists, is not empty and was not made by this example, holds
@@ -160,82 +165,129 @@ impl Paths {
                 }
             }
         }
-        self.clear_asides();
         if !self.workdir.exists() {
             return Ok(());
         }
-        let aside = self.aside()?;
+        let aside = self.aside("deleting")?;
+        if aside.exists() {
+            // Left by an earlier process of the same id: its wishes stay, in the directory
+            // about to go aside.
+            crate::approval::carry_asked(&aside, &self.workdir)?;
+            let _ = std::fs::remove_dir_all(&aside);
+        }
         std::fs::rename(&self.workdir, &aside).with_context(|| {
             format!("cannot move {} aside to delete it", self.workdir.display())
         })?;
-        if let Err(e) = std::fs::remove_dir_all(&aside) {
-            // The work directory is gone already; what is left aside goes at the next start.
-            tracing::warn!(dir = %aside.display(), error = %e, "cannot delete, will try again");
+        crate::hooks::hold_in_setup("aside");
+        // Removed once the new work directory has taken its wishes over
+        // ([`clear_leftovers`](Self::clear_leftovers)).
+        Ok(())
+    }
+
+    /// Keeps in the work directory, if it exists and is this example's, what `--auto-approve`
+    /// asks of the run `run_id` ([`approval::remember_asked`](crate::approval::remember_asked)):
+    /// `--fresh` calls it before it deletes anything, so that a kill at any point of the
+    /// deletion leaves the wish in the directory, or in the directory moved aside, whose
+    /// wishes the next start takes over ([`create_workdir`](Self::create_workdir)).
+    ///
+    /// # Errors
+    /// If the directory cannot be read, or the wish written.
+    pub fn remember_before_fresh(&self, run_id: &str, auto_approve: Option<bool>) -> Result<()> {
+        if self.workdir.is_dir() && self.is_ours()? {
+            crate::approval::remember_asked(&self.workdir, run_id, auto_approve)?;
         }
         Ok(())
     }
 
     /// Whether the work directory (which exists) is empty or marked as made by this example:
-    /// it holds the marker, or nothing but the marker being written (by another process that
-    /// made it a moment ago).
+    /// it holds the marker, or nothing but this example's own files (the marker being written
+    /// by another process that made it a moment ago, or a run's approval wish written just
+    /// before the marker).
     fn is_ours(&self) -> Result<bool> {
         let mut entries = std::fs::read_dir(&self.workdir)
             .with_context(|| format!("cannot read {}", self.workdir.display()))?;
         let marking = entries.all(|entry| {
-            entry.is_ok_and(|entry| entry.file_name().to_string_lossy().starts_with(MARKER))
+            entry.is_ok_and(|entry| entry.file_name().to_string_lossy().starts_with(OWN_PREFIX))
         });
         Ok(marking || self.workdir.join(MARKER).exists())
     }
 
-    /// Where [`delete`](Self::delete) moves the work directory: `<workdir>.deleting-<pid>`,
-    /// beside it (a rename within one directory is atomic).
-    fn aside(&self) -> Result<PathBuf> {
-        let name = self
-            .workdir
-            .file_name()
-            .with_context(|| format!("cannot delete {}: it has no name", self.workdir.display()))?;
+    /// A directory beside the work directory, `<workdir>.<kind>-<pid>` (a rename within one
+    /// directory is atomic): `deleting`, where [`delete`](Self::delete) moves it; `new`,
+    /// where [`create_workdir`](Self::create_workdir) builds it.
+    fn aside(&self, kind: &str) -> Result<PathBuf> {
+        let name = self.workdir.file_name().with_context(|| {
+            format!(
+                "{} has no name to make a directory beside it",
+                self.workdir.display()
+            )
+        })?;
         Ok(self.workdir.with_file_name(format!(
-            "{}{}",
-            Self::aside_prefix(name),
+            "{}.{kind}-{}",
+            name.to_string_lossy(),
             std::process::id()
         )))
     }
 
-    fn aside_prefix(name: &std::ffi::OsStr) -> String {
-        format!("{}.deleting-", name.to_string_lossy())
+    /// The directories of `kind` beside the work directory ([`aside`](Self::aside)) that
+    /// earlier processes left.
+    fn asides(&self, kind: &str) -> Vec<PathBuf> {
+        let (Some(parent), Some(name)) = (self.workdir.parent(), self.workdir.file_name()) else {
+            return Vec::new();
+        };
+        let prefix = format!("{}.{kind}-", name.to_string_lossy());
+        let Ok(entries) = std::fs::read_dir(parent) else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter(|entry| {
+                entry
+                    .file_name()
+                    .to_str()
+                    .and_then(|f| f.strip_prefix(&prefix))
+                    .is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
+            })
+            .map(|entry| entry.path())
+            .collect()
     }
 
-    /// Removes what interrupted deletions left aside (`<workdir>.deleting-<pid>`). Best
-    /// effort: a failure is logged and tried again at the next start.
+    /// Removes what interrupted deletions and creations left beside the work directory
+    /// (`<workdir>.deleting-<pid>`, `<workdir>.new-<pid>`). Best effort: a failure is logged
+    /// and tried again at the next start.
     fn clear_asides(&self) {
-        let (Some(parent), Some(name)) = (self.workdir.parent(), self.workdir.file_name()) else {
-            return;
-        };
-        let prefix = Self::aside_prefix(name);
-        let Ok(entries) = std::fs::read_dir(parent) else {
-            return;
-        };
-        for entry in entries.flatten() {
-            let file = entry.file_name();
-            let is_leftover = file
-                .to_str()
-                .and_then(|f| f.strip_prefix(&prefix))
-                .is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()));
-            if is_leftover && let Err(e) = std::fs::remove_dir_all(entry.path()) {
-                tracing::warn!(dir = %entry.path().display(), error = %e, "cannot delete");
+        for dir in self
+            .asides("deleting")
+            .into_iter()
+            .chain(self.asides("new"))
+        {
+            if let Err(e) = std::fs::remove_dir_all(&dir) {
+                tracing::warn!(dir = %dir.display(), error = %e, "cannot delete");
             }
         }
     }
 
-    /// Creates the work directory and its marker, and returns the topmost directory it made
-    /// (the work directory, or a missing parent of it; `None` if the work directory existed),
-    /// for [`remove_new_workdir`](Self::remove_new_workdir). Nothing in it is touched: that
+    /// Creates the work directory, its marker and what `--auto-approve` (`auto_approve`) asks
+    /// of the run `run_id` ([`approval::remember_asked`](crate::approval::remember_asked)),
+    /// and returns the topmost directory it made (the work directory, or a missing parent of
+    /// it; `None` if the work directory existed), for
+    /// [`remove_new_workdir`](Self::remove_new_workdir). Nothing else in it is touched: that
     /// waits for the store's lock ([`clear_leftovers`](Self::clear_leftovers)).
+    ///
+    /// The wish comes first, before anything of the run is made: in a directory that exists
+    /// it is written before the marker; a new directory is built whole beside its place
+    /// (`<workdir>.new-<pid>`: the wish, the wishes a `--fresh` killed after moving the old
+    /// directory aside had kept there, the marker) and renamed into it, so that a kill leaves
+    /// either no directory or one with the wish.
     ///
     /// # Errors
     /// If the directory cannot be created, or exists, is not empty and was not made by this
     /// example (so that `--fresh` never deletes a directory of the user's).
-    pub fn create_workdir(&self) -> Result<Option<PathBuf>> {
+    pub fn create_workdir(
+        &self,
+        run_id: &str,
+        auto_approve: Option<bool>,
+    ) -> Result<Option<PathBuf>> {
         let existed = self.workdir.exists();
         let made = self
             .workdir
@@ -252,37 +304,51 @@ impl Paths {
                 self.workdir.display()
             );
         }
-        std::fs::create_dir_all(&self.workdir)
-            .with_context(|| format!("cannot create {}", self.workdir.display()))?;
+        if !existed {
+            self.build_workdir(run_id, auto_approve)?;
+        }
+        // In a directory another process made meanwhile too.
+        crate::approval::remember_asked(&self.workdir, run_id, auto_approve)?;
         self.mark()?;
         Ok(made)
     }
 
-    /// Refuses a store inside what this example builds, clears or deletes in the work
-    /// directory: the demo's repository (built aside and renamed into place, so a store there
-    /// would stop its setup), the remote, the forge and the scratch space (compared as given,
-    /// made absolute).
-    ///
-    /// # Errors
-    /// If the store is inside one of them.
-    pub fn check_store_place(&self) -> Result<()> {
-        let built = [
-            ("the demo's repository", self.workdir.join("repo")),
-            ("the remote", self.remote.clone()),
-            ("the forge", self.forge.clone()),
-            ("the scratch space", self.scratch.clone()),
-        ];
-        for (what, dir) in built {
-            ensure!(
-                !self.store.starts_with(&dir),
-                "--store {} is inside {what} {}, which this example builds and clears: put the \
-                 store elsewhere (the default is {})",
-                self.store.display(),
-                dir.display(),
-                self.workdir.join("deliver.redb").display()
-            );
-        }
-        Ok(())
+    /// Builds a new work directory beside its place and renames it into place: see
+    /// [`create_workdir`](Self::create_workdir). A directory another process put there
+    /// meanwhile stands (this one's is dropped).
+    fn build_workdir(&self, run_id: &str, auto_approve: Option<bool>) -> Result<()> {
+        let parent = self
+            .workdir
+            .parent()
+            .with_context(|| format!("{} has no parent directory", self.workdir.display()))?;
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("cannot create {}", parent.display()))?;
+        let building = self.aside("new")?;
+        let _ = std::fs::remove_dir_all(&building);
+        std::fs::create_dir(&building)
+            .with_context(|| format!("cannot create {}", building.display()))?;
+        let built = (|| {
+            for aside in self.asides("deleting") {
+                crate::approval::carry_asked(&aside, &building)?;
+            }
+            crate::approval::remember_asked(&building, run_id, auto_approve)?;
+            write_durably(&building.join(MARKER), new_workdir_id().as_bytes(), true)?;
+            match std::fs::rename(&building, &self.workdir) {
+                Ok(()) => sync_dir(parent),
+                // Made by another process meanwhile (not empty: a rename over an empty
+                // directory replaces it).
+                Err(_) if self.workdir.is_dir() => Ok(()),
+                Err(e) => Err(e).with_context(|| {
+                    format!(
+                        "cannot move {} to {}",
+                        building.display(),
+                        self.workdir.display()
+                    )
+                }),
+            }
+        })();
+        let _ = std::fs::remove_dir_all(&building);
+        built
     }
 
     /// Writes the work directory's marker ([`MARKER`]), which says that it is this example's

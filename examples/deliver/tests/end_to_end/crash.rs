@@ -408,12 +408,12 @@ fn a_start_killed_before_its_first_record_still_leaves_the_run_to_a_human() {
     let workdir = dir.path();
     let mut child = deliver(workdir)
         .arg("--auto-approve=false")
-        .env(HOLD_IN_SETUP_VAR, "1")
+        .env(HOLD_IN_SETUP_VAR, "repo")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .expect("start the example");
-    await_line(&mut child, "holding in setup");
+    await_line(&mut child, "holding in setup at repo");
     child.kill().expect("SIGKILL the example");
     child.wait().expect("reap the example");
     let store = workdir.join("deliver.redb");
@@ -464,6 +464,90 @@ fn a_start_killed_before_its_first_record_still_leaves_the_run_to_a_human() {
         "{stdout}"
     );
     assert_eq!(names_in(&workdir.join("forge/pulls")), Vec::<String>::new());
+}
+
+/// `--fresh --auto-approve=false` killed once it has moved the old work directory aside
+/// (its run there was approved automatically and opened a pull request): the same command
+/// without `--fresh` or the flag takes the wish over from the directory aside, records the
+/// new run as a human's to approve and parks it at the gate; the directory aside goes.
+#[test]
+fn a_fresh_start_killed_after_moving_the_old_directory_aside_keeps_its_wish() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let workdir = dir.path().join("work");
+    let output = deliver(&workdir).output().expect("run the example");
+    assert!(output.status.success(), "{}", describe(&output));
+    assert_eq!(names_in(&workdir.join("forge/pulls")), ["1.json"]);
+    let mut child = deliver(&workdir)
+        .args(["--fresh", "--auto-approve=false"])
+        .env(HOLD_IN_SETUP_VAR, "aside")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the example");
+    await_line(&mut child, "holding in setup at aside");
+    child.kill().expect("SIGKILL the example");
+    child.wait().expect("reap the example");
+    assert!(!workdir.exists(), "moved aside");
+    assert_eq!(names_in(dir.path()).len(), 1, "{:?}", names_in(dir.path()));
+
+    let output = deliver(&workdir).output().expect("run the example");
+    assert!(output.status.success(), "{}", describe(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains(
+            "not approving it automatically: it was started with --auto-approve=false (stopped \
+             before its first record)"
+        ) && stdout.contains("waiting for approval"),
+        "{stdout}"
+    );
+    assert_eq!(names_in(&workdir.join("forge/pulls")), Vec::<String>::new());
+    assert_eq!(
+        names_in(dir.path()),
+        ["work"],
+        "the directory aside is gone"
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio");
+    rt.block_on(async {
+        let runtime = loops::Runtime::open(workdir.join("deliver.redb")).expect("open the store");
+        let info = runtime.run_info(RUN_ID).await.unwrap().unwrap();
+        assert_eq!(
+            (info.status, info.state.as_str(), info.seq),
+            (loops::RunStatus::Waiting, "Reviewed", 6)
+        );
+        let attributes = runtime.attributes(RUN_ID).await.unwrap();
+        assert_eq!(
+            attributes.get("approval"),
+            Some(&loops::AttributeValue::from("human"))
+        );
+    });
+}
+
+/// An explicit `--auto-approve=false` on a run that was sent its approval already (started
+/// with the default, killed before the gate) says that the approval stands, and the run
+/// takes it.
+#[test]
+fn auto_approve_false_on_a_run_approved_already_says_the_approval_stands() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let workdir = dir.path();
+    hold_and_kill(workdir, 2);
+    let output = deliver(workdir)
+        .arg("--auto-approve=false")
+        .output()
+        .expect("run the example");
+    assert!(output.status.success(), "{}", describe(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains(
+            "note: run deliver-1 was approved already, by --auto-approve (event 0, waiting in \
+             its inbox for the approval gate): --auto-approve=false does not withdraw an \
+             approval that was sent"
+        ) && stdout.contains("pull request: "),
+        "{stdout}"
+    );
+    assert_eq!(names_in(&workdir.join("forge/pulls")), ["1.json"]);
 }
 
 /// The approval gate: with `--auto-approve=false` the run parks before it pushes, the process

@@ -2,7 +2,7 @@
 //! 1, nothing on standard output, and nothing created.
 
 use std::ffi::OsString;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use crate::common::{HOLD_VAR, STOP_VAR, describe, example, loops, names_in, reference};
@@ -203,6 +203,56 @@ fn a_store_inside_what_the_example_builds_is_refused() {
                 &[],
             );
         }
+    }
+}
+
+/// The same through symbolic links (a link to the work directory, a link to its repository
+/// not made yet), and a work directory inside another's scratch space or repository: refused
+/// with links resolved, and nothing made.
+#[test]
+fn places_inside_what_a_work_directory_builds_are_refused_through_links() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let root = dir.path().canonicalize().expect("the temp dir");
+    let work = root.join("work");
+    std::fs::create_dir(&work).expect("mkdir");
+    std::fs::write(work.join(".loops-deliver-workdir"), "0123456789abcdef").expect("marker");
+    std::os::unix::fs::symlink(&work, root.join("via")).expect("link");
+    std::os::unix::fs::symlink(work.join("repo"), root.join("to-repo")).expect("link");
+    let cases: [(&[&str], String, PathBuf); 4] = [
+        (
+            &["--store", "via/scratch/s.redb"],
+            "--store via/scratch/s.redb is inside the scratch space".to_owned(),
+            work.join("scratch"),
+        ),
+        (
+            &["--store", "to-repo/s.redb"],
+            "--store to-repo/s.redb is inside the demo's repository".to_owned(),
+            work.join("repo"),
+        ),
+        (
+            &["--workdir", "work/scratch/x"],
+            "--workdir work/scratch/x is inside the scratch space".to_owned(),
+            work.join("scratch"),
+        ),
+        (
+            &["--workdir", "via/repo/x"],
+            "--workdir via/repo/x is inside the demo's repository".to_owned(),
+            work.join("repo"),
+        ),
+    ];
+    for (args, wanted, inside) in cases {
+        let args: Vec<OsString> = args.iter().map(OsString::from).collect();
+        let output = deliver(&root, &args);
+        let wanted = format!(
+            "{} {}, which this example builds and clears",
+            wanted
+                .replace("via/", &format!("{}/via/", root.display()))
+                .replace("to-repo/", &format!("{}/to-repo/", root.display()))
+                .replace(" work/", &format!(" {}/", work.display())),
+            inside.display()
+        );
+        assert_refused(&output, &wanted, &root, &["to-repo", "via", "work"]);
+        assert_eq!(names_in(&work), [".loops-deliver-workdir"]);
     }
 }
 
