@@ -536,6 +536,25 @@ fn a_symbolic_link_to_nothing_is_refused_by_every_open_and_stays_one() {
     }
     assert_eq!(std::fs::read_link(&link).unwrap(), target);
     assert!(!dir.path().join("gone").exists());
+    // A store in a directory that is a link to nothing: the open that would create it names
+    // the link (mkdir says only "File exists").
+    let link = dir.path().join("dir");
+    std::os::unix::fs::symlink(dir.path().join("gone"), &link).unwrap();
+    let store = link.join("sub").join("store.redb");
+    match RedbStore::open(&store) {
+        Err(e @ Error::Open { .. }) => assert_eq!(
+            e.to_string(),
+            format!(
+                "cannot open store {}: its directory {} is a symbolic link to {}, which does not \
+                 exist: create that directory, or name another path",
+                store.display(),
+                link.display(),
+                dir.path().join("gone").display()
+            )
+        ),
+        other => panic!("expected Error::Open, got {other:?}"),
+    }
+    assert!(!dir.path().join("gone").exists());
 }
 
 #[tokio::test]

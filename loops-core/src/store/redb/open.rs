@@ -46,7 +46,19 @@ impl RedbStore {
             && !dir.as_os_str().is_empty()
             && !dir.exists()
         {
-            create_private_dir(dir).map_err(|e| open_err(e.into()))?;
+            create_private_dir(dir).map_err(|e| match dangling_link_in(dir) {
+                // mkdir says only "File exists".
+                Some((link, target)) => open_err(
+                    format!(
+                        "its directory {} is a symbolic link to {}, which does not exist: \
+                         create that directory, or name another path",
+                        link.display(),
+                        target.display()
+                    )
+                    .into(),
+                ),
+                None => open_err(e.into()),
+            })?;
         }
         if !path.exists() {
             create_atomically(&path).map_err(|e| open_err(e.into()))?;
@@ -442,6 +454,17 @@ pub(in crate::store) fn refuse_special_file(path: &Path) -> Result<()> {
     Err(Error::Open {
         path: path.to_path_buf(),
         cause: format!("it is {what}, not a regular file; a store is a regular file").into(),
+    })
+}
+
+/// The first of `dir` and its ancestors that is a symbolic link to nothing, with its target.
+fn dangling_link_in(dir: &Path) -> Option<(PathBuf, PathBuf)> {
+    dir.ancestors().find_map(|at| {
+        let link = std::fs::symlink_metadata(at).ok()?.file_type().is_symlink();
+        if !link || at.exists() {
+            return None;
+        }
+        Some((at.to_path_buf(), std::fs::read_link(at).ok()?))
     })
 }
 
