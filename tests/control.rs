@@ -469,6 +469,22 @@ async fn only_a_stale_socket_is_replaced_by_a_new_endpoint() {
         }
     }
     assert_eq!(std::fs::read_to_string(&target).unwrap(), "kept");
+
+    // A store reached through a link to its file: served and found next to the file.
+    let link = dir.path().join("link.redb");
+    std::os::unix::fs::symlink(&path, &link).unwrap();
+    assert_eq!(
+        loops::control::socket_path(&link),
+        loops::control::socket_path(&path.canonicalize().unwrap())
+    );
+    let server = rt.serve_control_next_to_store().await.unwrap();
+    let client = Client::next_to_store(&link).await.unwrap().unwrap();
+    assert_eq!(client.run_info("r1").await.unwrap(), None);
+    // Another store whose socket path is a link to this process's socket: not its process.
+    let other = dir.path().join("other.redb");
+    std::os::unix::fs::symlink(&socket, loops::control::socket_path(&other)).unwrap();
+    assert!(Client::next_to_store(&other).await.unwrap().is_none());
+    server.stop().await;
     rt.shutdown().await;
 }
 

@@ -94,7 +94,8 @@ impl Client {
     /// `store` ([`socket_path`](super::socket_path)), if one answers there: what a command
     /// that finds the file held asks first.
     ///
-    /// Returns `Ok(None)` if there is no socket, or a socket whose process is gone
+    /// Returns `Ok(None)` if there is no socket (a symbolic link there is none: it could lead
+    /// to another store's process), or a socket whose process is gone
     /// ([`ControlError::Unreachable`]) or closed the connection unanswered, as a process
     /// that is stopping does ([`ControlError::Dropped`]).
     ///
@@ -102,8 +103,11 @@ impl Client {
     /// As [`connect`](Self::connect), but for those two.
     pub async fn next_to_store(store: &std::path::Path) -> Result<Option<Client>, ControlError> {
         let socket = super::socket_path(store);
-        if std::fs::symlink_metadata(&socket).is_err() {
-            return Ok(None);
+        // A process binds a socket there, never a link (`serve_control` refuses to replace
+        // one): a link may lead to another store's process, which is not this store's.
+        match std::fs::symlink_metadata(&socket) {
+            Ok(meta) if !meta.file_type().is_symlink() => {}
+            _ => return Ok(None),
         }
         match Client::connect(Endpoint::Unix(socket)).await {
             Ok(client) => Ok(Some(client)),

@@ -75,12 +75,19 @@ impl std::fmt::Display for Endpoint {
 
 /// The socket a process serves next to its redb store file `store`, and where `loops`
 /// looks for it: the file's path with `.sock` appended (`agent.redb` → `agent.redb.sock`),
-/// in the same directory.
+/// in the same directory. A `store` that is a symbolic link to a file stands for that file:
+/// the socket is next to the file, whichever of the two paths a process opened and a
+/// command names.
 ///
 /// A Unix socket's path is limited to about 100 bytes (108 on Linux, counting the end):
 /// a store deeper than that needs [`Endpoint::Unix`] with a shorter path, given to both.
 pub fn socket_path(store: &Path) -> PathBuf {
-    let mut name = store.as_os_str().to_owned();
+    let linked = std::fs::symlink_metadata(store).is_ok_and(|meta| meta.file_type().is_symlink());
+    let store = match linked.then(|| store.canonicalize()) {
+        Some(Ok(file)) => file,
+        _ => store.to_path_buf(),
+    };
+    let mut name = store.into_os_string();
     name.push(".sock");
     PathBuf::from(name)
 }
