@@ -162,47 +162,37 @@ pub(super) fn repeat_differences(first: &Ended, second: &Ended) -> Vec<String> {
             second.history.len()
         ));
     }
-    let made = |ended: &Ended| {
-        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-        for write in &ended.writes {
-            *counts.entry(write.what.clone()).or_default() += 1;
-        }
-        counts
-    };
-    let (a, b) = (made(first), made(second));
-    let whats: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
-    for what in whats {
-        let (x, y) = (a.get(what).copied(), b.get(what).copied());
-        if x != y {
-            out.push(format!(
-                "the {what} was written {} time(s) in the first, {} in the second",
-                x.unwrap_or(0),
-                y.unwrap_or(0)
-            ));
-        }
+    let written = |ended: &Ended| ended.writes.iter().map(|w| w.what.clone()).collect();
+    for (what, x, y) in count_differences(written(first), written(second)) {
+        out.push(format!(
+            "the {what} was written {x} time(s) in the first, {y} in the second"
+        ));
     }
-    let ran = |ended: &Ended| {
-        let mut counts: BTreeMap<StepId, usize> = BTreeMap::new();
-        for run in &ended.steps {
-            *counts.entry(step_id(run)).or_default() += 1;
-        }
-        counts
-    };
-    let (a, b) = (ran(first), ran(second));
-    let ids: BTreeSet<&StepId> = a.keys().chain(b.keys()).collect();
-    for id in ids {
-        let (x, y) = (a.get(id).copied(), b.get(id).copied());
-        if x != y {
-            let (seq, name, occurrence) = id;
-            out.push(format!(
-                "step `{name}` #{occurrence} of seq {seq} ran its closure {} time(s) in the \
-                 first, {} in the second",
-                x.unwrap_or(0),
-                y.unwrap_or(0)
-            ));
-        }
+    let ran = |ended: &Ended| ended.steps.iter().map(step_id).collect();
+    for ((seq, name, occurrence), x, y) in count_differences(ran(first), ran(second)) {
+        out.push(format!(
+            "step `{name}` #{occurrence} of seq {seq} ran its closure {x} time(s) in the \
+             first, {y} in the second"
+        ));
     }
     out
+}
+
+/// The items that `a` and `b` hold a different number of times, with both counts, in
+/// order.
+fn count_differences<K: Ord>(a: Vec<K>, b: Vec<K>) -> Vec<(K, usize, usize)> {
+    let mut counts: BTreeMap<K, (usize, usize)> = BTreeMap::new();
+    for k in a {
+        counts.entry(k).or_default().0 += 1;
+    }
+    for k in b {
+        counts.entry(k).or_default().1 += 1;
+    }
+    counts
+        .into_iter()
+        .filter(|(_, (x, y))| x != y)
+        .map(|(k, (x, y))| (k, x, y))
+        .collect()
 }
 
 /// Checks the runs of the step closures: see [`Explorer::run`].

@@ -398,36 +398,23 @@ fn random_kills_resume_to_the_same_result() {
     eprintln!("random kills: 8 kills landed in {scenarios} run(s), each resumed to its end");
 }
 
-/// A start with `--auto-approve=false` killed before its run's first record (before the
-/// demo's repository is set up) leaves the wish in the work directory: the same command
-/// without the flag records the new run as a human's to approve, parks it at the gate, and
-/// opens no pull request.
-#[test]
-fn a_start_killed_before_its_first_record_still_leaves_the_run_to_a_human() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let workdir = dir.path();
-    let mut child = deliver(workdir)
-        .arg("--auto-approve=false")
-        .env(HOLD_IN_SETUP_VAR, "repo")
+/// Starts `cmd` with the setup hook at `point`, waits for it to hold there, and kills it.
+fn kill_in_setup(mut cmd: Command, point: &str) {
+    let mut child = cmd
+        .env(HOLD_IN_SETUP_VAR, point)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
         .expect("start the example");
-    await_line(&mut child, "holding in setup at repo");
+    await_line(&mut child, &format!("holding in setup at {point}"));
     child.kill().expect("SIGKILL the example");
     child.wait().expect("reap the example");
-    let store = workdir.join("deliver.redb");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio");
-    let recorded = rt.block_on(async {
-        let runtime = loops::Runtime::open(&store).expect("open the store");
-        runtime.run_info(RUN_ID).await.expect("read the run")
-    });
-    assert!(recorded.is_none(), "killed before its first record");
-    assert!(!workdir.join("repo").exists(), "killed before the setup");
+}
 
+/// Runs the example in `workdir` without `--auto-approve` after a start with
+/// `--auto-approve=false` was killed before its run's first record: the run must be recorded
+/// as a human's to approve and wait at the gate, with no pull request.
+fn rerun_leaves_the_run_to_a_human(workdir: &Path) {
     let output = deliver(workdir).output().expect("run the example");
     assert!(output.status.success(), "{}", describe(&output));
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -439,8 +426,12 @@ fn a_start_killed_before_its_first_record_still_leaves_the_run_to_a_human() {
         "{stdout}"
     );
     assert_eq!(names_in(&workdir.join("forge/pulls")), Vec::<String>::new());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio");
     rt.block_on(async {
-        let runtime = loops::Runtime::open(&store).expect("open the store");
+        let runtime = loops::Runtime::open(workdir.join("deliver.redb")).expect("open the store");
         let info = runtime.run_info(RUN_ID).await.unwrap().unwrap();
         assert_eq!(
             (info.status, info.state.as_str(), info.seq),
@@ -454,7 +445,32 @@ fn a_start_killed_before_its_first_record_still_leaves_the_run_to_a_human() {
     });
     // Once the run records it, the work directory's copy of the wish is dropped.
     assert!(!workdir.join(".loops-deliver-approval").exists());
-    // And the next command, too, leaves it waiting.
+}
+
+/// A start with `--auto-approve=false` killed before its run's first record (before the
+/// demo's repository is set up) leaves the wish in the work directory: the same command
+/// without the flag records the new run as a human's to approve, parks it at the gate, and
+/// opens no pull request; so does the command after it.
+#[test]
+fn a_start_killed_before_its_first_record_still_leaves_the_run_to_a_human() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let workdir = dir.path();
+    let mut cmd = deliver(workdir);
+    cmd.arg("--auto-approve=false");
+    kill_in_setup(cmd, "repo");
+    let store = workdir.join("deliver.redb");
+    let recorded = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio")
+        .block_on(async {
+            let runtime = loops::Runtime::open(&store).expect("open the store");
+            runtime.run_info(RUN_ID).await.expect("read the run")
+        });
+    assert!(recorded.is_none(), "killed before its first record");
+    assert!(!workdir.join("repo").exists(), "killed before the setup");
+
+    rerun_leaves_the_run_to_a_human(workdir);
     let output = deliver(workdir).output().expect("run the example");
     assert!(output.status.success(), "{}", describe(&output));
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -477,52 +493,18 @@ fn a_fresh_start_killed_after_moving_the_old_directory_aside_keeps_its_wish() {
     let output = deliver(&workdir).output().expect("run the example");
     assert!(output.status.success(), "{}", describe(&output));
     assert_eq!(names_in(&workdir.join("forge/pulls")), ["1.json"]);
-    let mut child = deliver(&workdir)
-        .args(["--fresh", "--auto-approve=false"])
-        .env(HOLD_IN_SETUP_VAR, "aside")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start the example");
-    await_line(&mut child, "holding in setup at aside");
-    child.kill().expect("SIGKILL the example");
-    child.wait().expect("reap the example");
+    let mut cmd = deliver(&workdir);
+    cmd.args(["--fresh", "--auto-approve=false"]);
+    kill_in_setup(cmd, "aside");
     assert!(!workdir.exists(), "moved aside");
     assert_eq!(names_in(dir.path()).len(), 1, "{:?}", names_in(dir.path()));
 
-    let output = deliver(&workdir).output().expect("run the example");
-    assert!(output.status.success(), "{}", describe(&output));
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        stdout.contains(
-            "not approving it automatically: it was started with --auto-approve=false (stopped \
-             before its first record)"
-        ) && stdout.contains("waiting for approval"),
-        "{stdout}"
-    );
-    assert_eq!(names_in(&workdir.join("forge/pulls")), Vec::<String>::new());
+    rerun_leaves_the_run_to_a_human(&workdir);
     assert_eq!(
         names_in(dir.path()),
         ["work"],
         "the directory aside is gone"
     );
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio");
-    rt.block_on(async {
-        let runtime = loops::Runtime::open(workdir.join("deliver.redb")).expect("open the store");
-        let info = runtime.run_info(RUN_ID).await.unwrap().unwrap();
-        assert_eq!(
-            (info.status, info.state.as_str(), info.seq),
-            (loops::RunStatus::Waiting, "Reviewed", 6)
-        );
-        let attributes = runtime.attributes(RUN_ID).await.unwrap();
-        assert_eq!(
-            attributes.get("approval"),
-            Some(&loops::AttributeValue::from("human"))
-        );
-    });
 }
 
 /// An explicit `--auto-approve=false` on a run that was sent its approval already (started
