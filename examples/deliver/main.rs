@@ -76,8 +76,9 @@ For tests only (environment variables):
                                child runs have ended: they are its work before the entry)
   LOOPS_DELIVER_HOLD_IN_SETUP=p  at point p of the setup, print `holding in setup at p` and
                                wait forever: `aside` (--fresh moved the old work directory
-                               aside), `repo` (before the demo's repository is set up and the
-                               run recorded)
+                               aside), `new` (a new work directory built beside its place, not
+                               renamed into it), `repo` (before the demo's repository is set up
+                               and the run recorded)
 Every state entry is appended to <workdir>/handler-entries.log as `seq state attempt`.
 
 Versions: this build starts new runs on version 2 of the workflow (a review of the change by

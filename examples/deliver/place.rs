@@ -60,12 +60,23 @@ pub fn resolved(path: &Path) -> PathBuf {
 impl Paths {
     /// Refuses a store, or a work directory, inside what a work directory's runs build and
     /// clear ([`BUILT`]: the demo's repository is built aside and renamed into place, the
-    /// scratch space emptied at every start): this work directory's, or that of any work
-    /// directory (marked) that holds it. Compared with links resolved.
+    /// scratch space emptied at every start), this work directory's or another's; and a work
+    /// directory inside another (marked) at all, whose `--fresh` deletes it whole. Compared
+    /// with links resolved; a `--workdir` that is a link to nothing is refused too.
     ///
     /// # Errors
     /// If the store or the work directory is inside one of them.
     pub fn check_places(&self) -> Result<()> {
+        if let Ok(target) = std::fs::read_link(&self.workdir)
+            && !self.workdir.exists()
+        {
+            bail!(
+                "--workdir {} is a symbolic link to {}, which does not exist: create that \
+                 directory, or name another --workdir",
+                self.workdir.display(),
+                target.display()
+            );
+        }
         let workdir = resolved(&self.workdir);
         let default = self.workdir.join("deliver.redb");
         // The work directory first: the default store is inside it.
@@ -101,6 +112,15 @@ impl Paths {
                         dir.display()
                     );
                 }
+                // (A store in another work directory is its store, or one a run of it
+                // records: the run's own check names that better, once the store is open.)
+                ensure!(
+                    home == workdir || flag == "--store",
+                    "{flag} {} is inside another work directory, {}, which `--fresh` there \
+                     deletes whole: {hint}",
+                    given.display(),
+                    home.display()
+                );
             }
         }
         Ok(())

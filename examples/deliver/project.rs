@@ -276,9 +276,9 @@ impl Paths {
     ///
     /// The wish comes first, before anything of the run is made: in a directory that exists
     /// it is written before the marker; a new directory is built whole beside its place
-    /// (`<workdir>.new-<pid>`: the wish, the wishes a `--fresh` killed after moving the old
-    /// directory aside had kept there, the marker) and renamed into it, so that a kill leaves
-    /// either no directory or one with the wish.
+    /// (`<workdir>.new-<pid>`: the wish, the wishes kept beside it by a `--fresh` killed
+    /// after moving the old directory aside or by a start killed before its rename, the
+    /// marker) and renamed into it, so that a kill leaves the wish in one of those places.
     ///
     /// # Errors
     /// If the directory cannot be created, or exists, is not empty and was not made by this
@@ -328,11 +328,20 @@ impl Paths {
         std::fs::create_dir(&building)
             .with_context(|| format!("cannot create {}", building.display()))?;
         let built = (|| {
-            for aside in self.asides("deleting") {
-                crate::approval::carry_asked(&aside, &building)?;
+            // Of an interrupted `--fresh`, and of a start killed before its new directory
+            // was renamed into place (whose wish was complete there).
+            for aside in self
+                .asides("deleting")
+                .into_iter()
+                .chain(self.asides("new"))
+            {
+                if aside != building {
+                    crate::approval::carry_asked(&aside, &building)?;
+                }
             }
             crate::approval::remember_asked(&building, run_id, auto_approve)?;
             write_durably(&building.join(MARKER), new_workdir_id().as_bytes(), true)?;
+            crate::hooks::hold_in_setup("new");
             match std::fs::rename(&building, &self.workdir) {
                 Ok(()) => sync_dir(parent),
                 // Made by another process meanwhile (not empty: a rename over an empty

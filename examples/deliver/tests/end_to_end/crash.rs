@@ -507,6 +507,31 @@ fn a_fresh_start_killed_after_moving_the_old_directory_aside_keeps_its_wish() {
     );
 }
 
+/// A start with `--auto-approve=false` on a new work directory killed once it has built the
+/// directory beside its place (`<workdir>.new-<pid>`, the wish in it) but not renamed it: the
+/// same command without the flag takes the wish over, and the directory beside goes.
+#[test]
+fn a_start_killed_before_its_new_directory_is_in_place_keeps_its_wish() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let workdir = dir.path().join("work");
+    let mut cmd = deliver(&workdir);
+    cmd.arg("--auto-approve=false");
+    kill_in_setup(cmd, "new");
+    assert!(!workdir.exists(), "not renamed into place");
+    let beside = names_in(dir.path());
+    assert!(
+        beside.len() == 1 && beside[0].starts_with("work.new-"),
+        "{beside:?}"
+    );
+
+    rerun_leaves_the_run_to_a_human(&workdir);
+    assert_eq!(
+        names_in(dir.path()),
+        ["work"],
+        "the directory beside is gone"
+    );
+}
+
 /// An explicit `--auto-approve=false` on a run that was sent its approval already (started
 /// with the default, killed before the gate) says that the approval stands, and the run
 /// takes it.

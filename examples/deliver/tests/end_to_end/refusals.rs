@@ -240,6 +240,33 @@ fn places_inside_what_a_work_directory_builds_are_refused_through_links() {
             work.join("repo"),
         ),
     ];
+    // A work directory inside another, which `--fresh` there would delete with it, and a
+    // link to nothing as one.
+    let output = deliver(&root, &["--workdir".into(), "work/sub".into()]);
+    assert_refused(
+        &output,
+        &format!(
+            "--workdir {}/work/sub is inside another work directory, {}, which `--fresh` there \
+             deletes whole",
+            root.display(),
+            work.display()
+        ),
+        &root,
+        &["to-repo", "via", "work"],
+    );
+    std::os::unix::fs::symlink(root.join("gone"), root.join("dangling")).expect("link");
+    let output = deliver(&root, &["--workdir".into(), "dangling".into()]);
+    assert_refused(
+        &output,
+        &format!(
+            "--workdir {}/dangling is a symbolic link to {}/gone, which does not exist",
+            root.display(),
+            root.display()
+        ),
+        &root,
+        &["dangling", "to-repo", "via", "work"],
+    );
+    std::fs::remove_file(root.join("dangling")).expect("remove the link");
     for (args, wanted, inside) in cases {
         let args: Vec<OsString> = args.iter().map(OsString::from).collect();
         let output = deliver(&root, &args);
