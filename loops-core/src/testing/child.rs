@@ -43,42 +43,40 @@ const CHILD_LIMIT: Duration = Duration::from_secs(90);
 const LOOK_EVERY: Duration = Duration::from_millis(5);
 
 /// What a child process does.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Role {
     /// Runs the workflow to its end on a new store: the run the others are compared with.
     Reference,
-    /// Runs the workflow on a new store and aborts the process at the `.1`-th write of run
-    /// `.0`, `.2`.
-    Crash(String, u64, When),
+    /// Runs the workflow on a new store and aborts the process at write `.0`, `.1`.
+    Crash(u64, When),
     /// Resumes the run in the store to its end, its manual clock at `.0` ms (where the
     /// crashed process's clock was).
     Resume(u64),
 }
 
 impl Role {
-    fn to_env(&self) -> String {
+    fn to_env(self) -> String {
         match self {
             Role::Reference => "reference".to_owned(),
-            // The run id last: it may hold spaces.
-            Role::Crash(run, nth, When::BeforeCommit) => format!("crash {nth} before {run}"),
-            Role::Crash(run, nth, When::AfterCommit) => format!("crash {nth} after {run}"),
+            Role::Crash(write, When::BeforeCommit) => format!("crash {write} before"),
+            Role::Crash(write, When::AfterCommit) => format!("crash {write} after"),
             Role::Resume(clock_ms) => format!("resume {clock_ms}"),
         }
     }
 
     fn from_env(text: &str) -> Option<Role> {
-        let mut words = text.splitn(4, ' ');
-        match (words.next()?, words.next(), words.next(), words.next()) {
-            ("reference", None, None, None) => Some(Role::Reference),
-            ("crash", Some(nth), Some(when), Some(run)) if !run.is_empty() => {
+        let mut words = text.split(' ');
+        match (words.next()?, words.next(), words.next()) {
+            ("reference", None, None) => Some(Role::Reference),
+            ("crash", Some(write), Some(when)) => {
                 let when = match when {
                     "before" => When::BeforeCommit,
                     "after" => When::AfterCommit,
                     _ => return None,
                 };
-                Some(Role::Crash(run.to_owned(), nth.parse().ok()?, when))
+                Some(Role::Crash(write.parse().ok()?, when))
             }
-            ("resume", Some(clock_ms), None, None) => Some(Role::Resume(clock_ms.parse().ok()?)),
+            ("resume", Some(clock_ms), None) => Some(Role::Resume(clock_ms.parse().ok()?)),
             _ => None,
         }
     }
@@ -109,7 +107,6 @@ enum Line {
     /// A write the child's store was given (before it went to the store), and the clock then.
     Write {
         n: u64,
-        nth: u64,
         kind: String,
         run_id: Option<String>,
         what: String,
@@ -185,17 +182,10 @@ impl Journal {
 pub(crate) struct AbortAt {
     pub(crate) journal: Journal,
     pub(crate) clock: ManualClock,
-    pub(crate) at: Option<(String, u64, When)>,
+    pub(crate) at: Option<(u64, When)>,
 }
 
 impl AbortAt {
-    /// Whether the process aborts at `seen`, `when`.
-    fn is_at(&self, seen: &WriteSeen, when: When) -> bool {
-        self.at.as_ref().is_some_and(|(run, nth, at)| {
-            *at == when && *nth == seen.nth && seen.run_id.as_deref() == Some(run.as_str())
-        })
-    }
-
     fn abort(&self) -> ! {
         self.journal.line(&Line::Crash);
         std::process::abort()
@@ -206,21 +196,20 @@ impl WriteHook for AbortAt {
     fn before(&self, seen: &WriteSeen) -> Verdict {
         self.journal.line(&Line::Write {
             n: seen.n,
-            nth: seen.nth,
             kind: seen.kind.to_owned(),
             run_id: seen.run_id.clone(),
             what: seen.what.clone(),
             step: seen.step.clone(),
             clock_ms: self.clock.now_ms(),
         });
-        if self.is_at(seen, When::BeforeCommit) {
+        if self.at == Some((seen.n, When::BeforeCommit)) {
             self.abort();
         }
         Verdict::Go
     }
 
     fn after(&self, seen: &WriteSeen, _reply: &Result<Reply>) -> Verdict {
-        if self.is_at(seen, When::AfterCommit) {
+        if self.at == Some((seen.n, When::AfterCommit)) {
             self.abort();
         }
         Verdict::Go
@@ -345,7 +334,6 @@ fn read_report(
             match serde_json::from_str::<Line>(&text) {
                 Ok(Line::Write {
                     n,
-                    nth,
                     kind,
                     run_id,
                     what,
@@ -355,7 +343,6 @@ fn read_report(
                     report.clock_ms = report.clock_ms.max(clock_ms);
                     report.writes.push(WriteSeen {
                         n,
-                        nth,
                         kind: Write::KINDS
                             .into_iter()
                             .find(|k| *k == kind)
@@ -422,14 +409,13 @@ mod tests {
     fn roles_read_back_as_written() {
         for role in [
             Role::Reference,
-            Role::Crash("r1".to_owned(), 7, When::BeforeCommit),
-            Role::Crash("deliver 1/edit-0".to_owned(), 12, When::AfterCommit),
+            Role::Crash(7, When::BeforeCommit),
+            Role::Crash(12, When::AfterCommit),
             Role::Resume(1_767_225_600_000),
         ] {
             assert_eq!(Role::from_env(&role.to_env()), Some(role));
         }
-        assert_eq!(Role::from_env("crash 7 during r1"), None);
-        assert_eq!(Role::from_env("crash 7 before"), None);
+        assert_eq!(Role::from_env("crash 7 during"), None);
         assert_eq!(Role::from_env("resume"), None);
         assert_eq!(Role::from_env(""), None);
     }

@@ -25,32 +25,14 @@ pub(super) struct First {
 /// A run at its end, and what the (last) process did.
 pub(super) struct Ended {
     pub(super) outcome: Outcome,
-    /// Its child runs, theirs after them, and so on (each listed after its parent), with
-    /// their ends: compared as the explored run's own.
-    pub(super) descendants: Vec<Member>,
+    /// The run ids of the child runs it started.
+    pub(super) children: Vec<String>,
     /// Its error chain, joined, if it failed.
     pub(super) error: Option<String>,
     /// `(seq, state, payload)` of each transition record.
     pub(super) history: Vec<(u64, String, String)>,
     pub(super) writes: Vec<WriteSeen>,
     pub(super) steps: Vec<StepRun>,
-}
-
-/// A descendant of the explored run at the end of a case.
-#[derive(PartialEq)]
-pub(super) struct Member {
-    pub(super) run_id: String,
-    pub(super) outcome: Outcome,
-    pub(super) history: Vec<(u64, String, String)>,
-}
-
-impl Ended {
-    /// The explored run `run_id` and its descendants.
-    pub(super) fn family<'a>(&'a self, run_id: &'a str) -> BTreeSet<&'a str> {
-        std::iter::once(run_id)
-            .chain(self.descendants.iter().map(|m| m.run_id.as_str()))
-            .collect()
-    }
 }
 
 #[derive(PartialEq)]
@@ -61,38 +43,26 @@ pub(super) struct Outcome {
     pub(super) payload: String,
 }
 
-/// The boundaries of the uninterrupted run's writes (those of `run_id` and of its
-/// descendants, the events the explorer sent left out): after each commit; before the commit
-/// of the record of a step whose closure ran (not of a value the runtime journals itself, a
-/// sleep's wake-up time say: nothing happens between its making and its record). A
-/// descendant's boundary names its run.
+/// The boundaries of the uninterrupted run's writes (those of `run_id`, the events the
+/// explorer sent left out): after each commit; before the commit of the record of a step
+/// whose closure ran (not of a value the runtime journals itself, a sleep's wake-up time
+/// say: nothing happens between its making and its record).
 pub(super) fn boundaries(reference: &Ended, run_id: &str) -> Vec<Boundary> {
     let ran: BTreeSet<StepId> = reference.steps.iter().map(step_id).collect();
-    let family = reference.family(run_id);
     let mut out = Vec::new();
     for write in &reference.writes {
-        let Some(run) = write.run_id.as_deref().filter(|run| family.contains(run)) else {
-            continue;
-        };
-        if write.kind == "Send" {
+        if write.run_id.as_deref() != Some(run_id) || write.kind == "Send" {
             continue;
         }
-        let what = if run == run_id {
-            write.what.clone()
-        } else {
-            format!("{} of run `{run}`", write.what)
-        };
         let mut add = |when| {
             out.push(Boundary {
                 number: out.len() + 1,
                 write: write.n,
-                run_id: run.to_owned(),
-                nth: write.nth,
                 when,
-                what: what.clone(),
+                what: write.what.clone(),
             });
         };
-        if written_step(write).is_some_and(|id| ran.contains(&id)) {
+        if write.step.as_ref().is_some_and(|id| ran.contains(id)) {
             add(When::BeforeCommit);
         }
         add(When::AfterCommit);
@@ -100,99 +70,31 @@ pub(super) fn boundaries(reference: &Ended, run_id: &str) -> Vec<Boundary> {
     out
 }
 
-/// The step of a step run, without its key: its run, seq, name and occurrence.
-type StepId = (String, u64, String, u32);
+/// The step of a step run, without its key.
+type StepId = (u64, String, u32);
 
 fn step_id(run: &StepRun) -> StepId {
-    (
-        run.run_id.clone(),
-        run.seq,
-        run.name.clone(),
-        run.occurrence,
-    )
-}
-
-/// The step `write` records (a step's record, a failed try, a wait's outcome), if any.
-fn written_step(write: &WriteSeen) -> Option<StepId> {
-    let (seq, name, occurrence) = write.step.clone()?;
-    Some((write.run_id.clone()?, seq, name, occurrence))
-}
-
-/// Whether `write` is the write `boundary` is at.
-fn is_at(write: &WriteSeen, boundary: &Boundary) -> bool {
-    write.nth == boundary.nth && write.run_id.as_deref() == Some(boundary.run_id.as_str())
+    (run.seq, run.name.clone(), run.occurrence)
 }
 
 /// What differs between the uninterrupted run and the run stopped at `boundary` (`first`)
 /// then resumed (`then`).
 pub(super) fn compare(
-    explored: &str,
     reference: &Ended,
     first: &First,
     then: &Ended,
     boundary: &Boundary,
 ) -> Vec<String> {
     let mut out = Vec::new();
-    // The process stopped at the boundary must have made the same writes up to it, run by
-    // run (a parent's and its children's writes may interleave otherwise).
-    for run in reference.family(explored) {
-        let of = |writes: &[WriteSeen]| -> Vec<(u64, String)> {
-            writes
-                .iter()
-                .filter(|w| w.run_id.as_deref() == Some(run))
-                .map(|w| (w.nth, w.what.clone()))
-                .collect()
-        };
-        let (mine, theirs) = (of(&first.writes), of(&reference.writes));
-        if let Some(((nth, mine), (_, theirs))) = mine
-            .iter()
-            .zip(&theirs)
-            .find(|(mine, theirs)| mine.1 != theirs.1)
-        {
+    // The process stopped at the boundary must have made the same writes up to it.
+    for (mine, theirs) in first.writes.iter().zip(&reference.writes) {
+        if mine.what != theirs.what {
             out.push(format!(
-                "before the crash, write {nth} of run `{run}` was the {mine}, where the \
-                 uninterrupted run made the {theirs}"
+                "before the crash, write {} was the {}, where the uninterrupted run made the {}",
+                mine.n, mine.what, theirs.what
             ));
+            break;
         }
-    }
-    for (theirs, mine) in reference.descendants.iter().zip(&then.descendants) {
-        if theirs.run_id != mine.run_id {
-            out.push(format!(
-                "after the crash the run has the descendant `{}` where the uninterrupted run \
-                 had `{}`",
-                mine.run_id, theirs.run_id
-            ));
-        } else if theirs.outcome != mine.outcome {
-            let (a, b) = (&theirs.outcome, &mine.outcome);
-            out.push(format!(
-                "child run `{}` ended {} `{}` (seq {}) {}, where the uninterrupted run's ended \
-                 {} `{}` (seq {}) {}",
-                mine.run_id,
-                b.status,
-                b.state,
-                b.seq,
-                b.payload,
-                a.status,
-                a.state,
-                a.seq,
-                a.payload
-            ));
-        } else if theirs.history != mine.history {
-            out.push(format!(
-                "child run `{}`'s history differs from the uninterrupted run's ({} records \
-                 against {})",
-                mine.run_id,
-                mine.history.len(),
-                theirs.history.len()
-            ));
-        }
-    }
-    if reference.descendants.len() != then.descendants.len() {
-        out.push(format!(
-            "the run has {} descendant run(s) after the crash, where the uninterrupted run had {}",
-            then.descendants.len(),
-            reference.descendants.len()
-        ));
     }
     if then.outcome != reference.outcome {
         out.push(format!(
@@ -230,7 +132,7 @@ pub(super) fn compare(
             then.history.len()
         ));
     }
-    out.extend(compare_steps(explored, reference, first, then, boundary));
+    out.extend(compare_steps(reference, first, then, boundary));
     out
 }
 
@@ -239,7 +141,7 @@ pub(super) fn compare(
 /// history, the writes each made (the failed tries of a step included) and how often each
 /// step's closure ran. Empty when the workflow did the same both times, which every
 /// comparison of a crashed case with the uninterrupted run takes for granted.
-pub(super) fn repeat_differences(explored: &str, first: &Ended, second: &Ended) -> Vec<String> {
+pub(super) fn repeat_differences(first: &Ended, second: &Ended) -> Vec<String> {
     let mut out = Vec::new();
     if first.outcome != second.outcome {
         out.push(format!(
@@ -267,23 +169,13 @@ pub(super) fn repeat_differences(explored: &str, first: &Ended, second: &Ended) 
         ));
     }
     let ran = |ended: &Ended| ended.steps.iter().map(step_id).collect();
-    for ((run, seq, name, occurrence), x, y) in count_differences(ran(first), ran(second)) {
-        let run = of_run(explored, &run);
+    for ((seq, name, occurrence), x, y) in count_differences(ran(first), ran(second)) {
         out.push(format!(
-            "step `{name}` #{occurrence} of seq {seq}{run} ran its closure {x} time(s) in the \
+            "step `{name}` #{occurrence} of seq {seq} ran its closure {x} time(s) in the \
              first, {y} in the second"
         ));
     }
     out
-}
-
-/// ` of run `RUN`` for a run other than the explored one, `explored`; nothing for it.
-fn of_run(explored: &str, run: &str) -> String {
-    if run == explored {
-        String::new()
-    } else {
-        format!(" of run `{run}`")
-    }
 }
 
 /// The items that `a` and `b` hold a different number of times, with both counts, in
@@ -305,7 +197,6 @@ fn count_differences<K: Ord>(a: Vec<K>, b: Vec<K>) -> Vec<(K, usize, usize)> {
 
 /// Checks the runs of the step closures: see [`Explorer::run`].
 fn compare_steps(
-    explored: &str,
     reference: &Ended,
     first: &First,
     then: &Ended,
@@ -324,9 +215,9 @@ fn compare_steps(
     let committed: BTreeSet<StepId> = first
         .writes
         .iter()
-        .filter(|w| !(is_at(w, boundary) && boundary.when == When::BeforeCommit))
+        .filter(|w| !(w.n == boundary.write && boundary.when == When::BeforeCommit))
         .filter(recorded)
-        .filter_map(written_step)
+        .filter_map(|w| w.step.clone())
         .collect();
     // A step with a failed try runs again in a later attempt, and a crash can add an attempt
     // (an interrupted one does not count against the retry policy): how often its closure
@@ -335,7 +226,7 @@ fn compare_steps(
         .chain(&first.writes)
         .chain(&then.writes)
         .filter(|w| w.kind == "Failure")
-        .filter_map(written_step)
+        .filter_map(|w| w.step.clone())
         .collect();
     // Started before the crash, not recorded by it: the closures stopped between their
     // effect and their record, which run again after the crash.
@@ -352,18 +243,14 @@ fn compare_steps(
         let own = first
             .writes
             .iter()
-            .find(|w| is_at(w, boundary) && recorded(w))
-            .and_then(written_step);
+            .find(|w| w.n == boundary.write && recorded(w))
+            .and_then(|w| w.step.clone());
         // (A step with failed tries has a record of an earlier try: its runs are not told
         // apart.)
         if let Some(own) = own.filter(|id| !stopped.contains(id) && !failed.contains(id)) {
             out.push(format!(
-                "step `{}` #{} of seq {}{} was stopped before its record, but its closure had \
-                 not run",
-                own.2,
-                own.3,
-                own.1,
-                of_run(explored, &own.0)
+                "step `{}` #{} of seq {} was stopped before its record, but its closure had not run",
+                own.1, own.2, own.0
             ));
         }
     }
@@ -373,8 +260,7 @@ fn compare_steps(
         let (got, keys) = actual
             .get(id)
             .map_or((0, BTreeSet::new()), |a| (a.0, a.1.clone()));
-        let (run, seq, name, occurrence) = id;
-        let run = of_run(explored, run);
+        let (seq, name, occurrence) = id;
         if got != want && !failed.contains(id) {
             let why = if stopped.contains(id) {
                 "it was stopped between its effect and its record"
@@ -384,13 +270,13 @@ fn compare_steps(
                 "it had not run before the crash"
             };
             out.push(format!(
-                "step `{name}` #{occurrence} of seq {seq}{run} ran its closure {got} times, expected \
+                "step `{name}` #{occurrence} of seq {seq} ran its closure {got} times, expected \
                  {want} ({why})"
             ));
         }
         if keys.len() > 1 {
             out.push(format!(
-                "step `{name}` #{occurrence} of seq {seq}{run} got different idempotency keys: {}",
+                "step `{name}` #{occurrence} of seq {seq} got different idempotency keys: {}",
                 keys.into_iter().collect::<Vec<_>>().join(", ")
             ));
         }

@@ -33,9 +33,11 @@ use crate::runtime::{Runtime, RuntimeBuilder};
 use crate::store::{RedbStore, RunStatus, Store};
 use crate::testing::child::{self, AbortAt, CaseDir, Journal, Role};
 use crate::testing::compare::{
-    Case, Ended, First, Member, Outcome, boundaries, compare, repeat_differences,
+    Case, Ended, First, Outcome, boundaries, compare, repeat_differences,
 };
-use crate::testing::report::{Boundary, Exploration, ExploreError, Finding, ONLY_ENV, When};
+use crate::testing::report::{
+    Boundary, Exploration, ExploreError, Finding, ONLY_ENV, When, with_children,
+};
 use crate::testing::store::{HookedStore, Verdict, WriteHook, WriteSeen};
 
 /// How long one run of the workflow (before or after a crash) may take, by the real clock.
@@ -211,12 +213,9 @@ where
     }
 
     /// Runs the workflow once without a crash, to learn its boundaries: after each commit
-    /// of a write of the run or of one of its descendants (child runs it starts, whose
-    /// workflows [`configure`](Self::configure) registers; their ends and histories are
-    /// compared too) (its creation, each transition, each step record, each wait, each
-    /// attempt), and, for a step, between its effect and its record (before the record's
-    /// commit). It runs twice, and fails with [`ExploreError::NotRepeatable`] if the two
-    /// runs differ. Then, for each boundary, from an empty in-memory store: runs the
+    /// of a write of the run (its creation, each transition, each step record, each wait,
+    /// each attempt), and, for a step, between its effect and its record (before the
+    /// record's commit). Then, for each boundary, from an empty in-memory store: runs the
     /// workflow and stops it there as a crash would (the runtime, its tasks and the
     /// handler dropped, the leases forgotten; the store keeps what was committed), then
     /// resumes it with a new runtime and a new handler from the factory until it ends, and
@@ -260,12 +259,18 @@ where
             Case::Ended(ended) => ended,
             Case::Stopped(..) => unreachable_stop(&self.run_id)?,
         };
+        if !reference.children.is_empty() {
+            return Err(ExploreError::Reference {
+                run_id: self.run_id.clone(),
+                message: with_children(&reference.children),
+            });
+        }
         // Every case is compared with the reference: a workflow that does not do the same
         // twice without a crash would have its chance taken for the crash's doing.
         let again = match self.case(None).await {
-            Ok(Case::Ended(again)) => repeat_differences(&self.run_id, &reference, &again),
+            Ok(Case::Ended(again)) => repeat_differences(&reference, &again),
             Ok(Case::Stopped(..)) => {
-                repeat_differences(&self.run_id, &reference, &unreachable_stop(&self.run_id)?)
+                repeat_differences(&reference, &unreachable_stop(&self.run_id)?)
             }
             Err(e) => vec![format!("the second could not be run: {e}")],
         };
@@ -282,9 +287,7 @@ where
                 continue;
             }
             let differences = match self.case(Some(boundary)).await {
-                Ok(Case::Stopped(first, ended)) => {
-                    compare(&self.run_id, &reference, &first, &ended, boundary)
-                }
+                Ok(Case::Stopped(first, ended)) => compare(&reference, &first, &ended, boundary),
                 Ok(Case::Ended(_)) => vec![format!(
                     "the run ended before write {}: it did not make the uninterrupted run's \
                      writes (a handler that decides by something other than its state, steps \
@@ -341,7 +344,7 @@ where
                 .push(run.clone());
         });
         let take = || std::mem::take(&mut *steps.lock().unwrap_or_else(PoisonError::into_inner));
-        let hook = StopAt(boundary.map(|b| (b.run_id.clone(), b.nth, b.when)));
+        let hook = StopAt(boundary.map(|b| (b.write, b.when)));
         let store = HookedStore::with_hook(base.clone(), hook);
         let first = self.process(&store, &clock, &sink).await?;
         let first_writes = store.writes();
@@ -378,9 +381,7 @@ where
     ) -> Result<Case, Problem> {
         let dir = CaseDir::new()
             .map_err(|e| Problem(format!("cannot create a directory for the case: {e}")))?;
-        let role = boundary.map_or(Role::Reference, |b| {
-            Role::Crash(b.run_id.clone(), b.nth, b.when)
-        });
+        let role = boundary.map_or(Role::Reference, |b| Role::Crash(b.write, b.when));
         let first = child::run_child(test, &dir, role, &self.run_id)
             .await
             .map_err(Problem)?;
@@ -425,7 +426,7 @@ where
         let clock = ManualClock::new(self.start);
         let at = match role {
             Role::Reference => None,
-            Role::Crash(run, nth, when) => Some((run, nth, when)),
+            Role::Crash(write, when) => Some((write, when)),
             Role::Resume(clock_ms) => {
                 // Time goes on from where the crashed process's clock was.
                 clock.set(UNIX_EPOCH + Duration::from_millis(clock_ms));
@@ -465,9 +466,6 @@ where
             .observe_steps(Arc::clone(steps));
         let runtime = (self.configure)(builder).build(store.clone());
         let handler = (self.factory)();
-        // What a restart does: the unfinished runs of the registered workflows (the explored
-        // run's descendants; the explored run is driven below, with its handler) get drivers.
-        runtime.resume_all().await?;
         let drive = runtime.run(&self.run_id, self.initial.clone(), &handler);
         tokio::pin!(drive);
         let started = Instant::now();
@@ -495,93 +493,62 @@ where
     }
 
     /// Ends the run's wait the way the test said: sends the next scripted event it waits
-    /// for, or moves the clock to its wake-up time, deadline or retry time; a run that waits
-    /// for its children moves the clock for them (to the earliest time one of them waits
-    /// for), and to its own deadline only when none of them runs or waits for a time.
+    /// for, or moves the clock to its wake-up time, deadline or retry time.
     async fn nudge(
         &self,
         runtime: &Runtime,
         store: &RedbStore,
         clock: &ManualClock,
     ) -> Result<(), Problem> {
-        if let Some(at) = self.time_needed(runtime, store, &self.run_id).await? {
+        let Some(info) = Store::run_info(store, &self.run_id).await? else {
+            return Ok(());
+        };
+        let at = match info.status {
+            RunStatus::Waiting => {
+                let Some(wait) = &info.wait else {
+                    return Ok(());
+                };
+                if let Some(event) = &wait.event {
+                    if event == crate::CHILD_ENDED {
+                        let children = Store::children(store, &self.run_id).await?;
+                        let ids: Vec<String> = children.into_iter().map(|c| c.run_id).collect();
+                        return Err(Problem(with_children(&ids)));
+                    }
+                    if Store::has_pending(store, &self.run_id, event).await? {
+                        // Sent, not taken yet: the wait ends when the driver looks.
+                        return Ok(());
+                    }
+                    let sent = Store::events(store, &self.run_id)
+                        .await?
+                        .iter()
+                        .filter(|(_, record, _)| &record.name == event)
+                        .count();
+                    let next = self
+                        .events
+                        .iter()
+                        .filter(|(name, _)| name == event)
+                        .nth(sent);
+                    if let Some((name, payload)) = next {
+                        runtime.send(&self.run_id, name, payload).await?;
+                        return Ok(());
+                    }
+                    if wait.until_ms.is_none() {
+                        return Err(Problem(format!(
+                            "run `{}` waits in state `{}` (seq {}) for event `{event}`, and the \
+                             explorer has no more of it to send (Explorer::event)",
+                            self.run_id, info.state, info.seq
+                        )));
+                    }
+                }
+                wait.until_ms
+            }
+            RunStatus::Running => info.retry_at_ms,
+            _ => None,
+        };
+        if let Some(at) = at {
             clock.set(UNIX_EPOCH + Duration::from_millis(at));
         }
         Ok(())
-    }
-
-    /// The time the run `run_id` (the explored run or a descendant) waits for, if the clock
-    /// must move for it to go on (ms since the epoch); `None` if it goes on by itself (it
-    /// runs, an event it waits for was sent, it ended), or after this sends it its next
-    /// scripted event (the explored run's only: [`event`](Self::event)).
-    fn time_needed<'a>(
-        &'a self,
-        runtime: &'a Runtime,
-        store: &'a RedbStore,
-        run_id: &'a str,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<u64>, Problem>> + 'a>>
-    {
-        Box::pin(async move {
-            let Some(info) = Store::run_info(store, run_id).await? else {
-                return Ok(None);
-            };
-            let wait = match (info.status, &info.wait) {
-                (RunStatus::Waiting, Some(wait)) => wait,
-                (RunStatus::Running, _) => return Ok(info.retry_at_ms),
-                _ => return Ok(None),
-            };
-            let Some(event) = &wait.event else {
-                return Ok(wait.until_ms);
-            };
-            if event == crate::CHILD_ENDED {
-                let mut earliest: Option<u64> = None;
-                for child in Store::children(store, run_id).await? {
-                    if child.status.is_ended() {
-                        continue;
-                    }
-                    if child.status == RunStatus::Running && child.retry_at_ms.is_none() {
-                        return Ok(None);
-                    }
-                    if let Some(at) = self.time_needed(runtime, store, &child.run_id).await? {
-                        earliest = Some(earliest.map_or(at, |e| e.min(at)));
-                    }
-                }
-                return Ok(earliest.or(wait.until_ms));
-            }
-            if Store::has_pending(store, run_id, event).await? {
-                // Sent, not taken yet: the wait ends when the driver looks.
-                return Ok(None);
-            }
-            if run_id == self.run_id {
-                let sent = Store::events(store, run_id)
-                    .await?
-                    .iter()
-                    .filter(|(_, record, _)| &record.name == event)
-                    .count();
-                let next = self
-                    .events
-                    .iter()
-                    .filter(|(name, _)| name == event)
-                    .nth(sent);
-                if let Some((name, payload)) = next {
-                    runtime.send(run_id, name, payload).await?;
-                    return Ok(None);
-                }
-            }
-            if wait.until_ms.is_none() {
-                let what = if run_id == self.run_id {
-                    "the explorer has no more of it to send (Explorer::event)"
-                } else {
-                    "the explorer sends events to the explored run only (send it from a \
-                     handler, or give the wait a deadline)"
-                };
-                return Err(Problem(format!(
-                    "run `{run_id}` waits in state `{}` (seq {}) for event `{event}`, and {what}",
-                    info.state, info.seq
-                )));
-            }
-            Ok(wait.until_ms)
-        })
     }
 
     /// What the run ended with.
@@ -603,8 +570,9 @@ where
             .map(|r| (r.seq, r.state, r.payload.get().to_owned()))
             .collect::<Vec<_>>();
         let payload = history.last().map(|h| h.2.clone()).unwrap_or_default();
+        let children = Store::children(base, &self.run_id).await?;
         Ok(Ended {
-            descendants: descendants(base, &self.run_id).await?,
+            children: children.into_iter().map(|c| c.run_id).collect(),
             error: info.error.map(|chain| chain.join(": ")),
             outcome: Outcome {
                 status: info.status,
@@ -619,36 +587,6 @@ where
     }
 }
 
-/// The descendants of the run `run_id` in `store` (its children, each followed by its own),
-/// with their ends, by run id among siblings.
-async fn descendants(store: &RedbStore, run_id: &str) -> Result<Vec<Member>, Problem> {
-    let mut out = Vec::new();
-    let mut parents = vec![run_id.to_owned()];
-    while let Some(parent) = parents.pop() {
-        let mut children = Store::children(store, &parent).await?;
-        children.sort_by(|a, b| a.run_id.cmp(&b.run_id));
-        for child in children {
-            let history: Vec<(u64, String, String)> = Store::history(store, &child.run_id)
-                .await?
-                .into_iter()
-                .map(|r| (r.seq, r.state, r.payload.get().to_owned()))
-                .collect();
-            out.push(Member {
-                outcome: Outcome {
-                    status: child.status,
-                    state: child.state,
-                    seq: child.seq,
-                    payload: history.last().map(|h| h.2.clone()).unwrap_or_default(),
-                },
-                history,
-                run_id: child.run_id.clone(),
-            });
-            parents.push(child.run_id);
-        }
-    }
-    Ok(out)
-}
-
 /// A stop that cannot happen: the uninterrupted run has no boundary to stop at.
 fn unreachable_stop(run_id: &str) -> Result<Ended, ExploreError> {
     Err(ExploreError::Reference {
@@ -657,28 +595,21 @@ fn unreachable_stop(run_id: &str) -> Result<Ended, ExploreError> {
     })
 }
 
-/// Stops the store at one write: the `nth` write of run `run`, `when`.
-struct StopAt(Option<(String, u64, When)>);
-
-impl StopAt {
-    fn verdict(&self, seen: &WriteSeen, when: When) -> Verdict {
-        match &self.0 {
-            Some((run, nth, at))
-                if *at == when && *nth == seen.nth && seen.run_id.as_deref() == Some(run) =>
-            {
-                Verdict::Stop
-            }
-            _ => Verdict::Go,
-        }
-    }
-}
+/// Stops the store at one write: `(n, when)`.
+struct StopAt(Option<(u64, When)>);
 
 impl WriteHook for StopAt {
     fn before(&self, seen: &WriteSeen) -> Verdict {
-        self.verdict(seen, When::BeforeCommit)
+        match self.0 {
+            Some((n, When::BeforeCommit)) if n == seen.n => Verdict::Stop,
+            _ => Verdict::Go,
+        }
     }
 
     fn after(&self, seen: &WriteSeen, _reply: &Result<crate::store::Reply>) -> Verdict {
-        self.verdict(seen, When::AfterCommit)
+        match self.0 {
+            Some((n, When::AfterCommit)) if n == seen.n => Verdict::Stop,
+            _ => Verdict::Go,
+        }
     }
 }

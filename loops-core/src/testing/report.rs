@@ -24,15 +24,8 @@ pub struct Boundary {
     /// Its number, from 1, in the order the uninterrupted run reaches it; what
     /// [`Explorer::only`](crate::testing::Explorer::only) takes.
     pub number: usize,
-    /// The write it is at: its place among the writes the store was given in the
-    /// uninterrupted run, from 1.
+    /// The write it is at: its place among the writes the store was given, from 1.
     pub write: u64,
-    /// The run that write is for: the explored run, or one of its descendants (a child run
-    /// it started, or theirs).
-    pub run_id: String,
-    /// That write's place among the writes of its run, from 1: where a case stops, so that
-    /// the writes of other runs (a parent's, its children's) may come in any order.
-    pub nth: u64,
     /// Before or after that write's commit.
     pub when: When,
     /// That write, in words.
@@ -171,4 +164,15 @@ fn found_report(run_id: &str, explored: usize, findings: &[Finding]) -> String {
         ));
     }
     out
+}
+
+/// Why a run that started child runs (`children`, their run ids) is not explored.
+pub(crate) fn with_children(children: &[String]) -> String {
+    let ids: Vec<String> = children.iter().map(|id| format!("`{id}`")).collect();
+    format!(
+        "it starts child runs ({}): the crash explorer explores one run, and not yet a run \
+         that starts children (explore the children's workflows on their own; see \
+         docs/testing.md)",
+        ids.join(", ")
+    )
 }

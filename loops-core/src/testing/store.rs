@@ -3,7 +3,6 @@
 //! and see what claims and lease renewals return.
 
 use std::any::Any;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -20,10 +19,6 @@ use crate::store::{
 pub struct WriteSeen {
     /// Its place among the writes the store was given, from 1.
     pub n: u64,
-    /// Its place among the writes of its run the store was given, from 1 (for a write of no
-    /// run, a prune, among those): the same in every process that makes the run's writes in
-    /// the same order, whatever other runs (a parent, its children) wrote in between.
-    pub nth: u64,
     /// Its kind ([`Write::kind`]: `"Transition"`, `"Step"`, ...).
     pub kind: &'static str,
     /// The run it is for (`None` for a prune).
@@ -38,7 +33,7 @@ pub struct WriteSeen {
 }
 
 impl WriteSeen {
-    fn of(n: u64, nth: u64, write: &Write) -> WriteSeen {
+    fn of(n: u64, write: &Write) -> WriteSeen {
         let step = match write {
             Write::Step {
                 seq,
@@ -59,7 +54,6 @@ impl WriteSeen {
         };
         WriteSeen {
             n,
-            nth,
             kind: write.kind(),
             run_id: write.run_id().map(str::to_owned),
             what: describe(write),
@@ -250,8 +244,6 @@ pub struct HookedStore<S> {
     hook: Arc<dyn WriteHook>,
     log: Arc<Mutex<Vec<WriteSeen>>>,
     count: Arc<AtomicU64>,
-    /// How many writes each run (`None`: no run) was given.
-    per_run: Arc<Mutex<HashMap<Option<String>, u64>>>,
     stopped: Arc<AtomicBool>,
     stop: Arc<tokio::sync::Notify>,
 }
@@ -263,7 +255,6 @@ impl<S: Clone> Clone for HookedStore<S> {
             hook: Arc::clone(&self.hook),
             log: Arc::clone(&self.log),
             count: Arc::clone(&self.count),
-            per_run: Arc::clone(&self.per_run),
             stopped: Arc::clone(&self.stopped),
             stop: Arc::clone(&self.stop),
         }
@@ -283,7 +274,6 @@ impl<S: Store> HookedStore<S> {
             hook: Arc::new(hook),
             log: Arc::default(),
             count: Arc::default(),
-            per_run: Arc::default(),
             stopped: Arc::default(),
             stop: Arc::default(),
         }
@@ -396,15 +386,7 @@ impl<S: Store> Store for HookedStore<S> {
                 return std::future::pending().await;
             }
             let n = self.count.fetch_add(1, Ordering::SeqCst).saturating_add(1);
-            let nth = {
-                let mut per_run = self.per_run.lock().unwrap_or_else(PoisonError::into_inner);
-                let count = per_run
-                    .entry(write.run_id().map(str::to_owned))
-                    .or_default();
-                *count = count.saturating_add(1);
-                *count
-            };
-            let seen = WriteSeen::of(n, nth, &write);
+            let seen = WriteSeen::of(n, &write);
             self.log
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
