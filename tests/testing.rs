@@ -464,6 +464,26 @@ async fn the_explorer_finds_a_count_kept_in_memory_across_a_transition() {
         panic!("{alone}")
     };
     assert_eq!((explored, again), (1, findings.clone()));
+    // A boundary the run does not have explores nothing, and says so: the known bug must not
+    // pass for it.
+    for only in [0, 4] {
+        let none = Explorer::new(Forgetful::default, Tally::Start)
+            .only(only)
+            .run()
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&none, ExploreError::NoSuchBoundary { boundaries: 3, .. }),
+            "{none}"
+        );
+        assert_eq!(
+            none.to_string(),
+            format!(
+                "crash explorer: run `explored` has no boundary {only} to explore alone (it has \
+                 3, numbered from 1; Explorer::only or LOOPS_EXPLORE_ONLY): nothing was explored"
+            )
+        );
+    }
 }
 
 #[tokio::test]

@@ -65,7 +65,8 @@ pub struct Explorer<W, H> {
     configure: Box<Configure>,
     before_each: Box<dyn Fn() + Send + Sync>,
     run_id: String,
-    only: Option<usize>,
+    /// The one boundary to explore; `Err` holds an [`ONLY_ENV`] that is not a number.
+    only: std::result::Result<Option<usize>, String>,
     filter: Option<Box<Keep>>,
     start: SystemTime,
     /// In child processes: the name of the test that runs the explorer (`Err`: why it is
@@ -107,7 +108,10 @@ where
             configure: Box::new(|b| b),
             before_each: Box::new(|| {}),
             run_id: "explored".to_owned(),
-            only: std::env::var(ONLY_ENV).ok().and_then(|v| v.parse().ok()),
+            only: match std::env::var(ONLY_ENV) {
+                Ok(text) => text.trim().parse().map(Some).map_err(|_| text),
+                Err(_) => Ok(None),
+            },
             filter: None,
             // A fixed start (2026-01-01 UTC), so that runs see the same times.
             start: UNIX_EPOCH + Duration::from_secs(1_767_225_600),
@@ -190,9 +194,11 @@ where
     }
 
     /// Explores only the boundary numbered `boundary` (from 1, as a report prints it), to
-    /// replay one failing case; the environment variable [`ONLY_ENV`] does the same.
+    /// replay one failing case; the environment variable [`ONLY_ENV`] does the same. A number
+    /// the run has no boundary for fails the exploration
+    /// ([`ExploreError::NoSuchBoundary`]): a replay must not pass for exploring nothing.
     pub fn only(mut self, boundary: usize) -> Self {
-        self.only = Some(boundary);
+        self.only = Ok(Some(boundary));
         self
     }
 
@@ -208,7 +214,9 @@ where
 
     /// Whether `boundary` is to be explored.
     fn chosen(&self, boundary: &Boundary) -> bool {
-        self.only.is_none_or(|only| only == boundary.number)
+        self.only
+            .as_ref()
+            .is_ok_and(|only| only.is_none_or(|only| only == boundary.number))
             && self.filter.as_ref().is_none_or(|keep| keep(boundary))
     }
 
@@ -281,6 +289,18 @@ where
             });
         }
         let boundaries = boundaries(&reference, &self.run_id);
+        let asked = match &self.only {
+            Ok(Some(only)) if *only == 0 || *only > boundaries.len() => Some(only.to_string()),
+            Ok(_) => None,
+            Err(text) => Some(format!("{ONLY_ENV}={text:?}")),
+        };
+        if let Some(asked) = asked {
+            return Err(ExploreError::NoSuchBoundary {
+                run_id: self.run_id.clone(),
+                asked,
+                boundaries: boundaries.len(),
+            });
+        }
         let mut findings = Vec::new();
         for boundary in &boundaries {
             if !self.chosen(boundary) {

@@ -135,6 +135,22 @@ pub enum ExploreError {
         /// What differed, one sentence each.
         differences: Vec<String>,
     },
+    /// [`Explorer::only`] or [`ONLY_ENV`] named a boundary the run does not have (or the
+    /// variable is not a number): nothing was explored, and a replay must not pass for that.
+    ///
+    /// [`Explorer::only`]: crate::testing::Explorer::only
+    #[error(
+        "crash explorer: run `{run_id}` has no boundary {asked} to explore alone (it has \
+         {boundaries}, numbered from 1; Explorer::only or {ONLY_ENV}): nothing was explored"
+    )]
+    NoSuchBoundary {
+        /// The explored run.
+        run_id: String,
+        /// What was asked: the number, or the variable as it was set.
+        asked: String,
+        /// How many boundaries the run has.
+        boundaries: usize,
+    },
     /// The run without a crash, which the others are compared with, could not be run.
     #[error("crash explorer: run `{run_id}` could not be run without a crash: {message}")]
     Reference {
