@@ -171,13 +171,15 @@ pub fn remember_asked(workdir: &Path, run_id: &str, auto_approve: Option<bool>) 
     match auto_approve {
         None => Ok(()),
         Some(true) => forget_asked(workdir, run_id),
-        Some(false) => {
-            let dir = workdir.join(ASKED_DIR);
-            std::fs::create_dir_all(&dir)
-                .with_context(|| format!("cannot create {}", dir.display()))?;
-            crate::project::write_durably(&path, run_id.as_bytes(), true).map(drop)
-        }
+        Some(false) => keep(workdir, &path, run_id.as_bytes()),
     }
+}
+
+/// Writes the wish `bytes` durably at `path`, a file of `workdir`'s [`ASKED_DIR`].
+fn keep(workdir: &Path, path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = workdir.join(ASKED_DIR);
+    std::fs::create_dir_all(&dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    crate::project::write_durably(path, bytes, true).map(drop)
 }
 
 /// Copies into the work directory `workdir` the wishes ([`remember_asked`]) kept in `from`,
@@ -201,9 +203,7 @@ pub fn carry_asked(from: &Path, workdir: &Path) -> Result<()> {
         }
         let wish = std::fs::read(entry.path())
             .with_context(|| format!("cannot read {}", entry.path().display()))?;
-        std::fs::create_dir_all(&dir)
-            .with_context(|| format!("cannot create {}", dir.display()))?;
-        crate::project::write_durably(&target, &wish, true)?;
+        keep(workdir, &target, &wish)?;
     }
     Ok(())
 }

@@ -24,15 +24,6 @@ pub const WORKDIR_ATTRIBUTE: &str = "workdir";
 /// (absolute); a run on the demo's repository has none.
 pub const REPO_ATTRIBUTE: &str = "repo";
 
-/// What a work directory holds that this example builds, clears or deletes, by name: a store
-/// or a work directory inside one of them would be lost.
-const BUILT: [(&str, &str); 4] = [
-    ("repo", "the demo's repository"),
-    ("remote.git", "the remote"),
-    ("forge", "the forge"),
-    ("scratch", "the scratch space"),
-];
-
 /// `path` with every symbolic link in it resolved, one to nothing included (its target is
 /// where a file would be made), and the part that does not exist kept as written.
 pub fn resolved(path: &Path) -> PathBuf {
@@ -59,7 +50,7 @@ pub fn resolved(path: &Path) -> PathBuf {
 
 impl Paths {
     /// Refuses a store, or a work directory, inside what a work directory's runs build and
-    /// clear ([`BUILT`]: the demo's repository is built aside and renamed into place, the
+    /// clear ([`Paths::built`]: the demo's repository is built aside and renamed into place, the
     /// scratch space emptied at every start), this work directory's or another's; and a work
     /// directory inside another (marked) at all, whose `--fresh` deletes it whole. Compared
     /// with links resolved; a `--workdir` that is a link to nothing is refused too.
@@ -102,8 +93,7 @@ impl Paths {
                 .skip(1)
                 .filter(|dir| *dir == workdir || dir.join(MARKER).is_file());
             for home in homes {
-                for (name, what) in BUILT {
-                    let dir = home.join(name);
+                for (what, dir) in Paths::new(home.to_path_buf(), None, None).built() {
                     ensure!(
                         !path.starts_with(&dir),
                         "{flag} {} is inside {what} {}, which this example builds and clears: \

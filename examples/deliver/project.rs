@@ -117,6 +117,18 @@ impl Paths {
         }
     }
 
+    /// What this example builds, clears or deletes in the work directory, each with its name
+    /// for messages: the demo's repository (whatever `--repo` says), the remote, the forge,
+    /// the scratch space. A store or a work directory inside one of them would be lost.
+    pub fn built(&self) -> [(&'static str, PathBuf); 4] {
+        [
+            ("the demo's repository", self.workdir.join("repo")),
+            ("the remote", self.remote.clone()),
+            ("the forge", self.forge.clone()),
+            ("the scratch space", self.scratch.clone()),
+        ]
+    }
+
     /// Deletes the store and the work directory (`--fresh`). A repository given with
     /// `--repo` is left alone. The caller holds the store's lock meanwhile, where it can.
     ///
@@ -400,13 +412,7 @@ impl Paths {
     /// put in stays).
     pub fn remove_new_workdir(&self, made: &Path) {
         let _ = std::fs::remove_file(self.workdir.join(MARKER));
-        let asked = self.workdir.join(crate::approval::ASKED_DIR);
-        if let Ok(entries) = std::fs::read_dir(&asked) {
-            for entry in entries.flatten() {
-                let _ = std::fs::remove_file(entry.path());
-            }
-            let _ = std::fs::remove_dir(&asked);
-        }
+        let _ = std::fs::remove_dir_all(self.workdir.join(crate::approval::ASKED_DIR));
         for dir in self.workdir.ancestors() {
             if std::fs::remove_dir(dir).is_err() || dir == made {
                 break;
