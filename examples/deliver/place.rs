@@ -116,6 +116,17 @@ impl Paths {
         Ok(())
     }
 
+    /// The other work directory the store is in, if it is in one (marked, not this one): its
+    /// runs are recorded there, and `--fresh` here must not delete them.
+    pub fn store_elsewhere(&self) -> Option<PathBuf> {
+        let workdir = resolved(&self.workdir);
+        resolved(&self.store)
+            .ancestors()
+            .skip(1)
+            .find(|dir| *dir != workdir && dir.join(MARKER).is_file())
+            .map(Path::to_path_buf)
+    }
+
     /// `options` with the attributes that record where a new run works
     /// ([`WORKDIR_ID_ATTRIBUTE`], [`WORKDIR_ATTRIBUTE`], [`REPO_ATTRIBUTE`]): written with its
     /// first record, so a run never exists without them, and a start stopped before its run

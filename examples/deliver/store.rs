@@ -17,6 +17,15 @@ use crate::project::Paths;
 /// A store that cannot be opened for another reason than its lock (a damaged file) is not
 /// open in any process: it is deleted all the same, as `--fresh` asks.
 pub async fn delete_for_fresh(paths: &Paths) -> Result<()> {
+    // Another work directory's store holds its runs: not this one's to delete (nor opened).
+    if let Some(home) = paths.store_elsewhere() {
+        anyhow::bail!(
+            "--fresh: --store {} is the store of another work directory, {}, whose runs it \
+             holds; --fresh deletes this work directory's store only (nothing was deleted)",
+            paths.store.display(),
+            home.display()
+        );
+    }
     check_is_a_store(&paths.store)?;
     // Another application's redb database starts as a store does: it is refused, and a
     // read-only open says so without writing to it (a writable one rewrites redb's header).

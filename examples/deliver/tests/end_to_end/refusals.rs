@@ -267,6 +267,35 @@ fn places_inside_what_a_work_directory_builds_are_refused_through_links() {
         &["dangling", "to-repo", "via", "work"],
     );
     std::fs::remove_file(root.join("dangling")).expect("remove the link");
+    // `--fresh` with another work directory's store: refused, the store left as it was.
+    let store = work.join("deliver.redb");
+    std::fs::write(&store, b"another directory's runs").expect("a store");
+    let output = deliver(
+        &root,
+        &[
+            "--workdir".into(),
+            "other".into(),
+            "--store".into(),
+            store.clone().into(),
+            "--fresh".into(),
+        ],
+    );
+    assert_refused(
+        &output,
+        &format!(
+            "--fresh: --store {} is the store of another work directory, {}, whose runs it \
+             holds; --fresh deletes this work directory's store only (nothing was deleted)",
+            store.display(),
+            work.display()
+        ),
+        &root,
+        &["to-repo", "via", "work"],
+    );
+    assert_eq!(
+        std::fs::read(&store).expect("the store"),
+        b"another directory's runs"
+    );
+    std::fs::remove_file(&store).expect("remove the store");
     for (args, wanted, inside) in cases {
         let args: Vec<OsString> = args.iter().map(OsString::from).collect();
         let output = deliver(&root, &args);
