@@ -21,6 +21,8 @@ use tokio::process::Command;
 
 use crate::workflow::{Change, Commit, Edit};
 
+mod locks;
+
 /// The name commits are authored and committed under.
 pub const AGENT_NAME: &str = "loops agent";
 /// The e-mail address commits are authored and committed under.
@@ -115,9 +117,12 @@ impl Git {
     /// A command that fails because a git lock file is taken is tried again for a few
     /// seconds: when this program is killed while git runs, git itself goes on (it is not
     /// killed with its parent) and holds `index.lock` until it finishes, possibly while the
-    /// next run of this program starts.
+    /// next run of this program starts. If the lock is still there then, and no git can be
+    /// holding it (a git killed outright left it behind: [`locks`]), it is removed, with a
+    /// warning, and the command tried once more.
     pub async fn output(&self, args: &[&str]) -> Result<Output> {
         let mut tries = 0;
+        let mut removed_lock = false;
         loop {
             tracing::debug!(dir = %self.dir.display(), "git {}", args.join(" "));
             let output = self
@@ -128,8 +133,24 @@ impl Git {
                 .with_context(|| format!("cannot run `git {}`", args.join(" ")))?;
             await_stop_if_interrupted(&output.status).await;
             let stderr = String::from_utf8_lossy(&output.stderr);
-            if output.status.success() || !is_lock_error(&stderr) || tries == LOCK_RETRIES {
+            if output.status.success() || !locks::is_lock_error(&stderr) {
                 return Ok(output);
+            }
+            if tries == LOCK_RETRIES {
+                if removed_lock {
+                    return Ok(output);
+                }
+                let Some(lock) = locks::remove_left_behind(&stderr) else {
+                    return Ok(output);
+                };
+                tracing::warn!(
+                    lock = %lock.display(),
+                    "removed a git lock file no running git holds (a git process killed \
+                     outright left it behind); trying `git {}` again",
+                    args.join(" ")
+                );
+                removed_lock = true;
+                continue;
             }
             tries += 1;
             tracing::info!(tries, error = %stderr.trim(), "git lock taken, trying again");
@@ -502,12 +523,6 @@ pub async fn await_stop_if_interrupted(status: &std::process::ExitStatus) {
 
 fn null_device() -> &'static str {
     if cfg!(windows) { "NUL" } else { "/dev/null" }
-}
-
-fn is_lock_error(stderr: &str) -> bool {
-    stderr.contains(".lock': File exists")
-        || stderr.contains("Unable to create '")
-        || stderr.contains("cannot lock ref")
 }
 
 /// How a program that ended with `output` failed, for an error: `failed: ` and its message
