@@ -427,6 +427,19 @@ impl OpenAiModel {
         format!("{} at {}", self.config.model, self.endpoint)
     }
 
+    /// [`ask`](Self::ask), its error as loops should treat it ([`for_loops`]): what each of
+    /// the model's calls (a [`Model`] method) returns.
+    ///
+    /// # Errors
+    /// As [`ask`](Self::ask), permanent when no retry changes it.
+    async fn call<T>(
+        &self,
+        prompt: &Prompt,
+        read: impl Fn(&Value) -> Result<T, SchemaError>,
+    ) -> anyhow::Result<Answer<T>> {
+        self.ask(prompt, read).await.map_err(for_loops)
+    }
+
     /// Asks `prompt`, reads the answer with `read` (the schema check), and tries again while
     /// [`next_wait`] allows, waiting as it says. The usage is that of every try.
     ///
@@ -624,9 +637,8 @@ impl Model for OpenAiModel {
         sources: &[SourceFile],
     ) -> anyhow::Result<Answer<Decision>> {
         let prompt = Prompt::plan(issue, sources)?;
-        self.ask(&prompt, |answer| schema::plan(answer, sources))
+        self.call(&prompt, |answer| schema::plan(answer, sources))
             .await
-            .map_err(for_loops)
     }
 
     async fn fix(
@@ -636,9 +648,8 @@ impl Model for OpenAiModel {
         report: &TestReport,
     ) -> anyhow::Result<Answer<Option<Change>>> {
         let prompt = Prompt::fix(issue, sources, report)?;
-        self.ask(&prompt, |answer| schema::fix(answer, sources))
+        self.call(&prompt, |answer| schema::fix(answer, sources))
             .await
-            .map_err(for_loops)
     }
 
     async fn review(
@@ -648,7 +659,7 @@ impl Model for OpenAiModel {
         report: &TestReport,
     ) -> anyhow::Result<Answer<Review>> {
         let prompt = Prompt::review(issue, diff, report)?;
-        Ok(self.ask(&prompt, schema::review).await?)
+        self.call(&prompt, schema::review).await
     }
 
     /// Every try at its time-out, and the longest waits between them, plus a minute for

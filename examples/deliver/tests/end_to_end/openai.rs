@@ -271,3 +271,56 @@ fn a_sigkill_mid_run_re_spends_no_tokens_on_recorded_calls() {
     );
     check(dir.path(), reference, "killed after both calls");
 }
+
+/// A run the model failed (a permanent error: HTTP 401 at the review) ends failed at once,
+/// asked once (no retry of the step or the state changes a refusal), and says to run with
+/// `--retry`; once the model answers again, `--retry` gives it a fresh budget of attempts and
+/// it ends as the reference did, the recorded plan and fix not asked again.
+#[test]
+fn a_run_failed_by_the_model_resumes_with_retry() {
+    let reference = &reference().outcome;
+    let refuse = std::sync::Arc::new(AtomicBool::new(true));
+    let api = FakeApi::start({
+        let refuse = refuse.clone();
+        move |_, request| {
+            if asked(request) == Asked::Review && refuse.load(Ordering::SeqCst) {
+                Reply::error(401, "Incorrect API key provided")
+            } else {
+                demo_model(request)
+            }
+        }
+    });
+    let dir = tempfile::tempdir().expect("temp dir");
+    let output = deliver(dir.path(), &api).output().expect("run the example");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.code() == Some(1)
+            && stderr.contains(
+                "error: run `deliver-1` failed in state `Tested` (seq 5) after 1 attempt"
+            )
+            && stderr.contains("Incorrect API key provided")
+            && stderr.contains("Run with --retry to resume it with a fresh budget of attempts"),
+        "{}",
+        describe(&output)
+    );
+    assert_eq!(asks(&api), [Asked::Plan, Asked::Fix, Asked::Review]);
+    // Run again as it was, it stays failed: no request made.
+    let output = deliver(dir.path(), &api).output().expect("run the example");
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert_eq!(asks(&api).len(), 3);
+
+    refuse.store(false, Ordering::SeqCst);
+    let output = run(deliver(dir.path(), &api).arg("--retry"));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains(
+            "run deliver-1 failed at Tested (seq 5); retrying it with a fresh budget of attempts"
+        ),
+        "{stdout}"
+    );
+    assert_eq!(
+        asks(&api),
+        [Asked::Plan, Asked::Fix, Asked::Review, Asked::Review]
+    );
+    check(dir.path(), reference, "--retry after a failed review");
+}
