@@ -110,17 +110,22 @@ impl Gate {
     }
 }
 
-/// Says so when `--auto-approve=false` is given for a run that was sent its approval already
-/// (by an earlier `--auto-approve` start killed before the gate, or `loops send`): an event
-/// cannot be taken back, and the run takes it at the gate (or took it), so the flag does not
-/// make it wait.
+/// Says so when `--auto-approve=false` or `--approve` is given for a run that was sent its
+/// approval already (by an earlier `--auto-approve` start killed before the gate, an earlier
+/// `--approve`, or `loops send`): an event cannot be taken back, and the run takes it at the
+/// gate (or took it), so `--auto-approve=false` does not make it wait, and `--approve` adds
+/// nothing (its event carries the key of the first, so it is not sent twice).
 ///
 /// # Errors
 /// If the run's events cannot be read.
 pub async fn note_approved_already(cli: &Cli, runtime: &Runtime) -> Result<()> {
-    if cli.auto_approve != Some(false) {
+    let why = if cli.approve {
+        "this --approve adds nothing"
+    } else if cli.auto_approve == Some(false) {
+        "--auto-approve=false does not withdraw an approval that was sent"
+    } else {
         return Ok(());
-    }
+    };
     let events = runtime.store().events(&cli.run_id).await?;
     let Some((seq, record, taken)) = events
         .into_iter()
@@ -138,8 +143,7 @@ pub async fn note_approved_already(cli: &Cli, runtime: &Runtime) -> Result<()> {
         "waiting in its inbox for the approval gate"
     };
     say!(
-        "note: run {} was approved already, by {by} (event {seq}, {where_}): \
-         --auto-approve=false does not withdraw an approval that was sent",
+        "note: run {} was approved already, by {by} (event {seq}, {where_}): {why}",
         cli.run_id
     );
     Ok(())

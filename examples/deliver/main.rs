@@ -298,12 +298,16 @@ async fn run(cli: Cli) -> Result<Ended> {
     if cli.dry_run {
         return dry_run(&cli).await.map(|()| Ended::Done);
     }
+    if cli.approve || cli.retry {
+        let store = cli.store.clone();
+        let store = store.unwrap_or_else(|| cli.workdir.join("deliver.redb"));
+        // No store, no run: refused before a store or a work directory is made.
+        ensure!(store.exists(), place::no_such_run(&cli, &store));
+    }
     if cli.approve {
         // Another `deliver --serve` holds the store: it takes the approval instead.
         let store = cli.store.clone();
         let store = store.unwrap_or_else(|| cli.workdir.join("deliver.redb"));
-        // No store, no run: refused before a store or a work directory is made.
-        ensure!(store.exists(), place::no_run_to_approve(&cli, &store));
         if let Some(said) = approval::through_the_serving_process(&store, &cli.run_id).await? {
             say!("{said}");
             return Ok(Ended::Done);

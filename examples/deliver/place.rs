@@ -292,9 +292,9 @@ pub async fn check_holds(
 /// If the run is of another workflow, works elsewhere, or the store cannot be read.
 pub async fn settle_run(cli: &Cli, paths: &mut Paths, runtime: &Runtime) -> Result<()> {
     let Some(info) = runtime.run_info(&cli.run_id).await? else {
-        // Approving a run that is not there would start a new one, approved: most likely the
-        // store or the id is not the one meant.
-        ensure!(!cli.approve, no_run_to_approve(cli, &paths.store));
+        // Approving or retrying a run that is not there would start a new one: most likely
+        // the store or the id is not the one meant.
+        ensure!(!cli.approve && !cli.retry, no_such_run(cli, &paths.store));
         return paths.settle_run(&cli.run_id, None).await;
     };
     if info.workflow != <crate::workflow::v2::Deliver as loops::Workflow>::NAME {
@@ -313,11 +313,17 @@ pub async fn settle_run(cli: &Cli, paths: &mut Paths, runtime: &Runtime) -> Resu
     paths.settle_run(&cli.run_id, Some(&attributes)).await
 }
 
-/// The refusal of `--approve` for a run that is not in `store`.
-pub fn no_run_to_approve(cli: &Cli, store: &Path) -> String {
+/// The refusal of `--approve` or `--retry` (whichever `cli` has) for a run that is not in
+/// `store`.
+pub fn no_such_run(cli: &Cli, store: &Path) -> String {
+    let (flag, verb) = if cli.approve {
+        ("--approve", "approve")
+    } else {
+        ("--retry", "retry")
+    };
     format!(
-        "--approve: there is no run {} in {} to approve (check --store and --run-id; a new run \
-         starts without --approve)",
+        "{flag}: there is no run {} in {} to {verb} (check --store and --run-id; a new run \
+         starts without {flag})",
         cli.run_id,
         store.display()
     )

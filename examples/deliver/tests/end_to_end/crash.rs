@@ -1137,6 +1137,25 @@ fn the_approval_hint_and_an_explicit_auto_approve_approve_a_parked_run() {
     );
     let pull = std::fs::read_to_string(workdir.join("forge/pulls/1.json")).expect("the pull");
     assert!(pull.contains("Approved by hint-user."), "{pull}");
+    // Approved again: said, and nothing sent or opened twice.
+    let output = Command::new(example())
+        .args(&args)
+        .env("USER", "late-user")
+        .env_remove(HOLD_VAR)
+        .env_remove(STOP_VAR)
+        .env_remove("RUST_LOG")
+        .output()
+        .expect("run the example");
+    assert!(output.status.success(), "{}", describe(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stdout).contains(&format!(
+            "note: run {RUN_ID} was approved already, by hint-user (event 1, taken at the \
+             approval gate): this --approve adds nothing"
+        )),
+        "{}",
+        describe(&output)
+    );
+    assert!(!workdir.join("forge/pulls/2.json").exists());
 
     // Another run in the same work directory, parked, then approved by `--auto-approve`.
     let other = |flag: &str| {

@@ -78,32 +78,35 @@ fn bad_run_ids_are_usage_errors() {
     }
 }
 
-/// `--approve` of a run that does not exist is refused (it would start a new run, approved):
-/// with no store, before anything is made; with a store, nothing is added to it.
+/// `--approve` or `--retry` of a run that does not exist is refused (it would start a new
+/// run, a mistyped id most likely): with no store, before anything is made; with a store,
+/// nothing is added to it.
 #[test]
-fn approve_refuses_a_run_that_is_not_there() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let store = dir.path().join("work/deliver.redb");
-    let refusal = format!(
-        "error: --approve: there is no run deliver-1 in {} to approve (check --store and \
-         --run-id; a new run starts without --approve)\n",
-        store.display()
-    );
-    let output = deliver(dir.path(), &["--approve".into()]);
-    assert_refused(&output, &refusal, dir.path(), &[]);
-    let other = deliver(dir.path(), &["--run-id".into(), "other".into()]);
-    assert!(other.status.success(), "{}", describe(&other));
-    let output = deliver(dir.path(), &["--approve".into()]);
-    assert_refused(&output, &refusal, dir.path(), &["work"]);
-    let listed = loops(&store, &["runs", "--json"]);
-    let runs: serde_json::Value = serde_json::from_slice(&listed.stdout).expect("JSON");
-    let ids: Vec<&str> = runs
-        .as_array()
-        .expect("a list")
-        .iter()
-        .filter_map(|run| run["run_id"].as_str())
-        .collect();
-    assert_eq!(ids, ["other", "other/edit-0"]);
+fn approve_and_retry_refuse_a_run_that_is_not_there() {
+    for (flag, verb) in [("--approve", "approve"), ("--retry", "retry")] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = dir.path().join("work/deliver.redb");
+        let refusal = format!(
+            "error: {flag}: there is no run deliver-1 in {} to {verb} (check --store and \
+             --run-id; a new run starts without {flag})\n",
+            store.display()
+        );
+        let output = deliver(dir.path(), &[flag.into()]);
+        assert_refused(&output, &refusal, dir.path(), &[]);
+        let other = deliver(dir.path(), &["--run-id".into(), "other".into()]);
+        assert!(other.status.success(), "{}", describe(&other));
+        let output = deliver(dir.path(), &[flag.into()]);
+        assert_refused(&output, &refusal, dir.path(), &["work"]);
+        let listed = loops(&store, &["runs", "--json"]);
+        let runs: serde_json::Value = serde_json::from_slice(&listed.stdout).expect("JSON");
+        let ids: Vec<&str> = runs
+            .as_array()
+            .expect("a list")
+            .iter()
+            .filter_map(|run| run["run_id"].as_str())
+            .collect();
+        assert_eq!(ids, ["other", "other/edit-0"], "{flag}");
+    }
 }
 
 /// `--approve` with `--auto-approve` (either value) or `--fresh` (which would delete the run
