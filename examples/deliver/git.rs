@@ -19,6 +19,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail, ensure};
 use tokio::process::Command;
 
+use crate::child::{await_stop_if_interrupted, own_process_group};
 use crate::workflow::{Change, Commit, Edit};
 
 mod locks;
@@ -119,19 +120,19 @@ impl Git {
     /// killed with its parent) and holds `index.lock` until it finishes, possibly while the
     /// next run of this program starts. If the lock is still there then, and no git can be
     /// holding it (a git killed outright left it behind: [`locks`]), it is removed, with a
-    /// warning, and the command tried once more.
+    /// warning, and the command tried once more. A git killed outright is run again
+    /// ([`crate::child::output`]).
     pub async fn output(&self, args: &[&str]) -> Result<Output> {
         let mut tries = 0;
         let mut removed_lock = false;
         loop {
             tracing::debug!(dir = %self.dir.display(), "git {}", args.join(" "));
-            let output = self
-                .command()
-                .args(args)
-                .output()
-                .await
-                .with_context(|| format!("cannot run `git {}`", args.join(" ")))?;
-            await_stop_if_interrupted(&output.status).await;
+            let make = || {
+                let mut cmd = self.command();
+                cmd.args(args);
+                cmd
+            };
+            let output = crate::child::output(make, &format!("git {}", args.join(" "))).await?;
             let stderr = String::from_utf8_lossy(&output.stderr);
             if output.status.success() || !locks::is_lock_error(&stderr) {
                 return Ok(output);
@@ -465,60 +466,11 @@ fn command(dir: &Path) -> Command {
         .stdin(Stdio::null());
     // Not `kill_on_drop`: when a step is dropped (Ctrl-C, a time-out), git finishes its
     // command, as it does when this program is killed. Killed with SIGKILL, it would leave
-    // its lock file (`HEAD.lock`, `index.lock`) behind for good, and every later command
-    // in the repository would fail.
+    // its lock file (`HEAD.lock`, `index.lock`) behind, and every later command in the
+    // repository would fail until the lock is found to be left behind ([`locks`]: after
+    // seconds of waiting, and on Linux only).
     own_process_group(&mut cmd);
     cmd
-}
-
-/// Starts `cmd` in a process group of its own, so that Ctrl-C in a terminal (SIGINT to the
-/// whole foreground group), or a SIGTERM sent to this program's group (`kill -- -PGID`, a
-/// service manager stopping it), reaches this program only: it stops driving and drops the
-/// step (a git command finishes, rustc and the tests are killed). Were the child stopped too,
-/// its failure could be recorded as the step's outcome (a compile error, a failed git
-/// command) before this program saw the signal.
-pub fn own_process_group(cmd: &mut Command) {
-    #[cfg(unix)]
-    cmd.process_group(0);
-    #[cfg(not(unix))]
-    let _ = cmd;
-}
-
-/// How long a step that started a child which died of SIGINT or SIGTERM waits for the same
-/// signal to reach this program ([`await_stop_if_interrupted`]).
-const STOP_GRACE: Duration = Duration::from_secs(10);
-
-/// Whether `status` is that of a child killed by SIGINT or SIGTERM, the two signals this
-/// program stops cleanly on (`main`'s `Interrupt`).
-pub fn died_of_stop_signal(status: &std::process::ExitStatus) -> bool {
-    #[cfg(unix)]
-    {
-        use std::os::unix::process::ExitStatusExt as _;
-        matches!(status.signal(), Some(2 | 15))
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = status;
-        false
-    }
-}
-
-/// If the child whose exit status is `status` died of SIGINT or SIGTERM, waits
-/// [`STOP_GRACE`] before the caller goes on to report it.
-///
-/// A child started in a process group of its own ([`own_process_group`]) moves there in the
-/// instant between its fork and its exec: a Ctrl-C, or a SIGTERM sent to this program's
-/// whole group, that lands in that instant stops it too. Its death must not become the step's
-/// outcome (a failed git command, a compile error recorded as the test report): the same
-/// signal reaches this program, which stops driving and drops the waiting step meanwhile.
-/// The same holds when a service manager stops every process of the service at once (systemd
-/// sends SIGTERM to its whole control group, children in their own process groups
-/// included). A signal sent to the child alone is reported after the wait.
-pub async fn await_stop_if_interrupted(status: &std::process::ExitStatus) {
-    if died_of_stop_signal(status) {
-        tracing::debug!("a child died of SIGINT or SIGTERM: waiting for this program's own");
-        tokio::time::sleep(STOP_GRACE).await;
-    }
 }
 
 fn null_device() -> &'static str {

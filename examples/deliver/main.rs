@@ -27,6 +27,7 @@ macro_rules! say {
 
 mod agent;
 mod approval;
+mod child;
 mod forge;
 mod git;
 mod hints;

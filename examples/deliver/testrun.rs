@@ -30,7 +30,7 @@ pub async fn check_rustc() -> Result<()> {
         Ok(output) if output.status.success() => Ok(()),
         Ok(output) => {
             // Stopped with this program (a service manager's SIGTERM to every process).
-            crate::git::await_stop_if_interrupted(&output.status).await;
+            crate::child::await_stop_if_interrupted(&output.status).await;
             anyhow::bail!("`rustc --version` {}", crate::git::failure(&output))
         }
         Err(e) => anyhow::bail!(
@@ -57,19 +57,19 @@ pub async fn run_tests(git: &Git, commit: &str, scratch: &Path) -> Result<TestRe
     git.export(commit, &tree, &build.path().join("index"))
         .await?;
     let binary = build.path().join("unit-tests");
-    let mut rustc = Command::new("rustc");
-    rustc
-        .args(["--edition", "2021", "--test", CRATE_ROOT, "-o"])
-        .arg(&binary)
-        .current_dir(&tree)
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
-    crate::git::own_process_group(&mut rustc);
-    let compiled = rustc
-        .output()
-        .await
-        .context("cannot run rustc (is the Rust toolchain on PATH?)")?;
-    crate::git::await_stop_if_interrupted(&compiled.status).await;
+    let rustc = || {
+        let mut rustc = Command::new("rustc");
+        rustc
+            .args(["--edition", "2021", "--test", CRATE_ROOT, "-o"])
+            .arg(&binary)
+            .current_dir(&tree)
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        crate::child::own_process_group(&mut rustc);
+        rustc
+    };
+    // Whether rustc can start was checked at the start ([`check_rustc`]).
+    let compiled = crate::child::output(rustc, "rustc --test").await?;
     if !compiled.status.success() {
         let stderr = String::from_utf8_lossy(&compiled.stderr)
             .replace(&build.path().to_string_lossy().into_owned(), "<build>");
@@ -80,19 +80,18 @@ pub async fn run_tests(git: &Git, commit: &str, scratch: &Path) -> Result<TestRe
             compile_error: Some(stderr.trim().to_owned()),
         });
     }
-    let mut tests = Command::new(&binary);
-    tests
-        .args(["--test-threads=1", "--color=never"])
-        .current_dir(&tree)
-        .env("RUST_BACKTRACE", "0")
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
-    crate::git::own_process_group(&mut tests);
-    let ran = tests
-        .output()
-        .await
-        .with_context(|| format!("cannot run {}", binary.display()))?;
-    crate::git::await_stop_if_interrupted(&ran.status).await;
+    let tests = || {
+        let mut tests = Command::new(&binary);
+        tests
+            .args(["--test-threads=1", "--color=never"])
+            .current_dir(&tree)
+            .env("RUST_BACKTRACE", "0")
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        crate::child::own_process_group(&mut tests);
+        tests
+    };
+    let ran = crate::child::output(tests, "the demo's unit tests").await?;
     let stdout = String::from_utf8_lossy(&ran.stdout);
     Ok(parse(&stdout, ran.status.success(), ran.status.code()))
 }

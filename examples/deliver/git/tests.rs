@@ -1,29 +1,5 @@
 use super::*;
 
-#[cfg(unix)]
-#[tokio::test]
-async fn a_child_killed_by_sigint_or_sigterm_is_told_from_one_that_failed() {
-    use std::os::unix::process::ExitStatusExt as _;
-    let status = |script: &str| {
-        std::process::Command::new("sh")
-            .args(["-c", script])
-            .status()
-            .expect("run sh")
-    };
-    // Deaths by a signal as `wait` reports them (the signal's number as the raw status): a
-    // shell that sends itself SIGINT does not die of it where SIGINT is ignored on entry (a
-    // job started in the background by a non-interactive shell, as some CI runners do).
-    let killed_by = |signal: i32| std::process::ExitStatus::from_raw(signal);
-    assert!(died_of_stop_signal(&killed_by(2))); // SIGINT
-    assert!(died_of_stop_signal(&killed_by(15))); // SIGTERM
-    assert!(!died_of_stop_signal(&killed_by(9))); // SIGKILL
-    assert!(died_of_stop_signal(&status("kill -TERM $$")));
-    assert!(!died_of_stop_signal(&status("kill -KILL $$")));
-    assert!(!died_of_stop_signal(&status("exit 130")));
-    assert!(!died_of_stop_signal(&status("exit 143")));
-    assert!(!died_of_stop_signal(&status("true")));
-}
-
 async fn repo_with_file(dir: &Path) -> Git {
     let git = Git::new(dir);
     git.run(&["init", "--quiet"]).await.unwrap();

@@ -371,6 +371,86 @@ fn a_git_lock_left_behind_by_a_killed_git_is_removed_and_the_run_completes() {
     check(dir.path(), reference, "a lock left behind");
 }
 
+/// `name`'s path on `PATH`.
+#[cfg(unix)]
+fn on_path(name: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").expect("PATH");
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("no {name} on PATH"))
+}
+
+/// Git and rustc killed outright (SIGKILL, as the OOM killer or an operator sends it) are run
+/// again, with a warning: the run's push twice, the first build of the tests once (wrappers on
+/// `PATH` kill themselves). Their deaths are not a step's outcome (a failed push, a compile
+/// error the model would be asked to fix) and cost no attempt: one command completes the
+/// run as the reference did, each state entered once.
+#[cfg(unix)]
+#[test]
+fn git_and_rustc_killed_outright_are_run_again_and_cost_no_attempt() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let reference = &reference().outcome;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let bin = dir.path().join("bin");
+    let marks = dir.path().join("marks");
+    std::fs::create_dir_all(&bin).expect("bin");
+    std::fs::create_dir_all(&marks).expect("marks");
+    let wrapper = |name: &str, killed_when: &str| {
+        let script = format!(
+            "#!/bin/sh\n{killed_when}\nexec '{}' \"$@\"\n",
+            on_path(name).display()
+        );
+        let path = bin.join(name);
+        std::fs::write(&path, script).expect("write a wrapper");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    };
+    let m = marks.display();
+    wrapper(
+        "git",
+        &format!(
+            "if [ \"$1\" = push ]; then case \"$*\" in *refs/heads/loops/*) \
+             mkdir '{m}/push-1' 2>/dev/null && kill -KILL $$; \
+             mkdir '{m}/push-2' 2>/dev/null && kill -KILL $$;; esac; fi"
+        ),
+    );
+    wrapper(
+        "rustc",
+        &format!(
+            "case \" $* \" in *\" --test \"*) mkdir '{m}/rustc' 2>/dev/null && kill -KILL $$;; esac"
+        ),
+    );
+    let workdir = dir.path().join("work");
+    let path = std::env::join_paths(std::iter::once(bin.clone()).chain(std::env::split_paths(
+        &std::env::var_os("PATH").expect("PATH"),
+    )))
+    .expect("PATH");
+    let output = deliver(&workdir)
+        .env("PATH", path)
+        .output()
+        .expect("run the example");
+    assert!(output.status.success(), "{}", describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let warned = |what: &str| {
+        stderr
+            .matches(&format!(
+                "`{what}` was killed (SIGKILL) from outside this program; running it again in 1 s"
+            ))
+            .count()
+    };
+    let push = format!(
+        "git push --quiet {} 504ec5bd1fc579aeecb5d9a689dd16a89c9a65c0:refs/heads/{BRANCH}",
+        workdir.join("remote.git").display()
+    );
+    assert_eq!((warned(&push), warned("rustc --test")), (2, 1), "{stderr}");
+    check(&workdir, reference, "git and rustc killed outright");
+    let counts = entries(&workdir);
+    assert!(counts.values().all(|n| *n == 1), "{counts:?}");
+    for mark in ["push-1", "push-2", "rustc"] {
+        assert!(marks.join(mark).is_dir(), "{mark} was not killed");
+    }
+}
+
 /// SplitMix64: a tiny, seedable generator, so that a failing seed can be replayed.
 struct SplitMix(u64);
 

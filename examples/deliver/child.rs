@@ -1,0 +1,199 @@
+//! The programs this example runs (git, rustc, the demo's tests), and the signals that end
+//! them from outside: a stop meant for this program too ([`await_stop_if_interrupted`]), or a
+//! kill outright ([`output`]). Neither says anything of the command, so neither may become a
+//! step's outcome (a failed git command, a compile error, failing tests).
+
+use std::process::Output;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use tokio::process::Command;
+
+/// How often a command killed outright is run in all before [`output`] gives up, and how long
+/// it waits before each run again.
+const KILLED_TRIES: u32 = 3;
+const KILLED_PAUSE: Duration = Duration::from_secs(1);
+
+/// Runs the command `make` builds and returns its output whatever its exit status, running it
+/// again (a new command from `make`, after [`KILLED_PAUSE`], [`KILLED_TRIES`] runs in all)
+/// while it is killed outright: SIGKILL comes from outside (the OOM killer, an operator, a
+/// container's limit) and says nothing of the command, whose run here is safe to repeat (git
+/// commands this example makes are idempotent, a build and the tests are made again). A death
+/// by SIGINT or SIGTERM waits for this program's own stop first
+/// ([`await_stop_if_interrupted`]). `what` names the command in messages.
+///
+/// # Errors
+/// If the command cannot be started, or is killed outright every time.
+pub async fn output(mut make: impl FnMut() -> Command, what: &str) -> Result<Output> {
+    let mut runs = 1;
+    loop {
+        let output = make()
+            .output()
+            .await
+            .with_context(|| format!("cannot run `{what}`"))?;
+        await_stop_if_interrupted(&output.status).await;
+        if !killed_outright(&output.status) {
+            return Ok(output);
+        }
+        if runs == KILLED_TRIES {
+            bail!(
+                "`{what}` was killed (SIGKILL) {runs} times in a row, from outside this program \
+                 (the OOM killer? a memory limit?)"
+            );
+        }
+        tracing::warn!(
+            runs,
+            "`{what}` was killed (SIGKILL) from outside this program; running it again in {} s",
+            KILLED_PAUSE.as_secs()
+        );
+        runs += 1;
+        tokio::time::sleep(KILLED_PAUSE).await;
+    }
+}
+
+/// Whether `status` is that of a child killed by SIGKILL.
+fn killed_outright(status: &std::process::ExitStatus) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt as _;
+        status.signal() == Some(9)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = status;
+        false
+    }
+}
+
+/// Starts `cmd` in a process group of its own, so that Ctrl-C in a terminal (SIGINT to the
+/// whole foreground group), or a SIGTERM sent to this program's group (`kill -- -PGID`, a
+/// service manager stopping it), reaches this program only: it stops driving and drops the
+/// step (a git command finishes, rustc and the tests are killed). Were the child stopped too,
+/// its failure could be recorded as the step's outcome (a compile error, a failed git
+/// command) before this program saw the signal.
+pub fn own_process_group(cmd: &mut Command) {
+    #[cfg(unix)]
+    cmd.process_group(0);
+    #[cfg(not(unix))]
+    let _ = cmd;
+}
+
+/// How long a step that started a child which died of SIGINT or SIGTERM waits for the same
+/// signal to reach this program ([`await_stop_if_interrupted`]).
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// Whether `status` is that of a child killed by SIGINT or SIGTERM, the two signals this
+/// program stops cleanly on (`main`'s `Interrupt`).
+pub fn died_of_stop_signal(status: &std::process::ExitStatus) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt as _;
+        matches!(status.signal(), Some(2 | 15))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = status;
+        false
+    }
+}
+
+/// If the child whose exit status is `status` died of SIGINT or SIGTERM, waits
+/// [`STOP_GRACE`] before the caller goes on to report it.
+///
+/// A child started in a process group of its own ([`own_process_group`]) moves there in the
+/// instant between its fork and its exec: a Ctrl-C, or a SIGTERM sent to this program's
+/// whole group, that lands in that instant stops it too. Its death must not become the step's
+/// outcome (a failed git command, a compile error recorded as the test report): the same
+/// signal reaches this program, which stops driving and drops the waiting step meanwhile.
+/// The same holds when a service manager stops every process of the service at once (systemd
+/// sends SIGTERM to its whole control group, children in their own process groups
+/// included). A signal sent to the child alone is reported after the wait.
+pub async fn await_stop_if_interrupted(status: &std::process::ExitStatus) {
+    if died_of_stop_signal(status) {
+        tracing::debug!("a child died of SIGINT or SIGTERM: waiting for this program's own");
+        tokio::time::sleep(STOP_GRACE).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_child_killed_by_sigint_or_sigterm_is_told_from_one_that_failed() {
+        use std::os::unix::process::ExitStatusExt as _;
+        let status = |script: &str| {
+            std::process::Command::new("sh")
+                .args(["-c", script])
+                .status()
+                .expect("run sh")
+        };
+        // Deaths by a signal as `wait` reports them (the signal's number as the raw status): a
+        // shell that sends itself SIGINT does not die of it where SIGINT is ignored on entry (a
+        // job started in the background by a non-interactive shell, as some CI runners do).
+        let killed_by = |signal: i32| std::process::ExitStatus::from_raw(signal);
+        assert!(died_of_stop_signal(&killed_by(2))); // SIGINT
+        assert!(died_of_stop_signal(&killed_by(15))); // SIGTERM
+        assert!(!died_of_stop_signal(&killed_by(9))); // SIGKILL
+        assert!(died_of_stop_signal(&status("kill -TERM $$")));
+        assert!(!died_of_stop_signal(&status("kill -KILL $$")));
+        assert!(!died_of_stop_signal(&status("exit 130")));
+        assert!(!died_of_stop_signal(&status("exit 143")));
+        assert!(!died_of_stop_signal(&status("true")));
+    }
+
+    /// `sh -c script` in `dir`, as [`output`] runs it.
+    fn sh(dir: &std::path::Path, script: &str) -> Command {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", script]).current_dir(dir);
+        cmd
+    }
+
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_command_killed_outright_is_run_again_and_its_output_returned() {
+        let dir = tempfile::tempdir().unwrap();
+        // Killed on its first two runs, then it answers.
+        let script = "echo run >> runs; [ $(wc -l < runs) -ge 3 ] && echo done || kill -KILL $$";
+        let output = output(|| sh(dir.path(), script), "the script")
+            .await
+            .unwrap();
+        assert!(output.status.success());
+        assert_eq!(String::from_utf8_lossy(&output.stdout), "done\n");
+        let runs = std::fs::read_to_string(dir.path().join("runs")).unwrap();
+        assert_eq!(runs.lines().count(), 3);
+    }
+
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_command_killed_every_time_is_an_error_and_a_failure_is_not_run_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = output(
+            || sh(dir.path(), "echo run >> runs; kill -KILL $$"),
+            "the script",
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "`the script` was killed (SIGKILL) 3 times in a row, from outside this program \
+             (the OOM killer? a memory limit?)"
+        );
+        let runs = std::fs::read_to_string(dir.path().join("runs")).unwrap();
+        assert_eq!(runs.lines().count(), 3);
+        // A failure of its own (exit 1, a segfault) is the command's outcome: run once.
+        for script in [
+            "echo run >> once; exit 1",
+            "echo run >> once; kill -SEGV $$",
+        ] {
+            std::fs::remove_file(dir.path().join("once")).ok();
+            let failed = output(|| sh(dir.path(), script), "the script")
+                .await
+                .unwrap();
+            assert!(!failed.status.success());
+            let runs = std::fs::read_to_string(dir.path().join("once")).unwrap();
+            assert_eq!(runs.lines().count(), 1, "{script}");
+        }
+    }
+}
