@@ -2571,6 +2571,20 @@ fn missing_empty_foreign_and_corrupt_files_are_one_line_errors() {
         );
     }
     assert_eq!(std::fs::read(&short).unwrap(), b"abc");
+    // Longer, and not a redb file: said not to be a store, in loops' words.
+    let toml = dir.path().join("Cargo.toml");
+    std::fs::write(&toml, "[package]\nname = \"x\"\n").unwrap();
+    for args in [&["check"][..], &["runs"], &["cancel", "x"]] {
+        assert_eq!(
+            fails(&toml, args, 1),
+            format!(
+                "error: cannot open store {}: the file does not start with redb's magic number: it is not a loops store (another kind of file), or its first bytes were overwritten\n",
+                toml.display()
+            ),
+            "loops {args:?}"
+        );
+    }
+    assert_eq!(std::fs::read(&toml).unwrap(), b"[package]\nname = \"x\"\n");
 
     // A FIFO is named as one, on the reading and the writing paths (it never blocks).
     #[cfg(unix)]

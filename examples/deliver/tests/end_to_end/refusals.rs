@@ -456,7 +456,9 @@ fn fresh_never_deletes_what_is_not_a_store() {
     assert_eq!(
         String::from_utf8_lossy(&output.stderr),
         format!(
-            "error: cannot open store {}: Not a redb database: magic number mismatch\n",
+            "error: cannot open store {}: the file does not start with redb's magic number: \
+             it is not a loops store (another kind of file), or its first bytes were \
+             overwritten\n",
             precious.display()
         )
     );

@@ -654,6 +654,17 @@ pub(super) fn open_source(e: redb::DatabaseError) -> crate::BoxError {
                 "the file ends before redb's header does: it is truncated, or not a redb file",
             ))
         }
+        // redb's "Not a redb database: magic number mismatch".
+        redb::DatabaseError::Storage(redb::StorageError::Io(io))
+            if io.kind() == std::io::ErrorKind::InvalidData
+                && io.to_string().contains("magic number") =>
+        {
+            Box::new(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "the file does not start with redb's magic number: it is not a loops store \
+                 (another kind of file), or its first bytes were overwritten",
+            ))
+        }
         redb::DatabaseError::Storage(redb::StorageError::Io(io)) => Box::new(io),
         redb::DatabaseError::Storage(redb::StorageError::Corrupted(what)) => Box::new(
             redb::DatabaseError::Storage(redb::StorageError::Corrupted(length_said(what))),
@@ -693,7 +704,8 @@ mod tests {
     use crate::store::RedbStore;
 
     /// A file too short to hold redb's magic number is said to be so, with its length, by
-    /// the writable and the read-only open; the file is left as it is.
+    /// the writable and the read-only open, and a longer one without it not to be a store;
+    /// the file is left as it is.
     #[test]
     fn a_file_shorter_than_the_magic_number_is_said_too_short() {
         let dir = tempfile::tempdir().unwrap();
@@ -714,6 +726,12 @@ mod tests {
                 b"redb\x1a\x0a\xa9\x0d",
                 "the file is too short to be a loops store (8 bytes; every store starts with \
                  redb's 9-byte magic number): it was cut short, or is not a store"
+                    .to_owned(),
+            ),
+            (
+                b"[package]\nname = \"not-a-store\"\n",
+                "the file does not start with redb's magic number: it is not a loops store \
+                 (another kind of file), or its first bytes were overwritten"
                     .to_owned(),
             ),
         ] {
