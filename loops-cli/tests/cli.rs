@@ -2558,33 +2558,30 @@ fn missing_empty_foreign_and_corrupt_files_are_one_line_errors() {
         )
     );
     // Shorter than redb's magic number: said so, with its length, not as a number mismatch.
-    let short = dir.path().join("short.redb");
-    std::fs::write(&short, "abc").unwrap();
-    for args in [&["check"][..], &["runs"], &["cancel", "x"]] {
-        assert_eq!(
-            fails(&short, args, 1),
-            format!(
-                "error: cannot open store {}: the file is too short to be a loops store (3 bytes; every store starts with redb's 9-byte magic number): it was cut short, or is not a store\n",
-                short.display()
-            ),
-            "loops {args:?}"
-        );
+    // Longer, and not a redb file: said not to be a store, in loops' words. Left as they are.
+    for (name, bytes, why) in [
+        (
+            "short.redb",
+            &b"abc"[..],
+            "the file is too short to be a loops store (3 bytes; every store starts with redb's 9-byte magic number): it was cut short, or is not a store",
+        ),
+        (
+            "Cargo.toml",
+            b"[package]\nname = \"x\"\n",
+            "the file does not start with redb's magic number: it is not a loops store (another kind of file), or its first bytes were overwritten",
+        ),
+    ] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        for args in [&["check"][..], &["runs"], &["cancel", "x"]] {
+            assert_eq!(
+                fails(&path, args, 1),
+                format!("error: cannot open store {}: {why}\n", path.display()),
+                "loops {args:?}"
+            );
+        }
+        assert_eq!(std::fs::read(&path).unwrap(), bytes);
     }
-    assert_eq!(std::fs::read(&short).unwrap(), b"abc");
-    // Longer, and not a redb file: said not to be a store, in loops' words.
-    let toml = dir.path().join("Cargo.toml");
-    std::fs::write(&toml, "[package]\nname = \"x\"\n").unwrap();
-    for args in [&["check"][..], &["runs"], &["cancel", "x"]] {
-        assert_eq!(
-            fails(&toml, args, 1),
-            format!(
-                "error: cannot open store {}: the file does not start with redb's magic number: it is not a loops store (another kind of file), or its first bytes were overwritten\n",
-                toml.display()
-            ),
-            "loops {args:?}"
-        );
-    }
-    assert_eq!(std::fs::read(&toml).unwrap(), b"[package]\nname = \"x\"\n");
 
     // A FIFO is named as one, on the reading and the writing paths (it never blocks).
     #[cfg(unix)]

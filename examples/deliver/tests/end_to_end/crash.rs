@@ -1201,15 +1201,19 @@ fn the_approval_hint_and_an_explicit_auto_approve_approve_a_parked_run() {
     let args: Vec<&str> = again.split_whitespace().collect();
     let workdir_arg = workdir.to_string_lossy();
     assert_eq!(args, ["--workdir", &*workdir_arg, "--approve"], "{again}");
-    let output = Command::new(example())
-        .args(&args)
-        .env("USER", "hint-user")
-        .env_remove(HOLD_VAR)
-        .env_remove(STOP_VAR)
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("run the example");
-    assert!(output.status.success(), "{}", describe(&output));
+    let approve_as = |user: &str| {
+        let output = Command::new(example())
+            .args(&args)
+            .env("USER", user)
+            .env_remove(HOLD_VAR)
+            .env_remove(STOP_VAR)
+            .env_remove("RUST_LOG")
+            .output()
+            .expect("run the example");
+        assert!(output.status.success(), "{}", describe(&output));
+        output
+    };
+    let output = approve_as("hint-user");
     assert!(
         String::from_utf8_lossy(&output.stdout).contains("approved by hint-user"),
         "{}",
@@ -1218,15 +1222,7 @@ fn the_approval_hint_and_an_explicit_auto_approve_approve_a_parked_run() {
     let pull = std::fs::read_to_string(workdir.join("forge/pulls/1.json")).expect("the pull");
     assert!(pull.contains("Approved by hint-user."), "{pull}");
     // Approved again: said, and nothing sent or opened twice.
-    let output = Command::new(example())
-        .args(&args)
-        .env("USER", "late-user")
-        .env_remove(HOLD_VAR)
-        .env_remove(STOP_VAR)
-        .env_remove("RUST_LOG")
-        .output()
-        .expect("run the example");
-    assert!(output.status.success(), "{}", describe(&output));
+    let output = approve_as("late-user");
     assert!(
         String::from_utf8_lossy(&output.stdout).contains(&format!(
             "note: run {RUN_ID} was approved already, by hint-user (event 1, taken at the \
