@@ -1,7 +1,7 @@
 //! The programs this example runs (git, rustc, the demo's tests), and the signals that end
 //! them from outside: a stop meant for this program too ([`await_stop_if_interrupted`]), or a
-//! kill outright ([`output`]). Neither says anything of the command, so neither may become a
-//! step's outcome (a failed git command, a compile error, failing tests).
+//! kill of the child alone ([`output`]). Neither says anything of the command, so neither may
+//! become a step's outcome (a failed git command, a compile error, failing tests).
 
 use std::process::Output;
 use std::time::Duration;
@@ -9,21 +9,23 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 use tokio::process::Command;
 
-/// How often a command killed outright is run in all before [`output`] gives up, and how long
-/// it waits before each run again.
+/// How often a command killed from outside is run in all before [`output`] gives up, and how
+/// long it waits before each run again.
 const KILLED_TRIES: u32 = 3;
 const KILLED_PAUSE: Duration = Duration::from_secs(1);
 
 /// Runs the command `make` builds and returns its output whatever its exit status, running it
 /// again (a new command from `make`, after [`KILLED_PAUSE`], [`KILLED_TRIES`] runs in all)
-/// while it is killed outright: SIGKILL comes from outside (the OOM killer, an operator, a
-/// container's limit) and says nothing of the command, whose run here is safe to repeat (git
+/// while it is killed from outside ([`killed_from_outside`]: SIGKILL from the OOM killer, an
+/// operator or a container's limit; SIGTERM, SIGINT or SIGHUP sent to it alone, `pkill rustc`,
+/// a watchdog), which says nothing of the command, whose run here is safe to repeat (git
 /// commands this example makes are idempotent, a build and the tests are made again). A death
 /// by SIGINT or SIGTERM waits for this program's own stop first
-/// ([`await_stop_if_interrupted`]). `what` names the command in messages.
+/// ([`await_stop_if_interrupted`]): if it comes, this future is dropped. `what` names the
+/// command in messages.
 ///
 /// # Errors
-/// If the command cannot be started, or is killed outright every time.
+/// If the command cannot be started, or is killed from outside every time.
 pub async fn output(mut make: impl FnMut() -> Command, what: &str) -> Result<Output> {
     let mut runs = 1;
     loop {
@@ -32,18 +34,18 @@ pub async fn output(mut make: impl FnMut() -> Command, what: &str) -> Result<Out
             .await
             .with_context(|| format!("cannot run `{what}`"))?;
         await_stop_if_interrupted(&output.status).await;
-        if !killed_outright(&output.status) {
+        let Some(signal) = killed_from_outside(&output.status) else {
             return Ok(output);
-        }
+        };
         if runs == KILLED_TRIES {
             bail!(
-                "`{what}` was killed (SIGKILL) {runs} times in a row, from outside this program \
-                 (the OOM killer? a memory limit?)"
+                "`{what}` was killed ({signal}) {runs} times in a row, from outside this \
+                 program (the OOM killer? a memory limit? a watchdog?)"
             );
         }
         tracing::warn!(
             runs,
-            "`{what}` was killed (SIGKILL) from outside this program; running it again in {} s",
+            "`{what}` was killed ({signal}) from outside this program; running it again in {} s",
             KILLED_PAUSE.as_secs()
         );
         runs += 1;
@@ -51,17 +53,26 @@ pub async fn output(mut make: impl FnMut() -> Command, what: &str) -> Result<Out
     }
 }
 
-/// Whether `status` is that of a child killed by SIGKILL.
-fn killed_outright(status: &std::process::ExitStatus) -> bool {
+/// The signal that killed the child whose exit status is `status`, if it is one that comes
+/// from outside and never from the program itself: SIGKILL, SIGTERM, SIGINT, SIGHUP. A
+/// program's own crash (SIGSEGV, SIGABRT: a test binary that overflows its stack) is its
+/// outcome.
+fn killed_from_outside(status: &std::process::ExitStatus) -> Option<&'static str> {
     #[cfg(unix)]
     {
         use std::os::unix::process::ExitStatusExt as _;
-        status.signal() == Some(9)
+        match status.signal()? {
+            1 => Some("SIGHUP"),
+            2 => Some("SIGINT"),
+            9 => Some("SIGKILL"),
+            15 => Some("SIGTERM"),
+            _ => None,
+        }
     }
     #[cfg(not(unix))]
     {
         let _ = status;
-        false
+        None
     }
 }
 
@@ -107,7 +118,8 @@ pub fn died_of_stop_signal(status: &std::process::ExitStatus) -> bool {
 /// signal reaches this program, which stops driving and drops the waiting step meanwhile.
 /// The same holds when a service manager stops every process of the service at once (systemd
 /// sends SIGTERM to its whole control group, children in their own process groups
-/// included). A signal sent to the child alone is reported after the wait.
+/// included). A signal sent to the child alone is known so after the wait ([`output`] runs
+/// the command again).
 pub async fn await_stop_if_interrupted(status: &std::process::ExitStatus) {
     if died_of_stop_signal(status) {
         tracing::debug!("a child died of SIGINT or SIGTERM: waiting for this program's own");
@@ -154,8 +166,9 @@ mod tests {
     #[tokio::test]
     async fn a_command_killed_outright_is_run_again_and_its_output_returned() {
         let dir = tempfile::tempdir().unwrap();
-        // Killed on its first two runs, then it answers.
-        let script = "echo run >> runs; [ $(wc -l < runs) -ge 3 ] && echo done || kill -KILL $$";
+        // Killed on its first two runs (SIGKILL, then SIGHUP), then it answers.
+        let script = "echo run >> runs; n=$(wc -l < runs); [ $n -ge 3 ] && echo done; \
+                      [ $n -eq 1 ] && kill -KILL $$; [ $n -eq 2 ] && kill -HUP $$; true";
         let output = output(|| sh(dir.path(), script), "the script")
             .await
             .unwrap();
@@ -178,7 +191,7 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "`the script` was killed (SIGKILL) 3 times in a row, from outside this program \
-             (the OOM killer? a memory limit?)"
+             (the OOM killer? a memory limit? a watchdog?)"
         );
         let runs = std::fs::read_to_string(dir.path().join("runs")).unwrap();
         assert_eq!(runs.lines().count(), 3);

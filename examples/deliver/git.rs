@@ -14,12 +14,12 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
 use tokio::process::Command;
 
-use crate::child::{await_stop_if_interrupted, own_process_group};
+use crate::child::own_process_group;
 use crate::workflow::{Change, Commit, Edit};
 
 mod locks;
@@ -34,8 +34,8 @@ pub const COMMIT_DATE: &str = "1735689600 +0000";
 /// The trailer that ties a commit to the journaled step that made it.
 pub const KEY_TRAILER: &str = "Loops-Idempotency-Key";
 
-/// How often a command that found a git lock file taken is tried again, and how long apart.
-const LOCK_RETRIES: u32 = 100;
+/// How long a command that found a git lock file taken is tried again, and how long apart.
+const LOCK_WAIT: Duration = Duration::from_secs(5);
 const LOCK_PAUSE: Duration = Duration::from_millis(50);
 
 /// Checks that git can be run and returns its version line.
@@ -43,20 +43,21 @@ const LOCK_PAUSE: Duration = Duration::from_millis(50);
 /// # Errors
 /// A message saying that git is needed, if it cannot be started.
 pub async fn check_installed() -> Result<String> {
-    let output = Command::new("git")
-        .arg("--version")
-        .stdin(Stdio::null())
-        .output()
+    let version = || {
+        let mut cmd = Command::new("git");
+        cmd.arg("--version").stdin(Stdio::null());
+        cmd
+    };
+    let output = crate::child::output(version, "git --version")
         .await
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "this example needs git, and `git --version` could not run ({e}); install git \
-                 (https://git-scm.com/downloads) and make sure it is on PATH"
-            )
+        .map_err(|e| match e.root_cause().downcast_ref::<std::io::Error>() {
+            Some(cause) => anyhow::anyhow!(
+                "this example needs git, and `git --version` could not run ({cause}); install \
+                 git (https://git-scm.com/downloads) and make sure it is on PATH"
+            ),
+            None => e,
         })?;
     if !output.status.success() {
-        // Stopped with this program (a service manager's SIGTERM to every process).
-        await_stop_if_interrupted(&output.status).await;
         bail!("`git --version` {}", failure(&output));
     }
     Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
@@ -115,46 +116,56 @@ impl Git {
 
     /// Runs `git args...` and returns its output whatever its exit status.
     ///
-    /// A command that fails because a git lock file is taken is tried again for a few
-    /// seconds: when this program is killed while git runs, git itself goes on (it is not
-    /// killed with its parent) and holds `index.lock` until it finishes, possibly while the
-    /// next run of this program starts. If the lock is still there then, and no git can be
-    /// holding it (a git killed outright left it behind: [`locks`]), it is removed, with a
-    /// warning, and the command tried once more. A git killed outright is run again
-    /// ([`crate::child::output`]).
+    /// A command that fails because a git lock file is taken is tried again for
+    /// [`LOCK_WAIT`] (with a warning when the wait begins): when this program is killed
+    /// while git runs, git itself goes on (it is not killed with its parent) and holds
+    /// `index.lock` until it finishes, possibly while the next run of this program starts.
+    /// If the lock is still there then, and no git can be holding it (a git killed outright
+    /// left it behind: [`locks`]), it is removed, with a warning, and the command tried once
+    /// more; a lock on this program's own temporary index ([`with_index`](Self::with_index))
+    /// is removed at once, since no other git uses that index. A git killed outright is run
+    /// again ([`crate::child::output`]).
     pub async fn output(&self, args: &[&str]) -> Result<Output> {
-        let mut tries = 0;
+        let what = format!("git {}", args.join(" "));
+        let mut waiting_since = None;
         let mut removed_lock = false;
         loop {
-            tracing::debug!(dir = %self.dir.display(), "git {}", args.join(" "));
+            tracing::debug!(dir = %self.dir.display(), "{what}");
             let make = || {
                 let mut cmd = self.command();
                 cmd.args(args);
                 cmd
             };
-            let output = crate::child::output(make, &format!("git {}", args.join(" "))).await?;
+            let output = crate::child::output(make, &what).await?;
             let stderr = String::from_utf8_lossy(&output.stderr);
             if output.status.success() || !locks::is_lock_error(&stderr) {
                 return Ok(output);
             }
-            if tries == LOCK_RETRIES {
-                if removed_lock {
-                    return Ok(output);
-                }
-                let Some(lock) = locks::remove_left_behind(&stderr) else {
-                    return Ok(output);
-                };
+            let private = locks::on_index(&stderr, self.index.as_deref());
+            let waited = waiting_since.map_or(Duration::ZERO, |t: Instant| t.elapsed());
+            if !removed_lock
+                && (private || waited >= LOCK_WAIT)
+                && let Some(lock) = locks::remove_left_behind(&stderr, private)
+            {
                 tracing::warn!(
                     lock = %lock.display(),
                     "removed a git lock file no running git holds (a git process killed \
-                     outright left it behind); trying `git {}` again",
-                    args.join(" ")
+                     outright left it behind); trying `{what}` again"
                 );
                 removed_lock = true;
                 continue;
             }
-            tries += 1;
-            tracing::info!(tries, error = %stderr.trim(), "git lock taken, trying again");
+            if waited >= LOCK_WAIT {
+                return Ok(output);
+            }
+            if waiting_since.is_none() {
+                tracing::warn!(
+                    error = %one_line(&stderr),
+                    "`{what}` found a git lock file taken; trying again for up to {} s",
+                    LOCK_WAIT.as_secs()
+                );
+                waiting_since = Some(Instant::now());
+            }
             tokio::time::sleep(LOCK_PAUSE).await;
         }
     }
@@ -385,7 +396,13 @@ impl Git {
         // directory.
         let prefix = format!("{}{}", dir.display(), std::path::MAIN_SEPARATOR);
         index
-            .run(&["checkout-index", "--all", &format!("--prefix={prefix}")])
+            // `--force`: a run again after a git killed outright finds its files there.
+            .run(&[
+                "checkout-index",
+                "--all",
+                "--force",
+                &format!("--prefix={prefix}"),
+            ])
             .await?;
         Ok(())
     }

@@ -21,22 +21,22 @@ pub const CRATE_ROOT: &str = "src/lib.rs";
 /// # Errors
 /// A message saying that the Rust toolchain is needed, if it cannot be started.
 pub async fn check_rustc() -> Result<()> {
-    let output = Command::new("rustc")
-        .arg("--version")
-        .stdin(Stdio::null())
-        .output()
-        .await;
-    match output {
+    let version = || {
+        let mut cmd = Command::new("rustc");
+        cmd.arg("--version").stdin(Stdio::null());
+        cmd
+    };
+    match crate::child::output(version, "rustc --version").await {
         Ok(output) if output.status.success() => Ok(()),
-        Ok(output) => {
-            // Stopped with this program (a service manager's SIGTERM to every process).
-            crate::child::await_stop_if_interrupted(&output.status).await;
-            anyhow::bail!("`rustc --version` {}", crate::git::failure(&output))
-        }
-        Err(e) => anyhow::bail!(
-            "this example builds the demo crate's tests with rustc, and `rustc --version` \
-             could not run ({e}); install Rust (https://rustup.rs) and make sure rustc is on PATH"
-        ),
+        Ok(output) => anyhow::bail!("`rustc --version` {}", crate::git::failure(&output)),
+        Err(e) => match e.root_cause().downcast_ref::<std::io::Error>() {
+            Some(cause) => anyhow::bail!(
+                "this example builds the demo crate's tests with rustc, and `rustc --version` \
+                 could not run ({cause}); install Rust (https://rustup.rs) and make sure rustc \
+                 is on PATH"
+            ),
+            None => Err(e),
+        },
     }
 }
 

@@ -220,6 +220,16 @@ async fn committing_never_touches_the_checkout() {
         std::fs::read_to_string(out.join("a.txt")).unwrap(),
         "zero\nthree\n"
     );
+    // Exported again over a half-written export (a git killed outright, run again): its
+    // files are overwritten, not refused as already there.
+    std::fs::write(out.join("a.txt"), "half").unwrap();
+    git.export(&done.commit.id, &out, &scratch.path().join("index"))
+        .await
+        .unwrap();
+    assert_eq!(
+        std::fs::read_to_string(out.join("a.txt")).unwrap(),
+        "zero\nthree\n"
+    );
     assert_eq!(state().await, before);
 }
 

@@ -335,8 +335,10 @@ fn a_kill_after_any_transition_resumes_to_the_same_result() {
 
 /// A git killed outright (SIGKILL, or SIGTERM before it set up its handlers) while it
 /// pushed leaves its ref lock in the remote for good. The example, stopped before its push
-/// and started again, waits for the lock, finds that no git holds it, removes it with a
-/// warning and pushes: the run ends as the reference did, where git alone would fail it.
+/// and started again, waits for the lock (saying so), finds that no git holds it (a process
+/// that is not git works in the remote, as the shell it was started from may), removes it
+/// with a warning and pushes: the run ends as the reference did, where git alone would fail
+/// it.
 #[cfg(target_os = "linux")]
 #[test]
 fn a_git_lock_left_behind_by_a_killed_git_is_removed_and_the_run_completes() {
@@ -359,11 +361,20 @@ fn a_git_lock_left_behind_by_a_killed_git_is_removed_and_the_run_completes() {
         .expect("open the lock")
         .set_modified(std::time::SystemTime::now() - Duration::from_secs(60))
         .expect("age the lock");
-    let output = deliver(dir.path()).output().expect("run the example");
+    let mut shell = Command::new("sleep")
+        .arg("120")
+        .current_dir(dir.path().join("remote.git"))
+        .spawn()
+        .expect("start a process in the remote");
+    let output = deliver(dir.path()).output();
+    shell.kill().expect("stop the process in the remote");
+    shell.wait().expect("reap it");
+    let output = output.expect("run the example");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{}", describe(&output));
     assert!(
-        stderr.contains("removed a git lock file no running git holds")
+        stderr.contains("found a git lock file taken; trying again for up to 5 s")
+            && stderr.contains("removed a git lock file no running git holds")
             && stderr.contains(&format!("{BRANCH}.lock")),
         "{stderr}"
     );
@@ -381,14 +392,15 @@ fn on_path(name: &str) -> PathBuf {
         .unwrap_or_else(|| panic!("no {name} on PATH"))
 }
 
-/// Git and rustc killed outright (SIGKILL, as the OOM killer or an operator sends it) are run
-/// again, with a warning: the run's push twice, the first build of the tests once (wrappers on
-/// `PATH` kill themselves). Their deaths are not a step's outcome (a failed push, a compile
-/// error the model would be asked to fix) and cost no attempt: one command completes the
-/// run as the reference did, each state entered once.
+/// Git and rustc killed from outside (SIGKILL, as the OOM killer or an operator sends it;
+/// SIGTERM sent to rustc alone, `pkill rustc`) are run again, with a warning: the run's push
+/// twice, the first build of the tests once (wrappers on `PATH` kill themselves). Their
+/// deaths are not a step's outcome (a failed push, an empty compile error that abandoned the
+/// run) and cost no attempt: one command completes the run as the reference did, each state
+/// entered once.
 #[cfg(unix)]
 #[test]
-fn git_and_rustc_killed_outright_are_run_again_and_cost_no_attempt() {
+fn git_and_rustc_killed_from_outside_are_run_again_and_cost_no_attempt() {
     use std::os::unix::fs::PermissionsExt as _;
     let reference = &reference().outcome;
     let dir = tempfile::tempdir().expect("temp dir");
@@ -417,7 +429,7 @@ fn git_and_rustc_killed_outright_are_run_again_and_cost_no_attempt() {
     wrapper(
         "rustc",
         &format!(
-            "case \" $* \" in *\" --test \"*) mkdir '{m}/rustc' 2>/dev/null && kill -KILL $$;; esac"
+            "case \" $* \" in *\" --test \"*) mkdir '{m}/rustc' 2>/dev/null && kill -TERM $$;; esac"
         ),
     );
     let workdir = dir.path().join("work");
@@ -431,10 +443,10 @@ fn git_and_rustc_killed_outright_are_run_again_and_cost_no_attempt() {
         .expect("run the example");
     assert!(output.status.success(), "{}", describe(&output));
     let stderr = String::from_utf8_lossy(&output.stderr);
-    let warned = |what: &str| {
+    let warned = |what: &str, signal: &str| {
         stderr
             .matches(&format!(
-                "`{what}` was killed (SIGKILL) from outside this program; running it again in 1 s"
+                "`{what}` was killed ({signal}) from outside this program; running it again in 1 s"
             ))
             .count()
     };
@@ -442,8 +454,12 @@ fn git_and_rustc_killed_outright_are_run_again_and_cost_no_attempt() {
         "git push --quiet {} 504ec5bd1fc579aeecb5d9a689dd16a89c9a65c0:refs/heads/{BRANCH}",
         workdir.join("remote.git").display()
     );
-    assert_eq!((warned(&push), warned("rustc --test")), (2, 1), "{stderr}");
-    check(&workdir, reference, "git and rustc killed outright");
+    assert_eq!(
+        (warned(&push, "SIGKILL"), warned("rustc --test", "SIGTERM")),
+        (2, 1),
+        "{stderr}"
+    );
+    check(&workdir, reference, "git and rustc killed from outside");
     let counts = entries(&workdir);
     assert!(counts.values().all(|n| *n == 1), "{counts:?}");
     for mark in ["push-1", "push-2", "rustc"] {
