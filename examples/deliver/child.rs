@@ -26,7 +26,21 @@ const KILLED_PAUSE: Duration = Duration::from_secs(1);
 ///
 /// # Errors
 /// If the command cannot be started, or is killed from outside every time.
-pub async fn output(mut make: impl FnMut() -> Command, what: &str) -> Result<Output> {
+pub async fn output(make: impl FnMut() -> Command, what: &str) -> Result<Output> {
+    output_unless_cut_short(make, what, |_| None).await
+}
+
+/// [`output`], for a command that can also end as if by its own failure when it, or a program
+/// of its own, was stopped from outside: `cut_short` tells so from its output (rustc, whose
+/// linker was killed, or which caught a SIGINT, exits 1 with a message), and says how.
+///
+/// # Errors
+/// As [`output`].
+pub async fn output_unless_cut_short(
+    mut make: impl FnMut() -> Command,
+    what: &str,
+    cut_short: impl Fn(&Output) -> Option<&'static str>,
+) -> Result<Output> {
     let mut runs = 1;
     loop {
         let output = make()
@@ -34,18 +48,18 @@ pub async fn output(mut make: impl FnMut() -> Command, what: &str) -> Result<Out
             .await
             .with_context(|| format!("cannot run `{what}`"))?;
         await_stop_if_interrupted(&output.status).await;
-        let Some(signal) = killed_from_outside(&output.status) else {
+        let Some(how) = killed_from_outside(&output.status).or_else(|| cut_short(&output)) else {
             return Ok(output);
         };
         if runs == KILLED_TRIES {
             bail!(
-                "`{what}` was killed ({signal}) {runs} times in a row, from outside this \
-                 program (the OOM killer? a memory limit? a watchdog?)"
+                "`{what}` was killed ({how}) {runs} times in a row, from outside this program \
+                 (the OOM killer? a memory limit? a watchdog?)"
             );
         }
         tracing::warn!(
             runs,
-            "`{what}` was killed ({signal}) from outside this program; running it again in {} s",
+            "`{what}` was killed ({how}) from outside this program; running it again in {} s",
             KILLED_PAUSE.as_secs()
         );
         runs += 1;
@@ -155,6 +169,35 @@ mod tests {
         assert!(!died_of_stop_signal(&status("true")));
     }
 
+    #[cfg(unix)]
+    #[test]
+    fn signals_from_outside_are_told_from_a_program_s_own_crash() {
+        use std::os::unix::process::ExitStatusExt as _;
+        let killed_by = |signal: i32| std::process::ExitStatus::from_raw(signal);
+        let named: Vec<_> = [1, 2, 9, 15, 6, 11]
+            .into_iter()
+            .map(|signal| killed_from_outside(&killed_by(signal)))
+            .collect();
+        assert_eq!(
+            named,
+            [
+                Some("SIGHUP"),
+                Some("SIGINT"),
+                Some("SIGKILL"),
+                Some("SIGTERM"),
+                None, // SIGABRT: a panic that aborts, the program's own
+                None, // SIGSEGV: a stack overflow, the program's own
+            ]
+        );
+        // An exit status (`exit 1`, 137 as a shell reports a killed child) is no signal.
+        for code in [0, 1, 137, 143] {
+            assert_eq!(
+                killed_from_outside(&std::process::ExitStatus::from_raw(code << 8)),
+                None
+            );
+        }
+    }
+
     /// `sh -c script` in `dir`, as [`output`] runs it.
     fn sh(dir: &std::path::Path, script: &str) -> Command {
         let mut cmd = Command::new("sh");
@@ -166,9 +209,10 @@ mod tests {
     #[tokio::test]
     async fn a_command_killed_outright_is_run_again_and_its_output_returned() {
         let dir = tempfile::tempdir().unwrap();
-        // Killed on its first two runs (SIGKILL, then SIGHUP), then it answers.
-        let script = "echo run >> runs; n=$(wc -l < runs); [ $n -ge 3 ] && echo done; \
-                      [ $n -eq 1 ] && kill -KILL $$; [ $n -eq 2 ] && kill -HUP $$; true";
+        // Killed on its first two runs, then it answers. (SIGKILL: a shell can be started
+        // with SIGHUP, SIGINT or SIGTERM ignored, by `nohup` or a CI runner, and then does
+        // not die of them; those are told apart below, from statuses as `wait` reports them.)
+        let script = "echo run >> runs; [ $(wc -l < runs) -ge 3 ] && echo done || kill -KILL $$";
         let output = output(|| sh(dir.path(), script), "the script")
             .await
             .unwrap();

@@ -69,7 +69,8 @@ pub async fn run_tests(git: &Git, commit: &str, scratch: &Path) -> Result<TestRe
         rustc
     };
     // Whether rustc can start was checked at the start ([`check_rustc`]).
-    let compiled = crate::child::output(rustc, "rustc --test").await?;
+    let compiled =
+        crate::child::output_unless_cut_short(rustc, "rustc --test", build_cut_short).await?;
     if !compiled.status.success() {
         let stderr = String::from_utf8_lossy(&compiled.stderr)
             .replace(&build.path().to_string_lossy().into_owned(), "<build>");
@@ -94,6 +95,27 @@ pub async fn run_tests(git: &Git, commit: &str, scratch: &Path) -> Result<TestRe
     let ran = crate::child::output(tests, "the demo's unit tests").await?;
     let stdout = String::from_utf8_lossy(&ran.stdout);
     Ok(parse(&stdout, ran.status.success(), ran.status.code()))
+}
+
+/// How a build of the tests that failed was stopped from outside, if it was, by what rustc
+/// said: its linker (`cc`, `collect2`, `ld`) killed by a signal (rustc then exits 1, saying
+/// so), or a SIGINT it caught (it stops with "compilation was interrupted"). Neither is a
+/// compile error of the code.
+fn build_cut_short(output: &std::process::Output) -> Option<&'static str> {
+    if output.status.success() {
+        return None;
+    }
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if stderr.contains("compilation was interrupted") {
+        Some("SIGINT, which rustc caught")
+    } else if (stderr.contains("linking with `") && stderr.contains("` failed: signal: "))
+        || stderr.contains("terminated with signal")
+        || stderr.contains("Killed signal terminated program")
+    {
+        Some("its linker, by a signal")
+    } else {
+        None
+    }
 }
 
 /// Builds a report from libtest's human-readable output.
@@ -177,6 +199,44 @@ fn strip_thread_id(line: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// rustc's messages when its linker was killed, or it caught a SIGINT (from rustc 1.95,
+    /// gcc and collect2), are a build cut short; a compile error, or success, is not.
+    #[cfg(unix)]
+    #[test]
+    fn a_build_stopped_from_outside_is_told_from_a_compile_error() {
+        use std::os::unix::process::ExitStatusExt as _;
+        let failed = |stderr: &str| std::process::Output {
+            status: std::process::ExitStatus::from_raw(1 << 8),
+            stdout: Vec::new(),
+            stderr: stderr.as_bytes().to_vec(),
+        };
+        let linker = Some("its linker, by a signal");
+        for (stderr, how) in [
+            (
+                "error: linking with `cc` failed: signal: 9 (SIGKILL)\n  |\n  = note: ...",
+                linker,
+            ),
+            (
+                "collect2: fatal error: ld terminated with signal 9 [Killed]",
+                linker,
+            ),
+            (
+                "cc: fatal error: Killed signal terminated program collect2",
+                linker,
+            ),
+            (
+                "error[E0080]: compilation was interrupted\n --> src/lib.rs:3:1",
+                Some("SIGINT, which rustc caught"),
+            ),
+            ("error[E0308]: mismatched types\n --> src/lib.rs:7:5", None),
+        ] {
+            assert_eq!(build_cut_short(&failed(stderr)), how, "{stderr}");
+        }
+        let mut passed = failed("error: linking with `cc` failed: signal: 9 (SIGKILL)");
+        passed.status = std::process::ExitStatus::from_raw(0);
+        assert_eq!(build_cut_short(&passed), None);
+    }
 
     const OUTPUT: &str = "
 running 2 tests

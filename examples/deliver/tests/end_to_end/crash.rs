@@ -393,8 +393,9 @@ fn on_path(name: &str) -> PathBuf {
 }
 
 /// Git and rustc killed from outside (SIGKILL, as the OOM killer or an operator sends it;
-/// SIGTERM sent to rustc alone, `pkill rustc`) are run again, with a warning: the run's push
-/// twice, the first build of the tests once (wrappers on `PATH` kill themselves). Their
+/// SIGTERM sent to rustc alone, `pkill rustc`; rustc's linker killed) are run again, with a
+/// warning: the run's push twice, the first build of the tests once, then its first link
+/// (wrappers on `PATH` kill themselves). Their
 /// deaths are not a step's outcome (a failed push, an empty compile error that abandoned the
 /// run) and cost no attempt: one command completes the run as the reference did, each state
 /// entered once.
@@ -432,6 +433,11 @@ fn git_and_rustc_killed_from_outside_are_run_again_and_cost_no_attempt() {
             "case \" $* \" in *\" --test \"*) mkdir '{m}/rustc' 2>/dev/null && kill -TERM $$;; esac"
         ),
     );
+    // rustc's linker driver: rustc then exits 1, saying its linker died of a signal.
+    wrapper(
+        "cc",
+        &format!("mkdir '{m}/cc' 2>/dev/null && kill -KILL $$"),
+    );
     let workdir = dir.path().join("work");
     let path = std::env::join_paths(std::iter::once(bin.clone()).chain(std::env::split_paths(
         &std::env::var_os("PATH").expect("PATH"),
@@ -455,14 +461,18 @@ fn git_and_rustc_killed_from_outside_are_run_again_and_cost_no_attempt() {
         workdir.join("remote.git").display()
     );
     assert_eq!(
-        (warned(&push, "SIGKILL"), warned("rustc --test", "SIGTERM")),
-        (2, 1),
+        (
+            warned(&push, "SIGKILL"),
+            warned("rustc --test", "SIGTERM"),
+            warned("rustc --test", "its linker, by a signal"),
+        ),
+        (2, 1, 1),
         "{stderr}"
     );
     check(&workdir, reference, "git and rustc killed from outside");
     let counts = entries(&workdir);
     assert!(counts.values().all(|n| *n == 1), "{counts:?}");
-    for mark in ["push-1", "push-2", "rustc"] {
+    for mark in ["push-1", "push-2", "rustc", "cc"] {
         assert!(marks.join(mark).is_dir(), "{mark} was not killed");
     }
 }
