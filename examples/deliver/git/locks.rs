@@ -6,9 +6,10 @@
 //! behind for good: every later command that needs it fails with `Unable to create
 //! '....lock': File exists`, and git says to remove the file by hand. This program removes
 //! such a lock itself when it can tell that no git holds it: no git process (a process whose
-//! name starts with `git`) has its working directory inside the lock's repository (a git
-//! command works in its repository's directory: `git -C`, `git push` to a local path runs
-//! `git-receive-pack` there). That is known on Linux only (`/proc`); elsewhere the lock stays
+//! name starts with `git`) works in the lock's repository (its working directory is in the
+//! repository or in a work tree linked to it, or its arguments or its `GIT_DIR`,
+//! `GIT_COMMON_DIR` or `GIT_WORK_TREE` name a path there), and none of another user, whose
+//! place cannot be read, runs. That is known on Linux only (`/proc`); elsewhere the lock stays
 //! and git's message is the error. A lock on a temporary index of this program's own is
 //! removed without a check: no other git uses that index.
 
@@ -49,8 +50,8 @@ pub(super) fn remove_left_behind(stderr: &str, private: bool) -> Option<PathBuf>
         if modified.elapsed().ok()? < MIN_AGE {
             return None;
         }
-        let repository = repository_of(&lock)?;
-        if git_works_in(&repository)? {
+        let places = repository_places(&lock)?;
+        if git_works_in(&places)? {
             return None;
         }
     }
@@ -65,45 +66,94 @@ fn named_lock(stderr: &str) -> Option<PathBuf> {
     path.ends_with(".lock").then(|| PathBuf::from(path))
 }
 
-/// The directory of the repository `lock` is in, links resolved: the nearest directory above
-/// it that is a git directory (holds `HEAD` and `objects/`), or the work tree holding that
-/// directory if it is named `.git`.
-fn repository_of(lock: &Path) -> Option<PathBuf> {
+/// The places a git working on the repository `lock` is in stands in or names, links
+/// resolved: its git directory (the nearest directory above the lock that holds `HEAD` and
+/// `objects/`), the work tree holding it if it is named `.git`, and the work trees linked to
+/// it (`git worktree`: `worktrees/*/gitdir` names each one's `.git` file). `None` if the lock
+/// is in no repository.
+fn repository_places(lock: &Path) -> Option<Vec<PathBuf>> {
     let lock = std::fs::canonicalize(lock).ok()?;
     let git_dir = lock
         .ancestors()
         .skip(1)
         .find(|dir| dir.join("HEAD").is_file() && dir.join("objects").is_dir())?;
-    Some(if git_dir.file_name().is_some_and(|n| n == ".git") {
-        git_dir.parent()?.to_path_buf()
-    } else {
-        git_dir.to_path_buf()
-    })
+    let mut places = vec![git_dir.to_path_buf()];
+    if git_dir.file_name().is_some_and(|n| n == ".git") {
+        places.push(git_dir.parent()?.to_path_buf());
+    }
+    for linked in std::fs::read_dir(git_dir.join("worktrees"))
+        .into_iter()
+        .flatten()
+    {
+        let Ok(gitfile) = std::fs::read_to_string(linked.ok()?.path().join("gitdir")) else {
+            continue;
+        };
+        if let Some(tree) = Path::new(gitfile.trim()).parent() {
+            places.push(std::fs::canonicalize(tree).unwrap_or_else(|_| tree.to_path_buf()));
+        }
+    }
+    Some(places)
 }
 
 /// Whether a git process (one whose name starts with `git`: `git`, `git-receive-pack`, ...)
-/// has its working directory in `repository` (or below): `None` where that cannot be known.
-/// Other processes there (the shell this program was started from, an editor) hold no git
-/// lock. Processes whose directory cannot be read (another user's) are not counted: this
-/// program's git commands run as its own user.
+/// works in `places` ([`repository_places`]): its working directory is in one, or its
+/// arguments or environment name one ([`names_a_place`]). A git process of another user,
+/// whose working directory cannot be read, counts: it could. `None` where processes cannot
+/// be listed. Other processes (the shell this program was started from, an editor) hold no
+/// git lock.
 #[cfg(target_os = "linux")]
-fn git_works_in(repository: &Path) -> Option<bool> {
+fn git_works_in(places: &[PathBuf]) -> Option<bool> {
     let processes = std::fs::read_dir("/proc").ok()?;
     Some(processes.flatten().any(|entry| {
         let is_pid = entry
             .file_name()
             .to_str()
             .is_some_and(|name| name.bytes().all(|b| b.is_ascii_digit()));
+        let proc_dir = entry.path();
         is_pid
-            && std::fs::read_to_string(entry.path().join("comm"))
+            && std::fs::read_to_string(proc_dir.join("comm"))
                 .is_ok_and(|comm| comm.starts_with("git"))
-            && std::fs::read_link(entry.path().join("cwd"))
-                .is_ok_and(|cwd| cwd.starts_with(repository))
+            && match std::fs::read_link(proc_dir.join("cwd")) {
+                Ok(cwd) => {
+                    places.iter().any(|p| cwd.starts_with(p))
+                        || names_a_place(&proc_dir, &cwd, places)
+                }
+                // Gone meanwhile: holds nothing.
+                Err(e) => e.kind() == std::io::ErrorKind::PermissionDenied,
+            }
     }))
 }
 
+/// Whether the process of `/proc/PID` `proc_dir`, working in `cwd`, names a path in `places`
+/// in an argument (`--git-dir=PATH`, `-C PATH`, a remote's path) or in its `GIT_DIR`,
+/// `GIT_COMMON_DIR` or `GIT_WORK_TREE`, a relative path taken from `cwd`.
+#[cfg(target_os = "linux")]
+fn names_a_place(proc_dir: &Path, cwd: &Path, places: &[PathBuf]) -> bool {
+    let strings = |file: &str| -> Vec<String> {
+        std::fs::read(proc_dir.join(file))
+            .unwrap_or_default()
+            .split(|b| *b == 0)
+            .filter_map(|s| std::str::from_utf8(s).ok().map(str::to_owned))
+            .collect()
+    };
+    let arguments = strings("cmdline").into_iter().map(|arg| {
+        arg.split_once('=')
+            .map_or(arg.clone(), |(_, path)| path.to_owned())
+    });
+    let environment = strings("environ").into_iter().filter_map(|var| {
+        ["GIT_DIR=", "GIT_COMMON_DIR=", "GIT_WORK_TREE="]
+            .iter()
+            .find_map(|name| var.strip_prefix(name).map(str::to_owned))
+    });
+    arguments.chain(environment).any(|path| {
+        let path = cwd.join(path);
+        let path = std::fs::canonicalize(&path).unwrap_or(path);
+        places.iter().any(|p| path.starts_with(p))
+    })
+}
+
 #[cfg(not(target_os = "linux"))]
-fn git_works_in(_repository: &Path) -> Option<bool> {
+fn git_works_in(_places: &[PathBuf]) -> Option<bool> {
     None
 }
 
@@ -171,34 +221,80 @@ mod tests {
         assert!(lock.exists());
     }
 
-    /// A git process working in the repository may hold the lock: it stays. Any other
-    /// process there (a shell) holds none: the lock goes.
+    /// `git-hold`, a script that waits for its input (so a process whose name starts with
+    /// `git`, whatever its arguments), started in `cwd` with `args` and `env`.
+    #[cfg(target_os = "linux")]
+    fn git_process(
+        bin: &Path,
+        cwd: &Path,
+        args: &[&str],
+        env: &[(&str, &Path)],
+    ) -> std::process::Child {
+        use std::os::unix::fs::PermissionsExt as _;
+        let hold = bin.join("git-hold");
+        if !hold.exists() {
+            std::fs::write(&hold, "#!/bin/sh\nwhile read -r _; do :; done\n").unwrap();
+            std::fs::set_permissions(&hold, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        let mut cmd = std::process::Command::new(&hold);
+        cmd.args(args)
+            .current_dir(cwd)
+            .stdin(std::process::Stdio::piped());
+        for (name, value) in env {
+            cmd.env(name, value);
+        }
+        cmd.spawn().unwrap()
+    }
+
+    /// A git process that works in the repository may hold the lock: it stays, whether its
+    /// working directory is there, in a work tree linked to it, or it names the repository
+    /// in an argument or in `GIT_DIR`. Any other process there (a shell) holds none, nor does
+    /// a git elsewhere: the lock goes.
     #[cfg(target_os = "linux")]
     #[test]
     fn a_lock_in_a_repository_a_git_works_in_stays() {
         let (dir, lock) = bare_repository_with_lock(Duration::from_secs(5));
-        let refs = dir.path().join("remote.git/refs");
-        // `git cat-file --batch` waits for its input: a git process working in `refs`.
-        let mut git = std::process::Command::new("git")
-            .args(["cat-file", "--batch"])
-            .current_dir(&refs)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut shell = std::process::Command::new("sleep")
+        let remote = dir.path().join("remote.git");
+        let elsewhere = dir.path().join("elsewhere");
+        let linked = dir.path().join("linked");
+        std::fs::create_dir_all(&elsewhere).unwrap();
+        std::fs::create_dir_all(&linked).unwrap();
+        std::fs::create_dir_all(remote.join("worktrees/linked")).unwrap();
+        std::fs::write(
+            remote.join("worktrees/linked/gitdir"),
+            format!("{}\n", linked.join(".git").display()),
+        )
+        .unwrap();
+        let bin = dir.path();
+        let remote_arg = format!("--git-dir={}", remote.display());
+        let holders: [(&Path, &[&str], &[(&str, &Path)]); 5] = [
+            (&remote.join("refs"), &[], &[]),
+            (&linked, &[], &[]),
+            (&elsewhere, &[&remote_arg], &[]),
+            (&elsewhere, &["../remote.git"], &[]),
+            (&elsewhere, &[], &[("GIT_DIR", &remote)]),
+        ];
+        for (i, (cwd, args, env)) in holders.into_iter().enumerate() {
+            // One at a time: each alone keeps the lock.
+            let mut holder = git_process(bin, cwd, args, env);
+            let kept = remove_left_behind(&error_naming(&lock), false);
+            holder.kill().unwrap();
+            holder.wait().unwrap();
+            assert_eq!(kept, None, "holder {i}");
+            assert!(lock.exists());
+        }
+        let shell = std::process::Command::new("sleep")
             .arg("30")
-            .current_dir(&refs)
+            .current_dir(remote.join("refs"))
             .spawn()
             .unwrap();
-        let kept = remove_left_behind(&error_naming(&lock), false);
-        git.kill().unwrap();
-        git.wait().unwrap();
+        let git_elsewhere = git_process(bin, &elsewhere, &["push"], &[]);
         let removed = remove_left_behind(&error_naming(&lock), false);
-        shell.kill().unwrap();
-        shell.wait().unwrap();
-        assert_eq!((kept, removed), (None, Some(lock.clone())));
+        for mut process in [shell, git_elsewhere] {
+            process.kill().unwrap();
+            process.wait().unwrap();
+        }
+        assert_eq!(removed, Some(lock.clone()));
         assert!(!lock.exists());
     }
 
