@@ -47,6 +47,13 @@ pub async fn output_unless_cut_short(
             .output()
             .await
             .with_context(|| format!("cannot run `{what}`"))?;
+        if died_of_stop_signal(&output.status) {
+            tracing::warn!(
+                "`{what}` died of SIGINT or SIGTERM: waiting up to {} s for this program's own \
+                 stop (as when a whole service is stopped) before running it again",
+                STOP_GRACE.as_secs()
+            );
+        }
         await_stop_if_interrupted(&output.status).await;
         let Some(how) = killed_from_outside(&output.status).or_else(|| cut_short(&output)) else {
             return Ok(output);

@@ -123,8 +123,9 @@ impl Git {
     /// If the lock is still there then, and no git can be holding it (a git killed outright
     /// left it behind: [`locks`]), it is removed, with a warning, and the command tried once
     /// more; a lock on this program's own temporary index ([`with_index`](Self::with_index))
-    /// is removed at once, since no other git uses that index. A git killed outright is run
-    /// again ([`crate::child::output`]).
+    /// is removed at once, since no other git uses that index. A git killed from outside, or
+    /// whose other end was ([`cut_short`]), is run again
+    /// ([`crate::child::output_unless_cut_short`]).
     pub async fn output(&self, args: &[&str]) -> Result<Output> {
         let what = format!("git {}", args.join(" "));
         let mut waiting_since = None;
@@ -136,24 +137,30 @@ impl Git {
                 cmd.args(args);
                 cmd
             };
-            let output = crate::child::output(make, &what).await?;
+            let output = crate::child::output_unless_cut_short(make, &what, cut_short).await?;
             let stderr = String::from_utf8_lossy(&output.stderr);
             if output.status.success() || !locks::is_lock_error(&stderr) {
                 return Ok(output);
             }
             let private = locks::on_index(&stderr, self.index.as_deref());
             let waited = waiting_since.map_or(Duration::ZERO, |t: Instant| t.elapsed());
-            if !removed_lock
-                && (private || waited >= LOCK_WAIT)
-                && let Some(lock) = locks::remove_left_behind(&stderr, private)
-            {
-                tracing::warn!(
-                    lock = %lock.display(),
-                    "removed a git lock file no running git holds (a git process killed \
-                     outright left it behind); trying `{what}` again"
-                );
-                removed_lock = true;
-                continue;
+            if !removed_lock && (private || waited >= LOCK_WAIT) {
+                match locks::remove_left_behind(&stderr, private) {
+                    Ok(lock) => {
+                        tracing::warn!(
+                            lock = %lock.display(),
+                            "removed a git lock file no running git holds (a git process \
+                             killed outright left it behind); trying `{what}` again"
+                        );
+                        removed_lock = true;
+                        continue;
+                    }
+                    Err(Some(holder)) => tracing::warn!(
+                        "kept the git lock file `{what}` waits for: {holder} works in its \
+                         repository and may hold it"
+                    ),
+                    Err(None) => {}
+                }
             }
             if waited >= LOCK_WAIT {
                 return Ok(output);
@@ -488,6 +495,16 @@ fn command(dir: &Path) -> Command {
     // seconds of waiting, and on Linux only).
     own_process_group(&mut cmd);
     cmd
+}
+
+/// How a git command that failed was cut short from outside, if it was: the other end of a
+/// push or fetch (`git-receive-pack`, `git-upload-pack`, its own child) killed, which git
+/// says as a hang-up, not as its own death by a signal.
+fn cut_short(output: &Output) -> Option<&'static str> {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let hung_up = stderr.contains("the remote end hung up unexpectedly")
+        || stderr.contains("unexpected disconnect");
+    (!output.status.success() && hung_up).then_some("its other end, which hung up")
 }
 
 fn null_device() -> &'static str {

@@ -39,24 +39,28 @@ pub(super) fn on_index(stderr: &str, index: Option<&Path>) -> bool {
 }
 
 /// Removes the lock file git's `stderr` names if no git process can hold it (module docs),
-/// and returns its path; `None` if `stderr` names none, the lock is gone, is younger than
-/// [`MIN_AGE`], a git works in its repository, or this cannot be known here. `private`: the
-/// lock is on a temporary index of this program's own ([`on_index`]), removed without a
-/// check.
-pub(super) fn remove_left_behind(stderr: &str, private: bool) -> Option<PathBuf> {
-    let lock = named_lock(stderr)?;
+/// and returns its path. `private`: the lock is on a temporary index of this program's own
+/// ([`on_index`]), removed without a check.
+///
+/// # Errors
+/// `Some` with the git process that may hold the lock (its pid, name and working directory),
+/// which is kept; `None` if `stderr` names no lock, the lock is gone, is younger than
+/// [`MIN_AGE`], is in no repository, or whether a git holds it cannot be known here.
+pub(super) fn remove_left_behind(stderr: &str, private: bool) -> Result<PathBuf, Option<String>> {
+    let lock = named_lock(stderr).ok_or(None)?;
     if !private {
-        let modified = std::fs::metadata(&lock).ok()?.modified().ok()?;
-        if modified.elapsed().ok()? < MIN_AGE {
-            return None;
+        let modified = std::fs::metadata(&lock).and_then(|m| m.modified());
+        let age = modified.ok().and_then(|m| m.elapsed().ok()).ok_or(None)?;
+        if age < MIN_AGE {
+            return Err(None);
         }
-        let places = repository_places(&lock)?;
-        if git_works_in(&places)? {
-            return None;
+        let places = repository_places(&lock).ok_or(None)?;
+        if let Some(holder) = git_working_in(&places).ok_or(None)? {
+            return Err(Some(holder));
         }
     }
-    std::fs::remove_file(&lock).ok()?;
-    Some(lock)
+    std::fs::remove_file(&lock).map_err(|_| None)?;
+    Ok(lock)
 }
 
 /// The lock file in git's "Unable to create '<path>': File exists" (a `.lock` file).
@@ -95,32 +99,37 @@ fn repository_places(lock: &Path) -> Option<Vec<PathBuf>> {
     Some(places)
 }
 
-/// Whether a git process (one whose name starts with `git`: `git`, `git-receive-pack`, ...)
-/// works in `places` ([`repository_places`]): its working directory is in one, or its
-/// arguments or environment name one ([`names_a_place`]). A git process of another user,
-/// whose working directory cannot be read, counts: it could. `None` where processes cannot
-/// be listed. Other processes (the shell this program was started from, an editor) hold no
-/// git lock.
+/// A git process (one whose name starts with `git`: `git`, `git-receive-pack`, ...) that
+/// works in `places` ([`repository_places`]), described (pid, name, working directory): its
+/// working directory is in one, or its arguments or environment name one
+/// ([`names_a_place`]). A git process of another user, whose working directory cannot be
+/// read, counts: it could. `None` inside where there is none; `None` outside where processes
+/// cannot be listed. Other processes (the shell this program was started from, an editor)
+/// hold no git lock.
 #[cfg(target_os = "linux")]
-fn git_works_in(places: &[PathBuf]) -> Option<bool> {
+fn git_working_in(places: &[PathBuf]) -> Option<Option<String>> {
     let processes = std::fs::read_dir("/proc").ok()?;
-    Some(processes.flatten().any(|entry| {
-        let is_pid = entry
-            .file_name()
-            .to_str()
-            .is_some_and(|name| name.bytes().all(|b| b.is_ascii_digit()));
+    Some(processes.flatten().find_map(|entry| {
+        let pid = entry.file_name().into_string().ok()?;
+        if !pid.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
         let proc_dir = entry.path();
-        is_pid
-            && std::fs::read_to_string(proc_dir.join("comm"))
-                .is_ok_and(|comm| comm.starts_with("git"))
-            && match std::fs::read_link(proc_dir.join("cwd")) {
-                Ok(cwd) => {
-                    places.iter().any(|p| cwd.starts_with(p))
-                        || names_a_place(&proc_dir, &cwd, places)
-                }
-                // Gone meanwhile: holds nothing.
-                Err(e) => e.kind() == std::io::ErrorKind::PermissionDenied,
+        let comm = std::fs::read_to_string(proc_dir.join("comm")).ok()?;
+        let comm = comm.trim_end();
+        if !comm.starts_with("git") {
+            return None;
+        }
+        match std::fs::read_link(proc_dir.join("cwd")) {
+            Ok(cwd) => (places.iter().any(|p| cwd.starts_with(p))
+                || names_a_place(&proc_dir, &cwd, places))
+            .then(|| format!("git process {pid} ({comm}, in {})", cwd.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
+                Some(format!("git process {pid} ({comm}) of another user"))
             }
+            // Gone meanwhile: holds nothing.
+            Err(_) => None,
+        }
     }))
 }
 
@@ -153,7 +162,7 @@ fn names_a_place(proc_dir: &Path, cwd: &Path, places: &[PathBuf]) -> bool {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn git_works_in(_places: &[PathBuf]) -> Option<bool> {
+fn git_working_in(_places: &[PathBuf]) -> Option<Option<String>> {
     None
 }
 
@@ -206,18 +215,18 @@ mod tests {
     fn a_lock_no_process_can_hold_is_removed() {
         let (_dir, lock) = bare_repository_with_lock(Duration::from_secs(5));
         assert_eq!(
-            remove_left_behind(&error_naming(&lock), false),
+            remove_left_behind(&error_naming(&lock), false).ok(),
             Some(lock.clone())
         );
         assert!(!lock.exists());
         // Gone: nothing more to remove.
-        assert_eq!(remove_left_behind(&error_naming(&lock), false), None);
+        assert_eq!(remove_left_behind(&error_naming(&lock), false).ok(), None);
     }
 
     #[test]
     fn a_lock_made_a_moment_ago_stays() {
         let (_dir, lock) = bare_repository_with_lock(Duration::ZERO);
-        assert_eq!(remove_left_behind(&error_naming(&lock), false), None);
+        assert_eq!(remove_left_behind(&error_naming(&lock), false).ok(), None);
         assert!(lock.exists());
     }
 
@@ -243,7 +252,18 @@ mod tests {
         for (name, value) in env {
             cmd.env(name, value);
         }
-        cmd.spawn().unwrap()
+        let mut child = cmd.spawn().unwrap();
+        // Until it runs the script, the child bears the name of this test's thread.
+        let comm = Path::new("/proc").join(child.id().to_string()).join("comm");
+        for _ in 0..5_000 {
+            if std::fs::read_to_string(&comm).is_ok_and(|c| c.trim_end() == "git-hold") {
+                return child;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
+        panic!("git-hold did not start");
     }
 
     /// A git process that works in the repository may hold the lock: it stays, whether its
@@ -267,7 +287,8 @@ mod tests {
         .unwrap();
         let bin = dir.path();
         let remote_arg = format!("--git-dir={}", remote.display());
-        let holders: [(&Path, &[&str], &[(&str, &Path)]); 5] = [
+        type Holder<'a> = (&'a Path, &'a [&'a str], &'a [(&'a str, &'a Path)]);
+        let holders: [Holder; 5] = [
             (&remote.join("refs"), &[], &[]),
             (&linked, &[], &[]),
             (&elsewhere, &[&remote_arg], &[]),
@@ -280,7 +301,12 @@ mod tests {
             let kept = remove_left_behind(&error_naming(&lock), false);
             holder.kill().unwrap();
             holder.wait().unwrap();
-            assert_eq!(kept, None, "holder {i}");
+            let named = format!("git process {} (git-hold, in ", holder.id());
+            assert!(
+                kept.as_ref()
+                    .is_err_and(|h| h.as_ref().is_some_and(|h| h.starts_with(&named))),
+                "holder {i}: {kept:?}"
+            );
             assert!(lock.exists());
         }
         let shell = std::process::Command::new("sleep")
@@ -289,7 +315,7 @@ mod tests {
             .spawn()
             .unwrap();
         let git_elsewhere = git_process(bin, &elsewhere, &["push"], &[]);
-        let removed = remove_left_behind(&error_naming(&lock), false);
+        let removed = remove_left_behind(&error_naming(&lock), false).ok();
         for mut process in [shell, git_elsewhere] {
             process.kill().unwrap();
             process.wait().unwrap();
@@ -309,8 +335,8 @@ mod tests {
         assert!(!on_index(&said, Some(&dir.path().join("other"))));
         assert!(!on_index(&said, None));
         // Not in a repository, and made a moment ago: kept unless private.
-        assert_eq!(remove_left_behind(&said, false), None);
-        assert_eq!(remove_left_behind(&said, true), Some(lock.clone()));
+        assert_eq!(remove_left_behind(&said, false).ok(), None);
+        assert_eq!(remove_left_behind(&said, true).ok(), Some(lock.clone()));
         assert!(!lock.exists());
     }
 
@@ -322,7 +348,7 @@ mod tests {
         let file = std::fs::File::options().write(true).open(&lock).unwrap();
         file.set_modified(std::time::SystemTime::now() - Duration::from_secs(5))
             .unwrap();
-        assert_eq!(remove_left_behind(&error_naming(&lock), false), None);
+        assert_eq!(remove_left_behind(&error_naming(&lock), false).ok(), None);
         assert!(lock.exists());
     }
 }

@@ -233,6 +233,29 @@ async fn committing_never_touches_the_checkout() {
     assert_eq!(state().await, before);
 }
 
+/// A push whose `git-receive-pack` was killed (git's own messages, from a kill of it) is cut
+/// short from outside; a refused push, or a success, is not.
+#[cfg(unix)]
+#[test]
+fn a_push_whose_other_end_was_killed_is_told_from_a_refusal() {
+    use std::os::unix::process::ExitStatusExt as _;
+    let ended = |code: i32, stderr: &str| Output {
+        status: std::process::ExitStatus::from_raw(code << 8),
+        stdout: Vec::new(),
+        stderr: stderr.as_bytes().to_vec(),
+    };
+    let killed = "Killed\nsend-pack: unexpected disconnect while reading sideband packet\n\
+                  fatal: the remote end hung up unexpectedly\n";
+    assert_eq!(
+        cut_short(&ended(1, killed)),
+        Some("its other end, which hung up")
+    );
+    let refused = " ! [rejected]        x -> x (non-fast-forward)\n\
+                   error: failed to push some refs to '/w/remote.git'\n";
+    assert_eq!(cut_short(&ended(1, refused)), None);
+    assert_eq!(cut_short(&ended(0, killed)), None);
+}
+
 #[test]
 fn messages_are_put_on_one_line() {
     assert_eq!(
