@@ -47,14 +47,7 @@ pub async fn output_unless_cut_short(
             .output()
             .await
             .with_context(|| format!("cannot run `{what}`"))?;
-        if died_of_stop_signal(&output.status) {
-            tracing::warn!(
-                "`{what}` died of SIGINT or SIGTERM: waiting up to {} s for this program's own \
-                 stop (as when a whole service is stopped) before running it again",
-                STOP_GRACE.as_secs()
-            );
-        }
-        await_stop_if_interrupted(&output.status).await;
+        await_stop_if_interrupted(&output.status, what).await;
         let Some(how) = killed_from_outside(&output.status).or_else(|| cut_short(&output)) else {
             return Ok(output);
         };
@@ -141,10 +134,20 @@ pub fn died_of_stop_signal(status: &std::process::ExitStatus) -> bool {
 /// sends SIGTERM to its whole control group, children in their own process groups
 /// included). A signal sent to the child alone is known so after the wait ([`output`] runs
 /// the command again).
-pub async fn await_stop_if_interrupted(status: &std::process::ExitStatus) {
+///
+/// Past its first 3 s (by when a stop sent with the child's would have come), the wait is said
+/// in a warning naming the child (`what`): it was stopped alone.
+pub async fn await_stop_if_interrupted(status: &std::process::ExitStatus, what: &str) {
     if died_of_stop_signal(status) {
-        tracing::debug!("a child died of SIGINT or SIGTERM: waiting for this program's own");
-        tokio::time::sleep(STOP_GRACE).await;
+        tracing::debug!("`{what}` died of SIGINT or SIGTERM: waiting for this program's own");
+        let first = Duration::from_secs(3).min(STOP_GRACE);
+        tokio::time::sleep(first).await;
+        tracing::warn!(
+            "`{what}` died of SIGINT or SIGTERM and this program was not stopped with it: \
+             waiting {} s more for this program's own stop before going on",
+            (STOP_GRACE - first).as_secs()
+        );
+        tokio::time::sleep(STOP_GRACE - first).await;
     }
 }
 
