@@ -110,7 +110,9 @@ fn build_cut_short(output: &std::process::Output) -> Option<&'static str> {
         Some("SIGINT, which rustc caught")
     } else if (stderr.contains("linking with `") && stderr.contains("` failed: signal: "))
         || stderr.contains("terminated with signal")
-        || stderr.contains("Killed signal terminated program")
+        // gcc's "<Name> signal terminated program collect2" (Killed, Terminated, Interrupt,
+        // Hangup, ...).
+        || stderr.contains(" signal terminated program ")
     {
         Some("its linker, by a signal")
     } else {
@@ -223,6 +225,18 @@ mod tests {
             ),
             (
                 "cc: fatal error: Killed signal terminated program collect2",
+                linker,
+            ),
+            (
+                "cc: fatal error: Terminated signal terminated program collect2",
+                linker,
+            ),
+            (
+                "cc: fatal error: Interrupt signal terminated program collect2",
+                linker,
+            ),
+            (
+                "cc: internal compiler error: Hangup signal terminated program collect2",
                 linker,
             ),
             (

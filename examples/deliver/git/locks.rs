@@ -145,9 +145,11 @@ fn names_a_place(proc_dir: &Path, cwd: &Path, places: &[PathBuf]) -> bool {
             .filter_map(|s| std::str::from_utf8(s).ok().map(str::to_owned))
             .collect()
     };
-    let arguments = strings("cmdline").into_iter().map(|arg| {
-        arg.split_once('=')
-            .map_or(arg.clone(), |(_, path)| path.to_owned())
+    // An argument as a whole (`--git-dir PATH`, a remote's path: a path may hold `=`), and
+    // what follows its first `=` (`--git-dir=PATH`).
+    let arguments = strings("cmdline").into_iter().flat_map(|arg| {
+        let value = arg.split_once('=').map(|(_, path)| path.to_owned());
+        std::iter::once(arg).chain(value)
     });
     let environment = strings("environ").into_iter().filter_map(|var| {
         ["GIT_DIR=", "GIT_COMMON_DIR=", "GIT_WORK_TREE="]
@@ -189,9 +191,11 @@ mod tests {
         assert_eq!(named_lock("fatal: not a git repository"), None);
     }
 
+    /// A bare repository `a=b/remote.git` (a `=` in its path) in a temporary directory,
+    /// with a ref lock `age` old.
     fn bare_repository_with_lock(age: Duration) -> (tempfile::TempDir, PathBuf) {
         let dir = tempfile::tempdir().unwrap();
-        let remote = dir.path().join("remote.git");
+        let remote = dir.path().join("a=b/remote.git");
         std::fs::create_dir_all(remote.join("objects")).unwrap();
         std::fs::create_dir_all(remote.join("refs/heads/loops")).unwrap();
         std::fs::write(remote.join("HEAD"), "ref: refs/heads/main\n").unwrap();
@@ -274,7 +278,8 @@ mod tests {
     #[test]
     fn a_lock_in_a_repository_a_git_works_in_stays() {
         let (dir, lock) = bare_repository_with_lock(Duration::from_secs(5));
-        let remote = dir.path().join("remote.git");
+        let remote = dir.path().join("a=b/remote.git");
+        let remote_path = remote.to_str().unwrap();
         let elsewhere = dir.path().join("elsewhere");
         let linked = dir.path().join("linked");
         std::fs::create_dir_all(&elsewhere).unwrap();
@@ -288,11 +293,12 @@ mod tests {
         let bin = dir.path();
         let remote_arg = format!("--git-dir={}", remote.display());
         type Holder<'a> = (&'a Path, &'a [&'a str], &'a [(&'a str, &'a Path)]);
-        let holders: [Holder; 5] = [
+        let holders: [Holder; 6] = [
             (&remote.join("refs"), &[], &[]),
             (&linked, &[], &[]),
             (&elsewhere, &[&remote_arg], &[]),
-            (&elsewhere, &["../remote.git"], &[]),
+            (&elsewhere, &["--git-dir", remote_path], &[]),
+            (&elsewhere, &["../a=b/remote.git"], &[]),
             (&elsewhere, &[], &[("GIT_DIR", &remote)]),
         ];
         for (i, (cwd, args, env)) in holders.into_iter().enumerate() {
