@@ -67,6 +67,35 @@ pub async fn output_unless_cut_short(
     }
 }
 
+/// Runs `program --version` ([`output`]: run again if killed from outside) and returns what
+/// it printed, trimmed: a check, at the start, that a program this example needs is there.
+/// `needs` says what it is needed for and `install` how to install it, for the error.
+///
+/// # Errors
+/// If the program cannot be started (named with `needs` and `install`), fails, or is killed
+/// every time.
+pub async fn version_of(program: &str, needs: &str, install: &str) -> Result<String> {
+    let version = || {
+        let mut cmd = Command::new(program);
+        cmd.arg("--version").stdin(std::process::Stdio::null());
+        cmd
+    };
+    let what = format!("{program} --version");
+    let output = output(version, &what).await.map_err(|e| {
+        match e.root_cause().downcast_ref::<std::io::Error>() {
+            Some(cause) => anyhow::anyhow!(
+                "{needs}, and `{what}` could not run ({cause}); {install} and make sure \
+                 {program} is on PATH"
+            ),
+            None => e,
+        }
+    })?;
+    if !output.status.success() {
+        bail!("`{what}` {}", crate::git::failure(&output));
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
+}
+
 /// The signal that killed the child whose exit status is `status`, if it is one that comes
 /// from outside and never from the program itself: SIGKILL, SIGTERM, SIGINT, SIGHUP. A
 /// program's own crash (SIGSEGV, SIGABRT: a test binary that overflows its stack) is its

@@ -43,24 +43,12 @@ const LOCK_PAUSE: Duration = Duration::from_millis(50);
 /// # Errors
 /// A message saying that git is needed, if it cannot be started.
 pub async fn check_installed() -> Result<String> {
-    let version = || {
-        let mut cmd = Command::new("git");
-        cmd.arg("--version").stdin(Stdio::null());
-        cmd
-    };
-    let output = crate::child::output(version, "git --version")
-        .await
-        .map_err(|e| match e.root_cause().downcast_ref::<std::io::Error>() {
-            Some(cause) => anyhow::anyhow!(
-                "this example needs git, and `git --version` could not run ({cause}); install \
-                 git (https://git-scm.com/downloads) and make sure it is on PATH"
-            ),
-            None => e,
-        })?;
-    if !output.status.success() {
-        bail!("`git --version` {}", failure(&output));
-    }
-    Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
+    crate::child::version_of(
+        "git",
+        "this example needs git",
+        "install git (https://git-scm.com/downloads)",
+    )
+    .await
 }
 
 /// A git repository (a work tree or a bare repository) that commands run in.

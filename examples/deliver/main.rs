@@ -299,16 +299,13 @@ async fn run(cli: Cli) -> Result<Ended> {
     if cli.dry_run {
         return dry_run(&cli).await.map(|()| Ended::Done);
     }
+    let store = project::store_path(&cli.workdir, cli.store.as_deref());
     if cli.approve || cli.retry {
-        let store = cli.store.clone();
-        let store = store.unwrap_or_else(|| cli.workdir.join("deliver.redb"));
         // No store, no run: refused before a store or a work directory is made.
         ensure!(store.exists(), place::no_such_run(&cli, &store));
     }
     if cli.approve {
         // Another `deliver --serve` holds the store: it takes the approval instead.
-        let store = cli.store.clone();
-        let store = store.unwrap_or_else(|| cli.workdir.join("deliver.redb"));
         if let Some(said) = approval::through_the_serving_process(&store, &cli.run_id).await? {
             say!("{said}");
             return Ok(Ended::Done);
@@ -543,10 +540,7 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
 /// store (`Runtime::dry_run`), writing nothing: the store is opened read-only, no work
 /// directory is made, and a missing store is not created.
 async fn dry_run(cli: &Cli) -> Result<()> {
-    let store = match &cli.store {
-        Some(store) => store.clone(),
-        None => cli.workdir.join("deliver.redb"),
-    };
+    let store = project::store_path(&cli.workdir, cli.store.as_deref());
     if !store.exists() {
         say!("no store at {}: no run to drive", store.display());
         return Ok(());
@@ -759,10 +753,7 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
 /// Prints where the run is stored, its id, its repository if recorded, and the model;
 /// returns the store's path as shown.
 fn say_where(cli: &Cli, paths: &Paths, model: &AnyModel) -> PathBuf {
-    let shown_store = cli
-        .store
-        .clone()
-        .unwrap_or_else(|| cli.workdir.join("deliver.redb"));
+    let shown_store = project::store_path(&cli.workdir, cli.store.as_deref());
     say!("store:  {}", shown_store.display());
     say!("run id: {}", cli.run_id);
     if paths.repo_recorded {

@@ -69,7 +69,7 @@ impl Paths {
             );
         }
         let workdir = resolved(&self.workdir);
-        let default = self.workdir.join("deliver.redb");
+        let default = self.workdir.join(crate::project::STORE_FILE);
         // The work directory first: the default store is inside it.
         let checks = [
             (

@@ -100,11 +100,19 @@ pub const MARKER: &str = ".loops-deliver-workdir";
 /// lock, the approval wishes).
 const OWN_PREFIX: &str = ".loops-deliver-";
 
+/// The store's file name in a work directory, where `--store` does not name another.
+pub const STORE_FILE: &str = "deliver.redb";
+
+/// The store `store` names (`--store`), else [`STORE_FILE`] in `workdir`.
+pub fn store_path(workdir: &Path, store: Option<&Path>) -> PathBuf {
+    store.map_or_else(|| workdir.join(STORE_FILE), Path::to_path_buf)
+}
+
 impl Paths {
     /// The layout under `workdir`, with the store and the repository where given.
     pub fn new(workdir: PathBuf, store: Option<PathBuf>, repo: Option<PathBuf>) -> Self {
         Paths {
-            store: store.unwrap_or_else(|| workdir.join("deliver.redb")),
+            store: store.unwrap_or_else(|| workdir.join(STORE_FILE)),
             repo_given: repo.is_some(),
             repo_recorded: false,
             repo: repo.unwrap_or_else(|| workdir.join("repo")),

@@ -21,23 +21,13 @@ pub const CRATE_ROOT: &str = "src/lib.rs";
 /// # Errors
 /// A message saying that the Rust toolchain is needed, if it cannot be started.
 pub async fn check_rustc() -> Result<()> {
-    let version = || {
-        let mut cmd = Command::new("rustc");
-        cmd.arg("--version").stdin(Stdio::null());
-        cmd
-    };
-    match crate::child::output(version, "rustc --version").await {
-        Ok(output) if output.status.success() => Ok(()),
-        Ok(output) => anyhow::bail!("`rustc --version` {}", crate::git::failure(&output)),
-        Err(e) => match e.root_cause().downcast_ref::<std::io::Error>() {
-            Some(cause) => anyhow::bail!(
-                "this example builds the demo crate's tests with rustc, and `rustc --version` \
-                 could not run ({cause}); install Rust (https://rustup.rs) and make sure rustc \
-                 is on PATH"
-            ),
-            None => Err(e),
-        },
-    }
+    crate::child::version_of(
+        "rustc",
+        "this example builds the demo crate's tests with rustc",
+        "install Rust (https://rustup.rs)",
+    )
+    .await
+    .map(drop)
 }
 
 /// Writes the files of `commit` to a fresh directory under `scratch` (the checkout is never
