@@ -547,6 +547,12 @@ async fn writes_of_many_runs_queued_together_commit_in_one_statement_each_on_its
             "{reply:?}"
         );
     }
+    // r03's task counts its fallback when it is next polled, which on a loaded machine may
+    // be after the others' replies came back: wait for it (it is declined in any case).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while store.commit_counts().fell_back < 3 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let counts = store.commit_counts();
     assert_eq!((counts.one_round_trip, counts.fell_back), (42, 3));
     assert_eq!(counts.batches - batches, 2);
