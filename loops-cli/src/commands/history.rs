@@ -148,7 +148,7 @@ pub fn run(target: &Target, args: &HistoryArgs) -> Result<()> {
 
 fn render(view: &HistoryView, waiting: &str) -> String {
     let run = &view.run;
-    let failed = failed_attempts(&view.transitions);
+    let (failed, interrupted) = ended_attempts(&view.transitions);
     let mut out = format!(
         "{} {}  workflow {}  {}  {}, {} failed attempt{}",
         paint(HEADER, "run"),
@@ -159,6 +159,9 @@ fn render(view: &HistoryView, waiting: &str) -> String {
         failed,
         plural(failed),
     );
+    if interrupted > 0 {
+        out.push_str(&format!(", {interrupted} interrupted"));
+    }
     if !waiting.is_empty() {
         out.push_str(&format!("; waiting for {waiting}"));
     }
@@ -366,23 +369,25 @@ fn migration_text(m: &MigratedFromView, tr: &TransitionView) -> String {
     )
 }
 
-/// The number of failed attempts: one failing step writes two failure records for its
-/// attempt (the step's and the handler's), and an event set aside by a wait writes a step's
-/// record in an attempt that goes on; an attempt failed if its handler failed or the process
-/// stopped during it.
-fn failed_attempts(transitions: &[TransitionView]) -> usize {
-    let mut attempts = std::collections::BTreeSet::new();
+/// The number of failed attempts, and of attempts interrupted (the process stopped, or lost
+/// the run's lease, while they ran), counted apart as the retry policy counts them
+/// (`max_attempts`, `max_interruptions`). One failing step writes two failure records for
+/// its attempt (the step's and the handler's), and an event set aside by a wait writes a
+/// step's record in an attempt that goes on: an attempt failed if its handler failed, and
+/// was interrupted if it has an interruption's record and no handler's.
+fn ended_attempts(transitions: &[TransitionView]) -> (usize, usize) {
+    let mut failed = std::collections::BTreeSet::new();
+    let mut interrupted = std::collections::BTreeSet::new();
     for t in transitions {
         for f in &t.failures {
-            if matches!(
-                f.source,
-                FailureSource::Handler | FailureSource::Interrupted
-            ) {
-                attempts.insert((t.seq, f.attempt));
-            }
+            match f.source {
+                FailureSource::Handler => failed.insert((t.seq, f.attempt)),
+                FailureSource::Interrupted => interrupted.insert((t.seq, f.attempt)),
+                _ => false,
+            };
         }
     }
-    attempts.len()
+    (failed.len(), interrupted.difference(&failed).count())
 }
 
 #[cfg(test)]
@@ -423,6 +428,44 @@ mod tests {
             steps,
             failures: Vec::new(),
         }
+    }
+
+    fn failure(attempt: u32, source: FailureSource) -> FailureView {
+        FailureView {
+            attempt,
+            at: String::new(),
+            at_ms: 0,
+            source,
+            errors: Vec::new(),
+        }
+    }
+
+    /// An attempt the process stopped during is counted as interrupted, not failed (as the
+    /// retry policy counts it); a failing step and its handler's failure are one failed
+    /// attempt; the same attempt number at another seq is another attempt.
+    #[test]
+    fn interrupted_attempts_are_counted_apart_from_failed_ones() {
+        let step = FailureSource::Step {
+            name: "s".to_owned(),
+            occurrence: 0,
+        };
+        let mut first = transition(0, 0, None, Vec::new());
+        first.failures = vec![
+            failure(1, step.clone()),
+            failure(1, FailureSource::Handler),
+            failure(2, FailureSource::Interrupted),
+        ];
+        let mut second = transition(1, 10, None, Vec::new());
+        second.failures = vec![
+            failure(1, FailureSource::Interrupted),
+            failure(2, step),
+            failure(3, FailureSource::Handler),
+        ];
+        assert_eq!(ended_attempts(&[first, second]), (2, 2));
+        assert_eq!(
+            ended_attempts(&[transition(0, 0, None, Vec::new())]),
+            (0, 0)
+        );
     }
 
     /// A state's steps go under the last record that continues it by their time: before
