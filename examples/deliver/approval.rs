@@ -8,11 +8,15 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
-use loops::control::{Client, socket_path};
 use loops::{AttributeValue, RunStatus, Runtime, StartOptions};
+use unicode_properties::{GeneralCategory, UnicodeGeneralCategory as _};
 
 use crate::Cli;
 use crate::workflow::{APPROVAL_EVENT, Approval};
+
+mod serving;
+
+pub use serving::through_the_serving_process;
 
 /// The run attribute that says who approves the run's pull request: [`HUMAN`] for a run
 /// created with `--auto-approve=false`, [`AUTO`] otherwise (`loops runs --attr
@@ -278,64 +282,6 @@ pub async fn send(runtime: &Runtime, run_id: &str, approve: bool, by: &str) {
     std::future::pending::<()>().await;
 }
 
-/// `--approve` while another `deliver --serve` holds the store: the approval goes through
-/// that process's control endpoint (the socket next to `store`), which hands it to the run at
-/// once if it drives that run (a serving process drives its own run only), and this command
-/// ends there. The approval carries the idempotency key the
-/// in-process one does, so that it is taken once however often it is sent. Returns what to
-/// say, or `None` when no process answers on the endpoint (this command then opens the
-/// store itself, as usual).
-///
-/// # Errors
-/// The process refuses the approval (no such run, or an ended one), or what answers on the
-/// socket is not a loops control endpoint of this version.
-pub async fn through_the_serving_process(store: &Path, run_id: &str) -> Result<Option<String>> {
-    let Some(client) = Client::next_to_store(store)
-        .await
-        .map_err(|e| anyhow::Error::new(e).context("--approve"))?
-    else {
-        return Ok(None);
-    };
-    let by = approver_name();
-    let payload = serde_json::value::to_raw_value(&Approval { by: by.clone() })?;
-    let sent = client
-        .send(run_id, APPROVAL_EVENT.name(), Some("approval"), &payload)
-        .await
-        .map_err(|e| {
-            anyhow::Error::new(e).context(format!(
-                "--approve: the process serving {} did not take the approval",
-                store.display()
-            ))
-        })?;
-    // The serving process drives its own run only (`taken_here` says whether it drives this
-    // one): another run takes the approval when `deliver --run-id RUN` next drives it.
-    let later = format!(
-        "run {run_id} takes it when `deliver --run-id {run_id}` drives it, once the serving process has ended (that process drives another run)"
-    );
-    Ok(Some(match (sent.duplicate, sent.taken_here) {
-        (true, true) => format!(
-            "run {run_id} was sent an approval already (event {}); the `deliver` serving {} \
-             takes it, once",
-            sent.event_seq,
-            store.display()
-        ),
-        (true, false) => format!(
-            "run {run_id} was sent an approval already (event {}); {later}",
-            sent.event_seq
-        ),
-        (false, true) => format!(
-            "approved run {run_id} as {by}, through the control endpoint {} of the `deliver` \
-             serving the store: it hands the approval to the run now, and ends when the run does",
-            socket_path(store).display()
-        ),
-        (false, false) => format!(
-            "approved run {run_id} as {by}, through the control endpoint {} of the `deliver` \
-             serving the store; {later}",
-            socket_path(store).display()
-        ),
-    }))
-}
-
 /// Whether the run is parked at the approval gate.
 pub async fn waits_at_the_gate(runtime: &Runtime, run_id: &str) -> Result<bool> {
     Ok(runtime.run_info(run_id).await?.is_some_and(|info| {
@@ -374,20 +320,72 @@ pub fn approver_name() -> String {
 }
 
 /// [`approver_name`], with the environment read through `var`: an unset variable, or one
-/// the approval gate would refuse ([`not_a_name`](crate::agent::not_a_name): blank, say),
+/// the approval gate would refuse ([`not_a_name`]: blank, say),
 /// names nobody.
 fn approver_of(var: impl Fn(&str) -> Option<String>) -> String {
     ["USER", "USERNAME"]
         .into_iter()
         .filter_map(var)
         .map(|name| name.trim().to_owned())
-        .find(|name| crate::agent::not_a_name(name).is_none())
+        .find(|name| not_a_name(name).is_none())
         .unwrap_or_else(|| "operator".to_owned())
+}
+
+/// Why `by`, an approval's approver, is not a name to print and put in a pull request, if it
+/// is not: blank (white space or format characters only), holding control characters (a
+/// terminal's escape sequences, new lines that would write the pull request's text), holding
+/// format characters (Unicode general category Cf: zero-width and bidirectional controls such
+/// as U+202E, which reverses the text after it, soft hyphens, joiners), or over 100 characters.
+pub fn not_a_name(by: &str) -> Option<&'static str> {
+    let format = |c: char| c.general_category() == GeneralCategory::Format;
+    if by.chars().all(|c| c.is_whitespace() || format(c)) {
+        Some("names no one (\"by\" is blank)")
+    } else if by.chars().any(char::is_control) {
+        Some("holds control characters in \"by\"")
+    } else if by.chars().any(format) {
+        Some("holds invisible or bidirectional formatting characters in \"by\"")
+    } else if by.chars().count() > 100 {
+        Some("has a \"by\" over 100 characters")
+    } else {
+        None
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::approver_of;
+    use super::{approver_of, not_a_name};
+
+    #[test]
+    fn an_approver_must_be_a_printable_name() {
+        for by in ["alice", "Zoë O'Brien", "ops-bot (deploy)", &"x".repeat(100)] {
+            assert_eq!(not_a_name(by), None, "{by:?}");
+        }
+        let (blank, format) = (
+            "names no one (\"by\" is blank)",
+            "holds invisible or bidirectional formatting characters in \"by\"",
+        );
+        for (by, why) in [
+            ("", blank),
+            (" \t ", blank),
+            ("\u{200B}", blank),
+            ("\u{202E}", blank),
+            ("\u{2066}", blank),
+            ("\u{00AD}", blank),
+            ("\u{2066} \u{00AD}\u{202E}", blank),
+            ("alice\u{202E}ecila", format),
+            ("\u{2066}alice\u{2069}", format),
+            ("al\u{00AD}ice", format),
+            ("al\u{200B}ice", format),
+            (
+                "\u{1b}[31mRED\u{1b}[0m",
+                "holds control characters in \"by\"",
+            ),
+            ("alice\n\n## LGTM", "holds control characters in \"by\""),
+            (&"x".repeat(101), "has a \"by\" over 100 characters"),
+        ] {
+            assert_eq!(not_a_name(by), Some(why), "{by:?}");
+        }
+    }
 
     #[test]
     fn an_empty_user_is_nobody_and_operator_approves() {

@@ -38,7 +38,7 @@ pub fn serving_hint(cli: &Cli, store: &Path) -> String {
 /// This command as a person types it again for the same run: `cargo run -p deliver --` with
 /// the flags that name the run's work directory, store, repository, run id and key file;
 /// and the ` --key-file K` part alone (empty without one), for the `loops` command.
-fn this_command_again(cli: &Cli) -> (String, String) {
+pub fn this_command_again(cli: &Cli) -> (String, String) {
     let mut again = "cargo run -p deliver --".to_owned();
     let path = |p: &Path| shell_word(&p.to_string_lossy());
     if cli.workdir != Path::new(DEFAULT_WORKDIR) {

@@ -155,8 +155,9 @@ struct Cli {
     auto_approve: Option<bool>,
 
     /// Approve the run's pull request (as $USER, or `operator`) and go on; while another
-    /// `deliver --serve` holds the store, through that process's control endpoint (it then
-    /// finishes the run if it is the run it drives, and this command ends at once)
+    /// `deliver --serve` holds the store, through that process's control endpoint: if that
+    /// process drives the run, it finishes it and this command follows it there to its end
+    /// (and fails if that process ends first); otherwise this command ends at once
     #[arg(long, conflicts_with_all = ["auto_approve", "fresh"])]
     approve: bool,
 
@@ -304,14 +305,20 @@ async fn run(cli: Cli) -> Result<Ended> {
         // No store, no run: refused before a store or a work directory is made.
         ensure!(store.exists(), place::no_such_run(&cli, &store));
     }
+    let interrupt = Interrupt::listen();
     if cli.approve {
-        // Another `deliver --serve` holds the store: it takes the approval instead.
-        if let Some(said) = approval::through_the_serving_process(&store, &cli.run_id).await? {
-            say!("{said}");
-            return Ok(Ended::Done);
+        // Another `deliver --serve` holds the store: it takes the approval instead, and this
+        // follows the run there.
+        tokio::select! {
+            biased;
+            stop = interrupt.wait() => return Ok(Ended::Interrupted(stop)),
+            through = approval::through_the_serving_process(&cli, &store) => {
+                if through? {
+                    return Ok(Ended::Done);
+                }
+            }
         }
     }
-    let interrupt = Interrupt::listen();
     let (paths, runtime) = tokio::select! {
         biased;
         stop = interrupt.wait() => return Ok(Ended::Interrupted(stop)),
@@ -545,15 +552,9 @@ async fn dry_run(cli: &Cli) -> Result<()> {
         say!("no store at {}: no run to drive", store.display());
         return Ok(());
     }
-    // Read-only: not one byte of the file changes. A file its process did not close (a
-    // crash: when a dry run is most wanted) is read through redb's repair made in memory.
-    let read_only = match open_store(|| loops::RedbStore::open_read_only(&store)).await {
-        Err(loops::Error::NeedsRecovery { .. }) => {
-            loops::RedbStore::open_repaired_in_memory(&store, loops::StoreOptions::default())
-        }
-        opened => opened,
-    }
-    .map_err(store_error)?;
+    // Read-only: not one byte of the file changes, even of one a crash left (when a dry run
+    // is most wanted).
+    let read_only = store::open_read_only(&store).await?;
     let builder = versions::dry_run_builder(cli.workflow_version);
     let keys = cli.key_file.as_deref().map(loops::Keyring::from_file);
     let runtime = match keys.transpose()? {
@@ -704,7 +705,7 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
         return Ok(());
     };
     approval::forget_asked(&paths.workdir, &cli.run_id)?;
-    let last = ended_with(runtime, &cli.run_id, result).await?;
+    let last = versions::ended_with(runtime, &cli.run_id, result).await?;
 
     let seq = runtime
         .run_info(&cli.run_id)
@@ -761,43 +762,6 @@ fn say_where(cli: &Cli, paths: &Paths, model: &AnyModel) -> PathBuf {
     }
     say!("model:  {}", model.describe());
     shown_store
-}
-
-/// How the run `run_id` ended, from what driving it returned: its last state, or the error
-/// to print (a schema refusal says whether the run is blocked or ended under another build;
-/// a failed run says how to go on).
-async fn ended_with(
-    runtime: &Runtime,
-    run_id: &str,
-    result: loops::Result<Result<Finished>>,
-) -> Result<Finished> {
-    let result = match result {
-        // A run of a version this build does not compile: blocked and left as it is, or, if
-        // it has ended, only unreadable here. The refusal says why and what changed (the one
-        // place that says it).
-        Err(e @ loops::Error::SchemaMismatch { .. }) => {
-            let ended = runtime
-                .run_info(run_id)
-                .await?
-                .is_some_and(|info| info.status.is_ended());
-            let what = if ended {
-                "has ended under a version this build does not compile, so its result is not \
-                 read here (run the build that ended it)"
-            } else {
-                "is blocked, left as it is for a build that can drive it"
-            };
-            return Err(anyhow::anyhow!("run {run_id} {what}: {e}"));
-        }
-        other => other,
-    };
-    result.map_err(|e| match e {
-        loops::Error::RunFailed { .. } => anyhow::anyhow!(
-            "{}. Run with --retry to resume it with a fresh budget of attempts, or with \
-             --fresh to start over",
-            e.to_string().trim_end_matches('.')
-        ),
-        e => anyhow::Error::new(e),
-    })?
 }
 
 /// Writes `args` and a newline to standard output, ignoring errors (see [`say!`]).

@@ -151,6 +151,22 @@ pub fn store_error(e: loops::Error) -> anyhow::Error {
     }
 }
 
+/// The store file `store` opened read-only (not one byte of it changes), trying again while
+/// it is locked as [`open_store`] does: a file its process did not close (a crash) is read
+/// through redb's repair made in memory.
+///
+/// # Errors
+/// As [`store_error`] says them: still locked after the wait, damaged, not a store.
+pub async fn open_read_only(store: &Path) -> Result<loops::RedbStore> {
+    match open_store(|| loops::RedbStore::open_read_only(store)).await {
+        Err(loops::Error::NeedsRecovery { .. }) => {
+            loops::RedbStore::open_repaired_in_memory(store, loops::StoreOptions::default())
+        }
+        opened => opened,
+    }
+    .map_err(store_error)
+}
+
 /// How long a store found locked is tried again, and how long apart.
 const STORE_LOCK_WAIT: Duration = Duration::from_secs(2);
 const STORE_LOCK_PAUSE: Duration = Duration::from_millis(50);

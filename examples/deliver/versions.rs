@@ -14,7 +14,7 @@ use std::path::Path;
 use anyhow::{Result, bail};
 use loops::{
     Context, Migration, MigrationFailure, Route, RunStatus, Runtime, RuntimeBuilder, StartOptions,
-    Workflow as _,
+    TransitionRecord, Workflow as _,
 };
 
 use crate::agent::Agent;
@@ -134,6 +134,56 @@ impl TryFrom<v2::Deliver> for Finished {
             other => bail!("the run ended in a non-terminal state: {other:?}"),
         })
     }
+}
+
+/// How the run `run_id` ended, from its terminal `record` (its payload opened), whichever
+/// version wrote it.
+///
+/// # Errors
+/// The payload is not a state of the version its schema names, or not a terminal one.
+pub fn finished_of(run_id: &str, record: &TransitionRecord) -> Result<Finished> {
+    if record.schema == v1::Deliver::SCHEMA_HASH.pinned() {
+        Finished::try_from(record.decode::<v1::Deliver>(run_id)?)
+    } else {
+        Finished::try_from(record.decode::<v2::Deliver>(run_id)?)
+    }
+}
+
+/// How the run `run_id` ended, from what driving it returned: its last state, or the error
+/// to print (a schema refusal says whether the run is blocked or ended under another build;
+/// a failed run says how to go on).
+pub async fn ended_with(
+    runtime: &Runtime,
+    run_id: &str,
+    result: loops::Result<Result<Finished>>,
+) -> Result<Finished> {
+    let result = match result {
+        // A run of a version this build does not compile: blocked and left as it is, or, if
+        // it has ended, only unreadable here. The refusal says why and what changed (the one
+        // place that says it).
+        Err(e @ loops::Error::SchemaMismatch { .. }) => {
+            let ended = runtime
+                .run_info(run_id)
+                .await?
+                .is_some_and(|info| info.status.is_ended());
+            let what = if ended {
+                "has ended under a version this build does not compile, so its result is not \
+                 read here (run the build that ended it)"
+            } else {
+                "is blocked, left as it is for a build that can drive it"
+            };
+            return Err(anyhow::anyhow!("run {run_id} {what}: {e}"));
+        }
+        other => other,
+    };
+    result.map_err(|e| match e {
+        loops::Error::RunFailed { .. } => anyhow::anyhow!(
+            "{}. Run with --retry to resume it with a fresh budget of attempts, or with \
+             --fresh to start over",
+            e.to_string().trim_end_matches('.')
+        ),
+        e => anyhow::Error::new(e),
+    })?
 }
 
 /// Which version drives the run `run_id` in `release`, and why (for the first lines of the
@@ -352,13 +402,14 @@ pub async fn report_start(runtime: &Runtime, run_id: &str, release: Release) -> 
                 }
                 _ => loops::interrupted_attempt(info.attempt),
             };
+            // At the first state nothing is recorded before it to skip.
             let skipped = if done.is_empty() {
-                "nothing".to_owned()
+                String::new()
             } else {
-                done.join(", ")
+                format!("; skipping {}: already recorded", done.join(", "))
             };
             say!(
-                "resuming at {} (seq {}; {last_attempt}); skipping {skipped}: already recorded",
+                "resuming at {} (seq {}; {last_attempt}){skipped}",
                 info.state,
                 info.seq
             );

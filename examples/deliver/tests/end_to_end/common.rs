@@ -352,3 +352,13 @@ pub fn reference() -> &'static Reference {
         took: *TOOK.get().expect("the reference's duration"),
     })
 }
+
+/// `name`'s path on `PATH`.
+#[cfg(unix)]
+pub fn on_path(name: &str) -> PathBuf {
+    let path = std::env::var_os("PATH").expect("PATH");
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("no {name} on PATH"))
+}

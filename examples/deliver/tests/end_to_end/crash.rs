@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::{
     EXPECTED_STATES, HOLD_IN_SETUP_VAR, HOLD_VAR, STOP_VAR, deliver_in, describe, entries, example,
-    git, names_in, poll, user_repo,
+    git, names_in, on_path, poll, user_repo,
 };
 
 const RUN_ID: &str = "deliver-1";
@@ -380,16 +380,6 @@ fn a_git_lock_left_behind_by_a_killed_git_is_removed_and_the_run_completes() {
     );
     assert!(!lock.exists());
     check(dir.path(), reference, "a lock left behind");
-}
-
-/// `name`'s path on `PATH`.
-#[cfg(unix)]
-fn on_path(name: &str) -> PathBuf {
-    let path = std::env::var_os("PATH").expect("PATH");
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(name))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| panic!("no {name} on PATH"))
 }
 
 /// Git and rustc killed from outside (SIGKILL, as the OOM killer or an operator sends it;

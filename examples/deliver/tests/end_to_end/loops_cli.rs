@@ -8,7 +8,8 @@ use std::process::Output;
 use serde_json::Value;
 
 use crate::common::{
-    copy_dir, deliver_in, describe, loops, loops_json, loops_text, parked_at_the_gate,
+    copy_dir, deliver_in, describe, loops, loops_json, loops_text, on_path, parked_at_the_gate,
+    poll,
 };
 
 fn deliver(workdir: &Path, args: &[&str]) -> Output {
@@ -231,10 +232,22 @@ fn serving_at_the_gate(
     std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
     Vec<String>,
 ) {
+    serving_at_the_gate_as(deliver_in(workdir))
+}
+
+/// [`serving_at_the_gate`], the example started as `deliver` (in its work directory, with
+/// its environment).
+fn serving_at_the_gate_as(
+    mut deliver: std::process::Command,
+) -> (
+    Serving,
+    std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+    Vec<String>,
+) {
     use std::io::{BufRead as _, BufReader};
     use std::process::Stdio;
 
-    let mut child = deliver_in(workdir)
+    let mut child = deliver
         .args(["--auto-approve=false", "--serve"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -292,6 +305,22 @@ fn the_cli_approves_a_run_while_the_example_serves_it() {
     let shown = String::from_utf8_lossy(&shown.stdout);
     assert!(shown.contains("event approve"), "{shown}");
 
+    // An approval that names no one: the run takes it, says it refuses it, and waits on.
+    let blank = loops(
+        &store,
+        &["send", "deliver-1", "approve", "--json", r#"{"by":""}"#],
+    );
+    assert!(blank.status.success(), "{}", describe(&blank));
+    let mut lines = lines;
+    let refused = (&mut lines)
+        .map(|l| l.expect("a line"))
+        .find(|l| l.contains("refused an approval"));
+    assert_eq!(
+        refused.as_deref(),
+        Some("  refused an approval that names no one (\"by\" is blank); waiting for another"),
+        "{said:?}"
+    );
+
     let sent = loops(
         &store,
         &[
@@ -309,7 +338,8 @@ fn the_cli_approves_a_run_while_the_example_serves_it() {
         describe(&sent)
     );
 
-    // The process takes the approval and finishes the run, then exits.
+    // The process takes the approval and finishes the run, then exits; the refusal, whose
+    // approval the handler replays when this one wakes it, is not said again.
     let rest: Vec<String> = lines.map(|l| l.expect("a line")).collect();
     let status = child.0.wait().expect("the example ends");
     assert!(status.success(), "{said:?} {rest:?}");
@@ -317,20 +347,35 @@ fn the_cli_approves_a_run_while_the_example_serves_it() {
         rest.iter().any(|l| l.starts_with("pull request: ")),
         "{rest:?}"
     );
+    assert!(rest.contains(&"  approved by alice".to_owned()), "{rest:?}");
+    assert!(!rest.iter().any(|l| l.contains("refused")), "{rest:?}");
     assert!(!workdir.join("deliver.redb.sock").exists());
     // Now no process holds the file: read directly.
     let done = loops_json(&store, &["show", "deliver-1", "--json"]);
     assert_eq!(done["run"]["status"], "completed");
     assert_eq!(done["run"]["state"], "PrOpened");
-    let history = loops_json(&store, &["history", "deliver-1", "--json"]);
-    let approval = history["events"]
+    // Both approvals were delivered to the run, the blank one first; the second approved it.
+    let approvals: Vec<(Value, Value)> = approvals(&store, "deliver-1")
+        .into_iter()
+        .map(|e| (e["payload"].clone(), e["delivered"].clone()))
+        .collect();
+    assert_eq!(
+        approvals,
+        [
+            (serde_json::json!({"by": ""}), Value::Bool(true)),
+            (serde_json::json!({"by": "alice"}), Value::Bool(true))
+        ]
+    );
+    // The refusal's step, run once.
+    let steps = loops_json(&store, &["history", "deliver-1", "--json"]);
+    let refusals = steps["transitions"]
         .as_array()
-        .expect("events")
+        .expect("transitions")
         .iter()
-        .find(|e| e["name"] == "approve")
-        .expect("the approval");
-    assert_eq!(approval["payload"], serde_json::json!({"by": "alice"}));
-    assert_eq!(approval["delivered"], true);
+        .flat_map(|t| t["steps"].as_array().expect("steps"))
+        .filter(|s| s["name"] == "refuse_approval")
+        .count();
+    assert_eq!(refusals, 1, "{steps}");
 }
 
 /// `deliver --approve` while another `deliver --serve` holds the store and waits at the gate:
@@ -366,20 +411,37 @@ fn deliver_approve_goes_through_the_example_that_serves_the_store() {
         .output()
         .expect("run deliver --approve");
     assert!(approved.status.success(), "{}", describe(&approved));
-    assert_eq!(
-        String::from_utf8_lossy(&approved.stdout),
-        format!(
-            "approved run deliver-1 as carol, through the control endpoint {}.sock of the `deliver` serving the store: it hands the approval to the run now, and ends when the run does\n",
-            store.display()
-        )
-    );
-
     let rest: Vec<String> = lines.map(|l| l.expect("a line")).collect();
     let status = child.0.wait().expect("the example ends");
     assert!(status.success(), "{said:?} {rest:?}");
+    let pull_request = rest
+        .iter()
+        .find(|l| l.starts_with("pull request: "))
+        .unwrap_or_else(|| panic!("no pull request in {rest:?}"));
+    // It follows the run in the serving process to its end, and says the same pull request.
+    // It reads the run every 100 ms: the states it sees between the approval and the end
+    // depend on when it reads, the last and the outcome do not.
+    let followed = String::from_utf8_lossy(&approved.stdout);
+    let followed: Vec<&str> = followed.lines().collect();
+    assert_eq!(
+        followed[0],
+        format!(
+            "approved run deliver-1 as carol, through the control endpoint {}.sock of the \
+             `deliver` serving the store; following the run there until it ends (Ctrl-C stops \
+             following only)",
+            store.display()
+        )
+    );
+    assert_eq!(
+        followed[followed.len() - 2..],
+        ["[seq 7] PrOpened (in the serving process)", pull_request],
+        "{followed:?}"
+    );
     assert!(
-        rest.iter().any(|l| l.starts_with("pull request: ")),
-        "{rest:?}"
+        followed[1..followed.len() - 2]
+            .iter()
+            .all(|l| l.starts_with("[seq 6] Reviewed (in the serving process)")),
+        "{followed:?}"
     );
     let done = loops_json(&store, &["show", "deliver-1", "--json"]);
     assert_eq!(done["run"]["status"], "completed");
@@ -387,6 +449,104 @@ fn deliver_approve_goes_through_the_example_that_serves_the_store() {
     assert_eq!(approvals.len(), 1, "{approvals:?}");
     assert_eq!(approvals[0]["payload"], serde_json::json!({"by": "carol"}));
     assert_eq!(approvals[0]["delivered"], true);
+}
+
+/// `deliver --approve` follows the run in the serving process; when that process is killed
+/// before the run ends (here while it pushes: a `git` wrapper on its `PATH` holds the push),
+/// the command says so and fails, naming where the run stands and the command that goes on
+/// with it (before, it had said the process "ends when the run does" and exited 0). That
+/// command then finishes the run, with the one approval.
+#[cfg(unix)]
+#[test]
+fn deliver_approve_fails_when_the_serving_example_dies_before_the_run_ends() {
+    use std::io::Read as _;
+    use std::os::unix::fs::PermissionsExt as _;
+    use std::process::Stdio;
+    use std::time::Duration;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let workdir = &dir.path().join("work");
+    let store = workdir.join("deliver.redb");
+    let (bin, marks) = (dir.path().join("bin"), dir.path().join("marks"));
+    std::fs::create_dir_all(&bin).expect("bin");
+    std::fs::create_dir_all(&marks).expect("marks");
+    // The push of the run's branch (not the demo's setup's) waits while `hold` exists, and
+    // says when it has begun and when it has ended.
+    let m = marks.display();
+    let script = format!(
+        "#!/bin/sh\nheld=\ncase \"$1 $*\" in \"push \"*refs/heads/loops/*) held=1;; esac\n\
+         if [ -n \"$held\" ]; then touch '{m}/pushing'; \
+         while [ -e '{m}/hold' ]; do sleep 0.05; done; fi\n\
+         '{}' \"$@\"\nstatus=$?\n[ -n \"$held\" ] && touch '{m}/pushed'\nexit $status\n",
+        on_path("git").display()
+    );
+    std::fs::write(bin.join("git"), script).expect("write the wrapper");
+    std::fs::set_permissions(bin.join("git"), std::fs::Permissions::from_mode(0o755))
+        .expect("chmod");
+    std::fs::write(marks.join("hold"), "").expect("hold");
+    let path = std::env::join_paths(std::iter::once(bin.clone()).chain(std::env::split_paths(
+        &std::env::var_os("PATH").expect("PATH"),
+    )))
+    .expect("PATH");
+    let mut serving = deliver_in(workdir);
+    serving.env("PATH", path);
+    let (mut child, _lines, said) = serving_at_the_gate_as(serving);
+
+    let mut approving = deliver_in(workdir)
+        .arg("--approve")
+        .env("USER", "carol")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run deliver --approve");
+    let pushing = poll(Duration::from_secs(60), Duration::from_millis(20), || {
+        marks.join("pushing").exists().then_some(())
+    });
+    assert!(pushing.is_some(), "the run never pushed: {said:?}");
+    child.0.kill().expect("SIGKILL the serving example");
+    child.0.wait().expect("it ends");
+    std::fs::remove_file(marks.join("hold")).expect("let the push go");
+
+    let status = approving.wait().expect("deliver --approve ends");
+    let (mut stdout, mut stderr) = (String::new(), String::new());
+    let mut out = approving.stdout.take().expect("stdout");
+    out.read_to_string(&mut stdout).expect("stdout");
+    let mut err = approving.stderr.take().expect("stderr");
+    err.read_to_string(&mut stderr).expect("stderr");
+    assert_eq!(status.code(), Some(1), "{stdout}{stderr}");
+    assert!(
+        stdout.ends_with("[seq 6] Reviewed (in the serving process)\n"),
+        "{stdout}"
+    );
+    assert_eq!(
+        stderr,
+        format!(
+            "error: the `deliver` serving {} ended before run deliver-1 did: the run is running \
+             at Reviewed (seq 6), with the approval recorded; `cargo run -p deliver -- --workdir \
+             {}` goes on with it\n",
+            store.display(),
+            workdir.display()
+        )
+    );
+
+    // The push the killed process left running ends; then the command said finishes the run.
+    let pushed = poll(Duration::from_secs(60), Duration::from_millis(20), || {
+        marks.join("pushed").exists().then_some(())
+    });
+    assert!(pushed.is_some(), "the left push never ended");
+    let finished = deliver_in(workdir).output().expect("run the example");
+    assert!(finished.status.success(), "{}", describe(&finished));
+    assert!(
+        String::from_utf8_lossy(&finished.stdout).contains("pull request: forge://demo/pulls/1"),
+        "{}",
+        describe(&finished)
+    );
+    let done = loops_json(&store, &["show", "deliver-1", "--json"]);
+    assert_eq!(done["run"]["status"], "completed", "{done}");
+    assert_eq!(done["run"]["state"], "PrOpened", "{done}");
+    let approvals = approvals(&store, "deliver-1");
+    assert_eq!(approvals.len(), 1, "{approvals:?}");
+    assert_eq!(approvals[0]["payload"], serde_json::json!({"by": "carol"}));
 }
 
 /// `deliver --run-id other --approve` while a `deliver --serve` of another run holds the
@@ -424,7 +584,13 @@ fn deliver_approve_of_a_run_the_serving_example_does_not_drive_says_so() {
     );
     let other = loops_json(&store, &["show", "other", "--json"]);
     assert_eq!(other["run"]["status"], "waiting", "{other}");
-    assert!(approve("deliver-1").contains("it hands the approval to the run now"));
+    let followed = approve("deliver-1");
+    assert!(
+        followed.contains(
+            "[seq 7] PrOpened (in the serving process)\npull request: forge://demo/pulls/"
+        ),
+        "{followed}"
+    );
     let rest: Vec<String> = lines.map(|l| l.expect("a line")).collect();
     let status = child.0.wait().expect("the example ends");
     assert!(status.success(), "{rest:?}");

@@ -387,6 +387,14 @@ fn the_previous_release_says_once_why_it_blocks_a_run_in_a_state_it_lacks() {
     stop.env(STOP_VAR, "6");
     let out = succeeds(stop, "this release, stopped at seq 6");
     assert!(out.contains("stopping at seq 6"), "{out}");
+    // Resumed at its first state: nothing recorded before it is said skipped.
+    assert!(
+        out.contains(
+            "resuming at Received (seq 0; attempt 1 did not finish: the process stopped (or \
+             lost the run's lease) while this attempt ran)\n"
+        ),
+        "{out}"
+    );
 
     let out = run(previous(workdir, "deliver-1"));
     assert!(!out.status.success(), "{}", describe(&out));

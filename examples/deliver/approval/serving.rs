@@ -1,0 +1,192 @@
+//! `--approve` while another `deliver --serve` holds the store: the approval goes through
+//! that process's control endpoint, and this command follows the run there until it ends, as
+//! `--approve` does when it drives the run itself.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use loops::control::{Client, ControlError, socket_path};
+use loops::{Payloads, RunInfo, RunStatus, TransitionRecord};
+
+use super::approver_name;
+use crate::Cli;
+use crate::hints::this_command_again;
+use crate::versions::{self, Finished};
+use crate::workflow::{APPROVAL_EVENT, Approval};
+
+/// How often the followed run is read through the control endpoint.
+const FOLLOW_EVERY: Duration = Duration::from_millis(100);
+
+/// `--approve` while another `deliver --serve` holds the store (`store`): sends the approval
+/// through that process's control endpoint (the socket next to `store`), with the idempotency
+/// key the in-process approval carries, so that it is taken once however often it is sent.
+///
+/// A serving process drives its own run only. If it drives `cli.run_id`, it hands the
+/// approval to the run at once, and this command then follows the run through the endpoint
+/// until it ends, printing each state it enters (`[seq N] State (in the serving process)`)
+/// and its outcome (`pull request: URL`) as a run driven here ends. Otherwise it says that
+/// the run takes the approval when it is next driven, and returns.
+///
+/// Returns `false`, having done nothing, when no process answers on the endpoint (this
+/// command then opens the store itself, as usual).
+///
+/// # Errors
+/// The process refuses the approval (no such run, or an ended one), or what answers on the
+/// socket is not a loops control endpoint of this version; the run failed or was cancelled
+/// in the serving process; the serving process ended before the run did (the approval is
+/// recorded: the error says the command that goes on with it); the store cannot be read
+/// once the serving process has let it go.
+pub async fn through_the_serving_process(cli: &Cli, store: &Path) -> Result<bool> {
+    let run_id = &cli.run_id;
+    let Some(client) = Client::next_to_store(store)
+        .await
+        .map_err(|e| anyhow::Error::new(e).context("--approve"))?
+    else {
+        return Ok(false);
+    };
+    let by = approver_name();
+    let payload = serde_json::value::to_raw_value(&Approval { by: by.clone() })?;
+    let sent = client
+        .send(run_id, APPROVAL_EVENT.name(), Some("approval"), &payload)
+        .await
+        .map_err(|e| {
+            anyhow::Error::new(e).context(format!(
+                "--approve: the process serving {} did not take the approval",
+                store.display()
+            ))
+        })?;
+    let endpoint = socket_path(store);
+    let sent_as = if sent.duplicate {
+        format!(
+            "run {run_id} was sent an approval already (event {})",
+            sent.event_seq
+        )
+    } else {
+        format!(
+            "approved run {run_id} as {by}, through the control endpoint {} of the `deliver` \
+             serving the store",
+            endpoint.display()
+        )
+    };
+    // The serving process drives its own run only (`taken_here` says whether it drives this
+    // one): another run takes the approval when `deliver --run-id RUN` next drives it.
+    if !sent.taken_here {
+        say!(
+            "{sent_as}; run {run_id} takes it when `deliver --run-id {run_id}` drives it, once \
+             the serving process has ended (that process drives another run)"
+        );
+        return Ok(true);
+    }
+    say!("{sent_as}; following the run there until it ends (Ctrl-C stops following only)");
+    follow(&client, cli, store).await?;
+    Ok(true)
+}
+
+/// Follows the run `cli.run_id` through `client` until it ends, then says how it ended.
+///
+/// The serving process stops its endpoint once its run has ended, maybe before this reads
+/// the end: when the endpoint stops answering, the store (the process lets it go as it
+/// exits) says whether the run ended or the process went away before it.
+async fn follow(client: &Client, cli: &Cli, store: &Path) -> Result<()> {
+    let run_id = &cli.run_id;
+    let payloads = payloads(cli)?;
+    let mut shown = None;
+    loop {
+        let latest = match client.latest(run_id).await {
+            Ok(latest) => latest,
+            Err(ControlError::Unreachable { .. } | ControlError::Dropped { .. }) => {
+                let read = crate::store::open_read_only(store).await?;
+                let latest = read.latest(run_id)?;
+                return match latest {
+                    Some((info, record)) if info.status.is_ended() => {
+                        show(&mut shown, &record);
+                        ended(run_id, &info, record, payloads.as_ref())
+                    }
+                    Some((info, _)) => {
+                        let (again, _) = this_command_again(cli);
+                        bail!(
+                            "the `deliver` serving {} ended before run {run_id} did: the run \
+                             is {} at {} (seq {}), with the approval recorded; `{again}` goes \
+                             on with it",
+                            store.display(),
+                            info.status,
+                            info.state,
+                            info.seq
+                        )
+                    }
+                    None => bail!("run {run_id} is no longer in {}", store.display()),
+                };
+            }
+            Err(e) => {
+                return Err(anyhow::Error::new(e).context(format!(
+                    "--approve: cannot follow run {run_id} in the process serving {}",
+                    store.display()
+                )));
+            }
+        };
+        let Some((info, record)) = latest else {
+            bail!("run {run_id} is no longer in {}", store.display());
+        };
+        show(&mut shown, &record);
+        if info.status.is_ended() {
+            return ended(run_id, &info, record, payloads.as_ref());
+        }
+        tokio::time::sleep(FOLLOW_EVERY).await;
+    }
+}
+
+/// Prints `[seq N] State (in the serving process)` for `record` unless it was the last shown.
+fn show(shown: &mut Option<u64>, record: &TransitionRecord) {
+    if *shown != Some(record.seq) {
+        say!(
+            "[seq {}] {} (in the serving process)",
+            record.seq,
+            record.state
+        );
+        *shown = Some(record.seq);
+    }
+}
+
+/// What opens the payloads of an encrypted store: the key file's keys (the control endpoint
+/// serves payloads as stored, sealed).
+fn payloads(cli: &Cli) -> Result<Option<Payloads>> {
+    let Some(file) = cli.key_file.as_deref() else {
+        return Ok(None);
+    };
+    Ok(Some(Payloads::new(Arc::new(loops::Keyring::from_file(
+        file,
+    )?))))
+}
+
+/// Says how the run ended, from its row `info` and its terminal record: its pull request,
+/// or that it gave up.
+///
+/// # Errors
+/// The run failed or was cancelled; its record cannot be read.
+fn ended(
+    run_id: &str,
+    info: &RunInfo,
+    mut record: TransitionRecord,
+    payloads: Option<&Payloads>,
+) -> Result<()> {
+    let at = format!("at {} (seq {})", info.state, info.seq);
+    match info.status {
+        RunStatus::Completed => {}
+        RunStatus::Failed => bail!(
+            "run {run_id} failed {at} in the serving process: {}. Run with --retry to resume \
+             it with a fresh budget of attempts, or with --fresh to start over",
+            info.error.as_deref().unwrap_or_default().join(": ")
+        ),
+        status => bail!("run {run_id} is {status} {at} in the serving process"),
+    }
+    if let Some(payloads) = payloads {
+        payloads.open_transition(run_id, &mut record)?;
+    }
+    match versions::finished_of(run_id, &record)? {
+        Finished::PrOpened { url, .. } => say!("pull request: {url}"),
+        Finished::Abandoned { .. } => say!("abandoned: nothing was pushed"),
+    }
+    Ok(())
+}
