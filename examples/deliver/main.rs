@@ -42,6 +42,7 @@ mod store;
 mod testrun;
 mod tokens;
 mod versions;
+mod waits;
 mod workflow;
 
 use std::io::{IsTerminal as _, Write as _};
@@ -698,6 +699,7 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
             }
         }
         () = hooks.stopped() => None,
+        never = waits::say_timer_waits(runtime, &cli.run_id) => match never {},
     };
     let Some(result) = outcome else {
         // The stop hook fired: the handler was dropped before doing anything; `run` closes

@@ -324,3 +324,77 @@ fn a_run_failed_by_the_model_resumes_with_retry() {
     );
     check(dir.path(), reference, "--retry after a failed review");
 }
+
+/// A `Retry-After` longer than the call's own waits (at most 60 s) parks the run until the
+/// step's next try; the example says so, with the step and its error, and that Ctrl-C is safe
+/// (it sat silent until the try before). Ctrl-C then stops it cleanly, the run parked.
+#[cfg(unix)]
+#[test]
+fn a_long_retry_after_is_said_while_the_run_waits_for_it() {
+    use std::io::{BufRead as _, BufReader, Read as _};
+
+    let api = FakeApi::start(|i, request| {
+        if i == 0 {
+            Reply::error(429, "Rate limit reached").with_header("retry-after", "600")
+        } else {
+            demo_model(request)
+        }
+    });
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut child = deliver(dir.path(), &api)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the example");
+    let lines = BufReader::new(child.stdout.take().expect("its stdout")).lines();
+    let said = lines
+        .map(|l| l.expect("a line"))
+        .find(|l| l.contains(" waits at "));
+    let interrupted = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(interrupted.success());
+    let status = child.wait().expect("the example ends");
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .expect("its stderr")
+        .read_to_string(&mut stderr)
+        .expect("read its stderr");
+    assert_eq!(status.code(), Some(130), "{said:?} {stderr}");
+    assert!(
+        stderr.ends_with("interrupted; run the same command again to resume\n"),
+        "{stderr}"
+    );
+
+    // The seconds left when it was said: 600 unless this machine is very slow.
+    let said = said.expect("the wait was said");
+    let (start, rest) = said
+        .split_once(" s, until ")
+        .unwrap_or_else(|| panic!("{said}"));
+    let secs: u64 = start
+        .strip_prefix("run deliver-1 waits at Received (seq 0) for ")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("{said}"));
+    assert!((590..=600).contains(&secs), "{said}");
+    assert!(
+        rest.starts_with("the next try of its step `plan` (it failed: ")
+            && rest.contains(
+                "answered HTTP 429 Too Many Requests (Retry-After: 600 s): Rate limit reached"
+            )
+            && rest.ends_with(
+                "); it holds no task meanwhile: Ctrl-C is safe, and the same command goes on \
+                 with it"
+            ),
+        "{said}"
+    );
+    assert_eq!(asks(&api), [Asked::Plan]);
+    let store = loops::RedbStore::open_read_only(dir.path().join("deliver.redb")).expect("store");
+    let (info, _) = store.latest(RUN_ID).expect("read").expect("the run");
+    assert_eq!(
+        (info.status, info.state.as_str(), info.seq),
+        (loops::RunStatus::Waiting, "Received", 0)
+    );
+}
