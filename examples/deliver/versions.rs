@@ -13,8 +13,8 @@ use std::path::Path;
 
 use anyhow::{Result, bail};
 use loops::{
-    Context, Migration, MigrationFailure, Route, RunStatus, Runtime, RuntimeBuilder, StartOptions,
-    TransitionRecord, Workflow as _,
+    Context, Migration, MigrationFailure, Route, RunInfo, RunStatus, Runtime, RuntimeBuilder,
+    StartOptions, TransitionRecord, Workflow as _,
 };
 
 use crate::agent::Agent;
@@ -22,7 +22,9 @@ use crate::agent::EditApplier;
 use crate::git::Git;
 use crate::model::Model;
 use crate::workflow::edit::{EditRun, EditRunHandler, RequestedNext};
-use crate::workflow::{Base, Change, Edit, Issue, Review, TestReport, Work, v1, v2};
+use crate::workflow::{
+    APPROVAL_EVENT, Base, Change, Edit, Issue, Review, TestReport, Work, v1, v2,
+};
 
 /// The versions a build drives: `--workflow-version`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -414,6 +416,7 @@ pub async fn report_start(runtime: &Runtime, run_id: &str, release: Release) -> 
                 info.seq
             );
         }
+        RunStatus::Waiting => say!("{}", waiting(&info)),
         status => {
             let is = match status {
                 RunStatus::Failed => "failed".to_owned(),
@@ -424,6 +427,22 @@ pub async fn report_start(runtime: &Runtime, run_id: &str, release: Release) -> 
         }
     }
     Ok(())
+}
+
+/// What [`report_start`] says of a waiting run: what it waits for, its edits' child runs
+/// (which this process drives on), the approval (the gate then says what comes next), or
+/// a time (said while it waits, `waits.rs`).
+fn waiting(info: &RunInfo) -> String {
+    let event = info.wait.as_ref().and_then(|w| w.event.as_deref());
+    let what = match event {
+        Some(loops::CHILD_ENDED) => " for its child runs to end; driving them on",
+        Some(e) if e == APPROVAL_EVENT.name() => " for an approval",
+        _ => "",
+    };
+    format!(
+        "run {} waits at {} (seq {}){what}",
+        info.run_id, info.state, info.seq
+    )
 }
 
 /// `--dry-run`: what this build would do with every unfinished or blocked run in the store,
@@ -589,5 +608,27 @@ pub fn dry_run_builder(release: Release) -> RuntimeBuilder {
             .register::<v2::Deliver, _>(NotDriven)
             .register::<EditRun, _>(NotDriven)
             .migration::<v1::Deliver, v2::Deliver>(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::waiting;
+    use crate::waits::tests::row;
+
+    #[test]
+    fn a_waiting_run_is_said_to_wait_for_what_it_waits_for() {
+        let join = row(serde_json::json!({"event": loops::CHILD_ENDED}));
+        assert_eq!(
+            waiting(&join),
+            "run deliver-1 waits at Received (seq 0) for its child runs to end; driving them on"
+        );
+        let gate = row(serde_json::json!({"event": "approve"}));
+        assert_eq!(
+            waiting(&gate),
+            "run deliver-1 waits at Received (seq 0) for an approval"
+        );
+        let timer = row(serde_json::json!({"until_ms": 61_000}));
+        assert_eq!(waiting(&timer), "run deliver-1 waits at Received (seq 0)");
     }
 }

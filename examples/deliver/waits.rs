@@ -70,10 +70,11 @@ fn waiting(info: &RunInfo, until_ms: u64, now_ms: u64, failed: Option<(String, S
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn row(wait: serde_json::Value) -> RunInfo {
+    /// The row of the run `deliver-1`, waiting at `Received` (seq 0) for `wait`.
+    pub(crate) fn row(wait: serde_json::Value) -> RunInfo {
         let mut info: RunInfo = serde_json::from_value(serde_json::json!({
             "workflow": "deliver", "schema": "0".repeat(16), "status": "waiting",
             "state": "Received", "seq": 0, "attempt": 1, "created_ms": 0, "updated_ms": 0,

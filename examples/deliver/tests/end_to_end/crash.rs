@@ -711,7 +711,7 @@ fn the_approval_gate_waits_durably_for_an_approval_sent_while_down() {
     assert!(output.status.success(), "{}", describe(&output));
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
-        stdout.contains("is waiting at Reviewed (seq 6)")
+        stdout.contains("run deliver-1 waits at Reviewed (seq 6) for an approval\n")
             && stdout.contains("not approving it automatically")
             && stdout.contains("waiting for approval"),
         "{stdout}"
