@@ -16,7 +16,7 @@ use crate::workflow::{APPROVAL_EVENT, Approval};
 
 mod serving;
 
-pub use serving::through_the_serving_process;
+pub use serving::{Through, through_the_serving_process};
 
 /// The run attribute that says who approves the run's pull request: [`HUMAN`] for a run
 /// created with `--auto-approve=false`, [`AUTO`] otherwise (`loops runs --attr

@@ -248,17 +248,14 @@ async fn main() -> ExitCode {
         .init();
     match run(cli).await {
         Ok(Ended::Done) => ExitCode::SUCCESS,
-        Ok(Ended::Interrupted(stop)) => {
-            let (said, code) = match stop {
-                Stop::CtrlC => ("interrupted", 130),
-                Stop::Terminate => ("terminated (SIGTERM)", 143),
-            };
-            let _ = writeln!(
-                std::io::stderr(),
-                "{said}; run the same command again to resume"
-            );
-            ExitCode::from(code)
-        }
+        Ok(Ended::Interrupted(stop)) => stopped(stop, "run the same command again to resume"),
+        Ok(Ended::StoppedFollowing(stop, run_id)) => stopped(
+            stop,
+            &format!(
+                "stopped following run {run_id}, which goes on in the serving process \
+                 (--approve again follows it)"
+            ),
+        ),
         Err(err) => {
             // Written like `say!`: a closed standard error must not turn this into a panic.
             // One line, whatever the messages it quotes (a run's recorded failure may hold
@@ -273,6 +270,18 @@ async fn main() -> ExitCode {
     }
 }
 
+/// Says that Ctrl-C or SIGTERM (`stop`) stopped this program, and `next`; returns the exit
+/// code: 130 for Ctrl-C, 143 for SIGTERM.
+fn stopped(stop: Stop, next: &str) -> ExitCode {
+    let (said, code) = match stop {
+        Stop::CtrlC => ("interrupted", 130),
+        Stop::Terminate => ("terminated (SIGTERM)", 143),
+    };
+    // Written like `say!`: a closed standard error must not turn this into a panic.
+    let _ = writeln!(std::io::stderr(), "{said}; {next}");
+    ExitCode::from(code)
+}
+
 /// How this program ended, when it did not fail.
 enum Ended {
     /// It did what it was asked: the run ended, parked at the approval gate, or a test hook
@@ -280,6 +289,9 @@ enum Ended {
     Done,
     /// Ctrl-C or SIGTERM stopped it.
     Interrupted(Stop),
+    /// Ctrl-C or SIGTERM stopped `--approve` while it followed the run (its id) in the
+    /// serving process, where the run goes on.
+    StoppedFollowing(Stop, String),
 }
 
 /// What asked this program to stop.
@@ -309,14 +321,23 @@ async fn run(cli: Cli) -> Result<Ended> {
     let interrupt = Interrupt::listen();
     if cli.approve {
         // Another `deliver --serve` holds the store: it takes the approval instead, and this
-        // follows the run there.
-        tokio::select! {
+        // follows the run there if that process drives it.
+        let through = tokio::select! {
             biased;
             stop = interrupt.wait() => return Ok(Ended::Interrupted(stop)),
-            through = approval::through_the_serving_process(&cli, &store) => {
-                if through? {
-                    return Ok(Ended::Done);
-                }
+            through = approval::through_the_serving_process(&cli, &store) => through?,
+        };
+        match through {
+            approval::Through::NoProcess => {}
+            approval::Through::Said => return Ok(Ended::Done),
+            approval::Through::Follow(following) => {
+                return tokio::select! {
+                    biased;
+                    stop = interrupt.wait() => {
+                        Ok(Ended::StoppedFollowing(stop, cli.run_id.clone()))
+                    }
+                    followed = following.until_it_ends(&cli, &store) => followed.map(|()| Ended::Done),
+                };
             }
         }
     }

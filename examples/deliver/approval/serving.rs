@@ -19,32 +19,42 @@ use crate::workflow::{APPROVAL_EVENT, Approval};
 /// How often the followed run is read through the control endpoint.
 const FOLLOW_EVERY: Duration = Duration::from_millis(100);
 
+/// What `--approve` did through a serving process ([`through_the_serving_process`]).
+pub enum Through {
+    /// No process answers on the store's control endpoint: this command approves the run
+    /// itself, as usual.
+    NoProcess,
+    /// The approval was sent, and all is said: the serving process drives another run.
+    Said,
+    /// The approval was sent to the process that drives the run: follow it there.
+    Follow(Following),
+}
+
+/// The run a serving process drives, to follow until it ends ([`Following::until_it_ends`]).
+pub struct Following {
+    client: Client,
+}
+
 /// `--approve` while another `deliver --serve` holds the store (`store`): sends the approval
 /// through that process's control endpoint (the socket next to `store`), with the idempotency
 /// key the in-process approval carries, so that it is taken once however often it is sent.
 ///
 /// A serving process drives its own run only. If it drives `cli.run_id`, it hands the
-/// approval to the run at once, and this command then follows the run through the endpoint
-/// until it ends, printing each state it enters (`[seq N] State (in the serving process)`)
-/// and its outcome (`pull request: URL`) as a run driven here ends. Otherwise it says that
-/// the run takes the approval when it is next driven, and returns.
-///
-/// Returns `false`, having done nothing, when no process answers on the endpoint (this
-/// command then opens the store itself, as usual).
+/// approval to the run at once, and [`Through::Follow`] is returned: the caller follows the
+/// run there ([`Following::until_it_ends`]). Otherwise this says that the run takes the approval
+/// when it is next driven ([`Through::Said`]). [`Through::NoProcess`], having done nothing,
+/// when no process answers on the endpoint.
 ///
 /// # Errors
 /// The process refuses the approval (no such run, or an ended one), or what answers on the
-/// socket is not a loops control endpoint of this version; the run failed or was cancelled
-/// in the serving process; the serving process ended before the run did (the approval is
-/// recorded: the error says the command that goes on with it); the store cannot be read
-/// once the serving process has let it go.
-pub async fn through_the_serving_process(cli: &Cli, store: &Path) -> Result<bool> {
+/// socket is not a loops control endpoint of this version.
+pub async fn through_the_serving_process(cli: &Cli, store: &Path) -> Result<Through> {
     let run_id = &cli.run_id;
     let Some(client) = Client::next_to_store(store)
         .await
         .map_err(|e| anyhow::Error::new(e).context("--approve"))?
     else {
-        return Ok(false);
+        return Ok(Through::NoProcess);
     };
     let by = approver_name();
     let payload = serde_json::value::to_raw_value(&Approval { by: by.clone() })?;
@@ -57,17 +67,17 @@ pub async fn through_the_serving_process(cli: &Cli, store: &Path) -> Result<bool
                 store.display()
             ))
         })?;
-    let endpoint = socket_path(store);
     let sent_as = if sent.duplicate {
         format!(
-            "run {run_id} was sent an approval already (event {})",
+            "run {run_id} was sent an approval already (event {}), which the `deliver` \
+             serving the store takes once",
             sent.event_seq
         )
     } else {
         format!(
             "approved run {run_id} as {by}, through the control endpoint {} of the `deliver` \
              serving the store",
-            endpoint.display()
+            socket_path(store).display()
         )
     };
     // The serving process drives its own run only (`taken_here` says whether it drives this
@@ -77,24 +87,58 @@ pub async fn through_the_serving_process(cli: &Cli, store: &Path) -> Result<bool
             "{sent_as}; run {run_id} takes it when `deliver --run-id {run_id}` drives it, once \
              the serving process has ended (that process drives another run)"
         );
-        return Ok(true);
+        return Ok(Through::Said);
     }
     say!("{sent_as}; following the run there until it ends (Ctrl-C stops following only)");
-    follow(&client, cli, store).await?;
-    Ok(true)
+    Ok(Through::Follow(Following { client }))
 }
 
-/// Follows the run `cli.run_id` through `client` until it ends, then says how it ended.
-///
-/// The serving process stops its endpoint once its run has ended, maybe before this reads
-/// the end: when the endpoint stops answering, the store (the process lets it go as it
-/// exits) says whether the run ended or the process went away before it.
+/// How long a read of the followed run may go unanswered before this says so: as long as
+/// the `loops` CLI waits for a process's first answer.
+const NOTICE_AFTER: Duration = loops::control::CONNECT_TIMEOUT;
+
+impl Following {
+    /// Follows the run `cli.run_id` in the process serving `store` until it ends, printing
+    /// each state it enters (`[seq N] State (in the serving process)`) and its outcome
+    /// (`pull request: URL`) as a run driven here ends. A process that does not answer for
+    /// [`NOTICE_AFTER`] (stopped, say) is said to, once per silence; a read unanswered for 5
+    /// minutes fails.
+    ///
+    /// The serving process stops its endpoint once its run has ended, maybe before this reads
+    /// the end: when the endpoint stops answering, the store (the process lets it go as it
+    /// exits) says whether the run ended or the process went away before it.
+    ///
+    /// # Errors
+    /// The run failed or was cancelled in the serving process; the serving process ended
+    /// before the run did (the approval is recorded: the error says the command that goes on
+    /// with it); a read went unanswered for 5 minutes; the store cannot be read once the
+    /// serving process has let it go.
+    pub async fn until_it_ends(self, cli: &Cli, store: &Path) -> Result<()> {
+        follow(&self.client, cli, store).await
+    }
+}
+
+/// [`Following::until_it_ends`], through `client`.
 async fn follow(client: &Client, cli: &Cli, store: &Path) -> Result<()> {
     let run_id = &cli.run_id;
     let payloads = payloads(cli)?;
     let mut shown = None;
     loop {
-        let latest = match client.latest(run_id).await {
+        let read = client.latest(run_id);
+        tokio::pin!(read);
+        let answered = match tokio::time::timeout(NOTICE_AFTER, &mut read).await {
+            Ok(answered) => answered,
+            Err(_) => {
+                say!(
+                    "the `deliver` serving {} has not answered for {} s (stopped? SIGSTOP, a \
+                     debugger); still following run {run_id}",
+                    store.display(),
+                    NOTICE_AFTER.as_secs()
+                );
+                read.await
+            }
+        };
+        let latest = match answered {
             Ok(latest) => latest,
             Err(ControlError::Unreachable { .. } | ControlError::Dropped { .. }) => {
                 let read = crate::store::open_read_only(store).await?;
@@ -181,8 +225,24 @@ fn ended(
         ),
         status => bail!("run {run_id} is {status} {at} in the serving process"),
     }
-    if let Some(payloads) = payloads {
-        payloads.open_transition(run_id, &mut record)?;
+    // The serving process seals what it stores when it has a key file; the control endpoint
+    // serves payloads as stored.
+    if let Some(Ok(sealed)) = loops::parse_envelope(record.payload.get()) {
+        let opened = payloads.map(|p| p.open_transition(run_id, &mut record));
+        if !matches!(opened, Some(Ok(()))) {
+            let why = match opened {
+                Some(Err(e)) => format!("the key file given cannot open it ({e})"),
+                _ => "give the key file with --key-file to read it".to_owned(),
+            };
+            say!(
+                "run {run_id} ended at {} (seq {}) in the serving process; its result is \
+                 encrypted with key {}: {why}",
+                info.state,
+                info.seq,
+                sealed.key
+            );
+            return Ok(());
+        }
     }
     match versions::finished_of(run_id, &record)? {
         Finished::PrOpened { url, .. } => say!("pull request: {url}"),

@@ -451,15 +451,17 @@ fn deliver_approve_goes_through_the_example_that_serves_the_store() {
     assert_eq!(approvals[0]["delivered"], true);
 }
 
-/// `deliver --approve` follows the run in the serving process; when that process is killed
-/// before the run ends (here while it pushes: a `git` wrapper on its `PATH` holds the push),
-/// the command says so and fails, naming where the run stands and the command that goes on
-/// with it (before, it had said the process "ends when the run does" and exited 0). That
-/// command then finishes the run, with the one approval.
+/// `deliver --approve` follows the run in the serving process (here while it pushes: a `git`
+/// wrapper on its `PATH` holds the push). Ctrl-C stops following only, and says so; sent
+/// again, the approval is a duplicate and the run is followed again; a serving process that
+/// stops answering (SIGSTOP) is said to; when it is killed before the run ends, the command
+/// says so and fails, naming where the run stands and the command that goes on with it
+/// (before, it had said the process "ends when the run does" and exited 0). That command then
+/// finishes the run, with the one approval.
 #[cfg(unix)]
 #[test]
 fn deliver_approve_fails_when_the_serving_example_dies_before_the_run_ends() {
-    use std::io::Read as _;
+    use std::io::{BufRead as _, BufReader, Read as _};
     use std::os::unix::fs::PermissionsExt as _;
     use std::process::Stdio;
     use std::time::Duration;
@@ -492,32 +494,86 @@ fn deliver_approve_fails_when_the_serving_example_dies_before_the_run_ends() {
     serving.env("PATH", path);
     let (mut child, _lines, said) = serving_at_the_gate_as(serving);
 
-    let mut approving = deliver_in(workdir)
-        .arg("--approve")
-        .env("USER", "carol")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run deliver --approve");
+    let approve = || {
+        deliver_in(workdir)
+            .arg("--approve")
+            .env("USER", "carol")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run deliver --approve")
+    };
+    let ended = |mut approving: std::process::Child| {
+        let status = approving.wait().expect("deliver --approve ends");
+        let (mut stdout, mut stderr) = (String::new(), String::new());
+        // Unless it was read already.
+        if let Some(mut out) = approving.stdout.take() {
+            out.read_to_string(&mut stdout).expect("stdout");
+        }
+        let mut err = approving.stderr.take().expect("stderr");
+        err.read_to_string(&mut stderr).expect("stderr");
+        (status.code(), stdout, stderr)
+    };
+    let following = "; following the run there until it ends (Ctrl-C stops following only)";
+
+    // Ctrl-C while it follows: it stops following, and says the run goes on there.
+    let first = approve();
     let pushing = poll(Duration::from_secs(60), Duration::from_millis(20), || {
         marks.join("pushing").exists().then_some(())
     });
     assert!(pushing.is_some(), "the run never pushed: {said:?}");
+    signal("INT", first.id());
+    let (code, stdout, stderr) = ended(first);
+    assert_eq!(code, Some(130), "{stdout}{stderr}");
+    assert_eq!(
+        stdout.lines().next(),
+        Some(
+            format!(
+                "approved run deliver-1 as carol, through the control endpoint {}.sock of the \
+                 `deliver` serving the store{following}",
+                store.display()
+            )
+            .as_str()
+        ),
+        "{stdout}"
+    );
+    assert_eq!(
+        stderr,
+        "interrupted; stopped following run deliver-1, which goes on in the serving process \
+         (--approve again follows it)\n"
+    );
+
+    // Again: the approval is a duplicate, and it follows the run again. The serving process
+    // stopped (SIGSTOP) is said to, after 10 s; then it is killed.
+    let mut second = approve();
+    let mut lines = BufReader::new(second.stdout.take().expect("stdout")).lines();
+    let first_line = lines.next().expect("a line").expect("a line");
+    assert!(
+        first_line.starts_with("run deliver-1 was sent an approval already (event ")
+            && first_line.ends_with(&format!(
+                "), which the `deliver` serving the store takes once{following}"
+            )),
+        "{first_line}"
+    );
+    assert_eq!(
+        lines.next().expect("a line").expect("a line"),
+        "[seq 6] Reviewed (in the serving process)"
+    );
+    signal("STOP", child.0.id());
+    assert_eq!(
+        lines.next().expect("a line").expect("a line"),
+        format!(
+            "the `deliver` serving {} has not answered for 10 s (stopped? SIGSTOP, a \
+             debugger); still following run deliver-1",
+            store.display()
+        )
+    );
     child.0.kill().expect("SIGKILL the serving example");
     child.0.wait().expect("it ends");
     std::fs::remove_file(marks.join("hold")).expect("let the push go");
-
-    let status = approving.wait().expect("deliver --approve ends");
-    let (mut stdout, mut stderr) = (String::new(), String::new());
-    let mut out = approving.stdout.take().expect("stdout");
-    out.read_to_string(&mut stdout).expect("stdout");
-    let mut err = approving.stderr.take().expect("stderr");
-    err.read_to_string(&mut stderr).expect("stderr");
-    assert_eq!(status.code(), Some(1), "{stdout}{stderr}");
-    assert!(
-        stdout.ends_with("[seq 6] Reviewed (in the serving process)\n"),
-        "{stdout}"
-    );
+    assert!(lines.next().is_none(), "nothing more on stdout");
+    let (code, _, stderr) = ended(second);
+    assert_eq!(code, Some(1), "{stderr}");
     assert_eq!(
         stderr,
         format!(
@@ -547,6 +603,71 @@ fn deliver_approve_fails_when_the_serving_example_dies_before_the_run_ends() {
     let approvals = approvals(&store, "deliver-1");
     assert_eq!(approvals.len(), 1, "{approvals:?}");
     assert_eq!(approvals[0]["payload"], serde_json::json!({"by": "carol"}));
+}
+
+/// `deliver --approve` through a serving process whose store is encrypted (`--key-file`):
+/// without the key file it approves and follows the run all the same, and says at the end
+/// that the run's result needs the key (it had failed with the library's decryption error,
+/// exit 1, after the pull request was opened); with it, it says the pull request.
+#[cfg(unix)]
+#[test]
+fn deliver_approve_of_an_encrypted_store_needs_the_key_only_to_read_the_result() {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let workdir = &dir.path().join("work");
+    let key = dir.path().join("k1");
+    std::fs::write(&key, format!("k1 {}\n", "07".repeat(32))).expect("write the key");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let other_key = dir.path().join("k9");
+    std::fs::write(&other_key, format!("k9 {}\n", "09".repeat(32))).expect("write the key");
+    std::fs::set_permissions(&other_key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let approve = |run: &str, key_file: Option<&std::path::Path>| {
+        let mut approve = deliver_in(workdir);
+        approve
+            .args(["--run-id", run, "--approve"])
+            .env("USER", "carol");
+        if let Some(key) = key_file {
+            approve.arg("--key-file").arg(key);
+        }
+        let out = approve.output().expect("run deliver --approve");
+        assert!(out.status.success(), "{}", describe(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    for (run, key_file, last) in [
+        (
+            "deliver-1",
+            None,
+            "run deliver-1 ended at PrOpened (seq 7) in the serving process; its result is \
+             encrypted with key k1: give the key file with --key-file to read it",
+        ),
+        (
+            "other",
+            Some(key.as_path()),
+            "pull request: forge://demo/pulls/2",
+        ),
+        // A key file without the store's key: what opening the result said, after.
+        (
+            "third",
+            Some(other_key.as_path()),
+            "run third ended at PrOpened (seq 7) in the serving process; its result is \
+             encrypted with key k1: the key file given cannot open it (",
+        ),
+    ] {
+        let mut serving = deliver_in(workdir);
+        serving.args(["--run-id", run]).arg("--key-file").arg(&key);
+        let (mut child, lines, said) = serving_at_the_gate_as(serving);
+        let followed = approve(run, key_file);
+        assert!(
+            followed.lines().last().is_some_and(|l| l.starts_with(last)),
+            "{followed}"
+        );
+        let rest: Vec<String> = lines.map(|l| l.expect("a line")).collect();
+        assert!(
+            child.0.wait().expect("it ends").success(),
+            "{said:?} {rest:?}"
+        );
+    }
 }
 
 /// `deliver --run-id other --approve` while a `deliver --serve` of another run holds the
@@ -604,6 +725,17 @@ fn deliver_approve_of_a_run_the_serving_example_does_not_drive_says_so() {
     let approvals = approvals(&store, "other");
     assert_eq!(approvals.len(), 1, "{approvals:?}");
     assert_eq!(approvals[0]["payload"], serde_json::json!({"by": "carol"}));
+}
+
+/// Sends `signal` (`INT`, `STOP`, ...) to the process `pid`.
+#[cfg(unix)]
+fn signal(signal: &str, pid: u32) {
+    let sent = std::process::Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("run kill");
+    assert!(sent.success(), "kill -{signal} {pid}");
 }
 
 /// The `approve` events of `run`'s history, as `loops history --json` shows them.
