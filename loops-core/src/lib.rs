@@ -120,6 +120,7 @@ pub mod __private {
     pub use crate::hint::handler_error;
     pub use crate::migrate::{Named, SameName};
     pub use crate::schema::__describe::{describe, describe_len, utf8};
+    pub use crate::workflow::read_event_as;
     pub use crate::{
         BoxError, Context, Dispatch, Event, Schema, SchemaHash, StateId, Versioned, Workflow,
     };

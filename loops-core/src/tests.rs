@@ -17,6 +17,7 @@ mod retention;
 mod run_ids;
 mod send_json;
 mod store_file;
+mod typed_events;
 mod waits;
 
 use waits::{Gate, GateState};

@@ -79,4 +79,29 @@ pub trait Workflow: Serialize + DeserializeOwned + Send + 'static {
 
     /// The state this value is in.
     fn state(&self) -> Self::State;
+
+    /// Reads `payload` (JSON) as the type this version declares for its event `event`
+    /// (`#[event(name: Type)]`), running that type's own checks (a `#[serde(try_from = ..)]`
+    /// conversion, a hand-written `Deserialize`) beyond the shape the schema describes.
+    /// Returns `None` if this version declares no event `event`, `Some(Err(problem))` (the
+    /// type's error text) if the type refuses the payload, `Some(Ok(()))` if it reads it.
+    ///
+    /// The derive implements it for a workflow that declares events; the runtime calls it
+    /// when an event is sent to a run of this version ([`Runtime::send`](crate::Runtime::send),
+    /// the control endpoint's send), so that a payload the run would set aside when it waits
+    /// for it is refused at the send instead, with
+    /// [`EventRefusal::Refused`](crate::EventRefusal::Refused).
+    fn read_event(event: &str, payload: &str) -> Option<Result<(), String>> {
+        let _ = (event, payload);
+        None
+    }
+}
+
+/// `payload` read as a `T`, for [`Workflow::read_event`] as the derive implements it: its
+/// error's text if `T` refuses it. Not for use outside the derive's code.
+#[doc(hidden)]
+pub fn read_event_as<T: DeserializeOwned>(payload: &str) -> Result<(), String> {
+    serde_json::from_str::<T>(payload)
+        .map(drop)
+        .map_err(|e| e.to_string())
 }

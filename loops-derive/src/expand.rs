@@ -4,6 +4,7 @@
 use proc_macro2::{Span, TokenStream};
 use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::ext::IdentExt;
+use syn::spanned::Spanned as _;
 use syn::{Ident, Index, Member};
 
 use crate::ast::{State, Style, Workflow};
@@ -146,6 +147,7 @@ pub(crate) fn impls(w: &Workflow, dispatch: TokenStream, schema: TokenStream) ->
         }
     });
     let events = event_consts(w);
+    let read_event = read_event_fn(w);
     quote! {
         #state_id
         #(#from_next)*
@@ -158,6 +160,7 @@ pub(crate) fn impls(w: &Workflow, dispatch: TokenStream, schema: TokenStream) ->
             const VERSION: u32 = #version;
             #schema
             #accepts
+            #read_event
             fn state(&self) -> #state_ident {
                 match self {
                     #(#state_arms,)*
@@ -184,6 +187,40 @@ pub(crate) fn impls(w: &Workflow, dispatch: TokenStream, schema: TokenStream) ->
             }
         }
     }
+}
+
+/// `Workflow::read_event` for a workflow that declares events: the payload of each read as
+/// its declared type (`None` without events: the trait's default). Each arm is spanned at
+/// its type, so a type that cannot be read from JSON is reported there.
+fn read_event_fn(w: &Workflow) -> Option<TokenStream> {
+    if w.attrs.events.is_empty() {
+        return None;
+    }
+    let krate = &w.krate;
+    // An event declared twice is reported by `valid`: one arm each.
+    let mut seen: Vec<String> = Vec::new();
+    let arms = w.attrs.events.iter().filter_map(|e| {
+        let name = e.name.unraw().to_string();
+        if seen.contains(&name) {
+            return None;
+        }
+        seen.push(name.clone());
+        let ty = &e.ty;
+        Some(quote_spanned! {ty.span()=>
+            #name => ::core::option::Option::Some(#krate::read_event_as::<#ty>(__payload)),
+        })
+    });
+    Some(quote! {
+        fn read_event(
+            __event: &str,
+            __payload: &str,
+        ) -> ::core::option::Option<::core::result::Result<(), ::std::string::String>> {
+            match __event {
+                #(#arms)*
+                _ => ::core::option::Option::None,
+            }
+        }
+    })
 }
 
 /// One `loops::Event<Payload>` constant per declared event, on the workflow enum:

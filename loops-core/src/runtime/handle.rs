@@ -97,6 +97,8 @@ pub(crate) struct Config {
 pub(crate) struct Version {
     pub(crate) known: KnownVersion,
     pub(crate) driver: Arc<dyn Driver>,
+    /// Its [`Workflow::read_event`](crate::Workflow::read_event).
+    pub(crate) read_event: fn(&str, &str) -> Option<Result<(), String>>,
 }
 
 /// The registered versions of every workflow (by name, each version once by schema hash)
@@ -162,6 +164,27 @@ impl Registry {
             .iter()
             .find(|v| v.known.stored.hash == hash)
             .map(|v| Arc::clone(&v.driver))
+    }
+
+    /// Reads the payload of the event `event` sent to a run of `workflow` stored with schema
+    /// `hash`, as the registered version that drives such a run declares it
+    /// ([`Workflow::read_event`](crate::Workflow::read_event)): the version of that schema,
+    /// else one that accepts it. `None` if no registered version drives the schema as it is
+    /// (a run to migrate first, or of a version this build does not compile), or it declares
+    /// no such event.
+    pub(crate) fn read_event(
+        &self,
+        workflow: &str,
+        hash: SchemaHash,
+        event: &str,
+        payload: &str,
+    ) -> Option<Result<(), String>> {
+        let versions = self.workflows.get(workflow)?;
+        let version = versions
+            .iter()
+            .find(|v| v.known.stored.hash == hash)
+            .or_else(|| versions.iter().find(|v| v.known.accepts.contains(&hash)))?;
+        (version.read_event)(event, payload)
     }
 
     /// The registered workflows' names, sorted.

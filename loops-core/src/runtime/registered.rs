@@ -41,6 +41,7 @@ where
                 handler: Arc::new(handler),
                 _workflow: PhantomData,
             }),
+            read_event: W::read_event,
         }
     }
 }

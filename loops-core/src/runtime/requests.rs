@@ -200,13 +200,17 @@ impl Runtime {
     /// surrogate escape, `"\ud800"`, which a `RawValue` takes). The payload check refuses
     /// what serde's derive would refuse for sure (a missing field, a value of the wrong
     /// kind, an unknown variant); a field the declared type does not have is not refused
-    /// (serde ignores it when the run reads the payload; with `#[serde(deny_unknown_fields)]`
-    /// on the type, the wait that takes the event sets it aside).
+    /// (serde ignores it when the run reads the payload). Where this runtime registers the
+    /// version that drives the run (its schema's, or one that accepts it), the payload is
+    /// then read as the declared type ([`Workflow::read_event`](crate::Workflow::read_event)),
+    /// whose own checks refuse what the run's wait would set aside: a
+    /// `#[serde(try_from = ..)]` conversion's rules, `#[serde(deny_unknown_fields)]`.
     ///
     /// # Errors
     /// [`Error::EventRefused`](crate::Error::EventRefused) (nothing written) for a name the
     /// workflow does not declare, a payload that is not JSON a type can read, or one that
-    /// cannot be the declared type ([`check_event`]);
+    /// cannot be the declared type ([`check_event`]), or that the declared type refuses
+    /// ([`EventRefusal::Refused`]);
     /// [`Error::RunNotFound`](crate::Error::RunNotFound); otherwise as [`send`](Self::send).
     pub async fn send_json(
         &self,
@@ -297,6 +301,23 @@ impl Runtime {
                 })?;
             if let Some(description) = self.store().schema(info.schema).await? {
                 check_event(&info, &description, event, &json)?;
+            }
+            // The declared type's own checks, where this build drives the run's version (a
+            // sealed payload was checked by whoever sealed it, who holds the key).
+            if crate::codec::parse_envelope(&json).is_none()
+                && let Some(Err(problem)) =
+                    self.registry(|r| r.read_event(&info.workflow, info.schema, event, &json))
+            {
+                return Err(Error::EventRefused {
+                    run_id: run_id.to_owned(),
+                    state: info.state.clone(),
+                    seq: info.seq,
+                    event: event.to_owned(),
+                    refusal: Box::new(EventRefusal::Refused {
+                        event: event.to_owned(),
+                        problem,
+                    }),
+                });
             }
         }
         let reply = self

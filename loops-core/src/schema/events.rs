@@ -71,6 +71,16 @@ pub enum EventRefusal {
         /// (`lone leading surrogate in hex escape at line 1 column 13`).
         problem: String,
     },
+    /// The payload has the declared shape, but the declared type's own checks refuse it
+    /// ([`Workflow::read_event`](crate::Workflow::read_event): a `#[serde(try_from = ..)]`
+    /// conversion, say): the run would set it aside when it waits for it.
+    #[error("event `{event}`'s payload type refuses the payload: {problem}")]
+    Refused {
+        /// The event's name.
+        event: String,
+        /// The type's error.
+        problem: String,
+    },
     /// An object of the payload names a key twice: a run's type would read one of them, or
     /// refuse the whole payload when the run takes it (a struct), after it was accepted.
     #[error("the payload names a key twice in one object: {problem}; send each key once")]

@@ -1,0 +1,143 @@
+//! An event's declared type's own checks run at the send: a payload of the declared shape
+//! that the type refuses (`#[serde(try_from = ..)]`) is refused by `Runtime::send_json`
+//! where the runtime registers the run's version, nothing written; without the version
+//! registered, the shape alone is checked and the run's wait sets such a payload aside.
+
+use loops_derive::{Schema, Workflow};
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use super::temp_store;
+use crate::*;
+
+/// Waits for a sign-off, and ends with its signer.
+#[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(name = "signed", crate = crate)]
+#[event(sign: SignOff)]
+enum Signed {
+    #[initial]
+    #[next(Done)]
+    Ask,
+    #[terminal]
+    Done { by: String },
+}
+
+struct Signer;
+
+impl SignedHandler for Signer {
+    type Error = Error;
+    async fn ask(&self, ctx: &Context) -> Result<AskNext> {
+        let sign_off = ctx.wait_for(Signed::SIGN).await?;
+        Ok(AskNext::Done { by: sign_off.by })
+    }
+}
+
+/// A sign-off: who signed, never blank (its `Deserialize` checks).
+#[derive(Schema, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[schema(crate = crate)]
+#[serde(try_from = "SignOffFields")]
+struct SignOff {
+    by: String,
+}
+
+/// [`SignOff`] as it is sent, before its check.
+#[derive(Schema, Deserialize)]
+#[schema(crate = crate)]
+struct SignOffFields {
+    by: String,
+}
+
+impl TryFrom<SignOffFields> for SignOff {
+    type Error = String;
+
+    fn try_from(fields: SignOffFields) -> std::result::Result<SignOff, String> {
+        if fields.by.trim().is_empty() {
+            return Err("\"by\" is blank: a sign-off names who signed".to_owned());
+        }
+        Ok(SignOff { by: fields.by })
+    }
+}
+
+fn raw(text: &str) -> Box<RawValue> {
+    serde_json::from_str(text).unwrap()
+}
+
+#[tokio::test]
+async fn a_payload_its_type_refuses_is_refused_at_the_send_where_the_version_is_registered() {
+    let (_dir, path) = temp_store();
+    let rt = Runtime::builder()
+        .register::<Signed, _>(Signer)
+        .open(&path)
+        .unwrap();
+    rt.redb()
+        .unwrap()
+        .__seed_history([("s".to_owned(), Signed::Ask)])
+        .unwrap();
+    // `Workflow::read_event`, as the derive implements it.
+    assert_eq!(Signed::read_event("sign", r#"{"by":"ann"}"#), Some(Ok(())));
+    assert_eq!(Signed::read_event("other", r#"{"by":"ann"}"#), None);
+
+    let err = rt
+        .send_json("s", "sign", None, &raw(r#"{"by":" "}"#))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "run `s` (state `Ask`, seq 0): event `sign` refused: event `sign`'s payload type \
+         refuses the payload: \"by\" is blank: a sign-off names who signed"
+    );
+    let Error::EventRefused { refusal, .. } = err else {
+        panic!("expected EventRefused, got {err:?}");
+    };
+    assert!(
+        matches!(&*refusal, EventRefusal::Refused { event, .. } if event == "sign"),
+        "{refusal:?}"
+    );
+    // Nothing was written; a good one is taken and ends the run.
+    assert!(rt.store().events("s").await.unwrap().is_empty());
+    rt.send_json("s", "sign", None, &raw(r#"{"by":"ann"}"#))
+        .await
+        .unwrap();
+    let done = rt.run("s", Signed::Ask, &Signer).await.unwrap();
+    assert_eq!(done, Signed::Done { by: "ann".into() });
+}
+
+#[tokio::test]
+async fn without_the_version_registered_the_shape_is_checked_and_the_wait_sets_it_aside() {
+    let (_dir, path) = temp_store();
+    let rt = Runtime::open(&path).unwrap();
+    rt.redb()
+        .unwrap()
+        .__seed_history([("s".to_owned(), Signed::Ask)])
+        .unwrap();
+    // Of the declared shape: taken, as this runtime does not know the type.
+    rt.send_json("s", "sign", None, &raw(r#"{"by":""}"#))
+        .await
+        .unwrap();
+    rt.send_json("s", "sign", None, &raw(r#"{"by":"bo"}"#))
+        .await
+        .unwrap();
+    drop(rt);
+    // The run's wait sets the blank one aside and takes the next.
+    let rt = Runtime::open(&path).unwrap();
+    let done = rt.run("s", Signed::Ask, &Signer).await.unwrap();
+    assert_eq!(done, Signed::Done { by: "bo".into() });
+    // The blank one, set aside: recorded as a failure of the wait, for inspection.
+    let set_aside: Vec<Vec<String>> = rt
+        .store()
+        .failures("s")
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|(_, f)| matches!(&f.source, FailureSource::Step { name, .. } if name == "loops:wait:sign"))
+        .map(|(_, f)| f.errors)
+        .collect();
+    assert_eq!(
+        set_aside,
+        [[
+            "run `s`: event `sign` (event seq 0) delivered to state `Ask` (seq 0) does not \
+             decode as the requested type",
+            "\"by\" is blank: a sign-off names who signed"
+        ]]
+    );
+}
