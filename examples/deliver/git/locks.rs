@@ -320,6 +320,15 @@ mod tests {
             .current_dir(remote.join("refs"))
             .spawn()
             .unwrap();
+        // `spawn` returns once the exec has begun, and the kernel gives the process its new
+        // name last: until then it bears this test's thread's, which starts with `git`.
+        let comm = Path::new("/proc").join(shell.id().to_string()).join("comm");
+        for _ in 0..5_000 {
+            if std::fs::read_to_string(&comm).is_ok_and(|c| c.trim_end() == "sleep") {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
         let git_elsewhere = git_process(bin, &elsewhere, &["push"], &[]);
         let removed = remove_left_behind(&error_naming(&lock), false).ok();
         for mut process in [shell, git_elsewhere] {
