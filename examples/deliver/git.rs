@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, Result, bail, ensure};
+use anyhow::{Context as _, Result, anyhow, bail, ensure};
 use tokio::process::Command;
 
 use crate::child::own_process_group;
@@ -38,6 +38,35 @@ pub const KEY_TRAILER: &str = "Loops-Idempotency-Key";
 const LOCK_WAIT: Duration = Duration::from_secs(5);
 const LOCK_PAUSE: Duration = Duration::from_millis(50);
 
+/// How long in all (from its first failure) a command waits for a git lock file that a live
+/// git process may hold ([`locks::Kept::Held`]), and how long apart it is tried again
+/// meanwhile. A git that holds a lock for longer is stuck, or it is a git that takes no lock
+/// but works in the repository (an editor's long-running `git cat-file --batch`, which the
+/// check cannot tell from a holder) and may not end before the editor does: past this, the
+/// command fails with an error naming that process, rather than hang a run for good.
+const HELD_WAIT: Duration = Duration::from_secs(600);
+const HELD_PAUSE: Duration = Duration::from_millis(500);
+/// How often a wait for a lock a live git may hold is said again.
+const HELD_REMINDER: Duration = Duration::from_secs(30);
+
+/// How long [`Git::output`] waits for a git lock file that is taken: [`LOCK_WAIT`] before it
+/// checks whether the lock is left behind, [`HELD_WAIT`] in all while a git may hold it.
+/// Shorter in tests.
+#[derive(Debug, Clone, Copy)]
+struct LockWaits {
+    taken: Duration,
+    held: Duration,
+}
+
+impl Default for LockWaits {
+    fn default() -> Self {
+        LockWaits {
+            taken: LOCK_WAIT,
+            held: HELD_WAIT,
+        }
+    }
+}
+
 /// Checks that git can be run and returns its version line.
 ///
 /// # Errors
@@ -57,6 +86,7 @@ pub struct Git {
     dir: PathBuf,
     /// The index file commands use instead of the repository's (`GIT_INDEX_FILE`).
     index: Option<PathBuf>,
+    waits: LockWaits,
 }
 
 impl Git {
@@ -65,7 +95,16 @@ impl Git {
         Git {
             dir: dir.into(),
             index: None,
+            waits: LockWaits::default(),
         }
+    }
+
+    /// The same repository, with commands that wait `taken` for a lock file before they check
+    /// whether it is left behind, and `held` in all while a git may hold it.
+    #[cfg(test)]
+    fn with_lock_waits(mut self, taken: Duration, held: Duration) -> Git {
+        self.waits = LockWaits { taken, held };
+        self
     }
 
     /// The same repository, with commands that use the index file `index` (created if
@@ -74,6 +113,7 @@ impl Git {
         Git {
             dir: self.dir.clone(),
             index: Some(index.to_path_buf()),
+            waits: self.waits,
         }
     }
 
@@ -114,10 +154,25 @@ impl Git {
     /// is removed at once, since no other git uses that index. A git killed from outside, or
     /// whose other end was ([`cut_short`]), is run again
     /// ([`crate::child::output_unless_cut_short`]).
+    ///
+    /// A lock kept because a live git process works in its repository and may hold it is
+    /// waited for, not failed on: the command is tried again every [`HELD_PAUSE`] while such
+    /// a process runs, with a warning naming it and the lock when the wait begins (and again
+    /// for another process), and a reminder every [`HELD_REMINDER`]. When it ends, its lock
+    /// is gone (the command succeeds) or left behind (removed as above). The wait is a sleep:
+    /// a stop (Ctrl-C, SIGTERM) drops it at once, as it drops any step.
+    ///
+    /// # Errors
+    /// If git cannot start, or is killed from outside every time; if the lock is still taken
+    /// after [`HELD_WAIT`] in all while a git may hold it, or after [`LOCK_WAIT`] where
+    /// whether one does cannot be known (not Linux): an error naming the lock, the process,
+    /// and what to do.
     pub async fn output(&self, args: &[&str]) -> Result<Output> {
         let what = format!("git {}", args.join(" "));
         let mut waiting_since = None;
         let mut removed_lock = false;
+        // The git process that may hold the lock, as last named, and when that was said.
+        let mut held = None;
         loop {
             tracing::debug!(dir = %self.dir.display(), "{what}");
             let make = || {
@@ -132,7 +187,8 @@ impl Git {
             }
             let private = locks::on_index(&stderr, self.index.as_deref());
             let waited = waiting_since.map_or(Duration::ZERO, |t: Instant| t.elapsed());
-            if !removed_lock && (private || waited >= LOCK_WAIT) {
+            let mut kept = locks::Kept::Other;
+            if !removed_lock && (private || waited >= self.waits.taken) {
                 match locks::remove_left_behind(&stderr, private) {
                     Ok(lock) => {
                         tracing::warn!(
@@ -143,26 +199,103 @@ impl Git {
                         removed_lock = true;
                         continue;
                     }
-                    Err(Some(holder)) => tracing::warn!(
-                        "kept the git lock file `{what}` waits for: {holder} works in its \
-                         repository and may hold it"
-                    ),
-                    Err(None) => {}
+                    Err(why) => kept = why,
                 }
             }
-            if waited >= LOCK_WAIT {
+            match kept {
+                locks::Kept::Held { lock, holder } => {
+                    if waited >= self.waits.held {
+                        return Err(self.held_too_long(&what, &lock, &holder));
+                    }
+                    self.say_held(&what, &lock, holder, waited, &mut held);
+                    // A lock left when this holder ends is removed as any other.
+                    removed_lock = false;
+                    tokio::time::sleep(HELD_PAUSE).await;
+                    continue;
+                }
+                locks::Kept::Unknowable(lock) => {
+                    return Err(anyhow!(
+                        "`{what}` in {}: the git lock file {} is still taken after {} s, and \
+                         whether a git process holds it cannot be known on this system: end \
+                         the git process that holds it, or remove {} if none does (a git \
+                         killed outright left it behind)",
+                        self.dir.display(),
+                        lock.display(),
+                        self.waits.taken.as_secs(),
+                        lock.display()
+                    ));
+                }
+                locks::Kept::Other => {}
+            }
+            if waited >= self.waits.taken {
+                // The git that may have held the lock ended between the command and the check:
+                // its lock is gone (or a git that starts took one, to be checked when older).
+                if held.is_some() && !removed_lock && waited < self.waits.held {
+                    tokio::time::sleep(HELD_PAUSE).await;
+                    continue;
+                }
                 return Ok(output);
             }
             if waiting_since.is_none() {
                 tracing::warn!(
                     error = %one_line(&stderr),
                     "`{what}` found a git lock file taken; trying again for up to {} s",
-                    LOCK_WAIT.as_secs()
+                    self.waits.taken.as_secs()
                 );
                 waiting_since = Some(Instant::now());
             }
             tokio::time::sleep(LOCK_PAUSE).await;
         }
+    }
+
+    /// Says that `what` waits for `lock`, which `holder` may hold, `waited` after its first
+    /// failure: when the wait begins, or another process is found; then every
+    /// [`HELD_REMINDER`]. `held`: the process last named, and when it was said.
+    fn say_held(
+        &self,
+        what: &str,
+        lock: &Path,
+        holder: locks::Holder,
+        waited: Duration,
+        held: &mut Option<(locks::Holder, Instant)>,
+    ) {
+        match held {
+            Some((named, said)) if named.pid == holder.pid => {
+                if said.elapsed() >= HELD_REMINDER {
+                    tracing::warn!(
+                        lock = %lock.display(),
+                        "`{what}` still waits for a git lock file that {holder} may hold \
+                         ({} s so far, up to {} s)",
+                        waited.as_secs(),
+                        self.waits.held.as_secs()
+                    );
+                    *said = Instant::now();
+                }
+            }
+            _ => {
+                tracing::warn!(
+                    lock = %lock.display(),
+                    "`{what}` waits for a git lock file that {holder} may hold (it works in \
+                     the lock's repository); trying again until that process ends, for up to \
+                     {} s in all",
+                    self.waits.held.as_secs()
+                );
+                *held = Some((holder, Instant::now()));
+            }
+        }
+    }
+
+    /// The error of `what` when `lock` is still taken after [`HELD_WAIT`], `holder` alive.
+    fn held_too_long(&self, what: &str, lock: &Path, holder: &locks::Holder) -> anyhow::Error {
+        anyhow!(
+            "`{what}` in {}: the git lock file {} is still taken after {} s, and {holder} works \
+             in its repository and may hold it: end that process, or remove {} if no git holds \
+             it (a git killed outright left it behind)",
+            self.dir.display(),
+            lock.display(),
+            self.waits.held.as_secs(),
+            lock.display()
+        )
     }
 
     /// The commit id `rev` names.

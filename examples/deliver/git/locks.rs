@@ -10,8 +10,13 @@
 //! repository or in a work tree linked to it, or its arguments or its `GIT_DIR`,
 //! `GIT_COMMON_DIR` or `GIT_WORK_TREE` name a path there), and none of another user, whose
 //! place cannot be read, runs. That is known on Linux only (`/proc`); elsewhere the lock stays
-//! and git's message is the error. A lock on a temporary index of this program's own is
-//! removed without a check: no other git uses that index.
+//! ([`Kept::Unknowable`]). A lock on a temporary index of this program's own is removed
+//! without a check: no other git uses that index.
+//!
+//! A git process that works in the repository is named ([`Kept::Held`]): it may hold the lock
+//! and remove it when it ends, or it may be a git that only reads and takes no lock (an
+//! editor's long-running `git cat-file --batch`), which this rule cannot tell apart.
+//! [`Git::output`](super::Git::output) waits while there is one.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -38,28 +43,67 @@ pub(super) fn on_index(stderr: &str, index: Option<&Path>) -> bool {
     named_lock(stderr).is_some_and(|named| named == Path::new(&lock))
 }
 
+/// Why [`remove_left_behind`] kept a lock file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Kept {
+    /// A git process works in the repository of the lock file `lock` and may hold it.
+    Held { lock: PathBuf, holder: Holder },
+    /// Whether a git process holds the lock file cannot be known here (not Linux, or `/proc`
+    /// cannot be read).
+    Unknowable(PathBuf),
+    /// Git's message names no lock file, or it is gone, younger than [`MIN_AGE`], in no
+    /// repository, or could not be removed.
+    Other,
+}
+
+/// A git process that may hold a lock file: one that works in its repository
+/// ([`git_working_in`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Holder {
+    pub(super) pid: u32,
+    /// Its command line, its arguments joined by spaces and cut at [`COMMAND_CHARS`] (its
+    /// name if the command line cannot be read).
+    pub(super) command: String,
+    /// Its working directory; `None` for a process of another user, whose directory cannot be
+    /// read.
+    pub(super) cwd: Option<PathBuf>,
+}
+
+/// How much of a holder's command line is told.
+const COMMAND_CHARS: usize = 200;
+
+impl std::fmt::Display for Holder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Holder { pid, command, cwd } = self;
+        match cwd {
+            Some(cwd) => write!(f, "git process {pid} (`{command}`, in {})", cwd.display()),
+            None => write!(f, "git process {pid} (`{command}`) of another user"),
+        }
+    }
+}
+
 /// Removes the lock file git's `stderr` names if no git process can hold it (module docs),
 /// and returns its path. `private`: the lock is on a temporary index of this program's own
 /// ([`on_index`]), removed without a check.
 ///
 /// # Errors
-/// `Some` with the git process that may hold the lock (its pid, name and working directory),
-/// which is kept; `None` if `stderr` names no lock, the lock is gone, is younger than
-/// [`MIN_AGE`], is in no repository, or whether a git holds it cannot be known here.
-pub(super) fn remove_left_behind(stderr: &str, private: bool) -> Result<PathBuf, Option<String>> {
-    let lock = named_lock(stderr).ok_or(None)?;
+/// Why the lock was kept ([`Kept`]).
+pub(super) fn remove_left_behind(stderr: &str, private: bool) -> Result<PathBuf, Kept> {
+    let lock = named_lock(stderr).ok_or(Kept::Other)?;
     if !private {
         let modified = std::fs::metadata(&lock).and_then(|m| m.modified());
-        let age = modified.ok().and_then(|m| m.elapsed().ok()).ok_or(None)?;
-        if age < MIN_AGE {
-            return Err(None);
+        let age = modified.ok().and_then(|m| m.elapsed().ok());
+        if age.is_none_or(|age| age < MIN_AGE) {
+            return Err(Kept::Other);
         }
-        let places = repository_places(&lock).ok_or(None)?;
-        if let Some(holder) = git_working_in(&places).ok_or(None)? {
-            return Err(Some(holder));
+        let places = repository_places(&lock).ok_or(Kept::Other)?;
+        match git_working_in(&places) {
+            None => return Err(Kept::Unknowable(lock)),
+            Some(Some(holder)) => return Err(Kept::Held { lock, holder }),
+            Some(None) => {}
         }
     }
-    std::fs::remove_file(&lock).map_err(|_| None)?;
+    std::fs::remove_file(&lock).map_err(|_| Kept::Other)?;
     Ok(lock)
 }
 
@@ -100,14 +144,13 @@ fn repository_places(lock: &Path) -> Option<Vec<PathBuf>> {
 }
 
 /// A git process (one whose name starts with `git`: `git`, `git-receive-pack`, ...) that
-/// works in `places` ([`repository_places`]), described (pid, name, working directory): its
-/// working directory is in one, or its arguments or environment name one
-/// ([`names_a_place`]). A git process of another user, whose working directory cannot be
-/// read, counts: it could. `None` inside where there is none; `None` outside where processes
-/// cannot be listed. Other processes (the shell this program was started from, an editor)
-/// hold no git lock.
+/// works in `places` ([`repository_places`]): its working directory is in one, or its
+/// arguments or environment name one ([`names_a_place`]). A git process of another user,
+/// whose working directory cannot be read, counts: it could. `None` inside where there is
+/// none; `None` outside where processes cannot be listed. Other processes (the shell this
+/// program was started from, an editor) hold no git lock.
 #[cfg(target_os = "linux")]
-fn git_working_in(places: &[PathBuf]) -> Option<Option<String>> {
+fn git_working_in(places: &[PathBuf]) -> Option<Option<Holder>> {
     let processes = std::fs::read_dir("/proc").ok()?;
     Some(processes.flatten().find_map(|entry| {
         let pid = entry.file_name().into_string().ok()?;
@@ -120,17 +163,43 @@ fn git_working_in(places: &[PathBuf]) -> Option<Option<String>> {
         if !comm.starts_with("git") {
             return None;
         }
-        match std::fs::read_link(proc_dir.join("cwd")) {
-            Ok(cwd) => (places.iter().any(|p| cwd.starts_with(p))
-                || names_a_place(&proc_dir, &cwd, places))
-            .then(|| format!("git process {pid} ({comm}, in {})", cwd.display())),
-            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
-                Some(format!("git process {pid} ({comm}) of another user"))
+        let cwd = match std::fs::read_link(proc_dir.join("cwd")) {
+            Ok(cwd) => {
+                let works_here = places.iter().any(|p| cwd.starts_with(p))
+                    || names_a_place(&proc_dir, &cwd, places);
+                Some(Some(cwd).filter(|_| works_here)?)
             }
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => None,
             // Gone meanwhile: holds nothing.
-            Err(_) => None,
-        }
+            Err(_) => return None,
+        };
+        Some(Holder {
+            pid: pid.parse().ok()?,
+            command: command_line(&proc_dir).unwrap_or_else(|| comm.to_owned()),
+            cwd,
+        })
     }))
+}
+
+/// The command line of the process of `/proc/PID` `proc_dir`, its arguments joined by spaces
+/// and cut at [`COMMAND_CHARS`]; `None` if it cannot be read or is empty (a process ended
+/// meanwhile).
+#[cfg(target_os = "linux")]
+fn command_line(proc_dir: &Path) -> Option<String> {
+    let raw = std::fs::read(proc_dir.join("cmdline")).ok()?;
+    let args: Vec<_> = raw
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(String::from_utf8_lossy)
+        .collect();
+    let line = args.join(" ");
+    if line.is_empty() {
+        return None;
+    }
+    Some(match line.char_indices().nth(COMMAND_CHARS) {
+        Some((end, _)) => format!("{}...", &line[..end]),
+        None => line,
+    })
 }
 
 /// Whether the process of `/proc/PID` `proc_dir`, working in `cwd`, names a path in `places`
@@ -164,7 +233,7 @@ fn names_a_place(proc_dir: &Path, cwd: &Path, places: &[PathBuf]) -> bool {
 }
 
 #[cfg(not(target_os = "linux"))]
-fn git_working_in(_places: &[PathBuf]) -> Option<Option<String>> {
+fn git_working_in(_places: &[PathBuf]) -> Option<Option<Holder>> {
     None
 }
 
@@ -224,13 +293,19 @@ mod tests {
         );
         assert!(!lock.exists());
         // Gone: nothing more to remove.
-        assert_eq!(remove_left_behind(&error_naming(&lock), false).ok(), None);
+        assert_eq!(
+            remove_left_behind(&error_naming(&lock), false),
+            Err(Kept::Other)
+        );
     }
 
     #[test]
     fn a_lock_made_a_moment_ago_stays() {
         let (_dir, lock) = bare_repository_with_lock(Duration::ZERO);
-        assert_eq!(remove_left_behind(&error_naming(&lock), false).ok(), None);
+        assert_eq!(
+            remove_left_behind(&error_naming(&lock), false),
+            Err(Kept::Other)
+        );
         assert!(lock.exists());
     }
 
@@ -292,8 +367,8 @@ mod tests {
         .unwrap();
         let bin = dir.path();
         let remote_arg = format!("--git-dir={}", remote.display());
-        type Holder<'a> = (&'a Path, &'a [&'a str], &'a [(&'a str, &'a Path)]);
-        let holders: [Holder; 6] = [
+        type Place<'a> = (&'a Path, &'a [&'a str], &'a [(&'a str, &'a Path)]);
+        let holders: [Place; 6] = [
             (&remote.join("refs"), &[], &[]),
             (&linked, &[], &[]),
             (&elsewhere, &[&remote_arg], &[]),
@@ -307,11 +382,33 @@ mod tests {
             let kept = remove_left_behind(&error_naming(&lock), false);
             holder.kill().unwrap();
             holder.wait().unwrap();
-            let named = format!("git process {} (git-hold, in ", holder.id());
-            assert!(
-                kept.as_ref()
-                    .is_err_and(|h| h.as_ref().is_some_and(|h| h.starts_with(&named))),
-                "holder {i}: {kept:?}"
+            // Named by its command line: the shell that runs the script, and its arguments.
+            let script = bin.join("git-hold");
+            let command = std::iter::once(format!("/bin/sh {}", script.display()))
+                .chain(args.iter().map(|a| (*a).to_owned()))
+                .collect::<Vec<_>>()
+                .join(" ");
+            let holder = Holder {
+                pid: holder.id(),
+                command,
+                cwd: Some(cwd.canonicalize().unwrap()),
+            };
+            assert_eq!(
+                kept,
+                Err(Kept::Held {
+                    lock: lock.clone(),
+                    holder: holder.clone()
+                }),
+                "holder {i}"
+            );
+            assert_eq!(
+                holder.to_string(),
+                format!(
+                    "git process {} (`{}`, in {})",
+                    holder.pid,
+                    holder.command,
+                    cwd.canonicalize().unwrap().display()
+                )
             );
             assert!(lock.exists());
         }
@@ -330,12 +427,12 @@ mod tests {
             std::thread::sleep(Duration::from_millis(1));
         }
         let git_elsewhere = git_process(bin, &elsewhere, &["push"], &[]);
-        let removed = remove_left_behind(&error_naming(&lock), false).ok();
+        let removed = remove_left_behind(&error_naming(&lock), false);
         for mut process in [shell, git_elsewhere] {
             process.kill().unwrap();
             process.wait().unwrap();
         }
-        assert_eq!(removed, Some(lock.clone()));
+        assert_eq!(removed, Ok(lock.clone()));
         assert!(!lock.exists());
     }
 
@@ -350,7 +447,7 @@ mod tests {
         assert!(!on_index(&said, Some(&dir.path().join("other"))));
         assert!(!on_index(&said, None));
         // Not in a repository, and made a moment ago: kept unless private.
-        assert_eq!(remove_left_behind(&said, false).ok(), None);
+        assert_eq!(remove_left_behind(&said, false), Err(Kept::Other));
         assert_eq!(remove_left_behind(&said, true).ok(), Some(lock.clone()));
         assert!(!lock.exists());
     }
@@ -363,7 +460,10 @@ mod tests {
         let file = std::fs::File::options().write(true).open(&lock).unwrap();
         file.set_modified(std::time::SystemTime::now() - Duration::from_secs(5))
             .unwrap();
-        assert_eq!(remove_left_behind(&error_naming(&lock), false).ok(), None);
+        assert_eq!(
+            remove_left_behind(&error_naming(&lock), false),
+            Err(Kept::Other)
+        );
         assert!(lock.exists());
     }
 }

@@ -351,3 +351,206 @@ async fn edits_must_match_once_name_a_file_and_stay_inside() {
     );
     assert_eq!(git.resolve("refs/heads/work").await.unwrap(), None);
 }
+
+/// The warnings this program's code logs on the thread that set it as the default, each its
+/// message and then its fields (` name=value`), but for `error`: git's own message, which
+/// differs between versions of git.
+#[cfg(target_os = "linux")]
+#[derive(Clone, Default)]
+struct Warnings(std::sync::Arc<std::sync::Mutex<Vec<String>>>);
+
+#[cfg(target_os = "linux")]
+impl Warnings {
+    fn said(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+}
+
+#[cfg(target_os = "linux")]
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Warnings {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        #[derive(Default)]
+        struct Said(String, String);
+        impl tracing::field::Visit for Said {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                match field.name() {
+                    "message" => self.0 = format!("{value:?}"),
+                    "error" => {}
+                    name => self.1.push_str(&format!(" {name}={value:?}")),
+                }
+            }
+        }
+        let meta = event.metadata();
+        if *meta.level() == tracing::Level::WARN && meta.target().starts_with("deliver") {
+            let mut said = Said::default();
+            event.record(&mut said);
+            self.0.lock().unwrap().push(said.0 + &said.1);
+        }
+    }
+}
+
+/// `git cat-file --batch` in `dir`, its input held open: a git that works in the repository
+/// and takes no lock (as an editor's does), until it is killed.
+#[cfg(target_os = "linux")]
+fn reader_in(dir: &Path) -> std::process::Child {
+    let mut child = std::process::Command::new("git")
+        .args(["cat-file", "--batch"])
+        .current_dir(dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Until it runs git, the child bears the name of this test's thread.
+    let comm = Path::new("/proc").join(child.id().to_string()).join("comm");
+    for _ in 0..5_000 {
+        if std::fs::read_to_string(&comm).is_ok_and(|c| c.trim_end() == "git") {
+            return child;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    panic!("git cat-file did not start");
+}
+
+/// Makes the lock file `lock`, a minute old: not one a git has just taken.
+#[cfg(target_os = "linux")]
+fn take_old_lock(lock: &Path) {
+    std::fs::write(lock, "").unwrap();
+    let file = std::fs::File::options().write(true).open(lock).unwrap();
+    file.set_modified(std::time::SystemTime::now() - Duration::from_secs(60))
+        .unwrap();
+}
+
+/// Kills `holder` (and first removes `lock`, if given: the lock it held goes with it) once
+/// `warnings` say that a command waits for it, and half a second more, in a thread.
+#[cfg(target_os = "linux")]
+fn end_when_waited_for(
+    mut holder: std::process::Child,
+    warnings: Warnings,
+    lock: Option<PathBuf>,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        // At most a minute: the test then fails on its warnings, not by hanging.
+        for _ in 0..600 {
+            if warnings.said().iter().any(|w| w.contains(" may hold (")) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        if let Some(lock) = lock {
+            std::fs::remove_file(lock).unwrap();
+        }
+        holder.kill().unwrap();
+        holder.wait().unwrap();
+    })
+}
+
+/// What [`Git::output`] says while `what` waits for `lock`, which `holder`, a reader in
+/// `dir`, may hold: that the lock is taken (1 s of waiting before the check), then the wait
+/// for the holder (`held` s in all).
+#[cfg(target_os = "linux")]
+fn said_while_held(what: &str, lock: &Path, holder: u32, dir: &Path, held: u64) -> Vec<String> {
+    vec![
+        format!("`{what}` found a git lock file taken; trying again for up to 1 s"),
+        format!(
+            "`{what}` waits for a git lock file that git process {holder} (`git cat-file \
+             --batch`, in {}) may hold (it works in the lock's repository); trying again until \
+             that process ends, for up to {held} s in all lock={}",
+            dir.display(),
+            lock.display()
+        ),
+    ]
+}
+
+/// A lock kept because a live git works in the repository is waited for, not failed on: the
+/// wait is said once, naming the process and the lock, and when the process ends the command
+/// succeeds, whether the lock went with it or was left behind (then removed, as one a git
+/// killed outright leaves).
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_lock_a_live_git_may_hold_is_waited_for_until_it_ends() {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    let git = repo_with_file(&root)
+        .await
+        .with_lock_waits(Duration::from_secs(1), Duration::from_secs(60));
+    let what = "git update-ref refs/heads/side HEAD";
+    let lock = root.join(".git/refs/heads/side.lock");
+    for left_behind in [false, true] {
+        take_old_lock(&lock);
+        let holder = reader_in(&root);
+        let pid = holder.id();
+        let warnings = Warnings::default();
+        let subscriber = tracing_subscriber::registry().with(warnings.clone());
+        let _default = tracing::subscriber::set_default(subscriber);
+        let ender = end_when_waited_for(
+            holder,
+            warnings.clone(),
+            (!left_behind).then(|| lock.clone()),
+        );
+        let done = git.run(&["update-ref", "refs/heads/side", "HEAD"]).await;
+        ender.join().unwrap();
+        done.unwrap();
+        let mut expected = said_while_held(what, &lock, pid, &root, 60);
+        if left_behind {
+            expected.push(format!(
+                "removed a git lock file no running git holds (a git process killed outright \
+                 left it behind); trying `{what}` again lock={}",
+                lock.display()
+            ));
+        }
+        assert_eq!(warnings.said(), expected, "left behind: {left_behind}");
+        assert!(!lock.exists());
+        assert_eq!(
+            git.rev_parse("side").await.unwrap(),
+            git.rev_parse("HEAD").await.unwrap()
+        );
+    }
+}
+
+/// A live git that works in the repository for longer than the wait's bound (an editor's
+/// reader, which never ends on its own) fails the command with an error that names the lock
+/// and the process, and says what to do; the lock stays.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_lock_held_past_the_bound_fails_naming_the_holder() {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    let git = repo_with_file(&root)
+        .await
+        .with_lock_waits(Duration::from_secs(1), Duration::from_secs(2));
+    let lock = root.join(".git/refs/heads/side.lock");
+    take_old_lock(&lock);
+    let mut holder = reader_in(&root);
+    let warnings = Warnings::default();
+    let _default =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(warnings.clone()));
+    let began = Instant::now();
+    let failed = git.run(&["update-ref", "refs/heads/side", "HEAD"]).await;
+    let waited = began.elapsed();
+    holder.kill().unwrap();
+    holder.wait().unwrap();
+    let what = "git update-ref refs/heads/side HEAD";
+    assert_eq!(
+        failed.unwrap_err().to_string(),
+        format!(
+            "`{what}` in {root}: the git lock file {lock} is still taken after 2 s, and git \
+             process {pid} (`git cat-file --batch`, in {root}) works in its repository and may \
+             hold it: end that process, or remove {lock} if no git holds it (a git killed \
+             outright left it behind)",
+            root = root.display(),
+            lock = lock.display(),
+            pid = holder.id()
+        )
+    );
+    assert!(waited >= Duration::from_secs(2), "{waited:?}");
+    assert_eq!(
+        warnings.said(),
+        said_while_held(what, &lock, holder.id(), &root, 2)
+    );
+    assert!(lock.exists());
+}
