@@ -382,6 +382,103 @@ fn a_git_lock_left_behind_by_a_killed_git_is_removed_and_the_run_completes() {
     check(dir.path(), reference, "a lock left behind");
 }
 
+/// A git lock a live git may hold (a `git cat-file --batch` works in the remote, as an
+/// editor's may) is waited for, not failed on: the example, stopped before its push and
+/// started again, says which process it waits for and keeps waiting; SIGTERM still stops it
+/// at once, cleanly. Once that process has ended, leaving the lock behind, the same command
+/// removes the lock and completes the run as the reference did.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_git_lock_a_live_git_may_hold_is_waited_for_and_sigterm_still_stops() {
+    let reference = &reference().outcome;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let reviewed = EXPECTED_STATES
+        .iter()
+        .position(|s| *s == "Reviewed")
+        .expect("a Reviewed state") as u64;
+    hold_and_kill(dir.path(), reviewed);
+    let remote = dir.path().join("remote.git");
+    let lock = remote.join("refs/heads").join(format!("{BRANCH}.lock"));
+    std::fs::create_dir_all(lock.parent().expect("a parent")).expect("ref directory");
+    std::fs::write(&lock, "").expect("write the lock");
+    std::fs::File::options()
+        .write(true)
+        .open(&lock)
+        .expect("open the lock")
+        .set_modified(std::time::SystemTime::now() - Duration::from_secs(60))
+        .expect("age the lock");
+    let mut reader = Command::new("git")
+        .args(["cat-file", "--batch"])
+        .current_dir(&remote)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start a git in the remote");
+    let mut child = deliver(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the example");
+    let stderr = child.stderr.take().expect("piped stderr");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let waits = "may hold (it works in the lock's repository)";
+    let mut said = Vec::new();
+    while !said.last().is_some_and(|l: &String| l.contains(waits)) {
+        match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(line) => said.push(line),
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                let _ = reader.kill();
+                let _ = reader.wait();
+                panic!(
+                    "no wait for the reader ({e}); the example said:\n{}",
+                    said.join("\n")
+                );
+            }
+        }
+    }
+    // It keeps waiting (a poll or two), then SIGTERM.
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(kill("TERM", &[child.id()]), "kill -TERM {}", child.id());
+    let stopping = Instant::now();
+    let status = child.wait().expect("wait for the example");
+    let took = stopping.elapsed();
+    said.extend(rx.iter());
+    let said = said.join("\n");
+    reader.kill().expect("stop the reader");
+    reader.wait().expect("reap it");
+    assert_eq!(status.code(), Some(143), "{said}");
+    assert!(took < Duration::from_secs(5), "stopped in {took:?}: {said}");
+    assert!(
+        said.contains(&format!(
+            "git process {} (`git cat-file --batch`, in ",
+            reader.id()
+        )) && said.contains(&format!("{BRANCH}.lock"))
+            && said.ends_with("terminated (SIGTERM); run the same command again to resume"),
+        "{said}"
+    );
+    // The reader, ended by SIGKILL, held no lock: the one there is left behind.
+    assert!(lock.exists());
+    let output = deliver(dir.path()).output().expect("run the example");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{}", describe(&output));
+    assert!(
+        stderr.contains("removed a git lock file no running git holds") && !stderr.contains(waits),
+        "{stderr}"
+    );
+    assert!(!lock.exists());
+    check(dir.path(), reference, "a lock a live git may hold");
+}
+
 /// Git and rustc killed from outside (SIGKILL, as the OOM killer or an operator sends it;
 /// SIGTERM sent to rustc alone, `pkill rustc`; rustc's linker killed) are run again, with a
 /// warning: the run's push twice, the first build of the tests once, then its first link
