@@ -55,6 +55,12 @@ pub struct Cell {
 }
 
 impl Cell {
+    /// The text shown, before escaping and style.
+    #[cfg(test)]
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
     /// A cell showing `text` in `style`, its control characters (a line break, a tab, a
     /// terminal escape: stored text may hold them, from a store written before loops refused
     /// them, or in an error's text) and bidirectional controls escaped as Rust writes them

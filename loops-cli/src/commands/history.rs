@@ -309,19 +309,22 @@ fn item_row(item: TimelineItem<'_>) -> Vec<Cell> {
             Cell::new(preview(s.output.get(), PREVIEW), DIM),
         ],
         TimelineItem::Failure { failure: f } => {
-            let what = match &f.source {
-                FailureSource::Step { name, occurrence } => format!("step {name}#{occurrence}"),
-                FailureSource::Handler => "handler".to_owned(),
-                FailureSource::Interrupted => "interrupted".to_owned(),
+            // An attempt the process stopped during did not fail: the header counts it apart.
+            let (kind, style, what) = match &f.source {
+                FailureSource::Step { name, occurrence } => {
+                    ("failed", ERROR, format!("step {name}#{occurrence}"))
+                }
+                FailureSource::Handler => ("failed", ERROR, "handler".to_owned()),
+                FailureSource::Interrupted => ("stopped", DIM, "interrupted".to_owned()),
             };
             vec![
                 Cell::plain(""),
-                Cell::new("failed", ERROR),
+                Cell::new(kind, style),
                 Cell::plain(what),
                 Cell::plain(f.attempt.to_string()),
                 Cell::new(&f.at, DIM),
                 Cell::plain(""),
-                Cell::new(f.errors.join(": "), ERROR),
+                Cell::new(f.errors.join(": "), style),
             ]
         }
     }
@@ -465,6 +468,20 @@ mod tests {
         assert_eq!(
             ended_attempts(&[transition(0, 0, None, Vec::new())]),
             (0, 0)
+        );
+        // And its row says it stopped, not that it failed.
+        let kind_and_name = |source: FailureSource| {
+            let failure = failure(1, source);
+            let row = item_row(TimelineItem::Failure { failure: &failure });
+            (row[1].text().to_owned(), row[2].text().to_owned())
+        };
+        assert_eq!(
+            kind_and_name(FailureSource::Interrupted),
+            ("stopped".to_owned(), "interrupted".to_owned())
+        );
+        assert_eq!(
+            kind_and_name(FailureSource::Handler),
+            ("failed".to_owned(), "handler".to_owned())
         );
     }
 
