@@ -246,9 +246,15 @@ async fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
+    // Run again with `--fresh`, a command would start over, not resume.
+    let resume = if cli.fresh {
+        "run the same command without --fresh to resume (with it, the run starts over)"
+    } else {
+        "run the same command again to resume"
+    };
     match run(cli).await {
         Ok(Ended::Done) => ExitCode::SUCCESS,
-        Ok(Ended::Interrupted(stop)) => stopped(stop, "run the same command again to resume"),
+        Ok(Ended::Interrupted(stop)) => stopped(stop, resume),
         Ok(Ended::StoppedFollowing(stop, run_id)) => stopped(
             stop,
             &format!(

@@ -150,6 +150,8 @@ async fn follow(client: &Client, cli: &Cli, store: &Path) -> Result<()> {
                     }
                     Some((info, _)) => {
                         let (again, _) = this_command_again(cli);
+                        // `cargo run -p deliver --` with no flag after it: the plain command.
+                        let again = again.trim_end_matches(" --");
                         bail!(
                             "the `deliver` serving {} ended before run {run_id} did: the run \
                              is {} at {} (seq {}), with the approval recorded; `{again}` goes \

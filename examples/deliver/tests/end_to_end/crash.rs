@@ -1560,6 +1560,38 @@ fn ctrl_c_stops_cleanly_and_the_same_command_resumes() {
     check(dir.path(), &reference.outcome, "Ctrl-C at moments");
 }
 
+/// Ctrl-C of a `--fresh` command says to run it again without `--fresh` to resume: with it,
+/// "the same command again" started over, deleting the run (helper-98 F6); without it, the
+/// run resumes where it stopped.
+#[cfg(unix)]
+#[test]
+fn ctrl_c_of_a_fresh_start_says_to_resume_without_fresh() {
+    use std::io::Read as _;
+    use std::os::unix::process::CommandExt as _;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut cmd = deliver(dir.path());
+    cmd.arg("--fresh").process_group(0).stderr(Stdio::piped());
+    let mut child = start_held(cmd, 2);
+    ctrl_c(child.id());
+    let status = child.wait().expect("wait for the example");
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .expect("piped stderr")
+        .read_to_string(&mut stderr)
+        .expect("read stderr");
+    assert_eq!(status.code(), Some(130), "{stderr}");
+    assert_eq!(
+        stderr,
+        "interrupted; run the same command without --fresh to resume (with it, the run starts \
+         over)\n"
+    );
+    let stdout = run_to_completion(dir.path(), "after Ctrl-C of --fresh at seq 2");
+    assert!(stdout.contains("resuming at Edited (seq 2; "), "{stdout}");
+}
+
 /// SIGTERM to the example's process (as a deploy, or `systemctl stop`, sends it): the example
 /// stops as on Ctrl-C, closes the store cleanly, says so and exits 143, and the same command
 /// resumes the run to the reference's result.
