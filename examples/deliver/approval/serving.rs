@@ -99,8 +99,10 @@ const NOTICE_AFTER: Duration = loops::control::CONNECT_TIMEOUT;
 
 impl Following {
     /// Follows the run `cli.run_id` in the process serving `store` until it ends, printing
-    /// each state it enters (`[seq N] State (in the serving process)`) and its outcome
-    /// (`pull request: URL`) as a run driven here ends. A process that does not answer for
+    /// its state when followed and each state it enters after (`[seq N] State (in the
+    /// serving process)`, read from its history when it entered several between two reads)
+    /// and its outcome (`pull request: URL`) as a run driven here ends. A process that does
+    /// not answer for
     /// [`NOTICE_AFTER`] (stopped, say) is said to, once per silence; a read unanswered for 5
     /// minutes fails.
     ///
@@ -145,6 +147,9 @@ async fn follow(client: &Client, cli: &Cli, store: &Path) -> Result<()> {
                 let latest = read.latest(run_id)?;
                 return match latest {
                     Some((info, record)) if info.status.is_ended() => {
+                        if missed(shown, &record) {
+                            show_between(&mut shown, &read.history(run_id)?, &record);
+                        }
                         show(&mut shown, &record);
                         ended(run_id, &info, record, payloads.as_ref())
                     }
@@ -175,11 +180,35 @@ async fn follow(client: &Client, cli: &Cli, store: &Path) -> Result<()> {
         let Some((info, record)) = latest else {
             bail!("run {run_id} is no longer in {}", store.display());
         };
+        // The run went through more than one state since the last read: said from its
+        // history, so that every transition is shown (the latest is read again below).
+        if missed(shown, &record)
+            && let Ok(history) = client.history(run_id).await
+        {
+            show_between(&mut shown, &history, &record);
+        }
         show(&mut shown, &record);
         if info.status.is_ended() {
             return ended(run_id, &info, record, payloads.as_ref());
         }
         tokio::time::sleep(FOLLOW_EVERY).await;
+    }
+}
+
+/// Whether transitions between the last one shown (`shown`, none at the first read: the
+/// states before the approval are not followed) and `latest` were not shown.
+fn missed(shown: Option<u64>, latest: &TransitionRecord) -> bool {
+    shown.is_some_and(|seq| latest.seq > seq.saturating_add(1))
+}
+
+/// [`show`]s each record of `history` after the last shown and before `latest`.
+fn show_between(shown: &mut Option<u64>, history: &[TransitionRecord], latest: &TransitionRecord) {
+    let after = *shown;
+    for record in history
+        .iter()
+        .filter(|r| after.is_some_and(|seq| r.seq > seq) && r.seq < latest.seq)
+    {
+        show(shown, record);
     }
 }
 

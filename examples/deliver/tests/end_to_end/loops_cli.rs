@@ -451,6 +451,54 @@ fn deliver_approve_goes_through_the_example_that_serves_the_store() {
     assert_eq!(approvals[0]["delivered"], true);
 }
 
+/// `deliver --approve` sent while the serving process is still early in its run (before the
+/// gate): the approval waits in the run's inbox, and the command follows the run through
+/// every state it enters, none left out (it showed the state it read every 100 ms, and
+/// missed those entered between two reads: helper-98 F7), to its pull request.
+#[test]
+fn deliver_approve_sent_early_follows_every_state_to_the_end() {
+    use std::process::Stdio;
+    use std::time::Duration;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let workdir = &dir.path().join("work");
+    let mut child = Serving(
+        deliver_in(workdir)
+            .args(["--auto-approve=false", "--serve"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the example"),
+    );
+    // Sent as soon as the run exists: before, it is refused (no store, no run, or the store
+    // held by the process before it serves).
+    let mut last = String::new();
+    let approved = poll(Duration::from_secs(60), Duration::from_millis(20), || {
+        let out = deliver_in(workdir)
+            .arg("--approve")
+            .env("USER", "carol")
+            .output()
+            .expect("run deliver --approve");
+        last = describe(&out);
+        out.status.success().then_some(out)
+    })
+    .unwrap_or_else(|| panic!("never approved: {last}"));
+    let stdout = String::from_utf8_lossy(&approved.stdout);
+    let seqs: Vec<u64> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("[seq ")?.split_once(']')?.0.parse().ok())
+        .collect();
+    let first = *seqs.first().unwrap_or_else(|| panic!("{stdout}"));
+    assert_eq!(seqs, (first..=7).collect::<Vec<_>>(), "{stdout}");
+    assert!(
+        stdout.ends_with(
+            "[seq 7] PrOpened (in the serving process)\npull request: forge://demo/pulls/1\n"
+        ),
+        "{stdout}"
+    );
+    assert!(child.0.wait().expect("it ends").success());
+}
+
 /// `deliver --approve` follows the run in the serving process (here while it pushes: a `git`
 /// wrapper on its `PATH` holds the push). Ctrl-C stops following only, and says so; sent
 /// again, the approval is a duplicate and the run is followed again; a serving process that
