@@ -98,8 +98,11 @@ pub(crate) struct Version {
     pub(crate) known: KnownVersion,
     pub(crate) driver: Arc<dyn Driver>,
     /// Its [`Workflow::read_event`](crate::Workflow::read_event).
-    pub(crate) read_event: fn(&str, &str) -> Option<Result<(), String>>,
+    pub(crate) read_event: EventReader,
 }
+
+/// A version's [`Workflow::read_event`](crate::Workflow::read_event).
+pub(crate) type EventReader = fn(&str, &str) -> Option<Result<(), String>>;
 
 /// The registered versions of every workflow (by name, each version once by schema hash)
 /// and the registered migrations.
@@ -107,6 +110,10 @@ pub(crate) struct Version {
 pub(crate) struct Registry {
     workflows: BTreeMap<String, Vec<Version>>,
     migrations: Vec<Migration>,
+    /// The event readers of the versions this runtime knows as types, registered or driven by
+    /// [`Runtime::run`] (which registers no handler), by the stored schema hashes they drive:
+    /// their own, and those they accept.
+    readers: BTreeMap<SchemaHash, EventReader>,
     /// How many registrations changed it: a driver that routed a run before a registration
     /// looks at its blocked run again after (see `Runtime::after_background`).
     generation: u64,
@@ -115,6 +122,7 @@ pub(crate) struct Registry {
 impl Registry {
     /// Adds `version` of `workflow`, replacing the one registered with the same hash.
     pub(crate) fn add_version(&mut self, workflow: &str, version: Version) {
+        self.add_reader(&version.known, version.read_event);
         let versions = self.workflows.entry(workflow.to_owned()).or_default();
         let hash = version.known.stored.hash;
         match versions.iter_mut().find(|v| v.known.stored.hash == hash) {
@@ -166,25 +174,32 @@ impl Registry {
             .map(|v| Arc::clone(&v.driver))
     }
 
-    /// Reads the payload of the event `event` sent to a run of `workflow` stored with schema
-    /// `hash`, as the registered version that drives such a run declares it
-    /// ([`Workflow::read_event`](crate::Workflow::read_event)): the version of that schema,
-    /// else one that accepts it. `None` if no registered version drives the schema as it is
-    /// (a run to migrate first, or of a version this build does not compile), or it declares
-    /// no such event.
+    /// Keeps `reader`, the event reader of the version `known`, for the schemas it drives:
+    /// its own (replacing one kept), and those it accepts (unless another version's own).
+    pub(crate) fn add_reader(&mut self, known: &KnownVersion, reader: EventReader) {
+        self.readers.insert(known.stored.hash, reader);
+        for &hash in known.accepts {
+            self.readers.entry(hash).or_insert(reader);
+        }
+    }
+
+    /// Whether an event reader is kept for the schema `hash`.
+    pub(crate) fn has_reader(&self, hash: SchemaHash) -> bool {
+        self.readers.contains_key(&hash)
+    }
+
+    /// Reads the payload of the event `event` sent to a run stored with schema `hash`, as the
+    /// version this runtime knows for that schema declares it
+    /// ([`Workflow::read_event`](crate::Workflow::read_event)). `None` if no version known
+    /// here drives the schema as it is (a run to migrate first, or of a version this build
+    /// does not compile), or it declares no such event.
     pub(crate) fn read_event(
         &self,
-        workflow: &str,
         hash: SchemaHash,
         event: &str,
         payload: &str,
     ) -> Option<Result<(), String>> {
-        let versions = self.workflows.get(workflow)?;
-        let version = versions
-            .iter()
-            .find(|v| v.known.stored.hash == hash)
-            .or_else(|| versions.iter().find(|v| v.known.accepts.contains(&hash)))?;
-        (version.read_event)(event, payload)
+        (self.readers.get(&hash)?)(event, payload)
     }
 
     /// The registered workflows' names, sorted.

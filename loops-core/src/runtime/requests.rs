@@ -306,7 +306,7 @@ impl Runtime {
             // sealed payload was checked by whoever sealed it, who holds the key).
             if crate::codec::parse_envelope(&json).is_none()
                 && let Some(Err(problem)) =
-                    self.registry(|r| r.read_event(&info.workflow, info.schema, event, &json))
+                    self.registry(|r| r.read_event(info.schema, event, &json))
             {
                 return Err(Error::EventRefused {
                     run_id: run_id.to_owned(),

@@ -141,3 +141,35 @@ async fn without_the_version_registered_the_shape_is_checked_and_the_wait_sets_i
         ]]
     );
 }
+
+#[tokio::test]
+async fn a_run_driven_by_run_has_its_events_read_as_their_type_too() {
+    let (_dir, path) = temp_store();
+    let rt = Runtime::open(&path).unwrap();
+    // Driven by `Runtime::run`, with no registration: it parks at its wait.
+    let driving = {
+        let rt = rt.clone();
+        tokio::spawn(async move { rt.run("s", Signed::Ask, &Signer).await })
+    };
+    while rt
+        .run_info("s")
+        .await
+        .unwrap()
+        .is_none_or(|info| info.status != RunStatus::Waiting)
+    {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let err = rt
+        .send_json("s", "sign", None, &raw(r#"{"by":""}"#))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::EventRefused { refusal, .. } if matches!(**refusal, EventRefusal::Refused { .. })),
+        "{err:?}"
+    );
+    rt.send_json("s", "sign", None, &raw(r#"{"by":"cy"}"#))
+        .await
+        .unwrap();
+    let done = driving.await.unwrap().unwrap();
+    assert_eq!(done, Signed::Done { by: "cy".into() });
+}
