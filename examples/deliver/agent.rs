@@ -298,24 +298,12 @@ impl<M: Model> Agent<M> {
     /// Waits, durably, for the approval event: with nothing to deliver yet, the run parks
     /// (status waiting) and its handler runs again, its recorded steps replayed, when the
     /// approval arrives. An approval whose `by` is not a name to print and put in the pull
-    /// request ([`not_a_name`](crate::approval::not_a_name); `loops send` checks only the payload's shape) is refused, and
-    /// the run waits for the next: a pull request says who approved it.
+    /// request is no [`Approval`] (its check refuses it): loops sets it aside and the run
+    /// waits for the next, so a pull request says who approved it.
     pub async fn approval(&self, ctx: &Context) -> Result<Approval> {
-        loop {
-            let approval = ctx.wait_for(APPROVAL_EVENT).await?;
-            if let Some(why) = crate::approval::not_a_name(&approval.by) {
-                // Said once, in a step: when the next approval arrives the handler runs
-                // again and this one is replayed.
-                ctx.step("refuse_approval", || async {
-                    say!("  refused an approval that {why}; waiting for another");
-                    Ok(())
-                })
-                .await?;
-                continue;
-            }
-            say!("  approved by {}", approval.by);
-            return Ok(approval);
-        }
+        let approval = ctx.wait_for(APPROVAL_EVENT).await?;
+        say!("  approved by {}", approval.by);
+        Ok(approval)
     }
 
     /// Pushes the work branch and opens its pull request, described by `body`: two steps

@@ -9,10 +9,9 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use loops::{AttributeValue, RunStatus, Runtime, StartOptions};
-use unicode_properties::{GeneralCategory, UnicodeGeneralCategory as _};
 
 use crate::Cli;
-use crate::workflow::{APPROVAL_EVENT, Approval};
+use crate::workflow::{APPROVAL_EVENT, Approval, not_a_name};
 
 mod serving;
 
@@ -331,29 +330,10 @@ fn approver_of(var: impl Fn(&str) -> Option<String>) -> String {
         .unwrap_or_else(|| "operator".to_owned())
 }
 
-/// Why `by`, an approval's approver, is not a name to print and put in a pull request, if it
-/// is not: blank (white space or format characters only), holding control characters (a
-/// terminal's escape sequences, new lines that would write the pull request's text), holding
-/// format characters (Unicode general category Cf: zero-width and bidirectional controls such
-/// as U+202E, which reverses the text after it, soft hyphens, joiners), or over 100 characters.
-pub fn not_a_name(by: &str) -> Option<&'static str> {
-    let format = |c: char| c.general_category() == GeneralCategory::Format;
-    if by.chars().all(|c| c.is_whitespace() || format(c)) {
-        Some("names no one (\"by\" is blank)")
-    } else if by.chars().any(char::is_control) {
-        Some("holds control characters in \"by\"")
-    } else if by.chars().any(format) {
-        Some("holds invisible or bidirectional formatting characters in \"by\"")
-    } else if by.chars().count() > 100 {
-        Some("has a \"by\" over 100 characters")
-    } else {
-        None
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{approver_of, not_a_name};
+    use super::approver_of;
+    use crate::workflow::not_a_name;
 
     #[test]
     fn an_approver_must_be_a_printable_name() {

@@ -15,6 +15,7 @@
 
 use loops::{BoxError, Migrate, Schema};
 use serde::{Deserialize, Serialize};
+use unicode_properties::{GeneralCategory, UnicodeGeneralCategory as _};
 
 /// The event a run waits for, once its tests pass, before it pushes and opens the pull
 /// request: `approve`, declared by version 2 (`#[event(approve: Approval)]`), so that
@@ -23,11 +24,61 @@ use serde::{Deserialize, Serialize};
 /// keeps the schema hash its stored runs recorded.
 pub const APPROVAL_EVENT: loops::Event<Approval> = v2::Deliver::APPROVE;
 
-/// The payload of the approval event: who approved.
+/// The payload of the approval event: who approved. It is read through [`sent::Approval`]
+/// and refused unless `by` is a name to print and put in a pull request
+/// ([`not_a_name`]): a process that drives the run refuses such
+/// an approval when it is sent (`loops send` through the control endpoint says why, exit 2),
+/// and a run that finds one in its inbox (sent to the store file while no process held it)
+/// sets it aside and waits for the next.
 #[derive(Schema, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(try_from = "sent::Approval")]
 pub struct Approval {
     /// Who approved (a user name, or `--auto-approve`).
     pub by: String,
+}
+
+/// The approval as it is sent, before [`Approval`]'s check.
+pub mod sent {
+    use loops::Schema;
+    use serde::Deserialize;
+
+    /// An approval as sent: who approved, unchecked.
+    #[derive(Schema, Deserialize)]
+    pub struct Approval {
+        /// Who approved.
+        pub by: String,
+    }
+}
+
+impl TryFrom<sent::Approval> for Approval {
+    type Error = String;
+
+    fn try_from(sent: sent::Approval) -> Result<Approval, String> {
+        match not_a_name(&sent.by) {
+            Some(why) => Err(format!("an approval that {why} is refused")),
+            None => Ok(Approval { by: sent.by }),
+        }
+    }
+}
+
+/// Why `by`, an approval's approver, is not a name to print and put in a pull request, if it
+/// is not: blank (white space or format characters only), holding control characters (a
+/// terminal's escape sequences, new lines that would write the pull request's text), holding
+/// format characters (Unicode general category Cf: zero-width and bidirectional controls such
+/// as U+202E, which reverses the text after it, soft hyphens, joiners), or over 100 characters.
+pub fn not_a_name(by: &str) -> Option<&'static str> {
+    let format = |c: char| c.general_category() == GeneralCategory::Format;
+    if by.chars().all(|c| c.is_whitespace() || format(c)) {
+        Some("names no one (\"by\" is blank)")
+    } else if by.chars().any(char::is_control) {
+        Some("holds control characters in \"by\"")
+    } else if by.chars().any(format) {
+        Some("holds invisible or bidirectional formatting characters in \"by\"")
+    } else if by.chars().count() > 100 {
+        Some("has a \"by\" over 100 characters")
+    } else {
+        None
+    }
 }
 
 /// Fix rounds (test, fix, commit) a run may take after the planned edit before it gives up.
