@@ -298,6 +298,11 @@ pub struct EventView {
     pub at_ms: u64,
     /// Whether a wait has taken it (otherwise it is pending).
     pub delivered: bool,
+    /// Why the wait that took it set it aside (its payload is not the type the wait reads:
+    /// the error's innermost cause), if it did: it was taken, and did not count as the event.
+    /// Known to `loops history`, which reads the waits' records; `None` elsewhere.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub set_aside: Option<String>,
     /// Its payload, as stored.
     pub payload: Box<RawValue>,
 }
@@ -307,6 +312,8 @@ pub struct EventView {
 pub enum EventFate {
     /// A wait took it.
     Delivered,
+    /// A wait took it and set it aside: its payload is not the type the wait reads.
+    SetAside,
     /// A wait of the run may still take it.
     Pending,
     /// The run completed or was cancelled before a wait took it, and no wait will: it stays
@@ -319,11 +326,12 @@ pub enum EventFate {
 }
 
 impl EventFate {
-    /// Its word in the CLI's tables: `delivered`, `pending`, `not taken (run ended)`, `not
-    /// needed (join read the child)`.
+    /// Its word in the CLI's tables: `delivered`, `set aside (not its type)`, `pending`, `not
+    /// taken (run ended)`, `not needed (join read the child)`.
     pub fn text(self) -> &'static str {
         match self {
             EventFate::Delivered => "delivered",
+            EventFate::SetAside => "set aside (not its type)",
             EventFate::Pending => "pending",
             EventFate::NotTaken => "not taken (run ended)",
             EventFate::NotNeeded => "not needed (join read the child)",
@@ -335,7 +343,9 @@ impl EventView {
     /// What became of the event, in the run `run`: see [`EventFate`]. (The one rule `show`,
     /// `history` and the web UI follow.)
     pub fn fate(&self, run: &RunView) -> EventFate {
-        if self.delivered {
+        if self.set_aside.is_some() {
+            EventFate::SetAside
+        } else if self.delivered {
             EventFate::Delivered
         } else if self.name == loops_core::CHILD_ENDED && !run.waits_for_children() {
             EventFate::NotNeeded
@@ -355,6 +365,7 @@ impl EventView {
             at: rfc3339(record.at_ms),
             at_ms: record.at_ms,
             delivered,
+            set_aside: None,
             payload: record.payload,
         }
     }
@@ -382,6 +393,7 @@ mod tests {
             at: String::new(),
             at_ms: 0,
             delivered,
+            set_aside: None,
             payload: RawValue::from_string("null".to_owned()).unwrap(),
         }
     }

@@ -122,10 +122,15 @@ pub fn gather(store: &dyn Operator, run_id: &str) -> Result<(RunInfo, HistoryVie
         });
         previous = Some(record.at_ms);
     }
+    let set_aside = set_aside_events(&transitions);
     let events: Vec<EventView> = store
         .events(run_id)?
         .into_iter()
-        .map(|(seq, e, delivered)| EventView::new(seq, e, delivered))
+        .map(|(seq, e, delivered)| {
+            let mut view = EventView::new(seq, e, delivered);
+            view.set_aside = set_aside.get(&seq).cloned();
+            view
+        })
         .collect();
     let view = HistoryView {
         run: RunView::from(&info).with_attributes(store.attributes(run_id)?),
@@ -133,6 +138,35 @@ pub fn gather(store: &dyn Operator, run_id: &str) -> Result<(RunInfo, HistoryVie
         events,
     };
     Ok((info, view))
+}
+
+/// The events the run's waits set aside, by event seq, each with why (the innermost cause of
+/// its failure record): a wait records the event it takes as a step (`loops:wait:NAME`, its
+/// output `{"event": {"seq": N, ...}}`), and one it sets aside with a failure record of the
+/// same step and occurrence.
+fn set_aside_events(transitions: &[TransitionView]) -> BTreeMap<u64, String> {
+    let mut set_aside = BTreeMap::new();
+    for t in transitions {
+        for f in &t.failures {
+            let FailureSource::Step { name, occurrence } = &f.source else {
+                continue;
+            };
+            if !name.starts_with("loops:wait:") {
+                continue;
+            }
+            let taken = t
+                .steps
+                .iter()
+                .find(|s| &s.name == name && s.occurrence == *occurrence)
+                .and_then(|s| serde_json::from_str::<serde_json::Value>(s.output.get()).ok())
+                .and_then(|output| output["event"]["seq"].as_u64());
+            if let Some(seq) = taken {
+                let why = f.errors.last().cloned().unwrap_or_default();
+                set_aside.insert(seq, why);
+            }
+        }
+    }
+    set_aside
 }
 
 /// Shows the run's history.

@@ -185,6 +185,29 @@ fn the_cli_sees_steers_and_inspects_a_run_of_the_example() {
         ["approve", "approve", "loops:child-ended"],
         "{events:?}"
     );
+    // The blank one is shown set aside, with why; the one that approved, delivered.
+    let approvals: Vec<(&Value, &Value, &Value)> = events
+        .iter()
+        .filter(|e| e["name"] == "approve")
+        .map(|e| (&e["payload"]["by"], &e["delivered"], &e["set_aside"]))
+        .collect();
+    assert_eq!(
+        approvals,
+        [
+            (
+                &Value::from(" "),
+                &Value::Bool(true),
+                &Value::from(r#"an approval that names no one ("by" is blank) is refused"#)
+            ),
+            (&Value::from("cli-user"), &Value::Bool(true), &Value::Null),
+        ]
+    );
+    let table = loops_text(&store, &["history", "deliver-1"]);
+    assert_eq!(
+        table.matches("set aside (not its type)").count(),
+        1,
+        "{table}"
+    );
     // The child ended before the join read it, so no wait took its event; once the run has
     // completed, `show` leaves that wake-up out (it said `pending`, then `not taken`, which
     // read as an event the run missed), and `history` says it was not needed.
