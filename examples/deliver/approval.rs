@@ -337,7 +337,13 @@ mod tests {
 
     #[test]
     fn an_approver_must_be_a_printable_name() {
-        for by in ["alice", "Zoë O'Brien", "ops-bot (deploy)", &"x".repeat(100)] {
+        for by in [
+            "alice",
+            "Zoë O'Brien",
+            "ops-bot (deploy)",
+            &"x".repeat(100),
+            "ann \u{2764}\u{FE0F}",
+        ] {
             assert_eq!(not_a_name(by), None, "{by:?}");
         }
         let (blank, format) = (
@@ -352,6 +358,12 @@ mod tests {
             ("\u{2066}", blank),
             ("\u{00AD}", blank),
             ("\u{2066} \u{00AD}\u{202E}", blank),
+            ("\u{2800}", blank),
+            ("\u{3164}", blank),
+            ("\u{115F}\u{1160}", blank),
+            ("\u{FFA0} \u{034F}\u{FE0F}", blank),
+            ("alice\u{3164}", format),
+            ("\u{2800}bob", format),
             ("alice\u{202E}ecila", format),
             ("\u{2066}alice\u{2069}", format),
             ("al\u{00AD}ice", format),

@@ -62,23 +62,56 @@ impl TryFrom<sent::Approval> for Approval {
 }
 
 /// Why `by`, an approval's approver, is not a name to print and put in a pull request, if it
-/// is not: blank (white space or format characters only), holding control characters (a
-/// terminal's escape sequences, new lines that would write the pull request's text), holding
-/// format characters (Unicode general category Cf: zero-width and bidirectional controls such
-/// as U+202E, which reverses the text after it, soft hyphens, joiners), or over 100 characters.
+/// is not: blank (white space, format characters, or characters that show as nothing: see
+/// [`shows_as_nothing`]), holding control characters (a terminal's escape sequences, new
+/// lines that would write the pull request's text), holding format characters (Unicode
+/// general category Cf: zero-width and bidirectional controls such as U+202E, which reverses
+/// the text after it, soft hyphens, joiners) or fillers that show as a blank (Hangul fillers,
+/// the blank Braille pattern), or over 100 characters.
 pub fn not_a_name(by: &str) -> Option<&'static str> {
     let format = |c: char| c.general_category() == GeneralCategory::Format;
-    if by.chars().all(|c| c.is_whitespace() || format(c)) {
+    let filler = |c: char| {
+        matches!(
+            c,
+            '\u{115F}' | '\u{1160}' | '\u{2800}' | '\u{3164}' | '\u{FFA0}'
+        )
+    };
+    if by
+        .chars()
+        .all(|c| c.is_whitespace() || format(c) || shows_as_nothing(c))
+    {
         Some("names no one (\"by\" is blank)")
     } else if by.chars().any(char::is_control) {
         Some("holds control characters in \"by\"")
-    } else if by.chars().any(format) {
+    } else if by.chars().any(|c| format(c) || filler(c)) {
         Some("holds invisible or bidirectional formatting characters in \"by\"")
     } else if by.chars().count() > 100 {
         Some("has a \"by\" over 100 characters")
     } else {
         None
     }
+}
+
+/// Whether `c` shows as nothing, though it is neither white space nor a format character
+/// (Cf): the Hangul fillers, the blank Braille pattern, the combining grapheme joiner,
+/// variation selectors, Mongolian free variation selectors and Khmer's inherent vowels
+/// (Unicode's Default_Ignorable_Code_Point characters outside Cf, and U+2800). A name of
+/// these only is blank; inside a name, variation selectors are kept (an emoji's `U+FE0F`).
+fn shows_as_nothing(c: char) -> bool {
+    matches!(
+        c,
+        '\u{034F}'
+            | '\u{115F}'
+            | '\u{1160}'
+            | '\u{17B4}'
+            | '\u{17B5}'
+            | '\u{180B}'..='\u{180F}'
+            | '\u{2800}'
+            | '\u{3164}'
+            | '\u{FE00}'..='\u{FE0F}'
+            | '\u{FFA0}'
+            | '\u{E0100}'..='\u{E01EF}'
+    )
 }
 
 /// Fix rounds (test, fix, commit) a run may take after the planned edit before it gives up.

@@ -182,9 +182,12 @@ async fn follow(client: &Client, cli: &Cli, store: &Path) -> Result<()> {
         };
         // The run went through more than one state since the last read: said from its
         // history, so that every transition is shown (the latest is read again below).
-        if missed(shown, &record)
-            && let Ok(history) = client.history(run_id).await
-        {
+        if missed(shown, &record) {
+            // A process whose run has just ended stops answering: then the store says.
+            let history = match client.history(run_id).await {
+                Ok(history) => history,
+                Err(_) => crate::store::open_read_only(store).await?.history(run_id)?,
+            };
             show_between(&mut shown, &history, &record);
         }
         show(&mut shown, &record);
