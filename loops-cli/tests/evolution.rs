@@ -355,7 +355,7 @@ fn history_shows_a_migration_record_with_where_it_comes_from() {
             ("step", "begin#0"),
             ("migrated", "Work"),
             // Version 1's attempt, cut short, is recorded as the new version resumes.
-            ("failed", "interrupted"),
+            ("stopped", "interrupted"),
             ("step", "deliver#0"),
             ("state", "Done"),
         ],
