@@ -151,6 +151,10 @@ pub fn finished_of(run_id: &str, record: &TransitionRecord) -> Result<Finished> 
     }
 }
 
+/// What to do with a run that failed (its states ran out of attempts), after the failure.
+pub const AFTER_A_FAILED_RUN: &str =
+    "Run with --retry to resume it with a fresh budget of attempts, or with --fresh to start over";
+
 /// How the run `run_id` ended, from what driving it returned: its last state, or the error
 /// to print (a schema refusal says whether the run is blocked or ended under another build;
 /// a failed run says how to go on).
@@ -180,8 +184,7 @@ pub async fn ended_with(
     };
     result.map_err(|e| match e {
         loops::Error::RunFailed { .. } => anyhow::anyhow!(
-            "{}. Run with --retry to resume it with a fresh budget of attempts, or with \
-             --fresh to start over",
+            "{}. {AFTER_A_FAILED_RUN}",
             e.to_string().trim_end_matches('.')
         ),
         e => anyhow::Error::new(e),

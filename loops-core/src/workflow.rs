@@ -87,9 +87,10 @@ pub trait Workflow: Serialize + DeserializeOwned + Send + 'static {
     /// type's error text) if the type refuses the payload, `Some(Ok(()))` if it reads it.
     ///
     /// The derive implements it for a workflow that declares events; the runtime calls it
-    /// when an event is sent to a run of this version ([`Runtime::send`](crate::Runtime::send),
-    /// the control endpoint's send), so that a payload the run would set aside when it waits
-    /// for it is refused at the send instead, with
+    /// when an event from outside the program is sent to a run of this version
+    /// ([`Runtime::send_json`](crate::Runtime::send_json), so the control endpoint's send),
+    /// so that a payload the run would set aside when it waits for it is refused at the send
+    /// instead, with
     /// [`EventRefusal::Refused`](crate::EventRefusal::Refused).
     fn read_event(event: &str, payload: &str) -> Option<Result<(), String>> {
         let _ = (event, payload);

@@ -102,9 +102,8 @@ impl Following {
     /// its state when followed and each state it enters after (`[seq N] State (in the
     /// serving process)`, read from its history when it entered several between two reads)
     /// and its outcome (`pull request: URL`) as a run driven here ends. A process that does
-    /// not answer for
-    /// [`NOTICE_AFTER`] (stopped, say) is said to, once per silence; a read unanswered for 5
-    /// minutes fails.
+    /// not answer for [`NOTICE_AFTER`] (stopped, say) is said to, once per silence; a read
+    /// unanswered for 5 minutes fails.
     ///
     /// The serving process stops its endpoint once its run has ended, maybe before this reads
     /// the end: when the endpoint stops answering, the store (the process lets it go as it
@@ -116,17 +115,41 @@ impl Following {
     /// with it); a read went unanswered for 5 minutes; the store cannot be read once the
     /// serving process has let it go.
     pub async fn until_it_ends(self, cli: &Cli, store: &Path) -> Result<()> {
-        follow(&self.client, cli, store).await
+        let run_id = &cli.run_id;
+        let payloads = payloads(cli)?;
+        let mut shown = None;
+        loop {
+            let Some((info, record)) = self.latest(run_id, store).await? else {
+                // The process stopped answering: the store, which it has let go, says.
+                return after_the_process(cli, store, &mut shown, payloads.as_ref()).await;
+            };
+            show_reached(&mut shown, &record, async || {
+                match self.client.history(run_id).await {
+                    Ok(history) => Ok(history),
+                    // A process whose run has just ended stops answering: then the store says.
+                    Err(_) => Ok(crate::store::open_read_only(store).await?.history(run_id)?),
+                }
+            })
+            .await?;
+            if info.status.is_ended() {
+                return ended(run_id, &info, record, payloads.as_ref());
+            }
+            tokio::time::sleep(FOLLOW_EVERY).await;
+        }
     }
-}
 
-/// [`Following::until_it_ends`], through `client`.
-async fn follow(client: &Client, cli: &Cli, store: &Path) -> Result<()> {
-    let run_id = &cli.run_id;
-    let payloads = payloads(cli)?;
-    let mut shown = None;
-    loop {
-        let read = client.latest(run_id);
+    /// The run's row and latest record, as the serving process reads them; `None` if the
+    /// process no longer answers. A process silent for [`NOTICE_AFTER`] is said to be, and
+    /// waited for.
+    ///
+    /// # Errors
+    /// The run is not in the store; another error of the endpoint (no answer in 5 minutes).
+    async fn latest(
+        &self,
+        run_id: &str,
+        store: &Path,
+    ) -> Result<Option<(RunInfo, TransitionRecord)>> {
+        let read = self.client.latest(run_id);
         tokio::pin!(read);
         let answered = match tokio::time::timeout(NOTICE_AFTER, &mut read).await {
             Ok(answered) => answered,
@@ -140,79 +163,70 @@ async fn follow(client: &Client, cli: &Cli, store: &Path) -> Result<()> {
                 read.await
             }
         };
-        let latest = match answered {
-            Ok(latest) => latest,
-            Err(ControlError::Unreachable { .. } | ControlError::Dropped { .. }) => {
-                let read = crate::store::open_read_only(store).await?;
-                let latest = read.latest(run_id)?;
-                return match latest {
-                    Some((info, record)) if info.status.is_ended() => {
-                        if missed(shown, &record) {
-                            show_between(&mut shown, &read.history(run_id)?, &record);
-                        }
-                        show(&mut shown, &record);
-                        ended(run_id, &info, record, payloads.as_ref())
-                    }
-                    Some((info, _)) => {
-                        let (again, _) = this_command_again(cli);
-                        // `cargo run -p deliver --` with no flag after it: the plain command.
-                        let again = again.trim_end_matches(" --");
-                        bail!(
-                            "the `deliver` serving {} ended before run {run_id} did: the run \
-                             is {} at {} (seq {}), with the approval recorded; `{again}` goes \
-                             on with it",
-                            store.display(),
-                            info.status,
-                            info.state,
-                            info.seq
-                        )
-                    }
-                    None => bail!("run {run_id} is no longer in {}", store.display()),
-                };
-            }
-            Err(e) => {
-                return Err(anyhow::Error::new(e).context(format!(
-                    "--approve: cannot follow run {run_id} in the process serving {}",
-                    store.display()
-                )));
-            }
-        };
-        let Some((info, record)) = latest else {
-            bail!("run {run_id} is no longer in {}", store.display());
-        };
-        // The run went through more than one state since the last read: said from its
-        // history, so that every transition is shown (the latest is read again below).
-        if missed(shown, &record) {
-            // A process whose run has just ended stops answering: then the store says.
-            let history = match client.history(run_id).await {
-                Ok(history) => history,
-                Err(_) => crate::store::open_read_only(store).await?.history(run_id)?,
-            };
-            show_between(&mut shown, &history, &record);
+        match answered {
+            Ok(Some(latest)) => Ok(Some(latest)),
+            Ok(None) => bail!("run {run_id} is no longer in {}", store.display()),
+            Err(ControlError::Unreachable { .. } | ControlError::Dropped { .. }) => Ok(None),
+            Err(e) => Err(anyhow::Error::new(e).context(format!(
+                "--approve: cannot follow run {run_id} in the process serving {}",
+                store.display()
+            ))),
         }
-        show(&mut shown, &record);
-        if info.status.is_ended() {
-            return ended(run_id, &info, record, payloads.as_ref());
-        }
-        tokio::time::sleep(FOLLOW_EVERY).await;
     }
 }
 
-/// Whether transitions between the last one shown (`shown`, none at the first read: the
-/// states before the approval are not followed) and `latest` were not shown.
-fn missed(shown: Option<u64>, latest: &TransitionRecord) -> bool {
-    shown.is_some_and(|seq| latest.seq > seq.saturating_add(1))
+/// Once the serving process has stopped answering: the run as the store holds it, ended (said
+/// as when the process answers) or not (then the process went away first: an error naming
+/// where the run stands and the command that goes on).
+async fn after_the_process(
+    cli: &Cli,
+    store: &Path,
+    shown: &mut Option<u64>,
+    payloads: Option<&Payloads>,
+) -> Result<()> {
+    let run_id = &cli.run_id;
+    let read = crate::store::open_read_only(store).await?;
+    let Some((info, record)) = read.latest(run_id)? else {
+        bail!("run {run_id} is no longer in {}", store.display());
+    };
+    if !info.status.is_ended() {
+        let (again, _) = this_command_again(cli);
+        // `cargo run -p deliver --` with no flag after it: the plain command.
+        let again = again.trim_end_matches(" --");
+        bail!(
+            "the `deliver` serving {} ended before run {run_id} did: the run is {} at {} (seq \
+             {}), with the approval recorded; `{again}` goes on with it",
+            store.display(),
+            info.status,
+            info.state,
+            info.seq
+        );
+    }
+    show_reached(shown, &record, async || Ok(read.history(run_id)?)).await?;
+    ended(run_id, &info, record, payloads)
 }
 
-/// [`show`]s each record of `history` after the last shown and before `latest`.
-fn show_between(shown: &mut Option<u64>, history: &[TransitionRecord], latest: &TransitionRecord) {
-    let after = *shown;
-    for record in history
-        .iter()
-        .filter(|r| after.is_some_and(|seq| r.seq > seq) && r.seq < latest.seq)
+/// Prints `[seq N] State (in the serving process)` for `latest` unless it was the last shown,
+/// after the records between the last shown and it (from `history`, read only then), if any:
+/// none at the first read, as the states before the approval are not followed.
+async fn show_reached(
+    shown: &mut Option<u64>,
+    latest: &TransitionRecord,
+    history: impl AsyncFnOnce() -> Result<Vec<TransitionRecord>>,
+) -> Result<()> {
+    if let Some(last) = *shown
+        && latest.seq > last.saturating_add(1)
     {
-        show(shown, record);
+        for record in history()
+            .await?
+            .iter()
+            .filter(|r| r.seq > last && r.seq < latest.seq)
+        {
+            show(shown, record);
+        }
     }
+    show(shown, latest);
+    Ok(())
 }
 
 /// Prints `[seq N] State (in the serving process)` for `record` unless it was the last shown.
@@ -253,9 +267,9 @@ fn ended(
     match info.status {
         RunStatus::Completed => {}
         RunStatus::Failed => bail!(
-            "run {run_id} failed {at} in the serving process: {}. Run with --retry to resume \
-             it with a fresh budget of attempts, or with --fresh to start over",
-            info.error.as_deref().unwrap_or_default().join(": ")
+            "run {run_id} failed {at} in the serving process: {}. {}",
+            info.error.as_deref().unwrap_or_default().join(": "),
+            versions::AFTER_A_FAILED_RUN
         ),
         status => bail!("run {run_id} is {status} {at} in the serving process"),
     }

@@ -238,7 +238,7 @@ fn git_working_in(_places: &[PathBuf]) -> Option<Option<Holder>> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     const PUSH_ERROR: &str = "remote: error: cannot lock ref 'refs/heads/loops/deliver-1': \
@@ -331,18 +331,24 @@ mod tests {
         for (name, value) in env {
             cmd.env(name, value);
         }
-        let mut child = cmd.spawn().unwrap();
-        // Until it runs the script, the child bears the name of this test's thread.
+        named(cmd.spawn().unwrap(), "git-hold")
+    }
+
+    /// `child`, once it bears the name `name`: until it runs its program, a child bears the
+    /// name of the test's thread (which may start with `git`, and count as a git). Killed,
+    /// and the test failed, if it does not within 5 s.
+    #[cfg(target_os = "linux")]
+    pub(in crate::git) fn named(mut child: std::process::Child, name: &str) -> std::process::Child {
         let comm = Path::new("/proc").join(child.id().to_string()).join("comm");
         for _ in 0..5_000 {
-            if std::fs::read_to_string(&comm).is_ok_and(|c| c.trim_end() == "git-hold") {
+            if std::fs::read_to_string(&comm).is_ok_and(|c| c.trim_end() == name) {
                 return child;
             }
             std::thread::sleep(Duration::from_millis(1));
         }
         child.kill().unwrap();
         child.wait().unwrap();
-        panic!("git-hold did not start");
+        panic!("{name} did not start");
     }
 
     /// A git process that works in the repository may hold the lock: it stays, whether its

@@ -393,24 +393,14 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Warnings {
 /// and takes no lock (as an editor's does), until it is killed.
 #[cfg(target_os = "linux")]
 fn reader_in(dir: &Path) -> std::process::Child {
-    let mut child = std::process::Command::new("git")
+    let child = std::process::Command::new("git")
         .args(["cat-file", "--batch"])
         .current_dir(dir)
         .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    // Until it runs git, the child bears the name of this test's thread.
-    let comm = Path::new("/proc").join(child.id().to_string()).join("comm");
-    for _ in 0..5_000 {
-        if std::fs::read_to_string(&comm).is_ok_and(|c| c.trim_end() == "git") {
-            return child;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    child.kill().unwrap();
-    child.wait().unwrap();
-    panic!("git cat-file did not start");
+    locks::tests::named(child, "git")
 }
 
 /// Makes the lock file `lock`, a minute old: not one a git has just taken.

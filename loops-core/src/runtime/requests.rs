@@ -278,7 +278,8 @@ impl Runtime {
         let limit = self.inner.config.settings.max_payload_bytes;
         // A payload that arrives sealed (by a CLI with a key file) counts its sealed bytes,
         // not its envelope's base64 (a third more): the limit is the same with a codec.
-        let bytes = match crate::codec::parse_envelope(&json) {
+        let envelope = crate::codec::parse_envelope(&json);
+        let bytes = match &envelope {
             Some(Ok(sealed)) => sealed.data.len(),
             _ => json.len(),
         };
@@ -304,7 +305,7 @@ impl Runtime {
             }
             // The declared type's own checks, where this build drives the run's version (a
             // sealed payload was checked by whoever sealed it, who holds the key).
-            if crate::codec::parse_envelope(&json).is_none()
+            if envelope.is_none()
                 && let Some(Err(problem)) =
                     self.registry(|r| r.read_event(info.schema, event, &json))
             {

@@ -362,3 +362,18 @@ pub fn on_path(name: &str) -> PathBuf {
         .find(|p| p.is_file())
         .unwrap_or_else(|| panic!("no {name} on PATH"))
 }
+
+/// Waits for `child`, its standard error piped, and returns how it exited and what it wrote
+/// to its standard error.
+pub fn exit_and_stderr(child: &mut std::process::Child) -> (std::process::ExitStatus, String) {
+    use std::io::Read as _;
+    let status = child.wait().expect("wait for the example");
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .expect("piped stderr")
+        .read_to_string(&mut stderr)
+        .expect("read stderr");
+    (status, stderr)
+}

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::{
     EXPECTED_STATES, HOLD_IN_SETUP_VAR, HOLD_VAR, STOP_VAR, deliver_in, describe, entries, example,
-    git, names_in, on_path, poll, user_repo,
+    exit_and_stderr, git, names_in, on_path, poll, user_repo,
 };
 
 const RUN_ID: &str = "deliver-1";
@@ -1484,16 +1484,7 @@ fn stopped(
     code: i32,
     said: &str,
 ) -> Option<()> {
-    use std::io::Read as _;
-
-    let status = child.wait().expect("wait for the example");
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .expect("piped stderr")
-        .read_to_string(&mut stderr)
-        .expect("read stderr");
+    let (status, stderr) = exit_and_stderr(&mut child);
     if status.success() {
         return None;
     }
@@ -1565,7 +1556,6 @@ fn ctrl_c_stops_cleanly_and_the_same_command_resumes() {
 #[cfg(unix)]
 #[test]
 fn ctrl_c_of_a_fresh_start_says_to_resume_without_fresh() {
-    use std::io::Read as _;
     use std::os::unix::process::CommandExt as _;
 
     let dir = tempfile::tempdir().expect("temp dir");
@@ -1573,14 +1563,7 @@ fn ctrl_c_of_a_fresh_start_says_to_resume_without_fresh() {
     cmd.arg("--fresh").process_group(0).stderr(Stdio::piped());
     let mut child = start_held(cmd, 2);
     ctrl_c(child.id());
-    let status = child.wait().expect("wait for the example");
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .expect("piped stderr")
-        .read_to_string(&mut stderr)
-        .expect("read stderr");
+    let (status, stderr) = exit_and_stderr(&mut child);
     assert_eq!(status.code(), Some(130), "{stderr}");
     assert_eq!(
         stderr,

@@ -12,9 +12,9 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::common::deliver_in;
 use crate::common::describe;
 use crate::common::poll;
+use crate::common::{deliver_in, exit_and_stderr};
 use crate::crash::{check, reference, start_held};
 use crate::fake_api::{FakeApi, Reply, Request};
 
@@ -331,7 +331,7 @@ fn a_run_failed_by_the_model_resumes_with_retry() {
 #[cfg(unix)]
 #[test]
 fn a_long_retry_after_is_said_while_the_run_waits_for_it() {
-    use std::io::{BufRead as _, BufReader, Read as _};
+    use std::io::{BufRead as _, BufReader};
 
     let api = FakeApi::start(|i, request| {
         if i == 0 {
@@ -355,14 +355,7 @@ fn a_long_retry_after_is_said_while_the_run_waits_for_it() {
         .status()
         .expect("run kill");
     assert!(interrupted.success());
-    let status = child.wait().expect("the example ends");
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .expect("its stderr")
-        .read_to_string(&mut stderr)
-        .expect("read its stderr");
+    let (status, stderr) = exit_and_stderr(&mut child);
     assert_eq!(status.code(), Some(130), "{said:?} {stderr}");
     assert!(
         stderr.ends_with("interrupted; run the same command again to resume\n"),
