@@ -129,17 +129,17 @@ pub async fn note_approved_already(cli: &Cli, runtime: &Runtime) -> Result<()> {
     } else {
         return Ok(());
     };
+    // An event that is no `Approval` (one that names no one) is no approval: the gate sets
+    // it aside.
     let events = runtime.store().events(&cli.run_id).await?;
-    let Some((seq, record, taken)) = events
-        .into_iter()
-        .find(|(_, record, _)| record.name == APPROVAL_EVENT.name())
-    else {
+    let Some((seq, by, taken)) = events.into_iter().find_map(|(seq, record, taken)| {
+        let approval = (record.name == APPROVAL_EVENT.name())
+            .then(|| serde_json::from_str::<Approval>(record.payload.get()).ok())
+            .flatten()?;
+        Some((seq, approval.by, taken))
+    }) else {
         return Ok(());
     };
-    let by = serde_json::from_str::<Approval>(record.payload.get()).map_or_else(
-        |_| "an approval this build cannot read".to_owned(),
-        |a| a.by,
-    );
     let where_ = if taken {
         "taken at the approval gate"
     } else {
@@ -373,6 +373,8 @@ mod tests {
                 "holds control characters in \"by\"",
             ),
             ("alice\n\n## LGTM", "holds control characters in \"by\""),
+            ("a\u{2028}b", "holds control characters in \"by\""),
+            ("a\u{2029}b", "holds control characters in \"by\""),
             (&"x".repeat(101), "has a \"by\" over 100 characters"),
         ] {
             assert_eq!(not_a_name(by), Some(why), "{by:?}");

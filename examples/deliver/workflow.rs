@@ -63,8 +63,9 @@ impl TryFrom<sent::Approval> for Approval {
 
 /// Why `by`, an approval's approver, is not a name to print and put in a pull request, if it
 /// is not: blank (white space, format characters, or characters that show as nothing: see
-/// [`shows_as_nothing`]), holding control characters (a terminal's escape sequences, new
-/// lines that would write the pull request's text), holding format characters (Unicode
+/// [`shows_as_nothing`]), holding control characters or line and paragraph separators (a
+/// terminal's escape sequences, new lines that would write the pull request's text), holding
+/// format characters (Unicode
 /// general category Cf: zero-width and bidirectional controls such as U+202E, which reverses
 /// the text after it, soft hyphens, joiners) or fillers that show as a blank (Hangul fillers,
 /// the blank Braille pattern), or over 100 characters.
@@ -81,7 +82,10 @@ pub fn not_a_name(by: &str) -> Option<&'static str> {
         .all(|c| c.is_whitespace() || format(c) || shows_as_nothing(c))
     {
         Some("names no one (\"by\" is blank)")
-    } else if by.chars().any(char::is_control) {
+    } else if by
+        .chars()
+        .any(|c| c.is_control() || matches!(c, '\u{2028}' | '\u{2029}'))
+    {
         Some("holds control characters in \"by\"")
     } else if by.chars().any(|c| format(c) || filler(c)) {
         Some("holds invisible or bidirectional formatting characters in \"by\"")

@@ -388,6 +388,41 @@ fn the_cli_approves_a_run_while_the_example_serves_it() {
     );
 }
 
+/// Approvals that name no one, sent to the file while no process runs, are set aside by the
+/// gate; `deliver --approve` then approves the run, and does not say it "was approved
+/// already, by an approval this build cannot read" (helper-101 F1: a set-aside event was
+/// taken for an approval).
+#[test]
+fn deliver_approve_after_approvals_set_aside_approves() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let workdir = &dir.path().join("work");
+    copy_dir(parked_at_the_gate(), workdir);
+    let store = workdir.join("deliver.redb");
+    let blank = loops(
+        &store,
+        &["send", "deliver-1", "approve", "--json", r#"{"by":""}"#],
+    );
+    assert!(blank.status.success(), "{}", describe(&blank));
+    // The gate sets it aside and waits on.
+    let waits = deliver(workdir, &[]);
+    assert!(waits.status.success(), "{}", describe(&waits));
+    let approved = deliver_in(workdir)
+        .arg("--approve")
+        .env("USER", "carol")
+        .output()
+        .expect("run deliver --approve");
+    assert!(approved.status.success(), "{}", describe(&approved));
+    let stdout = String::from_utf8_lossy(&approved.stdout);
+    assert!(
+        !stdout.contains("approved already") && stdout.contains("  approved by carol\n"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("pull request: forge://demo/pulls/1"),
+        "{stdout}"
+    );
+}
+
 /// `deliver --approve` while another `deliver --serve` holds the store and waits at the gate:
 /// the approval goes through the serving process's control endpoint, which finishes the run.
 #[test]
