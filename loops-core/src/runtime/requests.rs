@@ -38,10 +38,15 @@ pub struct Sent {
 /// cannot be the declared type; [`Error::RunEnded`] instead when the run has ended (it takes
 /// no event).
 pub fn check_event(info: &RunInfo, description: &str, event: &str, payload: &str) -> Result<()> {
-    match check_declared(info, description, event, payload) {
-        // An ended run takes no event at all: that, not the name or shape, is what the sender
-        // must hear (a valid event goes on to the store, which answers a keyed send made
-        // before the run ended as the duplicate it is, and refuses another as ended).
+    ended_first(info, check_declared(info, description, event, payload))
+}
+
+/// `checked`, the refusal of an event to the run `info`, as the sender must hear it: an ended
+/// run takes no event at all, and that, not the name, shape or type, is what it is told
+/// ([`Error::RunEnded`]). A valid event goes on to the store, which answers a keyed send made
+/// before the run ended as the duplicate it is, and refuses another as ended.
+fn ended_first(info: &RunInfo, checked: Result<()>) -> Result<()> {
+    match checked {
         Err(Error::EventRefused { .. }) if info.status.is_ended() => Err(crate::store::run_ended(
             info,
             crate::store::SENDING_AN_EVENT,
@@ -300,16 +305,18 @@ impl Runtime {
                 .ok_or_else(|| Error::RunNotFound {
                     run_id: run_id.to_owned(),
                 })?;
-            if let Some(description) = self.store().schema(info.schema).await? {
-                check_event(&info, &description, event, &json)?;
-            }
+            let declared = match self.store().schema(info.schema).await? {
+                Some(description) => check_declared(&info, &description, event, &json),
+                None => Ok(()),
+            };
             // The declared type's own checks, where this build drives the run's version (a
             // sealed payload was checked by whoever sealed it, who holds the key).
-            if envelope.is_none()
-                && let Some(Err(problem)) =
-                    self.registry(|r| r.read_event(info.schema, event, &json))
+            let typed = || match envelope
+                .is_none()
+                .then(|| self.registry(|r| r.read_event(info.schema, event, &json)))
+                .flatten()
             {
-                return Err(Error::EventRefused {
+                Some(Err(problem)) => Err(Error::EventRefused {
                     run_id: run_id.to_owned(),
                     state: info.state.clone(),
                     seq: info.seq,
@@ -318,8 +325,10 @@ impl Runtime {
                         event: event.to_owned(),
                         problem,
                     }),
-                });
-            }
+                }),
+                _ => Ok(()),
+            };
+            ended_first(&info, declared.and_then(|()| typed()))?;
         }
         let reply = self
             .store()

@@ -100,6 +100,19 @@ async fn a_payload_its_type_refuses_is_refused_at_the_send_where_the_version_is_
         .unwrap();
     let done = rt.run("s", Signed::Ask, &Signer).await.unwrap();
     assert_eq!(done, Signed::Done { by: "ann".into() });
+    // An ended run takes no event: that is what a sender hears, whatever the payload (one of
+    // the wrong shape, one its type refuses, a good one).
+    for payload in [r#"{"by":3}"#, r#"{"by":" "}"#, r#"{"by":"ann"}"#] {
+        let err = rt
+            .send_json("s", "sign", None, &raw(payload))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::RunEnded { run_id, status: RunStatus::Completed, .. } if run_id == "s"),
+            "{payload}: {err:?}"
+        );
+    }
+    assert_eq!(rt.store().events("s").await.unwrap().len(), 1);
 }
 
 #[tokio::test]
