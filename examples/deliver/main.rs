@@ -50,7 +50,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{Context as _, Result, bail, ensure};
+use anyhow::{Context as _, Result, ensure};
 use clap::Parser;
 use loops::{RetryPolicy, RunStatus, Runtime};
 use tracing_subscriber::EnvFilter;
@@ -94,7 +94,8 @@ rolling upgrade; --dry-run says, for every run in the store, what this build wou
 #[derive(Debug, Parser)]
 #[command(name = "deliver", after_help = HOOKS_HELP)]
 struct Cli {
-    /// The store file [default: <WORKDIR>/deliver.redb]
+    /// The store file [default: <WORKDIR>/deliver.redb]. A work directory's runs are
+    /// recorded in one store: a new run there with another is refused
     #[arg(long, value_name = "PATH")]
     store: Option<PathBuf>,
 
@@ -469,26 +470,7 @@ impl Signals {
 /// it touches what the first one is building. `--fresh` holds the old store's lock while it
 /// deletes.
 async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
-    for (flag, path) in [
-        ("--workdir", Some(&cli.workdir)),
-        ("--store", cli.store.as_ref()),
-        ("--repo", cli.repo.as_ref()),
-    ] {
-        if let Some(path) = path
-            && path.to_str().is_none()
-        {
-            bail!("{flag} {path:?} is not valid UTF-8; this example needs UTF-8 paths");
-        }
-    }
-    // A URL would be taken for a relative path (`postgres:/host/db` under the current
-    // directory): the `loops` CLI takes `postgres://` stores, this example only files.
-    if let Some(store) = cli.store.as_ref().and_then(|p| p.to_str())
-        && let Some((scheme, _)) = store.split_once("://")
-    {
-        bail!(
-            "--store {store:?} is a {scheme}:// URL; this example runs on an embedded store file only (a PostgreSQL store is for programs of your own: docs/postgres.md)"
-        );
-    }
+    place::check_given(cli)?;
     git::check_installed().await?;
     testrun::check_rustc().await?;
     let absolute = |p: &Path| {
@@ -503,6 +485,9 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
         cli.repo.as_deref().map(absolute).transpose()?,
     );
     paths.check_places()?;
+    if !cli.fresh {
+        paths.check_new_store(&cli.run_id)?;
+    }
     // The key file is read before --fresh deletes anything: a bad one stops the command
     // with the old work directory still there.
     let keys = cli.key_file.as_deref().map(loops::Keyring::from_file);
@@ -567,6 +552,7 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
     // the lock, as this one made it, left it without its marker, which neither a rerun nor
     // `--fresh` would then touch.
     paths.mark()?;
+    place::bind_new_run(cli, &paths, &runtime).await?;
     paths.clear_leftovers()?;
     Ok((paths, runtime))
 }

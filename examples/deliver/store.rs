@@ -26,6 +26,7 @@ pub async fn delete_for_fresh(paths: &Paths) -> Result<()> {
             home.display()
         );
     }
+    paths.check_fresh()?;
     check_is_a_store(&paths.store)?;
     // Another application's redb database starts as a store does: it is refused, and a
     // read-only open says so without writing to it (a writable one rewrites redb's header).

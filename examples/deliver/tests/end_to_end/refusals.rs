@@ -830,15 +830,65 @@ fn the_openai_model_flags_are_checked_before_anything_is_made() {
 
 /// A work directory in use by another `deliver` with another store is refused after the
 /// lock's wait (here the test holds the work directory's lock), with nothing done in it.
+/// A work directory's runs are recorded in one store: a new run of another store is refused
+/// there (it would push its branch and file its pull request beside theirs, and a run id of
+/// theirs would find their pull request as its own, its approval gate passed by another run),
+/// before that store is made; so is `--fresh` with another store, which would delete their
+/// work directory. A store that is gone records nothing: the next store takes the work
+/// directory over (kept from two at once by the work directory's lock).
 #[test]
-fn a_work_directory_in_use_with_another_store_is_refused() {
+fn a_work_directory_is_the_runs_of_one_store() {
     let dir = tempfile::tempdir().expect("temp dir");
     let output = deliver(dir.path(), &["--run-id".into(), "first".into()]);
     assert!(output.status.success(), "{}", describe(&output));
     let workdir = dir.path().join("work");
+    let store = workdir.join("deliver.redb");
+    let other = dir.path().join("other.redb");
+    for fresh in [false, true] {
+        let mut args: Vec<OsString> = vec!["--store".into(), other.clone().into()];
+        if fresh {
+            args.push("--fresh".into());
+        }
+        let wanted = if fresh {
+            format!(
+                "--fresh: work directory {} holds the runs of the store {}; --fresh with \
+                 --store {} deletes their work directory (and a store inside it): pass --store \
+                 {} to start over there, or name another --workdir (nothing was deleted)",
+                workdir.display(),
+                store.display(),
+                other.display(),
+                store.display()
+            )
+        } else {
+            format!(
+                "work directory {} holds the runs of the store {} (their remote branches and \
+                 pull requests are there); a new run deliver-1 recorded in --store {} would \
+                 work beside them: pass --store {}, or name another --workdir (nothing was \
+                 done)",
+                workdir.display(),
+                store.display(),
+                other.display(),
+                store.display()
+            )
+        };
+        let output = deliver(dir.path(), &args);
+        assert_refused(&output, &wanted, dir.path(), &["work"]);
+    }
+    // The first store's run is there still, and goes on (reports its end).
+    let output = deliver(dir.path(), &["--run-id".into(), "first".into()]);
+    assert!(
+        output.status.success()
+            && String::from_utf8_lossy(&output.stdout)
+                .contains("pull request: forge://demo/pulls/1"),
+        "{}",
+        describe(&output)
+    );
+
+    // Gone (moved away), it records nothing here: another store takes the work directory,
+    // once no other `deliver` works in it.
+    std::fs::rename(&store, dir.path().join("moved.redb")).expect("move the store");
     let lock = std::fs::File::open(workdir.join(".loops-deliver-workdir.lock")).expect("lock file");
     lock.lock().expect("take the lock");
-    let other = dir.path().join("other.redb");
     let output = deliver(dir.path(), &["--store".into(), other.clone().into()]);
     assert!(
         output.status.code() == Some(1)
@@ -852,6 +902,19 @@ fn a_work_directory_in_use_with_another_store_is_refused() {
         describe(&output)
     );
     drop(lock);
-    let output = deliver(dir.path(), &["--store".into(), other.into()]);
-    assert!(output.status.success(), "{}", describe(&output));
+    let output = deliver(dir.path(), &["--store".into(), other.clone().into()]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success()
+            && stdout.contains(&format!(
+                "work directory {} recorded its runs in the store {}, which is gone: they are \
+                 recorded in {} from now",
+                workdir.display(),
+                store.display(),
+                other.display()
+            ))
+            && stdout.contains("pull request: forge://demo/pulls/2"),
+        "{}",
+        describe(&output)
+    );
 }
