@@ -267,7 +267,7 @@ impl RuntimeBuilder {
         let mut this = self.workflow::<W>();
         this.config
             .registry
-            .add_version(W::NAME, Registered::<W, H>::version(handler));
+            .add_version::<W>(Registered::<W, H>::version(handler));
         this
     }
 

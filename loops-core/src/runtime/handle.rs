@@ -97,8 +97,6 @@ pub(crate) struct Config {
 pub(crate) struct Version {
     pub(crate) known: KnownVersion,
     pub(crate) driver: Arc<dyn Driver>,
-    /// Its [`Workflow::read_event`](crate::Workflow::read_event).
-    pub(crate) read_event: EventReader,
 }
 
 /// A version's [`Workflow::read_event`](crate::Workflow::read_event).
@@ -120,10 +118,11 @@ pub(crate) struct Registry {
 }
 
 impl Registry {
-    /// Adds `version` of `workflow`, replacing the one registered with the same hash.
-    pub(crate) fn add_version(&mut self, workflow: &str, version: Version) {
-        self.add_reader(&version.known, version.read_event);
-        let versions = self.workflows.entry(workflow.to_owned()).or_default();
+    /// Adds `version`, the version `W` of its workflow, replacing the one registered with the
+    /// same hash, and keeps `W`'s event reader ([`add_reader`](Self::add_reader)).
+    pub(crate) fn add_version<W: crate::Workflow>(&mut self, version: Version) {
+        self.add_reader(&version.known, W::read_event);
+        let versions = self.workflows.entry(W::NAME.to_owned()).or_default();
         let hash = version.known.stored.hash;
         match versions.iter_mut().find(|v| v.known.stored.hash == hash) {
             Some(v) => *v = version,

@@ -41,7 +41,6 @@ where
                 handler: Arc::new(handler),
                 _workflow: PhantomData,
             }),
-            read_event: W::read_event,
         }
     }
 }
@@ -380,7 +379,7 @@ impl Runtime {
         H: Send + Sync + 'static,
     {
         let first = !self.registry(|r| r.names().iter().any(|n| n == W::NAME));
-        self.with_registry(|r| r.add_version(W::NAME, Registered::<W, H>::version(handler)));
+        self.with_registry(|r| r.add_version::<W>(Registered::<W, H>::version(handler)));
         self.registered(W::NAME, first);
     }
 
