@@ -63,6 +63,7 @@ pub use names::{
     is_bidi_control, replace_bidi_controls, validate_run_id, validate_run_id_lookup,
 };
 pub use panics::silence_caught_redb_panics;
+pub use record::wait::{set_aside_events, taken_event, wait_step_name, waited_event};
 pub use record::{
     FailureRecord, FailureSource, MigratedFrom, StepRecord, Transition, TransitionRecord, now_ms,
 };

@@ -5,6 +5,8 @@
 //! or step output is embedded as raw JSON, encoded once by the caller and never re-parsed on
 //! the write path. See `docs/design.md` for the key layout.
 
+pub(crate) mod wait;
+
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 

@@ -90,13 +90,16 @@ pub fn gather(store: &dyn Operator, run_id: &str) -> Result<(RunInfo, HistoryVie
     let info = store
         .run(run_id)?
         .ok_or_else(|| not_found(store.label(), run_id))?;
+    let failure_records = store.failures(run_id)?;
+    let history = store.history(run_id)?;
+    let step_records = store.all_steps(run_id, &history)?;
+    let set_aside = loops_core::set_aside_events(&step_records, &failure_records);
     let mut failures: BTreeMap<u64, Vec<FailureView>> = BTreeMap::new();
-    for (seq, record) in store.failures(run_id)? {
+    for (seq, record) in failure_records {
         failures.entry(seq).or_default().push(record.into());
     }
-    let history = store.history(run_id)?;
     let mut steps_at: BTreeMap<u64, Vec<StepView>> = BTreeMap::new();
-    for (seq, name, occurrence, r) in store.all_steps(run_id, &history)? {
+    for (seq, name, occurrence, r) in step_records {
         steps_at
             .entry(seq)
             .or_default()
@@ -122,7 +125,6 @@ pub fn gather(store: &dyn Operator, run_id: &str) -> Result<(RunInfo, HistoryVie
         });
         previous = Some(record.at_ms);
     }
-    let set_aside = set_aside_events(&transitions);
     let events: Vec<EventView> = store
         .events(run_id)?
         .into_iter()
@@ -138,35 +140,6 @@ pub fn gather(store: &dyn Operator, run_id: &str) -> Result<(RunInfo, HistoryVie
         events,
     };
     Ok((info, view))
-}
-
-/// The events the run's waits set aside, by event seq, each with why (the innermost cause of
-/// its failure record): a wait records the event it takes as a step (`loops:wait:NAME`, its
-/// output `{"event": {"seq": N, ...}}`), and one it sets aside with a failure record of the
-/// same step and occurrence.
-fn set_aside_events(transitions: &[TransitionView]) -> BTreeMap<u64, String> {
-    let mut set_aside = BTreeMap::new();
-    for t in transitions {
-        for f in &t.failures {
-            let FailureSource::Step { name, occurrence } = &f.source else {
-                continue;
-            };
-            if !name.starts_with("loops:wait:") {
-                continue;
-            }
-            let taken = t
-                .steps
-                .iter()
-                .find(|s| &s.name == name && s.occurrence == *occurrence)
-                .and_then(|s| serde_json::from_str::<serde_json::Value>(s.output.get()).ok())
-                .and_then(|output| output["event"]["seq"].as_u64());
-            if let Some(seq) = taken {
-                let why = f.errors.last().cloned().unwrap_or_default();
-                set_aside.insert(seq, why);
-            }
-        }
-    }
-    set_aside
 }
 
 /// Shows the run's history.

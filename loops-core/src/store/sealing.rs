@@ -388,23 +388,18 @@ impl Payloads {
         record: &mut StepRecord,
     ) -> Result<()> {
         self.open_raw(&step_at(run_id, seq, name, occurrence), &mut record.output)?;
-        let Some(event) = name.strip_prefix(WAIT_PREFIX) else {
+        let Some(event) = crate::record::wait::waited_event(name) else {
             return Ok(());
         };
-        #[derive(serde::Deserialize, serde::Serialize)]
-        struct Delivered {
-            event: Inner,
-        }
-        #[derive(serde::Deserialize, serde::Serialize)]
-        struct Inner {
-            seq: u64,
-            payload: Box<RawValue>,
-        }
-        let Ok(mut delivered) = serde_json::from_str::<Delivered>(record.output.get()) else {
+        use crate::record::wait::WaitOutput;
+        let Ok(WaitOutput::Event { seq, mut payload }) =
+            serde_json::from_str::<WaitOutput<Box<RawValue>>>(record.output.get())
+        else {
             return Ok(());
         };
-        self.open_raw(&event_at(run_id, event), &mut delivered.event.payload)?;
-        if let Ok(output) = RawValue::from_string(to_string(&delivered)) {
+        self.open_raw(&event_at(run_id, event), &mut payload)?;
+        let output = crate::record::wait::delivered_output(seq, payload.get());
+        if let Ok(output) = RawValue::from_string(output) {
             record.output = output;
         }
         Ok(())
@@ -604,13 +599,6 @@ impl Payloads {
             other => other,
         })
     }
-}
-
-/// The name prefix of a wait's step record (`loops:wait:{event}`).
-const WAIT_PREFIX: &str = "loops:wait:";
-
-fn to_string<T: serde::Serialize>(value: &T) -> String {
-    serde_json::to_string(value).unwrap_or_default()
 }
 
 fn decode_own<T: serde::de::DeserializeOwned>(run_id: &str, seq: u64, bytes: &[u8]) -> Result<T> {

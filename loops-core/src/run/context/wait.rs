@@ -168,7 +168,7 @@ impl Context {
             // As a step started after the cancellation: nothing is recorded, nothing taken.
             return Err(self.cancelled_error());
         }
-        let step_name = format!("{RESERVED_PREFIX}wait:{event}");
+        let step_name = crate::record::wait::wait_step_name(event);
         // The deadline is journaled first, on every execution (a replay reads it back), so
         // that each wait of the handler keeps its own occurrence of it.
         let until_ms = match timeout {
@@ -211,7 +211,7 @@ impl Context {
                         Reply::Waited(WaitOutcome::Delivered { event_seq, payload }, _) => {
                             tracing::info!(event, event_seq, "event delivered");
                             (
-                                format!(r#"{{"event":{{"seq":{event_seq},"payload":{payload}}}}}"#),
+                                crate::record::wait::delivered_output(event_seq, &payload),
                                 true,
                             )
                         }
@@ -250,17 +250,8 @@ impl Context {
         occurrence: u32,
         output: &str,
     ) -> Result<Option<T>> {
-        #[derive(serde::Deserialize)]
-        #[serde(rename_all = "snake_case")]
-        enum Outcome<'a> {
-            Due,
-            Event {
-                seq: u64,
-                #[serde(borrow)]
-                payload: &'a RawValue,
-            },
-        }
-        let outcome: Outcome<'_> =
+        use crate::record::wait::WaitOutput as Outcome;
+        let outcome: Outcome<&RawValue> =
             serde_json::from_str(output).map_err(|source| Error::StepDecode {
                 run_id: self.run.run_id.clone(),
                 state: self.state,

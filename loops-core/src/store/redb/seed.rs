@@ -141,7 +141,7 @@ impl RedbStore {
                     step: wait
                         .event
                         .as_ref()
-                        .map(|event| (format!("{RESERVED_PREFIX}wait:{event}"), 0)),
+                        .map(|event| (crate::record::wait::wait_step_name(event), 0)),
                     run_id,
                     seq: 0,
                     attempt: 1,
