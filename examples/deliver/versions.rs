@@ -85,6 +85,15 @@ pub enum Finished {
 }
 
 impl Finished {
+    /// The line that says how the run ended, wherever it was driven: `pull request: URL`, or
+    /// that nothing was pushed.
+    pub fn outcome(&self) -> String {
+        match self {
+            Finished::PrOpened { url, .. } => format!("pull request: {url}"),
+            Finished::Abandoned { .. } => "abandoned: nothing was pushed".to_owned(),
+        }
+    }
+
     /// The terminal state's name.
     pub fn state(&self) -> &'static str {
         match self {

@@ -13,7 +13,7 @@ use loops::{Payloads, RunInfo, RunStatus, TransitionRecord};
 use super::approver_name;
 use crate::Cli;
 use crate::hints::this_command_again;
-use crate::versions::{self, Finished};
+use crate::versions;
 use crate::workflow::{APPROVAL_EVENT, Approval};
 
 /// How often the followed run is read through the control endpoint.
@@ -292,9 +292,6 @@ fn ended(
             return Ok(());
         }
     }
-    match versions::finished_of(run_id, &record)? {
-        Finished::PrOpened { url, .. } => say!("pull request: {url}"),
-        Finished::Abandoned { .. } => say!("abandoned: nothing was pushed"),
-    }
+    say!("{}", versions::finished_of(run_id, &record)?.outcome());
     Ok(())
 }
