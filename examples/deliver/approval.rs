@@ -313,21 +313,40 @@ pub async fn parked_at_the_gate(runtime: &Runtime, run_id: &str, approve: bool) 
 }
 
 /// Who approves with `--approve`: the user running the command (`$USER`, else `$USERNAME`),
-/// else `operator`.
+/// else `operator`. A variable that is set but names no one the gate takes is said, with why
+/// and who approves instead.
 pub fn approver_name() -> String {
-    approver_of(|name| std::env::var(name).ok())
+    let (name, skipped) = approver_of(|name| std::env::var(name).ok());
+    for line in skipped {
+        say!("{line}");
+    }
+    name
 }
 
-/// [`approver_name`], with the environment read through `var`: an unset variable, or one
-/// the approval gate would refuse ([`not_a_name`]: blank, say),
-/// names nobody.
-fn approver_of(var: impl Fn(&str) -> Option<String>) -> String {
-    ["USER", "USERNAME"]
+/// [`approver_name`], with the environment read through `var`: the approver, and a line for
+/// each variable passed over because the approval gate would refuse it ([`not_a_name`]:
+/// blank, say). An unset variable names nobody, silently.
+fn approver_of(var: impl Fn(&str) -> Option<String>) -> (String, Vec<String>) {
+    let mut skipped = Vec::new();
+    for variable in ["USER", "USERNAME"] {
+        let Some(value) = var(variable) else {
+            continue;
+        };
+        let name = value.trim();
+        match not_a_name(name) {
+            None => return (name.to_owned(), with_approver(skipped, name)),
+            Some(why) => skipped.push(format!("${variable} is no approver's name: it {why}")),
+        }
+    }
+    ("operator".to_owned(), with_approver(skipped, "operator"))
+}
+
+/// `skipped`, each line ending with who approves instead.
+fn with_approver(skipped: Vec<String>, name: &str) -> Vec<String> {
+    skipped
         .into_iter()
-        .filter_map(var)
-        .map(|name| name.trim().to_owned())
-        .find(|name| not_a_name(name).is_none())
-        .unwrap_or_else(|| "operator".to_owned())
+        .map(|line| format!("{line}; approving as {name}"))
+        .collect()
 }
 
 #[cfg(test)]
@@ -390,10 +409,36 @@ mod tests {
                 _ => None,
             })
         };
-        assert_eq!(env(Some("alice"), Some("bob")), "alice");
-        assert_eq!(env(Some(""), Some("bob")), "bob");
-        assert_eq!(env(None, Some("bob")), "bob");
-        assert_eq!(env(Some(" "), Some("")), "operator");
-        assert_eq!(env(None, None), "operator");
+        let blank = |var: &str, name: &str| {
+            format!(
+                "${var} is no approver's name: it names no one (\"by\" is blank); approving as \
+                 {name}"
+            )
+        };
+        assert_eq!(env(Some("alice"), Some("bob")), ("alice".into(), vec![]));
+        assert_eq!(
+            env(Some(""), Some("bob")),
+            ("bob".into(), vec![blank("USER", "bob")])
+        );
+        assert_eq!(env(None, Some("bob")), ("bob".into(), vec![]));
+        assert_eq!(
+            env(Some(" "), Some("")),
+            (
+                "operator".into(),
+                vec![blank("USER", "operator"), blank("USERNAME", "operator")]
+            )
+        );
+        assert_eq!(
+            env(Some("a\u{1b}[31m"), None),
+            (
+                "operator".into(),
+                vec![
+                    "$USER is no approver's name: it holds control characters in \"by\"; \
+                     approving as operator"
+                        .to_owned()
+                ]
+            )
+        );
+        assert_eq!(env(None, None), ("operator".into(), vec![]));
     }
 }
