@@ -27,6 +27,7 @@ macro_rules! say {
 
 mod agent;
 mod approval;
+mod binding;
 mod child;
 mod forge;
 mod git;
@@ -95,7 +96,7 @@ rolling upgrade; --dry-run says, for every run in the store, what this build wou
 #[command(name = "deliver", after_help = HOOKS_HELP)]
 struct Cli {
     /// The store file [default: <WORKDIR>/deliver.redb]. A work directory's runs are
-    /// recorded in one store: a new run there with another is refused
+    /// recorded in one store: a run there of another is refused
     #[arg(long, value_name = "PATH")]
     store: Option<PathBuf>,
 
@@ -500,6 +501,7 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
         delete_for_fresh(&paths).await?;
     }
     let made = paths.create_workdir(&cli.run_id, cli.auto_approve)?;
+    let created = !paths.store.exists();
     let opened = open_store(|| {
         let builder = versions::builder(cli.workflow_version);
         let builder = match keys.clone() {
@@ -539,20 +541,23 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
     // Before anything is done in the work directory: whether the run is a deliver run, and
     // where it works (a run that exists goes on where it started). A refused run leaves no
     // work directory made for it.
-    if let Err(e) = place::settle_run(cli, &mut paths, &runtime).await {
-        if let Some(made) = made.as_deref() {
-            paths.remove_new_workdir(made);
+    let placed = match place::settle_run(cli, &mut paths, &runtime).await {
+        Err(e) => {
+            if let Some(made) = made.as_deref() {
+                paths.remove_new_workdir(made);
+            }
+            Err(e)
+        }
+        Ok(()) => paths.take_for(&cli.run_id).await,
+    };
+    // A refused run leaves no store made for it either (it is open here only: on Unix, an
+    // open file can be deleted).
+    if let Err(e) = placed {
+        if created && cfg!(unix) {
+            let _ = std::fs::remove_file(&paths.store);
         }
         return Err(e);
     }
-    paths.lock().await?;
-    // The store's lock and the work directory's are ours: what an earlier process left in
-    // the work directory is not in use. The directory is ours too, and marked so: a
-    // `--fresh` of another process that deleted it (marker included) before this one took
-    // the lock, as this one made it, left it without its marker, which neither a rerun nor
-    // `--fresh` would then touch.
-    paths.mark()?;
-    place::bind_new_run(cli, &paths, &runtime).await?;
     paths.clear_leftovers()?;
     Ok((paths, runtime))
 }
@@ -744,7 +749,7 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
             );
             hooks.enter(seq, state, None, &line).await?;
             report_tokens().await?;
-            say!("pull request: {url}");
+            say!("{}", last.outcome());
             let file = agent.forge.path_of(*number);
             if file.exists() {
                 say!("  stored in {}", file.display());
@@ -760,7 +765,7 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
         Finished::Abandoned { reason } => {
             hooks.enter(seq, state, None, reason).await?;
             report_tokens().await?;
-            say!("abandoned: nothing was pushed");
+            say!("{}", last.outcome());
         }
     }
     Ok(())

@@ -24,14 +24,6 @@ pub const WORKDIR_ATTRIBUTE: &str = "workdir";
 /// (absolute); a run on the demo's repository has none.
 pub const REPO_ATTRIBUTE: &str = "repo";
 
-/// The file in a work directory that names the store its runs are recorded in (relative to
-/// the work directory if inside it, else absolute),
-/// written when a run starts there ([`Paths::bind_store`]). A run's remote branch, its
-/// pull request and the demo's repository are the work directory's; its record is the
-/// store's: a run of another store started there would file its pull request beside
-/// theirs, under the same run ids.
-pub const STORE_BINDING: &str = ".loops-deliver-store";
-
 /// `path` with every symbolic link in it resolved, one to nothing included (its target is
 /// where a file would be made), and the part that does not exist kept as written.
 pub fn resolved(path: &Path) -> PathBuf {
@@ -133,122 +125,6 @@ impl Paths {
             .skip(1)
             .find(|dir| *dir != workdir && dir.join(MARKER).is_file())
             .map(Path::to_path_buf)
-    }
-
-    /// The store this work directory records its runs in ([`STORE_BINDING`]), if one is
-    /// recorded and the file is still there; `None` if none is recorded (a new work
-    /// directory, or one of an earlier version of this example) or it is gone.
-    ///
-    /// # Errors
-    /// If the binding cannot be read.
-    fn bound_store(&self) -> Result<Option<PathBuf>> {
-        let path = self.workdir.join(STORE_BINDING);
-        let bound = match std::fs::read_to_string(&path) {
-            Ok(text) if text.is_empty() => return Ok(None),
-            Ok(text) => self.workdir.join(text),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
-        };
-        Ok(Some(bound).filter(|bound| bound.exists()))
-    }
-
-    /// The store, other than this one, that this work directory records its runs in
-    /// ([`bound_store`](Self::bound_store)).
-    ///
-    /// # Errors
-    /// If the binding cannot be read.
-    fn other_store(&self) -> Result<Option<PathBuf>> {
-        let this = resolved(&self.store);
-        Ok(self.bound_store()?.filter(|bound| resolved(bound) != this))
-    }
-
-    /// Records, for a new run, that this work directory's runs are recorded in this store
-    /// ([`STORE_BINDING`]); the caller holds the work directory's lock. A work directory
-    /// whose runs another store records (and that store is still there) is refused: the new
-    /// run would push its branch and file its pull request beside theirs, and a run id of
-    /// theirs would find their pull request as its own (the forge's idempotency key), its
-    /// approval gate passed by another run. A binding whose store is gone is replaced, and
-    /// said.
-    ///
-    /// # Errors
-    /// If another store records this work directory's runs, or the binding cannot be read or
-    /// written.
-    pub fn bind_store(&self, run_id: &str) -> Result<()> {
-        self.bind_store_check(run_id)?;
-        let path = self.workdir.join(STORE_BINDING);
-        // Inside the work directory, relative to it: a copy of the work directory (a backup
-        // restored elsewhere) names its own store.
-        let this = self
-            .store
-            .strip_prefix(&self.workdir)
-            .unwrap_or(&self.store);
-        let text = this
-            .to_str()
-            .with_context(|| format!("{} is not valid UTF-8", this.display()))?;
-        let recorded = std::fs::read_to_string(&path).ok();
-        if recorded.as_deref() == Some(text) {
-            return Ok(());
-        }
-        if let Some(gone) = recorded.filter(|gone| !gone.is_empty()) {
-            say!(
-                "work directory {} recorded its runs in the store {}, which is gone: they are \
-                 recorded in {} from now",
-                self.workdir.display(),
-                self.workdir.join(gone).display(),
-                self.store.display()
-            );
-        }
-        crate::project::write_durably(&path, text.as_bytes(), true).map(drop)
-    }
-
-    /// Refuses a new run `run_id` in a work directory whose runs another store records:
-    /// see [`bind_store`](Self::bind_store).
-    fn bind_store_check(&self, run_id: &str) -> Result<()> {
-        if let Some(other) = self.other_store()? {
-            bail!(
-                "work directory {} holds the runs of the store {} (their remote branches and \
-                 pull requests are there); a new run {run_id} recorded in --store {} would work \
-                 beside them: pass --store {}, or name another --workdir (nothing was done)",
-                self.workdir.display(),
-                other.display(),
-                self.store.display(),
-                other.display()
-            );
-        }
-        Ok(())
-    }
-
-    /// Refuses a store that does not exist yet (so holds no run) in a work directory whose
-    /// runs another store records, before it is made: see [`bind_store`](Self::bind_store).
-    ///
-    /// # Errors
-    /// If it is one, or the binding cannot be read.
-    pub fn check_new_store(&self, run_id: &str) -> Result<()> {
-        match self.store.exists() {
-            true => Ok(()),
-            false => self.bind_store_check(run_id),
-        }
-    }
-
-    /// Refuses `--fresh` with this store in a work directory whose runs another store
-    /// records ([`bind_store`](Self::bind_store)): deleting the work directory (their remote,
-    /// forge and repository, and that store if it is inside) would strand or delete them.
-    ///
-    /// # Errors
-    /// If another store records its runs, or the binding cannot be read.
-    pub fn check_fresh(&self) -> Result<()> {
-        let Some(other) = self.other_store()? else {
-            return Ok(());
-        };
-        bail!(
-            "--fresh: work directory {} holds the runs of the store {}; --fresh with --store {} \
-             deletes their work directory (and a store inside it): pass --store {} to start \
-             over there, or name another --workdir (nothing was deleted)",
-            self.workdir.display(),
-            other.display(),
-            self.store.display(),
-            other.display()
-        )
     }
 
     /// `options` with the attributes that record where a new run works
@@ -436,18 +312,6 @@ pub fn check_given(cli: &Cli) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// Records, if the run `cli` names is new, that the work directory's runs are recorded in
-/// this store ([`Paths::bind_store`]); the caller holds the work directory's lock.
-///
-/// # Errors
-/// If another store records the work directory's runs, or the store cannot be read.
-pub async fn bind_new_run(cli: &Cli, paths: &Paths, runtime: &Runtime) -> Result<()> {
-    match runtime.run_info(&cli.run_id).await? {
-        Some(_) => Ok(()),
-        None => paths.bind_store(&cli.run_id),
-    }
 }
 
 /// Refuses the run `cli` names if it is not a deliver run, and settles where it works

@@ -93,6 +93,17 @@ fn approve_and_retry_refuse_a_run_that_is_not_there() {
         );
         let output = deliver(dir.path(), &[flag.into()]);
         assert_refused(&output, &refusal, dir.path(), &[]);
+        // Nor a store of its own, outside the work directory.
+        let outside = dir.path().join("outside.redb");
+        let output = deliver(
+            dir.path(),
+            &[flag.into(), "--store".into(), outside.clone().into()],
+        );
+        let wanted = format!(
+            "there is no run deliver-1 in {} to {verb}",
+            outside.display()
+        );
+        assert_refused(&output, &wanted, dir.path(), &[]);
         let other = deliver(dir.path(), &["--run-id".into(), "other".into()]);
         assert!(other.status.success(), "{}", describe(&other));
         let output = deliver(dir.path(), &[flag.into()]);
@@ -862,9 +873,8 @@ fn a_work_directory_is_the_runs_of_one_store() {
         } else {
             format!(
                 "work directory {} holds the runs of the store {} (their remote branches and \
-                 pull requests are there); a new run deliver-1 recorded in --store {} would \
-                 work beside them: pass --store {}, or name another --workdir (nothing was \
-                 done)",
+                 pull requests are there); run deliver-1 of --store {} would work beside them: \
+                 pass --store {}, or name another --workdir (nothing was done)",
                 workdir.display(),
                 store.display(),
                 other.display(),
@@ -874,6 +884,26 @@ fn a_work_directory_is_the_runs_of_one_store() {
         let output = deliver(dir.path(), &args);
         assert_refused(&output, &wanted, dir.path(), &["work"]);
     }
+    // A run that exists in another store (a copy of the first) is refused too: it would
+    // take the first store's pull request as its own.
+    let copy = dir.path().join("copy.redb");
+    std::fs::copy(&store, &copy).expect("copy the store");
+    let output = deliver(
+        dir.path(),
+        &[
+            "--store".into(),
+            copy.clone().into(),
+            "--run-id".into(),
+            "first".into(),
+        ],
+    );
+    let wanted = format!(
+        "run first of --store {} would work beside them: pass --store {}",
+        copy.display(),
+        store.display()
+    );
+    assert_refused(&output, &wanted, dir.path(), &["copy.redb", "work"]);
+    std::fs::remove_file(&copy).expect("remove the copy");
     // The first store's run is there still, and goes on (reports its end).
     let output = deliver(dir.path(), &["--run-id".into(), "first".into()]);
     assert!(
@@ -914,6 +944,112 @@ fn a_work_directory_is_the_runs_of_one_store() {
                 other.display()
             ))
             && stdout.contains("pull request: forge://demo/pulls/2"),
+        "{}",
+        describe(&output)
+    );
+}
+
+/// The binding names stores and work directories with their links resolved: a store named
+/// through a link to its work directory is that directory's own, and stays bound when the
+/// link goes. A copy of a work directory whose store was outside, restored elsewhere with a
+/// store of its own, is bound to that one (its original's store works elsewhere), and says so.
+#[test]
+fn a_binding_names_stores_as_resolved_and_a_copy_takes_its_own() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = |name: &str| -> OsString { dir.path().join(name).into() };
+    let workdir = dir.path().join("wg");
+    std::fs::create_dir(&workdir).expect("make the work directory");
+    std::os::unix::fs::symlink(&workdir, dir.path().join("wg-link")).expect("link to it");
+    let linked = dir.path().join("wg-link/deliver.redb");
+    let gated = deliver(
+        dir.path(),
+        &[
+            "--workdir".into(),
+            path("wg"),
+            "--store".into(),
+            linked.into(),
+            "--auto-approve=false".into(),
+        ],
+    );
+    assert!(gated.status.success(), "{}", describe(&gated));
+    let real = workdir.canonicalize().expect("resolve");
+    assert_eq!(
+        std::fs::read_to_string(workdir.join(".loops-deliver-store")).expect("the binding"),
+        format!("deliver.redb\n{}\n", real.display())
+    );
+    std::fs::remove_file(dir.path().join("wg-link")).expect("remove the link");
+    let output = deliver(
+        dir.path(),
+        &[
+            "--workdir".into(),
+            path("wg"),
+            "--store".into(),
+            path("other.redb"),
+        ],
+    );
+    let wanted = format!(
+        "work directory {} holds the runs of the store {}",
+        workdir.display(),
+        workdir.join("deliver.redb").display()
+    );
+    assert_refused(&output, &wanted, dir.path(), &["wg"]);
+
+    // A work directory whose store is outside, copied with its store (put inside the copy).
+    let outside = dir.path().join("store-e.redb");
+    let output = deliver(
+        dir.path(),
+        &[
+            "--workdir".into(),
+            path("we"),
+            "--store".into(),
+            outside.clone().into(),
+        ],
+    );
+    assert!(output.status.success(), "{}", describe(&output));
+    let copy = dir.path().join("we-copy");
+    crate::common::copy_dir(&dir.path().join("we"), &copy);
+    std::fs::copy(&outside, copy.join("deliver.redb")).expect("copy the store");
+    let output = deliver(
+        dir.path(),
+        &[
+            "--workdir".into(),
+            path("we-copy"),
+            "--run-id".into(),
+            "second".into(),
+        ],
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success()
+            && stdout.contains(&format!(
+                "work directory {} is a copy of another, whose runs the store {} records: its \
+                 own are recorded in {} from now",
+                copy.display(),
+                outside.canonicalize().expect("resolve").display(),
+                copy.join("deliver.redb").display()
+            ))
+            && stdout.contains("pull request: forge://demo/pulls/2"),
+        "{}",
+        describe(&output)
+    );
+    // The original is its own store's still.
+    let output = deliver(
+        dir.path(),
+        &[
+            "--workdir".into(),
+            path("we"),
+            "--store".into(),
+            copy.join("deliver.redb").into(),
+        ],
+    );
+    let wanted = format!(
+        "work directory {} holds the runs of the store {}",
+        dir.path().join("we").display(),
+        outside.canonicalize().expect("resolve").display()
+    );
+    assert!(
+        output.status.code() == Some(1)
+            && String::from_utf8_lossy(&output.stderr).contains(&wanted),
         "{}",
         describe(&output)
     );

@@ -309,6 +309,8 @@ fn a_stale_copy_of_the_work_directory_is_refused() {
     assert!(output.status.success(), "{}", describe(&output));
     let copy = dir.path().join("copy");
     copy_dir(&workdir, &copy);
+    // Without its store: a copy with one of its own is bound to it, and refuses another.
+    std::fs::remove_file(copy.join("deliver.redb")).expect("remove the copy's store");
     let output = deliver_without_repo(&workdir, &[], None);
     assert!(output.status.success(), "{}", describe(&output));
     let head = git(&workdir.join("repo"), &["rev-parse", "loops/deliver-1"]);
@@ -348,6 +350,8 @@ fn a_copy_made_before_the_push_is_refused() {
     assert!(output.status.success(), "{}", describe(&output));
     let copy = dir.path().join("copy");
     copy_dir(&workdir, &copy);
+    // Without its store: a copy with one of its own is bound to it, and refuses another.
+    std::fs::remove_file(copy.join("deliver.redb")).expect("remove the copy's store");
     let output = deliver_without_repo(&workdir, &["--approve"], None);
     assert!(output.status.success(), "{}", describe(&output));
     assert_eq!(pulls(&workdir), ["1.json"]);
