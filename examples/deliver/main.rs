@@ -39,6 +39,7 @@ mod model_args;
 mod openai;
 mod place;
 mod project;
+mod stop;
 mod store;
 mod testrun;
 mod tokens;
@@ -63,6 +64,7 @@ use crate::hooks::Hooks;
 use crate::model::AnyModel;
 use crate::model_args::ModelArgs;
 use crate::project::Paths;
+use crate::stop::{Interrupt, Stop};
 use crate::store::{delete_for_fresh, open_store, store_error};
 use crate::versions::{Finished, Release};
 use crate::workflow::Base;
@@ -302,15 +304,6 @@ enum Ended {
     StoppedFollowing(Stop, String),
 }
 
-/// What asked this program to stop.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stop {
-    /// Ctrl-C (SIGINT): exit code 130.
-    CtrlC,
-    /// SIGTERM, as a deploy or `systemctl stop` sends it: exit code 143.
-    Terminate,
-}
-
 /// Sets up, then drives the run until it ends or parks, or until Ctrl-C or SIGTERM: then it
 /// stops driving (the handler's future is dropped, as a crash would drop it: rustc and the
 /// tests are killed, a git command finishes) and closes the store cleanly, so that the same
@@ -327,32 +320,25 @@ async fn run(cli: Cli) -> Result<Ended> {
         ensure!(store.exists(), place::no_such_run(&cli, &store));
     }
     let interrupt = Interrupt::listen();
-    if cli.approve {
-        // Another `deliver --serve` holds the store: it takes the approval instead, and this
-        // follows the run there if that process drives it.
-        let through = tokio::select! {
+    // `--approve`: another `deliver --serve` holding the store takes the approval instead.
+    // Looked for again when the store is found locked: a process started a moment ago holds
+    // the store before its endpoint exists.
+    let mut looks = 0;
+    let (paths, runtime) = loop {
+        if cli.approve
+            && let Some(ended) = approve_through(&cli, &store, &interrupt).await?
+        {
+            return Ok(ended);
+        }
+        let set_up = tokio::select! {
             biased;
             stop = interrupt.wait() => return Ok(Ended::Interrupted(stop)),
-            through = approval::through_the_serving_process(&cli, &store) => through?,
+            set_up = set_up(&cli) => set_up,
         };
-        match through {
-            approval::Through::NoProcess => {}
-            approval::Through::Said => return Ok(Ended::Done),
-            approval::Through::Follow(following) => {
-                return tokio::select! {
-                    biased;
-                    stop = interrupt.wait() => {
-                        Ok(Ended::StoppedFollowing(stop, cli.run_id.clone()))
-                    }
-                    followed = following.until_it_ends(&cli, &store) => followed.map(|()| Ended::Done),
-                };
-            }
+        match set_up {
+            Err(e) if cli.approve && e.is::<store::Locked>() && looks < 3 => looks += 1,
+            set_up => break set_up?,
         }
-    }
-    let (paths, runtime) = tokio::select! {
-        biased;
-        stop = interrupt.wait() => return Ok(Ended::Interrupted(stop)),
-        set_up = set_up(&cli) => set_up?,
     };
     let control = if cli.serve {
         let served = runtime.serve_control_next_to_store().await;
@@ -381,84 +367,27 @@ async fn run(cli: Cli) -> Result<Ended> {
     ended
 }
 
-/// Set when Ctrl-C is pressed or SIGTERM arrives.
-struct Interrupt(tokio::sync::watch::Receiver<Option<Stop>>);
-
-impl Interrupt {
-    /// Starts listening for Ctrl-C and SIGTERM: from this call on, neither ends the process
-    /// at once. The handlers are registered here, not in the task that waits for them (which
-    /// would leave a window, until its first poll, in which the store is open and a signal
-    /// still kills the process).
-    fn listen() -> Interrupt {
-        let (tx, rx) = tokio::sync::watch::channel(None);
-        let signals = Signals::register();
-        tokio::spawn(async move {
-            if let Some(stop) = signals.next().await {
-                let _ = tx.send(Some(stop));
-            }
-            // Keeps the sender: were it dropped, `wait` would resolve.
-            std::future::pending::<()>().await;
-        });
-        Interrupt(rx)
-    }
-
-    /// Resolves with what stopped this program, once something did.
-    async fn wait(&self) -> Stop {
-        let mut rx = self.0.clone();
-        match rx.wait_for(Option::is_some).await {
-            Ok(stop) => stop.unwrap_or(Stop::CtrlC),
-            Err(_) => std::future::pending().await,
-        }
-    }
-}
-
-/// The handlers of Ctrl-C (SIGINT) and SIGTERM, registered: each one that could not be is
-/// `None`, and never arrives.
-#[cfg(unix)]
-struct Signals {
-    interrupt: Option<tokio::signal::unix::Signal>,
-    terminate: Option<tokio::signal::unix::Signal>,
-}
-
-#[cfg(unix)]
-impl Signals {
-    /// Registers both handlers (needs the tokio runtime).
-    fn register() -> Signals {
-        use tokio::signal::unix::{SignalKind, signal};
-        Signals {
-            interrupt: signal(SignalKind::interrupt()).ok(),
-            terminate: signal(SignalKind::terminate()).ok(),
-        }
-    }
-
-    /// The first of the two to arrive; `None` if neither can.
-    async fn next(mut self) -> Option<Stop> {
-        async fn arrived(signal: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
-            match signal {
-                Some(signal) => signal.recv().await,
-                None => None,
-            }
-        }
-        tokio::select! {
-            Some(()) = arrived(&mut self.interrupt) => Some(Stop::CtrlC),
-            Some(()) = arrived(&mut self.terminate) => Some(Stop::Terminate),
-            else => None,
-        }
-    }
-}
-
-/// Ctrl-C, where there is no SIGTERM.
-#[cfg(not(unix))]
-struct Signals;
-
-#[cfg(not(unix))]
-impl Signals {
-    fn register() -> Signals {
-        Signals
-    }
-
-    async fn next(self) -> Option<Stop> {
-        tokio::signal::ctrl_c().await.ok().map(|()| Stop::CtrlC)
+/// `--approve` through another `deliver --serve` holding the store (`store`), if one answers
+/// on its control endpoint: the approval goes to that process, and this follows the run there
+/// if that process drives it, until it ends or Ctrl-C. `None`, having done nothing, if no
+/// process answers.
+///
+/// # Errors
+/// As [`approval::through_the_serving_process`] and `Following::until_it_ends` say them.
+async fn approve_through(cli: &Cli, store: &Path, interrupt: &Interrupt) -> Result<Option<Ended>> {
+    let through = tokio::select! {
+        biased;
+        stop = interrupt.wait() => return Ok(Some(Ended::Interrupted(stop))),
+        through = approval::through_the_serving_process(cli, store) => through?,
+    };
+    match through {
+        approval::Through::NoProcess => Ok(None),
+        approval::Through::Said => Ok(Some(Ended::Done)),
+        approval::Through::Follow(following) => tokio::select! {
+            biased;
+            stop = interrupt.wait() => Ok(Some(Ended::StoppedFollowing(stop, cli.run_id.clone()))),
+            followed = following.until_it_ends(cli, store) => followed.map(|()| Some(Ended::Done)),
+        },
     }
 }
 

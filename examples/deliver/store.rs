@@ -125,12 +125,24 @@ fn check_is_a_store(store: &Path) -> Result<()> {
     }
 }
 
+/// The store is open in another process (still, after [`open_store`]'s wait): told apart
+/// from other refusals (`anyhow::Error::is`) by `--approve`, which then looks for that
+/// process's control endpoint again.
+#[derive(Debug)]
+pub struct Locked(loops::Error);
+
+impl std::fmt::Display for Locked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: is another `deliver` running?", self.0)
+    }
+}
+
+impl std::error::Error for Locked {}
+
 /// The error for a store that `open_store` could not open.
 pub fn store_error(e: loops::Error) -> anyhow::Error {
     match e {
-        loops::Error::StoreLocked { .. } => {
-            anyhow::anyhow!("{e}: is another `deliver` running?")
-        }
+        loops::Error::StoreLocked { .. } => anyhow::Error::new(Locked(e)),
         // It says "cannot open store <path>" itself.
         loops::Error::Open { ref path, .. } if e.is_store_damage() => anyhow::anyhow!(
             "{e}: the file is damaged; `loops --store {} check` verifies every page of it. \

@@ -496,6 +496,66 @@ fn deliver_approve_goes_through_the_example_that_serves_the_store() {
     assert_eq!(approvals[0]["delivered"], true);
 }
 
+/// `deliver --approve` that finds the store held by a process whose control endpoint is not
+/// there yet (a `deliver --serve` started a moment before holds the store first) looks for
+/// the endpoint again and sends the approval through it, where it failed with "already open
+/// in another process" (helper-98 F4). Here this test's process holds the store, and serves
+/// its endpoint a second after the command started.
+#[test]
+fn deliver_approve_looks_again_for_the_endpoint_of_the_process_that_holds_the_store() {
+    use std::process::Stdio;
+    use std::time::Duration;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let workdir = &dir.path().join("work");
+    let store = workdir.join("deliver.redb");
+    let parked = deliver(workdir, &["--auto-approve=false"]);
+    assert!(parked.status.success(), "{}", describe(&parked));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio");
+    let approved = rt.block_on(async {
+        let runtime = loops::Runtime::open(&store).expect("open the store");
+        let approve = deliver_in(workdir)
+            .arg("--approve")
+            .env("USER", "dora")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run deliver --approve");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let served = runtime.serve_control_next_to_store().await.expect("serve");
+        let approved = tokio::task::spawn_blocking(move || approve.wait_with_output())
+            .await
+            .expect("join")
+            .expect("deliver --approve ends");
+        served.stop().await;
+        runtime.shutdown().await;
+        approved
+    });
+    assert!(approved.status.success(), "{}", describe(&approved));
+    assert_eq!(
+        String::from_utf8_lossy(&approved.stdout),
+        format!(
+            "approved run deliver-1 as dora, through the control endpoint {}.sock of the \
+             `deliver` serving the store; run deliver-1 takes it when `deliver --run-id \
+             deliver-1` drives it, once the serving process has ended (that process drives \
+             another run)\n",
+            store.display()
+        )
+    );
+    let done = deliver(workdir, &[]);
+    assert!(
+        String::from_utf8_lossy(&done.stdout).contains("pull request: forge://demo/pulls/1"),
+        "{}",
+        describe(&done)
+    );
+    let approvals = approvals(&store, "deliver-1");
+    assert_eq!(approvals.len(), 1, "{approvals:?}");
+    assert_eq!(approvals[0]["payload"], serde_json::json!({"by": "dora"}));
+}
+
 /// `deliver --approve` sent while the serving process is still early in its run (before the
 /// gate): the approval waits in the run's inbox, and the command follows the run through
 /// every state it enters, none left out (it showed the state it read every 100 ms, and
