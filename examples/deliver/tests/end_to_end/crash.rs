@@ -1493,6 +1493,14 @@ fn stopped(
         Some(code),
         "{context}: {status}; stderr:\n{stderr}"
     );
+    // Stopped once the run had ended (as it said how): there is nothing to resume.
+    if stderr
+        == format!(
+            "{said}; run {RUN_ID} has ended (completed at PrOpened, seq 7): nothing to resume\n"
+        )
+    {
+        return None;
+    }
     assert_eq!(
         stderr,
         format!("{said}; run the same command again to resume\n"),
@@ -1572,6 +1580,30 @@ fn ctrl_c_of_a_fresh_start_says_to_resume_without_fresh() {
     );
     let stdout = run_to_completion(dir.path(), "after Ctrl-C of --fresh at seq 2");
     assert!(stdout.contains("resuming at Edited (seq 2; "), "{stdout}");
+}
+
+/// Ctrl-C once the run has ended (here while it is said, held there) says there is nothing
+/// to resume, where it said to run the command again, without `--fresh` (which would start
+/// over) even (helper-100 F6).
+#[cfg(unix)]
+#[test]
+fn ctrl_c_after_the_run_ended_says_nothing_is_left_to_resume() {
+    use std::os::unix::process::CommandExt as _;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut cmd = deliver(dir.path());
+    cmd.arg("--fresh").process_group(0).stderr(Stdio::piped());
+    let mut child = start_held(cmd, 7);
+    ctrl_c(child.id());
+    let (status, stderr) = exit_and_stderr(&mut child);
+    assert_eq!(status.code(), Some(130), "{stderr}");
+    assert_eq!(
+        stderr,
+        format!(
+            "interrupted; run {RUN_ID} has ended (completed at PrOpened, seq 7): nothing to resume\n"
+        )
+    );
+    assert_eq!(names_in(&dir.path().join("forge/pulls")), ["1.json"]);
 }
 
 /// SIGTERM to the example's process (as a deploy, or `systemctl stop`, sends it): the example
