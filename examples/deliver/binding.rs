@@ -39,9 +39,15 @@ impl Paths {
         let store = resolved(&self.store);
         let store = store.strip_prefix(&workdir).unwrap_or(&store);
         let text = |path: &Path| {
-            path.to_str()
-                .map(str::to_owned)
-                .with_context(|| format!("{} is not valid UTF-8", path.display()))
+            let text = path
+                .to_str()
+                .with_context(|| format!("{} is not valid UTF-8", path.display()))?;
+            // A line of the binding each: a line break would cut the path.
+            anyhow::ensure!(
+                !text.contains(['\n', '\r']),
+                "{text:?} holds a line break; this example needs paths without one"
+            );
+            Ok::<_, anyhow::Error>(text.to_owned())
         };
         Ok(format!("{}\n{}\n", text(store)?, text(&workdir)?))
     }
@@ -58,14 +64,22 @@ impl Paths {
             Err(e) => return Err(e).with_context(|| format!("cannot read {}", path.display())),
         };
         let mut lines = text.lines();
-        let Some(store) = lines.next().filter(|line| !line.is_empty()) else {
-            return Ok(None);
+        // Written whole or not at all ([`write_durably`]): an empty store line is an edit,
+        // which names no store to keep the work directory's runs apart by.
+        let Some(store) = lines.next().filter(|line| !line.trim().is_empty()) else {
+            bail!(
+                "{} is damaged (it names no store): it names the store that records this work \
+                 directory's runs; write that store's path on its first line (or delete the \
+                 file if that store is gone)",
+                path.display()
+            );
         };
         let store = Path::new(store);
+        // Without the directory it was written in (written so by hand), it is of this one.
         let here = store.is_relative()
             || lines
                 .next()
-                .is_some_and(|written| Path::new(written) == resolved(&self.workdir));
+                .is_none_or(|written| Path::new(written) == resolved(&self.workdir));
         Ok(Some(Binding {
             store: self.workdir.join(store),
             here,
@@ -141,8 +155,12 @@ impl Paths {
     }
 
     /// Refuses the run `run_id` of this store in a work directory whose runs another store
-    /// records: see [`bind_store`](Self::bind_store).
-    fn refuse_other_store(&self, run_id: &str) -> Result<()> {
+    /// records: see [`bind_store`](Self::bind_store). Checked first before anything is written
+    /// in the work directory, and again under its lock.
+    ///
+    /// # Errors
+    /// If another store records its runs, or the binding is damaged or cannot be read.
+    pub fn refuse_other_store(&self, run_id: &str) -> Result<()> {
         if let Some(other) = self.other_store()? {
             bail!(
                 "work directory {} holds the runs of the store {} (their remote branches and \
@@ -155,18 +173,6 @@ impl Paths {
             );
         }
         Ok(())
-    }
-
-    /// Refuses a store that does not exist yet (so holds no run) in a work directory whose
-    /// runs another store records, before it is made: see [`bind_store`](Self::bind_store).
-    ///
-    /// # Errors
-    /// If it is one, or the binding cannot be read.
-    pub fn check_new_store(&self, run_id: &str) -> Result<()> {
-        match self.store.exists() {
-            true => Ok(()),
-            false => self.refuse_other_store(run_id),
-        }
     }
 
     /// Refuses `--fresh` with this store in a work directory whose runs another store

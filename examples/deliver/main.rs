@@ -429,8 +429,12 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
         cli.repo.as_deref().map(absolute).transpose()?,
     );
     paths.check_places()?;
-    if !cli.fresh {
-        paths.check_new_store(&cli.run_id)?;
+    // Refused before an approval wish is written or anything deleted: a run of another store
+    // than the one the work directory records (the store's own run too), or a `--fresh`
+    // that is refused anyway.
+    match cli.fresh {
+        true => store::check_for_fresh(&paths)?,
+        false => paths.refuse_other_store(&cli.run_id)?,
     }
     // The key file is read before --fresh deletes anything: a bad one stops the command
     // with the old work directory still there.

@@ -149,6 +149,34 @@ impl Paths {
         })
     }
 
+    /// Refuses a new run `run_id` (not in this store) whose work branch the work directory's
+    /// remote has already: pushed by a run of that id recorded in another store (one the
+    /// work directory recorded its runs in until it was moved away), or in a store deleted or
+    /// replaced since. The new run would push onto it and take that run's pull request as its
+    /// own (the forge's idempotency key), and that run, resumed, the new one's.
+    ///
+    /// # Errors
+    /// If the remote has the branch, or git fails.
+    async fn check_new_run(&self, run_id: &str) -> Result<()> {
+        if !self.remote.exists() {
+            return Ok(());
+        }
+        let branch = crate::agent::work_branch(run_id);
+        let pushed = Git::new(&self.remote)
+            .resolve(&format!("refs/heads/{branch}"))
+            .await?;
+        ensure!(
+            pushed.is_none(),
+            "run {run_id} is not in the store {}, but the remote {} has its branch {branch}, \
+             pushed by a run {run_id} of another store (or of one deleted or replaced since): a \
+             new run would take that run's pull request as its own; go on with the store that \
+             records it, or use another --run-id (or --fresh to start this work directory over)",
+            self.store.display(),
+            self.remote.display()
+        );
+        Ok(())
+    }
+
     /// Settles where the run with `attributes` (`None`: it does not exist yet) works.
     ///
     /// A new run works where it is told. A run that exists goes on where it started: in
@@ -169,7 +197,7 @@ impl Paths {
         attributes: Option<&Attributes>,
     ) -> Result<()> {
         let Some(attributes) = attributes else {
-            return Ok(());
+            return self.check_new_run(run_id).await;
         };
         let text = |key: &str| match attributes.get(key) {
             Some(AttributeValue::Str(text)) => Some(text.as_str()),
@@ -285,8 +313,8 @@ pub async fn check_holds(
     Ok(())
 }
 
-/// Refuses a `--workdir`, `--store` or `--repo` that is not valid UTF-8, and a `--store`
-/// that is a URL (a file is meant).
+/// Refuses a `--workdir`, `--store` or `--repo` that is not valid UTF-8 or holds a line
+/// break, and a `--store` that is a URL (a file is meant).
 ///
 /// # Errors
 /// If one is.
@@ -296,11 +324,15 @@ pub fn check_given(cli: &Cli) -> Result<()> {
         ("--store", cli.store.as_ref()),
         ("--repo", cli.repo.as_ref()),
     ] {
-        if let Some(path) = path
-            && path.to_str().is_none()
-        {
+        let Some(path) = path else { continue };
+        let Some(text) = path.to_str() else {
             bail!("{flag} {path:?} is not valid UTF-8; this example needs UTF-8 paths");
-        }
+        };
+        // The work directory records its store's path and its own one a line each.
+        ensure!(
+            !text.contains(['\n', '\r']),
+            "{flag} {text:?} holds a line break; this example needs paths without one"
+        );
     }
     // A URL would be taken for a relative path (`postgres:/host/db` under the current
     // directory): the `loops` CLI takes `postgres://` stores, this example only files.

@@ -17,28 +17,10 @@ use crate::project::Paths;
 /// A store that cannot be opened for another reason than its lock (a damaged file) is not
 /// open in any process: it is deleted all the same, as `--fresh` asks.
 pub async fn delete_for_fresh(paths: &Paths) -> Result<()> {
-    // Another work directory's store holds its runs: not this one's to delete (nor opened).
-    if let Some(home) = paths.store_elsewhere() {
-        anyhow::bail!(
-            "--fresh: --store {} is the store of another work directory, {}, whose runs it \
-             holds; --fresh deletes this work directory's store only (nothing was deleted)",
-            paths.store.display(),
-            home.display()
-        );
-    }
-    paths.check_fresh()?;
-    check_is_a_store(&paths.store)?;
-    // Another application's redb database starts as a store does: it is refused, and a
-    // read-only open says so without writing to it (a writable one rewrites redb's header).
+    check_for_fresh(paths)?;
     let refuse = |e: loops::Error| {
         anyhow::anyhow!("--fresh: {e}; nothing was deleted (move it away, or name another --store)")
     };
-    if paths.store.exists()
-        && let Err(e) = loops::RedbStore::open_read_only(&paths.store)
-        && e.is_foreign_database()
-    {
-        return Err(refuse(e));
-    }
     let held = if paths.store.exists() {
         match open_store(|| loops::RedbStore::open(&paths.store)).await {
             Ok(store) => Some(store),
@@ -63,6 +45,36 @@ pub async fn delete_for_fresh(paths: &Paths) -> Result<()> {
     let held = held.filter(|_| cfg!(unix));
     paths.delete()?;
     drop(held);
+    Ok(())
+}
+
+/// The refusals of `--fresh` that need no lock, made before anything is written or deleted
+/// (an approval wish included): the store of another work directory; a work directory whose
+/// runs another store records ([`Paths::check_fresh`]); a `--store` that is no store, or
+/// another application's redb database.
+///
+/// # Errors
+/// If one of them refuses.
+pub fn check_for_fresh(paths: &Paths) -> Result<()> {
+    // Another work directory's store holds its runs: not this one's to delete (nor opened).
+    if let Some(home) = paths.store_elsewhere() {
+        anyhow::bail!(
+            "--fresh: --store {} is the store of another work directory, {}, whose runs it \
+             holds; --fresh deletes this work directory's store only (nothing was deleted)",
+            paths.store.display(),
+            home.display()
+        );
+    }
+    paths.check_fresh()?;
+    check_is_a_store(&paths.store)?;
+    // Another application's redb database starts as a store does: it is refused, and a
+    // read-only open says so without writing to it (a writable one rewrites redb's header).
+    if paths.store.exists()
+        && let Err(e) = loops::RedbStore::open_read_only(&paths.store)
+        && e.is_foreign_database()
+    {
+        anyhow::bail!("--fresh: {e}; nothing was deleted (move it away, or name another --store)");
+    }
     Ok(())
 }
 

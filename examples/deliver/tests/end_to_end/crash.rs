@@ -712,6 +712,37 @@ fn a_start_killed_before_its_first_record_still_leaves_the_run_to_a_human() {
     assert_eq!(names_in(&workdir.join("forge/pulls")), Vec::<String>::new());
 }
 
+/// A start refused because the work directory records its runs in another store, with
+/// `--auto-approve` or `--fresh --auto-approve`, writes nothing there: the wish of a start
+/// killed before its run's first record stays (such a refusal deleted it, and the next plain
+/// start approved the run automatically: helper-103 F1), and the run is left to a human.
+#[test]
+fn a_start_refused_for_another_store_keeps_the_wish_of_a_killed_start() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let workdir = dir.path().join("work");
+    let mut cmd = deliver(&workdir);
+    cmd.arg("--auto-approve=false");
+    kill_in_setup(cmd, "repo");
+    let wishes = || names_in(&workdir.join(".loops-deliver-approval"));
+    let wished = wishes();
+    assert_eq!(wished.len(), 1, "{wished:?}");
+    let other = dir.path().join("other");
+    let output = deliver(&other).output().expect("run the example");
+    assert!(output.status.success(), "{}", describe(&output));
+    let store = other.join("deliver.redb");
+    for fresh in [false, true] {
+        let mut cmd = deliver(&workdir);
+        cmd.arg("--store").arg(&store).arg("--auto-approve");
+        if fresh {
+            cmd.arg("--fresh");
+        }
+        let output = cmd.output().expect("run the example");
+        assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+        assert_eq!(wishes(), wished, "fresh: {fresh}");
+    }
+    rerun_leaves_the_run_to_a_human(&workdir);
+}
+
 /// `--fresh --auto-approve=false` killed once it has moved the old work directory aside
 /// (its run there was approved automatically and opened a pull request): the same command
 /// without `--fresh` or the flag takes the wish over from the directory aside, records the

@@ -145,6 +145,23 @@ fn approve_excludes_auto_approve_and_fresh() {
     }
 }
 
+/// A path with a line break is refused before anything is made: the work directory records
+/// its store's path and its own on a line each (one cut by a line break named another store:
+/// helper-103 F3).
+#[test]
+fn paths_with_line_breaks_are_refused_in_one_line() {
+    for flag in ["--workdir", "--store", "--repo"] {
+        for brk in ["\n", "\r"] {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let bad = format!("{}/a{brk}b", dir.path().display());
+            let output = deliver(dir.path(), &[flag.into(), bad.clone().into()]);
+            let wanted =
+                format!("{flag} {bad:?} holds a line break; this example needs paths without one");
+            assert_refused(&output, &wanted, dir.path(), &[]);
+        }
+    }
+}
+
 #[cfg(unix)]
 #[test]
 fn non_utf8_paths_are_refused_in_one_line() {
@@ -904,6 +921,14 @@ fn a_work_directory_is_the_runs_of_one_store() {
     );
     assert_refused(&output, &wanted, dir.path(), &["copy.redb", "work"]);
     std::fs::remove_file(&copy).expect("remove the copy");
+    // A binding with no store (emptied by hand) is damaged: refused, not taken as none.
+    let binding = workdir.join(".loops-deliver-store");
+    let kept = std::fs::read(&binding).expect("read the binding");
+    std::fs::write(&binding, "\n").expect("empty the binding");
+    let output = deliver(dir.path(), &["--store".into(), other.clone().into()]);
+    let wanted = format!("{} is damaged (it names no store)", binding.display());
+    assert_refused(&output, &wanted, dir.path(), &["work"]);
+    std::fs::write(&binding, kept).expect("restore the binding");
     // The first store's run is there still, and goes on (reports its end).
     let output = deliver(dir.path(), &["--run-id".into(), "first".into()]);
     assert!(
@@ -932,6 +957,23 @@ fn a_work_directory_is_the_runs_of_one_store() {
         describe(&output)
     );
     drop(lock);
+    // A run of the store gone, new in this one, is refused: the remote has its branch, and
+    // it would take that run's pull request as its own.
+    let output = deliver(
+        dir.path(),
+        &[
+            "--store".into(),
+            other.clone().into(),
+            "--run-id".into(),
+            "first".into(),
+        ],
+    );
+    let wanted = format!(
+        "run first is not in the store {}, but the remote {} has its branch loops/first",
+        other.display(),
+        workdir.join("remote.git").display()
+    );
+    assert_refused(&output, &wanted, dir.path(), &["moved.redb", "work"]);
     let output = deliver(dir.path(), &["--store".into(), other.clone().into()]);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
