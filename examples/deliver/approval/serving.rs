@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Result, bail};
-use loops::control::{Client, ControlError, socket_path};
+use loops::control::{Client, ControlError, ErrorKind, socket_path};
 use loops::{Payloads, RunInfo, RunStatus, TransitionRecord};
 
 use super::approver_name;
@@ -62,8 +62,19 @@ pub async fn through_the_serving_process(cli: &Cli, store: &Path) -> Result<Thro
         .send(run_id, APPROVAL_EVENT.name(), Some("approval"), &payload)
         .await
         .map_err(|e| {
+            // A process started a moment ago serves before it records its run.
+            let hint = match &e {
+                ControlError::Remote {
+                    kind: ErrorKind::RunNotFound,
+                    ..
+                } => {
+                    " (a `deliver --serve` started a moment ago records its run soon after: \
+                      try again then)"
+                }
+                _ => "",
+            };
             anyhow::Error::new(e).context(format!(
-                "--approve: the process serving {} did not take the approval",
+                "--approve: the process serving {} did not take the approval{hint}",
                 store.display()
             ))
         })?;

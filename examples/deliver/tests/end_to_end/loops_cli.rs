@@ -556,6 +556,53 @@ fn deliver_approve_looks_again_for_the_endpoint_of_the_process_that_holds_the_st
     assert_eq!(approvals[0]["payload"], serde_json::json!({"by": "dora"}));
 }
 
+/// `deliver --approve` of a run that the process serving the store has not recorded (yet:
+/// a `deliver --serve` started a moment ago serves before it records its run) says to try
+/// again then (helper-104 F2), and sends nothing.
+#[test]
+fn deliver_approve_of_a_run_not_recorded_yet_says_to_try_again() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let workdir = &dir.path().join("work");
+    let store = workdir.join("deliver.redb");
+    let done = deliver(workdir, &["--run-id", "first"]);
+    assert!(done.status.success(), "{}", describe(&done));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio");
+    let approved = rt.block_on(async {
+        let runtime = loops::Runtime::open(&store).expect("open the store");
+        let served = runtime.serve_control_next_to_store().await.expect("serve");
+        let approved = tokio::task::spawn_blocking({
+            let workdir = workdir.clone();
+            move || deliver(&workdir, &["--approve"])
+        })
+        .await
+        .expect("join");
+        served.stop().await;
+        runtime.shutdown().await;
+        approved
+    });
+    assert_eq!(approved.status.code(), Some(1), "{}", describe(&approved));
+    assert_eq!(
+        String::from_utf8_lossy(&approved.stderr),
+        format!(
+            "error: --approve: the process serving {} did not take the approval (a `deliver \
+             --serve` started a moment ago records its run soon after: try again then): run \
+             `deliver-1` does not exist\n",
+            store.display()
+        )
+    );
+    let runs = loops_json(&store, &["runs", "--json"]);
+    let ids: Vec<&str> = runs
+        .as_array()
+        .expect("a list")
+        .iter()
+        .filter_map(|run| run["run_id"].as_str())
+        .collect();
+    assert_eq!(ids, ["first", "first/edit-0"]);
+}
+
 /// `deliver --approve` sent while the serving process is still early in its run (before the
 /// gate): the approval waits in the run's inbox, and the command follows the run through
 /// every state it enters, none left out (it showed the state it read every 100 ms, and
