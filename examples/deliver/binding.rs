@@ -33,7 +33,7 @@ impl Paths {
     /// The binding's text for this store: see [`STORE_BINDING`].
     ///
     /// # Errors
-    /// If a path is not valid UTF-8.
+    /// If a path is not valid UTF-8, or holds a line break.
     fn binding_text(&self) -> Result<String> {
         let workdir = resolved(&self.workdir);
         let store = resolved(&self.store);
@@ -55,7 +55,7 @@ impl Paths {
     /// The work directory's binding, if it has one.
     ///
     /// # Errors
-    /// If it cannot be read.
+    /// If it cannot be read, or names no store (damaged).
     fn binding(&self) -> Result<Option<Binding>> {
         let path = self.workdir.join(STORE_BINDING);
         let text = match std::fs::read_to_string(&path) {
@@ -126,7 +126,7 @@ impl Paths {
     /// # Errors
     /// If another store records this work directory's runs, or the binding cannot be read or
     /// written.
-    pub fn bind_store(&self, run_id: &str) -> Result<()> {
+    fn bind_store(&self, run_id: &str) -> Result<()> {
         self.refuse_other_store(run_id)?;
         let path = self.workdir.join(STORE_BINDING);
         let text = self.binding_text()?;

@@ -256,10 +256,16 @@ async fn main() -> ExitCode {
     } else {
         "run the same command again to resume"
     };
+    let (store, run_id) = (
+        project::store_path(&cli.workdir, cli.store.as_deref()),
+        cli.run_id.clone(),
+    );
     match run(cli).await {
         Ok(Ended::Done) => ExitCode::SUCCESS,
-        Ok(Ended::Interrupted(stop)) => stopped(stop, resume),
-        Ok(Ended::StoppedAfterTheEnd(stop, said)) => stopped(stop, &said),
+        Ok(Ended::Interrupted(stop)) => stopped(
+            stop,
+            &stop::after_a_stop(&store, &run_id).unwrap_or(resume.to_owned()),
+        ),
         Ok(Ended::StoppedFollowing(stop, run_id)) => stopped(
             stop,
             &format!(
@@ -300,9 +306,6 @@ enum Ended {
     Done,
     /// Ctrl-C or SIGTERM stopped it.
     Interrupted(Stop),
-    /// Ctrl-C or SIGTERM stopped it once the run had ended: what is said instead of how to
-    /// resume.
-    StoppedAfterTheEnd(Stop, String),
     /// Ctrl-C or SIGTERM stopped `--approve` while it followed the run (its id) in the
     /// serving process, where the run goes on.
     StoppedFollowing(Stop, String),
@@ -359,17 +362,7 @@ async fn run(cli: Cli) -> Result<Ended> {
     };
     let ended = tokio::select! {
         biased;
-        stop = interrupt.wait() => Ok(match runtime.run_info(&cli.run_id).await {
-            // A serving process stopped after its run ended (or a start that found it ended).
-            Ok(Some(info)) if info.status.is_ended() => Ended::StoppedAfterTheEnd(
-                stop,
-                format!(
-                    "run {} has ended ({} at {}, seq {}): nothing to resume",
-                    info.run_id, info.status, info.state, info.seq
-                ),
-            ),
-            _ => Ended::Interrupted(stop),
-        }),
+        stop = interrupt.wait() => Ok(Ended::Interrupted(stop)),
         driven = drive(&cli, &paths, &runtime, model) => driven.map(|()| Ended::Done),
     };
     if let Some(control) = control {

@@ -1,6 +1,8 @@
 //! What asks this program to stop: Ctrl-C (SIGINT) or SIGTERM, listened for from the start
 //! so that neither ends the process while the store is open; the program then stops driving
-//! and closes the store cleanly.
+//! and closes the store cleanly, and says what comes next ([`after_a_stop`]).
+
+use std::path::Path;
 
 /// What asked this program to stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,5 +91,30 @@ impl Signals {
 
     async fn next(self) -> Option<Stop> {
         tokio::signal::ctrl_c().await.ok().map(|()| Stop::CtrlC)
+    }
+}
+
+/// What to say after a stop, instead of how to resume, if the run `run_id` has nothing to
+/// resume: it is not in `store` (the stop came before its first record: the same command
+/// starts it) or it has ended. Read from the store read-only once this process has closed
+/// it; `None` (resume) if the run is unfinished, or the store cannot be read now (another
+/// process holds it: a serving one that `--approve` reached).
+pub fn after_a_stop(store: &Path, run_id: &str) -> Option<String> {
+    let before = || {
+        Some(format!(
+            "stopped before run {run_id} was recorded: the same command starts it"
+        ))
+    };
+    if !store.exists() {
+        return before();
+    }
+    let read = loops::RedbStore::open_read_only(store).ok()?;
+    match read.run(run_id).ok()? {
+        None => before(),
+        Some(info) if info.status.is_ended() => Some(format!(
+            "run {run_id} has ended ({} at {}, seq {}): nothing to resume",
+            info.status, info.state, info.seq
+        )),
+        Some(_) => None,
     }
 }

@@ -1532,11 +1532,16 @@ fn stopped(
     {
         return None;
     }
-    assert_eq!(
-        stderr,
-        format!("{said}; run the same command again to resume\n"),
-        "{context}"
-    );
+    // Stopped before the run's first record, or after: the same command starts or resumes it.
+    let before =
+        format!("{said}; stopped before run {RUN_ID} was recorded: the same command starts it\n");
+    if stderr != before {
+        assert_eq!(
+            stderr,
+            format!("{said}; run the same command again to resume\n"),
+            "{context}"
+        );
+    }
     // A read-only open refuses a store that was not closed cleanly.
     if let Err(e) = loops::RedbStore::open_read_only(workdir.join("deliver.redb")) {
         assert!(
@@ -1611,6 +1616,49 @@ fn ctrl_c_of_a_fresh_start_says_to_resume_without_fresh() {
     );
     let stdout = run_to_completion(dir.path(), "after Ctrl-C of --fresh at seq 2");
     assert!(stdout.contains("resuming at Edited (seq 2; "), "{stdout}");
+}
+
+/// Ctrl-C before the run's first record (here while the command waits for the work
+/// directory's lock) says so, and that the same command starts the run, where it said to
+/// resume it (helper-104 F1); the same command then starts it.
+#[cfg(unix)]
+#[test]
+fn ctrl_c_before_the_first_record_says_the_same_command_starts_the_run() {
+    use std::os::unix::process::CommandExt as _;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let output = deliver(dir.path()).output().expect("run the example");
+    assert!(output.status.success(), "{}", describe(&output));
+    let lock = std::fs::File::open(dir.path().join(".loops-deliver-workdir.lock")).expect("lock");
+    lock.lock().expect("take the lock");
+    let mut child = deliver_in(dir.path())
+        .args(["--run-id", "second"])
+        .process_group(0)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the example");
+    until_it_catches_signals(child.id());
+    // Likely in its 2 s wait for the lock; anywhere before it is before the first record too.
+    std::thread::sleep(Duration::from_millis(300));
+    ctrl_c(child.id());
+    let (status, stderr) = exit_and_stderr(&mut child);
+    assert_eq!(status.code(), Some(130), "{stderr}");
+    assert_eq!(
+        stderr,
+        "interrupted; stopped before run second was recorded: the same command starts it\n"
+    );
+    drop(lock);
+    let output = deliver_in(dir.path())
+        .args(["--run-id", "second"])
+        .output()
+        .expect("run the example");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("starting a new run at Received"),
+        "{}",
+        describe(&output)
+    );
 }
 
 /// Ctrl-C once the run has ended (here while it is said, held there) says there is nothing
