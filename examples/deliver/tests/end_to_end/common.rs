@@ -55,6 +55,16 @@ pub fn loops(store: &Path, args: &[&str]) -> Output {
         .expect("run loops")
 }
 
+/// The ids of the runs in `store`, as `loops runs --json` lists them.
+pub fn run_ids(store: &Path) -> Vec<String> {
+    let runs = loops_json(store, &["runs", "--json"]);
+    runs.as_array()
+        .expect("a list")
+        .iter()
+        .filter_map(|run| run["run_id"].as_str().map(str::to_owned))
+        .collect()
+}
+
 /// `loops --store STORE ARGS`, which must succeed.
 fn loops_ok(store: &Path, args: &[&str]) -> Output {
     let out = loops(store, args);

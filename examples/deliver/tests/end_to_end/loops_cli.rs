@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use crate::common::{
     copy_dir, deliver_in, describe, loops, loops_json, loops_text, on_path, parked_at_the_gate,
-    poll,
+    poll, run_ids,
 };
 
 fn deliver(workdir: &Path, args: &[&str]) -> Output {
@@ -511,28 +511,17 @@ fn deliver_approve_looks_again_for_the_endpoint_of_the_process_that_holds_the_st
     let store = workdir.join("deliver.redb");
     let parked = deliver(workdir, &["--auto-approve=false"]);
     assert!(parked.status.success(), "{}", describe(&parked));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio");
-    let approved = rt.block_on(async {
-        let runtime = loops::Runtime::open(&store).expect("open the store");
-        let approve = deliver_in(workdir)
-            .arg("--approve")
-            .env("USER", "dora")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("run deliver --approve");
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        let served = runtime.serve_control_next_to_store().await.expect("serve");
-        let approved = tokio::task::spawn_blocking(move || approve.wait_with_output())
-            .await
-            .expect("join")
-            .expect("deliver --approve ends");
-        served.stop().await;
-        runtime.shutdown().await;
-        approved
+    let approved = held_and_served_after(&store, Duration::from_secs(1), {
+        let workdir = workdir.clone();
+        move || {
+            deliver_in(&workdir)
+                .arg("--approve")
+                .env("USER", "dora")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .output()
+                .expect("run deliver --approve")
+        }
     });
     assert!(approved.status.success(), "{}", describe(&approved));
     assert_eq!(
@@ -566,22 +555,9 @@ fn deliver_approve_of_a_run_not_recorded_yet_says_to_try_again() {
     let store = workdir.join("deliver.redb");
     let done = deliver(workdir, &["--run-id", "first"]);
     assert!(done.status.success(), "{}", describe(&done));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("tokio");
-    let approved = rt.block_on(async {
-        let runtime = loops::Runtime::open(&store).expect("open the store");
-        let served = runtime.serve_control_next_to_store().await.expect("serve");
-        let approved = tokio::task::spawn_blocking({
-            let workdir = workdir.clone();
-            move || deliver(&workdir, &["--approve"])
-        })
-        .await
-        .expect("join");
-        served.stop().await;
-        runtime.shutdown().await;
-        approved
+    let approved = held_and_served_after(&store, std::time::Duration::ZERO, {
+        let workdir = workdir.clone();
+        move || deliver(&workdir, &["--approve"])
     });
     assert_eq!(approved.status.code(), Some(1), "{}", describe(&approved));
     assert_eq!(
@@ -593,14 +569,31 @@ fn deliver_approve_of_a_run_not_recorded_yet_says_to_try_again() {
             store.display()
         )
     );
-    let runs = loops_json(&store, &["runs", "--json"]);
-    let ids: Vec<&str> = runs
-        .as_array()
-        .expect("a list")
-        .iter()
-        .filter_map(|run| run["run_id"].as_str())
-        .collect();
-    assert_eq!(ids, ["first", "first/edit-0"]);
+    assert_eq!(run_ids(&store), ["first", "first/edit-0"]);
+}
+
+/// Runs `command` while this test's process holds `store` (as a `deliver --serve` does), and
+/// serves the store's control endpoint `after` it started; returns what `command` returned
+/// once it has, with the store let go.
+fn held_and_served_after<T: Send + 'static>(
+    store: &Path,
+    after: std::time::Duration,
+    command: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio");
+    rt.block_on(async {
+        let runtime = loops::Runtime::open(store).expect("open the store");
+        let command = tokio::task::spawn_blocking(command);
+        tokio::time::sleep(after).await;
+        let served = runtime.serve_control_next_to_store().await.expect("serve");
+        let done = command.await.expect("join");
+        served.stop().await;
+        runtime.shutdown().await;
+        done
+    })
 }
 
 /// `deliver --approve` sent while the serving process is still early in its run (before the

@@ -5,7 +5,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use crate::common::{HOLD_VAR, STOP_VAR, describe, example, loops, names_in, reference};
+use crate::common::{HOLD_VAR, STOP_VAR, describe, example, names_in, reference, run_ids};
 
 /// Runs the example with `args` (in the work directory `dir/work` unless they name one),
 /// without test hooks.
@@ -108,15 +108,7 @@ fn approve_and_retry_refuse_a_run_that_is_not_there() {
         assert!(other.status.success(), "{}", describe(&other));
         let output = deliver(dir.path(), &[flag.into()]);
         assert_refused(&output, &refusal, dir.path(), &["work"]);
-        let listed = loops(&store, &["runs", "--json"]);
-        let runs: serde_json::Value = serde_json::from_slice(&listed.stdout).expect("JSON");
-        let ids: Vec<&str> = runs
-            .as_array()
-            .expect("a list")
-            .iter()
-            .filter_map(|run| run["run_id"].as_str())
-            .collect();
-        assert_eq!(ids, ["other", "other/edit-0"], "{flag}");
+        assert_eq!(run_ids(&store), ["other", "other/edit-0"], "{flag}");
     }
 }
 
