@@ -280,7 +280,7 @@ async fn main() -> ExitCode {
             let _ = writeln!(
                 std::io::stderr(),
                 "error: {}",
-                git::one_line(&format!("{err:#}"))
+                loops::escape_bidi_controls(&git::one_line(&format!("{err:#}")))
             );
             ExitCode::FAILURE
         }
@@ -725,6 +725,13 @@ fn say_where(cli: &Cli, paths: &Paths, model: &AnyModel) -> PathBuf {
 }
 
 /// Writes `args` and a newline to standard output, ignoring errors (see [`say!`]).
+/// A bidirectional control in what is said (a path of the user's, a model's text) is
+/// escaped (`\u{202e}`), as the `loops` CLI shows one: on a terminal it would reorder the line.
 fn print_line(args: std::fmt::Arguments<'_>) {
-    let _ = writeln!(std::io::stdout().lock(), "{args}");
+    let line = args.to_string();
+    let _ = writeln!(
+        std::io::stdout().lock(),
+        "{}",
+        loops::escape_bidi_controls(&line)
+    );
 }

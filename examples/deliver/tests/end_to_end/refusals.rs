@@ -154,6 +154,40 @@ fn paths_with_line_breaks_are_refused_in_one_line() {
     }
 }
 
+/// A bidirectional control in a path is escaped where the path is said (on standard output,
+/// and in an error), as run ids are: on a terminal it would reorder the line (helper-104 F3).
+#[test]
+fn bidirectional_controls_in_paths_are_shown_escaped() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let workdir = dir.path().join("a\u{202e}b");
+    let output = deliver(dir.path(), &["--workdir".into(), workdir.clone().into()]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let shown = format!("{}/a\\u{{202e}}b", dir.path().display());
+    assert!(
+        output.status.success()
+            && stdout.contains(&format!("store:  {shown}/deliver.redb"))
+            && !stdout.contains('\u{202e}'),
+        "{}",
+        describe(&output)
+    );
+    let output = deliver(
+        dir.path(),
+        &[
+            "--workdir".into(),
+            workdir.into(),
+            "--retry".into(),
+            "--run-id".into(),
+            "nope".into(),
+        ],
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.code() == Some(1) && stderr.contains(&shown) && !stderr.contains('\u{202e}'),
+        "{}",
+        describe(&output)
+    );
+}
+
 #[cfg(unix)]
 #[test]
 fn non_utf8_paths_are_refused_in_one_line() {
