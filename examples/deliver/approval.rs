@@ -327,26 +327,28 @@ pub fn approver_name() -> String {
 /// each variable passed over because the approval gate would refuse it ([`not_a_name`]:
 /// blank, say). An unset variable names nobody, silently.
 fn approver_of(var: impl Fn(&str) -> Option<String>) -> (String, Vec<String>) {
-    let mut skipped = Vec::new();
+    let mut passed_over = Vec::new();
+    let mut name = None;
     for variable in ["USER", "USERNAME"] {
         let Some(value) = var(variable) else {
             continue;
         };
-        let name = value.trim();
-        match not_a_name(name) {
-            None => return (name.to_owned(), with_approver(skipped, name)),
-            Some(why) => skipped.push(format!("${variable} is no approver's name: it {why}")),
+        match not_a_name(value.trim()) {
+            None => {
+                name = Some(value.trim().to_owned());
+                break;
+            }
+            Some(why) => passed_over.push((variable, why)),
         }
     }
-    ("operator".to_owned(), with_approver(skipped, "operator"))
-}
-
-/// `skipped`, each line ending with who approves instead.
-fn with_approver(skipped: Vec<String>, name: &str) -> Vec<String> {
-    skipped
+    let name = name.unwrap_or_else(|| "operator".to_owned());
+    let said = passed_over
         .into_iter()
-        .map(|line| format!("{line}; approving as {name}"))
-        .collect()
+        .map(|(variable, why)| {
+            format!("${variable} is no approver's name: it {why}; approving as {name}")
+        })
+        .collect();
+    (name, said)
 }
 
 #[cfg(test)]

@@ -15,12 +15,9 @@ use crate::project::Paths;
 /// find it gone under it.)
 ///
 /// A store that cannot be opened for another reason than its lock (a damaged file) is not
-/// open in any process: it is deleted all the same, as `--fresh` asks.
+/// open in any process: it is deleted all the same, as `--fresh` asks. The caller has made
+/// the refusals that need no lock first ([`check_for_fresh`]), before anything was written.
 pub async fn delete_for_fresh(paths: &Paths) -> Result<()> {
-    check_for_fresh(paths)?;
-    let refuse = |e: loops::Error| {
-        anyhow::anyhow!("--fresh: {e}; nothing was deleted (move it away, or name another --store)")
-    };
     let held = if paths.store.exists() {
         match open_store(|| loops::RedbStore::open(&paths.store)).await {
             Ok(store) => Some(store),
@@ -28,7 +25,7 @@ pub async fn delete_for_fresh(paths: &Paths) -> Result<()> {
                 return Err(store_error(e).context("--fresh"));
             }
             // The probe above did not say (it found the file locked, or needing repair).
-            Err(e) if e.is_foreign_database() => return Err(refuse(e)),
+            Err(e) if e.is_foreign_database() => return Err(not_deleted(e)),
             Err(e) => {
                 say!(
                     "--fresh: {:#}; deleting it all the same",
@@ -73,9 +70,14 @@ pub fn check_for_fresh(paths: &Paths) -> Result<()> {
         && let Err(e) = loops::RedbStore::open_read_only(&paths.store)
         && e.is_foreign_database()
     {
-        anyhow::bail!("--fresh: {e}; nothing was deleted (move it away, or name another --store)");
+        return Err(not_deleted(e));
     }
     Ok(())
+}
+
+/// `--fresh`'s refusal of the store it cannot open for `e` (not a store of this example).
+fn not_deleted(e: loops::Error) -> anyhow::Error {
+    anyhow::anyhow!("--fresh: {e}; nothing was deleted (move it away, or name another --store)")
 }
 
 /// The first bytes of every redb file, so of every loops store (redb's file format:

@@ -178,9 +178,11 @@ impl Runtime {
         self.check_accepts_of::<W>().await?;
         // `W` as a type, for the check of the events sent to its runs (`send_json`).
         let known = KnownVersion::of::<W>();
-        if !self.registry(|r| r.has_reader(known.stored.hash)) {
-            self.with_registry(|r| r.add_reader(&known, W::read_event));
-        }
+        self.with_registry(|r| {
+            if !r.has_reader(known.stored.hash) {
+                r.add_reader(&known, W::read_event);
+            }
+        });
         let registrations = self.registry(Registry::generation);
         let claim = self.claim(run_id).await?;
         let span = tracing::info_span!("run", run_id, workflow = W::NAME);

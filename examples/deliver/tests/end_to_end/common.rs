@@ -188,6 +188,16 @@ pub fn names_in(dir: &Path) -> Vec<String> {
     names
 }
 
+/// A new temporary directory holding a copy of the work directory `template` (as
+/// `work`): the directory (dropped at the end of the test), the copy and its store.
+pub fn copy_of(template: &Path) -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let workdir = dir.path().join("work");
+    copy_dir(template, &workdir);
+    let store = workdir.join("deliver.redb");
+    (dir, workdir, store)
+}
+
 /// Copies the directory `from` to `to` (which must not exist), recursively: files, and
 /// symbolic links as links.
 pub fn copy_dir(from: &Path, to: &Path) {

@@ -8,7 +8,7 @@ use std::process::Output;
 use serde_json::Value;
 
 use crate::common::{
-    copy_dir, deliver_in, describe, loops, loops_json, loops_text, on_path, parked_at_the_gate,
+    copy_of, deliver_in, describe, loops, loops_json, loops_text, on_path, parked_at_the_gate,
     poll, run_ids,
 };
 
@@ -21,11 +21,9 @@ fn deliver(workdir: &Path, args: &[&str]) -> Output {
 
 #[test]
 fn the_cli_sees_steers_and_inspects_a_run_of_the_example() {
-    let dir = tempfile::tempdir().expect("temp dir");
     // The example run with `--auto-approve=false`: parked at the approval gate.
-    let workdir = &dir.path().join("work");
-    copy_dir(parked_at_the_gate(), workdir);
-    let store = workdir.join("deliver.redb");
+    let (_dir, workdir, store) = copy_of(parked_at_the_gate());
+    let workdir = &workdir;
 
     // The run waits at the gate; its one child (the demo's plan has one edit) is done.
     let runs = loops_json(&store, &["runs", "--json"]);
@@ -394,10 +392,8 @@ fn the_cli_approves_a_run_while_the_example_serves_it() {
 /// taken for an approval).
 #[test]
 fn deliver_approve_after_approvals_set_aside_approves() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let workdir = &dir.path().join("work");
-    copy_dir(parked_at_the_gate(), workdir);
-    let store = workdir.join("deliver.redb");
+    let (_dir, workdir, store) = copy_of(parked_at_the_gate());
+    let workdir = &workdir;
     let blank = loops(
         &store,
         &["send", "deliver-1", "approve", "--json", r#"{"by":""}"#],

@@ -14,8 +14,8 @@ use loops::{RunStatus, SchemaHash, TransitionRecord};
 use serde_json::Value;
 
 use crate::common::{
-    HOLD_VAR, STOP_VAR, copy_dir, deliver_in, demo_at_start, describe, git, loops_json, loops_text,
-    parked_at_the_gate,
+    HOLD_VAR, STOP_VAR, copy_dir, copy_of, deliver_in, demo_at_start, describe, git, loops_json,
+    loops_text, parked_at_the_gate,
 };
 
 /// The example's own workflow, compiled into this test (by `schema_change`) for its two
@@ -129,10 +129,8 @@ fn migrated_path(k: u64) -> Vec<(u64, String, u32, Option<u64>)> {
 
 #[test]
 fn runs_of_the_previous_release_finish_on_this_one_by_migration_or_on_version_1() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let workdir = &dir.path().join("work");
-    copy_dir(demo_at_start(), workdir);
-    let store = workdir.join("deliver.redb");
+    let (_dir, workdir, store) = copy_of(demo_at_start());
+    let workdir = &workdir;
 
     // The previous release starts one run per state of its path and stops it at the entry of
     // that state (`r3` is killed there instead, last: SIGKILL, not a clean stop).
@@ -300,11 +298,9 @@ fn runs_of_the_previous_release_finish_on_this_one_by_migration_or_on_version_1(
 
 #[test]
 fn the_previous_release_blocks_a_run_of_this_one_which_then_finishes_it() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let workdir = &dir.path().join("work");
     // `deliver-1`, started by this release and stopped at seq 0.
-    copy_dir(demo_at_start(), workdir);
-    let store = workdir.join("deliver.redb");
+    let (_dir, workdir, store) = copy_of(demo_at_start());
+    let workdir = &workdir;
 
     let out = run(previous(workdir, "deliver-1"));
     assert!(!out.status.success(), "{}", describe(&out));
@@ -379,10 +375,8 @@ fn the_previous_release_blocks_a_run_of_this_one_which_then_finishes_it() {
 /// repeats them). This release then resumes it, and says the stopped attempt did not finish.
 #[test]
 fn the_previous_release_says_once_why_it_blocks_a_run_in_a_state_it_lacks() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let workdir = &dir.path().join("work");
-    copy_dir(demo_at_start(), workdir);
-    let store = workdir.join("deliver.redb");
+    let (_dir, workdir, store) = copy_of(demo_at_start());
+    let workdir = &workdir;
     let mut stop = current(workdir, "deliver-1");
     stop.env(STOP_VAR, "6");
     let out = succeeds(stop, "this release, stopped at seq 6");
