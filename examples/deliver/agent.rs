@@ -615,20 +615,21 @@ mod tests {
     /// a plain function).
     fn fresh_world(run_id: &str) -> (tempfile::TempDir, Paths, crate::workflow::Base) {
         let dir = tempfile::tempdir().unwrap();
-        let paths = Paths::new(dir.path().to_path_buf(), None, None);
-        paths.create_workdir("deliver-1", None).unwrap();
-        paths.clear_leftovers().unwrap();
+        let mut paths = Paths::new(dir.path().to_path_buf(), None, None);
         let branch = work_branch(run_id);
-        let prepared = paths.clone();
-        let base = std::thread::spawn(move || {
+        let (paths, base) = std::thread::spawn(move || {
             tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .unwrap()
-                .block_on(project::prepare(&prepared, &branch, None))
+                .block_on(async {
+                    paths.create_workdir("deliver-1", None).await.unwrap();
+                    paths.clear_leftovers().unwrap();
+                    let base = project::prepare(&paths, &branch, None).await;
+                    (paths, base.unwrap())
+                })
         })
         .join()
-        .unwrap()
         .unwrap();
         (dir, paths, base)
     }
@@ -690,8 +691,8 @@ mod tests {
     #[tokio::test]
     async fn gives_up_when_the_fix_rounds_run_out() {
         let dir = tempfile::tempdir().unwrap();
-        let paths = Paths::new(dir.path().to_path_buf(), None, None);
-        paths.create_workdir("deliver-1", None).unwrap();
+        let mut paths = Paths::new(dir.path().to_path_buf(), None, None);
+        paths.create_workdir("deliver-1", None).await.unwrap();
         paths.clear_leftovers().unwrap();
         let base = project::prepare(&paths, "loops/stubborn", None)
             .await

@@ -113,7 +113,13 @@ impl Paths {
     /// If another process holds the work directory, another store records its runs, or its
     /// files cannot be read or written.
     pub async fn take_for(&mut self, run_id: &str) -> Result<()> {
-        self.lock().await?;
+        if let crate::workdir::Taken::Gone = self.lock().await? {
+            bail!(
+                "work directory {} was removed by another process while this `deliver` \
+                 started: run the command again",
+                self.workdir.display()
+            );
+        }
         self.mark()?;
         self.bind_store(run_id)
     }

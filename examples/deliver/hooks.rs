@@ -13,8 +13,9 @@
 //! - `LOOPS_DELIVER_HOLD_IN_SETUP=point`: at that point of the setup, print `holding in
 //!   setup at point` and wait forever, so that a test can SIGKILL a start before its run
 //!   exists: `aside` (`--fresh` has moved the old work directory aside), `new` (a new work
-//!   directory is built beside its place, not renamed into it yet), `repo` (the work
-//!   directory is held; the demo's repository is not set up, the run not recorded);
+//!   directory is built beside its place, not renamed into it yet), `made` (the work
+//!   directory is in place and held, the store not opened yet), `repo` (the work directory
+//!   and the store are held; the demo's repository is not set up, the run not recorded);
 //! - every entry appends `seq state attempt` to `<workdir>/handler-entries.log`.
 
 use std::io::Write as _;

@@ -45,6 +45,7 @@ mod testrun;
 mod tokens;
 mod versions;
 mod waits;
+mod workdir;
 mod workflow;
 
 use std::io::{IsTerminal as _, Write as _};
@@ -82,8 +83,9 @@ For tests only (environment variables):
   LOOPS_DELIVER_HOLD_IN_SETUP=p  at point p of the setup, print `holding in setup at p` and
                                wait forever: `aside` (--fresh moved the old work directory
                                aside), `new` (a new work directory built beside its place, not
-                               renamed into it), `repo` (before the demo's repository is set up
-                               and the run recorded)
+                               renamed into it), `made` (the work directory in place and held,
+                               the store not opened), `repo` (before the demo's repository is
+                               set up and the run recorded)
 Every state entry is appended to <workdir>/handler-entries.log as `seq state attempt`.
 
 Versions: this build starts new runs on version 2 of the workflow (a review of the change by
@@ -401,11 +403,11 @@ async fn approve_through(cli: &Cli, store: &Path, interrupt: &Interrupt) -> Resu
 /// Checks the arguments and the tools, deletes what `--fresh` deletes, creates the work
 /// directory and opens the store.
 ///
-/// The store's lock is what keeps two `deliver` from working in one work directory at once:
-/// it is taken before anything in the work directory is cleared or set up, so that a second
-/// process started at the same moment is refused with "is another `deliver` running?" before
-/// it touches what the first one is building. `--fresh` holds the old store's lock while it
-/// deletes.
+/// The work directory's lock is what keeps two `deliver` from working in one work directory
+/// at once (`workdir.rs`): a new one appears held, one that exists is written to only once
+/// held, so that a second process started at the same moment is refused, with "is another
+/// `deliver` running?" when it holds the same store, before it touches what the first one is
+/// building. Then the store's lock. `--fresh` holds the old store's lock while it deletes.
 async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
     place::check_given(cli)?;
     git::check_installed().await?;
@@ -440,7 +442,8 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
         paths.remember_before_fresh(&cli.run_id, cli.auto_approve)?;
         delete_for_fresh(&paths).await?;
     }
-    let made = paths.create_workdir(&cli.run_id, cli.auto_approve)?;
+    let made = paths.create_workdir(&cli.run_id, cli.auto_approve).await?;
+    hooks::hold_in_setup("made");
     let created = !paths.store.exists();
     let opened = open_store(|| {
         let builder = versions::builder(cli.workflow_version);
@@ -458,9 +461,6 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
             .open(&paths.store)
     })
     .await;
-    // Another process holds the store: the work directory is its too, made at the same
-    // moment as this one's, perhaps.
-    let locked = matches!(opened, Err(loops::Error::StoreLocked { .. }));
     let opened = opened.map_err(|e| match e {
         loops::Error::SchemaMismatch { .. } => {
             anyhow::anyhow!("{e}. Run with --fresh to start over, or use another --run-id")
@@ -470,9 +470,10 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
     let runtime = match opened {
         Ok(runtime) => runtime,
         Err(e) => {
-            // A refused store (a directory, another program's file, a damaged one) leaves no
-            // work directory made for it.
-            if let Some(made) = made.as_deref().filter(|_| !locked) {
+            // A refused store (a directory, another program's file, a damaged one, one that
+            // another process holds) leaves no work directory made for it: one this process
+            // made is its own (held since it appeared), whoever holds the store.
+            if let Some(made) = made.as_deref() {
                 paths.remove_new_workdir(made);
             }
             return Err(e);

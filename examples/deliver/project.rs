@@ -223,7 +223,7 @@ impl Paths {
     /// it holds the marker, or nothing but this example's own files (the marker being written
     /// by another process that made it a moment ago, or a run's approval wish written just
     /// before the marker).
-    fn is_ours(&self) -> Result<bool> {
+    pub(crate) fn is_ours(&self) -> Result<bool> {
         let mut entries = std::fs::read_dir(&self.workdir)
             .with_context(|| format!("cannot read {}", self.workdir.display()))?;
         let marking = entries.all(|entry| {
@@ -235,7 +235,7 @@ impl Paths {
     /// A directory beside the work directory, `<workdir>.<kind>-<pid>` (a rename within one
     /// directory is atomic): `deleting`, where [`delete`](Self::delete) moves it; `new`,
     /// where [`create_workdir`](Self::create_workdir) builds it.
-    fn aside(&self, kind: &str) -> Result<PathBuf> {
+    pub(crate) fn aside(&self, kind: &str) -> Result<PathBuf> {
         let name = self.workdir.file_name().with_context(|| {
             format!(
                 "{} has no name to make a directory beside it",
@@ -251,7 +251,7 @@ impl Paths {
 
     /// The directories of `kind` beside the work directory ([`aside`](Self::aside)) that
     /// earlier processes left.
-    fn asides(&self, kind: &str) -> Vec<PathBuf> {
+    pub(crate) fn asides(&self, kind: &str) -> Vec<PathBuf> {
         let (Some(parent), Some(name)) = (self.workdir.parent(), self.workdir.file_name()) else {
             return Vec::new();
         };
@@ -287,99 +287,6 @@ impl Paths {
         }
     }
 
-    /// Creates the work directory, its marker and what `--auto-approve` (`auto_approve`) asks
-    /// of the run `run_id` ([`approval::remember_asked`](crate::approval::remember_asked)),
-    /// and returns the topmost directory it made (the work directory, or a missing parent of
-    /// it; `None` if the work directory existed), for
-    /// [`remove_new_workdir`](Self::remove_new_workdir). Nothing else in it is touched: that
-    /// waits for the store's lock ([`clear_leftovers`](Self::clear_leftovers)).
-    ///
-    /// The wish comes first, before anything of the run is made: in a directory that exists
-    /// it is written before the marker; a new directory is built whole beside its place
-    /// (`<workdir>.new-<pid>`: the wish, the wishes kept beside it by a `--fresh` killed
-    /// after moving the old directory aside or by a start killed before its rename, the
-    /// marker) and renamed into it, so that a kill leaves the wish in one of those places.
-    ///
-    /// # Errors
-    /// If the directory cannot be created, or exists, is not empty and was not made by this
-    /// example (so that `--fresh` never deletes a directory of the user's).
-    pub fn create_workdir(
-        &self,
-        run_id: &str,
-        auto_approve: Option<bool>,
-    ) -> Result<Option<PathBuf>> {
-        let existed = self.workdir.exists();
-        let made = self
-            .workdir
-            .ancestors()
-            .take_while(|dir| !dir.as_os_str().is_empty() && !dir.exists())
-            .last()
-            .map(Path::to_path_buf);
-        if existed && !self.is_ours()? {
-            bail!(
-                "{} is not empty and is not a work directory of this example (no {MARKER} in \
-                 it); name a new or empty directory with --workdir (or, if its marker was \
-                 deleted, write into {MARKER} the `workdir_id` its runs record: `loops --store \
-                 STORE show RUN`)",
-                self.workdir.display()
-            );
-        }
-        if !existed {
-            self.build_workdir(run_id, auto_approve)?;
-        }
-        // In a directory another process made meanwhile too.
-        crate::approval::remember_asked(&self.workdir, run_id, auto_approve)?;
-        self.mark()?;
-        Ok(made)
-    }
-
-    /// Builds a new work directory beside its place and renames it into place: see
-    /// [`create_workdir`](Self::create_workdir). A directory another process put there
-    /// meanwhile stands (this one's is dropped).
-    fn build_workdir(&self, run_id: &str, auto_approve: Option<bool>) -> Result<()> {
-        let parent = self
-            .workdir
-            .parent()
-            .with_context(|| format!("{} has no parent directory", self.workdir.display()))?;
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("cannot create {}", parent.display()))?;
-        let building = self.aside("new")?;
-        let _ = std::fs::remove_dir_all(&building);
-        std::fs::create_dir(&building)
-            .with_context(|| format!("cannot create {}", building.display()))?;
-        let built = (|| {
-            // Of an interrupted `--fresh`, and of a start killed before its new directory
-            // was renamed into place (whose wish was complete there).
-            for aside in self
-                .asides("deleting")
-                .into_iter()
-                .chain(self.asides("new"))
-            {
-                if aside != building {
-                    crate::approval::carry_asked(&aside, &building)?;
-                }
-            }
-            crate::approval::remember_asked(&building, run_id, auto_approve)?;
-            write_durably(&building.join(MARKER), new_workdir_id().as_bytes(), true)?;
-            crate::hooks::hold_in_setup("new");
-            match std::fs::rename(&building, &self.workdir) {
-                Ok(()) => sync_dir(parent),
-                // Made by another process meanwhile (not empty: a rename over an empty
-                // directory replaces it).
-                Err(_) if self.workdir.is_dir() => Ok(()),
-                Err(e) => Err(e).with_context(|| {
-                    format!(
-                        "cannot move {} to {}",
-                        building.display(),
-                        self.workdir.display()
-                    )
-                }),
-            }
-        })();
-        let _ = std::fs::remove_dir_all(&building);
-        built
-    }
-
     /// Writes the work directory's marker ([`MARKER`]), which says that it is this example's
     /// and holds its id ([`workdir_id`](Self::workdir_id)), if it has no id yet (a new
     /// directory, or one whose marker an earlier version of this example left empty). Written
@@ -413,59 +320,6 @@ impl Paths {
         }
     }
 
-    /// Removes what [`create_workdir`](Self::create_workdir) has just made, up to `made` (the
-    /// topmost directory it returned), when the store it was made for was refused: the
-    /// marker, the approval asked for the run ([`ASKED_DIR`](crate::approval::ASKED_DIR)) and
-    /// each directory once empty, never anything else (best effort: a directory something was
-    /// put in stays).
-    pub fn remove_new_workdir(&self, made: &Path) {
-        let _ = std::fs::remove_file(self.workdir.join(MARKER));
-        let _ = std::fs::remove_dir_all(self.workdir.join(crate::approval::ASKED_DIR));
-        for dir in self.workdir.ancestors() {
-            if std::fs::remove_dir(dir).is_err() || dir == made {
-                break;
-            }
-        }
-    }
-
-    /// Takes the work directory for this process, until `self` is dropped: an exclusive lock
-    /// on `<workdir>/.loops-deliver-workdir.lock`, waited for up to 2 s (as the store's).
-    /// Two `deliver`s with one store are kept apart by its lock already; with two stores,
-    /// both would build the demo's repository and clear leftovers in one directory at once.
-    ///
-    /// # Errors
-    /// If another process holds the directory after 2 s, or the lock file cannot be opened.
-    pub async fn lock(&mut self) -> Result<()> {
-        let path = self.workdir.join(format!("{MARKER}.lock"));
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .with_context(|| format!("cannot open {}", path.display()))?;
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
-        loop {
-            match file.try_lock() {
-                Ok(()) => break,
-                Err(std::fs::TryLockError::WouldBlock)
-                    if tokio::time::Instant::now() < deadline =>
-                {
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                }
-                Err(std::fs::TryLockError::WouldBlock) => bail!(
-                    "work directory {} is in use by another `deliver` (with another --store): \
-                     wait for it to end, or name another --workdir",
-                    self.workdir.display()
-                ),
-                Err(std::fs::TryLockError::Error(e)) => {
-                    return Err(e).with_context(|| format!("cannot lock {}", path.display()));
-                }
-            }
-        }
-        self.held = Some(std::sync::Arc::new(file));
-        Ok(())
-    }
-
     /// Clears what interrupted runs left behind: a work directory moved aside to be deleted,
     /// half-built repositories, test builds. Only for the holder of the store's lock: another
     /// process's work in progress looks the same.
@@ -495,7 +349,7 @@ impl Paths {
 
 /// A new work directory id: 16 hex digits hashed from the time, the process id and the
 /// random keys of std's hash maps.
-fn new_workdir_id() -> String {
+pub(crate) fn new_workdir_id() -> String {
     use std::hash::{BuildHasher as _, Hasher as _};
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
@@ -548,7 +402,7 @@ pub fn write_durably(path: &Path, bytes: &[u8], replace: bool) -> Result<bool> {
 }
 
 /// Makes the entries of directory `dir` durable (a no-op where directories cannot be opened).
-fn sync_dir(dir: &Path) -> Result<()> {
+pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
     #[cfg(unix)]
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())

@@ -219,8 +219,8 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn version_2_reviews_the_change_before_the_pull_request() {
         let dir = tempfile::tempdir().unwrap();
-        let paths = Paths::new(dir.path().to_path_buf(), None, None);
-        paths.create_workdir("deliver-1", None).unwrap();
+        let mut paths = Paths::new(dir.path().to_path_buf(), None, None);
+        paths.create_workdir("deliver-1", None).await.unwrap();
         paths.clear_leftovers().unwrap();
         let base = project::prepare(&paths, "loops/v2", None).await.unwrap();
         let agent = Agent {

@@ -743,6 +743,77 @@ fn a_start_refused_for_another_store_keeps_the_wish_of_a_killed_start() {
     rerun_leaves_the_run_to_a_human(&workdir);
 }
 
+/// Two first starts with two stores on one new work directory: the second, started while the
+/// first holds the directory it has just made (before it opens its store), is refused once it
+/// gave up waiting for the directory, having written nothing there (its `--auto-approve`
+/// deleted the first's approval wish, before the wish waited for the lock: helper-103 F4) nor
+/// made its store. The first's wish stands: killed there and run again without the flag, its
+/// run is left to a human.
+#[test]
+fn a_second_store_started_at_once_writes_nothing_in_the_new_workdir_of_the_first() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let workdir = dir.path().join("work");
+    let mut first = deliver(&workdir)
+        .arg("--auto-approve=false")
+        .env(HOLD_IN_SETUP_VAR, "made")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the example");
+    await_line(&mut first, "holding in setup at made");
+    let contents = |dir: &Path| {
+        let mut files: Vec<(String, Vec<u8>)> = names_in(dir)
+            .into_iter()
+            .flat_map(|name| {
+                let path = dir.join(&name);
+                match path.is_dir() {
+                    true => names_in(&path)
+                        .into_iter()
+                        .map(|inner| {
+                            let bytes = std::fs::read(path.join(&inner)).expect("read a wish");
+                            (format!("{name}/{inner}"), bytes)
+                        })
+                        .collect(),
+                    false => vec![(name, std::fs::read(&path).expect("read a file"))],
+                }
+            })
+            .collect();
+        files.sort();
+        files
+    };
+    let before = contents(&workdir);
+    // The wish (a file named by the run id's hash, holding the id), the marker, the lock.
+    let names: Vec<&str> = before.iter().map(|(name, _)| name.as_str()).collect();
+    assert!(
+        names.len() == 3
+            && names[0].starts_with(".loops-deliver-approval/")
+            && names[1..] == [".loops-deliver-workdir", ".loops-deliver-workdir.lock"]
+            && before[0].1 == RUN_ID.as_bytes(),
+        "{names:?}"
+    );
+    let other = dir.path().join("other.redb");
+    let output = deliver(&workdir)
+        .arg("--store")
+        .arg(&other)
+        .arg("--auto-approve")
+        .output()
+        .expect("run the example");
+    first.kill().expect("SIGKILL the example");
+    first.wait().expect("reap the example");
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        format!(
+            "error: work directory {} is in use by another `deliver` (with another --store): \
+             wait for it to end, or name another --workdir\n",
+            workdir.display()
+        )
+    );
+    assert_eq!(contents(&workdir), before);
+    assert!(!other.exists(), "the refused start made its store");
+    rerun_leaves_the_run_to_a_human(&workdir);
+}
+
 /// `--fresh --auto-approve=false` killed once it has moved the old work directory aside
 /// (its run there was approved automatically and opened a pull request): the same command
 /// without `--fresh` or the flag takes the wish over from the directory aside, records the
