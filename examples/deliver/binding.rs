@@ -92,10 +92,9 @@ impl Paths {
     /// # Errors
     /// If the binding cannot be read.
     fn other_store(&self) -> Result<Option<PathBuf>> {
-        let this = resolved(&self.store);
         Ok(self
             .binding()?
-            .filter(|b| b.here && b.store.exists() && resolved(&b.store) != this)
+            .filter(|b| b.here && b.store.exists() && !same_store(&b.store, &self.store))
             .map(|b| b.store))
     }
 
@@ -139,7 +138,6 @@ impl Paths {
         if std::fs::read_to_string(&path).is_ok_and(|recorded| recorded == text) {
             return Ok(());
         }
-        let this = resolved(&self.store);
         match self.binding()? {
             Some(b) if !b.store.exists() => say!(
                 "work directory {} recorded its runs in the store {}, which is gone: they are \
@@ -148,7 +146,7 @@ impl Paths {
                 b.store.display(),
                 self.store.display()
             ),
-            Some(b) if !b.here && resolved(&b.store) != this => say!(
+            Some(b) if !b.here && !same_store(&b.store, &self.store) => say!(
                 "work directory {} is a copy of another, whose runs the store {} records: its \
                  own are recorded in {} from now",
                 self.workdir.display(),
@@ -201,4 +199,20 @@ impl Paths {
             other.display()
         )
     }
+}
+
+/// Whether `a` and `b` are one store file: the same path once links are resolved, or one file
+/// under two names (a hard link: the same device and inode).
+fn same_store(a: &Path, b: &Path) -> bool {
+    if resolved(a) == resolved(b) {
+        return true;
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt as _;
+        if let (Ok(a), Ok(b)) = (std::fs::metadata(a), std::fs::metadata(b)) {
+            return (a.dev(), a.ino()) == (b.dev(), b.ino());
+        }
+    }
+    false
 }

@@ -314,7 +314,7 @@ pub async fn check_holds(
 }
 
 /// Refuses a `--workdir`, `--store` or `--repo` that is not valid UTF-8 or holds a line
-/// break, and a `--store` that is a URL (a file is meant).
+/// break, a `--workdir` that is a file, and a `--store` that is a URL (a file is meant).
 ///
 /// # Errors
 /// If one is.
@@ -332,6 +332,14 @@ pub fn check_given(cli: &Cli) -> Result<()> {
         ensure!(
             !text.contains(['\n', '\r']),
             "{flag} {text:?} holds a line break; this example needs paths without one"
+        );
+    }
+    // Else its files would be read as `<file>/.loops-deliver-store`: "Not a directory".
+    if cli.workdir.exists() && !cli.workdir.is_dir() {
+        bail!(
+            "--workdir {} is a file, not a directory: name a new or empty directory, or one \
+             this example made",
+            cli.workdir.display()
         );
     }
     // A URL would be taken for a relative path (`postgres:/host/db` under the current

@@ -154,6 +154,42 @@ fn paths_with_line_breaks_are_refused_in_one_line() {
     }
 }
 
+/// A `--workdir` that is a file is refused in one line, before anything is made (it was read
+/// as a directory: "Not a directory (os error 20)", helper-105).
+#[test]
+fn a_workdir_that_is_a_file_is_refused_in_one_line() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("notes.txt");
+    std::fs::write(&file, "mine").expect("write a file");
+    let output = deliver(dir.path(), &["--workdir".into(), file.clone().into()]);
+    let wanted = format!(
+        "--workdir {} is a file, not a directory: name a new or empty directory, or one this \
+         example made",
+        file.display()
+    );
+    assert_refused(&output, &wanted, dir.path(), &["notes.txt"]);
+    assert_eq!(std::fs::read(&file).expect("read the file"), b"mine");
+}
+
+/// A hard link to the store that records a work directory's runs is that store, not another
+/// one: the run goes on through it (it was refused as another store's, helper-103 F8).
+#[test]
+fn a_hard_link_to_the_store_is_the_same_store() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let output = deliver(dir.path(), &[]);
+    assert!(output.status.success(), "{}", describe(&output));
+    let link = dir.path().join("link.redb");
+    std::fs::hard_link(dir.path().join("work/deliver.redb"), &link).expect("a hard link");
+    let output = deliver(dir.path(), &["--store".into(), link.into()]);
+    assert!(
+        output.status.success()
+            && String::from_utf8_lossy(&output.stdout)
+                .contains("pull request: forge://demo/pulls/1"),
+        "{}",
+        describe(&output)
+    );
+}
+
 /// A bidirectional control in a path is escaped where the path is said (on standard output,
 /// and in an error), as run ids are: on a terminal it would reorder the line (helper-104 F3).
 #[test]
