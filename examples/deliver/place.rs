@@ -313,8 +313,9 @@ pub async fn check_holds(
     Ok(())
 }
 
-/// Refuses a `--workdir`, `--store` or `--repo` that is not valid UTF-8 or holds a line
-/// break, a `--workdir` that is a file, and a `--store` that is a URL (a file is meant).
+/// Refuses a `--workdir`, `--store` or `--repo` that is not valid UTF-8, holds a line break
+/// or a `..` after a directory that does not exist, a `--workdir` that is a file, and a
+/// `--store` that is a URL (a file is meant).
 ///
 /// # Errors
 /// If one is.
@@ -333,6 +334,20 @@ pub fn check_given(cli: &Cli) -> Result<()> {
             !text.contains(['\n', '\r']),
             "{flag} {text:?} holds a line break; this example needs paths without one"
         );
+        // `a/missing/../x` is `a/x` to no system call: making it would make `a/missing` too.
+        let mut before = PathBuf::new();
+        for part in path.components() {
+            if part == std::path::Component::ParentDir && !before.as_os_str().is_empty() {
+                ensure!(
+                    before.is_dir(),
+                    "{flag} {}: {} is not a directory, so `..` after it names nothing; \
+                     name the path without it",
+                    path.display(),
+                    before.display()
+                );
+            }
+            before.push(part);
+        }
     }
     // Else its files would be read as `<file>/.loops-deliver-store`: "Not a directory".
     if cli.workdir.exists() && !cli.workdir.is_dir() {

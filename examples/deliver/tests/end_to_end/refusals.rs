@@ -155,9 +155,10 @@ fn paths_with_line_breaks_are_refused_in_one_line() {
 }
 
 /// A `--workdir` that is a file is refused in one line, before anything is made (it was read
-/// as a directory: "Not a directory (os error 20)", helper-105).
+/// as a directory: "Not a directory (os error 20)", helper-105); so is a path with `..` after
+/// a directory that does not exist.
 #[test]
-fn a_workdir_that_is_a_file_is_refused_in_one_line() {
+fn paths_that_name_no_directory_are_refused_in_one_line() {
     let dir = tempfile::tempdir().expect("temp dir");
     let file = dir.path().join("notes.txt");
     std::fs::write(&file, "mine").expect("write a file");
@@ -169,6 +170,19 @@ fn a_workdir_that_is_a_file_is_refused_in_one_line() {
     );
     assert_refused(&output, &wanted, dir.path(), &["notes.txt"]);
     assert_eq!(std::fs::read(&file).expect("read the file"), b"mine");
+    // `..` after a directory that does not exist names nothing: making the path would make
+    // that directory too (helper-105).
+    for flag in ["--workdir", "--store"] {
+        let bad = dir.path().join("missing/../x");
+        let output = deliver(dir.path(), &[flag.into(), bad.clone().into()]);
+        let wanted = format!(
+            "{flag} {}: {} is not a directory, so `..` after it names nothing; name the path \
+             without it",
+            bad.display(),
+            dir.path().join("missing").display()
+        );
+        assert_refused(&output, &wanted, dir.path(), &["notes.txt"]);
+    }
 }
 
 /// A hard link to the store that records a work directory's runs is that store, not another
