@@ -48,14 +48,10 @@ pub async fn run_tests(git: &Git, commit: &str, scratch: &Path) -> Result<TestRe
         .await?;
     let binary = build.path().join("unit-tests");
     let rustc = || {
-        let mut rustc = Command::new("rustc");
+        let mut rustc = killed_with_the_step("rustc", &tree);
         rustc
             .args(["--edition", "2021", "--test", CRATE_ROOT, "-o"])
-            .arg(&binary)
-            .current_dir(&tree)
-            .stdin(Stdio::null())
-            .kill_on_drop(true);
-        crate::child::own_process_group(&mut rustc);
+            .arg(&binary);
         rustc
     };
     // Whether rustc can start was checked at the start ([`check_rustc`]).
@@ -72,19 +68,25 @@ pub async fn run_tests(git: &Git, commit: &str, scratch: &Path) -> Result<TestRe
         });
     }
     let tests = || {
-        let mut tests = Command::new(&binary);
+        let mut tests = killed_with_the_step(&binary, &tree);
         tests
             .args(["--test-threads=1", "--color=never"])
-            .current_dir(&tree)
-            .env("RUST_BACKTRACE", "0")
-            .stdin(Stdio::null())
-            .kill_on_drop(true);
-        crate::child::own_process_group(&mut tests);
+            .env("RUST_BACKTRACE", "0");
         tests
     };
     let ran = crate::child::output(tests, "the demo's unit tests").await?;
     let stdout = String::from_utf8_lossy(&ran.stdout);
     Ok(parse(&stdout, ran.status.success(), ran.status.code()))
+}
+
+/// `program`, to run in `dir` with no input, in a process group of its own
+/// ([`own_process_group`](crate::child::own_process_group)), and killed when its step is
+/// dropped (Ctrl-C, a time-out): a build or a test run has nothing to finish.
+fn killed_with_the_step(program: impl AsRef<std::ffi::OsStr>, dir: &Path) -> Command {
+    let mut cmd = Command::new(program);
+    cmd.current_dir(dir).stdin(Stdio::null()).kill_on_drop(true);
+    crate::child::own_process_group(&mut cmd);
+    cmd
 }
 
 /// How a build of the tests that failed was stopped from outside, if it was, by what rustc
