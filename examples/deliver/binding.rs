@@ -126,7 +126,8 @@ impl Paths {
     /// Records that this work directory's runs are recorded in this store, before the run
     /// `run_id` is driven in it (new or not); the caller holds the work directory's lock. A
     /// work directory whose runs another store records (still there) is refused. A binding
-    /// whose store is gone, or of the directory this one is a copy of, is replaced, and said.
+    /// whose store is gone, or of the directory this one is a copy of, is replaced, and said;
+    /// one that names this store by another name (a hard link) is kept.
     ///
     /// # Errors
     /// If another store records this work directory's runs, or the binding cannot be read or
@@ -139,6 +140,11 @@ impl Paths {
             return Ok(());
         }
         match self.binding()? {
+            // The same file under another name (a hard link): the binding keeps the name it
+            // has, so that removing this one leaves the store bound.
+            Some(b) if b.here && b.store.exists() && same_store(&b.store, &self.store) => {
+                return Ok(());
+            }
             Some(b) if !b.store.exists() => say!(
                 "work directory {} recorded its runs in the store {}, which is gone: they are \
                  recorded in {} from now",

@@ -439,6 +439,10 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
     // before its run's first record and run again without `--auto-approve=false` must still
     // leave the run to a human.
     if cli.fresh {
+        // Nothing is written or deleted in a work directory before its lock is taken; its
+        // binding is read again under the lock.
+        paths.lock_for_fresh().await?;
+        paths.check_fresh()?;
         paths.remember_before_fresh(&cli.run_id, cli.auto_approve)?;
         delete_for_fresh(&paths).await?;
     }

@@ -349,12 +349,21 @@ pub fn check_given(cli: &Cli) -> Result<()> {
             before.push(part);
         }
     }
-    // Else its files would be read as `<file>/.loops-deliver-store`: "Not a directory".
-    if cli.workdir.exists() && !cli.workdir.is_dir() {
-        bail!(
+    // Else its files would be read through a file: "Not a directory".
+    let nearest = (cli.workdir.ancestors())
+        .find(|dir| !dir.as_os_str().is_empty() && dir.exists())
+        .filter(|dir| !dir.is_dir());
+    if let Some(file) = nearest {
+        ensure!(
+            file != cli.workdir,
             "--workdir {} is a file, not a directory: name a new or empty directory, or one \
              this example made",
             cli.workdir.display()
+        );
+        bail!(
+            "--workdir {}: {} is a file, not a directory",
+            cli.workdir.display(),
+            file.display()
         );
     }
     // A URL would be taken for a relative path (`postgres:/host/db` under the current

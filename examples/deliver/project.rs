@@ -152,7 +152,8 @@ impl Paths {
     ///
     /// # Errors
     /// If the work directory exists, is not empty and was not made by this example, holds
-    /// the repository given with `--repo`, or if deleting fails.
+    /// the repository given with `--repo`, is not held by this process (another start made
+    /// it meanwhile), or if deleting fails.
     pub fn delete(&self) -> Result<()> {
         // A link would be renamed aside in the directory's stead, and a new directory made in
         // its place, beside the old one.
@@ -176,6 +177,14 @@ impl Paths {
                 self.workdir.display()
             );
         }
+        // Put in place by another start since this one looked
+        // ([`lock_for_fresh`](Self::lock_for_fresh)).
+        ensure!(
+            !self.workdir.exists() || self.holds_workdir(),
+            "--fresh: work directory {} was made by another `deliver` while this one started \
+             (nothing was deleted): wait for it to end, or run the command again",
+            self.workdir.display()
+        );
         if !self.store.starts_with(&self.workdir) {
             match std::fs::remove_file(&self.store) {
                 Ok(()) => {}
@@ -224,12 +233,7 @@ impl Paths {
     /// by another process that made it a moment ago, or a run's approval wish written just
     /// before the marker).
     pub(crate) fn is_ours(&self) -> Result<bool> {
-        let mut entries = std::fs::read_dir(&self.workdir)
-            .with_context(|| format!("cannot read {}", self.workdir.display()))?;
-        let marking = entries.all(|entry| {
-            entry.is_ok_and(|entry| entry.file_name().to_string_lossy().starts_with(OWN_PREFIX))
-        });
-        Ok(marking || self.workdir.join(MARKER).exists())
+        made_here(&self.workdir)
     }
 
     /// A directory beside the work directory, `<workdir>.<kind>-<pid>` (a rename within one
@@ -250,8 +254,12 @@ impl Paths {
     }
 
     /// The directories of `kind` beside the work directory ([`aside`](Self::aside)) that
-    /// earlier processes left.
+    /// earlier processes left: this example's ([`made_here`]: a directory of the user's that
+    /// happens to have such a name is not one), and not held by a process still at work
+    /// there (a start building it, a `--fresh` deleting it: each holds the lock inside), but
+    /// this process's own.
     pub(crate) fn asides(&self, kind: &str) -> Vec<PathBuf> {
+        let own = self.aside(kind).ok();
         let (Some(parent), Some(name)) = (self.workdir.parent(), self.workdir.file_name()) else {
             return Vec::new();
         };
@@ -269,6 +277,10 @@ impl Paths {
                     .is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
             })
             .map(|entry| entry.path())
+            .filter(|dir| {
+                made_here(dir).unwrap_or(false)
+                    && (own.as_ref() == Some(dir) || !crate::workdir::is_held(dir))
+            })
             .collect()
     }
 
@@ -356,6 +368,20 @@ pub(crate) fn new_workdir_id() -> String {
     hasher.write_u128(now.map_or(0, |d| d.as_nanos()));
     hasher.write_u32(std::process::id());
     format!("{:016x}", hasher.finish())
+}
+
+/// Whether the directory `dir` (which exists) is empty or marked as made by this example: it
+/// holds the marker, or nothing but this example's own files.
+///
+/// # Errors
+/// If it cannot be read.
+pub(crate) fn made_here(dir: &Path) -> Result<bool> {
+    let mut entries =
+        std::fs::read_dir(dir).with_context(|| format!("cannot read {}", dir.display()))?;
+    let marking = entries.all(|entry| {
+        entry.is_ok_and(|entry| entry.file_name().to_string_lossy().starts_with(OWN_PREFIX))
+    });
+    Ok(marking || dir.join(MARKER).exists())
 }
 
 /// Whether `a` and `b` name the same directory (compared as they are if either cannot be

@@ -212,7 +212,7 @@ impl Paths {
     }
 
     /// Why the work directory is held by another process: a `deliver` of this very store
-    /// (which holds it too) is said as the store's lock is; any other as another store's.
+    /// (which holds it too) is said as the store's lock is.
     fn in_use(&self) -> anyhow::Error {
         if self.store.exists()
             && let Err(e @ loops::Error::StoreLocked { .. }) =
@@ -221,16 +221,56 @@ impl Paths {
             return crate::store::store_error(e);
         }
         anyhow::anyhow!(
-            "work directory {} is in use by another `deliver` (with another --store): wait for \
-             it to end, or name another --workdir",
+            "work directory {} is in use by another `deliver`: wait for it to end, or name \
+             another --workdir",
             self.workdir.display()
         )
+    }
+
+    /// `--fresh`: takes the lock of the work directory it is about to delete, if there is
+    /// one of this example's, so that nothing is written in it (the run's approval wish) nor
+    /// deleted while another `deliver` works there. The lock moves aside with the directory,
+    /// and is let go once the new one is made ([`create_workdir`](Self::create_workdir)).
+    ///
+    /// # Errors
+    /// As [`lock`](Self::lock) (said as `--fresh`'s).
+    pub async fn lock_for_fresh(&mut self) -> Result<()> {
+        for _ in 0..MAKE_TRIES {
+            // Not one of this example's: `delete` refuses it, with its own reason.
+            if !self.workdir.is_dir() || !self.is_ours()? {
+                return Ok(());
+            }
+            if let Taken::Held = self.lock().await.context("--fresh")? {
+                return Ok(());
+            }
+        }
+        bail!(
+            "--fresh: work directory {} was made and removed again {MAKE_TRIES} times while \
+             this `deliver` started (nothing was deleted): are other `deliver`s starting there?",
+            self.workdir.display()
+        )
+    }
+
+    /// Whether this process holds the work directory's lock ([`lock`](Self::lock)).
+    pub fn holds_workdir(&self) -> bool {
+        self.held
+            .as_deref()
+            .is_some_and(|held| is_at(held, &lock_path(&self.workdir)))
     }
 }
 
 /// The lock file of the work directory `workdir`.
 fn lock_path(workdir: &Path) -> PathBuf {
     workdir.join(format!("{MARKER}.lock"))
+}
+
+/// Whether a process holds the lock of the work directory `dir` (or of one moved aside, or
+/// being built): false if it has no lock file, or its lock is free.
+pub fn is_held(dir: &Path) -> bool {
+    match File::open(lock_path(dir)) {
+        Ok(file) => matches!(file.try_lock(), Err(std::fs::TryLockError::WouldBlock)),
+        Err(_) => false,
+    }
 }
 
 /// Opens (or creates) the lock file at `path`.

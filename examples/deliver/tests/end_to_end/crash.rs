@@ -743,6 +743,28 @@ fn a_start_refused_for_another_store_keeps_the_wish_of_a_killed_start() {
     rerun_leaves_the_run_to_a_human(&workdir);
 }
 
+/// The files of `dir` and of its subdirectories one level down, with their bytes, sorted.
+fn files_in(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut files: Vec<(String, Vec<u8>)> = names_in(dir)
+        .into_iter()
+        .flat_map(|name| {
+            let path = dir.join(&name);
+            match path.is_dir() {
+                true => names_in(&path)
+                    .into_iter()
+                    .map(|inner| {
+                        let bytes = std::fs::read(path.join(&inner)).expect("read a file");
+                        (format!("{name}/{inner}"), bytes)
+                    })
+                    .collect(),
+                false => vec![(name, std::fs::read(&path).expect("read a file"))],
+            }
+        })
+        .collect();
+    files.sort();
+    files
+}
+
 /// Two first starts with two stores on one new work directory: the second, started while the
 /// first holds the directory it has just made (before it opens its store), is refused once it
 /// gave up waiting for the directory, having written nothing there (its `--auto-approve`
@@ -761,27 +783,7 @@ fn a_second_store_started_at_once_writes_nothing_in_the_new_workdir_of_the_first
         .spawn()
         .expect("start the example");
     await_line(&mut first, "holding in setup at made");
-    let contents = |dir: &Path| {
-        let mut files: Vec<(String, Vec<u8>)> = names_in(dir)
-            .into_iter()
-            .flat_map(|name| {
-                let path = dir.join(&name);
-                match path.is_dir() {
-                    true => names_in(&path)
-                        .into_iter()
-                        .map(|inner| {
-                            let bytes = std::fs::read(path.join(&inner)).expect("read a wish");
-                            (format!("{name}/{inner}"), bytes)
-                        })
-                        .collect(),
-                    false => vec![(name, std::fs::read(&path).expect("read a file"))],
-                }
-            })
-            .collect();
-        files.sort();
-        files
-    };
-    let before = contents(&workdir);
+    let before = files_in(&workdir);
     // The wish (a file named by the run id's hash, holding the id), the marker, the lock.
     let names: Vec<&str> = before.iter().map(|(name, _)| name.as_str()).collect();
     assert!(
@@ -804,14 +806,64 @@ fn a_second_store_started_at_once_writes_nothing_in_the_new_workdir_of_the_first
     assert_eq!(
         String::from_utf8_lossy(&output.stderr),
         format!(
-            "error: work directory {} is in use by another `deliver` (with another --store): \
-             wait for it to end, or name another --workdir\n",
+            "error: work directory {} is in use by another `deliver`: wait for it to end, or \
+             name another --workdir\n",
             workdir.display()
         )
     );
-    assert_eq!(contents(&workdir), before);
+    assert_eq!(files_in(&workdir), before);
     assert!(!other.exists(), "the refused start made its store");
     rerun_leaves_the_run_to_a_human(&workdir);
+}
+
+/// `--fresh --auto-approve` while another start holds the work directory (its new directory
+/// in place, its store not opened yet; then the store held too), is refused once it gave up
+/// waiting for the directory, having written and deleted nothing there: the other start's
+/// `--auto-approve=false` wish stands (it deleted it before any lock, and a plain rerun
+/// approved the run by itself: helper-106 F1, F3).
+#[test]
+fn a_refused_fresh_start_deletes_nothing_of_a_start_that_holds_the_work_directory() {
+    for point in ["made", "repo"] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let workdir = dir.path().join("work");
+        let mut first = deliver(&workdir)
+            .arg("--auto-approve=false")
+            .env(HOLD_IN_SETUP_VAR, point)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the example");
+        await_line(&mut first, &format!("holding in setup at {point}"));
+        let before = files_in(&workdir);
+        let output = deliver(&workdir)
+            .args(["--fresh", "--auto-approve"])
+            .output()
+            .expect("run the example");
+        first.kill().expect("SIGKILL the example");
+        first.wait().expect("reap the example");
+        let wanted = match point {
+            "made" => format!(
+                "error: --fresh: work directory {} is in use by another `deliver`: wait for it \
+                 to end, or name another --workdir\n",
+                workdir.display()
+            ),
+            _ => format!(
+                "error: --fresh: store {} is already open in this or another process: is \
+                 another `deliver` running?\n",
+                workdir.join("deliver.redb").display()
+            ),
+        };
+        assert_eq!(
+            output.status.code(),
+            Some(1),
+            "{point}: {}",
+            describe(&output)
+        );
+        assert_eq!(String::from_utf8_lossy(&output.stderr), wanted, "{point}");
+        assert_eq!(files_in(&workdir), before, "{point}");
+        assert_eq!(names_in(dir.path()), ["work"], "{point}");
+        rerun_leaves_the_run_to_a_human(&workdir);
+    }
 }
 
 /// `--fresh --auto-approve=false` killed once it has moved the old work directory aside

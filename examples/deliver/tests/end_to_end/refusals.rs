@@ -170,6 +170,14 @@ fn paths_that_name_no_directory_are_refused_in_one_line() {
     );
     assert_refused(&output, &wanted, dir.path(), &["notes.txt"]);
     assert_eq!(std::fs::read(&file).expect("read the file"), b"mine");
+    let under = file.join("work");
+    let output = deliver(dir.path(), &["--workdir".into(), under.clone().into()]);
+    let wanted = format!(
+        "--workdir {}: {} is a file, not a directory",
+        under.display(),
+        file.display()
+    );
+    assert_refused(&output, &wanted, dir.path(), &["notes.txt"]);
     // `..` after a directory that does not exist names nothing: making the path would make
     // that directory too (helper-105).
     for flag in ["--workdir", "--store"] {
@@ -186,7 +194,8 @@ fn paths_that_name_no_directory_are_refused_in_one_line() {
 }
 
 /// A hard link to the store that records a work directory's runs is that store, not another
-/// one: the run goes on through it (it was refused as another store's, helper-103 F8).
+/// one: the run goes on through it (it was refused as another store's, helper-103 F8), and
+/// the work directory stays bound to the store's first name.
 #[test]
 fn a_hard_link_to_the_store_is_the_same_store() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -194,7 +203,7 @@ fn a_hard_link_to_the_store_is_the_same_store() {
     assert!(output.status.success(), "{}", describe(&output));
     let link = dir.path().join("link.redb");
     std::fs::hard_link(dir.path().join("work/deliver.redb"), &link).expect("a hard link");
-    let output = deliver(dir.path(), &["--store".into(), link.into()]);
+    let output = deliver(dir.path(), &["--store".into(), link.clone().into()]);
     assert!(
         output.status.success()
             && String::from_utf8_lossy(&output.stdout)
@@ -202,6 +211,45 @@ fn a_hard_link_to_the_store_is_the_same_store() {
         "{}",
         describe(&output)
     );
+    // The binding keeps the store's first name: with the link gone, the store is still the
+    // work directory's, and another one is refused there (it took the work directory over,
+    // and opened its own pull request #1 beside the first run's: helper-106 F5).
+    std::fs::remove_file(&link).expect("remove the link");
+    let other = dir.path().join("other.redb");
+    let output = deliver(dir.path(), &["--store".into(), other.clone().into()]);
+    let wanted = format!(
+        "work directory {} holds the runs of the store {}",
+        dir.path().join("work").display(),
+        dir.path().join("work/deliver.redb").display()
+    );
+    assert_refused(&output, &wanted, dir.path(), &["work"]);
+}
+
+/// Directories of the user's beside the work directory named as this example's leftovers
+/// (`<workdir>.new-<digits>`, `<workdir>.deleting-<digits>`) are not deleted by a start: only
+/// those this example made (its marker, or nothing but its own files) and no process holds
+/// are (every start deleted them whole: helper-106 F4).
+#[test]
+fn directories_of_the_user_beside_the_work_directory_are_not_deleted() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for name in ["work.new-2024", "work.deleting-77"] {
+        std::fs::create_dir(dir.path().join(name)).expect("a directory of the user's");
+        std::fs::write(dir.path().join(name).join("notes.txt"), "mine").expect("notes");
+    }
+    // One this example left (a start killed as it built its new work directory) goes.
+    let left = dir.path().join("work.new-99");
+    std::fs::create_dir(&left).expect("a leftover");
+    std::fs::write(left.join(".loops-deliver-workdir"), "0123456789abcdef").expect("marker");
+    let output = deliver(dir.path(), &[]);
+    assert!(output.status.success(), "{}", describe(&output));
+    assert_eq!(
+        names_in(dir.path()),
+        ["work", "work.deleting-77", "work.new-2024"]
+    );
+    for name in ["work.new-2024", "work.deleting-77"] {
+        let notes = std::fs::read(dir.path().join(name).join("notes.txt")).expect("notes");
+        assert_eq!(notes, b"mine");
+    }
 }
 
 /// A bidirectional control in a path is escaped where the path is said (on standard output,
@@ -1025,8 +1073,8 @@ fn a_work_directory_is_the_runs_of_one_store() {
         output.status.code() == Some(1)
             && String::from_utf8_lossy(&output.stderr)
                 == format!(
-                    "error: work directory {} is in use by another `deliver` (with another \
-                     --store): wait for it to end, or name another --workdir\n",
+                    "error: work directory {} is in use by another `deliver`: wait for it to \
+                     end, or name another --workdir\n",
                     workdir.display()
                 ),
         "{}",
