@@ -426,6 +426,54 @@ async fn a_record_that_does_not_decode_names_its_run_and_seq_and_spares_other_ru
     );
 }
 
+/// A run whose latest record does not decode as its workflow (edited outside loops, or a
+/// `Deserialize` that changed without its schema) fails once, saying why: it was driven again
+/// every second, forever, logging the error each time (helper-107 HIGH 1).
+#[tokio::test]
+async fn a_run_whose_state_does_not_decode_fails_once_saying_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    Runtime::open(&path)
+        .unwrap()
+        .enqueue("r9", Count::Step { n: 0 }, loops::StartOptions::default())
+        .await
+        .unwrap();
+    {
+        let db = redb::Database::open(&path).unwrap();
+        let txn = db.begin_write().unwrap();
+        replace_transition(&txn, "r9", 0, |record| {
+            let mut record: serde_json::Value = serde_json::from_slice(record).unwrap();
+            record["payload"] = serde_json::json!({"Step": {"n": "zero"}});
+            serde_json::to_vec(&record).unwrap()
+        });
+        txn.commit().unwrap();
+    }
+    let rt = Runtime::builder()
+        .retry(RetryPolicy::attempts(3).with_delays(
+            std::time::Duration::from_millis(1),
+            std::time::Duration::from_millis(1),
+        ))
+        .open(&path)
+        .unwrap();
+    let err = rt
+        .run("r9", Count::Step { n: 0 }, &Counter)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::RunFailed { .. }), "{err:?}");
+    let info = rt.run_info("r9").await.unwrap().unwrap();
+    assert_eq!(
+        (info.status, info.state.as_str(), info.seq, info.attempt),
+        (RunStatus::Failed, "Step", 0, 1)
+    );
+    assert_eq!(
+        info.error.unwrap(),
+        [
+            "run `r9`: transition record at seq 0 (state `Step`) does not decode",
+            "invalid type: string \"zero\", expected u32 at line 1 column 19"
+        ]
+    );
+}
+
 #[tokio::test]
 async fn a_record_whose_seq_is_not_its_key_is_refused_on_read() {
     let dir = tempfile::tempdir().unwrap();

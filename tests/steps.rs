@@ -957,7 +957,7 @@ async fn a_step_output_that_cannot_be_recorded_fails_the_run_at_once() {
         (
             "pairs",
             false,
-            "run `pairs`: output of step `pairs`#0 of state `Produce` (seq 0) cannot be encoded",
+            "run `pairs`: output of step `pairs`#0 of state `Produce` (seq 0) cannot be encoded as JSON that decodes back",
         ),
     ] {
         let producer = Producer::default();
@@ -972,6 +972,84 @@ async fn a_step_output_that_cannot_be_recorded_fails_the_run_at_once() {
         let errors = info.error.unwrap();
         assert_eq!(errors[0], error, "{id}: {errors:?}");
         assert!(rt.store().steps(id, 0).await.unwrap().is_empty(), "{id}");
+    }
+}
+
+#[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(name = "lossy")]
+enum Lossy {
+    #[initial]
+    #[next(Measured)]
+    Measure { step: bool },
+    #[terminal]
+    Measured { x: f64 },
+}
+
+/// Measures a NaN, which JSON writes as `null`: as a step's output (`step`), or straight into
+/// the next state's data. Counts its measurements.
+#[derive(Default)]
+struct Measurer {
+    effects: AtomicU32,
+}
+
+impl LossyHandler for Measurer {
+    type Error = anyhow::Error;
+
+    async fn measure(&self, ctx: &Context, step: bool) -> anyhow::Result<MeasureNext> {
+        let x = if step {
+            ctx.step("measure", || async {
+                self.effects.fetch_add(1, Ordering::SeqCst);
+                Ok(f64::NAN)
+            })
+            .await?
+        } else {
+            self.effects.fetch_add(1, Ordering::SeqCst);
+            f64::NAN
+        };
+        Ok(MeasureNext::Measured { x })
+    }
+}
+
+/// A step output or a state whose JSON does not decode back (a NaN float is written as
+/// `null`) is refused before it is recorded: the run fails at its first attempt, saying why,
+/// with nothing recorded. (A NaN step output failed every replay; a NaN state was committed,
+/// and the run was driven again every second, forever, unable to read it: helper-107.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_that_does_not_decode_back_is_not_recorded() {
+    let rt = Runtime::builder()
+        .retry(fast(3))
+        .build(loops::RedbStore::in_memory().unwrap());
+    for (id, step, error, cause) in [
+        (
+            "nan-step",
+            true,
+            "run `nan-step`: output of step `measure`#0 of state `Measure` (seq 0) cannot be encoded as JSON that decodes back",
+            "invalid type: null, expected f64 at line 1 column 4",
+        ),
+        (
+            "nan-state",
+            false,
+            "run `nan-state`: cannot encode state `Measured` (seq 1) as JSON that decodes back",
+            "invalid type: null, expected f64 at line 1 column 21",
+        ),
+    ] {
+        let measurer = Measurer::default();
+        let err = rt
+            .run(id, Lossy::Measure { step }, &measurer)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::RunFailed { .. }), "{id}: {err:?}");
+        assert_eq!(measurer.effects.load(Ordering::SeqCst), 1, "{id}");
+        let info = rt.run_info(id).await.unwrap().unwrap();
+        assert_eq!(
+            (info.status, info.seq, info.attempt),
+            (RunStatus::Failed, 0, 1),
+            "{id}"
+        );
+        let errors = info.error.unwrap();
+        assert_eq!(errors, [error, cause], "{id}");
+        assert!(rt.store().steps(id, 0).await.unwrap().is_empty(), "{id}");
+        assert_eq!(rt.history::<Lossy>(id).await.unwrap().len(), 1, "{id}");
     }
 }
 

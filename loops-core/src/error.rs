@@ -377,8 +377,8 @@ pub enum Error {
         refusal: Box<crate::schema::EventRefusal>,
     },
 
-    /// A state could not be serialized.
-    #[error("run `{run_id}`: cannot encode state `{state}` (seq {seq})")]
+    /// A state does not serialize, or not as JSON that decodes back (a NaN, a skipped field).
+    #[error("run `{run_id}`: cannot encode state `{state}` (seq {seq}) as JSON that decodes back")]
     Encode {
         /// The run.
         run_id: String,
@@ -630,9 +630,9 @@ pub enum Error {
         source: serde_json::Error,
     },
 
-    /// A step's output could not be serialized; the step's effect happened but is not recorded.
+    /// A step's output does not serialize as JSON that decodes back; its effect happened, unrecorded.
     #[error(
-        "run `{run_id}`: output of step `{step}`#{occurrence} of state `{state}` (seq {seq}) cannot be encoded"
+        "run `{run_id}`: output of step `{step}`#{occurrence} of state `{state}` (seq {seq}) cannot be encoded as JSON that decodes back"
     )]
     StepEncode {
         /// The run.

@@ -123,9 +123,11 @@ impl Error {
     /// a bad run id or name, a child id taken by another run, a workflow no process here
     /// drives, a state that is not the initial one, an event the workflow does not declare
     /// (or a payload not of its declared shape, or sealed with a key this runtime cannot
-    /// open), and a state, step output or payload that
+    /// open), a state, step output or payload that
     /// cannot be recorded (over [`max_payload_bytes`](crate::RuntimeBuilder::max_payload_bytes),
-    /// or not encodable as JSON). [`retry_hint`](crate::retry_hint) calls such an error
+    /// or not encodable as JSON that decodes back), and a recorded state or step output that
+    /// does not decode (the code changed since, or the store was altered: a deploy, then
+    /// `loops retry`). [`retry_hint`](crate::retry_hint) calls such an error
     /// permanent: a step that returns one is not tried again, and a handler that returns one
     /// (with `?`) fails its run at once instead of spending its retries, as if it were marked
     /// [`permanent`](Self::permanent). A step whose output cannot be recorded has run its
@@ -142,7 +144,9 @@ impl Error {
                 | Error::NotInitial { .. }
                 | Error::PayloadTooLarge { .. }
                 | Error::StepEncode { .. }
+                | Error::StepDecode { .. }
                 | Error::Encode { .. }
+                | Error::Decode { .. }
                 | Error::EventRefused { .. }
                 | Error::SealedRefused { .. }
         )

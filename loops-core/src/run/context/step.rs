@@ -78,7 +78,9 @@ impl Context {
     /// recorded output is returned and `f` is not called.
     ///
     /// `f` returns `Result<T, BoxError>`, so `?` works on any error inside it (an
-    /// `anyhow::Error` too) and `Ok(value)` needs no annotation. An `Ok` is recorded; an
+    /// `anyhow::Error` too) and `Ok(value)` needs no annotation. An `Ok` is recorded, and the
+    /// handler gets it decoded from its record, as every replay does (a value whose JSON
+    /// does not decode back, such as a NaN float, is refused, not recorded); an
     /// `Err` is a failed try, recorded as a failure for inspection (error chain, attempt,
     /// time) and never replayed. Under `options`'s retry policy
     /// ([`StepOptions::with_retry`]) a failed try is tried again in place, without
@@ -121,7 +123,8 @@ impl Context {
     ///   changed since the record: never a silently wrong value);
     /// - [`Error::Cancelled`](crate::Error::Cancelled) if the run was cancelled before the step started or while it
     ///   waited between tries;
-    /// - [`Error::StepEncode`](crate::Error::StepEncode) or [`Error::PayloadTooLarge`](crate::Error::PayloadTooLarge) if the output cannot be recorded;
+    /// - [`Error::StepEncode`](crate::Error::StepEncode) or [`Error::PayloadTooLarge`](crate::Error::PayloadTooLarge) if the output cannot be recorded (it does not
+    ///   serialize, or not as JSON that decodes back as `T`, or is too large);
     /// - [`Error::Storage`](crate::Error::Storage) or [`Error::Fenced`](crate::Error::Fenced) if the record could not be committed.
     pub async fn step_with<T, F, Fut>(
         &self,
@@ -276,7 +279,12 @@ impl Context {
                 Ok(value) => {
                     crate::failpoint::point("loops::step::after_effect");
                     metrics.tried(elapsed, false, false);
-                    self.record_step(name, occurrence, &value, duration_ms)
+                    let output = self.encode_output(name, occurrence, &value)?;
+                    // The handler gets the output as every replay reads it: decoded from
+                    // its record, which is refused if it does not decode back (a NaN float
+                    // written as `null`), rather than failing every replay.
+                    let value = self.decode_output(name, occurrence, &output)?;
+                    self.write_step(name, occurrence, output, duration_ms)
                         .await?;
                     metrics.ended(true);
                     crate::failpoint::point("loops::step::after_record");
@@ -451,27 +459,72 @@ impl Context {
         value: &T,
         duration_ms: u64,
     ) -> Result<()> {
-        let run_id = &self.run.run_id;
-        let step_encode = |source| Error::StepEncode {
-            run_id: run_id.clone(),
+        let output = self.encode_output(name, occurrence, value)?;
+        self.write_step(name, occurrence, output, duration_ms).await
+    }
+
+    /// The [`Error::StepEncode`] of the step `(name, occurrence)`.
+    fn step_encode(&self, name: &str, occurrence: u32, source: serde_json::Error) -> Error {
+        Error::StepEncode {
+            run_id: self.run.run_id.clone(),
             state: self.state,
             seq: self.seq,
             step: name.to_owned(),
             occurrence,
             source,
-        };
+        }
+    }
+
+    /// `value` encoded as the output of the step `(name, occurrence)`, checked against the
+    /// payload limit.
+    ///
+    /// # Errors
+    /// [`Error::StepEncode`] if it does not serialize; [`Error::PayloadTooLarge`].
+    fn encode_output<T: Serialize>(
+        &self,
+        name: &str,
+        occurrence: u32,
+        value: &T,
+    ) -> Result<Box<RawValue>> {
         // Serialized straight into the raw value, not parsed again (see `TransitionRecord::encode`).
-        let output = serde_json::value::to_raw_value(value).map_err(step_encode)?;
-        let json = output.get();
-        if json.len() > self.run.max_payload_bytes {
+        let output = serde_json::value::to_raw_value(value)
+            .map_err(|source| self.step_encode(name, occurrence, source))?;
+        let bytes = output.get().len();
+        if bytes > self.run.max_payload_bytes {
             return Err(Error::PayloadTooLarge {
-                run_id: run_id.clone(),
+                run_id: self.run.run_id.clone(),
                 what: format!("output of step `{name}`#{occurrence}"),
                 seq: Some(self.seq),
-                bytes: json.len(),
+                bytes,
                 limit: self.run.max_payload_bytes,
             });
         }
+        Ok(output)
+    }
+
+    /// The step output `output` decoded back as a `T`, as a replay decodes it.
+    ///
+    /// # Errors
+    /// [`Error::StepEncode`] if it does not decode back: recorded, it would fail every replay.
+    fn decode_output<T: DeserializeOwned>(
+        &self,
+        name: &str,
+        occurrence: u32,
+        output: &RawValue,
+    ) -> Result<T> {
+        serde_json::from_str(output.get())
+            .map_err(|source| self.step_encode(name, occurrence, source))
+    }
+
+    /// Writes `output` as the record of the step `(name, occurrence)`.
+    async fn write_step(
+        &self,
+        name: &str,
+        occurrence: u32,
+        output: Box<RawValue>,
+        duration_ms: u64,
+    ) -> Result<()> {
+        let run_id = &self.run.run_id;
         let record = StepRecord {
             attempt: self.attempt,
             at_ms: self.run.time.now_ms(),

@@ -356,6 +356,9 @@ impl Drive<'_> {
         H: ?Sized + Sync,
     {
         let run_id = self.run_id();
+        // The state this driver has just entered, decoded from its record before the commit
+        // (`commit_transition`): decoded once.
+        let mut entered: Option<(u64, W)> = None;
         loop {
             match self.settle::<W>(run, mode).await? {
                 Settled::Done(driven) => return Ok(driven),
@@ -366,8 +369,7 @@ impl Drive<'_> {
             if !run.fresh && self.drains(mode) {
                 return Ok(Driven::HandedOver);
             }
-            let value: W = run.record.decode(run_id)?;
-            let state = value.state();
+            let (state, value) = current::<W>(run_id, &run.record, entered.take())?;
             if !run.fresh && !self.begin_attempt::<W>(run, state).await? {
                 continue;
             }
@@ -377,6 +379,17 @@ impl Drive<'_> {
             let seq = run.info.state_seq();
             let attempt = run.info.attempt;
             run.ours = Some((seq, attempt));
+            let value = match value {
+                Ok(value) => value,
+                // A recorded state that does not decode: the attempt failed with that error,
+                // which repeats, so the run fails once, saying why. (Stopping the driver
+                // instead started it again every second, forever.)
+                Err(e) => {
+                    let failure = Failure::Handler(Box::new(e));
+                    self.record_failure::<W>(run, state, failure).await?;
+                    continue;
+                }
+            };
             let recorded = if std::mem::take(&mut run.entered_here) {
                 Vec::new()
             } else {
@@ -436,7 +449,8 @@ impl Drive<'_> {
                         .await
                     {
                         // Draining: let go at this boundary (see `drains`).
-                        Ok(true) => return Ok(Driven::HandedOver),
+                        Ok((true, _)) => return Ok(Driven::HandedOver),
+                        Ok((false, value)) => entered = Some(value),
                         // The store refused the transition for a cancellation asked for
                         // meanwhile (another process's, say): read the row, which ends it.
                         Err(Error::RunCancelled { .. }) => run.info = self.reread().await?,
@@ -462,6 +476,35 @@ impl Drive<'_> {
                 }
             }
         }
+    }
+}
+
+/// The run's current state and its value, from its latest `record`: the value
+/// `commit_transition` decoded before committing it (`entered`, with its seq), else decoded
+/// now. A record that does not decode as a `W` is handed back as the error, with the state it
+/// names, for the attempt to fail with.
+///
+/// # Errors
+/// As [`TransitionRecord::decode`], for a record naming no state of `W` or sealed.
+fn current<W: Workflow>(
+    run_id: &str,
+    record: &TransitionRecord,
+    entered: Option<(u64, W)>,
+) -> Result<(W::State, Result<W>)> {
+    // Records are immutable: the one of this seq is the one just committed.
+    if let Some((seq, value)) = entered
+        && seq == record.seq
+        && record.migrated.is_none()
+    {
+        return Ok((value.state(), Ok(value)));
+    }
+    match record.decode::<W>(run_id) {
+        Ok(value) => Ok((value.state(), Ok(value))),
+        Err(e @ Error::Decode { .. }) => match W::State::from_name(&record.state) {
+            Some(state) => Ok((state, Err(e))),
+            None => Err(e),
+        },
+        Err(e) => Err(e),
     }
 }
 

@@ -57,7 +57,12 @@ impl Drive<'_> {
 
     /// Commits the move from `state` to `next`, after checking it is an allowed one; returns
     /// whether the driver lets the run go now (`mode` drains, see `Drive::drains`: the
-    /// transition was committed with `hands_over`, and the run goes on).
+    /// transition was committed with `hands_over`, and the run goes on), and the new state's
+    /// seq with its value as decoded from its record (what its handler gets).
+    ///
+    /// # Errors
+    /// [`Error::Encode`] if `next` does not serialize, or its JSON does not decode back as
+    /// a `W`; as the store's write.
     pub(super) async fn commit_transition<W: Workflow>(
         &self,
         run: &mut Progress,
@@ -65,7 +70,7 @@ impl Drive<'_> {
         next: W,
         started: Instant,
         mode: super::Mode,
-    ) -> Result<bool> {
+    ) -> Result<(bool, (u64, W))> {
         let run_id = self.run_id();
         let seq = run.info.seq;
         let to = next.state();
@@ -84,6 +89,19 @@ impl Drive<'_> {
         let now = self.now();
         let next_record = TransitionRecord::encode(run_id, next_seq, &next, now)?;
         self.settings.check_size(run_id, &next_record)?;
+        // The next handler gets its state as a resume reads it: decoded from the record, and
+        // before the commit, so that a state whose JSON does not decode back (a NaN float
+        // written as `null`, a field skipped when serialized with no default) is refused
+        // rather than recorded where no driver could read it again.
+        let entered: W = next_record.decode(run_id).map_err(|e| match e {
+            Error::Decode { source, .. } => Error::Encode {
+                run_id: run_id.to_owned(),
+                state: to.name().to_owned(),
+                seq: next_seq,
+                source,
+            },
+            e => e,
+        })?;
         crate::failpoint::point("loops::transition::before_commit");
         self.held.signals.check_lease(run_id, seq)?;
         run.info = self
@@ -114,7 +132,10 @@ impl Drive<'_> {
         run.fresh = true;
         run.entered_here = true;
         run.last_error = None;
-        Ok(hands_over && run.info.status == crate::status::RunStatus::Running)
+        Ok((
+            hands_over && run.info.status == crate::status::RunStatus::Running,
+            (next_seq, entered),
+        ))
     }
 
     /// Records the failed attempt at `state` and what follows it: a retry at a time its
