@@ -22,7 +22,7 @@ use loops::{
 
 use logs::captured;
 use loops::testing::HookedStore;
-use workflows::{Handler, Log, v1, v2, v2_panics, v2_refuses, v3};
+use workflows::{Handler, Log, v1, v2, v2_panics, v2_refuses, v2_ships, v3};
 
 type Shared = HookedStore<RedbStore>;
 
@@ -323,6 +323,57 @@ async fn a_failing_migration_blocks_the_run_with_one_write() {
         reason.ends_with("the migration panicked: cannot migrate Placed { item: \"r\" }"),
         "{reason}"
     );
+}
+
+/// A migration into a terminal state ends the run there, completed, as a transition into
+/// it would: no handler of the terminal state is looked for (the run failed after three
+/// attempts with "state `Shipped` is terminal and has no handler": helper-107 MEDIUM 4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migration_into_a_terminal_state_completes_the_run() {
+    let store = memory();
+    let log = Log::default();
+    stop_v1_at(&store, &log, "packed", "Packed").await;
+    let rt = Runtime::builder()
+        .register::<v2_ships::Order, _>(Handler::new(2, &log))
+        .migration::<v1::Order, v2_ships::Order>()
+        .build(store.clone());
+    rt.resume_all().await.unwrap();
+    let info = rt
+        .wait_for_status("packed", RunStatus::Completed)
+        .await
+        .unwrap();
+    assert_eq!(
+        (info.state.as_str(), info.seq, info.error, info.wait),
+        ("Shipped", 2, None, None)
+    );
+    assert_eq!(
+        records(&store, "packed").await,
+        [
+            rec(0, "Placed", hash::<v1::Order>(), None),
+            rec(1, "Packed", hash::<v1::Order>(), None),
+            rec(2, "Shipped", hash::<v2_ships::Order>(), from_v1(1)),
+        ]
+    );
+    let ended = rt
+        .run(
+            "packed",
+            v2_ships::Order::Placed {
+                item: "packed".into(),
+                by: "us".into(),
+            },
+            &Handler::new(2, &log),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        ended,
+        v2_ships::Order::Shipped {
+            item: "packed".into(),
+            by: "carrier".into()
+        }
+    );
+    assert!(store.failures("packed").await.unwrap().is_empty());
+    rt.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

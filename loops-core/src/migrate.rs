@@ -164,6 +164,9 @@ impl StoredVersion {
 pub struct Migrated {
     /// The new state's name (its variant of the new version's enum), as records store it.
     pub state: &'static str,
+    /// Whether the new state is terminal in the new version: the run ends with the
+    /// migration's record, completed.
+    pub terminal: bool,
     /// The new state, as JSON (the whole enum value, as serde serializes it): the payload
     /// of the record the runtime commits.
     pub payload: String,
@@ -363,6 +366,7 @@ fn apply<Old: Versioned, New: Migrate<Old>>(payload: &str) -> Result<Migrated, M
     let payload = serde_json::to_string(&new).map_err(MigrationFailure::Encode)?;
     Ok(Migrated {
         state: new.state().name(),
+        terminal: new.state().is_terminal(),
         payload,
     })
 }

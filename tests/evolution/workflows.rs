@@ -102,6 +102,39 @@ pub mod v2_panics {
     }
 }
 
+/// Version 2 again, whose migration ends every packed order: another system ships them.
+pub mod v2_ships {
+    use loops::Workflow;
+    use serde::{Deserialize, Serialize};
+
+    #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+    #[workflow(name = "order", version = 2)]
+    pub enum Order {
+        #[initial]
+        #[next(Shipped)]
+        Placed { item: String, by: String },
+        #[terminal]
+        Shipped { item: String, by: String },
+    }
+}
+
+impl Migrate<v1::Order> for v2_ships::Order {
+    fn migrate(old: v1::Order) -> Result<Self, BoxError> {
+        Ok(match old {
+            v1::Order::Placed { item } => v2_ships::Order::Placed {
+                item,
+                by: "us".into(),
+            },
+            v1::Order::Packed { item, .. } | v1::Order::Shipped { item } => {
+                v2_ships::Order::Shipped {
+                    item,
+                    by: "carrier".into(),
+                }
+            }
+        })
+    }
+}
+
 impl Migrate<v1::Order> for v2::Order {
     fn migrate(old: v1::Order) -> Result<Self, BoxError> {
         Ok(match old {
@@ -348,6 +381,20 @@ impl v2_refuses::OrderHandler for Handler {
         _: bool,
     ) -> anyhow::Result<v2_refuses::PackedNext> {
         Ok(v2_refuses::PackedNext::Shipped { item })
+    }
+}
+
+impl v2_ships::OrderHandler for Handler {
+    type Error = anyhow::Error;
+
+    async fn placed(
+        &self,
+        ctx: &Context,
+        item: String,
+        by: String,
+    ) -> anyhow::Result<v2_ships::PlacedNext> {
+        self.visit(ctx, "Placed", "reserve").await?;
+        Ok(v2_ships::PlacedNext::Shipped { item, by })
     }
 }
 

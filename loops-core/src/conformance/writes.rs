@@ -204,7 +204,7 @@ pub(super) fn unblock(run_id: &str, at_ms: u64) -> Write {
     }
 }
 
-/// [`Write::Migrate`].
+/// [`Write::Migrate`] into a state that is not terminal.
 pub(super) fn migrate(
     run_id: &str,
     seq: u64,
@@ -216,6 +216,7 @@ pub(super) fn migrate(
         seq,
         record,
         schema_text,
+        terminal: false,
     }
 }
 

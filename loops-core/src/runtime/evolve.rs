@@ -223,7 +223,7 @@ impl Runtime {
                 accepted: false,
             }),
         };
-        let info = self.commit_evolved(claim, info, &new, known).await?;
+        let info = (self.commit_evolved(claim, info, (&new, migrated.terminal), known)).await?;
         tracing::info!(
             from = %chain.from().hash,
             from_version = chain.from().version,
@@ -270,7 +270,10 @@ impl Runtime {
                 accepted: true,
             }),
         };
-        let accepted = self.commit_evolved(claim, info, &new, known).await?;
+        // The run's own state, which has not ended it: not terminal.
+        let accepted = self
+            .commit_evolved(claim, info, (&new, false), known)
+            .await?;
         tracing::info!(
             from = %info.schema,
             from_version,
@@ -283,8 +286,8 @@ impl Runtime {
     }
 
     /// Commits `new`, a migration's or an acceptance's record for the run `info` (held by
-    /// `claim`), with the description of its schema (a version among `known`); returns the
-    /// run's new row.
+    /// `claim`), with the description of its schema (a version among `known`), and whether
+    /// its state is terminal (the run then completes); returns the run's new row.
     ///
     /// # Errors
     /// [`Error::NotRegistered`] if no version in `known` has `new`'s schema; the store's
@@ -293,7 +296,7 @@ impl Runtime {
         &self,
         claim: &Claim,
         info: &RunInfo,
-        new: &TransitionRecord,
+        (new, terminal): (&TransitionRecord, bool),
         known: &[KnownVersion],
     ) -> Result<RunInfo> {
         let Some(to) = known.iter().find(|k| k.stored.hash == new.schema) else {
@@ -312,6 +315,7 @@ impl Runtime {
                     seq: info.seq,
                     record: new.clone(),
                     schema_text: to.schema,
+                    terminal,
                 },
             )
             .await?

@@ -69,7 +69,7 @@ pub(super) fn unblock<'w>(run_id: &'w str, at_ms: u64, g: &Given<'_, '_>) -> Res
 pub(super) fn migrate<'w>(
     run_id: &'w str,
     seq: u64,
-    record: &'w TransitionRecord,
+    (record, terminal): (&'w TransitionRecord, bool),
     schema_text: &'static str,
     g: &Given<'_, '_>,
 ) -> Result<Effects<'w>> {
@@ -124,6 +124,13 @@ pub(super) fn migrate<'w>(
     new.status = resumed(info);
     new.block = None;
     new.updated_ms = record.at_ms;
+    // Into a terminal state: the run ends there, as a transition into it ends it.
+    if terminal {
+        new.status = RunStatus::Completed;
+        new.wait = None;
+        new.retry_at_ms = None;
+        new.error = None;
+    }
     let mut effects = Effects::row(run_id, Some(info.status), new);
     effects.records.push(Record::Journal {
         seq: next,

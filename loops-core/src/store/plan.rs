@@ -165,7 +165,8 @@ fn own_effects<'w>(
             seq,
             record,
             schema_text,
-        } => evolve::migrate(run_id, *seq, record, schema_text, &g),
+            terminal,
+        } => evolve::migrate(run_id, *seq, (record, *terminal), schema_text, &g),
         Write::SetAttributes {
             run_id,
             seq,

@@ -203,6 +203,8 @@ pub enum Write {
         record: TransitionRecord,
         /// The new version's schema description, stored once per schema hash.
         schema_text: &'static str,
+        /// Whether the record's state is terminal in the new version: the run completes.
+        terminal: bool,
     },
     /// Set searchable attributes of the run, from its handler in the state entered at `seq`:
     /// each key gets its value, replacing the value it had (the same value again writes the

@@ -530,6 +530,7 @@ impl Payloads {
                 seq,
                 mut record,
                 schema_text,
+                terminal,
             } => {
                 self.seal_raw(&transition_at(&run_id, record.seq), &mut record.payload)?;
                 Write::Migrate {
@@ -537,6 +538,7 @@ impl Payloads {
                     seq,
                     record,
                     schema_text,
+                    terminal,
                 }
             }
             other => other,
