@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
@@ -53,10 +53,7 @@ impl AttributeValue {
     /// A time value from a [`SystemTime`] (ms since the Unix epoch; a time before the epoch
     /// is the epoch, one past `u64::MAX` ms is `u64::MAX`).
     pub fn time(at: SystemTime) -> AttributeValue {
-        let ms = at
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-        AttributeValue::Time(ms)
+        AttributeValue::Time(crate::clock::epoch_ms(at))
     }
 
     /// The type's name as the CLI and the docs spell it: `"str"`, `"int"` or `"time"`.

@@ -14,6 +14,29 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+/// `duration` in whole milliseconds (sub-millisecond parts dropped), saturating at
+/// `u64::MAX` ms (about 584 million years) for a longer duration such as [`Duration::MAX`].
+///
+/// Every conversion of a [`Duration`] to the milliseconds loops records or compares goes
+/// through here, so that a duration too long for a `u64` of ms means "for ever" everywhere
+/// and never wraps around to a short one.
+pub fn duration_ms(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// `time` in milliseconds since the Unix epoch (rounded down): 0 for a time before the epoch,
+/// `u64::MAX` for one more than `u64::MAX` ms after it.
+pub fn epoch_ms(time: SystemTime) -> u64 {
+    time.duration_since(UNIX_EPOCH).map_or(0, duration_ms)
+}
+
+/// The time `duration` after `at_ms` (both times in ms since the Unix epoch), saturating at
+/// `u64::MAX` ms: a wake-up, deadline or retry time that far off is never reached. Every
+/// addition of a [`Duration`] to a recorded time goes through here.
+pub fn ms_after(at_ms: u64, duration: Duration) -> u64 {
+    at_ms.saturating_add(duration_ms(duration))
+}
+
 /// Where a runtime reads the time: the system clock (the default) or a [`ManualClock`].
 /// Chosen with [`RuntimeBuilder::clock`](crate::RuntimeBuilder::clock). Cheap to clone.
 #[derive(Clone, Debug, Default)]
@@ -96,10 +119,7 @@ impl ManualClock {
     /// A clock that reads `start` (rounded down to the millisecond; the Unix epoch if
     /// `start` is before it) until it is moved.
     pub fn new(start: SystemTime) -> ManualClock {
-        let ms = start
-            .duration_since(UNIX_EPOCH)
-            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-            .unwrap_or(0);
+        let ms = epoch_ms(start);
         ManualClock {
             now: Arc::new(tokio::sync::watch::Sender::new(ms)),
         }
@@ -123,8 +143,7 @@ impl ManualClock {
     /// Moves the clock forward by `by` (whole milliseconds; saturates at `u64::MAX` ms) and
     /// wakes every wait whose time came.
     pub fn advance(&self, by: Duration) {
-        let by = u64::try_from(by.as_millis()).unwrap_or(u64::MAX);
-        self.now.send_modify(|now| *now = now.saturating_add(by));
+        self.now.send_modify(|now| *now = ms_after(*now, by));
     }
 
     /// Sets the clock to `to` if that is later than what it reads (a wall clock a test moves
@@ -142,8 +161,7 @@ impl ManualClock {
 
     /// `duration` from now, in ms since the Unix epoch.
     fn later(&self, duration: Duration) -> u64 {
-        let ms = u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
-        self.now_ms().saturating_add(ms)
+        ms_after(self.now_ms(), duration)
     }
 
     /// Waits until the clock reads `at_ms` or later.
@@ -157,6 +175,21 @@ impl ManualClock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn conversions_to_ms_saturate() {
+        assert_eq!(duration_ms(Duration::from_micros(1_999)), 1);
+        assert_eq!(duration_ms(Duration::from_millis(u64::MAX)), u64::MAX);
+        assert_eq!(duration_ms(Duration::MAX), u64::MAX);
+        assert_eq!(ms_after(1_000, Duration::from_millis(500)), 1_500);
+        assert_eq!(ms_after(1_000, Duration::from_millis(u64::MAX)), u64::MAX);
+        assert_eq!(ms_after(1_000, Duration::MAX), u64::MAX);
+        assert_eq!(epoch_ms(UNIX_EPOCH + Duration::from_millis(1_234)), 1_234);
+        assert_eq!(epoch_ms(UNIX_EPOCH - Duration::from_secs(1)), 0);
+        let manual = ManualClock::new(UNIX_EPOCH + Duration::from_secs(1));
+        manual.advance(Duration::MAX);
+        assert_eq!(manual.now_ms(), u64::MAX);
+    }
 
     #[tokio::test(flavor = "current_thread")]
     async fn a_manual_sleep_ends_when_the_clock_is_advanced() {

@@ -45,7 +45,7 @@ pub use attribute::{
     AttributeFilter, AttributeValue, Attributes, MAX_ATTRIBUTE_KEY_BYTES,
     MAX_ATTRIBUTE_STRING_BYTES, RESERVED_ATTRIBUTE_PREFIX, RunFilter, check_attribute,
 };
-pub use clock::{Clock, ManualClock};
+pub use clock::{Clock, ManualClock, duration_ms, epoch_ms, ms_after};
 pub use codec::{
     CodecError, Keyring, KeyringError, PayloadCodec, Place, Sealed, envelope, parse_envelope,
     redacted,

@@ -79,7 +79,7 @@ impl Limit {
         let Some((n, period)) = self.rate else {
             return Admission::Enter;
         };
-        let period_ms = u64::try_from(period.as_millis()).unwrap_or(u64::MAX);
+        let period_ms = crate::clock::duration_ms(period);
         let mut counted: Vec<u64> = starts
             .iter()
             .copied()

@@ -281,10 +281,7 @@ pub(crate) fn to_vec_sized<T: Serialize>(value: &T, variable: usize) -> Vec<u8> 
 /// Every wall-clock time loops records or compares (`at_ms`, wake-up and retry times) is
 /// read here.
 pub fn now_ms() -> u64 {
-    let ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        .unwrap_or(0);
+    let ms = crate::clock::epoch_ms(std::time::SystemTime::now());
     #[cfg(feature = "test-util")]
     let ms = ms.saturating_add_signed(CLOCK_OFFSET_MS.load(std::sync::atomic::Ordering::Relaxed));
     ms

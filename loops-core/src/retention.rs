@@ -74,7 +74,7 @@ impl RetentionPolicy {
         });
         let cutoff = self
             .max_age
-            .map(|age| now_ms.saturating_sub(u64::try_from(age.as_millis()).unwrap_or(u64::MAX)));
+            .map(|age| now_ms.saturating_sub(crate::clock::duration_ms(age)));
         let mut out: Vec<Family> = ended
             .into_iter()
             .enumerate()

@@ -396,7 +396,7 @@ async fn clock_skew(
     let middle =
         i64::try_from(before.saturating_add(after.saturating_sub(before) / 2)).unwrap_or(i64::MAX);
     let skew_ms = server.saturating_sub(middle);
-    let bound_ms = u64::try_from(bound.as_millis()).unwrap_or(u64::MAX);
+    let bound_ms = loops_core::duration_ms(bound);
     if skew_ms.unsigned_abs() > bound_ms.saturating_add(slack_ms) {
         return Err(Error::ClockSkew {
             label: label.to_owned(),

@@ -94,7 +94,7 @@ async fn run<T>(
         tracing::warn!(
             store = label,
             error = %ended,
-            retry_in_ms = backoff.as_millis() as u64,
+            retry_in_ms = loops_core::duration_ms(backoff),
             "the connection that listens for wake-ups is lost; polling until it is back"
         );
         tokio::time::sleep(backoff).await;

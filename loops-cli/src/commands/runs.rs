@@ -79,7 +79,7 @@ pub fn select(store: &dyn Operator, selection: &Selection, now: u64) -> Result<V
         let (hash, _) = resolve(store.label(), &store.schemas()?, given)?;
         runs.retain(|info| info.schema == hash);
     }
-    let age = |d: Duration| now.saturating_sub(u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let age = |d: Duration| now.saturating_sub(loops_core::duration_ms(d));
     runs.retain(|info| {
         selection
             .older_than

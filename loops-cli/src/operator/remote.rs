@@ -358,9 +358,7 @@ impl Operator for Remote {
         progress: &dyn Fn(u64, u64),
     ) -> Result<Pruned> {
         let request = PruneRequest {
-            max_age_ms: policy
-                .max_age
-                .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            max_age_ms: policy.max_age.map(loops_core::duration_ms),
             keep_last: policy.keep_last,
             keep_failed: policy.keep_failed,
             dry_run,

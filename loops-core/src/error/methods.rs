@@ -225,7 +225,7 @@ impl Error {
     /// that is longer). A wait at or over the runtime's park threshold parks the run durably.
     pub fn retry_after(error: impl Into<BoxError>, after: Duration) -> Error {
         Error::RetryAfter {
-            after_ms: u64::try_from(after.as_millis()).unwrap_or(u64::MAX),
+            after_ms: crate::clock::duration_ms(after),
             source: Hinted::new(false, Some(after), error.into()),
         }
     }

@@ -41,7 +41,7 @@ struct Counts {
 
 impl Gate {
     fn now_ms(&self) -> u64 {
-        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+        crate::clock::duration_ms(self.epoch.elapsed())
     }
 
     /// Takes a place in the process if the rule lets one more in now.

@@ -221,7 +221,7 @@ fn check_deadline(
     Err(Error::LeaseExpired {
         run_id: run_id.to_owned(),
         seq,
-        late_ms: u64::try_from(now.duration_since(at).as_millis()).unwrap_or(u64::MAX),
+        late_ms: crate::clock::duration_ms(now.duration_since(at)),
     })
 }
 

@@ -94,7 +94,7 @@ impl Runtime {
                 if let Err(e) = (Runtime { inner }).refresh_metrics().await {
                     tracing::warn!(
                         error = %e,
-                        every_ms = every.as_millis() as u64,
+                        every_ms = crate::clock::duration_ms(every),
                         "could not refresh the gauges of runs; trying again at the next interval"
                     );
                 }

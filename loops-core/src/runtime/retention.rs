@@ -42,13 +42,13 @@ impl Runtime {
                         tracing::info!(
                             runs = pruned.runs,
                             records = pruned.records,
-                            every_ms = every.as_millis() as u64,
+                            every_ms = crate::clock::duration_ms(every),
                             "retention removed ended runs"
                         );
                     }
                     Err(e) => tracing::warn!(
                         error = %e,
-                        every_ms = every.as_millis() as u64,
+                        every_ms = crate::clock::duration_ms(every),
                         "retention could not prune; trying again at the next interval"
                     ),
                 }

@@ -61,7 +61,7 @@ impl Runtime {
                 Err(e @ (Error::Storage { .. } | Error::Database { .. })) => {
                     tracing::warn!(
                         error = %e,
-                        retry_in_ms = delay.as_millis() as u64,
+                        retry_in_ms = crate::clock::duration_ms(delay),
                         "could not resume the unfinished runs; trying again"
                     );
                     tokio::select! {
@@ -84,7 +84,8 @@ impl Runtime {
         // a worker of a shared store that blocked a run of a schema this one routes (it saw
         // no live worker that routes it) committed that block within its lease, so by then
         // (docs/postgres.md, "Runs no live worker can route").
-        let mut sweep_again = Some(tokio::time::Instant::now() + ttl);
+        // A lease too long to add to the present time is never over: no second look.
+        let mut sweep_again = tokio::time::Instant::now().checked_add(ttl);
         // Another worker's write that makes a run ready wakes the claim at once
         // (`Store::wakeups`); the poll stays, for times that come and for a store whose
         // signal is down or gone.

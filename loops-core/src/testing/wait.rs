@@ -151,7 +151,7 @@ impl Runtime {
                 return Err(WaitError::TimedOut {
                     run_id: run_id.to_owned(),
                     what: what.to_owned(),
-                    waited_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                    waited_ms: crate::clock::duration_ms(started.elapsed()),
                     last: info.map(|info| LastSeen {
                         status: info.status,
                         state: info.state,

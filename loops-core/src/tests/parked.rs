@@ -41,9 +41,7 @@ impl NapHandler for Napper {
 }
 
 fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    crate::epoch_ms(SystemTime::now())
 }
 
 fn sleep_wait(until_ms: u64) -> WaitInfo {

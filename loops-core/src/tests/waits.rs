@@ -286,6 +286,56 @@ async fn a_sleep_survives_a_restart_and_sleeps_only_the_remainder() {
     assert_eq!(history.last().map(|r| r.at_ms), Some(slept_at + 1501));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sleep_or_time_out_too_long_to_count_saturates_and_parks_for_ever() {
+    // (sleep, note time-out, the event the run parks for): a wake-up or deadline past
+    // `u64::MAX` ms is recorded as `u64::MAX` ms, never wrapped into the past nor a panic.
+    let cases = [
+        (Duration::MAX, Duration::ZERO, None),
+        (Duration::from_millis(u64::MAX), Duration::ZERO, None),
+        (Duration::ZERO, Duration::MAX, Some("note")),
+        (
+            Duration::ZERO,
+            Duration::from_millis(u64::MAX),
+            Some("note"),
+        ),
+    ];
+    for (i, (sleep, note_timeout, event)) in cases.into_iter().enumerate() {
+        let (_dir, path) = temp_store();
+        let clock = crate::ManualClock::new(std::time::UNIX_EPOCH + Duration::from_secs(1_000_000));
+        let rt = Runtime::builder()
+            .clock(clock.clone())
+            .register::<Gate, _>(Gatekeeper::new(sleep, note_timeout))
+            .open(&path)
+            .unwrap();
+        rt.start("g", Gate::Ask { doc: "d".into() }).await.unwrap();
+        rt.send("g", "approval", "dan").await.unwrap();
+        let info = until(&rt, "g", |info| {
+            info.state == "Sleep"
+                && info.status == RunStatus::Waiting
+                && info
+                    .wait
+                    .as_ref()
+                    .is_some_and(|w| w.event.as_deref() == event)
+        })
+        .await;
+        let wait = info.wait.unwrap();
+        assert_eq!(wait.until_ms, Some(u64::MAX), "case {i}");
+        assert_eq!(info.attempt, 1, "case {i}: no handler failure");
+        // A thousand years on, the run still waits.
+        clock.advance(Duration::from_secs(1_000 * 365 * 86_400));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let info = rt.run_info("g").await.unwrap().unwrap();
+        assert_eq!(
+            (info.state.as_str(), info.status),
+            ("Sleep", RunStatus::Waiting),
+            "case {i}"
+        );
+        assert_eq!(info.wait.unwrap().until_ms, Some(u64::MAX), "case {i}");
+        rt.shutdown().await;
+    }
+}
+
 /// `Gate` with another shape (a field retyped) and no migration: a build that registers only
 /// this version cannot route `Gate`'s runs.
 mod gate_v2 {

@@ -358,8 +358,3 @@ impl Context {
         })
     }
 }
-
-/// A duration in whole ms, saturating.
-pub(super) fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
-}

@@ -11,10 +11,11 @@
 
 use serde::Serialize;
 
+use crate::clock::duration_ms;
 use crate::error::{Error, Result};
 use crate::names::RESERVED_PREFIX;
 use crate::record::StepRecord;
-use crate::run::context::{Context, StepOptions, millis};
+use crate::run::context::{Context, StepOptions};
 
 /// Why a generation of a step went stale, as recorded.
 #[derive(Serialize)]
@@ -102,7 +103,7 @@ impl Context {
     ) -> Result<Option<String>> {
         if let Some(valid_for) = options.valid_for {
             let age_ms = self.run.time.now_ms().saturating_sub(record.at_ms);
-            let valid_ms = millis(valid_for);
+            let valid_ms = duration_ms(valid_for);
             if age_ms > valid_ms {
                 return Ok(Some(format!(
                     "recorded {age_ms} ms ago, valid for {valid_ms} ms"

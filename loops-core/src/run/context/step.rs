@@ -10,12 +10,13 @@ use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 use tracing::Instrument;
 
+use crate::clock::{duration_ms, ms_after};
 use crate::error::{Error, Result, error_chain, retry_hint};
 use crate::metrics::{LimitWait, StepLabels};
 use crate::record::{FailureRecord, FailureSource, StepRecord};
 use crate::retry::RetryPolicy;
 use crate::run::context::stale::Resolved;
-use crate::run::context::{Context, StepOptions, millis};
+use crate::run::context::{Context, StepOptions};
 use crate::run::limits::Taken;
 use crate::run::settings::{StepRun, logged_text};
 use crate::store::{AfterFailure, Write};
@@ -271,7 +272,7 @@ impl Context {
                 .one_try(name, occurrence, options.timeout, &mut f)
                 .await;
             let elapsed = started.elapsed();
-            let duration_ms = millis(elapsed);
+            let duration_ms = duration_ms(elapsed);
             if let Some(taken) = taken {
                 taken.release().await;
             }
@@ -300,7 +301,7 @@ impl Context {
                 let delay = policy
                     .delay_after(try_no, unit)
                     .max(hint.retry_after.unwrap_or_default());
-                Some(self.run.time.now_ms().saturating_add(millis(delay)))
+                Some(ms_after(self.run.time.now_ms(), delay))
             };
             metrics.tried(elapsed, true, retry_at_ms.is_some());
             self.record_failed_try(name, occurrence, try_no, &err, retry_at_ms)
@@ -353,7 +354,7 @@ impl Context {
             ) => taken?,
             () = self.run.cancel.cancelled() => return Err(self.cancelled_error()),
         };
-        let waited_ms = millis(wait.end());
+        let waited_ms = duration_ms(wait.end());
         if waited_ms > 0 {
             tracing::info!(step = name, limit, waited_ms, "waited for the limit");
         }
@@ -382,7 +383,7 @@ impl Context {
                     seq: self.seq,
                     step: name.to_owned(),
                     occurrence,
-                    after_ms: millis(limit),
+                    after_ms: duration_ms(limit),
                 })),
             },
         }

@@ -1,10 +1,11 @@
 //! Durable sleeps and waits for events.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use serde::de::DeserializeOwned;
 use serde_json::value::RawValue;
 
+use crate::clock::{epoch_ms, ms_after};
 use crate::error::{Error, RecordKind, Result};
 use crate::event::EventName;
 use crate::names::RESERVED_PREFIX;
@@ -14,15 +15,20 @@ use crate::run::settings::logged_text;
 use crate::store::{AfterFailure, Reply, WaitOutcome, Write};
 
 impl Context {
-    /// Sleeps durably for `duration`: see [`sleep_until`](Self::sleep_until).
+    /// Sleeps durably for `duration` (whole ms; sub-millisecond parts dropped): see
+    /// [`sleep_until`](Self::sleep_until). The wake-up time saturates at `u64::MAX` ms since
+    /// the Unix epoch ([`ms_after`](crate::ms_after)): a sleep that long
+    /// ([`Duration::MAX`] among others) parks the run for ever, until it is cancelled.
     ///
     /// # Errors
     /// As [`sleep_until`](Self::sleep_until).
     pub async fn sleep(&self, duration: Duration) -> Result<()> {
-        self.sleep_until(self.run.time.now() + duration).await
+        self.sleep_until_ms(ms_after(self.run.time.now_ms(), duration))
+            .await
     }
 
-    /// Sleeps durably until `wake` (wall-clock time).
+    /// Sleeps durably until `wake` (wall-clock time, in whole ms since the Unix epoch as
+    /// [`epoch_ms`](crate::epoch_ms) counts them: a time before the epoch has passed).
     ///
     /// The wake-up time is recorded the first time the handler gets here; a re-execution
     /// (after a restart, or a retry) waits for the recorded time, so a run sleeps only the
@@ -38,13 +44,15 @@ impl Context {
     /// (nothing is recorded) or is cancelled while it sleeps in place;
     /// [`Error::Storage`](crate::Error::Storage) if the wake-up time could not be recorded.
     pub async fn sleep_until(&self, wake: SystemTime) -> Result<()> {
+        self.sleep_until_ms(epoch_ms(wake)).await
+    }
+
+    /// [`sleep_until`](Self::sleep_until) `wanted` (ms since the Unix epoch; `u64::MAX` ms,
+    /// what a sleep too long to count saturates to, is never reached: the run stays parked).
+    async fn sleep_until_ms(&self, wanted: u64) -> Result<()> {
         if self.is_cancelled() {
             return Err(self.cancelled_error());
         }
-        let wanted = wake
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0);
         let wake_ms = self.journaled_u64("loops:sleep", wanted).await?;
         self.pause_until(wake_ms).await
     }
@@ -173,11 +181,7 @@ impl Context {
         // that each wait of the handler keeps its own occurrence of it.
         let until_ms = match timeout {
             Some(timeout) => {
-                let deadline = self
-                    .run
-                    .time
-                    .now_ms()
-                    .saturating_add(timeout.as_millis() as u64);
+                let deadline = ms_after(self.run.time.now_ms(), timeout);
                 Some(
                     self.journaled_u64(&format!("{RESERVED_PREFIX}deadline:{event}"), deadline)
                         .await?,

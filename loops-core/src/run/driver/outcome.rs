@@ -158,7 +158,7 @@ impl Drive<'_> {
                 state: state.name(),
                 seq,
                 attempt,
-                after_ms: limit.as_millis() as u64,
+                after_ms: crate::clock::duration_ms(limit),
             }),
             Failure::Panic(message) => Box::new(Error::HandlerPanicked {
                 run_id: run_id.to_owned(),
@@ -181,9 +181,7 @@ impl Drive<'_> {
             let delay = policy
                 .delay_after(used, unit)
                 .max(hint.retry_after.unwrap_or_default());
-            AfterFailure::RetryAt(
-                now.saturating_add(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX)),
-            )
+            AfterFailure::RetryAt(crate::clock::ms_after(now, delay))
         };
         tracing::warn!(
             state = state.name(),

@@ -36,7 +36,7 @@ impl Drive<'_> {
             self.held.signals.check_lease(run_id, run.info.seq)?;
             tracing::warn!(
                 error = %fault,
-                retry_in_ms = delay.as_millis() as u64,
+                retry_in_ms = crate::clock::duration_ms(*delay),
                 "store fault: not the handler's failure; the run goes on when the store recovers"
             );
             tokio::select! {
@@ -253,7 +253,7 @@ impl Drive<'_> {
             if !wait.is_zero() {
                 tracing::info!(
                     state = state.name(),
-                    wait_ms = wait.as_millis() as u64,
+                    wait_ms = crate::clock::duration_ms(wait),
                     "waiting before the next attempt"
                 );
                 tokio::select! {
