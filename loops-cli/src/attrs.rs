@@ -99,7 +99,7 @@ fn parse_time(s: &str) -> Option<u64> {
 }
 
 /// A value as the text forms show it: a string as it is, an integer in decimal, a time in
-/// RFC 3339 (UTC).
+/// RFC 3339 (UTC; after year 9999 in words, as [`rfc3339`] shows it).
 pub fn value_text(value: &AttributeValue) -> String {
     match value {
         AttributeValue::Str(s) => s.clone(),

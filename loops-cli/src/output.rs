@@ -226,14 +226,48 @@ pub fn transitions(records: usize) -> String {
     format!("{moves} transition{}", plural(moves))
 }
 
-/// A time as RFC 3339 in UTC with milliseconds (`2026-05-01T10:00:00.123Z`).
+/// The first time (ms since the Unix epoch) past what RFC 3339 can spell:
+/// 10000-01-01T00:00:00Z.
+const AFTER_YEAR_9999_MS: u64 = 253_402_300_800_000;
+
+/// A time (`ms`, ms since the Unix epoch) as RFC 3339 in UTC with milliseconds
+/// (`2026-05-01T10:00:00.123Z`); a time after year 9999, which RFC 3339 cannot spell (a sleep,
+/// time-out or retry too long to count saturates to `u64::MAX` ms), as
+/// [`far_time`]`(ms)`: `after year 9999 (18446744073709551615 ms since the Unix epoch)`.
 pub fn rfc3339(ms: u64) -> String {
+    if is_far(ms) {
+        return far_time(ms);
+    }
     humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
 }
 
-/// A time relative to `now_ms`: `5m ago`, `in 3h 10m`, `just now`.
+/// How every output (text, `--json`, the web UI) shows a time (`ms`, ms since the Unix epoch)
+/// after year 9999: `after year 9999 (ms ms since the Unix epoch)`.
+fn far_time(ms: u64) -> String {
+    format!("after year 9999 ({ms} ms since the Unix epoch)")
+}
+
+/// Whether `ms` (ms since the Unix epoch) is after year 9999.
+fn is_far(ms: u64) -> bool {
+    ms >= AFTER_YEAR_9999_MS
+}
+
+/// A time (`at`) as RFC 3339 and relative to `now` (both ms since the Unix epoch):
+/// `2026-05-01T10:00:00.123Z (3s ago)`; a time after year 9999 only as [`rfc3339`] shows it.
+pub fn when(at: u64, now: u64) -> String {
+    if is_far(at) {
+        return far_time(at);
+    }
+    format!("{} ({})", rfc3339(at), relative(at, now))
+}
+
+/// A time (`ms`) relative to `now_ms` (both ms since the Unix epoch): `5m ago`, `in 3h 10m`,
+/// `just now`; a time after year 9999 as [`rfc3339`] shows it
+/// (`after year 9999 (... ms since the Unix epoch)`).
 pub fn relative(ms: u64, now_ms: u64) -> String {
-    if ms.abs_diff(now_ms) < 1000 {
+    if is_far(ms) {
+        far_time(ms)
+    } else if ms.abs_diff(now_ms) < 1000 {
         "just now".to_owned()
     } else if ms <= now_ms {
         format!("{} ago", coarse(now_ms - ms))
@@ -310,6 +344,24 @@ mod tests {
     fn times_and_spans() {
         assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
         assert_eq!(rfc3339(1_700_000_000_123), "2023-11-14T22:13:20.123Z");
+        assert_eq!(rfc3339(253_402_300_799_999), "9999-12-31T23:59:59.999Z");
+        assert_eq!(
+            rfc3339(253_402_300_800_000),
+            "after year 9999 (253402300800000 ms since the Unix epoch)"
+        );
+        assert_eq!(
+            rfc3339(u64::MAX),
+            "after year 9999 (18446744073709551615 ms since the Unix epoch)"
+        );
+        assert_eq!(
+            relative(u64::MAX, 1_000),
+            "after year 9999 (18446744073709551615 ms since the Unix epoch)"
+        );
+        assert_eq!(when(61_000, 1_000), "1970-01-01T00:01:01.000Z (in 1m)");
+        assert_eq!(
+            when(u64::MAX, 1_000),
+            "after year 9999 (18446744073709551615 ms since the Unix epoch)"
+        );
         assert_eq!(coarse(42_000), "42s");
         assert_eq!(coarse(5 * 60_000 + 12_000), "5m 12s");
         assert_eq!(coarse(3 * 3_600_000), "3h");

@@ -35,7 +35,8 @@ pub struct RunView {
     pub updated_ms: u64,
     /// What a waiting run waits for.
     pub waiting_for: Option<WaitView>,
-    /// When a run that failed an attempt may start the next one (RFC 3339, UTC).
+    /// When a run that failed an attempt may start the next one (RFC 3339, UTC; a time after
+    /// year 9999 as `after year 9999 (MS ms since the Unix epoch)`).
     pub retry_at: Option<String>,
     /// The same, in ms since the Unix epoch.
     pub retry_at_ms: Option<u64>,
@@ -144,7 +145,9 @@ impl From<&BlockInfo> for BlockView {
 pub struct WaitView {
     /// The event's name, if it waits for one.
     pub event: Option<String>,
-    /// When the wait ends on its own (RFC 3339, UTC), if it does.
+    /// When the wait ends on its own (RFC 3339, UTC; a time after year 9999, as a sleep or
+    /// time-out too long to count records, as `after year 9999 (MS ms since the Unix epoch)`),
+    /// if it does.
     pub until: Option<String>,
     /// The same, in ms since the Unix epoch.
     pub until_ms: Option<u64>,

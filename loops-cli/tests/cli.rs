@@ -816,6 +816,80 @@ fn history_merges_transitions_steps_failures_and_events() {
     assert_eq!(lines.len(), 5, "{out}");
 }
 
+/// Waits for ever: for `approval` with a time-out of `Duration::MAX`, or (`sleep`) sleeps
+/// `Duration::MAX`. Either records a time of `u64::MAX` ms, after year 9999.
+#[derive(loops_derive::Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(crate = loops_core)]
+enum Far {
+    #[initial]
+    #[next(Done)]
+    Hold { sleep: bool },
+    #[terminal]
+    Done { by: Option<String> },
+}
+
+impl FarHandler for Worker {
+    type Error = BoxError;
+    async fn hold(&self, ctx: &Context, sleep: bool) -> Result<HoldNext, BoxError> {
+        if sleep {
+            ctx.sleep(Duration::MAX).await?;
+            return Ok(HoldNext::Done { by: None });
+        }
+        let by: Option<String> = ctx.wait_for_timeout("approval", Duration::MAX).await?;
+        Ok(HoldNext::Done { by })
+    }
+}
+
+/// How the binary shows a time after year 9999 (RFC 3339 cannot spell it).
+const FAR: &str = "after year 9999 (18446744073709551615 ms since the Unix epoch)";
+
+#[test]
+fn show_and_history_print_a_time_after_year_9999_in_words() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("far.redb");
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            let rt = Runtime::builder().open(&path).unwrap();
+            for (id, sleep) in [("far-event", false), ("far-sleep", true)] {
+                let driver = {
+                    let rt = rt.clone();
+                    tokio::spawn(async move { rt.run(id, Far::Hold { sleep }, &Worker).await })
+                };
+                until_status(&rt, id, RunStatus::Waiting).await;
+                driver.abort();
+                let _ = driver.await;
+            }
+            drop(rt);
+        });
+
+    let out = text(&path, &["show", "far-event"]);
+    let line = format!("waiting for     event approval, until {FAR}\n");
+    assert!(out.contains(&line), "missing {line:?} in:\n{out}");
+    let v = json(&path, &["show", "far-event", "--json"]);
+    assert_eq!(
+        v["run"]["waiting_for"],
+        json!({"event": "approval", "until": FAR, "until_ms": u64::MAX})
+    );
+    let out = text(&path, &["show", "far-sleep"]);
+    let line = format!("waiting for     time, {FAR}\n");
+    assert!(out.contains(&line), "missing {line:?} in:\n{out}");
+
+    let out = text(&path, &["history", "far-event"]);
+    let first = format!(
+        "run far-event  workflow far  waiting  0 transitions, 0 failed attempts; waiting for event approval, until {FAR}\n"
+    );
+    assert!(out.starts_with(&first), "{out}");
+    let v = json(&path, &["history", "far-sleep", "--json"]);
+    assert_eq!(
+        v["run"]["waiting_for"],
+        json!({"event": null, "until": FAR, "until_ms": u64::MAX})
+    );
+}
+
 #[test]
 fn schema_lists_shows_and_diffs_stored_descriptions() {
     let (_dir, path) = store();

@@ -5,7 +5,7 @@ use loops_core::{ScheduleStatus, now_ms};
 use crate::cli::{ScheduleAction, SchedulesArgs};
 use crate::failure::Result;
 use crate::open::{self, Access, Target};
-use crate::output::{Cell, DIM, ID, Table, emit, emit_json, note, paint, relative, rfc3339};
+use crate::output::{Cell, DIM, ID, Table, emit, emit_json, note, paint, rfc3339, when};
 
 /// Lists the schedules, or applies the action to one.
 pub fn run(target: &Target, args: &SchedulesArgs) -> Result<()> {
@@ -68,12 +68,7 @@ fn list(target: &Target, json: bool) -> Result<()> {
         info, next_tick_ms, ..
     } in &schedules
     {
-        let when = |t: Option<u64>| {
-            t.map_or_else(
-                || "-".to_owned(),
-                |t| format!("{} ({})", rfc3339(t), relative(t, now)),
-            )
-        };
+        let when = |t: Option<u64>| t.map_or_else(|| "-".to_owned(), |t| when(t, now));
         table.row(vec![
             Cell::new(&info.name, ID),
             Cell::plain(&info.workflow),

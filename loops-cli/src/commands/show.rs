@@ -13,8 +13,7 @@ use crate::json::pretty;
 use crate::open::{self, Access, Target};
 use crate::operator::{Operator, not_found};
 use crate::output::{
-    Cell, DIM, ERROR, HEADER, ID, PLAIN, Table, emit, emit_json, paint, relative, rfc3339,
-    status_style,
+    Cell, DIM, ERROR, HEADER, ID, PLAIN, Table, emit, emit_json, paint, status_style, when,
 };
 use crate::view::{EventFate, EventView, GaveUpView, RunView, waiting_text};
 
@@ -245,11 +244,6 @@ fn effects_before_the_end(info: &RunInfo, steps: &[StateStep]) -> Option<String>
         info.state,
         info.run_id
     ))
-}
-
-/// `at` (ms since the epoch) as RFC 3339 and relative to `now`: `2026-... (3s ago)`.
-fn when(at: u64, now: u64) -> String {
-    format!("{} ({})", rfc3339(at), relative(at, now))
 }
 
 /// The run's state, seq and attempt (`retried`: what a retry adds), in words.

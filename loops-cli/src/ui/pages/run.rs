@@ -7,7 +7,7 @@ use super::{layout, run_href, status};
 use crate::attrs::value_text;
 use crate::commands::history::{HistoryView, TimelineItem, TransitionView, shown_under};
 use crate::json::{pretty, preview};
-use crate::output::{duration, relative, rfc3339};
+use crate::output::{duration, relative, rfc3339, when};
 use crate::ui::state::Ui;
 use crate::view::RunView;
 use crate::view::{EventFate, EventView, FailureView, StepView, waiting_text};
@@ -86,7 +86,7 @@ fn summary(info: &RunInfo, attributes: Option<&Attributes>, now: u64) -> Markup 
                 dt { "deadline" } dd { (rfc3339(until)) }
             }
             @if let Some(at) = info.retry_at_ms.filter(|_| info.status == RunStatus::Running) {
-                dt { "next attempt" } dd { (rfc3339(at)) " (" (relative(at, now)) ")" }
+                dt { "next attempt" } dd { (when(at, now)) }
             }
             @if let Some(errors) = &info.error {
                 dt { "last error" } dd { (chain(errors)) }
@@ -102,7 +102,7 @@ fn summary(info: &RunInfo, attributes: Option<&Attributes>, now: u64) -> Markup 
             }
             dt { "schema" } dd { code { (info.schema.to_string()) } }
             dt { "created" } dd { (rfc3339(info.created_ms)) }
-            dt { "updated" } dd { (rfc3339(info.updated_ms)) " (" (relative(info.updated_ms, now)) ")" }
+            dt { "updated" } dd { (when(info.updated_ms, now)) }
             @for (key, value) in attributes.into_iter().flatten() {
                 dt { "attribute" } dd.attribute { code { (key) } " = " (value_text(value)) " (" (value.kind()) ")" }
             }
