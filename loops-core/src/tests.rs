@@ -362,6 +362,29 @@ async fn retry_policies_are_chosen_per_state_then_workflow_then_runtime() {
 }
 
 #[tokio::test]
+async fn a_policy_of_zero_attempts_and_interruptions_is_applied_as_one() {
+    let (_dir, path) = temp_store();
+    let zero = RetryPolicy {
+        max_attempts: 0,
+        max_interruptions: 0,
+        ..RetryPolicy::never()
+    };
+    let rt = Runtime::builder().retry(zero).open(&path).unwrap();
+    let applied = rt
+        .inner
+        .config
+        .settings
+        .retry_policy::<Job>(JobState::Start);
+    assert_eq!((applied.max_attempts, applied.max_interruptions), (1, 1));
+    // With 0 taken as it is, the first attempt would fail the run before its handler ran.
+    let done = rt
+        .run("r", Job::Start { n: 2 }, &Worker::default())
+        .await
+        .unwrap();
+    assert_eq!(done, Job::Done { acc: 30 });
+}
+
+#[tokio::test]
 async fn interrupted_attempts_are_counted_durably() {
     let (_dir, path) = temp_store();
     let rt = Runtime::builder()

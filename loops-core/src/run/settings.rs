@@ -76,13 +76,15 @@ impl Default for Settings {
 }
 
 impl Settings {
-    /// The retry policy of `state`: its own, else its workflow's, else the default one.
+    /// The retry policy of `state`: its own, else its workflow's, else the default one; as
+    /// the runtime applies it ([`RetryPolicy::in_force`]: 0 attempts or interruptions are 1).
     pub(crate) fn retry_policy<W: Workflow>(&self, state: W::State) -> RetryPolicy {
         self.state_retry
             .get(&(TypeId::of::<W::State>(), state.name()))
             .or_else(|| self.workflow_retry.get(&TypeId::of::<W::State>()))
             .copied()
             .unwrap_or(self.retry)
+            .in_force()
     }
 
     /// The time-out of `state`'s handler: its own, else the default one, if any.
