@@ -116,7 +116,7 @@ impl Runtime {
                                 version = known.stored.version,
                                 accepts = %accepts,
                                 changes = %partly,
-                                "a claim to accept an older schema holds only for runs in some states: its runs in the states these changes name will be blocked (see docs/evolution.md)"
+                                "a claim to accept an older schema holds only for runs in some states: its runs in the states these changes name will be blocked, unless a registered migration from that schema takes them (a migration is tried before a claim; see docs/evolution.md)"
                             );
                         }
                     }
