@@ -37,6 +37,29 @@ pub fn ms_after(at_ms: u64, duration: Duration) -> u64 {
     at_ms.saturating_add(duration_ms(duration))
 }
 
+/// Milliseconds since the Unix epoch, by the system clock (0 if the clock is before 1970).
+/// Every wall-clock time loops records or compares (`at_ms`, wake-up and retry times) is
+/// read here.
+pub fn now_ms() -> u64 {
+    let ms = epoch_ms(std::time::SystemTime::now());
+    #[cfg(feature = "test-util")]
+    let ms = ms.saturating_add_signed(CLOCK_OFFSET_MS.load(std::sync::atomic::Ordering::Relaxed));
+    ms
+}
+
+/// The offset [`__set_clock_offset_ms`] gives [`now_ms`].
+#[cfg(feature = "test-util")]
+static CLOCK_OFFSET_MS: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+
+/// Moves this process's wall clock, as loops reads it ([`now_ms`]), by `offset_ms` (ms,
+/// either way): for tests of a worker whose clock is off. Process-wide. Not a public API
+/// (feature `test-util`).
+#[cfg(feature = "test-util")]
+#[doc(hidden)]
+pub fn __set_clock_offset_ms(offset_ms: i64) {
+    CLOCK_OFFSET_MS.store(offset_ms, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Where a runtime reads the time: the system clock (the default) or a [`ManualClock`].
 /// Chosen with [`RuntimeBuilder::clock`](crate::RuntimeBuilder::clock). Cheap to clone.
 #[derive(Clone, Debug, Default)]
@@ -58,7 +81,7 @@ impl Clock {
     /// Milliseconds since the Unix epoch by this clock.
     pub fn now_ms(&self) -> u64 {
         match &self.0 {
-            Source::System => crate::record::now_ms(),
+            Source::System => now_ms(),
             Source::Manual(manual) => manual.now_ms(),
         }
     }

@@ -277,25 +277,7 @@ pub(crate) fn to_vec_sized<T: Serialize>(value: &T, variable: usize) -> Vec<u8> 
     }
 }
 
-/// Milliseconds since the Unix epoch, by the system clock (0 if the clock is before 1970).
-/// Every wall-clock time loops records or compares (`at_ms`, wake-up and retry times) is
-/// read here.
-pub fn now_ms() -> u64 {
-    let ms = crate::clock::epoch_ms(std::time::SystemTime::now());
-    #[cfg(feature = "test-util")]
-    let ms = ms.saturating_add_signed(CLOCK_OFFSET_MS.load(std::sync::atomic::Ordering::Relaxed));
-    ms
-}
-
-/// The offset [`__set_clock_offset_ms`] gives [`now_ms`].
+// The wall clock's reading lives with the clock; kept here too, where records read it.
 #[cfg(feature = "test-util")]
-static CLOCK_OFFSET_MS: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
-
-/// Moves this process's wall clock, as loops reads it ([`now_ms`]), by `offset_ms` (ms,
-/// either way): for tests of a worker whose clock is off. Process-wide. Not a public API
-/// (feature `test-util`).
-#[cfg(feature = "test-util")]
-#[doc(hidden)]
-pub fn __set_clock_offset_ms(offset_ms: i64) {
-    CLOCK_OFFSET_MS.store(offset_ms, std::sync::atomic::Ordering::Relaxed);
-}
+pub use crate::clock::__set_clock_offset_ms;
+pub use crate::clock::now_ms;

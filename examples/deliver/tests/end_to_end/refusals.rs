@@ -42,6 +42,17 @@ fn assert_refused(output: &Output, wanted: &str, dir: &Path, existing: &[&str]) 
     assert_eq!(names_in(dir), existing, "{}", describe(output));
 }
 
+/// Asserts that `output` is of a run that ended at pull request 1 (opened now or before).
+fn assert_pull_request_1(output: &Output) {
+    assert!(
+        output.status.success()
+            && String::from_utf8_lossy(&output.stdout)
+                .contains("pull request: forge://demo/pulls/1"),
+        "{}",
+        describe(output)
+    );
+}
+
 /// A run id loops does not take, or one an edit's child run would need, is a usage error,
 /// as clap reports one (exit 2, the rule it breaks), before anything is printed or made.
 #[test]
@@ -204,13 +215,7 @@ fn a_hard_link_to_the_store_is_the_same_store() {
     let link = dir.path().join("link.redb");
     std::fs::hard_link(dir.path().join("work/deliver.redb"), &link).expect("a hard link");
     let output = deliver(dir.path(), &["--store".into(), link.clone().into()]);
-    assert!(
-        output.status.success()
-            && String::from_utf8_lossy(&output.stdout)
-                .contains("pull request: forge://demo/pulls/1"),
-        "{}",
-        describe(&output)
-    );
+    assert_pull_request_1(&output);
     // The binding keeps the store's first name: with the link gone, the store is still the
     // work directory's, and another one is refused there (it took the work directory over,
     // and opened its own pull request #1 beside the first run's: helper-106 F5).
@@ -1055,13 +1060,7 @@ fn a_work_directory_is_the_runs_of_one_store() {
     std::fs::write(&binding, kept).expect("restore the binding");
     // The first store's run is there still, and goes on (reports its end).
     let output = deliver(dir.path(), &["--run-id".into(), "first".into()]);
-    assert!(
-        output.status.success()
-            && String::from_utf8_lossy(&output.stdout)
-                .contains("pull request: forge://demo/pulls/1"),
-        "{}",
-        describe(&output)
-    );
+    assert_pull_request_1(&output);
 
     // Gone (moved away), it records nothing here: another store takes the work directory,
     // once no other `deliver` works in it.
