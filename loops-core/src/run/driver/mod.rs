@@ -19,7 +19,7 @@ use tracing::Instrument;
 
 use crate::error::{Error, Result};
 use crate::names::validate_run_id;
-use crate::record::TransitionRecord;
+use crate::record::{StepRecord, TransitionRecord};
 use crate::row::RunInfo;
 use crate::run::attempts::failed_attempts;
 use crate::run::context::{Context, Kin, RunScope};
@@ -343,6 +343,41 @@ impl Drive<'_> {
         }
     }
 
+    /// What the attempt at `state` (entered at `seq`) starts from: its value (as
+    /// [`current`] read it) and the state's recorded steps. `None` if either cannot be read,
+    /// the attempt having failed with that error, recorded: a state that does not decode
+    /// (which repeats, so the run fails once, saying why), a step or wait outcome that does
+    /// not open (a key this process lacks, another key of the same id). Stopping the driver
+    /// instead started it again every second, for ever.
+    ///
+    /// # Errors
+    /// The store's, reading the steps or recording the failure.
+    async fn attempt_from<W: Workflow>(
+        &self,
+        run: &mut Progress,
+        state: W::State,
+        value: Result<W>,
+        seq: u64,
+    ) -> Result<Option<(W, Vec<(String, u32, StepRecord)>)>> {
+        let read = match value {
+            Ok(value) if std::mem::take(&mut run.entered_here) => Ok((value, Vec::new())),
+            Ok(value) => match self.store.steps(self.run_id(), seq).await {
+                Ok(recorded) => Ok((value, recorded)),
+                Err(e @ Error::Payload { .. }) => Err(e),
+                Err(e) => return Err(e),
+            },
+            Err(e) => Err(e),
+        };
+        match read {
+            Ok(read) => Ok(Some(read)),
+            Err(e) => {
+                let failure = Failure::Handler(Box::new(e));
+                self.record_failure::<W>(run, state, failure).await?;
+                Ok(None)
+            }
+        }
+    }
+
     /// The drive loop proper, until the run ends, parks, or an error stops it.
     async fn drive_from<W, H>(
         &self,
@@ -379,33 +414,9 @@ impl Drive<'_> {
             let seq = run.info.state_seq();
             let attempt = run.info.attempt;
             run.ours = Some((seq, attempt));
-            let value = match value {
-                Ok(value) => value,
-                // A recorded state that does not decode: the attempt failed with that error,
-                // which repeats, so the run fails once, saying why. (Stopping the driver
-                // instead started it again every second, forever.)
-                Err(e) => {
-                    let failure = Failure::Handler(Box::new(e));
-                    self.record_failure::<W>(run, state, failure).await?;
-                    continue;
-                }
-            };
-            let recorded = if std::mem::take(&mut run.entered_here) {
-                Vec::new()
-            } else {
-                match self.store.steps(run_id, seq).await {
-                    Ok(recorded) => recorded,
-                    // A recorded step or wait outcome that does not open (a key this process
-                    // lacks, another key of the same id): the attempt failed with that error,
-                    // said as it is. (Stopping the driver instead counted each try as
-                    // interrupted, a second apart, forever.)
-                    Err(e @ Error::Payload { .. }) => {
-                        let failure = Failure::Handler(Box::new(e));
-                        self.record_failure::<W>(run, state, failure).await?;
-                        continue;
-                    }
-                    Err(e) => return Err(e),
-                }
+            let Some((value, recorded)) = self.attempt_from::<W>(run, state, value, seq).await?
+            else {
+                continue;
             };
             let attempts_left = self
                 .settings
