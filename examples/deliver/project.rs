@@ -185,6 +185,15 @@ impl Paths {
              (nothing was deleted): wait for it to end, or run the command again",
             self.workdir.display()
         );
+        // Where the work directory goes: one left there by an earlier process of this id is
+        // taken over only if it is this example's.
+        let aside = self.aside("deleting")?;
+        ensure!(
+            !aside.exists() || made_here(&aside)?,
+            "--fresh: {} is not a directory of this example's, and --fresh moves the work \
+             directory there to delete it: move it away (nothing was deleted)",
+            aside.display()
+        );
         if !self.store.starts_with(&self.workdir) {
             match std::fs::remove_file(&self.store) {
                 Ok(()) => {}
@@ -197,10 +206,10 @@ impl Paths {
         if !self.workdir.exists() {
             return Ok(());
         }
-        let aside = self.aside("deleting")?;
         if aside.exists() {
-            // Left by an earlier process of the same id: its wishes stay, in the directory
-            // about to go aside.
+            // Left by an earlier process of the same id (ids are reused: in a container, a
+            // process may have the same one at every start): its wishes stay, in the
+            // directory about to go aside.
             crate::approval::carry_asked(&aside, &self.workdir)?;
             let _ = std::fs::remove_dir_all(&aside);
         }
@@ -260,6 +269,18 @@ impl Paths {
     /// this process's own.
     pub(crate) fn asides(&self, kind: &str) -> Vec<PathBuf> {
         let own = self.aside(kind).ok();
+        self.named_asides(kind)
+            .into_iter()
+            .filter(|dir| {
+                made_here(dir).unwrap_or(false)
+                    && (own.as_ref() == Some(dir) || !crate::workdir::is_held(dir))
+            })
+            .collect()
+    }
+
+    /// The directories beside the work directory named as [`aside`](Self::aside) names those
+    /// of `kind`, whoever made them.
+    pub(crate) fn named_asides(&self, kind: &str) -> Vec<PathBuf> {
         let (Some(parent), Some(name)) = (self.workdir.parent(), self.workdir.file_name()) else {
             return Vec::new();
         };
@@ -277,10 +298,6 @@ impl Paths {
                     .is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
             })
             .map(|entry| entry.path())
-            .filter(|dir| {
-                made_here(dir).unwrap_or(false)
-                    && (own.as_ref() == Some(dir) || !crate::workdir::is_held(dir))
-            })
             .collect()
     }
 

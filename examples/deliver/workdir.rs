@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result, bail, ensure};
 
-use crate::project::{MARKER, Paths, new_workdir_id, sync_dir, write_durably};
+use crate::project::{MARKER, Paths, made_here, new_workdir_id, sync_dir, write_durably};
 
 /// How long a work directory held by another process is waited for (as a locked store is:
 /// [`open_store`](crate::store::open_store)), and how often it is looked at meanwhile.
@@ -58,6 +58,9 @@ impl Paths {
         auto_approve: Option<bool>,
     ) -> Result<Option<PathBuf>> {
         for _ in 0..MAKE_TRIES {
+            if !self.workdir.exists() {
+                self.wait_while_made_elsewhere().await?;
+            }
             let existed = self.workdir.exists();
             if existed && !self.is_ours()? {
                 bail!(
@@ -107,9 +110,25 @@ impl Paths {
         std::fs::create_dir_all(parent)
             .with_context(|| format!("cannot create {}", parent.display()))?;
         let building = self.aside("new")?;
-        let _ = std::fs::remove_dir_all(&building);
-        std::fs::create_dir(&building)
-            .with_context(|| format!("cannot create {}", building.display()))?;
+        // One left by an earlier process of this id (ids are reused: in a container, a
+        // process may have the same one at every start) is built in again, its wishes kept,
+        // if it is this example's; any other is not touched.
+        if building.exists() {
+            ensure!(
+                made_here(&building)?,
+                "{} is not a directory of this example's, and a new work directory is built \
+                 there: move it away",
+                building.display()
+            );
+        } else {
+            std::fs::create_dir(&building)
+                .with_context(|| format!("cannot create {}", building.display()))?;
+        }
+        // First, so that another start sees it in use ([`wait_while_made_elsewhere`]); no
+        // other process has this file: the lock is taken at once.
+        let lock = open_lock(&lock_path(&building))?;
+        lock.try_lock()
+            .with_context(|| format!("cannot lock {}", lock_path(&building).display()))?;
         let built = (|| {
             // Of an interrupted `--fresh`, and of a start killed before its new directory
             // was renamed into place (whose wish was complete there).
@@ -124,16 +143,12 @@ impl Paths {
             }
             crate::approval::remember_asked(&building, run_id, auto_approve)?;
             write_durably(&building.join(MARKER), new_workdir_id().as_bytes(), true)?;
-            // No other process has this file yet: the lock is taken at once.
-            let lock = open_lock(&lock_path(&building))?;
-            lock.try_lock()
-                .with_context(|| format!("cannot lock {}", lock_path(&building).display()))?;
             crate::hooks::hold_in_setup("new");
             match std::fs::rename(&building, &self.workdir) {
-                Ok(()) => sync_dir(parent).map(|()| Some(lock)),
+                Ok(()) => sync_dir(parent).map(|()| true),
                 // Made by another process meanwhile (not empty: a rename over an empty
                 // directory replaces it).
-                Err(_) if self.workdir.is_dir() => Ok(None),
+                Err(_) if self.workdir.is_dir() => Ok(false),
                 Err(e) => Err(e).with_context(|| {
                     format!(
                         "cannot move {} to {}",
@@ -144,7 +159,7 @@ impl Paths {
             }
         })();
         let _ = std::fs::remove_dir_all(&building);
-        built
+        Ok(built?.then_some(lock))
     }
 
     /// Removes what [`create_workdir`](Self::create_workdir) has just made, up to `made` (the
@@ -211,6 +226,31 @@ impl Paths {
         }
     }
 
+    /// Waits, up to 2 s, while another process makes or deletes this work directory: it
+    /// holds the lock of a directory beside it, one it builds (`.new-<pid>`) or the work
+    /// directory it has moved aside to delete (`.deleting-<pid>`, whose wishes its new one
+    /// takes over). Meanwhile the work directory may not exist, and nobody holds it.
+    ///
+    /// # Errors
+    /// If one is still held after 2 s: in use ([`in_use`](Self::in_use)).
+    async fn wait_while_made_elsewhere(&self) -> Result<()> {
+        let own = [self.aside("new").ok(), self.aside("deleting").ok()];
+        let deadline = tokio::time::Instant::now() + LOCK_WAIT;
+        loop {
+            let held = ["new", "deleting"]
+                .into_iter()
+                .flat_map(|kind| self.named_asides(kind))
+                .any(|dir| !own.contains(&Some(dir.clone())) && is_held(&dir));
+            if !held {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(self.in_use());
+            }
+            tokio::time::sleep(LOCK_PAUSE).await;
+        }
+    }
+
     /// Why the work directory is held by another process: a `deliver` of this very store
     /// (which holds it too) is said as the store's lock is.
     fn in_use(&self) -> anyhow::Error {
@@ -236,6 +276,9 @@ impl Paths {
     /// As [`lock`](Self::lock) (said as `--fresh`'s).
     pub async fn lock_for_fresh(&mut self) -> Result<()> {
         for _ in 0..MAKE_TRIES {
+            if !self.workdir.exists() {
+                self.wait_while_made_elsewhere().await.context("--fresh")?;
+            }
             // Not one of this example's: `delete` refuses it, with its own reason.
             if !self.workdir.is_dir() || !self.is_ours()? {
                 return Ok(());

@@ -866,6 +866,134 @@ fn a_refused_fresh_start_deletes_nothing_of_a_start_that_holds_the_work_director
     }
 }
 
+/// A start while a `--fresh` has moved the old work directory aside and not yet put its new
+/// one in place (the work directory is missing, and nobody holds it) waits for it and is
+/// refused: it built its own directory there, without the `--fresh`'s
+/// `--auto-approve=false` wish, and its run was approved by itself (helper-109 F1).
+#[test]
+fn a_start_while_a_fresh_start_deletes_the_old_directory_waits_and_is_refused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let workdir = dir.path().join("work");
+    let output = deliver(&workdir).output().expect("run the example");
+    assert!(output.status.success(), "{}", describe(&output));
+    let mut fresh = deliver(&workdir)
+        .args(["--fresh", "--auto-approve=false"])
+        .env(HOLD_IN_SETUP_VAR, "aside")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the example");
+    await_line(&mut fresh, "holding in setup at aside");
+    let output = deliver(&workdir).output().expect("run the example");
+    fresh.kill().expect("SIGKILL the example");
+    fresh.wait().expect("reap the example");
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        format!(
+            "error: work directory {} is in use by another `deliver`: wait for it to end, or \
+             name another --workdir\n",
+            workdir.display()
+        )
+    );
+    assert!(
+        !workdir.exists(),
+        "the refused start made the work directory"
+    );
+    rerun_leaves_the_run_to_a_human(&workdir);
+}
+
+/// `deliver` started through `sh -c 'SCRIPT; exec deliver --workdir WORKDIR ...'`: the
+/// script runs with `$$` the pid the example then has (as a process of a container that has
+/// the same pid at every start).
+fn deliver_after(script: &str, workdir: &Path, args: &[&str]) -> std::process::Output {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "{script} && exec \"$0\" --workdir \"$1\" --run-id {RUN_ID} {}",
+            args.join(" ")
+        ))
+        .arg(example())
+        .arg(workdir)
+        .current_dir(workdir.parent().expect("a parent"))
+        .env_remove(HOLD_VAR)
+        .env_remove(STOP_VAR)
+        .env_remove(HOLD_IN_SETUP_VAR)
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run the example through sh")
+}
+
+/// A start killed as it built its new work directory, then run again by a process of the
+/// same pid (a container's): the directory it left under that pid is built in again with its
+/// wish (it was deleted unread, and the run approved by itself: helper-109 F2); a directory
+/// of the user's under that name is not touched, and the start refused (helper-109 F3).
+#[test]
+fn a_start_of_the_same_pid_keeps_the_wish_of_a_killed_one_and_no_directory_of_the_user() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let workdir = dir.path().join("work");
+    let mut cmd = deliver(&workdir);
+    cmd.arg("--auto-approve=false");
+    kill_in_setup(cmd, "new");
+    let output = deliver_after("mv work.new-* work.new-$$", &workdir, &[]);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success()
+            && stdout.contains(
+                "not approving it automatically: it was started with --auto-approve=false"
+            )
+            && stdout.contains("waiting for approval"),
+        "{}",
+        describe(&output)
+    );
+    assert_eq!(names_in(&workdir.join("forge/pulls")), Vec::<String>::new());
+    assert_eq!(names_in(dir.path()), ["work"]);
+
+    let other = dir.path().join("other");
+    std::fs::create_dir(&other).expect("a directory");
+    let output = deliver_after(
+        "mkdir work.new-$$ && echo mine > work.new-$$/notes.txt",
+        &other.join("work"),
+        &[],
+    );
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.starts_with("error: ")
+            && stderr.ends_with(
+                "is not a directory of this example's, and a new work directory is built \
+                 there: move it away\n"
+            ),
+        "{stderr}"
+    );
+    let names = names_in(&other);
+    assert_eq!(names.len(), 1, "{names:?}");
+    let notes = std::fs::read(other.join(&names[0]).join("notes.txt")).expect("the notes");
+    assert_eq!(notes, b"mine\n");
+    // Nor where `--fresh` moves the work directory to delete it.
+    let before = names_in(&workdir);
+    let output = deliver_after(
+        "mkdir work.deleting-$$ && echo mine > work.deleting-$$/notes.txt",
+        &workdir,
+        &["--fresh"],
+    );
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.ends_with(
+            "is not a directory of this example's, and --fresh moves the work directory there \
+             to delete it: move it away (nothing was deleted)\n"
+        ),
+        "{stderr}"
+    );
+    assert_eq!(names_in(&workdir), before);
+    let names = names_in(dir.path());
+    assert_eq!(names.len(), 3, "{names:?}");
+    let notes = std::fs::read(dir.path().join(&names[2]).join("notes.txt")).expect("the notes");
+    assert_eq!(notes, b"mine\n");
+}
+
 /// `--fresh --auto-approve=false` killed once it has moved the old work directory aside
 /// (its run there was approved automatically and opened a pull request): the same command
 /// without `--fresh` or the flag takes the wish over from the directory aside, records the
