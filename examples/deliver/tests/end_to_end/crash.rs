@@ -628,8 +628,8 @@ fn random_kills_resume_to_the_same_result() {
     eprintln!("random kills: 8 kills landed in {scenarios} run(s), each resumed to its end");
 }
 
-/// Starts `cmd` with the setup hook at `point`, waits for it to hold there, and kills it.
-fn kill_in_setup(mut cmd: Command, point: &str) {
+/// Starts `cmd` with the setup hook at `point`, and waits for it to hold there.
+fn held_in_setup(mut cmd: Command, point: &str) -> std::process::Child {
     let mut child = cmd
         .env(HOLD_IN_SETUP_VAR, point)
         .stdout(Stdio::piped())
@@ -637,8 +637,32 @@ fn kill_in_setup(mut cmd: Command, point: &str) {
         .spawn()
         .expect("start the example");
     await_line(&mut child, &format!("holding in setup at {point}"));
+    child
+}
+
+/// Kills `child` with SIGKILL, and reaps it.
+fn sigkill(mut child: std::process::Child) {
     child.kill().expect("SIGKILL the example");
     child.wait().expect("reap the example");
+}
+
+/// Starts `cmd` with the setup hook at `point`, waits for it to hold there, and kills it.
+fn kill_in_setup(cmd: Command, point: &str) {
+    sigkill(held_in_setup(cmd, point));
+}
+
+/// Asserts that `output` is the refusal, after the lock's wait, of the work directory
+/// `workdir` held by another process (`prefix`: `--fresh: ` for `--fresh`'s).
+fn assert_in_use(output: &std::process::Output, workdir: &Path, prefix: &str) {
+    assert_eq!(output.status.code(), Some(1), "{}", describe(output));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        format!(
+            "error: {prefix}work directory {} is in use by another `deliver`: wait for it to \
+             end, or name another --workdir\n",
+            workdir.display()
+        )
+    );
 }
 
 /// Runs the example in `workdir` without `--auto-approve` after a start with
@@ -775,14 +799,9 @@ fn files_in(dir: &Path) -> Vec<(String, Vec<u8>)> {
 fn a_second_store_started_at_once_writes_nothing_in_the_new_workdir_of_the_first() {
     let dir = tempfile::tempdir().expect("temp dir");
     let workdir = dir.path().join("work");
-    let mut first = deliver(&workdir)
-        .arg("--auto-approve=false")
-        .env(HOLD_IN_SETUP_VAR, "made")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start the example");
-    await_line(&mut first, "holding in setup at made");
+    let mut cmd = deliver(&workdir);
+    cmd.arg("--auto-approve=false");
+    let first = held_in_setup(cmd, "made");
     let before = files_in(&workdir);
     // The wish (a file named by the run id's hash, holding the id), the marker, the lock.
     let names: Vec<&str> = before.iter().map(|(name, _)| name.as_str()).collect();
@@ -800,17 +819,8 @@ fn a_second_store_started_at_once_writes_nothing_in_the_new_workdir_of_the_first
         .arg("--auto-approve")
         .output()
         .expect("run the example");
-    first.kill().expect("SIGKILL the example");
-    first.wait().expect("reap the example");
-    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
-    assert_eq!(
-        String::from_utf8_lossy(&output.stderr),
-        format!(
-            "error: work directory {} is in use by another `deliver`: wait for it to end, or \
-             name another --workdir\n",
-            workdir.display()
-        )
-    );
+    sigkill(first);
+    assert_in_use(&output, &workdir, "");
     assert_eq!(files_in(&workdir), before);
     assert!(!other.exists(), "the refused start made its store");
     rerun_leaves_the_run_to_a_human(&workdir);
@@ -826,40 +836,33 @@ fn a_refused_fresh_start_deletes_nothing_of_a_start_that_holds_the_work_director
     for point in ["made", "repo"] {
         let dir = tempfile::tempdir().expect("temp dir");
         let workdir = dir.path().join("work");
-        let mut first = deliver(&workdir)
-            .arg("--auto-approve=false")
-            .env(HOLD_IN_SETUP_VAR, point)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start the example");
-        await_line(&mut first, &format!("holding in setup at {point}"));
+        let mut cmd = deliver(&workdir);
+        cmd.arg("--auto-approve=false");
+        let first = held_in_setup(cmd, point);
         let before = files_in(&workdir);
         let output = deliver(&workdir)
             .args(["--fresh", "--auto-approve"])
             .output()
             .expect("run the example");
-        first.kill().expect("SIGKILL the example");
-        first.wait().expect("reap the example");
-        let wanted = match point {
-            "made" => format!(
-                "error: --fresh: work directory {} is in use by another `deliver`: wait for it \
-                 to end, or name another --workdir\n",
-                workdir.display()
-            ),
-            _ => format!(
-                "error: --fresh: store {} is already open in this or another process: is \
-                 another `deliver` running?\n",
-                workdir.join("deliver.redb").display()
-            ),
-        };
+        sigkill(first);
         assert_eq!(
             output.status.code(),
             Some(1),
             "{point}: {}",
             describe(&output)
         );
-        assert_eq!(String::from_utf8_lossy(&output.stderr), wanted, "{point}");
+        match point {
+            "made" => assert_in_use(&output, &workdir, "--fresh: "),
+            _ => assert_eq!(
+                String::from_utf8_lossy(&output.stderr),
+                format!(
+                    "error: --fresh: store {} is already open in this or another process: is \
+                     another `deliver` running?\n",
+                    workdir.join("deliver.redb").display()
+                ),
+                "{point}"
+            ),
+        }
         assert_eq!(files_in(&workdir), before, "{point}");
         assert_eq!(names_in(dir.path()), ["work"], "{point}");
         rerun_leaves_the_run_to_a_human(&workdir);
@@ -876,26 +879,12 @@ fn a_start_while_a_fresh_start_deletes_the_old_directory_waits_and_is_refused() 
     let workdir = dir.path().join("work");
     let output = deliver(&workdir).output().expect("run the example");
     assert!(output.status.success(), "{}", describe(&output));
-    let mut fresh = deliver(&workdir)
-        .args(["--fresh", "--auto-approve=false"])
-        .env(HOLD_IN_SETUP_VAR, "aside")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start the example");
-    await_line(&mut fresh, "holding in setup at aside");
+    let mut cmd = deliver(&workdir);
+    cmd.args(["--fresh", "--auto-approve=false"]);
+    let fresh = held_in_setup(cmd, "aside");
     let output = deliver(&workdir).output().expect("run the example");
-    fresh.kill().expect("SIGKILL the example");
-    fresh.wait().expect("reap the example");
-    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
-    assert_eq!(
-        String::from_utf8_lossy(&output.stderr),
-        format!(
-            "error: work directory {} is in use by another `deliver`: wait for it to end, or \
-             name another --workdir\n",
-            workdir.display()
-        )
-    );
+    sigkill(fresh);
+    assert_in_use(&output, &workdir, "");
     assert!(
         !workdir.exists(),
         "the refused start made the work directory"
