@@ -214,11 +214,8 @@ fn same_store(a: &Path, b: &Path) -> bool {
         return true;
     }
     #[cfg(unix)]
-    {
-        use std::os::unix::fs::MetadataExt as _;
-        if let (Ok(a), Ok(b)) = (std::fs::metadata(a), std::fs::metadata(b)) {
-            return (a.dev(), a.ino()) == (b.dev(), b.ino());
-        }
+    if let (Ok(a), Ok(b)) = (std::fs::metadata(a), std::fs::metadata(b)) {
+        return crate::project::same_inode(&a, &b);
     }
     false
 }

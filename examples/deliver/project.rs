@@ -401,6 +401,14 @@ pub(crate) fn made_here(dir: &Path) -> Result<bool> {
     Ok(marking || dir.join(MARKER).exists())
 }
 
+/// Whether `a` and `b` are the metadata of one file (the same device and inode, whatever
+/// its names).
+#[cfg(unix)]
+pub(crate) fn same_inode(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    (a.dev(), a.ino()) == (b.dev(), b.ino())
+}
+
 /// Whether `a` and `b` name the same directory (compared as they are if either cannot be
 /// resolved).
 pub fn same_dir(a: &Path, b: &Path) -> bool {

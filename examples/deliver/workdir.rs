@@ -331,9 +331,8 @@ fn open_lock(path: &Path) -> Result<File> {
 fn is_at(file: &File, path: &Path) -> bool {
     #[cfg(unix)]
     {
-        use std::os::unix::fs::MetadataExt as _;
         match (file.metadata(), std::fs::metadata(path)) {
-            (Ok(open), Ok(named)) => (open.dev(), open.ino()) == (named.dev(), named.ino()),
+            (Ok(open), Ok(named)) => crate::project::same_inode(&open, &named),
             _ => false,
         }
     }

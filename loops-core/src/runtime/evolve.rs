@@ -223,7 +223,10 @@ impl Runtime {
                 accepted: false,
             }),
         };
-        let info = (self.commit_evolved(claim, info, (&new, migrated.terminal), known)).await?;
+        let terminal = migrated.terminal;
+        let info = self
+            .commit_evolved(claim, info, (&new, terminal), known)
+            .await?;
         tracing::info!(
             from = %chain.from().hash,
             from_version = chain.from().version,

@@ -505,7 +505,6 @@ fn current<W: Workflow>(
     // Records are immutable: the one of this seq is the one just committed.
     if let Some((seq, value)) = entered
         && seq == record.seq
-        && record.migrated.is_none()
     {
         return Ok((value.state(), Ok(value)));
     }
