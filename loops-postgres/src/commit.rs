@@ -170,7 +170,7 @@ pub(crate) fn writes<'a>(sql: &'a Sql, effects: &Effects<'_>) -> Writes<'a> {
         out.push((statement(&sql.insert_sealing_key, params), None));
     }
     let mut row_text = None;
-    if let Some(row) = &effects.row {
+    if let Some(row) = effects.row() {
         let (st, text) = row_statement(sql, row);
         out.push((st, row.refusal_if_taken()));
         row_text = Some(text);

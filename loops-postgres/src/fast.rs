@@ -252,7 +252,7 @@ fn item(
         && effects.follow_ups.is_empty()
         && effects.schedule.is_none()
         && !effects.wakes
-        && effects.row.as_ref().is_none_or(|r| r.was.is_some())
+        && effects.row().is_none_or(|r| r.was.is_some())
         && !effects.is_empty();
     if !only_record_and_row {
         return None;
@@ -279,7 +279,7 @@ fn item(
         step,
         occurrence,
         record,
-        row: effects.row.as_ref().map(|row| row_columns(&row.info)),
+        row: effects.row().map(|row| row_columns(&row.info)),
     })
 }
 
@@ -323,7 +323,7 @@ pub(crate) async fn commit(
             live: true,
         }),
     });
-    let Ok(mut effects) = plan(write, Some(&entry.info), &facts) else {
+    let Ok(effects) = plan(write, Some(&entry.info), &facts) else {
         return Ok(None);
     };
     let Some(item) = item(lease, &entry, key, &effects) else {
@@ -334,7 +334,8 @@ pub(crate) async fn commit(
     match submit(&store.inner, item).await {
         Outcome::Committed => {
             cache.one_round_trip.fetch_add(1, Ordering::Relaxed);
-            let now = match (effects.row.take(), text) {
+            let (new, reply) = effects.into_row_and_reply();
+            let now = match (new, text) {
                 (Some(row), Some(text)) => Entry {
                     token: lease.token,
                     text,
@@ -343,7 +344,7 @@ pub(crate) async fn commit(
                 _ => entry,
             };
             cache.put_entry(lease, now);
-            Ok(Some(effects.reply))
+            Ok(Some(reply))
         }
         Outcome::Declined => {
             tracing::debug!(run = %lease.run_id, "the one-round-trip commit fell back to two round trips");

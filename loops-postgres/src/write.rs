@@ -418,12 +418,12 @@ async fn apply(
         Err(Unreadable::Refused(e)) => return Err(reject(c, e).await),
         Err(Unreadable::Broken(e)) => return Err(Fail::Broken(e)),
     };
-    let mut effects = match plan(write, row.as_ref().map(|(info, _)| info), &facts) {
+    let effects = match plan(write, row.as_ref().map(|(info, _)| info), &facts) {
         Ok(effects) => effects,
         Err(e) => return Err(reject(c, e).await),
     };
     if effects.is_empty() {
-        return unchanged(c, effects.reply).await;
+        return unchanged(c, effects.into_reply()).await;
     }
     if !effects.follow_ups.is_empty() {
         return with_follow_ups(c, sql, action, effects).await;
@@ -434,16 +434,19 @@ async fn apply(
         let refusal = planned.statements.get_mut(i).map(|(_, r)| r.take());
         refusal.flatten()
     })?;
-    if let Some(lease) = lease.filter(|l| needs.run == Some(l.run_id.as_str())) {
-        let now = match (effects.row.take(), planned.row_text) {
-            (Some(new), Some(text)) => Some((text, new.info)),
-            _ => row.map(|(info, text)| (text, info)),
-        };
-        if let Some((text, info)) = now {
-            cache.put(lease, text, info);
-        }
+    let Some(lease) = lease.filter(|l| needs.run == Some(l.run_id.as_str())) else {
+        return Ok(effects.into_reply());
+    };
+    let row_text = planned.row_text;
+    let (new, reply) = effects.into_row_and_reply();
+    let now = match (new, row_text) {
+        (Some(new), Some(text)) => Some((text, new.info)),
+        _ => row.map(|(info, text)| (text, info)),
+    };
+    if let Some((text, info)) = now {
+        cache.put(lease, text, info);
     }
-    Ok(effects.reply)
+    Ok(reply)
 }
 
 /// The rest of [`apply`] for a write with [follow-ups](Effects::follow_ups): its effects,
@@ -467,7 +470,7 @@ async fn with_follow_ups(
         .await
         .map_err(|e| Fail::Broken(Error::database(action, e)))?;
     loops_core::metrics::commit_batch(STORE_LABEL, 1);
-    Ok(effects.reply)
+    Ok(effects.into_reply())
 }
 
 /// Applies one follow-up `write` inside the open transaction: its facts, [`plan`], its

@@ -22,7 +22,7 @@ use crate::row::OnParentCancel;
 ///   running one is asked to, and ends at its driver's next boundary. Each child's own
 ///   cancellation cascades to its children in turn.
 pub(super) fn add_follow_ups(write: &Write, facts: &Facts<'_>, effects: &mut Effects<'_>) {
-    if let Some(row) = &effects.row {
+    if let Some(row) = effects.row() {
         let was_live = row.was.is_some_and(|was| !was.is_ended());
         if was_live
             && row.info.status.is_ended()

@@ -18,8 +18,9 @@ use crate::schema::SchemaHash;
 pub struct Effects<'w> {
     /// The run the records and inbox changes belong to (empty for [`Write::Prune`](super::Write::Prune)).
     pub run_id: &'w str,
-    /// The run's new row, if it changes.
-    pub row: Option<RowWrite>,
+    /// The run's new row, if it changes ([`Effects::row`]). Private with `reply`: where the
+    /// answer is that row, it is moved into the answer ([`Effects::into_reply`]), not copied.
+    row: Option<RowWrite>,
     /// Immutable records to append; each key is free (the plan checked it).
     pub records: Vec<Record<'w>>,
     /// Changes to the run's inbox.
@@ -50,8 +51,8 @@ pub struct Effects<'w> {
     pub follow_ups: Vec<Write>,
     /// A schedule's row to write or delete.
     pub schedule: Option<ScheduleChange<'w>>,
-    /// What the store answers.
-    pub reply: Reply,
+    /// What the store answers; `None`: [`Reply::Run`] with the new row (see `row`).
+    reply: Option<Reply>,
 }
 
 impl<'w> Effects<'w> {
@@ -78,17 +79,54 @@ impl<'w> Effects<'w> {
             wakes: false,
             follow_ups: Vec::new(),
             schedule: None,
-            reply,
+            reply: Some(reply),
         }
     }
 
     /// Effects that write the run's new row `info` (its status was `was`; `None` for a new
     /// run) and answer [`Reply::Run`] with it.
-    pub(crate) fn row(run_id: &'w str, was: Option<RunStatus>, info: RunInfo) -> Self {
-        let reply = Reply::Run(info.clone());
+    pub(crate) fn with_row(run_id: &'w str, was: Option<RunStatus>, info: RunInfo) -> Self {
         Effects {
             row: Some(RowWrite { info, was }),
-            ..Effects::unchanged(run_id, reply)
+            reply: None,
+            ..Effects::unchanged(run_id, Reply::Done)
+        }
+    }
+
+    /// Answers `reply` instead of the new row.
+    pub(crate) fn answer(&mut self, reply: Reply) {
+        self.reply = Some(reply);
+    }
+
+    /// The run's new row, if the write changes it (to write out with the other effects).
+    pub fn row(&self) -> Option<&RowWrite> {
+        self.row.as_ref()
+    }
+
+    /// What the store answers once the effects are durable (or at once, for effects that
+    /// [store nothing](Self::is_empty)): for most writes that change a run's row,
+    /// [`Reply::Run`] with the new row, which is moved into the answer, not copied.
+    pub fn into_reply(self) -> Reply {
+        match (self.reply, self.row) {
+            (Some(reply), _) => reply,
+            (None, Some(row)) => Reply::Run(row.info),
+            // Only `with_row` leaves `reply` unset, and it sets `row`; both are private.
+            (None, None) => Reply::Done,
+        }
+    }
+
+    /// The run's new row, if the write changes it, and the answer (as
+    /// [`into_reply`](Self::into_reply)): for a store that keeps the new row after the commit
+    /// (a cache), at the cost of one copy of it when the answer carries it too.
+    pub fn into_row_and_reply(self) -> (Option<RowWrite>, Reply) {
+        match (self.reply, self.row) {
+            (Some(reply), row) => (row, reply),
+            (None, Some(row)) => {
+                let reply = Reply::Run(row.info.clone());
+                (Some(row), reply)
+            }
+            // Only `with_row` leaves `reply` unset, and it sets `row`; both are private.
+            (None, None) => (None, Reply::Done),
         }
     }
 

@@ -48,7 +48,7 @@ pub(super) fn block<'w>(
         resume,
     ));
     new.updated_ms = at_ms;
-    Ok(Effects::row(run_id, Some(info.status), new))
+    Ok(Effects::with_row(run_id, Some(info.status), new))
 }
 
 /// [`Write::Unblock`](super::Write::Unblock): a blocked run goes back to the status it had.
@@ -61,7 +61,7 @@ pub(super) fn unblock<'w>(run_id: &'w str, at_ms: u64, g: &Given<'_, '_>) -> Res
     new.status = resumed(info);
     new.block = None;
     new.updated_ms = at_ms;
-    Ok(Effects::row(run_id, Some(info.status), new))
+    Ok(Effects::with_row(run_id, Some(info.status), new))
 }
 
 /// [`Write::Migrate`](super::Write::Migrate): the migration's record at `seq + 1`, and the row
@@ -131,7 +131,7 @@ pub(super) fn migrate<'w>(
         new.retry_at_ms = None;
         new.error = None;
     }
-    let mut effects = Effects::row(run_id, Some(info.status), new);
+    let mut effects = Effects::with_row(run_id, Some(info.status), new);
     effects.records.push(Record::Journal {
         seq: next,
         bytes: Cow::Owned(record.to_bytes()),

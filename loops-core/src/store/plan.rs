@@ -199,7 +199,7 @@ fn create<'w>(
             seq: 0,
         });
     }
-    let mut effects = Effects::row(&info.run_id, None, info.clone());
+    let mut effects = Effects::with_row(&info.run_id, None, info.clone());
     effects.attributes = checked_attributes(info, attributes)?;
     effects.records.push(Record::Journal {
         seq: 0,
@@ -256,7 +256,7 @@ fn transition<'w>(
     if terminal {
         new.status = RunStatus::Completed;
     }
-    let mut effects = Effects::row(run_id, Some(info.status), new);
+    let mut effects = Effects::with_row(run_id, Some(info.status), new);
     effects.records.push(Record::Journal {
         seq,
         bytes: Cow::Borrowed(record),
@@ -305,7 +305,7 @@ fn failure<'w>(
             new.retry_at_ms = None;
         }
     }
-    let mut effects = Effects::row(run_id, Some(info.status), new);
+    let mut effects = Effects::with_row(run_id, Some(info.status), new);
     effects.records.push(Record::Failure {
         seq,
         attempt: record.attempt,
@@ -339,7 +339,7 @@ fn begin_attempt<'w>(
         _ => (false, 0),
     };
     let interrupted = new.begin_attempt(has_failure, at_ms, limits.0, limits.1)?;
-    let mut effects = Effects::row(run_id, Some(info.status), new);
+    let mut effects = Effects::with_row(run_id, Some(info.status), new);
     if let Some(record) = interrupted {
         effects.records.push(Record::Failure {
             seq,
@@ -378,7 +378,7 @@ fn cancel<'w>(
         end_as_cancelled(&mut new);
     }
     new.updated_ms = at_ms;
-    Ok(Effects::row(run_id, Some(info.status), new))
+    Ok(Effects::with_row(run_id, Some(info.status), new))
 }
 
 /// Ends the row `new` as cancelled: an ended run waits for nothing, and is not blocked (a
@@ -398,7 +398,7 @@ fn end_cancelled<'w>(run_id: &'w str, at_ms: u64, g: &Given<'_, '_>) -> Result<E
     let mut new = info.clone();
     end_as_cancelled(&mut new);
     new.updated_ms = at_ms;
-    Ok(Effects::row(run_id, Some(info.status), new))
+    Ok(Effects::with_row(run_id, Some(info.status), new))
 }
 
 fn retry<'w>(run_id: &'w str, at_ms: u64, g: &Given<'_, '_>) -> Result<Effects<'w>> {
@@ -421,7 +421,7 @@ fn retry<'w>(run_id: &'w str, at_ms: u64, g: &Given<'_, '_>) -> Result<Effects<'
     new.interrupted = 0;
     new.retry_at_ms = None;
     new.updated_ms = at_ms;
-    Ok(Effects::row(run_id, Some(info.status), new))
+    Ok(Effects::with_row(run_id, Some(info.status), new))
 }
 
 /// The fields of a [`Write::Wait`].
@@ -471,8 +471,8 @@ fn wait<'w>(w: &WaitArgs<'w>, g: &Given<'_, '_>) -> Result<Effects<'w>> {
     }
     new.updated_ms = w.at_ms;
     let reply = Reply::Waited(outcome.clone(), new.clone());
-    let mut effects = Effects::row(w.run_id, Some(info.status), new);
-    effects.reply = reply;
+    let mut effects = Effects::with_row(w.run_id, Some(info.status), new);
+    effects.answer(reply);
     if let (Some((name, occurrence)), Some(output)) = (w.step, output) {
         effects
             .records
@@ -569,7 +569,7 @@ fn wake<'w>(run_id: &'w str, seq: u64, at_ms: u64, g: &Given<'_, '_>) -> Result<
     new.status = RunStatus::Running;
     new.wait = None;
     new.updated_ms = at_ms;
-    Ok(Effects::row(run_id, Some(info.status), new))
+    Ok(Effects::with_row(run_id, Some(info.status), new))
 }
 
 /// [`Write::Prune`]: the ended runs among [`Facts::runs`] go, in the order `run_ids` names

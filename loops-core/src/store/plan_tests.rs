@@ -56,7 +56,7 @@ fn a_transition_moves_the_row_and_appends_its_record() {
         error: None,
         ..current.clone()
     };
-    let new = effects.row.as_ref().unwrap();
+    let new = effects.row().unwrap();
     assert_eq!(new.info, expected);
     assert_eq!(
         new.status_move(),
@@ -70,7 +70,7 @@ fn a_transition_moves_the_row_and_appends_its_record() {
         }]
     );
     assert!(effects.inbox.is_empty() && effects.schema.is_none() && effects.delete.is_empty());
-    assert!(matches!(effects.reply, Reply::Run(info) if info == expected));
+    assert!(matches!(effects.into_reply(), Reply::Run(info) if info == expected));
 }
 
 #[test]
@@ -169,12 +169,12 @@ fn a_wait_takes_the_oldest_pending_event() {
         event_seq: 6,
         payload: r#"{"n":1}"#.to_owned(),
     };
-    assert!(matches!(&effects.reply, Reply::Waited(o, info)
-        if *o == outcome && info.status == RunStatus::Running && info.updated_ms == 50));
+    assert!(matches!(effects.into_reply(), Reply::Waited(o, info)
+        if o == outcome && info.status == RunStatus::Running && info.updated_ms == 50));
     // Without an event and before its time, the run parks.
     let effects = plan(&write, Some(&current), &Facts::default()).unwrap();
     assert!(effects.records.is_empty() && effects.inbox.is_empty());
-    let parked = &effects.row.as_ref().unwrap().info;
+    let parked = &effects.row().unwrap().info;
     assert_eq!(
         (parked.status, parked.wait.clone()),
         (
@@ -220,12 +220,12 @@ fn a_second_send_with_a_key_stores_nothing() {
             record: br#"{"name":"go","key":"k","at_ms":5,"payload":1}"#.to_vec(),
         }]
     );
-    assert!(first.row.is_none());
+    assert!(first.row().is_none());
     facts.key_seen = Some(2);
     let again = plan(&write, Some(&current), &facts).unwrap();
     assert!(again.is_empty());
     assert!(matches!(
-        again.reply,
+        again.into_reply(),
         Reply::Sent {
             event_seq: 2,
             duplicate: true,
@@ -251,7 +251,10 @@ fn prune_deletes_only_ended_runs() {
     let effects = plan(&write, None, &facts).unwrap();
     let deleted: Vec<&str> = effects.delete.iter().map(|i| i.run_id.as_str()).collect();
     assert_eq!(deleted, ["a", "c"]);
-    assert!(matches!(effects.reply, Reply::Pruned { records: 4, .. }));
+    assert!(matches!(
+        effects.into_reply(),
+        Reply::Pruned { records: 4, .. }
+    ));
 }
 
 /// A prune deletes a family (runs linked by parent links among its runs) whole or not at
@@ -286,7 +289,7 @@ fn prune_keeps_a_family_with_a_run_that_has_not_ended() {
     let effects = plan(&write, None, &facts).unwrap();
     let deleted: Vec<&str> = effects.delete.iter().map(|i| i.run_id.as_str()).collect();
     assert_eq!(deleted, ["r", "r/c"]);
-    match effects.reply {
+    match effects.into_reply() {
         Reply::Pruned { records, run_ids } => {
             assert_eq!(
                 (records, run_ids),
@@ -327,7 +330,10 @@ fn prune_keeps_a_family_with_a_child_outside_the_write() {
     let effects = plan(&write, None, &facts).unwrap();
     let deleted: Vec<&str> = effects.delete.iter().map(|i| i.run_id.as_str()).collect();
     assert_eq!(deleted, ["q", "q/c"]);
-    assert!(matches!(effects.reply, Reply::Pruned { records: 4, .. }));
+    assert!(matches!(
+        effects.into_reply(),
+        Reply::Pruned { records: 4, .. }
+    ));
 }
 
 /// [`Effects::wakes`], for each kind of write that can make a run ready and for writes that
@@ -423,7 +429,7 @@ fn a_write_wakes_other_workers_only_when_it_makes_the_run_ready() {
     };
     let woken = plan(&wake, Some(&waiting("go")), &leased).unwrap();
     assert_eq!(
-        (woken.row.map(|r| r.info.status), woken.wakes),
+        (woken.row().map(|r| r.info.status), woken.wakes),
         (Some(RunStatus::Running), false)
     );
     // A refused write has no effects at all.
@@ -531,7 +537,11 @@ fn a_second_cancellation_keeps_the_first_reason() {
         at_ms: 5,
     };
     let applied = |write: &Write, before: &RunInfo| -> RunInfo {
-        match plan(write, Some(before), &Facts::default()).unwrap().row {
+        match plan(write, Some(before), &Facts::default())
+            .unwrap()
+            .into_row_and_reply()
+            .0
+        {
             Some(row) => row.info,
             None => panic!("no row written"),
         }
@@ -547,8 +557,8 @@ fn a_second_cancellation_keeps_the_first_reason() {
     // Asked again: nothing is written, and the answer is the row as it was.
     let write = cancel("again", false);
     let again = plan(&write, Some(&first), &Facts::default()).unwrap();
-    assert!(again.row.is_none());
-    assert!(matches!(&again.reply, Reply::Run(info) if *info == first));
+    assert!(again.row().is_none());
+    assert!(matches!(again.into_reply(), Reply::Run(info) if info == first));
     let now = applied(&cancel("now", true), &first);
     assert_eq!(
         (now.status, now.cancel.as_deref()),

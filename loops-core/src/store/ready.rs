@@ -141,7 +141,7 @@ pub(crate) fn wakes(before: Option<&RunInfo>, effects: &Effects<'_>, leased: boo
     if leased {
         return false;
     }
-    let Some(after) = effects.row.as_ref().map(|r| &r.info).or(before) else {
+    let Some(after) = effects.row().map(|r| &r.info).or(before) else {
         return false;
     };
     let ready = after.readiness();

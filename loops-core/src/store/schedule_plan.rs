@@ -212,7 +212,7 @@ mod tests {
         let older = plan(&old_tick, None, &with(Some(r2.clone()))).unwrap();
         assert!(older.is_empty());
         let gone = plan(&old_tick, None, &with(None)).unwrap();
-        assert!(gone.is_empty() && matches!(gone.reply, Reply::Done));
+        assert!(gone.is_empty() && matches!(gone.into_reply(), Reply::Done));
 
         let pause = |paused, at_ms| Write::PauseSchedule {
             name: "s".to_owned(),

@@ -54,11 +54,11 @@ pub(super) fn apply(
     facts.lease = lease;
     let effects = plan(write, row.as_ref(), &facts).map_err(ApplyError::Rejected)?;
     if effects.is_empty() {
-        return Ok(Applied::Unchanged(effects.reply));
+        return Ok(Applied::Unchanged(effects.into_reply()));
     }
     store(t, &effects, needs.run.map(|run_id| (run_id, head)))?;
     apply_follow_ups(t, &effects.follow_ups)?;
-    Ok(Applied::Wrote(effects.reply))
+    Ok(Applied::Wrote(effects.into_reply()))
 }
 
 /// Applies the [follow-up writes](Effects::follow_ups) of a write, after its effects, in the
@@ -387,7 +387,7 @@ fn store<'a>(
     if !effects.records.is_empty() {
         let head = append_records(t, id, &effects.records, known)?;
         known = Some((id, head));
-        if effects.row.as_ref().is_none_or(|row| row.info.run_id != id) {
+        if effects.row().is_none_or(|row| row.info.run_id != id) {
             // The row is unchanged but for its head.
             let info = t.runs()?.get(id)?.map(|row| row.value().to_vec());
             let info = info
@@ -434,7 +434,7 @@ fn store<'a>(
             t.sealing_checks()?.insert(key, check)?;
         }
     }
-    if let Some(row) = &effects.row {
+    if let Some(row) = effects.row() {
         let id = row.info.run_id.as_str();
         let head = match known {
             Some((run, head)) if run == id => head,
