@@ -129,7 +129,10 @@ impl RedbStore {
         for round in 0.. {
             let pending = {
                 let mut queue = inner.queue.lock().unwrap_or_else(PoisonError::into_inner);
-                let pending = std::mem::take(&mut queue.pending);
+                // The next round's queue gets the room this one had (up to 256 writes), so
+                // that it does not grow (and copy its writes) one doubling at a time.
+                let room = queue.pending.capacity().min(256);
+                let pending = std::mem::replace(&mut queue.pending, Vec::with_capacity(room));
                 if pending.is_empty() && own.is_none() {
                     queue.mode = Mode::Idle;
                     return own_result;
