@@ -81,15 +81,12 @@ impl std::fmt::Display for Endpoint {
 ///
 /// A Unix socket's path is limited to about 100 bytes (108 on Linux, counting the end):
 /// a store deeper than that needs [`Endpoint::Unix`] with a shorter path, given to both.
+///
+/// A socket left there by a killed process (nobody answers on it) is removed by the next
+/// writable open of the store ([`RedbStore::open`](crate::RedbStore::open)), and replaced by
+/// the next [`serve_control`](crate::Runtime::serve_control).
 pub fn socket_path(store: &Path) -> PathBuf {
-    let linked = std::fs::symlink_metadata(store).is_ok_and(|meta| meta.file_type().is_symlink());
-    let store = match linked.then(|| store.canonicalize()) {
-        Some(Ok(file)) => file,
-        _ => store.to_path_buf(),
-    };
-    let mut name = store.into_os_string();
-    name.push(".sock");
-    PathBuf::from(name)
+    crate::store::redb::socket::next_to(store)
 }
 
 /// Why the control endpoint could not be served, or a request to it failed.

@@ -779,8 +779,13 @@ fn deliver_approve_fails_when_the_serving_example_dies_before_the_run_ends() {
         marks.join("pushed").exists().then_some(())
     });
     assert!(pushed.is_some(), "the left push never ended");
+    // The killed process could not remove its socket; the next process that opens the store
+    // does.
+    let socket = workdir.join("deliver.redb.sock");
+    assert!(socket.exists(), "the killed process's socket");
     let finished = deliver_in(workdir).output().expect("run the example");
     assert!(finished.status.success(), "{}", describe(&finished));
+    assert!(!socket.exists(), "the stale socket is removed");
     assert!(
         String::from_utf8_lossy(&finished.stdout).contains("pull request: forge://demo/pulls/1"),
         "{}",

@@ -52,6 +52,7 @@ mod read;
 mod row;
 #[cfg(any(test, feature = "test-util"))]
 mod seed;
+pub(crate) mod socket;
 mod step_keys;
 mod tables;
 mod upgrade;

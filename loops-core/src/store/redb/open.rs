@@ -18,7 +18,9 @@ use crate::error::{Error, Result};
 
 impl RedbStore {
     /// Opens the store file at `path`, creating it (mode 0600) and its parent directory
-    /// (mode 0700) if they do not exist.
+    /// (mode 0700) if they do not exist. A control endpoint's socket next to it
+    /// (`PATH.sock`) that nobody answers on, left by a process that was killed while it served
+    /// the store, is removed.
     ///
     /// # Errors
     /// - [`Error::StoreLocked`] at once if this or another process has the file open;
@@ -75,8 +77,8 @@ impl RedbStore {
         }
         let file_path = path.clone();
         let verified_path = path.clone();
-        Self::open_backend(
-            path,
+        let store = Self::open_backend(
+            path.clone(),
             store_options,
             move || {
                 let file = OpenOptions::new().read(true).write(true).open(&file_path)?;
@@ -85,7 +87,10 @@ impl RedbStore {
             Some(Box::new(move || {
                 super::verify::verify_file(&verified_path).is_ok()
             })),
-        )
+        )?;
+        // Held by this process now: a control socket next to the file is a killed server's.
+        super::socket::remove_stale(&path);
+        Ok(store)
     }
 
     /// A store kept in memory only: nothing survives the process. For tests of workflows
