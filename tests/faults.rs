@@ -561,6 +561,30 @@ fn a_fifo_is_refused_by_every_open_without_blocking() {
 
 #[cfg(unix)]
 #[test]
+fn a_missing_path_that_names_a_directory_is_refused_by_every_open_making_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut named = dir.path().join("missing").into_os_string();
+    named.push("/");
+    let named = std::path::PathBuf::from(named);
+    for (what, open) in EVERY_OPEN {
+        match open(&named) {
+            Some(e @ Error::Open { .. }) => assert_eq!(
+                e.to_string(),
+                format!(
+                    "cannot open store {}: the path ends with `/`, which names a directory; a \
+                     store is a regular file: name one in that directory (DIR/agent.redb)",
+                    named.display()
+                ),
+                "{what}"
+            ),
+            other => panic!("{what}: expected Error::Open, got {other:?}"),
+        }
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+#[cfg(unix)]
+#[test]
 fn a_symbolic_link_to_nothing_is_refused_by_every_open_and_stays_one() {
     let dir = tempfile::tempdir().unwrap();
     let link = dir.path().join("store.redb");

@@ -434,8 +434,9 @@ static NEW_FILES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::n
 
 /// Refuses a `path` that exists and is not a regular file (a FIFO, a socket, a device or a
 /// directory), before any open touches it: opening a FIFO would block until a writer came;
-/// and a symbolic link to nothing, which no open would say more of than "no such file". A
-/// path that does not exist passes (the open that follows says so, or creates the store).
+/// and a symbolic link to nothing, which no open would say more of than "no such file"; and a
+/// path that does not exist and ends with `/` (a directory's name). Any other path that does
+/// not exist passes (the open that follows says so, or creates the store).
 pub(in crate::store) fn refuse_special_file(path: &Path) -> Result<()> {
     let Ok(meta) = std::fs::metadata(path) else {
         return match std::fs::read_link(path) {
@@ -447,6 +448,12 @@ pub(in crate::store) fn refuse_special_file(path: &Path) -> Result<()> {
                     target.display()
                 )
                 .into(),
+            }),
+            Err(_) if path.as_os_str().as_encoded_bytes().ends_with(b"/") => Err(Error::Open {
+                path: path.to_path_buf(),
+                cause: "the path ends with `/`, which names a directory; a store is a regular \
+                        file: name one in that directory (DIR/agent.redb)"
+                    .into(),
             }),
             Err(_) => Ok(()),
         };
