@@ -30,6 +30,16 @@ pub fn epoch_ms(time: SystemTime) -> u64 {
     time.duration_since(UNIX_EPOCH).map_or(0, duration_ms)
 }
 
+/// `ms` milliseconds since the Unix epoch as a `SystemTime`. Where the platform's
+/// `SystemTime` cannot hold it (it is narrower than `u64` ms on some systems), the latest
+/// of `u64::MAX` ms, 2^31 s (2038-01-19) and the epoch that it holds: never a panic.
+pub(crate) fn system_time(ms: u64) -> SystemTime {
+    UNIX_EPOCH
+        .checked_add(Duration::from_millis(ms))
+        .or_else(|| UNIX_EPOCH.checked_add(Duration::from_secs(i32::MAX.unsigned_abs().into())))
+        .unwrap_or(UNIX_EPOCH)
+}
+
 /// The time `duration` after `at_ms` (both times in ms since the Unix epoch), saturating at
 /// `u64::MAX` ms: a wake-up, deadline or retry time that far off is never reached. Every
 /// addition of a [`Duration`] to a recorded time goes through here.
@@ -86,9 +96,9 @@ impl Clock {
         }
     }
 
-    /// [`now_ms`](Self::now_ms) as a `SystemTime`.
+    /// [`now_ms`](Self::now_ms) as a `SystemTime` ([`system_time`]).
     pub fn now(&self) -> SystemTime {
-        UNIX_EPOCH + Duration::from_millis(self.now_ms())
+        system_time(self.now_ms())
     }
 
     /// Waits until this clock reads `at_ms` (ms since the Unix epoch) or later; at once if
@@ -158,9 +168,9 @@ impl ManualClock {
         *self.now.borrow()
     }
 
-    /// [`now_ms`](Self::now_ms) as a `SystemTime`.
+    /// [`now_ms`](Self::now_ms) as a `SystemTime` ([`system_time`]).
     pub fn now(&self) -> SystemTime {
-        UNIX_EPOCH + Duration::from_millis(self.now_ms())
+        system_time(self.now_ms())
     }
 
     /// Moves the clock forward by `by` (whole milliseconds; saturates at `u64::MAX` ms) and
@@ -212,6 +222,9 @@ mod tests {
         let manual = ManualClock::new(UNIX_EPOCH + Duration::from_secs(1));
         manual.advance(Duration::MAX);
         assert_eq!(manual.now_ms(), u64::MAX);
+        // Linux's SystemTime holds u64::MAX ms; a narrower one gives its latest time instead.
+        assert_eq!(epoch_ms(manual.now()), u64::MAX);
+        assert_eq!(epoch_ms(system_time(1_234)), 1_234);
     }
 
     #[tokio::test(flavor = "current_thread")]
