@@ -46,6 +46,14 @@ mod tests {
     use super::*;
     use crate::store::redb::RedbStore;
 
+    /// A new store `agent.redb` in a directory of its own (kept while the guard lives).
+    fn new_store() -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("agent.redb");
+        drop(RedbStore::open(&store).unwrap());
+        (dir, store)
+    }
+
     /// A socket bound and closed without removing its file, as a killed server leaves it.
     fn stale_socket(path: &Path) {
         drop(std::os::unix::net::UnixListener::bind(path).unwrap());
@@ -54,9 +62,7 @@ mod tests {
 
     #[test]
     fn a_writable_open_removes_a_stale_socket_and_keeps_a_live_one() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = dir.path().join("agent.redb");
-        drop(RedbStore::open(&store).unwrap());
+        let (dir, store) = new_store();
         let socket = dir.path().join("agent.redb.sock");
         assert_eq!(next_to(&store), socket);
 
@@ -79,9 +85,7 @@ mod tests {
 
     #[test]
     fn a_read_only_open_leaves_a_stale_socket() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = dir.path().join("agent.redb");
-        drop(RedbStore::open(&store).unwrap());
+        let (_dir, store) = new_store();
         let socket = next_to(&store);
         stale_socket(&socket);
         drop(RedbStore::open_read_only(&store).unwrap());
@@ -90,9 +94,7 @@ mod tests {
 
     #[test]
     fn a_link_to_the_store_names_the_socket_next_to_its_target() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = dir.path().join("agent.redb");
-        drop(RedbStore::open(&store).unwrap());
+        let (dir, store) = new_store();
         let link = dir.path().join("link.redb");
         std::os::unix::fs::symlink(&store, &link).unwrap();
         let socket = next_to(&store);
