@@ -96,7 +96,8 @@ impl Clock {
         }
     }
 
-    /// [`now_ms`](Self::now_ms) as a `SystemTime` ([`system_time`]).
+    /// [`now_ms`](Self::now_ms) as a `SystemTime`; where the platform's `SystemTime` cannot
+    /// hold it (narrower than u64 ms), a time it holds (2^31 s, or the epoch): never a panic.
     pub fn now(&self) -> SystemTime {
         system_time(self.now_ms())
     }
@@ -168,7 +169,8 @@ impl ManualClock {
         *self.now.borrow()
     }
 
-    /// [`now_ms`](Self::now_ms) as a `SystemTime` ([`system_time`]).
+    /// [`now_ms`](Self::now_ms) as a `SystemTime`; where the platform's `SystemTime` cannot
+    /// hold it (narrower than u64 ms), a time it holds (2^31 s, or the epoch): never a panic.
     pub fn now(&self) -> SystemTime {
         system_time(self.now_ms())
     }
