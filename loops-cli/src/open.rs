@@ -427,6 +427,13 @@ fn damage_or(path: &Path, failure: Failure) -> Failure {
 }
 
 fn check_file(path: &Path) -> Result<()> {
+    if path.as_os_str().as_encoded_bytes().ends_with(b"/") && !path.is_dir() {
+        return Err(Failure::new(format!(
+            "store {} ends with `/`, which names a directory; a store is a file: name it \
+             without the `/`",
+            path.display()
+        )));
+    }
     match std::fs::metadata(path) {
         Ok(meta) if meta.is_dir() => Err(Failure::new(format!(
             "store {} is a directory, not a store file",

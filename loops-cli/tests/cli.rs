@@ -2828,6 +2828,22 @@ fn missing_empty_foreign_and_corrupt_files_are_one_line_errors() {
             dir.path().display()
         )
     );
+    // A store file named as a directory (a trailing `/`), and a missing one.
+    let plain = dir.path().join("plain.redb");
+    std::fs::write(&plain, b"a file").unwrap();
+    for named in [&plain, &missing] {
+        let mut slashed = named.clone().into_os_string();
+        slashed.push("/");
+        let slashed = PathBuf::from(slashed);
+        assert_eq!(
+            fails(&slashed, &["runs"], 1),
+            format!(
+                "error: store {} ends with `/`, which names a directory; a store is a file: \
+                 name it without the `/`\n",
+                slashed.display()
+            )
+        );
+    }
 }
 
 /// Overwrites records of the store at `path` by hand, as damage or a foreign tool might.
