@@ -488,6 +488,46 @@ async fn only_a_stale_socket_is_replaced_by_a_new_endpoint() {
     rt.shutdown().await;
 }
 
+/// A socket path longer than a Unix socket's may be is refused before anything is bound,
+/// saying how long it is and how long it may be (the system says only "shorter than SUN_LEN").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_socket_path_too_long_is_refused_naming_both_lengths() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::open(dir.path().join("store.redb")).unwrap();
+    let base = dir.path().as_os_str().len() + 1;
+    let pid = std::process::id().to_string().len();
+    let fits = 107 - pid - 5; // `.{pid}.tmp` is appended while it is bound
+    for (len, ok) in [(fits, true), (fits + 1, false), (200, false)] {
+        let socket = dir.path().join("s".repeat(len - base));
+        assert_eq!(socket.as_os_str().len(), len);
+        let served = rt.serve_control(Endpoint::Unix(socket.clone())).await;
+        match served {
+            Ok(server) if ok => server.stop().await,
+            Err(e) if !ok => {
+                assert!(matches!(e, ControlError::Bind { .. }), "{e:?}");
+                assert_eq!(
+                    e.to_string(),
+                    format!(
+                        "cannot listen on control endpoint unix:{}: the socket's path is {len} \
+                         bytes, and a Unix socket's path may have at most {fits} here (107 \
+                         bytes, less the {} of the name it is bound under first): name a store \
+                         at a shorter path, or give `Endpoint::Unix` a shorter one",
+                        socket.display(),
+                        pid + 5
+                    )
+                );
+                assert_eq!(
+                    std::fs::read_dir(dir.path()).unwrap().count(),
+                    1,
+                    "only the store"
+                );
+            }
+            other => panic!("{len} bytes: {:?}", other.map(|_| ())),
+        }
+    }
+    rt.shutdown().await;
+}
+
 /// A process that takes the connection and never answers (stopped with SIGSTOP, say): the
 /// version check of `connect` gives up with `NoAnswer` (after `CONNECT_TIMEOUT`, 10 s, for
 /// `connect` and `next_to_store`: a command must not hang, nor take the file for free).

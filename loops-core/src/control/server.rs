@@ -180,6 +180,20 @@ async fn bind_unix(
     let mut temporary = path.as_os_str().to_owned();
     temporary.push(format!(".{}.tmp", std::process::id()));
     let temporary = PathBuf::from(temporary);
+    // The system's own refusal says only "path must be shorter than SUN_LEN".
+    let longer = temporary.as_os_str().len() - path.as_os_str().len();
+    if temporary.as_os_str().len() > SOCKET_PATH_MAX {
+        return Err(bind_error(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "the socket's path is {} bytes, and a Unix socket's path may have at most {} \
+                 here ({SOCKET_PATH_MAX} bytes, less the {longer} of the name it is bound under \
+                 first): name a store at a shorter path, or give `Endpoint::Unix` a shorter one",
+                path.as_os_str().len(),
+                SOCKET_PATH_MAX - longer,
+            ),
+        )));
+    }
     let _ = std::fs::remove_file(&temporary);
     let listener = tokio::net::UnixListener::bind(&temporary).map_err(bind_error)?;
     let placed = owner_only(&temporary).and_then(|()| std::fs::rename(&temporary, path));
@@ -189,6 +203,10 @@ async fn bind_unix(
     }
     Ok(listener)
 }
+
+/// The longest path a Unix socket can be bound at, in bytes: `sun_path` less its closing
+/// NUL (108 bytes on Linux, 104 on the BSDs and macOS).
+const SOCKET_PATH_MAX: usize = if cfg!(target_os = "linux") { 107 } else { 103 };
 
 /// What is at `path` if it is there and is not a socket ("a regular file", "a directory",
 /// "a symbolic link", ...); `None` if nothing is, or a socket.
