@@ -107,11 +107,9 @@ impl<'w> Effects<'w> {
     /// [store nothing](Self::is_empty)): for most writes that change a run's row,
     /// [`Reply::Run`] with the new row, which is moved into the answer, not copied.
     pub fn into_reply(self) -> Reply {
-        match (self.reply, self.row) {
-            (Some(reply), _) => reply,
-            (None, Some(row)) => Reply::Run(row.info),
-            // Only `with_row` leaves `reply` unset, and it sets `row`; both are private.
-            (None, None) => Reply::Done,
+        match self.reply {
+            Some(reply) => reply,
+            None => self.row.map_or(Reply::Done, |row| Reply::Run(row.info)),
         }
     }
 
@@ -119,15 +117,14 @@ impl<'w> Effects<'w> {
     /// [`into_reply`](Self::into_reply)): for a store that keeps the new row after the commit
     /// (a cache), at the cost of one copy of it when the answer carries it too.
     pub fn into_row_and_reply(self) -> (Option<RowWrite>, Reply) {
-        match (self.reply, self.row) {
-            (Some(reply), row) => (row, reply),
-            (None, Some(row)) => {
-                let reply = Reply::Run(row.info.clone());
-                (Some(row), reply)
-            }
-            // Only `with_row` leaves `reply` unset, and it sets `row`; both are private.
-            (None, None) => (None, Reply::Done),
-        }
+        let reply = match self.reply {
+            Some(reply) => reply,
+            None => self
+                .row
+                .as_ref()
+                .map_or(Reply::Done, |row| Reply::Run(row.info.clone())),
+        };
+        (self.row, reply)
     }
 
     /// Whether there is nothing to store: the backend need not commit (nor sync) anything.

@@ -651,6 +651,14 @@ fn kill_in_setup(cmd: Command, point: &str) {
     sigkill(held_in_setup(cmd, point));
 }
 
+/// Starts `deliver --auto-approve=false` on `workdir` with the setup hook at `point`, and
+/// kills it there ([`kill_in_setup`]): a start whose wish is that its run wait for a human.
+fn killed_in_setup_left_to_a_human(workdir: &Path, point: &str) {
+    let mut cmd = deliver(workdir);
+    cmd.arg("--auto-approve=false");
+    kill_in_setup(cmd, point);
+}
+
 /// Asserts that `output` is the refusal, after the lock's wait, of the work directory
 /// `workdir` held by another process (`prefix`: `--fresh: ` for `--fresh`'s).
 fn assert_in_use(output: &std::process::Output, workdir: &Path, prefix: &str) {
@@ -709,9 +717,7 @@ fn rerun_leaves_the_run_to_a_human(workdir: &Path) {
 fn a_start_killed_before_its_first_record_still_leaves_the_run_to_a_human() {
     let dir = tempfile::tempdir().expect("temp dir");
     let workdir = dir.path();
-    let mut cmd = deliver(workdir);
-    cmd.arg("--auto-approve=false");
-    kill_in_setup(cmd, "repo");
+    killed_in_setup_left_to_a_human(workdir, "repo");
     let store = workdir.join("deliver.redb");
     let recorded = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -744,9 +750,7 @@ fn a_start_killed_before_its_first_record_still_leaves_the_run_to_a_human() {
 fn a_start_refused_for_another_store_keeps_the_wish_of_a_killed_start() {
     let dir = tempfile::tempdir().expect("temp dir");
     let workdir = dir.path().join("work");
-    let mut cmd = deliver(&workdir);
-    cmd.arg("--auto-approve=false");
-    kill_in_setup(cmd, "repo");
+    killed_in_setup_left_to_a_human(&workdir, "repo");
     let wishes = || names_in(&workdir.join(".loops-deliver-approval"));
     let wished = wishes();
     assert_eq!(wished.len(), 1, "{wished:?}");
@@ -922,9 +926,7 @@ fn deliver_after(script: &str, workdir: &Path, args: &[&str]) -> std::process::O
 fn a_start_of_the_same_pid_keeps_the_wish_of_a_killed_one_and_no_directory_of_the_user() {
     let dir = tempfile::tempdir().expect("temp dir");
     let workdir = dir.path().join("work");
-    let mut cmd = deliver(&workdir);
-    cmd.arg("--auto-approve=false");
-    kill_in_setup(cmd, "new");
+    killed_in_setup_left_to_a_human(&workdir, "new");
     let output = deliver_after("mv work.new-* work.new-$$", &workdir, &[]);
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
@@ -1015,9 +1017,7 @@ fn a_fresh_start_killed_after_moving_the_old_directory_aside_keeps_its_wish() {
 fn a_start_killed_before_its_new_directory_is_in_place_keeps_its_wish() {
     let dir = tempfile::tempdir().expect("temp dir");
     let workdir = dir.path().join("work");
-    let mut cmd = deliver(&workdir);
-    cmd.arg("--auto-approve=false");
-    kill_in_setup(cmd, "new");
+    killed_in_setup_left_to_a_human(&workdir, "new");
     assert!(!workdir.exists(), "not renamed into place");
     let beside = names_in(dir.path());
     assert!(
