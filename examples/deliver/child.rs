@@ -3,7 +3,8 @@
 //! kill of the child alone ([`output`]). Neither says anything of the command, so neither may
 //! become a step's outcome (a failed git command, a compile error, failing tests).
 
-use std::process::Output;
+use std::path::Path;
+use std::process::{Output, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
@@ -37,14 +38,41 @@ pub async fn output(make: impl FnMut() -> Command, what: &str) -> Result<Output>
 /// # Errors
 /// As [`output`].
 pub async fn output_unless_cut_short(
-    mut make: impl FnMut() -> Command,
+    make: impl FnMut() -> Command,
     what: &str,
     cut_short: impl Fn(&Output) -> Option<&'static str>,
 ) -> Result<Output> {
+    output_recorded(make, what, cut_short, None).await
+}
+
+/// [`output_unless_cut_short`], for a command started in a process group of its own
+/// ([`own_process_group`]) that works in `dir`, a directory of the scratch space: while it
+/// runs, its process group's id is in `dir`'s [`GROUP_FILE`], so that the next start can stop
+/// it ([`stop_left_groups`]) if this program is killed meanwhile (SIGKILL runs no
+/// `kill_on_drop`: a build would go on writing in the scratch space the next start clears).
+///
+/// # Errors
+/// As [`output`].
+pub async fn output_in_recorded_group(
+    make: impl FnMut() -> Command,
+    what: &str,
+    cut_short: impl Fn(&Output) -> Option<&'static str>,
+    dir: &Path,
+) -> Result<Output> {
+    output_recorded(make, what, cut_short, Some(&dir.join(GROUP_FILE))).await
+}
+
+/// The loop of [`output_unless_cut_short`] and [`output_in_recorded_group`]: `group_file`,
+/// if given, holds the child's process id (its group's) while it runs.
+async fn output_recorded(
+    mut make: impl FnMut() -> Command,
+    what: &str,
+    cut_short: impl Fn(&Output) -> Option<&'static str>,
+    group_file: Option<&Path>,
+) -> Result<Output> {
     let mut runs = 1;
     loop {
-        let output = make()
-            .output()
+        let output = run_once(make(), group_file)
             .await
             .with_context(|| format!("cannot run `{what}`"))?;
         await_stop_if_interrupted(&output.status, what).await;
@@ -65,6 +93,117 @@ pub async fn output_unless_cut_short(
         runs += 1;
         tokio::time::sleep(KILLED_PAUSE).await;
     }
+}
+
+/// Runs `cmd` as [`Command::output`] does (standard output and error captured), writing its
+/// process id to `group_file`, if given, once it is started, and removing the file once it has
+/// ended. (A kill between the start and the write leaves the child unrecorded: a window of
+/// microseconds.)
+async fn run_once(mut cmd: Command, group_file: Option<&Path>) -> std::io::Result<Output> {
+    let Some(group_file) = group_file else {
+        return cmd.output().await;
+    };
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let child = cmd.spawn()?;
+    if let Some(pid) = child.id() {
+        // Best effort: without the record, only a kill of this program leaves the child be.
+        let _ = std::fs::write(group_file, pid.to_string());
+    }
+    let output = child.wait_with_output().await;
+    let _ = std::fs::remove_file(group_file);
+    output
+}
+
+/// The file in which [`output_in_recorded_group`] records the process group of the command
+/// it runs.
+pub const GROUP_FILE: &str = "process-group";
+
+/// How long [`stop_left_groups`] waits for a group it killed to be gone.
+const LEFT_GROUP_GRACE: Duration = Duration::from_secs(5);
+
+/// Stops the commands a killed process of this example left running in `scratch`: for each
+/// directory of `scratch` holding a [`GROUP_FILE`], kills (SIGKILL) the process group it
+/// names if a process of that group still works in that directory (its working directory is
+/// there: a group id reused since by another program's group is left alone), and waits up to
+/// [`LEFT_GROUP_GRACE`] for the group to be gone, so that the caller can clear `scratch`
+/// without the build writing there again. Each group stopped is said in a warning.
+///
+/// Only on Linux, where `/proc` tells a process's group and working directory; elsewhere
+/// nothing is stopped, and a build left running ends by itself.
+pub fn stop_left_groups(scratch: &Path) {
+    let Ok(entries) = std::fs::read_dir(scratch) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let dir = entry.path();
+        let Ok(recorded) = std::fs::read_to_string(dir.join(GROUP_FILE)) else {
+            continue;
+        };
+        if let Ok(pgid) = recorded.trim().parse::<i32>() {
+            stop_group_working_in(pgid, &dir);
+        }
+    }
+}
+
+/// [`stop_left_groups`] for one recorded group.
+#[cfg(target_os = "linux")]
+fn stop_group_working_in(pgid: i32, dir: &Path) {
+    use rustix::process::{Pid, Signal, getpgrp, kill_process_group};
+    // kill(-1) would signal every process this one may: a group's id is above 1, and this
+    // program's own group is never one it records.
+    let Some(group) = Pid::from_raw(pgid).filter(|_| pgid > 1) else {
+        return;
+    };
+    let Ok(dir) = dir.canonicalize() else {
+        return;
+    };
+    if group == getpgrp() || !group_alive(pgid).iter().any(|cwd| cwd.starts_with(&dir)) {
+        return;
+    }
+    tracing::warn!(
+        process_group = pgid,
+        dir = %dir.display(),
+        "stopping a command a killed process of this example left running in the scratch space"
+    );
+    if let Err(e) = kill_process_group(group, Signal::KILL) {
+        tracing::warn!(process_group = pgid, error = %e, "cannot kill the process group");
+        return;
+    }
+    let deadline = std::time::Instant::now() + LEFT_GROUP_GRACE;
+    while !group_alive(pgid).is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn stop_group_working_in(_pgid: i32, _dir: &Path) {}
+
+/// The working directories of the live processes (zombies left out) of process group `pgid`,
+/// from `/proc` (a directory that cannot be read, a process of another user's, is an empty
+/// path, which is within no directory).
+#[cfg(target_os = "linux")]
+fn group_alive(pgid: i32) -> Vec<std::path::PathBuf> {
+    let Ok(processes) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    processes
+        .flatten()
+        .filter(|entry| {
+            entry
+                .file_name()
+                .to_str()
+                .is_some_and(|name| name.parse::<u32>().is_ok())
+        })
+        .filter_map(|entry| {
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            // `pid (comm) state ppid pgrp ...`; comm may hold spaces and parentheses.
+            let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
+            let state = fields.next()?;
+            let pgrp: i32 = fields.nth(1)?.parse().ok()?;
+            (pgrp == pgid && !matches!(state, "Z" | "X"))
+                .then(|| std::fs::read_link(entry.path().join("cwd")).unwrap_or_default())
+        })
+        .collect()
 }
 
 /// Runs `program --version` ([`output`]: run again if killed from outside) and returns what

@@ -310,6 +310,7 @@ impl Paths {
             .into_iter()
             .chain(self.asides("new"))
         {
+            crate::child::stop_left_groups(&dir.join("scratch"));
             if let Err(e) = std::fs::remove_dir_all(&dir) {
                 tracing::warn!(dir = %dir.display(), error = %e, "cannot delete");
             }
@@ -350,8 +351,9 @@ impl Paths {
     }
 
     /// Clears what interrupted runs left behind: a work directory moved aside to be deleted,
-    /// half-built repositories, test builds. Only for the holder of the store's lock: another
-    /// process's work in progress looks the same.
+    /// half-built repositories, test builds (and a build or test run still going on there,
+    /// stopped first: [`stop_left_groups`](crate::child::stop_left_groups)). Only for the
+    /// holder of the store's lock: another process's work in progress looks the same.
     ///
     /// # Errors
     /// If the scratch directory cannot be made anew.
@@ -370,6 +372,7 @@ impl Paths {
                 }
             }
         }
+        crate::child::stop_left_groups(&self.scratch);
         let _ = std::fs::remove_dir_all(&self.scratch);
         std::fs::create_dir_all(&self.scratch)
             .with_context(|| format!("cannot create {}", self.scratch.display()))

@@ -10,6 +10,7 @@ use std::process::Stdio;
 use anyhow::{Context as _, Result};
 use tokio::process::Command;
 
+use crate::child::output_in_recorded_group;
 use crate::git::Git;
 use crate::workflow::{TestCase, TestReport};
 
@@ -56,7 +57,7 @@ pub async fn run_tests(git: &Git, commit: &str, scratch: &Path) -> Result<TestRe
     };
     // Whether rustc can start was checked at the start ([`check_rustc`]).
     let compiled =
-        crate::child::output_unless_cut_short(rustc, "rustc --test", build_cut_short).await?;
+        output_in_recorded_group(rustc, "rustc --test", build_cut_short, build.path()).await?;
     if !compiled.status.success() {
         let stderr = String::from_utf8_lossy(&compiled.stderr)
             .replace(&build.path().to_string_lossy().into_owned(), "<build>");
@@ -74,14 +75,16 @@ pub async fn run_tests(git: &Git, commit: &str, scratch: &Path) -> Result<TestRe
             .env("RUST_BACKTRACE", "0");
         tests
     };
-    let ran = crate::child::output(tests, "the demo's unit tests").await?;
+    let ran =
+        output_in_recorded_group(tests, "the demo's unit tests", |_| None, build.path()).await?;
     let stdout = String::from_utf8_lossy(&ran.stdout);
     Ok(parse(&stdout, ran.status.success(), ran.status.code()))
 }
 
 /// `program`, to run in `dir` with no input, in a process group of its own
 /// ([`own_process_group`](crate::child::own_process_group)), and killed when its step is
-/// dropped (Ctrl-C, a time-out): a build or a test run has nothing to finish.
+/// dropped (Ctrl-C, a time-out): a build or a test run has nothing to finish. Run through
+/// [`output_in_recorded_group`], so that the next start stops it if this program is killed.
 fn killed_with_the_step(program: impl AsRef<std::ffi::OsStr>, dir: &Path) -> Command {
     let mut cmd = Command::new(program);
     cmd.current_dir(dir).stdin(Stdio::null()).kill_on_drop(true);

@@ -563,6 +563,85 @@ fn git_and_rustc_killed_from_outside_are_run_again_and_cost_no_attempt() {
     }
 }
 
+/// Whether process `pid` is alive: in `/proc`, and not a zombie (a killed orphan is one
+/// until something reaps it).
+#[cfg(target_os = "linux")]
+fn alive(pid: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        let state = stat.rsplit_once(')').map(|(_, rest)| rest.trim_start());
+        !state.is_some_and(|state| state.starts_with('Z') || state.starts_with('X'))
+    })
+}
+
+/// A `deliver` SIGKILLed while it builds the demo's tests leaves that build running (in a
+/// process group of its own; `kill_on_drop` runs on no SIGKILL). The next start stops it
+/// before it clears the scratch space, saying so, and completes the run as the reference
+/// did, with nothing left in the scratch space. (A `rustc` wrapper on `PATH` stands for a
+/// long build: its first `--test` build records its process id and sleeps in the build's
+/// directory; later builds are the real rustc's.)
+#[cfg(target_os = "linux")]
+#[test]
+fn a_test_build_left_running_by_a_killed_start_is_stopped_by_the_next() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let reference = &reference().outcome;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let bin = dir.path().join("bin");
+    let marks = dir.path().join("marks");
+    std::fs::create_dir_all(&bin).expect("bin");
+    std::fs::create_dir_all(&marks).expect("marks");
+    let m = marks.display();
+    let script = format!(
+        "#!/bin/sh\ncase \" $* \" in *\" --test \"*) if mkdir '{m}/held' 2>/dev/null; then \
+         echo $$ > '{m}/pid.tmp' && mv '{m}/pid.tmp' '{m}/pid' && exec sleep 600; fi;; esac\n\
+         exec '{}' \"$@\"\n",
+        on_path("rustc").display()
+    );
+    let rustc = bin.join("rustc");
+    std::fs::write(&rustc, script).expect("write the wrapper");
+    std::fs::set_permissions(&rustc, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let path = std::env::join_paths(std::iter::once(bin.clone()).chain(std::env::split_paths(
+        &std::env::var_os("PATH").expect("PATH"),
+    )))
+    .expect("PATH");
+    let workdir = dir.path().join("work");
+    let first = deliver(&workdir)
+        .env("PATH", &path)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the example");
+    let pid = poll(Duration::from_secs(120), Duration::from_millis(20), || {
+        std::fs::read_to_string(marks.join("pid")).ok()
+    })
+    .expect("the build of the tests never started");
+    let pid = pid.trim();
+    sigkill(first);
+    assert!(
+        alive(pid),
+        "the build died with the example: nothing to stop"
+    );
+    let output = deliver(&workdir)
+        .env("PATH", &path)
+        .output()
+        .expect("run the example again");
+    assert!(output.status.success(), "{}", describe(&output));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        stderr
+            .matches("stopping a command a killed process of this example left running")
+            .count(),
+        1,
+        "{stderr}"
+    );
+    assert!(!alive(pid), "the build left running was not stopped");
+    check(&workdir, reference, "a test build left running");
+    let left: Vec<_> = std::fs::read_dir(workdir.join("scratch"))
+        .expect("the scratch space")
+        .map(|entry| entry.expect("an entry").file_name())
+        .collect();
+    assert_eq!(left, Vec::<std::ffi::OsString>::new());
+}
+
 /// SplitMix64: a tiny, seedable generator, so that a failing seed can be replayed.
 struct SplitMix(u64);
 
