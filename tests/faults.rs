@@ -561,26 +561,41 @@ fn a_fifo_is_refused_by_every_open_without_blocking() {
 
 #[cfg(unix)]
 #[test]
-fn a_missing_path_that_names_a_directory_is_refused_by_every_open_making_nothing() {
+fn a_path_that_names_a_directory_is_refused_by_every_open_making_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let mut named = dir.path().join("missing").into_os_string();
-    named.push("/");
-    let named = std::path::PathBuf::from(named);
-    for (what, open) in EVERY_OPEN {
-        match open(&named) {
-            Some(e @ Error::Open { .. }) => assert_eq!(
-                e.to_string(),
-                format!(
-                    "cannot open store {}: the path ends with `/`, which names a directory; a \
-                     store is a regular file: name one in that directory (DIR/agent.redb)",
-                    named.display()
+    // A file named with a `/` after it: the store itself was meant.
+    let file = dir.path().join("agent.redb");
+    std::fs::write(&file, b"not touched").unwrap();
+    let meant_file = format!(
+        "which names a directory, and {} is a file: name the store without the `/`",
+        file.display()
+    );
+    let meant_dir = "which names a directory; a store is a regular file: name one in that \
+                     directory (DIR/agent.redb)";
+    for (name, meant) in [("missing", meant_dir), ("agent.redb", meant_file.as_str())] {
+        let mut named = dir.path().join(name).into_os_string();
+        named.push("/");
+        let named = std::path::PathBuf::from(named);
+        for (what, open) in EVERY_OPEN {
+            match open(&named) {
+                Some(e @ Error::Open { .. }) => assert_eq!(
+                    e.to_string(),
+                    format!(
+                        "cannot open store {}: the path ends with `/`, {meant}",
+                        named.display()
+                    ),
+                    "{what}"
                 ),
-                "{what}"
-            ),
-            other => panic!("{what}: expected Error::Open, got {other:?}"),
+                other => panic!("{what}: expected Error::Open, got {other:?}"),
+            }
         }
     }
-    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["agent.redb"]);
+    assert_eq!(std::fs::read(&file).unwrap(), b"not touched");
 }
 
 #[cfg(unix)]

@@ -2831,15 +2831,29 @@ fn missing_empty_foreign_and_corrupt_files_are_one_line_errors() {
     // A store file named as a directory (a trailing `/`), and a missing one.
     let plain = dir.path().join("plain.redb");
     std::fs::write(&plain, b"a file").unwrap();
-    for named in [&plain, &missing] {
+    // The store's open says what was meant (the rule is loops-core's).
+    for (named, meant) in [
+        (
+            &plain,
+            format!(
+                "which names a directory, and {} is a file: name the store without the `/`",
+                plain.display()
+            ),
+        ),
+        (
+            &missing,
+            "which names a directory; a store is a regular file: name one in that directory \
+             (DIR/agent.redb)"
+                .to_owned(),
+        ),
+    ] {
         let mut slashed = named.clone().into_os_string();
         slashed.push("/");
         let slashed = PathBuf::from(slashed);
         assert_eq!(
             fails(&slashed, &["runs"], 1),
             format!(
-                "error: store {} ends with `/`, which names a directory; a store is a file: \
-                 name it without the `/`\n",
+                "error: cannot open store {}: the path ends with `/`, {meant}\n",
                 slashed.display()
             )
         );

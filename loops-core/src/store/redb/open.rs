@@ -435,7 +435,8 @@ static NEW_FILES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::n
 /// Refuses a `path` that exists and is not a regular file (a FIFO, a socket, a device or a
 /// directory), before any open touches it: opening a FIFO would block until a writer came;
 /// and a symbolic link to nothing, which no open would say more of than "no such file"; and a
-/// path that does not exist and ends with `/` (a directory's name). Any other path that does
+/// path that names nothing and ends with `/` (a directory's name; [`names_a_directory`] says
+/// what was meant, a file of that name included). Any other path that does
 /// not exist passes (the open that follows says so, or creates the store).
 pub(in crate::store) fn refuse_special_file(path: &Path) -> Result<()> {
     let Ok(meta) = std::fs::metadata(path) else {
@@ -451,9 +452,7 @@ pub(in crate::store) fn refuse_special_file(path: &Path) -> Result<()> {
             }),
             Err(_) if path.as_os_str().as_encoded_bytes().ends_with(b"/") => Err(Error::Open {
                 path: path.to_path_buf(),
-                cause: "the path ends with `/`, which names a directory; a store is a regular \
-                        file: name one in that directory (DIR/agent.redb)"
-                    .into(),
+                cause: names_a_directory(path).into(),
             }),
             Err(_) => Ok(()),
         };
@@ -467,6 +466,26 @@ pub(in crate::store) fn refuse_special_file(path: &Path) -> Result<()> {
         path: path.to_path_buf(),
         cause: format!("it is {what}, not a regular file; a store is a regular file").into(),
     })
+}
+
+/// Why `path`, which ends with `/` and names nothing, is no store's path: it names a
+/// directory. If a file is there under the name without the `/` (`FILE/` for an existing
+/// `FILE`: the path cannot be looked up, since `FILE` is no directory), the store was meant:
+/// name it without the `/`; else a store is to be named in that directory.
+fn names_a_directory(path: &Path) -> String {
+    // Components leave the trailing `/` out.
+    let without: PathBuf = path.components().collect();
+    if without.is_file() {
+        format!(
+            "the path ends with `/`, which names a directory, and {} is a file: name the store \
+             without the `/`",
+            without.display()
+        )
+    } else {
+        "the path ends with `/`, which names a directory; a store is a regular file: name one \
+         in that directory (DIR/agent.redb)"
+            .to_owned()
+    }
 }
 
 /// The first of `dir` and its ancestors that is a symbolic link to nothing, with its target.
