@@ -500,11 +500,19 @@ async fn a_socket_path_too_long_is_refused_naming_both_lengths() {
     for (len, ok) in [(fits, true), (fits + 1, false), (200, false)] {
         let socket = dir.path().join("s".repeat(len - base));
         assert_eq!(socket.as_os_str().len(), len);
+        // The same rule, checked before anything is made for the endpoint.
+        let checked = Endpoint::Unix(socket.clone())
+            .check_name()
+            .map_err(|e| e.to_string());
         let served = rt.serve_control(Endpoint::Unix(socket.clone())).await;
         match served {
-            Ok(server) if ok => server.stop().await,
+            Ok(server) if ok => {
+                assert_eq!(checked, Ok(()));
+                server.stop().await;
+            }
             Err(e) if !ok => {
                 assert!(matches!(e, ControlError::Bind { .. }), "{e:?}");
+                assert_eq!(checked, Err(e.to_string()));
                 assert_eq!(
                     e.to_string(),
                     format!(

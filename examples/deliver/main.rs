@@ -324,6 +324,12 @@ async fn run(cli: Cli) -> Result<Ended> {
         return dry_run(&cli).await.map(|()| Ended::Done);
     }
     let store = project::store_path(&cli.workdir, cli.store.as_deref());
+    if cli.serve {
+        // A socket path too long is refused before a work directory or a store is made.
+        loops::control::Endpoint::next_to(&store)
+            .check_name()
+            .context("--serve: cannot serve the control endpoint")?;
+    }
     if cli.approve || cli.retry {
         // No store, no run: refused before a store or a work directory is made.
         ensure!(store.exists(), place::no_such_run(&cli, &store));

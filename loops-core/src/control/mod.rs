@@ -54,6 +54,23 @@ impl Endpoint {
         Endpoint::Unix(socket_path(store.as_ref()))
     }
 
+    /// Checks what can be checked of the endpoint before anything is made for it: a Unix
+    /// socket's path must fit the system's limit on one (107 bytes on Linux, 103 on macOS
+    /// and the BSDs), less the suffix of the temporary name it is first bound under (the
+    /// process id). [`Runtime::serve_control`](crate::Runtime::serve_control) makes the same
+    /// check; a program that serves an endpoint after a setup of its own (a work directory,
+    /// a store) can make it first, so that a path too long is refused before that setup.
+    /// TCP endpoints pass.
+    ///
+    /// # Errors
+    /// [`ControlError::Bind`] naming the path's length, the limit, and what to do.
+    pub fn check_name(&self) -> Result<(), ControlError> {
+        match self {
+            Endpoint::Unix(path) => server::check_socket_path(path, self),
+            Endpoint::Tcp { .. } => Ok(()),
+        }
+    }
+
     /// TCP on 127.0.0.1 at `port` (0: any free port; [`ControlServer::endpoint`] says
     /// which), with the token in `token_file`.
     pub fn loopback(port: u16, token_file: impl Into<PathBuf>) -> Endpoint {

@@ -177,23 +177,8 @@ async fn bind_unix(
             ),
         )));
     }
-    let mut temporary = path.as_os_str().to_owned();
-    temporary.push(format!(".{}.tmp", std::process::id()));
-    let temporary = PathBuf::from(temporary);
-    // The system's own refusal says only "path must be shorter than SUN_LEN".
-    let longer = temporary.as_os_str().len() - path.as_os_str().len();
-    if temporary.as_os_str().len() > SOCKET_PATH_MAX {
-        return Err(bind_error(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            format!(
-                "the socket's path is {} bytes, and a Unix socket's path may have at most {} \
-                 here ({SOCKET_PATH_MAX} bytes, less the {longer} of the name it is bound under \
-                 first): name a store at a shorter path, or give `Endpoint::Unix` a shorter one",
-                path.as_os_str().len(),
-                SOCKET_PATH_MAX - longer,
-            ),
-        )));
-    }
+    check_socket_path(path, endpoint)?;
+    let temporary = temporary_name(path);
     let _ = std::fs::remove_file(&temporary);
     let listener = tokio::net::UnixListener::bind(&temporary).map_err(bind_error)?;
     let placed = owner_only(&temporary).and_then(|()| std::fs::rename(&temporary, path));
@@ -202,6 +187,38 @@ async fn bind_unix(
         return Err(bind_error(e));
     }
     Ok(listener)
+}
+
+/// The name [`bind_unix`] binds the socket at `path` under first: `path` with
+/// `.PID.tmp` after it.
+fn temporary_name(path: &Path) -> PathBuf {
+    let mut temporary = path.as_os_str().to_owned();
+    temporary.push(format!(".{}.tmp", std::process::id()));
+    PathBuf::from(temporary)
+}
+
+/// [`Endpoint::check_name`] for the Unix socket at `path` (`endpoint`, for the error): its
+/// temporary name ([`temporary_name`]) must fit [`SOCKET_PATH_MAX`]. The system's own
+/// refusal says only "path must be shorter than SUN_LEN".
+pub(super) fn check_socket_path(path: &Path, endpoint: &Endpoint) -> Result<(), ControlError> {
+    let temporary = temporary_name(path);
+    let longer = temporary.as_os_str().len() - path.as_os_str().len();
+    if temporary.as_os_str().len() <= SOCKET_PATH_MAX {
+        return Ok(());
+    }
+    Err(ControlError::Bind {
+        endpoint: endpoint.to_string(),
+        cause: std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "the socket's path is {} bytes, and a Unix socket's path may have at most {} \
+                 here ({SOCKET_PATH_MAX} bytes, less the {longer} of the name it is bound under \
+                 first): name a store at a shorter path, or give `Endpoint::Unix` a shorter one",
+                path.as_os_str().len(),
+                SOCKET_PATH_MAX - longer,
+            ),
+        ),
+    })
 }
 
 /// The longest path a Unix socket can be bound at, in bytes: `sun_path` less its closing

@@ -943,3 +943,27 @@ fn approvals(store: &std::path::Path, run: &str) -> Vec<Value> {
         .cloned()
         .collect()
 }
+
+/// `deliver --serve` in a work directory whose store's socket path is longer than a Unix
+/// socket's may be is refused before anything is made: no work directory, no store, no
+/// approval wish (a plain rerun would otherwise go on with what the refused start set up).
+#[cfg(unix)]
+#[test]
+fn serve_with_a_socket_path_too_long_is_refused_before_any_setup() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let workdir = dir.path().join("w".repeat(110));
+    let output = deliver(&workdir, &["--auto-approve=false", "--serve"]);
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    let socket = workdir.join("deliver.redb.sock");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "--serve: cannot serve the control endpoint: cannot listen on control endpoint \
+             unix:{}: the socket's path is {} bytes, and a Unix socket's path may have at most",
+            socket.display(),
+            socket.as_os_str().len()
+        )),
+        "{stderr}"
+    );
+    assert!(!workdir.exists(), "the work directory was made");
+}
