@@ -223,9 +223,8 @@ impl Runtime {
                 accepted: false,
             }),
         };
-        let terminal = migrated.terminal;
         let info = self
-            .commit_evolved(claim, info, (&new, terminal), known)
+            .commit_evolved(claim, info, (&new, migrated.terminal), known)
             .await?;
         tracing::info!(
             from = %chain.from().hash,
