@@ -426,25 +426,22 @@ fn damage_or(path: &Path, failure: Failure) -> Failure {
     }
 }
 
+/// Refuses a store that is not there: no command creates one (the store's open would). What
+/// is there and is no store (a directory, a FIFO, an empty file, a path ending with `/`) is
+/// refused by the store's open, in the library's words, the same for every command and
+/// program.
 fn check_file(path: &Path) -> Result<()> {
-    if path.as_os_str().as_encoded_bytes().ends_with(b"/") && !path.is_dir() {
-        // The store's open refuses it and says what was meant (the rule is the library's).
+    if path.as_os_str().as_encoded_bytes().ends_with(b"/") {
+        // Named as a directory: the store's open says what was meant.
         return Ok(());
     }
-    match std::fs::metadata(path) {
-        Ok(meta) if meta.is_dir() => Err(Failure::new(format!(
-            "store {} is a directory, not a store file",
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(Failure::new(format!(
+            "store {} does not exist",
             path.display()
         ))),
-        // A FIFO, socket or device: the store's open refuses it and says what it is (its
-        // length says nothing).
-        Ok(meta) if !meta.is_file() => Ok(()),
-        Ok(meta) if meta.len() == 0 => Err(Failure::new(format!(
-            "store {} is an empty file, not a loops store",
-            path.display()
-        ))),
-        Ok(_) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+        // A symbolic link to nothing: said so, with its target.
+        Ok(meta) if meta.file_type().is_symlink() && !path.exists() => {
             Err(Failure::new(match std::fs::read_link(path) {
                 Ok(target) => format!(
                     "store {} is a symbolic link to {}, which does not exist",
@@ -454,10 +451,7 @@ fn check_file(path: &Path) -> Result<()> {
                 Err(_) => format!("store {} does not exist", path.display()),
             }))
         }
-        Err(e) => Err(Failure::new(format!(
-            "cannot read store {}: {e}",
-            path.display()
-        ))),
+        _ => Ok(()),
     }
 }
 
@@ -487,7 +481,7 @@ pub fn open_failure(path: &Path, e: Error) -> Failure {
                 )
             } else {
                 format!(
-                    "store {} is in use by a running process that serves no control endpoint (none answers on {}; redb allows no reader beside the process): serve one in it (Runtime::serve_control_next_to_store), or stop it, then run this command again",
+                    "store {} is in use by a running process that serves no control endpoint (none answers on {}; redb allows no reader beside the process): serve one in it (`Runtime::serve_control_next_to_store`; the example agent serves one with `deliver --serve`), or stop it, then run this command again",
                     path.display(),
                     socket.display()
                 )

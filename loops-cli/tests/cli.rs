@@ -2489,7 +2489,7 @@ fn a_store_held_by_a_running_process_is_refused_in_one_line() {
         })
     };
     let want = format!(
-        "error: store {} is in use by a running process that serves no control endpoint (none answers on {}.sock; redb allows no reader beside the process): serve one in it (Runtime::serve_control_next_to_store), or stop it, then run this command again\n",
+        "error: store {} is in use by a running process that serves no control endpoint (none answers on {}.sock; redb allows no reader beside the process): serve one in it (`Runtime::serve_control_next_to_store`; the example agent serves one with `deliver --serve`), or stop it, then run this command again\n",
         path.display(),
         path.display()
     );
@@ -2627,7 +2627,8 @@ fn missing_empty_foreign_and_corrupt_files_are_one_line_errors() {
     assert_eq!(
         fails(&empty, &["check"], 1),
         format!(
-            "error: store {} is an empty file, not a loops store\n",
+            "error: cannot open store {}: the file is empty (0 bytes), not a loops store; \
+             delete it to start a new store\n",
             empty.display()
         )
     );
@@ -2824,7 +2825,8 @@ fn missing_empty_foreign_and_corrupt_files_are_one_line_errors() {
     assert_eq!(
         fails(dir.path(), &["runs"], 1),
         format!(
-            "error: store {} is a directory, not a store file\n",
+            "error: cannot open store {}: it is a directory, not a regular file; a store is a \
+             regular file\n",
             dir.path().display()
         )
     );
@@ -4052,7 +4054,10 @@ fn a_store_url_of_a_scheme_loops_does_not_open_is_refused_naming_what_it_opens()
         .args(["--store", "http://x/y", "runs"])
         .assert()
         .code(1)
-        .stderr("error: store http://x/y is an empty file, not a loops store\n");
+        .stderr(
+            "error: cannot open store http://x/y: the file is empty (0 bytes), not a loops \
+             store; delete it to start a new store\n",
+        );
 }
 
 /// `loops upgrade PATH`: converts the format-1 fixture of the workspace's tests, says what
