@@ -72,7 +72,9 @@ async fn output_recorded(
 ) -> Result<Output> {
     let mut runs = 1;
     loop {
-        let output = run_once(make(), group_file)
+        // Boxed: a spawned child's wait with its output is a large future, and a step's
+        // future holds it (the crash explorer's test drives whole runs on a 2 MiB stack).
+        let output = Box::pin(run_once(make(), group_file))
             .await
             .with_context(|| format!("cannot run `{what}`"))?;
         await_stop_if_interrupted(&output.status, what).await;

@@ -488,24 +488,10 @@ fn a_git_lock_a_live_git_may_hold_is_waited_for_and_sigterm_still_stops() {
 #[cfg(unix)]
 #[test]
 fn git_and_rustc_killed_from_outside_are_run_again_and_cost_no_attempt() {
-    use std::os::unix::fs::PermissionsExt as _;
     let reference = &reference().outcome;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let bin = dir.path().join("bin");
-    let marks = dir.path().join("marks");
-    std::fs::create_dir_all(&bin).expect("bin");
-    std::fs::create_dir_all(&marks).expect("marks");
-    let wrapper = |name: &str, killed_when: &str| {
-        let script = format!(
-            "#!/bin/sh\n{killed_when}\nexec '{}' \"$@\"\n",
-            on_path(name).display()
-        );
-        let path = bin.join(name);
-        std::fs::write(&path, script).expect("write a wrapper");
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    };
-    let m = marks.display();
-    wrapper(
+    let wrapped = Wrapped::new();
+    let m = wrapped.marks.display();
+    wrapped.wrap(
         "git",
         &format!(
             "if [ \"$1\" = push ]; then case \"$*\" in *refs/heads/loops/*) \
@@ -513,22 +499,19 @@ fn git_and_rustc_killed_from_outside_are_run_again_and_cost_no_attempt() {
              mkdir '{m}/push-2' 2>/dev/null && kill -KILL $$;; esac; fi"
         ),
     );
-    wrapper(
+    wrapped.wrap(
         "rustc",
         &format!(
             "case \" $* \" in *\" --test \"*) mkdir '{m}/rustc' 2>/dev/null && kill -TERM $$;; esac"
         ),
     );
     // rustc's linker driver: rustc then exits 1, saying its linker died of a signal.
-    wrapper(
+    wrapped.wrap(
         "cc",
         &format!("mkdir '{m}/cc' 2>/dev/null && kill -KILL $$"),
     );
-    let workdir = dir.path().join("work");
-    let path = std::env::join_paths(std::iter::once(bin.clone()).chain(std::env::split_paths(
-        &std::env::var_os("PATH").expect("PATH"),
-    )))
-    .expect("PATH");
+    let workdir = wrapped.dir.path().join("work");
+    let path = wrapped.path();
     let output = deliver(&workdir)
         .env("PATH", path)
         .output()
@@ -559,7 +542,7 @@ fn git_and_rustc_killed_from_outside_are_run_again_and_cost_no_attempt() {
     let counts = entries(&workdir);
     assert!(counts.values().all(|n| *n == 1), "{counts:?}");
     for mark in ["push-1", "push-2", "rustc", "cc"] {
-        assert!(marks.join(mark).is_dir(), "{mark} was not killed");
+        assert!(wrapped.marks.join(mark).is_dir(), "{mark} was not killed");
     }
 }
 
@@ -582,28 +565,19 @@ fn alive(pid: &str) -> bool {
 #[cfg(target_os = "linux")]
 #[test]
 fn a_test_build_left_running_by_a_killed_start_is_stopped_by_the_next() {
-    use std::os::unix::fs::PermissionsExt as _;
     let reference = &reference().outcome;
-    let dir = tempfile::tempdir().expect("temp dir");
-    let bin = dir.path().join("bin");
-    let marks = dir.path().join("marks");
-    std::fs::create_dir_all(&bin).expect("bin");
-    std::fs::create_dir_all(&marks).expect("marks");
+    let wrapped = Wrapped::new();
+    let marks = &wrapped.marks;
     let m = marks.display();
-    let script = format!(
-        "#!/bin/sh\ncase \" $* \" in *\" --test \"*) if mkdir '{m}/held' 2>/dev/null; then \
-         echo $$ > '{m}/pid.tmp' && mv '{m}/pid.tmp' '{m}/pid' && exec sleep 600; fi;; esac\n\
-         exec '{}' \"$@\"\n",
-        on_path("rustc").display()
+    wrapped.wrap(
+        "rustc",
+        &format!(
+            "case \" $* \" in *\" --test \"*) if mkdir '{m}/held' 2>/dev/null; then \
+             echo $$ > '{m}/pid.tmp' && mv '{m}/pid.tmp' '{m}/pid' && exec sleep 600; fi;; esac"
+        ),
     );
-    let rustc = bin.join("rustc");
-    std::fs::write(&rustc, script).expect("write the wrapper");
-    std::fs::set_permissions(&rustc, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let path = std::env::join_paths(std::iter::once(bin.clone()).chain(std::env::split_paths(
-        &std::env::var_os("PATH").expect("PATH"),
-    )))
-    .expect("PATH");
-    let workdir = dir.path().join("work");
+    let path = wrapped.path();
+    let workdir = wrapped.dir.path().join("work");
     let first = deliver(&workdir)
         .env("PATH", &path)
         .stdout(Stdio::null())
@@ -640,6 +614,48 @@ fn a_test_build_left_running_by_a_killed_start_is_stopped_by_the_next() {
         .map(|entry| entry.expect("an entry").file_name())
         .collect();
     assert_eq!(left, Vec::<std::ffi::OsString>::new());
+}
+
+/// Programs on `PATH` wrapped by shell scripts, for tests that kill git, rustc or its linker
+/// from outside: a temporary directory with `bin/` (the wrappers) and `marks/` (where the
+/// scripts mark what they did, so that each kill happens once).
+#[cfg(unix)]
+struct Wrapped {
+    dir: tempfile::TempDir,
+    marks: PathBuf,
+}
+
+#[cfg(unix)]
+impl Wrapped {
+    fn new() -> Wrapped {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let marks = dir.path().join("marks");
+        std::fs::create_dir_all(dir.path().join("bin")).expect("bin");
+        std::fs::create_dir_all(&marks).expect("marks");
+        Wrapped { dir, marks }
+    }
+
+    /// Puts a wrapper of the program `name` in `bin/`: a script that runs the shell code
+    /// `before`, then the program found on this process's `PATH`.
+    fn wrap(&self, name: &str, before: &str) {
+        use std::os::unix::fs::PermissionsExt as _;
+        let script = format!(
+            "#!/bin/sh\n{before}\nexec '{}' \"$@\"\n",
+            on_path(name).display()
+        );
+        let path = self.dir.path().join("bin").join(name);
+        std::fs::write(&path, script).expect("write a wrapper");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+
+    /// `PATH` with `bin/` first.
+    fn path(&self) -> std::ffi::OsString {
+        let bin = self.dir.path().join("bin");
+        std::env::join_paths(std::iter::once(bin).chain(std::env::split_paths(
+            &std::env::var_os("PATH").expect("PATH"),
+        )))
+        .expect("PATH")
+    }
 }
 
 /// SplitMix64: a tiny, seedable generator, so that a failing seed can be replayed.
