@@ -66,7 +66,7 @@ impl Endpoint {
     /// [`ControlError::Bind`] naming the path's length, the limit, and what to do.
     pub fn check_name(&self) -> Result<(), ControlError> {
         match self {
-            Endpoint::Unix(path) => server::check_socket_path(path, self),
+            Endpoint::Unix(path) => check_socket_path(path, self),
             Endpoint::Tcp { .. } => Ok(()),
         }
     }
@@ -89,6 +89,42 @@ impl std::fmt::Display for Endpoint {
         }
     }
 }
+
+/// The name the control server binds the socket at `path` under first: `path` with
+/// `.PID.tmp` after it.
+pub(crate) fn temporary_name(path: &Path) -> PathBuf {
+    let mut temporary = path.as_os_str().to_owned();
+    temporary.push(format!(".{}.tmp", std::process::id()));
+    PathBuf::from(temporary)
+}
+
+/// [`Endpoint::check_name`] for the Unix socket at `path` (`endpoint`, for the error): its
+/// temporary name ([`temporary_name`]) must fit [`SOCKET_PATH_MAX`]. The system's own
+/// refusal says only "path must be shorter than SUN_LEN".
+pub(crate) fn check_socket_path(path: &Path, endpoint: &Endpoint) -> Result<(), ControlError> {
+    let temporary = temporary_name(path);
+    let longer = temporary.as_os_str().len() - path.as_os_str().len();
+    if temporary.as_os_str().len() <= SOCKET_PATH_MAX {
+        return Ok(());
+    }
+    Err(ControlError::Bind {
+        endpoint: endpoint.to_string(),
+        cause: std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!(
+                "the socket's path is {} bytes, and a Unix socket's path may have at most {} \
+                 here ({SOCKET_PATH_MAX} bytes, less the {longer} of the name it is bound under \
+                 first): name a store at a shorter path, or give `Endpoint::Unix` a shorter one",
+                path.as_os_str().len(),
+                SOCKET_PATH_MAX - longer,
+            ),
+        ),
+    })
+}
+
+/// The longest path a Unix socket can be bound at, in bytes: `sun_path` less its closing
+/// NUL (108 bytes on Linux, 104 on the BSDs and macOS).
+const SOCKET_PATH_MAX: usize = if cfg!(target_os = "linux") { 107 } else { 103 };
 
 /// The socket a process serves next to its redb store file `store`, and where `loops`
 /// looks for it: the file's path with `.sock` appended (`agent.redb` → `agent.redb.sock`),

@@ -20,7 +20,7 @@ use super::wire::{
     PROTOCOL, PruneReply, PruneRequest, RetryReply, Run, RunStep, SendRequest, SentReply, Step,
     StoredSchema, VERSION_HEADER, Version,
 };
-use super::{ControlError, Endpoint};
+use super::{ControlError, Endpoint, check_socket_path, temporary_name};
 use crate::error::Error;
 use crate::retention::RetentionPolicy;
 use crate::runtime::Runtime;
@@ -188,42 +188,6 @@ async fn bind_unix(
     }
     Ok(listener)
 }
-
-/// The name [`bind_unix`] binds the socket at `path` under first: `path` with
-/// `.PID.tmp` after it.
-fn temporary_name(path: &Path) -> PathBuf {
-    let mut temporary = path.as_os_str().to_owned();
-    temporary.push(format!(".{}.tmp", std::process::id()));
-    PathBuf::from(temporary)
-}
-
-/// [`Endpoint::check_name`] for the Unix socket at `path` (`endpoint`, for the error): its
-/// temporary name ([`temporary_name`]) must fit [`SOCKET_PATH_MAX`]. The system's own
-/// refusal says only "path must be shorter than SUN_LEN".
-pub(super) fn check_socket_path(path: &Path, endpoint: &Endpoint) -> Result<(), ControlError> {
-    let temporary = temporary_name(path);
-    let longer = temporary.as_os_str().len() - path.as_os_str().len();
-    if temporary.as_os_str().len() <= SOCKET_PATH_MAX {
-        return Ok(());
-    }
-    Err(ControlError::Bind {
-        endpoint: endpoint.to_string(),
-        cause: std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            format!(
-                "the socket's path is {} bytes, and a Unix socket's path may have at most {} \
-                 here ({SOCKET_PATH_MAX} bytes, less the {longer} of the name it is bound under \
-                 first): name a store at a shorter path, or give `Endpoint::Unix` a shorter one",
-                path.as_os_str().len(),
-                SOCKET_PATH_MAX - longer,
-            ),
-        ),
-    })
-}
-
-/// The longest path a Unix socket can be bound at, in bytes: `sun_path` less its closing
-/// NUL (108 bytes on Linux, 104 on the BSDs and macOS).
-const SOCKET_PATH_MAX: usize = if cfg!(target_os = "linux") { 107 } else { 103 };
 
 /// What is at `path` if it is there and is not a socket ("a regular file", "a directory",
 /// "a symbolic link", ...); `None` if nothing is, or a socket.
