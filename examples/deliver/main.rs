@@ -325,10 +325,12 @@ async fn run(cli: Cli) -> Result<Ended> {
     }
     let store = project::store_path(&cli.workdir, cli.store.as_deref());
     if cli.serve {
-        // A socket path too long is refused before a work directory or a store is made.
-        loops::control::Endpoint::next_to(&store)
+        // A socket path too long is refused before a work directory or a store is made: the
+        // store's path made absolute, as `set_up` opens it.
+        let opened = std::path::absolute(&store).unwrap_or_else(|_| store.clone());
+        loops::control::Endpoint::next_to(opened)
             .check_name()
-            .context("--serve: cannot serve the control endpoint")?;
+            .context("--serve")?;
     }
     if cli.approve || cli.retry {
         // No store, no run: refused before a store or a work directory is made.
@@ -357,7 +359,7 @@ async fn run(cli: Cli) -> Result<Ended> {
     };
     let control = if cli.serve {
         let served = runtime.serve_control_next_to_store().await;
-        let served = served.context("--serve: cannot serve the control endpoint")?;
+        let served = served.context("--serve")?;
         if let loops::control::Endpoint::Unix(socket) = served.endpoint() {
             say!(
                 "control: {} (`loops --store <STORE>` reaches this process through it)",

@@ -2,7 +2,7 @@
 //! at the approval gate, approve it with `loops send`, let the example finish it, and inspect
 //! the finished run.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use serde_json::Value;
@@ -951,19 +951,34 @@ fn approvals(store: &std::path::Path, run: &str) -> Vec<Value> {
 #[test]
 fn serve_with_a_socket_path_too_long_is_refused_before_any_setup() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let workdir = dir.path().join("w".repeat(110));
-    let output = deliver(&workdir, &["--auto-approve=false", "--serve"]);
-    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
-    let socket = workdir.join("deliver.redb.sock");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        stderr.contains(&format!(
-            "--serve: cannot serve the control endpoint: cannot listen on control endpoint \
-             unix:{}: the socket's path is {} bytes, and a Unix socket's path may have at most",
-            socket.display(),
-            socket.as_os_str().len()
-        )),
-        "{stderr}"
-    );
-    assert!(!workdir.exists(), "the work directory was made");
+    let base = dir.path().join("d".repeat(40));
+    std::fs::create_dir(&base).expect("a directory");
+    // Named absolute, and relative to the current directory: short enough as given (its
+    // socket's path 88 bytes), too long once made absolute, as the store is opened.
+    let long = "w".repeat(70);
+    for (given, cwd) in [
+        (base.join(&long), None),
+        (PathBuf::from(&long), Some(base.as_path())),
+    ] {
+        let workdir = base.join(&long);
+        let mut cmd = deliver_in(&given);
+        cmd.args(["--auto-approve=false", "--serve"]);
+        if let Some(cwd) = cwd {
+            cmd.current_dir(cwd);
+        }
+        let output = cmd.output().expect("run the example");
+        assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+        let socket = workdir.join("deliver.redb.sock");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.starts_with(&format!(
+                "error: --serve: cannot listen on control endpoint unix:{}: the socket's path is \
+                 {} bytes, and a Unix socket's path may have at most",
+                socket.display(),
+                socket.as_os_str().len()
+            )),
+            "{given:?}: {stderr}"
+        );
+        assert!(!workdir.exists(), "{given:?}: the work directory was made");
+    }
 }
