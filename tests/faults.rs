@@ -605,20 +605,48 @@ fn a_symbolic_link_to_nothing_is_refused_by_every_open_and_stays_one() {
     let link = dir.path().join("store.redb");
     let target = dir.path().join("gone").join("store.redb");
     std::os::unix::fs::symlink(&target, &link).unwrap();
-    for (what, open) in EVERY_OPEN {
-        match open(&link) {
-            Some(e @ Error::Open { .. }) => assert_eq!(
-                e.to_string(),
-                format!(
-                    "cannot open store {}: it is a symbolic link to {}, which does not exist; a \
-                     new store is not created through a link: name the path it points to \
-                     instead",
-                    link.display(),
-                    target.display()
-                ),
-                "{what}"
+    // A chain of links whose last one points to nothing, and two links that point to each
+    // other (the system's words for the loop).
+    let chain = dir.path().join("chain.redb");
+    std::os::unix::fs::symlink("store.redb", &chain).unwrap();
+    let (one, two) = (dir.path().join("one.redb"), dir.path().join("two.redb"));
+    std::os::unix::fs::symlink("two.redb", &one).unwrap();
+    std::os::unix::fs::symlink("one.redb", &two).unwrap();
+    let mut cases = vec![
+        (
+            &link,
+            format!(
+                "it is a symbolic link to {}, which does not exist; a store is not created \
+                 through a link",
+                target.display()
             ),
-            other => panic!("{what}: expected Error::Open, got {other:?}"),
+        ),
+        (
+            &chain,
+            "it is a symbolic link to store.redb, a link in a chain that ends at nothing; a \
+             store is not created through a link"
+                .to_owned(),
+        ),
+    ];
+    // The system's words, with its error number.
+    if cfg!(target_os = "linux") {
+        cases.push((
+            &one,
+            "it is a symbolic link to two.redb, which cannot be followed (Too many levels of \
+             symbolic links (os error 40))"
+                .to_owned(),
+        ));
+    }
+    for (named, why) in &cases {
+        for (what, open) in EVERY_OPEN {
+            match open(named) {
+                Some(e @ Error::Open { .. }) => assert_eq!(
+                    e.to_string(),
+                    format!("cannot open store {}: {why}", named.display()),
+                    "{what}"
+                ),
+                other => panic!("{what}: expected Error::Open, got {other:?}"),
+            }
         }
     }
     assert_eq!(std::fs::read_link(&link).unwrap(), target);

@@ -59,8 +59,17 @@ impl Paths {
     /// If the store or the work directory is inside one of them.
     pub fn check_places(&self) -> Result<()> {
         if let Ok(target) = std::fs::read_link(&self.workdir)
-            && !self.workdir.exists()
+            && let Err(followed) = std::fs::metadata(&self.workdir)
         {
+            if followed.kind() != std::io::ErrorKind::NotFound {
+                // A loop of links, a directory that cannot be searched: the system's words.
+                bail!(
+                    "--workdir {} is a symbolic link to {}, which cannot be followed ({followed}): \
+                     name another --workdir",
+                    self.workdir.display(),
+                    target.display()
+                );
+            }
             bail!(
                 "--workdir {} is a symbolic link to {}, which does not exist: create that \
                  directory, or name another --workdir",

@@ -427,9 +427,9 @@ fn damage_or(path: &Path, failure: Failure) -> Failure {
 }
 
 /// Refuses a store that is not there: no command creates one (the store's open would). What
-/// is there and is no store (a directory, a FIFO, an empty file, a path ending with `/`) is
-/// refused by the store's open, in the library's words, the same for every command and
-/// program.
+/// is there and is no store (a directory, a FIFO, an empty file, a path ending with `/`, a
+/// symbolic link that leads to no file) is refused by the store's open, in the library's
+/// words, the same for every command and program.
 fn check_file(path: &Path) -> Result<()> {
     if path.as_os_str().as_encoded_bytes().ends_with(b"/") {
         // Named as a directory: the store's open says what was meant.
@@ -440,17 +440,6 @@ fn check_file(path: &Path) -> Result<()> {
             "store {} does not exist",
             path.display()
         ))),
-        // A symbolic link to nothing: said so, with its target.
-        Ok(meta) if meta.file_type().is_symlink() && !path.exists() => {
-            Err(Failure::new(match std::fs::read_link(path) {
-                Ok(target) => format!(
-                    "store {} is a symbolic link to {}, which does not exist",
-                    path.display(),
-                    target.display()
-                ),
-                Err(_) => format!("store {} does not exist", path.display()),
-            }))
-        }
         _ => Ok(()),
     }
 }

@@ -2604,14 +2604,16 @@ fn missing_empty_foreign_and_corrupt_files_are_one_line_errors() {
         );
     }
     assert!(!missing.exists(), "no command creates a store");
-    // A link to nothing is named as one.
+    // A link to nothing is named as one, in the library's words (loops-core's faults test
+    // has the chain and the loop of links).
     let link = dir.path().join("link.redb");
     std::os::unix::fs::symlink(&missing, &link).unwrap();
     for args in [&["runs"][..], &["show", "x"], &["cancel", "x"], &["check"]] {
         assert_eq!(
             fails(&link, args, 1),
             format!(
-                "error: store {} is a symbolic link to {}, which does not exist\n",
+                "error: cannot open store {}: it is a symbolic link to {}, which does not exist; \
+                 a store is not created through a link\n",
                 link.display(),
                 missing.display()
             )

@@ -427,6 +427,24 @@ fn places_inside_what_a_work_directory_builds_are_refused_through_links() {
         &["dangling", "to-repo", "via", "work"],
     );
     std::fs::remove_file(root.join("dangling")).expect("remove the link");
+    // Two links that point to each other: a loop, in the system's words (Linux's here).
+    if cfg!(target_os = "linux") {
+        std::os::unix::fs::symlink("loop-b", root.join("loop-a")).expect("link");
+        std::os::unix::fs::symlink("loop-a", root.join("loop-b")).expect("link");
+        let output = deliver(&root, &["--workdir".into(), "loop-a".into()]);
+        assert_refused(
+            &output,
+            &format!(
+                "--workdir {}/loop-a is a symbolic link to loop-b, which cannot be followed (Too \
+                 many levels of symbolic links (os error 40))",
+                root.display()
+            ),
+            &root,
+            &["loop-a", "loop-b", "to-repo", "via", "work"],
+        );
+        std::fs::remove_file(root.join("loop-a")).expect("remove the link");
+        std::fs::remove_file(root.join("loop-b")).expect("remove the link");
+    }
     // `--fresh` with another work directory's store: refused, the store left as it was.
     let store = work.join("deliver.redb");
     std::fs::write(&store, b"another directory's runs").expect("a store");

@@ -439,23 +439,21 @@ static NEW_FILES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::n
 /// what was meant, a file of that name included). Any other path that does
 /// not exist passes (the open that follows says so, or creates the store).
 pub(in crate::store) fn refuse_special_file(path: &Path) -> Result<()> {
-    let Ok(meta) = std::fs::metadata(path) else {
-        return match std::fs::read_link(path) {
-            Ok(target) => Err(Error::Open {
-                path: path.to_path_buf(),
-                cause: format!(
-                    "it is a symbolic link to {}, which does not exist; a new store is not \
-                     created through a link: name the path it points to instead",
-                    target.display()
-                )
-                .into(),
-            }),
-            Err(_) if path.as_os_str().as_encoded_bytes().ends_with(b"/") => Err(Error::Open {
-                path: path.to_path_buf(),
-                cause: names_a_directory(path).into(),
-            }),
-            Err(_) => Ok(()),
-        };
+    let meta = match std::fs::metadata(path) {
+        Ok(meta) => meta,
+        Err(followed) => {
+            return match std::fs::read_link(path) {
+                Ok(target) => Err(Error::Open {
+                    path: path.to_path_buf(),
+                    cause: broken_link(path, &target, &followed).into(),
+                }),
+                Err(_) if path.as_os_str().as_encoded_bytes().ends_with(b"/") => Err(Error::Open {
+                    path: path.to_path_buf(),
+                    cause: names_a_directory(path).into(),
+                }),
+                Err(_) => Ok(()),
+            };
+        }
     };
     let file_type = meta.file_type();
     if file_type.is_file() {
@@ -466,6 +464,31 @@ pub(in crate::store) fn refuse_special_file(path: &Path) -> Result<()> {
         path: path.to_path_buf(),
         cause: format!("it is {what}, not a regular file; a store is a regular file").into(),
     })
+}
+
+/// Why the symbolic link at `path`, to `target`, leads to no file (`followed`: the error of
+/// following it): its target does not exist; or it does, and is a link in a chain that ends
+/// at nothing; or the links cannot be followed (a loop of links, a directory not searchable),
+/// said in the system's words. A store is not created through a link.
+fn broken_link(path: &Path, target: &Path, followed: &std::io::Error) -> String {
+    let target_text = target.display();
+    if followed.kind() != std::io::ErrorKind::NotFound {
+        return format!(
+            "it is a symbolic link to {target_text}, which cannot be followed ({followed})"
+        );
+    }
+    let resolved = path.parent().unwrap_or(Path::new("")).join(target);
+    if std::fs::symlink_metadata(&resolved).is_ok() {
+        format!(
+            "it is a symbolic link to {target_text}, a link in a chain that ends at nothing; a \
+             store is not created through a link"
+        )
+    } else {
+        format!(
+            "it is a symbolic link to {target_text}, which does not exist; a store is not \
+             created through a link"
+        )
+    }
 }
 
 /// Why `path`, which ends with `/` and names nothing, is no store's path: it names a
