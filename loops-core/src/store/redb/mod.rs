@@ -48,6 +48,7 @@ mod commit;
 mod log;
 mod maintain;
 mod open;
+mod paths;
 mod read;
 mod row;
 #[cfg(any(test, feature = "test-util"))]
@@ -60,8 +61,8 @@ mod verify;
 
 pub use maintain::Compacted;
 #[cfg(feature = "control")]
-pub(crate) use open::file_kind;
-pub(in crate::store) use open::refuse_special_file;
+pub(crate) use paths::file_kind;
+pub(in crate::store) use paths::refuse_special_file;
 pub(in crate::store) use read::{ReadError, read_info};
 pub use tables::STORE_FORMAT;
 pub use upgrade::Upgraded;

@@ -9,7 +9,7 @@ use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 
 use super::RedbStore;
 use super::log::{self, Head, Kind, LOG};
-use super::open::refuse_special_file;
+use super::paths::refuse_special_file;
 use super::row;
 use super::tables::{Contents, ForeignDatabase, RUNS, STORE_FORMAT, contents, record_format};
 use crate::error::{Error, Result};
