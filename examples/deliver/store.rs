@@ -90,7 +90,7 @@ const REDB_MAGIC: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0
 ///
 /// # Errors
 /// If `store` exists and is not a regular file starting with redb's magic number, or cannot
-/// be read.
+/// be read; if it ends with `/` (a directory's name, whatever is there).
 fn check_is_a_store(store: &Path) -> Result<()> {
     let refuse = |what: &str| {
         anyhow::anyhow!(
@@ -99,6 +99,13 @@ fn check_is_a_store(store: &Path) -> Result<()> {
             store.display()
         )
     };
+    if store.as_os_str().as_encoded_bytes().ends_with(b"/") {
+        anyhow::bail!(
+            "--fresh: --store {} ends with `/`, which names a directory; a store is a file: \
+             name it without the `/` (nothing was deleted)",
+            store.display()
+        );
+    }
     // A link is not deleted in the store's stead (nor a new store made in its place).
     if std::fs::symlink_metadata(store).is_ok_and(|m| m.file_type().is_symlink()) {
         anyhow::bail!(

@@ -742,6 +742,24 @@ fn fresh_never_deletes_what_is_not_a_store() {
     );
     assert!(std::fs::read(&foreign).expect("read") == bytes);
 
+    // A store file named with a `/` after it.
+    let mut slashed = foreign.clone().into_os_string();
+    slashed.push("/");
+    let mut args = store(Path::new(&slashed));
+    args.push("--fresh".into());
+    let output = deliver(dir.path(), &args);
+    assert_refused(
+        &output,
+        &format!(
+            "error: --fresh: --store {}/ ends with `/`, which names a directory; a store is a \
+             file: name it without the `/` (nothing was deleted)\n",
+            foreign.display()
+        ),
+        dir.path(),
+        &["precious.txt", "stores", "users.redb", "work"],
+    );
+    assert!(std::fs::read(&foreign).expect("read") == bytes);
+
     // A symbolic link, to nothing or to a store, is not deleted (nor replaced by a store).
     #[cfg(unix)]
     {
