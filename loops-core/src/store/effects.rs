@@ -109,6 +109,8 @@ impl<'w> Effects<'w> {
     pub fn into_reply(self) -> Reply {
         match self.reply {
             Some(reply) => reply,
+            // Only `with_row` leaves `reply` unset, and it sets `row` (both are private): the
+            // `Done` is never reached.
             None => self.row.map_or(Reply::Done, |row| Reply::Run(row.info)),
         }
     }

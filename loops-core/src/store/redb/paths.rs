@@ -8,36 +8,31 @@ use crate::error::{Error, Result};
 
 /// Refuses a `path` that exists and is not a regular file (a FIFO, a socket, a device or a
 /// directory), before any open touches it: opening a FIFO would block until a writer came;
-/// and a symbolic link to nothing, which no open would say more of than "no such file"; and a
-/// path that names nothing and ends with `/` (a directory's name; [`names_a_directory`] says
-/// what was meant, a file of that name included). Any other path that does
-/// not exist passes (the open that follows says so, or creates the store).
+/// and a symbolic link that leads to no file ([`broken_link`]), which no open would say more
+/// of than "no such file"; and a path that names nothing and ends with `/` (a directory's
+/// name; [`names_a_directory`] says what was meant, a file of that name included). Any other
+/// path that does not exist passes (the open that follows says so, or creates the store).
 pub(in crate::store) fn refuse_special_file(path: &Path) -> Result<()> {
-    let meta = match std::fs::metadata(path) {
-        Ok(meta) => meta,
-        Err(followed) => {
-            return match std::fs::read_link(path) {
-                Ok(target) => Err(Error::Open {
-                    path: path.to_path_buf(),
-                    cause: broken_link(path, &target, &followed).into(),
-                }),
-                Err(_) if path.as_os_str().as_encoded_bytes().ends_with(b"/") => Err(Error::Open {
-                    path: path.to_path_buf(),
-                    cause: names_a_directory(path).into(),
-                }),
-                Err(_) => Ok(()),
-            };
-        }
+    let refuse = |cause: String| {
+        Err(Error::Open {
+            path: path.to_path_buf(),
+            cause: cause.into(),
+        })
     };
-    let file_type = meta.file_type();
-    if file_type.is_file() {
-        return Ok(());
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_file() => Ok(()),
+        Ok(meta) => refuse(format!(
+            "it is {}, not a regular file; a store is a regular file",
+            file_kind(&meta.file_type())
+        )),
+        Err(followed) => match std::fs::read_link(path) {
+            Ok(target) => refuse(broken_link(path, &target, &followed)),
+            Err(_) if path.as_os_str().as_encoded_bytes().ends_with(b"/") => {
+                refuse(names_a_directory(path))
+            }
+            Err(_) => Ok(()),
+        },
     }
-    let what = file_kind(&file_type);
-    Err(Error::Open {
-        path: path.to_path_buf(),
-        cause: format!("it is {what}, not a regular file; a store is a regular file").into(),
-    })
 }
 
 /// Why the symbolic link at `path`, to `target`, leads to no file (`followed`: the error of
