@@ -211,7 +211,7 @@ impl Paths {
             // process may have the same one at every start): its wishes stay, in the
             // directory about to go aside.
             crate::approval::carry_asked(&aside, &self.workdir)?;
-            let _ = std::fs::remove_dir_all(&aside);
+            let _ = remove_marker_last(&aside);
         }
         std::fs::rename(&self.workdir, &aside).with_context(|| {
             format!("cannot move {} aside to delete it", self.workdir.display())
@@ -311,7 +311,7 @@ impl Paths {
             .chain(self.asides("new"))
         {
             crate::child::stop_left_groups(&dir.join("scratch"));
-            if let Err(e) = std::fs::remove_dir_all(&dir) {
+            if let Err(e) = remove_marker_last(&dir) {
                 tracing::warn!(dir = %dir.display(), error = %e, "cannot delete");
             }
         }
@@ -402,6 +402,28 @@ pub(crate) fn made_here(dir: &Path) -> Result<bool> {
         entry.is_ok_and(|entry| entry.file_name().to_string_lossy().starts_with(OWN_PREFIX))
     });
     Ok(marking || dir.join(MARKER).exists())
+}
+
+/// Deletes the work directory `dir` (one moved aside) with its [`MARKER`] last: a kill in the
+/// middle of the deletion leaves a directory that is still known as this example's
+/// ([`made_here`]), which the next start deletes, never a half-deleted one without its
+/// marker, which would stay for good.
+///
+/// # Errors
+/// If an entry or the directory cannot be deleted.
+fn remove_marker_last(dir: &Path) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        if entry.file_name() == MARKER {
+            continue;
+        }
+        if entry.file_type()?.is_dir() {
+            std::fs::remove_dir_all(entry.path())?;
+        } else {
+            std::fs::remove_file(entry.path())?;
+        }
+    }
+    std::fs::remove_dir_all(dir)
 }
 
 /// Whether `a` and `b` are the metadata of one file (the same device and inode, whatever
