@@ -56,7 +56,8 @@ pub enum Error {
         path: PathBuf,
     },
 
-    /// The store was opened read-only; nothing can be written through it.
+    /// The store was opened read-only, and the write would change it
+    /// ([`RedbStore::open_read_only`](crate::RedbStore::open_read_only)).
     #[error("store {path} is open read-only")]
     ReadOnly {
         /// The store file.

@@ -13,6 +13,7 @@ use crate::*;
 
 mod driving;
 mod parked;
+mod read_only;
 mod retention;
 mod run_ids;
 mod send_json;

@@ -3,15 +3,16 @@
 
 use redb::ReadableTable;
 
+use super::Leases;
 use super::log::{self, Chain, Head, Kind, LogError};
 use super::row;
-use super::tables::{ATTRIBUTE_KEY_ABOVE, Tables, name_upper_bound};
+use super::tables::{ATTRIBUTE_KEY_ABOVE, Reads, Tables, name_upper_bound};
 use crate::error::{Error, RecordKind};
 use crate::schedule::ScheduleInfo;
 use crate::store::protocol::{Reply, Write};
 use crate::store::{
-    AttemptFailures, Effects, Facts, InboxChange, LeaseCheck, Needs, PendingEvent, Record,
-    RecordKey, RowWrite, RunInfo, ScheduleChange, plan,
+    AttemptFailures, CurrentLease, Effects, Facts, InboxChange, Lease, LeaseCheck, Needs,
+    PendingEvent, Record, RecordKey, RowWrite, RunInfo, ScheduleChange, plan,
 };
 
 /// An outcome of applying one write inside the batch's transaction.
@@ -35,8 +36,8 @@ impl<E: Into<redb::Error>> From<E> for ApplyError {
     }
 }
 
-/// Applies one write inside the batch's transaction: reads the run's row and the facts the
-/// write needs, asks [`plan`] what the write means, and writes its effects out.
+/// Applies one write inside the batch's transaction: asks [`planned`] what the write means,
+/// and writes its effects out.
 ///
 /// `lease`: the lease the write carries and the run's current one, for the plan's check.
 pub(super) fn apply(
@@ -44,6 +45,29 @@ pub(super) fn apply(
     write: &Write,
     lease: Option<LeaseCheck<'_>>,
 ) -> std::result::Result<Applied, ApplyError> {
+    let (run, effects) = planned(t, write, lease)?;
+    if effects.is_empty() {
+        return Ok(Applied::Unchanged(effects.into_reply()));
+    }
+    store(t, &effects, run)?;
+    apply_follow_ups(t, &effects.follow_ups)?;
+    Ok(Applied::Wrote(effects.into_reply()))
+}
+
+/// A write's run (its id and head; none for a write of no run) and the effects its plan
+/// returned.
+pub(super) type Planned<'w> = (Option<(&'w str, Head)>, Effects<'w>);
+
+/// What `write` means on the tables `t` as they are: reads the run's row and the facts the
+/// write needs, and asks [`plan`]. Returns the [`Planned`] effects, or the plan's refusal
+/// ([`ApplyError::Rejected`]).
+///
+/// `lease`: the lease the write carries and the run's current one, for the plan's check.
+pub(super) fn planned<'w, 's>(
+    t: &mut impl Reads<'s>,
+    write: &'w Write,
+    lease: Option<LeaseCheck<'_>>,
+) -> std::result::Result<Planned<'w>, ApplyError> {
     let needs = write.needs();
     let (head, row) = match needs.run {
         Some(run_id) => load_row(t, run_id)?.unzip(),
@@ -53,12 +77,18 @@ pub(super) fn apply(
     let mut facts = gather(t, &needs, head, row.as_ref())?;
     facts.lease = lease;
     let effects = plan(write, row.as_ref(), &facts).map_err(ApplyError::Rejected)?;
-    if effects.is_empty() {
-        return Ok(Applied::Unchanged(effects.into_reply()));
+    Ok((needs.run.map(|run_id| (run_id, head)), effects))
+}
+
+/// The check of `lease`, carried by a write, against the run's current lease in `leases`
+/// (none given: no lease is current).
+pub(super) fn lease_check<'a>(leases: Option<&Leases>, lease: &'a Lease) -> LeaseCheck<'a> {
+    LeaseCheck {
+        lease,
+        current: leases
+            .and_then(|leases| leases.token(&lease.run_id))
+            .map(|token| CurrentLease { token, live: true }),
     }
-    store(t, &effects, needs.run.map(|run_id| (run_id, head)))?;
-    apply_follow_ups(t, &effects.follow_ups)?;
-    Ok(Applied::Wrote(effects.into_reply()))
 }
 
 /// Applies the [follow-up writes](Effects::follow_ups) of a write, after its effects, in the
@@ -77,8 +107,8 @@ fn apply_follow_ups(t: &mut Tables<'_>, writes: &[Write]) -> std::result::Result
 }
 
 /// The run's head and row, if it has one.
-fn load_row(
-    t: &mut Tables<'_>,
+fn load_row<'s>(
+    t: &mut impl Reads<'s>,
     run_id: &str,
 ) -> std::result::Result<Option<(Head, RunInfo)>, ApplyError> {
     match t.runs()?.get(run_id)? {
@@ -117,8 +147,8 @@ fn failed(e: LogError) -> ApplyError {
 /// write of a transition record sets it), so the walk would stop at its first entry. That
 /// walk read one log entry per transition (about 3.5% of a transition's instructions at 64
 /// runs).
-fn record_taken(
-    t: &mut Tables<'_>,
+fn record_taken<'s>(
+    t: &mut impl Reads<'s>,
     id: &str,
     head: Head,
     row: Option<&RunInfo>,
@@ -128,7 +158,7 @@ fn record_taken(
     let walked = match key {
         RecordKey::Journal { seq } if row.is_some_and(|row| seq > row.seq) => return Ok(false),
         RecordKey::Journal { seq } => log::walk(
-            &*t.log()?,
+            t.log()?,
             id,
             head.last_transition,
             Chain::Transitions,
@@ -142,9 +172,9 @@ fn record_taken(
             name,
             occurrence,
         } => {
-            let step_keys = t.step_keys;
+            let step_keys = t.step_keys();
             step_keys
-                .taken(&*t.log()?, id, head.last_entry, (seq, name, occurrence))
+                .taken(t.log()?, id, head.last_entry, (seq, name, occurrence))
                 .map(|found| taken = found)
         }
     };
@@ -154,15 +184,15 @@ fn record_taken(
 
 /// The highest index of the failure records of `attempt` of the state at `seq`, from a walk
 /// back from the run's newest entry to the first of an earlier seq.
-fn last_failure(
-    t: &mut Tables<'_>,
+fn last_failure<'s>(
+    t: &mut impl Reads<'s>,
     id: &str,
     head: Head,
     seq: u64,
     attempt: u32,
 ) -> std::result::Result<Option<u32>, ApplyError> {
     let mut last: Option<u32> = None;
-    log::walk(&*t.log()?, id, head.last_entry, Chain::All, |_, entry| {
+    log::walk(t.log()?, id, head.last_entry, Chain::All, |_, entry| {
         if let Kind::Failure { attempt: a, index } = entry.kind
             && entry.seq == seq
             && a == attempt
@@ -177,15 +207,15 @@ fn last_failure(
 
 /// The failure records of the highest attempt of the state at `seq` that has any, from a
 /// walk back from the run's newest entry to the first of an earlier attempt or seq.
-fn last_attempt(
-    t: &mut Tables<'_>,
+fn last_attempt<'s>(
+    t: &mut impl Reads<'s>,
     id: &str,
     head: Head,
     seq: u64,
 ) -> std::result::Result<Option<AttemptFailures>, ApplyError> {
     let mut last: Option<AttemptFailures> = None;
     let mut undecodable = None;
-    log::walk(&*t.log()?, id, head.last_entry, Chain::All, |_, entry| {
+    log::walk(t.log()?, id, head.last_entry, Chain::All, |_, entry| {
         let Kind::Failure { attempt, index } = entry.kind else {
             return entry.seq >= seq;
         };
@@ -208,9 +238,9 @@ fn last_attempt(
     }
 }
 
-/// Reads the facts of `needs` in the write transaction; `head` and `row` are the run's.
-fn gather<'w>(
-    t: &mut Tables<'_>,
+/// Reads the facts of `needs` from the tables `t`; `head` and `row` are the run's.
+fn gather<'w, 's>(
+    t: &mut impl Reads<'s>,
     needs: &Needs<'w>,
     head: Head,
     row: Option<&RunInfo>,
@@ -306,7 +336,10 @@ fn gather<'w>(
 }
 
 /// The run ids of the children of `parent`, from the children index.
-fn children_of(t: &mut Tables<'_>, parent: &str) -> std::result::Result<Vec<String>, ApplyError> {
+fn children_of<'s>(
+    t: &mut impl Reads<'s>,
+    parent: &str,
+) -> std::result::Result<Vec<String>, ApplyError> {
     let top = name_upper_bound();
     let ids = t
         .children()?

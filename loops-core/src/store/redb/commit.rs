@@ -7,13 +7,13 @@ use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use redb::Database;
 use tokio::sync::{mpsc, oneshot};
 
-use super::apply::{Applied, ApplyError, apply};
+use super::apply::{Applied, ApplyError, apply, lease_check};
 use super::step_keys::StepKeys;
 use super::tables::Tables;
 use super::{Db, Leases, Mode, Opener, Queue, RedbStore, Request, corrupted};
 use crate::error::{Error, Result};
+use crate::store::Lease;
 use crate::store::protocol::{Reply, Write};
-use crate::store::{CurrentLease, Lease, LeaseCheck};
 
 /// A write to commit and the lease it carries.
 pub(super) type Leased<'a> = (&'a Write, Option<&'a Lease>);
@@ -76,9 +76,7 @@ impl RedbStore {
     /// queued for the leader in progress, or sent to the writer thread.
     fn route(&self, write: Write, lease: Option<Lease>) -> Routed {
         let Some(tx) = self.inner.tx.as_ref() else {
-            return Routed::Led(Err(Error::ReadOnly {
-                path: self.inner.path.clone(),
-            }));
+            return Routed::Led(self.answer_read_only(&write, lease.as_ref()));
         };
         if self.inner.commit_on_caller && inline_commit_allowed() {
             let mut queue = self
@@ -413,13 +411,7 @@ pub(super) fn commit_batch<'a>(
     let outcome: std::result::Result<(), redb::Error> = (|| {
         let mut t = Tables::new(&txn, step_keys);
         for (write, lease) in writes {
-            let check = lease.map(|lease| LeaseCheck {
-                lease,
-                current: leases
-                    .and_then(|leases| leases.token(&lease.run_id))
-                    .map(|token| CurrentLease { token, live: true }),
-            });
-            match apply(&mut t, write, check) {
+            match apply(&mut t, write, lease.map(|lease| lease_check(leases, lease))) {
                 Ok(Applied::Wrote(info)) => {
                     wrote = true;
                     results.push(Ok(info));

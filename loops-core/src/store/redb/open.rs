@@ -268,7 +268,13 @@ impl RedbStore {
     }
 
     /// Opens the store file at `path` for reading only: for inspection (the `loops` CLI)
-    /// while no process drives it. Every write returns [`Error::ReadOnly`].
+    /// while no process drives it. A write ([`Store::write`](crate::Store::write)) gets the
+    /// answer a writable store would give if that answer writes nothing: the write's
+    /// refusal ([`Error::RunEnded`] for a cancellation of an ended run, say), or the answer
+    /// of a write that changes nothing (an event sent again with its idempotency key); a
+    /// write that would change the store returns [`Error::ReadOnly`]. So a caller can learn
+    /// that a write is refused without opening the file for writing, which rewrites part of
+    /// it (redb records its allocator's state when a writable file closes).
     ///
     /// As a writable open does by default ([`StoreOptions::verify_on_open`]), it first
     /// verifies the checksum of every page of the file, so that a file altered outside redb

@@ -4,21 +4,48 @@ use std::sync::{Arc, PoisonError};
 
 use redb::ReadableTable;
 
+use super::apply::{ApplyError, lease_check, planned};
 use super::commit::reopen_if_needed;
 use super::log::{self, Chain, Head, Kind, LOG, LogError};
 use super::row;
+use super::step_keys::StepKeys;
 use super::tables::{
-    ATTRIBUTE_INDEX, ATTRIBUTE_KEY_ABOVE, ATTRIBUTES, CHILDREN, INBOX, PENDING, RUNS, SCHEDULES,
-    SCHEMAS, SEALING, SEALING_CHECKS, STATUS, name_upper_bound,
+    ATTRIBUTE_INDEX, ATTRIBUTE_KEY_ABOVE, ATTRIBUTES, CHILDREN, INBOX, PENDING, RUNS, ReadTables,
+    SCHEDULES, SCHEMAS, SEALING, SEALING_CHECKS, STATUS, name_upper_bound,
 };
 use super::{RedbStore, corrupted};
 use crate::attribute::{AttributeValue, Attributes, RunFilter};
 use crate::error::{Error, RecordKind, Result};
 use crate::record::{FailureRecord, StepRecord, TransitionRecord};
-use crate::store::protocol::EventRecord;
-use crate::store::{ParkedRun, Readiness, Ready, RunInfo, RunStatus};
+use crate::store::protocol::{EventRecord, Reply, Write};
+use crate::store::{Lease, ParkedRun, Readiness, Ready, RunInfo, RunStatus};
 
 impl RedbStore {
+    /// A read-only store's answer to `write`: what a writable store would answer, if that
+    /// writes nothing. The write is planned on the file as it is: a write the plan refuses
+    /// gets the refusal, and one that changes nothing gets its answer; one that would write
+    /// is refused with [`Error::ReadOnly`]. Reads only: the file's bytes stay as they are.
+    pub(super) fn answer_read_only(&self, write: &Write, lease: Option<&Lease>) -> Result<Reply> {
+        // A cache of its own: the file may change under a read-only store between two writes.
+        let step_keys = StepKeys::default();
+        let answer = self.read(
+            || format!("planning a write on {}", self.inner.path.display()),
+            |txn| {
+                let mut t = ReadTables::new(txn, &step_keys);
+                let check = lease.map(|lease| lease_check(Some(&self.inner.leases), lease));
+                match planned(&mut t, write, check) {
+                    Ok((_, effects)) if effects.is_empty() => Ok(Some(effects.into_reply())),
+                    Ok(_) => Ok(None),
+                    Err(ApplyError::Rejected(e)) => Err(ReadError::Loops(e)),
+                    Err(ApplyError::Storage(e)) => Err(ReadError::Storage(e)),
+                }
+            },
+        )?;
+        answer.ok_or_else(|| Error::ReadOnly {
+            path: self.inner.path.clone(),
+        })
+    }
+
     pub(in crate::store) fn read<T>(
         &self,
         action: impl Fn() -> String,

@@ -1,6 +1,9 @@
 //! The tables of the store file, and the set of them a write transaction opens lazily.
 
-use redb::{Database, MultimapTableHandle, ReadableDatabase, TableDefinition, TableHandle};
+use redb::{
+    Database, MultimapTableHandle, ReadableDatabase, ReadableTable, TableDefinition, TableError,
+    TableHandle,
+};
 
 use super::log::{LOG, LogError, next_sequence};
 use super::step_keys::StepKeys;
@@ -299,6 +302,118 @@ table_accessors! {
     sealing_checks: SEALING_CHECKS => (&'static str, &'static str);
     attributes: ATTRIBUTES => ((&'static str, &'static str), &'static [u8]);
     attribute_index: ATTRIBUTE_INDEX => (AttributeIndexKey, ());
+    children: CHILDREN => ((&'static str, &'static str), ());
+    schedules: SCHEDULES => (&'static str, &'static [u8]);
+}
+
+/// Read access to the tables a write's [plan](crate::store::plan) reads its facts from
+/// ([`planned`](super::apply::planned)): a write transaction's [`Tables`], or a read
+/// transaction's [`ReadTables`] (a read-only store's answer to a write). `'s`: the life of
+/// the store's cache of step keys.
+pub(super) trait Reads<'s> {
+    /// The store's cache of step keys, for [`record_taken`](super::apply).
+    fn step_keys(&self) -> &'s StepKeys;
+    /// The runs' rows.
+    fn runs(&mut self) -> Result<&impl ReadableTable<&'static str, &'static [u8]>, TableError>;
+    /// The log of records.
+    fn log(&mut self) -> Result<&impl ReadableTable<u64, &'static [u8]>, TableError>;
+    /// The schema descriptions.
+    fn schemas(&mut self) -> Result<&impl ReadableTable<&'static str, &'static str>, TableError>;
+    /// The runs' events.
+    fn inbox(
+        &mut self,
+    ) -> Result<&impl ReadableTable<(&'static str, u64), &'static [u8]>, TableError>;
+    /// The events not yet taken by a wait.
+    fn pending(
+        &mut self,
+    ) -> Result<&impl ReadableTable<(&'static str, &'static str, u64), ()>, TableError>;
+    /// The idempotency keys of events.
+    fn event_keys(
+        &mut self,
+    ) -> Result<&impl ReadableTable<(&'static str, &'static str), u64>, TableError>;
+    /// The children index.
+    fn children(
+        &mut self,
+    ) -> Result<&impl ReadableTable<(&'static str, &'static str), ()>, TableError>;
+    /// The schedules' rows.
+    fn schedules(&mut self)
+    -> Result<&impl ReadableTable<&'static str, &'static [u8]>, TableError>;
+}
+
+/// The tables of one read transaction that a write's plan reads, each opened on its first
+/// use (see [`Reads`]).
+pub(super) struct ReadTables<'t> {
+    txn: &'t redb::ReadTransaction,
+    step_keys: &'t StepKeys,
+    runs: Option<redb::ReadOnlyTable<&'static str, &'static [u8]>>,
+    log: Option<redb::ReadOnlyTable<u64, &'static [u8]>>,
+    schemas: Option<redb::ReadOnlyTable<&'static str, &'static str>>,
+    inbox: Option<redb::ReadOnlyTable<(&'static str, u64), &'static [u8]>>,
+    pending: Option<redb::ReadOnlyTable<(&'static str, &'static str, u64), ()>>,
+    event_keys: Option<redb::ReadOnlyTable<(&'static str, &'static str), u64>>,
+    children: Option<redb::ReadOnlyTable<(&'static str, &'static str), ()>>,
+    schedules: Option<redb::ReadOnlyTable<&'static str, &'static [u8]>>,
+}
+
+impl<'t> ReadTables<'t> {
+    /// The tables of `txn`, none opened yet; `step_keys`: a cache of step keys for this
+    /// transaction's plans.
+    pub(super) fn new(txn: &'t redb::ReadTransaction, step_keys: &'t StepKeys) -> Self {
+        ReadTables {
+            txn,
+            step_keys,
+            runs: None,
+            log: None,
+            schemas: None,
+            inbox: None,
+            pending: None,
+            event_keys: None,
+            children: None,
+            schedules: None,
+        }
+    }
+}
+
+/// The [`Reads`] of [`Tables`] and [`ReadTables`]: one accessor per table, named after it,
+/// the inherent one of [`Tables`] (which opens the table for writing), or one that opens it
+/// read-only on first use.
+macro_rules! reads {
+    ($($name:ident: $def:ident => ($k:ty, $v:ty);)*) => {
+        impl<'t> Reads<'t> for Tables<'t> {
+            fn step_keys(&self) -> &'t StepKeys {
+                self.step_keys
+            }
+            $(
+                fn $name(&mut self) -> Result<&impl ReadableTable<$k, $v>, TableError> {
+                    Tables::$name(self).map(|table| &*table)
+                }
+            )*
+        }
+
+        impl<'t> Reads<'t> for ReadTables<'t> {
+            fn step_keys(&self) -> &'t StepKeys {
+                self.step_keys
+            }
+            $(
+                fn $name(&mut self) -> Result<&impl ReadableTable<$k, $v>, TableError> {
+                    let table = match self.$name.take() {
+                        Some(table) => table,
+                        None => self.txn.open_table($def)?,
+                    };
+                    Ok(self.$name.insert(table))
+                }
+            )*
+        }
+    };
+}
+
+reads! {
+    runs: RUNS => (&'static str, &'static [u8]);
+    log: LOG => (u64, &'static [u8]);
+    schemas: SCHEMAS => (&'static str, &'static str);
+    inbox: INBOX => ((&'static str, u64), &'static [u8]);
+    pending: PENDING => ((&'static str, &'static str, u64), ());
+    event_keys: EVENT_KEYS => ((&'static str, &'static str), u64);
     children: CHILDREN => ((&'static str, &'static str), ());
     schedules: SCHEDULES => (&'static str, &'static [u8]);
 }
