@@ -243,10 +243,17 @@ pub fn file_operator(path: &Path, access: Access) -> Result<Box<dyn Operator>> {
             Access::Read => {
                 read_only(path).map(|store| Box::new(Local::read_only(store, tokio)) as _)
             }
-            Access::Write => writable(path).map(|(runtime, _)| {
-                let reached = "opened the store file for writing (no process holds it)".to_owned();
-                Box::new(Local::runtime(runtime, label.clone(), reached, tokio)) as _
-            }),
+            Access::Write => match deferred(path) {
+                Some(runtime) => {
+                    let reached = "opened the store file to read, and to write at the first write that changes it (no process holds it)".to_owned();
+                    Ok(Box::new(Local::deferred(runtime, path.to_owned(), reached, tokio)) as _)
+                }
+                None => writable(path).map(|(runtime, _)| {
+                    let reached =
+                        "opened the store file for writing (no process holds it)".to_owned();
+                    Box::new(Local::runtime(runtime, label.clone(), reached, tokio)) as _
+                }),
+            },
         };
         match opened {
             Err(failure) if failure.held && Instant::now() < deadline => {
@@ -376,6 +383,18 @@ fn read_failure(path: &Path, e: Error) -> Failure {
         },
         other => open_failure(path, other),
     }
+}
+
+/// A runtime on the loops store at `path` opened read-only (verified, and through a repair
+/// made in memory if the file needs one), for a command that writes: a write that its store
+/// refuses, or that changes nothing, is answered there and leaves the file's bytes as they
+/// were; [`Local`] opens the file for writing ([`writable`]) at the first write that
+/// changes it. `None` if the file does not open read-only as a loops store (held by a
+/// process, damaged, not a store): [`writable`] then refuses it in its own words.
+fn deferred(path: &Path) -> Option<Runtime> {
+    let (store, _) = open_reading(path, StoreOptions::default()).ok()?;
+    store.schemas().ok()?;
+    Some(runtime_builder().build(store))
 }
 
 /// Opens the store for writing (cancel, retry, send, prune, compact, check). The file must

@@ -4294,3 +4294,96 @@ fn retry_through_a_serving_process_says_it_takes_the_run_up_now() {
     tokio.block_on(server.stop());
     tokio.block_on(rt.shutdown());
 }
+
+/// A write the store refuses, or one that changes nothing, leaves the store file's bytes as
+/// they were: the command answers from the file opened read-only, and opens it for writing
+/// (which rewrites part of it when it closes: redb records its allocator's state) only for a
+/// write that changes it.
+#[test]
+fn a_refused_or_unchanged_write_leaves_the_store_file_byte_for_byte() {
+    let (_dir, path) = store();
+    // A write that changes the store opens it for writing, and the runs it does not touch
+    // stay: a duplicate's answer below then comes from the file as the first send left it.
+    text(
+        &path,
+        &["send", "waiting-1", "approval", "--json", "1", "--key", "k"],
+    );
+    let before = std::fs::read(&path).unwrap();
+    let refused: [(&[&str], i32, &str); 10] = [
+        (
+            &["cancel", "done-1"],
+            1,
+            "error: run `done-1` has ended (completed); cancel is not possible\n",
+        ),
+        (&["cancel", "nope"], 1, "does not exist in store"),
+        (
+            &["retry", "waiting-1"],
+            1,
+            "error: run `waiting-1` is waiting, not failed; only a failed run can be retried\n",
+        ),
+        (&["retry", "nope"], 1, "does not exist in store"),
+        (
+            &["send", "cancelled-1", "approval", "--json", "1"],
+            1,
+            "error: run `cancelled-1` has ended (cancelled); sending an event is not possible\n",
+        ),
+        (
+            &["send", "nope", "approval", "--json", "1"],
+            1,
+            "does not exist in store",
+        ),
+        (
+            &["schedules", "pause", "nosuch"],
+            1,
+            "error: schedule `nosuch` does not exist\n",
+        ),
+        (
+            &["schedules", "remove", "nosuch"],
+            1,
+            "error: schedule `nosuch` does not exist\n",
+        ),
+        (
+            &["cancel", "done-1", "--reason", "again"],
+            1,
+            "error: run `done-1` has ended (completed); cancel is not possible\n",
+        ),
+        (
+            &["send", "waiting-1", "approval", "--json", "2", "--key", "k"],
+            1,
+            "was `approval` with another payload: 1; this one was not sent",
+        ),
+    ];
+    for (args, code, said) in refused {
+        let err = fails(&path, args, code);
+        assert!(err.contains(said), "loops {args:?}: {err}");
+        assert!(
+            std::fs::read(&path).unwrap() == before,
+            "loops {args:?} changed the store file"
+        );
+    }
+    // Answered without a change: the duplicate key's first receipt, and a prune that finds
+    // nothing to remove.
+    let (out, _) = out_err(
+        &path,
+        &["send", "waiting-1", "approval", "--json", "1", "--key", "k"],
+    );
+    assert_eq!(
+        out,
+        "an event with key `k` was sent to run waiting-1 already (event seq 0); nothing written\n"
+    );
+    let pruned = text(&path, &["prune", "--older-than", "100000d"]);
+    assert!(pruned.contains("nothing removed"), "{pruned}");
+    assert!(
+        std::fs::read(&path).unwrap() == before,
+        "an unchanged write changed the store file"
+    );
+    // A write that changes it is made, on the file opened for writing.
+    text(&path, &["cancel", "waiting-1", "--reason", "not needed"]);
+    let store = RedbStore::open_read_only(&path).unwrap();
+    let row = store.run("waiting-1").unwrap().unwrap();
+    assert_eq!(
+        (row.status, row.cancel.as_deref()),
+        (RunStatus::Cancelled, Some("not needed"))
+    );
+    assert_eq!(store.events("waiting-1").unwrap().len(), 1);
+}

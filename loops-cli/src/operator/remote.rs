@@ -486,7 +486,7 @@ mod tests {
         assert_eq!(remote.taker(), Taker::NextStart);
         assert!(
             remote.reached().ends_with(
-                "then, once it stopped answering, opened the store file for writing (no process holds it)"
+                "then, once it stopped answering, opened the store file to read, and to write at the first write that changes it (no process holds it)"
             ),
             "{}",
             remote.reached()
