@@ -66,7 +66,7 @@ use crate::model::AnyModel;
 use crate::model_args::ModelArgs;
 use crate::project::Paths;
 use crate::stop::{Interrupt, Stop};
-use crate::store::{delete_for_fresh, open_store, store_error};
+use crate::store::{delete_for_fresh, open_for_checks, open_store, store_error};
 use crate::versions::{Finished, Release};
 use crate::workflow::Base;
 
@@ -457,6 +457,33 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
     let made = paths.create_workdir(&cli.run_id, cli.auto_approve).await?;
     hooks::hold_in_setup("made");
     let created = !paths.store.exists();
+    // A store that exists: the run is settled on it opened read-only, before the writable
+    // open, so that a refused run (one that works in another work directory, say) leaves
+    // the file's bytes as they were; a store that cannot be read so is settled after the
+    // writable open, which refuses it or repairs it.
+    let checks = match created {
+        true => None,
+        false => match open_for_checks(&paths.store).await {
+            Ok(read) => read,
+            Err(e) => {
+                if let Some(made) = made.as_deref() {
+                    paths.remove_new_workdir(made);
+                }
+                return Err(store_error(e));
+            }
+        },
+    };
+    let settled = checks.is_some();
+    if let Some(read) = checks {
+        let checked = place::settle_run(cli, &mut paths, &read).await;
+        drop(read);
+        if let Err(e) = checked {
+            if let Some(made) = made.as_deref() {
+                paths.remove_new_workdir(made);
+            }
+            return Err(e);
+        }
+    }
     let opened = open_store(|| {
         let builder = versions::builder(cli.workflow_version);
         let builder = match keys.clone() {
@@ -494,7 +521,11 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
     // Before anything is done in the work directory: whether the run is a deliver run, and
     // where it works (a run that exists goes on where it started). A refused run leaves no
     // work directory made for it.
-    let placed = match place::settle_run(cli, &mut paths, &runtime).await {
+    let checked = match settled {
+        true => Ok(()),
+        false => place::settle_run(cli, &mut paths, runtime.store()).await,
+    };
+    let placed = match checked {
         Err(e) => {
             if let Some(made) = made.as_deref() {
                 paths.remove_new_workdir(made);

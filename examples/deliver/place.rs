@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result, bail, ensure};
-use loops::{AttributeValue, Attributes, Runtime, StartOptions};
+use loops::{AttributeValue, Attributes, StartOptions};
 
 use crate::Cli;
 use crate::git::Git;
@@ -392,8 +392,8 @@ pub fn check_given(cli: &Cli) -> Result<()> {
 ///
 /// # Errors
 /// If the run is of another workflow, works elsewhere, or the store cannot be read.
-pub async fn settle_run(cli: &Cli, paths: &mut Paths, runtime: &Runtime) -> Result<()> {
-    let Some(info) = runtime.run_info(&cli.run_id).await? else {
+pub async fn settle_run(cli: &Cli, paths: &mut Paths, store: &dyn loops::Store) -> Result<()> {
+    let Some(info) = store.run_info(&cli.run_id).await? else {
         // Approving or retrying a run that is not there would start a new one: most likely
         // the store or the id is not the one meant.
         ensure!(!cli.approve && !cli.retry, no_such_run(cli, &paths.store));
@@ -411,7 +411,7 @@ pub async fn settle_run(cli: &Cli, paths: &mut Paths, runtime: &Runtime) -> Resu
             paths.store.display()
         );
     }
-    let attributes = runtime.attributes(&cli.run_id).await?;
+    let attributes = store.attributes(&cli.run_id).await?;
     paths.settle_run(&cli.run_id, Some(&attributes)).await
 }
 

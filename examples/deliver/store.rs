@@ -201,6 +201,28 @@ pub async fn open_read_only(store: &Path) -> Result<loops::RedbStore> {
     .map_err(store_error)
 }
 
+/// The store file `store` opened read-only for the checks of a start, before it is opened
+/// for writing, so that a refused start leaves the file's bytes as they were (redb rewrites
+/// part of a file when a writable handle closes). Waits while it is locked, as
+/// [`open_store`] does; a file its process did not close is read through redb's repair
+/// made in memory. `None` for a file that does not open read-only for another reason (a
+/// damaged one, say): the writable open then refuses it in its own words.
+///
+/// # Errors
+/// [`loops::Error::StoreLocked`] if it is still locked after the wait.
+pub async fn open_for_checks(store: &Path) -> loops::Result<Option<loops::RedbStore>> {
+    match open_store(|| loops::RedbStore::open_read_only(store)).await {
+        Ok(read) => Ok(Some(read)),
+        Err(loops::Error::NeedsRecovery { .. }) => Ok(loops::RedbStore::open_repaired_in_memory(
+            store,
+            loops::StoreOptions::default(),
+        )
+        .ok()),
+        Err(e @ loops::Error::StoreLocked { .. }) => Err(e),
+        Err(_) => Ok(None),
+    }
+}
+
 /// How long a store found locked is tried again, and how long apart.
 const STORE_LOCK_WAIT: Duration = Duration::from_secs(2);
 const STORE_LOCK_PAUSE: Duration = Duration::from_millis(50);

@@ -224,7 +224,13 @@ fn a_run_remembers_its_repo() {
     // A run on the demo's repository refuses a --repo too.
     let output = deliver_without_repo(&workdir, &["--run-id", "demo-1"], Some(0));
     assert!(output.status.success(), "{}", describe(&output));
+    // A refused run leaves the store's bytes as they were: it is checked on the store opened
+    // read-only (a writable open's close makes redb rewrite part of the file).
+    let store_file = workdir.join("deliver.redb");
+    let bytes = || std::fs::read(&store_file).expect("the store");
+    let before = bytes();
     let output = deliver(&workdir, &repo, &["--run-id", "demo-1"]);
+    assert!(bytes() == before, "a refused start changed the store");
     assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
     assert_eq!(
         String::from_utf8_lossy(&output.stderr),
@@ -249,7 +255,9 @@ fn a_run_remembers_its_repo() {
     let elsewhere = dir.path().join("elsewhere");
     let store = workdir.join("deliver.redb");
     let store = ["--store", store.to_str().expect("a UTF-8 path")];
+    let before = bytes();
     let output = deliver_without_repo(&elsewhere, &store, None);
+    assert!(bytes() == before, "a refused start changed the store");
     assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
     assert_eq!(
         String::from_utf8_lossy(&output.stderr),
@@ -281,7 +289,9 @@ fn a_run_remembers_its_repo() {
     let marker = workdir.join(".loops-deliver-workdir");
     let id = std::fs::read_to_string(&marker).expect("the marker");
     std::fs::write(&marker, "0000").expect("edit the marker");
+    let before = bytes();
     let output = deliver_without_repo(&workdir, &[], None);
+    assert!(bytes() == before, "a refused start changed the store");
     assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
     assert_eq!(
         String::from_utf8_lossy(&output.stderr),
