@@ -14,7 +14,7 @@ use super::writes;
 
 /// Creates `run_id` (state `A`, seq 0) as a child of `parent` with `on_cancel`, under a
 /// lease of its own; returns the lease.
-async fn create_child(
+pub(super) async fn create_child(
     store: &dyn Store,
     run_id: &str,
     parent: &str,
@@ -34,7 +34,7 @@ async fn create_child(
 }
 
 /// Parks `run_id` (its state at seq 0) waiting for the event `event`, at 10,000 ms.
-async fn park(store: &dyn Store, l: &Lease, run_id: &str, event: &str) {
+pub(super) async fn park(store: &dyn Store, l: &Lease, run_id: &str, event: &str) {
     let reply = store
         .write(
             Some(l),
@@ -51,7 +51,7 @@ async fn park(store: &dyn Store, l: &Lease, run_id: &str, event: &str) {
 }
 
 /// The `(name, payload, delivered)` of every event in `run_id`'s inbox.
-async fn inbox(store: &dyn Store, run_id: &str) -> Vec<(String, String, bool)> {
+pub(super) async fn inbox(store: &dyn Store, run_id: &str) -> Vec<(String, String, bool)> {
     store
         .events(run_id)
         .await
@@ -61,7 +61,7 @@ async fn inbox(store: &dyn Store, run_id: &str) -> Vec<(String, String, bool)> {
         .collect()
 }
 
-fn ended(child: &str) -> (String, String, bool) {
+pub(super) fn ended(child: &str) -> (String, String, bool) {
     (
         CHILD_ENDED.to_owned(),
         format!(r#"{{"child":"{child}"}}"#),

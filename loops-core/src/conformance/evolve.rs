@@ -3,10 +3,11 @@
 
 use crate::error::Error;
 use crate::record::{MigratedFrom, TransitionRecord};
-use crate::row::BlockInfo;
+use crate::row::{BlockInfo, OnParentCancel};
 use crate::schema::SchemaHash;
 use crate::store::{RunInfo, RunStatus, WaitOutcome};
 
+use super::children::{create_child, ended, inbox, park};
 use super::factory::Factory;
 use super::support::{HASH, WF, create, info, step, step_outputs, transition, wait};
 use super::writes;
@@ -402,4 +403,108 @@ pub(super) async fn migrations(f: &dyn Factory) {
         store.schema(ACCEPTING).await.unwrap().as_deref(),
         Some("workflow wf v3\n")
     );
+}
+
+/// A migration into a terminal state (a version whose migration maps the run's state to one
+/// of its terminal states): the run ends there as a transition into it ends it, with the
+/// same follow-ups. Here a blocked child waiting for an event is migrated: its row is
+/// completed, neither waiting nor blocked, in its new state and schema; its parent gets the
+/// child's end in its inbox, in the same commit; the run takes no further write.
+pub(super) async fn migration_into_a_terminal_state(f: &dyn Factory) {
+    let store = f.store();
+    let store = &*store;
+    create(store, "p").await;
+    let l = create_child(store, "c", "p", OnParentCancel::Cancel).await;
+    park(store, &l, "c", "go").await;
+    let blocked = store
+        .write(Some(&l), writes::block("c", HASH, "no version", &[], 5_000))
+        .await
+        .unwrap()
+        .into_run("c")
+        .unwrap();
+    assert_eq!(blocked.status, RunStatus::Blocked);
+    let payload = r#"{"M":{"gone":true}}"#;
+    let ended_row = store
+        .write(
+            Some(&l),
+            writes::migrate_into_terminal("c", 0, migration(1, 0, payload), "workflow wf v2\n"),
+        )
+        .await
+        .unwrap()
+        .into_run("c")
+        .unwrap();
+    let expected = RunInfo {
+        seq: 1,
+        state: "M".to_owned(),
+        schema: NEW,
+        status: RunStatus::Completed,
+        entered: Some(0),
+        updated_ms: 10_001,
+        parent: blocked.parent.clone(),
+        ..info("c")
+    };
+    assert_eq!(ended_row, expected);
+    assert_eq!(store.run_info("c").await.unwrap(), Some(expected));
+    // Listed as completed only.
+    for (status, listed) in [
+        (RunStatus::Completed, &["c"][..]),
+        (RunStatus::Blocked, &[]),
+        (RunStatus::Waiting, &[]),
+    ] {
+        let runs = store.list(status, Some(WF)).await.unwrap();
+        let ids: Vec<&str> = runs
+            .iter()
+            .map(|r| r.run_id.as_str())
+            .filter(|id| *id == "c")
+            .collect();
+        assert_eq!(ids, listed, "{status}");
+    }
+    // The record, byte for byte, after the state's own.
+    let history = store.history("c").await.unwrap();
+    assert_eq!(
+        history
+            .iter()
+            .map(|r| (r.seq, r.state.as_str(), r.schema))
+            .collect::<Vec<_>>(),
+        [(0, "A", HASH), (1, "M", NEW)]
+    );
+    assert_eq!(history[1].payload.get(), payload);
+    assert_eq!(history[1].migrated, migration(1, 0, "{}").migrated);
+    // The parent learns of the end as of any child's.
+    assert_eq!(inbox(store, "p").await, [ended("c")]);
+    // An ended run takes no further write: a transition, the migration again, an event.
+    let next = transition(store, &l, "c", 2, false).await;
+    assert!(
+        matches!(
+            next,
+            Err(Error::Fenced {
+                status: RunStatus::Completed,
+                ..
+            })
+        ),
+        "{next:?}"
+    );
+    let again = store
+        .write(
+            Some(&l),
+            writes::migrate_into_terminal("c", 1, migration(2, 0, "{}"), "v2"),
+        )
+        .await;
+    assert!(
+        matches!(
+            again,
+            Err(Error::Fenced {
+                current: 1,
+                status: RunStatus::Completed,
+                ..
+            })
+        ),
+        "{again:?}"
+    );
+    let sent = store
+        .write(None, writes::send("c", "go", "{}", None, 20_000))
+        .await;
+    assert!(matches!(sent, Err(Error::RunEnded { .. })), "{sent:?}");
+    assert_eq!(store.history("c").await.unwrap().len(), 2);
+    assert_eq!(inbox(store, "p").await, [ended("c")]);
 }

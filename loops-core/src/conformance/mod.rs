@@ -192,7 +192,9 @@ pub enum Case {
     /// under its seq; the next transition leaves it. An acceptance, written as a migration
     /// marked accepted, moves the row to the accepting schema and stores its description.
     /// [`list_of_schemas`](crate::Store::list_of_schemas) lists the runs of a status and
-    /// workflow by the schema in their rows.
+    /// workflow by the schema in their rows. A migration into a terminal state ends the run
+    /// there (completed, neither waiting nor blocked), sends its parent the child's end in
+    /// the same commit, and the run takes no further write.
     Migrations,
     /// A runtime given a retention policy and an interval
     /// ([`RuntimeBuilder::retention_interval`](crate::RuntimeBuilder::retention_interval))
@@ -324,7 +326,10 @@ impl Case {
                 data::payloads_read_back_byte_for_byte(factory).await
             }
             Case::BlockAndUnblock => evolve::block_and_unblock(factory).await,
-            Case::Migrations => evolve::migrations(factory).await,
+            Case::Migrations => {
+                evolve::migrations(factory).await;
+                evolve::migration_into_a_terminal_state(factory).await;
+            }
             Case::ScheduledRetention => data::scheduled_retention(factory).await,
             Case::SealingKeys => data::sealing_keys(factory).await,
             Case::AttributesSearch => attributes::attributes_search(factory).await,

@@ -220,6 +220,22 @@ pub(super) fn migrate(
     }
 }
 
+/// [`Write::Migrate`] into a terminal state: the run ends there.
+pub(super) fn migrate_into_terminal(
+    run_id: &str,
+    seq: u64,
+    record: TransitionRecord,
+    schema_text: &'static str,
+) -> Write {
+    Write::Migrate {
+        run_id: run_id.to_owned(),
+        seq,
+        record,
+        schema_text,
+        terminal: true,
+    }
+}
+
 /// [`Write::Prune`].
 pub(super) fn prune(run_ids: &[&str]) -> Write {
     Write::Prune {
