@@ -385,14 +385,17 @@ fn read_failure(path: &Path, e: Error) -> Failure {
     }
 }
 
-/// A runtime on the loops store at `path` opened read-only (verified, and through a repair
-/// made in memory if the file needs one), for a command that writes: a write that its store
-/// refuses, or that changes nothing, is answered there and leaves the file's bytes as they
-/// were; [`Local`] opens the file for writing ([`writable`]) at the first write that
-/// changes it. `None` if the file does not open read-only as a loops store (held by a
-/// process, damaged, not a store): [`writable`] then refuses it in its own words.
+/// A runtime on the loops store at `path` opened read-only (verified), for a command that
+/// writes: a write that its store refuses, or that changes nothing, is answered there and
+/// leaves the file's bytes as they were; [`Local`] opens the file for writing
+/// ([`writable`]) at the first write that changes it. `None` if the file does not open
+/// read-only as a loops store (held by a process, damaged, not a store): [`writable`] then
+/// refuses it in its own words. `None` too for a file that needs redb's repair (left by a
+/// crash): never read through a repair made in memory here, whose store takes writes into
+/// memory and loses them (a cancellation answered as done and never written); the writable
+/// open repairs the file.
 fn deferred(path: &Path) -> Option<Runtime> {
-    let (store, _) = open_reading(path, StoreOptions::default()).ok()?;
+    let store = RedbStore::open_read_only_with(path, StoreOptions::default()).ok()?;
     store.schemas().ok()?;
     Some(runtime_builder().build(store))
 }

@@ -4387,3 +4387,57 @@ fn a_refused_or_unchanged_write_leaves_the_store_file_byte_for_byte() {
     );
     assert_eq!(store.events("waiting-1").unwrap().len(), 1);
 }
+
+/// A write to a store a crash left (it needs redb's repair) is written: the file is opened
+/// for writing, which repairs it, and never answered from a repair made in memory, whose
+/// writes are lost when it closes (helper-115 F1: a cancellation and an event were answered
+/// as done, exit 0, and never written).
+#[test]
+fn a_write_to_a_store_left_by_a_crash_is_written() {
+    let (dir, path) = store();
+    let crashed = |name: &str| {
+        let copy = dir.path().join(name);
+        let rt = Runtime::open(&path).unwrap();
+        // A copy taken while a process has the file open is what a crash leaves behind.
+        std::fs::copy(&path, &copy).unwrap();
+        drop(rt);
+        assert!(matches!(
+            RedbStore::open_read_only(&copy),
+            Err(loops_core::Error::NeedsRecovery { .. })
+        ));
+        copy
+    };
+    let cancelled = crashed("cancelled.redb");
+    text(
+        &cancelled,
+        &["cancel", "waiting-1", "--reason", "after the crash"],
+    );
+    let row = RedbStore::open_read_only(&cancelled)
+        .unwrap()
+        .run("waiting-1")
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (row.status, row.cancel.as_deref()),
+        (RunStatus::Cancelled, Some("after the crash"))
+    );
+    let sent = crashed("sent.redb");
+    text(&sent, &["send", "waiting-1", "approval", "--json", "1"]);
+    let events = RedbStore::open_read_only(&sent)
+        .unwrap()
+        .events("waiting-1")
+        .unwrap();
+    assert_eq!(events.len(), 1);
+    // A refusal is still refused (by the writable open, which repairs the file).
+    let refused = crashed("refused.redb");
+    assert_eq!(
+        fails(&refused, &["cancel", "done-1"], 1),
+        format!(
+            "{}error: run `done-1` has ended (completed); cancel is not possible\n",
+            needs_repair(&refused).replace(
+                "read through a repair made in memory, the file is unchanged; a writing command (or the process that drives it) repairs it",
+                "redb repaired it on this open"
+            )
+        )
+    );
+}

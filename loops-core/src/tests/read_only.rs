@@ -83,3 +83,50 @@ async fn a_read_only_store_answers_refusals_and_unchanged_writes_and_writes_noth
     assert_eq!((live.status, live.cancel), (RunStatus::Running, None));
     assert_eq!(Store::events(&store, "live").await.unwrap().len(), 1);
 }
+
+/// A store read through a repair made in memory answers writes as a read-only store does:
+/// a write would be lost with the view, so it is never answered as kept.
+#[tokio::test]
+async fn a_store_repaired_in_memory_answers_writes_as_a_read_only_one() {
+    let (dir, path) = temp_store();
+    let crashed = dir.path().join("crashed.redb");
+    {
+        let rt = Runtime::open(&path).unwrap();
+        rt.redb()
+            .unwrap()
+            .__seed_history([
+                ("live".to_owned(), Job::Start { n: 0 }),
+                ("gone".to_owned(), Job::Start { n: 1 }),
+            ])
+            .unwrap();
+        rt.cancel("gone", "not needed").await.unwrap();
+        // A copy taken while a process has the file open is what a crash leaves behind.
+        std::fs::copy(&path, &crashed).unwrap();
+        rt.shutdown().await;
+    }
+    assert!(matches!(
+        RedbStore::open_read_only(&crashed),
+        Err(Error::NeedsRecovery { .. })
+    ));
+    let before = std::fs::read(&crashed).unwrap();
+    let view = RedbStore::open_repaired_in_memory(&crashed, StoreOptions::default()).unwrap();
+    let rt = Runtime::builder().build(view);
+    assert!(matches!(
+        rt.cancel("gone", "again").await.unwrap_err(),
+        Error::RunEnded { run_id, .. } if run_id == "gone"
+    ));
+    for written in [
+        rt.cancel("live", "stop").await.map(drop),
+        rt.send_json("live", "go", None, &raw("{}")).await.map(drop),
+    ] {
+        assert!(
+            matches!(&written, Err(Error::ReadOnly { path: p }) if *p == crashed),
+            "{written:?}"
+        );
+    }
+    let live = rt.run_info("live").await.unwrap().unwrap();
+    assert_eq!((live.status, live.cancel), (RunStatus::Running, None));
+    rt.shutdown().await;
+    drop(rt);
+    assert!(std::fs::read(&crashed).unwrap() == before);
+}

@@ -4,6 +4,7 @@
 
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use redb::Database;
@@ -122,7 +123,10 @@ impl RedbStore {
     /// needs redb's repair (its process did not close it cleanly, or its length is not the
     /// one its header records), the repair is made there, and the file keeps its bytes. For
     /// reading a store that needs repair without changing it (the `loops` CLI's reading
-    /// commands); anything written through it is lost when it is dropped. Unlike
+    /// commands). A write is answered as [`open_read_only`](Self::open_read_only)'s store
+    /// answers it: its refusal, or the answer of a write that changes nothing, and
+    /// [`Error::ReadOnly`] for a write that would change the store (it would be lost with
+    /// the view). Unlike
     /// [`open_read_only`](Self::open_read_only), it takes no lock on the file: keep writers
     /// away meanwhile. `options.verify_on_open` verifies every page's checksum as redb opens it.
     ///
@@ -132,14 +136,18 @@ impl RedbStore {
         let path = path.as_ref().to_path_buf();
         refuse_special_file(&path)?;
         let file = path.clone();
-        Self::with_storage(
+        let store = Self::with_storage(
             path,
             StoreOptions {
                 commit_on_caller: false,
                 ..options
             },
             move || super::verify::overlay(&file),
-        )
+        )?;
+        // Its writes would be lost when it is dropped: it answers them as a read-only store
+        // does, never as if they were kept.
+        store.answer_writes_read_only();
+        Ok(store)
     }
 
     /// A store on a storage backend of your own (encryption, a block device, fault injection
@@ -264,6 +272,7 @@ impl RedbStore {
             writer: Mutex::new(Some(writer)),
             leases,
             step_keys,
+            answers_only: AtomicBool::new(false),
         }))
     }
 
@@ -385,6 +394,7 @@ impl RedbStore {
             writer: Mutex::new(None),
             leases: Arc::new(Leases::default()),
             step_keys: Arc::new(StepKeys::default()),
+            answers_only: AtomicBool::new(true),
         }))
     }
 }
