@@ -16,6 +16,14 @@ use crate::hints::this_command_again;
 use crate::versions;
 use crate::workflow::{APPROVAL_EVENT, Approval};
 
+/// How long `--approve` looks for its run in a serving process that does not have it: a
+/// `deliver --serve` serves its endpoint as it starts, and records a new run after its
+/// setup (tens of milliseconds; more on a loaded machine).
+const RECORDED_WITHIN: Duration = Duration::from_secs(2);
+
+/// How often `--approve` looks again for a run the serving process does not have yet.
+const LOOK_EVERY: Duration = Duration::from_millis(50);
+
 /// How often the followed run is read through the control endpoint.
 const FOLLOW_EVERY: Duration = Duration::from_millis(100);
 
@@ -58,26 +66,41 @@ pub async fn through_the_serving_process(cli: &Cli, store: &Path) -> Result<Thro
     };
     let by = approver_name();
     let payload = serde_json::value::to_raw_value(&Approval { by: by.clone() })?;
-    let sent = client
-        .send(run_id, APPROVAL_EVENT.name(), Some("approval"), &payload)
-        .await
-        .map_err(|e| {
-            // A process started a moment ago serves before it records its run.
-            let hint = match &e {
-                ControlError::Remote {
-                    kind: ErrorKind::RunNotFound,
-                    ..
-                } => {
-                    " (a `deliver --serve` started a moment ago records its run soon after: \
-                      try again then)"
-                }
-                _ => "",
-            };
-            anyhow::Error::new(e).context(format!(
-                "--approve: the process serving {} did not take the approval{hint}",
-                store.display()
-            ))
-        })?;
+    // A process started a moment ago serves before it records its run: a run it does not
+    // have is looked for again, for up to [`RECORDED_WITHIN`].
+    let mut looks = 0;
+    let sent = loop {
+        let sent = client
+            .send(run_id, APPROVAL_EVENT.name(), Some("approval"), &payload)
+            .await;
+        match sent {
+            Err(ControlError::Remote {
+                kind: ErrorKind::RunNotFound,
+                ..
+            }) if looks < RECORDED_WITHIN.as_millis() / LOOK_EVERY.as_millis() => {
+                looks += 1;
+                tokio::time::sleep(LOOK_EVERY).await;
+            }
+            sent => break sent,
+        }
+    };
+    let sent = sent.map_err(|e| {
+        let hint = match &e {
+            ControlError::Remote {
+                kind: ErrorKind::RunNotFound,
+                ..
+            } => format!(
+                " (looked for it for {} s: a `deliver --serve` started a moment ago records its \
+                 run within that)",
+                RECORDED_WITHIN.as_secs()
+            ),
+            _ => String::new(),
+        };
+        anyhow::Error::new(e).context(format!(
+            "--approve: the process serving {} did not take the approval{hint}",
+            store.display()
+        ))
+    })?;
     let sent_as = if sent.duplicate {
         format!(
             "run {run_id} was sent an approval already (event {}), which the `deliver` \

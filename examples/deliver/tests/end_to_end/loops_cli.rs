@@ -541,11 +541,11 @@ fn deliver_approve_looks_again_for_the_endpoint_of_the_process_that_holds_the_st
     assert_eq!(approvals[0]["payload"], serde_json::json!({"by": "dora"}));
 }
 
-/// `deliver --approve` of a run that the process serving the store has not recorded (yet:
-/// a `deliver --serve` started a moment ago serves before it records its run) says to try
-/// again then (helper-104 F2), and sends nothing.
+/// `deliver --approve` of a run that the process serving the store does not record within
+/// 2 s (a `deliver --serve` started a moment ago serves before it records its run, so it is
+/// looked for again that long) is refused saying so (helper-104 F2), and sends nothing.
 #[test]
-fn deliver_approve_of_a_run_not_recorded_yet_says_to_try_again() {
+fn deliver_approve_of_a_run_not_recorded_within_2_s_is_refused() {
     let dir = tempfile::tempdir().expect("temp dir");
     let workdir = &dir.path().join("work");
     let store = workdir.join("deliver.redb");
@@ -559,9 +559,9 @@ fn deliver_approve_of_a_run_not_recorded_yet_says_to_try_again() {
     assert_eq!(
         String::from_utf8_lossy(&approved.stderr),
         format!(
-            "error: --approve: the process serving {} did not take the approval (a `deliver \
-             --serve` started a moment ago records its run soon after: try again then): run \
-             `deliver-1` does not exist\n",
+            "error: --approve: the process serving {} did not take the approval (looked for \
+             it for 2 s: a `deliver --serve` started a moment ago records its run within that): \
+             run `deliver-1` does not exist\n",
             store.display()
         )
     );
