@@ -2418,7 +2418,13 @@ fn compact_and_check_report_on_a_good_file() {
     );
     assert!(out.contains("\n  reclaimed  "), "{out}");
 
+    // A file closed cleanly is checked on a read-only open: it keeps its bytes.
+    let bytes = std::fs::read(&path).unwrap();
     let v = json(&path, &["check", "--json"]);
+    assert!(
+        std::fs::read(&path).unwrap() == bytes,
+        "check changed the file"
+    );
     assert_eq!(
         v,
         json!({

@@ -34,8 +34,18 @@ pub fn run(target: &Target, args: &JsonArg) -> Result<()> {
             path.display()
         )));
     }
-    let (rt, repaired_on_open) = open::writable(path)?;
-    let store = open::redb(path, &rt)?;
+    // A file that needs no repair is checked on a read-only open, whose verification is
+    // redb's integrity check on a view in memory: the file keeps its bytes (a writable open
+    // rewrites part of it when it closes). A file that needs repair, or that this open
+    // refuses (damaged, say), is opened for writing: redb repairs it, or says what is wrong.
+    let (runtime, store, repaired_on_open) = match loops_core::RedbStore::open_read_only(path) {
+        Ok(store) => (None, store, false),
+        Err(_) => {
+            let (rt, repaired_on_open) = open::writable(path)?;
+            let store = open::redb(path, &rt)?;
+            (Some(rt), store, repaired_on_open)
+        }
+    };
     let reader = store.clone();
     // With a key file: the workers' check of it (a key of a listed id and other bytes, or
     // none of the store's keys, is refused as a worker would be), before the pages.
@@ -71,10 +81,14 @@ pub fn run(target: &Target, args: &JsonArg) -> Result<()> {
         None => None,
     };
     let intact =
-        block_on(
-            async move { tokio::task::spawn_blocking(move || store.check_integrity()).await },
-        )?
-        .map_err(|e| Failure::new(format!("cannot check store {}: {e}", path.display())))??;
+        match runtime {
+            // Verified on the read-only open.
+            None => true,
+            Some(_) => block_on(async move {
+                tokio::task::spawn_blocking(move || store.check_integrity()).await
+            })?
+            .map_err(|e| Failure::new(format!("cannot check store {}: {e}", path.display())))??,
+        };
     let mut by_status = BTreeMap::new();
     let mut runs = 0;
     for status in RunStatus::ALL {
