@@ -20,6 +20,10 @@ pub struct Failure {
     pub held: bool,
     /// Whether the run the command names does not exist (the web UI answers 404).
     pub missing: bool,
+    /// Whether a process took the store file between the command's read-only open and the
+    /// writable one its write needed, before anything was written: the same command, made
+    /// again, goes through that process (its control endpoint) or waits for it.
+    pub again: bool,
 }
 
 /// What a command's failure is, for its exit code: the one place that maps kinds of failure
@@ -81,6 +85,7 @@ impl Failure {
             damage: false,
             held: false,
             missing: false,
+            again: false,
         }
     }
 

@@ -91,7 +91,7 @@ fn run(cli: Cli) -> Result<(), Failure> {
     open::set_verbose(cli.verbose);
     open::set_key_file(cli.key_file.as_deref())?;
     let checking = matches!(cli.command, Command::Check(_));
-    let done = match &cli.command {
+    let dispatch = || match &cli.command {
         Command::Runs(args) => commands::runs::run(&target, args),
         Command::Show(args) => commands::show::run(&target, args),
         Command::History(args) => commands::history::run(&target, args),
@@ -108,6 +108,12 @@ fn run(cli: Cli) -> Result<(), Failure> {
         Command::Schedules(args) => commands::schedules::run(&target, args),
         Command::Upgrade(args) => commands::upgrade::run(args, &cli),
     };
+    let mut done = dispatch();
+    // A process took the store between the command's read-only open and its writable one,
+    // before anything was written (`Failure::again`): once more, through that process.
+    if done.as_ref().is_err_and(|failure| failure.again) {
+        done = dispatch();
+    }
     match target.file() {
         Some(path) => done.map_err(|failure| failure.in_store(path, checking)),
         None => done,

@@ -641,9 +641,10 @@ fn a_send_through_a_process_that_does_not_drive_the_workflow_says_so() {
     assert_eq!(
         said,
         "sent event `approve` to run waiting-1 (event seq 0); the run waits for it, but the \
-         process that holds the store does not take it up (it neither drives this run nor \
-         registers workflow `gate`): a process that drives the workflow takes it when it \
-         drives the run\n"
+         process that holds the store does not take it up: it is not driving this run, and \
+         does not resume other runs of workflow `gate` (it drives only the runs it was given; \
+         the workflow is not registered in it): a process that drives the workflow takes it \
+         when it drives the run\n"
     );
     let shown = store.json(&["show", "waiting-1", "--json"]);
     assert_eq!(shown["run"]["status"], "waiting", "{shown}");
@@ -652,9 +653,10 @@ fn a_send_through_a_process_that_does_not_drive_the_workflow_says_so() {
     let retried = store.text(&["retry", "failed-1"]);
     assert!(
         retried.ends_with(
-            "the process that holds the store does not take it up (it neither drives this run \
-             nor registers workflow `gate`): a process that drives the workflow resumes it when \
-             it starts or drives it\n"
+            "the process that holds the store does not take it up: it is not driving this run, \
+             and does not resume other runs of workflow `gate` (it drives only the runs it was \
+             given; the workflow is not registered in it): a process that drives the workflow \
+             resumes it when it starts or drives it\n"
         ),
         "{retried}"
     );

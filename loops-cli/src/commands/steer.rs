@@ -84,7 +84,7 @@ pub fn retry(target: &Target, args: &RetryArgs) -> Result<()> {
     let who = match taker {
         Taker::Serving => "the process that holds the store takes it up now".to_owned(),
         Taker::NotServed => format!(
-            "the process that holds the store does not take it up (it neither drives this run nor registers workflow `{workflow}`): a process that drives the workflow resumes it when it starts or drives it"
+            "the process that holds the store does not take it up: it is not driving this run, and does not resume other runs of workflow `{workflow}` (it drives only the runs it was given; the workflow is not registered in it): a process that drives the workflow resumes it when it starts or drives it"
         ),
         Taker::Workers => format!(
             "a worker that serves workflow `{workflow}` takes it up when it next claims ready runs"
@@ -355,7 +355,7 @@ pub fn delivery(info: &RunInfo, event: &str, taker: Taker) -> String {
                     .to_owned()
             }
             Taker::NotServed => format!(
-                "the run waits for it, but the process that holds the store does not take it up (it neither drives this run nor registers workflow `{}`): a process that drives the workflow takes it when it drives the run",
+                "the run waits for it, but the process that holds the store does not take it up: it is not driving this run, and does not resume other runs of workflow `{}` (it drives only the runs it was given; the workflow is not registered in it): a process that drives the workflow takes it when it drives the run",
                 info.workflow
             ),
             Taker::Workers => format!(

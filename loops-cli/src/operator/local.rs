@@ -161,7 +161,13 @@ impl Local {
         };
         self.tokio.block_on(runtime.shutdown());
         drop(runtime);
-        let (runtime, _) = crate::open::writable(&path)?;
+        // A process that took the file meanwhile (a `deliver --serve` starting, say) holds
+        // it: nothing is written yet, and the command is made again from its open, which
+        // goes through that process's endpoint or waits for it.
+        let (runtime, _) = crate::open::writable(&path).map_err(|failure| Failure {
+            again: failure.held,
+            ..failure
+        })?;
         *self.opened.borrow_mut() = Opened::Runtime(runtime);
         Ok(())
     }

@@ -435,6 +435,47 @@ mod tests {
         }
     }
 
+    /// A write of a command that opened the file read-only first, and found it taken by a
+    /// process when the write needed it for writing (a `deliver --serve` that started
+    /// meanwhile): refused as held, marked to be made again from the open (which then goes
+    /// through that process), with nothing written.
+    #[test]
+    fn a_deferred_write_whose_file_was_taken_meanwhile_is_to_be_made_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.redb");
+        tokio::runtime::Runtime::new().unwrap().block_on(async {
+            let rt = Runtime::open(&path).unwrap();
+            let options = loops_core::StartOptions::default();
+            rt.enqueue("j2", Job::Start, options).await.unwrap();
+            rt.shutdown().await;
+        });
+        // The process takes the file between the read-only handle's close and the writable
+        // open: here the read-only handle is on a copy of the file, so that the process can
+        // hold the file itself from the start.
+        let copy = dir.path().join("copy.redb");
+        std::fs::copy(&path, &copy).unwrap();
+        let read = loops_core::RedbStore::open_read_only(&copy).unwrap();
+        let local = crate::operator::Local::deferred(
+            Runtime::builder().build(read),
+            path.clone(),
+            String::new(),
+            open::tokio().unwrap(),
+        );
+        let holder = Runtime::open(&path).unwrap();
+        // Refused from the read-only open: not made again.
+        let ended = local.cancel("nope", "why").unwrap_err();
+        assert!(!ended.again && ended.missing, "{ended}");
+        let taken = local.cancel("j2", "why").unwrap_err();
+        assert!(taken.again && taken.held, "{taken}");
+        let row = tokio::runtime::Runtime::new()
+            .unwrap()
+            .block_on(holder.run_info("j2"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(row.cancel, None);
+        Box::new(local).close();
+    }
+
     /// A process that holds the store at `path`, with the run `j1` completed in it, and
     /// serves its control endpoint: its tokio runtime, its runtime and its server.
     fn serving(
