@@ -21,6 +21,11 @@ use crate::workflow::{APPROVAL_EVENT, Approval};
 /// setup (tens of milliseconds; more on a loaded machine).
 const RECORDED_WITHIN: Duration = Duration::from_secs(2);
 
+/// How long `--approve` asks again whether a serving process drives its run, when it first
+/// answers that it does not: a process that serves a run it just recorded drives it a
+/// moment later.
+const DRIVEN_WITHIN: Duration = Duration::from_secs(1);
+
 /// How often `--approve` looks again for a run the serving process does not have yet.
 const LOOK_EVERY: Duration = Duration::from_millis(50);
 
@@ -115,8 +120,24 @@ pub async fn through_the_serving_process(cli: &Cli, store: &Path) -> Result<Thro
         )
     };
     // The serving process drives its own run only (`taken_here` says whether it drives this
-    // one): another run takes the approval when `deliver --run-id RUN` next drives it.
-    if !sent.taken_here {
+    // one): another run takes the approval when `deliver --run-id RUN` next drives it. A
+    // process started a moment ago may have recorded its run and not drive it yet: asked
+    // again (the same key: nothing is sent twice) for up to [`DRIVEN_WITHIN`].
+    let mut taken_here = sent.taken_here;
+    let mut asked = 0;
+    while !taken_here && asked < DRIVEN_WITHIN.as_millis() / LOOK_EVERY.as_millis() {
+        asked += 1;
+        tokio::time::sleep(LOOK_EVERY).await;
+        match client
+            .send(run_id, APPROVAL_EVENT.name(), Some("approval"), &payload)
+            .await
+        {
+            Ok(again) => taken_here = again.taken_here,
+            // Ended, or stopped answering: as first answered.
+            Err(_) => break,
+        }
+    }
+    if !taken_here {
         say!(
             "{sent_as}; run {run_id} takes it when `deliver --run-id {run_id}` drives it, once \
              the serving process has ended (that process drives another run)"
