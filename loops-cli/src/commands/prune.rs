@@ -100,7 +100,10 @@ fn report(view: &PruneView, json: bool, file: bool, keep_failed: bool) -> Result
 /// `keep_failed`: the policy keeps failed runs).
 fn text(view: &PruneView, file: bool, keep_failed: bool) -> String {
     let mut out = String::new();
-    if view.runs == 0 {
+    if view.runs == 0 && view.kept_for_parents + view.kept_for_children > 0 {
+        // The lines below say what was kept, and why.
+        out.push_str("nothing removed\n");
+    } else if view.runs == 0 {
         out.push_str("no ended run matches; nothing removed\n");
     } else if view.dry_run {
         out.push_str(&format!(
@@ -133,12 +136,18 @@ fn text(view: &PruneView, file: bool, keep_failed: bool) -> String {
     }
     if view.kept_for_parents > 0 {
         let n = view.kept_for_parents;
-        out.push_str(&format!(
-            "kept {n} ended child run{} whose parent has not ended (the parent may still join \
-             {}); pruned once it has\n",
-            plural(n),
-            if n == 1 { "it" } else { "them" },
-        ));
+        let them = if n == 1 { "it" } else { "them" };
+        let why = if keep_failed {
+            format!(
+                "whose parent has not ended (the parent may still join {them}), or is a failed \
+                 run that `--keep-failed` keeps; pruned once the parent has ended, or with it"
+            )
+        } else {
+            format!(
+                "whose parent has not ended (the parent may still join {them}); pruned once it has"
+            )
+        };
+        out.push_str(&format!("kept {n} ended child run{} {why}\n", plural(n)));
     }
     if view.kept_for_children > 0 {
         let n = view.kept_for_children;

@@ -301,7 +301,7 @@ pub(super) async fn prune_families(f: &dyn Factory) {
     let keep_failed = RetentionPolicy::default().keep_last(0).keep_failed();
     // Both are reported as kept for a child: v for v/c, k for k/c.
     assert_eq!(
-        pruned(store, keep_failed, 10_000, false).await,
+        pruned(store, keep_failed.clone(), 10_000, false).await,
         (Vec::new(), 0, 2, 0)
     );
     assert_eq!(
@@ -322,8 +322,25 @@ pub(super) async fn prune_families(f: &dyn Factory) {
     assert_eq!(only_v().await, (0, Vec::new()));
     assert!(store.run_info("v").await.unwrap().is_some());
     assert_eq!(
-        pruned(store, everything, 10_000, false).await,
+        pruned(store, everything.clone(), 10_000, false).await,
         (owned(&["v", "v/c"]), 0, 0, 2 + 2)
+    );
+
+    // A child whose parent failed is kept with it under `keep_failed`, and counted as kept
+    // for its parent (it was reported as matching nothing); without the flag both go.
+    let fp = super::support::create(store, "fp").await;
+    let fpc = create_child(store, "fp/c", "fp", OnParentCancel::Cancel).await;
+    end(fpc, "fp/c", 1).await;
+    fail(store, &fp, 0, failure(1, "x"), AfterFailure::GiveUp)
+        .await
+        .unwrap();
+    assert_eq!(
+        pruned(store, keep_failed, 10_000, true).await,
+        (Vec::new(), 1, 0, 0)
+    );
+    assert_eq!(
+        pruned(store, everything, 10_000, false).await,
+        (owned(&["fp", "fp/c"]), 0, 0, 1 + 2)
     );
 }
 

@@ -227,7 +227,8 @@ pub enum Case {
     /// `prune_families`: [`prune`](crate::store::prune) keeps or removes a run with its
     /// children and grandchildren, as one run that ended when the last of them did (each
     /// parent listed and removed before its children); a child whose parent or grandparent
-    /// has not ended is kept and counted; a child whose parent is gone is a run of its own;
+    /// has not ended, or whose failed parent `keep_failed` keeps, is kept and counted; a
+    /// child whose parent is gone is a run of its own;
     /// a [`Write::Prune`](crate::store::Write::Prune) naming a family with a run that has
     /// not ended deletes none of it.
     PruneFamilies,

@@ -19,7 +19,8 @@ pub struct Pruned {
     /// The ids of the runs removed, oldest first; each parent run before its children.
     pub run_ids: Vec<String>,
     /// Ended child runs left alone, whatever the policy, because their parent (or its
-    /// parent) has not ended and may still join them: they are pruned once it has.
+    /// parent) is kept: it has not ended and may still join them (they are pruned once it
+    /// has), or the policy keeps it (a failed parent under `keep_failed`: they go with it).
     pub kept_for_parents: u64,
     /// Runs the policy expires, left alone with their family because one of them has a child
     /// run outside it: a child that has not ended (a parent that ended before its children,
@@ -169,7 +170,7 @@ enum Lineage {
 }
 
 /// The ended runs of `ended` grouped in families, each parent before its children, and the
-/// number of runs held because an ancestor has not ended. Each parent outside `ended` is
+/// number of runs held because an ancestor has not ended or is kept by the policy. Each parent outside `ended` is
 /// read once.
 async fn families(store: &dyn Store, ended: Vec<RunInfo>) -> Result<(Vec<Family>, u64)> {
     let by_id: HashMap<&str, &RunInfo> = ended.iter().map(|i| (i.run_id.as_str(), i)).collect();
@@ -183,8 +184,7 @@ async fn families(store: &dyn Store, ended: Vec<RunInfo>) -> Result<(Vec<Family>
             Lineage::Under(top, depth) => {
                 members.entry(top).or_default().push((depth, &info.run_id))
             }
-            Lineage::Joinable => held += 1,
-            Lineage::Kept => {}
+            Lineage::Joinable | Lineage::Kept => held += 1,
         }
     }
     let mut out = Vec::with_capacity(members.len());
