@@ -112,7 +112,8 @@ pub enum Error {
     },
 
     /// A step name, event name or idempotency key is empty, too long or contains control
-    /// characters, or a cancellation reason is empty or holds control characters.
+    /// characters (an event's idempotency key also if it starts or ends with white space),
+    /// or a cancellation reason is empty or holds control characters.
     #[error("run `{run_id}`: invalid {what} {}: {reason}", shown_id(name))]
     InvalidName {
         /// The run.

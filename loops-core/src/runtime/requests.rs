@@ -177,7 +177,9 @@ impl Runtime {
     /// run writes nothing and returns the first event's receipt with `duplicate: true`.
     ///
     /// # Errors
-    /// As [`send`](Self::send); [`Error::InvalidName`](crate::Error::InvalidName) for an invalid key.
+    /// As [`send`](Self::send); [`Error::InvalidName`](crate::Error::InvalidName) for an invalid key
+    /// (empty, over 256 bytes, with control characters, or starting or ending with white
+    /// space: keys are compared byte for byte, so `"k "` would be another request than `"k"`).
     pub async fn send_with_key<T: Serialize + ?Sized>(
         &self,
         run_id: &str,
@@ -265,6 +267,19 @@ impl Runtime {
                 name: name.to_owned(),
                 reason,
             })?;
+        }
+        // A key is compared byte for byte: one that a sender trims and another does not
+        // would send the same request twice.
+        if let Some(key) = key
+            && (key.starts_with(char::is_whitespace) || key.ends_with(char::is_whitespace))
+        {
+            return Err(Error::InvalidName {
+                run_id: run_id.to_owned(),
+                what: "idempotency key",
+                name: key.to_owned(),
+                reason: "starts or ends with white space (keys are compared byte for byte: \
+                         send it trimmed)",
+            });
         }
         // loops' own events (a child's end, `CHILD_ENDED`) are sent by its writes only.
         if event.starts_with(RESERVED_PREFIX) {

@@ -157,3 +157,30 @@ async fn a_payload_that_names_a_key_twice_is_refused_when_sent() {
         .unwrap();
     assert_eq!(rt.store().events("job").await.unwrap().len(), 1);
 }
+
+/// An idempotency key that starts or ends with white space is refused, whatever the path:
+/// keys are compared byte for byte, and a sender that trims its key and one that does not
+/// would send the same request twice. Nothing is written.
+#[tokio::test]
+async fn a_key_with_white_space_at_either_end_is_refused() {
+    let (_dir, rt) = seeded();
+    for key in ["k ", " k", "k\u{a0}", "\u{3000}k"] {
+        let err = rt
+            .send_json("job", "go", Some(key), &raw("1"))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::InvalidName { what: "idempotency key", name, .. } if name == key),
+            "{key:?}: {err:?}"
+        );
+        let typed = rt.send_with_key("job", "go", key, &1).await.unwrap_err();
+        assert!(matches!(typed, Error::InvalidName { .. }), "{typed:?}");
+    }
+    // Inner white space is part of the key.
+    let sent = rt
+        .send_json("job", "go", Some("a key"), &raw("1"))
+        .await
+        .unwrap();
+    assert_eq!((sent.event_seq, sent.duplicate), (0, false));
+    assert_eq!(rt.store().events("job").await.unwrap().len(), 1);
+}
