@@ -111,9 +111,8 @@ pub enum Error {
         reason: &'static str,
     },
 
-    /// A step name, event name or idempotency key is empty, too long or contains control
-    /// characters (an event's idempotency key also if it starts or ends with white space),
-    /// or a cancellation reason is empty or holds control characters.
+    /// A step name, event name or idempotency key is empty, too long, holds control characters
+    /// (or an event's key white space at an end), or a cancellation reason is empty or has them.
     #[error("run `{run_id}`: invalid {what} {}: {reason}", shown_id(name))]
     InvalidName {
         /// The run.

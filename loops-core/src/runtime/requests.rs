@@ -91,6 +91,25 @@ pub const MAX_CANCEL_REASON_BYTES: usize = 4096;
 // The refusal's text names the limit.
 const _: () = assert!(MAX_CANCEL_REASON_BYTES == 4096);
 
+/// Refuses an event's idempotency key `key` that starts or ends with white space: keys are
+/// compared byte for byte, so a sender that trims its key and one that does not would send
+/// the same request twice.
+///
+/// # Errors
+/// [`Error::InvalidName`] (`what`: `"idempotency key"`) naming the run and the rule.
+fn check_event_key(run_id: &str, key: &str) -> Result<()> {
+    if key.starts_with(char::is_whitespace) || key.ends_with(char::is_whitespace) {
+        return Err(Error::InvalidName {
+            run_id: run_id.to_owned(),
+            what: "idempotency key",
+            name: key.to_owned(),
+            reason: "starts or ends with white space (keys are compared byte for byte: send it \
+                     trimmed)",
+        });
+    }
+    Ok(())
+}
+
 /// Checks `reason`, a cancellation reason for the run `run_id`: the one rule of
 /// [`Runtime::cancel`], for a caller that must check before it seals the reason (the `loops`
 /// CLI with a key file). A reason is kept with the run and shown on one line (`loops show`,
@@ -268,19 +287,7 @@ impl Runtime {
                 reason,
             })?;
         }
-        // A key is compared byte for byte: one that a sender trims and another does not
-        // would send the same request twice.
-        if let Some(key) = key
-            && (key.starts_with(char::is_whitespace) || key.ends_with(char::is_whitespace))
-        {
-            return Err(Error::InvalidName {
-                run_id: run_id.to_owned(),
-                what: "idempotency key",
-                name: key.to_owned(),
-                reason: "starts or ends with white space (keys are compared byte for byte: \
-                         send it trimmed)",
-            });
-        }
+        key.map_or(Ok(()), |key| check_event_key(run_id, key))?;
         // loops' own events (a child's end, `CHILD_ENDED`) are sent by its writes only.
         if event.starts_with(RESERVED_PREFIX) {
             return Err(Error::InvalidName {
