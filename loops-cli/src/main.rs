@@ -112,6 +112,10 @@ fn run(cli: Cli) -> Result<(), Failure> {
     // A process took the store between the command's read-only open and its writable one,
     // before anything was written (`Failure::again`): once more, through that process.
     if done.as_ref().is_err_and(|failure| failure.again) {
+        // Opening for writing at once this time: that open waits for the process and finds
+        // its endpoint; a read-only open first could meet the process's own read-only phase
+        // again.
+        open::write_directly();
         done = dispatch();
     }
     match target.file() {

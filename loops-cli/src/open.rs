@@ -14,6 +14,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use loops_core::control::{Client, socket_path};
@@ -243,7 +244,10 @@ pub fn file_operator(path: &Path, access: Access) -> Result<Box<dyn Operator>> {
             Access::Read => {
                 read_only(path).map(|store| Box::new(Local::read_only(store, tokio)) as _)
             }
-            Access::Write => match deferred(path) {
+            Access::Write => match (!WRITE_DIRECTLY.load(Ordering::Relaxed))
+                .then(|| deferred(path))
+                .flatten()
+            {
                 Some(runtime) => {
                     let reached = "opened the store file to read, and to write at the first write that changes it (no process holds it)".to_owned();
                     Ok(Box::new(Local::deferred(runtime, path.to_owned(), reached, tokio)) as _)
@@ -383,6 +387,18 @@ fn read_failure(path: &Path, e: Error) -> Failure {
         },
         other => open_failure(path, other),
     }
+}
+
+/// Set once a command's write found the store taken between its read-only and writable
+/// opens ([`Failure::again`]): the command is made again opening the file for writing at
+/// once, which waits for a process that is starting (and goes through its endpoint) as every
+/// writable open does.
+static WRITE_DIRECTLY: AtomicBool = AtomicBool::new(false);
+
+/// Makes every later command's write open the file for writing at once (no read-only open
+/// first): for the command made again after [`Failure::again`].
+pub fn write_directly() {
+    WRITE_DIRECTLY.store(true, Ordering::Relaxed);
 }
 
 /// A runtime on the loops store at `path` opened read-only (verified), for a command that
