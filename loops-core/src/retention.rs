@@ -63,6 +63,20 @@ impl RetentionPolicy {
         out
     }
 
+    /// Whether a run that ended at `ended_ms` may expire at `now_ms` on its own, were it not
+    /// held by its family: with a count (`keep_last`, which ranks families, not such a run),
+    /// always; by age, if it ended before `max_age` ago.
+    pub(crate) fn selects_alone(&self, ended_ms: u64, now_ms: u64) -> bool {
+        self.keep_last.is_some() || self.cutoff(now_ms).is_some_and(|c| ended_ms < c)
+    }
+
+    /// The time (ms since the Unix epoch) before which a run ended is older than `max_age`
+    /// at `now_ms`; `None` without an age.
+    fn cutoff(&self, now_ms: u64) -> Option<u64> {
+        self.max_age
+            .map(|age| now_ms.saturating_sub(crate::clock::duration_ms(age)))
+    }
+
     /// The families in `ended` that expire at `now_ms`, oldest first: by count, those not
     /// among the `keep_last` most recently ended; by age, those that ended before `max_age`
     /// ago.
@@ -72,9 +86,7 @@ impl RetentionPolicy {
                 .cmp(&a.ended_ms)
                 .then_with(|| a.run_ids.cmp(&b.run_ids))
         });
-        let cutoff = self
-            .max_age
-            .map(|age| now_ms.saturating_sub(crate::clock::duration_ms(age)));
+        let cutoff = self.cutoff(now_ms);
         let mut out: Vec<Family> = ended
             .into_iter()
             .enumerate()

@@ -301,7 +301,7 @@ pub(super) async fn prune_families(f: &dyn Factory) {
     let keep_failed = RetentionPolicy::default().keep_last(0).keep_failed();
     // Both are reported as kept for a child: v for v/c, k for k/c.
     assert_eq!(
-        pruned(store, keep_failed.clone(), 10_000, false).await,
+        pruned(store, keep_failed, 10_000, false).await,
         (Vec::new(), 0, 2, 0)
     );
     assert_eq!(
@@ -325,12 +325,24 @@ pub(super) async fn prune_families(f: &dyn Factory) {
         pruned(store, everything.clone(), 10_000, false).await,
         (owned(&["v", "v/c"]), 0, 0, 2 + 2)
     );
+}
 
-    // A child whose parent failed is kept with it under `keep_failed`, and counted as kept
-    // for its parent (it was reported as matching nothing); without the flag both go.
+/// `prune_families`, continued: what counts as kept for a parent. A child whose failed parent
+/// `keep_failed` keeps is counted (it was reported as matching nothing); a child held by a
+/// parent that runs on is counted only if the policy would remove it otherwise.
+pub(super) async fn prune_kept_for_parents(f: &dyn Factory) {
+    let store = f.store();
+    let store = &*store;
+    let end = |l: Lease, id: &'static str| async move {
+        transition(store, &l, id, 1, true).await.unwrap();
+        store.release(&l).await.unwrap();
+    };
+    let everything = RetentionPolicy::default().keep_last(0);
+    let keep_failed = RetentionPolicy::default().keep_last(0).keep_failed();
+    // Under `keep_failed`, a failed parent's child is kept with it; without the flag both go.
     let fp = super::support::create(store, "fp").await;
     let fpc = create_child(store, "fp/c", "fp", OnParentCancel::Cancel).await;
-    end(fpc, "fp/c", 1).await;
+    end(fpc, "fp/c").await;
     fail(store, &fp, 0, failure(1, "x"), AfterFailure::GiveUp)
         .await
         .unwrap();
@@ -339,8 +351,22 @@ pub(super) async fn prune_families(f: &dyn Factory) {
         (Vec::new(), 1, 0, 0)
     );
     assert_eq!(
-        pruned(store, everything, 10_000, false).await,
+        pruned(store, everything.clone(), 10_000, false).await,
         (owned(&["fp", "fp/c"]), 0, 0, 1 + 2)
+    );
+
+    // A child of a parent that runs on: not counted when it is younger than the policy's age.
+    let _y = super::support::create(store, "y").await;
+    let yc = create_child(store, "y/c", "y", OnParentCancel::Cancel).await;
+    end(yc, "y/c").await;
+    let an_hour = RetentionPolicy::older_than(std::time::Duration::from_secs(3_600));
+    assert_eq!(
+        pruned(store, an_hour, 10_000, true).await,
+        (Vec::new(), 0, 0, 0)
+    );
+    assert_eq!(
+        pruned(store, everything, 10_000, true).await,
+        (Vec::new(), 1, 0, 0)
     );
 }
 

@@ -337,7 +337,10 @@ impl Case {
             Case::AttributesRefused => attributes::attributes_refused(factory).await,
             Case::ChildEndWakesParent => children::child_end_wakes_parent(factory).await,
             Case::CancelCascades => children::cancel_cascades(factory).await,
-            Case::PruneFamilies => children::prune_families(factory).await,
+            Case::PruneFamilies => {
+                children::prune_families(factory).await;
+                children::prune_kept_for_parents(factory).await;
+            }
             Case::Schedules => schedules::schedules(factory).await,
             Case::SchedulesRefused => schedules::schedules_refused(factory).await,
         }

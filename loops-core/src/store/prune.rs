@@ -18,9 +18,10 @@ pub struct Pruned {
     pub records: u64,
     /// The ids of the runs removed, oldest first; each parent run before its children.
     pub run_ids: Vec<String>,
-    /// Ended child runs left alone, whatever the policy, because their parent (or its
-    /// parent) is kept: it has not ended and may still join them (they are pruned once it
-    /// has), or the policy keeps it (a failed parent under `keep_failed`: they go with it).
+    /// Ended child runs that the policy would remove, left alone because their parent (or
+    /// its parent) is kept: it has not ended and may still join them (they are pruned once it
+    /// has), or the policy keeps it (a failed parent under `keep_failed`: they go with it). A
+    /// child that the policy keeps anyway (younger than its `max_age`) is not counted.
     pub kept_for_parents: u64,
     /// Runs the policy expires, left alone with their family because one of them has a child
     /// run outside it: a child that has not ended (a parent that ended before its children,
@@ -78,6 +79,12 @@ pub async fn prune_reporting(
         ended.extend(store.list(status, None).await?);
     }
     let (families, held) = families(store, ended).await?;
+    // A run held for its parent counts only if the policy would remove it otherwise: one
+    // younger than `max_age` is not kept by its parent, but by the policy.
+    let held = held
+        .into_iter()
+        .filter(|&ended_ms| policy.selects_alone(ended_ms, now_ms))
+        .count() as u64;
     let (expired, kept_for_children) =
         without_outside_children(store, policy.select(families, now_ms)).await?;
     let selected: usize = expired.iter().map(|family| family.run_ids.len()).sum();
@@ -169,22 +176,22 @@ enum Lineage {
     Kept,
 }
 
-/// The ended runs of `ended` grouped in families, each parent before its children, and the
-/// number of runs held because an ancestor has not ended or is kept by the policy. Each parent outside `ended` is
+/// The ended runs of `ended` grouped in families, each parent before its children, and when
+/// each run held because an ancestor has not ended, or is kept by the policy, ended (ms). Each parent outside `ended` is
 /// read once.
-async fn families(store: &dyn Store, ended: Vec<RunInfo>) -> Result<(Vec<Family>, u64)> {
+async fn families(store: &dyn Store, ended: Vec<RunInfo>) -> Result<(Vec<Family>, Vec<u64>)> {
     let by_id: HashMap<&str, &RunInfo> = ended.iter().map(|i| (i.run_id.as_str(), i)).collect();
     // Parents outside `ended`: Some(true) if that parent has not ended, None if it is gone.
     let mut outside: HashMap<String, Option<bool>> = HashMap::new();
     let mut members: HashMap<String, Vec<(usize, &str)>> = HashMap::new();
-    let mut held = 0u64;
+    let mut held = Vec::new();
     for info in &ended {
         match lineage(store, &by_id, &mut outside, info).await? {
             Lineage::Top(top) => members.entry(top).or_default().push((0, &info.run_id)),
             Lineage::Under(top, depth) => {
                 members.entry(top).or_default().push((depth, &info.run_id))
             }
-            Lineage::Joinable | Lineage::Kept => held += 1,
+            Lineage::Joinable | Lineage::Kept => held.push(info.updated_ms),
         }
     }
     let mut out = Vec::with_capacity(members.len());
