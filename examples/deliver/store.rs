@@ -192,13 +192,19 @@ pub fn store_error(e: loops::Error) -> anyhow::Error {
 /// # Errors
 /// As [`store_error`] says them: still locked after the wait, damaged, not a store.
 pub async fn open_read_only(store: &Path) -> Result<loops::RedbStore> {
+    open_reading(store).await.map_err(store_error)
+}
+
+/// The store file `store` opened read-only, waiting while it is locked, through redb's
+/// repair made in memory if its process did not close it: [`open_read_only`] and
+/// [`open_for_checks`], each saying its errors in its own way.
+async fn open_reading(store: &Path) -> loops::Result<loops::RedbStore> {
     match open_store(|| loops::RedbStore::open_read_only(store)).await {
         Err(loops::Error::NeedsRecovery { .. }) => {
             loops::RedbStore::open_repaired_in_memory(store, loops::StoreOptions::default())
         }
         opened => opened,
     }
-    .map_err(store_error)
 }
 
 /// The store file `store` opened read-only for the checks of a start, before it is opened
@@ -211,13 +217,8 @@ pub async fn open_read_only(store: &Path) -> Result<loops::RedbStore> {
 /// # Errors
 /// [`loops::Error::StoreLocked`] if it is still locked after the wait.
 pub async fn open_for_checks(store: &Path) -> loops::Result<Option<loops::RedbStore>> {
-    match open_store(|| loops::RedbStore::open_read_only(store)).await {
+    match open_reading(store).await {
         Ok(read) => Ok(Some(read)),
-        Err(loops::Error::NeedsRecovery { .. }) => Ok(loops::RedbStore::open_repaired_in_memory(
-            store,
-            loops::StoreOptions::default(),
-        )
-        .ok()),
         Err(e @ loops::Error::StoreLocked { .. }) => Err(e),
         Err(_) => Ok(None),
     }

@@ -227,13 +227,11 @@ pub(super) fn migrate_into_terminal(
     record: TransitionRecord,
     schema_text: &'static str,
 ) -> Write {
-    Write::Migrate {
-        run_id: run_id.to_owned(),
-        seq,
-        record,
-        schema_text,
-        terminal: true,
+    let mut write = migrate(run_id, seq, record, schema_text);
+    if let Write::Migrate { terminal, .. } = &mut write {
+        *terminal = true;
     }
+    write
 }
 
 /// [`Write::Prune`].

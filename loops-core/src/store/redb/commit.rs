@@ -2,7 +2,6 @@
 //! thread, batched with the writes that queued meanwhile into one write transaction.
 
 use std::path::Path;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use redb::Database;
@@ -76,9 +75,9 @@ impl RedbStore {
     /// Where `write` goes (see [`submit`](Self::submit)): committed here as the leader,
     /// queued for the leader in progress, or sent to the writer thread.
     fn route(&self, write: Write, lease: Option<Lease>) -> Routed {
-        let tx = match self.inner.tx.as_ref() {
-            Some(tx) if !self.inner.answers_only.load(Ordering::Relaxed) => tx,
-            _ => return Routed::Led(self.answer_read_only(&write, lease.as_ref())),
+        // No writer (a read-only store, or a view repaired in memory): answered as read-only.
+        let Some(tx) = self.inner.tx.as_ref() else {
+            return Routed::Led(self.answer_read_only(&write, lease.as_ref()));
         };
         if self.inner.commit_on_caller && inline_commit_allowed() {
             let mut queue = self

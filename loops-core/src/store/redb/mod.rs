@@ -72,7 +72,6 @@ pub(crate) use tables::{RUNS, SCHEMAS, STATUS};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::thread::JoinHandle;
 
@@ -100,14 +99,6 @@ pub struct RedbStore {
     inner: Arc<Inner>,
     /// This handle's worker id in [`Leases`].
     worker: u64,
-}
-
-impl RedbStore {
-    /// Makes this store answer writes as a read-only store does
-    /// ([`answer_read_only`](Self::answer_read_only)), every handle of it.
-    fn answer_writes_read_only(&self) {
-        self.inner.answers_only.store(true, Ordering::Relaxed);
-    }
 }
 
 impl Clone for RedbStore {
@@ -248,9 +239,6 @@ struct Inner {
     /// The step keys of states with many steps, for the check of a new step record (shared
     /// with the writer thread).
     step_keys: Arc<StepKeys>,
-    /// Writes are answered as a read-only store answers them, not committed: a view whose
-    /// writes would be lost ([`RedbStore::open_repaired_in_memory`]).
-    answers_only: AtomicBool,
 }
 
 impl Drop for Inner {

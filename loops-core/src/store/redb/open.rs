@@ -4,7 +4,6 @@
 
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use redb::Database;
@@ -89,6 +88,7 @@ impl RedbStore {
             Some(Box::new(move || {
                 super::verify::verify_file(&verified_path).is_ok()
             })),
+            true,
         )?;
         // Held by this process now: a control socket next to the file is a killed server's.
         super::socket::remove_stale(&path);
@@ -136,18 +136,18 @@ impl RedbStore {
         let path = path.as_ref().to_path_buf();
         refuse_special_file(&path)?;
         let file = path.clone();
-        let store = Self::with_storage(
+        // Without a writer: its writes would be lost when it is dropped, so it answers them
+        // as a read-only store does, never as if they were kept.
+        Self::open_backend(
             path,
             StoreOptions {
                 commit_on_caller: false,
                 ..options
             },
             move || super::verify::overlay(&file),
-        )?;
-        // Its writes would be lost when it is dropped: it answers them as a read-only store
-        // does, never as if they were kept.
-        store.answer_writes_read_only();
-        Ok(store)
+            None,
+            false,
+        )
     }
 
     /// A store on a storage backend of your own (encryption, a block device, fault injection
@@ -166,7 +166,7 @@ impl RedbStore {
         B: redb::StorageBackend,
         F: Fn() -> std::io::Result<B> + Send + Sync + 'static,
     {
-        Self::open_backend(label, options, make_backend, None)
+        Self::open_backend(label, options, make_backend, None, true)
     }
 
     /// As [`with_storage`](Self::with_storage). With `options.verify_on_open`,
@@ -179,12 +179,15 @@ impl RedbStore {
     /// a file does. Otherwise redb's check on open runs as without it, and reports the
     /// damage. (The check runs before redb takes the file's lock: a redb writer could commit
     /// in between, leaving a file written by redb, not altered outside it; a writer still
-    /// holding the file makes the open fail as locked either way.)
+    /// holding the file makes the open fail as locked either way.) Without `writes`, no
+    /// writer is started: every write is answered as a read-only store answers it
+    /// ([`answer_read_only`](Self::answer_read_only)).
     fn open_backend<B, F>(
         label: PathBuf,
         options: StoreOptions,
         make_backend: F,
         verified_clean: Option<Box<dyn Fn() -> bool + Send + Sync>>,
+        writes: bool,
     ) -> Result<Self>
     where
         B: redb::StorageBackend,
@@ -238,41 +241,45 @@ impl RedbStore {
             Err(NotOpened::Redb(e)) => return Err(open_err(e.into())),
         }
         let db = Arc::new(RwLock::new(Db::Writable(db)));
-        let (tx, rx) = mpsc::channel(QUEUE);
-        let writer_db = Arc::clone(&db);
-        let writer_opener = Arc::clone(&opener);
         let queue = Arc::new(Mutex::new(Queue::default()));
-        let writer_queue = Arc::clone(&queue);
-        let writer_path = path.clone();
         let leases = Arc::new(Leases::default());
-        let writer_leases = Arc::clone(&leases);
         let step_keys = Arc::new(StepKeys::default());
-        let writer_step_keys = Arc::clone(&step_keys);
-        let writer = std::thread::Builder::new()
-            .name("loops-writer".into())
-            .spawn(move || {
-                writer_loop(
-                    &writer_db,
-                    &writer_opener,
-                    &writer_path,
-                    &writer_queue,
-                    &writer_leases,
-                    &writer_step_keys,
-                    rx,
-                );
-            })
-            .map_err(|e| open_err(e.into()))?;
+        let (tx, writer) = if writes {
+            let (tx, rx) = mpsc::channel(QUEUE);
+            let writer_db = Arc::clone(&db);
+            let writer_opener = Arc::clone(&opener);
+            let writer_queue = Arc::clone(&queue);
+            let writer_path = path.clone();
+            let writer_leases = Arc::clone(&leases);
+            let writer_step_keys = Arc::clone(&step_keys);
+            let writer = std::thread::Builder::new()
+                .name("loops-writer".into())
+                .spawn(move || {
+                    writer_loop(
+                        &writer_db,
+                        &writer_opener,
+                        &writer_path,
+                        &writer_queue,
+                        &writer_leases,
+                        &writer_step_keys,
+                        rx,
+                    );
+                })
+                .map_err(|e| open_err(e.into()))?;
+            (Some(tx), Some(writer))
+        } else {
+            (None, None)
+        };
         Ok(RedbStore::from_inner(Inner {
             db,
             path,
             opener: Some(opener),
             queue,
             commit_on_caller: options.commit_on_caller,
-            tx: Some(tx),
-            writer: Mutex::new(Some(writer)),
+            tx,
+            writer: Mutex::new(writer),
             leases,
             step_keys,
-            answers_only: AtomicBool::new(false),
         }))
     }
 
@@ -394,7 +401,6 @@ impl RedbStore {
             writer: Mutex::new(None),
             leases: Arc::new(Leases::default()),
             step_keys: Arc::new(StepKeys::default()),
-            answers_only: AtomicBool::new(true),
         }))
     }
 }
