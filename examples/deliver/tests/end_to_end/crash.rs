@@ -1141,13 +1141,26 @@ fn auto_approve_false_on_a_run_approved_already_says_the_approval_stands() {
         .output()
         .expect("run the example");
     assert!(output.status.success(), "{}", describe(&output));
+    // The approval is sent as soon as the run exists, so the end of the run's first child
+    // (`loops:child-ended`) may come before it in the inbox or after: its seq is the store's.
+    let store = loops::RedbStore::open_read_only(workdir.join("deliver.redb")).expect("store");
+    let approval = store
+        .events(RUN_ID)
+        .expect("read the events")
+        .into_iter()
+        .filter(|(_, e, _)| e.name == "approve")
+        .map(|(seq, _, taken)| (seq, taken))
+        .collect::<Vec<_>>();
+    let [(seq, true)] = approval[..] else {
+        panic!("one approval, taken: {approval:?}")
+    };
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
-        stdout.contains(
-            "note: run deliver-1 was approved already, by --auto-approve (event 0, waiting in \
-             its inbox for the approval gate): --auto-approve=false does not withdraw an \
+        stdout.contains(&format!(
+            "note: run deliver-1 was approved already, by --auto-approve (event {seq}, waiting \
+             in its inbox for the approval gate): --auto-approve=false does not withdraw an \
              approval that was sent"
-        ) && stdout.contains("pull request: "),
+        )) && stdout.contains("pull request: "),
         "{stdout}"
     );
     assert_eq!(names_in(&workdir.join("forge/pulls")), ["1.json"]);
