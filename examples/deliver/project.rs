@@ -544,8 +544,10 @@ pub async fn check_repo(repo: &Path) -> Result<()> {
 /// work branch (which its commits move).
 ///
 /// # Errors
-/// If git fails, the repository is not a git work tree, or a new run is refused as above.
+/// If git fails, the repository is not a git work tree, a new run is refused as above, or
+/// the remote of a run that exists is gone (it made it before its first record).
 pub async fn prepare(paths: &Paths, work_branch: &str, recorded: Option<Base>) -> Result<Base> {
+    let run_exists = recorded.is_some();
     if !paths.repo_given && !paths.repo.exists() {
         create_demo_repo(&paths.repo).await?;
     }
@@ -577,6 +579,15 @@ pub async fn prepare(paths: &Paths, work_branch: &str, recorded: Option<Base>) -
         );
     }
     if !paths.remote.exists() {
+        // A run that exists made its remote before its first record: a new one in its place
+        // would take the run's push and pull request without the base it was made with.
+        ensure!(
+            !run_exists,
+            "the remote {} is gone (moved or deleted since the run of branch {work_branch} \
+             made it); a new one would lack what the run pushed and started from: put it \
+             back, or start over with --fresh or another --run-id",
+            paths.remote.display()
+        );
         create_remote(&git, &paths.remote, &base.branch, &base.commit).await?;
     }
     Ok(base)

@@ -381,6 +381,42 @@ fn a_copy_made_before_the_push_is_refused() {
     assert_eq!(pulls(&copy), Vec::<String>::new());
 }
 
+/// A run whose remote was moved away is refused (a new remote would lack the base it
+/// started from and take its push and pull request), with nothing made in its place; put
+/// back, the run goes on to its one pull request.
+#[test]
+fn a_run_whose_remote_is_gone_is_refused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let workdir = dir.path().join("work");
+    // Stopped as it enters `Edited` (seq 2), before it pushes.
+    let output = deliver_without_repo(&workdir, &[], Some(2));
+    assert!(output.status.success(), "{}", describe(&output));
+    let remote = workdir.join("remote.git");
+    let aside = dir.path().join("remote-aside.git");
+    std::fs::rename(&remote, &aside).expect("move the remote away");
+
+    let output = deliver_without_repo(&workdir, &[], None);
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        format!(
+            "error: the remote {} is gone (moved or deleted since the run of branch \
+             loops/deliver-1 made it); a new one would lack what the run pushed and started \
+             from: put it back, or start over with --fresh or another --run-id\n",
+            remote.display()
+        )
+    );
+    assert!(!remote.exists(), "no remote made in its place");
+    assert_eq!(pulls(&workdir), Vec::<String>::new());
+
+    std::fs::rename(&aside, &remote).expect("put the remote back");
+    let output = deliver_without_repo(&workdir, &[], None);
+    assert!(output.status.success(), "{}", describe(&output));
+    assert_eq!(pulls(&workdir), ["1.json"]);
+    let pushed = git(&remote, &["rev-parse", "refs/heads/loops/deliver-1"]);
+    assert!(!pushed.trim().is_empty(), "the branch is on the remote");
+}
+
 /// A run whose repository moved goes on where `--repo` names its new place (which holds the
 /// run's commits); without `--repo` the refusal says how.
 #[test]
