@@ -91,20 +91,24 @@ pub const MAX_CANCEL_REASON_BYTES: usize = 4096;
 // The refusal's text names the limit.
 const _: () = assert!(MAX_CANCEL_REASON_BYTES == 4096);
 
-/// Refuses an event's idempotency key `key` that starts or ends with white space: keys are
-/// compared byte for byte, so a sender that trims its key and one that does not would send
-/// the same request twice.
+/// Refuses an event's idempotency key `key` that starts or ends with white space or an
+/// invisible format character (Unicode `Cf`: U+200B ZERO WIDTH SPACE, U+FEFF, U+2060 WORD
+/// JOINER, ...): keys are compared byte for byte, so a sender that trims its key and one
+/// that does not would send the same request twice, and a key ending in an invisible
+/// character shows as the key without it.
 ///
 /// # Errors
 /// [`Error::InvalidName`] (`what`: `"idempotency key"`) naming the run and the rule.
 fn check_event_key(run_id: &str, key: &str) -> Result<()> {
-    if key.starts_with(char::is_whitespace) || key.ends_with(char::is_whitespace) {
+    use unicode_properties::{GeneralCategory, UnicodeGeneralCategory as _};
+    let unseen = |c: char| c.is_whitespace() || c.general_category() == GeneralCategory::Format;
+    if key.starts_with(unseen) || key.ends_with(unseen) {
         return Err(Error::InvalidName {
             run_id: run_id.to_owned(),
             what: "idempotency key",
             name: key.to_owned(),
-            reason: "starts or ends with white space (keys are compared byte for byte: send it \
-                     trimmed)",
+            reason: "starts or ends with white space or an invisible format character (keys \
+                     are compared byte for byte: send it trimmed)",
         });
     }
     Ok(())

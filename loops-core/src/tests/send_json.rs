@@ -158,13 +158,21 @@ async fn a_payload_that_names_a_key_twice_is_refused_when_sent() {
     assert_eq!(rt.store().events("job").await.unwrap().len(), 1);
 }
 
-/// An idempotency key that starts or ends with white space is refused, whatever the path:
-/// keys are compared byte for byte, and a sender that trims its key and one that does not
-/// would send the same request twice. Nothing is written.
+/// An idempotency key that starts or ends with white space or an invisible format character
+/// is refused, whatever the path: keys are compared byte for byte, and a sender that trims
+/// its key and one that does not would send the same request twice. Nothing is written.
 #[tokio::test]
 async fn a_key_with_white_space_at_either_end_is_refused() {
     let (_dir, rt) = seeded();
-    for key in ["k ", " k", "k\u{a0}", "\u{3000}k"] {
+    for key in [
+        "k ",
+        " k",
+        "k\u{a0}",
+        "\u{3000}k",
+        "k\u{200b}",
+        "\u{feff}k",
+        "k\u{2060}",
+    ] {
         let err = rt
             .send_json("job", "go", Some(key), &raw("1"))
             .await
@@ -176,9 +184,14 @@ async fn a_key_with_white_space_at_either_end_is_refused() {
         let typed = rt.send_with_key("job", "go", key, &1).await.unwrap_err();
         assert!(matches!(typed, Error::InvalidName { .. }), "{typed:?}");
     }
-    // Inner white space is part of the key.
+    // Inner white space is part of the key (a joiner inside an emoji too).
     let sent = rt
-        .send_json("job", "go", Some("a key"), &raw("1"))
+        .send_json(
+            "job",
+            "go",
+            Some("a key \u{1f468}\u{200d}\u{1f4bb}"),
+            &raw("1"),
+        )
         .await
         .unwrap();
     assert_eq!((sent.event_seq, sent.duplicate), (0, false));
