@@ -120,10 +120,17 @@ pub fn preview(raw: &str, max: usize) -> String {
         .ok()
         .and_then(|v| serde_json::to_string(&v).ok())
         .unwrap_or_else(|| crate::failure::one_line(raw));
-    if compact.chars().count() <= max {
-        compact
+    cut(compact, max)
+}
+
+/// `text` cut to at most `max` characters, ending in `…` when cut: for a table's cell that
+/// must not widen its column for every row (a payload, a long idempotency key); the whole
+/// text is in `--json`.
+pub fn cut(text: String, max: usize) -> String {
+    if text.chars().count() <= max {
+        text
     } else {
-        let mut cut: String = compact.chars().take(max.saturating_sub(1)).collect();
+        let mut cut: String = text.chars().take(max.saturating_sub(1)).collect();
         cut.push('…');
         cut
     }

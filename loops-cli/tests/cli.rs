@@ -802,6 +802,20 @@ fn history_merges_transitions_steps_failures_and_events() {
     );
     assert!(out.contains("\nEVENT  NAME  KEY  SENT"), "{out}");
     assert!(out.contains("pending  [1,2]\n"), "{out}");
+    // A long idempotency key is cut in the table (its column would widen every line), and
+    // whole in `--json`.
+    let key = "k".repeat(200);
+    text(
+        &path,
+        &["send", "waiting-1", "note", "--json", "3", "--key", &key],
+    );
+    let out = text(&path, &["history", "waiting-1"]);
+    let cut = format!("{}…", "k".repeat(31));
+    let line = out.lines().find(|l| l.starts_with("1 ")).expect("event 1");
+    assert!(line.starts_with(&format!("1      note  {cut}  ")), "{out}");
+    assert!(!out.contains(&"k".repeat(32)), "{out}");
+    let v = json(&path, &["history", "waiting-1", "--json"]);
+    assert_eq!(v["events"][1]["key"], json!(key));
 
     // A cancelled run's history ends with its cancellation: where, when and why.
     let out = text(&path, &["history", "cancelled-1"]);

@@ -9,7 +9,7 @@ use serde_json::value::RawValue;
 
 use crate::cli::HistoryArgs;
 use crate::failure::{Result, run_id_arg};
-use crate::json::preview;
+use crate::json::{cut, preview};
 use crate::open::{self, Access, Target};
 use crate::operator::{Operator, not_found};
 use crate::output::{
@@ -20,6 +20,10 @@ use crate::view::{EventFate, EventView, FailureView, RunView, StepView, waiting_
 
 /// Longest preview of a payload or step output in the text form.
 const PREVIEW: usize = 60;
+
+/// How many characters of an event's idempotency key the text table shows (a key may hold
+/// 256 bytes; `--json` has all of it).
+const KEY_WIDTH: usize = 32;
 
 /// `loops history --json`, and what the web UI's timeline shows.
 #[derive(Debug, Serialize)]
@@ -345,7 +349,7 @@ fn events_table(view: &HistoryView) -> Table {
         e.row(vec![
             Cell::plain(ev.event_seq.to_string()),
             Cell::plain(&ev.name),
-            Cell::plain(ev.key.clone().unwrap_or_default()),
+            Cell::plain(cut(ev.key.clone().unwrap_or_default(), KEY_WIDTH)),
             Cell::new(&ev.at, DIM),
             match ev.fate(&view.run) {
                 EventFate::Pending => Cell::new(
