@@ -1919,7 +1919,15 @@ fn send_notes_when_the_run_is_not_waiting_for_the_event_and_refuses_ended_runs()
     ] {
         assert_eq!(
             fails(&path, &["send", run, "approve", "--json", "1"], 1),
-            format!("error: run `{run}` has ended ({status}); sending an event is not possible\n")
+            format!(
+                "error: run `{run}` has ended ({status}); sending an event is not possible{}\n",
+                if status == "failed" {
+                    " while it is failed (a retry makes it running again: `Runtime::retry`, \
+                     `loops retry`)"
+                } else {
+                    ""
+                }
+            )
         );
         let store = RedbStore::open_read_only(&path).unwrap();
         assert_eq!(store.events(run).unwrap().len(), 0, "{run}");

@@ -17,8 +17,8 @@ pub use codec::{CodecError, NO_KEY_HINT};
 pub use methods::retry_hint;
 pub use text::{RecordKind, error_chain};
 use text::{
-    at_seq, attempts_text, cause_text, decoded, describe_changes, format_text, mismatch_remedy,
-    not_failed_text, sealed_field, shown_id,
+    at_seq, attempts_text, cause_text, decoded, describe_changes, ended_text, format_text,
+    mismatch_remedy, not_failed_text, sealed_field, shown_id,
 };
 
 /// Everything loops-core can fail with. Each variant names the run, the state and the sequence
@@ -571,7 +571,7 @@ pub enum Error {
     },
 
     /// The operation needs a run that has not ended.
-    #[error("run `{run_id}` has ended ({status}); {action} is not possible")]
+    #[error("run `{run_id}` has ended ({status}); {action} is not possible{}", ended_text(*status))]
     RunEnded {
         /// The run.
         run_id: String,

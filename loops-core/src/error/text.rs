@@ -50,6 +50,17 @@ pub(super) fn not_failed_text(status: crate::status::RunStatus) -> &'static str 
     }
 }
 
+/// What [`Error::RunEnded`](super::Error::RunEnded) adds for a run of `status`: a failed run
+/// has ended, but a retry makes it running again.
+pub(super) fn ended_text(status: crate::status::RunStatus) -> &'static str {
+    match status {
+        crate::status::RunStatus::Failed => {
+            " while it is failed (a retry makes it running again: `Runtime::retry`, `loops retry`)"
+        }
+        _ => "",
+    }
+}
+
 pub(super) fn attempts_text(
     attempts: u32,
     interrupted: u32,
