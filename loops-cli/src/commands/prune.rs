@@ -134,6 +134,8 @@ fn text(view: &PruneView, file: bool, keep_failed: bool) -> String {
             ));
         }
     }
+    // A dry run says what the prune would keep.
+    let kept = if view.dry_run { "would keep" } else { "kept" };
     if view.kept_for_parents > 0 {
         let n = view.kept_for_parents;
         let them = if n == 1 { "it" } else { "them" };
@@ -147,7 +149,7 @@ fn text(view: &PruneView, file: bool, keep_failed: bool) -> String {
                 "whose parent has not ended (the parent may still join {them}); pruned once it has"
             )
         };
-        out.push_str(&format!("kept {n} ended child run{} {why}\n", plural(n)));
+        out.push_str(&format!("{kept} {n} ended child run{} {why}\n", plural(n)));
     }
     if view.kept_for_children > 0 {
         let n = view.kept_for_children;
@@ -157,7 +159,7 @@ fn text(view: &PruneView, file: bool, keep_failed: bool) -> String {
             "a child run that has not ended"
         };
         out.push_str(&format!(
-            "kept {n} ended run{} whose family has {why}; pruned once that child goes \
+            "{kept} {n} ended run{} whose family has {why}; pruned once that child goes \
              (`loops tree RUN` shows a family)\n",
             plural(n),
         ));
@@ -254,6 +256,23 @@ mod tests {
             ),
             "{}",
             said(true)
+        );
+        // A dry run says what it would keep.
+        let dry = PruneView {
+            dry_run: true,
+            kept_for_parents: 1,
+            changed_since_selection: 0,
+            ..view
+        };
+        let said = anstream::adapter::strip_str(&text(&dry, false, false)).to_string();
+        assert!(
+            said.ends_with(
+                "(dry run: nothing removed)\nwould keep 1 ended child run whose parent has not \
+                 ended (the parent may still join it); pruned once it has\nwould keep 2 ended \
+                 runs whose family has a child run that has not ended; pruned once that child \
+                 goes (`loops tree RUN` shows a family)\n"
+            ),
+            "{said}"
         );
     }
 }
