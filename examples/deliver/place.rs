@@ -160,9 +160,10 @@ impl Paths {
 
     /// Refuses a new run `run_id` (not in this store) whose work branch the work directory's
     /// remote has already: pushed by a run of that id recorded in another store (one the
-    /// work directory recorded its runs in until it was moved away), or in a store deleted or
-    /// replaced since. The new run would push onto it and take that run's pull request as its
-    /// own (the forge's idempotency key), and that run, resumed, the new one's.
+    /// work directory recorded its runs in until it was moved away), in a store deleted or
+    /// replaced since, or in this one and pruned since. The new run would push onto it and
+    /// take that run's pull request as its own (the forge's idempotency key), and that run,
+    /// resumed, the new one's.
     ///
     /// # Errors
     /// If the remote has the branch, or git fails.
@@ -177,9 +178,10 @@ impl Paths {
         ensure!(
             pushed.is_none(),
             "run {run_id} is not in the store {}, but the remote {} has its branch {branch}, \
-             pushed by a run {run_id} of another store (or of one deleted or replaced since): a \
-             new run would take that run's pull request as its own; go on with the store that \
-             records it, or use another --run-id (or --fresh to start this work directory over)",
+             pushed by a run {run_id} of another store, of one deleted or replaced since, or of \
+             this one and removed from it since (`loops prune`): a new run would take that \
+             run's pull request as its own; go on with the store that records it, or use \
+             another --run-id (or --fresh to start this work directory over)",
             self.store.display(),
             self.remote.display()
         );
