@@ -333,7 +333,15 @@ async fn run(cli: Cli) -> Result<Ended> {
             .context("--serve")?;
     }
     if cli.approve || cli.retry {
-        // No store, no run: refused before a store or a work directory is made.
+        // No store, no run: refused before a store or a work directory is made. A `deliver`
+        // that holds the work directory (started a moment ago) may be making it: waited for.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !store.exists()
+            && std::time::Instant::now() < deadline
+            && workdir::is_held(&cli.workdir)
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         ensure!(store.exists(), place::no_such_run(&cli, &store));
     }
     let interrupt = Interrupt::listen();

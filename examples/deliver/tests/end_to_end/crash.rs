@@ -1128,6 +1128,41 @@ fn a_start_killed_before_its_new_directory_is_in_place_keeps_its_wish() {
     );
 }
 
+/// `--approve` while another `deliver` holds a new work directory whose store it has not
+/// made yet (a start a moment ago, here held in its setup) waits for that store rather than
+/// refusing at once that there is no run; once the work directory is free and still has no
+/// store, it refuses.
+#[test]
+fn approve_waits_for_the_store_of_a_work_directory_being_made() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let workdir = dir.path().join("work");
+    let mut cmd = deliver(&workdir);
+    cmd.arg("--auto-approve=false");
+    let holder = held_in_setup(cmd, "made");
+    let mut approve = deliver(&workdir)
+        .arg("--approve")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start --approve");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        approve.try_wait().expect("poll --approve").is_none(),
+        "--approve waits while the work directory is held"
+    );
+    sigkill(holder);
+    let output = approve.wait_with_output().expect("reap --approve");
+    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        format!(
+            "error: --approve: there is no run {RUN_ID} in {} to approve (check --store and \
+             --run-id; a new run starts without --approve)\n",
+            workdir.join("deliver.redb").display()
+        )
+    );
+}
+
 /// An explicit `--auto-approve=false` on a run that was sent its approval already (started
 /// with the default, killed before the gate) says that the approval stands, and the run
 /// takes it.
