@@ -34,8 +34,8 @@ const FOLLOW_EVERY: Duration = Duration::from_millis(100);
 
 /// What `--approve` did through a serving process ([`through_the_serving_process`]).
 pub enum Through {
-    /// No process answers on the store's control endpoint: this command approves the run
-    /// itself, as usual.
+    /// No process answers on the store's control endpoint, or the one that did went away
+    /// before it answered the approval: this command approves the run itself, as usual.
     NoProcess,
     /// The approval was sent, and all is said: the serving process drives another run.
     Said,
@@ -55,8 +55,10 @@ pub struct Following {
 /// A serving process drives its own run only. If it drives `cli.run_id`, it hands the
 /// approval to the run at once, and [`Through::Follow`] is returned: the caller follows the
 /// run there ([`Following::until_it_ends`]). Otherwise this says that the run takes the approval
-/// when it is next driven ([`Through::Said`]). [`Through::NoProcess`], having done nothing,
-/// when no process answers on the endpoint.
+/// when it is next driven ([`Through::Said`]). [`Through::NoProcess`] when no process answers
+/// on the endpoint (having done nothing), or the process went away (stopping, or killed)
+/// before it answered the approval (its idempotency key makes this command's own send of it
+/// a duplicate, if the process had taken it).
 ///
 /// # Errors
 /// The process refuses the approval (no such run, or an ended one), or what answers on the
@@ -85,6 +87,18 @@ pub async fn through_the_serving_process(cli: &Cli, store: &Path) -> Result<Thro
             }) if looks < RECORDED_WITHIN.as_millis() / LOOK_EVERY.as_millis() => {
                 looks += 1;
                 tokio::time::sleep(LOOK_EVERY).await;
+            }
+            // The process went away (stopping, or killed) before it answered: whether it
+            // took the approval is unknown, and need not be. The approval carries its
+            // idempotency key, so this command sends it again itself, to the store once the
+            // process has let it go, where a second send of it is a duplicate.
+            Err(e @ (ControlError::Unreachable { .. } | ControlError::Dropped { .. })) => {
+                say!(
+                    "note: the `deliver` serving {} went away before it answered ({e}); \
+                     approving run {run_id} through the store itself",
+                    store.display()
+                );
+                return Ok(Through::NoProcess);
             }
             sent => break sent,
         }

@@ -8,8 +8,8 @@ use std::process::Output;
 use serde_json::Value;
 
 use crate::common::{
-    copy_of, deliver_in, describe, loops, loops_json, loops_text, on_path, parked_at_the_gate,
-    poll, run_ids,
+    copy_of, deliver_in, describe, loops, loops_json, loops_text, names_in, on_path,
+    parked_at_the_gate, poll, run_ids,
 };
 
 fn deliver(workdir: &Path, args: &[&str]) -> Output {
@@ -590,6 +590,110 @@ fn held_and_served_after<T: Send + 'static>(
         runtime.shutdown().await;
         done
     })
+}
+
+/// `deliver --approve` whose serving process goes away before it answers the approval
+/// (stopping, or killed: here an endpoint that answers the version check, then closes the
+/// connection on the send, as a process killed at that moment would) approves the run
+/// through the store itself: it says so, and the run, parked at the gate, takes the approval
+/// once and opens its pull request (helper-116 F3, F8: it failed, saying whether the process
+/// took the approval was unknown).
+#[test]
+fn deliver_approve_goes_through_the_store_when_the_serving_process_goes_away() {
+    use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+    use std::os::unix::net::UnixListener;
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let workdir = &dir.path().join("work");
+    let store = workdir.join("deliver.redb");
+    let parked = deliver(workdir, &["--auto-approve=false"]);
+    assert!(parked.status.success(), "{}", describe(&parked));
+    let socket = workdir.join("deliver.redb.sock");
+    let listener = UnixListener::bind(&socket).expect("bind the endpoint");
+    let label = store.display().to_string();
+    let endpoint = std::thread::spawn(move || {
+        // One connection (HTTP/1.1 keeps it), or one per request: the version check is
+        // answered, the next request (the send) is read and its connection closed.
+        let mut answered = false;
+        for conn in listener.incoming() {
+            let conn = conn.expect("accept");
+            let mut reader = BufReader::new(conn.try_clone().expect("clone"));
+            loop {
+                let mut length = 0;
+                let mut line = String::new();
+                let mut first = true;
+                let mut path = String::new();
+                loop {
+                    line.clear();
+                    if reader.read_line(&mut line).expect("read") == 0 {
+                        break;
+                    }
+                    if first {
+                        path = line.split_whitespace().nth(1).unwrap_or("").to_owned();
+                        first = false;
+                    }
+                    let lower = line.to_ascii_lowercase();
+                    if let Some(n) = lower.strip_prefix("content-length:") {
+                        length = n.trim().parse().expect("a length");
+                    }
+                    if line == "\r\n" {
+                        break;
+                    }
+                }
+                if first {
+                    break; // closed by the client
+                }
+                let mut body = vec![0; length];
+                reader.read_exact(&mut body).expect("the body");
+                if answered || path != "/v1/version" {
+                    drop(reader);
+                    drop(conn);
+                    return path;
+                }
+                let version = serde_json::json!({
+                    "loops_version": loops::control::wire::LOOPS_VERSION,
+                    "protocol": loops::control::wire::PROTOCOL,
+                    "store": label,
+                })
+                .to_string();
+                let mut out = conn.try_clone().expect("clone");
+                write!(
+                    out,
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: \
+                     {}\r\n\r\n{version}",
+                    version.len()
+                )
+                .expect("answer");
+                answered = true;
+            }
+        }
+        String::new()
+    });
+    let approved = deliver_in(workdir)
+        .arg("--approve")
+        .env("USER", "erin")
+        .output()
+        .expect("run deliver --approve");
+    assert_eq!(
+        endpoint.join().expect("the endpoint"),
+        "/v1/runs/deliver-1/events"
+    );
+    assert!(approved.status.success(), "{}", describe(&approved));
+    let stdout = String::from_utf8_lossy(&approved.stdout);
+    assert!(
+        stdout.starts_with(&format!(
+            "note: the `deliver` serving {} went away before it answered (",
+            store.display()
+        )) && stdout.contains("approving run deliver-1 through the store itself\n")
+            && stdout.contains("approved by erin"),
+        "{stdout}"
+    );
+    let done = loops_json(&store, &["show", "deliver-1", "--json"]);
+    assert_eq!(done["run"]["status"], "completed");
+    let approvals = approvals(&store, "deliver-1");
+    assert_eq!(approvals.len(), 1, "{approvals:?}");
+    assert_eq!(approvals[0]["payload"], serde_json::json!({"by": "erin"}));
+    assert_eq!(names_in(&workdir.join("forge/pulls")), ["1.json"]);
 }
 
 /// `deliver --approve` sent while the serving process is still early in its run (before the
