@@ -143,9 +143,10 @@ pub fn cut(text: String, max: usize) -> String {
 ///
 /// # Errors
 /// What is wrong, to follow the payload's name ("the payload ..."): `is not valid JSON: ` and
-/// serde_json's error, with its line and column (`unexpected end of hex escape at line 1
-/// column 14`), or, for arrays and objects nested deeper than serde_json reads (and so than
-/// any worker decodes), how deep.
+/// serde_json's error, with its line and column (`EOF while parsing a value at line 1 column
+/// 3`); for a lone surrogate escape, that it holds one, with serde_json's error; or, for
+/// arrays and objects nested deeper than serde_json reads (and so than any worker decodes),
+/// how deep.
 pub fn payload(text: &str) -> Result<Box<RawValue>, String> {
     let depth = nesting(text);
     if depth > MAX_NESTING {
@@ -155,7 +156,14 @@ pub fn payload(text: &str) -> Result<Box<RawValue>, String> {
     }
     let invalid = |e: serde_json::Error| format!("is not valid JSON: {e}");
     let payload: Box<RawValue> = serde_json::from_str(text).map_err(invalid)?;
-    serde_json::from_str::<serde_json::Value>(text).map_err(invalid)?;
+    // The syntax holds, so what the value's parse refuses is a string's escape of no
+    // character (the one thing a `RawValue` takes that a value does not).
+    serde_json::from_str::<serde_json::Value>(text).map_err(|e| {
+        format!(
+            "holds a lone surrogate escape (such as \\ud800 without its pair), which is no \
+             character and no payload can hold: {e}"
+        )
+    })?;
     Ok(payload)
 }
 

@@ -2318,7 +2318,7 @@ fn send_refuses_invalid_json_and_writes_nothing() {
         "{err}"
     );
     // Valid syntax, but a lone surrogate escape is no character: refused before the store is
-    // opened, as not JSON, in one line.
+    // opened, in one line that says so.
     for (payload, problem) in [
         (
             r#"{"by":"\ud800"}"#,
@@ -2334,7 +2334,13 @@ fn send_refuses_invalid_json_and_writes_nothing() {
             &["send", "waiting-1", "approval", "--json", payload],
             2,
         );
-        assert_eq!(err, format!("error: --json is not valid JSON: {problem}\n"));
+        assert_eq!(
+            err,
+            format!(
+                "error: --json holds a lone surrogate escape (such as \\ud800 without its \
+                 pair), which is no character and no payload can hold: {problem}\n"
+            )
+        );
     }
     assert_eq!(
         std::fs::read(&path).unwrap(),

@@ -659,7 +659,7 @@ fn writes_need_the_token_and_the_page_s_origin_and_pages_answer_only_their_host(
     // Before the store is reached: the message is the form's, not the run's refusal.
     assert!(
         body.contains(
-            r#"<p class="problem" role="alert">the payload is not valid JSON: unexpected end of hex escape at line 1 column 14</p>"#
+            r#"<p class="problem" role="alert">the payload holds a lone surrogate escape (such as \ud800 without its pair), which is no character and no payload can hold: unexpected end of hex escape at line 1 column 14</p>"#
         ),
         "{body}"
     );
