@@ -623,7 +623,22 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
     // the same name) is the runtime's to refuse: it marks the run blocked and says what
     // changed. Its records are not read here, and no repository is prepared for it; the
     // initial state's base is then never read (the run exists).
-    let base = if versions::knows(runtime, &cli.run_id, cli.workflow_version).await? {
+    // A run that has ended is reported, not driven (a failed one is driven again with
+    // --retry): that needs neither its repository nor its remote, either of which may be
+    // gone since, and neither is made. One still there must hold what the run did (a copy
+    // of the work directory made before is refused, as for a run that goes on).
+    let ended = runtime.run_info(&cli.run_id).await?.is_some_and(|info| {
+        info.status.is_ended() && !(cli.retry && info.status == RunStatus::Failed)
+    });
+    let base = if ended {
+        let head = match paths.repo.exists() {
+            true => versions::recorded_head(runtime, &cli.run_id).await?,
+            false => None,
+        };
+        let pushed = paths.remote.exists() && versions::recorded_push(runtime, &cli.run_id).await?;
+        place::check_holds(paths, &cli.run_id, head.as_deref(), pushed).await?;
+        Base::default()
+    } else if versions::knows(runtime, &cli.run_id, cli.workflow_version).await? {
         let recorded = versions::recorded_base(runtime, &cli.run_id).await?;
         let base = project::prepare(paths, &agent::work_branch(&cli.run_id), recorded).await?;
         let head = versions::recorded_head(runtime, &cli.run_id).await?;

@@ -310,12 +310,15 @@ pub async fn check_holds(
             paths.repo.display()
         );
     }
+    if !pushed {
+        return Ok(());
+    }
     let branch = crate::agent::work_branch(run_id);
     let remote = Git::new(&paths.remote)
         .resolve(&format!("refs/heads/{branch}"))
         .await?;
     ensure!(
-        !pushed || remote.is_some(),
+        remote.is_some(),
         "run {run_id} pushed its branch {branch}, which the remote {} lacks (is this work \
          directory a copy made before the run pushed?): go on in the work directory the run \
          pushed from",

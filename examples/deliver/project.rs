@@ -545,10 +545,19 @@ pub async fn check_repo(repo: &Path) -> Result<()> {
 ///
 /// # Errors
 /// If git fails, the repository is not a git work tree, a new run is refused as above, or
-/// the remote of a run that exists is gone (it made it before its first record).
+/// the demo's repository or the remote of a run that exists is gone (it made them before its
+/// first record).
 pub async fn prepare(paths: &Paths, work_branch: &str, recorded: Option<Base>) -> Result<Base> {
     let run_exists = recorded.is_some();
     if !paths.repo_given && !paths.repo.exists() {
+        // As the remote below: the run made the demo's repository before its first record.
+        ensure!(
+            !run_exists,
+            "the repository {} is gone (moved or deleted since the run of branch \
+             {work_branch} made it); a new one would lack the run's commits: put it back, or \
+             start over with --fresh or another --run-id",
+            paths.repo.display()
+        );
         create_demo_repo(&paths.repo).await?;
     }
     let git = Git::new(&paths.repo);

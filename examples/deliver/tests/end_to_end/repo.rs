@@ -381,40 +381,67 @@ fn a_copy_made_before_the_push_is_refused() {
     assert_eq!(pulls(&copy), Vec::<String>::new());
 }
 
-/// A run whose remote was moved away is refused (a new remote would lack the base it
-/// started from and take its push and pull request), with nothing made in its place; put
-/// back, the run goes on to its one pull request.
+/// A run whose remote or demo repository was moved away is refused (a new one would lack
+/// what the run pushed and started from, or its commits), with nothing made in its place; put
+/// back, the run goes on to its one pull request. A run that has ended is reported without
+/// either (helper-118, helper-119).
 #[test]
-fn a_run_whose_remote_is_gone_is_refused() {
+fn a_run_whose_remote_or_repo_is_gone_is_refused_until_it_has_ended() {
     let dir = tempfile::tempdir().expect("temp dir");
     let workdir = dir.path().join("work");
     // Stopped as it enters `Edited` (seq 2), before it pushes.
     let output = deliver_without_repo(&workdir, &[], Some(2));
     assert!(output.status.success(), "{}", describe(&output));
-    let remote = workdir.join("remote.git");
-    let aside = dir.path().join("remote-aside.git");
-    std::fs::rename(&remote, &aside).expect("move the remote away");
+    for (name, what, lacks) in [
+        (
+            "remote.git",
+            "remote",
+            "what the run pushed and started from",
+        ),
+        ("repo", "repository", "the run's commits"),
+    ] {
+        let place = workdir.join(name);
+        let aside = dir.path().join(format!("{name}-aside"));
+        std::fs::rename(&place, &aside).expect("move it away");
+        let output = deliver_without_repo(&workdir, &[], None);
+        assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
+        assert_eq!(
+            String::from_utf8_lossy(&output.stderr),
+            format!(
+                "error: the {what} {} is gone (moved or deleted since the run of branch \
+                 loops/deliver-1 made it); a new one would lack {lacks}: put it back, or start \
+                 over with --fresh or another --run-id\n",
+                place.display()
+            )
+        );
+        assert!(!place.exists(), "no {what} made in its place");
+        assert_eq!(pulls(&workdir), Vec::<String>::new());
+        std::fs::rename(&aside, &place).expect("put it back");
+    }
 
-    let output = deliver_without_repo(&workdir, &[], None);
-    assert_eq!(output.status.code(), Some(1), "{}", describe(&output));
-    assert_eq!(
-        String::from_utf8_lossy(&output.stderr),
-        format!(
-            "error: the remote {} is gone (moved or deleted since the run of branch \
-             loops/deliver-1 made it); a new one would lack what the run pushed and started \
-             from: put it back, or start over with --fresh or another --run-id\n",
-            remote.display()
-        )
-    );
-    assert!(!remote.exists(), "no remote made in its place");
-    assert_eq!(pulls(&workdir), Vec::<String>::new());
-
-    std::fs::rename(&aside, &remote).expect("put the remote back");
     let output = deliver_without_repo(&workdir, &[], None);
     assert!(output.status.success(), "{}", describe(&output));
     assert_eq!(pulls(&workdir), ["1.json"]);
+    let remote = workdir.join("remote.git");
     let pushed = git(&remote, &["rev-parse", "refs/heads/loops/deliver-1"]);
     assert!(!pushed.trim().is_empty(), "the branch is on the remote");
+
+    // Ended, the run is reported without its repository and remote, and neither is made.
+    for name in ["remote.git", "repo"] {
+        std::fs::rename(workdir.join(name), dir.path().join(name)).expect("move it away");
+    }
+    let output = deliver_without_repo(&workdir, &[], None);
+    assert!(output.status.success(), "{}", describe(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains("pull request: forge://demo/pulls/1\n"),
+        "{stdout}"
+    );
+    assert!(
+        !remote.exists() && !workdir.join("repo").exists(),
+        "{stdout}"
+    );
+    assert_eq!(pulls(&workdir), ["1.json"]);
 }
 
 /// A run whose repository moved goes on where `--repo` names its new place (which holds the
