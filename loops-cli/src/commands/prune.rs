@@ -102,7 +102,10 @@ fn text(view: &PruneView, file: bool, keep_failed: bool) -> String {
     let mut out = String::new();
     if view.runs == 0 && view.kept_for_parents + view.kept_for_children > 0 {
         // The lines below say what was kept, and why.
-        out.push_str("nothing removed\n");
+        out.push_str(match view.dry_run {
+            true => "would remove nothing\n",
+            false => "nothing removed\n",
+        });
     } else if view.runs == 0 {
         out.push_str("no ended run matches; nothing removed\n");
     } else if view.dry_run {

@@ -112,8 +112,8 @@ fn the_cli_sees_steers_and_inspects_a_run_of_the_example() {
     assert!(prune.status.success(), "{}", describe(&prune));
     assert_eq!(
         String::from_utf8_lossy(&prune.stdout),
-        "nothing removed\nwould keep 1 ended child run whose parent has not ended (the parent \
-         may still join it); pruned once it has\n"
+        "would remove nothing\nwould keep 1 ended child run whose parent has not ended (the \
+         parent may still join it); pruned once it has\n"
     );
 
     // Approve through the CLI while no deliver runs; a bad payload first is refused.
