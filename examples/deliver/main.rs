@@ -101,12 +101,12 @@ rolling upgrade; --dry-run says, for every run in the store, what this build wou
 struct Cli {
     /// The store file [default: <WORKDIR>/deliver.redb]. A work directory's runs are
     /// recorded in one store: a run there of another is refused
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", value_parser = path_arg())]
     store: Option<PathBuf>,
 
     /// Where the repository, its remote, the forge and the store live. A run works in the
     /// directory it started in (recorded with it): another is refused
-    #[arg(long, value_name = "DIR", default_value = DEFAULT_WORKDIR)]
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_WORKDIR, value_parser = path_arg())]
     workdir: PathBuf,
 
     /// The git repository to work on: the top directory of an existing work tree. A new run
@@ -119,7 +119,7 @@ struct Cli {
     /// A run remembers its repository: resuming it needs no --repo, and another is refused
     /// [default: the run's recorded repository, else <WORKDIR>/repo, created with a tiny Rust
     /// crate]
-    #[arg(long, value_name = "PATH")]
+    #[arg(long, value_name = "PATH", value_parser = path_arg())]
     repo: Option<PathBuf>,
 
     /// Encrypt payloads at rest with this key file (`KEY_ID HEX` lines, writing key first,
@@ -211,6 +211,17 @@ fn run_id_arg(id: &str) -> Result<String, String> {
         ));
     }
     Ok(id.to_owned())
+}
+
+/// The parser of `--workdir`, `--store` and `--repo`: a path, not an empty one (clap's own
+/// says of `--workdir ""` that no value was supplied). It takes paths that are not UTF-8,
+/// which `place::check_given` refuses in words of its own, with the places' other checks.
+fn path_arg() -> impl clap::builder::TypedValueParser<Value = PathBuf> {
+    use clap::builder::TypedValueParser as _;
+    clap::builder::OsStringValueParser::new().try_map(|path| match path.is_empty() {
+        true => Err("empty: name a path (or leave the flag out for its default)"),
+        false => Ok(PathBuf::from(path)),
+    })
 }
 
 /// Failed attempts per state before the run fails (short delays, so that a state that really

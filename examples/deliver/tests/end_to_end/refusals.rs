@@ -310,6 +310,28 @@ fn non_utf8_paths_are_refused_in_one_line() {
     }
 }
 
+/// An empty `--workdir`, `--store` or `--repo` is a usage error that says it is empty (clap
+/// said no value was supplied), before anything is made.
+#[test]
+fn empty_paths_are_refused_as_empty() {
+    for flag in ["--workdir", "--store", "--repo"] {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let output = deliver(dir.path(), &[flag.into(), "".into()]);
+        assert_eq!(output.status.code(), Some(2), "{}", describe(&output));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let placeholder = if flag == "--workdir" { "DIR" } else { "PATH" };
+        assert!(
+            stderr.starts_with(&format!(
+                "error: invalid value '' for '{flag} <{placeholder}>': empty: name a path (or \
+                 leave the flag out for its default)\n"
+            )),
+            "{}",
+            describe(&output)
+        );
+        assert_eq!(names_in(dir.path()), Vec::<String>::new());
+    }
+}
+
 /// `--store` names a file: a URL (the `loops` CLI's PostgreSQL stores) is refused, not
 /// taken for a relative path and created under the current directory.
 #[test]
