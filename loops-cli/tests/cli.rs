@@ -1874,7 +1874,7 @@ fn send_notes_when_the_run_is_not_waiting_for_the_event_and_refuses_ended_runs()
     assert_eq!(
         (out.as_str(), err.as_str()),
         (
-            "sent event `approval` to run waiting-1 (event seq 2); the run waits for it and takes it when a process that drives workflow `gate` next starts\n",
+            "sent event `approval` to run waiting-1 (event seq 2); the run waits for it and takes it when a process that drives workflow `gate` next starts, if the workflow's type reads it (checked here against the stored schema only: a value the type refuses is set aside, as `loops history` shows)\n",
             ""
         )
     );
@@ -2114,7 +2114,7 @@ fn send_reads_a_large_payload_from_a_file_or_stdin() {
     assert_eq!(
         (out.as_str(), err.as_str()),
         (
-            "sent event `approval` to run waiting-1 (event seq 0); the run waits for it and takes it when a process that drives workflow `gate` next starts\n",
+            "sent event `approval` to run waiting-1 (event seq 0); the run waits for it and takes it when a process that drives workflow `gate` next starts, if the workflow's type reads it (checked here against the stored schema only: a value the type refuses is set aside, as `loops history` shows)\n",
             ""
         )
     );

@@ -553,7 +553,7 @@ fn every_command_on_a_store_file_that_no_process_holds() {
     check_steering(
         &store,
         None,
-        "the run waits for it and takes it when a process that drives workflow `gate` next starts",
+        "the run waits for it and takes it when a process that drives workflow `gate` next starts, if the workflow's type reads it (checked here against the stored schema only: a value the type refuses is set aside, as `loops history` shows)",
     );
     let check = store.json(&["check", "--json"]);
     assert_eq!(check["intact"], true);

@@ -363,7 +363,7 @@ pub fn delivery(info: &RunInfo, event: &str, taker: Taker) -> String {
                 info.workflow
             ),
             Taker::NextStart => format!(
-                "the run waits for it and takes it when a process that drives workflow `{}` next starts",
+                "the run waits for it and takes it when a process that drives workflow `{}` next starts, if the workflow's type reads it (checked here against the stored schema only: a value the type refuses is set aside, as `loops history` shows)",
                 info.workflow
             ),
         },
