@@ -630,10 +630,6 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
     let shown_store = say_where(cli, paths, &model);
     hooks::hold_in_setup("repo");
 
-    // A run this build does not know (recorded by a later release, or by another workflow of
-    // the same name) is the runtime's to refuse: it marks the run blocked and says what
-    // changed. Its records are not read here, and no repository is prepared for it; the
-    // initial state's base is then never read (the run exists).
     // A run that has ended is reported, not driven (a failed one is driven again with
     // --retry): that needs neither its repository nor its remote, either of which may be
     // gone since, and neither is made. One still there must hold what the run did (a copy
@@ -641,6 +637,10 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
     let ended = runtime.run_info(&cli.run_id).await?.is_some_and(|info| {
         info.status.is_ended() && !(cli.retry && info.status == RunStatus::Failed)
     });
+    // A run this build does not know (recorded by a later release, or by another workflow of
+    // the same name) is the runtime's to refuse: it marks the run blocked and says what
+    // changed. Its records are not read here, and no repository is prepared for it; the
+    // initial state's base is then never read (the run exists).
     let base = if ended {
         let head = match paths.repo.exists() {
             true => versions::recorded_head(runtime, &cli.run_id).await?,
