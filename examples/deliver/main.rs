@@ -476,32 +476,55 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
     let made = paths.create_workdir(&cli.run_id, cli.auto_approve).await?;
     hooks::hold_in_setup("made");
     let created = !paths.store.exists();
-    // A store that exists: the run is settled on it opened read-only, before the writable
-    // open, so that a refused run (one that works in another work directory, say) leaves
-    // the file's bytes as they were; a store that cannot be read so is settled after the
-    // writable open, which refuses it or repairs it.
-    let checks = match created {
-        true => None,
-        false => match open_for_checks(&paths.store).await {
-            Ok(read) => read,
-            Err(e) => {
-                if let Some(made) = made.as_deref() {
-                    paths.remove_new_workdir(made);
-                }
-                return Err(store_error(e));
-            }
-        },
-    };
-    let settled = checks.is_some();
-    if let Some(read) = checks {
-        let checked = place::settle_run(cli, &mut paths, &read).await;
-        drop(read);
-        if let Err(e) = checked {
+    let runtime = match open_settled(cli, &mut paths, keys, created).await {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            // A refused store (a directory, another program's file, a damaged one, one that
+            // another process holds) or run leaves no work directory made for it: one this
+            // process made is its own (held since it appeared), whoever holds the store.
             if let Some(made) = made.as_deref() {
                 paths.remove_new_workdir(made);
             }
             return Err(e);
         }
+    };
+    if let Err(e) = paths.take_for(&cli.run_id).await {
+        // A store made for a run that cannot take the work directory goes (it is open here
+        // only: on Unix, an open file can be deleted).
+        if created && cfg!(unix) {
+            let _ = std::fs::remove_file(&paths.store);
+        }
+        return Err(e);
+    }
+    paths.clear_leftovers()?;
+    Ok((paths, runtime))
+}
+
+/// Opens the store (`created`: it did not exist) and settles the run on it, before anything
+/// is done in the work directory: whether the run is a deliver run, and where it works (a run
+/// that exists goes on where it started; [`place::settle_run`]).
+///
+/// A store that exists is settled on opened read-only, before the writable open, so that a
+/// refused run (one that works in another work directory, say) leaves the file's bytes as
+/// they were; a store that cannot be read so is settled after the writable open, which
+/// refuses it or repairs it. A run refused on a store this made leaves no store: it is
+/// deleted while open here.
+///
+/// # Errors
+/// If the store cannot be opened (as [`store_error`] words it), or the run is refused.
+async fn open_settled(
+    cli: &Cli,
+    paths: &mut Paths,
+    keys: Option<loops::Keyring>,
+    created: bool,
+) -> Result<Runtime> {
+    let checks = match created {
+        true => None,
+        false => open_for_checks(&paths.store).await.map_err(store_error)?,
+    };
+    let settled = checks.is_some();
+    if let Some(read) = checks {
+        place::settle_run(cli, paths, &read).await?;
     }
     let opened = open_store(|| {
         let builder = versions::builder(cli.workflow_version);
@@ -519,50 +542,19 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
             .open(&paths.store)
     })
     .await;
-    let opened = opened.map_err(|e| match e {
+    let runtime = opened.map_err(|e| match e {
         loops::Error::SchemaMismatch { .. } => {
             anyhow::anyhow!("{e}. Run with --fresh to start over, or use another --run-id")
         }
         e => store_error(e),
-    });
-    let runtime = match opened {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            // A refused store (a directory, another program's file, a damaged one, one that
-            // another process holds) leaves no work directory made for it: one this process
-            // made is its own (held since it appeared), whoever holds the store.
-            if let Some(made) = made.as_deref() {
-                paths.remove_new_workdir(made);
-            }
-            return Err(e);
-        }
-    };
-    // Before anything is done in the work directory: whether the run is a deliver run, and
-    // where it works (a run that exists goes on where it started). A refused run leaves no
-    // work directory made for it.
-    let checked = match settled {
-        true => Ok(()),
-        false => place::settle_run(cli, &mut paths, runtime.store()).await,
-    };
-    let placed = match checked {
-        Err(e) => {
-            if let Some(made) = made.as_deref() {
-                paths.remove_new_workdir(made);
-            }
-            Err(e)
-        }
-        Ok(()) => paths.take_for(&cli.run_id).await,
-    };
-    // A refused run leaves no store made for it either (it is open here only: on Unix, an
-    // open file can be deleted).
-    if let Err(e) = placed {
+    })?;
+    if !settled && let Err(e) = place::settle_run(cli, paths, runtime.store()).await {
         if created && cfg!(unix) {
             let _ = std::fs::remove_file(&paths.store);
         }
         return Err(e);
     }
-    paths.clear_leftovers()?;
-    Ok((paths, runtime))
+    Ok(runtime)
 }
 
 /// `--dry-run`: prints what this build would do with every unfinished or blocked run of the
