@@ -210,10 +210,15 @@ impl<'a> IntoIterator for &'a SchemaDiff {
     }
 }
 
-/// The changes, each as `text (class: reason)`, separated by `; `.
+/// The changes, each as `text (class: reason)`, separated by `; `: the breaking ones first
+/// (a change compatible only while no pending run is in a state counts as breaking here),
+/// so that a refusal's one line leads with why, each group in the diff's order.
 impl fmt::Display for SchemaDiff {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, change) in self.changes.iter().enumerate() {
+        let breaking = |c: &&Change| c.is_breaking(|_| true);
+        let first = self.changes.iter().filter(breaking);
+        let then = self.changes.iter().filter(|c| !breaking(c));
+        for (i, change) in first.chain(then).enumerate() {
             if i > 0 {
                 f.write_str("; ")?;
             }
