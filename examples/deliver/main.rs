@@ -692,6 +692,13 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
     };
     let gate = approval::Gate::of(cli, &paths.workdir, runtime).await?;
     approval::note_approved_already(cli, runtime).await?;
+    if cli.approve && !gate.knows {
+        say!(
+            "note: --approve sends nothing: this build cannot drive run {} (below); approve it \
+             with a build that can",
+            cli.run_id
+        );
+    }
     // A new run's record of who approves it: as asked now, or by an earlier start of it
     // stopped before its first record.
     let auto_approve = cli.auto_approve.or(gate.left_to_a_human.map(|_| false));

@@ -185,7 +185,8 @@ pub async fn ended_with(
                 "has ended under a version this build does not compile, so its result is not \
                  read here (run the build that ended it)"
             } else {
-                "is blocked, left as it is for a build that can drive it"
+                "is blocked: this build cannot drive it, and leaves it as it is for a build \
+                 that can"
             };
             return Err(anyhow::anyhow!("run {run_id} {what}: {e}"));
         }

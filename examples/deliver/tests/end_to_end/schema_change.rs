@@ -328,7 +328,8 @@ async fn a_run_of_another_workflow_named_deliver_is_blocked_with_its_changes() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         stderr.starts_with(
-            "error: run deliver-1 is blocked, left as it is for a build that can drive it: "
+            "error: run deliver-1 is blocked: this build cannot drive it, and leaves it as it \
+             is for a build that can: "
         ),
         "{}",
         describe(&output)

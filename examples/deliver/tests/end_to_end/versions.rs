@@ -401,7 +401,8 @@ fn the_previous_release_says_once_why_it_blocks_a_run_in_a_state_it_lacks() {
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
     assert!(
         stderr.starts_with(
-            "error: run deliver-1 is blocked, left as it is for a build that can drive it: "
+            "error: run deliver-1 is blocked: this build cannot drive it, and leaves it as it \
+             is for a build that can: "
         ),
         "{stderr}"
     );
@@ -488,7 +489,8 @@ fn the_previous_release_blocks_a_run_of_this_one_parked_at_the_approval_gate() {
         assert_eq!(stderr.lines().count(), 1, "{stderr}");
         assert!(
             stderr.starts_with(
-                "error: run deliver-1 is blocked, left as it is for a build that can drive it: "
+                "error: run deliver-1 is blocked: this build cannot drive it, and leaves it as it \
+                 is for a build that can: "
             ),
             "{stderr}"
         );
@@ -503,6 +505,25 @@ fn the_previous_release_blocks_a_run_of_this_one_parked_at_the_approval_gate() {
 
     let workdir = &dir.path().join("work-4");
     let store = workdir.join("deliver.redb");
+    // `--approve` through the previous release sends nothing, and says so before the refusal.
+    let mut approve = previous(workdir, "deliver-1");
+    approve.arg("--approve");
+    let out = run(approve);
+    assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(
+            "note: --approve sends nothing: this build cannot drive run deliver-1 (below); \
+             approve it with a build that can\n"
+        ),
+        "{}",
+        describe(&out)
+    );
+    let history = loops_json(&store, &["history", "deliver-1", "--json"]);
+    let events = history["events"].as_array().expect("events");
+    assert!(
+        events.iter().all(|e| e["name"] != "approve"),
+        "no approval sent: {events:?}"
+    );
     // Blocked, the run is still the human's: this release without a flag drives it back to
     // the gate and leaves it there (it approved a blocked run, whose status is not
     // `waiting`, by itself).
