@@ -411,7 +411,7 @@ impl<M: Model> DeliverHandler for Agent<M> {
         self.enter(
             ctx,
             &format!(
-                "{}; with approval, pushing {} and opening a pull request",
+                "{}; once approved, it pushes {} and opens a pull request",
                 report.describe(),
                 work.branch
             ),

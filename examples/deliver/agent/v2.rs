@@ -132,7 +132,7 @@ impl<M: Model> DeliverHandler for Agent<M> {
         self.enter(
             ctx,
             &format!(
-                "reviewed ({}); with approval, pushing {} and opening a pull request",
+                "reviewed ({}); once approved, it pushes {} and opens a pull request",
                 concerns(review.concerns.len()),
                 work.branch
             ),
