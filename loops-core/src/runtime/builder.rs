@@ -437,8 +437,9 @@ impl RuntimeBuilder {
             (None, true) => Payloads::redacting(),
             (None, false) => Payloads::guard(),
         };
-        let sealed: Arc<dyn Store> = Arc::new(SealedStore::new(Arc::clone(&store), payloads));
-        Runtime::new(sealed, store, self.config)
+        let sealed: Arc<dyn Store> =
+            Arc::new(SealedStore::new(Arc::clone(&store), payloads.clone()));
+        Runtime::new(sealed, store, payloads, self.config)
     }
 }
 

@@ -20,6 +20,7 @@ use crate::runtime::scheduler::{Background, Timer};
 use crate::schema::SchemaHash;
 use crate::store::precheck::SchemaCheck;
 use crate::store::redb::RedbStore;
+use crate::store::sealing::Payloads;
 use crate::store::{BoxFuture, ClaimFilter, Lease, Store};
 use crate::workflow::Workflow;
 
@@ -41,6 +42,9 @@ pub(crate) struct Inner {
     /// The store beneath the codec (`store` itself without one): payloads as stored.
     #[cfg_attr(not(feature = "control"), allow(dead_code))]
     stored: Arc<dyn Store>,
+    /// The codec's payloads, as `store` seals and opens them: to open a payload that
+    /// arrives sealed before it is checked.
+    pub(crate) payloads: Payloads,
     pub(crate) config: Config,
     /// The runs this runtime drives now.
     pub(crate) claims: Claims,
@@ -304,15 +308,21 @@ impl std::fmt::Debug for Runtime {
 }
 
 impl Runtime {
-    /// The runtime over `store` (`stored`: the store beneath its codec, or `store` itself),
-    /// with `config`.
-    pub(crate) fn new(store: Arc<dyn Store>, stored: Arc<dyn Store>, config: Config) -> Runtime {
+    /// The runtime over `store` (`stored`: the store beneath its codec, or `store` itself,
+    /// and `payloads`: how `store` seals and opens them), with `config`.
+    pub(crate) fn new(
+        store: Arc<dyn Store>,
+        stored: Arc<dyn Store>,
+        payloads: Payloads,
+        config: Config,
+    ) -> Runtime {
         let registry = config.registry.clone();
         Runtime {
             inner: Arc::new(Inner {
                 claims: Claims::new(Arc::clone(&store)),
                 store,
                 stored,
+                payloads,
                 config,
                 registry: RwLock::new(registry),
                 background: Background::new(),

@@ -234,7 +234,9 @@ impl Runtime {
     /// version that drives the run (its schema's, or one that accepts it), the payload is
     /// then read as the declared type ([`Workflow::read_event`](crate::Workflow::read_event)),
     /// whose own checks refuse what the run's wait would set aside: a
-    /// `#[serde(try_from = ..)]` conversion's rules, `#[serde(deny_unknown_fields)]`.
+    /// `#[serde(try_from = ..)]` conversion's rules, `#[serde(deny_unknown_fields)]`. A
+    /// payload that arrives sealed (the `loops` CLI with a key file seals it) is opened with
+    /// this runtime's codec and checked as one in clear.
     ///
     /// # Errors
     /// [`Error::EventRefused`](crate::Error::EventRefused) (nothing written) for a name the
@@ -324,37 +326,8 @@ impl Runtime {
             });
         }
         if check {
-            let info = self
-                .store()
-                .run_info(run_id)
-                .await?
-                .ok_or_else(|| Error::RunNotFound {
-                    run_id: run_id.to_owned(),
-                })?;
-            let declared = match self.store().schema(info.schema).await? {
-                Some(description) => check_declared(&info, &description, event, &json),
-                None => Ok(()),
-            };
-            // The declared type's own checks, where this build drives the run's version (a
-            // sealed payload was checked by whoever sealed it, who holds the key).
-            let typed = || match envelope
-                .is_none()
-                .then(|| self.registry(|r| r.read_event(info.schema, event, &json)))
-                .flatten()
-            {
-                Some(Err(problem)) => Err(Error::EventRefused {
-                    run_id: run_id.to_owned(),
-                    state: info.state.clone(),
-                    seq: info.seq,
-                    event: event.to_owned(),
-                    refusal: Box::new(EventRefusal::Refused {
-                        event: event.to_owned(),
-                        problem,
-                    }),
-                }),
-                _ => Ok(()),
-            };
-            ended_first(&info, declared.and_then(|()| typed()))?;
+            self.check_sent(run_id, event, &json, envelope.is_some())
+                .await?;
         }
         let reply = self
             .store()
@@ -390,6 +363,58 @@ impl Runtime {
             },
             info,
         ))
+    }
+
+    /// [`check_event`] of the event `event` with the payload `json` for the run `run_id`
+    /// ([`send_inner`](Self::send_inner) with `check`), then the declared type's own checks
+    /// where this build drives the run's version. A payload that arrived `sealed` (by the
+    /// `loops` CLI with a key file, which can check it against the stored schema only) is
+    /// opened with this runtime's codec first, so that the name, shape and type are checked
+    /// as the run will read it; one this codec cannot open is checked by name only here, and
+    /// refused by the store's own check of what arrives sealed.
+    ///
+    /// # Errors
+    /// As [`check_event`]; [`Error::RunNotFound`] if the run does not exist.
+    async fn check_sent(&self, run_id: &str, event: &str, json: &str, sealed: bool) -> Result<()> {
+        let info = self
+            .store()
+            .run_info(run_id)
+            .await?
+            .ok_or_else(|| Error::RunNotFound {
+                run_id: run_id.to_owned(),
+            })?;
+        let opened = match sealed {
+            true => self
+                .inner
+                .payloads
+                .open_event_payload(run_id, event, json)
+                .ok()
+                .flatten(),
+            false => None,
+        };
+        let text = opened.as_deref().unwrap_or(json);
+        let declared = match self.store().schema(info.schema).await? {
+            Some(description) => check_declared(&info, &description, event, text),
+            None => Ok(()),
+        };
+        let readable = !sealed || opened.is_some();
+        let typed = || match readable
+            .then(|| self.registry(|r| r.read_event(info.schema, event, text)))
+            .flatten()
+        {
+            Some(Err(problem)) => Err(Error::EventRefused {
+                run_id: run_id.to_owned(),
+                state: info.state.clone(),
+                seq: info.seq,
+                event: event.to_owned(),
+                refusal: Box::new(EventRefusal::Refused {
+                    event: event.to_owned(),
+                    problem,
+                }),
+            }),
+            _ => Ok(()),
+        };
+        ended_first(&info, declared.and_then(|()| typed()))
     }
 
     /// Cancels the run `run_id`, durably. A run this runtime is driving sees the cancellation

@@ -421,6 +421,22 @@ impl Payloads {
         self.open_raw(&event_at(run_id, &record.name), &mut record.payload)
     }
 
+    /// The payload JSON of an event `name` sent to `run_id` as it arrived, `payload`,
+    /// opened: `None` if it is in clear.
+    ///
+    /// # Errors
+    /// [`Error::Payload`] as for [`open_info`](Self::open_info): no codec, a key it lacks, an
+    /// altered envelope.
+    pub(crate) fn open_event_payload(
+        &self,
+        run_id: &str,
+        name: &str,
+        payload: &str,
+    ) -> Result<Option<String>> {
+        let as_json = |text: &str| serde_json::Value::String(text.to_owned()).to_string();
+        self.open(&event_at(run_id, name), payload, as_json)
+    }
+
     /// Seals the payload JSON of an event `name` sent to `run_id` (a payload sealed
     /// already is kept; without a codec it is returned as it is).
     ///

@@ -186,3 +186,56 @@ async fn a_run_driven_by_run_has_its_events_read_as_their_type_too() {
     let done = driving.await.unwrap().unwrap();
     assert_eq!(done, Signed::Done { by: "cy".into() });
 }
+
+/// A payload that arrives sealed (the `loops` CLI with a key file seals it, checking it
+/// against the stored schema only, and sends it through a serving process's endpoint) is
+/// opened with the runtime's codec and checked as one in clear is: its shape and its type's
+/// own checks refuse it at the send, nothing written (helper-121: it was stored, and the
+/// run's wait set it aside, while the sender was told the run took it).
+#[tokio::test]
+async fn a_sealed_payload_is_checked_as_one_in_clear() {
+    let (_dir, path) = temp_store();
+    let keyring = Keyring::new("k1", [7; 32]).unwrap();
+    let rt = Runtime::builder()
+        .codec(keyring.clone())
+        .register::<Signed, _>(Signer)
+        .open(&path)
+        .unwrap();
+    rt.redb()
+        .unwrap()
+        .__seed_history([("s".to_owned(), Signed::Ask)])
+        .unwrap();
+    // Sealed as the CLI seals: with the same keys, following the store.
+    let cli = Payloads::following(std::sync::Arc::new(keyring));
+    let sealed = |payload: &str| raw(&cli.seal_event("s", "sign", payload).unwrap());
+    assert!(sealed(r#"{"by":" "}"#).get().contains("$sealed"));
+
+    let err = rt
+        .send_json("s", "sign", None, &sealed(r#"{"by":" "}"#))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "run `s` (state `Ask`, seq 0): event `sign` refused: event `sign`'s payload type \
+         refuses the payload: \"by\" is blank: a sign-off names who signed"
+    );
+    let err = rt
+        .send_json("s", "sign", None, &sealed(r#"{"by":3}"#))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::EventRefused { refusal, .. }
+            if !matches!(&**refusal, EventRefusal::Refused { .. })),
+        "the shape refuses it: {err:?}"
+    );
+    assert!(rt.store().events("s").await.unwrap().is_empty());
+
+    rt.send_json("s", "sign", None, &sealed(r#"{"by":"ann"}"#))
+        .await
+        .unwrap();
+    let stored = rt.sealed_store().events("s").await.unwrap();
+    assert_eq!(stored.len(), 1);
+    assert!(stored[0].1.payload.get().contains("$sealed"), "kept sealed");
+    let done = rt.run("s", Signed::Ask, &Signer).await.unwrap();
+    assert_eq!(done, Signed::Done { by: "ann".into() });
+}

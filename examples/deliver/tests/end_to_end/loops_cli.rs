@@ -955,6 +955,32 @@ fn deliver_approve_of_an_encrypted_store_needs_the_key_only_to_read_the_result()
         let mut serving = deliver_in(workdir);
         serving.args(["--run-id", run]).arg("--key-file").arg(&key);
         let (mut child, lines, said) = serving_at_the_gate_as(serving);
+        if run == "other" {
+            // An approval that names no one, sealed by the CLI (which checks the stored
+            // schema only): the serving process opens it and its type refuses it, as in
+            // clear (exit 2, nothing written), where it was taken and set aside by the run.
+            let store = workdir.join("deliver.redb");
+            let key = key.to_str().expect("UTF-8");
+            let args = [
+                "--key-file",
+                key,
+                "send",
+                run,
+                "approve",
+                "--json",
+                r#"{"by":" "}"#,
+            ];
+            let blank = loops(&store, &args);
+            assert_eq!(blank.status.code(), Some(2), "{}", describe(&blank));
+            assert!(
+                String::from_utf8_lossy(&blank.stderr).ends_with(
+                    "payload type refuses the payload: an approval that names no one (\"by\" \
+                     is blank) is refused\n"
+                ),
+                "{}",
+                describe(&blank)
+            );
+        }
         let followed = approve(run, key_file);
         assert!(
             followed.lines().last().is_some_and(|l| l.starts_with(last)),
