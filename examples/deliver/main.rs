@@ -500,13 +500,30 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
     Ok((paths, runtime))
 }
 
+/// The runtime this example opens its store with: the workflow's versions of `cli`'s
+/// release, the key file's `keys` as its codec, the model calls' limit and the retry policy.
+fn runtime_builder(cli: &Cli, keys: Option<loops::Keyring>) -> loops::RuntimeBuilder {
+    let builder = versions::builder(cli.workflow_version);
+    let builder = match keys {
+        Some(keys) => builder.codec(keys),
+        None => builder,
+    };
+    builder
+        .limit(agent::MODEL_LIMIT_NAME, agent::model_limit())
+        .retry(
+            RetryPolicy::attempts(MAX_ATTEMPTS)
+                .with_max_interruptions(MAX_INTERRUPTIONS)
+                .with_delays(Duration::from_millis(100), Duration::from_secs(1)),
+        )
+}
+
 /// Opens the store (`created`: it did not exist) and settles the run on it, before anything
 /// is done in the work directory: whether the run is a deliver run, and where it works (a run
 /// that exists goes on where it started; [`place::settle_run`]).
 ///
 /// A store that exists is settled on opened read-only, before the writable open, so that a
-/// refused run (one that works in another work directory, say) leaves the file's bytes as
-/// they were; a store that cannot be read so is settled after the writable open, which
+/// refused run (one that works in another work directory, say) or key file leaves the file's
+/// bytes as they were; a store that cannot be read so is settled after the writable open, which
 /// refuses it or repairs it. A run refused on a store this made leaves no store: it is
 /// deleted while open here.
 ///
@@ -524,24 +541,14 @@ async fn open_settled(
     };
     let settled = checks.is_some();
     if let Some(read) = checks {
+        // The key file too: refused (no key for an encrypted store, a wrong one) before the
+        // writable open, as the run is.
+        runtime_builder(cli, keys.clone())
+            .check_codec(&read)
+            .map_err(store_error)?;
         place::settle_run(cli, paths, &read).await?;
     }
-    let opened = open_store(|| {
-        let builder = versions::builder(cli.workflow_version);
-        let builder = match keys.clone() {
-            Some(keys) => builder.codec(keys),
-            None => builder,
-        };
-        builder
-            .limit(agent::MODEL_LIMIT_NAME, agent::model_limit())
-            .retry(
-                RetryPolicy::attempts(MAX_ATTEMPTS)
-                    .with_max_interruptions(MAX_INTERRUPTIONS)
-                    .with_delays(Duration::from_millis(100), Duration::from_secs(1)),
-            )
-            .open(&paths.store)
-    })
-    .await;
+    let opened = open_store(|| runtime_builder(cli, keys.clone()).open(&paths.store)).await;
     let runtime = opened.map_err(|e| match e {
         loops::Error::SchemaMismatch { .. } => {
             anyhow::anyhow!("{e}. Run with --fresh to start over, or use another --run-id")

@@ -320,18 +320,7 @@ impl RuntimeBuilder {
             // open would); check now, still before loops writes anything.
             check_schemas(&store, checks)?;
         }
-        match &self.codec {
-            None if !self.redact_sealed => {
-                refuse_sealed(Store::label(&store), store.sealing_keys()?)?;
-            }
-            Some(codec) if !self.follow_store => refuse_foreign_codec(
-                Store::label(&store),
-                store.sealing_keys()?,
-                store.sealing_checks()?,
-                &Payloads::new(Arc::clone(codec)),
-            )?,
-            _ => {}
-        }
+        self.check_codec(&store)?;
         let runtime = self.build(store);
         // The accepts claims, checked here (redb reads at once) so that a wrong one
         // refuses the open; `resume_all` checks those registered later, on any store.
@@ -339,6 +328,34 @@ impl RuntimeBuilder {
             runtime.judge_accepts(runtime.unchecked_claims(), |hash| store.schema(hash))?;
         }
         Ok(runtime)
+    }
+
+    /// The codec check [`open`](Self::open) makes on the store file it opens, made on
+    /// `store`: for a program that opens the file read-only first (to refuse what it can
+    /// without opening it for writing, whose close makes redb rewrite part of the file).
+    /// `store` is only read.
+    ///
+    /// # Errors
+    /// As [`open`](Self::open) says them: without a [`codec`](Self::codec),
+    /// [`Error::Encrypted`](crate::Error::Encrypted) if the store lists keys (unless
+    /// [`read_sealed_redacted`](Self::read_sealed_redacted)); with one,
+    /// [`Error::KeyMismatch`](crate::Error::KeyMismatch) or
+    /// [`Error::KeyNotInStore`](crate::Error::KeyNotInStore) (unless
+    /// [`seal_as_store_does`](Self::seal_as_store_does)); the store's error if its keys
+    /// cannot be read.
+    pub fn check_codec(&self, store: &RedbStore) -> Result<()> {
+        match &self.codec {
+            None if !self.redact_sealed => {
+                refuse_sealed(Store::label(store), store.sealing_keys()?)
+            }
+            Some(codec) if !self.follow_store => refuse_foreign_codec(
+                Store::label(store),
+                store.sealing_keys()?,
+                store.sealing_checks()?,
+                &Payloads::new(Arc::clone(codec)),
+            ),
+            _ => Ok(()),
+        }
     }
 
     /// Verify every page's checksum when the store opens (default: on). See

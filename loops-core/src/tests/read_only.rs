@@ -130,3 +130,42 @@ async fn a_store_repaired_in_memory_answers_writes_as_a_read_only_one() {
     drop(rt);
     assert!(std::fs::read(&crashed).unwrap() == before);
 }
+
+/// `RuntimeBuilder::check_codec` makes `open`'s codec check on a store opened read-only,
+/// so that a program can refuse a missing or foreign key file without opening the file for
+/// writing: the same errors, and the file's bytes left as they were.
+#[tokio::test]
+async fn the_codec_check_is_made_on_a_read_only_store_as_open_makes_it() {
+    let (_dir, path) = temp_store();
+    {
+        let store = RedbStore::open(&path).unwrap();
+        let seal = Write::Seal {
+            key: "k1".into(),
+            check: None,
+            at_ms: 1,
+        };
+        Store::write(&store, None, seal).await.unwrap();
+    }
+    let before = std::fs::read(&path).unwrap();
+    let read = RedbStore::open_read_only(&path).unwrap();
+    let k1 = Keyring::new("k1", [1; 32]).unwrap();
+    let k9 = Keyring::new("k9", [9; 32]).unwrap();
+    let checked = |builder: RuntimeBuilder| builder.check_codec(&read);
+    assert!(matches!(
+        checked(Runtime::builder()),
+        Err(Error::Encrypted { keys, .. }) if keys == ["k1"]
+    ));
+    assert!(checked(Runtime::builder().read_sealed_redacted()).is_ok());
+    assert!(checked(Runtime::builder().codec(k1)).is_ok());
+    assert!(matches!(
+        checked(Runtime::builder().codec(k9.clone())),
+        Err(Error::KeyNotInStore { .. })
+    ));
+    drop(read);
+    assert_eq!(std::fs::read(&path).unwrap(), before);
+    // `open` refuses the same.
+    assert!(matches!(
+        Runtime::builder().codec(k9).open(&path),
+        Err(Error::KeyNotInStore { .. })
+    ));
+}

@@ -531,6 +531,9 @@ fn an_encrypted_store_without_a_key_file_is_refused_in_one_line() {
         .block_on(loops::Store::write(&store, None, seal))
         .expect("record the key");
     drop(store);
+    // Refused on the store opened read-only: not one byte of it changes (its writable open's
+    // close rewrote part of it).
+    let before = std::fs::read(&path).expect("read the store");
     let output = deliver(dir.path(), &["--store".into(), path.clone().into()]);
     assert_refused(
         &output,
@@ -540,6 +543,10 @@ fn an_encrypted_store_without_a_key_file_is_refused_in_one_line() {
         ),
         dir.path(),
         &["sealed.redb"],
+    );
+    assert!(
+        std::fs::read(&path).expect("read") == before,
+        "the store changed"
     );
     // A key file that holds none of the store's keys: the library's refusal, as it is.
     let k9 = dir.path().join("k9");
@@ -563,6 +570,10 @@ fn an_encrypted_store_without_a_key_file_is_refused_in_one_line() {
         ),
         dir.path(),
         &["k9", "sealed.redb"],
+    );
+    assert!(
+        std::fs::read(&path).expect("read") == before,
+        "the store changed"
     );
 }
 
