@@ -128,6 +128,11 @@ impl fmt::Display for Failure {
     }
 }
 
+/// What the CLI (and `loops ui`, which takes the key file when it starts) says to do when a
+/// store's payloads are sealed and no key file was given, in place of
+/// [`loops_core::NO_KEY_HINT`], which names the library's builder.
+pub const NO_KEY_HINT: &str = "give the key file with --key-file PATH (or LOOPS_KEY_FILE)";
+
 impl From<loops_core::Error> for Failure {
     fn from(e: loops_core::Error) -> Self {
         match &e {
@@ -151,8 +156,12 @@ impl From<loops_core::Error> for Failure {
                 damage: true,
                 ..Failure::new(e.chain())
             },
-            // The message and its source chain, on one line.
-            _ => Failure::of(Kind::of(&e), e.chain()),
+            // The message and its source chain, on one line; the library's hint for a
+            // missing key names its builder, this command's option is said instead.
+            _ => Failure::of(
+                Kind::of(&e),
+                e.chain().replace(loops_core::NO_KEY_HINT, NO_KEY_HINT),
+            ),
         }
     }
 }

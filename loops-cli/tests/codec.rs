@@ -10,6 +10,9 @@ use loops_core::{BoxError, Context, Keyring, PayloadCodec, RetryPolicy, RunStatu
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+/// What the CLI says to do when a store is encrypted and no key file was given.
+const NO_KEY_HINT: &str = "give the key file with --key-file PATH (or LOOPS_KEY_FILE)";
+
 const SECRET: &str = "secret-token=hunter2";
 const KEY: &str = "k1 0707070707070707070707070707070707070707070707070707070707070707\n";
 
@@ -144,7 +147,7 @@ fn the_cli_decrypts_with_the_key_and_says_encrypted_without_it() {
         format!(
             "error: store {} holds payloads encrypted with key k1: {}",
             path.display(),
-            loops_core::NO_KEY_HINT
+            NO_KEY_HINT
         )
     );
     // With the key, the declared event's shape is checked in clear before it is sealed: a
@@ -237,7 +240,7 @@ fn a_running_process_serves_payloads_sealed_and_the_cli_opens_them_with_its_key(
             format!(
                 "error: store {} holds payloads encrypted with key k1: {}",
                 path.display(),
-                loops_core::NO_KEY_HINT
+                NO_KEY_HINT
             )
             .as_str()
         )

@@ -15,6 +15,9 @@ use loops_postgres::PgStore;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+/// What the CLI says to do when a store is encrypted and no key file was given.
+const NO_KEY_HINT: &str = "give the key file with --key-file PATH (or LOOPS_KEY_FILE)";
+
 /// Waits for an approval; an approval by `fail` fails the handler. Declares its events, so
 /// that `loops send` checks names and payloads on every path.
 #[derive(loops_derive::Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -881,7 +884,7 @@ fn an_encrypted_postgresql_store_is_read_redacted_and_not_written_in_clear_witho
         err,
         format!(
             "error: store {label} holds payloads encrypted with key k1: {}\n",
-            loops_core::NO_KEY_HINT
+            NO_KEY_HINT
         )
     );
     let keyed = Store {

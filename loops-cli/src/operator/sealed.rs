@@ -106,7 +106,7 @@ impl Unsealing {
             return Err(Failure::new(format!(
                 "run `{run_id}` is encrypted (key `{}`), and the {what} would be stored in clear: {}",
                 sealed.key,
-                loops_core::NO_KEY_HINT
+                crate::failure::NO_KEY_HINT
             )));
         }
         Ok(None)
