@@ -664,6 +664,31 @@ fn writes_need_the_token_and_the_page_s_origin_and_pages_answer_only_their_host(
         "{body}"
     );
 
+    // A send without its page key (a hand-made request: the page's form carries one), or
+    // with a blank one, would be a second event if sent twice: refused, nothing sent.
+    for key in [None, Some(" ")] {
+        let mut fields = vec![
+            ("token", token.as_str()),
+            ("event", "approve"),
+            ("payload", r#"{"by":"ann"}"#),
+        ];
+        fields.extend(key.map(|k| ("key", k)));
+        let (status, body) = request(
+            addr,
+            "POST /runs/approve-1/send",
+            &[host.clone(), origin.clone()],
+            &form(&fields),
+        );
+        assert_eq!(status, 400, "{body}");
+        assert!(
+            body.contains(
+                "the form has no page key (the run's page puts one in its send form, so that \
+                 a form sent twice is one event): send it from the run's page"
+            ),
+            "{body}"
+        );
+    }
+
     // A form missing a field: 400, on a page that says so (not axum's plain text).
     let (status, body) = request(
         addr,
@@ -716,7 +741,12 @@ fn writes_need_the_token_and_the_page_s_origin_and_pages_answer_only_their_host(
     // this loops ui sends"), and is sent; a payload over loops' limit is refused as `loops
     // send` refuses it; a form over the page's own limit gets 413, saying what to use.
     let wide = json!({ "text": "é".repeat(400_000) }).to_string();
-    let send = form(&[("token", &token), ("event", "draft"), ("payload", &wide)]);
+    let send = form(&[
+        ("token", &token),
+        ("event", "draft"),
+        ("payload", &wide),
+        ("key", "ui-0-0"),
+    ]);
     assert!(send.len() > 2_400_000, "{}", send.len());
     let (status, body) = request(
         addr,
@@ -726,7 +756,12 @@ fn writes_need_the_token_and_the_page_s_origin_and_pages_answer_only_their_host(
     );
     assert_eq!(status, 303, "{body}");
     let over = json!({ "text": "a".repeat(loops_core::DEFAULT_MAX_PAYLOAD_BYTES) }).to_string();
-    let send = form(&[("token", &token), ("event", "draft"), ("payload", &over)]);
+    let send = form(&[
+        ("token", &token),
+        ("event", "draft"),
+        ("payload", &over),
+        ("key", "ui-0-1"),
+    ]);
     let (status, body) = request(
         addr,
         "POST /runs/cancel-1/send",

@@ -176,12 +176,21 @@ pub async fn send(
             return failed(&ui, StatusCode::BAD_REQUEST, &failure);
         }
     };
+    // Every send form of the run's page carries its page key: a request without one would
+    // be sent again as a second event, where the form's key makes it one.
+    if form.key.trim().is_empty() {
+        let failure = Failure::usage(
+            "the form has no page key (the run's page puts one in its send form, so that a \
+             form sent twice is one event): send it from the run's page"
+                .to_owned(),
+        );
+        return failed(&ui, StatusCode::BAD_REQUEST, &failure);
+    }
     steer(ui, run_id, &form.token.clone(), move |store, id| {
         let event = form.event.trim();
         let key = form_key(&form.key, event, &payload);
-        let key = key.as_deref();
         exists(store, id)?;
-        let (sent, taker) = store.send(id, event, key, &payload)?;
+        let (sent, taker) = store.send(id, event, Some(&key), &payload)?;
         let info = exists(store, id)?;
         Ok(if sent.duplicate {
             format!(
@@ -202,14 +211,10 @@ pub async fn send(
 /// The idempotency key of a send form: the page's key (`ui-SEQ-EVENTS`, the run's state and
 /// inbox when the page was drawn) and a digest of the event and its payload (as a JSON value:
 /// the same form sent twice is one event, whatever its spacing; another event or payload
-/// typed on the same page, from a second tab or after a first send, is sent). `None` without
-/// a page key.
-fn form_key(page_key: &str, event: &str, payload: &serde_json::value::RawValue) -> Option<String> {
+/// typed on the same page, from a second tab or after a first send, is sent).
+fn form_key(page_key: &str, event: &str, payload: &serde_json::value::RawValue) -> String {
     use std::hash::Hasher as _;
     let page_key = page_key.trim();
-    if page_key.is_empty() {
-        return None;
-    }
     let value = serde_json::from_str::<serde_json::Value>(payload.get())
         .map_or_else(|_| payload.get().to_owned(), |v| v.to_string());
     // FNV-1a: the same digest in every build (std's hasher may change between releases, and
@@ -218,7 +223,7 @@ fn form_key(page_key: &str, event: &str, payload: &serde_json::value::RawValue) 
     digest.write(event.as_bytes());
     digest.write(&[0]);
     digest.write(value.as_bytes());
-    Some(format!("{page_key}-{:016x}", digest.finish()))
+    format!("{page_key}-{:016x}", digest.finish())
 }
 
 /// The reason the UI's cancel form gives when its reason is left empty.
