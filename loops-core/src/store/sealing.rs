@@ -422,7 +422,8 @@ impl Payloads {
     }
 
     /// The payload JSON of an event `name` sent to `run_id` as it arrived, `payload`,
-    /// opened: `None` if it is in clear.
+    /// opened: `None` if it is in clear. Never a stand-in text: a payload these payloads
+    /// would show as `<encrypted: ..>` or `<cannot open: ..>` is an error here.
     ///
     /// # Errors
     /// [`Error::Payload`] as for [`open_info`](Self::open_info): no codec, a key it lacks, an
@@ -433,8 +434,13 @@ impl Payloads {
         name: &str,
         payload: &str,
     ) -> Result<Option<String>> {
+        let strict = Payloads {
+            redact: false,
+            show_unopened: false,
+            ..self.clone()
+        };
         let as_json = |text: &str| serde_json::Value::String(text.to_owned()).to_string();
-        self.open(&event_at(run_id, name), payload, as_json)
+        strict.open(&event_at(run_id, name), payload, as_json)
     }
 
     /// Seals the payload JSON of an event `name` sent to `run_id` (a payload sealed

@@ -239,3 +239,25 @@ async fn a_sealed_payload_is_checked_as_one_in_clear() {
     let done = rt.run("s", Signed::Ask, &Signer).await.unwrap();
     assert_eq!(done, Signed::Done { by: "ann".into() });
 }
+
+/// A sealed payload a runtime cannot open (no codec: here one that shows sealed payloads as
+/// `<encrypted: key K>`) is not checked as that stand-in text: the store refuses it as a
+/// payload that arrived sealed and cannot be read back, nothing written.
+#[tokio::test]
+async fn a_sealed_payload_the_runtime_cannot_open_is_refused_as_such() {
+    let (_dir, path) = temp_store();
+    let rt = Runtime::builder()
+        .read_sealed_redacted()
+        .register::<Signed, _>(Signer)
+        .open(&path)
+        .unwrap();
+    rt.redb()
+        .unwrap()
+        .__seed_history([("s".to_owned(), Signed::Ask)])
+        .unwrap();
+    let sealer = Payloads::new(std::sync::Arc::new(Keyring::new("k1", [7; 32]).unwrap()));
+    let sealed = raw(&sealer.seal_event("s", "sign", r#"{"by":"ann"}"#).unwrap());
+    let err = rt.send_json("s", "sign", None, &sealed).await.unwrap_err();
+    assert!(matches!(err, Error::SealedRefused { .. }), "{err:?}");
+    assert!(rt.store().events("s").await.unwrap().is_empty());
+}
