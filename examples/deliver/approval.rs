@@ -52,7 +52,8 @@ pub async fn left_to_a_human(
 ) -> Result<Option<&'static str>> {
     if runtime.run_info(run_id).await?.is_none() {
         return Ok(asked_for_a_human(workdir, run_id)?.then_some(
-            "it was started with --auto-approve=false (stopped before its first record)",
+            "it was started with --auto-approve=false (a wish this work directory keeps until \
+             the run ends)",
         ));
     }
     let attributes = runtime.attributes(run_id).await?;
@@ -152,12 +153,13 @@ pub async fn note_approved_already(cli: &Cli, runtime: &Runtime) -> Result<()> {
     Ok(())
 }
 
-/// The directory, in a work directory, that keeps what `--auto-approve=false` asked for runs
-/// not recorded yet: one file per run (named by a hash of its id, holding the id), written
+/// The directory, in a work directory, that keeps what `--auto-approve=false` asked of its
+/// runs until they end: one file per run (named by a hash of its id, holding the id), written
 /// before anything of the run is made, so that a start stopped before its run's first record
-/// (killed while the demo's repository was being set up) and run again without the flag
-/// leaves the run to a human, as the README promises. Read only while the run does not exist:
-/// once it does, its [`ATTRIBUTE`] says.
+/// (killed while the demo's repository was being set up), or a run whose store is gone (moved
+/// or deleted while it waited for its human) and that starts anew, run again without the flag
+/// is left to a human, as the README promises. Read only while the run does not exist in the
+/// store: once it does, its [`ATTRIBUTE`] says.
 pub const ASKED_DIR: &str = ".loops-deliver-approval";
 
 /// The file of [`ASKED_DIR`] for the run `run_id`.
@@ -229,8 +231,8 @@ pub fn asked_for_a_human(workdir: &Path, run_id: &str) -> Result<bool> {
     }
 }
 
-/// Drops what [`remember_asked`] kept for the run `run_id`, once the run exists (its
-/// [`ATTRIBUTE`] says who approves it), and [`ASKED_DIR`] once empty.
+/// Drops what [`remember_asked`] kept for the run `run_id`, once the run has ended (or was
+/// refused here), and [`ASKED_DIR`] once empty.
 ///
 /// # Errors
 /// If the file exists but cannot be removed.

@@ -86,6 +86,20 @@ impl Paths {
         }))
     }
 
+    /// Whether this work directory's runs were recorded in this very store (its binding names
+    /// it), which is gone (moved or deleted): a store made at its path knows none of them.
+    ///
+    /// # Errors
+    /// If the binding cannot be read, or a path is not valid UTF-8.
+    pub fn bound_store_gone(&self) -> Result<bool> {
+        if self.store.exists() {
+            return Ok(false);
+        }
+        let path = self.workdir.join(STORE_BINDING);
+        let text = self.binding_text()?;
+        Ok(std::fs::read_to_string(&path).is_ok_and(|recorded| recorded == text))
+    }
+
     /// The store other than this one that this work directory's runs are recorded in: bound
     /// here ([`Binding::here`]) and still there.
     ///

@@ -476,6 +476,16 @@ async fn set_up(cli: &Cli) -> Result<(Paths, Runtime)> {
     let made = paths.create_workdir(&cli.run_id, cli.auto_approve).await?;
     hooks::hold_in_setup("made");
     let created = !paths.store.exists();
+    if created && paths.bound_store_gone()? {
+        say!(
+            "the store {} that work directory {} recorded its runs in is gone (moved or \
+             deleted): a new one is made there, which knows none of them (a run of theirs \
+             starts anew: its steps find their commits and pull request by their idempotency \
+             keys, and one left to a human stays so)",
+            paths.store.display(),
+            paths.workdir.display()
+        );
+    }
     let runtime = match open_settled(cli, &mut paths, keys, created).await {
         Ok(runtime) => runtime,
         Err(e) => {
@@ -541,12 +551,12 @@ async fn open_settled(
     };
     let settled = checks.is_some();
     if let Some(read) = checks {
-        // The key file too: refused (no key for an encrypted store, a wrong one) before the
+        place::settle_run(cli, paths, &read).await?;
+        // The key file too: refused (none for an encrypted store, a foreign one) before the
         // writable open, as the run is.
         runtime_builder(cli, keys.clone())
             .check_codec(&read)
             .map_err(store_error)?;
-        place::settle_run(cli, paths, &read).await?;
     }
     let opened = open_store(|| runtime_builder(cli, keys.clone()).open(&paths.store)).await;
     let runtime = opened.map_err(|e| match e {
@@ -723,7 +733,8 @@ async fn drive(cli: &Cli, paths: &Paths, runtime: &Runtime, model: AnyModel) -> 
         result = &mut run => Some(result),
         () = approval::send(runtime, &cli.run_id, gate.approve, &gate.approver) => None,
         () = approval::parked_at_the_gate(runtime, &cli.run_id, gate.approve), if gate.knows => {
-            approval::forget_asked(&paths.workdir, &cli.run_id)?;
+            // The work directory keeps the wish while the run waits for its human: a store
+            // moved away meanwhile must not let a run started anew approve itself.
             report_tokens().await?;
             if let Some(why) = gate.left_to_a_human {
                 say!("not approving it automatically: {why} (--auto-approve approves it)");

@@ -777,8 +777,8 @@ fn rerun_leaves_the_run_to_a_human(workdir: &Path) {
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         stdout.contains(
-            "not approving it automatically: it was started with --auto-approve=false (stopped \
-             before its first record)"
+            "not approving it automatically: it was started with --auto-approve=false (a wish \
+             this work directory keeps until the run ends)"
         ) && stdout.contains("waiting for approval"),
         "{stdout}"
     );
@@ -800,7 +800,52 @@ fn rerun_leaves_the_run_to_a_human(workdir: &Path) {
             Some(&loops::AttributeValue::from("human"))
         );
     });
-    // Once the run records it, the work directory's copy of the wish is dropped.
+    // The work directory keeps its copy of the wish while the run waits for its human.
+    assert_eq!(names_in(&workdir.join(".loops-deliver-approval")).len(), 1);
+}
+
+/// A run left to a human and parked at the approval gate, whose store is then moved away:
+/// the next start says the store is gone and starts the run anew in a new store at the same
+/// path, and the run is still left to a human (the work directory keeps the wish until the
+/// run ends): it parks at the gate, with no pull request, where it approved itself and
+/// opened one (helper-122). Approved, it opens one pull request, and the wish goes.
+#[test]
+fn a_run_left_to_a_human_whose_store_is_moved_away_stays_the_humans() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let workdir = dir.path().join("work");
+    let output = deliver(&workdir)
+        .arg("--auto-approve=false")
+        .output()
+        .expect("run the example");
+    assert!(output.status.success(), "{}", describe(&output));
+    let store = workdir.join("deliver.redb");
+    std::fs::rename(&store, dir.path().join("moved.redb")).expect("move the store away");
+
+    let output = deliver(&workdir).output().expect("run the example");
+    assert!(output.status.success(), "{}", describe(&output));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.starts_with(&format!(
+            "the store {} that work directory {} recorded its runs in is gone (moved or \
+             deleted): a new one is made there, which knows none of them",
+            store.display(),
+            workdir.display()
+        )) && stdout.contains("starting a new run at Received")
+            && stdout.contains(
+                "not approving it automatically: it was started with --auto-approve=false (a \
+                 wish this work directory keeps until the run ends)"
+            )
+            && stdout.contains("waiting for approval"),
+        "{stdout}"
+    );
+    assert_eq!(names_in(&workdir.join("forge/pulls")), Vec::<String>::new());
+
+    let output = deliver(&workdir)
+        .arg("--approve")
+        .output()
+        .expect("run the example");
+    assert!(output.status.success(), "{}", describe(&output));
+    assert_eq!(names_in(&workdir.join("forge/pulls")), ["1.json"]);
     assert!(!workdir.join(".loops-deliver-approval").exists());
 }
 
