@@ -38,24 +38,41 @@ pub struct Remote {
 /// What an operation does to the store: whether it may be made again after its connection
 /// closed unanswered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Op {
+enum Op<'a> {
     /// It reads: made again on the file.
     Read,
     /// It writes: its outcome is unknown, and it fails.
     Write,
-    /// It sends an event: as [`Op::Write`], and the failure says how to find out and how to
-    /// send again (a second send without the key is a second event).
-    Send,
-    /// It asks for a run's cancellation: as [`Op::Write`], and the failure says how to find
-    /// out whether it was recorded.
-    Cancel,
+    /// It sends an event to the run `run`, with an idempotency key or not (`keyed`): as
+    /// [`Op::Write`], and the failure says how to find out and how to send again (a second
+    /// send without the key is a second event).
+    Send { run: &'a str, keyed: bool },
+    /// It asks for the run `run`'s cancellation: as [`Op::Write`], and the failure says how
+    /// to find out whether it was recorded.
+    Cancel { run: &'a str },
 }
 
-/// What a send whose outcome is unknown adds to its failure.
-const SEND_UNKNOWN: &str = "; `loops history RUN` shows whether the event was sent. A send repeated with the same --key is taken once; without --key, a second send is a second event";
-
-/// What a cancel whose outcome is unknown adds to its failure.
-const CANCEL_UNKNOWN: &str = "; `loops show RUN` shows whether the cancellation was recorded (a `cancel asked` or `cancelled` line with its reason)";
+impl Op<'_> {
+    /// What the failure of this operation adds when its outcome is unknown: how to find it
+    /// out, and how to make it again.
+    fn unknown_hint(self) -> Option<String> {
+        match self {
+            Op::Send { run, keyed: true } => Some(format!(
+                "; `loops history {run}` shows whether the event was sent (sent again with the \
+                 same --key, it is taken once)"
+            )),
+            Op::Send { run, keyed: false } => Some(format!(
+                "; `loops history {run}` shows whether the event was sent (sent again without \
+                 --key, it would be a second event)"
+            )),
+            Op::Cancel { run } => Some(format!(
+                "; `loops show {run}` shows whether the cancellation was recorded (a `cancel \
+                 asked` or `cancelled` line with its reason)"
+            )),
+            Op::Read | Op::Write => None,
+        }
+    }
+}
 
 impl Remote {
     /// The operator for store `label` over `client`; `fallback` is the store file and the
@@ -80,7 +97,7 @@ impl Remote {
     /// (see [`Remote`]).
     fn call<'a, T, F>(
         &'a self,
-        op: Op,
+        op: Op<'_>,
         remote: impl FnOnce(&'a Client) -> F,
         local: impl FnOnce(&dyn Operator) -> Result<T>,
     ) -> Result<T>
@@ -103,10 +120,8 @@ impl Remote {
                     ControlError::Dropped { .. } | ControlError::NoAnswer { .. }
                 );
                 let mut failure = remote_failure(&self.label, e);
-                match op {
-                    Op::Send if unknown => failure.message.push_str(SEND_UNKNOWN),
-                    Op::Cancel if unknown => failure.message.push_str(CANCEL_UNKNOWN),
-                    _ => {}
+                if let Some(hint) = op.unknown_hint().filter(|_| unknown) {
+                    failure.message.push_str(&hint);
                 }
                 failure
             }),
@@ -310,7 +325,7 @@ impl Operator for Remote {
 
     fn cancel(&self, run_id: &str, reason: &str) -> Result<RunInfo> {
         self.call(
-            Op::Cancel,
+            Op::Cancel { run: run_id },
             |c| c.cancel(run_id, reason),
             |l| l.cancel(run_id, reason),
         )
@@ -335,7 +350,10 @@ impl Operator for Remote {
         payload: &RawValue,
     ) -> Result<(Sent, Taker)> {
         self.call(
-            Op::Send,
+            Op::Send {
+                run: run_id,
+                keyed: key.is_some(),
+            },
             |c| async move {
                 let sent = c.send(run_id, event, key, payload).await?;
                 let taker = taker(sent.taken_here);
@@ -606,11 +624,11 @@ mod tests {
         // A send's outcome unknown: a second send without the key would be a second event.
         let payload = serde_json::value::RawValue::from_string("1".to_owned()).unwrap();
         let send_hint = format!(
-            "{unknown}; `loops history RUN` shows whether the event was sent. A send repeated with the same --key is taken once; without --key, a second send is a second event"
+            "{unknown}; `loops history j1` shows whether the event was sent (sent again without --key, it would be a second event)"
         );
         // A cancel's outcome unknown: `loops show` tells; other writes say only that it is.
         let cancel_hint = format!(
-            "{unknown}; `loops show RUN` shows whether the cancellation was recorded (a `cancel asked` or `cancelled` line with its reason)"
+            "{unknown}; `loops show j1` shows whether the cancellation was recorded (a `cancel asked` or `cancelled` line with its reason)"
         );
         for (failure, ends) in [
             (writer.cancel("j1", "enough").unwrap_err(), cancel_hint),
@@ -618,6 +636,12 @@ mod tests {
             (
                 writer.send("j1", "go", None, &payload).unwrap_err(),
                 send_hint,
+            ),
+            (
+                writer.send("j1", "go", Some("k"), &payload).unwrap_err(),
+                format!(
+                    "{unknown}; `loops history j1` shows whether the event was sent (sent again with the same --key, it is taken once)"
+                ),
             ),
         ] {
             assert!(failure.message.starts_with(&said), "{}", failure.message);
