@@ -62,17 +62,25 @@ fn raw(text: &str) -> Box<RawValue> {
     serde_json::from_str(text).unwrap()
 }
 
-#[tokio::test]
-async fn a_payload_its_type_refuses_is_refused_at_the_send_where_the_version_is_registered() {
-    let (_dir, path) = temp_store();
-    let rt = Runtime::builder()
-        .register::<Signed, _>(Signer)
-        .open(&path)
-        .unwrap();
+/// `builder` with [`Signed`] registered, opened at `path`, with the run `s` waiting in `Ask`.
+fn signing(builder: RuntimeBuilder, path: &std::path::Path) -> Runtime {
+    let rt = builder.register::<Signed, _>(Signer).open(path).unwrap();
     rt.redb()
         .unwrap()
         .__seed_history([("s".to_owned(), Signed::Ask)])
         .unwrap();
+    rt
+}
+
+/// What a send to `s` of a sign-off that names no one is refused with.
+const BLANK_REFUSED: &str = "run `s` (state `Ask`, seq 0): event `sign` refused: event \
+                             `sign`'s payload type refuses the payload: \"by\" is blank: a \
+                             sign-off names who signed";
+
+#[tokio::test]
+async fn a_payload_its_type_refuses_is_refused_at_the_send_where_the_version_is_registered() {
+    let (_dir, path) = temp_store();
+    let rt = signing(Runtime::builder(), &path);
     // `Workflow::read_event`, as the derive implements it.
     assert_eq!(Signed::read_event("sign", r#"{"by":"ann"}"#), Some(Ok(())));
     assert_eq!(Signed::read_event("other", r#"{"by":"ann"}"#), None);
@@ -81,11 +89,7 @@ async fn a_payload_its_type_refuses_is_refused_at_the_send_where_the_version_is_
         .send_json("s", "sign", None, &raw(r#"{"by":" "}"#))
         .await
         .unwrap_err();
-    assert_eq!(
-        err.to_string(),
-        "run `s` (state `Ask`, seq 0): event `sign` refused: event `sign`'s payload type \
-         refuses the payload: \"by\" is blank: a sign-off names who signed"
-    );
+    assert_eq!(err.to_string(), BLANK_REFUSED);
     let Error::EventRefused { refusal, .. } = err else {
         panic!("expected EventRefused, got {err:?}");
     };
@@ -196,15 +200,7 @@ async fn a_run_driven_by_run_has_its_events_read_as_their_type_too() {
 async fn a_sealed_payload_is_checked_as_one_in_clear() {
     let (_dir, path) = temp_store();
     let keyring = Keyring::new("k1", [7; 32]).unwrap();
-    let rt = Runtime::builder()
-        .codec(keyring.clone())
-        .register::<Signed, _>(Signer)
-        .open(&path)
-        .unwrap();
-    rt.redb()
-        .unwrap()
-        .__seed_history([("s".to_owned(), Signed::Ask)])
-        .unwrap();
+    let rt = signing(Runtime::builder().codec(keyring.clone()), &path);
     // Sealed as the CLI seals: with the same keys, following the store.
     let cli = Payloads::following(std::sync::Arc::new(keyring));
     let sealed = |payload: &str| raw(&cli.seal_event("s", "sign", payload).unwrap());
@@ -214,11 +210,7 @@ async fn a_sealed_payload_is_checked_as_one_in_clear() {
         .send_json("s", "sign", None, &sealed(r#"{"by":" "}"#))
         .await
         .unwrap_err();
-    assert_eq!(
-        err.to_string(),
-        "run `s` (state `Ask`, seq 0): event `sign` refused: event `sign`'s payload type \
-         refuses the payload: \"by\" is blank: a sign-off names who signed"
-    );
+    assert_eq!(err.to_string(), BLANK_REFUSED);
     let err = rt
         .send_json("s", "sign", None, &sealed(r#"{"by":3}"#))
         .await
@@ -246,15 +238,7 @@ async fn a_sealed_payload_is_checked_as_one_in_clear() {
 #[tokio::test]
 async fn a_sealed_payload_the_runtime_cannot_open_is_refused_as_such() {
     let (_dir, path) = temp_store();
-    let rt = Runtime::builder()
-        .read_sealed_redacted()
-        .register::<Signed, _>(Signer)
-        .open(&path)
-        .unwrap();
-    rt.redb()
-        .unwrap()
-        .__seed_history([("s".to_owned(), Signed::Ask)])
-        .unwrap();
+    let rt = signing(Runtime::builder().read_sealed_redacted(), &path);
     let sealer = Payloads::new(std::sync::Arc::new(Keyring::new("k1", [7; 32]).unwrap()));
     let sealed = raw(&sealer.seal_event("s", "sign", r#"{"by":"ann"}"#).unwrap());
     let err = rt.send_json("s", "sign", None, &sealed).await.unwrap_err();
