@@ -39,7 +39,7 @@ pub struct Cli {
     /// The store: the redb file the workflow's process gives to Runtime::open, or a
     /// PostgreSQL URL (postgres://USER[:PASSWORD]@HOST[:PORT]/DB[?sslmode=require]) or
     /// connection string in libpq's key=value form ("host=HOST user=USER dbname=DB").
-    #[arg(long, global = true, env = "LOOPS_STORE", value_name = "PATH|URL")]
+    #[arg(long, global = true, env = "LOOPS_STORE", value_name = "PATH|URL", value_parser = non_empty_path())]
     pub store: Option<PathBuf>,
 
     /// Whether `store` came from `--store` on the command line rather than from
@@ -71,7 +71,7 @@ pub struct Cli {
     /// 0600) of a store whose payloads are encrypted (RuntimeBuilder::codec): payloads are
     /// shown decrypted, and `send` and `cancel` encrypt what they store. Without it, an
     /// encrypted payload shows as <encrypted: key K>.
-    #[arg(long, global = true, env = "LOOPS_KEY_FILE", value_name = "PATH")]
+    #[arg(long, global = true, env = "LOOPS_KEY_FILE", value_name = "PATH", value_parser = non_empty_path())]
     pub key_file: Option<PathBuf>,
 
     /// Read the store without first verifying the checksum of every page. Commands that only
@@ -699,5 +699,16 @@ pub fn parse_age(s: &str) -> Result<Duration, String> {
         E::UnknownUnit { unit, .. } => format!("unknown unit `{unit}`: {FORMS}"),
         E::NumberOverflow => format!("too long an age: {FORMS}"),
         E::Empty | E::InvalidCharacter(_) | E::NumberExpected(_) => format!("not an age: {FORMS}"),
+    })
+}
+
+/// The parser of `--store` and `--key-file`: a path, not an empty one (clap's own says of
+/// `--store ""` that no value was supplied). It takes paths that are not UTF-8, which the
+/// commands refuse in words of their own.
+fn non_empty_path() -> impl clap::builder::TypedValueParser<Value = PathBuf> {
+    use clap::builder::TypedValueParser as _;
+    clap::builder::OsStringValueParser::new().try_map(|path| match path.is_empty() {
+        true => Err("empty: name a path (or leave the flag out)"),
+        false => Ok(PathBuf::from(path)),
     })
 }

@@ -3428,6 +3428,20 @@ fn bad_arguments_are_clear_errors() {
         .assert()
         .code(2)
         .stderr("error: no store given: pass --store PATH (or a postgres:// URL) or set LOOPS_STORE (the file the workflow's process opens with Runtime::open)\n");
+    // An empty --store or --key-file given on the command line is said to be empty.
+    for (args, flag) in [
+        (["--store", "", "runs"], "--store <PATH|URL>"),
+        (["--key-file", "", "runs"], "--key-file <PATH>"),
+    ] {
+        assert_eq!(
+            fails(&path, &args, 2),
+            format!(
+                "error: invalid value '' for '{flag}': empty: name a path (or leave the flag \
+                 out); try 'loops runs --help'\n"
+            ),
+            "{args:?}"
+        );
+    }
     // A variable set but empty is not set: no store given, no key file.
     Command::cargo_bin("loops")
         .unwrap()
