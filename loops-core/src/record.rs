@@ -97,7 +97,8 @@ impl TransitionRecord {
     /// # Errors
     /// [`Error::Payload`] if the payload is sealed (a store written under a codec, read by
     /// a runtime without one); [`Error::Decode`] (naming run, seq and state) if the payload
-    /// is not a `W`.
+    /// is not a `W`, or, in a record of `W`'s own schema, reads as another state than the
+    /// one the record names (two states stored under one name).
     pub fn decode<W: Workflow>(&self, run_id: &str) -> Result<W> {
         if let Some(Ok(sealed)) = crate::codec::parse_envelope(self.payload.get()) {
             return Err(Error::Payload {
@@ -109,13 +110,26 @@ impl TransitionRecord {
                 cause: Box::new(crate::codec::CodecError::NoCodec { key: sealed.key }),
             });
         }
-        serde_json::from_str(self.payload.get()).map_err(|source| Error::Decode {
+        let decode_error = |source| Error::Decode {
             run_id: run_id.to_owned(),
             record: RecordKind::Transition,
             seq: self.seq,
             state: self.state.clone(),
             source,
-        })
+        };
+        let decoded: W = serde_json::from_str(self.payload.get()).map_err(decode_error)?;
+        // A record of this very schema is read back as the state it names, or not at all:
+        // two states stored under one name (a serde rename or alias the derive could not
+        // see, a hand-written `Deserialize`) would have the run driven on in a state it was
+        // not in. (A record of another schema, accepted as it is, may name a state renamed
+        // since, which keeps its stored name.)
+        let read_as = decoded.state().name();
+        if self.schema == W::SCHEMA_HASH.pinned() && read_as != self.state {
+            return Err(decode_error(serde::de::Error::custom(format_args!(
+                "its data reads as state `{read_as}`: two states are stored under one name"
+            ))));
+        }
+        Ok(decoded)
     }
 
     pub(crate) fn to_bytes(&self) -> Vec<u8> {

@@ -124,6 +124,10 @@ pub(crate) struct Variant {
     pub skip: bool,
     /// `with`, or `serialize_with`/`deserialize_with`: the variant's data is opaque.
     pub with: Option<String>,
+    /// The other names it is read under: `rename(deserialize = ..)`, `alias`.
+    pub read_as: Vec<String>,
+    /// `untagged`: read from its data alone, under no name.
+    pub untagged: bool,
     pub notes: Vec<String>,
 }
 
@@ -324,7 +328,37 @@ pub(crate) fn variant(attrs: &[Attribute]) -> Variant {
     });
     v.with = v.with.or_else(|| split_with(ser_with, de_with));
     v.notes = notes.into_iter().chain(extra).collect();
+    // Kept as notes (they count in the schema hash as written); read here for the names.
+    for note in &v.notes {
+        if note == "untagged" {
+            v.untagged = true;
+        }
+        let de = note.strip_prefix("rename(deserialize = ");
+        if let Some(lit) = de.and_then(|n| n.strip_suffix(')')) {
+            v.read_as
+                .extend(syn::parse_str::<LitStr>(lit).ok().map(|lit| lit.value()));
+        }
+    }
+    v.read_as.extend(aliases(attrs));
     v
+}
+
+/// The names of `#[serde(alias = "..")]` in `attrs` (not in the schema hash: an alias
+/// changes no stored form, but it is a name the variant is read under).
+fn aliases(attrs: &[Attribute]) -> Vec<String> {
+    let mut names = Vec::new();
+    for attr in attrs.iter().filter(|a| a.path().is_ident("serde")) {
+        // Malformed: serde reports it.
+        let _ = attr.parse_nested_meta(|meta| {
+            if meta.path.is_ident("alias") {
+                names.push(string(&meta)?);
+            } else {
+                skip_value(&meta)?;
+            }
+            Ok(())
+        });
+    }
+    names
 }
 
 pub(crate) fn field(attrs: &[Attribute]) -> Field {

@@ -29,9 +29,70 @@ impl Workflow<'_> {
             );
             return;
         }
+        self.check_stored_names(cx);
         let graph_ok = self.check_states(cx);
         if graph_ok {
             self.check_graph(cx);
+        }
+    }
+
+    /// Each state is stored under a name of its own, and read under none of another's: a
+    /// record names its state by the name its data is stored under, so two states that share
+    /// one (`#[serde(rename = "A")]` on `B`, an `alias`, an `untagged` state or enum) would
+    /// have a record of one read back as the other, and the run driven on in a state it was
+    /// not in.
+    fn check_stored_names(&self, cx: &Errors) {
+        if self.serde.untagged {
+            cx.spanned(
+                self.ident,
+                "a workflow's states are stored under their names, and `#[serde(untagged)]` \
+                 stores none: a record would be read back as the first state whose fields fit \
+                 it, whichever state it was; remove `untagged` (`tag = \"...\"` keeps the name \
+                 inside the data)",
+            );
+            return;
+        }
+        let mut seen: Vec<(String, &syn::Ident)> = Vec::new();
+        for s in &self.states {
+            if s.serde.untagged {
+                cx.spanned(
+                    s.ident,
+                    format!(
+                        "state `{}` is `#[serde(untagged)]`: stored under no name, a record of \
+                         another state whose fields fit it would be read back as it; remove \
+                         `untagged`",
+                        s.ident.unraw()
+                    ),
+                );
+                continue;
+            }
+            let ident = s.ident.unraw().to_string();
+            let stored = s.serde.rename.clone().unwrap_or_else(|| {
+                self.serde
+                    .rename_all
+                    .map_or(ident.clone(), |rule| rule.variant(&ident))
+            });
+            let mut names = vec![stored];
+            for name in &s.serde.read_as {
+                if !names.contains(name) {
+                    names.push(name.clone());
+                }
+            }
+            for name in names {
+                match seen.iter().find(|(seen, _)| *seen == name) {
+                    Some((_, other)) => cx.spanned(
+                        s.ident,
+                        format!(
+                            "state `{ident}` is stored or read under the name \"{name}\", as \
+                             state `{}` is: a record of one would be read back as the other; \
+                             give each state a name of its own (`#[serde(rename = \"...\")]`, \
+                             without an `alias` of another's)",
+                            other.unraw()
+                        ),
+                    ),
+                    None => seen.push((name, s.ident)),
+                }
+            }
         }
     }
 

@@ -697,3 +697,33 @@ fn a_cancellation_message_shows_a_bidirectional_control_escaped() {
         "run `r` was cancelled in state `S` (seq 2): from \\u{202e}elsewhere"
     );
 }
+
+/// A record of a workflow's own schema is read back as the state it names, or refused as
+/// undecodable: two states stored under one name (which the derive refuses, but a
+/// hand-written `Deserialize` may make) would have the run driven on in a state it was not
+/// in, and repeat its side effects (helper-123). A record of another schema, accepted as it
+/// is, may name a state renamed since that keeps its stored name.
+#[test]
+fn a_record_read_as_another_state_than_it_names_is_refused() {
+    let mut record = TransitionRecord::encode("r", 1, &Job::Work { n: 1, acc: 2 }, 0).unwrap();
+    assert_eq!(
+        record.decode::<Job>("r").unwrap(),
+        Job::Work { n: 1, acc: 2 }
+    );
+    record.state = "Start".to_owned();
+    let err = record.decode::<Job>("r").unwrap_err();
+    assert!(
+        matches!(&err, Error::Decode { seq: 1, state, .. } if state == "Start"),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.chain(),
+        "run `r`: transition record at seq 1 (state `Start`) does not decode: its data reads as \
+         state `Work`: two states are stored under one name"
+    );
+    record.schema = v2::JobV2::SCHEMA_HASH.pinned();
+    assert_eq!(
+        record.decode::<Job>("r").unwrap(),
+        Job::Work { n: 1, acc: 2 }
+    );
+}
