@@ -1053,6 +1053,49 @@ async fn a_value_that_does_not_decode_back_is_not_recorded() {
     }
 }
 
+/// Starts from a measurement: a run whose initial state holds a NaN.
+#[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(name = "seeded", next_prefix = "Seeded")]
+enum Seeded {
+    #[initial]
+    #[next(Done)]
+    Start { x: f64 },
+    #[terminal]
+    Done,
+}
+
+struct Starter;
+
+impl SeededHandler for Starter {
+    type Error = anyhow::Error;
+
+    async fn start(&self, _: &Context, _: f64) -> anyhow::Result<SeededStartNext> {
+        Ok(SeededStartNext::Done)
+    }
+}
+
+/// An initial state whose JSON does not decode back is refused before the run is created, as
+/// every later state is: it was recorded, and the run could not be read again (helper-124).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_initial_state_that_does_not_decode_back_creates_no_run() {
+    let rt = Runtime::builder().build(loops::RedbStore::in_memory().unwrap());
+    let err = rt
+        .run("nan-start", Seeded::Start { x: f64::NAN }, &Starter)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Encode { seq: 0, state, .. } if state == "Start"),
+        "{err:?}"
+    );
+    assert!(rt.run_info("nan-start").await.unwrap().is_none());
+    assert_eq!(
+        rt.run("ok", Seeded::Start { x: 1.5 }, &Starter)
+            .await
+            .unwrap(),
+        Seeded::Done
+    );
+}
+
 #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
 #[workflow(name = "oversized")]
 enum Oversized {

@@ -86,6 +86,34 @@ impl TransitionRecord {
         })
     }
 
+    /// [`encode`](Self::encode), then the record decoded back as a `W`, as a resume reads it
+    /// (the value a handler gets): a state whose JSON does not decode back (a NaN float
+    /// written as `null`, a field skipped when serialized with no default, a state renamed
+    /// for one direction only) is refused rather than recorded where no driver could read it
+    /// again. The one check of every record a run enters, its first one included.
+    ///
+    /// # Errors
+    /// [`Error::Encode`] if `value` does not serialize, or its JSON does not decode back as
+    /// the same state.
+    pub(crate) fn encode_read_back<W: Workflow>(
+        run_id: &str,
+        seq: u64,
+        value: &W,
+        at_ms: u64,
+    ) -> Result<(Self, W)> {
+        let record = TransitionRecord::encode(run_id, seq, value, at_ms)?;
+        let read = record.decode(run_id).map_err(|e| match e {
+            Error::Decode { source, .. } => Error::Encode {
+                run_id: run_id.to_owned(),
+                state: value.state().name().to_owned(),
+                seq,
+                source,
+            },
+            e => e,
+        })?;
+        Ok((record, read))
+    }
+
     /// The seq the record's state was entered at: [`seq`](Self::seq), or for a migration's
     /// record the seq of the state it continues ([`MigratedFrom::seq`]).
     pub fn state_seq(&self) -> u64 {

@@ -109,6 +109,9 @@ pub(crate) struct Container {
     pub tag: Option<String>,
     pub content: Option<String>,
     pub untagged: bool,
+    /// `rename_all(serialize = .., deserialize = ..)` with two rules (or one of them): names
+    /// written one way and read another.
+    pub split_rename_all: bool,
     pub transparent: bool,
     pub default: bool,
     /// `into`, else `from` or `try_from`: the type the value is stored as.
@@ -128,6 +131,9 @@ pub(crate) struct Variant {
     pub read_as: Vec<String>,
     /// `untagged`: read from its data alone, under no name.
     pub untagged: bool,
+    /// `rename(serialize = .., deserialize = ..)` with two names (or one of them): written
+    /// under one name and read under another.
+    pub split_rename: bool,
     pub notes: Vec<String>,
 }
 
@@ -258,22 +264,37 @@ fn ser_de(meta: &ParseNestedMeta) -> syn::Result<(Option<String>, Option<String>
 /// A name from `rename`, noting a deserialize name that differs from the serialize one.
 fn rename(meta: &ParseNestedMeta, notes: &mut Vec<String>) -> syn::Result<Option<String>> {
     let (ser, de) = ser_de(meta)?;
+    Ok(split_name(ser, de, notes))
+}
+
+/// The serialize name of `rename`'s `ser` and `de`, noting a deserialize name that differs.
+fn split_name(ser: Option<String>, de: Option<String>, notes: &mut Vec<String>) -> Option<String> {
     if let Some(de) = &de
         && ser.as_ref() != Some(de)
     {
         notes.push(format!("rename(deserialize = {de:?})"));
     }
-    Ok(ser)
+    ser
 }
 
 fn rule(meta: &ParseNestedMeta, notes: &mut Vec<String>, key: &str) -> syn::Result<Option<Rule>> {
     let (ser, de) = ser_de(meta)?;
+    Ok(split_rule(ser, de, notes, key))
+}
+
+/// The serialize rule of `key`'s `ser` and `de`, noting a deserialize rule that differs.
+fn split_rule(
+    ser: Option<String>,
+    de: Option<String>,
+    notes: &mut Vec<String>,
+    key: &str,
+) -> Option<Rule> {
     if let Some(de) = &de
         && ser.as_ref() != Some(de)
     {
         notes.push(format!("{key}(deserialize = {de:?})"));
     }
-    Ok(ser.as_deref().and_then(Rule::parse))
+    ser.as_deref().and_then(Rule::parse)
 }
 
 fn flag(meta: &ParseNestedMeta) -> syn::Result<bool> {
@@ -289,7 +310,11 @@ pub(crate) fn container(attrs: &[Attribute]) -> Container {
     each(attrs, &mut notes, |key, meta| {
         match key {
             "rename" => c.rename = rename(meta, &mut extra)?,
-            "rename_all" => c.rename_all = rule(meta, &mut extra, key)?,
+            "rename_all" => {
+                let (ser, de) = ser_de(meta)?;
+                c.split_rename_all = ser != de;
+                c.rename_all = split_rule(ser, de, &mut extra, key);
+            }
             "rename_all_fields" => c.rename_all_fields = rule(meta, &mut extra, key)?,
             "tag" => c.tag = Some(string(meta)?),
             "content" => c.content = Some(string(meta)?),
@@ -316,7 +341,11 @@ pub(crate) fn variant(attrs: &[Attribute]) -> Variant {
     let (mut ser_with, mut de_with) = (None, None);
     each(attrs, &mut notes, |key, meta| {
         match key {
-            "rename" => v.rename = rename(meta, &mut extra)?,
+            "rename" => {
+                let (ser, de) = ser_de(meta)?;
+                v.split_rename = ser != de;
+                v.rename = split_name(ser, de, &mut extra);
+            }
             "rename_all" => v.rename_all = rule(meta, &mut extra, key)?,
             "skip" | "skip_serializing" | "skip_deserializing" => v.skip = flag(meta)?,
             "with" => v.with = Some(string(meta)?),

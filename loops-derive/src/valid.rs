@@ -52,8 +52,34 @@ impl Workflow<'_> {
             );
             return;
         }
+        if self.serde.split_rename_all {
+            cx.spanned(
+                self.ident,
+                "`rename_all` with a serialize rule and another (or no) deserialize rule: \
+                 states would be written under names they are not read under, and no record \
+                 could be read back; give one rule (`rename_all = \"...\"`)",
+            );
+        }
         let mut seen: Vec<(String, &syn::Ident)> = Vec::new();
         for s in &self.states {
+            let refused = if s.serde.skip {
+                Some(
+                    "is `#[serde(skip)]` (or `skip_serializing`, `skip_deserializing`): a run in \
+                     it could not be recorded, or read back",
+                )
+            } else if s.serde.split_rename {
+                Some(
+                    "is renamed for serializing or deserializing only: it would be written \
+                     under a name it is not read under, and its records could not be read \
+                     back; give it one name (`#[serde(rename = \"...\")]`)",
+                )
+            } else {
+                None
+            };
+            if let Some(why) = refused {
+                cx.spanned(s.ident, format!("state `{}` {why}", s.ident.unraw()));
+                continue;
+            }
             if s.serde.untagged {
                 cx.spanned(
                     s.ident,

@@ -527,7 +527,8 @@ fn current<W: Workflow>(
 ///
 /// # Errors
 /// [`Error::NotInitial`] if `initial` is not `W`'s initial state;
-/// [`Error::PayloadTooLarge`] over `max_payload_bytes`; as [`TransitionRecord::encode`].
+/// [`Error::PayloadTooLarge`] over `max_payload_bytes`; [`Error::Encode`] if `initial` does
+/// not serialize, or not as JSON that decodes back as the same state.
 pub(crate) fn first_record<W: Workflow>(
     run_id: &str,
     initial: &W,
@@ -544,7 +545,8 @@ pub(crate) fn first_record<W: Workflow>(
             given: given.name(),
         });
     }
-    let record = TransitionRecord::encode(run_id, 0, initial, now_ms)?;
+    // Read back before it is recorded, as every state a run enters is.
+    let (record, _) = TransitionRecord::encode_read_back(run_id, 0, initial, now_ms)?;
     crate::run::settings::check_size(run_id, &record, max_payload_bytes)?;
     let mut info = RunInfo::new_run::<W>(run_id, given, now_ms);
     if !begun {

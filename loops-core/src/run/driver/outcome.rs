@@ -87,21 +87,11 @@ impl Drive<'_> {
             .checked_add(1)
             .ok_or_else(|| run.info.overflow_seq("moving to a next state"))?;
         let now = self.now();
-        let next_record = TransitionRecord::encode(run_id, next_seq, &next, now)?;
-        self.settings.check_size(run_id, &next_record)?;
         // The next handler gets its state as a resume reads it: decoded from the record, and
-        // before the commit, so that a state whose JSON does not decode back (a NaN float
-        // written as `null`, a field skipped when serialized with no default) is refused
-        // rather than recorded where no driver could read it again.
-        let entered: W = next_record.decode(run_id).map_err(|e| match e {
-            Error::Decode { source, .. } => Error::Encode {
-                run_id: run_id.to_owned(),
-                state: to.name().to_owned(),
-                seq: next_seq,
-                source,
-            },
-            e => e,
-        })?;
+        // before the commit (a state that does not decode back is refused, not recorded).
+        let (next_record, entered) =
+            TransitionRecord::encode_read_back(run_id, next_seq, &next, now)?;
+        self.settings.check_size(run_id, &next_record)?;
         crate::failpoint::point("loops::transition::before_commit");
         self.held.signals.check_lease(run_id, seq)?;
         run.info = self
