@@ -129,7 +129,8 @@ pub(crate) struct Variant {
     pub with: Option<String>,
     /// The other names it is read under: `rename(deserialize = ..)`, `alias`.
     pub read_as: Vec<String>,
-    /// `untagged`: read from its data alone, under no name.
+    /// `untagged` (read from its data alone, under no name) or `other` (read under any name
+    /// no other variant has).
     pub untagged: bool,
     /// `rename(serialize = .., deserialize = ..)` with two names (or one of them): written
     /// under one name and read under another.
@@ -359,7 +360,8 @@ pub(crate) fn variant(attrs: &[Attribute]) -> Variant {
     v.notes = notes.into_iter().chain(extra).collect();
     // Kept as notes (they count in the schema hash as written); read here for the names.
     for note in &v.notes {
-        if note == "untagged" {
+        // `other`: read for any name no variant has, as is `untagged` for any data.
+        if note == "untagged" || note == "other" {
             v.untagged = true;
         }
         let de = note.strip_prefix("rename(deserialize = ");

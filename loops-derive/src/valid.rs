@@ -84,9 +84,9 @@ impl Workflow<'_> {
                 cx.spanned(
                     s.ident,
                     format!(
-                        "state `{}` is `#[serde(untagged)]`: stored under no name, a record of \
-                         another state whose fields fit it would be read back as it; remove \
-                         `untagged`",
+                        "state `{}` is `#[serde(untagged)]` or `#[serde(other)]`: a record of \
+                         another state (one whose fields fit it, or any this build does not \
+                         know) would be read back as it; remove the attribute",
                         s.ident.unraw()
                     ),
                 );

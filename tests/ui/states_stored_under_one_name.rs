@@ -65,4 +65,20 @@ mod untagged_state {
     }
 }
 
+mod other {
+    use loops::Workflow;
+    use serde::{Deserialize, Serialize};
+
+    #[derive(Workflow, Serialize, Deserialize)]
+    #[serde(tag = "state")]
+    enum Other {
+        #[initial]
+        #[next(Unknown)]
+        Start,
+        #[terminal]
+        #[serde(other)]
+        Unknown,
+    }
+}
+
 fn main() {}
