@@ -176,9 +176,9 @@ enum Lineage {
     Kept,
 }
 
-/// The ended runs of `ended` grouped in families, each parent before its children, and when
-/// each run held because an ancestor has not ended, or is kept by the policy, ended (ms). Each parent outside `ended` is
-/// read once.
+/// The ended runs of `ended` grouped in families, each parent before its children, and the
+/// times (ms) at which the runs held by an ancestor (one that has not ended, or that the
+/// policy keeps) ended. Each parent outside `ended` is read once.
 async fn families(store: &dyn Store, ended: Vec<RunInfo>) -> Result<(Vec<Family>, Vec<u64>)> {
     let by_id: HashMap<&str, &RunInfo> = ended.iter().map(|i| (i.run_id.as_str(), i)).collect();
     // Parents outside `ended`: Some(true) if that parent has not ended, None if it is gone.

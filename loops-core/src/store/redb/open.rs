@@ -10,6 +10,7 @@ use redb::Database;
 use redb::backends::FileBackend;
 use tokio::sync::mpsc;
 
+use super::Request;
 use super::commit::{QUEUE, writer_loop};
 use super::paths::{dangling_link_in, refuse_special_file};
 use super::step_keys::StepKeys;
@@ -244,31 +245,13 @@ impl RedbStore {
         let queue = Arc::new(Mutex::new(Queue::default()));
         let leases = Arc::new(Leases::default());
         let step_keys = Arc::new(StepKeys::default());
-        let (tx, writer) = if writes {
-            let (tx, rx) = mpsc::channel(QUEUE);
-            let writer_db = Arc::clone(&db);
-            let writer_opener = Arc::clone(&opener);
-            let writer_queue = Arc::clone(&queue);
-            let writer_path = path.clone();
-            let writer_leases = Arc::clone(&leases);
-            let writer_step_keys = Arc::clone(&step_keys);
-            let writer = std::thread::Builder::new()
-                .name("loops-writer".into())
-                .spawn(move || {
-                    writer_loop(
-                        &writer_db,
-                        &writer_opener,
-                        &writer_path,
-                        &writer_queue,
-                        &writer_leases,
-                        &writer_step_keys,
-                        rx,
-                    );
-                })
-                .map_err(|e| open_err(e.into()))?;
-            (Some(tx), Some(writer))
-        } else {
-            (None, None)
+        let (tx, writer) = match writes {
+            true => {
+                let parts = (&db, &opener, &path, &queue, &leases, &step_keys);
+                let (tx, writer) = spawn_writer(parts).map_err(|e| open_err(e.into()))?;
+                (Some(tx), Some(writer))
+            }
+            false => (None, None),
         };
         Ok(RedbStore::from_inner(Inner {
             db,
@@ -648,6 +631,34 @@ fn length_said(what: String) -> String {
          {whole} bytes may open (`cp FILE COPY && truncate -s {whole} COPY`, then `loops \
          --store COPY check`); the file itself is left as it is"
     )
+}
+
+/// What the writer thread shares with the store: its database, opener, path, queue, leases
+/// and step keys.
+type WriterParts<'a> = (
+    &'a Arc<RwLock<Db>>,
+    &'a Opener,
+    &'a PathBuf,
+    &'a Arc<Mutex<Queue>>,
+    &'a Arc<Leases>,
+    &'a Arc<StepKeys>,
+);
+
+/// Starts the writer thread ([`writer_loop`]) on `parts`; returns the sender of its requests
+/// and its handle.
+///
+/// # Errors
+/// If the thread cannot be spawned.
+fn spawn_writer(
+    (db, opener, path, queue, leases, step_keys): WriterParts<'_>,
+) -> std::io::Result<(mpsc::Sender<Request>, std::thread::JoinHandle<()>)> {
+    let (tx, rx) = mpsc::channel(QUEUE);
+    let (db, opener, path) = (Arc::clone(db), Arc::clone(opener), path.clone());
+    let (queue, leases, step_keys) = (Arc::clone(queue), Arc::clone(leases), Arc::clone(step_keys));
+    let writer = std::thread::Builder::new()
+        .name("loops-writer".into())
+        .spawn(move || writer_loop(&db, &opener, &path, &queue, &leases, &step_keys, rx))?;
+    Ok((tx, writer))
 }
 
 #[cfg(test)]
