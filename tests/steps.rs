@@ -1178,3 +1178,82 @@ async fn a_next_state_over_the_payload_limit_fails_the_run_at_once_saying_why() 
         }
     );
 }
+
+#[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(name = "paused")]
+enum Paused {
+    #[initial]
+    #[next(Fetched)]
+    Fetch { fail_tries: u32 },
+    #[terminal]
+    Fetched { page: String },
+}
+
+/// Fetches with a retried step, then sleeps a day before it moves on.
+#[derive(Default)]
+struct Fetcher {
+    /// Tries of the step, by run.
+    tries: Mutex<BTreeMap<String, u32>>,
+}
+
+impl PausedHandler for Fetcher {
+    type Error = anyhow::Error;
+
+    async fn fetch(&self, ctx: &Context, fail_tries: u32) -> Result<FetchNext, Self::Error> {
+        let page: String = ctx
+            .step_with(
+                "fetch",
+                StepOptions::default().with_retry(fast(3)),
+                || async {
+                    let n = {
+                        let mut tries = self.tries.lock().unwrap();
+                        let n = tries.entry(ctx.run_id().to_owned()).or_insert(0);
+                        *n += 1;
+                        *n
+                    };
+                    if n <= fail_tries {
+                        return Err(std::io::Error::other(format!("try {n} failed")).into());
+                    }
+                    Ok(format!("page after {n} tries"))
+                },
+            )
+            .await?;
+        ctx.sleep(Duration::from_secs(86_400)).await?;
+        Ok(FetchNext::Fetched { page })
+    }
+}
+
+/// helper-126 MEDIUM 2: the run's row showed the failed try's error ("last error" in
+/// `loops show`) after the step had succeeded, while the run slept; it is cleared with the
+/// step's record. A step that succeeds at its first try leaves the row as it was.
+#[tokio::test]
+async fn a_step_that_succeeds_after_failed_tries_clears_the_error_they_showed() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Runtime::builder()
+        .register::<Paused, _>(Fetcher::default())
+        .open(dir.path().join("store.redb"))
+        .unwrap();
+    for (run, fail_tries) in [("retried", 2), ("first", 0)] {
+        rt.start(run, Paused::Fetch { fail_tries }).await.unwrap();
+        let info = rt.wait_for_status(run, RunStatus::Waiting).await.unwrap();
+        assert_eq!(
+            (info.state.as_str(), info.attempt, info.error),
+            ("Fetch", 1, None),
+            "{run}"
+        );
+        let fetched = steps(&rt, run, 0).await;
+        assert_eq!(
+            fetched["fetch#0"],
+            format!(r#""page after {} tries""#, fail_tries + 1)
+        );
+    }
+    // The failed tries are still on record.
+    assert_eq!(
+        failures(&rt, "retried").await,
+        vec![
+            (0, 1, "step fetch#0".into(), "try 1 failed".into()),
+            (0, 1, "step fetch#0".into(), "try 2 failed".into()),
+        ]
+    );
+    rt.shutdown().await;
+}

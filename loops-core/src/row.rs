@@ -59,7 +59,9 @@ pub struct RunInfo {
     /// When the next attempt may start (after a failure), in ms since the Unix epoch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_at_ms: Option<u64>,
-    /// The last failed attempt's error chain, outermost first; cleared by a transition.
+    /// The error chain of the run's last failure, outermost first: a failed attempt's,
+    /// cleared by a transition; or a failed try of a step, cleared also when that step
+    /// succeeds (its record is written).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<Vec<String>>,
     /// The reason given when the run was cancelled (or asked to be).

@@ -221,6 +221,7 @@ async fn store_latency(store: &dyn Store, run_id: &str, n: usize) -> (Stats, Sta
                     name: "effect".into(),
                     occurrence,
                     record: bytes,
+                    clear_error_at_ms: None,
                 },
             )
             .await

@@ -54,6 +54,7 @@ fn step(run_id: &str, seq: u64, occurrence: u32) -> Write {
             output: serde_json::value::RawValue::from_string(output).unwrap(),
         })
         .unwrap(),
+        clear_error_at_ms: None,
     }
 }
 

@@ -9,7 +9,7 @@ use crate::store::{AfterFailure, Lease, Reply, RunCount, RunInfo, RunStatus, Sto
 use super::factory::Factory;
 use super::support::{
     HASH, WF, begin_attempt, cancel, create, fail, failure, ids, info, lease, record, retry, step,
-    step_outputs, transition,
+    step_outputs, step_record, transition,
 };
 use super::writes;
 
@@ -429,6 +429,22 @@ pub(super) async fn failures_and_attempts(f: &dyn Factory) {
     fail(store, &l, 0, step_failed, AfterFailure::Nothing)
         .await
         .unwrap();
+    // The row shows the step's error until the step's record, made after its failed try,
+    // clears it (`updated_ms` its time); a step recorded at its first try leaves the row.
+    let error = |row: Option<RunInfo>| row.and_then(|r| r.error);
+    assert_eq!(
+        error(store.run_info("r").await.unwrap()),
+        Some(vec!["fetch broke".to_owned(), "cause".to_owned()])
+    );
+    step(store, &l, "r", 0, "parse", 0).await.unwrap();
+    assert_eq!(
+        error(store.run_info("r").await.unwrap()),
+        Some(vec!["fetch broke".to_owned(), "cause".to_owned()])
+    );
+    let fetched = writes::step_after_failed_tries("r", 0, ("fetch", 0), step_record(2, "1"), 4_500);
+    store.write(Some(&l), fetched).await.unwrap();
+    let row = store.run_info("r").await.unwrap().unwrap();
+    assert_eq!((row.error, row.updated_ms, row.attempt), (None, 4_500, 2));
     let row = begin_attempt(store, &l, 0, 3).await;
     assert_eq!((row.attempt, row.interrupted), (3, 1));
     assert_eq!(row.error, Some(vec![crate::INTERRUPTED.to_owned()]));

@@ -76,6 +76,25 @@ pub(super) fn step(run_id: &str, seq: u64, name: &str, occurrence: u32, record: 
         name: name.to_owned(),
         occurrence,
         record,
+        clear_error_at_ms: None,
+    }
+}
+
+/// [`Write::Step`] of a step whose earlier tries failed, recorded at `at_ms`.
+pub(super) fn step_after_failed_tries(
+    run_id: &str,
+    seq: u64,
+    (name, occurrence): (&str, u32),
+    record: Vec<u8>,
+    at_ms: u64,
+) -> Write {
+    Write::Step {
+        run_id: run_id.to_owned(),
+        seq,
+        name: name.to_owned(),
+        occurrence,
+        record,
+        clear_error_at_ms: Some(at_ms),
     }
 }
 

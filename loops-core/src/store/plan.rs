@@ -94,7 +94,15 @@ fn own_effects<'w>(
             name,
             occurrence,
             record,
-        } => step(run_id, *seq, name, *occurrence, record, &g),
+            clear_error_at_ms,
+        } => step(
+            run_id,
+            *seq,
+            (name, *occurrence),
+            record,
+            *clear_error_at_ms,
+            &g,
+        ),
         Write::Failure {
             run_id,
             seq,
@@ -264,19 +272,30 @@ fn transition<'w>(
     Ok(effects)
 }
 
+/// `clear_error_at_ms`: see [`Write::Step`]; the row is rewritten only if it shows an error.
 fn step<'w>(
     run_id: &'w str,
     seq: u64,
-    name: &'w str,
-    occurrence: u32,
+    (name, occurrence): (&'w str, u32),
     record: &'w [u8],
+    clear_error_at_ms: Option<u64>,
     g: &Given<'_, '_>,
 ) -> Result<Effects<'w>> {
-    fenced(run_id, seq, g)?;
+    let info = fenced(run_id, seq, g)?;
     if g.facts.record_taken {
         return Err(step_exists(run_id, seq, name, occurrence));
     }
-    let mut effects = Effects::unchanged(run_id, Reply::Done);
+    let mut effects = match clear_error_at_ms {
+        Some(at_ms) if info.error.is_some() => {
+            let mut new = info.clone();
+            new.error = None;
+            new.updated_ms = at_ms;
+            let mut effects = Effects::with_row(run_id, Some(info.status), new);
+            effects.answer(Reply::Done);
+            effects
+        }
+        _ => Effects::unchanged(run_id, Reply::Done),
+    };
     effects.records.push(Record::Step {
         seq,
         name,

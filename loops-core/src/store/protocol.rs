@@ -67,6 +67,11 @@ pub enum Write {
         occurrence: u32,
         /// The [`StepRecord`](crate::StepRecord), serialized.
         record: Vec<u8>,
+        /// `Some(now)` (ms since the Unix epoch) when earlier tries of this step failed: their
+        /// failures set the run's [`error`](RunInfo::error), which this record clears (and
+        /// the row's `updated_ms` becomes `now`). `None` (a step recorded at its first try)
+        /// leaves the row as it is.
+        clear_error_at_ms: Option<u64>,
     },
     /// Record a failed attempt (or a failed step) and what follows from it.
     Failure {

@@ -498,6 +498,7 @@ impl Payloads {
                 name,
                 occurrence,
                 record,
+                clear_error_at_ms,
             } => {
                 let mut step = decode_own::<StepRecord>(&run_id, seq, &record)?;
                 self.seal_raw(&step_at(&run_id, seq, &name, occurrence), &mut step.output)?;
@@ -507,6 +508,7 @@ impl Payloads {
                     seq,
                     name,
                     occurrence,
+                    clear_error_at_ms,
                 }
             }
             Write::Failure {

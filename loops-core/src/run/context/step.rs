@@ -285,7 +285,8 @@ impl Context {
                     // its record, which is refused if it does not decode back (a NaN float
                     // written as `null`), rather than failing every replay.
                     let value = self.decode_output(name, occurrence, &output)?;
-                    self.write_step(name, occurrence, output, duration_ms)
+                    // After failed tries, the record clears the error they showed.
+                    self.write_step(name, occurrence, output, (duration_ms, try_no > 1))
                         .await?;
                     metrics.ended(true);
                     crate::failpoint::point("loops::step::after_record");
@@ -461,7 +462,8 @@ impl Context {
         duration_ms: u64,
     ) -> Result<()> {
         let output = self.encode_output(name, occurrence, value)?;
-        self.write_step(name, occurrence, output, duration_ms).await
+        self.write_step(name, occurrence, output, (duration_ms, false))
+            .await
     }
 
     /// The [`Error::StepEncode`] of the step `(name, occurrence)`.
@@ -517,18 +519,21 @@ impl Context {
             .map_err(|source| self.step_encode(name, occurrence, source))
     }
 
-    /// Writes `output` as the record of the step `(name, occurrence)`.
+    /// Writes `output` as the record of the step `(name, occurrence)`, which took
+    /// `duration_ms`; `after_failed_tries`: earlier tries of it failed, and the record
+    /// clears the run's error their failures set ([`Write::Step`]).
     async fn write_step(
         &self,
         name: &str,
         occurrence: u32,
         output: Box<RawValue>,
-        duration_ms: u64,
+        (duration_ms, after_failed_tries): (u64, bool),
     ) -> Result<()> {
         let run_id = &self.run.run_id;
+        let at_ms = self.run.time.now_ms();
         let record = StepRecord {
             attempt: self.attempt,
-            at_ms: self.run.time.now_ms(),
+            at_ms,
             duration_ms,
             output,
         };
@@ -543,6 +548,7 @@ impl Context {
                     name: name.to_owned(),
                     occurrence,
                     record: crate::record::to_vec_sized(&record, record.output.get().len()),
+                    clear_error_at_ms: after_failed_tries.then_some(at_ms),
                 },
             )
             .await?;

@@ -135,6 +135,7 @@ impl RedbStore {
                         name,
                         occurrence: 0,
                         record,
+                        clear_error_at_ms: None,
                     });
                 }
                 batch.push(Write::Wait {
