@@ -967,3 +967,104 @@ async fn the_guide_shows_this_file_s_code_and_the_explorer_s_real_reports() {
         [explored.to_string().trim_end(), &found.to_string()]
     );
 }
+
+#[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(name = "nap")]
+enum Nap {
+    #[initial]
+    #[next(Awake)]
+    Napping { fail_tries: u32 },
+    #[terminal]
+    Awake { tries: u32 },
+}
+
+/// A step tried again after 10 ms, then a sleep of 300 ms: both shorter than the default
+/// park threshold.
+#[derive(Default)]
+struct ShortWaits {
+    tries: AtomicU32,
+}
+
+impl NapHandler for ShortWaits {
+    type Error = loops::Error;
+
+    async fn napping(&self, ctx: &Context, fail_tries: u32) -> Result<NappingNext, Self::Error> {
+        let retry = RetryPolicy::attempts(2)
+            .with_delays(Duration::from_millis(10), Duration::from_millis(10))
+            .with_jitter(0.0);
+        let tries = ctx
+            .step_with(
+                "call",
+                loops::StepOptions::default().with_retry(retry),
+                || async {
+                    let n = self.tries.fetch_add(1, Ordering::SeqCst) + 1;
+                    if n <= fail_tries {
+                        return Err(format!("try {n} failed").into());
+                    }
+                    Ok(n)
+                },
+            )
+            .await?;
+        ctx.sleep(Duration::from_millis(300)).await?;
+        Ok(NappingNext::Awake { tries })
+    }
+}
+
+/// helper-126 MEDIUM 1: with a manual clock, a back-off or a sleep shorter than the park
+/// threshold (1 s) waited in place, the run's row said running and nothing else, and a test
+/// could not tell when to advance the clock. With a manual clock every one parks, and the
+/// row says until when; an explicit `park_threshold` still waits in place.
+#[tokio::test]
+async fn with_a_manual_clock_short_sleeps_and_back_offs_park_where_a_test_sees_them() {
+    let clock = ManualClock::starting_now();
+    let start = clock.now_ms();
+    let store = HookedStore::new(RedbStore::in_memory().unwrap());
+    let rt = Runtime::builder()
+        .clock(clock.clone())
+        .register::<Nap, _>(ShortWaits::default())
+        .build(store.clone());
+    rt.start("n", Nap::Napping { fail_tries: 1 }).await.unwrap();
+    let until = |info: loops::RunInfo| info.wait.and_then(|w| w.until_ms);
+    let backing_off = rt.wait_for_status("n", RunStatus::Waiting).await.unwrap();
+    assert_eq!(until(backing_off), Some(start + 10));
+    clock.advance(Duration::from_millis(10));
+    let sleeping = rt
+        .wait_until("n", |i| {
+            i.wait.as_ref().and_then(|w| w.until_ms) == Some(start + 310)
+        })
+        .await
+        .unwrap();
+    assert_eq!(sleeping.status, RunStatus::Waiting);
+    clock.advance(Duration::from_millis(300));
+    let done = rt.wait_for_status("n", RunStatus::Completed).await.unwrap();
+    assert_eq!(done.state, "Awake");
+    let waits = store.kinds_of("n").iter().filter(|k| **k == "Wait").count();
+    assert_eq!(waits, 2);
+    rt.shutdown().await;
+
+    // Set, the threshold holds: both wait in place, and the run never parks.
+    let store = HookedStore::new(RedbStore::in_memory().unwrap());
+    let rt = Runtime::builder()
+        .park_threshold(Duration::from_secs(1))
+        .clock(clock.clone())
+        .register::<Nap, _>(ShortWaits::default())
+        .build(store.clone());
+    rt.start("n", Nap::Napping { fail_tries: 1 }).await.unwrap();
+    let ended = async {
+        loop {
+            let info = rt.run_info("n").await.unwrap().unwrap();
+            if info.status == RunStatus::Completed {
+                return info;
+            }
+            assert_eq!((info.status, info.wait), (RunStatus::Running, None));
+            clock.advance(Duration::from_millis(10));
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    };
+    let done = tokio::time::timeout(Duration::from_secs(10), ended)
+        .await
+        .expect("the run ends as the clock moves");
+    assert_eq!(done.state, "Awake");
+    assert!(!store.kinds_of("n").contains(&"Wait"));
+    rt.shutdown().await;
+}

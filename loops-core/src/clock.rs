@@ -88,6 +88,11 @@ impl Clock {
         Clock(Source::System)
     }
 
+    /// Whether this is a [`ManualClock`].
+    pub(crate) fn is_manual(&self) -> bool {
+        matches!(self.0, Source::Manual(_))
+    }
+
     /// Milliseconds since the Unix epoch by this clock.
     pub fn now_ms(&self) -> u64 {
         match &self.0 {

@@ -35,6 +35,9 @@ pub struct RuntimeBuilder {
     redact_sealed: bool,
     /// With a codec: seal only as the store does ([`seal_as_store_does`](Self::seal_as_store_does)).
     follow_store: bool,
+    /// Whether [`park_threshold`](Self::park_threshold) was set (else a manual clock parks
+    /// every sleep).
+    park_threshold_set: bool,
 }
 
 impl Default for RuntimeBuilder {
@@ -45,6 +48,7 @@ impl Default for RuntimeBuilder {
             log_payloads: None,
             redact_sealed: false,
             follow_store: false,
+            park_threshold_set: false,
             config: Config {
                 settings: Settings::default(),
                 max_active_runs: None,
@@ -138,10 +142,13 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Sleeps shorter than this wait in place; longer ones park the run (default
-    /// [`DEFAULT_PARK_THRESHOLD`](crate::DEFAULT_PARK_THRESHOLD), 1 s).
+    /// Sleeps and step back-offs shorter than this wait in place, holding the run's task;
+    /// longer ones park the run (status waiting, [`RunInfo::wait`](crate::RunInfo::wait)
+    /// saying until when). Default [`DEFAULT_PARK_THRESHOLD`](crate::DEFAULT_PARK_THRESHOLD),
+    /// 1 s; zero with a [`ManualClock`](crate::ManualClock) (see [`clock`](Self::clock)).
     pub fn park_threshold(mut self, threshold: Duration) -> Self {
         self.config.settings.park_threshold = threshold;
+        self.park_threshold_set = true;
         self
     }
 
@@ -149,6 +156,11 @@ impl RuntimeBuilder {
     /// [`ManualClock`](crate::ManualClock) makes sleeps, wait deadlines, retry back-offs and
     /// time-outs end when a test advances it. The lease deadline, rate limits, store-fault
     /// back-offs and the polls of a shared store stay on real time (see `docs/testing.md`).
+    ///
+    /// With a manual clock every sleep and step back-off parks the run, however short,
+    /// unless [`park_threshold`](Self::park_threshold) says otherwise: a test then sees
+    /// what the run waits for, and until when (`wait_for_status(run, RunStatus::Waiting)`),
+    /// before it advances the clock. A sleep in place shows nothing: its run stays running.
     pub fn clock(mut self, clock: impl Into<Clock>) -> Self {
         self.config.settings.clock = clock.into();
         self
@@ -448,6 +460,9 @@ impl RuntimeBuilder {
     /// one, as [`read_sealed_redacted`](Self::read_sealed_redacted) says).
     pub(crate) fn build_shared(mut self, store: Arc<dyn Store>) -> Runtime {
         self.config.settings.log_texts = self.log_payloads.unwrap_or(self.codec.is_none());
+        if !self.park_threshold_set && self.config.settings.clock.is_manual() {
+            self.config.settings.park_threshold = Duration::ZERO;
+        }
         let payloads = match (self.codec, self.redact_sealed) {
             (Some(codec), _) if self.follow_store => Payloads::following(codec),
             (Some(codec), _) => Payloads::new(codec),
