@@ -37,6 +37,7 @@ use crate::testing::compare::{
 };
 use crate::testing::report::{
     Boundary, Exploration, ExploreError, Finding, ONLY_ENV, When, with_children,
+    with_unregistered_child,
 };
 use crate::testing::store::{HookedStore, Verdict, WriteHook, WriteSeen};
 
@@ -271,6 +272,16 @@ where
             return Err(ExploreError::Reference {
                 run_id: self.run_id.clone(),
                 message: with_children(&reference.children),
+            });
+        }
+        if reference.outcome.status == RunStatus::Failed
+            && let Some(workflow) = reference.error.as_deref().and_then(unregistered_child)
+        {
+            // The start of a child the runtime had no handler for: a setup the explorer
+            // cannot explore either way, not the workflow's failure.
+            return Err(ExploreError::Reference {
+                run_id: self.run_id.clone(),
+                message: with_unregistered_child(workflow),
             });
         }
         // Every case is compared with the reference: a workflow that does not do the same
@@ -605,6 +616,20 @@ where
             steps,
         })
     }
+}
+
+/// The workflow named by an [`Error::NotRegistered`] in `error`, a failed run's joined
+/// error chain: in a handler, the start of a child of a workflow with no handler. A failure
+/// record keeps texts only; the message looked for is the error's own (`Display`), so that
+/// the two cannot drift apart.
+fn unregistered_child(error: &str) -> Option<&str> {
+    let sample = Error::NotRegistered {
+        workflow: "\u{0}".to_owned(),
+    }
+    .to_string();
+    let (before, after) = sample.split_once('\u{0}')?;
+    let rest = &error[error.find(before)? + before.len()..];
+    Some(&rest[..rest.find(after)?])
 }
 
 /// A stop that cannot happen: the uninterrupted run has no boundary to stop at.

@@ -192,3 +192,14 @@ pub(crate) fn with_children(children: &[String]) -> String {
         ids.join(", ")
     )
 }
+
+/// Why a run that failed starting a child of `workflow`, which has no handler in the
+/// explorer's runtime, is not explored.
+pub(crate) fn with_unregistered_child(workflow: &str) -> String {
+    format!(
+        "it starts a child run of workflow `{workflow}`, which has no handler registered \
+         (`Explorer::configure`), and fails there: the crash explorer explores one run, and \
+         not yet a run that starts children (explore the children's workflows on their own; \
+         see docs/testing.md)"
+    )
+}
