@@ -296,6 +296,16 @@ async fn a_wait_that_times_out_names_the_run_and_where_it_is() {
         text.ends_with("ms for state `Asked`; it never got there (last seen: status waiting, state `Drafted`, seq 0)"),
         "{text}"
     );
+    // A state the workflow does not have is refused at once (helper-126 LOW 2: it waited the
+    // full 10 s, then said the run never got there).
+    let started = std::time::Instant::now();
+    let err = rt.wait_for_state("stuck", "Publishd").await.unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(
+        err.to_string(),
+        "run `stuck`: workflow `approval` has no state `Publishd` to wait for (its states: \
+         Drafted, Asked, Published, Abandoned)"
+    );
 }
 
 #[tokio::test]

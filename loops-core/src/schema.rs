@@ -89,8 +89,8 @@ mod events;
 mod hash;
 mod impls;
 
-pub(crate) use diff::described_version;
 pub use diff::{Change, Class, SchemaDiff, schema_diff};
+pub(crate) use diff::{described_states, described_version};
 pub(crate) use events::duplicate_key;
 pub use events::{DeclaredEvent, DeclaredEvents, EventRefusal};
 

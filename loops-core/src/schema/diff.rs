@@ -270,6 +270,16 @@ pub(crate) fn described_version(description: &str) -> Option<u32> {
     Description::new(description).header?.version.parse().ok()
 }
 
+/// The names of the states the schema description `description` declares, in its order;
+/// empty if it declares none (a description edited by hand).
+pub(crate) fn described_states(description: &str) -> Vec<String> {
+    Description::new(description)
+        .states
+        .into_iter()
+        .map(|state| state.name)
+        .collect()
+}
+
 fn diff(old: &Description, new: &Description) -> SchemaDiff {
     let mut changes = Vec::new();
     header_changes(old, new, &mut changes);

@@ -62,6 +62,21 @@ pub enum WaitError {
         /// The run as last seen (`None`: the run does not exist).
         last: Option<LastSeen>,
     },
+    /// The state waited for is none of the run's workflow (a misspelt name): said at once.
+    #[error(
+        "run `{run_id}`: workflow `{workflow}` has no state `{state}` to wait for (its states: {})",
+        states.join(", ")
+    )]
+    NoSuchState {
+        /// The run.
+        run_id: String,
+        /// Its workflow.
+        workflow: String,
+        /// The state asked for.
+        state: String,
+        /// The workflow's states, as its schema (the run's) declares them.
+        states: Vec<String>,
+    },
     /// Reading the run's row failed.
     #[error("run `{run_id}`: could not read the run while waiting for {what}: {source}")]
     Store {
@@ -91,17 +106,60 @@ impl Runtime {
             .await
     }
 
-    /// Waits until the run `run_id` is in the state named `state`: see
-    /// [`wait_until`](Self::wait_until).
+    /// Waits until the run `run_id` is in the state named `state` (its Rust name, as
+    /// [`RunInfo::state`]): see [`wait_until`](Self::wait_until).
     ///
     /// # Errors
-    /// As [`wait_until`](Self::wait_until).
+    /// As [`wait_until`](Self::wait_until); [`WaitError::NoSuchState`] as soon as the run is
+    /// seen, if its workflow (by the schema its row names) has no state `state`.
     pub async fn wait_for_state(&self, run_id: &str, state: &str) -> Result<RunInfo, WaitError> {
         let what = format!("state `{state}`");
-        self.wait_until_within(run_id, DEFAULT_WAIT_TIMEOUT, &what, |info| {
-            info.state == state
-        })
+        let mut checked = false;
+        self.wait_checked(
+            run_id,
+            DEFAULT_WAIT_TIMEOUT,
+            &what,
+            async |info: &RunInfo| {
+                if !checked {
+                    self.refuse_unknown_state(info, state, &what).await?;
+                    checked = true;
+                }
+                Ok(info.state == state)
+            },
+        )
         .await
+    }
+
+    /// [`WaitError::NoSuchState`] if the schema of `info` declares states and none is named
+    /// `state`.
+    async fn refuse_unknown_state(
+        &self,
+        info: &RunInfo,
+        state: &str,
+        what: &str,
+    ) -> Result<(), WaitError> {
+        let description =
+            self.store()
+                .schema(info.schema)
+                .await
+                .map_err(|source| WaitError::Store {
+                    run_id: info.run_id.clone(),
+                    what: what.to_owned(),
+                    source,
+                })?;
+        let states = description
+            .as_deref()
+            .map(crate::schema::described_states)
+            .unwrap_or_default();
+        if states.is_empty() || states.iter().any(|s| s == state) {
+            return Ok(());
+        }
+        Err(WaitError::NoSuchState {
+            run_id: info.run_id.clone(),
+            workflow: info.workflow.clone(),
+            state: state.to_owned(),
+            states,
+        })
     }
 
     /// Waits until the run `run_id` has `status`: see [`wait_until`](Self::wait_until).
@@ -132,6 +190,21 @@ impl Runtime {
         what: &str,
         condition: impl Fn(&RunInfo) -> bool,
     ) -> Result<RunInfo, WaitError> {
+        self.wait_checked(run_id, timeout, what, async |info: &RunInfo| {
+            Ok(condition(info))
+        })
+        .await
+    }
+
+    /// As [`wait_until_within`](Self::wait_until_within), with a condition that may look
+    /// further (in the store) and refuse the wait.
+    async fn wait_checked(
+        &self,
+        run_id: &str,
+        timeout: Duration,
+        what: &str,
+        mut holds: impl AsyncFnMut(&RunInfo) -> Result<bool, WaitError>,
+    ) -> Result<RunInfo, WaitError> {
         let started = Instant::now();
         loop {
             let info = self
@@ -143,7 +216,7 @@ impl Runtime {
                     source,
                 })?;
             if let Some(info) = &info
-                && condition(info)
+                && holds(info).await?
             {
                 return Ok(info.clone());
             }
