@@ -89,8 +89,10 @@ mod events;
 mod hash;
 mod impls;
 
+#[cfg(feature = "testing")]
+pub(crate) use diff::described_states;
+pub(crate) use diff::described_version;
 pub use diff::{Change, Class, SchemaDiff, schema_diff};
-pub(crate) use diff::{described_states, described_version};
 pub(crate) use events::duplicate_key;
 pub use events::{DeclaredEvent, DeclaredEvents, EventRefusal};
 

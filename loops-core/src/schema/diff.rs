@@ -272,6 +272,7 @@ pub(crate) fn described_version(description: &str) -> Option<u32> {
 
 /// The names of the states the schema description `description` declares, in its order;
 /// empty if it declares none (a description edited by hand).
+#[cfg(feature = "testing")]
 pub(crate) fn described_states(description: &str) -> Vec<String> {
     Description::new(description)
         .states
