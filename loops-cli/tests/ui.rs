@@ -910,9 +910,24 @@ fn cancel_through_the_page(addr: SocketAddr) {
         &cancel,
     );
     assert_eq!(status, 303, "{body}");
-    let (_, page) = request(addr, "GET /runs/cancel-1", &[host], "");
+    let (_, page) = request(addr, "GET /runs/cancel-1", std::slice::from_ref(&host), "");
     assert!(page.contains(r#"data-status="cancelled""#), "{page}");
     assert!(page.contains("from the page"), "{page}");
+    // The write's note (the first of this UI: 0) shows on its run's page, and on no other
+    // run's (helper-127 LOW 1: a completed run's page read "cancellation asked").
+    let note = r#"<p class="note" role="status">"#;
+    let (_, page) = request(
+        addr,
+        "GET /runs/cancel-1?note=0",
+        std::slice::from_ref(&host),
+        "",
+    );
+    assert!(page.contains(note), "{page}");
+    let (_, page) = request(addr, "GET /runs/approve-1?note=0", &[host], "");
+    assert!(
+        page.contains(r#"data-status=""#) && !page.contains(note),
+        "{page}"
+    );
 }
 
 #[test]
@@ -960,6 +975,10 @@ fn the_page_reads_and_writes_a_file_no_process_holds_and_a_postgresql_store() {
         )
         .await
         .unwrap();
+        // Another run, whose page must not show the cancel's note.
+        rt.start("approve-1", Review::Asked { doc: "b.md".into() })
+            .await
+            .unwrap();
         let serving = rt.clone();
         tokio::spawn(async move { serving.serve(Duration::from_millis(50)).await });
         until_status(&rt, "cancel-1", RunStatus::Waiting, "Asked").await;

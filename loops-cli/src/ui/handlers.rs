@@ -87,7 +87,7 @@ pub async fn run_page(
 ) -> Response {
     match history(&ui, run_id.clone()).await {
         Ok(Some((info, view, description))) => {
-            let note = query.note.and_then(|n| ui.note(n));
+            let note = query.note.and_then(|n| ui.note(n, &run_id));
             let shown = pages::run::Shown {
                 info: &info,
                 view: &view,
@@ -341,7 +341,7 @@ async fn steer(
 fn written(ui: &Ui, run_id: &str, done: Result<String>) -> Response {
     match done {
         Ok(text) => {
-            let n = ui.keep_note(text);
+            let n = ui.keep_note(run_id, text);
             Redirect::to(&format!("{}?note={n}", pages::run_href(run_id))).into_response()
         }
         Err(failure) => failed(ui, StatusCode::CONFLICT, &failure),

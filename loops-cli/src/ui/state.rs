@@ -28,7 +28,8 @@ pub struct Ui {
 #[derive(Default)]
 pub struct Notes {
     next: u64,
-    kept: VecDeque<(u64, String)>,
+    /// `(N, run id, text)`, oldest first.
+    kept: VecDeque<(u64, String, String)>,
 }
 
 impl Ui {
@@ -49,26 +50,28 @@ impl Ui {
             })
     }
 
-    /// Keeps `text` for the page a write redirects to; returns its number.
-    pub fn keep_note(&self, text: String) -> u64 {
+    /// Keeps `text`, what a write to the run `run_id` did, for the run's page it redirects
+    /// to; returns its number.
+    pub fn keep_note(&self, run_id: &str, text: String) -> u64 {
         let mut notes = self.notes.lock().unwrap_or_else(|e| e.into_inner());
         let n = notes.next;
         notes.next += 1;
-        notes.kept.push_back((n, text));
+        notes.kept.push_back((n, run_id.to_owned(), text));
         if notes.kept.len() > NOTES_KEPT {
             notes.kept.pop_front();
         }
         n
     }
 
-    /// The note numbered `n`, if it is still kept.
-    pub fn note(&self, n: u64) -> Option<String> {
+    /// The note numbered `n`, if it is still kept and is about the run `run_id` (a number
+    /// in another run's address, by hand or from a bookmark, shows nothing).
+    pub fn note(&self, n: u64, run_id: &str) -> Option<String> {
         let notes = self.notes.lock().unwrap_or_else(|e| e.into_inner());
         notes
             .kept
             .iter()
-            .find(|(k, _)| *k == n)
-            .map(|(_, text)| text.clone())
+            .find(|(k, run, _)| *k == n && run == run_id)
+            .map(|(_, _, text)| text.clone())
     }
 }
 
