@@ -430,6 +430,7 @@ impl Client {
         body: Bytes,
         limit: Duration,
     ) -> Result<T, ControlError> {
+        let write = method != Method::GET;
         let mut request = Request::builder()
             .method(method)
             .uri(format!("/{PROTOCOL}{path}"))
@@ -459,6 +460,7 @@ impl Client {
             .map_err(|_| ControlError::NoAnswer {
                 endpoint: self.endpoint.to_string(),
                 waited: limit,
+                write,
             })?
             .map_err(|e| match e {
                 Exchange::Control(e) => e,
@@ -466,6 +468,7 @@ impl Client {
                 Exchange::Dropped(what) => ControlError::Dropped {
                     endpoint: self.endpoint.to_string(),
                     what,
+                    write,
                 },
             })?;
         if !status.is_success() {

@@ -190,25 +190,31 @@ pub enum ControlError {
     /// it) while it took the request. Whether the process carried a write out is unknown; a
     /// read can be made again.
     #[error(
-        "control endpoint {endpoint}: the connection closed before the process answered ({what}): the process may have stopped; whether it carried the request out is unknown"
+        "control endpoint {endpoint}: the connection closed before the process answered ({what}): the process may have stopped; {}",
+        if *write { "whether it carried the request out is unknown" } else { "the request only read, and can be made again" }
     )]
     Dropped {
         /// The endpoint.
         endpoint: String,
         /// What the connection said (hyper's words).
         what: String,
+        /// Whether the request was a write (else a read, which changes nothing).
+        write: bool,
     },
     /// The process took the connection but did not answer in time: it is stopped
     /// (`SIGSTOP`, a debugger), or too busy to answer. Whether it carries a write out (when
     /// it goes on) is unknown; a read can be made again.
     #[error(
-        "control endpoint {endpoint}: the process took the connection but did not answer within {waited:?}: it may be stopped (SIGSTOP, a debugger) or overloaded; whether it carries the request out is unknown"
+        "control endpoint {endpoint}: the process took the connection but did not answer within {waited:?}: it may be stopped (SIGSTOP, a debugger) or overloaded; {}",
+        if *write { "whether it carries the request out is unknown" } else { "the request only read, and can be made again" }
     )]
     NoAnswer {
         /// The endpoint.
         endpoint: String,
         /// How long the client waited.
         waited: std::time::Duration,
+        /// Whether the request was a write (else a read, which changes nothing).
+        write: bool,
     },
     /// The answer is not HTTP, or not the answer of a loops endpoint.
     #[error("control endpoint {endpoint}: {what}")]
