@@ -281,3 +281,105 @@ async fn with_a_codec_a_block_reason_is_not_logged() {
         "{out}"
     );
 }
+
+#[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(name = "noted")]
+#[event(note: Note)]
+enum Noted {
+    #[initial]
+    #[next(Done)]
+    Ask,
+    #[terminal]
+    Done { text: String },
+}
+
+/// A note: never blank (its `Deserialize` checks).
+#[derive(loops::Schema, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[serde(try_from = "NoteFields")]
+struct Note {
+    text: String,
+}
+
+/// [`Note`] as it is sent, before its check.
+#[derive(loops::Schema, Deserialize)]
+struct NoteFields {
+    text: String,
+}
+
+impl TryFrom<NoteFields> for Note {
+    type Error = String;
+
+    fn try_from(fields: NoteFields) -> Result<Note, String> {
+        if fields.text.trim().is_empty() {
+            return Err("a note is not blank".to_owned());
+        }
+        Ok(Note { text: fields.text })
+    }
+}
+
+/// Takes a note, then fails its first execution: the next replays the wait.
+#[derive(Default)]
+struct NoteTaker {
+    failed: std::sync::atomic::AtomicBool,
+}
+
+impl NotedHandler for NoteTaker {
+    type Error = loops::Error;
+
+    async fn ask(&self, ctx: &Context) -> Result<AskNext, Self::Error> {
+        let note = ctx.wait_for(Noted::NOTE).await?;
+        if !self.failed.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return Err(loops::Error::RunNotFound {
+                run_id: "first attempt fails".into(),
+            });
+        }
+        Ok(AskNext::Done { text: note.text })
+    }
+}
+
+/// An event set aside (a payload its type refuses) is warned of once, when it is set aside;
+/// a replay of the wait skips it without a warning (helper-127 LOW 2: every resume warned
+/// again of every event set aside before, as if new ones had just arrived).
+#[tokio::test]
+async fn an_event_set_aside_is_warned_of_once_not_at_every_replay() {
+    let sink = captured();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.redb");
+    let rt = Runtime::builder()
+        .retry(RetryPolicy::attempts(3).with_delays(
+            std::time::Duration::from_millis(1),
+            std::time::Duration::from_millis(1),
+        ))
+        .open(&path)
+        .unwrap();
+    rt.redb()
+        .unwrap()
+        .__seed_history([("noted-1".to_owned(), Noted::Ask)])
+        .unwrap();
+    let raw = |text: &str| serde_json::value::RawValue::from_string(text.to_owned()).unwrap();
+    // Not registered here: the shape alone is checked at the send, and the wait sets the
+    // blank one aside.
+    rt.send_json("noted-1", "note", None, &raw(r#"{"text":" "}"#))
+        .await
+        .unwrap();
+    rt.send_json("noted-1", "note", None, &raw(r#"{"text":"hi"}"#))
+        .await
+        .unwrap();
+    let done = rt
+        .run("noted-1", Noted::Ask, &NoteTaker::default())
+        .await
+        .unwrap();
+    assert_eq!(done, Noted::Done { text: "hi".into() });
+    let out = sink.of("noted-1");
+    assert!(out.contains("handler failed"), "{out}");
+    assert_eq!(
+        sink.matching("event set aside: its payload does not decode", "noted-1"),
+        1,
+        "{out}"
+    );
+    assert_eq!(
+        sink.matching("event set aside before, skipped on replay", "noted-1"),
+        1,
+        "{out}"
+    );
+}

@@ -235,10 +235,13 @@ impl Context {
                     // A payload of the wrong shape (a mistyped `loops send`) must not poison
                     // the run: it is set aside, recorded as a failure for inspection, and the
                     // wait goes on. Its delivery record stays, so a replay skips it the same
-                    // way.
-                    tracing::warn!(event, error_kind = "event decode", error = %logged_text(self.run.log_texts, || e.chain()), "event set aside: its payload does not decode");
+                    // way, said once: when it is set aside, not at every replay (helper-127
+                    // LOW 2: each resume warned again of every event set aside before).
                     if delivered_now {
+                        tracing::warn!(event, error_kind = "event decode", error = %logged_text(self.run.log_texts, || e.chain()), "event set aside: its payload does not decode");
                         self.record_set_aside(&step_name, occurrence, &e).await;
+                    } else {
+                        tracing::debug!(event, "event set aside before, skipped on replay");
                     }
                 }
                 other => return other,
