@@ -1080,3 +1080,79 @@ async fn with_a_manual_clock_short_sleeps_and_back_offs_park_where_a_test_sees_t
     assert!(!store.kinds_of("n").contains(&"Wait"));
     rt.shutdown().await;
 }
+
+#[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
+#[workflow(name = "gate")]
+#[event(open: String)]
+enum Gate {
+    #[initial]
+    #[next(Opened)]
+    Shut,
+    #[terminal]
+    Opened { by: String },
+}
+
+struct Keeper;
+
+impl GateHandler for Keeper {
+    type Error = loops::Error;
+
+    async fn shut(&self, ctx: &Context) -> Result<ShutNext, Self::Error> {
+        let by = ctx.wait_for(Gate::OPEN).await?;
+        Ok(ShutNext::Opened { by })
+    }
+}
+
+/// An event given to the explorer that the run never takes (a misspelt name, one the
+/// workflow does not declare, or one more than it waits for) fails the exploration, naming
+/// it (helper-126 LOW 1: it was ignored, and the exploration passed).
+#[tokio::test]
+async fn the_explorer_refuses_an_event_the_run_never_takes() {
+    let explored = Explorer::new(|| Keeper, Gate::Shut)
+        .event(Gate::OPEN, "ada".to_owned())
+        .run()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(explored.final_state, "Opened");
+
+    let misspelt = Explorer::new(|| Keeper, Gate::Shut)
+        .event("opne", "ada")
+        .run()
+        .await
+        .expect_err("an undeclared event");
+    let ExploreError::Event { event, .. } = &misspelt else {
+        panic!("{misspelt}")
+    };
+    assert_eq!(event, "opne");
+    let text = misspelt.to_string();
+    assert!(
+        text.starts_with(
+            "crash explorer: run `explored`: the event `opne` given to the explorer \
+             (Explorer::event) is never taken: "
+        ) && text.ends_with("; nothing was explored"),
+        "{text}"
+    );
+
+    let one_too_many = Explorer::new(|| Keeper, Gate::Shut)
+        .event(Gate::OPEN, "ada".to_owned())
+        .event(Gate::OPEN, "bo".to_owned())
+        .run()
+        .await
+        .expect_err("an event more than the run waits for");
+    assert_eq!(
+        one_too_many.to_string(),
+        "crash explorer: run `explored`: the event `open` given to the explorer \
+         (Explorer::event) is never taken: the run ended without waiting for it; nothing was \
+         explored"
+    );
+    // A workflow that declares no events takes any name, but not one it never waits for.
+    let never_waits = Explorer::new(|| Careful, Tally::Start)
+        .event("approve", "ada")
+        .run()
+        .await
+        .expect_err("a run that never waits");
+    assert!(
+        matches!(never_waits, ExploreError::Event { .. }),
+        "{never_waits}"
+    );
+}

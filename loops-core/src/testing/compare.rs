@@ -29,6 +29,8 @@ pub(super) struct Ended {
     pub(super) children: Vec<String>,
     /// Its error chain, joined, if it failed.
     pub(super) error: Option<String>,
+    /// The names of the events sent to it, in order.
+    pub(super) sent: Vec<String>,
     /// `(seq, state, payload)` of each transition record.
     pub(super) history: Vec<(u64, String, String)>,
     pub(super) writes: Vec<WriteSeen>,

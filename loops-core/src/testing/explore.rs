@@ -30,6 +30,7 @@ impl std::fmt::Display for Problem {
 use crate::run::dispatch::Dispatch;
 use crate::run::settings::StepRun;
 use crate::runtime::{Runtime, RuntimeBuilder};
+use crate::schema::DeclaredEvents;
 use crate::store::{RedbStore, RunStatus, Store};
 use crate::testing::child::{self, AbortAt, CaseDir, Journal, Role};
 use crate::testing::compare::{
@@ -260,6 +261,7 @@ where
                 message: why.clone(),
             });
         }
+        self.check_events()?;
         let reference = self.case(None).await.map_err(|e| ExploreError::Reference {
             run_id: self.run_id.clone(),
             message: e.to_string(),
@@ -272,6 +274,13 @@ where
             return Err(ExploreError::Reference {
                 run_id: self.run_id.clone(),
                 message: with_children(&reference.children),
+            });
+        }
+        if let Some(event) = self.unsent(&reference.sent) {
+            return Err(ExploreError::Event {
+                run_id: self.run_id.clone(),
+                event: event.to_owned(),
+                why: "the run ended without waiting for it".to_owned(),
             });
         }
         if reference.outcome.status == RunStatus::Failed
@@ -351,6 +360,35 @@ where
                 findings,
             })
         }
+    }
+
+    /// [`ExploreError::Event`] for an event given to the explorer that the workflow does not
+    /// declare, or whose payload cannot be the declared type (a workflow that declares no
+    /// events takes any).
+    fn check_events(&self) -> Result<(), ExploreError> {
+        let declared = DeclaredEvents::from_description(W::SCHEMA);
+        for (event, payload) in &self.events {
+            declared
+                .check(W::SCHEMA, event, payload)
+                .map_err(|refusal| ExploreError::Event {
+                    run_id: self.run_id.clone(),
+                    event: event.clone(),
+                    why: refusal.to_string(),
+                })?;
+        }
+        Ok(())
+    }
+
+    /// The name of an event given to the explorer more often than the run without a crash
+    /// took one of that name (`sent`: the names of the events sent to it), if any.
+    fn unsent(&self, sent: &[String]) -> Option<&str> {
+        self.events
+            .iter()
+            .map(|(name, _)| name.as_str())
+            .find(|name| {
+                let given = self.events.iter().filter(|(n, _)| n == name).count();
+                sent.iter().filter(|n| n == name).count() < given
+            })
     }
 
     /// One case: the run without a crash (`None`), or stopped at `boundary` and resumed;
@@ -602,8 +640,14 @@ where
             .collect::<Vec<_>>();
         let payload = history.last().map(|h| h.2.clone()).unwrap_or_default();
         let children = Store::children(base, &self.run_id).await?;
+        let sent = Store::events(base, &self.run_id)
+            .await?
+            .into_iter()
+            .map(|(_, record, _)| record.name)
+            .collect();
         Ok(Ended {
             children: children.into_iter().map(|c| c.run_id).collect(),
+            sent,
             error: info.error.map(|chain| chain.join(": ")),
             outcome: Outcome {
                 status: info.status,

@@ -151,6 +151,22 @@ pub enum ExploreError {
         /// How many boundaries the run has.
         boundaries: usize,
     },
+    /// An event given with [`Explorer::event`] is none the workflow declares, or its payload
+    /// cannot be the declared type, or the run without a crash ended without taking it: a
+    /// misspelt name or a stale script, which must not pass for an exploration of it.
+    ///
+    /// [`Explorer::event`]: crate::testing::Explorer::event
+    #[error(
+        "crash explorer: run `{run_id}`: the event `{event}` given to the explorer (Explorer::event) is never taken: {why}; nothing was explored"
+    )]
+    Event {
+        /// The explored run.
+        run_id: String,
+        /// The event's name, as given.
+        event: String,
+        /// Why: the workflow's refusal, or that the run never waited for it.
+        why: String,
+    },
     /// The run without a crash, which the others are compared with, could not be run.
     #[error("crash explorer: run `{run_id}` could not be run without a crash: {message}")]
     Reference {
