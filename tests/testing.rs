@@ -306,6 +306,20 @@ async fn a_wait_that_times_out_names_the_run_and_where_it_is() {
         "run `stuck`: workflow `approval` has no state `Publishd` to wait for (its states: \
          Drafted, Asked, Published, Abandoned)"
     );
+    // A run that has ended cannot get there: said at once (helper-128 LOW 2: it waited 10 s).
+    rt.cancel("stuck", "enough").await.unwrap();
+    rt.wait_for_status("stuck", RunStatus::Cancelled)
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let err = rt.wait_for_state("stuck", "Published").await.unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(matches!(err, WaitError::Ended { .. }), "{err}");
+    assert_eq!(
+        err.to_string(),
+        "run `stuck`: waited for state `Published`, and the run has ended without getting \
+         there (status cancelled, state `Drafted`, seq 0)"
+    );
 }
 
 #[tokio::test]

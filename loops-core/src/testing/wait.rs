@@ -27,6 +27,17 @@ pub struct LastSeen {
     pub error: Option<Vec<String>>,
 }
 
+impl LastSeen {
+    fn of(info: RunInfo) -> LastSeen {
+        LastSeen {
+            status: info.status,
+            state: info.state,
+            seq: info.seq,
+            error: info.error,
+        }
+    }
+}
+
 impl std::fmt::Display for LastSeen {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
@@ -62,6 +73,19 @@ pub enum WaitError {
         /// The run as last seen (`None`: the run does not exist).
         last: Option<LastSeen>,
     },
+    /// The run ended (completed or cancelled: it moves no more) without getting there: said
+    /// at once. (A failed run may be retried, and is waited for.)
+    #[error(
+        "run `{run_id}`: waited for {what}, and the run has ended without getting there ({last})"
+    )]
+    Ended {
+        /// The run.
+        run_id: String,
+        /// What the wait waited for, in words.
+        what: String,
+        /// The run as it ended.
+        last: LastSeen,
+    },
     /// The state waited for is none of the run's workflow (a misspelt name): said at once.
     #[error(
         "run `{run_id}`: workflow `{workflow}` has no state `{state}` to wait for (its states: {})",
@@ -96,7 +120,8 @@ impl Runtime {
     ///
     /// # Errors
     /// [`WaitError::TimedOut`] naming the run's last status, state and seq;
-    /// [`WaitError::Store`] if its row cannot be read.
+    /// [`WaitError::Ended`] at once if the run has completed or been cancelled without the
+    /// condition holding; [`WaitError::Store`] if its row cannot be read.
     pub async fn wait_until(
         &self,
         run_id: &str,
@@ -215,22 +240,24 @@ impl Runtime {
                     what: what.to_owned(),
                     source,
                 })?;
-            if let Some(info) = &info
-                && holds(info).await?
-            {
-                return Ok(info.clone());
+            if let Some(info) = &info {
+                if holds(info).await? {
+                    return Ok(info.clone());
+                }
+                if matches!(info.status, RunStatus::Completed | RunStatus::Cancelled) {
+                    return Err(WaitError::Ended {
+                        run_id: run_id.to_owned(),
+                        what: what.to_owned(),
+                        last: LastSeen::of(info.clone()),
+                    });
+                }
             }
             if started.elapsed() >= timeout {
                 return Err(WaitError::TimedOut {
                     run_id: run_id.to_owned(),
                     what: what.to_owned(),
                     waited_ms: crate::clock::duration_ms(started.elapsed()),
-                    last: info.map(|info| LastSeen {
-                        status: info.status,
-                        state: info.state,
-                        seq: info.seq,
-                        error: info.error,
-                    }),
+                    last: info.map(LastSeen::of),
                 });
             }
             tokio::time::sleep(LOOK_EVERY).await;
