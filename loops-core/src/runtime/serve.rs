@@ -137,7 +137,9 @@ impl Runtime {
     /// A run started with [`start`](Self::start) during the drain or after it is recorded as
     /// [`enqueue`](Self::enqueue) records it, for the next process or worker; runs the
     /// program awaits itself ([`run`](Self::run)) are its own to stop. Returns how many runs
-    /// were let go and how many cut. Calls that overlap share one drain: the first grace to
+    /// were let go and how many cut. Await it before the process exits: `serve` returns as
+    /// the drain begins, and a process that exits then cuts the states still running (their
+    /// steps in flight run again elsewhere); docs/postgres.md shows a worker's `main`. Calls that overlap share one drain: the first grace to
     /// end shuts the runtime down for all of them, and each run let go or cut is counted by
     /// one of them.
     pub async fn drain(&self, grace: Duration) -> Drained {
