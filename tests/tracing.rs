@@ -7,6 +7,12 @@ use serde::{Deserialize, Serialize};
 mod logs;
 use logs::captured;
 
+/// `attempts` attempts of a state, 1 ms apart.
+fn quick_retries(attempts: u32) -> RetryPolicy {
+    let ms = std::time::Duration::from_millis(1);
+    RetryPolicy::attempts(attempts).with_delays(ms, ms)
+}
+
 #[derive(Workflow, Serialize, Deserialize, Debug, Clone, PartialEq)]
 #[workflow(name = "traced")]
 enum Traced {
@@ -39,10 +45,7 @@ async fn runs_states_and_steps_are_traced_with_their_fields() {
 
     let dir = tempfile::tempdir().unwrap();
     let rt = Runtime::builder()
-        .retry(RetryPolicy::attempts(2).with_delays(
-            std::time::Duration::from_millis(1),
-            std::time::Duration::from_millis(1),
-        ))
+        .retry(quick_retries(2))
         .open(dir.path().join("s.redb"))
         .unwrap();
     let done = rt
@@ -98,10 +101,7 @@ async fn logged_with_a_codec(
     let sink = captured();
     let dir = tempfile::tempdir().unwrap();
     let mut builder = Runtime::builder()
-        .retry(RetryPolicy::attempts(2).with_delays(
-            std::time::Duration::from_millis(1),
-            std::time::Duration::from_millis(1),
-        ))
+        .retry(quick_retries(2))
         .codec(loops::Keyring::new("k1", [3; 32]).unwrap());
     if let Some(on) = log_payloads {
         builder = builder.log_payloads(on);
@@ -346,10 +346,7 @@ async fn an_event_set_aside_is_warned_of_once_not_at_every_replay() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.redb");
     let rt = Runtime::builder()
-        .retry(RetryPolicy::attempts(3).with_delays(
-            std::time::Duration::from_millis(1),
-            std::time::Duration::from_millis(1),
-        ))
+        .retry(quick_retries(3))
         .open(&path)
         .unwrap();
     rt.redb()

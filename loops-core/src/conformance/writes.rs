@@ -70,14 +70,7 @@ pub(super) fn transition(
 
 /// [`Write::Step`].
 pub(super) fn step(run_id: &str, seq: u64, name: &str, occurrence: u32, record: Vec<u8>) -> Write {
-    Write::Step {
-        run_id: run_id.to_owned(),
-        seq,
-        name: name.to_owned(),
-        occurrence,
-        record,
-        clear_error_at_ms: None,
-    }
+    step_clearing(run_id, seq, (name, occurrence), record, None)
 }
 
 /// [`Write::Step`] of a step whose earlier tries failed, recorded at `at_ms`.
@@ -88,13 +81,24 @@ pub(super) fn step_after_failed_tries(
     record: Vec<u8>,
     at_ms: u64,
 ) -> Write {
+    step_clearing(run_id, seq, (name, occurrence), record, Some(at_ms))
+}
+
+/// [`Write::Step`] with its `clear_error_at_ms`.
+fn step_clearing(
+    run_id: &str,
+    seq: u64,
+    (name, occurrence): (&str, u32),
+    record: Vec<u8>,
+    clear_error_at_ms: Option<u64>,
+) -> Write {
     Write::Step {
         run_id: run_id.to_owned(),
         seq,
         name: name.to_owned(),
         occurrence,
         record,
-        clear_error_at_ms: Some(at_ms),
+        clear_error_at_ms,
     }
 }
 
