@@ -305,6 +305,12 @@ impl Context {
     /// seq (u64) and `n` (u32, from 0), both little-endian; written as 32 hex digits after the
     /// prefix `lk-` (35 characters). It never changes between versions of loops.
     ///
+    /// "Every other run" means every other run id: a run whose id was used before (by a run
+    /// pruned since, or in another store of the same workflow) gets that run's keys, and an
+    /// outside system that honours them answers its side effects with the old run's
+    /// results. Give each new piece of work an id of its own (as an idempotency key is given
+    /// once).
+    ///
     /// # Errors
     /// [`Error::InvalidName`](crate::Error::InvalidName) for an empty name, one longer than [`MAX_NAME_BYTES`](crate::MAX_NAME_BYTES) or with
     /// control characters.
