@@ -156,7 +156,7 @@ pub enum Error {
     },
 
     /// The run exists as another workflow type.
-    #[error("run `{run_id}` is a `{stored}` run, not a `{requested}` run")]
+    #[error("run `{run_id}` is a run of workflow `{stored}`, not of `{requested}`")]
     WorkflowMismatch {
         /// The run.
         run_id: String,
