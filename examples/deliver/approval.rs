@@ -17,6 +17,9 @@ mod serving;
 
 pub use serving::{Through, through_the_serving_process};
 
+/// What `--approve` says when the run was approved already.
+const ADDS_NOTHING: &str = "this --approve adds nothing";
+
 /// The run attribute that says who approves the run's pull request: [`HUMAN`] for a run
 /// created with `--auto-approve=false`, [`AUTO`] otherwise (`loops runs --attr
 /// approval=human` lists the runs left to people).
@@ -124,33 +127,63 @@ impl Gate {
 /// If the run's events cannot be read.
 pub async fn note_approved_already(cli: &Cli, runtime: &Runtime) -> Result<()> {
     let why = if cli.approve {
-        "this --approve adds nothing"
+        ADDS_NOTHING
     } else if cli.auto_approve == Some(false) {
         "--auto-approve=false does not withdraw an approval that was sent"
     } else {
         return Ok(());
     };
-    // An event that is no `Approval` (one that names no one) is no approval: the gate sets
-    // it aside.
     let events = runtime.store().events(&cli.run_id).await?;
-    let Some((seq, by, taken)) = events.into_iter().find_map(|(seq, record, taken)| {
+    let first = first_approval(
+        events
+            .iter()
+            .map(|(seq, record, taken)| (*seq, record, *taken)),
+    );
+    if let Some(first) = first {
+        say_approved_already(&cli.run_id, &first, why);
+    }
+    Ok(())
+}
+
+/// The first approval a run was sent, of its events `(event seq, record, taken)`: an event
+/// that is no `Approval` (one that names no one) is no approval, the gate sets it aside.
+pub fn first_approval<'a>(
+    events: impl IntoIterator<Item = (u64, &'a loops::EventRecord, bool)>,
+) -> Option<SentApproval> {
+    events.into_iter().find_map(|(seq, record, taken)| {
         let approval = (record.name == APPROVAL_EVENT.name())
             .then(|| serde_json::from_str::<Approval>(record.payload.get()).ok())
             .flatten()?;
-        Some((seq, approval.by, taken))
-    }) else {
-        return Ok(());
-    };
-    let where_ = if taken {
+        Some(SentApproval {
+            seq,
+            by: approval.by,
+            taken,
+        })
+    })
+}
+
+/// An approval a run was sent ([`first_approval`]).
+pub struct SentApproval {
+    /// Its event seq.
+    pub seq: u64,
+    /// Who it names.
+    pub by: String,
+    /// Whether the approval gate took it.
+    pub taken: bool,
+}
+
+/// Says that run `run_id` was sent `first` already, and `why` this command adds nothing.
+pub fn say_approved_already(run_id: &str, first: &SentApproval, why: &str) {
+    let where_ = if first.taken {
         "taken at the approval gate"
     } else {
         "waiting in its inbox for the approval gate"
     };
     say!(
-        "note: run {} was approved already, by {by} (event {seq}, {where_}): {why}",
-        cli.run_id
+        "note: run {run_id} was approved already, by {} (event {}, {where_}): {why}",
+        first.by,
+        first.seq
     );
-    Ok(())
 }
 
 /// The directory, in a work directory, that keeps what `--auto-approve=false` asked of its

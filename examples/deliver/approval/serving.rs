@@ -10,7 +10,7 @@ use anyhow::{Result, bail};
 use loops::control::{Client, ControlError, ErrorKind, socket_path};
 use loops::{Payloads, RunInfo, RunStatus, TransitionRecord};
 
-use super::approver_name;
+use super::{ADDS_NOTHING, approver_name, first_approval, say_approved_already};
 use crate::Cli;
 use crate::hints::this_command_again;
 use crate::versions;
@@ -120,11 +120,30 @@ pub async fn through_the_serving_process(cli: &Cli, store: &Path) -> Result<Thro
             store.display()
         ))
     })?;
+    // Another approval sent before (`loops send`, without this command's key) decides the
+    // run: said as when this command approves through the store itself.
+    let earlier = match client.events(run_id).await {
+        Ok(events) => first_approval(
+            (events.iter())
+                .map(|e| (e.event_seq, &e.record, e.delivered))
+                .filter(|(seq, _, _)| *seq < sent.event_seq),
+        ),
+        // Unread (the process going away): the lines below say what was sent.
+        Err(_) => None,
+    };
     let sent_as = if sent.duplicate {
         format!(
             "run {run_id} was sent an approval already (event {}), which the `deliver` \
              serving the store takes once",
             sent.event_seq
+        )
+    } else if let Some(earlier) = &earlier {
+        say_approved_already(run_id, earlier, ADDS_NOTHING);
+        format!(
+            "sent run {run_id} this approval too (event {}), through the control endpoint {} of \
+             the `deliver` serving the store (the first approval decides)",
+            sent.event_seq,
+            socket_path(store).display()
         )
     } else {
         format!(

@@ -121,21 +121,9 @@ fn the_cli_sees_steers_and_inspects_a_run_of_the_example() {
     assert!(!bad.status.success());
     assert_eq!(String::from_utf8_lossy(&bad.stderr).lines().count(), 1);
     // An approval that names no one is taken from the inbox and refused by the run.
-    let blank = loops(
-        &store,
-        &["send", "deliver-1", "approve", "--json", r#"{"by":" "}"#],
-    );
+    let blank = send_approval(&store, r#"{"by":" "}"#);
     assert!(blank.status.success(), "{}", describe(&blank));
-    let sent = loops(
-        &store,
-        &[
-            "send",
-            "deliver-1",
-            "approve",
-            "--json",
-            r#"{"by":"cli-user"}"#,
-        ],
-    );
+    let sent = send_approval(&store, r#"{"by":"cli-user"}"#);
     assert!(sent.status.success(), "{}", describe(&sent));
 
     // The run sets the blank one aside (its type refuses it), with a warning, and takes the
@@ -332,10 +320,7 @@ fn the_cli_approves_a_run_while_the_example_serves_it() {
 
     // An approval that names no one: the serving process, which knows the event's type,
     // refuses it at the send (exit 2, nothing written).
-    let blank = loops(
-        &store,
-        &["send", "deliver-1", "approve", "--json", r#"{"by":""}"#],
-    );
+    let blank = send_approval(&store, r#"{"by":""}"#);
     assert_eq!(blank.status.code(), Some(2), "{}", describe(&blank));
     assert_eq!(
         String::from_utf8_lossy(&blank.stderr),
@@ -344,16 +329,7 @@ fn the_cli_approves_a_run_while_the_example_serves_it() {
          is blank) is refused\n"
     );
 
-    let sent = loops(
-        &store,
-        &[
-            "send",
-            "deliver-1",
-            "approve",
-            "--json",
-            r#"{"by":"alice"}"#,
-        ],
-    );
+    let sent = send_approval(&store, r#"{"by":"alice"}"#);
     assert!(sent.status.success(), "{}", describe(&sent));
     assert!(
         String::from_utf8_lossy(&sent.stdout).starts_with("sent event `approve` to run deliver-1"),
@@ -394,10 +370,7 @@ fn the_cli_approves_a_run_while_the_example_serves_it() {
 fn deliver_approve_after_approvals_set_aside_approves() {
     let (_dir, workdir, store) = copy_of(parked_at_the_gate());
     let workdir = &workdir;
-    let blank = loops(
-        &store,
-        &["send", "deliver-1", "approve", "--json", r#"{"by":""}"#],
-    );
+    let blank = send_approval(&store, r#"{"by":""}"#);
     assert!(blank.status.success(), "{}", describe(&blank));
     // The gate sets it aside and waits on.
     let waits = deliver(workdir, &[]);
@@ -539,6 +512,60 @@ fn deliver_approve_looks_again_for_the_endpoint_of_the_process_that_holds_the_st
     let approvals = approvals(&store, "deliver-1");
     assert_eq!(approvals.len(), 1, "{approvals:?}");
     assert_eq!(approvals[0]["payload"], serde_json::json!({"by": "dora"}));
+}
+
+/// `deliver --approve` through the control endpoint of a run another approval decided
+/// already (`loops send`, without this command's key) says so, as it does when it approves
+/// through the store itself, and does not claim the approval (helper-130: it said "approved
+/// run deliver-1 as carol" while alice's approval was the one the run took).
+#[test]
+fn deliver_approve_through_the_endpoint_of_a_run_approved_already_says_so() {
+    let (_dir, workdir, store) = copy_of(parked_at_the_gate());
+    let alice = send_approval(&store, r#"{"by":"alice"}"#);
+    assert!(alice.status.success(), "{}", describe(&alice));
+    let approved = held_and_served_after(&store, std::time::Duration::ZERO, {
+        let workdir = workdir.clone();
+        move || {
+            deliver_in(&workdir)
+                .arg("--approve")
+                .env("USER", "carol")
+                .output()
+                .expect("run deliver --approve")
+        }
+    });
+    assert!(approved.status.success(), "{}", describe(&approved));
+    assert_eq!(
+        String::from_utf8_lossy(&approved.stdout),
+        format!(
+            "note: run deliver-1 was approved already, by alice (event 1, waiting in its inbox \
+             for the approval gate): this --approve adds nothing\n\
+             sent run deliver-1 this approval too (event 2), through the control endpoint \
+             {}.sock of the `deliver` serving the store (the first approval decides); run \
+             deliver-1 takes it when `deliver --run-id deliver-1` drives it, once the serving \
+             process has ended (that process drives another run)\n",
+            store.display()
+        )
+    );
+    let done = deliver(&workdir, &[]);
+    let stdout = String::from_utf8_lossy(&done.stdout);
+    assert!(
+        stdout.contains("  approved by alice\n")
+            && stdout.contains("pull request: forge://demo/pulls/1"),
+        "{}",
+        describe(&done)
+    );
+    let approvals = approvals(&store, "deliver-1");
+    let taken: Vec<(Value, Value)> = approvals
+        .iter()
+        .map(|a| (a["payload"]["by"].clone(), a["delivered"].clone()))
+        .collect();
+    assert_eq!(
+        taken,
+        [
+            ("alice".into(), true.into()),
+            ("carol".into(), false.into())
+        ]
+    );
 }
 
 /// `deliver --approve` of a run that the process serving the store does not record within
@@ -1060,6 +1087,11 @@ fn signal(signal: &str, pid: u32) {
         .status()
         .expect("run kill");
     assert!(sent.success(), "kill -{signal} {pid}");
+}
+
+/// `loops send deliver-1 approve --json JSON` to the store `store` (or the process serving it).
+fn send_approval(store: &Path, json: &str) -> Output {
+    loops(store, &["send", "deliver-1", "approve", "--json", json])
 }
 
 /// The `approve` events of `run`'s history, as `loops history --json` shows them.
