@@ -70,6 +70,12 @@ pub fn __set_clock_offset_ms(offset_ms: i64) {
     CLOCK_OFFSET_MS.store(offset_ms, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// A random key nonce ([`RunInfo::key_nonce`](crate::RunInfo::key_nonce)): it must differ
+/// between runs, not be unguessable (see loops-core's README for the generator).
+pub(crate) fn random_key_nonce() -> u64 {
+    fastrand::u64(..)
+}
+
 /// Where a runtime reads the time: the system clock (the default) or a [`ManualClock`].
 /// Chosen with [`RuntimeBuilder::clock`](crate::RuntimeBuilder::clock). Cheap to clone.
 #[derive(Clone, Debug, Default)]
@@ -91,6 +97,25 @@ impl Clock {
     /// Whether this is a [`ManualClock`].
     pub(crate) fn is_manual(&self) -> bool {
         matches!(self.0, Source::Manual(_))
+    }
+
+    /// The key nonce ([`RunInfo::key_nonce`](crate::RunInfo::key_nonce)) of run `run_id`
+    /// created at `now_ms` by this clock: random by the system clock; by a [`ManualClock`],
+    /// a hash of the run id and `now_ms`, so that a test creating the same run at the same
+    /// time gets the same idempotency keys each time it runs (the crash explorer compares
+    /// two runs without a crash; a test may check a fake service's keys). The manual clock is
+    /// the seam a test controls the runtime's chance through, as its time.
+    pub(crate) fn key_nonce(&self, run_id: &str, now_ms: u64) -> u64 {
+        match &self.0 {
+            Source::System => random_key_nonce(),
+            Source::Manual(_) => {
+                let mut material = Vec::with_capacity(16 + run_id.len());
+                material.extend_from_slice(&(run_id.len() as u64).to_le_bytes());
+                material.extend_from_slice(run_id.as_bytes());
+                material.extend_from_slice(&now_ms.to_le_bytes());
+                xxhash_rust::xxh3::xxh3_64(&material)
+            }
+        }
     }
 
     /// Milliseconds since the Unix epoch by this clock.

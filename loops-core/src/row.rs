@@ -84,6 +84,14 @@ pub struct RunInfo {
     /// cancellation does to this one; `None` for a run started otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<ParentLink>,
+    /// A random number chosen when the run was created (by a runtime with a
+    /// [`ManualClock`](crate::ManualClock): a hash of its id and creation time), mixed into
+    /// its idempotency keys ([`Context::idempotency_key`](crate::Context::idempotency_key))
+    /// so that a later run under the same id (after a prune, or in another store) gets keys
+    /// of its own; never changed afterwards. `None` for a run created by a build of loops before it: that run's
+    /// keys stay what they were.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_nonce: Option<u64>,
 }
 
 /// A child run's link to its parent: stored in the child's row ([`RunInfo::parent`]) when the
@@ -118,7 +126,7 @@ impl OnParentCancel {
 impl RunInfo {
     /// The row of a run created in `state` at `now_ms` (ms since the Unix epoch): seq 0,
     /// attempt 1, `Completed` if `state` is terminal, else `Running`; the workflow's name and
-    /// pinned schema hash.
+    /// pinned schema hash; a random [key nonce](Self::key_nonce).
     pub fn new_run<W: Workflow>(run_id: &str, state: W::State, now_ms: u64) -> RunInfo {
         RunInfo {
             run_id: run_id.to_owned(),
@@ -143,6 +151,7 @@ impl RunInfo {
             block: None,
             entered: None,
             parent: None,
+            key_nonce: Some(crate::clock::random_key_nonce()),
         }
     }
 

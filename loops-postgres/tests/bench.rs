@@ -145,6 +145,7 @@ fn info(run_id: &str) -> RunInfo {
         block: None,
         entered: None,
         parent: None,
+        key_nonce: None,
     }
 }
 

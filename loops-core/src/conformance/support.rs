@@ -35,6 +35,9 @@ pub(super) fn info(run_id: &str) -> RunInfo {
         block: None,
         entered: None,
         parent: None,
+        // Above 2^53, where a JSON number read as a float would lose it: every write must
+        // keep it as it is.
+        key_nonce: Some(0xfedc_ba98_7654_3210),
     }
 }
 

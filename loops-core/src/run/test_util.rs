@@ -30,6 +30,7 @@ pub fn __for_tests(run_id: impl Into<String>, seq: u64, attempt: u32) -> Context
         clock: LeaseClock::none(&run_id),
         run_id,
         workflow: "test",
+        key_nonce: None,
         schema: "",
         store: Arc::new(store),
         cancel: CancellationToken::new(),

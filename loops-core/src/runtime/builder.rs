@@ -161,6 +161,10 @@ impl RuntimeBuilder {
     /// unless [`park_threshold`](Self::park_threshold) says otherwise: a test then sees
     /// what the run waits for, and until when (`wait_for_status(run, RunStatus::Waiting)`),
     /// before it advances the clock. A sleep in place shows nothing: its run stays running.
+    ///
+    /// A run created by a runtime with a manual clock gets a key nonce
+    /// ([`RunInfo::key_nonce`](crate::RunInfo::key_nonce)) hashed from its id and creation
+    /// time, not a random one: the same idempotency keys on every run of a test.
     pub fn clock(mut self, clock: impl Into<Clock>) -> Self {
         self.config.settings.clock = clock.into();
         self

@@ -373,8 +373,13 @@ impl Runtime {
     ) -> Result<RunInfo> {
         crate::names::validate_run_id(run_id)?;
         let max = self.inner.config.settings.max_payload_bytes;
-        let (info, record) =
-            crate::run::driver::first_record(run_id, &initial, self.now_ms(), max, false)?;
+        let (info, record) = crate::run::driver::first_record(
+            run_id,
+            &initial,
+            &self.inner.config.settings.clock,
+            max,
+            false,
+        )?;
         let state = record.state.clone();
         let found = |info: RunInfo| {
             check_workflow::<W>(&info)?;

@@ -24,6 +24,7 @@ pub(super) fn row(run_id: &str, status: RunStatus, seq: u64) -> RunInfo {
         block: None,
         entered: None,
         parent: None,
+        key_nonce: None,
     }
 }
 

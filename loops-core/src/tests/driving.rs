@@ -353,6 +353,8 @@ async fn a_seeded_run_is_stored_and_resumes_like_a_run_built_by_the_runtime() {
         info.run_id.clear();
         info.created_ms = 0;
         info.updated_ms = 0;
+        // Random, different for each run: that there is one is compared.
+        info.key_nonce = info.key_nonce.map(|_| 0);
         info
     };
     assert_eq!(row_but_times("whole"), row_but_times("built"));
@@ -599,9 +601,125 @@ async fn a_background_run_whose_handler_always_panics_ends_failed() {
     assert_eq!((info.status, info.attempt), (RunStatus::Failed, 2));
 }
 
+/// Creates run `run_id` of [`Job`] in its initial state as a build of loops before key
+/// nonces did: its row has none ([`RunInfo::key_nonce`]).
+async fn create_without_key_nonce(path: &std::path::Path, run_id: &str) {
+    let store = RedbStore::open(path).unwrap();
+    let lease = store.acquire_now(run_id).unwrap();
+    let (mut info, record) = crate::run::driver::first_record(
+        run_id,
+        &Job::Start { n: 0 },
+        &Clock::system(),
+        crate::run::settings::DEFAULT_MAX_PAYLOAD_BYTES,
+        false,
+    )
+    .unwrap();
+    assert!(info.key_nonce.is_some(), "a new run's row has a nonce");
+    info.key_nonce = None;
+    let create = crate::store::Write::Create {
+        info,
+        record: record.to_bytes(),
+        schema_text: Job::SCHEMA,
+        attributes: Vec::new(),
+    };
+    store.write(Some(&lease), create).await.unwrap();
+}
+
+/// The key of a run of [`Job`] as `Context::idempotency_key` documents it.
+fn documented_key(run_id: &str, name: &str, seq: u64, n: u32, nonce: Option<u64>) -> String {
+    let mut material = Vec::new();
+    for part in [Job::NAME, run_id, name] {
+        material.extend_from_slice(&(part.len() as u64).to_le_bytes());
+        material.extend_from_slice(part.as_bytes());
+    }
+    material.extend_from_slice(&seq.to_le_bytes());
+    material.extend_from_slice(&n.to_le_bytes());
+    if let Some(nonce) = nonce {
+        material.extend_from_slice(&nonce.to_le_bytes());
+    }
+    format!("lk-{:032x}", xxhash_rust::xxh3::xxh3_128(&material))
+}
+
+#[tokio::test]
+async fn a_run_under_an_id_used_before_gets_keys_of_its_own() {
+    let (_dir, path) = temp_store();
+    let rt = Runtime::builder().retry(fast_retry(1)).open(&path).unwrap();
+    let keys = Mutex::new(Vec::new());
+    let probe = KeyProbe(&keys);
+    rt.run("r", Job::Start { n: 0 }, &probe).await.unwrap_err();
+    let first = rt.run_info("r").await.unwrap().unwrap().key_nonce.unwrap();
+    // A failed run's keys, once more after the runtime is opened again: its nonce is stored.
+    drop(rt);
+    let rt = Runtime::builder().retry(fast_retry(1)).open(&path).unwrap();
+    rt.retry("r").await.unwrap();
+    rt.run("r", Job::Start { n: 0 }, &probe).await.unwrap_err();
+    let expected: Vec<String> = [("push", 0), ("push", 1), ("pr", 0)]
+        .map(|(name, n)| documented_key("r", name, 0, n, Some(first)))
+        .into();
+    assert_eq!(
+        keys.lock().unwrap()[..],
+        [&expected[..], &expected[..]].concat()
+    );
+    // Pruned, and started again under the same id: a new nonce, new keys.
+    let policy = RetentionPolicy::older_than(Duration::ZERO);
+    assert_eq!(rt.prune_with(&policy, false).await.unwrap().runs, 1);
+    rt.run("r", Job::Start { n: 0 }, &probe).await.unwrap_err();
+    let second = rt.run_info("r").await.unwrap().unwrap().key_nonce.unwrap();
+    assert_ne!(first, second);
+    let again = keys.lock().unwrap()[6..].to_vec();
+    assert_eq!(again.len(), 3);
+    assert!(again.iter().all(|k| !expected.contains(k)), "{again:?}");
+    assert_eq!(again[0], documented_key("r", "push", 0, 0, Some(second)));
+    // The same id in another store: keys of its own too.
+    let (_other_dir, other) = temp_store();
+    let rt = Runtime::builder()
+        .retry(fast_retry(1))
+        .open(&other)
+        .unwrap();
+    rt.run("r", Job::Start { n: 0 }, &probe).await.unwrap_err();
+    let third = &keys.lock().unwrap()[9];
+    assert!(
+        !expected.contains(third) && !again.contains(third),
+        "{third}"
+    );
+}
+
+/// With a manual clock, a run's keys are the same each time a test creates it at the same
+/// time (in a store of its own): the crash explorer compares two runs without a crash, and
+/// a test may check what a fake service was sent. Another time or id: other keys.
+#[tokio::test]
+async fn with_a_manual_clock_a_run_created_at_the_same_time_gets_the_same_keys() {
+    let keys_of = async |run_id: &str, start_s: u64| {
+        let (_dir, path) = temp_store();
+        let clock = ManualClock::new(std::time::UNIX_EPOCH + Duration::from_secs(start_s));
+        let rt = Runtime::builder()
+            .clock(clock)
+            .retry(fast_retry(1))
+            .open(&path)
+            .unwrap();
+        let keys = Mutex::new(Vec::new());
+        rt.run(run_id, Job::Start { n: 0 }, &KeyProbe(&keys))
+            .await
+            .unwrap_err();
+        let nonce = rt.run_info(run_id).await.unwrap().unwrap().key_nonce;
+        let keys = keys.into_inner().unwrap();
+        assert_eq!(keys[0], documented_key(run_id, "push", 0, 0, nonce));
+        (nonce.unwrap(), keys)
+    };
+    let (nonce, keys) = keys_of("r", 1_000).await;
+    assert_eq!(keys_of("r", 1_000).await, (nonce, keys.clone()));
+    let later = keys_of("r", 1_001).await;
+    let other = keys_of("r2", 1_000).await;
+    assert!(later.0 != nonce && other.0 != nonce && later.0 != other.0);
+    assert!(!keys.contains(&later.1[0]) && !keys.contains(&other.1[0]));
+}
+
 #[tokio::test]
 async fn a_keyed_step_gets_the_same_key_on_every_execution() {
     let (_dir, path) = temp_store();
+    // Created without a key nonce, as every run was before them: its keys are the ones it
+    // always had.
+    create_without_key_nonce(&path, "r").await;
     let rt = Runtime::builder().retry(fast_retry(2)).open(&path).unwrap();
     let probe = KeyedProbe::default();
     rt.run("r", Job::Start { n: 0 }, &probe).await.unwrap_err();
@@ -618,6 +736,7 @@ async fn a_keyed_step_gets_the_same_key_on_every_execution() {
     assert_eq!((plain0, plain1), (k0, k1));
     assert!(k0.starts_with("lk-") && k0.len() == 35);
     // Keys never change between versions of loops: outside systems hold them.
+    assert_eq!(documented_key("r", "push", 0, 0, None), *k0);
     assert_eq!(
         (k0.as_str(), k1.as_str()),
         (

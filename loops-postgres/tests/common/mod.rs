@@ -125,5 +125,6 @@ pub fn new_row(run_id: &str, workflow: &str) -> loops::RunInfo {
         block: None,
         entered: None,
         parent: None,
+        key_nonce: Some(7),
     }
 }

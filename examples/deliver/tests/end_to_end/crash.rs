@@ -3,8 +3,9 @@
 //! 1. A reference run, never killed (made once per test process: `common::reference`).
 //! 2. For every transition k: a run held at the entry of seq k (the `LOOPS_DELIVER_HOLD_AT_SEQ`
 //!    hook) and killed there, then run again until it exits 0. Its history, pull request and
-//!    commits must equal the reference's; seq k's handler must have been entered exactly
-//!    twice and every other state's once.
+//!    commits must equal the reference's (but for the commit ids and idempotency keys, which
+//!    hold each run's random key nonce: [`Names`]); seq k's handler must have been entered
+//!    exactly twice and every other state's once.
 //! 3. Random kills: the same equalities after 8 kills at random moments (in as many runs as
 //!    it takes). The seed is printed; `LOOPS_DELIVER_KILL_SEED=<seed>` replays the same
 //!    sequence of kill moments (relative to the reference run's duration).
@@ -129,13 +130,67 @@ type History = Vec<(u64, String, String)>;
 /// An event as (name, idempotency key, delivered).
 type EventSeen = (String, Option<String>, bool);
 
+/// The commit ids (40 hex digits, or 7 or more of a commit named already) and idempotency
+/// keys (`lk-` and 32) of one run's outcome, named by their order of first appearance
+/// (`<commit 0>`, `<key 1>`, ...). Each run gets a
+/// random key nonce, so a run of the reference's id in another work directory gets other keys,
+/// and other commit ids (a commit's message carries its key): its outcome is the reference's
+/// when it names the same commits and keys in the same places.
+#[derive(Default)]
+struct Names(std::collections::HashMap<String, String>);
+
+impl Names {
+    /// `text` with its commit ids and keys named.
+    fn named(&mut self, text: &str) -> String {
+        let is_hex = |b: &u8| b.is_ascii_digit() || (b'a'..=b'f').contains(b);
+        let bytes = text.as_bytes();
+        let mut out = String::with_capacity(text.len());
+        let mut at = 0;
+        while at < bytes.len() {
+            let key = text[at..].starts_with("lk-");
+            let digits = at + if key { 3 } else { 0 };
+            let hex = bytes[digits..].iter().take_while(|b| is_hex(b)).count();
+            let starts = at == 0 || !bytes[at - 1].is_ascii_alphanumeric();
+            let ends = bytes
+                .get(digits + hex)
+                .is_none_or(|b| !b.is_ascii_alphanumeric());
+            // An abbreviated commit id (`git log --oneline`'s) of a commit named already.
+            let short = (starts && ends && !key && (7..40).contains(&hex))
+                .then(|| {
+                    let prefix = &text[at..at + hex];
+                    (self.0.iter())
+                        .find(|(id, _)| id.len() == 40 && id.starts_with(prefix))
+                        .map(|(_, name)| name.clone())
+                })
+                .flatten();
+            if let Some(name) = short {
+                out.push_str(&name);
+                at += hex;
+            } else if starts && ends && hex == if key { 32 } else { 40 } {
+                let n = self.0.len();
+                let kind = if key { "key" } else { "commit" };
+                let name = (self.0.entry(text[at..digits + hex].to_owned()))
+                    .or_insert_with(|| format!("<{kind} {n}>"));
+                out.push_str(name);
+                at = digits + hex;
+            } else {
+                let c = text[at..].chars().next().expect("in the text");
+                out.push(c);
+                at += c.len_utf8();
+            }
+        }
+        out
+    }
+}
+
 fn outcome(workdir: &Path) -> Outcome {
+    let mut names = Names::default();
     let store = loops::RedbStore::open(workdir.join("deliver.redb")).expect("open the store");
     let history = store
         .history(RUN_ID)
         .expect("read the history")
         .into_iter()
-        .map(|r| (r.seq, r.state.clone(), r.payload.get().to_owned()))
+        .map(|r| (r.seq, r.state.clone(), names.named(r.payload.get())))
         .collect();
     let info = store.run(RUN_ID).expect("read the run").expect("the run");
     let children = store
@@ -147,7 +202,7 @@ fn outcome(workdir: &Path) -> Outcome {
                 .history(&child.run_id)
                 .expect("read a child's history")
                 .into_iter()
-                .map(|r| (r.seq, r.state.clone(), r.payload.get().to_owned()))
+                .map(|r| (r.seq, r.state.clone(), names.named(r.payload.get())))
                 .collect();
             (child.run_id, child.status, history)
         })
@@ -171,7 +226,7 @@ fn outcome(workdir: &Path) -> Outcome {
         if !is_pull {
             continue;
         }
-        let text = std::fs::read_to_string(&path).expect("read pull request");
+        let text = names.named(&std::fs::read_to_string(&path).expect("read pull request"));
         let pull: serde_json::Value = serde_json::from_str(&text)
             .unwrap_or_else(|e| panic!("{} is not a pull request: {e}", path.display()));
         pulls.push(pull);
@@ -179,7 +234,7 @@ fn outcome(workdir: &Path) -> Outcome {
     Outcome {
         history,
         status: (info.status, info.state),
-        commits: commits.lines().map(str::to_owned).collect(),
+        commits: commits.lines().map(|id| names.named(id)).collect(),
         pulls,
         children,
     }
@@ -525,9 +580,14 @@ fn git_and_rustc_killed_from_outside_are_run_again_and_cost_no_attempt() {
             ))
             .count()
     };
+    // The commit pushed: the branch's head (its id holds the run's idempotency key, which
+    // holds the run's random key nonce).
+    let remote = workdir.join("remote.git");
+    let head = git(&remote, &["rev-parse", &format!("refs/heads/{BRANCH}")]);
     let push = format!(
-        "git push --quiet {} 504ec5bd1fc579aeecb5d9a689dd16a89c9a65c0:refs/heads/{BRANCH}",
-        workdir.join("remote.git").display()
+        "git push --quiet {} {}:refs/heads/{BRANCH}",
+        remote.display(),
+        head.trim()
     );
     assert_eq!(
         (

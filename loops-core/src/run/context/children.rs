@@ -251,14 +251,13 @@ impl Context {
                 reason,
             })?;
         }
-        let now = self.run.time.now_ms();
         // No attempt of the child has begun: the driver that takes it begins attempt 1
         // (`Write::BeginAttempt`). With attempt 1 here, that driver took the child for a
         // run whose first attempt was interrupted, and recorded a failure that never was.
         let (mut info, record) = crate::run::driver::first_record(
             child_id,
             &initial,
-            now,
+            &self.run.time,
             self.run.max_payload_bytes,
             false,
         )?;

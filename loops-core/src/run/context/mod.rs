@@ -46,6 +46,9 @@ pub struct Context {
 pub(crate) struct RunScope {
     pub(crate) run_id: String,
     pub(crate) workflow: &'static str,
+    /// The run's key nonce ([`RunInfo::key_nonce`](crate::RunInfo::key_nonce)), mixed into
+    /// its idempotency keys.
+    pub(crate) key_nonce: Option<u64>,
     /// The workflow's schema description (`Workflow::SCHEMA`): the events a wait by a plain
     /// name is checked against.
     pub(crate) schema: &'static str,
@@ -300,16 +303,22 @@ impl Context {
     /// refuse a repeat: that closes the window between a side effect and its step record.
     /// [`step_keyed`](Self::step_keyed) hands a step its key, which ties the two together.
     /// The `n`-th call with the same `name` in one execution gets the `n`-th key, so call it
-    /// in a fixed order. The key is the XXH3-128 hash of the workflow name, the run id and
-    /// `name` (each prefixed by its length in bytes, as a little-endian u64), then the state's
-    /// seq (u64) and `n` (u32, from 0), both little-endian; written as 32 hex digits after the
-    /// prefix `lk-` (35 characters). It never changes between versions of loops.
+    /// in a fixed order.
     ///
-    /// "Every other run" means every other run id: a run whose id was used before (by a run
-    /// pruned since, or in another store of the same workflow) gets that run's keys, and an
-    /// outside system that honours them answers its side effects with the old run's
-    /// results. Give each new piece of work an id of its own (as an idempotency key is given
-    /// once).
+    /// "Every other run" includes a run whose id was used before (by a run pruned since, or
+    /// in another store): each run gets a random key nonce when it is created
+    /// ([`RunInfo::key_nonce`](crate::RunInfo::key_nonce); with a
+    /// [`ManualClock`](crate::ManualClock), one hashed from its id and creation time, the same
+    /// on every run of a test), kept in its row, so an outside
+    /// system that honours the old run's keys does not answer the new run's side effects
+    /// with the old results.
+    ///
+    /// The key is the XXH3-128 hash of the workflow name, the run id and `name` (each
+    /// prefixed by its length in bytes, as a little-endian u64), then the state's seq (u64),
+    /// `n` (u32, from 0) and the run's key nonce (u64), all little-endian; written as 32 hex
+    /// digits after the prefix `lk-` (35 characters). A run created before key nonces (its
+    /// row has none) hashes the same without the nonce, as it always did: a run's keys never
+    /// change between versions of loops.
     ///
     /// # Errors
     /// [`Error::InvalidName`](crate::Error::InvalidName) for an empty name, one longer than [`MAX_NAME_BYTES`](crate::MAX_NAME_BYTES) or with
@@ -339,6 +348,9 @@ impl Context {
         }
         material.extend_from_slice(&self.seq.to_le_bytes());
         material.extend_from_slice(&n.to_le_bytes());
+        if let Some(nonce) = self.run.key_nonce {
+            material.extend_from_slice(&nonce.to_le_bytes());
+        }
         format!("lk-{:032x}", xxhash_rust::xxh3::xxh3_128(&material))
     }
 

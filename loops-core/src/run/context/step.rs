@@ -180,9 +180,9 @@ impl Context {
 
     /// As [`step_with`](Self::step_with), and `f` gets the idempotency key of this step: the
     /// same on every execution of the handler (every retry, every resume) and every try,
-    /// different for every other run id, state visit, name and occurrence (a run id used
-    /// again, after a prune or in another store, gets the same keys: see
-    /// [`idempotency_key`](Self::idempotency_key)). Pass it to the
+    /// different for every other run (a run under an id used before too: see
+    /// [`idempotency_key`](Self::idempotency_key)), state visit, name and occurrence. Pass it
+    /// to the
     /// outside system so that it refuses a repeat of a side effect whose record a crash
     /// prevented. The key is borrowed from the context, so the future may borrow it too:
     /// `ctx.step_keyed("pr", |key| forge.open(key))` compiles with `open(&self, key: &str)`.

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use tracing::Instrument;
 
+use crate::clock::Clock;
 use crate::error::{Error, Result};
 use crate::names::validate_run_id;
 use crate::record::{StepRecord, TransitionRecord};
@@ -253,7 +254,7 @@ impl Drive<'_> {
         validate_run_id(run_id)?;
         let store = &**self.store;
         let max = self.settings.max_payload_bytes;
-        let (info, record) = first_record(run_id, &initial, self.now(), max, true)?;
+        let (info, record) = first_record(run_id, &initial, &self.settings.clock, max, true)?;
         store
             .write(
                 Some(&self.held.lease),
@@ -296,6 +297,7 @@ impl Drive<'_> {
         let scope = Arc::new(RunScope {
             run_id: run_id.to_owned(),
             workflow: W::NAME,
+            key_nonce: entered.info.key_nonce,
             schema: W::SCHEMA,
             store: Arc::clone(self.store),
             lease: self.held.lease.clone(),
@@ -518,8 +520,8 @@ fn current<W: Workflow>(
     }
 }
 
-/// The row and first record of the run `run_id` in `initial`, created at `now_ms` (ms since
-/// the Unix epoch): the one creation of a run, for a driver's ([`Drive::create`]), a child's
+/// The row and first record of the run `run_id` in `initial`, created now by `clock`, with
+/// the key nonce `clock` chooses ([`Clock::key_nonce`]): the one creation of a run, for a driver's ([`Drive::create`]), a child's
 /// and a queued one's ([`Runtime::enqueue`](crate::Runtime::enqueue)). `begun`: whether the
 /// commit that creates it begins its first attempt (a driver that goes on to handle the
 /// state), or leaves it not begun (attempt 0) for whichever driver takes the run, which then
@@ -532,10 +534,11 @@ fn current<W: Workflow>(
 pub(crate) fn first_record<W: Workflow>(
     run_id: &str,
     initial: &W,
-    now_ms: u64,
+    clock: &Clock,
     max_payload_bytes: usize,
     begun: bool,
 ) -> Result<(RunInfo, TransitionRecord)> {
+    let now_ms = clock.now_ms();
     let given = initial.state();
     if given != <W::State as StateId>::INITIAL {
         return Err(Error::NotInitial {
@@ -549,6 +552,7 @@ pub(crate) fn first_record<W: Workflow>(
     let (record, _) = TransitionRecord::encode_read_back(run_id, 0, initial, now_ms)?;
     crate::run::settings::check_size(run_id, &record, max_payload_bytes)?;
     let mut info = RunInfo::new_run::<W>(run_id, given, now_ms);
+    info.key_nonce = Some(clock.key_nonce(run_id, now_ms));
     if !begun {
         info.attempt = 0;
     }

@@ -28,6 +28,7 @@
 //! | 4 + strs | if `HAS_ERROR`: the error chain (count, then each) |
 //! | block | if `HAS_BLOCK`: reason (str), changes (count, strs), schema (8), at (8), status to resume (1) |
 //! | parent | if `HAS_PARENT`: the parent's run id (str), what its cancellation does (1: 0 cancel, 1 abandon) |
+//! | 8     | if `HAS_KEY_NONCE`: the run's key nonce ([`RunInfo::key_nonce`]) |
 //!
 //! The fields [`readiness`] needs (status, schema, the wait, whether a cancellation was
 //! asked) are read without allocating.
@@ -53,7 +54,8 @@ const HAS_CANCEL: u16 = 1 << 5;
 const HAS_ERROR: u16 = 1 << 6;
 const HAS_BLOCK: u16 = 1 << 7;
 const HAS_PARENT: u16 = 1 << 8;
-const ALL: u16 = (1 << 9) - 1;
+const HAS_KEY_NONCE: u16 = 1 << 9;
+const ALL: u16 = (1 << 10) - 1;
 
 /// The stored row of a run: `head`, then `info` encoded.
 pub(crate) fn encode(head: Head, info: &RunInfo) -> Vec<u8> {
@@ -79,6 +81,7 @@ pub(crate) fn encode(head: Head, info: &RunInfo) -> Vec<u8> {
         (info.error.is_some(), HAS_ERROR),
         (info.block.is_some(), HAS_BLOCK),
         (info.parent.is_some(), HAS_PARENT),
+        (info.key_nonce.is_some(), HAS_KEY_NONCE),
     ]
     .into_iter()
     .fold(
@@ -129,6 +132,9 @@ pub(crate) fn encode(head: Head, info: &RunInfo) -> Vec<u8> {
             OnParentCancel::Abandon => 1,
         });
     }
+    if let Some(nonce) = info.key_nonce {
+        out.u64(nonce);
+    }
     out.0
 }
 
@@ -161,6 +167,7 @@ pub(crate) fn decode(run_id: &str, row: &[u8]) -> Result<(Head, RunInfo), Error>
         block: None,
         entered: view.entered,
         parent: None,
+        key_nonce: None,
     };
     // The rare fields, read on from where the view stopped.
     let mut rest = Reader {
@@ -192,6 +199,9 @@ pub(crate) fn decode(run_id: &str, row: &[u8]) -> Result<(Head, RunInfo), Error>
                 }
             };
             info.parent = Some(ParentLink { run_id, on_cancel });
+        }
+        if view.flags & HAS_KEY_NONCE != 0 {
+            info.key_nonce = Some(rest.u64()?);
         }
         rest.end()
     })();
@@ -245,7 +255,7 @@ struct View<'a> {
     entered: Option<u64>,
     wait: Option<(Option<&'a str>, Option<u64>)>,
     cancel: Option<&'a str>,
-    /// Where the rare fields (error, block, parent) begin.
+    /// Where the rare fields (error, block, parent, key nonce) begin.
     end: usize,
 }
 

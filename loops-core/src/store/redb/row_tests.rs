@@ -44,6 +44,7 @@ fn row_of(mask: u16, status: RunStatus) -> RunInfo {
                 OnParentCancel::Cancel
             },
         }),
+        key_nonce: has(512).then_some(u64::MAX - 7),
     }
 }
 
@@ -63,7 +64,7 @@ const HEAD: Head = Head {
 #[test]
 fn every_row_reads_back_as_it_was_written() {
     for status in RunStatus::ALL {
-        for mask in 0..512 {
+        for mask in 0..1024 {
             let info = row_of(mask, status);
             let bytes = encode(HEAD, &info);
             assert_eq!(decode("run-1", &bytes).unwrap(), (HEAD, info.clone()));
@@ -101,7 +102,7 @@ fn a_parked_run_s_row_is_compact() {
 
 #[test]
 fn a_damaged_row_is_an_error_naming_the_run_never_a_panic() {
-    let info = row_of(511, RunStatus::Blocked);
+    let info = row_of(1023, RunStatus::Blocked);
     let bytes = encode(HEAD, &info);
     // Cut anywhere: refused.
     for len in 0..bytes.len() {
