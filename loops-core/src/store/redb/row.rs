@@ -275,10 +275,15 @@ impl<'a> View<'a> {
         }
         let status = r.status()?;
         let flags = u16::from_le_bytes(r.take::<2>()?);
-        if flags & !ALL != 0
-            || (flags & (HAS_WAIT_UNTIL | HAS_WAIT_EVENT) != 0 && flags & HAS_WAIT == 0)
-        {
-            return Err(Damaged::new(HEAD_LEN + 2, "unknown fields"));
+        if flags & !ALL != 0 {
+            // An optional field a later build added (its bit), or a damaged byte.
+            return Err(Damaged::new(
+                HEAD_LEN + 2,
+                "fields this build does not know (a row of a newer loops, or damaged)",
+            ));
+        }
+        if flags & (HAS_WAIT_UNTIL | HAS_WAIT_EVENT) != 0 && flags & HAS_WAIT == 0 {
+            return Err(Damaged::new(HEAD_LEN + 2, "a wait's fields without a wait"));
         }
         let has = |bit: u16| flags & bit != 0;
         let schema = SchemaHash::from_u64(r.u64()?);

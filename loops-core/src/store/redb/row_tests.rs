@@ -138,7 +138,10 @@ fn a_damaged_row_is_an_error_naming_the_run_never_a_panic() {
         "run `run-1`: run row does not decode: an encoding version this build does not read at byte 16"
     );
     assert_eq!(damaged(HEAD_LEN + 1, 200), "an unknown status at byte 17");
-    assert_eq!(damaged(HEAD_LEN + 3, 0xff), "unknown fields at byte 18");
+    assert_eq!(
+        damaged(HEAD_LEN + 3, 0xff),
+        "fields this build does not know (a row of a newer loops, or damaged) at byte 18"
+    );
     // A string's length beyond the row, a string not UTF-8, a list longer than the row.
     let workflow = HEAD_LEN + 48;
     assert_eq!(damaged(workflow, 0xff), "a string cut short at byte 64");
@@ -158,5 +161,8 @@ fn a_damaged_row_is_an_error_naming_the_run_never_a_panic() {
     // A wait's fields without a wait.
     let mut b = encode(HEAD, &row_of(0, RunStatus::Waiting));
     b[HEAD_LEN + 2] = HAS_WAIT_EVENT as u8;
-    assert!(text(&decode("run-1", &b).unwrap_err()).ends_with("unknown fields at byte 18"));
+    assert!(
+        text(&decode("run-1", &b).unwrap_err())
+            .ends_with("a wait's fields without a wait at byte 18")
+    );
 }
