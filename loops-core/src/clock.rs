@@ -10,8 +10,10 @@
 //! shared store, and the store's own notion of a ready run in `Store::claim_ready` (the
 //! runtime's own timers wake the runs it parked, by its clock).
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// `duration` in whole milliseconds (sub-millisecond parts dropped), saturating at
@@ -101,18 +103,29 @@ impl Clock {
 
     /// The key nonce ([`RunInfo::key_nonce`](crate::RunInfo::key_nonce)) of run `run_id`
     /// created at `now_ms` by this clock: random by the system clock; by a [`ManualClock`],
-    /// a hash of the run id and `now_ms`, so that a test creating the same run at the same
-    /// time gets the same idempotency keys each time it runs (the crash explorer compares
-    /// two runs without a crash; a test may check a fake service's keys). The manual clock is
-    /// the seam a test controls the runtime's chance through, as its time.
+    /// a hash of the run id, `now_ms` and how many runs of that id the clock (or a clone)
+    /// saw created before, so that a test gets the same idempotency keys each time it runs
+    /// (the crash explorer compares two runs without a crash, each on a clock of its own, and
+    /// a run created after a crash on the restarted process's clock; a test may check a fake
+    /// service's keys), and a run id used again under the same clock (after a prune, or in
+    /// another store) gets keys of its own though the clock did not move. The manual clock
+    /// is the seam a test controls the runtime's chance through, as its time.
     pub(crate) fn key_nonce(&self, run_id: &str, now_ms: u64) -> u64 {
         match &self.0 {
             Source::System => random_key_nonce(),
-            Source::Manual(_) => {
-                let mut material = Vec::with_capacity(16 + run_id.len());
+            Source::Manual(manual) => {
+                let before = {
+                    let mut created =
+                        (manual.created.lock()).unwrap_or_else(PoisonError::into_inner);
+                    let count = created.entry(run_id.to_owned()).or_insert(0);
+                    *count += 1;
+                    *count - 1
+                };
+                let mut material = Vec::with_capacity(24 + run_id.len());
                 material.extend_from_slice(&(run_id.len() as u64).to_le_bytes());
                 material.extend_from_slice(run_id.as_bytes());
                 material.extend_from_slice(&now_ms.to_le_bytes());
+                material.extend_from_slice(&before.to_le_bytes());
                 xxhash_rust::xxh3::xxh3_64(&material)
             }
         }
@@ -177,6 +190,9 @@ impl From<ManualClock> for Clock {
 #[derive(Clone, Debug)]
 pub struct ManualClock {
     now: Arc<tokio::sync::watch::Sender<u64>>,
+    /// How many runs of each id runtimes on this clock created, for their key nonces
+    /// ([`Clock::key_nonce`]).
+    created: Arc<Mutex<HashMap<String, u64>>>,
 }
 
 impl ManualClock {
@@ -186,6 +202,7 @@ impl ManualClock {
         let ms = epoch_ms(start);
         ManualClock {
             now: Arc::new(tokio::sync::watch::Sender::new(ms)),
+            created: Arc::default(),
         }
     }
 

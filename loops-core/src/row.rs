@@ -85,7 +85,8 @@ pub struct RunInfo {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<ParentLink>,
     /// A random number chosen when the run was created (by a runtime with a
-    /// [`ManualClock`](crate::ManualClock): a hash of its id and creation time), mixed into
+    /// [`ManualClock`](crate::ManualClock): a hash of its id, creation time and how many runs
+    /// of that id the clock saw created before), mixed into
     /// its idempotency keys ([`Context::idempotency_key`](crate::Context::idempotency_key))
     /// so that a later run under the same id (after a prune, or in another store) gets keys
     /// of its own; never changed afterwards. `None` for a run created by a build of loops before it: that run's

@@ -163,8 +163,9 @@ impl RuntimeBuilder {
     /// before it advances the clock. A sleep in place shows nothing: its run stays running.
     ///
     /// A run created by a runtime with a manual clock gets a key nonce
-    /// ([`RunInfo::key_nonce`](crate::RunInfo::key_nonce)) hashed from its id and creation
-    /// time, not a random one: the same idempotency keys on every run of a test.
+    /// ([`RunInfo::key_nonce`](crate::RunInfo::key_nonce)) hashed from its id, its creation
+    /// time and how many runs of that id the clock saw created before, not a random one: the
+    /// same idempotency keys on every run of a test.
     pub fn clock(mut self, clock: impl Into<Clock>) -> Self {
         self.config.settings.clock = clock.into();
         self

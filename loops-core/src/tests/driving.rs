@@ -686,16 +686,17 @@ async fn a_run_under_an_id_used_before_gets_keys_of_its_own() {
 
 /// With a manual clock, a run's keys are the same each time a test creates it at the same
 /// time (in a store of its own): the crash explorer compares two runs without a crash, and
-/// a test may check what a fake service was sent. Another time or id: other keys.
+/// a test may check what a fake service was sent. Another time or id: other keys. The same
+/// id again under the same clock, which has not moved (after a prune, or in a second store):
+/// other keys too (helper-131: the old run's, when the nonce hashed only id and time).
 #[tokio::test]
 async fn with_a_manual_clock_a_run_created_at_the_same_time_gets_the_same_keys() {
-    let keys_of = async |run_id: &str, start_s: u64| {
-        let (_dir, path) = temp_store();
-        let clock = ManualClock::new(std::time::UNIX_EPOCH + Duration::from_secs(start_s));
+    let at = |start_s: u64| ManualClock::new(std::time::UNIX_EPOCH + Duration::from_secs(start_s));
+    let keys_of = async |clock: &ManualClock, path: &std::path::Path, run_id: &str| {
         let rt = Runtime::builder()
-            .clock(clock)
+            .clock(clock.clone())
             .retry(fast_retry(1))
-            .open(&path)
+            .open(path)
             .unwrap();
         let keys = Mutex::new(Vec::new());
         rt.run(run_id, Job::Start { n: 0 }, &KeyProbe(&keys))
@@ -704,14 +705,36 @@ async fn with_a_manual_clock_a_run_created_at_the_same_time_gets_the_same_keys()
         let nonce = rt.run_info(run_id).await.unwrap().unwrap().key_nonce;
         let keys = keys.into_inner().unwrap();
         assert_eq!(keys[0], documented_key(run_id, "push", 0, 0, nonce));
-        (nonce.unwrap(), keys)
+        (rt, nonce.unwrap(), keys)
     };
-    let (nonce, keys) = keys_of("r", 1_000).await;
-    assert_eq!(keys_of("r", 1_000).await, (nonce, keys.clone()));
-    let later = keys_of("r", 1_001).await;
-    let other = keys_of("r2", 1_000).await;
+    let fresh = async |start_s: u64, run_id: &str| {
+        let (_dir, path) = temp_store();
+        let (_, nonce, keys) = keys_of(&at(start_s), &path, run_id).await;
+        (nonce, keys)
+    };
+    let (nonce, keys) = fresh(1_000, "r").await;
+    assert_eq!(fresh(1_000, "r").await, (nonce, keys.clone()));
+    let later = fresh(1_001, "r").await;
+    let other = fresh(1_000, "r2").await;
     assert!(later.0 != nonce && other.0 != nonce && later.0 != other.0);
     assert!(!keys.contains(&later.1[0]) && !keys.contains(&other.1[0]));
+    // One clock, not moved: the id again after a prune, then in a second store.
+    let clock = at(1_000);
+    let (_dir, path) = temp_store();
+    let (rt, first, _) = keys_of(&clock, &path, "r").await;
+    assert_eq!(first, nonce, "the clock's first run, as in a fresh test");
+    drop(rt);
+    // Pruned by a runtime on the system clock: this clock stays where it was.
+    let pruner = Runtime::open(&path).unwrap();
+    let policy = RetentionPolicy::older_than(Duration::ZERO);
+    assert_eq!(pruner.prune_with(&policy, false).await.unwrap().runs, 1);
+    drop(pruner);
+    let (_, again, again_keys) = keys_of(&clock, &path, "r").await;
+    let (_second_dir, second) = temp_store();
+    let (_, elsewhere, elsewhere_keys) = keys_of(&clock, &second, "r").await;
+    assert!(again != first && elsewhere != first && again != elsewhere);
+    assert!(!keys.contains(&again_keys[0]) && !keys.contains(&elsewhere_keys[0]));
+    assert_ne!(again_keys[0], elsewhere_keys[0]);
 }
 
 #[tokio::test]

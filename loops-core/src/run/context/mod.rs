@@ -308,8 +308,9 @@ impl Context {
     /// "Every other run" includes a run whose id was used before (by a run pruned since, or
     /// in another store): each run gets a random key nonce when it is created
     /// ([`RunInfo::key_nonce`](crate::RunInfo::key_nonce); with a
-    /// [`ManualClock`](crate::ManualClock), one hashed from its id and creation time, the same
-    /// on every run of a test), kept in its row, so an outside
+    /// [`ManualClock`](crate::ManualClock), one hashed from its id, creation time and how
+    /// many runs of that id the clock saw created before, the same on every run of a test), kept in its
+    /// row, so an outside
     /// system that honours the old run's keys does not answer the new run's side effects
     /// with the old results.
     ///
