@@ -17,6 +17,10 @@ mod serving;
 
 pub use serving::{Through, through_the_serving_process};
 
+/// The idempotency key of the approval this example sends (`--approve`, `--auto-approve`),
+/// the same every time: a run takes it once however often it is sent.
+pub const APPROVAL_KEY: &str = "approval";
+
 /// What `--approve` says when the run was approved already.
 const ADDS_NOTHING: &str = "this --approve adds nothing";
 
@@ -158,6 +162,7 @@ pub fn first_approval<'a>(
             seq,
             by: approval.by,
             taken,
+            ours: record.key.as_deref() == Some(APPROVAL_KEY),
         })
     })
 }
@@ -170,6 +175,8 @@ pub struct SentApproval {
     pub by: String,
     /// Whether the approval gate took it.
     pub taken: bool,
+    /// Whether this example sent it (it carries [`APPROVAL_KEY`]).
+    pub ours: bool,
 }
 
 /// Says that run `run_id` was sent `first` already, and `why` this command adds nothing.
@@ -282,23 +289,21 @@ pub fn forget_asked(workdir: &Path, run_id: &str) -> Result<()> {
 }
 
 /// Sends the approval event (once: it carries an idempotency key) as soon as the run exists,
-/// if `approve` and no approval waits in its inbox already (one sent early with `loops send`
-/// is the one the gate takes: a second would stay pending after the run ended); then, or
-/// else, never resolves.
+/// if `approve` and the run was sent no approval yet (one sent with `loops send` is the one
+/// the gate takes, or took: a second would stay pending after the run ended, and
+/// [`note_approved_already`] says this one adds nothing); then, or else, never resolves.
 pub async fn send(runtime: &Runtime, run_id: &str, approve: bool, by: &str) {
     if approve {
         let approval = Approval { by: by.to_owned() };
         loop {
-            if runtime
-                .store()
-                .has_pending(run_id, APPROVAL_EVENT.name())
-                .await
-                .unwrap_or(false)
-            {
+            let sent = runtime.store().events(run_id).await.map(|events| {
+                first_approval(events.iter().map(|(seq, r, taken)| (*seq, r, *taken))).is_some()
+            });
+            if sent.unwrap_or(false) {
                 break;
             }
             match runtime
-                .send_with_key(run_id, APPROVAL_EVENT, "approval", &approval)
+                .send_with_key(run_id, APPROVAL_EVENT, APPROVAL_KEY, &approval)
                 .await
             {
                 Ok(_) | Err(loops::Error::RunEnded { .. }) => break,

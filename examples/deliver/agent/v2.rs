@@ -202,7 +202,12 @@ mod tests {
         let approval = Approval { by: "test".into() };
         loop {
             match runtime
-                .send_with_key(run_id, APPROVAL_EVENT, "approval", &approval)
+                .send_with_key(
+                    run_id,
+                    APPROVAL_EVENT,
+                    crate::approval::APPROVAL_KEY,
+                    &approval,
+                )
                 .await
             {
                 Err(loops::Error::RunNotFound { .. }) => {

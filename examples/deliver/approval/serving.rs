@@ -10,7 +10,9 @@ use anyhow::{Result, bail};
 use loops::control::{Client, ControlError, ErrorKind, socket_path};
 use loops::{Payloads, RunInfo, RunStatus, TransitionRecord};
 
-use super::{ADDS_NOTHING, approver_name, first_approval, say_approved_already};
+use super::{
+    ADDS_NOTHING, APPROVAL_KEY, SentApproval, approver_name, first_approval, say_approved_already,
+};
 use crate::Cli;
 use crate::hints::this_command_again;
 use crate::versions;
@@ -71,6 +73,16 @@ pub async fn through_the_serving_process(cli: &Cli, store: &Path) -> Result<Thro
     else {
         return Ok(Through::NoProcess);
     };
+    // A run sent another approval first (by `loops send`, without this command's key) is sent
+    // nothing: said as when this command approves through the store itself. One this example
+    // sent is sent again (a duplicate) and followed.
+    if let Some(first) = sent_approval(&client, run_id, u64::MAX)
+        .await
+        .filter(|a| !a.ours)
+    {
+        say_approved_already(run_id, &first, ADDS_NOTHING);
+        return Ok(Through::Said);
+    }
     let by = approver_name();
     let payload = serde_json::value::to_raw_value(&Approval { by: by.clone() })?;
     // A process started a moment ago serves before it records its run: a run it does not
@@ -78,7 +90,7 @@ pub async fn through_the_serving_process(cli: &Cli, store: &Path) -> Result<Thro
     let mut looks = 0;
     let sent = loop {
         let sent = client
-            .send(run_id, APPROVAL_EVENT.name(), Some("approval"), &payload)
+            .send(run_id, APPROVAL_EVENT.name(), Some(APPROVAL_KEY), &payload)
             .await;
         match sent {
             Err(ControlError::Remote {
@@ -120,17 +132,8 @@ pub async fn through_the_serving_process(cli: &Cli, store: &Path) -> Result<Thro
             store.display()
         ))
     })?;
-    // Another approval sent before (`loops send`, without this command's key) decides the
-    // run: said as when this command approves through the store itself.
-    let earlier = match client.events(run_id).await {
-        Ok(events) => first_approval(
-            (events.iter())
-                .map(|e| (e.event_seq, &e.record, e.delivered))
-                .filter(|(seq, _, _)| *seq < sent.event_seq),
-        ),
-        // Unread (the process going away): the lines below say what was sent.
-        Err(_) => None,
-    };
+    // Another approval sent between the look above and this send decides the run.
+    let earlier = sent_approval(&client, run_id, sent.event_seq).await;
     let sent_as = if sent.duplicate {
         format!(
             "run {run_id} was sent an approval already (event {}), which the `deliver` \
@@ -138,12 +141,13 @@ pub async fn through_the_serving_process(cli: &Cli, store: &Path) -> Result<Thro
             sent.event_seq
         )
     } else if let Some(earlier) = &earlier {
-        say_approved_already(run_id, earlier, ADDS_NOTHING);
         format!(
-            "sent run {run_id} this approval too (event {}), through the control endpoint {} of \
-             the `deliver` serving the store (the first approval decides)",
+            "sent run {run_id} this approval (event {}), through the control endpoint {} of the \
+             `deliver` serving the store, just after {}'s (event {}): the first approval decides",
             sent.event_seq,
-            socket_path(store).display()
+            socket_path(store).display(),
+            earlier.by,
+            earlier.seq
         )
     } else {
         format!(
@@ -162,7 +166,7 @@ pub async fn through_the_serving_process(cli: &Cli, store: &Path) -> Result<Thro
         asked += 1;
         tokio::time::sleep(LOOK_EVERY).await;
         match client
-            .send(run_id, APPROVAL_EVENT.name(), Some("approval"), &payload)
+            .send(run_id, APPROVAL_EVENT.name(), Some(APPROVAL_KEY), &payload)
             .await
         {
             Ok(again) => taken_here = again.taken_here,
@@ -179,6 +183,18 @@ pub async fn through_the_serving_process(cli: &Cli, store: &Path) -> Result<Thro
     }
     say!("{sent_as}; following the run there until it ends (Ctrl-C stops following only)");
     Ok(Through::Follow(Following { client }))
+}
+
+/// The first approval run `run_id` was sent before event `before`, read through `client`;
+/// `None` if there is none, or the events cannot be read (the process going away: what
+/// follows says what was sent).
+async fn sent_approval(client: &Client, run_id: &str, before: u64) -> Option<SentApproval> {
+    let events = client.events(run_id).await.ok()?;
+    first_approval(
+        (events.iter())
+            .map(|e| (e.event_seq, &e.record, e.delivered))
+            .filter(|(seq, _, _)| *seq < before),
+    )
 }
 
 /// How long a read of the followed run may go unanswered before this says so: as long as
