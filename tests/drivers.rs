@@ -85,7 +85,13 @@ async fn two_runtimes_on_one_store_never_drive_one_run_at_once() {
         matches!(&second, Err(Error::RunActive { run_id }) if run_id == "x"),
         "{second:?}"
     );
-    assert!(second.unwrap_err().is_transient());
+    let second = second.unwrap_err();
+    assert!(second.is_transient());
+    assert_eq!(
+        second.to_string(),
+        "run `x` is already being driven, here or by a worker holding its lease (the lease of a \
+         worker that stopped lapses after its lease time)"
+    );
     gate.add_permits(1);
     assert_eq!(first.await.unwrap().unwrap(), Once::Done { line: 1 });
 
