@@ -89,8 +89,7 @@ async fn two_runtimes_on_one_store_never_drive_one_run_at_once() {
     assert!(second.is_transient());
     assert_eq!(
         second.to_string(),
-        "run `x` is already being driven, here or by a worker holding its lease (the lease of a \
-         worker that stopped lapses after its lease time)"
+        "run `x` is already being driven, here or by a worker holding its lease"
     );
     gate.add_permits(1);
     assert_eq!(first.await.unwrap().unwrap(), Once::Done { line: 1 });
@@ -110,6 +109,47 @@ async fn two_runtimes_on_one_store_never_drive_one_run_at_once() {
     // No false "the process stopped (or lost the run's lease) while this attempt ran".
     assert_eq!(rt1.store().failures("x").await.unwrap(), vec![]);
     assert!(entered_rx.try_recv().is_err());
+}
+
+/// `run` of an ended run whose lease another worker still holds (a driver letting go after
+/// its last commit, or a PostgreSQL worker that exited after the end without `shutdown`,
+/// whose lease lasts until it lapses) reports the run's end, as it does for a free run; a
+/// run not ended is still refused (helper-132: `RunActive` for a completed run, 10 s long).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_of_an_ended_run_whose_lease_another_worker_holds_reports_its_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = dir.path().join("ledger");
+    let (entered, _entered_rx) = mpsc::unbounded_channel();
+    let effect = Effect {
+        ledger: ledger.clone(),
+        entered,
+        gate: Arc::new(Semaphore::new(2)),
+    };
+    let store = RedbStore::open(dir.path().join("store.redb")).unwrap();
+    let rt = Runtime::builder().build(store.clone());
+    assert_eq!(
+        rt.run("x", Once::Start, &effect).await.unwrap(),
+        Once::Done { line: 1 }
+    );
+    // Another worker's lease of the ended run, and of a run not ended.
+    let held = loops::Store::acquire(&store, "x").await.unwrap();
+    assert!(held.is_some());
+    assert_eq!(
+        rt.run("x", Once::Start, &effect).await.unwrap(),
+        Once::Done { line: 1 }
+    );
+    assert_eq!(lines(&ledger), 1, "nothing ran again");
+    let queued = (rt
+        .enqueue("y", Once::Start, loops::StartOptions::default())
+        .await)
+        .unwrap();
+    assert_eq!(queued.status, RunStatus::Running);
+    let _held_too = loops::Store::acquire(&store, "y").await.unwrap().unwrap();
+    assert!(matches!(
+        rt.run("y", Once::Start, &effect).await,
+        Err(Error::RunActive { run_id }) if run_id == "y"
+    ));
+    assert_eq!(lines(&ledger), 1);
 }
 
 /// A run left running with no driver is taken by one of two runtimes that resume at once.

@@ -250,14 +250,8 @@ pub enum Error {
         changes: crate::schema::SchemaDiff,
     },
 
-    /// The run is being driven already: by a driver of this runtime, or by another runtime
-    /// (a PostgreSQL worker, or a second runtime on the same store) that holds its lease. A
-    /// worker that died holds its lease until the lease time lapses (PostgreSQL's
-    /// `lease_ttl`, 10 s by default); then the run can be driven again.
-    #[error(
-        "run `{run_id}` is already being driven, here or by a worker holding its lease (the \
-         lease of a worker that stopped lapses after its lease time)"
-    )]
+    /// Driven already: here, or by a worker whose lease has not lapsed (docs/postgres.md).
+    #[error("run `{run_id}` is already being driven, here or by a worker holding its lease")]
     RunActive {
         /// The run.
         run_id: String,

@@ -132,7 +132,7 @@ impl Runtime {
     /// and use [`start`](Self::start).
     ///
     /// # Errors
-    /// - [`Error::InvalidRunId`](crate::Error::InvalidRunId) (an existing run is found by an id that [`validate_run_id_lookup`](crate::validate_run_id_lookup) takes; a new run's id must pass [`validate_run_id`](crate::validate_run_id)); [`Error::RunActive`](crate::Error::RunActive) if this runtime drives the run already (another `run` of the same id in flight, or a background driver): wait for its end with [`wait`](Self::wait) instead;
+    /// - [`Error::InvalidRunId`](crate::Error::InvalidRunId) (an existing run is found by an id that [`validate_run_id_lookup`](crate::validate_run_id_lookup) takes; a new run's id must pass [`validate_run_id`](crate::validate_run_id)); [`Error::RunActive`](crate::Error::RunActive) if the run, not ended, is driven already: by this runtime (another `run` of the same id in flight, or a background driver: wait for its end with [`wait`](Self::wait) instead), or by a worker holding its lease (a PostgreSQL worker that stopped holds it until it lapses); an ended run is reported as it ended, whoever holds it;
     /// - [`Error::AcceptsRefused`](crate::Error::AcceptsRefused) if `W` claims to accept a
     ///   stored schema whose differences from it are breaking in every state (checked once
     ///   per version and runtime, before anything is read or written);
@@ -184,7 +184,19 @@ impl Runtime {
             }
         });
         let registrations = self.registry(Registry::generation);
-        let claim = self.claim(run_id).await?;
+        let claim = match self.claim(run_id).await {
+            Ok(claim) => claim,
+            // An ended run needs no driver: one that holds it still (a background driver
+            // letting go after its last commit, or the unlapsed lease of a worker that exited
+            // after the end) is no reason to refuse it. Its end, as a drive would report it.
+            Err(Error::RunActive { run_id: active }) => {
+                return match self.store().run_info(run_id).await? {
+                    Some(info) if info.status.is_ended() => self.wait::<W>(run_id).await,
+                    _ => Err(Error::RunActive { run_id: active }),
+                };
+            }
+            Err(e) => return Err(e),
+        };
         let span = tracing::info_span!("run", run_id, workflow = W::NAME);
         // A run's parent never changes: known at entry, it need not be read again at the end.
         let mut parent = None;
