@@ -135,8 +135,13 @@ pub async fn through_the_serving_process(cli: &Cli, store: &Path) -> Result<Thro
     // Another approval sent between the look above and this send decides the run.
     let earlier = sent_approval(&client, run_id, sent.event_seq).await;
     let sent_as = if sent.duplicate {
+        // This example's earlier approval (the same key): whose it is, when it reads.
+        let by = sent_approval(&client, run_id, sent.event_seq.saturating_add(1))
+            .await
+            .filter(|first| first.seq == sent.event_seq)
+            .map_or_else(String::new, |first| format!(", by {}", first.by));
         format!(
-            "run {run_id} was sent an approval already (event {}), which the `deliver` \
+            "run {run_id} was sent an approval already{by} (event {}), which the `deliver` \
              serving the store takes once",
             sent.event_seq
         )

@@ -857,7 +857,7 @@ fn deliver_approve_fails_when_the_serving_example_dies_before_the_run_ends() {
     let mut lines = BufReader::new(second.stdout.take().expect("stdout")).lines();
     let first_line = lines.next().expect("a line").expect("a line");
     assert!(
-        first_line.starts_with("run deliver-1 was sent an approval already (event ")
+        first_line.starts_with("run deliver-1 was sent an approval already, by carol (event ")
             && first_line.ends_with(&format!(
                 "), which the `deliver` serving the store takes once{following}"
             )),
