@@ -132,12 +132,13 @@ pub async fn through_the_serving_process(cli: &Cli, store: &Path) -> Result<Thro
             store.display()
         ))
     })?;
-    // Another approval sent between the look above and this send decides the run.
-    let earlier = sent_approval(&client, run_id, sent.event_seq).await;
+    // The first approval up to this send's event (one read): this example's earlier one that
+    // the send duplicates, whose it is; or another sent between the look above and this
+    // send, which decides the run.
+    let first = sent_approval(&client, run_id, sent.event_seq.saturating_add(1)).await;
+    let earlier = first.as_ref().filter(|first| first.seq < sent.event_seq);
     let sent_as = if sent.duplicate {
-        // This example's earlier approval (the same key): whose it is, when it reads.
-        let by = sent_approval(&client, run_id, sent.event_seq.saturating_add(1))
-            .await
+        let by = (first.as_ref())
             .filter(|first| first.seq == sent.event_seq)
             .map_or_else(String::new, |first| format!(", by {}", first.by));
         format!(
@@ -145,7 +146,7 @@ pub async fn through_the_serving_process(cli: &Cli, store: &Path) -> Result<Thro
              serving the store takes once",
             sent.event_seq
         )
-    } else if let Some(earlier) = &earlier {
+    } else if let Some(earlier) = earlier {
         format!(
             "sent run {run_id} this approval (event {}), through the control endpoint {} of the \
              `deliver` serving the store, just after {}'s (event {}): the first approval decides",

@@ -190,10 +190,13 @@ impl Runtime {
             // letting go after its last commit, or the unlapsed lease of a worker that exited
             // after the end) is no reason to refuse it. Its end, as a drive would report it.
             Err(Error::RunActive { run_id: active }) => {
-                return match self.store().run_info(run_id).await? {
-                    Some(info) if info.status.is_ended() => self.wait::<W>(run_id).await,
-                    _ => Err(Error::RunActive { run_id: active }),
-                };
+                if let Some((info, record)) = self.store().latest(run_id).await? {
+                    check_workflow::<W>(&info)?;
+                    if let Some(end) = self.end_as::<W>(run_id, &info, record) {
+                        return end;
+                    }
+                }
+                return Err(Error::RunActive { run_id: active });
             }
             Err(e) => return Err(e),
         };
@@ -466,6 +469,37 @@ impl Runtime {
         })
     }
 
+    /// How the run `run_id` of row `info` (latest record `record`) ended, as `W`: its
+    /// terminal state, or [`Error::RunFailed`](crate::Error::RunFailed) or
+    /// [`Error::RunCancelled`](crate::Error::RunCancelled); `None` if it has not ended.
+    fn end_as<W: Workflow>(
+        &self,
+        run_id: &str,
+        info: &RunInfo,
+        record: TransitionRecord,
+    ) -> Option<Result<W>> {
+        let run_id = run_id.to_owned();
+        Some(match info.status {
+            RunStatus::Completed => self.terminal_as::<W>(info, record),
+            RunStatus::Failed => Err(Error::RunFailed {
+                run_id,
+                state: info.state.clone(),
+                seq: info.seq,
+                attempts: info.attempt.saturating_sub(info.attempt_base),
+                interrupted: info.interrupted,
+                last_error: info.error.clone().unwrap_or_default(),
+                source: None,
+            }),
+            RunStatus::Cancelled => Err(Error::RunCancelled {
+                run_id,
+                state: info.state.clone(),
+                seq: info.seq,
+                reason: info.cancel.clone().unwrap_or_default(),
+            }),
+            RunStatus::Running | RunStatus::Waiting | RunStatus::Blocked => return None,
+        })
+    }
+
     /// Waits until the run `run_id` has ended and returns its terminal state (a run ended
     /// by another worker of a shared store is seen within 200 ms).
     ///
@@ -485,48 +519,28 @@ impl Runtime {
                 });
             };
             check_workflow::<W>(&info)?;
-            match info.status {
-                RunStatus::Completed => return self.terminal_as::<W>(&info, record),
-                RunStatus::Failed => {
-                    return Err(Error::RunFailed {
-                        run_id: run_id.to_owned(),
-                        state: info.state,
-                        seq: info.seq,
-                        attempts: info.attempt.saturating_sub(info.attempt_base),
-                        interrupted: info.interrupted,
-                        last_error: info.error.unwrap_or_default(),
-                        source: None,
-                    });
+            if let Some(end) = self.end_as::<W>(run_id, &info, record) {
+                return end;
+            }
+            // Not ended, but nothing here will drive it until a version or migration that
+            // routes it is registered: say so rather than wait for good.
+            if info.status == RunStatus::Blocked {
+                return Err(Error::RunBlocked {
+                    run_id: run_id.to_owned(),
+                    seq: info.seq,
+                    reason: info.block.map(|b| b.reason).unwrap_or_default(),
+                    state: info.state,
+                });
+            }
+            // Running or waiting.
+            if self.store().lease_ttl().is_some() {
+                // Another worker may end it: look again now and then.
+                tokio::select! {
+                    () = ended => {}
+                    () = tokio::time::sleep(Duration::from_millis(200)) => {}
                 }
-                RunStatus::Cancelled => {
-                    return Err(Error::RunCancelled {
-                        run_id: run_id.to_owned(),
-                        state: info.state,
-                        seq: info.seq,
-                        reason: info.cancel.unwrap_or_default(),
-                    });
-                }
-                // Not ended, but nothing here will drive it until a version or migration
-                // that routes it is registered: say so rather than wait for good.
-                RunStatus::Blocked => {
-                    return Err(Error::RunBlocked {
-                        run_id: run_id.to_owned(),
-                        seq: info.seq,
-                        reason: info.block.map(|b| b.reason).unwrap_or_default(),
-                        state: info.state,
-                    });
-                }
-                RunStatus::Running | RunStatus::Waiting => {
-                    if self.store().lease_ttl().is_some() {
-                        // Another worker may end it: look again now and then.
-                        tokio::select! {
-                            () = ended => {}
-                            () = tokio::time::sleep(Duration::from_millis(200)) => {}
-                        }
-                    } else {
-                        ended.await;
-                    }
-                }
+            } else {
+                ended.await;
             }
         }
     }
