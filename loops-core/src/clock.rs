@@ -16,6 +16,8 @@ use std::sync::Arc;
 use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::material::Material;
+
 /// `duration` in whole milliseconds (sub-millisecond parts dropped), saturating at
 /// `u64::MAX` ms (about 584 million years) for a longer duration such as [`Duration::MAX`].
 ///
@@ -121,12 +123,11 @@ impl Clock {
                     *count += 1;
                     *count - 1
                 };
-                let mut material = Vec::with_capacity(24 + run_id.len());
-                material.extend_from_slice(&(run_id.len() as u64).to_le_bytes());
-                material.extend_from_slice(run_id.as_bytes());
-                material.extend_from_slice(&now_ms.to_le_bytes());
-                material.extend_from_slice(&before.to_le_bytes());
-                xxhash_rust::xxh3::xxh3_64(&material)
+                Material::with_capacity(24 + run_id.len())
+                    .text(run_id)
+                    .u64(now_ms)
+                    .u64(before)
+                    .hash64()
             }
         }
     }

@@ -19,6 +19,7 @@ mod event;
 mod failpoint;
 mod hint;
 mod limit;
+mod material;
 pub mod metrics;
 mod migrate;
 mod names;

@@ -15,12 +15,12 @@ pub(crate) fn failed_attempts(info: &RunInfo) -> u32 {
 
 /// A number in `0.0..1.0` for retry jitter, from the run, state, attempt and clock.
 pub(crate) fn jitter_unit(run_id: &str, seq: u64, attempt: u32, now: u64) -> f64 {
-    let mut material = Vec::with_capacity(run_id.len() + 20);
-    material.extend_from_slice(run_id.as_bytes());
-    material.extend_from_slice(&seq.to_le_bytes());
-    material.extend_from_slice(&attempt.to_le_bytes());
-    material.extend_from_slice(&now.to_le_bytes());
-    (xxhash_rust::xxh3::xxh3_64(&material) >> 11) as f64 / (1u64 << 53) as f64
+    crate::material::Material::with_capacity(run_id.len() + 20)
+        .raw(run_id.as_bytes())
+        .u64(seq)
+        .u32(attempt)
+        .u64(now)
+        .unit()
 }
 
 /// Whether the run needs a driver now, by [`RunInfo::readiness`]: for a waiting run, whether

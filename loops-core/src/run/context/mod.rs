@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use crate::attribute::AttributeValue;
 use crate::clock::Clock;
 use crate::error::{Error, Result};
+use crate::material::Material;
 use crate::names::{RESERVED_PREFIX, validate_name};
 use crate::record::StepRecord;
 use crate::run::limits::Limits;
@@ -338,21 +339,17 @@ impl Context {
 
     /// The idempotency key of the `n`-th use of `name` in this state visit.
     fn key_for(&self, name: &str, n: u32) -> String {
-        let mut material = Vec::with_capacity(64 + self.run.run_id.len() + name.len());
-        for part in [
-            self.run.workflow.as_bytes(),
-            self.run.run_id.as_bytes(),
-            name.as_bytes(),
-        ] {
-            material.extend_from_slice(&(part.len() as u64).to_le_bytes());
-            material.extend_from_slice(part);
-        }
-        material.extend_from_slice(&self.seq.to_le_bytes());
-        material.extend_from_slice(&n.to_le_bytes());
-        if let Some(nonce) = self.run.key_nonce {
-            material.extend_from_slice(&nonce.to_le_bytes());
-        }
-        format!("lk-{:032x}", xxhash_rust::xxh3::xxh3_128(&material))
+        let material = Material::with_capacity(64 + self.run.run_id.len() + name.len())
+            .text(self.run.workflow)
+            .text(&self.run.run_id)
+            .text(name)
+            .u64(self.seq)
+            .u32(n);
+        let material = match self.run.key_nonce {
+            Some(nonce) => material.u64(nonce),
+            None => material,
+        };
+        format!("lk-{:032x}", material.hash128())
     }
 
     /// Checks a name the handler chose (`what` it is, for the error).

@@ -590,7 +590,9 @@ impl Context {
     /// `(name, occurrence)`: the same on every execution, different per run, state and try.
     fn jitter_unit(&self, name: &str, occurrence: u32, try_no: u32) -> f64 {
         let key = self.key_for(name, occurrence);
-        let material = format!("{key}/{try_no}");
-        (xxhash_rust::xxh3::xxh3_64(material.as_bytes()) >> 11) as f64 / (1u64 << 53) as f64
+        crate::material::Material::with_capacity(key.len() + 11)
+            .raw(key.as_bytes())
+            .raw(format!("/{try_no}").as_bytes())
+            .unit()
     }
 }
