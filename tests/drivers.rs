@@ -82,14 +82,14 @@ async fn two_runtimes_on_one_store_never_drive_one_run_at_once() {
         _ = entered_rx.recv() => panic!("a second driver ran the step while the first held the run"),
     };
     assert!(
-        matches!(&second, Err(Error::RunActive { run_id }) if run_id == "x"),
+        matches!(&second, Err(Error::RunActive { run_id, .. }) if run_id == "x"),
         "{second:?}"
     );
     let second = second.unwrap_err();
     assert!(second.is_transient());
     assert_eq!(
         second.to_string(),
-        "run `x` is already being driven, here or by a worker holding its lease"
+        "run `x` is already being driven, by another runtime holding its lease on this store"
     );
     gate.add_permits(1);
     assert_eq!(first.await.unwrap().unwrap(), Once::Done { line: 1 });
@@ -145,10 +145,15 @@ async fn run_of_an_ended_run_whose_lease_another_worker_holds_reports_its_end() 
         .unwrap();
     assert_eq!(queued.status, RunStatus::Running);
     let _held_too = loops::Store::acquire(&store, "y").await.unwrap().unwrap();
-    assert!(matches!(
-        rt.run("y", Once::Start, &effect).await,
-        Err(Error::RunActive { run_id }) if run_id == "y"
-    ));
+    let refused = rt.run("y", Once::Start, &effect).await;
+    assert!(
+        matches!(
+            &refused,
+            Err(Error::RunActive { run_id, holder: loops::Holder::Lease { ttl_ms: None } })
+                if run_id == "y"
+        ),
+        "{refused:?}"
+    );
     assert_eq!(lines(&ledger), 1);
 }
 

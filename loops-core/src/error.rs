@@ -15,10 +15,10 @@ mod text;
 
 pub use codec::{CodecError, NO_KEY_HINT};
 pub use methods::retry_hint;
-pub use text::{RecordKind, error_chain};
+pub use text::{Holder, RecordKind, error_chain};
 use text::{
     at_seq, attempts_text, cause_text, decoded, describe_changes, ended_text, format_text,
-    mismatch_remedy, not_failed_text, sealed_field, shown_id,
+    holder_text, mismatch_remedy, not_failed_text, sealed_field, shown_id,
 };
 
 /// Everything loops-core can fail with. Each variant names the run, the state and the sequence
@@ -26,8 +26,8 @@ use text::{
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The store file is open in this or another process (redb holds an exclusive file lock,
-    /// released by the OS when the holder exits, even on SIGKILL).
+    /// The store file is open in this or another process (redb's exclusive file lock, which
+    /// the OS releases when the holder exits, even on SIGKILL).
     #[error("store {path} is already open in this or another process")]
     StoreLocked {
         /// The store file.
@@ -47,9 +47,8 @@ pub enum Error {
         supported: u64,
     },
 
-    /// The store file was not closed cleanly (the process that had it open crashed); a
-    /// read-only open cannot repair it. A writable open ([`Runtime::open`](crate::Runtime::open))
-    /// repairs it.
+    /// The store file was not closed cleanly (its process crashed): a read-only open cannot
+    /// repair it, a writable one ([`Runtime::open`](crate::Runtime::open)) does.
     #[error("{}; a writable open repairs it", Error::needs_repair(path))]
     NeedsRecovery {
         /// The store file.
@@ -251,10 +250,12 @@ pub enum Error {
     },
 
     /// Driven already: here, or by a worker whose lease has not lapsed (docs/postgres.md).
-    #[error("run `{run_id}` is already being driven, here or by a worker holding its lease")]
+    #[error("run `{run_id}` is already being driven, {}", holder_text(holder))]
     RunActive {
         /// The run.
         run_id: String,
+        /// Who drives it: this runtime, or the holder of its lease.
+        holder: Holder,
     },
 
     /// A new run must start in the workflow's initial state.
@@ -281,8 +282,7 @@ pub enum Error {
         seq: u64,
     },
 
-    /// The run's row points at a sequence number that has no record: the store was altered
-    /// outside loops.
+    /// The run's row points at a seq that has no record: the store was altered outside loops.
     #[error("run `{run_id}`: its row points at seq {seq} but no record exists there")]
     RecordMissing {
         /// The run.

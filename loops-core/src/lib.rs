@@ -51,7 +51,7 @@ pub use codec::{
     CodecError, Keyring, KeyringError, PayloadCodec, Place, Sealed, envelope, parse_envelope,
     redacted,
 };
-pub use error::{Error, NO_KEY_HINT, RecordKind, Result, error_chain, retry_hint};
+pub use error::{Error, Holder, NO_KEY_HINT, RecordKind, Result, error_chain, retry_hint};
 pub use event::{Event, EventName};
 pub use hint::{Hinted, RetryHint};
 pub use limit::{Admission, Limit};

@@ -143,3 +143,64 @@ async fn renewals_on_a_pool_of_one_lose_no_lease_under_write_load() {
         "leases lost, writes fenced, effects repeated, effects"
     );
 }
+
+/// `run` of a run whose lease another worker holds (a worker that exited without `shutdown`
+/// keeps it until it lapses) is refused with `RunActive`, saying how long such a lease can
+/// last; once the lease lapses the run is driven (helper-131 MEDIUM 3, helper-132 LOW).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_of_a_run_another_worker_holds_says_when_its_lease_can_lapse() {
+    let ttl = Duration::from_millis(1500);
+    let schema = common::TestSchema::new("leases_held").await;
+    let connect = || {
+        loops_postgres::PgStore::builder(common::pg_config())
+            .schema(&schema.name)
+            .lease_ttl(ttl)
+            .connect()
+    };
+    let (store, other_worker) = (connect().await.unwrap(), connect().await.unwrap());
+    let ledger = Arc::new(MemoryLedger::default());
+    let linker = Linker {
+        ledger: ledger.clone(),
+        delay: Duration::ZERO,
+    };
+    let runtime = Runtime::builder().build(store.clone());
+    runtime
+        .enqueue(
+            "held",
+            Chain::Start { links: 2 },
+            loops::StartOptions::default(),
+        )
+        .await
+        .unwrap();
+    let held = other_worker.acquire("held").await.unwrap().unwrap();
+    let refused = runtime
+        .run("held", Chain::Start { links: 2 }, &linker)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            &refused,
+            loops::Error::RunActive {
+                run_id,
+                holder: loops::Holder::Lease { ttl_ms: Some(1500) },
+            } if run_id == "held"
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(
+        refused.to_string(),
+        "run `held` is already being driven, by a worker holding its lease (if that worker \
+         stopped, its lease lapses at most 1.5s after this refusal, and the run can be driven then)"
+    );
+    assert!(ledger.0.lock().unwrap().is_empty(), "nothing ran");
+    // As the message says: once the lease has lapsed, the run is driven here.
+    tokio::time::sleep(ttl + Duration::from_millis(200)).await;
+    let done = runtime
+        .run("held", Chain::Start { links: 2 }, &linker)
+        .await
+        .unwrap();
+    assert_eq!(done, Chain::End { links: 2 });
+    assert_eq!(ledger.0.lock().unwrap().len(), 2);
+    drop(held);
+    runtime.shutdown().await;
+}

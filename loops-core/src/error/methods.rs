@@ -67,7 +67,7 @@ impl Error {
             | Error::WorkflowMismatch { run_id, .. }
             | Error::ChildConflict { run_id, .. }
             | Error::SchemaMismatch { run_id, .. }
-            | Error::RunActive { run_id }
+            | Error::RunActive { run_id, .. }
             | Error::MigrationRefused { run_id, .. }
             | Error::RunBlocked { run_id, .. }
             | Error::NotInitial { run_id, .. }
@@ -275,7 +275,10 @@ mod tests {
         let storage = Error::storage("read", redb::StorageError::Io(std::io::Error::other("eio")));
         assert!(storage.is_store_fault() && storage.store_fault_copy().is_some());
         // Transient, but not a fault of the store in use; nor is anything about a run.
-        let active = Error::RunActive { run_id: "r".into() };
+        let active = Error::RunActive {
+            run_id: "r".into(),
+            holder: crate::Holder::ThisRuntime,
+        };
         assert!(active.is_transient() && !active.is_store_fault());
         assert!(active.store_fault_copy().is_none());
         assert!(!Error::Closed.is_store_fault() && Error::Closed.store_fault_copy().is_none());

@@ -141,6 +141,38 @@ pub(super) fn cause_text(cause: &(dyn std::error::Error + Send + Sync + 'static)
     error_chain(cause).join(": ")
 }
 
+/// Who holds a run that [`Error::RunActive`](crate::Error::RunActive) refused to drive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Holder {
+    /// A driver of this runtime: another `run` of the id in flight, or a background driver
+    /// (wait for its end with [`Runtime::wait`](crate::Runtime::wait)).
+    ThisRuntime,
+    /// The holder of the run's lease: another worker of a shared store (PostgreSQL), or
+    /// another runtime on the same store. A worker that stopped without giving its leases
+    /// back (a crash, an exit without `shutdown`) holds them until they lapse.
+    Lease {
+        /// How long a lease lasts without renewal, in milliseconds: a lease whose worker
+        /// died has lapsed at most this long after the refusal. `None` for a store whose
+        /// leases never lapse (an embedded store's runtime holds them while it is open).
+        ttl_ms: Option<u64>,
+    },
+}
+
+/// The rest of [`Error::RunActive`](crate::Error::RunActive)'s message: who holds the run.
+pub(super) fn holder_text(holder: &Holder) -> String {
+    match holder {
+        Holder::ThisRuntime => "by this runtime (wait for its end with `Runtime::wait`)".into(),
+        Holder::Lease { ttl_ms: Some(ttl) } => format!(
+            "by a worker holding its lease (if that worker stopped, its lease lapses at most {:?} after this refusal, and the run can be driven then)",
+            std::time::Duration::from_millis(*ttl)
+        ),
+        Holder::Lease { ttl_ms: None } => {
+            "by another runtime holding its lease on this store".into()
+        }
+    }
+}
+
 /// What kind of stored record an [`Error::Decode`](crate::Error::Decode) is about.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

@@ -10,7 +10,7 @@ use futures_util::FutureExt;
 use tokio::sync::Notify;
 use tokio_util::task::TaskTracker;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Holder, Result};
 use crate::run::settings::{Held, Signals};
 use crate::store::{Lease, Store};
 
@@ -187,6 +187,7 @@ impl Claims {
                 }
                 return Err(Error::RunActive {
                     run_id: run_id.to_owned(),
+                    holder: Holder::ThisRuntime,
                 });
             }
             let signals = Signals::new();
@@ -223,6 +224,9 @@ impl Claims {
                 .await?
                 .ok_or_else(|| Error::RunActive {
                     run_id: run_id.to_owned(),
+                    holder: Holder::Lease {
+                        ttl_ms: self.store.lease_ttl().map(crate::clock::duration_ms),
+                    },
                 })?,
         };
         self.set_deadline(&claim.held.signals, asked);

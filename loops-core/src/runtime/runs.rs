@@ -132,7 +132,7 @@ impl Runtime {
     /// and use [`start`](Self::start).
     ///
     /// # Errors
-    /// - [`Error::InvalidRunId`](crate::Error::InvalidRunId) (an existing run is found by an id that [`validate_run_id_lookup`](crate::validate_run_id_lookup) takes; a new run's id must pass [`validate_run_id`](crate::validate_run_id)); [`Error::RunActive`](crate::Error::RunActive) if the run, not ended, is driven already: by this runtime (another `run` of the same id in flight, or a background driver: wait for its end with [`wait`](Self::wait) instead), or by a worker holding its lease (a PostgreSQL worker that stopped holds it until it lapses); an ended run is reported as it ended, whoever holds it;
+    /// - [`Error::InvalidRunId`](crate::Error::InvalidRunId) (an existing run is found by an id that [`validate_run_id_lookup`](crate::validate_run_id_lookup) takes; a new run's id must pass [`validate_run_id`](crate::validate_run_id)); [`Error::RunActive`](crate::Error::RunActive) if the run, not ended, is driven already: by this runtime (another `run` of the same id in flight, or a background driver: wait for its end with [`wait`](Self::wait) instead), or by a worker holding its lease (a PostgreSQL worker that stopped holds it until it lapses, at most [`Store::lease_ttl`](crate::Store::lease_ttl) after the refusal); the error's [`Holder`](crate::Holder) says which; an ended run is reported as it ended, whoever holds it;
     /// - [`Error::AcceptsRefused`](crate::Error::AcceptsRefused) if `W` claims to accept a
     ///   stored schema whose differences from it are breaking in every state (checked once
     ///   per version and runtime, before anything is read or written);
@@ -189,14 +189,14 @@ impl Runtime {
             // An ended run needs no driver: one that holds it still (a background driver
             // letting go after its last commit, or the unlapsed lease of a worker that exited
             // after the end) is no reason to refuse it. Its end, as a drive would report it.
-            Err(Error::RunActive { run_id: active }) => {
+            Err(active @ Error::RunActive { .. }) => {
                 if let Some((info, record)) = self.store().latest(run_id).await? {
                     check_workflow::<W>(&info)?;
                     if let Some(end) = self.end_as::<W>(run_id, &info, record) {
                         return end;
                     }
                 }
-                return Err(Error::RunActive { run_id: active });
+                return Err(active);
             }
             Err(e) => return Err(e),
         };
@@ -301,14 +301,14 @@ impl Runtime {
         let registrations = self.registry(Registry::generation);
         let claim = match self.claim(run_id).await {
             Ok(claim) => claim,
-            Err(Error::RunActive { run_id: active }) => {
+            Err(active @ Error::RunActive { .. }) => {
                 // Driven here already: that is what `start` would have arranged.
                 return match self.store().run_info(run_id).await? {
                     Some(info) => {
                         check_workflow::<W>(&info)?;
                         Ok(info)
                     }
-                    None => Err(Error::RunActive { run_id: active }),
+                    None => Err(active),
                 };
             }
             Err(e) => return Err(e),

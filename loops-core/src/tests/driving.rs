@@ -135,7 +135,21 @@ async fn a_run_is_driven_once_at_a_time() {
     };
     let (a, b) = tokio::join!(first, second);
     assert_eq!(a.unwrap(), Job::Done { acc: 0 });
-    assert!(matches!(b, Err(Error::RunActive { .. })));
+    let b = b.unwrap_err();
+    assert!(
+        matches!(
+            b,
+            Error::RunActive {
+                holder: crate::Holder::ThisRuntime,
+                ..
+            }
+        ),
+        "{b:?}"
+    );
+    assert_eq!(
+        b.to_string(),
+        "run `r` is already being driven, by this runtime (wait for its end with `Runtime::wait`)"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
