@@ -68,6 +68,15 @@ async fn runs_states_and_steps_are_traced_with_their_fields() {
     ] {
         assert!(out.contains(want), "missing {want:?} in:\n{out}");
     }
+    // The id names the run: run again with another input, it returns the recorded end, and
+    // the log says the input was not used (helper-131).
+    let again = rt.run("r-7", Traced::Start { n: 5 }, &Handler).await;
+    assert_eq!(again.unwrap(), Traced::Done { n: 42 });
+    let out = sink.of("r-7");
+    let ended = "run has ended already: its recorded end is returned, and a new initial state \
+                 given for it is not used state=Done seq=1 status=completed";
+    assert!(out.contains(ended), "missing {ended:?} in:\n{out}");
+    assert!(!out.contains("resuming run"), "{out}");
 }
 
 /// Fails its first attempt with `.0`, a secret, in a step's error.

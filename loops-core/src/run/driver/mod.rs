@@ -205,7 +205,13 @@ impl Drive<'_> {
                 changes: schema_changes::<W>(&**self.store, stored).await,
             });
         }
-        tracing::info!(state = %record.state, seq = info.seq, status = %info.status, "resuming run");
+        if info.status.is_ended() {
+            // `run(id, initial)` of an id whose run ended returns that end: the run id names
+            // the run, so an `initial` other than its first state changes nothing (helper-131).
+            tracing::info!(state = %record.state, seq = info.seq, status = %info.status, "run has ended already: its recorded end is returned, and a new initial state given for it is not used");
+        } else {
+            tracing::info!(state = %record.state, seq = info.seq, status = %info.status, "resuming run");
+        }
         crate::failpoint::point("loops::resume::after_read");
         Ok(Entered {
             info,
