@@ -26,6 +26,16 @@ pub async fn delete_for_fresh(paths: &Paths) -> Result<()> {
             }
             // The probe above did not say (it found the file locked, or needing repair).
             Err(e) if e.is_foreign_database() => return Err(not_deleted(e)),
+            // Its cause only: the library's advice for a damaged file (a check, a backup)
+            // is not for a file about to be deleted.
+            Err(loops::Error::Open { path, cause }) => {
+                say!(
+                    "--fresh: cannot open store {}: {}; deleting it all the same",
+                    path.display(),
+                    loops::error_chain(&*cause).join(": ")
+                );
+                None
+            }
             Err(e) => {
                 say!(
                     "--fresh: {:#}; deleting it all the same",
@@ -165,11 +175,10 @@ pub fn store_error(e: loops::Error) -> anyhow::Error {
     match e {
         loops::Error::StoreLocked { .. } => anyhow::Error::new(Locked(e)),
         // It says "cannot open store <path>" itself.
-        loops::Error::Open { ref path, .. } if e.is_store_damage() => anyhow::anyhow!(
-            "{e}: the file is damaged; `loops --store {} check` verifies every page of it. \
-             Restore it from a backup; only as a last resort, --fresh starts over and \
-             discards the run recorded in it (it deletes the file)",
-            path.display()
+        // It says that the file is damaged, and how to check and restore it.
+        loops::Error::Open { .. } if e.is_store_damage() => anyhow::anyhow!(
+            "{e}; only as a last resort, --fresh starts over and discards the run recorded in \
+             it (it deletes the file)"
         ),
         e @ loops::Error::Open { .. } => anyhow::Error::new(e),
         // Its own text names the library's setting: say this program's option instead.

@@ -2674,12 +2674,12 @@ fn missing_empty_foreign_and_corrupt_files_are_one_line_errors() {
         (
             "short.redb",
             &b"abc"[..],
-            "the file is too short to be a loops store (3 bytes; every store starts with redb's 9-byte magic number): it was cut short, or is not a store",
+            "the file is too short to be a loops store (3 bytes; every store starts with redb's 9-byte magic number): it was cut short (a backup restores it), or is not a store",
         ),
         (
             "Cargo.toml",
             b"[package]\nname = \"x\"\n",
-            "the file does not start with redb's magic number: it is not a loops store (another kind of file), or its first bytes were overwritten",
+            "the file does not start with redb's magic number: it is not a loops store (another kind of file), or its first bytes were overwritten (a backup restores it)",
         ),
     ] {
         let path = dir.path().join(name);

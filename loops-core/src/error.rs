@@ -11,14 +11,14 @@ use crate::workflow::BoxError;
 
 mod codec;
 mod methods;
-mod text;
+pub(crate) mod text;
 
 pub use codec::{CodecError, NO_KEY_HINT};
 pub use methods::retry_hint;
 pub use text::{Holder, RecordKind, error_chain};
 use text::{
     at_seq, attempts_text, cause_text, decoded, describe_changes, ended_text, format_text,
-    holder_text, mismatch_remedy, not_failed_text, sealed_field, shown_id,
+    holder_text, mismatch_remedy, not_failed_text, open_text, sealed_field, shown_id,
 };
 
 /// Everything loops-core can fail with. Each variant names the run, the state and the sequence
@@ -63,11 +63,11 @@ pub enum Error {
         path: PathBuf,
     },
 
-    /// The store file could not be opened: not a redb file, corrupt, or an I/O error. The
+    /// The store file could not be opened: not a redb file, damaged, or an I/O error. The
     /// message names the cause ("cannot open store PATH: I/O error: Permission denied (os
-    /// error 13)"), so `source()` is `None` (a chain printed from it says the cause once);
-    /// the cause itself is in `cause` ([`Error::store_cause`]).
-    #[error("cannot open store {}: {}", path.display(), cause_text(&**cause))]
+    /// error 13)"; for damage, `loops check` and a backup), so `source()` is `None`; the
+    /// cause itself is in `cause` ([`Error::store_cause`]).
+    #[error("{}", open_text(path, &**cause))]
     Open {
         /// The store file.
         path: PathBuf,

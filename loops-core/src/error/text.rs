@@ -141,6 +141,44 @@ pub(super) fn cause_text(cause: &(dyn std::error::Error + Send + Sync + 'static)
     error_chain(cause).join(": ")
 }
 
+/// Whether `cause`, a store's error, is damage of the file: a page whose checksum does not
+/// match, a length its layout cannot have, bytes redb cannot read as its own
+/// ([`Error::is_store_damage`](crate::Error::is_store_damage)'s rule).
+pub(crate) fn is_damage(cause: &(dyn std::error::Error + Send + Sync + 'static)) -> bool {
+    if let Some(e) = cause.downcast_ref::<redb::DatabaseError>() {
+        matches!(
+            e,
+            redb::DatabaseError::Storage(redb::StorageError::Corrupted(_))
+        )
+    } else if let Some(e) = cause.downcast_ref::<redb::StorageError>() {
+        matches!(e, redb::StorageError::Corrupted(_))
+    } else if let Some(e) = cause.downcast_ref::<redb::Error>() {
+        matches!(e, redb::Error::Corrupted(_))
+    } else {
+        false
+    }
+}
+
+/// [`Error::Open`](crate::Error::Open)'s message: the path and the cause, and for a damaged
+/// file what to do (helper-128: the library's message gave no next step where the CLI's did).
+pub(super) fn open_text(
+    path: &std::path::Path,
+    cause: &(dyn std::error::Error + Send + Sync + 'static),
+) -> String {
+    let advice = match is_damage(cause) {
+        true => format!(
+            "; the file is damaged (nothing was written to it): `loops --store {} check` verifies every page of it, and a backup restores it",
+            path.display()
+        ),
+        false => String::new(),
+    };
+    format!(
+        "cannot open store {}: {}{advice}",
+        path.display(),
+        cause_text(cause)
+    )
+}
+
 /// Who holds a run that [`Error::RunActive`](crate::Error::RunActive) refused to drive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]

@@ -406,7 +406,7 @@ fn too_short(path: &Path) -> Option<String> {
         ),
         1..MAGIC_BYTES => Some(format!(
             "the file is too short to be a loops store ({len} bytes; every store starts with \
-             redb's {MAGIC_BYTES}-byte magic number): it was cut short, or is not a store"
+             redb's {MAGIC_BYTES}-byte magic number): it was cut short (a backup restores it), or is not a store"
         )),
         _ => None,
     }
@@ -597,7 +597,7 @@ pub(super) fn open_source(e: redb::DatabaseError) -> crate::BoxError {
             Box::new(std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
                 "the file does not start with redb's magic number: it is not a loops store \
-                 (another kind of file), or its first bytes were overwritten",
+                 (another kind of file), or its first bytes were overwritten (a backup restores it)",
             ))
         }
         redb::DatabaseError::Storage(redb::StorageError::Io(io)) => Box::new(io),
@@ -682,19 +682,19 @@ mod tests {
             (
                 b"abc",
                 "the file is too short to be a loops store (3 bytes; every store starts with \
-                 redb's 9-byte magic number): it was cut short, or is not a store"
+                 redb's 9-byte magic number): it was cut short (a backup restores it), or is not a store"
                     .to_owned(),
             ),
             (
                 b"redb\x1a\x0a\xa9\x0d",
                 "the file is too short to be a loops store (8 bytes; every store starts with \
-                 redb's 9-byte magic number): it was cut short, or is not a store"
+                 redb's 9-byte magic number): it was cut short (a backup restores it), or is not a store"
                     .to_owned(),
             ),
             (
                 b"[package]\nname = \"not-a-store\"\n",
                 "the file does not start with redb's magic number: it is not a loops store \
-                 (another kind of file), or its first bytes were overwritten"
+                 (another kind of file), or its first bytes were overwritten (a backup restores it)"
                     .to_owned(),
             ),
         ] {

@@ -233,22 +233,10 @@ impl crate::Error {
     /// disk, an error of another store). Trying again does not help a damaged file: `loops
     /// check` verifies it, and a backup restores it.
     pub fn is_store_damage(&self) -> bool {
-        let cause: &(dyn std::error::Error + 'static) = match self {
-            crate::Error::Open { cause, .. } => &**cause,
-            crate::Error::Storage { cause, .. } => &**cause,
-            _ => return false,
-        };
-        if let Some(e) = cause.downcast_ref::<redb::DatabaseError>() {
-            matches!(
-                e,
-                redb::DatabaseError::Storage(redb::StorageError::Corrupted(_))
-            )
-        } else if let Some(e) = cause.downcast_ref::<redb::StorageError>() {
-            matches!(e, redb::StorageError::Corrupted(_))
-        } else if let Some(e) = cause.downcast_ref::<redb::Error>() {
-            matches!(e, redb::Error::Corrupted(_))
-        } else {
-            false
+        match self {
+            crate::Error::Open { cause, .. } => crate::error::text::is_damage(&**cause),
+            crate::Error::Storage { cause, .. } => crate::error::text::is_damage(&**cause),
+            _ => false,
         }
     }
 }
@@ -321,6 +309,15 @@ mod tests {
         let truncated = RedbStore::open(&path).map(drop).unwrap_err();
         assert!(matches!(truncated, Error::Open { .. }), "{truncated:?}");
         assert!(truncated.is_store_damage(), "{truncated:?}");
+        // Its message says what to do (helper-128: the CLI's did, the library's did not).
+        let advice = format!(
+            "; the file is damaged (nothing was written to it): `loops --store {} check` \
+             verifies every page of it, and a backup restores it",
+            path.display()
+        );
+        let said = truncated.to_string();
+        assert!(said.starts_with(&format!("cannot open store {}: ", path.display())));
+        assert!(said.ends_with(&advice), "{said}");
 
         let foreign = dir.path().join("notes.txt");
         std::fs::write(
@@ -331,5 +328,6 @@ mod tests {
         let refused = RedbStore::open(&foreign).map(drop).unwrap_err();
         assert!(matches!(refused, Error::Open { .. }), "{refused:?}");
         assert!(!refused.is_store_damage(), "{refused}");
+        assert!(!refused.to_string().contains("damaged"), "{refused}");
     }
 }
