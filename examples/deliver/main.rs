@@ -128,7 +128,7 @@ struct Cli {
     key_file: Option<PathBuf>,
 
     /// The run's id, its idempotency key: running the same id again resumes or reports it
-    #[arg(long, value_name = "ID", default_value = DEFAULT_RUN_ID, value_parser = run_id_arg)]
+    #[arg(long, value_name = "ID", default_value = DEFAULT_RUN_ID, value_parser = RunIdArg)]
     run_id: String,
 
     /// Whether `--run-id` was on the command line (a dry run then speaks of that run only).
@@ -211,6 +211,39 @@ fn run_id_arg(id: &str) -> Result<String, String> {
         ));
     }
     Ok(id.to_owned())
+}
+
+/// `--run-id`'s value parser: [`run_id_arg`], whose refusal clap reports with the value in
+/// it, except for a value longer than any run id, which is not echoed whole (a pasted file
+/// would fill the screen, helper-133): the refusal shows its first 64 characters and length.
+#[derive(Clone)]
+struct RunIdArg;
+
+impl clap::builder::TypedValueParser for RunIdArg {
+    type Value = String;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<String, clap::Error> {
+        if value.len() <= loops::MAX_RUN_ID_BYTES {
+            return clap::builder::StringValueParser::new()
+                .try_map(|id| run_id_arg(&id))
+                .parse_ref(cmd, arg, value);
+        }
+        let why = match value.to_str() {
+            Some(id) => run_id_arg(id).err(),
+            None => None,
+        }
+        .unwrap_or_else(|| format!("longer than {} bytes", loops::MAX_RUN_ID_BYTES));
+        let error = clap::Error::raw(
+            clap::error::ErrorKind::ValueValidation,
+            format!("invalid value for '--run-id <ID>': {why}\n"),
+        );
+        Err(error.with_cmd(cmd))
+    }
 }
 
 /// The parser of `--workdir`, `--store` and `--repo`: a path, not an empty one (clap's own

@@ -87,6 +87,23 @@ fn bad_run_ids_are_usage_errors() {
         );
         assert!(names_in(dir.path()).is_empty(), "{}", describe(&output));
     }
+    // A value far longer than any run id is not echoed whole (helper-133): its first 64
+    // characters and its length.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let huge = "y".repeat(5000);
+    let output = deliver(dir.path(), &["--run-id".into(), huge.into()]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let said = format!(
+        "error: invalid value for '--run-id <ID>': invalid run id \"{}\"... (5000 bytes): \
+         longer than 256 bytes\n",
+        "y".repeat(64)
+    );
+    assert!(
+        output.status.code() == Some(2) && stderr.starts_with(&said) && stderr.len() < 500,
+        "{}",
+        describe(&output)
+    );
+    assert!(names_in(dir.path()).is_empty(), "{}", describe(&output));
 }
 
 /// `--approve` or `--retry` of a run that does not exist is refused (it would start a new
