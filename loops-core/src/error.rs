@@ -185,7 +185,7 @@ pub enum Error {
     /// The stored schema hash differs from the compiled one: the workflow enum (or loops'
     /// record format) changed since the run was recorded. Nothing was written.
     #[error(
-        "run `{run_id}` of workflow `{workflow}` was recorded with schema {stored} but this build has {compiled}; refusing to resume{} ({}: see docs/evolution.md)",
+        "run `{run_id}` of workflow `{workflow}` was recorded with schema {stored} but this build has {compiled}; refusing to read its records, to resume it or to report its end{} ({}: see docs/evolution.md)",
         describe_changes(changes),
         mismatch_remedy(stored, changes)
     )]

@@ -362,7 +362,7 @@ fn a_field_added_that_must_be_present_names_both_steps_with_the_old_schema() {
         mismatch(compatible.clone()).to_string(),
         format!(
             "run `r1` of workflow `job` was recorded with schema {h1} but this build has {}; \
-             refusing to resume; changes: {compatible} (every change is compatible: list the \
+             refusing to read its records, to resume it or to report its end; changes: {compatible} (every change is compatible: list the \
              old schema in the workflow's `accepts = [\"{h1}\"]` to drive the run as it is; or \
              keep the old version registered, or write a migration: see docs/evolution.md)",
             h::<v2::Job>()

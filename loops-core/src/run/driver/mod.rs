@@ -196,7 +196,7 @@ impl Drive<'_> {
             } else {
                 info.schema
             };
-            tracing::warn!(%stored, %compiled, "schema changed; refusing to resume");
+            tracing::warn!(%stored, %compiled, status = %info.status, "schema changed; refusing to read the run's records");
             return Err(Error::SchemaMismatch {
                 run_id: run_id.to_owned(),
                 workflow: W::NAME.to_owned(),

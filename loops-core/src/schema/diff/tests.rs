@@ -264,7 +264,7 @@ fn a_diff_round_trips_through_json_and_reads_in_a_refusal() {
     };
     assert_eq!(
         err.to_string(),
-        "run `r1` of workflow `deliver` was recorded with schema 0000000000000001 but this build has 0000000000000002; refusing to resume; changes: state `Received`: field `issue.number` changed from `u64` to `u128` (compatible: a `u128` reads every stored `u64`) (every change is compatible: list the old schema in the workflow's `accepts = [\"0000000000000001\"]` to drive the run as it is; or keep the old version registered, or write a migration: see docs/evolution.md)"
+        "run `r1` of workflow `deliver` was recorded with schema 0000000000000001 but this build has 0000000000000002; refusing to read its records, to resume it or to report its end; changes: state `Received`: field `issue.number` changed from `u64` to `u128` (compatible: a `u128` reads every stored `u64`) (every change is compatible: list the old schema in the workflow's `accepts = [\"0000000000000001\"]` to drive the run as it is; or keep the old version registered, or write a migration: see docs/evolution.md)"
     );
 }
 
