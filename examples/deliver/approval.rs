@@ -138,12 +138,7 @@ pub async fn note_approved_already(cli: &Cli, runtime: &Runtime) -> Result<()> {
         return Ok(());
     };
     let events = runtime.store().events(&cli.run_id).await?;
-    let first = first_approval(
-        events
-            .iter()
-            .map(|(seq, record, taken)| (*seq, record, *taken)),
-    );
-    if let Some(first) = first {
+    if let Some(first) = first_approval_in(&events) {
         say_approved_already(&cli.run_id, &first, why);
     }
     Ok(())
@@ -165,6 +160,15 @@ pub fn first_approval<'a>(
             ours: record.key.as_deref() == Some(APPROVAL_KEY),
         })
     })
+}
+
+/// [`first_approval`] of a run's events as its store reads them ([`loops::Store::events`]).
+fn first_approval_in(events: &[(u64, loops::EventRecord, bool)]) -> Option<SentApproval> {
+    first_approval(
+        events
+            .iter()
+            .map(|(seq, record, taken)| (*seq, record, *taken)),
+    )
 }
 
 /// An approval a run was sent ([`first_approval`]).
@@ -296,10 +300,8 @@ pub async fn send(runtime: &Runtime, run_id: &str, approve: bool, by: &str) {
     if approve {
         let approval = Approval { by: by.to_owned() };
         loop {
-            let sent = runtime.store().events(run_id).await.map(|events| {
-                first_approval(events.iter().map(|(seq, r, taken)| (*seq, r, *taken))).is_some()
-            });
-            if sent.unwrap_or(false) {
+            let events = runtime.store().events(run_id).await;
+            if events.is_ok_and(|events| first_approval_in(&events).is_some()) {
                 break;
             }
             match runtime

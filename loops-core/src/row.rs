@@ -86,11 +86,11 @@ pub struct RunInfo {
     pub parent: Option<ParentLink>,
     /// A random number chosen when the run was created (by a runtime with a
     /// [`ManualClock`](crate::ManualClock): a hash of its id, creation time and how many runs
-    /// of that id the clock saw created before), mixed into
-    /// its idempotency keys ([`Context::idempotency_key`](crate::Context::idempotency_key))
-    /// so that a later run under the same id (after a prune, or in another store) gets keys
-    /// of its own; never changed afterwards. `None` for a run created by a build of loops before it: that run's
-    /// keys stay what they were.
+    /// of that id the clock saw created before), mixed into its idempotency keys
+    /// ([`Context::idempotency_key`](crate::Context::idempotency_key)) so that a later run
+    /// under the same id (after a prune, or in another store) gets keys of its own; never
+    /// changed afterwards. `None` for a run created by a build of loops before it: that
+    /// run's keys stay what they were.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_nonce: Option<u64>,
 }
@@ -129,6 +129,17 @@ impl RunInfo {
     /// attempt 1, `Completed` if `state` is terminal, else `Running`; the workflow's name and
     /// pinned schema hash; a random [key nonce](Self::key_nonce).
     pub fn new_run<W: Workflow>(run_id: &str, state: W::State, now_ms: u64) -> RunInfo {
+        Self::created::<W>(run_id, state, now_ms, crate::clock::random_key_nonce())
+    }
+
+    /// [`new_run`](Self::new_run) with the key nonce `key_nonce`: the runtime's creation of
+    /// a run, whose clock chooses it (`Clock::key_nonce`).
+    pub(crate) fn created<W: Workflow>(
+        run_id: &str,
+        state: W::State,
+        now_ms: u64,
+        key_nonce: u64,
+    ) -> RunInfo {
         RunInfo {
             run_id: run_id.to_owned(),
             workflow: W::NAME.to_owned(),
@@ -152,7 +163,7 @@ impl RunInfo {
             block: None,
             entered: None,
             parent: None,
-            key_nonce: Some(crate::clock::random_key_nonce()),
+            key_nonce: Some(key_nonce),
         }
     }
 

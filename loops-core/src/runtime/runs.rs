@@ -192,7 +192,7 @@ impl Runtime {
             Err(active @ Error::RunActive { .. }) => {
                 if let Some((info, record)) = self.store().latest(run_id).await? {
                     check_workflow::<W>(&info)?;
-                    if let Some(end) = self.end_as::<W>(run_id, &info, record) {
+                    if let Some(end) = self.end_as::<W>(&info, record) {
                         return end;
                     }
                 }
@@ -469,16 +469,11 @@ impl Runtime {
         })
     }
 
-    /// How the run `run_id` of row `info` (latest record `record`) ended, as `W`: its
-    /// terminal state, or [`Error::RunFailed`](crate::Error::RunFailed) or
+    /// How the run of row `info` (latest record `record`) ended, as `W`: its terminal state,
+    /// or [`Error::RunFailed`](crate::Error::RunFailed) or
     /// [`Error::RunCancelled`](crate::Error::RunCancelled); `None` if it has not ended.
-    fn end_as<W: Workflow>(
-        &self,
-        run_id: &str,
-        info: &RunInfo,
-        record: TransitionRecord,
-    ) -> Option<Result<W>> {
-        let run_id = run_id.to_owned();
+    fn end_as<W: Workflow>(&self, info: &RunInfo, record: TransitionRecord) -> Option<Result<W>> {
+        let run_id = info.run_id.clone();
         Some(match info.status {
             RunStatus::Completed => self.terminal_as::<W>(info, record),
             RunStatus::Failed => Err(Error::RunFailed {
@@ -519,7 +514,7 @@ impl Runtime {
                 });
             };
             check_workflow::<W>(&info)?;
-            if let Some(end) = self.end_as::<W>(run_id, &info, record) {
+            if let Some(end) = self.end_as::<W>(&info, record) {
                 return end;
             }
             // Not ended, but nothing here will drive it until a version or migration that

@@ -310,10 +310,9 @@ impl Context {
     /// in another store): each run gets a random key nonce when it is created
     /// ([`RunInfo::key_nonce`](crate::RunInfo::key_nonce); with a
     /// [`ManualClock`](crate::ManualClock), one hashed from its id, creation time and how
-    /// many runs of that id the clock saw created before, the same on every run of a test), kept in its
-    /// row, so an outside
-    /// system that honours the old run's keys does not answer the new run's side effects
-    /// with the old results.
+    /// many runs of that id the clock saw created before, the same on every run of a test),
+    /// kept in its row, so an outside system that honours the old run's keys does not answer
+    /// the new run's side effects with the old results.
     ///
     /// The key is the XXH3-128 hash of the workflow name, the run id and `name` (each
     /// prefixed by its length in bytes, as a little-endian u64), then the state's seq (u64),

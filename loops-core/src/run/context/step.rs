@@ -182,8 +182,7 @@ impl Context {
     /// same on every execution of the handler (every retry, every resume) and every try,
     /// different for every other run (a run under an id used before too: see
     /// [`idempotency_key`](Self::idempotency_key)), state visit, name and occurrence. Pass it
-    /// to the
-    /// outside system so that it refuses a repeat of a side effect whose record a crash
+    /// to the outside system so that it refuses a repeat of a side effect whose record a crash
     /// prevented. The key is borrowed from the context, so the future may borrow it too:
     /// `ctx.step_keyed("pr", |key| forge.open(key))` compiles with `open(&self, key: &str)`.
     ///

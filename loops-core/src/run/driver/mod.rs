@@ -527,8 +527,8 @@ fn current<W: Workflow>(
 }
 
 /// The row and first record of the run `run_id` in `initial`, created now by `clock`, with
-/// the key nonce `clock` chooses ([`Clock::key_nonce`]): the one creation of a run, for a driver's ([`Drive::create`]), a child's
-/// and a queued one's ([`Runtime::enqueue`](crate::Runtime::enqueue)). `begun`: whether the
+/// the key nonce `clock` chooses ([`Clock::key_nonce`]): the one creation of a run, for a
+/// driver's ([`Drive::create`]), a child's and a queued one's ([`Runtime::enqueue`](crate::Runtime::enqueue)). `begun`: whether the
 /// commit that creates it begins its first attempt (a driver that goes on to handle the
 /// state), or leaves it not begun (attempt 0) for whichever driver takes the run, which then
 /// begins attempt 1 counting no interruption.
@@ -557,8 +557,8 @@ pub(crate) fn first_record<W: Workflow>(
     // Read back before it is recorded, as every state a run enters is.
     let (record, _) = TransitionRecord::encode_read_back(run_id, 0, initial, now_ms)?;
     crate::run::settings::check_size(run_id, &record, max_payload_bytes)?;
-    let mut info = RunInfo::new_run::<W>(run_id, given, now_ms);
-    info.key_nonce = Some(clock.key_nonce(run_id, now_ms));
+    let nonce = clock.key_nonce(run_id, now_ms);
+    let mut info = RunInfo::created::<W>(run_id, given, now_ms, nonce);
     if !begun {
         info.attempt = 0;
     }
